@@ -1,0 +1,53 @@
+# zarrfs: make demo runs zarrfs on an example store; make test runs the tests.
+SHELL := /bin/bash
+GO ?= go
+PYTHON ?= python3
+MINIO_VERSION := v0.0.0-20260212201848-7aac2a2c5b7c
+export CGO_ENABLED := 0
+export PATH := $(CURDIR)/bin:$(PATH)
+
+.PHONY: build test test-long test-gpu fuzz bench demo pydeps minio clean vet
+
+build:
+	$(GO) build -o bin/zarrfs ./cmd/zarrfs
+
+# Python clients the tests compare against (zarr-python 3, numcodecs, numpy, tensorstore).
+pydeps: .cache/pydeps.stamp
+.cache/pydeps.stamp: integration/requirements.txt
+	mkdir -p .cache
+	$(PYTHON) -m pip install -q -r integration/requirements.txt
+	touch $@
+
+# A real MinIO server for the S3 tests, built once into bin/.
+minio: bin/minio
+bin/minio:
+	GOBIN=$(CURDIR)/bin $(GO) install github.com/minio/minio@$(MINIO_VERSION)
+
+vet:
+	$(GO) vet ./...
+
+test: build pydeps minio vet
+	$(GO) test -timeout 75m ./...
+
+test-long: build pydeps minio
+	ZARRFS_LONG=1 $(GO) test -timeout 120m ./...
+
+test-gpu: build
+	bash integration/gpu/run.sh
+
+FUZZTIME ?= 2m
+fuzz:
+	@for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	  done; \
+	done
+
+bench: build pydeps
+	bash integration/bench/run.sh
+
+demo: build pydeps
+	bash integration/demo.sh
+
+clean:
+	rm -rf bin .cache

@@ -1,0 +1,92 @@
+// Package objectstore reads the objects of a Zarr store: whole keys, byte
+// ranges of keys, and the children of a prefix. It knows nothing of Zarr.
+//
+// Every Store is safe for concurrent use by many goroutines. Keys are
+// "/"-separated paths relative to the store's root ("t/zarr.json",
+// "t/c/0/0/0"); a Store refuses keys that would leave that root.
+package objectstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+)
+
+// ErrNotFound is returned (wrapped) when a key does not exist. Zarr reads a
+// missing chunk as its fill value, so this error class must stay distinct
+// from every other failure: a permission error or a timeout is never
+// ErrNotFound.
+var ErrNotFound = errors.New("not found")
+
+// ErrInvalidKey is returned (wrapped) for a key that is empty, absolute, or
+// escapes the store root.
+var ErrInvalidKey = errors.New("invalid key")
+
+// Store is the read-only interface every source implements.
+type Store interface {
+	// Get returns the whole object.
+	Get(ctx context.Context, key string) ([]byte, error)
+	// GetRange returns length bytes starting at off. With off < 0 it returns
+	// the last length bytes of the object (a suffix range, as HTTP
+	// "bytes=-N"), which is how a shard index at the end is read without
+	// knowing the shard's size. A range that runs past the end of the
+	// object is an error: callers know the sizes they ask for.
+	GetRange(ctx context.Context, key string, off, length int64) ([]byte, error)
+	// List returns the names of the immediate children of the prefix
+	// (a "directory" key, with or without a trailing "/"), sorted; names of
+	// children that have children of their own end in "/".
+	List(ctx context.Context, prefix string) ([]string, error)
+	// ID identifies the source for cache keys and messages, such as
+	// "file:///data/era5.zarr" or "s3://bucket/era5.zarr". It never holds
+	// secrets.
+	ID() string
+}
+
+// Error carries the store, key and operation that failed.
+type Error struct {
+	Op    string // "get", "get range", "list"
+	Store string // Store.ID()
+	Key   string
+	Err   error
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("%s/%s: %s: %v", strings.TrimSuffix(e.Store, "/"), e.Key, e.Op, e.Err)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// IsNotFound reports whether err means the key does not exist.
+func IsNotFound(err error) bool { return errors.Is(err, ErrNotFound) }
+
+// CleanKey validates a key and returns it in canonical form (no leading or
+// trailing slash, no "." segments). Keys holding "..", backslashes, NUL
+// bytes or absolute paths are refused with ErrInvalidKey. The empty key ""
+// names the root and is allowed only when allowRoot is set (for List).
+func CleanKey(key string, allowRoot bool) (string, error) {
+	k := strings.TrimSuffix(key, "/")
+	if k == "" || k == "." {
+		if allowRoot {
+			return "", nil
+		}
+		return "", fmt.Errorf("%w: empty key", ErrInvalidKey)
+	}
+	if strings.HasPrefix(k, "/") || strings.ContainsAny(k, "\\\x00") {
+		return "", fmt.Errorf("%w: %q", ErrInvalidKey, key)
+	}
+	for _, seg := range strings.Split(k, "/") {
+		if seg == ".." {
+			return "", fmt.Errorf("%w: %q leaves the store root", ErrInvalidKey, key)
+		}
+	}
+	c := path.Clean(k)
+	if c == "." {
+		if allowRoot {
+			return "", nil
+		}
+		return "", fmt.Errorf("%w: empty key", ErrInvalidKey)
+	}
+	return c, nil
+}

@@ -1,0 +1,90 @@
+// Package zarr reads Zarr v2 and v3 stores: it parses metadata into one model
+// (shape, chunk grid, data type, fill value, dimension names, attributes,
+// codec pipeline) and reads rectangular regions of arrays into C-order,
+// little-endian buffers. It knows nothing of FUSE, caches or files on disk.
+//
+// A Hierarchy and its Arrays are immutable once opened and safe for
+// concurrent use. Read may be called from many goroutines; the chunks of one
+// call are fetched concurrently and decompressed as one batch by the
+// configured codec.BatchDecoder.
+package zarr
+
+import (
+	"errors"
+	"log/slog"
+
+	"github.com/zarrfs/zarrfs/objectstore"
+	"github.com/zarrfs/zarrfs/zarr/codec"
+)
+
+// ErrUnsupported marks an array that uses a feature zarrfs does not read.
+var ErrUnsupported = errors.New("unsupported")
+
+// ErrChecksum is returned (wrapped) when a crc32c codec's checksum does not match.
+var ErrChecksum = errors.New("checksum mismatch")
+
+// ErrCorrupt is returned (wrapped) when a chunk or shard cannot be decoded.
+var ErrCorrupt = errors.New("corrupt chunk")
+
+// Options configure Open. The zero value is valid.
+type Options struct {
+	// Decoder decompresses batches of chunks. Nil means a CPU decoder with
+	// one worker per CPU.
+	Decoder codec.BatchDecoder
+	// Fetchers bounds the source requests in flight per Read call.
+	// Zero means 16.
+	Fetchers int
+	// Logger receives warnings (unsupported arrays). Nil discards them.
+	Logger *slog.Logger
+}
+
+// Hierarchy is an opened store: every array found, supported or not.
+type Hierarchy struct {
+	Store objectstore.Store
+	// Arrays sorted by Path; includes unsupported arrays (Array.Unsupported != "").
+	Arrays []*Array
+	// Groups holds the path of every group ("" for the root) and its attributes.
+	Groups map[string]map[string]any
+	opts   Options
+}
+
+// Array is one Zarr array.
+type Array struct {
+	// Path is the array's store path, "/"-separated, "" for a root array.
+	Path string
+	// ZarrFormat is 2 or 3.
+	ZarrFormat int
+	Shape      []int64
+	// Chunks is the (outer) chunk shape: for a sharded array, the shard shape.
+	Chunks []int64
+	// DType is the source data type. Read always produces little-endian.
+	DType DType
+	// Dims holds one name per dimension ("" when the store names none).
+	Dims []string
+	// Attributes are the user attributes (v2 .zattrs less _ARRAY_DIMENSIONS).
+	Attributes map[string]any
+	// FillValue is the fill value as JSON would carry it: a float64, int64,
+	// uint64, bool, or one of the strings "NaN", "Infinity", "-Infinity".
+	FillValue any
+	// Codecs names the codec pipeline, outermost first (for inspect).
+	Codecs []string
+	// MetaHash is a hex SHA-256 of the array's metadata documents; any change
+	// of metadata changes it.
+	MetaHash string
+	// Unsupported is empty for a readable array, otherwise the reason it is
+	// left out ("codec 'bitround' is not supported").
+	Unsupported string
+
+	h    *Hierarchy
+	read *reader // nil when Unsupported
+}
+
+// Request asks for one rectangular region of an array.
+type Request struct {
+	Array *Array
+	// Start and Count give the region, one entry per dimension.
+	Start, Count []int64
+	// Dst receives the region in C order, little-endian; its length must be
+	// product(Count) * DType.Size.
+	Dst []byte
+}

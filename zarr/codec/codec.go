@@ -1,0 +1,60 @@
+// Package codec decompresses Zarr chunks: the bytes-to-bytes codecs of Zarr
+// v2 compressors and v3 codec pipelines (zstd, gzip, zlib, lz4 with the
+// numcodecs framing, blosc). It knows nothing of arrays or stores.
+//
+// Decompression is batched: a caller hands a whole set of chunks (every chunk
+// one blob fill or one warm batch needs) to a BatchDecoder at once, so the
+// CPU decoder can spread them over its workers and the GPU decoder (package
+// gpu) can decode them in one nvCOMP call. Every decoder is safe for
+// concurrent use; a Job belongs to one caller until DecodeBatch returns.
+package codec
+
+import (
+	"context"
+	"errors"
+)
+
+// Name identifies a decompression codec.
+type Name string
+
+// The codecs a Job may name. The same names serve Zarr v2 compressor ids and
+// Zarr v3 codec names.
+const (
+	Zstd  Name = "zstd"  // zstd frames (with or without checksum)
+	Gzip  Name = "gzip"  // RFC 1952 gzip stream
+	Zlib  Name = "zlib"  // RFC 1950 zlib stream
+	LZ4   Name = "lz4"   // numcodecs LZ4: 4-byte little-endian decoded size, then one LZ4 block
+	Blosc Name = "blosc" // a Blosc 1 frame (any inner codec, shuffle, split blocks)
+)
+
+// ErrCorrupt is returned (wrapped) when compressed input is malformed, or
+// decodes to a size other than the one expected.
+var ErrCorrupt = errors.New("corrupt compressed data")
+
+// ErrUnsupported is returned (wrapped) for a codec or a codec option this
+// package cannot decode (for example blosc's snappy inner codec).
+var ErrUnsupported = errors.New("unsupported codec")
+
+// Job is one chunk to decompress.
+type Job struct {
+	Codec Name
+	// Src is the compressed chunk. Decoders only read it.
+	Src []byte
+	// Dst receives the decompressed bytes. Its length is the exact decoded
+	// size the array metadata implies: a decoder fills all of it and fails
+	// the job with ErrCorrupt if the data decodes to any other size. It
+	// never writes past len(Dst) and never allocates more than that on
+	// behalf of the input, whatever the input's headers claim.
+	Dst []byte
+	// Err is set by the decoder: nil on success.
+	Err error
+}
+
+// BatchDecoder decompresses a batch of jobs. It returns a non-nil error only
+// when the batch as a whole could not be attempted (a cancelled context, a
+// device failure); per-chunk failures are reported in each Job's Err. A
+// decoder that cannot take a job's codec sets that job's Err to wrap
+// ErrUnsupported, so a caller may retry those jobs elsewhere.
+type BatchDecoder interface {
+	DecodeBatch(ctx context.Context, jobs []Job) error
+}
