@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 )
 
 // Posix is a Store over a directory of the local filesystem. Every access
@@ -60,7 +61,9 @@ func (p *Posix) ID() string { return p.id }
 func (p *Posix) Close() error { return p.root.Close() }
 
 func (p *Posix) wrap(op, key string, err error) error {
-	if errors.Is(err, fs.ErrNotExist) {
+	// ENOTDIR: a key below an object ("a/zarr.json/x") does not exist either,
+	// as S3 reports it; it must not read as some other failure.
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
 		err = ErrNotFound
 	} else if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
 		err = pe.Err // the key is already in the message

@@ -1,0 +1,112 @@
+package objectstore_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/zarrfs/zarrfs/objectstore"
+	"github.com/zarrfs/zarrfs/objectstore/storetest"
+)
+
+// writeTree writes files (keys with "/" separators) below dir.
+func writeTree(t testing.TB, dir string, files map[string][]byte) {
+	t.Helper()
+	for k, b := range files {
+		p := filepath.Join(dir, filepath.FromSlash(k))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func newPosix(t *testing.T, files map[string][]byte) objectstore.Store {
+	dir := t.TempDir()
+	writeTree(t, dir, files)
+	s, err := objectstore.OpenPosix(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func TestPosixConformance(t *testing.T) {
+	storetest.Run(t, newPosix)
+}
+
+func TestPosixThroughRetryConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T, files map[string][]byte) objectstore.Store {
+		return objectstore.WithRetry(newPosix(t, files), objectstore.RetryOptions{})
+	})
+}
+
+// A symbolic link inside the store must not reach files outside it, neither
+// as an object nor as a directory to list.
+func TestPosixSymlinkEscapeRefused(t *testing.T) {
+	outside := t.TempDir()
+	secret := []byte("outside the store")
+	writeTree(t, outside, map[string][]byte{"secret": secret})
+	dir := t.TempDir()
+	writeTree(t, dir, map[string][]byte{"zarr.json": []byte("{}"), "in/x": []byte("x")})
+	for name, target := range map[string]string{
+		"abs":    filepath.Join(outside, "secret"),
+		"rel":    "../" + filepath.Base(outside) + "/secret",
+		"dirabs": outside,
+		"in/up":  "../../" + filepath.Base(outside),
+	} {
+		if err := os.Symlink(target, filepath.Join(dir, filepath.FromSlash(name))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A link that stays inside is fine.
+	if err := os.Symlink("in/x", filepath.Join(dir, "inside")); err != nil {
+		t.Fatal(err)
+	}
+	s, err := objectstore.OpenPosix(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	for _, k := range []string{"abs", "rel", "dirabs/secret", "in/up/secret"} {
+		b, err := s.Get(ctx, k)
+		if err == nil {
+			t.Errorf("Get(%q) = %q through a link leaving the root, want an error", k, b)
+		}
+		if b, err := s.GetRange(ctx, k, -1, 3); err == nil {
+			t.Errorf("GetRange(%q) = %q through a link leaving the root, want an error", k, b)
+		}
+	}
+	for _, k := range []string{"dirabs", "in/up"} {
+		if names, err := s.List(ctx, k); err == nil {
+			t.Errorf("List(%q) = %q through a link leaving the root, want an error", k, names)
+		}
+	}
+	if b, err := s.Get(ctx, "inside"); err != nil || string(b) != "x" {
+		t.Errorf("Get(inside) = %q, %v; a link inside the store must work", b, err)
+	}
+}
+
+func TestOpenPosixErrors(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "file")
+	writeTree(t, filepath.Dir(f), map[string][]byte{"file": nil})
+	for _, dir := range []string{filepath.Join(t.TempDir(), "missing"), f} {
+		if _, err := objectstore.OpenPosix(dir); err == nil || !strings.Contains(err.Error(), dir) {
+			t.Errorf("OpenPosix(%q): err = %v, want an error naming the path", dir, err)
+		}
+	}
+	s, err := objectstore.OpenPosix("file://" + filepath.Dir(f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if !strings.HasPrefix(s.ID(), "file:///") {
+		t.Errorf("ID = %q", s.ID())
+	}
+}

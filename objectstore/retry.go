@@ -1,0 +1,190 @@
+package objectstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+)
+
+// RetryOptions configures WithRetry. Every zero value means a documented
+// default.
+type RetryOptions struct {
+	// MaxAttempts bounds the attempts of one call, the first included.
+	// 0: 6.
+	MaxAttempts int
+	// AttemptTimeout bounds each attempt; an attempt that runs past it is a
+	// transient failure (a stall). 0: 60s. A store's own request timeout
+	// may be shorter.
+	AttemptTimeout time.Duration
+	// Budget bounds the whole call, backoff included: no attempt starts,
+	// and no attempt runs, past it. 0: 2 minutes.
+	Budget time.Duration
+	// InitialBackoff is the wait before the second attempt; it doubles per
+	// attempt up to MaxBackoff, and each wait is jittered to between half
+	// and all of it so that many readers failing together do not retry in
+	// lockstep. 0: 100ms.
+	InitialBackoff time.Duration
+	// MaxBackoff caps one wait. 0: 5s.
+	MaxBackoff time.Duration
+	// Logger receives a warning per retry and per call given up; nil: discard.
+	Logger *slog.Logger
+
+	// Now, Sleep and Jitter replace the clock, the wait and the random
+	// source in tests. Sleep must return ctx.Err() when ctx ends first;
+	// Jitter returns a number in [0, 1). nil: the real ones.
+	Now    func() time.Time
+	Sleep  func(ctx context.Context, d time.Duration) error
+	Jitter func() float64
+}
+
+// Retry is a Store that repeats calls to the inner Store that fail with a
+// transient error (IsTransient), with jittered exponential backoff, a
+// timeout per attempt and bounds on attempts and total time. Not-found,
+// invalid-key, permission and range errors return at once. It is safe for
+// concurrent use when the inner Store is.
+type Retry struct {
+	Store
+	opts RetryOptions
+	log  *slog.Logger
+}
+
+var _ Store = (*Retry)(nil)
+
+// WithRetry wraps inner with retries; see RetryOptions for the defaults.
+func WithRetry(inner Store, opts RetryOptions) *Retry {
+	if opts.MaxAttempts <= 0 {
+		opts.MaxAttempts = 6
+	}
+	if opts.AttemptTimeout <= 0 {
+		opts.AttemptTimeout = 60 * time.Second
+	}
+	if opts.Budget <= 0 {
+		opts.Budget = 2 * time.Minute
+	}
+	if opts.InitialBackoff <= 0 {
+		opts.InitialBackoff = 100 * time.Millisecond
+	}
+	if opts.MaxBackoff <= 0 {
+		opts.MaxBackoff = 5 * time.Second
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Sleep == nil {
+		opts.Sleep = sleepCtx
+	}
+	if opts.Jitter == nil {
+		opts.Jitter = rand.Float64
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Retry{Store: inner, opts: opts, log: log}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// backoff returns the wait after the given failed attempt (1-based).
+func (r *Retry) backoff(attempt int) time.Duration {
+	d := r.opts.InitialBackoff
+	for i := 1; i < attempt && d < r.opts.MaxBackoff; i++ {
+		d *= 2
+	}
+	d = min(d, r.opts.MaxBackoff)
+	half := d / 2
+	return half + time.Duration(r.opts.Jitter()*float64(d-half))
+}
+
+// do runs f until it succeeds, fails permanently, or the bounds are spent.
+// The error it returns keeps the last attempt's error in its chain, so its
+// class (IsTransient, IsNotFound, ...) is what the caller sees.
+func (r *Retry) do(ctx context.Context, op, key string, f func(ctx context.Context) error) error {
+	start := r.opts.Now()
+	deadline := start.Add(r.opts.Budget)
+	for attempt := 1; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return &Error{Op: op, Store: r.ID(), Key: key, Err: err}
+		}
+		limit := min(r.opts.AttemptTimeout, deadline.Sub(r.opts.Now()))
+		actx, cancel := context.WithTimeout(ctx, limit)
+		err := f(actx)
+		stalled := actx.Err() != nil && ctx.Err() == nil
+		cancel()
+		if err == nil {
+			if attempt > 1 {
+				r.log.Info("store request succeeded after retries", "op", op, "key", key, "attempts", attempt)
+			}
+			return nil
+		}
+		if stalled && !IsTransient(err) && errors.Is(err, context.DeadlineExceeded) {
+			// The inner store saw our per-attempt deadline as its caller
+			// giving up; for us it is a stall worth another attempt.
+			err = Transient(fmt.Errorf("attempt timed out after %v: %w", limit, err))
+		}
+		if !IsTransient(err) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return err
+		}
+		elapsed := r.opts.Now().Sub(start)
+		if attempt >= r.opts.MaxAttempts {
+			r.log.Warn("store request failed, giving up", "op", op, "key", key, "attempts", attempt, "elapsed", elapsed, "err", err)
+			return fmt.Errorf("gave up after %d attempts in %v: %w", attempt, elapsed.Round(time.Millisecond), err)
+		}
+		wait := r.backoff(attempt)
+		if elapsed+wait >= r.opts.Budget {
+			r.log.Warn("store request failed, retry budget spent", "op", op, "key", key, "attempts", attempt, "elapsed", elapsed, "err", err)
+			return fmt.Errorf("gave up after %d attempts in %v (budget %v): %w", attempt, elapsed.Round(time.Millisecond), r.opts.Budget, err)
+		}
+		r.log.Warn("store request failed, retrying", "op", op, "key", key, "attempt", attempt, "wait", wait, "err", err)
+		if serr := r.opts.Sleep(ctx, wait); serr != nil {
+			// Cancelled while waiting: report the cancellation (not
+			// transient), with the failure that led here for the log.
+			return &Error{Op: op, Store: r.ID(), Key: key, Err: fmt.Errorf("%w while waiting to retry after: %v", serr, err)}
+		}
+	}
+}
+
+// Get implements Store.
+func (r *Retry) Get(ctx context.Context, key string) ([]byte, error) {
+	var b []byte
+	err := r.do(ctx, "get", key, func(ctx context.Context) (err error) {
+		b, err = r.Store.Get(ctx, key)
+		return err
+	})
+	return b, err
+}
+
+// GetRange implements Store.
+func (r *Retry) GetRange(ctx context.Context, key string, off, length int64) ([]byte, error) {
+	var b []byte
+	err := r.do(ctx, "get range", key, func(ctx context.Context) (err error) {
+		b, err = r.Store.GetRange(ctx, key, off, length)
+		return err
+	})
+	return b, err
+}
+
+// List implements Store.
+func (r *Retry) List(ctx context.Context, prefix string) ([]string, error) {
+	var names []string
+	err := r.do(ctx, "list", prefix, func(ctx context.Context) (err error) {
+		names, err = r.Store.List(ctx, prefix)
+		return err
+	})
+	return names, err
+}

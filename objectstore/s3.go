@@ -1,0 +1,600 @@
+package objectstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+)
+
+// Defaults for S3Options zero values.
+const (
+	DefaultS3RequestTimeout = 30 * time.Second
+	DefaultS3MaxInFlight    = 64
+)
+
+// ErrNoCredentials is returned by OpenS3 when no provider of the credential
+// chain has credentials and anonymous access was not asked for. zarrfs never
+// falls back to anonymous access on its own: a missing credential would
+// otherwise surface much later as a confusing 403, or, worse, as a public
+// bucket read under the wrong identity.
+var ErrNoCredentials = errors.New("no S3 credentials found")
+
+// S3Options configures OpenS3. Every zero value means a documented default.
+type S3Options struct {
+	// Endpoint is the S3 service: "" for AWS (s3.amazonaws.com over HTTPS),
+	// "http://host:port" for an on-prem MinIO, "https://host[:port]", or a
+	// bare "host[:port]" (HTTPS).
+	Endpoint string
+	// Region of the bucket; "" lets the client ask the server once.
+	Region string
+	// Anonymous sends unsigned requests (public buckets). Without it a
+	// credential is required.
+	Anonymous bool
+	// Credentials overrides the default chain (environment, AWS_PROFILE with
+	// the shared credentials file, instance or container role). nil: the
+	// default chain. The value must yield a key unless Anonymous is set.
+	Credentials *credentials.Credentials
+	// Logger receives one debug line per request and warnings; nil: discard.
+	// Credentials are never logged.
+	Logger *slog.Logger
+	// RequestTimeout bounds each request, from sending it to the last byte
+	// of its body, so a stalled connection ends as a transient error.
+	// 0: DefaultS3RequestTimeout (30s).
+	RequestTimeout time.Duration
+	// MaxInFlight bounds the requests in flight at once; the HTTP transport
+	// keeps as many idle connections to reuse. 0: DefaultS3MaxInFlight (64).
+	MaxInFlight int
+	// Transport replaces the tuned HTTP transport (tests); nil: the default.
+	Transport http.RoundTripper
+}
+
+// S3 is a Store over the objects of an S3 bucket below a prefix, read with
+// minio-go. It is safe for concurrent use; at most MaxInFlight requests run
+// at once and further callers wait (respecting their context).
+//
+// Errors are classified at the source: NoSuchKey is ErrNotFound, 403 is
+// ErrPermission, 5xx, throttling, transport failures, truncated bodies and
+// request timeouts are Transient. S3 does not retry by itself; wrap it with
+// WithRetry.
+type S3 struct {
+	client  *minio.Client
+	bucket  string
+	prefix  string // "" or "dir/sub", no slashes at either end
+	id      string
+	log     *slog.Logger
+	timeout time.Duration
+	sem     chan struct{}
+}
+
+var _ Store = (*S3)(nil)
+
+// ParseS3URL splits "s3://bucket/prefix" into bucket and prefix (without
+// slashes at either end). Credentials in the URL are refused, without
+// repeating the URL in the error.
+func ParseS3URL(raw string) (bucket, prefix string, err error) {
+	if !strings.HasPrefix(raw, "s3://") {
+		return "", "", fmt.Errorf("not an s3:// URL")
+	}
+	rest := strings.TrimPrefix(raw, "s3://")
+	host, p, _ := strings.Cut(rest, "/")
+	if strings.Contains(host, "@") {
+		// Never echo: the part before "@" may be a secret.
+		return "", "", fmt.Errorf("s3 URL must not hold credentials; use the environment or a profile")
+	}
+	if host == "" {
+		return "", "", fmt.Errorf("%s: no bucket", raw)
+	}
+	if strings.ContainsAny(rest, "?#") {
+		return "", "", fmt.Errorf("%s: query and fragment are not supported", raw)
+	}
+	p = strings.Trim(p, "/")
+	if p != "" {
+		c, err := CleanKey(p, false)
+		if err != nil {
+			return "", "", fmt.Errorf("%s: bad prefix: %w", raw, err)
+		}
+		p = c
+	}
+	return host, p, nil
+}
+
+// parseEndpoint turns S3Options.Endpoint into minio-go's host and secure flag.
+func parseEndpoint(ep string) (host string, secure bool, err error) {
+	if ep == "" {
+		return "s3.amazonaws.com", true, nil
+	}
+	if !strings.Contains(ep, "://") {
+		ep = "https://" + ep
+	}
+	u, err := url.Parse(ep)
+	if err != nil {
+		return "", false, fmt.Errorf("s3 endpoint: %w", err)
+	}
+	if u.User != nil {
+		return "", false, fmt.Errorf("s3 endpoint must not hold credentials")
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return "", false, fmt.Errorf("s3 endpoint %q: scheme must be http or https", u.Redacted())
+	}
+	if u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
+		return "", false, fmt.Errorf("s3 endpoint %q: want scheme://host[:port]", u.Redacted())
+	}
+	return u.Host, u.Scheme == "https", nil
+}
+
+// OpenS3 opens the store at rawURL ("s3://bucket/prefix"). It resolves the
+// credentials at once, so a missing credential fails here and not on the
+// first read; it sends no request to the bucket.
+func OpenS3(ctx context.Context, rawURL string, opts S3Options) (*S3, error) {
+	bucket, prefix, err := ParseS3URL(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	host, secure, err := parseEndpoint(opts.Endpoint)
+	if err != nil {
+		return nil, err
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	timeout := opts.RequestTimeout
+	if timeout <= 0 {
+		timeout = DefaultS3RequestTimeout
+	}
+	inflight := opts.MaxInFlight
+	if inflight <= 0 {
+		inflight = DefaultS3MaxInFlight
+	}
+	id := "s3://" + bucket
+	if prefix != "" {
+		id += "/" + prefix
+	}
+
+	creds, source, err := resolveCredentials(ctx, opts)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", id, err)
+	}
+	tr := opts.Transport
+	if tr == nil {
+		tr = newS3Transport(secure, inflight, timeout)
+	}
+	client, err := minio.New(host, &minio.Options{
+		Creds:     creds,
+		Secure:    secure,
+		Region:    opts.Region,
+		Transport: tr,
+		// The retry decorator owns retries, budgets and logging; a second
+		// hidden retry loop here would multiply attempts and hide faults.
+		MaxRetries: 1,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", id, err)
+	}
+	s := &S3{
+		client:  client,
+		bucket:  bucket,
+		prefix:  prefix,
+		id:      id,
+		log:     log.With("store", id),
+		timeout: timeout,
+		sem:     make(chan struct{}, inflight),
+	}
+	s.log.Info("s3 store opened", "endpoint", (&url.URL{Scheme: map[bool]string{true: "https", false: "http"}[secure], Host: host}).String(),
+		"region", opts.Region, "credentials", source, "max_in_flight", inflight, "request_timeout", timeout)
+	return s, nil
+}
+
+// newS3Transport is tuned for many concurrent reads from one host: as many
+// idle connections kept per host as requests may be in flight, so a steady
+// stream of range GETs reuses connections instead of dialling and
+// handshaking each time, and no transparent gzip (lengths must match).
+func newS3Transport(secure bool, inflight int, timeout time.Duration) *http.Transport {
+	tr, err := minio.DefaultTransport(secure)
+	if err != nil {
+		tr = &http.Transport{Proxy: http.ProxyFromEnvironment}
+	}
+	tr.DialContext = (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	tr.MaxIdleConns = max(2*inflight, 100)
+	tr.MaxIdleConnsPerHost = inflight
+	tr.IdleConnTimeout = 90 * time.Second
+	tr.ResponseHeaderTimeout = timeout
+	tr.ExpectContinueTimeout = time.Second
+	tr.DisableCompression = true
+	tr.ReadBufferSize = 128 << 10
+	tr.WriteBufferSize = 32 << 10
+	return tr
+}
+
+// resolveCredentials returns the credentials to sign with and a name of
+// their source for the log (never the key itself).
+func resolveCredentials(ctx context.Context, opts S3Options) (*credentials.Credentials, string, error) {
+	if opts.Anonymous {
+		return credentials.NewStatic("", "", "", credentials.SignatureAnonymous), "anonymous", nil
+	}
+	creds := opts.Credentials
+	if creds == nil {
+		creds = credentials.New(defaultChain())
+	}
+	v, err := creds.GetWithContext(&credentials.CredContext{Client: &http.Client{Timeout: 5 * time.Second}, Context: ctx})
+	if err != nil {
+		if errors.Is(err, ErrNoCredentials) {
+			return nil, "", err
+		}
+		// Provider errors may quote configuration files; keep only the class.
+		return nil, "", fmt.Errorf("%w: %s", ErrNoCredentials, redactedKind(err))
+	}
+	if v.AccessKeyID == "" || v.SecretAccessKey == "" {
+		return nil, "", fmt.Errorf("%w: the credential provider returned an empty key", ErrNoCredentials)
+	}
+	source := "custom"
+	if opts.Credentials == nil {
+		source = "chain"
+	}
+	return creds, source, nil
+}
+
+func redactedKind(err error) string {
+	return fmt.Sprintf("credential provider failed (%T)", errors.Unwrap(err))
+}
+
+// strictChain is minio-go's Chain without its last step: when no provider
+// has a key it fails instead of signing nothing. Errors name the providers
+// tried, never a file's contents.
+type strictChain struct {
+	providers []namedProvider
+	curr      credentials.Provider
+}
+
+type namedProvider struct {
+	name string
+	p    credentials.Provider
+	// required: a failure is an error, not a reason to try the next one
+	// (an explicitly named AWS_PROFILE that cannot be read).
+	required bool
+}
+
+func defaultChain() *strictChain {
+	c := &strictChain{}
+	c.providers = append(c.providers, namedProvider{name: "environment (AWS_ACCESS_KEY_ID)", p: &credentials.EnvAWS{}})
+	profile := os.Getenv("AWS_PROFILE")
+	c.providers = append(c.providers, namedProvider{
+		name:     fmt.Sprintf("shared credentials file (profile %q)", cmpOr(profile, "default")),
+		p:        &credentials.FileAWSCredentials{},
+		required: profile != "",
+	})
+	container := os.Getenv("AWS_CONTAINER_CREDENTIALS_FULL_URI") != "" ||
+		os.Getenv("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI") != "" ||
+		os.Getenv("AWS_WEB_IDENTITY_TOKEN_FILE") != ""
+	if container || !strings.EqualFold(os.Getenv("AWS_EC2_METADATA_DISABLED"), "true") {
+		c.providers = append(c.providers, namedProvider{name: "instance or container role", p: &credentials.IAM{}})
+	}
+	return c
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+func (c *strictChain) Retrieve() (credentials.Value, error) {
+	return c.RetrieveWithCredContext(nil)
+}
+
+func (c *strictChain) RetrieveWithCredContext(cc *credentials.CredContext) (credentials.Value, error) {
+	var tried []string
+	for _, np := range c.providers {
+		v, err := np.p.RetrieveWithCredContext(cc)
+		if err == nil && v.AccessKeyID != "" && v.SecretAccessKey != "" {
+			c.curr = np.p
+			return v, nil
+		}
+		if np.required {
+			return credentials.Value{}, fmt.Errorf("%w: %s has no usable key", ErrNoCredentials, np.name)
+		}
+		tried = append(tried, np.name)
+	}
+	c.curr = nil
+	return credentials.Value{}, fmt.Errorf("%w (tried %s); set credentials or ask for anonymous access",
+		ErrNoCredentials, strings.Join(tried, ", "))
+}
+
+func (c *strictChain) IsExpired() bool {
+	if c.curr == nil {
+		return true
+	}
+	return c.curr.IsExpired()
+}
+
+// ID returns "s3://bucket/prefix".
+func (s *S3) ID() string { return s.id }
+
+func (s *S3) objectKey(k string) string {
+	if s.prefix == "" {
+		return k
+	}
+	if k == "" {
+		return s.prefix
+	}
+	return s.prefix + "/" + k
+}
+
+func (s *S3) acquire(ctx context.Context) error {
+	select {
+	case s.sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *S3) release() { <-s.sem }
+
+// classify turns a minio-go or transport error into the package's classes.
+// parent is the caller's context, rctx the per-request one.
+func (s *S3) classify(parent, rctx context.Context, err error) error {
+	if perr := parent.Err(); perr != nil {
+		return perr // the caller gave up: neither transient nor ours to report
+	}
+	if rctx.Err() != nil {
+		return Transient(fmt.Errorf("request timed out after %v: %w", s.timeout, context.DeadlineExceeded))
+	}
+	var er minio.ErrorResponse
+	if !errors.As(err, &er) {
+		// Transport failures: refused or reset connections, unexpected EOF,
+		// TLS and DNS hiccups. Only a response can tell us the request
+		// itself was wrong, so these are worth another attempt.
+		return Transient(err)
+	}
+	desc := er.Code
+	if er.Message != "" {
+		desc += ": " + er.Message
+	}
+	if er.StatusCode != 0 {
+		desc = fmt.Sprintf("HTTP %d %s", er.StatusCode, desc)
+	}
+	switch {
+	case er.Code == "NoSuchKey" || (er.StatusCode == http.StatusNotFound && er.Code != "NoSuchBucket"):
+		return ErrNotFound
+	case er.Code == "NoSuchBucket":
+		// A missing bucket is not a missing chunk: reading it as fill
+		// values would silently turn a typo into zeros.
+		return fmt.Errorf("bucket %q does not exist (%s)", s.bucket, desc)
+	case er.StatusCode == http.StatusForbidden || er.Code == "AccessDenied" ||
+		er.Code == "InvalidAccessKeyId" || er.Code == "SignatureDoesNotMatch":
+		return fmt.Errorf("%w (%s)", ErrPermission, desc)
+	case er.StatusCode == http.StatusRequestedRangeNotSatisfiable || er.Code == "InvalidRange":
+		return fmt.Errorf("%w (%s)", ErrRange, desc)
+	case er.StatusCode >= 500 || er.StatusCode == http.StatusTooManyRequests ||
+		er.StatusCode == http.StatusRequestTimeout ||
+		er.Code == "SlowDown" || er.Code == "RequestTimeout" || er.Code == "InternalError" ||
+		er.Code == "ServiceUnavailable":
+		return Transient(errors.New(desc))
+	}
+	return errors.New(desc)
+}
+
+// Get reads a whole object, verifying its length against Content-Length.
+func (s *S3) Get(ctx context.Context, key string) ([]byte, error) {
+	k, err := CleanKey(key, false)
+	if err != nil {
+		return nil, &Error{Op: "get", Store: s.id, Key: key, Err: err}
+	}
+	b, err := s.fetch(ctx, k, 0, 0, false)
+	if err != nil {
+		return nil, &Error{Op: "get", Store: s.id, Key: k, Err: err}
+	}
+	return b, nil
+}
+
+// GetRange reads length bytes at off, or the last length bytes when off < 0,
+// with one range GET. The response's Content-Range and length are checked
+// against the request.
+func (s *S3) GetRange(ctx context.Context, key string, off, length int64) ([]byte, error) {
+	k, err := CleanKey(key, false)
+	if err != nil {
+		return nil, &Error{Op: "get range", Store: s.id, Key: key, Err: err}
+	}
+	if length < 0 {
+		return nil, &Error{Op: "get range", Store: s.id, Key: k, Err: fmt.Errorf("negative length %d", length)}
+	}
+	b, err := s.fetch(ctx, k, off, length, true)
+	if err != nil {
+		return nil, &Error{Op: "get range", Store: s.id, Key: k, Err: err}
+	}
+	return b, nil
+}
+
+func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool) ([]byte, error) {
+	if err := s.acquire(ctx); err != nil {
+		return nil, err
+	}
+	defer s.release()
+	rctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	start := time.Now()
+	obj := s.objectKey(k)
+
+	if ranged && length == 0 {
+		// HTTP cannot ask for zero bytes; check existence and bounds instead.
+		info, err := s.client.StatObject(rctx, s.bucket, obj, minio.StatObjectOptions{})
+		if err != nil {
+			return nil, s.classify(ctx, rctx, err)
+		}
+		if off > info.Size {
+			return nil, fmt.Errorf("%w: offset %d, size %d", ErrRange, off, info.Size)
+		}
+		return []byte{}, nil
+	}
+
+	var gopts minio.GetObjectOptions
+	if ranged {
+		var err error
+		if off < 0 {
+			err = gopts.SetRange(0, -length)
+		} else {
+			err = gopts.SetRange(off, off+length-1)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	body, info, hdr, err := minio.Core{Client: s.client}.GetObject(rctx, s.bucket, obj, gopts)
+	if err != nil {
+		err = s.classify(ctx, rctx, err)
+		s.log.Debug("s3 get failed", "key", k, "off", off, "length", length, "err", err)
+		return nil, err
+	}
+	defer body.Close()
+
+	// want: the bytes this response must carry; from, to: the slice of them
+	// the caller asked for (a server may ignore Range and send everything).
+	want := info.Size
+	from, to := int64(0), int64(-1)
+	if ranged {
+		cr := hdr.Get("Content-Range")
+		if cr == "" {
+			// 200 with the whole object: cut the range out after reading.
+			if off < 0 {
+				off = want - length
+			}
+			if off < 0 || off+length > want {
+				return nil, fmt.Errorf("%w: %d+%d, size %d", ErrRange, off, length, want)
+			}
+			from, to = off, off+length
+		} else {
+			first, last, total, err := parseContentRange(cr)
+			if err != nil {
+				return nil, Transient(fmt.Errorf("bad Content-Range %q: %w", cr, err))
+			}
+			if off < 0 {
+				if total < length {
+					return nil, fmt.Errorf("%w: last %d bytes of %d", ErrRange, length, total)
+				}
+				off = total - length
+			}
+			if off+length > total {
+				return nil, fmt.Errorf("%w: %d+%d, size %d", ErrRange, off, length, total)
+			}
+			if first != off || last != off+length-1 {
+				return nil, Transient(fmt.Errorf("server sent bytes %d-%d for %d-%d", first, last, off, off+length-1))
+			}
+			if want != length {
+				return nil, Transient(fmt.Errorf("Content-Length %d for a range of %d bytes", want, length))
+			}
+		}
+	}
+	if want < 0 {
+		return nil, Transient(errors.New("response without Content-Length"))
+	}
+	buf := make([]byte, want)
+	n, err := io.ReadFull(body, buf)
+	if err != nil {
+		if perr := ctx.Err(); perr != nil {
+			return nil, perr
+		}
+		if rctx.Err() != nil {
+			return nil, Transient(fmt.Errorf("request timed out after %v with %d of %d bytes: %w", s.timeout, n, want, context.DeadlineExceeded))
+		}
+		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+			return nil, Transient(fmt.Errorf("%w: %d of %d bytes", ErrTruncated, n, want))
+		}
+		return nil, Transient(fmt.Errorf("reading body after %d of %d bytes: %w", n, want, err))
+	}
+	if to >= 0 {
+		buf = buf[from:to]
+	}
+	s.log.Debug("s3 get", "key", k, "off", off, "length", length, "bytes", len(buf), "dur", time.Since(start))
+	return buf, nil
+}
+
+// parseContentRange parses "bytes FIRST-LAST/TOTAL".
+func parseContentRange(s string) (first, last, total int64, err error) {
+	rest, ok := strings.CutPrefix(s, "bytes ")
+	if !ok {
+		return 0, 0, 0, errors.New("not a byte range")
+	}
+	rng, tot, ok := strings.Cut(rest, "/")
+	if !ok {
+		return 0, 0, 0, errors.New("no total")
+	}
+	a, b, ok := strings.Cut(rng, "-")
+	if !ok {
+		return 0, 0, 0, errors.New("no dash")
+	}
+	if first, err = strconv.ParseInt(a, 10, 64); err != nil {
+		return
+	}
+	if last, err = strconv.ParseInt(b, 10, 64); err != nil {
+		return
+	}
+	if total, err = strconv.ParseInt(tot, 10, 64); err != nil {
+		return
+	}
+	if first < 0 || last < first || total <= last {
+		return 0, 0, 0, errors.New("inconsistent")
+	}
+	return first, last, total, nil
+}
+
+// List returns the sorted children of prefix with one delimited listing. S3
+// has no empty directories, so a prefix with no children is ErrNotFound
+// (except the store root, which may be empty).
+func (s *S3) List(ctx context.Context, prefix string) ([]string, error) {
+	k, err := CleanKey(prefix, true)
+	if err != nil {
+		return nil, &Error{Op: "list", Store: s.id, Key: prefix, Err: err}
+	}
+	names, err := s.list(ctx, k)
+	if err != nil {
+		return nil, &Error{Op: "list", Store: s.id, Key: k, Err: err}
+	}
+	return names, nil
+}
+
+func (s *S3) list(ctx context.Context, k string) ([]string, error) {
+	if err := s.acquire(ctx); err != nil {
+		return nil, err
+	}
+	defer s.release()
+	rctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel() // also stops minio-go's listing goroutine on an early return
+	p := s.objectKey(k)
+	if p != "" {
+		p += "/"
+	}
+	var names []string
+	for obj := range s.client.ListObjects(rctx, s.bucket, minio.ListObjectsOptions{Prefix: p, Recursive: false}) {
+		if obj.Err != nil {
+			return nil, s.classify(ctx, rctx, obj.Err)
+		}
+		name := strings.TrimPrefix(obj.Key, p)
+		if name == "" || name == "/" {
+			continue // a "directory marker" object some tools create
+		}
+		names = append(names, name)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if len(names) == 0 && k != "" {
+		return nil, ErrNotFound
+	}
+	sort.Strings(names)
+	return names, nil
+}
