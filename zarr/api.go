@@ -36,6 +36,11 @@ type Options struct {
 	Fetchers int
 	// Logger receives warnings (unsupported arrays). Nil discards them.
 	Logger *slog.Logger
+	// ChunkCacheBytes bounds an in-memory cache of decoded chunks that a
+	// Read used only in part, so that the next samples out of the same
+	// chunk (a chunk of 10 time steps serves 10 sample files) do not decode
+	// it again. Zero means 256 MiB; negative disables it.
+	ChunkCacheBytes int64
 }
 
 // Hierarchy is an opened store: every array found, supported or not.
@@ -46,6 +51,9 @@ type Hierarchy struct {
 	// Groups holds the path of every group ("" for the root) and its attributes.
 	Groups map[string]map[string]any
 	opts   Options
+	chunks *chunkCache
+	cpu    codec.BatchDecoder // fallback for jobs the configured decoder refuses
+	stats  Stats
 }
 
 // Array is one Zarr array.
@@ -75,8 +83,11 @@ type Array struct {
 	// left out ("codec 'bitround' is not supported").
 	Unsupported string
 
-	h    *Hierarchy
-	read *reader // nil when Unsupported
+	h         *Hierarchy
+	keyPrefix string // "c" for v3 default chunk keys
+	keySep    string // "/" or "."
+	pipe      *pipeline
+	fill      []byte // one element, little-endian
 }
 
 // Request asks for one rectangular region of an array.

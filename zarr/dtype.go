@@ -96,16 +96,16 @@ func ParseV3DType(s string) (DType, error) {
 	case "bool":
 		return DType{Kind: 'b', Size: 1}, nil
 	case "int8", "int16", "int32", "int64":
-		return DType{Kind: 'i', Size: bits(s[3:]) / 8}, nil
+		return DType{Kind: 'i', Size: bitWidth(s[3:]) / 8}, nil
 	case "uint8", "uint16", "uint32", "uint64":
-		return DType{Kind: 'u', Size: bits(s[4:]) / 8}, nil
+		return DType{Kind: 'u', Size: bitWidth(s[4:]) / 8}, nil
 	case "float16", "float32", "float64":
-		return DType{Kind: 'f', Size: bits(s[5:]) / 8}, nil
+		return DType{Kind: 'f', Size: bitWidth(s[5:]) / 8}, nil
 	}
 	return DType{}, fmt.Errorf("%w: data type %q", ErrUnsupported, strings.TrimSpace(s))
 }
 
-func bits(s string) int {
+func bitWidth(s string) int {
 	switch s {
 	case "8":
 		return 8

@@ -1,4 +1,863 @@
 package zarr
 
-// reader holds what Read needs for one supported array.
-type reader struct{}
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"math/bits"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/zarrfs/zarrfs/objectstore"
+	"github.com/zarrfs/zarrfs/zarr/codec"
+)
+
+// ChunkError names the array and chunk key a read failed on.
+type ChunkError struct {
+	Array string // array path
+	Key   string // store key of the chunk or shard ("t/c/0/1/0", "q/c/0/0/0/0 inner 5")
+	Err   error
+}
+
+func (e *ChunkError) Error() string {
+	return fmt.Sprintf("array %q chunk %s: %v", e.Array, e.Key, e.Err)
+}
+
+func (e *ChunkError) Unwrap() error { return e.Err }
+
+// Stats counts work done by Reads on a Hierarchy (for tests and benchmarks).
+type Stats struct {
+	ChunksDecoded  atomic.Int64 // leaf chunks decompressed
+	ChunksMissing  atomic.Int64 // leaf chunks read as fill value
+	ChunkCacheHits atomic.Int64 // leaf chunks served from the decoded-chunk cache
+	BytesFetched   atomic.Int64 // compressed bytes read from the store
+}
+
+// Stats returns the hierarchy's counters.
+func (h *Hierarchy) Stats() *Stats { return &h.stats }
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// ChunkKey returns the store key of the chunk at grid coordinates coords.
+func (a *Array) ChunkKey(coords []int64) string {
+	var b strings.Builder
+	if a.Path != "" {
+		b.WriteString(a.Path)
+		b.WriteByte('/')
+	}
+	if a.keyPrefix != "" {
+		b.WriteString(a.keyPrefix)
+		for _, c := range coords {
+			b.WriteString(a.keySep)
+			b.WriteString(strconv.FormatInt(c, 10))
+		}
+		return b.String()
+	}
+	if len(coords) == 0 {
+		b.WriteByte('0')
+		return b.String()
+	}
+	for i, c := range coords {
+		if i > 0 {
+			b.WriteString(a.keySep)
+		}
+		b.WriteString(strconv.FormatInt(c, 10))
+	}
+	return b.String()
+}
+
+// box is a half-open region [lo, hi) in array coordinates.
+type box struct{ lo, hi []int64 }
+
+func intersect(a, b box) (box, bool) {
+	r := box{lo: make([]int64, len(a.lo)), hi: make([]int64, len(a.lo))}
+	for i := range a.lo {
+		r.lo[i] = max(a.lo[i], b.lo[i])
+		r.hi[i] = min(a.hi[i], b.hi[i])
+		if r.lo[i] >= r.hi[i] {
+			return box{}, false
+		}
+	}
+	return r, true
+}
+
+func (b box) volume() int64 {
+	n := int64(1)
+	for i := range b.lo {
+		n *= b.hi[i] - b.lo[i]
+	}
+	return n
+}
+
+func product(s []int64) int64 {
+	n := int64(1)
+	for _, x := range s {
+		n *= x
+	}
+	return n
+}
+
+// need is one request's share of a leaf chunk.
+type need struct {
+	req int
+	box box
+}
+
+// leaf is one unit of decompression: a chunk, or an inner chunk of a shard.
+type leaf struct {
+	arr      *Array
+	pipe     *pipeline
+	shape    []int64 // full (decoded) chunk shape
+	origin   []int64 // array coordinates of the chunk's first element
+	key      string  // for messages
+	cacheKey string
+	needs    []need
+	enc      []byte // compressed bytes
+	missing  bool
+	dec      []byte // decoded bytes, encoded layout (transposed, source byte order)
+	pooled   bool   // dec came from the buffer pool
+	direct   bool   // dec aliases a request's Dst, already in place
+	err      error
+}
+
+// source reads the bytes of one chunk or shard: a store key or a slice of
+// an enclosing shard already in memory.
+type source interface {
+	whole(ctx context.Context) ([]byte, error)
+	rng(ctx context.Context, off, n int64) ([]byte, error)
+	suffix(ctx context.Context, n int64) ([]byte, error)
+}
+
+type storeSource struct {
+	h   *Hierarchy
+	sem chan struct{}
+	key string
+}
+
+func (s storeSource) do(ctx context.Context, f func() ([]byte, error)) ([]byte, error) {
+	select {
+	case s.sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-s.sem }()
+	b, err := f()
+	s.h.stats.BytesFetched.Add(int64(len(b)))
+	return b, err
+}
+
+func (s storeSource) whole(ctx context.Context) ([]byte, error) {
+	return s.do(ctx, func() ([]byte, error) { return s.h.Store.Get(ctx, s.key) })
+}
+
+func (s storeSource) rng(ctx context.Context, off, n int64) ([]byte, error) {
+	return s.do(ctx, func() ([]byte, error) { return s.h.Store.GetRange(ctx, s.key, off, n) })
+}
+
+func (s storeSource) suffix(ctx context.Context, n int64) ([]byte, error) {
+	return s.do(ctx, func() ([]byte, error) { return s.h.Store.GetRange(ctx, s.key, -1, n) })
+}
+
+type memSource []byte
+
+func (m memSource) whole(context.Context) ([]byte, error) { return m, nil }
+
+func (m memSource) rng(_ context.Context, off, n int64) ([]byte, error) {
+	if off < 0 || n < 0 || off > int64(len(m)) || n > int64(len(m))-off {
+		return nil, fmt.Errorf("%w: range %d+%d past the end of a %d-byte shard", ErrCorrupt, off, n, len(m))
+	}
+	return m[off : off+n], nil
+}
+
+func (m memSource) suffix(_ context.Context, n int64) ([]byte, error) {
+	if n > int64(len(m)) {
+		return nil, fmt.Errorf("%w: shard of %d bytes is shorter than its %d-byte index", ErrCorrupt, len(m), n)
+	}
+	return m[int64(len(m))-n:], nil
+}
+
+// readState carries one Read call.
+type readState struct {
+	h      *Hierarchy
+	reqs   []Request
+	sem    chan struct{}
+	mu     sync.Mutex
+	leaves []*leaf
+}
+
+func (st *readState) add(l *leaf) {
+	st.mu.Lock()
+	st.leaves = append(st.leaves, l)
+	st.mu.Unlock()
+}
+
+// Read fills every request's Dst. All chunks the requests need are fetched
+// concurrently, each decoded once (even when several requests share it) in
+// one batch. On error some Dst may be partly written.
+func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
+	st := &readState{h: h, reqs: reqs, sem: make(chan struct{}, h.opts.Fetchers)}
+	// Group every request's share of each outer chunk.
+	type outerKey struct {
+		a   *Array
+		key string
+	}
+	type outer struct {
+		a      *Array
+		coords []int64
+		needs  []need
+	}
+	outers := map[outerKey]*outer{}
+	var order []*outer
+	for i, r := range reqs {
+		a := r.Array
+		if err := a.check(r); err != nil {
+			return err
+		}
+		rank := len(a.Shape)
+		reg := box{lo: r.Start, hi: make([]int64, rank)}
+		for d := range rank {
+			reg.hi[d] = r.Start[d] + r.Count[d]
+		}
+		if reg.volume() == 0 {
+			continue
+		}
+		lo := make([]int64, rank)
+		hi := make([]int64, rank)
+		for d := range rank {
+			lo[d] = reg.lo[d] / a.Chunks[d]
+			hi[d] = (reg.hi[d]-1)/a.Chunks[d] + 1
+		}
+		forEach(lo, hi, func(c []int64) {
+			cb := a.chunkBox(c)
+			ib, _ := intersect(cb, reg)
+			k := outerKey{a, a.ChunkKey(c)}
+			o := outers[k]
+			if o == nil {
+				o = &outer{a: a, coords: append([]int64(nil), c...)}
+				outers[k] = o
+				order = append(order, o)
+			}
+			o.needs = append(o.needs, need{req: i, box: ib})
+		})
+	}
+	// Resolve outer chunks into leaves, fetching bytes concurrently.
+	var wg sync.WaitGroup
+	errs := make([]error, len(order))
+	for i, o := range order {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cb := o.a.chunkBox(o.coords)
+			key := o.a.ChunkKey(o.coords)
+			errs[i] = st.resolve(ctx, o.a, o.a.pipe, o.a.Chunks, cb.lo, storeSource{h, st.sem, key}, key, o.needs)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if err := st.decode(ctx); err != nil {
+		return err
+	}
+	for _, l := range st.leaves {
+		if l.err != nil {
+			return &ChunkError{Array: l.arr.Path, Key: l.key, Err: l.err}
+		}
+	}
+	st.assemble()
+	return nil
+}
+
+func (a *Array) check(r Request) error {
+	if a == nil || a.h == nil {
+		return errors.New("zarr: request without an opened array")
+	}
+	if a.Unsupported != "" {
+		return fmt.Errorf("array %q: %w: %s", a.Path, ErrUnsupported, a.Unsupported)
+	}
+	rank := len(a.Shape)
+	if len(r.Start) != rank || len(r.Count) != rank {
+		return fmt.Errorf("array %q: region of rank %d/%d for an array of rank %d", a.Path, len(r.Start), len(r.Count), rank)
+	}
+	n := int64(a.DType.Size)
+	for d := range rank {
+		if r.Start[d] < 0 || r.Count[d] < 0 || r.Start[d]+r.Count[d] > a.Shape[d] {
+			return fmt.Errorf("array %q: region start %v count %v outside shape %v", a.Path, r.Start, r.Count, a.Shape)
+		}
+		n *= r.Count[d]
+	}
+	if int64(len(r.Dst)) != n {
+		return fmt.Errorf("array %q: destination of %d bytes for a region of %d bytes", a.Path, len(r.Dst), n)
+	}
+	return nil
+}
+
+func (a *Array) chunkBox(c []int64) box {
+	return gridBox(c, a.Chunks, nil)
+}
+
+// gridBox is the box of grid cell c of cells shaped cell, offset by origin.
+func gridBox(c, cell, origin []int64) box {
+	b := box{lo: make([]int64, len(c)), hi: make([]int64, len(c))}
+	for d := range c {
+		b.lo[d] = c[d] * cell[d]
+		if origin != nil {
+			b.lo[d] += origin[d]
+		}
+		b.hi[d] = b.lo[d] + cell[d]
+	}
+	return b
+}
+
+// forEach calls f with every coordinate vector in [lo, hi), last index fastest.
+// f must not keep c.
+func forEach(lo, hi []int64, f func(c []int64)) {
+	c := append([]int64(nil), lo...)
+	for d := range lo {
+		if lo[d] >= hi[d] {
+			return
+		}
+	}
+	for {
+		f(c)
+		d := len(c) - 1
+		for ; d >= 0; d-- {
+			c[d]++
+			if c[d] < hi[d] {
+				break
+			}
+			c[d] = lo[d]
+		}
+		if d < 0 {
+			return
+		}
+	}
+}
+
+// resolve turns one chunk (or shard) into leaves, reading its bytes from src.
+func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, origin []int64, src source, key string, needs []need) error {
+	if p.shard == nil {
+		l := &leaf{arr: a, pipe: p, shape: shape, origin: origin, key: key, needs: needs,
+			cacheKey: a.MetaHash + "\x00" + key}
+		if dec, ok := st.h.chunks.get(l.cacheKey); ok {
+			st.h.stats.ChunkCacheHits.Add(1)
+			l.dec = dec
+			st.add(l)
+			return nil
+		}
+		b, err := src.whole(ctx)
+		switch {
+		case objectstore.IsNotFound(err):
+			l.missing = true
+		case err != nil:
+			return &ChunkError{Array: a.Path, Key: key, Err: err}
+		default:
+			l.enc = b
+		}
+		st.add(l)
+		return nil
+	}
+	s := p.shard
+	rank := len(shape)
+	grid := make([]int64, rank)
+	for d := range rank {
+		grid[d] = shape[d] / s.inner[d]
+	}
+	n := product(grid)
+	idxLen := n * 16
+	for _, c := range s.index.bb {
+		if c.crc32c {
+			idxLen += 4
+		}
+	}
+	if idxLen > maxChunkBytes {
+		return &ChunkError{Array: a.Path, Key: key, Err: fmt.Errorf("%w: shard index of %d bytes", ErrUnsupported, idxLen)}
+	}
+	idx, err := st.shardIndex(ctx, a, s, src, key, idxLen)
+	if objectstore.IsNotFound(err) {
+		st.add(&leaf{arr: a, pipe: p, shape: shape, origin: origin, key: key, needs: needs, missing: true})
+		return nil
+	}
+	if err != nil {
+		return &ChunkError{Array: a.Path, Key: key, Err: err}
+	}
+	// Which inner chunks do the needs touch?
+	span := box{lo: make([]int64, rank), hi: make([]int64, rank)}
+	for d := range rank {
+		span.lo[d], span.hi[d] = grid[d], 0
+	}
+	for _, nd := range needs {
+		for d := range rank {
+			span.lo[d] = min(span.lo[d], (nd.box.lo[d]-origin[d])/s.inner[d])
+			span.hi[d] = max(span.hi[d], (nd.box.hi[d]-origin[d]-1)/s.inner[d]+1)
+		}
+	}
+	var wg sync.WaitGroup
+	var emu sync.Mutex
+	var errs []error
+	forEach(span.lo, span.hi, func(c []int64) {
+		ib := gridBox(c, s.inner, origin)
+		var inner []need
+		for _, nd := range needs {
+			if x, ok := intersect(ib, nd.box); ok {
+				inner = append(inner, need{req: nd.req, box: x})
+			}
+		}
+		if len(inner) == 0 {
+			return
+		}
+		lin := int64(0)
+		for d := range rank {
+			lin = lin*grid[d] + c[d]
+		}
+		off := binary.LittleEndian.Uint64(idx[lin*16:])
+		nb := binary.LittleEndian.Uint64(idx[lin*16+8:])
+		ikey := fmt.Sprintf("%s inner %v", key, c)
+		if off == ^uint64(0) && nb == ^uint64(0) {
+			st.add(&leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: ib.lo, key: ikey, needs: inner, missing: true})
+			return
+		}
+		if off > 1<<62 || nb > maxChunkBytes {
+			emu.Lock()
+			errs = append(errs, &ChunkError{Array: a.Path, Key: ikey, Err: fmt.Errorf("%w: shard index entry offset %d length %d", ErrCorrupt, off, nb)})
+			emu.Unlock()
+			return
+		}
+		if s.indexAtStart && off < uint64(idxLen) {
+			emu.Lock()
+			errs = append(errs, &ChunkError{Array: a.Path, Key: ikey, Err: fmt.Errorf("%w: inner chunk at %d overlaps the shard index", ErrCorrupt, off)})
+			emu.Unlock()
+			return
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			b, err := src.rng(ctx, int64(off), int64(nb))
+			if err == nil {
+				if s.codecs.shard != nil {
+					err = st.resolve(ctx, a, s.codecs, s.inner, ib.lo, memSource(b), ikey, inner)
+				} else {
+					st.add(&leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: ib.lo, key: ikey, needs: inner, enc: b})
+				}
+			}
+			if err != nil {
+				if objectstore.IsNotFound(err) {
+					err = fmt.Errorf("%w: shard vanished while reading", ErrCorrupt)
+				}
+				emu.Lock()
+				errs = append(errs, &ChunkError{Array: a.Path, Key: ikey, Err: err})
+				emu.Unlock()
+			}
+		}()
+	})
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// shardIndex reads, verifies and caches a shard index.
+func (st *readState) shardIndex(ctx context.Context, a *Array, s *shardSpec, src source, key string, n int64) ([]byte, error) {
+	ck := ""
+	if _, ok := src.(storeSource); ok {
+		ck = "index\x00" + a.MetaHash + "\x00" + key
+		if b, ok := st.h.chunks.get(ck); ok {
+			return b, nil
+		}
+	}
+	var b []byte
+	var err error
+	if s.indexAtStart {
+		b, err = src.rng(ctx, 0, n)
+	} else {
+		b, err = src.suffix(ctx, n)
+	}
+	if err != nil {
+		return nil, err
+	}
+	// The index codecs are bytes (+ crc32c): strip checksums outermost first.
+	for i := len(s.index.bb) - 1; i >= 0; i-- {
+		if b, err = verifyCRC(b); err != nil {
+			return nil, fmt.Errorf("shard index: %w", err)
+		}
+	}
+	if s.index.bigEndian {
+		c := make([]byte, len(b))
+		for i := 0; i+8 <= len(b); i += 8 {
+			binary.LittleEndian.PutUint64(c[i:], binary.BigEndian.Uint64(b[i:]))
+		}
+		b = c
+	}
+	if ck != "" {
+		st.h.chunks.put(ck, b)
+	}
+	return b, nil
+}
+
+func verifyCRC(b []byte) ([]byte, error) {
+	if len(b) < 4 {
+		return nil, fmt.Errorf("%w: %d bytes cannot hold a crc32c", ErrChecksum, len(b))
+	}
+	body := b[:len(b)-4]
+	want := binary.LittleEndian.Uint32(b[len(b)-4:])
+	if got := crc32.Checksum(body, castagnoli); got != want {
+		return nil, fmt.Errorf("%w: crc32c %08x, stored %08x", ErrChecksum, got, want)
+	}
+	return body, nil
+}
+
+// decode decompresses every fetched leaf, stage by stage, in batches.
+func (st *readState) decode(ctx context.Context) error {
+	type pending struct {
+		l     *leaf
+		cur   []byte
+		stage int // index into pipe.bb of the next codec to undo (counting down)
+	}
+	var work []*pending
+	for _, l := range st.leaves {
+		if l.enc != nil {
+			work = append(work, &pending{l: l, cur: l.enc, stage: len(l.pipe.bb) - 1})
+		}
+	}
+	for len(work) > 0 {
+		var jobs []codec.Job
+		var owners []*pending
+		next := work[:0]
+		for _, w := range work {
+			// Undo checksums right away; stop at the next compression step.
+			for w.stage >= 0 && w.l.pipe.bb[w.stage].crc32c {
+				b, err := verifyCRC(w.cur)
+				if err != nil {
+					w.l.err = err
+					break
+				}
+				w.cur = b
+				w.stage--
+			}
+			if w.l.err != nil {
+				continue
+			}
+			if w.stage < 0 {
+				st.finish(w.l, w.cur)
+				continue
+			}
+			size := stageSize(w.l, w.stage)
+			dst, pooled, direct := st.target(w.l, w.stage, size)
+			w.l.pooled, w.l.direct = pooled, direct
+			jobs = append(jobs, codec.Job{Codec: w.l.pipe.bb[w.stage].name, Src: w.cur, Dst: dst})
+			owners = append(owners, w)
+			next = append(next, w)
+		}
+		work = next
+		if len(jobs) == 0 {
+			break
+		}
+		if err := st.h.decodeBatch(ctx, jobs); err != nil {
+			return err
+		}
+		st.h.stats.ChunksDecoded.Add(int64(len(jobs)))
+		for i, j := range jobs {
+			w := owners[i]
+			if j.Err != nil {
+				w.l.err = j.Err
+				continue
+			}
+			w.cur = j.Dst
+			w.stage--
+		}
+		next = work[:0]
+		for _, w := range work {
+			if w.l.err != nil {
+				continue
+			}
+			if w.stage < 0 {
+				st.finish(w.l, w.cur)
+				continue
+			}
+			next = append(next, w)
+		}
+		work = next
+	}
+	return nil
+}
+
+// decodeBatch runs jobs on the configured decoder and retries on the CPU the
+// jobs it refused.
+func (h *Hierarchy) decodeBatch(ctx context.Context, jobs []codec.Job) error {
+	if err := h.opts.Decoder.DecodeBatch(ctx, jobs); err != nil {
+		return err
+	}
+	if h.cpu == nil {
+		return nil
+	}
+	var retry []codec.Job
+	var at []int
+	for i, j := range jobs {
+		if errors.Is(j.Err, codec.ErrUnsupported) {
+			j.Err = nil
+			retry = append(retry, j)
+			at = append(at, i)
+		}
+	}
+	if len(retry) == 0 {
+		return nil
+	}
+	if err := h.cpu.DecodeBatch(ctx, retry); err != nil {
+		return err
+	}
+	for k, i := range at {
+		jobs[i].Err = retry[k].Err
+	}
+	return nil
+}
+
+// stageSize is the decoded size of the data entering codec bb[stage] when encoding.
+func stageSize(l *leaf, stage int) int64 {
+	n := product(l.shape) * int64(l.arr.DType.Size)
+	for i := 0; i < stage; i++ {
+		if l.pipe.bb[i].crc32c {
+			n += 4
+		}
+	}
+	return n
+}
+
+// target picks where a leaf's decompression writes: straight into a
+// request's destination when the leaf is exactly one contiguous piece of it
+// and this is the last step, otherwise a pooled buffer.
+func (st *readState) target(l *leaf, stage int, size int64) (dst []byte, pooled, direct bool) {
+	if stage == 0 && len(l.needs) == 1 && l.pipe.transpose == nil {
+		if off, ok := contiguousIn(l, st.reqs[l.needs[0].req]); ok {
+			return st.reqs[l.needs[0].req].Dst[off : off+size], false, true
+		}
+	}
+	return getBuf(int(size)), true, false
+}
+
+// contiguousIn reports whether the whole leaf lands as one contiguous run of
+// the request's destination, and where.
+func contiguousIn(l *leaf, r Request) (int64, bool) {
+	nd := l.needs[0]
+	rank := len(l.shape)
+	for d := range rank {
+		if nd.box.lo[d] != l.origin[d] || nd.box.hi[d] != l.origin[d]+l.shape[d] {
+			return 0, false // the leaf sticks out of the region (edge chunk, partial use)
+		}
+	}
+	// Contiguous when, past the first dimension where the leaf is shorter
+	// than the region, every dimension spans the region fully, and before
+	// it every extent is one.
+	k := -1
+	for d := range rank {
+		if l.shape[d] != r.Count[d] {
+			k = d
+		}
+	}
+	for d := 0; d < k; d++ {
+		if l.shape[d] != 1 {
+			return 0, false
+		}
+	}
+	off := int64(0)
+	stride := int64(l.arr.DType.Size)
+	for d := rank - 1; d >= 0; d-- {
+		off += (nd.box.lo[d] - r.Start[d]) * stride
+		stride *= r.Count[d]
+	}
+	return off, true
+}
+
+// finish records a leaf's decoded bytes (data at the array-to-bytes level).
+func (st *readState) finish(l *leaf, dec []byte) {
+	want := product(l.shape) * int64(l.arr.DType.Size)
+	if int64(len(dec)) != want {
+		l.err = fmt.Errorf("%w: decoded %d bytes, expected %d", ErrCorrupt, len(dec), want)
+		return
+	}
+	l.dec = dec
+}
+
+// assemble copies every leaf's share into the requests.
+func (st *readState) assemble() {
+	for _, l := range st.leaves {
+		if l.direct {
+			if l.pipe.bigEndian {
+				nd := l.needs[0]
+				r := st.reqs[nd.req]
+				off, _ := contiguousIn(l, r)
+				swapBytes(r.Dst[off:off+int64(len(l.dec))], l.arr.DType.Size)
+			}
+			continue
+		}
+		used := int64(0)
+		for _, nd := range l.needs {
+			r := st.reqs[nd.req]
+			if l.missing {
+				fillBox(r, nd.box, l.arr.fill)
+				continue
+			}
+			copyBox(l, r, nd.box)
+			used += nd.box.volume()
+		}
+		if l.missing {
+			st.h.stats.ChunksMissing.Add(1)
+			continue
+		}
+		if used < product(l.shape) && l.cacheKey != "" && l.enc != nil {
+			// Part of this chunk is still unread: keep it for the next sample.
+			st.h.chunks.put(l.cacheKey, l.dec)
+		} else if l.pooled {
+			putBuf(l.dec)
+		}
+		l.dec = nil
+	}
+}
+
+func strides(shape []int64, size int64) []int64 {
+	s := make([]int64, len(shape))
+	for d := len(shape) - 1; d >= 0; d-- {
+		s[d] = size
+		size *= shape[d]
+	}
+	return s
+}
+
+// copyBox copies region b of leaf l into request r, undoing transpose and
+// byte order.
+func copyBox(l *leaf, r Request, b box) {
+	rank := len(l.shape)
+	size := int64(l.arr.DType.Size)
+	dstStride := strides(r.Count, size)
+	var srcStride []int64
+	if t := l.pipe.transpose; t != nil {
+		enc := make([]int64, rank)
+		for i, d := range t {
+			enc[i] = l.shape[d]
+		}
+		es := strides(enc, size)
+		srcStride = make([]int64, rank)
+		for i, d := range t {
+			srcStride[d] = es[i]
+		}
+	} else {
+		srcStride = strides(l.shape, size)
+	}
+	if rank == 0 {
+		copy(r.Dst, l.dec[:size])
+		if l.pipe.bigEndian {
+			swapBytes(r.Dst[:size], int(size))
+		}
+		return
+	}
+	so, do := int64(0), int64(0)
+	for d := range rank {
+		so += (b.lo[d] - l.origin[d]) * srcStride[d]
+		do += (b.lo[d] - r.Start[d]) * dstStride[d]
+	}
+	ext := make([]int64, rank)
+	for d := range rank {
+		ext[d] = b.hi[d] - b.lo[d]
+	}
+	last := rank - 1
+	if srcStride[last] == size {
+		// Rows of the last dimension are contiguous on both sides.
+		row := ext[last] * size
+		zero := make([]int64, rank-1)
+		forEach(zero, ext[:last], func(c []int64) {
+			s, t := so, do
+			for d := range last {
+				s += c[d] * srcStride[d]
+				t += c[d] * dstStride[d]
+			}
+			copy(r.Dst[t:t+row], l.dec[s:s+row])
+			if l.pipe.bigEndian {
+				swapBytes(r.Dst[t:t+row], int(size))
+			}
+		})
+		return
+	}
+	// Transposed: element by element, innermost destination dimension fastest.
+	zero := make([]int64, rank-1)
+	n := ext[last]
+	ss, ds := srcStride[last], dstStride[last]
+	forEach(zero, ext[:last], func(c []int64) {
+		s, t := so, do
+		for d := range last {
+			s += c[d] * srcStride[d]
+			t += c[d] * dstStride[d]
+		}
+		switch size {
+		case 1:
+			for i := range n {
+				r.Dst[t+i] = l.dec[s+i*ss]
+			}
+		default:
+			for i := range n {
+				copy(r.Dst[t+i*ds:t+i*ds+size], l.dec[s+i*ss:s+i*ss+size])
+			}
+			if l.pipe.bigEndian {
+				swapBytes(r.Dst[t:t+n*size], int(size))
+			}
+		}
+	})
+}
+
+// fillBox writes the fill value over region b of request r.
+func fillBox(r Request, b box, fill []byte) {
+	rank := len(r.Count)
+	size := int64(len(fill))
+	if rank == 0 {
+		copy(r.Dst, fill)
+		return
+	}
+	dstStride := strides(r.Count, size)
+	last := rank - 1
+	rowLen := (b.hi[last] - b.lo[last]) * size
+	row := make([]byte, rowLen)
+	allZero := true
+	for _, x := range fill {
+		if x != 0 {
+			allZero = false
+		}
+	}
+	if !allZero {
+		for i := int64(0); i < rowLen; i += size {
+			copy(row[i:], fill)
+		}
+	}
+	ext := make([]int64, last)
+	for d := range last {
+		ext[d] = b.hi[d] - b.lo[d]
+	}
+	do := int64(0)
+	for d := range rank {
+		do += (b.lo[d] - r.Start[d]) * dstStride[d]
+	}
+	forEach(make([]int64, last), ext, func(c []int64) {
+		t := do
+		for d := range last {
+			t += c[d] * dstStride[d]
+		}
+		copy(r.Dst[t:t+rowLen], row)
+	})
+}
+
+// swapBytes reverses the byte order of every size-byte element of b.
+func swapBytes(b []byte, size int) {
+	switch size {
+	case 2:
+		for i := 0; i+2 <= len(b); i += 2 {
+			binary.LittleEndian.PutUint16(b[i:], bits.ReverseBytes16(binary.LittleEndian.Uint16(b[i:])))
+		}
+	case 4:
+		for i := 0; i+4 <= len(b); i += 4 {
+			binary.LittleEndian.PutUint32(b[i:], bits.ReverseBytes32(binary.LittleEndian.Uint32(b[i:])))
+		}
+	case 8:
+		for i := 0; i+8 <= len(b); i += 8 {
+			binary.LittleEndian.PutUint64(b[i:], bits.ReverseBytes64(binary.LittleEndian.Uint64(b[i:])))
+		}
+	}
+}

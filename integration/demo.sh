@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# make demo: write a small ERA5-like store, mount it, look at it with ls and
+# numpy, unmount.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+work=$(mktemp -d /tmp/zarrfs-demo.XXXXXX)
+store=$work/era5.zarr mnt=$work/mnt cache=$work/cache
+mkdir -p "$mnt"
+pid=
+cleanup() {
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then kill -TERM "$pid"; wait "$pid" || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+echo "== writing an example store"
+go run ./integration/demo/mkstore "$store"
+echo
+echo "== zarrfs inspect $store"
+bin/zarrfs inspect "$store"
+echo
+echo "== zarrfs mount $store $mnt"
+bin/zarrfs mount "$store" "$mnt" --cache "$cache" > "$work/mount.log" 2>&1 &
+pid=$!
+for _ in $(seq 100); do
+  grep -q "mounted" "$work/mount.log" 2>/dev/null && break
+  kill -0 "$pid" 2>/dev/null || { cat "$work/mount.log"; exit 1; }
+  sleep 0.1
+done
+head -1 "$work/mount.log"
+echo
+echo "== ls -l $mnt $mnt/t"
+ls -l "$mnt"
+ls -l "$mnt/t"
+echo
+echo "== numpy.load($mnt/t/3.npy)"
+python3 - "$mnt" <<'PY'
+import json, sys, numpy as np
+mnt = sys.argv[1]
+a = np.load(f"{mnt}/t/3.npy")
+print("shape", a.shape, "dtype", a.dtype, "mean %.3f" % a.mean())
+side = json.load(open(f"{mnt}/t.json"))
+print("sidecar: dims", side["dims"], "sample_dim", side["sample_dim"], "files", side["files"])
+print("lsm.npy land fraction %.3f" % np.load(f"{mnt}/lsm.npy").mean())
+PY
+echo
+echo "== unmounting (SIGTERM)"
+kill -TERM "$pid"; wait "$pid"; pid=
+echo "zarrfs exited 0; demo done"

@@ -1,0 +1,649 @@
+package zarr
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/zarrfs/zarrfs/zarr/codec"
+)
+
+// maxDims bounds the dimensionality accepted from metadata.
+const maxDims = 32
+
+// maxChunkBytes bounds the decoded size of one chunk (and one inner chunk):
+// metadata that asks for more is refused rather than allocated.
+const maxChunkBytes = 4 << 30
+
+// pipeline is a parsed codec chain, in encode order.
+type pipeline struct {
+	// transpose is the permutation applied before serialisation: the
+	// encoded array's dimension i is the decoded array's dimension
+	// transpose[i]. Nil means none (C order).
+	transpose []int
+	// bigEndian is the serialised byte order (bytes codec, v2 ">").
+	bigEndian bool
+	// shard is set when the array-to-bytes codec is sharding_indexed.
+	shard *shardSpec
+	// bb are the bytes-to-bytes codecs in encode order.
+	bb []bbCodec
+}
+
+type bbCodec struct {
+	crc32c bool
+	name   codec.Name
+}
+
+type shardSpec struct {
+	inner        []int64 // inner chunk shape
+	codecs       *pipeline
+	index        *pipeline // index codecs (bytes + optional crc32c)
+	indexAtStart bool
+}
+
+// parseJSON decodes strictly enough to catch garbage but keeps numbers exact.
+func parseJSON(data []byte, v any) error {
+	d := json.NewDecoder(bytes.NewReader(data))
+	d.UseNumber()
+	if err := d.Decode(v); err != nil {
+		if se, ok := err.(*json.SyntaxError); ok {
+			return fmt.Errorf("invalid JSON at offset %d: %v", se.Offset, se)
+		}
+		return fmt.Errorf("invalid JSON: %v", err)
+	}
+	return nil
+}
+
+func hashDocs(docs ...[]byte) string {
+	h := sha256.New()
+	for _, d := range docs {
+		fmt.Fprintf(h, "%d:", len(d))
+		h.Write(d)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func toInt64s(v any, what string) ([]int64, error) {
+	list, ok := v.([]any)
+	if !ok {
+		return nil, fmt.Errorf("%s: expected a list of integers", what)
+	}
+	if len(list) > maxDims {
+		return nil, fmt.Errorf("%w: %s has %d dimensions (at most %d)", ErrUnsupported, what, len(list), maxDims)
+	}
+	out := make([]int64, len(list))
+	for i, e := range list {
+		n, ok := e.(json.Number)
+		if !ok {
+			return nil, fmt.Errorf("%s: element %d is not an integer", what, i)
+		}
+		x, err := n.Int64()
+		if err != nil || x < 0 {
+			return nil, fmt.Errorf("%s: element %d (%s) is not a non-negative integer", what, i, n)
+		}
+		out[i] = x
+	}
+	return out, nil
+}
+
+// checkGrid validates shape against chunk shape and bounds chunk sizes.
+func checkGrid(shape, chunks []int64, itemsize int) error {
+	if len(shape) != len(chunks) {
+		return fmt.Errorf("chunk shape %v does not match shape %v", chunks, shape)
+	}
+	n := int64(itemsize)
+	for i, c := range chunks {
+		if c <= 0 {
+			return fmt.Errorf("chunk shape %v has a non-positive extent", chunks)
+		}
+		if shape[i] > 1<<53 {
+			return fmt.Errorf("shape %v too large", shape)
+		}
+		n *= c
+		if n > maxChunkBytes {
+			return fmt.Errorf("%w: chunk shape %v is larger than %d bytes", ErrUnsupported, chunks, maxChunkBytes)
+		}
+	}
+	return nil
+}
+
+func names(list []any) []string {
+	out := make([]string, len(list))
+	for i, v := range list {
+		if s, ok := v.(string); ok {
+			out[i] = s
+		}
+	}
+	return out
+}
+
+// ---------- Zarr v3 ----------
+
+type v3Node struct {
+	ZarrFormat          json.Number    `json:"zarr_format"`
+	NodeType            string         `json:"node_type"`
+	Shape               any            `json:"shape"`
+	DataType            any            `json:"data_type"`
+	ChunkGrid           map[string]any `json:"chunk_grid"`
+	ChunkKeyEncoding    map[string]any `json:"chunk_key_encoding"`
+	FillValue           any            `json:"fill_value"`
+	Codecs              []any          `json:"codecs"`
+	Attributes          map[string]any `json:"attributes"`
+	DimensionNames      []any          `json:"dimension_names"`
+	StorageTransformers []any          `json:"storage_transformers"`
+	Consolidated        *struct {
+		Kind     string                     `json:"kind"`
+		Metadata map[string]json.RawMessage `json:"metadata"`
+	} `json:"consolidated_metadata"`
+}
+
+// parseV3Array fills a from a v3 array document. Errors wrapping
+// ErrUnsupported mark the array unsupported; other errors mean the document
+// is malformed (also reported as unsupported by the walker, with the cause).
+func parseV3Array(a *Array, n *v3Node) (*pipeline, []byte, error) {
+	shape, err := toInt64s(n.Shape, "shape")
+	if err != nil {
+		return nil, nil, err
+	}
+	a.Shape = shape
+	if len(n.StorageTransformers) > 0 {
+		return nil, nil, fmt.Errorf("%w: storage transformers", ErrUnsupported)
+	}
+	dtName, ok := n.DataType.(string)
+	if !ok {
+		return nil, nil, fmt.Errorf("%w: data type %v", ErrUnsupported, n.DataType)
+	}
+	dt, err := ParseV3DType(dtName)
+	if err != nil {
+		return nil, nil, err
+	}
+	a.DType = dt
+	if name, _ := n.ChunkGrid["name"].(string); name != "regular" {
+		return nil, nil, fmt.Errorf("%w: chunk grid %q", ErrUnsupported, name)
+	}
+	cfg, _ := n.ChunkGrid["configuration"].(map[string]any)
+	chunks, err := toInt64s(cfg["chunk_shape"], "chunk_shape")
+	if err != nil {
+		return nil, nil, err
+	}
+	a.Chunks = chunks
+	if err := checkGrid(shape, chunks, dt.Size); err != nil {
+		return nil, nil, err
+	}
+	a.Dims = make([]string, len(shape))
+	if n.DimensionNames != nil {
+		if len(n.DimensionNames) != len(shape) {
+			return nil, nil, fmt.Errorf("dimension_names has %d entries for %d dimensions", len(n.DimensionNames), len(shape))
+		}
+		a.Dims = names(n.DimensionNames)
+	}
+	a.Attributes = n.Attributes
+	if a.Attributes == nil {
+		a.Attributes = map[string]any{}
+	}
+	if err := parseKeyEncoding(a, n.ChunkKeyEncoding); err != nil {
+		return nil, nil, err
+	}
+	a.Codecs = codecNames(n.Codecs)
+	p, err := parseV3Codecs(n.Codecs, len(shape), dt, chunks, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	fill, fj, err := parseFill(n.FillValue, dt, 3)
+	if err != nil {
+		return nil, nil, err
+	}
+	a.FillValue = fj
+	return p, fill, nil
+}
+
+func parseKeyEncoding(a *Array, enc map[string]any) error {
+	name, _ := enc["name"].(string)
+	cfg, _ := enc["configuration"].(map[string]any)
+	sep, _ := cfg["separator"].(string)
+	switch name {
+	case "default":
+		if sep == "" {
+			sep = "/"
+		}
+		a.keyPrefix = "c"
+	case "v2":
+		if sep == "" {
+			sep = "."
+		}
+	default:
+		return fmt.Errorf("%w: chunk key encoding %q", ErrUnsupported, name)
+	}
+	if sep != "/" && sep != "." {
+		return fmt.Errorf("%w: chunk key separator %q", ErrUnsupported, sep)
+	}
+	a.keySep = sep
+	return nil
+}
+
+// codecNames lists codec names outermost first: the codec applied last when
+// encoding (the one wrapping the stored bytes) comes first.
+func codecNames(list []any) []string {
+	out := make([]string, 0, len(list))
+	for i := len(list) - 1; i >= 0; i-- {
+		switch c := list[i].(type) {
+		case string:
+			out = append(out, c)
+		case map[string]any:
+			name, _ := c["name"].(string)
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// parseV3Codecs parses a v3 codec list for arrays of the given rank, dtype and chunk shape.
+func parseV3Codecs(list []any, rank int, dt DType, chunk []int64, depth int) (*pipeline, error) {
+	if depth > 4 {
+		return nil, fmt.Errorf("%w: sharding nested more than 4 deep", ErrUnsupported)
+	}
+	p := &pipeline{}
+	stage := 0 // 0: array->array, 1: after array->bytes
+	for _, c := range list {
+		var name string
+		var cfg map[string]any
+		switch v := c.(type) {
+		case string:
+			name = v
+		case map[string]any:
+			name, _ = v["name"].(string)
+			cfg, _ = v["configuration"].(map[string]any)
+		default:
+			return nil, fmt.Errorf("codec entry %v is not an object", c)
+		}
+		switch name {
+		case "transpose":
+			if stage != 0 {
+				return nil, fmt.Errorf("transpose after the array-to-bytes codec")
+			}
+			order, err := parsePerm(cfg["order"], rank)
+			if err != nil {
+				return nil, err
+			}
+			p.transpose = composePerm(p.transpose, order)
+		case "bytes":
+			if stage != 0 {
+				return nil, fmt.Errorf("two array-to-bytes codecs")
+			}
+			stage = 1
+			endian, _ := cfg["endian"].(string)
+			switch endian {
+			case "", "little":
+			case "big":
+				p.bigEndian = dt.Size > 1
+			default:
+				return nil, fmt.Errorf("bytes codec: endian %q", endian)
+			}
+			if endian == "" && dt.Size > 1 {
+				return nil, fmt.Errorf("bytes codec: endian required for %s", dt.Name())
+			}
+		case "sharding_indexed":
+			if stage != 0 {
+				return nil, fmt.Errorf("two array-to-bytes codecs")
+			}
+			stage = 1
+			s, err := parseShard(cfg, rank, dt, chunk, depth)
+			if err != nil {
+				return nil, err
+			}
+			p.shard = s
+		case "gzip", "zstd", "blosc", "crc32c":
+			if stage != 1 {
+				return nil, fmt.Errorf("codec %q before the array-to-bytes codec", name)
+			}
+			if name == "crc32c" {
+				p.bb = append(p.bb, bbCodec{crc32c: true})
+			} else {
+				if name == "blosc" {
+					if cn, _ := cfg["cname"].(string); cn == "snappy" {
+						return nil, fmt.Errorf("%w: blosc compressor snappy", ErrUnsupported)
+					}
+				}
+				p.bb = append(p.bb, bbCodec{name: codec.Name(name)})
+			}
+		default:
+			return nil, fmt.Errorf("%w: codec %q", ErrUnsupported, name)
+		}
+	}
+	if stage != 1 {
+		return nil, fmt.Errorf("codec list has no array-to-bytes codec")
+	}
+	if p.transpose != nil && p.shard != nil {
+		return nil, fmt.Errorf("%w: transpose before sharding_indexed", ErrUnsupported)
+	}
+	return p, nil
+}
+
+func parseShard(cfg map[string]any, rank int, dt DType, outer []int64, depth int) (*shardSpec, error) {
+	inner, err := toInt64s(cfg["chunk_shape"], "sharding_indexed chunk_shape")
+	if err != nil {
+		return nil, err
+	}
+	if len(inner) != rank {
+		return nil, fmt.Errorf("sharding_indexed chunk_shape %v has the wrong rank", inner)
+	}
+	for i, c := range inner {
+		if c <= 0 || outer[i]%c != 0 {
+			return nil, fmt.Errorf("sharding_indexed chunk_shape %v does not divide the shard shape %v", inner, outer)
+		}
+	}
+	codecs, _ := cfg["codecs"].([]any)
+	ip, err := parseV3Codecs(codecs, rank, dt, inner, depth+1)
+	if err != nil {
+		return nil, err
+	}
+	idxCodecs, ok := cfg["index_codecs"].([]any)
+	if !ok {
+		idxCodecs = []any{map[string]any{"name": "bytes", "configuration": map[string]any{"endian": "little"}}, map[string]any{"name": "crc32c"}}
+	}
+	idx, err := parseV3Codecs(idxCodecs, rank+1, DType{Kind: 'u', Size: 8}, nil, depth+1)
+	if err != nil {
+		return nil, fmt.Errorf("index_codecs: %w", err)
+	}
+	if idx.shard != nil || idx.transpose != nil {
+		return nil, fmt.Errorf("%w: index_codecs other than bytes and crc32c", ErrUnsupported)
+	}
+	for _, c := range idx.bb {
+		if !c.crc32c {
+			return nil, fmt.Errorf("%w: compressed shard index", ErrUnsupported)
+		}
+	}
+	loc, _ := cfg["index_location"].(string)
+	switch loc {
+	case "", "end":
+	case "start":
+	default:
+		return nil, fmt.Errorf("sharding_indexed index_location %q", loc)
+	}
+	return &shardSpec{inner: inner, codecs: ip, index: idx, indexAtStart: loc == "start"}, nil
+}
+
+func parsePerm(v any, rank int) ([]int, error) {
+	if s, ok := v.(string); ok { // early drafts: "C" / "F"
+		switch s {
+		case "C":
+			return identity(rank), nil
+		case "F":
+			return reversed(rank), nil
+		}
+		return nil, fmt.Errorf("transpose order %q", s)
+	}
+	list, err := toInt64s(v, "transpose order")
+	if err != nil {
+		return nil, err
+	}
+	if len(list) != rank {
+		return nil, fmt.Errorf("transpose order %v has the wrong rank", list)
+	}
+	seen := make([]bool, rank)
+	out := make([]int, rank)
+	for i, x := range list {
+		if x >= int64(rank) || seen[x] {
+			return nil, fmt.Errorf("transpose order %v is not a permutation", list)
+		}
+		seen[x] = true
+		out[i] = int(x)
+	}
+	return out, nil
+}
+
+func identity(n int) []int {
+	p := make([]int, n)
+	for i := range p {
+		p[i] = i
+	}
+	return p
+}
+
+func reversed(n int) []int {
+	p := make([]int, n)
+	for i := range p {
+		p[i] = n - 1 - i
+	}
+	return p
+}
+
+// composePerm returns the permutation of applying a then b.
+func composePerm(a, b []int) []int {
+	if a == nil {
+		return b
+	}
+	out := make([]int, len(b))
+	for i := range b {
+		out[i] = a[b[i]]
+	}
+	return out
+}
+
+// ---------- Zarr v2 ----------
+
+type v2Array struct {
+	ZarrFormat         json.Number `json:"zarr_format"`
+	Shape              any         `json:"shape"`
+	Chunks             any         `json:"chunks"`
+	DType              any         `json:"dtype"`
+	Compressor         any         `json:"compressor"`
+	FillValue          any         `json:"fill_value"`
+	Order              string      `json:"order"`
+	Filters            []any       `json:"filters"`
+	DimensionSeparator string      `json:"dimension_separator"`
+}
+
+func parseV2Array(a *Array, m *v2Array, attrs map[string]any) (*pipeline, []byte, error) {
+	shape, err := toInt64s(m.Shape, "shape")
+	if err != nil {
+		return nil, nil, err
+	}
+	a.Shape = shape
+	chunks, err := toInt64s(m.Chunks, "chunks")
+	if err != nil {
+		return nil, nil, err
+	}
+	a.Chunks = chunks
+	dts, ok := m.DType.(string)
+	if !ok {
+		return nil, nil, fmt.Errorf("%w: structured data type", ErrUnsupported)
+	}
+	dt, err := ParseNumpyDType(dts)
+	if err != nil {
+		return nil, nil, err
+	}
+	a.DType = dt
+	if err := checkGrid(shape, chunks, dt.Size); err != nil {
+		return nil, nil, err
+	}
+	p := &pipeline{bigEndian: dt.BigEndian}
+	a.Codecs = nil
+	switch m.Order {
+	case "C", "":
+	case "F":
+		if len(shape) > 1 {
+			p.transpose = reversed(len(shape))
+		}
+	default:
+		return nil, nil, fmt.Errorf("order %q", m.Order)
+	}
+	var filters []string
+	for i := len(m.Filters) - 1; i >= 0; i-- {
+		fm, _ := m.Filters[i].(map[string]any)
+		id, _ := fm["id"].(string)
+		filters = append(filters, id)
+	}
+	var cm map[string]any
+	if m.Compressor != nil {
+		var ok bool
+		if cm, ok = m.Compressor.(map[string]any); !ok {
+			return nil, nil, fmt.Errorf("compressor is not an object")
+		}
+		id, _ := cm["id"].(string)
+		a.Codecs = append(a.Codecs, id)
+	}
+	a.Codecs = append(a.Codecs, filters...)
+	if len(filters) > 0 {
+		return nil, nil, fmt.Errorf("%w: filter %q", ErrUnsupported, strings.Join(filters, ","))
+	}
+	if cm != nil {
+		id, _ := cm["id"].(string)
+		switch id {
+		case "blosc":
+			if cn, _ := cm["cname"].(string); cn == "snappy" {
+				return nil, nil, fmt.Errorf("%w: blosc compressor snappy", ErrUnsupported)
+			}
+			p.bb = []bbCodec{{name: codec.Blosc}}
+		case "zstd":
+			p.bb = []bbCodec{{name: codec.Zstd}}
+		case "zlib":
+			p.bb = []bbCodec{{name: codec.Zlib}}
+		case "gzip":
+			p.bb = []bbCodec{{name: codec.Gzip}}
+		case "lz4":
+			p.bb = []bbCodec{{name: codec.LZ4}}
+		default:
+			return nil, nil, fmt.Errorf("%w: compressor %q", ErrUnsupported, id)
+		}
+	}
+	sep := m.DimensionSeparator
+	switch sep {
+	case "":
+		sep = "."
+	case ".", "/":
+	default:
+		return nil, nil, fmt.Errorf("%w: dimension_separator %q", ErrUnsupported, sep)
+	}
+	a.keySep = sep
+	a.Dims = make([]string, len(shape))
+	a.Attributes = map[string]any{}
+	for k, v := range attrs {
+		if k == "_ARRAY_DIMENSIONS" {
+			if l, ok := v.([]any); ok && len(l) == len(shape) {
+				a.Dims = names(l)
+			}
+			continue
+		}
+		a.Attributes[k] = v
+	}
+	fill, fj, err := parseFill(m.FillValue, dt, 2)
+	if err != nil {
+		return nil, nil, err
+	}
+	a.FillValue = fj
+	return p, fill, nil
+}
+
+// ---------- fill values ----------
+
+// parseFill returns the fill value as little-endian bytes of one element and
+// as the JSON-ready value for sidecars.
+func parseFill(v any, dt DType, format int) ([]byte, any, error) {
+	out := make([]byte, dt.Size)
+	if v == nil {
+		if format == 3 {
+			return nil, nil, fmt.Errorf("fill_value is null")
+		}
+		return out, nil, nil // v2 null: zarr-python reads missing chunks as zeros
+	}
+	switch x := v.(type) {
+	case bool:
+		if dt.Kind != 'b' {
+			if x {
+				putInt(out, dt, 1)
+			}
+			return out, x, nil
+		}
+		if x {
+			out[0] = 1
+		}
+		return out, x, nil
+	case json.Number:
+		s := string(x)
+		switch dt.Kind {
+		case 'b':
+			f, err := x.Float64()
+			if err != nil {
+				return nil, nil, fmt.Errorf("fill_value %s: %v", s, err)
+			}
+			if f != 0 {
+				out[0] = 1
+			}
+			return out, f != 0, nil
+		case 'i', 'u':
+			if i, err := strconv.ParseInt(s, 10, 64); err == nil {
+				putInt(out, dt, i)
+				return out, i, nil
+			}
+			if u, err := strconv.ParseUint(s, 10, 64); err == nil {
+				putUint(out, dt, u)
+				return out, u, nil
+			}
+			f, err := x.Float64()
+			if err != nil || f != math.Trunc(f) {
+				return nil, nil, fmt.Errorf("fill_value %s is not an integer", s)
+			}
+			putInt(out, dt, int64(f))
+			return out, int64(f), nil
+		case 'f':
+			f, err := x.Float64()
+			if err != nil {
+				return nil, nil, fmt.Errorf("fill_value %s: %v", s, err)
+			}
+			putFloat(out, dt, f)
+			return out, f, nil
+		}
+	case string:
+		if dt.Kind == 'f' {
+			switch x {
+			case "NaN":
+				putFloat(out, dt, math.NaN())
+				return out, x, nil
+			case "Infinity":
+				putFloat(out, dt, math.Inf(1))
+				return out, x, nil
+			case "-Infinity":
+				putFloat(out, dt, math.Inf(-1))
+				return out, x, nil
+			}
+		}
+		if strings.HasPrefix(x, "0x") && format == 3 {
+			u, err := strconv.ParseUint(x[2:], 16, 64)
+			if err != nil || len(x)-2 > 2*dt.Size {
+				return nil, nil, fmt.Errorf("fill_value %q is not a %d-byte hex pattern", x, dt.Size)
+			}
+			putUint(out, dt, u)
+			return out, fillJSON(out, dt), nil
+		}
+		return nil, nil, fmt.Errorf("fill_value %q", x)
+	}
+	return nil, nil, fmt.Errorf("%w: fill_value %v", ErrUnsupported, v)
+}
+
+// fillJSON turns fill bytes back into a JSON-ready value.
+func fillJSON(b []byte, dt DType) any {
+	switch dt.Kind {
+	case 'b':
+		return b[0] != 0
+	case 'i':
+		return getInt(b, dt)
+	case 'u':
+		return getUint(b, dt)
+	}
+	f := getFloat(b, dt)
+	switch {
+	case math.IsNaN(f):
+		return "NaN"
+	case math.IsInf(f, 1):
+		return "Infinity"
+	case math.IsInf(f, -1):
+		return "-Infinity"
+	}
+	return f
+}

@@ -1,0 +1,312 @@
+package zarr
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"strings"
+
+	"github.com/zarrfs/zarrfs/objectstore"
+	"github.com/zarrfs/zarrfs/zarr/codec"
+)
+
+// maxWalkDepth bounds how deep Open descends into groups.
+const maxWalkDepth = 32
+
+// Open reads the store's metadata: a v3 or v2 group (consolidated or not) or
+// a single array at the root. It fails only when the root itself cannot be
+// read or parsed; an array that cannot be read is kept with Unsupported set
+// and one warning logged.
+func Open(ctx context.Context, store objectstore.Store, opts Options) (*Hierarchy, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if opts.Fetchers <= 0 {
+		opts.Fetchers = 16
+	}
+	if opts.Decoder == nil {
+		opts.Decoder = codec.NewCPU(codec.Options{})
+	}
+	h := &Hierarchy{Store: store, Groups: map[string]map[string]any{}, opts: opts}
+	if opts.ChunkCacheBytes >= 0 {
+		h.chunks = newChunkCache(opts.ChunkCacheBytes)
+	}
+	w := &walker{h: h, ctx: ctx}
+	if err := w.root(); err != nil {
+		return nil, err
+	}
+	sort.Slice(h.Arrays, func(i, j int) bool { return h.Arrays[i].Path < h.Arrays[j].Path })
+	for _, a := range h.Arrays {
+		a.h = h
+		if a.Unsupported != "" {
+			opts.Logger.Warn("array left out", "array", a.Path, "reason", a.Unsupported)
+		}
+	}
+	return h, nil
+}
+
+// Array returns the array at path, or nil.
+func (h *Hierarchy) Array(path string) *Array {
+	i := sort.Search(len(h.Arrays), func(i int) bool { return h.Arrays[i].Path >= path })
+	if i < len(h.Arrays) && h.Arrays[i].Path == path {
+		return h.Arrays[i]
+	}
+	return nil
+}
+
+type walker struct {
+	h   *Hierarchy
+	ctx context.Context
+}
+
+func join(dir, name string) string {
+	if dir == "" {
+		return name
+	}
+	return dir + "/" + name
+}
+
+// get reads an optional metadata key: nil, nil when it does not exist.
+func (w *walker) get(key string) ([]byte, error) {
+	b, err := w.h.Store.Get(w.ctx, key)
+	if objectstore.IsNotFound(err) {
+		return nil, nil
+	}
+	return b, err
+}
+
+func (w *walker) root() error {
+	id := strings.TrimSuffix(w.h.Store.ID(), "/")
+	doc, err := w.get("zarr.json")
+	if err != nil {
+		return err
+	}
+	if doc != nil {
+		var n v3Node
+		if err := parseJSON(doc, &n); err != nil {
+			return fmt.Errorf("%s/zarr.json: %v", id, err)
+		}
+		switch n.NodeType {
+		case "array":
+			w.addV3Array("", doc, &n)
+			return nil
+		case "group":
+			w.h.Groups[""] = attrsOrEmpty(n.Attributes)
+			if n.Consolidated != nil && n.Consolidated.Metadata != nil {
+				return w.consolidatedV3(n.Consolidated.Metadata)
+			}
+			return w.walkV3("", 0)
+		}
+		return fmt.Errorf("%s/zarr.json: node_type %q is neither array nor group", id, n.NodeType)
+	}
+	if zm, err := w.get(".zmetadata"); err != nil {
+		return err
+	} else if zm != nil {
+		return w.consolidatedV2(zm)
+	}
+	if g, err := w.get(".zgroup"); err != nil {
+		return err
+	} else if g != nil {
+		attrs, err := w.v2Attrs("")
+		if err != nil {
+			return err
+		}
+		w.h.Groups[""] = attrs
+		return w.walkV2("", 0)
+	}
+	if a, err := w.get(".zarray"); err != nil {
+		return err
+	} else if a != nil {
+		attrs, err := w.v2Attrs("")
+		if err != nil {
+			return err
+		}
+		zattrs, _ := w.get(".zattrs")
+		w.addV2Array("", a, zattrs, attrs)
+		return nil
+	}
+	return fmt.Errorf("%s: no Zarr metadata (zarr.json, .zgroup, .zarray or .zmetadata) at the root", id)
+}
+
+func attrsOrEmpty(m map[string]any) map[string]any {
+	if m == nil {
+		return map[string]any{}
+	}
+	return m
+}
+
+func (w *walker) unsupported(a *Array, err error) {
+	a.Unsupported = err.Error()
+	if !errors.Is(err, ErrUnsupported) {
+		a.Unsupported = "invalid metadata: " + a.Unsupported
+	}
+	a.Unsupported = strings.TrimPrefix(a.Unsupported, ErrUnsupported.Error()+": ")
+	w.h.Arrays = append(w.h.Arrays, a)
+}
+
+func (w *walker) addV3Array(path string, doc []byte, n *v3Node) {
+	a := &Array{Path: path, ZarrFormat: 3, MetaHash: hashDocs(doc)}
+	p, fill, err := parseV3Array(a, n)
+	if err != nil {
+		w.unsupported(a, err)
+		return
+	}
+	a.pipe, a.fill = p, fill
+	w.h.Arrays = append(w.h.Arrays, a)
+}
+
+func (w *walker) addV2Array(path string, doc, attrsDoc []byte, attrs map[string]any) {
+	a := &Array{Path: path, ZarrFormat: 2, MetaHash: hashDocs(doc, attrsDoc)}
+	var m v2Array
+	if err := parseJSON(doc, &m); err != nil {
+		w.unsupported(a, fmt.Errorf(".zarray: %v", err))
+		return
+	}
+	p, fill, err := parseV2Array(a, &m, attrs)
+	if err != nil {
+		w.unsupported(a, err)
+		return
+	}
+	a.pipe, a.fill = p, fill
+	w.h.Arrays = append(w.h.Arrays, a)
+}
+
+// walkV3 lists dir and visits every child holding a zarr.json.
+func (w *walker) walkV3(dir string, depth int) error {
+	if depth > maxWalkDepth {
+		return nil
+	}
+	children, err := w.h.Store.List(w.ctx, dir)
+	if err != nil {
+		return err
+	}
+	for _, c := range children {
+		if !strings.HasSuffix(c, "/") {
+			continue
+		}
+		p := join(dir, strings.TrimSuffix(c, "/"))
+		doc, err := w.get(p + "/zarr.json")
+		if err != nil {
+			return err
+		}
+		if doc == nil {
+			continue
+		}
+		var n v3Node
+		if err := parseJSON(doc, &n); err != nil {
+			w.unsupported(&Array{Path: p, ZarrFormat: 3}, fmt.Errorf("zarr.json: %v", err))
+			continue
+		}
+		switch n.NodeType {
+		case "array":
+			w.addV3Array(p, doc, &n)
+		case "group":
+			w.h.Groups[p] = attrsOrEmpty(n.Attributes)
+			if err := w.walkV3(p, depth+1); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (w *walker) consolidatedV3(md map[string]json.RawMessage) error {
+	for p, raw := range md {
+		var n v3Node
+		if err := parseJSON(raw, &n); err != nil {
+			w.unsupported(&Array{Path: p, ZarrFormat: 3}, fmt.Errorf("consolidated metadata: %v", err))
+			continue
+		}
+		switch n.NodeType {
+		case "array":
+			w.addV3Array(p, raw, &n)
+		case "group":
+			w.h.Groups[p] = attrsOrEmpty(n.Attributes)
+		}
+	}
+	return nil
+}
+
+func (w *walker) v2Attrs(dir string) (map[string]any, error) {
+	b, err := w.get(join(dir, ".zattrs"))
+	if err != nil || b == nil {
+		return map[string]any{}, err
+	}
+	var m map[string]any
+	if err := parseJSON(b, &m); err != nil {
+		return map[string]any{}, nil // broken attributes never hide data
+	}
+	return attrsOrEmpty(m), nil
+}
+
+func (w *walker) walkV2(dir string, depth int) error {
+	if depth > maxWalkDepth {
+		return nil
+	}
+	children, err := w.h.Store.List(w.ctx, dir)
+	if err != nil {
+		return err
+	}
+	for _, c := range children {
+		if !strings.HasSuffix(c, "/") {
+			continue
+		}
+		p := join(dir, strings.TrimSuffix(c, "/"))
+		if doc, err := w.get(p + "/.zarray"); err != nil {
+			return err
+		} else if doc != nil {
+			attrsDoc, err := w.get(p + "/.zattrs")
+			if err != nil {
+				return err
+			}
+			attrs, _ := w.v2Attrs(p)
+			w.addV2Array(p, doc, attrsDoc, attrs)
+			continue
+		}
+		if g, err := w.get(p + "/.zgroup"); err != nil {
+			return err
+		} else if g != nil {
+			attrs, _ := w.v2Attrs(p)
+			w.h.Groups[p] = attrs
+			if err := w.walkV2(p, depth+1); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (w *walker) consolidatedV2(doc []byte) error {
+	var zm struct {
+		Metadata map[string]json.RawMessage `json:"metadata"`
+	}
+	if err := parseJSON(doc, &zm); err != nil {
+		return fmt.Errorf("%s/.zmetadata: %v", strings.TrimSuffix(w.h.Store.ID(), "/"), err)
+	}
+	for key, raw := range zm.Metadata {
+		dir, base := "", key
+		if i := strings.LastIndex(key, "/"); i >= 0 {
+			dir, base = key[:i], key[i+1:]
+		}
+		switch base {
+		case ".zgroup":
+			var attrs map[string]any
+			if r, ok := zm.Metadata[join(dir, ".zattrs")]; ok {
+				_ = parseJSON(r, &attrs)
+			}
+			w.h.Groups[dir] = attrsOrEmpty(attrs)
+		case ".zarray":
+			var attrs map[string]any
+			attrsRaw := zm.Metadata[join(dir, ".zattrs")]
+			if attrsRaw != nil {
+				_ = parseJSON(attrsRaw, &attrs)
+			}
+			w.addV2Array(dir, raw, attrsRaw, attrsOrEmpty(attrs))
+		}
+	}
+	return nil
+}
