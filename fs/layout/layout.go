@@ -1,0 +1,553 @@
+// Package layout computes the virtual tree a zarrfs mount presents: which
+// directories and files exist, their exact sizes, the NPY header of every
+// blob, the sidecar JSON of every array, and for each blob the source regions
+// it needs and how to fill it. It knows nothing of FUSE or of the cache, so
+// the mount, `zarrfs warm`, `zarrfs inspect` and tests share it.
+//
+// A Layout is built once from an opened zarr.Hierarchy and is immutable
+// afterwards: every method is safe for concurrent use. Nothing here decodes
+// data except Blob.Fill; names, sizes and headers come from metadata alone,
+// so listing a directory of 100,000 samples costs no I/O.
+package layout
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/zarrfs/zarrfs/zarr"
+)
+
+// Defaults for Options.
+const (
+	DefaultSampleDim = "time"
+	DefaultAlign     = 4096
+)
+
+// layoutVersion changes whenever the bytes a blob holds for the same inputs
+// change (header format, assembly), so old cache entries are never served.
+const layoutVersion = "zarrfs-layout-1"
+
+// ErrInvalidOption is returned (wrapped) for an Options value Build refuses.
+var ErrInvalidOption = errors.New("invalid layout option")
+
+// Reader reads regions of arrays, filling every Request's Dst with C-order
+// little-endian bytes; *zarr.Hierarchy implements it. It is an interface so
+// that tests and decorators (metrics, fault injection) can stand in.
+type Reader interface {
+	Read(ctx context.Context, reqs []zarr.Request) error
+}
+
+// Options configure Build. The zero value means the defaults.
+type Options struct {
+	// SampleDim names the dimension whose indices become one file each.
+	// Empty means "time".
+	SampleDim string
+	// Align is the offset where data starts in every blob: a positive
+	// multiple of 64, at most MaxAlign. Zero means 4096.
+	Align int64
+	// Reader reads the source. Nil means the Hierarchy itself.
+	Reader Reader
+	// SlabBytes bounds the memory one Fill holds at a time: a larger blob is
+	// read in slabs cut at chunk boundaries, so each chunk is still decoded
+	// once. Zero means 64 MiB.
+	SlabBytes int64
+
+	// Views (CONTRACT section 5) will be added here. Each view contributes
+	// its definition to the layout ID and its blobs as another Blob
+	// implementation; nothing else changes.
+}
+
+func (o Options) withDefaults() (Options, error) {
+	if o.SampleDim == "" {
+		o.SampleDim = DefaultSampleDim
+	}
+	if o.Align == 0 {
+		o.Align = DefaultAlign
+	}
+	if o.Align < 64 || o.Align%64 != 0 {
+		return o, fmt.Errorf("%w: align %d is not a positive multiple of 64", ErrInvalidOption, o.Align)
+	}
+	if o.Align > MaxAlign {
+		return o, fmt.Errorf("%w: align %d exceeds %d, the largest whose npy header numpy.load accepts", ErrInvalidOption, o.Align, MaxAlign)
+	}
+	if o.SlabBytes <= 0 {
+		o.SlabBytes = 64 << 20
+	}
+	return o, nil
+}
+
+// Skipped is an array left out of the layout and why.
+type Skipped struct {
+	Path   string
+	Reason string
+}
+
+// Layout is the immutable tree of one mount.
+type Layout struct {
+	// ID identifies the bytes of every blob: a hex hash of the source ID,
+	// every array's metadata hash, Align, SampleDim (and views). It is the
+	// cache's per-layout key, so a change of any of them never serves stale
+	// blobs.
+	ID string
+	// SourceID is the store's ID ("file:///data/era5.zarr").
+	SourceID string
+	// Arrays counts the arrays present in the tree.
+	Arrays int
+	// Files counts the regular files (blobs and sidecars).
+	Files int64
+	// Skipped lists the arrays left out (unsupported, or a name collision).
+	// The caller logs one warning each.
+	Skipped []Skipped
+
+	opts Options
+	root *Dir
+}
+
+// Root returns the top directory.
+func (l *Layout) Root() *Dir { return l.root }
+
+// Align returns the data offset of every blob.
+func (l *Layout) Align() int64 { return l.opts.Align }
+
+// SampleDim returns the sample dimension name in use.
+func (l *Layout) SampleDim() string { return l.opts.SampleDim }
+
+// Kind tells what an Entry is.
+type Kind uint8
+
+const (
+	KindDir     Kind = iota + 1 // a directory: Entry.Dir
+	KindBlob                    // an .npy file: Entry.Blob
+	KindSidecar                 // a JSON description held in memory: Entry.Data
+)
+
+// Entry is one name in a directory.
+type Entry struct {
+	Name string
+	Kind Kind
+	Dir  *Dir
+	Blob Blob
+	Data []byte
+}
+
+// Size returns the file size (0 for a directory).
+func (e Entry) Size() int64 {
+	switch e.Kind {
+	case KindBlob:
+		return e.Blob.Size()
+	case KindSidecar:
+		return int64(len(e.Data))
+	}
+	return 0
+}
+
+// Blob is one .npy file whose bytes are computed from the source.
+//
+// This is the seam for views (CONTRACT section 5): a view's sample (channels
+// stacked from several arrays with selections and a dtype cast) is another
+// Blob implementation, listing one Source per channel and assembling them in
+// Fill. The FUSE layer, the cache and warm see only this interface.
+type Blob interface {
+	// Path is the file's path in the mount ("t/07.npy"); it is also the
+	// cache key within the layout.
+	Path() string
+	// Size is the exact file size: Align + prod(shape) * itemsize.
+	Size() int64
+	// Header returns the NPY header, Align bytes long. The caller must not
+	// modify it.
+	Header() []byte
+	// Sources lists the source regions the blob needs (Request templates:
+	// Dst is nil), for readahead, warm planning and messages.
+	Sources() []zarr.Request
+	// Fill writes the whole file (header, then data at Align) to w. Every
+	// chunk it needs is decoded once. On error, w holds garbage the caller
+	// must discard.
+	Fill(ctx context.Context, w io.WriterAt) error
+}
+
+// Dir is a directory of the tree. A sample directory computes its entries
+// from the index, so 100,000 samples cost no memory per file.
+type Dir struct {
+	path    string
+	entries []Entry // sorted by Name; nil for a sample directory
+	byName  map[string]int
+	samples *sampleSet
+}
+
+// Path returns the directory's path in the mount ("" for the root).
+func (d *Dir) Path() string { return d.path }
+
+// Len returns the number of entries.
+func (d *Dir) Len() int {
+	if d.samples != nil {
+		return int(d.samples.n)
+	}
+	return len(d.entries)
+}
+
+// Entry returns the i-th entry in name order, 0 <= i < Len().
+func (d *Dir) Entry(i int) Entry {
+	if d.samples != nil {
+		return d.samples.entry(int64(i))
+	}
+	return d.entries[i]
+}
+
+// Lookup finds an entry by name.
+func (d *Dir) Lookup(name string) (Entry, bool) {
+	if d.samples != nil {
+		i, ok := d.samples.index(name)
+		if !ok {
+			return Entry{}, false
+		}
+		return d.samples.entry(i), true
+	}
+	i, ok := d.byName[name]
+	if !ok {
+		return Entry{}, false
+	}
+	return d.entries[i], true
+}
+
+// Lookup finds the entry at a "/"-separated path in the mount.
+func (l *Layout) Lookup(p string) (Entry, bool) {
+	p = strings.Trim(path.Clean("/"+p), "/")
+	e := Entry{Kind: KindDir, Dir: l.root}
+	if p == "" {
+		return e, true
+	}
+	for _, seg := range strings.Split(p, "/") {
+		if e.Kind != KindDir {
+			return Entry{}, false
+		}
+		var ok bool
+		if e, ok = e.Dir.Lookup(seg); !ok {
+			return Entry{}, false
+		}
+	}
+	return e, true
+}
+
+// Walk calls fn for every blob, in path order, until fn returns an error.
+func (l *Layout) Walk(fn func(Blob) error) error {
+	var walk func(d *Dir) error
+	walk = func(d *Dir) error {
+		for i := 0; i < d.Len(); i++ {
+			e := d.Entry(i)
+			switch e.Kind {
+			case KindDir:
+				if err := walk(e.Dir); err != nil {
+					return err
+				}
+			case KindBlob:
+				if err := fn(e.Blob); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	return walk(l.root)
+}
+
+// Build computes the layout of an opened hierarchy.
+func Build(h *zarr.Hierarchy, opts Options) (*Layout, error) {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if o.Reader == nil {
+		r, ok := any(h).(Reader)
+		if !ok {
+			return nil, fmt.Errorf("%w: no Reader for the hierarchy", ErrInvalidOption)
+		}
+		o.Reader = r
+	}
+	sourceID := ""
+	if h.Store != nil {
+		sourceID = h.Store.ID()
+	}
+	l := &Layout{SourceID: sourceID, opts: o}
+	l.ID = layoutID(sourceID, h.Arrays, o)
+
+	b := newTreeBuilder()
+	groups := make([]string, 0, len(h.Groups))
+	for g := range h.Groups {
+		groups = append(groups, g)
+	}
+	sort.Strings(groups)
+	for _, g := range groups {
+		if g != "" {
+			if err := b.mkdirAll(g); err != nil {
+				l.Skipped = append(l.Skipped, Skipped{Path: g, Reason: err.Error()})
+			}
+		}
+	}
+	for _, a := range h.Arrays {
+		if a.Unsupported != "" {
+			l.Skipped = append(l.Skipped, Skipped{Path: a.Path, Reason: a.Unsupported})
+			continue
+		}
+		files, err := l.addArray(b, a, rootArrayName(sourceID))
+		if err != nil {
+			// A header that does not fit is the alignment's fault, not the
+			// array's: refuse the whole layout so the user picks a larger
+			// --align instead of silently losing arrays.
+			if errors.Is(err, errCollision) {
+				l.Skipped = append(l.Skipped, Skipped{Path: a.Path, Reason: err.Error()})
+				continue
+			}
+			return nil, err
+		}
+		l.Arrays++
+		l.Files += files
+	}
+	l.root = b.finish()
+	return l, nil
+}
+
+// layoutID hashes everything that determines the bytes of any blob.
+func layoutID(sourceID string, arrays []*zarr.Array, o Options) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00%s\x00align=%d\x00sample_dim=%s\x00", layoutVersion, sourceID, o.Align, o.SampleDim)
+	for _, a := range arrays {
+		fmt.Fprintf(h, "array\x00%s\x00%s\x00%s\x00", a.Path, a.MetaHash, a.Unsupported)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:32]
+}
+
+// rootArrayName names the files of a store whose root is itself an array
+// (Path ""): the store's last path segment less ".zarr", else "array".
+func rootArrayName(sourceID string) string {
+	base := path.Base(strings.TrimSuffix(sourceID, "/"))
+	base = strings.TrimSuffix(base, ".zarr")
+	if base == "" || base == "." || base == "/" || strings.ContainsAny(base, ":") {
+		return "array"
+	}
+	return base
+}
+
+// addArray adds an array's blob(s) and sidecar; it returns the file count.
+func (l *Layout) addArray(b *treeBuilder, a *zarr.Array, rootName string) (int64, error) {
+	p := a.Path
+	if p == "" {
+		p = rootName
+	}
+	for _, s := range a.Shape {
+		if s < 0 {
+			return 0, fmt.Errorf("array %q: negative shape %v", a.Path, a.Shape)
+		}
+	}
+	axis := -1
+	if len(a.Shape) >= 2 {
+		for i, d := range a.Dims {
+			if d == l.opts.SampleDim {
+				axis = i
+				break
+			}
+		}
+	}
+	if axis >= 0 {
+		ss, err := newSampleSet(l.opts, a, p, axis)
+		if err != nil {
+			return 0, fmt.Errorf("array %q: %w", a.Path, err)
+		}
+		side, err := sidecar(l.opts, a, axis, ss.sampleShape, ss.n)
+		if err != nil {
+			return 0, fmt.Errorf("array %q: %w", a.Path, err)
+		}
+		if err := b.add(p, Entry{Kind: KindDir, Dir: &Dir{path: p, samples: ss}}); err != nil {
+			return 0, err
+		}
+		if err := b.add(p+".json", Entry{Kind: KindSidecar, Data: side}); err != nil {
+			return 0, err
+		}
+		return ss.n + 1, nil
+	}
+	blob, err := newWholeBlob(l.opts, a, p+".npy")
+	if err != nil {
+		return 0, fmt.Errorf("array %q: %w", a.Path, err)
+	}
+	side, err := sidecar(l.opts, a, -1, a.Shape, 1)
+	if err != nil {
+		return 0, fmt.Errorf("array %q: %w", a.Path, err)
+	}
+	if err := b.add(p+".npy", Entry{Kind: KindBlob, Blob: blob}); err != nil {
+		return 0, err
+	}
+	if err := b.add(p+".json", Entry{Kind: KindSidecar, Data: side}); err != nil {
+		return 0, err
+	}
+	return 2, nil
+}
+
+var errCollision = errors.New("name already taken")
+
+// treeBuilder collects entries by path before freezing them into Dirs.
+type treeBuilder struct {
+	dirs map[string]*buildDir
+}
+
+type buildDir struct {
+	entries map[string]Entry
+	sub     map[string]bool // names that are builder directories
+}
+
+func newTreeBuilder() *treeBuilder {
+	return &treeBuilder{dirs: map[string]*buildDir{"": {entries: map[string]Entry{}, sub: map[string]bool{}}}}
+}
+
+// mkdirAll makes the group directory p and its parents.
+func (b *treeBuilder) mkdirAll(p string) error {
+	if _, ok := b.dirs[p]; ok {
+		return nil
+	}
+	parent, name := path.Split(p)
+	parent = strings.TrimSuffix(parent, "/")
+	if err := b.mkdirAll(parent); err != nil {
+		return err
+	}
+	pd := b.dirs[parent]
+	if _, ok := pd.entries[name]; ok && !pd.sub[name] {
+		return fmt.Errorf("group %q: %w", p, errCollision)
+	}
+	pd.entries[name] = Entry{Name: name, Kind: KindDir}
+	pd.sub[name] = true
+	b.dirs[p] = &buildDir{entries: map[string]Entry{}, sub: map[string]bool{}}
+	return nil
+}
+
+// add places e at path p, creating parent group directories.
+func (b *treeBuilder) add(p string, e Entry) error {
+	parent, name := path.Split(p)
+	parent = strings.TrimSuffix(parent, "/")
+	if err := b.mkdirAll(parent); err != nil {
+		return err
+	}
+	pd := b.dirs[parent]
+	if _, ok := pd.entries[name]; ok {
+		return fmt.Errorf("%q: %w", p, errCollision)
+	}
+	e.Name = name
+	pd.entries[name] = e
+	return nil
+}
+
+func (b *treeBuilder) finish() *Dir {
+	var build func(p string) *Dir
+	build = func(p string) *Dir {
+		bd := b.dirs[p]
+		d := &Dir{path: p, byName: make(map[string]int, len(bd.entries))}
+		for _, e := range bd.entries {
+			if bd.sub[e.Name] {
+				e.Dir = build(path.Join(p, e.Name))
+			}
+			d.entries = append(d.entries, e)
+		}
+		sort.Slice(d.entries, func(i, j int) bool { return d.entries[i].Name < d.entries[j].Name })
+		for i, e := range d.entries {
+			d.byName[e.Name] = i
+		}
+		return d
+	}
+	return build("")
+}
+
+// sampleSet computes the entries of one sample directory.
+type sampleSet struct {
+	opts        Options
+	arr         *zarr.Array
+	dir         string
+	axis        int
+	n           int64
+	width       int
+	sampleShape []int64
+	header      []byte
+	size        int64
+}
+
+func newSampleSet(o Options, a *zarr.Array, dir string, axis int) (*sampleSet, error) {
+	n := a.Shape[axis]
+	shape := make([]int64, 0, len(a.Shape)-1)
+	shape = append(shape, a.Shape[:axis]...)
+	shape = append(shape, a.Shape[axis+1:]...)
+	hdr, err := NPYHeader(a.DType.NumpyLE(), shape, o.Align)
+	if err != nil {
+		return nil, err
+	}
+	width := 1
+	if n > 1 {
+		width = len(strconv.FormatInt(n-1, 10))
+	}
+	return &sampleSet{
+		opts: o, arr: a, dir: dir, axis: axis, n: n, width: width,
+		sampleShape: shape, header: hdr,
+		size: o.Align + prod(shape)*int64(a.DType.Size),
+	}, nil
+}
+
+func (s *sampleSet) name(i int64) string {
+	d := strconv.FormatInt(i, 10)
+	if len(d) < s.width {
+		d = strings.Repeat("0", s.width-len(d)) + d
+	}
+	return d + ".npy"
+}
+
+// index parses a sample file name; only the canonical padded form matches.
+func (s *sampleSet) index(name string) (int64, bool) {
+	digits, ok := strings.CutSuffix(name, ".npy")
+	if !ok || len(digits) != s.width {
+		return 0, false
+	}
+	for _, c := range []byte(digits) {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+	}
+	i, err := strconv.ParseInt(digits, 10, 64)
+	if err != nil || i >= s.n {
+		return 0, false
+	}
+	return i, true
+}
+
+func (s *sampleSet) entry(i int64) Entry {
+	name := s.name(i)
+	start := make([]int64, len(s.arr.Shape))
+	count := append([]int64(nil), s.arr.Shape...)
+	start[s.axis] = i
+	count[s.axis] = 1
+	return Entry{Name: name, Kind: KindBlob, Blob: &regionBlob{
+		opts: s.opts, arr: s.arr, path: s.dir + "/" + name,
+		header: s.header, size: s.size, start: start, count: count,
+	}}
+}
+
+func newWholeBlob(o Options, a *zarr.Array, p string) (*regionBlob, error) {
+	hdr, err := NPYHeader(a.DType.NumpyLE(), a.Shape, o.Align)
+	if err != nil {
+		return nil, err
+	}
+	return &regionBlob{
+		opts: o, arr: a, path: p, header: hdr,
+		size:  o.Align + prod(a.Shape)*int64(a.DType.Size),
+		start: make([]int64, len(a.Shape)), count: append([]int64(nil), a.Shape...),
+	}, nil
+}
+
+func prod(s []int64) int64 {
+	p := int64(1)
+	for _, v := range s {
+		p *= v
+	}
+	return p
+}

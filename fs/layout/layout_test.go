@@ -1,0 +1,503 @@
+package layout
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/zarrfs/zarrfs/zarr"
+)
+
+// indexReader fills every element with its linear index in the whole array
+// (as the array's integer or float type), and records the requests.
+type indexReader struct {
+	mu   sync.Mutex
+	reqs []zarr.Request
+	err  error
+}
+
+func (r *indexReader) Read(ctx context.Context, reqs []zarr.Request) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err != nil {
+		return r.err
+	}
+	for _, q := range reqs {
+		r.reqs = append(r.reqs, zarr.Request{Array: q.Array, Start: append([]int64(nil), q.Start...), Count: append([]int64(nil), q.Count...)})
+		fillIndex(q)
+	}
+	return nil
+}
+
+func fillIndex(q zarr.Request) {
+	a := q.Array
+	n := prod(q.Count)
+	if int64(len(q.Dst)) != n*int64(a.DType.Size) {
+		panic(fmt.Sprintf("dst %d bytes for count %v", len(q.Dst), q.Count))
+	}
+	idx := make([]int64, len(q.Count))
+	for e := int64(0); e < n; e++ {
+		// Global linear index of element e of the region.
+		rem, lin := e, int64(0)
+		for d := len(q.Count) - 1; d >= 0; d-- {
+			idx[d] = rem % q.Count[d]
+			rem /= q.Count[d]
+		}
+		for d := range q.Count {
+			lin = lin*a.Shape[d] + q.Start[d] + idx[d]
+		}
+		putValue(q.Dst[e*int64(a.DType.Size):], a.DType, lin)
+	}
+}
+
+func putValue(b []byte, d zarr.DType, v int64) {
+	switch {
+	case d.Kind == 'f' && d.Size == 4:
+		binary.LittleEndian.PutUint32(b, mathFloat32bits(float32(v)))
+	case d.Kind == 'f' && d.Size == 8:
+		binary.LittleEndian.PutUint64(b, mathFloat64bits(float64(v)))
+	case d.Size == 1:
+		b[0] = byte(v)
+	case d.Size == 2:
+		binary.LittleEndian.PutUint16(b, uint16(v))
+	case d.Size == 4:
+		binary.LittleEndian.PutUint32(b, uint32(v))
+	case d.Size == 8:
+		binary.LittleEndian.PutUint64(b, uint64(v))
+	}
+}
+
+var (
+	f32 = zarr.DType{Kind: 'f', Size: 4}
+	f64 = zarr.DType{Kind: 'f', Size: 8, BigEndian: true}
+	i64 = zarr.DType{Kind: 'i', Size: 8}
+	u8  = zarr.DType{Kind: 'u', Size: 1}
+	i16 = zarr.DType{Kind: 'i', Size: 2}
+)
+
+type fakeStore struct{ id string }
+
+func (s fakeStore) Get(context.Context, string) ([]byte, error) { return nil, errors.New("no") }
+func (s fakeStore) GetRange(context.Context, string, int64, int64) ([]byte, error) {
+	return nil, errors.New("no")
+}
+func (s fakeStore) List(context.Context, string) ([]string, error) { return nil, nil }
+func (s fakeStore) ID() string                                     { return s.id }
+
+func testHierarchy() *zarr.Hierarchy {
+	return &zarr.Hierarchy{
+		Store:  fakeStore{"file:///data/era5.zarr"},
+		Groups: map[string]map[string]any{"": {}, "sub": {}, "empty": {}},
+		Arrays: []*zarr.Array{
+			{Path: "bad", Shape: []int64{4}, Chunks: []int64{4}, DType: f32, Dims: []string{"x"}, MetaHash: "b", Unsupported: "codec 'bitround' is not supported"},
+			{Path: "lsm", Shape: []int64{16, 24}, Chunks: []int64{16, 24}, DType: u8, Dims: []string{"latitude", "longitude"}, MetaHash: "l", FillValue: int64(0)},
+			{Path: "scalar", Shape: []int64{}, Chunks: []int64{}, DType: f64, MetaHash: "s", FillValue: "NaN"},
+			{Path: "sub/sp", Shape: []int64{30, 16, 24}, Chunks: []int64{10, 16, 24}, DType: i16, Dims: []string{"time", "latitude", "longitude"}, MetaHash: "sp", FillValue: int64(-32768)},
+			{Path: "t", Shape: []int64{12, 3, 16, 24}, Chunks: []int64{5, 3, 8, 8}, DType: f32, Dims: []string{"time", "level", "latitude", "longitude"}, MetaHash: "t", FillValue: "NaN",
+				Attributes: map[string]any{"units": "K"}, Codecs: []string{"bytes", "zstd"}, ZarrFormat: 3},
+			{Path: "time", Shape: []int64{12}, Chunks: []int64{12}, DType: i64, Dims: []string{"time"}, MetaHash: "ti"},
+			{Path: "one", Shape: []int64{5, 1}, Chunks: []int64{5, 1}, DType: f32, Dims: []string{"", "time"}, MetaHash: "o"},
+		},
+	}
+}
+
+func build(t *testing.T, h *zarr.Hierarchy, o Options) (*Layout, *indexReader) {
+	t.Helper()
+	r := &indexReader{}
+	o.Reader = r
+	l, err := Build(h, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, r
+}
+
+func names(d *Dir) []string {
+	var s []string
+	for i := 0; i < d.Len(); i++ {
+		s = append(s, d.Entry(i).Name)
+	}
+	return s
+}
+
+func TestTree(t *testing.T) {
+	l, _ := build(t, testHierarchy(), Options{})
+	if got, want := names(l.Root()), []string{"empty", "lsm.json", "lsm.npy", "one", "one.json", "scalar.json", "scalar.npy", "sub", "t", "t.json", "time.json", "time.npy"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("root = %q, want %q", got, want)
+	}
+	if len(l.Skipped) != 1 || l.Skipped[0].Path != "bad" || !strings.Contains(l.Skipped[0].Reason, "bitround") {
+		t.Errorf("skipped = %+v", l.Skipped)
+	}
+	if l.Arrays != 6 {
+		t.Errorf("arrays = %d", l.Arrays)
+	}
+	// 12 t samples + 30 sp samples + 1 one sample + 3 whole blobs, plus 6 sidecars.
+	if l.Files != 12+30+1+3+6 {
+		t.Errorf("files = %d", l.Files)
+	}
+	e, ok := l.Lookup("sub")
+	if !ok || e.Kind != KindDir || !reflect.DeepEqual(names(e.Dir), []string{"sp", "sp.json"}) {
+		t.Errorf("sub = %+v", e)
+	}
+	if e, ok := l.Lookup("empty"); !ok || e.Dir.Len() != 0 {
+		t.Errorf("empty group = %+v %v", e, ok)
+	}
+	tests := []struct {
+		path string
+		kind Kind
+		size int64
+	}{
+		{"t/00.npy", KindBlob, 4096 + 3*16*24*4},
+		{"t/11.npy", KindBlob, 4096 + 3*16*24*4},
+		{"sub/sp/29.npy", KindBlob, 4096 + 16*24*2},
+		{"one/0.npy", KindBlob, 4096 + 5*4},
+		{"time.npy", KindBlob, 4096 + 12*8},
+		{"scalar.npy", KindBlob, 4096 + 8},
+		{"lsm.npy", KindBlob, 4096 + 16*24},
+		{"t", KindDir, 0},
+	}
+	for _, tt := range tests {
+		e, ok := l.Lookup(tt.path)
+		if !ok || e.Kind != tt.kind || e.Size() != tt.size {
+			t.Errorf("%s: ok=%v kind=%v size=%d, want kind %v size %d", tt.path, ok, e.Kind, e.Size(), tt.kind, tt.size)
+		}
+		if ok && e.Kind == KindBlob && e.Blob.Path() != tt.path {
+			t.Errorf("%s: blob path %q", tt.path, e.Blob.Path())
+		}
+	}
+	for _, missing := range []string{"bad.npy", "bad.json", "t/12.npy", "t/0.npy", "t/1.npy", "t/-1.npy", "t/00.npz", "t/+1.npy", "sub/sp/30.npy", "t/00.npy/x"} {
+		if _, ok := l.Lookup(missing); ok {
+			t.Errorf("%s exists", missing)
+		}
+	}
+	var blobs int
+	if err := l.Walk(func(Blob) error { blobs++; return nil }); err != nil || blobs != 12+30+1+3 {
+		t.Errorf("walk: %d blobs, %v", blobs, err)
+	}
+}
+
+func TestSampleNames(t *testing.T) {
+	for _, tt := range []struct {
+		n           int64
+		first, last string
+	}{
+		{1, "0.npy", "0.npy"},
+		{2, "0.npy", "1.npy"},
+		{10, "0.npy", "9.npy"},
+		{11, "00.npy", "10.npy"},
+		{30, "00.npy", "29.npy"},
+		{100, "00.npy", "99.npy"},
+		{101, "000.npy", "100.npy"},
+		{100000, "00000.npy", "99999.npy"},
+	} {
+		h := &zarr.Hierarchy{Store: fakeStore{"x"}, Arrays: []*zarr.Array{{Path: "a", Shape: []int64{tt.n, 2}, Chunks: []int64{1, 2}, DType: f32, Dims: []string{"time", "x"}}}}
+		l, _ := build(t, h, Options{})
+		e, _ := l.Lookup("a")
+		d := e.Dir
+		if d.Len() != int(tt.n) || d.Entry(0).Name != tt.first || d.Entry(d.Len()-1).Name != tt.last {
+			t.Errorf("n=%d: len %d, %s..%s, want %s..%s", tt.n, d.Len(), d.Entry(0).Name, d.Entry(d.Len()-1).Name, tt.first, tt.last)
+		}
+		if _, ok := d.Lookup(tt.last); !ok {
+			t.Errorf("n=%d: lookup %s failed", tt.n, tt.last)
+		}
+	}
+}
+
+func TestOptions(t *testing.T) {
+	h := testHierarchy()
+	for _, tt := range []struct {
+		align int64
+		ok    bool
+	}{{0, true}, {128, true}, {4096, true}, {8192, true}, {MaxAlign, true}, {MaxAlign + 64, false}, {64, false}, {100, false}, {-64, false}, {32, false}} {
+		_, err := Build(h, Options{Align: tt.align, Reader: &indexReader{}})
+		if (err == nil) != tt.ok {
+			t.Errorf("align %d: err %v", tt.align, err)
+		}
+		if err != nil && !errors.Is(err, ErrInvalidOption) && !errors.Is(err, ErrHeaderTooLarge) {
+			t.Errorf("align %d: %v is not ErrInvalidOption", tt.align, err)
+		}
+	}
+	// Other sample dim: "latitude" turns lsm into a sample directory.
+	l, _ := build(t, h, Options{SampleDim: "latitude"})
+	if e, ok := l.Lookup("lsm/15.npy"); !ok || e.Size() != 4096+24 {
+		t.Errorf("lsm/15.npy with sample dim latitude: %v %d", ok, e.Size())
+	}
+	if _, ok := l.Lookup("time.npy"); !ok {
+		t.Error("time.npy missing")
+	}
+}
+
+func TestLayoutID(t *testing.T) {
+	base, _ := build(t, testHierarchy(), Options{})
+	same, _ := build(t, testHierarchy(), Options{Align: 4096, SampleDim: "time"})
+	if base.ID != same.ID || len(base.ID) != 32 {
+		t.Fatalf("ids %q %q", base.ID, same.ID)
+	}
+	changed := testHierarchy()
+	changed.Arrays[4].MetaHash = "t2"
+	other := testHierarchy()
+	other.Store = fakeStore{"file:///data/other.zarr"}
+	for name, l := range map[string]*Layout{
+		"align":      must(build(t, testHierarchy(), Options{Align: 128})),
+		"sample dim": must(build(t, testHierarchy(), Options{SampleDim: "level"})),
+		"metadata":   must(build(t, changed, Options{})),
+		"source":     must(build(t, other, Options{})),
+	} {
+		if l.ID == base.ID {
+			t.Errorf("%s change keeps layout id", name)
+		}
+	}
+}
+
+func must(l *Layout, _ *indexReader) *Layout { return l }
+
+func TestHeaders(t *testing.T) {
+	for _, tt := range []struct {
+		shape []int64
+		descr string
+		text  string
+	}{
+		{[]int64{}, "<f8", "'shape': ()"},
+		{[]int64{5}, "<i8", "'shape': (5,)"},
+		{[]int64{1}, "|u1", "'shape': (1,)"},
+		{[]int64{721, 1440}, "<f4", "'shape': (721, 1440)"},
+		{[]int64{0, 3}, "|b1", "'shape': (0, 3)"},
+	} {
+		for _, align := range []int64{128, 4096, MaxAlign} {
+			h, err := NPYHeader(tt.descr, tt.shape, align)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if int64(len(h)) != align || h[len(h)-1] != '\n' || !bytes.Contains(h, []byte(tt.text)) {
+				t.Errorf("%v align %d: %q", tt.shape, align, h[:80])
+			}
+			want := fmt.Sprintf("{'descr': '%s', 'fortran_order': False, %s, }", tt.descr, tt.text)
+			if !bytes.HasPrefix(h[10:], []byte(want)) {
+				t.Errorf("%v: header %q, want prefix %q", tt.shape, h[10:80], want)
+			}
+			p, err := ParseNPYHeader(h)
+			if err != nil || p.Descr != tt.descr || p.FortranOrder || !reflect.DeepEqual(p.Shape, tt.shape) || p.DataOffset != align {
+				t.Errorf("%v: parsed %+v, %v", tt.shape, p, err)
+			}
+		}
+	}
+	many := make([]int64, 20)
+	for i := range many {
+		many[i] = 123456789
+	}
+	if _, err := NPYHeader("<f4", many, 64); !errors.Is(err, ErrHeaderTooLarge) {
+		t.Errorf("20-d header in 64 bytes: %v", err)
+	}
+	// An array whose header does not fit refuses the layout, naming the array.
+	h := testHierarchy()
+	h.Arrays = append(h.Arrays, &zarr.Array{Path: "wide", Shape: many, Chunks: many, DType: f32, MetaHash: "w"})
+	_, err := Build(h, Options{Align: 128, Reader: &indexReader{}})
+	if !errors.Is(err, ErrHeaderTooLarge) || !strings.Contains(err.Error(), `"wide"`) {
+		t.Errorf("build with a 20-d array at align 128: %v", err)
+	}
+}
+
+// fillFile writes a blob to a temporary .npy file.
+func fillFile(t *testing.T, b Blob) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), strings.ReplaceAll(b.Path(), "/", "_"))
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := b.Fill(context.Background(), f); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := f.Stat(); st.Size() != b.Size() {
+		t.Fatalf("%s: wrote %d bytes, size says %d", b.Path(), st.Size(), b.Size())
+	}
+	return p
+}
+
+func TestFillContent(t *testing.T) {
+	l, r := build(t, testHierarchy(), Options{})
+	e, _ := l.Lookup("t/07.npy")
+	p := fillFile(t, e.Blob)
+	data, _ := os.ReadFile(p)
+	if len(r.reqs) != 1 || !reflect.DeepEqual(r.reqs[0].Start, []int64{7, 0, 0, 0}) || !reflect.DeepEqual(r.reqs[0].Count, []int64{1, 3, 16, 24}) {
+		t.Errorf("requests %+v", r.reqs)
+	}
+	// Element (level 2, lat 5, lon 6) of sample 7.
+	off := 4096 + 4*((2*16+5)*24+6)
+	got := mathFloat32frombits(binary.LittleEndian.Uint32(data[off:]))
+	want := float32(((7*3+2)*16+5)*24 + 6)
+	if got != want {
+		t.Errorf("value %v, want %v", got, want)
+	}
+	if !reflect.DeepEqual(e.Blob.Sources()[0].Start, []int64{7, 0, 0, 0}) {
+		t.Errorf("sources %+v", e.Blob.Sources())
+	}
+}
+
+func TestFillSlabs(t *testing.T) {
+	h := &zarr.Hierarchy{Store: fakeStore{"x"}, Arrays: []*zarr.Array{
+		{Path: "big", Shape: []int64{23, 4}, Chunks: []int64{5, 4}, DType: f32, Dims: []string{"y", "x"}},
+		{Path: "s", Shape: []int64{2, 1, 17, 3}, Chunks: []int64{1, 1, 4, 3}, DType: f32, Dims: []string{"time", "a", "y", "x"}},
+	}}
+	// 16 bytes per row of big: a 40-byte slab bound gives one 5-row chunk row per slab.
+	l, r := build(t, h, Options{SlabBytes: 40})
+	whole := mustLookup(t, l, "big.npy")
+	ref := make([]byte, 23*4*4)
+	fillIndex(zarr.Request{Array: h.Arrays[0], Start: []int64{0, 0}, Count: []int64{23, 4}, Dst: ref})
+	data, _ := os.ReadFile(fillFile(t, whole))
+	if !bytes.Equal(data[4096:], ref) {
+		t.Error("slabbed fill differs from one read")
+	}
+	var starts []int64
+	for _, q := range r.reqs {
+		starts = append(starts, q.Start[0])
+		if q.Start[0]%5 != 0 || (q.Count[0] != 5 && q.Start[0]+q.Count[0] != 23) {
+			t.Errorf("slab %v+%v is not cut at chunk boundaries", q.Start, q.Count)
+		}
+	}
+	if !reflect.DeepEqual(starts, []int64{0, 5, 10, 15, 20}) {
+		t.Errorf("slab starts %v", starts)
+	}
+	// A sample whose outer axis has one element splits on the next axis.
+	r.reqs = nil
+	s := mustLookup(t, l, "s/1.npy")
+	data, _ = os.ReadFile(fillFile(t, s))
+	ref = make([]byte, 17*3*4)
+	fillIndex(zarr.Request{Array: h.Arrays[1], Start: []int64{1, 0, 0, 0}, Count: []int64{1, 1, 17, 3}, Dst: ref})
+	if !bytes.Equal(data[4096:], ref) || len(r.reqs) != 5 {
+		t.Errorf("sample slabs: %d requests, equal=%v", len(r.reqs), bytes.Equal(data[4096:], ref))
+	}
+}
+
+func TestFillError(t *testing.T) {
+	l, r := build(t, testHierarchy(), Options{})
+	r.err = fmt.Errorf("t/c/0/0/0/0: %w", zarr.ErrCorrupt)
+	b := mustLookup(t, l, "t/00.npy")
+	f, _ := os.Create(filepath.Join(t.TempDir(), "x"))
+	defer f.Close()
+	err := b.Fill(context.Background(), f)
+	if !errors.Is(err, zarr.ErrCorrupt) || !strings.Contains(err.Error(), "t/00.npy") {
+		t.Errorf("fill error %v", err)
+	}
+}
+
+func mustLookup(t *testing.T, l *Layout, p string) Blob {
+	t.Helper()
+	e, ok := l.Lookup(p)
+	if !ok || e.Kind != KindBlob {
+		t.Fatalf("%s: not a blob", p)
+	}
+	return e.Blob
+}
+
+func TestSidecar(t *testing.T) {
+	l, _ := build(t, testHierarchy(), Options{Align: 128})
+	for _, tt := range []struct {
+		path string
+		want map[string]any
+	}{
+		{"t.json", map[string]any{
+			"kind": "array", "path": "t", "shape": []any{12.0, 3.0, 16.0, 24.0}, "dtype": "<f4",
+			"dims": []any{"time", "level", "latitude", "longitude"}, "sample_dim": "time",
+			"sample_shape": []any{3.0, 16.0, 24.0}, "files": 12.0, "data_offset": 128.0, "fill_value": "NaN",
+			"attributes": map[string]any{"units": "K"}, "chunks": []any{5.0, 3.0, 8.0, 8.0}, "codecs": []any{"bytes", "zstd"},
+			"source_dtype": "<f4", "zarr_format": 3.0,
+		}},
+		{"scalar.json", map[string]any{
+			"kind": "array", "shape": []any{}, "dtype": "<f8", "source_dtype": ">f8", "dims": []any{}, "sample_dim": nil,
+			"sample_shape": []any{}, "files": 1.0, "fill_value": "NaN", "attributes": map[string]any{},
+		}},
+		{"one.json", map[string]any{"dims": []any{nil, "time"}, "sample_dim": "time", "sample_shape": []any{5.0}, "files": 1.0}},
+		{"sub/sp.json", map[string]any{"path": "sub/sp", "fill_value": -32768.0, "dtype": "<i2"}},
+	} {
+		e, ok := l.Lookup(tt.path)
+		if !ok || e.Kind != KindSidecar {
+			t.Fatalf("%s missing", tt.path)
+		}
+		var got map[string]any
+		if err := json.Unmarshal(e.Data, &got); err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range tt.want {
+			if !reflect.DeepEqual(got[k], v) {
+				t.Errorf("%s: %s = %#v, want %#v", tt.path, k, got[k], v)
+			}
+		}
+	}
+}
+
+// TestNumpyLoads checks that numpy itself parses what we write.
+func TestNumpyLoads(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 not found")
+	}
+	if err := exec.Command("python3", "-c", "import numpy").Run(); err != nil {
+		t.Skip("numpy not installed")
+	}
+	for _, align := range []int64{128, 4096, MaxAlign} {
+		l, _ := build(t, testHierarchy(), Options{Align: align})
+		var files []string
+		var want []string
+		for _, p := range []string{"t/03.npy", "time.npy", "scalar.npy", "lsm.npy", "one/0.npy", "sub/sp/29.npy"} {
+			b := mustLookup(t, l, p)
+			files = append(files, fillFile(t, b))
+			ph, _ := ParseNPYHeader(b.Header())
+			want = append(want, fmt.Sprintf("%s %v", ph.Descr, ph.Shape))
+		}
+		script := `
+import sys, numpy as np
+for p in sys.argv[1:]:
+    a = np.load(p)
+    off = open(p, 'rb').read().index(b'\n') + 1
+    assert a.flags.c_contiguous
+    flat = a.reshape(-1)
+    print(a.dtype.str, list(a.shape), off, float(flat[-1]) if flat.size else None)
+`
+		out, err := exec.Command("python3", append([]string{"-c", script}, files...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("numpy.load (align %d): %v\n%s", align, err, out)
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		for i, line := range lines {
+			f := strings.Fields(strings.NewReplacer("[", "", "]", "", ",", "").Replace(line))
+			if f[0] != strings.Fields(want[i])[0] {
+				t.Errorf("%s: numpy dtype %s, want %s", files[i], f[0], want[i])
+			}
+			if !strings.Contains(line, fmt.Sprintf(" %d ", align)) {
+				t.Errorf("%s: numpy sees %q, data not at %d", files[i], line, align)
+			}
+		}
+		// Last element of t/03 is its global linear index.
+		if !strings.HasSuffix(lines[0], fmt.Sprintf(" %d.0", 4*3*16*24-1)) {
+			t.Errorf("t/03.npy last value: %s", lines[0])
+		}
+	}
+}
+
+func FuzzParseNPYHeader(f *testing.F) {
+	for _, s := range [][]int64{{}, {5}, {721, 1440}, {3, 0, 2}} {
+		h, _ := NPYHeader("<f4", s, 128)
+		f.Add(h)
+	}
+	f.Add([]byte("\x93NUMPY\x01\x00\x10\x00{'descr': '<i2'}\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p, err := ParseNPYHeader(b)
+		if err != nil {
+			return
+		}
+		if p.DataOffset > int64(len(b)) || p.Descr == "" {
+			t.Fatalf("parsed %+v from %d bytes", p, len(b))
+		}
+	})
+}

@@ -1,0 +1,79 @@
+package layout
+
+import (
+	"encoding/json"
+
+	"github.com/zarrfs/zarrfs/zarr"
+)
+
+// Sidecar is the JSON document at MOUNT/P.json (CONTRACT section 6).
+type Sidecar struct {
+	Kind string `json:"kind"`
+	// Path is the array's store path.
+	Path        string         `json:"path"`
+	Shape       []int64        `json:"shape"`
+	DType       string         `json:"dtype"`
+	Dims        []*string      `json:"dims"`
+	SampleDim   *string        `json:"sample_dim"`
+	SampleShape []int64        `json:"sample_shape"`
+	Files       int64          `json:"files"`
+	DataOffset  int64          `json:"data_offset"`
+	FillValue   any            `json:"fill_value"`
+	Attributes  map[string]any `json:"attributes"`
+	// The rest helps users judge read patterns; it is not part of the
+	// contract's minimum.
+	SourceDType string   `json:"source_dtype"`
+	Chunks      []int64  `json:"chunks"`
+	Codecs      []string `json:"codecs"`
+	ZarrFormat  int      `json:"zarr_format"`
+}
+
+// sidecar renders the description of array a. axis is the sample axis or -1.
+func sidecar(o Options, a *zarr.Array, axis int, sampleShape []int64, files int64) ([]byte, error) {
+	s := Sidecar{
+		Kind:        "array",
+		Path:        a.Path,
+		Shape:       nonNil(a.Shape),
+		DType:       a.DType.NumpyLE(),
+		Dims:        make([]*string, len(a.Shape)),
+		SampleShape: nonNil(sampleShape),
+		Files:       files,
+		DataOffset:  o.Align,
+		FillValue:   a.FillValue,
+		Attributes:  a.Attributes,
+		SourceDType: a.DType.NumpySource(),
+		Chunks:      nonNil(a.Chunks),
+		Codecs:      a.Codecs,
+		ZarrFormat:  a.ZarrFormat,
+	}
+	for i := range s.Dims {
+		// An unnamed dimension is null rather than "", so that consumers
+		// cannot mistake it for a name.
+		if i < len(a.Dims) && a.Dims[i] != "" {
+			d := a.Dims[i]
+			s.Dims[i] = &d
+		}
+	}
+	if axis >= 0 {
+		d := o.SampleDim
+		s.SampleDim = &d
+	}
+	if s.Attributes == nil {
+		s.Attributes = map[string]any{}
+	}
+	if s.Codecs == nil {
+		s.Codecs = []string{}
+	}
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(b, '\n'), nil
+}
+
+func nonNil(s []int64) []int64 {
+	if s == nil {
+		return []int64{}
+	}
+	return s
+}
