@@ -1,0 +1,405 @@
+package codec
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// Blosc 1 frames (c-blosc 1.x, as numcodecs and tensorstore write them for
+// the Zarr v2 "blosc" compressor and the Zarr v3 "blosc" codec):
+//
+//	byte 0      format version (2; 1 is read too)
+//	byte 1      inner codec format version (1)
+//	byte 2      flags: 0x01 byte shuffle, 0x02 memcpyed, 0x04 bit shuffle,
+//	            0x08 reserved, 0x10 do not split, bits 5-7 inner codec
+//	byte 3      typesize
+//	bytes 4-7   nbytes, the decoded size (little endian, as are all below)
+//	bytes 8-11  blocksize
+//	bytes 12-15 cbytes, the frame size
+//	then        unless memcpyed: one int32 per block, the offset of the
+//	            block's first stream in the frame
+//
+// The decoded buffer is cut into blocks of blocksize bytes (the last one
+// shorter when blocksize does not divide nbytes). Each block is shuffled on
+// its own, then compressed either whole or, when split, as typesize streams
+// of blocksize/typesize bytes (all of byte 0 of the block's elements, then
+// byte 1, ...). A stream is an int32 compressed size followed by that many
+// bytes; a size equal to the stream's decoded size means the bytes are
+// stored raw. A memcpyed frame stores the decoded bytes after the header,
+// unshuffled.
+
+// BloscShuffle is the shuffle filter a blosc frame's blocks went through.
+type BloscShuffle uint8
+
+// Shuffle filters of blosc frames.
+const (
+	NoShuffle   BloscShuffle = iota // blocks hold the elements as they are
+	ByteShuffle                     // undo with Unshuffle, block by block
+	BitShuffle                      // undo with BitUnshuffle, block by block
+)
+
+func (s BloscShuffle) String() string {
+	switch s {
+	case NoShuffle:
+		return "noshuffle"
+	case ByteShuffle:
+		return "shuffle"
+	case BitShuffle:
+		return "bitshuffle"
+	}
+	return fmt.Sprintf("BloscShuffle(%d)", uint8(s))
+}
+
+const (
+	bloscHeaderSize  = 16
+	bloscMaxSplits   = 16  // c-blosc's MAX_SPLITS
+	bloscMinBuffer   = 128 // c-blosc's MIN_BUFFERSIZE
+	bloscShuffleFlag = 0x01
+	bloscMemcpyFlag  = 0x02
+	bloscBitFlag     = 0x04
+	bloscFutureFlag  = 0x08
+	bloscNoSplitFlag = 0x10
+)
+
+// Inner codec codes (flags bits 5-7).
+const (
+	bloscBlosclz = 0
+	bloscLZ4     = 1 // lz4 and lz4hc share the format
+	bloscSnappy  = 2
+	bloscZlib    = 3
+	bloscZstd    = 4
+)
+
+var bloscCompressorNames = [...]string{"blosclz", "lz4", "snappy", "zlib", "zstd"}
+
+// BloscFrame is a parsed blosc frame: what a decoder needs to decode its
+// streams, in any order or all at once, and then unshuffle.
+//
+// Decoding a frame: for every stream, decode Src (or copy it, when Raw) into
+// the stream's DstLen bytes at DstOff of a buffer of NBytes bytes; then, for
+// every block i, unshuffle that buffer's Block(i) range into the same range
+// of the output (Unshuffle for ByteShuffle, BitUnshuffle for BitShuffle, a
+// plain copy for NoShuffle, in which case streams may be decoded straight
+// into the output).
+type BloscFrame struct {
+	Typesize  int // element size the shuffle used, 1-255
+	NBytes    int // decoded size
+	BlockSize int // bytes per block; the last block may be shorter
+	// Shuffle is the filter to undo. It is ByteShuffle only for typesize > 1
+	// and NoShuffle for a memcpyed frame, whatever the flags say, because
+	// that is what blosc applies.
+	Shuffle  BloscShuffle
+	Memcpyed bool // the frame stores the decoded bytes as they are
+	// Compressor is the inner codec: "blosclz", "lz4" (also written by
+	// lz4hc), "zlib", "zstd" or "snappy" (which this package does not
+	// decode). Each compressed stream is one raw block or frame of it: an
+	// LZ4 block without size prefix, a zlib (RFC 1950) stream, a zstd frame.
+	Compressor string
+	// Streams in frame order: block 0's streams first. A memcpyed frame has
+	// one raw stream covering everything.
+	Streams []BloscStream
+}
+
+// BloscStream is one independently compressed piece of a blosc frame.
+type BloscStream struct {
+	Src    []byte // compressed bytes (a slice of the frame, not a copy)
+	DstOff int    // where its output starts in the decoded, still shuffled buffer
+	DstLen int    // exact decoded size
+	Raw    bool   // Src is stored uncompressed (len(Src) == DstLen)
+}
+
+// NumBlocks returns the number of blocks of the frame.
+func (f *BloscFrame) NumBlocks() int {
+	if f.BlockSize <= 0 {
+		return 0
+	}
+	return (f.NBytes + f.BlockSize - 1) / f.BlockSize
+}
+
+// Block returns the byte range [off, off+n) of block i in the decoded
+// buffer: the unit each shuffle works on.
+func (f *BloscFrame) Block(i int) (off, n int) {
+	off = i * f.BlockSize
+	return off, min(f.BlockSize, f.NBytes-off)
+}
+
+// Unshuffle undoes the frame's shuffle block by block, from shuffled (the
+// decoded streams) into dst; both must be NBytes long and not overlap.
+func (f *BloscFrame) Unshuffle(dst, shuffled []byte) error {
+	if len(dst) != f.NBytes || len(shuffled) != f.NBytes {
+		return fmt.Errorf("blosc: unshuffle of %d bytes into %d, frame has %d: %w",
+			len(shuffled), len(dst), f.NBytes, ErrCorrupt)
+	}
+	for i := range f.NumBlocks() {
+		off, n := f.Block(i)
+		unshuffleBlock(f.Shuffle, dst[off:off+n], shuffled[off:off+n], f.Typesize)
+	}
+	return nil
+}
+
+func unshuffleBlock(s BloscShuffle, dst, src []byte, typesize int) {
+	switch s {
+	case ByteShuffle:
+		Unshuffle(dst, src, typesize)
+	case BitShuffle:
+		_ = BitUnshuffle(dst, src, typesize) // lengths equal, typesize > 0
+	default:
+		copy(dst, src)
+	}
+}
+
+// bloscHeader is a validated frame header. Parsing it allocates nothing, so
+// the CPU decoder walks the streams block by block without building a
+// BloscFrame.
+type bloscHeader struct {
+	src       []byte // the frame: src[:cbytes]
+	typesize  int
+	nbytes    int
+	blocksize int
+	nblocks   int
+	shuffle   BloscShuffle
+	memcpyed  bool
+	noSplit   bool
+	comp      int
+}
+
+func parseBloscHeader(src []byte) (bloscHeader, error) {
+	var h bloscHeader
+	if len(src) < bloscHeaderSize {
+		return h, fmt.Errorf("blosc: frame of %d bytes, shorter than its header: %w", len(src), ErrCorrupt)
+	}
+	version, versionlz, flags := src[0], src[1], src[2]
+	if version != 1 && version != 2 {
+		return h, fmt.Errorf("blosc: format version %d (only Blosc 1 frames, versions 1 and 2): %w", version, ErrUnsupported)
+	}
+	if flags&bloscFutureFlag != 0 {
+		return h, fmt.Errorf("blosc: reserved flag 0x08 set: %w", ErrUnsupported)
+	}
+	h.typesize = int(src[3])
+	h.nbytes = int(int32(binary.LittleEndian.Uint32(src[4:])))
+	h.blocksize = int(int32(binary.LittleEndian.Uint32(src[8:])))
+	cbytes := int(int32(binary.LittleEndian.Uint32(src[12:])))
+	if h.typesize == 0 {
+		return h, fmt.Errorf("blosc: typesize 0: %w", ErrCorrupt)
+	}
+	if h.nbytes < 0 || cbytes < bloscHeaderSize || cbytes > len(src) {
+		return h, fmt.Errorf("blosc: header claims %d bytes decoded from %d, frame has %d: %w",
+			h.nbytes, cbytes, len(src), ErrCorrupt)
+	}
+	h.src = src[:cbytes]
+	h.memcpyed = flags&bloscMemcpyFlag != 0
+	h.noSplit = flags&bloscNoSplitFlag != 0
+	h.comp = int(flags >> 5)
+	switch {
+	case h.memcpyed:
+		h.shuffle = NoShuffle
+	case flags&bloscShuffleFlag != 0 && h.typesize > 1:
+		h.shuffle = ByteShuffle
+	case flags&bloscBitFlag != 0:
+		h.shuffle = BitShuffle
+	}
+	if h.nbytes == 0 {
+		return h, nil // c-blosc stops here: nothing to decode
+	}
+	if h.blocksize <= 0 || h.blocksize > h.nbytes {
+		return h, fmt.Errorf("blosc: blocksize %d for %d bytes: %w", h.blocksize, h.nbytes, ErrCorrupt)
+	}
+	h.nblocks = (h.nbytes + h.blocksize - 1) / h.blocksize
+	if h.memcpyed {
+		if cbytes != h.nbytes+bloscHeaderSize {
+			return h, fmt.Errorf("blosc: memcpyed frame of %d bytes holds %d: %w", cbytes, h.nbytes, ErrCorrupt)
+		}
+		return h, nil
+	}
+	if h.comp >= len(bloscCompressorNames) {
+		return h, fmt.Errorf("blosc: inner codec code %d: %w", h.comp, ErrUnsupported)
+	}
+	if versionlz != 1 {
+		return h, fmt.Errorf("blosc: %s format version %d: %w", bloscCompressorNames[h.comp], versionlz, ErrUnsupported)
+	}
+	if h.nblocks > (cbytes-bloscHeaderSize)/4 {
+		return h, fmt.Errorf("blosc: %d blocks do not fit a frame of %d bytes: %w", h.nblocks, cbytes, ErrCorrupt)
+	}
+	return h, nil
+}
+
+// block returns block i's range in the decoded buffer.
+func (h *bloscHeader) block(i int) (off, n int) {
+	off = i * h.blocksize
+	return off, min(h.blocksize, h.nbytes-off)
+}
+
+// splits returns how many streams block i of n bytes has. This is c-blosc's
+// decoder rule, which also covers frames written before the "do not split"
+// flag existed: those split every full block whose typesize is at most 16
+// and that holds at least 128 elements; the leftover last block is never
+// split.
+func (h *bloscHeader) splits(i, n int) int {
+	leftover := i == h.nblocks-1 && n < h.blocksize
+	if !h.noSplit && h.typesize <= bloscMaxSplits && n/h.typesize >= bloscMinBuffer && !leftover {
+		return h.typesize
+	}
+	return 1
+}
+
+// blockStart returns the offset of block i's first stream.
+func (h *bloscHeader) blockStart(i int) (int, error) {
+	pos := int(int32(binary.LittleEndian.Uint32(h.src[bloscHeaderSize+4*i:])))
+	if pos < bloscHeaderSize+4*h.nblocks || pos > len(h.src)-4 {
+		return 0, fmt.Errorf("blosc: block %d starts at %d of %d bytes: %w", i, pos, len(h.src), ErrCorrupt)
+	}
+	return pos, nil
+}
+
+// stream reads the stream at pos that decodes to n bytes: its compressed
+// bytes, whether they are raw, and the position after it.
+func (h *bloscHeader) stream(pos, n int) (s []byte, raw bool, next int, err error) {
+	if pos < 0 || pos > len(h.src)-4 {
+		return nil, false, 0, fmt.Errorf("blosc: stream at %d of %d bytes: %w", pos, len(h.src), ErrCorrupt)
+	}
+	cs := int(int32(binary.LittleEndian.Uint32(h.src[pos:])))
+	pos += 4
+	if cs < 0 || cs > len(h.src)-pos {
+		return nil, false, 0, fmt.Errorf("blosc: stream at %d claims %d bytes, %d left: %w", pos-4, cs, len(h.src)-pos, ErrCorrupt)
+	}
+	return h.src[pos : pos+cs], cs == n, pos + cs, nil
+}
+
+// ParseBlosc validates a blosc frame's header and block table and lists its
+// streams, without decoding anything. It allocates the Streams slice (one
+// entry per stream, at most len(src)/4), nothing else. Errors wrap
+// ErrCorrupt for a malformed frame and ErrUnsupported for a frame from
+// another format version or an unknown inner codec; a snappy frame parses
+// (Compressor "snappy") although this package cannot decode its streams.
+func ParseBlosc(src []byte) (*BloscFrame, error) {
+	h, err := parseBloscHeader(src)
+	if err != nil {
+		return nil, err
+	}
+	f := &BloscFrame{
+		Typesize:  h.typesize,
+		NBytes:    h.nbytes,
+		BlockSize: h.blocksize,
+		Shuffle:   h.shuffle,
+		Memcpyed:  h.memcpyed,
+	}
+	if h.comp < len(bloscCompressorNames) {
+		f.Compressor = bloscCompressorNames[h.comp]
+	}
+	if h.nbytes == 0 {
+		return f, nil
+	}
+	if h.memcpyed {
+		f.Streams = []BloscStream{{Src: h.src[bloscHeaderSize:], DstLen: h.nbytes, Raw: true}}
+		return f, nil
+	}
+	// Count first, so the slice is allocated once and never beyond what the
+	// frame really holds.
+	count := 0
+	for i := 0; i < h.nblocks; i++ {
+		_, n := h.block(i)
+		count += h.splits(i, n)
+	}
+	if count > len(h.src)/4 {
+		return nil, fmt.Errorf("blosc: %d streams do not fit a frame of %d bytes: %w", count, len(h.src), ErrCorrupt)
+	}
+	f.Streams = make([]BloscStream, 0, count)
+	for i := 0; i < h.nblocks; i++ {
+		off, n := h.block(i)
+		ns := h.splits(i, n)
+		if n%ns != 0 {
+			return nil, fmt.Errorf("blosc: block %d of %d bytes split in %d streams: %w", i, n, ns, ErrCorrupt)
+		}
+		ne := n / ns
+		pos, err := h.blockStart(i)
+		if err != nil {
+			return nil, err
+		}
+		for j := 0; j < ns; j++ {
+			s, raw, next, err := h.stream(pos, ne)
+			if err != nil {
+				return nil, fmt.Errorf("block %d: %w", i, err)
+			}
+			f.Streams = append(f.Streams, BloscStream{Src: s, DstOff: off + j*ne, DstLen: ne, Raw: raw})
+			pos = next
+		}
+	}
+	return f, nil
+}
+
+// decodeBlosc decodes a blosc frame into dst, block by block: each block's
+// streams go straight to dst when there is no shuffle to undo, else to a
+// scratch block that is then unshuffled into dst.
+func (d *decoder) decodeBlosc(dst, src []byte) error {
+	h, err := parseBloscHeader(src)
+	if err != nil {
+		return err
+	}
+	if h.nbytes != len(dst) {
+		return fmt.Errorf("blosc: frame decodes to %d bytes, want %d: %w", h.nbytes, len(dst), ErrCorrupt)
+	}
+	if h.nbytes == 0 {
+		return nil
+	}
+	if h.memcpyed {
+		copy(dst, h.src[bloscHeaderSize:])
+		return nil
+	}
+	if h.comp == bloscSnappy {
+		return fmt.Errorf("blosc: inner codec snappy: %w", ErrUnsupported)
+	}
+	for i := 0; i < h.nblocks; i++ {
+		off, n := h.block(i)
+		out := dst[off : off+n]
+		shuffled := h.shuffle == ByteShuffle || (h.shuffle == BitShuffle && n >= h.typesize)
+		tmp := out
+		if shuffled {
+			tmp = d.scratch(n)
+		}
+		ns := h.splits(i, n)
+		if n%ns != 0 {
+			return fmt.Errorf("blosc: block %d of %d bytes split in %d streams: %w", i, n, ns, ErrCorrupt)
+		}
+		ne := n / ns
+		pos, err := h.blockStart(i)
+		if err != nil {
+			return err
+		}
+		for j := 0; j < ns; j++ {
+			s, raw, next, err := h.stream(pos, ne)
+			if err != nil {
+				return fmt.Errorf("block %d: %w", i, err)
+			}
+			part := tmp[j*ne : (j+1)*ne]
+			if raw {
+				copy(part, s)
+			} else if err := d.decodeBloscStream(h.comp, part, s); err != nil {
+				return fmt.Errorf("blosc: block %d stream %d: %w", i, j, err)
+			}
+			pos = next
+		}
+		if shuffled {
+			unshuffleBlock(h.shuffle, out, tmp, h.typesize)
+		}
+	}
+	return nil
+}
+
+// decodeBloscStream decodes one compressed stream into exactly len(dst)
+// bytes.
+func (d *decoder) decodeBloscStream(comp int, dst, src []byte) error {
+	switch comp {
+	case bloscBlosclz:
+		if got := blosclzDecode(dst, src); got != len(dst) {
+			return fmt.Errorf("blosclz stream does not decode to %d bytes: %w", len(dst), ErrCorrupt)
+		}
+		return nil
+	case bloscLZ4:
+		return decodeLZ4Block(dst, src)
+	case bloscZlib:
+		return d.decodeZlib(dst, src)
+	case bloscZstd:
+		return d.decodeZstd(dst, src)
+	}
+	return fmt.Errorf("inner codec code %d: %w", comp, ErrUnsupported)
+}
