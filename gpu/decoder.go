@@ -1,0 +1,648 @@
+package gpu
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/adler32"
+	"hash/crc32"
+	"io"
+	"log/slog"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/zarrfs/zarrfs/zarr/codec"
+)
+
+// Options configure a Decoder. The zero value is ready to use.
+type Options struct {
+	// Device is the CUDA device ordinal. Zero means the first GPU.
+	Device int
+	// MaxBatchBytes bounds the device memory and the pinned host memory a
+	// batch may take (compressed input, decoded output, scratch); a larger
+	// batch is decoded in several rounds. Zero means 2 GiB. A single chunk
+	// needing more than this is left to the CPU (ErrUnsupported).
+	MaxBatchBytes int64
+	// CopyWorkers is the number of goroutines that pack compressed bytes
+	// into pinned memory and copy decoded bytes out of it. Zero means
+	// min(8, GOMAXPROCS).
+	CopyWorkers int
+	// SkipChecksums turns off the CPU check of gzip CRC-32 and zlib
+	// Adler-32 trailers after GPU decoding. Zero value: they are checked.
+	SkipChecksums bool
+	// Logger receives one debug line per batch and a warning when the device
+	// fails. Nil discards.
+	Logger *slog.Logger
+}
+
+const defaultMaxBatchBytes = 2 << 30
+
+// maxJobsPerRound keeps grid dimensions and descriptor arrays small.
+const maxJobsPerRound = 16384
+
+// Decoder decodes batches of chunks on one GPU. It implements
+// codec.BatchDecoder. It is safe for concurrent use: batches are decoded
+// one at a time, in the order callers get the Decoder's lock.
+type Decoder struct {
+	mu   sync.Mutex
+	libs *libs
+	cu   *cudaLib
+	nv   *nvcompLib
+	opts Options
+	log  *slog.Logger
+	info Info
+
+	dev                         int32
+	ctx                         uintptr
+	stream                      uintptr
+	mod                         uintptr
+	fnCopy, fnUnshuffle, fnSwap uintptr
+
+	hIn, hOut hostBuf
+	dIn, dOut devBuf
+	dTemp     devBuf
+	args      hostBuf // kernel argument values and pointer arrays
+	broken    error   // a sticky device error: the context must be rebuilt
+	closed    bool
+	outAligns [numAlgos]int64
+}
+
+var _ codec.BatchDecoder = (*Decoder)(nil)
+
+type devBuf struct {
+	ptr  uintptr
+	size int64
+}
+
+type hostBuf struct {
+	p    unsafe.Pointer
+	size int64
+}
+
+func (h hostBuf) bytes() []byte { return unsafe.Slice((*byte)(h.p), h.size) }
+
+// New opens the GPU opts.Device: it retains its primary context, creates a
+// stream and loads the kernels. The error wraps ErrNoGPU and says why when
+// the machine has no driver, no device or no nvCOMP.
+func New(opts Options) (*Decoder, error) {
+	l := getLibs()
+	if l.err != nil {
+		return nil, l.err
+	}
+	if opts.Device < 0 || opts.Device >= int(l.devices) {
+		return nil, fmt.Errorf("%w: device %d requested, the driver sees %d", ErrNoGPU, opts.Device, l.devices)
+	}
+	if opts.MaxBatchBytes <= 0 {
+		opts.MaxBatchBytes = defaultMaxBatchBytes
+	}
+	if opts.CopyWorkers <= 0 {
+		opts.CopyWorkers = min(8, runtime.GOMAXPROCS(0))
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	d := &Decoder{libs: l, cu: l.cu, nv: l.nv, opts: opts, log: log, info: probe(l, opts.Device)}
+	for a := range numAlgos {
+		d.outAligns[a] = max(int64(l.nv.algos[a].align.Output), 1)
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := d.initContext(); err != nil {
+		d.teardown()
+		return nil, err
+	}
+	return d, nil
+}
+
+// Info describes the device and libraries the Decoder uses.
+func (d *Decoder) Info() Info { return d.info }
+
+// initContext makes the device ready: context, stream, kernels, argument
+// buffer. The caller holds the OS thread.
+func (d *Decoder) initContext() error {
+	cu := d.cu
+	if err := cu.check("cuDeviceGet", cu.cuDeviceGet(&d.dev, int32(d.opts.Device))); err != nil {
+		return err
+	}
+	if err := cu.check("cuDevicePrimaryCtxRetain", cu.cuDevicePrimaryCtxRetain(&d.ctx, d.dev)); err != nil {
+		return err
+	}
+	if err := cu.check("cuCtxSetCurrent", cu.cuCtxSetCurrent(d.ctx)); err != nil {
+		return err
+	}
+	const nonBlocking = 1 // CU_STREAM_NON_BLOCKING: no implicit sync with the legacy stream
+	if err := cu.check("cuStreamCreate", cu.cuStreamCreate(&d.stream, nonBlocking)); err != nil {
+		return err
+	}
+	ptx, err := loadPTX()
+	if err != nil {
+		return err
+	}
+	img := cStr(ptx)
+	if err := cu.check("cuModuleLoadData", cu.cuModuleLoadData(&d.mod, unsafe.Pointer(img))); err != nil {
+		return err
+	}
+	runtime.KeepAlive(img)
+	for _, f := range []struct {
+		p    *uintptr
+		name string
+	}{{&d.fnCopy, "scatter_copy"}, {&d.fnUnshuffle, "unshuffle"}, {&d.fnSwap, "byteswap"}} {
+		if err := cu.check("cuModuleGetFunction "+f.name, cu.cuModuleGetFunction(f.p, d.mod, cStr(f.name))); err != nil {
+			return err
+		}
+	}
+	return d.growHost(&d.args, 4096)
+}
+
+// teardown frees what initContext and the batches allocated. Errors are
+// ignored: after a sticky error every call fails, and the context reset
+// that follows frees everything anyway.
+func (d *Decoder) teardown() {
+	cu := d.cu
+	if d.ctx != 0 {
+		cu.cuCtxSetCurrent(d.ctx)
+	}
+	for _, b := range []*devBuf{&d.dIn, &d.dOut, &d.dTemp} {
+		if b.ptr != 0 {
+			cu.cuMemFree(b.ptr)
+		}
+		*b = devBuf{}
+	}
+	for _, b := range []*hostBuf{&d.hIn, &d.hOut, &d.args} {
+		if b.p != nil {
+			cu.cuMemFreeHost(b.p)
+		}
+		*b = hostBuf{}
+	}
+	if d.mod != 0 {
+		cu.cuModuleUnload(d.mod)
+		d.mod = 0
+	}
+	if d.stream != 0 {
+		cu.cuStreamDestroy(d.stream)
+		d.stream = 0
+	}
+	if d.ctx != 0 {
+		cu.cuDevicePrimaryCtxRelease(d.dev)
+		d.ctx = 0
+	}
+}
+
+// Close frees the device resources. The Decoder must not be used after.
+func (d *Decoder) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil
+	}
+	d.closed = true
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	d.teardown()
+	return nil
+}
+
+// recover rebuilds the context after a sticky error (an illegal address in
+// a kernel, say): such an error poisons the context for good, so the
+// primary context is reset, which frees everything in it, and made again.
+func (d *Decoder) recoverContext() error {
+	d.log.Warn("gpu: resetting the CUDA context after a device error", "device", d.opts.Device, "cause", d.broken)
+	d.teardown()
+	if r := d.cu.cuDevicePrimaryCtxReset(d.dev); r != cuSuccess {
+		return d.cu.check("cuDevicePrimaryCtxReset", r)
+	}
+	if err := d.initContext(); err != nil {
+		return err
+	}
+	d.broken = nil
+	return nil
+}
+
+// growth rounds allocations up so a slowly growing batch size does not
+// reallocate every time.
+func growth(need int64) int64 { return alignUp(need+need/4, 1<<20) }
+
+func (d *Decoder) growDev(b *devBuf, need int64) error {
+	if b.size >= need {
+		return nil
+	}
+	if b.ptr != 0 {
+		d.cu.cuMemFree(b.ptr)
+		*b = devBuf{}
+	}
+	size := growth(need)
+	var p uintptr
+	if err := d.cu.check("cuMemAlloc", d.cu.cuMemAlloc(&p, uint64(size))); err != nil {
+		return err
+	}
+	*b = devBuf{ptr: p, size: size}
+	return nil
+}
+
+func (d *Decoder) growHost(b *hostBuf, need int64) error {
+	if b.size >= need {
+		return nil
+	}
+	if b.p != nil {
+		d.cu.cuMemFreeHost(b.p)
+		*b = hostBuf{}
+	}
+	size := growth(need)
+	var p unsafe.Pointer
+	if err := d.cu.check("cuMemAllocHost", d.cu.cuMemAllocHost(&p, uint64(size))); err != nil {
+		return err
+	}
+	*b = hostBuf{p: p, size: size}
+	return nil
+}
+
+// DecodeBatch decodes jobs on the GPU; see codec.BatchDecoder. Jobs the GPU
+// path cannot take (blosc with blosclz, a zlib preset dictionary, empty
+// chunks, a chunk larger than MaxBatchBytes) get an Err wrapping
+// codec.ErrUnsupported; chunks nvCOMP rejects, or that decode to the wrong
+// size or checksum, get one wrapping codec.ErrCorrupt.
+func (d *Decoder) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
+	return d.DecodeBatchSwap(ctx, jobs, 0)
+}
+
+// DecodeBatchSwap is DecodeBatch followed, on the GPU, by reversing the
+// bytes of every elemSize-byte element of every decoded chunk: the byte
+// swap of big-endian arrays. elemSize 0 or 1 swaps nothing; a chunk whose
+// length is not a multiple of elemSize fails with codec.ErrUnsupported.
+func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSize int) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	preps := make([]prepared, len(jobs))
+	var ok []int
+	for i := range jobs {
+		jobs[i].Err = nil
+		preps[i] = prepare(&jobs[i])
+		if preps[i].err == nil && elemSize > 1 && len(jobs[i].Dst)%elemSize != 0 {
+			preps[i].err = fmt.Errorf("gpu: %d-byte chunk is not a whole number of %d-byte elements: %w",
+				len(jobs[i].Dst), elemSize, codec.ErrUnsupported)
+		}
+		if preps[i].err == nil && preps[i].cost(int64(len(jobs[i].Dst))) > d.opts.MaxBatchBytes {
+			preps[i].err = fmt.Errorf("gpu: %d-byte chunk exceeds the batch memory bound of %d bytes: %w",
+				len(jobs[i].Dst), d.opts.MaxBatchBytes, codec.ErrUnsupported)
+		}
+		if preps[i].err != nil {
+			jobs[i].Err = preps[i].err
+			continue
+		}
+		ok = append(ok, i)
+	}
+	if len(ok) == 0 {
+		return nil
+	}
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return errors.New("gpu: decoder is closed")
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if d.broken != nil {
+		if err := d.recoverContext(); err != nil {
+			d.broken = err
+			return d.failAll(jobs, ok, fmt.Errorf("gpu: device unusable: %w", err))
+		}
+	}
+	if err := d.cu.check("cuCtxSetCurrent", d.cu.cuCtxSetCurrent(d.ctx)); err != nil {
+		return d.failAll(jobs, ok, err)
+	}
+
+	// Split into rounds bounded in memory and job count.
+	start := 0
+	var cost int64
+	for i := 0; i <= len(ok); i++ {
+		if i < len(ok) {
+			c := preps[ok[i]].cost(int64(len(jobs[ok[i]].Dst)))
+			if i == start || (cost+c <= d.opts.MaxBatchBytes && i-start < maxJobsPerRound) {
+				cost += c
+				continue
+			}
+		}
+		if err := ctx.Err(); err != nil {
+			return d.failAll(jobs, ok[start:], err)
+		}
+		if err := d.round(jobs, preps, ok[start:i], elemSize); err != nil {
+			return d.failAll(jobs, ok[start:], err)
+		}
+		if i < len(ok) {
+			start, cost = i, preps[ok[i]].cost(int64(len(jobs[ok[i]].Dst)))
+		}
+	}
+	return nil
+}
+
+// failAll marks the jobs not yet decoded as failed by err, wrapped as
+// ErrUnsupported so that a caller retries them on the CPU, and returns err.
+func (d *Decoder) failAll(jobs []codec.Job, idx []int, err error) error {
+	for _, i := range idx {
+		if jobs[i].Err == nil {
+			jobs[i].Err = fmt.Errorf("gpu: batch not decoded: %w: %w", codec.ErrUnsupported, err)
+		}
+	}
+	return err
+}
+
+// round decodes one bounded sub-batch: pack, one host-to-device copy, one
+// nvCOMP call per algorithm, the kernels, one device-to-host copy, checks.
+func (d *Decoder) round(jobs []codec.Job, preps []prepared, idx []int, elemSize int) error {
+	t0 := time.Now()
+	cu := d.cu
+	l := layoutBatch(jobs, preps, idx, d.outAligns)
+	var tempNeed int64
+	for a := range numAlgos {
+		if len(l.segs[a]) == 0 {
+			continue
+		}
+		alg := &d.nv.algos[a]
+		var tb uint64
+		if st := alg.getTmp(uint64(len(l.segs[a])), uint64(l.maxPiece[a]), alg.opts, &tb, uint64(l.totPiece[a]), d.stream); st != nvSuccess {
+			return fmt.Errorf("gpu: nvcompBatched%sDecompressGetTempSize: %v", algoSymbols[a], st)
+		}
+		tempNeed = max(tempNeed, int64(tb))
+	}
+	for _, g := range []error{
+		d.growHost(&d.hIn, l.inSize),
+		d.growDev(&d.dIn, l.inSize),
+		d.growDev(&d.dOut, l.outSize),
+		d.growHost(&d.hOut, l.d2h),
+		d.growDev(&d.dTemp, max(tempNeed, 1)),
+	} {
+		if g != nil {
+			return g
+		}
+	}
+	hin := d.hIn.bytes()
+	inBase, outBase := uint64(d.dIn.ptr), uint64(d.dOut.ptr)
+
+	// Pack the compressed bytes, in parallel: this memcpy is the host's
+	// main cost for a batch.
+	type cp struct {
+		dst []byte
+		src []byte
+	}
+	var packs []cp
+	for a := range numAlgos {
+		for _, s := range l.segs[a] {
+			packs = append(packs, cp{hin[s.inOff : s.inOff+int64(len(s.src))], s.src})
+		}
+	}
+	for _, s := range l.raws {
+		packs = append(packs, cp{hin[s.inOff : s.inOff+int64(len(s.src))], s.src})
+	}
+	d.parallel(len(packs), func(i int) { copy(packs[i].dst, packs[i].src) })
+
+	le := binary.LittleEndian
+	for a := range numAlgos {
+		segs := l.segs[a]
+		n := int64(len(segs))
+		o := l.arrOff[a]
+		for i, s := range segs {
+			le.PutUint64(hin[o+8*int64(i):], inBase+uint64(s.inOff))
+			le.PutUint64(hin[o+8*(n+int64(i)):], uint64(len(s.src)))
+			le.PutUint64(hin[o+8*(2*n+int64(i)):], uint64(s.n))
+			le.PutUint64(hin[o+8*(3*n+int64(i)):], outBase+uint64(s.outOff))
+		}
+	}
+	for i, c := range l.copies {
+		src := outBase + uint64(c.src)
+		if c.fromInput {
+			src = inBase + uint64(c.src)
+		}
+		o := l.copyOff + int64(i*copyDescSize)
+		le.PutUint64(hin[o:], src)
+		le.PutUint64(hin[o+8:], outBase+uint64(c.dst))
+		le.PutUint64(hin[o+16:], uint64(c.n))
+	}
+	for i, s := range l.shuffles {
+		o := l.shufOff + int64(i*shuffleDescSize)
+		le.PutUint64(hin[o:], outBase+s.Src)
+		le.PutUint64(hin[o+8:], outBase+s.Dst)
+		le.PutUint64(hin[o+16:], s.NBytes)
+		le.PutUint32(hin[o+24:], s.BlockSize)
+		le.PutUint32(hin[o+28:], s.TypeSize)
+		le.PutUint32(hin[o+32:], s.Mode)
+		le.PutUint32(hin[o+36:], s.BitRound)
+	}
+	tPack := time.Since(t0)
+
+	if err := cu.check("cuMemcpyHtoDAsync", cu.cuMemcpyHtoDAsync(d.dIn.ptr, d.hIn.p, uint64(l.inSize), d.stream)); err != nil {
+		return d.deviceFailed(err)
+	}
+	// One nvCOMP call per algorithm present. A launch failure fails that
+	// algorithm's jobs only.
+	launchErr := make(map[int]error)
+	var segBase int64
+	for a := range numAlgos {
+		segs := l.segs[a]
+		if len(segs) == 0 {
+			continue
+		}
+		alg := &d.nv.algos[a]
+		n := int64(len(segs))
+		arr := inBase + uint64(l.arrOff[a])
+		st := alg.decomp(uintptr(arr), uintptr(arr+uint64(8*n)), uintptr(arr+uint64(16*n)),
+			uintptr(outBase+uint64(l.actualOff+8*segBase)), uint64(n),
+			d.dTemp.ptr, uint64(d.dTemp.size),
+			uintptr(arr+uint64(24*n)), alg.opts,
+			uintptr(outBase+uint64(l.statusOff+4*segBase)), d.stream)
+		if st != nvSuccess {
+			err := fmt.Errorf("gpu: nvcompBatched%sDecompressAsync: %v", algoSymbols[a], st)
+			for _, s := range segs {
+				launchErr[s.job] = err
+			}
+		}
+		segBase += n
+	}
+	if len(l.copies) > 0 {
+		if err := d.launch(d.fnCopy, uint32(min(len(l.copies), 65535)), 1, 256,
+			inBase+uint64(l.copyOff), uint64(len(l.copies))); err != nil {
+			return d.deviceFailed(err)
+		}
+	}
+	if len(l.shuffles) > 0 {
+		var most uint64
+		for _, s := range l.shuffles {
+			most = max(most, s.NBytes)
+		}
+		gx := uint32(min((most/uint64(8)+255)/256+1, 2048))
+		if err := d.launch(d.fnUnshuffle, gx, uint32(len(l.shuffles)), 256, inBase+uint64(l.shufOff)); err != nil {
+			return d.deviceFailed(err)
+		}
+	}
+	if elemSize > 1 && l.finalEnd > 0 {
+		nelem := uint64(l.finalEnd) / uint64(elemSize)
+		gx := uint32(min((nelem+255)/256, 8192))
+		if err := d.launchSwap(gx, outBase, nelem, uint32(elemSize)); err != nil {
+			return d.deviceFailed(err)
+		}
+	}
+	if err := cu.check("cuMemcpyDtoHAsync", cu.cuMemcpyDtoHAsync(d.hOut.p, d.dOut.ptr, uint64(l.d2h), d.stream)); err != nil {
+		return d.deviceFailed(err)
+	}
+	if err := cu.check("cuStreamSynchronize", cu.cuStreamSynchronize(d.stream)); err != nil {
+		return d.deviceFailed(err)
+	}
+	tGPU := time.Since(t0) - tPack
+
+	// Per-segment results: nvCOMP status and the decoded size.
+	hout := d.hOut.bytes()
+	jobErr := make([]error, len(idx))
+	for k := range idx {
+		if e := launchErr[k]; e != nil {
+			jobErr[k] = fmt.Errorf("%w: %w", codec.ErrUnsupported, e)
+		}
+	}
+	segBase = 0
+	for a := range numAlgos {
+		for i, s := range l.segs[a] {
+			g := segBase + int64(i)
+			if jobErr[s.job] != nil {
+				continue
+			}
+			st := nvStatus(int32(le.Uint32(hout[l.statusOff+4*g:])))
+			got := int64(le.Uint64(hout[l.actualOff+8*g:]))
+			switch {
+			case st != nvSuccess:
+				jobErr[s.job] = fmt.Errorf("nvCOMP %s: %v: %w", algoSymbols[a], st, codec.ErrCorrupt)
+			case got != s.n:
+				jobErr[s.job] = fmt.Errorf("nvCOMP %s: decoded %d bytes, expected %d: %w", algoSymbols[a], got, s.n, codec.ErrCorrupt)
+			}
+		}
+		segBase += int64(len(l.segs[a]))
+	}
+	d.parallel(len(idx), func(k int) {
+		j := &jobs[idx[k]]
+		if jobErr[k] != nil {
+			j.Err = fmt.Errorf("gpu: %s chunk: %w", j.Codec, jobErr[k])
+			return
+		}
+		out := hout[l.finalOff[k] : l.finalOff[k]+int64(len(j.Dst))]
+		p := &preps[idx[k]]
+		if !d.opts.SkipChecksums && elemSize <= 1 {
+			if err := verify(p.check, p.want, out); err != nil {
+				j.Err = fmt.Errorf("gpu: %s chunk: %w", j.Codec, err)
+				return
+			}
+		}
+		copy(j.Dst, out)
+		if !d.opts.SkipChecksums && elemSize > 1 && p.check != checkNone {
+			// The checksum covers the bytes before swapping; swap back a
+			// copy? Cheaper: check the swapped-back value on the fly.
+			if err := verifySwapped(p.check, p.want, j.Dst, elemSize); err != nil {
+				j.Err = fmt.Errorf("gpu: %s chunk: %w", j.Codec, err)
+			}
+		}
+	})
+	var in, outBytes int64
+	for _, k := range idx {
+		in += int64(len(jobs[k].Src))
+		outBytes += int64(len(jobs[k].Dst))
+	}
+	d.log.Debug("gpu batch", "chunks", len(idx), "in", in, "out", outBytes,
+		"pack", tPack, "gpu", tGPU, "total", time.Since(t0))
+	return nil
+}
+
+// deviceFailed records a sticky error so the next batch rebuilds the context.
+func (d *Decoder) deviceFailed(err error) error {
+	var ce *CUDAError
+	if errors.As(err, &ce) && ce.Sticky() {
+		d.broken = err
+		d.log.Warn("gpu: device error; the context will be reset", "err", err)
+	}
+	return err
+}
+
+// launch starts kernel f with grid (gx, gy) of bx threads, its parameters
+// being one device pointer and, optionally, one uint32 count.
+func (d *Decoder) launch(f uintptr, gx, gy, bx uint32, ptr uint64, count ...uint64) error {
+	// Argument values and the pointer array live in pinned host memory (C
+	// memory), so no Go pointer is handed to the driver.
+	a := d.args.bytes()
+	base := uintptr(d.args.p)
+	binary.LittleEndian.PutUint64(a[0:], ptr)
+	binary.LittleEndian.PutUint64(a[64:], uint64(base))
+	if len(count) > 0 {
+		binary.LittleEndian.PutUint32(a[8:], uint32(count[0]))
+		binary.LittleEndian.PutUint64(a[72:], uint64(base+8))
+	}
+	return d.cu.check("cuLaunchKernel", d.cu.cuLaunchKernel(f, gx, gy, 1, bx, 1, 1, 0, d.stream,
+		unsafe.Add(d.args.p, 64), nil))
+}
+
+func (d *Decoder) launchSwap(gx uint32, ptr, nelem uint64, size uint32) error {
+	a := d.args.bytes()
+	base := uint64(uintptr(d.args.p))
+	binary.LittleEndian.PutUint64(a[0:], ptr)
+	binary.LittleEndian.PutUint64(a[8:], nelem)
+	binary.LittleEndian.PutUint32(a[16:], size)
+	binary.LittleEndian.PutUint64(a[64:], base)
+	binary.LittleEndian.PutUint64(a[72:], base+8)
+	binary.LittleEndian.PutUint64(a[80:], base+16)
+	return d.cu.check("cuLaunchKernel byteswap", d.cu.cuLaunchKernel(d.fnSwap, gx, 1, 1, 256, 1, 1, 0, d.stream,
+		unsafe.Add(d.args.p, 64), nil))
+}
+
+// parallel runs f(0..n-1) on the copy workers.
+func (d *Decoder) parallel(n int, f func(i int)) {
+	w := min(d.opts.CopyWorkers, n)
+	if w <= 1 {
+		for i := range n {
+			f(i)
+		}
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range w {
+		wg.Go(func() {
+			for {
+				i := next.Add(1) - 1
+				if int(i) >= n {
+					return
+				}
+				f(int(i))
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func verify(kind checkKind, want uint32, b []byte) error {
+	var got uint32
+	switch kind {
+	case checkNone:
+		return nil
+	case checkCRC32:
+		got = crc32.ChecksumIEEE(b)
+	case checkAdler32:
+		got = adler32.Checksum(b)
+	}
+	if got != want {
+		return fmt.Errorf("checksum %08x, trailer says %08x: %w", got, want, codec.ErrCorrupt)
+	}
+	return nil
+}
+
+// verifySwapped checks a checksum over b as it was before its elements were
+// byte swapped.
+func verifySwapped(kind checkKind, want uint32, b []byte, size int) error {
+	tmp := make([]byte, len(b))
+	for i := 0; i+size <= len(b); i += size {
+		for k := range size {
+			tmp[i+k] = b[i+size-1-k]
+		}
+	}
+	return verify(kind, want, tmp)
+}

@@ -1,0 +1,39 @@
+// Package gpu decodes batches of Zarr chunks on an NVIDIA GPU with nvCOMP,
+// loaded at run time so that one statically linked binary serves CPU and GPU
+// nodes alike.
+//
+// The one idea: a batch of compressed chunks crosses to the GPU once and
+// comes back once. DecodeBatch parses each chunk's framing on the CPU
+// (numcodecs LZ4 size header, gzip and zlib wrappers, blosc frames),
+// packs every compressed piece into one pinned host buffer, copies it to
+// the device in one transfer, decodes with one batched nvCOMP call per
+// algorithm (zstd, LZ4, deflate, snappy), undoes blosc's byte and bit
+// shuffles and, on request, big-endian byte order with our own kernels, and
+// copies every decoded chunk back in one transfer through pinned staging.
+// Device and pinned buffers are kept and grown between batches, within
+// Options.MaxBatchBytes.
+//
+// The CUDA driver (libcuda.so.1) and nvCOMP (libnvcomp.so, found through
+// ZARRFS_NVCOMP_LIB, the loader path or a Python site-packages folder
+// holding the nvidia-libnvcomp wheel) are bound with purego: no cgo. Probe
+// reports what was found, or why nothing was; New fails with an error
+// wrapping ErrNoGPU on a machine without them. The kernels are PTX
+// (kernels/kernels.cu, compiled with nvcc and checked in) embedded in the
+// binary and loaded with cuModuleLoadData.
+//
+// Errors are per job, as codec.BatchDecoder wants: a chunk the GPU path does
+// not decode (blosc with blosclz, empty chunks, chunks beyond the memory
+// bound) gets an Err wrapping codec.ErrUnsupported, so the caller decodes it
+// on the CPU; a chunk nvCOMP rejects, that decodes to a size other than
+// len(Dst), or whose gzip CRC-32 or zlib Adler-32 trailer does not match,
+// gets one wrapping codec.ErrCorrupt while the rest of the batch succeeds.
+// A device fault that poisons the CUDA context fails the batch (every job
+// wrapping ErrUnsupported too, so the CPU can retry) and the next batch
+// resets and rebuilds the context.
+//
+// Concurrency: a Decoder is safe for concurrent use. It owns one CUDA
+// stream and one set of buffers, so batches from concurrent callers are
+// decoded one after another under a mutex; the CPU work of a batch (framing,
+// packing, copying out) already uses Options.CopyWorkers goroutines. Use one
+// Decoder per GPU.
+package gpu

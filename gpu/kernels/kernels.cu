@@ -1,0 +1,170 @@
+// Kernels the GPU decoder runs after nvCOMP: blosc unshuffle and
+// bitunshuffle, scattered copies for blosc's stored (raw) and misaligned
+// streams, and byte swapping for big-endian data.
+//
+// Plain C kernels with extern "C" names so the driver API finds them by name.
+// They use nothing newer than sm_75, the oldest target CUDA 13 compiles for.
+// Regenerate kernels.ptx (checked in, embedded with go:embed) on a machine
+// with the CUDA 13 toolkit, from the repository root:
+//
+//   nvcc -ptx -arch=sm_75 -O3 -o gpu/kernels/kernels.ptx gpu/kernels/kernels.cu
+//
+// The descriptors mirror the Go structs in gpu/kernels.go field for field.
+
+typedef unsigned long long u64;
+typedef unsigned int u32;
+typedef unsigned char u8;
+
+struct CopyDesc {
+    u64 src;
+    u64 dst;
+    u64 len;
+};
+
+// One thread block per descriptor (grid-strided), threads striding over its
+// bytes. Raw blosc streams are rare and small, so plain byte copies suffice.
+extern "C" __global__ void scatter_copy(const CopyDesc* __restrict__ descs, u32 n)
+{
+    for (u32 d = blockIdx.x; d < n; d += gridDim.x) {
+        const u8* src = (const u8*)descs[d].src;
+        u8* dst = (u8*)descs[d].dst;
+        u64 len = descs[d].len;
+        for (u64 i = threadIdx.x; i < len; i += blockDim.x) {
+            dst[i] = src[i];
+        }
+    }
+}
+
+// ShuffleDesc describes one blosc chunk to unshuffle from src (the
+// concatenated decompressed blocks, still shuffled) into dst.
+struct ShuffleDesc {
+    u64 src;
+    u64 dst;
+    u64 nbytes;    // decoded size of the whole chunk
+    u32 blocksize; // blosc block size; a multiple of typesize
+    u32 typesize;
+    u32 mode;      // 1 byte shuffle, 2 bit shuffle
+    u32 bitround;  // bit shuffle: 1 = round the element count down to a multiple of 8 (frame version >= 3), 0 = copy blocks whose count is not a multiple of 8
+};
+
+// Geometry of block b: where it starts, its size, the number of elements
+// transposed, and the number of work units (transposition units followed by
+// one unit per leftover byte copied as is).
+__device__ __forceinline__ void block_geom(const ShuffleDesc& d, u64 b, u64* start, u64* bsize, u64* nelem, u64* units)
+{
+    *start = b * (u64)d.blocksize;
+    u64 rest = d.nbytes - *start;
+    *bsize = rest < d.blocksize ? rest : d.blocksize;
+    u64 n = *bsize / d.typesize;
+    u64 tunits;
+    if (d.mode == 1) {
+        tunits = n; // one unit per element: gathers typesize bytes
+    } else {
+        if (d.bitround) {
+            n -= n % 8;
+        } else if (n % 8 != 0) {
+            n = 0;
+        }
+        tunits = (n / 8) * d.typesize; // one unit per (8 elements, byte lane)
+    }
+    *nelem = n;
+    *units = tunits + (*bsize - n * d.typesize);
+}
+
+// unshuffle: blockIdx.y selects the chunk; threads grid-stride over the work
+// units of all its blocks. Byte shuffle stores byte j of element i of a block
+// at j*n + i; bit shuffle stores bit k of byte j of element i as bit (i%8) of
+// byte ((j*8+k)*n + i)/8 of the block (rows of n bits, least significant bit
+// first), which is the layout of the bitshuffle library blosc embeds.
+extern "C" __global__ void unshuffle(const ShuffleDesc* __restrict__ descs)
+{
+    const ShuffleDesc d = descs[blockIdx.y];
+    if (d.nbytes == 0 || d.blocksize == 0 || d.typesize == 0) {
+        return;
+    }
+    u64 nblocks = (d.nbytes + d.blocksize - 1) / d.blocksize;
+    u64 fstart, fbsize, fn, funits;
+    block_geom(d, 0, &fstart, &fbsize, &fn, &funits);
+    u64 lstart, lbsize, ln, lunits;
+    block_geom(d, nblocks - 1, &lstart, &lbsize, &ln, &lunits);
+    u64 total = (nblocks - 1) * funits + lunits;
+    const u8* __restrict__ src = (const u8*)d.src;
+    u8* __restrict__ dst = (u8*)d.dst;
+    const u32 T = d.typesize;
+
+    for (u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x; u < total; u += (u64)gridDim.x * blockDim.x) {
+        u64 b, r, start, bsize, n, units;
+        if (u < (nblocks - 1) * funits) {
+            b = u / funits;
+            r = u - b * funits;
+            start = b * (u64)d.blocksize;
+            bsize = fbsize;
+            n = fn;
+            units = funits;
+        } else {
+            r = u - (nblocks - 1) * funits;
+            start = lstart;
+            bsize = lbsize;
+            n = ln;
+            units = lunits;
+        }
+        u64 tunits = units - (bsize - n * T);
+        const u8* s = src + start;
+        u8* o = dst + start;
+        if (r >= tunits) {
+            u64 off = n * T + (r - tunits);
+            o[off] = s[off];
+            continue;
+        }
+        if (d.mode == 1) {
+            u64 i = r;
+            for (u32 j = 0; j < T; j++) {
+                o[i * T + j] = s[(u64)j * n + i];
+            }
+        } else {
+            u64 rowbytes = n / 8;
+            u64 j = r / rowbytes;
+            u64 g = r - j * rowbytes;
+            // Gather the 8 bit-rows of byte lane j at column byte g: row k
+            // holds bit k of byte j of elements g*8 .. g*8+7.
+            u64 rows = 0;
+            for (u32 k = 0; k < 8; k++) {
+                rows |= (u64)s[(j * 8 + k) * rowbytes + g] << (8 * k);
+            }
+            for (u32 e = 0; e < 8; e++) {
+                u32 v = 0;
+                for (u32 k = 0; k < 8; k++) {
+                    v |= (u32)((rows >> (8 * k + e)) & 1) << k;
+                }
+                o[(g * 8 + e) * T + j] = (u8)v;
+            }
+        }
+    }
+}
+
+// byteswap reverses the bytes of every size-byte element in [p, p+nelem*size).
+extern "C" __global__ void byteswap(u8* p, u64 nelem, u32 size)
+{
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < nelem; i += (u64)gridDim.x * blockDim.x) {
+        u8* e = p + i * size;
+        if (size == 2) {
+            unsigned short* q = (unsigned short*)e;
+            unsigned short x = *q;
+            *q = (unsigned short)((x >> 8) | (x << 8));
+        } else if (size == 4) {
+            u32* q = (u32*)e;
+            *q = __byte_perm(*q, 0, 0x0123);
+        } else if (size == 8) {
+            u64* q = (u64*)e;
+            u64 x = *q;
+            u32 lo = (u32)x, hi = (u32)(x >> 32);
+            *q = ((u64)__byte_perm(lo, 0, 0x0123) << 32) | (u64)__byte_perm(hi, 0, 0x0123);
+        } else {
+            for (u32 a = 0, z = size - 1; a < z; a++, z--) {
+                u8 t = e[a];
+                e[a] = e[z];
+                e[z] = t;
+            }
+        }
+    }
+}

@@ -1,0 +1,323 @@
+package gpu
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/zarrfs/zarrfs/zarr/codec"
+)
+
+// This file is the CPU half of a batch: it reads each chunk's framing
+// (numcodecs LZ4 header, gzip and zlib wrappers, blosc frames) and turns
+// the chunk into pieces nvCOMP decodes, and lays a batch out in the input
+// and output buffers. It touches no device, so it is tested without a GPU.
+
+// piece is one part of a chunk's decoded bytes: either an nvCOMP input
+// (algo >= 0) or bytes stored raw (algo == rawPiece) copied by a kernel.
+type piece struct {
+	algo int
+	src  []byte
+	off  int64 // where the decoded bytes go, from the start of the chunk's target
+	n    int64 // decoded length
+}
+
+const rawPiece = -1
+
+type checkKind uint8
+
+const (
+	checkNone    checkKind = iota
+	checkCRC32             // gzip: CRC-32 (IEEE) of the decoded bytes
+	checkAdler32           // zlib: Adler-32 of the decoded bytes
+)
+
+// prepared is one job after its framing has been read.
+type prepared struct {
+	pieces []piece
+	// shuffle, when set, means the pieces decode into a scratch area that
+	// the unshuffle kernel then turns into the chunk's bytes.
+	shuffle *shuffleDesc
+	check   checkKind
+	want    uint32
+	err     error
+}
+
+// prepare reads one job's framing. Errors wrap codec.ErrCorrupt for
+// malformed framing and codec.ErrUnsupported for what the GPU path does not
+// decode (the CPU then takes the job).
+func prepare(j *codec.Job) prepared {
+	n := int64(len(j.Dst))
+	if n == 0 {
+		// nvCOMP rejects empty chunks; the CPU handles them trivially.
+		return prepared{err: fmt.Errorf("gpu: %s chunk decoding to 0 bytes: %w", j.Codec, codec.ErrUnsupported)}
+	}
+	switch j.Codec {
+	case codec.Zstd:
+		if len(j.Src) < 4 {
+			return corrupt(j, "%d bytes is too short for a zstd frame", len(j.Src))
+		}
+		return prepared{pieces: []piece{{algo: algoZstd, src: j.Src, n: n}}}
+	case codec.LZ4:
+		// numcodecs framing: decoded size (uint32 LE), then one raw block.
+		if len(j.Src) < 4 {
+			return corrupt(j, "%d bytes is too short for the LZ4 size header", len(j.Src))
+		}
+		if got := int64(binary.LittleEndian.Uint32(j.Src)); got != n {
+			return corrupt(j, "LZ4 header says %d decoded bytes, expected %d", got, n)
+		}
+		return prepared{pieces: []piece{{algo: algoLZ4, src: j.Src[4:], n: n}}}
+	case codec.Gzip:
+		body, crc, size, err := gzipBody(j.Src)
+		if err != nil {
+			return corrupt(j, "%v", err)
+		}
+		if int64(size) != n&0xffffffff {
+			return corrupt(j, "gzip trailer says %d decoded bytes, expected %d", size, n)
+		}
+		return prepared{pieces: []piece{{algo: algoDeflate, src: body, n: n}}, check: checkCRC32, want: crc}
+	case codec.Zlib:
+		body, adler, err := zlibBody(j.Src)
+		if err != nil {
+			if err == errZlibDict {
+				return prepared{err: fmt.Errorf("gpu: zlib chunk: %v: %w", err, codec.ErrUnsupported)}
+			}
+			return corrupt(j, "%v", err)
+		}
+		return prepared{pieces: []piece{{algo: algoDeflate, src: body, n: n}}, check: checkAdler32, want: adler}
+	case codec.Blosc:
+		return prepareBlosc(j)
+	}
+	return prepared{err: fmt.Errorf("gpu: codec %q: %w", j.Codec, codec.ErrUnsupported)}
+}
+
+func corrupt(j *codec.Job, format string, args ...any) prepared {
+	return prepared{err: fmt.Errorf("gpu: %s chunk: %s: %w", j.Codec, fmt.Sprintf(format, args...), codec.ErrCorrupt)}
+}
+
+// gzipBody returns the raw deflate stream of a single-member gzip file
+// (RFC 1952) with its trailer's CRC-32 and size.
+func gzipBody(src []byte) (body []byte, crc, size uint32, err error) {
+	const (
+		fhcrc    = 1 << 1
+		fextra   = 1 << 2
+		fname    = 1 << 3
+		fcomment = 1 << 4
+	)
+	if len(src) < 18 {
+		return nil, 0, 0, fmt.Errorf("%d bytes is too short for gzip", len(src))
+	}
+	if src[0] != 0x1f || src[1] != 0x8b || src[2] != 8 {
+		return nil, 0, 0, fmt.Errorf("not a gzip deflate stream (header % x)", src[:3])
+	}
+	flg := src[3]
+	p := 10
+	end := len(src) - 8
+	if flg&fextra != 0 {
+		if p+2 > end {
+			return nil, 0, 0, fmt.Errorf("gzip extra field truncated")
+		}
+		p += 2 + int(binary.LittleEndian.Uint16(src[p:]))
+	}
+	for _, f := range []byte{fname, fcomment} {
+		if flg&f == 0 {
+			continue
+		}
+		for p < end && src[p] != 0 {
+			p++
+		}
+		p++ // the terminating NUL
+	}
+	if flg&fhcrc != 0 {
+		p += 2
+	}
+	if p >= end {
+		return nil, 0, 0, fmt.Errorf("gzip header runs into the trailer")
+	}
+	return src[p:end], binary.LittleEndian.Uint32(src[end:]), binary.LittleEndian.Uint32(src[end+4:]), nil
+}
+
+var errZlibDict = fmt.Errorf("zlib preset dictionary")
+
+// zlibBody returns the raw deflate stream of a zlib stream (RFC 1950) and
+// its Adler-32 trailer.
+func zlibBody(src []byte) (body []byte, adler uint32, err error) {
+	if len(src) < 7 {
+		return nil, 0, fmt.Errorf("%d bytes is too short for zlib", len(src))
+	}
+	cmf, flg := src[0], src[1]
+	if cmf&0x0f != 8 || cmf>>4 > 7 || (uint16(cmf)<<8|uint16(flg))%31 != 0 {
+		return nil, 0, fmt.Errorf("bad zlib header % x", src[:2])
+	}
+	if flg&0x20 != 0 {
+		return nil, 0, errZlibDict
+	}
+	return src[2 : len(src)-4], binary.BigEndian.Uint32(src[len(src)-4:]), nil
+}
+
+// Alignment of the slots the layout hands out. 256 bytes is cudaMalloc's own
+// alignment; every nvCOMP algorithm needs at most 8 and our kernels 8.
+const (
+	inAlign  = 16
+	outAlign = 256
+)
+
+func alignUp(x, a int64) int64 { return (x + a - 1) / a * a }
+
+// segRef is one nvCOMP input placed in the buffers.
+type segRef struct {
+	job    int // index into the batch's jobs
+	src    []byte
+	inOff  int64 // offset of the compressed bytes in the input buffer
+	outOff int64 // offset where nvCOMP writes, in the output buffer
+	n      int64
+}
+
+// copyRef is one scattered copy: from the input buffer (raw blosc streams)
+// or from the output buffer (streams decoded into an aligned scratch slot).
+type copyRef struct {
+	fromInput   bool
+	src, dst, n int64
+}
+
+// layout is one sub-batch placed in the input and output buffers. Offsets
+// become device addresses once the buffers exist (fill).
+type layout struct {
+	jobs     []int   // indices of the jobs in this sub-batch
+	finalOff []int64 // per entry of jobs: offset of its decoded bytes in the output buffer
+
+	segs     [numAlgos][]segRef
+	raws     []segRef // raw pieces: packed like inputs, copied by scatter_copy
+	copies   []copyRef
+	shuffles []shuffleDesc // Src, Dst are offsets into the output buffer here
+	// largest decoded piece and the total per algorithm, for GetTempSize
+	maxPiece, totPiece [numAlgos]int64
+
+	arrOff  [numAlgos]int64 // per algorithm: 4 arrays of len(segs) uint64s
+	copyOff int64           // copy descriptors
+	shufOff int64           // shuffle descriptors
+	inSize  int64
+
+	finalEnd  int64 // end of the decoded chunks (byte swapping covers [0, finalEnd))
+	actualOff int64 // nvCOMP's decoded sizes, one uint64 per segment, algorithms in order
+	statusOff int64 // nvCOMP's statuses, one int32 per segment
+	d2h       int64 // bytes copied back: chunks, sizes and statuses
+	outSize   int64 // with scratch
+	nsegs     int
+}
+
+// cost estimates the buffer bytes a prepared job needs, to split batches.
+func (p *prepared) cost(n int64) int64 {
+	c := alignUp(n, outAlign)
+	if p.shuffle != nil {
+		c *= 2
+	}
+	for _, pc := range p.pieces {
+		c += alignUp(int64(len(pc.src)), inAlign) + 64
+	}
+	return c
+}
+
+// layoutBatch places the jobs idx (all prepared without error) in the
+// buffers. outAligns gives, per algorithm, the output alignment nvCOMP needs.
+//
+// Input buffer: compressed pieces (16-byte aligned), then per algorithm the
+// four arrays nvCOMP reads (input pointers, input sizes, output capacities,
+// output pointers), then copy and shuffle descriptors. Output buffer: the
+// decoded chunks (256-byte aligned), nvCOMP's sizes and statuses (these
+// two regions come back to the host in one copy), then scratch.
+func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns [numAlgos]int64) *layout {
+	l := &layout{jobs: idx, finalOff: make([]int64, len(idx))}
+	var out int64
+	for k, ji := range idx {
+		out = alignUp(out, outAlign)
+		l.finalOff[k] = out
+		out += int64(len(jobs[ji].Dst))
+	}
+	l.finalEnd = out
+
+	var in int64
+	inOff := make([][]int64, len(idx))
+	for k, ji := range idx {
+		p := &preps[ji]
+		inOff[k] = make([]int64, len(p.pieces))
+		for i, pc := range p.pieces {
+			in = alignUp(in, inAlign)
+			inOff[k][i] = in
+			in += int64(len(pc.src))
+			if pc.algo == rawPiece {
+				l.raws = append(l.raws, segRef{job: k, src: pc.src, inOff: inOff[k][i], n: pc.n})
+			} else {
+				l.nsegs++
+			}
+		}
+	}
+	in = alignUp(in, 8)
+	// Segments are numbered per algorithm; count first to place the arrays.
+	var nAlgo [numAlgos]int
+	for _, ji := range idx {
+		for _, pc := range preps[ji].pieces {
+			if pc.algo != rawPiece {
+				nAlgo[pc.algo]++
+			}
+		}
+	}
+	for a := range numAlgos {
+		l.arrOff[a] = in
+		in += 4 * 8 * int64(nAlgo[a])
+	}
+	l.copyOff = in
+	in += int64(copyDescSize) * int64(len(l.raws)+l.nsegs) // worst case: every piece copied
+	in = alignUp(in, 8)
+	l.shufOff = in
+	var nshuf int
+	for _, ji := range idx {
+		if preps[ji].shuffle != nil {
+			nshuf++
+		}
+	}
+	in += int64(shuffleDescSize) * int64(nshuf)
+	l.inSize = in
+
+	out = alignUp(out, 8)
+	l.actualOff = out
+	out += 8 * int64(l.nsegs)
+	l.statusOff = out
+	out += 4 * int64(l.nsegs)
+	l.d2h = out
+	reserve := func(n int64) int64 {
+		out = alignUp(out, outAlign)
+		at := out
+		out += n
+		return at
+	}
+	for k, ji := range idx {
+		p := &preps[ji]
+		base := l.finalOff[k]
+		if p.shuffle != nil {
+			sd := *p.shuffle
+			base = reserve(int64(len(jobs[ji].Dst)))
+			sd.Src, sd.Dst = uint64(base), uint64(l.finalOff[k])
+			l.shuffles = append(l.shuffles, sd)
+		}
+		for i, pc := range p.pieces {
+			dst := base + pc.off
+			if pc.algo == rawPiece {
+				l.copies = append(l.copies, copyRef{fromInput: true, src: inOff[k][i], dst: dst, n: pc.n})
+				continue
+			}
+			a := pc.algo
+			l.maxPiece[a] = max(l.maxPiece[a], pc.n)
+			l.totPiece[a] += pc.n
+			ref := segRef{job: k, src: pc.src, inOff: inOff[k][i], outOff: dst, n: pc.n}
+			if dst%outAligns[a] != 0 {
+				// Misaligned for nvCOMP (blosc streams of odd sizes): decode
+				// into an aligned scratch slot, then copy into place.
+				ref.outOff = reserve(pc.n)
+				l.copies = append(l.copies, copyRef{src: ref.outOff, dst: dst, n: pc.n})
+			}
+			l.segs[a] = append(l.segs[a], ref)
+		}
+	}
+	l.outSize = alignUp(out, outAlign)
+	return l
+}
