@@ -1,0 +1,342 @@
+package cache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+)
+
+// BlobKey names a decoded blob. The two parts become its path under
+// Dir/blobs, so the blob tier mirrors the mount's tree and readers that
+// cannot go through FUSE (GPUDirect Storage) can open the warmed copy.
+type BlobKey struct {
+	// Layout is one directory name per source and layout: a hash the caller
+	// computes from everything that determines the bytes (source identity,
+	// metadata hashes, --align, view definition), so that a change to any
+	// of them lands in a new directory and never serves a stale blob. One
+	// path element: no "/", not "." or "..".
+	Layout string
+	// Path is the mounted file's path inside the mount ("t/0042.npy"),
+	// slash-separated, relative and clean.
+	Path string
+}
+
+func (k BlobKey) rel() (string, error) {
+	if k.Layout == "" || k.Layout == "." || k.Layout == ".." || strings.ContainsAny(k.Layout, "/\x00") ||
+		!fs.ValidPath(k.Path) || k.Path == "." {
+		return "", fmt.Errorf("blob %q/%q: %w", k.Layout, k.Path, ErrInvalidKey)
+	}
+	return blobsDir + "/" + k.Layout + "/" + k.Path, nil
+}
+
+// BlobPath is where the complete blob for k lives (it may not exist).
+func (c *Cache) BlobPath(k BlobKey) string {
+	return filepath.Join(c.dir, blobsDir, k.Layout, filepath.FromSlash(k.Path))
+}
+
+// BlobDir is the directory that mirrors the mount's tree for one layout.
+func (c *Cache) BlobDir(layout string) string {
+	return filepath.Join(c.dir, blobsDir, layout)
+}
+
+// HasBlob reports whether the complete blob for k is indexed and present.
+func (c *Cache) HasBlob(k BlobKey) bool {
+	rel, err := k.rel()
+	if err != nil {
+		return false
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return false
+	}
+	c.tailLocked()
+	e := c.idx[rel]
+	var size int64
+	if e != nil {
+		size = e.size
+	}
+	c.mu.Unlock()
+	if e == nil {
+		return false
+	}
+	fi, err := os.Stat(filepath.Join(c.dir, rel))
+	return err == nil && fi.Mode().IsRegular() && fi.Size() == size
+}
+
+// Handle is an open, pinned, complete blob. While it is open the file is
+// neither evicted nor unlinked, by this Cache or any other sharing the
+// directory. Keep it open as long as anything (the kernel, for FUSE
+// passthrough) reads through its descriptor.
+type Handle struct {
+	c    *Cache
+	e    *entry
+	f    *os.File
+	path string
+	size int64
+	once sync.Once
+}
+
+// File is a read-only descriptor on the complete blob.
+func (h *Handle) File() *os.File { return h.f }
+
+// Path is the blob's path in the cache directory (BlobPath of its key).
+func (h *Handle) Path() string { return h.path }
+
+// Size is the blob's size in bytes.
+func (h *Handle) Size() int64 { return h.size }
+
+// Close closes the descriptor and unpins the blob. Calls after the first
+// do nothing.
+func (h *Handle) Close() error {
+	var err error
+	h.once.Do(func() {
+		err = h.f.Close()
+		c := h.c
+		c.mu.Lock()
+		if h.e != nil {
+			h.e.pins--
+			if h.e.pins == 0 && !c.closed {
+				c.evictLocked()
+			}
+		}
+		c.mu.Unlock()
+	})
+	return err
+}
+
+// GetBlob returns an open, pinned Handle on the complete blob for k,
+// running fill once when it is absent.
+//
+// fill must write exactly size bytes into f, a fresh temp file on the
+// cache's filesystem (not in the blob's final directory: temp files live
+// under Dir/tmp so that recovery finds torn ones without walking the blob
+// tree). The cache then checks the size, records the xxh64 of the
+// contents, fsyncs the file and links it into place, so a blob is visible
+// only complete and survives a power loss intact. A blob that is visible is
+// never replaced or rewritten: two fills of one key racing in two processes
+// both succeed, the first link wins and the other copy is discarded.
+//
+// Concurrent calls for one key share one fill; each gets its own Handle.
+// A caller whose ctx ends returns ctx.Err() while the fill goes on for the
+// others (it is cancelled when no caller is left, or at Close). A fill
+// error is returned to every caller sharing it, leaves nothing visible and
+// is not remembered: the next call fills again. Errors wrap the blob's path.
+func (c *Cache) GetBlob(ctx context.Context, k BlobKey, size int64, fill func(ctx context.Context, f *os.File) error) (*Handle, error) {
+	rel, err := k.rel()
+	if err != nil {
+		return nil, err
+	}
+	if size < 0 {
+		return nil, fmt.Errorf("blob %s: negative size %d", rel, size)
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		h, err := c.openIndexed(rel, size)
+		if err != nil || h != nil {
+			return h, err
+		}
+		h, err = join(c, c.blobFlights, rel, ctx,
+			func(ctx context.Context) (*os.File, error) { return c.fillBlob(ctx, rel, size, fill) },
+			func(f *os.File, _ bool) (*Handle, error) { return c.dupHandle(rel, f, size) },
+			func(f *os.File) { f.Close() },
+		)
+		if h != nil || err != nil {
+			return h, err
+		}
+	}
+}
+
+// openIndexed opens rel if the index has it. It returns nil, nil when the
+// blob is absent, or was evicted or damaged under us (then it is forgotten
+// and the caller fills it again).
+func (c *Cache) openIndexed(rel string, size int64) (*Handle, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, ErrClosed
+	}
+	e := c.idx[rel]
+	if e == nil {
+		c.tailLocked()
+		if e = c.idx[rel]; e == nil {
+			c.mu.Unlock()
+			return nil, nil
+		}
+	}
+	e.pins++
+	c.lru.MoveToFront(e.elem)
+	want := e.size
+	c.mu.Unlock()
+
+	p := filepath.Join(c.dir, rel)
+	f, err := os.Open(p)
+	ok := err == nil
+	if ok {
+		// A shared lock first, then the checks: an evictor elsewhere holds
+		// LOCK_EX while it unlinks, so after our lock the path either
+		// still names our file or the file is gone.
+		ok = flock(f, syscall.LOCK_SH) == nil && sameFile(f, p)
+	}
+	if ok {
+		fi, err := f.Stat()
+		ok = err == nil && fi.Mode().IsRegular() && fi.Size() == want && want == size
+	}
+	if !ok {
+		if f != nil {
+			f.Close()
+		}
+		c.mu.Lock()
+		e.pins--
+		c.removeLocked(e)
+		c.mu.Unlock()
+		return nil, nil
+	}
+	return &Handle{c: c, e: e, f: f, path: p, size: size}, nil
+}
+
+// dupHandle gives one caller of a shared fill its own descriptor. The
+// duplicate shares the open file (and its lock) with the fill's, which is
+// still open, so the blob cannot have been evicted in between.
+func (c *Cache) dupHandle(rel string, f *os.File, size int64) (*Handle, error) {
+	fd, _, errno := syscall.Syscall(syscall.SYS_FCNTL, f.Fd(), syscall.F_DUPFD_CLOEXEC, 0)
+	if errno != 0 {
+		return nil, fmt.Errorf("blob %s: dup: %w", rel, errno)
+	}
+	p := filepath.Join(c.dir, rel)
+	h := &Handle{c: c, f: os.NewFile(fd, p), path: p, size: size}
+	c.mu.Lock()
+	if e := c.idx[rel]; e != nil {
+		e.pins++
+		h.e = e
+	}
+	c.mu.Unlock()
+	return h, nil
+}
+
+// fillBlob runs one fill and returns a read-only descriptor, locked shared,
+// on the now-visible blob.
+func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, fill func(ctx context.Context, f *os.File) error) (_ *os.File, err error) {
+	c.mu.Lock()
+	c.reserveLocked(size)
+	c.mu.Unlock()
+	committed := false
+	defer func() {
+		if !committed {
+			c.mu.Lock()
+			c.inflight -= size
+			c.mu.Unlock()
+		}
+	}()
+
+	tmp, err := os.CreateTemp(c.inst.dir, "blob-*")
+	if err != nil {
+		return nil, fmt.Errorf("blob %s: %w", rel, err)
+	}
+	tmpName := tmp.Name()
+	defer func() {
+		if tmp != nil {
+			tmp.Close()
+		}
+		os.Remove(tmpName)
+	}()
+	if err := fill(ctx, tmp); err != nil {
+		return nil, fmt.Errorf("blob %s: fill: %w", rel, err)
+	}
+	fi, err := tmp.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("blob %s: %w", rel, err)
+	}
+	if fi.Size() != size {
+		return nil, fmt.Errorf("blob %s: %w: %d bytes, want %d", rel, ErrFillSize, fi.Size(), size)
+	}
+	bp := hashBufs.Get().(*[]byte)
+	sum, err := hashFile(tmp, size, *bp)
+	hashBufs.Put(bp)
+	if err != nil {
+		return nil, fmt.Errorf("blob %s: %w", rel, err)
+	}
+	if !c.noSync {
+		if err := tmp.Sync(); err != nil {
+			return nil, fmt.Errorf("blob %s: sync: %w", rel, err)
+		}
+	}
+	if err := tmp.Close(); err != nil {
+		tmp = nil
+		return nil, fmt.Errorf("blob %s: %w", rel, err)
+	}
+	tmp = nil
+	ro, err := os.Open(tmpName)
+	if err != nil {
+		return nil, fmt.Errorf("blob %s: %w", rel, err)
+	}
+	if err := flock(ro, syscall.LOCK_SH); err != nil {
+		ro.Close()
+		return nil, fmt.Errorf("blob %s: lock: %w", rel, err)
+	}
+	if err := c.publish(rel, tmpName, size, sum); err != nil {
+		ro.Close()
+		return nil, err
+	}
+	committed = true
+	return ro, nil
+}
+
+// publish logs the entry, links the finished temp file into place and
+// indexes it, turning the caller's reservation of size bytes into the
+// entry. The record goes first: a kill between the two leaves a record
+// without a file (forgotten on first use or at recovery), never a file
+// without a record that nobody accounts for.
+func (c *Cache) publish(rel, tmpName string, size int64, sum uint64) error {
+	final := filepath.Join(c.dir, rel)
+	if err := os.MkdirAll(filepath.Dir(final), 0o755); err != nil {
+		return fmt.Errorf("%s: %w", rel, err)
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return fmt.Errorf("%s: %w", rel, ErrClosed)
+	}
+	err := c.appendLocked(record{op: opAdd, size: size, sum: sum, key: rel})
+	c.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("%s: %w", rel, err)
+	}
+	for attempt := 0; ; attempt++ {
+		err = os.Link(tmpName, final)
+		if err == nil || !errors.Is(err, fs.ErrExist) {
+			break
+		}
+		// Another instance linked the same key first. Identical keys have
+		// identical bytes, so keep theirs unless it is damaged.
+		if fi, serr := os.Stat(final); serr == nil && fi.Mode().IsRegular() && fi.Size() == size {
+			err = nil
+			break
+		}
+		if attempt > 0 {
+			break
+		}
+		os.Remove(final)
+	}
+	if err != nil && !errors.Is(err, fs.ErrExist) {
+		// Filesystems without hard links: rename, which replaces.
+		err = os.Rename(tmpName, final)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", rel, err)
+	}
+	c.mu.Lock()
+	c.inflight -= size // the reservation becomes the entry
+	c.insertLocked(record{size: size, sum: sum, writer: c.inst.id, key: rel}, true)
+	c.evictLocked()
+	c.mu.Unlock()
+	return nil
+}

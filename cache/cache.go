@@ -1,0 +1,750 @@
+package cache
+
+import (
+	"container/list"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// Sentinel errors, checked with errors.Is.
+var (
+	// ErrClosed is returned by calls on a Cache after Close.
+	ErrClosed = errors.New("cache closed")
+	// ErrInvalidKey is returned for a BlobKey that would escape its
+	// directory or is not a clean relative path.
+	ErrInvalidKey = errors.New("invalid cache key")
+	// ErrFillSize is returned when a fill wrote a different number of bytes
+	// than the size it was asked for.
+	ErrFillSize = errors.New("fill wrote wrong size")
+)
+
+// Options configure Open. Zero values mean the documented defaults.
+type Options struct {
+	// Dir is the cache root; required. Created if absent. Blobs live under
+	// Dir/blobs, chunks under Dir/chunks, fills in progress under Dir/tmp,
+	// the index in Dir/journal, the directory lock in Dir/lock.
+	Dir string
+	// Size is the byte budget for blobs and chunks together; 0 means
+	// unlimited. It counts file contents, not filesystem blocks.
+	Size int64
+	// Logger receives recovery summaries (Info), dropped or corrupt entries
+	// (Warn) and evictions (Debug). Nil discards.
+	Logger *slog.Logger
+
+	// noSync skips the fsync before a blob becomes visible. Only tests that
+	// build large caches quickly set it.
+	noSync bool
+}
+
+// Cache is a byte-bounded, persistent, crash-safe cache on local disk with
+// two tiers (decoded blobs and compressed chunks) under one budget. All
+// methods are safe for concurrent use, and several Cache values (in one
+// process or many) may share one Dir.
+type Cache struct {
+	dir    string
+	budget int64
+	log    *slog.Logger
+	noSync bool
+
+	lockFile *os.File // Dir/lock, OFD read lock held while open
+	inst     *instance
+
+	base     context.Context // cancelled by Close; parent of every fill
+	stop     context.CancelFunc
+	wg       sync.WaitGroup // running flights
+	closeMu  sync.Once
+	closeErr error
+
+	mu       sync.Mutex
+	closed   bool
+	idx      map[string]*entry
+	lru      list.List // of *entry, most recently used at the front
+	used     int64     // bytes of indexed entries
+	inflight int64     // bytes reserved by fills of this instance
+	quit     map[string]bool
+	intern   map[string]string
+	jf       *os.File // journal, O_APPEND
+	joff     int64    // bytes of the journal applied to idx
+	jbuf     []byte
+	jnext    int64 // journal size at which to try compaction next
+
+	blobFlights  map[string]*flight[*os.File]
+	chunkFlights map[string]*flight[[]byte]
+}
+
+// entry is one complete file: a blob or a chunk, keyed by its path
+// relative to Dir ("blobs/<layout>/<path>" or "chunks/ab/<hash>").
+type entry struct {
+	key     string
+	size    int64
+	sum     uint64
+	writer  string // instance that added it
+	trusted bool   // verified, or written by an instance known to have finished it
+	pins    int    // open Handles in this instance
+	elem    *list.Element
+}
+
+const (
+	blobsDir   = "blobs"
+	chunksDir  = "chunks"
+	tmpDir     = "tmp"
+	journalRel = "journal"
+	lockRel    = "lock"
+)
+
+// Open opens (creating if needed) the cache at opts.Dir.
+//
+// If no other instance is using Dir, Open recovers from whatever happened
+// to the last one: it removes torn temp files, rebuilds the index from the
+// journal, checks the size and checksum of every entry that a killed
+// instance added after the journal was last compacted (dropping the ones
+// that do not match, and files whose deletion was logged but not done),
+// and compacts the journal. A clean previous shutdown leaves nothing to
+// check, so a restart costs one read of the journal.
+//
+// If another instance is running, Open joins it: it removes only the temp
+// files of dead instances and trusts the journal as it stands.
+func Open(opts Options) (*Cache, error) {
+	if opts.Dir == "" {
+		return nil, errors.New("cache: Options.Dir is required")
+	}
+	if opts.Size < 0 {
+		return nil, fmt.Errorf("cache %s: negative size %d", opts.Dir, opts.Size)
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	for _, d := range []string{opts.Dir, filepath.Join(opts.Dir, blobsDir), filepath.Join(opts.Dir, chunksDir), filepath.Join(opts.Dir, tmpDir)} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, fmt.Errorf("cache %s: %w", opts.Dir, err)
+		}
+	}
+	lf, err := os.OpenFile(filepath.Join(opts.Dir, lockRel), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("cache %s: %w", opts.Dir, err)
+	}
+	c := &Cache{
+		dir:          opts.Dir,
+		budget:       opts.Size,
+		log:          log.With("cache", opts.Dir),
+		noSync:       opts.noSync,
+		lockFile:     lf,
+		idx:          map[string]*entry{},
+		quit:         map[string]bool{},
+		intern:       map[string]string{},
+		blobFlights:  map[string]*flight[*os.File]{},
+		chunkFlights: map[string]*flight[[]byte]{},
+	}
+	c.base, c.stop = context.WithCancel(context.Background())
+	fail := func(err error) (*Cache, error) {
+		if c.jf != nil {
+			c.jf.Close()
+		}
+		if c.inst != nil {
+			c.inst.close()
+		}
+		lf.Close()
+		return nil, fmt.Errorf("cache %s: %w", opts.Dir, err)
+	}
+	if c.inst, err = newInstance(filepath.Join(opts.Dir, tmpDir)); err != nil {
+		return fail(err)
+	}
+	start := time.Now()
+	exclusive := true
+	if err := ofdLock(lf, syscall.F_WRLCK, false); err != nil {
+		if !isWouldBlock(err) {
+			return fail(fmt.Errorf("lock: %w", err))
+		}
+		exclusive = false
+		// Waits while another instance recovers or compacts.
+		if err := ofdLock(lf, syscall.F_RDLCK, true); err != nil {
+			return fail(fmt.Errorf("lock: %w", err))
+		}
+	}
+	var st recoveryStats
+	if exclusive {
+		st, err = c.recover()
+		if err == nil {
+			err = ofdLock(lf, syscall.F_RDLCK, false) // atomic downgrade
+		}
+	} else {
+		st, err = c.join()
+	}
+	if err != nil {
+		return fail(err)
+	}
+	c.mu.Lock()
+	c.evictLocked()
+	used, n := c.used, len(c.idx)
+	c.mu.Unlock()
+	c.log.Info("cache open", "exclusive", exclusive, "entries", n, "bytes", used, "budget", c.budget,
+		"suspicious", st.suspicious, "dropped", st.dropped, "temps_removed", st.temps, "torn_records", st.torn,
+		"duration", time.Since(start))
+	return c, nil
+}
+
+type recoveryStats struct{ suspicious, dropped, temps, torn int }
+
+// replayState is the journal's final word on one key.
+type replayState struct {
+	rec       record
+	present   bool
+	seq       int  // position of its last record, for LRU order
+	afterMark bool // its last record came after the last marker
+}
+
+// replay reads the whole journal into states. Missing means the journal
+// does not exist.
+func (c *Cache) replay(buf []byte) (states map[string]*replayState, quit map[string]bool, torn int, consumed int) {
+	states = map[string]*replayState{}
+	quit = map[string]bool{}
+	seq := 0
+	consumed, torn = scanRecords(buf[len(journalHeader):], c.intern, func(r record) {
+		seq++
+		switch r.op {
+		case opMarker:
+			for _, s := range states {
+				s.afterMark = false
+			}
+			clear(quit)
+		case opQuit:
+			quit[r.writer] = true
+		case opAdd, opDel:
+			s := states[r.key]
+			if s == nil {
+				s = &replayState{}
+				states[r.key] = s
+			}
+			s.rec, s.present, s.seq, s.afterMark = r, r.op == opAdd, seq, true
+		}
+	})
+	return states, quit, torn, consumed + len(journalHeader)
+}
+
+// recover runs with the directory lock held for writing: no other instance
+// is alive.
+func (c *Cache) recover() (recoveryStats, error) {
+	var st recoveryStats
+	var err error
+	if st.temps, err = sweepTemps(filepath.Join(c.dir, tmpDir), c.inst.id, true); err != nil {
+		return st, err
+	}
+	jp := filepath.Join(c.dir, journalRel)
+	buf, err := os.ReadFile(jp)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return st, fmt.Errorf("journal: %w", err)
+	}
+	if err != nil || checkHeader(buf) != nil {
+		// Nothing on disk can be vouched for without the index: start over.
+		if err == nil {
+			c.log.Warn("cache journal unreadable; emptying the cache", "path", jp)
+		}
+		for _, d := range []string{blobsDir, chunksDir} {
+			p := filepath.Join(c.dir, d)
+			if err := os.RemoveAll(p); err != nil {
+				return st, err
+			}
+			if err := os.Mkdir(p, 0o755); err != nil {
+				return st, err
+			}
+		}
+		buf = []byte(journalHeader)
+	}
+	states, quit, torn, _ := c.replay(buf)
+	st.torn = torn
+
+	type item struct {
+		s  *replayState
+		ok bool
+	}
+	var check []*item
+	live := make([]*replayState, 0, len(states))
+	for key, s := range states {
+		suspicious := s.afterMark && !quit[s.rec.writer]
+		switch {
+		case s.present && suspicious:
+			check = append(check, &item{s: s})
+		case s.present:
+			live = append(live, s)
+		case suspicious:
+			// Deleted in the journal; the unlink after it may not have
+			// happened before the kill.
+			if err := os.Remove(filepath.Join(c.dir, key)); err == nil {
+				st.dropped++
+			}
+		}
+	}
+	st.suspicious = len(check)
+	// Verify in parallel: hashing is CPU bound and the files are independent.
+	work := make(chan *item)
+	var wg sync.WaitGroup
+	for range max(1, runtime.GOMAXPROCS(0)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 1<<20)
+			for it := range work {
+				it.ok = verifyFile(filepath.Join(c.dir, it.s.rec.key), it.s.rec.size, it.s.rec.sum, buf) == nil
+			}
+		}()
+	}
+	for _, it := range check {
+		work <- it
+	}
+	close(work)
+	wg.Wait()
+	for _, it := range check {
+		if it.ok {
+			live = append(live, it.s)
+			continue
+		}
+		st.dropped++
+		c.log.Warn("cache entry failed verification; removed", "key", it.s.rec.key)
+		os.Remove(filepath.Join(c.dir, it.s.rec.key))
+	}
+	sortBySeq(live)
+	for _, s := range live {
+		c.insertLocked(s.rec, true)
+	}
+	if err := c.compact(); err != nil {
+		return st, err
+	}
+	return st, nil
+}
+
+// join loads the journal as another running instance left it.
+func (c *Cache) join() (recoveryStats, error) {
+	var st recoveryStats
+	var err error
+	if st.temps, err = sweepTemps(filepath.Join(c.dir, tmpDir), c.inst.id, false); err != nil {
+		return st, err
+	}
+	jp := filepath.Join(c.dir, journalRel)
+	c.jf, err = os.OpenFile(jp, os.O_RDWR|os.O_APPEND, 0)
+	if err != nil {
+		return st, fmt.Errorf("journal: %w", err)
+	}
+	buf, err := io.ReadAll(c.jf)
+	if err != nil {
+		return st, fmt.Errorf("journal: %w", err)
+	}
+	if err := checkHeader(buf); err != nil {
+		return st, fmt.Errorf("journal %s: %w", jp, err)
+	}
+	states, quit, torn, consumed := c.replay(buf)
+	st.torn = torn
+	live := make([]*replayState, 0, len(states))
+	for _, s := range states {
+		if s.present {
+			live = append(live, s)
+		}
+	}
+	sortBySeq(live)
+	for _, s := range live {
+		c.insertLocked(s.rec, !s.afterMark)
+	}
+	c.quit = quit
+	c.joff = int64(consumed)
+	c.jnext = compactThreshold(c.joff, len(c.idx))
+	return st, nil
+}
+
+// verifyFile checks that the file at p has the given size and xxh64.
+func verifyFile(p string, size int64, sum uint64, buf []byte) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if !fi.Mode().IsRegular() || fi.Size() != size {
+		return fmt.Errorf("%s: size %d, recorded %d", p, fi.Size(), size)
+	}
+	got, err := hashFile(f, size, buf)
+	if err != nil {
+		return err
+	}
+	if got != sum {
+		return fmt.Errorf("%s: checksum mismatch", p)
+	}
+	return nil
+}
+
+// hashFile returns the xxh64 of the first size bytes of f, read with ReadAt.
+func hashFile(f *os.File, size int64, buf []byte) (uint64, error) {
+	d := xxhash.New()
+	var off int64
+	for off < size {
+		n := int64(len(buf))
+		if size-off < n {
+			n = size - off
+		}
+		m, err := f.ReadAt(buf[:n], off)
+		d.Write(buf[:m])
+		off += int64(m)
+		if err != nil && !(errors.Is(err, io.EOF) && off == size) {
+			return 0, fmt.Errorf("%s: %w", f.Name(), err)
+		}
+	}
+	return d.Sum64(), nil
+}
+
+var hashBufs = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
+
+func sortBySeq(s []*replayState) {
+	slices.SortFunc(s, func(a, b *replayState) int { return a.seq - b.seq })
+}
+
+// insertLocked adds or replaces the entry for r.key as most recently used.
+func (c *Cache) insertLocked(r record, trusted bool) *entry {
+	if e := c.idx[r.key]; e != nil {
+		c.used += r.size - e.size
+		e.size, e.sum, e.writer = r.size, r.sum, r.writer
+		e.trusted = e.trusted && trusted
+		c.lru.MoveToFront(e.elem)
+		return e
+	}
+	e := &entry{key: r.key, size: r.size, sum: r.sum, writer: r.writer, trusted: trusted}
+	e.elem = c.lru.PushFront(e)
+	c.idx[r.key] = e
+	c.used += r.size
+	return e
+}
+
+// removeLocked forgets e (the file is the caller's business).
+func (c *Cache) removeLocked(e *entry) {
+	if c.idx[e.key] != e {
+		return
+	}
+	delete(c.idx, e.key)
+	c.lru.Remove(e.elem)
+	c.used -= e.size
+}
+
+// appendLocked writes one record to the journal.
+func (c *Cache) appendLocked(r record) error {
+	if r.writer == "" {
+		r.writer = c.inst.id
+	}
+	c.jbuf = appendRecord(c.jbuf[:0], r)
+	_, err := c.jf.Write(c.jbuf)
+	if err != nil {
+		return fmt.Errorf("cache journal: %w", err)
+	}
+	return nil
+}
+
+// tailLocked applies what other instances appended since the last look.
+func (c *Cache) tailLocked() {
+	if c.jf == nil {
+		return
+	}
+	fi, err := c.jf.Stat()
+	if err != nil || fi.Size() <= c.joff {
+		return
+	}
+	buf := make([]byte, fi.Size()-c.joff)
+	n, err := c.jf.ReadAt(buf, c.joff)
+	if err != nil && !errors.Is(err, io.EOF) {
+		c.log.Warn("cache journal read failed", "err", err)
+		return
+	}
+	consumed, _ := scanRecords(buf[:n], c.intern, func(r record) {
+		if r.writer == c.inst.id {
+			return // our own records: memory is ahead of them
+		}
+		switch r.op {
+		case opAdd:
+			c.insertLocked(r, false)
+		case opDel:
+			if e := c.idx[r.key]; e != nil {
+				c.removeLocked(e)
+			}
+		case opQuit:
+			c.quit[r.writer] = true
+		}
+	})
+	c.joff += int64(consumed)
+	if c.joff >= c.jnext {
+		c.maybeCompactLocked()
+	}
+}
+
+// compactThreshold is the journal size past which an instance tries to
+// rewrite it: well past the size of a fresh journal for n entries, so the
+// rewrite cost is amortised over many appends.
+func compactThreshold(size int64, n int) int64 {
+	return max(size, int64(n)*120)*2 + 1<<20
+}
+
+// maybeCompactLocked rewrites the journal if this instance is alone.
+func (c *Cache) maybeCompactLocked() {
+	if err := ofdLock(c.lockFile, syscall.F_WRLCK, false); err != nil {
+		// Not alone: try again after as much growth again.
+		c.jnext = compactThreshold(c.joff, len(c.idx))
+		return
+	}
+	c.tailLocked0()
+	if err := c.compact(); err != nil {
+		c.log.Warn("cache journal compaction failed", "err", err)
+		c.jnext = compactThreshold(c.joff, len(c.idx))
+	}
+	if err := ofdLock(c.lockFile, syscall.F_RDLCK, false); err != nil {
+		c.log.Warn("cache lock downgrade failed", "err", err)
+	}
+}
+
+// tailLocked0 tails without the compaction check (compact calls it).
+func (c *Cache) tailLocked0() {
+	next := c.jnext
+	c.jnext = 1<<63 - 1
+	c.tailLocked()
+	c.jnext = next
+}
+
+// compact writes a fresh journal holding the current index and replaces the
+// old one. The caller holds the directory lock for writing (no other
+// instance is running) and c.mu if the Cache is shared.
+func (c *Cache) compact() error {
+	jp := filepath.Join(c.dir, journalRel)
+	tmp := jp + ".new"
+	buf := []byte(journalHeader)
+	var later []*entry
+	for el := c.lru.Back(); el != nil; el = el.Prev() {
+		e := el.Value.(*entry)
+		if e.trusted || e.writer == c.inst.id || c.quit[e.writer] {
+			e.trusted = true
+			buf = appendRecord(buf, record{op: opAdd, writer: c.inst.id, size: e.size, sum: e.sum, key: e.key})
+		} else {
+			later = append(later, e)
+		}
+	}
+	buf = appendRecord(buf, record{op: opMarker, key: ""})
+	// Entries of instances that were killed stay suspicious for the next
+	// exclusive Open to verify.
+	for _, e := range later {
+		buf = appendRecord(buf, record{op: opAdd, writer: e.writer, size: e.size, sum: e.sum, key: e.key})
+	}
+	if err := writeFileSync(tmp, buf); err != nil {
+		return fmt.Errorf("journal: %w", err)
+	}
+	if err := os.Rename(tmp, jp); err != nil {
+		return fmt.Errorf("journal: %w", err)
+	}
+	syncDir(c.dir)
+	jf, err := os.OpenFile(jp, os.O_RDWR|os.O_APPEND, 0)
+	if err != nil {
+		return fmt.Errorf("journal: %w", err)
+	}
+	if c.jf != nil {
+		c.jf.Close()
+	}
+	c.jf = jf
+	c.joff = int64(len(buf))
+	clear(c.quit)
+	c.jnext = compactThreshold(c.joff, len(c.idx))
+	return nil
+}
+
+func writeFileSync(p string, data []byte) error {
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func syncDir(p string) {
+	if d, err := os.Open(p); err == nil {
+		d.Sync()
+		d.Close()
+	}
+}
+
+// reserveLocked counts n bytes about to be written and makes room for them.
+func (c *Cache) reserveLocked(n int64) {
+	c.inflight += n
+	c.tailLocked()
+	c.evictLocked()
+}
+
+// evictLocked removes least recently used, unpinned entries until used +
+// in-flight bytes fit the budget, or nothing more can go.
+//
+// Why a plain LRU over exact byte counts rather than ristretto: a disk
+// cache must keep a hard bound ("the directory never exceeds the budget"),
+// must never evict a file a reader holds, and evicting means deleting a
+// file that cost a fill to make. Ristretto admits and evicts
+// probabilistically (TinyLFU may refuse a blob that was just written at
+// full cost), applies Set asynchronously through buffers so its cost
+// accounting lags what is on disk, and cannot be told that an entry is
+// pinned: its OnEvict can only observe. Keeping the exact byte count and
+// order ourselves makes the bound deterministic, lets pinned entries be
+// skipped, and is what every instance sharing the directory can reproduce
+// from the journal. Training reads are scans over epochs, where LRU's
+// weakness (a scan flushes the cache) is no worse than any frequency
+// estimate that has seen each sample once per epoch.
+func (c *Cache) evictLocked() {
+	if c.budget <= 0 {
+		return
+	}
+	skipped := 0
+	for c.used+c.inflight > c.budget && skipped < c.lru.Len() {
+		var victim *entry
+		for el := c.lru.Back(); el != nil; el = el.Prev() {
+			if e := el.Value.(*entry); e.pins == 0 {
+				victim = e
+				break
+			}
+		}
+		if victim == nil {
+			return
+		}
+		if !c.evictOneLocked(victim) {
+			// Open in another instance: keep it, look at it last.
+			c.lru.MoveToFront(victim.elem)
+			skipped++
+		}
+	}
+}
+
+// evictOneLocked deletes e's file unless some reader (in any process)
+// holds it open through a Handle. The deletion is logged before the unlink
+// so that no instance can log a re-add that the journal would then order
+// before the delete.
+func (c *Cache) evictOneLocked(e *entry) bool {
+	p := filepath.Join(c.dir, e.key)
+	f, err := os.Open(p)
+	if err != nil {
+		c.removeLocked(e) // already gone (or never linked): forget it
+		return true
+	}
+	defer f.Close()
+	if err := flock(f, syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return false
+	}
+	if err := c.appendLocked(record{op: opDel, key: e.key}); err != nil {
+		c.log.Warn("cache eviction not logged", "key", e.key, "err", err)
+		return false
+	}
+	os.Remove(p)
+	c.removeLocked(e)
+	c.log.Debug("cache evict", "key", e.key, "bytes", e.size)
+	return true
+}
+
+// Usage reports the bytes and number of complete files in the cache as
+// this instance knows them (including what other instances sharing the
+// directory have logged).
+func (c *Cache) Usage() (bytes int64, files int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.closed {
+		c.tailLocked()
+	}
+	return c.used, len(c.idx)
+}
+
+// Close stops fills in progress (their callers get an error), logs a clean
+// shutdown, compacts the journal if no other instance is running, and
+// releases the directory. Handles still open stay readable; closing them
+// later is fine. Close is idempotent.
+func (c *Cache) Close() error {
+	c.closeMu.Do(func() {
+		c.mu.Lock()
+		c.closed = true
+		c.mu.Unlock()
+		c.stop()
+		c.wg.Wait()
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.tailLocked0()
+		var errs []error
+		if err := c.appendLocked(record{op: opQuit, key: ""}); err != nil {
+			errs = append(errs, err)
+		}
+		if err := ofdLock(c.lockFile, syscall.F_WRLCK, false); err == nil {
+			c.tailLocked0()
+			if err := c.compact(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if err := c.jf.Close(); err != nil {
+			errs = append(errs, err)
+		}
+		c.jf = nil
+		c.inst.close()
+		c.lockFile.Close()
+		if err := errors.Join(errs...); err != nil {
+			c.closeErr = fmt.Errorf("cache %s: close: %w", c.dir, err)
+		}
+	})
+	return c.closeErr
+}
+
+// abandon drops the Cache as a kill would: locks released, nothing logged,
+// temp files left behind. Tests use it to simulate a crash in process.
+func (c *Cache) abandon() {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	c.stop()
+	c.wg.Wait()
+	c.jf.Close()
+	c.inst.lock.Close()
+	c.lockFile.Close()
+}
+
+func randomID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// checkRel reports whether key is a path the cache could have written.
+func checkRel(key string) error {
+	if !fs.ValidPath(key) || key == "." {
+		return ErrInvalidKey
+	}
+	top, _, _ := cutFirst(key)
+	if top != blobsDir && top != chunksDir {
+		return ErrInvalidKey
+	}
+	return nil
+}
+
+func cutFirst(p string) (string, string, bool) {
+	for i := 0; i < len(p); i++ {
+		if p[i] == '/' {
+			return p[:i], p[i+1:], true
+		}
+	}
+	return p, "", false
+}

@@ -1,0 +1,134 @@
+package cache
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// chunkRel maps an opaque key to chunks/<2 hex>/<32 hex>: 128 bits of
+// SHA-256, so distinct keys never share a file in practice, spread over 256
+// directories so none grows huge.
+func chunkRel(key string) string {
+	h := sha256.Sum256([]byte(key))
+	s := hex.EncodeToString(h[:16])
+	return chunksDir + "/" + s[:2] + "/" + s
+}
+
+// GetChunk returns the bytes cached under key, calling fetch once when they
+// are absent and storing what it returns. key is opaque: callers include
+// everything that identifies the bytes (source identity, object key, byte
+// range); the bytes under a key must never change. Concurrent calls for one
+// key share one fetch. A fetch error is returned unchanged (errors.Is
+// keeps working, e.g. for a not-found error that means "fill value") and is
+// not cached. The returned slice is the caller's own.
+//
+// Chunks are checked against their recorded size and xxh64 on every read,
+// so they are written without fsync: a damaged one is dropped and fetched
+// again. Failing to store a chunk (disk full) is logged, not returned.
+func (c *Cache) GetChunk(ctx context.Context, key string, fetch func(ctx context.Context) ([]byte, error)) ([]byte, error) {
+	rel := chunkRel(key)
+	if data, err := c.readChunk(rel); data != nil || err != nil {
+		return data, err
+	}
+	return join(c, c.chunkFlights, rel, ctx,
+		func(ctx context.Context) ([]byte, error) {
+			data, err := fetch(ctx)
+			if err != nil {
+				return nil, err
+			}
+			if data == nil {
+				data = []byte{}
+			}
+			c.storeChunk(rel, key, data)
+			return data, nil
+		},
+		func(v []byte, shared bool) ([]byte, error) {
+			if shared {
+				return bytes.Clone(v), nil
+			}
+			return v, nil
+		},
+		nil,
+	)
+}
+
+func (c *Cache) readChunk(rel string) ([]byte, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, ErrClosed
+	}
+	e := c.idx[rel]
+	if e == nil {
+		c.tailLocked()
+		if e = c.idx[rel]; e == nil {
+			c.mu.Unlock()
+			return nil, nil
+		}
+	}
+	c.lru.MoveToFront(e.elem)
+	size, sum := e.size, e.sum
+	c.mu.Unlock()
+
+	data, err := os.ReadFile(filepath.Join(c.dir, rel))
+	if err == nil && int64(len(data)) == size && xxhash.Sum64(data) == sum {
+		if data == nil {
+			data = []byte{}
+		}
+		return data, nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if errors.Is(err, fs.ErrNotExist) {
+		c.removeLocked(e)
+	} else if c.idx[rel] == e {
+		c.log.Warn("cache chunk damaged; fetching again", "key", rel, "err", err)
+		c.evictOneLocked(e)
+		c.removeLocked(e)
+	}
+	return nil, nil
+}
+
+func (c *Cache) storeChunk(rel, key string, data []byte) {
+	size := int64(len(data))
+	if c.budget > 0 && size > c.budget {
+		return
+	}
+	c.mu.Lock()
+	c.reserveLocked(size)
+	c.mu.Unlock()
+	committed := false
+	defer func() {
+		if !committed {
+			c.mu.Lock()
+			c.inflight -= size
+			c.mu.Unlock()
+		}
+	}()
+	tmp, err := os.CreateTemp(c.inst.dir, "chunk-*")
+	if err != nil {
+		c.log.Warn("cache chunk not stored", "key", key, "err", err)
+		return
+	}
+	defer os.Remove(tmp.Name())
+	_, err = tmp.Write(data)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = c.publish(rel, tmp.Name(), size, xxhash.Sum64(data))
+	}
+	if err != nil {
+		c.log.Warn("cache chunk not stored", "key", key, "err", err)
+		return
+	}
+	committed = true
+}

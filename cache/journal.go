@@ -1,0 +1,152 @@
+package cache
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"strconv"
+)
+
+// The journal (Dir/journal) is the index: a text file of records, one a
+// line, each ending in a CRC-32C of the line, so a record torn by a crash
+// or a power loss is recognised and ignored. Every instance appends to it
+// with O_APPEND (one write per record) and reads what the others appended
+// ("tailing"), which is how a mount and a concurrent `zarrfs warm` share one
+// index and one budget. It is rewritten (compacted) only by an instance that
+// holds the directory lock for writing, i.e. that is alone.
+//
+//	zarrfs-cache 1                                    header
+//	A <writer> <size> <xxh64> "<rel path>" <crc>      entry added (appended before the link)
+//	D <writer> 0 0 "<rel path>" <crc>                 entry deleted (appended before the unlink)
+//	M - 0 0 "" <crc>                                  everything above was verified
+//	Q <writer> 0 0 "" <crc>                           writer closed cleanly
+//
+// Records after the last M whose writer never wrote Q came from an instance
+// that was killed: they are "suspicious", and the next exclusive Open checks
+// their files against the recorded size and checksum.
+const journalHeader = "zarrfs-cache 1\n"
+
+const (
+	opAdd    = 'A'
+	opDel    = 'D'
+	opMarker = 'M'
+	opQuit   = 'Q'
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+var errBadRecord = errors.New("bad journal record")
+
+type record struct {
+	op     byte
+	writer string
+	size   int64
+	sum    uint64
+	key    string
+}
+
+// appendRecord appends r as one journal line to dst.
+func appendRecord(dst []byte, r record) []byte {
+	start := len(dst)
+	dst = append(dst, r.op, ' ')
+	if r.writer == "" {
+		dst = append(dst, '-')
+	} else {
+		dst = append(dst, r.writer...)
+	}
+	dst = append(dst, ' ')
+	dst = strconv.AppendInt(dst, r.size, 10)
+	dst = append(dst, ' ')
+	dst = strconv.AppendUint(dst, r.sum, 16)
+	dst = append(dst, ' ')
+	dst = strconv.AppendQuote(dst, r.key)
+	crc := crc32.Checksum(dst[start:], castagnoli)
+	dst = append(dst, ' ')
+	dst = strconv.AppendUint(dst, uint64(crc), 16)
+	return append(dst, '\n')
+}
+
+// parseRecord parses one line without its newline. intern deduplicates the
+// writer ids, which repeat on every line.
+func parseRecord(line []byte, intern map[string]string) (record, error) {
+	var r record
+	sp := bytes.LastIndexByte(line, ' ')
+	if sp < 0 {
+		return r, errBadRecord
+	}
+	crc, err := strconv.ParseUint(string(line[sp+1:]), 16, 32)
+	if err != nil || uint32(crc) != crc32.Checksum(line[:sp], castagnoli) {
+		return r, errBadRecord
+	}
+	body := line[:sp]
+	fields := make([][]byte, 0, 4)
+	for len(fields) < 4 {
+		i := bytes.IndexByte(body, ' ')
+		if i < 0 {
+			return r, errBadRecord
+		}
+		fields = append(fields, body[:i])
+		body = body[i+1:]
+	}
+	if len(fields[0]) != 1 {
+		return r, errBadRecord
+	}
+	r.op = fields[0][0]
+	if w := fields[1]; !(len(w) == 1 && w[0] == '-') {
+		s, ok := intern[string(w)]
+		if !ok {
+			s = string(w)
+			intern[s] = s
+		}
+		r.writer = s
+	}
+	if r.size, err = strconv.ParseInt(string(fields[2]), 10, 64); err != nil || r.size < 0 {
+		return r, errBadRecord
+	}
+	if r.sum, err = strconv.ParseUint(string(fields[3]), 16, 64); err != nil {
+		return r, errBadRecord
+	}
+	if r.key, err = strconv.Unquote(string(body)); err != nil {
+		return r, errBadRecord
+	}
+	switch r.op {
+	case opAdd, opDel:
+		if err := checkRel(r.key); err != nil {
+			return r, errBadRecord
+		}
+	case opMarker, opQuit:
+	default:
+		return r, errBadRecord
+	}
+	return r, nil
+}
+
+// scanRecords calls fn for every well-formed complete line in buf and
+// returns how many bytes it consumed: up to the end of the last complete
+// line. A line still being appended by another instance (no newline yet) is
+// left for the next scan; a complete line that fails its CRC is skipped
+// (torn by a crash) and counted in bad.
+func scanRecords(buf []byte, intern map[string]string, fn func(record)) (consumed int, bad int) {
+	for {
+		nl := bytes.IndexByte(buf[consumed:], '\n')
+		if nl < 0 {
+			return consumed, bad
+		}
+		line := buf[consumed : consumed+nl]
+		consumed += nl + 1
+		r, err := parseRecord(line, intern)
+		if err != nil {
+			bad++
+			continue
+		}
+		fn(r)
+	}
+}
+
+func checkHeader(buf []byte) error {
+	if !bytes.HasPrefix(buf, []byte(journalHeader)) {
+		return fmt.Errorf("%w: unknown journal header", errBadRecord)
+	}
+	return nil
+}
