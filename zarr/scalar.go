@@ -20,7 +20,20 @@ func putUint(b []byte, dt DType, u uint64) {
 
 func putInt(b []byte, dt DType, i int64) { putUint(b, dt, uint64(i)) }
 
+// putFloat stores f; a NaN is stored as the canonical quiet NaN numpy uses
+// (Go's math.NaN has a different payload).
 func putFloat(b []byte, dt DType, f float64) {
+	if math.IsNaN(f) {
+		switch dt.Size {
+		case 2:
+			binary.LittleEndian.PutUint16(b, 0x7e00)
+		case 4:
+			binary.LittleEndian.PutUint32(b, 0x7fc00000)
+		case 8:
+			binary.LittleEndian.PutUint64(b, 0x7ff8000000000000)
+		}
+		return
+	}
 	switch dt.Size {
 	case 2:
 		binary.LittleEndian.PutUint16(b, Float16Bits(f))
