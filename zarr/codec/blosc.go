@@ -345,9 +345,6 @@ func (d *decoder) decodeBlosc(dst, src []byte) error {
 		copy(dst, h.src[bloscHeaderSize:])
 		return nil
 	}
-	if h.comp == bloscSnappy {
-		return fmt.Errorf("blosc: inner codec snappy: %w", ErrUnsupported)
-	}
 	for i := 0; i < h.nblocks; i++ {
 		off, n := h.block(i)
 		out := dst[off : off+n]

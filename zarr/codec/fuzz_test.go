@@ -1,0 +1,158 @@
+package codec
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"testing"
+)
+
+// Fuzz targets, seeded from the numcodecs vectors. Crashers found are kept
+// under testdata/fuzz/<Target>/ in go's corpus format (readable text).
+
+var fuzzCodecs = []Name{Zstd, Gzip, Zlib, LZ4, Blosc}
+
+func codecIndex(n Name) uint8 {
+	for i, c := range fuzzCodecs {
+		if c == n {
+			return uint8(i)
+		}
+	}
+	return 0
+}
+
+// checkDecode decodes src into a dst of n bytes followed by guard bytes and
+// fails the test if Decode wrote past dst or returned an error that is
+// neither ErrCorrupt nor ErrUnsupported.
+func checkDecode(t *testing.T, name Name, src []byte, n int) {
+	buf := make([]byte, n+16)
+	for i := range buf {
+		buf[i] = 0x5a
+	}
+	err := Decode(name, buf[:n], src)
+	if err != nil && !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrUnsupported) {
+		t.Fatalf("%s: error wraps neither ErrCorrupt nor ErrUnsupported: %v", name, err)
+	}
+	for i, c := range buf[n:] {
+		if c != 0x5a {
+			t.Fatalf("%s: wrote past dst at +%d", name, i)
+		}
+	}
+}
+
+// FuzzDecode decodes arbitrary input with every codec into a dst of a
+// fuzzed size (bounded: the size is the decoder's to check, not the fuzzer's
+// to allocate).
+func FuzzDecode(f *testing.F) {
+	for _, v := range loadVectors(f) {
+		if len(v.raw) <= 1<<16 {
+			f.Add(codecIndex(v.Codec), uint32(len(v.raw)), v.src)
+		}
+	}
+	f.Fuzz(func(t *testing.T, codec uint8, size uint32, src []byte) {
+		name := fuzzCodecs[int(codec)%len(fuzzCodecs)]
+		checkDecode(t, name, src, int(size%(1<<20)))
+	})
+}
+
+// FuzzBloscParse checks that ParseBlosc never panics, and that what it
+// accepts is self-consistent: streams inside the frame, covering the
+// decoded buffer exactly once, in order.
+func FuzzBloscParse(f *testing.F) {
+	for _, v := range loadVectors(f) {
+		if v.Codec == Blosc {
+			f.Add(v.src)
+		}
+	}
+	f.Fuzz(func(t *testing.T, src []byte) {
+		fr, err := ParseBlosc(src)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrUnsupported) {
+				t.Fatalf("error wraps neither sentinel: %v", err)
+			}
+			return
+		}
+		off := 0
+		for i, s := range fr.Streams {
+			if s.DstOff != off || s.DstLen <= 0 {
+				t.Fatalf("stream %d at %d+%d, want offset %d", i, s.DstOff, s.DstLen, off)
+			}
+			if s.Raw && len(s.Src) != s.DstLen {
+				t.Fatalf("raw stream %d: %d bytes for %d", i, len(s.Src), s.DstLen)
+			}
+			if len(s.Src) > 0 && !inside(src, s.Src) {
+				t.Fatalf("stream %d is not a slice of the frame", i)
+			}
+			off += s.DstLen
+		}
+		if off != fr.NBytes {
+			t.Fatalf("streams cover %d bytes of %d", off, fr.NBytes)
+		}
+		if fr.NBytes <= 1<<20 {
+			checkDecode(t, Blosc, src, fr.NBytes)
+		}
+	})
+}
+
+// FuzzDecodeBlosc mutates a blosc frame's body but keeps its header
+// plausible, which reaches the inner codecs and the unshuffles far more often
+// than random headers do, and checks Decode against the ParseBlosc route.
+func FuzzDecodeBlosc(f *testing.F) {
+	for _, v := range loadVectors(f) {
+		if v.Codec == Blosc {
+			f.Add(v.src)
+		}
+	}
+	f.Fuzz(func(t *testing.T, src []byte) {
+		if len(src) >= 16 {
+			// Keep cbytes consistent with the input so the body is used.
+			binary.LittleEndian.PutUint32(src[12:], uint32(len(src)))
+		}
+		fr, perr := ParseBlosc(src)
+		if perr != nil || fr.NBytes > 1<<20 {
+			return
+		}
+		dst := make([]byte, fr.NBytes)
+		err := Decode(Blosc, dst, src)
+		// The GPU route: every stream on its own, then unshuffle.
+		d := newDecoder()
+		shuffled := make([]byte, fr.NBytes)
+		var err2 error
+		for _, s := range fr.Streams {
+			out := shuffled[s.DstOff : s.DstOff+s.DstLen]
+			if s.Raw {
+				copy(out, s.Src)
+				continue
+			}
+			comp := map[string]int{"blosclz": bloscBlosclz, "lz4": bloscLZ4, "zlib": bloscZlib, "zstd": bloscZstd, "snappy": bloscSnappy}[fr.Compressor]
+			if err2 = d.decodeBloscStream(comp, out, s.Src); err2 != nil {
+				break
+			}
+		}
+		if (err == nil) != (err2 == nil) {
+			t.Fatalf("Decode: %v; stream by stream: %v", err, err2)
+		}
+		if err != nil {
+			return
+		}
+		got := make([]byte, fr.NBytes)
+		if err := fr.Unshuffle(got, shuffled); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, dst) {
+			t.Fatalf("Decode and ParseBlosc route differ at %d", firstDiff(got, dst))
+		}
+	})
+}
+
+func inside(outer, inner []byte) bool {
+	if len(outer) == 0 || len(inner) == 0 {
+		return false
+	}
+	for i := range outer {
+		if &outer[i] == &inner[0] {
+			return i+len(inner) <= len(outer)
+		}
+	}
+	return false
+}
