@@ -1,0 +1,271 @@
+package cache
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+func TestGetBlobHitMissAndPaths(t *testing.T) {
+	dir := t.TempDir()
+	c := mustOpen(t, Options{Dir: dir})
+	defer c.Close()
+	k := BlobKey{Layout: "abc123", Path: "train/07.npy"}
+	if c.HasBlob(k) {
+		t.Fatal("HasBlob before fill")
+	}
+	data := content("x", 5000)
+	fills := 0
+	fill := func(ctx context.Context, f *os.File) error { fills++; return writeFill(data)(ctx, f) }
+	for range 3 {
+		h, err := c.GetBlob(context.Background(), k, int64(len(data)), fill)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.Path() != c.BlobPath(k) || h.Size() != int64(len(data)) {
+			t.Fatalf("handle path %s size %d", h.Path(), h.Size())
+		}
+		if !bytes.Equal(readAll(t, h), data) {
+			t.Fatal("wrong contents")
+		}
+		if err := h.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Close(); err != nil {
+			t.Fatal("second Close:", err)
+		}
+	}
+	if fills != 1 {
+		t.Fatalf("%d fills, want 1", fills)
+	}
+	if !c.HasBlob(k) {
+		t.Fatal("HasBlob after fill")
+	}
+	// The warmed copy is a plain file under BlobDir, mirroring the tree.
+	onDisk, err := os.ReadFile(c.BlobDir("abc123") + "/train/07.npy")
+	if err != nil || !bytes.Equal(onDisk, data) {
+		t.Fatalf("plain file: %v", err)
+	}
+	if n, files := c.Usage(); n != int64(len(data)) || files != 1 {
+		t.Fatalf("Usage = %d, %d", n, files)
+	}
+}
+
+func TestGetBlobInvalidKeys(t *testing.T) {
+	c := mustOpen(t, Options{Dir: t.TempDir()})
+	defer c.Close()
+	for _, k := range []BlobKey{
+		{Layout: "", Path: "a.npy"}, {Layout: "..", Path: "a.npy"}, {Layout: "a/b", Path: "a.npy"},
+		{Layout: "L", Path: "../x.npy"}, {Layout: "L", Path: "/abs.npy"}, {Layout: "L", Path: "a//b.npy"},
+		{Layout: "L", Path: ""}, {Layout: "L", Path: "."},
+	} {
+		_, err := c.GetBlob(context.Background(), k, 1, writeFill([]byte{1}))
+		if !errors.Is(err, ErrInvalidKey) {
+			t.Errorf("GetBlob(%+v) = %v, want ErrInvalidKey", k, err)
+		}
+	}
+}
+
+// Many goroutines on overlapping keys: one fill per key, every caller gets
+// the right bytes.
+func TestGetBlobConcurrentOneFillPerKey(t *testing.T) {
+	c := mustOpen(t, Options{Dir: t.TempDir()})
+	defer c.Close()
+	const keys, workers, rounds = 8, 32, 20
+	var fills [keys]atomic.Int32
+	gate := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-gate
+			for r := range rounds {
+				i := (w + r) % keys
+				p := key(i)
+				data := content(p, sizeOf(p))
+				h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: p}, int64(len(data)),
+					func(ctx context.Context, f *os.File) error {
+						fills[i].Add(1)
+						return writeFill(data)(ctx, f)
+					})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if !bytes.Equal(readAll(t, h), data) {
+					t.Errorf("%s: wrong contents", p)
+				}
+				h.Close()
+			}
+		}()
+	}
+	close(gate)
+	wg.Wait()
+	for i := range keys {
+		if n := fills[i].Load(); n != 1 {
+			t.Errorf("key %d filled %d times", i, n)
+		}
+	}
+}
+
+// A failing fill: every waiter gets the error, nothing is visible, and the
+// next call fills again.
+func TestGetBlobFillError(t *testing.T) {
+	dir := t.TempDir()
+	c := mustOpen(t, Options{Dir: dir})
+	defer c.Close()
+	k := BlobKey{Layout: "L", Path: "bad.npy"}
+	boom := errors.New("decode failed")
+	release, started := make(chan struct{}), make(chan struct{}, 100)
+	fail := func(ctx context.Context, f *os.File) error {
+		started <- struct{}{}
+		f.Write([]byte("partial"))
+		<-release
+		return boom
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = c.GetBlob(context.Background(), k, 100, fail)
+		}()
+	}
+	<-started // the fill runs; callers that come later join it or fail alike
+	close(release)
+	wg.Wait()
+	for i, err := range errs {
+		if !errors.Is(err, boom) {
+			t.Errorf("caller %d: %v, want the fill's error", i, err)
+		}
+	}
+	if _, err := os.Stat(c.BlobPath(k)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("blob visible after failed fill: %v", err)
+	}
+	if c.HasBlob(k) {
+		t.Fatal("HasBlob after failed fill")
+	}
+	if tf := tempFiles(t, dir); len(tf) != 0 {
+		t.Fatalf("temp files left: %v", tf)
+	}
+	if n, files := c.Usage(); n != 0 || files != 0 {
+		t.Fatalf("Usage = %d, %d after failed fill", n, files)
+	}
+	data := content("ok", 100)
+	h, err := c.GetBlob(context.Background(), k, 100, writeFill(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if !bytes.Equal(readAll(t, h), data) {
+		t.Fatal("wrong contents after retry")
+	}
+}
+
+func TestGetBlobWrongSize(t *testing.T) {
+	dir := t.TempDir()
+	c := mustOpen(t, Options{Dir: dir})
+	defer c.Close()
+	k := BlobKey{Layout: "L", Path: "short.npy"}
+	for _, n := range []int{99, 101} {
+		_, err := c.GetBlob(context.Background(), k, 100, writeFill(make([]byte, n)))
+		if !errors.Is(err, ErrFillSize) {
+			t.Fatalf("fill of %d bytes: %v, want ErrFillSize", n, err)
+		}
+	}
+	if _, err := os.Stat(c.BlobPath(k)); !errors.Is(err, os.ErrNotExist) || len(tempFiles(t, dir)) != 0 {
+		t.Fatal("something left behind by a wrong-size fill")
+	}
+}
+
+// A waiter whose context ends returns at once; the fill goes on for the
+// caller that still wants it.
+func TestGetBlobWaiterCancel(t *testing.T) {
+	c := mustOpen(t, Options{Dir: t.TempDir()})
+	defer c.Close()
+	k := BlobKey{Layout: "L", Path: "slow.npy"}
+	data := content("slow", 4096)
+	started, release := make(chan struct{}), make(chan struct{})
+	fill := func(ctx context.Context, f *os.File) error {
+		close(started)
+		<-release
+		return writeFill(data)(ctx, f)
+	}
+	type res struct {
+		h   *Handle
+		err error
+	}
+	first := make(chan res)
+	go func() {
+		h, err := c.GetBlob(context.Background(), k, 4096, fill)
+		first <- res{h, err}
+	}()
+	<-started
+	ctx, cancel := context.WithCancel(context.Background())
+	second := make(chan error)
+	go func() {
+		_, err := c.GetBlob(ctx, k, 4096, fill)
+		second <- err
+	}()
+	cancel()
+	if err := <-second; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled waiter: %v", err)
+	}
+	close(release)
+	r := <-first
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	defer r.h.Close()
+	if !bytes.Equal(readAll(t, r.h), data) {
+		t.Fatal("wrong contents")
+	}
+}
+
+// When the only caller gives up, the fill's context is cancelled.
+func TestGetBlobLastCallerCancelStopsFill(t *testing.T) {
+	dir := t.TempDir()
+	c := mustOpen(t, Options{Dir: dir})
+	defer c.Close()
+	k := BlobKey{Layout: "L", Path: "abandoned.npy"}
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	fill := func(fctx context.Context, f *os.File) error {
+		cancel()
+		<-fctx.Done()
+		stopped <- fctx.Err()
+		return fctx.Err()
+	}
+	if _, err := c.GetBlob(ctx, k, 10, fill); !errors.Is(err, context.Canceled) {
+		t.Fatalf("GetBlob: %v", err)
+	}
+	if err := <-stopped; !errors.Is(err, context.Canceled) {
+		t.Fatalf("fill context: %v", err)
+	}
+	c.Close()
+	if c.HasBlob(k) || len(tempFiles(t, dir)) != 0 {
+		t.Fatal("abandoned fill left something")
+	}
+}
+
+func TestClosed(t *testing.T) {
+	c := mustOpen(t, Options{Dir: t.TempDir()})
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal("second Close:", err)
+	}
+	if _, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: "a.npy"}, 1, writeFill([]byte{1})); !errors.Is(err, ErrClosed) {
+		t.Fatalf("GetBlob after Close: %v", err)
+	}
+	if _, err := c.GetChunk(context.Background(), "k", func(context.Context) ([]byte, error) { return nil, nil }); !errors.Is(err, ErrClosed) {
+		t.Fatalf("GetChunk after Close: %v", err)
+	}
+}

@@ -1,0 +1,147 @@
+package cache
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"sync"
+	"testing"
+)
+
+// Filling far more than the budget: the directory never holds more than
+// the budget plus one blob, and usage accounting matches the disk.
+func TestBudgetSequential(t *testing.T) {
+	dir := t.TempDir()
+	const budget = 64 << 10
+	c := mustOpen(t, Options{Dir: dir, Size: budget})
+	defer c.Close()
+	const maxBlob = 12 << 10
+	for i := range 200 {
+		getBlob(t, c, key(i%150)) // some repeats: hits and refills
+		disk, _ := diskUsage(t, dir)
+		if disk > budget+maxBlob {
+			t.Fatalf("after %d fills: %d bytes on disk, budget %d", i+1, disk, budget)
+		}
+		used, files := c.Usage()
+		if d, f := diskUsage(t, dir); d != used || f != files {
+			t.Fatalf("Usage = %d bytes %d files, disk has %d bytes %d files", used, files, d, f)
+		}
+	}
+}
+
+// The same with concurrent fills, sampled after each one completes.
+func TestBudgetConcurrent(t *testing.T) {
+	dir := t.TempDir()
+	const budget = 64 << 10
+	c := mustOpen(t, Options{Dir: dir, Size: budget})
+	defer c.Close()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var peak int64
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 60 {
+				getBlob(t, c, key(w*1000+i))
+				d, _ := diskUsage(t, dir)
+				mu.Lock()
+				peak = max(peak, d)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	// Every fill reserves its size before it writes, so even four fills in
+	// flight stay within the budget; allow the one blob the contract does.
+	if peak > budget+12<<10 {
+		t.Fatalf("peak %d bytes on disk, budget %d", peak, budget)
+	}
+	t.Logf("peak %d bytes on disk, budget %d", peak, budget)
+}
+
+// A blob held open survives eviction pressure: it is neither evicted nor
+// unlinked, and reads correctly to the end. Once closed it can go.
+func TestPinnedBlobSurvivesEviction(t *testing.T) {
+	dir := t.TempDir()
+	const budget = 40 << 10
+	c := mustOpen(t, Options{Dir: dir, Size: budget})
+	defer c.Close()
+	k := BlobKey{Layout: "L", Path: "pinned.npy"}
+	data := content("pinned", 16<<10)
+	h, err := c.GetBlob(context.Background(), k, int64(len(data)), writeFill(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := make([]byte, 4096)
+	if _, err := h.File().ReadAt(first, 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 100 {
+		getBlob(t, c, key(i))
+		if _, err := os.Stat(c.BlobPath(k)); err != nil {
+			t.Fatalf("pinned blob unlinked after %d fills: %v", i+1, err)
+		}
+	}
+	rest := make([]byte, len(data)-4096)
+	if _, err := h.File().ReadAt(rest, 4096); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(append(first, rest...), data) {
+		t.Fatal("pinned blob read wrong bytes")
+	}
+	if !c.HasBlob(k) {
+		t.Fatal("pinned blob no longer indexed")
+	}
+	h.Close()
+	for i := range 100 {
+		getBlob(t, c, key(1000+i))
+	}
+	if _, err := os.Stat(c.BlobPath(k)); !os.IsNotExist(err) {
+		t.Fatalf("unpinned blob still there under pressure: %v", err)
+	}
+}
+
+// Everything pinned: fills still succeed (a read must be served) and the
+// excess goes as soon as the handles close.
+func TestAllPinnedOvershootThenRecover(t *testing.T) {
+	dir := t.TempDir()
+	const budget = 20 << 10
+	c := mustOpen(t, Options{Dir: dir, Size: budget})
+	defer c.Close()
+	var hs []*Handle
+	for i := range 10 {
+		p := key(i)
+		data := content(p, sizeOf(p))
+		h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: p}, int64(len(data)), writeFill(data))
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs = append(hs, h)
+	}
+	for _, h := range hs {
+		h.Close()
+	}
+	if d, _ := diskUsage(t, dir); d > budget {
+		t.Fatalf("%d bytes on disk after all handles closed, budget %d", d, budget)
+	}
+}
+
+// A blob bigger than the whole budget is served, then dropped once closed.
+func TestBlobLargerThanBudget(t *testing.T) {
+	dir := t.TempDir()
+	c := mustOpen(t, Options{Dir: dir, Size: 1000})
+	defer c.Close()
+	data := content("big", 5000)
+	h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: "big.npy"}, 5000, writeFill(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(readAll(t, h), data) {
+		t.Fatal("wrong contents")
+	}
+	h.Close()
+	if d, _ := diskUsage(t, dir); d != 0 {
+		t.Fatalf("%d bytes left on disk", d)
+	}
+}
