@@ -77,11 +77,11 @@ func loadCUDA() (*cudaLib, error) {
 		}
 		l := &cudaLib{handle: h}
 		if err := l.bind(); err != nil {
-			return nil, fmt.Errorf("gpu: %s: %w", name, err)
+			return nil, fmt.Errorf("%s: %w", name, err)
 		}
 		return l, nil
 	}
-	return nil, fmt.Errorf("gpu: CUDA driver library libcuda.so.1 not found: %v", lastErr)
+	return nil, fmt.Errorf("CUDA driver library libcuda.so.1 not found (%v)", lastErr)
 }
 
 func (l *cudaLib) bind() error {

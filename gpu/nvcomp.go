@@ -182,7 +182,7 @@ func loadNvcomp(getenv func(string) string) (*nvcompLib, error) {
 		}
 		l := &nvcompLib{path: cand, handle: h}
 		if err := l.bind(); err != nil {
-			return nil, fmt.Errorf("gpu: nvCOMP at %s: %w", cand, err)
+			return nil, fmt.Errorf("nvCOMP at %s: %w", cand, err)
 		}
 		return l, nil
 	}
@@ -190,7 +190,7 @@ func loadNvcomp(getenv func(string) string) (*nvcompLib, error) {
 	if len(tried) > 0 {
 		msg += ": " + strings.Join(tried, "; ")
 	}
-	return nil, fmt.Errorf("gpu: nvCOMP library libnvcomp.so %s", msg)
+	return nil, fmt.Errorf("nvCOMP library libnvcomp.so %s", msg)
 }
 
 func (l *nvcompLib) bind() error {

@@ -72,7 +72,10 @@ func prepare(j *codec.Job) prepared {
 			return corrupt(j, "%v", err)
 		}
 		if int64(size) != n&0xffffffff {
-			return corrupt(j, "gzip trailer says %d decoded bytes, expected %d", size, n)
+			// Corrupt, or a file of several gzip members (the trailer then
+			// holds the last member's size): the CPU decoder tells which.
+			return prepared{err: fmt.Errorf("gpu: gzip chunk: trailer says %d decoded bytes, expected %d (several members?): %w",
+				size, n, codec.ErrUnsupported)}
 		}
 		return prepared{pieces: []piece{{algo: algoDeflate, src: body, n: n}}, check: checkCRC32, want: crc}
 	case codec.Zlib:
@@ -284,8 +287,8 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns [numAl
 	l.statusOff = out
 	out += 4 * int64(l.nsegs)
 	l.d2h = out
-	reserve := func(n int64) int64 {
-		out = alignUp(out, outAlign)
+	reserve := func(n, align int64) int64 {
+		out = alignUp(out, max(align, outAlign))
 		at := out
 		out += n
 		return at
@@ -295,7 +298,7 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns [numAl
 		base := l.finalOff[k]
 		if p.shuffle != nil {
 			sd := *p.shuffle
-			base = reserve(int64(len(jobs[ji].Dst)))
+			base = reserve(int64(len(jobs[ji].Dst)), outAlign)
 			sd.Src, sd.Dst = uint64(base), uint64(l.finalOff[k])
 			l.shuffles = append(l.shuffles, sd)
 		}
@@ -312,7 +315,7 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns [numAl
 			if dst%outAligns[a] != 0 {
 				// Misaligned for nvCOMP (blosc streams of odd sizes): decode
 				// into an aligned scratch slot, then copy into place.
-				ref.outOff = reserve(pc.n)
+				ref.outOff = reserve(pc.n, outAligns[a])
 				l.copies = append(l.copies, copyRef{src: ref.outOff, dst: dst, n: pc.n})
 			}
 			l.segs[a] = append(l.segs[a], ref)

@@ -9,7 +9,7 @@ import (
 
 // ErrNoGPU is wrapped by every error that means "this machine cannot decode
 // on a GPU": no driver library, no device, no nvCOMP.
-var ErrNoGPU = errors.New("no usable GPU")
+var ErrNoGPU = errors.New("gpu: no usable GPU")
 
 // Info says what Probe found. It is meant for `zarrfs version` and logs.
 type Info struct {

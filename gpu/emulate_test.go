@@ -1,0 +1,362 @@
+package gpu
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/zarrfs/zarrfs/zarr/codec"
+)
+
+// These tests run the CPU half of the GPU path for real (framing, layout)
+// and emulate the device half on the CPU: nvCOMP by the Go decoders of the
+// same formats, and the kernels by line-for-line Go ports. They check the
+// offsets, alignment handling and shuffle arithmetic on any machine; the GPU
+// tests then check that the device does what the emulation does.
+
+// emuUnshuffle is the unshuffle kernel of kernels.cu for one descriptor, its
+// work units visited in order instead of by threads.
+func emuUnshuffle(buf []byte, d shuffleDesc) {
+	if d.NBytes == 0 || d.BlockSize == 0 || d.TypeSize == 0 {
+		return
+	}
+	geom := func(b uint64) (start, bsize, n, units uint64) {
+		start = b * uint64(d.BlockSize)
+		rest := d.NBytes - start
+		bsize = min(rest, uint64(d.BlockSize))
+		n = bsize / uint64(d.TypeSize)
+		var tunits uint64
+		if d.Mode == modeByteShuffle {
+			tunits = n
+		} else {
+			if d.BitRound != 0 {
+				n -= n % 8
+			} else if n%8 != 0 {
+				n = 0
+			}
+			tunits = (n / 8) * uint64(d.TypeSize)
+		}
+		return start, bsize, n, tunits + (bsize - n*uint64(d.TypeSize))
+	}
+	nblocks := (d.NBytes + uint64(d.BlockSize) - 1) / uint64(d.BlockSize)
+	_, fbsize, fn, funits := geom(0)
+	lstart, lbsize, ln, lunits := geom(nblocks - 1)
+	total := (nblocks-1)*funits + lunits
+	src, dst := buf[d.Src:], buf[d.Dst:]
+	T := uint64(d.TypeSize)
+	for u := uint64(0); u < total; u++ {
+		var r, start, bsize, n, units uint64
+		if u < (nblocks-1)*funits {
+			b := u / funits
+			r = u - b*funits
+			start, bsize, n, units = b*uint64(d.BlockSize), fbsize, fn, funits
+		} else {
+			r = u - (nblocks-1)*funits
+			start, bsize, n, units = lstart, lbsize, ln, lunits
+		}
+		tunits := units - (bsize - n*T)
+		s, o := src[start:], dst[start:]
+		if r >= tunits {
+			off := n*T + (r - tunits)
+			o[off] = s[off]
+			continue
+		}
+		if d.Mode == modeByteShuffle {
+			for j := uint64(0); j < T; j++ {
+				o[r*T+j] = s[j*n+r]
+			}
+			continue
+		}
+		rowbytes := n / 8
+		j := r / rowbytes
+		g := r - j*rowbytes
+		var rows uint64
+		for k := uint64(0); k < 8; k++ {
+			rows |= uint64(s[(j*8+k)*rowbytes+g]) << (8 * k)
+		}
+		for e := uint64(0); e < 8; e++ {
+			var v uint32
+			for k := uint64(0); k < 8; k++ {
+				v |= uint32((rows>>(8*k+e))&1) << k
+			}
+			o[(g*8+e)*T+j] = byte(v)
+		}
+	}
+}
+
+// emulate runs a batch through layoutBatch and the emulated device: it
+// returns each job's decoded bytes or error, as round would.
+func emulate(jobs []codec.Job, aligns [numAlgos]int64, swap int) ([][]byte, []error) {
+	preps := make([]prepared, len(jobs))
+	errs := make([]error, len(jobs))
+	outs := make([][]byte, len(jobs))
+	var idx []int
+	for i := range jobs {
+		preps[i] = prepare(&jobs[i])
+		if preps[i].err != nil {
+			errs[i] = preps[i].err
+			continue
+		}
+		idx = append(idx, i)
+	}
+	if len(idx) == 0 {
+		return outs, errs
+	}
+	l := layoutBatch(jobs, preps, idx, aligns)
+	in := make([]byte, l.inSize)
+	out := make([]byte, l.outSize)
+	for i := range out {
+		out[i] = 0xA5 // garbage, as fresh device memory may hold
+	}
+	for a := range numAlgos {
+		for _, s := range l.segs[a] {
+			copy(in[s.inOff:], s.src)
+			if s.outOff%aligns[a] != 0 {
+				panic(fmt.Sprintf("misaligned nvCOMP output at %d for algo %d", s.outOff, a))
+			}
+			if err := cpuAlgo(a, out[s.outOff:s.outOff+s.n], s.src); err != nil && errs[idx[s.job]] == nil {
+				errs[idx[s.job]] = fmt.Errorf("%v: %w", err, codec.ErrCorrupt)
+			}
+		}
+	}
+	for _, s := range l.raws {
+		copy(in[s.inOff:], s.src)
+	}
+	for _, c := range l.copies {
+		from := out
+		if c.fromInput {
+			from = in
+		}
+		copy(out[c.dst:c.dst+c.n], from[c.src:c.src+c.n])
+	}
+	for _, s := range l.shuffles {
+		emuUnshuffle(out, s)
+	}
+	if swap > 1 {
+		for i := 0; i+swap <= int(l.finalEnd); i += swap {
+			e := out[i : i+swap]
+			for a, z := 0, swap-1; a < z; a, z = a+1, z-1 {
+				e[a], e[z] = e[z], e[a]
+			}
+		}
+	}
+	for k, ji := range idx {
+		if errs[ji] != nil {
+			continue
+		}
+		b := out[l.finalOff[k] : l.finalOff[k]+int64(len(jobs[ji].Dst))]
+		if err := verify(preps[ji].check, preps[ji].want, b); swap <= 1 && err != nil {
+			errs[ji] = err
+			continue
+		}
+		outs[ji] = b
+	}
+	return outs, errs
+}
+
+var alignCases = []struct {
+	name   string
+	aligns [numAlgos]int64
+}{
+	{"nvcomp", [numAlgos]int64{8, 4, 4, 4}},
+	{"coarse", [numAlgos]int64{4096, 4096, 4096, 4096}}, // forces the scratch-and-copy path
+}
+
+func TestEmulatedVectors(t *testing.T) {
+	vecs, src, raw := loadVectors(t)
+	var jobs []codec.Job
+	for _, v := range vecs {
+		jobs = append(jobs, codec.Job{Codec: codec.Name(v.Codec), Src: src[v.Name], Dst: make([]byte, len(raw[v.Name]))})
+	}
+	for _, ac := range alignCases {
+		t.Run(ac.name, func(t *testing.T) {
+			outs, errs := emulate(jobs, ac.aligns, 0)
+			var decoded, unsupported int
+			for i, v := range vecs {
+				err := errs[i]
+				switch {
+				case err == nil:
+					if !bytes.Equal(outs[i], raw[v.Name]) {
+						t.Errorf("%s: decoded bytes differ from numcodecs' input", v.Name)
+					}
+					decoded++
+				case errors.Is(err, codec.ErrUnsupported):
+					// blosclz, empty chunks, and gzip with two members are
+					// left to the CPU; anything else must decode here.
+					if !strings.Contains(v.Name, "blosclz") && !strings.Contains(v.Name, "two_members") && len(raw[v.Name]) != 0 {
+						t.Errorf("%s: unexpectedly unsupported: %v", v.Name, err)
+					}
+					unsupported++
+				default:
+					t.Errorf("%s: %v", v.Name, err)
+				}
+			}
+			t.Logf("%d vectors decoded, %d left to the CPU", decoded, unsupported)
+			if decoded < len(vecs)/2 {
+				t.Errorf("only %d of %d vectors decoded", decoded, len(vecs))
+			}
+		})
+	}
+}
+
+// genJobs makes chunks of every codec and blosc variant the GPU path takes,
+// with their expected decoded bytes.
+func genJobs(t testing.TB, ny, nx int) (jobs []codec.Job, want [][]byte, names []string) {
+	t.Helper()
+	seed := uint64(1)
+	add := func(name string, c codec.Name, data, enc []byte) {
+		jobs = append(jobs, codec.Job{Codec: c, Src: enc, Dst: make([]byte, len(data))})
+		want = append(want, data)
+		names = append(names, name)
+	}
+	for _, c := range []codec.Name{codec.Zstd, codec.LZ4, codec.Gzip, codec.Zlib} {
+		seed++
+		d := field(ny, nx, seed)
+		add(string(c), c, d, compress(c, d))
+	}
+	for _, comp := range []string{"lz4", "zstd", "zlib", "snappy"} {
+		for _, sh := range []codec.BloscShuffle{codec.NoShuffle, codec.ByteShuffle, codec.BitShuffle} {
+			for _, geo := range []struct{ ts, bs int }{{4, 1 << 16}, {8, 40000}, {2, 4100}, {3, 999}} {
+				seed++
+				d := field(ny, nx, seed)
+				d = d[:len(d)-int(seed%5)] // ragged last block and element
+				enc := bloscCompress(d, geo.ts, geo.bs, sh, comp)
+				add(fmt.Sprintf("blosc-%s-%v-t%d-b%d", comp, sh, geo.ts, geo.bs), codec.Blosc, d, enc)
+			}
+		}
+	}
+	// Incompressible data: blosc stores every stream raw.
+	r := make([]byte, 50000)
+	for i := range r {
+		r[i] = byte(i*7919 + i>>3*31)
+	}
+	add("blosc-raw", codec.Blosc, r, bloscCompress(r, 4, 8192, codec.ByteShuffle, "lz4"))
+	return jobs, want, names
+}
+
+func TestEmulatedGenerated(t *testing.T) {
+	jobs, want, names := genJobs(t, 37, 91)
+	// The generator itself must agree with the CPU decoder.
+	for i := range jobs {
+		got := make([]byte, len(want[i]))
+		if err := codec.Decode(jobs[i].Codec, got, jobs[i].Src); err != nil {
+			if errors.Is(err, codec.ErrUnsupported) {
+				continue // snappy: the CPU codec does not decode it
+			}
+			t.Fatalf("%s: CPU decode of the generated chunk: %v", names[i], err)
+		}
+		if !bytes.Equal(got, want[i]) {
+			t.Fatalf("%s: CPU decode differs from the input", names[i])
+		}
+	}
+	for _, ac := range alignCases {
+		t.Run(ac.name, func(t *testing.T) {
+			outs, errs := emulate(jobs, ac.aligns, 0)
+			for i := range jobs {
+				if errs[i] != nil {
+					t.Errorf("%s: %v", names[i], errs[i])
+				} else if !bytes.Equal(outs[i], want[i]) {
+					t.Errorf("%s: decoded bytes differ", names[i])
+				}
+			}
+		})
+	}
+}
+
+func TestEmulatedSwap(t *testing.T) {
+	d := field(10, 10, 3)
+	jobs := []codec.Job{{Codec: codec.Zstd, Src: compress(codec.Zstd, d), Dst: make([]byte, len(d))}}
+	outs, errs := emulate(jobs, alignCases[0].aligns, 4)
+	if errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	for i := 0; i < len(d); i += 4 {
+		if binary.BigEndian.Uint32(outs[0][i:]) != binary.LittleEndian.Uint32(d[i:]) {
+			t.Fatalf("element %d not swapped", i/4)
+		}
+	}
+}
+
+func TestPrepareErrors(t *testing.T) {
+	good := field(4, 4, 1)
+	lz := compress(codec.LZ4, good)
+	gz := compress(codec.Gzip, good)
+	zl := compress(codec.Zlib, good)
+	blosclz := bloscCompress(good, 4, 64, codec.ByteShuffle, "lz4")
+	blosclz[2] &^= 0xe0 // inner codec 0: blosclz
+	dict := bytes.Clone(zl)
+	dict[1] = dict[1]&0xc0 | 0x20 // FDICT, FCHECK recomputed below
+	dict[1] += byte((31 - (uint16(dict[0])<<8|uint16(dict[1]))%31) % 31)
+	tests := []struct {
+		name string
+		job  codec.Job
+		want error
+	}{
+		{"unknown codec", codec.Job{Codec: "bz2", Src: lz, Dst: make([]byte, 64)}, codec.ErrUnsupported},
+		{"empty chunk", codec.Job{Codec: codec.Zstd, Src: compress(codec.Zstd, nil), Dst: nil}, codec.ErrUnsupported},
+		{"lz4 size header mismatch", codec.Job{Codec: codec.LZ4, Src: lz, Dst: make([]byte, 63)}, codec.ErrCorrupt},
+		{"lz4 too short", codec.Job{Codec: codec.LZ4, Src: lz[:3], Dst: make([]byte, 64)}, codec.ErrCorrupt},
+		{"gzip size trailer mismatch", codec.Job{Codec: codec.Gzip, Src: gz, Dst: make([]byte, 65)}, codec.ErrUnsupported},
+		{"gzip bad magic", codec.Job{Codec: codec.Gzip, Src: append([]byte{0x1f, 0x8c}, gz[2:]...), Dst: make([]byte, 64)}, codec.ErrCorrupt},
+		{"zlib bad header", codec.Job{Codec: codec.Zlib, Src: append([]byte{0x78, 0x00}, zl[2:]...), Dst: make([]byte, 64)}, codec.ErrCorrupt},
+		{"zlib dictionary", codec.Job{Codec: codec.Zlib, Src: dict, Dst: make([]byte, 64)}, codec.ErrUnsupported},
+		{"blosc blosclz", codec.Job{Codec: codec.Blosc, Src: blosclz, Dst: make([]byte, 64)}, codec.ErrUnsupported},
+		{"blosc size mismatch", codec.Job{Codec: codec.Blosc, Src: bloscCompress(good, 4, 64, codec.ByteShuffle, "lz4"), Dst: make([]byte, 60)}, codec.ErrCorrupt},
+		{"blosc truncated", codec.Job{Codec: codec.Blosc, Src: blosclz[:10], Dst: make([]byte, 64)}, codec.ErrCorrupt},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := prepare(&tt.job)
+			if !errors.Is(p.err, tt.want) {
+				t.Fatalf("prepare: %v, want %v", p.err, tt.want)
+			}
+		})
+	}
+}
+
+func TestGzipBodyHeaderFields(t *testing.T) {
+	d := field(8, 8, 2)
+	gz := compress(codec.Gzip, d) // has FNAME
+	body, _, size, err := gzipBody(gz)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if int(size) != len(d) {
+		t.Fatalf("size %d, want %d", size, len(d))
+	}
+	out := make([]byte, len(d))
+	if err := cpuAlgo(algoDeflate, out, body); err != nil || !bytes.Equal(out, d) {
+		t.Fatalf("raw deflate body does not inflate to the input: %v", err)
+	}
+}
+
+func TestLayoutBounds(t *testing.T) {
+	jobs, _, _ := genJobs(t, 5, 300)
+	preps := make([]prepared, len(jobs))
+	var idx []int
+	for i := range jobs {
+		preps[i] = prepare(&jobs[i])
+		if preps[i].err != nil {
+			t.Fatal(preps[i].err)
+		}
+		idx = append(idx, i)
+	}
+	l := layoutBatch(jobs, preps, idx, alignCases[1].aligns)
+	if l.inSize < l.shufOff+int64(len(l.shuffles)*shuffleDescSize) {
+		t.Errorf("shuffle descriptors past the input buffer")
+	}
+	if int64(len(l.copies)) > int64(len(l.raws)+l.nsegs) {
+		t.Errorf("%d copies overflow the %d descriptor slots", len(l.copies), len(l.raws)+l.nsegs)
+	}
+	for k, off := range l.finalOff {
+		if off%outAlign != 0 || off+int64(len(jobs[idx[k]].Dst)) > l.finalEnd {
+			t.Errorf("job %d: final slot %d misplaced", k, off)
+		}
+	}
+	if l.d2h > l.outSize || l.statusOff+4*int64(l.nsegs) != l.d2h {
+		t.Errorf("statuses not at the end of the copied-back region")
+	}
+}

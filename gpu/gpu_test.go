@@ -1,0 +1,280 @@
+package gpu
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/zarrfs/zarrfs/zarr/codec"
+)
+
+// These tests need a GPU, its driver and nvCOMP; elsewhere they skip and
+// say which was missing. Every one compares the GPU's bytes with the CPU
+// decoder's (codec.Decode) or with the data that was compressed.
+
+var (
+	sharedOnce sync.Once
+	sharedDec  *Decoder
+	sharedErr  error
+)
+
+func gpuDecoder(t testing.TB) *Decoder {
+	t.Helper()
+	sharedOnce.Do(func() {
+		sharedDec, sharedErr = New(Options{})
+		if sharedErr == nil {
+			t.Logf("%s, nvCOMP from %s", sharedDec.Info(), sharedDec.Info().NvcompPath)
+		}
+	})
+	if sharedErr != nil {
+		t.Skipf("no GPU decoding here: %v", sharedErr)
+	}
+	return sharedDec
+}
+
+// cpuDecode returns the CPU decoder's result for a job.
+func cpuDecode(j codec.Job) ([]byte, error) {
+	out := make([]byte, len(j.Dst))
+	err := codec.Decode(j.Codec, out, j.Src)
+	return out, err
+}
+
+func TestGPUVectors(t *testing.T) {
+	d := gpuDecoder(t)
+	vecs, src, raw := loadVectors(t)
+	jobs := make([]codec.Job, len(vecs))
+	for i, v := range vecs {
+		jobs[i] = codec.Job{Codec: codec.Name(v.Codec), Src: src[v.Name], Dst: make([]byte, len(raw[v.Name]))}
+	}
+	if err := d.DecodeBatch(context.Background(), jobs); err != nil {
+		t.Fatal(err)
+	}
+	var onGPU, onCPU int
+	for i, v := range vecs {
+		j := jobs[i]
+		want, cerr := cpuDecode(j)
+		switch {
+		case j.Err == nil:
+			onGPU++
+			if cerr != nil {
+				t.Errorf("%s: GPU decoded what the CPU rejects (%v)", v.Name, cerr)
+			} else if !bytes.Equal(j.Dst, want) || !bytes.Equal(j.Dst, raw[v.Name]) {
+				t.Errorf("%s: GPU bytes differ from the CPU's", v.Name)
+			}
+		case errors.Is(j.Err, codec.ErrUnsupported):
+			onCPU++
+			if !strings.Contains(v.Name, "blosclz") && !strings.Contains(v.Name, "two_members") && len(raw[v.Name]) != 0 {
+				t.Errorf("%s: GPU refused: %v", v.Name, j.Err)
+			}
+		default:
+			t.Errorf("%s: %v", v.Name, j.Err)
+		}
+	}
+	t.Logf("%d vectors decoded on the GPU byte-identical to the CPU, %d left to the CPU", onGPU, onCPU)
+}
+
+func TestGPUManyChunks(t *testing.T) {
+	d := gpuDecoder(t)
+	var jobs []codec.Job
+	var want [][]byte
+	var names []string
+	// Several rounds of every codec and blosc variant, of varied shapes.
+	for _, shape := range [][2]int{{37, 91}, {128, 256}, {1, 5000}, {300, 301}} {
+		j, w, n := genJobs(t, shape[0], shape[1])
+		jobs, want, names = append(jobs, j...), append(want, w...), append(names, n...)
+	}
+	for _, maxBytes := range []int64{0, 2 << 20} { // one round; many rounds
+		t.Run(fmt.Sprintf("max%d", maxBytes), func(t *testing.T) {
+			dd := d
+			if maxBytes > 0 {
+				var err error
+				if dd, err = New(Options{MaxBatchBytes: maxBytes}); err != nil {
+					t.Fatal(err)
+				}
+				defer dd.Close()
+			}
+			for i := range jobs {
+				clear(jobs[i].Dst)
+			}
+			if err := dd.DecodeBatch(context.Background(), jobs); err != nil {
+				t.Fatal(err)
+			}
+			for i, j := range jobs {
+				if j.Err != nil {
+					t.Errorf("%s: %v", names[i], j.Err)
+					continue
+				}
+				if !bytes.Equal(j.Dst, want[i]) {
+					t.Errorf("%s: GPU bytes differ from the input", names[i])
+				}
+				if cpu, err := cpuDecode(j); err == nil && !bytes.Equal(cpu, j.Dst) {
+					t.Errorf("%s: GPU bytes differ from the CPU's", names[i])
+				}
+			}
+		})
+	}
+}
+
+func TestGPUByteSwap(t *testing.T) {
+	d := gpuDecoder(t)
+	for _, size := range []int{2, 4, 8} {
+		data := field(64, 64, uint64(size))
+		jobs := []codec.Job{
+			{Codec: codec.Zstd, Src: compress(codec.Zstd, data), Dst: make([]byte, len(data))},
+			{Codec: codec.Blosc, Src: bloscCompress(data, size, 4096, codec.ByteShuffle, "lz4"), Dst: make([]byte, len(data))},
+			{Codec: codec.Gzip, Src: compress(codec.Gzip, data), Dst: make([]byte, len(data))},
+		}
+		if err := d.DecodeBatchSwap(context.Background(), jobs, size); err != nil {
+			t.Fatal(err)
+		}
+		for k, j := range jobs {
+			if j.Err != nil {
+				t.Fatalf("size %d job %d: %v", size, k, j.Err)
+			}
+			for i := 0; i < len(data); i += size {
+				for b := range size {
+					if j.Dst[i+b] != data[i+size-1-b] {
+						t.Fatalf("size %d job %d: element %d not swapped", size, k, i/size)
+					}
+				}
+			}
+		}
+	}
+}
+
+// corruptions returns damaged copies of a compressed chunk.
+func corruptions(src []byte, r *rand.Rand) map[string][]byte {
+	out := map[string][]byte{}
+	flip := bytes.Clone(src)
+	for range 1 + len(src)/200 {
+		flip[r.IntN(len(flip))] ^= byte(1 << r.IntN(8))
+	}
+	out["bitflips"] = flip
+	out["truncated"] = src[:len(src)*2/3]
+	garbage := bytes.Clone(src)
+	for i := len(garbage) / 4; i < len(garbage); i++ {
+		garbage[i] = byte(r.Uint32())
+	}
+	out["garbage"] = garbage
+	zeros := bytes.Clone(src)
+	clear(zeros[len(zeros)/3:])
+	out["zeros"] = zeros
+	return out
+}
+
+// TestGPUCorrupt decodes damaged chunks mixed with good ones: the good ones
+// must come out right, the damaged ones must fail with ErrCorrupt or
+// ErrUnsupported (or decode to what the CPU decodes them to, when the
+// damage is undetectable, as a flipped literal in LZ4 is), nothing may
+// crash or hang, and the decoder must work afterwards.
+func TestGPUCorrupt(t *testing.T) {
+	d := gpuDecoder(t)
+	r := rand.New(rand.NewPCG(9, 9))
+	good, want, names := genJobs(t, 60, 70)
+	var jobs []codec.Job
+	var kinds []string
+	var goodIdx []int
+	for i, g := range good {
+		goodIdx = append(goodIdx, len(jobs))
+		jobs = append(jobs, g)
+		kinds = append(kinds, names[i]+"/good")
+		for kind, src := range corruptions(g.Src, r) {
+			jobs = append(jobs, codec.Job{Codec: g.Codec, Src: src, Dst: make([]byte, len(g.Dst))})
+			kinds = append(kinds, names[i]+"/"+kind)
+		}
+	}
+	for round := range 3 {
+		r.Shuffle(len(jobs), func(a, b int) {
+			jobs[a], jobs[b] = jobs[b], jobs[a]
+			kinds[a], kinds[b] = kinds[b], kinds[a]
+		})
+		err := d.DecodeBatch(context.Background(), jobs)
+		if err != nil {
+			t.Logf("round %d: the batch failed as a whole: %v", round, err)
+		}
+		var detected, silent, agreed int
+		for i, j := range jobs {
+			cpu, cerr := cpuDecode(j)
+			isGood := strings.HasSuffix(kinds[i], "/good")
+			switch {
+			case isGood && err == nil:
+				if j.Err != nil || !bytes.Equal(j.Dst, cpu) {
+					t.Errorf("round %d: good chunk %s: %v", round, kinds[i], j.Err)
+				}
+			case j.Err != nil:
+				if !errors.Is(j.Err, codec.ErrCorrupt) && !errors.Is(j.Err, codec.ErrUnsupported) {
+					t.Errorf("%s: error of no known class: %v", kinds[i], j.Err)
+				}
+				detected++
+			case cerr == nil && bytes.Equal(cpu, j.Dst):
+				agreed++ // damage neither decoder can see
+			default:
+				silent++
+				t.Logf("%s: the GPU accepted what the CPU %s", kinds[i],
+					map[bool]string{true: "decodes differently", false: "rejects: " + fmt.Sprint(cerr)}[cerr == nil])
+			}
+		}
+		t.Logf("round %d: %d damaged chunks detected, %d decode alike on both, %d accepted by the GPU only", round, detected, agreed, silent)
+	}
+	// The context is still usable: a clean batch decodes exactly.
+	clean := make([]codec.Job, len(good))
+	for i, g := range good {
+		clean[i] = codec.Job{Codec: g.Codec, Src: g.Src, Dst: make([]byte, len(g.Dst))}
+	}
+	if err := d.DecodeBatch(context.Background(), clean); err != nil {
+		t.Fatalf("after corrupt batches: %v", err)
+	}
+	for i, j := range clean {
+		if j.Err != nil || !bytes.Equal(j.Dst, want[i]) {
+			t.Fatalf("after corrupt batches, %s: %v", names[i], j.Err)
+		}
+	}
+}
+
+func TestGPUConcurrent(t *testing.T) {
+	d := gpuDecoder(t)
+	jobs0, want, _ := genJobs(t, 50, 50)
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for g := range 8 {
+		wg.Go(func() {
+			jobs := make([]codec.Job, len(jobs0))
+			for i, j := range jobs0 {
+				jobs[i] = codec.Job{Codec: j.Codec, Src: j.Src, Dst: make([]byte, len(j.Dst))}
+			}
+			for range 5 {
+				if err := d.DecodeBatch(context.Background(), jobs); err != nil {
+					errs <- err
+					return
+				}
+				for i, j := range jobs {
+					if j.Err != nil || !bytes.Equal(j.Dst, want[i]) {
+						errs <- fmt.Errorf("goroutine %d job %d: %v", g, i, j.Err)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+func TestGPUCancelled(t *testing.T) {
+	d := gpuDecoder(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	data := field(8, 8, 1)
+	jobs := []codec.Job{{Codec: codec.Zstd, Src: compress(codec.Zstd, data), Dst: make([]byte, len(data))}}
+	if err := d.DecodeBatch(ctx, jobs); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled context: %v", err)
+	}
+}

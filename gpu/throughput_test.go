@@ -1,0 +1,234 @@
+package gpu
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/zarrfs/zarrfs/zarr/codec"
+)
+
+// The ERA5-like workload: one chunk is one 721x1440 float32 field (a
+// quarter-degree global grid), 4,152,960 bytes decoded.
+const era5Y, era5X = 721, 1440
+
+type workload struct {
+	name string
+	jobs []codec.Job
+}
+
+// era5Workloads compresses n fields with each codec the comparison covers,
+// on all cores.
+func era5Workloads(n int) []workload {
+	kinds := []struct {
+		name string
+		enc  func([]byte) []byte
+		c    codec.Name
+	}{
+		{"zstd-3", func(b []byte) []byte { return compress(codec.Zstd, b) }, codec.Zstd},
+		{"blosc-lz4-shuffle", func(b []byte) []byte { return bloscCompress(b, 4, 256<<10, codec.ByteShuffle, "lz4") }, codec.Blosc},
+		{"lz4", func(b []byte) []byte { return compress(codec.LZ4, b) }, codec.LZ4},
+	}
+	var out []workload
+	for _, k := range kinds {
+		w := workload{name: k.name, jobs: make([]codec.Job, n)}
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, runtime.NumCPU())
+		for i := range n {
+			wg.Go(func() {
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				d := field(era5Y, era5X, uint64(i+1))
+				w.jobs[i] = codec.Job{Codec: k.c, Src: k.enc(d), Dst: make([]byte, len(d))}
+			})
+		}
+		wg.Wait()
+		out = append(out, w)
+	}
+	return out
+}
+
+func decodedBytes(jobs []codec.Job) (in, out int64) {
+	for _, j := range jobs {
+		in += int64(len(j.Src))
+		out += int64(len(j.Dst))
+	}
+	return in, out
+}
+
+// best runs f reps times and returns the shortest duration.
+func best(reps int, f func() error) (time.Duration, error) {
+	var b time.Duration
+	for i := range reps {
+		t0 := time.Now()
+		if err := f(); err != nil {
+			return 0, err
+		}
+		if d := time.Since(t0); i == 0 || d < b {
+			b = d
+		}
+	}
+	return b, nil
+}
+
+// phaseHandler sums the phase durations the decoder logs per round.
+type phaseHandler struct {
+	mu    sync.Mutex
+	sums  map[string]time.Duration
+	count int
+}
+
+func (h *phaseHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *phaseHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *phaseHandler) WithGroup(string) slog.Handler            { return h }
+func (h *phaseHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "gpu batch" {
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.count++
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Value.Kind() == slog.KindDuration {
+			h.sums[a.Key] += a.Value.Duration()
+		}
+		return true
+	})
+	return nil
+}
+
+func (h *phaseHandler) reset() {
+	h.mu.Lock()
+	h.sums, h.count = map[string]time.Duration{}, 0
+	h.mu.Unlock()
+}
+
+// TestThroughputSummary compares decode throughput on the GPU with the CPU
+// decoder on one core and on all cores, over the same chunks in one run.
+// It asserts only correctness; the numbers are printed. Run with
+// -gpu.throughput (integration/gpu/run.sh does).
+func TestThroughputSummary(t *testing.T) {
+	if !*flagThroughput {
+		t.Skip("throughput comparison not requested (-gpu.throughput)")
+	}
+	ph := &phaseHandler{sums: map[string]time.Duration{}}
+	d0 := gpuDecoder(t)
+	_ = d0
+	d, err := New(Options{Logger: slog.New(ph)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	n := *flagChunks
+	ncpu := runtime.NumCPU()
+	t0 := time.Now()
+	loads := era5Workloads(n)
+	t.Logf("generated %d chunks of %dx%d float32 per codec in %v", n, era5Y, era5X, time.Since(t0).Round(time.Millisecond))
+	cpu := codec.NewCPU(codec.Options{Workers: ncpu})
+	defer cpu.Close()
+	ctx := context.Background()
+	gbs := func(b int64, dt time.Duration) float64 { return float64(b) / dt.Seconds() / 1e9 }
+
+	var lines []string
+	lines = append(lines, fmt.Sprintf("%-18s %6s %9s %9s %9s %9s %9s %8s %8s",
+		"codec", "ratio", "cpu1", fmt.Sprintf("cpu%d", ncpu), "gpu-b16", fmt.Sprintf("gpu-b%d", n), "gpu-kern", "x cpu1", fmt.Sprintf("x cpu%d", ncpu)))
+	for _, w := range loads {
+		in, out := decodedBytes(w.jobs)
+		// CPU, one core: a few chunks, one after the other.
+		few := w.jobs[:min(8, len(w.jobs))]
+		_, fewOut := decodedBytes(few)
+		dt1, err := best(2, func() error {
+			for _, j := range few {
+				if err := codec.Decode(j.Codec, j.Dst, j.Src); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// CPU, all cores: the codec package's worker pool.
+		dtAll, err := best(3, func() error {
+			if err := cpu.DecodeBatch(ctx, w.jobs); err != nil {
+				return err
+			}
+			for _, j := range w.jobs {
+				if j.Err != nil {
+					return j.Err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ref := make([][]byte, len(w.jobs))
+		for i, j := range w.jobs {
+			ref[i] = append([]byte(nil), j.Dst...)
+		}
+		// GPU, batches of 16 chunks and one batch of all.
+		gpuRun := func(batch int) (time.Duration, time.Duration, error) {
+			for i := range w.jobs {
+				clear(w.jobs[i].Dst)
+			}
+			if err := d.DecodeBatch(ctx, w.jobs[:min(batch, len(w.jobs))]); err != nil { // warm the buffers
+				return 0, 0, err
+			}
+			var kern time.Duration
+			dt, err := best(3, func() error {
+				ph.reset()
+				for s := 0; s < len(w.jobs); s += batch {
+					if err := d.DecodeBatch(ctx, w.jobs[s:min(s+batch, len(w.jobs))]); err != nil {
+						return err
+					}
+				}
+				ph.mu.Lock()
+				k := ph.sums["gpu"]
+				ph.mu.Unlock()
+				if kern == 0 || k < kern {
+					kern = k
+				}
+				return nil
+			})
+			if err != nil {
+				return 0, 0, err
+			}
+			for i, j := range w.jobs {
+				if j.Err != nil {
+					return 0, 0, fmt.Errorf("%s chunk %d: %w", w.name, i, j.Err)
+				}
+				if string(j.Dst) != string(ref[i]) {
+					return 0, 0, fmt.Errorf("%s chunk %d: GPU bytes differ from the CPU's", w.name, i)
+				}
+			}
+			return dt, kern, nil
+		}
+		dt16, _, err := gpuRun(16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dtN, kernN, err := gpuRun(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g16, gN := gbs(out, dt16), gbs(out, dtN)
+		g := max(g16, gN)
+		c1, cAll := gbs(fewOut, dt1), gbs(out, dtAll)
+		lines = append(lines, fmt.Sprintf("%-18s %6.2f %9.2f %9.2f %9.2f %9.2f %9.2f %8.1f %8.2f",
+			w.name, float64(out)/float64(in), c1, cAll, g16, gN, gbs(out, kernN), g/c1, g/cAll))
+	}
+	summary := fmt.Sprintf("decode throughput, GB/s of decoded data (%d chunks of %dx%d float32 = %.1f MB each per codec; %s; %d CPU cores)\n",
+		n, era5Y, era5X, float64(4*era5Y*era5X)/1e6, d.Info(), ncpu)
+	for _, l := range lines {
+		summary += l + "\n"
+	}
+	summary += "cpu1: codec.Decode on one goroutine; cpuN: codec.NewCPU with N workers; gpu-bK: DecodeBatch of K chunks, from host memory to host memory\n" +
+		"(pack, H2D, nvCOMP, kernels, D2H, copy out); gpu-kern: the device part alone (H2D to D2H, synchronised) of the one-batch run; x: best gpu over cpu.\n"
+	fmt.Print(summary)
+	t.Log("\n" + summary)
+}

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# GPU checks of zarrfs (the `make test-gpu` suite), for a machine with an
+# NVIDIA GPU, its driver and nvCOMP:
+#   1. every GPU test of package gpu: the codec test vectors (written by
+#      numcodecs) and many generated chunks of every codec decoded on the GPU
+#      and compared byte for byte with the CPU decoder, byte swapping,
+#      concurrent callers;
+#   2. damaged chunks mixed with good ones (run on its own, last but one, so
+#      that a device fault cannot spoil the other results);
+#   3. decode throughput on ERA5-like chunks (721x1440 float32, zstd level 3,
+#      blosc lz4 + shuffle, lz4): GPU against the CPU decoder on one core and
+#      on all cores, in one run, printed as a table.
+#
+# Usage: integration/gpu/run.sh [TEST_BINARY]
+#   Without TEST_BINARY, Go builds it. A machine without Go runs a binary
+#   built elsewhere with:
+#     CGO_ENABLED=0 go test -c -o gpu.test ./gpu
+# Environment:
+#   ZARRFS_NVCOMP_LIB  libnvcomp.so.6 (or its folder), when not on the
+#                      loader path nor in a Python site-packages folder
+#                      (pip install nvidia-libnvcomp-cu13)
+#   GPU_CHUNKS         chunks per codec in the throughput run (default 128)
+#   REGEN_PTX=1        compile gpu/kernels/kernels.cu with nvcc and test that
+#                      PTX instead of the embedded one (a copy lands in LOGDIR)
+#   LOGDIR             where logs go (default: a temporary folder)
+#   SKIP_THROUGHPUT=1  tests only
+set -uo pipefail
+
+root=$(cd "$(dirname "$0")/../.." && pwd)
+logdir=${LOGDIR:-$(mktemp -d)}
+mkdir -p "$logdir"
+bin=${1:-}
+if [[ -z $bin ]]; then
+	bin=$logdir/gpu.test
+	(cd "$root" && CGO_ENABLED=0 go test -c -o "$bin" ./gpu) || exit 1
+fi
+bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/nvidia-smi: /'
+echo "CPU cores: $(nproc)"
+
+ptxflag=()
+if [[ ${REGEN_PTX:-0} == 1 ]]; then
+	# The checked-in PTX is made by this same command (see kernels.cu).
+	nvcc -ptx -arch=sm_75 -O3 -o "$logdir/kernels.ptx" "$root/gpu/kernels/kernels.cu" || exit 1
+	ptxflag=(-gpu.ptx="$logdir/kernels.ptx")
+	echo "kernels: compiled $(wc -c <"$logdir/kernels.ptx") bytes of PTX with $(nvcc --version | tail -1)"
+fi
+
+cd "$root/gpu" # the tests read ../zarr/codec/testdata
+status=0
+echo "== GPU tests"
+"$bin" -test.v -test.timeout 300s -test.run 'Probe|NewBad|TestGPU(Vectors|ManyChunks|ByteSwap|Concurrent|Cancelled)' "${ptxflag[@]}" 2>&1 |
+	tee "$logdir/tests.log" | grep -E '^(--- |=== RUN|ok|FAIL|PASS|panic)|gpu_test.go|nogpu_test.go' || true
+grep -q '^PASS' "$logdir/tests.log" || status=1
+grep -q -- '--- SKIP: TestGPUVectors' "$logdir/tests.log" && { echo "GPU tests skipped: no GPU decoding on this machine"; status=1; }
+
+echo "== damaged chunks"
+"$bin" -test.v -test.timeout 300s -test.run 'TestGPUCorrupt' "${ptxflag[@]}" 2>&1 | tee "$logdir/corrupt.log" | tail -40
+grep -q '^PASS' "$logdir/corrupt.log" || status=1
+
+if [[ ${SKIP_THROUGHPUT:-0} != 1 ]]; then
+	echo "== throughput"
+	"$bin" -test.v -test.timeout 600s -test.run 'TestThroughputSummary' -gpu.throughput \
+		-gpu.chunks "${GPU_CHUNKS:-128}" "${ptxflag[@]}" 2>&1 | tee "$logdir/throughput.log" | grep -vE '^\s+throughput_test.go' || true
+	grep -q '^PASS' "$logdir/throughput.log" || status=1
+fi
+echo "logs in $logdir"
+if [[ $status == 0 ]]; then echo "GPU SUITE: PASS"; else echo "GPU SUITE: FAIL"; fi
+exit $status
