@@ -425,6 +425,9 @@ func TestSidecar(t *testing.T) {
 		if !ok || e.Kind != KindSidecar {
 			t.Fatalf("%s missing", tt.path)
 		}
+		if !bytes.Contains(e.Data, []byte(`"dtype": "<`)) && !bytes.Contains(e.Data, []byte(`"dtype": "|`)) {
+			t.Errorf("%s: dtype not written literally: %s", tt.path, e.Data)
+		}
 		var got map[string]any
 		if err := json.Unmarshal(e.Data, &got); err != nil {
 			t.Fatal(err)

@@ -1,6 +1,7 @@
 package layout
 
 import (
+	"bytes"
 	"encoding/json"
 
 	"github.com/zarrfs/zarrfs/zarr"
@@ -64,11 +65,15 @@ func sidecar(o Options, a *zarr.Array, axis int, sampleShape []int64, files int6
 	if s.Codecs == nil {
 		s.Codecs = []string{}
 	}
-	b, err := json.MarshalIndent(s, "", "  ")
-	if err != nil {
+	// No HTML escaping: dtype strings such as "<f4" must read as written.
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(s); err != nil {
 		return nil, err
 	}
-	return append(b, '\n'), nil
+	return buf.Bytes(), nil
 }
 
 func nonNil(s []int64) []int64 {

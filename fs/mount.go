@@ -1,0 +1,268 @@
+// Package fs serves a layout.Layout as a read-only FUSE filesystem.
+//
+// The tree is immutable and computed by package layout, so lookups, stat and
+// directory listings answer from memory and never decode. Opening a blob
+// gets its backing file from the blob cache, which runs one fill per blob
+// (concurrent opens wait for it) and publishes only complete files; reads then
+// go straight from the kernel to the backing file (FUSE passthrough) where the
+// kernel allows it, and otherwise are spliced from the backing descriptor.
+//
+// Concurrency: go-fuse calls node methods from many goroutines; nodes hold
+// only immutable state, and the per-mount fault log is guarded by a mutex.
+package fs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/zarr"
+)
+
+// Blobs gets the backing file of a blob: complete, pinned until the Backing
+// is closed. On a miss it calls fill once with a fresh file, however many
+// callers ask at the same time, and publishes the file only if fill succeeds.
+// Implementations must be safe for concurrent use.
+type Blobs interface {
+	Open(ctx context.Context, layoutID, path string, size int64, fill func(ctx context.Context, f *os.File) error) (Backing, error)
+}
+
+// Options configure Mount. Zero values mean the documented defaults.
+type Options struct {
+	// Mountpoint is the directory to mount on; required.
+	Mountpoint string
+	// Layout is the tree to serve; required.
+	Layout *layout.Layout
+	// Blobs provides backing files; required.
+	Blobs Blobs
+	// Logger receives one line per failed fill (array, chunk key, cause)
+	// and mount events. Nil discards.
+	Logger *slog.Logger
+	// AllowOther lets users other than the mounting one read the mount.
+	AllowOther bool
+	// MaxBackground bounds the kernel's asynchronous requests (readahead).
+	// Zero means 64, enough for 16 concurrent readers.
+	MaxBackground int
+	// DisablePassthrough serves every read through the daemon, even where
+	// the kernel could read the backing file directly (for benchmarks and
+	// for debugging).
+	DisablePassthrough bool
+	// Debug logs every FUSE request (very verbose).
+	Debug bool
+}
+
+// Mounted is a live mount.
+type Mounted struct {
+	opts   Options
+	log    *slog.Logger
+	server *fuse.Server
+	owner  fuse.Owner
+	mtime  time.Time
+
+	mu       sync.Mutex
+	reported map[string]bool // fault keys already logged
+
+	unmountOnce sync.Once
+	unmountErr  error
+}
+
+// ErrStaleMount is wrapped in the message logged when a mountpoint left by a
+// killed daemon is cleared.
+var ErrStaleMount = errors.New("transport endpoint is not connected")
+
+// attrTimeout is how long the kernel may cache names and attributes: the
+// tree cannot change while mounted.
+const attrTimeout = time.Hour
+
+// Mount mounts the layout and returns once the filesystem is live.
+func Mount(ctx context.Context, opts Options) (*Mounted, error) {
+	if opts.Mountpoint == "" || opts.Layout == nil || opts.Blobs == nil {
+		return nil, errors.New("fs: Mount needs a mountpoint, a layout and blobs")
+	}
+	m := &Mounted{
+		opts:     opts,
+		log:      opts.Logger,
+		owner:    fuse.Owner{Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid())},
+		mtime:    time.Now().Truncate(time.Second),
+		reported: map[string]bool{},
+	}
+	if m.log == nil {
+		m.log = slog.New(slog.DiscardHandler)
+	}
+	if err := ClearStale(opts.Mountpoint, m.log); err != nil {
+		return nil, err
+	}
+	st, err := os.Stat(opts.Mountpoint)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", opts.Mountpoint, err)
+	}
+	if !st.IsDir() {
+		return nil, fmt.Errorf("%s: not a directory", opts.Mountpoint)
+	}
+
+	timeout := attrTimeout
+	root := &dirNode{roNode: roNode{m: m}, dir: opts.Layout.Root()}
+	mo := &gofs.Options{
+		EntryTimeout:    &timeout,
+		AttrTimeout:     &timeout,
+		NegativeTimeout: &timeout,
+		UID:             m.owner.Uid,
+		GID:             m.owner.Gid,
+		MountOptions: fuse.MountOptions{
+			AllowOther:    opts.AllowOther,
+			FsName:        opts.Layout.SourceID,
+			Name:          "zarrfs",
+			MaxWrite:      1 << 20, // also max_read: 1 MiB requests
+			MaxReadAhead:  1 << 20,
+			MaxBackground: opts.MaxBackground,
+			// Nothing here has extended attributes; saying so saves a
+			// getxattr round trip per read on some kernels.
+			DisableXAttrs: true,
+			// A backing file may itself live on a stacked filesystem
+			// (overlayfs in a container); depth 2 keeps passthrough
+			// available there.
+			MaxStackDepth: 2,
+			Debug:         opts.Debug,
+			// The read-only flag makes the kernel refuse writes before
+			// they reach us; the nodes refuse them too.
+			Options:          []string{"ro", "default_permissions"},
+			DirectMount:      os.Geteuid() == 0,
+			DirectMountFlags: syscall.MS_RDONLY | syscall.MS_NOSUID | syscall.MS_NODEV,
+		},
+	}
+	if mo.MaxBackground == 0 {
+		mo.MaxBackground = 64
+	}
+	if opts.DisablePassthrough {
+		mo.DisabledCapabilities = fuse.CAP_PASSTHROUGH
+	}
+	server, err := gofs.Mount(opts.Mountpoint, root, mo)
+	if err != nil {
+		return nil, fmt.Errorf("mount %s: %w", opts.Mountpoint, err)
+	}
+	m.server = server
+	return m, nil
+}
+
+// Passthrough reports whether the kernel accepted FUSE passthrough for this
+// mount (reads of opened blobs bypass the daemon).
+func (m *Mounted) Passthrough() bool {
+	return m.server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0 && !m.opts.DisablePassthrough
+}
+
+// Wait blocks until the filesystem is unmounted.
+func (m *Mounted) Wait() { m.server.Wait() }
+
+// Unmount detaches the filesystem. When files are still open (readers
+// active) it detaches lazily: the mountpoint disappears at once, and
+// readers keep their open files until the process exits. It waits up to
+// grace for the serving loops to finish after a lazy detach.
+func (m *Mounted) Unmount(grace time.Duration) error {
+	m.unmountOnce.Do(func() {
+		done := make(chan error, 1)
+		go func() { done <- m.server.Unmount() }()
+		select {
+		case err := <-done:
+			if err == nil {
+				return
+			}
+		case <-time.After(500 * time.Millisecond):
+		}
+		m.log.Info("mountpoint busy, detaching lazily", "mountpoint", m.opts.Mountpoint)
+		if err := lazyUnmount(m.opts.Mountpoint); err != nil {
+			m.unmountErr = fmt.Errorf("unmount %s: %w", m.opts.Mountpoint, err)
+			return
+		}
+		w := make(chan struct{})
+		go func() { m.server.Wait(); close(w) }()
+		select {
+		case <-w:
+		case <-time.After(grace):
+		}
+	})
+	return m.unmountErr
+}
+
+// ClearStale detects a mountpoint left by a daemon that was killed (stat
+// fails with ENOTCONN) and detaches it lazily, logging one line.
+func ClearStale(mountpoint string, log *slog.Logger) error {
+	_, err := os.Stat(mountpoint)
+	if !errors.Is(err, syscall.ENOTCONN) {
+		return nil
+	}
+	if log != nil {
+		log.Warn("clearing stale mount left by a killed daemon", "mountpoint", mountpoint, "cause", ErrStaleMount)
+	}
+	if err := lazyUnmount(mountpoint); err != nil {
+		return fmt.Errorf("%s: stale mount (%w) could not be cleared: %v; run: fusermount3 -uz %s", mountpoint, ErrStaleMount, err, mountpoint)
+	}
+	return nil
+}
+
+// lazyUnmount detaches a mount even while it is busy.
+func lazyUnmount(mp string) error {
+	if os.Geteuid() == 0 {
+		if err := syscall.Unmount(mp, syscall.MNT_DETACH); err == nil || errors.Is(err, syscall.EINVAL) {
+			return nil
+		}
+	}
+	for _, bin := range []string{"fusermount3", "fusermount"} {
+		if p, err := exec.LookPath(bin); err == nil {
+			out, err := exec.Command(p, "-uz", mp).CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("%s -uz: %v: %s", bin, err, out)
+			}
+			return nil
+		}
+	}
+	return errors.New("no fusermount3 found to unmount")
+}
+
+// open returns the blob's backing file, filling it if needed.
+func (m *Mounted) open(ctx context.Context, b layout.Blob) (Backing, error) {
+	return m.opts.Blobs.Open(ctx, m.opts.Layout.ID, b.Path(), b.Size(), func(ctx context.Context, f *os.File) error {
+		return b.Fill(ctx, f)
+	})
+}
+
+// errno maps a failed open to the error the reader sees, and logs the cause
+// once per failing chunk (or per blob when no chunk is named): the one place
+// where errors become errno values.
+func (m *Mounted) errno(b layout.Blob, err error) syscall.Errno {
+	switch {
+	case errors.Is(err, context.Canceled):
+		return syscall.EINTR
+	}
+	key := b.Path()
+	attrs := []any{"file", b.Path()}
+	var ce *zarr.ChunkError
+	if errors.As(err, &ce) {
+		key = ce.Array + "\x00" + ce.Key
+		attrs = append(attrs, "array", ce.Array, "chunk", ce.Key, "cause", ce.Err.Error())
+	} else {
+		if src := b.Sources(); len(src) > 0 && src[0].Array != nil {
+			attrs = append(attrs, "array", src[0].Array.Path)
+		}
+		attrs = append(attrs, "cause", err.Error())
+	}
+	m.mu.Lock()
+	first := !m.reported[key]
+	m.reported[key] = true
+	m.mu.Unlock()
+	if first {
+		m.log.Error("cannot fill file", attrs...)
+	} else {
+		m.log.Debug("cannot fill file", attrs...)
+	}
+	return syscall.EIO
+}

@@ -1,0 +1,291 @@
+package fs
+
+import (
+	"context"
+	"hash/fnv"
+	"os"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/zarrfs/zarrfs/fs/layout"
+)
+
+// inoOf gives every path a stable inode number, so the same file keeps its
+// number across lookups and forgets (tools such as tar and rsync rely on it,
+// and go-fuse keys the passthrough backing file by inode). Numbers stay below
+// go-fuse's automatic range (2^63 and up) and above the root's 1.
+func inoOf(p string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(p))
+	ino := h.Sum64() &^ (1 << 63)
+	if ino < 2 {
+		ino += 2
+	}
+	return ino
+}
+
+// roNode refuses every modifying operation with EROFS. Embedded by all nodes.
+type roNode struct {
+	gofs.Inode
+	m *Mounted
+}
+
+var (
+	_ gofs.NodeSetattrer  = (*roNode)(nil)
+	_ gofs.NodeCreater    = (*roNode)(nil)
+	_ gofs.NodeMkdirer    = (*roNode)(nil)
+	_ gofs.NodeMknoder    = (*roNode)(nil)
+	_ gofs.NodeUnlinker   = (*roNode)(nil)
+	_ gofs.NodeRmdirer    = (*roNode)(nil)
+	_ gofs.NodeRenamer    = (*roNode)(nil)
+	_ gofs.NodeLinker     = (*roNode)(nil)
+	_ gofs.NodeSymlinker  = (*roNode)(nil)
+	_ gofs.NodeSetxattrer = (*roNode)(nil)
+)
+
+func (*roNode) Setattr(context.Context, gofs.FileHandle, *fuse.SetAttrIn, *fuse.AttrOut) syscall.Errno {
+	return syscall.EROFS
+}
+func (*roNode) Create(context.Context, string, uint32, uint32, *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	return nil, nil, 0, syscall.EROFS
+}
+func (*roNode) Mkdir(context.Context, string, uint32, *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	return nil, syscall.EROFS
+}
+func (*roNode) Mknod(context.Context, string, uint32, uint32, *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	return nil, syscall.EROFS
+}
+func (*roNode) Unlink(context.Context, string) syscall.Errno { return syscall.EROFS }
+func (*roNode) Rmdir(context.Context, string) syscall.Errno  { return syscall.EROFS }
+func (*roNode) Rename(context.Context, string, gofs.InodeEmbedder, string, uint32) syscall.Errno {
+	return syscall.EROFS
+}
+func (*roNode) Link(context.Context, gofs.InodeEmbedder, string, *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	return nil, syscall.EROFS
+}
+func (*roNode) Symlink(context.Context, string, string, *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	return nil, syscall.EROFS
+}
+func (*roNode) Setxattr(context.Context, string, []byte, uint32) syscall.Errno { return syscall.EROFS }
+
+// fill sets the attributes every node shares: owner, times, link count.
+func (n *roNode) fill(a *fuse.Attr, mode uint32, size int64, ino uint64) {
+	n.m.fillAttr(a, mode, size, ino)
+}
+
+func (m *Mounted) fillAttr(a *fuse.Attr, mode uint32, size int64, ino uint64) {
+	a.Mode = mode
+	a.Size = uint64(size)
+	a.Blocks = (uint64(size) + 511) / 512
+	a.Blksize = 1 << 20
+	a.Ino = ino
+	a.Nlink = 1
+	if mode&syscall.S_IFDIR != 0 {
+		a.Nlink = 2
+	}
+	a.Owner = m.owner
+	t := m.mtime
+	a.SetTimes(&t, &t, &t)
+}
+
+const (
+	dirMode  = syscall.S_IFDIR | 0o555
+	fileMode = syscall.S_IFREG | 0o444
+)
+
+// dirNode is a group or sample directory. Its entries come from the layout
+// on demand, so a directory of 100,000 samples holds no inode until the
+// kernel looks one up, and the kernel may forget them again.
+type dirNode struct {
+	roNode
+	dir *layout.Dir
+}
+
+var (
+	_ gofs.NodeLookuper       = (*dirNode)(nil)
+	_ gofs.NodeOpendirHandler = (*dirNode)(nil)
+	_ gofs.NodeGetattrer      = (*dirNode)(nil)
+)
+
+func (n *dirNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	n.fill(&out.Attr, dirMode, 0, n.StableAttr().Ino)
+	return 0
+}
+
+func (n *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	e, ok := n.dir.Lookup(name)
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	return n.m.child(ctx, &n.Inode, n.dir.Path(), e, &out.Attr), 0
+}
+
+// OpendirHandle returns a stream over the layout directory. FOPEN_CACHE_DIR
+// lets the kernel keep the listing: the tree never changes while mounted.
+func (n *dirNode) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	return &dirStream{n: n}, fuse.FOPEN_CACHE_DIR | fuse.FOPEN_KEEP_CACHE, 0
+}
+
+// child makes (or finds, by its stable inode number) the inode of entry e in
+// directory dir, and fills its attributes.
+func (m *Mounted) child(ctx context.Context, parent *gofs.Inode, dir string, e layout.Entry, a *fuse.Attr) *gofs.Inode {
+	p := e.Name
+	if dir != "" {
+		p = dir + "/" + e.Name
+	}
+	ino := inoOf(p)
+	var node gofs.InodeEmbedder
+	mode := uint32(fileMode)
+	switch e.Kind {
+	case layout.KindDir:
+		mode = dirMode
+		node = &dirNode{roNode: roNode{m: m}, dir: e.Dir}
+	case layout.KindBlob:
+		node = &blobNode{roNode: roNode{m: m}, blob: e.Blob}
+	default:
+		node = &sidecarNode{roNode: roNode{m: m}, data: e.Data}
+	}
+	m.fillAttr(a, mode, e.Size(), ino)
+	return parent.NewInode(ctx, node, gofs.StableAttr{Mode: mode, Ino: ino})
+}
+
+// dirStream lists a layout directory by index; the offset of an entry is its
+// index plus one, so seeking is free.
+type dirStream struct {
+	n   *dirNode
+	pos int
+}
+
+var (
+	_ gofs.FileReaddirenter = (*dirStream)(nil)
+	_ gofs.FileSeekdirer    = (*dirStream)(nil)
+	_ gofs.FileReleasedirer = (*dirStream)(nil)
+)
+
+func (s *dirStream) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	d := s.n.dir
+	if s.pos >= d.Len() {
+		return nil, 0
+	}
+	e := d.Entry(s.pos)
+	s.pos++
+	p := e.Name
+	if d.Path() != "" {
+		p = d.Path() + "/" + e.Name
+	}
+	mode := uint32(fileMode)
+	if e.Kind == layout.KindDir {
+		mode = dirMode
+	}
+	return &fuse.DirEntry{Name: e.Name, Mode: mode, Ino: inoOf(p), Off: uint64(s.pos)}, 0
+}
+
+func (s *dirStream) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+	s.pos = int(min(off, uint64(s.n.dir.Len())))
+	return 0
+}
+
+func (s *dirStream) Releasedir(ctx context.Context, flags uint32) {}
+
+// sidecarNode serves a JSON description from memory.
+type sidecarNode struct {
+	roNode
+	data []byte
+}
+
+var (
+	_ gofs.NodeOpener    = (*sidecarNode)(nil)
+	_ gofs.NodeReader    = (*sidecarNode)(nil)
+	_ gofs.NodeGetattrer = (*sidecarNode)(nil)
+)
+
+func (n *sidecarNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	n.fill(&out.Attr, fileMode, int64(len(n.data)), n.StableAttr().Ino)
+	return 0
+}
+
+func (n *sidecarNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if writeFlags(flags) {
+		return nil, 0, syscall.EROFS
+	}
+	return nil, fuse.FOPEN_KEEP_CACHE, 0
+}
+
+func (n *sidecarNode) Read(ctx context.Context, f gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	if off >= int64(len(n.data)) {
+		return fuse.ReadResultData(nil), 0
+	}
+	end := min(off+int64(len(dest)), int64(len(n.data)))
+	return fuse.ReadResultData(n.data[off:end]), 0
+}
+
+// writeFlags reports whether open flags ask for any kind of write.
+func writeFlags(flags uint32) bool {
+	return flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC|syscall.O_APPEND|syscall.O_CREAT) != 0
+}
+
+// blobNode is an .npy file backed by a cache file filled on first open.
+type blobNode struct {
+	roNode
+	blob layout.Blob
+}
+
+var (
+	_ gofs.NodeOpener    = (*blobNode)(nil)
+	_ gofs.NodeGetattrer = (*blobNode)(nil)
+)
+
+func (n *blobNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	n.fill(&out.Attr, fileMode, n.blob.Size(), n.StableAttr().Ino)
+	return 0
+}
+
+// Open fills the blob if the cache lacks it (concurrent opens wait for one
+// fill) and hands the kernel the backing file for passthrough reads.
+func (n *blobNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if writeFlags(flags) {
+		return nil, 0, syscall.EROFS
+	}
+	b, err := n.m.open(ctx, n.blob)
+	if err != nil {
+		return nil, 0, n.m.errno(n.blob, err)
+	}
+	// KEEP_CACHE: the bytes never change, so the page cache survives
+	// reopen. go-fuse drops it again when passthrough is granted.
+	return &blobFile{b: b, fd: int(b.File().Fd())}, fuse.FOPEN_KEEP_CACHE, 0
+}
+
+// blobFile is an open .npy file. With passthrough the kernel reads the
+// backing file itself and Read is never called; otherwise Read splices from
+// the backing descriptor.
+type blobFile struct {
+	b  Backing
+	fd int
+}
+
+var (
+	_ gofs.FilePassthroughFder = (*blobFile)(nil)
+	_ gofs.FileReader          = (*blobFile)(nil)
+	_ gofs.FileReleaser        = (*blobFile)(nil)
+)
+
+func (f *blobFile) PassthroughFd() (int, bool) { return f.fd, true }
+
+func (f *blobFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	return fuse.ReadResultFd(uintptr(f.fd), off, len(dest)), 0
+}
+
+func (f *blobFile) Release(ctx context.Context) syscall.Errno {
+	if err := f.b.Close(); err != nil {
+		return gofs.ToErrno(err)
+	}
+	return 0
+}
+
+// Backing is an open, complete blob file in the cache; Close unpins it.
+type Backing interface {
+	File() *os.File
+	Close() error
+}
