@@ -709,14 +709,13 @@ func (c *Cache) Close() error {
 	return c.closeErr
 }
 
-// abandon drops the Cache as a kill would: locks released, nothing logged,
-// temp files left behind. Tests use it to simulate a crash in process.
+// abandon drops the Cache as a kill would: locks released, nothing more
+// logged, fills in progress left running with their temp files in place
+// (their later writes fail). Tests use it to simulate a crash in process.
 func (c *Cache) abandon() {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.closed = true
-	c.mu.Unlock()
-	c.stop()
-	c.wg.Wait()
 	c.jf.Close()
 	c.inst.lock.Close()
 	c.lockFile.Close()

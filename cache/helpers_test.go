@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -129,3 +130,22 @@ func tempFiles(t testing.TB, dir string) []string {
 }
 
 func key(i int) string { return fmt.Sprintf("t/%04d.npy", i) }
+
+type slogLogger = slog.Logger
+
+// newTeeLogger logs to the test log and into sb, for tests that check what
+// recovery reported.
+func newTeeLogger(t testing.TB, sb *strings.Builder) *slog.Logger {
+	return slog.New(slog.NewTextHandler(io.MultiWriter(tWriter{t}, &lockedBuilder{sb: sb}), nil))
+}
+
+type lockedBuilder struct {
+	mu sync.Mutex
+	sb *strings.Builder
+}
+
+func (l *lockedBuilder) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.sb.Write(p)
+}
