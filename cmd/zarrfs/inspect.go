@@ -1,0 +1,134 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/zarr"
+)
+
+// inspectEntry is one array of `zarrfs inspect --json` (CONTRACT section 7).
+type inspectEntry struct {
+	Path        string   `json:"path"`
+	Shape       []int64  `json:"shape"`
+	DType       string   `json:"dtype"`
+	Chunks      []int64  `json:"chunks"`
+	Codecs      []string `json:"codecs"`
+	Dims        []string `json:"dims"`
+	Mount       *string  `json:"mount"`
+	Unsupported *string  `json:"unsupported"`
+}
+
+func newInspectCmd() *cobra.Command {
+	var sf sourceFlags
+	var asJSON bool
+	var sampleDim string
+	cmd := &cobra.Command{
+		Use:   "inspect SOURCE",
+		Short: "List every array of a store and how it appears in the mount",
+		Args:  exactArgs(1, "SOURCE"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			log, err := newLogger(cmd)
+			if err != nil {
+				return err
+			}
+			sf.logger = log
+			h, err := sf.openHierarchy(cmd.Context(), args[0], zarr.Options{Logger: discardLogger()})
+			if err != nil {
+				return err
+			}
+			lay, err := layout.Build(h, layout.Options{SampleDim: sampleDim})
+			if err != nil {
+				return err
+			}
+			entries := inspectEntries(h, lay)
+			if asJSON {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				enc.SetEscapeHTML(false)
+				return enc.Encode(entries)
+			}
+			printInspect(cmd.OutOrStdout(), h.Store.ID(), entries)
+			return nil
+		},
+	}
+	sf.register(cmd)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array, one object per array")
+	cmd.Flags().StringVar(&sampleDim, "sample-dim", "time", "dimension whose indices become one file each")
+	return cmd
+}
+
+func init() { rootCmd.AddCommand(newInspectCmd()) }
+
+func inspectEntries(h *zarr.Hierarchy, lay *layout.Layout) []inspectEntry {
+	skipped := map[string]string{}
+	for _, s := range lay.Skipped {
+		skipped[s.Path] = s.Reason
+	}
+	out := make([]inspectEntry, 0, len(h.Arrays))
+	for _, a := range h.Arrays {
+		e := inspectEntry{Path: a.Path, Shape: a.Shape, Chunks: a.Chunks, Codecs: a.Codecs, Dims: a.Dims}
+		if e.Codecs == nil {
+			e.Codecs = []string{}
+		}
+		if a.DType.Size > 0 {
+			e.DType = a.DType.NumpySource()
+		}
+		if reason, ok := skipped[a.Path]; ok {
+			e.Unsupported = &reason
+		} else if m := mountName(lay, a.Path); m != "" {
+			e.Mount = &m
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+func printInspect(w io.Writer, id string, entries []inspectEntry) {
+	fmt.Fprintf(w, "%s: %d arrays\n", id, len(entries))
+	for _, e := range entries {
+		name := e.Path
+		if name == "" {
+			name = "(root array)"
+		}
+		fmt.Fprintf(w, "%s\n", name)
+		fmt.Fprintf(w, "  shape %v  dtype %s  chunks %v\n", e.Shape, e.DType, e.Chunks)
+		fmt.Fprintf(w, "  dims [%s]  codecs [%s]\n", strings.Join(e.Dims, ", "), strings.Join(e.Codecs, ", "))
+		switch {
+		case e.Unsupported != nil:
+			fmt.Fprintf(w, "  unsupported: %s\n", *e.Unsupported)
+		case e.Mount != nil:
+			fmt.Fprintf(w, "  mount: %s\n", *e.Mount)
+		}
+	}
+}
+
+// mountName is how an array appears in the mount: "t/" for a directory of
+// samples, "lsm.npy" for a whole-array file.
+func mountName(lay *layout.Layout, p string) string {
+	if p == "" { // a root array is named after the store
+		root := lay.Root()
+		for i := 0; i < root.Len(); i++ {
+			switch e := root.Entry(i); e.Kind {
+			case layout.KindDir:
+				return e.Name + "/"
+			case layout.KindBlob:
+				return e.Name
+			}
+		}
+		return ""
+	}
+	if e, ok := lay.Lookup(p); ok && e.Kind == layout.KindDir {
+		if _, isArray := lay.Lookup(p + ".json"); isArray {
+			return p + "/"
+		}
+	}
+	if e, ok := lay.Lookup(p + ".npy"); ok && e.Kind == layout.KindBlob {
+		return p + ".npy"
+	}
+	return ""
+}

@@ -1,0 +1,88 @@
+// Command zarrfs mounts Zarr stores as read-only filesystems of device-ready
+// .npy blobs, warms their cache, and inspects them.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+var version = "dev"
+
+var rootCmd = &cobra.Command{
+	Use:           "zarrfs",
+	Short:         "Mount Zarr stores as device-ready .npy files for GPU training",
+	SilenceUsage:  true,
+	SilenceErrors: true,
+}
+
+// usageError marks a mistake on the command line: exit status 2.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func usagef(format string, args ...any) error {
+	return usageError{fmt.Errorf(format, args...)}
+}
+
+// exactArgs is cobra.ExactArgs with a usage error.
+func exactArgs(n int, names string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usagef("%s: expected %s, got %d argument(s)", cmd.CommandPath(), names, len(args))
+		}
+		return nil
+	}
+}
+
+func init() {
+	rootCmd.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		return usageError{fmt.Errorf("%s: %w", cmd.CommandPath(), err)}
+	})
+	rootCmd.PersistentFlags().String("log-level", "info", "log level: debug, info, warn, error")
+}
+
+// newLogger builds the logger every command uses, on stderr.
+func newLogger(cmd *cobra.Command) (*slog.Logger, error) {
+	lvl, _ := cmd.Flags().GetString("log-level")
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(lvl)); err != nil {
+		return nil, usagef("--log-level %q: want debug, info, warn or error", lvl)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})), nil
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := rootCmd.ExecuteContext(ctx)
+	stop()
+	if err == nil {
+		os.Exit(0)
+	}
+	msg := strings.TrimPrefix(err.Error(), "zarrfs: ")
+	fmt.Fprintf(os.Stderr, "zarrfs: %s\n", strings.ReplaceAll(msg, "\n", "; "))
+	var ue usageError
+	if errors.As(err, &ue) || isCobraUsage(err) {
+		os.Exit(2)
+	}
+	os.Exit(1)
+}
+
+// isCobraUsage recognises cobra's own usage errors (unknown command).
+func isCobraUsage(err error) bool {
+	s := err.Error()
+	return strings.HasPrefix(s, "unknown command") || strings.HasPrefix(s, "unknown flag") ||
+		strings.Contains(s, "requires at least") || strings.Contains(s, "accepts ")
+}

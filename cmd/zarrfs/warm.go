@@ -1,0 +1,383 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/zarrfs/zarrfs/cache"
+	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/zarr"
+)
+
+type warmFlags struct {
+	src       sourceFlags
+	cacheDir  string
+	cacheSize string
+	sampleDim string
+	align     int64
+	only      []string
+	samples   string
+	rank      int
+	world     int
+	shard     string
+	jobs      int
+}
+
+func newWarmCmd() *cobra.Command {
+	var f warmFlags
+	cmd := &cobra.Command{
+		Use:   "warm SOURCE --cache DIR",
+		Short: "Fill the cache with the files a mount with the same flags would serve",
+		Long: `Decode the files a mount of SOURCE with the same flags would serve into the
+cache directory, so that a later mount serves them without touching the
+source. Idempotent and resumable: files already in the cache are skipped.
+
+--rank/--world warm the share of samples one rank reads: with --shard
+contiguous (the default, as DALI's shard_id/num_shards) rank i of W gets
+samples [floor(i*N/W), floor((i+1)*N/W)) of every sample directory; with
+--shard interleaved (as PyTorch's DistributedSampler without shuffling)
+samples i, i+W, i+2W, ...`,
+		Args: exactArgs(1, "SOURCE"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runWarm(cmd, &f, args[0])
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.cacheDir, "cache", "", "cache directory (default $XDG_CACHE_HOME/zarrfs or ~/.cache/zarrfs)")
+	fl.StringVar(&f.cacheSize, "cache-size", "0", "cache budget, such as 500GiB; 0 means unlimited")
+	fl.StringVar(&f.sampleDim, "sample-dim", layout.DefaultSampleDim, "dimension whose indices become one file each")
+	fl.Int64Var(&f.align, "align", layout.DefaultAlign, "offset of the data in every .npy file (multiple of 64)")
+	fl.StringArrayVar(&f.only, "only", nil, "warm only this mount path (array, view, directory or file); repeatable")
+	fl.StringVar(&f.samples, "samples", "", "warm only samples START:STOP (half-open) of every sample directory")
+	fl.IntVar(&f.rank, "rank", 0, "this node's rank (with --world)")
+	fl.IntVar(&f.world, "world", 1, "number of ranks sharing the samples")
+	fl.StringVar(&f.shard, "shard", "contiguous", "how samples are split among ranks: contiguous or interleaved")
+	fl.IntVar(&f.jobs, "jobs", 0, "files filled concurrently (default: number of CPUs)")
+	f.src.register(cmd)
+	return cmd
+}
+
+func init() { rootCmd.AddCommand(newWarmCmd()) }
+
+// sampleRange is a half-open range of sample indices; stop < 0 means "to the end".
+type sampleRange struct{ start, stop int64 }
+
+func parseSamples(s string) (sampleRange, error) {
+	if s == "" {
+		return sampleRange{0, -1}, nil
+	}
+	a, b, ok := strings.Cut(s, ":")
+	if !ok {
+		return sampleRange{}, usagef("--samples %q: want START:STOP", s)
+	}
+	r := sampleRange{0, -1}
+	var err error
+	if a != "" {
+		if r.start, err = strconv.ParseInt(a, 10, 64); err != nil || r.start < 0 {
+			return sampleRange{}, usagef("--samples %q: bad START", s)
+		}
+	}
+	if b != "" {
+		if r.stop, err = strconv.ParseInt(b, 10, 64); err != nil || r.stop < r.start {
+			return sampleRange{}, usagef("--samples %q: bad STOP", s)
+		}
+	}
+	return r, nil
+}
+
+// shardOf returns the sample indices of [lo, hi) that rank reads.
+func shardOf(lo, hi int64, rank, world int, mode string) func(i int64) bool {
+	n := hi - lo
+	if mode == "interleaved" {
+		return func(i int64) bool { return (i-lo)%int64(world) == int64(rank) }
+	}
+	a := lo + int64(rank)*n/int64(world)
+	b := lo + int64(rank+1)*n/int64(world)
+	return func(i int64) bool { return i >= a && i < b }
+}
+
+// warmPlan is the list of blobs one warm fills, in mount order, and the
+// directories they live in.
+type warmPlan struct {
+	blobs []layout.Blob
+	dirs  []string // mount paths warmed (arrays, views, whole files)
+	bytes int64
+}
+
+func planWarm(lay *layout.Layout, f *warmFlags) (*warmPlan, error) {
+	rng, err := parseSamples(f.samples)
+	if err != nil {
+		return nil, err
+	}
+	only := make([]string, 0, len(f.only))
+	for _, o := range f.only {
+		o = strings.Trim(path.Clean("/"+o), "/")
+		if _, ok := lay.Lookup(o); !ok {
+			if _, ok := lay.Lookup(o + ".npy"); ok {
+				o += ".npy"
+			} else {
+				return nil, fmt.Errorf("--only %s: no such file or directory in the mount", o)
+			}
+		}
+		only = append(only, o)
+	}
+	selected := func(p string) bool {
+		if len(only) == 0 {
+			return true
+		}
+		for _, o := range only {
+			if o == "" || p == o || strings.HasPrefix(p, o+"/") {
+				return true
+			}
+		}
+		return false
+	}
+	plan := &warmPlan{}
+	seenDir := map[string]bool{}
+	var walk func(d *layout.Dir)
+	walk = func(d *layout.Dir) {
+		if d.IsSampleDir() {
+			n := int64(d.Len())
+			lo, hi := rng.start, rng.stop
+			if hi < 0 || hi > n {
+				hi = n
+			}
+			lo = min(lo, hi)
+			mine := shardOf(lo, hi, f.rank, f.world, f.shard)
+			for i := lo; i < hi; i++ {
+				e := d.Entry(int(i))
+				if mine(i) && selected(e.Blob.Path()) {
+					plan.blobs = append(plan.blobs, e.Blob)
+					plan.bytes += e.Blob.Size()
+					if !seenDir[d.Path()] {
+						seenDir[d.Path()] = true
+						plan.dirs = append(plan.dirs, d.Path()+"/")
+					}
+				}
+			}
+			return
+		}
+		for i := 0; i < d.Len(); i++ {
+			e := d.Entry(i)
+			switch e.Kind {
+			case layout.KindDir:
+				walk(e.Dir)
+			case layout.KindBlob:
+				// Whole-array files (coordinates, static fields) are small
+				// and every rank needs them.
+				if selected(e.Blob.Path()) {
+					plan.blobs = append(plan.blobs, e.Blob)
+					plan.bytes += e.Blob.Size()
+					plan.dirs = append(plan.dirs, e.Blob.Path())
+				}
+			}
+		}
+	}
+	walk(lay.Root())
+	return plan, nil
+}
+
+// batches groups consecutive blobs that read the same source chunks, so one
+// worker fills them in order and each chunk is decoded once (the decoded
+// chunk cache carries the chunk from one sample to the next).
+func batches(blobs []layout.Blob) [][]layout.Blob {
+	var out [][]layout.Blob
+	prev := ""
+	for _, b := range blobs {
+		k := chunkSetKey(b)
+		if len(out) == 0 || k != prev || k == "" {
+			out = append(out, nil)
+		}
+		out[len(out)-1] = append(out[len(out)-1], b)
+		prev = k
+	}
+	return out
+}
+
+func chunkSetKey(b layout.Blob) string {
+	var sb strings.Builder
+	for _, r := range b.Sources() {
+		sb.WriteString(r.Array.Path)
+		for d := range r.Start {
+			lo := r.Start[d] / r.Array.Chunks[d]
+			hi := (r.Start[d] + r.Count[d] - 1) / r.Array.Chunks[d]
+			fmt.Fprintf(&sb, ",%d-%d", lo, hi)
+		}
+		sb.WriteByte(';')
+	}
+	return sb.String()
+}
+
+func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
+	ctx := cmd.Context()
+	log, err := newLogger(cmd)
+	if err != nil {
+		return err
+	}
+	f.src.logger = log
+	size, err := cache.ParseSize(f.cacheSize)
+	if err != nil {
+		return usagef("--cache-size %q: %v", f.cacheSize, err)
+	}
+	if f.world < 1 || f.rank < 0 || f.rank >= f.world {
+		return usagef("--rank %d --world %d: want 0 <= rank < world", f.rank, f.world)
+	}
+	if f.shard != "contiguous" && f.shard != "interleaved" {
+		return usagef("--shard %q: want contiguous or interleaved", f.shard)
+	}
+	if f.align%64 != 0 || f.align <= 0 || f.align > layout.MaxAlign {
+		return usagef("--align %d: want a positive multiple of 64 up to %d", f.align, layout.MaxAlign)
+	}
+	if f.jobs <= 0 {
+		f.jobs = runtime.NumCPU()
+	}
+	if f.cacheDir == "" {
+		if f.cacheDir, err = defaultCacheDir(); err != nil {
+			return usagef("%v", err)
+		}
+	}
+	c, err := cache.Open(cache.Options{Dir: f.cacheDir, Size: size, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	// Warm fills many samples in a row: keep enough decoded chunks for
+	// every worker's current chunk of every channel.
+	h, err := f.src.openHierarchy(ctx, src, zarr.Options{Logger: log, ChunkCacheBytes: 1 << 30})
+	if err != nil {
+		return err
+	}
+	lay, err := layout.Build(h, layout.Options{SampleDim: f.sampleDim, Align: f.align})
+	if err != nil {
+		return err
+	}
+	for _, s := range lay.Skipped {
+		log.Warn("array left out", "array", s.Path, "reason", s.Reason)
+	}
+	plan, err := planWarm(lay, f)
+	if err != nil {
+		return err
+	}
+	var todo []layout.Blob
+	var todoBytes int64
+	for _, b := range plan.blobs {
+		if !c.HasBlob(cache.BlobKey{Layout: lay.ID, Path: b.Path()}) {
+			todo = append(todo, b)
+			todoBytes += b.Size()
+		}
+	}
+	out := cmd.OutOrStdout()
+	dir := c.BlobDir(lay.ID)
+	if len(todo) == 0 {
+		fmt.Fprintf(out, "zarrfs: nothing to do: %d files (%s) already warm in %s\n", len(plan.blobs), humanBytes(plan.bytes), dir)
+		return nil
+	}
+	var bar *progressbar.ProgressBar
+	if fi, err := os.Stderr.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 && term.IsTerminal(int(os.Stderr.Fd())) {
+		bar = progressbar.NewOptions64(todoBytes,
+			progressbar.OptionSetWriter(os.Stderr),
+			progressbar.OptionShowBytes(true),
+			progressbar.OptionShowCount(),
+			progressbar.OptionSetDescription(fmt.Sprintf("warming %d files", len(todo))),
+			progressbar.OptionThrottle(100*time.Millisecond),
+			progressbar.OptionShowElapsedTimeOnFinish(),
+			progressbar.OptionSetPredictTime(true),
+		)
+	}
+	start := time.Now()
+	var done, doneBytes atomic.Int64
+	var failed atomic.Int64
+	work := make(chan []layout.Blob)
+	var wg sync.WaitGroup
+	var firstErr error
+	var errOnce sync.Once
+	for range f.jobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for batch := range work {
+				for _, b := range batch {
+					err := warmOne(ctx, c, lay.ID, b)
+					if err != nil {
+						if ctx.Err() != nil {
+							return
+						}
+						failed.Add(1)
+						log.Error("warm failed", "file", b.Path(), "err", err)
+						errOnce.Do(func() { firstErr = fmt.Errorf("%s: %w", b.Path(), err) })
+						continue
+					}
+					done.Add(1)
+					doneBytes.Add(b.Size())
+					if bar != nil {
+						_ = bar.Add64(b.Size())
+					}
+				}
+			}
+		}()
+	}
+feed:
+	for _, b := range batches(todo) {
+		select {
+		case work <- b:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(work)
+	wg.Wait()
+	if bar != nil {
+		_ = bar.Finish()
+		fmt.Fprintln(os.Stderr)
+	}
+	el := time.Since(start)
+	if ctx.Err() != nil {
+		return fmt.Errorf("warm interrupted after %d of %d files; run it again to resume", done.Load(), len(todo))
+	}
+	for _, d := range plan.dirs {
+		fmt.Fprintf(out, "%s\t%s\n", d, path.Join(dir, d))
+	}
+	rate := float64(doneBytes.Load()) / el.Seconds()
+	fmt.Fprintf(out, "zarrfs: warmed %d files (%s) in %s, %s/s; %d already warm; cache %s\n",
+		done.Load(), humanBytes(doneBytes.Load()), el.Round(time.Millisecond), humanBytes(int64(rate)),
+		len(plan.blobs)-len(todo), dir)
+	if n := failed.Load(); n > 0 {
+		return fmt.Errorf("%d files failed, first: %w", n, firstErr)
+	}
+	return nil
+}
+
+// warmOne fills one blob into the cache (if still absent) and releases it.
+func warmOne(ctx context.Context, c *cache.Cache, layoutID string, b layout.Blob) error {
+	h, err := c.GetBlob(ctx, cache.BlobKey{Layout: layoutID, Path: b.Path()}, b.Size(),
+		func(ctx context.Context, f *os.File) error { return b.Fill(ctx, f) })
+	if err != nil {
+		return err
+	}
+	return h.Close()
+}
+
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
