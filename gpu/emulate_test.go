@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/klauspost/compress/zstd"
+
 	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
@@ -282,6 +284,7 @@ func TestEmulatedSwap(t *testing.T) {
 
 func TestPrepareErrors(t *testing.T) {
 	good := field(4, 4, 1)
+	zfcs, _ := zstd.NewWriter(nil, zstd.WithSingleSegment(true))
 	lz := compress(codec.LZ4, good)
 	gz := compress(codec.Gzip, good)
 	zl := compress(codec.Zlib, good)
@@ -297,6 +300,8 @@ func TestPrepareErrors(t *testing.T) {
 	}{
 		{"unknown codec", codec.Job{Codec: "bz2", Src: lz, Dst: make([]byte, 64)}, codec.ErrUnsupported},
 		{"empty chunk", codec.Job{Codec: codec.Zstd, Src: compress(codec.Zstd, nil), Dst: nil}, codec.ErrUnsupported},
+		{"zstd frame size mismatch", codec.Job{Codec: codec.Zstd, Src: zfcs.EncodeAll(good, nil), Dst: make([]byte, 65)}, codec.ErrCorrupt},
+		{"zstd bad magic", codec.Job{Codec: codec.Zstd, Src: append([]byte{1, 2, 3, 4}, compress(codec.Zstd, good)[4:]...), Dst: make([]byte, 64)}, codec.ErrCorrupt},
 		{"lz4 size header mismatch", codec.Job{Codec: codec.LZ4, Src: lz, Dst: make([]byte, 63)}, codec.ErrCorrupt},
 		{"lz4 too short", codec.Job{Codec: codec.LZ4, Src: lz[:3], Dst: make([]byte, 64)}, codec.ErrCorrupt},
 		{"gzip size trailer mismatch", codec.Job{Codec: codec.Gzip, Src: gz, Dst: make([]byte, 65)}, codec.ErrUnsupported},
@@ -314,6 +319,22 @@ func TestPrepareErrors(t *testing.T) {
 				t.Fatalf("prepare: %v, want %v", p.err, tt.want)
 			}
 		})
+	}
+}
+
+func TestZstdFrames(t *testing.T) {
+	a, b := field(3, 7, 1), field(5, 5, 2)
+	skip := []byte{0x50, 0x2a, 0x4d, 0x18, 3, 0, 0, 0, 9, 9, 9}
+	enc, _ := zstd.NewWriter(nil, zstd.WithSingleSegment(true)) // writes the content size, as libzstd does
+	src := append(append(enc.EncodeAll(a, nil), skip...), enc.EncodeAll(b, nil)...)
+	job := codec.Job{Codec: codec.Zstd, Src: src, Dst: make([]byte, len(a)+len(b))}
+	p := prepare(&job)
+	if p.err != nil || len(p.pieces) != 2 || p.pieces[1].off != int64(len(a)) {
+		t.Fatalf("two frames and a skippable one: %v %+v", p.err, p)
+	}
+	outs, errs := emulate([]codec.Job{job}, alignCases[0].aligns, 0)
+	if errs[0] != nil || !bytes.Equal(outs[0], append(append([]byte{}, a...), b...)) {
+		t.Fatalf("emulated decode: %v", errs[0])
 	}
 }
 

@@ -53,10 +53,36 @@ func prepare(j *codec.Job) prepared {
 	}
 	switch j.Codec {
 	case codec.Zstd:
-		if len(j.Src) < 4 {
-			return corrupt(j, "%d bytes is too short for a zstd frame", len(j.Src))
+		frames, err := zstdFrames(j.Src)
+		if err == errZstdDict {
+			return prepared{err: fmt.Errorf("gpu: zstd chunk: %v: %w", err, codec.ErrUnsupported)}
 		}
-		return prepared{pieces: []piece{{algo: algoZstd, src: j.Src, n: n}}}
+		if err != nil {
+			return corrupt(j, "%v", err)
+		}
+		if len(frames) == 1 {
+			if s := frames[0].size; s >= 0 && s != n {
+				return corrupt(j, "frame header says %d decoded bytes, expected %d", s, n)
+			}
+			return prepared{pieces: []piece{{algo: algoZstd, src: frames[0].src, n: n}}}
+		}
+		// Several frames: each becomes a piece at its offset, which needs
+		// every frame's decoded size.
+		p := prepared{pieces: make([]piece, 0, len(frames))}
+		var off int64
+		for _, f := range frames {
+			if f.size < 0 {
+				return prepared{err: fmt.Errorf("gpu: zstd chunk of %d frames without content sizes: %w", len(frames), codec.ErrUnsupported)}
+			}
+			if f.size > 0 {
+				p.pieces = append(p.pieces, piece{algo: algoZstd, src: f.src, off: off, n: f.size})
+			}
+			off += f.size
+		}
+		if off != n {
+			return corrupt(j, "frames hold %d decoded bytes, expected %d", off, n)
+		}
+		return p
 	case codec.LZ4:
 		// numcodecs framing: decoded size (uint32 LE), then one raw block.
 		if len(j.Src) < 4 {
