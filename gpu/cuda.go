@@ -59,6 +59,11 @@ type cudaLib struct {
 	cuModuleGetFunction       func(f *uintptr, m uintptr, name *byte) cuResult
 	cuLaunchKernel            func(f uintptr, gx, gy, gz, bx, by, bz, shmem uint32, s uintptr, params unsafe.Pointer, extra unsafe.Pointer) cuResult
 	cuGetErrorString          func(e cuResult, s **byte) cuResult
+	cuEventCreate             func(e *uintptr, flags uint32) cuResult
+	cuEventRecord             func(e uintptr, s uintptr) cuResult
+	cuEventSynchronize        func(e uintptr) cuResult
+	cuEventDestroy            func(e uintptr) cuResult
+	cuEventElapsedTime        func(ms *float32, start, end uintptr) cuResult
 	cuGetErrorName            func(e cuResult, s **byte) cuResult
 }
 
@@ -114,9 +119,19 @@ func (l *cudaLib) bind() error {
 		{&l.cuLaunchKernel, "cuLaunchKernel"},
 		{&l.cuGetErrorString, "cuGetErrorString"},
 		{&l.cuGetErrorName, "cuGetErrorName"},
+		{&l.cuEventCreate, "cuEventCreate"},
+		{&l.cuEventRecord, "cuEventRecord"},
+		{&l.cuEventSynchronize, "cuEventSynchronize"},
+		{&l.cuEventDestroy, "cuEventDestroy_v2"},
 	}
 	for _, s := range syms {
 		if err := register(s.fn, l.handle, s.name); err != nil {
+			return err
+		}
+	}
+	// CUDA 12.8 added a _v2 of the elapsed-time call; either serves.
+	if register(&l.cuEventElapsedTime, l.handle, "cuEventElapsedTime_v2") != nil {
+		if err := register(&l.cuEventElapsedTime, l.handle, "cuEventElapsedTime"); err != nil {
 			return err
 		}
 	}

@@ -22,14 +22,19 @@ import (
 type Options struct {
 	// Device is the CUDA device ordinal. Zero means the first GPU.
 	Device int
-	// MaxBatchBytes bounds the device memory and the pinned host memory a
-	// batch may take (compressed input, decoded output, scratch); a larger
-	// batch is decoded in several rounds. Zero means 2 GiB. A single chunk
-	// needing more than this is left to the CPU (ErrUnsupported).
+	// MaxBatchBytes bounds the device memory and, as much again, the pinned
+	// host memory the Decoder keeps for its buffers (compressed input,
+	// decoded output, scratch). Zero means 2 GiB. A single chunk needing
+	// more than half of it is left to the CPU (ErrUnsupported).
 	MaxBatchBytes int64
+	// RoundBytes is the buffer size of one round: a batch is cut into
+	// rounds so that the host packs the next round and copies out the
+	// previous one while the GPU decodes. Zero means 128 MiB; it is capped
+	// at MaxBatchBytes/2, as two rounds are in flight.
+	RoundBytes int64
 	// CopyWorkers is the number of goroutines that pack compressed bytes
 	// into pinned memory and copy decoded bytes out of it. Zero means
-	// min(8, GOMAXPROCS).
+	// min(16, GOMAXPROCS).
 	CopyWorkers int
 	// SkipChecksums turns off the CPU check of gzip CRC-32 and zlib
 	// Adler-32 trailers after GPU decoding. Zero value: they are checked.
@@ -39,7 +44,10 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-const defaultMaxBatchBytes = 2 << 30
+const (
+	defaultMaxBatchBytes = 2 << 30
+	defaultRoundBytes    = 128 << 20
+)
 
 // maxJobsPerRound keeps grid dimensions and descriptor arrays small.
 const maxJobsPerRound = 16384
@@ -62,13 +70,20 @@ type Decoder struct {
 	mod                         uintptr
 	fnCopy, fnUnshuffle, fnSwap uintptr
 
-	hIn, hOut hostBuf
-	dIn, dOut devBuf
-	dTemp     devBuf
-	args      hostBuf // kernel argument values and pointer arrays
-	broken    error   // a sticky device error: the context must be rebuilt
+	sets      [2]bufSet // two rounds in flight: one decoding, one packed or copied out
+	dTemp     devBuf    // nvCOMP scratch, shared: rounds run in stream order
+	broken    error     // a sticky device error: the context must be rebuilt
+	dead      error     // rebuilding failed: the GPU path is off for good
 	closed    bool
 	outAligns [numAlgos]int64
+}
+
+// bufSet is the memory of one round in flight.
+type bufSet struct {
+	hIn, hOut  hostBuf
+	dIn, dOut  devBuf
+	args       hostBuf // kernel argument values and pointer arrays (C memory)
+	start, end uintptr // events around the round's device work
 }
 
 var _ codec.BatchDecoder = (*Decoder)(nil)
@@ -99,8 +114,12 @@ func New(opts Options) (*Decoder, error) {
 	if opts.MaxBatchBytes <= 0 {
 		opts.MaxBatchBytes = defaultMaxBatchBytes
 	}
+	if opts.RoundBytes <= 0 {
+		opts.RoundBytes = defaultRoundBytes
+	}
+	opts.RoundBytes = min(opts.RoundBytes, opts.MaxBatchBytes/2)
 	if opts.CopyWorkers <= 0 {
-		opts.CopyWorkers = min(8, runtime.GOMAXPROCS(0))
+		opts.CopyWorkers = min(16, runtime.GOMAXPROCS(0))
 	}
 	log := opts.Logger
 	if log == nil {
@@ -156,7 +175,19 @@ func (d *Decoder) initContext() error {
 			return err
 		}
 	}
-	return d.growHost(&d.args, 4096)
+	for i := range d.sets {
+		st := &d.sets[i]
+		if err := cu.check("cuEventCreate", cu.cuEventCreate(&st.start, 0)); err != nil {
+			return err
+		}
+		if err := cu.check("cuEventCreate", cu.cuEventCreate(&st.end, 0)); err != nil {
+			return err
+		}
+		if err := d.growHost(&st.args, 4096); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // teardown frees what initContext and the batches allocated. Errors are
@@ -167,13 +198,26 @@ func (d *Decoder) teardown() {
 	if d.ctx != 0 {
 		cu.cuCtxSetCurrent(d.ctx)
 	}
-	for _, b := range []*devBuf{&d.dIn, &d.dOut, &d.dTemp} {
+	devs := []*devBuf{&d.dTemp}
+	var hosts []*hostBuf
+	for i := range d.sets {
+		st := &d.sets[i]
+		devs = append(devs, &st.dIn, &st.dOut)
+		hosts = append(hosts, &st.hIn, &st.hOut, &st.args)
+		for _, e := range []*uintptr{&st.start, &st.end} {
+			if *e != 0 {
+				cu.cuEventDestroy(*e)
+				*e = 0
+			}
+		}
+	}
+	for _, b := range devs {
 		if b.ptr != 0 {
 			cu.cuMemFree(b.ptr)
 		}
 		*b = devBuf{}
 	}
-	for _, b := range []*hostBuf{&d.hIn, &d.hOut, &d.args} {
+	for _, b := range hosts {
 		if b.p != nil {
 			cu.cuMemFreeHost(b.p)
 		}
@@ -213,6 +257,7 @@ func (d *Decoder) Close() error {
 func (d *Decoder) recoverContext() error {
 	d.log.Warn("gpu: resetting the CUDA context after a device error", "device", d.opts.Device, "cause", d.broken)
 	d.teardown()
+	d.cu.cuCtxSetCurrent(0)
 	if r := d.cu.cuDevicePrimaryCtxReset(d.dev); r != cuSuccess {
 		return d.cu.check("cuDevicePrimaryCtxReset", r)
 	}
@@ -287,8 +332,8 @@ func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSiz
 			preps[i].err = fmt.Errorf("gpu: %d-byte chunk is not a whole number of %d-byte elements: %w",
 				len(jobs[i].Dst), elemSize, codec.ErrUnsupported)
 		}
-		if preps[i].err == nil && preps[i].cost(int64(len(jobs[i].Dst))) > d.opts.MaxBatchBytes {
-			preps[i].err = fmt.Errorf("gpu: %d-byte chunk exceeds the batch memory bound of %d bytes: %w",
+		if preps[i].err == nil && preps[i].cost(int64(len(jobs[i].Dst))) > d.opts.MaxBatchBytes/2 {
+			preps[i].err = fmt.Errorf("gpu: %d-byte chunk exceeds half the batch memory bound of %d bytes: %w",
 				len(jobs[i].Dst), d.opts.MaxBatchBytes, codec.ErrUnsupported)
 		}
 		if preps[i].err != nil {
@@ -308,36 +353,72 @@ func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSiz
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
+	if d.dead != nil {
+		return d.failAll(jobs, ok, d.dead)
+	}
 	if d.broken != nil {
 		if err := d.recoverContext(); err != nil {
-			d.broken = err
-			return d.failAll(jobs, ok, fmt.Errorf("gpu: device unusable: %w", err))
+			// A sticky error can outlive the context reset (the driver
+			// may insist on a new process): stop using the GPU rather
+			// than fail every batch slowly.
+			d.dead = fmt.Errorf("gpu: device unusable after %v: %w", d.broken, err)
+			d.log.Error("gpu: decoding on the GPU is off until restart", "err", d.dead)
+			return d.failAll(jobs, ok, d.dead)
 		}
 	}
 	if err := d.cu.check("cuCtxSetCurrent", d.cu.cuCtxSetCurrent(d.ctx)); err != nil {
 		return d.failAll(jobs, ok, err)
 	}
 
-	// Split into rounds bounded in memory and job count.
-	start := 0
+	// Cut into rounds bounded in memory and job count.
+	var rounds [][]int
 	var cost int64
-	for i := 0; i <= len(ok); i++ {
-		if i < len(ok) {
-			c := preps[ok[i]].cost(int64(len(jobs[ok[i]].Dst)))
-			if i == start || (cost+c <= d.opts.MaxBatchBytes && i-start < maxJobsPerRound) {
-				cost += c
-				continue
+	for k, i := range ok {
+		c := preps[i].cost(int64(len(jobs[i].Dst)))
+		if k == 0 || cost+c > d.opts.RoundBytes || len(rounds[len(rounds)-1]) >= maxJobsPerRound {
+			rounds = append(rounds, nil)
+			cost = 0
+		}
+		rounds[len(rounds)-1] = append(rounds[len(rounds)-1], i)
+		cost += c
+	}
+	// Pipeline: submit round r (pack, then enqueue its device work), then
+	// finish round r-1 (wait for it, check, copy out) while the GPU works
+	// on round r. Each of the two rounds in flight has its own buffers.
+	unfinished := func(from int) []int {
+		var idx []int
+		for _, r := range rounds[from:] {
+			idx = append(idx, r...)
+		}
+		return idx
+	}
+	var pending *inflight
+	for r, idx := range rounds {
+		if err := ctx.Err(); err != nil {
+			if pending != nil {
+				if ferr := d.finish(jobs, preps, pending, elemSize); ferr != nil {
+					return d.failAll(jobs, unfinished(r-1), ferr)
+				}
+			}
+			return d.failAll(jobs, unfinished(r), err)
+		}
+		fl, err := d.submit(jobs, preps, idx, elemSize, &d.sets[r%2])
+		if err != nil {
+			from := r
+			if pending != nil {
+				from = r - 1
+			}
+			return d.failAll(jobs, unfinished(from), err)
+		}
+		if pending != nil {
+			if err := d.finish(jobs, preps, pending, elemSize); err != nil {
+				return d.failAll(jobs, unfinished(r-1), err)
 			}
 		}
-		if err := ctx.Err(); err != nil {
-			return d.failAll(jobs, ok[start:], err)
-		}
-		if err := d.round(jobs, preps, ok[start:i], elemSize); err != nil {
-			return d.failAll(jobs, ok[start:], err)
-		}
-		if i < len(ok) {
-			start, cost = i, preps[ok[i]].cost(int64(len(jobs[ok[i]].Dst)))
-		}
+		pending = fl
+	}
+	if err := d.finish(jobs, preps, pending, elemSize); err != nil {
+		return d.failAll(jobs, unfinished(len(rounds)-1), err)
 	}
 	return nil
 }
@@ -353,9 +434,20 @@ func (d *Decoder) failAll(jobs []codec.Job, idx []int, err error) error {
 	return err
 }
 
-// round decodes one bounded sub-batch: pack, one host-to-device copy, one
-// nvCOMP call per algorithm, the kernels, one device-to-host copy, checks.
-func (d *Decoder) round(jobs []codec.Job, preps []prepared, idx []int, elemSize int) error {
+// inflight is a submitted round whose device work may still run.
+type inflight struct {
+	set       *bufSet
+	l         *layout
+	idx       []int
+	launchErr map[int]error
+	t0        time.Time
+	tPack     time.Duration
+}
+
+// submit packs one round into set's pinned buffer and enqueues its device
+// work: one host-to-device copy, one nvCOMP call per algorithm, the
+// kernels, one device-to-host copy, between two events.
+func (d *Decoder) submit(jobs []codec.Job, preps []prepared, idx []int, elemSize int, set *bufSet) (*inflight, error) {
 	t0 := time.Now()
 	cu := d.cu
 	l := layoutBatch(jobs, preps, idx, d.outAligns)
@@ -367,23 +459,29 @@ func (d *Decoder) round(jobs []codec.Job, preps []prepared, idx []int, elemSize 
 		alg := &d.nv.algos[a]
 		var tb uint64
 		if st := alg.getTmp(uint64(len(l.segs[a])), uint64(l.maxPiece[a]), alg.opts, &tb, uint64(l.totPiece[a]), d.stream); st != nvSuccess {
-			return fmt.Errorf("gpu: nvcompBatched%sDecompressGetTempSize: %v", algoSymbols[a], st)
+			return nil, fmt.Errorf("gpu: nvcompBatched%sDecompressGetTempSize: %v", algoSymbols[a], st)
 		}
 		tempNeed = max(tempNeed, int64(tb))
 	}
+	if d.dTemp.size < tempNeed || d.dTemp.ptr == 0 {
+		// The other round in flight may still use the scratch.
+		if err := cu.check("cuStreamSynchronize", cu.cuStreamSynchronize(d.stream)); err != nil {
+			return nil, d.deviceFailed(err)
+		}
+	}
 	for _, g := range []error{
-		d.growHost(&d.hIn, l.inSize),
-		d.growDev(&d.dIn, l.inSize),
-		d.growDev(&d.dOut, l.outSize),
-		d.growHost(&d.hOut, l.d2h),
+		d.growHost(&set.hIn, l.inSize),
+		d.growDev(&set.dIn, l.inSize),
+		d.growDev(&set.dOut, l.outSize),
+		d.growHost(&set.hOut, l.d2h),
 		d.growDev(&d.dTemp, max(tempNeed, 1)),
 	} {
 		if g != nil {
-			return g
+			return nil, g
 		}
 	}
-	hin := d.hIn.bytes()
-	inBase, outBase := uint64(d.dIn.ptr), uint64(d.dOut.ptr)
+	hin := set.hIn.bytes()
+	inBase, outBase := uint64(set.dIn.ptr), uint64(set.dOut.ptr)
 
 	// Pack the compressed bytes, in parallel: this memcpy is the host's
 	// main cost for a batch.
@@ -434,10 +532,12 @@ func (d *Decoder) round(jobs []codec.Job, preps []prepared, idx []int, elemSize 
 		le.PutUint32(hin[o+32:], s.Mode)
 		le.PutUint32(hin[o+36:], s.BitRound)
 	}
-	tPack := time.Since(t0)
 
-	if err := cu.check("cuMemcpyHtoDAsync", cu.cuMemcpyHtoDAsync(d.dIn.ptr, d.hIn.p, uint64(l.inSize), d.stream)); err != nil {
-		return d.deviceFailed(err)
+	if err := cu.check("cuEventRecord", cu.cuEventRecord(set.start, d.stream)); err != nil {
+		return nil, d.deviceFailed(err)
+	}
+	if err := cu.check("cuMemcpyHtoDAsync", cu.cuMemcpyHtoDAsync(set.dIn.ptr, set.hIn.p, uint64(l.inSize), d.stream)); err != nil {
+		return nil, d.deviceFailed(err)
 	}
 	// One nvCOMP call per algorithm present. A launch failure fails that
 	// algorithm's jobs only.
@@ -465,9 +565,9 @@ func (d *Decoder) round(jobs []codec.Job, preps []prepared, idx []int, elemSize 
 		segBase += n
 	}
 	if len(l.copies) > 0 {
-		if err := d.launch(d.fnCopy, uint32(min(len(l.copies), 65535)), 1, 256,
+		if err := d.launch(set, d.fnCopy, uint32(min(len(l.copies), 65535)), 1, 256,
 			inBase+uint64(l.copyOff), uint64(len(l.copies))); err != nil {
-			return d.deviceFailed(err)
+			return nil, d.deviceFailed(err)
 		}
 	}
 	if len(l.shuffles) > 0 {
@@ -476,34 +576,49 @@ func (d *Decoder) round(jobs []codec.Job, preps []prepared, idx []int, elemSize 
 			most = max(most, s.NBytes)
 		}
 		gx := uint32(min((most/uint64(8)+255)/256+1, 2048))
-		if err := d.launch(d.fnUnshuffle, gx, uint32(len(l.shuffles)), 256, inBase+uint64(l.shufOff)); err != nil {
-			return d.deviceFailed(err)
+		if err := d.launch(set, d.fnUnshuffle, gx, uint32(len(l.shuffles)), 256, inBase+uint64(l.shufOff)); err != nil {
+			return nil, d.deviceFailed(err)
 		}
 	}
 	if elemSize > 1 && l.finalEnd > 0 {
 		nelem := uint64(l.finalEnd) / uint64(elemSize)
 		gx := uint32(min((nelem+255)/256, 8192))
-		if err := d.launchSwap(gx, outBase, nelem, uint32(elemSize)); err != nil {
-			return d.deviceFailed(err)
+		if err := d.launchSwap(set, gx, outBase, nelem, uint32(elemSize)); err != nil {
+			return nil, d.deviceFailed(err)
 		}
 	}
-	if err := cu.check("cuMemcpyDtoHAsync", cu.cuMemcpyDtoHAsync(d.hOut.p, d.dOut.ptr, uint64(l.d2h), d.stream)); err != nil {
-		return d.deviceFailed(err)
+	if err := cu.check("cuMemcpyDtoHAsync", cu.cuMemcpyDtoHAsync(set.hOut.p, set.dOut.ptr, uint64(l.d2h), d.stream)); err != nil {
+		return nil, d.deviceFailed(err)
 	}
-	if err := cu.check("cuStreamSynchronize", cu.cuStreamSynchronize(d.stream)); err != nil {
-		return d.deviceFailed(err)
+	if err := cu.check("cuEventRecord", cu.cuEventRecord(set.end, d.stream)); err != nil {
+		return nil, d.deviceFailed(err)
 	}
-	tGPU := time.Since(t0) - tPack
+	return &inflight{set: set, l: l, idx: idx, launchErr: launchErr, t0: t0, tPack: time.Since(t0)}, nil
+}
 
+// finish waits for a round's device work, checks nvCOMP's statuses and
+// decoded sizes, and copies the chunks out (checking gzip and zlib
+// trailers) on the copy workers.
+func (d *Decoder) finish(jobs []codec.Job, preps []prepared, fl *inflight, elemSize int) error {
+	cu, l, idx, set := d.cu, fl.l, fl.idx, fl.set
+	tw := time.Now()
+	if err := cu.check("cuEventSynchronize", cu.cuEventSynchronize(set.end)); err != nil {
+		return d.deviceFailed(err)
+	}
+	tWait := time.Since(tw)
+	var ms float32
+	cu.cuEventElapsedTime(&ms, set.start, set.end)
+	launchErr := fl.launchErr
+	le := binary.LittleEndian
 	// Per-segment results: nvCOMP status and the decoded size.
-	hout := d.hOut.bytes()
+	hout := set.hOut.bytes()
 	jobErr := make([]error, len(idx))
 	for k := range idx {
 		if e := launchErr[k]; e != nil {
 			jobErr[k] = fmt.Errorf("%w: %w", codec.ErrUnsupported, e)
 		}
 	}
-	segBase = 0
+	var segBase int64
 	for a := range numAlgos {
 		for i, s := range l.segs[a] {
 			g := segBase + int64(i)
@@ -549,8 +664,8 @@ func (d *Decoder) round(jobs []codec.Job, preps []prepared, idx []int, elemSize 
 		in += int64(len(jobs[k].Src))
 		outBytes += int64(len(jobs[k].Dst))
 	}
-	d.log.Debug("gpu batch", "chunks", len(idx), "in", in, "out", outBytes,
-		"pack", tPack, "gpu", tGPU, "total", time.Since(t0))
+	d.log.Debug("gpu batch", "chunks", len(idx), "in", in, "out", outBytes, "pack", fl.tPack,
+		"device", time.Duration(float64(ms)*float64(time.Millisecond)), "wait", tWait, "total", time.Since(fl.t0))
 	return nil
 }
 
@@ -566,11 +681,12 @@ func (d *Decoder) deviceFailed(err error) error {
 
 // launch starts kernel f with grid (gx, gy) of bx threads, its parameters
 // being one device pointer and, optionally, one uint32 count.
-func (d *Decoder) launch(f uintptr, gx, gy, bx uint32, ptr uint64, count ...uint64) error {
+func (d *Decoder) launch(set *bufSet, f uintptr, gx, gy, bx uint32, ptr uint64, count ...uint64) error {
 	// Argument values and the pointer array live in pinned host memory (C
-	// memory), so no Go pointer is handed to the driver.
-	a := d.args.bytes()
-	base := uintptr(d.args.p)
+	// memory), so no Go pointer is handed to the driver. The driver copies
+	// them at launch, so the next launch may reuse the space.
+	a := set.args.bytes()
+	base := uintptr(set.args.p)
 	binary.LittleEndian.PutUint64(a[0:], ptr)
 	binary.LittleEndian.PutUint64(a[64:], uint64(base))
 	if len(count) > 0 {
@@ -578,12 +694,12 @@ func (d *Decoder) launch(f uintptr, gx, gy, bx uint32, ptr uint64, count ...uint
 		binary.LittleEndian.PutUint64(a[72:], uint64(base+8))
 	}
 	return d.cu.check("cuLaunchKernel", d.cu.cuLaunchKernel(f, gx, gy, 1, bx, 1, 1, 0, d.stream,
-		unsafe.Add(d.args.p, 64), nil))
+		unsafe.Add(set.args.p, 64), nil))
 }
 
-func (d *Decoder) launchSwap(gx uint32, ptr, nelem uint64, size uint32) error {
-	a := d.args.bytes()
-	base := uint64(uintptr(d.args.p))
+func (d *Decoder) launchSwap(set *bufSet, gx uint32, ptr, nelem uint64, size uint32) error {
+	a := set.args.bytes()
+	base := uint64(uintptr(set.args.p))
 	binary.LittleEndian.PutUint64(a[0:], ptr)
 	binary.LittleEndian.PutUint64(a[8:], nelem)
 	binary.LittleEndian.PutUint32(a[16:], size)
@@ -591,7 +707,7 @@ func (d *Decoder) launchSwap(gx uint32, ptr, nelem uint64, size uint32) error {
 	binary.LittleEndian.PutUint64(a[72:], base+8)
 	binary.LittleEndian.PutUint64(a[80:], base+16)
 	return d.cu.check("cuLaunchKernel byteswap", d.cu.cuLaunchKernel(d.fnSwap, gx, 1, 1, 256, 1, 1, 0, d.stream,
-		unsafe.Add(d.args.p, 64), nil))
+		unsafe.Add(set.args.p, 64), nil))
 }
 
 // parallel runs f(0..n-1) on the copy workers.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -178,12 +179,20 @@ func TestGPUCorrupt(t *testing.T) {
 	good, want, names := genJobs(t, 60, 70)
 	var jobs []codec.Job
 	var kinds []string
-	var goodIdx []int
+	corruptFilter, err := regexp.Compile(*flagCorrupt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *flagCorrupt != "" {
+		t.Logf("damaged chunks limited to those matching %q", *flagCorrupt)
+	}
 	for i, g := range good {
-		goodIdx = append(goodIdx, len(jobs))
 		jobs = append(jobs, g)
 		kinds = append(kinds, names[i]+"/good")
 		for kind, src := range corruptions(g.Src, r) {
+			if !corruptFilter.MatchString(names[i] + "/" + kind) {
+				continue
+			}
 			jobs = append(jobs, codec.Job{Codec: g.Codec, Src: src, Dst: make([]byte, len(g.Dst))})
 			kinds = append(kinds, names[i]+"/"+kind)
 		}

@@ -28,6 +28,7 @@ var (
 	flagPTX        = flag.String("gpu.ptx", "", "load the kernels from this PTX file instead of the embedded one")
 	flagThroughput = flag.Bool("gpu.throughput", false, "run the GPU vs CPU decode throughput comparison (slow)")
 	flagChunks     = flag.Int("gpu.chunks", 128, "chunks per codec in the throughput comparison")
+	flagCorrupt    = flag.String("gpu.corrupt", "", "damage only the chunks whose name/kind matches this regexp (one process per codec and damage)")
 )
 
 func TestMain(m *testing.M) {
