@@ -60,9 +60,11 @@ type Options struct {
 	// once. Zero means 64 MiB.
 	SlabBytes int64
 
-	// Views (CONTRACT section 5) will be added here. Each view contributes
-	// its definition to the layout ID and its blobs as another Blob
-	// implementation; nothing else changes.
+	// Views are the stacked views (CONTRACT section 5) to add, bound to the
+	// same hierarchy with Bind or BindViews. Each adds MOUNT/NAME/ and
+	// MOUNT/NAME.json, and its definition goes into the layout ID. Nil
+	// means none.
+	Views []*View
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -310,6 +312,13 @@ func Build(h *zarr.Hierarchy, opts Options) (*Layout, error) {
 		l.Arrays++
 		l.Files += files
 	}
+	for _, v := range o.Views {
+		files, err := l.addView(b, h, v)
+		if err != nil {
+			return nil, err
+		}
+		l.Files += files
+	}
 	l.root = b.finish()
 	return l, nil
 }
@@ -320,6 +329,9 @@ func layoutID(sourceID string, arrays []*zarr.Array, o Options) string {
 	fmt.Fprintf(h, "%s\x00%s\x00align=%d\x00sample_dim=%s\x00", layoutVersion, sourceID, o.Align, o.SampleDim)
 	for _, a := range arrays {
 		fmt.Fprintf(h, "array\x00%s\x00%s\x00%s\x00", a.Path, a.MetaHash, a.Unsupported)
+	}
+	for _, v := range o.Views {
+		fmt.Fprintf(h, "%s\x00", v.Definition())
 	}
 	return hex.EncodeToString(h.Sum(nil))[:32]
 }
