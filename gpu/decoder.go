@@ -29,8 +29,10 @@ type Options struct {
 	MaxBatchBytes int64
 	// RoundBytes is the buffer size of one round: a batch is cut into
 	// rounds so that the host packs the next round and copies out the
-	// previous one while the GPU decodes. Zero means 128 MiB; it is capped
-	// at MaxBatchBytes/2, as two rounds are in flight.
+	// previous one while the GPU decodes. A round of fewer than 64
+	// compressed pieces (chunks, or blosc streams) grows past it, up to
+	// MaxBatchBytes/2, since nvCOMP needs many pieces to fill a GPU. Zero
+	// means 128 MiB.
 	RoundBytes int64
 	// CopyWorkers is the number of goroutines that pack compressed bytes
 	// into pinned memory and copy decoded bytes out of it. Zero means
@@ -52,6 +54,11 @@ const (
 // maxJobsPerRound keeps grid dimensions and descriptor arrays small.
 const maxJobsPerRound = 16384
 
+// minRoundPieces is the number of nvCOMP pieces a round holds before
+// RoundBytes may close it: two rounds of this many pieces, running at
+// once on their own streams, keep most multiprocessors of a large GPU busy.
+const minRoundPieces = 64
+
 // Decoder decodes batches of chunks on one GPU. It implements
 // codec.BatchDecoder. It is safe for concurrent use: batches are decoded
 // one at a time, in the order callers get the Decoder's lock.
@@ -66,12 +73,10 @@ type Decoder struct {
 
 	dev                         int32
 	ctx                         uintptr
-	stream                      uintptr
 	mod                         uintptr
 	fnCopy, fnUnshuffle, fnSwap uintptr
 
 	sets      [2]bufSet // two rounds in flight: one decoding, one packed or copied out
-	dTemp     devBuf    // nvCOMP scratch, shared: rounds run in stream order
 	broken    error     // a sticky device error: the context must be rebuilt
 	dead      error     // rebuilding failed: the GPU path is off for good
 	closed    bool
@@ -84,6 +89,11 @@ type bufSet struct {
 	dIn, dOut  devBuf
 	args       hostBuf // kernel argument values and pointer arrays (C memory)
 	start, end uintptr // events around the round's device work
+	// Each set has its own stream and nvCOMP scratch, so that the GPU may
+	// run two rounds at once: large chunks give nvCOMP few, long tasks,
+	// and a second round fills the idle multiprocessors.
+	stream uintptr
+	dTemp  devBuf
 }
 
 var _ codec.BatchDecoder = (*Decoder)(nil)
@@ -154,10 +164,6 @@ func (d *Decoder) initContext() error {
 	if err := cu.check("cuCtxSetCurrent", cu.cuCtxSetCurrent(d.ctx)); err != nil {
 		return err
 	}
-	const nonBlocking = 1 // CU_STREAM_NON_BLOCKING: no implicit sync with the legacy stream
-	if err := cu.check("cuStreamCreate", cu.cuStreamCreate(&d.stream, nonBlocking)); err != nil {
-		return err
-	}
 	ptx, err := loadPTX()
 	if err != nil {
 		return err
@@ -177,6 +183,10 @@ func (d *Decoder) initContext() error {
 	}
 	for i := range d.sets {
 		st := &d.sets[i]
+		const nonBlocking = 1 // CU_STREAM_NON_BLOCKING: no implicit sync with the legacy stream
+		if err := cu.check("cuStreamCreate", cu.cuStreamCreate(&st.stream, nonBlocking)); err != nil {
+			return err
+		}
 		if err := cu.check("cuEventCreate", cu.cuEventCreate(&st.start, 0)); err != nil {
 			return err
 		}
@@ -198,11 +208,15 @@ func (d *Decoder) teardown() {
 	if d.ctx != 0 {
 		cu.cuCtxSetCurrent(d.ctx)
 	}
-	devs := []*devBuf{&d.dTemp}
+	var devs []*devBuf
 	var hosts []*hostBuf
 	for i := range d.sets {
 		st := &d.sets[i]
-		devs = append(devs, &st.dIn, &st.dOut)
+		devs = append(devs, &st.dIn, &st.dOut, &st.dTemp)
+		if st.stream != 0 {
+			cu.cuStreamDestroy(st.stream)
+			st.stream = 0
+		}
 		hosts = append(hosts, &st.hIn, &st.hOut, &st.args)
 		for _, e := range []*uintptr{&st.start, &st.end} {
 			if *e != 0 {
@@ -226,10 +240,6 @@ func (d *Decoder) teardown() {
 	if d.mod != 0 {
 		cu.cuModuleUnload(d.mod)
 		d.mod = 0
-	}
-	if d.stream != 0 {
-		cu.cuStreamDestroy(d.stream)
-		d.stream = 0
 	}
 	if d.ctx != 0 {
 		cu.cuDevicePrimaryCtxRelease(d.dev)
@@ -371,16 +381,22 @@ func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSiz
 	}
 
 	// Cut into rounds bounded in memory and job count.
+	// A round closes at RoundBytes only once it holds enough pieces to
+	// keep the GPU busy (nvCOMP works on pieces in parallel, each piece
+	// alone), else at half the memory bound.
 	var rounds [][]int
 	var cost int64
+	var pieces int
 	for k, i := range ok {
 		c := preps[i].cost(int64(len(jobs[i].Dst)))
-		if k == 0 || cost+c > d.opts.RoundBytes || len(rounds[len(rounds)-1]) >= maxJobsPerRound {
+		full := cost+c > d.opts.MaxBatchBytes/2 || (cost+c > d.opts.RoundBytes && pieces >= minRoundPieces)
+		if k == 0 || full || len(rounds[len(rounds)-1]) >= maxJobsPerRound {
 			rounds = append(rounds, nil)
-			cost = 0
+			cost, pieces = 0, 0
 		}
 		rounds[len(rounds)-1] = append(rounds[len(rounds)-1], i)
 		cost += c
+		pieces += len(preps[i].pieces)
 	}
 	// Pipeline: submit round r (pack, then enqueue its device work), then
 	// finish round r-1 (wait for it, check, copy out) while the GPU works
@@ -458,23 +474,17 @@ func (d *Decoder) submit(jobs []codec.Job, preps []prepared, idx []int, elemSize
 		}
 		alg := &d.nv.algos[a]
 		var tb uint64
-		if st := alg.getTmp(uint64(len(l.segs[a])), uint64(l.maxPiece[a]), alg.opts, &tb, uint64(l.totPiece[a]), d.stream); st != nvSuccess {
+		if st := alg.getTmp(uint64(len(l.segs[a])), uint64(l.maxPiece[a]), alg.opts, &tb, uint64(l.totPiece[a]), set.stream); st != nvSuccess {
 			return nil, fmt.Errorf("gpu: nvcompBatched%sDecompressGetTempSize: %v", algoSymbols[a], st)
 		}
 		tempNeed = max(tempNeed, int64(tb))
-	}
-	if d.dTemp.size < tempNeed || d.dTemp.ptr == 0 {
-		// The other round in flight may still use the scratch.
-		if err := cu.check("cuStreamSynchronize", cu.cuStreamSynchronize(d.stream)); err != nil {
-			return nil, d.deviceFailed(err)
-		}
 	}
 	for _, g := range []error{
 		d.growHost(&set.hIn, l.inSize),
 		d.growDev(&set.dIn, l.inSize),
 		d.growDev(&set.dOut, l.outSize),
 		d.growHost(&set.hOut, l.d2h),
-		d.growDev(&d.dTemp, max(tempNeed, 1)),
+		d.growDev(&set.dTemp, max(tempNeed, 1)),
 	} {
 		if g != nil {
 			return nil, g
@@ -533,10 +543,10 @@ func (d *Decoder) submit(jobs []codec.Job, preps []prepared, idx []int, elemSize
 		le.PutUint32(hin[o+36:], s.BitRound)
 	}
 
-	if err := cu.check("cuEventRecord", cu.cuEventRecord(set.start, d.stream)); err != nil {
+	if err := cu.check("cuEventRecord", cu.cuEventRecord(set.start, set.stream)); err != nil {
 		return nil, d.deviceFailed(err)
 	}
-	if err := cu.check("cuMemcpyHtoDAsync", cu.cuMemcpyHtoDAsync(set.dIn.ptr, set.hIn.p, uint64(l.inSize), d.stream)); err != nil {
+	if err := cu.check("cuMemcpyHtoDAsync", cu.cuMemcpyHtoDAsync(set.dIn.ptr, set.hIn.p, uint64(l.inSize), set.stream)); err != nil {
 		return nil, d.deviceFailed(err)
 	}
 	// One nvCOMP call per algorithm present. A launch failure fails that
@@ -553,9 +563,9 @@ func (d *Decoder) submit(jobs []codec.Job, preps []prepared, idx []int, elemSize
 		arr := inBase + uint64(l.arrOff[a])
 		st := alg.decomp(uintptr(arr), uintptr(arr+uint64(8*n)), uintptr(arr+uint64(16*n)),
 			uintptr(outBase+uint64(l.actualOff+8*segBase)), uint64(n),
-			d.dTemp.ptr, uint64(d.dTemp.size),
+			set.dTemp.ptr, uint64(set.dTemp.size),
 			uintptr(arr+uint64(24*n)), alg.opts,
-			uintptr(outBase+uint64(l.statusOff+4*segBase)), d.stream)
+			uintptr(outBase+uint64(l.statusOff+4*segBase)), set.stream)
 		if st != nvSuccess {
 			err := fmt.Errorf("gpu: nvcompBatched%sDecompressAsync: %v", algoSymbols[a], st)
 			for _, s := range segs {
@@ -587,10 +597,10 @@ func (d *Decoder) submit(jobs []codec.Job, preps []prepared, idx []int, elemSize
 			return nil, d.deviceFailed(err)
 		}
 	}
-	if err := cu.check("cuMemcpyDtoHAsync", cu.cuMemcpyDtoHAsync(set.hOut.p, set.dOut.ptr, uint64(l.d2h), d.stream)); err != nil {
+	if err := cu.check("cuMemcpyDtoHAsync", cu.cuMemcpyDtoHAsync(set.hOut.p, set.dOut.ptr, uint64(l.d2h), set.stream)); err != nil {
 		return nil, d.deviceFailed(err)
 	}
-	if err := cu.check("cuEventRecord", cu.cuEventRecord(set.end, d.stream)); err != nil {
+	if err := cu.check("cuEventRecord", cu.cuEventRecord(set.end, set.stream)); err != nil {
 		return nil, d.deviceFailed(err)
 	}
 	return &inflight{set: set, l: l, idx: idx, launchErr: launchErr, t0: t0, tPack: time.Since(t0)}, nil
@@ -693,7 +703,7 @@ func (d *Decoder) launch(set *bufSet, f uintptr, gx, gy, bx uint32, ptr uint64, 
 		binary.LittleEndian.PutUint32(a[8:], uint32(count[0]))
 		binary.LittleEndian.PutUint64(a[72:], uint64(base+8))
 	}
-	return d.cu.check("cuLaunchKernel", d.cu.cuLaunchKernel(f, gx, gy, 1, bx, 1, 1, 0, d.stream,
+	return d.cu.check("cuLaunchKernel", d.cu.cuLaunchKernel(f, gx, gy, 1, bx, 1, 1, 0, set.stream,
 		unsafe.Add(set.args.p, 64), nil))
 }
 
@@ -706,7 +716,7 @@ func (d *Decoder) launchSwap(set *bufSet, gx uint32, ptr, nelem uint64, size uin
 	binary.LittleEndian.PutUint64(a[64:], base)
 	binary.LittleEndian.PutUint64(a[72:], base+8)
 	binary.LittleEndian.PutUint64(a[80:], base+16)
-	return d.cu.check("cuLaunchKernel byteswap", d.cu.cuLaunchKernel(d.fnSwap, gx, 1, 1, 256, 1, 1, 0, d.stream,
+	return d.cu.check("cuLaunchKernel byteswap", d.cu.cuLaunchKernel(d.fnSwap, gx, 1, 1, 256, 1, 1, 0, set.stream,
 		unsafe.Add(set.args.p, 64), nil))
 }
 
