@@ -327,23 +327,34 @@ var (
 const maxNameLen = 250
 
 func (p *parser) view(n *yaml.Node, field string) (*ViewSpec, error) {
+	s := &ViewSpec{file: p.file, line: n.Line, lines: map[string]int{}, Samples: SampleRange{Step: 1}}
+	// The name comes first, so that every other error can name the view.
+	// Until it is known, errors name the field from the file's root.
+	rel := func(f string) string { return joinField(field, f) }
+	var nameNode *yaml.Node
+	if n.Kind == yaml.MappingNode {
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if k := deref(n.Content[i]); k.Kind == yaml.ScalarNode && k.Value == "name" {
+				nameNode = deref(n.Content[i+1])
+			}
+		}
+	}
+	if nameNode != nil {
+		var err error
+		if s.Name, err = p.str(nameNode, rel("name")); err != nil {
+			return nil, err
+		}
+		s.lines["name"] = nameNode.Line
+		if err := checkViewName(s.Name); err != nil {
+			return nil, p.errAt(nameNode, rel("name"), "%v", err)
+		}
+	}
 	fields, err := p.mapping(n, field, nil, viewKeys...)
 	if err != nil {
-		return nil, err
+		return nil, s.wrapIfNamed(err, field)
 	}
-	s := &ViewSpec{file: p.file, line: n.Line, lines: map[string]int{}, Samples: SampleRange{Step: 1}}
-	// Until the name is known, errors name the field from the file's root.
-	rel := func(f string) string { return joinField(field, f) }
-	nameNode, ok := fields["name"]
-	if !ok {
+	if nameNode == nil {
 		return nil, p.errAt(n, field, "missing key \"name\"")
-	}
-	if s.Name, err = p.str(nameNode, rel("name")); err != nil {
-		return nil, err
-	}
-	s.lines["name"] = deref(nameNode).Line
-	if err := checkViewName(s.Name); err != nil {
-		return nil, p.errAt(deref(nameNode), rel("name"), "%v", err)
 	}
 	// From here on errors carry the view's name and view-relative fields.
 	for k, v := range fields {
@@ -393,6 +404,19 @@ func (s *ViewSpec) wrap(err error, field string) error {
 	var se *SpecError
 	if errors.As(err, &se) {
 		return &SpecError{File: se.File, Line: se.Line, View: s.Name, Field: field, Msg: se.Msg}
+	}
+	return err
+}
+
+// wrapIfNamed names the view in err when its name is known; the field
+// then becomes view-relative (empty for the view itself).
+func (s *ViewSpec) wrapIfNamed(err error, field string) error {
+	if s.Name == "" {
+		return err
+	}
+	var se *SpecError
+	if errors.As(err, &se) && strings.HasPrefix(se.Field, field) {
+		return s.wrap(err, strings.TrimPrefix(strings.TrimPrefix(se.Field, field), "."))
 	}
 	return err
 }
