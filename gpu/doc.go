@@ -27,9 +27,16 @@
 // on the CPU; a chunk nvCOMP rejects, that decodes to a size other than
 // len(Dst), or whose gzip CRC-32 or zlib Adler-32 trailer does not match,
 // gets one wrapping codec.ErrCorrupt while the rest of the batch succeeds.
-// A device fault that poisons the CUDA context fails the batch (every job
-// wrapping ErrUnsupported too, so the CPU can retry) and the next batch
-// resets and rebuilds the context.
+// nvCOMP documents damaged input as undefined behaviour, and some does make
+// its kernels fault (seen with damaged zstd and snappy streams inside blosc
+// frames). Such a fault poisons the CUDA context: the batch fails, every
+// job wrapping ErrUnsupported so the caller retries it on the CPU; the next
+// batch resets the primary context, and when the driver keeps the error
+// for the life of the process (as CUDA 13 does) the Decoder turns the GPU
+// path off, logs it once, and sends every later job to the CPU. It never
+// returns wrong bytes for a fault. Damage that nvCOMP does not notice (it
+// reads past a truncated LZ4 block, checks no checksum) is caught only by
+// the size and checksum checks above; LZ4 has no checksum.
 //
 // Concurrency: a Decoder is safe for concurrent use. It owns one CUDA
 // stream and one set of buffers, so batches from concurrent callers are

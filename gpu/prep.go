@@ -29,6 +29,7 @@ const (
 	checkNone    checkKind = iota
 	checkCRC32             // gzip: CRC-32 (IEEE) of the decoded bytes
 	checkAdler32           // zlib: Adler-32 of the decoded bytes
+	checkXXH64             // zstd content checksum: low 32 bits of XXH64
 )
 
 // prepared is one job after its framing has been read.
@@ -64,7 +65,13 @@ func prepare(j *codec.Job) prepared {
 			if s := frames[0].size; s >= 0 && s != n {
 				return corrupt(j, "frame header says %d decoded bytes, expected %d", s, n)
 			}
-			return prepared{pieces: []piece{{algo: algoZstd, src: frames[0].src, n: n}}}
+			p := prepared{pieces: []piece{{algo: algoZstd, src: frames[0].src, n: n}}}
+			// nvCOMP does not check the frame's content checksum; the host
+			// does, while copying the chunk out.
+			if f := frames[0].src; f[4]&0x04 != 0 {
+				p.check, p.want = checkXXH64, binary.LittleEndian.Uint32(f[len(f)-4:])
+			}
+			return p
 		}
 		// Several frames: each becomes a piece at its offset, which needs
 		// every frame's decoded size.
