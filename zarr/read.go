@@ -162,6 +162,14 @@ func (s storeSource) suffix(ctx context.Context, n int64) ([]byte, error) {
 	return s.do(ctx, func() ([]byte, error) { return s.h.Store.GetRange(ctx, s.key, -1, n) })
 }
 
+// nonNil marks an empty object as fetched (a nil slice means "not fetched").
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
+
 type memSource []byte
 
 func (m memSource) whole(context.Context) ([]byte, error) { return m, nil }
@@ -264,6 +272,9 @@ func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
 		return err
 	}
 	for _, l := range st.leaves {
+		if l.err == nil && !l.missing && l.dec == nil && !l.direct {
+			l.err = fmt.Errorf("%w: chunk produced no data", ErrCorrupt)
+		}
 		if l.err != nil {
 			return &ChunkError{Array: l.arr.Path, Key: l.key, Err: l.err}
 		}
@@ -356,7 +367,7 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 		case err != nil:
 			return &ChunkError{Array: a.Path, Key: key, Err: err}
 		default:
-			l.enc = b
+			l.enc = nonNil(b)
 		}
 		st.add(l)
 		return nil
@@ -441,7 +452,7 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 				if s.codecs.shard != nil {
 					err = st.resolve(ctx, a, s.codecs, s.inner, ib.lo, memSource(b), ikey, inner)
 				} else {
-					st.add(&leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: ib.lo, key: ikey, needs: inner, enc: b})
+					st.add(&leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: ib.lo, key: ikey, needs: inner, enc: nonNil(b)})
 				}
 			}
 			if err != nil {
