@@ -44,6 +44,10 @@ func unshuffle2(dst, src []byte, n int) {
 	s0, s1 := src[:n], src[n:2*n]
 	d := dst[:2*n]
 	i := 0
+	if haveUnshuffleAsm && n >= 16 {
+		unshuffle2SSE2(&d[0], &src[0], n, n/16)
+		i = n / 16 * 16
+	}
 	for ; i+8 <= n; i += 8 {
 		a := binary.LittleEndian.Uint64(s0[i:])
 		b := binary.LittleEndian.Uint64(s1[i:])
@@ -64,6 +68,10 @@ func unshuffle4(dst, src []byte, n int) {
 	s0, s1, s2, s3 := src[:n], src[n:2*n], src[2*n:3*n], src[3*n:4*n]
 	d := dst[:4*n]
 	i := 0
+	if haveUnshuffleAsm && n >= 16 {
+		unshuffle4SSE2(&d[0], &src[0], n, n/16)
+		i = n / 16 * 16
+	}
 	for ; i+8 <= n; i += 8 {
 		a := binary.LittleEndian.Uint64(s0[i:])
 		b := binary.LittleEndian.Uint64(s1[i:])
@@ -93,6 +101,10 @@ func unshuffle8(dst, src []byte, n int) {
 		s[j] = src[j*n : j*n+n]
 	}
 	i := 0
+	if haveUnshuffleAsm && n >= 8 {
+		unshuffle8SSE2(&d[0], &src[0], n, n/8)
+		i = n / 8 * 8
+	}
 	for ; i+4 <= n; i += 4 {
 		var w [8]uint32
 		for j := range w {
