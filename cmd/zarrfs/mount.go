@@ -124,8 +124,16 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", store.ID(), err)
 	}
+	// zarr.Open already warned about each unsupported array; warn here
+	// only about what the layout itself left out (name collisions).
+	unsupported := map[string]bool{}
+	for _, a := range h.Arrays {
+		unsupported[a.Path] = a.Unsupported != ""
+	}
 	for _, s := range l.Skipped {
-		log.Warn("array left out of the mount", "array", s.Path, "reason", s.Reason)
+		if !unsupported[s.Path] {
+			log.Warn("array left out of the mount", "array", s.Path, "reason", s.Reason)
+		}
 	}
 	c, err := cache.Open(cache.Options{Dir: f.cacheDir, Size: size, Logger: log})
 	if err != nil {
