@@ -349,16 +349,18 @@ func (p *parser) view(n *yaml.Node, field string) (*ViewSpec, error) {
 			return nil, p.errAt(nameNode, rel("name"), "%v", err)
 		}
 	}
-	fields, err := p.mapping(n, field, nil, viewKeys...)
+	var keys []*yaml.Node
+	fields, err := p.mapping(n, field, &keys, viewKeys...)
 	if err != nil {
 		return nil, s.wrapIfNamed(err, field)
 	}
 	if nameNode == nil {
 		return nil, p.errAt(n, field, "missing key \"name\"")
 	}
-	// From here on errors carry the view's name and view-relative fields.
-	for k, v := range fields {
-		s.lines[k] = deref(v).Line
+	// From here on errors carry the view's name and view-relative fields,
+	// located at the key's line (a block value starts on the next one).
+	for _, k := range keys {
+		s.lines[k.Value] = k.Line
 	}
 	if v, ok := fields["sample_dim"]; ok {
 		if s.SampleDim, err = p.str(v, "sample_dim"); err != nil {
@@ -422,7 +424,6 @@ func (s *ViewSpec) wrapIfNamed(err error, field string) error {
 }
 
 func (p *parser) samples(s *ViewSpec, n *yaml.Node) error {
-	s.lines["samples"] = n.Line
 	fields, err := p.mapping(n, "samples", nil, samplesKeys...)
 	if err != nil {
 		return s.wrap(err, "samples")
@@ -464,15 +465,18 @@ func (p *parser) samples(s *ViewSpec, n *yaml.Node) error {
 func (p *parser) channel(s *ViewSpec, n *yaml.Node, field string) (ChannelSpec, error) {
 	var c ChannelSpec
 	s.lines[field] = n.Line
-	fields, err := p.mapping(n, field, nil, channelKeys...)
+	var keys []*yaml.Node
+	fields, err := p.mapping(n, field, &keys, channelKeys...)
 	if err != nil {
 		return c, s.wrap(err, field)
+	}
+	for _, k := range keys {
+		s.lines[field+"."+k.Value] = k.Line
 	}
 	v, ok := fields["var"]
 	if !ok {
 		return c, s.errorf(field, "missing key \"var\"")
 	}
-	s.lines[field+".var"] = deref(v).Line
 	if c.Var, err = p.str(v, field+".var"); err != nil {
 		return c, s.wrap(err, field+".var")
 	}
@@ -485,7 +489,6 @@ func (p *parser) channel(s *ViewSpec, n *yaml.Node, field string) (ChannelSpec, 
 		if err != nil {
 			return c, s.wrap(err, f)
 		}
-		s.lines[f] = deref(v).Line
 		for _, k := range keys {
 			df := f + "." + k.Value
 			s.lines[df] = k.Line
@@ -513,7 +516,6 @@ func (p *parser) channel(s *ViewSpec, n *yaml.Node, field string) (ChannelSpec, 
 		if err != nil {
 			return c, s.wrap(err, f)
 		}
-		s.lines[f] = deref(v).Line
 		for _, k := range keys {
 			df := f + "." + k.Value
 			s.lines[df] = k.Line
