@@ -36,7 +36,10 @@
 // path off, logs it once, and sends every later job to the CPU. It never
 // returns wrong bytes for a fault. Damage that nvCOMP does not notice (it
 // reads past a truncated LZ4 block, checks no checksum) is caught only by
-// the size and checksum checks above; LZ4 has no checksum.
+// the size and checksum checks above; LZ4 has no checksum. Open problem:
+// once, a damaged zlib chunk left a good LZ4 chunk of the same batch with
+// wrong bytes and no error, as if nvCOMP's deflate wrote past its output
+// buffer into the neighbouring slot.
 //
 // Concurrency: a Decoder is safe for concurrent use. It owns one CUDA
 // stream and one set of buffers, so batches from concurrent callers are
