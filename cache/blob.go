@@ -149,7 +149,7 @@ func (c *Cache) GetBlob(ctx context.Context, k BlobKey, size int64, fill func(ct
 			func(f *os.File, _ bool) (*Handle, error) { return c.dupHandle(rel, f, size) },
 			func(f *os.File) { f.Close() },
 		)
-		if h != nil || err != nil {
+		if !errors.Is(err, errRetry) {
 			return h, err
 		}
 	}

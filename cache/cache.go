@@ -82,6 +82,9 @@ type Cache struct {
 	joff     int64    // bytes of the journal applied to idx
 	jbuf     []byte
 	jnext    int64 // journal size at which to try compaction next
+	// compacted is the journal's size after its last compaction (or a
+	// clean Open); a journal still that size needs no compaction at Close.
+	compacted int64
 
 	blobFlights  map[string]*flight[*os.File]
 	chunkFlights map[string]*flight[[]byte]
@@ -211,30 +214,37 @@ type replayState struct {
 
 // replay reads the whole journal into states. Missing means the journal
 // does not exist.
-func (c *Cache) replay(buf []byte) (states map[string]*replayState, quit map[string]bool, torn int, consumed int) {
-	states = map[string]*replayState{}
+func (c *Cache) replay(buf []byte) (states map[string]*replayState, quit map[string]bool, torn, consumed, afterMark int) {
+	states = make(map[string]*replayState, len(buf)/80)
 	quit = map[string]bool{}
 	seq := 0
+	var slab []replayState // one allocation per 4096 keys, not per key
 	consumed, torn = scanRecords(buf[len(journalHeader):], c.intern, func(r record) {
 		seq++
+		afterMark++
 		switch r.op {
 		case opMarker:
 			for _, s := range states {
 				s.afterMark = false
 			}
 			clear(quit)
+			afterMark = 0
 		case opQuit:
 			quit[r.writer] = true
 		case opAdd, opDel:
 			s := states[r.key]
 			if s == nil {
-				s = &replayState{}
+				if len(slab) == cap(slab) {
+					slab = make([]replayState, 0, 4096)
+				}
+				slab = slab[:len(slab)+1]
+				s = &slab[len(slab)-1]
 				states[r.key] = s
 			}
 			s.rec, s.present, s.seq, s.afterMark = r, r.op == opAdd, seq, true
 		}
 	})
-	return states, quit, torn, consumed + len(journalHeader)
+	return states, quit, torn, consumed + len(journalHeader), afterMark
 }
 
 // recover runs with the directory lock held for writing: no other instance
@@ -250,7 +260,8 @@ func (c *Cache) recover() (recoveryStats, error) {
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return st, fmt.Errorf("journal: %w", err)
 	}
-	if err != nil || checkHeader(buf) != nil {
+	fresh := err != nil || checkHeader(buf) != nil
+	if fresh {
 		// Nothing on disk can be vouched for without the index: start over.
 		if err == nil {
 			c.log.Warn("cache journal unreadable; emptying the cache", "path", jp)
@@ -266,7 +277,7 @@ func (c *Cache) recover() (recoveryStats, error) {
 		}
 		buf = []byte(journalHeader)
 	}
-	states, quit, torn, _ := c.replay(buf)
+	states, quit, torn, consumed, afterMark := c.replay(buf)
 	st.torn = torn
 
 	type item struct {
@@ -319,8 +330,19 @@ func (c *Cache) recover() (recoveryStats, error) {
 		os.Remove(filepath.Join(c.dir, it.s.rec.key))
 	}
 	sortBySeq(live)
+	c.idx = make(map[string]*entry, len(live))
 	for _, s := range live {
 		c.insertLocked(s.rec, true)
+	}
+	if !fresh && afterMark == 0 && torn == 0 && consumed == len(buf) && st.dropped == 0 {
+		// A clean shutdown left a compact journal: keep it as it is.
+		jf, err := os.OpenFile(jp, os.O_RDWR|os.O_APPEND, 0)
+		if err != nil {
+			return st, fmt.Errorf("journal: %w", err)
+		}
+		c.jf, c.joff, c.compacted = jf, int64(consumed), int64(consumed)
+		c.jnext = compactThreshold(c.joff, len(c.idx))
+		return st, nil
 	}
 	if err := c.compact(); err != nil {
 		return st, err
@@ -347,7 +369,7 @@ func (c *Cache) join() (recoveryStats, error) {
 	if err := checkHeader(buf); err != nil {
 		return st, fmt.Errorf("journal %s: %w", jp, err)
 	}
-	states, quit, torn, consumed := c.replay(buf)
+	states, quit, torn, consumed, _ := c.replay(buf)
 	st.torn = torn
 	live := make([]*replayState, 0, len(states))
 	for _, s := range states {
@@ -356,6 +378,7 @@ func (c *Cache) join() (recoveryStats, error) {
 		}
 	}
 	sortBySeq(live)
+	c.idx = make(map[string]*entry, len(live))
 	for _, s := range live {
 		c.insertLocked(s.rec, !s.afterMark)
 	}
@@ -410,8 +433,28 @@ func hashFile(f *os.File, size int64, buf []byte) (uint64, error) {
 
 var hashBufs = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
 
+// sortBySeq orders states by the position of their last record (oldest
+// first), which is their LRU order. Positions are distinct and bounded by
+// the record count, so a bucket pass does it without comparisons.
 func sortBySeq(s []*replayState) {
-	slices.SortFunc(s, func(a, b *replayState) int { return a.seq - b.seq })
+	top := 0
+	for _, x := range s {
+		top = max(top, x.seq)
+	}
+	if top > 4*len(s)+1024 {
+		slices.SortFunc(s, func(a, b *replayState) int { return a.seq - b.seq })
+		return
+	}
+	byPos := make([]*replayState, top+1)
+	for _, x := range s {
+		byPos[x.seq] = x
+	}
+	s = s[:0]
+	for _, x := range byPos {
+		if x != nil {
+			s = append(s, x)
+		}
+	}
 }
 
 // insertLocked adds or replaces the entry for r.key as most recently used.
@@ -560,6 +603,7 @@ func (c *Cache) compact() error {
 	}
 	c.jf = jf
 	c.joff = int64(len(buf))
+	c.compacted = c.joff
 	clear(c.quit)
 	c.jnext = compactThreshold(c.joff, len(c.idx))
 	return nil
@@ -687,14 +731,17 @@ func (c *Cache) Close() error {
 		defer c.mu.Unlock()
 		c.tailLocked0()
 		var errs []error
-		if err := c.appendLocked(record{op: opQuit, key: ""}); err != nil {
-			errs = append(errs, err)
-		}
 		if err := ofdLock(c.lockFile, syscall.F_WRLCK, false); err == nil {
-			c.tailLocked0()
-			if err := c.compact(); err != nil {
-				errs = append(errs, err)
+			// Alone: leave a compact journal, which is also the mark of a
+			// clean shutdown. If nothing changed since the last one, the
+			// journal already is that.
+			if c.joff != c.compacted {
+				if err := c.compact(); err != nil {
+					errs = append(errs, err)
+				}
 			}
+		} else if err := c.appendLocked(record{op: opQuit, key: ""}); err != nil {
+			errs = append(errs, err)
 		}
 		if err := c.jf.Close(); err != nil {
 			errs = append(errs, err)

@@ -35,6 +35,18 @@ func chunkRel(key string) string {
 // again. Failing to store a chunk (disk full) is logged, not returned.
 func (c *Cache) GetChunk(ctx context.Context, key string, fetch func(ctx context.Context) ([]byte, error)) ([]byte, error) {
 	rel := chunkRel(key)
+	for {
+		data, err := c.getChunk(ctx, rel, key, fetch)
+		if !errors.Is(err, errRetry) {
+			return data, err
+		}
+	}
+}
+
+func (c *Cache) getChunk(ctx context.Context, rel, key string, fetch func(ctx context.Context) ([]byte, error)) ([]byte, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	if data, err := c.readChunk(rel); data != nil || err != nil {
 		return data, err
 	}

@@ -2,7 +2,11 @@ package cache
 
 import (
 	"context"
+	"errors"
 )
+
+// errRetry tells a caller of join that the key became indexed meanwhile.
+var errRetry = errors.New("cache: look again")
 
 // flight is one fill or fetch shared by every caller that asked for the same
 // key while it ran. It runs in its own goroutine under a context that is
@@ -35,6 +39,12 @@ func join[T, R any](c *Cache, flights map[string]*flight[T], key string, ctx con
 		return zero, ErrClosed
 	}
 	f := flights[key]
+	if f == nil && c.idx[key] != nil {
+		// A flight for key finished between the caller's look at the index
+		// and now: look again rather than fill twice.
+		c.mu.Unlock()
+		return zero, errRetry
+	}
 	if f == nil {
 		fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		stop := context.AfterFunc(c.base, cancel)

@@ -60,7 +60,7 @@ func appendRecord(dst []byte, r record) []byte {
 	dst = append(dst, ' ')
 	dst = strconv.AppendUint(dst, r.sum, 16)
 	dst = append(dst, ' ')
-	dst = strconv.AppendQuote(dst, r.key)
+	dst = appendQuoted(dst, r.key)
 	crc := crc32.Checksum(dst[start:], castagnoli)
 	dst = append(dst, ' ')
 	dst = strconv.AppendUint(dst, uint64(crc), 16)
@@ -107,7 +107,7 @@ func parseRecord(line []byte, intern map[string]string) (record, error) {
 	if r.sum, err = strconv.ParseUint(string(fields[3]), 16, 64); err != nil {
 		return r, errBadRecord
 	}
-	if r.key, err = strconv.Unquote(string(body)); err != nil {
+	if r.key, err = unquote(body); err != nil {
 		return r, errBadRecord
 	}
 	switch r.op {
@@ -149,4 +149,28 @@ func checkHeader(buf []byte) error {
 		return fmt.Errorf("%w: unknown journal header", errBadRecord)
 	}
 	return nil
+}
+
+// appendQuoted quotes s as strconv.Quote does, without its per-rune work
+// for the usual key of plain printable ASCII: a restart reads and a
+// compaction writes one key per entry.
+func appendQuoted(dst []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' {
+			return strconv.AppendQuote(dst, s)
+		}
+	}
+	dst = append(dst, '"')
+	dst = append(dst, s...)
+	return append(dst, '"')
+}
+
+func unquote(b []byte) (string, error) {
+	if len(b) >= 2 && b[0] == '"' && b[len(b)-1] == '"' && bytes.IndexByte(b, '\\') < 0 {
+		inner := b[1 : len(b)-1]
+		if bytes.IndexByte(inner, '"') < 0 {
+			return string(inner), nil
+		}
+	}
+	return strconv.Unquote(string(b))
 }

@@ -227,4 +227,3 @@ func TestKill9DuringFills(t *testing.T) {
 		t.Fatal("no blob ever survived: the test checked nothing")
 	}
 }
-
