@@ -12,6 +12,7 @@ package zarr
 import (
 	"errors"
 	"log/slog"
+	"sync"
 
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr/codec"
@@ -54,6 +55,8 @@ type Hierarchy struct {
 	chunks *chunkCache
 	cpu    codec.BatchDecoder // fallback for jobs the configured decoder refuses
 	stats  Stats
+
+	fallbackLogged sync.Once
 }
 
 // Array is one Zarr array.

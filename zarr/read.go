@@ -597,11 +597,20 @@ func (st *readState) decode(ctx context.Context) error {
 // decodeBatch runs jobs on the configured decoder and retries on the CPU the
 // jobs it refused.
 func (h *Hierarchy) decodeBatch(ctx context.Context, jobs []codec.Job) error {
-	if err := h.opts.Decoder.DecodeBatch(ctx, jobs); err != nil {
+	err := h.opts.Decoder.DecodeBatch(ctx, jobs)
+	if h.cpu == nil {
 		return err
 	}
-	if h.cpu == nil {
-		return nil
+	if err != nil {
+		if ctx.Err() != nil {
+			return err
+		}
+		// The device failed as a whole: this batch runs on the CPU.
+		h.logFallback("decoder failed", err)
+		for i := range jobs {
+			jobs[i].Err = nil
+		}
+		return h.cpu.DecodeBatch(ctx, jobs)
 	}
 	var retry []codec.Job
 	var at []int
@@ -615,6 +624,7 @@ func (h *Hierarchy) decodeBatch(ctx context.Context, jobs []codec.Job) error {
 	if len(retry) == 0 {
 		return nil
 	}
+	h.logFallback("decoder refused chunks", jobs[at[0]].Err)
 	if err := h.cpu.DecodeBatch(ctx, retry); err != nil {
 		return err
 	}
@@ -622,6 +632,13 @@ func (h *Hierarchy) decodeBatch(ctx context.Context, jobs []codec.Job) error {
 		jobs[i].Err = retry[k].Err
 	}
 	return nil
+}
+
+// logFallback says once per hierarchy that decoding moved to the CPU.
+func (h *Hierarchy) logFallback(what string, cause error) {
+	h.fallbackLogged.Do(func() {
+		h.opts.Logger.Warn("decoding on the CPU instead", "reason", what, "cause", cause)
+	})
 }
 
 // stageSize is the decoded size of the data entering codec bb[stage] when encoding.

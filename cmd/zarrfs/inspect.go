@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/zarrfs/zarrfs/fs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
+	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 // inspectEntry is one array of `zarrfs inspect --json` (CONTRACT section 7).
@@ -37,7 +38,7 @@ func newInspectCmd() *cobra.Command {
 				return err
 			}
 			sf.logger = log
-			h, err := sf.openHierarchy(cmd.Context(), args[0], zarr.Options{Logger: discardLogger()})
+			h, err := sf.openHierarchy(cmd.Context(), args[0], zarr.Options{Logger: discardLogger(), Decoder: codec.NewCPU(codec.Options{Workers: 1})})
 			if err != nil {
 				return err
 			}

@@ -2,13 +2,16 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/zarrfs/zarrfs/gpu"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
+	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 // sourceFlags are the flags every command that opens a source shares.
@@ -16,6 +19,7 @@ type sourceFlags struct {
 	s3Endpoint  string
 	s3Region    string
 	s3Anonymous bool
+	decode      string
 	logger      *slog.Logger
 }
 
@@ -30,6 +34,7 @@ func (f *sourceFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.s3Endpoint, "s3-endpoint", "", "S3 endpoint URL (default AWS); http:// allowed for on-premises servers")
 	cmd.Flags().StringVar(&f.s3Region, "s3-region", "", "S3 region")
 	cmd.Flags().BoolVar(&f.s3Anonymous, "s3-anonymous", false, "read a public bucket without credentials")
+	cmd.Flags().StringVar(&f.decode, "decode", "auto", "where chunks are decompressed: auto (GPU when nvCOMP loads), cpu or gpu")
 }
 
 // openStore opens a local path, file:// URL or s3:// URL.
@@ -42,9 +47,38 @@ func (f *sourceFlags) openStore(ctx context.Context, src string) (objectstore.St
 
 // openHierarchy opens the store and its Zarr metadata.
 func (f *sourceFlags) openHierarchy(ctx context.Context, src string, opts zarr.Options) (*zarr.Hierarchy, error) {
+	if opts.Decoder == nil {
+		d, err := newDecoder(f.decode, f.logger)
+		if err != nil {
+			return nil, err
+		}
+		opts.Decoder = d
+	}
 	st, err := f.openStore(ctx, src)
 	if err != nil {
 		return nil, err
 	}
 	return zarr.Open(ctx, st, opts)
+}
+
+// newDecoder returns the chunk decoder --decode asks for: "gpu" refuses to
+// run without a usable GPU and nvCOMP, "cpu" never touches the GPU, "auto"
+// uses the GPU when one loads and the CPU otherwise.
+func newDecoder(mode string, log *slog.Logger) (codec.BatchDecoder, error) {
+	switch mode {
+	case "cpu":
+		return codec.NewCPU(codec.Options{}), nil
+	case "gpu", "auto", "":
+		d, err := gpu.New(gpu.Options{Logger: log})
+		if err == nil {
+			log.Info("decoding on the GPU", "gpu", d.Info().String())
+			return d, nil
+		}
+		if mode == "gpu" {
+			return nil, fmt.Errorf("--decode gpu: %w", err)
+		}
+		log.Debug("decoding on the CPU", "reason", err)
+		return codec.NewCPU(codec.Options{}), nil
+	}
+	return nil, usagef("--decode %q: want auto, cpu or gpu", mode)
 }
