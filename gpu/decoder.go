@@ -44,6 +44,12 @@ type Options struct {
 	// and zstd content checksums after GPU decoding (nvCOMP checks none of
 	// them). Zero value: they are checked.
 	SkipChecksums bool
+	// Deflate sends gzip, zlib and blosc-zlib chunks to nvCOMP's deflate
+	// decoder. Off by default: on an H200 a damaged deflate stream in a
+	// batch once left wrong bytes, with no error, in a good LZ4 chunk of the
+	// same batch; until that is understood those codecs decode on the CPU
+	// (ErrUnsupported), where a wrong byte cannot come from a neighbour.
+	Deflate bool
 	// Logger receives one debug line per batch and a warning when the device
 	// fails. Nil discards.
 	Logger *slog.Logger
@@ -341,6 +347,9 @@ func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSiz
 	for i := range jobs {
 		jobs[i].Err = nil
 		preps[i] = prepare(&jobs[i])
+		if preps[i].err == nil && !d.opts.Deflate && preps[i].uses(algoDeflate) {
+			preps[i].err = fmt.Errorf("gpu: %s chunk: deflate decodes on the CPU (Options.Deflate is off): %w", jobs[i].Codec, codec.ErrUnsupported)
+		}
 		if preps[i].err == nil && elemSize > 1 && len(jobs[i].Dst)%elemSize != 0 {
 			preps[i].err = fmt.Errorf("gpu: %d-byte chunk is not a whole number of %d-byte elements: %w",
 				len(jobs[i].Dst), elemSize, codec.ErrUnsupported)

@@ -27,7 +27,7 @@ var (
 func gpuDecoder(t testing.TB) *Decoder {
 	t.Helper()
 	sharedOnce.Do(func() {
-		sharedDec, sharedErr = New(Options{})
+		sharedDec, sharedErr = New(Options{Deflate: true})
 		if sharedErr == nil {
 			t.Logf("%s, nvCOMP from %s", sharedDec.Info(), sharedDec.Info().NvcompPath)
 		}
@@ -94,7 +94,7 @@ func TestGPUManyChunks(t *testing.T) {
 			dd := d
 			if maxBytes > 0 {
 				var err error
-				if dd, err = New(Options{MaxBatchBytes: maxBytes}); err != nil {
+				if dd, err = New(Options{MaxBatchBytes: maxBytes, Deflate: true}); err != nil {
 					t.Fatal(err)
 				}
 				defer dd.Close()

@@ -126,6 +126,16 @@ func prepare(j *codec.Job) prepared {
 	return prepared{err: fmt.Errorf("gpu: codec %q: %w", j.Codec, codec.ErrUnsupported)}
 }
 
+// uses reports whether any piece goes to nvCOMP algorithm algo.
+func (p prepared) uses(algo int) bool {
+	for _, pc := range p.pieces {
+		if pc.algo == algo {
+			return true
+		}
+	}
+	return false
+}
+
 func corrupt(j *codec.Job, format string, args ...any) prepared {
 	return prepared{err: fmt.Errorf("gpu: %s chunk: %s: %w", j.Codec, fmt.Sprintf(format, args...), codec.ErrCorrupt)}
 }
