@@ -196,9 +196,14 @@ func (m *Mounted) Unmount(grace time.Duration) error {
 // ClearStale detects a mountpoint left by a daemon that was killed (stat
 // fails with ENOTCONN) and detaches it lazily, logging one line.
 func ClearStale(mountpoint string, log *slog.Logger) error {
-	_, err := os.Stat(mountpoint)
+	// statfs always reaches the filesystem, where stat may be answered
+	// from attributes the kernel cached before the daemon died.
+	var sfs syscall.Statfs_t
+	err := syscall.Statfs(mountpoint, &sfs)
 	if !errors.Is(err, syscall.ENOTCONN) {
-		return nil
+		if _, err = os.Stat(mountpoint); !errors.Is(err, syscall.ENOTCONN) {
+			return nil
+		}
 	}
 	if log != nil {
 		log.Warn("clearing stale mount left by a killed daemon", "mountpoint", mountpoint, "cause", ErrStaleMount)
