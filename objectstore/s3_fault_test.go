@@ -1,0 +1,290 @@
+package objectstore_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/minio/minio-go/v7/pkg/credentials"
+	"github.com/zarrfs/zarrfs/integration/faultproxy"
+	"github.com/zarrfs/zarrfs/integration/miniotest"
+	"github.com/zarrfs/zarrfs/objectstore"
+)
+
+// faultEnv is a MinIO with a store fixture behind a fault proxy.
+type faultEnv struct {
+	srv    *miniotest.Server
+	proxy  *faultproxy.Proxy
+	bucket string
+	big    []byte
+	logs   *syncBuffer
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func newFaultEnv(t *testing.T) *faultEnv {
+	srv := miniotest.Start(t)
+	p, err := faultproxy.New(srv.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	e := &faultEnv{srv: srv, proxy: p, bucket: srv.NewBucket(t), logs: &syncBuffer{}}
+	e.big = make([]byte, 2<<20)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range e.big {
+		e.big[i] = byte(rng.Uint32())
+	}
+	srv.UploadFiles(t, e.bucket, "z", map[string][]byte{"big": e.big, "a/zarr.json": []byte("{}"), "a/c/0": []byte("c0")})
+	return e
+}
+
+// store opens the S3 store through the proxy, with short timeouts and a
+// retry layer whose budget keeps every test well under a minute.
+func (e *faultEnv) store(t *testing.T, creds *credentials.Credentials, retry objectstore.RetryOptions) objectstore.Store {
+	log := slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	s, err := objectstore.OpenS3(context.Background(), "s3://"+e.bucket+"/z", objectstore.S3Options{
+		Endpoint:       e.proxy.URL,
+		Region:         "us-east-1", // no location lookup through the proxy
+		Credentials:    creds,
+		Logger:         log,
+		RequestTimeout: 500 * time.Millisecond,
+		MaxInFlight:    8,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if retry.MaxAttempts == 0 {
+		retry.MaxAttempts = 6
+	}
+	if retry.InitialBackoff == 0 {
+		retry.InitialBackoff = 5 * time.Millisecond
+	}
+	if retry.MaxBackoff == 0 {
+		retry.MaxBackoff = 50 * time.Millisecond
+	}
+	if retry.Budget == 0 {
+		retry.Budget = 20 * time.Second
+	}
+	retry.Logger = log
+	return objectstore.WithRetry(s, retry)
+}
+
+// guard bounds a call so that a hang fails the test instead of the run.
+func guard(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestS3FaultsRecovered(t *testing.T) {
+	e := newFaultEnv(t)
+	s := e.store(t, staticCreds(e.srv), objectstore.RetryOptions{})
+	st := func(code int) faultproxy.Fault { return faultproxy.Fault{Kind: faultproxy.Status, Status: code} }
+	tests := []struct {
+		name   string
+		faults []faultproxy.Fault
+	}{
+		{"500 burst", []faultproxy.Fault{st(500), st(500), st(500)}},
+		{"503 burst", []faultproxy.Fault{st(503), st(503), st(503), st(503)}},
+		{"429 SlowDown", []faultproxy.Fault{st(429), st(429)}},
+		{"503 SlowDown", []faultproxy.Fault{{Kind: faultproxy.Status, Status: 503, Code: "SlowDown"}}},
+		{"reset mid-body", []faultproxy.Fault{{Kind: faultproxy.Reset, After: 3000}, {Kind: faultproxy.Reset, After: 0}}},
+		{"truncated body", []faultproxy.Fault{{Kind: faultproxy.Truncate, After: 1000}, {Kind: faultproxy.Truncate, After: 1}}},
+		{"stall mid-body", []faultproxy.Fault{{Kind: faultproxy.Stall, After: 500, StallFor: time.Minute}}},
+		{"stall before headers", []faultproxy.Fault{{Kind: faultproxy.StallHeaders, StallFor: time.Minute}}},
+		{"mixed", []faultproxy.Fault{st(503), {Kind: faultproxy.Reset, After: 10}, {Kind: faultproxy.Truncate, After: 5}, st(500)}},
+	}
+	reads := []struct {
+		name string
+		read func(ctx context.Context) ([]byte, error)
+		want []byte
+	}{
+		{"get", func(ctx context.Context) ([]byte, error) { return s.Get(ctx, "big") }, e.big},
+		{"range", func(ctx context.Context) ([]byte, error) { return s.GetRange(ctx, "big", 12345, 100_000) }, e.big[12345:112345]},
+		{"suffix", func(ctx context.Context) ([]byte, error) { return s.GetRange(ctx, "big", -1, 4096) }, e.big[len(e.big)-4096:]},
+	}
+	for _, tc := range tests {
+		for _, r := range reads {
+			t.Run(tc.name+"/"+r.name, func(t *testing.T) {
+				before := e.proxy.Faults()
+				e.proxy.SetRule(faultproxy.Sequence(faultproxy.ObjectGets, tc.faults...))
+				defer e.proxy.SetRule(nil)
+				ctx := guard(t)
+				b, err := r.read(ctx)
+				if ctx.Err() != nil {
+					t.Fatal("read did not end within the guard")
+				}
+				if err != nil {
+					t.Fatalf("read failed after retries: %v", err)
+				}
+				if !bytes.Equal(b, r.want) {
+					t.Fatalf("read %d bytes, want %d: content differs", len(b), len(r.want))
+				}
+				if got := e.proxy.Faults() - before; got != int64(len(tc.faults)) {
+					t.Fatalf("%d faults injected, want %d", got, len(tc.faults))
+				}
+			})
+		}
+	}
+	// Listing goes through the same machinery.
+	t.Run("list 503", func(t *testing.T) {
+		e.proxy.SetRule(faultproxy.Sequence(func(r *http.Request) bool { return strings.Contains(r.URL.RawQuery, "list-type") },
+			st(503), st(500)))
+		defer e.proxy.SetRule(nil)
+		names, err := s.List(guard(t), "a")
+		if err != nil || strings.Join(names, ",") != "c/,zarr.json" {
+			t.Fatalf("List = %q, %v", names, err)
+		}
+	})
+}
+
+// Faults that never stop end, within the budget, in a transient error:
+// never in data, never in not-found, never in a hang.
+func TestS3FaultsPersistent(t *testing.T) {
+	e := newFaultEnv(t)
+	tests := []struct {
+		name  string
+		fault faultproxy.Fault
+	}{
+		{"503", faultproxy.Fault{Kind: faultproxy.Status, Status: 503}},
+		{"429", faultproxy.Fault{Kind: faultproxy.Status, Status: 429}},
+		{"reset", faultproxy.Fault{Kind: faultproxy.Reset, After: 100}},
+		{"truncated", faultproxy.Fault{Kind: faultproxy.Truncate, After: 100}},
+		{"stall", faultproxy.Fault{Kind: faultproxy.Stall, After: 100, StallFor: time.Minute}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := e.store(t, staticCreds(e.srv), objectstore.RetryOptions{MaxAttempts: 3})
+			e.proxy.SetRule(faultproxy.Always(faultproxy.ObjectGets, tc.fault))
+			defer e.proxy.SetRule(nil)
+			before := e.proxy.Requests()
+			ctx := guard(t)
+			b, err := s.Get(ctx, "big")
+			if ctx.Err() != nil {
+				t.Fatal("read did not end within the guard")
+			}
+			if err == nil {
+				t.Fatalf("read returned %d bytes through a permanent fault", len(b))
+			}
+			t.Logf("error: %v", err)
+			if !objectstore.IsTransient(err) || objectstore.IsNotFound(err) {
+				t.Fatalf("err = %v, want a transient error", err)
+			}
+			if n := e.proxy.Requests() - before; n != 3 {
+				t.Fatalf("%d requests, want 3 attempts", n)
+			}
+			if !strings.Contains(err.Error(), "big") || !strings.Contains(err.Error(), "gave up after 3 attempts") {
+				t.Fatalf("error %q should name the key and the attempts", err)
+			}
+		})
+	}
+}
+
+// Permanent answers are not retried, and a budget larger than the wait is
+// cut short by the caller's cancellation.
+func TestS3NoRetryOnPermanent(t *testing.T) {
+	e := newFaultEnv(t)
+	ctx := guard(t)
+	s := e.store(t, staticCreds(e.srv), objectstore.RetryOptions{})
+	before := e.proxy.Requests()
+	if _, err := s.Get(ctx, "a/c/9"); !objectstore.IsNotFound(err) {
+		t.Fatalf("missing chunk: %v", err)
+	}
+	if n := e.proxy.Requests() - before; n != 1 {
+		t.Errorf("missing chunk: %d requests, want 1", n)
+	}
+	bad := e.store(t, credentials.NewStaticV4(e.srv.AccessKey, "wrong-secret-key-123", ""), objectstore.RetryOptions{})
+	before = e.proxy.Requests()
+	if _, err := bad.Get(ctx, "big"); !objectstore.IsPermission(err) {
+		t.Fatalf("rejected key: %v", err)
+	}
+	if n := e.proxy.Requests() - before; n != 1 {
+		t.Errorf("rejected key: %d requests, want 1", n)
+	}
+
+	slow := e.store(t, staticCreds(e.srv), objectstore.RetryOptions{InitialBackoff: time.Hour, MaxBackoff: time.Hour, Budget: 10 * time.Hour})
+	cctx, cancel := context.WithCancel(ctx)
+	e.proxy.SetRule(func(r *http.Request, n int64) faultproxy.Fault {
+		cancel() // the reader goes away while the first attempt fails
+		return faultproxy.Fault{Kind: faultproxy.Status, Status: 503}
+	})
+	defer e.proxy.SetRule(nil)
+	_, err := slow.Get(cctx, "big")
+	if !errors.Is(err, context.Canceled) || objectstore.IsTransient(err) {
+		t.Fatalf("cancelled during backoff: err = %v, want context.Canceled", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("cancellation did not end the wait")
+	}
+}
+
+// The secret key appears in no error and no log line, whatever happens.
+func TestS3SecretNeverLeaks(t *testing.T) {
+	e := newFaultEnv(t)
+	ctx := guard(t)
+	good := e.store(t, staticCreds(e.srv), objectstore.RetryOptions{MaxAttempts: 2})
+	wrongSecret := "WRONGSECRET" + e.srv.SecretKey[:8] + "zz"
+	bad := e.store(t, credentials.NewStaticV4(e.srv.AccessKey, wrongSecret, "sessiontoken-xyz-123"), objectstore.RetryOptions{MaxAttempts: 2})
+	var errs []string
+	record := func(_ any, err error) {
+		if err != nil {
+			errs = append(errs, err.Error())
+		}
+	}
+	for _, f := range []faultproxy.Fault{
+		{Kind: faultproxy.Status, Status: 503},
+		{Kind: faultproxy.Status, Status: 403, Code: "AccessDenied"},
+		{Kind: faultproxy.Reset, After: 10},
+		{Kind: faultproxy.Truncate, After: 10},
+		{Kind: faultproxy.Stall, After: 10, StallFor: time.Minute},
+	} {
+		e.proxy.SetRule(faultproxy.Always(nil, f))
+		for _, s := range []objectstore.Store{good, bad} {
+			record(s.Get(ctx, "big"))
+			record(s.GetRange(ctx, "big", -1, 10))
+			record(s.List(ctx, "a"))
+		}
+	}
+	e.proxy.SetRule(nil)
+	for _, s := range []objectstore.Store{good, bad} {
+		record(s.Get(ctx, "big"))
+		record(s.Get(ctx, "missing"))
+		record(s.List(ctx, "a"))
+	}
+	if len(errs) < 30 {
+		t.Fatalf("only %d errors recorded; the faults did not happen", len(errs))
+	}
+	all := strings.Join(errs, "\n") + "\n" + e.logs.String() + good.ID() + bad.ID()
+	if !strings.Contains(e.logs.String(), "retrying") {
+		t.Fatal("no retry was logged; the log capture is not working")
+	}
+	for _, secret := range []string{e.srv.SecretKey, wrongSecret, "sessiontoken-xyz-123"} {
+		if strings.Contains(all, secret) {
+			i := strings.Index(all, secret)
+			t.Fatalf("secret found in errors or logs: ...%s...", all[max(0, i-200):i])
+		}
+	}
+}
