@@ -6,6 +6,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/klauspost/compress/gzip"
@@ -243,6 +245,41 @@ func BenchmarkUnshuffle(b *testing.B) {
 			b.SetBytes(int64(len(src)))
 			for b.Loop() {
 				_ = BitUnshuffle(dst, src, ts)
+			}
+		})
+	}
+}
+
+// BenchmarkDecodeNumcodecs decodes the chunks testdata/bench_numcodecs.py
+// wrote with numcodecs into $ZARRFS_CODEC_BENCH_DIR, so MB/s compare with
+// that script's numcodecs timings on identical bytes.
+func BenchmarkDecodeNumcodecs(b *testing.B) {
+	dir := os.Getenv("ZARRFS_CODEC_BENCH_DIR")
+	if dir == "" {
+		b.Skip("set ZARRFS_CODEC_BENCH_DIR to a folder written by testdata/bench_numcodecs.py DIR")
+	}
+	field, err := os.ReadFile(filepath.Join(dir, "field.raw"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	codecs := map[string]Name{"zstd3": Zstd, "blosc-lz4-shuffle": Blosc, "blosc-zstd-shuffle": Blosc,
+		"blosc-lz4-bitshuffle": Blosc, "gzip6": Gzip}
+	for _, name := range []string{"zstd3", "blosc-lz4-shuffle", "blosc-zstd-shuffle", "blosc-lz4-bitshuffle", "gzip6"} {
+		src, err := os.ReadFile(filepath.Join(dir, name+".bin"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(name, func(b *testing.B) {
+			dst := make([]byte, len(field))
+			if err := Decode(codecs[name], dst, src); err != nil || !bytes.Equal(dst, field) {
+				b.Fatalf("decode: %v (equal %v)", err, bytes.Equal(dst, field))
+			}
+			b.SetBytes(int64(len(field)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := Decode(codecs[name], dst, src); err != nil {
+					b.Fatal(err)
+				}
 			}
 		})
 	}

@@ -6,9 +6,15 @@ formula, same splitmix64 noise), compresses it with numcodecs' codecs at the
 settings the Go benchmark mimics, and prints decode MB/s (decimal MB, like
 go test's MB/s) for one thread and for blosc's default thread count.
 
-    python3 bench_numcodecs.py
+    python3 bench_numcodecs.py [DIR]
+
+With DIR, it also writes the field (field.raw) and each compressed chunk
+(<name>.bin) there; BenchmarkDecodeNumcodecs decodes those when
+ZARRFS_CODEC_BENCH_DIR=DIR, so both sides time the very same bytes.
 """
 
+import os
+import sys
 import time
 
 import numpy as np
@@ -61,6 +67,14 @@ def main():
         ("gzip6", GZip(level=6)),
     ]
     print(f"numcodecs {numcodecs.__version__}, c-blosc {blosc.VERSION_STRING}")
+    if len(sys.argv) > 1:
+        out = sys.argv[1]
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "field.raw"), "wb") as f:
+            f.write(data.tobytes())
+        for name, c in codecs:
+            with open(os.path.join(out, name + ".bin"), "wb") as f:
+                f.write(bytes(c.encode(data)))
     default_threads = blosc.get_nthreads()
     for threads in (1, default_threads):
         blosc.set_nthreads(threads)
