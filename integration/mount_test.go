@@ -41,9 +41,13 @@ func repoRoot(t testing.TB) string {
 	}
 }
 
-// zarrfsBin builds the binary once per test run.
+// zarrfsBin builds the binary once per test run ($ZARRFS_BIN names a
+// prebuilt one, for machines without Go).
 func zarrfsBin(t testing.TB) string {
 	t.Helper()
+	if p := os.Getenv("ZARRFS_BIN"); p != "" {
+		return p
+	}
 	binOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "zarrfs-bin-")
 		if err != nil {
@@ -74,6 +78,11 @@ func requireMountTools(t testing.TB) {
 			t.Skip("not root and no fusermount3")
 		}
 	}
+}
+
+func requirePython(t testing.TB) {
+	t.Helper()
+	requireMountTools(t)
 	if err := exec.Command("python3", "-c", "import numpy").Run(); err != nil {
 		t.Skip("python3 with numpy is needed")
 	}
@@ -290,7 +299,7 @@ func runCheck(t *testing.T, script string, args ...string) checkResult {
 }
 
 func TestTensorstoreFixtures(t *testing.T) {
-	requireMountTools(t)
+	requirePython(t)
 	fx := fixturesDir(t)
 	for _, store := range []string{"public_a.zarr", "public_b.zarr"} {
 		t.Run(store, func(t *testing.T) {
@@ -350,7 +359,7 @@ print(json.dumps({'files': n, 'bad': bad}))
 `
 
 func TestZarrPythonStores(t *testing.T) {
-	requireMountTools(t)
+	requirePython(t)
 	script := filepath.Join(repoRoot(t), "integration", "zarrpy", "make_stores.py")
 	if _, err := os.Stat(script); err != nil {
 		t.Skip("integration/zarrpy/make_stores.py not present")
@@ -438,7 +447,7 @@ func TestStatAndListNeverFill(t *testing.T) {
 }
 
 func TestWritesFailEROFS(t *testing.T) {
-	requireMountTools(t)
+	requirePython(t)
 	fx := fixturesDir(t)
 	d := mount(t, filepath.Join(fx, "public_a.zarr"))
 	out := python(t, `
@@ -467,7 +476,7 @@ print('\n'.join(res))
 }
 
 func TestConcurrentReaders(t *testing.T) {
-	requireMountTools(t)
+	requirePython(t)
 	fx := fixturesDir(t)
 	d := mount(t, filepath.Join(fx, "public_a.zarr"))
 	out := python(t, `
@@ -495,7 +504,7 @@ print(len(errs), ' '.join(errs[:5]))
 }
 
 func TestSIGTERMWhileReading(t *testing.T) {
-	requireMountTools(t)
+	requirePython(t)
 	fx := fixturesDir(t)
 	d := mount(t, filepath.Join(fx, "public_a.zarr"))
 	// A reader that holds a file open and keeps reading until killed.
@@ -538,7 +547,7 @@ while True:
 }
 
 func TestCorruptChunk(t *testing.T) {
-	requireMountTools(t)
+	requirePython(t)
 	fx := fixturesDir(t)
 	store := filepath.Join(t.TempDir(), "a.zarr")
 	copyTree(t, filepath.Join(fx, "public_a.zarr"), store)
@@ -588,7 +597,7 @@ print(' '.join(res))
 }
 
 func TestUnsupportedArrayAbsent(t *testing.T) {
-	requireMountTools(t)
+	requirePython(t)
 	fx := fixturesDir(t)
 	store := filepath.Join(t.TempDir(), "a.zarr")
 	copyTree(t, filepath.Join(fx, "public_a.zarr"), store)
@@ -612,7 +621,7 @@ func TestUnsupportedArrayAbsent(t *testing.T) {
 }
 
 func TestStaleMountCleared(t *testing.T) {
-	requireMountTools(t)
+	requirePython(t)
 	fx := fixturesDir(t)
 	mnt, cacheDir := t.TempDir(), t.TempDir()
 	d := mountAt(t, filepath.Join(fx, "public_a.zarr"), mnt, cacheDir)
