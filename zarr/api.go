@@ -42,6 +42,18 @@ type Options struct {
 	// chunk (a chunk of 10 time steps serves 10 sample files) do not decode
 	// it again. Zero means 256 MiB; negative disables it.
 	ChunkCacheBytes int64
+	// SourceCache, when set, keeps the compressed bytes read from the store
+	// (for remote stores: the disk cache's chunk tier). Read consults it
+	// before fetching, and stores bytes only after every chunk of the call
+	// decoded and passed its checks, so a corrupt response is never kept.
+	SourceCache SourceCache
+}
+
+// SourceCache holds compressed source bytes by key. Implementations must be
+// safe for concurrent use; Put may drop entries (budget) at will.
+type SourceCache interface {
+	Get(key string) ([]byte, bool)
+	Put(key string, b []byte)
 }
 
 // Hierarchy is an opened store: every array found, supported or not.

@@ -121,15 +121,18 @@ type leaf struct {
 	dec      []byte // decoded bytes, encoded layout (transposed, source byte order)
 	pooled   bool   // dec came from the buffer pool
 	direct   bool   // dec aliases a request's Dst, already in place
+	srcKey   string // source-cache key of enc, to store once enc decoded
 	err      error
 }
 
 // source reads the bytes of one chunk or shard: a store key or a slice of
-// an enclosing shard already in memory.
+// an enclosing shard already in memory. Each read also returns, for bytes
+// fetched fresh from a store, the key under which they may go to the source
+// cache once verified ("" otherwise).
 type source interface {
-	whole(ctx context.Context) ([]byte, error)
-	rng(ctx context.Context, off, n int64) ([]byte, error)
-	suffix(ctx context.Context, n int64) ([]byte, error)
+	whole(ctx context.Context) ([]byte, string, error)
+	rng(ctx context.Context, off, n int64) ([]byte, string, error)
+	suffix(ctx context.Context, n int64) ([]byte, string, error)
 }
 
 type storeSource struct {
@@ -138,28 +141,38 @@ type storeSource struct {
 	key string
 }
 
-func (s storeSource) do(ctx context.Context, f func() ([]byte, error)) ([]byte, error) {
+func (s storeSource) do(ctx context.Context, ck string, f func() ([]byte, error)) ([]byte, string, error) {
+	sc := s.h.opts.SourceCache
+	if sc != nil {
+		ck = s.h.Store.ID() + "\x00" + ck
+		if b, ok := sc.Get(ck); ok {
+			return b, "", nil
+		}
+	}
 	select {
 	case s.sem <- struct{}{}:
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, "", ctx.Err()
 	}
 	defer func() { <-s.sem }()
 	b, err := f()
 	s.h.stats.BytesFetched.Add(int64(len(b)))
-	return b, err
+	if sc == nil || err != nil {
+		ck = ""
+	}
+	return b, ck, err
 }
 
-func (s storeSource) whole(ctx context.Context) ([]byte, error) {
-	return s.do(ctx, func() ([]byte, error) { return s.h.Store.Get(ctx, s.key) })
+func (s storeSource) whole(ctx context.Context) ([]byte, string, error) {
+	return s.do(ctx, s.key, func() ([]byte, error) { return s.h.Store.Get(ctx, s.key) })
 }
 
-func (s storeSource) rng(ctx context.Context, off, n int64) ([]byte, error) {
-	return s.do(ctx, func() ([]byte, error) { return s.h.Store.GetRange(ctx, s.key, off, n) })
+func (s storeSource) rng(ctx context.Context, off, n int64) ([]byte, string, error) {
+	return s.do(ctx, fmt.Sprintf("%s\x00%d+%d", s.key, off, n), func() ([]byte, error) { return s.h.Store.GetRange(ctx, s.key, off, n) })
 }
 
-func (s storeSource) suffix(ctx context.Context, n int64) ([]byte, error) {
-	return s.do(ctx, func() ([]byte, error) { return s.h.Store.GetRange(ctx, s.key, -1, n) })
+func (s storeSource) suffix(ctx context.Context, n int64) ([]byte, string, error) {
+	return s.do(ctx, fmt.Sprintf("%s\x00-%d", s.key, n), func() ([]byte, error) { return s.h.Store.GetRange(ctx, s.key, -1, n) })
 }
 
 // nonNil marks an empty object as fetched (a nil slice means "not fetched").
@@ -172,20 +185,20 @@ func nonNil(b []byte) []byte {
 
 type memSource []byte
 
-func (m memSource) whole(context.Context) ([]byte, error) { return m, nil }
+func (m memSource) whole(context.Context) ([]byte, string, error) { return m, "", nil }
 
-func (m memSource) rng(_ context.Context, off, n int64) ([]byte, error) {
+func (m memSource) rng(_ context.Context, off, n int64) ([]byte, string, error) {
 	if off < 0 || n < 0 || off > int64(len(m)) || n > int64(len(m))-off {
-		return nil, fmt.Errorf("%w: range %d+%d past the end of a %d-byte shard", ErrCorrupt, off, n, len(m))
+		return nil, "", fmt.Errorf("%w: range %d+%d past the end of a %d-byte shard", ErrCorrupt, off, n, len(m))
 	}
-	return m[off : off+n], nil
+	return m[off : off+n], "", nil
 }
 
-func (m memSource) suffix(_ context.Context, n int64) ([]byte, error) {
+func (m memSource) suffix(_ context.Context, n int64) ([]byte, string, error) {
 	if n > int64(len(m)) {
-		return nil, fmt.Errorf("%w: shard of %d bytes is shorter than its %d-byte index", ErrCorrupt, len(m), n)
+		return nil, "", fmt.Errorf("%w: shard of %d bytes is shorter than its %d-byte index", ErrCorrupt, len(m), n)
 	}
-	return m[int64(len(m))-n:], nil
+	return m[int64(len(m))-n:], "", nil
 }
 
 // readState carries one Read call.
@@ -279,6 +292,12 @@ func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
 			return &ChunkError{Array: l.arr.Path, Key: l.key, Err: l.err}
 		}
 	}
+	// Every chunk decoded and verified: only now may remote bytes be kept.
+	for _, l := range st.leaves {
+		if l.srcKey != "" {
+			h.opts.SourceCache.Put(l.srcKey, l.enc)
+		}
+	}
 	st.assemble()
 	return nil
 }
@@ -360,7 +379,8 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 			st.add(l)
 			return nil
 		}
-		b, err := src.whole(ctx)
+		b, fresh, err := src.whole(ctx)
+		l.srcKey = fresh
 		switch {
 		case objectstore.IsNotFound(err):
 			l.missing = true
@@ -447,12 +467,12 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			b, err := src.rng(ctx, int64(off), int64(nb))
+			b, fresh, err := src.rng(ctx, int64(off), int64(nb))
 			if err == nil {
 				if s.codecs.shard != nil {
 					err = st.resolve(ctx, a, s.codecs, s.inner, ib.lo, memSource(b), ikey, inner)
 				} else {
-					st.add(&leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: ib.lo, key: ikey, needs: inner, enc: nonNil(b)})
+					st.add(&leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: ib.lo, key: ikey, needs: inner, enc: nonNil(b), srcKey: fresh})
 				}
 			}
 			if err != nil {
@@ -479,20 +499,25 @@ func (st *readState) shardIndex(ctx context.Context, a *Array, s *shardSpec, src
 		}
 	}
 	var b []byte
+	var fresh string
 	var err error
 	if s.indexAtStart {
-		b, err = src.rng(ctx, 0, n)
+		b, fresh, err = src.rng(ctx, 0, n)
 	} else {
-		b, err = src.suffix(ctx, n)
+		b, fresh, err = src.suffix(ctx, n)
 	}
 	if err != nil {
 		return nil, err
 	}
+	raw := b
 	// The index codecs are bytes (+ crc32c): strip checksums outermost first.
 	for i := len(s.index.bb) - 1; i >= 0; i-- {
 		if b, err = verifyCRC(b); err != nil {
 			return nil, fmt.Errorf("shard index: %w", err)
 		}
+	}
+	if fresh != "" {
+		st.h.opts.SourceCache.Put(fresh, raw)
 	}
 	if s.index.bigEndian {
 		c := make([]byte, len(b))

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
@@ -252,5 +253,63 @@ func TestFloat16(t *testing.T) {
 	}
 	if zarr.Float16Bits(1) != 0x3c00 || zarr.Float16Bits(-2) != 0xc000 || zarr.Float16Bits(65520) != 0x7c00 {
 		t.Error("float16 bit patterns wrong")
+	}
+}
+
+type mapCache struct {
+	mu sync.Mutex
+	m  map[string][]byte
+}
+
+func (c *mapCache) Get(k string) ([]byte, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b, ok := c.m[k]
+	return b, ok
+}
+
+func (c *mapCache) Put(k string, b []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.m[k] = b
+}
+
+// The source cache receives bytes only once they decoded, and serves them
+// afterwards without touching the store.
+func TestSourceCacheKeepsOnlyVerifiedBytes(t *testing.T) {
+	files, want := shardedStore(t, false)
+	good := files["c/0/0"]
+	bad := append([]byte(nil), good...)
+	bad[3] ^= 0x55
+	bad[9] ^= 0x55
+	files["c/0/0"] = bad
+	st := newMemStore(files)
+	sc := &mapCache{m: map[string][]byte{}}
+	h, err := zarr.Open(context.Background(), st, zarr.Options{ChunkCacheBytes: -1, SourceCache: sc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := read(h, h.Array(""), []int64{0, 0}, []int64{8, 64}); err == nil {
+		t.Fatal("corrupt shard read without error")
+	}
+	for k := range sc.m {
+		if !strings.HasSuffix(k, "-260") { // only the checksummed index may be kept
+			t.Fatalf("a corrupt chunk reached the source cache: %q", k)
+		}
+	}
+	st.mu.Lock()
+	st.files["c/0/0"] = good
+	st.mu.Unlock()
+	got, err := read(h, h.Array(""), []int64{0, 0}, []int64{8, 64})
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("good shard: %v", err)
+	}
+	before := st.ranges.Load() + st.gets.Load()
+	got, err = read(h, h.Array(""), []int64{0, 0}, []int64{8, 64})
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("cached read: %v", err)
+	}
+	if after := st.ranges.Load() + st.gets.Load(); after != before {
+		t.Errorf("cached read went to the store %d times", after-before)
 	}
 }
