@@ -287,6 +287,19 @@ func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, fill func(
 		return nil, err
 	}
 	committed = true
+	// If another instance's identical copy won the link, pin that one, so
+	// the file at Path is the one our Handles keep from eviction. Ours
+	// stays readable through ro if theirs vanished meanwhile.
+	final := filepath.Join(c.dir, rel)
+	if !sameFile(ro, final) {
+		if f, err := os.Open(final); err == nil {
+			if flock(f, syscall.LOCK_SH) == nil && sameFile(f, final) {
+				ro.Close()
+				return f, nil
+			}
+			f.Close()
+		}
+	}
 	return ro, nil
 }
 
@@ -316,8 +329,13 @@ func (c *Cache) publish(rel, tmpName string, size int64, sum uint64) error {
 			break
 		}
 		// Another instance linked the same key first. Identical keys have
-		// identical bytes, so keep theirs unless it is damaged.
-		if fi, serr := os.Stat(final); serr == nil && fi.Mode().IsRegular() && fi.Size() == size {
+		// identical bytes, so keep theirs unless it is damaged. This is
+		// rare (a race between processes, or a file left by a lost journal
+		// record), so checking the whole file is affordable.
+		bp := hashBufs.Get().(*[]byte)
+		verr := verifyFile(final, size, sum, *bp)
+		hashBufs.Put(bp)
+		if verr == nil {
 			err = nil
 			break
 		}

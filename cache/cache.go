@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"cmp"
 	"container/list"
 	"context"
 	"crypto/rand"
@@ -49,6 +50,9 @@ type Options struct {
 	// noSync skips the fsync before a blob becomes visible. Only tests that
 	// build large caches quickly set it.
 	noSync bool
+	// compactMin overrides the journal growth (1 MiB) before an instance
+	// tries to compact it; tests set it small.
+	compactMin int64
 }
 
 // Cache is a byte-bounded, persistent, crash-safe cache on local disk with
@@ -56,10 +60,11 @@ type Options struct {
 // methods are safe for concurrent use, and several Cache values (in one
 // process or many) may share one Dir.
 type Cache struct {
-	dir    string
-	budget int64
-	log    *slog.Logger
-	noSync bool
+	dir        string
+	budget     int64
+	log        *slog.Logger
+	noSync     bool
+	compactMin int64
 
 	lockFile *os.File // Dir/lock, OFD read lock held while open
 	inst     *instance
@@ -147,6 +152,7 @@ func Open(opts Options) (*Cache, error) {
 		budget:       opts.Size,
 		log:          log.With("cache", opts.Dir),
 		noSync:       opts.noSync,
+		compactMin:   cmp.Or(opts.compactMin, 1<<20),
 		lockFile:     lf,
 		idx:          map[string]*entry{},
 		quit:         map[string]bool{},
@@ -341,7 +347,7 @@ func (c *Cache) recover() (recoveryStats, error) {
 			return st, fmt.Errorf("journal: %w", err)
 		}
 		c.jf, c.joff, c.compacted = jf, int64(consumed), int64(consumed)
-		c.jnext = compactThreshold(c.joff, len(c.idx))
+		c.jnext = c.compactThreshold()
 		return st, nil
 	}
 	if err := c.compact(); err != nil {
@@ -384,7 +390,7 @@ func (c *Cache) join() (recoveryStats, error) {
 	}
 	c.quit = quit
 	c.joff = int64(consumed)
-	c.jnext = compactThreshold(c.joff, len(c.idx))
+	c.jnext = c.compactThreshold()
 	return st, nil
 }
 
@@ -533,23 +539,23 @@ func (c *Cache) tailLocked() {
 }
 
 // compactThreshold is the journal size past which an instance tries to
-// rewrite it: well past the size of a fresh journal for n entries, so the
-// rewrite cost is amortised over many appends.
-func compactThreshold(size int64, n int) int64 {
-	return max(size, int64(n)*120)*2 + 1<<20
+// rewrite it: well past the size of a fresh journal for the current
+// entries, so the rewrite cost is amortised over many appends.
+func (c *Cache) compactThreshold() int64 {
+	return max(c.joff, int64(len(c.idx))*120)*2 + c.compactMin
 }
 
 // maybeCompactLocked rewrites the journal if this instance is alone.
 func (c *Cache) maybeCompactLocked() {
 	if err := ofdLock(c.lockFile, syscall.F_WRLCK, false); err != nil {
 		// Not alone: try again after as much growth again.
-		c.jnext = compactThreshold(c.joff, len(c.idx))
+		c.jnext = c.compactThreshold()
 		return
 	}
 	c.tailLocked0()
 	if err := c.compact(); err != nil {
 		c.log.Warn("cache journal compaction failed", "err", err)
-		c.jnext = compactThreshold(c.joff, len(c.idx))
+		c.jnext = c.compactThreshold()
 	}
 	if err := ofdLock(c.lockFile, syscall.F_RDLCK, false); err != nil {
 		c.log.Warn("cache lock downgrade failed", "err", err)
@@ -605,7 +611,7 @@ func (c *Cache) compact() error {
 	c.joff = int64(len(buf))
 	c.compacted = c.joff
 	clear(c.quit)
-	c.jnext = compactThreshold(c.joff, len(c.idx))
+	c.jnext = c.compactThreshold()
 	return nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 )
 
@@ -99,17 +100,26 @@ func getBlob(t testing.TB, c *Cache, path string) {
 }
 
 // diskUsage sums the sizes of regular files under the data directories,
-// temp files included: what the budget is about.
+// temp files included: what the budget is about. A file counts once even
+// while it has two names (the moment between link and temp removal).
 func diskUsage(t testing.TB, dir string) (bytes int64, files int) {
 	t.Helper()
-	for _, d := range []string{blobsDir, chunksDir, tmpDir} {
+	seen := map[uint64]bool{}
+	for _, d := range []string{tmpDir, blobsDir, chunksDir} {
 		filepath.WalkDir(filepath.Join(dir, d), func(p string, e fs.DirEntry, err error) error {
 			if err != nil || !e.Type().IsRegular() || strings.HasSuffix(p, ".lock") {
 				return nil
 			}
 			if fi, err := e.Info(); err == nil {
+				ino := fi.Sys().(*syscall.Stat_t).Ino
+				if seen[ino] {
+					return nil
+				}
+				seen[ino] = true
+				if d != tmpDir {
+					files++
+				}
 				bytes += fi.Size()
-				files++
 			}
 			return nil
 		})

@@ -195,3 +195,55 @@ func FuzzParseRecord(f *testing.F) {
 func testLoggerTo(t testing.TB, sb *strings.Builder) *slogLogger {
 	return newTeeLogger(t, sb)
 }
+
+// Under churn a lone instance keeps rewriting the journal, so it stays
+// proportional to what is cached; the index it leaves is exact.
+func TestJournalCompactsUnderChurn(t *testing.T) {
+	dir := t.TempDir()
+	c := mustOpen(t, Options{Dir: dir, Size: 32 << 10, noSync: true, compactMin: 4 << 10})
+	for i := range 400 {
+		getBlob(t, c, key(i))
+	}
+	fi, err := os.Stat(filepath.Join(dir, journalRel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, files := c.Usage()
+	if limit := int64(files)*120*2*2 + 2*(4<<10) + 4096; fi.Size() > limit {
+		t.Fatalf("journal %d bytes for %d entries after 400 fills (limit %d)", fi.Size(), files, limit)
+	}
+	c.Close()
+	checkCacheL(t, dir)
+}
+
+// A file at a blob's path that the index does not know (its record was
+// lost) is used if it is intact and replaced if it is not.
+func TestUnindexedFileAtBlobPath(t *testing.T) {
+	dir := t.TempDir()
+	c := mustOpen(t, Options{Dir: dir})
+	defer c.Close()
+	for _, tc := range []struct {
+		name    string
+		damaged bool
+	}{{"intact.npy", false}, {"damaged.npy", true}} {
+		k := BlobKey{"L", tc.name}
+		data := content(tc.name, 3000)
+		stale := bytes.Clone(data)
+		if tc.damaged {
+			stale[10] ^= 1
+		}
+		os.MkdirAll(filepath.Dir(c.BlobPath(k)), 0o755)
+		os.WriteFile(c.BlobPath(k), stale, 0o644)
+		h, err := c.GetBlob(context.Background(), k, 3000, writeFill(data))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(readAll(t, h), data) {
+			t.Fatalf("%s: handle reads wrong bytes", tc.name)
+		}
+		h.Close()
+		if got, _ := os.ReadFile(c.BlobPath(k)); !bytes.Equal(got, data) {
+			t.Fatalf("%s: file at path has wrong bytes", tc.name)
+		}
+	}
+}

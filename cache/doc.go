@@ -1,0 +1,55 @@
+// Package cache is zarrfs's byte-bounded, persistent, crash-safe cache on
+// local disk: one budget, two tiers. The blob tier holds decoded .npy blobs
+// as plain files laid out like the mount's tree (Dir/blobs/<layout>/<path>),
+// so a mount passes reads through to them and GPUDirect Storage reads them
+// directly; the chunk tier holds compressed source chunks of remote stores
+// (Dir/chunks/ab/<hash>). The cache knows nothing of what the bytes mean.
+//
+// # On disk
+//
+//	Dir/lock          OFD lock: every open Cache holds it shared; recovery
+//	                  and journal compaction hold it exclusive
+//	Dir/journal       the index: one checksummed line per add or delete
+//	Dir/blobs/...     complete blobs, never rewritten in place
+//	Dir/chunks/...    complete chunks
+//	Dir/tmp/<id>/     fills in progress of the live instance <id>, which
+//	                  holds Dir/tmp/<id>.lock for its lifetime
+//
+// # Crash safety
+//
+// A fill writes a temp file under Dir/tmp/<id>, the cache checks its size,
+// records its xxh64, fsyncs it (blobs; chunks are instead verified on every
+// read), appends an add record to the journal and hard-links the file into
+// place. A file at a final path is therefore always complete; a kill leaves
+// at worst a temp file (removed by the next Open in any process, since its
+// owner's lock is gone) or a record whose link never happened (forgotten on
+// first use or at recovery). Deletion appends its record before the unlink.
+// Open, when no other instance is running, verifies size and checksum of
+// every entry added by an instance that did not shut down cleanly since the
+// journal was last compacted, removes leftovers of interrupted deletions,
+// and compacts the journal. After a clean Close there is nothing to verify
+// and a restart is one read of the journal (about 0.5 s for 100,000 blobs
+// on a loaded two-core machine; see BenchmarkOpen).
+//
+// # Budget and eviction
+//
+// Entries are kept in one LRU list ordered by use, with exact byte counts
+// (see evictLocked for why not ristretto). A fill reserves its size before
+// it writes and evicts least recently used entries until indexed plus
+// reserved bytes fit the budget, so the directory stays within the budget
+// unless pinned entries alone exceed it; the excess goes when the pins do.
+// Eviction deletes the file.
+//
+// # Concurrency
+//
+// All methods of Cache are safe for concurrent use. Concurrent GetBlob (or
+// GetChunk) calls for one key share one fill. A Handle pins its blob: while
+// it is open, no Cache in any process evicts or unlinks the file (each
+// Handle holds flock LOCK_SH on its descriptor; an evictor needs LOCK_EX).
+// Several processes (a running mount and `zarrfs warm`) may open one Dir at
+// once: files appear only by atomic link, every instance appends to the one
+// journal and reads the others' records before it looks up a missing key or
+// evicts, so they share one index and one budget (each may overshoot by the
+// fills the others have in flight). A Handle's methods are safe for
+// concurrent use; Close once.
+package cache
