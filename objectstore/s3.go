@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/minio/minio-go/v7"
@@ -50,8 +51,11 @@ type S3Options struct {
 	// Logger receives one debug line per request and warnings; nil: discard.
 	// Credentials are never logged.
 	Logger *slog.Logger
-	// RequestTimeout bounds each request, from sending it to the last byte
-	// of its body, so a stalled connection ends as a transient error.
+	// RequestTimeout is how long a request may make no progress: until its
+	// response headers arrive, and between any two reads of its body. A
+	// stalled connection ends as a transient error; a large object that
+	// keeps flowing is not cut off (the retry layer's AttemptTimeout bounds
+	// the whole). Listings get it as a bound on the whole listing.
 	// 0: DefaultS3RequestTimeout (30s).
 	RequestTimeout time.Duration
 	// MaxInFlight bounds the requests in flight at once; the HTTP transport
@@ -346,13 +350,13 @@ func (s *S3) acquire(ctx context.Context) error {
 func (s *S3) release() { <-s.sem }
 
 // classify turns a minio-go or transport error into the package's classes.
-// parent is the caller's context, rctx the per-request one.
-func (s *S3) classify(parent, rctx context.Context, err error) error {
+// parent is the caller's context; timedOut says our own request timer fired.
+func (s *S3) classify(parent context.Context, timedOut bool, err error) error {
 	if perr := parent.Err(); perr != nil {
 		return perr // the caller gave up: neither transient nor ours to report
 	}
-	if rctx.Err() != nil {
-		return Transient(fmt.Errorf("request timed out after %v: %w", s.timeout, context.DeadlineExceeded))
+	if timedOut {
+		return Transient(fmt.Errorf("request stalled: no response for %v: %w", s.timeout, context.DeadlineExceeded))
 	}
 	var er minio.ErrorResponse
 	if !errors.As(err, &er) {
@@ -425,8 +429,14 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 		return nil, err
 	}
 	defer s.release()
-	rctx, cancel := context.WithTimeout(ctx, s.timeout)
+	// The request timer runs until the headers arrive and is re-armed by
+	// every body read: a stall of RequestTimeout anywhere ends the request,
+	// while a large object that keeps flowing is never cut off.
+	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var fired atomic.Bool
+	timer := time.AfterFunc(s.timeout, func() { fired.Store(true); cancel() })
+	defer timer.Stop()
 	start := time.Now()
 	obj := s.objectKey(k)
 
@@ -434,7 +444,7 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 		// HTTP cannot ask for zero bytes; check existence and bounds instead.
 		info, err := s.client.StatObject(rctx, s.bucket, obj, minio.StatObjectOptions{})
 		if err != nil {
-			return nil, s.classify(ctx, rctx, err)
+			return nil, s.classify(ctx, fired.Load(), err)
 		}
 		if off > info.Size {
 			return nil, fmt.Errorf("%w: offset %d, size %d", ErrRange, off, info.Size)
@@ -456,27 +466,25 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 	}
 	body, info, hdr, err := minio.Core{Client: s.client}.GetObject(rctx, s.bucket, obj, gopts)
 	if err != nil {
-		err = s.classify(ctx, rctx, err)
+		err = s.classify(ctx, fired.Load(), err)
 		s.log.Debug("s3 get failed", "key", k, "off", off, "length", length, "err", err)
 		return nil, err
 	}
 	defer body.Close()
+	body = progressReader{body, timer, s.timeout}
 
 	// want: the bytes this response must carry; from, to: the slice of them
 	// the caller asked for (a server may ignore Range and send everything).
+	// want: the bytes this response must carry (-1: a chunked body without
+	// Content-Length, whose terminator still tells a complete body from a
+	// cut one). whole: the body is the entire object, either because that
+	// was asked or because the server ignored Range and answered 200.
 	want := info.Size
-	from, to := int64(0), int64(-1)
+	whole := !ranged
 	if ranged {
 		cr := hdr.Get("Content-Range")
 		if cr == "" {
-			// 200 with the whole object: cut the range out after reading.
-			if off < 0 {
-				off = want - length
-			}
-			if off < 0 || off+length > want {
-				return nil, fmt.Errorf("%w: %d+%d, size %d", ErrRange, off, length, want)
-			}
-			from, to = off, off+length
+			whole = true
 		} else {
 			first, last, total, err := parseContentRange(cr)
 			if err != nil {
@@ -494,34 +502,66 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 			if first != off || last != off+length-1 {
 				return nil, Transient(fmt.Errorf("server sent bytes %d-%d for %d-%d", first, last, off, off+length-1))
 			}
-			if want != length {
+			if want >= 0 && want != length {
 				return nil, Transient(fmt.Errorf("Content-Length %d for a range of %d bytes", want, length))
 			}
+			want = length
 		}
 	}
-	if want < 0 {
-		return nil, Transient(errors.New("response without Content-Length"))
+	var buf []byte
+	var n int
+	if want >= 0 {
+		buf = make([]byte, want)
+		n, err = io.ReadFull(body, buf)
+	} else {
+		buf, err = io.ReadAll(body)
+		n = len(buf)
 	}
-	buf := make([]byte, want)
-	n, err := io.ReadFull(body, buf)
 	if err != nil {
 		if perr := ctx.Err(); perr != nil {
 			return nil, perr
 		}
-		if rctx.Err() != nil {
-			return nil, Transient(fmt.Errorf("request timed out after %v with %d of %d bytes: %w", s.timeout, n, want, context.DeadlineExceeded))
+		if fired.Load() {
+			return nil, Transient(fmt.Errorf("request stalled: no data for %v after %d of %d bytes: %w", s.timeout, n, want, context.DeadlineExceeded))
 		}
 		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+			if want < 0 {
+				return nil, Transient(fmt.Errorf("%w: chunked body cut after %d bytes", ErrTruncated, n))
+			}
 			return nil, Transient(fmt.Errorf("%w: %d of %d bytes", ErrTruncated, n, want))
 		}
 		return nil, Transient(fmt.Errorf("reading body after %d of %d bytes: %w", n, want, err))
 	}
-	if to >= 0 {
-		buf = buf[from:to]
+	if ranged && whole {
+		size := int64(len(buf))
+		if off < 0 {
+			off = size - length
+		}
+		if off < 0 || off+length > size {
+			return nil, fmt.Errorf("%w: %d+%d, size %d", ErrRange, off, length, size)
+		}
+		buf = buf[off : off+length]
 	}
 	s.log.Debug("s3 get", "key", k, "off", off, "length", length, "bytes", len(buf), "dur", time.Since(start))
 	return buf, nil
 }
+
+// progressReader re-arms the request timer on every read that returns data.
+type progressReader struct {
+	r       io.ReadCloser
+	timer   *time.Timer
+	timeout time.Duration
+}
+
+func (p progressReader) Read(b []byte) (int, error) {
+	n, err := p.r.Read(b)
+	if n > 0 {
+		p.timer.Reset(p.timeout)
+	}
+	return n, err
+}
+
+func (p progressReader) Close() error { return p.r.Close() }
 
 // parseContentRange parses "bytes FIRST-LAST/TOTAL".
 func parseContentRange(s string) (first, last, total int64, err error) {
@@ -572,6 +612,7 @@ func (s *S3) list(ctx context.Context, k string) ([]string, error) {
 		return nil, err
 	}
 	defer s.release()
+	// One listing may take several pages; the whole of it gets the timeout.
 	rctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel() // also stops minio-go's listing goroutine on an early return
 	p := s.objectKey(k)
@@ -581,7 +622,7 @@ func (s *S3) list(ctx context.Context, k string) ([]string, error) {
 	var names []string
 	for obj := range s.client.ListObjects(rctx, s.bucket, minio.ListObjectsOptions{Prefix: p, Recursive: false}) {
 		if obj.Err != nil {
-			return nil, s.classify(ctx, rctx, obj.Err)
+			return nil, s.classify(ctx, rctx.Err() != nil, obj.Err)
 		}
 		name := strings.TrimPrefix(obj.Key, p)
 		if name == "" || name == "/" {
