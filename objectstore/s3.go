@@ -230,8 +230,10 @@ func resolveCredentials(ctx context.Context, opts S3Options) (*credentials.Crede
 		return credentials.NewStatic("", "", "", credentials.SignatureAnonymous), "anonymous", nil
 	}
 	creds := opts.Credentials
+	var chain *strictChain
 	if creds == nil {
-		creds = credentials.New(defaultChain())
+		chain = defaultChain()
+		creds = credentials.New(chain)
 	}
 	v, err := creds.GetWithContext(&credentials.CredContext{Client: &http.Client{Timeout: 5 * time.Second}, Context: ctx})
 	if err != nil {
@@ -244,15 +246,15 @@ func resolveCredentials(ctx context.Context, opts S3Options) (*credentials.Crede
 	if v.AccessKeyID == "" || v.SecretAccessKey == "" {
 		return nil, "", fmt.Errorf("%w: the credential provider returned an empty key", ErrNoCredentials)
 	}
-	source := "custom"
-	if opts.Credentials == nil {
-		source = "chain"
+	source := "given"
+	if chain != nil {
+		source = chain.currName
 	}
 	return creds, source, nil
 }
 
 func redactedKind(err error) string {
-	return fmt.Sprintf("credential provider failed (%T)", errors.Unwrap(err))
+	return fmt.Sprintf("credential provider failed (%T)", err)
 }
 
 // strictChain is minio-go's Chain without its last step: when no provider
@@ -261,6 +263,7 @@ func redactedKind(err error) string {
 type strictChain struct {
 	providers []namedProvider
 	curr      credentials.Provider
+	currName  string
 }
 
 type namedProvider struct {
@@ -305,7 +308,7 @@ func (c *strictChain) RetrieveWithCredContext(cc *credentials.CredContext) (cred
 	for _, np := range c.providers {
 		v, err := np.p.RetrieveWithCredContext(cc)
 		if err == nil && v.AccessKeyID != "" && v.SecretAccessKey != "" {
-			c.curr = np.p
+			c.curr, c.currName = np.p, np.name
 			return v, nil
 		}
 		if np.required {

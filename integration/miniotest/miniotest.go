@@ -97,7 +97,7 @@ func Start(t testing.TB) *Server {
 	bin, err := Binary()
 	if err != nil {
 		if os.Getenv("CI") != "" {
-			t.Fatalf("CI: %v", err)
+			t.Fatalf("CI is set and the MinIO server is missing (CI must build it with `make minio`): %v", err)
 		}
 		t.Skipf("skipping: %v", err)
 	}
