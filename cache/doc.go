@@ -28,8 +28,9 @@
 // every entry added by an instance that did not shut down cleanly since the
 // journal was last compacted, removes leftovers of interrupted deletions,
 // and compacts the journal. After a clean Close there is nothing to verify
-// and a restart is one read of the journal (about 0.5 s for 100,000 blobs
-// on a loaded two-core machine; see BenchmarkOpen).
+// and a restart is one read of the journal: 0.17 s for 100,000 blobs on a
+// loaded two-core machine, half what merely walking and stat'ing the same
+// tree takes (BenchmarkOpen).
 //
 // # Budget and eviction
 //
