@@ -2,10 +2,10 @@ package objectstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 )
 
@@ -17,10 +17,12 @@ type RetryOptions struct {
 	MaxAttempts int
 	// AttemptTimeout bounds each attempt; an attempt that runs past it is a
 	// transient failure (a stall). 0: 60s. A store's own request timeout
-	// may be shorter.
+	// may be shorter. For a QueueingStore it runs from the moment the
+	// request leaves the store's queue.
 	AttemptTimeout time.Duration
-	// Budget bounds the whole call, backoff included: no attempt starts,
-	// and no attempt runs, past it. 0: 2 minutes.
+	// Budget bounds the whole call from its first attempt, backoff
+	// included: no attempt starts, and no attempt runs, past it.
+	// 0: 2 minutes.
 	Budget time.Duration
 	// InitialBackoff is the wait before the second attempt; it doubles per
 	// attempt up to MaxBackoff, and each wait is jittered to between half
@@ -108,31 +110,90 @@ func (r *Retry) backoff(attempt int) time.Duration {
 	return half + time.Duration(r.opts.Jitter()*float64(d-half))
 }
 
+// QueueingStore is implemented by stores that make requests wait for a free
+// slot (S3's MaxInFlight) and call StartAttempt once a request leaves that
+// queue. The retry layer then starts an attempt's timeout, and the call's
+// budget, at that moment: a deep queue of reads is not mistaken for a stall.
+type QueueingStore interface {
+	Store
+	QueuesRequests() bool
+}
+
+type attemptStartKey struct{}
+
+// StartAttempt tells the retry layer (if any) that the request made under
+// ctx has left the store's queue and is now being sent. Stores that
+// implement QueueingStore call it; it is a no-op otherwise.
+func StartAttempt(ctx context.Context) {
+	if f, ok := ctx.Value(attemptStartKey{}).(func()); ok {
+		f()
+	}
+}
+
 // do runs f until it succeeds, fails permanently, or the bounds are spent.
 // The error it returns keeps the last attempt's error in its chain, so its
 // class (IsTransient, IsNotFound, ...) is what the caller sees.
 func (r *Retry) do(ctx context.Context, op, key string, f func(ctx context.Context) error) error {
-	start := r.opts.Now()
-	deadline := start.Add(r.opts.Budget)
+	q, ok := r.Store.(QueueingStore)
+	queued := ok && q.QueuesRequests()
+	var start time.Time // when the first attempt started (left the queue)
+	began := false
 	for attempt := 1; ; attempt++ {
 		if err := ctx.Err(); err != nil {
 			return &Error{Op: op, Store: r.ID(), Key: key, Err: err}
 		}
-		limit := min(r.opts.AttemptTimeout, deadline.Sub(r.opts.Now()))
-		actx, cancel := context.WithTimeout(ctx, limit)
+		actx, cancel := context.WithCancel(ctx)
+		var (
+			mu       sync.Mutex
+			timer    *time.Timer
+			limit    time.Duration
+			timedOut bool
+		)
+		arm := func() {
+			mu.Lock()
+			defer mu.Unlock()
+			if timer != nil {
+				return
+			}
+			now := r.opts.Now()
+			if !began {
+				start, began = now, true
+			}
+			limit = min(r.opts.AttemptTimeout, start.Add(r.opts.Budget).Sub(now))
+			timer = time.AfterFunc(limit, func() {
+				mu.Lock()
+				timedOut = true
+				mu.Unlock()
+				cancel()
+			})
+		}
+		if queued {
+			actx = context.WithValue(actx, attemptStartKey{}, arm)
+		} else {
+			arm()
+		}
 		err := f(actx)
-		stalled := actx.Err() != nil && ctx.Err() == nil
+		mu.Lock()
+		if timer != nil {
+			timer.Stop()
+		}
+		stalled := timedOut && ctx.Err() == nil
+		mu.Unlock()
 		cancel()
+		if !began {
+			start, began = r.opts.Now(), true
+		}
 		if err == nil {
 			if attempt > 1 {
 				r.log.Info("store request succeeded after retries", "op", op, "key", key, "attempts", attempt)
 			}
 			return nil
 		}
-		if stalled && !IsTransient(err) && errors.Is(err, context.DeadlineExceeded) {
-			// The inner store saw our per-attempt deadline as its caller
-			// giving up; for us it is a stall worth another attempt.
-			err = Transient(fmt.Errorf("attempt timed out after %v: %w", limit, err))
+		if stalled && !IsTransient(err) {
+			// The inner store saw our per-attempt timer as its caller giving
+			// up; for us it is a stall worth another attempt.
+			err = &Error{Op: op, Store: r.ID(), Key: key,
+				Err: Transient(fmt.Errorf("attempt timed out after %v: %w", limit, context.DeadlineExceeded))}
 		}
 		if !IsTransient(err) {
 			return err

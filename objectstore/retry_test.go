@@ -232,3 +232,40 @@ func TestIsTransient(t *testing.T) {
 		t.Error("Transient(nil) != nil")
 	}
 }
+
+// queued is a store whose requests wait in a queue before they start, as
+// S3's do under MaxInFlight.
+type queued struct {
+	scripted
+	wait time.Duration
+}
+
+func (q *queued) QueuesRequests() bool { return true }
+
+func (q *queued) Get(ctx context.Context, key string) ([]byte, error) {
+	select {
+	case <-time.After(q.wait): // in the queue
+	case <-ctx.Done():
+		return nil, &objectstore.Error{Op: "get", Store: q.ID(), Key: key, Err: ctx.Err()}
+	}
+	objectstore.StartAttempt(ctx)
+	return q.scripted.Get(ctx, key)
+}
+
+// Time spent waiting for a slot is not a stall: the attempt timeout starts
+// when the request leaves the queue. A stall after that still counts.
+func TestRetryQueueNotAStall(t *testing.T) {
+	q := &queued{wait: 150 * time.Millisecond}
+	r := objectstore.WithRetry(q, objectstore.RetryOptions{MaxAttempts: 2, AttemptTimeout: 30 * time.Millisecond, InitialBackoff: time.Millisecond})
+	if b, err := r.Get(context.Background(), "k"); err != nil || string(b) != "data" {
+		t.Fatalf("Get after a queue longer than the attempt timeout = %q, %v", b, err)
+	}
+	if q.calls != 1 {
+		t.Errorf("%d calls, want 1", q.calls)
+	}
+	q.block, q.calls = true, 0
+	_, err := r.Get(context.Background(), "k")
+	if !objectstore.IsTransient(err) || !errors.Is(err, context.DeadlineExceeded) || q.calls != 2 {
+		t.Fatalf("stall after the queue: %d calls, err %v; want 2 attempts ending in a transient timeout", q.calls, err)
+	}
+}

@@ -352,6 +352,10 @@ func (s *S3) acquire(ctx context.Context) error {
 
 func (s *S3) release() { <-s.sem }
 
+// QueuesRequests reports that requests wait for one of MaxInFlight slots;
+// the store calls StartAttempt when a request gets one (see QueueingStore).
+func (s *S3) QueuesRequests() bool { return true }
+
 // classify turns a minio-go or transport error into the package's classes.
 // parent is the caller's context; timedOut says our own request timer fired.
 func (s *S3) classify(parent context.Context, timedOut bool, err error) error {
@@ -432,6 +436,7 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 		return nil, err
 	}
 	defer s.release()
+	StartAttempt(ctx)
 	// The request timer runs until the headers arrive and is re-armed by
 	// every body read: a stall of RequestTimeout anywhere ends the request,
 	// while a large object that keeps flowing is never cut off.
@@ -615,6 +620,7 @@ func (s *S3) list(ctx context.Context, k string) ([]string, error) {
 		return nil, err
 	}
 	defer s.release()
+	StartAttempt(ctx)
 	// One listing may take several pages; the whole of it gets the timeout.
 	rctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel() // also stops minio-go's listing goroutine on an early return

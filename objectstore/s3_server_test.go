@@ -8,7 +8,10 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/zarrfs/zarrfs/objectstore"
 )
@@ -142,5 +145,48 @@ func TestS3OddServers(t *testing.T) {
 	s := oddServer(t, data, "ignore range")
 	if _, err := s.GetRange(ctx, "obj", 9_990, 20); err == nil || objectstore.IsTransient(err) || objectstore.IsNotFound(err) {
 		t.Errorf("range past the end: err = %v", err)
+	}
+}
+
+// With MaxInFlight 1, requests queue behind each other for longer than the
+// retry layer's attempt timeout; none of them is taken for a stall.
+func TestS3QueueIsNotAStall(t *testing.T) {
+	var inflight, most atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := inflight.Add(1)
+		defer inflight.Add(-1)
+		if n > most.Load() {
+			most.Store(n)
+		}
+		time.Sleep(50 * time.Millisecond)
+		w.Header().Set("Last-Modified", "Mon, 02 Jan 2006 15:04:05 GMT")
+		w.Header().Set("Content-Length", "4")
+		w.Write([]byte("data"))
+	}))
+	defer srv.Close()
+	s, err := objectstore.OpenS3(context.Background(), "s3://bucket", objectstore.S3Options{
+		Endpoint: srv.URL, Region: "us-east-1", Anonymous: true, MaxInFlight: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := objectstore.WithRetry(s, objectstore.RetryOptions{MaxAttempts: 1, AttemptTimeout: 200 * time.Millisecond})
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := r.Get(context.Background(), "obj"); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if most.Load() != 1 {
+		t.Errorf("%d requests in flight at once, want at most 1", most.Load())
 	}
 }
