@@ -1,6 +1,7 @@
 package objectstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -81,6 +82,7 @@ type S3 struct {
 	log     *slog.Logger
 	timeout time.Duration
 	sem     chan struct{}
+	tr      http.RoundTripper
 }
 
 var _ Store = (*S3)(nil)
@@ -183,6 +185,8 @@ func OpenS3(ctx context.Context, rawURL string, opts S3Options) (*S3, error) {
 		Transport: tr,
 		// The retry decorator owns retries, budgets and logging; a second
 		// hidden retry loop here would multiply attempts and hide faults.
+		// (minio-go still sleeps up to DefaultRetryUnit, 200ms, after a
+		// retryable status before returning it; that adds to our backoff.)
 		MaxRetries: 1,
 	})
 	if err != nil {
@@ -196,6 +200,7 @@ func OpenS3(ctx context.Context, rawURL string, opts S3Options) (*S3, error) {
 		log:     log.With("store", id),
 		timeout: timeout,
 		sem:     make(chan struct{}, inflight),
+		tr:      tr,
 	}
 	s.log.Info("s3 store opened", "endpoint", (&url.URL{Scheme: map[bool]string{true: "https", false: "http"}[secure], Host: host}).String(),
 		"region", opts.Region, "credentials", source, "max_in_flight", inflight, "request_timeout", timeout)
@@ -279,7 +284,7 @@ func defaultChain() *strictChain {
 	c.providers = append(c.providers, namedProvider{name: "environment (AWS_ACCESS_KEY_ID)", p: &credentials.EnvAWS{}})
 	profile := os.Getenv("AWS_PROFILE")
 	c.providers = append(c.providers, namedProvider{
-		name:     fmt.Sprintf("shared credentials file (profile %q)", cmpOr(profile, "default")),
+		name:     fmt.Sprintf("shared credentials file (profile %q)", cmp.Or(profile, "default")),
 		p:        &credentials.FileAWSCredentials{},
 		required: profile != "",
 	})
@@ -290,13 +295,6 @@ func defaultChain() *strictChain {
 		c.providers = append(c.providers, namedProvider{name: "instance or container role", p: &credentials.IAM{}})
 	}
 	return c
-}
-
-func cmpOr(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }
 
 func (c *strictChain) Retrieve() (credentials.Value, error) {
@@ -326,6 +324,15 @@ func (c *strictChain) IsExpired() bool {
 		return true
 	}
 	return c.curr.IsExpired()
+}
+
+// Close releases the idle connections kept for reuse. Calls made after it
+// still work (they dial again).
+func (s *S3) Close() error {
+	if t, ok := s.tr.(interface{ CloseIdleConnections() }); ok {
+		t.CloseIdleConnections()
+	}
+	return nil
 }
 
 // ID returns "s3://bucket/prefix".

@@ -157,7 +157,9 @@ func TestS3Conformance(t *testing.T) {
 				if prefix != "" {
 					srv.UploadFiles(t, bucket, "", map[string][]byte{prefix + ".bak/zarr.json": []byte("{}"), prefix + "x": []byte("{}")})
 				}
-				return openS3(t, srv.Endpoint, bucket, prefix, objectstore.S3Options{Credentials: staticCreds(srv), MaxInFlight: 8})
+				s := openS3(t, srv.Endpoint, bucket, prefix, objectstore.S3Options{Credentials: staticCreds(srv), MaxInFlight: 8})
+				t.Cleanup(func() { s.Close() })
+				return s
 			})
 		})
 	}
