@@ -182,6 +182,8 @@ type Dir struct {
 	entries []Entry // sorted by Name; nil for a sample directory
 	byName  map[string]int
 	samples *sampleSet
+	// viewSamples marks a view's directory: explicit entries, one per sample.
+	viewSamples bool
 }
 
 // Path returns the directory's path in the mount ("" for the root).

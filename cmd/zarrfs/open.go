@@ -1,0 +1,149 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/zarrfs/zarrfs/cache"
+	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/objectstore"
+	"github.com/zarrfs/zarrfs/zarr"
+)
+
+// layoutFlags are the flags that decide which files a mount serves and
+// where their cache lives. mount and warm share them, so that a warm with
+// the same flags fills exactly the files the mount serves.
+type layoutFlags struct {
+	src       sourceFlags
+	cacheDir  string
+	cacheSize string
+	sampleDim string
+	align     int64
+	views     []string
+}
+
+func (f *layoutFlags) register(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.cacheDir, "cache", "", "cache directory (default $XDG_CACHE_HOME/zarrfs or ~/.cache/zarrfs)")
+	fl.StringVar(&f.cacheSize, "cache-size", "0", "cache budget, such as 500GiB; 0 means unlimited")
+	fl.StringVar(&f.sampleDim, "sample-dim", layout.DefaultSampleDim, "dimension whose indices become one file each")
+	fl.Int64Var(&f.align, "align", layout.DefaultAlign, "offset of the data in every .npy file (multiple of 64)")
+	fl.StringArrayVar(&f.views, "view", nil, "YAML file of stacked training views; repeatable")
+	f.src.register(cmd)
+}
+
+// opened is a source with its metadata, layout and cache.
+type opened struct {
+	store objectstore.Store
+	h     *zarr.Hierarchy
+	lay   *layout.Layout
+	cache *cache.Cache
+}
+
+func (o *opened) Close() error { return o.cache.Close() }
+
+// defaultCacheDir is $XDG_CACHE_HOME/zarrfs, else ~/.cache/zarrfs.
+func defaultCacheDir() (string, error) {
+	if d := os.Getenv("XDG_CACHE_HOME"); d != "" {
+		return filepath.Join(d, "zarrfs"), nil
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return "", fmt.Errorf("no --cache given and no home directory: %w", err)
+	}
+	return filepath.Join(home, ".cache", "zarrfs"), nil
+}
+
+// open validates the flags, then opens the cache, the source (through the
+// cache's chunk tier when it is remote), its metadata, the views and the
+// layout. Usage mistakes come back as usage errors.
+func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, chunkCacheBytes int64) (*opened, error) {
+	f.src.logger = log
+	size, err := cache.ParseSize(f.cacheSize)
+	if err != nil {
+		return nil, usagef("--cache-size %q: %v", f.cacheSize, err)
+	}
+	if f.align%64 != 0 || f.align <= 0 || f.align > layout.MaxAlign {
+		return nil, usagef("--align %d: want a positive multiple of 64 up to %d", f.align, layout.MaxAlign)
+	}
+	if f.sampleDim == "" {
+		return nil, usagef("--sample-dim: empty name")
+	}
+	var specs []*layout.ViewSpec
+	for _, v := range f.views {
+		s, err := layout.LoadViews(v)
+		if err != nil {
+			return nil, err
+		}
+		specs = append(specs, s...)
+	}
+	if f.cacheDir == "" {
+		if f.cacheDir, err = defaultCacheDir(); err != nil {
+			return nil, usagef("%v", err)
+		}
+	}
+	dec, err := newDecoder(f.src.decode, log)
+	if err != nil {
+		return nil, err
+	}
+	store, err := f.src.openStore(ctx, src)
+	if err != nil {
+		return nil, err
+	}
+	c, err := cache.Open(cache.Options{Dir: f.cacheDir, Size: size, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	zopts := zarr.Options{Logger: log, Decoder: dec, ChunkCacheBytes: chunkCacheBytes}
+	if _, local := store.(*objectstore.Posix); !local {
+		zopts.SourceCache = chunkTier{c}
+	}
+	h, err := zarr.Open(ctx, store, zopts)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	views, err := layout.BindViews(ctx, h, specs, layout.BindOptions{SampleDim: f.sampleDim})
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	lay, err := layout.Build(h, layout.Options{SampleDim: f.sampleDim, Align: f.align, Views: views})
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("%s: %w", strings.TrimSuffix(store.ID(), "/"), err)
+	}
+	// zarr.Open already warned about each unsupported array; warn here
+	// only about what the layout itself left out (name collisions).
+	unsupported := map[string]bool{}
+	for _, a := range h.Arrays {
+		unsupported[a.Path] = a.Unsupported != ""
+	}
+	for _, s := range lay.Skipped {
+		if !unsupported[s.Path] {
+			log.Warn("array left out of the mount", "array", s.Path, "reason", s.Reason)
+		}
+	}
+	return &opened{store: store, h: h, lay: lay, cache: c}, nil
+}
+
+// chunkTier is the disk cache's chunk tier seen as a zarr.SourceCache.
+type chunkTier struct{ c *cache.Cache }
+
+var errAbsent = errors.New("absent")
+
+func (t chunkTier) Get(key string) ([]byte, bool) {
+	b, err := t.c.GetChunk(context.Background(), key, func(context.Context) ([]byte, error) { return nil, errAbsent })
+	return b, err == nil
+}
+
+func (t chunkTier) Put(key string, b []byte) {
+	_, _ = t.c.GetChunk(context.Background(), key, func(context.Context) ([]byte, error) { return b, nil })
+}
