@@ -22,12 +22,12 @@ import (
 
 type warmFlags struct {
 	layoutFlags
-	only      []string
-	samples   string
-	rank      int
-	world     int
-	shard     string
-	jobs      int
+	only    []string
+	samples string
+	rank    int
+	world   int
+	shard   string
+	jobs    int
 }
 
 func newWarmCmd() *cobra.Command {
