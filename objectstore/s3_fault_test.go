@@ -288,3 +288,72 @@ func TestS3SecretNeverLeaks(t *testing.T) {
 		}
 	}
 }
+
+// The budget ends a call that keeps failing even when attempts remain.
+func TestS3FaultsBudget(t *testing.T) {
+	e := newFaultEnv(t)
+	s := e.store(t, staticCreds(e.srv), objectstore.RetryOptions{MaxAttempts: 1000, Budget: time.Second,
+		InitialBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
+	e.proxy.SetRule(faultproxy.Always(faultproxy.ObjectGets, faultproxy.Fault{Kind: faultproxy.Status, Status: 500}))
+	defer e.proxy.SetRule(nil)
+	ctx := guard(t)
+	_, err := s.Get(ctx, "big")
+	if ctx.Err() != nil {
+		t.Fatal("read did not end within the guard")
+	}
+	if !objectstore.IsTransient(err) || !strings.Contains(err.Error(), "budget") {
+		t.Fatalf("err = %v, want a transient error naming the budget", err)
+	}
+}
+
+// Many readers at once through a proxy that breaks a third of the
+// requests in assorted ways: every read returns exactly the right bytes.
+func TestS3FaultsConcurrent(t *testing.T) {
+	e := newFaultEnv(t)
+	s := e.store(t, staticCreds(e.srv), objectstore.RetryOptions{MaxAttempts: 10})
+	kinds := []faultproxy.Fault{
+		{Kind: faultproxy.Status, Status: 503},
+		{Kind: faultproxy.Reset, After: 700},
+		{Kind: faultproxy.Truncate, After: 20},
+		{Kind: faultproxy.Status, Status: 429},
+		{Kind: faultproxy.Stall, After: 1, StallFor: time.Minute},
+	}
+	e.proxy.SetRule(func(r *http.Request, n int64) faultproxy.Fault {
+		if !faultproxy.ObjectGets(r) || n%3 != 0 {
+			return faultproxy.Fault{}
+		}
+		return kinds[(n/3)%int64(len(kinds))]
+	})
+	defer e.proxy.SetRule(nil)
+	ctx := guard(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 256)
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 9))
+			for range 6 {
+				off := rng.Int64N(int64(len(e.big)) - 1)
+				n := 1 + rng.Int64N(min(int64(len(e.big))-off, 300_000))
+				b, err := s.GetRange(ctx, "big", off, n)
+				if err != nil {
+					errs <- err
+				} else if !bytes.Equal(b, e.big[off:off+n]) {
+					errs <- errors.New("wrong bytes returned")
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("reads did not end within the guard")
+	}
+	if e.proxy.Faults() < 10 {
+		t.Fatalf("only %d faults injected", e.proxy.Faults())
+	}
+}
