@@ -311,4 +311,3 @@ func dirBytes(dir string) int64 {
 	})
 	return n
 }
-
