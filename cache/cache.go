@@ -202,7 +202,11 @@ func Open(opts Options) (*Cache, error) {
 	c.evictLocked()
 	used, n := c.used, len(c.idx)
 	c.mu.Unlock()
-	c.log.Info("cache open", "exclusive", exclusive, "entries", n, "bytes", used, "budget", c.budget,
+	logf := c.log.Debug
+	if st.suspicious+st.dropped+st.temps+st.torn > 0 {
+		logf = c.log.Info // recovery did something worth a line
+	}
+	logf("cache open", "exclusive", exclusive, "entries", n, "bytes", used, "budget", c.budget,
 		"suspicious", st.suspicious, "dropped", st.dropped, "temps_removed", st.temps, "torn_records", st.torn,
 		"duration", time.Since(start))
 	return c, nil

@@ -27,7 +27,7 @@ for _ in $(seq 100); do
   kill -0 "$pid" 2>/dev/null || { cat "$work/mount.log"; exit 1; }
   sleep 0.1
 done
-head -1 "$work/mount.log"
+grep "mounted" "$work/mount.log"
 echo
 echo "== ls -l $mnt $mnt/t"
 ls -l "$mnt"
