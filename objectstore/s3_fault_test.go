@@ -70,7 +70,7 @@ func (e *faultEnv) store(t *testing.T, creds *credentials.Credentials, retry obj
 		Region:         "us-east-1", // no location lookup through the proxy
 		Credentials:    creds,
 		Logger:         log,
-		RequestTimeout: 500 * time.Millisecond,
+		RequestTimeout: time.Second,
 		MaxInFlight:    8,
 	})
 	if err != nil {

@@ -169,10 +169,10 @@ func TestS3QueueIsNotAStall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := objectstore.WithRetry(s, objectstore.RetryOptions{MaxAttempts: 1, AttemptTimeout: 200 * time.Millisecond})
+	r := objectstore.WithRetry(s, objectstore.RetryOptions{MaxAttempts: 1, AttemptTimeout: 400 * time.Millisecond})
 	var wg sync.WaitGroup
-	errs := make(chan error, 8)
-	for range 8 {
+	errs := make(chan error, 12)
+	for range 12 { // the last waits ~550ms for its turn
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
