@@ -464,6 +464,14 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 			emu.Unlock()
 			return
 		}
+		ck := a.MetaHash + "\x00" + ikey
+		if s.codecs.shard == nil {
+			if dec, ok := st.h.chunks.get(ck); ok {
+				st.h.stats.ChunkCacheHits.Add(1)
+				st.add(&leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: ib.lo, key: ikey, needs: inner, cacheKey: ck, dec: dec})
+				return
+			}
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -472,7 +480,7 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 				if s.codecs.shard != nil {
 					err = st.resolve(ctx, a, s.codecs, s.inner, ib.lo, memSource(b), ikey, inner)
 				} else {
-					st.add(&leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: ib.lo, key: ikey, needs: inner, enc: nonNil(b), srcKey: fresh})
+					st.add(&leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: ib.lo, key: ikey, needs: inner, enc: nonNil(b), srcKey: fresh, cacheKey: ck})
 				}
 			}
 			if err != nil {
@@ -527,7 +535,7 @@ func (st *readState) shardIndex(ctx context.Context, a *Array, s *shardSpec, src
 		b = c
 	}
 	if ck != "" {
-		st.h.chunks.put(ck, b)
+		st.h.chunks.put(ck, b, -1)
 	}
 	return b, nil
 }
@@ -722,6 +730,16 @@ func contiguousIn(l *leaf, r Request) (int64, bool) {
 	return off, true
 }
 
+// inBounds is the number of the leaf's elements inside the array (an edge
+// chunk sticks out of it).
+func (l *leaf) inBounds() int64 {
+	n := int64(1)
+	for d := range l.shape {
+		n *= max(0, min(l.origin[d]+l.shape[d], l.arr.Shape[d])-l.origin[d])
+	}
+	return n
+}
+
 // finish records a leaf's decoded bytes (data at the array-to-bytes level).
 func (st *readState) finish(l *leaf, dec []byte) {
 	want := product(l.shape) * int64(l.arr.DType.Size)
@@ -758,10 +776,13 @@ func (st *readState) assemble() {
 			st.h.stats.ChunksMissing.Add(1)
 			continue
 		}
-		if used < product(l.shape) && l.cacheKey != "" && l.enc != nil {
+		switch inside := l.inBounds(); {
+		case l.enc == nil && l.cacheKey != "":
+			st.h.chunks.consume(l.cacheKey, used) // served from the cache
+		case used < inside && l.cacheKey != "":
 			// Part of this chunk is still unread: keep it for the next sample.
-			st.h.chunks.put(l.cacheKey, l.dec)
-		} else if l.pooled {
+			st.h.chunks.put(l.cacheKey, l.dec, inside-used)
+		case l.pooled:
 			putBuf(l.dec)
 		}
 		l.dec = nil
