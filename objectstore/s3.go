@@ -202,7 +202,7 @@ func OpenS3(ctx context.Context, rawURL string, opts S3Options) (*S3, error) {
 		sem:     make(chan struct{}, inflight),
 		tr:      tr,
 	}
-	s.log.Info("s3 store opened", "endpoint", (&url.URL{Scheme: map[bool]string{true: "https", false: "http"}[secure], Host: host}).String(),
+	s.log.Debug("s3 store opened", "endpoint", (&url.URL{Scheme: map[bool]string{true: "https", false: "http"}[secure], Host: host}).String(),
 		"region", opts.Region, "credentials", source, "max_in_flight", inflight, "request_timeout", timeout)
 	return s, nil
 }
