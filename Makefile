@@ -32,7 +32,9 @@ test: build pydeps minio vet
 test-long: build pydeps minio
 	ZARRFS_LONG=1 $(GO) test -timeout 120m ./...
 
-test-gpu: build
+# On a machine with an NVIDIA GPU and the nvidia-libnvcomp-cu13 wheel: GPU decode
+# byte-identical to the CPU path, damaged input, throughput against all CPU cores.
+test-gpu:
 	bash integration/gpu/run.sh
 
 FUZZTIME ?= 2m
@@ -43,8 +45,13 @@ fuzz:
 	  done; \
 	done
 
-bench: build pydeps
+# Benchmarks print ratios against a named peer measured in the same run (BENCHMARKS.md).
+bench: build pydeps minio
 	bash integration/bench/run.sh
+	bash integration/bench/views/run.sh
+	$(GO) test -run '^$$' -bench 'S3ColdFetch' -benchtime 4x ./objectstore/
+	$(GO) test -run '^$$' -bench . -benchtime 3x ./integration/
+	$(GO) test -run '^$$' -bench 'Open' ./cache/
 
 demo: build pydeps
 	bash integration/demo.sh
