@@ -46,6 +46,7 @@ prepare() { # store
   fi
 }
 
+failed=0
 RESULTS="$DIR/results-$(date +%Y%m%d-%H%M%S).jsonl"
 : >"$RESULTS"
 IFS=, read -ra list <<<"$CODECS"
@@ -69,10 +70,15 @@ for c in "${list[@]}"; do
   fi
   for cmd in "${runs[@]}"; do
     prepare "$store"
-    line=$($cmd)
-    echo "$line" | tee -a "$RESULTS"
+    if line=$($cmd); then
+      echo "$line" | tee -a "$RESULTS"
+    else
+      echo "FAILED: $cmd" >&2
+      failed=1
+    fi
   done
 done
 
 echo "== results in $RESULTS"
-$PY integration/bench/table.py "$RESULTS"
+$PY integration/bench/table.py "$RESULTS" || failed=1
+exit $failed

@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -53,6 +54,7 @@ func main() {
 	batch := flag.Int("batch", 8, "samples per Read call")
 	readers := flag.Int("readers", 1, "Read calls in flight at once, each with its own buffers")
 	steps := flag.Int64("steps", 0, "read only the first N samples (0: all)")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the timed reads to this file")
 	chunkCache := flag.Int64("chunk-cache", -1, "zarr.Options.ChunkCacheBytes (-1 disables: every sample here uses whole chunks)")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: readbench [flags] STORE\n")
@@ -63,9 +65,23 @@ func main() {
 		flag.Usage()
 		os.Exit(2)
 	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "readbench: %v\n", err)
+			os.Exit(1)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(os.Stderr, "readbench: %v\n", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	res, err := run(flag.Arg(0), *array, *dim, *batch, *readers, *steps, *chunkCache)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "readbench: %v\n", err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 	b, _ := json.Marshal(res)
