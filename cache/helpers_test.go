@@ -146,7 +146,7 @@ type slogLogger = slog.Logger
 // newTeeLogger logs to the test log and into sb, for tests that check what
 // recovery reported.
 func newTeeLogger(t testing.TB, sb *strings.Builder) *slog.Logger {
-	return slog.New(slog.NewTextHandler(io.MultiWriter(tWriter{t}, &lockedBuilder{sb: sb}), nil))
+	return slog.New(slog.NewTextHandler(io.MultiWriter(tWriter{t}, &lockedBuilder{sb: sb}), &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
 type lockedBuilder struct {
