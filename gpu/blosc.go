@@ -48,6 +48,28 @@ func prepareBlosc(j *codec.Job) prepared {
 			// The Adler-32 trailer is not checked: the stream is decoded
 			// into device scratch the host never sees before unshuffling.
 			pc.src = body
+		case f.Compressor == "zstd":
+			// A damaged zstd stream can make nvCOMP fault; the frame and
+			// block headers are checked here (see validate.go).
+			frames, err := zstdFrames(s.Src)
+			switch {
+			case err == errZstdDict:
+				return prepared{err: fmt.Errorf("gpu: blosc chunk: stream %d: %v: %w", i, err, codec.ErrUnsupported)}
+			case err != nil:
+				return corrupt(j, "stream %d: %v", i, err)
+			case len(frames) != 1:
+				// Blosc writes one frame per stream; the CPU decides.
+				return prepared{err: fmt.Errorf("gpu: blosc chunk: stream %d holds %d zstd frames: %w", i, len(frames), codec.ErrUnsupported)}
+			case frames[0].size >= 0 && frames[0].size != pc.n:
+				return corrupt(j, "stream %d: zstd frame says %d decoded bytes, expected %d", i, frames[0].size, pc.n)
+			}
+			pc.src = frames[0].src
+		case f.Compressor == "snappy":
+			// Damaged snappy streams can make nvCOMP fault; a full walk of
+			// the tags proves the stream in bounds (see validate.go).
+			if err := snappyCheck(s.Src, pc.n); err != nil {
+				return corrupt(j, "stream %d: %v", i, err)
+			}
 		}
 		p.pieces = append(p.pieces, pc)
 	}

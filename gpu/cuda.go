@@ -53,6 +53,7 @@ type cudaLib struct {
 	cuMemAllocHost            func(p *unsafe.Pointer, size uint64) cuResult
 	cuMemFreeHost             func(p unsafe.Pointer) cuResult
 	cuMemcpyHtoDAsync         func(dst uintptr, src unsafe.Pointer, n uint64, s uintptr) cuResult
+	cuMemsetD32Async          func(dst uintptr, v uint32, n uint64, s uintptr) cuResult
 	cuMemcpyDtoHAsync         func(dst unsafe.Pointer, src uintptr, n uint64, s uintptr) cuResult
 	cuModuleLoadData          func(m *uintptr, image unsafe.Pointer) cuResult
 	cuModuleUnload            func(m uintptr) cuResult
@@ -113,6 +114,7 @@ func (l *cudaLib) bind() error {
 		{&l.cuMemFreeHost, "cuMemFreeHost"},
 		{&l.cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"},
 		{&l.cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"},
+		{&l.cuMemsetD32Async, "cuMemsetD32Async"},
 		{&l.cuModuleLoadData, "cuModuleLoadData"},
 		{&l.cuModuleUnload, "cuModuleUnload"},
 		{&l.cuModuleGetFunction, "cuModuleGetFunction"},

@@ -90,6 +90,10 @@ type Decoder struct {
 	dead      error     // rebuilding failed: the GPU path is off for good
 	closed    bool
 	outAligns [numAlgos]int64
+	// noFence lays deflate outputs out unfenced and lets their rounds
+	// overlap, as before the fence existed: tests set it to show what the
+	// fence prevents.
+	noFence bool
 }
 
 // bufSet is the memory of one round in flight.
@@ -420,35 +424,66 @@ func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSiz
 		}
 		return idx
 	}
+	// A fenced round (one holding deflate segments) runs alone: should an
+	// overrun escape its buffer, no other round's bytes are in flight.
 	var pending *inflight
+	pendingRound := -1
+	flush := func() error {
+		if pending == nil {
+			return nil
+		}
+		fl, r := pending, pendingRound
+		pending = nil
+		if err := d.finish(jobs, preps, fl, elemSize); err != nil {
+			return d.failAll(jobs, unfinished(r), err)
+		}
+		return nil
+	}
 	for r, idx := range rounds {
 		if err := ctx.Err(); err != nil {
-			if pending != nil {
-				if ferr := d.finish(jobs, preps, pending, elemSize); ferr != nil {
-					return d.failAll(jobs, unfinished(r-1), ferr)
-				}
+			if ferr := flush(); ferr != nil {
+				return ferr
 			}
 			return d.failAll(jobs, unfinished(r), err)
+		}
+		fenced := !d.noFence && roundUses(preps, idx, algoDeflate)
+		if fenced {
+			if err := flush(); err != nil {
+				return err
+			}
 		}
 		fl, err := d.submit(jobs, preps, idx, elemSize, &d.sets[r%2])
 		if err != nil {
 			from := r
 			if pending != nil {
-				from = r - 1
+				from = pendingRound
 			}
 			return d.failAll(jobs, unfinished(from), err)
 		}
-		if pending != nil {
-			if err := d.finish(jobs, preps, pending, elemSize); err != nil {
-				return d.failAll(jobs, unfinished(r-1), err)
+		if err := flush(); err != nil {
+			return err
+		}
+		pending, pendingRound = fl, r
+		if fenced {
+			if err := flush(); err != nil {
+				return err
 			}
 		}
-		pending = fl
 	}
-	if err := d.finish(jobs, preps, pending, elemSize); err != nil {
-		return d.failAll(jobs, unfinished(len(rounds)-1), err)
+	if err := flush(); err != nil {
+		return err
 	}
 	return nil
+}
+
+// roundUses reports whether any job of a round has a piece for algo.
+func roundUses(preps []prepared, idx []int, algo int) bool {
+	for _, i := range idx {
+		if preps[i].uses(algo) {
+			return true
+		}
+	}
+	return false
 }
 
 // failAll marks the jobs not yet decoded as failed by err, wrapped as
@@ -478,7 +513,7 @@ type inflight struct {
 func (d *Decoder) submit(jobs []codec.Job, preps []prepared, idx []int, elemSize int, set *bufSet) (*inflight, error) {
 	t0 := time.Now()
 	cu := d.cu
-	l := layoutBatch(jobs, preps, idx, d.outAligns)
+	l := layoutBatch(jobs, preps, idx, d.outAligns, !d.noFence)
 	var tempNeed int64
 	for a := range numAlgos {
 		if len(l.segs[a]) == 0 {
@@ -560,6 +595,12 @@ func (d *Decoder) submit(jobs []codec.Job, preps []prepared, idx []int, elemSize
 	}
 	if err := cu.check("cuMemcpyHtoDAsync", cu.cuMemcpyHtoDAsync(set.dIn.ptr, set.hIn.p, uint64(l.inSize), set.stream)); err != nil {
 		return nil, d.deviceFailed(err)
+	}
+	if l.fenceEnd > l.fenceOff {
+		if err := cu.check("cuMemsetD32Async", cu.cuMemsetD32Async(set.dOut.ptr+uintptr(l.fenceOff), fencePattern,
+			uint64(l.fenceEnd-l.fenceOff)/4, set.stream)); err != nil {
+			return nil, d.deviceFailed(err)
+		}
 	}
 	// One nvCOMP call per algorithm present. A launch failure fails that
 	// algorithm's jobs only.
@@ -657,6 +698,26 @@ func (d *Decoder) finish(jobs []codec.Job, preps []prepared, fl *inflight, elemS
 			}
 		}
 		segBase += int64(len(l.segs[a]))
+	}
+	if len(l.probes) > 0 {
+		errs, escaped := l.fenceCheck(hout)
+		if escaped {
+			// The overrun may have reached other buffers: nothing the device
+			// holds can be trusted any more.
+			d.dead = errors.New("gpu: nvCOMP's deflate decoder wrote past the end of its output buffer")
+			d.log.Error("gpu: decoding on the GPU is off until restart", "err", d.dead)
+			return d.dead
+		}
+		// The fence's verdict wins over nvCOMP's status: an overrun into a
+		// slot still being decoded can garble that decode too, and a good
+		// chunk must then go to the CPU, not be called corrupt.
+		for k, err := range errs {
+			jobErr[k] = err
+		}
+		if len(errs) > 0 {
+			d.log.Warn("gpu: nvCOMP's deflate decoder wrote past a stream's output; the fence kept it from other chunks",
+				"chunks", len(errs))
+		}
 	}
 	d.parallel(len(idx), func(k int) {
 		j := &jobs[idx[k]]

@@ -92,6 +92,12 @@ func emuUnshuffle(buf []byte, d shuffleDesc) {
 // emulate runs a batch through layoutBatch and the emulated device: it
 // returns each job's decoded bytes or error, as round would.
 func emulate(jobs []codec.Job, aligns [numAlgos]int64, swap int) ([][]byte, []error) {
+	return emulateOverrun(jobs, aligns, swap, nil)
+}
+
+// emulateOverrun is emulate with a misbehaving deflate decoder: overrun,
+// when set, may write to the bytes after each deflate segment's slot.
+func emulateOverrun(jobs []codec.Job, aligns [numAlgos]int64, swap int, overrun func(after []byte, s segRef)) ([][]byte, []error) {
 	preps := make([]prepared, len(jobs))
 	errs := make([]error, len(jobs))
 	outs := make([][]byte, len(jobs))
@@ -107,11 +113,14 @@ func emulate(jobs []codec.Job, aligns [numAlgos]int64, swap int) ([][]byte, []er
 	if len(idx) == 0 {
 		return outs, errs
 	}
-	l := layoutBatch(jobs, preps, idx, aligns)
+	l := layoutBatch(jobs, preps, idx, aligns, true)
 	in := make([]byte, l.inSize)
 	out := make([]byte, l.outSize)
 	for i := range out {
 		out[i] = 0xA5 // garbage, as fresh device memory may hold
+	}
+	for i := l.fenceOff; i < l.fenceEnd; i += 4 {
+		binary.LittleEndian.PutUint32(out[i:], fencePattern)
 	}
 	for a := range numAlgos {
 		for _, s := range l.segs[a] {
@@ -121,6 +130,9 @@ func emulate(jobs []codec.Job, aligns [numAlgos]int64, swap int) ([][]byte, []er
 			}
 			if err := cpuAlgo(a, out[s.outOff:s.outOff+s.n], s.src); err != nil && errs[idx[s.job]] == nil {
 				errs[idx[s.job]] = fmt.Errorf("%v: %w", err, codec.ErrCorrupt)
+			}
+			if a == algoDeflate && overrun != nil {
+				overrun(out[s.outOff+s.n:], s)
 			}
 		}
 	}
@@ -136,6 +148,19 @@ func emulate(jobs []codec.Job, aligns [numAlgos]int64, swap int) ([][]byte, []er
 	}
 	for _, s := range l.shuffles {
 		emuUnshuffle(out, s)
+	}
+	if len(l.probes) > 0 {
+		fe, escaped := l.fenceCheck(out)
+		if escaped {
+			for _, ji := range idx {
+				errs[ji] = fmt.Errorf("escaped: %w", codec.ErrUnsupported)
+			}
+		}
+		for k, err := range fe {
+			if !escaped {
+				errs[idx[k]] = err
+			}
+		}
 	}
 	if swap > 1 {
 		for i := 0; i+swap <= int(l.finalEnd); i += swap {
@@ -365,19 +390,106 @@ func TestLayoutBounds(t *testing.T) {
 		}
 		idx = append(idx, i)
 	}
-	l := layoutBatch(jobs, preps, idx, alignCases[1].aligns)
+	l := layoutBatch(jobs, preps, idx, alignCases[1].aligns, true)
 	if l.inSize < l.shufOff+int64(len(l.shuffles)*shuffleDescSize) {
 		t.Errorf("shuffle descriptors past the input buffer")
 	}
-	if int64(len(l.copies)) > int64(len(l.raws)+l.nsegs) {
-		t.Errorf("%d copies overflow the %d descriptor slots", len(l.copies), len(l.raws)+l.nsegs)
+	if slots := len(l.raws) + l.nsegs + len(l.probes); len(l.copies) > slots {
+		t.Errorf("%d copies overflow the %d descriptor slots", len(l.copies), slots)
+	}
+	if l.copyOff+int64(len(l.copies)*copyDescSize) > l.shufOff {
+		t.Errorf("copy descriptors run into the shuffle descriptors")
 	}
 	for k, off := range l.finalOff {
 		if off%outAlign != 0 || off+int64(len(jobs[idx[k]].Dst)) > l.finalEnd {
 			t.Errorf("job %d: final slot %d misplaced", k, off)
 		}
 	}
-	if l.d2h > l.outSize || l.statusOff+4*int64(l.nsegs) != l.d2h {
-		t.Errorf("statuses not at the end of the copied-back region")
+	if l.d2h > l.outSize || l.probeOff+probeLen*int64(len(l.probes)) != l.d2h || l.statusOff+4*int64(l.nsegs) > l.probeOff {
+		t.Errorf("statuses and probes not at the end of the copied-back region")
+	}
+	// Fenced deflate slots lie after every other output, each followed by
+	// its guard, the tail guard last.
+	if len(l.segs[algoDeflate]) == 0 || len(l.probes) != len(l.segs[algoDeflate])+1 {
+		t.Fatalf("%d probes for %d deflate segments", len(l.probes), len(l.segs[algoDeflate]))
+	}
+	for a := range numAlgos {
+		for _, s := range l.segs[a] {
+			in := s.outOff >= l.fenceOff && s.outOff+s.n <= l.fenceEnd
+			if in != (a == algoDeflate) {
+				t.Errorf("algorithm %d: slot at %d, fence [%d, %d)", a, s.outOff, l.fenceOff, l.fenceEnd)
+			}
+		}
+	}
+	for i, pr := range l.probes {
+		if pr.seg >= 0 {
+			s := l.segs[algoDeflate][pr.seg]
+			if pr.at < s.outOff+s.n || pr.at+fenceGuard > l.fenceEnd || (i+1 < len(l.probes) && l.probes[i+1].seg >= 0 && l.segs[algoDeflate][l.probes[i+1].seg].outOff < pr.at+fenceGuard) {
+				t.Errorf("probe %d at %d does not guard its slot", i, pr.at)
+			}
+		} else if pr.at+probeLen != l.fenceEnd || i != len(l.probes)-1 {
+			t.Errorf("tail probe at %d, fence ends at %d", pr.at, l.fenceEnd)
+		}
+	}
+}
+
+// TestFenceCatchesOverrun lets the emulated deflate decoder write past one
+// stream's slot, as nvCOMP's did on a damaged stream, and checks the
+// verdicts: that chunk corrupt, chunks with deflate slots after it sent to
+// the CPU, every other chunk decoded right; an overrun through the whole
+// tail guard sends the round to the CPU.
+func TestFenceCatchesOverrun(t *testing.T) {
+	var jobs []codec.Job
+	var want [][]byte
+	for i, c := range []codec.Name{codec.Gzip, codec.LZ4, codec.Zlib, codec.Zstd, codec.Zlib, codec.Blosc, codec.Gzip} {
+		d := field(30, 40, uint64(i+1))
+		src := []byte(nil)
+		if c == codec.Blosc {
+			src = bloscCompress(d, 4, 1024, codec.ByteShuffle, "zlib")
+		} else {
+			src = compress(c, d)
+		}
+		jobs = append(jobs, codec.Job{Codec: c, Src: src, Dst: make([]byte, len(d))})
+		want = append(want, d)
+	}
+	const victim = 2 // the first zlib chunk overruns
+	victimSrc := jobs[victim].Src
+	// 4800 decoded bytes: the slot's padding to 256 bytes is 64 bytes.
+	tests := []struct {
+		name string
+		n    int
+		hit  bool
+	}{{"within the padding", 64, false}, {"into the guard", 65, true}, {"through the next slots", 40000, true}, {"through the tail", 4 << 20, true}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			outs, errs := emulateOverrun(jobs, alignCases[0].aligns, 0, func(after []byte, s segRef) {
+				if &s.src[0] == &victimSrc[2] { // the zlib body starts after its 2-byte header
+					for i := range min(tt.n, len(after)) {
+						after[i] = byte(i*7 + 1)
+					}
+				}
+			})
+			for i, j := range jobs {
+				isDeflate := j.Codec != codec.LZ4 && j.Codec != codec.Zstd
+				switch {
+				case tt.n > fenceTail:
+					if !errors.Is(errs[i], codec.ErrUnsupported) {
+						t.Errorf("job %d (%s): %v, want the round sent to the CPU", i, j.Codec, errs[i])
+					}
+				case i == victim && tt.hit:
+					if !errors.Is(errs[i], codec.ErrCorrupt) {
+						t.Errorf("overrunning job: %v, want corrupt", errs[i])
+					}
+				case i > victim && isDeflate && tt.hit:
+					if !errors.Is(errs[i], codec.ErrUnsupported) {
+						t.Errorf("job %d (%s) after the overrun: %v, want it sent to the CPU", i, j.Codec, errs[i])
+					}
+				default:
+					if errs[i] != nil || !bytes.Equal(outs[i], want[i]) {
+						t.Errorf("job %d (%s): %v or wrong bytes", i, j.Codec, errs[i])
+					}
+				}
+			}
+		})
 	}
 }

@@ -246,10 +246,41 @@ type layout struct {
 	finalEnd  int64 // end of the decoded chunks (byte swapping covers [0, finalEnd))
 	actualOff int64 // nvCOMP's decoded sizes, one uint64 per segment, algorithms in order
 	statusOff int64 // nvCOMP's statuses, one int32 per segment
-	d2h       int64 // bytes copied back: chunks, sizes and statuses
+	probeOff  int64 // fence probes: probeLen bytes per entry of probes
+	d2h       int64 // bytes copied back: chunks, sizes, statuses and probes
 	outSize   int64 // with scratch
 	nsegs     int
+
+	// The fence (see fenceDeflate): deflate segments decode into slots of
+	// [fenceOff, fenceEnd), which the device fills with fencePattern first;
+	// the guard after each slot, and the end of the tail guard, are copied
+	// to the probes.
+	fenceOff, fenceEnd int64
+	probes             []fenceProbe
 }
+
+// fenceProbe is one probed guard: the first probeLen bytes after deflate
+// segment seg's slot or, for seg -1, the last probeLen bytes of the tail
+// guard.
+type fenceProbe struct {
+	seg int // index into segs[algoDeflate]; -1: end of the tail guard
+	at  int64
+}
+
+// The fence around deflate outputs. On an H200, nvCOMP 6's deflate decoder
+// wrote, for a damaged stream, past the output capacity it was given and
+// into the neighbouring chunk's bytes with no error. With the fence, every
+// deflate segment decodes into a slot of its own after all other output,
+// followed by a guard; the slots are copied into place only afterwards, and
+// a changed guard marks that segment corrupt and the slots after it as
+// untrusted. An overrun that reaches the end of the tail guard may have
+// left the buffer: the decoder then stops using the GPU.
+const (
+	fenceGuard   = 4 << 10
+	fenceTail    = 1 << 20
+	probeLen     = 64
+	fencePattern = uint32(0x3cc3a55a)
+)
 
 // cost estimates the buffer bytes a prepared job needs, to split batches.
 func (p *prepared) cost(n int64) int64 {
@@ -271,7 +302,10 @@ func (p *prepared) cost(n int64) int64 {
 // output pointers), then copy and shuffle descriptors. Output buffer: the
 // decoded chunks (256-byte aligned), nvCOMP's sizes and statuses (these
 // two regions come back to the host in one copy), then scratch.
-func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns [numAlgos]int64) *layout {
+//
+// With fence, deflate segments decode into fenced slots after everything
+// else (see fenceGuard).
+func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns [numAlgos]int64, fence bool) *layout {
 	l := &layout{jobs: idx, finalOff: make([]int64, len(idx))}
 	var out int64
 	for k, ji := range idx {
@@ -311,8 +345,12 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns [numAl
 		l.arrOff[a] = in
 		in += 4 * 8 * int64(nAlgo[a])
 	}
+	nProbes := 0
+	if fence && nAlgo[algoDeflate] > 0 {
+		nProbes = nAlgo[algoDeflate] + 1
+	}
 	l.copyOff = in
-	in += int64(copyDescSize) * int64(len(l.raws)+l.nsegs) // worst case: every piece copied
+	in += int64(copyDescSize) * int64(len(l.raws)+l.nsegs+nProbes) // worst case: every piece copied, and the probes
 	in = alignUp(in, 8)
 	l.shufOff = in
 	var nshuf int
@@ -329,6 +367,9 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns [numAl
 	out += 8 * int64(l.nsegs)
 	l.statusOff = out
 	out += 4 * int64(l.nsegs)
+	out = alignUp(out, 8)
+	l.probeOff = out
+	out += probeLen * int64(nProbes)
 	l.d2h = out
 	reserve := func(n, align int64) int64 {
 		out = alignUp(out, max(align, outAlign))
@@ -336,6 +377,11 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns [numAl
 		out += n
 		return at
 	}
+	type fenced struct {
+		seg int   // index into l.segs[algoDeflate]
+		dst int64 // where the decoded bytes go
+	}
+	var fences []fenced
 	for k, ji := range idx {
 		p := &preps[ji]
 		base := l.finalOff[k]
@@ -355,7 +401,9 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns [numAl
 			l.maxPiece[a] = max(l.maxPiece[a], pc.n)
 			l.totPiece[a] += pc.n
 			ref := segRef{job: k, src: pc.src, inOff: inOff[k][i], outOff: dst, n: pc.n}
-			if dst%outAligns[a] != 0 {
+			if fence && a == algoDeflate {
+				fences = append(fences, fenced{len(l.segs[a]), dst})
+			} else if dst%outAligns[a] != 0 {
 				// Misaligned for nvCOMP (blosc streams of odd sizes): decode
 				// into an aligned scratch slot, then copy into place.
 				ref.outOff = reserve(pc.n, outAligns[a])
@@ -364,6 +412,73 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns [numAl
 			l.segs[a] = append(l.segs[a], ref)
 		}
 	}
+	if len(fences) > 0 {
+		out = alignUp(out, outAlign)
+		l.fenceOff = out
+		for _, f := range fences {
+			s := &l.segs[algoDeflate][f.seg]
+			s.outOff = alignUp(out, max(outAligns[algoDeflate], outAlign))
+			l.copies = append(l.copies, copyRef{src: s.outOff, dst: f.dst, n: s.n})
+			// The guard starts at the next 256-byte boundary, so that a
+			// decoder rounding its last store up to a word stays clear of it.
+			out = alignUp(s.outOff+s.n, outAlign)
+			l.probes = append(l.probes, fenceProbe{seg: f.seg, at: out})
+			out += fenceGuard
+		}
+		out += fenceTail - fenceGuard
+		l.probes = append(l.probes, fenceProbe{seg: -1, at: out - probeLen})
+		l.fenceEnd = out
+		for i, pr := range l.probes {
+			l.copies = append(l.copies, copyRef{src: pr.at, dst: l.probeOff + probeLen*int64(i), n: probeLen})
+		}
+	}
 	l.outSize = alignUp(out, outAlign)
 	return l
+}
+
+// fenceCheck reads a fenced round's probes from the host copy of its
+// output buffer. It returns, per job of the round (an index into l.jobs),
+// the error the fence finds: ErrCorrupt for the job whose deflate segment
+// overran its slot, ErrUnsupported for jobs with a deflate slot after it
+// (an overrun may run on through them; the CPU decodes them again). escaped
+// reports an overrun that reached the end of the tail guard and so may
+// have written past the buffer.
+func (l *layout) fenceCheck(hout []byte) (errs map[int]error, escaped bool) {
+	var want [probeLen]byte
+	for i := 0; i < probeLen; i += 4 {
+		binary.LittleEndian.PutUint32(want[i:], fencePattern)
+	}
+	hit := -1
+	for i, pr := range l.probes {
+		got := hout[l.probeOff+probeLen*int64(i):][:probeLen]
+		if string(got) == string(want[:]) {
+			continue
+		}
+		if pr.seg < 0 {
+			escaped = true
+			continue
+		}
+		if hit < 0 {
+			hit = i
+		}
+	}
+	if hit < 0 {
+		return nil, escaped
+	}
+	errs = map[int]error{}
+	for i, pr := range l.probes[hit:] {
+		if pr.seg < 0 {
+			continue
+		}
+		s := l.segs[algoDeflate][pr.seg]
+		if _, ok := errs[s.job]; ok {
+			continue
+		}
+		if i == 0 {
+			errs[s.job] = fmt.Errorf("nvCOMP deflate wrote past the %d bytes the stream decodes to: %w", s.n, codec.ErrCorrupt)
+		} else {
+			errs[s.job] = fmt.Errorf("deflate output after another stream's overrun: %w", codec.ErrUnsupported)
+		}
+	}
+	return errs, escaped
 }

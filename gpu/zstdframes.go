@@ -78,6 +78,8 @@ func zstdFrames(src []byte) ([]zstdFrame, error) {
 			size = int64(v)
 		}
 		p += fcsSize
+		var st zstdBlockState
+		var decoded int64 // lower bound: raw and RLE blocks, literals
 		for last := false; !last; {
 			if p+3 > len(src) {
 				return nil, fmt.Errorf("block header truncated at %d", p)
@@ -86,9 +88,24 @@ func zstdFrames(src []byte) ([]zstdFrame, error) {
 			p += 3
 			last = h&1 != 0
 			n := int(h >> 3)
+			if n > zstdMaxBlock {
+				return nil, fmt.Errorf("block of %d bytes at %d exceeds the 128 KiB block limit", n, p-3)
+			}
+			var out int
 			switch (h >> 1) & 3 {
-			case 1: // RLE block: one byte
-				n = 1
+			case 0: // raw block
+				out = n
+			case 1: // RLE block: one byte, repeated n times
+				out, n = n, 1
+			case 2:
+				if n > len(src)-p {
+					return nil, fmt.Errorf("block of %d bytes overruns the chunk", n)
+				}
+				lits, err := st.check(src[p : p+n])
+				if err != nil {
+					return nil, fmt.Errorf("compressed block at %d: %w", p-3, err)
+				}
+				out = lits
 			case 3:
 				return nil, fmt.Errorf("reserved block type at %d", p-3)
 			}
@@ -96,6 +113,10 @@ func zstdFrames(src []byte) ([]zstdFrame, error) {
 				return nil, fmt.Errorf("block of %d bytes overruns the chunk", n)
 			}
 			p += n
+			decoded += int64(out)
+		}
+		if size >= 0 && decoded > size {
+			return nil, fmt.Errorf("blocks hold at least %d decoded bytes, the header says %d", decoded, size)
 		}
 		if fhd&0x04 != 0 { // content checksum
 			if p+4 > len(src) {

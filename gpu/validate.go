@@ -1,0 +1,250 @@
+package gpu
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// This file holds the structural checks a compressed stream passes on the
+// CPU before nvCOMP sees it. nvCOMP treats damaged input as undefined
+// behaviour, and some damaged zstd and snappy streams make its kernels
+// fault, which ends GPU decoding for the process (a CUDA context does not
+// survive a fault). A stream these checks reject is reported as corrupt
+// and never reaches the device. The checks cost a few byte reads per zstd
+// block (128 KiB of output) and one pass over a snappy stream's tags,
+// without writing anything: far less than decoding.
+
+// zstdMaxBlock is Block_Maximum_Size's upper bound (RFC 8878, 3.1.1.2).
+const zstdMaxBlock = 128 << 10
+
+// zstdBlockState carries, through the blocks of one frame, which entropy
+// tables earlier blocks defined: a block may reuse them (treeless literals,
+// repeat mode) only if one did.
+type zstdBlockState struct {
+	huf bool
+	seq [3]bool // literal lengths, offsets, match lengths
+}
+
+var errZstdBlock = errors.New("malformed zstd block")
+
+// check reads the headers of one compressed block (RFC 8878, 3.1.1.3):
+// the literals section header and, for Huffman-coded literals, the tree
+// description's size and the end marker of each stream; the sequences
+// section header, its compression modes and the end marker of its
+// bitstream. It returns the literals' decoded size.
+func (st *zstdBlockState) check(b []byte) (int, error) {
+	bad := func(format string, args ...any) (int, error) {
+		return 0, fmt.Errorf("%w: %s", errZstdBlock, fmt.Sprintf(format, args...))
+	}
+	if len(b) < 2 {
+		return bad("%d bytes", len(b))
+	}
+	b0 := int(b[0])
+	typ, sf := b0&3, (b0>>2)&3
+	var regen, comp, hdr, streams int
+	switch typ {
+	case 0, 1: // raw or RLE literals
+		switch sf {
+		case 0, 2:
+			hdr, regen = 1, b0>>3
+		case 1:
+			hdr, regen = 2, b0>>4+int(b[1])<<4
+		case 3:
+			if len(b) < 3 {
+				return bad("literals header truncated")
+			}
+			hdr, regen = 3, b0>>4+int(b[1])<<4+int(b[2])<<12
+		}
+		comp = regen
+		if typ == 1 {
+			comp = 1
+		}
+	default: // Huffman-coded literals, with a new tree (2) or the last one (3)
+		hdr, streams = 3+max(sf-1, 0), 4
+		if sf == 0 {
+			streams = 1
+		}
+		if len(b) < hdr {
+			return bad("literals header truncated")
+		}
+		switch sf {
+		case 0, 1:
+			regen, comp = b0>>4+int(b[1]&0x3f)<<4, int(b[1])>>6+int(b[2])<<2
+		case 2:
+			regen, comp = b0>>4+int(b[1])<<4+int(b[2]&3)<<12, int(b[2])>>2+int(b[3])<<6
+		case 3:
+			regen, comp = b0>>4+int(b[1])<<4+int(b[2]&0x3f)<<12, int(b[2])>>6+int(b[3])<<2+int(b[4])<<10
+		}
+		if typ == 3 && !st.huf {
+			return bad("treeless literals with no earlier Huffman tree")
+		}
+	}
+	if regen > zstdMaxBlock {
+		return bad("%d literal bytes", regen)
+	}
+	if hdr+comp > len(b) {
+		return bad("literals section of %d bytes in a %d-byte block", hdr+comp, len(b))
+	}
+	if streams > 0 {
+		lit := b[hdr : hdr+comp]
+		if typ == 2 {
+			// Tree description: FSE-coded weights (first byte < 128, its
+			// value is their size) or 4-bit weights.
+			if len(lit) == 0 {
+				return bad("empty Huffman literals")
+			}
+			n := 1 + int(lit[0])
+			if lit[0] >= 128 {
+				n = 1 + (int(lit[0])-127+1)/2
+			}
+			if n > len(lit) {
+				return bad("Huffman tree description of %d bytes in %d", n, len(lit))
+			}
+			lit = lit[n:]
+			st.huf = true
+		}
+		ends := []int{len(lit)}
+		if streams == 4 {
+			if len(lit) < 6 {
+				return bad("4-stream literals without a jump table")
+			}
+			s1, s2, s3 := int(binary.LittleEndian.Uint16(lit)), int(binary.LittleEndian.Uint16(lit[2:])), int(binary.LittleEndian.Uint16(lit[4:]))
+			if 6+s1+s2+s3 >= len(lit) || s1 == 0 || s2 == 0 || s3 == 0 {
+				return bad("jump table %d+%d+%d in %d bytes", s1, s2, s3, len(lit)-6)
+			}
+			ends = []int{6 + s1, 6 + s1 + s2, 6 + s1 + s2 + s3, len(lit)}
+		}
+		for _, e := range ends {
+			// Every Huffman bitstream ends in a byte holding its end mark.
+			if e == 0 || lit[e-1] == 0 {
+				return bad("literals stream without its end mark")
+			}
+		}
+	}
+	seq := b[hdr+comp:]
+	if len(seq) == 0 {
+		return bad("no sequences section")
+	}
+	nseq, sh := int(seq[0]), 1
+	switch {
+	case nseq == 0:
+		if len(seq) != 1 {
+			return bad("%d bytes after a sequences section of no sequences", len(seq)-1)
+		}
+		return regen, nil
+	case nseq == 255:
+		if len(seq) < 3 {
+			return bad("sequences header truncated")
+		}
+		nseq, sh = int(seq[1])+int(seq[2])<<8+0x7f00, 3
+	case nseq >= 128:
+		if len(seq) < 2 {
+			return bad("sequences header truncated")
+		}
+		nseq, sh = (nseq-128)<<8+int(seq[1]), 2
+	}
+	if len(seq) < sh+1 {
+		return bad("no compression modes")
+	}
+	modes := seq[sh]
+	if modes&3 != 0 {
+		return bad("reserved bits in the compression modes")
+	}
+	rest := len(seq) - sh - 1
+	for i := range 3 {
+		switch (modes >> (6 - 2*i)) & 3 {
+		case 1: // RLE: one byte
+			rest--
+			st.seq[i] = true
+		case 3: // repeat
+			if !st.seq[i] {
+				return bad("repeat mode with no earlier table")
+			}
+		default:
+			st.seq[i] = true
+		}
+	}
+	// The bitstream runs to the end of the block and ends in a byte holding
+	// its end mark (the FSE table descriptions before it are not parsed).
+	if rest <= 0 || seq[len(seq)-1] == 0 {
+		return bad("sequences bitstream without its end mark")
+	}
+	return regen, nil
+}
+
+// snappyCheck walks a raw snappy stream's tags without copying anything
+// and fails unless it decodes to exactly n bytes with every copy reading
+// bytes already written: a stream that passes cannot make a decoder read
+// or write out of bounds.
+func snappyCheck(src []byte, n int64) error {
+	v, k := binary.Uvarint(src)
+	if k <= 0 || v > 1<<32-1 {
+		return errors.New("snappy length header unreadable")
+	}
+	if int64(v) != n {
+		return fmt.Errorf("snappy header says %d decoded bytes, expected %d", v, n)
+	}
+	var pos int64
+	for p := k; p < len(src); {
+		tag := src[p]
+		p++
+		var length, off int64
+		switch tag & 3 {
+		case 0: // literal
+			m := int(tag >> 2)
+			if m >= 60 {
+				nb := m - 59
+				if p+nb > len(src) {
+					return fmt.Errorf("snappy literal length truncated at %d", p)
+				}
+				var x int64
+				for i := range nb {
+					x |= int64(src[p+i]) << (8 * i)
+				}
+				p += nb
+				length = x + 1
+			} else {
+				length = int64(m) + 1
+			}
+			if length > int64(len(src)-p) {
+				return fmt.Errorf("snappy literal of %d bytes overruns the stream at %d", length, p)
+			}
+			p += int(length)
+			pos += length
+			if pos > n {
+				return fmt.Errorf("snappy stream decodes past %d bytes", n)
+			}
+			continue
+		case 1:
+			if p+1 > len(src) {
+				return fmt.Errorf("snappy copy truncated at %d", p)
+			}
+			length, off = 4+int64(tag>>2&7), int64(tag&0xe0)<<3|int64(src[p])
+			p++
+		case 2:
+			if p+2 > len(src) {
+				return fmt.Errorf("snappy copy truncated at %d", p)
+			}
+			length, off = 1+int64(tag>>2), int64(binary.LittleEndian.Uint16(src[p:]))
+			p += 2
+		case 3:
+			if p+4 > len(src) {
+				return fmt.Errorf("snappy copy truncated at %d", p)
+			}
+			length, off = 1+int64(tag>>2), int64(binary.LittleEndian.Uint32(src[p:]))
+			p += 4
+		}
+		if off == 0 || off > pos {
+			return fmt.Errorf("snappy copy from offset %d with %d bytes written", off, pos)
+		}
+		pos += length
+		if pos > n {
+			return fmt.Errorf("snappy stream decodes past %d bytes", n)
+		}
+	}
+	if pos != n {
+		return fmt.Errorf("snappy stream decodes to %d bytes, expected %d", pos, n)
+	}
+	return nil
+}

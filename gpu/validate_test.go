@@ -1,0 +1,111 @@
+package gpu
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/klauspost/compress/s2"
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/zarrfs/zarrfs/zarr/codec"
+)
+
+// TestZstdChecksAcceptValid runs the block checks over streams of every
+// encoder level and kind of content: they must never reject a valid stream
+// (a false rejection would send good chunks to the CPU as corrupt).
+func TestZstdChecksAcceptValid(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	noise := make([]byte, 300<<10)
+	for i := range noise {
+		noise[i] = byte(r.Uint32())
+	}
+	text := []byte(strings.Repeat("the quick brown fox jumps over the lazy dog; ", 9000))
+	inputs := map[string][]byte{
+		"field": field(200, 300, 3), "noise": noise, "zeros": make([]byte, 500<<10), "text": text,
+		"mixed": append(append(bytes.Clone(noise[:70<<10]), text[:200<<10]...), field(50, 60, 4)...),
+		"small": field(3, 5, 1), "byte": {7},
+	}
+	for _, lvl := range []zstd.EncoderLevel{zstd.SpeedFastest, zstd.SpeedDefault, zstd.SpeedBetterCompression, zstd.SpeedBestCompression} {
+		for _, single := range []bool{false, true} {
+			enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(lvl), zstd.WithSingleSegment(single), zstd.WithEncoderCRC(!single))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for name, in := range inputs {
+				src := enc.EncodeAll(in, nil)
+				frames, err := zstdFrames(src)
+				if err != nil {
+					t.Errorf("%s, level %v, single segment %v: %v", name, lvl, single, err)
+					continue
+				}
+				if len(frames) != 1 || (frames[0].size >= 0 && frames[0].size != int64(len(in))) {
+					t.Errorf("%s, level %v: frames %+v", name, lvl, frames)
+				}
+			}
+		}
+	}
+}
+
+func TestSnappyCheck(t *testing.T) {
+	for _, in := range [][]byte{field(40, 50, 1), bytes.Repeat([]byte("abcd"), 5000), {1}, make([]byte, 70000)} {
+		src := s2.EncodeSnappy(nil, in)
+		if err := snappyCheck(src, int64(len(in))); err != nil {
+			t.Errorf("%d bytes: valid stream rejected: %v", len(in), err)
+		}
+		if err := snappyCheck(src, int64(len(in))+1); err == nil {
+			t.Errorf("%d bytes: wrong size accepted", len(in))
+		}
+		if err := snappyCheck(src[:len(src)-1], int64(len(in))); err == nil && len(src) > 2 {
+			t.Errorf("%d bytes: truncated stream accepted", len(in))
+		}
+	}
+}
+
+// TestPrepareCatchesDamagedStreams counts, for the damage the GPU
+// corruption test applies, how many damaged blosc zstd and snappy chunks
+// the CPU checks stop before nvCOMP. Every snappy stream that passes must
+// decode without error (the walk proves it in bounds); zstd streams that
+// pass may still be damaged inside their entropy-coded data.
+func TestPrepareCatchesDamagedStreams(t *testing.T) {
+	good, _, names := genJobs(t, 60, 70)
+	r := rand.New(rand.NewPCG(9, 9))
+	counts := map[string][2]int{}
+	for i, g := range good {
+		for _, kind := range []string{"bitflips", "truncated", "garbage", "zeros"} {
+			src := corruptions(g.Src, r)[kind]
+			if !strings.HasPrefix(names[i], "blosc-zstd") && !strings.HasPrefix(names[i], "blosc-snappy") {
+				continue
+			}
+			comp := strings.Split(names[i], "-")[1]
+			key := comp + "/" + kind
+			j := codec.Job{Codec: g.Codec, Src: src, Dst: make([]byte, len(g.Dst))}
+			p := prepare(&j)
+			c := counts[key]
+			c[1]++
+			if p.err != nil {
+				if !errors.Is(p.err, codec.ErrCorrupt) {
+					t.Errorf("%s/%s: %v", names[i], kind, p.err)
+				}
+				c[0]++
+			} else if comp == "snappy" {
+				for _, pc := range p.pieces {
+					if pc.algo == algoSnappy {
+						if _, err := s2.Decode(nil, pc.src); err != nil {
+							t.Errorf("%s/%s: stream passed the walk but does not decode: %v", names[i], kind, err)
+						}
+					}
+				}
+			}
+			counts[key] = c
+		}
+	}
+	var keys []string
+	for k, c := range counts {
+		keys = append(keys, fmt.Sprintf("%s %d/%d", k, c[0], c[1]))
+	}
+	t.Logf("damaged chunks stopped on the CPU: %s", strings.Join(keys, ", "))
+}
