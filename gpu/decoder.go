@@ -347,10 +347,12 @@ func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSiz
 		return err
 	}
 	preps := make([]prepared, len(jobs))
+	// Framing and stream checks (a walk of every snappy stream) run on the
+	// copy workers: on one goroutine they could bound a large batch.
+	d.parallel(len(jobs), func(i int) { preps[i] = prepare(&jobs[i]) })
 	var ok []int
 	for i := range jobs {
 		jobs[i].Err = nil
-		preps[i] = prepare(&jobs[i])
 		if preps[i].err == nil && !d.opts.Deflate && preps[i].uses(algoDeflate) {
 			preps[i].err = fmt.Errorf("gpu: %s chunk: deflate decodes on the CPU (Options.Deflate is off): %w", jobs[i].Codec, codec.ErrUnsupported)
 		}

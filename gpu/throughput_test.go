@@ -31,6 +31,7 @@ func era5Workloads(n int) []workload {
 	}{
 		{"zstd-3", func(b []byte) []byte { return compress(codec.Zstd, b) }, codec.Zstd},
 		{"blosc-lz4-shuffle", func(b []byte) []byte { return bloscCompress(b, 4, 256<<10, codec.ByteShuffle, "lz4") }, codec.Blosc},
+		{"blosc-zstd-shuffle", func(b []byte) []byte { return bloscCompress(b, 4, 256<<10, codec.ByteShuffle, "zstd") }, codec.Blosc},
 		{"lz4", func(b []byte) []byte { return compress(codec.LZ4, b) }, codec.LZ4},
 	}
 	var out []workload

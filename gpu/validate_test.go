@@ -110,3 +110,35 @@ func TestPrepareCatchesDamagedStreams(t *testing.T) {
 	}
 	t.Logf("damaged chunks stopped on the CPU: %s", strings.Join(keys, ", "))
 }
+
+// The CPU checks run on every chunk before the GPU sees it; these
+// benchmarks give their cost per core in decoded bytes per second, to set
+// against the GPU path's throughput (gigabytes per second for the whole
+// machine).
+func benchPrepare(b *testing.B, c codec.Name, enc func([]byte) []byte) {
+	data := field(era5Y, era5X, 3)
+	j := codec.Job{Codec: c, Src: enc(data), Dst: make([]byte, len(data))}
+	b.SetBytes(int64(len(data)))
+	b.ResetTimer()
+	for range b.N {
+		if p := prepare(&j); p.err != nil {
+			b.Fatal(p.err)
+		}
+	}
+}
+
+func BenchmarkPrepareZstd(b *testing.B) {
+	benchPrepare(b, codec.Zstd, func(d []byte) []byte { return compress(codec.Zstd, d) })
+}
+
+func BenchmarkPrepareBloscZstd(b *testing.B) {
+	benchPrepare(b, codec.Blosc, func(d []byte) []byte { return bloscCompress(d, 4, 256<<10, codec.ByteShuffle, "zstd") })
+}
+
+func BenchmarkPrepareBloscSnappy(b *testing.B) {
+	benchPrepare(b, codec.Blosc, func(d []byte) []byte { return bloscCompress(d, 4, 256<<10, codec.ByteShuffle, "snappy") })
+}
+
+func BenchmarkPrepareBloscLZ4(b *testing.B) {
+	benchPrepare(b, codec.Blosc, func(d []byte) []byte { return bloscCompress(d, 4, 256<<10, codec.ByteShuffle, "lz4") })
+}
