@@ -5,10 +5,13 @@
 #      numcodecs) and many generated chunks of every codec decoded on the GPU
 #      and compared byte for byte with the CPU decoder, byte swapping,
 #      concurrent callers;
-#   2. damaged chunks mixed with good ones (run on its own, last but one, so
-#      that a device fault cannot spoil the other results);
+#   2. damaged chunks mixed with good ones (run on their own, one process
+#      per codec and damage, so that a device fault cannot spoil the other
+#      results): the shipped configuration must never return a wrong byte;
+#      with Options.Deflate on, what nvCOMP's deflate decoder does to its
+#      neighbours and whether the fence stops it is reported;
 #   3. decode throughput on ERA5-like chunks (721x1440 float32, zstd level 3,
-#      blosc lz4 + shuffle, lz4): GPU against the CPU decoder on one core and
+#      blosc lz4 + shuffle, blosc zstd + shuffle, lz4): GPU against the CPU decoder on one core and
 #      on all cores, in one run, printed as a table.
 #
 # Usage: integration/gpu/run.sh [TEST_BINARY]
@@ -59,22 +62,45 @@ echo "== damaged chunks"
 # One process per codec and kind of damage: a device fault poisons a CUDA
 # context for the rest of its process, so this shows which inputs nvCOMP
 # survives, and that good chunks decoded alongside stay right.
+# TestGPUCorrupt: default Options (deflate codecs on the CPU), as shipped:
+# any good chunk with a wrong byte fails the suite.
+# TestGPUCorruptDeflate: Options.Deflate on, deflate damage only: a good
+# chunk with wrong bytes is the known nvCOMP deflate defect, reported (the
+# test skips) without failing the suite.
 : >"$logdir/corrupt.log"
+corrupt_case() { # test codec kind
+	local out
+	out=$("$bin" -test.v -test.timeout 120s -test.run "^$1\$" -gpu.corrupt="^$2.*/$3\$" "${ptxflag[@]}" 2>&1)
+	echo "### $1 $2 $3" >>"$logdir/corrupt.log"
+	echo "$out" >>"$logdir/corrupt.log"
+	local name=$2
+	[[ $1 == TestGPUCorruptDeflate ]] && name="$2 (Deflate)"
+	if grep -q -- '--- SKIP' <<<"$out" && grep -q 'KNOWN nvCOMP deflate defect' <<<"$out"; then
+		printf '%-22s %-10s KNOWN nvCOMP deflate defect: %s\n' "$name" "$3" "$(grep -c WRONG-BYTES <<<"$out") wrong good chunks (see corrupt.log)"
+	elif grep -q '^PASS' <<<"$out" && grep -q 'NVCOMP-FAULT' <<<"$out"; then
+		printf '%-22s %-10s ok, but nvCOMP faulted: GPU off, jobs sent to the CPU\n' "$name" "$3"
+	elif grep -q '^PASS' <<<"$out"; then
+		printf '%-22s %-10s ok   %s%s\n' "$name" "$3" "$(grep -m1 'round 0:' <<<"$out" | sed 's/.*round 0: //')" \
+			"$(grep -q 'fence kept' <<<"$out" && echo ' [fence caught an overrun]')"
+	else
+		status=1
+		printf '%-22s %-10s FAIL %s\n' "$name" "$3" "$(grep -m1 -E 'good chunk|error of no known|clean batch|panic|timed out|FAIL' <<<"$out" | sed 's/^ *//')"
+	fi
+}
 for c in zstd lz4 gzip zlib blosc-lz4- blosc-zstd- blosc-zlib- blosc-snappy- blosc-raw; do
 	for k in bitflips truncated garbage zeros; do
-		out=$("$bin" -test.v -test.timeout 120s -test.run 'TestGPUCorrupt' -gpu.corrupt="^$c.*/$k\$" "${ptxflag[@]}" 2>&1)
-		echo "### $c $k" >>"$logdir/corrupt.log"
-		echo "$out" >>"$logdir/corrupt.log"
-		if grep -q '^PASS' <<<"$out" && grep -q 'NVCOMP-FAULT' <<<"$out"; then
-			printf '%-14s %-10s ok, but nvCOMP faulted: GPU off, jobs sent to the CPU\n' "$c" "$k"
-		elif grep -q '^PASS' <<<"$out"; then
-			printf '%-14s %-10s ok   %s\n' "$c" "$k" "$(grep -m1 'round 0:' <<<"$out" | sed 's/.*round 0: //')"
-		else
-			status=1
-			printf '%-14s %-10s FAIL %s\n' "$c" "$k" "$(grep -m1 -E 'failed as a whole|after corrupt|good chunk|panic|timed out' <<<"$out" | sed 's/^ *//')"
-		fi
+		corrupt_case TestGPUCorrupt "$c" "$k"
 	done
 done
+for c in gzip zlib blosc-zlib-; do
+	for k in bitflips truncated garbage zeros; do
+		corrupt_case TestGPUCorruptDeflate "$c" "$k"
+	done
+done
+echo "== nvCOMP deflate on damaged streams (overrun past the output, neighbours with and without the fence)"
+"$bin" -test.v -test.timeout 300s -test.run '^TestGPUDeflateOverrun$' -gpu.corrupt=. "${ptxflag[@]}" 2>&1 |
+	tee "$logdir/overrun.log" | grep -E 'overrun_test.go|^(--- |ok|FAIL|PASS|panic)' | sed 's/^ *overrun_test.go:[0-9]*: //'
+grep -qE '^PASS' "$logdir/overrun.log" || status=1
 
 if [[ ${SKIP_THROUGHPUT:-0} != 1 ]]; then
 	echo "== throughput"
