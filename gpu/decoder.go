@@ -45,10 +45,13 @@ type Options struct {
 	// them). Zero value: they are checked.
 	SkipChecksums bool
 	// Deflate sends gzip, zlib and blosc-zlib chunks to nvCOMP's deflate
-	// decoder. Off by default: on an H200 a damaged deflate stream in a
-	// batch once left wrong bytes, with no error, in a good LZ4 chunk of the
-	// same batch; until that is understood those codecs decode on the CPU
-	// (ErrUnsupported), where a wrong byte cannot come from a neighbour.
+	// decoder. Off by default: nvCOMP's deflate writes past its output on
+	// some damaged streams (see the package doc). The fence around deflate
+	// outputs keeps those bytes from other chunks (on an H200, the good
+	// chunk next to a damaged zlib chunk came back wrong without the fence
+	// and right with it), but a large overrun turns the GPU path off for
+	// the process, and deflate on the GPU is not yet measured against the
+	// CPU. Off, those codecs decode on the CPU (ErrUnsupported).
 	Deflate bool
 	// Logger receives one debug line per batch and a warning when the device
 	// fails. Nil discards.

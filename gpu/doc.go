@@ -29,17 +29,30 @@
 // gets one wrapping codec.ErrCorrupt while the rest of the batch succeeds.
 // nvCOMP documents damaged input as undefined behaviour, and some does make
 // its kernels fault (seen with damaged zstd and snappy streams inside blosc
-// frames). Such a fault poisons the CUDA context: the batch fails, every
+// frames). So streams are checked on the CPU first (validate.go): zstd
+// frame, block, literals and sequences headers, and a full walk of every
+// snappy stream's tags, which proves it in bounds; what fails is corrupt
+// and never reaches the device. Damage inside zstd's entropy-coded data
+// (a match offset beyond the history, say) passes these checks and may
+// still fault. Such a fault poisons the CUDA context: the batch fails, every
 // job wrapping ErrUnsupported so the caller retries it on the CPU; the next
 // batch resets the primary context, and when the driver keeps the error
 // for the life of the process (as CUDA 13 does) the Decoder turns the GPU
 // path off, logs it once, and sends every later job to the CPU. It never
 // returns wrong bytes for a fault. Damage that nvCOMP does not notice (it
 // reads past a truncated LZ4 block, checks no checksum) is caught only by
-// the size and checksum checks above; LZ4 has no checksum. Open problem:
-// once, a damaged zlib chunk left a good LZ4 chunk of the same batch with
-// wrong bytes and no error, as if nvCOMP's deflate wrote past its output
-// buffer into the neighbouring slot.
+// the size and checksum checks above; LZ4 has no checksum.
+//
+// nvCOMP 6.0's deflate decoder ignores the output capacity on some damaged
+// streams: it reports an error but has written past the end (25 KB past a
+// 16.8 KB chunk, 5.5 MB past a 4 MB one, measured on an H200), into the
+// next chunk's bytes. Deflate outputs are therefore fenced (see
+// fenceGuard): each decodes into a slot of its own behind all other
+// output, followed by a guard the device fills with a pattern and the host
+// checks; an overrun marks its chunk corrupt and the deflate chunks after
+// it ErrUnsupported, and one through the whole tail guard turns the GPU
+// path off. Deflate decoding on the GPU is still off unless
+// Options.Deflate asks for it.
 //
 // Concurrency: a Decoder is safe for concurrent use. It owns one CUDA
 // stream and one set of buffers, so batches from concurrent callers are

@@ -221,6 +221,18 @@ func (h *warnCounter) Handle(_ context.Context, r slog.Record) error {
 	return nil
 }
 
+func (h *warnCounter) fenceWarnings() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var n int
+	for m, c := range h.n {
+		if strings.Contains(m, "fence") {
+			n += c
+		}
+	}
+	return n
+}
+
 // runCorrupt is TestGPUCorrupt's body for a Decoder of opts. With wrong
 // set, good chunks with wrong bytes are collected there rather than failed.
 func runCorrupt(t *testing.T, opts Options, wrong *[]string) {
@@ -266,9 +278,12 @@ func runCorrupt(t *testing.T, opts Options, wrong *[]string) {
 	if len(jobs) == len(good) {
 		t.Fatalf("no damaged chunk matches %q", *flagCorrupt)
 	}
-	// cpuOnly: the good chunks this configuration leaves to the CPU.
+	// cpuOnly: the good chunks this configuration leaves to the CPU: those
+	// with deflate streams when Deflate is off, or when the fence caught an
+	// overrun in the batch (deflate slots after it go back to the CPU).
+	fenceHit := false
 	cpuOnly := func(j codec.Job) bool {
-		if opts.Deflate {
+		if opts.Deflate && !fenceHit {
 			return false
 		}
 		p := prepare(&j)
@@ -295,7 +310,12 @@ func runCorrupt(t *testing.T, opts Options, wrong *[]string) {
 				jobs[i].Dst[k] = 0xEE // no stale right answer from the round before
 			}
 		}
+		before := logs.fenceWarnings()
 		err := d.DecodeBatch(context.Background(), jobs)
+		fenceHit = logs.fenceWarnings() > before
+		if fenceHit {
+			t.Logf("round %d: the fence caught a deflate overrun", round)
+		}
 		if err != nil {
 			faulted = true
 			t.Logf("NVCOMP-FAULT round %d: %v", round, err)
@@ -346,6 +366,7 @@ func runCorrupt(t *testing.T, opts Options, wrong *[]string) {
 	for i, g := range good {
 		clean[i] = codec.Job{Codec: g.Codec, Src: g.Src, Dst: make([]byte, len(g.Dst))}
 	}
+	fenceHit = false
 	err = d.DecodeBatch(context.Background(), clean)
 	if err != nil && !faulted {
 		t.Fatalf("clean batch: %v", err)

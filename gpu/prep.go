@@ -273,8 +273,9 @@ type fenceProbe struct {
 // deflate segment decodes into a slot of its own after all other output,
 // followed by a guard; the slots are copied into place only afterwards, and
 // a changed guard marks that segment corrupt and the slots after it as
-// untrusted. An overrun that reaches the end of the tail guard may have
-// left the buffer: the decoder then stops using the GPU.
+// untrusted. An overrun that reaches the end of the tail guard (at least
+// fenceTail, and twice the largest deflate stream's output) may have left
+// the buffer: the decoder then stops using the GPU.
 const (
 	fenceGuard   = 4 << 10
 	fenceTail    = 1 << 20
@@ -290,6 +291,9 @@ func (p *prepared) cost(n int64) int64 {
 	}
 	for _, pc := range p.pieces {
 		c += alignUp(int64(len(pc.src)), inAlign) + 64
+		if pc.algo == algoDeflate {
+			c += alignUp(pc.n, outAlign) + fenceGuard // its fenced slot
+		}
 	}
 	return c
 }
@@ -425,7 +429,11 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns [numAl
 			l.probes = append(l.probes, fenceProbe{seg: f.seg, at: out})
 			out += fenceGuard
 		}
-		out += fenceTail - fenceGuard
+		// On an H200, a 4 MB zlib stream zeroed from a third on made
+		// nvCOMP write 5.5 MB past its output: the tail guard grows with
+		// the largest stream, so that such an overrun is caught inside the
+		// fence rather than taken for one that escaped it.
+		out += max(fenceTail, alignUp(2*l.maxPiece[algoDeflate], outAlign)) - fenceGuard
 		l.probes = append(l.probes, fenceProbe{seg: -1, at: out - probeLen})
 		l.fenceEnd = out
 		for i, pr := range l.probes {

@@ -81,7 +81,7 @@ corrupt_case() { # test codec kind
 		printf '%-22s %-10s ok, but nvCOMP faulted: GPU off, jobs sent to the CPU\n' "$name" "$3"
 	elif grep -q '^PASS' <<<"$out"; then
 		printf '%-22s %-10s ok   %s%s\n' "$name" "$3" "$(grep -m1 'round 0:' <<<"$out" | sed 's/.*round 0: //')" \
-			"$(grep -q 'fence kept' <<<"$out" && echo ' [fence caught an overrun]')"
+			"$(grep -q 'fence caught' <<<"$out" && echo ' [fence caught a deflate overrun]')"
 	else
 		status=1
 		printf '%-22s %-10s FAIL %s\n' "$name" "$3" "$(grep -m1 -E 'good chunk|error of no known|clean batch|panic|timed out|FAIL' <<<"$out" | sed 's/^ *//')"
