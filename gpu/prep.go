@@ -277,7 +277,7 @@ type fenceProbe struct {
 // fenceTail, and twice the largest deflate stream's output) may have left
 // the buffer: the decoder then stops using the GPU.
 const (
-	fenceGuard   = 4 << 10
+	fenceGuard   = 256 // an overrun need only be seen: the slots after it are not trusted
 	fenceTail    = 1 << 20
 	probeLen     = 64
 	fencePattern = uint32(0x3cc3a55a)
