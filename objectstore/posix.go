@@ -73,6 +73,13 @@ func (p *Posix) wrap(op, key string, err error) error {
 
 // Get reads a whole object.
 func (p *Posix) Get(ctx context.Context, key string) ([]byte, error) {
+	return p.GetInto(ctx, key, nil)
+}
+
+var _ GetterInto = (*Posix)(nil)
+
+// GetInto reads a whole object into buf, growing it when too small.
+func (p *Posix) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
 	k, err := CleanKey(key, false)
 	if err != nil {
 		return nil, &Error{Op: "get", Store: p.id, Key: key, Err: err}
@@ -92,7 +99,11 @@ func (p *Posix) Get(ctx context.Context, key string) ([]byte, error) {
 	if st.IsDir() {
 		return nil, p.wrap("get", k, ErrNotFound)
 	}
-	buf := make([]byte, st.Size())
+	n := int(st.Size())
+	if cap(buf) < n {
+		buf = make([]byte, n)
+	}
+	buf = buf[:n]
 	if _, err := io.ReadFull(f, buf); err != nil {
 		return nil, p.wrap("get", k, err)
 	}

@@ -44,6 +44,14 @@ type Store interface {
 	ID() string
 }
 
+// GetterInto is an optional upgrade of a Store: GetInto reads a whole
+// object into buf (grown when too small) and returns the filled slice, so
+// that hot paths reuse memory instead of allocating per chunk. Errors are
+// those of Get.
+type GetterInto interface {
+	GetInto(ctx context.Context, key string, buf []byte) ([]byte, error)
+}
+
 // Error carries the store, key and operation that failed.
 type Error struct {
 	Op    string // "get", "get range", "list"

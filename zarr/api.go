@@ -50,7 +50,9 @@ type Options struct {
 }
 
 // SourceCache holds compressed source bytes by key. Implementations must be
-// safe for concurrent use; Put may drop entries (budget) at will.
+// safe for concurrent use; Put may drop entries (budget) at will and must
+// not keep b after it returns (the reader reuses the buffer); Get returns
+// a slice the caller owns.
 type SourceCache interface {
 	Get(key string) ([]byte, bool)
 	Put(key string, b []byte)

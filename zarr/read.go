@@ -122,6 +122,7 @@ type leaf struct {
 	pooled   bool   // dec came from the buffer pool
 	direct   bool   // dec aliases a request's Dst, already in place
 	srcKey   string // source-cache key of enc, to store once enc decoded
+	encOwned bool   // enc is this read's own buffer, reusable once done
 	err      error
 }
 
@@ -164,6 +165,9 @@ func (s storeSource) do(ctx context.Context, ck string, f func() ([]byte, error)
 }
 
 func (s storeSource) whole(ctx context.Context) ([]byte, string, error) {
+	if gi, ok := s.h.Store.(objectstore.GetterInto); ok {
+		return s.do(ctx, s.key, func() ([]byte, error) { return gi.GetInto(ctx, s.key, getEncBuf()) })
+	}
 	return s.do(ctx, s.key, func() ([]byte, error) { return s.h.Store.Get(ctx, s.key) })
 }
 
@@ -221,6 +225,7 @@ func (st *readState) add(l *leaf) {
 // one batch. On error some Dst may be partly written.
 func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
 	st := &readState{h: h, reqs: reqs, sem: make(chan struct{}, h.opts.Fetchers)}
+	defer st.release()
 	// Group every request's share of each outer chunk.
 	type outerKey struct {
 		a   *Array
@@ -381,6 +386,7 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 		}
 		b, fresh, err := src.whole(ctx)
 		l.srcKey = fresh
+		_, l.encOwned = src.(storeSource)
 		switch {
 		case objectstore.IsNotFound(err):
 			l.missing = true
@@ -728,6 +734,25 @@ func contiguousIn(l *leaf, r Request) (int64, bool) {
 		stride *= r.Count[d]
 	}
 	return off, true
+}
+
+// release returns the compressed buffers of the call to their pool, except
+// where the decoded data still aliases them (a pipeline without
+// compression keeps its bytes as they came).
+func (st *readState) release() {
+	for _, l := range st.leaves {
+		if !l.encOwned || l.enc == nil {
+			continue
+		}
+		compressed := false
+		for _, c := range l.pipe.bb {
+			compressed = compressed || !c.crc32c
+		}
+		if compressed {
+			putEncBuf(l.enc)
+		}
+		l.enc = nil
+	}
 }
 
 // inBounds is the number of the leaf's elements inside the array (an edge
