@@ -1,0 +1,134 @@
+package integration
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/zarrfs/zarrfs/zarr/zarrtest"
+)
+
+func run(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.Command(zarrfsBin(t), args...)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee):
+		code = ee.ExitCode()
+	default:
+		t.Fatal(err)
+	}
+	return o.String(), e.String(), code
+}
+
+// Usage and runtime errors of the commands other than mount: exit status
+// and one line naming the object and the cause.
+func TestCommandErrors(t *testing.T) {
+	src := exampleStore(t, zarrtest.Example{Times: 3, Levels: 1, Lat: 4, Lon: 8, TimeChunk: 1})
+	badView := filepath.Join(t.TempDir(), "bad.yaml")
+	os.WriteFile(badView, []byte("views:\n  - name: train\n    channels:\n      - var: nosuch\n"), 0o644)
+	for _, tt := range []struct {
+		args []string
+		code int
+		msg  string
+	}{
+		{[]string{"warm", src, "--cache", t.TempDir(), "--rank", "3", "--world", "2"}, 2, "--rank"},
+		{[]string{"warm", src, "--cache", t.TempDir(), "--shard", "random"}, 2, "--shard"},
+		{[]string{"warm", src, "--cache", t.TempDir(), "--samples", "5"}, 2, "--samples"},
+		{[]string{"warm", src, "--cache", t.TempDir(), "--only", "nosuch"}, 1, "nosuch"},
+		{[]string{"warm", src, "--cache", t.TempDir(), "--decode", "fpga"}, 2, "--decode"},
+		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--view", badView}, 1, "bad.yaml:4"},
+		{[]string{"inspect"}, 2, "expected"},
+		{[]string{"inspect", filepath.Join(t.TempDir(), "none.zarr")}, 1, "none.zarr"},
+		{[]string{"path", "/definitely/not/mounted.npy"}, 1, "not inside a running zarrfs mount"},
+		{[]string{"frobnicate"}, 2, "unknown command"},
+	} {
+		_, stderr, code := run(t, tt.args...)
+		lines := strings.Split(strings.TrimSpace(stderr), "\n")
+		if code != tt.code || len(lines) != 1 || !strings.HasPrefix(lines[0], "zarrfs: ") || !strings.Contains(lines[0], tt.msg) {
+			t.Errorf("%v: exit %d, stderr %q; want exit %d and one line with %q", tt.args, code, stderr, tt.code, tt.msg)
+		}
+	}
+}
+
+// Without a GPU (as on CI): --decode gpu refuses with a clear reason,
+// --decode auto and cpu work, and version says why there is no GPU.
+func TestDecodeWithoutGPU(t *testing.T) {
+	if os.Getenv("ZARRFS_EXPECT_GPU") != "" {
+		t.Skip("a GPU is expected on this machine")
+	}
+	src := exampleStore(t, zarrtest.Example{Times: 2, Levels: 1, Lat: 4, Lon: 8, TimeChunk: 1})
+	out, _, code := run(t, "version")
+	if code != 0 || !strings.Contains(out, "GPU: none (") {
+		t.Fatalf("version: exit %d, %q", code, out)
+	}
+	_, stderr, code := run(t, "warm", src, "--cache", t.TempDir(), "--decode", "gpu")
+	if code != 1 || !strings.Contains(stderr, "--decode gpu") || strings.Count(strings.TrimSpace(stderr), "\n") != 0 {
+		t.Errorf("--decode gpu: exit %d, %q", code, stderr)
+	}
+	for _, mode := range []string{"auto", "cpu"} {
+		if out, stderr, code := run(t, "warm", src, "--cache", t.TempDir(), "--decode", mode); code != 0 || !strings.Contains(out, "warmed") {
+			t.Errorf("--decode %s: exit %d\n%s%s", mode, code, out, stderr)
+		}
+	}
+}
+
+// inspect --json follows CONTRACT section 7: one object per array with
+// the named fields, unsupported arrays included with their reason.
+func TestInspectJSON(t *testing.T) {
+	fx := fixturesDir(t)
+	out, stderr, code := run(t, "inspect", "--json", filepath.Join(fx, "public_b.zarr"))
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var entries []map[string]any
+	if err := json.Unmarshal([]byte(out), &entries); err != nil {
+		t.Fatalf("not a JSON array: %v\n%s", err, out)
+	}
+	byPath := map[string]map[string]any{}
+	for _, e := range entries {
+		for _, k := range []string{"path", "shape", "dtype", "chunks", "codecs", "dims", "mount", "unsupported"} {
+			if _, ok := e[k]; !ok {
+				t.Errorf("entry %v lacks %q", e["path"], k)
+			}
+		}
+		byPath[e["path"].(string)] = e
+	}
+	tp := byPath["tp"]
+	if tp["dtype"] != ">f8" || tp["mount"] != "tp/" || tp["unsupported"] != nil {
+		t.Errorf("tp: %v", tp)
+	}
+	if lat := byPath["lat"]; lat["mount"] != "lat.npy" {
+		t.Errorf("lat: %v", lat)
+	}
+
+	// An unsupported array shows with its reason and no mount.
+	src := filepath.Join(t.TempDir(), "s.zarr")
+	copyTree(t, filepath.Join(fx, "public_b.zarr"), src)
+	os.Remove(filepath.Join(src, ".zmetadata"))
+	os.WriteFile(filepath.Join(src, "t2m", ".zarray"), []byte(`{"zarr_format":2,"shape":[9,11,23],"chunks":[4,11,23],"dtype":"<f4","compressor":{"id":"bz2"},"fill_value":0,"order":"C","filters":null}`), 0o644)
+	out, _, _ = run(t, "inspect", "--json", src)
+	entries = nil
+	json.Unmarshal([]byte(out), &entries)
+	found := false
+	for _, e := range entries {
+		if e["path"] == "t2m" {
+			found = true
+			if r, _ := e["unsupported"].(string); !strings.Contains(r, "bz2") || e["mount"] != nil {
+				t.Errorf("t2m: %v", e)
+			}
+		}
+	}
+	if !found || len(entries) != 7 {
+		t.Errorf("want 7 arrays with t2m unsupported, got %d", len(entries))
+	}
+}
