@@ -264,31 +264,8 @@ func float32BitsToHalf(f uint32) uint16 {
 }
 
 // float64BitsToHalf converts float64 bits to float16 bits, correctly
-// rounded straight from double precision (no double rounding through float32).
-func float64BitsToHalf(d uint64) uint16 {
-	sign := uint16(d>>48) & 0x8000
-	exp := int(d>>52) & 0x7ff
-	mant := d & (1<<52 - 1)
-	switch {
-	case exp == 0x7ff:
-		if mant != 0 {
-			r := 0x7c00 + uint16(mant>>42)
-			if r == 0x7c00 {
-				r++
-			}
-			return sign | r
-		}
-		return sign | 0x7c00
-	case exp >= 1023+16:
-		return sign | 0x7c00
-	case exp >= 1023-14:
-		return sign + uint16(uint64(exp-1023+15)<<10+roundShift(mant, 42))
-	case exp >= 1023-25:
-		m := mant | 1<<52
-		return sign + uint16(roundShift(m, uint(1051-exp)))
-	}
-	return sign
-}
+// rounded (zarr.Float16Bits).
+func float64BitsToHalf(d uint64) uint16 { return zarr.Float16Bits(math.Float64frombits(d)) }
 
 // halfToFloat32 converts float16 bits exactly.
 func halfToFloat32(h uint16) float32 {
@@ -315,27 +292,7 @@ func halfToFloat32Bits(h uint16) uint32 {
 	return sign | (exp+112)<<23 | mant<<13
 }
 
-func halfToFloat64(h uint16) float64 {
-	sign := uint64(h&0x8000) << 48
-	exp := uint64(h>>10) & 0x1f
-	mant := uint64(h & 0x3ff)
-	var b uint64
-	switch exp {
-	case 0:
-		if mant == 0 {
-			b = sign
-			break
-		}
-		shift := uint64(bits.LeadingZeros64(mant)) - 53
-		mant = (mant << shift) & 0x3ff
-		b = sign | (1009-shift)<<52 | mant<<42
-	case 0x1f:
-		b = sign | 0x7ff0000000000000 | mant<<42
-	default:
-		b = sign | (exp+1008)<<52 | mant<<42
-	}
-	return math.Float64frombits(b)
-}
+func halfToFloat64(h uint16) float64 { return zarr.Float16Value(h) }
 
 func swapInPlace(b []byte, size int) {
 	switch size {
