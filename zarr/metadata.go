@@ -2,6 +2,7 @@ package zarr
 
 import (
 	"bytes"
+	"math/bits"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -15,6 +16,10 @@ import (
 
 // maxDims bounds the dimensionality accepted from metadata.
 const maxDims = 32
+
+// maxArrayBytes bounds the decoded size of a whole array, so that sizes
+// computed from shapes (file sizes, offsets) never overflow.
+const maxArrayBytes = 1 << 60
 
 // maxChunkBytes bounds the decoded size of one chunk (and one inner chunk):
 // metadata that asks for more is refused rather than allocated.
@@ -96,13 +101,18 @@ func checkGrid(shape, chunks []int64, itemsize int) error {
 	if len(shape) != len(chunks) {
 		return fmt.Errorf("chunk shape %v does not match shape %v", chunks, shape)
 	}
+	total := uint64(itemsize)
+	for _, s := range shape {
+		hi, lo := bits.Mul64(total, uint64(s))
+		if hi != 0 || lo > maxArrayBytes {
+			return fmt.Errorf("%w: shape %v holds more than %d bytes", ErrUnsupported, shape, uint64(maxArrayBytes))
+		}
+		total = lo
+	}
 	n := int64(itemsize)
-	for i, c := range chunks {
+	for _, c := range chunks {
 		if c <= 0 {
 			return fmt.Errorf("chunk shape %v has a non-positive extent", chunks)
-		}
-		if shape[i] > 1<<53 {
-			return fmt.Errorf("shape %v too large", shape)
 		}
 		n *= c
 		if n > maxChunkBytes {
@@ -291,6 +301,9 @@ func parseV3Codecs(list []any, rank int, dt DType, chunk []int64, depth int) (*p
 			if stage != 0 {
 				return nil, fmt.Errorf("two array-to-bytes codecs")
 			}
+			if chunk == nil {
+				return nil, fmt.Errorf("%w: sharding_indexed inside index_codecs", ErrUnsupported)
+			}
 			stage = 1
 			s, err := parseShard(cfg, rank, dt, chunk, depth)
 			if err != nil {
@@ -320,6 +333,18 @@ func parseV3Codecs(list []any, rank int, dt DType, chunk []int64, depth int) (*p
 	}
 	if p.transpose != nil && p.shard != nil {
 		return nil, fmt.Errorf("%w: transpose before sharding_indexed", ErrUnsupported)
+	}
+	if p.shard != nil && len(p.bb) > 0 {
+		return nil, fmt.Errorf("%w: codecs after sharding_indexed", ErrUnsupported)
+	}
+	compressors := 0
+	for _, c := range p.bb {
+		if !c.crc32c {
+			compressors++
+		}
+	}
+	if compressors > 1 {
+		return nil, fmt.Errorf("%w: more than one compression codec", ErrUnsupported)
 	}
 	return p, nil
 }

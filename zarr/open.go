@@ -218,8 +218,34 @@ func (w *walker) walkV3(dir string, depth int) error {
 	return nil
 }
 
+// validPath reports whether a node path from consolidated metadata is a
+// clean relative path: no empty, "." or ".." segments, no leading or
+// trailing slash. Anything else could make the mount's tree loop or escape.
+func validPath(p string) bool {
+	if p == "" {
+		return true
+	}
+	if strings.ContainsAny(p, "\x00\\") {
+		return false
+	}
+	for _, seg := range strings.Split(p, "/") {
+		if seg == "" || seg == "." || seg == ".." {
+			return false
+		}
+	}
+	return true
+}
+
+func (w *walker) badPath(p string) {
+	w.h.opts.Logger.Warn("consolidated metadata entry ignored", "path", p, "reason", "not a clean relative path")
+}
+
 func (w *walker) consolidatedV3(md map[string]json.RawMessage) error {
 	for p, raw := range md {
+		if !validPath(p) {
+			w.badPath(p)
+			continue
+		}
 		var n v3Node
 		if err := parseJSON(raw, &n); err != nil {
 			w.unsupported(&Array{Path: p, ZarrFormat: 3}, fmt.Errorf("consolidated metadata: %v", err))
@@ -295,6 +321,10 @@ func (w *walker) consolidatedV2(doc []byte) error {
 		dir, base := "", key
 		if i := strings.LastIndex(key, "/"); i >= 0 {
 			dir, base = key[:i], key[i+1:]
+		}
+		if !validPath(dir) {
+			w.badPath(key)
+			continue
 		}
 		switch base {
 		case ".zgroup":

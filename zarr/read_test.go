@@ -313,3 +313,42 @@ func TestSourceCacheKeepsOnlyVerifiedBytes(t *testing.T) {
 		t.Errorf("cached read went to the store %d times", after-before)
 	}
 }
+
+// Metadata that once crashed or misread: each array is left out with a
+// reason (or the entry ignored), nothing panics, the rest still opens.
+func TestHostileMetadata(t *testing.T) {
+	arr := func(codecs, shape string) string {
+		return `{"zarr_format":3,"node_type":"array","shape":` + shape + `,"data_type":"uint8",
+		"chunk_grid":{"name":"regular","configuration":{"chunk_shape":[2,2]}},"chunk_key_encoding":{"name":"default"},
+		"fill_value":0,"codecs":` + codecs + `}`
+	}
+	shard := `{"name":"sharding_indexed","configuration":{"chunk_shape":[1,1],"codecs":[{"name":"bytes"}]}}`
+	cases := map[string]struct{ doc, reason string }{
+		"index codecs sharded": {arr(`[{"name":"sharding_indexed","configuration":{"chunk_shape":[1,1],"codecs":[{"name":"bytes"}],
+			"index_codecs":[{"name":"sharding_indexed","configuration":{"chunk_shape":[1,1]}}]}}]`, "[4,4]"), "index_codecs"},
+		"codec after sharding": {arr(`[`+shard+`,{"name":"crc32c"}]`, "[4,4]"), "after sharding_indexed"},
+		"two compressors":      {arr(`[{"name":"bytes"},{"name":"zstd"},{"name":"gzip"}]`, "[4,4]"), "more than one compression"},
+		"overflowing shape":    {arr(`[{"name":"bytes"}]`, "[9007199254740992,2048]"), "more than"},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			h, _ := openMem(t, map[string][]byte{"zarr.json": []byte(c.doc)})
+			if a := h.Array(""); a == nil || !strings.Contains(a.Unsupported, c.reason) {
+				t.Fatalf("array: %+v, want unsupported mentioning %q", a, c.reason)
+			}
+		})
+	}
+	t.Run("consolidated paths", func(t *testing.T) {
+		ok := arr(`[{"name":"bytes"}]`, "[4,4]")
+		root := `{"zarr_format":3,"node_type":"group","consolidated_metadata":{"kind":"inline","metadata":{
+			"a//b":` + ok + `,"c/../d":` + ok + `,"./e":` + ok + `,"/f":` + ok + `,"g":` + ok + `}}}`
+		h, _ := openMem(t, map[string][]byte{"zarr.json": []byte(root)})
+		if len(h.Arrays) != 1 || h.Arrays[0].Path != "g" {
+			var paths []string
+			for _, a := range h.Arrays {
+				paths = append(paths, a.Path)
+			}
+			t.Fatalf("arrays %q, want only g", paths)
+		}
+	})
+}
