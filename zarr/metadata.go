@@ -2,12 +2,12 @@ package zarr
 
 import (
 	"bytes"
-	"math/bits"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"math"
+	"math/bits"
 	"strconv"
 	"strings"
 
