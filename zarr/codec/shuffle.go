@@ -1,9 +1,6 @@
 package codec
 
-import (
-	"encoding/binary"
-	"fmt"
-)
+import "encoding/binary"
 
 // Unshuffle undoes blosc's byte shuffle of one block: src holds byte 0 of
 // every element, then byte 1 of every element, and so on; dst receives the
@@ -144,58 +141,4 @@ func spread8(v uint32) uint64 {
 func spread16(v uint32) uint64 {
 	x := uint64(v)
 	return (x | x<<16) & 0x0000ffff0000ffff
-}
-
-// BitUnshuffle undoes blosc's bit shuffle of one block (the bitshuffle
-// library's layout, as c-blosc 1.x applies it): for n = len(src)/typesize
-// elements, src holds 8*typesize rows of n/8 bytes, row 8*j+k holding bit k
-// of byte j of every element, eight elements to a byte, least significant
-// bit first. Blosc only bit-shuffles a block whose element count is a
-// multiple of 8; any other block is stored as is and copied here unchanged,
-// as are the trailing bytes that do not make a whole element. Like
-// Unshuffle it works on one block (BloscFrame.Block) at a time. It returns an
-// error when dst and src differ in length or typesize is not positive.
-func BitUnshuffle(dst, src []byte, typesize int) error {
-	if len(dst) != len(src) {
-		return fmt.Errorf("codec: BitUnshuffle: dst is %d bytes, src %d", len(dst), len(src))
-	}
-	if typesize <= 0 {
-		return fmt.Errorf("codec: BitUnshuffle: typesize %d", typesize)
-	}
-	n := len(src) / typesize
-	if n%8 != 0 {
-		copy(dst, src)
-		return nil
-	}
-	rows := n / 8 // bytes in one bit row
-	for j := 0; j < typesize; j++ {
-		plane := src[8*j*rows : 8*(j+1)*rows]
-		for g := 0; g < rows; g++ {
-			// Gather byte g of the eight bit rows of byte j: a bit matrix
-			// whose transpose holds byte j of elements 8g..8g+7.
-			x := uint64(plane[g]) | uint64(plane[rows+g])<<8 |
-				uint64(plane[2*rows+g])<<16 | uint64(plane[3*rows+g])<<24 |
-				uint64(plane[4*rows+g])<<32 | uint64(plane[5*rows+g])<<40 |
-				uint64(plane[6*rows+g])<<48 | uint64(plane[7*rows+g])<<56
-			x = transpose8x8(x)
-			o := dst[8*g*typesize+j:]
-			for m := 0; m < 8; m++ {
-				o[m*typesize] = byte(x >> (8 * m))
-			}
-		}
-	}
-	rest := n * typesize
-	copy(dst[rest:], src[rest:])
-	return nil
-}
-
-// transpose8x8 transposes the 8x8 bit matrix whose row r is byte r of x.
-func transpose8x8(x uint64) uint64 {
-	t := (x ^ (x >> 7)) & 0x00aa00aa00aa00aa
-	x = x ^ t ^ (t << 7)
-	t = (x ^ (x >> 14)) & 0x0000cccc0000cccc
-	x = x ^ t ^ (t << 14)
-	t = (x ^ (x >> 28)) & 0x00000000f0f0f0f0
-	x = x ^ t ^ (t << 28)
-	return x
 }
