@@ -14,7 +14,7 @@ import (
 // as are the trailing bytes that do not make a whole element. Like
 // Unshuffle it works on one block (BloscFrame.Block) at a time. It returns an
 // error when dst and src differ in length or typesize is not positive.
-// It allocates nothing for typesizes up to 2048 and is safe to call
+// It allocates nothing for typesizes up to 4096 and is safe to call
 // concurrently on distinct buffers.
 func BitUnshuffle(dst, src []byte, typesize int) error {
 	if len(dst) != len(src) {
@@ -42,13 +42,17 @@ func BitUnshuffle(dst, src []byte, typesize int) error {
 // bitChunk is the scratch a bit unshuffle of typesize > 1 goes through: the
 // block is undone a slice of elements at a time, first bit rows to byte
 // planes (bitUntrans) into this scratch, then byte planes to elements
-// (Unshuffle), so both passes stay in L1 and each runs its own vector kernel.
+// (Unshuffle), so the intermediate stays in L1 and each pass runs its own
+// vector kernel. 32 KiB rather than 16 KiB: each slice reads 8*typesize row
+// segments of 4096/typesize bytes, and shorter segments measured up to
+// 1.5x slower for typesize 4 and 8 (more row starts, fewer bytes per
+// prefetched stream).
 const bitChunk = 32 << 10
 
 func bitUnshuffleChunked(dst, src []byte, typesize, n int) {
 	rows := n / 8
 	// Elements per slice: fill the scratch, in whole kernel steps
-	// (bitUntransStep groups of 8 elements) when the typesize allows it.
+	// (bitChunkStep groups of 8 elements) when the typesize allows it.
 	per := bitChunk / typesize
 	if step := 8 * bitChunkStep; per >= step {
 		per -= per % step
