@@ -71,6 +71,30 @@ func (p *Posix) wrap(op, key string, err error) error {
 	return &Error{Op: op, Store: p.id, Key: key, Err: err}
 }
 
+// open opens a regular file without blocking: a FIFO or device planted in
+// a store must not hang a reader (O_NONBLOCK makes the open of a FIFO
+// return at once; the mode check then refuses it). A directory is not an
+// object: ErrNotFound.
+func (p *Posix) open(k string) (*os.File, os.FileInfo, error) {
+	f, err := p.root.OpenFile(k, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	st, err := f.Stat()
+	switch {
+	case err != nil:
+	case st.IsDir():
+		err = ErrNotFound
+	case !st.Mode().IsRegular():
+		err = fmt.Errorf("not a regular file (%s)", st.Mode().Type())
+	}
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	return f, st, nil
+}
+
 // Get reads a whole object.
 func (p *Posix) Get(ctx context.Context, key string) ([]byte, error) {
 	return p.GetInto(ctx, key, nil)
@@ -87,18 +111,11 @@ func (p *Posix) GetInto(ctx context.Context, key string, buf []byte) ([]byte, er
 	if err := ctx.Err(); err != nil {
 		return nil, p.wrap("get", k, err)
 	}
-	f, err := p.root.Open(k)
+	f, st, err := p.open(k)
 	if err != nil {
 		return nil, p.wrap("get", k, err)
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, p.wrap("get", k, err)
-	}
-	if st.IsDir() {
-		return nil, p.wrap("get", k, ErrNotFound)
-	}
 	n := int(st.Size())
 	if cap(buf) < n {
 		buf = make([]byte, n)
@@ -122,18 +139,11 @@ func (p *Posix) GetRange(ctx context.Context, key string, off, length int64) ([]
 	if length < 0 {
 		return nil, p.wrap("get range", k, fmt.Errorf("negative length %d", length))
 	}
-	f, err := p.root.Open(k)
+	f, st, err := p.open(k)
 	if err != nil {
 		return nil, p.wrap("get range", k, err)
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, p.wrap("get range", k, err)
-	}
-	if st.IsDir() {
-		return nil, p.wrap("get range", k, ErrNotFound)
-	}
 	size := st.Size()
 	if off < 0 {
 		off = size - length

@@ -5,7 +5,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/objectstore/storetest"
@@ -108,5 +110,31 @@ func TestOpenPosixErrors(t *testing.T) {
 	defer s.Close()
 	if !strings.HasPrefix(s.ID(), "file:///") {
 		t.Errorf("ID = %q", s.ID())
+	}
+}
+
+// A FIFO planted in a store is refused at once instead of blocking the
+// reader forever.
+func TestPosixRefusesFIFO(t *testing.T) {
+	dir := t.TempDir()
+	if err := syscall.Mkfifo(filepath.Join(dir, "chunk"), 0o644); err != nil {
+		t.Skip("mkfifo:", err)
+	}
+	p, err := objectstore.OpenPosix(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 2)
+	go func() { _, err := p.Get(context.Background(), "chunk"); done <- err }()
+	go func() { _, err := p.GetRange(context.Background(), "chunk", 0, 1); done <- err }()
+	for range 2 {
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), "not a regular file") {
+				t.Errorf("got %v, want a not-a-regular-file error", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("reading a FIFO blocked")
+		}
 	}
 }

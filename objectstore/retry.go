@@ -55,6 +55,9 @@ type Retry struct {
 
 var _ Store = (*Retry)(nil)
 
+// Identity forwards the inner store's identity.
+func (r *Retry) Identity() string { return Identity(r.Store) }
+
 // WithRetry wraps inner with retries; see RetryOptions for the defaults.
 func WithRetry(inner Store, opts RetryOptions) *Retry {
 	if opts.MaxAttempts <= 0 {

@@ -75,14 +75,15 @@ type S3Options struct {
 // request timeouts are Transient. S3 does not retry by itself; wrap it with
 // WithRetry.
 type S3 struct {
-	client  *minio.Client
-	bucket  string
-	prefix  string // "" or "dir/sub", no slashes at either end
-	id      string
-	log     *slog.Logger
-	timeout time.Duration
-	sem     chan struct{}
-	tr      http.RoundTripper
+	client   *minio.Client
+	bucket   string
+	prefix   string // "" or "dir/sub", no slashes at either end
+	id       string
+	endpoint string // scheme://host[:port], part of Identity
+	log      *slog.Logger
+	timeout  time.Duration
+	sem      chan struct{}
+	tr       http.RoundTripper
 }
 
 var _ Store = (*S3)(nil)
@@ -193,14 +194,15 @@ func OpenS3(ctx context.Context, rawURL string, opts S3Options) (*S3, error) {
 		return nil, fmt.Errorf("%s: %w", id, err)
 	}
 	s := &S3{
-		client:  client,
-		bucket:  bucket,
-		prefix:  prefix,
-		id:      id,
-		log:     log.With("store", id),
-		timeout: timeout,
-		sem:     make(chan struct{}, inflight),
-		tr:      tr,
+		client:   client,
+		bucket:   bucket,
+		prefix:   prefix,
+		id:       id,
+		endpoint: (&url.URL{Scheme: map[bool]string{true: "https", false: "http"}[secure], Host: host}).String(),
+		log:      log.With("store", id),
+		timeout:  timeout,
+		sem:      make(chan struct{}, inflight),
+		tr:       tr,
 	}
 	s.log.Debug("s3 store opened", "endpoint", (&url.URL{Scheme: map[bool]string{true: "https", false: "http"}[secure], Host: host}).String(),
 		"region", opts.Region, "credentials", source, "max_in_flight", inflight, "request_timeout", timeout)
@@ -337,6 +339,10 @@ func (s *S3) Close() error {
 
 // ID returns "s3://bucket/prefix".
 func (s *S3) ID() string { return s.id }
+
+// Identity is the ID with the endpoint: the same bucket on two endpoints
+// is two sources.
+func (s *S3) Identity() string { return s.id + "@" + s.endpoint }
 
 func (s *S3) objectKey(k string) string {
 	if s.prefix == "" {

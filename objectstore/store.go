@@ -52,6 +52,21 @@ type GetterInto interface {
 	GetInto(ctx context.Context, key string, buf []byte) ([]byte, error)
 }
 
+// Identifier is an optional upgrade of a Store whose ID alone does not
+// tell two sources apart (the same bucket and prefix on two S3 endpoints).
+// Identity names the source for cache keys; it never holds secrets.
+type Identifier interface {
+	Identity() string
+}
+
+// Identity returns s's Identity when it has one, else its ID.
+func Identity(s Store) string {
+	if i, ok := s.(Identifier); ok {
+		return i.Identity()
+	}
+	return s.ID()
+}
+
 // Error carries the store, key and operation that failed.
 type Error struct {
 	Op    string // "get", "get range", "list"

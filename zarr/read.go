@@ -137,15 +137,16 @@ type source interface {
 }
 
 type storeSource struct {
-	h   *Hierarchy
-	sem chan struct{}
-	key string
+	h    *Hierarchy
+	sem  chan struct{}
+	key  string
+	meta string // the array's MetaHash: cached bytes never outlive their metadata
 }
 
 func (s storeSource) do(ctx context.Context, ck string, f func() ([]byte, error)) ([]byte, string, error) {
 	sc := s.h.opts.SourceCache
 	if sc != nil {
-		ck = s.h.Store.ID() + "\x00" + ck
+		ck = objectstore.Identity(s.h.Store) + "\x00" + s.meta + "\x00" + ck
 		if b, ok := sc.Get(ck); ok {
 			return b, "", nil
 		}
@@ -279,7 +280,7 @@ func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
 			defer wg.Done()
 			cb := o.a.chunkBox(o.coords)
 			key := o.a.ChunkKey(o.coords)
-			errs[i] = st.resolve(ctx, o.a, o.a.pipe, o.a.Chunks, cb.lo, storeSource{h, st.sem, key}, key, o.needs)
+			errs[i] = st.resolve(ctx, o.a, o.a.pipe, o.a.Chunks, cb.lo, storeSource{h, st.sem, key, o.a.MetaHash}, key, o.needs)
 		}()
 	}
 	wg.Wait()

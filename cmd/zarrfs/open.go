@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -145,5 +146,8 @@ func (t chunkTier) Get(key string) ([]byte, bool) {
 }
 
 func (t chunkTier) Put(key string, b []byte) {
+	// A concurrent Get that joined this store may copy the bytes after Put
+	// returns, and the reader reuses b: hand the cache its own copy.
+	b = bytes.Clone(b)
 	_, _ = t.c.GetChunk(context.Background(), key, func(context.Context) ([]byte, error) { return b, nil })
 }

@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
 )
 
@@ -275,12 +276,13 @@ func Build(h *zarr.Hierarchy, opts Options) (*Layout, error) {
 		}
 		o.Reader = r
 	}
-	sourceID := ""
+	sourceID, identity := "", ""
 	if h.Store != nil {
 		sourceID = h.Store.ID()
+		identity = objectstore.Identity(h.Store)
 	}
 	l := &Layout{SourceID: sourceID, opts: o}
-	l.ID = layoutID(sourceID, h.Arrays, o)
+	l.ID = layoutID(identity, h.Arrays, o)
 
 	b := newTreeBuilder()
 	groups := make([]string, 0, len(h.Groups))
