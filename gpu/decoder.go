@@ -72,10 +72,9 @@ const maxJobsPerRound = 16384
 const minRoundPieces = 64
 
 // Decoder decodes batches of chunks on one GPU. It implements
-// codec.BatchDecoder. It is safe for concurrent use: batches are decoded
-// one at a time, in the order callers get the Decoder's lock.
+// codec.BatchDecoder. It is safe for concurrent use: the jobs of callers
+// waiting for the device are decoded together (see queue.go).
 type Decoder struct {
-	mu   sync.Mutex
 	libs *libs
 	cu   *cudaLib
 	nv   *nvcompLib
@@ -88,11 +87,27 @@ type Decoder struct {
 	mod                         uintptr
 	fnCopy, fnUnshuffle, fnSwap uintptr
 
-	sets      [2]bufSet // two rounds in flight: one decoding, one packed or copied out
-	broken    error     // a sticky device error: the context must be rebuilt
-	dead      error     // rebuilding failed: the GPU path is off for good
-	closed    bool
+	sets      [numSets]bufSet // rounds in flight: one decoding, one packed or copied out
 	outAligns [numAlgos]int64
+
+	// stateMu guards broken and dead, which the submitter and the
+	// completer both set.
+	stateMu sync.Mutex
+	broken  error // a sticky device error: the context must be rebuilt
+	dead    error // rebuilding failed: the GPU path is off for good
+
+	// The queue of callers (queue.go).
+	rounds        device
+	qmu           sync.Mutex
+	queue         []*request
+	seq           uint64
+	closing       bool
+	wake          chan struct{} // a request was queued, or Close called
+	free          chan int      // buffer sets with no round in flight
+	submitted     chan *round   // rounds in flight, oldest first, to the completer
+	stopped       chan struct{} // closed when Close has freed everything
+	completerDone chan struct{}
+
 	// noFence lays deflate outputs out unfenced and lets their rounds
 	// overlap, as before the fence existed: tests set it to show what the
 	// fence prevents.
@@ -137,6 +152,23 @@ func New(opts Options) (*Decoder, error) {
 	if opts.Device < 0 || opts.Device >= int(l.devices) {
 		return nil, fmt.Errorf("%w: device %d requested, the driver sees %d", ErrNoGPU, opts.Device, l.devices)
 	}
+	opts, log := opts.withDefaults()
+	d := &Decoder{libs: l, cu: l.cu, nv: l.nv, opts: opts, log: log, info: probe(l, opts.Device)}
+	for a := range numAlgos {
+		d.outAligns[a] = max(int64(l.nv.algos[a].align.Output), 1)
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := d.initContext(); err != nil {
+		d.teardown()
+		return nil, err
+	}
+	d.start(cudaRounds{d})
+	return d, nil
+}
+
+// withDefaults fills in the zero values of o.
+func (opts Options) withDefaults() (Options, *slog.Logger) {
 	if opts.MaxBatchBytes <= 0 {
 		opts.MaxBatchBytes = defaultMaxBatchBytes
 	}
@@ -151,17 +183,7 @@ func New(opts Options) (*Decoder, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	d := &Decoder{libs: l, cu: l.cu, nv: l.nv, opts: opts, log: log, info: probe(l, opts.Device)}
-	for a := range numAlgos {
-		d.outAligns[a] = max(int64(l.nv.algos[a].align.Output), 1)
-	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	if err := d.initContext(); err != nil {
-		d.teardown()
-		return nil, err
-	}
-	return d, nil
+	return opts, log
 }
 
 // Info describes the device and libraries the Decoder uses.
@@ -263,25 +285,30 @@ func (d *Decoder) teardown() {
 	}
 }
 
-// Close frees the device resources. The Decoder must not be used after.
+// Close frees the device resources once the rounds in flight are done;
+// jobs still queued fail (wrapping ErrUnsupported), and DecodeBatch fails
+// after it. Close is idempotent.
 func (d *Decoder) Close() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return nil
+	d.qmu.Lock()
+	d.closing = true
+	d.qmu.Unlock()
+	select {
+	case d.wake <- struct{}{}:
+	default:
 	}
-	d.closed = true
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	d.teardown()
+	<-d.stopped
 	return nil
 }
 
 // recover rebuilds the context after a sticky error (an illegal address in
 // a kernel, say): such an error poisons the context for good, so the
 // primary context is reset, which frees everything in it, and made again.
+// The caller holds every buffer set.
 func (d *Decoder) recoverContext() error {
-	d.log.Warn("gpu: resetting the CUDA context after a device error", "device", d.opts.Device, "cause", d.broken)
+	d.stateMu.Lock()
+	cause := d.broken
+	d.stateMu.Unlock()
+	d.log.Warn("gpu: resetting the CUDA context after a device error", "device", d.opts.Device, "cause", cause)
 	d.teardown()
 	d.cu.cuCtxSetCurrent(0)
 	if r := d.cu.cuDevicePrimaryCtxReset(d.dev); r != cuSuccess {
@@ -290,7 +317,9 @@ func (d *Decoder) recoverContext() error {
 	if err := d.initContext(); err != nil {
 		return err
 	}
+	d.stateMu.Lock()
 	d.broken = nil
+	d.stateMu.Unlock()
 	return nil
 }
 
@@ -341,155 +370,62 @@ func (d *Decoder) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 	return d.DecodeBatchSwap(ctx, jobs, 0)
 }
 
-// DecodeBatchSwap is DecodeBatch followed, on the GPU, by reversing the
-// bytes of every elemSize-byte element of every decoded chunk: the byte
-// swap of big-endian arrays. elemSize 0 or 1 swaps nothing; a chunk whose
-// length is not a multiple of elemSize fails with codec.ErrUnsupported.
-func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSize int) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	preps := make([]prepared, len(jobs))
-	// Framing and stream checks (a walk of every snappy stream) run on the
-	// copy workers: on one goroutine they could bound a large batch.
-	d.parallel(len(jobs), func(i int) { preps[i] = prepare(&jobs[i]) })
-	var ok []int
-	for i := range jobs {
-		jobs[i].Err = nil
-		if preps[i].err == nil && !d.opts.Deflate && preps[i].uses(algoDeflate) {
-			preps[i].err = fmt.Errorf("gpu: %s chunk: deflate decodes on the CPU (Options.Deflate is off): %w", jobs[i].Codec, codec.ErrUnsupported)
-		}
-		if preps[i].err == nil && elemSize > 1 && len(jobs[i].Dst)%elemSize != 0 {
-			preps[i].err = fmt.Errorf("gpu: %d-byte chunk is not a whole number of %d-byte elements: %w",
-				len(jobs[i].Dst), elemSize, codec.ErrUnsupported)
-		}
-		if preps[i].err == nil && preps[i].cost(int64(len(jobs[i].Dst))) > d.opts.MaxBatchBytes/2 {
-			preps[i].err = fmt.Errorf("gpu: %d-byte chunk exceeds half the batch memory bound of %d bytes: %w",
-				len(jobs[i].Dst), d.opts.MaxBatchBytes, codec.ErrUnsupported)
-		}
-		if preps[i].err != nil {
-			jobs[i].Err = preps[i].err
-			continue
-		}
-		ok = append(ok, i)
-	}
-	if len(ok) == 0 {
-		return nil
-	}
+// cudaRounds is the device half of a Decoder: rounds decoded by nvCOMP and
+// our kernels on the Decoder's GPU.
+type cudaRounds struct{ d *Decoder }
 
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return errors.New("gpu: decoder is closed")
+func (c cudaRounds) needsIdle() bool {
+	d := c.d
+	d.stateMu.Lock()
+	defer d.stateMu.Unlock()
+	return d.broken != nil && d.dead == nil
+}
+
+// submit readies the device (rebuilding a broken context when no other
+// round is in flight) and starts r.
+func (c cudaRounds) submit(r *round) error {
+	d := c.d
+	d.stateMu.Lock()
+	broken, dead := d.broken, d.dead
+	d.stateMu.Unlock()
+	if dead != nil {
+		return dead
 	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	if d.dead != nil {
-		return d.failAll(jobs, ok, d.dead)
-	}
-	if d.broken != nil {
+	if broken != nil {
+		if !r.exclusive {
+			// The error came while this round was being formed: the other
+			// set's round may still use the buffers a rebuild frees.
+			return broken
+		}
 		if err := d.recoverContext(); err != nil {
 			// A sticky error can outlive the context reset (the driver
 			// may insist on a new process): stop using the GPU rather
 			// than fail every batch slowly.
-			d.dead = fmt.Errorf("gpu: device unusable after %v: %w", d.broken, err)
-			d.log.Error("gpu: decoding on the GPU is off until restart", "err", d.dead)
-			return d.failAll(jobs, ok, d.dead)
+			d.stateMu.Lock()
+			d.dead = fmt.Errorf("gpu: device unusable after %v: %w", broken, err)
+			dead = d.dead
+			d.stateMu.Unlock()
+			d.log.Error("gpu: decoding on the GPU is off until restart", "err", dead)
+			return dead
 		}
 	}
 	if err := d.cu.check("cuCtxSetCurrent", d.cu.cuCtxSetCurrent(d.ctx)); err != nil {
-		return d.failAll(jobs, ok, err)
-	}
-
-	// Cut into rounds bounded in memory and job count.
-	// A round closes at RoundBytes only once it holds enough pieces to
-	// keep the GPU busy (nvCOMP works on pieces in parallel, each piece
-	// alone), else at half the memory bound.
-	var rounds [][]int
-	var cost int64
-	var pieces int
-	for k, i := range ok {
-		c := preps[i].cost(int64(len(jobs[i].Dst)))
-		full := cost+c > d.opts.MaxBatchBytes/2 || (cost+c > d.opts.RoundBytes && pieces >= minRoundPieces)
-		if k == 0 || full || len(rounds[len(rounds)-1]) >= maxJobsPerRound {
-			rounds = append(rounds, nil)
-			cost, pieces = 0, 0
-		}
-		rounds[len(rounds)-1] = append(rounds[len(rounds)-1], i)
-		cost += c
-		pieces += len(preps[i].pieces)
-	}
-	// Pipeline: submit round r (pack, then enqueue its device work), then
-	// finish round r-1 (wait for it, check, copy out) while the GPU works
-	// on round r. Each of the two rounds in flight has its own buffers.
-	unfinished := func(from int) []int {
-		var idx []int
-		for _, r := range rounds[from:] {
-			idx = append(idx, r...)
-		}
-		return idx
-	}
-	// A fenced round (one holding deflate segments) runs alone: should an
-	// overrun escape its buffer, no other round's bytes are in flight.
-	var pending *inflight
-	pendingRound := -1
-	flush := func() error {
-		if pending == nil {
-			return nil
-		}
-		fl, r := pending, pendingRound
-		pending = nil
-		if err := d.finish(jobs, preps, fl, elemSize); err != nil {
-			return d.failAll(jobs, unfinished(r), err)
-		}
-		return nil
-	}
-	for r, idx := range rounds {
-		if err := ctx.Err(); err != nil {
-			if ferr := flush(); ferr != nil {
-				return ferr
-			}
-			return d.failAll(jobs, unfinished(r), err)
-		}
-		fenced := !d.noFence && roundUses(preps, idx, algoDeflate)
-		if fenced {
-			if err := flush(); err != nil {
-				return err
-			}
-		}
-		fl, err := d.submit(jobs, preps, idx, elemSize, &d.sets[r%2])
-		if err != nil {
-			from := r
-			if pending != nil {
-				from = pendingRound
-			}
-			return d.failAll(jobs, unfinished(from), err)
-		}
-		if err := flush(); err != nil {
-			return err
-		}
-		pending, pendingRound = fl, r
-		if fenced {
-			if err := flush(); err != nil {
-				return err
-			}
-		}
-	}
-	if err := flush(); err != nil {
 		return err
 	}
-	return nil
+	fl, err := d.submit(r.jobs, r.preps, r.elemSize, &d.sets[r.set])
+	r.fl = fl
+	return err
 }
 
-// roundUses reports whether any job of a round has a piece for algo.
-func roundUses(preps []prepared, idx []int, algo int) bool {
-	for _, i := range idx {
-		if preps[i].uses(algo) {
-			return true
-		}
+func (c cudaRounds) collect(r *round) ([][]byte, []error, error) {
+	d := c.d
+	if err := d.cu.check("cuCtxSetCurrent", d.cu.cuCtxSetCurrent(d.ctx)); err != nil {
+		return nil, nil, err
 	}
-	return false
+	return d.finish(r)
 }
+
+func (c cudaRounds) close() { c.d.teardown() }
 
 // failAll marks the jobs not yet decoded as failed by err, wrapped as
 // ErrUnsupported so that a caller retries them on the CPU, and returns err.
@@ -512,12 +448,16 @@ type inflight struct {
 	tPack     time.Duration
 }
 
-// submit packs one round into set's pinned buffer and enqueues its device
+// submit packs the jobs of one round into set's pinned buffer and enqueues its device
 // work: one host-to-device copy, one nvCOMP call per algorithm, the
 // kernels, one device-to-host copy, between two events.
-func (d *Decoder) submit(jobs []codec.Job, preps []prepared, idx []int, elemSize int, set *bufSet) (*inflight, error) {
+func (d *Decoder) submit(jobs []codec.Job, preps []prepared, elemSize int, set *bufSet) (*inflight, error) {
 	t0 := time.Now()
 	cu := d.cu
+	idx := make([]int, len(jobs))
+	for i := range idx {
+		idx[i] = i
+	}
 	l := layoutBatch(jobs, preps, idx, d.outAligns, !d.noFence)
 	var tempNeed int64
 	for a := range numAlgos {
@@ -664,14 +604,15 @@ func (d *Decoder) submit(jobs []codec.Job, preps []prepared, idx []int, elemSize
 	return &inflight{set: set, l: l, idx: idx, launchErr: launchErr, t0: t0, tPack: time.Since(t0)}, nil
 }
 
-// finish waits for a round's device work, checks nvCOMP's statuses and
-// decoded sizes, and copies the chunks out (checking gzip and zlib
-// trailers) on the copy workers.
-func (d *Decoder) finish(jobs []codec.Job, preps []prepared, fl *inflight, elemSize int) error {
-	cu, l, idx, set := d.cu, fl.l, fl.idx, fl.set
+// finish waits for a round's device work and checks nvCOMP's statuses,
+// the decoded sizes and the fence. It returns each job's decoded bytes in
+// pinned memory or its error; settle checks the trailers and copies out.
+func (d *Decoder) finish(r *round) ([][]byte, []error, error) {
+	cu, fl := d.cu, r.fl
+	l, idx, set := fl.l, fl.idx, fl.set
 	tw := time.Now()
 	if err := cu.check("cuEventSynchronize", cu.cuEventSynchronize(set.end)); err != nil {
-		return d.deviceFailed(err)
+		return nil, nil, d.deviceFailed(err)
 	}
 	tWait := time.Since(tw)
 	var ms float32
@@ -709,9 +650,12 @@ func (d *Decoder) finish(jobs []codec.Job, preps []prepared, fl *inflight, elemS
 		if escaped {
 			// The overrun may have reached other buffers: nothing the device
 			// holds can be trusted any more.
-			d.dead = errors.New("gpu: nvCOMP's deflate decoder wrote past the end of its output buffer")
-			d.log.Error("gpu: decoding on the GPU is off until restart", "err", d.dead)
-			return d.dead
+			dead := errors.New("gpu: nvCOMP's deflate decoder wrote past the end of its output buffer")
+			d.stateMu.Lock()
+			d.dead = dead
+			d.stateMu.Unlock()
+			d.log.Error("gpu: decoding on the GPU is off until restart", "err", dead)
+			return nil, nil, dead
 		}
 		// The fence's verdict wins over nvCOMP's status: an overrun into a
 		// slot still being decoded can garble that decode too, and a good
@@ -724,44 +668,21 @@ func (d *Decoder) finish(jobs []codec.Job, preps []prepared, fl *inflight, elemS
 				"chunks", len(errs))
 		}
 	}
-	d.parallel(len(idx), func(k int) {
-		j := &jobs[idx[k]]
-		if jobErr[k] != nil {
-			j.Err = fmt.Errorf("gpu: %s chunk: %w", j.Codec, jobErr[k])
-			return
-		}
-		out := hout[l.finalOff[k] : l.finalOff[k]+int64(len(j.Dst))]
-		p := &preps[idx[k]]
-		if !d.opts.SkipChecksums && elemSize <= 1 {
-			if err := verify(p.check, p.want, out); err != nil {
-				j.Err = fmt.Errorf("gpu: %s chunk: %w", j.Codec, err)
-				return
-			}
-		}
-		copy(j.Dst, out)
-		if !d.opts.SkipChecksums && elemSize > 1 && p.check != checkNone {
-			// The checksum covers the bytes before swapping; swap back a
-			// copy? Cheaper: check the swapped-back value on the fly.
-			if err := verifySwapped(p.check, p.want, j.Dst, elemSize); err != nil {
-				j.Err = fmt.Errorf("gpu: %s chunk: %w", j.Codec, err)
-			}
-		}
-	})
-	var in, outBytes int64
-	for _, k := range idx {
-		in += int64(len(jobs[k].Src))
-		outBytes += int64(len(jobs[k].Dst))
+	outs := make([][]byte, len(idx))
+	for k, ji := range idx {
+		outs[k] = hout[l.finalOff[k] : l.finalOff[k]+int64(len(r.jobs[ji].Dst))]
 	}
-	d.log.Debug("gpu batch", "chunks", len(idx), "in", in, "out", outBytes, "pack", fl.tPack,
-		"device", time.Duration(float64(ms)*float64(time.Millisecond)), "wait", tWait, "total", time.Since(fl.t0))
-	return nil
+	r.stats = []any{"pack", fl.tPack, "device", time.Duration(float64(ms) * float64(time.Millisecond)), "wait", tWait}
+	return outs, jobErr, nil
 }
 
-// deviceFailed records a sticky error so the next batch rebuilds the context.
+// deviceFailed records a sticky error so the next round rebuilds the context.
 func (d *Decoder) deviceFailed(err error) error {
 	var ce *CUDAError
 	if errors.As(err, &ce) && ce.Sticky() {
+		d.stateMu.Lock()
 		d.broken = err
+		d.stateMu.Unlock()
 		d.log.Warn("gpu: device error; the context will be reset", "err", err)
 	}
 	return err

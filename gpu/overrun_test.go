@@ -19,8 +19,7 @@ import (
 // bytes filled with fencePattern, and reports nvCOMP's status and decoded
 // size and how far past n it wrote (0: not at all).
 func deflateOverrun(d *Decoder, body []byte, n, span int64) (st nvStatus, actual, past int64, err error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	defer d.holdDevice()()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	cu, alg := d.cu, &d.nv.algos[algoDeflate]

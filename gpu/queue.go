@@ -1,0 +1,499 @@
+package gpu
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/zarrfs/zarrfs/zarr/codec"
+)
+
+// This file merges the batches of concurrent callers. A sample of a view is
+// one DecodeBatch of a few chunks (20 channels: 20 chunks), and nvCOMP needs
+// many chunks at once to fill a GPU; so callers do not take turns on the
+// device: each queues its jobs, and one goroutine (the submitter) packs
+// whatever is queued when a buffer set frees up into one round, while a
+// second (the completer) waits for rounds in flight and copies their chunks
+// out to their callers. Each caller waits for its own jobs only.
+//
+// The device half sits behind the device interface, so that the queueing is
+// tested without a GPU (queue_test.go).
+
+// numSets is the number of rounds in flight: one decoding while the other
+// is packed or copied out, or both decoding at once on their own streams.
+const numSets = 2
+
+// errClosed is returned by DecodeBatch after Close.
+var errClosed = errors.New("gpu: decoder is closed")
+
+// device decodes rounds. submit and collect run on two goroutines, each
+// locked to its OS thread; submit is called only for a buffer set with no
+// round in flight, and collect in the order rounds were submitted.
+type device interface {
+	// needsIdle reports whether the next submit needs every buffer set
+	// idle: after a sticky device error it rebuilds the context, which
+	// frees every buffer.
+	needsIdle() bool
+	// submit packs round r into buffer set r.set and starts its device
+	// work. The jobs' Src may be read only until it returns.
+	submit(r *round) error
+	// collect waits for r's device work. It returns, per job of the round,
+	// the decoded bytes (valid until r.set is submitted again) or why
+	// there are none; or an error when the round failed as a whole.
+	collect(r *round) (outs [][]byte, errs []error, err error)
+	// close frees the device's resources; nothing is in flight.
+	close()
+}
+
+// request is one DecodeBatchSwap call waiting for its jobs.
+type request struct {
+	seq      uint64 // queue order
+	ctx      context.Context
+	jobs     []codec.Job // the caller's
+	preps    []prepared  // per job
+	ok       []int       // the jobs sent to the device
+	elemSize int
+
+	// mu is held shared while the decoder reads the jobs' Src (packing) or
+	// writes their Dst or Err, and exclusively by a caller giving up, who
+	// sets abandoned: after that nothing touches the caller's memory.
+	mu        sync.RWMutex
+	abandoned atomic.Bool
+	fin       []bool       // per job: result written (under mu shared; distinct jobs)
+	left      atomic.Int64 // jobs of ok without a result
+	err       atomic.Pointer[error]
+	done      chan struct{} // closed when left reaches 0
+}
+
+// item is one job of a request, waiting in the submitter's queue.
+type item struct {
+	req *request
+	i   int
+}
+
+// round is what one buffer set decodes at once: jobs of one or more
+// callers, all with the same elemSize.
+type round struct {
+	items    []item
+	jobs     []codec.Job // copies of the items' jobs (layout and packing read these)
+	preps    []prepared  // the items' preparations
+	elemSize int
+	fenced   bool
+	set      int
+	// exclusive: every buffer set is held for this round, so the device
+	// may rebuild its context before it.
+	exclusive bool
+	callers   int
+	fl        *inflight // the device's state of the round
+	stats     []any     // what collect adds to the round's debug line
+}
+
+// start launches the submitter and the completer over dev.
+func (d *Decoder) start(dev device) {
+	d.rounds = dev
+	d.wake = make(chan struct{}, 1)
+	d.free = make(chan int, numSets)
+	for s := range numSets {
+		d.free <- s
+	}
+	d.submitted = make(chan *round, numSets)
+	d.stopped = make(chan struct{})
+	d.completerDone = make(chan struct{})
+	go d.submitLoop()
+	go d.completeLoop()
+}
+
+// DecodeBatchSwap is DecodeBatch followed, on the GPU, by reversing the
+// bytes of every elemSize-byte element of every decoded chunk: the byte
+// swap of big-endian arrays. elemSize 0 or 1 swaps nothing; a chunk whose
+// length is not a multiple of elemSize fails with codec.ErrUnsupported.
+//
+// The jobs join those of other callers waiting for the device with the
+// same elemSize. When ctx ends first, DecodeBatchSwap returns its error at
+// once (after a pack or copy-out of the caller's chunks under way, if
+// any); the jobs without a result then wrap codec.ErrUnsupported, and the
+// decoder neither reads nor writes the jobs' memory again.
+func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSize int) error {
+	if err := ctx.Err(); err != nil {
+		for i := range jobs {
+			jobs[i].Err = fmt.Errorf("gpu: batch not decoded: %w: %w", codec.ErrUnsupported, err)
+		}
+		return err
+	}
+	if elemSize < 0 {
+		elemSize = 0
+	}
+	preps := make([]prepared, len(jobs))
+	// Framing and stream checks (a walk of every snappy stream) run on the
+	// copy workers: on one goroutine they could bound a large batch. They
+	// run here, on the caller's goroutine, while the device decodes other
+	// callers' rounds.
+	d.parallel(len(jobs), func(i int) { preps[i] = prepare(&jobs[i]) })
+	var ok []int
+	for i := range jobs {
+		jobs[i].Err = nil
+		if preps[i].err == nil && !d.opts.Deflate && preps[i].uses(algoDeflate) {
+			preps[i].err = fmt.Errorf("gpu: %s chunk: deflate decodes on the CPU (Options.Deflate is off): %w", jobs[i].Codec, codec.ErrUnsupported)
+		}
+		if preps[i].err == nil && elemSize > 1 && len(jobs[i].Dst)%elemSize != 0 {
+			preps[i].err = fmt.Errorf("gpu: %d-byte chunk is not a whole number of %d-byte elements: %w",
+				len(jobs[i].Dst), elemSize, codec.ErrUnsupported)
+		}
+		if preps[i].err == nil && preps[i].cost(int64(len(jobs[i].Dst))) > d.opts.MaxBatchBytes/2 {
+			preps[i].err = fmt.Errorf("gpu: %d-byte chunk exceeds half the batch memory bound of %d bytes: %w",
+				len(jobs[i].Dst), d.opts.MaxBatchBytes, codec.ErrUnsupported)
+		}
+		if preps[i].err != nil {
+			jobs[i].Err = preps[i].err
+			continue
+		}
+		ok = append(ok, i)
+	}
+	if len(ok) == 0 {
+		return nil
+	}
+	q := &request{ctx: ctx, jobs: jobs, preps: preps, ok: ok, elemSize: elemSize,
+		fin: make([]bool, len(jobs)), done: make(chan struct{})}
+	q.left.Store(int64(len(ok)))
+	if err := d.enqueue(q); err != nil {
+		return d.failAll(jobs, ok, err)
+	}
+	select {
+	case <-q.done:
+		return q.result()
+	case <-ctx.Done():
+	}
+	q.mu.Lock()
+	if q.left.Load() == 0 {
+		// Every result is written (they are, before left drops).
+		q.mu.Unlock()
+		return q.result()
+	}
+	q.abandoned.Store(true)
+	q.mu.Unlock()
+	err := ctx.Err()
+	for _, i := range ok {
+		if !q.fin[i] {
+			jobs[i].Err = fmt.Errorf("gpu: batch not decoded: %w: %w", codec.ErrUnsupported, err)
+		}
+	}
+	return err
+}
+
+func (q *request) result() error {
+	if p := q.err.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// enqueue hands q to the submitter.
+func (d *Decoder) enqueue(q *request) error {
+	d.qmu.Lock()
+	if d.closing {
+		d.qmu.Unlock()
+		return errClosed
+	}
+	d.seq++
+	q.seq = d.seq
+	d.queue = append(d.queue, q)
+	d.qmu.Unlock()
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// take returns the requests queued since the last call and whether Close
+// was called; with block, it waits for one or for Close.
+func (d *Decoder) take(block bool) ([]*request, bool) {
+	for {
+		d.qmu.Lock()
+		qs, closing := d.queue, d.closing
+		d.queue = nil
+		d.qmu.Unlock()
+		if len(qs) > 0 || closing || !block {
+			return qs, closing
+		}
+		<-d.wake
+	}
+}
+
+func appendItems(pending []item, qs []*request) []item {
+	for _, q := range qs {
+		for _, i := range q.ok {
+			pending = append(pending, item{q, i})
+		}
+	}
+	return pending
+}
+
+// submitLoop is the submitter: it waits for jobs, then for a free buffer
+// set, and packs into it everything queued by then (up to the round's
+// bounds), so that callers arriving while the device is busy share the
+// next round.
+func (d *Decoder) submitLoop() {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var pending []item
+	for {
+		qs, closing := d.take(len(pending) == 0)
+		pending = appendItems(pending, qs)
+		if closing {
+			break
+		}
+		set := <-d.free
+		// Whatever queued while the sets were busy joins this round.
+		qs, closing = d.take(false)
+		pending = appendItems(pending, qs)
+		if closing {
+			d.free <- set
+			break
+		}
+		var r *round
+		r, pending = d.nextRound(pending)
+		if r == nil {
+			d.free <- set
+			continue
+		}
+		r.set = set
+		d.runRound(r)
+	}
+	// Close: jobs not yet on the device fail; rounds in flight finish.
+	d.settle(d.roundOf(pending), nil, nil, errClosed)
+	for range numSets {
+		<-d.free
+	}
+	close(d.submitted)
+	<-d.completerDone
+	d.rounds.close()
+	close(d.stopped)
+}
+
+// roundOf makes a round of items for settle, without device state.
+func (d *Decoder) roundOf(items []item) *round {
+	r := &round{items: items}
+	r.jobs, r.preps = make([]codec.Job, len(items)), make([]prepared, len(items))
+	for k, it := range items {
+		r.jobs[k], r.preps[k] = it.req.jobs[it.i], it.req.preps[it.i]
+	}
+	return r
+}
+
+// nextRound takes the next round's items from pending, oldest first: those
+// with the first live item's elemSize, until the round is full. It returns
+// the items left, in order, without those of callers that gave up.
+//
+// A round closes at RoundBytes only once it holds enough pieces to keep
+// the GPU busy (nvCOMP works on pieces in parallel, each piece alone), else
+// at half the memory bound.
+func (d *Decoder) nextRound(pending []item) (*round, []item) {
+	var take []item
+	rest := make([]item, 0, len(pending))
+	var cost int64
+	var pieces int
+	full := false
+	elem := -1
+	for _, it := range pending {
+		q := it.req
+		if q.abandoned.Load() || q.ctx.Err() != nil {
+			continue // the caller returns without them
+		}
+		if full || (elem >= 0 && q.elemSize != elem) {
+			rest = append(rest, it)
+			continue
+		}
+		p := &q.preps[it.i]
+		c := p.cost(int64(len(q.jobs[it.i].Dst)))
+		if len(take) > 0 && (cost+c > d.opts.MaxBatchBytes/2 ||
+			(cost+c > d.opts.RoundBytes && pieces >= minRoundPieces) || len(take) >= maxJobsPerRound) {
+			full = true
+			rest = append(rest, it)
+			continue
+		}
+		elem = q.elemSize
+		take = append(take, it)
+		cost += c
+		pieces += len(p.pieces)
+	}
+	if len(take) == 0 {
+		return nil, rest
+	}
+	return &round{items: take, elemSize: elem}, rest
+}
+
+// runRound submits r on its set; the completer finishes it. A fenced round
+// (one holding deflate segments) runs alone: should an overrun escape its
+// buffer, no other round's bytes are in flight.
+func (d *Decoder) runRound(r *round) {
+	held := []int{r.set}
+	for _, it := range r.items {
+		if !d.noFence && it.req.preps[it.i].uses(algoDeflate) {
+			r.fenced = true
+			break
+		}
+	}
+	if r.fenced || d.rounds.needsIdle() {
+		for len(held) < numSets {
+			held = append(held, <-d.free)
+		}
+		r.exclusive = true
+	}
+	release := func(keep int) {
+		for _, s := range held {
+			if s != keep {
+				d.free <- s
+			}
+		}
+	}
+	// Hold each caller's lock shared while its jobs are packed, and drop
+	// the jobs of callers that gave up meanwhile: their Src may already be
+	// reused, and unchecked bytes must not reach nvCOMP.
+	var reqs []*request
+	for _, it := range r.items {
+		if len(reqs) == 0 || reqs[len(reqs)-1] != it.req {
+			reqs = append(reqs, it.req)
+		}
+	}
+	slices.SortFunc(reqs, func(a, b *request) int { return cmp.Compare(a.seq, b.seq) })
+	reqs = slices.Compact(reqs)
+	for _, q := range reqs {
+		q.mu.RLock()
+	}
+	live := r.items[:0]
+	for _, it := range r.items {
+		if !it.req.abandoned.Load() {
+			live = append(live, it)
+		}
+	}
+	r.items = live
+	for _, q := range reqs {
+		if !q.abandoned.Load() {
+			r.callers++
+		}
+	}
+	r.jobs, r.preps = make([]codec.Job, len(live)), make([]prepared, len(live))
+	for k, it := range live {
+		r.jobs[k], r.preps[k] = it.req.jobs[it.i], it.req.preps[it.i]
+	}
+	var err error
+	if len(live) > 0 {
+		err = d.rounds.submit(r)
+	}
+	for _, q := range reqs {
+		q.mu.RUnlock()
+	}
+	switch {
+	case len(live) == 0:
+		release(-1)
+	case err != nil:
+		d.settle(r, nil, nil, err)
+		release(-1)
+	case r.fenced:
+		d.submitted <- r
+		// The other sets stay held until the fenced round is done.
+		held = slices.DeleteFunc(held, func(s int) bool { return s == r.set })
+		held = append(held, <-d.free)
+		release(-1)
+	default:
+		d.submitted <- r
+		release(r.set)
+	}
+}
+
+// completeLoop is the completer: it waits for each round in flight, copies
+// its chunks out to their callers and frees its buffer set.
+func (d *Decoder) completeLoop() {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	defer close(d.completerDone)
+	for r := range d.submitted {
+		outs, errs, err := d.rounds.collect(r)
+		d.settle(r, outs, errs, err)
+		d.free <- r.set
+	}
+}
+
+// settle hands each job of r its result: decoded bytes (after the checksum
+// checks) or an error; with batchErr, every job fails with it, wrapped as
+// ErrUnsupported so that the caller retries it on the CPU, and its caller
+// returns batchErr. Callers that gave up are skipped.
+func (d *Decoder) settle(r *round, outs [][]byte, errs []error, batchErr error) {
+	t0 := time.Now()
+	d.parallel(len(r.items), func(k int) {
+		it := r.items[k]
+		q := it.req
+		q.mu.RLock()
+		defer q.mu.RUnlock()
+		if q.abandoned.Load() {
+			return
+		}
+		j := &q.jobs[it.i]
+		switch {
+		case batchErr != nil:
+			j.Err = fmt.Errorf("gpu: batch not decoded: %w: %w", codec.ErrUnsupported, batchErr)
+		case errs[k] != nil:
+			j.Err = fmt.Errorf("gpu: %s chunk: %w", j.Codec, errs[k])
+		default:
+			if err := d.deliver(&r.preps[k], outs[k], j.Dst, r.elemSize); err != nil {
+				j.Err = fmt.Errorf("gpu: %s chunk: %w", j.Codec, err)
+			}
+		}
+		q.fin[it.i] = true
+	})
+	if batchErr == nil && r.fl != nil {
+		var in, out int64
+		for _, j := range r.jobs {
+			in += int64(len(j.Src))
+			out += int64(len(j.Dst))
+		}
+		d.log.Debug("gpu batch", append([]any{"chunks", len(r.items), "callers", r.callers, "in", in, "out", out},
+			append(r.stats, "copyout", time.Since(t0), "total", time.Since(r.fl.t0))...)...)
+	}
+	for _, it := range r.items {
+		q := it.req
+		if batchErr != nil {
+			q.err.CompareAndSwap(nil, &batchErr)
+		}
+		if q.left.Add(-1) == 0 {
+			close(q.done)
+		}
+	}
+}
+
+// deliver checks a decoded chunk and copies it to dst.
+func (d *Decoder) deliver(p *prepared, out, dst []byte, elemSize int) error {
+	if !d.opts.SkipChecksums && elemSize <= 1 {
+		if err := verify(p.check, p.want, out); err != nil {
+			return err
+		}
+	}
+	copy(dst, out)
+	if !d.opts.SkipChecksums && elemSize > 1 && p.check != checkNone {
+		// The checksum covers the bytes before swapping.
+		return verifySwapped(p.check, p.want, dst, elemSize)
+	}
+	return nil
+}
+
+// holdDevice waits until no round is in flight and keeps it so until the
+// returned function is called: tests use the device's buffers and streams
+// directly meanwhile.
+func (d *Decoder) holdDevice() (release func()) {
+	var held []int
+	for range numSets {
+		held = append(held, <-d.free)
+	}
+	return func() {
+		for _, s := range held {
+			d.free <- s
+		}
+	}
+}
