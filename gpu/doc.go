@@ -54,9 +54,19 @@
 // path off. Deflate decoding on the GPU is still off unless
 // Options.Deflate asks for it.
 //
-// Concurrency: a Decoder is safe for concurrent use. It owns one CUDA
-// stream and one set of buffers, so batches from concurrent callers are
-// decoded one after another under a mutex; the CPU work of a batch (framing,
-// packing, copying out) already uses Options.CopyWorkers goroutines. Use one
-// Decoder per GPU.
+// Concurrency: a Decoder is safe for concurrent use, and concurrent callers
+// share the device rather than take turns. Each DecodeBatch reads its jobs'
+// framing on its own goroutine and queues them; a submitter goroutine packs
+// whatever is queued, from any number of callers with the same elemSize,
+// into the next round as soon as one of the two buffer sets is free, and a
+// completer goroutine waits for each round and copies its chunks out to
+// their callers (both use Options.CopyWorkers goroutines for the copies, so
+// one round is packed while another is copied out). A caller returns when
+// all its own jobs are done. So the small batches of concurrent readers (a
+// sample of a 20-channel view is 20 chunks) decode as one large round,
+// which nvCOMP needs to fill a GPU. A caller whose context ends returns at
+// once: its jobs still queued are dropped, those on the device are decoded
+// but not copied out, and the decoder neither reads nor writes its jobs
+// after its DecodeBatch returns. Use one Decoder per GPU; Close stops its
+// goroutines.
 package gpu

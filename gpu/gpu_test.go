@@ -428,3 +428,218 @@ func TestGPUCancelled(t *testing.T) {
 		t.Fatalf("cancelled context: %v", err)
 	}
 }
+
+// roundCounter counts the decoder's rounds and those shared by several
+// callers, from its debug lines; cancelOnFirst, when set, is called at the
+// first round.
+type roundCounter struct {
+	mu            sync.Mutex
+	rounds        int
+	shared        int
+	cancelOnFirst func()
+}
+
+func (h *roundCounter) Enabled(context.Context, slog.Level) bool { return true }
+func (h *roundCounter) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *roundCounter) WithGroup(string) slog.Handler            { return h }
+func (h *roundCounter) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "gpu batch" {
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.rounds++
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "callers" && a.Value.Int64() > 1 {
+			h.shared++
+		}
+		return true
+	})
+	if h.cancelOnFirst != nil {
+		h.cancelOnFirst()
+		h.cancelOnFirst = nil
+	}
+	return nil
+}
+
+// swapped returns b with the bytes of every size-byte element reversed.
+func swapped(b []byte, size int) []byte {
+	out := bytes.Clone(b)
+	for i := 0; i+size <= len(out); i += size {
+		for k := range size / 2 {
+			out[i+k], out[i+size-1-k] = out[i+size-1-k], out[i+k]
+		}
+	}
+	return out
+}
+
+// TestGPUConcurrentMerge decodes from many goroutines at once, half of them
+// with a byte swap, so that callers share rounds: every chunk must come back
+// byte-identical to the CPU decoder's (swapped where asked), whoever it
+// shared its round with.
+func TestGPUConcurrentMerge(t *testing.T) {
+	gpuDecoder(t)
+	jobs0, want, names := genJobs(t, 64, 96)
+	cpuRef := make([][]byte, len(jobs0))
+	for i, j := range jobs0 {
+		if out, err := cpuDecode(j); err == nil {
+			cpuRef[i] = out
+		}
+	}
+	for _, opts := range []Options{{}, {Deflate: true, MaxBatchBytes: 16 << 20}} {
+		t.Run(fmt.Sprintf("deflate=%v", opts.Deflate), func(t *testing.T) {
+			rc := &roundCounter{}
+			opts.Logger = slog.New(rc)
+			d, err := New(opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			var wg sync.WaitGroup
+			errs := make(chan error, 64)
+			for g := range 16 {
+				wg.Go(func() {
+					elem := []int{0, 4}[g%2]
+					jobs := make([]codec.Job, len(jobs0))
+					for it := range 4 {
+						// Each caller a different slice of the chunks.
+						n := 1 + (g*7+it*5)%len(jobs0)
+						for i := range n {
+							j := jobs0[(g+i)%len(jobs0)]
+							jobs[i] = codec.Job{Codec: j.Codec, Src: j.Src, Dst: make([]byte, len(j.Dst))}
+						}
+						if err := d.DecodeBatchSwap(context.Background(), jobs[:n], elem); err != nil {
+							errs <- fmt.Errorf("goroutine %d: %w", g, err)
+							return
+						}
+						for i, j := range jobs[:n] {
+							k := (g + i) % len(jobs0)
+							deflateOff := !opts.Deflate && (j.Codec == codec.Gzip || j.Codec == codec.Zlib || strings.Contains(names[k], "zlib"))
+							switch {
+							case elem > 1 && len(j.Dst)%elem != 0, deflateOff:
+								if !errors.Is(j.Err, codec.ErrUnsupported) {
+									errs <- fmt.Errorf("goroutine %d %s: %v, want ErrUnsupported", g, names[k], j.Err)
+								}
+							case j.Err != nil:
+								errs <- fmt.Errorf("goroutine %d %s: %v", g, names[k], j.Err)
+							case !bytes.Equal(j.Dst, swapped(want[k], max(elem, 1))):
+								errs <- fmt.Errorf("goroutine %d %s (elem %d): GPU bytes differ from the input", g, names[k], elem)
+							case cpuRef[k] != nil && !bytes.Equal(j.Dst, swapped(cpuRef[k], max(elem, 1))):
+								errs <- fmt.Errorf("goroutine %d %s (elem %d): GPU bytes differ from the CPU's", g, names[k], elem)
+							}
+						}
+					}
+				})
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+			rc.mu.Lock()
+			t.Logf("%d rounds, %d of them shared by several callers", rc.rounds, rc.shared)
+			rc.mu.Unlock()
+		})
+	}
+}
+
+// TestGPUCancelledMidFlight cancels one caller once the decoder has
+// finished its first round, while the caller's other rounds and those of
+// other callers are queued or on the device: the others must all succeed,
+// and the cancelled caller must return, its unfinished jobs failing with
+// ErrUnsupported and its memory left alone afterwards.
+func TestGPUCancelledMidFlight(t *testing.T) {
+	gpuDecoder(t)
+	rc := &roundCounter{}
+	d, err := New(Options{MaxBatchBytes: 8 << 20, Logger: slog.New(rc)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobs0, want, names := genJobs(t, 128, 256)
+	var keep []int // what the GPU decodes with Deflate off
+	for i, j := range jobs0 {
+		if p := prepare(&j); p.err == nil && !p.uses(algoDeflate) {
+			keep = append(keep, i)
+		}
+	}
+	mk := func(copies int) ([]codec.Job, []int) {
+		var jobs []codec.Job
+		var at []int
+		for range copies {
+			for _, i := range keep {
+				j := jobs0[i]
+				jobs = append(jobs, codec.Job{Codec: j.Codec, Src: j.Src, Dst: make([]byte, len(j.Dst))})
+				at = append(at, i)
+			}
+		}
+		return jobs, at
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	rc.mu.Lock()
+	rc.cancelOnFirst = cancel
+	rc.mu.Unlock()
+	victim, vat := mk(4)
+	vdone := make(chan error, 1)
+	go func() { vdone <- d.DecodeBatch(ctx, victim) }()
+	waitQueued(d, 0, 1) // the victim's jobs come first
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for g := range 6 {
+		wg.Go(func() {
+			for range 3 {
+				jobs, at := mk(1)
+				if err := d.DecodeBatch(context.Background(), jobs); err != nil {
+					errs <- fmt.Errorf("goroutine %d: %w", g, err)
+					return
+				}
+				for i, j := range jobs {
+					if j.Err != nil || !bytes.Equal(j.Dst, want[at[i]]) {
+						errs <- fmt.Errorf("goroutine %d %s: %v", g, names[at[i]], j.Err)
+						return
+					}
+				}
+			}
+		})
+	}
+	verr := <-vdone
+	var left []int
+	switch {
+	case verr == nil:
+		t.Log("the cancelled caller finished before the cancel reached it")
+	case !errors.Is(verr, context.Canceled):
+		t.Fatalf("cancelled caller: %v", verr)
+	}
+	var done int
+	for i, j := range victim {
+		switch {
+		case j.Err == nil:
+			done++
+			if !bytes.Equal(j.Dst, want[vat[i]]) {
+				t.Errorf("cancelled caller's finished job %s: wrong bytes", names[vat[i]])
+			}
+		case errors.Is(j.Err, codec.ErrUnsupported) && errors.Is(j.Err, context.Canceled):
+			left = append(left, i)
+			for k := range j.Dst {
+				j.Dst[k] = 0xAB
+			}
+		default:
+			t.Errorf("cancelled caller's job %s: %v", names[vat[i]], j.Err)
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	d.Close() // every round in flight is settled
+	for _, i := range left {
+		for _, b := range victim[i].Dst {
+			if b != 0xAB {
+				t.Fatalf("cancelled caller's job %s was written after its call returned", names[vat[i]])
+			}
+		}
+	}
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	t.Logf("cancelled caller: %d of %d jobs finished, %d dropped; %d rounds, %d shared", done, len(victim), len(left), rc.rounds, rc.shared)
+}

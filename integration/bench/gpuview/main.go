@@ -12,7 +12,9 @@
 // default options; chunks it refuses go to the CPU) and gpu+cpu (each
 // batch split: a share of the chunks to the GPU, the rest to the CPU pool,
 // at the same time). -readers N runs N goroutines filling different samples
-// at once, as a data loader with several workers does.
+// at once, as a data loader with several workers does; the GPU decoder
+// merges the batches of readers waiting for the device into shared rounds,
+// and the table says how many rounds it ran and how full they were.
 //
 // Usage: gpuview [-dir DIR] [-steps 32] [-vars 20] [-passes 3] [-readers 1,4] [-share 0.5]
 //
@@ -28,6 +30,7 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -83,7 +86,8 @@ func main() {
 		name string
 		d    codec.BatchDecoder
 	}{{"cpu", cpu}}
-	g, err := gpu.New(gpu.Options{})
+	stats := &roundStats{}
+	g, err := gpu.New(gpu.Options{Logger: slog.New(stats)})
 	if err != nil {
 		fmt.Printf("no GPU decoding: %v\n", err)
 	} else {
@@ -108,6 +112,7 @@ func main() {
 		samples    float64
 		gbs        float64
 		ratio      float64
+		rounds     roundCounts // GPU rounds over all timed passes
 	}
 	var rows []row
 	for _, c := range strings.Split(*codecs, ",") {
@@ -167,6 +172,7 @@ func main() {
 					bufs[i] = make([]byte, *nvars*ny*nx*4)
 				}
 				var bestDt time.Duration
+				stats.reset()
 				for p := range *passes {
 					var next atomic.Int64
 					var wg sync.WaitGroup
@@ -197,13 +203,14 @@ func main() {
 					}
 				}
 				s := float64(*steps) / bestDt.Seconds()
-				rows = append(rows, row{c, dec.name, nr, s, s * float64(*nvars*ny*nx*4) / 1e9, ratio})
+				rows = append(rows, row{c, dec.name, nr, s, s * float64(*nvars*ny*nx*4) / 1e9, ratio, stats.snapshot()})
 			}
 		}
 	}
 	fmt.Println()
 	fmt.Printf("%d-channel view fill rate (best of %d passes over %d samples, warm page cache)\n", *nvars, *passes, *steps)
-	fmt.Printf("%-10s %6s %-14s %8s %10s %8s %10s\n", "store", "ratio", "decoder", "readers", "samples/s", "GB/s", "x cpu")
+	fmt.Printf("%-10s %6s %-14s %8s %10s %8s %10s %8s %13s %14s\n", "store", "ratio", "decoder", "readers", "samples/s", "GB/s", "x cpu",
+		"rounds", "chunks/round", "callers/round")
 	cpuRate := map[string]float64{}
 	for _, r := range rows {
 		if r.dec == "cpu" {
@@ -211,10 +218,60 @@ func main() {
 		}
 	}
 	for _, r := range rows {
-		fmt.Printf("%-10s %6.2f %-14s %8d %10.1f %8.2f %10.2f\n", r.store, r.ratio, r.dec, r.readers, r.samples, r.gbs,
-			r.samples/cpuRate[fmt.Sprint(r.store, r.readers)])
+		rounds, chunks, callers := "-", "-", "-"
+		if n := r.rounds.rounds; n > 0 {
+			rounds = strconv.FormatInt(n, 10)
+			chunks = fmt.Sprintf("%.1f", float64(r.rounds.chunks)/float64(n))
+			callers = fmt.Sprintf("%.2f", float64(r.rounds.callers)/float64(n))
+		}
+		fmt.Printf("%-10s %6.2f %-14s %8d %10.1f %8.2f %10.2f %8s %13s %14s\n", r.store, r.ratio, r.dec, r.readers, r.samples, r.gbs,
+			r.samples/cpuRate[fmt.Sprint(r.store, r.readers)], rounds, chunks, callers)
 	}
-	fmt.Println("GB/s: decoded bytes delivered into the sample buffers per second; x cpu: against the CPU decoder with as many readers")
+	fmt.Println("GB/s: decoded bytes delivered into the sample buffers per second; x cpu: against the CPU decoder with as many readers;")
+	fmt.Println("rounds: GPU rounds over all timed passes, with their mean chunks and callers (readers' batches merged into one round)")
+}
+
+// roundStats counts the GPU decoder's rounds from its debug lines ("gpu
+// batch", one per round, with its chunks and callers).
+type roundStats struct {
+	mu sync.Mutex
+	roundCounts
+}
+
+type roundCounts struct{ rounds, chunks, callers int64 }
+
+func (h *roundStats) Enabled(context.Context, slog.Level) bool { return true }
+func (h *roundStats) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *roundStats) WithGroup(string) slog.Handler            { return h }
+func (h *roundStats) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "gpu batch" {
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.rounds++
+	r.Attrs(func(a slog.Attr) bool {
+		switch a.Key {
+		case "chunks":
+			h.chunks += a.Value.Int64()
+		case "callers":
+			h.callers += a.Value.Int64()
+		}
+		return true
+	})
+	return nil
+}
+
+func (h *roundStats) reset() {
+	h.mu.Lock()
+	h.roundCounts = roundCounts{}
+	h.mu.Unlock()
+}
+
+func (h *roundStats) snapshot() roundCounts {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.roundCounts
 }
 
 // split sends a share of every batch to the GPU and the rest to the CPU
