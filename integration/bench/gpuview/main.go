@@ -17,6 +17,7 @@
 // and the table says how many rounds it ran and how full they were.
 //
 // Usage: gpuview [-dir DIR] [-steps 32] [-vars 20] [-passes 3] [-readers 1,4] [-share 0.5]
+// [-codecs zstd,blosc-lz4] [-decoders cpu,gpu,gpu+cpu]
 //
 // The program builds with CGO_ENABLED=0; without a GPU it reports why and
 // measures the CPU only.
@@ -61,6 +62,7 @@ func main() {
 	readersFlag := flag.String("readers", "1,4", "comma-separated numbers of concurrent readers to measure")
 	share := flag.Float64("share", 0.5, "gpu+cpu: share of each batch's chunks sent to the GPU")
 	codecs := flag.String("codecs", "zstd,blosc-lz4", "stores to write and read: zstd, blosc-lz4")
+	decFlag := flag.String("decoders", "cpu,gpu,gpu+cpu", "decoders to measure: cpu, gpu, gpu+cpu")
 	flag.Parse()
 	var readers []int
 	for _, s := range strings.Split(*readersFlag, ",") {
@@ -103,6 +105,17 @@ func main() {
 				d    codec.BatchDecoder
 			}{fmt.Sprintf("gpu+cpu(%.0f%%)", 100**share), &split{gpu: g, cpu: cpu, share: *share}})
 	}
+	want := map[string]bool{}
+	for _, n := range strings.Split(*decFlag, ",") {
+		want[strings.TrimSpace(n)] = true
+	}
+	kept := decoders[:0]
+	for _, dec := range decoders {
+		if want[strings.SplitN(dec.name, "(", 2)[0]] {
+			kept = append(kept, dec)
+		}
+	}
+	decoders = kept
 	fmt.Printf("%d CPU cores; %d variables of %dx%d float32 per sample (%.1f MB), %d samples per store\n",
 		runtime.NumCPU(), *nvars, ny, nx, float64(*nvars*ny*nx*4)/1e6, *steps)
 
@@ -224,8 +237,12 @@ func main() {
 			chunks = fmt.Sprintf("%.1f", float64(r.rounds.chunks)/float64(n))
 			callers = fmt.Sprintf("%.2f", float64(r.rounds.callers)/float64(n))
 		}
-		fmt.Printf("%-10s %6.2f %-14s %8d %10.1f %8.2f %10.2f %8s %13s %14s\n", r.store, r.ratio, r.dec, r.readers, r.samples, r.gbs,
-			r.samples/cpuRate[fmt.Sprint(r.store, r.readers)], rounds, chunks, callers)
+		vsCPU := "-"
+		if c := cpuRate[fmt.Sprint(r.store, r.readers)]; c > 0 {
+			vsCPU = fmt.Sprintf("%.2f", r.samples/c)
+		}
+		fmt.Printf("%-10s %6.2f %-14s %8d %10.1f %8.2f %10s %8s %13s %14s\n", r.store, r.ratio, r.dec, r.readers, r.samples, r.gbs,
+			vsCPU, rounds, chunks, callers)
 	}
 	fmt.Println("GB/s: decoded bytes delivered into the sample buffers per second; x cpu: against the CPU decoder with as many readers;")
 	fmt.Println("rounds: GPU rounds over all timed passes, with their mean chunks and callers (readers' batches merged into one round)")
