@@ -34,9 +34,9 @@
 // snappy stream's tags, which proves it in bounds; what fails is corrupt
 // and never reaches the device. Damage inside zstd's entropy-coded data
 // (a match offset beyond the history, say) passes these checks and may
-// still fault. Such a fault poisons the CUDA context: the batch fails, every
-// job wrapping ErrUnsupported so the caller retries it on the CPU; the next
-// batch resets the primary context, and when the driver keeps the error
+// still fault. Such a fault poisons the CUDA context: the rounds on the
+// device fail, every job wrapping ErrUnsupported so its caller retries it
+// on the CPU; the next round resets the primary context, and when the driver keeps the error
 // for the life of the process (as CUDA 13 does) the Decoder turns the GPU
 // path off, logs it once, and sends every later job to the CPU. It never
 // returns wrong bytes for a fault. Damage that nvCOMP does not notice (it
