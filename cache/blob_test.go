@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func TestGetBlobHitMissAndPaths(t *testing.T) {
@@ -267,5 +268,36 @@ func TestClosed(t *testing.T) {
 	}
 	if _, err := c.GetChunk(context.Background(), "k", func(context.Context) ([]byte, error) { return nil, nil }); !errors.Is(err, ErrClosed) {
 		t.Fatalf("GetChunk after Close: %v", err)
+	}
+}
+
+// A caller arriving while an abandoned fill winds down starts its own fill
+// instead of inheriting the other caller's cancellation.
+func TestGetBlobAfterAbandonedFill(t *testing.T) {
+	c := mustOpen(t, Options{Dir: t.TempDir()})
+	defer c.Close()
+	k := BlobKey{Layout: "L", Path: "again.npy"}
+	ctx, cancel := context.WithCancel(context.Background())
+	release := make(chan struct{})
+	slow := func(fctx context.Context, f *os.File) error {
+		cancel()
+		<-release // still winding down when the next caller comes
+		return fctx.Err()
+	}
+	if _, err := c.GetBlob(ctx, k, 3, slow); !errors.Is(err, context.Canceled) {
+		t.Fatalf("first GetBlob: %v", err)
+	}
+	// Joining the abandoned fill would wait for release, which comes only
+	// after this call: bound the wait so that mistake fails, not hangs.
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel2()
+	h, err := c.GetBlob(ctx2, k, 3, writeFill([]byte{1, 2, 3}))
+	close(release)
+	if err != nil {
+		t.Fatalf("second GetBlob joined the abandoned fill: %v", err)
+	}
+	defer h.Close()
+	if !bytes.Equal(readAll(t, h), []byte{1, 2, 3}) {
+		t.Fatal("wrong contents")
 	}
 }

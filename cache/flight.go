@@ -58,7 +58,9 @@ func join[T, R any](c *Cache, flights map[string]*flight[T], key string, ctx con
 			v, err := run(fctx)
 			c.mu.Lock()
 			f.val, f.err = v, err
-			delete(flights, key)
+			if flights[key] == f { // not abandoned and replaced meanwhile
+				delete(flights, key)
+			}
 			close(f.done)
 			orphan := f.refs == 0
 			c.mu.Unlock()
@@ -78,6 +80,11 @@ func join[T, R any](c *Cache, flights map[string]*flight[T], key string, ctx con
 		f.refs--
 		last := f.refs == 0
 		finished := isDone(f.done)
+		if last && !finished && flights[key] == f {
+			// Nobody wants this run any more: a caller arriving now must
+			// start afresh, not join a run that is being cancelled.
+			delete(flights, key)
+		}
 		c.mu.Unlock()
 		if last {
 			if finished {
