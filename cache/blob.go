@@ -225,10 +225,16 @@ func (c *Cache) dupHandle(rel string, f *os.File, size int64) (*Handle, error) {
 // fillBlob runs one fill and returns a read-only descriptor, locked shared,
 // on the now-visible blob.
 func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, fill func(ctx context.Context, f *os.File) error) (_ *os.File, err error) {
+	// A blob larger than the whole budget would evict everything and then
+	// itself: it is filled and served from an unlinked temp file instead,
+	// never indexed.
+	oversize := c.budget > 0 && size > c.budget
 	c.mu.Lock()
-	c.reserveLocked(size)
+	if !oversize {
+		c.reserveLocked(size)
+	}
 	c.mu.Unlock()
-	committed := false
+	committed := oversize
 	defer func() {
 		if !committed {
 			c.mu.Lock()
@@ -277,6 +283,10 @@ func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, fill func(
 	ro, err := os.Open(tmpName)
 	if err != nil {
 		return nil, fmt.Errorf("blob %s: %w", rel, err)
+	}
+	if oversize {
+		c.log.Warn("blob larger than the cache budget served without caching", "blob", rel, "bytes", size, "budget", c.budget)
+		return ro, nil // the deferred Remove unlinks it; ro keeps it readable
 	}
 	if err := flock(ro, syscall.LOCK_SH); err != nil {
 		ro.Close()

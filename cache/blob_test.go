@@ -2,6 +2,7 @@ package cache
 
 import (
 	"bytes"
+	"fmt"
 	"context"
 	"errors"
 	"os"
@@ -299,5 +300,35 @@ func TestGetBlobAfterAbandonedFill(t *testing.T) {
 	defer h.Close()
 	if !bytes.Equal(readAll(t, h), []byte{1, 2, 3}) {
 		t.Fatal("wrong contents")
+	}
+}
+
+// A blob larger than the whole budget is served, but neither cached nor
+// allowed to flush what the cache holds.
+func TestGetBlobLargerThanBudget(t *testing.T) {
+	dir := t.TempDir()
+	c := mustOpen(t, Options{Dir: dir, Size: 100})
+	defer c.Close()
+	for i := range 5 {
+		h, err := c.GetBlob(context.Background(), BlobKey{"L", fmt.Sprintf("s%d.npy", i)}, 10, writeFill(bytes.Repeat([]byte{byte(i)}, 10)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.Close()
+	}
+	big := bytes.Repeat([]byte{7}, 1000)
+	h, err := c.GetBlob(context.Background(), BlobKey{"L", "big.npy"}, int64(len(big)), writeFill(big))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(readAll(t, h), big) {
+		t.Fatal("wrong contents")
+	}
+	h.Close()
+	if used, n := c.Usage(); used != 50 || n != 5 {
+		t.Errorf("usage %d bytes in %d files after the oversize blob, want 50 in 5", used, n)
+	}
+	if c.HasBlob(BlobKey{"L", "big.npy"}) || len(tempFiles(t, dir)) != 0 {
+		t.Error("the oversize blob was kept")
 	}
 }
