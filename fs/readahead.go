@@ -11,9 +11,11 @@ import (
 	"github.com/zarrfs/zarrfs/fs/layout"
 )
 
-// WithReadahead returns Blobs that, each time sample K of a sample
-// directory is opened, fill samples K+1..K+n of the same directory in the
-// background, so a reader walking the samples in order finds them ready.
+// WithReadahead returns Blobs that, when sample K of a sample directory is
+// opened right after sample K-1 of it (a reader walking the samples in
+// order), fill samples K+1..K+n in the background so they are ready. A
+// shuffled reader gets no readahead: filling neighbours it will not read
+// next would only multiply the work.
 // At most n background fills run at once; a sample already being filled
 // ahead is not scheduled twice, and a fill ahead that fails is only logged
 // at debug level (the reader's own open reports it).
@@ -31,6 +33,7 @@ type readahead struct {
 	log   *slog.Logger
 	sem   chan struct{}
 	busy  sync.Map // blob path -> struct{}: filling ahead now
+	last  sync.Map // directory path -> int: index of the last sample opened
 }
 
 func (r *readahead) Open(ctx context.Context, layoutID, p string, size int64, fill func(context.Context, *os.File) error) (Backing, error) {
@@ -50,6 +53,10 @@ func (r *readahead) schedule(layoutID, p string) {
 	d := de.Dir
 	k, ok := d.Index(name)
 	if !ok {
+		return
+	}
+	prev, seen := r.last.Swap(dir, k)
+	if !seen || prev.(int) != k-1 {
 		return
 	}
 	for j := k + 1; j <= k+r.n && j < d.Len(); j++ {

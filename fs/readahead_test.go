@@ -1,0 +1,96 @@
+package fs
+
+import (
+	"context"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/zarr"
+)
+
+// recordingBlobs records the paths opened.
+type recordingBlobs struct {
+	mu      sync.Mutex
+	opened  []string
+}
+
+type nopBacking struct{}
+
+func (nopBacking) File() *os.File { return nil }
+func (nopBacking) Close() error   { return nil }
+
+func (r *recordingBlobs) Open(ctx context.Context, layoutID, p string, size int64, fill func(context.Context, *os.File) error) (Backing, error) {
+	r.mu.Lock()
+	r.opened = append(r.opened, p)
+	r.mu.Unlock()
+	return nopBacking{}, nil
+}
+
+func (r *recordingBlobs) seen(p string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, o := range r.opened {
+		if o == p {
+			return true
+		}
+	}
+	return false
+}
+
+func TestReadaheadOnlyWhenSequential(t *testing.T) {
+	h := &zarr.Hierarchy{Arrays: smallArrays(), Groups: map[string]map[string]any{"": {}}}
+	l, err := layout.Build(h, layout.Options{Reader: &patternReader{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner := &recordingBlobs{}
+	ra := WithReadahead(inner, l, 2, nil).(*readahead)
+	open := func(p string) {
+		if _, err := ra.Open(context.Background(), l.ID, p, 1, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor := func(p string) {
+		deadline := time.Now().Add(10 * time.Second)
+		for !inner.seen(p) {
+			if time.Now().After(deadline) {
+				t.Fatalf("readahead never opened %s", p)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	// A shuffled reader: no readahead at all.
+	open("t/07.npy")
+	open("t/03.npy")
+	open("t/10.npy")
+	waitIdle(ra)
+	for _, p := range []string{"t/08.npy", "t/04.npy", "t/11.npy"} {
+		if inner.seen(p) {
+			t.Errorf("%s filled ahead for a shuffled reader", p)
+		}
+	}
+	// A sequential reader: the next two samples, not past the end.
+	open("t/03.npy")
+	open("t/04.npy")
+	waitFor("t/05.npy")
+	waitFor("t/06.npy")
+	open("t/10.npy")
+	open("t/11.npy")
+	waitIdle(ra)
+	if inner.seen("t/12.npy") {
+		t.Error("readahead past the last sample")
+	}
+}
+
+// waitIdle waits until no readahead fill is running.
+func waitIdle(r *readahead) {
+	for range 10000 {
+		if len(r.sem) == 0 {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
