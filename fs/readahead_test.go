@@ -13,8 +13,8 @@ import (
 
 // recordingBlobs records the paths opened.
 type recordingBlobs struct {
-	mu      sync.Mutex
-	opened  []string
+	mu     sync.Mutex
+	opened []string
 }
 
 type nopBacking struct{}
