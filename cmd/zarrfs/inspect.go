@@ -14,14 +14,14 @@ import (
 
 // inspectEntry is one array of `zarrfs inspect --json` (CONTRACT section 7).
 type inspectEntry struct {
-	Path        string   `json:"path"`
-	Shape       []int64  `json:"shape"`
-	DType       string   `json:"dtype"`
-	Chunks      []int64  `json:"chunks"`
-	Codecs      []string `json:"codecs"`
-	Dims        []string `json:"dims"`
-	Mount       *string  `json:"mount"`
-	Unsupported *string  `json:"unsupported"`
+	Path        string    `json:"path"`
+	Shape       []int64   `json:"shape"`
+	DType       string    `json:"dtype"`
+	Chunks      []int64   `json:"chunks"`
+	Codecs      []string  `json:"codecs"`
+	Dims        []*string `json:"dims"` // null for an unnamed dimension, as in sidecars
+	Mount       *string   `json:"mount"`
+	Unsupported *string   `json:"unsupported"`
 }
 
 func newInspectCmd() *cobra.Command {
@@ -72,7 +72,12 @@ func inspectEntries(h *zarr.Hierarchy, lay *layout.Layout) []inspectEntry {
 	}
 	out := make([]inspectEntry, 0, len(h.Arrays))
 	for _, a := range h.Arrays {
-		e := inspectEntry{Path: a.Path, Shape: a.Shape, Chunks: a.Chunks, Codecs: a.Codecs, Dims: a.Dims}
+		e := inspectEntry{Path: a.Path, Shape: a.Shape, Chunks: a.Chunks, Codecs: a.Codecs, Dims: make([]*string, len(a.Dims))}
+		for i, d := range a.Dims {
+			if d != "" {
+				e.Dims[i] = &a.Dims[i]
+			}
+		}
 		if e.Codecs == nil {
 			e.Codecs = []string{}
 		}
@@ -98,7 +103,14 @@ func printInspect(w io.Writer, id string, entries []inspectEntry) {
 		}
 		fmt.Fprintf(w, "%s\n", name)
 		fmt.Fprintf(w, "  shape %v  dtype %s  chunks %v\n", e.Shape, e.DType, e.Chunks)
-		fmt.Fprintf(w, "  dims [%s]  codecs [%s]\n", strings.Join(e.Dims, ", "), strings.Join(e.Codecs, ", "))
+		dims := make([]string, len(e.Dims))
+		for i, d := range e.Dims {
+			dims[i] = "-"
+			if d != nil {
+				dims[i] = *d
+			}
+		}
+		fmt.Fprintf(w, "  dims [%s]  codecs [%s]\n", strings.Join(dims, ", "), strings.Join(e.Codecs, ", "))
 		switch {
 		case e.Unsupported != nil:
 			fmt.Fprintf(w, "  unsupported: %s\n", *e.Unsupported)

@@ -65,6 +65,14 @@ func newLogger(cmd *cobra.Command) (*slog.Logger, error) {
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 func main() {
+	defer func() {
+		// A bug must not look like a usage error (Go exits 2 on a panic):
+		// one line naming it, exit status 1.
+		if r := recover(); r != nil {
+			fmt.Fprintf(os.Stderr, "zarrfs: internal error: %v\n", r)
+			os.Exit(1)
+		}
+	}()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := rootCmd.ExecuteContext(ctx)
 	stop()

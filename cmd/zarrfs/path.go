@@ -47,9 +47,12 @@ func registerMount(mountpoint, blobDir, source string) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
+	if real, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = real
+	}
 	rec := mountRecord{Mountpoint: abs, BlobDir: blobDir, Source: source, PID: os.Getpid()}
 	b, _ := json.Marshal(rec)
-	if err := os.MkdirAll(registryDir(), 0o755); err != nil {
+	if err := os.MkdirAll(registryDir(), 0o700); err != nil {
 		return nil, err
 	}
 	f := recordFile(abs)
@@ -71,7 +74,13 @@ func findMount(abs string) (*mountRecord, bool) {
 		if !strings.HasSuffix(e.Name(), ".json") {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(registryDir(), e.Name()))
+		p := filepath.Join(registryDir(), e.Name())
+		// Trust only records written by this user (or root): the registry
+		// may sit in a shared temporary folder.
+		if st, err := os.Lstat(p); err != nil || !st.Mode().IsRegular() || !ownedByUs(st) {
+			continue
+		}
+		b, err := os.ReadFile(p)
 		if err != nil {
 			continue
 		}
@@ -92,6 +101,11 @@ func findMount(abs string) (*mountRecord, bool) {
 	return best, best != nil
 }
 
+func ownedByUs(st os.FileInfo) bool {
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	return ok && (sys.Uid == uint32(os.Geteuid()) || sys.Uid == 0)
+}
+
 func newPathCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "path MOUNT/FILE",
@@ -101,6 +115,9 @@ func newPathCmd() *cobra.Command {
 			abs, err := filepath.Abs(args[0])
 			if err != nil {
 				return err
+			}
+			if real, err := filepath.EvalSymlinks(abs); err == nil {
+				abs = real // a mountpoint reached through a symbolic link
 			}
 			rec, ok := findMount(abs)
 			if !ok {

@@ -251,6 +251,9 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 	out := cmd.OutOrStdout()
 	dir := c.BlobDir(lay.ID)
 	if len(todo) == 0 {
+		for _, d := range plan.dirs {
+			fmt.Fprintf(out, "%s\t%s\n", d, path.Join(dir, d))
+		}
 		fmt.Fprintf(out, "zarrfs: nothing to do: %d files (%s) already warm in %s\n", len(plan.blobs), humanBytes(plan.bytes), dir)
 		return nil
 	}
