@@ -21,9 +21,10 @@ const maxDims = 32
 // computed from shapes (file sizes, offsets) never overflow.
 const maxArrayBytes = 1 << 60
 
-// maxChunkBytes bounds the decoded size of one chunk (and one inner chunk):
-// metadata that asks for more is refused rather than allocated.
-const maxChunkBytes = 4 << 30
+// maxChunkBytes bounds the decoded size of one unit of decompression (a
+// chunk, or an inner chunk of a shard; a shard itself is never decoded
+// whole): metadata that asks for more is refused rather than allocated.
+const maxChunkBytes = 1 << 30
 
 // pipeline is a parsed codec chain, in encode order.
 type pipeline struct {
@@ -96,7 +97,8 @@ func toInt64s(v any, what string) ([]int64, error) {
 	return out, nil
 }
 
-// checkGrid validates shape against chunk shape and bounds chunk sizes.
+// checkGrid validates shape against the (outer) chunk shape, bounding the
+// sizes computed from them.
 func checkGrid(shape, chunks []int64, itemsize int) error {
 	if len(shape) != len(chunks) {
 		return fmt.Errorf("chunk shape %v does not match shape %v", chunks, shape)
@@ -109,14 +111,27 @@ func checkGrid(shape, chunks []int64, itemsize int) error {
 		}
 		total = lo
 	}
-	n := int64(itemsize)
+	n := uint64(itemsize)
 	for _, c := range chunks {
 		if c <= 0 {
 			return fmt.Errorf("chunk shape %v has a non-positive extent", chunks)
 		}
+		hi, lo := bits.Mul64(n, uint64(c))
+		if hi != 0 || lo > maxArrayBytes {
+			return fmt.Errorf("%w: chunk shape %v holds more than %d bytes", ErrUnsupported, chunks, uint64(maxArrayBytes))
+		}
+		n = lo
+	}
+	return nil
+}
+
+// checkUnit bounds the decoded size of one unit of decompression.
+func checkUnit(chunks []int64, itemsize int) error {
+	n := int64(itemsize)
+	for _, c := range chunks {
 		n *= c
 		if n > maxChunkBytes {
-			return fmt.Errorf("%w: chunk shape %v is larger than %d bytes", ErrUnsupported, chunks, maxChunkBytes)
+			return fmt.Errorf("%w: chunk shape %v decodes to more than %d bytes", ErrUnsupported, chunks, maxChunkBytes)
 		}
 	}
 	return nil
@@ -202,6 +217,13 @@ func parseV3Array(a *Array, n *v3Node) (*pipeline, []byte, error) {
 	a.Codecs = codecNames(n.Codecs)
 	p, err := parseV3Codecs(n.Codecs, len(shape), dt, chunks, 0)
 	if err != nil {
+		return nil, nil, err
+	}
+	unit := chunks
+	for q := p; q.shard != nil; q = q.shard.codecs {
+		unit = q.shard.inner
+	}
+	if err := checkUnit(unit, dt.Size); err != nil {
 		return nil, nil, err
 	}
 	fill, fj, err := parseFill(n.FillValue, dt, 3)
@@ -485,6 +507,9 @@ func parseV2Array(a *Array, m *v2Array, attrs map[string]any) (*pipeline, []byte
 	}
 	a.DType = dt
 	if err := checkGrid(shape, chunks, dt.Size); err != nil {
+		return nil, nil, err
+	}
+	if err := checkUnit(chunks, dt.Size); err != nil {
 		return nil, nil, err
 	}
 	p := &pipeline{bigEndian: dt.BigEndian}
