@@ -69,7 +69,7 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 		return fmt.Errorf("%s: not a directory", mountpoint)
 	}
 
-	o, err := f.open(ctx, src, log, 0)
+	o, err := f.open(ctx, src, log, openOptions{chunkTier: true})
 	if err != nil {
 		return err
 	}

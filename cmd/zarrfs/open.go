@@ -62,10 +62,22 @@ func defaultCacheDir() (string, error) {
 	return filepath.Join(home, ".cache", "zarrfs"), nil
 }
 
+// openOptions are what mount and warm open differently.
+type openOptions struct {
+	// chunkCacheBytes sizes the in-memory decoded-chunk cache (zarr.Options).
+	chunkCacheBytes int64
+	// chunkTier keeps a remote source's compressed chunks in the disk
+	// cache too. A mount wants it (a blob evicted later refills from disk);
+	// warm does not: the blobs it writes already hold every byte, and a
+	// second, compressed copy only halves its speed.
+	chunkTier bool
+}
+
 // open validates the flags, then opens the cache, the source (through the
-// cache's chunk tier when it is remote), its metadata, the views and the
-// layout. Usage mistakes come back as usage errors.
-func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, chunkCacheBytes int64) (*opened, error) {
+// cache's chunk tier when it is remote and o.chunkTier is set), its
+// metadata, the views and the layout. Usage mistakes come back as usage
+// errors.
+func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo openOptions) (*opened, error) {
 	f.src.logger = log
 	size, err := cache.ParseSize(f.cacheSize)
 	if err != nil {
@@ -102,8 +114,8 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, ch
 	if err != nil {
 		return nil, err
 	}
-	zopts := zarr.Options{Logger: log, Decoder: dec, ChunkCacheBytes: chunkCacheBytes}
-	if _, local := store.(*objectstore.Posix); !local {
+	zopts := zarr.Options{Logger: log, Decoder: dec, ChunkCacheBytes: oo.chunkCacheBytes}
+	if isRemote(store) && oo.chunkTier {
 		zopts.SourceCache = chunkTier{c}
 	}
 	h, err := zarr.Open(ctx, store, zopts)
@@ -133,6 +145,11 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, ch
 		}
 	}
 	return &opened{store: store, h: h, lay: lay, cache: c}, nil
+}
+
+func isRemote(s objectstore.Store) bool {
+	_, local := s.(*objectstore.Posix)
+	return !local
 }
 
 // chunkTier is the disk cache's chunk tier seen as a zarr.SourceCache.

@@ -56,7 +56,7 @@ samples i, i+W, i+2W, ...`,
 	fl.IntVar(&f.rank, "rank", 0, "this node's rank (with --world)")
 	fl.IntVar(&f.world, "world", 1, "number of ranks sharing the samples")
 	fl.StringVar(&f.shard, "shard", "contiguous", "how samples are split among ranks: contiguous or interleaved")
-	fl.IntVar(&f.jobs, "jobs", 0, "files filled concurrently (default: number of CPUs)")
+	fl.IntVar(&f.jobs, "jobs", 0, "files filled concurrently (default: number of CPUs, at least 16 for S3)")
 	return cmd
 }
 
@@ -223,16 +223,22 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 	if f.shard != "contiguous" && f.shard != "interleaved" {
 		return usagef("--shard %q: want contiguous or interleaved", f.shard)
 	}
-	if f.jobs <= 0 {
-		f.jobs = runtime.NumCPU()
-	}
 	// Warm fills runs of samples that share chunks, one run per worker:
 	// the decoded-chunk cache must hold every worker's current chunks (a
 	// 20-channel view over chunks of 10 ERA5 time steps needs 830 MB a
 	// worker). Memory is taken only as chunks are cached.
-	o, err := f.open(ctx, src, log, 4<<30)
+	o, err := f.open(ctx, src, log, openOptions{chunkCacheBytes: 4 << 30})
 	if err != nil {
 		return err
+	}
+	if f.jobs <= 0 {
+		// Decoding is bounded by the decoder's own workers; the jobs are
+		// fills in flight, which for a remote source mostly wait on the
+		// network.
+		f.jobs = runtime.NumCPU()
+		if isRemote(o.store) {
+			f.jobs = max(f.jobs, 16)
+		}
 	}
 	defer o.Close()
 	c, lay := o.cache, o.lay
