@@ -680,25 +680,3 @@ func parseFill(v any, dt DType, format int) ([]byte, any, error) {
 	}
 	return nil, nil, fmt.Errorf("%w: fill_value %v", ErrUnsupported, v)
 }
-
-// fillJSON turns fill bytes back into a JSON-ready value.
-func fillJSON(b []byte, dt DType) any {
-	switch dt.Kind {
-	case 'b':
-		return b[0] != 0
-	case 'i':
-		return getInt(b, dt)
-	case 'u':
-		return getUint(b, dt)
-	}
-	f := getFloat(b, dt)
-	switch {
-	case math.IsNaN(f):
-		return "NaN"
-	case math.IsInf(f, 1):
-		return "Infinity"
-	case math.IsInf(f, -1):
-		return "-Infinity"
-	}
-	return f
-}

@@ -45,30 +45,6 @@ func putFloat(b []byte, dt DType, f float64) {
 	}
 }
 
-func getUint(b []byte, dt DType) uint64 {
-	switch dt.Size {
-	case 1:
-		return uint64(b[0])
-	case 2:
-		return uint64(binary.LittleEndian.Uint16(b))
-	case 4:
-		return uint64(binary.LittleEndian.Uint32(b))
-	}
-	return binary.LittleEndian.Uint64(b)
-}
-
-func getInt(b []byte, dt DType) int64 {
-	switch dt.Size {
-	case 1:
-		return int64(int8(b[0]))
-	case 2:
-		return int64(int16(binary.LittleEndian.Uint16(b)))
-	case 4:
-		return int64(int32(binary.LittleEndian.Uint32(b)))
-	}
-	return int64(binary.LittleEndian.Uint64(b))
-}
-
 func getFloat(b []byte, dt DType) float64 {
 	switch dt.Size {
 	case 2:
