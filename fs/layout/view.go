@@ -726,7 +726,8 @@ type ViewSidecar struct {
 	// Shape is (samples, C, *spatial).
 	Shape []int64 `json:"shape"`
 	DType string  `json:"dtype"`
-	// Dims names the dimensions of one sample: "channel", then the spatial ones.
+	// Dims names the dimensions of Shape: the sample dimension, "channel",
+	// then the spatial ones (as an array sidecar's dims match its shape).
 	Dims        []*string      `json:"dims"`
 	SampleDim   string         `json:"sample_dim"`
 	SampleShape []int64        `json:"sample_shape"`
@@ -786,6 +787,7 @@ func (v *View) sidecar(o Options) ([]byte, error) {
 		SampleCoords:           v.SampleCoords,
 		SampleCoordsAttributes: v.SampleCoordsAttributes,
 	}
+	s.Dims = []*string{&s.SampleDim}
 	for _, d := range v.SampleDims {
 		if d == "" {
 			s.Dims = append(s.Dims, nil)

@@ -297,7 +297,7 @@ func TestViewBuildAndFill(t *testing.T) {
 	}
 	for k, want := range map[string]any{
 		"kind": "view", "name": "train", "shape": []any{6.0, 9.0, 4.0, 5.0}, "dtype": "<f8",
-		"dims": []any{"channel", "latitude", "longitude"}, "sample_dim": "time", "sample_shape": []any{9.0, 4.0, 5.0},
+		"dims": []any{"time", "channel", "latitude", "longitude"}, "sample_dim": "time", "sample_shape": []any{9.0, 4.0, 5.0},
 		"files": 6.0, "data_offset": 128.0, "fill_value": nil, "attributes": map[string]any{},
 		"samples":       map[string]any{"start": 1.0, "stop": 12.0, "step": 2.0},
 		"sample_coords": []any{6.0, 18.0, 30.0, 42.0, 54.0, 66.0},

@@ -75,7 +75,7 @@ func TestViewsAgainstZarrPython(t *testing.T) {
 				}
 				if side.Kind != "view" || side.Files != want.Files || side.DType != want.Descr ||
 					!reflect.DeepEqual(side.SampleShape, want.SampleShape) || !reflect.DeepEqual(side.Shape, append([]int64{want.Files}, want.SampleShape...)) ||
-					side.DataOffset != 4096 || side.Attributes == nil || len(side.Dims) != len(want.SampleShape) || *side.Dims[0] != "channel" {
+					side.DataOffset != 4096 || side.Attributes == nil || len(side.Dims) != len(want.SampleShape)+1 || *side.Dims[0] != side.SampleDim || *side.Dims[1] != "channel" {
 					t.Errorf("%s: sidecar %s", v.Name, e.Data)
 				}
 				// Channels and coordinates as zarr-python sees them.
