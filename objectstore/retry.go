@@ -224,6 +224,22 @@ func (r *Retry) do(ctx context.Context, op, key string, f func(ctx context.Conte
 }
 
 // Get implements Store.
+var _ GetterInto = (*Retry)(nil)
+
+// GetInto retries the inner store's GetInto (or Get, when it has none).
+func (r *Retry) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
+	gi, ok := r.Store.(GetterInto)
+	if !ok {
+		return r.Get(ctx, key)
+	}
+	var b []byte
+	err := r.do(ctx, "get", key, func(ctx context.Context) (err error) {
+		b, err = gi.GetInto(ctx, key, buf)
+		return err
+	})
+	return b, err
+}
+
 func (r *Retry) Get(ctx context.Context, key string) ([]byte, error) {
 	var b []byte
 	err := r.do(ctx, "get", key, func(ctx context.Context) (err error) {

@@ -419,7 +419,22 @@ func (s *S3) Get(ctx context.Context, key string) ([]byte, error) {
 	if err != nil {
 		return nil, &Error{Op: "get", Store: s.id, Key: key, Err: err}
 	}
-	b, err := s.fetch(ctx, k, 0, 0, false)
+	b, err := s.fetch(ctx, k, 0, 0, false, nil)
+	if err != nil {
+		return nil, &Error{Op: "get", Store: s.id, Key: k, Err: err}
+	}
+	return b, nil
+}
+
+var _ GetterInto = (*S3)(nil)
+
+// GetInto is Get reading into buf when it is large enough.
+func (s *S3) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
+	k, err := CleanKey(key, false)
+	if err != nil {
+		return nil, &Error{Op: "get", Store: s.id, Key: key, Err: err}
+	}
+	b, err := s.fetch(ctx, k, 0, 0, false, buf)
 	if err != nil {
 		return nil, &Error{Op: "get", Store: s.id, Key: k, Err: err}
 	}
@@ -437,14 +452,14 @@ func (s *S3) GetRange(ctx context.Context, key string, off, length int64) ([]byt
 	if length < 0 {
 		return nil, &Error{Op: "get range", Store: s.id, Key: k, Err: fmt.Errorf("negative length %d", length)}
 	}
-	b, err := s.fetch(ctx, k, off, length, true)
+	b, err := s.fetch(ctx, k, off, length, true, nil)
 	if err != nil {
 		return nil, &Error{Op: "get range", Store: s.id, Key: k, Err: err}
 	}
 	return b, nil
 }
 
-func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool) ([]byte, error) {
+func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool, into []byte) ([]byte, error) {
 	if err := s.acquire(ctx); err != nil {
 		return nil, err
 	}
@@ -532,7 +547,11 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 	var buf []byte
 	var n int
 	if want >= 0 {
-		buf = make([]byte, want)
+		if int64(cap(into)) >= want {
+			buf = into[:want]
+		} else {
+			buf = make([]byte, want)
+		}
 		n, err = io.ReadFull(body, buf)
 	} else {
 		buf, err = io.ReadAll(body)
