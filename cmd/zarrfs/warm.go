@@ -269,7 +269,7 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 			progressbar.OptionSetWriter(os.Stderr),
 			progressbar.OptionShowBytes(true),
 			progressbar.OptionShowCount(),
-			progressbar.OptionSetDescription(fmt.Sprintf("warming %d files", len(todo))),
+			progressbar.OptionSetDescription(fmt.Sprintf("warming 0/%d files", len(todo))),
 			progressbar.OptionThrottle(100*time.Millisecond),
 			progressbar.OptionShowElapsedTimeOnFinish(),
 			progressbar.OptionSetPredictTime(true),
@@ -298,9 +298,10 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 						errOnce.Do(func() { firstErr = fmt.Errorf("%s: %w", b.Path(), err) })
 						continue
 					}
-					done.Add(1)
+					n := done.Add(1)
 					doneBytes.Add(b.Size())
 					if bar != nil {
+						bar.Describe(fmt.Sprintf("warming %d/%d files", n, len(todo)))
 						_ = bar.Add64(b.Size())
 					}
 				}
