@@ -178,17 +178,21 @@ func (c *Cache) openIndexed(rel string, size int64) (*Handle, error) {
 	c.mu.Unlock()
 
 	p := filepath.Join(c.dir, rel)
-	f, err := os.Open(p)
+	f, err := openRO(p)
 	ok := err == nil
 	if ok {
 		// A shared lock first, then the checks: an evictor elsewhere holds
 		// LOCK_EX while it unlinks, so after our lock the path either
 		// still names our file or the file is gone.
-		ok = flock(f, syscall.LOCK_SH) == nil && sameFile(f, p)
+		ok = flock(f, syscall.LOCK_SH) == nil
 	}
 	if ok {
+		// One fstat serves both checks (this is every open of a mounted
+		// file, so each syscall counts).
 		fi, err := f.Stat()
-		ok = err == nil && fi.Mode().IsRegular() && fi.Size() == want && want == size
+		pi, perr := os.Stat(p)
+		ok = err == nil && perr == nil && os.SameFile(fi, pi) &&
+			fi.Mode().IsRegular() && fi.Size() == want && want == size
 	}
 	if !ok {
 		if f != nil {
@@ -201,6 +205,17 @@ func (c *Cache) openIndexed(rel string, size int64) (*Handle, error) {
 		return nil, nil
 	}
 	return &Handle{c: c, e: e, f: f, path: p, size: size}, nil
+}
+
+// openRO opens a file read-only without os.Open's attempt to register a
+// regular file with the network poller (a failing epoll_ctl and fcntls per
+// open).
+func openRO(p string) (*os.File, error) {
+	fd, err := syscall.Open(p, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: p, Err: err}
+	}
+	return os.NewFile(uintptr(fd), p), nil
 }
 
 // dupHandle gives one caller of a shared fill its own descriptor. The
