@@ -115,22 +115,21 @@ func (w *walker) root() error {
 	if g, err := w.get(".zgroup"); err != nil {
 		return err
 	} else if g != nil {
-		attrs, err := w.v2Attrs("")
+		attrs, err := w.get(".zattrs")
 		if err != nil {
 			return err
 		}
-		w.h.Groups[""] = attrs
+		w.h.Groups[""] = parseAttrs(attrs)
 		return w.walkV2("", 0)
 	}
 	if a, err := w.get(".zarray"); err != nil {
 		return err
 	} else if a != nil {
-		attrs, err := w.v2Attrs("")
+		attrs, err := w.get(".zattrs")
 		if err != nil {
 			return err
 		}
-		zattrs, _ := w.get(".zattrs")
-		w.addV2Array("", a, zattrs, attrs)
+		w.addV2Array("", a, attrs)
 		return nil
 	}
 	return fmt.Errorf("%s: no Zarr metadata (zarr.json, .zgroup, .zarray or .zmetadata) at the root", id)
@@ -163,14 +162,14 @@ func (w *walker) addV3Array(path string, doc []byte, n *v3Node) {
 	w.h.Arrays = append(w.h.Arrays, a)
 }
 
-func (w *walker) addV2Array(path string, doc, attrsDoc []byte, attrs map[string]any) {
+func (w *walker) addV2Array(path string, doc, attrsDoc []byte) {
 	a := &Array{Path: path, ZarrFormat: 2, MetaHash: hashDocs(doc, attrsDoc)}
 	var m v2Array
 	if err := parseJSON(doc, &m); err != nil {
 		w.unsupported(a, fmt.Errorf(".zarray: %v", err))
 		return
 	}
-	p, fill, err := parseV2Array(a, &m, attrs)
+	p, fill, err := parseV2Array(a, &m, parseAttrs(attrsDoc))
 	if err != nil {
 		w.unsupported(a, err)
 		return
@@ -181,18 +180,11 @@ func (w *walker) addV2Array(path string, doc, attrsDoc []byte, attrs map[string]
 
 // walkV3 lists dir and visits every child holding a zarr.json.
 func (w *walker) walkV3(dir string, depth int) error {
-	if depth > maxWalkDepth {
-		return nil
-	}
-	children, err := w.h.Store.List(w.ctx, dir)
+	dirs, err := w.childDirs(dir, depth)
 	if err != nil {
 		return err
 	}
-	for _, c := range children {
-		if !strings.HasSuffix(c, "/") {
-			continue
-		}
-		p := join(dir, strings.TrimSuffix(c, "/"))
+	for _, p := range dirs {
 		doc, err := w.get(p + "/zarr.json")
 		if err != nil {
 			return err
@@ -261,50 +253,66 @@ func (w *walker) consolidatedV3(md map[string]json.RawMessage) error {
 	return nil
 }
 
-func (w *walker) v2Attrs(dir string) (map[string]any, error) {
-	b, err := w.get(join(dir, ".zattrs"))
-	if err != nil || b == nil {
-		return map[string]any{}, err
-	}
+// parseAttrs parses a v2 .zattrs document (nil when absent). Broken
+// attributes never hide data: they read as none.
+func parseAttrs(doc []byte) map[string]any {
 	var m map[string]any
-	if err := parseJSON(b, &m); err != nil {
-		return map[string]any{}, nil // broken attributes never hide data
+	if doc != nil && parseJSON(doc, &m) != nil {
+		m = nil
 	}
-	return attrsOrEmpty(m), nil
+	return attrsOrEmpty(m)
 }
 
-func (w *walker) walkV2(dir string, depth int) error {
+// childDirs lists the subdirectories of dir, as paths from the store root;
+// nothing past maxWalkDepth.
+func (w *walker) childDirs(dir string, depth int) ([]string, error) {
 	if depth > maxWalkDepth {
-		return nil
+		return nil, nil
 	}
 	children, err := w.h.Store.List(w.ctx, dir)
 	if err != nil {
+		return nil, err
+	}
+	var dirs []string
+	for _, c := range children {
+		if name, ok := strings.CutSuffix(c, "/"); ok {
+			dirs = append(dirs, join(dir, name))
+		}
+	}
+	return dirs, nil
+}
+
+func (w *walker) walkV2(dir string, depth int) error {
+	dirs, err := w.childDirs(dir, depth)
+	if err != nil {
 		return err
 	}
-	for _, c := range children {
-		if !strings.HasSuffix(c, "/") {
-			continue
-		}
-		p := join(dir, strings.TrimSuffix(c, "/"))
-		if doc, err := w.get(p + "/.zarray"); err != nil {
+	for _, p := range dirs {
+		doc, err := w.get(p + "/.zarray")
+		if err != nil {
 			return err
-		} else if doc != nil {
-			attrsDoc, err := w.get(p + "/.zattrs")
+		}
+		isGroup := false
+		if doc == nil {
+			g, err := w.get(p + "/.zgroup")
 			if err != nil {
 				return err
 			}
-			attrs, _ := w.v2Attrs(p)
-			w.addV2Array(p, doc, attrsDoc, attrs)
+			if isGroup = g != nil; !isGroup {
+				continue // neither array nor group
+			}
+		}
+		attrs, err := w.get(p + "/.zattrs")
+		if err != nil {
+			return err
+		}
+		if !isGroup {
+			w.addV2Array(p, doc, attrs)
 			continue
 		}
-		if g, err := w.get(p + "/.zgroup"); err != nil {
+		w.h.Groups[p] = parseAttrs(attrs)
+		if err := w.walkV2(p, depth+1); err != nil {
 			return err
-		} else if g != nil {
-			attrs, _ := w.v2Attrs(p)
-			w.h.Groups[p] = attrs
-			if err := w.walkV2(p, depth+1); err != nil {
-				return err
-			}
 		}
 	}
 	return nil
@@ -328,18 +336,9 @@ func (w *walker) consolidatedV2(doc []byte) error {
 		}
 		switch base {
 		case ".zgroup":
-			var attrs map[string]any
-			if r, ok := zm.Metadata[join(dir, ".zattrs")]; ok {
-				_ = parseJSON(r, &attrs)
-			}
-			w.h.Groups[dir] = attrsOrEmpty(attrs)
+			w.h.Groups[dir] = parseAttrs(zm.Metadata[join(dir, ".zattrs")])
 		case ".zarray":
-			var attrs map[string]any
-			attrsRaw := zm.Metadata[join(dir, ".zattrs")]
-			if attrsRaw != nil {
-				_ = parseJSON(attrsRaw, &attrs)
-			}
-			w.addV2Array(dir, raw, attrsRaw, attrsOrEmpty(attrs))
+			w.addV2Array(dir, raw, zm.Metadata[join(dir, ".zattrs")])
 		}
 	}
 	return nil
