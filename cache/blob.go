@@ -244,19 +244,15 @@ func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, fill func(
 	// itself: it is filled and served from an unlinked temp file instead,
 	// never indexed.
 	oversize := c.budget > 0 && size > c.budget
-	c.mu.Lock()
-	if !oversize {
-		c.reserveLocked(size)
-	}
-	c.mu.Unlock()
 	committed := oversize
-	defer func() {
-		if !committed {
-			c.mu.Lock()
-			c.inflight -= size
-			c.mu.Unlock()
-		}
-	}()
+	if !oversize {
+		unreserve := c.reserve(size)
+		defer func() {
+			if !committed {
+				unreserve()
+			}
+		}()
+	}
 
 	tmp, err := os.CreateTemp(c.inst.dir, "blob-*")
 	if err != nil {

@@ -642,11 +642,20 @@ func syncDir(p string) {
 	}
 }
 
-// reserveLocked counts n bytes about to be written and makes room for them.
-func (c *Cache) reserveLocked(n int64) {
+// reserve counts n bytes about to be written and makes room for them. The
+// returned func gives the reservation back; call it unless the bytes were
+// committed to the index (which then accounts for them).
+func (c *Cache) reserve(n int64) (unreserve func()) {
+	c.mu.Lock()
 	c.inflight += n
 	c.tailLocked()
 	c.evictLocked()
+	c.mu.Unlock()
+	return func() {
+		c.mu.Lock()
+		c.inflight -= n
+		c.mu.Unlock()
+	}
 }
 
 // evictLocked removes least recently used, unpinned entries until used +

@@ -114,15 +114,11 @@ func (c *Cache) storeChunk(rel, key string, data []byte) {
 	if c.budget > 0 && size > c.budget {
 		return
 	}
-	c.mu.Lock()
-	c.reserveLocked(size)
-	c.mu.Unlock()
+	unreserve := c.reserve(size)
 	committed := false
 	defer func() {
 		if !committed {
-			c.mu.Lock()
-			c.inflight -= size
-			c.mu.Unlock()
+			unreserve()
 		}
 	}()
 	tmp, err := os.CreateTemp(c.inst.dir, "chunk-*")
