@@ -678,47 +678,6 @@ func (v *View) WorkingSetBytes() int64 {
 	return n
 }
 
-// SampleRun returns the run [first, end) of view samples around sample k
-// that share source chunks along the sample dimension: the smallest range
-// closed under "reads a chunk another sample of the range reads", at most
-// maxSamples long (zero means no bound). Filling a run with FillBatch
-// decodes each of its chunks once without the decoded-chunk cache, which is
-// what readahead and warm want.
-func (v *View) SampleRun(k int64, maxSamples int64) (first, end int64) {
-	if k < 0 || k >= v.N {
-		return k, k
-	}
-	first, end = k, k+1
-	for {
-		lo, hi := first, end
-		for _, ch := range v.Channels {
-			if ch.Axis < 0 {
-				continue
-			}
-			c := ch.Array.Chunks[ch.Axis]
-			if c <= 1 {
-				continue
-			}
-			// Source indices of the run's first and last samples, widened to
-			// their chunks, back to view samples.
-			t0 := (v.Start + first*v.Step) / c * c
-			t1 := ((v.Start+(end-1)*v.Step)/c + 1) * c
-			lo = min(lo, max(0, (t0-v.Start+v.Step-1)/v.Step))
-			hi = max(hi, min(v.N, (t1-v.Start+v.Step-1)/v.Step))
-		}
-		if maxSamples > 0 && hi-lo > maxSamples {
-			// Keep k inside and the bound.
-			lo = max(lo, k-maxSamples+1)
-			hi = lo + maxSamples
-			return lo, min(hi, v.N)
-		}
-		if lo == first && hi == end {
-			return first, end
-		}
-		first, end = lo, hi
-	}
-}
-
 // ViewSidecar is the JSON document at MOUNT/NAME.json (CONTRACT section 6).
 type ViewSidecar struct {
 	Kind string `json:"kind"`

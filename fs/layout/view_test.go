@@ -783,33 +783,3 @@ func mustLookupB(b *testing.B, l *Layout, p string) Blob {
 	return e.Blob
 }
 
-func TestSampleRun(t *testing.T) {
-	mk := func(start, step, n int64, chunks ...int64) *View {
-		v := &View{Start: start, Step: step, N: n}
-		for _, c := range chunks {
-			v.Channels = append(v.Channels, Channel{Axis: 0, Array: &zarr.Array{Chunks: []int64{c, 5}}})
-		}
-		v.Channels = append(v.Channels, Channel{Axis: -1, Array: &zarr.Array{Chunks: []int64{3}}})
-		return v
-	}
-	for _, tt := range []struct {
-		v          *View
-		k, max     int64
-		first, end int64
-	}{
-		{mk(0, 1, 20, 10), 0, 0, 0, 10},
-		{mk(0, 1, 20, 10), 13, 0, 10, 20},
-		{mk(0, 1, 25, 10), 22, 0, 20, 25},  // last, partial chunk
-		{mk(0, 1, 20, 1), 7, 0, 7, 8},      // one step per chunk: runs of one
-		{mk(3, 1, 17, 10), 0, 0, 0, 7},     // samples 0..6 are indices 3..9
-		{mk(0, 2, 10, 10), 3, 0, 0, 5},     // indices 0,2,..,8 share chunk 0
-		{mk(0, 1, 20, 10, 4), 0, 0, 0, 20}, // 0..10 -> 0..12 (chunks of 4) -> 0..20 (chunks of 10)
-		{mk(0, 1, 40, 10, 4), 9, 0, 0, 20}, // closure grows: 0..10 -> 8..12 -> 10..20
-		{mk(0, 1, 40, 10, 4), 9, 6, 4, 10}, // bounded, k kept inside
-		{mk(0, 1, 20, 10), 20, 0, 20, 20},  // out of range
-	} {
-		if f, e := tt.v.SampleRun(tt.k, tt.max); f != tt.first || e != tt.end {
-			t.Errorf("SampleRun(%d, %d) over chunks %v: [%d, %d), want [%d, %d)", tt.k, tt.max, tt.v.Channels[0].Array.Chunks, f, e, tt.first, tt.end)
-		}
-	}
-}
