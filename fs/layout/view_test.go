@@ -782,4 +782,3 @@ func mustLookupB(b *testing.B, l *Layout, p string) Blob {
 	}
 	return e.Blob
 }
-
