@@ -52,6 +52,8 @@ type cudaLib struct {
 	cuMemFree                 func(p uintptr) cuResult
 	cuMemAllocHost            func(p *unsafe.Pointer, size uint64) cuResult
 	cuMemFreeHost             func(p unsafe.Pointer) cuResult
+	cuMemHostRegister         func(p unsafe.Pointer, size uint64, flags uint32) cuResult
+	cuMemHostUnregister       func(p unsafe.Pointer) cuResult
 	cuMemcpyHtoDAsync         func(dst uintptr, src unsafe.Pointer, n uint64, s uintptr) cuResult
 	cuMemsetD32Async          func(dst uintptr, v uint32, n uint64, s uintptr) cuResult
 	cuMemcpyDtoHAsync         func(dst unsafe.Pointer, src uintptr, n uint64, s uintptr) cuResult
@@ -112,6 +114,8 @@ func (l *cudaLib) bind() error {
 		{&l.cuMemFree, "cuMemFree_v2"},
 		{&l.cuMemAllocHost, "cuMemAllocHost_v2"},
 		{&l.cuMemFreeHost, "cuMemFreeHost"},
+		{&l.cuMemHostRegister, "cuMemHostRegister_v2"},
+		{&l.cuMemHostUnregister, "cuMemHostUnregister"},
 		{&l.cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"},
 		{&l.cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"},
 		{&l.cuMemsetD32Async, "cuMemsetD32Async"},

@@ -26,16 +26,22 @@ type Options struct {
 	Device int
 	// MaxBatchBytes bounds the device memory and, as much again, the pinned
 	// host memory the Decoder keeps for its buffers (compressed input,
-	// decoded output, scratch). Zero means 2 GiB. A single chunk needing
-	// more than half of it is left to the CPU (ErrUnsupported).
+	// decoded output, scratch). Zero means 2 GiB. Each of the Streams
+	// rounds in flight gets an equal share; a single chunk needing more
+	// than one share is left to the CPU (ErrUnsupported).
 	MaxBatchBytes int64
 	// RoundBytes is the buffer size of one round: a batch is cut into
-	// rounds so that the host packs the next round and copies out the
-	// previous one while the GPU decodes. A round of fewer than 64
-	// compressed pieces (chunks, or blosc streams) grows past it, up to
-	// MaxBatchBytes/2, since nvCOMP needs many pieces to fill a GPU. Zero
-	// means 512 MiB (measured best of 32, 128 and 512 MiB for 4 MB chunks).
+	// rounds so that the host packs the next round and copies out an
+	// earlier one while the GPU copies and decodes the rounds between. A
+	// round of fewer than 64 compressed pieces (chunks, or blosc streams)
+	// grows past it, up to its share of MaxBatchBytes, since nvCOMP needs
+	// many pieces to fill a GPU. Zero means defaultRoundBytes.
 	RoundBytes int64
+	// Streams is the number of rounds in flight, each with its own buffers
+	// and CUDA stream, so that one round's host-to-device copy, another's
+	// decoding and a third's device-to-host copy overlap. Zero means
+	// defaultStreams.
+	Streams int
 	// CopyWorkers is the number of goroutines that pack compressed bytes
 	// into pinned memory and copy decoded bytes out of it. Zero means
 	// min(16, GOMAXPROCS).
@@ -44,6 +50,9 @@ type Options struct {
 	// and zstd content checksums after GPU decoding (nvCOMP checks none of
 	// them). Zero value: they are checked.
 	SkipChecksums bool
+	// HostBytes bounds the pinned host memory HostAlloc lends. Zero means
+	// 2 GiB; past it HostAlloc returns ordinary memory.
+	HostBytes int64
 	// Deflate sends gzip, zlib and blosc-zlib chunks to nvCOMP's deflate
 	// decoder. Off by default: nvCOMP's deflate writes past its output on
 	// some damaged streams (see the package doc). The fence around deflate
@@ -61,6 +70,8 @@ type Options struct {
 const (
 	defaultMaxBatchBytes = 2 << 30
 	defaultRoundBytes    = 512 << 20
+	defaultStreams       = 2
+	defaultHostBytes     = 2 << 30
 )
 
 // maxJobsPerRound keeps grid dimensions and descriptor arrays small.
@@ -82,13 +93,19 @@ type Decoder struct {
 	log  *slog.Logger
 	info Info
 
+	host hostPool // pinned memory lent to callers (hostmem.go)
+
+	// ctxMu guards ctx against HostAlloc's registrations while the
+	// context is rebuilt.
+	ctxMu                       sync.Mutex
 	dev                         int32
 	ctx                         uintptr
 	mod                         uintptr
 	fnCopy, fnUnshuffle, fnSwap uintptr
 
-	sets      [numSets]bufSet // rounds in flight: one decoding, one packed or copied out
+	sets      []bufSet // one per round in flight (Options.Streams)
 	outAligns [numAlgos]int64
+	inAligns  [numAlgos]int64
 
 	// stateMu guards broken and dead, which the submitter and the
 	// completer both set.
@@ -120,6 +137,9 @@ type bufSet struct {
 	dIn, dOut  devBuf
 	args       hostBuf // kernel argument values and pointer arrays (C memory)
 	start, end uintptr // events around the round's device work
+	// marks are events between its stages: after the host-to-device copy,
+	// after nvCOMP, after our kernels. The debug line reports each stage.
+	marks [3]uintptr
 	// Each set has its own stream and nvCOMP scratch, so that the GPU may
 	// run two rounds at once: large chunks give nvCOMP few, long tasks,
 	// and a second round fills the idle multiprocessors.
@@ -153,9 +173,12 @@ func New(opts Options) (*Decoder, error) {
 		return nil, fmt.Errorf("%w: device %d requested, the driver sees %d", ErrNoGPU, opts.Device, l.devices)
 	}
 	opts, log := opts.withDefaults()
-	d := &Decoder{libs: l, cu: l.cu, nv: l.nv, opts: opts, log: log, info: probe(l, opts.Device)}
+	d := &Decoder{libs: l, cu: l.cu, nv: l.nv, opts: opts, log: log, info: probe(l, opts.Device),
+		sets: make([]bufSet, opts.Streams)}
+	d.host.limit = opts.HostBytes
 	for a := range numAlgos {
 		d.outAligns[a] = max(int64(l.nv.algos[a].align.Output), 1)
+		d.inAligns[a] = max(int64(l.nv.algos[a].align.Input), 1)
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -175,7 +198,13 @@ func (opts Options) withDefaults() (Options, *slog.Logger) {
 	if opts.RoundBytes <= 0 {
 		opts.RoundBytes = defaultRoundBytes
 	}
-	opts.RoundBytes = min(opts.RoundBytes, opts.MaxBatchBytes/2)
+	if opts.HostBytes <= 0 {
+		opts.HostBytes = defaultHostBytes
+	}
+	if opts.Streams <= 0 {
+		opts.Streams = defaultStreams
+	}
+	opts.RoundBytes = min(opts.RoundBytes, opts.share())
 	if opts.CopyWorkers <= 0 {
 		opts.CopyWorkers = min(16, runtime.GOMAXPROCS(0))
 	}
@@ -185,6 +214,10 @@ func (opts Options) withDefaults() (Options, *slog.Logger) {
 	}
 	return opts, log
 }
+
+// share is the most memory one round may use: MaxBatchBytes split among
+// the rounds in flight.
+func (opts Options) share() int64 { return opts.MaxBatchBytes / int64(opts.Streams) }
 
 // Info describes the device and libraries the Decoder uses.
 func (d *Decoder) Info() Info { return d.info }
@@ -228,8 +261,10 @@ func (d *Decoder) initContext() error {
 		if err := cu.check("cuEventCreate", cu.cuEventCreate(&st.start, 0)); err != nil {
 			return err
 		}
-		if err := cu.check("cuEventCreate", cu.cuEventCreate(&st.end, 0)); err != nil {
-			return err
+		for _, e := range append([]*uintptr{&st.end}, &st.marks[0], &st.marks[1], &st.marks[2]) {
+			if err := cu.check("cuEventCreate", cu.cuEventCreate(e, 0)); err != nil {
+				return err
+			}
 		}
 		if err := d.growHost(&st.args, 4096); err != nil {
 			return err
@@ -256,7 +291,7 @@ func (d *Decoder) teardown() {
 			st.stream = 0
 		}
 		hosts = append(hosts, &st.hIn, &st.hOut, &st.args)
-		for _, e := range []*uintptr{&st.start, &st.end} {
+		for _, e := range []*uintptr{&st.start, &st.end, &st.marks[0], &st.marks[1], &st.marks[2]} {
 			if *e != 0 {
 				cu.cuEventDestroy(*e)
 				*e = 0
@@ -309,6 +344,8 @@ func (d *Decoder) recoverContext() error {
 	cause := d.broken
 	d.stateMu.Unlock()
 	d.log.Warn("gpu: resetting the CUDA context after a device error", "device", d.opts.Device, "cause", cause)
+	d.ctxMu.Lock()
+	defer d.ctxMu.Unlock()
 	d.teardown()
 	d.cu.cuCtxSetCurrent(0)
 	if r := d.cu.cuDevicePrimaryCtxReset(d.dev); r != cuSuccess {
@@ -317,6 +354,7 @@ func (d *Decoder) recoverContext() error {
 	if err := d.initContext(); err != nil {
 		return err
 	}
+	d.reregister()
 	d.stateMu.Lock()
 	d.broken = nil
 	d.stateMu.Unlock()
@@ -412,7 +450,13 @@ func (c cudaRounds) submit(r *round) error {
 	if err := d.cu.check("cuCtxSetCurrent", d.cu.cuCtxSetCurrent(d.ctx)); err != nil {
 		return err
 	}
-	fl, err := d.submit(r.jobs, r.preps, r.elemSize, &d.sets[r.set])
+	set := &d.sets[r.set]
+	fl, err := d.submit(r.jobs, r.preps, r.elemSize, set)
+	if err != nil {
+		// Copies from and to pinned callers' memory may be queued: they end
+		// before the callers are told.
+		d.cu.cuStreamSynchronize(set.stream)
+	}
 	r.fl = fl
 	return err
 }
@@ -425,7 +469,12 @@ func (c cudaRounds) collect(r *round) ([][]byte, []error, error) {
 	return d.finish(r)
 }
 
-func (c cudaRounds) close() { c.d.teardown() }
+func (c cudaRounds) close() {
+	c.d.releaseHost()
+	c.d.ctxMu.Lock()
+	defer c.d.ctxMu.Unlock()
+	c.d.teardown()
+}
 
 // failAll marks the jobs not yet decoded as failed by err, wrapped as
 // ErrUnsupported so that a caller retries them on the CPU, and returns err.
@@ -443,6 +492,7 @@ type inflight struct {
 	set       *bufSet
 	l         *layout
 	idx       []int
+	directOut []bool // per job: its bytes went straight to its Dst
 	launchErr map[int]error
 	t0        time.Time
 	tPack     time.Duration
@@ -458,7 +508,12 @@ func (d *Decoder) submit(jobs []codec.Job, preps []prepared, elemSize int, set *
 	for i := range idx {
 		idx[i] = i
 	}
-	l := layoutBatch(jobs, preps, idx, d.outAligns, !d.noFence)
+	l := layoutBatch(jobs, preps, idx, d.outAligns, d.inAligns, !d.noFence, func(k int) bool { return d.pinned(jobs[idx[k]].Src) })
+	// Jobs whose Dst is pinned get their bytes straight from the device.
+	directOut := make([]bool, len(idx))
+	for k, ji := range idx {
+		directOut[k] = d.pinned(jobs[ji].Dst)
+	}
 	var tempNeed int64
 	for a := range numAlgos {
 		if len(l.segs[a]) == 0 {
@@ -473,7 +528,7 @@ func (d *Decoder) submit(jobs []codec.Job, preps []prepared, elemSize int, set *
 	}
 	for _, g := range []error{
 		d.growHost(&set.hIn, l.inSize),
-		d.growDev(&set.dIn, l.inSize),
+		d.growDev(&set.dIn, l.devIn),
 		d.growDev(&set.dOut, l.outSize),
 		d.growHost(&set.hOut, l.d2h),
 		d.growDev(&set.dTemp, max(tempNeed, 1)),
@@ -494,11 +549,15 @@ func (d *Decoder) submit(jobs []codec.Job, preps []prepared, elemSize int, set *
 	var packs []cp
 	for a := range numAlgos {
 		for _, s := range l.segs[a] {
-			packs = append(packs, cp{hin[s.inOff : s.inOff+int64(len(s.src))], s.src})
+			if !s.direct {
+				packs = append(packs, cp{hin[s.inOff : s.inOff+int64(len(s.src))], s.src})
+			}
 		}
 	}
 	for _, s := range l.raws {
-		packs = append(packs, cp{hin[s.inOff : s.inOff+int64(len(s.src))], s.src})
+		if !s.direct {
+			packs = append(packs, cp{hin[s.inOff : s.inOff+int64(len(s.src))], s.src})
+		}
 	}
 	d.parallel(len(packs), func(i int) { copy(packs[i].dst, packs[i].src) })
 
@@ -524,6 +583,12 @@ func (d *Decoder) submit(jobs []codec.Job, preps []prepared, elemSize int, set *
 		le.PutUint64(hin[o+8:], outBase+uint64(c.dst))
 		le.PutUint64(hin[o+16:], uint64(c.n))
 	}
+	for i, c := range l.precopies {
+		o := l.preOff + int64(i*copyDescSize)
+		le.PutUint64(hin[o:], inBase+uint64(c.src))
+		le.PutUint64(hin[o+8:], inBase+uint64(c.dst))
+		le.PutUint64(hin[o+16:], uint64(c.n))
+	}
 	for i, s := range l.shuffles {
 		o := l.shufOff + int64(i*shuffleDescSize)
 		le.PutUint64(hin[o:], outBase+s.Src)
@@ -541,11 +606,31 @@ func (d *Decoder) submit(jobs []codec.Job, preps []prepared, elemSize int, set *
 	if err := cu.check("cuMemcpyHtoDAsync", cu.cuMemcpyHtoDAsync(set.dIn.ptr, set.hIn.p, uint64(l.inSize), set.stream)); err != nil {
 		return nil, d.deviceFailed(err)
 	}
+	for _, di := range l.direct {
+		if err := cu.check("cuMemcpyHtoDAsync", cu.cuMemcpyHtoDAsync(set.dIn.ptr+uintptr(di.off), unsafe.Pointer(&di.src[0]), uint64(len(di.src)), set.stream)); err != nil {
+			return nil, d.deviceFailed(err)
+		}
+	}
+	if len(l.precopies) > 0 {
+		if err := d.launch(set, d.fnCopy, uint32(min(len(l.precopies), 65535)), 1, 256,
+			inBase+uint64(l.preOff), uint64(len(l.precopies))); err != nil {
+			return nil, d.deviceFailed(err)
+		}
+	}
 	if l.fenceEnd > l.fenceOff {
 		if err := cu.check("cuMemsetD32Async", cu.cuMemsetD32Async(set.dOut.ptr+uintptr(l.fenceOff), fencePattern,
 			uint64(l.fenceEnd-l.fenceOff)/4, set.stream)); err != nil {
 			return nil, d.deviceFailed(err)
 		}
+	}
+	mark := func(i int) error {
+		if err := cu.check("cuEventRecord", cu.cuEventRecord(set.marks[i], set.stream)); err != nil {
+			return d.deviceFailed(err)
+		}
+		return nil
+	}
+	if err := mark(0); err != nil {
+		return nil, err
 	}
 	// One nvCOMP call per algorithm present. A launch failure fails that
 	// algorithm's jobs only.
@@ -572,6 +657,9 @@ func (d *Decoder) submit(jobs []codec.Job, preps []prepared, elemSize int, set *
 		}
 		segBase += n
 	}
+	if err := mark(1); err != nil {
+		return nil, err
+	}
 	if len(l.copies) > 0 {
 		if err := d.launch(set, d.fnCopy, uint32(min(len(l.copies), 65535)), 1, 256,
 			inBase+uint64(l.copyOff), uint64(len(l.copies))); err != nil {
@@ -595,13 +683,42 @@ func (d *Decoder) submit(jobs []codec.Job, preps []prepared, elemSize int, set *
 			return nil, d.deviceFailed(err)
 		}
 	}
-	if err := cu.check("cuMemcpyDtoHAsync", cu.cuMemcpyDtoHAsync(set.hOut.p, set.dOut.ptr, uint64(l.d2h), set.stream)); err != nil {
-		return nil, d.deviceFailed(err)
+	if err := mark(2); err != nil {
+		return nil, err
+	}
+	// Back to the host: each pinned Dst straight from the device, the other
+	// chunks in runs through the staging buffer, then sizes, statuses and
+	// probes.
+	d2h := func(dst unsafe.Pointer, off, n int64) error {
+		if n == 0 {
+			return nil
+		}
+		if err := cu.check("cuMemcpyDtoHAsync", cu.cuMemcpyDtoHAsync(dst, set.dOut.ptr+uintptr(off), uint64(n), set.stream)); err != nil {
+			return d.deviceFailed(err)
+		}
+		return nil
+	}
+	run := int64(0) // start of the staged run not yet copied
+	for k, ji := range idx {
+		if !directOut[k] {
+			continue
+		}
+		if err := d2h(unsafe.Add(set.hOut.p, run), run, l.finalOff[k]-run); err != nil {
+			return nil, err
+		}
+		dst := jobs[ji].Dst
+		if err := d2h(unsafe.Pointer(&dst[0]), l.finalOff[k], int64(len(dst))); err != nil {
+			return nil, err
+		}
+		run = l.finalOff[k] + int64(len(dst))
+	}
+	if err := d2h(unsafe.Add(set.hOut.p, run), run, l.d2h-run); err != nil {
+		return nil, err
 	}
 	if err := cu.check("cuEventRecord", cu.cuEventRecord(set.end, set.stream)); err != nil {
 		return nil, d.deviceFailed(err)
 	}
-	return &inflight{set: set, l: l, idx: idx, launchErr: launchErr, t0: t0, tPack: time.Since(t0)}, nil
+	return &inflight{set: set, l: l, idx: idx, directOut: directOut, launchErr: launchErr, t0: t0, tPack: time.Since(t0)}, nil
 }
 
 // finish waits for a round's device work and checks nvCOMP's statuses,
@@ -615,8 +732,13 @@ func (d *Decoder) finish(r *round) ([][]byte, []error, error) {
 		return nil, nil, d.deviceFailed(err)
 	}
 	tWait := time.Since(tw)
-	var ms float32
-	cu.cuEventElapsedTime(&ms, set.start, set.end)
+	// The device time of the round, and of each stage.
+	ev := []uintptr{set.start, set.marks[0], set.marks[1], set.marks[2], set.end}
+	elapsed := func(a, b uintptr) time.Duration {
+		var ms float32
+		cu.cuEventElapsedTime(&ms, a, b)
+		return time.Duration(float64(ms) * float64(time.Millisecond))
+	}
 	launchErr := fl.launchErr
 	le := binary.LittleEndian
 	// Per-segment results: nvCOMP status and the decoded size.
@@ -670,9 +792,13 @@ func (d *Decoder) finish(r *round) ([][]byte, []error, error) {
 	}
 	outs := make([][]byte, len(idx))
 	for k, ji := range idx {
-		outs[k] = hout[l.finalOff[k] : l.finalOff[k]+int64(len(r.jobs[ji].Dst))]
+		if !fl.directOut[k] {
+			outs[k] = hout[l.finalOff[k] : l.finalOff[k]+int64(len(r.jobs[ji].Dst))]
+		}
 	}
-	r.stats = []any{"pack", fl.tPack, "device", time.Duration(float64(ms) * float64(time.Millisecond)), "wait", tWait}
+	r.stats = []any{"pack", fl.tPack, "device", elapsed(ev[0], ev[4]),
+		"h2d", elapsed(ev[0], ev[1]), "nvcomp", elapsed(ev[1], ev[2]), "kernels", elapsed(ev[2], ev[3]), "d2h", elapsed(ev[3], ev[4]),
+		"wait", tWait}
 	return outs, jobErr, nil
 }
 

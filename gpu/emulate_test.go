@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"bytes"
+	"slices"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -91,13 +92,28 @@ func emuUnshuffle(buf []byte, d shuffleDesc) {
 
 // emulate runs a batch through layoutBatch and the emulated device: it
 // returns each job's decoded bytes or error, as round would.
-func emulate(jobs []codec.Job, aligns [numAlgos]int64, swap int) ([][]byte, []error) {
-	return emulateOverrun(jobs, aligns, swap, nil)
+//
+// With direct, every other job's Src is taken for pinned memory, as a
+// Decoder does for memory from HostAlloc: moved first to an odd address,
+// so that its pieces need the device-side copies into aligned slots.
+func emulate(jobs []codec.Job, aligns [numAlgos]int64, swap int, direct bool) ([][]byte, []error) {
+	return emulateOverrun(jobs, aligns, swap, direct, nil)
 }
 
 // emulateOverrun is emulate with a misbehaving deflate decoder: overrun,
 // when set, may write to the bytes after each deflate segment's slot.
-func emulateOverrun(jobs []codec.Job, aligns [numAlgos]int64, swap int, overrun func(after []byte, s segRef)) ([][]byte, []error) {
+func emulateOverrun(jobs []codec.Job, aligns [numAlgos]int64, swap int, direct bool, overrun func(after []byte, s segRef)) ([][]byte, []error) {
+	var pinnedSrc func(k int) bool
+	if direct {
+		jobs = slices.Clone(jobs)
+		for i := range jobs {
+			if i%2 == 0 {
+				buf := make([]byte, len(jobs[i].Src)+8)
+				jobs[i].Src = buf[1+i%7 : 1+i%7+copy(buf[1+i%7:], jobs[i].Src)]
+			}
+		}
+		pinnedSrc = func(k int) bool { return true }
+	}
 	preps := make([]prepared, len(jobs))
 	errs := make([]error, len(jobs))
 	outs := make([][]byte, len(jobs))
@@ -113,8 +129,43 @@ func emulateOverrun(jobs []codec.Job, aligns [numAlgos]int64, swap int, overrun 
 	if len(idx) == 0 {
 		return outs, errs
 	}
-	l := layoutBatch(jobs, preps, idx, aligns, true)
-	in := make([]byte, l.inSize)
+	if pinnedSrc != nil {
+		pinnedSrc = func(k int) bool { return idx[k]%2 == 0 }
+	}
+	// Input alignments as nvCOMP's (at most 8); the coarse output
+	// alignments would not be met by packed inputs, which are 16-aligned.
+	var inAligns [numAlgos]int64
+	for a := range inAligns {
+		inAligns[a] = min(aligns[a], inAlign)
+	}
+	l := layoutBatch(jobs, preps, idx, aligns, inAligns, true, pinnedSrc)
+	if !direct && len(l.direct)+len(l.precopies) > 0 || l.devIn < l.inSize {
+		panic("direct inputs laid out for a batch without pinned memory")
+	}
+	in := make([]byte, l.devIn)
+	// The device's input: the packed bytes, each direct job's Src, then
+	// the copies of misaligned direct pieces.
+	for a := range numAlgos {
+		for _, s := range l.segs[a] {
+			if !s.direct {
+				copy(in[s.inOff:], s.src)
+			}
+		}
+	}
+	for _, s := range l.raws {
+		if !s.direct {
+			copy(in[s.inOff:], s.src)
+		}
+	}
+	for _, di := range l.direct {
+		if di.off < l.inSize || (int64(addrOf(di.src))-di.off)%256 != 0 {
+			panic(fmt.Sprintf("direct input at %d: inside the packed bytes, or not congruent to its host address", di.off))
+		}
+		copy(in[di.off:], di.src)
+	}
+	for _, c := range l.precopies {
+		copy(in[c.dst:c.dst+c.n], in[c.src:c.src+c.n])
+	}
 	out := make([]byte, l.outSize)
 	for i := range out {
 		out[i] = 0xA5 // garbage, as fresh device memory may hold
@@ -124,20 +175,23 @@ func emulateOverrun(jobs []codec.Job, aligns [numAlgos]int64, swap int, overrun 
 	}
 	for a := range numAlgos {
 		for _, s := range l.segs[a] {
-			copy(in[s.inOff:], s.src)
 			if s.outOff%aligns[a] != 0 {
 				panic(fmt.Sprintf("misaligned nvCOMP output at %d for algo %d", s.outOff, a))
 			}
-			if err := cpuAlgo(a, out[s.outOff:s.outOff+s.n], s.src); err != nil && errs[idx[s.job]] == nil {
+			if s.inOff%inAligns[a] != 0 && (!s.direct || (int64(addrOf(s.src))-s.inOff)%256 != 0) {
+				panic(fmt.Sprintf("misaligned nvCOMP input at %d for algo %d", s.inOff, a))
+			}
+			src := in[s.inOff : s.inOff+int64(len(s.src))]
+			if !bytes.Equal(src, s.src) {
+				panic(fmt.Sprintf("nvCOMP input at %d for algo %d is not the piece's bytes", s.inOff, a))
+			}
+			if err := cpuAlgo(a, out[s.outOff:s.outOff+s.n], src); err != nil && errs[idx[s.job]] == nil {
 				errs[idx[s.job]] = fmt.Errorf("%v: %w", err, codec.ErrCorrupt)
 			}
 			if a == algoDeflate && overrun != nil {
 				overrun(out[s.outOff+s.n:], s)
 			}
 		}
-	}
-	for _, s := range l.raws {
-		copy(in[s.inOff:], s.src)
 	}
 	for _, c := range l.copies {
 		from := out
@@ -184,6 +238,22 @@ func emulateOverrun(jobs []codec.Job, aligns [numAlgos]int64, swap int, overrun 
 	return outs, errs
 }
 
+type emuCase struct {
+	name   string
+	aligns [numAlgos]int64
+	direct bool
+}
+
+// emuCases are the alignment cases, each with packed and with direct
+// (pinned) inputs.
+func emuCases() []emuCase {
+	var out []emuCase
+	for _, ac := range alignCases {
+		out = append(out, emuCase{ac.name, ac.aligns, false}, emuCase{ac.name + "-pinned", ac.aligns, true})
+	}
+	return out
+}
+
 var alignCases = []struct {
 	name   string
 	aligns [numAlgos]int64
@@ -198,9 +268,9 @@ func TestEmulatedVectors(t *testing.T) {
 	for _, v := range vecs {
 		jobs = append(jobs, codec.Job{Codec: codec.Name(v.Codec), Src: src[v.Name], Dst: make([]byte, len(raw[v.Name]))})
 	}
-	for _, ac := range alignCases {
+	for _, ac := range emuCases() {
 		t.Run(ac.name, func(t *testing.T) {
-			outs, errs := emulate(jobs, ac.aligns, 0)
+			outs, errs := emulate(jobs, ac.aligns, 0, ac.direct)
 			var decoded, unsupported int
 			for i, v := range vecs {
 				err := errs[i]
@@ -279,9 +349,9 @@ func TestEmulatedGenerated(t *testing.T) {
 			t.Fatalf("%s: CPU decode differs from the input", names[i])
 		}
 	}
-	for _, ac := range alignCases {
+	for _, ac := range emuCases() {
 		t.Run(ac.name, func(t *testing.T) {
-			outs, errs := emulate(jobs, ac.aligns, 0)
+			outs, errs := emulate(jobs, ac.aligns, 0, ac.direct)
 			for i := range jobs {
 				if errs[i] != nil {
 					t.Errorf("%s: %v", names[i], errs[i])
@@ -296,7 +366,7 @@ func TestEmulatedGenerated(t *testing.T) {
 func TestEmulatedSwap(t *testing.T) {
 	d := field(10, 10, 3)
 	jobs := []codec.Job{{Codec: codec.Zstd, Src: compress(codec.Zstd, d), Dst: make([]byte, len(d))}}
-	outs, errs := emulate(jobs, alignCases[0].aligns, 4)
+	outs, errs := emulate(jobs, alignCases[0].aligns, 4, true)
 	if errs[0] != nil {
 		t.Fatal(errs[0])
 	}
@@ -357,7 +427,7 @@ func TestZstdFrames(t *testing.T) {
 	if p.err != nil || len(p.pieces) != 2 || p.pieces[1].off != int64(len(a)) {
 		t.Fatalf("two frames and a skippable one: %v %+v", p.err, p)
 	}
-	outs, errs := emulate([]codec.Job{job}, alignCases[0].aligns, 0)
+	outs, errs := emulate([]codec.Job{job}, alignCases[0].aligns, 0, false)
 	if errs[0] != nil || !bytes.Equal(outs[0], append(append([]byte{}, a...), b...)) {
 		t.Fatalf("emulated decode: %v", errs[0])
 	}
@@ -390,9 +460,27 @@ func TestLayoutBounds(t *testing.T) {
 		}
 		idx = append(idx, i)
 	}
-	l := layoutBatch(jobs, preps, idx, alignCases[1].aligns, true)
-	if l.inSize < l.shufOff+int64(len(l.shuffles)*shuffleDescSize) {
-		t.Errorf("shuffle descriptors past the input buffer")
+	l := layoutBatch(jobs, preps, idx, alignCases[1].aligns, alignCases[0].aligns, true, func(k int) bool { return k%3 == 0 })
+	if l.preOff < l.shufOff+int64(len(l.shuffles)*shuffleDescSize) {
+		t.Errorf("shuffle descriptors run into the precopy descriptors")
+	}
+	if l.inSize < l.preOff+int64(len(l.precopies)*copyDescSize) {
+		t.Errorf("precopy descriptors past the packed input")
+	}
+	if len(l.direct) == 0 || len(l.precopies) == 0 {
+		t.Errorf("%d direct jobs, %d precopies: the pinned layout is not exercised", len(l.direct), len(l.precopies))
+	}
+	end := l.inSize
+	for _, di := range l.direct {
+		if di.off < end {
+			t.Errorf("direct input at %d overlaps what comes before it (up to %d)", di.off, end)
+		}
+		end = di.off + int64(len(di.src))
+	}
+	for _, c := range l.precopies {
+		if c.dst < end || c.dst%inAlign != 0 || c.dst+c.n > l.devIn {
+			t.Errorf("precopy slot at %d misplaced (direct inputs end at %d, device input %d)", c.dst, end, l.devIn)
+		}
 	}
 	if slots := len(l.raws) + l.nsegs + len(l.probes); len(l.copies) > slots {
 		t.Errorf("%d copies overflow the %d descriptor slots", len(l.copies), slots)
@@ -462,7 +550,7 @@ func TestFenceCatchesOverrun(t *testing.T) {
 	}{{"within the padding", 64, false}, {"into the guard", 65, true}, {"through the next slots", 40000, true}, {"through the tail", 4 << 20, true}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			outs, errs := emulateOverrun(jobs, alignCases[0].aligns, 0, func(after []byte, s segRef) {
+			outs, errs := emulateOverrun(jobs, alignCases[0].aligns, 0, false, func(after []byte, s segRef) {
 				if &s.src[0] == &victimSrc[2] { // the zlib body starts after its 2-byte header
 					for i := range min(tt.n, len(after)) {
 						after[i] = byte(i*7 + 1)

@@ -3,6 +3,7 @@ package gpu
 import (
 	"encoding/binary"
 	"fmt"
+	"unsafe"
 
 	"github.com/zarrfs/zarrfs/zarr/codec"
 )
@@ -209,6 +210,23 @@ const (
 
 func alignUp(x, a int64) int64 { return (x + a - 1) / a * a }
 
+// addrOf is the address of b's first byte (of its array, when empty).
+func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
+
+// piecesWithin reports whether every piece's bytes lie inside src, as they
+// must for src to be copied to the device whole in their place.
+func piecesWithin(src []byte, pieces []piece) bool {
+	lo := addrOf(src)
+	hi := lo + uintptr(len(src))
+	for _, pc := range pieces {
+		a := addrOf(pc.src)
+		if len(pc.src) > 0 && (a < lo || a+uintptr(len(pc.src)) > hi) {
+			return false
+		}
+	}
+	return len(src) > 0
+}
+
 // segRef is one nvCOMP input placed in the buffers.
 type segRef struct {
 	job    int // index into the batch's jobs
@@ -216,6 +234,17 @@ type segRef struct {
 	inOff  int64 // offset of the compressed bytes in the input buffer
 	outOff int64 // offset where nvCOMP writes, in the output buffer
 	n      int64
+	// direct: src is not packed: it reaches the device with its job's
+	// whole Src (see layout.direct).
+	direct bool
+}
+
+// directIn is one job whose Src crosses to the device as it is, from
+// pinned memory, into [off, off+len(src)) of the device's input buffer.
+type directIn struct {
+	job int
+	src []byte
+	off int64
 }
 
 // copyRef is one scattered copy: from the input buffer (raw blosc streams)
@@ -241,7 +270,16 @@ type layout struct {
 	arrOff  [numAlgos]int64 // per algorithm: 4 arrays of len(segs) uint64s
 	copyOff int64           // copy descriptors
 	shufOff int64           // shuffle descriptors
-	inSize  int64
+	inSize  int64           // bytes packed on the host and copied in one transfer
+
+	// Jobs whose Src is in pinned memory: copied to the device each on its
+	// own, after the packed bytes. Their pieces are read where they land,
+	// unless one is misaligned for nvCOMP: it is first copied on the device
+	// (precopies, descriptors at preOff) into an aligned slot.
+	direct    []directIn
+	precopies []copyRef
+	preOff    int64
+	devIn     int64 // the device input buffer's size
 
 	finalEnd  int64 // end of the decoded chunks (byte swapping covers [0, finalEnd))
 	actualOff int64 // nvCOMP's decoded sizes, one uint64 per segment, algorithms in order
@@ -309,7 +347,11 @@ func (p *prepared) cost(n int64) int64 {
 //
 // With fence, deflate segments decode into fenced slots after everything
 // else (see fenceGuard).
-func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns [numAlgos]int64, fence bool) *layout {
+//
+// pinnedSrc, when set, tells per entry of idx whether the job's Src lies in
+// pinned host memory; inAligns gives nvCOMP's input alignment per
+// algorithm, which pieces read in place must meet.
+func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns, inAligns [numAlgos]int64, fence bool, pinnedSrc func(k int) bool) *layout {
 	l := &layout{jobs: idx, finalOff: make([]int64, len(idx))}
 	var out int64
 	for k, ji := range idx {
@@ -321,18 +363,25 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns [numAl
 
 	var in int64
 	inOff := make([][]int64, len(idx))
+	direct := make([]bool, len(idx))
+	var nDirect, nRaw int
 	for k, ji := range idx {
 		p := &preps[ji]
 		inOff[k] = make([]int64, len(p.pieces))
+		direct[k] = pinnedSrc != nil && pinnedSrc(k) && piecesWithin(jobs[ji].Src, p.pieces)
 		for i, pc := range p.pieces {
+			if pc.algo != rawPiece {
+				l.nsegs++
+			} else {
+				nRaw++
+			}
+			if direct[k] {
+				nDirect++
+				continue // placed after the packed bytes, below
+			}
 			in = alignUp(in, inAlign)
 			inOff[k][i] = in
 			in += int64(len(pc.src))
-			if pc.algo == rawPiece {
-				l.raws = append(l.raws, segRef{job: k, src: pc.src, inOff: inOff[k][i], n: pc.n})
-			} else {
-				l.nsegs++
-			}
 		}
 	}
 	in = alignUp(in, 8)
@@ -354,7 +403,7 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns [numAl
 		nProbes = nAlgo[algoDeflate] + 1
 	}
 	l.copyOff = in
-	in += int64(copyDescSize) * int64(len(l.raws)+l.nsegs+nProbes) // worst case: every piece copied, and the probes
+	in += int64(copyDescSize) * int64(nRaw+l.nsegs+nProbes) // worst case: every piece copied, and the probes
 	in = alignUp(in, 8)
 	l.shufOff = in
 	var nshuf int
@@ -364,7 +413,54 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns [numAl
 		}
 	}
 	in += int64(shuffleDescSize) * int64(nshuf)
+	l.preOff = in
+	in += int64(copyDescSize) * int64(nDirect) // worst case: every direct piece misaligned
 	l.inSize = in
+
+	// Each direct job's Src lands so that its device address agrees with
+	// its host address modulo 256: a piece aligned in host memory is then
+	// aligned on the device (the buffer itself is 256-byte aligned).
+	for k, ji := range idx {
+		if !direct[k] {
+			continue
+		}
+		src := jobs[ji].Src
+		base := addrOf(src)
+		in = alignUp(in, 256) + int64(base%256)
+		l.direct = append(l.direct, directIn{job: k, src: src, off: in})
+		for i, pc := range preps[ji].pieces {
+			at := in
+			if len(pc.src) > 0 {
+				at += int64(addrOf(pc.src) - base)
+			}
+			inOff[k][i] = at
+			if pc.algo != rawPiece && at%max(inAligns[pc.algo], 1) != 0 {
+				inOff[k][i] = -1 - at // an aligned slot comes below
+			}
+		}
+		in += int64(len(src))
+	}
+	for k := range idx {
+		if !direct[k] {
+			continue
+		}
+		for i, pc := range preps[idx[k]].pieces {
+			if at := inOff[k][i]; at < 0 {
+				in = alignUp(in, inAlign)
+				l.precopies = append(l.precopies, copyRef{fromInput: true, src: -1 - at, dst: in, n: int64(len(pc.src))})
+				inOff[k][i] = in
+				in += int64(len(pc.src))
+			}
+		}
+	}
+	l.devIn = in
+	for k, ji := range idx {
+		for i, pc := range preps[ji].pieces {
+			if pc.algo == rawPiece {
+				l.raws = append(l.raws, segRef{job: k, src: pc.src, inOff: inOff[k][i], n: pc.n, direct: direct[k]})
+			}
+		}
+	}
 
 	out = alignUp(out, 8)
 	l.actualOff = out
@@ -404,7 +500,7 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns [numAl
 			a := pc.algo
 			l.maxPiece[a] = max(l.maxPiece[a], pc.n)
 			l.totPiece[a] += pc.n
-			ref := segRef{job: k, src: pc.src, inOff: inOff[k][i], outOff: dst, n: pc.n}
+			ref := segRef{job: k, src: pc.src, inOff: inOff[k][i], outOff: dst, n: pc.n, direct: direct[k]}
 			if fence && a == algoDeflate {
 				fences = append(fences, fenced{len(l.segs[a]), dst})
 			} else if dst%outAligns[a] != 0 {

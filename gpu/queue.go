@@ -25,10 +25,6 @@ import (
 // The device half sits behind the device interface, so that the queueing is
 // tested without a GPU (queue_test.go).
 
-// numSets is the number of rounds in flight: one decoding while the other
-// is packed or copied out, or both decoding at once on their own streams.
-const numSets = 2
-
 // errClosed is returned by DecodeBatch after Close.
 var errClosed = errors.New("gpu: decoder is closed")
 
@@ -41,11 +37,14 @@ type device interface {
 	// frees every buffer.
 	needsIdle() bool
 	// submit packs round r into buffer set r.set and starts its device
-	// work. The jobs' Src may be read only until it returns.
+	// work. The device may read the jobs' Src and write their Dst until
+	// collect returns (pinned memory is copied asynchronously); when
+	// submit fails, it has stopped doing so by the time it returns.
 	submit(r *round) error
 	// collect waits for r's device work. It returns, per job of the round,
-	// the decoded bytes (valid until r.set is submitted again) or why
-	// there are none; or an error when the round failed as a whole.
+	// the decoded bytes (valid until r.set is submitted again; nil when
+	// the device wrote them to the job's Dst itself) or why there are
+	// none; or an error when the round failed as a whole.
 	collect(r *round) (outs [][]byte, errs []error, err error)
 	// close frees the device's resources; nothing is in flight.
 	close()
@@ -66,6 +65,10 @@ type request struct {
 	mu        sync.RWMutex
 	abandoned atomic.Bool
 	fin       []bool       // per job: result written (under mu shared; distinct jobs)
+	// onDevice counts the rounds submitted with jobs of this request in
+	// pinned memory and not yet collected: the device may copy from their
+	// Src or into their Dst until then, so a caller giving up waits for it.
+	onDevice sync.WaitGroup
 	left      atomic.Int64 // jobs of ok without a result
 	err       atomic.Pointer[error]
 	done      chan struct{} // closed when left reaches 0
@@ -90,7 +93,8 @@ type round struct {
 	// may rebuild its context before it.
 	exclusive bool
 	callers   int
-	fl        *inflight // the device's state of the round
+	reqs      []*request // callers with pinned memory in the round: onDevice counts it
+	fl        *inflight  // the device's state of the round
 	stats     []any     // what collect adds to the round's debug line
 }
 
@@ -98,11 +102,12 @@ type round struct {
 func (d *Decoder) start(dev device) {
 	d.rounds = dev
 	d.wake = make(chan struct{}, 1)
-	d.free = make(chan int, numSets)
-	for s := range numSets {
+	n := d.opts.Streams
+	d.free = make(chan int, n)
+	for s := range n {
 		d.free <- s
 	}
-	d.submitted = make(chan *round, numSets)
+	d.submitted = make(chan *round, n)
 	d.stopped = make(chan struct{})
 	d.completerDone = make(chan struct{})
 	go d.submitLoop()
@@ -116,9 +121,11 @@ func (d *Decoder) start(dev device) {
 //
 // The jobs join those of other callers waiting for the device with the
 // same elemSize. When ctx ends first, DecodeBatchSwap returns its error at
-// once (after a pack or copy-out of the caller's chunks under way, if
-// any); the jobs without a result then wrap codec.ErrUnsupported, and the
-// decoder neither reads nor writes the jobs' memory again.
+// once (after a pack or copy-out of the caller's chunks under way, if any,
+// and, for jobs in pinned memory from HostAlloc, after the device's copies
+// from and to it: a round's time at most); the jobs without a result then
+// wrap codec.ErrUnsupported, and the decoder neither reads nor writes the
+// jobs' memory again.
 func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSize int) error {
 	if err := ctx.Err(); err != nil {
 		for i := range jobs {
@@ -145,9 +152,9 @@ func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSiz
 			preps[i].err = fmt.Errorf("gpu: %d-byte chunk is not a whole number of %d-byte elements: %w",
 				len(jobs[i].Dst), elemSize, codec.ErrUnsupported)
 		}
-		if preps[i].err == nil && preps[i].cost(int64(len(jobs[i].Dst))) > d.opts.MaxBatchBytes/2 {
-			preps[i].err = fmt.Errorf("gpu: %d-byte chunk exceeds half the batch memory bound of %d bytes: %w",
-				len(jobs[i].Dst), d.opts.MaxBatchBytes, codec.ErrUnsupported)
+		if preps[i].err == nil && preps[i].cost(int64(len(jobs[i].Dst))) > d.opts.share() {
+			preps[i].err = fmt.Errorf("gpu: %d-byte chunk exceeds one round's share (%d bytes) of the batch memory bound: %w",
+				len(jobs[i].Dst), d.opts.share(), codec.ErrUnsupported)
 		}
 		if preps[i].err != nil {
 			jobs[i].Err = preps[i].err
@@ -177,6 +184,9 @@ func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSiz
 	}
 	q.abandoned.Store(true)
 	q.mu.Unlock()
+	// No round takes its jobs any more; those on the device may still be
+	// copying to or from its pinned memory.
+	q.onDevice.Wait()
 	err := ctx.Err()
 	for _, i := range ok {
 		if !q.fin[i] {
@@ -268,7 +278,7 @@ func (d *Decoder) submitLoop() {
 	}
 	// Close: jobs not yet on the device fail; rounds in flight finish.
 	d.settle(d.roundOf(pending), nil, nil, errClosed)
-	for range numSets {
+	for range d.opts.Streams {
 		<-d.free
 	}
 	close(d.submitted)
@@ -293,7 +303,7 @@ func (d *Decoder) roundOf(items []item) *round {
 //
 // A round closes at RoundBytes only once it holds enough pieces to keep
 // the GPU busy (nvCOMP works on pieces in parallel, each piece alone), else
-// at half the memory bound.
+// at its share of the memory bound.
 func (d *Decoder) nextRound(pending []item) (*round, []item) {
 	var take []item
 	rest := make([]item, 0, len(pending))
@@ -312,7 +322,7 @@ func (d *Decoder) nextRound(pending []item) (*round, []item) {
 		}
 		p := &q.preps[it.i]
 		c := p.cost(int64(len(q.jobs[it.i].Dst)))
-		if len(take) > 0 && (cost+c > d.opts.MaxBatchBytes/2 ||
+		if len(take) > 0 && (cost+c > d.opts.share() ||
 			(cost+c > d.opts.RoundBytes && pieces >= minRoundPieces) || len(take) >= maxJobsPerRound) {
 			full = true
 			rest = append(rest, it)
@@ -341,7 +351,7 @@ func (d *Decoder) runRound(r *round) {
 		}
 	}
 	if r.fenced || d.rounds.needsIdle() {
-		for len(held) < numSets {
+		for len(held) < d.opts.Streams {
 			held = append(held, <-d.free)
 		}
 		r.exclusive = true
@@ -387,6 +397,18 @@ func (d *Decoder) runRound(r *round) {
 	if len(live) > 0 {
 		err = d.rounds.submit(r)
 	}
+	if err == nil {
+		// Callers whose pinned memory the device copies from or to
+		// asynchronously: onDevice is raised before such a caller can give
+		// up (it takes mu to do so).
+		for _, it := range live {
+			q, j := it.req, &it.req.jobs[it.i]
+			if (len(r.reqs) == 0 || r.reqs[len(r.reqs)-1] != q) && (d.pinned(j.Src) || d.pinned(j.Dst)) {
+				q.onDevice.Add(1)
+				r.reqs = append(r.reqs, q)
+			}
+		}
+	}
 	for _, q := range reqs {
 		q.mu.RUnlock()
 	}
@@ -417,6 +439,9 @@ func (d *Decoder) completeLoop() {
 	for r := range d.submitted {
 		outs, errs, err := d.rounds.collect(r)
 		d.settle(r, outs, errs, err)
+		for _, q := range r.reqs {
+			q.onDevice.Done()
+		}
 		d.free <- r.set
 	}
 }
@@ -469,13 +494,17 @@ func (d *Decoder) settle(r *round, outs [][]byte, errs []error, batchErr error) 
 }
 
 // deliver checks a decoded chunk and copies it to dst.
+// A nil out means the device wrote dst itself (pinned memory).
 func (d *Decoder) deliver(p *prepared, out, dst []byte, elemSize int) error {
+	if out == nil {
+		out = dst
+	}
 	if !d.opts.SkipChecksums && elemSize <= 1 {
 		if err := verify(p.check, p.want, out); err != nil {
 			return err
 		}
 	}
-	copy(dst, out)
+	copy(dst, out) // nothing to do when out is dst
 	if !d.opts.SkipChecksums && elemSize > 1 && p.check != checkNone {
 		// The checksum covers the bytes before swapping.
 		return verifySwapped(p.check, p.want, dst, elemSize)
@@ -488,7 +517,7 @@ func (d *Decoder) deliver(p *prepared, out, dst []byte, elemSize int) error {
 // directly meanwhile.
 func (d *Decoder) holdDevice() (release func()) {
 	var held []int
-	for range numSets {
+	for range d.opts.Streams {
 		held = append(held, <-d.free)
 	}
 	return func() {

@@ -29,13 +29,13 @@ type fakeRounds struct {
 	fail    func(r *round) error
 
 	mu       sync.Mutex
-	inFlight [numSets]bool
+	inFlight map[int]bool
 	srcs     map[*round][][]byte
 	closed   bool
 }
 
 func newFake(t *testing.T, gated bool) *fakeRounds {
-	f := &fakeRounds{t: t, submits: make(chan *round, 1000), srcs: map[*round][][]byte{}}
+	f := &fakeRounds{t: t, submits: make(chan *round, 1000), srcs: map[*round][][]byte{}, inFlight: map[int]bool{}}
 	if gated {
 		f.gate = make(chan struct{})
 	}
@@ -196,10 +196,10 @@ func waitQueued(d *Decoder, base, n int) {
 	}
 }
 
-// busy fills both buffer sets with one-job rounds that wait on the gate.
+// busy fills every buffer set with one-job rounds that wait on the gate.
 func busy(t *testing.T, d *Decoder, f *fakeRounds) []*caller {
 	var cs []*caller
-	for i := range numSets {
+	for i := range d.opts.Streams {
 		c := newCaller(900+i, 1, 0)
 		c.run(d)
 		if r := <-f.submits; c.owns(r) != 1 || len(r.jobs) != 1 {
@@ -260,8 +260,8 @@ func TestQueueRoundBounds(t *testing.T) {
 		for k := range r.jobs {
 			cost += r.preps[k].cost(int64(len(r.jobs[k].Dst)))
 		}
-		if len(r.jobs) > 1 && cost > d.opts.MaxBatchBytes/2 {
-			t.Fatalf("round of %d jobs costs %d bytes, over half the bound of %d", len(r.jobs), cost, d.opts.MaxBatchBytes)
+		if len(r.jobs) > 1 && cost > d.opts.share() {
+			t.Fatalf("round of %d jobs costs %d bytes, over its share %d of the bound", len(r.jobs), cost, d.opts.share())
 		}
 		total += c.owns(r)
 	}

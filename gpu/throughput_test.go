@@ -117,22 +117,29 @@ func TestThroughputSummary(t *testing.T) {
 		t.Skip("throughput comparison not requested (-gpu.throughput)")
 	}
 	ph := &phaseHandler{sums: map[string]time.Duration{}}
-	d0 := gpuDecoder(t)
-	_ = d0
 	d, err := New(Options{Logger: slog.New(ph)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	// The same with other round sizes, to show what the pipeline depth buys.
-	variants := map[string]*Decoder{}
-	for _, rb := range []int64{32 << 20, 128 << 20} {
-		v, err := New(Options{RoundBytes: rb})
+	d0 := d
+	// The same with other round sizes and rounds in flight, to show what
+	// the pipeline's shape buys.
+	type variant struct {
+		name string
+		d    *Decoder
+	}
+	var variants []variant
+	for _, c := range []struct {
+		streams int
+		round   int64
+	}{{2, 128 << 20}, {3, 128 << 20}, {4, 64 << 20}, {4, 128 << 20}, {4, 256 << 20}, {6, 64 << 20}, {6, 128 << 20}, {8, 64 << 20}} {
+		v, err := New(Options{Streams: c.streams, RoundBytes: c.round, MaxBatchBytes: int64(c.streams) * c.round * 2})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer v.Close()
-		variants[fmt.Sprintf("round %d MiB", rb>>20)] = v
+		variants = append(variants, variant{fmt.Sprintf("%d streams, rounds of %d MiB", c.streams, c.round>>20), v})
 	}
 	var extra []string
 	n := *flagChunks
@@ -192,6 +199,7 @@ func TestThroughputSummary(t *testing.T) {
 				return 0, 0, err
 			}
 			var kern time.Duration
+			var stages string
 			dt, err := best(3, func() error {
 				ph.reset()
 				for s := 0; s < len(w.jobs); s += batch {
@@ -201,9 +209,13 @@ func TestThroughputSummary(t *testing.T) {
 				}
 				ph.mu.Lock()
 				k := ph.sums["device"]
+				st := fmt.Sprintf("%d rounds:", ph.count)
+				for _, name := range []string{"pack", "h2d", "nvcomp", "kernels", "d2h", "wait", "copyout", "total"} {
+					st += fmt.Sprintf(" %s %.1fms", name, float64(ph.sums[name])/1e6)
+				}
 				ph.mu.Unlock()
 				if kern == 0 || k < kern {
-					kern = k
+					kern, stages = k, st
 				}
 				return nil
 			})
@@ -218,7 +230,49 @@ func TestThroughputSummary(t *testing.T) {
 					return 0, 0, fmt.Errorf("%s chunk %d: GPU bytes differ from the CPU's", w.name, i)
 				}
 			}
+			if d == d0 {
+				mem := "plain"
+				if d.pinned(w.jobs[0].Dst) {
+					mem = "pinned"
+				}
+				extra = append(extra, fmt.Sprintf("%-18s batch of %d, %s memory, stage sums over %s", w.name, batch, mem, stages))
+			}
 			return dt, kern, nil
+		}
+		// The same chunks in pinned memory from HostAlloc: no host copies.
+		plainJobs := w.jobs
+		pinnedRun := func(dec *Decoder) (time.Duration, time.Duration, error) {
+			pj := make([]codec.Job, len(plainJobs))
+			for i, j := range plainJobs {
+				src, dst := dec.HostAlloc(len(j.Src)), dec.HostAlloc(len(j.Dst))
+				if !dec.pinned(src) || !dec.pinned(dst) {
+					return 0, 0, fmt.Errorf("HostAlloc(%d): not pinned", len(j.Dst))
+				}
+				copy(src, j.Src)
+				pj[i] = codec.Job{Codec: j.Codec, Src: src, Dst: dst}
+			}
+			defer func() {
+				for _, j := range pj {
+					dec.HostFree(j.Src)
+					dec.HostFree(j.Dst)
+				}
+			}()
+			w.jobs = pj
+			defer func() { w.jobs = plainJobs }()
+			return gpuRun(dec, n)
+		}
+		dtPinned, kernPinned, err := pinnedRun(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		extra = append(extra, fmt.Sprintf("%-18s gpu-b%d pinned (HostAlloc): %.2f GB/s, %.2f x cpu%d; device busy %.2f GB/s",
+			w.name, n, gbs(out, dtPinned), gbs(out, dtPinned)/gbs(out, dtAll), ncpu, gbs(out, kernPinned)))
+		for _, v := range variants {
+			dv, _, err := pinnedRun(v.d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			extra = append(extra, fmt.Sprintf("%-18s gpu-b%d pinned with %s: %.2f GB/s", w.name, n, v.name, gbs(out, dv)))
 		}
 		dt16, _, err := gpuRun(d, 16)
 		if err != nil {
@@ -228,12 +282,12 @@ func TestThroughputSummary(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for name, v := range variants {
-			dv, _, err := gpuRun(v, n)
+		for _, v := range variants {
+			dv, _, err := gpuRun(v.d, n)
 			if err != nil {
 				t.Fatal(err)
 			}
-			extra = append(extra, fmt.Sprintf("%-18s gpu-b%d with %s: %.2f GB/s", w.name, n, name, gbs(out, dv)))
+			extra = append(extra, fmt.Sprintf("%-18s gpu-b%d with %s: %.2f GB/s", w.name, n, v.name, gbs(out, dv)))
 		}
 		g16, gN := gbs(out, dt16), gbs(out, dtN)
 		g := max(g16, gN)
@@ -241,14 +295,94 @@ func TestThroughputSummary(t *testing.T) {
 		lines = append(lines, fmt.Sprintf("%-18s %6.2f %9.2f %9.2f %9.2f %9.2f %9.2f %8.1f %8.2f",
 			w.name, float64(out)/float64(in), c1, cAll, g16, gN, gbs(out, kernN), g/c1, g/cAll))
 	}
-	summary := fmt.Sprintf("decode throughput, GB/s of decoded data (%d chunks of %dx%d float32 = %.1f MB each per codec; %s; %d CPU cores)\n",
-		n, era5Y, era5X, float64(4*era5Y*era5X)/1e6, d.Info(), ncpu)
+	summary := fmt.Sprintf("decode throughput, GB/s of decoded data (%d chunks of %dx%d float32 = %.1f MB each per codec; %s; %d CPU cores; nvCOMP input alignments %v)\n",
+		n, era5Y, era5X, float64(4*era5Y*era5X)/1e6, d.Info(), ncpu, d.inAligns)
 	for _, l := range append(lines, extra...) {
 		summary += l + "\n"
 	}
 	summary += "cpu1: codec.Decode on one goroutine; cpuN: codec.NewCPU with N workers; gpu-bK: DecodeBatch of K chunks, from host memory to host memory\n" +
 		"(pack, H2D, nvCOMP, kernels, D2H, copy out; rounds of 512 MiB pipelined); gpu-dev: decoded bytes over the device's busy time (H2D to D2H, CUDA events)\n" +
 		"in the one-batch run; x: best gpu over cpu.\n"
+	fmt.Print(summary)
+	t.Log("\n" + summary)
+}
+
+// TestHostBandwidth prints the ceilings of a host-to-host decode: copies
+// between ordinary and pinned host memory on the copy workers, and PCIe
+// transfers from and to pinned memory, one way and both ways at once. Run
+// with -gpu.throughput.
+func TestHostBandwidth(t *testing.T) {
+	if !*flagThroughput {
+		t.Skip("throughput comparison not requested (-gpu.throughput)")
+	}
+	d, err := New(Options{Streams: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	defer d.holdDevice()()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cu := d.cu
+	if err := cu.check("cuCtxSetCurrent", cu.cuCtxSetCurrent(d.ctx)); err != nil {
+		t.Fatal(err)
+	}
+	const size = 512 << 20
+	var h1, h2 hostBuf
+	var d1, d2 devBuf
+	for _, g := range []error{d.growHost(&h1, size), d.growHost(&h2, size), d.growDev(&d1, size), d.growDev(&d2, size)} {
+		if g != nil {
+			t.Fatal(g)
+		}
+	}
+	defer func() {
+		cu.cuMemFreeHost(h1.p)
+		cu.cuMemFreeHost(h2.p)
+		cu.cuMemFree(d1.ptr)
+		cu.cuMemFree(d2.ptr)
+	}()
+	plain := make([]byte, size)
+	for i := range plain {
+		plain[i] = byte(i)
+	}
+	pinned := h1.bytes()[:size]
+	const piece = 4 << 20
+	par := func(dst, src []byte) func() error {
+		return func() error {
+			d.parallel(size/piece, func(i int) { copy(dst[i*piece:(i+1)*piece], src[i*piece:(i+1)*piece]) })
+			return nil
+		}
+	}
+	s0, s1 := d.sets[0].stream, d.sets[1].stream
+	xfer := func(h2d, d2h bool) func() error {
+		return func() error {
+			if h2d {
+				if err := cu.check("H2D", cu.cuMemcpyHtoDAsync(d1.ptr, h1.p, size, s0)); err != nil {
+					return err
+				}
+			}
+			if d2h {
+				if err := cu.check("D2H", cu.cuMemcpyDtoHAsync(h2.p, d2.ptr, size, s1)); err != nil {
+					return err
+				}
+			}
+			if err := cu.check("sync", cu.cuStreamSynchronize(s0)); err != nil {
+				return err
+			}
+			return cu.check("sync", cu.cuStreamSynchronize(s1))
+		}
+	}
+	gbs := func(n int64, f func() error) float64 {
+		dt, err := best(5, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return float64(n) / dt.Seconds() / 1e9
+	}
+	summary := fmt.Sprintf("host bandwidth, GB/s (512 MiB, %d copy workers, 4 MiB pieces): plain->pinned %.1f, pinned->plain %.1f, plain->plain %.1f\n",
+		d.opts.CopyWorkers, gbs(size, par(pinned, plain)), gbs(size, par(plain, pinned)), gbs(size, par(plain, make([]byte, size))))
+	summary += fmt.Sprintf("PCIe, GB/s (512 MiB from/to pinned memory): H2D %.1f, D2H %.1f, both at once %.1f each way\n",
+		gbs(size, xfer(true, false)), gbs(size, xfer(false, true)), gbs(size, xfer(true, true)))
 	fmt.Print(summary)
 	t.Log("\n" + summary)
 }
