@@ -35,12 +35,13 @@ type Options struct {
 	// earlier one while the GPU copies and decodes the rounds between. A
 	// round of fewer than 64 compressed pieces (chunks, or blosc streams)
 	// grows past it, up to its share of MaxBatchBytes, since nvCOMP needs
-	// many pieces to fill a GPU. Zero means defaultRoundBytes.
+	// many pieces to fill a GPU. Zero means 256 MiB.
 	RoundBytes int64
 	// Streams is the number of rounds in flight, each with its own buffers
 	// and CUDA stream, so that one round's host-to-device copy, another's
-	// decoding and a third's device-to-host copy overlap. Zero means
-	// defaultStreams.
+	// decoding and a third's device-to-host copy overlap. Zero means 4.
+	// (Measured on an H200 with 4 MB chunks, pinned memory: 4 rounds of
+	// 256 MiB beat 2 of 512 by 1.0 to 1.3x, and 6 or 8 smaller rounds.)
 	Streams int
 	// CopyWorkers is the number of goroutines that pack compressed bytes
 	// into pinned memory and copy decoded bytes out of it. Zero means
@@ -69,8 +70,8 @@ type Options struct {
 
 const (
 	defaultMaxBatchBytes = 2 << 30
-	defaultRoundBytes    = 512 << 20
-	defaultStreams       = 2
+	defaultRoundBytes    = 256 << 20
+	defaultStreams       = 4
 	defaultHostBytes     = 2 << 30
 )
 
@@ -147,7 +148,10 @@ type bufSet struct {
 	dTemp  devBuf
 }
 
-var _ codec.BatchDecoder = (*Decoder)(nil)
+var (
+	_ codec.BatchDecoder = (*Decoder)(nil)
+	_ codec.HostMemory   = (*Decoder)(nil)
+)
 
 type devBuf struct {
 	ptr  uintptr

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/zarrfs/zarrfs/zarr/codec"
 )
@@ -95,7 +96,7 @@ func TestGPUManyChunks(t *testing.T) {
 			dd := d
 			if maxBytes > 0 {
 				var err error
-				if dd, err = New(Options{MaxBatchBytes: maxBytes, Deflate: true}); err != nil {
+				if dd, err = New(Options{MaxBatchBytes: maxBytes, Streams: 2, Deflate: true}); err != nil {
 					t.Fatal(err)
 				}
 				defer dd.Close()
@@ -120,6 +121,109 @@ func TestGPUManyChunks(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestGPUPinned decodes chunks whose Src, Dst or both lie in pinned memory
+// from HostAlloc, at odd offsets inside it (so that pieces need the
+// device-side copies into aligned slots), mixed with ordinary jobs in the
+// same rounds, with and without byte swapping; and a caller that gives up
+// while its pinned jobs are on the device.
+func TestGPUPinned(t *testing.T) {
+	d := gpuDecoder(t)
+	var jobs []codec.Job
+	var want [][]byte
+	var names []string
+	for _, shape := range [][2]int{{37, 91}, {300, 301}} {
+		j, w, n := genJobs(t, shape[0], shape[1])
+		jobs, want, names = append(jobs, j...), append(want, w...), append(names, n...)
+	}
+	var lent [][]byte
+	defer func() {
+		for _, b := range lent {
+			d.HostFree(b)
+		}
+	}()
+	pinnedCopy := func(b []byte, off int) []byte {
+		buf := d.HostAlloc(len(b) + off)
+		lent = append(lent, buf)
+		if !d.pinned(buf) {
+			t.Fatalf("HostAlloc(%d) is not pinned", len(buf))
+		}
+		return buf[off : off+copy(buf[off:], b)]
+	}
+	for i := range jobs {
+		switch i % 4 {
+		case 0: // both
+			jobs[i].Src, jobs[i].Dst = pinnedCopy(jobs[i].Src, i%7), pinnedCopy(jobs[i].Dst, 0)
+		case 1: // Src only, at an odd offset
+			jobs[i].Src = pinnedCopy(jobs[i].Src, 1+i%7)
+		case 2: // Dst only
+			jobs[i].Dst = pinnedCopy(jobs[i].Dst, 64)
+		}
+	}
+	for _, streams := range []int{2, 4} {
+		t.Run(fmt.Sprintf("streams%d", streams), func(t *testing.T) {
+			dd, err := New(Options{Streams: streams, MaxBatchBytes: 8 << 20, Deflate: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dd.Close()
+			// dd did not lend the memory: it packs and copies out. d did.
+			for _, dec := range []*Decoder{dd, d} {
+				for i := range jobs {
+					clear(jobs[i].Dst)
+				}
+				if err := dec.DecodeBatch(context.Background(), jobs); err != nil {
+					t.Fatal(err)
+				}
+				for i, j := range jobs {
+					if j.Err != nil {
+						t.Errorf("%s: %v", names[i], j.Err)
+					} else if !bytes.Equal(j.Dst, want[i]) {
+						t.Errorf("%s (pinned %d): GPU bytes differ from the input", names[i], i%4)
+					}
+				}
+			}
+		})
+	}
+	// Byte swapping into pinned Dst.
+	data := field(64, 64, 9)
+	swapped := bytes.Clone(data)
+	swapInPlace(swapped, 4)
+	sj := []codec.Job{
+		{Codec: codec.Zstd, Src: pinnedCopy(compress(codec.Zstd, data), 3), Dst: pinnedCopy(make([]byte, len(data)), 0)},
+		{Codec: codec.Blosc, Src: pinnedCopy(bloscCompress(data, 4, 4096, codec.ByteShuffle, "lz4"), 5), Dst: make([]byte, len(data))},
+	}
+	if err := d.DecodeBatchSwap(context.Background(), sj, 4); err != nil {
+		t.Fatal(err)
+	}
+	for i, j := range sj {
+		if j.Err != nil || !bytes.Equal(j.Dst, swapped) {
+			t.Errorf("swap job %d: err %v, bytes right %v", i, j.Err, bytes.Equal(j.Dst, swapped))
+		}
+	}
+	// A caller that gives up at once: it must return, and its pinned
+	// memory must not be written after it has.
+	for range 20 {
+		ctx, cancel := context.WithCancel(context.Background())
+		cj := []codec.Job{{Codec: codec.Zstd, Src: jobs[0].Src, Dst: jobs[0].Dst}}
+		go cancel()
+		d.DecodeBatch(ctx, cj)
+		clear(cj[0].Dst)
+		time.Sleep(2 * time.Millisecond)
+		if !allZero(cj[0].Dst) {
+			t.Fatal("the device wrote into a pinned Dst after its caller gave up")
+		}
+	}
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func TestGPUByteSwap(t *testing.T) {

@@ -22,29 +22,28 @@ import (
 // is registered again with the new context. Memory that is not (or no
 // longer) registered is still correct to copy from and to, only slower.
 
-// Buffers are sized in powers of two from 64 KiB (their class is the
-// exponent), so that freed buffers serve later requests of similar size.
-const minHostClass = 16
+// hostSize is the size of the buffer that serves n bytes: rounded up to an
+// sixteenth of the next power of two (at least 64 KiB), so that a freed buffer
+// serves later requests of about its size and none wastes more than 1/8.
+func hostSize(n int) int {
+	p := 1 << bits.Len(uint(n-1))
+	step := max(p/16, 64<<10)
+	return (n + step - 1) / step * step
+}
 
 // hostPool is the Decoder's lent pinned memory.
 type hostPool struct {
 	mu    sync.Mutex
 	limit int64 // most bytes mapped at once
 	used  int64
-	free  map[int][][]byte // by class: buffers returned, still registered
+	free  map[int][][]byte // by size (hostSize): buffers returned, still registered
 	bufs  []hostRange      // every mapped buffer, sorted by start
 }
 
 type hostRange struct {
 	start, end uintptr
 	mem        []byte // the mapping, start to end
-	class      int
 	lent       bool
-}
-
-func hostClass(n int) int {
-	c := bits.Len(uint(n - 1))
-	return max(c, minHostClass)
 }
 
 // HostAlloc returns n bytes of pinned host memory for the caller to decode
@@ -59,7 +58,7 @@ func (d *Decoder) HostAlloc(n int) []byte {
 		return nil
 	}
 	p := &d.host
-	c := hostClass(n)
+	c := hostSize(n)
 	p.mu.Lock()
 	if l := p.free[c]; len(l) > 0 {
 		b := l[len(l)-1]
@@ -68,7 +67,7 @@ func (d *Decoder) HostAlloc(n int) []byte {
 		p.mu.Unlock()
 		return b[:n]
 	}
-	size := int64(1) << c
+	size := int64(c)
 	if p.used+size > p.limit {
 		p.mu.Unlock()
 		return make([]byte, n)
@@ -86,7 +85,7 @@ func (d *Decoder) HostAlloc(n int) []byte {
 	start := uintptr(unsafe.Pointer(&b[0]))
 	p.mu.Lock()
 	i, _ := slices.BinarySearchFunc(p.bufs, start, func(r hostRange, s uintptr) int { return cmpPtr(r.start, s) })
-	p.bufs = slices.Insert(p.bufs, i, hostRange{start: start, end: start + uintptr(size), mem: b[:size], class: c, lent: true})
+	p.bufs = slices.Insert(p.bufs, i, hostRange{start: start, end: start + uintptr(size), mem: b[:size], lent: true})
 	p.mu.Unlock()
 	return b[:n]
 }
@@ -109,7 +108,7 @@ func (d *Decoder) HostFree(b []byte) {
 	if p.free == nil {
 		p.free = map[int][][]byte{}
 	}
-	p.free[r.class] = append(p.free[r.class], r.mem)
+	p.free[len(r.mem)] = append(p.free[len(r.mem)], r.mem)
 }
 
 func (p *hostPool) setLent(b []byte, lent bool) {
@@ -187,7 +186,9 @@ func (d *Decoder) releaseHost() {
 			kept = append(kept, r)
 			continue
 		}
-		d.cu.cuMemHostUnregister(unsafe.Pointer(&r.mem[0]))
+		if d.cu != nil {
+			d.cu.cuMemHostUnregister(unsafe.Pointer(&r.mem[0]))
+		}
 		syscall.Munmap(r.mem)
 		p.used -= int64(r.end - r.start)
 	}

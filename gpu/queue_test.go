@@ -245,7 +245,7 @@ func TestQueueRoundBounds(t *testing.T) {
 	// Each job costs one to three KB (compressed bytes, about 1 KB decoded,
 	// alignment, blosc's shuffle scratch): half of an 8 KiB memory bound
 	// holds one to three a round.
-	d := newFakeDecoder(f, Options{MaxBatchBytes: 8 << 10})
+	d := newFakeDecoder(f, Options{MaxBatchBytes: 8 << 10, Streams: 2})
 	defer d.Close()
 	first := busy(t, d, f)
 	base := enqueued(d)

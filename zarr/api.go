@@ -68,6 +68,7 @@ type Hierarchy struct {
 	opts   Options
 	chunks *chunkCache
 	cpu    codec.BatchDecoder // fallback for jobs the configured decoder refuses
+	mem    codec.HostMemory   // the decoder's, when it lends memory: compressed chunks are read into it
 	stats  Stats
 
 	fallbackLogged sync.Once

@@ -32,6 +32,7 @@ func Open(ctx context.Context, store objectstore.Store, opts Options) (*Hierarch
 		opts.Decoder = codec.NewCPU(codec.Options{})
 	}
 	h := &Hierarchy{Store: store, Groups: map[string]map[string]any{}, opts: opts}
+	h.mem, _ = opts.Decoder.(codec.HostMemory)
 	if _, isCPU := opts.Decoder.(*codec.CPU); !isCPU {
 		// Another decoder (the GPU) may refuse jobs; those run here.
 		h.cpu = codec.NewCPU(codec.Options{})

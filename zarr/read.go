@@ -140,6 +140,10 @@ type storeSource struct {
 	h    *Hierarchy
 	sem  chan struct{}
 	key  string
+	// hint is the chunk's decoded size (about the most its compressed bytes
+	// take), or 0 to leave the chunk out of the decoder's memory: only a
+	// whole compressed chunk, whose buffer release frees, may use it.
+	hint int
 	meta string // the array's MetaHash: cached bytes never outlive their metadata
 }
 
@@ -167,6 +171,26 @@ func (s storeSource) do(ctx context.Context, ck string, f func() ([]byte, error)
 
 func (s storeSource) whole(ctx context.Context) ([]byte, string, error) {
 	if gi, ok := s.h.Store.(objectstore.GetterInto); ok {
+		if mem := s.h.mem; mem != nil && s.hint > 0 {
+			// Into the decoder's memory, which it reads without a copy. A
+			// chunk larger than the room (incompressible beyond the
+			// framing's slack) lands in memory of the store's own.
+			return s.do(ctx, s.key, func() ([]byte, error) {
+				buf := mem.HostAlloc(s.hint + s.hint/64 + 4096)
+				b, err := gi.GetInto(ctx, s.key, buf[:0])
+				switch {
+				case err != nil:
+					mem.HostFree(buf)
+					return nil, err
+				case len(b) == 0:
+					mem.HostFree(buf)
+					return []byte{}, nil // not buf[:0]: release would free buf again
+				case &b[0] != &buf[0]:
+					mem.HostFree(buf) // b is the store's own
+				}
+				return b, nil
+			})
+		}
 		return s.do(ctx, s.key, func() ([]byte, error) { return gi.GetInto(ctx, s.key, getEncBuf()) })
 	}
 	return s.do(ctx, s.key, func() ([]byte, error) { return s.h.Store.Get(ctx, s.key) })
@@ -178,6 +202,19 @@ func (s storeSource) rng(ctx context.Context, off, n int64) ([]byte, string, err
 
 func (s storeSource) suffix(ctx context.Context, n int64) ([]byte, string, error) {
 	return s.do(ctx, fmt.Sprintf("%s\x00-%d", s.key, n), func() ([]byte, error) { return s.h.Store.GetRange(ctx, s.key, -1, n) })
+}
+
+// lendHint is storeSource.hint for a's chunks.
+func (a *Array) lendHint() int {
+	if a.pipe.shard != nil {
+		return 0 // inner chunks alias the shard's buffer
+	}
+	for _, c := range a.pipe.bb {
+		if !c.crc32c {
+			return int(product(a.Chunks)) * a.DType.Size
+		}
+	}
+	return 0 // the decoded bytes alias the buffer
 }
 
 // nonNil marks an empty object as fetched (a nil slice means "not fetched").
@@ -280,7 +317,7 @@ func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
 			defer wg.Done()
 			cb := o.a.chunkBox(o.coords)
 			key := o.a.ChunkKey(o.coords)
-			errs[i] = st.resolve(ctx, o.a, o.a.pipe, o.a.Chunks, cb.lo, storeSource{h, st.sem, key, o.a.MetaHash}, key, o.needs)
+			errs[i] = st.resolve(ctx, o.a, o.a.pipe, o.a.Chunks, cb.lo, storeSource{h, st.sem, key, o.a.lendHint(), o.a.MetaHash}, key, o.needs)
 		}()
 	}
 	wg.Wait()
@@ -749,7 +786,11 @@ func (st *readState) release() {
 		for _, c := range l.pipe.bb {
 			compressed = compressed || !c.crc32c
 		}
-		if compressed {
+		switch {
+		case !compressed:
+		case st.h.mem != nil:
+			st.h.mem.HostFree(l.enc) // memory not lent is left to the collector
+		default:
 			putEncBuf(l.enc)
 		}
 		l.enc = nil

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
+	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
 	"github.com/zarrfs/zarrfs/zarr/codec"
 )
@@ -351,4 +352,81 @@ func TestHostileMetadata(t *testing.T) {
 			t.Fatalf("arrays %q, want only g", paths)
 		}
 	})
+}
+
+// lender is a CPU decoder that lends memory (as the GPU decoder does) and
+// tracks it, so that a test can see every buffer come back.
+type lender struct {
+	*codec.CPU
+	mu     sync.Mutex
+	lent   map[*byte]int
+	allocs int
+}
+
+func (l *lender) HostAlloc(n int) []byte {
+	b := make([]byte, n, n+100) // spare capacity, as the GPU's size classes have
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lent[&b[0]] = n
+	l.allocs++
+	return b
+}
+
+func (l *lender) HostFree(b []byte) {
+	if cap(b) == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.lent, &b[:1][0])
+}
+
+// TestLentMemory reads every fixture array with a decoder that lends
+// memory: compressed chunks are read into it, every buffer comes back, and
+// the values are those read without lending.
+func TestLentMemory(t *testing.T) {
+	root := findUp(t, filepath.Join("shared", "fixtures", "tensorstore"))
+	if root == "" {
+		missing(t, "tensorstore fixtures (shared/fixtures/tensorstore beside the repository) not found")
+	}
+	dirs, err := filepath.Glob(filepath.Join(root, "*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &lender{CPU: codec.NewCPU(codec.Options{}), lent: map[*byte]int{}}
+	defer l.Close()
+	arrays := 0
+	for _, dir := range dirs {
+		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+			continue
+		}
+		plain := openStore(t, dir)
+		st, err := objectstore.OpenPosix(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		h, err := zarr.Open(context.Background(), st, zarr.Options{Decoder: l})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, a := range h.Arrays {
+			if a.Unsupported != "" {
+				continue
+			}
+			want, ok := readRegion(t, plain, plain.Arrays[i], make([]int64, len(a.Shape)), a.Shape)
+			got, ok2 := readRegion(t, h, a, make([]int64, len(a.Shape)), a.Shape)
+			if ok && ok2 && !bytes.Equal(got, want) {
+				t.Errorf("%s/%s: values differ when read through lent memory", filepath.Base(dir), a.Path)
+			}
+			arrays++
+		}
+	}
+	if l.allocs == 0 {
+		t.Fatalf("no chunk was read into lent memory (%d arrays)", arrays)
+	}
+	if len(l.lent) != 0 {
+		t.Errorf("%d of %d lent buffers not given back", len(l.lent), l.allocs)
+	}
+	t.Logf("%d arrays, %d chunks read into lent memory", arrays, l.allocs)
 }

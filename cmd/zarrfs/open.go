@@ -16,6 +16,7 @@ import (
 	"github.com/zarrfs/zarrfs/fs/layout"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
+	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 // layoutFlags are the flags that decide which files a mount serves and
@@ -128,7 +129,11 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 		c.Close()
 		return nil, err
 	}
-	lay, err := layout.Build(h, layout.Options{SampleDim: f.sampleDim, Align: f.align, Views: views})
+	lopts := layout.Options{SampleDim: f.sampleDim, Align: f.align, Views: views}
+	// With a decoder that lends memory (the GPU's pinned memory), fills
+	// decode into it, which spares a host copy of every decoded chunk.
+	lopts.Memory, _ = dec.(codec.HostMemory)
+	lay, err := layout.Build(h, lopts)
 	if err != nil {
 		c.Close()
 		return nil, fmt.Errorf("%s: %w", strings.TrimSuffix(store.ID(), "/"), err)

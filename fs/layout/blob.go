@@ -44,6 +44,22 @@ func getSlab(n int64) []byte {
 
 func putSlab(b []byte) { slabPool.Put(&b) }
 
+// slab returns a fill's buffer: lent by o.Memory when set.
+func (o Options) slab(n int64) []byte {
+	if o.Memory != nil && n > 0 {
+		return o.Memory.HostAlloc(int(n))
+	}
+	return getSlab(n)
+}
+
+func (o Options) freeSlab(b []byte) {
+	if o.Memory != nil {
+		o.Memory.HostFree(b)
+		return
+	}
+	putSlab(b)
+}
+
 // Fill writes the header, then the region in slabs. A slab is a run of whole
 // chunk rows along the outermost axis with more than one element, so every
 // chunk lands in exactly one slab and is decoded once per Fill, and the slab's
@@ -77,8 +93,8 @@ func (b *regionBlob) Fill(ctx context.Context, w io.WriterAt) error {
 		}
 		per = max(b.opts.SlabBytes/rowBytes/chunk, 1) * chunk
 	}
-	buf := getSlab(min(per, rows) * rowBytes)
-	defer putSlab(buf)
+	buf := b.opts.slab(min(per, rows) * rowBytes)
+	defer b.opts.freeSlab(buf)
 
 	start := append([]int64(nil), b.start...)
 	count := append([]int64(nil), b.count...)

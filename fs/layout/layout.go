@@ -24,6 +24,7 @@ import (
 
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
+	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 // Defaults for Options.
@@ -60,6 +61,10 @@ type Options struct {
 	// read in slabs cut at chunk boundaries, so each chunk is still decoded
 	// once. Zero means 64 MiB.
 	SlabBytes int64
+	// Memory, when set, lends the buffers fills decode into: the GPU
+	// decoder's pinned memory, which it writes without a copy. Nil means
+	// ordinary memory.
+	Memory codec.HostMemory
 
 	// Views are the stacked views (CONTRACT section 5) to add, bound to the
 	// same hierarchy with Bind or BindViews. Each adds MOUNT/NAME/ and

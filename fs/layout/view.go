@@ -847,8 +847,8 @@ func (b *viewBlob) Sources() []zarr.Request {
 // is decoded once however many channels come from it, casts, and writes the
 // header and the (C, *spatial) data. It holds the whole sample in memory.
 func (b *viewBlob) Fill(ctx context.Context, w io.WriterAt) error {
-	out := getSlab(b.size - b.opts.Align)
-	defer putSlab(out)
+	out := b.opts.slab(b.size - b.opts.Align)
+	defer b.opts.freeSlab(out)
 	if err := b.v.fillSamples(ctx, b.opts.Reader, []int64{b.k}, [][]byte{out}); err != nil {
 		return fmt.Errorf("%s: %w", b.path, err)
 	}
@@ -990,8 +990,9 @@ func FillBatch(ctx context.Context, blobs []Blob, ws []io.WriterAt, maxBytes int
 }
 
 func fillViewRun(ctx context.Context, blobs []Blob, ws []io.WriterAt, data int64) error {
-	buf := getSlab(data * int64(len(blobs)))
-	defer putSlab(buf)
+	opts := blobs[0].(*viewBlob).opts
+	buf := opts.slab(data * int64(len(blobs)))
+	defer opts.freeSlab(buf)
 	ks := make([]int64, len(blobs))
 	outs := make([][]byte, len(blobs))
 	for i, b := range blobs {

@@ -782,3 +782,74 @@ func mustLookupB(b *testing.B, l *Layout, p string) Blob {
 	}
 	return e.Blob
 }
+
+// lendingMemory lends ordinary memory and counts what is out, standing in
+// for the GPU decoder's pinned memory.
+type lendingMemory struct {
+	mu    sync.Mutex
+	out   map[*byte]bool
+	lends int
+}
+
+func (m *lendingMemory) HostAlloc(n int) []byte {
+	b := make([]byte, n)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.out[&b[0]] = true
+	m.lends++
+	return b
+}
+
+func (m *lendingMemory) HostFree(b []byte) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(b) > 0 {
+		delete(m.out, &b[0])
+	}
+}
+
+// TestFillLentMemory fills array samples, slabbed arrays and view samples
+// (one by one and batched) into lent memory: the bytes are those of a fill
+// in ordinary memory, and every buffer comes back.
+func TestFillLentMemory(t *testing.T) {
+	h := viewHierarchy()
+	views, err := bindYAML(t, h, trainYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := &lendingMemory{out: map[*byte]bool{}}
+	plain, err := Build(h, Options{Views: views, Reader: &valueReader{}, SlabBytes: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lent, err := Build(h, Options{Views: views, Reader: &valueReader{}, SlabBytes: 64, Memory: mem})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blobs []Blob
+	var ws []io.WriterAt
+	paths := []string{"train/0.npy", "train/1.npy", "lsm.npy"}
+	for _, p := range paths {
+		want, _ := os.ReadFile(fillFile(t, mustLookup(t, plain, p)))
+		got, _ := os.ReadFile(fillFile(t, mustLookup(t, lent, p)))
+		if !bytes.Equal(got, want) {
+			t.Errorf("%s: fill into lent memory differs", p)
+		}
+		blobs = append(blobs, mustLookup(t, lent, p))
+		f, err := os.Create(filepath.Join(t.TempDir(), "b"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		ws = append(ws, f)
+	}
+	if err := FillBatch(context.Background(), blobs, ws, 2*(blobs[0].Size()-4096)); err != nil {
+		t.Fatal(err)
+	}
+	if mem.lends < len(paths)+1 {
+		t.Errorf("%d buffers lent for %d fills and a batch", mem.lends, len(paths))
+	}
+	if len(mem.out) != 0 {
+		t.Errorf("%d of %d lent buffers not given back", len(mem.out), mem.lends)
+	}
+}

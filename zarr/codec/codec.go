@@ -58,3 +58,14 @@ type Job struct {
 type BatchDecoder interface {
 	DecodeBatch(ctx context.Context, jobs []Job) error
 }
+
+// HostMemory is implemented by batch decoders that decode faster from and
+// into memory they lend: a GPU decoder's pinned host memory, which the
+// device copies directly, without staging. HostAlloc returns n bytes
+// (ordinary memory when none is left to lend); HostFree gives back a
+// buffer HostAlloc returned, as returned, once no DecodeBatch uses it, and
+// ignores any other memory.
+type HostMemory interface {
+	HostAlloc(n int) []byte
+	HostFree(b []byte)
+}

@@ -9,7 +9,8 @@
 // of reading from memory, fetching and decoding in the zarr package.
 //
 // Decoders: cpu (codec.NewCPU, one worker per core), gpu (gpu.New with
-// default options; chunks it refuses go to the CPU) and gpu+cpu (each
+// default options; chunks it refuses go to the CPU; the sample buffers and
+// the compressed chunks are in its pinned memory, as in the mount) and gpu+cpu (each
 // batch split: a share of the chunks to the GPU, the rest to the CPU pool,
 // at the same time). -readers N runs N goroutines filling different samples
 // at once, as a data loader with several workers does; the GPU decoder
@@ -170,7 +171,13 @@ func main() {
 				}
 				return h.Read(ctx, reqs)
 			}
-			first := make([]byte, *nvars*ny*nx*4)
+			// A decoder that lends memory (the GPU's pinned memory) gets
+			// its sample buffers from it, as the mount's fills do.
+			alloc, free := func(n int) []byte { return make([]byte, n) }, func([]byte) {}
+			if m, ok := dec.d.(codec.HostMemory); ok {
+				alloc, free = m.HostAlloc, m.HostFree
+			}
+			first := alloc(*nvars * ny * nx * 4)
 			if err := sample(first, 0); err != nil { // warm-up: buffers, GPU memory
 				log.Fatalf("%s/%s: %v", c, dec.name, err)
 			}
@@ -178,11 +185,13 @@ func main() {
 				ref = first
 			} else if !bytes.Equal(ref, first) {
 				log.Fatalf("%s/%s: sample 0 differs from the CPU decoder's", c, dec.name)
+			} else {
+				free(first)
 			}
 			for _, nr := range readers {
 				bufs := make([][]byte, nr)
 				for i := range bufs {
-					bufs[i] = make([]byte, *nvars*ny*nx*4)
+					bufs[i] = alloc(*nvars * ny * nx * 4)
 				}
 				var bestDt time.Duration
 				stats.reset()
@@ -214,6 +223,9 @@ func main() {
 					if p == 0 || dt < bestDt {
 						bestDt = dt
 					}
+				}
+				for _, b := range bufs {
+					free(b)
 				}
 				s := float64(*steps) / bestDt.Seconds()
 				rows = append(rows, row{c, dec.name, nr, s, s * float64(*nvars*ny*nx*4) / 1e9, ratio, stats.snapshot()})
