@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# End-to-end GPU check and fill-rate comparison of zarrfs, for a machine
+# with an NVIDIA GPU, its driver and nvCOMP (see run.sh for ZARRFS_NVCOMP_LIB):
+#   1. gpuview writes two ERA5-like stores (20 float32 variables of
+#      (time, 721, 1440), one chunk per time step; zstd level 3, and blosc
+#      lz4 + byte shuffle) and prints the decode-level fill rate of a
+#      20-channel sample with the CPU and the GPU decoders;
+#   2. `zarrfs warm` fills a 20-channel view of each store into a cache with
+#      --decode cpu and with --decode gpu (the cache on tmpfs, so that the
+#      disk does not bound the rate), timed; every blob of the GPU cache must
+#      equal the CPU cache's, byte for byte;
+#   3. `zarrfs mount --decode gpu` on a fresh cache: numpy reads every view
+#      file and every array sample through FUSE, compared with the CPU
+#      cache's blobs.
+# Usage: integration/gpu/fill.sh ZARRFS GPUVIEW   (binaries built with
+#   CGO_ENABLED=0 go build -o ZARRFS ./cmd/zarrfs
+#   CGO_ENABLED=0 go build -o GPUVIEW ./integration/bench/gpuview)
+# Environment: STEPS (samples per store, default 64), JOBS (warm --jobs,
+# default 16), WORK (scratch folder, default under /dev/shm), LOGDIR,
+# DECODE (the decoder compared with the CPU, default gpu; cpu checks the
+# script itself on a machine without a GPU).
+set -euo pipefail
+zarrfs=$(readlink -f "$1")
+gpuview=$(readlink -f "$2")
+steps=${STEPS:-64}
+jobs=${JOBS:-16}
+work=${WORK:-$(mktemp -d -p /dev/shm zarrfs-fill.XXXXXX)}
+logdir=${LOGDIR:-$work}
+mkdir -p "$logdir"
+cleanup() {
+	for m in "$work"/mnt-*; do [[ -d $m ]] && { fusermount3 -u "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; }; done
+	[[ -z ${WORK:-} ]] && rm -rf "$work"
+	return 0
+}
+trap cleanup EXIT
+status=0
+gpu=${DECODE:-gpu}
+
+echo "== $("$zarrfs" version | tr '\n' ' ')"
+echo "== decode-level fill rate (gpuview)"
+"$gpuview" -dir "$work/stores" -steps "$steps" -passes 3 -readers 1,4,8 -decoders cpu,gpu 2>&1 | tee "$logdir/gpuview.log"
+
+{
+	echo "views:"
+	echo "  - name: train"
+	echo "    channels:"
+	for i in $(seq -w 0 19); do echo "      - var: v$i"; done
+} >"$work/view.yaml"
+
+echo "== zarrfs warm of the 20-channel view, --decode cpu vs gpu ($steps samples, --jobs $jobs, cache on tmpfs)"
+printf '%-10s %-6s %10s %12s %8s\n' store decode seconds "GB/s" "x cpu"
+for store in zstd blosc-lz4; do
+	declare -A rate=()
+	failed=0
+	for dec in cpu "$gpu"; do
+		[[ $dec == cpu && -n ${rate[cpu]:-} ]] && dec=cpu2
+		cache=$work/cache-$store-$dec
+		rm -rf "$cache"
+		t0=$(date +%s.%N)
+		if ! "$zarrfs" warm "$work/stores/$store" --cache "$cache" --cache-size 100GiB --view "$work/view.yaml" --only train \
+			--decode "${dec%2}" --jobs "$jobs" >"$logdir/warm-$store-$dec.log" 2>&1; then
+			echo "warm $store --decode ${dec%2} failed:"; tail -5 "$logdir/warm-$store-$dec.log"; status=1; failed=1; continue
+		fi
+		t1=$(date +%s.%N)
+		bytes=$(find "$cache" -path '*/train/*.npy' -type f -printf '%s\n' | awk '{s+=$1} END {print s+0}')
+		secs=$(awk "BEGIN {print $t1 - $t0}")
+		rate[$dec]=$(awk "BEGIN {print $bytes / $secs / 1e9}")
+		x=$(awk "BEGIN {print ${rate[$dec]} / ${rate[cpu]}}")
+		printf '%-10s %-6s %10.2f %12.2f %8.2f\n' "$store" "$dec" "$secs" "${rate[$dec]}" "$x"
+		last=$dec
+	done
+	[[ $failed == 1 ]] && continue
+	# Every blob of the GPU cache equals the CPU cache's.
+	(cd "$work/cache-$store-cpu" && find . -path '*/train/*.npy' -type f | sort | xargs sha256sum) >"$work/sum-cpu"
+	(cd "$work/cache-$store-$last" && find . -path '*/train/*.npy' -type f | sort | xargs sha256sum) >"$work/sum-gpu"
+	n=$(wc -l <"$work/sum-cpu")
+	if [[ $n -ne $steps ]] || ! cmp -s "$work/sum-cpu" "$work/sum-gpu"; then
+		echo "FAIL: $store: the GPU-warmed blobs differ from the CPU-warmed ones ($n files)"; status=1
+	else
+		echo "$store: all $n view blobs warmed on the GPU equal the CPU's"
+	fi
+	grep -h -iE 'falling back|fallback|error' "$logdir/warm-$store-$last.log" | head -3 || true
+done
+
+echo "== zarrfs mount --decode $gpu, read with numpy"
+store=zstd
+mnt=$work/mnt-gpu
+mkdir -p "$mnt"
+"$zarrfs" mount "$work/stores/$store" "$mnt" --cache "$work/cache-mount" --view "$work/view.yaml" --decode "$gpu" \
+	>"$logdir/mount.log" 2>&1 &
+pid=$!
+for _ in $(seq 100); do [[ -f $mnt/train.json ]] && break; sleep 0.1; done
+ref=$(cd "$work/cache-$store-cpu" && dirname "$(find . -path '*/train/0*.npy' | head -1)")
+python3 - "$mnt" "$work/cache-$store-cpu/$ref" <<'PY' || status=1
+import sys, os, hashlib, numpy as np, concurrent.futures as cf
+mnt, ref = sys.argv[1], sys.argv[2]
+names = sorted(os.listdir(os.path.join(mnt, "train")))
+def check(n):
+    a = np.load(os.path.join(mnt, "train", n))
+    b = np.load(os.path.join(ref, n))
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+with cf.ThreadPoolExecutor(8) as ex:
+    ok = list(ex.map(check, names))
+# every array sample too (one variable through its own directory)
+v = sorted(os.listdir(os.path.join(mnt, "v07")))
+one = [np.load(os.path.join(mnt, "v07", n)) for n in v]
+same = all(np.array_equal(one[i], np.load(os.path.join(ref, names[i]))[7], equal_nan=True) for i in range(len(v)))
+print(f"mount: {sum(ok)} of {len(ok)} view files equal the CPU's; v07 samples equal channel 7: {same}")
+sys.exit(0 if all(ok) and len(ok) > 0 and same else 1)
+PY
+kill -TERM $pid; wait $pid || { echo "mount exited with $?"; status=1; }
+grep -iE 'error|panic' "$logdir/mount.log" | head -5 || true
+
+if [[ $status == 0 ]]; then echo "GPU FILL: PASS"; else echo "GPU FILL: FAIL"; fi
+exit $status
