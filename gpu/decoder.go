@@ -52,7 +52,8 @@ type Options struct {
 	// them). Zero value: they are checked.
 	SkipChecksums bool
 	// HostBytes bounds the pinned host memory HostAlloc lends. Zero means
-	// 2 GiB; past it HostAlloc returns ordinary memory.
+	// 4 GiB (16 fills of a 20-channel ERA5 sample with their compressed
+	// chunks take about 3); past it HostAlloc returns ordinary memory.
 	HostBytes int64
 	// Deflate sends gzip, zlib and blosc-zlib chunks to nvCOMP's deflate
 	// decoder. Off by default: nvCOMP's deflate writes past its output on
@@ -72,7 +73,7 @@ const (
 	defaultMaxBatchBytes = 2 << 30
 	defaultRoundBytes    = 256 << 20
 	defaultStreams       = 4
-	defaultHostBytes     = 2 << 30
+	defaultHostBytes     = 4 << 30
 )
 
 // maxJobsPerRound keeps grid dimensions and descriptor arrays small.
@@ -96,9 +97,9 @@ type Decoder struct {
 
 	host hostPool // pinned memory lent to callers (hostmem.go)
 
-	// ctxMu guards ctx against HostAlloc's registrations while the
-	// context is rebuilt.
-	ctxMu                       sync.Mutex
+	// ctxMu guards ctx: HostAlloc registers memory under its read lock (so
+	// callers register at once), a context rebuild or Close holds it.
+	ctxMu                       sync.RWMutex
 	dev                         int32
 	ctx                         uintptr
 	mod                         uintptr

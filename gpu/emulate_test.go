@@ -2,10 +2,10 @@ package gpu
 
 import (
 	"bytes"
-	"slices"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 

@@ -81,6 +81,7 @@ func (d *Decoder) HostAlloc(n int) []byte {
 		p.mu.Unlock()
 		return make([]byte, n)
 	}
+	prefault(b)
 	d.register(b) // a failure leaves it pageable: still correct
 	start := uintptr(unsafe.Pointer(&b[0]))
 	p.mu.Lock()
@@ -128,6 +129,31 @@ func cmpPtr(a, b uintptr) int {
 	return 0
 }
 
+// prefault readies a fresh mapping for pinning: huge pages where the
+// kernel gives them (fewer pages to fault, pin and map), and every page
+// touched from several goroutines, since the driver's registration would
+// fault them in one at a time on one thread.
+func prefault(b []byte) {
+	const hugePage = 2 << 20
+	if len(b) < 2*hugePage {
+		return
+	}
+	_ = syscall.Madvise(b, 14) // MADV_HUGEPAGE; refused where transparent huge pages are off
+	const page = 4096
+	parts := min(runtime.GOMAXPROCS(0), 8, len(b)/hugePage)
+	per := (len(b)/parts + page - 1) / page * page
+	var wg sync.WaitGroup
+	for p := range parts {
+		lo, hi := p*per, min((p+1)*per, len(b))
+		wg.Go(func() {
+			for i := lo; i < hi; i += page {
+				b[i] = 0
+			}
+		})
+	}
+	wg.Wait()
+}
+
 // pinned reports whether b lies wholly in one buffer of the pool.
 func (d *Decoder) pinned(b []byte) bool {
 	if len(b) == 0 {
@@ -148,8 +174,8 @@ func (d *Decoder) pinned(b []byte) bool {
 // register pins b in the Decoder's context.
 func (d *Decoder) register(b []byte) bool {
 	const portable = 1 // CU_MEMHOSTREGISTER_PORTABLE
-	d.ctxMu.Lock()
-	defer d.ctxMu.Unlock()
+	d.ctxMu.RLock()
+	defer d.ctxMu.RUnlock()
 	if d.ctx == 0 {
 		return false
 	}

@@ -64,14 +64,14 @@ type request struct {
 	// sets abandoned: after that nothing touches the caller's memory.
 	mu        sync.RWMutex
 	abandoned atomic.Bool
-	fin       []bool       // per job: result written (under mu shared; distinct jobs)
+	fin       []bool // per job: result written (under mu shared; distinct jobs)
 	// onDevice counts the rounds submitted with jobs of this request in
 	// pinned memory and not yet collected: the device may copy from their
 	// Src or into their Dst until then, so a caller giving up waits for it.
 	onDevice sync.WaitGroup
-	left      atomic.Int64 // jobs of ok without a result
-	err       atomic.Pointer[error]
-	done      chan struct{} // closed when left reaches 0
+	left     atomic.Int64 // jobs of ok without a result
+	err      atomic.Pointer[error]
+	done     chan struct{} // closed when left reaches 0
 }
 
 // item is one job of a request, waiting in the submitter's queue.
@@ -95,7 +95,7 @@ type round struct {
 	callers   int
 	reqs      []*request // callers with pinned memory in the round: onDevice counts it
 	fl        *inflight  // the device's state of the round
-	stats     []any     // what collect adds to the round's debug line
+	stats     []any      // what collect adds to the round's debug line
 }
 
 // start launches the submitter and the completer over dev.
