@@ -382,6 +382,17 @@ func runCorrupt(t *testing.T, opts Options, wrong *[]string) {
 	if len(jobs) == len(good) {
 		t.Fatalf("no damaged chunk matches %q", *flagCorrupt)
 	}
+	// Every other job in pinned memory from HostAlloc: good and damaged
+	// chunks cross to and from the device directly as well as packed.
+	for i := range jobs {
+		if i%2 == 0 && len(jobs[i].Src) > 0 {
+			src, dst := d.HostAlloc(len(jobs[i].Src)), d.HostAlloc(len(jobs[i].Dst))
+			copy(src, jobs[i].Src)
+			jobs[i].Src, jobs[i].Dst = src, dst
+			defer d.HostFree(src)
+			defer d.HostFree(dst)
+		}
+	}
 	// cpuOnly: the good chunks this configuration leaves to the CPU: those
 	// with deflate streams when Deflate is off, or when the fence caught an
 	// overrun in the batch (deflate slots after it go back to the CPU).
