@@ -34,7 +34,7 @@ func (f *sourceFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.s3Endpoint, "s3-endpoint", "", "S3 endpoint URL (default AWS); http:// allowed for on-premises servers")
 	cmd.Flags().StringVar(&f.s3Region, "s3-region", "", "S3 region")
 	cmd.Flags().BoolVar(&f.s3Anonymous, "s3-anonymous", false, "read a public bucket without credentials")
-	cmd.Flags().StringVar(&f.decode, "decode", "auto", "where chunks are decompressed: auto (GPU when nvCOMP loads), cpu or gpu")
+	cmd.Flags().StringVar(&f.decode, "decode", "auto", "where chunks are decompressed: auto (CPU and GPU together when nvCOMP loads, else CPU), cpu or gpu")
 }
 
 // openStore opens a local path, file:// URL or s3:// URL.
@@ -62,8 +62,12 @@ func (f *sourceFlags) openHierarchy(ctx context.Context, src string, opts zarr.O
 }
 
 // newDecoder returns the chunk decoder --decode asks for: "gpu" refuses to
-// run without a usable GPU and nvCOMP, "cpu" never touches the GPU, "auto"
-// uses the GPU when one loads and the CPU otherwise.
+// run without a usable GPU and nvCOMP and decodes everything it can there,
+// "cpu" never touches the GPU, "auto" uses the GPU when one loads and the
+// CPU otherwise. With a GPU, auto decodes on both: a batch goes to the CPU
+// pool when it is idle and to the GPU when it is busy (codec.Overflow), so
+// that one reader is never slower than on the CPU alone and many readers
+// get the GPU's large rounds on top of the CPU.
 func newDecoder(mode string, log *slog.Logger) (codec.BatchDecoder, error) {
 	switch mode {
 	case "cpu":
@@ -71,8 +75,11 @@ func newDecoder(mode string, log *slog.Logger) (codec.BatchDecoder, error) {
 	case "gpu", "auto", "":
 		d, err := gpu.New(gpu.Options{Logger: log})
 		if err == nil {
-			log.Info("decoding on the GPU", "gpu", d.Info().String())
-			return d, nil
+			log.Info("decoding on the GPU", "gpu", d.Info().String(), "mode", mode)
+			if mode == "gpu" {
+				return d, nil
+			}
+			return &codec.Overflow{First: codec.NewCPU(codec.Options{}), Then: d}, nil
 		}
 		if mode == "gpu" {
 			return nil, fmt.Errorf("--decode gpu: %w", err)

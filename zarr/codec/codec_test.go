@@ -6,6 +6,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"math/rand/v2"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
@@ -312,5 +315,71 @@ func TestCPUConcurrent(t *testing.T) {
 		if err := <-errc; err != nil {
 			t.Error(err)
 		}
+	}
+}
+
+// countingDecoder records how many batches it decodes and how many run at
+// once, and blocks each until release is closed (when set).
+type countingDecoder struct {
+	inner   BatchDecoder
+	release chan struct{}
+	calls   atomic.Int64
+	now     atomic.Int64
+	most    atomic.Int64
+}
+
+func (c *countingDecoder) DecodeBatch(ctx context.Context, jobs []Job) error {
+	c.calls.Add(1)
+	n := c.now.Add(1)
+	defer c.now.Add(-1)
+	for m := c.most.Load(); n > m && !c.most.CompareAndSwap(m, n); m = c.most.Load() {
+	}
+	if c.release != nil {
+		<-c.release
+	}
+	return c.inner.DecodeBatch(ctx, jobs)
+}
+
+func TestOverflow(t *testing.T) {
+	cpu := NewCPU(Options{Workers: 2})
+	defer cpu.Close()
+	first := &countingDecoder{inner: cpu, release: make(chan struct{})}
+	then := &countingDecoder{inner: cpu}
+	o := &Overflow{First: first, Then: then, Limit: 2}
+	data := bytes.Repeat([]byte("zarrfs overflow "), 1000)
+	enc := zstdEncode(t, data, false)
+	const callers = 6
+	var wg sync.WaitGroup
+	results := make([][]Job, callers)
+	for i := range callers {
+		results[i] = []Job{{Codec: Zstd, Src: enc, Dst: make([]byte, len(data))}}
+		wg.Go(func() {
+			if err := o.DecodeBatch(context.Background(), results[i]); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	// Two batches hold First; the other four must go to Then and finish
+	// while First is still held.
+	for then.calls.Load() < callers-2 {
+		runtime.Gosched()
+	}
+	close(first.release)
+	wg.Wait()
+	if first.calls.Load() != 2 || first.most.Load() != 2 {
+		t.Errorf("First decoded %d batches, %d at most at once; want 2 and 2", first.calls.Load(), first.most.Load())
+	}
+	for i, r := range results {
+		if r[0].Err != nil || !bytes.Equal(r[0].Dst, data) {
+			t.Errorf("caller %d: err %v", i, r[0].Err)
+		}
+	}
+	// With First idle again, the next batch goes there.
+	j := []Job{{Codec: Zstd, Src: enc, Dst: make([]byte, len(data))}}
+	if err := o.DecodeBatch(context.Background(), j); err != nil || first.calls.Load() != 3 {
+		t.Errorf("idle First not used: %v, %d calls", err, first.calls.Load())
+	}
+	if b := o.HostAlloc(10); len(b) != 10 {
+		t.Errorf("HostAlloc without a lender: %d bytes", len(b))
 	}
 }

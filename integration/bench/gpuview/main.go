@@ -8,17 +8,20 @@
 // once before timing, so the page cache is warm and the numbers are those
 // of reading from memory, fetching and decoding in the zarr package.
 //
-// Decoders: cpu (codec.NewCPU, one worker per core), gpu (gpu.New with
+// Decoders: cpu (codec.NewCPU, one worker per core); gpu (gpu.New with
 // default options; chunks it refuses go to the CPU; the sample buffers and
-// the compressed chunks are in its pinned memory, as in the mount) and gpu+cpu (each
-// batch split: a share of the chunks to the GPU, the rest to the CPU pool,
-// at the same time). -readers N runs N goroutines filling different samples
-// at once, as a data loader with several workers does; the GPU decoder
-// merges the batches of readers waiting for the device into shared rounds,
-// and the table says how many rounds it ran and how full they were.
+// the compressed chunks are in its pinned memory, as in the mount);
+// gpu+cpu (each batch split: a share of the chunks to the GPU, the rest to
+// the CPU pool, at the same time); auto(L) (codec.Overflow, what
+// --decode auto uses: a batch decodes on the CPU pool while fewer than L
+// batches do, else on the GPU). -readers N runs N goroutines filling
+// different samples at once, as a data loader with several workers does;
+// the GPU decoder merges the batches of readers waiting for the device
+// into shared rounds, and the table says how many rounds it ran and how
+// full they were.
 //
 // Usage: gpuview [-dir DIR] [-steps 32] [-vars 20] [-passes 3] [-readers 1,4] [-share 0.5]
-// [-codecs zstd,blosc-lz4] [-decoders cpu,gpu,gpu+cpu]
+// [-codecs zstd,blosc-lz4] [-decoders cpu,gpu,auto]
 //
 // The program builds with CGO_ENABLED=0; without a GPU it reports why and
 // measures the CPU only.
@@ -63,7 +66,7 @@ func main() {
 	readersFlag := flag.String("readers", "1,4", "comma-separated numbers of concurrent readers to measure")
 	share := flag.Float64("share", 0.5, "gpu+cpu: share of each batch's chunks sent to the GPU")
 	codecs := flag.String("codecs", "zstd,blosc-lz4", "stores to write and read: zstd, blosc-lz4")
-	decFlag := flag.String("decoders", "cpu,gpu,gpu+cpu", "decoders to measure: cpu, gpu, gpu+cpu")
+	decFlag := flag.String("decoders", "cpu,gpu,auto", "decoders to measure: cpu, gpu, gpu+cpu, auto")
 	flag.Parse()
 	var readers []int
 	for _, s := range strings.Split(*readersFlag, ",") {
@@ -104,7 +107,15 @@ func main() {
 			struct {
 				name string
 				d    codec.BatchDecoder
-			}{fmt.Sprintf("gpu+cpu(%.0f%%)", 100**share), &split{gpu: g, cpu: cpu, share: *share}})
+			}{fmt.Sprintf("gpu+cpu(%.0f%%)", 100**share), &split{gpu: g, cpu: cpu, share: *share}},
+			struct {
+				name string
+				d    codec.BatchDecoder
+			}{"auto(1)", &codec.Overflow{First: cpu, Then: g, Limit: 1}},
+			struct {
+				name string
+				d    codec.BatchDecoder
+			}{"auto(2)", &codec.Overflow{First: cpu, Then: g, Limit: 2}})
 	}
 	want := map[string]bool{}
 	for _, n := range strings.Split(*decFlag, ",") {
