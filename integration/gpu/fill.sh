@@ -38,7 +38,7 @@ gpu=${DECODE:-gpu auto}
 
 echo "== $("$zarrfs" version | tr '\n' ' ')"
 echo "== decode-level fill rate (gpuview)"
-"$gpuview" -dir "$work/stores" -steps "$steps" -passes 3 -readers 1,4,8 -decoders cpu,gpu 2>&1 | tee "$logdir/gpuview.log"
+"$gpuview" -dir "$work/stores" -steps "$steps" -passes 3 -readers 1,4,8,16 -decoders cpu,gpu,auto 2>&1 | tee "$logdir/gpuview.log"
 
 {
 	echo "views:"
