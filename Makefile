@@ -33,9 +33,12 @@ test-long: build pydeps minio
 	ZARRFS_LONG=1 $(GO) test -timeout 120m ./...
 
 # On a machine with an NVIDIA GPU and the nvidia-libnvcomp-cu13 wheel: GPU decode
-# byte-identical to the CPU path, damaged input, throughput against all CPU cores.
-test-gpu:
+# byte-identical to the CPU path, damaged input, throughput against all CPU cores;
+# then warm and mount with GPU decoding against the CPU, and the view fill rate.
+test-gpu: build
 	bash integration/gpu/run.sh
+	$(GO) build -o bin/gpuview ./integration/bench/gpuview
+	bash integration/gpu/fill.sh bin/zarrfs bin/gpuview
 
 FUZZTIME ?= 2m
 fuzz:

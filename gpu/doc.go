@@ -13,6 +13,16 @@
 // Device and pinned buffers are kept and grown between batches, within
 // Options.MaxBatchBytes.
 //
+// Host copies cost as much as PCIe: packing the compressed bytes into
+// staging and copying the decoded bytes out of it move every byte through
+// host memory twice more. So the Decoder lends pinned host memory
+// (HostAlloc, codec.HostMemory; hostmem.go): a job whose Src lies in it
+// crosses to the device straight from there, and one whose Dst lies in it
+// comes back straight into it. The zarr package reads compressed chunks
+// into that memory and the layout's fills decode into it, so a mount's
+// chunks skip both copies. Pieces that land misaligned for nvCOMP are
+// first copied into aligned slots on the device.
+//
 // The CUDA driver (libcuda.so.1) and nvCOMP (libnvcomp.so, found through
 // ZARRFS_NVCOMP_LIB, the loader path or a Python site-packages folder
 // holding the nvidia-libnvcomp wheel) are bound with purego: no cgo. Probe
@@ -61,12 +71,15 @@
 // into the next round as soon as one of the two buffer sets is free, and a
 // completer goroutine waits for each round and copies its chunks out to
 // their callers (both use Options.CopyWorkers goroutines for the copies, so
-// one round is packed while another is copied out). A caller returns when
-// all its own jobs are done. So the small batches of concurrent readers (a
+// one round is packed while another is copied out). Options.Streams rounds
+// are in flight at once, each on its own CUDA stream, so that one round's
+// host-to-device copy, another's decoding and a third's copy back
+// overlap. A caller returns when all its own jobs are done. So the small batches of concurrent readers (a
 // sample of a 20-channel view is 20 chunks) decode as one large round,
 // which nvCOMP needs to fill a GPU. A caller whose context ends returns at
 // once: its jobs still queued are dropped, those on the device are decoded
 // but not copied out, and the decoder neither reads nor writes its jobs
-// after its DecodeBatch returns. Use one Decoder per GPU; Close stops its
+// after its DecodeBatch returns (for jobs in pinned memory, which the
+// device copies asynchronously, it first waits for their round). Use one Decoder per GPU; Close stops its
 // goroutines.
 package gpu
