@@ -104,7 +104,7 @@ grep -qE '^PASS' "$logdir/overrun.log" || status=1
 
 if [[ ${SKIP_THROUGHPUT:-0} != 1 ]]; then
 	echo "== throughput"
-	"$bin" -test.v -test.timeout 600s -test.run 'TestThroughputSummary' -gpu.throughput \
+	"$bin" -test.v -test.timeout 600s -test.run 'TestThroughputSummary|TestHostBandwidth' -gpu.throughput \
 		-gpu.chunks "${GPU_CHUNKS:-128}" "${ptxflag[@]}" 2>&1 | tee "$logdir/throughput.log" | grep -vE '^\s+throughput_test.go' || true
 	grep -q '^PASS' "$logdir/throughput.log" || status=1
 fi
