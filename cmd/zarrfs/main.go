@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
+	"runtime/trace"
 	"strings"
 	"syscall"
 
@@ -74,7 +76,9 @@ func main() {
 		}
 	}()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	stopProfile := startProfile()
 	err := rootCmd.ExecuteContext(ctx)
+	stopProfile()
 	stop()
 	if err == nil {
 		os.Exit(0)
@@ -86,6 +90,41 @@ func main() {
 		os.Exit(2)
 	}
 	os.Exit(1)
+}
+
+// startProfile writes a Go CPU profile of the whole command to the file
+// ZARRFS_CPUPROFILE names, and an execution trace to ZARRFS_TRACE, for
+// finding where a slow warm or mount spends its time (go tool pprof zarrfs
+// FILE; go tool trace -pprof=sync FILE). Unset: nothing.
+func startProfile() (stop func()) {
+	var stops []func()
+	for _, p := range []struct {
+		env   string
+		start func(io.Writer) error
+		stop  func()
+	}{
+		{"ZARRFS_CPUPROFILE", pprof.StartCPUProfile, pprof.StopCPUProfile},
+		{"ZARRFS_TRACE", trace.Start, trace.Stop},
+	} {
+		name := os.Getenv(p.env)
+		if name == "" {
+			continue
+		}
+		f, err := os.Create(name)
+		if err == nil {
+			err = p.start(f)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "zarrfs: %s %s: %v\n", p.env, name, err)
+			continue
+		}
+		stops = append(stops, func() { p.stop(); f.Close() })
+	}
+	return func() {
+		for _, s := range stops {
+			s()
+		}
+	}
 }
 
 // isCobraUsage recognises cobra's own usage errors (unknown command).
