@@ -191,7 +191,6 @@ func New(opts Options) (*Decoder, error) {
 		d.teardown()
 		return nil, err
 	}
-	d.startRegistrar()
 	d.start(cudaRounds{d})
 	return d, nil
 }

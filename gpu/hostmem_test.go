@@ -5,8 +5,7 @@ import (
 )
 
 // TestHostPool checks the lending bookkeeping of HostAlloc without a GPU:
-// a Decoder with no context maps the memory but registers nothing, so none
-// of it counts as pinned until marked registered here.
+// a Decoder with no context maps the memory but registers nothing.
 func TestHostPool(t *testing.T) {
 	d := &Decoder{}
 	d.host.limit = 3 << 20
@@ -20,12 +19,6 @@ func TestHostPool(t *testing.T) {
 	b := d.HostAlloc(1 << 20)
 	if len(a) != 1000 || len(b) != 1<<20 {
 		t.Fatalf("lengths %d, %d", len(a), len(b))
-	}
-	if d.pinned(a) {
-		t.Error("unregistered memory taken for pinned")
-	}
-	for i := range d.host.bufs {
-		d.host.bufs[i].registered = true // as the registrar does
 	}
 	if !d.pinned(a) || !d.pinned(b[100:200]) || !d.pinned(a[:cap(a)][:64<<10]) {
 		t.Error("lent memory not recognised")
@@ -50,8 +43,8 @@ func TestHostPool(t *testing.T) {
 	// Close unmaps what is not lent, keeps what is.
 	d.HostFree(b)
 	d.releaseHost()
-	if d.host.find(addrOf(a2)) < 0 || d.host.find(addrOf(b)) >= 0 || d.pinned(a2) {
-		t.Error("releaseHost: lent buffers must stay mapped (no longer pinned), free ones go")
+	if !d.pinned(a2) || d.pinned(b) {
+		t.Error("releaseHost: lent buffers must stay, free ones go")
 	}
 	a2[0] = 3
 }

@@ -400,9 +400,7 @@ func (d *Decoder) runRound(r *round) {
 	if err == nil {
 		// Callers whose pinned memory the device copies from or to
 		// asynchronously: onDevice is raised before such a caller can give
-		// up (it takes mu to do so). Memory only becomes pinned while a
-		// round runs (registration ends), never stops being so before
-		// Close, so this finds every job submit sent directly.
+		// up (it takes mu to do so).
 		for _, it := range live {
 			q, j := it.req, &it.req.jobs[it.i]
 			if (len(r.reqs) == 0 || r.reqs[len(r.reqs)-1] != q) && (d.pinned(j.Src) || d.pinned(j.Dst)) {
