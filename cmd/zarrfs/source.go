@@ -79,11 +79,11 @@ func newDecoder(mode string, log *slog.Logger) (codec.BatchDecoder, error) {
 			if mode == "gpu" {
 				return d, nil
 			}
-			// Two batches at once on the CPU: on an H200 with 16 cores, the
-			// 20-channel view fill with 1 to 16 readers ran at 1.07-1.73x
-			// the CPU alone with 2 (integration/bench/gpuview), and at
-			// 0.92-1.84x with 1.
-			return &codec.Overflow{First: codec.NewCPU(codec.Options{}), Then: d, Limit: 2}, nil
+			// One batch at a time on the CPU (Limit 1): on an H200 with 16
+			// cores, the 20-channel view fill with 1 to 16 readers
+			// (integration/bench/gpuview) ran at 1.07-1.64x the CPU alone
+			// with it, and 1.05-1.52x with 2, in the same run.
+			return &codec.Overflow{First: codec.NewCPU(codec.Options{}), Then: d, Limit: 1}, nil
 		}
 		if mode == "gpu" {
 			return nil, fmt.Errorf("--decode gpu: %w", err)
