@@ -131,7 +131,7 @@ func BenchmarkGetBlobFill(b *testing.B) {
 	}
 	defer c.Close()
 	data := make([]byte, 1<<20)
-	fill := func(ctx context.Context, f *os.File) error { _, err := f.Write(data); return err }
+	fill := func(ctx context.Context, f Writer) error { _, err := f.Write(data); return err }
 	b.SetBytes(int64(len(data)))
 	i := 0
 	for b.Loop() {

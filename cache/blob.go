@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // BlobKey names a decoded blob. The two parts become its path under
@@ -128,7 +131,7 @@ func (h *Handle) Close() error {
 // others (it is cancelled when no caller is left, or at Close). A fill
 // error is returned to every caller sharing it, leaves nothing visible and
 // is not remembered: the next call fills again. Errors wrap the blob's path.
-func (c *Cache) GetBlob(ctx context.Context, k BlobKey, size int64, fill func(ctx context.Context, f *os.File) error) (*Handle, error) {
+func (c *Cache) GetBlob(ctx context.Context, k BlobKey, size int64, fill func(ctx context.Context, f Writer) error) (*Handle, error) {
 	rel, err := k.rel()
 	if err != nil {
 		return nil, err
@@ -237,9 +240,61 @@ func (c *Cache) dupHandle(rel string, f *os.File, size int64) (*Handle, error) {
 	return h, nil
 }
 
+// Writer is what a fill writes a blob's bytes to: the blob's temporary
+// file, through a wrapper that hashes the bytes as they go by.
+type Writer interface {
+	io.Writer
+	io.WriterAt
+}
+
+// hashingWriter hashes what a fill writes, as long as it writes the file
+// from its start in order (Fill writes the header, then the data in
+// order): the journal's checksum then needs no second pass over the file.
+// Any other write turns it off, and the file is read back and hashed.
+type hashingWriter struct {
+	f      *os.File
+	d      *xxhash.Digest
+	next   int64 // bytes hashed: where an in-order write starts
+	pos    int64 // the file offset Write writes at
+	broken bool
+}
+
+func (h *hashingWriter) WriteAt(p []byte, off int64) (int, error) {
+	n, err := h.f.WriteAt(p, off)
+	h.saw(p[:n], off)
+	return n, err
+}
+
+func (h *hashingWriter) Write(p []byte) (int, error) {
+	n, err := h.f.Write(p)
+	h.saw(p[:n], h.pos)
+	h.pos += int64(n)
+	return n, err
+}
+
+func (h *hashingWriter) saw(p []byte, off int64) {
+	if h.broken || off != h.next {
+		h.broken = true
+		return
+	}
+	h.d.Write(p)
+	h.next += int64(len(p))
+}
+
+// sum returns the hash of the file's first size bytes: the running one
+// when the fill wrote exactly them in order, else read back from the file.
+func (h *hashingWriter) sum(size int64) (uint64, error) {
+	if !h.broken && h.next == size {
+		return h.d.Sum64(), nil
+	}
+	bp := hashBufs.Get().(*[]byte)
+	defer hashBufs.Put(bp)
+	return hashFile(h.f, size, *bp)
+}
+
 // fillBlob runs one fill and returns a read-only descriptor, locked shared,
 // on the now-visible blob.
-func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, fill func(ctx context.Context, f *os.File) error) (_ *os.File, err error) {
+func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, fill func(ctx context.Context, f Writer) error) (_ *os.File, err error) {
 	// A blob larger than the whole budget would evict everything and then
 	// itself: it is filled and served from an unlinked temp file instead,
 	// never indexed.
@@ -265,7 +320,8 @@ func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, fill func(
 		}
 		os.Remove(tmpName)
 	}()
-	if err := fill(ctx, tmp); err != nil {
+	hw := &hashingWriter{f: tmp, d: xxhash.New()}
+	if err := fill(ctx, hw); err != nil {
 		return nil, fmt.Errorf("blob %s: fill: %w", rel, err)
 	}
 	fi, err := tmp.Stat()
@@ -275,9 +331,7 @@ func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, fill func(
 	if fi.Size() != size {
 		return nil, fmt.Errorf("blob %s: %w: %d bytes, want %d", rel, ErrFillSize, fi.Size(), size)
 	}
-	bp := hashBufs.Get().(*[]byte)
-	sum, err := hashFile(tmp, size, *bp)
-	hashBufs.Put(bp)
+	sum, err := hw.sum(size)
 	if err != nil {
 		return nil, fmt.Errorf("blob %s: %w", rel, err)
 	}

@@ -22,7 +22,7 @@ func TestGetBlobHitMissAndPaths(t *testing.T) {
 	}
 	data := content("x", 5000)
 	fills := 0
-	fill := func(ctx context.Context, f *os.File) error { fills++; return writeFill(data)(ctx, f) }
+	fill := func(ctx context.Context, f Writer) error { fills++; return writeFill(data)(ctx, f) }
 	for range 3 {
 		h, err := c.GetBlob(context.Background(), k, int64(len(data)), fill)
 		if err != nil {
@@ -91,7 +91,7 @@ func TestGetBlobConcurrentOneFillPerKey(t *testing.T) {
 				p := key(i)
 				data := content(p, sizeOf(p))
 				h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: p}, int64(len(data)),
-					func(ctx context.Context, f *os.File) error {
+					func(ctx context.Context, f Writer) error {
 						fills[i].Add(1)
 						return writeFill(data)(ctx, f)
 					})
@@ -124,7 +124,7 @@ func TestGetBlobFillError(t *testing.T) {
 	k := BlobKey{Layout: "L", Path: "bad.npy"}
 	boom := errors.New("decode failed")
 	release, started := make(chan struct{}), make(chan struct{}, 100)
-	fail := func(ctx context.Context, f *os.File) error {
+	fail := func(ctx context.Context, f Writer) error {
 		started <- struct{}{}
 		f.Write([]byte("partial"))
 		<-release
@@ -194,7 +194,7 @@ func TestGetBlobWaiterCancel(t *testing.T) {
 	k := BlobKey{Layout: "L", Path: "slow.npy"}
 	data := content("slow", 4096)
 	started, release := make(chan struct{}), make(chan struct{})
-	fill := func(ctx context.Context, f *os.File) error {
+	fill := func(ctx context.Context, f Writer) error {
 		close(started)
 		<-release
 		return writeFill(data)(ctx, f)
@@ -238,7 +238,7 @@ func TestGetBlobLastCallerCancelStopsFill(t *testing.T) {
 	k := BlobKey{Layout: "L", Path: "abandoned.npy"}
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan error, 1)
-	fill := func(fctx context.Context, f *os.File) error {
+	fill := func(fctx context.Context, f Writer) error {
 		cancel()
 		<-fctx.Done()
 		stopped <- fctx.Err()
@@ -280,7 +280,7 @@ func TestGetBlobAfterAbandonedFill(t *testing.T) {
 	k := BlobKey{Layout: "L", Path: "again.npy"}
 	ctx, cancel := context.WithCancel(context.Background())
 	release := make(chan struct{})
-	slow := func(fctx context.Context, f *os.File) error {
+	slow := func(fctx context.Context, f Writer) error {
 		cancel()
 		<-release // still winding down when the next caller comes
 		return fctx.Err()
@@ -330,5 +330,75 @@ func TestGetBlobLargerThanBudget(t *testing.T) {
 	}
 	if c.HasBlob(BlobKey{"L", "big.npy"}) || len(tempFiles(t, dir)) != 0 {
 		t.Error("the oversize blob was kept")
+	}
+}
+
+// TestFillChecksum fills blobs written in order (hashed as they are
+// written), out of order, with overwrites and with Write and WriteAt mixed
+// (hashed by reading the file back): the checksum recorded for each must be
+// the file's.
+func TestFillChecksum(t *testing.T) {
+	c := mustOpen(t, Options{Dir: t.TempDir()})
+	defer c.Close()
+	data := content("sum", 3<<20+17)
+	half := int64(len(data) / 2)
+	fills := map[string]func(ctx context.Context, f Writer) error{
+		"in-order": func(_ context.Context, f Writer) error {
+			if _, err := f.WriteAt(data[:100], 0); err != nil {
+				return err
+			}
+			_, err := f.WriteAt(data[100:], 100)
+			return err
+		},
+		"write-then-writeat": func(_ context.Context, f Writer) error {
+			if _, err := f.Write(data[:half]); err != nil {
+				return err
+			}
+			_, err := f.WriteAt(data[half:], half)
+			return err
+		},
+		"backwards": func(_ context.Context, f Writer) error {
+			if _, err := f.WriteAt(data[half:], half); err != nil {
+				return err
+			}
+			_, err := f.WriteAt(data[:half], 0)
+			return err
+		},
+		"overwrite": func(_ context.Context, f Writer) error {
+			junk := bytes.Repeat([]byte{0xAB}, len(data))
+			if _, err := f.WriteAt(junk, 0); err != nil {
+				return err
+			}
+			_, err := f.WriteAt(data[10:20], 10) // an in-order-looking write after the whole file
+			if err != nil {
+				return err
+			}
+			_, err = f.WriteAt(data, 0)
+			return err
+		},
+	}
+	buf := make([]byte, 1<<20)
+	for name, fill := range fills {
+		h, err := c.GetBlob(context.Background(), BlobKey{"L", name + ".npy"}, int64(len(data)), fill)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if !bytes.Equal(readAll(t, h), data) {
+			t.Errorf("%s: wrong contents", name)
+		}
+		h.Close()
+		rel, err := BlobKey{"L", name + ".npy"}.rel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.mu.Lock()
+		e := c.idx[rel]
+		c.mu.Unlock()
+		if e == nil {
+			t.Fatalf("%s: not indexed", name)
+		}
+		if err := verifyFile(c.BlobPath(BlobKey{"L", name + ".npy"}), e.size, e.sum, buf); err != nil {
+			t.Errorf("%s: recorded checksum does not match the file: %v", name, err)
+		}
 	}
 }

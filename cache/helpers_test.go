@@ -9,7 +9,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -39,8 +38,8 @@ func sizeOf(key string) int {
 
 // writeFill returns a fill that writes data in small pieces, so a kill can
 // land in the middle of it.
-func writeFill(data []byte) func(context.Context, *os.File) error {
-	return func(ctx context.Context, f *os.File) error {
+func writeFill(data []byte) func(context.Context, Writer) error {
+	return func(ctx context.Context, f Writer) error {
 		for off := 0; off < len(data); off += 1000 {
 			end := min(off+1000, len(data))
 			if _, err := f.Write(data[off:end]); err != nil {

@@ -22,7 +22,7 @@ func TestRecoveryAfterKill(t *testing.T) {
 	// A fill in progress at the moment of the kill: its temp file stays.
 	started, hang := make(chan struct{}), make(chan struct{})
 	t.Cleanup(func() { close(hang) })
-	go c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: "torn.npy"}, 1<<20, func(ctx context.Context, f *os.File) error {
+	go c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: "torn.npy"}, 1<<20, func(ctx context.Context, f Writer) error {
 		f.Write(make([]byte, 1000))
 		close(started)
 		<-hang
@@ -107,7 +107,7 @@ func TestRestartAfterCleanClose(t *testing.T) {
 	for i := range 10 {
 		p := key(i)
 		data := content(p, sizeOf(p))
-		h, err := c2.GetBlob(context.Background(), BlobKey{"L", p}, int64(len(data)), func(ctx context.Context, f *os.File) error {
+		h, err := c2.GetBlob(context.Background(), BlobKey{"L", p}, int64(len(data)), func(ctx context.Context, f Writer) error {
 			fills++
 			return writeFill(data)(ctx, f)
 		})

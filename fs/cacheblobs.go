@@ -2,7 +2,6 @@ package fs
 
 import (
 	"context"
-	"os"
 
 	"github.com/zarrfs/zarrfs/cache"
 )
@@ -13,6 +12,6 @@ func CacheBlobs(c *cache.Cache) Blobs { return cacheBlobs{c} }
 
 type cacheBlobs struct{ c *cache.Cache }
 
-func (b cacheBlobs) Open(ctx context.Context, layoutID, path string, size int64, fill func(context.Context, *os.File) error) (Backing, error) {
+func (b cacheBlobs) Open(ctx context.Context, layoutID, path string, size int64, fill func(context.Context, cache.Writer) error) (Backing, error) {
 	return b.c.GetBlob(ctx, cache.BlobKey{Layout: layoutID, Path: path}, size, fill)
 }

@@ -25,6 +25,7 @@ import (
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
+	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/fs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -34,7 +35,7 @@ import (
 // callers ask at the same time, and publishes the file only if fill succeeds.
 // Implementations must be safe for concurrent use.
 type Blobs interface {
-	Open(ctx context.Context, layoutID, path string, size int64, fill func(ctx context.Context, f *os.File) error) (Backing, error)
+	Open(ctx context.Context, layoutID, path string, size int64, fill func(ctx context.Context, f cache.Writer) error) (Backing, error)
 }
 
 // Options configure Mount. Zero values mean the documented defaults.
@@ -235,7 +236,7 @@ func lazyUnmount(mp string) error {
 
 // open returns the blob's backing file, filling it if needed.
 func (m *Mounted) open(ctx context.Context, b layout.Blob) (Backing, error) {
-	return m.opts.Blobs.Open(ctx, m.opts.Layout.ID, b.Path(), b.Size(), func(ctx context.Context, f *os.File) error {
+	return m.opts.Blobs.Open(ctx, m.opts.Layout.ID, b.Path(), b.Size(), func(ctx context.Context, f cache.Writer) error {
 		return b.Fill(ctx, f)
 	})
 }

@@ -4,10 +4,10 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"os"
 	"path"
 	"sync"
 
+	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/fs/layout"
 )
 
@@ -36,7 +36,7 @@ type readahead struct {
 	last  sync.Map // directory path -> int: index of the last sample opened
 }
 
-func (r *readahead) Open(ctx context.Context, layoutID, p string, size int64, fill func(context.Context, *os.File) error) (Backing, error) {
+func (r *readahead) Open(ctx context.Context, layoutID, p string, size int64, fill func(context.Context, cache.Writer) error) (Backing, error) {
 	b, err := r.inner.Open(ctx, layoutID, p, size, fill)
 	if err == nil {
 		r.schedule(layoutID, p)
@@ -73,7 +73,7 @@ func (r *readahead) schedule(layoutID, p string) {
 		go func() {
 			defer func() { <-r.sem; r.busy.Delete(blob.Path()) }()
 			b, err := r.inner.Open(context.Background(), layoutID, blob.Path(), blob.Size(),
-				func(ctx context.Context, f *os.File) error { return blob.Fill(ctx, f) })
+				func(ctx context.Context, f cache.Writer) error { return blob.Fill(ctx, f) })
 			if err != nil {
 				r.log.Debug("readahead fill failed", "file", blob.Path(), "err", err)
 				return

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/fs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -22,7 +23,7 @@ type nopBacking struct{}
 func (nopBacking) File() *os.File { return nil }
 func (nopBacking) Close() error   { return nil }
 
-func (r *recordingBlobs) Open(ctx context.Context, layoutID, p string, size int64, fill func(context.Context, *os.File) error) (Backing, error) {
+func (r *recordingBlobs) Open(ctx context.Context, layoutID, p string, size int64, fill func(context.Context, cache.Writer) error) (Backing, error) {
 	r.mu.Lock()
 	r.opened = append(r.opened, p)
 	r.mu.Unlock()

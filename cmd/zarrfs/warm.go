@@ -342,7 +342,7 @@ feed:
 // warmOne fills one blob into the cache (if still absent) and releases it.
 func warmOne(ctx context.Context, c *cache.Cache, layoutID string, b layout.Blob) error {
 	h, err := c.GetBlob(ctx, cache.BlobKey{Layout: layoutID, Path: b.Path()}, b.Size(),
-		func(ctx context.Context, f *os.File) error { return b.Fill(ctx, f) })
+		func(ctx context.Context, f cache.Writer) error { return b.Fill(ctx, f) })
 	if err != nil {
 		return err
 	}
