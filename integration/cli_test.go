@@ -48,6 +48,7 @@ func TestCommandErrors(t *testing.T) {
 		{[]string{"warm", src, "--cache", t.TempDir(), "--decode", "fpga"}, 2, "--decode"},
 		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--view", badView}, 1, "bad.yaml:4"},
 		{[]string{"inspect"}, 2, "expected"},
+		{[]string{"inspect", src, "--decode", "gpu"}, 2, "--decode"}, // inspect decodes nothing
 		{[]string{"inspect", filepath.Join(t.TempDir(), "none.zarr")}, 1, "none.zarr"},
 		{[]string{"path", "/definitely/not/mounted.npy"}, 1, "not inside a running zarrfs mount"},
 		{[]string{"frobnicate"}, 2, "unknown command"},

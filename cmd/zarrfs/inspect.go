@@ -57,7 +57,7 @@ func newInspectCmd() *cobra.Command {
 			return nil
 		},
 	}
-	sf.register(cmd)
+	sf.register(cmd, false)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array, one object per array")
 	cmd.Flags().StringVar(&sampleDim, "sample-dim", "time", "dimension whose indices become one file each")
 	return cmd

@@ -38,7 +38,7 @@ func (f *layoutFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.sampleDim, "sample-dim", layout.DefaultSampleDim, "dimension whose indices become one file each")
 	fl.Int64Var(&f.align, "align", layout.DefaultAlign, "offset of the data in every .npy file (multiple of 64)")
 	fl.StringArrayVar(&f.views, "view", nil, "YAML file of stacked training views; repeatable")
-	f.src.register(cmd)
+	f.src.register(cmd, true)
 }
 
 // opened is a source with its metadata, layout and cache.

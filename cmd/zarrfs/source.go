@@ -30,11 +30,16 @@ func getenv(k, def string) string {
 	return def
 }
 
-func (f *sourceFlags) register(cmd *cobra.Command) {
+// register adds the S3 flags and, for commands that decode chunks (mount
+// and warm, not inspect), --decode.
+func (f *sourceFlags) register(cmd *cobra.Command, decodes bool) {
 	cmd.Flags().StringVar(&f.s3Endpoint, "s3-endpoint", "", "S3 endpoint URL (default AWS); http:// allowed for on-premises servers")
 	cmd.Flags().StringVar(&f.s3Region, "s3-region", "", "S3 region")
 	cmd.Flags().BoolVar(&f.s3Anonymous, "s3-anonymous", false, "read a public bucket without credentials")
-	cmd.Flags().StringVar(&f.decode, "decode", "auto", "where chunks are decompressed: auto (CPU and GPU together when nvCOMP loads, else CPU), cpu or gpu")
+	f.decode = "auto"
+	if decodes {
+		cmd.Flags().StringVar(&f.decode, "decode", "auto", "where chunks are decompressed: auto (CPU and GPU together when nvCOMP loads, else CPU), cpu or gpu")
+	}
 }
 
 // openStore opens a local path, file:// URL or s3:// URL.
