@@ -137,9 +137,9 @@ type source interface {
 }
 
 type storeSource struct {
-	h    *Hierarchy
-	sem  chan struct{}
-	key  string
+	h   *Hierarchy
+	sem chan struct{}
+	key string
 	// hint is the chunk's decoded size (about the most its compressed bytes
 	// take), or 0 to leave the chunk out of the decoder's memory: only a
 	// whole compressed chunk, whose buffer release frees, may use it.
