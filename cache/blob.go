@@ -167,13 +167,10 @@ func (c *Cache) openIndexed(rel string, size int64) (*Handle, error) {
 		c.mu.Unlock()
 		return nil, ErrClosed
 	}
-	e := c.idx[rel]
+	e := c.lookupLocked(rel)
 	if e == nil {
-		c.tailLocked()
-		if e = c.idx[rel]; e == nil {
-			c.mu.Unlock()
-			return nil, nil
-		}
+		c.mu.Unlock()
+		return nil, nil
 	}
 	e.pins++
 	c.lru.MoveToFront(e.elem)

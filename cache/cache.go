@@ -506,6 +506,17 @@ func (c *Cache) appendLocked(r record) error {
 	return nil
 }
 
+// lookupLocked returns rel's entry, or nil: from the index, or else after
+// reading what other instances appended to the journal meanwhile.
+func (c *Cache) lookupLocked(rel string) *entry {
+	e := c.idx[rel]
+	if e == nil {
+		c.tailLocked()
+		e = c.idx[rel]
+	}
+	return e
+}
+
 // tailLocked applies what other instances appended since the last look.
 func (c *Cache) tailLocked() {
 	if c.jf == nil {

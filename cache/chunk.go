@@ -78,13 +78,10 @@ func (c *Cache) readChunk(rel string) ([]byte, error) {
 		c.mu.Unlock()
 		return nil, ErrClosed
 	}
-	e := c.idx[rel]
+	e := c.lookupLocked(rel)
 	if e == nil {
-		c.tailLocked()
-		if e = c.idx[rel]; e == nil {
-			c.mu.Unlock()
-			return nil, nil
-		}
+		c.mu.Unlock()
+		return nil, nil
 	}
 	c.lru.MoveToFront(e.elem)
 	size, sum := e.size, e.sum
