@@ -19,6 +19,7 @@ import (
 
 	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/internal/syncbuf"
 	"github.com/zarrfs/zarrfs/zarr"
 )
 
@@ -59,25 +60,8 @@ type testMount struct {
 	cache *cache.Cache
 	l     *layout.Layout
 	r     *patternReader
-	logs  *syncBuffer
+	logs  *syncbuf.Buffer
 	m     *Mounted
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func requireFUSE(t testing.TB) {
@@ -90,7 +74,7 @@ func requireFUSE(t testing.TB) {
 func mountArrays(t testing.TB, arrays []*zarr.Array, fail map[string]bool) *testMount {
 	t.Helper()
 	requireFUSE(t)
-	tm := &testMount{dir: t.TempDir(), r: &patternReader{fail: fail}, logs: &syncBuffer{}}
+	tm := &testMount{dir: t.TempDir(), r: &patternReader{fail: fail}, logs: &syncbuf.Buffer{}}
 	h := &zarr.Hierarchy{Arrays: arrays, Groups: map[string]map[string]any{"": {}}}
 	var err error
 	tm.l, err = layout.Build(h, layout.Options{Reader: tm.r})

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/zarrfs/zarrfs/internal/syncbuf"
 )
 
 var (
@@ -117,26 +119,9 @@ type daemon struct {
 	mnt    string
 	cache  string
 	line   string // the "mounted" line
-	stderr *syncBuf
+	stderr *syncbuf.Buffer
 	done   chan struct{}
 	err    error // exit error, after done
-}
-
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // mount starts zarrfs on src and waits for its "mounted" line. Cleanup
@@ -148,7 +133,7 @@ func mount(t testing.TB, src string, args ...string) *daemon {
 
 func mountAt(t testing.TB, src, mnt, cacheDir string, args ...string) *daemon {
 	t.Helper()
-	d := &daemon{t: t, mnt: mnt, cache: cacheDir, stderr: &syncBuf{}, done: make(chan struct{})}
+	d := &daemon{t: t, mnt: mnt, cache: cacheDir, stderr: &syncbuf.Buffer{}, done: make(chan struct{})}
 	d.cmd = exec.Command(zarrfsBin(t), append([]string{"mount", src, mnt, "--cache", cacheDir}, args...)...)
 	d.cmd.Stderr = d.stderr
 	out, err := d.cmd.StdoutPipe()

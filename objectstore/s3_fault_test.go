@@ -15,6 +15,7 @@ import (
 	"github.com/minio/minio-go/v7/pkg/credentials"
 	"github.com/zarrfs/zarrfs/integration/faultproxy"
 	"github.com/zarrfs/zarrfs/integration/miniotest"
+	"github.com/zarrfs/zarrfs/internal/syncbuf"
 	"github.com/zarrfs/zarrfs/objectstore"
 )
 
@@ -24,24 +25,7 @@ type faultEnv struct {
 	proxy  *faultproxy.Proxy
 	bucket string
 	big    []byte
-	logs   *syncBuffer
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	logs   *syncbuf.Buffer
 }
 
 func newFaultEnv(t *testing.T) *faultEnv {
@@ -51,7 +35,7 @@ func newFaultEnv(t *testing.T) *faultEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	e := &faultEnv{srv: srv, proxy: p, bucket: srv.NewBucket(t), logs: &syncBuffer{}}
+	e := &faultEnv{srv: srv, proxy: p, bucket: srv.NewBucket(t), logs: &syncbuf.Buffer{}}
 	e.big = make([]byte, 2<<20)
 	rng := rand.New(rand.NewPCG(3, 4))
 	for i := range e.big {

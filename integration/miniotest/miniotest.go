@@ -32,6 +32,7 @@ import (
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+	"github.com/zarrfs/zarrfs/internal/syncbuf"
 )
 
 // Server is a running MinIO.
@@ -46,7 +47,7 @@ type Server struct {
 	Client *minio.Client
 
 	cmd  *exec.Cmd
-	out  *lockedBuffer
+	out  *syncbuf.Buffer
 	done chan struct{}
 }
 
@@ -145,7 +146,7 @@ func start(t testing.TB, bin string) (*Server, error) {
 		Host:      fmt.Sprintf("127.0.0.1:%d", port),
 		AccessKey: "zarrfs" + randomHex(6),
 		SecretKey: randomHex(20),
-		out:       &lockedBuffer{},
+		out:       &syncbuf.Buffer{},
 		done:      make(chan struct{}),
 	}
 	s.Endpoint = "http://" + s.Host
@@ -310,21 +311,4 @@ func (s *Server) SetPublicRead(t testing.TB, bucket string) {
 	if err := s.Client.SetBucketPolicy(context.Background(), bucket, policy); err != nil {
 		t.Fatalf("set policy on %s: %v", bucket, err)
 	}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
