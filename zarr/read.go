@@ -206,15 +206,21 @@ func (s storeSource) suffix(ctx context.Context, n int64) ([]byte, string, error
 
 // lendHint is storeSource.hint for a's chunks.
 func (a *Array) lendHint() int {
-	if a.pipe.shard != nil {
-		return 0 // inner chunks alias the shard's buffer
+	if a.pipe.shard != nil || !a.pipe.compressed() {
+		return 0 // inner chunks alias the shard's buffer; raw bytes alias theirs
 	}
-	for _, c := range a.pipe.bb {
+	return int(product(a.Chunks)) * a.DType.Size
+}
+
+// compressed reports whether a bytes-to-bytes codec other than crc32c
+// transforms the chunk, so its decoded bytes never alias the fetched ones.
+func (p *pipeline) compressed() bool {
+	for _, c := range p.bb {
 		if !c.crc32c {
-			return int(product(a.Chunks)) * a.DType.Size
+			return true
 		}
 	}
-	return 0 // the decoded bytes alias the buffer
+	return false
 }
 
 // nonNil marks an empty object as fetched (a nil slice means "not fetched").
@@ -782,12 +788,8 @@ func (st *readState) release() {
 		if !l.encOwned || l.enc == nil {
 			continue
 		}
-		compressed := false
-		for _, c := range l.pipe.bb {
-			compressed = compressed || !c.crc32c
-		}
 		switch {
-		case !compressed:
+		case !l.pipe.compressed():
 		case st.h.mem != nil:
 			st.h.mem.HostFree(l.enc) // memory not lent is left to the collector
 		default:
