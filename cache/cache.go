@@ -138,6 +138,13 @@ func Open(opts Options) (*Cache, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	// Paths handed out (blob files, link targets in direct mode, what warm
+	// prints) must name the same file from any working directory.
+	abs, err := filepath.Abs(opts.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("cache %s: %w", opts.Dir, err)
+	}
+	opts.Dir = abs
 	for _, d := range []string{opts.Dir, filepath.Join(opts.Dir, blobsDir), filepath.Join(opts.Dir, chunksDir), filepath.Join(opts.Dir, tmpDir)} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("cache %s: %w", opts.Dir, err)

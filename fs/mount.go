@@ -36,6 +36,9 @@ import (
 // Implementations must be safe for concurrent use.
 type Blobs interface {
 	Open(ctx context.Context, layoutID, path string, size int64, fill func(ctx context.Context, f cache.Writer) error) (Backing, error)
+	// Path is where the complete blob's file is once filled: the target of
+	// its link in direct mode. An absolute path.
+	Path(layoutID, path string) string
 }
 
 // Options configure Mount. Zero values mean the documented defaults.
@@ -60,6 +63,13 @@ type Options struct {
 	DisablePassthrough bool
 	// Debug logs every FUSE request (very verbose).
 	Debug bool
+	// Direct makes every .npy file a symbolic link to its blob in the
+	// cache (CONTRACT section 3a), for readers that cannot read through
+	// FUSE. Resolving a link fills the blob first.
+	Direct bool
+	// Lease is how long a blob whose link was resolved is kept from
+	// eviction, in direct mode. Zero means DefaultLease.
+	Lease time.Duration
 }
 
 // Mounted is a live mount.
@@ -72,6 +82,8 @@ type Mounted struct {
 
 	mu       sync.Mutex
 	reported map[string]bool // fault keys already logged
+
+	leases *leases // direct mode only
 
 	unmountOnce sync.Once
 	unmountErr  error
@@ -99,6 +111,13 @@ func Mount(ctx context.Context, opts Options) (*Mounted, error) {
 	}
 	if m.log == nil {
 		m.log = slog.New(slog.DiscardHandler)
+	}
+	if opts.Lease < 0 {
+		return nil, fmt.Errorf("fs: negative lease %v", opts.Lease)
+	}
+	if opts.Lease == 0 {
+		opts.Lease = DefaultLease
+		m.opts.Lease = DefaultLease
 	}
 	if err := ClearStale(opts.Mountpoint, m.log); err != nil {
 		return nil, err
@@ -147,12 +166,39 @@ func Mount(ctx context.Context, opts Options) (*Mounted, error) {
 	if opts.DisablePassthrough {
 		mo.DisabledCapabilities = fuse.CAP_PASSTHROUGH
 	}
+	if _, taken := opts.Layout.Root().Lookup(resolveDir); taken && opts.Direct {
+		return nil, fmt.Errorf("%s: the store has an entry named %s, which direct mode needs for itself", opts.Mountpoint, resolveDir)
+	}
+	if opts.Direct {
+		// The kernel must ask for a link's target at every resolution, so
+		// that resolving refills an evicted blob: no symlink caching
+		// (go-fuse leaves it off unless EnableSymlinkCaching is set).
+		m.leases = newLeases(opts.Lease, m.log)
+	}
 	server, err := gofs.Mount(opts.Mountpoint, root, mo)
 	if err != nil {
+		if m.leases != nil {
+			m.leases.close()
+		}
 		return nil, fmt.Errorf("mount %s: %w", opts.Mountpoint, err)
 	}
 	m.server = server
 	return m, nil
+}
+
+// Leased reports how many blobs a direct mount keeps leased now.
+func (m *Mounted) Leased() int {
+	if m.leases == nil {
+		return 0
+	}
+	return m.leases.held()
+}
+
+// endLeases releases every blob leased by direct mode (at unmount).
+func (m *Mounted) endLeases() {
+	if m.leases != nil {
+		m.leases.close()
+	}
 }
 
 // Passthrough reports whether the kernel accepted FUSE passthrough for this
@@ -161,8 +207,12 @@ func (m *Mounted) Passthrough() bool {
 	return m.server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0 && !m.opts.DisablePassthrough
 }
 
-// Wait blocks until the filesystem is unmounted.
-func (m *Mounted) Wait() { m.server.Wait() }
+// Wait blocks until the filesystem is unmounted, then ends the leases of
+// direct mode.
+func (m *Mounted) Wait() {
+	m.server.Wait()
+	m.endLeases()
+}
 
 // Unmount detaches the filesystem. When files are still open (readers
 // active) it detaches lazily: the mountpoint disappears at once, and
@@ -191,6 +241,7 @@ func (m *Mounted) Unmount(grace time.Duration) error {
 		case <-time.After(grace):
 		}
 	})
+	m.endLeases()
 	return m.unmountErr
 }
 

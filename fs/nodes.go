@@ -101,6 +101,9 @@ const (
 type dirNode struct {
 	roNode
 	dir *layout.Dir
+	// resolve marks the unlisted mirror of the tree under resolveDir that
+	// direct mode's links point into (see direct.go).
+	resolve bool
 }
 
 var (
@@ -115,11 +118,17 @@ func (n *dirNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Attr
 }
 
 func (n *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if n.m.opts.Direct && !n.resolve && n.dir.Path() == "" && name == resolveDir {
+		ino := inoOf(resolveDir)
+		n.m.fillAttr(&out.Attr, dirMode, 0, ino)
+		node := &dirNode{roNode: roNode{m: n.m}, dir: n.dir, resolve: true}
+		return n.NewInode(ctx, node, gofs.StableAttr{Mode: dirMode, Ino: ino}), 0
+	}
 	e, ok := n.dir.Lookup(name)
-	if !ok {
+	if !ok || (n.resolve && e.Kind == layout.KindSidecar) {
 		return nil, syscall.ENOENT
 	}
-	return n.m.child(ctx, &n.Inode, n.dir.Path(), e, &out.Attr), 0
+	return n.m.child(ctx, &n.Inode, n.dir.Path(), e, &out.Attr, n.resolve), 0
 }
 
 // OpendirHandle returns a stream over the layout directory. FOPEN_CACHE_DIR
@@ -129,30 +138,44 @@ func (n *dirNode) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHan
 }
 
 // child makes (or finds, by its stable inode number) the inode of entry e in
-// directory dir, and fills its attributes.
-func (m *Mounted) child(ctx context.Context, parent *gofs.Inode, dir string, e layout.Entry, a *fuse.Attr) *gofs.Inode {
+// directory dir, and fills its attributes. resolve places it in the
+// resolving mirror of direct mode.
+func (m *Mounted) child(ctx context.Context, parent *gofs.Inode, dir string, e layout.Entry, a *fuse.Attr, resolve bool) *gofs.Inode {
 	p := e.Name
 	if dir != "" {
 		p = dir + "/" + e.Name
 	}
-	ino := inoOf(p)
+	key := p
+	if resolve {
+		key = resolveDir + "/" + p
+	}
+	ino := inoOf(key)
 	var node gofs.InodeEmbedder
 	mode := uint32(fileMode)
-	switch e.Kind {
-	case layout.KindDir:
+	size := e.Size()
+	switch {
+	case e.Kind == layout.KindDir:
 		mode = dirMode
-		node = &dirNode{roNode: roNode{m: m}, dir: e.Dir}
-	case layout.KindBlob:
+		node = &dirNode{roNode: roNode{m: m}, dir: e.Dir, resolve: resolve}
+	case e.Kind == layout.KindBlob && resolve:
+		target := m.opts.Blobs.Path(m.opts.Layout.ID, e.Blob.Path())
+		mode, size = linkMode, int64(len(target))
+		node = &resolveNode{roNode: roNode{m: m}, blob: e.Blob, target: target}
+	case e.Kind == layout.KindBlob && m.opts.Direct:
+		target := linkTarget(p)
+		mode, size = linkMode, int64(len(target))
+		node = &linkNode{roNode: roNode{m: m}, target: target}
+	case e.Kind == layout.KindBlob:
 		node = &blobNode{roNode: roNode{m: m}, blob: e.Blob}
 	default:
 		node = &sidecarNode{roNode: roNode{m: m}, data: e.Data}
 	}
-	m.fillAttr(a, mode, e.Size(), ino)
+	m.fillAttr(a, mode, size, ino)
 	return parent.NewInode(ctx, node, gofs.StableAttr{Mode: mode, Ino: ino})
 }
 
 // dirStream lists a layout directory by index; the offset of an entry is its
-// index plus one, so seeking is free.
+// index plus one, so seeking is free. The resolving mirror lists nothing.
 type dirStream struct {
 	n   *dirNode
 	pos int
@@ -166,7 +189,7 @@ var (
 
 func (s *dirStream) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
 	d := s.n.dir
-	if s.pos >= d.Len() {
+	if s.pos >= d.Len() || s.n.resolve {
 		return nil, 0
 	}
 	e := d.Entry(s.pos)
@@ -176,8 +199,11 @@ func (s *dirStream) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 		p = d.Path() + "/" + e.Name
 	}
 	mode := uint32(fileMode)
-	if e.Kind == layout.KindDir {
+	switch {
+	case e.Kind == layout.KindDir:
 		mode = dirMode
+	case e.Kind == layout.KindBlob && s.n.m.opts.Direct:
+		mode = linkMode
 	}
 	return &fuse.DirEntry{Name: e.Name, Mode: mode, Ino: inoOf(p), Off: uint64(s.pos)}, 0
 }

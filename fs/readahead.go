@@ -44,6 +44,8 @@ func (r *readahead) Open(ctx context.Context, layoutID, p string, size int64, fi
 	return b, err
 }
 
+func (r *readahead) Path(layoutID, p string) string { return r.inner.Path(layoutID, p) }
+
 func (r *readahead) schedule(layoutID, p string) {
 	dir, name := path.Split(p)
 	de, ok := r.lay.Lookup(dir)

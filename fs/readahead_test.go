@@ -30,6 +30,8 @@ func (r *recordingBlobs) Open(ctx context.Context, layoutID, p string, size int6
 	return nopBacking{}, nil
 }
 
+func (r *recordingBlobs) Path(layoutID, p string) string { return "/cache/" + layoutID + "/" + p }
+
 func (r *recordingBlobs) seen(p string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	zfs "github.com/zarrfs/zarrfs/fs"
+	"github.com/zarrfs/zarrfs/fs/layout"
 )
 
 func init() { rootCmd.AddCommand(newMountCmd()) }
@@ -22,6 +23,11 @@ type mountFlags struct {
 	noPassthru bool
 	readahead  int
 	metrics    string
+	direct     bool
+	lease      time.Duration
+	rank       int
+	world      int
+	shard      string
 }
 
 func newMountCmd() *cobra.Command {
@@ -46,6 +52,11 @@ SIGTERM, then unmounts.`,
 	fl.BoolVar(&f.allowOther, "allow-other", false, "let other users read the mount (needs user_allow_other in /etc/fuse.conf when not root)")
 	fl.IntVar(&f.readahead, "readahead", 2, "samples filled in the background after the one opened")
 	fl.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on this address (host:port); off unless given")
+	fl.BoolVar(&f.direct, "direct", false, "make every .npy file a symbolic link to its blob in the cache, for GPUDirect Storage readers (DALI device=\"gpu\", kvikio); resolving a link fills it")
+	fl.DurationVar(&f.lease, "lease", zfs.DefaultLease, "with --direct: how long a blob whose link was resolved is kept from eviction")
+	fl.IntVar(&f.rank, "rank", 0, "list only this rank's samples in every sample directory (with --world), as zarrfs warm --rank splits them")
+	fl.IntVar(&f.world, "world", 1, "number of ranks sharing the samples")
+	fl.StringVar(&f.shard, "shard", "contiguous", "how samples are split among ranks: contiguous or interleaved")
 	fl.BoolVar(&f.noPassthru, "no-passthrough", false, "serve reads through the daemon even where the kernel supports FUSE passthrough")
 	_ = fl.MarkHidden("no-passthrough")
 	return cmd
@@ -61,6 +72,13 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 	if f.readahead < 0 {
 		return usagef("--readahead %d: want 0 or more", f.readahead)
 	}
+	if f.lease <= 0 {
+		return usagef("--lease %v: want a positive duration", f.lease)
+	}
+	shard, err := layout.ParseShard(f.rank, f.world, f.shard)
+	if err != nil {
+		return usagef("--rank %d --world %d --shard %s: %v", f.rank, f.world, f.shard, errors.Unwrap(err))
+	}
 	st, err := os.Stat(mountpoint)
 	if err != nil && !errors.Is(err, syscall.ENOTCONN) {
 		return fmt.Errorf("%s: %w", mountpoint, err)
@@ -69,7 +87,7 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 		return fmt.Errorf("%s: not a directory", mountpoint)
 	}
 
-	o, err := f.open(ctx, src, log, openOptions{chunkTier: true})
+	o, err := f.open(ctx, src, log, openOptions{chunkTier: true, shard: shard})
 	if err != nil {
 		return err
 	}
@@ -91,6 +109,8 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 		Logger:             log,
 		AllowOther:         f.allowOther,
 		DisablePassthrough: f.noPassthru,
+		Direct:             f.direct,
+		Lease:              f.lease,
 	})
 	if err != nil {
 		return err
@@ -100,7 +120,8 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 	} else {
 		defer unregister()
 	}
-	log.Debug("mount settings", "layout", l.ID, "cache", c.BlobDir(l.ID), "passthrough", m.Passthrough())
+	log.Debug("mount settings", "layout", l.ID, "cache", c.BlobDir(l.ID), "passthrough", m.Passthrough(),
+		"direct", f.direct, "lease", f.lease, "rank", f.rank, "world", f.world, "shard", shard.Mode())
 	fmt.Fprintf(cmd.OutOrStdout(), "zarrfs: mounted %s at %s (%s arrays, %s files)\n",
 		store.ID(), mountpoint, thousands(int64(l.Arrays)), thousands(l.Files))
 

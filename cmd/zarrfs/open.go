@@ -72,6 +72,8 @@ type openOptions struct {
 	// warm does not: the blobs it writes already hold every byte, and a
 	// second, compressed copy only halves its speed.
 	chunkTier bool
+	// shard lists only one rank's samples in every sample directory.
+	shard layout.Shard
 }
 
 // open validates the flags, then opens the cache, the source (through the
@@ -129,7 +131,7 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 		c.Close()
 		return nil, err
 	}
-	lopts := layout.Options{SampleDim: f.sampleDim, Align: f.align, Views: views}
+	lopts := layout.Options{SampleDim: f.sampleDim, Align: f.align, Views: views, Shard: oo.shard}
 	// With a decoder that lends memory (the GPU's pinned memory), fills
 	// decode into it, which spares a host copy of every decoded chunk.
 	lopts.Memory, _ = dec.(codec.HostMemory)

@@ -116,8 +116,11 @@ func newPathCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if real, err := filepath.EvalSymlinks(abs); err == nil {
-				abs = real // a mountpoint reached through a symbolic link
+			// A mountpoint reached through a symbolic link resolves to the
+			// mount; the file itself is not resolved, since in direct mode
+			// it is a link into the cache, and resolving it would fill it.
+			if real, err := filepath.EvalSymlinks(filepath.Dir(abs)); err == nil {
+				abs = filepath.Join(real, filepath.Base(abs))
 			}
 			rec, ok := findMount(abs)
 			if !ok {
@@ -129,7 +132,7 @@ func newPathCmd() *cobra.Command {
 			}
 			backing := filepath.Join(rec.BlobDir, filepath.FromSlash(rel))
 			if _, err := os.Stat(backing); err != nil {
-				if _, err := os.Stat(abs); err != nil {
+				if _, err := os.Lstat(abs); err != nil {
 					return fmt.Errorf("%s: %w", args[0], err)
 				}
 				return fmt.Errorf("%s: not in the cache yet (open it once, or run zarrfs warm); it will be %s", args[0], backing)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path"
@@ -88,17 +89,6 @@ func parseSamples(s string) (sampleRange, error) {
 	return r, nil
 }
 
-// shardOf returns the sample indices of [lo, hi) that rank reads.
-func shardOf(lo, hi int64, rank, world int, mode string) func(i int64) bool {
-	n := hi - lo
-	if mode == "interleaved" {
-		return func(i int64) bool { return (i-lo)%int64(world) == int64(rank) }
-	}
-	a := lo + int64(rank)*n/int64(world)
-	b := lo + int64(rank+1)*n/int64(world)
-	return func(i int64) bool { return i >= a && i < b }
-}
-
 // warmPlan is the list of blobs one warm fills, in mount order, and the
 // directories they live in.
 type warmPlan struct {
@@ -111,6 +101,10 @@ func planWarm(lay *layout.Layout, f *warmFlags) (*warmPlan, error) {
 	rng, err := parseSamples(f.samples)
 	if err != nil {
 		return nil, err
+	}
+	shard, err := layout.ParseShard(f.rank, f.world, f.shard)
+	if err != nil {
+		return nil, usagef("--rank %d --world %d --shard %s: %v", f.rank, f.world, f.shard, errors.Unwrap(err))
 	}
 	only := make([]string, 0, len(f.only))
 	for _, o := range f.only {
@@ -146,10 +140,10 @@ func planWarm(lay *layout.Layout, f *warmFlags) (*warmPlan, error) {
 				hi = n
 			}
 			lo = min(lo, hi)
-			mine := shardOf(lo, hi, f.rank, f.world, f.shard)
-			for i := lo; i < hi; i++ {
-				e := d.Entry(int(i))
-				if mine(i) && selected(e.Blob.Path()) {
+			mine := shard.Of(lo, hi)
+			for j := range mine.Count {
+				e := d.Entry(int(mine.At(j)))
+				if selected(e.Blob.Path()) {
 					plan.blobs = append(plan.blobs, e.Blob)
 					plan.bytes += e.Blob.Size()
 					if !seenDir[d.Path()] {

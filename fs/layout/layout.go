@@ -71,6 +71,22 @@ type Options struct {
 	// MOUNT/NAME.json, and its definition goes into the layout ID. Nil
 	// means none.
 	Views []*View
+
+	// Shard makes every sample directory (arrays and views) list only the
+	// samples one rank reads, under their global names, and the sidecars
+	// say which (CONTRACT section 3). Blob paths and the layout ID do not
+	// change, so every rank shares one cache and what `zarrfs warm --rank`
+	// filled. The zero value lists every sample.
+	Shard Shard
+}
+
+// pick is the share of n samples a sample directory lists, nil for all.
+func (o Options) pick(n int64) *Progression {
+	if !o.Shard.active() {
+		return nil
+	}
+	p := o.Shard.Of(0, n)
+	return &p
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -88,6 +104,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.SlabBytes <= 0 {
 		o.SlabBytes = 64 << 20
+	}
+	if o.Shard.World < 0 || o.Shard.Rank < 0 || (o.Shard.World > 0 && o.Shard.Rank >= o.Shard.World) || (o.Shard.World == 0 && o.Shard.Rank != 0) {
+		return o, fmt.Errorf("%w: rank %d of world %d: want 0 <= rank < world", ErrInvalidOption, o.Shard.Rank, o.Shard.World)
 	}
 	return o, nil
 }
@@ -187,9 +206,12 @@ type Dir struct {
 	path    string
 	entries []Entry // sorted by Name; nil for a sample directory
 	byName  map[string]int
-	samples *sampleSet
-	// viewSamples marks a view's directory: explicit entries, one per sample.
-	viewSamples bool
+	// samples computes the entries of a sample directory (an array's or a
+	// view's) on demand; nil for a group directory.
+	samples samples
+	// pick, in a sample directory of a sharded layout, is the samples this
+	// rank lists (Options.Shard); nil lists them all.
+	pick *Progression
 }
 
 // Path returns the directory's path in the mount ("" for the root).
@@ -197,34 +219,66 @@ func (d *Dir) Path() string { return d.path }
 
 // Len returns the number of entries.
 func (d *Dir) Len() int {
-	if d.samples != nil {
-		return int(d.samples.n)
+	if d.pick != nil {
+		return int(d.pick.Count)
 	}
-	return len(d.entries)
+	return int(d.allLen())
 }
 
 // Entry returns the i-th entry in name order, 0 <= i < Len().
 func (d *Dir) Entry(i int) Entry {
-	if d.samples != nil {
-		return d.samples.entry(int64(i))
+	g := int64(i)
+	if d.pick != nil {
+		g = d.pick.At(g)
 	}
-	return d.entries[i]
+	return d.allEntry(g)
 }
 
 // Lookup finds an entry by name.
 func (d *Dir) Lookup(name string) (Entry, bool) {
-	if d.samples != nil {
-		i, ok := d.samples.index(name)
+	if d.samples == nil {
+		i, ok := d.byName[name]
 		if !ok {
 			return Entry{}, false
 		}
-		return d.samples.entry(i), true
+		return d.entries[i], true
 	}
-	i, ok := d.byName[name]
-	if !ok {
+	g, ok := d.sampleIndex(name)
+	if !ok || (d.pick != nil && !d.pick.Contains(g)) {
 		return Entry{}, false
 	}
-	return d.entries[i], true
+	return d.allEntry(g), true
+}
+
+// allLen, allEntry and sampleIndex address every sample of a sample
+// directory by its global index, whatever the rank lists.
+func (d *Dir) allLen() int64 {
+	if d.samples != nil {
+		return d.samples.len()
+	}
+	return int64(len(d.entries))
+}
+
+func (d *Dir) allEntry(g int64) Entry {
+	if d.samples != nil {
+		return d.samples.entry(g)
+	}
+	return d.entries[g]
+}
+
+func (d *Dir) sampleIndex(name string) (int64, bool) {
+	if d.samples == nil {
+		return 0, false
+	}
+	return d.samples.index(name)
+}
+
+// samples is the sample files of one array or view, addressed by global
+// index; names are the index zero-padded to a fixed width.
+type samples interface {
+	len() int64
+	entry(g int64) Entry
+	index(name string) (int64, bool)
 }
 
 // Lookup finds the entry at a "/"-separated path in the mount.
@@ -381,23 +435,24 @@ func (l *Layout) addArray(b *treeBuilder, a *zarr.Array, rootName string) (int64
 		if err != nil {
 			return 0, fmt.Errorf("array %q: %w", a.Path, err)
 		}
-		side, err := sidecar(l.opts, a, axis, ss.sampleShape, ss.n)
+		d := &Dir{path: p, samples: ss, pick: l.opts.pick(ss.n)}
+		side, err := sidecar(l.opts, a, axis, ss.sampleShape, int64(d.Len()), d.pick)
 		if err != nil {
 			return 0, fmt.Errorf("array %q: %w", a.Path, err)
 		}
-		if err := b.add(p, Entry{Kind: KindDir, Dir: &Dir{path: p, samples: ss}}); err != nil {
+		if err := b.add(p, Entry{Kind: KindDir, Dir: d}); err != nil {
 			return 0, err
 		}
 		if err := b.add(p+".json", Entry{Kind: KindSidecar, Data: side}); err != nil {
 			return 0, err
 		}
-		return ss.n + 1, nil
+		return int64(d.Len()) + 1, nil
 	}
 	blob, err := newWholeBlob(l.opts, a, p+".npy")
 	if err != nil {
 		return 0, fmt.Errorf("array %q: %w", a.Path, err)
 	}
-	side, err := sidecar(l.opts, a, -1, a.Shape, 1)
+	side, err := sidecar(l.opts, a, -1, a.Shape, 1, nil)
 	if err != nil {
 		return 0, fmt.Errorf("array %q: %w", a.Path, err)
 	}
@@ -504,10 +559,7 @@ func newSampleSet(o Options, a *zarr.Array, dir string, axis int) (*sampleSet, e
 	if err != nil {
 		return nil, err
 	}
-	width := 1
-	if n > 1 {
-		width = len(strconv.FormatInt(n-1, 10))
-	}
+	width := sampleWidth(n)
 	return &sampleSet{
 		opts: o, arr: a, dir: dir, axis: axis, n: n, width: width,
 		sampleShape: shape, header: hdr,
@@ -515,18 +567,32 @@ func newSampleSet(o Options, a *zarr.Array, dir string, axis int) (*sampleSet, e
 	}, nil
 }
 
-func (s *sampleSet) name(i int64) string {
-	d := strconv.FormatInt(i, 10)
-	if len(d) < s.width {
-		d = strings.Repeat("0", s.width-len(d)) + d
+func (s *sampleSet) len() int64 { return s.n }
+
+func (s *sampleSet) index(name string) (int64, bool) { return parseSampleName(name, s.width, s.n) }
+
+// sampleWidth is the number of digits of the largest of n sample indices.
+func sampleWidth(n int64) int {
+	if n > 1 {
+		return len(strconv.FormatInt(n-1, 10))
+	}
+	return 1
+}
+
+// sampleFileName is K zero-padded to width digits, plus ".npy".
+func sampleFileName(k int64, width int) string {
+	d := strconv.FormatInt(k, 10)
+	if len(d) < width {
+		d = strings.Repeat("0", width-len(d)) + d
 	}
 	return d + ".npy"
 }
 
-// index parses a sample file name; only the canonical padded form matches.
-func (s *sampleSet) index(name string) (int64, bool) {
+// parseSampleName parses a sample file name of one of n samples; only the
+// canonical padded form matches.
+func parseSampleName(name string, width int, n int64) (int64, bool) {
 	digits, ok := strings.CutSuffix(name, ".npy")
-	if !ok || len(digits) != s.width {
+	if !ok || len(digits) != width {
 		return 0, false
 	}
 	for _, c := range []byte(digits) {
@@ -535,14 +601,14 @@ func (s *sampleSet) index(name string) (int64, bool) {
 		}
 	}
 	i, err := strconv.ParseInt(digits, 10, 64)
-	if err != nil || i >= s.n {
+	if err != nil || i >= n {
 		return 0, false
 	}
 	return i, true
 }
 
 func (s *sampleSet) entry(i int64) Entry {
-	name := s.name(i)
+	name := sampleFileName(i, s.width)
 	start := make([]int64, len(s.arr.Shape))
 	count := append([]int64(nil), s.arr.Shape...)
 	start[s.axis] = i

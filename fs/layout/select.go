@@ -2,18 +2,32 @@ package layout
 
 // IsSampleDir reports whether d holds one file per sample (an array with a
 // sample dimension, or a view), as opposed to a group directory.
-func (d *Dir) IsSampleDir() bool { return d.samples != nil || d.viewSamples }
+func (d *Dir) IsSampleDir() bool { return d.samples != nil }
 
 // Index returns the position of a sample file's name in a sample
-// directory (the sample index within it).
+// directory's listing (the sample index within it, or within the rank's
+// share when the layout is sharded).
 func (d *Dir) Index(name string) (int, bool) {
-	switch {
-	case d.samples != nil:
-		i, ok := d.samples.index(name)
-		return int(i), ok
-	case d.viewSamples:
-		i, ok := d.byName[name]
-		return i, ok
+	g, ok := d.sampleIndex(name)
+	if !ok {
+		return 0, false
 	}
-	return 0, false
+	if d.pick == nil {
+		return int(g), true
+	}
+	i, ok := d.pick.Pos(g)
+	return int(i), ok
 }
+
+// Sample returns the global index (the number in its name) of the i-th
+// entry of a sample directory.
+func (d *Dir) Sample(i int) int64 {
+	if d.pick != nil {
+		return d.pick.At(int64(i))
+	}
+	return int64(i)
+}
+
+// Samples returns how many samples the directory's array or view has in
+// all, whatever share of them the directory lists.
+func (d *Dir) Samples() int64 { return d.allLen() }

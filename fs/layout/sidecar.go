@@ -27,10 +27,31 @@ type Sidecar struct {
 	Chunks      []int64  `json:"chunks"`
 	Codecs      []string `json:"codecs"`
 	ZarrFormat  int      `json:"zarr_format"`
+	// Shard is set when the mount lists only one rank's samples.
+	Shard *SidecarShard `json:"shard,omitempty"`
 }
 
-// sidecar renders the description of array a. axis is the sample axis or -1.
-func sidecar(o Options, a *zarr.Array, axis int, sampleShape []int64, files int64) ([]byte, error) {
+// SidecarShard tells which samples a rank's sample directory lists: the
+// global indices First, First+Step, ..., Count of them (Files is Count).
+type SidecarShard struct {
+	Rank  int    `json:"rank"`
+	World int    `json:"world"`
+	Mode  string `json:"mode"`
+	First int64  `json:"first"`
+	Step  int64  `json:"step"`
+	Count int64  `json:"count"`
+}
+
+func (o Options) sidecarShard(p *Progression) *SidecarShard {
+	if p == nil {
+		return nil
+	}
+	return &SidecarShard{Rank: o.Shard.Rank, World: o.Shard.World, Mode: o.Shard.Mode(), First: p.First, Step: p.Step, Count: p.Count}
+}
+
+// sidecar renders the description of array a. axis is the sample axis or
+// -1; files counts the files listed; pick is the rank's share, if any.
+func sidecar(o Options, a *zarr.Array, axis int, sampleShape []int64, files int64, pick *Progression) ([]byte, error) {
 	s := Sidecar{
 		Kind:        "array",
 		Path:        a.Path,
@@ -46,6 +67,7 @@ func sidecar(o Options, a *zarr.Array, axis int, sampleShape []int64, files int6
 		Chunks:      nonNil(a.Chunks),
 		Codecs:      a.Codecs,
 		ZarrFormat:  a.ZarrFormat,
+		Shard:       o.sidecarShard(pick),
 	}
 	for i := range s.Dims {
 		// An unnamed dimension is null rather than "", so that consumers

@@ -196,6 +196,12 @@ func (b *binder) bind(s *ViewSpec) (*View, error) {
 			if err != nil {
 				return nil, err
 			}
+			if d.All {
+				d.Indices = make([]int64, a.Shape[ax])
+				for j := range d.Indices {
+					d.Indices[j] = int64(j)
+				}
+			}
 			for j, x := range d.Indices {
 				if x >= a.Shape[ax] {
 					return nil, s.errorf(fmt.Sprintf("%s[%d]", df, j), "index %d out of range: dimension %s of %s has %d entries (0..%d)", x, d.Dim, a.Path, a.Shape[ax], a.Shape[ax]-1)
@@ -262,8 +268,8 @@ func (b *binder) bind(s *ViewSpec) (*View, error) {
 			firstSpatial, spatial, spatialDims = first, shape, dims
 		} else {
 			if !slices.Equal(shape, spatial) {
-				return nil, s.errorf(field, "channel %s has spatial shape %s, but channels[0] (%s) has %s: all channels must have the same spatial shape",
-					a.Path, npyShape(shape), firstSpatial.Var, npyShape(spatial))
+				return nil, s.errorf(field, "channel %s has spatial shape %s, but channels[0] (%s) has %s: all channels must have the same spatial shape%s",
+					a.Path, npyShape(shape), firstSpatial.Var, npyShape(spatial), selectHint(a.Path, dims, firstSpatial.Var, spatialDims))
 			}
 			if !slices.Equal(dims, spatialDims) {
 				return nil, s.errorf(field, "channel %s has spatial dimensions (%s), but channels[0] (%s) has (%s): all channels must have the same dimension names",
@@ -332,6 +338,22 @@ func checkCollision(h *zarr.Hierarchy, s *ViewSpec) error {
 		}
 	}
 	return nil
+}
+
+// selectHint suggests a selection when one channel keeps a dimension the
+// other lacks (a level dimension left unselected, most often).
+func selectHint(v string, dims []string, v0 string, dims0 []string) string {
+	for _, c := range []struct {
+		v          string
+		have, lack []string
+	}{{v, dims, dims0}, {v0, dims0, dims}} {
+		for _, d := range c.have {
+			if d != "" && !slices.Contains(c.lack, d) {
+				return fmt.Sprintf("; select along %s of %s, such as select: {%s: all} for one channel per index", d, c.v, d)
+			}
+		}
+	}
+	return ""
 }
 
 func storeID(h *zarr.Hierarchy) string {
@@ -701,6 +723,8 @@ type ViewSidecar struct {
 	// store has a 1-D coordinate array for SampleDim.
 	SampleCoords           []any          `json:"sample_coords,omitempty"`
 	SampleCoordsAttributes map[string]any `json:"sample_coords_attributes,omitempty"`
+	// Shard is set when the mount lists only one rank's samples.
+	Shard *SidecarShard `json:"shard,omitempty"`
 }
 
 // ViewSamples is the samples range in a sidecar.
@@ -728,7 +752,7 @@ type SelectedIndex struct {
 	Value any   `json:"value"`
 }
 
-func (v *View) sidecar(o Options) ([]byte, error) {
+func (v *View) sidecar(o Options, files int64, pick *Progression) ([]byte, error) {
 	s := ViewSidecar{
 		Kind:        "view",
 		Name:        v.Name,
@@ -736,7 +760,8 @@ func (v *View) sidecar(o Options) ([]byte, error) {
 		DType:       v.DType.NumpyLE(),
 		SampleDim:   v.SampleDim,
 		SampleShape: v.SampleShape,
-		Files:       v.N,
+		Files:       files,
+		Shard:       o.sidecarShard(pick),
 		DataOffset:  o.Align,
 		Attributes:  map[string]any{},
 		Samples:     ViewSamples{v.Start, v.Stop, v.Step},
@@ -780,22 +805,12 @@ func (l *Layout) addView(b *treeBuilder, h *zarr.Hierarchy, v *View) (int64, err
 	if err != nil {
 		return 0, fmt.Errorf("view %q: %w", v.Name, err)
 	}
-	side, err := v.sidecar(l.opts)
+	vs := &viewSet{v: v, opts: l.opts, header: hdr, width: sampleWidth(v.N),
+		size: l.opts.Align + prod(v.SampleShape)*int64(v.DType.Size)}
+	d := &Dir{path: v.Name, samples: vs, pick: l.opts.pick(v.N)}
+	side, err := v.sidecar(l.opts, int64(d.Len()), d.pick)
 	if err != nil {
 		return 0, fmt.Errorf("view %q: %w", v.Name, err)
-	}
-	size := l.opts.Align + prod(v.SampleShape)*int64(v.DType.Size)
-	width := 1
-	if v.N > 1 {
-		width = len(strconv.FormatInt(v.N-1, 10))
-	}
-	d := &Dir{path: v.Name, entries: make([]Entry, v.N), byName: make(map[string]int, v.N), viewSamples: true}
-	for k := range v.N {
-		name := sampleFileName(k, width)
-		d.entries[k] = Entry{Name: name, Kind: KindBlob, Blob: &viewBlob{
-			v: v, opts: l.opts, k: k, path: v.Name + "/" + name, header: hdr, size: size,
-		}}
-		d.byName[name] = int(k)
 	}
 	if err := b.add(v.Name, Entry{Kind: KindDir, Dir: d}); err != nil {
 		return 0, v.Spec.errorf("name", "name collides with another entry at the top of the mount")
@@ -803,16 +818,27 @@ func (l *Layout) addView(b *treeBuilder, h *zarr.Hierarchy, v *View) (int64, err
 	if err := b.add(v.Name+".json", Entry{Kind: KindSidecar, Data: side}); err != nil {
 		return 0, v.Spec.errorf("name", "%s.json collides with another entry at the top of the mount", v.Name)
 	}
-	return v.N + 1, nil
+	return int64(d.Len()) + 1, nil
 }
 
-// sampleFileName is K zero-padded to width digits, plus ".npy".
-func sampleFileName(k int64, width int) string {
-	d := strconv.FormatInt(k, 10)
-	if len(d) < width {
-		d = strings.Repeat("0", width-len(d)) + d
-	}
-	return d + ".npy"
+// viewSet is the sample files of a view, made on demand like an array's.
+type viewSet struct {
+	v      *View
+	opts   Options
+	header []byte
+	width  int
+	size   int64
+}
+
+func (s *viewSet) len() int64 { return s.v.N }
+
+func (s *viewSet) index(name string) (int64, bool) { return parseSampleName(name, s.width, s.v.N) }
+
+func (s *viewSet) entry(k int64) Entry {
+	name := sampleFileName(k, s.width)
+	return Entry{Name: name, Kind: KindBlob, Blob: &viewBlob{
+		v: s.v, opts: s.opts, k: k, path: s.v.Name + "/" + name, header: s.header, size: s.size,
+	}}
 }
 
 // viewBlob is sample K of a view.

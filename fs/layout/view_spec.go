@@ -97,6 +97,9 @@ type ChannelSpec struct {
 type DimIndices struct {
 	Dim     string
 	Indices []int64
+	// All selects every index along Dim, one channel each, in index order
+	// (select: {level: all}); Indices is then empty.
+	All bool
 }
 
 // DimValues selects coordinate values along one dimension.
@@ -493,6 +496,12 @@ func (p *parser) channel(s *ViewSpec, n *yaml.Node, field string) (ChannelSpec, 
 			df := f + "." + k.Value
 			s.lines[df] = k.Line
 			di := DimIndices{Dim: k.Value}
+			if n := deref(m[k.Value]); n.Kind == yaml.ScalarNode && n.Value == "all" {
+				di.All = true
+				dims[k.Value] = "select"
+				c.Select = append(c.Select, di)
+				continue
+			}
 			for j, e := range list(m[k.Value]) {
 				ef := fmt.Sprintf("%s[%d]", df, j)
 				s.lines[ef] = deref(e).Line

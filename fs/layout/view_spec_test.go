@@ -42,7 +42,7 @@ func TestParseViews(t *testing.T) {
 		Name: "train", SampleDim: "time", DType: "float16",
 		Samples: SampleRange{Start: 2, Stop: &stop, Step: 2},
 		Channels: []ChannelSpec{
-			{Var: "t", Select: []DimIndices{{"level", []int64{0, 2}}}},
+			{Var: "t", Select: []DimIndices{{Dim: "level", Indices: []int64{0, 2}}}},
 			{Var: "z", SelectValues: []DimValues{{"level", []CoordValue{{Text: "850", IsInt: true, Int: 850, Float: 850}, {Text: "500.0", Float: 500}}}}},
 			{Var: "lsm"},
 		},
@@ -57,7 +57,7 @@ func TestParseViews(t *testing.T) {
 	}
 	p := specs[1]
 	if p.SampleDim != "" || p.DType != "" || p.Samples.Stop != nil || p.Samples.Step != 1 || p.Samples.Start != 0 ||
-		!reflect.DeepEqual(p.Channels[0].Select, []DimIndices{{"level", []int64{1}}}) {
+		!reflect.DeepEqual(p.Channels[0].Select, []DimIndices{{Dim: "level", Indices: []int64{1}}}) {
 		t.Errorf("defaults: %+v", *p)
 	}
 }

@@ -162,7 +162,7 @@ func TestBindErrors(t *testing.T) {
 		{"no coordinate array", view("      - var: ens\n        select_values: {member: [1]}\n"), `views.yaml:5: view "train": channels[0].select_values.member: no 1-D coordinate array "member" for dimension member of ens: use select by index`},
 		{"coordinate of other length", view("      - var: w\n        select_values: {level: [850]}\n"), `views.yaml:5: view "train": channels[0].select_values.level: coordinate array "level" has 3 values but dimension level of w has 2`},
 		{"spatial shape", view("      - var: u10\n      - var: wide\n"), `views.yaml:5: view "train": channels[1]: channel wide has spatial shape (5, 4), but channels[0] (u10) has (4, 5): all channels must have the same spatial shape`},
-		{"spatial shape unselected level", view("      - var: u10\n      - var: t\n"), `views.yaml:5: view "train": channels[1]: channel t has spatial shape (3, 4, 5), but channels[0] (u10) has (4, 5): all channels must have the same spatial shape`},
+		{"spatial shape unselected level", view("      - var: u10\n      - var: t\n"), `views.yaml:5: view "train": channels[1]: channel t has spatial shape (3, 4, 5), but channels[0] (u10) has (4, 5): all channels must have the same spatial shape; select along level of t, such as select: {level: all} for one channel per index`},
 		{"dimension names", view("      - var: u10\n      - var: renamed\n"), `views.yaml:5: view "train": channels[1]: channel renamed has spatial dimensions (y, x), but channels[0] (u10) has (latitude, longitude): all channels must have the same dimension names`},
 		{"mixed dtypes", view("      - var: t\n        select: {level: [0]}\n      - var: lsm\n"), `views.yaml:6: view "train": channels[1]: channel lsm is uint8 but channel t (channels[0]) is float32: set dtype to choose the output type`},
 		{"float to int", "views:\n  - name: train\n    dtype: int16\n    channels:\n      - var: u10\n      - var: sub/sp\n", `views.yaml:6: view "train": channels[1]: channel sub/sp: casting float32 to int16 is not supported: float-to-integer results are undefined for NaN and out-of-range values`},
@@ -851,5 +851,22 @@ func TestFillLentMemory(t *testing.T) {
 	}
 	if len(mem.out) != 0 {
 		t.Errorf("%d of %d lent buffers not given back", len(mem.out), mem.lends)
+	}
+}
+
+// select: {dim: all} is every index along dim, in order: the same view as
+// listing them, with the same definition (so the same cache layout).
+func TestSelectAll(t *testing.T) {
+	h := viewHierarchy()
+	all, err := bindYAML(t, h, "views:\n  - name: train\n    channels:\n      - var: t\n        select: {level: all}\n      - var: w\n        select: {level: all}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed, err := bindYAML(t, h, "views:\n  - name: train\n    channels:\n      - var: t\n        select: {level: [0, 1, 2]}\n      - var: w\n        select: {level: [0, 1]}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all[0].Channels) != 5 || all[0].Definition() != listed[0].Definition() {
+		t.Errorf("select all: %d channels, definition %q; listed: %q", len(all[0].Channels), all[0].Definition(), listed[0].Definition())
 	}
 }

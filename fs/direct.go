@@ -1,0 +1,242 @@
+package fs
+
+import (
+	"container/list"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/zarrfs/zarrfs/fs/layout"
+)
+
+// Direct mode (CONTRACT section 3a): every .npy file is a symbolic link
+// that resolves to its blob in the cache, so readers that cannot read
+// through FUSE (GPUDirect Storage: cuFile refuses FUSE descriptors) open the
+// cache file itself.
+//
+// The kernel asks the daemon for a link's target (READLINK) both when it
+// resolves a path and when a program calls readlink(2), as `ls -l` does for
+// every link it lists; the two cannot be told apart. So the link a listing
+// shows, MOUNT/train/00.npy -> ../.zarrfs/train/00.npy, costs nothing, and
+// only its target, a second link in an unlisted mirror of the tree under
+// MOUNT/.zarrfs, fills the blob when it is resolved and names the cache
+// file. stat, open and realpath of a sample go through both links (the
+// blob is filled, then opened on the cache's filesystem); lstat, readdir
+// and `ls -l` stop at the first.
+//
+// Symlink caching stays off (go-fuse enables it only on request), so every
+// resolution reaches the daemon: a resolved blob is leased, kept from
+// eviction for the lease time, and an evicted blob is filled again on its
+// next resolution.
+
+// DefaultLease is how long a resolved blob is kept from eviction.
+const DefaultLease = 10 * time.Minute
+
+// resolveDir is the unlisted top-level directory that mirrors the tree
+// for the second link. Zarr node names cannot start with a dot in a store
+// written by zarr-python, and a store that has one anyway shadows nothing:
+// the mirror is looked up before the tree.
+const resolveDir = ".zarrfs"
+
+const linkMode = syscall.S_IFLNK | 0o777
+
+// linkTarget is the relative target of the listed link for mount path p:
+// the same path under resolveDir, reached from p's directory.
+func linkTarget(p string) string {
+	return strings.Repeat("../", strings.Count(p, "/")) + resolveDir + "/" + p
+}
+
+// linkNode is a listed sample or whole-array file in direct mode: a link
+// into the mirror, answered from memory.
+type linkNode struct {
+	roNode
+	target string
+}
+
+// resolveNode is the mirror's link: resolving it fills and leases the blob.
+type resolveNode struct {
+	roNode
+	blob   layout.Blob
+	target string
+}
+
+var (
+	_ gofs.NodeReadlinker = (*linkNode)(nil)
+	_ gofs.NodeGetattrer  = (*linkNode)(nil)
+	_ gofs.NodeReadlinker = (*resolveNode)(nil)
+	_ gofs.NodeGetattrer  = (*resolveNode)(nil)
+)
+
+// Getattr is lstat: the link's own attributes; nothing is decoded.
+func (n *linkNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	n.fill(&out.Attr, linkMode, int64(len(n.target)), n.StableAttr().Ino)
+	return 0
+}
+
+func (n *linkNode) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	return []byte(n.target), 0
+}
+
+func (n *resolveNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	n.fill(&out.Attr, linkMode, int64(len(n.target)), n.StableAttr().Ino)
+	return 0
+}
+
+// Readlink fills and leases the blob, then names its cache file.
+func (n *resolveNode) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	if err := n.m.leases.resolve(ctx, n.m, n.blob); err != nil {
+		return nil, n.m.errno(n.blob, err)
+	}
+	return []byte(n.target), 0
+}
+
+// leases keeps the blobs resolved within the lease time open (pinned, so no
+// cache instance in any process evicts them) and closes each once its
+// lease has run out. A link resolved again within its lease costs a map
+// lookup.
+type leases struct {
+	d   time.Duration
+	max int
+	log *slog.Logger
+
+	mu     sync.Mutex
+	byPath map[string]*list.Element // of *lease
+	order  list.List                // oldest expiry at the front
+	closed bool
+	warned bool
+	stop   chan struct{}
+	done   chan struct{}
+}
+
+type lease struct {
+	path  string
+	b     Backing
+	until time.Time
+}
+
+func newLeases(d time.Duration, log *slog.Logger) *leases {
+	l := &leases{d: d, max: leaseLimit(), log: log, byPath: map[string]*list.Element{},
+		stop: make(chan struct{}), done: make(chan struct{})}
+	go l.expire()
+	return l
+}
+
+// leaseLimit bounds the leases by the descriptors the process may hold
+// (each lease keeps one open), leaving room for everything else.
+func leaseLimit() int {
+	var r syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &r); err != nil || r.Cur < 2048 {
+		return 512
+	}
+	return int(min(r.Cur-1024, 1<<20))
+}
+
+// resolve makes sure blob b is complete in the cache and leased until now
+// plus the lease time.
+func (l *leases) resolve(ctx context.Context, m *Mounted, b layout.Blob) error {
+	now := time.Now()
+	p := b.Path()
+	l.mu.Lock()
+	if e, ok := l.byPath[p]; ok {
+		e.Value.(*lease).until = now.Add(l.d)
+		l.order.MoveToBack(e)
+		l.mu.Unlock()
+		return nil
+	}
+	l.mu.Unlock()
+
+	h, err := m.open(ctx, b)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return h.Close()
+	}
+	if e, ok := l.byPath[p]; ok {
+		// A concurrent resolution leased it first.
+		e.Value.(*lease).until = now.Add(l.d)
+		l.order.MoveToBack(e)
+		l.mu.Unlock()
+		return h.Close()
+	}
+	l.byPath[p] = l.order.PushBack(&lease{path: p, b: h, until: now.Add(l.d)})
+	var early []Backing
+	for l.order.Len() > l.max {
+		early = append(early, l.removeLocked(l.order.Front()))
+		if !l.warned {
+			l.warned = true
+			l.log.Warn("more files resolved within the lease than open descriptors allow; the oldest leases end early",
+				"leases", l.max, "lease", l.d)
+		}
+	}
+	l.mu.Unlock()
+	for _, b := range early {
+		b.Close()
+	}
+	return nil
+}
+
+func (l *leases) removeLocked(e *list.Element) Backing {
+	ls := l.order.Remove(e).(*lease)
+	delete(l.byPath, ls.path)
+	return ls.b
+}
+
+// expire ends leases as they run out.
+func (l *leases) expire() {
+	defer close(l.done)
+	tick := min(max(l.d/10, 50*time.Millisecond), 10*time.Second)
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.stop:
+			return
+		case now := <-t.C:
+			var ended []Backing
+			l.mu.Lock()
+			for e := l.order.Front(); e != nil && !e.Value.(*lease).until.After(now); e = l.order.Front() {
+				ended = append(ended, l.removeLocked(e))
+			}
+			l.mu.Unlock()
+			for _, b := range ended {
+				b.Close()
+			}
+		}
+	}
+}
+
+// held reports how many blobs are leased now.
+func (l *leases) held() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.order.Len()
+}
+
+// close ends every lease; later resolutions still fill but lease nothing.
+func (l *leases) close() {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return
+	}
+	l.closed = true
+	var all []Backing
+	for e := l.order.Front(); e != nil; e = l.order.Front() {
+		all = append(all, l.removeLocked(e))
+	}
+	l.mu.Unlock()
+	close(l.stop)
+	<-l.done
+	for _, b := range all {
+		b.Close()
+	}
+}
