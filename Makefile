@@ -11,11 +11,15 @@ export PATH := $(CURDIR)/bin:$(PATH)
 build:
 	$(GO) build -o bin/zarrfs ./cmd/zarrfs
 
-# Python clients the tests compare against (zarr-python 3, numcodecs, numpy, tensorstore).
+# Python clients the tests compare against (zarr-python 3, numcodecs, numpy,
+# tensorstore, xarray) and DALI, whose CPU pipelines run without a GPU. DALI's
+# wheel pins an nvCOMP and other GPU packages the tests do not need, so it is
+# installed without its dependencies, then with the small ones it imports.
 pydeps: .cache/pydeps.stamp
-.cache/pydeps.stamp: integration/requirements.txt
+.cache/pydeps.stamp: integration/requirements.txt integration/requirements-dali.txt
 	mkdir -p .cache
 	$(PYTHON) -m pip install -q -r integration/requirements.txt
+	$(PYTHON) -m pip install -q --no-deps -r integration/requirements-dali.txt
 	touch $@
 
 # A real MinIO server for the S3 tests, built once into bin/.
