@@ -137,3 +137,35 @@ func (c *Cache) storeChunk(rel, key string, data []byte) {
 	}
 	committed = true
 }
+
+// ChunkTier is the chunk tier as a plain keyed store of compressed source
+// bytes (what zarr.Options.SourceCache wants), with the guarantees of
+// GetChunk: every read is checked against the recorded size and xxh64, and
+// the bytes under a key never change.
+type ChunkTier struct{ c *Cache }
+
+// ChunkTier returns the chunk tier of c.
+func (c *Cache) ChunkTier() ChunkTier { return ChunkTier{c} }
+
+// Get returns a copy of the bytes stored under key, if the tier holds them
+// intact.
+func (t ChunkTier) Get(key string) ([]byte, bool) {
+	data, err := t.c.readChunk(chunkRel(key))
+	return data, err == nil && data != nil
+}
+
+// Put stores b under key, unless the tier already holds it. It does not
+// keep b. Failing to store (disk full) is logged, not returned.
+func (t ChunkTier) Put(key string, b []byte) {
+	rel := chunkRel(key)
+	t.c.mu.Lock()
+	if t.c.closed {
+		t.c.mu.Unlock()
+		return
+	}
+	present := t.c.lookupLocked(rel) != nil
+	t.c.mu.Unlock()
+	if !present {
+		t.c.storeChunk(rel, key, b)
+	}
+}

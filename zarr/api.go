@@ -12,7 +12,6 @@ package zarr
 import (
 	"errors"
 	"log/slog"
-	"sync"
 
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr/codec"
@@ -29,9 +28,16 @@ var ErrCorrupt = errors.New("corrupt chunk")
 
 // Options configure Open. The zero value is valid.
 type Options struct {
-	// Decoder decompresses batches of chunks. Nil means a CPU decoder with
-	// one worker per CPU.
+	// Decoder decompresses batches of chunks: the process's one decoding
+	// pipeline (package decode), which owns its workers and devices and
+	// sends to the CPU what a GPU refuses. Nil means a CPU decoder with one
+	// worker per CPU, owned by the Hierarchy and stopped by Close.
 	Decoder codec.BatchDecoder
+	// Memory, when set, lends the buffers compressed chunks are read into
+	// (and, through Hierarchy.Memory, the buffers fills decode into): the
+	// GPU's pinned memory, which the device copies without staging. Nil
+	// means the Decoder's, when it lends memory, else pooled memory.
+	Memory codec.HostMemory
 	// Fetchers bounds the source requests in flight per Read call.
 	// Zero means 16.
 	Fetchers int
@@ -67,11 +73,9 @@ type Hierarchy struct {
 	Groups map[string]map[string]any
 	opts   Options
 	chunks *chunkCache
-	cpu    codec.BatchDecoder // fallback for jobs the configured decoder refuses
-	mem    codec.HostMemory   // the decoder's, when it lends memory: compressed chunks are read into it
+	mem    codec.HostMemory // lends the buffers compressed chunks are read into; nil: pooled
 	stats  Stats
-
-	fallbackLogged sync.Once
+	owned  *codec.CPU // the default decoder, when Options.Decoder was nil
 }
 
 // Array is one Zarr array.

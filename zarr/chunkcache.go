@@ -92,6 +92,18 @@ func (c *chunkCache) consume(key string, n int64) {
 	}
 }
 
+// reset drops every chunk.
+func (c *chunkCache) reset() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ll.Init()
+	clear(c.m)
+	c.used = 0
+}
+
 func (c *chunkCache) remove(e *list.Element) {
 	v := c.ll.Remove(e).(*cached)
 	delete(c.m, v.key)

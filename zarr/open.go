@@ -28,20 +28,21 @@ func Open(ctx context.Context, store objectstore.Store, opts Options) (*Hierarch
 	if opts.Fetchers <= 0 {
 		opts.Fetchers = 16
 	}
-	if opts.Decoder == nil {
-		opts.Decoder = codec.NewCPU(codec.Options{})
-	}
 	h := &Hierarchy{Store: store, Groups: map[string]map[string]any{}, opts: opts}
-	h.mem, _ = opts.Decoder.(codec.HostMemory)
-	if _, isCPU := opts.Decoder.(*codec.CPU); !isCPU {
-		// Another decoder (the GPU) may refuse jobs; those run here.
-		h.cpu = codec.NewCPU(codec.Options{})
+	if opts.Decoder == nil {
+		h.owned = codec.NewCPU(codec.Options{})
+		h.opts.Decoder = h.owned
+	}
+	h.mem = opts.Memory
+	if h.mem == nil {
+		h.mem, _ = h.opts.Decoder.(codec.HostMemory)
 	}
 	if opts.ChunkCacheBytes >= 0 {
 		h.chunks = newChunkCache(opts.ChunkCacheBytes)
 	}
 	w := &walker{h: h, ctx: ctx}
 	if err := w.root(); err != nil {
+		h.Close()
 		return nil, err
 	}
 	sort.Slice(h.Arrays, func(i, j int) bool { return h.Arrays[i].Path < h.Arrays[j].Path })
@@ -53,6 +54,24 @@ func Open(ctx context.Context, store objectstore.Store, opts Options) (*Hierarch
 	}
 	return h, nil
 }
+
+// Close stops the decoder the Hierarchy made for itself (when
+// Options.Decoder was nil) and drops the decoded-chunk cache. The store and
+// a decoder passed in belong to the caller. Reads must be done.
+func (h *Hierarchy) Close() error {
+	if h.chunks != nil {
+		h.chunks.reset()
+	}
+	if h.owned != nil {
+		return h.owned.Close()
+	}
+	return nil
+}
+
+// Memory returns the memory reads borrow buffers from (Options.Memory),
+// nil for pooled memory. Fills that decode into a buffer of their own
+// borrow from it too, so the GPU writes it without staging.
+func (h *Hierarchy) Memory() codec.HostMemory { return h.mem }
 
 // Array returns the array at path, or nil.
 func (h *Hierarchy) Array(path string) *Array {

@@ -677,51 +677,10 @@ func (st *readState) decode(ctx context.Context) error {
 	return nil
 }
 
-// decodeBatch runs jobs on the configured decoder and retries on the CPU the
-// jobs it refused.
+// decodeBatch runs jobs on the configured decoder, which sends to the CPU
+// what a GPU refuses (package decode).
 func (h *Hierarchy) decodeBatch(ctx context.Context, jobs []codec.Job) error {
-	err := h.opts.Decoder.DecodeBatch(ctx, jobs)
-	if h.cpu == nil {
-		return err
-	}
-	if err != nil {
-		if ctx.Err() != nil {
-			return err
-		}
-		// The device failed as a whole: this batch runs on the CPU.
-		h.logFallback("decoder failed", err)
-		for i := range jobs {
-			jobs[i].Err = nil
-		}
-		return h.cpu.DecodeBatch(ctx, jobs)
-	}
-	var retry []codec.Job
-	var at []int
-	for i, j := range jobs {
-		if errors.Is(j.Err, codec.ErrUnsupported) {
-			j.Err = nil
-			retry = append(retry, j)
-			at = append(at, i)
-		}
-	}
-	if len(retry) == 0 {
-		return nil
-	}
-	h.logFallback("decoder refused chunks", jobs[at[0]].Err)
-	if err := h.cpu.DecodeBatch(ctx, retry); err != nil {
-		return err
-	}
-	for k, i := range at {
-		jobs[i].Err = retry[k].Err
-	}
-	return nil
-}
-
-// logFallback says once per hierarchy that decoding moved to the CPU.
-func (h *Hierarchy) logFallback(what string, cause error) {
-	h.fallbackLogged.Do(func() {
-		h.opts.Logger.Warn("decoding on the CPU instead", "reason", what, "cause", cause)
-	})
+	return h.opts.Decoder.DecodeBatch(ctx, jobs)
 }
 
 // stageSize is the decoded size of the data entering codec bb[stage] when encoding.

@@ -38,10 +38,19 @@ func newInspectCmd() *cobra.Command {
 				return err
 			}
 			sf.logger = log
-			h, err := sf.openHierarchy(cmd.Context(), args[0], zarr.Options{Logger: discardLogger(), Decoder: codec.NewCPU(codec.Options{Workers: 1})})
+			// inspect decodes nothing: one CPU worker.
+			st, err := sf.openStore(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
+			defer closeStore(st)
+			dec := codec.NewCPU(codec.Options{Workers: 1})
+			defer dec.Close()
+			h, err := zarr.Open(cmd.Context(), st, zarr.Options{Logger: discardLogger(), Decoder: dec})
+			if err != nil {
+				return err
+			}
+			defer h.Close()
 			lay, err := layout.Build(h, layout.Options{SampleDim: sampleDim})
 			if err != nil {
 				return err

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,10 +12,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/zarrfs/zarrfs/cache"
+	"github.com/zarrfs/zarrfs/decode"
 	"github.com/zarrfs/zarrfs/fs/layout"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
-	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 // layoutFlags are the flags that decide which files a mount serves and
@@ -41,15 +40,34 @@ func (f *layoutFlags) register(cmd *cobra.Command) {
 	f.src.register(cmd, true)
 }
 
-// opened is a source with its metadata, layout and cache.
+// opened is a source with its metadata, layout, cache and decoding
+// pipeline: everything a mount or a warm holds, closed in one place.
 type opened struct {
 	store objectstore.Store
+	dec   *decode.Pipeline
 	h     *zarr.Hierarchy
 	lay   *layout.Layout
 	cache *cache.Cache
 }
 
-func (o *opened) Close() error { return o.cache.Close() }
+// Close releases everything open opened, the users of the decoder first.
+// Fills must be done.
+func (o *opened) Close() error {
+	var errs []error
+	if o.h != nil {
+		errs = append(errs, o.h.Close())
+	}
+	if o.dec != nil {
+		errs = append(errs, o.dec.Close())
+	}
+	if o.cache != nil {
+		errs = append(errs, o.cache.Close())
+	}
+	if o.store != nil {
+		closeStore(o.store)
+	}
+	return errors.Join(errs...)
+}
 
 // defaultCacheDir is $XDG_CACHE_HOME/zarrfs, else ~/.cache/zarrfs.
 func defaultCacheDir() (string, error) {
@@ -105,41 +123,40 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 			return nil, usagef("%v", err)
 		}
 	}
-	dec, err := newDecoder(f.src.decode, log)
-	if err != nil {
+	o := &opened{}
+	ok := false
+	defer func() {
+		if !ok {
+			o.Close()
+		}
+	}()
+	if o.dec, err = f.src.newPipeline(log); err != nil {
 		return nil, err
 	}
-	store, err := f.src.openStore(ctx, src)
-	if err != nil {
+	if o.store, err = f.src.openStore(ctx, src); err != nil {
 		return nil, err
 	}
-	c, err := cache.Open(cache.Options{Dir: f.cacheDir, Size: size, Logger: log})
-	if err != nil {
+	if o.cache, err = cache.Open(cache.Options{Dir: f.cacheDir, Size: size, Logger: log}); err != nil {
 		return nil, err
 	}
-	zopts := zarr.Options{Logger: log, Decoder: dec, ChunkCacheBytes: oo.chunkCacheBytes}
-	if isRemote(store) && oo.chunkTier {
-		zopts.SourceCache = chunkTier{c}
+	// With a GPU, compressed chunks are read into, and fills decode into,
+	// the pipeline's pinned memory.
+	zopts := zarr.Options{Logger: log, Decoder: o.dec, Memory: o.dec.Memory(), ChunkCacheBytes: oo.chunkCacheBytes}
+	if isRemote(o.store) && oo.chunkTier {
+		zopts.SourceCache = o.cache.ChunkTier()
 	}
-	h, err := zarr.Open(ctx, store, zopts)
-	if err != nil {
-		c.Close()
+	if o.h, err = zarr.Open(ctx, o.store, zopts); err != nil {
 		return nil, err
 	}
-	views, err := layout.BindViews(ctx, h, specs, layout.BindOptions{SampleDim: f.sampleDim})
+	views, err := layout.BindViews(ctx, o.h, specs, layout.BindOptions{SampleDim: f.sampleDim})
 	if err != nil {
-		c.Close()
 		return nil, err
 	}
 	lopts := layout.Options{SampleDim: f.sampleDim, Align: f.align, Views: views, Shard: oo.shard}
-	// With a decoder that lends memory (the GPU's pinned memory), fills
-	// decode into it, which spares a host copy of every decoded chunk.
-	lopts.Memory, _ = dec.(codec.HostMemory)
-	lay, err := layout.Build(h, lopts)
-	if err != nil {
-		c.Close()
-		return nil, fmt.Errorf("%s: %w", strings.TrimSuffix(store.ID(), "/"), err)
+	if o.lay, err = layout.Build(o.h, lopts); err != nil {
+		return nil, fmt.Errorf("%s: %w", strings.TrimSuffix(o.store.ID(), "/"), err)
 	}
+	h, lay := o.h, o.lay
 	// zarr.Open already warned about each unsupported array; warn here
 	// only about what the layout itself left out (name collisions).
 	unsupported := map[string]bool{}
@@ -151,27 +168,11 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 			log.Warn("array left out of the mount", "array", s.Path, "reason", s.Reason)
 		}
 	}
-	return &opened{store: store, h: h, lay: lay, cache: c}, nil
+	ok = true
+	return o, nil
 }
 
 func isRemote(s objectstore.Store) bool {
 	_, local := s.(*objectstore.Posix)
 	return !local
-}
-
-// chunkTier is the disk cache's chunk tier seen as a zarr.SourceCache.
-type chunkTier struct{ c *cache.Cache }
-
-var errAbsent = errors.New("absent")
-
-func (t chunkTier) Get(key string) ([]byte, bool) {
-	b, err := t.c.GetChunk(context.Background(), key, func(context.Context) ([]byte, error) { return nil, errAbsent })
-	return b, err == nil
-}
-
-func (t chunkTier) Put(key string, b []byte) {
-	// A concurrent Get that joined this store may copy the bytes after Put
-	// returns, and the reader reuses b: hand the cache its own copy.
-	b = bytes.Clone(b)
-	_, _ = t.c.GetChunk(context.Background(), key, func(context.Context) ([]byte, error) { return b, nil })
 }

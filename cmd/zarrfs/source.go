@@ -8,10 +8,9 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
-	"github.com/zarrfs/zarrfs/gpu"
+
+	"github.com/zarrfs/zarrfs/decode"
 	"github.com/zarrfs/zarrfs/objectstore"
-	"github.com/zarrfs/zarrfs/zarr"
-	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 // sourceFlags are the flags every command that opens a source shares.
@@ -20,6 +19,7 @@ type sourceFlags struct {
 	s3Region    string
 	s3Anonymous bool
 	decode      string
+	gpus        string
 	logger      *slog.Logger
 }
 
@@ -39,6 +39,15 @@ func (f *sourceFlags) register(cmd *cobra.Command, decodes bool) {
 	f.decode = "auto"
 	if decodes {
 		cmd.Flags().StringVar(&f.decode, "decode", "auto", "where chunks are decompressed: auto (CPU and GPU together when nvCOMP loads, else CPU), cpu or gpu")
+		cmd.Flags().StringVar(&f.gpus, "gpus", "all", "GPUs that decode: all, or device numbers such as 0,1")
+	}
+}
+
+// closeStore releases a store's handles (idle connections, a root
+// directory descriptor), when it holds any.
+func closeStore(s objectstore.Store) {
+	if c, ok := s.(interface{ Close() error }); ok {
+		c.Close()
 	}
 }
 
@@ -47,54 +56,30 @@ func (f *sourceFlags) openStore(ctx context.Context, src string) (objectstore.St
 	if strings.HasPrefix(src, "s3://") {
 		return openS3(ctx, src, f)
 	}
-	return objectstore.OpenPosix(src)
-}
-
-// openHierarchy opens the store and its Zarr metadata.
-func (f *sourceFlags) openHierarchy(ctx context.Context, src string, opts zarr.Options) (*zarr.Hierarchy, error) {
-	if opts.Decoder == nil {
-		d, err := newDecoder(f.decode, f.logger)
-		if err != nil {
-			return nil, err
-		}
-		opts.Decoder = d
-	}
-	st, err := f.openStore(ctx, src)
+	st, err := objectstore.OpenPosix(src)
 	if err != nil {
-		return nil, err
+		return nil, err // not a typed nil in the interface
 	}
-	return zarr.Open(ctx, st, opts)
+	return st, nil
 }
 
-// newDecoder returns the chunk decoder --decode asks for: "gpu" refuses to
-// run without a usable GPU and nvCOMP and decodes everything it can there,
-// "cpu" never touches the GPU, "auto" uses the GPU when one loads and the
-// CPU otherwise. With a GPU, auto decodes on both: a batch goes to the CPU
-// pool when it is idle and to the GPU when it is busy (codec.Overflow), so
-// that one reader is never slower than on the CPU alone and many readers
-// get the GPU's large rounds on top of the CPU.
-func newDecoder(mode string, log *slog.Logger) (codec.BatchDecoder, error) {
-	switch mode {
-	case "cpu":
-		return codec.NewCPU(codec.Options{}), nil
-	case "gpu", "auto", "":
-		d, err := gpu.New(gpu.Options{Logger: log})
-		if err == nil {
-			log.Info("decoding on the GPU", "gpu", d.Info().String(), "mode", mode)
-			if mode == "gpu" {
-				return d, nil
-			}
-			// One batch at a time on the CPU (Limit 1): on an H200 with 16
-			// cores, the 20-channel view fill with 1 to 16 readers
-			// (integration/bench/gpuview) ran at 1.07-1.64x the CPU alone
-			// with it, and 1.05-1.52x with 2, in the same run.
-			return &codec.Overflow{First: codec.NewCPU(codec.Options{}), Then: d, Limit: 1}, nil
-		}
-		if mode == "gpu" {
-			return nil, fmt.Errorf("--decode gpu: %w", err)
-		}
-		log.Debug("decoding on the CPU", "reason", err)
-		return codec.NewCPU(codec.Options{}), nil
+
+// newPipeline builds the process's one decoding pipeline from --decode and
+// --gpus: "gpu" refuses to run without a usable GPU and nvCOMP, "cpu"
+// never touches a GPU, "auto" decodes on the CPU and starts the GPUs in the
+// background (package decode). The caller closes it.
+func (f *sourceFlags) newPipeline(log *slog.Logger) (*decode.Pipeline, error) {
+	mode, err := decode.ParseMode(f.decode)
+	if err != nil {
+		return nil, usagef("--decode %v", err)
 	}
-	return nil, usagef("--decode %q: want auto, cpu or gpu", mode)
+	gpus, err := decode.ParseGPUs(f.gpus)
+	if err != nil {
+		return nil, usagef("--gpus %v", err)
+	}
+	p, err := decode.New(decode.Options{Mode: mode, GPUs: gpus, Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("--decode %s: %w", mode, err)
+	}
+	return p, nil
 }

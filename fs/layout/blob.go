@@ -44,17 +44,17 @@ func getSlab(n int64) []byte {
 
 func putSlab(b []byte) { slabPool.Put(&b) }
 
-// slab returns a fill's buffer: lent by o.Memory when set.
+// slab returns a fill's buffer: lent by the reader's memory when it lends.
 func (o Options) slab(n int64) []byte {
-	if o.Memory != nil && n > 0 {
-		return o.Memory.HostAlloc(int(n))
+	if o.memory != nil && n > 0 {
+		return o.memory.HostAlloc(int(n))
 	}
 	return getSlab(n)
 }
 
 func (o Options) freeSlab(b []byte) {
-	if o.Memory != nil {
-		o.Memory.HostFree(b)
+	if o.memory != nil {
+		o.memory.HostFree(b)
 		return
 	}
 	putSlab(b)

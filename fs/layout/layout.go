@@ -61,16 +61,17 @@ type Options struct {
 	// read in slabs cut at chunk boundaries, so each chunk is still decoded
 	// once. Zero means 64 MiB.
 	SlabBytes int64
-	// Memory, when set, lends the buffers fills decode into: the GPU
-	// decoder's pinned memory, which it writes without a copy. Nil means
-	// ordinary memory.
-	Memory codec.HostMemory
 
 	// Views are the stacked views (CONTRACT section 5) to add, bound to the
 	// same hierarchy with Bind or BindViews. Each adds MOUNT/NAME/ and
 	// MOUNT/NAME.json, and its definition goes into the layout ID. Nil
 	// means none.
 	Views []*View
+
+	// memory lends the buffers fills decode into, when the Reader lends
+	// memory (a zarr.Hierarchy whose decoder is the GPU's: it writes its
+	// pinned memory without a copy); nil means ordinary memory.
+	memory codec.HostMemory
 
 	// Shard makes every sample directory (arrays and views) list only the
 	// samples one rank reads, under their global names, and the sidecars
@@ -334,6 +335,9 @@ func Build(h *zarr.Hierarchy, opts Options) (*Layout, error) {
 			return nil, fmt.Errorf("%w: no Reader for the hierarchy", ErrInvalidOption)
 		}
 		o.Reader = r
+	}
+	if m, ok := o.Reader.(interface{ Memory() codec.HostMemory }); ok {
+		o.memory = m.Memory()
 	}
 	sourceID, identity := "", ""
 	if h.Store != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
+	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 // valueReader fills every element with value(path, index), encoded in the
@@ -808,6 +809,15 @@ func (m *lendingMemory) HostFree(b []byte) {
 	}
 }
 
+// lendingReader is a Reader whose memory fills borrow, as a zarr
+// Hierarchy with a GPU decoder is.
+type lendingReader struct {
+	Reader
+	mem codec.HostMemory
+}
+
+func (r lendingReader) Memory() codec.HostMemory { return r.mem }
+
 // TestFillLentMemory fills array samples, slabbed arrays and view samples
 // (one by one and batched) into lent memory: the bytes are those of a fill
 // in ordinary memory, and every buffer comes back.
@@ -822,7 +832,7 @@ func TestFillLentMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lent, err := Build(h, Options{Views: views, Reader: &valueReader{}, SlabBytes: 64, Memory: mem})
+	lent, err := Build(h, Options{Views: views, Reader: lendingReader{&valueReader{}, mem}, SlabBytes: 64})
 	if err != nil {
 		t.Fatal(err)
 	}

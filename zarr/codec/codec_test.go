@@ -379,7 +379,4 @@ func TestOverflow(t *testing.T) {
 	if err := o.DecodeBatch(context.Background(), j); err != nil || first.calls.Load() != 3 {
 		t.Errorf("idle First not used: %v, %d calls", err, first.calls.Load())
 	}
-	if b := o.HostAlloc(10); len(b) != 10 {
-		t.Errorf("HostAlloc without a lender: %d bytes", len(b))
-	}
 }

@@ -11,9 +11,6 @@ import (
 // CPU, which answers a small batch sooner than a GPU round does, and the
 // batches of many concurrent readers spill to the GPU, which merges them
 // into the large rounds it needs, while the CPU keeps decoding too.
-//
-// Overflow lends Then's memory when Then is a HostMemory (the GPU's pinned
-// memory, which the CPU decodes from and into as well as any).
 type Overflow struct {
 	First, Then BatchDecoder
 	// Limit is the number of batches First decodes at once. Zero means 1:
@@ -24,10 +21,7 @@ type Overflow struct {
 	busy atomic.Int64
 }
 
-var (
-	_ BatchDecoder = (*Overflow)(nil)
-	_ HostMemory   = (*Overflow)(nil)
-)
+var _ BatchDecoder = (*Overflow)(nil)
 
 // DecodeBatch decodes jobs on First when it has room, else on Then.
 func (o *Overflow) DecodeBatch(ctx context.Context, jobs []Job) error {
@@ -38,19 +32,4 @@ func (o *Overflow) DecodeBatch(ctx context.Context, jobs []Job) error {
 	}
 	o.busy.Add(-1)
 	return o.Then.DecodeBatch(ctx, jobs)
-}
-
-// HostAlloc lends Then's memory, or ordinary memory.
-func (o *Overflow) HostAlloc(n int) []byte {
-	if m, ok := o.Then.(HostMemory); ok {
-		return m.HostAlloc(n)
-	}
-	return make([]byte, n)
-}
-
-// HostFree gives back what HostAlloc lent.
-func (o *Overflow) HostFree(b []byte) {
-	if m, ok := o.Then.(HostMemory); ok {
-		m.HostFree(b)
-	}
 }

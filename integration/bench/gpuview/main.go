@@ -8,19 +8,17 @@
 // once before timing, so the page cache is warm and the numbers are those
 // of reading from memory, fetching and decoding in the zarr package.
 //
-// Decoders: cpu (codec.NewCPU, one worker per core); gpu (gpu.New with
-// default options; chunks it refuses go to the CPU; the sample buffers and
-// the compressed chunks are in its pinned memory, as in the mount);
-// gpu+cpu (each batch split: a share of the chunks to the GPU, the rest to
-// the CPU pool, at the same time); auto(L) (codec.Overflow, what
-// --decode auto uses: a batch decodes on the CPU pool while fewer than L
-// batches do, else on the GPU). -readers N runs N goroutines filling
+// Decoders: the pipelines of --decode cpu, gpu and auto (package decode):
+// cpu (one worker per core); gpu (every GPU, default options; chunks it
+// refuses go to the CPU pool; the sample buffers and the compressed chunks
+// are in its pinned memory, as in the mount); auto (a batch decodes on the
+// CPU pool while it is idle, else on the GPUs). -readers N runs N goroutines filling
 // different samples at once, as a data loader with several workers does;
 // the GPU decoder merges the batches of readers waiting for the device
 // into shared rounds, and the table says how many rounds it ran and how
 // full they were.
 //
-// Usage: gpuview [-dir DIR] [-steps 32] [-vars 20] [-passes 3] [-readers 1,4] [-share 0.5]
+// Usage: gpuview [-dir DIR] [-steps 32] [-vars 20] [-passes 3] [-readers 1,4]
 // [-codecs zstd,blosc-lz4] [-decoders cpu,gpu,auto]
 //
 // The program builds with CGO_ENABLED=0; without a GPU it reports why and
@@ -50,10 +48,9 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"github.com/pierrec/lz4/v4"
 
-	"github.com/zarrfs/zarrfs/gpu"
+	"github.com/zarrfs/zarrfs/decode"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
-	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 const ny, nx = 721, 1440
@@ -64,9 +61,8 @@ func main() {
 	nvars := flag.Int("vars", 20, "variables (channels) per sample")
 	passes := flag.Int("passes", 3, "timed passes over all samples per decoder; the best counts")
 	readersFlag := flag.String("readers", "1,4", "comma-separated numbers of concurrent readers to measure")
-	share := flag.Float64("share", 0.5, "gpu+cpu: share of each batch's chunks sent to the GPU")
 	codecs := flag.String("codecs", "zstd,blosc-lz4", "stores to write and read: zstd, blosc-lz4")
-	decFlag := flag.String("decoders", "cpu,gpu,auto", "decoders to measure: cpu, gpu, gpu+cpu, auto")
+	decFlag := flag.String("decoders", "cpu,gpu,auto", "decoders to measure: cpu, gpu, auto")
 	flag.Parse()
 	var readers []int
 	for _, s := range strings.Split(*readersFlag, ",") {
@@ -86,36 +82,27 @@ func main() {
 	}
 	ctx := context.Background()
 
-	cpu := codec.NewCPU(codec.Options{})
-	defer cpu.Close()
-	decoders := []struct {
-		name string
-		d    codec.BatchDecoder
-	}{{"cpu", cpu}}
+	// Each decoder is the pipeline --decode builds (package decode), so the
+	// bench measures what ships: chunks a GPU refuses go to the pipeline's
+	// CPU pool.
 	stats := &roundStats{}
-	g, err := gpu.New(gpu.Options{Logger: slog.New(stats)})
-	if err != nil {
-		fmt.Printf("no GPU decoding: %v\n", err)
-	} else {
-		defer g.Close()
-		fmt.Println(g.Info())
-		decoders = append(decoders,
-			struct {
-				name string
-				d    codec.BatchDecoder
-			}{"gpu", g},
-			struct {
-				name string
-				d    codec.BatchDecoder
-			}{fmt.Sprintf("gpu+cpu(%.0f%%)", 100**share), &split{gpu: g, cpu: cpu, share: *share}},
-			struct {
-				name string
-				d    codec.BatchDecoder
-			}{"auto(1)", &codec.Overflow{First: cpu, Then: g, Limit: 1}},
-			struct {
-				name string
-				d    codec.BatchDecoder
-			}{"auto(2)", &codec.Overflow{First: cpu, Then: g, Limit: 2}})
+	type decoder struct {
+		name string
+		d    *decode.Pipeline
+	}
+	var decoders []decoder
+	for _, m := range []decode.Mode{decode.CPU, decode.GPU, decode.Auto} {
+		p, err := decode.New(decode.Options{Mode: m, Logger: slog.New(stats)})
+		if err != nil {
+			fmt.Printf("no GPU decoding: %v\n", err)
+			continue
+		}
+		defer p.Close()
+		if onGPU, _ := p.Ready(ctx); m == decode.Auto && !onGPU {
+			continue // auto without a GPU is the CPU
+		}
+		fmt.Printf("%s: %s\n", m, p.Placement())
+		decoders = append(decoders, decoder{string(m), p})
 	}
 	want := map[string]bool{}
 	for _, n := range strings.Split(*decFlag, ",") {
@@ -157,7 +144,7 @@ func main() {
 			if err != nil {
 				log.Fatal(err)
 			}
-			h, err := zarr.Open(ctx, st, zarr.Options{Decoder: dec.d, ChunkCacheBytes: -1})
+			h, err := zarr.Open(ctx, st, zarr.Options{Decoder: dec.d, Memory: dec.d.Memory(), ChunkCacheBytes: -1})
 			if err != nil {
 				log.Fatal(err)
 			}
@@ -185,7 +172,7 @@ func main() {
 			// A decoder that lends memory (the GPU's pinned memory) gets
 			// its sample buffers from it, as the mount's fills do.
 			alloc, free := func(n int) []byte { return make([]byte, n) }, func([]byte) {}
-			if m, ok := dec.d.(codec.HostMemory); ok {
+			if m := dec.d.Memory(); m != nil {
 				alloc, free = m.HostAlloc, m.HostFree
 			}
 			first := alloc(*nvars * ny * nx * 4)
@@ -312,32 +299,6 @@ func (h *roundStats) snapshot() roundCounts {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.roundCounts
-}
-
-// split sends a share of every batch to the GPU and the rest to the CPU
-// pool at the same time. Jobs the GPU refuses (ErrUnsupported) are left so
-// for the zarr package, which decodes them on the CPU.
-type split struct {
-	gpu, cpu codec.BatchDecoder
-	share    float64
-}
-
-func (s *split) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
-	k := int(math.Round(float64(len(jobs)) * s.share))
-	var gerr, cerr error
-	var wg sync.WaitGroup
-	wg.Go(func() { gerr = s.gpu.DecodeBatch(ctx, jobs[:k]) })
-	cerr = s.cpu.DecodeBatch(ctx, jobs[k:])
-	wg.Wait()
-	if gerr != nil {
-		// Whole-batch failure: leave those jobs to the caller's fallback.
-		for i := range jobs[:k] {
-			if jobs[i].Err == nil {
-				jobs[i].Err = fmt.Errorf("%w: %w", codec.ErrUnsupported, gerr)
-			}
-		}
-	}
-	return cerr
 }
 
 // warm reads every file of the store once, so that timing starts with a

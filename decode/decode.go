@@ -1,0 +1,407 @@
+// Package decode is zarrfs's one decoding pipeline: where chunks are
+// decompressed (a pool of CPU workers, and the GPUs when nvCOMP loads),
+// chosen from --decode and --gpus, built in one place and closed in one
+// place. Every command that decodes builds one Pipeline per process and
+// hands it to zarr (which decodes with it and reads compressed chunks into
+// the memory it lends) and through zarr to the layout.
+//
+// The pipeline has one CPU worker budget, whatever the mode: the pool that
+// decodes in "cpu" and "auto" mode is the same pool that takes the chunks a
+// GPU refuses or cannot decode (a codec it lacks, a chunk too large, a
+// device fault), so the CPU is never oversubscribed by a second pool. GPU
+// to CPU fallback is one decorator (fallback) around the GPUs.
+//
+// In "auto" mode a batch goes to the CPU pool while it is idle and to the
+// GPUs otherwise (codec.Overflow), so one reader is never slower than on
+// the CPU alone and many readers get the GPUs on top. The GPUs start in the
+// background: until they are ready, everything decodes on the CPU, so a
+// mount is live before CUDA has initialised.
+//
+// Concurrency: a Pipeline is safe for concurrent use; Close waits for the
+// batches in flight.
+package decode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/zarrfs/zarrfs/gpu"
+	"github.com/zarrfs/zarrfs/zarr/codec"
+)
+
+// Mode is where chunks are decoded.
+type Mode string
+
+const (
+	// Auto decodes on the CPU and, when the CUDA driver and nvCOMP load,
+	// on the GPUs too.
+	Auto Mode = "auto"
+	// CPU never touches a GPU.
+	CPU Mode = "cpu"
+	// GPU refuses to start without a usable GPU and decodes there all it
+	// can; what a GPU cannot decode goes to the CPU.
+	GPU Mode = "gpu"
+)
+
+// ParseMode reads a --decode value.
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(s); m {
+	case Auto, CPU, GPU:
+		return m, nil
+	case "":
+		return Auto, nil
+	}
+	return "", fmt.Errorf("%q: want auto, cpu or gpu", s)
+}
+
+// ParseGPUs reads a --gpus value: "all" (or empty) for every visible
+// device, else a comma-separated list of device ordinals.
+func ParseGPUs(s string) ([]int, error) {
+	s = strings.TrimSpace(s)
+	if s == "" || s == "all" {
+		return nil, nil
+	}
+	var out []int
+	seen := map[int]bool{}
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("%q: want all or device numbers such as 0,1", s)
+		}
+		if seen[n] {
+			return nil, fmt.Errorf("%q: device %d named twice", s, n)
+		}
+		seen[n] = true
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// Options configure New. The zero value decodes in Auto mode with one CPU
+// worker per CPU and every visible GPU.
+type Options struct {
+	// Mode is where chunks decode. Empty means Auto.
+	Mode Mode
+	// Workers is the number of CPU decoding goroutines, the pipeline's one
+	// CPU budget. Zero means runtime.NumCPU().
+	Workers int
+	// GPUs lists the device ordinals to decode on. Nil means every device
+	// the driver sees.
+	GPUs []int
+	// GPU configures each GPU decoder; its Device and Logger are set per
+	// device.
+	GPU gpu.Options
+	// Logger receives the placement line and fallback warnings. Nil
+	// discards.
+	Logger *slog.Logger
+
+	// newGPU opens one device; tests stand in for it. Nil means gpu.New.
+	newGPU func(gpu.Options) (gpuDecoder, error)
+	// deviceCount reports the devices the driver sees; tests stand in.
+	deviceCount func() int
+}
+
+// gpuDecoder is what the pipeline needs of one GPU: *gpu.Decoder.
+type gpuDecoder interface {
+	codec.BatchDecoder
+	codec.HostMemory
+	Close() error
+	Info() gpu.Info
+}
+
+// ErrClosed is returned by DecodeBatch after Close.
+var ErrClosed = errors.New("decode: pipeline closed")
+
+// Pipeline decodes batches of chunks where Options say. It implements
+// codec.BatchDecoder.
+type Pipeline struct {
+	opts Options
+	log  *slog.Logger
+	cpu  *codec.CPU
+
+	// route is what DecodeBatch runs: the CPU pool until the GPUs are
+	// ready, then the mode's composition.
+	route atomic.Pointer[routed]
+	ready chan struct{} // closed once the GPUs are started (or failed to)
+
+	mu      sync.Mutex
+	gpus    []gpuDecoder
+	closed  bool
+	gpuErr  error
+	started bool
+
+	fellBack sync.Once
+}
+
+type routed struct{ codec.BatchDecoder }
+
+var _ codec.BatchDecoder = (*Pipeline)(nil)
+
+// New builds the pipeline. In GPU mode it opens the GPUs before it
+// returns and fails (the error wraps gpu.ErrNoGPU) when none is usable; in
+// Auto mode it returns at once, decoding on the CPU, and starts the GPUs in
+// the background; a machine without them stays on the CPU, said in one
+// debug line.
+func New(opts Options) (*Pipeline, error) {
+	if opts.Mode == "" {
+		opts.Mode = Auto
+	}
+	if _, err := ParseMode(string(opts.Mode)); err != nil {
+		return nil, fmt.Errorf("decode: mode %w", err)
+	}
+	if opts.Workers < 0 {
+		return nil, fmt.Errorf("decode: %d workers: want 0 (one per CPU) or more", opts.Workers)
+	}
+	if opts.Workers == 0 {
+		opts.Workers = runtime.NumCPU()
+	}
+	if opts.newGPU == nil {
+		opts.newGPU = func(o gpu.Options) (gpuDecoder, error) { return gpu.New(o) }
+	}
+	if opts.deviceCount == nil {
+		opts.deviceCount = func() int { return gpu.Probe().DeviceCount }
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	p := &Pipeline{opts: opts, log: log, cpu: codec.NewCPU(codec.Options{Workers: opts.Workers}), ready: make(chan struct{})}
+	p.route.Store(&routed{p.cpu})
+	switch opts.Mode {
+	case CPU:
+		close(p.ready)
+		log.Debug("decoding on the CPU", "workers", opts.Workers)
+	case GPU:
+		if err := p.startGPUs(); err != nil {
+			p.cpu.Close()
+			return nil, err
+		}
+	case Auto:
+		go func() {
+			if err := p.startGPUs(); err != nil {
+				log.Debug("decoding on the CPU", "workers", opts.Workers, "reason", err)
+			}
+		}()
+	}
+	return p, nil
+}
+
+// startGPUs opens every GPU asked for and switches the route to them.
+func (p *Pipeline) startGPUs() (err error) {
+	defer close(p.ready)
+	devices := p.opts.GPUs
+	if devices == nil {
+		n := p.opts.deviceCount()
+		for i := range n {
+			devices = append(devices, i)
+		}
+	}
+	var gpus []gpuDecoder
+	defer func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.gpuErr = err
+		if err != nil || p.closed {
+			for _, g := range gpus {
+				g.Close()
+			}
+			if err == nil {
+				err = ErrClosed
+			}
+			return
+		}
+		p.gpus, p.started = gpus, true
+		var names []string
+		for _, g := range gpus {
+			names = append(names, g.Info().String())
+		}
+		p.log.Info("decoding on the GPU", "mode", string(p.opts.Mode), "gpus", len(gpus), "gpu", strings.Join(names, "; "), "cpu_workers", p.opts.Workers)
+		var onGPU codec.BatchDecoder = gpus[0]
+		if len(gpus) > 1 {
+			ds := make([]codec.BatchDecoder, len(gpus))
+			for i, g := range gpus {
+				ds[i] = g
+			}
+			onGPU = newSpread(ds)
+		}
+		onGPU = &fallback{inner: onGPU, cpu: p.cpu, warn: p.warnFallback}
+		if p.opts.Mode == GPU {
+			p.route.Store(&routed{onGPU})
+			return
+		}
+		// One batch at a time on the CPU (Limit 1): on an H200 with 16
+		// cores this was measured best of 1 and 2 (BENCHMARKS.md).
+		p.route.Store(&routed{&codec.Overflow{First: p.cpu, Then: onGPU, Limit: 1}})
+	}()
+	if len(devices) == 0 {
+		return fmt.Errorf("%w: the driver sees no device", gpu.ErrNoGPU)
+	}
+	for _, dev := range devices {
+		o := p.opts.GPU
+		o.Device = dev
+		o.Logger = p.log
+		g, err := p.opts.newGPU(o)
+		if err != nil {
+			for _, g := range gpus {
+				g.Close()
+			}
+			return fmt.Errorf("GPU %d: %w", dev, err)
+		}
+		gpus = append(gpus, g)
+	}
+	return nil
+}
+
+// DecodeBatch decodes jobs where the mode says; jobs a GPU refuses or
+// fails decode on the CPU.
+func (p *Pipeline) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
+	return p.route.Load().DecodeBatch(ctx, jobs)
+}
+
+// Ready blocks until the GPUs have started or failed to (at once in CPU
+// mode) and reports whether decoding uses a GPU.
+func (p *Pipeline) Ready(ctx context.Context) (onGPU bool, err error) {
+	select {
+	case <-p.ready:
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.started, nil
+}
+
+// Memory returns the memory zarr reads compressed chunks into and fills
+// decode into: the first GPU's pinned host memory, which the device copies
+// without staging. It is nil in CPU mode, where the readers' own pools
+// serve best. In the other modes it lends pooled ordinary memory until a
+// GPU is ready (and on a machine without one).
+func (p *Pipeline) Memory() codec.HostMemory {
+	if p.opts.Mode == CPU {
+		return nil
+	}
+	return lender{p}
+}
+
+// lender lends the first GPU's pinned memory, or pooled memory without a
+// GPU. A buffer lent from the pool before a GPU started is given to the
+// GPU's HostFree, which ignores memory it did not lend: the collector
+// takes it.
+type lender struct{ p *Pipeline }
+
+func (l lender) first() (g gpuDecoder, closed bool) {
+	l.p.mu.Lock()
+	defer l.p.mu.Unlock()
+	if len(l.p.gpus) == 0 || l.p.closed {
+		return nil, l.p.closed
+	}
+	return l.p.gpus[0], false
+}
+
+func (l lender) HostAlloc(n int) []byte {
+	if g, _ := l.first(); g != nil {
+		return g.HostAlloc(n)
+	}
+	return getPooled(n)
+}
+
+// HostFree after Close drops the buffer: it may be pinned memory the
+// closed GPU has unmapped.
+func (l lender) HostFree(b []byte) {
+	switch g, closed := l.first(); {
+	case g != nil:
+		g.HostFree(b)
+	case !closed:
+		putPooled(b)
+	}
+}
+
+// The pool keeps buffers by power-of-two capacity, from 64 KiB up.
+var pools [48]sync.Pool
+
+func poolClass(n int) int {
+	c := 16
+	for 1<<c < n {
+		c++
+	}
+	return c
+}
+
+func getPooled(n int) []byte {
+	c := poolClass(n)
+	if c >= len(pools) {
+		return make([]byte, n)
+	}
+	if b, ok := pools[c].Get().(*[]byte); ok {
+		return (*b)[:n]
+	}
+	return make([]byte, n, 1<<c)
+}
+
+func putPooled(b []byte) {
+	c := cap(b)
+	if c < 1<<16 || c&(c-1) != 0 {
+		return // not ours
+	}
+	if k := poolClass(c); k < len(pools) {
+		b = b[:c]
+		pools[k].Put(&b)
+	}
+}
+
+// Placement describes where chunks decode now, for status lines: "cpu (16
+// workers)" or "cpu (16 workers) + 2 GPUs (auto)".
+func (p *Pipeline) Placement() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := fmt.Sprintf("cpu (%d workers)", p.opts.Workers)
+	if len(p.gpus) > 0 {
+		s += fmt.Sprintf(" + %d GPU", len(p.gpus))
+		if len(p.gpus) > 1 {
+			s += "s"
+		}
+		s += " (" + string(p.opts.Mode) + ")"
+	}
+	return s
+}
+
+// Close waits for the batches in flight, then stops the CPU workers and
+// frees the GPUs. Later DecodeBatch calls fail. Close is idempotent.
+func (p *Pipeline) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	p.mu.Unlock()
+	<-p.ready // a GPU still starting is closed by startGPUs
+	p.route.Store(&routed{closedDecoder{}})
+	var errs []error
+	p.mu.Lock()
+	gpus := p.gpus
+	p.gpus = nil
+	p.mu.Unlock()
+	for _, g := range gpus {
+		errs = append(errs, g.Close())
+	}
+	errs = append(errs, p.cpu.Close())
+	return errors.Join(errs...)
+}
+
+func (p *Pipeline) warnFallback(what string, cause error) {
+	p.fellBack.Do(func() {
+		p.log.Warn("decoding on the CPU instead", "reason", what, "cause", cause)
+	})
+}
+
+type closedDecoder struct{}
+
+func (closedDecoder) DecodeBatch(ctx context.Context, jobs []codec.Job) error { return ErrClosed }

@@ -1,0 +1,330 @@
+package decode
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/zarrfs/zarrfs/gpu"
+	"github.com/zarrfs/zarrfs/zarr/codec"
+)
+
+// fakeGPU stands in for one gpu.Decoder: it decodes zstd on the host,
+// refuses other codecs (ErrUnsupported), fails whole batches while failing
+// is set, lends memory it tracks, and can be held in DecodeBatch.
+type fakeGPU struct {
+	dev     int
+	failing atomic.Bool
+	hold    chan struct{} // when set, DecodeBatch waits on it
+	batches atomic.Int64
+	decoded atomic.Int64
+	closed  atomic.Bool
+
+	mu   sync.Mutex
+	lent map[*byte]bool
+}
+
+func (g *fakeGPU) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
+	g.batches.Add(1)
+	if g.hold != nil {
+		<-g.hold
+	}
+	if g.failing.Load() {
+		return errors.New("fake device fault")
+	}
+	for i := range jobs {
+		j := &jobs[i]
+		if j.Codec != codec.Zstd {
+			j.Err = fmt.Errorf("%w: fake GPU has no %s", codec.ErrUnsupported, j.Codec)
+			continue
+		}
+		j.Err = codec.Decode(j.Codec, j.Dst, j.Src)
+		g.decoded.Add(1)
+	}
+	return nil
+}
+
+func (g *fakeGPU) HostAlloc(n int) []byte {
+	b := make([]byte, n)
+	g.mu.Lock()
+	g.lent[&b[:1][0]] = true
+	g.mu.Unlock()
+	return b
+}
+
+func (g *fakeGPU) HostFree(b []byte) {
+	g.mu.Lock()
+	delete(g.lent, &b[:1][0])
+	g.mu.Unlock()
+}
+
+func (g *fakeGPU) Close() error   { g.closed.Store(true); return nil }
+func (g *fakeGPU) Info() gpu.Info { return gpu.Info{Available: true, Device: fmt.Sprintf("fake %d", g.dev)} }
+
+// fakes returns options whose GPUs are fakes, recorded in *made.
+func fakes(mode Mode, devices int, made *[]*fakeGPU) Options {
+	return Options{
+		Mode:    mode,
+		Workers: 2,
+		newGPU: func(o gpu.Options) (gpuDecoder, error) {
+			g := &fakeGPU{dev: o.Device, lent: map[*byte]bool{}}
+			*made = append(*made, g)
+			return g, nil
+		},
+		deviceCount: func() int { return devices },
+	}
+}
+
+var sample = bytes.Repeat([]byte("zarrfs decode pipeline "), 2000)
+
+func zstdJob(t testing.TB) codec.Job {
+	e, _ := zstd.NewWriter(nil)
+	defer e.Close()
+	return codec.Job{Codec: codec.Zstd, Src: e.EncodeAll(sample, nil), Dst: make([]byte, len(sample))}
+}
+
+// lz4Job is a numcodecs LZ4 chunk holding the sample uncompressed (a
+// literal-only block), which the fake GPU refuses.
+func lz4Job() codec.Job {
+	src := []byte{byte(len(sample)), byte(len(sample) >> 8), byte(len(sample) >> 16), byte(len(sample) >> 24)}
+	n := len(sample)
+	tok := []byte{0xF0}
+	for r := n - 15; ; r -= 255 {
+		if r < 255 {
+			tok = append(tok, byte(r))
+			break
+		}
+		tok = append(tok, 255)
+	}
+	src = append(src, tok...)
+	src = append(src, sample...)
+	return codec.Job{Codec: codec.LZ4, Src: src, Dst: make([]byte, len(sample))}
+}
+
+func checkJobs(t *testing.T, jobs []codec.Job) {
+	t.Helper()
+	for i, j := range jobs {
+		if j.Err != nil || !bytes.Equal(j.Dst, sample) {
+			t.Errorf("job %d (%s): %v", i, j.Codec, j.Err)
+		}
+	}
+}
+
+func TestCPUMode(t *testing.T) {
+	var made []*fakeGPU
+	p, err := New(fakes(CPU, 1, &made))
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobs := []codec.Job{zstdJob(t), lz4Job()}
+	if err := p.DecodeBatch(context.Background(), jobs); err != nil {
+		t.Fatal(err)
+	}
+	checkJobs(t, jobs)
+	if onGPU, _ := p.Ready(context.Background()); onGPU || len(made) != 0 {
+		t.Errorf("cpu mode opened %d GPUs", len(made))
+	}
+	if p.Memory() != nil || p.Placement() != "cpu (2 workers)" {
+		t.Errorf("cpu mode: memory %v, placement %q", p.Memory(), p.Placement())
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.DecodeBatch(context.Background(), jobs); !errors.Is(err, ErrClosed) {
+		t.Errorf("after Close: %v, want ErrClosed", err)
+	}
+}
+
+// GPU mode: what the GPU refuses, and whole batches it fails, decode on
+// the CPU; the GPUs are closed with the pipeline.
+func TestGPUModeFallback(t *testing.T) {
+	var made []*fakeGPU
+	p, err := New(fakes(GPU, 1, &made))
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobs := []codec.Job{zstdJob(t), lz4Job(), zstdJob(t)}
+	if err := p.DecodeBatch(context.Background(), jobs); err != nil {
+		t.Fatal(err)
+	}
+	checkJobs(t, jobs)
+	if got := made[0].decoded.Load(); got != 2 {
+		t.Errorf("GPU decoded %d jobs, want the 2 zstd ones", got)
+	}
+	made[0].failing.Store(true)
+	jobs = []codec.Job{zstdJob(t), zstdJob(t)}
+	if err := p.DecodeBatch(context.Background(), jobs); err != nil {
+		t.Fatal(err)
+	}
+	checkJobs(t, jobs)
+	if !bytes.Contains([]byte(p.Placement()), []byte("1 GPU (gpu)")) {
+		t.Errorf("placement %q", p.Placement())
+	}
+	p.Close()
+	if !made[0].closed.Load() {
+		t.Error("Close left the GPU open")
+	}
+}
+
+func TestGPUModeWithoutDevice(t *testing.T) {
+	var made []*fakeGPU
+	_, err := New(fakes(GPU, 0, &made))
+	if !errors.Is(err, gpu.ErrNoGPU) {
+		t.Errorf("gpu mode without a device: %v, want ErrNoGPU", err)
+	}
+	opts := fakes(GPU, 2, &made)
+	opts.newGPU = func(o gpu.Options) (gpuDecoder, error) {
+		if o.Device == 1 {
+			return nil, fmt.Errorf("%w: device 1 broken", gpu.ErrNoGPU)
+		}
+		g := &fakeGPU{lent: map[*byte]bool{}}
+		made = append(made, g)
+		return g, nil
+	}
+	if _, err := New(opts); err == nil || !made[0].closed.Load() {
+		t.Errorf("a failing second GPU: %v; first closed: %v", err, made[0].closed.Load())
+	}
+}
+
+// Auto mode: a batch decodes on the CPU while the CPU is idle, on the
+// GPU while another batch holds the CPU; without a GPU, all on the CPU.
+func TestAutoMode(t *testing.T) {
+	var made []*fakeGPU
+	p, err := New(fakes(Auto, 1, &made))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if onGPU, err := p.Ready(context.Background()); !onGPU || err != nil {
+		t.Fatalf("auto with a GPU: ready %v %v", onGPU, err)
+	}
+	jobs := []codec.Job{zstdJob(t)}
+	if err := p.DecodeBatch(context.Background(), jobs); err != nil {
+		t.Fatal(err)
+	}
+	checkJobs(t, jobs)
+	if made[0].batches.Load() != 0 {
+		t.Errorf("a lone batch went to the GPU")
+	}
+	// Hold the CPU with a slow batch: many large jobs.
+	var big []codec.Job
+	for range 400 {
+		big = append(big, zstdJob(t))
+	}
+	done := make(chan struct{})
+	go func() { p.DecodeBatch(context.Background(), big); close(done) }()
+	for made[0].batches.Load() == 0 {
+		j := []codec.Job{zstdJob(t)}
+		if err := p.DecodeBatch(context.Background(), j); err != nil {
+			t.Fatal(err)
+		}
+		checkJobs(t, j)
+		select {
+		case <-done:
+			t.Fatal("no batch reached the GPU while the CPU was busy")
+		default:
+		}
+	}
+	<-done
+	checkJobs(t, big)
+
+	var none []*fakeGPU
+	q, err := New(fakes(Auto, 0, &none))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	if onGPU, _ := q.Ready(context.Background()); onGPU {
+		t.Error("auto without a GPU claims one")
+	}
+	if q.Memory() == nil {
+		t.Error("auto mode lends no memory")
+	}
+}
+
+// Memory lends the first GPU's memory once the GPUs are ready, and every
+// buffer comes back to it.
+func TestMemory(t *testing.T) {
+	var made []*fakeGPU
+	p, err := New(fakes(GPU, 2, &made))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := p.Memory()
+	b := m.HostAlloc(1000)
+	if len(made[0].lent) != 1 || len(made[1].lent) != 0 {
+		t.Errorf("lent %d and %d buffers, want 1 from the first GPU", len(made[0].lent), len(made[1].lent))
+	}
+	m.HostFree(b)
+	if len(made[0].lent) != 0 {
+		t.Error("buffer not given back")
+	}
+	p.Close()
+	m.HostFree(m.HostAlloc(10)) // after Close: ordinary memory, dropped
+	for _, n := range []int{1, 1 << 16, 1<<16 + 1, 3 << 20} {
+		b := getPooled(n)
+		if len(b) != n || cap(b) < n {
+			t.Errorf("getPooled(%d): len %d cap %d", n, len(b), cap(b))
+		}
+		putPooled(b)
+	}
+}
+
+// Two GPUs share concurrent batches.
+func TestSpread(t *testing.T) {
+	var made []*fakeGPU
+	opts := fakes(GPU, 2, &made)
+	p, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	hold := make(chan struct{})
+	made[0].hold = hold
+	made[1].hold = hold
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			j := []codec.Job{zstdJob(t)}
+			p.DecodeBatch(context.Background(), j)
+			checkJobs(t, j)
+		})
+	}
+	for made[0].batches.Load()+made[1].batches.Load() < 4 {
+		runtime.Gosched()
+	}
+	close(hold)
+	wg.Wait()
+	if made[0].batches.Load() != 2 || made[1].batches.Load() != 2 {
+		t.Errorf("batches %d and %d, want 2 and 2", made[0].batches.Load(), made[1].batches.Load())
+	}
+}
+
+func TestParse(t *testing.T) {
+	for _, s := range []string{"", "auto", "cpu", "gpu"} {
+		if _, err := ParseMode(s); err != nil {
+			t.Errorf("ParseMode(%q): %v", s, err)
+		}
+	}
+	if _, err := ParseMode("tpu"); err == nil {
+		t.Error("ParseMode(tpu) accepted")
+	}
+	for in, want := range map[string]string{"": "[]", "all": "[]", "0": "[0]", "1, 0": "[1 0]"} {
+		g, err := ParseGPUs(in)
+		if err != nil || fmt.Sprint(g) != want {
+			t.Errorf("ParseGPUs(%q) = %v, %v; want %s", in, g, err, want)
+		}
+	}
+	for _, bad := range []string{"-1", "x", "0,0", "0,"} {
+		if _, err := ParseGPUs(bad); err == nil {
+			t.Errorf("ParseGPUs(%q) accepted", bad)
+		}
+	}
+}
