@@ -65,8 +65,10 @@ func (g *fakeGPU) HostFree(b []byte) {
 	g.mu.Unlock()
 }
 
-func (g *fakeGPU) Close() error   { g.closed.Store(true); return nil }
-func (g *fakeGPU) Info() gpu.Info { return gpu.Info{Available: true, Device: fmt.Sprintf("fake %d", g.dev)} }
+func (g *fakeGPU) Close() error { g.closed.Store(true); return nil }
+func (g *fakeGPU) Info() gpu.Info {
+	return gpu.Info{Available: true, Device: fmt.Sprintf("fake %d", g.dev)}
+}
 
 // fakes returns options whose GPUs are fakes, recorded in *made.
 func fakes(mode Mode, devices int, made *[]*fakeGPU) Options {

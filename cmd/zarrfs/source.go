@@ -63,7 +63,6 @@ func (f *sourceFlags) openStore(ctx context.Context, src string) (objectstore.St
 	return st, nil
 }
 
-
 // newPipeline builds the process's one decoding pipeline from --decode and
 // --gpus: "gpu" refuses to run without a usable GPU and nvCOMP, "cpu"
 // never touches a GPU, "auto" decodes on the CPU and starts the GPUs in the
