@@ -140,3 +140,47 @@ func TestChunksAndBlobsShareBudget(t *testing.T) {
 		t.Fatal("oversized chunk stored")
 	}
 }
+
+// ChunkTier as zarr's SourceCache: Get misses until Put, then returns the
+// caller's own copy; Put keeps no reference to its argument; a damaged file
+// is a miss; the tier survives a reopen.
+func TestChunkTierGetPut(t *testing.T) {
+	dir := t.TempDir()
+	c := mustOpen(t, Options{Dir: dir})
+	tier := c.ChunkTier()
+	const k = "s3://b/t/c/0/1"
+	if b, ok := tier.Get(k); ok {
+		t.Fatalf("Get before Put: %d bytes", len(b))
+	}
+	data := content(k, 5000)
+	in := bytes.Clone(data)
+	tier.Put(k, in)
+	in[0] ^= 0xff // the reader reuses its buffer after Put
+	got, ok := tier.Get(k)
+	if !ok || !bytes.Equal(got, data) {
+		t.Fatalf("Get after Put: %v", ok)
+	}
+	got[1] ^= 0xff
+	if again, _ := tier.Get(k); !bytes.Equal(again, data) {
+		t.Fatal("a Get's slice reached the cache")
+	}
+	tier.Put(k, []byte("other bytes under the same key are ignored"))
+	if again, _ := tier.Get(k); !bytes.Equal(again, data) {
+		t.Fatal("a second Put replaced the chunk")
+	}
+	c.Close()
+	c = mustOpen(t, Options{Dir: dir})
+	if again, ok := c.ChunkTier().Get(k); !ok || !bytes.Equal(again, data) {
+		t.Fatal("chunk lost across a reopen")
+	}
+	// Damage the file: a miss, not wrong bytes.
+	filepath.WalkDir(filepath.Join(dir, chunksDir), func(p string, e fs.DirEntry, err error) error {
+		if err == nil && !e.IsDir() {
+			os.WriteFile(p, bytes.Repeat([]byte{1}, 5000), 0o644)
+		}
+		return nil
+	})
+	if b, ok := c.ChunkTier().Get(k); ok {
+		t.Fatalf("damaged chunk served (%d bytes)", len(b))
+	}
+}
