@@ -332,11 +332,9 @@ func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, fill func(
 	if err != nil {
 		return nil, fmt.Errorf("blob %s: %w", rel, err)
 	}
-	if !c.noSync {
-		if err := tmp.Sync(); err != nil {
-			return nil, fmt.Errorf("blob %s: sync: %w", rel, err)
-		}
-	}
+	// No fsync here, on the path a reader waits for: the kernel writes the
+	// blob back on its own, and the journal's checksum covers a power loss
+	// (see syncAll).
 	if err := tmp.Close(); err != nil {
 		tmp = nil
 		return nil, fmt.Errorf("blob %s: %w", rel, err)

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"golang.org/x/sys/unix"
 )
 
 // Sentinel errors, checked with errors.Is.
@@ -47,12 +48,14 @@ type Options struct {
 	// (Warn) and evictions (Debug). Nil discards.
 	Logger *slog.Logger
 
-	// noSync skips the fsync before a blob becomes visible. Only tests that
-	// build large caches quickly set it.
+	// noSync skips the filesystem sync before the journal is compacted and
+	// at a clean Close. Only tests that build large caches quickly set it.
 	noSync bool
 	// compactMin overrides the journal growth (1 MiB) before an instance
 	// tries to compact it; tests set it small.
 	compactMin int64
+	// onSync, when set, is called after each filesystem sync (tests).
+	onSync func()
 }
 
 // Cache is a byte-bounded, persistent, crash-safe cache on local disk with
@@ -65,6 +68,7 @@ type Cache struct {
 	log        *slog.Logger
 	noSync     bool
 	compactMin int64
+	onSync     func()
 
 	lockFile *os.File // Dir/lock, OFD read lock held while open
 	inst     *instance
@@ -159,6 +163,7 @@ func Open(opts Options) (*Cache, error) {
 		budget:       opts.Size,
 		log:          log.With("cache", opts.Dir),
 		noSync:       opts.noSync,
+		onSync:       opts.onSync,
 		compactMin:   cmp.Or(opts.compactMin, 1<<20),
 		lockFile:     lf,
 		idx:          map[string]*entry{},
@@ -596,6 +601,11 @@ func (c *Cache) tailLocked0() {
 // old one. The caller holds the directory lock for writing (no other
 // instance is running) and c.mu if the Cache is shared.
 func (c *Cache) compact() error {
+	// Compaction makes this instance's entries trusted (never verified
+	// again), so their bytes must be on disk first.
+	if err := c.syncAll(); err != nil {
+		return fmt.Errorf("journal: %w", err)
+	}
 	jp := filepath.Join(c.dir, journalRel)
 	tmp := jp + ".new"
 	buf := []byte(journalHeader)
@@ -634,6 +644,31 @@ func (c *Cache) compact() error {
 	c.compacted = c.joff
 	clear(c.quit)
 	c.jnext = c.compactThreshold()
+	return nil
+}
+
+// syncAll flushes every file written to the cache's filesystem to disk
+// (syncfs). Blobs are published without an fsync of their own, so that no
+// reader waits for the disk; until an instance's entries are synced they
+// stay untrusted: a power loss before then leaves them for the next
+// exclusive Open to verify against their checksums (a blob whose bytes did
+// not reach the disk fails and is dropped). Compaction and a clean Close,
+// which make the entries trusted, call this first.
+func (c *Cache) syncAll() error {
+	if c.noSync {
+		return nil
+	}
+	d, err := os.Open(c.dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := unix.Syncfs(int(d.Fd())); err != nil {
+		return fmt.Errorf("syncfs %s: %w", c.dir, err)
+	}
+	if c.onSync != nil {
+		c.onSync()
+	}
 	return nil
 }
 
@@ -777,6 +812,10 @@ func (c *Cache) Close() error {
 					errs = append(errs, err)
 				}
 			}
+		} else if err := c.syncAll(); err != nil {
+			// Without the quit record, the next exclusive Open verifies
+			// this instance's entries.
+			errs = append(errs, err)
 		} else if err := c.appendLocked(record{op: opQuit, key: ""}); err != nil {
 			errs = append(errs, err)
 		}

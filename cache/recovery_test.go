@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 )
 
@@ -246,4 +247,37 @@ func TestUnindexedFileAtBlobPath(t *testing.T) {
 			t.Fatalf("%s: file at path has wrong bytes", tc.name)
 		}
 	}
+}
+
+// Blobs are published without an fsync each; the filesystem is synced
+// before anything makes them trusted: a compaction, and the quit record of
+// an instance that closes while another runs.
+func TestSyncBeforeTrust(t *testing.T) {
+	dir := t.TempDir()
+	var syncs atomic.Int32
+	c := mustOpen(t, Options{Dir: dir, onSync: func() { syncs.Add(1) }, compactMin: 1 << 40})
+	other := mustOpen(t, Options{Dir: dir})
+	syncs.Store(0) // the first Open compacted the journal
+	for i := range 3 {
+		getBlob(t, c, key(i))
+	}
+	if n := syncs.Load(); n != 0 {
+		t.Fatalf("%d syncs while filling: the fill path must not sync", n)
+	}
+	c.Close() // not alone: appends its quit record
+	if n := syncs.Load(); n != 1 {
+		t.Fatalf("%d syncs at a shared Close, want 1 before the quit record", n)
+	}
+	other.Close()
+
+	c = mustOpen(t, Options{Dir: dir, onSync: func() { syncs.Add(1) }, compactMin: 1 << 40})
+	getBlob(t, c, key(9))
+	syncs.Store(0)
+	c.mu.Lock()
+	err := c.compact()
+	c.mu.Unlock()
+	if err != nil || syncs.Load() != 1 {
+		t.Fatalf("compact: %v, %d syncs, want 1", err, syncs.Load())
+	}
+	c.Close()
 }
