@@ -11,29 +11,49 @@ import (
 	"github.com/zarrfs/zarrfs/fs/layout"
 )
 
-// WithReadahead returns Blobs that, when sample K of a sample directory is
-// opened right after sample K-1 of it (a reader walking the samples in
-// order), fill samples K+1..K+n in the background so they are ready. A
-// shuffled reader gets no readahead: filling neighbours it will not read
-// next would only multiply the work.
-// At most n background fills run at once; a sample already being filled
-// ahead is not scheduled twice, and a fill ahead that fails is only logged
-// at debug level (the reader's own open reports it).
+// WithReadahead returns Blobs that keep the next n samples of a sample
+// directory filling in the background while a reader walks it in order, so
+// the first epoch runs at the speed of the fills rather than one fill at a
+// time.
+//
+// "In order" tolerates the reordering of parallel readers: DALI's reader
+// threads or a DataLoader's workers open samples K, K+2, K+1, K+3 ...; an
+// open at most 2n samples after the previous one, or at most n before it,
+// keeps the walk going, and the fills ahead run from the walk's frontier
+// (the first sample not yet scheduled) to the newest open plus n. A jump
+// further than that (a shuffled reader) ends the walk: filling neighbours
+// it will not read next would only multiply the work. The walk starts at
+// the second open in order.
+//
+// At most n fills run in the background at once; a sample already being
+// filled ahead is not scheduled twice, and a fill ahead that fails is only
+// logged at debug level (the reader's own open reports it).
 func WithReadahead(inner Blobs, lay *layout.Layout, n int, log *slog.Logger) Blobs {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &readahead{inner: inner, lay: lay, n: n, log: log, sem: make(chan struct{}, n)}
+	return &readahead{inner: inner, lay: lay, n: n, log: log,
+		sem: make(chan struct{}, n), walks: map[string]*walk{}}
 }
 
 type readahead struct {
-	inner Blobs
-	lay   *layout.Layout
-	n     int
-	log   *slog.Logger
-	sem   chan struct{}
-	busy  sync.Map // blob path -> struct{}: filling ahead now
-	last  sync.Map // directory path -> int: index of the last sample opened
+	inner  Blobs
+	lay    *layout.Layout
+	n      int
+	log    *slog.Logger
+	sem    chan struct{}
+	busy   sync.Map // blob path -> struct{}: filling ahead now
+
+	mu    sync.Mutex
+	walks map[string]*walk // by directory path
+}
+
+// walk is a reader's progress through one sample directory, in listing
+// positions (a rank's directory lists every W-th sample or a block).
+type walk struct {
+	last     int  // position of the last sample opened
+	inOrder  bool // the last two opens were close together
+	frontier int  // first position not yet scheduled ahead
 }
 
 func (r *readahead) Open(ctx context.Context, layoutID, p string, size int64, fill func(context.Context, cache.Writer) error) (Backing, error) {
@@ -46,6 +66,31 @@ func (r *readahead) Open(ctx context.Context, layoutID, p string, size int64, fi
 
 func (r *readahead) Path(layoutID, p string) string { return r.inner.Path(layoutID, p) }
 
+// advance records an open of position k and returns the positions to fill
+// ahead, [from, to).
+func (r *readahead) advance(dir string, k, n int) (from, to int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w := r.walks[dir]
+	if w == nil {
+		r.walks[dir] = &walk{last: k, frontier: k + 1}
+		return 0, 0
+	}
+	d := k - w.last
+	w.last = k
+	if d == 0 || d > 2*r.n || -d > r.n {
+		w.inOrder, w.frontier = false, k+1
+		return 0, 0
+	}
+	w.inOrder = true
+	from = max(w.frontier, k+1)
+	to = min(k+1+r.n, n)
+	if from < to {
+		w.frontier = to
+	}
+	return from, to
+}
+
 func (r *readahead) schedule(layoutID, p string) {
 	dir, name := path.Split(p)
 	de, ok := r.lay.Lookup(dir)
@@ -57,19 +102,23 @@ func (r *readahead) schedule(layoutID, p string) {
 	if !ok {
 		return
 	}
-	prev, seen := r.last.Swap(dir, k)
-	if !seen || prev.(int) != k-1 {
-		return
-	}
-	for j := k + 1; j <= k+r.n && j < d.Len(); j++ {
+	from, to := r.advance(dir, k, d.Len())
+	for j := from; j < to; j++ {
 		blob := d.Entry(j).Blob
 		if _, dup := r.busy.LoadOrStore(blob.Path(), struct{}{}); dup {
 			continue
 		}
 		select {
 		case r.sem <- struct{}{}:
-		default: // the readahead budget is spent; the reader will fill it
+		default:
+			// The readahead budget is spent: the rest stays behind the
+			// frontier for the next open to schedule.
 			r.busy.Delete(blob.Path())
+			r.mu.Lock()
+			if w := r.walks[dir]; w != nil && w.frontier > j {
+				w.frontier = j
+			}
+			r.mu.Unlock()
 			return
 		}
 		go func() {

@@ -97,3 +97,29 @@ func waitIdle(r *readahead) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// Parallel readers open samples slightly out of order: the walk goes on,
+// and the fills ahead cover the samples past the newest open.
+func TestReadaheadParallelReaders(t *testing.T) {
+	h := &zarr.Hierarchy{Arrays: smallArrays(), Groups: map[string]map[string]any{"": {}}}
+	l, err := layout.Build(h, layout.Options{Reader: &patternReader{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner := &recordingBlobs{}
+	ra := WithReadahead(inner, l, 3, nil).(*readahead)
+	for _, p := range []string{"t/00.npy", "t/02.npy", "t/01.npy", "t/04.npy", "t/03.npy"} {
+		if _, err := ra.Open(context.Background(), l.ID, p, 1, nil); err != nil {
+			t.Fatal(err)
+		}
+		waitIdle(ra) // readers slower than the fills
+	}
+	for _, p := range []string{"t/05.npy", "t/06.npy", "t/07.npy"} {
+		if !inner.seen(p) {
+			t.Errorf("%s not filled ahead of readers at 03-04", p)
+		}
+	}
+	if inner.seen("t/08.npy") {
+		t.Error("filled more than 3 ahead of the newest open")
+	}
+}
