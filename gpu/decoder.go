@@ -57,6 +57,10 @@ type Options struct {
 	// 4 GiB (16 fills of a 20-channel ERA5 sample with their compressed
 	// chunks take about 3); past it HostAlloc returns ordinary memory.
 	HostBytes int64
+	// HostIdle is how long the lent memory's arenas stay registered with
+	// nothing lent and no request before they are given back. Zero means
+	// two minutes.
+	HostIdle time.Duration
 	// Deflate sends gzip, zlib and blosc-zlib chunks to nvCOMP's deflate
 	// decoder. Off by default: nvCOMP's deflate writes past its output on
 	// some damaged streams (see the package doc). The fence around deflate
@@ -193,6 +197,9 @@ func New(opts Options) (*Decoder, error) {
 		d.teardown()
 		return nil, err
 	}
+	d.host.idle = opts.HostIdle
+	d.host.register, d.host.unregister = d.register, d.unregister
+	d.host.start()
 	d.start(cudaRounds{d})
 	return d, nil
 }

@@ -1,11 +1,11 @@
 package gpu
 
 import (
-	"math/bits"
 	"runtime"
 	"slices"
 	"sync"
 	"syscall"
+	"time"
 	"unsafe"
 )
 
@@ -16,106 +16,265 @@ import (
 // pinned staging, which bound a round's rate as much as PCIe does, are
 // skipped.
 //
-// Buffers are anonymous mappings registered with the driver, not memory the
-// driver allocates: a context reset after a device fault drops the
-// registration but not the memory, so a caller's buffer stays valid, and it
-// is registered again with the new context. Memory that is not (or no
-// longer) registered is still correct to copy from and to, only slower.
+// The memory is a few large arenas (anonymous mappings of arenaSize bytes)
+// registered with the driver in the background, ahead of demand: pinning
+// is slow (a few GB/s, on one thread) and was the first-use cost of every
+// command when each buffer was registered as it was lent. Buffers are
+// carved from the arenas first fit, in 64 KiB units, and coalesced when
+// they come back. A caller never waits for a registration: when no
+// registered arena has room, HostAlloc returns ordinary memory (correct,
+// only slower) and asks for one more arena, within Options.HostBytes.
+// Arenas with nothing lent are given back after Options.HostIdle without
+// a request, so a mount that finished its warm-up returns the memory.
+//
+// Arenas are anonymous mappings, not memory the driver allocates: a
+// context reset after a device fault drops the registration but not the
+// memory, so a caller's buffer stays valid, and it is registered again with
+// the new context.
 
-// hostSize is the size of the buffer that serves n bytes: rounded up to an
-// sixteenth of the next power of two (at least 64 KiB), so that a freed buffer
-// serves later requests of about its size and none wastes more than 1/8.
-func hostSize(n int) int {
-	p := 1 << bits.Len(uint(n-1))
-	step := max(p/16, 64<<10)
-	return (n + step - 1) / step * step
-}
+const (
+	// arenaSize is the unit of registration.
+	arenaSize = 256 << 20
+	// hostUnit is the granularity of lent buffers.
+	hostUnit = 64 << 10
+	// defaultHostIdle is how long an idle pool keeps its arenas.
+	defaultHostIdle = 2 * time.Minute
+)
 
 // hostPool is the Decoder's lent pinned memory.
 type hostPool struct {
-	mu    sync.Mutex
-	limit int64 // most bytes mapped at once
-	used  int64
-	free  map[int][][]byte // by size (hostSize): buffers returned, still registered
-	bufs  []hostRange      // every mapped buffer, sorted by start
+	mu     sync.Mutex
+	limit  int64         // most bytes mapped at once (Options.HostBytes)
+	unit   int           // arena size: arenaSize, smaller in tests
+	closed bool
+	idle   time.Duration // arenas with nothing lent go after this long without a request
+	used   int64         // bytes mapped
+	arenas []*arena      // sorted by start
+	lent   map[uintptr]lentBuf
+	// growing is set while a background registration runs.
+	growing bool
+	// last is the time of the last HostAlloc or HostFree.
+	last time.Time
+	// register pins an arena and unregister unpins it; nil (tests without
+	// a GPU) maps without pinning, and such arenas count as pinned for the
+	// bookkeeping.
+	register   func([]byte) bool
+	unregister func([]byte)
+	stop     chan struct{}
+	done     chan struct{}
 }
 
-type hostRange struct {
+type arena struct {
+	mem        []byte
 	start, end uintptr
-	mem        []byte // the mapping, start to end
-	lent       bool
+	registered bool
+	free       []span // sorted by offset, coalesced
+	lentBytes  int
+}
+
+type span struct{ off, n int }
+
+type lentBuf struct {
+	a *arena
+	n int // bytes reserved (a multiple of hostUnit)
+}
+
+// hostStats is what the pool holds now.
+type hostStats struct {
+	Mapped, Lent int64
+	Arenas       int
+}
+
+func (p *hostPool) stats() hostStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := hostStats{Mapped: p.used, Arenas: len(p.arenas)}
+	for _, a := range p.arenas {
+		s.Lent += int64(a.lentBytes)
+	}
+	return s
+}
+
+// start registers the first arena in the background and starts the idle
+// timer.
+func (p *hostPool) start() {
+	if p.idle <= 0 {
+		p.idle = defaultHostIdle
+	}
+	if p.unit <= 0 {
+		p.unit = arenaSize
+	}
+	p.lent = map[uintptr]lentBuf{}
+	p.last = time.Now()
+	p.stop, p.done = make(chan struct{}), make(chan struct{})
+	p.mu.Lock()
+	p.growLocked(p.unit)
+	p.mu.Unlock()
+	go p.shrinkWhenIdle()
 }
 
 // HostAlloc returns n bytes of pinned host memory for the caller to decode
 // from or into (Src or Dst of a job): such jobs skip a host copy on their
-// way to and from the GPU. Memory comes from a pool bounded by
-// Options.HostBytes; past the bound, or where pinning fails, it is ordinary
-// memory, which decodes as well, only slower. Give it back with HostFree
+// way to and from the GPU. Without room in a registered arena it returns
+// ordinary memory, which decodes as well, only slower, and registers more
+// in the background, within Options.HostBytes. Give it back with HostFree
 // once no DecodeBatch that uses it is running; HostFree of memory that did
 // not come from HostAlloc does nothing.
 func (d *Decoder) HostAlloc(n int) []byte {
 	if n <= 0 {
 		return nil
 	}
-	p := &d.host
-	c := hostSize(n)
-	p.mu.Lock()
-	if l := p.free[c]; len(l) > 0 {
-		b := l[len(l)-1]
-		p.free[c] = l[:len(l)-1]
-		p.setLent(b, true)
-		p.mu.Unlock()
-		return b[:n]
+	if b := d.host.alloc(n); b != nil {
+		return b
 	}
-	size := int64(c)
-	if p.used+size > p.limit {
-		p.mu.Unlock()
-		return make([]byte, n)
-	}
-	p.used += size
-	p.mu.Unlock()
-	b, err := syscall.Mmap(-1, 0, int(size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
-	if err != nil {
-		p.mu.Lock()
-		p.used -= size
-		p.mu.Unlock()
-		return make([]byte, n)
-	}
-	prefault(b)
-	d.register(b) // a failure leaves it pageable: still correct
-	start := uintptr(unsafe.Pointer(&b[0]))
-	p.mu.Lock()
-	i, _ := slices.BinarySearchFunc(p.bufs, start, func(r hostRange, s uintptr) int { return cmpPtr(r.start, s) })
-	p.bufs = slices.Insert(p.bufs, i, hostRange{start: start, end: start + uintptr(size), mem: b[:size], lent: true})
-	p.mu.Unlock()
-	return b[:n]
+	return make([]byte, n)
 }
 
 // HostFree returns a buffer HostAlloc lent.
-func (d *Decoder) HostFree(b []byte) {
+func (d *Decoder) HostFree(b []byte) { d.host.free(b) }
+
+func (p *hostPool) alloc(n int) []byte {
+	size := (n + hostUnit - 1) / hostUnit * hostUnit
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.lent == nil || p.closed {
+		return nil // not started, or closed
+	}
+	p.last = time.Now()
+	for _, a := range p.arenas {
+		if !a.registered {
+			continue
+		}
+		for i, s := range a.free {
+			if s.n < size {
+				continue
+			}
+			off := s.off
+			if s.n == size {
+				a.free = slices.Delete(a.free, i, i+1)
+			} else {
+				a.free[i] = span{s.off + size, s.n - size}
+			}
+			a.lentBytes += size
+			b := a.mem[off : off+n : off+size]
+			p.lent[uintptr(unsafe.Pointer(&b[0]))] = lentBuf{a, size}
+			p.growIfLowLocked(size)
+			return b
+		}
+	}
+	p.growIfLowLocked(size)
+	return nil
+}
+
+// growIfLowLocked registers another arena in the background when the room
+// left is under one request of size (or one arena), within the limit.
+func (p *hostPool) growIfLowLocked(size int) {
+	room := 0
+	for _, a := range p.arenas {
+		if a.registered {
+			for _, s := range a.free {
+				room = max(room, s.n)
+			}
+		}
+	}
+	if room >= max(size, p.unit/2) {
+		return
+	}
+	p.growLocked(max(size, p.unit))
+}
+
+// growLocked maps and registers one arena of n bytes in the background.
+func (p *hostPool) growLocked(n int) {
+	n = (n + hostUnit - 1) / hostUnit * hostUnit
+	if p.growing || p.closed || p.used+int64(n) > p.limit {
+		return
+	}
+	p.growing = true
+	p.used += int64(n)
+	go func() {
+		mem, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+		ok := false
+		if err == nil {
+			prefault(mem)
+			ok = p.register == nil || p.register(mem)
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.growing = false
+		if ok && p.closed {
+			// Closed meanwhile. Unpin outside p.mu: the driver's lock
+			// (ctxMu) is taken before p.mu elsewhere.
+			p.mu.Unlock()
+			if p.unregister != nil {
+				p.unregister(mem)
+			}
+			p.mu.Lock()
+			ok = false
+		}
+		if !ok {
+			// Pageable memory would cross to the device no faster than
+			// through the staging: give it back.
+			if err == nil {
+				syscall.Munmap(mem)
+			}
+			p.used -= int64(n)
+			return
+		}
+		a := &arena{mem: mem, start: uintptr(unsafe.Pointer(&mem[0])), registered: true, free: []span{{0, n}}}
+		a.end = a.start + uintptr(n)
+		i, _ := slices.BinarySearchFunc(p.arenas, a.start, func(x *arena, s uintptr) int { return cmpPtr(x.start, s) })
+		p.arenas = slices.Insert(p.arenas, i, a)
+	}()
+}
+
+func (p *hostPool) free(b []byte) {
 	if cap(b) == 0 {
 		return
 	}
-	p := &d.host
 	start := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	i, ok := slices.BinarySearchFunc(p.bufs, start, func(r hostRange, s uintptr) int { return cmpPtr(r.start, s) })
-	if !ok || !p.bufs[i].lent {
+	l, ok := p.lent[start]
+	if !ok {
 		return // not ours, or already back
 	}
-	r := &p.bufs[i]
-	r.lent = false
-	if p.free == nil {
-		p.free = map[int][][]byte{}
+	delete(p.lent, start)
+	p.last = time.Now()
+	a := l.a
+	a.lentBytes -= l.n
+	off := int(start - a.start)
+	i, _ := slices.BinarySearchFunc(a.free, off, func(s span, o int) int { return s.off - o })
+	a.free = slices.Insert(a.free, i, span{off, l.n})
+	// Coalesce with the neighbours.
+	if i+1 < len(a.free) && a.free[i].off+a.free[i].n == a.free[i+1].off {
+		a.free[i].n += a.free[i+1].n
+		a.free = slices.Delete(a.free, i+1, i+2)
 	}
-	p.free[len(r.mem)] = append(p.free[len(r.mem)], r.mem)
+	if i > 0 && a.free[i-1].off+a.free[i-1].n == a.free[i].off {
+		a.free[i-1].n += a.free[i].n
+		a.free = slices.Delete(a.free, i, i+1)
+	}
 }
 
-func (p *hostPool) setLent(b []byte, lent bool) {
-	start := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
-	if i, ok := slices.BinarySearchFunc(p.bufs, start, func(r hostRange, s uintptr) int { return cmpPtr(r.start, s) }); ok {
-		p.bufs[i].lent = lent
+// shrinkWhenIdle gives back the arenas with nothing lent once the pool has
+// had no request for p.idle.
+func (p *hostPool) shrinkWhenIdle() {
+	defer close(p.done)
+	t := time.NewTicker(max(p.idle/4, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case now := <-t.C:
+			var drop []*arena
+			p.mu.Lock()
+			if now.Sub(p.last) >= p.idle && !p.growing {
+				drop = p.releaseLocked()
+			}
+			p.mu.Unlock()
+			p.drop(drop)
+		}
 	}
 }
 
@@ -154,7 +313,7 @@ func prefault(b []byte) {
 	wg.Wait()
 }
 
-// pinned reports whether b lies wholly in one buffer of the pool.
+// pinned reports whether b lies wholly in one registered arena.
 func (d *Decoder) pinned(b []byte) bool {
 	if len(b) == 0 {
 		return false
@@ -164,11 +323,11 @@ func (d *Decoder) pinned(b []byte) bool {
 	end := start + uintptr(len(b))
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	i, ok := slices.BinarySearchFunc(p.bufs, start, func(r hostRange, s uintptr) int { return cmpPtr(r.start, s) })
+	i, ok := slices.BinarySearchFunc(p.arenas, start, func(a *arena, s uintptr) int { return cmpPtr(a.start, s) })
 	if !ok {
-		i-- // the buffer starting at or before start
+		i-- // the arena starting at or before start
 	}
-	return i >= 0 && i < len(p.bufs) && start >= p.bufs[i].start && end <= p.bufs[i].end
+	return i >= 0 && i < len(p.arenas) && start >= p.arenas[i].start && end <= p.arenas[i].end && p.arenas[i].registered
 }
 
 // register pins b in the Decoder's context.
@@ -187,37 +346,74 @@ func (d *Decoder) register(b []byte) bool {
 	return d.cu.cuMemHostRegister(unsafe.Pointer(&b[0]), uint64(len(b)), portable) == cuSuccess
 }
 
-// reregister pins every buffer of the pool again, after a context reset
-// dropped their registrations. The caller holds the OS thread with the new
-// context current.
+// unregister unpins b in the Decoder's context.
+func (d *Decoder) unregister(b []byte) {
+	d.ctxMu.RLock()
+	defer d.ctxMu.RUnlock()
+	if d.ctx == 0 {
+		return
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if d.cu.cuCtxSetCurrent(d.ctx) == cuSuccess {
+		d.cu.cuMemHostUnregister(unsafe.Pointer(&b[0]))
+	}
+}
+
+// reregister pins every arena again, after a context reset dropped their
+// registrations. The caller holds the OS thread with the new context
+// current.
 func (d *Decoder) reregister() {
 	const portable = 1
 	p := &d.host
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, r := range p.bufs {
-		d.cu.cuMemHostRegister(unsafe.Pointer(&r.mem[0]), uint64(len(r.mem)), portable)
+	for _, a := range p.arenas {
+		a.registered = d.cu.cuMemHostRegister(unsafe.Pointer(&a.mem[0]), uint64(len(a.mem)), portable) == cuSuccess
 	}
 }
 
-// releaseHost unregisters and unmaps the buffers not lent out, at Close;
-// those still lent stay mapped (their holders may still read them).
+// releaseHost stops the idle timer and gives back the arenas with nothing
+// lent, at Close; those with lent buffers stay mapped (their holders may
+// still read them).
 func (d *Decoder) releaseHost() {
 	p := &d.host
+	if p.stop != nil {
+		close(p.stop)
+		<-p.done
+		p.stop = nil
+	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	kept := p.bufs[:0]
-	for _, r := range p.bufs {
-		if r.lent {
-			kept = append(kept, r)
+	p.closed = true
+	drop := p.releaseLocked()
+	p.mu.Unlock()
+	p.drop(drop)
+}
+
+// releaseLocked takes every arena with nothing lent out of the pool, for
+// drop to unpin and unmap once p.mu is released (the driver's lock, ctxMu,
+// is taken before p.mu elsewhere).
+func (p *hostPool) releaseLocked() []*arena {
+	var drop []*arena
+	kept := p.arenas[:0]
+	for _, a := range p.arenas {
+		if a.lentBytes > 0 {
+			kept = append(kept, a)
 			continue
 		}
-		if d.cu != nil {
-			d.cu.cuMemHostUnregister(unsafe.Pointer(&r.mem[0]))
-		}
-		syscall.Munmap(r.mem)
-		p.used -= int64(r.end - r.start)
+		drop = append(drop, a)
+		p.used -= int64(len(a.mem))
 	}
-	p.bufs = kept
-	p.free = nil
+	clear(p.arenas[len(kept):])
+	p.arenas = kept
+	return drop
+}
+
+func (p *hostPool) drop(arenas []*arena) {
+	for _, a := range arenas {
+		if p.unregister != nil && a.registered {
+			p.unregister(a.mem)
+		}
+		syscall.Munmap(a.mem)
+	}
 }

@@ -2,49 +2,116 @@ package gpu
 
 import (
 	"testing"
+	"time"
+	"unsafe"
 )
 
+// waitArenas waits until the pool has n arenas (registration runs in the
+// background).
+func waitArenas(t *testing.T, p *hostPool, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for p.stats().Arenas < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d arenas after 10s, want %d", p.stats().Arenas, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // TestHostPool checks the lending bookkeeping of HostAlloc without a GPU:
-// a Decoder with no context maps the memory but registers nothing.
+// a Decoder with no context maps arenas but registers nothing.
 func TestHostPool(t *testing.T) {
 	d := &Decoder{}
-	d.host.limit = 3 << 20
-	for _, c := range []struct{ n, size int }{{1, 64 << 10}, {64 << 10, 64 << 10}, {65<<10 + 1, 128 << 10},
-		{1 << 20, 1 << 20}, {1<<20 + 1, 1<<20 + 128<<10}, {4152960, 4 << 20}, {4194305, 4<<20 + 512<<10}} {
-		if got := hostSize(c.n); got != c.size {
-			t.Errorf("hostSize(%d) = %d, want %d", c.n, got, c.size)
-		}
+	var unpinned int
+	const unit = 8 << 20
+	d.host.unit = unit
+	d.host.limit = unit + unit/2
+	d.host.idle = time.Hour
+	d.host.unregister = func([]byte) { unpinned++ }
+	if b := d.HostAlloc(10); d.pinned(b) {
+		t.Fatal("a pool not started lent pinned memory")
 	}
+	d.host.start()
+	waitArenas(t, &d.host, 1)
 	a := d.HostAlloc(1000)
 	b := d.HostAlloc(1 << 20)
-	if len(a) != 1000 || len(b) != 1<<20 {
-		t.Fatalf("lengths %d, %d", len(a), len(b))
+	if len(a) != 1000 || len(b) != 1<<20 || cap(a) != hostUnit {
+		t.Fatalf("lengths %d, %d, cap %d", len(a), len(b), cap(a))
 	}
-	if !d.pinned(a) || !d.pinned(b[100:200]) || !d.pinned(a[:cap(a)][:64<<10]) {
+	if !d.pinned(a) || !d.pinned(b[100:200]) || !d.pinned(a[:cap(a)]) {
 		t.Error("lent memory not recognised")
 	}
 	if d.pinned(make([]byte, 10)) || d.pinned(nil) {
 		t.Error("memory outside the pool taken for pinned")
 	}
 	a[0], a[999] = 1, 2 // writable
-	// Past the bound: ordinary memory.
-	c := d.HostAlloc(2 << 20)
-	if d.pinned(c) || len(c) != 2<<20 {
-		t.Errorf("allocation past the bound: pinned %v, len %d", d.pinned(c), len(c))
+	// Past the room and the bound: ordinary memory, and no growth past
+	// the limit.
+	c := d.HostAlloc(unit)
+	if d.pinned(c) || len(c) != unit {
+		t.Errorf("allocation past the room: pinned %v, len %d", d.pinned(c), len(c))
 	}
-	// A freed buffer serves the next request of its size.
+	time.Sleep(20 * time.Millisecond)
+	if st := d.host.stats(); st.Arenas != 1 || st.Mapped > d.host.limit {
+		t.Errorf("pool grew past its limit: %+v", st)
+	}
+	// A freed buffer is coalesced and serves the next request.
 	d.HostFree(a)
 	d.HostFree(a) // twice: ignored
 	d.HostFree(c) // not lent: ignored
+	d.HostFree(b)
+	if st := d.host.stats(); st.Lent != 0 || len(d.host.arenas[0].free) != 1 {
+		t.Errorf("after freeing everything: %+v, free spans %v", st, d.host.arenas[0].free)
+	}
 	a2 := d.HostAlloc(2000)
 	if &a2[0] != &a[0] {
-		t.Error("a freed buffer was not reused")
+		t.Error("freed memory was not reused first fit")
 	}
-	// Close unmaps what is not lent, keeps what is.
-	d.HostFree(b)
+	big := d.HostAlloc(unit - hostUnit)
+	if !d.pinned(big) || uintptr(unsafe.Pointer(&big[0])) != uintptr(unsafe.Pointer(&a2[0]))+hostUnit {
+		t.Error("the rest of the arena was not lent in one piece")
+	}
+	// Close gives back what is not lent, keeps what is.
+	d.HostFree(big)
 	d.releaseHost()
-	if !d.pinned(a2) || d.pinned(b) {
-		t.Error("releaseHost: lent buffers must stay, free ones go")
+	if !d.pinned(a2) || d.host.stats().Arenas != 1 {
+		t.Error("releaseHost: an arena with a lent buffer must stay")
 	}
 	a2[0] = 3
+	d.HostFree(a2)
+	if b := d.HostAlloc(100); d.pinned(b) {
+		t.Error("a closed pool lent pinned memory")
+	}
+}
+
+// An idle pool gives its arenas back, and grows again on demand.
+func TestHostPoolIdle(t *testing.T) {
+	d := &Decoder{}
+	d.host.unit = 8 << 20
+	d.host.limit = 16 << 20
+	d.host.idle = 50 * time.Millisecond
+	d.host.start()
+	defer d.releaseHost()
+	waitArenas(t, &d.host, 1)
+	b := d.HostAlloc(1 << 20)
+	time.Sleep(200 * time.Millisecond)
+	if st := d.host.stats(); st.Arenas != 1 {
+		t.Fatalf("an arena with a lent buffer was given back: %+v", st)
+	}
+	d.HostFree(b)
+	deadline := time.Now().Add(5 * time.Second)
+	for d.host.stats().Mapped != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("idle pool still holds %+v", d.host.stats())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if b := d.HostAlloc(100); d.pinned(b) {
+		t.Error("pinned memory lent before an arena was registered again")
+	}
+	waitArenas(t, &d.host, 1)
+	if b := d.HostAlloc(100); !d.pinned(b) {
+		t.Error("the pool did not grow again on demand")
+	}
 }
