@@ -95,8 +95,15 @@ type Options struct {
 	// GPUs lists the device ordinals to decode on. Nil means every device
 	// the driver sees.
 	GPUs []int
-	// GPU configures each GPU decoder; its Device and Logger are set per
-	// device.
+	// GPUMemory bounds the device memory decoding takes on each GPU, the
+	// CUDA context included (an estimate of ContextBytes is set aside for
+	// it). Zero means DefaultGPUMemory.
+	GPUMemory int64
+	// PinnedMemory bounds the pinned host memory of each GPU: its rounds'
+	// staging and the memory it lends. Zero means DefaultPinnedMemory.
+	PinnedMemory int64
+	// GPU configures each GPU decoder; its Device, Logger and memory
+	// bounds are set from the fields above.
 	GPU gpu.Options
 	// Logger receives the placement line and fallback warnings. Nil
 	// discards.
@@ -114,6 +121,60 @@ type gpuDecoder interface {
 	codec.HostMemory
 	Close() error
 	Info() gpu.Info
+	MemoryHeld() (device, staging, lent int64)
+}
+
+// Memory defaults and floors (see Options).
+const (
+	DefaultGPUMemory    = 1 << 30
+	DefaultPinnedMemory = 2 << 30
+	// ContextBytes is what a CUDA context with nvCOMP and our kernels
+	// takes on the device, set aside from GPUMemory (about 500 MiB on an
+	// H200 with CUDA 13).
+	ContextBytes = 512 << 20
+	// minRoundBytes is the least device (and staging) memory decoding
+	// needs: two rounds of 64 MiB.
+	minRoundBytes = 128 << 20
+	// minLentBytes is the least pinned memory worth lending.
+	minLentBytes = 64 << 20
+)
+
+// ErrBudget is wrapped when --gpu-memory or --pinned-memory leave too
+// little for decoding on a GPU.
+var ErrBudget = errors.New("memory budget too small for GPU decoding")
+
+// gpuOptions derives each GPU decoder's bounds from the budgets: the rounds
+// take three quarters of the device memory left after the context (the
+// rest is nvCOMP's scratch and allocation slack), in rounds of at most
+// 256 MiB, at least two and at most four; pinned staging as much as the
+// rounds; the rest of the pinned budget is lent.
+func (o Options) gpuOptions() (gpu.Options, error) {
+	g := o.GPU
+	dev := o.GPUMemory - ContextBytes
+	batch := dev / 4 * 3
+	if batch < minRoundBytes {
+		return g, fmt.Errorf("%w: --gpu-memory %s leaves %s for decoding after the CUDA context; give at least %s",
+			ErrBudget, size(o.GPUMemory), size(max(dev, 0)), size(ContextBytes+minRoundBytes*4/3))
+	}
+	lent := o.PinnedMemory - batch
+	if lent < minLentBytes {
+		return g, fmt.Errorf("%w: --pinned-memory %s: decoding stages %s of it; give at least %s",
+			ErrBudget, size(o.PinnedMemory), size(batch), size(batch+minLentBytes))
+	}
+	g.DeviceBytes, g.MaxBatchBytes = dev, batch
+	g.Streams = int(min(max(batch/(256<<20), 2), 4))
+	g.StagingBytes, g.HostBytes = batch+batch/8, lent
+	return g, nil
+}
+
+func size(n int64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%dGiB", n>>30)
+	case n >= 1<<20:
+		return fmt.Sprintf("%dMiB", n>>20)
+	}
+	return fmt.Sprintf("%dB", n)
 }
 
 // ErrClosed is returned by DecodeBatch after Close.
@@ -162,6 +223,13 @@ func New(opts Options) (*Pipeline, error) {
 	if opts.Workers == 0 {
 		opts.Workers = runtime.NumCPU()
 	}
+	if opts.GPUMemory == 0 {
+		opts.GPUMemory = DefaultGPUMemory
+	}
+	if opts.PinnedMemory == 0 {
+		opts.PinnedMemory = DefaultPinnedMemory
+	}
+	gopts, budgetErr := opts.gpuOptions()
 	if opts.newGPU == nil {
 		opts.newGPU = func(o gpu.Options) (gpuDecoder, error) { return gpu.New(o) }
 	}
@@ -174,6 +242,17 @@ func New(opts Options) (*Pipeline, error) {
 	}
 	p := &Pipeline{opts: opts, log: log, cpu: codec.NewCPU(codec.Options{Workers: opts.Workers}), ready: make(chan struct{})}
 	p.route.Store(&routed{p.cpu})
+	opts.GPU = gopts
+	p.opts.GPU = gopts
+	switch {
+	case opts.Mode == GPU && budgetErr != nil:
+		p.cpu.Close()
+		return nil, budgetErr
+	case opts.Mode == Auto && budgetErr != nil:
+		close(p.ready)
+		log.Info("decoding on the CPU only", "workers", opts.Workers, "reason", budgetErr)
+		return p, nil
+	}
 	switch opts.Mode {
 	case CPU:
 		close(p.ready)
@@ -222,7 +301,8 @@ func (p *Pipeline) startGPUs() (err error) {
 		for _, g := range gpus {
 			names = append(names, g.Info().String())
 		}
-		p.log.Info("decoding on the GPU", "mode", string(p.opts.Mode), "gpus", len(gpus), "gpu", strings.Join(names, "; "), "cpu_workers", p.opts.Workers)
+		p.log.Info("decoding on the GPU", "mode", string(p.opts.Mode), "gpus", len(gpus), "gpu", strings.Join(names, "; "),
+			"gpu_memory", size(p.opts.GPUMemory), "pinned_memory", size(p.opts.PinnedMemory), "cpu_workers", p.opts.Workers)
 		var onGPU codec.BatchDecoder = gpus[0]
 		if len(gpus) > 1 {
 			ds := make([]codec.BatchDecoder, len(gpus))
@@ -370,6 +450,21 @@ func (p *Pipeline) Placement() string {
 		s += " (" + string(p.opts.Mode) + ")"
 	}
 	return s
+}
+
+// MemoryHeld reports the memory the GPUs hold for decoding now, besides
+// their CUDA contexts: device buffers, and pinned host memory (staging and
+// lent), summed over the GPUs.
+func (p *Pipeline) MemoryHeld() (device, pinned int64) {
+	p.mu.Lock()
+	gpus := p.gpus
+	p.mu.Unlock()
+	for _, g := range gpus {
+		d, s, l := g.MemoryHeld()
+		device += d
+		pinned += s + l
+	}
+	return device, pinned
 }
 
 // Close waits for the batches in flight, then stops the CPU workers and

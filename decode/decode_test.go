@@ -65,7 +65,8 @@ func (g *fakeGPU) HostFree(b []byte) {
 	g.mu.Unlock()
 }
 
-func (g *fakeGPU) Close() error { g.closed.Store(true); return nil }
+func (g *fakeGPU) Close() error                      { g.closed.Store(true); return nil }
+func (g *fakeGPU) MemoryHeld() (int64, int64, int64) { return 1, 2, 3 }
 func (g *fakeGPU) Info() gpu.Info {
 	return gpu.Info{Available: true, Device: fmt.Sprintf("fake %d", g.dev)}
 }
@@ -328,5 +329,47 @@ func TestParse(t *testing.T) {
 		if _, err := ParseGPUs(bad); err == nil {
 			t.Errorf("ParseGPUs(%q) accepted", bad)
 		}
+	}
+}
+
+// The memory budgets become each GPU's bounds; too small a budget refuses
+// --decode gpu and leaves auto on the CPU.
+func TestBudgets(t *testing.T) {
+	g, err := Options{GPUMemory: 1 << 30, PinnedMemory: 2 << 30}.gpuOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.DeviceBytes != 512<<20 || g.MaxBatchBytes != 384<<20 || g.Streams != 2 || g.HostBytes != 2<<30-384<<20 ||
+		g.StagingBytes != 432<<20 {
+		t.Errorf("defaults: %+v", g)
+	}
+	if g, err := (Options{GPUMemory: 8 << 30, PinnedMemory: 8 << 30}).gpuOptions(); err != nil || g.Streams != 4 {
+		t.Errorf("8 GiB: %+v, %v", g, err)
+	}
+	for _, o := range []Options{{GPUMemory: 600 << 20, PinnedMemory: 2 << 30}, {GPUMemory: 1 << 30, PinnedMemory: 400 << 20}} {
+		if _, err := o.gpuOptions(); !errors.Is(err, ErrBudget) {
+			t.Errorf("%+v: %v, want ErrBudget", o, err)
+		}
+	}
+	var made []*fakeGPU
+	opts := fakes(GPU, 1, &made)
+	opts.GPUMemory = 600 << 20
+	if _, err := New(opts); !errors.Is(err, ErrBudget) || len(made) != 0 {
+		t.Errorf("gpu mode under budget: %v, %d GPUs opened", err, len(made))
+	}
+	opts.Mode = Auto
+	p, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if onGPU, _ := p.Ready(context.Background()); onGPU || len(made) != 0 {
+		t.Errorf("auto under budget: on GPU %v, %d GPUs opened", onGPU, len(made))
+	}
+	var two []*fakeGPU
+	q, _ := New(fakes(GPU, 2, &two))
+	defer q.Close()
+	if d, pin := q.MemoryHeld(); d != 2 || pin != 10 {
+		t.Errorf("MemoryHeld over two GPUs: %d, %d", d, pin)
 	}
 }

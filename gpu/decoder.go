@@ -57,10 +57,19 @@ type Options struct {
 	// 4 GiB (16 fills of a 20-channel ERA5 sample with their compressed
 	// chunks take about 3); past it HostAlloc returns ordinary memory.
 	HostBytes int64
-	// HostIdle is how long the lent memory's arenas stay registered with
-	// nothing lent and no request before they are given back. Zero means
-	// two minutes.
+	// HostIdle is how long the Decoder keeps memory it is not using: the
+	// lent memory's arenas with nothing lent and no request, and the
+	// device and staging buffers of rounds, are given back after this long
+	// without a round. Zero means two minutes.
 	HostIdle time.Duration
+	// DeviceBytes bounds the device memory the rounds' buffers take
+	// altogether (compressed input, decoded output, nvCOMP's scratch),
+	// besides the CUDA context. Zero means MaxBatchBytes and a half. A
+	// round that would need more is left to the CPU.
+	DeviceBytes int64
+	// StagingBytes bounds the pinned host memory of the rounds' own
+	// staging buffers. Zero means MaxBatchBytes and a half.
+	StagingBytes int64
 	// Deflate sends gzip, zlib and blosc-zlib chunks to nvCOMP's deflate
 	// decoder. Off by default: nvCOMP's deflate writes past its output on
 	// some damaged streams (see the package doc). The fence around deflate
@@ -102,6 +111,13 @@ type Decoder struct {
 	info Info
 
 	host hostPool // pinned memory lent to callers (hostmem.go)
+
+	// Memory held by the rounds' buffers, and the time (UnixNano) the last
+	// round was submitted, for budgets and idle trimming.
+	devHeld, stagingHeld atomic.Int64
+	stagingBase          int64 // the argument blocks, kept while idle
+	lastRound            atomic.Int64
+	trimStop, trimDone   chan struct{}
 
 	// ctxMu guards ctx: HostAlloc registers memory under its read lock (so
 	// callers register at once), a context rebuild or Close holds it.
@@ -200,7 +216,11 @@ func New(opts Options) (*Decoder, error) {
 	d.host.idle = opts.HostIdle
 	d.host.register, d.host.unregister = d.register, d.unregister
 	d.host.start()
+	d.lastRound.Store(time.Now().UnixNano())
+	d.stagingBase = d.stagingHeld.Load()
 	d.start(cudaRounds{d})
+	d.trimStop, d.trimDone = make(chan struct{}), make(chan struct{})
+	go func() { defer close(d.trimDone); d.trimWhenIdle(d.trimStop) }()
 	return d, nil
 }
 
@@ -219,6 +239,12 @@ func (opts Options) withDefaults() (Options, *slog.Logger) {
 		opts.Streams = defaultStreams
 	}
 	opts.RoundBytes = min(opts.RoundBytes, opts.share())
+	if opts.DeviceBytes <= 0 {
+		opts.DeviceBytes = opts.MaxBatchBytes + opts.MaxBatchBytes/2
+	}
+	if opts.StagingBytes <= 0 {
+		opts.StagingBytes = opts.MaxBatchBytes + opts.MaxBatchBytes/2
+	}
 	if opts.CopyWorkers <= 0 {
 		opts.CopyWorkers = min(16, runtime.GOMAXPROCS(0))
 	}
@@ -313,16 +339,10 @@ func (d *Decoder) teardown() {
 		}
 	}
 	for _, b := range devs {
-		if b.ptr != 0 {
-			cu.cuMemFree(b.ptr)
-		}
-		*b = devBuf{}
+		d.freeDev(b)
 	}
 	for _, b := range hosts {
-		if b.p != nil {
-			cu.cuMemFreeHost(b.p)
-		}
-		*b = hostBuf{}
+		d.freeHost(b)
 	}
 	if d.mod != 0 {
 		cu.cuModuleUnload(d.mod)
@@ -379,38 +399,144 @@ func (d *Decoder) recoverContext() error {
 // reallocate every time.
 func growth(need int64) int64 { return alignUp(need+need/4, 1<<20) }
 
+// ErrBudget is wrapped when a round would take more device or staging
+// memory than Options allow; its jobs decode on the CPU.
+var ErrBudget = errors.New("gpu: over the memory budget")
+
+// budgeted returns the size to allocate for need bytes, given used bytes
+// already held (less the buffer being replaced) and the budget: the growth
+// slack where it fits, need itself where only that fits.
+func budgeted(need, used, budget int64) (int64, error) {
+	size := growth(need)
+	if used+size > budget {
+		size = need
+	}
+	if used+size > budget {
+		return 0, fmt.Errorf("%w: %d bytes more with %d held, budget %d", ErrBudget, size, used, budget)
+	}
+	return size, nil
+}
+
 func (d *Decoder) growDev(b *devBuf, need int64) error {
 	if b.size >= need {
 		return nil
 	}
-	if b.ptr != 0 {
-		d.cu.cuMemFree(b.ptr)
-		*b = devBuf{}
+	size, err := budgeted(need, d.devHeld.Load()-b.size, d.opts.DeviceBytes)
+	if err != nil {
+		return fmt.Errorf("device memory: %w", err)
 	}
-	size := growth(need)
+	d.freeDev(b)
 	var p uintptr
 	if err := d.cu.check("cuMemAlloc", d.cu.cuMemAlloc(&p, uint64(size))); err != nil {
 		return err
 	}
 	*b = devBuf{ptr: p, size: size}
+	d.devHeld.Add(size)
 	return nil
+}
+
+func (d *Decoder) freeDev(b *devBuf) {
+	if b.ptr != 0 {
+		d.cu.cuMemFree(b.ptr)
+		d.devHeld.Add(-b.size)
+	}
+	*b = devBuf{}
 }
 
 func (d *Decoder) growHost(b *hostBuf, need int64) error {
 	if b.size >= need {
 		return nil
 	}
-	if b.p != nil {
-		d.cu.cuMemFreeHost(b.p)
-		*b = hostBuf{}
+	size, err := budgeted(need, d.stagingHeld.Load()-b.size, d.opts.StagingBytes)
+	if err != nil {
+		return fmt.Errorf("staging memory: %w", err)
 	}
-	size := growth(need)
+	d.freeHost(b)
 	var p unsafe.Pointer
 	if err := d.cu.check("cuMemAllocHost", d.cu.cuMemAllocHost(&p, uint64(size))); err != nil {
 		return err
 	}
 	*b = hostBuf{p: p, size: size}
+	d.stagingHeld.Add(size)
 	return nil
+}
+
+func (d *Decoder) freeHost(b *hostBuf) {
+	if b.p != nil {
+		d.cu.cuMemFreeHost(b.p)
+		d.stagingHeld.Add(-b.size)
+	}
+	*b = hostBuf{}
+}
+
+// MemoryHeld reports the memory the Decoder holds now: device buffers,
+// pinned staging, and lent pinned memory (mapped arenas), in bytes,
+// besides the CUDA context.
+func (d *Decoder) MemoryHeld() (device, staging, lent int64) {
+	return d.devHeld.Load(), d.stagingHeld.Load(), d.host.stats().Mapped
+}
+
+// trimWhenIdle frees the rounds' device and staging buffers after
+// Options.HostIdle without a round, so that an idle mount gives the GPU's
+// memory back to training. It takes every buffer set (waiting for none:
+// a set in use means the Decoder is not idle).
+func (d *Decoder) trimWhenIdle(stop <-chan struct{}) {
+	idle := d.opts.HostIdle
+	if idle <= 0 {
+		idle = defaultHostIdle
+	}
+	t := time.NewTicker(max(idle/4, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		if time.Since(time.Unix(0, d.lastRound.Load())) < idle || (d.devHeld.Load() == 0 && d.stagingHeld.Load() <= d.stagingBase) {
+			continue
+		}
+		var held []int
+	take:
+		for range d.sets {
+			select {
+			case s := <-d.free:
+				held = append(held, s)
+			default:
+				break take
+			}
+		}
+		if len(held) == len(d.sets) {
+			d.trim()
+		}
+		for _, s := range held {
+			d.free <- s
+		}
+	}
+}
+
+// trim frees every set's round buffers (not their argument blocks). The
+// caller holds every set.
+func (d *Decoder) trim() {
+	d.ctxMu.RLock()
+	defer d.ctxMu.RUnlock()
+	if d.ctx == 0 {
+		return
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if d.cu.cuCtxSetCurrent(d.ctx) != cuSuccess {
+		return
+	}
+	for i := range d.sets {
+		st := &d.sets[i]
+		d.freeDev(&st.dIn)
+		d.freeDev(&st.dOut)
+		d.freeDev(&st.dTemp)
+		d.freeHost(&st.hIn)
+		d.freeHost(&st.hOut)
+	}
+	d.log.Debug("idle: GPU buffers given back", "device", d.opts.Device)
 }
 
 // DecodeBatch decodes jobs on the GPU; see codec.BatchDecoder. Jobs the GPU
@@ -464,6 +590,7 @@ func (c cudaRounds) submit(r *round) error {
 	if err := d.cu.check("cuCtxSetCurrent", d.cu.cuCtxSetCurrent(d.ctx)); err != nil {
 		return err
 	}
+	d.lastRound.Store(time.Now().UnixNano())
 	set := &d.sets[r.set]
 	fl, err := d.submit(r.jobs, r.preps, r.elemSize, set)
 	if err != nil {
@@ -484,6 +611,11 @@ func (c cudaRounds) collect(r *round) ([][]byte, []error, error) {
 }
 
 func (c cudaRounds) close() {
+	if c.d.trimStop != nil {
+		close(c.d.trimStop)
+		<-c.d.trimDone
+		c.d.trimStop = nil
+	}
 	c.d.releaseHost()
 	c.d.ctxMu.Lock()
 	defer c.d.ctxMu.Unlock()

@@ -12,13 +12,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/zarrfs/zarrfs/cache"
+	"github.com/zarrfs/zarrfs/decode"
 	"github.com/zarrfs/zarrfs/zarr"
 )
 
 // serveMetrics exposes the daemon's counters on addr at /metrics until ctx
 // ends. Counters are read from the components when scraped, so the hot path
 // pays nothing for them.
-func serveMetrics(ctx context.Context, addr string, h *zarr.Hierarchy, c *cache.Cache, log *slog.Logger) error {
+func serveMetrics(ctx context.Context, addr string, h *zarr.Hierarchy, c *cache.Cache, dec *decode.Pipeline, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	st := h.Stats()
 	counter := func(name, help string, f func() float64) {
@@ -33,6 +34,10 @@ func serveMetrics(ctx context.Context, addr string, h *zarr.Hierarchy, c *cache.
 			func() float64 { b, _ := c.Usage(); return float64(b) }))
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "zarrfs", Name: "cache_files", Help: "Files held in the disk cache."},
 			func() float64 { _, n := c.Usage(); return float64(n) }))
+	}
+	if dec != nil {
+		reg.MustRegister(gpuMemory{dec, prometheus.NewDesc("zarrfs_gpu_memory_bytes",
+			"Memory the GPUs hold for decoding now, besides their CUDA contexts, by kind (device, pinned).", []string{"kind"}, nil)})
 	}
 	reg.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	ln, err := net.Listen("tcp", addr)
@@ -55,4 +60,18 @@ func serveMetrics(ctx context.Context, addr string, h *zarr.Hierarchy, c *cache.
 	}()
 	log.Info("metrics", "url", "http://"+ln.Addr().String()+"/metrics")
 	return nil
+}
+
+// gpuMemory reports what the decoding pipeline's GPUs hold when scraped.
+type gpuMemory struct {
+	dec  *decode.Pipeline
+	desc *prometheus.Desc
+}
+
+func (g gpuMemory) Describe(ch chan<- *prometheus.Desc) { ch <- g.desc }
+
+func (g gpuMemory) Collect(ch chan<- prometheus.Metric) {
+	d, p := g.dec.MemoryHeld()
+	ch <- prometheus.MustNewConstMetric(g.desc, prometheus.GaugeValue, float64(d), "device")
+	ch <- prometheus.MustNewConstMetric(g.desc, prometheus.GaugeValue, float64(p), "pinned")
 }

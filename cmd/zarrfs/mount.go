@@ -94,7 +94,7 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 	defer o.Close()
 	store, l, c := o.store, o.lay, o.cache
 	if f.metrics != "" {
-		if err := serveMetrics(ctx, f.metrics, o.h, c, log); err != nil {
+		if err := serveMetrics(ctx, f.metrics, o.h, c, o.dec, log); err != nil {
 			return fmt.Errorf("--metrics %s: %w", f.metrics, err)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/decode"
 	"github.com/zarrfs/zarrfs/objectstore"
 )
@@ -20,6 +21,8 @@ type sourceFlags struct {
 	s3Anonymous bool
 	decode      string
 	gpus        string
+	gpuMemory   string
+	pinned      string
 	logger      *slog.Logger
 }
 
@@ -40,6 +43,8 @@ func (f *sourceFlags) register(cmd *cobra.Command, decodes bool) {
 	if decodes {
 		cmd.Flags().StringVar(&f.decode, "decode", "auto", "where chunks are decompressed: auto (CPU and GPU together when nvCOMP loads, else CPU), cpu or gpu")
 		cmd.Flags().StringVar(&f.gpus, "gpus", "all", "GPUs that decode: all, or device numbers such as 0,1")
+		cmd.Flags().StringVar(&f.gpuMemory, "gpu-memory", "1GiB", "device memory decoding may take on each GPU, CUDA context included")
+		cmd.Flags().StringVar(&f.pinned, "pinned-memory", "2GiB", "pinned host memory decoding may take per GPU (staging and lent buffers)")
 	}
 }
 
@@ -76,7 +81,15 @@ func (f *sourceFlags) newPipeline(log *slog.Logger) (*decode.Pipeline, error) {
 	if err != nil {
 		return nil, usagef("--gpus %v", err)
 	}
-	p, err := decode.New(decode.Options{Mode: mode, GPUs: gpus, Logger: log})
+	gpuMem, err := cache.ParseSize(f.gpuMemory)
+	if err != nil || gpuMem <= 0 {
+		return nil, usagef("--gpu-memory %q: want a size such as 1GiB", f.gpuMemory)
+	}
+	pinned, err := cache.ParseSize(f.pinned)
+	if err != nil || pinned <= 0 {
+		return nil, usagef("--pinned-memory %q: want a size such as 2GiB", f.pinned)
+	}
+	p, err := decode.New(decode.Options{Mode: mode, GPUs: gpus, GPUMemory: gpuMem, PinnedMemory: pinned, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("--decode %s: %w", mode, err)
 	}
