@@ -37,12 +37,12 @@ func WithReadahead(inner Blobs, lay *layout.Layout, n int, log *slog.Logger) Blo
 }
 
 type readahead struct {
-	inner  Blobs
-	lay    *layout.Layout
-	n      int
-	log    *slog.Logger
-	sem    chan struct{}
-	busy   sync.Map // blob path -> struct{}: filling ahead now
+	inner Blobs
+	lay   *layout.Layout
+	n     int
+	log   *slog.Logger
+	sem   chan struct{}
+	busy  sync.Map // blob path -> struct{}: filling ahead now
 
 	mu    sync.Mutex
 	walks map[string]*walk // by directory path

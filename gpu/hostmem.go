@@ -44,8 +44,8 @@ const (
 // hostPool is the Decoder's lent pinned memory.
 type hostPool struct {
 	mu     sync.Mutex
-	limit  int64         // most bytes mapped at once (Options.HostBytes)
-	unit   int           // arena size: arenaSize, smaller in tests
+	limit  int64 // most bytes mapped at once (Options.HostBytes)
+	unit   int   // arena size: arenaSize, smaller in tests
 	closed bool
 	idle   time.Duration // arenas with nothing lent go after this long without a request
 	used   int64         // bytes mapped
@@ -60,8 +60,8 @@ type hostPool struct {
 	// bookkeeping.
 	register   func([]byte) bool
 	unregister func([]byte)
-	stop     chan struct{}
-	done     chan struct{}
+	stop       chan struct{}
+	done       chan struct{}
 }
 
 type arena struct {
