@@ -185,8 +185,10 @@ func emulateOverrun(jobs []codec.Job, aligns [numAlgos]int64, swap int, direct b
 			if !bytes.Equal(src, s.src) {
 				panic(fmt.Sprintf("nvCOMP input at %d for algo %d is not the piece's bytes", s.inOff, a))
 			}
+			// As finish does: a stream that passed the host checks and that
+			// the device fails goes to the CPU, which decides.
 			if err := cpuAlgo(a, out[s.outOff:s.outOff+s.n], src); err != nil && errs[idx[s.job]] == nil {
-				errs[idx[s.job]] = fmt.Errorf("%v: %w", err, codec.ErrCorrupt)
+				errs[idx[s.job]] = fmt.Errorf("%v: %w", err, codec.ErrUnsupported)
 			}
 			if a == algoDeflate && overrun != nil {
 				overrun(out[s.outOff+s.n:], s)

@@ -253,28 +253,6 @@ func TestGPUByteSwap(t *testing.T) {
 	}
 }
 
-var damageKinds = []string{"bitflips", "truncated", "garbage", "zeros"}
-
-// corruptions returns damaged copies of a compressed chunk.
-func corruptions(src []byte, r *rand.Rand) map[string][]byte {
-	out := map[string][]byte{}
-	flip := bytes.Clone(src)
-	for range 1 + len(src)/200 {
-		flip[r.IntN(len(flip))] ^= byte(1 << r.IntN(8))
-	}
-	out["bitflips"] = flip
-	out["truncated"] = src[:len(src)*2/3]
-	garbage := bytes.Clone(src)
-	for i := len(garbage) / 4; i < len(garbage); i++ {
-		garbage[i] = byte(r.Uint32())
-	}
-	out["garbage"] = garbage
-	zeros := bytes.Clone(src)
-	clear(zeros[len(zeros)/3:])
-	out["zeros"] = zeros
-	return out
-}
-
 // TestGPUCorrupt decodes damaged chunks mixed with good ones through a
 // Decoder of default Options, as zarrfs ships it. No good chunk may ever
 // come back with a wrong byte: it decodes right, or fails with
