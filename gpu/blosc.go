@@ -48,6 +48,7 @@ func prepareBlosc(j *codec.Job) prepared {
 			// The Adler-32 trailer is not checked: the stream is decoded
 			// into device scratch the host never sees before unshuffling.
 			pc.src = body
+			p.unverified = "blosc zlib streams (no checksum the host can verify)"
 		case f.Compressor == "zstd":
 			// A damaged zstd stream can make nvCOMP fault; the frame and
 			// block headers are checked here (see validate.go).

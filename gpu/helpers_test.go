@@ -29,6 +29,7 @@ var (
 	flagThroughput = flag.Bool("gpu.throughput", false, "run the GPU vs CPU decode throughput comparison (slow)")
 	flagChunks     = flag.Int("gpu.chunks", 128, "chunks per codec in the throughput comparison")
 	flagCorrupt    = flag.String("gpu.corrupt", "", "damage only the chunks whose name/kind matches this regexp (one process per codec and damage)")
+	flagSeeds      = flag.Int("gpu.seeds", 8, "damaged copies of each chunk per kind of damage in the damaged-chunk tests")
 )
 
 func TestMain(m *testing.M) {

@@ -113,12 +113,12 @@ func TestGPUDeflateOverrun(t *testing.T) {
 		t.Skip("runs in its own process (-gpu.corrupt=.): nvCOMP may fault on damaged input")
 	}
 	gpuDecoder(t) // skips without a GPU
-	fenced, err := New(Options{Deflate: true})
+	fenced, err := New(Options{Deflate: true, Unverified: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer fenced.Close()
-	open, err := New(Options{Deflate: true})
+	open, err := New(Options{Deflate: true, Unverified: true})
 	if err != nil {
 		t.Fatal(err)
 	}

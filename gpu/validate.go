@@ -8,14 +8,15 @@ import (
 	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
-// This file holds the structural checks a compressed stream passes on the
-// CPU before nvCOMP sees it. nvCOMP treats damaged input as undefined
-// behaviour, and some damaged zstd and snappy streams make its kernels
-// fault, which ends GPU decoding for the process (a CUDA context does not
-// survive a fault). A stream these checks reject is reported as corrupt
-// and never reaches the device. The checks cost a few byte reads per zstd
-// block (128 KiB of output) and one pass over a snappy stream's tags,
-// without writing anything: far less than decoding.
+// This file holds the checks a compressed stream passes on the CPU before
+// nvCOMP sees it. nvCOMP treats damaged input as undefined behaviour: it
+// decodes damaged LZ4 blocks without an error, and some damaged zstd and
+// snappy streams make its kernels fault, which ends GPU decoding for the
+// process (a CUDA context does not survive a fault). A stream these checks
+// reject is reported as corrupt and never reaches the device. The LZ4 walk
+// is exact (what it passes, the CPU decoder accepts); the zstd checks read
+// headers only, a few bytes per block of 128 KiB of output; the snappy
+// walk proves a stream in bounds. None of them writes anything.
 
 // zstdMaxBlock is Block_Maximum_Size's upper bound (RFC 8878, 3.1.1.2).
 const zstdMaxBlock = 128 << 10
