@@ -255,13 +255,77 @@ func TestLZ4CheckRules(t *testing.T) {
 	}
 }
 
-// FuzzLZ4Check: numcodecs LZ4 chunks of any bytes and size, host checks
-// against the CPU decoder (verdict).
-func FuzzLZ4Check(f *testing.F) {
+// TestLZ4CheckSynthesized builds LZ4 blocks sequence by sequence, with
+// lengths around the nibble and length-byte limits, offsets around the
+// bytes decoded so far (0, di, di+1), endings after literals, after a
+// match or inside a sequence, and expected sizes around the decoded one:
+// lz4Check and the CPU decoder must agree on every one (verdict).
+func TestLZ4CheckSynthesized(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 7))
+	lengths := []int{0, 1, 4, 13, 14, 15, 16, 18, 19, 20, 269, 270, 271, 600}
+	var counts [3]int
+	for it := range 50000 {
+		var blk []byte
+		var di int
+		lenField := func(v int) { // the bytes after a nibble of 15
+			for ; v >= 255; v -= 255 {
+				blk = append(blk, 255)
+			}
+			blk = append(blk, byte(v))
+		}
+		nseq := 1 + r.IntN(6)
+		for k := range nseq {
+			lit := lengths[r.IntN(len(lengths))]
+			ml := 4 + lengths[r.IntN(len(lengths))]
+			last := k == nseq-1
+			tok := byte(min(lit, 15)) << 4
+			if !last || r.IntN(4) == 0 {
+				tok |= byte(min(ml-4, 15))
+			}
+			blk = append(blk, tok)
+			if lit >= 15 {
+				lenField(lit - 15)
+			}
+			for range lit {
+				blk = append(blk, byte(r.Uint32()))
+			}
+			di += lit
+			if last && r.IntN(3) > 0 {
+				break // ends after the literals
+			}
+			off := 1 + r.IntN(max(di, 1)) // mostly valid
+			if r.IntN(8) == 0 {
+				off = []int{0, 1, di, di + 1, 65535}[r.IntN(5)]
+			}
+			blk = append(blk, byte(off), byte(off>>8))
+			if ml-4 >= 15 {
+				lenField(ml - 4 - 15)
+			}
+			di += ml
+		}
+		if r.IntN(10) == 0 && len(blk) > 1 {
+			blk = blk[:r.IntN(len(blk))] // cut anywhere
+		}
+		n := max(1, di+[]int{0, 0, 0, 0, 0, -1, 1, -5}[r.IntN(8)])
+		src := append(binary.LittleEndian.AppendUint32(nil, uint32(n)), blk...)
+		w, h := verdict(codec.Job{Codec: codec.LZ4, Src: src, Dst: make([]byte, n)})
+		if w != "" {
+			t.Fatalf("block %d (% x, %d bytes expected): %s", it, blk[:min(len(blk), 64)], n, w)
+		}
+		counts[map[string]int{"pass": 0, "corrupt": 1, "cpu": 2}[h]]++
+	}
+	t.Logf("50000 blocks: %d passed, %d corrupt on both, %d left to the CPU", counts[0], counts[1], counts[2])
+	if counts[0] < 1000 || counts[2] < 100 {
+		t.Errorf("too few blocks passed (%d) or left to the CPU (%d) to show much", counts[0], counts[2])
+	}
+}
+
+// seedDamaged adds to f's corpus the small good chunks of codec c and one
+// damaged copy of each per kind of damage.
+func seedDamaged(f *testing.F, c codec.Name, r *rand.Rand) {
 	jobs, _ := exactCorpus(f)
-	r := rand.New(rand.NewPCG(3, 3))
 	for _, j := range jobs {
-		if j.Codec == codec.LZ4 && len(j.Dst) <= 1<<16 {
+		if j.Codec == c && len(j.Dst) <= 1<<16 {
 			f.Add(j.Src)
 			for _, kind := range damageKinds {
 				if d := damage(kind, j.Codec, j.Src, r); d != nil {
@@ -270,6 +334,12 @@ func FuzzLZ4Check(f *testing.F) {
 			}
 		}
 	}
+}
+
+// FuzzLZ4Check: numcodecs LZ4 chunks of any bytes and size, host checks
+// against the CPU decoder (verdict).
+func FuzzLZ4Check(f *testing.F) {
+	seedDamaged(f, codec.LZ4, rand.New(rand.NewPCG(3, 3)))
 	f.Fuzz(func(t *testing.T, src []byte) {
 		if len(src) < 4 {
 			return
@@ -284,22 +354,36 @@ func FuzzLZ4Check(f *testing.F) {
 	})
 }
 
+// FuzzLZ4Block: raw LZ4 blocks of any bytes and a small decoded size,
+// lz4Check against the CPU decoder (verdict), so that the fuzzer explores
+// the block's grammar rather than sizes.
+func FuzzLZ4Block(f *testing.F) {
+	r := rand.New(rand.NewPCG(6, 6))
+	for _, n := range []int{1, 13, 40, 300, 4000} {
+		b := field(1, (n+3)/4, uint64(n))[:n]
+		for i := range b[:n/2] {
+			b[i] = "abc"[r.IntN(3)]
+		}
+		if blk := lz4Block(b); len(blk) > 0 {
+			f.Add(blk, uint16(n))
+		}
+	}
+	f.Fuzz(func(t *testing.T, blk []byte, n uint16) {
+		if n == 0 {
+			return
+		}
+		src := append(binary.LittleEndian.AppendUint32(nil, uint32(n)), blk...)
+		if w, _ := verdict(codec.Job{Codec: codec.LZ4, Src: src, Dst: make([]byte, n)}); w != "" {
+			t.Fatal(w)
+		}
+	})
+}
+
 // FuzzBloscCheck: blosc frames of any bytes, host checks against the CPU
 // decoder, for frames of LZ4 or stored streams. The decoded size is the
 // header's, so that the frame's body is reached.
 func FuzzBloscCheck(f *testing.F) {
-	jobs, _ := exactCorpus(f)
-	r := rand.New(rand.NewPCG(4, 4))
-	for _, j := range jobs {
-		if j.Codec == codec.Blosc && len(j.Dst) <= 1<<16 {
-			f.Add(j.Src)
-			for _, kind := range damageKinds {
-				if d := damage(kind, j.Codec, j.Src, r); d != nil {
-					f.Add(d)
-				}
-			}
-		}
-	}
+	seedDamaged(f, codec.Blosc, rand.New(rand.NewPCG(4, 4)))
 	f.Fuzz(func(t *testing.T, src []byte) {
 		if len(src) < 16 || src[2]>>5 != 1 && src[2]&0x02 == 0 {
 			return // neither LZ4 nor memcpyed

@@ -287,16 +287,9 @@ func lz4Check(src []byte, n int64) error {
 		si++
 		lit := int64(tok >> 4)
 		if lit == 15 {
-			for {
-				if si >= len(src) {
-					return lz4Bad("literal length runs past the block's end", si, di)
-				}
-				x := src[si]
-				si++
-				lit += int64(x)
-				if x != 255 {
-					break
-				}
+			var ok bool
+			if lit, si, ok = lz4Length(src, si, lit); !ok {
+				return lz4Bad("literal length runs past the block's end", si, di)
 			}
 		}
 		if lit > int64(len(src)-si) {
@@ -324,16 +317,9 @@ func lz4Check(src []byte, n int64) error {
 		}
 		ml := int64(tok&15) + 4
 		if tok&15 == 15 {
-			for {
-				if si >= len(src) {
-					return lz4Bad("match length runs past the block's end", si, di)
-				}
-				x := src[si]
-				si++
-				ml += int64(x)
-				if x != 255 {
-					break
-				}
+			var ok bool
+			if ml, si, ok = lz4Length(src, si, ml); !ok {
+				return lz4Bad("match length runs past the block's end", si, di)
 			}
 		}
 		if ml > n-di {
@@ -350,6 +336,21 @@ func lz4Check(src []byte, n int64) error {
 			lastMatch, n, lastLen, endsInLit, codec.ErrUnsupported)
 	}
 	return nil
+}
+
+// lz4Length adds to v the length bytes at src[si:] (255 means: another
+// follows) and returns it with the position after them; ok is false when
+// the block ends first.
+func lz4Length(src []byte, si int, v int64) (_ int64, _ int, ok bool) {
+	for si < len(src) {
+		x := src[si]
+		si++
+		v += int64(x)
+		if x != 255 {
+			return v, si, true
+		}
+	}
+	return v, si, false
 }
 
 func lz4Bad(what string, si int, di int64) error {
