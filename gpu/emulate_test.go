@@ -316,6 +316,10 @@ func genJobs(t testing.TB, ny, nx int) (jobs []codec.Job, want [][]byte, names [
 		d := field(ny, nx, seed)
 		add(string(c), c, d, compress(c, d))
 	}
+	// zstd as numcodecs writes it by default: no content checksum.
+	seed++
+	d := field(ny, nx, seed)
+	add("zstd-nocrc", codec.Zstd, d, zstdNoCRC(d))
 	for _, comp := range []string{"lz4", "zstd", "zlib", "snappy"} {
 		for _, sh := range []codec.BloscShuffle{codec.NoShuffle, codec.ByteShuffle, codec.BitShuffle} {
 			for _, geo := range []struct{ ts, bs int }{{4, 1 << 16}, {8, 40000}, {2, 4100}, {3, 999}} {

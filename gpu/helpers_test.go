@@ -102,6 +102,13 @@ func zstdCompress(b []byte, level int) []byte {
 	return e.EncodeAll(b, nil)
 }
 
+// zstdNoCRC is a zstd frame without a content checksum, as numcodecs and
+// zarr-python write by default.
+func zstdNoCRC(b []byte) []byte {
+	e, _ := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedDefault), zstd.WithEncoderCRC(false))
+	return e.EncodeAll(b, nil)
+}
+
 func lz4Block(b []byte) []byte {
 	dst := make([]byte, lz4.CompressBlockBound(len(b)))
 	n, err := lz4.CompressBlock(b, dst, nil)

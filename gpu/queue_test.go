@@ -414,8 +414,7 @@ func TestQueueJobErrorsStayPerJob(t *testing.T) {
 	defer d.Close()
 	c := newCaller(1, 3, 0)
 	c.jobs[1].Src = bytes.Clone(c.jobs[1].Src)
-	// A valid LZ4 header with a damaged block: prepare accepts it, the
-	// device rejects it.
+	// A valid LZ4 header with a damaged block: the host checks reject it.
 	for i := 4; i < len(c.jobs[1].Src); i++ {
 		c.jobs[1].Src[i] = 0xFF
 	}
@@ -429,6 +428,32 @@ func TestQueueJobErrorsStayPerJob(t *testing.T) {
 		if c.jobs[k].Err != nil || !bytes.Equal(c.jobs[k].Dst, c.want[k]) {
 			t.Fatalf("good job %d next to a damaged one: %v", k, c.jobs[k].Err)
 		}
+	}
+}
+
+// TestQueueStats: Stats counts each job by its outcome, whichever path
+// gave it: decoded, corrupt (the host checks), left to the CPU (a codec
+// refused, a zstd frame without checksum under default Options).
+func TestQueueStats(t *testing.T) {
+	f := newFake(t, false)
+	d := newFakeDecoder(f, Options{})
+	defer d.Close()
+	data := field(20, 30, 1)
+	lz := compress(codec.LZ4, data)
+	damaged := bytes.Clone(lz)
+	damaged = damaged[:len(damaged)-3]
+	jobs := []codec.Job{
+		{Codec: codec.LZ4, Src: lz, Dst: make([]byte, len(data))},
+		{Codec: codec.Zstd, Src: compress(codec.Zstd, data), Dst: make([]byte, len(data))}, // with a checksum
+		{Codec: codec.LZ4, Src: damaged, Dst: make([]byte, len(data))},
+		{Codec: codec.Zstd, Src: zstdNoCRC(data), Dst: make([]byte, len(data))}, // without
+		{Codec: codec.Gzip, Src: compress(codec.Gzip, data), Dst: make([]byte, len(data))},
+	}
+	if err := d.DecodeBatch(context.Background(), jobs); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := d.Stats(), (Stats{Decoded: 2, Corrupt: 1, ToCPU: 2}); got != want {
+		t.Fatalf("Stats %+v, want %+v (jobs: %v %v %v %v %v)", got, want, jobs[0].Err, jobs[1].Err, jobs[2].Err, jobs[3].Err, jobs[4].Err)
 	}
 }
 
