@@ -51,7 +51,8 @@ type Options struct {
 	CopyWorkers int
 	// SkipChecksums turns off the CPU check of gzip CRC-32, zlib Adler-32
 	// and zstd content checksums after GPU decoding (nvCOMP checks none of
-	// them). Zero value: they are checked.
+	// them). Zero value: they are checked. Without Unverified, chunks that
+	// only their checksum verifies then go to the CPU.
 	SkipChecksums bool
 	// HostBytes bounds the pinned host memory HostAlloc lends. Zero means
 	// 4 GiB (16 fills of a 20-channel ERA5 sample with their compressed
@@ -69,8 +70,9 @@ type Options struct {
 	// Unverified sends to nvCOMP streams for which the host cannot hold
 	// nvCOMP's verdict to the CPU decoder's: zstd chunks of frames without
 	// a content checksum (numcodecs and zarr-python write none by
-	// default), every blosc chunk with zstd streams, and blosc chunks with
-	// snappy streams, which the CPU decoder does not decode at all. Off by
+	// default), every blosc chunk with zstd or zlib streams, and blosc
+	// chunks with snappy streams, which the CPU decoder does not decode at
+	// all. Off by
 	// default: the host checks only zstd's frame, block and section
 	// headers, and nvCOMP may accept damage inside the entropy-coded data
 	// that the CPU decoder rejects (see the package doc); off, such chunks

@@ -417,3 +417,50 @@ func TestDamageKinds(t *testing.T) {
 		}
 	}
 }
+
+// TestRefuse: which prepared chunks each configuration sends to the CPU
+// although the GPU path could decode them.
+func TestRefuse(t *testing.T) {
+	d := field(40, 50, 2)
+	jobs := map[string]codec.Job{
+		"lz4":          {Codec: codec.LZ4, Src: compress(codec.LZ4, d)},
+		"blosc-lz4":    {Codec: codec.Blosc, Src: bloscCompress(d, 4, 4096, codec.ByteShuffle, "lz4")},
+		"zstd-crc":     {Codec: codec.Zstd, Src: compress(codec.Zstd, d)},
+		"zstd-nocrc":   {Codec: codec.Zstd, Src: zstdNoCRC(d)},
+		"blosc-zstd":   {Codec: codec.Blosc, Src: bloscCompress(d, 4, 4096, codec.ByteShuffle, "zstd")},
+		"blosc-snappy": {Codec: codec.Blosc, Src: bloscCompress(d, 4, 4096, codec.ByteShuffle, "snappy")},
+		"blosc-zlib":   {Codec: codec.Blosc, Src: bloscCompress(d, 4, 4096, codec.ByteShuffle, "zlib")},
+		"gzip":         {Codec: codec.Gzip, Src: compress(codec.Gzip, d)},
+	}
+	tests := []struct {
+		opts    Options
+		refused string // the jobs refused, in sorted order
+	}{
+		{Options{}, "blosc-snappy blosc-zlib blosc-zstd gzip zstd-nocrc"},
+		{Options{Deflate: true}, "blosc-snappy blosc-zlib blosc-zstd zstd-nocrc"},
+		{Options{Unverified: true}, "blosc-zlib gzip"},
+		{Options{Deflate: true, Unverified: true}, ""},
+		{Options{Deflate: true, SkipChecksums: true}, "blosc-snappy blosc-zlib blosc-zstd gzip zstd-crc zstd-nocrc"},
+		{Options{Deflate: true, Unverified: true, SkipChecksums: true}, ""},
+	}
+	for _, tt := range tests {
+		var got []string
+		for _, name := range []string{"blosc-lz4", "blosc-snappy", "blosc-zlib", "blosc-zstd", "gzip", "lz4", "zstd-crc", "zstd-nocrc"} {
+			j := jobs[name]
+			j.Dst = make([]byte, len(d))
+			p := prepare(&j)
+			if p.err != nil {
+				t.Fatalf("%s: %v", name, p.err)
+			}
+			if err := tt.opts.refuse(&j, &p); err != nil {
+				if !errors.Is(err, codec.ErrUnsupported) {
+					t.Fatalf("%s: %v", name, err)
+				}
+				got = append(got, name)
+			}
+		}
+		if strings.Join(got, " ") != tt.refused {
+			t.Errorf("%+v: refused %q, want %q", tt.opts, strings.Join(got, " "), tt.refused)
+		}
+	}
+}

@@ -211,6 +211,9 @@ func (opts Options) refuse(j *codec.Job, p *prepared) error {
 		return fmt.Errorf("gpu: %s chunk: deflate decodes on the CPU (Options.Deflate is off): %w", j.Codec, codec.ErrUnsupported)
 	case !opts.Unverified && p.unverified != "":
 		return fmt.Errorf("gpu: %s chunk: %s: decoded on the CPU (Options.Unverified is off): %w", j.Codec, p.unverified, codec.ErrUnsupported)
+	case !opts.Unverified && opts.SkipChecksums && p.check != checkNone:
+		return fmt.Errorf("gpu: %s chunk: only its checksum verifies it, and Options.SkipChecksums is on: decoded on the CPU (Options.Unverified is off): %w",
+			j.Codec, codec.ErrUnsupported)
 	}
 	return nil
 }
