@@ -334,8 +334,8 @@ func (h *warnCounter) fenceWarnings() int {
 
 // damagedJobs returns the good chunks of genJobs(60, 70) (wants set) and,
 // for each, every kind of damage that matches filter (on "name/kind"),
-// drawn with -gpu.seeds seeds (wants nil).
-func damagedJobs(t *testing.T, filter *regexp.Regexp) (jobs []codec.Job, kinds []string, wants [][]byte, good []codec.Job, want [][]byte, names []string) {
+// drawn with seeds seeds (wants nil).
+func damagedJobs(t *testing.T, filter *regexp.Regexp, seeds int) (jobs []codec.Job, kinds []string, wants [][]byte, good []codec.Job, want [][]byte, names []string) {
 	good, want, names = genJobs(t, 60, 70)
 	for i, g := range good {
 		jobs = append(jobs, g)
@@ -345,7 +345,7 @@ func damagedJobs(t *testing.T, filter *regexp.Regexp) (jobs []codec.Job, kinds [
 			if !filter.MatchString(names[i] + "/" + kind) {
 				continue
 			}
-			for seed := range *flagSeeds {
+			for seed := range seeds {
 				src := damage(kind, g.Codec, g.Src, rand.New(rand.NewPCG(uint64(seed), uint64(i))))
 				if src == nil {
 					continue
@@ -384,10 +384,17 @@ func runCorrupt(t *testing.T, opts Options, wrong, gpuOnly *[]string) {
 			t.Logf("decoder warned %d times: %s", n, m)
 		}
 	}()
+	corruptRounds(t, d, opts, logs, corruptFilter, *flagSeeds, wrong, gpuOnly)
+}
+
+// corruptRounds is runCorrupt's test proper, on d (of opts, logging to
+// logs): three rounds of the good and damaged chunks that filter selects,
+// shuffled, then a clean batch.
+func corruptRounds(t *testing.T, d *Decoder, opts Options, logs *warnCounter, filter *regexp.Regexp, seeds int, wrong, gpuOnly *[]string) {
 	r := rand.New(rand.NewPCG(9, 9))
-	jobs, kinds, wants, good, want, names := damagedJobs(t, corruptFilter)
+	jobs, kinds, wants, good, want, names := damagedJobs(t, filter, seeds)
 	if len(jobs) == len(good) {
-		t.Fatalf("no damaged chunk matches %q", *flagCorrupt)
+		t.Fatalf("no damaged chunk matches %q", filter)
 	}
 	// Every other job in pinned memory from HostAlloc: good and damaged
 	// chunks cross to and from the device directly as well as packed.
@@ -434,7 +441,7 @@ func runCorrupt(t *testing.T, opts Options, wrong, gpuOnly *[]string) {
 		}
 	}
 	t.Logf("%d good chunks (%d for the GPU), %d damaged (%d seeds per kind), %d of them pass the host checks and reach nvCOMP",
-		len(good), onGPU, damaged, *flagSeeds, reach)
+		len(good), onGPU, damaged, seeds, reach)
 	badGood := func(round int, kind string, j codec.Job) {
 		msg := fmt.Sprintf("round %d: good chunk %s: wrong bytes, no error", round, kind)
 		if wrong != nil {
@@ -551,7 +558,7 @@ func runCorrupt(t *testing.T, opts Options, wrong, gpuOnly *[]string) {
 		clean[i] = codec.Job{Codec: g.Codec, Src: g.Src, Dst: make([]byte, len(g.Dst))}
 	}
 	fenceHit = false
-	err = d.DecodeBatch(context.Background(), clean)
+	err := d.DecodeBatch(context.Background(), clean)
 	if err != nil && !faulted {
 		t.Fatalf("clean batch: %v", err)
 	}
