@@ -48,6 +48,7 @@ func prepareBlosc(j *codec.Job) prepared {
 			// The Adler-32 trailer is not checked: the stream is decoded
 			// into device scratch the host never sees before unshuffling.
 			pc.src = body
+			p.unverified = "blosc zlib streams (no checksum the host can verify)"
 		case f.Compressor == "zstd":
 			// A damaged zstd stream can make nvCOMP fault; the frame and
 			// block headers are checked here (see validate.go).
@@ -64,12 +65,16 @@ func prepareBlosc(j *codec.Job) prepared {
 				return corrupt(j, "stream %d: zstd frame says %d decoded bytes, expected %d", i, frames[0].size, pc.n)
 			}
 			pc.src = frames[0].src
+			// The stream decodes into device scratch that the host never
+			// sees before unshuffling, so no checksum can verify it.
+			p.unverified = "blosc zstd streams (no checksum the host can verify)"
 		case f.Compressor == "snappy":
 			// Damaged snappy streams can make nvCOMP fault; a full walk of
 			// the tags proves the stream in bounds (see validate.go).
 			if err := snappyCheck(s.Src, pc.n); err != nil {
 				return corrupt(j, "stream %d: %v", i, err)
 			}
+			p.unverified = "blosc snappy streams (the CPU decoder has no snappy)"
 		}
 		p.pieces = append(p.pieces, pc)
 	}

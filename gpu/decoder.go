@@ -51,7 +51,8 @@ type Options struct {
 	CopyWorkers int
 	// SkipChecksums turns off the CPU check of gzip CRC-32, zlib Adler-32
 	// and zstd content checksums after GPU decoding (nvCOMP checks none of
-	// them). Zero value: they are checked.
+	// them). Zero value: they are checked. Without Unverified, chunks that
+	// only their checksum verifies then go to the CPU.
 	SkipChecksums bool
 	// HostBytes bounds the pinned host memory HostAlloc lends. Zero means
 	// 4 GiB (16 fills of a 20-channel ERA5 sample with their compressed
@@ -79,6 +80,19 @@ type Options struct {
 	// the process, and deflate on the GPU is not yet measured against the
 	// CPU. Off, those codecs decode on the CPU (ErrUnsupported).
 	Deflate bool
+	// Unverified sends to nvCOMP streams for which the host cannot hold
+	// nvCOMP's verdict to the CPU decoder's: zstd chunks of frames without
+	// a content checksum (numcodecs and zarr-python write none by
+	// default), every blosc chunk with zstd or zlib streams, and blosc
+	// chunks with snappy streams, which the CPU decoder does not decode at
+	// all. Off by
+	// default: the host checks only zstd's frame, block and section
+	// headers, and nvCOMP may accept damage inside the entropy-coded data
+	// that the CPU decoder rejects (see the package doc); off, such chunks
+	// go to the CPU (ErrUnsupported). zstd frames with a content checksum
+	// decode on the GPU either way: the host verifies the checksum of the
+	// bytes nvCOMP decoded.
+	Unverified bool
 	// Logger receives one debug line per batch and a warning when the device
 	// fails. Nil discards.
 	Logger *slog.Logger
@@ -153,6 +167,56 @@ type Decoder struct {
 	// overlap, as before the fence existed: tests set it to show what the
 	// fence prevents.
 	noFence bool
+	// noValidate skips checkStreams' walk of LZ4 blocks: the throughput
+	// test sets it to measure what the walk costs. Nothing else may.
+	noValidate bool
+
+	stats stats
+}
+
+// Stats counts the jobs a Decoder has answered since New, by outcome.
+type Stats struct {
+	// Decoded is the number of chunks decoded on the GPU and returned
+	// without error.
+	Decoded int64
+	// Corrupt is the number of chunks failed with codec.ErrCorrupt: the
+	// host checks, a checksum or the deflate fence found them damaged.
+	Corrupt int64
+	// ToCPU is the number of chunks failed with codec.ErrUnsupported, for
+	// the CPU to decode: codecs and streams the GPU path does not take,
+	// cancelled callers, device failures, and Disagreed.
+	ToCPU int64
+	// Disagreed counts the chunks, among ToCPU, whose streams passed the
+	// host checks and that nvCOMP then failed or decoded to another size.
+	Disagreed int64
+}
+
+type stats struct {
+	decoded, corrupt, toCPU, disagreed atomic.Int64
+}
+
+// Stats returns the counts so far. Safe for concurrent use.
+func (d *Decoder) Stats() Stats {
+	return Stats{Decoded: d.stats.decoded.Load(), Corrupt: d.stats.corrupt.Load(),
+		ToCPU: d.stats.toCPU.Load(), Disagreed: d.stats.disagreed.Load()}
+}
+
+// tally counts the outcomes of jobs, every one answered.
+func (s *stats) tally(jobs []codec.Job) {
+	var ok, bad, cpu int64
+	for i := range jobs {
+		switch err := jobs[i].Err; {
+		case err == nil:
+			ok++
+		case errors.Is(err, codec.ErrUnsupported):
+			cpu++
+		default:
+			bad++
+		}
+	}
+	s.decoded.Add(ok)
+	s.corrupt.Add(bad)
+	s.toCPU.Add(cpu)
 }
 
 // bufSet is the memory of one round in flight.
@@ -904,12 +968,19 @@ func (d *Decoder) finish(r *round) ([][]byte, []error, error) {
 			}
 			st := nvStatus(int32(le.Uint32(hout[l.statusOff+4*g:])))
 			got := int64(le.Uint64(hout[l.actualOff+8*g:]))
+			// The stream passed the host checks, so nvCOMP's failure does not
+			// make the chunk corrupt: for LZ4 the CPU decoder accepts it, and
+			// for the other codecs only the CPU can tell.
 			switch {
 			case st != nvSuccess:
-				jobErr[s.job] = fmt.Errorf("nvCOMP %s: %v: %w", algoSymbols[a], st, codec.ErrCorrupt)
+				jobErr[s.job] = fmt.Errorf("nvCOMP %s: %v on a stream the host checks passed: %w", algoSymbols[a], st, codec.ErrUnsupported)
 			case got != s.n:
-				jobErr[s.job] = fmt.Errorf("nvCOMP %s: decoded %d bytes, expected %d: %w", algoSymbols[a], got, s.n, codec.ErrCorrupt)
+				jobErr[s.job] = fmt.Errorf("nvCOMP %s: decoded %d bytes of a stream the host checks passed, expected %d: %w",
+					algoSymbols[a], got, s.n, codec.ErrUnsupported)
+			default:
+				continue
 			}
+			d.stats.disagreed.Add(1)
 		}
 		segBase += int64(len(l.segs[a]))
 	}

@@ -34,24 +34,64 @@
 // Errors are per job, as codec.BatchDecoder wants: a chunk the GPU path does
 // not decode (blosc with blosclz, empty chunks, chunks beyond the memory
 // bound) gets an Err wrapping codec.ErrUnsupported, so the caller decodes it
-// on the CPU; a chunk nvCOMP rejects, that decodes to a size other than
-// len(Dst), or whose gzip CRC-32 or zlib Adler-32 trailer does not match,
-// gets one wrapping codec.ErrCorrupt while the rest of the batch succeeds.
-// nvCOMP documents damaged input as undefined behaviour, and some does make
-// its kernels fault (seen with damaged zstd and snappy streams inside blosc
-// frames). So streams are checked on the CPU first (validate.go): zstd
-// frame, block, literals and sequences headers, and a full walk of every
-// snappy stream's tags, which proves it in bounds; what fails is corrupt
-// and never reaches the device. Damage inside zstd's entropy-coded data
-// (a match offset beyond the history, say) passes these checks and may
-// still fault. Such a fault poisons the CUDA context: the rounds on the
-// device fail, every job wrapping ErrUnsupported so its caller retries it
-// on the CPU; the next round resets the primary context, and when the driver keeps the error
-// for the life of the process (as CUDA 13 does) the Decoder turns the GPU
-// path off, logs it once, and sends every later job to the CPU. It never
-// returns wrong bytes for a fault. Damage that nvCOMP does not notice (it
-// reads past a truncated LZ4 block, checks no checksum) is caught only by
-// the size and checksum checks above; LZ4 has no checksum.
+// on the CPU; a chunk the host checks find damaged, or whose gzip CRC-32,
+// zlib Adler-32 or zstd content checksum does not match what nvCOMP
+// decoded, gets one wrapping codec.ErrCorrupt while the rest of the batch
+// succeeds.
+//
+// The GPU accepts a chunk only if the CPU decoder (codec.Decode) would
+// accept the same bytes and decode them to the same output. nvCOMP's
+// success does not show that: it decodes truncated and bit-flipped LZ4
+// blocks without complaint, checks no checksum, and documents damaged
+// input as undefined behaviour. So every chunk is checked on the host
+// before it reaches the device (prep.go, validate.go), and per codec:
+//
+//   - LZ4 (numcodecs framing, and blosc's lz4 and lz4hc streams): exact.
+//     lz4Check walks every block's tokens, lengths and offsets as the CPU
+//     decoder reads them, copying nothing: it passes a block only if that
+//     decoder accepts it and it decodes to exactly the expected length, so
+//     any decoder writes the same bytes. Blocks the CPU decoder accepts but
+//     that break LZ4's end-of-block rules (no encoder writes them, and fast
+//     decoders may rely on them) go to the CPU.
+//   - blosc framing: exact. codec.ParseBlosc is the CPU decoder's own
+//     reading of the header (version, flags, typesize, nbytes, blocksize,
+//     cbytes), block table and stream size prefixes; nbytes must equal
+//     len(Dst). Memcpyed frames and stored streams are copied as the CPU
+//     copies them.
+//   - zstd: a content checksum, when the frame has one, verifies what
+//     nvCOMP decoded. The host checks the frame, block, literals and
+//     sequences headers, which keeps most damage from the device, but
+//     damage inside the entropy-coded data passes them, and a check that
+//     could tell would cost a decode. So zstd frames without a checksum,
+//     chunks of several frames and blosc zstd streams (decoded into device
+//     scratch the host never sees) go to the CPU, unless Options.Unverified.
+//   - gzip, zlib: their CRC-32 and Adler-32 verify what nvCOMP decoded;
+//     nvCOMP may still accept what the CPU rejects (a stored block whose
+//     length check is damaged, bytes between the deflate stream and the
+//     trailer). blosc zlib streams have no checksum the host sees. All
+//     deflate goes to the CPU unless Options.Deflate (and, for blosc zlib,
+//     Options.Unverified).
+//   - blosc snappy: the CPU decoder has none, so nothing to hold nvCOMP to;
+//     a full walk of every stream's tags proves it in bounds. To the CPU
+//     (which refuses it) unless Options.Unverified.
+//   - blosc blosclz: no GPU decoder; the CPU.
+//
+// What the host checks pass and nvCOMP then fails, or decodes to another
+// size, goes to the CPU (ErrUnsupported; Stats.Disagreed counts it): for
+// the exact codecs the CPU decoder accepts it, and for the others only it
+// can tell. Stats counts what the Decoder decoded, found corrupt and left
+// to the CPU.
+//
+// Some damaged input makes nvCOMP's kernels fault (seen with damaged zstd
+// and snappy streams inside blosc frames); the checks above keep most of it
+// from the device, but damage inside zstd's entropy-coded data (a match
+// offset beyond the history, say) may still fault, with Options.Unverified
+// or a checksummed frame. Such a fault poisons the CUDA context: the rounds
+// on the device fail, every job wrapping ErrUnsupported so its caller
+// retries it on the CPU; the next round resets the primary context, and
+// when the driver keeps the error for the life of the process (as CUDA 13
+// does) the Decoder turns the GPU path off, logs it once, and sends every
+// later job to the CPU. It never returns wrong bytes for a fault.
 //
 // nvCOMP 6.0's deflate decoder ignores the output capacity on some damaged
 // streams: it reports an error but has written past the end (25 KB past a

@@ -29,7 +29,7 @@ var (
 func gpuDecoder(t testing.TB) *Decoder {
 	t.Helper()
 	sharedOnce.Do(func() {
-		sharedDec, sharedErr = New(Options{Deflate: true})
+		sharedDec, sharedErr = New(Options{Deflate: true, Unverified: true})
 		if sharedErr == nil {
 			t.Logf("%s, nvCOMP from %s", sharedDec.Info(), sharedDec.Info().NvcompPath)
 		}
@@ -96,7 +96,7 @@ func TestGPUManyChunks(t *testing.T) {
 			dd := d
 			if maxBytes > 0 {
 				var err error
-				if dd, err = New(Options{MaxBatchBytes: maxBytes, Streams: 2, Deflate: true}); err != nil {
+				if dd, err = New(Options{MaxBatchBytes: maxBytes, Streams: 2, Deflate: true, Unverified: true}); err != nil {
 					t.Fatal(err)
 				}
 				defer dd.Close()
@@ -163,7 +163,7 @@ func TestGPUPinned(t *testing.T) {
 	}
 	for _, streams := range []int{2, 4} {
 		t.Run(fmt.Sprintf("streams%d", streams), func(t *testing.T) {
-			dd, err := New(Options{Streams: streams, MaxBatchBytes: 8 << 20, Deflate: true})
+			dd, err := New(Options{Streams: streams, MaxBatchBytes: 8 << 20, Deflate: true, Unverified: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -253,58 +253,53 @@ func TestGPUByteSwap(t *testing.T) {
 	}
 }
 
-var damageKinds = []string{"bitflips", "truncated", "garbage", "zeros"}
-
-// corruptions returns damaged copies of a compressed chunk.
-func corruptions(src []byte, r *rand.Rand) map[string][]byte {
-	out := map[string][]byte{}
-	flip := bytes.Clone(src)
-	for range 1 + len(src)/200 {
-		flip[r.IntN(len(flip))] ^= byte(1 << r.IntN(8))
-	}
-	out["bitflips"] = flip
-	out["truncated"] = src[:len(src)*2/3]
-	garbage := bytes.Clone(src)
-	for i := len(garbage) / 4; i < len(garbage); i++ {
-		garbage[i] = byte(r.Uint32())
-	}
-	out["garbage"] = garbage
-	zeros := bytes.Clone(src)
-	clear(zeros[len(zeros)/3:])
-	out["zeros"] = zeros
-	return out
-}
-
 // TestGPUCorrupt decodes damaged chunks mixed with good ones through a
-// Decoder of default Options, as zarrfs ships it. No good chunk may ever
-// come back with a wrong byte: it decodes right, or fails with
-// ErrUnsupported because its codec decodes on the CPU (deflate, while
-// Options.Deflate is off) or because nvCOMP faulted. Damaged chunks fail
-// with ErrCorrupt or ErrUnsupported, or decode to what the CPU decodes them
-// to when the damage is undetectable (a flipped literal in LZ4); what the
-// GPU accepts and the CPU rejects is logged. nvCOMP may fault on damaged
-// input (it documents it as undefined behaviour); the fault poisons the
-// CUDA context for the whole process, so the decoder must then fail every
-// job with ErrUnsupported (the caller falls back to the CPU). It runs only
-// when asked (-gpu.corrupt), one process per codec and kind of damage.
+// Decoder of default Options, as zarrfs ships it. Every kind of damage
+// (damageKinds) is applied to every chunk with -gpu.seeds seeds. No good
+// chunk may ever come back with a wrong byte: it decodes right, or fails
+// with ErrUnsupported because the CPU decodes its codec (deflate, zstd
+// without a checksum) or because nvCOMP faulted. No damaged chunk may be
+// accepted by the GPU unless the CPU decoder accepts it too and decodes it
+// to the same bytes (damage neither can see, a flipped literal, say): a
+// chunk "accepted by the GPU only" fails the test. How many chunks the GPU
+// decoded comes from the Decoder's Stats, and must match the jobs that
+// came back without error, so the test cannot pass with nothing decoded
+// on the GPU. nvCOMP may fault on damaged input (it documents it as
+// undefined behaviour); the fault poisons the CUDA context for the whole
+// process, so the decoder must then fail every job with ErrUnsupported
+// (the caller falls back to the CPU). It runs only when asked
+// (-gpu.corrupt), one process per codec and kind of damage.
 func TestGPUCorrupt(t *testing.T) {
-	runCorrupt(t, Options{}, nil)
+	runCorrupt(t, Options{}, nil, nil)
 }
 
-// TestGPUCorruptDeflate is TestGPUCorrupt with Options.Deflate on: damaged
-// gzip, zlib and blosc-zlib chunks go to nvCOMP's deflate decoder. On an
+// TestGPUCorruptDeflate is TestGPUCorrupt with Options.Deflate and
+// Unverified on: damaged gzip, zlib and blosc-zlib chunks go to nvCOMP's
+// deflate decoder. On an
 // H200 that decoder once wrote a damaged stream's output past its end into
 // the next chunk's bytes, with no error; the fence around deflate outputs
 // (see fenceGuard) is there to stop that. Should a good chunk still come
 // back wrong, the test reports every wrong chunk and skips with that
 // reason: a known nvCOMP defect, the reason Deflate is off by default.
+// The host checks of deflate are not exact (the package doc says why), so
+// chunks accepted by the GPU only are counted and reported, not failed.
 func TestGPUCorruptDeflate(t *testing.T) {
-	var wrong []string
-	runCorrupt(t, Options{Deflate: true}, &wrong)
+	var wrong, gpuOnly []string
+	runCorrupt(t, Options{Deflate: true, Unverified: true}, &wrong, &gpuOnly)
 	if len(wrong) > 0 {
 		t.Skipf("KNOWN nvCOMP deflate defect: %d good chunks came back with wrong bytes and no error next to damaged deflate streams (%s); Options.Deflate must stay off",
 			len(wrong), strings.Join(wrong, ", "))
 	}
+}
+
+// TestGPUCorruptUnverified is TestGPUCorrupt with Options.Unverified on:
+// damaged zstd chunks without a checksum and blosc-zstd chunks go to
+// nvCOMP after the host's structural checks only. What the GPU accepts
+// and the CPU rejects is counted and reported (GPU-ONLY), not failed: it
+// is the measure of what Unverified risks.
+func TestGPUCorruptUnverified(t *testing.T) {
+	var gpuOnly []string
+	runCorrupt(t, Options{Unverified: true}, nil, &gpuOnly)
 }
 
 // warnCounter counts the decoder's log records by message.
@@ -337,9 +332,38 @@ func (h *warnCounter) fenceWarnings() int {
 	return n
 }
 
+// damagedJobs returns the good chunks of genJobs(60, 70) (wants set) and,
+// for each, every kind of damage that matches filter (on "name/kind"),
+// drawn with seeds seeds (wants nil).
+func damagedJobs(t *testing.T, filter *regexp.Regexp, seeds int) (jobs []codec.Job, kinds []string, wants [][]byte, good []codec.Job, want [][]byte, names []string) {
+	good, want, names = genJobs(t, 60, 70)
+	for i, g := range good {
+		jobs = append(jobs, g)
+		kinds = append(kinds, names[i]+"/good")
+		wants = append(wants, want[i])
+		for _, kind := range damageKinds {
+			if !filter.MatchString(names[i] + "/" + kind) {
+				continue
+			}
+			for seed := range seeds {
+				src := damage(kind, g.Codec, g.Src, rand.New(rand.NewPCG(uint64(seed), uint64(i))))
+				if src == nil {
+					continue
+				}
+				jobs = append(jobs, codec.Job{Codec: g.Codec, Src: src, Dst: make([]byte, len(g.Dst))})
+				kinds = append(kinds, fmt.Sprintf("%s/%s seed %d", names[i], kind, seed))
+				wants = append(wants, nil)
+			}
+		}
+	}
+	return jobs, kinds, wants, good, want, names
+}
+
 // runCorrupt is TestGPUCorrupt's body for a Decoder of opts. With wrong
-// set, good chunks with wrong bytes are collected there rather than failed.
-func runCorrupt(t *testing.T, opts Options, wrong *[]string) {
+// set, good chunks with wrong bytes are collected there rather than failed;
+// with gpuOnly set, so are damaged chunks accepted by the GPU only (for
+// options whose host checks are not exact).
+func runCorrupt(t *testing.T, opts Options, wrong, gpuOnly *[]string) {
 	if *flagCorrupt == "" {
 		t.Skip("runs in its own process (-gpu.corrupt=REGEXP): a device fault disables the GPU for the rest of a process")
 	}
@@ -360,27 +384,17 @@ func runCorrupt(t *testing.T, opts Options, wrong *[]string) {
 			t.Logf("decoder warned %d times: %s", n, m)
 		}
 	}()
+	corruptRounds(t, d, opts, logs, corruptFilter, *flagSeeds, wrong, gpuOnly)
+}
+
+// corruptRounds is runCorrupt's test proper, on d (of opts, logging to
+// logs): three rounds of the good and damaged chunks that filter selects,
+// shuffled, then a clean batch.
+func corruptRounds(t *testing.T, d *Decoder, opts Options, logs *warnCounter, filter *regexp.Regexp, seeds int, wrong, gpuOnly *[]string) {
 	r := rand.New(rand.NewPCG(9, 9))
-	good, want, names := genJobs(t, 60, 70)
-	var jobs []codec.Job
-	var kinds []string
-	var wants [][]byte
-	for i, g := range good {
-		jobs = append(jobs, g)
-		kinds = append(kinds, names[i]+"/good")
-		wants = append(wants, want[i])
-		dam := corruptions(g.Src, r)
-		for _, kind := range damageKinds {
-			if !corruptFilter.MatchString(names[i] + "/" + kind) {
-				continue
-			}
-			jobs = append(jobs, codec.Job{Codec: g.Codec, Src: dam[kind], Dst: make([]byte, len(g.Dst))})
-			kinds = append(kinds, names[i]+"/"+kind)
-			wants = append(wants, nil)
-		}
-	}
+	jobs, kinds, wants, good, want, names := damagedJobs(t, filter, seeds)
 	if len(jobs) == len(good) {
-		t.Fatalf("no damaged chunk matches %q", *flagCorrupt)
+		t.Fatalf("no damaged chunk matches %q", filter)
 	}
 	// Every other job in pinned memory from HostAlloc: good and damaged
 	// chunks cross to and from the device directly as well as packed.
@@ -393,17 +407,41 @@ func runCorrupt(t *testing.T, opts Options, wrong *[]string) {
 			defer d.HostFree(dst)
 		}
 	}
+	// toNvcomp: the host's verdict lets the job reach nvCOMP under opts.
+	toNvcomp := func(j codec.Job) bool {
+		p := prepare(&j)
+		return p.err == nil && opts.refuse(&j, &p) == nil
+	}
 	// cpuOnly: the good chunks this configuration leaves to the CPU: those
-	// with deflate streams when Deflate is off, or when the fence caught an
-	// overrun in the batch (deflate slots after it go back to the CPU).
+	// opts refuses (deflate when Deflate is off, zstd without a checksum
+	// when Unverified is off), and those with deflate streams when the
+	// fence caught an overrun in the batch (deflate slots after it go back
+	// to the CPU).
 	fenceHit := false
 	cpuOnly := func(j codec.Job) bool {
-		if opts.Deflate && !fenceHit {
+		p := prepare(&j)
+		if p.err != nil {
 			return false
 		}
-		p := prepare(&j)
-		return p.err == nil && p.uses(algoDeflate)
+		return opts.refuse(&j, &p) != nil || (fenceHit && p.uses(algoDeflate))
 	}
+	var onGPU int // good chunks this configuration decodes on the GPU
+	for _, g := range good {
+		if !cpuOnly(g) {
+			onGPU++
+		}
+	}
+	var damaged, reach int
+	for i := range jobs {
+		if wants[i] == nil {
+			damaged++
+			if toNvcomp(jobs[i]) {
+				reach++
+			}
+		}
+	}
+	t.Logf("%d good chunks (%d for the GPU), %d damaged (%d seeds per kind), %d of them pass the host checks and reach nvCOMP",
+		len(good), onGPU, damaged, seeds, reach)
 	badGood := func(round int, kind string, j codec.Job) {
 		msg := fmt.Sprintf("round %d: good chunk %s: wrong bytes, no error", round, kind)
 		if wrong != nil {
@@ -414,6 +452,7 @@ func runCorrupt(t *testing.T, opts Options, wrong *[]string) {
 		t.Error(msg)
 	}
 	faulted := false
+	var gpuOnlyTotal, cpuRefTotal int
 	for round := range 3 {
 		r.Shuffle(len(jobs), func(a, b int) {
 			jobs[a], jobs[b] = jobs[b], jobs[a]
@@ -426,7 +465,9 @@ func runCorrupt(t *testing.T, opts Options, wrong *[]string) {
 			}
 		}
 		before := logs.fenceWarnings()
+		s0 := d.Stats()
 		err := d.DecodeBatch(context.Background(), jobs)
+		s1 := d.Stats()
 		fenceHit = logs.fenceWarnings() > before
 		if fenceHit {
 			t.Logf("round %d: the fence caught a deflate overrun", round)
@@ -435,13 +476,17 @@ func runCorrupt(t *testing.T, opts Options, wrong *[]string) {
 			faulted = true
 			t.Logf("NVCOMP-FAULT round %d: %v", round, err)
 		}
-		var detected, silent, agreed int
+		var detected, silent, agreed, noRef, decodedGood, decodedDamaged, ok int
 		for i, j := range jobs {
+			if j.Err == nil {
+				ok++
+			}
 			if wants[i] != nil {
 				switch {
 				case j.Err == nil && !bytes.Equal(j.Dst, wants[i]):
 					badGood(round, kinds[i], j)
 				case j.Err == nil:
+					decodedGood++
 				case errors.Is(j.Err, codec.ErrUnsupported) && (faulted || cpuOnly(j)):
 				default:
 					t.Errorf("round %d: good chunk %s: %v", round, kinds[i], j.Err)
@@ -462,18 +507,49 @@ func runCorrupt(t *testing.T, opts Options, wrong *[]string) {
 				if !errors.Is(j.Err, codec.ErrCorrupt) && !errors.Is(j.Err, codec.ErrUnsupported) {
 					t.Errorf("%s: error of no known class: %v", kinds[i], j.Err)
 				}
+				if errors.Is(j.Err, codec.ErrCorrupt) && cerr == nil {
+					t.Errorf("%s: the GPU path calls corrupt what the CPU decodes: %v", kinds[i], j.Err)
+				}
 				detected++
 			case cerr == nil && bytes.Equal(cpu, j.Dst):
+				decodedDamaged++
 				agreed++ // damage neither decoder can see
+			case errors.Is(cerr, codec.ErrUnsupported):
+				decodedDamaged++
+				noRef++ // blosc snappy: the CPU has no decoder to compare with
 			default:
+				decodedDamaged++
 				silent++
-				t.Logf("%s: the GPU accepted what the CPU %s", kinds[i],
+				msg := fmt.Sprintf("%s: the GPU accepted what the CPU %s", kinds[i],
 					map[bool]string{true: "decodes differently", false: "rejects: " + fmt.Sprint(cerr)}[cerr == nil])
+				if gpuOnly != nil {
+					*gpuOnly = append(*gpuOnly, kinds[i])
+					t.Log("GPU-ONLY " + msg)
+				} else {
+					t.Error(msg)
+				}
 			}
 		}
-		if !faulted {
-			t.Logf("round %d: %d damaged chunks detected, %d decode alike on both, %d accepted by the GPU only", round, detected, agreed, silent)
+		// The GPU's own count of what it decoded must be what came back
+		// without error: every such chunk went through nvCOMP or the copy
+		// kernel, none through a CPU decoder.
+		if got := s1.Decoded - s0.Decoded; got != int64(ok) {
+			t.Errorf("round %d: Stats says %d chunks decoded on the GPU, %d jobs came back without error", round, got, ok)
 		}
+		if !faulted && onGPU > 0 && decodedGood == 0 {
+			t.Errorf("round %d: none of the %d good chunks for the GPU decoded there", round, onGPU)
+		}
+		gpuOnlyTotal += silent
+		cpuRefTotal += noRef
+		if !faulted {
+			t.Logf("round %d: %d chunks decoded on the GPU (Stats: %+v); %d damaged chunks detected, %d decode alike on both, %d accepted by the GPU only%s",
+				round, s1.Decoded-s0.Decoded, Stats{Decoded: s1.Decoded - s0.Decoded, Corrupt: s1.Corrupt - s0.Corrupt,
+					ToCPU: s1.ToCPU - s0.ToCPU, Disagreed: s1.Disagreed - s0.Disagreed},
+				detected, agreed, silent, map[bool]string{true: fmt.Sprintf(", %d decoded where the CPU has no decoder", noRef)}[noRef > 0])
+		}
+	}
+	if gpuOnly != nil && gpuOnlyTotal > 0 {
+		t.Logf("GPU-ONLY: %d damaged chunks accepted by the GPU only over 3 rounds (the host checks of these options are not exact)", gpuOnlyTotal)
 	}
 	// Afterwards a clean batch decodes exactly, or, after a fault, goes to
 	// the CPU whole: never wrong bytes.
@@ -482,7 +558,7 @@ func runCorrupt(t *testing.T, opts Options, wrong *[]string) {
 		clean[i] = codec.Job{Codec: g.Codec, Src: g.Src, Dst: make([]byte, len(g.Dst))}
 	}
 	fenceHit = false
-	err = d.DecodeBatch(context.Background(), clean)
+	err := d.DecodeBatch(context.Background(), clean)
 	if err != nil && !faulted {
 		t.Fatalf("clean batch: %v", err)
 	}
@@ -601,7 +677,7 @@ func TestGPUConcurrentMerge(t *testing.T) {
 			cpuRef[i] = out
 		}
 	}
-	for _, opts := range []Options{{}, {Deflate: true, MaxBatchBytes: 16 << 20}} {
+	for _, opts := range []Options{{}, {Deflate: true, Unverified: true, MaxBatchBytes: 16 << 20}} {
 		t.Run(fmt.Sprintf("deflate=%v", opts.Deflate), func(t *testing.T) {
 			rc := &roundCounter{}
 			opts.Logger = slog.New(rc)
@@ -629,9 +705,10 @@ func TestGPUConcurrentMerge(t *testing.T) {
 						}
 						for i, j := range jobs[:n] {
 							k := (g + i) % len(jobs0)
-							deflateOff := !opts.Deflate && (j.Codec == codec.Gzip || j.Codec == codec.Zlib || strings.Contains(names[k], "zlib"))
+							p := prepare(&j)
+							refused := p.err == nil && opts.refuse(&j, &p) != nil // deflate or unverified streams, for the CPU
 							switch {
-							case elem > 1 && len(j.Dst)%elem != 0, deflateOff:
+							case elem > 1 && len(j.Dst)%elem != 0, refused:
 								if !errors.Is(j.Err, codec.ErrUnsupported) {
 									errs <- fmt.Errorf("goroutine %d %s: %v, want ErrUnsupported", g, names[k], j.Err)
 								}
@@ -671,9 +748,9 @@ func TestGPUCancelledMidFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	jobs0, want, names := genJobs(t, 128, 256)
-	var keep []int // what the GPU decodes with Deflate off
+	var keep []int // what the GPU decodes with default Options
 	for i, j := range jobs0 {
-		if p := prepare(&j); p.err == nil && !p.uses(algoDeflate) {
+		if p := prepare(&j); p.err == nil && (Options{}).refuse(&j, &p) == nil {
 			keep = append(keep, i)
 		}
 	}

@@ -29,6 +29,7 @@ var (
 	flagThroughput = flag.Bool("gpu.throughput", false, "run the GPU vs CPU decode throughput comparison (slow)")
 	flagChunks     = flag.Int("gpu.chunks", 128, "chunks per codec in the throughput comparison")
 	flagCorrupt    = flag.String("gpu.corrupt", "", "damage only the chunks whose name/kind matches this regexp (one process per codec and damage)")
+	flagSeeds      = flag.Int("gpu.seeds", 8, "damaged copies of each chunk per kind of damage in the damaged-chunk tests")
 )
 
 func TestMain(m *testing.M) {
@@ -98,6 +99,13 @@ func zstdCompress(b []byte, level int) []byte {
 		return zstdEnc.EncodeAll(b, nil)
 	}
 	e, _ := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.EncoderLevelFromZstd(level)))
+	return e.EncodeAll(b, nil)
+}
+
+// zstdNoCRC is a zstd frame without a content checksum, as numcodecs and
+// zarr-python write by default.
+func zstdNoCRC(b []byte) []byte {
+	e, _ := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedDefault), zstd.WithEncoderCRC(false))
 	return e.EncodeAll(b, nil)
 }
 

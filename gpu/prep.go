@@ -41,13 +41,51 @@ type prepared struct {
 	shuffle *shuffleDesc
 	check   checkKind
 	want    uint32
-	err     error
+	// unverified, when set, says why the host cannot hold nvCOMP's verdict
+	// on this job to the CPU decoder's: zstd streams whose decoded bytes
+	// no checksum verifies (the host checks of zstd are structural only),
+	// or snappy streams, which the CPU decoder does not decode at all.
+	// Such jobs decode on the GPU only with Options.Unverified.
+	unverified string
+	err        error
 }
 
-// prepare reads one job's framing. Errors wrap codec.ErrCorrupt for
-// malformed framing and codec.ErrUnsupported for what the GPU path does not
-// decode (the CPU then takes the job).
+// prepare reads one job's framing and checks its streams on the host
+// (frame, checkStreams): what it accepts, the CPU decoder accepts too, for
+// every codec whose checks are exact (see the package doc). Errors wrap
+// codec.ErrCorrupt for input the CPU decoder rejects as well, and
+// codec.ErrUnsupported for what the GPU path does not decode (the CPU
+// then takes the job).
 func prepare(j *codec.Job) prepared {
+	p := frame(j)
+	if p.err == nil {
+		p.err = checkStreams(j, p.pieces)
+	}
+	return p
+}
+
+// checkStreams walks every LZ4 piece of a framed job (lz4Check): nvCOMP's
+// LZ4 decoder succeeds on damaged blocks that the CPU decoder rejects
+// (a truncated block, a flipped bit), so its success does not decide.
+func checkStreams(j *codec.Job, pieces []piece) error {
+	for i, pc := range pieces {
+		if pc.algo != algoLZ4 {
+			continue
+		}
+		if err := lz4Check(pc.src, pc.n); err != nil {
+			if len(pieces) == 1 {
+				return fmt.Errorf("gpu: %s chunk: %w", j.Codec, err)
+			}
+			return fmt.Errorf("gpu: %s chunk: stream %d: %w", j.Codec, i, err)
+		}
+	}
+	return nil
+}
+
+// frame reads one job's framing and turns it into pieces, with the zstd
+// and snappy checks that keep nvCOMP's kernels from faulting, but without
+// checkStreams' walk of LZ4 blocks.
+func frame(j *codec.Job) prepared {
 	n := int64(len(j.Dst))
 	if n == 0 {
 		// nvCOMP rejects empty chunks; the CPU handles them trivially.
@@ -66,17 +104,18 @@ func prepare(j *codec.Job) prepared {
 			if s := frames[0].size; s >= 0 && s != n {
 				return corrupt(j, "frame header says %d decoded bytes, expected %d", s, n)
 			}
-			p := prepared{pieces: []piece{{algo: algoZstd, src: frames[0].src, n: n}}}
+			p := prepared{pieces: []piece{{algo: algoZstd, src: frames[0].src, n: n}}, unverified: "zstd frame without a content checksum"}
 			// nvCOMP does not check the frame's content checksum; the host
 			// does, while copying the chunk out.
 			if f := frames[0].src; f[4]&0x04 != 0 {
 				p.check, p.want = checkXXH64, binary.LittleEndian.Uint32(f[len(f)-4:])
+				p.unverified = ""
 			}
 			return p
 		}
 		// Several frames: each becomes a piece at its offset, which needs
 		// every frame's decoded size.
-		p := prepared{pieces: make([]piece, 0, len(frames))}
+		p := prepared{pieces: make([]piece, 0, len(frames)), unverified: "zstd chunk of several frames (no checksum checked)"}
 		var off int64
 		for _, f := range frames {
 			if f.size < 0 {

@@ -127,6 +127,7 @@ func (d *Decoder) start(dev device) {
 // wrap codec.ErrUnsupported, and the decoder neither reads nor writes the
 // jobs' memory again.
 func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSize int) error {
+	defer d.stats.tally(jobs)
 	if err := ctx.Err(); err != nil {
 		for i := range jobs {
 			jobs[i].Err = fmt.Errorf("gpu: batch not decoded: %w: %w", codec.ErrUnsupported, err)
@@ -141,12 +142,18 @@ func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSiz
 	// copy workers: on one goroutine they could bound a large batch. They
 	// run here, on the caller's goroutine, while the device decodes other
 	// callers' rounds.
-	d.parallel(len(jobs), func(i int) { preps[i] = prepare(&jobs[i]) })
+	d.parallel(len(jobs), func(i int) {
+		if d.noValidate {
+			preps[i] = frame(&jobs[i])
+		} else {
+			preps[i] = prepare(&jobs[i])
+		}
+	})
 	var ok []int
 	for i := range jobs {
 		jobs[i].Err = nil
-		if preps[i].err == nil && !d.opts.Deflate && preps[i].uses(algoDeflate) {
-			preps[i].err = fmt.Errorf("gpu: %s chunk: deflate decodes on the CPU (Options.Deflate is off): %w", jobs[i].Codec, codec.ErrUnsupported)
+		if preps[i].err == nil {
+			preps[i].err = d.opts.refuse(&jobs[i], &preps[i])
 		}
 		if preps[i].err == nil && elemSize > 1 && len(jobs[i].Dst)%elemSize != 0 {
 			preps[i].err = fmt.Errorf("gpu: %d-byte chunk is not a whole number of %d-byte elements: %w",
@@ -194,6 +201,21 @@ func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSiz
 		}
 	}
 	return err
+}
+
+// refuse returns why a prepared job goes to the CPU under these Options
+// although the GPU path could decode it, or nil.
+func (opts Options) refuse(j *codec.Job, p *prepared) error {
+	switch {
+	case !opts.Deflate && p.uses(algoDeflate):
+		return fmt.Errorf("gpu: %s chunk: deflate decodes on the CPU (Options.Deflate is off): %w", j.Codec, codec.ErrUnsupported)
+	case !opts.Unverified && p.unverified != "":
+		return fmt.Errorf("gpu: %s chunk: %s: decoded on the CPU (Options.Unverified is off): %w", j.Codec, p.unverified, codec.ErrUnsupported)
+	case !opts.Unverified && opts.SkipChecksums && p.check != checkNone:
+		return fmt.Errorf("gpu: %s chunk: only its checksum verifies it, and Options.SkipChecksums is on: decoded on the CPU (Options.Unverified is off): %w",
+			j.Codec, codec.ErrUnsupported)
+	}
+	return nil
 }
 
 func (q *request) result() error {

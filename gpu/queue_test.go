@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
+	"regexp"
 	"runtime"
 	"sync"
 	"testing"
@@ -27,6 +29,10 @@ type fakeRounds struct {
 	gate    chan struct{}
 	submits chan *round // every submitted round, in order
 	fail    func(r *round) error
+	// emulated: rounds go through the emulated device pipeline (emulate,
+	// nvCOMP stood in for by Go decoders of each format) rather than
+	// codec.Decode.
+	emulated bool
 
 	mu       sync.Mutex
 	inFlight map[int]bool
@@ -73,6 +79,14 @@ func (f *fakeRounds) collect(r *round) ([][]byte, []error, error) {
 		if err := f.fail(r); err != nil {
 			return nil, nil, err
 		}
+	}
+	if f.emulated {
+		jobs := make([]codec.Job, len(r.jobs))
+		for k, j := range r.jobs {
+			jobs[k] = codec.Job{Codec: j.Codec, Src: srcs[k], Dst: make([]byte, len(j.Dst))}
+		}
+		outs, errs := emulate(jobs, alignCases[0].aligns, r.elemSize, false)
+		return outs, errs, nil
 	}
 	outs := make([][]byte, len(r.jobs))
 	errs := make([]error, len(r.jobs))
@@ -414,8 +428,7 @@ func TestQueueJobErrorsStayPerJob(t *testing.T) {
 	defer d.Close()
 	c := newCaller(1, 3, 0)
 	c.jobs[1].Src = bytes.Clone(c.jobs[1].Src)
-	// A valid LZ4 header with a damaged block: prepare accepts it, the
-	// device rejects it.
+	// A valid LZ4 header with a damaged block: the host checks reject it.
 	for i := 4; i < len(c.jobs[1].Src); i++ {
 		c.jobs[1].Src[i] = 0xFF
 	}
@@ -429,6 +442,64 @@ func TestQueueJobErrorsStayPerJob(t *testing.T) {
 		if c.jobs[k].Err != nil || !bytes.Equal(c.jobs[k].Dst, c.want[k]) {
 			t.Fatalf("good job %d next to a damaged one: %v", k, c.jobs[k].Err)
 		}
+	}
+}
+
+// TestQueueStats: Stats counts each job by its outcome, whichever path
+// gave it: decoded, corrupt (the host checks), left to the CPU (a codec
+// refused, a zstd frame without checksum under default Options).
+func TestQueueStats(t *testing.T) {
+	f := newFake(t, false)
+	d := newFakeDecoder(f, Options{})
+	defer d.Close()
+	data := field(20, 30, 1)
+	lz := compress(codec.LZ4, data)
+	damaged := bytes.Clone(lz)
+	damaged = damaged[:len(damaged)-3]
+	jobs := []codec.Job{
+		{Codec: codec.LZ4, Src: lz, Dst: make([]byte, len(data))},
+		{Codec: codec.Zstd, Src: compress(codec.Zstd, data), Dst: make([]byte, len(data))}, // with a checksum
+		{Codec: codec.LZ4, Src: damaged, Dst: make([]byte, len(data))},
+		{Codec: codec.Zstd, Src: zstdNoCRC(data), Dst: make([]byte, len(data))}, // without
+		{Codec: codec.Gzip, Src: compress(codec.Gzip, data), Dst: make([]byte, len(data))},
+	}
+	if err := d.DecodeBatch(context.Background(), jobs); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := d.Stats(), (Stats{Decoded: 2, Corrupt: 1, ToCPU: 2}); got != want {
+		t.Fatalf("Stats %+v, want %+v (jobs: %v %v %v %v %v)", got, want, jobs[0].Err, jobs[1].Err, jobs[2].Err, jobs[3].Err, jobs[4].Err)
+	}
+}
+
+// TestCorruptEmulated runs the GPU's damaged-chunk test (corruptRounds)
+// over the emulated device, whose stand-ins for nvCOMP are Go decoders of
+// each format: what it shows is the test's own bookkeeping (Stats against
+// the jobs, which good chunks go where under each Options) and that the
+// host checks keep from the device what those decoders would accept and
+// the CPU decoder rejects, without a GPU.
+func TestCorruptEmulated(t *testing.T) {
+	filter := regexp.MustCompile(`^(zstd|lz4|gzip|blosc-(lz4|zstd|zlib)-|blosc-raw).*/`)
+	for _, c := range []struct {
+		name string
+		opts Options
+	}{{"default", Options{}}, {"unverified", Options{Unverified: true}}, {"deflate+unverified", Options{Deflate: true, Unverified: true}}} {
+		opts := c.opts
+		t.Run(c.name, func(t *testing.T) {
+			logs := &warnCounter{n: map[string]int{}}
+			opts.Logger = slog.New(logs)
+			f := newFake(t, false)
+			f.emulated = true
+			d := newFakeDecoder(f, opts)
+			defer d.Close()
+			// Under default Options a chunk accepted by the GPU only fails
+			// the test; under the others it is expected (blosc zlib: no
+			// Adler-32 check on the device path) and counted.
+			var gpuOnly *[]string
+			if opts.Unverified || opts.Deflate {
+				gpuOnly = new([]string)
+			}
+			corruptRounds(t, d, opts, logs, filter, 1, nil, gpuOnly)
+		})
 	}
 }
 

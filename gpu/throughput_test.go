@@ -109,15 +109,17 @@ func (h *phaseHandler) reset() {
 }
 
 // TestThroughputSummary compares decode throughput on the GPU with the CPU
-// decoder on one core and on all cores, over the same chunks in one run.
-// It asserts only correctness; the numbers are printed. Run with
-// -gpu.throughput (integration/gpu/run.sh does).
+// decoder on one core and on all cores, over the same chunks in one run,
+// and the GPU with and without the host's LZ4 checks (checkStreams). It
+// asserts only correctness; the numbers are printed. Run with
+// -gpu.throughput (integration/gpu/run.sh does). The decoders take
+// Options.Unverified, so that blosc-zstd is measured on the GPU.
 func TestThroughputSummary(t *testing.T) {
 	if !*flagThroughput {
 		t.Skip("throughput comparison not requested (-gpu.throughput)")
 	}
 	ph := &phaseHandler{sums: map[string]time.Duration{}}
-	d, err := New(Options{Logger: slog.New(ph)})
+	d, err := New(Options{Logger: slog.New(ph), Unverified: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +136,7 @@ func TestThroughputSummary(t *testing.T) {
 		streams int
 		round   int64
 	}{{2, 128 << 20}, {3, 128 << 20}, {4, 64 << 20}, {4, 128 << 20}, {4, 256 << 20}, {6, 64 << 20}, {6, 128 << 20}, {8, 64 << 20}} {
-		v, err := New(Options{Streams: c.streams, RoundBytes: c.round, MaxBatchBytes: int64(c.streams) * c.round * 2})
+		v, err := New(Options{Streams: c.streams, RoundBytes: c.round, MaxBatchBytes: int64(c.streams) * c.round * 2, Unverified: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -153,8 +155,9 @@ func TestThroughputSummary(t *testing.T) {
 	gbs := func(b int64, dt time.Duration) float64 { return float64(b) / dt.Seconds() / 1e9 }
 
 	var lines []string
-	lines = append(lines, fmt.Sprintf("%-18s %6s %9s %9s %9s %9s %9s %8s %8s",
-		"codec", "ratio", "cpu1", fmt.Sprintf("cpu%d", ncpu), "gpu-b16", fmt.Sprintf("gpu-b%d", n), "gpu-dev", "x cpu1", fmt.Sprintf("x cpu%d", ncpu)))
+	lines = append(lines, fmt.Sprintf("%-18s %6s %9s %9s %9s %9s %9s %8s %8s %9s %9s %7s %9s",
+		"codec", "ratio", "cpu1", fmt.Sprintf("cpu%d", ncpu), "gpu-b16", fmt.Sprintf("gpu-b%d", n), "gpu-dev", "x cpu1", fmt.Sprintf("x cpu%d", ncpu),
+		"pinned", "no-check", "ratio", "check1"))
 	for _, w := range loads {
 		in, out := decodedBytes(w.jobs)
 		// CPU, one core: a few chunks, one after the other.
@@ -265,6 +268,26 @@ func TestThroughputSummary(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// The same without the host's LZ4 checks, to show what they cost.
+		d.noValidate = true
+		dtNoCheck, _, err := pinnedRun(d)
+		d.noValidate = false
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The checks alone on one core, in GB/s of decoded data as the
+		// other columns (compressed bytes in the benchmarks).
+		dtCheck, err := best(3, func() error {
+			for _, j := range few {
+				if p := prepare(&j); p.err != nil {
+					return p.err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
 		extra = append(extra, fmt.Sprintf("%-18s gpu-b%d pinned (HostAlloc): %.2f GB/s, %.2f x cpu%d; device busy %.2f GB/s",
 			w.name, n, gbs(out, dtPinned), gbs(out, dtPinned)/gbs(out, dtAll), ncpu, gbs(out, kernPinned)))
 		for _, v := range variants {
@@ -292,8 +315,9 @@ func TestThroughputSummary(t *testing.T) {
 		g16, gN := gbs(out, dt16), gbs(out, dtN)
 		g := max(g16, gN)
 		c1, cAll := gbs(fewOut, dt1), gbs(out, dtAll)
-		lines = append(lines, fmt.Sprintf("%-18s %6.2f %9.2f %9.2f %9.2f %9.2f %9.2f %8.1f %8.2f",
-			w.name, float64(out)/float64(in), c1, cAll, g16, gN, gbs(out, kernN), g/c1, g/cAll))
+		gp, gnc := gbs(out, dtPinned), gbs(out, dtNoCheck)
+		lines = append(lines, fmt.Sprintf("%-18s %6.2f %9.2f %9.2f %9.2f %9.2f %9.2f %8.1f %8.2f %9.2f %9.2f %7.3f %9.2f",
+			w.name, float64(out)/float64(in), c1, cAll, g16, gN, gbs(out, kernN), g/c1, g/cAll, gp, gnc, gp/gnc, gbs(fewOut, dtCheck)))
 	}
 	summary := fmt.Sprintf("decode throughput, GB/s of decoded data (%d chunks of %dx%d float32 = %.1f MB each per codec; %s; %d CPU cores; nvCOMP input alignments %v)\n",
 		n, era5Y, era5X, float64(4*era5Y*era5X)/1e6, d.Info(), ncpu, d.inAligns)
@@ -302,7 +326,9 @@ func TestThroughputSummary(t *testing.T) {
 	}
 	summary += "cpu1: codec.Decode on one goroutine; cpuN: codec.NewCPU with N workers; gpu-bK: DecodeBatch of K chunks, from host memory to host memory\n" +
 		"(pack, H2D, nvCOMP, kernels, D2H, copy out; rounds of 512 MiB pipelined); gpu-dev: decoded bytes over the device's busy time (H2D to D2H, CUDA events)\n" +
-		"in the one-batch run; x: best gpu over cpu.\n"
+		"in the one-batch run; x: best gpu over cpu; " +
+		fmt.Sprintf("pinned, no-check: gpu-b%d with pinned memory, with and without the host's LZ4 checks,\n", n) +
+		"ratio: pinned over no-check; check1: prepare (framing and every host check) on one goroutine.\n"
 	fmt.Print(summary)
 	t.Log("\n" + summary)
 }

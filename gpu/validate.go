@@ -4,16 +4,19 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
-// This file holds the structural checks a compressed stream passes on the
-// CPU before nvCOMP sees it. nvCOMP treats damaged input as undefined
-// behaviour, and some damaged zstd and snappy streams make its kernels
-// fault, which ends GPU decoding for the process (a CUDA context does not
-// survive a fault). A stream these checks reject is reported as corrupt
-// and never reaches the device. The checks cost a few byte reads per zstd
-// block (128 KiB of output) and one pass over a snappy stream's tags,
-// without writing anything: far less than decoding.
+// This file holds the checks a compressed stream passes on the CPU before
+// nvCOMP sees it. nvCOMP treats damaged input as undefined behaviour: it
+// decodes damaged LZ4 blocks without an error, and some damaged zstd and
+// snappy streams make its kernels fault, which ends GPU decoding for the
+// process (a CUDA context does not survive a fault). A stream these checks
+// reject is reported as corrupt and never reaches the device. The LZ4 walk
+// is exact (what it passes, the CPU decoder accepts); the zstd checks read
+// headers only, a few bytes per block of 128 KiB of output; the snappy
+// walk proves a stream in bounds. None of them writes anything.
 
 // zstdMaxBlock is Block_Maximum_Size's upper bound (RFC 8878, 3.1.1.2).
 const zstdMaxBlock = 128 << 10
@@ -247,4 +250,109 @@ func snappyCheck(src []byte, n int64) error {
 		return fmt.Errorf("snappy stream decodes to %d bytes, expected %d", pos, n)
 	}
 	return nil
+}
+
+// lz4Check walks one raw LZ4 block that must decode to exactly n bytes the
+// way zarrfs's CPU decoder (pierrec/lz4's UncompressBlock, behind
+// codec.Decode) reads it, reading only the tokens, lengths and offsets and
+// copying nothing. It returns nil when that decoder accepts the block and
+// an error wrapping codec.ErrCorrupt when it rejects it: a literal run or
+// length byte past the end of the block, a match offset of zero or before
+// the first byte, anything decoding past n bytes, input that ends after
+// the literals with a match length left or inside an offset, or a block
+// that decodes to fewer than n bytes. Any LZ4 decoder that decodes a block
+// passing these checks writes the same n bytes, so nvCOMP's success is no
+// longer what accepts a chunk.
+//
+// The CPU decoder also accepts blocks that break the format's end-of-block
+// rules (the last sequence is literals only, the last five bytes are
+// literals, no match starts within the last twelve), which every LZ4
+// encoder keeps and which fast decoders such as nvCOMP's may rely on to
+// copy in wide words. For those it returns an error wrapping
+// codec.ErrUnsupported: they go to the CPU, which decides as it always
+// does.
+func lz4Check(src []byte, n int64) error {
+	if len(src) == 0 {
+		return fmt.Errorf("empty LZ4 block for %d bytes: %w", n, codec.ErrCorrupt)
+	}
+	var (
+		si        int   // input position
+		di        int64 // bytes decoded so far
+		lastMatch = int64(-1)
+		lastLen   int64
+		endsInLit bool
+	)
+	for si < len(src) {
+		tok := src[si]
+		si++
+		lit := int64(tok >> 4)
+		if lit == 15 {
+			var ok bool
+			if lit, si, ok = lz4Length(src, si, lit); !ok {
+				return lz4Bad("literal length runs past the block's end", si, di)
+			}
+		}
+		if lit > int64(len(src)-si) {
+			return lz4Bad(fmt.Sprintf("literal run of %d bytes overruns the block", lit), si, di)
+		}
+		if lit > n-di {
+			return lz4Bad(fmt.Sprintf("literal run of %d bytes decodes past %d bytes", lit, n), si, di)
+		}
+		si += int(lit)
+		di += lit
+		if si == len(src) {
+			if tok&15 != 0 {
+				return lz4Bad("block ends with a match length and no offset", si, di)
+			}
+			endsInLit = true
+			break
+		}
+		if len(src)-si < 2 {
+			return lz4Bad("match offset truncated", si, di)
+		}
+		off := int64(src[si]) | int64(src[si+1])<<8
+		si += 2
+		if off == 0 || off > di {
+			return lz4Bad(fmt.Sprintf("match offset %d", off), si, di)
+		}
+		ml := int64(tok&15) + 4
+		if tok&15 == 15 {
+			var ok bool
+			if ml, si, ok = lz4Length(src, si, ml); !ok {
+				return lz4Bad("match length runs past the block's end", si, di)
+			}
+		}
+		if ml > n-di {
+			return lz4Bad(fmt.Sprintf("match of %d bytes decodes past %d bytes", ml, n), si, di)
+		}
+		lastMatch, lastLen = di, ml
+		di += ml
+	}
+	if di != n {
+		return fmt.Errorf("LZ4 block decodes to %d bytes, expected %d: %w", di, n, codec.ErrCorrupt)
+	}
+	if lastMatch >= 0 && (!endsInLit || lastMatch > n-12 || lastMatch+lastLen > n-5) {
+		return fmt.Errorf("LZ4 block breaks the end-of-block rules (last match at %d of %d bytes, %d long; ends in literals: %v): %w",
+			lastMatch, n, lastLen, endsInLit, codec.ErrUnsupported)
+	}
+	return nil
+}
+
+// lz4Length adds to v the length bytes at src[si:] (255 means: another
+// follows) and returns it with the position after them; ok is false when
+// the block ends first.
+func lz4Length(src []byte, si int, v int64) (_ int64, _ int, ok bool) {
+	for si < len(src) {
+		x := src[si]
+		si++
+		v += int64(x)
+		if x != 255 {
+			return v, si, true
+		}
+	}
+	return v, si, false
+}
+
+func lz4Bad(what string, si int, di int64) error {
+	return fmt.Errorf("LZ4 block: %s (input byte %d, output byte %d): %w", what, si, di, codec.ErrCorrupt)
 }

@@ -7,7 +7,8 @@
 #      concurrent callers;
 #   2. damaged chunks mixed with good ones (run on their own, one process
 #      per codec and damage, so that a device fault cannot spoil the other
-#      results): the shipped configuration must never return a wrong byte;
+#      results): the shipped configuration must never return a wrong byte,
+#      nor accept a chunk that the CPU decoder rejects;
 #      with Options.Deflate on, what nvCOMP's deflate decoder does to its
 #      neighbours and whether the fence stops it is reported;
 #   3. decode throughput on ERA5-like chunks (721x1440 float32, zstd level 3,
@@ -23,6 +24,7 @@
 #                      loader path nor in a Python site-packages folder
 #                      (pip install nvidia-libnvcomp-cu13)
 #   GPU_CHUNKS         chunks per codec in the throughput run (default 128)
+#   GPU_SEEDS          damaged copies per chunk and kind of damage (default 8)
 #   REGEN_PTX=1        compile gpu/kernels/kernels.cu with nvcc and test that
 #                      PTX instead of the embedded one (a copy lands in LOGDIR)
 #   LOGDIR             where logs go (default: a temporary folder)
@@ -59,43 +61,69 @@ grep -q '^PASS' "$logdir/tests.log" || status=1
 grep -q -- '--- SKIP: TestGPUVectors' "$logdir/tests.log" && { echo "GPU tests skipped: no GPU decoding on this machine"; status=1; }
 
 echo "== damaged chunks"
-# One process per codec and kind of damage: a device fault poisons a CUDA
-# context for the rest of its process, so this shows which inputs nvCOMP
-# survives, and that good chunks decoded alongside stay right.
-# TestGPUCorrupt: default Options (deflate codecs on the CPU), as shipped:
-# any good chunk with a wrong byte fails the suite.
+# A device fault poisons a CUDA context for the rest of its process, so the
+# damaged chunks run in processes of their own: this shows which inputs
+# nvCOMP survives, and that good chunks decoded alongside stay right. Every
+# kind of damage (gpu/damage_test.go) with GPU_SEEDS seeds per chunk.
+# TestGPUCorrupt: default Options, as shipped (deflate codecs and zstd
+# without a checksum on the CPU): any good chunk with a wrong byte, and any
+# damaged chunk the GPU accepts that the CPU rejects or decodes otherwise,
+# fails the suite.
 # TestGPUCorruptDeflate: Options.Deflate on, deflate damage only: a good
 # chunk with wrong bytes is the known nvCOMP deflate defect, reported (the
-# test skips) without failing the suite.
+# test skips) without failing the suite; chunks accepted by the GPU only
+# are reported (deflate's host checks are not exact).
+# TestGPUCorruptUnverified: Options.Unverified on, zstd and blosc-zstd:
+# chunks accepted by the GPU only are reported, the measure of what
+# Unverified risks.
+# One process per codec for all kinds at once; should nvCOMP fault there,
+# the codec runs again one process per kind, to show which damage does it.
+kinds="flip-header flip-body flips trunc-block trunc-inside trunc-tail swap-blocks size-nbytes size-fields zeros garbage extend"
 : >"$logdir/corrupt.log"
-corrupt_case() { # test codec kind
+faulted=0
+corrupt_case() { # test codec kind-regexp
 	local out
-	out=$("$bin" -test.v -test.timeout 120s -test.run "^$1\$" -gpu.corrupt="^$2.*/$3\$" "${ptxflag[@]}" 2>&1)
+	out=$("$bin" -test.v -test.timeout 300s -test.run "^$1\$" -gpu.corrupt="^$2.*/$3\$" -gpu.seeds "${GPU_SEEDS:-8}" "${ptxflag[@]}" 2>&1)
 	echo "### $1 $2 $3" >>"$logdir/corrupt.log"
 	echo "$out" >>"$logdir/corrupt.log"
-	local name=$2
+	local name=$2 kind=$3
+	[[ $kind == '.*' ]] && kind=all
 	[[ $1 == TestGPUCorruptDeflate ]] && name="$2 (Deflate)"
+	[[ $1 == TestGPUCorruptUnverified ]] && name="$2 (Unverified)"
+	local gpuonly=""
+	grep -q 'GPU-ONLY:' <<<"$out" && gpuonly=" [$(grep -m1 'GPU-ONLY:' <<<"$out" | sed 's/.*GPU-ONLY: //; s/ over 3 rounds.*//')]"
+	faulted=0
 	if grep -q -- '--- SKIP' <<<"$out" && grep -q 'KNOWN nvCOMP deflate defect' <<<"$out"; then
-		printf '%-22s %-10s KNOWN nvCOMP deflate defect: %s\n' "$name" "$3" "$(grep -c WRONG-BYTES <<<"$out") wrong good chunks (see corrupt.log)"
+		printf '%-26s %-13s KNOWN nvCOMP deflate defect: %s%s\n' "$name" "$kind" "$(grep -c WRONG-BYTES <<<"$out") wrong good chunks (see corrupt.log)" "$gpuonly"
 	elif grep -q '^PASS' <<<"$out" && grep -q 'NVCOMP-FAULT' <<<"$out"; then
-		printf '%-22s %-10s ok, but nvCOMP faulted: GPU off, jobs sent to the CPU\n' "$name" "$3"
+		faulted=1
+		printf '%-26s %-13s ok, but nvCOMP faulted: GPU off, jobs sent to the CPU\n' "$name" "$kind"
 	elif grep -q '^PASS' <<<"$out"; then
-		printf '%-22s %-10s ok   %s%s\n' "$name" "$3" "$(grep -m1 'round 0:' <<<"$out" | sed 's/.*round 0: //')" \
-			"$(grep -q 'fence caught' <<<"$out" && echo ' [fence caught a deflate overrun]')"
+		printf '%-26s %-13s ok   %s; %s%s%s\n' "$name" "$kind" \
+			"$(grep -m1 'damaged (' <<<"$out" | sed -E 's/.* ([0-9]+) damaged .*, ([0-9]+) of them.*/\1 damaged, \2 reach nvCOMP/')" \
+			"$(grep -m1 'round 0:' <<<"$out" | sed 's/.*round 0: //; s/ (Stats: [^)]*)//')" \
+			"$(grep -q 'fence caught' <<<"$out" && echo ' [fence caught a deflate overrun]')" "$gpuonly"
 	else
 		status=1
-		printf '%-22s %-10s FAIL %s\n' "$name" "$3" "$(grep -m1 -E 'good chunk|error of no known|clean batch|panic|timed out|FAIL' <<<"$out" | sed 's/^ *//')"
+		printf '%-26s %-13s FAIL %s\n' "$name" "$kind" "$(grep -m1 -E 'good chunk|accepted what|error of no known|calls corrupt|Stats says|clean batch|panic|timed out|FAIL' <<<"$out" | sed 's/^ *//')"
+	fi
+}
+corrupt_codec() { # test codec
+	corrupt_case "$1" "$2" '.*'
+	if [[ $faulted == 1 ]]; then
+		for k in $kinds; do
+			corrupt_case "$1" "$2" "$k"
+		done
 	fi
 }
 for c in zstd lz4 gzip zlib blosc-lz4- blosc-zstd- blosc-zlib- blosc-snappy- blosc-raw; do
-	for k in bitflips truncated garbage zeros; do
-		corrupt_case TestGPUCorrupt "$c" "$k"
-	done
+	corrupt_codec TestGPUCorrupt "$c"
 done
 for c in gzip zlib blosc-zlib-; do
-	for k in bitflips truncated garbage zeros; do
-		corrupt_case TestGPUCorruptDeflate "$c" "$k"
-	done
+	corrupt_codec TestGPUCorruptDeflate "$c"
+done
+for c in zstd blosc-zstd-; do
+	corrupt_codec TestGPUCorruptUnverified "$c"
 done
 echo "== nvCOMP deflate on damaged streams (overrun past the output, neighbours with and without the fence)"
 "$bin" -test.v -test.timeout 300s -test.run '^TestGPUDeflateOverrun$' -gpu.corrupt=. "${ptxflag[@]}" 2>&1 |

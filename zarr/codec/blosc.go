@@ -268,8 +268,10 @@ func (h *bloscHeader) stream(pos, n int) (s []byte, raw bool, next int, err erro
 // ParseBlosc validates a blosc frame's header and block table and lists its
 // streams, without decoding anything. It allocates the Streams slice (one
 // entry per stream, at most len(src)/4), nothing else. Errors wrap
-// ErrCorrupt for a malformed frame and ErrUnsupported for a frame from
-// another format version or an unknown inner codec; a snappy frame parses
+// ErrCorrupt for a malformed frame (one Decode rejects too) and
+// ErrUnsupported for a frame from another format version or an unknown
+// inner codec, or one whose blocks share streams so much that listing
+// them would take more memory than the frame; a snappy frame parses
 // (Compressor "snappy") although this package cannot decode its streams.
 func ParseBlosc(src []byte) (*BloscFrame, error) {
 	h, err := parseBloscHeader(src)
@@ -301,30 +303,47 @@ func ParseBlosc(src []byte) (*BloscFrame, error) {
 		count += h.splits(i, n)
 	}
 	if count > len(h.src)/4 {
-		return nil, fmt.Errorf("blosc: %d streams do not fit a frame of %d bytes: %w", count, len(h.src), ErrCorrupt)
+		// Only blocks that share streams get here (every stream takes at
+		// least its 4-byte size). Such a frame is corrupt if its table or a
+		// size prefix is; otherwise only decoding its streams can tell, so
+		// it is left to Decode.
+		if err := h.walk(func(BloscStream) {}); err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("blosc: %d streams listed in a frame of %d bytes: %w", count, len(h.src), ErrUnsupported)
 	}
 	f.Streams = make([]BloscStream, 0, count)
+	if err := h.walk(func(s BloscStream) { f.Streams = append(f.Streams, s) }); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// walk checks every block's split, its entry in the block table and its
+// streams' size prefixes, in frame order, as decodeBlosc does, and hands
+// each stream to fn.
+func (h *bloscHeader) walk(fn func(BloscStream)) error {
 	for i := 0; i < h.nblocks; i++ {
 		off, n := h.block(i)
 		ns := h.splits(i, n)
 		if n%ns != 0 {
-			return nil, fmt.Errorf("blosc: block %d of %d bytes split in %d streams: %w", i, n, ns, ErrCorrupt)
+			return fmt.Errorf("blosc: block %d of %d bytes split in %d streams: %w", i, n, ns, ErrCorrupt)
 		}
 		ne := n / ns
 		pos, err := h.blockStart(i)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		for j := 0; j < ns; j++ {
 			s, raw, next, err := h.stream(pos, ne)
 			if err != nil {
-				return nil, fmt.Errorf("block %d: %w", i, err)
+				return fmt.Errorf("block %d: %w", i, err)
 			}
-			f.Streams = append(f.Streams, BloscStream{Src: s, DstOff: off + j*ne, DstLen: ne, Raw: raw})
+			fn(BloscStream{Src: s, DstOff: off + j*ne, DstLen: ne, Raw: raw})
 			pos = next
 		}
 	}
-	return f, nil
+	return nil
 }
 
 // decodeBlosc decodes a blosc frame into dst, block by block: each block's

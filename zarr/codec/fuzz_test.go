@@ -55,7 +55,8 @@ func FuzzDecode(f *testing.F) {
 	})
 }
 
-// FuzzBloscParse checks that ParseBlosc never panics, and that what it
+// FuzzBloscParse checks that ParseBlosc never panics, that what it calls
+// corrupt Decode rejects too (the GPU path relies on it), and that what it
 // accepts is self-consistent: streams inside the frame, covering the
 // decoded buffer exactly once, in order.
 func FuzzBloscParse(f *testing.F) {
@@ -69,6 +70,11 @@ func FuzzBloscParse(f *testing.F) {
 		if err != nil {
 			if !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrUnsupported) {
 				t.Fatalf("error wraps neither sentinel: %v", err)
+			}
+			if n := int(int32(binary.LittleEndian.Uint32(src[4:]))); errors.Is(err, ErrCorrupt) && len(src) >= 16 && n >= 0 && n <= 1<<20 {
+				if derr := Decode(Blosc, make([]byte, n), src); derr == nil {
+					t.Fatalf("ParseBlosc: %v; Decode accepts the frame", err)
+				}
 			}
 			return
 		}
