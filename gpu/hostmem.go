@@ -220,6 +220,9 @@ func (p *hostPool) growLocked(n int) {
 			p.used -= int64(n)
 			return
 		}
+		// Registered for a request: it counts as activity, so the idle
+		// timer does not take it back before it is used.
+		p.last = time.Now()
 		a := &arena{mem: mem, start: uintptr(unsafe.Pointer(&mem[0])), registered: true, free: []span{{0, n}}}
 		a.end = a.start + uintptr(n)
 		i, _ := slices.BinarySearchFunc(p.arenas, a.start, func(x *arena, s uintptr) int { return cmpPtr(x.start, s) })
