@@ -28,11 +28,19 @@ type BlobKey struct {
 	// Path is the mounted file's path inside the mount ("t/0042.npy"),
 	// slash-separated, relative and clean.
 	Path string
+	// Identity names what the bytes were built from (a hash the caller
+	// computes from the inputs that may change under a stable path: the
+	// identities of the source chunks read, the metadata), recorded with
+	// the blob. An indexed blob whose recorded Identity differs is stale:
+	// GetBlob fills the key again and replaces it. Empty is an identity
+	// like any other. When set, it must satisfy ValidIdentity. It plays no
+	// part in the blob's path.
+	Identity string
 }
 
 func (k BlobKey) rel() (string, error) {
 	if k.Layout == "" || k.Layout == "." || k.Layout == ".." || strings.ContainsAny(k.Layout, "/\x00") ||
-		!fs.ValidPath(k.Path) || k.Path == "." {
+		!fs.ValidPath(k.Path) || k.Path == "." || (k.Identity != "" && !ValidIdentity(k.Identity)) {
 		return "", fmt.Errorf("blob %q/%q: %w", k.Layout, k.Path, ErrInvalidKey)
 	}
 	return blobsDir + "/" + k.Layout + "/" + k.Path, nil
@@ -48,7 +56,8 @@ func (c *Cache) BlobDir(layout string) string {
 	return filepath.Join(c.dir, blobsDir, layout)
 }
 
-// HasBlob reports whether the complete blob for k is indexed and present.
+// HasBlob reports whether the complete blob for k, with k's Identity, is
+// indexed and present.
 func (c *Cache) HasBlob(k BlobKey) bool {
 	rel, err := k.rel()
 	if err != nil {
@@ -65,8 +74,9 @@ func (c *Cache) HasBlob(k BlobKey) bool {
 	if e != nil {
 		size = e.size
 	}
+	current := e != nil && e.ident == k.Identity
 	c.mu.Unlock()
-	if e == nil {
+	if !current {
 		return false
 	}
 	fi, err := os.Stat(filepath.Join(c.dir, rel))
@@ -115,7 +125,10 @@ func (h *Handle) Close() error {
 }
 
 // GetBlob returns an open, pinned Handle on the complete blob for k,
-// running fill once when it is absent.
+// running fill once when it is absent or indexed with another Identity
+// (stale). A stale blob is replaced by an atomic rename: a reader that has
+// the old file open keeps reading it, and the path never names a partial
+// file.
 //
 // fill must write exactly size bytes into f, a fresh temp file on the
 // cache's filesystem (not in the blob's final directory: temp files live
@@ -139,16 +152,20 @@ func (c *Cache) GetBlob(ctx context.Context, k BlobKey, size int64, fill func(ct
 	if size < 0 {
 		return nil, fmt.Errorf("blob %s: negative size %d", rel, size)
 	}
+	// Fills of one path for two identities (an old and a new view of the
+	// source) are separate flights; the later publish wins the path.
+	flightKey := rel + "\x00" + k.Identity
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		h, err := c.openIndexed(rel, size)
+		h, err := c.openIndexed(rel, size, k.Identity)
 		if err != nil || h != nil {
 			return h, err
 		}
-		h, err = join(c, c.blobFlights, rel, ctx,
-			func(ctx context.Context) (*os.File, error) { return c.fillBlob(ctx, rel, size, fill) },
+		h, err = join(c, c.blobFlights, flightKey, ctx,
+			func() bool { e := c.idx[rel]; return e != nil && e.ident == k.Identity },
+			func(ctx context.Context) (*os.File, error) { return c.fillBlob(ctx, rel, size, k.Identity, fill) },
 			func(f *os.File, _ bool) (*Handle, error) { return c.dupHandle(rel, f, size) },
 			func(f *os.File) { f.Close() },
 		)
@@ -158,17 +175,24 @@ func (c *Cache) GetBlob(ctx context.Context, k BlobKey, size int64, fill func(ct
 	}
 }
 
-// openIndexed opens rel if the index has it. It returns nil, nil when the
-// blob is absent, or was evicted or damaged under us (then it is forgotten
-// and the caller fills it again).
-func (c *Cache) openIndexed(rel string, size int64) (*Handle, error) {
+// openIndexed opens rel if the index has it with identity ident. It returns
+// nil, nil when the blob is absent or stale, or was evicted or damaged
+// under us (then it is forgotten and the caller fills it again).
+func (c *Cache) openIndexed(rel string, size int64, ident string) (*Handle, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
 		return nil, ErrClosed
 	}
 	e := c.lookupLocked(rel)
-	if e == nil {
+	if e != nil && e.ident != ident {
+		// Another instance may have replaced it meanwhile.
+		c.tailLocked()
+		e = c.idx[rel]
+	}
+	if e == nil || e.ident != ident {
+		// Absent, or stale: the fill replaces it. A stale entry stays
+		// indexed (its file is still there) until then.
 		c.mu.Unlock()
 		return nil, nil
 	}
@@ -291,7 +315,7 @@ func (h *hashingWriter) sum(size int64) (uint64, error) {
 
 // fillBlob runs one fill and returns a read-only descriptor, locked shared,
 // on the now-visible blob.
-func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, fill func(ctx context.Context, f Writer) error) (_ *os.File, err error) {
+func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, ident string, fill func(ctx context.Context, f Writer) error) (_ *os.File, err error) {
 	// A blob larger than the whole budget would evict everything and then
 	// itself: it is filled and served from an unlinked temp file instead,
 	// never indexed.
@@ -352,7 +376,7 @@ func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, fill func(
 		ro.Close()
 		return nil, fmt.Errorf("blob %s: lock: %w", rel, err)
 	}
-	if err := c.publish(rel, tmpName, size, sum); err != nil {
+	if err := c.publish(rel, tmpName, size, sum, ident); err != nil {
 		ro.Close()
 		return nil, err
 	}
@@ -377,8 +401,10 @@ func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, fill func(
 // indexes it, turning the caller's reservation of size bytes into the
 // entry. The record goes first: a kill between the two leaves a record
 // without a file (forgotten on first use or at recovery), never a file
-// without a record that nobody accounts for.
-func (c *Cache) publish(rel, tmpName string, size int64, sum uint64) error {
+// without a record that nobody accounts for; a kill after the record of a
+// replacement but before its rename leaves the old file under the new
+// record, which fails verification at recovery and is dropped.
+func (c *Cache) publish(rel, tmpName string, size int64, sum uint64, ident string) error {
 	final := filepath.Join(c.dir, rel)
 	if err := os.MkdirAll(filepath.Dir(final), 0o755); err != nil {
 		return fmt.Errorf("%s: %w", rel, err)
@@ -388,33 +414,33 @@ func (c *Cache) publish(rel, tmpName string, size int64, sum uint64) error {
 		c.mu.Unlock()
 		return fmt.Errorf("%s: %w", rel, ErrClosed)
 	}
-	err := c.appendLocked(record{op: opAdd, size: size, sum: sum, key: rel})
+	// A file indexed with other bytes is a stale version being replaced.
+	prev := c.idx[rel]
+	replacing := prev != nil && (prev.sum != sum || prev.size != size)
+	err := c.appendLocked(record{op: opAdd, size: size, sum: sum, ident: ident, key: rel})
 	c.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("%s: %w", rel, err)
 	}
-	for attempt := 0; ; attempt++ {
-		err = os.Link(tmpName, final)
-		if err == nil || !errors.Is(err, fs.ErrExist) {
-			break
+	err = os.Link(tmpName, final)
+	if errors.Is(err, fs.ErrExist) {
+		err = nil
+		// Either another instance linked the same blob first (identical
+		// bytes: keep theirs unless damaged; rare, so checking the whole
+		// file is affordable), or the file is the stale version this fill
+		// replaces. The rename replaces it atomically: the path never
+		// names a missing or partial file, and readers of the old one
+		// keep it.
+		keep := false
+		if !replacing {
+			bp := hashBufs.Get().(*[]byte)
+			keep = verifyFile(final, size, sum, *bp) == nil
+			hashBufs.Put(bp)
 		}
-		// Another instance linked the same key first. Identical keys have
-		// identical bytes, so keep theirs unless it is damaged. This is
-		// rare (a race between processes, or a file left by a lost journal
-		// record), so checking the whole file is affordable.
-		bp := hashBufs.Get().(*[]byte)
-		verr := verifyFile(final, size, sum, *bp)
-		hashBufs.Put(bp)
-		if verr == nil {
-			err = nil
-			break
+		if !keep {
+			err = os.Rename(tmpName, final)
 		}
-		if attempt > 0 {
-			break
-		}
-		os.Remove(final)
-	}
-	if err != nil && !errors.Is(err, fs.ErrExist) {
+	} else if err != nil {
 		// Filesystems without hard links: rename, which replaces.
 		err = os.Rename(tmpName, final)
 	}
@@ -423,7 +449,7 @@ func (c *Cache) publish(rel, tmpName string, size int64, sum uint64) error {
 	}
 	c.mu.Lock()
 	c.inflight -= size // the reservation becomes the entry
-	c.insertLocked(record{size: size, sum: sum, writer: c.inst.id, key: rel}, true)
+	c.insertLocked(record{size: size, sum: sum, ident: ident, writer: c.inst.id, key: rel}, true)
 	c.evictLocked()
 	c.mu.Unlock()
 	return nil

@@ -310,14 +310,14 @@ func TestGetBlobLargerThanBudget(t *testing.T) {
 	c := mustOpen(t, Options{Dir: dir, Size: 100})
 	defer c.Close()
 	for i := range 5 {
-		h, err := c.GetBlob(context.Background(), BlobKey{"L", fmt.Sprintf("s%d.npy", i)}, 10, writeFill(bytes.Repeat([]byte{byte(i)}, 10)))
+		h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: fmt.Sprintf("s%d.npy", i)}, 10, writeFill(bytes.Repeat([]byte{byte(i)}, 10)))
 		if err != nil {
 			t.Fatal(err)
 		}
 		h.Close()
 	}
 	big := bytes.Repeat([]byte{7}, 1000)
-	h, err := c.GetBlob(context.Background(), BlobKey{"L", "big.npy"}, int64(len(big)), writeFill(big))
+	h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: "big.npy"}, int64(len(big)), writeFill(big))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,7 +328,7 @@ func TestGetBlobLargerThanBudget(t *testing.T) {
 	if used, n := c.Usage(); used != 50 || n != 5 {
 		t.Errorf("usage %d bytes in %d files after the oversize blob, want 50 in 5", used, n)
 	}
-	if c.HasBlob(BlobKey{"L", "big.npy"}) || len(tempFiles(t, dir)) != 0 {
+	if c.HasBlob(BlobKey{Layout: "L", Path: "big.npy"}) || len(tempFiles(t, dir)) != 0 {
 		t.Error("the oversize blob was kept")
 	}
 }
@@ -379,7 +379,7 @@ func TestFillChecksum(t *testing.T) {
 	}
 	buf := make([]byte, 1<<20)
 	for name, fill := range fills {
-		h, err := c.GetBlob(context.Background(), BlobKey{"L", name + ".npy"}, int64(len(data)), fill)
+		h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: name + ".npy"}, int64(len(data)), fill)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
@@ -387,7 +387,7 @@ func TestFillChecksum(t *testing.T) {
 			t.Errorf("%s: wrong contents", name)
 		}
 		h.Close()
-		rel, err := BlobKey{"L", name + ".npy"}.rel()
+		rel, err := BlobKey{Layout: "L", Path: name + ".npy"}.rel()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -397,7 +397,7 @@ func TestFillChecksum(t *testing.T) {
 		if e == nil {
 			t.Fatalf("%s: not indexed", name)
 		}
-		if err := verifyFile(c.BlobPath(BlobKey{"L", name + ".npy"}), e.size, e.sum, buf); err != nil {
+		if err := verifyFile(c.BlobPath(BlobKey{Layout: "L", Path: name + ".npy"}), e.size, e.sum, buf); err != nil {
 			t.Errorf("%s: recorded checksum does not match the file: %v", name, err)
 		}
 	}

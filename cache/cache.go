@@ -105,6 +105,7 @@ type entry struct {
 	key     string
 	size    int64
 	sum     uint64
+	ident   string // BlobKey.Identity of a blob; "" for chunks
 	writer  string // instance that added it
 	trusted bool   // verified, or written by an instance known to have finished it
 	pins    int    // open Handles in this instance
@@ -356,7 +357,9 @@ func (c *Cache) recover() (recoveryStats, error) {
 	for _, s := range live {
 		c.insertLocked(s.rec, true)
 	}
-	if !fresh && afterMark == 0 && torn == 0 && consumed == len(buf) && st.dropped == 0 {
+	// A version 1 journal is rewritten in the current format.
+	current := string(buf[:len(journalHeader)]) == journalHeader
+	if !fresh && current && afterMark == 0 && torn == 0 && consumed == len(buf) && st.dropped == 0 {
 		// A clean shutdown left a compact journal: keep it as it is.
 		jf, err := os.OpenFile(jp, os.O_RDWR|os.O_APPEND, 0)
 		if err != nil {
@@ -483,12 +486,12 @@ func sortBySeq(s []*replayState) {
 func (c *Cache) insertLocked(r record, trusted bool) *entry {
 	if e := c.idx[r.key]; e != nil {
 		c.used += r.size - e.size
-		e.size, e.sum, e.writer = r.size, r.sum, r.writer
+		e.size, e.sum, e.writer, e.ident = r.size, r.sum, r.writer, r.ident
 		e.trusted = e.trusted && trusted
 		c.lru.MoveToFront(e.elem)
 		return e
 	}
-	e := &entry{key: r.key, size: r.size, sum: r.sum, writer: r.writer, trusted: trusted}
+	e := &entry{key: r.key, size: r.size, sum: r.sum, ident: r.ident, writer: r.writer, trusted: trusted}
 	e.elem = c.lru.PushFront(e)
 	c.idx[r.key] = e
 	c.used += r.size
@@ -614,7 +617,7 @@ func (c *Cache) compact() error {
 		e := el.Value.(*entry)
 		if e.trusted || e.writer == c.inst.id || c.quit[e.writer] {
 			e.trusted = true
-			buf = appendRecord(buf, record{op: opAdd, writer: c.inst.id, size: e.size, sum: e.sum, key: e.key})
+			buf = appendRecord(buf, record{op: opAdd, writer: c.inst.id, size: e.size, sum: e.sum, ident: e.ident, key: e.key})
 		} else {
 			later = append(later, e)
 		}
@@ -623,7 +626,7 @@ func (c *Cache) compact() error {
 	// Entries of instances that were killed stay suspicious for the next
 	// exclusive Open to verify.
 	for _, e := range later {
-		buf = appendRecord(buf, record{op: opAdd, writer: e.writer, size: e.size, sum: e.sum, key: e.key})
+		buf = appendRecord(buf, record{op: opAdd, writer: e.writer, size: e.size, sum: e.sum, ident: e.ident, key: e.key})
 	}
 	if err := writeFileSync(tmp, buf); err != nil {
 		return fmt.Errorf("journal: %w", err)

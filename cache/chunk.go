@@ -51,6 +51,7 @@ func (c *Cache) getChunk(ctx context.Context, rel, key string, fetch func(ctx co
 		return data, err
 	}
 	return join(c, c.chunkFlights, rel, ctx,
+		func() bool { return c.idx[rel] != nil },
 		func(ctx context.Context) ([]byte, error) {
 			data, err := fetch(ctx)
 			if err != nil {
@@ -129,7 +130,7 @@ func (c *Cache) storeChunk(rel, key string, data []byte) {
 		err = cerr
 	}
 	if err == nil {
-		err = c.publish(rel, tmp.Name(), size, xxhash.Sum64(data))
+		err = c.publish(rel, tmp.Name(), size, xxhash.Sum64(data), "")
 	}
 	if err != nil {
 		c.log.Warn("cache chunk not stored", "key", key, "err", err)

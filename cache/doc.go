@@ -36,6 +36,22 @@
 // loaded two-core machine, half what merely walking and stat'ing the same
 // tree takes (BenchmarkOpen).
 //
+// # Identity: stable paths, replaceable contents
+//
+// A blob's path (Dir/blobs/<layout>/<path>) is what direct mode links to
+// and what `zarrfs warm` and `zarrfs path` print, so it depends only on
+// what a source's tree looks like, never on data that may change under it.
+// What the bytes were built from (the identities of the source chunks
+// read, see package fs/layout) is the key's Identity, recorded in the
+// blob's journal line next to its checksum. GetBlob serves an indexed blob
+// only when the recorded identity is the one asked for; otherwise the blob
+// is stale and the fill replaces it: the new file is renamed over the old
+// one, so the path never names a missing or partial file and a reader
+// that has the old version open keeps reading it. The record of the
+// replacement goes first, as for any add: a kill between record and
+// rename leaves the old bytes under the new record, which recovery's
+// checksum rejects.
+//
 // # Budget and eviction
 //
 // Entries are kept in one LRU list ordered by use, with exact byte counts

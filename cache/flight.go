@@ -26,8 +26,10 @@ type flight[T any] struct {
 // caller consume(result). consume runs while the caller still holds its
 // reference, so release (called once, after the last reference goes, with
 // the shared result) cannot race with it. shared tells consume whether
-// other callers got the same result.
+// other callers got the same result. ready, called with c.mu held, reports
+// whether what run would make is already indexed.
 func join[T, R any](c *Cache, flights map[string]*flight[T], key string, ctx context.Context,
+	ready func() bool,
 	run func(ctx context.Context) (T, error),
 	consume func(v T, shared bool) (R, error),
 	release func(T),
@@ -39,7 +41,7 @@ func join[T, R any](c *Cache, flights map[string]*flight[T], key string, ctx con
 		return zero, ErrClosed
 	}
 	f := flights[key]
-	if f == nil && c.idx[key] != nil {
+	if f == nil && ready() {
 		// A flight for key finished between the caller's look at the index
 		// and now: look again rather than fill twice.
 		c.mu.Unlock()

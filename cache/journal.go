@@ -16,16 +16,25 @@ import (
 // index and one budget. It is rewritten (compacted) only by an instance that
 // holds the directory lock for writing, i.e. that is alone.
 //
-//	zarrfs-cache 1                                    header
-//	A <writer> <size> <xxh64> "<rel path>" <crc>      entry added (appended before the link)
-//	D <writer> 0 0 "<rel path>" <crc>                 entry deleted (appended before the unlink)
-//	M - 0 0 "" <crc>                                  everything above was verified
-//	Q <writer> 0 0 "" <crc>                           writer closed cleanly
+//	zarrfs-cache 2                                       header
+//	A <writer> <size> <xxh64> <ident> "<rel path>" <crc> entry added (appended before the link)
+//	D <writer> 0 0 - "<rel path>" <crc>                  entry deleted (appended before the unlink)
+//	M - 0 0 - "" <crc>                                   everything above was verified
+//	Q <writer> 0 0 - "" <crc>                            writer closed cleanly
+//
+// <ident> is the blob's identity (BlobKey.Identity), "-" for none: what the
+// bytes were built from, recorded in the same checksummed line as their
+// xxh64, so a blob verified after a crash is also known to be the version
+// its record names. Version 1 journals have no <ident> field; they are
+// read as records without one and rewritten at the next compaction.
 //
 // Records after the last M whose writer never wrote Q came from an instance
 // that was killed: they are "suspicious", and the next exclusive Open checks
 // their files against the recorded size and checksum.
-const journalHeader = "zarrfs-cache 1\n"
+const journalHeader = "zarrfs-cache 2\n"
+
+// journalHeaderV1 is the header of journals written before identities.
+const journalHeaderV1 = "zarrfs-cache 1\n"
 
 const (
 	opAdd    = 'A'
@@ -43,6 +52,7 @@ type record struct {
 	writer string
 	size   int64
 	sum    uint64
+	ident  string // "" for none
 	key    string
 }
 
@@ -59,6 +69,12 @@ func appendRecord(dst []byte, r record) []byte {
 	dst = strconv.AppendInt(dst, r.size, 10)
 	dst = append(dst, ' ')
 	dst = strconv.AppendUint(dst, r.sum, 16)
+	dst = append(dst, ' ')
+	if r.ident == "" {
+		dst = append(dst, '-')
+	} else {
+		dst = append(dst, r.ident...)
+	}
 	dst = append(dst, ' ')
 	dst = appendQuoted(dst, r.key)
 	crc := crc32.Checksum(dst[start:], castagnoli)
@@ -107,6 +123,20 @@ func parseRecord(line []byte, intern map[string]string) (record, error) {
 	if r.sum, err = strconv.ParseUint(string(fields[3]), 16, 64); err != nil {
 		return r, errBadRecord
 	}
+	// An identity field, unless the line is version 1's (the key follows).
+	if len(body) > 0 && body[0] != '"' {
+		i := bytes.IndexByte(body, ' ')
+		if i < 0 {
+			return r, errBadRecord
+		}
+		if id := body[:i]; !(len(id) == 1 && id[0] == '-') {
+			if !ValidIdentity(string(id)) {
+				return r, errBadRecord
+			}
+			r.ident = string(id)
+		}
+		body = body[i+1:]
+	}
 	if r.key, err = unquote(body); err != nil {
 		return r, errBadRecord
 	}
@@ -144,11 +174,31 @@ func scanRecords(buf []byte, intern map[string]string, fn func(record)) (consume
 	}
 }
 
+// checkHeader accepts the current header and version 1's, which has the
+// same length.
 func checkHeader(buf []byte) error {
-	if !bytes.HasPrefix(buf, []byte(journalHeader)) {
+	if !bytes.HasPrefix(buf, []byte(journalHeader)) && !bytes.HasPrefix(buf, []byte(journalHeaderV1)) {
 		return fmt.Errorf("%w: unknown journal header", errBadRecord)
 	}
 	return nil
+}
+
+// ValidIdentity reports whether s can be a BlobKey.Identity: 1 to 128
+// characters of letters, digits and "._:=+-", so that it is one field of a
+// journal line.
+func ValidIdentity(s string) bool {
+	if s == "" || len(s) > 128 || s == "-" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+			c == '.' || c == '_' || c == ':' || c == '=' || c == '+' || c == '-'
+		if !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // appendQuoted quotes s as strconv.Quote does, without its per-rune work

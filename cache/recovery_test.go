@@ -37,7 +37,7 @@ func TestRecoveryAfterKill(t *testing.T) {
 	c.abandon() // no clean shutdown: the journal keeps its tail
 
 	// Damage after the kill.
-	truncated, flipped := c.BlobPath(BlobKey{"L", key(3)}), c.BlobPath(BlobKey{"L", key(4)})
+	truncated, flipped := c.BlobPath(BlobKey{Layout: "L", Path: key(3)}), c.BlobPath(BlobKey{Layout: "L", Path: key(4)})
 	if err := os.Truncate(truncated, 100); err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +45,7 @@ func TestRecoveryAfterKill(t *testing.T) {
 	b[len(b)/2] ^= 0x55
 	os.WriteFile(flipped, b, 0o644)
 	// A deletion that was logged, then killed before the unlink.
-	ghost := BlobKey{"L", "ghost.npy"}
+	ghost := BlobKey{Layout: "L", Path: "ghost.npy"}
 	os.WriteFile(c.BlobPath(ghost), []byte("orphan"), 0o644)
 	jf, _ := os.OpenFile(filepath.Join(dir, journalRel), os.O_WRONLY|os.O_APPEND, 0)
 	jf.Write(appendRecord(nil, record{op: opAdd, writer: "dead", size: 6, sum: 1, key: "blobs/L/ghost.npy"}))
@@ -73,7 +73,7 @@ func TestRecoveryAfterKill(t *testing.T) {
 		t.Errorf("recovery log: %s", logs.String())
 	}
 	for i := range 20 {
-		k := BlobKey{"L", key(i)}
+		k := BlobKey{Layout: "L", Path: key(i)}
 		if has := c2.HasBlob(k); has == (i == 3 || i == 4) {
 			t.Errorf("HasBlob(%s) = %v", k.Path, has)
 		}
@@ -103,12 +103,12 @@ func TestRestartAfterCleanClose(t *testing.T) {
 	if !strings.Contains(logs.String(), "entries=10") || !strings.Contains(logs.String(), "suspicious=0") {
 		t.Fatalf("reopen log: %s", logs.String())
 	}
-	os.Truncate(c2.BlobPath(BlobKey{"L", key(2)}), 10)
+	os.Truncate(c2.BlobPath(BlobKey{Layout: "L", Path: key(2)}), 10)
 	fills := 0
 	for i := range 10 {
 		p := key(i)
 		data := content(p, sizeOf(p))
-		h, err := c2.GetBlob(context.Background(), BlobKey{"L", p}, int64(len(data)), func(ctx context.Context, f Writer) error {
+		h, err := c2.GetBlob(context.Background(), BlobKey{Layout: "L", Path: p}, int64(len(data)), func(ctx context.Context, f Writer) error {
 			fills++
 			return writeFill(data)(ctx, f)
 		})
@@ -135,7 +135,7 @@ func TestLostJournalEmptiesCache(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, journalRel), []byte("garbage\n"), 0o644)
 	c2 := mustOpen(t, Options{Dir: dir})
 	defer c2.Close()
-	if c2.HasBlob(BlobKey{"L", key(1)}) {
+	if c2.HasBlob(BlobKey{Layout: "L", Path: key(1)}) {
 		t.Fatal("blob kept without a journal")
 	}
 	if d, f := diskUsage(t, dir); d != 0 || f != 0 {
@@ -227,7 +227,7 @@ func TestUnindexedFileAtBlobPath(t *testing.T) {
 		name    string
 		damaged bool
 	}{{"intact.npy", false}, {"damaged.npy", true}} {
-		k := BlobKey{"L", tc.name}
+		k := BlobKey{Layout: "L", Path: tc.name}
 		data := content(tc.name, 3000)
 		stale := bytes.Clone(data)
 		if tc.damaged {

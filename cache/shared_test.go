@@ -40,7 +40,7 @@ func TestTwoInstancesShareDir(t *testing.T) {
 	}
 	wg.Wait()
 	// A blob pinned by one instance cannot be evicted by the other.
-	pk := BlobKey{"L", "pinned.npy"}
+	pk := BlobKey{Layout: "L", Path: "pinned.npy"}
 	data := content("pinned", 8000)
 	h, err := a.GetBlob(context.Background(), pk, 8000, writeFill(data))
 	if err != nil {
@@ -148,7 +148,7 @@ func TestKillChild(t *testing.T) {
 			for {
 				p := key(r.IntN(60))
 				data := content(p, sizeOf(p))
-				h, err := c.GetBlob(context.Background(), BlobKey{"L", p}, int64(len(data)), writeFill(data))
+				h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: p}, int64(len(data)), writeFill(data))
 				if err == nil {
 					got := make([]byte, len(data))
 					h.File().ReadAt(got, 0)
