@@ -35,7 +35,9 @@ import (
 // callers ask at the same time, and publishes the file only if fill succeeds.
 // Implementations must be safe for concurrent use.
 type Blobs interface {
-	Open(ctx context.Context, layoutID, path string, size int64, fill func(ctx context.Context, f cache.Writer) error) (Backing, error)
+	// Open opens the blob at key, filling it when the cache lacks it or
+	// holds it with another identity (key.Identity).
+	Open(ctx context.Context, key cache.BlobKey, size int64, fill func(ctx context.Context, f cache.Writer) error) (Backing, error)
 	// Path is where the complete blob's file is once filled: the target of
 	// its link in direct mode. An absolute path.
 	Path(layoutID, path string) string
@@ -287,7 +289,12 @@ func lazyUnmount(mp string) error {
 
 // open returns the blob's backing file, filling it if needed.
 func (m *Mounted) open(ctx context.Context, b layout.Blob) (Backing, error) {
-	return m.opts.Blobs.Open(ctx, m.opts.Layout.ID, b.Path(), b.Size(), func(ctx context.Context, f cache.Writer) error {
+	lay := m.opts.Layout
+	ident, err := lay.Identity(ctx, b)
+	if err != nil {
+		return nil, err
+	}
+	return m.opts.Blobs.Open(ctx, cache.BlobKey{Layout: lay.ID, Path: b.Path(), Identity: ident}, b.Size(), func(ctx context.Context, f cache.Writer) error {
 		return b.Fill(ctx, f)
 	})
 }

@@ -99,6 +99,20 @@ func mountArrays(t testing.TB, arrays []*zarr.Array, fail map[string]bool) *test
 	return tm
 }
 
+// key is the cache key the mount uses for the blob at mount path p.
+func (tm *testMount) key(t testing.TB, p string) cache.BlobKey {
+	t.Helper()
+	e, ok := tm.l.Lookup(p)
+	if !ok || e.Kind != layout.KindBlob {
+		t.Fatalf("%s: no such blob", p)
+	}
+	ident, err := tm.l.Identity(context.Background(), e.Blob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cache.BlobKey{Layout: tm.l.ID, Path: p, Identity: ident}
+}
+
 var f32 = zarr.DType{Kind: 'f', Size: 4}
 
 func smallArrays() []*zarr.Array {
@@ -173,7 +187,7 @@ func TestReadMatchesFill(t *testing.T) {
 	if tm.r.reads.Load() != before {
 		t.Error("second open read the source again")
 	}
-	if !tm.cache.HasBlob(cache.BlobKey{Layout: tm.l.ID, Path: "t/07.npy"}) {
+	if !tm.cache.HasBlob(tm.key(t, "t/07.npy")) {
 		t.Error("blob not in the cache")
 	}
 }
@@ -245,7 +259,7 @@ func TestFillErrorIsolated(t *testing.T) {
 	if strings.Count(logs, "cannot fill file") != 1 || !strings.Contains(logs, "array=bad") || !strings.Contains(logs, "chunk=bad/c/0/0") || !strings.Contains(logs, "invalid frame") {
 		t.Errorf("log lines:\n%s", logs)
 	}
-	if tm.cache.HasBlob(cache.BlobKey{Layout: tm.l.ID, Path: "bad/1.npy"}) {
+	if tm.cache.HasBlob(tm.key(t, "bad/1.npy")) {
 		t.Error("a failed fill is visible in the cache")
 	}
 }

@@ -56,10 +56,10 @@ type walk struct {
 	frontier int  // first position not yet scheduled ahead
 }
 
-func (r *readahead) Open(ctx context.Context, layoutID, p string, size int64, fill func(context.Context, cache.Writer) error) (Backing, error) {
-	b, err := r.inner.Open(ctx, layoutID, p, size, fill)
+func (r *readahead) Open(ctx context.Context, key cache.BlobKey, size int64, fill func(context.Context, cache.Writer) error) (Backing, error) {
+	b, err := r.inner.Open(ctx, key, size, fill)
 	if err == nil {
-		r.schedule(layoutID, p)
+		r.schedule(key.Layout, key.Path)
 	}
 	return b, err
 }
@@ -123,7 +123,13 @@ func (r *readahead) schedule(layoutID, p string) {
 		}
 		go func() {
 			defer func() { <-r.sem; r.busy.Delete(blob.Path()) }()
-			b, err := r.inner.Open(context.Background(), layoutID, blob.Path(), blob.Size(),
+			ctx := context.Background()
+			ident, err := r.lay.Identity(ctx, blob)
+			if err != nil {
+				r.log.Debug("readahead fill failed", "file", blob.Path(), "err", err)
+				return
+			}
+			b, err := r.inner.Open(ctx, cache.BlobKey{Layout: layoutID, Path: blob.Path(), Identity: ident}, blob.Size(),
 				func(ctx context.Context, f cache.Writer) error { return blob.Fill(ctx, f) })
 			if err != nil {
 				r.log.Debug("readahead fill failed", "file", blob.Path(), "err", err)

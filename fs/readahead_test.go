@@ -23,9 +23,9 @@ type nopBacking struct{}
 func (nopBacking) File() *os.File { return nil }
 func (nopBacking) Close() error   { return nil }
 
-func (r *recordingBlobs) Open(ctx context.Context, layoutID, p string, size int64, fill func(context.Context, cache.Writer) error) (Backing, error) {
+func (r *recordingBlobs) Open(ctx context.Context, key cache.BlobKey, size int64, fill func(context.Context, cache.Writer) error) (Backing, error) {
 	r.mu.Lock()
-	r.opened = append(r.opened, p)
+	r.opened = append(r.opened, key.Path)
 	r.mu.Unlock()
 	return nopBacking{}, nil
 }
@@ -52,7 +52,7 @@ func TestReadaheadOnlyWhenSequential(t *testing.T) {
 	inner := &recordingBlobs{}
 	ra := WithReadahead(inner, l, 2, nil).(*readahead)
 	open := func(p string) {
-		if _, err := ra.Open(context.Background(), l.ID, p, 1, nil); err != nil {
+		if _, err := ra.Open(context.Background(), cache.BlobKey{Layout: l.ID, Path: p}, 1, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -109,7 +109,7 @@ func TestReadaheadParallelReaders(t *testing.T) {
 	inner := &recordingBlobs{}
 	ra := WithReadahead(inner, l, 3, nil).(*readahead)
 	for _, p := range []string{"t/00.npy", "t/02.npy", "t/01.npy", "t/04.npy", "t/03.npy"} {
-		if _, err := ra.Open(context.Background(), l.ID, p, 1, nil); err != nil {
+		if _, err := ra.Open(context.Background(), cache.BlobKey{Layout: l.ID, Path: p}, 1, nil); err != nil {
 			t.Fatal(err)
 		}
 		waitIdle(ra) // readers slower than the fills

@@ -99,13 +99,15 @@ type Array struct {
 	// Codecs names the codec pipeline, outermost first (for inspect).
 	Codecs []string
 	// MetaHash is a hex SHA-256 of the array's metadata documents; any change
-	// of metadata changes it.
+	// of metadata changes it. DataHash leaves out what does not change the
+	// bytes of the chunks already written.
 	MetaHash string
 	// Unsupported is empty for a readable array, otherwise the reason it is
 	// left out ("codec 'bitround' is not supported").
 	Unsupported string
 
 	h         *Hierarchy
+	doc       []byte // the array's metadata document (v3 zarr.json, v2 .zarray)
 	keyPrefix string // "c" for v3 default chunk keys
 	keySep    string // "/" or "."
 	pipe      *pipeline

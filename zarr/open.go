@@ -172,7 +172,7 @@ func (w *walker) unsupported(a *Array, err error) {
 }
 
 func (w *walker) addV3Array(path string, doc []byte, n *v3Node) {
-	a := &Array{Path: path, ZarrFormat: 3, MetaHash: hashDocs(doc)}
+	a := &Array{Path: path, ZarrFormat: 3, MetaHash: hashDocs(doc), doc: doc}
 	p, fill, err := parseV3Array(a, n)
 	if err != nil {
 		w.unsupported(a, err)
@@ -183,7 +183,7 @@ func (w *walker) addV3Array(path string, doc []byte, n *v3Node) {
 }
 
 func (w *walker) addV2Array(path string, doc, attrsDoc []byte) {
-	a := &Array{Path: path, ZarrFormat: 2, MetaHash: hashDocs(doc, attrsDoc)}
+	a := &Array{Path: path, ZarrFormat: 2, MetaHash: hashDocs(doc, attrsDoc), doc: doc}
 	var m v2Array
 	if err := parseJSON(doc, &m); err != nil {
 		w.unsupported(a, fmt.Errorf(".zarray: %v", err))

@@ -243,7 +243,11 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 	var todo []layout.Blob
 	var todoBytes int64
 	for _, b := range plan.blobs {
-		if !c.HasBlob(cache.BlobKey{Layout: lay.ID, Path: b.Path()}) {
+		ident, err := lay.Identity(ctx, b)
+		if err != nil {
+			return err
+		}
+		if !c.HasBlob(cache.BlobKey{Layout: lay.ID, Path: b.Path(), Identity: ident}) {
 			todo = append(todo, b)
 			todoBytes += b.Size()
 		}
@@ -282,7 +286,7 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 			defer wg.Done()
 			for batch := range work {
 				for _, b := range batch {
-					err := warmOne(ctx, c, lay.ID, b)
+					err := warmOne(ctx, c, lay, b)
 					if err != nil {
 						if ctx.Err() != nil {
 							return
@@ -333,9 +337,14 @@ feed:
 	return nil
 }
 
-// warmOne fills one blob into the cache (if still absent) and releases it.
-func warmOne(ctx context.Context, c *cache.Cache, layoutID string, b layout.Blob) error {
-	h, err := c.GetBlob(ctx, cache.BlobKey{Layout: layoutID, Path: b.Path()}, b.Size(),
+// warmOne fills one blob into the cache (if still absent or stale) and
+// releases it.
+func warmOne(ctx context.Context, c *cache.Cache, lay *layout.Layout, b layout.Blob) error {
+	ident, err := lay.Identity(ctx, b)
+	if err != nil {
+		return err
+	}
+	h, err := c.GetBlob(ctx, cache.BlobKey{Layout: lay.ID, Path: b.Path(), Identity: ident}, b.Size(),
 		func(ctx context.Context, f cache.Writer) error { return b.Fill(ctx, f) })
 	if err != nil {
 		return err

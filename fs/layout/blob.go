@@ -19,6 +19,7 @@ type regionBlob struct {
 	header       []byte
 	size         int64
 	start, count []int64
+	dataHash     string // arr.DataHash along the sample axis (-1 for a whole array)
 }
 
 var _ Blob = (*regionBlob)(nil)
@@ -29,6 +30,10 @@ func (b *regionBlob) Header() []byte { return b.header }
 
 func (b *regionBlob) Sources() []zarr.Request {
 	return []zarr.Request{{Array: b.arr, Start: b.start, Count: b.count}}
+}
+
+func (b *regionBlob) Inputs() string {
+	return fmt.Sprintf("region\x00%s\x00%s\x00align=%d\x00%v\x00%v", b.arr.Path, b.dataHash, b.opts.Align, b.start, b.count)
 }
 
 // slabPool holds read buffers between fills, so a steady stream of fills

@@ -8,6 +8,17 @@
 // afterwards: every method is safe for concurrent use. Nothing here decodes
 // data except Blob.Fill; names, sizes and headers come from metadata alone,
 // so listing a directory of 100,000 samples costs no I/O.
+//
+// # Identity
+//
+// The layout's ID (the cache directory of its blobs) depends only on the
+// source, --align and --sample-dim, and a blob's path only on its place in
+// the tree, so both stay put while a store grows. What a blob's bytes are
+// built from is its Identity (Layout.Identity), which the cache records
+// with the blob and compares on every open: Blob.Inputs (the array's
+// metadata less the sample dimension's length and its attributes, or the
+// view's definition; the region; --align). Appending along the sample
+// dimension therefore keeps every existing sample's identity.
 package layout
 
 import (
@@ -35,7 +46,7 @@ const (
 
 // layoutVersion changes whenever the bytes a blob holds for the same inputs
 // change (header format, assembly), so old cache entries are never served.
-const layoutVersion = "zarrfs-layout-1"
+const layoutVersion = "zarrfs-layout-2"
 
 // ErrInvalidOption is returned (wrapped) for an Options value Build refuses.
 var ErrInvalidOption = errors.New("invalid layout option")
@@ -120,10 +131,11 @@ type Skipped struct {
 
 // Layout is the immutable tree of one mount.
 type Layout struct {
-	// ID identifies the bytes of every blob: a hex hash of the source ID,
-	// every array's metadata hash, Align, SampleDim (and views). It is the
-	// cache's per-layout key, so a change of any of them never serves stale
-	// blobs.
+	// ID names the cache directory of the layout's blobs: a hex hash of the
+	// source's identity, Align and SampleDim. It depends on nothing the
+	// source's data or metadata may change, so a blob keeps its path (the
+	// target of its link in direct mode) while the store grows; what a
+	// blob's bytes depend on is its Identity.
 	ID string
 	// SourceID is the store's ID ("file:///data/era5.zarr").
 	SourceID string
@@ -195,6 +207,12 @@ type Blob interface {
 	// Sources lists the source regions the blob needs (Request templates:
 	// Dst is nil), for readahead, warm planning and messages.
 	Sources() []zarr.Request
+	// Inputs is the canonical text of what the bytes depend on besides the
+	// contents of the source chunks they are read from: the array's
+	// metadata less the sample dimension's length (zarr.Array.DataHash) or
+	// the view's definition, the region, Align. Layout.Identity adds the
+	// chunks' identities.
+	Inputs() string
 	// Fill writes the whole file (header, then data at Align) to w. Every
 	// chunk it needs is decoded once. On error, w holds garbage the caller
 	// must discard.
@@ -345,7 +363,7 @@ func Build(h *zarr.Hierarchy, opts Options) (*Layout, error) {
 		identity = objectstore.Identity(h.Store)
 	}
 	l := &Layout{SourceID: sourceID, opts: o}
-	l.ID = layoutID(identity, h.Arrays, o)
+	l.ID = layoutID(identity, o)
 
 	b := newTreeBuilder()
 	groups := make([]string, 0, len(h.Groups))
@@ -390,16 +408,11 @@ func Build(h *zarr.Hierarchy, opts Options) (*Layout, error) {
 	return l, nil
 }
 
-// layoutID hashes everything that determines the bytes of any blob.
-func layoutID(sourceID string, arrays []*zarr.Array, o Options) string {
+// layoutID names the cache directory: the source and the options that
+// shape every path and header, nothing the source's contents may change.
+func layoutID(sourceID string, o Options) string {
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\x00%s\x00align=%d\x00sample_dim=%s\x00", layoutVersion, sourceID, o.Align, o.SampleDim)
-	for _, a := range arrays {
-		fmt.Fprintf(h, "array\x00%s\x00%s\x00%s\x00", a.Path, a.MetaHash, a.Unsupported)
-	}
-	for _, v := range o.Views {
-		fmt.Fprintf(h, "%s\x00", v.Definition())
-	}
 	return hex.EncodeToString(h.Sum(nil))[:32]
 }
 
@@ -552,6 +565,7 @@ type sampleSet struct {
 	sampleShape []int64
 	header      []byte
 	size        int64
+	dataHash    string // arr.DataHash(axis)
 }
 
 func newSampleSet(o Options, a *zarr.Array, dir string, axis int) (*sampleSet, error) {
@@ -567,7 +581,8 @@ func newSampleSet(o Options, a *zarr.Array, dir string, axis int) (*sampleSet, e
 	return &sampleSet{
 		opts: o, arr: a, dir: dir, axis: axis, n: n, width: width,
 		sampleShape: shape, header: hdr,
-		size: o.Align + prod(shape)*int64(a.DType.Size),
+		size:     o.Align + prod(shape)*int64(a.DType.Size),
+		dataHash: a.DataHash(axis),
 	}, nil
 }
 
@@ -618,7 +633,7 @@ func (s *sampleSet) entry(i int64) Entry {
 	start[s.axis] = i
 	count[s.axis] = 1
 	return Entry{Name: name, Kind: KindBlob, Blob: &regionBlob{
-		opts: s.opts, arr: s.arr, path: s.dir + "/" + name,
+		opts: s.opts, arr: s.arr, path: s.dir + "/" + name, dataHash: s.dataHash,
 		header: s.header, size: s.size, start: start, count: count,
 	}}
 }
@@ -629,7 +644,7 @@ func newWholeBlob(o Options, a *zarr.Array, p string) (*regionBlob, error) {
 		return nil, err
 	}
 	return &regionBlob{
-		opts: o, arr: a, path: p, header: hdr,
+		opts: o, arr: a, path: p, header: hdr, dataHash: a.DataHash(-1),
 		size:  o.Align + prod(a.Shape)*int64(a.DType.Size),
 		start: make([]int64, len(a.Shape)), count: append([]int64(nil), a.Shape...),
 	}, nil

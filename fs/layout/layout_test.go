@@ -237,6 +237,9 @@ func TestOptions(t *testing.T) {
 	}
 }
 
+// The layout ID (the cache directory) depends on the source, --align and
+// --sample-dim only; a blob's identity on its array's metadata, less the
+// sample dimension's length.
 func TestLayoutID(t *testing.T) {
 	base, _ := build(t, testHierarchy(), Options{})
 	same, _ := build(t, testHierarchy(), Options{Align: 4096, SampleDim: "time"})
@@ -250,13 +253,61 @@ func TestLayoutID(t *testing.T) {
 	for name, l := range map[string]*Layout{
 		"align":      must(build(t, testHierarchy(), Options{Align: 128})),
 		"sample dim": must(build(t, testHierarchy(), Options{SampleDim: "level"})),
-		"metadata":   must(build(t, changed, Options{})),
 		"source":     must(build(t, other, Options{})),
 	} {
 		if l.ID == base.ID {
 			t.Errorf("%s change keeps layout id", name)
 		}
 	}
+	meta := must(build(t, changed, Options{}))
+	if meta.ID != base.ID {
+		t.Error("a metadata change moved the layout")
+	}
+	ident := func(l *Layout, p string) string {
+		t.Helper()
+		e, ok := l.Lookup(p)
+		if !ok {
+			t.Fatalf("%s missing", p)
+		}
+		id, err := l.Identity(context.Background(), e.Blob)
+		if err != nil || !cacheIdent(id) {
+			t.Fatalf("identity of %s: %q %v", p, id, err)
+		}
+		return id
+	}
+	if ident(meta, "t/03.npy") == ident(base, "t/03.npy") {
+		t.Error("t's metadata changed but its sample keeps its identity")
+	}
+	if ident(meta, "sub/sp/03.npy") != ident(base, "sub/sp/03.npy") || ident(meta, "time.npy") != ident(base, "time.npy") {
+		t.Error("t's metadata changed and other arrays' blobs changed identity")
+	}
+	if ident(base, "t/03.npy") == ident(base, "t/04.npy") || ident(must(build(t, testHierarchy(), Options{Align: 128})), "t/03.npy") == ident(base, "t/03.npy") {
+		t.Error("identity ignores the sample or the alignment")
+	}
+	// Growing along time keeps the samples' identities, not the whole
+	// time coordinate's.
+	grown := testHierarchy()
+	grown.Arrays[4].Shape[0], grown.Arrays[5].Shape[0] = 20, 20
+	g := must(build(t, grown, Options{}))
+	if ident(g, "t/03.npy") != ident(base, "t/03.npy") {
+		t.Error("appending changed an old sample's identity")
+	}
+	if ident(g, "time.npy") == ident(base, "time.npy") {
+		t.Error("the grown time coordinate kept its identity")
+	}
+}
+
+// cacheIdent reports whether id is usable as a cache identity: 32 hex digits.
+func cacheIdent(id string) bool {
+	if len(id) != 32 {
+		return false
+	}
+	for _, c := range id {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 func must(l *Layout, _ *indexReader) *Layout { return l }

@@ -651,13 +651,20 @@ func (b *binder) sampleCoords(v *View) error {
 	return nil
 }
 
-// definition is the canonical text of what determines the view's bytes; it
-// goes into the layout ID.
+// definition is the canonical text of what determines the bytes of the
+// view's samples; it goes into every sample's Inputs. An open-ended view
+// (no samples.stop) leaves out its stop and its arrays' length along the
+// sample dimension, so that the samples it had keep their identity when
+// the store grows.
 func (v *View) definition() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "view-1\x00%s\x00%s\x00%d:%d:%d\x00%s\x00", v.Name, v.SampleDim, v.Start, v.Stop, v.Step, v.DType.NumpyLE())
+	stop := "open"
+	if v.Spec != nil && v.Spec.Samples.Stop != nil {
+		stop = strconv.FormatInt(v.Stop, 10)
+	}
+	fmt.Fprintf(&b, "view-2\x00%s\x00%s\x00%d:%s:%d\x00%s\x00", v.Name, v.SampleDim, v.Start, stop, v.Step, v.DType.NumpyLE())
 	for _, ch := range v.Channels {
-		fmt.Fprintf(&b, "ch\x00%s\x00%s\x00%d", ch.Var, ch.Array.MetaHash, ch.Axis)
+		fmt.Fprintf(&b, "ch\x00%s\x00%s\x00%d", ch.Var, ch.Array.DataHash(ch.Axis), ch.Axis)
 		for _, s := range ch.Select {
 			fmt.Fprintf(&b, "\x00%d=%d", s.Axis, s.Index)
 		}
@@ -667,7 +674,7 @@ func (v *View) definition() string {
 }
 
 // Definition returns the canonical text of everything that determines the
-// view's bytes (for the layout ID).
+// bytes of the view's samples, besides the contents of the chunks read.
 func (v *View) Definition() string { return v.def }
 
 // WorkingSetBytes is the decoded size of the distinct source chunks one
@@ -856,6 +863,11 @@ var _ Blob = (*viewBlob)(nil)
 func (b *viewBlob) Path() string   { return b.path }
 func (b *viewBlob) Size() int64    { return b.size }
 func (b *viewBlob) Header() []byte { return b.header }
+
+// Inputs is the view's definition, Align and the sample's index.
+func (b *viewBlob) Inputs() string {
+	return fmt.Sprintf("view\x00%s\x00align=%d\x00k=%d", b.v.def, b.opts.Align, b.k)
+}
 
 // Sources lists one region per channel, static channels included.
 func (b *viewBlob) Sources() []zarr.Request {

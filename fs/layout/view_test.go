@@ -407,10 +407,18 @@ func TestViewDefaultsAndCasts(t *testing.T) {
 	}
 }
 
-func TestViewLayoutID(t *testing.T) {
-	id := func(text string) string {
+// A view sample's identity follows the view's definition: every change of
+// it changes the identity, except that an open-ended view keeps it when
+// its arrays grow along the sample dimension.
+func TestViewIdentity(t *testing.T) {
+	id := func(text string, grow int64) string {
 		t.Helper()
 		h := viewHierarchy()
+		for _, a := range h.Arrays {
+			if len(a.Dims) > 0 && a.Dims[0] == "time" {
+				a.Shape[0] += grow
+			}
+		}
 		views, err := bindYAML(t, h, text)
 		if err != nil {
 			t.Fatal(err)
@@ -419,12 +427,19 @@ func TestViewLayoutID(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return l.ID
+		e, ok := l.Lookup(views[0].Name + "/" + sampleFileName(1, sampleWidth(views[0].N)))
+		if !ok {
+			t.Fatal("no sample 1")
+		}
+		ident, err := l.Identity(context.Background(), e.Blob)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ident
 	}
-	plain, _ := Build(viewHierarchy(), Options{Reader: &valueReader{}})
-	base := id(trainYAML)
-	if base == plain.ID || id(trainYAML) != base {
-		t.Fatal("view not in the layout id, or id not stable")
+	base := id(trainYAML, 0)
+	if id(trainYAML, 0) != base {
+		t.Fatal("identity not stable")
 	}
 	for name, text := range map[string]string{
 		"name":    strings.Replace(trainYAML, "name: train", "name: train2", 1),
@@ -433,15 +448,20 @@ func TestViewLayoutID(t *testing.T) {
 		"value":   strings.Replace(trainYAML, "level: [850]", "level: [500]", 1),
 		"dtype":   strings.Replace(trainYAML, "float64", "float32", 1),
 		"samples": strings.Replace(trainYAML, "step: 2", "step: 3", 1),
+		"stop":    strings.Replace(trainYAML, "stop: 12", "stop: 11", 1),
 		"channel": strings.Replace(trainYAML, "      - var: lsm\n", "", 1),
 	} {
-		if id(text) == base {
-			t.Errorf("changing the view's %s keeps the layout id", name)
+		if id(text, 0) == base {
+			t.Errorf("changing the view's %s keeps the identity", name)
 		}
 	}
 	// A value that resolves to the same index is the same view.
-	if id(strings.Replace(trainYAML, "level: [850]", "level: [850.0]", 1)) != base {
-		t.Error("850 and 850.0 give different layouts")
+	if id(strings.Replace(trainYAML, "level: [850]", "level: [850.0]", 1), 0) != base {
+		t.Error("850 and 850.0 give different identities")
+	}
+	open := strings.Replace(trainYAML, "stop: 12, ", "", 1)
+	if id(open, 0) != id(open, 5) {
+		t.Error("an open-ended view's sample changed identity when the arrays grew")
 	}
 }
 
