@@ -419,7 +419,7 @@ func (s *S3) Get(ctx context.Context, key string) ([]byte, error) {
 	if err != nil {
 		return nil, &Error{Op: "get", Store: s.id, Key: key, Err: err}
 	}
-	b, err := s.fetch(ctx, k, 0, 0, false, nil)
+	b, err := s.fetch(ctx, k, 0, 0, false, nil, nil)
 	if err != nil {
 		return nil, &Error{Op: "get", Store: s.id, Key: k, Err: err}
 	}
@@ -434,7 +434,7 @@ func (s *S3) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error
 	if err != nil {
 		return nil, &Error{Op: "get", Store: s.id, Key: key, Err: err}
 	}
-	b, err := s.fetch(ctx, k, 0, 0, false, buf)
+	b, err := s.fetch(ctx, k, 0, 0, false, buf, nil)
 	if err != nil {
 		return nil, &Error{Op: "get", Store: s.id, Key: k, Err: err}
 	}
@@ -452,14 +452,16 @@ func (s *S3) GetRange(ctx context.Context, key string, off, length int64) ([]byt
 	if length < 0 {
 		return nil, &Error{Op: "get range", Store: s.id, Key: k, Err: fmt.Errorf("negative length %d", length)}
 	}
-	b, err := s.fetch(ctx, k, off, length, true, nil)
+	b, err := s.fetch(ctx, k, off, length, true, nil, nil)
 	if err != nil {
 		return nil, &Error{Op: "get range", Store: s.id, Key: k, Err: err}
 	}
 	return b, nil
 }
 
-func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool, into []byte) ([]byte, error) {
+// fetch reads a whole object or a range; etag, when not nil, receives the
+// ETag of the response.
+func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool, into []byte, etag *string) ([]byte, error) {
 	if err := s.acquire(ctx); err != nil {
 		return nil, err
 	}
@@ -485,6 +487,9 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 		if off > info.Size {
 			return nil, fmt.Errorf("%w: offset %d, size %d", ErrRange, off, info.Size)
 		}
+		if etag != nil {
+			*etag = info.ETag
+		}
 		return []byte{}, nil
 	}
 
@@ -508,6 +513,9 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 	}
 	defer body.Close()
 	body = progressReader{body, timer, s.timeout}
+	if etag != nil {
+		*etag = info.ETag
+	}
 
 	// want: the bytes this response must carry; from, to: the slice of them
 	// the caller asked for (a server may ignore Range and send everything).
@@ -645,6 +653,45 @@ func (s *S3) List(ctx context.Context, prefix string) ([]string, error) {
 		return nil, &Error{Op: "list", Store: s.id, Key: k, Err: err}
 	}
 	return names, nil
+}
+
+// listVersions lists every object below k recursively. The request timer
+// is re-armed by every object received, so a long listing that keeps
+// flowing is never cut off.
+func (s *S3) listVersions(ctx context.Context, k string, fn func(key, version string)) error {
+	if err := s.acquire(ctx); err != nil {
+		return err
+	}
+	defer s.release()
+	StartAttempt(ctx)
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var fired atomic.Bool
+	timer := time.AfterFunc(s.timeout, func() { fired.Store(true); cancel() })
+	defer timer.Stop()
+	p := s.objectKey(k)
+	if p != "" {
+		p += "/"
+	}
+	base := s.objectKey("")
+	if base != "" {
+		base += "/"
+	}
+	for obj := range s.client.ListObjects(rctx, s.bucket, minio.ListObjectsOptions{Prefix: p, Recursive: true}) {
+		if obj.Err != nil {
+			return s.classify(ctx, fired.Load(), obj.Err)
+		}
+		timer.Reset(s.timeout)
+		key := strings.TrimPrefix(obj.Key, base)
+		if key == "" || strings.HasSuffix(key, "/") {
+			continue // "directory marker" objects
+		}
+		fn(key, s3Version(obj.ETag))
+	}
+	if fired.Load() && ctx.Err() == nil {
+		return Transient(fmt.Errorf("listing stalled: no response for %v: %w", s.timeout, context.DeadlineExceeded))
+	}
+	return ctx.Err()
 }
 
 func (s *S3) list(ctx context.Context, k string) ([]string, error) {

@@ -230,6 +230,8 @@ func Run(t *testing.T, newStore func(t *testing.T, files map[string][]byte) obje
 		}
 	})
 
+	t.Run("Versions", func(t *testing.T) { runVersions(t, s, files) })
+
 	t.Run("Concurrent", func(t *testing.T) {
 		keys := sortedKeys(files)
 		var wg sync.WaitGroup

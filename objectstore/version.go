@@ -1,0 +1,289 @@
+package objectstore
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"strconv"
+	"syscall"
+)
+
+// Versioned is an optional upgrade of a Store that names the version of
+// every object it reads and lists objects with their versions, so that a
+// cache can tell an unchanged object from one rewritten in place without
+// reading it again. A version is an opaque, non-empty string that changes
+// whenever the object's bytes may have changed: S3's ETag, a local file's
+// size, modification time and inode. The version a read reports and the
+// one a listing reports for the same object state are equal.
+//
+// Use AsVersioned to get one: a decorator may implement the methods while
+// the store it wraps cannot tell versions.
+type Versioned interface {
+	// GetVersion reads a whole object into buf (grown when too small), as
+	// GetterInto does, and returns the version of the bytes it read, taken
+	// from the same response: no extra request.
+	GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error)
+	// GetRangeVersion reads a byte range as GetRange does, and returns the
+	// version of the object the range belongs to.
+	GetRangeVersion(ctx context.Context, key string, off, length int64) ([]byte, string, error)
+	// ListVersions calls fn with the key and version of every object below
+	// prefix (a "directory" key; "" for the whole store), at any depth, in
+	// no particular order. A prefix with nothing below it lists nothing.
+	ListVersions(ctx context.Context, prefix string, fn func(key, version string)) error
+}
+
+// AsVersioned returns s as a Versioned store, when it can tell versions.
+func AsVersioned(s Store) (Versioned, bool) {
+	if d, ok := s.(interface{ versioned() bool }); ok && !d.versioned() {
+		return nil, false
+	}
+	v, ok := s.(Versioned)
+	return v, ok
+}
+
+// Posix versions: size, modification time (ns) and inode. A file rewritten
+// in place with the same size within the same nanosecond would keep its
+// version; no filesystem zarrfs runs on has clocks that coarse and writers
+// that fast.
+
+var _ Versioned = (*Posix)(nil)
+
+func posixVersion(fi fs.FileInfo) string {
+	b := make([]byte, 0, 48)
+	b = strconv.AppendInt(b, fi.Size(), 10)
+	b = append(b, '-')
+	b = strconv.AppendInt(b, fi.ModTime().UnixNano(), 10)
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		b = append(b, '-')
+		b = strconv.AppendUint(b, st.Ino, 10)
+	}
+	return string(b)
+}
+
+// GetVersion reads a whole object and its version (from the descriptor it
+// read through).
+func (p *Posix) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
+	k, err := CleanKey(key, false)
+	if err != nil {
+		return nil, "", &Error{Op: "get", Store: p.id, Key: key, Err: err}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, "", p.wrap("get", k, err)
+	}
+	f, st, err := p.open(k)
+	if err != nil {
+		return nil, "", p.wrap("get", k, err)
+	}
+	defer f.Close()
+	n := int(st.Size())
+	if cap(buf) < n {
+		buf = make([]byte, n)
+	}
+	buf = buf[:n]
+	if _, err := io.ReadFull(f, buf); err != nil {
+		return nil, "", p.wrap("get", k, err)
+	}
+	return buf, posixVersion(st), nil
+}
+
+// GetRangeVersion reads a byte range and the version of its file.
+func (p *Posix) GetRangeVersion(ctx context.Context, key string, off, length int64) ([]byte, string, error) {
+	k, err := CleanKey(key, false)
+	if err != nil {
+		return nil, "", &Error{Op: "get range", Store: p.id, Key: key, Err: err}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, "", p.wrap("get range", k, err)
+	}
+	if length < 0 {
+		return nil, "", p.wrap("get range", k, fmt.Errorf("negative length %d", length))
+	}
+	f, st, err := p.open(k)
+	if err != nil {
+		return nil, "", p.wrap("get range", k, err)
+	}
+	defer f.Close()
+	size := st.Size()
+	if off < 0 {
+		off = size - length
+	}
+	if off < 0 || off+length > size {
+		return nil, "", p.wrap("get range", k, fmt.Errorf("%w: %d+%d past end of object (size %d)", ErrRange, off, length, size))
+	}
+	buf := make([]byte, length)
+	if _, err := f.ReadAt(buf, off); err != nil && !(err == io.EOF && length == 0) {
+		return nil, "", p.wrap("get range", k, err)
+	}
+	return buf, posixVersion(st), nil
+}
+
+// ListVersions walks the directory tree below prefix. Symbolic links to
+// files are listed with the version of the file they name, as a read sees
+// it; links to directories are not followed.
+func (p *Posix) ListVersions(ctx context.Context, prefix string, fn func(key, version string)) error {
+	k, err := CleanKey(prefix, true)
+	if err != nil {
+		return &Error{Op: "list", Store: p.id, Key: prefix, Err: err}
+	}
+	var walk func(dir string, depth int) error
+	walk = func(dir string, depth int) error {
+		if err := ctx.Err(); err != nil {
+			return p.wrap("list", dir, err)
+		}
+		name := dir
+		if name == "" {
+			name = "."
+		}
+		f, err := p.root.Open(name)
+		if err != nil {
+			return err
+		}
+		ents, err := f.ReadDir(-1)
+		f.Close()
+		if err != nil {
+			return err
+		}
+		for _, e := range ents {
+			key := e.Name()
+			if dir != "" {
+				key = dir + "/" + key
+			}
+			switch {
+			case e.IsDir():
+				if depth < 64 {
+					if err := walk(key, depth+1); err != nil {
+						return err
+					}
+				}
+			case e.Type().IsRegular():
+				fi, err := e.Info()
+				if err != nil {
+					continue // removed meanwhile
+				}
+				fn(key, posixVersion(fi))
+			case e.Type()&os.ModeSymlink != 0:
+				fi, err := p.root.Stat(key)
+				if err == nil && fi.Mode().IsRegular() {
+					fn(key, posixVersion(fi))
+				}
+			}
+		}
+		return nil
+	}
+	err = walk(k, 0)
+	if err != nil && (k != "" && isNotExist(err)) {
+		return nil // nothing below the prefix
+	}
+	if err != nil {
+		return p.wrap("list", path.Clean("/" + k)[1:], err)
+	}
+	return nil
+}
+
+func isNotExist(err error) bool {
+	return os.IsNotExist(err) || err == syscall.ENOTDIR
+}
+
+// S3 versions are ETags: both a GET's response and a listing carry them.
+
+var _ Versioned = (*S3)(nil)
+
+func s3Version(etag string) string { return "etag:" + etag }
+
+// GetVersion reads a whole object and the ETag of its response.
+func (s *S3) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
+	k, err := CleanKey(key, false)
+	if err != nil {
+		return nil, "", &Error{Op: "get", Store: s.id, Key: key, Err: err}
+	}
+	var etag string
+	b, err := s.fetch(ctx, k, 0, 0, false, buf, &etag)
+	if err != nil {
+		return nil, "", &Error{Op: "get", Store: s.id, Key: k, Err: err}
+	}
+	return b, s3Version(etag), nil
+}
+
+// GetRangeVersion reads a byte range and the ETag of its response.
+func (s *S3) GetRangeVersion(ctx context.Context, key string, off, length int64) ([]byte, string, error) {
+	k, err := CleanKey(key, false)
+	if err != nil {
+		return nil, "", &Error{Op: "get range", Store: s.id, Key: key, Err: err}
+	}
+	if length < 0 {
+		return nil, "", &Error{Op: "get range", Store: s.id, Key: k, Err: fmt.Errorf("negative length %d", length)}
+	}
+	var etag string
+	b, err := s.fetch(ctx, k, off, length, true, nil, &etag)
+	if err != nil {
+		return nil, "", &Error{Op: "get range", Store: s.id, Key: k, Err: err}
+	}
+	return b, s3Version(etag), nil
+}
+
+// ListVersions lists every object below prefix with one recursive listing
+// (one request per thousand objects).
+func (s *S3) ListVersions(ctx context.Context, prefix string, fn func(key, version string)) error {
+	k, err := CleanKey(prefix, true)
+	if err != nil {
+		return &Error{Op: "list", Store: s.id, Key: prefix, Err: err}
+	}
+	if err := s.listVersions(ctx, k, fn); err != nil {
+		return &Error{Op: "list", Store: s.id, Key: k, Err: err}
+	}
+	return nil
+}
+
+// The Retry decorator retries versioned reads as it retries plain ones. A
+// listing that fails midway is started over; fn may then see a key twice.
+
+func (r *Retry) versioned() bool {
+	_, ok := AsVersioned(r.Store)
+	return ok
+}
+
+// GetVersion retries the inner store's GetVersion.
+func (r *Retry) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
+	v, ok := AsVersioned(r.Store)
+	if !ok {
+		return nil, "", &Error{Op: "get", Store: r.ID(), Key: key, Err: errNotVersioned}
+	}
+	var b []byte
+	var ver string
+	err := r.do(ctx, "get", key, func(ctx context.Context) (err error) {
+		b, ver, err = v.GetVersion(ctx, key, buf)
+		return err
+	})
+	return b, ver, err
+}
+
+// GetRangeVersion retries the inner store's GetRangeVersion.
+func (r *Retry) GetRangeVersion(ctx context.Context, key string, off, length int64) ([]byte, string, error) {
+	v, ok := AsVersioned(r.Store)
+	if !ok {
+		return nil, "", &Error{Op: "get range", Store: r.ID(), Key: key, Err: errNotVersioned}
+	}
+	var b []byte
+	var ver string
+	err := r.do(ctx, "get range", key, func(ctx context.Context) (err error) {
+		b, ver, err = v.GetRangeVersion(ctx, key, off, length)
+		return err
+	})
+	return b, ver, err
+}
+
+// ListVersions retries the inner store's ListVersions.
+func (r *Retry) ListVersions(ctx context.Context, prefix string, fn func(key, version string)) error {
+	v, ok := AsVersioned(r.Store)
+	if !ok {
+		return &Error{Op: "list", Store: r.ID(), Key: prefix, Err: errNotVersioned}
+	}
+	return r.do(ctx, "list", prefix, func(ctx context.Context) error {
+		return v.ListVersions(ctx, prefix, fn)
+	})
+}
+
+var errNotVersioned = fmt.Errorf("store cannot tell object versions")
