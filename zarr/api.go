@@ -52,6 +52,9 @@ type Options struct {
 	// (for remote stores: the disk cache's chunk tier). Read consults it
 	// before fetching, and stores bytes only after every chunk of the call
 	// decoded and passed its checks, so a corrupt response is never kept.
+	// Keys name the object's version (objectstore.Versioned), so the bytes
+	// under a key never change; an array with a listing (Hierarchy.List)
+	// finds the bytes of the listed version without a request.
 	SourceCache SourceCache
 }
 
@@ -108,6 +111,7 @@ type Array struct {
 
 	h         *Hierarchy
 	doc       []byte // the array's metadata document (v3 zarr.json, v2 .zarray)
+	listing   arrayListing
 	keyPrefix string // "c" for v3 default chunk keys
 	keySep    string // "/" or "."
 	pipe      *pipeline

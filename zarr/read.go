@@ -35,6 +35,8 @@ type Stats struct {
 	ChunksMissing  atomic.Int64 // leaf chunks read as fill value
 	ChunkCacheHits atomic.Int64 // leaf chunks served from the decoded-chunk cache
 	BytesFetched   atomic.Int64 // compressed bytes read from the store
+	Requests       atomic.Int64 // reads sent to the store (whole objects and ranges)
+	Listings       atomic.Int64 // arrays listed (Hierarchy.List)
 }
 
 // Stats returns the hierarchy's counters.
@@ -129,11 +131,15 @@ type leaf struct {
 // source reads the bytes of one chunk or shard: a store key or a slice of
 // an enclosing shard already in memory. Each read also returns, for bytes
 // fetched fresh from a store, the key under which they may go to the source
-// cache once verified ("" otherwise).
+// cache once verified ("" otherwise). version is the listed version of the
+// object the bytes come from ("" when the array has no listing): part of
+// every in-memory cache key, so bytes of one version never stand in for
+// another's.
 type source interface {
 	whole(ctx context.Context) ([]byte, string, error)
 	rng(ctx context.Context, off, n int64) ([]byte, string, error)
 	suffix(ctx context.Context, n int64) ([]byte, string, error)
+	version() string
 }
 
 type storeSource struct {
@@ -145,13 +151,45 @@ type storeSource struct {
 	// whole compressed chunk, whose buffer release frees, may use it.
 	hint int
 	meta string // the array's MetaHash: cached bytes never outlive their metadata
+	// listing is the array's listing when the Read started, nil for none.
+	listing *Listing
 }
 
-func (s storeSource) do(ctx context.Context, ck string, f func() ([]byte, error)) ([]byte, string, error) {
+func (s storeSource) version() string {
+	if s.listing == nil {
+		return ""
+	}
+	v, _ := s.listing.Version(s.key)
+	return v
+}
+
+// errNotListed is what a read of an object the listing lacks returns: the
+// chunk is missing as far as the listing knows, which is what the bytes
+// built from it must agree with.
+var errNotListed = fmt.Errorf("%w: not in the array's listing", objectstore.ErrNotFound)
+
+// do fetches bytes of s.key: f reads them from the store and returns their
+// version ("" from a store that cannot tell). With a listing, an object it
+// lacks is missing without a request, compressed bytes of the listed
+// version come from the source cache without a request, and a fetch that
+// finds another version fails with ErrChanged. Without one, the source
+// cache is keyed by metadata (a store that cannot tell versions).
+func (s storeSource) do(ctx context.Context, ck string, f func() ([]byte, string, error)) ([]byte, string, error) {
 	sc := s.h.opts.SourceCache
+	want, listed := "", false
+	if s.listing != nil {
+		if want, listed = s.listing.Version(s.key); !listed {
+			return nil, "", errNotListed
+		}
+	}
+	base := ""
 	if sc != nil {
-		ck = objectstore.Identity(s.h.Store) + "\x00" + s.meta + "\x00" + ck
-		if b, ok := sc.Get(ck); ok {
+		base = objectstore.Identity(s.h.Store) + "\x00" + ck
+		lookup := base + "\x00" + want
+		if s.listing == nil {
+			lookup = objectstore.Identity(s.h.Store) + "\x00" + s.meta + "\x00" + ck
+		}
+		if b, ok := sc.Get(lookup); ok {
 			return b, "", nil
 		}
 	}
@@ -161,47 +199,82 @@ func (s storeSource) do(ctx context.Context, ck string, f func() ([]byte, error)
 		return nil, "", ctx.Err()
 	}
 	defer func() { <-s.sem }()
-	b, err := f()
+	s.h.stats.Requests.Add(1)
+	b, ver, err := f()
 	s.h.stats.BytesFetched.Add(int64(len(b)))
-	if sc == nil || err != nil {
-		ck = ""
+	if s.listing != nil {
+		switch {
+		case objectstore.IsNotFound(err):
+			err = fmt.Errorf("%w: listed as version %s, now absent", ErrChanged, want)
+		case err == nil && ver != want:
+			err = fmt.Errorf("%w: listed as version %s, read version %s", ErrChanged, want, ver)
+		}
 	}
-	return b, ck, err
+	switch {
+	case sc == nil || err != nil:
+		return b, "", err
+	case ver != "":
+		return b, base + "\x00" + ver, nil
+	case s.listing == nil:
+		return b, objectstore.Identity(s.h.Store) + "\x00" + s.meta + "\x00" + ck, nil
+	}
+	return b, "", nil
 }
 
 func (s storeSource) whole(ctx context.Context) ([]byte, string, error) {
-	if gi, ok := s.h.Store.(objectstore.GetterInto); ok {
-		if mem := s.h.mem; mem != nil && s.hint > 0 {
-			// Into the decoder's memory, which it reads without a copy. A
-			// chunk larger than the room (incompressible beyond the
-			// framing's slack) lands in memory of the store's own.
-			return s.do(ctx, s.key, func() ([]byte, error) {
-				buf := mem.HostAlloc(s.hint + s.hint/64 + 4096)
-				b, err := gi.GetInto(ctx, s.key, buf[:0])
-				switch {
-				case err != nil:
-					mem.HostFree(buf)
-					return nil, err
-				case len(b) == 0:
-					mem.HostFree(buf)
-					return []byte{}, nil // not buf[:0]: release would free buf again
-				case &b[0] != &buf[0]:
-					mem.HostFree(buf) // b is the store's own
-				}
-				return b, nil
-			})
+	vs, versioned := objectstore.AsVersioned(s.h.Store)
+	gi, into := s.h.Store.(objectstore.GetterInto)
+	get := func(buf []byte) ([]byte, string, error) {
+		switch {
+		case versioned:
+			return vs.GetVersion(ctx, s.key, buf)
+		case into:
+			b, err := gi.GetInto(ctx, s.key, buf)
+			return b, "", err
 		}
-		return s.do(ctx, s.key, func() ([]byte, error) { return gi.GetInto(ctx, s.key, getEncBuf()) })
+		b, err := s.h.Store.Get(ctx, s.key)
+		return b, "", err
 	}
-	return s.do(ctx, s.key, func() ([]byte, error) { return s.h.Store.Get(ctx, s.key) })
+	if !versioned && !into {
+		return s.do(ctx, s.key, func() ([]byte, string, error) { return get(nil) })
+	}
+	if mem := s.h.mem; mem != nil && s.hint > 0 {
+		// Into the decoder's memory, which it reads without a copy. A
+		// chunk larger than the room (incompressible beyond the
+		// framing's slack) lands in memory of the store's own.
+		return s.do(ctx, s.key, func() ([]byte, string, error) {
+			buf := mem.HostAlloc(s.hint + s.hint/64 + 4096)
+			b, ver, err := get(buf[:0])
+			switch {
+			case err != nil:
+				mem.HostFree(buf)
+				return nil, ver, err
+			case len(b) == 0:
+				mem.HostFree(buf)
+				return []byte{}, ver, nil // not buf[:0]: release would free buf again
+			case &b[0] != &buf[0]:
+				mem.HostFree(buf) // b is the store's own
+			}
+			return b, ver, nil
+		})
+	}
+	return s.do(ctx, s.key, func() ([]byte, string, error) { return get(getEncBuf()) })
+}
+
+func (s storeSource) getRange(ctx context.Context, off, n int64) ([]byte, string, error) {
+	if vs, ok := objectstore.AsVersioned(s.h.Store); ok {
+		return vs.GetRangeVersion(ctx, s.key, off, n)
+	}
+	b, err := s.h.Store.GetRange(ctx, s.key, off, n)
+	return b, "", err
 }
 
 func (s storeSource) rng(ctx context.Context, off, n int64) ([]byte, string, error) {
-	return s.do(ctx, fmt.Sprintf("%s\x00%d+%d", s.key, off, n), func() ([]byte, error) { return s.h.Store.GetRange(ctx, s.key, off, n) })
+	return s.do(ctx, fmt.Sprintf("%s\x00%d+%d", s.key, off, n), func() ([]byte, string, error) { return s.getRange(ctx, off, n) })
 }
 
 func (s storeSource) suffix(ctx context.Context, n int64) ([]byte, string, error) {
-	return s.do(ctx, fmt.Sprintf("%s\x00-%d", s.key, n), func() ([]byte, error) { return s.h.Store.GetRange(ctx, s.key, -1, n) })
+	return s.do(ctx, fmt.Sprintf("%s\x00-%d", s.key, n), func() ([]byte, string, error) { return s.getRange(ctx, -1, n) })
 }
 
 // lendHint is storeSource.hint for a's chunks.
@@ -231,22 +304,29 @@ func nonNil(b []byte) []byte {
 	return b
 }
 
-type memSource []byte
+// memSource is a nested shard already in memory, of the version of the
+// object it came from.
+type memSource struct {
+	b   []byte
+	ver string
+}
 
-func (m memSource) whole(context.Context) ([]byte, string, error) { return m, "", nil }
+func (m memSource) version() string { return m.ver }
+
+func (m memSource) whole(context.Context) ([]byte, string, error) { return m.b, "", nil }
 
 func (m memSource) rng(_ context.Context, off, n int64) ([]byte, string, error) {
-	if off < 0 || n < 0 || off > int64(len(m)) || n > int64(len(m))-off {
-		return nil, "", fmt.Errorf("%w: range %d+%d past the end of a %d-byte shard", ErrCorrupt, off, n, len(m))
+	if off < 0 || n < 0 || off > int64(len(m.b)) || n > int64(len(m.b))-off {
+		return nil, "", fmt.Errorf("%w: range %d+%d past the end of a %d-byte shard", ErrCorrupt, off, n, len(m.b))
 	}
-	return m[off : off+n], "", nil
+	return m.b[off : off+n], "", nil
 }
 
 func (m memSource) suffix(_ context.Context, n int64) ([]byte, string, error) {
-	if n > int64(len(m)) {
-		return nil, "", fmt.Errorf("%w: shard of %d bytes is shorter than its %d-byte index", ErrCorrupt, len(m), n)
+	if n > int64(len(m.b)) {
+		return nil, "", fmt.Errorf("%w: shard of %d bytes is shorter than its %d-byte index", ErrCorrupt, len(m.b), n)
 	}
-	return m[int64(len(m))-n:], "", nil
+	return m.b[int64(len(m.b))-n:], "", nil
 }
 
 // readState carries one Read call.
@@ -314,6 +394,14 @@ func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
 			o.needs = append(o.needs, need{req: i, box: ib})
 		})
 	}
+	// One listing per array for the whole call, so every chunk of it is
+	// checked against the same listing.
+	listings := map[*Array]*Listing{}
+	for _, o := range order {
+		if _, ok := listings[o.a]; !ok {
+			listings[o.a] = o.a.currentListing()
+		}
+	}
 	// Resolve outer chunks into leaves, fetching bytes concurrently.
 	var wg sync.WaitGroup
 	errs := make([]error, len(order))
@@ -323,7 +411,7 @@ func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
 			defer wg.Done()
 			cb := o.a.chunkBox(o.coords)
 			key := o.a.ChunkKey(o.coords)
-			errs[i] = st.resolve(ctx, o.a, o.a.pipe, o.a.Chunks, cb.lo, storeSource{h, st.sem, key, o.a.lendHint(), o.a.MetaHash}, key, o.needs)
+			errs[i] = st.resolve(ctx, o.a, o.a.pipe, o.a.Chunks, cb.lo, storeSource{h, st.sem, key, o.a.lendHint(), o.a.MetaHash, listings[o.a]}, key, o.needs)
 		}()
 	}
 	wg.Wait()
@@ -421,7 +509,7 @@ func forEach(lo, hi []int64, f func(c []int64)) {
 func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, origin []int64, src source, key string, needs []need) error {
 	if p.shard == nil {
 		l := &leaf{arr: a, pipe: p, shape: shape, origin: origin, key: key, needs: needs,
-			cacheKey: a.MetaHash + "\x00" + key}
+			cacheKey: a.MetaHash + "\x00" + key + "\x00" + src.version()}
 		if dec, ok := st.h.chunks.get(l.cacheKey); ok {
 			st.h.stats.ChunkCacheHits.Add(1)
 			l.dec = dec
@@ -514,7 +602,7 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 			emu.Unlock()
 			return
 		}
-		ck := a.MetaHash + "\x00" + ikey
+		ck := a.MetaHash + "\x00" + ikey + "\x00" + src.version()
 		if s.codecs.shard == nil {
 			if dec, ok := st.h.chunks.get(ck); ok {
 				st.h.stats.ChunkCacheHits.Add(1)
@@ -528,7 +616,7 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 			b, fresh, err := src.rng(ctx, int64(off), int64(nb))
 			if err == nil {
 				if s.codecs.shard != nil {
-					err = st.resolve(ctx, a, s.codecs, s.inner, ib.lo, memSource(b), ikey, inner)
+					err = st.resolve(ctx, a, s.codecs, s.inner, ib.lo, memSource{b, src.version()}, ikey, inner)
 				} else {
 					st.add(&leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: ib.lo, key: ikey, needs: inner, enc: nonNil(b), srcKey: fresh, cacheKey: ck})
 				}
@@ -551,7 +639,7 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 func (st *readState) shardIndex(ctx context.Context, a *Array, s *shardSpec, src source, key string, n int64) ([]byte, error) {
 	ck := ""
 	if _, ok := src.(storeSource); ok {
-		ck = "index\x00" + a.MetaHash + "\x00" + key
+		ck = "index\x00" + a.MetaHash + "\x00" + key + "\x00" + src.version()
 		if b, ok := st.h.chunks.get(ck); ok {
 			return b, nil
 		}

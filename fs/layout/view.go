@@ -72,7 +72,7 @@ type View struct {
 	def        string
 	memoStatic bool
 	mu         sync.Mutex
-	static     map[int][]byte // channel -> bytes in DType, after the first fill
+	static     *staticMemo
 }
 
 // Channel is one channel of a view.
@@ -316,6 +316,29 @@ func (b *binder) bind(s *ViewSpec) (*View, error) {
 	v.memoStatic = staticBytes > 0 && staticBytes <= maxStaticMemo
 	v.def = v.definition()
 	return v, nil
+}
+
+// staticMemo holds the bytes of a view's static channels (channel -> bytes
+// in DType) as the listings of their arrays named them when filled: a
+// listing of any of them that is not the one the memo was made with makes
+// it stale.
+type staticMemo struct {
+	listings map[int]*zarr.Listing
+	data     map[int][]byte
+}
+
+// current returns the memo's bytes if no static channel's array was listed
+// again since it was made.
+func (m *staticMemo) current(v *View) map[int][]byte {
+	if m == nil {
+		return nil
+	}
+	for c, l := range m.listings {
+		if v.Channels[c].Array.Listing() != l {
+			return nil
+		}
+	}
+	return m.data
 }
 
 // checkCollision refuses a view name that an array or group of the store
@@ -908,8 +931,19 @@ func writeBlob(w io.WriterAt, p string, header, data []byte, align int64) error 
 func (v *View) fillSamples(ctx context.Context, r Reader, ks []int64, outs [][]byte) error {
 	per := prod(v.SampleShape[1:]) * int64(v.DType.Size)
 	v.mu.Lock()
-	memo := v.static
+	memo := v.static.current(v)
 	v.mu.Unlock()
+	// The listings the static channels are read under, taken before the
+	// Read: a memo made from them is stale once any is replaced.
+	var listings map[int]*zarr.Listing
+	if v.memoStatic && memo == nil {
+		listings = map[int]*zarr.Listing{}
+		for c, ch := range v.Channels {
+			if ch.Axis < 0 {
+				listings[c] = ch.Array.Listing()
+			}
+		}
+	}
 	// Scratch for channels that need a cast.
 	var scratchLen int64
 	for _, ch := range v.Channels {
@@ -976,8 +1010,8 @@ func (v *View) fillSamples(ctx context.Context, r Reader, ks []int64, outs [][]b
 			}
 		}
 		v.mu.Lock()
-		if v.static == nil {
-			v.static = m
+		if v.static.current(v) == nil {
+			v.static = &staticMemo{listings: listings, data: m}
 		}
 		v.mu.Unlock()
 	}

@@ -1,0 +1,122 @@
+package zarr
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/zarrfs/zarrfs/objectstore"
+)
+
+// ErrChanged is returned (wrapped in a ChunkError) when an object a Read
+// fetched is not the version the array's listing recorded: the store
+// changed after it was listed. List the array again and retry.
+var ErrChanged = errors.New("changed since the store was listed")
+
+// Listing records the version of every object below one array as one
+// listing of a versioned store found them (objectstore.Versioned). Once an
+// array has a listing, Reads of it check every object they fetch against it
+// (a mismatch is ErrChanged), read a chunk the listing lacks as missing
+// without asking the store, and serve compressed bytes from the source
+// cache by version without a request. So whatever a Read returns was built
+// from exactly the objects the listing names, and the versions of the
+// chunks a region needs, read from the listing, identify its bytes.
+//
+// A Listing is immutable.
+type Listing struct {
+	// At is when the listing started.
+	At       time.Time
+	versions map[string]string
+}
+
+// Version returns the version of the object at key, and whether the
+// listing holds it (false: it did not exist when listed).
+func (l *Listing) Version(key string) (string, bool) {
+	v, ok := l.versions[key]
+	return v, ok
+}
+
+// Len returns the number of objects listed.
+func (l *Listing) Len() int { return len(l.versions) }
+
+// arrayListing is an array's current listing and the lock that keeps two
+// listings of one array from running at once.
+type arrayListing struct {
+	mu  sync.Mutex
+	cur atomic.Pointer[Listing]
+}
+
+// Listing returns the array's current listing, nil when it has none (never
+// listed, or a store that cannot tell versions).
+func (a *Array) Listing() *Listing { return a.listing.cur.Load() }
+
+func (a *Array) currentListing() *Listing {
+	if a == nil {
+		return nil
+	}
+	return a.Listing()
+}
+
+// Versioned reports whether the array's store can tell versions, so that
+// List gives it a listing.
+func (a *Array) Versioned() bool {
+	if a.h == nil || a.h.Store == nil {
+		return false
+	}
+	_, ok := objectstore.AsVersioned(a.h.Store)
+	return ok
+}
+
+// List makes sure the array has a listing no older than since: when its
+// current one is newer than since (or since is zero and it has one), that
+// one is returned; otherwise the objects below the array are listed now
+// (one listing request per thousand objects on S3) and the result becomes
+// the current listing. Concurrent calls share one listing. A store that
+// cannot tell versions gives nil, nil.
+func (h *Hierarchy) List(ctx context.Context, a *Array, since time.Time) (*Listing, error) {
+	if a == nil || a.h != h {
+		return nil, errors.New("zarr: List of an array of another hierarchy")
+	}
+	v, ok := objectstore.AsVersioned(h.Store)
+	if !ok {
+		return nil, nil
+	}
+	a.listing.mu.Lock()
+	defer a.listing.mu.Unlock()
+	if cur := a.listing.cur.Load(); cur != nil && (since.IsZero() || cur.At.After(since)) {
+		return cur, nil
+	}
+	l := &Listing{At: time.Now(), versions: map[string]string{}}
+	if err := v.ListVersions(ctx, a.Path, func(k, ver string) { l.versions[k] = ver }); err != nil {
+		return nil, fmt.Errorf("array %q: listing chunks: %w", a.Path, err)
+	}
+	a.listing.cur.Store(l)
+	h.stats.Listings.Add(1)
+	return l, nil
+}
+
+// RegionChunks returns the store keys of the chunks (for a sharded array,
+// the shards) that hold any of the region start/count, sorted.
+func (a *Array) RegionChunks(start, count []int64) []string {
+	rank := len(a.Shape)
+	if len(start) != rank || len(count) != rank {
+		return nil
+	}
+	lo := make([]int64, rank)
+	hi := make([]int64, rank)
+	for d := range rank {
+		if count[d] <= 0 || a.Chunks[d] <= 0 {
+			return nil
+		}
+		lo[d] = start[d] / a.Chunks[d]
+		hi[d] = (start[d]+count[d]-1)/a.Chunks[d] + 1
+	}
+	var keys []string
+	forEach(lo, hi, func(c []int64) { keys = append(keys, a.ChunkKey(c)) })
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,228 @@
+package zarr_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/zarrfs/zarrfs/objectstore"
+	"github.com/zarrfs/zarrfs/zarr"
+)
+
+// growStore writes a v3 uint32 array t of shape (n, 2) in chunks of
+// (chunk, 2), element [i, j] = base + 2*i + j, raw little-endian bytes.
+func growStore(t testing.TB, dir string, n, chunk int, base uint32) {
+	t.Helper()
+	doc := `{"zarr_format":3,"node_type":"array","shape":[` + itoa(n) + `,2],"data_type":"uint32",
+ "chunk_grid":{"name":"regular","configuration":{"chunk_shape":[` + itoa(chunk) + `,2]}},
+ "chunk_key_encoding":{"name":"default"},"fill_value":7,
+ "codecs":[{"name":"bytes","configuration":{"endian":"little"}}],"dimension_names":["time","x"]}`
+	os.MkdirAll(filepath.Join(dir, "t", "c"), 0o755)
+	os.WriteFile(filepath.Join(dir, "zarr.json"), []byte(`{"zarr_format":3,"node_type":"group"}`), 0o644)
+	os.WriteFile(filepath.Join(dir, "t", "zarr.json"), []byte(doc), 0o644)
+	for c := 0; c*chunk < n; c++ {
+		b := make([]byte, chunk*2*4)
+		for i := range chunk {
+			for j := range 2 {
+				binary.LittleEndian.PutUint32(b[(i*2+j)*4:], base+uint32(2*(c*chunk+i)+j))
+			}
+		}
+		p := filepath.Join(dir, "t", "c", itoa(c), "0")
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+// countingTier is a SourceCache in memory that counts its hits.
+type countingTier struct {
+	mu   sync.Mutex
+	m    map[string][]byte
+	hits int
+}
+
+func (c *countingTier) Get(k string) ([]byte, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b, ok := c.m[k]
+	if ok {
+		c.hits++
+	}
+	return append([]byte(nil), b...), ok
+}
+
+func (c *countingTier) Put(k string, b []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.m[k] = append([]byte(nil), b...)
+}
+
+func readSample(t testing.TB, h *zarr.Hierarchy, k int64) ([]uint32, error) {
+	a := h.Array("t")
+	dst := make([]byte, 8)
+	err := h.Read(context.Background(), []zarr.Request{{Array: a, Start: []int64{k, 0}, Count: []int64{1, 2}, Dst: dst}})
+	return []uint32{binary.LittleEndian.Uint32(dst), binary.LittleEndian.Uint32(dst[4:])}, err
+}
+
+// Once an array is listed, its reads agree with the listing: a chunk
+// rewritten in place fails with ErrChanged until the array is listed again,
+// a chunk written after the listing reads as missing without a request,
+// and compressed bytes of a listed version come from the source cache
+// without one.
+func TestReadsFollowTheListing(t *testing.T) {
+	dir := t.TempDir()
+	growStore(t, dir, 4, 2, 0)
+	old := time.Now().Add(-time.Hour)
+	os.Chtimes(filepath.Join(dir, "t", "c", "0", "0"), old, old)
+	st, err := objectstore.OpenPosix(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	tier := &countingTier{m: map[string][]byte{}}
+	openWith := func(sc zarr.SourceCache) *zarr.Hierarchy {
+		o := zarr.Options{ChunkCacheBytes: -1}
+		if sc != nil {
+			o.SourceCache = sc
+		}
+		h, err := zarr.Open(context.Background(), st, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { h.Close() })
+		return h
+	}
+	open := func() *zarr.Hierarchy { return openWith(tier) }
+	// Without a source cache, every read goes to the store.
+	h := openWith(nil)
+	a := h.Array("t")
+	l1, err := h.List(context.Background(), a, time.Time{})
+	if err != nil || l1 == nil || l1.Len() != 3 {
+		t.Fatalf("listing: %v %v", l1, err)
+	}
+	if got, err := readSample(t, h, 1); err != nil || got[0] != 2 {
+		t.Fatalf("sample 1: %v %v", got, err)
+	}
+	// Rewritten in place, same size.
+	growStore(t, dir, 4, 2, 100)
+	_, err = readSample(t, h, 1)
+	if !errors.Is(err, zarr.ErrChanged) {
+		t.Fatalf("read after a rewrite: %v, want ErrChanged", err)
+	}
+	if ce := (*zarr.ChunkError)(nil); !errors.As(err, &ce) || ce.Key != "t/c/0/0" {
+		t.Errorf("error does not name the chunk: %v", err)
+	}
+	l2, err := h.List(context.Background(), a, l1.At)
+	if err != nil || l2 == l1 {
+		t.Fatalf("relisting: %v", err)
+	}
+	if got, err := readSample(t, h, 1); err != nil || got[0] != 102 {
+		t.Fatalf("sample 1 after relisting: %v %v", got, err)
+	}
+	// The same listing asked for again is not listed again.
+	if l, _ := h.List(context.Background(), a, time.Time{}); l != l2 {
+		t.Error("listed again without need")
+	}
+
+	// Read once through the source cache; then a new hierarchy over the
+	// unchanged store, listed: every chunk comes from the source cache.
+	h1 := open()
+	h1.List(context.Background(), h1.Array("t"), time.Time{})
+	for k := range int64(4) {
+		readSample(t, h1, k)
+	}
+	h2 := open()
+	if _, err := h2.List(context.Background(), h2.Array("t"), time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	hits := tier.hits
+	for k := range int64(4) {
+		if _, err := readSample(t, h2, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := h2.Stats().Requests.Load(); n != 0 || tier.hits-hits != 4 {
+		t.Errorf("%d requests, %d cache hits for 4 samples of listed, cached chunks", n, tier.hits-hits)
+	}
+
+	// A chunk that appears after the listing (the store grew, the
+	// metadata read before): fill value, no request.
+	os.WriteFile(filepath.Join(dir, "t", "c", "1", "0"), []byte("garbage!garbage!"), 0o644)
+	h3 := open()
+	os.Remove(filepath.Join(dir, "t", "c", "1", "0"))
+	h3.List(context.Background(), h3.Array("t"), time.Time{})
+	os.WriteFile(filepath.Join(dir, "t", "c", "1", "0"), make([]byte, 16), 0o644)
+	if got, err := readSample(t, h3, 2); err != nil || got[0] != 7 || h3.Stats().Requests.Load() != 0 {
+		t.Errorf("chunk absent from the listing: %v %v, %d requests", got, err, h3.Stats().Requests.Load())
+	}
+}
+
+func TestRegionChunks(t *testing.T) {
+	dir := t.TempDir()
+	growStore(t, dir, 30, 24, 0)
+	st, _ := objectstore.OpenPosix(dir)
+	defer st.Close()
+	h, err := zarr.Open(context.Background(), st, zarr.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	a := h.Array("t")
+	for _, tt := range []struct {
+		start, count []int64
+		want         string
+	}{
+		{[]int64{3, 0}, []int64{1, 2}, "t/c/0/0"},
+		{[]int64{25, 0}, []int64{1, 2}, "t/c/1/0"},
+		{[]int64{0, 0}, []int64{30, 2}, "t/c/0/0 t/c/1/0"},
+	} {
+		got := a.RegionChunks(tt.start, tt.count)
+		if s := strings.Join(got, " "); s != tt.want {
+			t.Errorf("RegionChunks(%v, %v) = %q, want %q", tt.start, tt.count, s, tt.want)
+		}
+	}
+}
+
+// A sharded array read under a listing: the index and the inner chunks are
+// ranges of one object, each checked against the listed version, and the
+// result is the same as without a listing.
+func TestShardedReadListed(t *testing.T) {
+	files, want := shardedStore(t, false)
+	dir := t.TempDir()
+	for k, b := range files {
+		p := filepath.Join(dir, filepath.FromSlash(k))
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		os.WriteFile(p, b, 0o644)
+	}
+	st, _ := objectstore.OpenPosix(dir)
+	defer st.Close()
+	h, err := zarr.Open(context.Background(), st, zarr.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	a := h.Arrays[0]
+	if _, err := h.List(context.Background(), a, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	dst := make([]byte, len(want))
+	if err := h.Read(context.Background(), []zarr.Request{{Array: a, Start: []int64{0, 0}, Count: []int64{8, 64}, Dst: dst}}); err != nil {
+		t.Fatal(err)
+	}
+	if string(dst) != string(want) {
+		t.Error("sharded read under a listing differs")
+	}
+	if n := h.Stats().Requests.Load(); n < 2 {
+		t.Errorf("%d requests: index and inner chunks not read", n)
+	}
+}
