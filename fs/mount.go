@@ -287,16 +287,21 @@ func lazyUnmount(mp string) error {
 	return errors.New("no fusermount3 found to unmount")
 }
 
-// open returns the blob's backing file, filling it if needed.
+// open returns the blob's backing file, filling it if the cache lacks it
+// or holds another version of it.
 func (m *Mounted) open(ctx context.Context, b layout.Blob) (Backing, error) {
-	lay := m.opts.Layout
-	ident, err := lay.Identity(ctx, b)
-	if err != nil {
-		return nil, err
-	}
-	return m.opts.Blobs.Open(ctx, cache.BlobKey{Layout: lay.ID, Path: b.Path(), Identity: ident}, b.Size(), func(ctx context.Context, f cache.Writer) error {
-		return b.Fill(ctx, f)
+	return openBlob(ctx, m.opts.Blobs, m.opts.Layout, b)
+}
+
+// openBlob opens b through blobs under its identity in lay (layout.Do).
+func openBlob(ctx context.Context, blobs Blobs, lay *layout.Layout, b layout.Blob) (Backing, error) {
+	var h Backing
+	err := lay.Do(ctx, b, func(ident string) (err error) {
+		h, err = blobs.Open(ctx, cache.BlobKey{Layout: lay.ID, Path: b.Path(), Identity: ident}, b.Size(),
+			func(ctx context.Context, f cache.Writer) error { return b.Fill(ctx, f) })
+		return err
 	})
+	return h, err
 }
 
 // errno maps a failed open to the error the reader sees, and logs the cause

@@ -59,7 +59,7 @@ type walk struct {
 func (r *readahead) Open(ctx context.Context, key cache.BlobKey, size int64, fill func(context.Context, cache.Writer) error) (Backing, error) {
 	b, err := r.inner.Open(ctx, key, size, fill)
 	if err == nil {
-		r.schedule(key.Layout, key.Path)
+		r.schedule(key.Path)
 	}
 	return b, err
 }
@@ -91,7 +91,7 @@ func (r *readahead) advance(dir string, k, n int) (from, to int) {
 	return from, to
 }
 
-func (r *readahead) schedule(layoutID, p string) {
+func (r *readahead) schedule(p string) {
 	dir, name := path.Split(p)
 	de, ok := r.lay.Lookup(dir)
 	if !ok || de.Kind != layout.KindDir || !de.Dir.IsSampleDir() {
@@ -123,14 +123,7 @@ func (r *readahead) schedule(layoutID, p string) {
 		}
 		go func() {
 			defer func() { <-r.sem; r.busy.Delete(blob.Path()) }()
-			ctx := context.Background()
-			ident, err := r.lay.Identity(ctx, blob)
-			if err != nil {
-				r.log.Debug("readahead fill failed", "file", blob.Path(), "err", err)
-				return
-			}
-			b, err := r.inner.Open(ctx, cache.BlobKey{Layout: layoutID, Path: blob.Path(), Identity: ident}, blob.Size(),
-				func(ctx context.Context, f cache.Writer) error { return blob.Fill(ctx, f) })
+			b, err := openBlob(context.Background(), r.inner, r.lay, blob)
 			if err != nil {
 				r.log.Debug("readahead fill failed", "file", blob.Path(), "err", err)
 				return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path"
 	"runtime"
@@ -255,6 +256,7 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 	out := cmd.OutOrStdout()
 	dir := c.BlobDir(lay.ID)
 	if len(todo) == 0 {
+		logWork(log, "warm", o)
 		for _, d := range plan.dirs {
 			fmt.Fprintf(out, "%s\t%s\n", d, path.Join(dir, d))
 		}
@@ -331,25 +333,32 @@ feed:
 	fmt.Fprintf(out, "zarrfs: warmed %d files (%s) in %s, %s/s; %d already warm; cache %s\n",
 		done.Load(), humanBytes(doneBytes.Load()), el.Round(time.Millisecond), humanBytes(int64(rate)),
 		len(plan.blobs)-len(todo), dir)
+	logWork(log, "warm", o)
 	if n := failed.Load(); n > 0 {
 		return fmt.Errorf("%d files failed, first: %w", n, firstErr)
 	}
 	return nil
 }
 
+// logWork logs, at debug level, what reading the source took: chunks
+// decoded, requests sent (reads and listings) and bytes fetched.
+func logWork(log *slog.Logger, what string, o *opened) {
+	st := o.h.Stats()
+	log.Debug(what+" work", "chunks_decoded", st.ChunksDecoded.Load(), "requests", st.Requests.Load(),
+		"listings", st.Listings.Load(), "bytes_fetched", st.BytesFetched.Load())
+}
+
 // warmOne fills one blob into the cache (if still absent or stale) and
 // releases it.
 func warmOne(ctx context.Context, c *cache.Cache, lay *layout.Layout, b layout.Blob) error {
-	ident, err := lay.Identity(ctx, b)
-	if err != nil {
-		return err
-	}
-	h, err := c.GetBlob(ctx, cache.BlobKey{Layout: lay.ID, Path: b.Path(), Identity: ident}, b.Size(),
-		func(ctx context.Context, f cache.Writer) error { return b.Fill(ctx, f) })
-	if err != nil {
-		return err
-	}
-	return h.Close()
+	return lay.Do(ctx, b, func(ident string) error {
+		h, err := c.GetBlob(ctx, cache.BlobKey{Layout: lay.ID, Path: b.Path(), Identity: ident}, b.Size(),
+			func(ctx context.Context, f cache.Writer) error { return b.Fill(ctx, f) })
+		if err != nil {
+			return err
+		}
+		return h.Close()
+	})
 }
 
 func humanBytes(n int64) string {

@@ -4,16 +4,100 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"io"
+	"time"
+
+	"github.com/zarrfs/zarrfs/zarr"
 )
 
 // Identity returns what blob b's bytes are built from, for the cache to
 // record next to the blob (cache.BlobKey.Identity) and compare on every
-// open: a hash of b.Inputs().
+// open: a hash of b.Inputs() and of the store key and version of every
+// chunk b reads, as its arrays' listings name them (zarr.Listing; "absent"
+// for a chunk the listing lacks, read as the fill value). The first call
+// for a blob of an array not listed yet lists it (zarr.Hierarchy.List);
+// after that it costs no I/O. Arrays of a store that cannot tell versions
+// contribute their Inputs only.
+//
+// Fills agree with the identity: a listed array's reads check every chunk
+// against the listed version (zarr.ErrChanged otherwise, see Do), so a blob
+// recorded under an identity holds the bytes of exactly those chunks. A
+// chunk rewritten in place changes its version, hence the identity of every
+// blob that reads it, once the array is listed again.
 func (l *Layout) Identity(ctx context.Context, b Blob) (string, error) {
 	h := sha256.New()
 	io.WriteString(h, layoutVersion)
 	h.Write([]byte{0})
 	io.WriteString(h, b.Inputs())
+	for _, src := range b.Sources() {
+		a := src.Array
+		if a == nil || !a.Versioned() {
+			continue
+		}
+		lst, err := l.listing(ctx, a)
+		if err != nil {
+			return "", err
+		}
+		for _, k := range a.RegionChunks(src.Start, src.Count) {
+			v, ok := lst.Version(k)
+			if !ok {
+				v = "absent"
+			}
+			h.Write([]byte{0})
+			io.WriteString(h, k)
+			h.Write([]byte{0})
+			io.WriteString(h, v)
+		}
+	}
 	return hex.EncodeToString(h.Sum(nil))[:32], nil
+}
+
+// listing returns a's current listing, listing it first if it has none.
+func (l *Layout) listing(ctx context.Context, a *zarr.Array) (*zarr.Listing, error) {
+	if lst := a.Listing(); lst != nil {
+		return lst, nil
+	}
+	lst, err := l.h.List(ctx, a, time.Time{})
+	if err == nil && lst == nil {
+		err = errors.New("layout: a versioned store gave no listing")
+	}
+	return lst, err
+}
+
+// Do calls fn with b's identity. When fn fails with zarr.ErrChanged (a
+// chunk b reads changed after its array was listed), Do lists b's arrays
+// again and calls fn once more with the new identity: the fill then reads
+// the new chunks and the blob is recorded under the identity they give.
+func (l *Layout) Do(ctx context.Context, b Blob, fn func(identity string) error) error {
+	for attempt := 0; ; attempt++ {
+		began := time.Now()
+		ident, err := l.Identity(ctx, b)
+		if err != nil {
+			return err
+		}
+		err = fn(ident)
+		if attempt > 0 || !errors.Is(err, zarr.ErrChanged) {
+			return err
+		}
+		if rerr := l.relist(ctx, b, began); rerr != nil {
+			return errors.Join(err, rerr)
+		}
+	}
+}
+
+// relist lists again every array b reads whose listing began before t.
+func (l *Layout) relist(ctx context.Context, b Blob, t time.Time) error {
+	seen := map[*zarr.Array]bool{}
+	for _, src := range b.Sources() {
+		a := src.Array
+		if a == nil || seen[a] || !a.Versioned() {
+			continue
+		}
+		seen[a] = true
+		if _, err := l.h.List(ctx, a, t); err != nil {
+			return err
+		}
+	}
+	return nil
 }

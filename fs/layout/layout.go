@@ -17,8 +17,15 @@
 // built from is its Identity (Layout.Identity), which the cache records
 // with the blob and compares on every open: Blob.Inputs (the array's
 // metadata less the sample dimension's length and its attributes, or the
-// view's definition; the region; --align). Appending along the sample
-// dimension therefore keeps every existing sample's identity.
+// view's definition; the region; --align) and the version of every chunk
+// the blob reads, from a listing of its array (zarr.Hierarchy.List: S3
+// ETags, POSIX size, mtime and inode). Appending along the sample
+// dimension therefore keeps the identity of every sample whose chunks the
+// append did not rewrite, while a chunk rewritten in place changes the
+// identity of the samples it holds once the array is listed again. Checking
+// a warm blob costs no request: the listing is made once per array and
+// Hierarchy (a mount makes a new one every --metadata-ttl), and fills
+// verify the versions they read against it (Layout.Do).
 package layout
 
 import (
@@ -149,6 +156,7 @@ type Layout struct {
 
 	opts Options
 	root *Dir
+	h    *zarr.Hierarchy
 }
 
 // Root returns the top directory.
@@ -362,7 +370,7 @@ func Build(h *zarr.Hierarchy, opts Options) (*Layout, error) {
 		sourceID = h.Store.ID()
 		identity = objectstore.Identity(h.Store)
 	}
-	l := &Layout{SourceID: sourceID, opts: o}
+	l := &Layout{SourceID: sourceID, opts: o, h: h}
 	l.ID = layoutID(identity, o)
 
 	b := newTreeBuilder()
