@@ -62,7 +62,7 @@ type linkNode struct {
 // resolveNode is the mirror's link: resolving it fills and leases the blob.
 type resolveNode struct {
 	roNode
-	blob   layout.Blob
+	path   string
 	target string
 }
 
@@ -88,10 +88,15 @@ func (n *resolveNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.
 	return 0
 }
 
-// Readlink fills and leases the blob, then names its cache file.
+// Readlink fills and leases the blob (the version the current layout
+// names), then names its cache file.
 func (n *resolveNode) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
-	if err := n.m.leases.resolve(ctx, n.m, n.blob); err != nil {
-		return nil, n.m.errno(n.blob, err)
+	e, ok := n.m.Layout().Lookup(n.path)
+	if !ok || e.Kind != layout.KindBlob {
+		return nil, syscall.ENOENT
+	}
+	if err := n.m.leases.resolve(ctx, n.m, e.Blob); err != nil {
+		return nil, n.m.errno(e.Blob, err)
 	}
 	return []byte(n.target), 0
 }
@@ -116,6 +121,7 @@ type leases struct {
 
 type lease struct {
 	path  string
+	ident string // the version of the blob leased
 	b     Backing
 	until time.Time
 }
@@ -137,13 +143,18 @@ func leaseLimit() int {
 	return int(min(r.Cur-1024, 1<<20))
 }
 
-// resolve makes sure blob b is complete in the cache and leased until now
-// plus the lease time.
+// resolve makes sure blob b is complete in the cache, in the version the
+// current layout names, and leased until now plus the lease time. A lease
+// of another version (the sample changed since) is replaced.
 func (l *leases) resolve(ctx context.Context, m *Mounted, b layout.Blob) error {
 	now := time.Now()
 	p := b.Path()
+	ident, err := m.Layout().Identity(ctx, b)
+	if err != nil {
+		return err
+	}
 	l.mu.Lock()
-	if e, ok := l.byPath[p]; ok {
+	if e, ok := l.byPath[p]; ok && e.Value.(*lease).ident == ident {
 		e.Value.(*lease).until = now.Add(l.d)
 		l.order.MoveToBack(e)
 		l.mu.Unlock()
@@ -151,7 +162,7 @@ func (l *leases) resolve(ctx context.Context, m *Mounted, b layout.Blob) error {
 	}
 	l.mu.Unlock()
 
-	h, err := m.open(ctx, b)
+	h, ident, err := m.open(ctx, b)
 	if err != nil {
 		return err
 	}
@@ -160,14 +171,18 @@ func (l *leases) resolve(ctx context.Context, m *Mounted, b layout.Blob) error {
 		l.mu.Unlock()
 		return h.Close()
 	}
+	var old Backing
 	if e, ok := l.byPath[p]; ok {
-		// A concurrent resolution leased it first.
-		e.Value.(*lease).until = now.Add(l.d)
-		l.order.MoveToBack(e)
-		l.mu.Unlock()
-		return h.Close()
+		if e.Value.(*lease).ident == ident {
+			// A concurrent resolution leased it first.
+			e.Value.(*lease).until = now.Add(l.d)
+			l.order.MoveToBack(e)
+			l.mu.Unlock()
+			return h.Close()
+		}
+		old = l.removeLocked(e)
 	}
-	l.byPath[p] = l.order.PushBack(&lease{path: p, b: h, until: now.Add(l.d)})
+	l.byPath[p] = l.order.PushBack(&lease{path: p, ident: ident, b: h, until: now.Add(l.d)})
 	var early []Backing
 	for l.order.Len() > l.max {
 		early = append(early, l.removeLocked(l.order.Front()))
@@ -178,6 +193,9 @@ func (l *leases) resolve(ctx context.Context, m *Mounted, b layout.Blob) error {
 		}
 	}
 	l.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
 	for _, b := range early {
 		b.Close()
 	}

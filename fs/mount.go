@@ -1,14 +1,21 @@
 // Package fs serves a layout.Layout as a read-only FUSE filesystem.
 //
-// The tree is immutable and computed by package layout, so lookups, stat and
-// directory listings answer from memory and never decode. Opening a blob
-// gets its backing file from the blob cache, which runs one fill per blob
+// The tree is computed by package layout, so lookups, stat and directory
+// listings answer from memory and never decode. Opening a blob gets its
+// backing file from the blob cache, which runs one fill per blob
 // (concurrent opens wait for it) and publishes only complete files; reads then
 // go straight from the kernel to the backing file (FUSE passthrough) where the
 // kernel allows it, and otherwise are spliced from the backing descriptor.
 //
+// A layout is immutable; a mount that follows a growing store
+// (Options.Refresh) builds a new one every --metadata-ttl and swaps it in.
+// Nodes name paths and answer from the current layout; the kernel caches
+// names and attributes for the TTL at most, and is told at each swap which
+// listings and files changed. An open file keeps the version it opened.
+//
 // Concurrency: go-fuse calls node methods from many goroutines; nodes hold
-// only immutable state, and the per-mount fault log is guarded by a mutex.
+// only their path, the current layout is an atomic pointer, and the
+// per-mount fault log is guarded by a mutex.
 package fs
 
 import (
@@ -19,6 +26,7 @@ import (
 	"os"
 	"os/exec"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -72,6 +80,21 @@ type Options struct {
 	// Lease is how long a blob whose link was resolved is kept from
 	// eviction, in direct mode. Zero means DefaultLease.
 	Lease time.Duration
+	// Readahead is how many samples are filled in the background ahead of
+	// a reader walking a sample directory in order (see WithReadahead).
+	// Zero means none.
+	Readahead int
+
+	// Refresh, when set, builds the tree anew from the source as it is now
+	// (metadata re-read, arrays listed again); the mount calls it every
+	// RefreshEvery with the layout it serves, swaps in what it returns,
+	// tells the kernel which names, listings and files changed, and closes
+	// the old layout. An error is logged and the current tree kept.
+	Refresh func(ctx context.Context, cur *layout.Layout) (*layout.Layout, error)
+	// RefreshEvery is --metadata-ttl: how often Refresh runs, and how long
+	// the kernel may cache names and attributes. Zero: never (the tree is
+	// fixed, and the kernel caches for an hour).
+	RefreshEvery time.Duration
 }
 
 // Mounted is a live mount.
@@ -81,6 +104,12 @@ type Mounted struct {
 	server *fuse.Server
 	owner  fuse.Owner
 	mtime  time.Time
+	lay    atomic.Pointer[layout.Layout]
+	root   *dirNode
+
+	stopRefresh chan struct{}
+	refreshDone chan struct{}
+	stopOnce    sync.Once
 
 	mu       sync.Mutex
 	reported map[string]bool // fault keys already logged
@@ -95,8 +124,8 @@ type Mounted struct {
 // killed daemon is cleared.
 var ErrStaleMount = errors.New("transport endpoint is not connected")
 
-// attrTimeout is how long the kernel may cache names and attributes: the
-// tree cannot change while mounted.
+// attrTimeout is how long the kernel may cache names and attributes of a
+// tree that does not change while mounted.
 const attrTimeout = time.Hour
 
 // Mount mounts the layout and returns once the filesystem is live.
@@ -132,8 +161,21 @@ func Mount(ctx context.Context, opts Options) (*Mounted, error) {
 		return nil, fmt.Errorf("%s: not a directory", opts.Mountpoint)
 	}
 
+	if opts.RefreshEvery < 0 {
+		return nil, fmt.Errorf("fs: negative refresh interval %v", opts.RefreshEvery)
+	}
+	m.lay.Store(opts.Layout)
+	if opts.Readahead > 0 {
+		m.opts.Blobs = newReadahead(opts.Blobs, m.Layout, opts.Readahead, m.log)
+	}
 	timeout := attrTimeout
-	root := &dirNode{roNode: roNode{m: m}, dir: opts.Layout.Root()}
+	if opts.Refresh != nil && opts.RefreshEvery > 0 {
+		// Names, attributes and failed lookups expire with the metadata;
+		// a refresh that changes them also tells the kernel at once.
+		timeout = min(timeout, opts.RefreshEvery)
+	}
+	root := &dirNode{roNode: roNode{m: m}, path: ""}
+	m.root = root
 	mo := &gofs.Options{
 		EntryTimeout:    &timeout,
 		AttrTimeout:     &timeout,
@@ -185,7 +227,22 @@ func Mount(ctx context.Context, opts Options) (*Mounted, error) {
 		return nil, fmt.Errorf("mount %s: %w", opts.Mountpoint, err)
 	}
 	m.server = server
+	m.stopRefresh, m.refreshDone = make(chan struct{}), make(chan struct{})
+	if opts.Refresh != nil && opts.RefreshEvery > 0 {
+		go m.refreshLoop()
+	} else {
+		close(m.refreshDone)
+	}
 	return m, nil
+}
+
+// Layout returns the tree the mount serves now.
+func (m *Mounted) Layout() *layout.Layout { return m.lay.Load() }
+
+// endRefresh stops the refresh loop and waits for it.
+func (m *Mounted) endRefresh() {
+	m.stopOnce.Do(func() { close(m.stopRefresh) })
+	<-m.refreshDone
 }
 
 // Leased reports how many blobs a direct mount keeps leased now.
@@ -213,6 +270,7 @@ func (m *Mounted) Passthrough() bool {
 // direct mode.
 func (m *Mounted) Wait() {
 	m.server.Wait()
+	m.endRefresh()
 	m.endLeases()
 }
 
@@ -243,6 +301,7 @@ func (m *Mounted) Unmount(grace time.Duration) error {
 		case <-time.After(grace):
 		}
 	})
+	m.endRefresh()
 	m.endLeases()
 	return m.unmountErr
 }
@@ -288,20 +347,22 @@ func lazyUnmount(mp string) error {
 }
 
 // open returns the blob's backing file, filling it if the cache lacks it
-// or holds another version of it.
-func (m *Mounted) open(ctx context.Context, b layout.Blob) (Backing, error) {
-	return openBlob(ctx, m.opts.Blobs, m.opts.Layout, b)
+// or holds another version of it, and the identity it was opened under.
+func (m *Mounted) open(ctx context.Context, b layout.Blob) (Backing, string, error) {
+	return openBlob(ctx, m.opts.Blobs, m.Layout(), b)
 }
 
 // openBlob opens b through blobs under its identity in lay (layout.Do).
-func openBlob(ctx context.Context, blobs Blobs, lay *layout.Layout, b layout.Blob) (Backing, error) {
+func openBlob(ctx context.Context, blobs Blobs, lay *layout.Layout, b layout.Blob) (Backing, string, error) {
 	var h Backing
+	var id string
 	err := lay.Do(ctx, b, func(ident string) (err error) {
+		id = ident
 		h, err = blobs.Open(ctx, cache.BlobKey{Layout: lay.ID, Path: b.Path(), Identity: ident}, b.Size(),
 			func(ctx context.Context, f cache.Writer) error { return b.Fill(ctx, f) })
 		return err
 	})
-	return h, err
+	return h, id, err
 }
 
 // errno maps a failed open to the error the reader sees, and logs the cause

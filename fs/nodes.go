@@ -4,6 +4,7 @@ import (
 	"context"
 	"hash/fnv"
 	"os"
+	"sync/atomic"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -95,15 +96,26 @@ const (
 	fileMode = syscall.S_IFREG | 0o444
 )
 
-// dirNode is a group or sample directory. Its entries come from the layout
-// on demand, so a directory of 100,000 samples holds no inode until the
-// kernel looks one up, and the kernel may forget them again.
+// dirNode is a group or sample directory. Its entries come from the
+// current layout on demand, so a directory of 100,000 samples holds no
+// inode until the kernel looks one up, and the kernel may forget them
+// again. Nodes name their path, not a layout's entry: after a refresh
+// (Options.Refresh) they answer from the new tree.
 type dirNode struct {
 	roNode
-	dir *layout.Dir
+	path string
 	// resolve marks the unlisted mirror of the tree under resolveDir that
 	// direct mode's links point into (see direct.go).
 	resolve bool
+}
+
+// dir returns the directory in the current layout, nil if it is gone.
+func (n *dirNode) dir() *layout.Dir {
+	e, ok := n.m.Layout().Lookup(n.path)
+	if !ok || e.Kind != layout.KindDir {
+		return nil
+	}
+	return e.Dir
 }
 
 var (
@@ -118,21 +130,26 @@ func (n *dirNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.Attr
 }
 
 func (n *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if n.m.opts.Direct && !n.resolve && n.dir.Path() == "" && name == resolveDir {
+	if n.m.opts.Direct && !n.resolve && n.path == "" && name == resolveDir {
 		ino := inoOf(resolveDir)
 		n.m.fillAttr(&out.Attr, dirMode, 0, ino)
-		node := &dirNode{roNode: roNode{m: n.m}, dir: n.dir, resolve: true}
+		node := &dirNode{roNode: roNode{m: n.m}, path: "", resolve: true}
 		return n.NewInode(ctx, node, gofs.StableAttr{Mode: dirMode, Ino: ino}), 0
 	}
-	e, ok := n.dir.Lookup(name)
+	d := n.dir()
+	if d == nil {
+		return nil, syscall.ENOENT
+	}
+	e, ok := d.Lookup(name)
 	if !ok || (n.resolve && e.Kind == layout.KindSidecar) {
 		return nil, syscall.ENOENT
 	}
-	return n.m.child(ctx, &n.Inode, n.dir.Path(), e, &out.Attr, n.resolve), 0
+	return n.m.child(ctx, &n.Inode, n.path, e, &out.Attr, n.resolve), 0
 }
 
 // OpendirHandle returns a stream over the layout directory. FOPEN_CACHE_DIR
-// lets the kernel keep the listing: the tree never changes while mounted.
+// lets the kernel keep the listing; a refresh that changes it tells the
+// kernel to drop it (Mounted.notify).
 func (n *dirNode) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	return &dirStream{n: n}, fuse.FOPEN_CACHE_DIR | fuse.FOPEN_KEEP_CACHE, 0
 }
@@ -156,19 +173,19 @@ func (m *Mounted) child(ctx context.Context, parent *gofs.Inode, dir string, e l
 	switch {
 	case e.Kind == layout.KindDir:
 		mode = dirMode
-		node = &dirNode{roNode: roNode{m: m}, dir: e.Dir, resolve: resolve}
+		node = &dirNode{roNode: roNode{m: m}, path: p, resolve: resolve}
 	case e.Kind == layout.KindBlob && resolve:
-		target := m.opts.Blobs.Path(m.opts.Layout.ID, e.Blob.Path())
+		target := m.opts.Blobs.Path(m.Layout().ID, e.Blob.Path())
 		mode, size = linkMode, int64(len(target))
-		node = &resolveNode{roNode: roNode{m: m}, blob: e.Blob, target: target}
+		node = &resolveNode{roNode: roNode{m: m}, path: p, target: target}
 	case e.Kind == layout.KindBlob && m.opts.Direct:
 		target := linkTarget(p)
 		mode, size = linkMode, int64(len(target))
 		node = &linkNode{roNode: roNode{m: m}, target: target}
 	case e.Kind == layout.KindBlob:
-		node = &blobNode{roNode: roNode{m: m}, blob: e.Blob}
+		node = &blobNode{roNode: roNode{m: m}, path: p}
 	default:
-		node = &sidecarNode{roNode: roNode{m: m}, data: e.Data}
+		node = &sidecarNode{roNode: roNode{m: m}, path: p}
 	}
 	m.fillAttr(a, mode, size, ino)
 	return parent.NewInode(ctx, node, gofs.StableAttr{Mode: mode, Ino: ino})
@@ -188,8 +205,8 @@ var (
 )
 
 func (s *dirStream) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
-	d := s.n.dir
-	if s.pos >= d.Len() || s.n.resolve {
+	d := s.n.dir()
+	if s.n.resolve || d == nil || s.pos >= d.Len() {
 		return nil, 0
 	}
 	e := d.Entry(s.pos)
@@ -209,16 +226,29 @@ func (s *dirStream) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 }
 
 func (s *dirStream) Seekdir(ctx context.Context, off uint64) syscall.Errno {
-	s.pos = int(min(off, uint64(s.n.dir.Len())))
+	n := 0
+	if d := s.n.dir(); d != nil {
+		n = d.Len()
+	}
+	s.pos = int(min(off, uint64(n)))
 	return 0
 }
 
 func (s *dirStream) Releasedir(ctx context.Context, flags uint32) {}
 
-// sidecarNode serves a JSON description from memory.
+// sidecarNode serves a JSON description from memory, the current
+// layout's.
 type sidecarNode struct {
 	roNode
-	data []byte
+	path string
+}
+
+func (n *sidecarNode) data() []byte {
+	e, ok := n.m.Layout().Lookup(n.path)
+	if !ok || e.Kind != layout.KindSidecar {
+		return nil
+	}
+	return e.Data
 }
 
 var (
@@ -228,24 +258,46 @@ var (
 )
 
 func (n *sidecarNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	n.fill(&out.Attr, fileMode, int64(len(n.data)), n.StableAttr().Ino)
+	var size int
+	if sf, ok := f.(*sidecarFile); ok {
+		size = len(sf.data)
+	} else {
+		size = len(n.data())
+	}
+	n.fill(&out.Attr, fileMode, int64(size), n.StableAttr().Ino)
 	return 0
 }
 
+// Open takes the description as it is now: a reader keeps the version it
+// opened. KEEP_CACHE: a refresh that changes it drops the kernel's copy
+// (Mounted.notify).
 func (n *sidecarNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	if writeFlags(flags) {
 		return nil, 0, syscall.EROFS
 	}
-	return nil, fuse.FOPEN_KEEP_CACHE, 0
+	data := n.data()
+	if data == nil {
+		return nil, 0, syscall.ENOENT
+	}
+	return &sidecarFile{data: data}, fuse.FOPEN_KEEP_CACHE, 0
 }
 
 func (n *sidecarNode) Read(ctx context.Context, f gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	if off >= int64(len(n.data)) {
+	var data []byte
+	if sf, ok := f.(*sidecarFile); ok {
+		data = sf.data
+	} else {
+		data = n.data()
+	}
+	if off >= int64(len(data)) {
 		return fuse.ReadResultData(nil), 0
 	}
-	end := min(off+int64(len(dest)), int64(len(n.data)))
-	return fuse.ReadResultData(n.data[off:end]), 0
+	end := min(off+int64(len(dest)), int64(len(data)))
+	return fuse.ReadResultData(data[off:end]), 0
 }
+
+// sidecarFile is an open sidecar: the bytes it was opened with.
+type sidecarFile struct{ data []byte }
 
 // writeFlags reports whether open flags ask for any kind of write.
 func writeFlags(flags uint32) bool {
@@ -255,7 +307,20 @@ func writeFlags(flags uint32) bool {
 // blobNode is an .npy file backed by a cache file filled on first open.
 type blobNode struct {
 	roNode
-	blob layout.Blob
+	path string
+	// backing is the inode number of the cache file the last open got: a
+	// different one means the blob was replaced (its sample changed), and
+	// the kernel's cached pages of the old one must go.
+	backing atomic.Uint64
+}
+
+// blob returns the blob in the current layout, nil if it is gone.
+func (n *blobNode) blob() layout.Blob {
+	e, ok := n.m.Layout().Lookup(n.path)
+	if !ok || e.Kind != layout.KindBlob {
+		return nil
+	}
+	return e.Blob
 }
 
 var (
@@ -264,31 +329,54 @@ var (
 )
 
 func (n *blobNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	n.fill(&out.Attr, fileMode, n.blob.Size(), n.StableAttr().Ino)
+	var size int64
+	if bf, ok := f.(*blobFile); ok {
+		size = bf.size
+	} else if b := n.blob(); b != nil {
+		size = b.Size()
+	}
+	n.fill(&out.Attr, fileMode, size, n.StableAttr().Ino)
 	return 0
 }
 
-// Open fills the blob if the cache lacks it (concurrent opens wait for one
-// fill) and hands the kernel the backing file for passthrough reads.
+// Open fills the blob if the cache lacks it or holds another version of it
+// (concurrent opens wait for one fill) and hands the kernel the backing
+// file for passthrough reads. The open file keeps reading the version it
+// opened, whatever later refreshes find.
 func (n *blobNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	if writeFlags(flags) {
 		return nil, 0, syscall.EROFS
 	}
-	b, err := n.m.open(ctx, n.blob)
-	if err != nil {
-		return nil, 0, n.m.errno(n.blob, err)
+	blob := n.blob()
+	if blob == nil {
+		return nil, 0, syscall.ENOENT
 	}
-	// KEEP_CACHE: the bytes never change, so the page cache survives
-	// reopen. go-fuse drops it again when passthrough is granted.
-	return &blobFile{b: b, fd: int(b.File().Fd())}, fuse.FOPEN_KEEP_CACHE, 0
+	b, _, err := n.m.open(ctx, blob)
+	if err != nil {
+		return nil, 0, n.m.errno(blob, err)
+	}
+	// KEEP_CACHE while the backing file is the one opened before: its
+	// bytes never change, so the page cache survives reopen (go-fuse drops
+	// it again when passthrough is granted). A new backing file is a new
+	// version of the sample: without KEEP_CACHE the kernel drops the old
+	// version's pages at this open.
+	keep := uint32(fuse.FOPEN_KEEP_CACHE)
+	if st, err := b.File().Stat(); err == nil {
+		ino := st.Sys().(*syscall.Stat_t).Ino
+		if prev := n.backing.Swap(ino); prev != 0 && prev != ino {
+			keep = 0
+		}
+	}
+	return &blobFile{b: b, fd: int(b.File().Fd()), size: blob.Size()}, keep, 0
 }
 
 // blobFile is an open .npy file. With passthrough the kernel reads the
 // backing file itself and Read is never called; otherwise Read splices from
 // the backing descriptor.
 type blobFile struct {
-	b  Backing
-	fd int
+	b    Backing
+	fd   int
+	size int64
 }
 
 var (

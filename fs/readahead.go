@@ -28,7 +28,14 @@ import (
 // At most n fills run in the background at once; a sample already being
 // filled ahead is not scheduled twice, and a fill ahead that fails is only
 // logged at debug level (the reader's own open reports it).
+//
+// Mount sets it up itself from Options.Readahead, over the layout it
+// serves at each moment.
 func WithReadahead(inner Blobs, lay *layout.Layout, n int, log *slog.Logger) Blobs {
+	return newReadahead(inner, func() *layout.Layout { return lay }, n, log)
+}
+
+func newReadahead(inner Blobs, lay func() *layout.Layout, n int, log *slog.Logger) Blobs {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -38,7 +45,7 @@ func WithReadahead(inner Blobs, lay *layout.Layout, n int, log *slog.Logger) Blo
 
 type readahead struct {
 	inner Blobs
-	lay   *layout.Layout
+	lay   func() *layout.Layout // the current one
 	n     int
 	log   *slog.Logger
 	sem   chan struct{}
@@ -93,7 +100,8 @@ func (r *readahead) advance(dir string, k, n int) (from, to int) {
 
 func (r *readahead) schedule(p string) {
 	dir, name := path.Split(p)
-	de, ok := r.lay.Lookup(dir)
+	lay := r.lay()
+	de, ok := lay.Lookup(dir)
 	if !ok || de.Kind != layout.KindDir || !de.Dir.IsSampleDir() {
 		return
 	}
@@ -123,7 +131,7 @@ func (r *readahead) schedule(p string) {
 		}
 		go func() {
 			defer func() { <-r.sem; r.busy.Delete(blob.Path()) }()
-			b, err := openBlob(context.Background(), r.inner, r.lay, blob)
+			b, _, err := openBlob(context.Background(), r.inner, lay, blob)
 			if err != nil {
 				r.log.Debug("readahead fill failed", "file", blob.Path(), "err", err)
 				return

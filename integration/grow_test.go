@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"testing"
+	"time"
 )
 
 // growPy writes and grows a store with zarr-python, as a daily-growing
@@ -190,5 +191,47 @@ func TestGrowWarm(t *testing.T) {
 	}
 	if files, _ := warmWork(t, src, cacheDir); files != 0 {
 		t.Errorf("warm after the mount filled %d files", files)
+	}
+}
+
+// A running mount with --metadata-ttl 1s shows appended samples (the names
+// widen from one digit to two) and updated sidecars, and after a chunk is
+// rewritten in place with the same size its samples read the new bytes,
+// never the old; every file then matches zarr-python.
+func TestGrowMount(t *testing.T) {
+	requireMountTools(t)
+	requirePython(t)
+	src := filepath.Join(t.TempDir(), "grow.zarr")
+	growStore(t, "create", src, 8)
+	d := mount(t, src, "--metadata-ttl", "1s")
+	if n := checkGrowMount(t, d.mnt, src); n != 3*8+1 {
+		t.Fatalf("checked %d files", n)
+	}
+	// Looked up before it exists: the kernel may cache the failure.
+	if _, err := os.Stat(filepath.Join(d.mnt, "t24", "10.npy")); err == nil {
+		t.Fatal("t24/10.npy exists before the append")
+	}
+	growStore(t, "append", src, 22)
+	// The next refresh starts within the TTL and takes milliseconds; two
+	// TTLs leave room for a loaded machine.
+	time.Sleep(2 * time.Second)
+	if _, err := os.Stat(filepath.Join(d.mnt, "t24", "10.npy")); err != nil {
+		t.Fatalf("t24/10.npy two TTLs after the append: %v", err)
+	}
+	if n := checkGrowMount(t, d.mnt, src); n != 3*30+1 {
+		t.Errorf("checked %d files after the append, want %d", n, 3*30+1)
+	}
+
+	before, err := os.ReadFile(filepath.Join(d.mnt, "raw", "05.npy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rewriteSample(t, src, 5, 0.25)
+	time.Sleep(2 * time.Second)
+	if after, err := os.ReadFile(filepath.Join(d.mnt, "raw", "05.npy")); err != nil || bytes.Equal(after, before) {
+		t.Fatalf("raw/05.npy two TTLs after its chunk was rewritten: %v, old bytes served %v", err, bytes.Equal(after, before))
+	}
+	if n := checkGrowMount(t, d.mnt, src); n != 3*30+1 {
+		t.Errorf("checked %d files after the rewrite", n)
 	}
 }

@@ -56,6 +56,10 @@ type Options struct {
 	// under a key never change; an array with a listing (Hierarchy.List)
 	// finds the bytes of the listed version without a request.
 	SourceCache SourceCache
+	// Stats, when set, receives the counts of the Hierarchy's work, so
+	// that hierarchies opened one after another (a mount that re-reads
+	// metadata) add to one set of counters. Nil: the Hierarchy's own.
+	Stats *Stats
 }
 
 // SourceCache holds compressed source bytes by key. Implementations must be
@@ -77,7 +81,7 @@ type Hierarchy struct {
 	opts   Options
 	chunks *chunkCache
 	mem    codec.HostMemory // lends the buffers compressed chunks are read into; nil: pooled
-	stats  Stats
+	stats  *Stats
 	owned  *codec.CPU // the default decoder, when Options.Decoder was nil
 }
 

@@ -28,7 +28,10 @@ func Open(ctx context.Context, store objectstore.Store, opts Options) (*Hierarch
 	if opts.Fetchers <= 0 {
 		opts.Fetchers = 16
 	}
-	h := &Hierarchy{Store: store, Groups: map[string]map[string]any{}, opts: opts}
+	h := &Hierarchy{Store: store, Groups: map[string]map[string]any{}, opts: opts, stats: opts.Stats}
+	if h.stats == nil {
+		h.stats = &Stats{}
+	}
 	if opts.Decoder == nil {
 		h.owned = codec.NewCPU(codec.Options{})
 		h.opts.Decoder = h.owned

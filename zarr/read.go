@@ -40,7 +40,12 @@ type Stats struct {
 }
 
 // Stats returns the hierarchy's counters.
-func (h *Hierarchy) Stats() *Stats { return &h.stats }
+func (h *Hierarchy) Stats() *Stats {
+	if h.stats == nil {
+		return &Stats{} // a Hierarchy not made by Open counts nothing
+	}
+	return h.stats
+}
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 

@@ -19,9 +19,8 @@ import (
 // serveMetrics exposes the daemon's counters on addr at /metrics until ctx
 // ends. Counters are read from the components when scraped, so the hot path
 // pays nothing for them.
-func serveMetrics(ctx context.Context, addr string, h *zarr.Hierarchy, c *cache.Cache, dec *decode.Pipeline, log *slog.Logger) error {
+func serveMetrics(ctx context.Context, addr string, st *zarr.Stats, c *cache.Cache, dec *decode.Pipeline, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
-	st := h.Stats()
 	counter := func(name, help string, f func() float64) {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "zarrfs", Name: name, Help: help}, f))
 	}
@@ -29,6 +28,8 @@ func serveMetrics(ctx context.Context, addr string, h *zarr.Hierarchy, c *cache.
 	counter("chunks_missing_total", "Chunks absent from the source, read as the fill value.", func() float64 { return float64(st.ChunksMissing.Load()) })
 	counter("chunk_cache_hits_total", "Chunks served from the in-memory decoded-chunk cache.", func() float64 { return float64(st.ChunkCacheHits.Load()) })
 	counter("source_bytes_total", "Compressed bytes read from the source.", func() float64 { return float64(st.BytesFetched.Load()) })
+	counter("source_requests_total", "Reads of chunks sent to the source.", func() float64 { return float64(st.Requests.Load()) })
+	counter("source_listings_total", "Arrays listed to learn their chunks' versions.", func() float64 { return float64(st.Listings.Load()) })
 	if c != nil {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "zarrfs", Name: "cache_bytes", Help: "Bytes held in the disk cache."},
 			func() float64 { b, _ := c.Usage(); return float64(b) }))

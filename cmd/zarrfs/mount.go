@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -28,6 +29,7 @@ type mountFlags struct {
 	rank       int
 	world      int
 	shard      string
+	ttl        time.Duration
 }
 
 func newMountCmd() *cobra.Command {
@@ -57,6 +59,7 @@ SIGTERM, then unmounts.`,
 	fl.IntVar(&f.rank, "rank", 0, "list only this rank's samples in every sample directory (with --world), as zarrfs warm --rank splits them")
 	fl.IntVar(&f.world, "world", 1, "number of ranks sharing the samples")
 	fl.StringVar(&f.shard, "shard", "contiguous", "how samples are split among ranks: contiguous or interleaved")
+	fl.DurationVar(&f.ttl, "metadata-ttl", time.Minute, "re-read the metadata and list the arrays read after this long, so appended time steps and rewritten chunks show; 0: never")
 	fl.BoolVar(&f.noPassthru, "no-passthrough", false, "serve reads through the daemon even where the kernel supports FUSE passthrough")
 	_ = fl.MarkHidden("no-passthrough")
 	return cmd
@@ -74,6 +77,9 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 	}
 	if f.lease <= 0 {
 		return usagef("--lease %v: want a positive duration", f.lease)
+	}
+	if f.ttl < 0 {
+		return usagef("--metadata-ttl %v: want 0 (never) or a positive duration", f.ttl)
 	}
 	shard, err := layout.ParseShard(f.rank, f.world, f.shard)
 	if err != nil {
@@ -94,27 +100,33 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 	defer o.Close()
 	store, l, c := o.store, o.lay, o.cache
 	if f.metrics != "" {
-		if err := serveMetrics(ctx, f.metrics, o.h, c, o.dec, log); err != nil {
+		if err := serveMetrics(ctx, f.metrics, o.stats, c, o.dec, log); err != nil {
 			return fmt.Errorf("--metrics %s: %w", f.metrics, err)
 		}
 	}
-	blobs := zfs.CacheBlobs(c)
-	if f.readahead > 0 {
-		blobs = zfs.WithReadahead(blobs, l, f.readahead, log)
-	}
-	m, err := zfs.Mount(ctx, zfs.Options{
+	mo := zfs.Options{
 		Mountpoint:         mountpoint,
 		Layout:             l,
-		Blobs:              blobs,
+		Blobs:              zfs.CacheBlobs(c),
 		Logger:             log,
 		AllowOther:         f.allowOther,
 		DisablePassthrough: f.noPassthru,
 		Direct:             f.direct,
 		Lease:              f.lease,
-	})
+		Readahead:          f.readahead,
+	}
+	if f.ttl > 0 {
+		mo.RefreshEvery = f.ttl
+		mo.Refresh = func(ctx context.Context, cur *layout.Layout) (*layout.Layout, error) {
+			return refreshLayout(ctx, o, cur, log)
+		}
+	}
+	m, err := zfs.Mount(ctx, mo)
 	if err != nil {
 		return err
 	}
+	// The mount closes the layouts it replaces; the last one is ours.
+	defer func() { o.lay = m.Layout() }()
 	if unregister, err := registerMount(mountpoint, c.BlobDir(l.ID), store.ID()); err != nil {
 		log.Warn("zarrfs path will not find this mount", "err", err)
 	} else {

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -45,17 +44,18 @@ func (f *layoutFlags) register(cmd *cobra.Command) {
 type opened struct {
 	store objectstore.Store
 	dec   *decode.Pipeline
-	h     *zarr.Hierarchy
-	lay   *layout.Layout
+	src   *layout.Source
+	lay   *layout.Layout // the current one; a mount replaces it
 	cache *cache.Cache
+	stats *zarr.Stats // the work of every hierarchy opened from src
 }
 
 // Close releases everything open opened, the users of the decoder first.
 // Fills must be done.
 func (o *opened) Close() error {
 	var errs []error
-	if o.h != nil {
-		errs = append(errs, o.h.Close())
+	if o.lay != nil {
+		errs = append(errs, o.lay.Close())
 	}
 	if o.dec != nil {
 		errs = append(errs, o.dec.Close())
@@ -141,22 +141,21 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	}
 	// With a GPU, compressed chunks are read into, and fills decode into,
 	// the pipeline's pinned memory.
-	zopts := zarr.Options{Logger: log, Decoder: o.dec, Memory: o.dec.Memory(), ChunkCacheBytes: oo.chunkCacheBytes}
+	o.stats = &zarr.Stats{}
+	zopts := zarr.Options{Logger: log, Decoder: o.dec, Memory: o.dec.Memory(), ChunkCacheBytes: oo.chunkCacheBytes, Stats: o.stats}
 	if isRemote(o.store) && oo.chunkTier {
 		zopts.SourceCache = o.cache.ChunkTier()
 	}
-	if o.h, err = zarr.Open(ctx, o.store, zopts); err != nil {
+	o.src = &layout.Source{
+		Store:  o.store,
+		Zarr:   zopts,
+		Views:  specs,
+		Layout: layout.Options{SampleDim: f.sampleDim, Align: f.align, Shard: oo.shard},
+	}
+	if o.lay, err = o.src.Open(ctx); err != nil {
 		return nil, err
 	}
-	views, err := layout.BindViews(ctx, o.h, specs, layout.BindOptions{SampleDim: f.sampleDim})
-	if err != nil {
-		return nil, err
-	}
-	lopts := layout.Options{SampleDim: f.sampleDim, Align: f.align, Views: views, Shard: oo.shard}
-	if o.lay, err = layout.Build(o.h, lopts); err != nil {
-		return nil, fmt.Errorf("%s: %w", strings.TrimSuffix(o.store.ID(), "/"), err)
-	}
-	h, lay := o.h, o.lay
+	h, lay := o.lay.Hierarchy(), o.lay
 	// zarr.Open already warned about each unsupported array; warn here
 	// only about what the layout itself left out (name collisions).
 	unsupported := map[string]bool{}
@@ -175,4 +174,24 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 func isRemote(s objectstore.Store) bool {
 	_, local := s.(*objectstore.Posix)
 	return !local
+}
+
+// refreshLayout opens o's source again for a mount that follows a growing
+// store: the metadata as it is now, and listings of the arrays being read.
+// It warns about arrays newly left out.
+func refreshLayout(ctx context.Context, o *opened, cur *layout.Layout, log *slog.Logger) (*layout.Layout, error) {
+	next, err := o.src.Reopen(ctx, cur)
+	if err != nil {
+		return nil, err
+	}
+	was := map[string]bool{}
+	for _, s := range cur.Skipped {
+		was[s.Path] = true
+	}
+	for _, s := range next.Skipped {
+		if !was[s.Path] {
+			log.Warn("array left out of the mount", "array", s.Path, "reason", s.Reason)
+		}
+	}
+	return next, nil
 }

@@ -343,7 +343,7 @@ feed:
 // logWork logs, at debug level, what reading the source took: chunks
 // decoded, requests sent (reads and listings) and bytes fetched.
 func logWork(log *slog.Logger, what string, o *opened) {
-	st := o.h.Stats()
+	st := o.stats
 	log.Debug(what+" work", "chunks_decoded", st.ChunksDecoded.Load(), "requests", st.Requests.Load(),
 		"listings", st.Listings.Load(), "bytes_fetched", st.BytesFetched.Load())
 }
