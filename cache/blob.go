@@ -165,7 +165,12 @@ func (c *Cache) GetBlob(ctx context.Context, k BlobKey, size int64, fill func(ct
 		}
 		h, err = join(c, c.blobFlights, flightKey, ctx,
 			func() bool { e := c.idx[rel]; return e != nil && e.ident == k.Identity },
-			func(ctx context.Context) (*os.File, error) { return c.fillBlob(ctx, rel, size, k.Identity, fill) },
+			func(ctx context.Context) (*os.File, error) {
+				if f := c.adoptBlob(rel, k, size); f != nil {
+					return f, nil
+				}
+				return c.fillBlob(ctx, rel, size, k.Identity, fill)
+			},
 			func(f *os.File, _ bool) (*Handle, error) { return c.dupHandle(rel, f, size) },
 			func(f *os.File) { f.Close() },
 		)
@@ -173,6 +178,57 @@ func (c *Cache) GetBlob(ctx context.Context, k BlobKey, size int64, fill func(ct
 			return h, err
 		}
 	}
+}
+
+// adoptBlob links a blob indexed elsewhere in k's layout directory with k's
+// identity and size to rel, as a fill of rel would publish it, and returns
+// a read-only descriptor on it, locked shared; nil when there is none (or
+// it vanished meanwhile). Equal identities name equal bytes, so this is a
+// fill that costs a link: the path of a sample changed, its data did not.
+func (c *Cache) adoptBlob(rel string, k BlobKey, size int64) *os.File {
+	if k.Identity == "" {
+		return nil
+	}
+	c.mu.Lock()
+	e := c.byIdent[k.Layout+"\x00"+k.Identity]
+	if e == nil || e.size != size || e.key == rel || c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	from, sum := e.key, e.sum
+	e.pins++ // not evicted by this instance meanwhile
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		e.pins--
+		c.mu.Unlock()
+	}()
+	src := filepath.Join(c.dir, from)
+	f, err := openRO(src)
+	if err != nil {
+		return nil
+	}
+	// An evictor elsewhere holds LOCK_EX while it unlinks: once we hold
+	// LOCK_SH, the path names our file or nothing.
+	if flock(f, syscall.LOCK_SH) != nil || !sameFile(f, src) {
+		f.Close()
+		return nil
+	}
+	tmp := filepath.Join(c.inst.dir, "adopt-"+randomID())
+	if os.Link(src, tmp) != nil || !sameFile(f, tmp) {
+		os.Remove(tmp)
+		f.Close()
+		return nil
+	}
+	defer os.Remove(tmp)
+	unreserve := c.reserve(size)
+	if err := c.publish(rel, tmp, size, sum, k.Identity); err != nil {
+		unreserve()
+		f.Close()
+		return nil
+	}
+	c.log.Debug("cache blob linked from another path of the same identity", "blob", rel, "from", from)
+	return f
 }
 
 // openIndexed opens rel if the index has it with identity ident. It returns

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -79,9 +80,13 @@ type Cache struct {
 	closeMu  sync.Once
 	closeErr error
 
-	mu       sync.Mutex
-	closed   bool
-	idx      map[string]*entry
+	mu     sync.Mutex
+	closed bool
+	idx    map[string]*entry
+	// byIdent finds a blob by layout directory and identity, so that a
+	// blob whose path changed but whose bytes did not (sample names
+	// widened when a store grew past a power of ten) is linked, not filled.
+	byIdent  map[string]*entry
 	lru      list.List // of *entry, most recently used at the front
 	used     int64     // bytes of indexed entries
 	inflight int64     // bytes reserved by fills of this instance
@@ -168,6 +173,7 @@ func Open(opts Options) (*Cache, error) {
 		compactMin:   cmp.Or(opts.compactMin, 1<<20),
 		lockFile:     lf,
 		idx:          map[string]*entry{},
+		byIdent:      map[string]*entry{},
 		quit:         map[string]bool{},
 		intern:       map[string]string{},
 		blobFlights:  map[string]*flight[*os.File]{},
@@ -354,6 +360,7 @@ func (c *Cache) recover() (recoveryStats, error) {
 	}
 	sortBySeq(live)
 	c.idx = make(map[string]*entry, len(live))
+	c.byIdent = map[string]*entry{}
 	for _, s := range live {
 		c.insertLocked(s.rec, true)
 	}
@@ -404,6 +411,7 @@ func (c *Cache) join() (recoveryStats, error) {
 	}
 	sortBySeq(live)
 	c.idx = make(map[string]*entry, len(live))
+	c.byIdent = map[string]*entry{}
 	for _, s := range live {
 		c.insertLocked(s.rec, !s.afterMark)
 	}
@@ -486,16 +494,44 @@ func sortBySeq(s []*replayState) {
 func (c *Cache) insertLocked(r record, trusted bool) *entry {
 	if e := c.idx[r.key]; e != nil {
 		c.used += r.size - e.size
+		c.unidentLocked(e)
 		e.size, e.sum, e.writer, e.ident = r.size, r.sum, r.writer, r.ident
 		e.trusted = e.trusted && trusted
 		c.lru.MoveToFront(e.elem)
+		c.identLocked(e)
 		return e
 	}
 	e := &entry{key: r.key, size: r.size, sum: r.sum, ident: r.ident, writer: r.writer, trusted: trusted}
 	e.elem = c.lru.PushFront(e)
 	c.idx[r.key] = e
 	c.used += r.size
+	c.identLocked(e)
 	return e
+}
+
+// identKey is e's key in byIdent, "" for none.
+func identKey(e *entry) string {
+	if e.ident == "" {
+		return ""
+	}
+	rest, ok := strings.CutPrefix(e.key, blobsDir+"/")
+	if !ok {
+		return ""
+	}
+	layout, _, _ := strings.Cut(rest, "/")
+	return layout + "\x00" + e.ident
+}
+
+func (c *Cache) identLocked(e *entry) {
+	if k := identKey(e); k != "" {
+		c.byIdent[k] = e
+	}
+}
+
+func (c *Cache) unidentLocked(e *entry) {
+	if k := identKey(e); k != "" && c.byIdent[k] == e {
+		delete(c.byIdent, k)
+	}
 }
 
 // removeLocked forgets e (the file is the caller's business).
@@ -504,6 +540,7 @@ func (c *Cache) removeLocked(e *entry) {
 		return
 	}
 	delete(c.idx, e.key)
+	c.unidentLocked(e)
 	c.lru.Remove(e.elem)
 	c.used -= e.size
 }

@@ -52,6 +52,14 @@
 // rename leaves the old bytes under the new record, which recovery's
 // checksum rejects.
 //
+// Equal identities in one layout directory name equal bytes, so a blob
+// asked for under a new path with the identity of one the directory holds
+// (the samples of a store that grew past a power of ten are renamed from
+// 7.npy to 07.npy) is hard-linked there instead of filled. What the caller
+// knows it will not read again (Blobs lists a directory's paths and
+// identities) it can Demote, to be evicted before anything else, or
+// RemoveBlob now; `zarrfs cache gc` does the latter.
+//
 // # Budget and eviction
 //
 // Entries are kept in one LRU list ordered by use, with exact byte counts

@@ -118,3 +118,75 @@ func TestJournalVersion1(t *testing.T) {
 		t.Fatalf("journal not rewritten in the current format: %q", j[:20])
 	}
 }
+
+// A blob asked for under a new path with the identity of one the layout
+// directory holds (sample names widened when the store grew) is linked,
+// not filled; garbage can then be listed, demoted and removed.
+func TestIdentityAdoptedAcrossPaths(t *testing.T) {
+	dir := t.TempDir()
+	c := mustOpen(t, Options{Dir: dir})
+	defer c.Close()
+	data := content("sample 3", 3000)
+	getIdent(t, c, "t/3.npy", "s3", data).Close()
+	h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: "t/03.npy", Identity: "s3"}, int64(len(data)), func(context.Context, Writer) error {
+		t.Error("filled although a blob of the same identity exists")
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(readAll(t, h), data) {
+		t.Fatal("adopted blob differs")
+	}
+	h.Close()
+	a, _ := os.Stat(c.BlobPath(BlobKey{Layout: "L", Path: "t/3.npy"}))
+	b, _ := os.Stat(c.BlobPath(BlobKey{Layout: "L", Path: "t/03.npy"}))
+	if !os.SameFile(a, b) {
+		t.Error("adopted blob is a copy, not a link")
+	}
+	// Another layout directory does not share identities.
+	fills := 0
+	h, err = c.GetBlob(context.Background(), BlobKey{Layout: "M", Path: "t/03.npy", Identity: "s3"}, int64(len(data)), func(ctx context.Context, f Writer) error {
+		fills++
+		return writeFill(data)(ctx, f)
+	})
+	if err != nil || fills != 1 {
+		t.Fatalf("other layout: %v, %d fills", err, fills)
+	}
+	h.Close()
+
+	if got := c.Blobs("L"); len(got) != 2 {
+		t.Fatalf("Blobs(L) = %v", got)
+	}
+	if n := c.Demote("L", []string{"t/3.npy", "t/nothing.npy"}); n != 1 {
+		t.Errorf("demoted %d", n)
+	}
+	held := getIdent(t, c, "t/03.npy", "s3", data)
+	if gone, err := c.RemoveBlob("L", "t/03.npy"); err != nil || gone {
+		t.Errorf("removing an open blob: %v %v", gone, err)
+	}
+	held.Close()
+	if gone, err := c.RemoveBlob("L", "t/3.npy"); err != nil || !gone {
+		t.Errorf("removing: %v %v", gone, err)
+	}
+	if _, err := os.Stat(c.BlobPath(BlobKey{Layout: "L", Path: "t/3.npy"})); !os.IsNotExist(err) {
+		t.Error("removed blob still on disk")
+	}
+	if got := c.Blobs("L"); len(got) != 1 || got[0].Path != "t/03.npy" || got[0].Identity != "s3" {
+		t.Errorf("Blobs(L) after removal = %v", got)
+	}
+}
+
+// Demoted blobs are the first evicted.
+func TestDemotedEvictedFirst(t *testing.T) {
+	c := mustOpen(t, Options{Dir: t.TempDir(), Size: 3000})
+	defer c.Close()
+	for _, p := range []string{"a.npy", "b.npy", "c.npy"} {
+		getIdent(t, c, p, "", content(p, 1000)).Close()
+	}
+	c.Demote("L", []string{"c.npy"}) // the most recent, demoted
+	getIdent(t, c, "d.npy", "", content("d", 1000)).Close()
+	if c.HasBlob(BlobKey{Layout: "L", Path: "c.npy"}) || !c.HasBlob(BlobKey{Layout: "L", Path: "a.npy"}) {
+		t.Error("eviction did not take the demoted blob first")
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -233,5 +234,57 @@ func TestGrowMount(t *testing.T) {
 	}
 	if n := checkGrowMount(t, d.mnt, src); n != 3*30+1 {
 		t.Errorf("checked %d files after the rewrite", n)
+	}
+}
+
+// A store that grows past ten time steps renames every sample (0.npy
+// becomes 00.npy): a warm links the unchanged samples to their new names
+// instead of decoding them again, and `zarrfs cache gc` then removes the
+// old names, leaving a cache every file of which a mount serves.
+func TestGrowGC(t *testing.T) {
+	requireMountTools(t)
+	requirePython(t)
+	src := filepath.Join(t.TempDir(), "grow.zarr")
+	growStore(t, "create", src, 8)
+	cacheDir := t.TempDir()
+	warmWork(t, src, cacheDir)
+	growStore(t, "append", src, 4)
+	_, decoded := warmWork(t, src, cacheDir)
+	// t1: 4 new chunks; t24 (its one chunk rewritten) and time: one each,
+	// at most once per sample. raw is not compressed.
+	t.Logf("warm after the names widened: %d chunks decoded", decoded)
+	if decoded > 4+12+1 {
+		t.Errorf("warm after the names widened decoded %d chunks, want at most %d", decoded, 4+12+1)
+	}
+	// The unchanged samples are links to the old names' files.
+	for _, name := range []string{"t1", "t24"} {
+		blobs, _ := filepath.Glob(filepath.Join(cacheDir, "blobs", "*", name))
+		if len(blobs) != 1 {
+			t.Fatalf("%s: %v", name, blobs)
+		}
+		a, err1 := os.Stat(filepath.Join(blobs[0], "3.npy"))
+		b, err2 := os.Stat(filepath.Join(blobs[0], "03.npy"))
+		if err1 != nil || err2 != nil {
+			t.Fatal(err1, err2)
+		}
+		if same := os.SameFile(a, b); same != (name == "t1") {
+			t.Errorf("%s/03.npy and %s/3.npy are one file: %v, want %v (t24's chunk was rewritten)", name, name, same, name == "t1")
+		}
+	}
+	out, stderr, code := run(t, "cache", "gc", src, "--cache", cacheDir)
+	if code != 0 || !strings.Contains(out, "removed 24 stale files") {
+		t.Fatalf("cache gc: exit %d\n%s%s", code, out, stderr)
+	}
+	for p := range blobFiles(t, cacheDir) {
+		if name := filepath.Base(p); len(name) == len("0.npy") {
+			t.Errorf("old name %s left after gc", p)
+		}
+	}
+	if out, _, _ := run(t, "cache", "gc", src, "--cache", cacheDir); !strings.Contains(out, "removed 0 stale files") {
+		t.Errorf("second gc: %s", out)
+	}
+	d := mountAt(t, src, t.TempDir(), cacheDir)
+	if n := checkGrowMount(t, d.mnt, src); n != 3*12+1 {
+		t.Errorf("checked %d files", n)
 	}
 }

@@ -127,6 +127,9 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 	}
 	// The mount closes the layouts it replaces; the last one is ours.
 	defer func() { o.lay = m.Layout() }()
+	// Files of names the tree no longer has (a store that grew past a
+	// power of ten) are evicted first.
+	go zfs.DemoteGarbage(c, l)
 	if unregister, err := registerMount(mountpoint, c.BlobDir(l.ID), store.ID()); err != nil {
 		log.Warn("zarrfs path will not find this mount", "err", err)
 	} else {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/decode"
+	zfs "github.com/zarrfs/zarrfs/fs"
 	"github.com/zarrfs/zarrfs/fs/layout"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
@@ -192,6 +193,11 @@ func refreshLayout(ctx context.Context, o *opened, cur *layout.Layout, log *slog
 		if !was[s.Path] {
 			log.Warn("array left out of the mount", "array", s.Path, "reason", s.Reason)
 		}
+	}
+	// What the new tree will not serve again goes first when room is
+	// needed; zarrfs cache gc removes it.
+	if n := zfs.DemoteGarbage(o.cache, next); n > 0 {
+		log.Debug("stale cached files demoted", "files", n)
 	}
 	return next, nil
 }

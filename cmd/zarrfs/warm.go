@@ -30,6 +30,7 @@ type warmFlags struct {
 	world   int
 	shard   string
 	jobs    int
+	prune   bool
 }
 
 func newWarmCmd() *cobra.Command {
@@ -59,6 +60,7 @@ samples i, i+W, i+2W, ...`,
 	fl.IntVar(&f.world, "world", 1, "number of ranks sharing the samples")
 	fl.StringVar(&f.shard, "shard", "contiguous", "how samples are split among ranks: contiguous or interleaved")
 	fl.IntVar(&f.jobs, "jobs", 0, "files filled concurrently (default: number of CPUs, at least 16 for S3)")
+	fl.BoolVar(&f.prune, "prune", false, "then remove the source's cached files a mount will never serve again, as zarrfs cache gc does")
 	return cmd
 }
 
@@ -261,6 +263,9 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 			fmt.Fprintf(out, "%s\t%s\n", d, path.Join(dir, d))
 		}
 		fmt.Fprintf(out, "zarrfs: nothing to do: %d files (%s) already warm in %s\n", len(plan.blobs), humanBytes(plan.bytes), dir)
+		if f.prune {
+			return prune(ctx, o, out)
+		}
 		return nil
 	}
 	var bar *progressbar.ProgressBar
@@ -336,6 +341,9 @@ feed:
 	logWork(log, "warm", o)
 	if n := failed.Load(); n > 0 {
 		return fmt.Errorf("%d files failed, first: %w", n, firstErr)
+	}
+	if f.prune {
+		return prune(ctx, o, out)
 	}
 	return nil
 }

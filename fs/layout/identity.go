@@ -26,6 +26,24 @@ import (
 // chunk rewritten in place changes its version, hence the identity of every
 // blob that reads it, once the array is listed again.
 func (l *Layout) Identity(ctx context.Context, b Blob) (string, error) {
+	return l.identity(b, func(a *zarr.Array) (*zarr.Listing, error) { return l.listing(ctx, a) })
+}
+
+// KnownIdentity is Identity without I/O: false when an array b reads has
+// not been listed yet.
+func (l *Layout) KnownIdentity(b Blob) (string, bool) {
+	id, err := l.identity(b, func(a *zarr.Array) (*zarr.Listing, error) {
+		if lst := a.Listing(); lst != nil {
+			return lst, nil
+		}
+		return nil, errNotListed
+	})
+	return id, err == nil
+}
+
+var errNotListed = errors.New("not listed")
+
+func (l *Layout) identity(b Blob, listing func(*zarr.Array) (*zarr.Listing, error)) (string, error) {
 	h := sha256.New()
 	io.WriteString(h, layoutVersion)
 	h.Write([]byte{0})
@@ -35,7 +53,7 @@ func (l *Layout) Identity(ctx context.Context, b Blob) (string, error) {
 		if a == nil || !a.Versioned() {
 			continue
 		}
-		lst, err := l.listing(ctx, a)
+		lst, err := listing(a)
 		if err != nil {
 			return "", err
 		}

@@ -309,7 +309,13 @@ type samples interface {
 }
 
 // Lookup finds the entry at a "/"-separated path in the mount.
-func (l *Layout) Lookup(p string) (Entry, bool) {
+func (l *Layout) Lookup(p string) (Entry, bool) { return l.lookup(p, false) }
+
+// Find is Lookup over every sample, also those a sharded layout's
+// directories do not list (other ranks' share of one cache).
+func (l *Layout) Find(p string) (Entry, bool) { return l.lookup(p, true) }
+
+func (l *Layout) lookup(p string, all bool) (Entry, bool) {
 	p = strings.Trim(path.Clean("/"+p), "/")
 	e := Entry{Kind: KindDir, Dir: l.root}
 	if p == "" {
@@ -318,6 +324,14 @@ func (l *Layout) Lookup(p string) (Entry, bool) {
 	for _, seg := range strings.Split(p, "/") {
 		if e.Kind != KindDir {
 			return Entry{}, false
+		}
+		if all && e.Dir.samples != nil {
+			g, ok := e.Dir.sampleIndex(seg)
+			if !ok {
+				return Entry{}, false
+			}
+			e = e.Dir.allEntry(g)
+			continue
 		}
 		var ok bool
 		if e, ok = e.Dir.Lookup(seg); !ok {

@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+
+	zfs "github.com/zarrfs/zarrfs/fs"
+)
+
+func newCacheCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "cache",
+		Short: "Manage the cache directory",
+	}
+	var f layoutFlags
+	gc := &cobra.Command{
+		Use:   "gc SOURCE --cache DIR",
+		Short: "Remove the cached files of SOURCE that a mount with the same flags will never serve again",
+		Long: `List SOURCE's arrays and remove from the cache every file of its layout
+that a mount with the same flags will never serve again: versions of samples
+superseded by appends or rewritten chunks, and files whose names the tree no
+longer has (such as the one-digit names of a store that grew past ten time
+steps). Files of names the tree does not know at all (another mount's views)
+and files open in a running mount are kept. A mount demotes the same files
+so that they are evicted first; gc frees their space now.`,
+		Args: exactArgs(1, "SOURCE"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			log, err := newLogger(cmd)
+			if err != nil {
+				return err
+			}
+			o, err := f.open(cmd.Context(), args[0], log, openOptions{})
+			if err != nil {
+				return err
+			}
+			defer o.Close()
+			return prune(cmd.Context(), o, cmd.OutOrStdout())
+		},
+	}
+	f.register(gc)
+	cmd.AddCommand(gc)
+	return cmd
+}
+
+func init() { rootCmd.AddCommand(newCacheCmd()) }
+
+// prune lists every array of o's layout and removes its garbage from the
+// cache (zfs.Garbage), printing one summary line.
+func prune(ctx context.Context, o *opened, out io.Writer) error {
+	if err := o.lay.ListAll(ctx, 8); err != nil {
+		return err
+	}
+	var removed, kept int
+	var bytes int64
+	for _, b := range zfs.Garbage(o.cache, o.lay) {
+		gone, err := o.cache.RemoveBlob(o.lay.ID, b.Path)
+		if err != nil {
+			return err
+		}
+		if gone {
+			removed++
+			bytes += b.Size
+		} else {
+			kept++
+		}
+	}
+	fmt.Fprintf(out, "zarrfs: removed %d stale files (%s) from %s", removed, humanBytes(bytes), o.cache.BlobDir(o.lay.ID))
+	if kept > 0 {
+		fmt.Fprintf(out, "; %d in use kept", kept)
+	}
+	fmt.Fprintln(out)
+	return nil
+}
