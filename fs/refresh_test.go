@@ -16,6 +16,7 @@ import (
 	"github.com/zarrfs/zarrfs/fs/layout"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
+	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 // writeGrowing writes a v3 store whose array t is uint32 shaped (n, 4) in
@@ -74,7 +75,9 @@ func TestRefreshFollowsTheStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	src := &layout.Source{Store: st, Zarr: zarr.Options{Stats: &zarr.Stats{}}}
+	dec := codec.NewCPU(codec.Options{})
+	defer dec.Close()
+	src := &layout.Source{Store: st, Zarr: zarr.Options{Stats: &zarr.Stats{}, Decoder: dec}}
 	lay, err := src.Open(context.Background())
 	if err != nil {
 		t.Fatal(err)

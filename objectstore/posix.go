@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 )
 
@@ -20,6 +21,9 @@ import (
 type Posix struct {
 	root *os.Root
 	id   string
+
+	beneath sync.Once // opens dirfd for StatVersion
+	dirfd   int
 }
 
 var _ Store = (*Posix)(nil)
@@ -58,7 +62,14 @@ func OpenPosix(dir string) (*Posix, error) {
 func (p *Posix) ID() string { return p.id }
 
 // Close releases the root directory handle.
-func (p *Posix) Close() error { return p.root.Close() }
+func (p *Posix) Close() error {
+	p.beneath.Do(func() { p.dirfd = -1 })
+	if p.dirfd >= 0 {
+		syscall.Close(p.dirfd)
+		p.dirfd = -1
+	}
+	return p.root.Close()
+}
 
 func (p *Posix) wrap(op, key string, err error) error {
 	// ENOTDIR: a key below an object ("a/zarr.json/x") does not exist either,

@@ -84,6 +84,12 @@ func TestPosixSymlinkEscapeRefused(t *testing.T) {
 		if b, err := s.GetRange(ctx, k, -1, 3); err == nil {
 			t.Errorf("GetRange(%q) = %q through a link leaving the root, want an error", k, b)
 		}
+		if v, err := s.StatVersion(ctx, k); err == nil {
+			t.Errorf("StatVersion(%q) = %q through a link leaving the root, want an error", k, v)
+		}
+	}
+	if v, err := s.StatVersion(ctx, "inside"); err != nil || v == "" {
+		t.Errorf("StatVersion(inside) = %q, %v; a link inside the store must work", v, err)
 	}
 	for _, k := range []string{"dirabs", "in/up"} {
 		if names, err := s.List(ctx, k); err == nil {

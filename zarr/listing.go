@@ -28,21 +28,69 @@ var ErrChanged = errors.New("changed since the store was listed")
 // chunks a region needs, read from the listing, identify its bytes.
 //
 // A Listing is immutable.
+//
+// A store for which one object's version costs less than a listing
+// (objectstore.VersionStater: a local filesystem) is listed lazily: each
+// key's version is asked the first time it is needed and kept, so the
+// listing is no slower than the reads it serves and walks no directory.
 type Listing struct {
 	// At is when the listing started.
 	At       time.Time
 	versions map[string]string
+
+	// A lazy listing: stat asks the store, memo keeps the answers.
+	stat func(key string) (string, error)
+	mu   sync.Mutex
+	memo map[string]stated
+}
+
+type stated struct {
+	version string
+	ok      bool
 }
 
 // Version returns the version of the object at key, and whether the
-// listing holds it (false: it did not exist when listed).
-func (l *Listing) Version(key string) (string, bool) {
-	v, ok := l.versions[key]
-	return v, ok
+// listing holds it (false: it did not exist when listed). Only a lazy
+// listing fails, when the store cannot say.
+func (l *Listing) Version(key string) (string, bool, error) {
+	if l.stat == nil {
+		v, ok := l.versions[key]
+		return v, ok, nil
+	}
+	l.mu.Lock()
+	s, ok := l.memo[key]
+	l.mu.Unlock()
+	if ok {
+		return s.version, s.ok, nil
+	}
+	v, err := l.stat(key)
+	switch {
+	case objectstore.IsNotFound(err):
+		s = stated{}
+	case err != nil:
+		return "", false, err
+	default:
+		s = stated{v, true}
+	}
+	l.mu.Lock()
+	if prev, ok := l.memo[key]; ok {
+		s = prev // the first answer stands
+	} else {
+		l.memo[key] = s
+	}
+	l.mu.Unlock()
+	return s.version, s.ok, nil
 }
 
-// Len returns the number of objects listed.
-func (l *Listing) Len() int { return len(l.versions) }
+// Len returns the number of objects listed (asked, for a lazy listing).
+func (l *Listing) Len() int {
+	if l.stat == nil {
+		return len(l.versions)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.memo)
+}
 
 // arrayListing is an array's current listing and the lock that keeps two
 // listings of one array from running at once.
@@ -91,9 +139,16 @@ func (h *Hierarchy) List(ctx context.Context, a *Array, since time.Time) (*Listi
 	if cur := a.listing.cur.Load(); cur != nil && (since.IsZero() || cur.At.After(since)) {
 		return cur, nil
 	}
-	l := &Listing{At: time.Now(), versions: map[string]string{}}
-	if err := v.ListVersions(ctx, a.Path, func(k, ver string) { l.versions[k] = ver }); err != nil {
-		return nil, fmt.Errorf("array %q: listing chunks: %w", a.Path, err)
+	l := &Listing{At: time.Now()}
+	if st, ok := h.Store.(objectstore.VersionStater); ok {
+		// Not the caller's context: the listing outlives this call.
+		l.stat = func(k string) (string, error) { return st.StatVersion(context.Background(), k) }
+		l.memo = map[string]stated{}
+	} else {
+		l.versions = map[string]string{}
+		if err := v.ListVersions(ctx, a.Path, func(k, ver string) { l.versions[k] = ver }); err != nil {
+			return nil, fmt.Errorf("array %q: listing chunks: %w", a.Path, err)
+		}
 	}
 	a.listing.cur.Store(l)
 	h.stats.Listings.Add(1)

@@ -78,17 +78,19 @@ func readSample(t testing.TB, h *zarr.Hierarchy, k int64) ([]uint32, error) {
 // rewritten in place fails with ErrChanged until the array is listed again,
 // a chunk written after the listing reads as missing without a request,
 // and compressed bytes of a listed version come from the source cache
-// without one.
+// without one. The store is a local one behind Retry, which lists it in
+// full as a remote store is (see TestLazyListing for the local kind).
 func TestReadsFollowTheListing(t *testing.T) {
 	dir := t.TempDir()
 	growStore(t, dir, 4, 2, 0)
 	old := time.Now().Add(-time.Hour)
 	os.Chtimes(filepath.Join(dir, "t", "c", "0", "0"), old, old)
-	st, err := objectstore.OpenPosix(dir)
+	posix, err := objectstore.OpenPosix(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer st.Close()
+	defer posix.Close()
+	st := objectstore.WithRetry(posix, objectstore.RetryOptions{})
 	tier := &countingTier{m: map[string][]byte{}}
 	openWith := func(sc zarr.SourceCache) *zarr.Hierarchy {
 		o := zarr.Options{ChunkCacheBytes: -1}
@@ -224,5 +226,44 @@ func TestShardedReadListed(t *testing.T) {
 	}
 	if n := h.Stats().Requests.Load(); n < 2 {
 		t.Errorf("%d requests: index and inner chunks not read", n)
+	}
+}
+
+// A local store is listed lazily: the first version asked of a key stands
+// for the listing's life, so a chunk rewritten after it was first read
+// fails with ErrChanged, one written after the listing began but before it
+// was first needed is read, and nothing is walked.
+func TestLazyListing(t *testing.T) {
+	dir := t.TempDir()
+	growStore(t, dir, 4, 2, 0)
+	old := time.Now().Add(-time.Hour)
+	os.Chtimes(filepath.Join(dir, "t", "c", "0", "0"), old, old)
+	st, err := objectstore.OpenPosix(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	h, err := zarr.Open(context.Background(), st, zarr.Options{ChunkCacheBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	l, err := h.List(context.Background(), h.Array("t"), time.Time{})
+	if err != nil || l.Len() != 0 {
+		t.Fatalf("lazy listing: %v, %d keys asked", err, l.Len())
+	}
+	if got, err := readSample(t, h, 1); err != nil || got[0] != 2 || l.Len() != 1 {
+		t.Fatalf("sample 1: %v %v, %d keys asked", got, err, l.Len())
+	}
+	growStore(t, dir, 4, 2, 100)
+	if _, err := readSample(t, h, 1); !errors.Is(err, zarr.ErrChanged) {
+		t.Errorf("read after a rewrite: %v, want ErrChanged", err)
+	}
+	if got, err := readSample(t, h, 3); err != nil || got[0] != 106 {
+		t.Errorf("sample 3, first asked after the rewrite: %v %v", got, err)
+	}
+	v, ok, err := l.Version("t/c/9/0")
+	if err != nil || ok || v != "" {
+		t.Errorf("absent key: %q %v %v", v, ok, err)
 	}
 }

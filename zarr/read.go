@@ -164,7 +164,7 @@ func (s storeSource) version() string {
 	if s.listing == nil {
 		return ""
 	}
-	v, _ := s.listing.Version(s.key)
+	v, _, _ := s.listing.Version(s.key)
 	return v
 }
 
@@ -183,7 +183,10 @@ func (s storeSource) do(ctx context.Context, ck string, f func() ([]byte, string
 	sc := s.h.opts.SourceCache
 	want, listed := "", false
 	if s.listing != nil {
-		if want, listed = s.listing.Version(s.key); !listed {
+		var err error
+		if want, listed, err = s.listing.Version(s.key); err != nil {
+			return nil, "", err
+		} else if !listed {
 			return nil, "", errNotListed
 		}
 	}

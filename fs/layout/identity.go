@@ -58,7 +58,10 @@ func (l *Layout) identity(b Blob, listing func(*zarr.Array) (*zarr.Listing, erro
 			return "", err
 		}
 		for _, k := range a.RegionChunks(src.Start, src.Count) {
-			v, ok := lst.Version(k)
+			v, ok, err := lst.Version(k)
+			if err != nil {
+				return "", err
+			}
 			if !ok {
 				v = "absent"
 			}

@@ -16,8 +16,9 @@ import (
 type Source struct {
 	// Store is the source; the caller closes it.
 	Store objectstore.Store
-	// Zarr configures every Hierarchy opened (share Options.Stats to count
-	// across them).
+	// Zarr configures every Hierarchy opened: share Options.Stats to count
+	// across them, and set Options.Decoder, or else every Hierarchy owns a
+	// decoder that closing its layout stops, under fills still running.
 	Zarr zarr.Options
 	// Views are the view specs, bound anew at every Open.
 	Views []*ViewSpec

@@ -33,6 +33,11 @@ func runVersions(t *testing.T, s objectstore.Store, files map[string][]byte) {
 		if ver == "" || ver != listed[k] {
 			t.Errorf("GetVersion(%q) version %q, listed %q", k, ver, listed[k])
 		}
+		if st, ok := s.(objectstore.VersionStater); ok {
+			if sv, err := st.StatVersion(ctx, k); err != nil || sv != ver {
+				t.Errorf("StatVersion(%q) = %q, %v; read version %q", k, sv, err, ver)
+			}
+		}
 		if len(files[k]) > 0 {
 			_, rver, err := v.GetRangeVersion(ctx, k, 0, 1)
 			if err != nil || rver != ver {
@@ -42,6 +47,13 @@ func runVersions(t *testing.T, s objectstore.Store, files map[string][]byte) {
 	}
 	if _, _, err := v.GetVersion(ctx, "missing", nil); !objectstore.IsNotFound(err) {
 		t.Errorf("GetVersion(missing): %v, want ErrNotFound", err)
+	}
+	if st, ok := s.(objectstore.VersionStater); ok {
+		for _, k := range []string{"missing", "a", "a/c"} {
+			if _, err := st.StatVersion(ctx, k); !objectstore.IsNotFound(err) {
+				t.Errorf("StatVersion(%q): %v, want ErrNotFound", k, err)
+			}
+		}
 	}
 	under := map[string]string{}
 	if err := v.ListVersions(ctx, "a", func(k, ver string) { under[k] = ver }); err != nil {
