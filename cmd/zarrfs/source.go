@@ -6,11 +6,13 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/decode"
+	"github.com/zarrfs/zarrfs/gpu"
 	"github.com/zarrfs/zarrfs/objectstore"
 )
 
@@ -23,6 +25,7 @@ type sourceFlags struct {
 	gpus        string
 	gpuMemory   string
 	pinned      string
+	gpuIdle     time.Duration
 	logger      *slog.Logger
 }
 
@@ -45,6 +48,7 @@ func (f *sourceFlags) register(cmd *cobra.Command, decodes bool) {
 		cmd.Flags().StringVar(&f.gpus, "gpus", "all", "GPUs that decode: all, or device numbers such as 0,1")
 		cmd.Flags().StringVar(&f.gpuMemory, "gpu-memory", "1GiB", "device memory decoding may take on each GPU, CUDA context included")
 		cmd.Flags().StringVar(&f.pinned, "pinned-memory", "2GiB", "pinned host memory decoding may take per GPU (staging and lent buffers)")
+		cmd.Flags().DurationVar(&f.gpuIdle, "gpu-idle", 2*time.Minute, "give the GPUs' decoding memory back after this long without decoding")
 	}
 }
 
@@ -89,7 +93,11 @@ func (f *sourceFlags) newPipeline(log *slog.Logger) (*decode.Pipeline, error) {
 	if err != nil || pinned <= 0 {
 		return nil, usagef("--pinned-memory %q: want a size such as 2GiB", f.pinned)
 	}
-	p, err := decode.New(decode.Options{Mode: mode, GPUs: gpus, GPUMemory: gpuMem, PinnedMemory: pinned, Logger: log})
+	if f.gpuIdle <= 0 {
+		return nil, usagef("--gpu-idle %v: want a positive duration", f.gpuIdle)
+	}
+	p, err := decode.New(decode.Options{Mode: mode, GPUs: gpus, GPUMemory: gpuMem, PinnedMemory: pinned,
+		GPU: gpu.Options{HostIdle: f.gpuIdle}, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("--decode %s: %w", mode, err)
 	}
