@@ -31,6 +31,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/zarrfs/zarrfs/gpu"
 	"github.com/zarrfs/zarrfs/zarr/codec"
@@ -197,6 +198,13 @@ type Pipeline struct {
 	closed  bool
 	gpuErr  error
 	started bool
+	woke    bool // the GPUs were started again after sleeping
+
+	// Idle sleep (sleepWhenIdle, wake).
+	active  atomic.Int64 // batches in DecodeBatch
+	lastUse atomic.Int64 // UnixNano of the last batch
+	asleep  atomic.Bool
+	wakeMu  sync.Mutex
 
 	fellBack sync.Once
 }
@@ -273,8 +281,17 @@ func New(opts Options) (*Pipeline, error) {
 }
 
 // startGPUs opens every GPU asked for and switches the route to them.
-func (p *Pipeline) startGPUs() (err error) {
+func (p *Pipeline) startGPUs() error {
 	defer close(p.ready)
+	err := p.openGPUs()
+	if err == nil {
+		go p.sleepWhenIdle()
+	}
+	return err
+}
+
+// openGPUs opens every GPU asked for and switches the route to them.
+func (p *Pipeline) openGPUs() (err error) {
 	devices := p.opts.GPUs
 	if devices == nil {
 		n := p.opts.deviceCount()
@@ -297,12 +314,17 @@ func (p *Pipeline) startGPUs() (err error) {
 			return
 		}
 		p.gpus, p.started = gpus, true
+		p.lastUse.Store(time.Now().UnixNano())
 		var names []string
 		for _, g := range gpus {
 			names = append(names, g.Info().String())
 		}
-		p.log.Info("decoding on the GPU", "mode", string(p.opts.Mode), "gpus", len(gpus), "gpu", strings.Join(names, "; "),
-			"gpu_memory", size(p.opts.GPUMemory), "pinned_memory", size(p.opts.PinnedMemory), "cpu_workers", p.opts.Workers)
+		if p.woke {
+			p.log.Debug("GPUs started again", "gpus", len(gpus))
+		} else {
+			p.log.Info("decoding on the GPU", "mode", string(p.opts.Mode), "gpus", len(gpus), "gpu", strings.Join(names, "; "),
+				"gpu_memory", size(p.opts.GPUMemory), "pinned_memory", size(p.opts.PinnedMemory), "cpu_workers", p.opts.Workers)
+		}
 		var onGPU codec.BatchDecoder = gpus[0]
 		if len(gpus) > 1 {
 			ds := make([]codec.BatchDecoder, len(gpus))
@@ -342,7 +364,76 @@ func (p *Pipeline) startGPUs() (err error) {
 // DecodeBatch decodes jobs where the mode says; jobs a GPU refuses or
 // fails decode on the CPU.
 func (p *Pipeline) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
+	p.active.Add(1)
+	defer p.active.Add(-1)
+	p.lastUse.Store(time.Now().UnixNano())
+	if p.asleep.Load() {
+		p.wake()
+	}
 	return p.route.Load().DecodeBatch(ctx, jobs)
+}
+
+// sleepWhenIdle gives the GPUs back (their contexts, buffers and pinned
+// memory) after Options.GPU.HostIdle without a batch, so that a mount that
+// finished its warm-up leaves the GPUs to training; the next batch starts
+// them again (wake).
+func (p *Pipeline) sleepWhenIdle() {
+	idle := p.opts.GPU.HostIdle
+	if idle <= 0 {
+		idle = 2 * time.Minute
+	}
+	t := time.NewTicker(max(idle/4, 10*time.Millisecond))
+	defer t.Stop()
+	for range t.C {
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return
+		}
+		if p.asleep.Load() || len(p.gpus) == 0 || p.active.Load() > 0 || time.Since(time.Unix(0, p.lastUse.Load())) < idle {
+			p.mu.Unlock()
+			continue
+		}
+		gpus := p.gpus
+		p.gpus = nil
+		p.route.Store(&routed{p.cpu})
+		p.asleep.Store(true)
+		p.mu.Unlock()
+		// A batch that loaded the old route just before the swap still
+		// runs on it: Close waits for its rounds.
+		for _, g := range gpus {
+			g.Close()
+		}
+		p.log.Debug("idle: GPUs given back", "after", idle)
+	}
+}
+
+// wake starts the GPUs again after sleepWhenIdle: in the background in
+// Auto mode (batches decode on the CPU meanwhile), before the batch in GPU
+// mode.
+func (p *Pipeline) wake() {
+	start := func() {
+		p.wakeMu.Lock()
+		defer p.wakeMu.Unlock()
+		if !p.asleep.Load() {
+			return
+		}
+		p.mu.Lock()
+		p.woke = true
+		p.mu.Unlock()
+		if err := p.openGPUs(); err != nil {
+			p.log.Warn("GPUs did not start again; decoding on the CPU", "err", err)
+		}
+		p.asleep.Store(false)
+	}
+	if p.opts.Mode == GPU {
+		start()
+		return
+	}
+	if p.wakeMu.TryLock() {
+		p.wakeMu.Unlock()
+		go start()
+	}
 }
 
 // Ready blocks until the GPUs have started or failed to (at once in CPU

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -371,5 +372,40 @@ func TestBudgets(t *testing.T) {
 	defer q.Close()
 	if d, pin := q.MemoryHeld(); d != 2 || pin != 10 {
 		t.Errorf("MemoryHeld over two GPUs: %d, %d", d, pin)
+	}
+}
+
+// After the idle time the GPUs are given back; the next batch starts them
+// again (before it runs, in GPU mode).
+func TestSleepAndWake(t *testing.T) {
+	var made []*fakeGPU
+	opts := fakes(GPU, 1, &made)
+	opts.GPU.HostIdle = 30 * time.Millisecond
+	p, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	j := []codec.Job{zstdJob(t)}
+	if err := p.DecodeBatch(context.Background(), j); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !made[0].closed.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("idle GPUs not given back")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if d, pin := p.MemoryHeld(); d != 0 || pin != 0 {
+		t.Errorf("asleep, the pipeline reports %d and %d bytes held", d, pin)
+	}
+	j = []codec.Job{zstdJob(t)}
+	if err := p.DecodeBatch(context.Background(), j); err != nil {
+		t.Fatal(err)
+	}
+	checkJobs(t, j)
+	if len(made) != 2 || made[1].decoded.Load() != 1 {
+		t.Errorf("after waking: %d GPUs opened, the new one decoded %d", len(made), made[len(made)-1].decoded.Load())
 	}
 }
