@@ -582,24 +582,16 @@ func (d *Decoder) trimWhenIdle(stop <-chan struct{}) {
 // trim frees every set's round buffers (not their argument blocks). The
 // caller holds every set.
 func (d *Decoder) trim() {
-	d.ctxMu.RLock()
-	defer d.ctxMu.RUnlock()
-	if d.ctx == 0 {
-		return
-	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	if d.cu.cuCtxSetCurrent(d.ctx) != cuSuccess {
-		return
-	}
-	for i := range d.sets {
-		st := &d.sets[i]
-		d.freeDev(&st.dIn)
-		d.freeDev(&st.dOut)
-		d.freeDev(&st.dTemp)
-		d.freeHost(&st.hIn)
-		d.freeHost(&st.hOut)
-	}
+	d.inContext(func() {
+		for i := range d.sets {
+			st := &d.sets[i]
+			d.freeDev(&st.dIn)
+			d.freeDev(&st.dOut)
+			d.freeDev(&st.dTemp)
+			d.freeHost(&st.hIn)
+			d.freeHost(&st.hOut)
+		}
+	})
 	d.log.Debug("idle: GPU buffers given back", "device", d.opts.Device)
 }
 

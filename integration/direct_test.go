@@ -40,6 +40,15 @@ func writeView(t testing.TB) string {
 	return p
 }
 
+// referenceBlobs warms src into a cache of its own and returns its blobs:
+// what every mount of src must serve.
+func referenceBlobs(t testing.TB, src string) map[string][]byte {
+	t.Helper()
+	ref := t.TempDir()
+	warm(t, src, ref)
+	return blobFiles(t, ref)
+}
+
 // npyFiles lists the .npy paths of a mount (relative), without resolving
 // anything: lstat only.
 func npyFiles(t testing.TB, mnt string) []string {
@@ -153,9 +162,7 @@ func TestDirectColdResolution(t *testing.T) {
 	requireMountTools(t)
 	ex := zarrtest.Example{Times: 8, Levels: 4, Lat: 91, Lon: 180, TimeChunk: 4}
 	src := exampleStore(t, ex)
-	ref := t.TempDir()
-	warm(t, src, ref)
-	want := blobFiles(t, ref)
+	want := referenceBlobs(t, src)
 	d := mount(t, src, "--direct", "--readahead", "0")
 	var wg sync.WaitGroup
 	var bad atomic.Int64
@@ -259,9 +266,7 @@ func TestDirectEvictionWithinLease(t *testing.T) {
 	requireMountTools(t)
 	ex := zarrtest.Example{Times: 24, Levels: 2, Lat: 61, Lon: 120, TimeChunk: 1}
 	src := exampleStore(t, ex)
-	ref := t.TempDir()
-	warm(t, src, ref)
-	want := blobFiles(t, ref)
+	want := referenceBlobs(t, src)
 	var names []string
 	var total int64
 	for p, b := range want {
@@ -365,9 +370,7 @@ func TestODirectReads(t *testing.T) {
 	requireMountTools(t)
 	ex := zarrtest.Example{Times: 4, Levels: 2, Lat: 33, Lon: 64, TimeChunk: 1}
 	src := exampleStore(t, ex)
-	ref := t.TempDir()
-	warm(t, src, ref)
-	want := blobFiles(t, ref)
+	want := referenceBlobs(t, src)
 	for _, mode := range []string{"passthrough", "no-passthrough"} {
 		t.Run(mode, func(t *testing.T) {
 			var args []string
