@@ -1,0 +1,85 @@
+package main
+
+// mutation breaks one behaviour by replacing From, which must occur exactly
+// once in File, with To; Pkgs (and Run, a -run filter, when set) are the
+// tests that should notice.
+type mutation struct {
+	Name   string
+	Breaks string
+	File   string
+	From   string
+	To     string
+	Pkgs   []string
+	Run    string
+}
+
+// mutations are the behaviours whose loss the suite must notice: those an
+// audit found unguarded (issue 20), and a few it found guarded, so that a
+// test rewritten later cannot quietly drop them.
+var mutations = []mutation{
+	{
+		Name:   "shard-index-crc",
+		Breaks: "the shard index's crc32c is stripped without comparing it",
+		File:   "zarr/read.go",
+		From:   "if b, err = verifyCRC(b); err != nil {",
+		To:     "if b, err = b[:len(b)-4], error(nil); err != nil {",
+		Pkgs:   []string{"./zarr"},
+	},
+	{
+		Name:   "chunk-crc",
+		Breaks: "a chunk's crc32c is not compared",
+		File:   "zarr/read.go",
+		From:   "if got := crc32.Checksum(body, castagnoli); got != want {",
+		To:     "if got := crc32.Checksum(body, castagnoli); got != want && false {",
+		Pkgs:   []string{"./zarr"},
+	},
+	{
+		Name:   "nan-fill",
+		Breaks: `a "NaN" fill value reads as 0`,
+		File:   "zarr/metadata.go",
+		From:   "case \"NaN\":\n\t\t\t\tputFloat(out, dt, math.NaN())",
+		To:     "case \"NaN\":\n\t\t\t\tputFloat(out, dt, 0)",
+		Pkgs:   []string{"./zarr"},
+	},
+	{
+		Name:   "nan-canonical",
+		Breaks: "a NaN fill is stored with Go's NaN payload, not numpy's",
+		File:   "zarr/scalar.go",
+		From:   "binary.LittleEndian.PutUint32(b, 0x7fc00000)",
+		To:     "binary.LittleEndian.PutUint32(b, 0x7fc00001)",
+		Pkgs:   []string{"./zarr"},
+	},
+	{
+		Name:   "shard-split-start",
+		Breaks: "a contiguous rank split ignores the start of the sample range",
+		File:   "fs/layout/shard.go",
+		From:   "a := lo + r*n/w",
+		To:     "a := r*n/w",
+		Pkgs:   []string{"./fs/layout"},
+	},
+	{
+		Name:   "warm-samples-rank",
+		Breaks: "warm splits --samples START:STOP among ranks as if it started at 0",
+		File:   "cmd/zarrfs/warm.go",
+		From:   "mine := shard.Of(lo, hi)",
+		To:     "mine := shard.Of(0, hi-lo)",
+		Pkgs:   []string{"./integration"},
+		Run:    "Warm",
+	},
+	{
+		Name:   "ro-node-open",
+		Breaks: "the nodes accept opens for writing",
+		File:   "fs/nodes.go",
+		From:   "return flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC|syscall.O_APPEND|syscall.O_CREAT) != 0",
+		To:     "return false",
+		Pkgs:   []string{"./fs"},
+	},
+	{
+		Name:   "ro-mount-flags",
+		Breaks: "the mount is not read-only in the kernel",
+		File:   "fs/mount.go",
+		From:   "Options:          []string{\"ro\", \"default_permissions\"},\n\t\t\tDirectMount:      os.Geteuid() == 0,\n\t\t\tDirectMountFlags: syscall.MS_RDONLY | syscall.MS_NOSUID | syscall.MS_NODEV,",
+		To:     "Options:          []string{\"default_permissions\"},\n\t\t\tDirectMount:      os.Geteuid() == 0,\n\t\t\tDirectMountFlags: syscall.MS_NOSUID | syscall.MS_NODEV,",
+		Pkgs:   []string{"./fs"},
+	},
+}
