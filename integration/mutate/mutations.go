@@ -75,6 +75,14 @@ var mutations = []mutation{
 		Pkgs:   []string{"./fs"},
 	},
 	{
+		Name:   "ro-node-unlink",
+		Breaks: "the nodes accept unlink",
+		File:   "fs/nodes.go",
+		From:   "func (*roNode) Unlink(context.Context, string) syscall.Errno { return syscall.EROFS }",
+		To:     "func (*roNode) Unlink(context.Context, string) syscall.Errno { return 0 }",
+		Pkgs:   []string{"./fs"},
+	},
+	{
 		Name:   "ro-mount-flags",
 		Breaks: "the mount is not read-only in the kernel",
 		File:   "fs/mount.go",
