@@ -7,7 +7,7 @@
 //
 // Usage (from the repository root, or `make mutate`):
 //
-//	go run ./integration/mutate [-only REGEXP] [-list] [-v]
+//	go run ./integration/mutate [-only REGEXP] [-run REGEXP] [-list] [-v]
 //
 // A mutation is caught when its tests fail, missed when they pass, and
 // stale when its original text no longer occurs exactly once in the file
@@ -35,6 +35,7 @@ func main() {
 	only := flag.String("only", "", "run only the mutations whose name matches this regular expression")
 	list := flag.Bool("list", false, "list the mutations and exit")
 	verbose := flag.Bool("v", false, "print the tests' output of every run")
+	run := flag.String("run", "", "run only the tests matching this regular expression (go test -run), instead of each mutation's own")
 	flag.Parse()
 	root, err := repoRoot()
 	if err != nil {
@@ -59,7 +60,7 @@ func main() {
 	if len(ms) == 0 {
 		fatal(fmt.Errorf("no mutation matches %q", *only))
 	}
-	r := &runner{root: root, verbose: *verbose}
+	r := &runner{root: root, verbose: *verbose, run: *run}
 	if err := r.baseline(ms); err != nil {
 		fatal(err)
 	}
@@ -106,6 +107,7 @@ func repoRoot() (string, error) {
 type runner struct {
 	root    string
 	verbose bool
+	run     string // overrides every mutation's Run
 }
 
 type result struct {
@@ -131,7 +133,7 @@ func (r *runner) baseline(ms []mutation) error {
 		}
 	}
 	fmt.Printf("baseline: go test %s\n", strings.Join(pkgs, " "))
-	out, err := r.goTest("", pkgs, "", "")
+	out, err := r.goTest("", pkgs, r.run, "")
 	if err != nil {
 		return fmt.Errorf("the tests fail without any mutation:\n%s", out)
 	}
@@ -171,7 +173,11 @@ func (r *runner) try(m mutation) result {
 			return res("STALE", "the mutant does not build: "+firstLine(string(out)))
 		}
 	}
-	out, err := r.goTest(overlay, m.Pkgs, m.Run, bin)
+	run := m.Run
+	if r.run != "" {
+		run = r.run
+	}
+	out, err := r.goTest(overlay, m.Pkgs, run, bin)
 	if err == nil {
 		return res("MISSED", "every test passed")
 	}
