@@ -60,11 +60,11 @@ var mutations = []mutation{
 	{
 		Name:   "warm-samples-rank",
 		Breaks: "warm splits --samples START:STOP among ranks as if it started at 0",
-		File:   "cmd/zarrfs/warm.go",
-		From:   "mine := shard.Of(lo, hi)",
-		To:     "mine := shard.Of(0, hi-lo)",
-		Pkgs:   []string{"./integration"},
-		Run:    "Warm",
+		File:   "fs/layout/plan.go",
+		From:   "mine := o.Shard.Of(lo, hi)",
+		To:     "mine := o.Shard.Of(0, hi-lo)",
+		Pkgs:   []string{"./fs/layout", "./integration"},
+		Run:    "Plan|Shard|Warm",
 	},
 	{
 		Name:   "ro-node-open",
