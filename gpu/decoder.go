@@ -97,7 +97,8 @@ type Decoder struct {
 	log  *slog.Logger
 	info Info
 
-	host hostPool // pinned memory lent to callers (hostmem.go)
+	host   hostPool // pinned memory lent to callers (hostmem.go)
+	counts counters // what Stats reports (stats.go)
 
 	// ctxMu guards ctx: HostAlloc registers memory under its read lock (so
 	// callers register at once), a context rebuild or Close holds it.

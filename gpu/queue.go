@@ -158,6 +158,7 @@ func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSiz
 		}
 		if preps[i].err != nil {
 			jobs[i].Err = preps[i].err
+			d.counts.count(jobs[i].Err, 0)
 			continue
 		}
 		ok = append(ok, i)
@@ -471,8 +472,12 @@ func (d *Decoder) settle(r *round, outs [][]byte, errs []error, batchErr error) 
 				j.Err = fmt.Errorf("gpu: %s chunk: %w", j.Codec, err)
 			}
 		}
+		d.counts.count(j.Err, len(j.Dst))
 		q.fin[it.i] = true
 	})
+	if batchErr == nil {
+		d.counts.rounds.Add(1)
+	}
 	if batchErr == nil && r.fl != nil {
 		var in, out int64
 		for _, j := range r.jobs {
