@@ -54,6 +54,7 @@ func TestGPUVectors(t *testing.T) {
 	for i, v := range vecs {
 		jobs[i] = codec.Job{Codec: codec.Name(v.Codec), Src: src[v.Name], Dst: make([]byte, len(raw[v.Name]))}
 	}
+	before := d.Stats()
 	if err := d.DecodeBatch(context.Background(), jobs); err != nil {
 		t.Fatal(err)
 	}
@@ -78,6 +79,7 @@ func TestGPUVectors(t *testing.T) {
 			t.Errorf("%s: %v", v.Name, j.Err)
 		}
 	}
+	requireOnGPU(t, d, before, onGPU)
 	t.Logf("%d vectors decoded on the GPU byte-identical to the CPU, %d left to the CPU", onGPU, onCPU)
 }
 
@@ -104,9 +106,11 @@ func TestGPUManyChunks(t *testing.T) {
 			for i := range jobs {
 				clear(jobs[i].Dst)
 			}
+			before := dd.Stats()
 			if err := dd.DecodeBatch(context.Background(), jobs); err != nil {
 				t.Fatal(err)
 			}
+			requireOnGPU(t, dd, before, len(jobs))
 			for i, j := range jobs {
 				if j.Err != nil {
 					t.Errorf("%s: %v", names[i], j.Err)
@@ -235,9 +239,11 @@ func TestGPUByteSwap(t *testing.T) {
 			{Codec: codec.Blosc, Src: bloscCompress(data, size, 4096, codec.ByteShuffle, "lz4"), Dst: make([]byte, len(data))},
 			{Codec: codec.Gzip, Src: compress(codec.Gzip, data), Dst: make([]byte, len(data))},
 		}
+		before := d.Stats()
 		if err := d.DecodeBatchSwap(context.Background(), jobs, size); err != nil {
 			t.Fatal(err)
 		}
+		requireOnGPU(t, d, before, len(jobs))
 		for k, j := range jobs {
 			if j.Err != nil {
 				t.Fatalf("size %d job %d: %v", size, k, j.Err)
@@ -296,13 +302,13 @@ func TestGPUCorrupt(t *testing.T) {
 // H200 that decoder once wrote a damaged stream's output past its end into
 // the next chunk's bytes, with no error; the fence around deflate outputs
 // (see fenceGuard) is there to stop that. Should a good chunk still come
-// back wrong, the test reports every wrong chunk and skips with that
-// reason: a known nvCOMP defect, the reason Deflate is off by default.
+// back wrong, the test fails, naming every wrong chunk: the fence did not
+// hold, and Deflate must stay off by default.
 func TestGPUCorruptDeflate(t *testing.T) {
 	var wrong []string
 	runCorrupt(t, Options{Deflate: true}, &wrong)
 	if len(wrong) > 0 {
-		t.Skipf("KNOWN nvCOMP deflate defect: %d good chunks came back with wrong bytes and no error next to damaged deflate streams (%s); Options.Deflate must stay off",
+		t.Errorf("KNOWN nvCOMP deflate defect: %d good chunks came back with wrong bytes and no error next to damaged deflate streams (%s); Options.Deflate must stay off",
 			len(wrong), strings.Join(wrong, ", "))
 	}
 }

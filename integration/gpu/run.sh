@@ -65,8 +65,8 @@ echo "== damaged chunks"
 # TestGPUCorrupt: default Options (deflate codecs on the CPU), as shipped:
 # any good chunk with a wrong byte fails the suite.
 # TestGPUCorruptDeflate: Options.Deflate on, deflate damage only: a good
-# chunk with wrong bytes is the known nvCOMP deflate defect, reported (the
-# test skips) without failing the suite.
+# chunk with wrong bytes (the known nvCOMP deflate defect getting past the
+# fence) fails the suite too.
 : >"$logdir/corrupt.log"
 corrupt_case() { # test codec kind
 	local out
@@ -75,8 +75,9 @@ corrupt_case() { # test codec kind
 	echo "$out" >>"$logdir/corrupt.log"
 	local name=$2
 	[[ $1 == TestGPUCorruptDeflate ]] && name="$2 (Deflate)"
-	if grep -q -- '--- SKIP' <<<"$out" && grep -q 'KNOWN nvCOMP deflate defect' <<<"$out"; then
-		printf '%-22s %-10s KNOWN nvCOMP deflate defect: %s\n' "$name" "$3" "$(grep -c WRONG-BYTES <<<"$out") wrong good chunks (see corrupt.log)"
+	if grep -q 'KNOWN nvCOMP deflate defect' <<<"$out"; then
+		status=1
+		printf '%-22s %-10s FAIL KNOWN nvCOMP deflate defect past the fence: %s\n' "$name" "$3" "$(grep -c WRONG-BYTES <<<"$out") wrong good chunks (see corrupt.log)"
 	elif grep -q '^PASS' <<<"$out" && grep -q 'NVCOMP-FAULT' <<<"$out"; then
 		printf '%-22s %-10s ok, but nvCOMP faulted: GPU off, jobs sent to the CPU\n' "$name" "$3"
 	elif grep -q '^PASS' <<<"$out"; then
