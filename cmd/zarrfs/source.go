@@ -98,3 +98,18 @@ func newDecoder(mode string, log *slog.Logger) (codec.BatchDecoder, error) {
 	}
 	return nil, usagef("--decode %q: want auto, cpu or gpu", mode)
 }
+
+// gpuOf returns the GPU decoder inside dec (itself, or one half of --decode
+// auto's codec.Overflow), or nil.
+func gpuOf(dec codec.BatchDecoder) *gpu.Decoder {
+	switch d := dec.(type) {
+	case *gpu.Decoder:
+		return d
+	case *codec.Overflow:
+		if g := gpuOf(d.Then); g != nil {
+			return g
+		}
+		return gpuOf(d.First)
+	}
+	return nil
+}

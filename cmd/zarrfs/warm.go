@@ -232,6 +232,13 @@ feed:
 	fmt.Fprintf(out, "zarrfs: warmed %d files (%s) in %s, %s/s; %d already warm; cache %s\n",
 		done.Load(), humanBytes(doneBytes.Load()), el.Round(time.Millisecond), humanBytes(int64(rate)),
 		len(plan.Blobs)-len(todo), dir)
+	if g := gpuOf(o.h.Decoder()); g != nil {
+		// What the GPU really decoded: with --decode gpu every chunk,
+		// unless it refused some (they decode on the CPU instead).
+		s := g.Stats()
+		fmt.Fprintf(out, "zarrfs: the GPU decoded %d of %d chunks (%s); it refused %d (decoded on the CPU) and found %d corrupt\n",
+			s.Chunks, o.h.Stats().ChunksDecoded.Load(), humanBytes(s.Bytes), s.Refused, s.Corrupt)
+	}
 	if n := failed.Load(); n > 0 {
 		return fmt.Errorf("%d files failed, first: %w", n, firstErr)
 	}
