@@ -9,11 +9,12 @@
 //
 //	go run ./integration/mutate [-only REGEXP] [-run REGEXP] [-list] [-v]
 //
-// A mutation is caught when its tests fail, missed when they pass, and
-// stale when its original text no longer occurs exactly once in the file
-// (the code moved: update the table in mutations.go). The exit status is 1
-// when any mutation is missed or stale, or when the tests fail without any
-// mutation (nothing could be concluded then).
+// A mutation is caught when its tests fail, missed when they pass, stale
+// when its original text no longer occurs exactly once in the file (the
+// code moved: update the table in mutations.go), and broken when the
+// mutant does not compile. The exit status is 1 when any mutation is
+// missed, stale or broken, and 2 when the tests fail without any mutation
+// (nothing could be concluded then).
 package main
 
 import (
@@ -72,11 +73,11 @@ func main() {
 		switch res.verdict {
 		case "MISSED":
 			missed++
-		case "STALE":
+		case "STALE", "BROKEN":
 			stale++
 		}
 	}
-	fmt.Printf("%d mutations: %d caught, %d missed, %d stale\n", len(ms), len(ms)-missed-stale, missed, stale)
+	fmt.Printf("%d mutations: %d caught, %d missed, %d stale or broken\n", len(ms), len(ms)-missed-stale, missed, stale)
 	if missed+stale > 0 {
 		os.Exit(1)
 	}
@@ -111,7 +112,7 @@ type runner struct {
 }
 
 type result struct {
-	verdict string // caught, MISSED, STALE
+	verdict string // caught, MISSED, STALE, BROKEN
 	secs    float64
 	detail  string
 }
@@ -170,7 +171,7 @@ func (r *runner) try(m mutation) result {
 		cmd := exec.Command("go", "build", "-overlay", overlay, "-o", bin, "./cmd/zarrfs")
 		cmd.Dir = r.root
 		if out, err := cmd.CombinedOutput(); err != nil {
-			return res("STALE", "the mutant does not build: "+firstLine(string(out)))
+			return res("BROKEN", "the mutant does not build: "+firstLine(string(out)))
 		}
 	}
 	run := m.Run
@@ -181,8 +182,8 @@ func (r *runner) try(m mutation) result {
 	if err == nil {
 		return res("MISSED", "every test passed")
 	}
-	if strings.Contains(out, "[build failed]") || strings.Contains(out, "[setup failed]") {
-		return res("STALE", "the mutant does not build: "+firstLine(out))
+	if strings.Contains(out, "[build failed]") || strings.Contains(out, "[setup failed]") || strings.Contains(out, "\nvet: ") {
+		return res("BROKEN", "the mutant does not build: "+firstLine(out))
 	}
 	return res("caught", failures(out))
 }
