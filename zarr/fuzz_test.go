@@ -167,7 +167,7 @@ func FuzzShardIndex(f *testing.F) {
 
 // pipeline is an array of uint16 shaped (4, 8) in one chunk (or shard)
 // whose metadata selects a codec pipeline; chunk is a valid encoding of
-// values i*8+j, and keys are where the fuzzer puts its chunk.
+// pipelineValues, and keys are where the fuzzer puts its chunk.
 type pipeline struct {
 	name  string
 	meta  map[string][]byte
@@ -175,8 +175,9 @@ type pipeline struct {
 	chunk []byte
 }
 
-// pipelineValues is what every pipeline's chunk decodes to: (4, 8) uint16
-// i*8+j, little-endian, C order.
+// pipelineValues is what every pipeline's chunk decodes to: (4, 8) uint16,
+// element k being k*0x0101+1 (its two bytes differ, so a wrong byte order
+// shows), little-endian, C order.
 func pipelineValues() []byte {
 	b := make([]byte, 64)
 	for i := range 32 {
