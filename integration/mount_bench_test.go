@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/zarrfs/zarrfs/internal/testenv"
 )
 
 // writeFillStore writes a Zarr v3 store holding one float32 array t of the
@@ -157,7 +159,7 @@ func peerSeconds(out string) (float64, error) {
 func BenchmarkColdOpen(b *testing.B) {
 	requirePython(b)
 	if err := exec.Command("python3", "-c", "import zarr").Run(); err != nil {
-		b.Skip("zarr-python not installed")
+		testenv.Missing(b, "zarr-python is needed (make pydeps)")
 	}
 	dir := filepath.Join(b.TempDir(), "era.zarr")
 	python(b, `
