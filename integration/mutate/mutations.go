@@ -123,4 +123,13 @@ var mutations = []mutation{
 		Pkgs:   []string{"./integration"},
 		Run:    "PeerSeconds",
 	},
+	{
+		Name:   "ci-skips",
+		Breaks: "a missing tool skips the tests that need it even under CI",
+		File:   "internal/testenv/testenv.go",
+		From:   "\tif CI() {\n\t\tt.Fatalf(",
+		To:     "\tif false && CI() {\n\t\tt.Fatalf(",
+		Pkgs:   []string{"./internal/testenv", "./integration/miniotest", "./fs/layout", "./integration"},
+		Run:    "Missing|Without|UnderCI",
+	},
 }
