@@ -132,4 +132,20 @@ var mutations = []mutation{
 		Pkgs:   []string{"./internal/testenv", "./integration/miniotest", "./fs/layout", "./integration"},
 		Run:    "Missing|Without|UnderCI",
 	},
+	{
+		Name:   "blob-fill-size",
+		Breaks: "a blob whose fill wrote the wrong number of bytes is published",
+		File:   "cache/blob.go",
+		From:   "if fi.Size() != size {",
+		To:     "if false && fi.Size() != size {",
+		Pkgs:   []string{"./cache"},
+	},
+	{
+		Name:   "cache-verify-sum",
+		Breaks: "a cache file whose checksum does not match its journal record is trusted",
+		File:   "cache/cache.go",
+		From:   "if got != sum {",
+		To:     "if false && got != sum {",
+		Pkgs:   []string{"./cache"},
+	},
 }
