@@ -122,21 +122,46 @@ func needsBinary(pkgs []string) bool {
 	return slices.ContainsFunc(pkgs, func(p string) bool { return strings.HasPrefix(p, "./integration") })
 }
 
-// baseline runs every package the mutations name, unmutated: a failure
-// there would make every mutation look caught.
+// baseline runs, unmutated, the tests the mutations will run: a failure
+// there would make every mutation look caught. Each package runs once,
+// with the union of the -run filters its mutations use (none if one uses
+// none).
 func (r *runner) baseline(ms []mutation) error {
-	var pkgs []string
+	filters := map[string][]string{} // package: -run filters, nil for all
+	var order []string
 	for _, m := range ms {
+		run := m.Run
+		if r.run != "" {
+			run = r.run
+		}
 		for _, p := range m.Pkgs {
-			if !slices.Contains(pkgs, p) {
-				pkgs = append(pkgs, p)
+			f, seen := filters[p]
+			if !seen {
+				order = append(order, p)
+			}
+			switch {
+			case run == "" || (seen && f == nil):
+				filters[p] = nil
+			case !slices.Contains(f, run):
+				filters[p] = append(f, run)
 			}
 		}
 	}
-	fmt.Printf("baseline: go test %s\n", strings.Join(pkgs, " "))
-	out, err := r.goTest("", pkgs, r.run, "")
-	if err != nil {
-		return fmt.Errorf("the tests fail without any mutation:\n%s", out)
+	byRun := map[string][]string{} // -run filter: packages
+	var runs []string
+	for _, p := range order {
+		run := strings.Join(filters[p], "|")
+		if _, ok := byRun[run]; !ok {
+			runs = append(runs, run)
+		}
+		byRun[run] = append(byRun[run], p)
+	}
+	for _, run := range runs {
+		pkgs := byRun[run]
+		fmt.Printf("baseline: go test -run '%s' %s\n", run, strings.Join(pkgs, " "))
+		if out, err := r.goTest("", pkgs, run, ""); err != nil {
+			return fmt.Errorf("the tests fail without any mutation:\n%s", out)
+		}
 	}
 	return nil
 }

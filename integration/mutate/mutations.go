@@ -26,8 +26,8 @@ var mutations = []mutation{
 		Pkgs:   []string{"./zarr"},
 	},
 	{
-		Name:   "chunk-crc",
-		Breaks: "a chunk's crc32c is not compared",
+		Name:   "crc32c-compare",
+		Breaks: "no crc32c (of a chunk or a shard index) is compared",
 		File:   "zarr/read.go",
 		From:   "if got := crc32.Checksum(body, castagnoli); got != want {",
 		To:     "if got := crc32.Checksum(body, castagnoli); got != want && false {",
@@ -64,7 +64,7 @@ var mutations = []mutation{
 		From:   "mine := o.Shard.Of(lo, hi)",
 		To:     "mine := o.Shard.Of(0, hi-lo)",
 		Pkgs:   []string{"./fs/layout", "./integration"},
-		Run:    "Plan|Shard|Warm",
+		Run:    "Plan|Shard|WarmSamples|WarmRankWorld",
 	},
 	{
 		Name:   "ro-node-open",
