@@ -6,7 +6,7 @@ MINIO_VERSION := v0.0.0-20260212201848-7aac2a2c5b7c
 export CGO_ENABLED := 0
 export PATH := $(CURDIR)/bin:$(PATH)
 
-.PHONY: build test test-long test-gpu fuzz bench demo pydeps minio clean vet
+.PHONY: build test test-long test-gpu fuzz mutate bench demo pydeps minio clean vet
 
 build:
 	$(GO) build -o bin/zarrfs ./cmd/zarrfs
@@ -51,6 +51,14 @@ fuzz:
 	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
 	  done; \
 	done
+
+# Breaks behaviours on purpose, one at a time (integration/mutate/mutations.go),
+# runs the tests that should notice, and reports which mutations they catch.
+# The working tree is never changed: mutants reach the build through
+# go test -overlay. Not part of make test; MUTATE=REGEXP picks mutations.
+MUTATE ?=
+mutate: pydeps minio
+	$(GO) run ./integration/mutate -only '$(MUTATE)'
 
 # Benchmarks print ratios against a named peer measured in the same run (BENCHMARKS.md).
 bench: build pydeps minio

@@ -123,6 +123,7 @@ type gpuDecoder interface {
 	Close() error
 	Info() gpu.Info
 	MemoryHeld() (device, staging, lent int64)
+	Stats() gpu.Stats
 }
 
 // Memory defaults and floors (see Options).
@@ -199,6 +200,9 @@ type Pipeline struct {
 	gpuErr  error
 	started bool
 	woke    bool // the GPUs were started again after sleeping
+
+	// retired sums the Stats of GPUs closed while asleep.
+	retired gpu.Stats
 
 	// Idle sleep (sleepWhenIdle, wake).
 	active  atomic.Int64 // batches in DecodeBatch
@@ -404,6 +408,11 @@ func (p *Pipeline) sleepWhenIdle() {
 		for _, g := range gpus {
 			g.Close()
 		}
+		p.mu.Lock()
+		for _, g := range gpus {
+			p.retired = p.retired.Add(g.Stats())
+		}
+		p.mu.Unlock()
 		p.log.Debug("idle: GPUs given back", "after", idle)
 	}
 }
@@ -539,6 +548,18 @@ func (p *Pipeline) Placement() string {
 			s += "s"
 		}
 		s += " (" + string(p.opts.Mode) + ")"
+	}
+	return s
+}
+
+// GPUStats sums what the GPUs decoded, refused and found corrupt since
+// the pipeline started (package gpu's Stats), zero without a GPU.
+func (p *Pipeline) GPUStats() gpu.Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.retired
+	for _, g := range p.gpus {
+		s = s.Add(g.Stats())
 	}
 	return s
 }

@@ -68,6 +68,7 @@ func (g *fakeGPU) HostFree(b []byte) {
 
 func (g *fakeGPU) Close() error                      { g.closed.Store(true); return nil }
 func (g *fakeGPU) MemoryHeld() (int64, int64, int64) { return 1, 2, 3 }
+func (g *fakeGPU) Stats() gpu.Stats                  { return gpu.Stats{Chunks: g.decoded.Load()} }
 func (g *fakeGPU) Info() gpu.Info {
 	return gpu.Info{Available: true, Device: fmt.Sprintf("fake %d", g.dev)}
 }
@@ -407,5 +408,8 @@ func TestSleepAndWake(t *testing.T) {
 	checkJobs(t, j)
 	if len(made) != 2 || made[1].decoded.Load() != 1 {
 		t.Errorf("after waking: %d GPUs opened, the new one decoded %d", len(made), made[len(made)-1].decoded.Load())
+	}
+	if s := p.GPUStats(); s.Chunks != 2 {
+		t.Errorf("GPUStats across a sleep: %d chunks, want 2", s.Chunks)
 	}
 }

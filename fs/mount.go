@@ -130,42 +130,8 @@ func Mount(ctx context.Context, opts Options) (*Mounted, error) {
 		return nil, fmt.Errorf("%s: not a directory", opts.Mountpoint)
 	}
 
-	timeout := attrTimeout
 	root := &dirNode{roNode: roNode{m: m}, dir: opts.Layout.Root()}
-	mo := &gofs.Options{
-		EntryTimeout:    &timeout,
-		AttrTimeout:     &timeout,
-		NegativeTimeout: &timeout,
-		UID:             m.owner.Uid,
-		GID:             m.owner.Gid,
-		MountOptions: fuse.MountOptions{
-			AllowOther:    opts.AllowOther,
-			FsName:        opts.Layout.SourceID,
-			Name:          "zarrfs",
-			MaxWrite:      1 << 20, // also max_read: 1 MiB requests
-			MaxReadAhead:  1 << 20,
-			MaxBackground: opts.MaxBackground,
-			// Nothing here has extended attributes; saying so saves a
-			// getxattr round trip per read on some kernels.
-			DisableXAttrs: true,
-			// A backing file may itself live on a stacked filesystem
-			// (overlayfs in a container); depth 2 keeps passthrough
-			// available there.
-			MaxStackDepth: 2,
-			Debug:         opts.Debug,
-			// The read-only flag makes the kernel refuse writes before
-			// they reach us; the nodes refuse them too.
-			Options:          []string{"ro", "default_permissions"},
-			DirectMount:      os.Geteuid() == 0,
-			DirectMountFlags: syscall.MS_RDONLY | syscall.MS_NOSUID | syscall.MS_NODEV,
-		},
-	}
-	if mo.MaxBackground == 0 {
-		mo.MaxBackground = 64
-	}
-	if opts.DisablePassthrough {
-		mo.DisabledCapabilities = fuse.CAP_PASSTHROUGH
-	}
+	mo := m.fuseOptions()
 	if _, taken := opts.Layout.Root().Lookup(resolveDir); taken && opts.Direct {
 		return nil, fmt.Errorf("%s: the store has an entry named %s, which direct mode needs for itself", opts.Mountpoint, resolveDir)
 	}
@@ -184,6 +150,48 @@ func Mount(ctx context.Context, opts Options) (*Mounted, error) {
 	}
 	m.server = server
 	return m, nil
+}
+
+// fuseOptions are the mount's options: read-only in the kernel (the nodes
+// refuse writes too, so each layer alone keeps the mount read-only), with
+// long attribute timeouts since the tree never changes.
+func (m *Mounted) fuseOptions() *gofs.Options {
+	timeout := attrTimeout
+	mo := &gofs.Options{
+		EntryTimeout:    &timeout,
+		AttrTimeout:     &timeout,
+		NegativeTimeout: &timeout,
+		UID:             m.owner.Uid,
+		GID:             m.owner.Gid,
+		MountOptions: fuse.MountOptions{
+			AllowOther:    m.opts.AllowOther,
+			FsName:        m.opts.Layout.SourceID,
+			Name:          "zarrfs",
+			MaxWrite:      1 << 20, // also max_read: 1 MiB requests
+			MaxReadAhead:  1 << 20,
+			MaxBackground: m.opts.MaxBackground,
+			// Nothing here has extended attributes; saying so saves a
+			// getxattr round trip per read on some kernels.
+			DisableXAttrs: true,
+			// A backing file may itself live on a stacked filesystem
+			// (overlayfs in a container); depth 2 keeps passthrough
+			// available there.
+			MaxStackDepth: 2,
+			Debug:         m.opts.Debug,
+			// The read-only flag makes the kernel refuse writes before
+			// they reach us; the nodes refuse them too.
+			Options:          []string{"ro", "default_permissions"},
+			DirectMount:      os.Geteuid() == 0,
+			DirectMountFlags: syscall.MS_RDONLY | syscall.MS_NOSUID | syscall.MS_NODEV,
+		},
+	}
+	if mo.MaxBackground == 0 {
+		mo.MaxBackground = 64
+	}
+	if m.opts.DisablePassthrough {
+		mo.DisabledCapabilities = fuse.CAP_PASSTHROUGH
+	}
+	return mo
 }
 
 // Leased reports how many blobs a direct mount keeps leased now.

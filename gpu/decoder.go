@@ -124,7 +124,8 @@ type Decoder struct {
 	log  *slog.Logger
 	info Info
 
-	host hostPool // pinned memory lent to callers (hostmem.go)
+	host   hostPool // pinned memory lent to callers (hostmem.go)
+	counts counters // what Stats reports (stats.go)
 
 	// Memory held by the rounds' buffers, and the time (UnixNano) the last
 	// round was submitted, for budgets and idle trimming.
@@ -170,53 +171,6 @@ type Decoder struct {
 	// noValidate skips checkStreams' walk of LZ4 blocks: the throughput
 	// test sets it to measure what the walk costs. Nothing else may.
 	noValidate bool
-
-	stats stats
-}
-
-// Stats counts the jobs a Decoder has answered since New, by outcome.
-type Stats struct {
-	// Decoded is the number of chunks decoded on the GPU and returned
-	// without error.
-	Decoded int64
-	// Corrupt is the number of chunks failed with codec.ErrCorrupt: the
-	// host checks, a checksum or the deflate fence found them damaged.
-	Corrupt int64
-	// ToCPU is the number of chunks failed with codec.ErrUnsupported, for
-	// the CPU to decode: codecs and streams the GPU path does not take,
-	// cancelled callers, device failures, and Disagreed.
-	ToCPU int64
-	// Disagreed counts the chunks, among ToCPU, whose streams passed the
-	// host checks and that nvCOMP then failed or decoded to another size.
-	Disagreed int64
-}
-
-type stats struct {
-	decoded, corrupt, toCPU, disagreed atomic.Int64
-}
-
-// Stats returns the counts so far. Safe for concurrent use.
-func (d *Decoder) Stats() Stats {
-	return Stats{Decoded: d.stats.decoded.Load(), Corrupt: d.stats.corrupt.Load(),
-		ToCPU: d.stats.toCPU.Load(), Disagreed: d.stats.disagreed.Load()}
-}
-
-// tally counts the outcomes of jobs, every one answered.
-func (s *stats) tally(jobs []codec.Job) {
-	var ok, bad, cpu int64
-	for i := range jobs {
-		switch err := jobs[i].Err; {
-		case err == nil:
-			ok++
-		case errors.Is(err, codec.ErrUnsupported):
-			cpu++
-		default:
-			bad++
-		}
-	}
-	s.decoded.Add(ok)
-	s.corrupt.Add(bad)
-	s.toCPU.Add(cpu)
 }
 
 // bufSet is the memory of one round in flight.
@@ -972,7 +926,7 @@ func (d *Decoder) finish(r *round) ([][]byte, []error, error) {
 			default:
 				continue
 			}
-			d.stats.disagreed.Add(1)
+			d.counts.disagreed.Add(1)
 		}
 		segBase += int64(len(l.segs[a]))
 	}

@@ -149,7 +149,7 @@ func (p *Posix) GetRange(ctx context.Context, key string, off, length int64) ([]
 		off = size - length
 	}
 	if off < 0 || off+length > size {
-		return nil, p.wrap("get range", k, fmt.Errorf("range %d+%d past end of object (size %d)", off, length, size))
+		return nil, p.wrap("get range", k, fmt.Errorf("%w: %d+%d, size %d", ErrRange, off, length, size))
 	}
 	buf := make([]byte, length)
 	if _, err := f.ReadAt(buf, off); err != nil && !(err == io.EOF && length == 0) {

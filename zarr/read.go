@@ -40,6 +40,10 @@ type Stats struct {
 // Stats returns the hierarchy's counters.
 func (h *Hierarchy) Stats() *Stats { return &h.stats }
 
+// Decoder returns the decoder Reads decompress with (Options.Decoder, or
+// the default CPU one), for callers that report its own counters.
+func (h *Hierarchy) Decoder() codec.BatchDecoder { return h.opts.Decoder }
+
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // ChunkKey returns the store key of the chunk at grid coordinates coords.
@@ -534,8 +538,11 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 				}
 			}
 			if err != nil {
-				if objectstore.IsNotFound(err) {
+				switch {
+				case objectstore.IsNotFound(err):
 					err = fmt.Errorf("%w: shard vanished while reading", ErrCorrupt)
+				case errors.Is(err, objectstore.ErrRange):
+					err = fmt.Errorf("%w: the shard index points past the end of the shard: %w", ErrCorrupt, err)
 				}
 				emu.Lock()
 				errs = append(errs, &ChunkError{Array: a.Path, Key: ikey, Err: err})
@@ -563,6 +570,9 @@ func (st *readState) shardIndex(ctx context.Context, a *Array, s *shardSpec, src
 		b, fresh, err = src.rng(ctx, 0, n)
 	} else {
 		b, fresh, err = src.suffix(ctx, n)
+	}
+	if errors.Is(err, objectstore.ErrRange) {
+		return nil, fmt.Errorf("%w: shard shorter than its %d-byte index: %w", ErrCorrupt, n, err)
 	}
 	if err != nil {
 		return nil, err

@@ -29,6 +29,11 @@ func serveMetrics(ctx context.Context, addr string, h *zarr.Hierarchy, c *cache.
 	counter("chunks_missing_total", "Chunks absent from the source, read as the fill value.", func() float64 { return float64(st.ChunksMissing.Load()) })
 	counter("chunk_cache_hits_total", "Chunks served from the in-memory decoded-chunk cache.", func() float64 { return float64(st.ChunkCacheHits.Load()) })
 	counter("source_bytes_total", "Compressed bytes read from the source.", func() float64 { return float64(st.BytesFetched.Load()) })
+	if dec != nil {
+		counter("gpu_chunks_decoded_total", "Chunks decoded on the GPU.", func() float64 { return float64(dec.GPUStats().Chunks) })
+		counter("gpu_chunks_refused_total", "Chunks the GPU refused; they decode on the CPU.", func() float64 { return float64(dec.GPUStats().Refused) })
+		counter("gpu_chunks_corrupt_total", "Chunks the GPU found corrupt.", func() float64 { return float64(dec.GPUStats().Corrupt) })
+	}
 	if c != nil {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "zarrfs", Name: "cache_bytes", Help: "Bytes held in the disk cache."},
 			func() float64 { b, _ := c.Usage(); return float64(b) }))

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -63,114 +62,20 @@ samples i, i+W, i+2W, ...`,
 
 func init() { rootCmd.AddCommand(newWarmCmd()) }
 
-// sampleRange is a half-open range of sample indices; stop < 0 means "to the end".
-type sampleRange struct{ start, stop int64 }
-
-func parseSamples(s string) (sampleRange, error) {
-	if s == "" {
-		return sampleRange{0, -1}, nil
-	}
-	a, b, ok := strings.Cut(s, ":")
-	if !ok {
-		return sampleRange{}, usagef("--samples %q: want START:STOP", s)
-	}
-	r := sampleRange{0, -1}
-	var err error
-	if a != "" {
-		if r.start, err = strconv.ParseInt(a, 10, 64); err != nil || r.start < 0 {
-			return sampleRange{}, usagef("--samples %q: bad START", s)
-		}
-	}
-	if b != "" {
-		if r.stop, err = strconv.ParseInt(b, 10, 64); err != nil || r.stop < r.start {
-			return sampleRange{}, usagef("--samples %q: bad STOP", s)
-		}
-	}
-	return r, nil
-}
-
-// warmPlan is the list of blobs one warm fills, in mount order, and the
-// directories they live in.
-type warmPlan struct {
-	blobs []layout.Blob
-	dirs  []string // mount paths warmed (arrays, views, whole files)
-	bytes int64
-}
-
-func planWarm(lay *layout.Layout, f *warmFlags) (*warmPlan, error) {
-	rng, err := parseSamples(f.samples)
+// planWarm turns the flags into the layout's plan of what to fill.
+func planWarm(lay *layout.Layout, f *warmFlags) (*layout.Plan, error) {
+	span, err := layout.ParseSampleSpan(f.samples)
 	if err != nil {
-		return nil, err
+		return nil, usagef("--%s", strings.TrimPrefix(err.Error(), layout.ErrInvalidOption.Error()+": "))
 	}
 	shard, err := layout.ParseShard(f.rank, f.world, f.shard)
 	if err != nil {
 		return nil, usagef("--rank %d --world %d --shard %s: %v", f.rank, f.world, f.shard, errors.Unwrap(err))
 	}
-	only := make([]string, 0, len(f.only))
-	for _, o := range f.only {
-		o = strings.Trim(path.Clean("/"+o), "/")
-		if _, ok := lay.Lookup(o); !ok {
-			if _, ok := lay.Lookup(o + ".npy"); ok {
-				o += ".npy"
-			} else {
-				return nil, fmt.Errorf("--only %s: no such file or directory in the mount", o)
-			}
-		}
-		only = append(only, o)
+	plan, err := lay.Plan(layout.PlanOptions{Only: f.only, Samples: span, Shard: shard})
+	if err != nil {
+		return nil, fmt.Errorf("--only %w", err)
 	}
-	selected := func(p string) bool {
-		if len(only) == 0 {
-			return true
-		}
-		for _, o := range only {
-			if o == "" || p == o || strings.HasPrefix(p, o+"/") {
-				return true
-			}
-		}
-		return false
-	}
-	plan := &warmPlan{}
-	seenDir := map[string]bool{}
-	var walk func(d *layout.Dir)
-	walk = func(d *layout.Dir) {
-		if d.IsSampleDir() {
-			n := int64(d.Len())
-			lo, hi := rng.start, rng.stop
-			if hi < 0 || hi > n {
-				hi = n
-			}
-			lo = min(lo, hi)
-			mine := shard.Of(lo, hi)
-			for j := range mine.Count {
-				e := d.Entry(int(mine.At(j)))
-				if selected(e.Blob.Path()) {
-					plan.blobs = append(plan.blobs, e.Blob)
-					plan.bytes += e.Blob.Size()
-					if !seenDir[d.Path()] {
-						seenDir[d.Path()] = true
-						plan.dirs = append(plan.dirs, d.Path()+"/")
-					}
-				}
-			}
-			return
-		}
-		for i := 0; i < d.Len(); i++ {
-			e := d.Entry(i)
-			switch e.Kind {
-			case layout.KindDir:
-				walk(e.Dir)
-			case layout.KindBlob:
-				// Whole-array files (coordinates, static fields) are small
-				// and every rank needs them.
-				if selected(e.Blob.Path()) {
-					plan.blobs = append(plan.blobs, e.Blob)
-					plan.bytes += e.Blob.Size()
-					plan.dirs = append(plan.dirs, e.Blob.Path())
-				}
-			}
-		}
-	}
-	walk(lay.Root())
 	return plan, nil
 }
 
@@ -242,7 +147,7 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 	}
 	var todo []layout.Blob
 	var todoBytes int64
-	for _, b := range plan.blobs {
+	for _, b := range plan.Blobs {
 		if !c.HasBlob(cache.BlobKey{Layout: lay.ID, Path: b.Path()}) {
 			todo = append(todo, b)
 			todoBytes += b.Size()
@@ -251,10 +156,10 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 	out := cmd.OutOrStdout()
 	dir := c.BlobDir(lay.ID)
 	if len(todo) == 0 {
-		for _, d := range plan.dirs {
+		for _, d := range plan.Dirs {
 			fmt.Fprintf(out, "%s\t%s\n", d, path.Join(dir, d))
 		}
-		fmt.Fprintf(out, "zarrfs: nothing to do: %d files (%s) already warm in %s\n", len(plan.blobs), humanBytes(plan.bytes), dir)
+		fmt.Fprintf(out, "zarrfs: nothing to do: %d files (%s) already warm in %s\n", len(plan.Blobs), humanBytes(plan.Bytes), dir)
 		return nil
 	}
 	var bar *progressbar.ProgressBar
@@ -320,13 +225,20 @@ feed:
 	if ctx.Err() != nil {
 		return fmt.Errorf("warm interrupted after %d of %d files; run it again to resume", done.Load(), len(todo))
 	}
-	for _, d := range plan.dirs {
+	for _, d := range plan.Dirs {
 		fmt.Fprintf(out, "%s\t%s\n", d, path.Join(dir, d))
 	}
 	rate := float64(doneBytes.Load()) / el.Seconds()
 	fmt.Fprintf(out, "zarrfs: warmed %d files (%s) in %s, %s/s; %d already warm; cache %s\n",
 		done.Load(), humanBytes(doneBytes.Load()), el.Round(time.Millisecond), humanBytes(int64(rate)),
-		len(plan.blobs)-len(todo), dir)
+		len(plan.Blobs)-len(todo), dir)
+	if onGPU, _ := o.dec.Ready(ctx); onGPU {
+		// What the GPU really decoded: with --decode gpu every chunk,
+		// unless it refused some (they decode on the CPU instead).
+		s := o.dec.GPUStats()
+		fmt.Fprintf(out, "zarrfs: the GPU decoded %d of %d chunks (%s); it refused %d (decoded on the CPU) and found %d corrupt\n",
+			s.Chunks, o.h.Stats().ChunksDecoded.Load(), humanBytes(s.Bytes), s.Refused, s.Corrupt)
+	}
 	if n := failed.Load(); n > 0 {
 		return fmt.Errorf("%d files failed, first: %w", n, firstErr)
 	}

@@ -149,6 +149,9 @@ func Run(t *testing.T, newStore func(t *testing.T, files map[string][]byte) obje
 				if objectstore.IsNotFound(err) || objectstore.IsTransient(err) {
 					t.Fatalf("GetRange(%q, %d, %d): %v: must be neither not-found nor transient", tc.key, tc.off, tc.length, err)
 				}
+				if tc.length >= 0 && !errors.Is(err, objectstore.ErrRange) {
+					t.Errorf("GetRange(%q, %d, %d): %v: a range past the end must wrap ErrRange", tc.key, tc.off, tc.length, err)
+				}
 				checkError(t, err, tc.key)
 			})
 		}
