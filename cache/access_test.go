@@ -363,3 +363,29 @@ func TestBadBlobAccessRefused(t *testing.T) {
 		}
 	}
 }
+
+// A group mode without a group gives blobs the cache directory's group,
+// so an instance that names the group and one that does not agree.
+func TestGroupModeTakesDirGroup(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to give the directory any group")
+	}
+	dir := filepath.Join(t.TempDir(), "cache")
+	gid := uint32(4244)
+	c1 := mustOpen(t, Options{Dir: dir, BlobGroup: &gid})
+	defer c1.Close()
+	c2 := mustOpen(t, Options{Dir: dir, BlobMode: 0o640}) // joins: same mode, the directory's group
+	fillSome(t, c2)
+	if _, g := c2.BlobAccess(); g != int(gid) {
+		t.Fatalf("group %d, want the directory's %d", g, gid)
+	}
+	c2.Close()
+	checkModes(t, dir, c1.acc)
+	other := uint32(4245)
+	if c3, err := Open(Options{Dir: dir, BlobGroup: &other}); !errors.Is(err, ErrAccessInUse) {
+		if c3 != nil {
+			c3.Close()
+		}
+		t.Fatalf("joining with another group: %v, want ErrAccessInUse", err)
+	}
+}

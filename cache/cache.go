@@ -54,8 +54,9 @@ type Options struct {
 	// journal, the lock and temp files are owner-only whatever it is.
 	BlobMode fs.FileMode
 	// BlobGroup, when set, is the group (gid) given to blobs and the
-	// directories leading to them, Dir included; nil leaves the group that
-	// new files get. The caller must be allowed to chown to it.
+	// directories leading to them, Dir included; the caller must be
+	// allowed to chown to it. Nil means Dir's group when BlobMode lets the
+	// group read, so that every instance gives blobs one group.
 	BlobGroup *uint32
 
 	// noSync skips the filesystem sync before the journal is compacted and
@@ -169,6 +170,11 @@ func Open(opts Options) (*Cache, error) {
 			return nil, err // names the directory itself
 		}
 		return nil, fmt.Errorf("cache %s: %w", opts.Dir, err)
+	}
+	if acc.blobFile&0o040 != 0 && acc.gid < 0 {
+		if fi, err := os.Stat(opts.Dir); err == nil {
+			acc.gid = groupOf(fi)
+		}
 	}
 	pre := &Cache{dir: opts.Dir, acc: acc}
 	for _, d := range []string{blobsDir, chunksDir, tmpDir} {
