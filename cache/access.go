@@ -289,9 +289,11 @@ func (c *Cache) prepare(rel, tmpName string) error {
 }
 
 // applyAccess gives every file in the cache the mode (and blobs the group)
-// that acc wants, and logs one line if it had to take access away or if
-// blobs are shared. The caller holds the directory lock for writing.
-func (c *Cache) applyAccess() error {
+// that acc wants, and logs one line if it had to take access away from a
+// cache that existed (a directory made by mkdir for a new cache is
+// tightened without a word) or if blobs are shared. The caller holds the
+// directory lock for writing.
+func (c *Cache) applyAccess(existed bool) error {
 	var fix fixCount
 	// Dir/blobs last: its mode says the walk under it was done.
 	for _, name := range []string{tmpDir, chunksDir, blobsDir} {
@@ -350,7 +352,7 @@ func (c *Cache) applyAccess() error {
 		c.log.Warn("cache permissions not fully set", "fixed", fix.tightened+fix.widened, "failed", fix.failed, "first_err", fix.err)
 	}
 	switch {
-	case fix.tightened > 0:
+	case fix.tightened > 0 && existed:
 		c.log.Info("cache permissions tightened", "entries", fix.tightened+fix.widened, "blob_mode", c.acc.String())
 	case c.acc.shared():
 		c.log.Info("cache blobs readable beyond their owner", "blob_mode", c.acc.String())

@@ -206,8 +206,17 @@ func (r *recordLogs) count(msg string) int {
 // tightened at the next Open, with one line; the Open after that walks
 // nothing and says nothing.
 func TestTightenAtOpen(t *testing.T) {
+	// A new cache in a directory made beforehand (mkdir, 0755) is made
+	// owner-only without a word.
 	dir := filepath.Join(t.TempDir(), "cache")
-	c := mustOpen(t, Options{Dir: dir})
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	logs := &recordLogs{}
+	c := mustOpen(t, Options{Dir: dir, Logger: slog.New(logs)})
+	if st, err := os.Stat(dir); err != nil || st.Mode().Perm() != 0o700 || len(logs.msgs) != 0 {
+		t.Fatalf("new cache in a 0755 directory: %v %v, logged %q", st.Mode(), err, logs.msgs)
+	}
 	fillSome(t, c)
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
@@ -223,7 +232,7 @@ func TestTightenAtOpen(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "journal.new"), []byte("x"), 0o666) // a leftover
 	os.Chmod(filepath.Join(dir, "journal.new"), 0o666)
 
-	logs := &recordLogs{}
+	logs = &recordLogs{}
 	c = mustOpen(t, Options{Dir: dir, Logger: slog.New(logs)})
 	if n := logs.count("cache permissions tightened"); n != 1 {
 		t.Errorf("%d lines saying the permissions were tightened, want 1: %q", n, logs.msgs)

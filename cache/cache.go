@@ -229,9 +229,10 @@ func Open(opts Options) (*Cache, error) {
 	}
 	var st recoveryStats
 	if exclusive {
+		_, jerr := os.Lstat(filepath.Join(opts.Dir, journalRel))
 		st, err = c.recover()
 		if err == nil {
-			err = c.applyAccess()
+			err = c.applyAccess(jerr == nil)
 		}
 		if err == nil {
 			err = ofdLock(lf, syscall.F_RDLCK, false) // atomic downgrade
