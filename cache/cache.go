@@ -166,7 +166,7 @@ func Open(opts Options) (*Cache, error) {
 		return nil, fmt.Errorf("cache %s: %w", opts.Dir, err)
 	}
 	if err := makeRoot(opts.Dir); err != nil {
-		if _, ok := err.(*OwnerError); ok {
+		if oe := (*OwnerError)(nil); errors.As(err, &oe) {
 			return nil, err // names the directory itself
 		}
 		return nil, fmt.Errorf("cache %s: %w", opts.Dir, err)
