@@ -380,7 +380,7 @@ func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, fill func(
 // without a record that nobody accounts for.
 func (c *Cache) publish(rel, tmpName string, size int64, sum uint64) error {
 	final := filepath.Join(c.dir, rel)
-	if err := os.MkdirAll(filepath.Dir(final), 0o755); err != nil {
+	if err := c.prepare(rel, tmpName); err != nil {
 		return fmt.Errorf("%s: %w", rel, err)
 	}
 	c.mu.Lock()

@@ -47,6 +47,17 @@ type Options struct {
 	// Logger receives recovery summaries (Info), dropped or corrupt entries
 	// (Warn) and evictions (Debug). Nil discards.
 	Logger *slog.Logger
+	// BlobMode is the permission of decoded blobs: zero means
+	// DefaultBlobMode (0600, the owner only), or 0640 with BlobGroup. Only
+	// read bits may go beyond the owner (0640, 0644); the directories
+	// leading to blobs get the matching search bits. The chunk tier, the
+	// journal, the lock and temp files are owner-only whatever it is.
+	BlobMode fs.FileMode
+	// BlobGroup, when set, is the group (gid) given to blobs and the
+	// directories leading to them, Dir included; the caller must be
+	// allowed to chown to it. Nil means Dir's group when BlobMode lets the
+	// group read, so that every instance gives blobs one group.
+	BlobGroup *uint32
 
 	// noSync skips the filesystem sync before the journal is compacted and
 	// at a clean Close. Only tests that build large caches quickly set it.
@@ -70,6 +81,7 @@ type Cache struct {
 	compactMin int64
 	onSync     func()
 
+	acc      access   // modes and group of what the cache creates
 	lockFile *os.File // Dir/lock, OFD read lock held while open
 	inst     *instance
 
@@ -149,17 +161,34 @@ func Open(opts Options) (*Cache, error) {
 		return nil, fmt.Errorf("cache %s: %w", opts.Dir, err)
 	}
 	opts.Dir = abs
-	for _, d := range []string{opts.Dir, filepath.Join(opts.Dir, blobsDir), filepath.Join(opts.Dir, chunksDir), filepath.Join(opts.Dir, tmpDir)} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
+	acc, err := newAccess(opts.BlobMode, opts.BlobGroup)
+	if err != nil {
+		return nil, fmt.Errorf("cache %s: %w", opts.Dir, err)
+	}
+	if err := makeRoot(opts.Dir); err != nil {
+		if oe := (*OwnerError)(nil); errors.As(err, &oe) {
+			return nil, err // names the directory itself
+		}
+		return nil, fmt.Errorf("cache %s: %w", opts.Dir, err)
+	}
+	if acc.blobFile&0o040 != 0 && acc.gid < 0 {
+		if fi, err := os.Stat(opts.Dir); err == nil {
+			acc.gid = groupOf(fi)
+		}
+	}
+	pre := &Cache{dir: opts.Dir, acc: acc}
+	for _, d := range []string{blobsDir, chunksDir, tmpDir} {
+		if err := pre.mkdirs(d); err != nil {
 			return nil, fmt.Errorf("cache %s: %w", opts.Dir, err)
 		}
 	}
-	lf, err := os.OpenFile(filepath.Join(opts.Dir, lockRel), os.O_RDWR|os.O_CREATE, 0o644)
+	lf, err := os.OpenFile(filepath.Join(opts.Dir, lockRel), os.O_RDWR|os.O_CREATE, privateFile)
 	if err != nil {
 		return nil, fmt.Errorf("cache %s: %w", opts.Dir, err)
 	}
 	c := &Cache{
 		dir:          opts.Dir,
+		acc:          acc,
 		budget:       opts.Size,
 		log:          log.With("cache", opts.Dir),
 		noSync:       opts.noSync,
@@ -200,11 +229,15 @@ func Open(opts Options) (*Cache, error) {
 	}
 	var st recoveryStats
 	if exclusive {
+		_, jerr := os.Lstat(filepath.Join(opts.Dir, journalRel))
 		st, err = c.recover()
+		if err == nil {
+			err = c.applyAccess(jerr == nil)
+		}
 		if err == nil {
 			err = ofdLock(lf, syscall.F_RDLCK, false) // atomic downgrade
 		}
-	} else {
+	} else if err = c.checkAccess(); err == nil {
 		st, err = c.join()
 	}
 	if err != nil {
@@ -218,7 +251,7 @@ func Open(opts Options) (*Cache, error) {
 	if st.suspicious+st.dropped+st.temps+st.torn > 0 {
 		logf = c.log.Info // recovery did something worth a line
 	}
-	logf("cache open", "exclusive", exclusive, "entries", n, "bytes", used, "budget", c.budget,
+	logf("cache open", "exclusive", exclusive, "entries", n, "bytes", used, "budget", c.budget, "blob_mode", c.acc.String(),
 		"suspicious", st.suspicious, "dropped", st.dropped, "temps_removed", st.temps, "torn_records", st.torn,
 		"duration", time.Since(start))
 	return c, nil
@@ -293,7 +326,7 @@ func (c *Cache) recover() (recoveryStats, error) {
 			if err := os.RemoveAll(p); err != nil {
 				return st, err
 			}
-			if err := os.Mkdir(p, 0o755); err != nil {
+			if err := c.mkdirs(d); err != nil {
 				return st, err
 			}
 		}
@@ -673,8 +706,12 @@ func (c *Cache) syncAll() error {
 }
 
 func writeFileSync(p string, data []byte) error {
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, privateFile)
 	if err != nil {
+		return err
+	}
+	if err := f.Chmod(privateFile); err != nil { // whatever the umask left
+		f.Close()
 		return err
 	}
 	if _, err := f.Write(data); err != nil {

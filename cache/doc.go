@@ -15,6 +15,14 @@
 //	Dir/tmp/<id>/     fills in progress of the live instance <id>, which
 //	                  holds Dir/tmp/<id>.lock for its lifetime
 //
+// # Permissions
+//
+// A cache directory belongs to one user: Open refuses one owned by another
+// uid, creates everything owner-only (0700/0600) whatever the umask, and
+// tightens what is wider. Options.BlobMode and BlobGroup open the decoded
+// blobs alone, and the directories leading to them, to a group or to all,
+// for readers that open blob files themselves (access.go).
+//
 // # Crash safety
 //
 // A fill writes a temp file under Dir/tmp/<id>, the cache checks its size,

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/user"
 	"strconv"
 	"syscall"
 	"time"
@@ -120,8 +121,14 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 	} else {
 		defer unregister()
 	}
+	mode, gid := c.BlobAccess()
+	if f.direct && f.allowOther && mode&0o044 == 0 {
+		// The links name files that only this user may open.
+		log.Warn("with --direct and --allow-other, other users cannot open the blobs the links resolve to; give --cache-mode or --cache-group")
+	}
 	log.Debug("mount settings", "layout", l.ID, "cache", c.BlobDir(l.ID), "passthrough", m.Passthrough(),
-		"direct", f.direct, "lease", f.lease, "rank", f.rank, "world", f.world, "shard", shard.Mode())
+		"direct", f.direct, "lease", f.lease, "rank", f.rank, "world", f.world, "shard", shard.Mode(),
+		"cache_mode", fmt.Sprintf("%04o", uint32(mode)), "cache_group", groupLabel(gid))
 	fmt.Fprintf(cmd.OutOrStdout(), "zarrfs: mounted %s at %s (%s arrays, %s files)\n",
 		store.ID(), mountpoint, thousands(int64(l.Arrays)), thousands(l.Files))
 
@@ -139,6 +146,17 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 		log.Info("unmounted externally", "mountpoint", mountpoint)
 	}
 	return nil
+}
+
+// groupLabel names a gid for the logs; "" for none.
+func groupLabel(gid int) string {
+	if gid < 0 {
+		return ""
+	}
+	if g, err := user.LookupGroupId(strconv.Itoa(gid)); err == nil {
+		return g.Name
+	}
+	return strconv.Itoa(gid)
 }
 
 // thousands formats n with comma separators: 1234567 -> "1,234,567".

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -22,18 +25,22 @@ import (
 // where their cache lives. mount and warm share them, so that a warm with
 // the same flags fills exactly the files the mount serves.
 type layoutFlags struct {
-	src       sourceFlags
-	cacheDir  string
-	cacheSize string
-	sampleDim string
-	align     int64
-	views     []string
+	src        sourceFlags
+	cacheDir   string
+	cacheSize  string
+	cacheMode  string
+	cacheGroup string
+	sampleDim  string
+	align      int64
+	views      []string
 }
 
 func (f *layoutFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.cacheDir, "cache", "", "cache directory (default $XDG_CACHE_HOME/zarrfs or ~/.cache/zarrfs)")
 	fl.StringVar(&f.cacheSize, "cache-size", "0", "cache budget, such as 500GiB; 0 means unlimited")
+	fl.StringVar(&f.cacheMode, "cache-mode", "", "who may read the decoded blobs in the cache: owner (0600, the default), group (0640: --cache-group, else the cache directory's group) or all (0644), or an octal mode; needed when other users open them (--direct with --allow-other); compressed chunks, journal and lock stay owner-only")
+	fl.StringVar(&f.cacheGroup, "cache-group", "", "group (name or gid) given the decoded blobs and the directories leading to them; implies --cache-mode group")
 	fl.StringVar(&f.sampleDim, "sample-dim", layout.DefaultSampleDim, "dimension whose indices become one file each")
 	fl.Int64Var(&f.align, "align", layout.DefaultAlign, "offset of the data in every .npy file (multiple of 64)")
 	fl.StringArrayVar(&f.views, "view", nil, "YAML file of stacked training views; repeatable")
@@ -136,7 +143,14 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	if o.store, err = f.src.openStore(ctx, src); err != nil {
 		return nil, err
 	}
-	if o.cache, err = cache.Open(cache.Options{Dir: f.cacheDir, Size: size, Logger: log}); err != nil {
+	copts := cache.Options{Dir: f.cacheDir, Size: size, Logger: log}
+	if copts.BlobMode, copts.BlobGroup, err = f.blobAccess(); err != nil {
+		return nil, err
+	}
+	if o.cache, err = cache.Open(copts); err != nil {
+		if errors.Is(err, cache.ErrAccessInUse) {
+			err = fmt.Errorf("%w; give the same --cache-mode and --cache-group", err)
+		}
 		return nil, err
 	}
 	// With a GPU, compressed chunks are read into, and fills decode into,
@@ -170,6 +184,62 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	}
 	ok = true
 	return o, nil
+}
+
+// blobAccess parses --cache-mode and --cache-group into the cache's
+// BlobMode and BlobGroup.
+func (f *layoutFlags) blobAccess() (fs.FileMode, *uint32, error) {
+	var mode fs.FileMode
+	if f.cacheMode != "" {
+		m, err := cache.ParseMode(f.cacheMode)
+		if err != nil {
+			return 0, nil, usagef("--cache-mode %q: %v", f.cacheMode, err)
+		}
+		mode = m
+	}
+	if f.cacheGroup == "" {
+		return mode, nil, nil
+	}
+	gid, err := lookupGroup(f.cacheGroup)
+	if err != nil {
+		return 0, nil, usagef("--cache-group %q: %v", f.cacheGroup, err)
+	}
+	if mode == 0 {
+		mode = 0o640
+	}
+	if mode&0o040 == 0 {
+		return 0, nil, usagef("--cache-group %s with --cache-mode %s: the mode gives the group nothing (try group or 0640)", f.cacheGroup, f.cacheMode)
+	}
+	return mode, &gid, nil
+}
+
+// lookupGroup resolves a group name or number to a gid the caller may
+// give its files: root any, others only their own groups.
+func lookupGroup(name string) (uint32, error) {
+	g, err := user.LookupGroup(name)
+	if err != nil {
+		if _, perr := strconv.ParseUint(name, 10, 32); perr != nil {
+			return 0, errors.New("no such group")
+		}
+		if g, err = user.LookupGroupId(name); err != nil {
+			g = &user.Group{Gid: name, Name: name} // a gid without a name
+		}
+	}
+	n, err := strconv.ParseUint(g.Gid, 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("group id %q: %v", g.Gid, err)
+	}
+	gid := uint32(n)
+	if os.Geteuid() == 0 || uint32(os.Getegid()) == gid {
+		return gid, nil
+	}
+	groups, _ := os.Getgroups()
+	for _, x := range groups {
+		if uint32(x) == gid {
+			return gid, nil
+		}
+	}
+	return 0, fmt.Errorf("you are not a member of group %s (gid %d)", g.Name, gid)
 }
 
 func isRemote(s objectstore.Store) bool {

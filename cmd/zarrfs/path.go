@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -41,6 +43,32 @@ func recordFile(mountpoint string) string {
 	return filepath.Join(registryDir(), hex.EncodeToString(h[:8])+".json")
 }
 
+// privateRegistry creates the registry folder owner-only and checks that it
+// (and the folder above it, which may sit in a shared temporary folder)
+// belongs to the caller: records name the cache, which is no one else's to
+// read.
+func privateRegistry() error {
+	dir := registryDir()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		st, err := os.Lstat(d)
+		if err != nil {
+			return err
+		}
+		if !st.IsDir() || !ownedByUs(st) {
+			return fmt.Errorf("%s: not a folder of this user", d)
+		}
+		if st.Mode().Perm()&0o077 != 0 {
+			if err := os.Chmod(d, st.Mode().Perm()&0o700); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // registerMount writes the record of a live mount; the returned func removes it.
 func registerMount(mountpoint, blobDir, source string) (func(), error) {
 	abs, err := filepath.Abs(mountpoint)
@@ -52,12 +80,12 @@ func registerMount(mountpoint, blobDir, source string) (func(), error) {
 	}
 	rec := mountRecord{Mountpoint: abs, BlobDir: blobDir, Source: source, PID: os.Getpid()}
 	b, _ := json.Marshal(rec)
-	if err := os.MkdirAll(registryDir(), 0o700); err != nil {
+	if err := privateRegistry(); err != nil {
 		return nil, err
 	}
 	f := recordFile(abs)
 	tmp := f + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		return nil, err
 	}
 	if err := os.Rename(tmp, f); err != nil {
@@ -124,7 +152,7 @@ func newPathCmd() *cobra.Command {
 			}
 			rec, ok := findMount(abs)
 			if !ok {
-				return fmt.Errorf("%s: not inside a running zarrfs mount", args[0])
+				return notOurMount(args[0], abs)
 			}
 			rel := strings.TrimPrefix(strings.TrimPrefix(abs, rec.Mountpoint), "/")
 			if rel == "" || !strings.HasSuffix(rel, ".npy") {
@@ -141,6 +169,87 @@ func newPathCmd() *cobra.Command {
 			return nil
 		},
 	}
+}
+
+// notOurMount explains why abs has no record: it is not in a zarrfs mount,
+// or in one of another user, whose cache files are not the caller's to
+// know, or in one whose record this user's registry lacks.
+func notOurMount(arg, abs string) error {
+	mnt, uid, ok := zarrfsMountOf(abs)
+	switch {
+	case !ok:
+		return fmt.Errorf("%s: not inside a running zarrfs mount", arg)
+	case uid != os.Geteuid():
+		return fmt.Errorf("%s: the zarrfs mount at %s belongs to %s; zarrfs path answers only for your own mounts",
+			arg, mnt, describeUser(uid))
+	default:
+		return fmt.Errorf("%s: the zarrfs mount at %s is not in %s (started with another XDG_RUNTIME_DIR?)", arg, mnt, registryDir())
+	}
+}
+
+func describeUser(uid int) string {
+	if u, err := user.LookupId(strconv.Itoa(uid)); err == nil && u.Username != "" {
+		return fmt.Sprintf("%s (uid %d)", u.Username, uid)
+	}
+	return fmt.Sprintf("uid %d", uid)
+}
+
+// zarrfsMountOf finds the innermost zarrfs FUSE mount holding abs in
+// /proc/self/mountinfo, and the uid that mounted it (the user_id option).
+func zarrfsMountOf(abs string) (mountpoint string, uid int, ok bool) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "", 0, false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		mnt, owner, isOurs := parseMountinfo(line)
+		if !isOurs || (abs != mnt && !strings.HasPrefix(abs, strings.TrimSuffix(mnt, "/")+"/")) {
+			continue
+		}
+		if len(mnt) >= len(mountpoint) {
+			mountpoint, uid, ok = mnt, owner, true
+		}
+	}
+	return mountpoint, uid, ok
+}
+
+// parseMountinfo reads one line of /proc/self/mountinfo: the mountpoint
+// and owner of a zarrfs FUSE mount.
+func parseMountinfo(line string) (mountpoint string, uid int, ok bool) {
+	pre, post, found := strings.Cut(line, " - ")
+	f, g := strings.Fields(pre), strings.Fields(post)
+	if !found || len(f) < 5 || len(g) < 3 || g[0] != "fuse.zarrfs" {
+		return "", 0, false
+	}
+	for _, o := range strings.Split(g[2], ",") {
+		if v, isUID := strings.CutPrefix(o, "user_id="); isUID {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return "", 0, false
+			}
+			return unescapeMountinfo(f[4]), n, true
+		}
+	}
+	return "", 0, false
+}
+
+// unescapeMountinfo undoes the kernel's octal escapes (\040 for a space).
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
+	var sb strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				sb.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		sb.WriteByte(s[i])
+	}
+	return sb.String()
 }
 
 func init() { rootCmd.AddCommand(newPathCmd()) }
