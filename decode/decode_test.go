@@ -218,10 +218,12 @@ func TestAutoMode(t *testing.T) {
 	if made[0].batches.Load() != 0 {
 		t.Errorf("a lone batch went to the GPU")
 	}
-	// Hold the CPU with a slow batch: many large jobs.
+	// Hold the CPU with a slow batch: many jobs (one encoding, each its
+	// own destination).
+	one := zstdJob(t)
 	var big []codec.Job
-	for range 400 {
-		big = append(big, zstdJob(t))
+	for range 5000 {
+		big = append(big, codec.Job{Codec: one.Codec, Src: one.Src, Dst: make([]byte, len(one.Dst))})
 	}
 	done := make(chan struct{})
 	go func() { p.DecodeBatch(context.Background(), big); close(done) }()
