@@ -476,3 +476,21 @@ func requireDALI(t testing.TB) {
 		t.Skip("DALI (nvidia-dali-cuda130) is needed: make pydeps installs it")
 	}
 }
+
+// A blob larger than the whole cache budget has no file to link to: its
+// link fails with EIO and a line saying why; smaller ones still resolve.
+func TestDirectBlobOverBudget(t *testing.T) {
+	requireMountTools(t)
+	ex := zarrtest.Example{Times: 2, Levels: 2, Lat: 91, Lon: 180, TimeChunk: 1}
+	src := exampleStore(t, ex)
+	d := mount(t, src, "--direct", "--cache-size", "100KiB", "--readahead", "0")
+	if _, err := os.Stat(filepath.Join(d.mnt, "t", "0.npy")); !errors.Is(err, syscall.EIO) {
+		t.Errorf("t/0.npy (131 KiB, budget 100 KiB): %v, want EIO", err)
+	}
+	if _, err := os.ReadFile(filepath.Join(d.mnt, "latitude.npy")); err != nil {
+		t.Errorf("latitude.npy: %v", err)
+	}
+	if !strings.Contains(d.stderr.String(), "larger than the cache budget") {
+		t.Errorf("no line says why:\n%s", d.stderr)
+	}
+}
