@@ -144,9 +144,13 @@ func (c *Cache) GetBlob(ctx context.Context, k BlobKey, size int64, fill func(ct
 			return nil, err
 		}
 		h, err := c.openIndexed(rel, size)
+		if h != nil {
+			c.counts.blobHits.Add(1)
+		}
 		if err != nil || h != nil {
 			return h, err
 		}
+		c.counts.blobMisses.Add(1)
 		h, err = join(c, c.blobFlights, rel, ctx,
 			func(ctx context.Context) (*os.File, error) { return c.fillBlob(ctx, rel, size, fill) },
 			func(f *os.File, _ bool) (*Handle, error) { return c.dupHandle(rel, f, size) },
@@ -318,7 +322,10 @@ func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, fill func(
 		os.Remove(tmpName)
 	}()
 	hw := &hashingWriter{f: tmp, d: xxhash.New()}
-	if err := fill(ctx, hw); err != nil {
+	c.counts.filling.Add(1)
+	err = fill(ctx, hw)
+	c.counts.filling.Add(-1)
+	if err != nil {
 		return nil, fmt.Errorf("blob %s: fill: %w", rel, err)
 	}
 	fi, err := tmp.Stat()

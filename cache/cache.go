@@ -107,6 +107,8 @@ type Cache struct {
 	// clean Open); a journal still that size needs no compaction at Close.
 	compacted int64
 
+	counts counters // Stats (stats.go)
+
 	blobFlights  map[string]*flight[*os.File]
 	chunkFlights map[string]*flight[[]byte]
 }
@@ -809,6 +811,8 @@ func (c *Cache) evictOneLocked(e *entry) bool {
 	}
 	os.Remove(p)
 	c.removeLocked(e)
+	c.counts.evictions.Add(1)
+	c.counts.evictedBytes.Add(e.size)
 	c.log.Debug("cache evict", "key", e.key, "bytes", e.size)
 	return true
 }

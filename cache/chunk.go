@@ -48,8 +48,12 @@ func (c *Cache) getChunk(ctx context.Context, rel, key string, fetch func(ctx co
 		return nil, err
 	}
 	if data, err := c.readChunk(rel); data != nil || err != nil {
+		if data != nil {
+			c.counts.chunkHits.Add(1)
+		}
 		return data, err
 	}
+	c.counts.chunkMisses.Add(1)
 	return join(c, c.chunkFlights, rel, ctx,
 		func(ctx context.Context) ([]byte, error) {
 			data, err := fetch(ctx)
@@ -151,7 +155,12 @@ func (c *Cache) ChunkTier() ChunkTier { return ChunkTier{c} }
 // intact.
 func (t ChunkTier) Get(key string) ([]byte, bool) {
 	data, err := t.c.readChunk(chunkRel(key))
-	return data, err == nil && data != nil
+	if err == nil && data != nil {
+		t.c.counts.chunkHits.Add(1)
+		return data, true
+	}
+	t.c.counts.chunkMisses.Add(1)
+	return nil, false
 }
 
 // Put stores b under key, unless the tier already holds it. It does not
