@@ -204,6 +204,12 @@ type Pipeline struct {
 	// retired sums the Stats of GPUs closed while asleep.
 	retired gpu.Stats
 
+	// onCPU is the CPU pool, counted; decoded holds the counts of every
+	// device, guarded by countMu.
+	onCPU   codec.BatchDecoder
+	countMu sync.Mutex
+	decoded Decoded
+
 	// Idle sleep (sleepWhenIdle, wake).
 	active  atomic.Int64 // batches in DecodeBatch
 	lastUse atomic.Int64 // UnixNano of the last batch
@@ -252,8 +258,10 @@ func New(opts Options) (*Pipeline, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	p := &Pipeline{opts: opts, log: log, cpu: codec.NewCPU(codec.Options{Workers: opts.Workers}), ready: make(chan struct{})}
-	p.route.Store(&routed{p.cpu})
+	p := &Pipeline{opts: opts, log: log, cpu: codec.NewCPU(codec.Options{Workers: opts.Workers}), ready: make(chan struct{}),
+		decoded: Decoded{}}
+	p.onCPU = &counter{inner: p.cpu, device: "cpu", mu: &p.countMu, into: p.decoded}
+	p.route.Store(&routed{p.onCPU})
 	opts.GPU = gopts
 	p.opts.GPU = gopts
 	switch {
@@ -337,14 +345,15 @@ func (p *Pipeline) openGPUs() (err error) {
 			}
 			onGPU = newSpread(ds)
 		}
-		onGPU = &fallback{inner: onGPU, cpu: p.cpu, warn: p.warnFallback}
+		onGPU = &counter{inner: onGPU, device: "gpu", mu: &p.countMu, into: p.decoded}
+		onGPU = &fallback{inner: onGPU, cpu: p.onCPU, warn: p.warnFallback}
 		if p.opts.Mode == GPU {
 			p.route.Store(&routed{onGPU})
 			return
 		}
 		// One batch at a time on the CPU (Limit 1): on an H200 with 16
 		// cores this was measured best of 1 and 2 (BENCHMARKS.md).
-		p.route.Store(&routed{&codec.Overflow{First: p.cpu, Then: onGPU, Limit: 1}})
+		p.route.Store(&routed{&codec.Overflow{First: p.onCPU, Then: onGPU, Limit: 1}})
 	}()
 	if len(devices) == 0 {
 		return fmt.Errorf("%w: the driver sees no device", gpu.ErrNoGPU)
@@ -400,7 +409,7 @@ func (p *Pipeline) sleepWhenIdle() {
 		}
 		gpus := p.gpus
 		p.gpus = nil
-		p.route.Store(&routed{p.cpu})
+		p.route.Store(&routed{p.onCPU})
 		p.asleep.Store(true)
 		p.mu.Unlock()
 		// A batch that loaded the old route just before the swap still
@@ -550,6 +559,17 @@ func (p *Pipeline) Placement() string {
 		s += " (" + string(p.opts.Mode) + ")"
 	}
 	return s
+}
+
+// Decoded returns the chunks and bytes decoded so far by codec and device.
+func (p *Pipeline) Decoded() Decoded {
+	p.countMu.Lock()
+	defer p.countMu.Unlock()
+	out := make(Decoded, len(p.decoded))
+	for k, v := range p.decoded {
+		out[k] = v
+	}
+	return out
 }
 
 // GPUStats sums what the GPUs decoded, refused and found corrupt since

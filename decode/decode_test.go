@@ -163,6 +163,10 @@ func TestGPUModeFallback(t *testing.T) {
 	if got := made[0].decoded.Load(); got != 2 {
 		t.Errorf("GPU decoded %d jobs, want the 2 zstd ones", got)
 	}
+	n := int64(len(sample))
+	if d := p.Decoded(); d[Place{"zstd", "gpu"}] != (Count{2, 2 * n}) || d[Place{"lz4", "cpu"}] != (Count{1, n}) || len(d) != 2 {
+		t.Errorf("Decoded %v", d)
+	}
 	made[0].failing.Store(true)
 	jobs = []codec.Job{zstdJob(t), zstdJob(t)}
 	if err := p.DecodeBatch(context.Background(), jobs); err != nil {

@@ -92,6 +92,7 @@ func (n *resolveNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.
 
 // Readlink fills and leases the blob, then names its cache file.
 func (n *resolveNode) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	n.m.opens.Add(1)
 	if err := n.m.leases.resolve(ctx, n.m, n.blob); err != nil {
 		return nil, n.m.errno(n.blob, err)
 	}

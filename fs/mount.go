@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -84,6 +85,10 @@ type Mounted struct {
 	reported map[string]bool // fault keys already logged
 
 	leases *leases // direct mode only
+
+	// Counters for Stats.
+	opens, openFiles atomic.Int64
+	errors           map[string]int64 // failed opens by Group, guarded by mu
 
 	unmountOnce sync.Once
 	unmountErr  error
@@ -192,6 +197,28 @@ func (m *Mounted) fuseOptions() *gofs.Options {
 		mo.DisabledCapabilities = fuse.CAP_PASSTHROUGH
 	}
 	return mo
+}
+
+// Stats is what a mount did since it started.
+type Stats struct {
+	// Opens counts opens of sample files (plain mode) and resolutions of
+	// their links (direct mode).
+	Opens int64
+	// OpenFiles is the files open now (plain mode) or leased (direct).
+	OpenFiles int64
+	// Errors counts failed opens by array or view (Group).
+	Errors map[string]int64
+}
+
+// Stats returns the counts so far.
+func (m *Mounted) Stats() Stats {
+	s := Stats{Opens: m.opens.Load(), OpenFiles: m.openFiles.Load() + int64(m.Leased()), Errors: map[string]int64{}}
+	m.mu.Lock()
+	for k, v := range m.errors {
+		s.Errors[k] = v
+	}
+	m.mu.Unlock()
+	return s
 }
 
 // Leased reports how many blobs a direct mount keeps leased now.
@@ -323,6 +350,10 @@ func (m *Mounted) errno(b layout.Blob, err error) syscall.Errno {
 	m.mu.Lock()
 	first := !m.reported[key]
 	m.reported[key] = true
+	if m.errors == nil {
+		m.errors = map[string]int64{}
+	}
+	m.errors[Group(b.Path())]++
 	m.mu.Unlock()
 	if first {
 		m.log.Error("cannot fill file", attrs...)

@@ -274,13 +274,15 @@ func (n *blobNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uin
 	if writeFlags(flags) {
 		return nil, 0, syscall.EROFS
 	}
+	n.m.opens.Add(1)
 	b, err := n.m.open(ctx, n.blob)
 	if err != nil {
 		return nil, 0, n.m.errno(n.blob, err)
 	}
+	n.m.openFiles.Add(1)
 	// KEEP_CACHE: the bytes never change, so the page cache survives
 	// reopen. go-fuse drops it again when passthrough is granted.
-	return &blobFile{b: b, fd: int(b.File().Fd())}, fuse.FOPEN_KEEP_CACHE, 0
+	return &blobFile{b: b, fd: int(b.File().Fd()), m: n.m}, fuse.FOPEN_KEEP_CACHE, 0
 }
 
 // blobFile is an open .npy file. With passthrough the kernel reads the
@@ -289,6 +291,7 @@ func (n *blobNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uin
 type blobFile struct {
 	b  Backing
 	fd int
+	m  *Mounted
 }
 
 var (
@@ -304,6 +307,7 @@ func (f *blobFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadR
 }
 
 func (f *blobFile) Release(ctx context.Context) syscall.Errno {
+	f.m.openFiles.Add(-1)
 	if err := f.b.Close(); err != nil {
 		return gofs.ToErrno(err)
 	}
