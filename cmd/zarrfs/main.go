@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/pprof"
 	"runtime/trace"
 	"strings"
@@ -52,6 +53,7 @@ func init() {
 		return usageError{fmt.Errorf("%s: %w", cmd.CommandPath(), err)}
 	})
 	rootCmd.PersistentFlags().String("log-level", "info", "log level: debug, info, warn, error")
+	rootCmd.PersistentFlags().String("log-format", "text", "log format: text (key=value) or json (one object a line)")
 }
 
 // newLogger builds the logger every command uses, on stderr.
@@ -61,12 +63,23 @@ func newLogger(cmd *cobra.Command) (*slog.Logger, error) {
 	if err := level.UnmarshalText([]byte(lvl)); err != nil {
 		return nil, usagef("--log-level %q: want debug, info, warn or error", lvl)
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})), nil
+	hopts := &slog.HandlerOptions{Level: level}
+	switch format, _ := cmd.Flags().GetString("log-format"); format {
+	case "text", "":
+		return slog.New(slog.NewTextHandler(os.Stderr, hopts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, hopts)), nil
+	default:
+		return nil, usagef("--log-format %q: want text or json", format)
+	}
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 func main() {
+	if filepath.Base(os.Args[0]) == helperName {
+		os.Exit(runMountHelper(os.Args[1:]))
+	}
 	defer func() {
 		// A bug must not look like a usage error (Go exits 2 on a panic):
 		// one line naming it, exit status 1.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -65,6 +66,7 @@ SIGTERM, then unmounts.`,
 
 func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 	ctx := cmd.Context()
+	started := time.Now()
 	log, err := newLogger(cmd)
 	if err != nil {
 		return err
@@ -94,12 +96,8 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 	}
 	defer o.Close()
 	store, l, c := o.store, o.lay, o.cache
-	if f.metrics != "" {
-		if err := serveMetrics(ctx, f.metrics, o.h, c, o.dec, log); err != nil {
-			return fmt.Errorf("--metrics %s: %w", f.metrics, err)
-		}
-	}
-	blobs := zfs.CacheBlobs(c)
+	fills := newFillMetrics()
+	blobs := zfs.WithFillObserver(zfs.CacheBlobs(c), fills.observe)
 	if f.readahead > 0 {
 		blobs = zfs.WithReadahead(blobs, l, f.readahead, log)
 	}
@@ -121,6 +119,18 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 	} else {
 		defer unregister()
 	}
+	parts := &statusParts{mountpoint: absMountpoint(mountpoint), args: os.Args[1:], started: started, f: f, o: o, m: m}
+	cctx, stopControl := context.WithCancel(context.Background())
+	defer stopControl()
+	if err := serveControl(cctx, controlSocket(parts.mountpoint), parts.doc, log); err != nil {
+		log.Warn("zarrfs status will not reach this mount", "err", err)
+	}
+	if f.metrics != "" {
+		if err := serveMetrics(cctx, f.metrics, parts, fills, log); err != nil {
+			m.Unmount(time.Second)
+			return fmt.Errorf("--metrics %s: %w", f.metrics, err)
+		}
+	}
 	mode, gid := c.BlobAccess()
 	if f.direct && f.allowOther && mode&0o044 == 0 {
 		// The links name files that only this user may open.
@@ -131,6 +141,10 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 		"cache_mode", fmt.Sprintf("%04o", uint32(mode)), "cache_group", groupLabel(gid))
 	fmt.Fprintf(cmd.OutOrStdout(), "zarrfs: mounted %s at %s (%s arrays, %s files)\n",
 		store.ID(), mountpoint, thousands(int64(l.Arrays)), thousands(l.Files))
+	log.Info("mount live", "source", store.ID(), "mountpoint", mountpoint, "direct", f.direct, "decode", o.dec.Placement(),
+		"cache", c.Dir(), "cache_budget", c.Budget())
+	notifySystemd(fmt.Sprintf("READY=1\nSTATUS=serving %s at %s", store.ID(), mountpoint), log)
+	defer notifySystemd("STOPPING=1", log)
 
 	served := make(chan struct{})
 	go func() { m.Wait(); close(served) }()

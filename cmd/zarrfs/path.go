@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -96,8 +97,22 @@ func registerMount(mountpoint, blobDir, source string) (func(), error) {
 
 // findMount returns the record of the live mount holding abs, if any.
 func findMount(abs string) (*mountRecord, bool) {
-	ents, _ := os.ReadDir(registryDir())
 	var best *mountRecord
+	for _, r := range allMounts() {
+		if abs != r.Mountpoint && !strings.HasPrefix(abs, r.Mountpoint+"/") {
+			continue
+		}
+		if best == nil || len(r.Mountpoint) > len(best.Mountpoint) {
+			best = r
+		}
+	}
+	return best, best != nil
+}
+
+// allMounts returns the records of this user's live mounts, by mountpoint.
+func allMounts() []*mountRecord {
+	ents, _ := os.ReadDir(registryDir())
+	var out []*mountRecord
 	for _, e := range ents {
 		if !strings.HasSuffix(e.Name(), ".json") {
 			continue
@@ -116,17 +131,13 @@ func findMount(abs string) (*mountRecord, bool) {
 		if json.Unmarshal(b, &r) != nil {
 			continue
 		}
-		if abs != r.Mountpoint && !strings.HasPrefix(abs, r.Mountpoint+"/") {
-			continue
-		}
 		if syscall.Kill(r.PID, 0) == syscall.ESRCH {
 			continue // the daemon is gone
 		}
-		if best == nil || len(r.Mountpoint) > len(best.Mountpoint) {
-			best = &r
-		}
+		out = append(out, &r)
 	}
-	return best, best != nil
+	sort.Slice(out, func(i, j int) bool { return out[i].Mountpoint < out[j].Mountpoint })
+	return out
 }
 
 func ownedByUs(st os.FileInfo) bool {
