@@ -116,6 +116,9 @@ func (p *Posix) GetInto(ctx context.Context, key string, buf []byte) ([]byte, er
 		return nil, p.wrap("get", k, err)
 	}
 	defer f.Close()
+	if err := checkSize(ctx, st.Size()); err != nil {
+		return nil, p.wrap("get", k, err)
+	}
 	n := int(st.Size())
 	if cap(buf) < n {
 		buf = make([]byte, n)

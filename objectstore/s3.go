@@ -544,6 +544,13 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 			want = length
 		}
 	}
+	if !ranged || whole {
+		// The object is read whole: refuse one larger than the caller
+		// expects before allocating for it.
+		if err := checkSize(ctx, want); err != nil {
+			return nil, err
+		}
+	}
 	var buf []byte
 	var n int
 	if want >= 0 {
@@ -554,8 +561,13 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 		}
 		n, err = io.ReadFull(body, buf)
 	} else {
-		buf, err = io.ReadAll(body)
+		buf, err = io.ReadAll(io.LimitReader(body, SizeLimit(ctx)+1))
 		n = len(buf)
+		if err == nil {
+			if err := checkSize(ctx, int64(n)); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if err != nil {
 		if perr := ctx.Err(); perr != nil {

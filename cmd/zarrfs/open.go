@@ -8,12 +8,14 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/internal/memory"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
 	"github.com/zarrfs/zarrfs/zarr/codec"
@@ -26,6 +28,7 @@ type layoutFlags struct {
 	src       sourceFlags
 	cacheDir  string
 	cacheSize string
+	memory    string
 	sampleDim string
 	align     int64
 	views     []string
@@ -34,7 +37,8 @@ type layoutFlags struct {
 func (f *layoutFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.cacheDir, "cache", "", "cache directory (default $XDG_CACHE_HOME/zarrfs or ~/.cache/zarrfs)")
-	fl.StringVar(&f.cacheSize, "cache-size", "0", "cache budget, such as 500GiB; 0 means unlimited")
+	fl.StringVar(&f.cacheSize, "cache-size", "0", "cache budget, such as 500GiB; 0 means what the cache's filesystem can hold")
+	fl.StringVar(&f.memory, "memory", "", "memory budget, such as 8GiB: fills wait for memory or fail (EIO) rather than exceed it (default a quarter of RAM, at least 512MiB)")
 	fl.StringVar(&f.sampleDim, "sample-dim", layout.DefaultSampleDim, "dimension whose indices become one file each")
 	fl.Int64Var(&f.align, "align", layout.DefaultAlign, "offset of the data in every .npy file (multiple of 64)")
 	fl.StringArrayVar(&f.views, "view", nil, "YAML file of stacked training views; repeatable")
@@ -86,6 +90,10 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	if err != nil {
 		return nil, usagef("--cache-size %q: %v", f.cacheSize, err)
 	}
+	mem, err := f.memoryBudget()
+	if err != nil {
+		return nil, err
+	}
 	if f.align%64 != 0 || f.align <= 0 || f.align > layout.MaxAlign {
 		return nil, usagef("--align %d: want a positive multiple of 64 up to %d", f.align, layout.MaxAlign)
 	}
@@ -117,7 +125,7 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	if err != nil {
 		return nil, err
 	}
-	zopts := zarr.Options{Logger: log, Decoder: dec, ChunkCacheBytes: oo.chunkCacheBytes}
+	zopts := zarr.Options{Logger: log, Decoder: dec, ChunkCacheBytes: chunkCacheBytes(oo.chunkCacheBytes, mem)}
 	if isRemote(store) && oo.chunkTier {
 		zopts.SourceCache = chunkTier{c}
 	}
@@ -131,7 +139,8 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 		c.Close()
 		return nil, err
 	}
-	lopts := layout.Options{SampleDim: f.sampleDim, Align: f.align, Views: views, Shard: oo.shard}
+	lopts := layout.Options{SampleDim: f.sampleDim, Align: f.align, Views: views, Shard: oo.shard,
+		MemoryBudget: memory.New(mem / 2)}
 	// With a decoder that lends memory (the GPU's pinned memory), fills
 	// decode into it, which spares a host copy of every decoded chunk.
 	lopts.Memory, _ = dec.(codec.HostMemory)
@@ -152,6 +161,39 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 		}
 	}
 	return &opened{store: store, h: h, lay: lay, cache: c}, nil
+}
+
+// memoryBudget parses --memory (default memory.DefaultBudget) and makes it
+// the Go runtime's soft memory limit too, unless GOMEMLIMIT sets one: the
+// collector then works harder before the process outgrows its budget. Half
+// of it bounds what fills hold at once (layout.Options.MemoryBudget), a
+// quarter at most the decoded-chunk cache; the rest is for the runtime,
+// FUSE and the caches' indexes.
+func (f *layoutFlags) memoryBudget() (int64, error) {
+	mem := memory.DefaultBudget()
+	if f.memory != "" {
+		n, err := cache.ParseSize(f.memory)
+		if err != nil {
+			return 0, usagef("--memory %q: %v", f.memory, err)
+		}
+		if n < 64<<20 {
+			return 0, usagef("--memory %q: want at least 64MiB", f.memory)
+		}
+		mem = n
+	}
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(mem)
+	}
+	return mem, nil
+}
+
+// chunkCacheBytes is the decoded-chunk cache's size within the memory
+// budget: asked (0: zarr's default, 256 MiB), at most a quarter of mem.
+func chunkCacheBytes(asked, mem int64) int64 {
+	if asked == 0 {
+		asked = 256 << 20
+	}
+	return min(asked, mem/4)
 }
 
 func isRemote(s objectstore.Store) bool {

@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/zarrfs/zarrfs/internal/memory"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
 	"github.com/zarrfs/zarrfs/zarr/codec"
@@ -61,6 +62,13 @@ type Options struct {
 	// read in slabs cut at chunk boundaries, so each chunk is still decoded
 	// once. Zero means 64 MiB.
 	SlabBytes int64
+	// MemoryBudget bounds the memory all fills of the layout hold at once:
+	// a fill acquires what its buffers and its reads will hold (sized by
+	// the store's metadata) before it allocates, waiting while others hold
+	// the budget, and fails with an error wrapping memory.ErrExceeded when
+	// it needs more than the whole budget even in pieces. Nil means no
+	// bound.
+	MemoryBudget *memory.Budget
 	// Memory, when set, lends the buffers fills decode into: the GPU
 	// decoder's pinned memory, which it writes without a copy. Nil means
 	// ordinary memory.
@@ -109,6 +117,34 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("%w: rank %d of world %d: want 0 <= rank < world", ErrInvalidOption, o.Shard.Rank, o.Shard.World)
 	}
 	return o, nil
+}
+
+// pieceBytes bounds the buffer one piece of a fill reads into.
+func (o Options) pieceBytes() int64 {
+	n := o.SlabBytes
+	if t := o.MemoryBudget.Total(); t > 0 {
+		n = min(n, max(t/4, 1))
+	}
+	return n
+}
+
+// pieceCost bounds a piece's buffer and the memory its read holds, where
+// the chunk grid lets a cut reach it.
+func (o Options) pieceCost() int64 {
+	n := 4 * o.SlabBytes
+	if t := o.MemoryBudget.Total(); t > 0 {
+		n = min(n, max(t/2, 1))
+	}
+	return n
+}
+
+// acquire takes n bytes of the memory budget for what.
+func (o Options) acquire(ctx context.Context, n int64, what string) (func(), error) {
+	release, err := o.MemoryBudget.Acquire(ctx, n)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return release, nil
 }
 
 // Skipped is an array left out of the layout and why.
