@@ -20,6 +20,7 @@ type sourceFlags struct {
 	s3Region    string
 	s3Anonymous bool
 	decode      string
+	deadlines   deadlineFlags
 	logger      *slog.Logger
 }
 
@@ -36,6 +37,7 @@ func (f *sourceFlags) register(cmd *cobra.Command, decodes bool) {
 	cmd.Flags().StringVar(&f.s3Endpoint, "s3-endpoint", "", "S3 endpoint URL (default AWS); http:// allowed for on-premises servers")
 	cmd.Flags().StringVar(&f.s3Region, "s3-region", "", "S3 region")
 	cmd.Flags().BoolVar(&f.s3Anonymous, "s3-anonymous", false, "read a public bucket without credentials")
+	f.deadlines.register(cmd)
 	f.decode = "auto"
 	if decodes {
 		cmd.Flags().StringVar(&f.decode, "decode", "auto", "where chunks are decompressed: auto (CPU and GPU together when nvCOMP loads, else CPU), cpu or gpu")
