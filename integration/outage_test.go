@@ -127,7 +127,9 @@ func TestSourceOutage(t *testing.T) {
 			defer p.Close()
 			d := mountAt(t, src, t.TempDir(), t.TempDir(), append([]string{"--s3-endpoint", p.URL, "--readahead", "0"}, s.args...)...)
 			o := measureOutage(t, d.mnt, 1,
-				func() { p.SetRule(faultproxy.Always(nil, faultproxy.Fault{Kind: faultproxy.StallHeaders, StallFor: 5 * time.Minute})) },
+				func() {
+					p.SetRule(faultproxy.Always(nil, faultproxy.Fault{Kind: faultproxy.StallHeaders, StallFor: 5 * time.Minute}))
+				},
 				func() { p.SetRule(nil) })
 			t.Logf("%s: %v", s.name, o)
 			checkOutage(t, d, o, s.firstEIO)
