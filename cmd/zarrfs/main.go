@@ -52,6 +52,11 @@ func init() {
 		return usageError{fmt.Errorf("%s: %w", cmd.CommandPath(), err)}
 	})
 	rootCmd.PersistentFlags().String("log-level", "info", "log level: debug, info, warn, error")
+	// Every command checks the flags every command has, whether it logs or not.
+	rootCmd.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
+		_, err := newLogger(cmd)
+		return err
+	}
 }
 
 // newLogger builds the logger every command uses, on stderr.

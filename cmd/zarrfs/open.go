@@ -5,11 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime/debug"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -94,8 +96,8 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	if err != nil {
 		return nil, err
 	}
-	if f.align%64 != 0 || f.align <= 0 || f.align > layout.MaxAlign {
-		return nil, usagef("--align %d: want a positive multiple of 64 up to %d", f.align, layout.MaxAlign)
+	if f.align%64 != 0 || f.align < layout.MinAlign || f.align > layout.MaxAlign {
+		return nil, usagef("--align %d: want a multiple of 64 from %d (the smallest that holds an npy header) to %d", f.align, layout.MinAlign, layout.MaxAlign)
 	}
 	if f.sampleDim == "" {
 		return nil, usagef("--sample-dim: empty name")
@@ -103,6 +105,10 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	var specs []*layout.ViewSpec
 	for _, v := range f.views {
 		s, err := layout.LoadViews(v)
+		var pe *fs.PathError
+		if errors.As(err, &pe) && (errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.EISDIR)) {
+			return nil, usagef("--view %s: %v", v, pe.Err)
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -95,6 +95,10 @@ type warmPlan struct {
 	blobs []layout.Blob
 	dirs  []string // mount paths warmed (arrays, views, whole files)
 	bytes int64
+	// short lists the sample directories with fewer samples than
+	// --samples asks for; inRange counts those with any sample in it.
+	short   []string
+	inRange int
 }
 
 func planWarm(lay *layout.Layout, f *warmFlags) (*warmPlan, error) {
@@ -136,10 +140,16 @@ func planWarm(lay *layout.Layout, f *warmFlags) (*warmPlan, error) {
 		if d.IsSampleDir() {
 			n := int64(d.Len())
 			lo, hi := rng.start, rng.stop
+			if hi > n || lo >= n {
+				plan.short = append(plan.short, fmt.Sprintf("%s/ has %d", d.Path(), n))
+			}
 			if hi < 0 || hi > n {
 				hi = n
 			}
 			lo = min(lo, hi)
+			if lo < hi {
+				plan.inRange++
+			}
 			mine := shard.Of(lo, hi)
 			for j := range mine.Count {
 				e := d.Entry(int(mine.At(j)))
@@ -240,6 +250,19 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 	if err != nil {
 		return err
 	}
+	if f.samples != "" && len(plan.short) > 0 {
+		if plan.inRange == 0 {
+			return usagef("--samples %s: no sample directory has samples in that range (%s)", f.samples, strings.Join(plan.short, ", "))
+		}
+		log.Warn("--samples runs past the end of some sample directories; warming the samples they have",
+			"samples", f.samples, "short", strings.Join(plan.short, ", "))
+	}
+	// A warm that cannot keep what it warms would report success for files
+	// a mount then fetches again: refuse it before any work.
+	if budget := c.Budget(); budget > 0 && plan.bytes > budget {
+		return fmt.Errorf("the %s to warm (%s) do not fit the cache budget (%s); raise --cache-size or warm fewer (--only, --samples, --rank/--world)",
+			files(len(plan.blobs)), humanBytes(plan.bytes), humanBytes(budget))
+	}
 	var todo []layout.Blob
 	var todoBytes int64
 	for _, b := range plan.blobs {
@@ -254,7 +277,7 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 		for _, d := range plan.dirs {
 			fmt.Fprintf(out, "%s\t%s\n", d, path.Join(dir, d))
 		}
-		fmt.Fprintf(out, "zarrfs: nothing to do: %d files (%s) already warm in %s\n", len(plan.blobs), humanBytes(plan.bytes), dir)
+		fmt.Fprintf(out, "zarrfs: nothing to do: %s (%s) already warm in %s\n", files(len(plan.blobs)), humanBytes(plan.bytes), dir)
 		return nil
 	}
 	var bar *progressbar.ProgressBar
@@ -324,13 +347,31 @@ feed:
 		fmt.Fprintf(out, "%s\t%s\n", d, path.Join(dir, d))
 	}
 	rate := float64(doneBytes.Load()) / el.Seconds()
-	fmt.Fprintf(out, "zarrfs: warmed %d files (%s) in %s, %s/s; %d already warm; cache %s\n",
-		done.Load(), humanBytes(doneBytes.Load()), el.Round(time.Millisecond), humanBytes(int64(rate)),
+	fmt.Fprintf(out, "zarrfs: warmed %s (%s) in %s, %s/s; %d already warm; cache %s\n",
+		files(int(done.Load())), humanBytes(doneBytes.Load()), el.Round(time.Millisecond), humanBytes(int64(rate)),
 		len(plan.blobs)-len(todo), dir)
 	if n := failed.Load(); n > 0 {
-		return fmt.Errorf("%d files failed, first: %w", n, firstErr)
+		return fmt.Errorf("%s failed, first: %w", files(int(n)), firstErr)
+	}
+	// Another user of the cache (a mount) may have evicted some meanwhile.
+	gone := 0
+	for _, b := range plan.blobs {
+		if !c.HasBlob(cache.BlobKey{Layout: lay.ID, Path: b.Path()}) {
+			gone++
+		}
+	}
+	if gone > 0 {
+		return fmt.Errorf("%s of %d warmed no longer in the cache: evicted to stay within its budget (%s); raise --cache-size or warm fewer", files(gone), len(plan.blobs), humanBytes(c.Budget()))
 	}
 	return nil
+}
+
+// files is "1 file" or "N files".
+func files(n int) string {
+	if n == 1 {
+		return "1 file"
+	}
+	return strconv.Itoa(n) + " files"
 }
 
 // warmOne fills one blob into the cache (if still absent) and releases it.

@@ -53,8 +53,8 @@ type Options struct {
 	// SampleDim names the dimension whose indices become one file each.
 	// Empty means "time".
 	SampleDim string
-	// Align is the offset where data starts in every blob: a positive
-	// multiple of 64, at most MaxAlign. Zero means 4096.
+	// Align is the offset where data starts in every blob: a multiple of
+	// 64 from MinAlign to MaxAlign. Zero means 4096.
 	Align int64
 	// Reader reads the source. Nil means the Hierarchy itself.
 	Reader Reader
@@ -104,8 +104,8 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Align == 0 {
 		o.Align = DefaultAlign
 	}
-	if o.Align < 64 || o.Align%64 != 0 {
-		return o, fmt.Errorf("%w: align %d is not a positive multiple of 64", ErrInvalidOption, o.Align)
+	if o.Align < MinAlign || o.Align%64 != 0 {
+		return o, fmt.Errorf("%w: align %d is not a multiple of 64 of at least %d (no npy header fits in less)", ErrInvalidOption, o.Align, MinAlign)
 	}
 	if o.Align > MaxAlign {
 		return o, fmt.Errorf("%w: align %d exceeds %d, the largest whose npy header numpy.load accepts", ErrInvalidOption, o.Align, MaxAlign)
