@@ -18,6 +18,9 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -121,6 +124,10 @@ func Mount(ctx context.Context, opts Options) (*Mounted, error) {
 	}
 	if err := ClearStale(opts.Mountpoint, m.log); err != nil {
 		return nil, err
+	}
+	if src, ok := liveMount(opts.Mountpoint); ok {
+		// Mounting over it would hide the first mount's tree: refuse.
+		return nil, fmt.Errorf("%s: already a zarrfs mount (of %s); unmount it first (fusermount3 -u %s)", opts.Mountpoint, src, opts.Mountpoint)
 	}
 	st, err := os.Stat(opts.Mountpoint)
 	if err != nil {
@@ -264,6 +271,54 @@ func ClearStale(mountpoint string, log *slog.Logger) error {
 		return fmt.Errorf("%s: stale mount (%w) could not be cleared: %v; run: fusermount3 -uz %s", mountpoint, ErrStaleMount, err, mountpoint)
 	}
 	return nil
+}
+
+// liveMount reports whether mountpoint is the top of a zarrfs mount, and
+// its source, from /proc/self/mountinfo.
+func liveMount(mountpoint string) (source string, ok bool) {
+	abs, err := filepath.Abs(mountpoint)
+	if err != nil {
+		return "", false
+	}
+	if real, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = real
+	}
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "", false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		pre, post, found := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !found || len(f) < 5 || len(g) < 2 {
+			continue
+		}
+		// The last matching line is the mount on top.
+		if unescapeMountinfo(f[4]) == abs {
+			source, ok = unescapeMountinfo(g[1]), g[0] == "fuse.zarrfs"
+		}
+	}
+	return source, ok
+}
+
+// unescapeMountinfo undoes the octal escapes (\040 for a space) of
+// /proc/self/mountinfo.
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }
 
 // lazyUnmount detaches a mount even while it is busy.

@@ -114,3 +114,18 @@ func TestAbsurdShapes(t *testing.T) {
 		t.Errorf("daemon RSS %d MiB, budget 256 MiB", rss>>20)
 	}
 }
+
+// A second mount on a live zarrfs mountpoint is refused (it would hide the
+// first mount's tree); the first keeps serving.
+func TestMountTwiceRefused(t *testing.T) {
+	requireMountTools(t)
+	fx := fixturesDir(t)
+	d := mount(t, filepath.Join(fx, "public_a.zarr"))
+	_, stderr, code := run(t, "mount", filepath.Join(fx, "public_b.zarr"), d.mnt, "--cache", t.TempDir())
+	if code != 1 || !strings.Contains(stderr, "already a zarrfs mount") || strings.Count(strings.TrimSpace(stderr), "\n") != 0 {
+		t.Errorf("second mount: exit %d, %q", code, stderr)
+	}
+	if en, _ := readErrno(filepath.Join(d.mnt, "t", "00.npy")); en != 0 {
+		t.Errorf("first mount after the refused second: %v", en)
+	}
+}
