@@ -129,3 +129,77 @@ func TestMountTwiceRefused(t *testing.T) {
 		t.Errorf("first mount after the refused second: %v", en)
 	}
 }
+
+// Symbolic links and odd metadata: an array directory linked outside the
+// store, a zarr.json without node_type and a zarr.json that is a FIFO are
+// each left out with a warning and an unsupported entry, the rest mounts; a
+// chunk linked outside the store is EIO by default and reads with
+// --follow-symlinks, as does the linked array (git-annex and DVC layouts).
+func TestSymlinksAndOddMetadata(t *testing.T) {
+	requireMountTools(t)
+	fx := fixturesDir(t)
+	store := filepath.Join(t.TempDir(), "a.zarr")
+	copyTree(t, filepath.Join(fx, "public_a.zarr"), store)
+	annex := t.TempDir()
+	// u10 lives outside, linked in.
+	if err := os.Rename(filepath.Join(store, "u10"), filepath.Join(annex, "u10")); err != nil {
+		t.Fatal(err)
+	}
+	os.Symlink(filepath.Join(annex, "u10"), filepath.Join(store, "u10"))
+	// One chunk of t is a link into the annex.
+	chunk := filepath.Join(store, "t", "c", "0", "0", "0", "0")
+	os.Rename(chunk, filepath.Join(annex, "t-chunk"))
+	os.Symlink(filepath.Join(annex, "t-chunk"), chunk)
+	// z's zarr.json has no node_type; lsm's is a FIFO.
+	zj := filepath.Join(store, "z", "zarr.json")
+	b, _ := os.ReadFile(zj)
+	os.WriteFile(zj, bytes.Replace(b, []byte(`"node_type":"array",`), nil, 1), 0o644)
+	os.Remove(filepath.Join(store, "lsm", "zarr.json"))
+	if err := syscall.Mkfifo(filepath.Join(store, "lsm", "zarr.json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	out, stderr, code := run(t, "inspect", "--json", store)
+	if code != 0 {
+		t.Fatalf("inspect: exit %d: %s", code, stderr)
+	}
+	for arr, reason := range map[string]string{"u10": "symbolic link leaves the store", "z": "node_type", "lsm": "not a regular file"} {
+		if !strings.Contains(out, `"path":"`+arr+`"`) && !strings.Contains(out, `"path": "`+arr+`"`) {
+			t.Errorf("inspect lists no %s:\n%s", arr, out)
+		}
+		if !strings.Contains(out, reason) {
+			t.Errorf("inspect gives no reason %q for %s:\n%s", reason, arr, out)
+		}
+	}
+
+	ref := t.TempDir()
+	warm(t, filepath.Join(fx, "public_a.zarr"), ref, "--only", "t/00.npy", "--only", "u10/03.npy")
+	want := blobFiles(t, ref)
+
+	d := mount(t, store)
+	for _, p := range []string{"u10", "z", "lsm.npy"} {
+		if _, err := os.Stat(filepath.Join(d.mnt, p)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s: %v, want absent", p, err)
+		}
+	}
+	logs := d.stderr.String()
+	for _, arr := range []string{"array=u10", "array=z", "array=lsm"} {
+		if !strings.Contains(logs, arr) {
+			t.Errorf("no warning for %s:\n%s", arr, logs)
+		}
+	}
+	if en, _ := readErrno(filepath.Join(d.mnt, "t", "00.npy")); en != syscall.EIO {
+		t.Errorf("t/00.npy through a chunk linked outside: %v, want EIO", en)
+	}
+	if en, _ := readErrno(filepath.Join(d.mnt, "t", "04.npy")); en != 0 {
+		t.Errorf("t/04.npy: %v", en)
+	}
+
+	f := mount(t, store, "--follow-symlinks")
+	for _, p := range []string{"t/00.npy", "u10/03.npy"} {
+		got, err := os.ReadFile(filepath.Join(f.mnt, p))
+		if err != nil || !bytes.Equal(got, want[p]) {
+			t.Errorf("%s with --follow-symlinks: %v (%d bytes, want %d)", p, err, len(got), len(want[p]))
+		}
+	}
+}

@@ -21,6 +21,7 @@ type sourceFlags struct {
 	s3Anonymous bool
 	decode      string
 	deadlines   deadlineFlags
+	follow      bool
 	logger      *slog.Logger
 }
 
@@ -38,6 +39,7 @@ func (f *sourceFlags) register(cmd *cobra.Command, decodes bool) {
 	cmd.Flags().StringVar(&f.s3Region, "s3-region", "", "S3 region")
 	cmd.Flags().BoolVar(&f.s3Anonymous, "s3-anonymous", false, "read a public bucket without credentials")
 	f.deadlines.register(cmd)
+	cmd.Flags().BoolVar(&f.follow, "follow-symlinks", false, "local stores: follow symbolic links that leave the store (chunks in a git-annex or DVC cache); by default reads stay inside it")
 	f.decode = "auto"
 	if decodes {
 		cmd.Flags().StringVar(&f.decode, "decode", "auto", "where chunks are decompressed: auto (CPU and GPU together when nvCOMP loads, else CPU), cpu or gpu")
@@ -49,7 +51,7 @@ func (f *sourceFlags) openStore(ctx context.Context, src string) (objectstore.St
 	if strings.HasPrefix(src, "s3://") {
 		return openS3(ctx, src, f)
 	}
-	return objectstore.OpenPosix(src)
+	return objectstore.OpenPosixOptions(src, objectstore.PosixOptions{FollowSymlinks: f.follow})
 }
 
 // openHierarchy opens the store and its Zarr metadata.
