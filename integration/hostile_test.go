@@ -1,15 +1,19 @@
 package integration
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/zarrfs/zarrfs/internal/syncbuf"
 )
 
 // cacheFS returns a directory on a tmpfs of the given size for a cache
@@ -202,4 +206,70 @@ func TestSymlinksAndOddMetadata(t *testing.T) {
 			t.Errorf("%s with --follow-symlinks: %v (%d bytes, want %d)", p, err, len(got), len(want[p]))
 		}
 	}
+}
+
+// `zarrfs path` finds a mount whose --cache was relative, from another
+// working directory and with another XDG_RUNTIME_DIR than the daemon's.
+func TestPathFromElsewhere(t *testing.T) {
+	requireMountTools(t)
+	fx := fixturesDir(t)
+	work, mnt := t.TempDir(), t.TempDir()
+	cmd := exec.Command(zarrfsBin(t), "mount", filepath.Join(fx, "public_a.zarr"), mnt, "--cache", "rel-cache")
+	cmd.Dir = work
+	cmd.Env = append(os.Environ(), "XDG_RUNTIME_DIR="+t.TempDir())
+	d := startDaemon(t, cmd, mnt)
+	want, err := os.ReadFile(filepath.Join(d.mnt, "t", "03.npy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := exec.Command(zarrfsBin(t), "path", filepath.Join(d.mnt, "t", "03.npy"))
+	p.Dir = t.TempDir()
+	p.Env = append(os.Environ(), "XDG_RUNTIME_DIR="+t.TempDir())
+	out, err := p.CombinedOutput()
+	backing := strings.TrimSpace(string(out))
+	if err != nil || !filepath.IsAbs(backing) || !strings.HasPrefix(backing, filepath.Join(work, "rel-cache")) {
+		t.Fatalf("zarrfs path: %v: %q", err, out)
+	}
+	if got, err := os.ReadFile(backing); err != nil || !bytes.Equal(got, want) {
+		t.Errorf("backing file %s: %v", backing, err)
+	}
+}
+
+// startDaemon starts a prepared `zarrfs mount` command and waits for its
+// mounted line; Cleanup stops it as mountAt's daemons are stopped.
+func startDaemon(t *testing.T, cmd *exec.Cmd, mnt string) *daemon {
+	t.Helper()
+	d := &daemon{t: t, cmd: cmd, mnt: mnt, stderr: &syncbuf.Buffer{}, done: make(chan struct{})}
+	cmd.Stderr = d.stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		if sc.Scan() {
+			line <- sc.Text()
+		}
+		close(line)
+		for sc.Scan() {
+		}
+	}()
+	go func() { d.err = cmd.Wait(); close(d.done) }()
+	select {
+	case l, ok := <-line:
+		if !ok {
+			<-d.done
+			t.Fatalf("zarrfs mount exited before mounting: %v\n%s", d.err, d.stderr)
+		}
+		d.line = l
+	case <-time.After(60 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("zarrfs mount: no mounted line within 60s\n%s", d.stderr)
+	}
+	t.Cleanup(func() { d.stop(t) })
+	return d
 }

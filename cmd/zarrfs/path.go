@@ -1,12 +1,14 @@
 package main
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -24,24 +26,53 @@ type mountRecord struct {
 	PID        int    `json:"pid"`
 }
 
-// registryDir is $XDG_RUNTIME_DIR/zarrfs/mounts, /run/zarrfs/mounts for
-// root, else a per-user folder under the temp directory.
-func registryDir() string {
+// registryDirs are the folders mount records live in: first the one that
+// depends only on the user ($XDG_RUNTIME_DIR's usual place, /run/user/UID,
+// or /run for root, else a per-user folder under /tmp), so that `zarrfs
+// path` finds a mount whatever environment either process has; then
+// $XDG_RUNTIME_DIR and the temp directory, where older mounts and other
+// environments put them.
+func registryDirs() []string {
+	uid := os.Geteuid()
+	var dirs []string
+	add := func(d string) {
+		if d != "" && !slices.Contains(dirs, d) {
+			dirs = append(dirs, d)
+		}
+	}
+	switch run := fmt.Sprintf("/run/user/%d", uid); {
+	case uid == 0:
+		add("/run/zarrfs/mounts")
+	case ownedDir(run):
+		add(filepath.Join(run, "zarrfs", "mounts"))
+	default:
+		add(filepath.Join("/tmp", fmt.Sprintf("zarrfs-%d", uid), "mounts"))
+	}
 	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
-		return filepath.Join(d, "zarrfs", "mounts")
+		add(filepath.Join(d, "zarrfs", "mounts"))
 	}
-	if os.Geteuid() == 0 {
-		return "/run/zarrfs/mounts"
-	}
-	return filepath.Join(os.TempDir(), fmt.Sprintf("zarrfs-%d", os.Geteuid()), "mounts")
+	add(filepath.Join(os.TempDir(), fmt.Sprintf("zarrfs-%d", uid), "mounts"))
+	return dirs
 }
 
-func recordFile(mountpoint string) string {
+// ownedDir reports whether d is a directory owned by this user.
+func ownedDir(d string) bool {
+	st, err := os.Stat(d)
+	if err != nil || !st.IsDir() {
+		return false
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	return ok && sys.Uid == uint32(os.Geteuid())
+}
+
+func recordName(mountpoint string) string {
 	h := sha256.Sum256([]byte(mountpoint))
-	return filepath.Join(registryDir(), hex.EncodeToString(h[:8])+".json")
+	return hex.EncodeToString(h[:8]) + ".json"
 }
 
-// registerMount writes the record of a live mount; the returned func removes it.
+// registerMount writes the record of a live mount into the user's registry
+// folder (and $XDG_RUNTIME_DIR's, when that differs); the returned func
+// removes it.
 func registerMount(mountpoint, blobDir, source string) (func(), error) {
 	abs, err := filepath.Abs(mountpoint)
 	if err != nil {
@@ -52,29 +83,58 @@ func registerMount(mountpoint, blobDir, source string) (func(), error) {
 	}
 	rec := mountRecord{Mountpoint: abs, BlobDir: blobDir, Source: source, PID: os.Getpid()}
 	b, _ := json.Marshal(rec)
-	if err := os.MkdirAll(registryDir(), 0o700); err != nil {
-		return nil, err
+	dirs := registryDirs()
+	if os.Getenv("XDG_RUNTIME_DIR") != "" {
+		dirs = dirs[:min(2, len(dirs))]
+	} else {
+		dirs = dirs[:1]
 	}
-	f := recordFile(abs)
-	tmp := f + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return nil, err
+	var written []string
+	var firstErr error
+	for _, d := range dirs {
+		f := filepath.Join(d, recordName(abs))
+		err := os.MkdirAll(d, 0o700)
+		if err == nil {
+			tmp := f + ".tmp"
+			if err = os.WriteFile(tmp, b, 0o644); err == nil {
+				err = os.Rename(tmp, f)
+			}
+		}
+		if err != nil {
+			firstErr = cmp.Or(firstErr, err)
+			continue
+		}
+		written = append(written, f)
 	}
-	if err := os.Rename(tmp, f); err != nil {
-		return nil, err
+	if len(written) == 0 {
+		return nil, firstErr
 	}
-	return func() { os.Remove(f) }, nil
+	return func() {
+		for _, f := range written {
+			os.Remove(f)
+		}
+	}, nil
 }
 
 // findMount returns the record of the live mount holding abs, if any.
 func findMount(abs string) (*mountRecord, bool) {
-	ents, _ := os.ReadDir(registryDir())
+	var best *mountRecord
+	for _, dir := range registryDirs() {
+		if r, ok := findMountIn(dir, abs); ok && (best == nil || len(r.Mountpoint) > len(best.Mountpoint)) {
+			best = r
+		}
+	}
+	return best, best != nil
+}
+
+func findMountIn(dir, abs string) (*mountRecord, bool) {
+	ents, _ := os.ReadDir(dir)
 	var best *mountRecord
 	for _, e := range ents {
 		if !strings.HasSuffix(e.Name(), ".json") {
 			continue
 		}
-		p := filepath.Join(registryDir(), e.Name())
+		p := filepath.Join(dir, e.Name())
 		// Trust only records written by this user (or root): the registry
 		// may sit in a shared temporary folder.
 		if st, err := os.Lstat(p); err != nil || !st.Mode().IsRegular() || !ownedByUs(st) {
