@@ -92,6 +92,9 @@ type Mounted struct {
 	unmountErr  error
 }
 
+// maxReported bounds the fault keys remembered for logging once each.
+const maxReported = 10000
+
 // ErrStaleMount is wrapped in the message logged when a mountpoint left by a
 // killed daemon is cleared.
 var ErrStaleMount = errors.New("transport endpoint is not connected")
@@ -369,6 +372,9 @@ func (m *Mounted) errno(b layout.Blob, err error) syscall.Errno {
 	}
 	m.mu.Lock()
 	first := !m.reported[key]
+	if len(m.reported) >= maxReported {
+		clear(m.reported) // bounded: a long outage touches every chunk
+	}
 	m.reported[key] = true
 	m.mu.Unlock()
 	if first {

@@ -273,3 +273,26 @@ func startDaemon(t *testing.T, cmd *exec.Cmd, mnt string) *daemon {
 	t.Cleanup(func() { d.stop(t) })
 	return d
 }
+
+// A failure that repeats for every file writes a few lines and a count:
+// with --cache-size 1KiB every blob is too large to keep.
+func TestLogFloodsSummarised(t *testing.T) {
+	requireMountTools(t)
+	fx := fixturesDir(t)
+	d := mount(t, filepath.Join(fx, "public_a.zarr"), "--cache-size", "1KiB", "--readahead", "0")
+	n := 0
+	filepath.WalkDir(d.mnt, func(p string, e os.DirEntry, err error) error {
+		if err == nil && strings.HasSuffix(p, ".npy") {
+			os.ReadFile(p)
+			os.ReadFile(p)
+			n++
+		}
+		return nil
+	})
+	if n < 50 {
+		t.Fatalf("read only %d files", n)
+	}
+	if lines := strings.Count(d.stderr.String(), "larger than the cache budget"); lines > 11 {
+		t.Errorf("%d lines for %d files too large to keep, want at most 10 and a summary", lines, n)
+	}
+}

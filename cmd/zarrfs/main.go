@@ -16,6 +16,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/zarrfs/zarrfs/internal/ratelog"
 )
 
 var version = "dev"
@@ -66,7 +68,9 @@ func newLogger(cmd *cobra.Command) (*slog.Logger, error) {
 	if err := level.UnmarshalText([]byte(lvl)); err != nil {
 		return nil, usagef("--log-level %q: want debug, info, warn or error", lvl)
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})), nil
+	// A failure that repeats (a source outage, a cache too small) writes a
+	// few lines and a count, not one line per request.
+	return slog.New(ratelog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}), ratelog.Options{})), nil
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
