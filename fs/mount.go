@@ -12,6 +12,7 @@
 package fs
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -73,6 +74,11 @@ type Options struct {
 	// Lease is how long a blob whose link was resolved is kept from
 	// eviction, in direct mode. Zero means DefaultLease.
 	Lease time.Duration
+	// MaxInodes bounds the files the kernel may hold looked up at once
+	// (each costs the daemon about a kilobyte): past it, the oldest are
+	// invalidated and looked up again when needed. Zero means
+	// DefaultMaxInodes.
+	MaxInodes int
 }
 
 // Mounted is a live mount.
@@ -87,6 +93,7 @@ type Mounted struct {
 	reported map[string]bool // fault keys already logged
 
 	leases *leases // direct mode only
+	inodes *inodeCap
 
 	unmountOnce sync.Once
 	unmountErr  error
@@ -158,6 +165,12 @@ func Mount(ctx context.Context, opts Options) (*Mounted, error) {
 			// Nothing here has extended attributes; saying so saves a
 			// getxattr round trip per read on some kernels.
 			DisableXAttrs: true,
+			// READDIRPLUS only where the reader stats what it lists (ls
+			// -l), as the kernel finds out by itself: a plain listing (a
+			// glob of a directory of a million samples) then makes the
+			// kernel look up, and the daemon keep an inode for, none of
+			// its entries.
+			ExtraCapabilities: fuse.CAP_READDIRPLUS_AUTO,
 			// A backing file may itself live on a stacked filesystem
 			// (overlayfs in a container); depth 2 keeps passthrough
 			// available there.
@@ -185,11 +198,13 @@ func Mount(ctx context.Context, opts Options) (*Mounted, error) {
 		// (go-fuse leaves it off unless EnableSymlinkCaching is set).
 		m.leases = newLeases(opts.Lease, m.log)
 	}
+	m.inodes = newInodeCap(cmp.Or(opts.MaxInodes, DefaultMaxInodes))
 	server, err := gofs.Mount(opts.Mountpoint, root, mo)
 	if err != nil {
 		if m.leases != nil {
 			m.leases.close()
 		}
+		m.inodes.close()
 		return nil, fmt.Errorf("mount %s: %w", opts.Mountpoint, err)
 	}
 	m.server = server
@@ -204,11 +219,13 @@ func (m *Mounted) Leased() int {
 	return m.leases.held()
 }
 
-// endLeases releases every blob leased by direct mode (at unmount).
+// endLeases releases every blob leased by direct mode (at unmount), and
+// stops the inode bound.
 func (m *Mounted) endLeases() {
 	if m.leases != nil {
 		m.leases.close()
 	}
+	m.inodes.close()
 }
 
 // Passthrough reports whether the kernel accepted FUSE passthrough for this
