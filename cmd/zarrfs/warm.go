@@ -361,7 +361,7 @@ feed:
 		}
 	}
 	if gone > 0 {
-		return fmt.Errorf("%s of %d warmed no longer in the cache: evicted to stay within its budget (%s); raise --cache-size or warm fewer", files(gone), len(plan.blobs), humanBytes(c.Budget()))
+		return fmt.Errorf("%s of %d warmed no longer in the cache: evicted since, by this warm or another user of the cache (a mount with a smaller --cache-size); raise --cache-size or warm fewer", files(gone), len(plan.blobs))
 	}
 	return nil
 }
