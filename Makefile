@@ -33,6 +33,8 @@ vet:
 test: build pydeps minio vet
 	$(GO) test -timeout 75m ./...
 
+# The slow suites too: the soak test for 5 minutes (ZARRFS_SOAK=DURATION
+# sets another), source outages with the default deadlines.
 test-long: build pydeps minio
 	ZARRFS_LONG=1 $(GO) test -timeout 120m ./...
 

@@ -120,7 +120,8 @@ func TestSoak(t *testing.T) {
 	// gen is odd while the daemon is being killed and restarted; a read
 	// that fails while it is, or across a change of it, is counted apart.
 	var gen atomic.Int64
-	var dmu sync.Mutex // guards d
+	var dmu sync.Mutex       // guards d
+	var logs strings.Builder // of the daemons killed
 	d := mountAt(t, src, mnt, cacheDir, append(flags, "--memory", itoa64(memory))...)
 
 	stop := make(chan struct{})
@@ -214,6 +215,7 @@ func TestSoak(t *testing.T) {
 		dmu.Lock()
 		d.cmd.Process.Signal(syscall.SIGKILL)
 		<-d.done
+		logs.WriteString(d.stderr.String())
 		d = mountAt(t, src, mnt, cacheDir, append(flags, "--memory", itoa64(memory))...)
 		c.restarts++
 		dmu.Unlock()
@@ -223,8 +225,16 @@ func TestSoak(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	c.faults, c.requests = p.Faults(), p.Requests()
-	t.Logf("soak %v: %v", dur, &c)
-	fmt.Printf("soak %v: %v\n", dur, &c)
+	all := logs.String() + d.stderr.String()
+	summary := fmt.Sprintf("soak %v: %v; daemon logged %d failed fills, %d source outages (breaker open)",
+		dur, &c, strings.Count(all, "cannot fill file"), strings.Count(all, "failing reads at once until"))
+	t.Log(summary)
+	for _, l := range strings.Split(all, "\n") {
+		if strings.Contains(l, "failing reads at once") || strings.Contains(l, "answering again") {
+			t.Log(l)
+		}
+	}
+	fmt.Println(summary)
 
 	if c.mismatches.Load() != 0 {
 		t.Errorf("%d reads returned wrong bytes", c.mismatches.Load())

@@ -21,8 +21,13 @@ var ErrSourceDown = errors.New("source not answering")
 type BreakerOptions struct {
 	// Failures is how many requests in a row must go unanswered (a
 	// timeout waiting for a response or for more of one, a connection that
-	// cannot be made) before the breaker opens. 0: 3.
+	// cannot be made) before the breaker opens, provided nothing has
+	// answered for Silence either: a source that answers most requests
+	// while a few stall is slow, not down. 0: 3.
 	Failures int
+	// Silence: see Failures. 0: 10s, the stall timeout zarrfs uses by
+	// default.
+	Silence time.Duration
 	// Quiet opens the breaker before Failures when nothing has answered
 	// for this long since the first request of the unanswered run was sent
 	// (a lone reader then waits for two timeouts, not three). 0: 20s, twice
@@ -62,6 +67,7 @@ type Breaker struct {
 	fails    int       // unanswered requests in a row
 	answered time.Time // last answer of any kind
 	since    time.Time // when the first request of the unanswered run was sent
+	lastFail time.Time // when the last unanswered request failed
 	lastKey  string    // a key a read got an answer for, for the probe
 	opened   time.Time
 	refused  int64 // requests refused while open
@@ -75,6 +81,9 @@ var _ Store = (*Breaker)(nil)
 func WithBreaker(inner Store, opts BreakerOptions) *Breaker {
 	if opts.Failures <= 0 {
 		opts.Failures = 3
+	}
+	if opts.Silence <= 0 {
+		opts.Silence = 10 * time.Second
 	}
 	if opts.Quiet <= 0 {
 		opts.Quiet = 20 * time.Second
@@ -163,13 +172,20 @@ func (b *Breaker) record(key string, sent time.Time, err error) {
 	default:
 		b.mu.Lock()
 		defer b.mu.Unlock()
+		if b.fails > 0 && sent.Sub(b.lastFail) > b.opts.Quiet {
+			// Nothing was asked for a while: an idle source is not a
+			// silent one, so this is a new run.
+			b.fails = 0
+		}
 		if b.fails == 0 {
 			b.since = sent
 		}
 		b.fails++
 		now := b.opts.Now()
+		b.lastFail = now
 		quiet := now.Sub(b.since) >= b.opts.Quiet && b.answered.Before(b.since)
-		if !b.open && (b.fails >= b.opts.Failures || quiet) {
+		silent := b.fails >= b.opts.Failures && now.Sub(b.answered) >= b.opts.Silence
+		if !b.open && (silent || quiet) {
 			b.open, b.opened, b.refused = true, now, 0
 			b.log.Warn("source not answering; failing reads at once until it answers again",
 				"store", b.ID(), "unanswered", b.fails, "for", now.Sub(b.since).Round(time.Millisecond), "cause", err)

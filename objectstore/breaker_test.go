@@ -60,7 +60,7 @@ func (s *silentStore) ID() string { return "mem://silent" }
 // reader involved. Errors that are answers (not found) never open it.
 func TestBreaker(t *testing.T) {
 	src := &silentStore{delay: 20 * time.Millisecond}
-	br := objectstore.WithBreaker(src, objectstore.BreakerOptions{Probe: 10 * time.Millisecond, ProbeTimeout: time.Second})
+	br := objectstore.WithBreaker(src, objectstore.BreakerOptions{Silence: 20 * time.Millisecond, Probe: 10 * time.Millisecond, ProbeTimeout: time.Second})
 	defer br.Close()
 	r := objectstore.WithRetry(br, objectstore.RetryOptions{MaxAttempts: 10, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond, Budget: time.Minute})
 	ctx := context.Background()
@@ -117,5 +117,48 @@ func TestBreakerQuiet(t *testing.T) {
 	br.Get(context.Background(), "k")
 	if !br.Open() {
 		t.Fatal("not open after 60ms unanswered")
+	}
+}
+
+// Unanswered requests far apart, with nothing asked in between, are not an
+// outage: an idle source is not a silent one.
+func TestBreakerIdleIsNotQuiet(t *testing.T) {
+	src := &silentStore{delay: 10 * time.Millisecond}
+	br := objectstore.WithBreaker(src, objectstore.BreakerOptions{Failures: 100, Quiet: 30 * time.Millisecond, Probe: time.Hour})
+	defer br.Close()
+	src.down.Store(true)
+	for range 3 {
+		br.Get(context.Background(), "k")
+		time.Sleep(50 * time.Millisecond)
+	}
+	if br.Open() {
+		t.Fatal("open after unanswered requests 50ms apart, quiet 30ms")
+	}
+}
+
+// A source that answers most requests while some stall is slow, not down:
+// the breaker stays closed however many stalls end in a row, as long as
+// answers keep coming within Silence.
+func TestBreakerSlowIsNotDown(t *testing.T) {
+	src := &silentStore{delay: 20 * time.Millisecond}
+	br := objectstore.WithBreaker(src, objectstore.BreakerOptions{Silence: 50 * time.Millisecond, Quiet: time.Hour, Probe: time.Hour})
+	defer br.Close()
+	br.Get(context.Background(), "k") // an answer
+	src.down.Store(true)
+	var wg sync.WaitGroup
+	for range 5 {
+		wg.Add(1)
+		go func() { defer wg.Done(); br.Get(context.Background(), "k") }()
+	}
+	wg.Wait()
+	if br.Open() {
+		t.Fatal("open after 5 stalls 20ms after an answer, silence 50ms")
+	}
+	time.Sleep(60 * time.Millisecond)
+	for range 3 {
+		br.Get(context.Background(), "k")
+	}
+	if !br.Open() {
+		t.Fatal("not open after three stalls and 60ms without an answer")
 	}
 }

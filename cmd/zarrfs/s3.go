@@ -64,7 +64,8 @@ func openS3(ctx context.Context, src string, f *sourceFlags) (objectstore.Store,
 	if err != nil {
 		return nil, err
 	}
-	br := objectstore.WithBreaker(s, objectstore.BreakerOptions{Quiet: 2 * f.deadlines.stall, ProbeTimeout: f.deadlines.stall, Logger: f.logger})
+	br := objectstore.WithBreaker(s, objectstore.BreakerOptions{
+		Silence: f.deadlines.stall, Quiet: 2 * f.deadlines.stall, ProbeTimeout: f.deadlines.stall, Logger: f.logger})
 	return objectstore.WithRetry(br, objectstore.RetryOptions{
 		Logger:         f.logger,
 		Budget:         f.deadlines.timeout,
