@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/zarrfs/zarrfs/internal/syncbuf"
+	"github.com/zarrfs/zarrfs/zarr/zarrtest"
 )
 
 // cacheFS returns a directory on a tmpfs of the given size for a cache
@@ -294,5 +295,60 @@ func TestLogFloodsSummarised(t *testing.T) {
 	}
 	if lines := strings.Count(d.stderr.String(), "larger than the cache budget"); lines > 11 {
 		t.Errorf("%d lines for %d files too large to keep, want at most 10 and a summary", lines, n)
+	}
+}
+
+// A cache on a 1 MiB filesystem, without --cache-size: every file reads
+// (the cache evicts to what the filesystem holds); after a kill, with the
+// filesystem then filled by something else, mount and warm still start
+// and serve.
+func TestCacheOnFullFilesystem(t *testing.T) {
+	requireMountTools(t)
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a tmpfs")
+	}
+	// About 2.5 MiB of blobs.
+	src := exampleStore(t, zarrtest.Example{Times: 48, Levels: 2, Lat: 33, Lon: 64, TimeChunk: 4})
+	fsDir := cacheFS(t, "1m")
+	cacheDir := filepath.Join(fsDir, "cache")
+	readAll := func(mnt string) (ok, failed int) {
+		filepath.WalkDir(mnt, func(p string, e os.DirEntry, err error) error {
+			if err == nil && strings.HasSuffix(p, ".npy") {
+				if _, err := os.ReadFile(p); err != nil {
+					failed++
+					t.Errorf("%s: %v", p, err)
+				} else {
+					ok++
+				}
+			}
+			return nil
+		})
+		return
+	}
+	mnt := t.TempDir()
+	d := mountAt(t, src, mnt, cacheDir, "--readahead", "0")
+	for range 2 {
+		if ok, failed := readAll(d.mnt); failed > 0 || ok < 100 {
+			t.Fatalf("%d files read, %d failed on a 1 MiB cache", ok, failed)
+		}
+	}
+	d.cmd.Process.Signal(syscall.SIGKILL)
+	<-d.done
+	// Something else takes the rest of the filesystem.
+	junk, _ := os.Create(filepath.Join(fsDir, "junk"))
+	buf := make([]byte, 4096)
+	for {
+		if _, err := junk.Write(buf); err != nil {
+			break
+		}
+	}
+	junk.Close()
+	out := warm(t, src, cacheDir, "--only", "t", "--samples", "0:2")
+	if !strings.Contains(out, "zarrfs: ") {
+		t.Errorf("warm on a full filesystem: %s", out)
+	}
+	d = mountAt(t, src, mnt, cacheDir, "--readahead", "0") // clears the stale mount
+	if ok, failed := readAll(d.mnt); failed > 0 || ok < 100 {
+		t.Fatalf("after a kill on a full filesystem: %d files read, %d failed", ok, failed)
 	}
 }
