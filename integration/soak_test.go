@@ -66,7 +66,7 @@ func TestSoak(t *testing.T) {
 		}
 		dur = d
 	}
-	killEvery := dur / 3
+	killEvery := max(min(dur/3, 30*time.Second), 5*time.Second)
 
 	ex := zarrtest.Example{Times: 48, Levels: 2, Lat: 33, Lon: 64, TimeChunk: 4}
 	local := exampleStore(t, ex)
