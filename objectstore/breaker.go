@@ -152,7 +152,7 @@ func (b *Breaker) admit() error {
 	}
 	b.refused++
 	return fmt.Errorf("%w for %v (asking it again every %v)", ErrSourceDown,
-		b.opts.Now().Sub(b.opened).Round(100*time.Millisecond), b.opts.Probe)
+		b.opts.Now().Sub(b.since).Round(100*time.Millisecond), b.opts.Probe)
 }
 
 // record notes how an admitted request for key, sent at sent, ended.
