@@ -3,6 +3,7 @@ package memory
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 )
@@ -20,7 +21,10 @@ func TestBudget(t *testing.T) {
 	// 50 does not fit now: it waits, and a later small request waits
 	// behind it (arrival order), until 60 is released.
 	got := make(chan string, 2)
+	var wg sync.WaitGroup
+	wg.Add(2)
 	go func() {
+		defer wg.Done()
 		r, err := b.Acquire(ctx, 50)
 		if err == nil {
 			got <- "50"
@@ -29,6 +33,7 @@ func TestBudget(t *testing.T) {
 	}()
 	time.Sleep(20 * time.Millisecond)
 	go func() {
+		defer wg.Done()
 		r, err := b.Acquire(ctx, 10)
 		if err == nil {
 			got <- "10"
@@ -45,6 +50,7 @@ func TestBudget(t *testing.T) {
 	if a, c := <-got, <-got; a+c != "5010" && a+c != "1050" {
 		t.Errorf("granted %s and %s, want 50 and 10", a, c)
 	}
+	wg.Wait()
 	if b.Used() != 0 || b.Peak() != 60 {
 		t.Errorf("used %d, peak %d", b.Used(), b.Peak())
 	}
