@@ -239,8 +239,8 @@ func TestSoak(t *testing.T) {
 	if c.mismatches.Load() != 0 {
 		t.Errorf("%d reads returned wrong bytes", c.mismatches.Load())
 	}
-	if c.ok.Load() < c.reads.Load()/4 {
-		t.Errorf("only %d of %d reads succeeded", c.ok.Load(), c.reads.Load())
+	if n := c.reads.Load() - c.restartErrs.Load(); c.ok.Load() < n/4 || c.ok.Load() == 0 {
+		t.Errorf("only %d of %d reads succeeded while the daemon was up", c.ok.Load(), n)
 	}
 	if c.peakRSS > memory {
 		t.Errorf("daemon RSS peaked at %d MiB, budget %d MiB", c.peakRSS>>20, memory>>20)
