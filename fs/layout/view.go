@@ -912,20 +912,32 @@ func (v *View) fillCost(data int64, ks []int64) int64 {
 	n := int64(len(ks))
 	cost := satMul(data, n)
 	spatial := prod(v.SampleShape[1:])
+	lo, hi := ks[0], ks[0]
+	for _, k := range ks {
+		lo, hi = min(lo, k), max(hi, k)
+	}
+	// Channels that read the same chunks (levels of one array in one
+	// chunk) cost them once, as the one Read decodes them once.
+	seen := map[string]bool{}
 	for i := range v.Channels {
 		ch := &v.Channels[i]
 		if !sameType(ch.Array.DType, v.DType) {
 			cost = satAdd(cost, satMul(satMul(spatial, int64(ch.Array.DType.Size)), n))
 		}
-		lo, hi := ks[0], ks[0]
-		for _, k := range ks {
-			lo, hi = min(lo, k), max(hi, k)
-		}
 		start, count := ch.region(v.Start + lo*v.Step)
 		if ch.Axis >= 0 {
 			count[ch.Axis] = (hi-lo)*v.Step + 1
 		}
-		cost = satAdd(cost, ch.Array.ReadCost(start, count))
+		key := ch.Array.Path
+		for d := range start {
+			if c := ch.Array.Chunks[d]; c > 0 {
+				key += fmt.Sprintf("/%d-%d", start[d]/c, (start[d]+count[d]-1)/c)
+			}
+		}
+		if !seen[key] {
+			seen[key] = true
+			cost = satAdd(cost, ch.Array.ReadCost(start, count))
+		}
 	}
 	return cost
 }
