@@ -1057,8 +1057,8 @@ func FillBatch(ctx context.Context, blobs []Blob, ws []io.WriterAt, maxBytes int
 			if !ok || nb.v != vb.v || nb.opts.Reader != vb.opts.Reader || nb.opts.Align != vb.opts.Align {
 				break
 			}
-			if vb.v.fillCost(data, append(ks, nb.k)) > vb.opts.pieceCost() {
-				break // a run held within the memory budget
+			if !vb.opts.MemoryBudget.Fits(2 * vb.v.fillCost(data, append(ks, nb.k))) {
+				break // a run takes half the memory budget at most
 			}
 			ks = append(ks, nb.k)
 			j++
