@@ -30,11 +30,18 @@ bin/minio:
 vet:
 	$(GO) vet ./...
 
-test: build pydeps minio vet
-	$(GO) test -timeout 75m ./...
+# The soak test runs on its own, last, so that its counts are printed.
+SOAK = $(GO) test -run '^TestSoak$$' -count=1 -v ./integration/ 2>&1 | tee .cache/soak.log | grep -E '^(soak |--- |ok|FAIL|panic)'
 
+test: build pydeps minio vet
+	$(GO) test -timeout 75m -skip '^TestSoak$$' ./...
+	set -o pipefail; $(SOAK)
+
+# The slow suites too: the soak test for 5 minutes (ZARRFS_SOAK=DURATION
+# sets another), source outages with the default deadlines.
 test-long: build pydeps minio
-	ZARRFS_LONG=1 $(GO) test -timeout 120m ./...
+	ZARRFS_LONG=1 $(GO) test -timeout 120m -skip '^TestSoak$$' ./...
+	set -o pipefail; ZARRFS_LONG=1 $(SOAK)
 
 # On a machine with an NVIDIA GPU and the nvidia-libnvcomp-cu13 wheel: GPU decode
 # byte-identical to the CPU path, damaged input, throughput against all CPU cores;

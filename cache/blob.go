@@ -293,13 +293,37 @@ func (h *hashingWriter) sum(size int64) (uint64, error) {
 	return hashFile(h.f, size, *bp)
 }
 
-// fillBlob runs one fill and returns a read-only descriptor, locked shared,
-// on the now-visible blob.
-func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, fill func(ctx context.Context, f Writer) error) (_ *os.File, err error) {
+// fillBlob runs the fill and returns a read-only descriptor, locked
+// shared, on the now-visible blob. A blob that cannot fit the cache's
+// filesystem fails at once; a fill that finds the filesystem full (other
+// writers, blocks beyond the budget) makes room by evicting and runs again,
+// twice at most.
+func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, fill func(ctx context.Context, f Writer) error) (*os.File, error) {
+	if err := c.ensureSpace(rel, size); err != nil {
+		return nil, err
+	}
+	for attempt := 0; ; attempt++ {
+		f, err := c.fillBlobOnce(ctx, rel, size, fill)
+		if err == nil || !isNoSpace(err) || attempt == 2 || ctx.Err() != nil {
+			return f, err
+		}
+		c.mu.Lock()
+		freed := c.makeRoomLocked(c.charge(size) + c.unit)
+		c.mu.Unlock()
+		if !freed {
+			return nil, err
+		}
+		c.log.Info("cache filesystem full; evicted entries and filling again", "blob", rel, "err", err)
+	}
+}
+
+// fillBlobOnce runs one fill.
+func (c *Cache) fillBlobOnce(ctx context.Context, rel string, size int64, fill func(ctx context.Context, f Writer) error) (_ *os.File, err error) {
 	// A blob larger than the whole budget would evict everything and then
 	// itself: it is filled and served from an unlinked temp file instead,
 	// never indexed.
-	oversize := c.budget > 0 && size > c.budget
+	budget := c.Budget()
+	oversize := budget > 0 && c.charge(size) > budget
 	committed := oversize
 	if !oversize {
 		unreserve := c.reserve(size)
@@ -352,7 +376,7 @@ func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, fill func(
 		return nil, fmt.Errorf("blob %s: %w", rel, err)
 	}
 	if oversize {
-		c.log.Warn("blob larger than the cache budget served without caching", "blob", rel, "bytes", size, "budget", c.budget)
+		c.log.Warn("blob larger than the cache budget served without caching", "blob", rel, "bytes", size, "budget", budget)
 		return ro, nil // the deferred Remove unlinks it; ro keeps it readable
 	}
 	if err := flock(ro, syscall.LOCK_SH); err != nil {
@@ -396,6 +420,9 @@ func (c *Cache) publish(rel, tmpName string, size int64, sum uint64) error {
 		return fmt.Errorf("%s: %w", rel, ErrClosed)
 	}
 	err := c.appendLocked(record{op: opAdd, size: size, sum: sum, key: rel})
+	if isNoSpace(err) && c.makeRoomLocked(c.unit+4096) {
+		err = c.appendLocked(record{op: opAdd, size: size, sum: sum, key: rel})
+	}
 	c.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("%s: %w", rel, err)
@@ -429,7 +456,7 @@ func (c *Cache) publish(rel, tmpName string, size int64, sum uint64) error {
 		return fmt.Errorf("%s: %w", rel, err)
 	}
 	c.mu.Lock()
-	c.inflight -= size // the reservation becomes the entry
+	c.inflight -= c.charge(size) // the reservation becomes the entry
 	c.insertLocked(record{size: size, sum: sum, writer: c.inst.id, key: rel}, true)
 	c.evictLocked()
 	c.mu.Unlock()

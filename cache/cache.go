@@ -41,8 +41,11 @@ type Options struct {
 	// Dir/blobs, chunks under Dir/chunks, fills in progress under Dir/tmp,
 	// the index in Dir/journal, the directory lock in Dir/lock.
 	Dir string
-	// Size is the byte budget for blobs and chunks together; 0 means
-	// unlimited. It counts file contents, not filesystem blocks.
+	// Size is the byte budget for blobs and chunks together. It counts file
+	// contents, not filesystem blocks. 0 means what the cache's filesystem
+	// can hold: the cache's entries plus the free space at Open, less a
+	// twentieth (at most 1 GiB) for the journal, counted in blocks. A Size
+	// larger than that is lowered to it.
 	Size int64
 	// Logger receives recovery summaries (Info), dropped or corrupt entries
 	// (Warn) and evictions (Debug). Nil discards.
@@ -76,6 +79,8 @@ type Options struct {
 type Cache struct {
 	dir        string
 	budget     int64
+	unit       int64 // the filesystem's block size when the budget is the filesystem's, else 1
+	derived    bool  // the budget is what the filesystem can hold
 	log        *slog.Logger
 	noSync     bool
 	compactMin int64
@@ -95,7 +100,8 @@ type Cache struct {
 	closed   bool
 	idx      map[string]*entry
 	lru      list.List // of *entry, most recently used at the front
-	used     int64     // bytes of indexed entries
+	used     int64     // what indexed entries count against the budget (charge)
+	bytes    int64     // bytes of indexed entries
 	inflight int64     // bytes reserved by fills of this instance
 	quit     map[string]bool
 	intern   map[string]string
@@ -217,6 +223,11 @@ func Open(opts Options) (*Cache, error) {
 	if c.inst, err = newInstance(filepath.Join(opts.Dir, tmpDir)); err != nil {
 		return fail(err)
 	}
+	if opts.Size == 0 {
+		if sp, err := statSpace(opts.Dir); err == nil {
+			c.unit = sp.block
+		}
+	}
 	start := time.Now()
 	exclusive := true
 	if err := ofdLock(lf, syscall.F_WRLCK, false); err != nil {
@@ -246,8 +257,9 @@ func Open(opts Options) (*Cache, error) {
 		return fail(err)
 	}
 	c.mu.Lock()
+	c.deriveBudget(opts.Size)
 	c.evictLocked()
-	used, n := c.used, len(c.idx)
+	used, n := c.bytes, len(c.idx)
 	c.mu.Unlock()
 	logf := c.log.Debug
 	if st.suspicious+st.dropped+st.temps+st.torn > 0 {
@@ -402,7 +414,23 @@ func (c *Cache) recover() (recoveryStats, error) {
 		return st, nil
 	}
 	if err := c.compact(); err != nil {
-		return st, err
+		if fresh || !isNoSpace(err) {
+			return st, err
+		}
+		// The filesystem is full and nothing could make room: keep the
+		// journal as it is, which is still the index. What recovery
+		// verified is verified again next time; what it dropped is
+		// forgotten on first use.
+		c.log.Warn("cache journal not compacted: filesystem full", "err", err)
+		jf, err := os.OpenFile(jp, os.O_RDWR|os.O_APPEND, 0)
+		if err != nil {
+			return st, fmt.Errorf("journal: %w", err)
+		}
+		if len(buf) > 0 && buf[len(buf)-1] != '\n' {
+			jf.Write([]byte{'\n'}) // end a torn record, so ours start on a line of their own
+		}
+		c.jf, c.joff = jf, int64(len(buf))
+		c.jnext = c.compactThreshold()
 	}
 	return st, nil
 }
@@ -517,7 +545,8 @@ func sortBySeq(s []*replayState) {
 // insertLocked adds or replaces the entry for r.key as most recently used.
 func (c *Cache) insertLocked(r record, trusted bool) *entry {
 	if e := c.idx[r.key]; e != nil {
-		c.used += r.size - e.size
+		c.used += c.charge(r.size) - c.charge(e.size)
+		c.bytes += r.size - e.size
 		e.size, e.sum, e.writer = r.size, r.sum, r.writer
 		e.trusted = e.trusted && trusted
 		c.lru.MoveToFront(e.elem)
@@ -526,7 +555,8 @@ func (c *Cache) insertLocked(r record, trusted bool) *entry {
 	e := &entry{key: r.key, size: r.size, sum: r.sum, writer: r.writer, trusted: trusted}
 	e.elem = c.lru.PushFront(e)
 	c.idx[r.key] = e
-	c.used += r.size
+	c.used += c.charge(r.size)
+	c.bytes += r.size
 	return e
 }
 
@@ -537,7 +567,8 @@ func (c *Cache) removeLocked(e *entry) {
 	}
 	delete(c.idx, e.key)
 	c.lru.Remove(e.elem)
-	c.used -= e.size
+	c.used -= c.charge(e.size)
+	c.bytes -= e.size
 }
 
 // appendLocked writes one record to the journal.
@@ -635,11 +666,31 @@ func (c *Cache) tailLocked0() {
 // compact writes a fresh journal holding the current index and replaces the
 // old one. The caller holds the directory lock for writing (no other
 // instance is running) and c.mu if the Cache is shared.
+//
+// On a full filesystem it makes room for the new journal by evicting least
+// recently used entries (no other instance is running, so their records
+// need not precede the unlinks: the new journal leaves them out) and tries
+// again.
 func (c *Cache) compact() error {
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		var n int
+		if n, err = c.compactOnce(); !isNoSpace(err) {
+			return err
+		}
+		if !c.makeRoomLocked(int64(n) + 64<<10) {
+			break
+		}
+	}
+	return err
+}
+
+// compactOnce writes the new journal; n is its size.
+func (c *Cache) compactOnce() (n int, _ error) {
 	// Compaction makes this instance's entries trusted (never verified
 	// again), so their bytes must be on disk first.
 	if err := c.syncAll(); err != nil {
-		return fmt.Errorf("journal: %w", err)
+		return 0, fmt.Errorf("journal: %w", err)
 	}
 	jp := filepath.Join(c.dir, journalRel)
 	tmp := jp + ".new"
@@ -661,15 +712,16 @@ func (c *Cache) compact() error {
 		buf = appendRecord(buf, record{op: opAdd, writer: e.writer, size: e.size, sum: e.sum, key: e.key})
 	}
 	if err := writeFileSync(tmp, buf); err != nil {
-		return fmt.Errorf("journal: %w", err)
+		os.Remove(tmp)
+		return len(buf), fmt.Errorf("journal: %w", err)
 	}
 	if err := os.Rename(tmp, jp); err != nil {
-		return fmt.Errorf("journal: %w", err)
+		return len(buf), fmt.Errorf("journal: %w", err)
 	}
 	syncDir(c.dir)
 	jf, err := os.OpenFile(jp, os.O_RDWR|os.O_APPEND, 0)
 	if err != nil {
-		return fmt.Errorf("journal: %w", err)
+		return len(buf), fmt.Errorf("journal: %w", err)
 	}
 	if c.jf != nil {
 		c.jf.Close()
@@ -679,7 +731,7 @@ func (c *Cache) compact() error {
 	c.compacted = c.joff
 	clear(c.quit)
 	c.jnext = c.compactThreshold()
-	return nil
+	return len(buf), nil
 }
 
 // syncAll flushes every file written to the cache's filesystem to disk
@@ -738,6 +790,7 @@ func syncDir(p string) {
 // returned func gives the reservation back; call it unless the bytes were
 // committed to the index (which then accounts for them).
 func (c *Cache) reserve(n int64) (unreserve func()) {
+	n = c.charge(n)
 	c.mu.Lock()
 	c.inflight += n
 	c.tailLocked()
@@ -794,7 +847,11 @@ func (c *Cache) evictLocked() {
 // holds it open through a Handle. The deletion is logged before the unlink
 // so that no instance can log a re-add that the journal would then order
 // before the delete.
-func (c *Cache) evictOneLocked(e *entry) bool {
+func (c *Cache) evictOneLocked(e *entry) bool { return c.evictEntryLocked(e, false) }
+
+// evictEntryLocked is evictOneLocked; with force, a deletion record that
+// cannot be written (the filesystem is full) does not keep the file.
+func (c *Cache) evictEntryLocked(e *entry, force bool) bool {
 	p := filepath.Join(c.dir, e.key)
 	f, err := os.Open(p)
 	if err != nil {
@@ -806,8 +863,11 @@ func (c *Cache) evictOneLocked(e *entry) bool {
 		return false
 	}
 	if err := c.appendLocked(record{op: opDel, key: e.key}); err != nil {
-		c.log.Warn("cache eviction not logged", "key", e.key, "err", err)
-		return false
+		if !force {
+			c.log.Warn("cache eviction not logged", "key", e.key, "err", err)
+			return false
+		}
+		c.log.Debug("cache eviction not logged; unlinking anyway", "key", e.key, "err", err)
 	}
 	os.Remove(p)
 	c.removeLocked(e)
@@ -826,7 +886,7 @@ func (c *Cache) Usage() (bytes int64, files int) {
 	if !c.closed {
 		c.tailLocked()
 	}
-	return c.used, len(c.idx)
+	return c.bytes, len(c.idx)
 }
 
 // Close stops fills in progress (their callers get an error), logs a clean

@@ -112,7 +112,7 @@ func (c *Cache) readChunk(rel string) ([]byte, error) {
 
 func (c *Cache) storeChunk(rel, key string, data []byte) {
 	size := int64(len(data))
-	if c.budget > 0 && size > c.budget {
+	if b := c.Budget(); b > 0 && c.charge(size) > b {
 		return
 	}
 	unreserve := c.reserve(size)
@@ -122,10 +122,31 @@ func (c *Cache) storeChunk(rel, key string, data []byte) {
 			unreserve()
 		}
 	}()
-	tmp, err := os.CreateTemp(c.inst.dir, "chunk-*")
+	var err error
+	for attempt := 0; attempt < 2; attempt++ {
+		if err = c.writeChunk(rel, data); !isNoSpace(err) {
+			break
+		}
+		// The filesystem is full: make room and try once more.
+		c.mu.Lock()
+		freed := c.makeRoomLocked(c.charge(size) + c.unit)
+		c.mu.Unlock()
+		if !freed {
+			break
+		}
+	}
 	if err != nil {
 		c.log.Warn("cache chunk not stored", "key", key, "err", err)
 		return
+	}
+	committed = true
+}
+
+// writeChunk writes data to a temp file and publishes it as rel.
+func (c *Cache) writeChunk(rel string, data []byte) error {
+	tmp, err := os.CreateTemp(c.inst.dir, "chunk-*")
+	if err != nil {
+		return err
 	}
 	defer os.Remove(tmp.Name())
 	_, err = tmp.Write(data)
@@ -133,13 +154,9 @@ func (c *Cache) storeChunk(rel, key string, data []byte) {
 		err = cerr
 	}
 	if err == nil {
-		err = c.publish(rel, tmp.Name(), size, xxhash.Sum64(data))
+		err = c.publish(rel, tmp.Name(), int64(len(data)), xxhash.Sum64(data))
 	}
-	if err != nil {
-		c.log.Warn("cache chunk not stored", "key", key, "err", err)
-		return
-	}
-	committed = true
+	return err
 }
 
 // ChunkTier is the chunk tier as a plain keyed store of compressed source

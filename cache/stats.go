@@ -29,8 +29,5 @@ func (c *Cache) Stats() Stats {
 		Filling: n.filling.Load()}
 }
 
-// Budget is the byte budget in force (0: unlimited).
-func (c *Cache) Budget() int64 { return c.budget }
-
 // Dir is the cache directory (absolute).
 func (c *Cache) Dir() string { return c.dir }

@@ -12,12 +12,16 @@
 package fs
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -71,6 +75,11 @@ type Options struct {
 	// Lease is how long a blob whose link was resolved is kept from
 	// eviction, in direct mode. Zero means DefaultLease.
 	Lease time.Duration
+	// MaxInodes bounds the files the kernel may hold looked up at once
+	// (each costs the daemon about a kilobyte): past it, the oldest are
+	// invalidated and looked up again when needed. Zero means
+	// DefaultMaxInodes.
+	MaxInodes int
 }
 
 // Mounted is a live mount.
@@ -85,6 +94,7 @@ type Mounted struct {
 	reported map[string]bool // fault keys already logged
 
 	leases *leases // direct mode only
+	inodes *inodeCap
 
 	// Counters for Stats.
 	opens, openFiles atomic.Int64
@@ -93,6 +103,9 @@ type Mounted struct {
 	unmountOnce sync.Once
 	unmountErr  error
 }
+
+// maxReported bounds the fault keys remembered for logging once each.
+const maxReported = 10000
 
 // ErrStaleMount is wrapped in the message logged when a mountpoint left by a
 // killed daemon is cleared.
@@ -127,6 +140,10 @@ func Mount(ctx context.Context, opts Options) (*Mounted, error) {
 	if err := ClearStale(opts.Mountpoint, m.log); err != nil {
 		return nil, err
 	}
+	if src, ok := liveMount(opts.Mountpoint); ok {
+		// Mounting over it would hide the first mount's tree: refuse.
+		return nil, fmt.Errorf("%s: already a zarrfs mount (of %s); unmount it first (fusermount3 -u %s)", opts.Mountpoint, src, opts.Mountpoint)
+	}
 	st, err := os.Stat(opts.Mountpoint)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", opts.Mountpoint, err)
@@ -146,11 +163,13 @@ func Mount(ctx context.Context, opts Options) (*Mounted, error) {
 		// (go-fuse leaves it off unless EnableSymlinkCaching is set).
 		m.leases = newLeases(opts.Lease, m.log)
 	}
+	m.inodes = newInodeCap(cmp.Or(opts.MaxInodes, DefaultMaxInodes))
 	server, err := gofs.Mount(opts.Mountpoint, root, mo)
 	if err != nil {
 		if m.leases != nil {
 			m.leases.close()
 		}
+		m.inodes.close()
 		return nil, fmt.Errorf("mount %s: %w", opts.Mountpoint, err)
 	}
 	m.server = server
@@ -178,6 +197,12 @@ func (m *Mounted) fuseOptions() *gofs.Options {
 			// Nothing here has extended attributes; saying so saves a
 			// getxattr round trip per read on some kernels.
 			DisableXAttrs: true,
+			// READDIRPLUS only where the reader stats what it lists (ls
+			// -l), as the kernel finds out by itself: a plain listing (a
+			// glob of a directory of a million samples) then makes the
+			// kernel look up, and the daemon keep an inode for, none of
+			// its entries.
+			ExtraCapabilities: fuse.CAP_READDIRPLUS_AUTO,
 			// A backing file may itself live on a stacked filesystem
 			// (overlayfs in a container); depth 2 keeps passthrough
 			// available there.
@@ -229,11 +254,13 @@ func (m *Mounted) Leased() int {
 	return m.leases.held()
 }
 
-// endLeases releases every blob leased by direct mode (at unmount).
+// endLeases releases every blob leased by direct mode (at unmount), and
+// stops the inode bound.
 func (m *Mounted) endLeases() {
 	if m.leases != nil {
 		m.leases.close()
 	}
+	m.inodes.close()
 }
 
 // Passthrough reports whether the kernel accepted FUSE passthrough for this
@@ -301,6 +328,54 @@ func ClearStale(mountpoint string, log *slog.Logger) error {
 	return nil
 }
 
+// liveMount reports whether mountpoint is the top of a zarrfs mount, and
+// its source, from /proc/self/mountinfo.
+func liveMount(mountpoint string) (source string, ok bool) {
+	abs, err := filepath.Abs(mountpoint)
+	if err != nil {
+		return "", false
+	}
+	if real, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = real
+	}
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "", false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		pre, post, found := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !found || len(f) < 5 || len(g) < 2 {
+			continue
+		}
+		// The last matching line is the mount on top.
+		if unescapeMountinfo(f[4]) == abs {
+			source, ok = unescapeMountinfo(g[1]), g[0] == "fuse.zarrfs"
+		}
+	}
+	return source, ok
+}
+
+// unescapeMountinfo undoes the octal escapes (\040 for a space) of
+// /proc/self/mountinfo.
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
 // lazyUnmount detaches a mount even while it is busy.
 func lazyUnmount(mp string) error {
 	if os.Geteuid() == 0 {
@@ -349,6 +424,9 @@ func (m *Mounted) errno(b layout.Blob, err error) syscall.Errno {
 	}
 	m.mu.Lock()
 	first := !m.reported[key]
+	if len(m.reported) >= maxReported {
+		clear(m.reported) // bounded: a long outage touches every chunk
+	}
 	m.reported[key] = true
 	if m.errors == nil {
 		m.errors = map[string]int64{}

@@ -171,7 +171,11 @@ func (m *Mounted) child(ctx context.Context, parent *gofs.Inode, dir string, e l
 		node = &sidecarNode{roNode: roNode{m: m}, data: e.Data}
 	}
 	m.fillAttr(a, mode, size, ino)
-	return parent.NewInode(ctx, node, gofs.StableAttr{Mode: mode, Ino: ino})
+	child := parent.NewInode(ctx, node, gofs.StableAttr{Mode: mode, Ino: ino})
+	if e.Kind != layout.KindDir && m.inodes != nil {
+		m.inodes.add(parent, e.Name)
+	}
+	return child
 }
 
 // dirStream lists a layout directory by index; the offset of an entry is its

@@ -327,6 +327,9 @@ func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
 			defer wg.Done()
 			cb := o.a.chunkBox(o.coords)
 			key := o.a.ChunkKey(o.coords)
+			// No stored chunk may be larger than its decoded size allows:
+			// the store's Get refuses it before allocating for it.
+			ctx := objectstore.WithSizeLimit(ctx, o.a.MaxEncodedBytes())
 			errs[i] = st.resolve(ctx, o.a, o.a.pipe, o.a.Chunks, cb.lo, storeSource{h, st.sem, key, o.a.lendHint(), o.a.MetaHash}, key, o.needs)
 		}()
 	}
@@ -506,7 +509,7 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 			st.add(&leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: ib.lo, key: ikey, needs: inner, missing: true})
 			return
 		}
-		if off > 1<<62 || nb > maxChunkBytes {
+		if off > 1<<62 || nb > maxChunkBytes || (s.codecs.shard == nil && int64(nb) > maxEncoded(product(s.inner)*int64(a.DType.Size))) {
 			emu.Lock()
 			errs = append(errs, &ChunkError{Array: a.Path, Key: ikey, Err: fmt.Errorf("%w: shard index entry offset %d length %d", ErrCorrupt, off, nb)})
 			emu.Unlock()

@@ -17,6 +17,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/zarrfs/zarrfs/internal/ratelog"
 )
 
 var version = "dev"
@@ -54,6 +56,11 @@ func init() {
 	})
 	rootCmd.PersistentFlags().String("log-level", "info", "log level: debug, info, warn, error")
 	rootCmd.PersistentFlags().String("log-format", "text", "log format: text (key=value) or json (one object a line)")
+	// Every command checks the flags every command has, whether it logs or not.
+	rootCmd.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
+		_, err := newLogger(cmd)
+		return err
+	}
 }
 
 // newLogger builds the logger every command uses, on stderr.
@@ -63,15 +70,19 @@ func newLogger(cmd *cobra.Command) (*slog.Logger, error) {
 	if err := level.UnmarshalText([]byte(lvl)); err != nil {
 		return nil, usagef("--log-level %q: want debug, info, warn or error", lvl)
 	}
+	// A failure that repeats (a source outage, a cache too small) writes a
+	// few lines and a count, not one line per request.
 	hopts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler
 	switch format, _ := cmd.Flags().GetString("log-format"); format {
 	case "text", "":
-		return slog.New(slog.NewTextHandler(os.Stderr, hopts)), nil
+		h = slog.NewTextHandler(os.Stderr, hopts)
 	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, hopts)), nil
+		h = slog.NewJSONHandler(os.Stderr, hopts)
 	default:
 		return nil, usagef("--log-format %q: want text or json", format)
 	}
+	return slog.New(ratelog.New(h, ratelog.Options{})), nil
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

@@ -9,14 +9,17 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
 	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/decode"
 	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/internal/memory"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -30,6 +33,7 @@ type layoutFlags struct {
 	cacheSize  string
 	cacheMode  string
 	cacheGroup string
+	memory     string
 	sampleDim  string
 	align      int64
 	views      []string
@@ -38,11 +42,12 @@ type layoutFlags struct {
 func (f *layoutFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.cacheDir, "cache", "", "cache directory (default $XDG_CACHE_HOME/zarrfs or ~/.cache/zarrfs)")
-	fl.StringVar(&f.cacheSize, "cache-size", "0", "cache budget, such as 500GiB; 0 means unlimited")
+	fl.StringVar(&f.cacheSize, "cache-size", "0", "cache budget, such as 500GiB; 0 means what the cache's filesystem can hold")
 	fl.StringVar(&f.cacheMode, "cache-mode", "", "who may read the decoded blobs in the cache: owner (0600, the default), group (0640: --cache-group, else the cache directory's group) or all (0644), or an octal mode; needed when other users open them (--direct with --allow-other); compressed chunks, journal and lock stay owner-only")
 	fl.StringVar(&f.cacheGroup, "cache-group", "", "group (name or gid) given the decoded blobs and the directories leading to them; implies --cache-mode group")
+	fl.StringVar(&f.memory, "memory", "", "memory budget, such as 8GiB: fills wait for memory or fail (EIO) rather than exceed it (default a quarter of RAM, at least 512MiB)")
 	fl.StringVar(&f.sampleDim, "sample-dim", layout.DefaultSampleDim, "dimension whose indices become one file each")
-	fl.Int64Var(&f.align, "align", layout.DefaultAlign, "offset of the data in every .npy file (multiple of 64)")
+	fl.Int64Var(&f.align, "align", layout.DefaultAlign, "offset of the data in every .npy file (a multiple of 64, at least 128)")
 	fl.StringArrayVar(&f.views, "view", nil, "YAML file of stacked training views; repeatable")
 	f.src.register(cmd, true)
 }
@@ -111,8 +116,12 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	if err != nil {
 		return nil, usagef("--cache-size %q: %v", f.cacheSize, err)
 	}
-	if f.align%64 != 0 || f.align <= 0 || f.align > layout.MaxAlign {
-		return nil, usagef("--align %d: want a positive multiple of 64 up to %d", f.align, layout.MaxAlign)
+	mem, err := f.memoryBudget()
+	if err != nil {
+		return nil, err
+	}
+	if f.align%64 != 0 || f.align < layout.MinAlign || f.align > layout.MaxAlign {
+		return nil, usagef("--align %d: want a multiple of 64 from %d (the smallest that holds an npy header) to %d", f.align, layout.MinAlign, layout.MaxAlign)
 	}
 	if f.sampleDim == "" {
 		return nil, usagef("--sample-dim: empty name")
@@ -120,6 +129,10 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	var specs []*layout.ViewSpec
 	for _, v := range f.views {
 		s, err := layout.LoadViews(v)
+		var pe *fs.PathError
+		if errors.As(err, &pe) && (errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.EISDIR)) {
+			return nil, usagef("--view %s: %v", v, pe.Err)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -155,7 +168,7 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	}
 	// With a GPU, compressed chunks are read into, and fills decode into,
 	// the pipeline's pinned memory.
-	zopts := zarr.Options{Logger: log, Decoder: o.dec, Memory: o.dec.Memory(), ChunkCacheBytes: oo.chunkCacheBytes}
+	zopts := zarr.Options{Logger: log, Decoder: o.dec, Memory: o.dec.Memory(), ChunkCacheBytes: chunkCacheBytes(oo.chunkCacheBytes, mem)}
 	if isRemote(o.store) && oo.chunkTier {
 		zopts.SourceCache = o.cache.ChunkTier()
 	}
@@ -166,7 +179,8 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	if err != nil {
 		return nil, err
 	}
-	lopts := layout.Options{SampleDim: f.sampleDim, Align: f.align, Views: views, Shard: oo.shard}
+	lopts := layout.Options{SampleDim: f.sampleDim, Align: f.align, Views: views, Shard: oo.shard,
+		MemoryBudget: memory.New(mem / 2)}
 	if o.lay, err = layout.Build(o.h, lopts); err != nil {
 		return nil, fmt.Errorf("%s: %w", strings.TrimSuffix(o.store.ID(), "/"), err)
 	}
@@ -240,6 +254,39 @@ func lookupGroup(name string) (uint32, error) {
 		}
 	}
 	return 0, fmt.Errorf("you are not a member of group %s (gid %d)", g.Name, gid)
+}
+
+// memoryBudget parses --memory (default memory.DefaultBudget) and makes it
+// the Go runtime's soft memory limit too, unless GOMEMLIMIT sets one: the
+// collector then works harder before the process outgrows its budget. Half
+// of it bounds what fills hold at once (layout.Options.MemoryBudget), a
+// quarter at most the decoded-chunk cache; the rest is for the runtime,
+// FUSE and the caches' indexes.
+func (f *layoutFlags) memoryBudget() (int64, error) {
+	mem := memory.DefaultBudget()
+	if f.memory != "" {
+		n, err := cache.ParseSize(f.memory)
+		if err != nil {
+			return 0, usagef("--memory %q: %v", f.memory, err)
+		}
+		if n < 64<<20 {
+			return 0, usagef("--memory %q: want at least 64MiB", f.memory)
+		}
+		mem = n
+	}
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(mem)
+	}
+	return mem, nil
+}
+
+// chunkCacheBytes is the decoded-chunk cache's size within the memory
+// budget: asked (0: zarr's default, 256 MiB), at most a quarter of mem.
+func chunkCacheBytes(asked, mem int64) int64 {
+	if asked == 0 {
+		asked = 256 << 20
+	}
+	return min(asked, mem/4)
 }
 
 func isRemote(s objectstore.Store) bool {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -19,7 +21,8 @@ import (
 // A running mount records where its blobs live in a small registry file, so
 // that `zarrfs path MOUNT/FILE` can name the backing file without asking
 // the daemon (GPUDirect Storage readers need the real file: GDS cannot read
-// through FUSE).
+// through FUSE). `zarrfs status` and `zarrfs unmount` find the daemon there
+// too, and its status socket beside the record.
 type mountRecord struct {
 	Mountpoint string `json:"mountpoint"`
 	BlobDir    string `json:"blob_dir"`
@@ -27,29 +30,69 @@ type mountRecord struct {
 	PID        int    `json:"pid"`
 }
 
-// registryDir is $XDG_RUNTIME_DIR/zarrfs/mounts, /run/zarrfs/mounts for
-// root, else a per-user folder under the temp directory.
-func registryDir() string {
+// registryDirs are the folders mount records live in: first the one that
+// depends only on the user ($XDG_RUNTIME_DIR's usual place, /run/user/UID,
+// or /run for root, else a per-user folder under /tmp), so that `zarrfs
+// path` finds a mount whatever environment either process has; then
+// $XDG_RUNTIME_DIR and the temp directory, where older mounts and other
+// environments put them.
+func registryDirs() []string {
+	uid := os.Geteuid()
+	var dirs []string
+	add := func(d string) {
+		if d != "" && !slices.Contains(dirs, d) {
+			dirs = append(dirs, d)
+		}
+	}
+	switch run := fmt.Sprintf("/run/user/%d", uid); {
+	case uid == 0:
+		add("/run/zarrfs/mounts")
+	case ownedDir(run):
+		add(filepath.Join(run, "zarrfs", "mounts"))
+	default:
+		add(filepath.Join("/tmp", fmt.Sprintf("zarrfs-%d", uid), "mounts"))
+	}
 	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
-		return filepath.Join(d, "zarrfs", "mounts")
+		add(filepath.Join(d, "zarrfs", "mounts"))
 	}
-	if os.Geteuid() == 0 {
-		return "/run/zarrfs/mounts"
-	}
-	return filepath.Join(os.TempDir(), fmt.Sprintf("zarrfs-%d", os.Geteuid()), "mounts")
+	add(filepath.Join(os.TempDir(), fmt.Sprintf("zarrfs-%d", uid), "mounts"))
+	return dirs
 }
 
-func recordFile(mountpoint string) string {
+// registryDir is the user's own registry folder, the first of
+// registryDirs: where records, status sockets and helper logs go.
+func registryDir() string { return registryDirs()[0] }
+
+// ownedDir reports whether d is a directory owned by this user.
+func ownedDir(d string) bool {
+	st, err := os.Stat(d)
+	if err != nil || !st.IsDir() {
+		return false
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	return ok && sys.Uid == uint32(os.Geteuid())
+}
+
+func recordName(mountpoint string) string {
 	h := sha256.Sum256([]byte(mountpoint))
-	return filepath.Join(registryDir(), hex.EncodeToString(h[:8])+".json")
+	return hex.EncodeToString(h[:8]) + ".json"
 }
 
-// privateRegistry creates the registry folder owner-only and checks that it
-// (and the folder above it, which may sit in a shared temporary folder)
-// belongs to the caller: records name the cache, which is no one else's to
-// read.
-func privateRegistry() error {
+// recordFile is the record of the mount at mountpoint in the user's own
+// registry folder.
+func recordFile(mountpoint string) string {
+	return filepath.Join(registryDir(), recordName(mountpoint))
+}
+
+// privateRegistry creates the registry folder dir (the user's own when
+// empty) owner-only and checks that it (and the folder above it, which may
+// sit in a shared temporary folder) belongs to the caller: records name
+// the cache, which is no one else's to read.
+func privateRegistry(dirs ...string) error {
 	dir := registryDir()
+	if len(dirs) > 0 {
+		dir = dirs[0]
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
@@ -70,7 +113,9 @@ func privateRegistry() error {
 	return nil
 }
 
-// registerMount writes the record of a live mount; the returned func removes it.
+// registerMount writes the record of a live mount into the user's registry
+// folder (and $XDG_RUNTIME_DIR's, when that differs); the returned func
+// removes it.
 func registerMount(mountpoint, blobDir, source string) (func(), error) {
 	abs, err := filepath.Abs(mountpoint)
 	if err != nil {
@@ -81,18 +126,37 @@ func registerMount(mountpoint, blobDir, source string) (func(), error) {
 	}
 	rec := mountRecord{Mountpoint: abs, BlobDir: blobDir, Source: source, PID: os.Getpid()}
 	b, _ := json.Marshal(rec)
-	if err := privateRegistry(); err != nil {
-		return nil, err
+	dirs := registryDirs()
+	if os.Getenv("XDG_RUNTIME_DIR") != "" {
+		dirs = dirs[:min(2, len(dirs))]
+	} else {
+		dirs = dirs[:1]
 	}
-	f := recordFile(abs)
-	tmp := f + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return nil, err
+	var written []string
+	var firstErr error
+	for _, d := range dirs {
+		f := filepath.Join(d, recordName(abs))
+		err := privateRegistry(d)
+		if err == nil {
+			tmp := f + ".tmp"
+			if err = os.WriteFile(tmp, b, 0o600); err == nil {
+				err = os.Rename(tmp, f)
+			}
+		}
+		if err != nil {
+			firstErr = cmp.Or(firstErr, err)
+			continue
+		}
+		written = append(written, f)
 	}
-	if err := os.Rename(tmp, f); err != nil {
-		return nil, err
+	if len(written) == 0 {
+		return nil, firstErr
 	}
-	return func() { os.Remove(f) }, nil
+	return func() {
+		for _, f := range written {
+			os.Remove(f)
+		}
+	}, nil
 }
 
 // findMount returns the record of the live mount holding abs, if any.
@@ -109,32 +173,39 @@ func findMount(abs string) (*mountRecord, bool) {
 	return best, best != nil
 }
 
-// allMounts returns the records of this user's live mounts, by mountpoint.
+// allMounts returns the records of this user's live mounts in every
+// registry folder, one per mount, by mountpoint.
 func allMounts() []*mountRecord {
-	ents, _ := os.ReadDir(registryDir())
 	var out []*mountRecord
-	for _, e := range ents {
-		if !strings.HasSuffix(e.Name(), ".json") {
-			continue
+	seen := map[string]bool{}
+	for _, dir := range registryDirs() {
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			if !strings.HasSuffix(e.Name(), ".json") {
+				continue
+			}
+			p := filepath.Join(dir, e.Name())
+			// Trust only records written by this user (or root): the
+			// registry may sit in a shared temporary folder.
+			if st, err := os.Lstat(p); err != nil || !st.Mode().IsRegular() || !ownedByUs(st) {
+				continue
+			}
+			b, err := os.ReadFile(p)
+			if err != nil {
+				continue
+			}
+			var r mountRecord
+			if json.Unmarshal(b, &r) != nil {
+				continue
+			}
+			if syscall.Kill(r.PID, 0) == syscall.ESRCH {
+				continue // the daemon is gone
+			}
+			if k := fmt.Sprint(r.Mountpoint, r.PID); !seen[k] {
+				seen[k] = true
+				out = append(out, &r)
+			}
 		}
-		p := filepath.Join(registryDir(), e.Name())
-		// Trust only records written by this user (or root): the registry
-		// may sit in a shared temporary folder.
-		if st, err := os.Lstat(p); err != nil || !st.Mode().IsRegular() || !ownedByUs(st) {
-			continue
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		var r mountRecord
-		if json.Unmarshal(b, &r) != nil {
-			continue
-		}
-		if syscall.Kill(r.PID, 0) == syscall.ESRCH {
-			continue // the daemon is gone
-		}
-		out = append(out, &r)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Mountpoint < out[j].Mountpoint })
 	return out

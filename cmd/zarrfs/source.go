@@ -26,6 +26,8 @@ type sourceFlags struct {
 	gpuMemory   string
 	pinned      string
 	gpuIdle     time.Duration
+	deadlines   deadlineFlags
+	follow      bool
 	logger      *slog.Logger
 }
 
@@ -42,6 +44,8 @@ func (f *sourceFlags) register(cmd *cobra.Command, decodes bool) {
 	cmd.Flags().StringVar(&f.s3Endpoint, "s3-endpoint", "", "S3 endpoint URL (default AWS); http:// allowed for on-premises servers")
 	cmd.Flags().StringVar(&f.s3Region, "s3-region", "", "S3 region")
 	cmd.Flags().BoolVar(&f.s3Anonymous, "s3-anonymous", false, "read a public bucket without credentials")
+	f.deadlines.register(cmd)
+	cmd.Flags().BoolVar(&f.follow, "follow-symlinks", false, "local stores: follow symbolic links that leave the store (chunks in a git-annex or DVC cache); by default reads stay inside it")
 	f.decode = "auto"
 	if decodes {
 		cmd.Flags().StringVar(&f.decode, "decode", "auto", "where chunks are decompressed: auto (CPU and GPU together when nvCOMP loads, else CPU), cpu or gpu")
@@ -65,7 +69,7 @@ func (f *sourceFlags) openStore(ctx context.Context, src string) (objectstore.St
 	if strings.HasPrefix(src, "s3://") {
 		return openS3(ctx, src, f)
 	}
-	st, err := objectstore.OpenPosix(src)
+	st, err := objectstore.OpenPosixOptions(src, objectstore.PosixOptions{FollowSymlinks: f.follow})
 	if err != nil {
 		return nil, err // not a typed nil in the interface
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -145,6 +146,19 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 	if err != nil {
 		return err
 	}
+	if f.samples != "" && len(plan.Short) > 0 {
+		if plan.InRange == 0 {
+			return usagef("--samples %s: no sample directory has samples in that range (%s)", f.samples, strings.Join(plan.Short, ", "))
+		}
+		log.Warn("--samples runs past the end of some sample directories; warming the samples they have",
+			"samples", f.samples, "short", strings.Join(plan.Short, ", "))
+	}
+	// A warm that cannot keep what it warms would report success for files
+	// a mount then fetches again: refuse it before any work.
+	if budget := c.Budget(); budget > 0 && plan.Bytes > budget {
+		return fmt.Errorf("the %s to warm (%s) do not fit the cache budget (%s); raise --cache-size or warm fewer (--only, --samples, --rank/--world)",
+			files(len(plan.Blobs)), humanBytes(plan.Bytes), humanBytes(budget))
+	}
 	var todo []layout.Blob
 	var todoBytes int64
 	for _, b := range plan.Blobs {
@@ -159,7 +173,7 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 		for _, d := range plan.Dirs {
 			fmt.Fprintf(out, "%s\t%s\n", d, path.Join(dir, d))
 		}
-		fmt.Fprintf(out, "zarrfs: nothing to do: %d files (%s) already warm in %s\n", len(plan.Blobs), humanBytes(plan.Bytes), dir)
+		fmt.Fprintf(out, "zarrfs: nothing to do: %s (%s) already warm in %s\n", files(len(plan.Blobs)), humanBytes(plan.Bytes), dir)
 		return nil
 	}
 	var bar *progressbar.ProgressBar
@@ -229,8 +243,8 @@ feed:
 		fmt.Fprintf(out, "%s\t%s\n", d, path.Join(dir, d))
 	}
 	rate := float64(doneBytes.Load()) / el.Seconds()
-	fmt.Fprintf(out, "zarrfs: warmed %d files (%s) in %s, %s/s; %d already warm; cache %s\n",
-		done.Load(), humanBytes(doneBytes.Load()), el.Round(time.Millisecond), humanBytes(int64(rate)),
+	fmt.Fprintf(out, "zarrfs: warmed %s (%s) in %s, %s/s; %d already warm; cache %s\n",
+		files(int(done.Load())), humanBytes(doneBytes.Load()), el.Round(time.Millisecond), humanBytes(int64(rate)),
 		len(plan.Blobs)-len(todo), dir)
 	if onGPU, _ := o.dec.Ready(ctx); onGPU {
 		// What the GPU really decoded: with --decode gpu every chunk,
@@ -240,9 +254,27 @@ feed:
 			s.Chunks, o.h.Stats().ChunksDecoded.Load(), humanBytes(s.Bytes), s.Refused, s.Corrupt)
 	}
 	if n := failed.Load(); n > 0 {
-		return fmt.Errorf("%d files failed, first: %w", n, firstErr)
+		return fmt.Errorf("%s failed, first: %w", files(int(n)), firstErr)
+	}
+	// Another user of the cache (a mount) may have evicted some meanwhile.
+	gone := 0
+	for _, b := range plan.Blobs {
+		if !c.HasBlob(cache.BlobKey{Layout: lay.ID, Path: b.Path()}) {
+			gone++
+		}
+	}
+	if gone > 0 {
+		return fmt.Errorf("%s of %d warmed no longer in the cache: evicted since, by this warm or another user of the cache (a mount with a smaller --cache-size); raise --cache-size or warm fewer", files(gone), len(plan.Blobs))
 	}
 	return nil
+}
+
+// files is "1 file" or "N files".
+func files(n int) string {
+	if n == 1 {
+		return "1 file"
+	}
+	return strconv.Itoa(n) + " files"
 }
 
 // warmOne fills one blob into the cache (if still absent) and releases it.

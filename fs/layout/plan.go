@@ -57,6 +57,17 @@ func (r *SampleSpan) within(n int64) (lo, hi int64) {
 	return min(lo, hi), hi
 }
 
+// selectedUnder reports whether a path of only lies inside dir (a single
+// sample file of it).
+func selectedUnder(only []string, dir string) bool {
+	for _, o := range only {
+		if strings.HasPrefix(o, dir+"/") {
+			return true
+		}
+	}
+	return false
+}
+
 // PlanOptions choose the blobs of a Plan. The zero value plans every blob.
 type PlanOptions struct {
 	// Only keeps the blobs under these mount paths (arrays, views,
@@ -82,6 +93,11 @@ type Plan struct {
 	// trailing "/") and the whole-array files planned, in mount order.
 	Dirs  []string
 	Bytes int64 // the planned blobs' sizes, summed
+	// Short lists the selected sample directories with fewer samples than
+	// Samples asks for ("t/ has 30"); InRange counts those with any
+	// sample in the range.
+	Short   []string
+	InRange int
 }
 
 // Plan selects blobs by path, sample range and rank. Whole-array files
@@ -119,7 +135,17 @@ func (l *Layout) Plan(o PlanOptions) (*Plan, error) {
 	var walk func(d *Dir)
 	walk = func(d *Dir) {
 		if d.IsSampleDir() {
-			lo, hi := o.Samples.within(d.allLen())
+			if !selected(d.Path()) && !selectedUnder(only, d.Path()) {
+				return
+			}
+			n := d.allLen()
+			if o.Samples != nil && (o.Samples.Stop > n || o.Samples.Start >= n) {
+				plan.Short = append(plan.Short, fmt.Sprintf("%s/ has %d", d.Path(), n))
+			}
+			lo, hi := o.Samples.within(n)
+			if lo < hi {
+				plan.InRange++
+			}
 			mine := o.Shard.Of(lo, hi)
 			listed := false
 			for j := range mine.Count {

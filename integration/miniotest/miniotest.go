@@ -205,6 +205,7 @@ func (s *Server) stop() {
 		return
 	default:
 	}
+	s.Thaw()
 	s.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-s.done:
@@ -213,6 +214,37 @@ func (s *Server) stop() {
 		<-s.done
 	}
 }
+
+// Freeze stops the server process (SIGSTOP): it keeps its port, and the
+// kernel still accepts connections, but nothing answers (a hung endpoint).
+// It returns once every thread of the server has stopped.
+func (s *Server) Freeze() error {
+	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		return err
+	}
+	task := fmt.Sprintf("/proc/%d/task", s.cmd.Process.Pid)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		ents, err := os.ReadDir(task)
+		if err != nil {
+			return err
+		}
+		stopped := 0
+		for _, e := range ents {
+			b, err := os.ReadFile(filepath.Join(task, e.Name(), "stat"))
+			// The state follows the command name in parentheses.
+			if i := strings.LastIndexByte(string(b), ')'); err == nil && i >= 0 && i+2 < len(b) && (b[i+2] == 'T' || b[i+2] == 't') {
+				stopped++
+			}
+		}
+		if stopped == len(ents) {
+			return nil
+		}
+	}
+	return fmt.Errorf("minio not stopped 5s after SIGSTOP")
+}
+
+// Thaw resumes a frozen server (SIGCONT).
+func (s *Server) Thaw() error { return s.cmd.Process.Signal(syscall.SIGCONT) }
 
 // Output returns what the server printed so far, with the secret key
 // replaced, for failure messages.
