@@ -6,7 +6,7 @@ MINIO_VERSION := v0.0.0-20260212201848-7aac2a2c5b7c
 export CGO_ENABLED := 0
 export PATH := $(CURDIR)/bin:$(PATH)
 
-.PHONY: build test test-long test-gpu fuzz bench demo pydeps minio clean vet
+.PHONY: build test test-long test-gpu fuzz mutate bench demo pydeps minio clean vet
 
 build:
 	$(GO) build -o bin/zarrfs ./cmd/zarrfs
@@ -30,11 +30,18 @@ bin/minio:
 vet:
 	$(GO) vet ./...
 
-test: build pydeps minio vet
-	$(GO) test -timeout 75m ./...
+# The soak test runs on its own, last, so that its counts are printed.
+SOAK = $(GO) test -run '^TestSoak$$' -count=1 -v ./integration/ 2>&1 | tee .cache/soak.log | grep -E '^(soak |--- |ok|FAIL|panic)'
 
+test: build pydeps minio vet
+	$(GO) test -timeout 75m -skip '^TestSoak$$' ./...
+	set -o pipefail; $(SOAK)
+
+# The slow suites too: the soak test for 5 minutes (ZARRFS_SOAK=DURATION
+# sets another), source outages with the default deadlines.
 test-long: build pydeps minio
-	ZARRFS_LONG=1 $(GO) test -timeout 120m ./...
+	ZARRFS_LONG=1 $(GO) test -timeout 120m -skip '^TestSoak$$' ./...
+	set -o pipefail; ZARRFS_LONG=1 $(SOAK)
 
 # On a machine with an NVIDIA GPU and the nvidia-libnvcomp-cu13 wheel: GPU decode
 # byte-identical to the CPU path, damaged input, throughput against all CPU cores;
@@ -51,6 +58,14 @@ fuzz:
 	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
 	  done; \
 	done
+
+# Breaks behaviours on purpose, one at a time (integration/mutate/mutations.go),
+# runs the tests that should notice, and reports which mutations they catch.
+# The working tree is never changed: mutants reach the build through
+# go test -overlay. Not part of make test; MUTATE=REGEXP picks mutations.
+MUTATE ?=
+mutate: pydeps minio
+	$(GO) run ./integration/mutate -only '$(MUTATE)'
 
 # Benchmarks print ratios against a named peer measured in the same run (BENCHMARKS.md).
 bench: build pydeps minio

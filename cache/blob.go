@@ -160,9 +160,13 @@ func (c *Cache) GetBlob(ctx context.Context, k BlobKey, size int64, fill func(ct
 			return nil, err
 		}
 		h, err := c.openIndexed(rel, size, k.Identity)
+		if h != nil {
+			c.counts.blobHits.Add(1)
+		}
 		if err != nil || h != nil {
 			return h, err
 		}
+		c.counts.blobMisses.Add(1)
 		h, err = join(c, c.blobFlights, flightKey, ctx,
 			func() bool { e := c.idx[rel]; return e != nil && e.ident == k.Identity },
 			func(ctx context.Context) (*os.File, error) {
@@ -369,13 +373,37 @@ func (h *hashingWriter) sum(size int64) (uint64, error) {
 	return hashFile(h.f, size, *bp)
 }
 
-// fillBlob runs one fill and returns a read-only descriptor, locked shared,
-// on the now-visible blob.
-func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, ident string, fill func(ctx context.Context, f Writer) error) (_ *os.File, err error) {
+// fillBlob runs the fill and returns a read-only descriptor, locked
+// shared, on the now-visible blob. A blob that cannot fit the cache's
+// filesystem fails at once; a fill that finds the filesystem full (other
+// writers, blocks beyond the budget) makes room by evicting and runs again,
+// twice at most.
+func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, ident string, fill func(ctx context.Context, f Writer) error) (*os.File, error) {
+	if err := c.ensureSpace(rel, size); err != nil {
+		return nil, err
+	}
+	for attempt := 0; ; attempt++ {
+		f, err := c.fillBlobOnce(ctx, rel, size, ident, fill)
+		if err == nil || !isNoSpace(err) || attempt == 2 || ctx.Err() != nil {
+			return f, err
+		}
+		c.mu.Lock()
+		freed := c.makeRoomLocked(c.charge(size) + c.unit)
+		c.mu.Unlock()
+		if !freed {
+			return nil, err
+		}
+		c.log.Info("cache filesystem full; evicted entries and filling again", "blob", rel, "err", err)
+	}
+}
+
+// fillBlobOnce runs one fill.
+func (c *Cache) fillBlobOnce(ctx context.Context, rel string, size int64, ident string, fill func(ctx context.Context, f Writer) error) (_ *os.File, err error) {
 	// A blob larger than the whole budget would evict everything and then
 	// itself: it is filled and served from an unlinked temp file instead,
 	// never indexed.
-	oversize := c.budget > 0 && size > c.budget
+	budget := c.Budget()
+	oversize := budget > 0 && c.charge(size) > budget
 	committed := oversize
 	if !oversize {
 		unreserve := c.reserve(size)
@@ -398,7 +426,10 @@ func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, ident stri
 		os.Remove(tmpName)
 	}()
 	hw := &hashingWriter{f: tmp, d: xxhash.New()}
-	if err := fill(ctx, hw); err != nil {
+	c.counts.filling.Add(1)
+	err = fill(ctx, hw)
+	c.counts.filling.Add(-1)
+	if err != nil {
 		return nil, fmt.Errorf("blob %s: fill: %w", rel, err)
 	}
 	fi, err := tmp.Stat()
@@ -425,7 +456,7 @@ func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, ident stri
 		return nil, fmt.Errorf("blob %s: %w", rel, err)
 	}
 	if oversize {
-		c.log.Warn("blob larger than the cache budget served without caching", "blob", rel, "bytes", size, "budget", c.budget)
+		c.log.Warn("blob larger than the cache budget served without caching", "blob", rel, "bytes", size, "budget", budget)
 		return ro, nil // the deferred Remove unlinks it; ro keeps it readable
 	}
 	if err := flock(ro, syscall.LOCK_SH); err != nil {
@@ -462,7 +493,7 @@ func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, ident stri
 // record, which fails verification at recovery and is dropped.
 func (c *Cache) publish(rel, tmpName string, size int64, sum uint64, ident string) error {
 	final := filepath.Join(c.dir, rel)
-	if err := os.MkdirAll(filepath.Dir(final), 0o755); err != nil {
+	if err := c.prepare(rel, tmpName); err != nil {
 		return fmt.Errorf("%s: %w", rel, err)
 	}
 	c.mu.Lock()
@@ -473,7 +504,11 @@ func (c *Cache) publish(rel, tmpName string, size int64, sum uint64, ident strin
 	// A file indexed with other bytes is a stale version being replaced.
 	prev := c.idx[rel]
 	replacing := prev != nil && (prev.sum != sum || prev.size != size)
-	err := c.appendLocked(record{op: opAdd, size: size, sum: sum, ident: ident, key: rel})
+	rec := record{op: opAdd, size: size, sum: sum, ident: ident, key: rel}
+	err := c.appendLocked(rec)
+	if isNoSpace(err) && c.makeRoomLocked(c.unit+4096) {
+		err = c.appendLocked(rec)
+	}
 	c.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("%s: %w", rel, err)
@@ -504,7 +539,7 @@ func (c *Cache) publish(rel, tmpName string, size int64, sum uint64, ident strin
 		return fmt.Errorf("%s: %w", rel, err)
 	}
 	c.mu.Lock()
-	c.inflight -= size // the reservation becomes the entry
+	c.inflight -= c.charge(size) // the reservation becomes the entry
 	c.insertLocked(record{size: size, sum: sum, ident: ident, writer: c.inst.id, key: rel}, true)
 	c.evictLocked()
 	c.mu.Unlock()

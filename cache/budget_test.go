@@ -147,3 +147,24 @@ func TestBlobLargerThanBudget(t *testing.T) {
 		t.Fatalf("%d bytes left on disk", d)
 	}
 }
+
+// Stats counts hits, misses and evictions as they happen.
+func TestStatsCounts(t *testing.T) {
+	c := mustOpen(t, Options{Dir: t.TempDir(), Size: int64(2*sizeOf(key(0)) + sizeOf(key(1)))})
+	getBlob(t, c, key(0)) // miss
+	getBlob(t, c, key(0)) // hit
+	getBlob(t, c, key(1)) // miss
+	getBlob(t, c, key(2)) // miss, evicts
+	getBlob(t, c, key(3)) // miss, evicts
+	s := c.Stats()
+	if s.BlobHits != 1 || s.BlobMisses != 4 || s.Evictions < 1 || s.EvictedBytes < int64(sizeOf(key(0))) || s.Filling != 0 {
+		t.Errorf("stats %+v", s)
+	}
+	tier := c.ChunkTier()
+	tier.Get("k")
+	tier.Put("k", []byte("chunk"))
+	tier.Get("k")
+	if s := c.Stats(); s.ChunkHits != 1 || s.ChunkMisses != 1 {
+		t.Errorf("chunk stats %+v", s)
+	}
+}

@@ -42,12 +42,26 @@ type Options struct {
 	// Dir/blobs, chunks under Dir/chunks, fills in progress under Dir/tmp,
 	// the index in Dir/journal, the directory lock in Dir/lock.
 	Dir string
-	// Size is the byte budget for blobs and chunks together; 0 means
-	// unlimited. It counts file contents, not filesystem blocks.
+	// Size is the byte budget for blobs and chunks together. It counts file
+	// contents, not filesystem blocks. 0 means what the cache's filesystem
+	// can hold: the cache's entries plus the free space at Open, less a
+	// twentieth (at most 1 GiB) for the journal, counted in blocks. A Size
+	// larger than that is lowered to it.
 	Size int64
 	// Logger receives recovery summaries (Info), dropped or corrupt entries
 	// (Warn) and evictions (Debug). Nil discards.
 	Logger *slog.Logger
+	// BlobMode is the permission of decoded blobs: zero means
+	// DefaultBlobMode (0600, the owner only), or 0640 with BlobGroup. Only
+	// read bits may go beyond the owner (0640, 0644); the directories
+	// leading to blobs get the matching search bits. The chunk tier, the
+	// journal, the lock and temp files are owner-only whatever it is.
+	BlobMode fs.FileMode
+	// BlobGroup, when set, is the group (gid) given to blobs and the
+	// directories leading to them, Dir included; the caller must be
+	// allowed to chown to it. Nil means Dir's group when BlobMode lets the
+	// group read, so that every instance gives blobs one group.
+	BlobGroup *uint32
 
 	// noSync skips the filesystem sync before the journal is compacted and
 	// at a clean Close. Only tests that build large caches quickly set it.
@@ -66,11 +80,14 @@ type Options struct {
 type Cache struct {
 	dir        string
 	budget     int64
+	unit       int64 // the filesystem's block size when the budget is the filesystem's, else 1
+	derived    bool  // the budget is what the filesystem can hold
 	log        *slog.Logger
 	noSync     bool
 	compactMin int64
 	onSync     func()
 
+	acc      access   // modes and group of what the cache creates
 	lockFile *os.File // Dir/lock, OFD read lock held while open
 	inst     *instance
 
@@ -88,7 +105,8 @@ type Cache struct {
 	// widened when a store grew past a power of ten) is linked, not filled.
 	byIdent  map[string]*entry
 	lru      list.List // of *entry, most recently used at the front
-	used     int64     // bytes of indexed entries
+	used     int64     // what indexed entries count against the budget (charge)
+	bytes    int64     // bytes of indexed entries
 	inflight int64     // bytes reserved by fills of this instance
 	quit     map[string]bool
 	intern   map[string]string
@@ -99,6 +117,8 @@ type Cache struct {
 	// compacted is the journal's size after its last compaction (or a
 	// clean Open); a journal still that size needs no compaction at Close.
 	compacted int64
+
+	counts counters // Stats (stats.go)
 
 	blobFlights  map[string]*flight[*os.File]
 	chunkFlights map[string]*flight[[]byte]
@@ -155,17 +175,34 @@ func Open(opts Options) (*Cache, error) {
 		return nil, fmt.Errorf("cache %s: %w", opts.Dir, err)
 	}
 	opts.Dir = abs
-	for _, d := range []string{opts.Dir, filepath.Join(opts.Dir, blobsDir), filepath.Join(opts.Dir, chunksDir), filepath.Join(opts.Dir, tmpDir)} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
+	acc, err := newAccess(opts.BlobMode, opts.BlobGroup)
+	if err != nil {
+		return nil, fmt.Errorf("cache %s: %w", opts.Dir, err)
+	}
+	if err := makeRoot(opts.Dir); err != nil {
+		if oe := (*OwnerError)(nil); errors.As(err, &oe) {
+			return nil, err // names the directory itself
+		}
+		return nil, fmt.Errorf("cache %s: %w", opts.Dir, err)
+	}
+	if acc.blobFile&0o040 != 0 && acc.gid < 0 {
+		if fi, err := os.Stat(opts.Dir); err == nil {
+			acc.gid = groupOf(fi)
+		}
+	}
+	pre := &Cache{dir: opts.Dir, acc: acc}
+	for _, d := range []string{blobsDir, chunksDir, tmpDir} {
+		if err := pre.mkdirs(d); err != nil {
 			return nil, fmt.Errorf("cache %s: %w", opts.Dir, err)
 		}
 	}
-	lf, err := os.OpenFile(filepath.Join(opts.Dir, lockRel), os.O_RDWR|os.O_CREATE, 0o644)
+	lf, err := os.OpenFile(filepath.Join(opts.Dir, lockRel), os.O_RDWR|os.O_CREATE, privateFile)
 	if err != nil {
 		return nil, fmt.Errorf("cache %s: %w", opts.Dir, err)
 	}
 	c := &Cache{
 		dir:          opts.Dir,
+		acc:          acc,
 		budget:       opts.Size,
 		log:          log.With("cache", opts.Dir),
 		noSync:       opts.noSync,
@@ -193,6 +230,11 @@ func Open(opts Options) (*Cache, error) {
 	if c.inst, err = newInstance(filepath.Join(opts.Dir, tmpDir)); err != nil {
 		return fail(err)
 	}
+	if opts.Size == 0 {
+		if sp, err := statSpace(opts.Dir); err == nil {
+			c.unit = sp.block
+		}
+	}
 	start := time.Now()
 	exclusive := true
 	if err := ofdLock(lf, syscall.F_WRLCK, false); err != nil {
@@ -207,25 +249,30 @@ func Open(opts Options) (*Cache, error) {
 	}
 	var st recoveryStats
 	if exclusive {
+		_, jerr := os.Lstat(filepath.Join(opts.Dir, journalRel))
 		st, err = c.recover()
+		if err == nil {
+			err = c.applyAccess(jerr == nil)
+		}
 		if err == nil {
 			err = ofdLock(lf, syscall.F_RDLCK, false) // atomic downgrade
 		}
-	} else {
+	} else if err = c.checkAccess(); err == nil {
 		st, err = c.join()
 	}
 	if err != nil {
 		return fail(err)
 	}
 	c.mu.Lock()
+	c.deriveBudget(opts.Size)
 	c.evictLocked()
-	used, n := c.used, len(c.idx)
+	used, n := c.bytes, len(c.idx)
 	c.mu.Unlock()
 	logf := c.log.Debug
 	if st.suspicious+st.dropped+st.temps+st.torn > 0 {
 		logf = c.log.Info // recovery did something worth a line
 	}
-	logf("cache open", "exclusive", exclusive, "entries", n, "bytes", used, "budget", c.budget,
+	logf("cache open", "exclusive", exclusive, "entries", n, "bytes", used, "budget", c.budget, "blob_mode", c.acc.String(),
 		"suspicious", st.suspicious, "dropped", st.dropped, "temps_removed", st.temps, "torn_records", st.torn,
 		"duration", time.Since(start))
 	return c, nil
@@ -300,7 +347,7 @@ func (c *Cache) recover() (recoveryStats, error) {
 			if err := os.RemoveAll(p); err != nil {
 				return st, err
 			}
-			if err := os.Mkdir(p, 0o755); err != nil {
+			if err := c.mkdirs(d); err != nil {
 				return st, err
 			}
 		}
@@ -377,7 +424,23 @@ func (c *Cache) recover() (recoveryStats, error) {
 		return st, nil
 	}
 	if err := c.compact(); err != nil {
-		return st, err
+		if fresh || !isNoSpace(err) {
+			return st, err
+		}
+		// The filesystem is full and nothing could make room: keep the
+		// journal as it is, which is still the index. What recovery
+		// verified is verified again next time; what it dropped is
+		// forgotten on first use.
+		c.log.Warn("cache journal not compacted: filesystem full", "err", err)
+		jf, err := os.OpenFile(jp, os.O_RDWR|os.O_APPEND, 0)
+		if err != nil {
+			return st, fmt.Errorf("journal: %w", err)
+		}
+		if len(buf) > 0 && buf[len(buf)-1] != '\n' {
+			jf.Write([]byte{'\n'}) // end a torn record, so ours start on a line of their own
+		}
+		c.jf, c.joff = jf, int64(len(buf))
+		c.jnext = c.compactThreshold()
 	}
 	return st, nil
 }
@@ -493,7 +556,8 @@ func sortBySeq(s []*replayState) {
 // insertLocked adds or replaces the entry for r.key as most recently used.
 func (c *Cache) insertLocked(r record, trusted bool) *entry {
 	if e := c.idx[r.key]; e != nil {
-		c.used += r.size - e.size
+		c.used += c.charge(r.size) - c.charge(e.size)
+		c.bytes += r.size - e.size
 		c.unidentLocked(e)
 		e.size, e.sum, e.writer, e.ident = r.size, r.sum, r.writer, r.ident
 		e.trusted = e.trusted && trusted
@@ -504,7 +568,8 @@ func (c *Cache) insertLocked(r record, trusted bool) *entry {
 	e := &entry{key: r.key, size: r.size, sum: r.sum, ident: r.ident, writer: r.writer, trusted: trusted}
 	e.elem = c.lru.PushFront(e)
 	c.idx[r.key] = e
-	c.used += r.size
+	c.used += c.charge(r.size)
+	c.bytes += r.size
 	c.identLocked(e)
 	return e
 }
@@ -542,7 +607,8 @@ func (c *Cache) removeLocked(e *entry) {
 	delete(c.idx, e.key)
 	c.unidentLocked(e)
 	c.lru.Remove(e.elem)
-	c.used -= e.size
+	c.used -= c.charge(e.size)
+	c.bytes -= e.size
 }
 
 // appendLocked writes one record to the journal.
@@ -640,11 +706,31 @@ func (c *Cache) tailLocked0() {
 // compact writes a fresh journal holding the current index and replaces the
 // old one. The caller holds the directory lock for writing (no other
 // instance is running) and c.mu if the Cache is shared.
+//
+// On a full filesystem it makes room for the new journal by evicting least
+// recently used entries (no other instance is running, so their records
+// need not precede the unlinks: the new journal leaves them out) and tries
+// again.
 func (c *Cache) compact() error {
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		var n int
+		if n, err = c.compactOnce(); !isNoSpace(err) {
+			return err
+		}
+		if !c.makeRoomLocked(int64(n) + 64<<10) {
+			break
+		}
+	}
+	return err
+}
+
+// compactOnce writes the new journal; n is its size.
+func (c *Cache) compactOnce() (n int, _ error) {
 	// Compaction makes this instance's entries trusted (never verified
 	// again), so their bytes must be on disk first.
 	if err := c.syncAll(); err != nil {
-		return fmt.Errorf("journal: %w", err)
+		return 0, fmt.Errorf("journal: %w", err)
 	}
 	jp := filepath.Join(c.dir, journalRel)
 	tmp := jp + ".new"
@@ -666,15 +752,16 @@ func (c *Cache) compact() error {
 		buf = appendRecord(buf, record{op: opAdd, writer: e.writer, size: e.size, sum: e.sum, ident: e.ident, key: e.key})
 	}
 	if err := writeFileSync(tmp, buf); err != nil {
-		return fmt.Errorf("journal: %w", err)
+		os.Remove(tmp)
+		return len(buf), fmt.Errorf("journal: %w", err)
 	}
 	if err := os.Rename(tmp, jp); err != nil {
-		return fmt.Errorf("journal: %w", err)
+		return len(buf), fmt.Errorf("journal: %w", err)
 	}
 	syncDir(c.dir)
 	jf, err := os.OpenFile(jp, os.O_RDWR|os.O_APPEND, 0)
 	if err != nil {
-		return fmt.Errorf("journal: %w", err)
+		return len(buf), fmt.Errorf("journal: %w", err)
 	}
 	if c.jf != nil {
 		c.jf.Close()
@@ -684,7 +771,7 @@ func (c *Cache) compact() error {
 	c.compacted = c.joff
 	clear(c.quit)
 	c.jnext = c.compactThreshold()
-	return nil
+	return len(buf), nil
 }
 
 // syncAll flushes every file written to the cache's filesystem to disk
@@ -713,8 +800,12 @@ func (c *Cache) syncAll() error {
 }
 
 func writeFileSync(p string, data []byte) error {
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, privateFile)
 	if err != nil {
+		return err
+	}
+	if err := f.Chmod(privateFile); err != nil { // whatever the umask left
+		f.Close()
 		return err
 	}
 	if _, err := f.Write(data); err != nil {
@@ -739,6 +830,7 @@ func syncDir(p string) {
 // returned func gives the reservation back; call it unless the bytes were
 // committed to the index (which then accounts for them).
 func (c *Cache) reserve(n int64) (unreserve func()) {
+	n = c.charge(n)
 	c.mu.Lock()
 	c.inflight += n
 	c.tailLocked()
@@ -795,7 +887,11 @@ func (c *Cache) evictLocked() {
 // holds it open through a Handle. The deletion is logged before the unlink
 // so that no instance can log a re-add that the journal would then order
 // before the delete.
-func (c *Cache) evictOneLocked(e *entry) bool {
+func (c *Cache) evictOneLocked(e *entry) bool { return c.evictEntryLocked(e, false) }
+
+// evictEntryLocked is evictOneLocked; with force, a deletion record that
+// cannot be written (the filesystem is full) does not keep the file.
+func (c *Cache) evictEntryLocked(e *entry, force bool) bool {
 	p := filepath.Join(c.dir, e.key)
 	f, err := os.Open(p)
 	if err != nil {
@@ -807,11 +903,16 @@ func (c *Cache) evictOneLocked(e *entry) bool {
 		return false
 	}
 	if err := c.appendLocked(record{op: opDel, key: e.key}); err != nil {
-		c.log.Warn("cache eviction not logged", "key", e.key, "err", err)
-		return false
+		if !force {
+			c.log.Warn("cache eviction not logged", "key", e.key, "err", err)
+			return false
+		}
+		c.log.Debug("cache eviction not logged; unlinking anyway", "key", e.key, "err", err)
 	}
 	os.Remove(p)
 	c.removeLocked(e)
+	c.counts.evictions.Add(1)
+	c.counts.evictedBytes.Add(e.size)
 	c.log.Debug("cache evict", "key", e.key, "bytes", e.size)
 	return true
 }
@@ -825,7 +926,7 @@ func (c *Cache) Usage() (bytes int64, files int) {
 	if !c.closed {
 		c.tailLocked()
 	}
-	return c.used, len(c.idx)
+	return c.bytes, len(c.idx)
 }
 
 // Close stops fills in progress (their callers get an error), logs a clean

@@ -48,8 +48,12 @@ func (c *Cache) getChunk(ctx context.Context, rel, key string, fetch func(ctx co
 		return nil, err
 	}
 	if data, err := c.readChunk(rel); data != nil || err != nil {
+		if data != nil {
+			c.counts.chunkHits.Add(1)
+		}
 		return data, err
 	}
+	c.counts.chunkMisses.Add(1)
 	return join(c, c.chunkFlights, rel, ctx,
 		func() bool { return c.idx[rel] != nil },
 		func(ctx context.Context) ([]byte, error) {
@@ -109,7 +113,7 @@ func (c *Cache) readChunk(rel string) ([]byte, error) {
 
 func (c *Cache) storeChunk(rel, key string, data []byte) {
 	size := int64(len(data))
-	if c.budget > 0 && size > c.budget {
+	if b := c.Budget(); b > 0 && c.charge(size) > b {
 		return
 	}
 	unreserve := c.reserve(size)
@@ -119,10 +123,31 @@ func (c *Cache) storeChunk(rel, key string, data []byte) {
 			unreserve()
 		}
 	}()
-	tmp, err := os.CreateTemp(c.inst.dir, "chunk-*")
+	var err error
+	for attempt := 0; attempt < 2; attempt++ {
+		if err = c.writeChunk(rel, data); !isNoSpace(err) {
+			break
+		}
+		// The filesystem is full: make room and try once more.
+		c.mu.Lock()
+		freed := c.makeRoomLocked(c.charge(size) + c.unit)
+		c.mu.Unlock()
+		if !freed {
+			break
+		}
+	}
 	if err != nil {
 		c.log.Warn("cache chunk not stored", "key", key, "err", err)
 		return
+	}
+	committed = true
+}
+
+// writeChunk writes data to a temp file and publishes it as rel.
+func (c *Cache) writeChunk(rel string, data []byte) error {
+	tmp, err := os.CreateTemp(c.inst.dir, "chunk-*")
+	if err != nil {
+		return err
 	}
 	defer os.Remove(tmp.Name())
 	_, err = tmp.Write(data)
@@ -130,13 +155,9 @@ func (c *Cache) storeChunk(rel, key string, data []byte) {
 		err = cerr
 	}
 	if err == nil {
-		err = c.publish(rel, tmp.Name(), size, xxhash.Sum64(data), "")
+		err = c.publish(rel, tmp.Name(), int64(len(data)), xxhash.Sum64(data), "")
 	}
-	if err != nil {
-		c.log.Warn("cache chunk not stored", "key", key, "err", err)
-		return
-	}
-	committed = true
+	return err
 }
 
 // ChunkTier is the chunk tier as a plain keyed store of compressed source
@@ -152,7 +173,12 @@ func (c *Cache) ChunkTier() ChunkTier { return ChunkTier{c} }
 // intact.
 func (t ChunkTier) Get(key string) ([]byte, bool) {
 	data, err := t.c.readChunk(chunkRel(key))
-	return data, err == nil && data != nil
+	if err == nil && data != nil {
+		t.c.counts.chunkHits.Add(1)
+		return data, true
+	}
+	t.c.counts.chunkMisses.Add(1)
+	return nil, false
 }
 
 // Put stores b under key, unless the tier already holds it. It does not

@@ -15,6 +15,14 @@
 //	Dir/tmp/<id>/     fills in progress of the live instance <id>, which
 //	                  holds Dir/tmp/<id>.lock for its lifetime
 //
+// # Permissions
+//
+// A cache directory belongs to one user: Open refuses one owned by another
+// uid, creates everything owner-only (0700/0600) whatever the umask, and
+// tightens what is wider. Options.BlobMode and BlobGroup open the decoded
+// blobs alone, and the directories leading to them, to a group or to all,
+// for readers that open blob files themselves (access.go).
+//
 // # Crash safety
 //
 // A fill writes a temp file under Dir/tmp/<id>, the cache checks its size,
@@ -67,7 +75,21 @@
 // it writes and evicts least recently used entries until indexed plus
 // reserved bytes fit the budget, so the directory stays within the budget
 // unless pinned entries alone exceed it; the excess goes when the pins do.
-// Eviction deletes the file.
+// Eviction deletes the file. Without an explicit budget, the budget is what
+// the cache's filesystem can hold (entries plus free space at Open, less
+// headroom for the journal), counted in filesystem blocks.
+//
+// # A full filesystem
+//
+// A blob larger than the filesystem fails before it is filled; one that
+// fits only after evicting gets the room first. A fill, a chunk or a
+// journal record that still meets ENOSPC (something else filled the disk)
+// makes room by evicting least recently used entries and tries again. An
+// eviction whose deletion record cannot be written unlinks the file anyway:
+// an indexed entry without its file is forgotten on first use and at
+// recovery, so nothing wrong is ever served. Recovery and compaction make
+// room the same way, and when nothing can go, recovery keeps the journal as
+// it is rather than fail.
 //
 // # Concurrency
 //

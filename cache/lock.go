@@ -84,7 +84,7 @@ func newInstance(tmpRoot string) (*instance, error) {
 	for attempt := 0; ; attempt++ {
 		id := randomID()
 		lp := filepath.Join(tmpRoot, id+".lock")
-		f, err := os.OpenFile(lp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+		f, err := os.OpenFile(lp, os.O_RDWR|os.O_CREATE|os.O_EXCL, privateFile)
 		if err != nil {
 			if errors.Is(err, os.ErrExist) && attempt < 10 {
 				continue
@@ -102,7 +102,7 @@ func newInstance(tmpRoot string) (*instance, error) {
 			continue
 		}
 		dir := filepath.Join(tmpRoot, id)
-		if err := os.Mkdir(dir, 0o755); err != nil {
+		if err := os.Mkdir(dir, privateDir); err != nil {
 			f.Close()
 			os.Remove(lp)
 			return nil, fmt.Errorf("cache temp dir %s: %w", dir, err)

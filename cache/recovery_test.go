@@ -281,3 +281,32 @@ func TestSyncBeforeTrust(t *testing.T) {
 	}
 	c.Close()
 }
+
+// Summarize reads what the journal says without opening the cache, and
+// counts the instances running.
+func TestSummarize(t *testing.T) {
+	dir := t.TempDir()
+	c := mustOpen(t, Options{Dir: dir})
+	getBlob(t, c, key(0))
+	getBlob(t, c, key(1))
+	if _, err := c.GetBlob(context.Background(), BlobKey{Layout: "M", Path: "x.npy"}, 10, writeFill(make([]byte, 10))); err != nil {
+		t.Fatal(err)
+	}
+	c.ChunkTier().Put("chunk", []byte("12345"))
+	s, err := Summarize(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := int64(sizeOf(key(0)) + sizeOf(key(1)) + 10)
+	if s.Blobs != 3 || s.BlobBytes != want || s.Chunks != 1 || s.ChunkBytes != 5 || len(s.Layouts) != 2 ||
+		s.Layouts[0] != (LayoutSummary{"L", 2, want - 10}) || s.Running != 1 {
+		t.Errorf("summary %+v", s)
+	}
+	c.Close()
+	if s, err := Summarize(dir); err != nil || s.Running != 0 || s.Blobs != 3 {
+		t.Errorf("after Close: %+v, %v", s, err)
+	}
+	if _, err := Summarize(filepath.Join(dir, "nope")); err == nil {
+		t.Error("a missing directory summarized")
+	}
+}

@@ -20,7 +20,7 @@ var sizeUnits = map[string]float64{
 	"p": 1 << 50, "pi": 1 << 50, "pib": 1 << 50, "pb": 1e15,
 }
 
-// ParseSize parses a human byte count for --cache-size: "4096", "200KiB",
+// ParseSize parses a human byte count (--cache-size, --memory): "4096", "200KiB",
 // "500GiB", "1.5TB", "10G" (binary), "2 MB" (decimal). Units are case
 // insensitive; fractions are allowed and rounded down to whole bytes. "0"
 // means 0, which Options.Size reads as unlimited. Negative, non-finite and
@@ -34,23 +34,23 @@ func ParseSize(s string) (int64, error) {
 	num, unit := t[:i], strings.ToLower(strings.TrimSpace(t[i:]))
 	mult, ok := sizeUnits[unit]
 	if num == "" || !ok {
-		return 0, fmt.Errorf("cache size %q: want a number with an optional unit such as KiB, MiB, GiB, TiB, KB, GB, TB", s)
+		return 0, fmt.Errorf("size %q: want a number with an optional unit such as KiB, MiB, GiB, TiB, KB, GB, TB", s)
 	}
 	if mult == 1 && !strings.Contains(num, ".") {
 		// Exact for integers beyond 2^53, where a float would round.
 		n, err := strconv.ParseInt(num, 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("cache size %q: %w", s, err)
+			return 0, fmt.Errorf("size %q: %w", s, err)
 		}
 		return n, nil
 	}
 	f, err := strconv.ParseFloat(num, 64)
 	if err != nil {
-		return 0, fmt.Errorf("cache size %q: %w", s, err)
+		return 0, fmt.Errorf("size %q: %w", s, err)
 	}
 	v := math.Floor(f * mult)
 	if v >= math.MaxInt64 {
-		return 0, fmt.Errorf("cache size %q: too large", s)
+		return 0, fmt.Errorf("size %q: too large", s)
 	}
 	return int64(v), nil
 }

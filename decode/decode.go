@@ -31,6 +31,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/zarrfs/zarrfs/gpu"
 	"github.com/zarrfs/zarrfs/zarr/codec"
@@ -122,6 +123,7 @@ type gpuDecoder interface {
 	Close() error
 	Info() gpu.Info
 	MemoryHeld() (device, staging, lent int64)
+	Stats() gpu.Stats
 }
 
 // Memory defaults and floors (see Options).
@@ -197,6 +199,22 @@ type Pipeline struct {
 	closed  bool
 	gpuErr  error
 	started bool
+	woke    bool // the GPUs were started again after sleeping
+
+	// retired sums the Stats of GPUs closed while asleep.
+	retired gpu.Stats
+
+	// onCPU is the CPU pool, counted; decoded holds the counts of every
+	// device, guarded by countMu.
+	onCPU   codec.BatchDecoder
+	countMu sync.Mutex
+	decoded Decoded
+
+	// Idle sleep (sleepWhenIdle, wake).
+	active  atomic.Int64 // batches in DecodeBatch
+	lastUse atomic.Int64 // UnixNano of the last batch
+	asleep  atomic.Bool
+	wakeMu  sync.Mutex
 
 	fellBack sync.Once
 }
@@ -240,8 +258,10 @@ func New(opts Options) (*Pipeline, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	p := &Pipeline{opts: opts, log: log, cpu: codec.NewCPU(codec.Options{Workers: opts.Workers}), ready: make(chan struct{})}
-	p.route.Store(&routed{p.cpu})
+	p := &Pipeline{opts: opts, log: log, cpu: codec.NewCPU(codec.Options{Workers: opts.Workers}), ready: make(chan struct{}),
+		decoded: Decoded{}}
+	p.onCPU = &counter{inner: p.cpu, device: "cpu", mu: &p.countMu, into: p.decoded}
+	p.route.Store(&routed{p.onCPU})
 	opts.GPU = gopts
 	p.opts.GPU = gopts
 	switch {
@@ -273,8 +293,17 @@ func New(opts Options) (*Pipeline, error) {
 }
 
 // startGPUs opens every GPU asked for and switches the route to them.
-func (p *Pipeline) startGPUs() (err error) {
+func (p *Pipeline) startGPUs() error {
 	defer close(p.ready)
+	err := p.openGPUs()
+	if err == nil {
+		go p.sleepWhenIdle()
+	}
+	return err
+}
+
+// openGPUs opens every GPU asked for and switches the route to them.
+func (p *Pipeline) openGPUs() (err error) {
 	devices := p.opts.GPUs
 	if devices == nil {
 		n := p.opts.deviceCount()
@@ -297,12 +326,17 @@ func (p *Pipeline) startGPUs() (err error) {
 			return
 		}
 		p.gpus, p.started = gpus, true
+		p.lastUse.Store(time.Now().UnixNano())
 		var names []string
 		for _, g := range gpus {
 			names = append(names, g.Info().String())
 		}
-		p.log.Info("decoding on the GPU", "mode", string(p.opts.Mode), "gpus", len(gpus), "gpu", strings.Join(names, "; "),
-			"gpu_memory", size(p.opts.GPUMemory), "pinned_memory", size(p.opts.PinnedMemory), "cpu_workers", p.opts.Workers)
+		if p.woke {
+			p.log.Debug("GPUs started again", "gpus", len(gpus))
+		} else {
+			p.log.Info("decoding on the GPU", "mode", string(p.opts.Mode), "gpus", len(gpus), "gpu", strings.Join(names, "; "),
+				"gpu_memory", size(p.opts.GPUMemory), "pinned_memory", size(p.opts.PinnedMemory), "cpu_workers", p.opts.Workers)
+		}
 		var onGPU codec.BatchDecoder = gpus[0]
 		if len(gpus) > 1 {
 			ds := make([]codec.BatchDecoder, len(gpus))
@@ -311,14 +345,15 @@ func (p *Pipeline) startGPUs() (err error) {
 			}
 			onGPU = newSpread(ds)
 		}
-		onGPU = &fallback{inner: onGPU, cpu: p.cpu, warn: p.warnFallback}
+		onGPU = &counter{inner: onGPU, device: "gpu", mu: &p.countMu, into: p.decoded}
+		onGPU = &fallback{inner: onGPU, cpu: p.onCPU, warn: p.warnFallback}
 		if p.opts.Mode == GPU {
 			p.route.Store(&routed{onGPU})
 			return
 		}
 		// One batch at a time on the CPU (Limit 1): on an H200 with 16
 		// cores this was measured best of 1 and 2 (BENCHMARKS.md).
-		p.route.Store(&routed{&codec.Overflow{First: p.cpu, Then: onGPU, Limit: 1}})
+		p.route.Store(&routed{&codec.Overflow{First: p.onCPU, Then: onGPU, Limit: 1}})
 	}()
 	if len(devices) == 0 {
 		return fmt.Errorf("%w: the driver sees no device", gpu.ErrNoGPU)
@@ -342,7 +377,81 @@ func (p *Pipeline) startGPUs() (err error) {
 // DecodeBatch decodes jobs where the mode says; jobs a GPU refuses or
 // fails decode on the CPU.
 func (p *Pipeline) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
+	p.active.Add(1)
+	defer p.active.Add(-1)
+	p.lastUse.Store(time.Now().UnixNano())
+	if p.asleep.Load() {
+		p.wake()
+	}
 	return p.route.Load().DecodeBatch(ctx, jobs)
+}
+
+// sleepWhenIdle gives the GPUs back (their contexts, buffers and pinned
+// memory) after Options.GPU.HostIdle without a batch, so that a mount that
+// finished its warm-up leaves the GPUs to training; the next batch starts
+// them again (wake).
+func (p *Pipeline) sleepWhenIdle() {
+	idle := p.opts.GPU.HostIdle
+	if idle <= 0 {
+		idle = 2 * time.Minute
+	}
+	t := time.NewTicker(max(idle/4, 10*time.Millisecond))
+	defer t.Stop()
+	for range t.C {
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return
+		}
+		if p.asleep.Load() || len(p.gpus) == 0 || p.active.Load() > 0 || time.Since(time.Unix(0, p.lastUse.Load())) < idle {
+			p.mu.Unlock()
+			continue
+		}
+		gpus := p.gpus
+		p.gpus = nil
+		p.route.Store(&routed{p.onCPU})
+		p.asleep.Store(true)
+		p.mu.Unlock()
+		// A batch that loaded the old route just before the swap still
+		// runs on it: Close waits for its rounds.
+		for _, g := range gpus {
+			g.Close()
+		}
+		p.mu.Lock()
+		for _, g := range gpus {
+			p.retired = p.retired.Add(g.Stats())
+		}
+		p.mu.Unlock()
+		p.log.Debug("idle: GPUs given back", "after", idle)
+	}
+}
+
+// wake starts the GPUs again after sleepWhenIdle: in the background in
+// Auto mode (batches decode on the CPU meanwhile), before the batch in GPU
+// mode.
+func (p *Pipeline) wake() {
+	start := func() {
+		p.wakeMu.Lock()
+		defer p.wakeMu.Unlock()
+		if !p.asleep.Load() {
+			return
+		}
+		p.mu.Lock()
+		p.woke = true
+		p.mu.Unlock()
+		if err := p.openGPUs(); err != nil {
+			p.log.Warn("GPUs did not start again; decoding on the CPU", "err", err)
+		}
+		p.asleep.Store(false)
+	}
+	if p.opts.Mode == GPU {
+		start()
+		return
+	}
+	if p.wakeMu.TryLock() {
+		p.wakeMu.Unlock()
+		go start()
+	}
 }
 
 // Ready blocks until the GPUs have started or failed to (at once in CPU
@@ -448,6 +557,29 @@ func (p *Pipeline) Placement() string {
 			s += "s"
 		}
 		s += " (" + string(p.opts.Mode) + ")"
+	}
+	return s
+}
+
+// Decoded returns the chunks and bytes decoded so far by codec and device.
+func (p *Pipeline) Decoded() Decoded {
+	p.countMu.Lock()
+	defer p.countMu.Unlock()
+	out := make(Decoded, len(p.decoded))
+	for k, v := range p.decoded {
+		out[k] = v
+	}
+	return out
+}
+
+// GPUStats sums what the GPUs decoded, refused and found corrupt since
+// the pipeline started (package gpu's Stats), zero without a GPU.
+func (p *Pipeline) GPUStats() gpu.Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.retired
+	for _, g := range p.gpus {
+		s = s.Add(g.Stats())
 	}
 	return s
 }

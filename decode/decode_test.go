@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -67,6 +68,7 @@ func (g *fakeGPU) HostFree(b []byte) {
 
 func (g *fakeGPU) Close() error                      { g.closed.Store(true); return nil }
 func (g *fakeGPU) MemoryHeld() (int64, int64, int64) { return 1, 2, 3 }
+func (g *fakeGPU) Stats() gpu.Stats                  { return gpu.Stats{Chunks: g.decoded.Load()} }
 func (g *fakeGPU) Info() gpu.Info {
 	return gpu.Info{Available: true, Device: fmt.Sprintf("fake %d", g.dev)}
 }
@@ -161,6 +163,10 @@ func TestGPUModeFallback(t *testing.T) {
 	if got := made[0].decoded.Load(); got != 2 {
 		t.Errorf("GPU decoded %d jobs, want the 2 zstd ones", got)
 	}
+	n := int64(len(sample))
+	if d := p.Decoded(); d[Place{"zstd", "gpu"}] != (Count{2, 2 * n}) || d[Place{"lz4", "cpu"}] != (Count{1, n}) || len(d) != 2 {
+		t.Errorf("Decoded %v", d)
+	}
 	made[0].failing.Store(true)
 	jobs = []codec.Job{zstdJob(t), zstdJob(t)}
 	if err := p.DecodeBatch(context.Background(), jobs); err != nil {
@@ -216,10 +222,12 @@ func TestAutoMode(t *testing.T) {
 	if made[0].batches.Load() != 0 {
 		t.Errorf("a lone batch went to the GPU")
 	}
-	// Hold the CPU with a slow batch: many large jobs.
+	// Hold the CPU with a slow batch: many jobs (one encoding, each its
+	// own destination).
+	one := zstdJob(t)
 	var big []codec.Job
-	for range 400 {
-		big = append(big, zstdJob(t))
+	for range 5000 {
+		big = append(big, codec.Job{Codec: one.Codec, Src: one.Src, Dst: make([]byte, len(one.Dst))})
 	}
 	done := make(chan struct{})
 	go func() { p.DecodeBatch(context.Background(), big); close(done) }()
@@ -371,5 +379,43 @@ func TestBudgets(t *testing.T) {
 	defer q.Close()
 	if d, pin := q.MemoryHeld(); d != 2 || pin != 10 {
 		t.Errorf("MemoryHeld over two GPUs: %d, %d", d, pin)
+	}
+}
+
+// After the idle time the GPUs are given back; the next batch starts them
+// again (before it runs, in GPU mode).
+func TestSleepAndWake(t *testing.T) {
+	var made []*fakeGPU
+	opts := fakes(GPU, 1, &made)
+	opts.GPU.HostIdle = 30 * time.Millisecond
+	p, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	j := []codec.Job{zstdJob(t)}
+	if err := p.DecodeBatch(context.Background(), j); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !made[0].closed.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("idle GPUs not given back")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if d, pin := p.MemoryHeld(); d != 0 || pin != 0 {
+		t.Errorf("asleep, the pipeline reports %d and %d bytes held", d, pin)
+	}
+	j = []codec.Job{zstdJob(t)}
+	if err := p.DecodeBatch(context.Background(), j); err != nil {
+		t.Fatal(err)
+	}
+	checkJobs(t, j)
+	if len(made) != 2 || made[1].decoded.Load() != 1 {
+		t.Errorf("after waking: %d GPUs opened, the new one decoded %d", len(made), made[len(made)-1].decoded.Load())
+	}
+	if s := p.GPUStats(); s.Chunks != 2 {
+		t.Errorf("GPUStats across a sleep: %d chunks, want 2", s.Chunks)
 	}
 }

@@ -3,7 +3,9 @@ package fs
 import (
 	"container/list"
 	"context"
+	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -95,6 +97,7 @@ func (n *resolveNode) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 	if !ok || e.Kind != layout.KindBlob {
 		return nil, syscall.ENOENT
 	}
+	n.m.opens.Add(1)
 	if err := n.m.leases.resolve(ctx, n.m, e.Blob); err != nil {
 		return nil, n.m.errno(e.Blob, err)
 	}
@@ -165,6 +168,12 @@ func (l *leases) resolve(ctx context.Context, m *Mounted, b layout.Blob) error {
 	h, ident, err := m.open(ctx, b)
 	if err != nil {
 		return err
+	}
+	// A blob larger than the whole cache budget is served from an unlinked
+	// file, which no link can name.
+	if st, err := os.Stat(m.opts.Blobs.Path(m.opts.Layout.ID, p)); err != nil || st.Size() != b.Size() {
+		h.Close()
+		return fmt.Errorf("%s: %d bytes, larger than the cache budget: direct mode serves only blobs the cache can keep (raise --cache-size)", p, b.Size())
 	}
 	l.mu.Lock()
 	if l.closed {

@@ -19,12 +19,16 @@
 package fs
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -84,6 +88,11 @@ type Options struct {
 	// a reader walking a sample directory in order (see WithReadahead).
 	// Zero means none.
 	Readahead int
+	// MaxInodes bounds the files the kernel may hold looked up at once
+	// (each costs the daemon about a kilobyte): past it, the oldest are
+	// invalidated and looked up again when needed. Zero means
+	// DefaultMaxInodes.
+	MaxInodes int
 
 	// Refresh, when set, builds the tree anew from the source as it is now
 	// (metadata re-read, arrays listed again); the mount calls it every
@@ -115,10 +124,18 @@ type Mounted struct {
 	reported map[string]bool // fault keys already logged
 
 	leases *leases // direct mode only
+	inodes *inodeCap
+
+	// Counters for Stats.
+	opens, openFiles atomic.Int64
+	errors           map[string]int64 // failed opens by Group, guarded by mu
 
 	unmountOnce sync.Once
 	unmountErr  error
 }
+
+// maxReported bounds the fault keys remembered for logging once each.
+const maxReported = 10000
 
 // ErrStaleMount is wrapped in the message logged when a mountpoint left by a
 // killed daemon is cleared.
@@ -153,6 +170,10 @@ func Mount(ctx context.Context, opts Options) (*Mounted, error) {
 	if err := ClearStale(opts.Mountpoint, m.log); err != nil {
 		return nil, err
 	}
+	if src, ok := liveMount(opts.Mountpoint); ok {
+		// Mounting over it would hide the first mount's tree: refuse.
+		return nil, fmt.Errorf("%s: already a zarrfs mount (of %s); unmount it first (fusermount3 -u %s)", opts.Mountpoint, src, opts.Mountpoint)
+	}
 	st, err := os.Stat(opts.Mountpoint)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", opts.Mountpoint, err)
@@ -168,48 +189,9 @@ func Mount(ctx context.Context, opts Options) (*Mounted, error) {
 	if opts.Readahead > 0 {
 		m.opts.Blobs = newReadahead(opts.Blobs, m.Layout, opts.Readahead, m.log)
 	}
-	timeout := attrTimeout
-	if opts.Refresh != nil && opts.RefreshEvery > 0 {
-		// Names, attributes and failed lookups expire with the metadata;
-		// a refresh that changes them also tells the kernel at once.
-		timeout = min(timeout, opts.RefreshEvery)
-	}
 	root := &dirNode{roNode: roNode{m: m}, path: ""}
 	m.root = root
-	mo := &gofs.Options{
-		EntryTimeout:    &timeout,
-		AttrTimeout:     &timeout,
-		NegativeTimeout: &timeout,
-		UID:             m.owner.Uid,
-		GID:             m.owner.Gid,
-		MountOptions: fuse.MountOptions{
-			AllowOther:    opts.AllowOther,
-			FsName:        opts.Layout.SourceID,
-			Name:          "zarrfs",
-			MaxWrite:      1 << 20, // also max_read: 1 MiB requests
-			MaxReadAhead:  1 << 20,
-			MaxBackground: opts.MaxBackground,
-			// Nothing here has extended attributes; saying so saves a
-			// getxattr round trip per read on some kernels.
-			DisableXAttrs: true,
-			// A backing file may itself live on a stacked filesystem
-			// (overlayfs in a container); depth 2 keeps passthrough
-			// available there.
-			MaxStackDepth: 2,
-			Debug:         opts.Debug,
-			// The read-only flag makes the kernel refuse writes before
-			// they reach us; the nodes refuse them too.
-			Options:          []string{"ro", "default_permissions"},
-			DirectMount:      os.Geteuid() == 0,
-			DirectMountFlags: syscall.MS_RDONLY | syscall.MS_NOSUID | syscall.MS_NODEV,
-		},
-	}
-	if mo.MaxBackground == 0 {
-		mo.MaxBackground = 64
-	}
-	if opts.DisablePassthrough {
-		mo.DisabledCapabilities = fuse.CAP_PASSTHROUGH
-	}
+	mo := m.fuseOptions()
 	if _, taken := opts.Layout.Root().Lookup(resolveDir); taken && opts.Direct {
 		return nil, fmt.Errorf("%s: the store has an entry named %s, which direct mode needs for itself", opts.Mountpoint, resolveDir)
 	}
@@ -219,11 +201,13 @@ func Mount(ctx context.Context, opts Options) (*Mounted, error) {
 		// (go-fuse leaves it off unless EnableSymlinkCaching is set).
 		m.leases = newLeases(opts.Lease, m.log)
 	}
+	m.inodes = newInodeCap(cmp.Or(opts.MaxInodes, DefaultMaxInodes))
 	server, err := gofs.Mount(opts.Mountpoint, root, mo)
 	if err != nil {
 		if m.leases != nil {
 			m.leases.close()
 		}
+		m.inodes.close()
 		return nil, fmt.Errorf("mount %s: %w", opts.Mountpoint, err)
 	}
 	m.server = server
@@ -234,6 +218,82 @@ func Mount(ctx context.Context, opts Options) (*Mounted, error) {
 		close(m.refreshDone)
 	}
 	return m, nil
+}
+
+// fuseOptions are the mount's options: read-only in the kernel (the nodes
+// refuse writes too, so each layer alone keeps the mount read-only), with
+// long attribute timeouts for a tree that never changes, and timeouts of
+// the refresh interval for one that follows its store.
+func (m *Mounted) fuseOptions() *gofs.Options {
+	timeout := attrTimeout
+	if m.opts.Refresh != nil && m.opts.RefreshEvery > 0 {
+		// Names, attributes and failed lookups expire with the metadata;
+		// a refresh that changes them also tells the kernel at once.
+		timeout = min(timeout, m.opts.RefreshEvery)
+	}
+	mo := &gofs.Options{
+		EntryTimeout:    &timeout,
+		AttrTimeout:     &timeout,
+		NegativeTimeout: &timeout,
+		UID:             m.owner.Uid,
+		GID:             m.owner.Gid,
+		MountOptions: fuse.MountOptions{
+			AllowOther:    m.opts.AllowOther,
+			FsName:        m.opts.Layout.SourceID,
+			Name:          "zarrfs",
+			MaxWrite:      1 << 20, // also max_read: 1 MiB requests
+			MaxReadAhead:  1 << 20,
+			MaxBackground: m.opts.MaxBackground,
+			// Nothing here has extended attributes; saying so saves a
+			// getxattr round trip per read on some kernels.
+			DisableXAttrs: true,
+			// READDIRPLUS only where the reader stats what it lists (ls
+			// -l), as the kernel finds out by itself: a plain listing (a
+			// glob of a directory of a million samples) then makes the
+			// kernel look up, and the daemon keep an inode for, none of
+			// its entries.
+			ExtraCapabilities: fuse.CAP_READDIRPLUS_AUTO,
+			// A backing file may itself live on a stacked filesystem
+			// (overlayfs in a container); depth 2 keeps passthrough
+			// available there.
+			MaxStackDepth: 2,
+			Debug:         m.opts.Debug,
+			// The read-only flag makes the kernel refuse writes before
+			// they reach us; the nodes refuse them too.
+			Options:          []string{"ro", "default_permissions"},
+			DirectMount:      os.Geteuid() == 0,
+			DirectMountFlags: syscall.MS_RDONLY | syscall.MS_NOSUID | syscall.MS_NODEV,
+		},
+	}
+	if mo.MaxBackground == 0 {
+		mo.MaxBackground = 64
+	}
+	if m.opts.DisablePassthrough {
+		mo.DisabledCapabilities = fuse.CAP_PASSTHROUGH
+	}
+	return mo
+}
+
+// Stats is what a mount did since it started.
+type Stats struct {
+	// Opens counts opens of sample files (plain mode) and resolutions of
+	// their links (direct mode).
+	Opens int64
+	// OpenFiles is the files open now (plain mode) or leased (direct).
+	OpenFiles int64
+	// Errors counts failed opens by array or view (Group).
+	Errors map[string]int64
+}
+
+// Stats returns the counts so far.
+func (m *Mounted) Stats() Stats {
+	s := Stats{Opens: m.opens.Load(), OpenFiles: m.openFiles.Load() + int64(m.Leased()), Errors: map[string]int64{}}
+	m.mu.Lock()
+	for k, v := range m.errors {
+		s.Errors[k] = v
+	}
+	m.mu.Unlock()
+	return s
 }
 
 // Layout returns the tree the mount serves now.
@@ -253,11 +313,13 @@ func (m *Mounted) Leased() int {
 	return m.leases.held()
 }
 
-// endLeases releases every blob leased by direct mode (at unmount).
+// endLeases releases every blob leased by direct mode (at unmount), and
+// stops the inode bound.
 func (m *Mounted) endLeases() {
 	if m.leases != nil {
 		m.leases.close()
 	}
+	m.inodes.close()
 }
 
 // Passthrough reports whether the kernel accepted FUSE passthrough for this
@@ -327,6 +389,54 @@ func ClearStale(mountpoint string, log *slog.Logger) error {
 	return nil
 }
 
+// liveMount reports whether mountpoint is the top of a zarrfs mount, and
+// its source, from /proc/self/mountinfo.
+func liveMount(mountpoint string) (source string, ok bool) {
+	abs, err := filepath.Abs(mountpoint)
+	if err != nil {
+		return "", false
+	}
+	if real, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = real
+	}
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "", false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		pre, post, found := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !found || len(f) < 5 || len(g) < 2 {
+			continue
+		}
+		// The last matching line is the mount on top.
+		if unescapeMountinfo(f[4]) == abs {
+			source, ok = unescapeMountinfo(g[1]), g[0] == "fuse.zarrfs"
+		}
+	}
+	return source, ok
+}
+
+// unescapeMountinfo undoes the octal escapes (\040 for a space) of
+// /proc/self/mountinfo.
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
 // lazyUnmount detaches a mount even while it is busy.
 func lazyUnmount(mp string) error {
 	if os.Geteuid() == 0 {
@@ -387,7 +497,14 @@ func (m *Mounted) errno(b layout.Blob, err error) syscall.Errno {
 	}
 	m.mu.Lock()
 	first := !m.reported[key]
+	if len(m.reported) >= maxReported {
+		clear(m.reported) // bounded: a long outage touches every chunk
+	}
 	m.reported[key] = true
+	if m.errors == nil {
+		m.errors = map[string]int64{}
+	}
+	m.errors[Group(b.Path())]++
 	m.mu.Unlock()
 	if first {
 		m.log.Error("cannot fill file", attrs...)

@@ -20,6 +20,7 @@ import (
 	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/fs/layout"
 	"github.com/zarrfs/zarrfs/internal/syncbuf"
+	"github.com/zarrfs/zarrfs/internal/testenv"
 	"github.com/zarrfs/zarrfs/zarr"
 )
 
@@ -67,7 +68,7 @@ type testMount struct {
 func requireFUSE(t testing.TB) {
 	t.Helper()
 	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("no /dev/fuse")
+		testenv.Missing(t, "no /dev/fuse: FUSE tests need it")
 	}
 }
 

@@ -188,7 +188,11 @@ func (m *Mounted) child(ctx context.Context, parent *gofs.Inode, dir string, e l
 		node = &sidecarNode{roNode: roNode{m: m}, path: p}
 	}
 	m.fillAttr(a, mode, size, ino)
-	return parent.NewInode(ctx, node, gofs.StableAttr{Mode: mode, Ino: ino})
+	child := parent.NewInode(ctx, node, gofs.StableAttr{Mode: mode, Ino: ino})
+	if e.Kind != layout.KindDir && m.inodes != nil {
+		m.inodes.add(parent, e.Name)
+	}
+	return child
 }
 
 // dirStream lists a layout directory by index; the offset of an entry is its
@@ -351,10 +355,12 @@ func (n *blobNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uin
 	if blob == nil {
 		return nil, 0, syscall.ENOENT
 	}
+	n.m.opens.Add(1)
 	b, _, err := n.m.open(ctx, blob)
 	if err != nil {
 		return nil, 0, n.m.errno(blob, err)
 	}
+	n.m.openFiles.Add(1)
 	// KEEP_CACHE while the backing file is the one opened before: its
 	// bytes never change, so the page cache survives reopen (go-fuse drops
 	// it again when passthrough is granted). A new backing file is a new
@@ -367,7 +373,7 @@ func (n *blobNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uin
 			keep = 0
 		}
 	}
-	return &blobFile{b: b, fd: int(b.File().Fd()), size: blob.Size()}, keep, 0
+	return &blobFile{b: b, fd: int(b.File().Fd()), size: blob.Size(), m: n.m}, keep, 0
 }
 
 // blobFile is an open .npy file. With passthrough the kernel reads the
@@ -377,6 +383,7 @@ type blobFile struct {
 	b    Backing
 	fd   int
 	size int64
+	m    *Mounted
 }
 
 var (
@@ -392,6 +399,7 @@ func (f *blobFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadR
 }
 
 func (f *blobFile) Release(ctx context.Context) syscall.Errno {
+	f.m.openFiles.Add(-1)
 	if err := f.b.Close(); err != nil {
 		return gofs.ToErrno(err)
 	}

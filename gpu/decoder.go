@@ -124,7 +124,8 @@ type Decoder struct {
 	log  *slog.Logger
 	info Info
 
-	host hostPool // pinned memory lent to callers (hostmem.go)
+	host   hostPool // pinned memory lent to callers (hostmem.go)
+	counts counters // what Stats reports (stats.go)
 
 	// Memory held by the rounds' buffers, and the time (UnixNano) the last
 	// round was submitted, for budgets and idle trimming.
@@ -170,53 +171,6 @@ type Decoder struct {
 	// noValidate skips checkStreams' walk of LZ4 blocks: the throughput
 	// test sets it to measure what the walk costs. Nothing else may.
 	noValidate bool
-
-	stats stats
-}
-
-// Stats counts the jobs a Decoder has answered since New, by outcome.
-type Stats struct {
-	// Decoded is the number of chunks decoded on the GPU and returned
-	// without error.
-	Decoded int64
-	// Corrupt is the number of chunks failed with codec.ErrCorrupt: the
-	// host checks, a checksum or the deflate fence found them damaged.
-	Corrupt int64
-	// ToCPU is the number of chunks failed with codec.ErrUnsupported, for
-	// the CPU to decode: codecs and streams the GPU path does not take,
-	// cancelled callers, device failures, and Disagreed.
-	ToCPU int64
-	// Disagreed counts the chunks, among ToCPU, whose streams passed the
-	// host checks and that nvCOMP then failed or decoded to another size.
-	Disagreed int64
-}
-
-type stats struct {
-	decoded, corrupt, toCPU, disagreed atomic.Int64
-}
-
-// Stats returns the counts so far. Safe for concurrent use.
-func (d *Decoder) Stats() Stats {
-	return Stats{Decoded: d.stats.decoded.Load(), Corrupt: d.stats.corrupt.Load(),
-		ToCPU: d.stats.toCPU.Load(), Disagreed: d.stats.disagreed.Load()}
-}
-
-// tally counts the outcomes of jobs, every one answered.
-func (s *stats) tally(jobs []codec.Job) {
-	var ok, bad, cpu int64
-	for i := range jobs {
-		switch err := jobs[i].Err; {
-		case err == nil:
-			ok++
-		case errors.Is(err, codec.ErrUnsupported):
-			cpu++
-		default:
-			bad++
-		}
-	}
-	s.decoded.Add(ok)
-	s.corrupt.Add(bad)
-	s.toCPU.Add(cpu)
 }
 
 // bufSet is the memory of one round in flight.
@@ -582,24 +536,16 @@ func (d *Decoder) trimWhenIdle(stop <-chan struct{}) {
 // trim frees every set's round buffers (not their argument blocks). The
 // caller holds every set.
 func (d *Decoder) trim() {
-	d.ctxMu.RLock()
-	defer d.ctxMu.RUnlock()
-	if d.ctx == 0 {
-		return
-	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	if d.cu.cuCtxSetCurrent(d.ctx) != cuSuccess {
-		return
-	}
-	for i := range d.sets {
-		st := &d.sets[i]
-		d.freeDev(&st.dIn)
-		d.freeDev(&st.dOut)
-		d.freeDev(&st.dTemp)
-		d.freeHost(&st.hIn)
-		d.freeHost(&st.hOut)
-	}
+	d.inContext(func() {
+		for i := range d.sets {
+			st := &d.sets[i]
+			d.freeDev(&st.dIn)
+			d.freeDev(&st.dOut)
+			d.freeDev(&st.dTemp)
+			d.freeHost(&st.hIn)
+			d.freeHost(&st.hOut)
+		}
+	})
 	d.log.Debug("idle: GPU buffers given back", "device", d.opts.Device)
 }
 
@@ -713,7 +659,6 @@ type inflight struct {
 // kernels, one device-to-host copy, between two events.
 func (d *Decoder) submit(jobs []codec.Job, preps []prepared, elemSize int, set *bufSet) (*inflight, error) {
 	t0 := time.Now()
-	cu := d.cu
 	idx := make([]int, len(jobs))
 	for i := range idx {
 		idx[i] = i
@@ -724,6 +669,26 @@ func (d *Decoder) submit(jobs []codec.Job, preps []prepared, elemSize int, set *
 	for k, ji := range idx {
 		directOut[k] = d.pinned(jobs[ji].Dst)
 	}
+	if err := d.reserve(set, l); err != nil {
+		return nil, err
+	}
+	d.pack(set, l)
+	if err := d.upload(set, l); err != nil {
+		return nil, err
+	}
+	launchErr, err := d.decodeOnDevice(set, l, elemSize)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.download(set, l, jobs, idx, directOut); err != nil {
+		return nil, err
+	}
+	return &inflight{set: set, l: l, idx: idx, directOut: directOut, launchErr: launchErr, t0: t0, tPack: time.Since(t0)}, nil
+}
+
+// reserve grows the set's buffers to what the round's layout needs,
+// nvCOMP's scratch included, within the memory budgets.
+func (d *Decoder) reserve(set *bufSet, l *layout) error {
 	var tempNeed int64
 	for a := range numAlgos {
 		if len(l.segs[a]) == 0 {
@@ -732,7 +697,7 @@ func (d *Decoder) submit(jobs []codec.Job, preps []prepared, elemSize int, set *
 		alg := &d.nv.algos[a]
 		var tb uint64
 		if st := alg.getTmp(uint64(len(l.segs[a])), uint64(l.maxPiece[a]), alg.opts, &tb, uint64(l.totPiece[a]), set.stream); st != nvSuccess {
-			return nil, fmt.Errorf("gpu: nvcompBatched%sDecompressGetTempSize: %v", algoSymbols[a], st)
+			return fmt.Errorf("gpu: nvcompBatched%sDecompressGetTempSize: %v", algoSymbols[a], st)
 		}
 		tempNeed = max(tempNeed, int64(tb))
 	}
@@ -744,14 +709,18 @@ func (d *Decoder) submit(jobs []codec.Job, preps []prepared, elemSize int, set *
 		d.growDev(&set.dTemp, max(tempNeed, 1)),
 	} {
 		if g != nil {
-			return nil, g
+			return g
 		}
 	}
+	return nil
+}
+
+// pack copies the compressed pieces that are not in pinned memory into
+// the staging buffer, in parallel (the host's main cost for a round), and
+// writes the descriptor arrays nvCOMP and the kernels read.
+func (d *Decoder) pack(set *bufSet, l *layout) {
 	hin := set.hIn.bytes()
 	inBase, outBase := uint64(set.dIn.ptr), uint64(set.dOut.ptr)
-
-	// Pack the compressed bytes, in parallel: this memcpy is the host's
-	// main cost for a batch.
 	type cp struct {
 		dst []byte
 		src []byte
@@ -809,42 +778,54 @@ func (d *Decoder) submit(jobs []codec.Job, preps []prepared, elemSize int, set *
 		le.PutUint32(hin[o+32:], s.Mode)
 		le.PutUint32(hin[o+36:], s.BitRound)
 	}
+}
 
+// upload queues the round's input on its stream: the staging buffer, the
+// pieces straight from pinned callers' memory, the moves of misaligned
+// pieces, and the fence pattern around deflate outputs.
+func (d *Decoder) upload(set *bufSet, l *layout) error {
+	cu := d.cu
+	inBase := uint64(set.dIn.ptr)
 	if err := cu.check("cuEventRecord", cu.cuEventRecord(set.start, set.stream)); err != nil {
-		return nil, d.deviceFailed(err)
+		return d.deviceFailed(err)
 	}
 	if err := cu.check("cuMemcpyHtoDAsync", cu.cuMemcpyHtoDAsync(set.dIn.ptr, set.hIn.p, uint64(l.inSize), set.stream)); err != nil {
-		return nil, d.deviceFailed(err)
+		return d.deviceFailed(err)
 	}
 	for _, di := range l.direct {
 		if err := cu.check("cuMemcpyHtoDAsync", cu.cuMemcpyHtoDAsync(set.dIn.ptr+uintptr(di.off), unsafe.Pointer(&di.src[0]), uint64(len(di.src)), set.stream)); err != nil {
-			return nil, d.deviceFailed(err)
+			return d.deviceFailed(err)
 		}
 	}
 	if len(l.precopies) > 0 {
 		if err := d.launch(set, d.fnCopy, uint32(min(len(l.precopies), 65535)), 1, 256,
 			inBase+uint64(l.preOff), uint64(len(l.precopies))); err != nil {
-			return nil, d.deviceFailed(err)
+			return d.deviceFailed(err)
 		}
 	}
 	if l.fenceEnd > l.fenceOff {
 		if err := cu.check("cuMemsetD32Async", cu.cuMemsetD32Async(set.dOut.ptr+uintptr(l.fenceOff), fencePattern,
 			uint64(l.fenceEnd-l.fenceOff)/4, set.stream)); err != nil {
-			return nil, d.deviceFailed(err)
-		}
-	}
-	mark := func(i int) error {
-		if err := cu.check("cuEventRecord", cu.cuEventRecord(set.marks[i], set.stream)); err != nil {
 			return d.deviceFailed(err)
 		}
-		return nil
 	}
-	if err := mark(0); err != nil {
-		return nil, err
+	return d.mark(set, 0)
+}
+
+// mark records the i-th stage event of the round.
+func (d *Decoder) mark(set *bufSet, i int) error {
+	if err := d.cu.check("cuEventRecord", d.cu.cuEventRecord(set.marks[i], set.stream)); err != nil {
+		return d.deviceFailed(err)
 	}
-	// One nvCOMP call per algorithm present. A launch failure fails that
-	// algorithm's jobs only.
-	launchErr := make(map[int]error)
+	return nil
+}
+
+// decodeOnDevice queues one nvCOMP call per algorithm present (a launch
+// failure fails that algorithm's jobs only, in launchErr), then the copy,
+// unshuffle and byte-swap kernels.
+func (d *Decoder) decodeOnDevice(set *bufSet, l *layout, elemSize int) (launchErr map[int]error, err error) {
+	inBase, outBase := uint64(set.dIn.ptr), uint64(set.dOut.ptr)
+	launchErr = make(map[int]error)
 	var segBase int64
 	for a := range numAlgos {
 		segs := l.segs[a]
@@ -867,7 +848,7 @@ func (d *Decoder) submit(jobs []codec.Job, preps []prepared, elemSize int, set *
 		}
 		segBase += n
 	}
-	if err := mark(1); err != nil {
+	if err := d.mark(set, 1); err != nil {
 		return nil, err
 	}
 	if len(l.copies) > 0 {
@@ -893,12 +874,14 @@ func (d *Decoder) submit(jobs []codec.Job, preps []prepared, elemSize int, set *
 			return nil, d.deviceFailed(err)
 		}
 	}
-	if err := mark(2); err != nil {
-		return nil, err
-	}
-	// Back to the host: each pinned Dst straight from the device, the other
-	// chunks in runs through the staging buffer, then sizes, statuses and
-	// probes.
+	return launchErr, d.mark(set, 2)
+}
+
+// download queues the way back to the host: each pinned Dst straight from
+// the device, the other chunks in runs through the staging buffer, then
+// sizes, statuses and probes; and the round's end event.
+func (d *Decoder) download(set *bufSet, l *layout, jobs []codec.Job, idx []int, directOut []bool) error {
+	cu := d.cu
 	d2h := func(dst unsafe.Pointer, off, n int64) error {
 		if n == 0 {
 			return nil
@@ -914,21 +897,21 @@ func (d *Decoder) submit(jobs []codec.Job, preps []prepared, elemSize int, set *
 			continue
 		}
 		if err := d2h(unsafe.Add(set.hOut.p, run), run, l.finalOff[k]-run); err != nil {
-			return nil, err
+			return err
 		}
 		dst := jobs[ji].Dst
 		if err := d2h(unsafe.Pointer(&dst[0]), l.finalOff[k], int64(len(dst))); err != nil {
-			return nil, err
+			return err
 		}
 		run = l.finalOff[k] + int64(len(dst))
 	}
 	if err := d2h(unsafe.Add(set.hOut.p, run), run, l.d2h-run); err != nil {
-		return nil, err
+		return err
 	}
 	if err := cu.check("cuEventRecord", cu.cuEventRecord(set.end, set.stream)); err != nil {
-		return nil, d.deviceFailed(err)
+		return d.deviceFailed(err)
 	}
-	return &inflight{set: set, l: l, idx: idx, directOut: directOut, launchErr: launchErr, t0: t0, tPack: time.Since(t0)}, nil
+	return nil
 }
 
 // finish waits for a round's device work and checks nvCOMP's statuses,
@@ -980,7 +963,7 @@ func (d *Decoder) finish(r *round) ([][]byte, []error, error) {
 			default:
 				continue
 			}
-			d.stats.disagreed.Add(1)
+			d.counts.disagreed.Add(1)
 		}
 		segBase += int64(len(l.segs[a]))
 	}

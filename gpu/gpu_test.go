@@ -54,6 +54,7 @@ func TestGPUVectors(t *testing.T) {
 	for i, v := range vecs {
 		jobs[i] = codec.Job{Codec: codec.Name(v.Codec), Src: src[v.Name], Dst: make([]byte, len(raw[v.Name]))}
 	}
+	before := d.Stats()
 	if err := d.DecodeBatch(context.Background(), jobs); err != nil {
 		t.Fatal(err)
 	}
@@ -78,6 +79,7 @@ func TestGPUVectors(t *testing.T) {
 			t.Errorf("%s: %v", v.Name, j.Err)
 		}
 	}
+	requireOnGPU(t, d, before, onGPU)
 	t.Logf("%d vectors decoded on the GPU byte-identical to the CPU, %d left to the CPU", onGPU, onCPU)
 }
 
@@ -104,9 +106,11 @@ func TestGPUManyChunks(t *testing.T) {
 			for i := range jobs {
 				clear(jobs[i].Dst)
 			}
+			before := dd.Stats()
 			if err := dd.DecodeBatch(context.Background(), jobs); err != nil {
 				t.Fatal(err)
 			}
+			requireOnGPU(t, dd, before, len(jobs))
 			for i, j := range jobs {
 				if j.Err != nil {
 					t.Errorf("%s: %v", names[i], j.Err)
@@ -235,9 +239,11 @@ func TestGPUByteSwap(t *testing.T) {
 			{Codec: codec.Blosc, Src: bloscCompress(data, size, 4096, codec.ByteShuffle, "lz4"), Dst: make([]byte, len(data))},
 			{Codec: codec.Gzip, Src: compress(codec.Gzip, data), Dst: make([]byte, len(data))},
 		}
+		before := d.Stats()
 		if err := d.DecodeBatchSwap(context.Background(), jobs, size); err != nil {
 			t.Fatal(err)
 		}
+		requireOnGPU(t, d, before, len(jobs))
 		for k, j := range jobs {
 			if j.Err != nil {
 				t.Fatalf("size %d job %d: %v", size, k, j.Err)
@@ -279,15 +285,15 @@ func TestGPUCorrupt(t *testing.T) {
 // H200 that decoder once wrote a damaged stream's output past its end into
 // the next chunk's bytes, with no error; the fence around deflate outputs
 // (see fenceGuard) is there to stop that. Should a good chunk still come
-// back wrong, the test reports every wrong chunk and skips with that
-// reason: a known nvCOMP defect, the reason Deflate is off by default.
-// The host checks of deflate are not exact (the package doc says why), so
-// chunks accepted by the GPU only are counted and reported, not failed.
+// back wrong, the test fails, naming every wrong chunk: the fence did not
+// hold, and Deflate must stay off by default. The host checks of deflate
+// are not exact (the package doc says why), so chunks accepted by the GPU
+// only are counted and reported, not failed.
 func TestGPUCorruptDeflate(t *testing.T) {
 	var wrong, gpuOnly []string
 	runCorrupt(t, Options{Deflate: true, Unverified: true}, &wrong, &gpuOnly)
 	if len(wrong) > 0 {
-		t.Skipf("KNOWN nvCOMP deflate defect: %d good chunks came back with wrong bytes and no error next to damaged deflate streams (%s); Options.Deflate must stay off",
+		t.Errorf("KNOWN nvCOMP deflate defect: %d good chunks came back with wrong bytes and no error next to damaged deflate streams (%s); Options.Deflate must stay off",
 			len(wrong), strings.Join(wrong, ", "))
 	}
 }
@@ -533,7 +539,7 @@ func corruptRounds(t *testing.T, d *Decoder, opts Options, logs *warnCounter, fi
 		// The GPU's own count of what it decoded must be what came back
 		// without error: every such chunk went through nvCOMP or the copy
 		// kernel, none through a CPU decoder.
-		if got := s1.Decoded - s0.Decoded; got != int64(ok) {
+		if got := s1.Chunks - s0.Chunks; got != int64(ok) {
 			t.Errorf("round %d: Stats says %d chunks decoded on the GPU, %d jobs came back without error", round, got, ok)
 		}
 		if !faulted && onGPU > 0 && decodedGood == 0 {
@@ -543,8 +549,8 @@ func corruptRounds(t *testing.T, d *Decoder, opts Options, logs *warnCounter, fi
 		cpuRefTotal += noRef
 		if !faulted {
 			t.Logf("round %d: %d chunks decoded on the GPU (Stats: %+v); %d damaged chunks detected, %d decode alike on both, %d accepted by the GPU only%s",
-				round, s1.Decoded-s0.Decoded, Stats{Decoded: s1.Decoded - s0.Decoded, Corrupt: s1.Corrupt - s0.Corrupt,
-					ToCPU: s1.ToCPU - s0.ToCPU, Disagreed: s1.Disagreed - s0.Disagreed},
+				round, s1.Chunks-s0.Chunks, Stats{Chunks: s1.Chunks - s0.Chunks, Corrupt: s1.Corrupt - s0.Corrupt,
+					Refused: s1.Refused - s0.Refused, Disagreed: s1.Disagreed - s0.Disagreed},
 				detected, agreed, silent, map[bool]string{true: fmt.Sprintf(", %d decoded where the CPU has no decoder", noRef)}[noRef > 0])
 		}
 	}

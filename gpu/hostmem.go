@@ -333,9 +333,10 @@ func (d *Decoder) pinned(b []byte) bool {
 	return i >= 0 && i < len(p.arenas) && start >= p.arenas[i].start && end <= p.arenas[i].end && p.arenas[i].registered
 }
 
-// register pins b in the Decoder's context.
-func (d *Decoder) register(b []byte) bool {
-	const portable = 1 // CU_MEMHOSTREGISTER_PORTABLE
+// inContext runs f on a locked OS thread with the Decoder's context
+// current, under ctxMu's read lock, and reports whether it ran (there is a
+// context, and it could be made current).
+func (d *Decoder) inContext(f func()) bool {
 	d.ctxMu.RLock()
 	defer d.ctxMu.RUnlock()
 	if d.ctx == 0 {
@@ -346,21 +347,21 @@ func (d *Decoder) register(b []byte) bool {
 	if d.cu.cuCtxSetCurrent(d.ctx) != cuSuccess {
 		return false
 	}
-	return d.cu.cuMemHostRegister(unsafe.Pointer(&b[0]), uint64(len(b)), portable) == cuSuccess
+	f()
+	return true
+}
+
+// register pins b in the Decoder's context.
+func (d *Decoder) register(b []byte) bool {
+	const portable = 1 // CU_MEMHOSTREGISTER_PORTABLE
+	ok := false
+	d.inContext(func() { ok = d.cu.cuMemHostRegister(unsafe.Pointer(&b[0]), uint64(len(b)), portable) == cuSuccess })
+	return ok
 }
 
 // unregister unpins b in the Decoder's context.
 func (d *Decoder) unregister(b []byte) {
-	d.ctxMu.RLock()
-	defer d.ctxMu.RUnlock()
-	if d.ctx == 0 {
-		return
-	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	if d.cu.cuCtxSetCurrent(d.ctx) == cuSuccess {
-		d.cu.cuMemHostUnregister(unsafe.Pointer(&b[0]))
-	}
+	d.inContext(func() { d.cu.cuMemHostUnregister(unsafe.Pointer(&b[0])) })
 }
 
 // reregister pins every arena again, after a context reset dropped their

@@ -127,7 +127,6 @@ func (d *Decoder) start(dev device) {
 // wrap codec.ErrUnsupported, and the decoder neither reads nor writes the
 // jobs' memory again.
 func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSize int) error {
-	defer d.stats.tally(jobs)
 	if err := ctx.Err(); err != nil {
 		for i := range jobs {
 			jobs[i].Err = fmt.Errorf("gpu: batch not decoded: %w: %w", codec.ErrUnsupported, err)
@@ -165,6 +164,7 @@ func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSiz
 		}
 		if preps[i].err != nil {
 			jobs[i].Err = preps[i].err
+			d.counts.count(jobs[i].Err, 0)
 			continue
 		}
 		ok = append(ok, i)
@@ -493,8 +493,12 @@ func (d *Decoder) settle(r *round, outs [][]byte, errs []error, batchErr error) 
 				j.Err = fmt.Errorf("gpu: %s chunk: %w", j.Codec, err)
 			}
 		}
+		d.counts.count(j.Err, len(j.Dst))
 		q.fin[it.i] = true
 	})
+	if batchErr == nil {
+		d.counts.rounds.Add(1)
+	}
 	if batchErr == nil && r.fl != nil {
 		var in, out int64
 		for _, j := range r.jobs {

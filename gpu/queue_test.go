@@ -466,7 +466,8 @@ func TestQueueStats(t *testing.T) {
 	if err := d.DecodeBatch(context.Background(), jobs); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := d.Stats(), (Stats{Decoded: 2, Corrupt: 1, ToCPU: 2}); got != want {
+	got := d.Stats()
+	if want := (Stats{Chunks: 2, Bytes: got.Bytes, Corrupt: 1, Refused: 2, Rounds: got.Rounds}); got != want || got.Bytes != 2*int64(len(data)) || got.Rounds == 0 {
 		t.Fatalf("Stats %+v, want %+v (jobs: %v %v %v %v %v)", got, want, jobs[0].Err, jobs[1].Err, jobs[2].Err, jobs[3].Err, jobs[4].Err)
 	}
 }

@@ -52,6 +52,15 @@ func TestCommandErrors(t *testing.T) {
 		{[]string{"inspect", filepath.Join(t.TempDir(), "none.zarr")}, 1, "none.zarr"},
 		{[]string{"path", "/definitely/not/mounted.npy"}, 1, "not inside a running zarrfs mount"},
 		{[]string{"frobnicate"}, 2, "unknown command"},
+		{[]string{"version", "--log-level", "bogus"}, 2, "--log-level"},
+		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--align", "64"}, 2, "--align 64"},
+		{[]string{"inspect", "s3://"}, 2, "no bucket"},
+		{[]string{"inspect", "s3://b/x.zarr", "--s3-endpoint", "ftp://host"}, 2, "--s3-endpoint"},
+		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--view", filepath.Join(t.TempDir(), "none.yaml")}, 2, "--view"},
+		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--memory", "1KiB"}, 2, "--memory"},
+		{[]string{"inspect", "s3://b/x.zarr", "--source-stall", "0s"}, 2, "--source-stall"},
+		{[]string{"warm", src, "--cache", t.TempDir(), "--samples", "5:9"}, 2, "--samples 5:9"},
+		{[]string{"warm", src, "--cache", t.TempDir(), "--cache-size", "8KiB"}, 1, "do not fit the cache budget"},
 	} {
 		_, stderr, code := run(t, tt.args...)
 		lines := strings.Split(strings.TrimSpace(stderr), "\n")
@@ -131,5 +140,19 @@ func TestInspectJSON(t *testing.T) {
 	}
 	if !found || len(entries) != 7 {
 		t.Errorf("want 7 arrays with t2m unsupported, got %d", len(entries))
+	}
+}
+
+// warm says what it does in the plural it means, and says so when
+// --samples runs past the samples a directory has.
+func TestWarmMessages(t *testing.T) {
+	src := exampleStore(t, zarrtest.Example{Times: 3, Levels: 1, Lat: 4, Lon: 8, TimeChunk: 1})
+	out, stderr, code := run(t, "warm", src, "--cache", t.TempDir(), "--only", "t/1.npy")
+	if code != 0 || !strings.Contains(out, "warmed 1 file (") {
+		t.Errorf("warm of one file: exit %d, %q %q", code, out, stderr)
+	}
+	out, stderr, code = run(t, "warm", src, "--cache", t.TempDir(), "--samples", "2:9")
+	if code != 0 || !strings.Contains(stderr, "--samples runs past the end") || !strings.Contains(stderr, "t/ has 3") {
+		t.Errorf("warm --samples 2:9 of 3: exit %d, %q %q", code, out, stderr)
 	}
 }

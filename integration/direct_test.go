@@ -40,6 +40,15 @@ func writeView(t testing.TB) string {
 	return p
 }
 
+// referenceBlobs warms src into a cache of its own and returns its blobs:
+// what every mount of src must serve.
+func referenceBlobs(t testing.TB, src string) map[string][]byte {
+	t.Helper()
+	ref := t.TempDir()
+	warm(t, src, ref)
+	return blobFiles(t, ref)
+}
+
 // npyFiles lists the .npy paths of a mount (relative), without resolving
 // anything: lstat only.
 func npyFiles(t testing.TB, mnt string) []string {
@@ -153,9 +162,7 @@ func TestDirectColdResolution(t *testing.T) {
 	requireMountTools(t)
 	ex := zarrtest.Example{Times: 8, Levels: 4, Lat: 91, Lon: 180, TimeChunk: 4}
 	src := exampleStore(t, ex)
-	ref := t.TempDir()
-	warm(t, src, ref)
-	want := blobFiles(t, ref)
+	want := referenceBlobs(t, src)
 	d := mount(t, src, "--direct", "--readahead", "0")
 	var wg sync.WaitGroup
 	var bad atomic.Int64
@@ -259,9 +266,7 @@ func TestDirectEvictionWithinLease(t *testing.T) {
 	requireMountTools(t)
 	ex := zarrtest.Example{Times: 24, Levels: 2, Lat: 61, Lon: 120, TimeChunk: 1}
 	src := exampleStore(t, ex)
-	ref := t.TempDir()
-	warm(t, src, ref)
-	want := blobFiles(t, ref)
+	want := referenceBlobs(t, src)
 	var names []string
 	var total int64
 	for p, b := range want {
@@ -365,9 +370,7 @@ func TestODirectReads(t *testing.T) {
 	requireMountTools(t)
 	ex := zarrtest.Example{Times: 4, Levels: 2, Lat: 33, Lon: 64, TimeChunk: 1}
 	src := exampleStore(t, ex)
-	ref := t.TempDir()
-	warm(t, src, ref)
-	want := blobFiles(t, ref)
+	want := referenceBlobs(t, src)
 	for _, mode := range []string{"passthrough", "no-passthrough"} {
 		t.Run(mode, func(t *testing.T) {
 			var args []string
@@ -471,5 +474,23 @@ func requireDALI(t testing.TB) {
 			t.Fatalf("CI is set and DALI is missing (make pydeps installs it): %v", err)
 		}
 		t.Skip("DALI (nvidia-dali-cuda130) is needed: make pydeps installs it")
+	}
+}
+
+// A blob larger than the whole cache budget has no file to link to: its
+// link fails with EIO and a line saying why; smaller ones still resolve.
+func TestDirectBlobOverBudget(t *testing.T) {
+	requireMountTools(t)
+	ex := zarrtest.Example{Times: 2, Levels: 2, Lat: 91, Lon: 180, TimeChunk: 1}
+	src := exampleStore(t, ex)
+	d := mount(t, src, "--direct", "--cache-size", "100KiB", "--readahead", "0")
+	if _, err := os.Stat(filepath.Join(d.mnt, "t", "0.npy")); !errors.Is(err, syscall.EIO) {
+		t.Errorf("t/0.npy (131 KiB, budget 100 KiB): %v, want EIO", err)
+	}
+	if _, err := os.ReadFile(filepath.Join(d.mnt, "latitude.npy")); err != nil {
+		t.Errorf("latitude.npy: %v", err)
+	}
+	if !strings.Contains(d.stderr.String(), "larger than the cache budget") {
+		t.Errorf("no line says why:\n%s", d.stderr)
 	}
 }

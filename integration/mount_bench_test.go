@@ -3,6 +3,7 @@ package integration
 import (
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/zarrfs/zarrfs/internal/testenv"
 )
 
 // writeFillStore writes a Zarr v3 store holding one float32 array t of the
@@ -136,6 +139,19 @@ func BenchmarkLsLong100k(b *testing.B) {
 	}
 }
 
+// peerSeconds parses the seconds a peer script printed: one positive
+// number. A broken peer must stop the benchmark, not report 0 ms.
+func peerSeconds(out string) (float64, error) {
+	s, err := strconv.ParseFloat(strings.TrimSpace(out), 64)
+	if err != nil {
+		return 0, fmt.Errorf("output %q is not a number of seconds: %w", out, err)
+	}
+	if !(s > 0) || math.IsInf(s, 0) {
+		return 0, fmt.Errorf("output %q: %v seconds", out, s)
+	}
+	return s, nil
+}
+
 // BenchmarkColdOpen measures open-to-first-byte of samples that need a chunk
 // not yet decoded: t is (60, 721, 1440) float32 in zstd chunks of 10 time
 // steps written by zarr-python, and each open is the first sample of a fresh
@@ -143,7 +159,7 @@ func BenchmarkLsLong100k(b *testing.B) {
 func BenchmarkColdOpen(b *testing.B) {
 	requirePython(b)
 	if err := exec.Command("python3", "-c", "import zarr").Run(); err != nil {
-		b.Skip("zarr-python not installed")
+		testenv.Missing(b, "zarr-python is needed (make pydeps)")
 	}
 	dir := filepath.Join(b.TempDir(), "era.zarr")
 	python(b, `
@@ -166,7 +182,10 @@ for c in range(6):
     t0 = time.perf_counter(); v = a[c*10]; ts.append(time.perf_counter() - t0)
 print(sum(ts) / len(ts))
 `, dir)
-	pySec, _ := strconv.ParseFloat(strings.TrimSpace(pyOut), 64)
+	pySec, err := peerSeconds(pyOut)
+	if err != nil {
+		b.Fatalf("zarr-python's timing: %v", err)
+	}
 	var total time.Duration
 	var opens int
 	for b.Loop() {
@@ -193,4 +212,15 @@ print(sum(ts) / len(ts))
 	}
 	b.ReportMetric(total.Seconds()/float64(opens)*1e3, "ms/cold-open")
 	b.ReportMetric(pySec*1e3, "ms/zarr-python-read")
+}
+
+func TestPeerSeconds(t *testing.T) {
+	if s, err := peerSeconds("0.0125\n"); err != nil || s != 0.0125 {
+		t.Errorf("peerSeconds(0.0125) = %v, %v", s, err)
+	}
+	for _, bad := range []string{"", "Traceback (most recent call last):\n", "0", "-1", "nan", "inf", "0.1 0.2"} {
+		if s, err := peerSeconds(bad); err == nil {
+			t.Errorf("peerSeconds(%q) = %v, want an error", bad, s)
+		}
+	}
 }

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/zarrfs/zarrfs/internal/syncbuf"
+	"github.com/zarrfs/zarrfs/internal/testenv"
 )
 
 var (
@@ -73,11 +74,11 @@ func zarrfsBin(t testing.TB) string {
 func requireMountTools(t testing.TB) {
 	t.Helper()
 	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("no /dev/fuse: FUSE tests need it")
+		testenv.Missing(t, "no /dev/fuse: FUSE tests need it")
 	}
 	if os.Geteuid() != 0 {
 		if _, err := exec.LookPath("fusermount3"); err != nil {
-			t.Skip("not root and no fusermount3")
+			testenv.Missing(t, "not root and no fusermount3")
 		}
 	}
 }
@@ -86,7 +87,7 @@ func requirePython(t testing.TB) {
 	t.Helper()
 	requireMountTools(t)
 	if err := exec.Command("python3", "-c", "import numpy").Run(); err != nil {
-		t.Skip("python3 with numpy is needed")
+		testenv.Missing(t, "python3 with numpy is needed (make pydeps)")
 	}
 }
 
@@ -105,10 +106,7 @@ func fixturesDir(t testing.TB) string {
 		}
 		d = up
 	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("shared/fixtures/tensorstore not found beside the repository")
-	}
-	t.Skip("shared/fixtures/tensorstore not found")
+	testenv.Missing(t, "shared/fixtures/tensorstore not found beside the repository")
 	return ""
 }
 
@@ -347,13 +345,10 @@ func TestZarrPythonStores(t *testing.T) {
 	requirePython(t)
 	script := filepath.Join(repoRoot(t), "integration", "zarrpy", "make_stores.py")
 	if _, err := os.Stat(script); err != nil {
-		t.Skip("integration/zarrpy/make_stores.py not present")
+		testenv.Missing(t, "integration/zarrpy/make_stores.py not present")
 	}
 	if err := exec.Command("python3", "-c", "import zarr, numcodecs").Run(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("zarr-python is needed on CI")
-		}
-		t.Skip("zarr-python not installed")
+		testenv.Missing(t, "zarr-python and numcodecs are needed (make pydeps)")
 	}
 	out := t.TempDir()
 	if b, err := exec.Command("python3", script, out).CombinedOutput(); err != nil {
@@ -646,6 +641,19 @@ func TestUsageErrors(t *testing.T) {
 		lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
 		if len(lines) != 1 || !strings.HasPrefix(lines[0], "zarrfs: ") || !strings.Contains(lines[0], tt.msg) {
 			t.Errorf("%v: stderr %q", tt.args, stderr.String())
+		}
+	}
+}
+
+// Without python3 the tests that need it skip, or fail under CI: a CI
+// machine must have every tool, so a skip there would hide a feature
+// nobody tested.
+func TestMissingToolsFailUnderCI(t *testing.T) {
+	t.Setenv("PATH", t.TempDir()) // no python3, no fusermount3
+	for ci, want := range map[string]string{"": "skip: ", "true": "fail: "} {
+		t.Setenv("CI", ci)
+		if got := testenv.Outcome(requirePython); !strings.HasPrefix(got, want) {
+			t.Errorf("CI=%q: requirePython without python3: %s, want %s...", ci, got, want)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -142,6 +143,41 @@ func TestWarmRankWorld(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// --samples and --rank/--world together split the selected range, not the
+// whole directory: --samples 4:10 --rank 0 --world 2 warms 04-06.
+func TestWarmSamplesWithRank(t *testing.T) {
+	ex := zarrtest.Example{Times: 12, Levels: 1, Lat: 4, Lon: 8, TimeChunk: 3}
+	src := exampleStore(t, ex)
+	for _, tc := range []struct {
+		rank int
+		mode string
+		want []int
+	}{
+		{0, "contiguous", []int{4, 5, 6}},
+		{1, "contiguous", []int{7, 8, 9}},
+		{0, "interleaved", []int{4, 6, 8}},
+		{1, "interleaved", []int{5, 7, 9}},
+	} {
+		c := t.TempDir()
+		warm(t, src, c, "--samples", "4:10", "--rank", itoa(tc.rank), "--world", "2", "--shard", tc.mode)
+		got := map[string][]int{}
+		for p := range blobFiles(t, c) {
+			if dir, _, ok := strings.Cut(p, "/"); ok {
+				got[dir] = append(got[dir], sampleIndex(p))
+			}
+		}
+		if len(got) == 0 {
+			t.Fatalf("rank %d %s: no samples warmed", tc.rank, tc.mode)
+		}
+		for dir, ks := range got {
+			slices.Sort(ks)
+			if !slices.Equal(ks, tc.want) {
+				t.Errorf("--samples 4:10 --rank %d --world 2 --shard %s warmed %s samples %v, want %v", tc.rank, tc.mode, dir, ks, tc.want)
+			}
+		}
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"net/url"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -17,10 +18,13 @@ import (
 
 // Posix is a Store over a directory of the local filesystem. Every access
 // goes through an os.Root, so neither a key nor a symbolic link inside the
-// store can reach a file outside it.
+// store can reach a file outside it (ErrOutsideStore), unless the store was
+// opened with FollowSymlinks.
 type Posix struct {
-	root *os.Root
-	id   string
+	root   *os.Root
+	id     string
+	dir    string // absolute path of the root
+	follow bool
 
 	beneath sync.Once // opens dirfd for StatVersion
 	dirfd   int
@@ -28,8 +32,26 @@ type Posix struct {
 
 var _ Store = (*Posix)(nil)
 
-// OpenPosix opens the store rooted at dir (a path or a file:// URL).
-func OpenPosix(dir string) (*Posix, error) {
+// ErrOutsideStore is returned (wrapped) for a key that resolves, through a
+// symbolic link, to a file outside the store. It is permanent.
+var ErrOutsideStore = errors.New("symbolic link leaves the store (--follow-symlinks reads it)")
+
+// PosixOptions configures OpenPosixOptions. The zero value confines every
+// access to the store's directory.
+type PosixOptions struct {
+	// FollowSymlinks follows symbolic links wherever they point, as
+	// zarr-python does: stores whose chunks are links into an annex (git
+	// annex, DVC) read through them. Keys themselves still cannot leave the
+	// store.
+	FollowSymlinks bool
+}
+
+// OpenPosix opens the store rooted at dir (a path or a file:// URL),
+// confined to it.
+func OpenPosix(dir string) (*Posix, error) { return OpenPosixOptions(dir, PosixOptions{}) }
+
+// OpenPosixOptions opens the store rooted at dir with opts.
+func OpenPosixOptions(dir string, opts PosixOptions) (*Posix, error) {
 	if strings.HasPrefix(dir, "file://") {
 		u, err := url.Parse(dir)
 		if err != nil {
@@ -55,7 +77,7 @@ func OpenPosix(dir string) (*Posix, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Posix{root: r, id: "file://" + abs}, nil
+	return &Posix{root: r, id: "file://" + abs, dir: abs, follow: opts.FollowSymlinks}, nil
 }
 
 // ID returns the file:// URL of the store root.
@@ -76,6 +98,8 @@ func (p *Posix) wrap(op, key string, err error) error {
 	// as S3 reports it; it must not read as some other failure.
 	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
 		err = ErrNotFound
+	} else if escapes(err) {
+		err = ErrOutsideStore
 	} else if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
 		err = pe.Err // the key is already in the message
 	}
@@ -87,7 +111,14 @@ func (p *Posix) wrap(op, key string, err error) error {
 // return at once; the mode check then refuses it). A directory is not an
 // object: ErrNotFound.
 func (p *Posix) open(k string) (*os.File, os.FileInfo, error) {
-	f, err := p.root.OpenFile(k, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	var f *os.File
+	var err error
+	if p.follow {
+		// The key is clean (no "..", not absolute): only links leave.
+		f, err = os.OpenFile(filepath.Join(p.dir, filepath.FromSlash(k)), os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	} else {
+		f, err = p.root.OpenFile(k, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -127,6 +158,9 @@ func (p *Posix) GetInto(ctx context.Context, key string, buf []byte) ([]byte, er
 		return nil, p.wrap("get", k, err)
 	}
 	defer f.Close()
+	if err := checkSize(ctx, st.Size()); err != nil {
+		return nil, p.wrap("get", k, err)
+	}
 	n := int(st.Size())
 	if cap(buf) < n {
 		buf = make([]byte, n)
@@ -160,7 +194,7 @@ func (p *Posix) GetRange(ctx context.Context, key string, off, length int64) ([]
 		off = size - length
 	}
 	if off < 0 || off+length > size {
-		return nil, p.wrap("get range", k, fmt.Errorf("range %d+%d past end of object (size %d)", off, length, size))
+		return nil, p.wrap("get range", k, fmt.Errorf("%w: %d+%d, size %d", ErrRange, off, length, size))
 	}
 	buf := make([]byte, length)
 	if _, err := f.ReadAt(buf, off); err != nil && !(err == io.EOF && length == 0) {
@@ -182,7 +216,12 @@ func (p *Posix) List(ctx context.Context, prefix string) ([]string, error) {
 	if dir == "" {
 		dir = "."
 	}
-	f, err := p.root.Open(dir)
+	var f *os.File
+	if p.follow {
+		f, err = os.Open(filepath.Join(p.dir, filepath.FromSlash(dir)))
+	} else {
+		f, err = p.root.Open(dir)
+	}
 	if err != nil {
 		return nil, p.wrap("list", k, err)
 	}
@@ -194,11 +233,26 @@ func (p *Posix) List(ctx context.Context, prefix string) ([]string, error) {
 	names := make([]string, 0, len(ents))
 	for _, e := range ents {
 		n := e.Name()
-		if e.IsDir() {
+		if e.IsDir() || (e.Type()&fs.ModeSymlink != 0 && p.linksToDir(path.Join(k, n))) {
 			n += "/"
 		}
 		names = append(names, n)
 	}
 	sort.Strings(names)
 	return names, nil
+}
+
+// linksToDir reports whether the symbolic link at key k names a directory.
+// A link that leaves the store counts when its target is a directory: it is
+// listed, and reading below it fails with ErrOutsideStore (unless links are
+// followed), so that what the store holds is left out with a reason
+// rather than silently.
+func (p *Posix) linksToDir(k string) bool {
+	st, err := os.Stat(filepath.Join(p.dir, filepath.FromSlash(k)))
+	return err == nil && st.IsDir()
+}
+
+// escapes reports whether err is os.Root refusing a path that leaves it.
+func escapes(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "path escapes from parent")
 }

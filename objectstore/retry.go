@@ -31,7 +31,8 @@ type RetryOptions struct {
 	InitialBackoff time.Duration
 	// MaxBackoff caps one wait. 0: 5s.
 	MaxBackoff time.Duration
-	// Logger receives a warning per retry and per call given up; nil: discard.
+	// Logger receives a warning per call given up and a debug line per
+	// retry; nil: discard.
 	Logger *slog.Logger
 
 	// Now, Sleep and Jitter replace the clock, the wait and the random
@@ -124,13 +125,31 @@ type QueueingStore interface {
 
 type attemptStartKey struct{}
 
-// StartAttempt tells the retry layer (if any) that the request made under
-// ctx has left the store's queue and is now being sent. Stores that
-// implement QueueingStore call it; it is a no-op otherwise.
-func StartAttempt(ctx context.Context) {
-	if f, ok := ctx.Value(attemptStartKey{}).(func()); ok {
-		f()
+// StartAttempt tells the decorators around a store (retry, breaker) that
+// the request made under ctx has left the store's queue and is about to be
+// sent. Stores that implement QueueingStore call it and, when it returns an
+// error (a breaker refusing the request while the source is down), fail the
+// request with that error without sending it. It is a no-op otherwise.
+func StartAttempt(ctx context.Context) error {
+	if f, ok := ctx.Value(attemptStartKey{}).(func() error); ok {
+		return f()
 	}
+	return nil
+}
+
+// onAttemptStart returns ctx with f run (after what ctx already runs) when
+// the request leaves the store's queue.
+func onAttemptStart(ctx context.Context, f func() error) context.Context {
+	prev, _ := ctx.Value(attemptStartKey{}).(func() error)
+	return context.WithValue(ctx, attemptStartKey{}, func() error {
+		if err := f(); err != nil {
+			return err
+		}
+		if prev != nil {
+			return prev()
+		}
+		return nil
+	})
 }
 
 // do runs f until it succeeds, fails permanently, or the bounds are spent.
@@ -171,7 +190,7 @@ func (r *Retry) do(ctx context.Context, op, key string, f func(ctx context.Conte
 			})
 		}
 		if queued {
-			actx = context.WithValue(actx, attemptStartKey{}, arm)
+			actx = onAttemptStart(actx, func() error { arm(); return nil })
 		} else {
 			arm()
 		}
@@ -214,7 +233,7 @@ func (r *Retry) do(ctx context.Context, op, key string, f func(ctx context.Conte
 			r.log.Warn("store request failed, retry budget spent", "op", op, "key", key, "attempts", attempt, "elapsed", elapsed, "err", err)
 			return fmt.Errorf("gave up after %d attempts in %v (budget %v): %w", attempt, elapsed.Round(time.Millisecond), r.opts.Budget, err)
 		}
-		r.log.Warn("store request failed, retrying", "op", op, "key", key, "attempt", attempt, "wait", wait, "err", err)
+		r.log.Debug("store request failed, retrying", "op", op, "key", key, "attempt", attempt, "wait", wait, "err", err)
 		if serr := r.opts.Sleep(ctx, wait); serr != nil {
 			// Cancelled while waiting: report the cancellation (not
 			// transient), with the failure that led here for the log.

@@ -142,6 +142,12 @@ func parseEndpoint(ep string) (host string, secure bool, err error) {
 	return u.Host, u.Scheme == "https", nil
 }
 
+// CheckEndpoint reports what is wrong with an S3Options.Endpoint value.
+func CheckEndpoint(ep string) error {
+	_, _, err := parseEndpoint(ep)
+	return err
+}
+
 // OpenS3 opens the store at rawURL ("s3://bucket/prefix"). It resolves the
 // credentials at once, so a missing credential fails here and not on the
 // first read; it sends no request to the bucket.
@@ -466,7 +472,9 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 		return nil, err
 	}
 	defer s.release()
-	StartAttempt(ctx)
+	if err := StartAttempt(ctx); err != nil {
+		return nil, err
+	}
 	// The request timer runs until the headers arrive and is re-armed by
 	// every body read: a stall of RequestTimeout anywhere ends the request,
 	// while a large object that keeps flowing is never cut off.
@@ -552,6 +560,13 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 			want = length
 		}
 	}
+	if !ranged || whole {
+		// The object is read whole: refuse one larger than the caller
+		// expects before allocating for it.
+		if err := checkSize(ctx, want); err != nil {
+			return nil, err
+		}
+	}
 	var buf []byte
 	var n int
 	if want >= 0 {
@@ -562,8 +577,13 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 		}
 		n, err = io.ReadFull(body, buf)
 	} else {
-		buf, err = io.ReadAll(body)
+		buf, err = io.ReadAll(io.LimitReader(body, SizeLimit(ctx)+1))
 		n = len(buf)
+		if err == nil {
+			if err := checkSize(ctx, int64(n)); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if err != nil {
 		if perr := ctx.Err(); perr != nil {
@@ -699,7 +719,9 @@ func (s *S3) list(ctx context.Context, k string) ([]string, error) {
 		return nil, err
 	}
 	defer s.release()
-	StartAttempt(ctx)
+	if err := StartAttempt(ctx); err != nil {
+		return nil, err
+	}
 	// One listing may take several pages; the whole of it gets the timeout.
 	rctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel() // also stops minio-go's listing goroutine on an early return

@@ -24,6 +24,39 @@ var ErrNotFound = errors.New("not found")
 // escapes the store root.
 var ErrInvalidKey = errors.New("invalid key")
 
+// ErrTooLarge is returned (wrapped) by Get and GetInto for an object larger
+// than the size limit of the request (WithSizeLimit): the object is refused
+// before its bytes are read or its buffer allocated. It is permanent.
+var ErrTooLarge = errors.New("object larger than expected")
+
+// DefaultSizeLimit bounds the objects Get and GetInto read when the request
+// carries no limit of its own: so that no object a store holds can make a
+// reader allocate without bound.
+const DefaultSizeLimit = 2 << 30
+
+type sizeLimitKey struct{}
+
+// WithSizeLimit returns a context under which Get and GetInto refuse an
+// object larger than n bytes with ErrTooLarge (n > 0).
+func WithSizeLimit(ctx context.Context, n int64) context.Context {
+	return context.WithValue(ctx, sizeLimitKey{}, n)
+}
+
+// SizeLimit is the object size limit of requests made under ctx.
+func SizeLimit(ctx context.Context) int64 {
+	if n, ok := ctx.Value(sizeLimitKey{}).(int64); ok && n > 0 {
+		return n
+	}
+	return DefaultSizeLimit
+}
+
+func checkSize(ctx context.Context, size int64) error {
+	if lim := SizeLimit(ctx); size > lim {
+		return fmt.Errorf("%w: %d bytes, at most %d expected", ErrTooLarge, size, lim)
+	}
+	return nil
+}
+
 // Store is the read-only interface every source implements.
 type Store interface {
 	// Get returns the whole object.

@@ -8,8 +8,8 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -92,6 +92,9 @@ func (p *Posix) GetVersion(ctx context.Context, key string, buf []byte) ([]byte,
 		return nil, "", p.wrap("get", k, err)
 	}
 	defer f.Close()
+	if err := checkSize(ctx, st.Size()); err != nil {
+		return nil, "", p.wrap("get", k, err)
+	}
 	n := int(st.Size())
 	if cap(buf) < n {
 		buf = make([]byte, n)
@@ -143,13 +146,15 @@ func (p *Posix) StatVersion(ctx context.Context, key string) (string, error) {
 	if err != nil {
 		return "", &Error{Op: "stat", Store: p.id, Key: key, Err: err}
 	}
-	if v, err, ok := p.statBeneath(k); ok {
-		if err != nil {
-			return "", p.wrap("stat", k, err)
+	if !p.follow {
+		if v, err, ok := p.statBeneath(k); ok {
+			if err != nil {
+				return "", p.wrap("stat", k, err)
+			}
+			return v, nil
 		}
-		return v, nil
 	}
-	fi, err := p.root.Stat(k)
+	fi, err := p.stat(k)
 	switch {
 	case err != nil:
 		return "", p.wrap("stat", k, err)
@@ -168,7 +173,7 @@ func (p *Posix) StatVersion(ctx context.Context, key string) (string, error) {
 // warm blob costs. ok is false where openat2 is not available.
 func (p *Posix) statBeneath(k string) (v string, err error, ok bool) {
 	p.beneath.Do(func() {
-		fd, err := unix.Open(strings.TrimPrefix(p.id, "file://"), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		fd, err := unix.Open(p.dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err == nil {
 			p.dirfd = fd
 		} else {
@@ -186,7 +191,7 @@ func (p *Posix) statBeneath(k string) (v string, err error, ok bool) {
 	case errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM):
 		return "", nil, false // no openat2 (old kernel, seccomp)
 	case errors.Is(err, unix.EXDEV):
-		return "", fmt.Errorf("%w: leaves the store", ErrInvalidKey), true
+		return "", ErrOutsideStore, true
 	case err != nil:
 		return "", err, true
 	}
@@ -256,7 +261,7 @@ func (p *Posix) ListVersions(ctx context.Context, prefix string, fn func(key, ve
 				}
 				fn(key, posixVersion(fi))
 			case e.Type()&os.ModeSymlink != 0:
-				fi, err := p.root.Stat(key)
+				fi, err := p.stat(key)
 				if err == nil && fi.Mode().IsRegular() {
 					fn(key, posixVersion(fi))
 				}
@@ -272,6 +277,15 @@ func (p *Posix) ListVersions(ctx context.Context, prefix string, fn func(key, ve
 		return p.wrap("list", path.Clean("/" + k)[1:], err)
 	}
 	return nil
+}
+
+// stat follows links as open does: within the store, or anywhere with
+// FollowSymlinks.
+func (p *Posix) stat(k string) (os.FileInfo, error) {
+	if p.follow {
+		return os.Stat(filepath.Join(p.dir, filepath.FromSlash(k)))
+	}
+	return p.root.Stat(k)
 }
 
 func isNotExist(err error) bool {
@@ -378,3 +392,52 @@ func (r *Retry) ListVersions(ctx context.Context, prefix string, fn func(key, ve
 }
 
 var errNotVersioned = fmt.Errorf("store cannot tell object versions")
+
+// The Breaker passes versioned reads and listings through its gate as it
+// does plain ones.
+
+func (b *Breaker) versioned() bool {
+	_, ok := AsVersioned(b.Store)
+	return ok
+}
+
+// GetVersion forwards to the inner store's GetVersion.
+func (b *Breaker) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
+	v, ok := AsVersioned(b.Store)
+	if !ok {
+		return nil, "", &Error{Op: "get", Store: b.ID(), Key: key, Err: errNotVersioned}
+	}
+	var out []byte
+	var ver string
+	err := b.do(ctx, "get", key, func(ctx context.Context) (err error) {
+		out, ver, err = v.GetVersion(ctx, key, buf)
+		return err
+	})
+	return out, ver, err
+}
+
+// GetRangeVersion forwards to the inner store's GetRangeVersion.
+func (b *Breaker) GetRangeVersion(ctx context.Context, key string, off, length int64) ([]byte, string, error) {
+	v, ok := AsVersioned(b.Store)
+	if !ok {
+		return nil, "", &Error{Op: "get range", Store: b.ID(), Key: key, Err: errNotVersioned}
+	}
+	var out []byte
+	var ver string
+	err := b.do(ctx, "get range", key, func(ctx context.Context) (err error) {
+		out, ver, err = v.GetRangeVersion(ctx, key, off, length)
+		return err
+	})
+	return out, ver, err
+}
+
+// ListVersions forwards to the inner store's ListVersions.
+func (b *Breaker) ListVersions(ctx context.Context, prefix string, fn func(key, version string)) error {
+	v, ok := AsVersioned(b.Store)
+	if !ok {
+		return &Error{Op: "list", Store: b.ID(), Key: prefix, Err: errNotVersioned}
+	}
+	return b.do(ctx, "list", prefix, func(ctx context.Context) error {
+		return v.ListVersions(ctx, prefix, fn)
+	})
+}

@@ -63,3 +63,24 @@ func TestVersionChangesOnRewrite(t *testing.T) {
 		check(t, s, func() { srv.UploadFiles(t, bucket, "", map[string][]byte{"t/c/0": []byte("chunk B")}) })
 	})
 }
+
+// The decorators a source is wrapped in keep telling versions: a store
+// that loses them would make every cached blob unverifiable.
+func TestDecoratorsKeepVersions(t *testing.T) {
+	s, err := objectstore.OpenPosix(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	br := objectstore.WithBreaker(s, objectstore.BreakerOptions{})
+	defer br.Close()
+	for name, st := range map[string]objectstore.Store{
+		"retry":         objectstore.WithRetry(s, objectstore.RetryOptions{}),
+		"breaker":       br,
+		"retry+breaker": objectstore.WithRetry(br, objectstore.RetryOptions{}),
+	} {
+		if _, ok := objectstore.AsVersioned(st); !ok {
+			t.Errorf("%s: not versioned", name)
+		}
+	}
+}

@@ -27,11 +27,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/zarrfs/zarrfs/internal/testenv"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
 )
-
-func inCI() bool { return os.Getenv("CI") == "true" }
 
 // findUp walks up from the working directory (the package directory under
 // go test) looking for rel; it returns "" when no ancestor holds it.
@@ -57,10 +56,7 @@ func findUp(t *testing.T, rel string) string {
 // missing skips, or fails on CI where every dependency must be present.
 func missing(t *testing.T, format string, args ...any) {
 	t.Helper()
-	if inCI() {
-		t.Fatalf(format, args...)
-	}
-	t.Skipf(format, args...)
+	testenv.Missing(t, format, args...)
 }
 
 func openStore(t *testing.T, dir string) *zarr.Hierarchy {

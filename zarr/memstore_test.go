@@ -49,7 +49,7 @@ func (m *memStore) GetRange(_ context.Context, key string, off, n int64) ([]byte
 		off = int64(len(b)) - n
 	}
 	if off < 0 || n < 0 || off+n > int64(len(b)) {
-		return nil, fmt.Errorf("%s: range %d+%d past end %d", key, off, n, len(b))
+		return nil, fmt.Errorf("%s: %w: %d+%d, size %d", key, objectstore.ErrRange, off, n, len(b))
 	}
 	m.bytes.Add(n)
 	return append([]byte(nil), b[off:off+n]...), nil

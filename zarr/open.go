@@ -201,16 +201,45 @@ func (w *walker) addV2Array(path string, doc, attrsDoc []byte) {
 	w.h.Arrays = append(w.h.Arrays, a)
 }
 
+// nodeError decides what a failure to read one node below the root means:
+// a failure of the source as a whole (transient, cancelled, the source
+// down) fails the open; anything about the node itself (not a regular
+// file, a link leaving the store, a refused permission) leaves that node
+// out as unsupported, with the reason, and the walk goes on.
+func (w *walker) nodeError(p string, format int, what string, err error) error {
+	if objectstore.IsTransient(err) || errors.Is(err, objectstore.ErrSourceDown) || w.ctx.Err() != nil {
+		return err
+	}
+	w.unsupported(&Array{Path: p, ZarrFormat: format}, fmt.Errorf("%s: %w", what, unwrapStoreError(err)))
+	return nil
+}
+
+// unwrapStoreError drops the store's name and key from err, which the
+// unsupported entry already names.
+func unwrapStoreError(err error) error {
+	var se *objectstore.Error
+	if errors.As(err, &se) {
+		return se.Err
+	}
+	return err
+}
+
 // walkV3 lists dir and visits every child holding a zarr.json.
 func (w *walker) walkV3(dir string, depth int) error {
 	dirs, err := w.childDirs(dir, depth)
 	if err != nil {
-		return err
+		if dir == "" {
+			return err
+		}
+		return w.nodeError(dir, 3, "list", err)
 	}
 	for _, p := range dirs {
 		doc, err := w.get(p + "/zarr.json")
 		if err != nil {
-			return err
+			if err := w.nodeError(p, 3, "zarr.json", err); err != nil {
+				return err
+			}
+			continue
 		}
 		if doc == nil {
 			continue
@@ -228,6 +257,8 @@ func (w *walker) walkV3(dir string, depth int) error {
 			if err := w.walkV3(p, depth+1); err != nil {
 				return err
 			}
+		default:
+			w.unsupported(&Array{Path: p, ZarrFormat: 3}, fmt.Errorf("zarr.json: node_type %q is neither array nor group", n.NodeType))
 		}
 	}
 	return nil
@@ -308,18 +339,27 @@ func (w *walker) childDirs(dir string, depth int) ([]string, error) {
 func (w *walker) walkV2(dir string, depth int) error {
 	dirs, err := w.childDirs(dir, depth)
 	if err != nil {
-		return err
+		if dir == "" {
+			return err
+		}
+		return w.nodeError(dir, 2, "list", err)
 	}
 	for _, p := range dirs {
 		doc, err := w.get(p + "/.zarray")
 		if err != nil {
-			return err
+			if err := w.nodeError(p, 2, ".zarray", err); err != nil {
+				return err
+			}
+			continue
 		}
 		isGroup := false
 		if doc == nil {
 			g, err := w.get(p + "/.zgroup")
 			if err != nil {
-				return err
+				if err := w.nodeError(p, 2, ".zgroup", err); err != nil {
+					return err
+				}
+				continue
 			}
 			if isGroup = g != nil; !isGroup {
 				continue // neither array nor group
@@ -327,7 +367,10 @@ func (w *walker) walkV2(dir string, depth int) error {
 		}
 		attrs, err := w.get(p + "/.zattrs")
 		if err != nil {
-			return err
+			if err := w.nodeError(p, 2, ".zattrs", err); err != nil {
+				return err
+			}
+			continue
 		}
 		if !isGroup {
 			w.addV2Array(p, doc, attrs)

@@ -47,6 +47,10 @@ func (h *Hierarchy) Stats() *Stats {
 	return h.stats
 }
 
+// Decoder returns the decoder Reads decompress with (Options.Decoder, or
+// the default CPU one), for callers that report its own counters.
+func (h *Hierarchy) Decoder() codec.BatchDecoder { return h.opts.Decoder }
+
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // ChunkKey returns the store key of the chunk at grid coordinates coords.
@@ -419,6 +423,9 @@ func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
 			defer wg.Done()
 			cb := o.a.chunkBox(o.coords)
 			key := o.a.ChunkKey(o.coords)
+			// No stored chunk may be larger than its decoded size allows:
+			// the store's Get refuses it before allocating for it.
+			ctx := objectstore.WithSizeLimit(ctx, o.a.MaxEncodedBytes())
 			errs[i] = st.resolve(ctx, o.a, o.a.pipe, o.a.Chunks, cb.lo, storeSource{h, st.sem, key, o.a.lendHint(), o.a.MetaHash, listings[o.a]}, key, o.needs)
 		}()
 	}
@@ -598,7 +605,7 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 			st.add(&leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: ib.lo, key: ikey, needs: inner, missing: true})
 			return
 		}
-		if off > 1<<62 || nb > maxChunkBytes {
+		if off > 1<<62 || nb > maxChunkBytes || (s.codecs.shard == nil && int64(nb) > maxEncoded(product(s.inner)*int64(a.DType.Size))) {
 			emu.Lock()
 			errs = append(errs, &ChunkError{Array: a.Path, Key: ikey, Err: fmt.Errorf("%w: shard index entry offset %d length %d", ErrCorrupt, off, nb)})
 			emu.Unlock()
@@ -630,8 +637,11 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 				}
 			}
 			if err != nil {
-				if objectstore.IsNotFound(err) {
+				switch {
+				case objectstore.IsNotFound(err):
 					err = fmt.Errorf("%w: shard vanished while reading", ErrCorrupt)
+				case errors.Is(err, objectstore.ErrRange):
+					err = fmt.Errorf("%w: the shard index points past the end of the shard: %w", ErrCorrupt, err)
 				}
 				emu.Lock()
 				errs = append(errs, &ChunkError{Array: a.Path, Key: ikey, Err: err})
@@ -659,6 +669,9 @@ func (st *readState) shardIndex(ctx context.Context, a *Array, s *shardSpec, src
 		b, fresh, err = src.rng(ctx, 0, n)
 	} else {
 		b, fresh, err = src.suffix(ctx, n)
+	}
+	if errors.Is(err, objectstore.ErrRange) {
+		return nil, fmt.Errorf("%w: shard shorter than its %d-byte index: %w", ErrCorrupt, n, err)
 	}
 	if err != nil {
 		return nil, err

@@ -168,6 +168,41 @@ func TestHostileShard(t *testing.T) {
 			if !errors.As(err, &ce) || !strings.HasPrefix(ce.Key, "c/0/0") {
 				t.Errorf("error %v does not name the chunk", err)
 			}
+			if !errors.Is(err, zarr.ErrCorrupt) && !errors.Is(err, zarr.ErrChecksum) && !errors.Is(err, codec.ErrCorrupt) {
+				t.Errorf("error %v is neither a corrupt chunk nor a checksum mismatch", err)
+			}
+		})
+	}
+}
+
+// A shard whose index is intact but whose stored checksum is wrong is
+// refused as a checksum error: the offsets alone would read fine, so only
+// the comparison itself can fail the read. Both index locations, and the
+// same shard with the right checksum reads.
+func TestShardIndexChecksum(t *testing.T) {
+	for _, atStart := range []bool{false, true} {
+		t.Run(map[bool]string{false: "index at end", true: "index at start"}[atStart], func(t *testing.T) {
+			files, want := shardedStore(t, atStart)
+			h, _ := openMem(t, files)
+			if got, err := read(h, h.Array(""), []int64{0, 0}, []int64{8, 64}); err != nil || !bytes.Equal(got, want) {
+				t.Fatalf("intact shard: %v", err)
+			}
+			shard := append([]byte(nil), files["c/0/0"]...)
+			crc := len(shard) - 4 // the index's crc32c, after its 16 entries
+			if atStart {
+				crc = 16 * 16
+			}
+			shard[crc] ^= 0x01
+			files["c/0/0"] = shard
+			h, _ = openMem(t, files)
+			_, err := read(h, h.Array(""), []int64{0, 0}, []int64{8, 64})
+			if !errors.Is(err, zarr.ErrChecksum) {
+				t.Fatalf("shard with a wrong index checksum: %v, want a checksum error", err)
+			}
+			var ce *zarr.ChunkError
+			if !errors.As(err, &ce) || ce.Key != "c/0/0" {
+				t.Errorf("error %v does not name the shard", err)
+			}
 		})
 	}
 }

@@ -10,12 +10,15 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/pprof"
 	"runtime/trace"
 	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/zarrfs/zarrfs/internal/ratelog"
 )
 
 var version = "dev"
@@ -52,6 +55,12 @@ func init() {
 		return usageError{fmt.Errorf("%s: %w", cmd.CommandPath(), err)}
 	})
 	rootCmd.PersistentFlags().String("log-level", "info", "log level: debug, info, warn, error")
+	rootCmd.PersistentFlags().String("log-format", "text", "log format: text (key=value) or json (one object a line)")
+	// Every command checks the flags every command has, whether it logs or not.
+	rootCmd.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
+		_, err := newLogger(cmd)
+		return err
+	}
 }
 
 // newLogger builds the logger every command uses, on stderr.
@@ -61,12 +70,27 @@ func newLogger(cmd *cobra.Command) (*slog.Logger, error) {
 	if err := level.UnmarshalText([]byte(lvl)); err != nil {
 		return nil, usagef("--log-level %q: want debug, info, warn or error", lvl)
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})), nil
+	// A failure that repeats (a source outage, a cache too small) writes a
+	// few lines and a count, not one line per request.
+	hopts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler
+	switch format, _ := cmd.Flags().GetString("log-format"); format {
+	case "text", "":
+		h = slog.NewTextHandler(os.Stderr, hopts)
+	case "json":
+		h = slog.NewJSONHandler(os.Stderr, hopts)
+	default:
+		return nil, usagef("--log-format %q: want text or json", format)
+	}
+	return slog.New(ratelog.New(h, ratelog.Options{})), nil
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 func main() {
+	if filepath.Base(os.Args[0]) == helperName {
+		os.Exit(runMountHelper(os.Args[1:]))
+	}
 	defer func() {
 		// A bug must not look like a usage error (Go exits 2 on a panic):
 		// one line naming it, exit status 1.

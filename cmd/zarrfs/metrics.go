@@ -10,19 +10,43 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-
-	"github.com/zarrfs/zarrfs/cache"
-	"github.com/zarrfs/zarrfs/decode"
-	"github.com/zarrfs/zarrfs/zarr"
 )
+
+// fillMetrics times every blob fill by array or view (fs.Group: one label
+// value per array or view of the store, never a sample path).
+type fillMetrics struct {
+	seconds *prometheus.HistogramVec
+}
+
+func newFillMetrics() *fillMetrics {
+	return &fillMetrics{seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "zarrfs", Name: "fill_seconds",
+		Help:    "Time to fill one file (fetch, decode, assemble, write) by array or view, and outcome.",
+		Buckets: prometheus.ExponentialBuckets(0.005, 2, 14), // 5 ms to 41 s
+	}, []string{"array", "outcome"})}
+}
+
+func (m *fillMetrics) observe(group string, took time.Duration, err error) {
+	outcome := "ok"
+	if err != nil {
+		outcome = "error"
+	}
+	m.seconds.WithLabelValues(group, outcome).Observe(took.Seconds())
+}
 
 // serveMetrics exposes the daemon's counters on addr at /metrics until ctx
 // ends. Counters are read from the components when scraped, so the hot path
-// pays nothing for them.
-func serveMetrics(ctx context.Context, addr string, st *zarr.Stats, c *cache.Cache, dec *decode.Pipeline, log *slog.Logger) error {
+// pays nothing for them (the fill histogram excepted: one observation per
+// fill).
+func serveMetrics(ctx context.Context, addr string, s *statusParts, fills *fillMetrics, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
+	st := s.o.stats
+	c, dec := s.o.cache, s.o.dec
 	counter := func(name, help string, f func() float64) {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "zarrfs", Name: name, Help: help}, f))
+	}
+	gauge := func(name, help string, f func() float64) {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "zarrfs", Name: name, Help: help}, f))
 	}
 	counter("chunks_decoded_total", "Chunks decompressed.", func() float64 { return float64(st.ChunksDecoded.Load()) })
 	counter("chunks_missing_total", "Chunks absent from the source, read as the fill value.", func() float64 { return float64(st.ChunksMissing.Load()) })
@@ -30,16 +54,31 @@ func serveMetrics(ctx context.Context, addr string, st *zarr.Stats, c *cache.Cac
 	counter("source_bytes_total", "Compressed bytes read from the source.", func() float64 { return float64(st.BytesFetched.Load()) })
 	counter("source_requests_total", "Reads of chunks sent to the source.", func() float64 { return float64(st.Requests.Load()) })
 	counter("source_listings_total", "Arrays listed to learn their chunks' versions.", func() float64 { return float64(st.Listings.Load()) })
-	if c != nil {
-		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "zarrfs", Name: "cache_bytes", Help: "Bytes held in the disk cache."},
-			func() float64 { b, _ := c.Usage(); return float64(b) }))
-		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "zarrfs", Name: "cache_files", Help: "Files held in the disk cache."},
-			func() float64 { _, n := c.Usage(); return float64(n) }))
-	}
-	if dec != nil {
-		reg.MustRegister(gpuMemory{dec, prometheus.NewDesc("zarrfs_gpu_memory_bytes",
-			"Memory the GPUs hold for decoding now, besides their CUDA contexts, by kind (device, pinned).", []string{"kind"}, nil)})
-	}
+	counter("cache_hits_total", "Opens served by a file already in the disk cache.", func() float64 { return float64(c.Stats().BlobHits) })
+	counter("cache_misses_total", "Opens that filled their file (or waited for its fill).", func() float64 { return float64(c.Stats().BlobMisses) })
+	counter("cache_evictions_total", "Files evicted from the disk cache to keep its budget.", func() float64 { return float64(c.Stats().Evictions) })
+	counter("cache_evicted_bytes_total", "Bytes evicted from the disk cache.", func() float64 { return float64(c.Stats().EvictedBytes) })
+	counter("chunk_tier_hits_total", "Compressed chunks read from the disk cache's chunk tier.", func() float64 { return float64(c.Stats().ChunkHits) })
+	counter("chunk_tier_misses_total", "Compressed chunks not in the chunk tier (fetched from the source).", func() float64 { return float64(c.Stats().ChunkMisses) })
+	gauge("cache_bytes", "Bytes held in the disk cache.", func() float64 { b, _ := c.Usage(); return float64(b) })
+	gauge("cache_files", "Files held in the disk cache.", func() float64 { _, n := c.Usage(); return float64(n) })
+	gauge("cache_budget_bytes", "The disk cache's budget (0: unlimited).", func() float64 { return float64(c.Budget()) })
+	gauge("fills_in_flight", "Files being filled now.", func() float64 { return float64(c.Stats().Filling) })
+	gauge("open_files", "Files open now (direct mode: leased).", func() float64 { return float64(s.m.Stats().OpenFiles) })
+	counter("opens_total", "Opens of sample files (direct mode: link resolutions).", func() float64 { return float64(s.m.Stats().Opens) })
+	counter("gpu_chunks_decoded_total", "Chunks decoded on the GPU.", func() float64 { return float64(dec.GPUStats().Chunks) })
+	counter("gpu_chunks_refused_total", "Chunks the GPU refused; they decode on the CPU.", func() float64 { return float64(dec.GPUStats().Refused) })
+	counter("gpu_chunks_corrupt_total", "Chunks the GPU found corrupt.", func() float64 { return float64(dec.GPUStats().Corrupt) })
+	gauge("uptime_seconds", "Seconds since the mount started.", func() float64 { return time.Since(s.started).Seconds() })
+	reg.MustRegister(fills.seconds)
+	reg.MustRegister(&scraped{s: s,
+		gpuMem: prometheus.NewDesc("zarrfs_gpu_memory_bytes",
+			"Memory the GPUs hold for decoding now, besides their CUDA contexts, by kind (device, pinned).", []string{"kind"}, nil),
+		decoded: prometheus.NewDesc("zarrfs_decoded_bytes_total",
+			"Decoded bytes by codec and device (cpu, gpu).", []string{"codec", "device"}, nil),
+		errors: prometheus.NewDesc("zarrfs_open_errors_total",
+			"Opens that failed (EIO), by array or view.", []string{"array"}, nil),
+	})
 	reg.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -63,16 +102,28 @@ func serveMetrics(ctx context.Context, addr string, st *zarr.Stats, c *cache.Cac
 	return nil
 }
 
-// gpuMemory reports what the decoding pipeline's GPUs hold when scraped.
-type gpuMemory struct {
-	dec  *decode.Pipeline
-	desc *prometheus.Desc
+// scraped reports the values with labels that the components hold, read
+// when scraped.
+type scraped struct {
+	s                       *statusParts
+	gpuMem, decoded, errors *prometheus.Desc
 }
 
-func (g gpuMemory) Describe(ch chan<- *prometheus.Desc) { ch <- g.desc }
+func (c *scraped) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.gpuMem
+	ch <- c.decoded
+	ch <- c.errors
+}
 
-func (g gpuMemory) Collect(ch chan<- prometheus.Metric) {
-	d, p := g.dec.MemoryHeld()
-	ch <- prometheus.MustNewConstMetric(g.desc, prometheus.GaugeValue, float64(d), "device")
-	ch <- prometheus.MustNewConstMetric(g.desc, prometheus.GaugeValue, float64(p), "pinned")
+func (c *scraped) Collect(ch chan<- prometheus.Metric) {
+	dec := c.s.o.dec
+	d, p := dec.MemoryHeld()
+	ch <- prometheus.MustNewConstMetric(c.gpuMem, prometheus.GaugeValue, float64(d), "device")
+	ch <- prometheus.MustNewConstMetric(c.gpuMem, prometheus.GaugeValue, float64(p), "pinned")
+	for k, v := range dec.Decoded() {
+		ch <- prometheus.MustNewConstMetric(c.decoded, prometheus.CounterValue, float64(v.Bytes), k.Codec, k.Device)
+	}
+	for a, n := range c.s.m.Stats().Errors {
+		ch <- prometheus.MustNewConstMetric(c.errors, prometheus.CounterValue, float64(n), a)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/user"
 	"strconv"
 	"syscall"
 	"time"
@@ -67,6 +68,7 @@ SIGTERM, then unmounts.`,
 
 func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 	ctx := cmd.Context()
+	started := time.Now()
 	log, err := newLogger(cmd)
 	if err != nil {
 		return err
@@ -99,15 +101,11 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 	}
 	defer o.Close()
 	store, l, c := o.store, o.lay, o.cache
-	if f.metrics != "" {
-		if err := serveMetrics(ctx, f.metrics, o.stats, c, o.dec, log); err != nil {
-			return fmt.Errorf("--metrics %s: %w", f.metrics, err)
-		}
-	}
+	fills := newFillMetrics()
 	mo := zfs.Options{
 		Mountpoint:         mountpoint,
 		Layout:             l,
-		Blobs:              zfs.CacheBlobs(c),
+		Blobs:              zfs.WithFillObserver(zfs.CacheBlobs(c), fills.observe),
 		Logger:             log,
 		AllowOther:         f.allowOther,
 		DisablePassthrough: f.noPassthru,
@@ -135,10 +133,32 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 	} else {
 		defer unregister()
 	}
+	parts := &statusParts{mountpoint: absMountpoint(mountpoint), args: os.Args[1:], started: started, f: f, o: o, m: m}
+	cctx, stopControl := context.WithCancel(context.Background())
+	defer stopControl()
+	if err := serveControl(cctx, controlSocket(parts.mountpoint), parts.doc, log); err != nil {
+		log.Warn("zarrfs status will not reach this mount", "err", err)
+	}
+	if f.metrics != "" {
+		if err := serveMetrics(cctx, f.metrics, parts, fills, log); err != nil {
+			m.Unmount(time.Second)
+			return fmt.Errorf("--metrics %s: %w", f.metrics, err)
+		}
+	}
+	mode, gid := c.BlobAccess()
+	if f.direct && f.allowOther && mode&0o044 == 0 {
+		// The links name files that only this user may open.
+		log.Warn("with --direct and --allow-other, other users cannot open the blobs the links resolve to; give --cache-mode or --cache-group")
+	}
 	log.Debug("mount settings", "layout", l.ID, "cache", c.BlobDir(l.ID), "passthrough", m.Passthrough(),
-		"direct", f.direct, "lease", f.lease, "rank", f.rank, "world", f.world, "shard", shard.Mode())
+		"direct", f.direct, "lease", f.lease, "rank", f.rank, "world", f.world, "shard", shard.Mode(),
+		"cache_mode", fmt.Sprintf("%04o", uint32(mode)), "cache_group", groupLabel(gid))
 	fmt.Fprintf(cmd.OutOrStdout(), "zarrfs: mounted %s at %s (%s arrays, %s files)\n",
 		store.ID(), mountpoint, thousands(int64(l.Arrays)), thousands(l.Files))
+	log.Info("mount live", "source", store.ID(), "mountpoint", mountpoint, "direct", f.direct, "decode", o.dec.Placement(),
+		"cache", c.Dir(), "cache_budget", c.Budget())
+	notifySystemd(fmt.Sprintf("READY=1\nSTATUS=serving %s at %s", store.ID(), mountpoint), log)
+	defer notifySystemd("STOPPING=1", log)
 
 	served := make(chan struct{})
 	go func() { m.Wait(); close(served) }()
@@ -154,6 +174,17 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 		log.Info("unmounted externally", "mountpoint", mountpoint)
 	}
 	return nil
+}
+
+// groupLabel names a gid for the logs; "" for none.
+func groupLabel(gid int) string {
+	if gid < 0 {
+		return ""
+	}
+	if g, err := user.LookupGroupId(strconv.Itoa(gid)); err == nil {
+		return g.Name
+	}
+	return strconv.Itoa(gid)
 }
 
 // thousands formats n with comma separators: 1234567 -> "1,234,567".

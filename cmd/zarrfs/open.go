@@ -4,9 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
+	"os/user"
 	"path/filepath"
+	"runtime/debug"
+	"strconv"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -14,6 +19,7 @@ import (
 	"github.com/zarrfs/zarrfs/decode"
 	zfs "github.com/zarrfs/zarrfs/fs"
 	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/internal/memory"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -22,20 +28,26 @@ import (
 // where their cache lives. mount and warm share them, so that a warm with
 // the same flags fills exactly the files the mount serves.
 type layoutFlags struct {
-	src       sourceFlags
-	cacheDir  string
-	cacheSize string
-	sampleDim string
-	align     int64
-	views     []string
+	src        sourceFlags
+	cacheDir   string
+	cacheSize  string
+	cacheMode  string
+	cacheGroup string
+	memory     string
+	sampleDim  string
+	align      int64
+	views      []string
 }
 
 func (f *layoutFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.cacheDir, "cache", "", "cache directory (default $XDG_CACHE_HOME/zarrfs or ~/.cache/zarrfs)")
-	fl.StringVar(&f.cacheSize, "cache-size", "0", "cache budget, such as 500GiB; 0 means unlimited")
+	fl.StringVar(&f.cacheSize, "cache-size", "0", "cache budget, such as 500GiB; 0 means what the cache's filesystem can hold")
+	fl.StringVar(&f.cacheMode, "cache-mode", "", "who may read the decoded blobs in the cache: owner (0600, the default), group (0640: --cache-group, else the cache directory's group) or all (0644), or an octal mode; needed when other users open them (--direct with --allow-other); compressed chunks, journal and lock stay owner-only")
+	fl.StringVar(&f.cacheGroup, "cache-group", "", "group (name or gid) given the decoded blobs and the directories leading to them; implies --cache-mode group")
+	fl.StringVar(&f.memory, "memory", "", "memory budget, such as 8GiB: fills wait for memory or fail (EIO) rather than exceed it (default a quarter of RAM, at least 512MiB)")
 	fl.StringVar(&f.sampleDim, "sample-dim", layout.DefaultSampleDim, "dimension whose indices become one file each")
-	fl.Int64Var(&f.align, "align", layout.DefaultAlign, "offset of the data in every .npy file (multiple of 64)")
+	fl.Int64Var(&f.align, "align", layout.DefaultAlign, "offset of the data in every .npy file (a multiple of 64, at least 128)")
 	fl.StringArrayVar(&f.views, "view", nil, "YAML file of stacked training views; repeatable")
 	f.src.register(cmd, true)
 }
@@ -105,8 +117,12 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	if err != nil {
 		return nil, usagef("--cache-size %q: %v", f.cacheSize, err)
 	}
-	if f.align%64 != 0 || f.align <= 0 || f.align > layout.MaxAlign {
-		return nil, usagef("--align %d: want a positive multiple of 64 up to %d", f.align, layout.MaxAlign)
+	mem, err := f.memoryBudget()
+	if err != nil {
+		return nil, err
+	}
+	if f.align%64 != 0 || f.align < layout.MinAlign || f.align > layout.MaxAlign {
+		return nil, usagef("--align %d: want a multiple of 64 from %d (the smallest that holds an npy header) to %d", f.align, layout.MinAlign, layout.MaxAlign)
 	}
 	if f.sampleDim == "" {
 		return nil, usagef("--sample-dim: empty name")
@@ -114,6 +130,10 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	var specs []*layout.ViewSpec
 	for _, v := range f.views {
 		s, err := layout.LoadViews(v)
+		var pe *fs.PathError
+		if errors.As(err, &pe) && (errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.EISDIR)) {
+			return nil, usagef("--view %s: %v", v, pe.Err)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -137,21 +157,29 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	if o.store, err = f.src.openStore(ctx, src); err != nil {
 		return nil, err
 	}
-	if o.cache, err = cache.Open(cache.Options{Dir: f.cacheDir, Size: size, Logger: log}); err != nil {
+	copts := cache.Options{Dir: f.cacheDir, Size: size, Logger: log}
+	if copts.BlobMode, copts.BlobGroup, err = f.blobAccess(); err != nil {
+		return nil, err
+	}
+	if o.cache, err = cache.Open(copts); err != nil {
+		if errors.Is(err, cache.ErrAccessInUse) {
+			err = fmt.Errorf("%w; give the same --cache-mode and --cache-group", err)
+		}
 		return nil, err
 	}
 	// With a GPU, compressed chunks are read into, and fills decode into,
 	// the pipeline's pinned memory.
 	o.stats = &zarr.Stats{}
-	zopts := zarr.Options{Logger: log, Decoder: o.dec, Memory: o.dec.Memory(), ChunkCacheBytes: oo.chunkCacheBytes, Stats: o.stats}
+	zopts := zarr.Options{Logger: log, Decoder: o.dec, Memory: o.dec.Memory(), ChunkCacheBytes: chunkCacheBytes(oo.chunkCacheBytes, mem), Stats: o.stats}
 	if isRemote(o.store) && oo.chunkTier {
 		zopts.SourceCache = o.cache.ChunkTier()
 	}
 	o.src = &layout.Source{
-		Store:  o.store,
-		Zarr:   zopts,
-		Views:  specs,
-		Layout: layout.Options{SampleDim: f.sampleDim, Align: f.align, Shard: oo.shard},
+		Store: o.store,
+		Zarr:  zopts,
+		Views: specs,
+		Layout: layout.Options{SampleDim: f.sampleDim, Align: f.align, Shard: oo.shard,
+			MemoryBudget: memory.New(mem / 2)},
 	}
 	if o.lay, err = o.src.Open(ctx); err != nil {
 		return nil, err
@@ -170,6 +198,95 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	}
 	ok = true
 	return o, nil
+}
+
+// blobAccess parses --cache-mode and --cache-group into the cache's
+// BlobMode and BlobGroup.
+func (f *layoutFlags) blobAccess() (fs.FileMode, *uint32, error) {
+	var mode fs.FileMode
+	if f.cacheMode != "" {
+		m, err := cache.ParseMode(f.cacheMode)
+		if err != nil {
+			return 0, nil, usagef("--cache-mode %q: %v", f.cacheMode, err)
+		}
+		mode = m
+	}
+	if f.cacheGroup == "" {
+		return mode, nil, nil
+	}
+	gid, err := lookupGroup(f.cacheGroup)
+	if err != nil {
+		return 0, nil, usagef("--cache-group %q: %v", f.cacheGroup, err)
+	}
+	if mode == 0 {
+		mode = 0o640
+	}
+	if mode&0o040 == 0 {
+		return 0, nil, usagef("--cache-group %s with --cache-mode %s: the mode gives the group nothing (try group or 0640)", f.cacheGroup, f.cacheMode)
+	}
+	return mode, &gid, nil
+}
+
+// lookupGroup resolves a group name or number to a gid the caller may
+// give its files: root any, others only their own groups.
+func lookupGroup(name string) (uint32, error) {
+	g, err := user.LookupGroup(name)
+	if err != nil {
+		if _, perr := strconv.ParseUint(name, 10, 32); perr != nil {
+			return 0, errors.New("no such group")
+		}
+		if g, err = user.LookupGroupId(name); err != nil {
+			g = &user.Group{Gid: name, Name: name} // a gid without a name
+		}
+	}
+	n, err := strconv.ParseUint(g.Gid, 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("group id %q: %v", g.Gid, err)
+	}
+	gid := uint32(n)
+	if os.Geteuid() == 0 || uint32(os.Getegid()) == gid {
+		return gid, nil
+	}
+	groups, _ := os.Getgroups()
+	for _, x := range groups {
+		if uint32(x) == gid {
+			return gid, nil
+		}
+	}
+	return 0, fmt.Errorf("you are not a member of group %s (gid %d)", g.Name, gid)
+}
+
+// memoryBudget parses --memory (default memory.DefaultBudget) and makes it
+// the Go runtime's soft memory limit too, unless GOMEMLIMIT sets one: the
+// collector then works harder before the process outgrows its budget. Half
+// of it bounds what fills hold at once (layout.Options.MemoryBudget), a
+// quarter at most the decoded-chunk cache; the rest is for the runtime,
+// FUSE and the caches' indexes.
+func (f *layoutFlags) memoryBudget() (int64, error) {
+	mem := memory.DefaultBudget()
+	if f.memory != "" {
+		n, err := cache.ParseSize(f.memory)
+		if err != nil {
+			return 0, usagef("--memory %q: %v", f.memory, err)
+		}
+		if n < 64<<20 {
+			return 0, usagef("--memory %q: want at least 64MiB", f.memory)
+		}
+		mem = n
+	}
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(mem)
+	}
+	return mem, nil
+}
+
+// chunkCacheBytes is the decoded-chunk cache's size within the memory
+// budget: asked (0: zarr's default, 256 MiB), at most a quarter of mem.
+func chunkCacheBytes(asked, mem int64) int64 {
+	if asked == 0 {
+		asked = 256 << 20
+	}
+	return min(asked, mem/4)
 }
 
 func isRemote(s objectstore.Store) bool {

@@ -1,12 +1,17 @@
 package main
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/user"
 	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -16,7 +21,8 @@ import (
 // A running mount records where its blobs live in a small registry file, so
 // that `zarrfs path MOUNT/FILE` can name the backing file without asking
 // the daemon (GPUDirect Storage readers need the real file: GDS cannot read
-// through FUSE).
+// through FUSE). `zarrfs status` and `zarrfs unmount` find the daemon there
+// too, and its status socket beside the record.
 type mountRecord struct {
 	Mountpoint string `json:"mountpoint"`
 	BlobDir    string `json:"blob_dir"`
@@ -24,24 +30,92 @@ type mountRecord struct {
 	PID        int    `json:"pid"`
 }
 
-// registryDir is $XDG_RUNTIME_DIR/zarrfs/mounts, /run/zarrfs/mounts for
-// root, else a per-user folder under the temp directory.
-func registryDir() string {
+// registryDirs are the folders mount records live in: first the one that
+// depends only on the user ($XDG_RUNTIME_DIR's usual place, /run/user/UID,
+// or /run for root, else a per-user folder under /tmp), so that `zarrfs
+// path` finds a mount whatever environment either process has; then
+// $XDG_RUNTIME_DIR and the temp directory, where older mounts and other
+// environments put them.
+func registryDirs() []string {
+	uid := os.Geteuid()
+	var dirs []string
+	add := func(d string) {
+		if d != "" && !slices.Contains(dirs, d) {
+			dirs = append(dirs, d)
+		}
+	}
+	switch run := fmt.Sprintf("/run/user/%d", uid); {
+	case uid == 0:
+		add("/run/zarrfs/mounts")
+	case ownedDir(run):
+		add(filepath.Join(run, "zarrfs", "mounts"))
+	default:
+		add(filepath.Join("/tmp", fmt.Sprintf("zarrfs-%d", uid), "mounts"))
+	}
 	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
-		return filepath.Join(d, "zarrfs", "mounts")
+		add(filepath.Join(d, "zarrfs", "mounts"))
 	}
-	if os.Geteuid() == 0 {
-		return "/run/zarrfs/mounts"
-	}
-	return filepath.Join(os.TempDir(), fmt.Sprintf("zarrfs-%d", os.Geteuid()), "mounts")
+	add(filepath.Join(os.TempDir(), fmt.Sprintf("zarrfs-%d", uid), "mounts"))
+	return dirs
 }
 
-func recordFile(mountpoint string) string {
+// registryDir is the user's own registry folder, the first of
+// registryDirs: where records, status sockets and helper logs go.
+func registryDir() string { return registryDirs()[0] }
+
+// ownedDir reports whether d is a directory owned by this user.
+func ownedDir(d string) bool {
+	st, err := os.Stat(d)
+	if err != nil || !st.IsDir() {
+		return false
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	return ok && sys.Uid == uint32(os.Geteuid())
+}
+
+func recordName(mountpoint string) string {
 	h := sha256.Sum256([]byte(mountpoint))
-	return filepath.Join(registryDir(), hex.EncodeToString(h[:8])+".json")
+	return hex.EncodeToString(h[:8]) + ".json"
 }
 
-// registerMount writes the record of a live mount; the returned func removes it.
+// recordFile is the record of the mount at mountpoint in the user's own
+// registry folder.
+func recordFile(mountpoint string) string {
+	return filepath.Join(registryDir(), recordName(mountpoint))
+}
+
+// privateRegistry creates the registry folder dir (the user's own when
+// empty) owner-only and checks that it (and the folder above it, which may
+// sit in a shared temporary folder) belongs to the caller: records name
+// the cache, which is no one else's to read.
+func privateRegistry(dirs ...string) error {
+	dir := registryDir()
+	if len(dirs) > 0 {
+		dir = dirs[0]
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		st, err := os.Lstat(d)
+		if err != nil {
+			return err
+		}
+		if !st.IsDir() || !ownedByUs(st) {
+			return fmt.Errorf("%s: not a folder of this user", d)
+		}
+		if st.Mode().Perm()&0o077 != 0 {
+			if err := os.Chmod(d, st.Mode().Perm()&0o700); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// registerMount writes the record of a live mount into the user's registry
+// folder (and $XDG_RUNTIME_DIR's, when that differs); the returned func
+// removes it.
 func registerMount(mountpoint, blobDir, source string) (func(), error) {
 	abs, err := filepath.Abs(mountpoint)
 	if err != nil {
@@ -52,53 +126,89 @@ func registerMount(mountpoint, blobDir, source string) (func(), error) {
 	}
 	rec := mountRecord{Mountpoint: abs, BlobDir: blobDir, Source: source, PID: os.Getpid()}
 	b, _ := json.Marshal(rec)
-	if err := os.MkdirAll(registryDir(), 0o700); err != nil {
-		return nil, err
+	dirs := registryDirs()
+	if os.Getenv("XDG_RUNTIME_DIR") != "" {
+		dirs = dirs[:min(2, len(dirs))]
+	} else {
+		dirs = dirs[:1]
 	}
-	f := recordFile(abs)
-	tmp := f + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return nil, err
+	var written []string
+	var firstErr error
+	for _, d := range dirs {
+		f := filepath.Join(d, recordName(abs))
+		err := privateRegistry(d)
+		if err == nil {
+			tmp := f + ".tmp"
+			if err = os.WriteFile(tmp, b, 0o600); err == nil {
+				err = os.Rename(tmp, f)
+			}
+		}
+		if err != nil {
+			firstErr = cmp.Or(firstErr, err)
+			continue
+		}
+		written = append(written, f)
 	}
-	if err := os.Rename(tmp, f); err != nil {
-		return nil, err
+	if len(written) == 0 {
+		return nil, firstErr
 	}
-	return func() { os.Remove(f) }, nil
+	return func() {
+		for _, f := range written {
+			os.Remove(f)
+		}
+	}, nil
 }
 
 // findMount returns the record of the live mount holding abs, if any.
 func findMount(abs string) (*mountRecord, bool) {
-	ents, _ := os.ReadDir(registryDir())
 	var best *mountRecord
-	for _, e := range ents {
-		if !strings.HasSuffix(e.Name(), ".json") {
-			continue
-		}
-		p := filepath.Join(registryDir(), e.Name())
-		// Trust only records written by this user (or root): the registry
-		// may sit in a shared temporary folder.
-		if st, err := os.Lstat(p); err != nil || !st.Mode().IsRegular() || !ownedByUs(st) {
-			continue
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		var r mountRecord
-		if json.Unmarshal(b, &r) != nil {
-			continue
-		}
+	for _, r := range allMounts() {
 		if abs != r.Mountpoint && !strings.HasPrefix(abs, r.Mountpoint+"/") {
 			continue
 		}
-		if syscall.Kill(r.PID, 0) == syscall.ESRCH {
-			continue // the daemon is gone
-		}
 		if best == nil || len(r.Mountpoint) > len(best.Mountpoint) {
-			best = &r
+			best = r
 		}
 	}
 	return best, best != nil
+}
+
+// allMounts returns the records of this user's live mounts in every
+// registry folder, one per mount, by mountpoint.
+func allMounts() []*mountRecord {
+	var out []*mountRecord
+	seen := map[string]bool{}
+	for _, dir := range registryDirs() {
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			if !strings.HasSuffix(e.Name(), ".json") {
+				continue
+			}
+			p := filepath.Join(dir, e.Name())
+			// Trust only records written by this user (or root): the
+			// registry may sit in a shared temporary folder.
+			if st, err := os.Lstat(p); err != nil || !st.Mode().IsRegular() || !ownedByUs(st) {
+				continue
+			}
+			b, err := os.ReadFile(p)
+			if err != nil {
+				continue
+			}
+			var r mountRecord
+			if json.Unmarshal(b, &r) != nil {
+				continue
+			}
+			if syscall.Kill(r.PID, 0) == syscall.ESRCH {
+				continue // the daemon is gone
+			}
+			if k := fmt.Sprint(r.Mountpoint, r.PID); !seen[k] {
+				seen[k] = true
+				out = append(out, &r)
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Mountpoint < out[j].Mountpoint })
+	return out
 }
 
 func ownedByUs(st os.FileInfo) bool {
@@ -124,7 +234,7 @@ func newPathCmd() *cobra.Command {
 			}
 			rec, ok := findMount(abs)
 			if !ok {
-				return fmt.Errorf("%s: not inside a running zarrfs mount", args[0])
+				return notOurMount(args[0], abs)
 			}
 			rel := strings.TrimPrefix(strings.TrimPrefix(abs, rec.Mountpoint), "/")
 			if rel == "" || !strings.HasSuffix(rel, ".npy") {
@@ -141,6 +251,87 @@ func newPathCmd() *cobra.Command {
 			return nil
 		},
 	}
+}
+
+// notOurMount explains why abs has no record: it is not in a zarrfs mount,
+// or in one of another user, whose cache files are not the caller's to
+// know, or in one whose record this user's registry lacks.
+func notOurMount(arg, abs string) error {
+	mnt, uid, ok := zarrfsMountOf(abs)
+	switch {
+	case !ok:
+		return fmt.Errorf("%s: not inside a running zarrfs mount", arg)
+	case uid != os.Geteuid():
+		return fmt.Errorf("%s: the zarrfs mount at %s belongs to %s; zarrfs path answers only for your own mounts",
+			arg, mnt, describeUser(uid))
+	default:
+		return fmt.Errorf("%s: the zarrfs mount at %s is not in %s (started with another XDG_RUNTIME_DIR?)", arg, mnt, registryDir())
+	}
+}
+
+func describeUser(uid int) string {
+	if u, err := user.LookupId(strconv.Itoa(uid)); err == nil && u.Username != "" {
+		return fmt.Sprintf("%s (uid %d)", u.Username, uid)
+	}
+	return fmt.Sprintf("uid %d", uid)
+}
+
+// zarrfsMountOf finds the innermost zarrfs FUSE mount holding abs in
+// /proc/self/mountinfo, and the uid that mounted it (the user_id option).
+func zarrfsMountOf(abs string) (mountpoint string, uid int, ok bool) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "", 0, false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		mnt, owner, isOurs := parseMountinfo(line)
+		if !isOurs || (abs != mnt && !strings.HasPrefix(abs, strings.TrimSuffix(mnt, "/")+"/")) {
+			continue
+		}
+		if len(mnt) >= len(mountpoint) {
+			mountpoint, uid, ok = mnt, owner, true
+		}
+	}
+	return mountpoint, uid, ok
+}
+
+// parseMountinfo reads one line of /proc/self/mountinfo: the mountpoint
+// and owner of a zarrfs FUSE mount.
+func parseMountinfo(line string) (mountpoint string, uid int, ok bool) {
+	pre, post, found := strings.Cut(line, " - ")
+	f, g := strings.Fields(pre), strings.Fields(post)
+	if !found || len(f) < 5 || len(g) < 3 || g[0] != "fuse.zarrfs" {
+		return "", 0, false
+	}
+	for _, o := range strings.Split(g[2], ",") {
+		if v, isUID := strings.CutPrefix(o, "user_id="); isUID {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return "", 0, false
+			}
+			return unescapeMountinfo(f[4]), n, true
+		}
+	}
+	return "", 0, false
+}
+
+// unescapeMountinfo undoes the kernel's octal escapes (\040 for a space).
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
+	var sb strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				sb.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		sb.WriteByte(s[i])
+	}
+	return sb.String()
 }
 
 func init() { rootCmd.AddCommand(newPathCmd()) }

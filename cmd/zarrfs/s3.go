@@ -3,24 +3,72 @@ package main
 import (
 	"context"
 	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
 
 	"github.com/zarrfs/zarrfs/objectstore"
 )
 
-// openS3 opens an s3:// source with retries around every request.
+// Defaults of --source-timeout and --source-stall.
+const (
+	defaultSourceTimeout = 30 * time.Second
+	defaultSourceStall   = 10 * time.Second
+)
+
+// deadlineFlags bound how long a read waits on a remote source.
+type deadlineFlags struct {
+	timeout time.Duration
+	stall   time.Duration
+}
+
+func (f *deadlineFlags) register(cmd *cobra.Command) {
+	cmd.Flags().DurationVar(&f.timeout, "source-timeout", defaultSourceTimeout, "longest one read from a remote source may take, retries included, before it fails (EIO)")
+	cmd.Flags().DurationVar(&f.stall, "source-stall", defaultSourceStall, "longest a remote source may leave a request without a response, or without data in the middle of one, before it is retried")
+}
+
+func (f *deadlineFlags) validate() error {
+	if f.timeout <= 0 {
+		return usagef("--source-timeout %v: want a positive duration", f.timeout)
+	}
+	if f.stall <= 0 || f.stall > f.timeout {
+		return usagef("--source-stall %v: want a positive duration up to --source-timeout (%v)", f.stall, f.timeout)
+	}
+	return nil
+}
+
+// openS3 opens an s3:// source with a circuit breaker (a source that stops
+// answering fails reads at once until it answers again) and retries around
+// every request, each read bounded by --source-timeout.
 func openS3(ctx context.Context, src string, f *sourceFlags) (objectstore.Store, error) {
+	if err := f.deadlines.validate(); err != nil {
+		return nil, err
+	}
+	if _, _, err := objectstore.ParseS3URL(src); err != nil {
+		return nil, usagef("%v", err)
+	}
 	endpoint := f.s3Endpoint
 	if endpoint == "" {
 		endpoint = strings.TrimSpace(getenv("AWS_ENDPOINT_URL_S3", getenv("AWS_ENDPOINT_URL", "")))
 	}
+	if err := objectstore.CheckEndpoint(endpoint); err != nil {
+		return nil, usagef("--s3-endpoint: %v", err)
+	}
 	s, err := objectstore.OpenS3(ctx, src, objectstore.S3Options{
-		Endpoint:  endpoint,
-		Region:    f.s3Region,
-		Anonymous: f.s3Anonymous,
-		Logger:    f.logger,
+		Endpoint:       endpoint,
+		Region:         f.s3Region,
+		Anonymous:      f.s3Anonymous,
+		Logger:         f.logger,
+		RequestTimeout: f.deadlines.stall,
 	})
 	if err != nil {
 		return nil, err
 	}
-	return objectstore.WithRetry(s, objectstore.RetryOptions{Logger: f.logger}), nil
+	br := objectstore.WithBreaker(s, objectstore.BreakerOptions{
+		Silence: f.deadlines.stall, Quiet: 2 * f.deadlines.stall, ProbeTimeout: f.deadlines.stall, Logger: f.logger})
+	return objectstore.WithRetry(br, objectstore.RetryOptions{
+		Logger:         f.logger,
+		Budget:         f.deadlines.timeout,
+		AttemptTimeout: f.deadlines.timeout,
+	}), nil
 }

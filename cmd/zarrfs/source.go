@@ -6,11 +6,13 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/decode"
+	"github.com/zarrfs/zarrfs/gpu"
 	"github.com/zarrfs/zarrfs/objectstore"
 )
 
@@ -23,6 +25,9 @@ type sourceFlags struct {
 	gpus        string
 	gpuMemory   string
 	pinned      string
+	gpuIdle     time.Duration
+	deadlines   deadlineFlags
+	follow      bool
 	logger      *slog.Logger
 }
 
@@ -39,12 +44,15 @@ func (f *sourceFlags) register(cmd *cobra.Command, decodes bool) {
 	cmd.Flags().StringVar(&f.s3Endpoint, "s3-endpoint", "", "S3 endpoint URL (default AWS); http:// allowed for on-premises servers")
 	cmd.Flags().StringVar(&f.s3Region, "s3-region", "", "S3 region")
 	cmd.Flags().BoolVar(&f.s3Anonymous, "s3-anonymous", false, "read a public bucket without credentials")
+	f.deadlines.register(cmd)
+	cmd.Flags().BoolVar(&f.follow, "follow-symlinks", false, "local stores: follow symbolic links that leave the store (chunks in a git-annex or DVC cache); by default reads stay inside it")
 	f.decode = "auto"
 	if decodes {
 		cmd.Flags().StringVar(&f.decode, "decode", "auto", "where chunks are decompressed: auto (CPU and GPU together when nvCOMP loads, else CPU), cpu or gpu")
 		cmd.Flags().StringVar(&f.gpus, "gpus", "all", "GPUs that decode: all, or device numbers such as 0,1")
 		cmd.Flags().StringVar(&f.gpuMemory, "gpu-memory", "1GiB", "device memory decoding may take on each GPU, CUDA context included")
 		cmd.Flags().StringVar(&f.pinned, "pinned-memory", "2GiB", "pinned host memory decoding may take per GPU (staging and lent buffers)")
+		cmd.Flags().DurationVar(&f.gpuIdle, "gpu-idle", 2*time.Minute, "give the GPUs' decoding memory back after this long without decoding")
 	}
 }
 
@@ -61,7 +69,7 @@ func (f *sourceFlags) openStore(ctx context.Context, src string) (objectstore.St
 	if strings.HasPrefix(src, "s3://") {
 		return openS3(ctx, src, f)
 	}
-	st, err := objectstore.OpenPosix(src)
+	st, err := objectstore.OpenPosixOptions(src, objectstore.PosixOptions{FollowSymlinks: f.follow})
 	if err != nil {
 		return nil, err // not a typed nil in the interface
 	}
@@ -89,7 +97,11 @@ func (f *sourceFlags) newPipeline(log *slog.Logger) (*decode.Pipeline, error) {
 	if err != nil || pinned <= 0 {
 		return nil, usagef("--pinned-memory %q: want a size such as 2GiB", f.pinned)
 	}
-	p, err := decode.New(decode.Options{Mode: mode, GPUs: gpus, GPUMemory: gpuMem, PinnedMemory: pinned, Logger: log})
+	if f.gpuIdle <= 0 {
+		return nil, usagef("--gpu-idle %v: want a positive duration", f.gpuIdle)
+	}
+	p, err := decode.New(decode.Options{Mode: mode, GPUs: gpus, GPUMemory: gpuMem, PinnedMemory: pinned,
+		GPU: gpu.Options{HostIdle: f.gpuIdle}, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("--decode %s: %w", mode, err)
 	}

@@ -66,114 +66,20 @@ samples i, i+W, i+2W, ...`,
 
 func init() { rootCmd.AddCommand(newWarmCmd()) }
 
-// sampleRange is a half-open range of sample indices; stop < 0 means "to the end".
-type sampleRange struct{ start, stop int64 }
-
-func parseSamples(s string) (sampleRange, error) {
-	if s == "" {
-		return sampleRange{0, -1}, nil
-	}
-	a, b, ok := strings.Cut(s, ":")
-	if !ok {
-		return sampleRange{}, usagef("--samples %q: want START:STOP", s)
-	}
-	r := sampleRange{0, -1}
-	var err error
-	if a != "" {
-		if r.start, err = strconv.ParseInt(a, 10, 64); err != nil || r.start < 0 {
-			return sampleRange{}, usagef("--samples %q: bad START", s)
-		}
-	}
-	if b != "" {
-		if r.stop, err = strconv.ParseInt(b, 10, 64); err != nil || r.stop < r.start {
-			return sampleRange{}, usagef("--samples %q: bad STOP", s)
-		}
-	}
-	return r, nil
-}
-
-// warmPlan is the list of blobs one warm fills, in mount order, and the
-// directories they live in.
-type warmPlan struct {
-	blobs []layout.Blob
-	dirs  []string // mount paths warmed (arrays, views, whole files)
-	bytes int64
-}
-
-func planWarm(lay *layout.Layout, f *warmFlags) (*warmPlan, error) {
-	rng, err := parseSamples(f.samples)
+// planWarm turns the flags into the layout's plan of what to fill.
+func planWarm(lay *layout.Layout, f *warmFlags) (*layout.Plan, error) {
+	span, err := layout.ParseSampleSpan(f.samples)
 	if err != nil {
-		return nil, err
+		return nil, usagef("--%s", strings.TrimPrefix(err.Error(), layout.ErrInvalidOption.Error()+": "))
 	}
 	shard, err := layout.ParseShard(f.rank, f.world, f.shard)
 	if err != nil {
 		return nil, usagef("--rank %d --world %d --shard %s: %v", f.rank, f.world, f.shard, errors.Unwrap(err))
 	}
-	only := make([]string, 0, len(f.only))
-	for _, o := range f.only {
-		o = strings.Trim(path.Clean("/"+o), "/")
-		if _, ok := lay.Lookup(o); !ok {
-			if _, ok := lay.Lookup(o + ".npy"); ok {
-				o += ".npy"
-			} else {
-				return nil, fmt.Errorf("--only %s: no such file or directory in the mount", o)
-			}
-		}
-		only = append(only, o)
+	plan, err := lay.Plan(layout.PlanOptions{Only: f.only, Samples: span, Shard: shard})
+	if err != nil {
+		return nil, fmt.Errorf("--only %w", err)
 	}
-	selected := func(p string) bool {
-		if len(only) == 0 {
-			return true
-		}
-		for _, o := range only {
-			if o == "" || p == o || strings.HasPrefix(p, o+"/") {
-				return true
-			}
-		}
-		return false
-	}
-	plan := &warmPlan{}
-	seenDir := map[string]bool{}
-	var walk func(d *layout.Dir)
-	walk = func(d *layout.Dir) {
-		if d.IsSampleDir() {
-			n := int64(d.Len())
-			lo, hi := rng.start, rng.stop
-			if hi < 0 || hi > n {
-				hi = n
-			}
-			lo = min(lo, hi)
-			mine := shard.Of(lo, hi)
-			for j := range mine.Count {
-				e := d.Entry(int(mine.At(j)))
-				if selected(e.Blob.Path()) {
-					plan.blobs = append(plan.blobs, e.Blob)
-					plan.bytes += e.Blob.Size()
-					if !seenDir[d.Path()] {
-						seenDir[d.Path()] = true
-						plan.dirs = append(plan.dirs, d.Path()+"/")
-					}
-				}
-			}
-			return
-		}
-		for i := 0; i < d.Len(); i++ {
-			e := d.Entry(i)
-			switch e.Kind {
-			case layout.KindDir:
-				walk(e.Dir)
-			case layout.KindBlob:
-				// Whole-array files (coordinates, static fields) are small
-				// and every rank needs them.
-				if selected(e.Blob.Path()) {
-					plan.blobs = append(plan.blobs, e.Blob)
-					plan.bytes += e.Blob.Size()
-					plan.dirs = append(plan.dirs, e.Blob.Path())
-				}
-			}
-		}
-	}
-	walk(lay.Root())
 	return plan, nil
 }
 
@@ -243,9 +149,22 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 	if err != nil {
 		return err
 	}
+	if f.samples != "" && len(plan.Short) > 0 {
+		if plan.InRange == 0 {
+			return usagef("--samples %s: no sample directory has samples in that range (%s)", f.samples, strings.Join(plan.Short, ", "))
+		}
+		log.Warn("--samples runs past the end of some sample directories; warming the samples they have",
+			"samples", f.samples, "short", strings.Join(plan.Short, ", "))
+	}
+	// A warm that cannot keep what it warms would report success for files
+	// a mount then fetches again: refuse it before any work.
+	if budget := c.Budget(); budget > 0 && plan.Bytes > budget {
+		return fmt.Errorf("the %s to warm (%s) do not fit the cache budget (%s); raise --cache-size or warm fewer (--only, --samples, --rank/--world)",
+			files(len(plan.Blobs)), humanBytes(plan.Bytes), humanBytes(budget))
+	}
 	var todo []layout.Blob
 	var todoBytes int64
-	for _, b := range plan.blobs {
+	for _, b := range plan.Blobs {
 		ident, err := lay.Identity(ctx, b)
 		if err != nil {
 			return err
@@ -259,10 +178,10 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 	dir := c.BlobDir(lay.ID)
 	if len(todo) == 0 {
 		logWork(log, "warm", o)
-		for _, d := range plan.dirs {
+		for _, d := range plan.Dirs {
 			fmt.Fprintf(out, "%s\t%s\n", d, path.Join(dir, d))
 		}
-		fmt.Fprintf(out, "zarrfs: nothing to do: %d files (%s) already warm in %s\n", len(plan.blobs), humanBytes(plan.bytes), dir)
+		fmt.Fprintf(out, "zarrfs: nothing to do: %s (%s) already warm in %s\n", files(len(plan.Blobs)), humanBytes(plan.Bytes), dir)
 		if f.prune {
 			return prune(ctx, o, out)
 		}
@@ -331,16 +250,37 @@ feed:
 	if ctx.Err() != nil {
 		return fmt.Errorf("warm interrupted after %d of %d files; run it again to resume", done.Load(), len(todo))
 	}
-	for _, d := range plan.dirs {
+	for _, d := range plan.Dirs {
 		fmt.Fprintf(out, "%s\t%s\n", d, path.Join(dir, d))
 	}
 	rate := float64(doneBytes.Load()) / el.Seconds()
-	fmt.Fprintf(out, "zarrfs: warmed %d files (%s) in %s, %s/s; %d already warm; cache %s\n",
-		done.Load(), humanBytes(doneBytes.Load()), el.Round(time.Millisecond), humanBytes(int64(rate)),
-		len(plan.blobs)-len(todo), dir)
+	fmt.Fprintf(out, "zarrfs: warmed %s (%s) in %s, %s/s; %d already warm; cache %s\n",
+		files(int(done.Load())), humanBytes(doneBytes.Load()), el.Round(time.Millisecond), humanBytes(int64(rate)),
+		len(plan.Blobs)-len(todo), dir)
 	logWork(log, "warm", o)
+	if onGPU, _ := o.dec.Ready(ctx); onGPU {
+		// What the GPU really decoded: with --decode gpu every chunk,
+		// unless it refused some (they decode on the CPU instead).
+		s := o.dec.GPUStats()
+		fmt.Fprintf(out, "zarrfs: the GPU decoded %d of %d chunks (%s); it refused %d (decoded on the CPU) and found %d corrupt\n",
+			s.Chunks, o.stats.ChunksDecoded.Load(), humanBytes(s.Bytes), s.Refused, s.Corrupt)
+	}
 	if n := failed.Load(); n > 0 {
-		return fmt.Errorf("%d files failed, first: %w", n, firstErr)
+		return fmt.Errorf("%s failed, first: %w", files(int(n)), firstErr)
+	}
+	// Another user of the cache (a mount) may have evicted some meanwhile.
+	gone := 0
+	for _, b := range plan.Blobs {
+		ident, err := lay.Identity(ctx, b)
+		if err != nil {
+			return err
+		}
+		if !c.HasBlob(cache.BlobKey{Layout: lay.ID, Path: b.Path(), Identity: ident}) {
+			gone++
+		}
+	}
+	if gone > 0 {
+		return fmt.Errorf("%s of %d warmed no longer in the cache: evicted since, by this warm or another user of the cache (a mount with a smaller --cache-size); raise --cache-size or warm fewer", files(gone), len(plan.Blobs))
 	}
 	if f.prune {
 		return prune(ctx, o, out)
@@ -354,6 +294,14 @@ func logWork(log *slog.Logger, what string, o *opened) {
 	st := o.stats
 	log.Debug(what+" work", "chunks_decoded", st.ChunksDecoded.Load(), "requests", st.Requests.Load(),
 		"listings", st.Listings.Load(), "bytes_fetched", st.BytesFetched.Load())
+}
+
+// files is "1 file" or "N files".
+func files(n int) string {
+	if n == 1 {
+		return "1 file"
+	}
+	return strconv.Itoa(n) + " files"
 }
 
 // warmOne fills one blob into the cache (if still absent or stale) and

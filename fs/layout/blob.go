@@ -65,62 +65,14 @@ func (o Options) freeSlab(b []byte) {
 	putSlab(b)
 }
 
-// Fill writes the header, then the region in slabs. A slab is a run of whole
-// chunk rows along the outermost axis with more than one element, so every
-// chunk lands in exactly one slab and is decoded once per Fill, and the slab's
-// bytes are contiguous in the output.
+// Fill writes the header, then the region, read in pieces that fit the
+// memory limits (see planPieces).
 func (b *regionBlob) Fill(ctx context.Context, w io.WriterAt) error {
 	if _, err := w.WriteAt(b.header, 0); err != nil {
 		return fmt.Errorf("%s: write header: %w", b.path, err)
 	}
-	itemsize := int64(b.arr.DType.Size)
-	total := prod(b.count) * itemsize
-	if total == 0 {
-		return nil
-	}
-	axis := -1
-	for i, c := range b.count {
-		if c > 1 {
-			axis = i
-			break
-		}
-	}
-	rows, rowBytes := int64(1), total
-	if axis >= 0 {
-		rows = b.count[axis]
-		rowBytes = total / rows
-	}
-	per := rows
-	if axis >= 0 && total > b.opts.SlabBytes {
-		chunk := int64(1)
-		if axis < len(b.arr.Chunks) && b.arr.Chunks[axis] > 0 {
-			chunk = b.arr.Chunks[axis]
-		}
-		per = max(b.opts.SlabBytes/rowBytes/chunk, 1) * chunk
-	}
-	buf := b.opts.slab(min(per, rows) * rowBytes)
-	defer b.opts.freeSlab(buf)
-
-	start := append([]int64(nil), b.start...)
-	count := append([]int64(nil), b.count...)
-	for r := int64(0); r < rows; {
-		n := rows - r
-		if axis >= 0 && per < rows {
-			// Cut at the next chunk boundary in array coordinates.
-			abs := b.start[axis] + r
-			next := (abs/per + 1) * per
-			n = min(next-abs, rows-r)
-			start[axis], count[axis] = abs, n
-		}
-		dst := buf[:n*rowBytes]
-		req := []zarr.Request{{Array: b.arr, Start: start, Count: count, Dst: dst}}
-		if err := b.opts.Reader.Read(ctx, req); err != nil {
-			return fmt.Errorf("%s: %w", b.path, err)
-		}
-		if _, err := w.WriteAt(dst, b.opts.Align+r*rowBytes); err != nil {
-			return fmt.Errorf("%s: write: %w", b.path, err)
-		}
-		r += n
+	if err := b.opts.readRegion(ctx, w, b.opts.Align, b.arr, b.start, b.count); err != nil {
+		return fmt.Errorf("%s: %w", b.path, err)
 	}
 	return nil
 }

@@ -9,8 +9,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
+	"github.com/zarrfs/zarrfs/internal/testenv"
 	"github.com/zarrfs/zarrfs/zarr"
 )
 
@@ -257,18 +259,14 @@ func TestCastNumpy(t *testing.T) {
 }
 
 // requirePython skips (or fails under CI) when python3 or a module is missing.
-func requirePython(t *testing.T, modules ...string) {
+func requirePython(t testing.TB, modules ...string) {
 	t.Helper()
-	fail := t.Skipf
-	if os.Getenv("CI") == "true" {
-		fail = t.Fatalf
-	}
 	if _, err := exec.LookPath("python3"); err != nil {
-		fail("python3 not found")
+		testenv.Missing(t, "python3 not found")
 	}
 	for _, m := range modules {
 		if err := exec.Command("python3", "-c", "import "+m).Run(); err != nil {
-			fail("python module %s not installed", m)
+			testenv.Missing(t, "python module %s not installed (make pydeps)", m)
 		}
 	}
 }
@@ -287,5 +285,16 @@ func BenchmarkCast(b *testing.B) {
 				castInto(dst, tt.to, src, tt.from)
 			}
 		})
+	}
+}
+
+// Without python3 the tests that need it skip, or fail under CI.
+func TestRequirePythonUnderCI(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	for ci, want := range map[string]string{"": "skip: ", "true": "fail: "} {
+		t.Setenv("CI", ci)
+		if got := testenv.Outcome(func(t testing.TB) { requirePython(t, "numpy") }); !strings.HasPrefix(got, want) {
+			t.Errorf("CI=%q: requirePython without python3: %s, want %s...", ci, got, want)
+		}
 	}
 }

@@ -40,6 +40,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/zarrfs/zarrfs/internal/memory"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
 	"github.com/zarrfs/zarrfs/zarr/codec"
@@ -70,8 +71,8 @@ type Options struct {
 	// SampleDim names the dimension whose indices become one file each.
 	// Empty means "time".
 	SampleDim string
-	// Align is the offset where data starts in every blob: a positive
-	// multiple of 64, at most MaxAlign. Zero means 4096.
+	// Align is the offset where data starts in every blob: a multiple of
+	// 64 from MinAlign to MaxAlign. Zero means 4096.
 	Align int64
 	// Reader reads the source. Nil means the Hierarchy itself.
 	Reader Reader
@@ -79,6 +80,13 @@ type Options struct {
 	// read in slabs cut at chunk boundaries, so each chunk is still decoded
 	// once. Zero means 64 MiB.
 	SlabBytes int64
+	// MemoryBudget bounds the memory all fills of the layout hold at once:
+	// a fill acquires what its buffers and its reads will hold (sized by
+	// the store's metadata) before it allocates, waiting while others hold
+	// the budget, and fails with an error wrapping memory.ErrExceeded when
+	// it needs more than the whole budget even in pieces. Nil means no
+	// bound.
+	MemoryBudget *memory.Budget
 
 	// Views are the stacked views (CONTRACT section 5) to add, bound to the
 	// same hierarchy with Bind or BindViews. Each adds MOUNT/NAME/ and
@@ -115,8 +123,8 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Align == 0 {
 		o.Align = DefaultAlign
 	}
-	if o.Align < 64 || o.Align%64 != 0 {
-		return o, fmt.Errorf("%w: align %d is not a positive multiple of 64", ErrInvalidOption, o.Align)
+	if o.Align < MinAlign || o.Align%64 != 0 {
+		return o, fmt.Errorf("%w: align %d is not a multiple of 64 of at least %d (no npy header fits in less)", ErrInvalidOption, o.Align, MinAlign)
 	}
 	if o.Align > MaxAlign {
 		return o, fmt.Errorf("%w: align %d exceeds %d, the largest whose npy header numpy.load accepts", ErrInvalidOption, o.Align, MaxAlign)
@@ -128,6 +136,34 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("%w: rank %d of world %d: want 0 <= rank < world", ErrInvalidOption, o.Shard.Rank, o.Shard.World)
 	}
 	return o, nil
+}
+
+// pieceBytes bounds the buffer one piece of a fill reads into.
+func (o Options) pieceBytes() int64 {
+	n := o.SlabBytes
+	if t := o.MemoryBudget.Total(); t > 0 {
+		n = min(n, max(t/4, 1))
+	}
+	return n
+}
+
+// pieceCost bounds a piece's buffer and the memory its read holds, where
+// the chunk grid lets a cut reach it.
+func (o Options) pieceCost() int64 {
+	n := 4 * o.SlabBytes
+	if t := o.MemoryBudget.Total(); t > 0 {
+		n = min(n, max(t/2, 1))
+	}
+	return n
+}
+
+// acquire takes n bytes of the memory budget for what.
+func (o Options) acquire(ctx context.Context, n int64, what string) (func(), error) {
+	release, err := o.MemoryBudget.Acquire(ctx, n)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return release, nil
 }
 
 // Skipped is an array left out of the layout and why.

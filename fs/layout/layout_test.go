@@ -493,12 +493,7 @@ func TestSidecar(t *testing.T) {
 
 // TestNumpyLoads checks that numpy itself parses what we write.
 func TestNumpyLoads(t *testing.T) {
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 not found")
-	}
-	if err := exec.Command("python3", "-c", "import numpy").Run(); err != nil {
-		t.Skip("numpy not installed")
-	}
+	requirePython(t, "numpy")
 	for _, align := range []int64{128, 4096, MaxAlign} {
 		l, _ := build(t, testHierarchy(), Options{Align: align})
 		var files []string

@@ -19,6 +19,10 @@ const npyPrefix = 10
 // would make numpy.load refuse our files, so Align is capped by it.
 const maxNumpyHeader = 10000
 
+// MinAlign is the smallest Align that holds any NPY header: the shortest
+// (a 0-d array of one-byte type) takes 67 bytes.
+const MinAlign = 128
+
 // MaxAlign is the largest Align whose header numpy.load still accepts: the
 // header text (align-10 bytes) must not exceed 10000 characters.
 const MaxAlign = (npyPrefix + maxNumpyHeader) / 64 * 64

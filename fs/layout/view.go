@@ -42,6 +42,10 @@ type BindOptions struct {
 // first fill, so later samples copy them instead of decoding them again.
 const maxStaticMemo = 256 << 20
 
+// maxCoordBytes bounds a coordinate array a view reads whole when it binds
+// (to look up select_values and the sample coordinates).
+const maxCoordBytes = 1 << 30
+
 // View is a ViewSpec bound to a hierarchy. It is immutable apart from an
 // internal memo of static channels, and safe for concurrent use.
 type View struct {
@@ -454,7 +458,11 @@ func (b *binder) coordBytes(c *zarr.Array) ([]byte, error) {
 	if v, ok := b.coords[c.Path]; ok {
 		return v, nil
 	}
-	buf := make([]byte, c.Shape[0]*int64(c.DType.Size))
+	n := satMul(c.Shape[0], int64(c.DType.Size))
+	if n > maxCoordBytes {
+		return nil, fmt.Errorf("coordinate array %q: %d bytes, more than the %d a view reads", c.Path, n, int64(maxCoordBytes))
+	}
+	buf := make([]byte, n)
 	err := b.reader().Read(b.ctx, []zarr.Request{{Array: c, Start: []int64{0}, Count: []int64{c.Shape[0]}, Dst: buf}})
 	if err != nil {
 		return nil, fmt.Errorf("coordinate array %q: %w", c.Path, err)
@@ -908,6 +916,11 @@ func (b *viewBlob) Sources() []zarr.Request {
 // is decoded once however many channels come from it, casts, and writes the
 // header and the (C, *spatial) data. It holds the whole sample in memory.
 func (b *viewBlob) Fill(ctx context.Context, w io.WriterAt) error {
+	release, err := b.opts.acquire(ctx, b.v.fillCost(b.size-b.opts.Align, []int64{b.k}), "sample of view "+b.v.Name)
+	if err != nil {
+		return fmt.Errorf("%s: %w", b.path, err)
+	}
+	defer release()
 	out := b.opts.slab(b.size - b.opts.Align)
 	defer b.opts.freeSlab(out)
 	if err := b.v.fillSamples(ctx, b.opts.Reader, []int64{b.k}, [][]byte{out}); err != nil {
@@ -924,6 +937,44 @@ func writeBlob(w io.WriterAt, p string, header, data []byte, align int64) error 
 		return fmt.Errorf("%s: write: %w", p, err)
 	}
 	return nil
+}
+
+// fillCost bounds the memory that filling samples ks (data bytes each) in
+// one fillSamples holds: the samples, the cast scratch, and what the Read
+// of every channel's region holds (chunks shared by the samples counted
+// once per sample at most).
+func (v *View) fillCost(data int64, ks []int64) int64 {
+	n := int64(len(ks))
+	cost := satMul(data, n)
+	spatial := prod(v.SampleShape[1:])
+	lo, hi := ks[0], ks[0]
+	for _, k := range ks {
+		lo, hi = min(lo, k), max(hi, k)
+	}
+	// Channels that read the same chunks (levels of one array in one
+	// chunk) cost them once, as the one Read decodes them once.
+	seen := map[string]bool{}
+	for i := range v.Channels {
+		ch := &v.Channels[i]
+		if !sameType(ch.Array.DType, v.DType) {
+			cost = satAdd(cost, satMul(satMul(spatial, int64(ch.Array.DType.Size)), n))
+		}
+		start, count := ch.region(v.Start + lo*v.Step)
+		if ch.Axis >= 0 {
+			count[ch.Axis] = (hi-lo)*v.Step + 1
+		}
+		key := ch.Array.Path
+		for d := range start {
+			if c := ch.Array.Chunks[d]; c > 0 {
+				key += fmt.Sprintf("/%d-%d", start[d]/c, (start[d]+count[d]-1)/c)
+			}
+		}
+		if !seen[key] {
+			seen[key] = true
+			cost = satAdd(cost, ch.Array.ReadCost(start, count))
+		}
+	}
+	return cost
 }
 
 // fillSamples fills outs[i] with sample ks[i] (each len prod(SampleShape) *
@@ -1045,12 +1096,17 @@ func FillBatch(ctx context.Context, blobs []Blob, ws []io.WriterAt, maxBytes int
 			continue
 		}
 		data := vb.size - vb.opts.Align
+		ks := []int64{vb.k}
 		j := i + 1
 		for j < len(blobs) && int64(j-i+1)*data <= maxBytes {
 			nb, ok := blobs[j].(*viewBlob)
 			if !ok || nb.v != vb.v || nb.opts.Reader != vb.opts.Reader || nb.opts.Align != vb.opts.Align {
 				break
 			}
+			if !vb.opts.MemoryBudget.Fits(2 * vb.v.fillCost(data, append(ks, nb.k))) {
+				break // a run takes half the memory budget at most
+			}
+			ks = append(ks, nb.k)
 			j++
 		}
 		if err := fillViewRun(ctx, blobs[i:j], ws[i:j], data); err != nil {
@@ -1062,16 +1118,23 @@ func FillBatch(ctx context.Context, blobs []Blob, ws []io.WriterAt, maxBytes int
 }
 
 func fillViewRun(ctx context.Context, blobs []Blob, ws []io.WriterAt, data int64) error {
-	opts := blobs[0].(*viewBlob).opts
-	buf := opts.slab(data * int64(len(blobs)))
-	defer opts.freeSlab(buf)
+	first := blobs[0].(*viewBlob)
+	opts := first.opts
 	ks := make([]int64, len(blobs))
-	outs := make([][]byte, len(blobs))
 	for i, b := range blobs {
 		ks[i] = b.(*viewBlob).k
+	}
+	release, err := opts.acquire(ctx, first.v.fillCost(data, ks), "samples of view "+first.v.Name)
+	if err != nil {
+		return fmt.Errorf("%s: %w", first.path, err)
+	}
+	defer release()
+	buf := opts.slab(data * int64(len(blobs)))
+	defer opts.freeSlab(buf)
+	outs := make([][]byte, len(blobs))
+	for i := range blobs {
 		outs[i] = buf[int64(i)*data : int64(i+1)*data]
 	}
-	first := blobs[0].(*viewBlob)
 	if err := first.v.fillSamples(ctx, first.opts.Reader, ks, outs); err != nil {
 		return fmt.Errorf("%s..%s: %w", first.path, blobs[len(blobs)-1].Path(), err)
 	}

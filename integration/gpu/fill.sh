@@ -13,6 +13,10 @@
 #      view file through FUSE with 8 threads (the first epoch's read rate,
 #      timed), then every view file and array sample is compared with the
 #      CPU cache's blobs.
+# Steps 2 and 3 fail unless the GPU decoded what the decoder promises (with
+# --decode gpu every chunk, with auto some), as its own counters say: warm
+# prints them, the mount serves them as metrics. Otherwise "equal to the
+# CPU's" could compare the CPU with itself.
 # Usage: integration/gpu/fill.sh ZARRFS GPUVIEW   (binaries built with
 #   CGO_ENABLED=0 go build -o ZARRFS ./cmd/zarrfs
 #   CGO_ENABLED=0 go build -o GPUVIEW ./integration/bench/gpuview)
@@ -36,6 +40,17 @@ cleanup() {
 trap cleanup EXIT
 status=0
 gpu=${DECODE:-gpu auto}
+
+# gpu_decoded DECODE ONGPU TOTAL: whether the GPU decoded what --decode
+# DECODE promises: with gpu every chunk, with auto some (the CPU takes a
+# share); cpu promises nothing.
+gpu_decoded() {
+	case $1 in
+	cpu*) return 0 ;;
+	gpu) [[ -n $2 && -n $3 && $3 -gt 0 && $2 -eq $3 ]] ;;
+	*) [[ -n $2 && -n $3 && $2 -gt 0 ]] ;;
+	esac
+}
 
 echo "== $("$zarrfs" version | tr '\n' ' ')"
 echo "== decode-level fill rate (gpuview)"
@@ -81,6 +96,15 @@ for store in zstd blosc-lz4; do
 			echo "$store: all $n view blobs warmed with --decode $dec equal the CPU's"
 		fi
 		grep -h -iE 'falling back|fallback|error' "$logdir/warm-$store-$dec.log" | head -3 || true
+		# The comparison means something only if the GPU decoded the
+		# chunks: its own counters, printed by warm, say how many.
+		ongpu='' total=''
+		read -r ongpu total < <(sed -n 's/^zarrfs: the GPU decoded \([0-9]*\) of \([0-9]*\) chunks.*/\1 \2/p' "$logdir/warm-$store-$dec.log") || true
+		if ! gpu_decoded "$dec" "${ongpu:-}" "${total:-}"; then
+			echo "FAIL: $store: warm --decode $dec: the GPU decoded ${ongpu:-no} of ${total:-?} chunks"; status=1
+		elif [[ $dec != cpu* ]]; then
+			echo "$store: warm --decode $dec: the GPU decoded $ongpu of $total chunks"
+		fi
 		[[ $store == zstd ]] || rm -rf "$work/cache-$store-$dec"
 	done
 done
@@ -96,12 +120,13 @@ for dec in cpu $gpu; do
 	mkdir -p "$mnt"
 	rm -rf "$work/cache-mount"
 	"$zarrfs" mount "$work/stores/$store" "$mnt" --cache "$work/cache-mount" --view "$work/view.yaml" --decode "$dec" \
-		>"$logdir/mount-$dec.log" 2>&1 &
+		--metrics 127.0.0.1:0 >"$logdir/mount-$dec.log" 2>&1 &
 	pid=$!
 	for _ in $(seq 200); do [[ -f $mnt/train.json ]] && break; sleep 0.1; done
-	out=$(python3 - "$mnt" "$work/cache-$store-cpu/$ref" <<'PY'
-import sys, os, time, numpy as np, concurrent.futures as cf
-mnt, ref = sys.argv[1], sys.argv[2]
+	metrics=$(grep -o 'http://[^ ]*/metrics' "$logdir/mount-$dec.log" | head -1)
+	out=$(python3 - "$mnt" "$work/cache-$store-cpu/$ref" "$metrics" <<'PY'
+import sys, os, time, urllib.request, numpy as np, concurrent.futures as cf
+mnt, ref, metrics = sys.argv[1], sys.argv[2], sys.argv[3]
 names = sorted(os.listdir(os.path.join(mnt, "train")))
 t0 = time.monotonic()
 with cf.ThreadPoolExecutor(8) as ex:
@@ -117,14 +142,25 @@ with cf.ThreadPoolExecutor(8) as ex:
 v = sorted(os.listdir(os.path.join(mnt, "v07")))
 same = all(np.array_equal(np.load(os.path.join(mnt, "v07", v[i])), np.load(os.path.join(ref, names[i]))[7], equal_nan=True)
            for i in range(len(v)))
-print(dt, nbytes, sum(ok), len(ok), same)
+# what the daemon decoded, and how much of it on the GPU (its own counters)
+counts = {}
+for line in urllib.request.urlopen(metrics).read().decode().splitlines():
+    name, _, value = line.partition(" ")
+    if name in ("zarrfs_chunks_decoded_total", "zarrfs_gpu_chunks_decoded_total"):
+        counts[name] = int(float(value))
+print(dt, nbytes, sum(ok), len(ok), same, counts.get("zarrfs_gpu_chunks_decoded_total", "-"), counts.get("zarrfs_chunks_decoded_total", "-"))
 PY
 )
 	kill -TERM $pid; wait $pid || { echo "mount --decode $dec exited with $?"; status=1; }
 	grep -iE 'level=error|panic' "$logdir/mount-$dec.log" | head -3 || true
-	read -r secs nbytes nok nfiles same <<<"$out"
+	read -r secs nbytes nok nfiles same ongpu total <<<"$out"
 	if [[ -z ${nfiles:-} || $nok != "$nfiles" || $nfiles == 0 || $same != True ]]; then
 		echo "FAIL: mount --decode $dec: $out"; status=1; continue
+	fi
+	[[ $ongpu == - ]] && ongpu=''
+	[[ $total == - ]] && total=''
+	if ! gpu_decoded "$dec" "${ongpu:-}" "${total:-}"; then
+		echo "FAIL: mount --decode $dec: the GPU decoded ${ongpu:-no} of ${total:-?} chunks"; status=1; continue
 	fi
 	mrate[$dec]=$(awk "BEGIN {print $nbytes / $secs / 1e9}")
 	printf '%-10s %-6s %10.2f %12.2f %8.2f   (%s of %s files equal the CPU-warmed ones)\n' "$store" "$dec" "$secs" "${mrate[$dec]}" \

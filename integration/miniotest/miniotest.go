@@ -33,6 +33,7 @@ import (
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 	"github.com/zarrfs/zarrfs/internal/syncbuf"
+	"github.com/zarrfs/zarrfs/internal/testenv"
 )
 
 // Server is a running MinIO.
@@ -97,10 +98,7 @@ func Start(t testing.TB) *Server {
 	t.Helper()
 	bin, err := Binary()
 	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("CI is set and the MinIO server is missing (CI must build it with `make minio`): %v", err)
-		}
-		t.Skipf("skipping: %v", err)
+		testenv.Missing(t, "no MinIO server (make minio builds it): %v", err)
 	}
 	var lastErr error
 	// The free port is found by binding and releasing it; another process
@@ -207,6 +205,7 @@ func (s *Server) stop() {
 		return
 	default:
 	}
+	s.Thaw()
 	s.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-s.done:
@@ -215,6 +214,37 @@ func (s *Server) stop() {
 		<-s.done
 	}
 }
+
+// Freeze stops the server process (SIGSTOP): it keeps its port, and the
+// kernel still accepts connections, but nothing answers (a hung endpoint).
+// It returns once every thread of the server has stopped.
+func (s *Server) Freeze() error {
+	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		return err
+	}
+	task := fmt.Sprintf("/proc/%d/task", s.cmd.Process.Pid)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		ents, err := os.ReadDir(task)
+		if err != nil {
+			return err
+		}
+		stopped := 0
+		for _, e := range ents {
+			b, err := os.ReadFile(filepath.Join(task, e.Name(), "stat"))
+			// The state follows the command name in parentheses.
+			if i := strings.LastIndexByte(string(b), ')'); err == nil && i >= 0 && i+2 < len(b) && (b[i+2] == 'T' || b[i+2] == 't') {
+				stopped++
+			}
+		}
+		if stopped == len(ents) {
+			return nil
+		}
+	}
+	return fmt.Errorf("minio not stopped 5s after SIGSTOP")
+}
+
+// Thaw resumes a frozen server (SIGCONT).
+func (s *Server) Thaw() error { return s.cmd.Process.Signal(syscall.SIGCONT) }
 
 // Output returns what the server printed so far, with the secret key
 // replaced, for failure messages.

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/minio/minio-go/v7"
+
+	"github.com/zarrfs/zarrfs/internal/testenv"
 )
 
 func TestStartUpload(t *testing.T) {
@@ -55,5 +57,16 @@ func TestBinaryMissing(t *testing.T) {
 	_, err := Binary()
 	if err == nil || !strings.Contains(err.Error(), "ZARRFS_MINIO") {
 		t.Fatalf("Binary() err = %v", err)
+	}
+}
+
+// Without a MinIO server the S3 tests skip, or fail under CI.
+func TestStartWithoutServer(t *testing.T) {
+	t.Setenv("ZARRFS_MINIO", filepath.Join(t.TempDir(), "no-minio"))
+	for ci, want := range map[string]string{"": "skip: ", "true": "fail: "} {
+		t.Setenv("CI", ci)
+		if got := testenv.Outcome(func(t testing.TB) { Start(t) }); !strings.HasPrefix(got, want) || !strings.Contains(got, "no-minio") {
+			t.Errorf("CI=%q: %s, want %s...", ci, got, want)
+		}
 	}
 }

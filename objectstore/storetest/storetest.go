@@ -71,6 +71,27 @@ func Run(t *testing.T, newStore func(t *testing.T, files map[string][]byte) obje
 		}
 	})
 
+	t.Run("SizeLimit", func(t *testing.T) {
+		// An object larger than the request's limit is refused, not read;
+		// one within it is read as usual. Ranges are sized by the caller.
+		big := int64(len(files["big"]))
+		lim := objectstore.WithSizeLimit(ctx, big-1)
+		if b, err := s.Get(lim, "big"); !errors.Is(err, objectstore.ErrTooLarge) || objectstore.IsTransient(err) {
+			t.Errorf("Get(big) over the limit: %d bytes, %v; want a permanent ErrTooLarge", len(b), err)
+		}
+		if gi, ok := s.(objectstore.GetterInto); ok {
+			if _, err := gi.GetInto(lim, "big", nil); !errors.Is(err, objectstore.ErrTooLarge) {
+				t.Errorf("GetInto(big) over the limit: %v", err)
+			}
+		}
+		if b, err := s.Get(objectstore.WithSizeLimit(ctx, big), "big"); err != nil || int64(len(b)) != big {
+			t.Errorf("Get(big) at the limit: %d bytes, %v", len(b), err)
+		}
+		if b, err := s.GetRange(lim, "big", 0, big); err != nil || int64(len(b)) != big {
+			t.Errorf("GetRange(big) under a smaller limit: %d bytes, %v", len(b), err)
+		}
+	})
+
 	t.Run("NotFound", func(t *testing.T) {
 		for _, k := range []string{"missing", "a/c/9/9", "nodir/x", "a", "a/c", "a/zarr.json/x"} {
 			_, err := s.Get(ctx, k)
@@ -148,6 +169,9 @@ func Run(t *testing.T, newStore func(t *testing.T, files map[string][]byte) obje
 				}
 				if objectstore.IsNotFound(err) || objectstore.IsTransient(err) {
 					t.Fatalf("GetRange(%q, %d, %d): %v: must be neither not-found nor transient", tc.key, tc.off, tc.length, err)
+				}
+				if tc.length >= 0 && !errors.Is(err, objectstore.ErrRange) {
+					t.Errorf("GetRange(%q, %d, %d): %v: a range past the end must wrap ErrRange", tc.key, tc.off, tc.length, err)
 				}
 				checkError(t, err, tc.key)
 			})

@@ -16,7 +16,9 @@
 // different samples at once, as a data loader with several workers does;
 // the GPU decoder merges the batches of readers waiting for the device
 // into shared rounds, and the table says how many rounds it ran and how
-// full they were.
+// full they were, and what share of the chunks the GPU decoded (from its
+// own counters). gpuview fails when the gpu decoder left any chunk to the
+// CPU or gpu+cpu decoded none on the GPU: those rows would not measure it.
 //
 // Usage: gpuview [-dir DIR] [-steps 32] [-vars 20] [-passes 3] [-readers 1,4]
 // [-codecs zstd,blosc-lz4] [-decoders cpu,gpu,auto]
@@ -125,6 +127,9 @@ func main() {
 		gbs        float64
 		ratio      float64
 		rounds     roundCounts // GPU rounds over all timed passes
+		// chunks decoded over all timed passes, and how many of them on
+		// the GPU (its own counters; -1: no GPU in this decoder)
+		decoded, onGPU int64
 	}
 	var rows []row
 	for _, c := range strings.Split(*codecs, ",") {
@@ -193,6 +198,7 @@ func main() {
 				}
 				var bestDt time.Duration
 				stats.reset()
+				decoded0, onGPU0 := h.Stats().ChunksDecoded.Load(), dec.d.GPUStats().Chunks
 				for p := range *passes {
 					var next atomic.Int64
 					var wg sync.WaitGroup
@@ -226,15 +232,21 @@ func main() {
 					free(b)
 				}
 				s := float64(*steps) / bestDt.Seconds()
-				rows = append(rows, row{c, dec.name, nr, s, s * float64(*nvars*ny*nx*4) / 1e9, ratio, stats.snapshot()})
+				onGPU := int64(-1)
+				if dec.name != "cpu" {
+					onGPU = dec.d.GPUStats().Chunks - onGPU0
+				}
+				rows = append(rows, row{c, dec.name, nr, s, s * float64(*nvars*ny*nx*4) / 1e9, ratio, stats.snapshot(),
+					h.Stats().ChunksDecoded.Load() - decoded0, onGPU})
 			}
 		}
 	}
 	fmt.Println()
 	fmt.Printf("%d-channel view fill rate (best of %d passes over %d samples, warm page cache)\n", *nvars, *passes, *steps)
-	fmt.Printf("%-10s %6s %-14s %8s %10s %8s %10s %8s %13s %14s\n", "store", "ratio", "decoder", "readers", "samples/s", "GB/s", "x cpu",
-		"rounds", "chunks/round", "callers/round")
+	fmt.Printf("%-10s %6s %-14s %8s %10s %8s %10s %8s %13s %14s %7s\n", "store", "ratio", "decoder", "readers", "samples/s", "GB/s", "x cpu",
+		"rounds", "chunks/round", "callers/round", "on GPU")
 	cpuRate := map[string]float64{}
+	var failed []string
 	for _, r := range rows {
 		if r.dec == "cpu" {
 			cpuRate[fmt.Sprint(r.store, r.readers)] = r.samples
@@ -251,11 +263,27 @@ func main() {
 		if c := cpuRate[fmt.Sprint(r.store, r.readers)]; c > 0 {
 			vsCPU = fmt.Sprintf("%.2f", r.samples/c)
 		}
-		fmt.Printf("%-10s %6.2f %-14s %8d %10.1f %8.2f %10s %8s %13s %14s\n", r.store, r.ratio, r.dec, r.readers, r.samples, r.gbs,
-			vsCPU, rounds, chunks, callers)
+		share := "-"
+		if r.onGPU >= 0 && r.decoded > 0 {
+			share = fmt.Sprintf("%.0f%%", 100*float64(r.onGPU)/float64(r.decoded))
+		}
+		fmt.Printf("%-10s %6.2f %-14s %8d %10.1f %8.2f %10s %8s %13s %14s %7s\n", r.store, r.ratio, r.dec, r.readers, r.samples, r.gbs,
+			vsCPU, rounds, chunks, callers, share)
+		// The GPU rows measure the GPU only if it decoded the chunks:
+		// gpu all of them, gpu+cpu its share (auto may leave a single
+		// reader's batches all to the CPU).
+		switch {
+		case r.dec == "gpu" && (r.decoded == 0 || r.onGPU != r.decoded),
+			strings.HasPrefix(r.dec, "gpu+") && r.onGPU <= 0:
+			failed = append(failed, fmt.Sprintf("%s %s with %d readers: the GPU decoded %d of %d chunks", r.store, r.dec, r.readers, r.onGPU, r.decoded))
+		}
 	}
 	fmt.Println("GB/s: decoded bytes delivered into the sample buffers per second; x cpu: against the CPU decoder with as many readers;")
 	fmt.Println("rounds: GPU rounds over all timed passes, with their mean chunks and callers (readers' batches merged into one round)")
+	fmt.Println("on GPU: the share of the chunks decoded on the GPU, from the GPU decoder's own counters")
+	if len(failed) > 0 {
+		log.Fatalf("FAIL: %s", strings.Join(failed, "; "))
+	}
 }
 
 // roundStats counts the GPU decoder's rounds from its debug lines ("gpu

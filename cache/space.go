@@ -1,0 +1,151 @@
+package cache
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"syscall"
+)
+
+// The cache's filesystem may fill up: the budget was larger than the disk,
+// something else writes there, or blocks and journal take more than file
+// contents. The cache then makes room itself (evicting least recently used
+// entries) and tries again, and it never starts a fill that cannot fit.
+// Without a budget (Options.Size 0) the budget is what the filesystem can
+// hold, counted in its blocks.
+
+// fsSpace is what statfs says of the cache's filesystem.
+type fsSpace struct {
+	total, avail, block int64
+}
+
+func statSpace(dir string) (fsSpace, error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return fsSpace{}, err
+	}
+	b := int64(st.Bsize)
+	if b <= 0 {
+		b = 4096
+	}
+	return fsSpace{total: int64(st.Blocks) * b, avail: int64(st.Bavail) * b, block: b}, nil
+}
+
+// headroom is the space the derived budget leaves free on a filesystem of
+// total bytes, for the journal and directories: a twentieth, between
+// 64 KiB and 1 GiB.
+func headroom(total int64) int64 {
+	return min(max(total/20, 64<<10), 1<<30)
+}
+
+// isNoSpace reports whether err means the filesystem (or the quota) is full.
+func isNoSpace(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+}
+
+// charge is what an entry of n bytes counts against the budget: n, or its
+// blocks when the budget is the filesystem's.
+func (c *Cache) charge(n int64) int64 {
+	if c.unit <= 1 || n <= 0 {
+		return n
+	}
+	return (n + c.unit - 1) / c.unit * c.unit
+}
+
+// deriveBudget sets the budget from the filesystem: what the cache holds
+// plus what is free, less headroom. An explicit budget larger than that is
+// lowered to it, with a warning, since the disk could never hold it.
+func (c *Cache) deriveBudget(explicit int64) {
+	sp, err := statSpace(c.dir)
+	if err != nil {
+		return
+	}
+	fits := max(c.used+sp.avail-headroom(sp.total), sp.block)
+	switch {
+	case explicit == 0:
+		c.budget, c.derived = fits, true
+	case explicit > fits:
+		c.log.Warn("cache budget larger than the cache's filesystem can hold; using what it can", "budget", explicit, "fits", fits)
+		c.budget = fits
+	}
+}
+
+// ensureSpace refuses, before any work, a blob that cannot fit the cache's
+// filesystem, and makes room for one that fits only after evicting.
+func (c *Cache) ensureSpace(rel string, size int64) error {
+	sp, err := statSpace(c.dir)
+	if err != nil {
+		return nil // no statfs: let the write tell
+	}
+	if c.derived {
+		// Space freed by others since Open raises a budget that is the
+		// filesystem's (a lower one comes from evicting when it is full).
+		c.mu.Lock()
+		c.budget = max(c.budget, c.used+sp.avail-headroom(sp.total))
+		c.mu.Unlock()
+	}
+	need := c.roundTo(size, sp.block)
+	if need > sp.total {
+		return fmt.Errorf("blob %s: %d bytes do not fit the cache's filesystem (%d bytes in all): %w", rel, size, sp.total, syscall.ENOSPC)
+	}
+	if need <= sp.avail {
+		return nil
+	}
+	c.mu.Lock()
+	c.makeRoomLocked(need)
+	c.mu.Unlock()
+	if sp, err = statSpace(c.dir); err == nil && need > sp.avail {
+		return fmt.Errorf("blob %s: %d bytes do not fit the %d bytes free on the cache's filesystem, with every unpinned entry evicted: %w", rel, size, sp.avail, syscall.ENOSPC)
+	}
+	return nil
+}
+
+func (c *Cache) roundTo(n, block int64) int64 {
+	if block <= 1 {
+		return n
+	}
+	return (n + block - 1) / block * block
+}
+
+// makeRoomLocked evicts least recently used, unpinned entries until the
+// filesystem has need bytes free, or nothing more can go. It reports
+// whether it freed anything. An eviction whose journal record cannot be
+// written (the journal's filesystem is the full one) still unlinks the file:
+// an indexed entry without its file is forgotten on first use, by every
+// instance, and at the next recovery.
+func (c *Cache) makeRoomLocked(need int64) bool {
+	freed := false
+	skipped := 0
+	for skipped < c.lru.Len() {
+		if sp, err := statSpace(c.dir); err != nil || sp.avail >= need {
+			return freed
+		}
+		var victim *entry
+		for el := c.lru.Back(); el != nil; el = el.Prev() {
+			if e := el.Value.(*entry); e.pins == 0 {
+				victim = e
+				break
+			}
+		}
+		if victim == nil {
+			return freed
+		}
+		if c.evictEntryLocked(victim, true) {
+			freed = true
+		} else {
+			c.lru.MoveToFront(victim.elem)
+			skipped++
+		}
+	}
+	return freed
+}
+
+// cachePath is the file of an entry.
+func (c *Cache) cachePath(e *entry) string { return filepath.Join(c.dir, e.key) }
+
+// Budget is the cache's byte budget now (see Options.Size).
+func (c *Cache) Budget() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.budget
+}

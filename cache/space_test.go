@@ -1,0 +1,110 @@
+package cache
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// tmpfs mounts a tmpfs of the given size (mount option, "1m") for the test.
+func tmpfs(t *testing.T, size string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a tmpfs needs root")
+	}
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size); err != nil {
+		t.Skipf("mount tmpfs: %v", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
+	return dir
+}
+
+// fillUp writes junk to path until the filesystem is full.
+func fillUp(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil && !errors.Is(err, syscall.ENOSPC) {
+		t.Fatal(err)
+	}
+	if f == nil {
+		return
+	}
+	defer f.Close()
+	buf := make([]byte, 4096)
+	for {
+		if _, err := f.Write(buf); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+}
+
+// A cache on a 1 MiB filesystem, with no --cache-size: its budget is what
+// the filesystem holds; fills evict and go on when something else fills
+// the disk; recovery after a kill and compaction work on a full
+// filesystem; a blob larger than the filesystem fails at once.
+func TestFullFilesystem(t *testing.T) {
+	fsDir := tmpfs(t, "1m")
+	dir := filepath.Join(fsDir, "cache")
+	c := mustOpen(t, Options{Dir: dir})
+	if c.budget <= 0 || c.budget > 1<<20 {
+		t.Fatalf("budget %d on a 1 MiB filesystem", c.budget)
+	}
+	for i := range 300 {
+		getBlob(t, c, key(i)) // ~2 MiB in all, evicting as it goes
+	}
+
+	// Something else takes all the free space: fills evict and retry.
+	fillUp(t, filepath.Join(fsDir, "junk1"))
+	for i := 300; i < 350; i++ {
+		getBlob(t, c, key(i))
+	}
+
+	// A blob larger than the filesystem fails at once, without filling.
+	called := false
+	_, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: "huge.npy"}, 2<<20, func(context.Context, Writer) error {
+		called = true
+		return nil
+	})
+	if !errors.Is(err, syscall.ENOSPC) || called {
+		t.Fatalf("blob larger than the filesystem: %v (fill called: %v)", err, called)
+	}
+
+	// Killed while the filesystem is full: the next Open recovers and
+	// compacts, making room from the cache itself.
+	c.abandon()
+	fillUp(t, filepath.Join(fsDir, "junk2"))
+	c = mustOpen(t, Options{Dir: dir})
+	getBlob(t, c, key(400))
+	getBlob(t, c, key(350))
+	c.abandon()
+
+	// With the cache emptied by hand and the filesystem full, Open still
+	// works (the journal stays as it is); fills fail with ENOSPC, quickly.
+	for _, d := range []string{blobsDir, chunksDir} {
+		os.RemoveAll(filepath.Join(dir, d))
+		os.Mkdir(filepath.Join(dir, d), 0o755)
+	}
+	fillUp(t, filepath.Join(fsDir, "junk3"))
+	c = mustOpen(t, Options{Dir: dir})
+	defer c.Close()
+	start := time.Now()
+	data := content("x", 8192)
+	_, err = c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: "x.npy"}, int64(len(data)), writeFill(data))
+	if !errors.Is(err, syscall.ENOSPC) || time.Since(start) > 5*time.Second {
+		t.Errorf("fill on a full filesystem with nothing to evict: %v after %v", err, time.Since(start))
+	}
+	// Free the space: fills work again, and are kept.
+	os.Remove(filepath.Join(fsDir, "junk3"))
+	getBlob(t, c, key(500))
+	if !c.HasBlob(BlobKey{Layout: "L", Path: key(500)}) {
+		t.Error("blob not kept after space was freed")
+	}
+}

@@ -1,0 +1,202 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/zarrfs/zarrfs/decode"
+	zfs "github.com/zarrfs/zarrfs/fs"
+	"github.com/zarrfs/zarrfs/gpu"
+	"github.com/zarrfs/zarrfs/zarr"
+)
+
+// A running mount answers `zarrfs status` on a Unix socket beside its
+// registry record (owner-only, like the registry): GET /status returns a
+// statusDoc as JSON.
+
+// statusDoc is what `zarrfs status --json` prints for a mount.
+type statusDoc struct {
+	Mountpoint    string    `json:"mountpoint"`
+	Source        string    `json:"source"`
+	PID           int       `json:"pid"`
+	Started       time.Time `json:"started"`
+	UptimeSeconds float64   `json:"uptime_seconds"`
+	// Args is the mount's command line after the command name.
+	Args   []string       `json:"args"`
+	Cache  statusCache    `json:"cache"`
+	Mount  statusMount    `json:"mount"`
+	Decode statusDecode   `json:"decode"`
+	Reads  statusReads    `json:"source_reads"`
+	Errors map[string]int `json:"errors_by_array"`
+}
+
+type statusCache struct {
+	Dir        string `json:"dir"`
+	BlobDir    string `json:"blob_dir"`
+	BudgetB    int64  `json:"budget_bytes"`
+	UsedB      int64  `json:"used_bytes"`
+	Files      int    `json:"files"`
+	BlobMode   string `json:"blob_mode"`
+	Hits       int64  `json:"blob_hits"`
+	Misses     int64  `json:"blob_fills"`
+	Filling    int64  `json:"fills_in_flight"`
+	Evictions  int64  `json:"evictions"`
+	EvictedB   int64  `json:"evicted_bytes"`
+	ChunkHits  int64  `json:"chunk_hits"`
+	ChunkMisss int64  `json:"chunk_misses"`
+}
+
+type statusMount struct {
+	Direct    bool   `json:"direct"`
+	Lease     string `json:"lease,omitempty"`
+	Rank      int    `json:"rank"`
+	World     int    `json:"world"`
+	Opens     int64  `json:"opens"`
+	OpenFiles int64  `json:"open_files"`
+	Files     int64  `json:"files"`
+	Arrays    int    `json:"arrays"`
+}
+
+type statusDecode struct {
+	Placement  string          `json:"placement"`
+	GPUDeviceB int64           `json:"gpu_device_bytes"`
+	GPUPinnedB int64           `json:"gpu_pinned_bytes"`
+	GPU        gpu.Stats       `json:"gpu"`
+	Decoded    []statusDecoded `json:"decoded"`
+}
+
+type statusDecoded struct {
+	Codec  string `json:"codec"`
+	Device string `json:"device"`
+	Chunks int64  `json:"chunks"`
+	Bytes  int64  `json:"bytes"`
+}
+
+type statusReads struct {
+	BytesFetched  int64 `json:"bytes_fetched"`
+	ChunksDecoded int64 `json:"chunks_decoded"`
+	ChunksMissing int64 `json:"chunks_missing"`
+}
+
+// statusParts are what a mount's status is gathered from.
+type statusParts struct {
+	mountpoint string
+	args       []string
+	started    time.Time
+	f          *mountFlags
+	o          *opened
+	m          *zfs.Mounted
+}
+
+func (s *statusParts) doc() statusDoc {
+	c, dec := s.o.cache, s.o.dec
+	lay := s.m.Layout() // the tree served now, after any refresh
+	used, files := c.Usage()
+	cs := c.Stats()
+	mode, _ := c.BlobAccess()
+	ms := s.m.Stats()
+	d := statusDoc{
+		Mountpoint: s.mountpoint, Source: s.o.store.ID(), PID: os.Getpid(), Started: s.started,
+		UptimeSeconds: time.Since(s.started).Seconds(), Args: s.args,
+		Cache: statusCache{Dir: c.Dir(), BlobDir: c.BlobDir(lay.ID), BudgetB: c.Budget(), UsedB: used, Files: files,
+			BlobMode: fmt.Sprintf("%04o", uint32(mode)), Hits: cs.BlobHits, Misses: cs.BlobMisses, Filling: cs.Filling,
+			Evictions: cs.Evictions, EvictedB: cs.EvictedBytes, ChunkHits: cs.ChunkHits, ChunkMisss: cs.ChunkMisses},
+		Mount: statusMount{Direct: s.f.direct, Rank: s.f.rank, World: s.f.world, Opens: ms.Opens, OpenFiles: ms.OpenFiles,
+			Files: lay.Files, Arrays: lay.Arrays},
+		Reads:  readsOf(s.o.stats),
+		Errors: map[string]int{},
+	}
+	if s.f.direct {
+		d.Mount.Lease = s.f.lease.String()
+	}
+	for k, v := range ms.Errors {
+		d.Errors[k] = int(v)
+	}
+	d.Decode.Placement = dec.Placement()
+	d.Decode.GPUDeviceB, d.Decode.GPUPinnedB = dec.MemoryHeld()
+	d.Decode.GPU = dec.GPUStats()
+	d.Decode.Decoded = decodedRows(dec.Decoded())
+	return d
+}
+
+func readsOf(st *zarr.Stats) statusReads {
+	return statusReads{BytesFetched: st.BytesFetched.Load(), ChunksDecoded: st.ChunksDecoded.Load(), ChunksMissing: st.ChunksMissing.Load()}
+}
+
+func decodedRows(d decode.Decoded) []statusDecoded {
+	rows := []statusDecoded{}
+	for k, v := range d {
+		rows = append(rows, statusDecoded{Codec: k.Codec, Device: k.Device, Chunks: v.Chunks, Bytes: v.Bytes})
+	}
+	sort.Slice(rows, func(i, j int) bool {
+		return rows[i].Codec+rows[i].Device < rows[j].Codec+rows[j].Device
+	})
+	return rows
+}
+
+// controlSocket is where the mount at mountpoint (absolute, resolved)
+// answers status requests.
+func controlSocket(mountpoint string) string {
+	return strings.TrimSuffix(recordFile(mountpoint), ".json") + ".sock"
+}
+
+// serveControl answers status requests on sock until ctx ends.
+func serveControl(ctx context.Context, sock string, status func() statusDoc, log *slog.Logger) error {
+	if err := privateRegistry(); err != nil {
+		return err
+	}
+	os.Remove(sock) // left by a killed daemon: the registry is ours
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		return err
+	}
+	os.Chmod(sock, 0o600)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(status())
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		srv.Close()
+		os.Remove(sock)
+	}()
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Warn("status socket stopped", "socket", sock, "err", err)
+		}
+	}()
+	return nil
+}
+
+// fetchStatus asks the mount behind sock for its status.
+func fetchStatus(ctx context.Context, sock string) (statusDoc, error) {
+	var d statusDoc
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		},
+	}}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://zarrfs/status", nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		return d, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return d, fmt.Errorf("status socket answered %s", resp.Status)
+	}
+	return d, json.NewDecoder(resp.Body).Decode(&d)
+}

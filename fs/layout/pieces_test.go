@@ -1,0 +1,187 @@
+package layout
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+
+	"github.com/zarrfs/zarrfs/internal/memory"
+	"github.com/zarrfs/zarrfs/objectstore"
+	"github.com/zarrfs/zarrfs/zarr"
+)
+
+// memWriter is an io.WriterAt into a byte slice.
+type memWriter []byte
+
+func (m memWriter) WriteAt(p []byte, off int64) (int, error) { return copy(m[off:], p), nil }
+
+// Pieces, wherever the cut falls, assemble the same bytes as one read, and
+// every piece respects the byte bound when any cut can.
+func TestPiecesMatchOneRead(t *testing.T) {
+	for _, tt := range []struct {
+		name          string
+		shape, chunks []int64
+		start, count  []int64
+		maxBytes      int64
+	}{
+		{"outer axis", []int64{23, 4}, []int64{5, 4}, []int64{0, 0}, []int64{23, 4}, 80},
+		{"second axis", []int64{2, 3, 17, 5}, []int64{1, 2, 4, 5}, []int64{1, 0, 0, 0}, []int64{1, 3, 17, 5}, 160},
+		{"row too large: third axis", []int64{6, 3, 10, 12}, []int64{4, 2, 3, 4}, []int64{5, 0, 0, 0}, []int64{1, 3, 10, 12}, 2 * 3 * 12 * 4},
+		{"one cell per piece", []int64{6, 3, 10, 12}, []int64{4, 2, 3, 4}, []int64{2, 0, 0, 0}, []int64{1, 3, 10, 12}, 4},
+		{"unaligned region", []int64{9, 11, 13}, []int64{2, 3, 4}, []int64{1, 2, 3}, []int64{7, 8, 9}, 100},
+		{"whole", []int64{4, 4}, []int64{2, 2}, []int64{0, 0}, []int64{4, 4}, 1 << 20},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			a := &zarr.Array{Path: "a", Shape: tt.shape, Chunks: tt.chunks, DType: f32}
+			r := &indexReader{}
+			o := Options{Reader: r, SlabBytes: tt.maxBytes}
+			n := prod(tt.count) * 4
+			got := make(memWriter, 64+n)
+			if err := o.readRegion(context.Background(), got, 64, a, tt.start, tt.count); err != nil {
+				t.Fatal(err)
+			}
+			want := make([]byte, n)
+			fillIndex(zarr.Request{Array: a, Start: tt.start, Count: tt.count, Dst: want})
+			if !bytes.Equal(got[64:], want) {
+				t.Fatalf("pieces differ from one read (%d reads)", len(r.reqs))
+			}
+			cells := int64(1)
+			for d := range tt.shape {
+				cells *= tt.chunks[d]
+			}
+			for _, q := range r.reqs {
+				if b := prod(q.Count) * 4; b > max(tt.maxBytes, cells*4) {
+					t.Errorf("piece %v+%v holds %d bytes, bound %d", q.Start, q.Count, b, tt.maxBytes)
+				}
+				for d := range q.Start {
+					// Every piece is aligned to the chunk grid: it starts on a
+					// boundary or at the region's start, and ends on one or
+					// at the region's end.
+					if q.Start[d] != tt.start[d] && q.Start[d]%tt.chunks[d] != 0 {
+						t.Errorf("piece %v+%v is not cut at chunk boundaries", q.Start, q.Count)
+					}
+					if e := q.Start[d] + q.Count[d]; e != tt.start[d]+tt.count[d] && e%tt.chunks[d] != 0 {
+						t.Errorf("piece %v+%v is not cut at chunk boundaries", q.Start, q.Count)
+					}
+				}
+			}
+		})
+	}
+}
+
+// absurdStore writes a store whose array t has samples of 3 x 100,000 x
+// 100,000 float32 (120 GB) in chunks of 4 x 2 x 8 x 16, and no chunk at all.
+func absurdStore(t *testing.T, shape, chunks []int64) *zarr.Hierarchy {
+	t.Helper()
+	dir := t.TempDir()
+	writeStore(t, dir, nil)
+	doc := `{"zarr_format":3,"node_type":"array","shape":` + jsonInts(shape) + `,"data_type":"float32",
+"chunk_grid":{"name":"regular","configuration":{"chunk_shape":` + jsonInts(chunks) + `}},
+"chunk_key_encoding":{"name":"default","configuration":{"separator":"/"}},
+"codecs":[{"name":"bytes","configuration":{"endian":"little"}},{"name":"zstd","configuration":{"level":1,"checksum":false}}],
+"fill_value":1.5,"dimension_names":["time","level","latitude","longitude"],"attributes":{}}`
+	if err := os.MkdirAll(filepath.Join(dir, "t"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "t", "zarr.json"), []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	st, err := objectstore.OpenPosix(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := zarr.Open(context.Background(), st, zarr.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func jsonInts(s []int64) string {
+	b := []byte{'['}
+	for i, x := range s {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, []byte(itoa(x))...)
+	}
+	return string(append(b, ']'))
+}
+
+func itoa(x int64) string {
+	if x == 0 {
+		return "0"
+	}
+	var d []byte
+	for ; x > 0; x /= 10 {
+		d = append([]byte{byte('0' + x%10)}, d...)
+	}
+	return string(d)
+}
+
+// A sample whose chunk row along its first long axis is 80 GB (the store
+// of the issue) is planned in pieces of at most SlabBytes; it is never
+// allocated whole.
+func TestPlanAbsurdChunkRow(t *testing.T) {
+	h := absurdStore(t, []int64{30, 3, 100000, 100000}, []int64{4, 2, 8, 16})
+	a := h.Array("t")
+	o, _ := Options{}.withDefaults()
+	p := planPieces(a, []int64{0, 0, 0, 0}, []int64{1, 3, 100000, 100000}, o.pieceBytes(), o.pieceCost())
+	if p.bytes > o.SlabBytes || p.cost > o.pieceCost() {
+		t.Fatalf("plan: axis %d steps %v, %d bytes, cost %d; want at most %d and %d", p.axis, p.steps, p.bytes, p.cost, o.SlabBytes, o.pieceCost())
+	}
+}
+
+// Filling a sample of 120 MB whose chunk row is 80 MB, with a 16 MiB
+// budget, streams it in pieces: the fill allocates far less than the row,
+// holds no more than the budget, and writes the right values.
+func TestFillStreamsWithinBudget(t *testing.T) {
+	h := absurdStore(t, []int64{30, 3, 100, 100000}, []int64{4, 2, 8, 50000})
+	budget := memory.New(128 << 20)
+	l, err := Build(h, Options{MemoryBudget: budget})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := mustLookup(t, l, "t/00.npy")
+	out := make(memWriter, b.Size())
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	if err := b.Fill(context.Background(), out); err != nil {
+		t.Fatal(err)
+	}
+	runtime.ReadMemStats(&after)
+	alloc := after.TotalAlloc - before.TotalAlloc
+	t.Logf("fill of %d MB: %d MiB allocated, budget peak %d MiB", b.Size()>>20, alloc>>20, budget.Peak()>>20)
+	if alloc > 48<<20 {
+		t.Errorf("fill allocated %d MiB (the chunk row is 80 MB)", alloc>>20)
+	}
+	if budget.Peak() == 0 || budget.Peak() > budget.Total() || budget.Used() != 0 {
+		t.Errorf("budget peak %d, used %d after the fill", budget.Peak(), budget.Used())
+	}
+	want := []byte{0, 0, 0xc0, 0x3f} // 1.5 as little-endian float32
+	for off := int64(4096); off < b.Size(); off += 4096 * 1021 {
+		if !bytes.Equal(out[off:off+4], want) {
+			t.Fatalf("value at %d: %x", off, out[off:off+4])
+		}
+	}
+}
+
+// A fill that needs more memory than the whole budget, even in pieces (one
+// chunk is larger), fails with memory.ErrExceeded before it allocates.
+func TestFillBeyondBudgetFails(t *testing.T) {
+	h := absurdStore(t, []int64{2, 1, 2048, 2048}, []int64{1, 1, 2048, 2048})
+	l, err := Build(h, Options{MemoryBudget: memory.New(8 << 20)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := mustLookup(t, l, "t/0.npy")
+	err = b.Fill(context.Background(), make(memWriter, b.Size()))
+	if !errors.Is(err, memory.ErrExceeded) {
+		t.Fatalf("fill: %v, want ErrExceeded", err)
+	}
+}

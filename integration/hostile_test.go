@@ -1,0 +1,354 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/zarrfs/zarrfs/internal/syncbuf"
+	"github.com/zarrfs/zarrfs/zarr/zarrtest"
+)
+
+// cacheFS returns a directory on a tmpfs of the given size for a cache
+// (root only; otherwise a plain temporary directory).
+func cacheFS(t *testing.T, size string) string {
+	t.Helper()
+	dir := t.TempDir()
+	if os.Geteuid() != 0 {
+		return dir
+	}
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size); err != nil {
+		t.Logf("no tmpfs (%v): cache on the temporary directory's filesystem", err)
+		return dir
+	}
+	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
+	return dir
+}
+
+// readErrno opens and reads a file, returning the errno (0 on success) and
+// how long it took.
+func readErrno(p string) (syscall.Errno, time.Duration) {
+	start := time.Now()
+	_, err := os.ReadFile(p)
+	var en syscall.Errno
+	if err != nil && !errors.As(err, &en) {
+		en = syscall.EINVAL
+	}
+	return en, time.Since(start)
+}
+
+// rssBytes is the resident memory of a process.
+func rssBytes(pid int) int64 {
+	b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	for _, l := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			f := strings.Fields(rest)
+			if len(f) > 0 {
+				n, _ := strconv.ParseInt(f[0], 10, 64)
+				return n << 10
+			}
+		}
+	}
+	return 0
+}
+
+func alive(d *daemon) bool {
+	select {
+	case <-d.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// Shapes and chunks a store may declare cannot crash the daemon: t
+// reshaped to [30, 3, 100000, 100000] (a 120 GB sample, each chunk row of
+// it 80 GB) and an array whose one chunk needs more memory than --memory
+// allows. Reading them fails with EIO and one log line each, quickly;
+// every other file reads; the daemon stays within its memory budget.
+func TestAbsurdShapes(t *testing.T) {
+	requireMountTools(t)
+	fx := fixturesDir(t)
+	store := filepath.Join(t.TempDir(), "a.zarr")
+	copyTree(t, filepath.Join(fx, "public_a.zarr"), store)
+	meta := filepath.Join(store, "t", "zarr.json")
+	b, _ := os.ReadFile(meta)
+	b = bytes.Replace(b, []byte(`"shape":[12,3,16,24]`), []byte(`"shape":[30,3,100000,100000]`), 1)
+	os.WriteFile(meta, b, 0o644)
+	os.MkdirAll(filepath.Join(store, "big"), 0o755)
+	os.WriteFile(filepath.Join(store, "big", "zarr.json"), []byte(`{"zarr_format":3,"node_type":"array","shape":[2,4096,4096],"data_type":"float32",
+"chunk_grid":{"name":"regular","configuration":{"chunk_shape":[1,4096,4096]}},"chunk_key_encoding":{"name":"default"},
+"codecs":[{"name":"bytes","configuration":{"endian":"little"}},{"name":"zstd","configuration":{"level":1}}],
+"fill_value":0,"dimension_names":["time","latitude","longitude"],"attributes":{}}`), 0o644)
+
+	d := mountAt(t, store, t.TempDir(), cacheFS(t, "96m"), "--memory", "256MiB")
+	if st, err := os.Stat(filepath.Join(d.mnt, "t", "00.npy")); err != nil || st.Size() != 4096+3*100000*100000*4 {
+		t.Fatalf("t/00.npy: %v", err)
+	}
+	for _, p := range []string{"t/00.npy", "t/29.npy", "big/0.npy"} {
+		en, took := readErrno(filepath.Join(d.mnt, p))
+		if en != syscall.EIO || took > 20*time.Second {
+			t.Errorf("%s: errno %v after %v, want EIO quickly", p, en, took)
+		}
+	}
+	if !alive(d) {
+		t.Fatalf("daemon died: %v\n%s", d.err, d.stderr)
+	}
+	for _, p := range []string{"z/00.npy", "q/11.npy", "lsm.npy", "time.npy"} {
+		if en, _ := readErrno(filepath.Join(d.mnt, p)); en != 0 {
+			t.Errorf("%s: %v after the absurd arrays failed", p, en)
+		}
+	}
+	logs := d.stderr.String()
+	if n := strings.Count(logs, "cannot fill file"); n != 3 {
+		t.Errorf("%d fault lines, want one per failed file:\n%s", n, logs)
+	}
+	if !strings.Contains(logs, "memory budget") || !strings.Contains(logs, "do not fit") {
+		t.Errorf("causes not logged:\n%s", logs)
+	}
+	t.Logf("daemon log:\n%s", logs)
+	if rss := rssBytes(d.cmd.Process.Pid); rss > 256<<20 {
+		t.Errorf("daemon RSS %d MiB, budget 256 MiB", rss>>20)
+	}
+}
+
+// A second mount on a live zarrfs mountpoint is refused (it would hide the
+// first mount's tree); the first keeps serving.
+func TestMountTwiceRefused(t *testing.T) {
+	requireMountTools(t)
+	fx := fixturesDir(t)
+	d := mount(t, filepath.Join(fx, "public_a.zarr"))
+	_, stderr, code := run(t, "mount", filepath.Join(fx, "public_b.zarr"), d.mnt, "--cache", t.TempDir())
+	if code != 1 || !strings.Contains(stderr, "already a zarrfs mount") || strings.Count(strings.TrimSpace(stderr), "\n") != 0 {
+		t.Errorf("second mount: exit %d, %q", code, stderr)
+	}
+	if en, _ := readErrno(filepath.Join(d.mnt, "t", "00.npy")); en != 0 {
+		t.Errorf("first mount after the refused second: %v", en)
+	}
+}
+
+// Symbolic links and odd metadata: an array directory linked outside the
+// store, a zarr.json without node_type and a zarr.json that is a FIFO are
+// each left out with a warning and an unsupported entry, the rest mounts; a
+// chunk linked outside the store is EIO by default and reads with
+// --follow-symlinks, as does the linked array (git-annex and DVC layouts).
+func TestSymlinksAndOddMetadata(t *testing.T) {
+	requireMountTools(t)
+	fx := fixturesDir(t)
+	store := filepath.Join(t.TempDir(), "a.zarr")
+	copyTree(t, filepath.Join(fx, "public_a.zarr"), store)
+	annex := t.TempDir()
+	// u10 lives outside, linked in.
+	if err := os.Rename(filepath.Join(store, "u10"), filepath.Join(annex, "u10")); err != nil {
+		t.Fatal(err)
+	}
+	os.Symlink(filepath.Join(annex, "u10"), filepath.Join(store, "u10"))
+	// One chunk of t is a link into the annex.
+	chunk := filepath.Join(store, "t", "c", "0", "0", "0", "0")
+	os.Rename(chunk, filepath.Join(annex, "t-chunk"))
+	os.Symlink(filepath.Join(annex, "t-chunk"), chunk)
+	// z's zarr.json has no node_type; lsm's is a FIFO.
+	zj := filepath.Join(store, "z", "zarr.json")
+	b, _ := os.ReadFile(zj)
+	os.WriteFile(zj, bytes.Replace(b, []byte(`"node_type":"array",`), nil, 1), 0o644)
+	os.Remove(filepath.Join(store, "lsm", "zarr.json"))
+	if err := syscall.Mkfifo(filepath.Join(store, "lsm", "zarr.json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	out, stderr, code := run(t, "inspect", "--json", store)
+	if code != 0 {
+		t.Fatalf("inspect: exit %d: %s", code, stderr)
+	}
+	for arr, reason := range map[string]string{"u10": "symbolic link leaves the store", "z": "node_type", "lsm": "not a regular file"} {
+		if !strings.Contains(out, `"path":"`+arr+`"`) && !strings.Contains(out, `"path": "`+arr+`"`) {
+			t.Errorf("inspect lists no %s:\n%s", arr, out)
+		}
+		if !strings.Contains(out, reason) {
+			t.Errorf("inspect gives no reason %q for %s:\n%s", reason, arr, out)
+		}
+	}
+
+	ref := t.TempDir()
+	warm(t, filepath.Join(fx, "public_a.zarr"), ref, "--only", "t/00.npy", "--only", "u10/03.npy")
+	want := blobFiles(t, ref)
+
+	d := mount(t, store)
+	for _, p := range []string{"u10", "z", "lsm.npy"} {
+		if _, err := os.Stat(filepath.Join(d.mnt, p)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s: %v, want absent", p, err)
+		}
+	}
+	logs := d.stderr.String()
+	for _, arr := range []string{"array=u10", "array=z", "array=lsm"} {
+		if !strings.Contains(logs, arr) {
+			t.Errorf("no warning for %s:\n%s", arr, logs)
+		}
+	}
+	if en, _ := readErrno(filepath.Join(d.mnt, "t", "00.npy")); en != syscall.EIO {
+		t.Errorf("t/00.npy through a chunk linked outside: %v, want EIO", en)
+	}
+	if en, _ := readErrno(filepath.Join(d.mnt, "t", "04.npy")); en != 0 {
+		t.Errorf("t/04.npy: %v", en)
+	}
+
+	f := mount(t, store, "--follow-symlinks")
+	for _, p := range []string{"t/00.npy", "u10/03.npy"} {
+		got, err := os.ReadFile(filepath.Join(f.mnt, p))
+		if err != nil || !bytes.Equal(got, want[p]) {
+			t.Errorf("%s with --follow-symlinks: %v (%d bytes, want %d)", p, err, len(got), len(want[p]))
+		}
+	}
+}
+
+// `zarrfs path` finds a mount whose --cache was relative, from another
+// working directory and with another XDG_RUNTIME_DIR than the daemon's.
+func TestPathFromElsewhere(t *testing.T) {
+	requireMountTools(t)
+	fx := fixturesDir(t)
+	work, mnt := t.TempDir(), t.TempDir()
+	cmd := exec.Command(zarrfsBin(t), "mount", filepath.Join(fx, "public_a.zarr"), mnt, "--cache", "rel-cache")
+	cmd.Dir = work
+	cmd.Env = append(os.Environ(), "XDG_RUNTIME_DIR="+t.TempDir())
+	d := startDaemon(t, cmd, mnt)
+	want, err := os.ReadFile(filepath.Join(d.mnt, "t", "03.npy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := exec.Command(zarrfsBin(t), "path", filepath.Join(d.mnt, "t", "03.npy"))
+	p.Dir = t.TempDir()
+	p.Env = append(os.Environ(), "XDG_RUNTIME_DIR="+t.TempDir())
+	out, err := p.CombinedOutput()
+	backing := strings.TrimSpace(string(out))
+	if err != nil || !filepath.IsAbs(backing) || !strings.HasPrefix(backing, filepath.Join(work, "rel-cache")) {
+		t.Fatalf("zarrfs path: %v: %q", err, out)
+	}
+	if got, err := os.ReadFile(backing); err != nil || !bytes.Equal(got, want) {
+		t.Errorf("backing file %s: %v", backing, err)
+	}
+}
+
+// startDaemon starts a prepared `zarrfs mount` command and waits for its
+// mounted line; Cleanup stops it as mountAt's daemons are stopped.
+func startDaemon(t *testing.T, cmd *exec.Cmd, mnt string) *daemon {
+	t.Helper()
+	d := &daemon{t: t, cmd: cmd, mnt: mnt, stderr: &syncbuf.Buffer{}, done: make(chan struct{})}
+	cmd.Stderr = d.stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		if sc.Scan() {
+			line <- sc.Text()
+		}
+		close(line)
+		for sc.Scan() {
+		}
+	}()
+	go func() { d.err = cmd.Wait(); close(d.done) }()
+	select {
+	case l, ok := <-line:
+		if !ok {
+			<-d.done
+			t.Fatalf("zarrfs mount exited before mounting: %v\n%s", d.err, d.stderr)
+		}
+		d.line = l
+	case <-time.After(60 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("zarrfs mount: no mounted line within 60s\n%s", d.stderr)
+	}
+	t.Cleanup(func() { d.stop(t) })
+	return d
+}
+
+// A failure that repeats for every file writes a few lines and a count:
+// with --cache-size 1KiB every blob is too large to keep.
+func TestLogFloodsSummarised(t *testing.T) {
+	requireMountTools(t)
+	fx := fixturesDir(t)
+	d := mount(t, filepath.Join(fx, "public_a.zarr"), "--cache-size", "1KiB", "--readahead", "0")
+	n := 0
+	filepath.WalkDir(d.mnt, func(p string, e os.DirEntry, err error) error {
+		if err == nil && strings.HasSuffix(p, ".npy") {
+			os.ReadFile(p)
+			os.ReadFile(p)
+			n++
+		}
+		return nil
+	})
+	if n < 50 {
+		t.Fatalf("read only %d files", n)
+	}
+	if lines := strings.Count(d.stderr.String(), "larger than the cache budget"); lines > 11 {
+		t.Errorf("%d lines for %d files too large to keep, want at most 10 and a summary", lines, n)
+	}
+}
+
+// A cache on a 1 MiB filesystem, without --cache-size: every file reads
+// (the cache evicts to what the filesystem holds); after a kill, with the
+// filesystem then filled by something else, mount and warm still start
+// and serve.
+func TestCacheOnFullFilesystem(t *testing.T) {
+	requireMountTools(t)
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a tmpfs")
+	}
+	// About 2.5 MiB of blobs.
+	src := exampleStore(t, zarrtest.Example{Times: 48, Levels: 2, Lat: 33, Lon: 64, TimeChunk: 4})
+	fsDir := cacheFS(t, "1m")
+	cacheDir := filepath.Join(fsDir, "cache")
+	readAll := func(mnt string) (ok, failed int) {
+		filepath.WalkDir(mnt, func(p string, e os.DirEntry, err error) error {
+			if err == nil && strings.HasSuffix(p, ".npy") {
+				if _, err := os.ReadFile(p); err != nil {
+					failed++
+					t.Errorf("%s: %v", p, err)
+				} else {
+					ok++
+				}
+			}
+			return nil
+		})
+		return
+	}
+	mnt := t.TempDir()
+	d := mountAt(t, src, mnt, cacheDir, "--readahead", "0")
+	for range 2 {
+		if ok, failed := readAll(d.mnt); failed > 0 || ok < 100 {
+			t.Fatalf("%d files read, %d failed on a 1 MiB cache", ok, failed)
+		}
+	}
+	d.cmd.Process.Signal(syscall.SIGKILL)
+	<-d.done
+	// Something else takes the rest of the filesystem.
+	junk, _ := os.Create(filepath.Join(fsDir, "junk"))
+	buf := make([]byte, 4096)
+	for {
+		if _, err := junk.Write(buf); err != nil {
+			break
+		}
+	}
+	junk.Close()
+	out := warm(t, src, cacheDir, "--only", "t", "--samples", "0:2")
+	if !strings.Contains(out, "zarrfs: ") {
+		t.Errorf("warm on a full filesystem: %s", out)
+	}
+	d = mountAt(t, src, mnt, cacheDir, "--readahead", "0") // clears the stale mount
+	if ok, failed := readAll(d.mnt); failed > 0 || ok < 100 {
+		t.Fatalf("after a kill on a full filesystem: %d files read, %d failed", ok, failed)
+	}
+}

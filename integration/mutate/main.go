@@ -1,0 +1,270 @@
+// Command mutate breaks the code on purpose, one behaviour at a time, runs
+// the tests that should notice, and reports which mutations the suite
+// catches. It never touches the working tree: each mutant is a copy of one
+// source file handed to `go test -overlay` (and, for the packages that run
+// the zarrfs binary, to the `go build -overlay` of that binary, through
+// ZARRFS_BIN).
+//
+// Usage (from the repository root, or `make mutate`):
+//
+//	go run ./integration/mutate [-only REGEXP] [-run REGEXP] [-list] [-v]
+//
+// A mutation is caught when its tests fail, missed when they pass, stale
+// when its original text no longer occurs exactly once in the file (the
+// code moved: update the table in mutations.go), and broken when the
+// mutant does not compile. The exit status is 1 when any mutation is
+// missed, stale or broken, and 2 when the tests fail without any mutation
+// (nothing could be concluded then).
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+)
+
+func main() {
+	only := flag.String("only", "", "run only the mutations whose name matches this regular expression")
+	list := flag.Bool("list", false, "list the mutations and exit")
+	verbose := flag.Bool("v", false, "print the tests' output of every run")
+	run := flag.String("run", "", "run only the tests matching this regular expression (go test -run), instead of each mutation's own")
+	flag.Parse()
+	root, err := repoRoot()
+	if err != nil {
+		fatal(err)
+	}
+	re, err := regexp.Compile(*only)
+	if err != nil {
+		fatal(fmt.Errorf("-only: %w", err))
+	}
+	var ms []mutation
+	for _, m := range mutations {
+		if re.MatchString(m.Name) {
+			ms = append(ms, m)
+		}
+	}
+	if *list {
+		for _, m := range ms {
+			fmt.Printf("%-28s %-26s %s\n", m.Name, m.File, m.Breaks)
+		}
+		return
+	}
+	if len(ms) == 0 {
+		fatal(fmt.Errorf("no mutation matches %q", *only))
+	}
+	r := &runner{root: root, verbose: *verbose, run: *run}
+	if err := r.baseline(ms); err != nil {
+		fatal(err)
+	}
+	var missed, stale int
+	fmt.Printf("%-28s %-8s %7s  %s\n", "mutation", "result", "seconds", "tests that failed (or why)")
+	for _, m := range ms {
+		res := r.try(m)
+		fmt.Printf("%-28s %-8s %7.1f  %s\n", m.Name, res.verdict, res.secs, res.detail)
+		switch res.verdict {
+		case "MISSED":
+			missed++
+		case "STALE", "BROKEN":
+			stale++
+		}
+	}
+	fmt.Printf("%d mutations: %d caught, %d missed, %d stale or broken\n", len(ms), len(ms)-missed-stale, missed, stale)
+	if missed+stale > 0 {
+		os.Exit(1)
+	}
+}
+
+func fatal(err error) {
+	fmt.Fprintf(os.Stderr, "mutate: %v\n", err)
+	os.Exit(2)
+}
+
+func repoRoot() (string, error) {
+	d, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d, nil
+		}
+		p := filepath.Dir(d)
+		if p == d {
+			return "", errors.New("no go.mod above the working directory")
+		}
+		d = p
+	}
+}
+
+type runner struct {
+	root    string
+	verbose bool
+	run     string // overrides every mutation's Run
+}
+
+type result struct {
+	verdict string // caught, MISSED, STALE, BROKEN
+	secs    float64
+	detail  string
+}
+
+// needsBinary reports whether a package's tests run the zarrfs binary.
+func needsBinary(pkgs []string) bool {
+	return slices.ContainsFunc(pkgs, func(p string) bool { return strings.HasPrefix(p, "./integration") })
+}
+
+// baseline runs, unmutated, the tests the mutations will run: a failure
+// there would make every mutation look caught. Each package runs once,
+// with the union of the -run filters its mutations use (none if one uses
+// none).
+func (r *runner) baseline(ms []mutation) error {
+	filters := map[string][]string{} // package: -run filters, nil for all
+	var order []string
+	for _, m := range ms {
+		run := m.Run
+		if r.run != "" {
+			run = r.run
+		}
+		for _, p := range m.Pkgs {
+			f, seen := filters[p]
+			if !seen {
+				order = append(order, p)
+			}
+			switch {
+			case run == "" || (seen && f == nil):
+				filters[p] = nil
+			case !slices.Contains(f, run):
+				filters[p] = append(f, run)
+			}
+		}
+	}
+	byRun := map[string][]string{} // -run filter: packages
+	var runs []string
+	for _, p := range order {
+		run := strings.Join(filters[p], "|")
+		if _, ok := byRun[run]; !ok {
+			runs = append(runs, run)
+		}
+		byRun[run] = append(byRun[run], p)
+	}
+	for _, run := range runs {
+		pkgs := byRun[run]
+		fmt.Printf("baseline: go test -run '%s' %s\n", run, strings.Join(pkgs, " "))
+		if out, err := r.goTest("", pkgs, run, ""); err != nil {
+			return fmt.Errorf("the tests fail without any mutation:\n%s", out)
+		}
+	}
+	return nil
+}
+
+func (r *runner) try(m mutation) result {
+	t0 := time.Now()
+	res := func(v, d string) result { return result{v, time.Since(t0).Seconds(), d} }
+	path := filepath.Join(r.root, m.File)
+	src, err := os.ReadFile(path)
+	if err != nil {
+		return res("STALE", err.Error())
+	}
+	if n := bytes.Count(src, []byte(m.From)); n != 1 {
+		return res("STALE", fmt.Sprintf("the original text occurs %d times in %s", n, m.File))
+	}
+	tmp, err := os.MkdirTemp("", "zarrfs-mutant-")
+	if err != nil {
+		return res("STALE", err.Error())
+	}
+	defer os.RemoveAll(tmp)
+	mutant := filepath.Join(tmp, filepath.Base(m.File))
+	overlay := filepath.Join(tmp, "overlay.json")
+	js, _ := json.Marshal(map[string]map[string]string{"Replace": {path: mutant}})
+	if err := errors.Join(
+		os.WriteFile(mutant, bytes.Replace(src, []byte(m.From), []byte(m.To), 1), 0o644),
+		os.WriteFile(overlay, js, 0o644)); err != nil {
+		return res("STALE", err.Error())
+	}
+	bin := ""
+	if needsBinary(m.Pkgs) {
+		bin = filepath.Join(tmp, "zarrfs")
+		cmd := exec.Command("go", "build", "-overlay", overlay, "-o", bin, "./cmd/zarrfs")
+		cmd.Dir = r.root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return res("BROKEN", "the mutant does not build: "+firstLine(string(out)))
+		}
+	}
+	run := m.Run
+	if r.run != "" {
+		run = r.run
+	}
+	out, err := r.goTest(overlay, m.Pkgs, run, bin)
+	if err == nil {
+		return res("MISSED", "every test passed")
+	}
+	if strings.Contains(out, "[build failed]") || strings.Contains(out, "[setup failed]") || strings.Contains(out, "\nvet: ") {
+		return res("BROKEN", "the mutant does not build: "+firstLine(out))
+	}
+	return res("caught", failures(out))
+}
+
+// goTest runs the packages' tests (with an overlay and a binary, when
+// given) and returns their output.
+func (r *runner) goTest(overlay string, pkgs []string, run, bin string) (string, error) {
+	args := []string{"test", "-count=1", "-timeout", "10m"}
+	if overlay != "" {
+		args = append(args, "-overlay", overlay)
+	}
+	if run != "" {
+		args = append(args, "-run", run)
+	}
+	cmd := exec.Command("go", append(args, pkgs...)...)
+	cmd.Dir = r.root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if bin != "" {
+		cmd.Env = append(cmd.Env, "ZARRFS_BIN="+bin)
+	}
+	out, err := cmd.CombinedOutput()
+	if r.verbose {
+		os.Stdout.Write(out)
+	}
+	return string(out), err
+}
+
+// failures names the failed tests in go test's output, the innermost
+// subtests only.
+func failures(out string) string {
+	var names []string
+	for _, l := range strings.Split(out, "\n") {
+		l = strings.TrimSpace(l)
+		if name, ok := strings.CutPrefix(l, "--- FAIL: "); ok {
+			name, _, _ = strings.Cut(name, " ")
+			if len(names) > 0 && strings.HasPrefix(name, names[len(names)-1]+"/") {
+				names[len(names)-1] = name
+			} else if !slices.ContainsFunc(names, func(n string) bool { return strings.HasPrefix(n, name+"/") }) {
+				names = append(names, name)
+			}
+		}
+	}
+	if len(names) == 0 {
+		return "tests failed: " + firstLine(out)
+	}
+	if len(names) > 4 {
+		names = append(names[:4], fmt.Sprintf("and %d more", len(names)-4))
+	}
+	return strings.Join(names, ", ")
+}
+
+func firstLine(s string) string {
+	for _, l := range strings.Split(s, "\n") {
+		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") {
+			return l
+		}
+	}
+	return ""
+}

@@ -1,0 +1,174 @@
+package integration
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/zarrfs/zarrfs/integration/faultproxy"
+	"github.com/zarrfs/zarrfs/integration/miniotest"
+)
+
+// Files of public_a.zarr that share no chunk, so each read needs the source
+// (nothing of it is in the cache's chunk tier yet). The first needs one
+// chunk: a lone request, the slowest case for the breaker.
+var independentFiles = []string{
+	"time.npy", "t/00.npy", "t/04.npy", "t/08.npy", "z/00.npy", "z/05.npy", "z/10.npy",
+	"q/00.npy", "q/06.npy", "u10/00.npy", "u10/07.npy",
+	"sub/sp/00.npy", "sub/sp/03.npy", "sub/sp/06.npy", "sub/sp/09.npy",
+}
+
+// outage measures a source outage on a mount: the time to the first EIO
+// after the source goes silent, how fast reads fail while it is down, and
+// the time from the source answering again to the first successful read.
+type outage struct {
+	firstEIO   time.Duration
+	slowestEIO time.Duration // of concurrent reads once the breaker is open
+	recover    time.Duration
+}
+
+func (o outage) String() string {
+	return fmt.Sprintf("first EIO after %v, EIO while down within %v, recovered %v after the source answered",
+		o.firstEIO.Round(10*time.Millisecond), o.slowestEIO.Round(time.Millisecond), o.recover.Round(10*time.Millisecond))
+}
+
+// measureOutage silences the source with down, reads with readers
+// concurrent readers, then calls up and waits for reads to work again.
+func measureOutage(t *testing.T, mnt string, readers int, down, up func()) outage {
+	t.Helper()
+	files := append([]string(nil), independentFiles...)
+	next := func() string {
+		f := files[0]
+		files = files[1:]
+		return f
+	}
+	var o outage
+	down()
+	// The first reads: each waits for the source until the deadlines end it.
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	start := time.Now()
+	for range readers {
+		f := filepath.Join(mnt, next())
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			en, took := readErrno(f)
+			if en != syscall.EIO {
+				t.Errorf("%s with the source silent: errno %v, want EIO", f, en)
+			}
+			mu.Lock()
+			o.firstEIO = max(o.firstEIO, took)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	t.Logf("%d readers got EIO within %v of the source going silent", readers, time.Since(start))
+	// Later reads fail at once.
+	for range 2 {
+		f := filepath.Join(mnt, next())
+		en, took := readErrno(f)
+		if en != syscall.EIO {
+			t.Errorf("%s while the source is down: errno %v, want EIO", f, en)
+		}
+		o.slowestEIO = max(o.slowestEIO, took)
+	}
+	up()
+	start = time.Now()
+	f := filepath.Join(mnt, next())
+	for {
+		if en, _ := readErrno(f); en == 0 {
+			break
+		}
+		if time.Since(start) > 60*time.Second {
+			t.Fatalf("%s: no successful read within 60s of the source answering again", f)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	o.recover = time.Since(start)
+	return o
+}
+
+// A source that stops answering (a proxy holding every request, then a
+// MinIO frozen with SIGSTOP) fails reads with EIO within the deadlines,
+// later reads at once, and the mount recovers by itself when the source
+// answers again; the daemon logs the outage in a few lines, not one per
+// request. ZARRFS_LONG runs it with the default deadlines too (the figures
+// in BENCHMARKS.md).
+func TestSourceOutage(t *testing.T) {
+	requireMountTools(t)
+	fx := fixturesDir(t)
+	srv := miniotest.Start(t)
+	bucket := srv.NewBucket(t)
+	srv.UploadDir(t, bucket, "era5/public_a.zarr", filepath.Join(fx, "public_a.zarr"))
+	s3Env(t, srv)
+	src := "s3://" + bucket + "/era5/public_a.zarr"
+
+	type setting struct {
+		name     string
+		args     []string
+		firstEIO time.Duration // bound on the first EIO
+	}
+	settings := []setting{{"short deadlines", []string{"--source-stall", "2s", "--source-timeout", "10s"}, 12 * time.Second}}
+	if os.Getenv("ZARRFS_LONG") != "" {
+		settings = append(settings, setting{"defaults", nil, 32 * time.Second})
+	}
+	for _, s := range settings {
+		t.Run(s.name+"/proxy stalls", func(t *testing.T) {
+			p, err := faultproxy.New(srv.Endpoint)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			d := mountAt(t, src, t.TempDir(), t.TempDir(), append([]string{"--s3-endpoint", p.URL, "--readahead", "0"}, s.args...)...)
+			o := measureOutage(t, d.mnt, 1,
+				func() {
+					p.SetRule(faultproxy.Always(nil, faultproxy.Fault{Kind: faultproxy.StallHeaders, StallFor: 5 * time.Minute}))
+				},
+				func() { p.SetRule(nil) })
+			t.Logf("%s: %v", s.name, o)
+			checkOutage(t, d, o, s.firstEIO)
+		})
+		t.Run(s.name+"/minio frozen", func(t *testing.T) {
+			d := mountAt(t, src, t.TempDir(), t.TempDir(), append([]string{"--s3-endpoint", srv.Endpoint, "--readahead", "0"}, s.args...)...)
+			o := measureOutage(t, d.mnt, 8,
+				func() {
+					if err := srv.Freeze(); err != nil {
+						t.Fatal(err)
+					}
+				},
+				func() { srv.Thaw() })
+			t.Logf("%s, 8 readers: %v", s.name, o)
+			checkOutage(t, d, o, s.firstEIO)
+		})
+	}
+}
+
+func checkOutage(t *testing.T, d *daemon, o outage, firstEIO time.Duration) {
+	t.Helper()
+	if o.firstEIO > firstEIO {
+		t.Errorf("first EIO after %v, want within %v", o.firstEIO, firstEIO)
+	}
+	if o.slowestEIO > time.Second {
+		t.Errorf("reads while the source is down took up to %v, want to fail at once", o.slowestEIO)
+	}
+	if o.recover > 10*time.Second {
+		t.Errorf("recovered %v after the source answered, want within 10s", o.recover)
+	}
+	if !alive(d) {
+		t.Fatalf("daemon died: %v", d.err)
+	}
+	logs := d.stderr.String()
+	t.Logf("daemon log:\n%s", logs)
+	if n := strings.Count(logs, "\n"); n > 40 {
+		t.Errorf("%d log lines for one outage:\n%s", n, logs)
+	}
+	if !strings.Contains(logs, "source not answering") || !strings.Contains(logs, "source answering again") {
+		t.Errorf("outage not logged:\n%s", logs)
+	}
+}

@@ -1,0 +1,313 @@
+package objectstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// ErrSourceDown is returned (wrapped) by a Breaker for requests it refuses
+// while the source is not answering. It is permanent for the request: the
+// retry layer gives up at once instead of waiting out its budget.
+var ErrSourceDown = errors.New("source not answering")
+
+// BreakerOptions configures WithBreaker. Every zero value means a
+// documented default.
+type BreakerOptions struct {
+	// Failures is how many requests in a row must go unanswered (a
+	// timeout waiting for a response or for more of one, a connection that
+	// cannot be made) before the breaker opens, provided nothing has
+	// answered for Silence either: a source that answers most requests
+	// while a few stall is slow, not down. 0: 3.
+	Failures int
+	// Silence: see Failures. 0: 10s, the stall timeout zarrfs uses by
+	// default.
+	Silence time.Duration
+	// Quiet opens the breaker before Failures when nothing has answered
+	// for this long since the first request of the unanswered run was sent
+	// (a lone reader then waits for two timeouts, not three). 0: 20s, twice
+	// the stall timeout zarrfs uses by default.
+	Quiet time.Duration
+	// Probe is how often an open breaker asks the source whether it
+	// answers again, with one small request of its own (the first byte of
+	// the last object a read got, or a listing of the store's root), each
+	// bounded by ProbeTimeout. 0: 1s.
+	Probe time.Duration
+	// ProbeTimeout bounds one probe. 0: 5s.
+	ProbeTimeout time.Duration
+	// Logger receives one warning when the breaker opens and one line when
+	// the source answers again; nil: discard.
+	Logger *slog.Logger
+	// Now replaces the clock in tests; nil: time.Now.
+	Now func() time.Time
+}
+
+// Breaker is a Store that stops sending requests to a source that has
+// stopped answering (a circuit breaker). While it is open every request
+// fails at once with ErrSourceDown, so that readers get their error in
+// milliseconds instead of each waiting out timeouts and retries; a probe of
+// its own finds out when the source answers again, and the breaker closes
+// by itself. Only silence counts: a source that answers with errors (5xx,
+// not found, a reset in the middle of a body) is answering, and the retry
+// layer deals with those. Put it inside the retry layer
+// (WithRetry(WithBreaker(s, ...), ...)). It is safe for concurrent use
+// when the inner Store is.
+type Breaker struct {
+	Store
+	opts BreakerOptions
+	log  *slog.Logger
+
+	mu       sync.Mutex
+	open     bool
+	fails    int       // unanswered requests in a row
+	answered time.Time // last answer of any kind
+	since    time.Time // when the first request of the unanswered run was sent
+	lastFail time.Time // when the last unanswered request failed
+	lastKey  string    // a key a read got an answer for, for the probe
+	opened   time.Time
+	refused  int64 // requests refused while open
+	stop     chan struct{}
+	closed   bool
+}
+
+var _ Store = (*Breaker)(nil)
+
+// WithBreaker wraps inner; see BreakerOptions for the defaults.
+func WithBreaker(inner Store, opts BreakerOptions) *Breaker {
+	if opts.Failures <= 0 {
+		opts.Failures = 3
+	}
+	if opts.Silence <= 0 {
+		opts.Silence = 10 * time.Second
+	}
+	if opts.Quiet <= 0 {
+		opts.Quiet = 20 * time.Second
+	}
+	if opts.Probe <= 0 {
+		opts.Probe = time.Second
+	}
+	if opts.ProbeTimeout <= 0 {
+		opts.ProbeTimeout = 5 * time.Second
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Breaker{Store: inner, opts: opts, log: log}
+}
+
+// Identity forwards the inner store's identity.
+func (b *Breaker) Identity() string { return Identity(b.Store) }
+
+// QueuesRequests forwards the inner store's queueing, so that the retry
+// layer outside starts its timers when a request leaves the queue.
+func (b *Breaker) QueuesRequests() bool {
+	q, ok := b.Store.(QueueingStore)
+	return ok && q.QueuesRequests()
+}
+
+// Open reports whether the breaker is refusing requests now.
+func (b *Breaker) Open() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.open
+}
+
+// Close stops the probing of an open breaker. Requests still pass through.
+func (b *Breaker) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed = true
+	if b.stop != nil {
+		close(b.stop)
+		b.stop = nil
+	}
+	return nil
+}
+
+// isSilence reports whether err means the source did not answer at all.
+func isSilence(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) {
+		return true
+	}
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// admit lets a request through unless the breaker is open.
+func (b *Breaker) admit() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.open {
+		return nil
+	}
+	b.refused++
+	return fmt.Errorf("%w for %v (asking it again every %v)", ErrSourceDown,
+		b.opts.Now().Sub(b.since).Round(100*time.Millisecond), b.opts.Probe)
+}
+
+// record notes how an admitted request for key, sent at sent, ended.
+func (b *Breaker) record(key string, sent time.Time, err error) {
+	switch {
+	case err == nil || !isSilence(err):
+		if errors.Is(err, context.Canceled) || errors.Is(err, ErrSourceDown) {
+			return // the caller gave up: says nothing of the source
+		}
+		b.mu.Lock()
+		b.fails = 0
+		b.answered = b.opts.Now()
+		if err == nil && key != "" {
+			b.lastKey = key
+		}
+		b.mu.Unlock()
+	default:
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if b.fails > 0 && sent.Sub(b.lastFail) > b.opts.Quiet {
+			// Nothing was asked for a while: an idle source is not a
+			// silent one, so this is a new run.
+			b.fails = 0
+		}
+		if b.fails == 0 {
+			b.since = sent
+		}
+		b.fails++
+		now := b.opts.Now()
+		b.lastFail = now
+		quiet := now.Sub(b.since) >= b.opts.Quiet && b.answered.Before(b.since)
+		silent := b.fails >= b.opts.Failures && now.Sub(b.answered) >= b.opts.Silence
+		if !b.open && (silent || quiet) {
+			b.open, b.opened, b.refused = true, now, 0
+			b.log.Warn("source not answering; failing reads at once until it answers again",
+				"store", b.ID(), "unanswered", b.fails, "for", now.Sub(b.since).Round(time.Millisecond), "cause", err)
+			if !b.closed {
+				b.stop = make(chan struct{})
+				go b.probe(b.stop)
+			}
+		}
+	}
+}
+
+// probe asks the source whether it answers, every Probe, until it does.
+func (b *Breaker) probe(stop chan struct{}) {
+	t := time.NewTicker(b.opts.Probe)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), b.opts.ProbeTimeout)
+		b.mu.Lock()
+		key := b.lastKey
+		b.mu.Unlock()
+		var err error
+		if key != "" {
+			// Ask as readers do: a source may answer listings and not reads.
+			_, err = b.Store.GetRange(ctx, key, 0, 1)
+		} else {
+			_, err = b.Store.List(ctx, "")
+		}
+		cancel()
+		if err != nil && isSilence(err) {
+			continue
+		}
+		b.mu.Lock()
+		now := b.opts.Now()
+		b.log.Info("source answering again; reads resume", "store", b.ID(),
+			"down_for", now.Sub(b.opened).Round(time.Millisecond), "refused", b.refused)
+		b.open, b.fails, b.answered = false, 0, now
+		if b.stop == stop {
+			b.stop = nil
+		}
+		b.mu.Unlock()
+		return
+	}
+}
+
+// do runs f (one call to the inner store) through the breaker. A store
+// that queues requests is asked to check with the breaker when a request
+// leaves its queue, so that requests queued behind stalled ones fail at
+// once when the breaker opens meanwhile.
+func (b *Breaker) do(ctx context.Context, op, key string, f func(ctx context.Context) error) error {
+	admitted := false
+	var sent time.Time
+	gate := func() error {
+		if err := b.admit(); err != nil {
+			return err
+		}
+		admitted, sent = true, b.opts.Now()
+		return nil
+	}
+	var err error
+	if b.QueuesRequests() {
+		err = f(onAttemptStart(ctx, gate))
+	} else if err = gate(); err != nil {
+		err = &Error{Op: op, Store: b.ID(), Key: key, Err: err}
+	} else {
+		err = f(ctx)
+	}
+	if admitted {
+		if op == "list" {
+			key = ""
+		}
+		b.record(key, sent, err)
+	}
+	return err
+}
+
+// Get implements Store.
+func (b *Breaker) Get(ctx context.Context, key string) ([]byte, error) {
+	var out []byte
+	err := b.do(ctx, "get", key, func(ctx context.Context) (err error) {
+		out, err = b.Store.Get(ctx, key)
+		return err
+	})
+	return out, err
+}
+
+var _ GetterInto = (*Breaker)(nil)
+
+// GetInto forwards to the inner store's GetInto (or Get).
+func (b *Breaker) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
+	gi, ok := b.Store.(GetterInto)
+	if !ok {
+		return b.Get(ctx, key)
+	}
+	var out []byte
+	err := b.do(ctx, "get", key, func(ctx context.Context) (err error) {
+		out, err = gi.GetInto(ctx, key, buf)
+		return err
+	})
+	return out, err
+}
+
+// GetRange implements Store.
+func (b *Breaker) GetRange(ctx context.Context, key string, off, length int64) ([]byte, error) {
+	var out []byte
+	err := b.do(ctx, "get range", key, func(ctx context.Context) (err error) {
+		out, err = b.Store.GetRange(ctx, key, off, length)
+		return err
+	})
+	return out, err
+}
+
+// List implements Store.
+func (b *Breaker) List(ctx context.Context, prefix string) ([]string, error) {
+	var out []string
+	err := b.do(ctx, "list", prefix, func(ctx context.Context) (err error) {
+		out, err = b.Store.List(ctx, prefix)
+		return err
+	})
+	return out, err
+}

@@ -1,0 +1,315 @@
+"""zarrfs.torch.Loader: batches of samples from a mount straight into GPU memory.
+
+A sample directory of a zarrfs mount holds files of one fixed size whose data
+starts at a known aligned offset (the sidecar says where, and the shape and
+dtype), so a loader needs no parsing: parallel preads into a ring of pinned
+host buffers, one asynchronous copy per batch to the GPU on a stream of its
+own, with batches read ahead while the previous ones train.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
+
+import numpy as np
+
+from ._samples import SampleDir
+
+# Reads of a large sample are cut into pieces of this size, so that a small
+# batch still keeps every reading thread busy.
+_PIECE = 8 << 20
+_ALIGN = 4096
+
+
+class Loader:
+    """An iterable of ``(batch, coords)`` over a sample directory.
+
+    ``batch`` is a ``torch.Tensor`` of shape ``(B, *sample_shape)`` with the
+    sidecar's dtype, on ``device`` ("cuda", "cuda:N", or "cpu" for CPU tensors,
+    pinned when CUDA is present). ``coords`` is a dict: ``index`` (the global
+    sample indices, an int64 tensor), ``file`` (the paths) and, when the mount
+    knows the sample coordinate, its values under the sample dimension's name
+    (a NumPy array, datetime64 for times).
+
+    Sharding: the directory's samples (one rank's share already, on a
+    ``--rank/--world`` mount) are split among ``world`` ranks with no overlap:
+    each epoch's order (shuffled with ``seed + epoch`` when ``shuffle``, the
+    same on every rank) is dealt round robin, as PyTorch's DistributedSampler
+    deals it, except that no sample is repeated to even the ranks out: every
+    sample is read exactly once per epoch. Call ``set_epoch(n)`` before each
+    epoch to reshuffle. ``drop_last`` drops a last, smaller batch.
+
+    Reading: ``threads`` preads at once (default: the CPUs, at most 16) into
+    ``prefetch + 1`` pinned buffers; ``prefetch`` batches are read ahead. The
+    loader's threads stop when an epoch's iteration ends, is abandoned, or
+    fails; a sample that cannot be read (EIO from the mount: a corrupt chunk)
+    raises an ``OSError`` naming its file.
+    """
+
+    def __init__(self, sample_dir, batch_size: int, *, device="cuda", rank: int = 0, world: int = 1,
+                 shuffle: bool = False, seed: int = 0, drop_last: bool = False,
+                 threads: Optional[int] = None, prefetch: int = 2, odirect: bool = False):
+        import torch
+
+        self.dir = SampleDir(sample_dir)
+        if batch_size < 1:
+            raise ValueError(f"batch_size {batch_size}: want 1 or more")
+        if world < 1 or not 0 <= rank < world:
+            raise ValueError(f"rank {rank} of world {world}: want 0 <= rank < world")
+        if prefetch < 1:
+            raise ValueError(f"prefetch {prefetch}: want 1 or more")
+        self.batch_size = batch_size
+        self.rank, self.world = rank, world
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.threads = threads or min(os.cpu_count() or 1, 16)
+        self.prefetch = prefetch
+        self.odirect = odirect
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"device {device!r}: CUDA is not available (use device='cpu')")
+        self.pinned = torch.cuda.is_available()
+        self.epoch = 0
+        self._coords = self.dir.coords()
+        self._torch_dtype = _torch_dtype(self.dir.dtype)
+        self.path_kind = self._path_kind()
+
+    def _path_kind(self) -> str:
+        if self.device.type != "cuda":
+            return "pread"
+        return "pread-pinned-h2d"
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def order(self, epoch: Optional[int] = None) -> np.ndarray:
+        """The positions (in the directory's listing) this rank reads in an epoch."""
+        n = len(self.dir)
+        pos = np.arange(n, dtype=np.int64)
+        if self.shuffle:
+            pos = np.random.default_rng(self.seed + (self.epoch if epoch is None else epoch)).permutation(n)
+        return pos[self.rank::self.world]
+
+    def __len__(self) -> int:
+        n = len(self.order())
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __repr__(self) -> str:
+        return (f"Loader({self.dir.path!r}, batch_size={self.batch_size}, device={str(self.device)!r}, "
+                f"rank={self.rank}, world={self.world}, shuffle={self.shuffle}, threads={self.threads}, "
+                f"prefetch={self.prefetch}, path={self.path_kind!r}, samples={len(self.order())}, "
+                f"sample={self.dir.sample_shape} {self.dir.dtype.str})")
+
+    def __iter__(self):
+        return _Epoch(self, self.order())
+
+
+def _torch_dtype(dt: np.dtype):
+    import torch
+    table = {"f2": torch.float16, "f4": torch.float32, "f8": torch.float64, "i1": torch.int8, "i2": torch.int16,
+             "i4": torch.int32, "i8": torch.int64, "u1": torch.uint8, "b1": torch.bool}
+    if hasattr(torch, "uint16"):
+        table.update({"u2": torch.uint16, "u4": torch.uint32, "u8": torch.uint64})
+    key = dt.kind + str(dt.itemsize)
+    if key not in table:
+        raise ValueError(f"dtype {dt.str}: no torch dtype for it")
+    return table[key]
+
+
+class _Epoch:
+    """One pass over the loader's order, as the consumer sees it: a
+    producer thread (_Producer) reads batches ahead into a ring of host
+    buffers and copies each to the device; ``__next__`` hands them out in
+    order. The producer holds no reference to this object, so dropping it
+    stops the producer."""
+
+    def __init__(self, loader: Loader, order: np.ndarray):
+        p = _Producer(loader, order)
+        self.out, self.batches = p.out, p.batches
+        self.thread = threading.Thread(target=p.run, name="zarrfs-loader", daemon=True)
+        self._finalizer = weakref.finalize(self, _shutdown, p.stop, p.pool, p.out, self.thread)
+        self.thread.start()
+
+    def __iter__(self):
+        return self
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __next__(self):
+        import torch
+        while True:
+            try:
+                item, coords, err = self.out.get(timeout=0.5)
+                break
+            except queue.Empty:
+                if not self.thread.is_alive() and self.out.empty():
+                    self.close()
+                    raise StopIteration
+        if err is not None:
+            self.close()
+            if isinstance(err, StopIteration):
+                raise StopIteration
+            raise err
+        if isinstance(item, tuple):
+            dev, ev = item
+            torch.cuda.current_stream(dev.device).wait_event(ev)
+            dev.record_stream(torch.cuda.current_stream(dev.device))
+            item = dev
+        return item, coords
+
+    def close(self):
+        """Stop the threads of this epoch (also done when it ends or is dropped)."""
+        self._finalizer()
+
+
+class _Producer:
+    """Reads an epoch's batches ahead, on its own thread."""
+
+    def __init__(self, loader: Loader, order: np.ndarray):
+        import torch
+        self.l = loader
+        d = loader.dir
+        bs = loader.batch_size
+        self.batches = [order[i:i + bs] for i in range(0, len(order), bs)]
+        if loader.drop_last and self.batches and len(self.batches[-1]) < bs:
+            self.batches.pop()
+        self.nbytes = d.sample_nbytes
+        # Samples sit at aligned offsets in the host buffers, so O_DIRECT
+        # reads can land there.
+        self.stride = -(-self.nbytes // _ALIGN) * _ALIGN
+        nslots = loader.prefetch + 1
+        on_gpu = loader.device.type == "cuda"
+        # The ring of pinned buffers the GPU copies from (CPU batches are
+        # read straight into the tensors handed out instead).
+        self.ring = [torch.empty(bs * self.stride + _ALIGN, dtype=torch.uint8).pin_memory()
+                     for _ in range(nslots if on_gpu else 0)]
+        self.stream = torch.cuda.Stream(device=loader.device) if on_gpu else None
+        self.events = [None] * nslots
+        self.out = queue.Queue(maxsize=loader.prefetch)
+        self.stop = threading.Event()
+        self.pool = ThreadPoolExecutor(loader.threads, thread_name_prefix="zarrfs-loader")
+
+    def run(self):
+        import torch
+        try:
+            for k, batch in enumerate(self.batches):
+                if self.stop.is_set():
+                    return
+                if self.ring:
+                    slot = k % len(self.ring)
+                    if self.events[slot] is not None:
+                        self.events[slot].synchronize()  # its previous copy is done: reuse
+                    host = self.ring[slot]
+                    base = (-host.data_ptr()) % _ALIGN
+                    flat = host.numpy()
+                    views = [flat[base + j * self.stride: base + j * self.stride + self.nbytes] for j in range(len(batch))]
+                    self._read_batch(batch, views, aligned=True)
+                    item = self._deliver(host, base, len(batch), slot)
+                else:
+                    # CPU tensors: read straight into the batch handed out.
+                    out = torch.empty((len(batch), self.nbytes), dtype=torch.uint8, pin_memory=self.l.pinned)
+                    flat = out.numpy()
+                    self._read_batch(batch, [flat[j] for j in range(len(batch))], aligned=False)
+                    item = out.view(self.l._torch_dtype).view((len(batch),) + self.l.dir.sample_shape)
+                coords = self._coords_of(batch)
+                while not self.stop.is_set():
+                    try:
+                        self.out.put((item, coords, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        pass
+        except BaseException as e:  # handed to the consumer
+            self._put_final((None, None, e))
+            return
+        self._put_final((None, None, StopIteration()))
+
+    def _put_final(self, v):
+        while not self.stop.is_set():
+            try:
+                self.out.put(v, timeout=0.1)
+                return
+            except queue.Full:
+                pass
+
+    def _read_batch(self, batch, views, aligned):
+        d = self.l.dir
+        jobs = []
+        for j, pos in enumerate(batch):
+            path = d.file(int(pos))
+            for off in range(0, self.nbytes, _PIECE):
+                jobs.append((path, off, views[j][off:off + _PIECE], aligned))
+        futures = [self.pool.submit(self._read, *job) for job in jobs]
+        err = None
+        for f in futures:
+            e = f.exception()
+            err = err or e
+        if err is not None:
+            raise err
+
+    def _read(self, path, off, mv, aligned):
+        if self.stop.is_set():
+            return
+        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+        direct = self.l.odirect and aligned and off % _ALIGN == 0
+        try:
+            fd = os.open(path, flags | (os.O_DIRECT if direct else 0))
+        except OSError as e:
+            raise OSError(e.errno, f"{path}: {e.strerror}") from None
+        try:
+            want = len(mv)
+            done = 0
+            start = self.l.dir.data_offset + off
+            while done < want:
+                try:
+                    n = os.preadv(fd, [mv[done:]], start + done)
+                except OSError as e:
+                    if direct and e.errno == 22:  # EINVAL: unaligned tail, read it buffered
+                        os.close(fd)
+                        fd = os.open(path, flags)
+                        direct = False
+                        continue
+                    raise OSError(e.errno, f"{path}: {e.strerror}") from None
+                if n <= 0:
+                    raise OSError(5, f"{path}: ends after {start + done} bytes, want {start + want}")
+                done += n
+        finally:
+            os.close(fd)
+
+    def _deliver(self, host, base, n, slot):
+        import torch
+        l = self.l
+        shape = (n,) + l.dir.sample_shape
+        src = host[base: base + n * self.stride].view(n, self.stride)[:, :self.nbytes]
+        with torch.cuda.stream(self.stream):
+            dev = torch.empty((n, self.nbytes), dtype=torch.uint8, device=l.device)
+            dev.copy_(src, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(self.stream)
+        self.events[slot] = ev
+        dev = dev.view(l._torch_dtype).view(shape)
+        return (dev, ev)
+
+    def _coords_of(self, batch):
+        import torch
+        d = self.l.dir
+        idx = d.first + d.step * batch.astype(np.int64)
+        c = {"index": torch.from_numpy(idx), "file": [d.file(int(p)) for p in batch]}
+        if self.l._coords is not None and d.sample_dim:
+            c[d.sample_dim] = self.l._coords[batch]
+        return c
+
+def _shutdown(stop, pool, out, thread):
+    stop.set()
+    while True:  # unblock a producer waiting to put
+        try:
+            out.get_nowait()
+        except queue.Empty:
+            break
+    pool.shutdown(wait=True, cancel_futures=True)
+    if thread.is_alive() and threading.current_thread() is not thread:
+        thread.join()

@@ -1,0 +1,158 @@
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from conftest import need_gpu, need_module, write_view
+
+torch = need_module("torch")
+
+from zarrfs.loader import Loader  # noqa: E402
+from zarrfs.torch import Loader as TorchLoader  # noqa: E402
+
+N = 23  # index_store: sample k of x is filled with k + (0..5)/10
+
+
+def value(x):
+    """The sample index a batch row holds (its first element's integer part)."""
+    return int(round(float(x.reshape(-1)[0])))
+
+
+def epoch_indices(loader):
+    got = []
+    for batch, coords in loader:
+        got += [value(b) for b in batch]
+        assert [value(b) for b in batch] == coords["index"].tolist()
+    return got
+
+
+def test_exported_from_zarrfs_torch():
+    assert TorchLoader is Loader
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_every_sample_once_per_epoch(mount, index_store, world, shuffle):
+    m = mount(index_store)
+    d = os.path.join(m.path, "x")
+    epochs = []
+    for epoch in range(2):
+        per_rank = []
+        for rank in range(world):
+            l = Loader(d, 4, device="cpu", rank=rank, world=world, shuffle=shuffle, seed=11, threads=3)
+            l.set_epoch(epoch)
+            assert len(l) == -(-len(l.order()) // 4)
+            per_rank.append(epoch_indices(l))
+        flat = [i for r in per_rank for i in r]
+        assert sorted(flat) == list(range(N)), f"world {world}: {per_rank}"
+        sizes = [len(r) for r in per_rank]
+        assert max(sizes) - min(sizes) <= 1
+        epochs.append(per_rank)
+        # Every rank derives the same global order for a seed: rank r's
+        # samples are that order dealt round robin.
+        order = np.random.default_rng(11 + epoch).permutation(N) if shuffle else np.arange(N)
+        for rank in range(world):
+            assert per_rank[rank] == order[rank::world].tolist()
+    if shuffle:
+        assert epochs[0] != epochs[1]
+    else:
+        assert epochs[0] == epochs[1]
+
+
+def test_bytes_equal_numpy_and_coords(mount, index_store):
+    m = mount(index_store)
+    d = os.path.join(m.path, "x")
+    l = Loader(d, 5, device="cpu", drop_last=True, threads=2, prefetch=1)
+    assert len(l) == N // 5
+    n = 0
+    for batch, coords in l:
+        assert batch.dtype == torch.float32 and batch.shape[1:] == (2, 3)
+        for row, f, k, t in zip(batch, coords["file"], coords["index"].tolist(), coords["time"]):
+            ref = np.load(f)
+            assert row.numpy().tobytes() == ref.tobytes()
+            assert os.path.basename(f) == f"{k:02d}.npy"
+            assert t == np.datetime64("2000-01-01T00", "ns") + np.timedelta64(6 * k, "h")
+            n += 1
+    assert n == N // 5 * 5
+    assert "path='pread'" in repr(l) and "samples=23" in repr(l)
+
+
+def test_view_and_rank_directory(mount, index_store, tmp_path):
+    view = write_view(tmp_path / "v.yaml", "views:\n  - name: train\n    channels:\n      - var: x\n        select: {a: all}\n")
+    seen = []
+    for rank in range(2):
+        m = mount(index_store, view=[view], rank=rank, world=2)
+        l = Loader(os.path.join(m.path, "train"), 3, device="cpu")
+        for batch, coords in l:
+            assert batch.shape[1:] == (2, 3)
+            seen += coords["index"].tolist()
+            for row, k in zip(batch, coords["index"].tolist()):
+                assert value(row) == k
+    assert sorted(seen) == list(range(N))
+
+
+def test_unreadable_sample_names_its_file(mount, index_store, tmp_path):
+    store = tmp_path / "broken.zarr"
+    import shutil
+    shutil.copytree(index_store, store)
+    # Samples 4..7 live in chunk 1 along time.
+    chunk = store / "x" / "c" / "1" / "0" / "0"
+    chunk.write_bytes(b"garbage!" * 8)
+    m = mount(str(store))
+    base = threading.active_count()
+    l = Loader(os.path.join(m.path, "x"), 2, device="cpu", threads=2)
+    with pytest.raises(OSError, match=r"x/0[4-7]\.npy"):
+        for _ in l:
+            pass
+    deadline = time.time() + 10
+    while threading.active_count() > base and time.time() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() <= base, "loader threads still running after the error"
+
+
+def test_threads_stop_when_abandoned(mount, index_store):
+    m = mount(index_store)
+    base = threading.active_count()
+    l = Loader(os.path.join(m.path, "x"), 1, device="cpu", threads=4, prefetch=3)
+    it = iter(l)
+    next(it)
+    assert threading.active_count() > base
+    del it
+    import gc
+    gc.collect()
+    deadline = time.time() + 10
+    while threading.active_count() > base and time.time() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() <= base, "loader threads still running after the iterator was dropped"
+
+
+def test_bad_arguments(mount, index_store):
+    m = mount(index_store)
+    d = os.path.join(m.path, "x")
+    for kw in ({"rank": 2, "world": 2}, {"world": 0}, {"prefetch": 0}):
+        with pytest.raises(ValueError):
+            Loader(d, 2, device="cpu", **kw)
+    with pytest.raises(ValueError):
+        Loader(d, 0, device="cpu")
+    with pytest.raises(ValueError, match="sidecar"):
+        Loader(m.path, 2, device="cpu")
+
+
+@pytest.mark.gpu
+def test_cuda_batches_equal_numpy(mount, index_store):
+    need_gpu()
+    m = mount(index_store)
+    d = os.path.join(m.path, "x")
+    seen = []
+    for rank in range(2):
+        l = Loader(d, 4, device="cuda", rank=rank, world=2, shuffle=True, seed=5)
+        assert "pinned" in repr(l)
+        for batch, coords in l:
+            assert batch.is_cuda and batch.dtype == torch.float32
+            host = batch.cpu().numpy()
+            for row, f in zip(host, coords["file"]):
+                assert row.tobytes() == np.load(f).tobytes()
+            seen += coords["index"].tolist()
+    assert sorted(seen) == list(range(N))
