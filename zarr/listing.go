@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -181,21 +182,53 @@ func (h *Hierarchy) ListAll(ctx context.Context, arrays []*Array, par int) error
 // RegionChunks returns the store keys of the chunks (for a sharded array,
 // the shards) that hold any of the region start/count, sorted.
 func (a *Array) RegionChunks(start, count []int64) []string {
-	rank := len(a.Shape)
-	if len(start) != rank || len(count) != rank {
-		return nil
+	var keys []string
+	a.EachRegionChunk(start, count, func(k string) { keys = append(keys, k) })
+	sort.Strings(keys)
+	return keys
+}
+
+// RegionChunkCount returns how many chunks (or shards) hold any of the
+// region, without listing them (saturating at math.MaxInt64).
+func (a *Array) RegionChunkCount(start, count []int64) int64 {
+	lo, hi, ok := a.regionGrid(start, count)
+	if !ok {
+		return 0
 	}
-	lo := make([]int64, rank)
-	hi := make([]int64, rank)
+	n := int64(1)
+	for d := range lo {
+		k := hi[d] - lo[d]
+		if k > 0 && n > math.MaxInt64/k {
+			return math.MaxInt64
+		}
+		n *= k
+	}
+	return n
+}
+
+// EachRegionChunk calls fn with the store key of every chunk (or shard)
+// that holds any of the region, in grid order (last dimension fastest).
+func (a *Array) EachRegionChunk(start, count []int64, fn func(key string)) {
+	lo, hi, ok := a.regionGrid(start, count)
+	if !ok {
+		return
+	}
+	forEach(lo, hi, func(c []int64) { fn(a.ChunkKey(c)) })
+}
+
+func (a *Array) regionGrid(start, count []int64) (lo, hi []int64, ok bool) {
+	rank := len(a.Shape)
+	if len(start) != rank || len(count) != rank || len(a.Chunks) != rank {
+		return nil, nil, false
+	}
+	lo = make([]int64, rank)
+	hi = make([]int64, rank)
 	for d := range rank {
 		if count[d] <= 0 || a.Chunks[d] <= 0 {
-			return nil
+			return nil, nil, false
 		}
 		lo[d] = start[d] / a.Chunks[d]
 		hi[d] = (start[d]+count[d]-1)/a.Chunks[d] + 1
 	}
-	var keys []string
-	forEach(lo, hi, func(c []int64) { keys = append(keys, a.ChunkKey(c)) })
-	sort.Strings(keys)
-	return keys
+	return lo, hi, true
 }
