@@ -683,7 +683,9 @@ func (s *S3) listVersions(ctx context.Context, k string, fn func(key, version st
 		return err
 	}
 	defer s.release()
-	StartAttempt(ctx)
+	if err := StartAttempt(ctx); err != nil {
+		return err
+	}
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var fired atomic.Bool
