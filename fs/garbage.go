@@ -37,13 +37,42 @@ func Garbage(c *cache.Cache, lay *layout.Layout) []cache.BlobEntry {
 	return out
 }
 
-// DemoteGarbage makes Garbage the first blobs c evicts, and returns how
-// many there were.
+// DemoteGarbage makes the first kind of Garbage (paths below lay's names
+// that lay lacks) the first blobs c evicts, and returns how many there
+// were. It does no I/O: superseded versions at paths lay still has are
+// left to `zarrfs cache gc`, since checking them costs a look at every
+// chunk's version, and the next open of such a path replaces them anyway.
 func DemoteGarbage(c *cache.Cache, lay *layout.Layout) int {
-	g := Garbage(c, lay)
-	paths := make([]string, len(g))
-	for i, b := range g {
-		paths[i] = b.Path
+	var paths []string
+	for _, b := range c.Blobs(lay.ID) {
+		top, _, _ := strings.Cut(b.Path, "/")
+		if _, ok := lay.Root().Lookup(top); !ok {
+			continue
+		}
+		if e, ok := lay.Find(b.Path); !ok || e.Kind != layout.KindBlob {
+			paths = append(paths, b.Path)
+		}
 	}
 	return c.Demote(lay.ID, paths)
+}
+
+// SameNames reports whether two layouts have the same tree of names: then
+// a refresh from one to the other made no path garbage (DemoteGarbage has
+// nothing to find), as is the case when only chunks were rewritten.
+func SameNames(a, b *layout.Layout) bool { return sameTree(a.Root(), b.Root()) }
+
+func sameTree(a, b *layout.Dir) bool {
+	if !sameNames(a, b) {
+		return false
+	}
+	if a.IsSampleDir() {
+		return true
+	}
+	for i := range a.Len() {
+		ea, eb := a.Entry(i), b.Entry(i)
+		if ea.Kind == layout.KindDir && !sameTree(ea.Dir, eb.Dir) {
+			return false
+		}
+	}
+	return true
 }

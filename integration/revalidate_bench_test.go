@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -54,11 +55,15 @@ func (c *requestCounter) String() string {
 // 100,000 objects): ZARRFS_BENCH_REVALIDATE=1 go test -run
 // TestRevalidationRequests -v ./integration/
 func TestRevalidationRequests(t *testing.T) {
-	if os.Getenv("ZARRFS_BENCH_REVALIDATE") == "" {
+	env := os.Getenv("ZARRFS_BENCH_REVALIDATE")
+	if env == "" {
 		t.Skip("set ZARRFS_BENCH_REVALIDATE=1 to run (it uploads 100,000 objects to MinIO)")
 	}
 	requireMountTools(t)
-	const n = 100_000
+	n := 100_000
+	if v, err := strconv.Atoi(env); err == nil && v > 1 {
+		n = v // ZARRFS_BENCH_REVALIDATE=N: N samples
+	}
 	srv := miniotest.Start(t)
 	bucket := srv.NewBucket(t)
 	s3Env(t, srv)
@@ -106,7 +111,7 @@ func TestRevalidationRequests(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for k := range work {
-					if _, err := os.ReadFile(filepath.Join(d.mnt, "t", fmt.Sprintf("%05d.npy", k))); err != nil {
+					if _, err := os.ReadFile(filepath.Join(d.mnt, "t", fmt.Sprintf("%0*d.npy", len(strconv.Itoa(n-1)), k))); err != nil {
 						failed.Add(1)
 					}
 				}

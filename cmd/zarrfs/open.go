@@ -311,10 +311,12 @@ func refreshLayout(ctx context.Context, o *opened, cur *layout.Layout, log *slog
 			log.Warn("array left out of the mount", "array", s.Path, "reason", s.Reason)
 		}
 	}
-	// What the new tree will not serve again goes first when room is
-	// needed; zarrfs cache gc removes it.
-	if n := zfs.DemoteGarbage(o.cache, next); n > 0 {
-		log.Debug("stale cached files demoted", "files", n)
+	// Files of names the new tree lacks go first when room is needed;
+	// zarrfs cache gc removes them, and superseded versions too.
+	if !zfs.SameNames(cur, next) {
+		if n := zfs.DemoteGarbage(o.cache, next); n > 0 {
+			log.Debug("cached files of names no longer served demoted", "files", n)
+		}
 	}
 	return next, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strconv"
 	"sync"
 
 	"github.com/zarrfs/zarrfs/zarr"
@@ -33,7 +34,25 @@ func (b *regionBlob) Sources() []zarr.Request {
 }
 
 func (b *regionBlob) Inputs() string {
-	return fmt.Sprintf("region\x00%s\x00%s\x00align=%d\x00%v\x00%v", b.arr.Path, b.dataHash, b.opts.Align, b.start, b.count)
+	// Built by hand: every open computes it.
+	buf := make([]byte, 0, 96+len(b.arr.Path)+len(b.dataHash)+24*len(b.start))
+	buf = append(buf, "region\x00"...)
+	buf = append(buf, b.arr.Path...)
+	buf = append(buf, 0)
+	buf = append(buf, b.dataHash...)
+	buf = append(buf, "\x00align="...)
+	buf = strconv.AppendInt(buf, b.opts.Align, 10)
+	for _, v := range [][]int64{b.start, b.count} {
+		buf = append(buf, 0, '[')
+		for i, x := range v {
+			if i > 0 {
+				buf = append(buf, ' ')
+			}
+			buf = strconv.AppendInt(buf, x, 10)
+		}
+		buf = append(buf, ']')
+	}
+	return string(buf)
 }
 
 // slabPool holds read buffers between fills, so a steady stream of fills
