@@ -340,3 +340,37 @@ func TestGrowS3(t *testing.T) {
 		t.Errorf("checked %d files after the second append", n)
 	}
 }
+
+// Direct mode follows the store too: after a chunk is rewritten in place
+// and the TTL has passed, resolving a sample's link fills and names its
+// new version, while a reader that opened the old cache file keeps it.
+func TestGrowMountDirect(t *testing.T) {
+	requireMountTools(t)
+	requirePython(t)
+	src := filepath.Join(t.TempDir(), "grow.zarr")
+	growStore(t, "create", src, 12)
+	d := mount(t, src, "--direct", "--metadata-ttl", "1s")
+	p := filepath.Join(d.mnt, "raw", "05.npy")
+	before, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := os.Open(p) // the cache file itself, through the links
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	rewriteSample(t, src, 5, 0.25)
+	time.Sleep(2 * time.Second)
+	after, err := os.ReadFile(p)
+	if err != nil || bytes.Equal(after, before) {
+		t.Fatalf("raw/05.npy through its link two TTLs after the rewrite: %v, old bytes %v", err, bytes.Equal(after, before))
+	}
+	old := make([]byte, len(before))
+	if _, err := held.ReadAt(old, 0); err != nil || !bytes.Equal(old, before) {
+		t.Errorf("a reader of the old version lost it: %v", err)
+	}
+	if n := checkGrowMount(t, d.mnt, src); n != 3*12+1 {
+		t.Errorf("checked %d files", n)
+	}
+}
