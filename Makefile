@@ -6,7 +6,7 @@ MINIO_VERSION := v0.0.0-20260212201848-7aac2a2c5b7c
 export CGO_ENABLED := 0
 export PATH := $(CURDIR)/bin:$(PATH)
 
-.PHONY: build test test-long test-gpu fuzz bench demo pydeps minio clean vet
+.PHONY: build test test-python test-long test-gpu fuzz bench demo pydeps minio clean vet
 
 build:
 	$(GO) build -o bin/zarrfs ./cmd/zarrfs
@@ -15,11 +15,15 @@ build:
 # tensorstore, xarray) and DALI, whose CPU pipelines run without a GPU. DALI's
 # wheel pins an nvCOMP and other GPU packages the tests do not need, so it is
 # installed without its dependencies, then with the small ones it imports.
+# Then pytest and PyTorch for the Python package's tests, and the package
+# itself (editable: its xarray engine is registered by the install).
 pydeps: .cache/pydeps.stamp
-.cache/pydeps.stamp: integration/requirements.txt integration/requirements-dali.txt
+.cache/pydeps.stamp: integration/requirements.txt integration/requirements-dali.txt python/requirements-test.txt python/pyproject.toml
 	mkdir -p .cache
 	$(PYTHON) -m pip install -q -r integration/requirements.txt
 	$(PYTHON) -m pip install -q --no-deps -r integration/requirements-dali.txt
+	$(PYTHON) -m pip install -q -r python/requirements-test.txt
+	$(PYTHON) -m pip install -q --no-deps -e ./python
 	touch $@
 
 # A real MinIO server for the S3 tests, built once into bin/.
@@ -32,6 +36,13 @@ vet:
 
 test: build pydeps minio vet
 	$(GO) test -timeout 75m ./...
+	$(MAKE) --no-print-directory test-python
+
+# The Python package against real mounts (python/tests); PYTHONPATH makes it
+# this tree's code whichever checkout the editable install points at.
+PYTEST = ZARRFS_BIN=$(CURDIR)/bin/zarrfs PYTHONPATH=$(CURDIR)/python/src $(PYTHON) -m pytest -p no:cacheprovider
+test-python: build pydeps
+	$(PYTEST) -q python/tests
 
 test-long: build pydeps minio
 	ZARRFS_LONG=1 $(GO) test -timeout 120m ./...
@@ -43,6 +54,7 @@ test-gpu: build
 	bash integration/gpu/run.sh
 	$(GO) build -o bin/gpuview ./integration/bench/gpuview
 	bash integration/gpu/fill.sh bin/zarrfs bin/gpuview
+	$(PYTEST) -q -m gpu python/tests
 
 FUZZTIME ?= 2m
 fuzz:
