@@ -1,4 +1,5 @@
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -111,3 +112,12 @@ def test_import_without_optional_packages():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "torch: zarrfs.torch needs PyTorch (pip install torch)"
 
+
+
+def test_daemon_gone_before_stop(zarrfs_bin, fuse, index_store, tmp_path):
+    m = zarrfs.Mount(index_store, str(tmp_path / "mnt"), cache=str(tmp_path / "c")).start()
+    m._proc.send_signal(signal.SIGTERM)  # as if stopped from elsewhere: it unmounts and exits 0
+    m._proc.wait(timeout=30)
+    with pytest.raises(zarrfs.MountError, match="exited with status 0 before it was stopped"):
+        m.stop()
+    assert mount_source(str(tmp_path / "mnt")) is None

@@ -209,6 +209,15 @@ class Mount:
         if p is None:
             return
         try:
+            if p.poll() is not None:
+                # The mount went away under the reader (a signal from
+                # elsewhere, an unmount from outside, a crash): say so, since
+                # reads then failed with ENOENT or ENOTCONN.
+                for t in self._threads:
+                    t.join(timeout=5)
+                raise MountError(self._error_line(
+                    f"{self.path}: zarrfs mount exited with status {p.returncode} before it was stopped"),
+                    returncode=p.returncode, stderr=self.stderr)
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
                 try:
