@@ -216,3 +216,14 @@ def test_cuda_returns_cupy(mount, fixtures_dir):
         assert isinstance(ds[name].data, cupy.ndarray), name
         np.testing.assert_array_equal(cupy.asnumpy(ds[name].data), want[name].values)
     assert isinstance(ds.latitude.values, np.ndarray)
+
+
+def test_dask_chunks_one_sample_each(mount, fixtures_dir):
+    need_module("dask")
+    src = os.path.join(fixtures_dir, "public_a.zarr")
+    m = mount(src)
+    ds = xr.open_dataset(m.path, engine="zarrfs", chunks={})
+    assert ds.t.chunks == ((1,) * 12, (3,), (16,), (24,))
+    assert ds.lsm.chunks == ((16,), (24,))
+    want = open_zarr(src)
+    np.testing.assert_array_equal(ds.t.mean("time").values, want.t.mean("time").values)
