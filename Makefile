@@ -72,6 +72,7 @@ bench: build pydeps minio
 	$(GO) test -run '^$$' -bench 'S3ColdFetch' -benchtime 4x ./objectstore/
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./integration/
 	$(GO) test -run '^$$' -bench 'Open' ./cache/
+	PYTHONPATH=$(CURDIR)/python/src ZARRFS_BIN=$(CURDIR)/bin/zarrfs $(PYTHON) -W ignore integration/bench/xarray/bench.py
 
 demo: build pydeps
 	bash integration/demo.sh

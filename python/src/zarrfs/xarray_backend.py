@@ -2,10 +2,11 @@
 
 Dimensions, coordinates and attributes come from the mount's sidecars (and
 the small coordinate arrays), on the CPU. Data stays lazy: a
-:class:`SampleArray` reads only the sample files an indexing touches, each
-memory-mapped, so opening a 100,000-sample view reads no sample file. With
-``device="cuda"`` data variables come back as CuPy arrays read with kvikio
-(cuFile), while coordinates stay NumPy.
+:class:`SampleArray` reads only the sample files an indexing touches (a
+large file it takes only part of is memory-mapped, so only the pages it
+touches are read), so opening a 100,000-sample view reads no sample file.
+With ``device="cuda"`` data variables come back as CuPy arrays read with
+kvikio (cuFile), while coordinates stay NumPy.
 
 What can be opened:
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 import numpy as np
@@ -59,6 +61,10 @@ def _outer_index(a, key, xp=np):
 # are memory-mapped when an indexing takes only part of them, so that only
 # the pages it touches are read.
 SMALL_SAMPLE = 1 << 20
+
+# Sample files read at once by one indexing that takes many (open_dataset's
+# threads= changes it).
+DEFAULT_THREADS = min(8, 2 * (os.cpu_count() or 1))
 
 
 def _whole(key, shape) -> bool:
@@ -124,11 +130,13 @@ class _Reader:
 class SampleArray(BackendArray):
     """A variable stored as one file per index along its sample axis."""
 
-    def __init__(self, files: list, shape, dtype, axis: int, data_offset: int, device: str = "cpu"):
+    def __init__(self, files: list, shape, dtype, axis: int, data_offset: int, device: str = "cpu",
+                 threads: int = 1):
         self.files = files
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
         self.axis = axis
+        self.threads = max(1, threads)
         self._r = _Reader(self.shape[:axis] + self.shape[axis + 1:], dtype, data_offset, device)
 
     def __getitem__(self, key):
@@ -147,12 +155,25 @@ class SampleArray(BackendArray):
         sub = tuple(len(range(*x.indices(n))) if isinstance(x, slice) else len(x)
                     for x, n in zip(rest, self._r.shape) if not isinstance(x, (int, np.integer)))
         out = xp.empty((len(picks),) + sub, dtype=self.dtype)
-        if _whole(rest, self._r.shape):
-            for j, i in enumerate(picks):
-                self._r.read(self.files[int(i)], rest, out=out[j])
+        whole = _whole(rest, self._r.shape)
+
+        def one(j):
+            path = self.files[int(picks[j])]
+            if whole:
+                self._r.read(path, rest, out=out[j])
+            else:
+                out[j] = self._r.read(path, rest)
+
+        n = min(self.threads, len(picks)) if xp is np else 1
+        if n > 1:
+            # Each read waits on the mount (an open, and a fill the first
+            # time): several in flight keep the daemon's cores busy.
+            with ThreadPoolExecutor(n, thread_name_prefix="zarrfs-read") as pool:
+                for _ in pool.map(one, range(len(picks))):
+                    pass
         else:
-            for j, i in enumerate(picks):
-                out[j] = self._r.read(self.files[int(i)], rest)
+            for j in range(len(picks)):
+                one(j)
         return xp.moveaxis(out, 0, out_axis) if out_axis else out
 
 
@@ -190,7 +211,7 @@ class ZarrfsStore(AbstractDataStore):
     """The variables of one group, view or array of a zarrfs mount (see the module doc)."""
 
     def __init__(self, path, group: Optional[str] = None, device: str = "cpu",
-                 use_zarr_fill_value_as_mask: Optional[bool] = None):
+                 use_zarr_fill_value_as_mask: Optional[bool] = None, threads: Optional[int] = None):
         path = os.path.abspath(os.fspath(path)).rstrip("/")
         if group:
             path = os.path.join(path, group.strip("/"))
@@ -199,6 +220,7 @@ class ZarrfsStore(AbstractDataStore):
         self.path = path
         self.device = device
         self.mask_fill = use_zarr_fill_value_as_mask
+        self.threads = threads if threads is not None else DEFAULT_THREADS
         self._lock = threading.Lock()
         self._vars: Optional[dict] = None
 
@@ -264,7 +286,7 @@ class ZarrfsStore(AbstractDataStore):
             sd = SampleDir(os.path.join(d, name))
             shape = list(side["shape"])
             shape[sd.axis] = len(sd)
-            data = SampleArray(sd.files, shape, side["dtype"], sd.axis, sd.data_offset, device)
+            data = SampleArray(sd.files, shape, side["dtype"], sd.axis, sd.data_offset, device, self.threads)
             attrs, enc = self._attrs_encoding(side, dims, sd.path, sd.axis)
         else:
             take = None
@@ -325,7 +347,7 @@ class ZarrfsStore(AbstractDataStore):
         dims = _dims(side, name)
         shape = list(side["shape"])
         shape[0] = len(sd)
-        data = SampleArray(sd.files, shape, side["dtype"], 0, sd.data_offset, self.device)
+        data = SampleArray(sd.files, shape, side["dtype"], 0, sd.data_offset, self.device, self.threads)
         attrs, enc = self._attrs_encoding(side, dims, p, 0)
         out = {name: Variable(dims, indexing.LazilyIndexedArray(data), attrs, enc)}
         # The sample coordinate, cut to the listed samples.
@@ -403,21 +425,21 @@ class ZarrfsBackendEntrypoint(BackendEntrypoint):
     """``xr.open_dataset(MOUNT, engine="zarrfs")``: a zarrfs mount, its groups, views and arrays."""
 
     description = "Open a zarrfs mount (dims, coordinates and attributes from its sidecars; data read per sample file)"
-    url = "https://github.com/zarrfs/zarrfs/blob/main/docs/python.md"
     open_dataset_parameters = (
         "filename_or_obj", "mask_and_scale", "decode_times", "concat_characters", "decode_coords",
         "drop_variables", "use_cftime", "decode_timedelta", "group", "device", "use_zarr_fill_value_as_mask",
+        "threads",
     )
 
     def open_dataset(self, filename_or_obj, *, mask_and_scale=None, decode_times=True, concat_characters=True,
                      decode_coords=True, drop_variables=None, use_cftime=None, decode_timedelta=None,
-                     group=None, device="cpu", use_zarr_fill_value_as_mask=None):
+                     group=None, device="cpu", use_zarr_fill_value_as_mask=None, threads=None):
         if mask_and_scale is None:
             # CF masking and scaling run NumPy code on the data; with CuPy
             # data they are left to the caller.
             mask_and_scale = device != "cuda"
         store = ZarrfsStore(filename_or_obj, group=group, device=device,
-                            use_zarr_fill_value_as_mask=use_zarr_fill_value_as_mask)
+                            use_zarr_fill_value_as_mask=use_zarr_fill_value_as_mask, threads=threads)
         return StoreBackendEntrypoint().open_dataset(
             store, mask_and_scale=mask_and_scale, decode_times=decode_times, concat_characters=concat_characters,
             decode_coords=decode_coords, drop_variables=drop_variables, use_cftime=use_cftime,
