@@ -1,3 +1,4 @@
+import errno
 import os
 import signal
 
@@ -121,3 +122,17 @@ def test_daemon_gone_before_stop(zarrfs_bin, fuse, index_store, tmp_path):
     with pytest.raises(zarrfs.MountError, match="exited with status 0 before it was stopped"):
         m.stop()
     assert mount_source(str(tmp_path / "mnt")) is None
+
+
+def test_stale_mountpoint_is_cleared(zarrfs_bin, fuse, index_store, tmp_path):
+    mnt = str(tmp_path / "mnt")
+    m = zarrfs.Mount(index_store, mnt, cache=str(tmp_path / "c")).start()
+    m._proc.kill()  # SIGKILL: the kernel keeps a dead mount
+    m._proc.wait(timeout=30)
+    m._proc = None
+    with pytest.raises(OSError) as e:
+        os.listdir(mnt)
+    assert e.value.errno == errno.ENOTCONN
+    with zarrfs.Mount(index_store, mnt, cache=str(tmp_path / "c")) as again:
+        assert np.load(os.path.join(again.path, "x", "03.npy"))[0, 0] == 3
+    assert mount_source(mnt) is None
