@@ -187,12 +187,15 @@ class Mount:
                 while lines:
                     self._stderr.appendleft(lines.popleft())
                 rc = self._proc.returncode
+                self._proc, self._threads = None, []
                 self._cleanup_dir()
                 raise MountError(self._error_line(f"zarrfs mount exited with status {rc} before mounting"),
                                  returncode=rc, stderr=self.stderr)
             left = deadline - time.monotonic()
             if left <= 0:
                 self._kill()
+                self._proc, self._threads = None, []
+                self._cleanup_dir()
                 raise MountError(self._error_line(f"zarrfs mount: not mounted within {self.timeout:g}s"),
                                  stderr=self.stderr)
             got_line.wait(min(left, 0.1))
@@ -204,8 +207,8 @@ class Mount:
         return "\n".join(self._stderr)
 
     def _error_line(self, default: str) -> str:
-        # The command's error is its last line starting "zarrfs:" (CONTRACT
-        # section 7); log lines are key=value records.
+        # A failing command's error is its last line starting "zarrfs:";
+        # log lines are key=value records.
         for line in reversed(self._stderr):
             if line.startswith("zarrfs:"):
                 return line
@@ -243,7 +246,7 @@ class Mount:
                 raise MountError(self._error_line(f"zarrfs mount exited with status {p.returncode}"),
                                  returncode=p.returncode, stderr=self.stderr)
         finally:
-            self._proc = None
+            self._proc, self._threads = None, []
             self._cleanup_dir()
 
     def _kill(self) -> None:

@@ -40,7 +40,7 @@ def shard_of(n: int, rank: int, world: int, mode: str = "contiguous") -> tuple:
 
 
 def sample_width(n: int) -> int:
-    """Digits of a sample file name: the width of n-1 (CONTRACT section 3)."""
+    """Digits of a sample file name: names are zero-padded to the width of n-1."""
     return len(str(max(n - 1, 0)))
 
 
