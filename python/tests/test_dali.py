@@ -102,6 +102,7 @@ def test_rank_files(mount, index_store):
     assert zarrfs.dali.rank_files(x) == [f"{k:02d}.npy" for k in range(N)]
     assert zarrfs.dali.rank_files(x, 0, 2) == [f"{k:02d}.npy" for k in range(11)]
     assert zarrfs.dali.rank_files(x, 1, 2) == [f"{k:02d}.npy" for k in range(11, N)]
+    assert zarrfs.dali.rank_files(x, 1, 3, "interleaved") == [f"{k:02d}.npy" for k in range(1, N, 3)]
     r = mount(index_store, rank=1, world=3, shard="interleaved")
     rx = os.path.join(r.path, "x")
     assert zarrfs.dali.rank_files(rx) == [f"{k:02d}.npy" for k in range(1, N, 3)]

@@ -33,11 +33,12 @@ __all__ = ["numpy_reader", "rank_files"]
 _OWN = ("file_root", "files", "file_list", "file_filter", "shard_id", "num_shards", "stick_to_shard")
 
 
-def rank_files(mount_dir, rank: int = 0, world: int = 1) -> list:
+def rank_files(mount_dir, rank: int = 0, world: int = 1, shard: str = "contiguous") -> list:
     """The file names (relative to mount_dir) that rank reads, in order.
 
-    On a directory that lists every sample, rank R of W gets the contiguous
-    block ``zarrfs warm --rank R --world W`` fills; on a per-rank directory
+    On a directory that lists every sample, rank R of W gets what ``zarrfs
+    warm --rank R --world W --shard SHARD`` fills (contiguous: a block, as
+    DALI splits; interleaved: R, R+W, ...); on a per-rank directory
     (``zarrfs mount --rank R --world W``, its sidecar has "shard") the files
     it lists, and rank/world must be left at 0/1 or match the mount's.
     """
@@ -49,17 +50,18 @@ def rank_files(mount_dir, rank: int = 0, world: int = 1) -> list:
                              f"(zarrfs mount --rank/--world); rank={rank}, world={world} asks for another share: "
                              "leave rank and world out for a per-rank directory")
         return names
-    first, step, count = shard_of(len(names), rank, world)
+    first, step, count = shard_of(len(names), rank, world, shard)
     return names[first:first + step * count:step]
 
 
 def numpy_reader(mount_dir, *, device: str = "cpu", rank: int = 0, world: int = 1, shuffle: bool = False,
-                 seed: Optional[int] = None, **kwargs):
+                 seed: Optional[int] = None, shard: str = "contiguous", **kwargs):
     """``fn.readers.numpy`` over a sample directory of a zarrfs mount; call it inside a pipeline.
 
     mount_dir is ``MOUNT/ARRAY`` or ``MOUNT/VIEW``. rank/world select the
-    share that ``zarrfs warm --rank/--world`` fills (contiguous blocks); on a
-    per-rank ``--rank/--world`` mount leave them out. shuffle=True reads the
+    share that ``zarrfs warm --rank/--world`` fills (contiguous blocks, or
+    ``shard="interleaved"`` as ``warm --shard interleaved``); on a per-rank
+    ``--rank/--world`` mount leave them out. shuffle=True reads the
     rank's samples in a new order every epoch (``seed`` fixes the sequence of
     orders). ``device="gpu"`` reads with cuFile (GPUDirect Storage)
     and needs a ``--direct`` mount, since cuFile cannot read FUSE files.
@@ -79,7 +81,7 @@ def numpy_reader(mount_dir, *, device: str = "cpu", rank: int = 0, world: int = 
     if shuffle and kwargs.get("random_shuffle"):
         raise TypeError("shuffle=True and random_shuffle=True: choose one")
     d = SampleDir(mount_dir)
-    files = rank_files(d, rank, world)
+    files = rank_files(d, rank, world, shard)
     if device == "gpu" and not d.is_direct():
         raise ValueError(f"{d.path}: device='gpu' reads with cuFile, which cannot read files on FUSE; "
                          "mount with --direct (zarrfs.Mount(..., direct=True)) so that sample files "
