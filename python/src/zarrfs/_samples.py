@@ -151,10 +151,12 @@ class SampleDir:
         return [os.path.join(self.path, n) for n in self.names]
 
     def file(self, i: int) -> str:
-        """Path of the i-th listed file (0 <= i < len)."""
+        """Path of the i-th listed file (0 <= i < len; negative counts from the end)."""
+        if i < 0:
+            i += self.count
         if not 0 <= i < self.count:
             raise IndexError(f"sample {i} of {self.count}")
-        return os.path.join(self.path, f"{self.first + self.step * i:0{self.width}d}.npy")
+        return f"{self.path}/{self.first + self.step * i:0{self.width}d}.npy"
 
     @property
     def sample_nbytes(self) -> int:

@@ -42,7 +42,6 @@ class SampleDataset(_Base):
 
     def __init__(self, mount_dir, *, transform: Optional[Callable] = None, coords: bool = True):
         self.dir = SampleDir(mount_dir)
-        self.files = self.dir.files
         self.indices = self.dir.indices
         self.transform = transform
         self.with_coords = coords
@@ -58,13 +57,18 @@ class SampleDataset(_Base):
             # Strings or objects do not make tensors; the index does.
             self._item_coords = self.indices
 
+    @property
+    def files(self) -> list:
+        return self.dir.files
+
     def __len__(self) -> int:
-        return len(self.files)
+        return len(self.dir)
 
     def __getitem__(self, i: int):
+        d = self.dir
         if i < 0:
-            i += len(self.files)
-        path, d = self.files[i], self.dir
+            i += len(d)
+        path = d.file(i)
         if self.transform is None:
             x = np.empty(d.sample_shape, dtype=d.dtype)
             if x.nbytes:

@@ -128,11 +128,12 @@ class _Reader:
 
 
 class SampleArray(BackendArray):
-    """A variable stored as one file per index along its sample axis."""
+    """A variable stored as one file per index along its sample axis; file(i) names the i-th."""
 
-    def __init__(self, files: list, shape, dtype, axis: int, data_offset: int, device: str = "cpu",
+    def __init__(self, file, shape, dtype, axis: int, data_offset: int, device: str = "cpu",
                  threads: int = 1):
-        self.files = files
+        # A function, not a list: 100,000 paths cost more than opening the dataset.
+        self.file = file
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
         self.axis = axis
@@ -147,7 +148,7 @@ class SampleArray(BackendArray):
         k = key[a]
         rest = key[:a] + key[a + 1:]
         if isinstance(k, (int, np.integer)):
-            return self._r.read(self.files[int(k)], rest)
+            return self._r.read(self.file(int(k)), rest)
         picks = np.arange(self.shape[a])[k]
         xp = self._r.xp
         out_axis = sum(1 for x in key[:a] if not isinstance(x, (int, np.integer)))
@@ -158,7 +159,7 @@ class SampleArray(BackendArray):
         whole = _whole(rest, self._r.shape)
 
         def one(j):
-            path = self.files[int(picks[j])]
+            path = self.file(int(picks[j]))
             if whole:
                 self._r.read(path, rest, out=out[j])
             else:
@@ -286,7 +287,7 @@ class ZarrfsStore(AbstractDataStore):
             sd = SampleDir(os.path.join(d, name))
             shape = list(side["shape"])
             shape[sd.axis] = len(sd)
-            data = SampleArray(sd.files, shape, side["dtype"], sd.axis, sd.data_offset, device, self.threads)
+            data = SampleArray(sd.file, shape, side["dtype"], sd.axis, sd.data_offset, device, self.threads)
             attrs, enc = self._attrs_encoding(side, dims, sd.path, sd.axis)
         else:
             take = None
@@ -347,7 +348,7 @@ class ZarrfsStore(AbstractDataStore):
         dims = _dims(side, name)
         shape = list(side["shape"])
         shape[0] = len(sd)
-        data = SampleArray(sd.files, shape, side["dtype"], 0, sd.data_offset, self.device, self.threads)
+        data = SampleArray(sd.file, shape, side["dtype"], 0, sd.data_offset, self.device, self.threads)
         attrs, enc = self._attrs_encoding(side, dims, p, 0)
         out = {name: Variable(dims, indexing.LazilyIndexedArray(data), attrs, enc)}
         # The sample coordinate, cut to the listed samples.
