@@ -34,8 +34,9 @@ def sample_files(root):
 
 def header(path):
     with open(path, "rb") as f:
-        version = np.lib.format.read_magic(f)
-        shape, fortran, dtype = np.lib.format._read_array_header(f, version)
+        major, _ = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read(f)
         return shape, dtype, f.tell()
 
 
