@@ -9,6 +9,7 @@ import (
 	"hash/crc32"
 	"io"
 	"log/slog"
+	"math"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -65,11 +66,11 @@ type Options struct {
 	HostIdle time.Duration
 	// DeviceBytes bounds the device memory the rounds' buffers take
 	// altogether (compressed input, decoded output, nvCOMP's scratch),
-	// besides the CUDA context. Zero means MaxBatchBytes and a half. A
-	// round that would need more is left to the CPU.
+	// besides the CUDA context. Zero means no bound beyond MaxBatchBytes'
+	// rounds. A round that would need more is left to the CPU.
 	DeviceBytes int64
 	// StagingBytes bounds the pinned host memory of the rounds' own
-	// staging buffers. Zero means MaxBatchBytes and a half.
+	// staging buffers. Zero means no bound beyond MaxBatchBytes' rounds.
 	StagingBytes int64
 	// Deflate sends gzip, zlib and blosc-zlib chunks to nvCOMP's deflate
 	// decoder. Off by default: nvCOMP's deflate writes past its output on
@@ -258,10 +259,10 @@ func (opts Options) withDefaults() (Options, *slog.Logger) {
 	}
 	opts.RoundBytes = min(opts.RoundBytes, opts.share())
 	if opts.DeviceBytes <= 0 {
-		opts.DeviceBytes = opts.MaxBatchBytes + opts.MaxBatchBytes/2
+		opts.DeviceBytes = math.MaxInt64
 	}
 	if opts.StagingBytes <= 0 {
-		opts.StagingBytes = opts.MaxBatchBytes + opts.MaxBatchBytes/2
+		opts.StagingBytes = math.MaxInt64
 	}
 	if opts.CopyWorkers <= 0 {
 		opts.CopyWorkers = min(16, runtime.GOMAXPROCS(0))
