@@ -353,9 +353,8 @@ func (p *Pipeline) openGPUs() (err error) {
 			p.route.Store(&routed{onGPU})
 			return
 		}
-		// One batch at a time on the CPU (Limit 1): on an H200 with 16
-		// cores this was measured best of 1 and 2 (BENCHMARKS.md).
-		p.route.Store(&routed{&codec.Overflow{First: p.onCPU, Then: onGPU, Limit: 1}})
+		// The CPU's workers first; the GPUs take what they cannot.
+		p.route.Store(&routed{&codec.Overflow{First: p.onCPU, Then: onGPU}})
 	}()
 	if len(devices) == 0 {
 		return fmt.Errorf("%w: the driver sees no device", gpu.ErrNoGPU)

@@ -106,12 +106,12 @@ last_rate() {
 	echo "${r:-0}"
 }
 
-warm_view() { # BINARY CACHE DECODE: warms the view, echoes samples/s
-	local bin=$1 cache=$2 dec=$3 t0 t1
+warm_view() { # BINARY CACHE DECODE [VIEW]: warms the view, echoes samples/s
+	local bin=$1 cache=$2 dec=$3 t0 t1 v=${4:-$view}
 	rm -rf "$cache"
 	sync
 	t0=$(now)
-	if ! "$bin" warm "$store" --cache "$cache" --view "$view" --only train --decode "$dec" >>"$logdir/warm.log" 2>&1; then
+	if ! "$bin" warm "$store" --cache "$cache" --view "$v" --only train --decode "$dec" >>"$logdir/warm.log" 2>&1; then
 		log "warm $dec failed: $(tail -1 "$logdir/warm.log")"
 		status=1
 		echo 0
@@ -145,7 +145,7 @@ if [[ $parts == *warm* ]]; then
 		rm -rf "$disk/cache-warm-$dec"
 	done
 	if [[ -n $old ]]; then
-		r0=$(warm_view "$old" "$disk/cache-warm-old" cpu)
+		r0=$(warm_view "$old" "$disk/cache-warm-old" cpu "$disk/src/train-levels.yaml")
 		r1=$(warm_view "$zarrfs" "$disk/cache-warm-new" cpu)
 		record "{\"part\":\"warm-disk-before-after\",\"old_rate\":$r0,\"new_rate\":$r1,\"x_old\":$(ratio "$r1" "$r0")}"
 		rm -rf "$disk/cache-warm-old" "$disk/cache-warm-new"

@@ -133,12 +133,15 @@ def main():
     with mp.get_context("fork").Pool(a.jobs) as pool:
         enc = sum(pool.imap_unordered(encode, [(store, n, t) for n in names for t in range(unique)]))
         cp = sum(pool.imap_unordered(copy, [(store, n, t, unique) for n in names for t in range(unique, a.steps)]))
-    with open(os.path.join(a.outdir, "train.yaml"), "w") as f:
-        f.write("views:\n  - name: train\n    dtype: float32\n    channels:\n")
-        for n in UPPER:
-            f.write(f"      - var: {n}\n        select: {{level: all}}\n")
-        for n in list(SURFACE) + ["lsm"]:
-            f.write(f"      - var: {n}\n")
+    # train.yaml selects every level with "all"; train-levels.yaml lists
+    # them, for zarrfs versions from before "all".
+    for name, sel in (("train.yaml", "all"), ("train-levels.yaml", str(list(range(NLEV))))):
+        with open(os.path.join(a.outdir, name), "w") as f:
+            f.write("views:\n  - name: train\n    dtype: float32\n    channels:\n")
+            for n in UPPER:
+                f.write(f"      - var: {n}\n        select: {{level: {sel}}}\n")
+            for n in list(SURFACE) + ["lsm"]:
+                f.write(f"      - var: {n}\n")
     with open(done, "w") as f:
         f.write(f"{a.steps} {NLAT} {NLON}")
     print(f"{store}: {a.steps} steps, {(enc + cp * 1.0) / 1e9:.2f} GB compressed; view {a.outdir}/train.yaml (21 channels)")
