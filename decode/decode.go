@@ -363,6 +363,9 @@ func (p *Pipeline) openGPUs() (err error) {
 		o := p.opts.GPU
 		o.Device = dev
 		o.Logger = p.log
+		// The daemon is the only user of the GPU in its process: closing a
+		// GPU (idle, or at exit) gives back its whole context.
+		o.ResetOnClose = true
 		g, err := p.opts.newGPU(o)
 		if err != nil {
 			for _, g := range gpus {

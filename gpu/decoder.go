@@ -72,6 +72,11 @@ type Options struct {
 	// StagingBytes bounds the pinned host memory of the rounds' own
 	// staging buffers. Zero means no bound beyond MaxBatchBytes' rounds.
 	StagingBytes int64
+	// ResetOnClose resets the device's primary context when the Decoder
+	// closes, which frees what the CUDA runtime inside nvCOMP keeps in it
+	// (about 500 MiB); only for a process where nothing else uses the GPU
+	// (the zarrfs daemon), since it ends every other user's allocations.
+	ResetOnClose bool
 	// Deflate sends gzip, zlib and blosc-zlib chunks to nvCOMP's deflate
 	// decoder. Off by default: nvCOMP's deflate writes past its output on
 	// some damaged streams (see the package doc). The fence around deflate
@@ -631,6 +636,10 @@ func (c cudaRounds) close() {
 	c.d.ctxMu.Lock()
 	defer c.d.ctxMu.Unlock()
 	c.d.teardown()
+	if c.d.opts.ResetOnClose {
+		c.d.cu.cuCtxSetCurrent(0)
+		c.d.cu.cuDevicePrimaryCtxReset(c.d.dev)
+	}
 }
 
 // failAll marks the jobs not yet decoded as failed by err, wrapped as

@@ -244,7 +244,7 @@ if [[ $parts == *loader* ]]; then
 fi
 
 if [[ $parts == *memory* ]]; then
-	log "== GPU memory of the daemon (nvidia-smi) during a fill and after --gpu-idle"
+	log "== GPU memory of the daemon (nvidia-smi) during a fill (cat of every sample) and after --gpu-idle"
 	for cfg in default big; do
 		args=(--decode gpu --gpu-idle 15s)
 		[[ $cfg == big ]] && args+=(--gpu-memory 16GiB --pinned-memory 16GiB)
@@ -260,8 +260,9 @@ if [[ $parts == *memory* ]]; then
 			sleep 0.25
 		done) >"$logdir/mem-$cfg.txt" &
 		poll=$!
-		reader dali-cpu "$mnt/train" "mem-$cfg" --batch 4 --threads 8
-		r=$(last_rate)
+		t0=$(now)
+		cat "$mnt"/train/*.npy >/dev/null
+		r=$(rate "$steps" "$t0" "$(now)")
 		peak=$(awk '$2 != "na" { print $2 }' "$logdir/mem-$cfg.txt" | sort -n | tail -1)
 		peakheld=$(awk '$3 != "na" { print $3 }' "$logdir/mem-$cfg.txt" | sort -n | tail -1)
 		sleep 25
