@@ -50,3 +50,11 @@ func (c *counter) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 	c.mu.Unlock()
 	return err
 }
+
+// Spare forwards the counted decoder's spare workers (codec.Overflow asks).
+func (c *counter) Spare() int {
+	if s, ok := c.inner.(interface{ Spare() int }); ok {
+		return s.Spare()
+	}
+	return 0
+}

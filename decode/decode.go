@@ -146,17 +146,19 @@ const (
 var ErrBudget = errors.New("memory budget too small for GPU decoding")
 
 // gpuOptions derives each GPU decoder's bounds from the budgets: the rounds
-// take three quarters of the device memory left after the context (the
-// rest is nvCOMP's scratch and allocation slack), in rounds of at most
-// 256 MiB, at least two and at most four; pinned staging as much as the
-// rounds; the rest of the pinned budget is lent.
+// take half the device memory left after the context (the rest is
+// nvCOMP's scratch and allocation slack), in rounds of at most 256 MiB, at
+// least two and at most four; pinned staging as much as the rounds; the
+// rest of the pinned budget is lent.
 func (o Options) gpuOptions() (gpu.Options, error) {
 	g := o.GPU
 	dev := o.GPUMemory - ContextBytes
-	batch := dev / 4 * 3
+	// Half for the rounds' input and output, half for nvCOMP's scratch and
+	// the buffers' slack.
+	batch := dev / 2
 	if batch < minRoundBytes {
 		return g, fmt.Errorf("%w: --gpu-memory %s leaves %s for decoding after the CUDA context; give at least %s",
-			ErrBudget, size(o.GPUMemory), size(max(dev, 0)), size(ContextBytes+minRoundBytes*4/3))
+			ErrBudget, size(o.GPUMemory), size(max(dev, 0)), size(ContextBytes+minRoundBytes*2))
 	}
 	lent := o.PinnedMemory - batch
 	if lent < minLentBytes {
@@ -351,9 +353,8 @@ func (p *Pipeline) openGPUs() (err error) {
 			p.route.Store(&routed{onGPU})
 			return
 		}
-		// One batch at a time on the CPU (Limit 1): on an H200 with 16
-		// cores this was measured best of 1 and 2 (BENCHMARKS.md).
-		p.route.Store(&routed{&codec.Overflow{First: p.onCPU, Then: onGPU, Limit: 1}})
+		// The CPU's workers first; the GPUs take what they cannot.
+		p.route.Store(&routed{&codec.Overflow{First: p.onCPU, Then: onGPU}})
 	}()
 	if len(devices) == 0 {
 		return fmt.Errorf("%w: the driver sees no device", gpu.ErrNoGPU)
@@ -362,6 +363,9 @@ func (p *Pipeline) openGPUs() (err error) {
 		o := p.opts.GPU
 		o.Device = dev
 		o.Logger = p.log
+		// The daemon is the only user of the GPU in its process: closing a
+		// GPU (idle, or at exit) gives back its whole context.
+		o.ResetOnClose = true
 		g, err := p.opts.newGPU(o)
 		if err != nil {
 			for _, g := range gpus {

@@ -347,14 +347,14 @@ func TestBudgets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if g.DeviceBytes != 512<<20 || g.MaxBatchBytes != 384<<20 || g.Streams != 2 || g.HostBytes != 2<<30-384<<20 ||
-		g.StagingBytes != 432<<20 {
+	if g.DeviceBytes != 512<<20 || g.MaxBatchBytes != 256<<20 || g.Streams != 2 || g.HostBytes != 2<<30-256<<20 ||
+		g.StagingBytes != 288<<20 {
 		t.Errorf("defaults: %+v", g)
 	}
 	if g, err := (Options{GPUMemory: 8 << 30, PinnedMemory: 8 << 30}).gpuOptions(); err != nil || g.Streams != 4 {
 		t.Errorf("8 GiB: %+v, %v", g, err)
 	}
-	for _, o := range []Options{{GPUMemory: 600 << 20, PinnedMemory: 2 << 30}, {GPUMemory: 1 << 30, PinnedMemory: 400 << 20}} {
+	for _, o := range []Options{{GPUMemory: 600 << 20, PinnedMemory: 2 << 30}, {GPUMemory: 1 << 30, PinnedMemory: 300 << 20}} {
 		if _, err := o.gpuOptions(); !errors.Is(err, ErrBudget) {
 			t.Errorf("%+v: %v, want ErrBudget", o, err)
 		}

@@ -9,6 +9,7 @@ import (
 	"hash/crc32"
 	"io"
 	"log/slog"
+	"math"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -65,12 +66,17 @@ type Options struct {
 	HostIdle time.Duration
 	// DeviceBytes bounds the device memory the rounds' buffers take
 	// altogether (compressed input, decoded output, nvCOMP's scratch),
-	// besides the CUDA context. Zero means MaxBatchBytes and a half. A
-	// round that would need more is left to the CPU.
+	// besides the CUDA context. Zero means no bound beyond MaxBatchBytes'
+	// rounds. A round that would need more is left to the CPU.
 	DeviceBytes int64
 	// StagingBytes bounds the pinned host memory of the rounds' own
-	// staging buffers. Zero means MaxBatchBytes and a half.
+	// staging buffers. Zero means no bound beyond MaxBatchBytes' rounds.
 	StagingBytes int64
+	// ResetOnClose resets the device's primary context when the Decoder
+	// closes, which frees what the CUDA runtime inside nvCOMP keeps in it
+	// (about 500 MiB); only for a process where nothing else uses the GPU
+	// (the zarrfs daemon), since it ends every other user's allocations.
+	ResetOnClose bool
 	// Deflate sends gzip, zlib and blosc-zlib chunks to nvCOMP's deflate
 	// decoder. Off by default: nvCOMP's deflate writes past its output on
 	// some damaged streams (see the package doc). The fence around deflate
@@ -258,10 +264,10 @@ func (opts Options) withDefaults() (Options, *slog.Logger) {
 	}
 	opts.RoundBytes = min(opts.RoundBytes, opts.share())
 	if opts.DeviceBytes <= 0 {
-		opts.DeviceBytes = opts.MaxBatchBytes + opts.MaxBatchBytes/2
+		opts.DeviceBytes = math.MaxInt64
 	}
 	if opts.StagingBytes <= 0 {
-		opts.StagingBytes = opts.MaxBatchBytes + opts.MaxBatchBytes/2
+		opts.StagingBytes = math.MaxInt64
 	}
 	if opts.CopyWorkers <= 0 {
 		opts.CopyWorkers = min(16, runtime.GOMAXPROCS(0))
@@ -413,142 +419,6 @@ func (d *Decoder) recoverContext() error {
 	return nil
 }
 
-// growth rounds allocations up so a slowly growing batch size does not
-// reallocate every time.
-func growth(need int64) int64 { return alignUp(need+need/4, 1<<20) }
-
-// ErrBudget is wrapped when a round would take more device or staging
-// memory than Options allow; its jobs decode on the CPU.
-var ErrBudget = errors.New("gpu: over the memory budget")
-
-// budgeted returns the size to allocate for need bytes, given used bytes
-// already held (less the buffer being replaced) and the budget: the growth
-// slack where it fits, need itself where only that fits.
-func budgeted(need, used, budget int64) (int64, error) {
-	size := growth(need)
-	if used+size > budget {
-		size = need
-	}
-	if used+size > budget {
-		return 0, fmt.Errorf("%w: %d bytes more with %d held, budget %d", ErrBudget, size, used, budget)
-	}
-	return size, nil
-}
-
-func (d *Decoder) growDev(b *devBuf, need int64) error {
-	if b.size >= need {
-		return nil
-	}
-	size, err := budgeted(need, d.devHeld.Load()-b.size, d.opts.DeviceBytes)
-	if err != nil {
-		return fmt.Errorf("device memory: %w", err)
-	}
-	d.freeDev(b)
-	var p uintptr
-	if err := d.cu.check("cuMemAlloc", d.cu.cuMemAlloc(&p, uint64(size))); err != nil {
-		return err
-	}
-	*b = devBuf{ptr: p, size: size}
-	d.devHeld.Add(size)
-	return nil
-}
-
-func (d *Decoder) freeDev(b *devBuf) {
-	if b.ptr != 0 {
-		d.cu.cuMemFree(b.ptr)
-		d.devHeld.Add(-b.size)
-	}
-	*b = devBuf{}
-}
-
-func (d *Decoder) growHost(b *hostBuf, need int64) error {
-	if b.size >= need {
-		return nil
-	}
-	size, err := budgeted(need, d.stagingHeld.Load()-b.size, d.opts.StagingBytes)
-	if err != nil {
-		return fmt.Errorf("staging memory: %w", err)
-	}
-	d.freeHost(b)
-	var p unsafe.Pointer
-	if err := d.cu.check("cuMemAllocHost", d.cu.cuMemAllocHost(&p, uint64(size))); err != nil {
-		return err
-	}
-	*b = hostBuf{p: p, size: size}
-	d.stagingHeld.Add(size)
-	return nil
-}
-
-func (d *Decoder) freeHost(b *hostBuf) {
-	if b.p != nil {
-		d.cu.cuMemFreeHost(b.p)
-		d.stagingHeld.Add(-b.size)
-	}
-	*b = hostBuf{}
-}
-
-// MemoryHeld reports the memory the Decoder holds now: device buffers,
-// pinned staging, and lent pinned memory (mapped arenas), in bytes,
-// besides the CUDA context.
-func (d *Decoder) MemoryHeld() (device, staging, lent int64) {
-	return d.devHeld.Load(), d.stagingHeld.Load(), d.host.stats().Mapped
-}
-
-// trimWhenIdle frees the rounds' device and staging buffers after
-// Options.HostIdle without a round, so that an idle mount gives the GPU's
-// memory back to training. It takes every buffer set (waiting for none:
-// a set in use means the Decoder is not idle).
-func (d *Decoder) trimWhenIdle(stop <-chan struct{}) {
-	idle := d.opts.HostIdle
-	if idle <= 0 {
-		idle = defaultHostIdle
-	}
-	t := time.NewTicker(max(idle/4, 10*time.Millisecond))
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-		}
-		if time.Since(time.Unix(0, d.lastRound.Load())) < idle || (d.devHeld.Load() == 0 && d.stagingHeld.Load() <= d.stagingBase) {
-			continue
-		}
-		var held []int
-	take:
-		for range d.sets {
-			select {
-			case s := <-d.free:
-				held = append(held, s)
-			default:
-				break take
-			}
-		}
-		if len(held) == len(d.sets) {
-			d.trim()
-		}
-		for _, s := range held {
-			d.free <- s
-		}
-	}
-}
-
-// trim frees every set's round buffers (not their argument blocks). The
-// caller holds every set.
-func (d *Decoder) trim() {
-	d.inContext(func() {
-		for i := range d.sets {
-			st := &d.sets[i]
-			d.freeDev(&st.dIn)
-			d.freeDev(&st.dOut)
-			d.freeDev(&st.dTemp)
-			d.freeHost(&st.hIn)
-			d.freeHost(&st.hOut)
-		}
-	})
-	d.log.Debug("idle: GPU buffers given back", "device", d.opts.Device)
-}
-
 // DecodeBatch decodes jobs on the GPU; see codec.BatchDecoder. Jobs the GPU
 // path cannot take (blosc with blosclz, a zlib preset dictionary, empty
 // chunks, a chunk larger than MaxBatchBytes) get an Err wrapping
@@ -630,6 +500,10 @@ func (c cudaRounds) close() {
 	c.d.ctxMu.Lock()
 	defer c.d.ctxMu.Unlock()
 	c.d.teardown()
+	if c.d.opts.ResetOnClose {
+		c.d.cu.cuCtxSetCurrent(0)
+		c.d.cu.cuDevicePrimaryCtxReset(c.d.dev)
+	}
 }
 
 // failAll marks the jobs not yet decoded as failed by err, wrapped as
@@ -641,277 +515,6 @@ func (d *Decoder) failAll(jobs []codec.Job, idx []int, err error) error {
 		}
 	}
 	return err
-}
-
-// inflight is a submitted round whose device work may still run.
-type inflight struct {
-	set       *bufSet
-	l         *layout
-	idx       []int
-	directOut []bool // per job: its bytes went straight to its Dst
-	launchErr map[int]error
-	t0        time.Time
-	tPack     time.Duration
-}
-
-// submit packs the jobs of one round into set's pinned buffer and enqueues its device
-// work: one host-to-device copy, one nvCOMP call per algorithm, the
-// kernels, one device-to-host copy, between two events.
-func (d *Decoder) submit(jobs []codec.Job, preps []prepared, elemSize int, set *bufSet) (*inflight, error) {
-	t0 := time.Now()
-	idx := make([]int, len(jobs))
-	for i := range idx {
-		idx[i] = i
-	}
-	l := layoutBatch(jobs, preps, idx, d.outAligns, d.inAligns, !d.noFence, func(k int) bool { return d.pinned(jobs[idx[k]].Src) })
-	// Jobs whose Dst is pinned get their bytes straight from the device.
-	directOut := make([]bool, len(idx))
-	for k, ji := range idx {
-		directOut[k] = d.pinned(jobs[ji].Dst)
-	}
-	if err := d.reserve(set, l); err != nil {
-		return nil, err
-	}
-	d.pack(set, l)
-	if err := d.upload(set, l); err != nil {
-		return nil, err
-	}
-	launchErr, err := d.decodeOnDevice(set, l, elemSize)
-	if err != nil {
-		return nil, err
-	}
-	if err := d.download(set, l, jobs, idx, directOut); err != nil {
-		return nil, err
-	}
-	return &inflight{set: set, l: l, idx: idx, directOut: directOut, launchErr: launchErr, t0: t0, tPack: time.Since(t0)}, nil
-}
-
-// reserve grows the set's buffers to what the round's layout needs,
-// nvCOMP's scratch included, within the memory budgets.
-func (d *Decoder) reserve(set *bufSet, l *layout) error {
-	var tempNeed int64
-	for a := range numAlgos {
-		if len(l.segs[a]) == 0 {
-			continue
-		}
-		alg := &d.nv.algos[a]
-		var tb uint64
-		if st := alg.getTmp(uint64(len(l.segs[a])), uint64(l.maxPiece[a]), alg.opts, &tb, uint64(l.totPiece[a]), set.stream); st != nvSuccess {
-			return fmt.Errorf("gpu: nvcompBatched%sDecompressGetTempSize: %v", algoSymbols[a], st)
-		}
-		tempNeed = max(tempNeed, int64(tb))
-	}
-	for _, g := range []error{
-		d.growHost(&set.hIn, l.inSize),
-		d.growDev(&set.dIn, l.devIn),
-		d.growDev(&set.dOut, l.outSize),
-		d.growHost(&set.hOut, l.d2h),
-		d.growDev(&set.dTemp, max(tempNeed, 1)),
-	} {
-		if g != nil {
-			return g
-		}
-	}
-	return nil
-}
-
-// pack copies the compressed pieces that are not in pinned memory into
-// the staging buffer, in parallel (the host's main cost for a round), and
-// writes the descriptor arrays nvCOMP and the kernels read.
-func (d *Decoder) pack(set *bufSet, l *layout) {
-	hin := set.hIn.bytes()
-	inBase, outBase := uint64(set.dIn.ptr), uint64(set.dOut.ptr)
-	type cp struct {
-		dst []byte
-		src []byte
-	}
-	var packs []cp
-	for a := range numAlgos {
-		for _, s := range l.segs[a] {
-			if !s.direct {
-				packs = append(packs, cp{hin[s.inOff : s.inOff+int64(len(s.src))], s.src})
-			}
-		}
-	}
-	for _, s := range l.raws {
-		if !s.direct {
-			packs = append(packs, cp{hin[s.inOff : s.inOff+int64(len(s.src))], s.src})
-		}
-	}
-	d.parallel(len(packs), func(i int) { copy(packs[i].dst, packs[i].src) })
-
-	le := binary.LittleEndian
-	for a := range numAlgos {
-		segs := l.segs[a]
-		n := int64(len(segs))
-		o := l.arrOff[a]
-		for i, s := range segs {
-			le.PutUint64(hin[o+8*int64(i):], inBase+uint64(s.inOff))
-			le.PutUint64(hin[o+8*(n+int64(i)):], uint64(len(s.src)))
-			le.PutUint64(hin[o+8*(2*n+int64(i)):], uint64(s.n))
-			le.PutUint64(hin[o+8*(3*n+int64(i)):], outBase+uint64(s.outOff))
-		}
-	}
-	for i, c := range l.copies {
-		src := outBase + uint64(c.src)
-		if c.fromInput {
-			src = inBase + uint64(c.src)
-		}
-		o := l.copyOff + int64(i*copyDescSize)
-		le.PutUint64(hin[o:], src)
-		le.PutUint64(hin[o+8:], outBase+uint64(c.dst))
-		le.PutUint64(hin[o+16:], uint64(c.n))
-	}
-	for i, c := range l.precopies {
-		o := l.preOff + int64(i*copyDescSize)
-		le.PutUint64(hin[o:], inBase+uint64(c.src))
-		le.PutUint64(hin[o+8:], inBase+uint64(c.dst))
-		le.PutUint64(hin[o+16:], uint64(c.n))
-	}
-	for i, s := range l.shuffles {
-		o := l.shufOff + int64(i*shuffleDescSize)
-		le.PutUint64(hin[o:], outBase+s.Src)
-		le.PutUint64(hin[o+8:], outBase+s.Dst)
-		le.PutUint64(hin[o+16:], s.NBytes)
-		le.PutUint32(hin[o+24:], s.BlockSize)
-		le.PutUint32(hin[o+28:], s.TypeSize)
-		le.PutUint32(hin[o+32:], s.Mode)
-		le.PutUint32(hin[o+36:], s.BitRound)
-	}
-}
-
-// upload queues the round's input on its stream: the staging buffer, the
-// pieces straight from pinned callers' memory, the moves of misaligned
-// pieces, and the fence pattern around deflate outputs.
-func (d *Decoder) upload(set *bufSet, l *layout) error {
-	cu := d.cu
-	inBase := uint64(set.dIn.ptr)
-	if err := cu.check("cuEventRecord", cu.cuEventRecord(set.start, set.stream)); err != nil {
-		return d.deviceFailed(err)
-	}
-	if err := cu.check("cuMemcpyHtoDAsync", cu.cuMemcpyHtoDAsync(set.dIn.ptr, set.hIn.p, uint64(l.inSize), set.stream)); err != nil {
-		return d.deviceFailed(err)
-	}
-	for _, di := range l.direct {
-		if err := cu.check("cuMemcpyHtoDAsync", cu.cuMemcpyHtoDAsync(set.dIn.ptr+uintptr(di.off), unsafe.Pointer(&di.src[0]), uint64(len(di.src)), set.stream)); err != nil {
-			return d.deviceFailed(err)
-		}
-	}
-	if len(l.precopies) > 0 {
-		if err := d.launch(set, d.fnCopy, uint32(min(len(l.precopies), 65535)), 1, 256,
-			inBase+uint64(l.preOff), uint64(len(l.precopies))); err != nil {
-			return d.deviceFailed(err)
-		}
-	}
-	if l.fenceEnd > l.fenceOff {
-		if err := cu.check("cuMemsetD32Async", cu.cuMemsetD32Async(set.dOut.ptr+uintptr(l.fenceOff), fencePattern,
-			uint64(l.fenceEnd-l.fenceOff)/4, set.stream)); err != nil {
-			return d.deviceFailed(err)
-		}
-	}
-	return d.mark(set, 0)
-}
-
-// mark records the i-th stage event of the round.
-func (d *Decoder) mark(set *bufSet, i int) error {
-	if err := d.cu.check("cuEventRecord", d.cu.cuEventRecord(set.marks[i], set.stream)); err != nil {
-		return d.deviceFailed(err)
-	}
-	return nil
-}
-
-// decodeOnDevice queues one nvCOMP call per algorithm present (a launch
-// failure fails that algorithm's jobs only, in launchErr), then the copy,
-// unshuffle and byte-swap kernels.
-func (d *Decoder) decodeOnDevice(set *bufSet, l *layout, elemSize int) (launchErr map[int]error, err error) {
-	inBase, outBase := uint64(set.dIn.ptr), uint64(set.dOut.ptr)
-	launchErr = make(map[int]error)
-	var segBase int64
-	for a := range numAlgos {
-		segs := l.segs[a]
-		if len(segs) == 0 {
-			continue
-		}
-		alg := &d.nv.algos[a]
-		n := int64(len(segs))
-		arr := inBase + uint64(l.arrOff[a])
-		st := alg.decomp(uintptr(arr), uintptr(arr+uint64(8*n)), uintptr(arr+uint64(16*n)),
-			uintptr(outBase+uint64(l.actualOff+8*segBase)), uint64(n),
-			set.dTemp.ptr, uint64(set.dTemp.size),
-			uintptr(arr+uint64(24*n)), alg.opts,
-			uintptr(outBase+uint64(l.statusOff+4*segBase)), set.stream)
-		if st != nvSuccess {
-			err := fmt.Errorf("gpu: nvcompBatched%sDecompressAsync: %v", algoSymbols[a], st)
-			for _, s := range segs {
-				launchErr[s.job] = err
-			}
-		}
-		segBase += n
-	}
-	if err := d.mark(set, 1); err != nil {
-		return nil, err
-	}
-	if len(l.copies) > 0 {
-		if err := d.launch(set, d.fnCopy, uint32(min(len(l.copies), 65535)), 1, 256,
-			inBase+uint64(l.copyOff), uint64(len(l.copies))); err != nil {
-			return nil, d.deviceFailed(err)
-		}
-	}
-	if len(l.shuffles) > 0 {
-		var most uint64
-		for _, s := range l.shuffles {
-			most = max(most, s.NBytes)
-		}
-		gx := uint32(min((most/uint64(8)+255)/256+1, 2048))
-		if err := d.launch(set, d.fnUnshuffle, gx, uint32(len(l.shuffles)), 256, inBase+uint64(l.shufOff)); err != nil {
-			return nil, d.deviceFailed(err)
-		}
-	}
-	if elemSize > 1 && l.finalEnd > 0 {
-		nelem := uint64(l.finalEnd) / uint64(elemSize)
-		gx := uint32(min((nelem+255)/256, 8192))
-		if err := d.launchSwap(set, gx, outBase, nelem, uint32(elemSize)); err != nil {
-			return nil, d.deviceFailed(err)
-		}
-	}
-	return launchErr, d.mark(set, 2)
-}
-
-// download queues the way back to the host: each pinned Dst straight from
-// the device, the other chunks in runs through the staging buffer, then
-// sizes, statuses and probes; and the round's end event.
-func (d *Decoder) download(set *bufSet, l *layout, jobs []codec.Job, idx []int, directOut []bool) error {
-	cu := d.cu
-	d2h := func(dst unsafe.Pointer, off, n int64) error {
-		if n == 0 {
-			return nil
-		}
-		if err := cu.check("cuMemcpyDtoHAsync", cu.cuMemcpyDtoHAsync(dst, set.dOut.ptr+uintptr(off), uint64(n), set.stream)); err != nil {
-			return d.deviceFailed(err)
-		}
-		return nil
-	}
-	run := int64(0) // start of the staged run not yet copied
-	for k, ji := range idx {
-		if !directOut[k] {
-			continue
-		}
-		if err := d2h(unsafe.Add(set.hOut.p, run), run, l.finalOff[k]-run); err != nil {
-			return err
-		}
-		dst := jobs[ji].Dst
-		if err := d2h(unsafe.Pointer(&dst[0]), l.finalOff[k], int64(len(dst))); err != nil {
-			return err
-		}
-		run = l.finalOff[k] + int64(len(dst))
-	}
-	if err := d2h(unsafe.Add(set.hOut.p, run), run, l.d2h-run); err != nil {
-		return err
-	}
-	if err := cu.check("cuEventRecord", cu.cuEventRecord(set.end, set.stream)); err != nil {
-		return d.deviceFailed(err)
-	}
-	return nil
 }
 
 // finish waits for a round's device work and checks nvCOMP's statuses,

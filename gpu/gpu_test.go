@@ -148,7 +148,7 @@ func TestGPUPinned(t *testing.T) {
 		}
 	}()
 	pinnedCopy := func(b []byte, off int) []byte {
-		buf := d.HostAlloc(len(b) + off)
+		buf := d.HostAllocWait(len(b)+off, 10*time.Second)
 		lent = append(lent, buf)
 		if !d.pinned(buf) {
 			t.Fatalf("HostAlloc(%d) is not pinned", len(buf))

@@ -130,6 +130,22 @@ func (d *Decoder) HostAlloc(n int) []byte {
 	return make([]byte, n)
 }
 
+// HostAllocWait is HostAlloc that waits up to timeout for pinned memory to
+// be registered rather than return ordinary memory: for benchmarks and
+// tests of the pinned path, which must not measure the staged one.
+func (d *Decoder) HostAllocWait(n int, timeout time.Duration) []byte {
+	deadline := time.Now().Add(timeout)
+	for {
+		if b := d.host.alloc(n); b != nil {
+			return b
+		}
+		if time.Now().After(deadline) {
+			return make([]byte, n)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
 // HostFree returns a buffer HostAlloc lent.
 func (d *Decoder) HostFree(b []byte) { d.host.free(b) }
 

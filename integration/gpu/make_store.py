@@ -24,7 +24,7 @@ import shutil
 import numcodecs
 import numpy as np
 
-NLAT, NLON, NLEV = 721, 1440, 4
+NLAT, NLON, NLEV = 721, 1440, 4  # --lat/--lon make smaller fields for runs on CPUs
 LEVELS = [1000, 850, 500, 250]
 UPPER = {"t": (250.0, 30.0), "z": (50000.0, 2000.0), "u": (0.0, 15.0), "v": (0.0, 12.0)}
 SURFACE = {"t2m": (288.0, 15.0), "u10": (0.0, 8.0), "v10": (0.0, 7.0), "msl": (101325.0, 1500.0)}
@@ -43,7 +43,7 @@ def field(t, seed, base, amp):
     lat = np.deg2rad(np.linspace(90, -90, NLAT, dtype=np.float32))[:, None]
     lon = np.deg2rad(np.linspace(0, 360, NLON, endpoint=False, dtype=np.float32))[None, :]
     rng = np.random.default_rng(seed * 1000 + t)
-    coarse = rng.standard_normal((NLAT // 16 + 2, NLON // 16 + 2)).astype(np.float32)
+    coarse = rng.standard_normal((NLAT // 16 + 2, NLON // 16 + 2)).astype(np.float32)  # upsampled below
     noise = np.kron(coarse, np.ones((16, 16), np.float32))[:NLAT, :NLON]
     f = base + amp * (np.cos(lat) * np.sin(lon * (2 + seed % 3) + 0.3 * t) + 0.3 * np.sin(3 * lat + seed) + 0.05 * noise)
     return quantise(f.astype(np.float32))
@@ -91,15 +91,19 @@ def copy(args):
 
 
 def main():
+    global NLAT, NLON
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("outdir")
     ap.add_argument("--steps", type=int, default=96)
     ap.add_argument("--unique", type=int, default=24)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--lat", type=int, default=NLAT)
+    ap.add_argument("--lon", type=int, default=NLON)
     a = ap.parse_args()
+    NLAT, NLON = a.lat, a.lon
     store = os.path.join(a.outdir, "era5.zarr")
     done = os.path.join(store, ".complete")
-    if os.path.exists(done) and open(done).read() == str(a.steps):
+    if os.path.exists(done) and open(done).read() == f"{a.steps} {NLAT} {NLON}":
         print(f"{store}: up to date ({a.steps} steps)")
         return
     shutil.rmtree(store, ignore_errors=True)
@@ -129,14 +133,17 @@ def main():
     with mp.get_context("fork").Pool(a.jobs) as pool:
         enc = sum(pool.imap_unordered(encode, [(store, n, t) for n in names for t in range(unique)]))
         cp = sum(pool.imap_unordered(copy, [(store, n, t, unique) for n in names for t in range(unique, a.steps)]))
-    with open(os.path.join(a.outdir, "train.yaml"), "w") as f:
-        f.write("views:\n  - name: train\n    dtype: float32\n    channels:\n")
-        for n in UPPER:
-            f.write(f"      - var: {n}\n        select: {{level: all}}\n")
-        for n in list(SURFACE) + ["lsm"]:
-            f.write(f"      - var: {n}\n")
+    # train.yaml selects every level with "all"; train-levels.yaml lists
+    # them, for zarrfs versions from before "all".
+    for name, sel in (("train.yaml", "all"), ("train-levels.yaml", str(list(range(NLEV))))):
+        with open(os.path.join(a.outdir, name), "w") as f:
+            f.write("views:\n  - name: train\n    dtype: float32\n    channels:\n")
+            for n in UPPER:
+                f.write(f"      - var: {n}\n        select: {{level: {sel}}}\n")
+            for n in list(SURFACE) + ["lsm"]:
+                f.write(f"      - var: {n}\n")
     with open(done, "w") as f:
-        f.write(str(a.steps))
+        f.write(f"{a.steps} {NLAT} {NLON}")
     print(f"{store}: {a.steps} steps, {(enc + cp * 1.0) / 1e9:.2f} GB compressed; view {a.outdir}/train.yaml (21 channels)")
 
 

@@ -380,3 +380,32 @@ func TestOverflow(t *testing.T) {
 		t.Errorf("idle First not used: %v, %d calls", err, first.calls.Load())
 	}
 }
+
+// With a First that says how many workers it has spare (the CPU pool), a
+// batch goes there while any worker is free, and to Then once none is.
+func TestOverflowSpare(t *testing.T) {
+	cpu := NewCPU(Options{Workers: 2})
+	defer cpu.Close()
+	then := &countingDecoder{inner: cpu}
+	o := &Overflow{First: cpu, Then: then}
+	data := bytes.Repeat([]byte("zarrfs overflow "), 1000)
+	enc := zstdEncode(t, data, false)
+	one := func() []Job { return []Job{{Codec: Zstd, Src: enc, Dst: make([]byte, len(data))}} }
+	if err := o.DecodeBatch(context.Background(), one()); err != nil || then.calls.Load() != 0 {
+		t.Fatalf("an idle pool's batch went elsewhere: %v, %d", err, then.calls.Load())
+	}
+	if cpu.Spare() != 2 {
+		t.Fatalf("idle pool: %d spare workers, want 2", cpu.Spare())
+	}
+	// Every worker taken (as by another caller's large batch).
+	cpu.pending.Add(2)
+	j := one()
+	err := o.DecodeBatch(context.Background(), j)
+	cpu.pending.Add(-2)
+	if err != nil || then.calls.Load() != 1 || !bytes.Equal(j[0].Dst, data) {
+		t.Errorf("a busy pool's batch: %v, Then called %d times", err, then.calls.Load())
+	}
+	if cpu.Spare() != 2 {
+		t.Errorf("after the batches: %d spare workers, want 2", cpu.Spare())
+	}
+}

@@ -30,6 +30,8 @@ type CPU struct {
 	// queued to stopped workers.
 	mu     sync.RWMutex
 	closed bool
+	// pending counts the jobs handed to DecodeBatch and not decoded yet.
+	pending atomic.Int64
 }
 
 var _ BatchDecoder = (*CPU)(nil)
@@ -76,12 +78,12 @@ func (c *CPU) work() {
 		case <-c.stop:
 			return
 		case b := <-c.tickets:
-			b.run(d)
+			b.run(d, &c.pending)
 		}
 	}
 }
 
-func (b *batch) run(d *decoder) {
+func (b *batch) run(d *decoder, pending *atomic.Int64) {
 	defer b.wg.Done()
 	for {
 		i := int(b.next.Add(1) - 1)
@@ -91,11 +93,19 @@ func (b *batch) run(d *decoder) {
 		j := &b.jobs[i]
 		if err := b.ctx.Err(); err != nil {
 			j.Err = fmt.Errorf("%s chunk not decoded: %w", j.Codec, err)
-			continue
+		} else {
+			j.Err = d.decode(j.Codec, j.Dst, j.Src)
+			d.release()
 		}
-		j.Err = d.decode(j.Codec, j.Dst, j.Src)
-		d.release()
+		pending.Add(-1)
 	}
+}
+
+// Spare returns the workers that no job waits for now (0 when every
+// worker has a job, or more jobs are queued than workers): what Overflow
+// asks before it gives this decoder a batch.
+func (c *CPU) Spare() int {
+	return max(c.workers-int(c.pending.Load()), 0)
 }
 
 // DecodeBatch decodes every job, spreading them over the workers, and
@@ -119,6 +129,7 @@ func (c *CPU) DecodeBatch(ctx context.Context, jobs []Job) error {
 		return nil
 	}
 	b := &batch{ctx: ctx, jobs: jobs}
+	c.pending.Add(int64(len(jobs)))
 	n := min(c.workers, len(jobs))
 	b.wg.Add(n)
 	for range n {

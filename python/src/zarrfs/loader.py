@@ -77,11 +77,26 @@ class Loader:
         self._coords = self.dir.coords()
         self._torch_dtype = _torch_dtype(self.dir.dtype)
         self.path_kind = self._path_kind()
+        self._buffers = []
+        self._active = None
 
     def _path_kind(self) -> str:
         if self.device.type != "cuda":
             return "pread"
         return "pread-pinned-h2d"
+
+    def _ring(self, n: int, size: int) -> list:
+        """The loader's pinned buffers, made on first use. One epoch reads
+        at a time: starting another stops the one before."""
+        import torch
+        if self._active is not None:
+            try:
+                self._active.close()
+            except ReferenceError:  # that epoch is gone, and its threads with it
+                pass
+        if not self._buffers:
+            self._buffers = [torch.empty(size, dtype=torch.uint8).pin_memory() for _ in range(n)]
+        return self._buffers
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -105,7 +120,9 @@ class Loader:
                 f"sample={self.dir.sample_shape} {self.dir.dtype.str})")
 
     def __iter__(self):
-        return _Epoch(self, self.order())
+        e = _Epoch(self, self.order())
+        self._active = weakref.proxy(e)
+        return e
 
 
 def _torch_dtype(dt: np.dtype):
@@ -184,10 +201,10 @@ class _Producer:
         self.stride = -(-self.nbytes // _ALIGN) * _ALIGN
         nslots = loader.prefetch + 1
         on_gpu = loader.device.type == "cuda"
-        # The ring of pinned buffers the GPU copies from (CPU batches are
-        # read straight into the tensors handed out instead).
-        self.ring = [torch.empty(bs * self.stride + _ALIGN, dtype=torch.uint8).pin_memory()
-                     for _ in range(nslots if on_gpu else 0)]
+        # The ring of pinned buffers the GPU copies from, the loader's own and
+        # kept across epochs (pinning is slow); CPU batches are read straight
+        # into the tensors handed out instead.
+        self.ring = loader._ring(nslots, bs * self.stride + _ALIGN) if on_gpu else []
         self.stream = torch.cuda.Stream(device=loader.device) if on_gpu else None
         self.events = [None] * nslots
         self.out = queue.Queue(maxsize=loader.prefetch)
@@ -284,10 +301,13 @@ class _Producer:
         import torch
         l = self.l
         shape = (n,) + l.dir.sample_shape
-        src = host[base: base + n * self.stride].view(n, self.stride)[:, :self.nbytes]
         with torch.cuda.stream(self.stream):
             dev = torch.empty((n, self.nbytes), dtype=torch.uint8, device=l.device)
-            dev.copy_(src, non_blocking=True)
+            # One copy per sample: each is contiguous in pinned memory, so it
+            # goes by DMA, asynchronously (a strided source would not).
+            for j in range(n):
+                off = base + j * self.stride
+                dev[j].copy_(host[off: off + self.nbytes], non_blocking=True)
             ev = torch.cuda.Event()
             ev.record(self.stream)
         self.events[slot] = ev

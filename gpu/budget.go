@@ -1,0 +1,147 @@
+package gpu
+
+import (
+	"errors"
+	"fmt"
+	"time"
+	"unsafe"
+)
+
+// This file is the memory of the rounds: device and staging buffers grown
+// within Options.DeviceBytes and StagingBytes, and given back when idle.
+
+// growth rounds allocations up so a slowly growing batch size does not
+// reallocate every time.
+func growth(need int64) int64 { return alignUp(need+need/4, 1<<20) }
+
+// ErrBudget is wrapped when a round would take more device or staging
+// memory than Options allow; its jobs decode on the CPU.
+var ErrBudget = errors.New("gpu: over the memory budget")
+
+// budgeted returns the size to allocate for need bytes, given used bytes
+// already held (less the buffer being replaced) and the budget: the growth
+// slack where it fits, need itself where only that fits.
+func budgeted(need, used, budget int64) (int64, error) {
+	size := growth(need)
+	if used+size > budget {
+		size = need
+	}
+	if used+size > budget {
+		return 0, fmt.Errorf("%w: %d bytes more with %d held, budget %d", ErrBudget, size, used, budget)
+	}
+	return size, nil
+}
+
+func (d *Decoder) growDev(b *devBuf, need int64) error {
+	if b.size >= need {
+		return nil
+	}
+	size, err := budgeted(need, d.devHeld.Load()-b.size, d.opts.DeviceBytes)
+	if err != nil {
+		return fmt.Errorf("device memory: %w", err)
+	}
+	d.freeDev(b)
+	var p uintptr
+	if err := d.cu.check("cuMemAlloc", d.cu.cuMemAlloc(&p, uint64(size))); err != nil {
+		return err
+	}
+	*b = devBuf{ptr: p, size: size}
+	d.devHeld.Add(size)
+	return nil
+}
+
+func (d *Decoder) freeDev(b *devBuf) {
+	if b.ptr != 0 {
+		d.cu.cuMemFree(b.ptr)
+		d.devHeld.Add(-b.size)
+	}
+	*b = devBuf{}
+}
+
+func (d *Decoder) growHost(b *hostBuf, need int64) error {
+	if b.size >= need {
+		return nil
+	}
+	size, err := budgeted(need, d.stagingHeld.Load()-b.size, d.opts.StagingBytes)
+	if err != nil {
+		return fmt.Errorf("staging memory: %w", err)
+	}
+	d.freeHost(b)
+	var p unsafe.Pointer
+	if err := d.cu.check("cuMemAllocHost", d.cu.cuMemAllocHost(&p, uint64(size))); err != nil {
+		return err
+	}
+	*b = hostBuf{p: p, size: size}
+	d.stagingHeld.Add(size)
+	return nil
+}
+
+func (d *Decoder) freeHost(b *hostBuf) {
+	if b.p != nil {
+		d.cu.cuMemFreeHost(b.p)
+		d.stagingHeld.Add(-b.size)
+	}
+	*b = hostBuf{}
+}
+
+// MemoryHeld reports the memory the Decoder holds now: device buffers,
+// pinned staging, and lent pinned memory (mapped arenas), in bytes,
+// besides the CUDA context.
+func (d *Decoder) MemoryHeld() (device, staging, lent int64) {
+	return d.devHeld.Load(), d.stagingHeld.Load(), d.host.stats().Mapped
+}
+
+// trimWhenIdle frees the rounds' device and staging buffers after
+// Options.HostIdle without a round, so that an idle mount gives the GPU's
+// memory back to training. It takes every buffer set (waiting for none:
+// a set in use means the Decoder is not idle).
+func (d *Decoder) trimWhenIdle(stop <-chan struct{}) {
+	idle := d.opts.HostIdle
+	if idle <= 0 {
+		idle = defaultHostIdle
+	}
+	t := time.NewTicker(max(idle/4, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		if time.Since(time.Unix(0, d.lastRound.Load())) < idle || (d.devHeld.Load() == 0 && d.stagingHeld.Load() <= d.stagingBase) {
+			continue
+		}
+		var held []int
+	take:
+		for range d.sets {
+			select {
+			case s := <-d.free:
+				held = append(held, s)
+			default:
+				break take
+			}
+		}
+		if len(held) == len(d.sets) {
+			d.trim()
+		}
+		for _, s := range held {
+			d.free <- s
+		}
+	}
+}
+
+// trim frees every set's round buffers (not their argument blocks). The
+// caller holds every set.
+func (d *Decoder) trim() {
+	d.inContext(func() {
+		for i := range d.sets {
+			st := &d.sets[i]
+			d.freeDev(&st.dIn)
+			d.freeDev(&st.dOut)
+			d.freeDev(&st.dTemp)
+			d.freeHost(&st.hIn)
+			d.freeHost(&st.hOut)
+		}
+	})
+	d.log.Debug("idle: GPU buffers given back", "device", d.opts.Device)
+}

@@ -1,0 +1,285 @@
+package gpu
+
+import (
+	"encoding/binary"
+	"fmt"
+	"time"
+	"unsafe"
+
+	"github.com/zarrfs/zarrfs/zarr/codec"
+)
+
+// This file starts a round on the device: the buffers reserved, the
+// compressed pieces packed, the copies and kernels queued on the round's
+// stream (finish, in decoder.go, waits for them).
+
+// inflight is a submitted round whose device work may still run.
+type inflight struct {
+	set       *bufSet
+	l         *layout
+	idx       []int
+	directOut []bool // per job: its bytes went straight to its Dst
+	launchErr map[int]error
+	t0        time.Time
+	tPack     time.Duration
+}
+
+// submit packs the jobs of one round into set's pinned buffer and enqueues its device
+// work: one host-to-device copy, one nvCOMP call per algorithm, the
+// kernels, one device-to-host copy, between two events.
+func (d *Decoder) submit(jobs []codec.Job, preps []prepared, elemSize int, set *bufSet) (*inflight, error) {
+	t0 := time.Now()
+	idx := make([]int, len(jobs))
+	for i := range idx {
+		idx[i] = i
+	}
+	l := layoutBatch(jobs, preps, idx, d.outAligns, d.inAligns, !d.noFence, func(k int) bool { return d.pinned(jobs[idx[k]].Src) })
+	// Jobs whose Dst is pinned get their bytes straight from the device.
+	directOut := make([]bool, len(idx))
+	for k, ji := range idx {
+		directOut[k] = d.pinned(jobs[ji].Dst)
+	}
+	if err := d.reserve(set, l); err != nil {
+		return nil, err
+	}
+	d.pack(set, l)
+	if err := d.upload(set, l); err != nil {
+		return nil, err
+	}
+	launchErr, err := d.decodeOnDevice(set, l, elemSize)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.download(set, l, jobs, idx, directOut); err != nil {
+		return nil, err
+	}
+	return &inflight{set: set, l: l, idx: idx, directOut: directOut, launchErr: launchErr, t0: t0, tPack: time.Since(t0)}, nil
+}
+
+// reserve grows the set's buffers to what the round's layout needs,
+// nvCOMP's scratch included, within the memory budgets.
+func (d *Decoder) reserve(set *bufSet, l *layout) error {
+	var tempNeed int64
+	for a := range numAlgos {
+		if len(l.segs[a]) == 0 {
+			continue
+		}
+		alg := &d.nv.algos[a]
+		var tb uint64
+		if st := alg.getTmp(uint64(len(l.segs[a])), uint64(l.maxPiece[a]), alg.opts, &tb, uint64(l.totPiece[a]), set.stream); st != nvSuccess {
+			return fmt.Errorf("gpu: nvcompBatched%sDecompressGetTempSize: %v", algoSymbols[a], st)
+		}
+		tempNeed = max(tempNeed, int64(tb))
+	}
+	for _, g := range []error{
+		d.growHost(&set.hIn, l.inSize),
+		d.growDev(&set.dIn, l.devIn),
+		d.growDev(&set.dOut, l.outSize),
+		d.growHost(&set.hOut, l.d2h),
+		d.growDev(&set.dTemp, max(tempNeed, 1)),
+	} {
+		if g != nil {
+			return g
+		}
+	}
+	return nil
+}
+
+// pack copies the compressed pieces that are not in pinned memory into
+// the staging buffer, in parallel (the host's main cost for a round), and
+// writes the descriptor arrays nvCOMP and the kernels read.
+func (d *Decoder) pack(set *bufSet, l *layout) {
+	hin := set.hIn.bytes()
+	inBase, outBase := uint64(set.dIn.ptr), uint64(set.dOut.ptr)
+	type cp struct {
+		dst []byte
+		src []byte
+	}
+	var packs []cp
+	for a := range numAlgos {
+		for _, s := range l.segs[a] {
+			if !s.direct {
+				packs = append(packs, cp{hin[s.inOff : s.inOff+int64(len(s.src))], s.src})
+			}
+		}
+	}
+	for _, s := range l.raws {
+		if !s.direct {
+			packs = append(packs, cp{hin[s.inOff : s.inOff+int64(len(s.src))], s.src})
+		}
+	}
+	d.parallel(len(packs), func(i int) { copy(packs[i].dst, packs[i].src) })
+
+	le := binary.LittleEndian
+	for a := range numAlgos {
+		segs := l.segs[a]
+		n := int64(len(segs))
+		o := l.arrOff[a]
+		for i, s := range segs {
+			le.PutUint64(hin[o+8*int64(i):], inBase+uint64(s.inOff))
+			le.PutUint64(hin[o+8*(n+int64(i)):], uint64(len(s.src)))
+			le.PutUint64(hin[o+8*(2*n+int64(i)):], uint64(s.n))
+			le.PutUint64(hin[o+8*(3*n+int64(i)):], outBase+uint64(s.outOff))
+		}
+	}
+	for i, c := range l.copies {
+		src := outBase + uint64(c.src)
+		if c.fromInput {
+			src = inBase + uint64(c.src)
+		}
+		o := l.copyOff + int64(i*copyDescSize)
+		le.PutUint64(hin[o:], src)
+		le.PutUint64(hin[o+8:], outBase+uint64(c.dst))
+		le.PutUint64(hin[o+16:], uint64(c.n))
+	}
+	for i, c := range l.precopies {
+		o := l.preOff + int64(i*copyDescSize)
+		le.PutUint64(hin[o:], inBase+uint64(c.src))
+		le.PutUint64(hin[o+8:], inBase+uint64(c.dst))
+		le.PutUint64(hin[o+16:], uint64(c.n))
+	}
+	for i, s := range l.shuffles {
+		o := l.shufOff + int64(i*shuffleDescSize)
+		le.PutUint64(hin[o:], outBase+s.Src)
+		le.PutUint64(hin[o+8:], outBase+s.Dst)
+		le.PutUint64(hin[o+16:], s.NBytes)
+		le.PutUint32(hin[o+24:], s.BlockSize)
+		le.PutUint32(hin[o+28:], s.TypeSize)
+		le.PutUint32(hin[o+32:], s.Mode)
+		le.PutUint32(hin[o+36:], s.BitRound)
+	}
+}
+
+// upload queues the round's input on its stream: the staging buffer, the
+// pieces straight from pinned callers' memory, the moves of misaligned
+// pieces, and the fence pattern around deflate outputs.
+func (d *Decoder) upload(set *bufSet, l *layout) error {
+	cu := d.cu
+	inBase := uint64(set.dIn.ptr)
+	if err := cu.check("cuEventRecord", cu.cuEventRecord(set.start, set.stream)); err != nil {
+		return d.deviceFailed(err)
+	}
+	if err := cu.check("cuMemcpyHtoDAsync", cu.cuMemcpyHtoDAsync(set.dIn.ptr, set.hIn.p, uint64(l.inSize), set.stream)); err != nil {
+		return d.deviceFailed(err)
+	}
+	for _, di := range l.direct {
+		if err := cu.check("cuMemcpyHtoDAsync", cu.cuMemcpyHtoDAsync(set.dIn.ptr+uintptr(di.off), unsafe.Pointer(&di.src[0]), uint64(len(di.src)), set.stream)); err != nil {
+			return d.deviceFailed(err)
+		}
+	}
+	if len(l.precopies) > 0 {
+		if err := d.launch(set, d.fnCopy, uint32(min(len(l.precopies), 65535)), 1, 256,
+			inBase+uint64(l.preOff), uint64(len(l.precopies))); err != nil {
+			return d.deviceFailed(err)
+		}
+	}
+	if l.fenceEnd > l.fenceOff {
+		if err := cu.check("cuMemsetD32Async", cu.cuMemsetD32Async(set.dOut.ptr+uintptr(l.fenceOff), fencePattern,
+			uint64(l.fenceEnd-l.fenceOff)/4, set.stream)); err != nil {
+			return d.deviceFailed(err)
+		}
+	}
+	return d.mark(set, 0)
+}
+
+// mark records the i-th stage event of the round.
+func (d *Decoder) mark(set *bufSet, i int) error {
+	if err := d.cu.check("cuEventRecord", d.cu.cuEventRecord(set.marks[i], set.stream)); err != nil {
+		return d.deviceFailed(err)
+	}
+	return nil
+}
+
+// decodeOnDevice queues one nvCOMP call per algorithm present (a launch
+// failure fails that algorithm's jobs only, in launchErr), then the copy,
+// unshuffle and byte-swap kernels.
+func (d *Decoder) decodeOnDevice(set *bufSet, l *layout, elemSize int) (launchErr map[int]error, err error) {
+	inBase, outBase := uint64(set.dIn.ptr), uint64(set.dOut.ptr)
+	launchErr = make(map[int]error)
+	var segBase int64
+	for a := range numAlgos {
+		segs := l.segs[a]
+		if len(segs) == 0 {
+			continue
+		}
+		alg := &d.nv.algos[a]
+		n := int64(len(segs))
+		arr := inBase + uint64(l.arrOff[a])
+		st := alg.decomp(uintptr(arr), uintptr(arr+uint64(8*n)), uintptr(arr+uint64(16*n)),
+			uintptr(outBase+uint64(l.actualOff+8*segBase)), uint64(n),
+			set.dTemp.ptr, uint64(set.dTemp.size),
+			uintptr(arr+uint64(24*n)), alg.opts,
+			uintptr(outBase+uint64(l.statusOff+4*segBase)), set.stream)
+		if st != nvSuccess {
+			err := fmt.Errorf("gpu: nvcompBatched%sDecompressAsync: %v", algoSymbols[a], st)
+			for _, s := range segs {
+				launchErr[s.job] = err
+			}
+		}
+		segBase += n
+	}
+	if err := d.mark(set, 1); err != nil {
+		return nil, err
+	}
+	if len(l.copies) > 0 {
+		if err := d.launch(set, d.fnCopy, uint32(min(len(l.copies), 65535)), 1, 256,
+			inBase+uint64(l.copyOff), uint64(len(l.copies))); err != nil {
+			return nil, d.deviceFailed(err)
+		}
+	}
+	if len(l.shuffles) > 0 {
+		var most uint64
+		for _, s := range l.shuffles {
+			most = max(most, s.NBytes)
+		}
+		gx := uint32(min((most/uint64(8)+255)/256+1, 2048))
+		if err := d.launch(set, d.fnUnshuffle, gx, uint32(len(l.shuffles)), 256, inBase+uint64(l.shufOff)); err != nil {
+			return nil, d.deviceFailed(err)
+		}
+	}
+	if elemSize > 1 && l.finalEnd > 0 {
+		nelem := uint64(l.finalEnd) / uint64(elemSize)
+		gx := uint32(min((nelem+255)/256, 8192))
+		if err := d.launchSwap(set, gx, outBase, nelem, uint32(elemSize)); err != nil {
+			return nil, d.deviceFailed(err)
+		}
+	}
+	return launchErr, d.mark(set, 2)
+}
+
+// download queues the way back to the host: each pinned Dst straight from
+// the device, the other chunks in runs through the staging buffer, then
+// sizes, statuses and probes; and the round's end event.
+func (d *Decoder) download(set *bufSet, l *layout, jobs []codec.Job, idx []int, directOut []bool) error {
+	cu := d.cu
+	d2h := func(dst unsafe.Pointer, off, n int64) error {
+		if n == 0 {
+			return nil
+		}
+		if err := cu.check("cuMemcpyDtoHAsync", cu.cuMemcpyDtoHAsync(dst, set.dOut.ptr+uintptr(off), uint64(n), set.stream)); err != nil {
+			return d.deviceFailed(err)
+		}
+		return nil
+	}
+	run := int64(0) // start of the staged run not yet copied
+	for k, ji := range idx {
+		if !directOut[k] {
+			continue
+		}
+		if err := d2h(unsafe.Add(set.hOut.p, run), run, l.finalOff[k]-run); err != nil {
+			return err
+		}
+		dst := jobs[ji].Dst
+		if err := d2h(unsafe.Pointer(&dst[0]), l.finalOff[k], int64(len(dst))); err != nil {
+			return err
+		}
+		run = l.finalOff[k] + int64(len(dst))
+	}
+	if err := d2h(unsafe.Add(set.hOut.p, run), run, l.d2h-run); err != nil {
+		return err
+	}
+	if err := cu.check("cuEventRecord", cu.cuEventRecord(set.end, set.stream)); err != nil {
+		return d.deviceFailed(err)
+	}
+	return nil
+}

@@ -1,0 +1,215 @@
+"""What a zarrfs mount says about itself: sidecars, sample directories, shards.
+
+Everything here reads sidecar JSON only (the daemon holds it in memory), so
+it costs no decoding: a sample directory's file names, their global
+indices, shapes and dtypes are known without listing or opening a sample.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional
+
+import numpy as np
+
+
+def read_json(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def shard_of(n: int, rank: int, world: int, mode: str = "contiguous") -> tuple:
+    """(first, step, count): the samples of 0..n-1 that rank reads.
+
+    The same split as ``zarrfs warm --rank/--world`` and ``zarrfs mount
+    --rank/--world --shard MODE``: contiguous gives rank R the block
+    [R*n//W, (R+1)*n//W) (DALI's shard_id/num_shards), interleaved gives
+    R, R+W, R+2W, ...
+    """
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"rank {rank} of world {world}: want 0 <= rank < world")
+    if world == 1:
+        return 0, 1, n
+    if mode == "interleaved":
+        return rank, world, (n - rank + world - 1) // world if rank < n else 0
+    if mode != "contiguous":
+        raise ValueError(f"shard mode {mode!r}: want contiguous or interleaved")
+    a, b = rank * n // world, (rank + 1) * n // world
+    return a, 1, b - a
+
+
+def sample_width(n: int) -> int:
+    """Digits of a sample file name: names are zero-padded to the width of n-1."""
+    return len(str(max(n - 1, 0)))
+
+
+def fill_value(v, dtype: np.dtype):
+    """A sidecar fill_value (JSON as Zarr writes it) as a numpy scalar of dtype, or None."""
+    if v is None:
+        return None
+    dtype = np.dtype(dtype)
+    if isinstance(v, str):
+        special = {"NaN": np.nan, "Infinity": np.inf, "-Infinity": -np.inf}
+        if v in special:
+            v = special[v]
+        elif v.startswith("0x"):
+            raw = int(v, 16).to_bytes(dtype.itemsize, "big")
+            return np.frombuffer(raw, dtype=dtype.newbyteorder(">"))[0].astype(dtype)
+    if isinstance(v, list) and dtype.kind == "c":
+        v = complex(*v)
+    return np.array(v).astype(dtype)[()]
+
+
+def decode_coord(name: str, values: np.ndarray, attrs: dict) -> np.ndarray:
+    """CF-decode a 1-D coordinate (time units) with xarray when it is installed."""
+    if not attrs:
+        return values
+    try:
+        import xarray as xr
+    except ImportError:
+        return values
+    v = xr.Variable((name,), values, dict(attrs))
+    return np.asarray(xr.conventions.decode_cf_variable(name, v).values)
+
+
+def read_into(path: str, offset: int, buf: np.ndarray) -> None:
+    """Read buf.nbytes bytes at offset of path into buf (C-contiguous)."""
+    mv = memoryview(buf.reshape(-1).view(np.uint8))
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        done = 0
+        while done < len(mv):
+            n = os.preadv(fd, [mv[done:]], offset + done)
+            if n <= 0:
+                raise OSError(f"{path}: file ends after {offset + done} bytes, want {offset + len(mv)}")
+            done += n
+    finally:
+        os.close(fd)
+
+
+class SampleDir:
+    """One sample directory of a mount (an array's ``MOUNT/P/`` or a view's ``MOUNT/V/``).
+
+    ``len(d)`` is the number of files the directory lists (one rank's share
+    on a ``--rank/--world`` mount); ``d.names`` their names in order,
+    ``d.indices`` their global sample indices, ``d.files`` their paths.
+    """
+
+    def __init__(self, path):
+        path = os.path.abspath(os.fspath(path)).rstrip("/")
+        side = path + ".json"
+        if not os.path.isfile(side):
+            raise ValueError(f"{path}: no sidecar {os.path.basename(side)} beside it: "
+                             "not a sample directory of a zarrfs mount")
+        s = read_json(side)
+        self.path = path
+        self.name = os.path.basename(path)
+        self.sidecar = s
+        self.kind = s.get("kind")
+        self.sample_dim = s.get("sample_dim")
+        if self.kind == "array":
+            if not self.sample_dim:
+                raise ValueError(f"{path}: array {s.get('path')!r} has no sample dimension; "
+                                 f"it is one file, {self.name}.npy")
+            self.axis = list(s["dims"]).index(self.sample_dim)
+        elif self.kind == "view":
+            self.axis = 0
+        else:
+            raise ValueError(f"{side}: kind {self.kind!r}: want array or view")
+        self.total = int(s["shape"][self.axis])
+        self.width = sample_width(self.total)
+        sh = s.get("shard")
+        if sh:
+            self.first, self.step, self.count = int(sh["first"]), int(sh["step"]), int(sh["count"])
+            self.rank, self.world, self.mode = int(sh["rank"]), int(sh["world"]), sh["mode"]
+        else:
+            self.first, self.step, self.count = 0, 1, self.total
+            self.rank, self.world, self.mode = 0, 1, "contiguous"
+        if self.count != int(s["files"]):
+            raise ValueError(f"{side}: lists {s['files']} files but its shard has {self.count}")
+        self.sample_shape = tuple(int(x) for x in s["sample_shape"])
+        self.dtype = np.dtype(s["dtype"])
+        self.data_offset = int(s["data_offset"])
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the directory lists one rank's samples only (a --rank/--world mount)."""
+        return self.sidecar.get("shard") is not None
+
+    @property
+    def indices(self) -> np.ndarray:
+        return self.first + self.step * np.arange(self.count, dtype=np.int64)
+
+    @property
+    def names(self) -> list:
+        w = self.width
+        return [f"{g:0{w}d}.npy" for g in range(self.first, self.first + self.step * self.count, self.step)]
+
+    @property
+    def files(self) -> list:
+        return [os.path.join(self.path, n) for n in self.names]
+
+    def file(self, i: int) -> str:
+        """Path of the i-th listed file (0 <= i < len; negative counts from the end)."""
+        if i < 0:
+            i += self.count
+        if not 0 <= i < self.count:
+            raise IndexError(f"sample {i} of {self.count}")
+        return f"{self.path}/{self.first + self.step * i:0{self.width}d}.npy"
+
+    @property
+    def sample_nbytes(self) -> int:
+        return int(np.prod(self.sample_shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def is_direct(self) -> bool:
+        """Whether the mount is in direct mode (sample files are links to cache files)."""
+        if self.count == 0:
+            return os.path.isdir(os.path.join(self.root(), ".zarrfs"))
+        return os.path.islink(self.file(0))
+
+    def root(self) -> str:
+        """The mount's top directory (from the store path the sidecar names)."""
+        p = self.sidecar.get("path") if self.kind == "array" else self.sidecar.get("name")
+        depth = len([x for x in (p or self.name).split("/") if x])
+        r = self.path
+        for _ in range(depth):
+            r = os.path.dirname(r)
+        return r
+
+    def coord_array(self) -> Optional[tuple]:
+        """(values of every global sample, attributes) of the sample coordinate, or None.
+
+        A view's come from its sidecar; an array's from the 1-D array named
+        like the sample dimension in its group, else at the top of the mount.
+        """
+        s = self.sidecar
+        if self.kind == "view":
+            if s.get("sample_coords") is None:
+                return None
+            return np.asarray(s["sample_coords"]), dict(s.get("sample_coords_attributes") or {})
+        for d in (os.path.dirname(self.path), self.root()):
+            side = os.path.join(d, self.sample_dim + ".json")
+            if not os.path.isfile(side):
+                continue
+            c = read_json(side)
+            if c.get("kind") == "array" and len(c.get("shape", [])) == 1 and c["shape"][0] == self.total:
+                return np.load(os.path.join(d, self.sample_dim + ".npy")), dict(c.get("attributes") or {})
+        return None
+
+    def coords(self, decode: bool = True) -> Optional[np.ndarray]:
+        """The sample coordinate of each listed file (CF-decoded: datetime64 for times), or None."""
+        c = self.coord_array()
+        if c is None:
+            return None
+        values, attrs = c
+        values = values[self.indices]
+        return decode_coord(self.sample_dim, values, attrs) if decode else values
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __repr__(self) -> str:
+        shard = f", rank {self.rank} of {self.world} ({self.mode})" if self.sharded else ""
+        return (f"SampleDir({self.path!r}: {self.kind}, {self.count} of {self.total} samples{shard}, "
+                f"sample {self.sample_shape} {self.dtype.str})")

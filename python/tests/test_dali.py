@@ -1,0 +1,163 @@
+import collections
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO, need_gpu, need_module, sample_blobs
+
+dali = need_module("nvidia.dali")
+need_module("torch")  # DALI's PyTorch iterator, as training uses it
+
+from nvidia.dali import pipeline_def  # noqa: E402
+from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy  # noqa: E402
+
+import zarrfs  # noqa: E402
+import zarrfs.dali  # noqa: E402
+
+N = 23  # samples in index_store: uneven shards, partial last batches
+
+
+def epochs(sample_dir, n_epochs=2, batch_size=4, **reader):
+    """The global indices each epoch of one reader yields (sample k holds k)."""
+
+    @pipeline_def(batch_size=batch_size, num_threads=2, device_id=None, seed=5)
+    def pipe():
+        return zarrfs.dali.numpy_reader(sample_dir, **reader)
+
+    p = pipe()
+    it = DALIGenericIterator([p], ["x"], reader_name=os.path.basename(sample_dir),
+                             last_batch_policy=LastBatchPolicy.PARTIAL)
+    out = []
+    for _ in range(n_epochs):
+        got = []
+        for b in it:
+            got += [int(round(float(v))) for v in b[0]["x"][:, 0, 0]]
+        it.reset()
+        out.append(got)
+    return out
+
+
+def check_cover(per_rank, world, shuffle):
+    """Each epoch of each rank reads its contiguous block once; together every sample once."""
+    for rank, eps in enumerate(per_rank):
+        first, step, count = zarrfs.shard_of(N, rank, world)
+        block = list(range(first, first + count))
+        for e, got in enumerate(eps):
+            assert sorted(got) == block, (rank, e, got)
+            if not shuffle:
+                assert got == block
+    for e in range(len(per_rank[0])):
+        counts = collections.Counter(k for eps in per_rank for k in eps[e])
+        assert sorted(counts) == list(range(N)) and set(counts.values()) == {1}
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
+def test_plain_mount(mount, index_store, world, shuffle):
+    m = mount(index_store)
+    x = os.path.join(m.path, "x")
+    per_rank = [epochs(x, rank=r, world=world, shuffle=shuffle) for r in range(world)]
+    check_cover(per_rank, world, shuffle)
+    if shuffle and N // world > 3:
+        assert per_rank[0][0] != per_rank[0][1], "shuffle=True gives each epoch its own order"
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
+def test_per_rank_direct_mounts(mount, index_store, world, shuffle):
+    per_rank = []
+    for r in range(world):
+        m = mount(index_store, rank=r, world=world, direct=True, readahead=0)
+        x = os.path.join(m.path, "x")
+        assert os.path.islink(os.path.join(x, zarrfs.SampleDir(x).names[0]))
+        per_rank.append(epochs(x, shuffle=shuffle))
+    check_cover(per_rank, world, shuffle)
+
+
+def test_building_fills_nothing(mount, index_store):
+    """On a direct mount, building the pipeline resolves no link; reading fills what it reads."""
+    m = mount(index_store, direct=True, readahead=0)
+    x = os.path.join(m.path, "x")
+
+    @pipeline_def(batch_size=4, num_threads=1, device_id=None)
+    def pipe():
+        return zarrfs.dali.numpy_reader(x, rank=1, world=2)
+
+    p = pipe()
+    p.build()
+    assert p.reader_meta("x")["epoch_size"] == 12  # rank 1 of 2 holds samples 11..22
+    assert sample_blobs(m.cache, "x") == []
+    out = p.run()[0].as_array()
+    assert [int(v) for v in out[:, 0, 0]] == [11, 12, 13, 14]
+    filled = sample_blobs(m.cache, "x")
+    assert {"11.npy", "12.npy", "13.npy", "14.npy"} <= set(filled) and "00.npy" not in filled
+
+
+def test_rank_files(mount, index_store):
+    m = mount(index_store)
+    x = os.path.join(m.path, "x")
+    assert zarrfs.dali.rank_files(x) == [f"{k:02d}.npy" for k in range(N)]
+    assert zarrfs.dali.rank_files(x, 0, 2) == [f"{k:02d}.npy" for k in range(11)]
+    assert zarrfs.dali.rank_files(x, 1, 2) == [f"{k:02d}.npy" for k in range(11, N)]
+    assert zarrfs.dali.rank_files(x, 1, 3, "interleaved") == [f"{k:02d}.npy" for k in range(1, N, 3)]
+    r = mount(index_store, rank=1, world=3, shard="interleaved")
+    rx = os.path.join(r.path, "x")
+    assert zarrfs.dali.rank_files(rx) == [f"{k:02d}.npy" for k in range(1, N, 3)]
+    assert zarrfs.dali.rank_files(rx, 1, 3) == zarrfs.dali.rank_files(rx)
+    with pytest.raises(ValueError, match="lists the samples of rank 1 of 3"):
+        zarrfs.dali.rank_files(rx, 0, 2)
+
+
+def test_gpu_needs_a_direct_mount(mount, index_store):
+    m = mount(index_store)
+
+    @pipeline_def(batch_size=2, num_threads=1, device_id=0)
+    def pipe():
+        return zarrfs.dali.numpy_reader(os.path.join(m.path, "x"), device="gpu")
+
+    with pytest.raises(ValueError, match="cuFile, which cannot read files on FUSE; mount with --direct"):
+        pipe()
+
+
+def test_reader_refuses_its_own_arguments(mount, index_store):
+    m = mount(index_store)
+
+    @pipeline_def(batch_size=2, num_threads=1, device_id=None)
+    def pipe():
+        return zarrfs.dali.numpy_reader(os.path.join(m.path, "x"), num_shards=2)
+
+    with pytest.raises(TypeError, match="sets num_shards itself"):
+        pipe()
+
+
+def test_example_pipeline(mount, index_store):
+    m = mount(index_store)
+    ex = os.path.join(REPO, "python", "examples", "dali_training.py")
+    env = dict(os.environ, RANK="1", WORLD_SIZE="2")
+    out = subprocess.run([sys.executable, ex, os.path.join(m.path, "x"), "--cpu", "--epochs", "2",
+                          "--batch-size", "4"], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = [l for l in out.stdout.splitlines() if l.startswith("rank 1/2 epoch")]
+    assert len(lines) == 2 and all(": 12 samples in" in l for l in lines), out.stdout
+
+
+@pytest.mark.gpu
+def test_gpu_reader_on_direct_mount(mount, index_store):
+    need_gpu()
+    m = mount(index_store, direct=True)
+    x = os.path.join(m.path, "x")
+
+    @pipeline_def(batch_size=4, num_threads=1, device_id=0)
+    def pipe():
+        return zarrfs.dali.numpy_reader(x, device="gpu", pad_last_batch=False)
+
+    p = pipe()
+    p.build()
+    got = []
+    while len(got) < N:
+        got += [int(v) for v in p.run()[0].as_cpu().as_array()[:, 0, 0]]
+    assert got[:N] == list(range(N))
+    np.testing.assert_array_equal(np.load(os.path.join(x, "05.npy"))[0, 0], 5)
