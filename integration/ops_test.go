@@ -131,7 +131,7 @@ func TestFstabMountStatusUnmount(t *testing.T) {
 	if !zstdCPU {
 		t.Errorf("status names no zstd chunks decoded on the CPU: %+v", st.Decode)
 	}
-	if text, _, _ := zarrfsRun(t, "status", mnt); !strings.Contains(text, "cache") || !strings.Contains(text, "64.0 MiB") {
+	if text, _, _ := zarrfsRun(t, "status", mnt); !strings.Contains(text, "cache") || !strings.Contains(text, "64 MiB") {
 		t.Errorf("status text:\n%s", text)
 	}
 	if _, stderr, code := zarrfsRun(t, "unmount", mnt); code != 0 {

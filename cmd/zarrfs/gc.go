@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	zfs "github.com/zarrfs/zarrfs/fs"
+	"github.com/zarrfs/zarrfs/internal/memory"
 )
 
 func newCacheCmd() *cobra.Command {
@@ -67,7 +68,7 @@ func prune(ctx context.Context, o *opened, out io.Writer) error {
 			kept++
 		}
 	}
-	fmt.Fprintf(out, "zarrfs: removed %d stale files (%s) from %s", removed, humanBytes(bytes), o.cache.BlobDir(o.lay.ID))
+	fmt.Fprintf(out, "zarrfs: removed %d stale files (%s) from %s", removed, memory.Human(bytes), o.cache.BlobDir(o.lay.ID))
 	if kept > 0 {
 		fmt.Fprintf(out, "; %d in use kept", kept)
 	}

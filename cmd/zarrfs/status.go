@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/zarrfs/zarrfs/cache"
+	"github.com/zarrfs/zarrfs/internal/memory"
 )
 
 func newStatusCmd() *cobra.Command {
@@ -144,7 +145,7 @@ func printStatus(w io.Writer, d statusDoc) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	budget := "unlimited"
 	if d.Cache.BudgetB > 0 {
-		budget = humanBytes(d.Cache.BudgetB)
+		budget = memory.Human(d.Cache.BudgetB)
 	}
 	hit := "-"
 	if n := d.Cache.Hits + d.Cache.Misses; n > 0 {
@@ -159,13 +160,13 @@ func printStatus(w io.Writer, d statusDoc) {
 	fmt.Fprintf(tw, "daemon\tpid %d, up %s\n", d.PID, (time.Duration(d.UptimeSeconds) * time.Second).String())
 	fmt.Fprintf(tw, "flags\t%s\n", strings.Join(d.Args, " "))
 	fmt.Fprintf(tw, "mode\t%s; rank %d of %d; %d arrays, %d files\n", mode, d.Mount.Rank, d.Mount.World, d.Mount.Arrays, d.Mount.Files)
-	fmt.Fprintf(tw, "cache\t%s of %s used, %d files, blobs mode %s (%s)\n", humanBytes(d.Cache.UsedB), budget, d.Cache.Files, d.Cache.BlobMode, d.Cache.Dir)
+	fmt.Fprintf(tw, "cache\t%s of %s used, %d files, blobs mode %s (%s)\n", memory.Human(d.Cache.UsedB), budget, d.Cache.Files, d.Cache.BlobMode, d.Cache.Dir)
 	fmt.Fprintf(tw, "opens\t%d (hits %s: %d, fills %d, %d in flight); %d files open now\n", d.Mount.Opens, hit, d.Cache.Hits, d.Cache.Misses, d.Cache.Filling, d.Mount.OpenFiles)
-	fmt.Fprintf(tw, "evictions\t%d (%s)\n", d.Cache.Evictions, humanBytes(d.Cache.EvictedB))
-	fmt.Fprintf(tw, "source\t%s fetched; %d chunks decoded, %d missing (fill value)\n", humanBytes(d.Reads.BytesFetched), d.Reads.ChunksDecoded, d.Reads.ChunksMissing)
-	fmt.Fprintf(tw, "decoding\t%s; GPUs hold %s device, %s pinned\n", d.Decode.Placement, humanBytes(d.Decode.GPUDeviceB), humanBytes(d.Decode.GPUPinnedB))
+	fmt.Fprintf(tw, "evictions\t%d (%s)\n", d.Cache.Evictions, memory.Human(d.Cache.EvictedB))
+	fmt.Fprintf(tw, "source\t%s fetched; %d chunks decoded, %d missing (fill value)\n", memory.Human(d.Reads.BytesFetched), d.Reads.ChunksDecoded, d.Reads.ChunksMissing)
+	fmt.Fprintf(tw, "decoding\t%s; GPUs hold %s device, %s pinned\n", d.Decode.Placement, memory.Human(d.Decode.GPUDeviceB), memory.Human(d.Decode.GPUPinnedB))
 	for _, r := range d.Decode.Decoded {
-		fmt.Fprintf(tw, "\t%s on %s: %d chunks, %s\n", r.Codec, r.Device, r.Chunks, humanBytes(r.Bytes))
+		fmt.Fprintf(tw, "\t%s on %s: %d chunks, %s\n", r.Codec, r.Device, r.Chunks, memory.Human(r.Bytes))
 	}
 	if len(d.Errors) == 0 {
 		fmt.Fprintf(tw, "errors\tnone\n")
@@ -189,9 +190,9 @@ func printCacheSummary(w io.Writer, s cache.Summary) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "cache\t%s\n", s.Dir)
 	fmt.Fprintf(tw, "used\t%s in %d files: %s in %d blobs, %s in %d compressed chunks\n",
-		humanBytes(s.BlobBytes+s.ChunkBytes), s.Blobs+s.Chunks, humanBytes(s.BlobBytes), s.Blobs, humanBytes(s.ChunkBytes), s.Chunks)
+		memory.Human(s.BlobBytes+s.ChunkBytes), s.Blobs+s.Chunks, memory.Human(s.BlobBytes), s.Blobs, memory.Human(s.ChunkBytes), s.Chunks)
 	for _, l := range s.Layouts {
-		fmt.Fprintf(tw, "layout\t%s: %d blobs, %s\n", l.ID, l.Blobs, humanBytes(l.Bytes))
+		fmt.Fprintf(tw, "layout\t%s: %d blobs, %s\n", l.ID, l.Blobs, memory.Human(l.Bytes))
 	}
 	fmt.Fprintf(tw, "instances\t%d running\n", s.Running)
 	tw.Flush()

@@ -20,6 +20,7 @@ import (
 
 	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/internal/memory"
 )
 
 type warmFlags struct {
@@ -160,7 +161,7 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 	// a mount then fetches again: refuse it before any work.
 	if budget := c.Budget(); budget > 0 && plan.Bytes > budget {
 		return fmt.Errorf("the %s to warm (%s) do not fit the cache budget (%s); raise --cache-size or warm fewer (--only, --samples, --rank/--world)",
-			files(len(plan.Blobs)), humanBytes(plan.Bytes), humanBytes(budget))
+			files(len(plan.Blobs)), memory.Human(plan.Bytes), memory.Human(budget))
 	}
 	var todo []layout.Blob
 	var todoBytes int64
@@ -181,7 +182,7 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 		for _, d := range plan.Dirs {
 			fmt.Fprintf(out, "%s\t%s\n", d, path.Join(dir, d))
 		}
-		fmt.Fprintf(out, "zarrfs: nothing to do: %s (%s) already warm in %s\n", files(len(plan.Blobs)), humanBytes(plan.Bytes), dir)
+		fmt.Fprintf(out, "zarrfs: nothing to do: %s (%s) already warm in %s\n", files(len(plan.Blobs)), memory.Human(plan.Bytes), dir)
 		if f.prune {
 			return prune(ctx, o, out)
 		}
@@ -255,7 +256,7 @@ feed:
 	}
 	rate := float64(doneBytes.Load()) / el.Seconds()
 	fmt.Fprintf(out, "zarrfs: warmed %s (%s) in %s, %s/s; %d already warm; cache %s\n",
-		files(int(done.Load())), humanBytes(doneBytes.Load()), el.Round(time.Millisecond), humanBytes(int64(rate)),
+		files(int(done.Load())), memory.Human(doneBytes.Load()), el.Round(time.Millisecond), memory.Human(int64(rate)),
 		len(plan.Blobs)-len(todo), dir)
 	logWork(log, "warm", o)
 	if onGPU, _ := o.dec.Ready(ctx); onGPU {
@@ -263,7 +264,7 @@ feed:
 		// unless it refused some (they decode on the CPU instead).
 		s := o.dec.GPUStats()
 		fmt.Fprintf(out, "zarrfs: the GPU decoded %d of %d chunks (%s); it refused %d (decoded on the CPU) and found %d corrupt\n",
-			s.Chunks, o.stats.ChunksDecoded.Load(), humanBytes(s.Bytes), s.Refused, s.Corrupt)
+			s.Chunks, o.stats.ChunksDecoded.Load(), memory.Human(s.Bytes), s.Refused, s.Corrupt)
 	}
 	if n := failed.Load(); n > 0 {
 		return fmt.Errorf("%s failed, first: %w", files(int(n)), firstErr)
@@ -315,17 +316,4 @@ func warmOne(ctx context.Context, c *cache.Cache, lay *layout.Layout, b layout.B
 		}
 		return h.Close()
 	})
-}
-
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

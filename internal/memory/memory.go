@@ -21,6 +21,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/dustin/go-humanize"
 )
 
 // ErrExceeded is returned (wrapped) when a request is larger than the whole
@@ -151,18 +153,12 @@ func (b *Budget) wake() {
 	}
 }
 
-// Human formats a byte count with a binary unit ("1.5 GiB").
+// Human formats a byte count with a binary unit ("1.5 GiB", "64 MiB").
 func Human(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
+	if n < 0 {
+		return "-" + humanize.IBytes(uint64(-n))
 	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+	return humanize.IBytes(uint64(n))
 }
 
 // Available is the memory this process may use: the machine's physical
