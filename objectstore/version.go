@@ -342,102 +342,88 @@ func (s *S3) ListVersions(ctx context.Context, prefix string, fn func(key, versi
 	return nil
 }
 
-// The Retry decorator retries versioned reads as it retries plain ones. A
-// listing that fails midway is started over; fn may then see a key twice.
+// The Retry and Breaker decorators pass versioned reads and listings through
+// their do, as they do plain ones: Retry retries them (a listing that fails
+// midway is started over; fn may then see a key twice), Breaker gates them.
 
-func (r *Retry) versioned() bool {
-	_, ok := AsVersioned(r.Store)
-	return ok
+// via runs versioned operations on inner through a decorator's do.
+type via struct {
+	inner Store
+	do    func(ctx context.Context, op, key string, f func(ctx context.Context) error) error
 }
 
-// GetVersion retries the inner store's GetVersion.
-func (r *Retry) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
-	v, ok := AsVersioned(r.Store)
+func (w via) versioned() (Versioned, bool) { return AsVersioned(w.inner) }
+
+func (w via) getVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
+	v, ok := w.versioned()
 	if !ok {
-		return nil, "", &Error{Op: "get", Store: r.ID(), Key: key, Err: errNotVersioned}
-	}
-	var b []byte
-	var ver string
-	err := r.do(ctx, "get", key, func(ctx context.Context) (err error) {
-		b, ver, err = v.GetVersion(ctx, key, buf)
-		return err
-	})
-	return b, ver, err
-}
-
-// GetRangeVersion retries the inner store's GetRangeVersion.
-func (r *Retry) GetRangeVersion(ctx context.Context, key string, off, length int64) ([]byte, string, error) {
-	v, ok := AsVersioned(r.Store)
-	if !ok {
-		return nil, "", &Error{Op: "get range", Store: r.ID(), Key: key, Err: errNotVersioned}
-	}
-	var b []byte
-	var ver string
-	err := r.do(ctx, "get range", key, func(ctx context.Context) (err error) {
-		b, ver, err = v.GetRangeVersion(ctx, key, off, length)
-		return err
-	})
-	return b, ver, err
-}
-
-// ListVersions retries the inner store's ListVersions.
-func (r *Retry) ListVersions(ctx context.Context, prefix string, fn func(key, version string)) error {
-	v, ok := AsVersioned(r.Store)
-	if !ok {
-		return &Error{Op: "list", Store: r.ID(), Key: prefix, Err: errNotVersioned}
-	}
-	return r.do(ctx, "list", prefix, func(ctx context.Context) error {
-		return v.ListVersions(ctx, prefix, fn)
-	})
-}
-
-var errNotVersioned = fmt.Errorf("store cannot tell object versions")
-
-// The Breaker passes versioned reads and listings through its gate as it
-// does plain ones.
-
-func (b *Breaker) versioned() bool {
-	_, ok := AsVersioned(b.Store)
-	return ok
-}
-
-// GetVersion forwards to the inner store's GetVersion.
-func (b *Breaker) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
-	v, ok := AsVersioned(b.Store)
-	if !ok {
-		return nil, "", &Error{Op: "get", Store: b.ID(), Key: key, Err: errNotVersioned}
+		return nil, "", &Error{Op: "get", Store: w.inner.ID(), Key: key, Err: errNotVersioned}
 	}
 	var out []byte
 	var ver string
-	err := b.do(ctx, "get", key, func(ctx context.Context) (err error) {
+	err := w.do(ctx, "get", key, func(ctx context.Context) (err error) {
 		out, ver, err = v.GetVersion(ctx, key, buf)
 		return err
 	})
 	return out, ver, err
 }
 
-// GetRangeVersion forwards to the inner store's GetRangeVersion.
-func (b *Breaker) GetRangeVersion(ctx context.Context, key string, off, length int64) ([]byte, string, error) {
-	v, ok := AsVersioned(b.Store)
+func (w via) getRangeVersion(ctx context.Context, key string, off, length int64) ([]byte, string, error) {
+	v, ok := w.versioned()
 	if !ok {
-		return nil, "", &Error{Op: "get range", Store: b.ID(), Key: key, Err: errNotVersioned}
+		return nil, "", &Error{Op: "get range", Store: w.inner.ID(), Key: key, Err: errNotVersioned}
 	}
 	var out []byte
 	var ver string
-	err := b.do(ctx, "get range", key, func(ctx context.Context) (err error) {
+	err := w.do(ctx, "get range", key, func(ctx context.Context) (err error) {
 		out, ver, err = v.GetRangeVersion(ctx, key, off, length)
 		return err
 	})
 	return out, ver, err
 }
 
-// ListVersions forwards to the inner store's ListVersions.
-func (b *Breaker) ListVersions(ctx context.Context, prefix string, fn func(key, version string)) error {
-	v, ok := AsVersioned(b.Store)
+func (w via) listVersions(ctx context.Context, prefix string, fn func(key, version string)) error {
+	v, ok := w.versioned()
 	if !ok {
-		return &Error{Op: "list", Store: b.ID(), Key: prefix, Err: errNotVersioned}
+		return &Error{Op: "list", Store: w.inner.ID(), Key: prefix, Err: errNotVersioned}
 	}
-	return b.do(ctx, "list", prefix, func(ctx context.Context) error {
+	return w.do(ctx, "list", prefix, func(ctx context.Context) error {
 		return v.ListVersions(ctx, prefix, fn)
 	})
+}
+
+var errNotVersioned = fmt.Errorf("store cannot tell object versions")
+
+func (r *Retry) versioned() bool { _, ok := AsVersioned(r.Store); return ok }
+
+// GetVersion retries the inner store's GetVersion.
+func (r *Retry) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
+	return via{r.Store, r.do}.getVersion(ctx, key, buf)
+}
+
+// GetRangeVersion retries the inner store's GetRangeVersion.
+func (r *Retry) GetRangeVersion(ctx context.Context, key string, off, length int64) ([]byte, string, error) {
+	return via{r.Store, r.do}.getRangeVersion(ctx, key, off, length)
+}
+
+// ListVersions retries the inner store's ListVersions.
+func (r *Retry) ListVersions(ctx context.Context, prefix string, fn func(key, version string)) error {
+	return via{r.Store, r.do}.listVersions(ctx, prefix, fn)
+}
+
+func (b *Breaker) versioned() bool { _, ok := AsVersioned(b.Store); return ok }
+
+// GetVersion forwards to the inner store's GetVersion through the breaker.
+func (b *Breaker) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
+	return via{b.Store, b.do}.getVersion(ctx, key, buf)
+}
+
+// GetRangeVersion forwards to the inner store's GetRangeVersion through the breaker.
+func (b *Breaker) GetRangeVersion(ctx context.Context, key string, off, length int64) ([]byte, string, error) {
+	return via{b.Store, b.do}.getRangeVersion(ctx, key, off, length)
+}
+
+// ListVersions forwards to the inner store's ListVersions through the breaker.
+func (b *Breaker) ListVersions(ctx context.Context, prefix string, fn func(key, version string)) error {
+	return via{b.Store, b.do}.listVersions(ctx, prefix, fn)
 }
