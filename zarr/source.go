@@ -1,0 +1,212 @@
+package zarr
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/zarrfs/zarrfs/objectstore"
+)
+
+// source reads the bytes of one chunk or shard: a store key or a slice of
+// an enclosing shard already in memory. Each read also returns, for bytes
+// fetched fresh from a store, the key under which they may go to the source
+// cache once verified ("" otherwise). version is the listed version of the
+// object the bytes come from ("" when the array has no listing): part of
+// every in-memory cache key, so bytes of one version never stand in for
+// another's.
+type source interface {
+	whole(ctx context.Context) ([]byte, string, error)
+	rng(ctx context.Context, off, n int64) ([]byte, string, error)
+	suffix(ctx context.Context, n int64) ([]byte, string, error)
+	version() string
+}
+
+type storeSource struct {
+	h   *Hierarchy
+	sem chan struct{}
+	key string
+	// hint is the chunk's decoded size (about the most its compressed bytes
+	// take), or 0 to leave the chunk out of the decoder's memory: only a
+	// whole compressed chunk, whose buffer release frees, may use it.
+	hint int
+	meta string // the array's MetaHash: cached bytes never outlive their metadata
+	// listing is the array's listing when the Read started, nil for none.
+	listing *Listing
+}
+
+func (s storeSource) version() string {
+	if s.listing == nil {
+		return ""
+	}
+	v, _, _ := s.listing.Version(s.key)
+	return v
+}
+
+// errNotListed is what a read of an object the listing lacks returns: the
+// chunk is missing as far as the listing knows, which is what the bytes
+// built from it must agree with.
+var errNotListed = fmt.Errorf("%w: not in the array's listing", objectstore.ErrNotFound)
+
+// do fetches bytes of s.key: f reads them from the store and returns their
+// version ("" from a store that cannot tell). With a listing, an object it
+// lacks is missing without a request, compressed bytes of the listed
+// version come from the source cache without a request, and a fetch that
+// finds another version fails with ErrChanged. Without one, the source
+// cache is keyed by metadata (a store that cannot tell versions).
+func (s storeSource) do(ctx context.Context, ck string, f func() ([]byte, string, error)) ([]byte, string, error) {
+	sc := s.h.opts.SourceCache
+	want, listed := "", false
+	if s.listing != nil {
+		var err error
+		if want, listed, err = s.listing.Version(s.key); err != nil {
+			return nil, "", err
+		} else if !listed {
+			return nil, "", errNotListed
+		}
+	}
+	base := ""
+	if sc != nil {
+		base = objectstore.Identity(s.h.Store) + "\x00" + ck
+		lookup := base + "\x00" + want
+		if s.listing == nil {
+			lookup = objectstore.Identity(s.h.Store) + "\x00" + s.meta + "\x00" + ck
+		}
+		if b, ok := sc.Get(lookup); ok {
+			return b, "", nil
+		}
+	}
+	select {
+	case s.sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, "", ctx.Err()
+	}
+	defer func() { <-s.sem }()
+	s.h.stats.Requests.Add(1)
+	b, ver, err := f()
+	s.h.stats.BytesFetched.Add(int64(len(b)))
+	if s.listing != nil {
+		switch {
+		case objectstore.IsNotFound(err):
+			err = fmt.Errorf("%w: listed as version %s, now absent", ErrChanged, want)
+		case err == nil && ver != want:
+			err = fmt.Errorf("%w: listed as version %s, read version %s", ErrChanged, want, ver)
+		}
+	}
+	switch {
+	case sc == nil || err != nil:
+		return b, "", err
+	case ver != "":
+		return b, base + "\x00" + ver, nil
+	case s.listing == nil:
+		return b, objectstore.Identity(s.h.Store) + "\x00" + s.meta + "\x00" + ck, nil
+	}
+	return b, "", nil
+}
+
+func (s storeSource) whole(ctx context.Context) ([]byte, string, error) {
+	vs, versioned := objectstore.AsVersioned(s.h.Store)
+	gi, into := s.h.Store.(objectstore.GetterInto)
+	get := func(buf []byte) ([]byte, string, error) {
+		switch {
+		case versioned:
+			return vs.GetVersion(ctx, s.key, buf)
+		case into:
+			b, err := gi.GetInto(ctx, s.key, buf)
+			return b, "", err
+		}
+		b, err := s.h.Store.Get(ctx, s.key)
+		return b, "", err
+	}
+	if !versioned && !into {
+		return s.do(ctx, s.key, func() ([]byte, string, error) { return get(nil) })
+	}
+	if mem := s.h.mem; mem != nil && s.hint > 0 {
+		// Into the decoder's memory, which it reads without a copy. A
+		// chunk larger than the room (incompressible beyond the
+		// framing's slack) lands in memory of the store's own.
+		return s.do(ctx, s.key, func() ([]byte, string, error) {
+			buf := mem.HostAlloc(s.hint + s.hint/64 + 4096)
+			b, ver, err := get(buf[:0])
+			switch {
+			case err != nil:
+				mem.HostFree(buf)
+				return nil, ver, err
+			case len(b) == 0:
+				mem.HostFree(buf)
+				return []byte{}, ver, nil // not buf[:0]: release would free buf again
+			case &b[0] != &buf[0]:
+				mem.HostFree(buf) // b is the store's own
+			}
+			return b, ver, nil
+		})
+	}
+	return s.do(ctx, s.key, func() ([]byte, string, error) { return get(getEncBuf()) })
+}
+
+func (s storeSource) getRange(ctx context.Context, off, n int64) ([]byte, string, error) {
+	if vs, ok := objectstore.AsVersioned(s.h.Store); ok {
+		return vs.GetRangeVersion(ctx, s.key, off, n)
+	}
+	b, err := s.h.Store.GetRange(ctx, s.key, off, n)
+	return b, "", err
+}
+
+func (s storeSource) rng(ctx context.Context, off, n int64) ([]byte, string, error) {
+	return s.do(ctx, fmt.Sprintf("%s\x00%d+%d", s.key, off, n), func() ([]byte, string, error) { return s.getRange(ctx, off, n) })
+}
+
+func (s storeSource) suffix(ctx context.Context, n int64) ([]byte, string, error) {
+	return s.do(ctx, fmt.Sprintf("%s\x00-%d", s.key, n), func() ([]byte, string, error) { return s.getRange(ctx, -1, n) })
+}
+
+// lendHint is storeSource.hint for a's chunks.
+func (a *Array) lendHint() int {
+	if a.pipe.shard != nil || !a.pipe.compressed() {
+		return 0 // inner chunks alias the shard's buffer; raw bytes alias theirs
+	}
+	return int(product(a.Chunks)) * a.DType.Size
+}
+
+// compressed reports whether a bytes-to-bytes codec other than crc32c
+// transforms the chunk, so its decoded bytes never alias the fetched ones.
+func (p *pipeline) compressed() bool {
+	for _, c := range p.bb {
+		if !c.crc32c {
+			return true
+		}
+	}
+	return false
+}
+
+// nonNil marks an empty object as fetched (a nil slice means "not fetched").
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
+
+// memSource is a nested shard already in memory, of the version of the
+// object it came from.
+type memSource struct {
+	b   []byte
+	ver string
+}
+
+func (m memSource) version() string { return m.ver }
+
+func (m memSource) whole(context.Context) ([]byte, string, error) { return m.b, "", nil }
+
+func (m memSource) rng(_ context.Context, off, n int64) ([]byte, string, error) {
+	if off < 0 || n < 0 || off > int64(len(m.b)) || n > int64(len(m.b))-off {
+		return nil, "", fmt.Errorf("%w: range %d+%d past the end of a %d-byte shard", ErrCorrupt, off, n, len(m.b))
+	}
+	return m.b[off : off+n], "", nil
+}
+
+func (m memSource) suffix(_ context.Context, n int64) ([]byte, string, error) {
+	if n > int64(len(m.b)) {
+		return nil, "", fmt.Errorf("%w: shard of %d bytes is shorter than its %d-byte index", ErrCorrupt, len(m.b), n)
+	}
+	return m.b[int64(len(m.b))-n:], "", nil
+}
