@@ -123,6 +123,7 @@ type gpuDecoder interface {
 	Close() error
 	Info() gpu.Info
 	MemoryHeld() (device, staging, lent int64)
+	HostLent() int64
 	Stats() gpu.Stats
 }
 
@@ -160,14 +161,17 @@ func (o Options) gpuOptions() (gpu.Options, error) {
 		return g, fmt.Errorf("%w: --gpu-memory %s leaves %s for decoding after the CUDA context; give at least %s",
 			ErrBudget, size(o.GPUMemory), size(max(dev, 0)), size(ContextBytes+minRoundBytes*2))
 	}
-	lent := o.PinnedMemory - batch
+	// The staging holds a round's input and output, and an eighth more for
+	// the pieces that must be realigned.
+	staging := batch + batch/8
+	lent := o.PinnedMemory - staging
 	if lent < minLentBytes {
 		return g, fmt.Errorf("%w: --pinned-memory %s: decoding stages %s of it; give at least %s",
-			ErrBudget, size(o.PinnedMemory), size(batch), size(batch+minLentBytes))
+			ErrBudget, size(o.PinnedMemory), size(staging), size(staging+minLentBytes))
 	}
 	g.DeviceBytes, g.MaxBatchBytes = dev, batch
 	g.Streams = int(min(max(batch/(256<<20), 2), 4))
-	g.StagingBytes, g.HostBytes = batch+batch/8, lent
+	g.StagingBytes, g.HostBytes = staging, lent
 	return g, nil
 }
 
@@ -402,13 +406,19 @@ func (p *Pipeline) sleepWhenIdle() {
 	t := time.NewTicker(max(idle/4, 10*time.Millisecond))
 	defer t.Stop()
 	for range t.C {
+		// wakeMu is held from the check to the last Close: a wake meanwhile
+		// would open the same devices' primary contexts, which the closing
+		// decoders then reset under it.
+		p.wakeMu.Lock()
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
+			p.wakeMu.Unlock()
 			return
 		}
-		if p.asleep.Load() || len(p.gpus) == 0 || p.active.Load() > 0 || time.Since(time.Unix(0, p.lastUse.Load())) < idle {
+		if p.asleep.Load() || len(p.gpus) == 0 || p.active.Load() > 0 || time.Since(time.Unix(0, p.lastUse.Load())) < idle || p.lentLocked() {
 			p.mu.Unlock()
+			p.wakeMu.Unlock()
 			continue
 		}
 		gpus := p.gpus
@@ -426,8 +436,23 @@ func (p *Pipeline) sleepWhenIdle() {
 			p.retired = p.retired.Add(g.Stats())
 		}
 		p.mu.Unlock()
+		p.wakeMu.Unlock()
 		p.log.Debug("idle: GPUs given back", "after", idle)
 	}
+}
+
+// lentLocked reports whether a GPU has pinned memory lent out: a GPU
+// closed then would keep that memory mapped for good (a buffer is given
+// back to the GPU that lends now), so the GPUs sleep only with nothing
+// lent. The lender lends and takes back under p.mu, so nothing is lent
+// between this check and the swap of the route. The caller holds p.mu.
+func (p *Pipeline) lentLocked() bool {
+	for _, g := range p.gpus {
+		if g.HostLent() > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // wake starts the GPUs again after sleepWhenIdle: in the background in
@@ -441,6 +466,10 @@ func (p *Pipeline) wake() {
 			return
 		}
 		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return
+		}
 		p.woke = true
 		p.mu.Unlock()
 		if err := p.openGPUs(); err != nil {
@@ -489,18 +518,14 @@ func (p *Pipeline) Memory() codec.HostMemory {
 // takes it.
 type lender struct{ p *Pipeline }
 
-func (l lender) first() (g gpuDecoder, closed bool) {
+// HostAlloc and HostFree run under p.mu, so that the GPU that lends is
+// the one that takes back: a GPU goes to sleep only with nothing lent
+// (lentLocked), and none lends while it is being put to sleep.
+func (l lender) HostAlloc(n int) []byte {
 	l.p.mu.Lock()
 	defer l.p.mu.Unlock()
-	if len(l.p.gpus) == 0 || l.p.closed {
-		return nil, l.p.closed
-	}
-	return l.p.gpus[0], false
-}
-
-func (l lender) HostAlloc(n int) []byte {
-	if g, _ := l.first(); g != nil {
-		return g.HostAlloc(n)
+	if len(l.p.gpus) > 0 && !l.p.closed {
+		return l.p.gpus[0].HostAlloc(n)
 	}
 	return getPooled(n)
 }
@@ -508,10 +533,13 @@ func (l lender) HostAlloc(n int) []byte {
 // HostFree after Close drops the buffer: it may be pinned memory the
 // closed GPU has unmapped.
 func (l lender) HostFree(b []byte) {
-	switch g, closed := l.first(); {
-	case g != nil:
-		g.HostFree(b)
-	case !closed:
+	l.p.mu.Lock()
+	defer l.p.mu.Unlock()
+	switch {
+	case l.p.closed:
+	case len(l.p.gpus) > 0:
+		l.p.gpus[0].HostFree(b)
+	default:
 		putPooled(b)
 	}
 }

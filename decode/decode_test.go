@@ -68,7 +68,12 @@ func (g *fakeGPU) HostFree(b []byte) {
 
 func (g *fakeGPU) Close() error                      { g.closed.Store(true); return nil }
 func (g *fakeGPU) MemoryHeld() (int64, int64, int64) { return 1, 2, 3 }
-func (g *fakeGPU) Stats() gpu.Stats                  { return gpu.Stats{Chunks: g.decoded.Load()} }
+func (g *fakeGPU) HostLent() int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return int64(len(g.lent))
+}
+func (g *fakeGPU) Stats() gpu.Stats { return gpu.Stats{Chunks: g.decoded.Load()} }
 func (g *fakeGPU) Info() gpu.Info {
 	return gpu.Info{Available: true, Device: fmt.Sprintf("fake %d", g.dev)}
 }
@@ -347,9 +352,12 @@ func TestBudgets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if g.DeviceBytes != 512<<20 || g.MaxBatchBytes != 256<<20 || g.Streams != 2 || g.HostBytes != 2<<30-256<<20 ||
+	if g.DeviceBytes != 512<<20 || g.MaxBatchBytes != 256<<20 || g.Streams != 2 || g.HostBytes != 2<<30-288<<20 ||
 		g.StagingBytes != 288<<20 {
 		t.Errorf("defaults: %+v", g)
+	}
+	if g.StagingBytes+g.HostBytes != 2<<30 {
+		t.Errorf("staging %d and lent %d exceed --pinned-memory", g.StagingBytes, g.HostBytes)
 	}
 	if g, err := (Options{GPUMemory: 8 << 30, PinnedMemory: 8 << 30}).gpuOptions(); err != nil || g.Streams != 4 {
 		t.Errorf("8 GiB: %+v, %v", g, err)
@@ -417,5 +425,46 @@ func TestSleepAndWake(t *testing.T) {
 	}
 	if s := p.GPUStats(); s.Chunks != 2 {
 		t.Errorf("GPUStats across a sleep: %d chunks, want 2", s.Chunks)
+	}
+}
+
+// A GPU with pinned memory lent out does not go to sleep (closed, it would
+// keep that memory mapped for good); once the memory is back it does. A
+// batch after Close opens no GPU again.
+func TestSleepWaitsForLentMemory(t *testing.T) {
+	var made []*fakeGPU
+	opts := fakes(GPU, 1, &made)
+	opts.GPU.HostIdle = 20 * time.Millisecond
+	p, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if on, err := p.Ready(context.Background()); !on || err != nil {
+		t.Fatalf("Ready: %v %v", on, err)
+	}
+	mem := p.Memory()
+	b := mem.HostAlloc(1 << 20)
+	if made[0].HostLent() != 1 {
+		t.Fatalf("the pipeline's memory did not come from its GPU (%d lent)", made[0].HostLent())
+	}
+	time.Sleep(200 * time.Millisecond)
+	if made[0].closed.Load() {
+		t.Fatal("the GPU went to sleep with pinned memory lent out")
+	}
+	mem.HostFree(b)
+	deadline := time.Now().Add(5 * time.Second)
+	for !made[0].closed.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("idle GPU not given back once its memory came back")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	p.Close()
+	if err := p.DecodeBatch(context.Background(), []codec.Job{zstdJob(t)}); err == nil {
+		t.Error("DecodeBatch after Close succeeded")
+	}
+	if len(made) != 1 {
+		t.Errorf("a batch after Close opened %d GPUs again", len(made)-1)
 	}
 }

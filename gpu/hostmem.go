@@ -149,6 +149,10 @@ func (d *Decoder) HostAllocWait(n int, timeout time.Duration) []byte {
 // HostFree returns a buffer HostAlloc lent.
 func (d *Decoder) HostFree(b []byte) { d.host.free(b) }
 
+// HostLent is the pinned memory lent by HostAlloc and not yet given back,
+// in bytes (whole units of the pool).
+func (d *Decoder) HostLent() int64 { return d.host.stats().Lent }
+
 func (p *hostPool) alloc(n int) []byte {
 	size := (n + hostUnit - 1) / hostUnit * hostUnit
 	p.mu.Lock()
@@ -202,7 +206,10 @@ func (p *hostPool) growIfLowLocked(size int) {
 // growLocked maps and registers one arena of n bytes in the background.
 func (p *hostPool) growLocked(n int) {
 	n = (n + hostUnit - 1) / hostUnit * hostUnit
-	if p.growing || p.closed || p.used+int64(n) > p.limit {
+	// Near the limit, a smaller arena: what is left of it, in whole units
+	// (a limit under one arena still lends).
+	n = int(min(int64(n), (p.limit-p.used)/hostUnit*hostUnit))
+	if p.growing || p.closed || n <= 0 {
 		return
 	}
 	p.growing = true

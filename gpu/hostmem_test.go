@@ -19,6 +19,25 @@ func waitArenas(t *testing.T, p *hostPool, n int) {
 	}
 }
 
+// A limit under one arena still lends: the pool maps what the limit
+// allows, in whole units.
+func TestHostPoolUnderOneArena(t *testing.T) {
+	d := &Decoder{}
+	const unit = 8 << 20
+	d.host.unit = unit
+	d.host.limit = unit/2 + hostUnit/2
+	d.host.idle = time.Hour
+	d.host.start()
+	defer d.releaseHost()
+	waitArenas(t, &d.host, 1)
+	if st := d.host.stats(); st.Mapped != unit/2 {
+		t.Errorf("mapped %d bytes under a limit of %d, want %d", st.Mapped, d.host.limit, unit/2)
+	}
+	if b := d.HostAlloc(1 << 20); !d.pinned(b) {
+		t.Error("a pool under one arena lent no pinned memory")
+	}
+}
+
 // TestHostPool checks the lending bookkeeping of HostAlloc without a GPU:
 // a Decoder with no context maps arenas but registers nothing.
 func TestHostPool(t *testing.T) {
@@ -26,7 +45,7 @@ func TestHostPool(t *testing.T) {
 	var unpinned int
 	const unit = 8 << 20
 	d.host.unit = unit
-	d.host.limit = unit + unit/2
+	d.host.limit = unit
 	d.host.idle = time.Hour
 	d.host.unregister = func([]byte) { unpinned++ }
 	if b := d.HostAlloc(10); d.pinned(b) {
