@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync/atomic"
 
+	"github.com/zarrfs/zarrfs/gpu"
 	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
@@ -27,8 +28,12 @@ func (f *fallback) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 		if ctx.Err() != nil {
 			return err
 		}
-		// The device failed as a whole: this batch runs on the CPU.
-		f.warn("decoder failed", err)
+		// The device failed as a whole: this batch runs on the CPU. A
+		// batch that raced a sleep (the GPU closed under it) is no
+		// failure worth the one warning.
+		if !errors.Is(err, gpu.ErrClosed) {
+			f.warn("decoder failed", err)
+		}
 		for i := range jobs {
 			jobs[i].Err = nil
 		}

@@ -25,8 +25,8 @@ import (
 // The device half sits behind the device interface, so that the queueing is
 // tested without a GPU (queue_test.go).
 
-// errClosed is returned by DecodeBatch after Close.
-var errClosed = errors.New("gpu: decoder is closed")
+// ErrClosed is returned by DecodeBatch after Close.
+var ErrClosed = errors.New("gpu: decoder is closed")
 
 // device decodes rounds. submit and collect run on two goroutines, each
 // locked to its OS thread; submit is called only for a buffer set with no
@@ -230,7 +230,7 @@ func (d *Decoder) enqueue(q *request) error {
 	d.qmu.Lock()
 	if d.closing {
 		d.qmu.Unlock()
-		return errClosed
+		return ErrClosed
 	}
 	d.seq++
 	q.seq = d.seq
@@ -299,7 +299,7 @@ func (d *Decoder) submitLoop() {
 		d.runRound(r)
 	}
 	// Close: jobs not yet on the device fail; rounds in flight finish.
-	d.settle(d.roundOf(pending), nil, nil, errClosed)
+	d.settle(d.roundOf(pending), nil, nil, ErrClosed)
 	for range d.opts.Streams {
 		<-d.free
 	}

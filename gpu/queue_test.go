@@ -528,7 +528,7 @@ func TestQueueClose(t *testing.T) {
 	for i, c := range first {
 		c.check(t, fmt.Sprintf("round in flight at Close %d", i))
 	}
-	if err := <-w.err; !errors.Is(err, errClosed) {
+	if err := <-w.err; !errors.Is(err, ErrClosed) {
 		t.Fatalf("caller queued at Close: %v", err)
 	}
 	for k, j := range w.jobs {
@@ -537,7 +537,7 @@ func TestQueueClose(t *testing.T) {
 		}
 	}
 	late := newCaller(2, 1, 0)
-	if err := d.DecodeBatch(context.Background(), late.jobs); !errors.Is(err, errClosed) || !errors.Is(late.jobs[0].Err, codec.ErrUnsupported) {
+	if err := d.DecodeBatch(context.Background(), late.jobs); !errors.Is(err, ErrClosed) || !errors.Is(late.jobs[0].Err, codec.ErrUnsupported) {
 		t.Fatalf("DecodeBatch after Close: %v, job: %v", err, late.jobs[0].Err)
 	}
 	d.Close() // idempotent
