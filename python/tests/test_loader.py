@@ -61,6 +61,21 @@ def test_every_sample_once_per_epoch(mount, index_store, world, shuffle):
         assert epochs[0] == epochs[1]
 
 
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_even_batches(mount, index_store, world):
+    m = mount(index_store)
+    d = os.path.join(m.path, "x")
+    per_rank = []
+    for rank in range(world):
+        l = Loader(d, 2, device="cpu", rank=rank, world=world, shuffle=True, seed=3, even_batches=True)
+        assert len(l.order()) == N // world and len(l) == -(-(N // world) // 2)
+        per_rank.append(epoch_indices(l))
+    flat = [i for r in per_rank for i in r]
+    assert len(flat) == len(set(flat)) == N - N % world
+    order = np.random.default_rng(3).permutation(N)[:N - N % world]
+    assert sorted(flat) == sorted(order.tolist())
+
+
 def test_bytes_equal_numpy_and_coords(mount, index_store):
     m = mount(index_store)
     d = os.path.join(m.path, "x")
@@ -156,3 +171,20 @@ def test_cuda_batches_equal_numpy(mount, index_store):
                 assert row.tobytes() == np.load(f).tobytes()
             seen += coords["index"].tolist()
     assert sorted(seen) == list(range(N))
+
+
+@pytest.mark.gpu
+def test_cuda_second_iteration_stops_the_first(mount, index_store):
+    need_gpu()
+    m = mount(index_store)
+    l = Loader(os.path.join(m.path, "x"), 2, device="cuda", prefetch=2)
+    first = iter(l)
+    next(first)
+    second = list(l)
+    assert sum(len(b) for b, _ in second) == N
+    for batch, coords in second:
+        for row, f in zip(batch.cpu().numpy(), coords["file"]):
+            assert row.tobytes() == np.load(f).tobytes()
+    with pytest.raises(RuntimeError, match="another iteration"):
+        for _ in first:
+            pass

@@ -41,19 +41,27 @@ class Loader:
     each epoch's order (shuffled with ``seed + epoch`` when ``shuffle``, the
     same on every rank) is dealt round robin, as PyTorch's DistributedSampler
     deals it, except that no sample is repeated to even the ranks out: every
-    sample is read exactly once per epoch. Call ``set_epoch(n)`` before each
-    epoch to reshuffle. ``drop_last`` drops a last, smaller batch.
+    sample is read exactly once per epoch. Ranks may then get one sample
+    more or less, and so a different number of batches: under
+    DistributedDataParallel, where every rank must run the same number of
+    steps, pass ``even_batches=True``, which leaves out the last
+    ``len % world`` samples of each epoch's order (as DistributedSampler's
+    ``drop_last=True`` does). Call ``set_epoch(n)`` before each epoch to
+    reshuffle. ``drop_last`` drops a last, smaller batch.
 
     Reading: ``threads`` preads at once (default: the CPUs, at most 16) into
     ``prefetch + 1`` pinned buffers; ``prefetch`` batches are read ahead. The
     loader's threads stop when an epoch's iteration ends, is abandoned, or
     fails; a sample that cannot be read (EIO from the mount: a corrupt chunk)
-    raises an ``OSError`` naming its file.
+    raises an ``OSError`` naming its file. On a GPU one epoch reads at a
+    time (the epochs share the pinned buffers): starting another iteration
+    stops the one before, whose next ``next()`` raises ``RuntimeError``.
     """
 
     def __init__(self, sample_dir, batch_size: int, *, device="cuda", rank: int = 0, world: int = 1,
                  shuffle: bool = False, seed: int = 0, drop_last: bool = False,
-                 threads: Optional[int] = None, prefetch: int = 2, odirect: bool = False):
+                 threads: Optional[int] = None, prefetch: int = 2, odirect: bool = False,
+                 even_batches: bool = False):
         import torch
 
         self.dir = SampleDir(sample_dir)
@@ -66,6 +74,7 @@ class Loader:
         self.batch_size = batch_size
         self.rank, self.world = rank, world
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.even_batches = even_batches
         self.threads = threads or min(os.cpu_count() or 1, 16)
         self.prefetch = prefetch
         self.odirect = odirect
@@ -78,6 +87,7 @@ class Loader:
         self._torch_dtype = _torch_dtype(self.dir.dtype)
         self.path_kind = self._path_kind()
         self._buffers = []
+        self._events = []  # per ring slot: the copy that last read it
         self._active = None
 
     def _path_kind(self) -> str:
@@ -91,11 +101,17 @@ class Loader:
         import torch
         if self._active is not None:
             try:
+                self._active.superseded = True
                 self._active.close()
             except ReferenceError:  # that epoch is gone, and its threads with it
                 pass
+        # The epoch before may have left copies from the ring in flight.
+        for ev in self._events:
+            if ev is not None:
+                ev.synchronize()
         if not self._buffers:
             self._buffers = [torch.empty(size, dtype=torch.uint8).pin_memory() for _ in range(n)]
+        self._events = [None] * len(self._buffers)
         return self._buffers
 
     def set_epoch(self, epoch: int) -> None:
@@ -107,6 +123,8 @@ class Loader:
         pos = np.arange(n, dtype=np.int64)
         if self.shuffle:
             pos = np.random.default_rng(self.seed + (self.epoch if epoch is None else epoch)).permutation(n)
+        if self.even_batches:
+            pos = pos[:n - n % self.world]
         return pos[self.rank::self.world]
 
     def __len__(self) -> int:
@@ -115,7 +133,8 @@ class Loader:
 
     def __repr__(self) -> str:
         return (f"Loader({self.dir.path!r}, batch_size={self.batch_size}, device={str(self.device)!r}, "
-                f"rank={self.rank}, world={self.world}, shuffle={self.shuffle}, threads={self.threads}, "
+                f"rank={self.rank}, world={self.world}, shuffle={self.shuffle}, even_batches={self.even_batches}, "
+                f"threads={self.threads}, "
                 f"prefetch={self.prefetch}, path={self.path_kind!r}, samples={len(self.order())}, "
                 f"sample={self.dir.sample_shape} {self.dir.dtype.str})")
 
@@ -147,6 +166,7 @@ class _Epoch:
     def __init__(self, loader: Loader, order: np.ndarray):
         p = _Producer(loader, order)
         self.out, self.batches = p.out, p.batches
+        self.superseded = False
         self.thread = threading.Thread(target=p.run, name="zarrfs-loader", daemon=True)
         self._finalizer = weakref.finalize(self, _shutdown, p.stop, p.pool, p.out, self.thread)
         self.thread.start()
@@ -166,6 +186,9 @@ class _Epoch:
             except queue.Empty:
                 if not self.thread.is_alive() and self.out.empty():
                     self.close()
+                    if self.superseded:
+                        raise RuntimeError("zarrfs Loader: this epoch was stopped when another iteration over "
+                                           "the same Loader started (one epoch reads at a time)")
                     raise StopIteration
         if err is not None:
             self.close()
@@ -206,7 +229,7 @@ class _Producer:
         # into the tensors handed out instead.
         self.ring = loader._ring(nslots, bs * self.stride + _ALIGN) if on_gpu else []
         self.stream = torch.cuda.Stream(device=loader.device) if on_gpu else None
-        self.events = [None] * nslots
+        self.events = loader._events if on_gpu else []
         self.out = queue.Queue(maxsize=loader.prefetch)
         self.stop = threading.Event()
         self.pool = ThreadPoolExecutor(loader.threads, thread_name_prefix="zarrfs-loader")
@@ -287,6 +310,7 @@ class _Producer:
                 except OSError as e:
                     if direct and e.errno == 22:  # EINVAL: unaligned tail, read it buffered
                         os.close(fd)
+                        fd = -1
                         fd = os.open(path, flags)
                         direct = False
                         continue
@@ -295,7 +319,8 @@ class _Producer:
                     raise OSError(5, f"{path}: ends after {start + done} bytes, want {start + want}")
                 done += n
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
 
     def _deliver(self, host, base, n, slot):
         import torch
