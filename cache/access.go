@@ -69,26 +69,32 @@ func userName(uid int) string {
 }
 
 // DefaultBlobMode is the mode of blobs when Options.BlobMode is zero.
-const DefaultBlobMode fs.FileMode = 0o600
+//
+// Blobs are published read-only, to their owner too: in direct mode a
+// sample's path is a link to its blob, which a write through the link
+// (numpy.save to a mounted path, say) would otherwise change under every
+// later reader. The cache removes and replaces blobs through their
+// directories and never writes one once published.
+const DefaultBlobMode fs.FileMode = 0o400
 
-// ParseMode parses a blob mode for --cache-mode: "owner" (0600), "group"
-// (0640), "all" (0644), or an octal mode such as "0640" or "644". Only read
-// bits may go beyond the owner, who keeps read and write. Errors do not
+// ParseMode parses a blob mode for --cache-mode: "owner" (0400), "group"
+// (0440), "all" (0444), or an octal mode such as "0440" or "444". Only
+// read bits count: write bits are dropped ("0640" is 0440). Errors do not
 // repeat s.
 func ParseMode(s string) (fs.FileMode, error) {
 	switch strings.ToLower(strings.TrimSpace(s)) {
 	case "owner", "private", "user":
-		return 0o600, nil
+		return 0o400, nil
 	case "group":
-		return 0o640, nil
+		return 0o440, nil
 	case "all", "world", "other", "others":
-		return 0o644, nil
+		return 0o444, nil
 	}
 	n, err := strconv.ParseUint(strings.TrimSpace(s), 8, 32)
 	if err != nil {
 		return 0, errors.New("want owner, group, all or an octal mode such as 0640")
 	}
-	m := fs.FileMode(n)
+	m := fs.FileMode(n) &^ 0o200
 	if err := checkBlobMode(m); err != nil {
 		return 0, err
 	}
@@ -96,11 +102,11 @@ func ParseMode(s string) (fs.FileMode, error) {
 }
 
 func checkBlobMode(m fs.FileMode) error {
-	if m&^0o644 != 0 {
-		return fmt.Errorf("%04o gives more than read access beyond the owner (at most 0644)", uint32(m))
+	if m&^0o444 != 0 {
+		return fmt.Errorf("%04o gives more than read access (blobs are read-only: at most 0444)", uint32(m))
 	}
-	if m&0o600 != 0o600 {
-		return fmt.Errorf("%04o: the owner needs read and write", uint32(m))
+	if m&0o400 == 0 {
+		return fmt.Errorf("%04o: the owner needs read", uint32(m))
 	}
 	return nil
 }
@@ -122,9 +128,10 @@ func newAccess(mode fs.FileMode, group *uint32) (access, error) {
 	if mode == 0 {
 		mode = DefaultBlobMode
 		if group != nil {
-			mode = 0o640
+			mode = 0o440
 		}
 	}
+	mode &^= 0o200 // the owner's write bit of a mode given as before
 	if err := checkBlobMode(mode); err != nil {
 		return access{}, fmt.Errorf("blob mode %w", err)
 	}
@@ -441,7 +448,7 @@ func (c *Cache) checkAccess() error {
 		return nil
 	}
 	have := access{}
-	for _, m := range []fs.FileMode{0o600, 0o640, 0o604, 0o644} {
+	for _, m := range []fs.FileMode{0o400, 0o440, 0o404, 0o444} {
 		if a, _ := newAccess(m, nil); a.blobDir == fi.Mode().Perm() {
 			have = a
 		}

@@ -142,10 +142,10 @@ func TestModesShared(t *testing.T) {
 		root  fs.FileMode
 		dir   fs.FileMode
 	}{
-		{"group", 0o640, nil, 0o710, 0o750},
-		{"all", 0o644, nil, 0o711, 0o755},
+		{"group", 0o440, nil, 0o710, 0o750},
+		{"all", 0o444, nil, 0o711, 0o755},
 		{"cache-group", 0, &gid, 0o710, 0o750},
-		{"all with group", 0o644, &gid, 0o711, 0o755},
+		{"all with group", 0o444, &gid, 0o711, 0o755},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "cache")
@@ -254,17 +254,17 @@ func TestTightenAtOpen(t *testing.T) {
 // narrower mode takes access away from existing blobs too.
 func TestBlobModeChangesExisting(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "cache")
-	for i, mode := range []fs.FileMode{0o644, 0o600, 0o640, 0o644} {
+	for i, mode := range []fs.FileMode{0o444, 0o400, 0o440, 0o444} {
 		logs := &recordLogs{}
 		c := mustOpen(t, Options{Dir: dir, BlobMode: mode, Logger: slog.New(logs)})
 		if i > 0 { // the blobs of the run before now have this run's mode
 			checkModes(t, dir, c.acc)
 		}
 		if i == 1 && logs.count("cache permissions tightened") != 1 {
-			t.Errorf("0644 -> 0600: logged %q", logs.msgs)
+			t.Errorf("0444 -> 0400: logged %q", logs.msgs)
 		}
 		if i == 3 && logs.count("cache blobs readable beyond their owner") != 1 {
-			t.Errorf("0640 -> 0644: logged %q", logs.msgs)
+			t.Errorf("0440 -> 0444: logged %q", logs.msgs)
 		}
 		fillSome(t, c)
 		c.Close()
@@ -275,9 +275,9 @@ func TestBlobModeChangesExisting(t *testing.T) {
 // An instance that joins a running one must give blobs the same modes.
 func TestJoinWithOtherBlobMode(t *testing.T) {
 	dir := t.TempDir()
-	c1 := mustOpen(t, Options{Dir: dir, BlobMode: 0o644})
+	c1 := mustOpen(t, Options{Dir: dir, BlobMode: 0o444})
 	defer c1.Close()
-	for _, mode := range []fs.FileMode{0, 0o600, 0o640} {
+	for _, mode := range []fs.FileMode{0, 0o400, 0o440} {
 		c2, err := Open(Options{Dir: dir, BlobMode: mode})
 		if !errors.Is(err, ErrAccessInUse) {
 			if c2 != nil {
@@ -285,11 +285,11 @@ func TestJoinWithOtherBlobMode(t *testing.T) {
 			}
 			t.Fatalf("join with mode %04o: %v, want ErrAccessInUse", mode, err)
 		}
-		if !strings.Contains(err.Error(), "0644") {
+		if !strings.Contains(err.Error(), "0444") {
 			t.Errorf("error does not name the mode in force: %v", err)
 		}
 	}
-	c2 := mustOpen(t, Options{Dir: dir, BlobMode: 0o644})
+	c2 := mustOpen(t, Options{Dir: dir, BlobMode: 0o444})
 	fillSome(t, c2)
 	c2.Close()
 	checkModes(t, dir, c1.acc)
@@ -334,16 +334,18 @@ func TestParseMode(t *testing.T) {
 		want fs.FileMode
 		bad  bool
 	}{
-		{"owner", 0o600, false},
-		{"group", 0o640, false},
-		{"all", 0o644, false},
-		{"0640", 0o640, false},
-		{"644", 0o644, false},
-		{"0604", 0o604, false},
-		{"0600", 0o600, false},
+		{"owner", 0o400, false},
+		{"group", 0o440, false},
+		{"all", 0o444, false},
+		{"0640", 0o440, false},
+		{"644", 0o444, false},
+		{"0604", 0o404, false},
+		{"0600", 0o400, false},
+		{"0400", 0o400, false},
+		{"0444", 0o444, false},
 		{"0666", 0, true},
 		{"0755", 0, true},
-		{"0400", 0, true},
+		{"0040", 0, true},
 		{"0660", 0, true},
 		{"1644", 0, true},
 		{"rw-r--r--", 0, true},

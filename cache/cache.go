@@ -52,8 +52,9 @@ type Options struct {
 	// (Warn) and evictions (Debug). Nil discards.
 	Logger *slog.Logger
 	// BlobMode is the permission of decoded blobs: zero means
-	// DefaultBlobMode (0600, the owner only), or 0640 with BlobGroup. Only
-	// read bits may go beyond the owner (0640, 0644); the directories
+	// DefaultBlobMode (0400, the owner only), or 0440 with BlobGroup. Only
+	// read bits count (0440, 0444; a write bit is dropped: blobs are
+	// read-only, to their owner too); the directories
 	// leading to blobs get the matching search bits. The chunk tier, the
 	// journal, the lock and temp files are owner-only whatever it is.
 	BlobMode fs.FileMode

@@ -19,8 +19,9 @@
 //
 // A cache directory belongs to one user: Open refuses one owned by another
 // uid, creates everything owner-only (0700/0600) whatever the umask, and
-// tightens what is wider. Options.BlobMode and BlobGroup open the decoded
-// blobs alone, and the directories leading to them, to a group or to all,
+// tightens what is wider; blobs are read-only (0400), so that a write
+// through a direct mode link cannot change one. Options.BlobMode and
+// BlobGroup open the decoded blobs alone, and the directories leading to them, to a group or to all,
 // for readers that open blob files themselves (access.go).
 //
 // # Crash safety

@@ -292,12 +292,12 @@ func TestCachePermissions(t *testing.T) {
 	t.Run("default", func(t *testing.T) {
 		cacheDir := filepath.Join(base, "default")
 		warm(t, src, cacheDir, "--only", "t")
-		blobs, _ := checkCacheModes(t, cacheDir, 0o600, 0o700, 0o700, -1)
+		blobs, _ := checkCacheModes(t, cacheDir, 0o400, 0o700, 0o700, -1)
 		owner(t, blobs)
 		// A mount on the same cache fills the rest the same way.
 		d := mountAt(t, src, t.TempDir(), cacheDir)
 		readTree(t, d.mnt)
-		blobs, _ = checkCacheModes(t, cacheDir, 0o600, 0o700, 0o700, -1)
+		blobs, _ = checkCacheModes(t, cacheDir, 0o400, 0o700, 0o700, -1)
 		owner(t, blobs)
 		d.stop(t)
 	})
@@ -305,12 +305,12 @@ func TestCachePermissions(t *testing.T) {
 	t.Run("cache-group", func(t *testing.T) {
 		cacheDir := filepath.Join(base, "group")
 		warm(t, src, cacheDir, "--only", "t", "--cache-group", u.group)
-		blobs, _ := checkCacheModes(t, cacheDir, 0o640, 0o750, 0o710, int(u.groupID))
+		blobs, _ := checkCacheModes(t, cacheDir, 0o440, 0o750, 0o710, int(u.groupID))
 		u.mustRead(t, u.inGroup(), blobs[0])
 		u.mustNotRead(t, u.noGroup(), blobs[0])
 		d := mountAt(t, src, t.TempDir(), cacheDir, "--cache-group", u.group)
 		readTree(t, d.mnt)
-		blobs, _ = checkCacheModes(t, cacheDir, 0o640, 0o750, 0o710, int(u.groupID))
+		blobs, _ = checkCacheModes(t, cacheDir, 0o440, 0o750, 0o710, int(u.groupID))
 		for _, b := range blobs {
 			u.mustRead(t, u.inGroup(), b)
 		}
@@ -321,14 +321,14 @@ func TestCachePermissions(t *testing.T) {
 	t.Run("cache-mode all", func(t *testing.T) {
 		cacheDir := filepath.Join(base, "all")
 		warm(t, src, cacheDir, "--cache-mode", "all")
-		blobs, _ := checkCacheModes(t, cacheDir, 0o644, 0o755, 0o711, -1)
+		blobs, _ := checkCacheModes(t, cacheDir, 0o444, 0o755, 0o711, -1)
 		u.mustRead(t, u.noGroup(), blobs[0])
 		// The journal and lock stay the owner's.
 		u.mustNotRead(t, u.noGroup(), filepath.Join(cacheDir, "journal"))
 		u.mustNotRead(t, u.noGroup(), filepath.Join(cacheDir, "lock"))
 		// Back to the default: the blobs already there are closed again.
 		warm(t, src, cacheDir)
-		blobs, _ = checkCacheModes(t, cacheDir, 0o600, 0o700, 0o700, -1)
+		blobs, _ = checkCacheModes(t, cacheDir, 0o400, 0o700, 0o700, -1)
 		owner(t, blobs)
 	})
 
@@ -347,7 +347,7 @@ func TestCachePermissions(t *testing.T) {
 		if n := strings.Count(stderr.String(), "cache permissions tightened"); n != 1 {
 			t.Errorf("warm said %d times that it tightened the cache:\n%s", n, stderr.String())
 		}
-		blobs, _ := checkCacheModes(t, cacheDir, 0o600, 0o700, 0o700, -1)
+		blobs, _ := checkCacheModes(t, cacheDir, 0o400, 0o700, 0o700, -1)
 		owner(t, blobs)
 	})
 }
@@ -402,9 +402,9 @@ func TestCachePermissionsS3(t *testing.T) {
 		gid                 int
 		readers             [][]uint32 // groups that may read blobs
 	}{
-		{"default", nil, 0o600, 0o700, 0o700, -1, nil},
-		{"cache-group", []string{"--cache-group", u.group}, 0o640, 0o750, 0o710, int(u.groupID), [][]uint32{u.inGroup()}},
-		{"cache-mode all", []string{"--cache-mode", "all"}, 0o644, 0o755, 0o711, -1, [][]uint32{u.noGroup(), u.inGroup()}},
+		{"default", nil, 0o400, 0o700, 0o700, -1, nil},
+		{"cache-group", []string{"--cache-group", u.group}, 0o440, 0o750, 0o710, int(u.groupID), [][]uint32{u.inGroup()}},
+		{"cache-mode all", []string{"--cache-mode", "all"}, 0o444, 0o755, 0o711, -1, [][]uint32{u.noGroup(), u.inGroup()}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cacheDir := filepath.Join(base, strings.ReplaceAll(tc.name, " ", "-"))
@@ -604,7 +604,7 @@ func TestDirectModeOtherUser(t *testing.T) {
 	t.Run("cache-mode all", func(t *testing.T) {
 		cacheDir := filepath.Join(base, "all")
 		d := mountAt(t, src, newMnt("mall"), cacheDir, "--direct", "--allow-other", "--cache-mode", "all", "--log-level", "debug")
-		if !eventually(func() bool { return strings.Contains(d.stderr.String(), "cache_mode=0644") }) {
+		if !eventually(func() bool { return strings.Contains(d.stderr.String(), "cache_mode=0444") }) {
 			t.Errorf("the settings line does not show the cache mode:\n%s", d.stderr)
 		}
 		files := npyFiles(t, d.mnt)
@@ -616,8 +616,18 @@ func TestDirectModeOtherUser(t *testing.T) {
 				t.Fatalf("readlink -e %s as %s: %q %v", f, u.name, real, err)
 			}
 		}
-		if _, chunks := checkCacheModes(t, cacheDir, 0o644, 0o755, 0o711, -1); len(chunks) != 0 {
+		if _, chunks := checkCacheModes(t, cacheDir, 0o444, 0o755, 0o711, -1); len(chunks) != 0 {
 			t.Errorf("a local source put %d chunks in the cache", len(chunks))
+		}
+		// A write through a link (numpy.save to a mounted path) is refused
+		// and changes nothing.
+		p := filepath.Join(d.mnt, files[0])
+		before, _ := u.read(u.noGroup(), p)
+		if out, err := u.command(u.noGroup(), "sh", "-c", "printf x > \"$0\"", p).CombinedOutput(); err == nil {
+			t.Errorf("%s wrote through the direct link %s: %s", u.name, files[0], out)
+		}
+		if after, err := u.read(u.noGroup(), p); err != nil || !bytes.Equal(before, after) || len(after) < 4096 {
+			t.Errorf("%s changed after a refused write: %d -> %d bytes, %v", files[0], len(before), len(after), err)
 		}
 
 		// A warm joining with other flags is refused; with the same, it runs.
@@ -636,7 +646,7 @@ func TestDirectModeOtherUser(t *testing.T) {
 		f := filepath.Join(d.mnt, "t", "0.npy")
 		u.mustRead(t, u.inGroup(), f)
 		u.mustNotRead(t, u.noGroup(), f)
-		checkCacheModes(t, cacheDir, 0o640, 0o750, 0o710, int(u.groupID))
+		checkCacheModes(t, cacheDir, 0o440, 0o750, 0o710, int(u.groupID))
 		d.stop(t)
 	})
 
@@ -650,7 +660,7 @@ func TestDirectModeOtherUser(t *testing.T) {
 		for _, g := range [][]uint32{u.noGroup(), u.inGroup()} {
 			u.mustNotRead(t, g, f)
 		}
-		checkCacheModes(t, cacheDir, 0o600, 0o700, 0o700, -1)
+		checkCacheModes(t, cacheDir, 0o400, 0o700, 0o700, -1)
 		d.stop(t)
 
 		// Through FUSE (no --direct) the daemon reads the blobs: the user
@@ -659,7 +669,7 @@ func TestDirectModeOtherUser(t *testing.T) {
 		for _, f := range npyFiles(t, plain.mnt) {
 			u.mustRead(t, u.noGroup(), filepath.Join(plain.mnt, f))
 		}
-		checkCacheModes(t, cacheDir, 0o600, 0o700, 0o700, -1)
+		checkCacheModes(t, cacheDir, 0o400, 0o700, 0o700, -1)
 		plain.stop(t)
 	})
 }

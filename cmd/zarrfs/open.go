@@ -219,10 +219,10 @@ func (f *layoutFlags) blobAccess() (fs.FileMode, *uint32, error) {
 		return 0, nil, usagef("--cache-group %q: %v", f.cacheGroup, err)
 	}
 	if mode == 0 {
-		mode = 0o640
+		mode = 0o440
 	}
 	if mode&0o040 == 0 {
-		return 0, nil, usagef("--cache-group %s with --cache-mode %s: the mode gives the group nothing (try group or 0640)", f.cacheGroup, f.cacheMode)
+		return 0, nil, usagef("--cache-group %s with --cache-mode %s: the mode gives the group nothing (try group or 0440)", f.cacheGroup, f.cacheMode)
 	}
 	return mode, &gid, nil
 }

@@ -17,11 +17,11 @@ func TestBlobAccessFlags(t *testing.T) {
 		usage       bool
 	}{
 		{"", "", 0, -1, false},
-		{"owner", "", 0o600, -1, false},
-		{"all", "", 0o644, -1, false},
-		{"0640", "", 0o640, -1, false},
-		{"", own, 0o640, os.Getegid(), false}, // a gid; implies group
-		{"all", own, 0o644, os.Getegid(), false},
+		{"owner", "", 0o400, -1, false},
+		{"all", "", 0o444, -1, false},
+		{"0640", "", 0o440, -1, false},
+		{"", own, 0o440, os.Getegid(), false}, // a gid; implies group
+		{"all", own, 0o444, os.Getegid(), false},
 		{"0604", own, 0, -1, true}, // the mode gives the group nothing
 		{"0660", "", 0, -1, true},
 		{"", "no-such-group-zarrfs", 0, -1, true},
