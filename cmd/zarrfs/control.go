@@ -167,7 +167,9 @@ func serveControl(ctx context.Context, sock string, status func() statusDoc, log
 		enc.SetIndent("", "  ")
 		enc.Encode(status())
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	// Idle connections close soon: a client that keeps one (a status
+	// --watch elsewhere) holds no descriptor of the daemon for long.
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()
 		srv.Close()
@@ -185,6 +187,8 @@ func serveControl(ctx context.Context, sock string, status func() statusDoc, log
 func fetchStatus(ctx context.Context, sock string) (statusDoc, error) {
 	var d statusDoc
 	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		// One request a connection: each fetch closes what it opened.
+		DisableKeepAlives: true,
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
 		},

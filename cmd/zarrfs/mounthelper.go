@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/spf13/pflag"
 )
 
 // The zarrfs binary called as mount.fuse.zarrfs (a link under /sbin) is
@@ -27,15 +29,42 @@ const (
 	exitMountFailed = 32
 )
 
-// helperOptions maps -o options to flags: "flag" takes the option's
-// value, "bool" is a switch.
-var helperOptions = map[string]string{
-	"cache": "flag", "cache_size": "flag", "cache_mode": "flag", "cache_group": "flag", "view": "flag",
-	"sample_dim": "flag", "align": "flag", "decode": "flag", "gpus": "flag", "gpu_memory": "flag",
-	"pinned_memory": "flag", "gpu_idle": "flag", "readahead": "flag", "metrics": "flag", "lease": "flag",
-	"rank": "flag", "world": "flag", "shard": "flag", "metadata_ttl": "flag", "log_level": "flag",
-	"log_format": "flag", "s3_endpoint": "flag", "s3_region": "flag", "memory": "flag",
-	"direct": "bool", "allow_other": "bool", "s3_anonymous": "bool", "follow_symlinks": "bool",
+// helperOptions maps -o options to the flags of `zarrfs mount` (a flag's
+// name with _ for -): "flag" takes the option's value, "bool" is a switch.
+// It is made from the command's flags, so every flag is an option.
+func helperOptions() map[string]string {
+	m := map[string]string{"log_level": "flag", "log_format": "flag"} // the root command's
+	newMountCmd().Flags().VisitAll(func(f *pflag.Flag) {
+		if f.Name == "help" {
+			return
+		}
+		kind := "flag"
+		if f.Value.Type() == "bool" {
+			kind = "bool"
+		}
+		m[strings.ReplaceAll(f.Name, "-", "_")] = kind
+	})
+	return m
+}
+
+// splitOptions splits a -o argument at commas outside double quotes and
+// takes the quotes away: gpus="0,1" is one option, gpus=0,1.
+func splitOptions(o string) []string {
+	var out []string
+	var cur strings.Builder
+	quoted := false
+	for _, r := range o {
+		switch {
+		case r == '"':
+			quoted = !quoted
+		case r == ',' && !quoted:
+			out = append(out, cur.String())
+			cur.Reset()
+		default:
+			cur.WriteRune(r)
+		}
+	}
+	return append(out, cur.String())
 }
 
 // helperIgnored are the generic mount options that mean nothing here (the
@@ -80,8 +109,9 @@ func helperArgs(args []string) (mountArgs []string, logFile string, fake bool, e
 		return nil, "", false, fmt.Errorf("want SOURCE MOUNTPOINT [-o OPTIONS], got %d arguments", len(pos))
 	}
 	mountArgs = []string{"mount", pos[0], pos[1]}
+	helperOptions := helperOptions()
 	for _, o := range opts {
-		for _, kv := range strings.Split(o, ",") {
+		for _, kv := range splitOptions(o) {
 			if kv == "" {
 				continue
 			}

@@ -43,7 +43,7 @@ func (f *layoutFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.cacheDir, "cache", "", "cache directory (default $XDG_CACHE_HOME/zarrfs or ~/.cache/zarrfs)")
 	fl.StringVar(&f.cacheSize, "cache-size", "0", "cache budget, such as 500GiB; 0 means what the cache's filesystem can hold")
-	fl.StringVar(&f.cacheMode, "cache-mode", "", "who may read the decoded blobs in the cache: owner (0600, the default), group (0640: --cache-group, else the cache directory's group) or all (0644), or an octal mode; needed when other users open them (--direct with --allow-other); compressed chunks, journal and lock stay owner-only")
+	fl.StringVar(&f.cacheMode, "cache-mode", "", "who may read the decoded blobs in the cache: owner (0400, the default), group (0440: --cache-group, else the cache directory's group) or all (0444), or an octal mode (read bits; blobs are read-only); needed when other users open them (--direct with --allow-other); compressed chunks, journal and lock stay owner-only")
 	fl.StringVar(&f.cacheGroup, "cache-group", "", "group (name or gid) given the decoded blobs and the directories leading to them; implies --cache-mode group")
 	fl.StringVar(&f.memory, "memory", "", "memory budget, such as 8GiB: fills wait for memory or fail (EIO) rather than exceed it (default a quarter of RAM, at least 512MiB)")
 	fl.StringVar(&f.sampleDim, "sample-dim", layout.DefaultSampleDim, "dimension whose indices become one file each")
