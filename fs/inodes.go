@@ -25,6 +25,7 @@ type inodeCap struct {
 	n    int
 	wake chan struct{}
 	done chan struct{}
+	stop sync.Once // close runs from Unmount and from the server's end at once
 }
 
 type named struct {
@@ -96,9 +97,5 @@ func (c *inodeCap) held() int {
 }
 
 func (c *inodeCap) close() {
-	select {
-	case <-c.done:
-	default:
-		close(c.done)
-	}
+	c.stop.Do(func() { close(c.done) })
 }
