@@ -97,8 +97,9 @@ func TestFstabMountStatusUnmount(t *testing.T) {
 
 	src := exampleStore(t, zarrtest.Example{Times: 6, Levels: 2, Lat: 19, Lon: 36, TimeChunk: 2})
 	mnt, cacheDir := t.TempDir(), t.TempDir()
+	logFile := filepath.Join(t.TempDir(), "daemon.log")
 	out, err := exec.Command("mount", "-t", "fuse.zarrfs", src, mnt, "-o",
-		"cache="+cacheDir+",cache_size=64MiB,direct,readahead=2,ro,_netdev,x-systemd.automount").CombinedOutput()
+		"cache="+cacheDir+",cache_size=64MiB,direct,readahead=2,ro,_netdev,x-systemd.automount,log="+logFile).CombinedOutput()
 	if err != nil {
 		t.Fatalf("mount -t fuse.zarrfs: %v: %s", err, out)
 	}
@@ -142,6 +143,11 @@ func TestFstabMountStatusUnmount(t *testing.T) {
 	}
 	if err := syscall.Kill(st.PID, 0); err == nil {
 		t.Errorf("daemon %d still running after zarrfs unmount", st.PID)
+	}
+	// The daemon told the helper once that the mount was live, and nobody
+	// at shutdown: the helper was long gone.
+	if log, err := os.ReadFile(logFile); err != nil || strings.Contains(string(log), "notification failed") {
+		t.Errorf("daemon log (%v):\n%s", err, log)
 	}
 	if _, stderr, code := zarrfsRun(t, "unmount", mnt); code == 0 || !strings.Contains(stderr, "not mounted") {
 		t.Errorf("second unmount: %d %s", code, stderr)

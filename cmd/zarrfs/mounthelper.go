@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -182,7 +183,11 @@ func runMountHelper(args []string) int {
 
 	cmd := exec.Command(self, mountArgs...)
 	cmd.Args[0] = "zarrfs"
-	cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+sock)
+	// The daemon tells the helper, not a service manager the helper may
+	// run under, that the mount is live.
+	cmd.Env = append(slices.DeleteFunc(os.Environ(), func(e string) bool {
+		return strings.HasPrefix(e, "NOTIFY_SOCKET=")
+	}), readySocketEnv+"="+sock)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
@@ -212,7 +217,13 @@ func runMountHelper(args []string) int {
 		fmt.Fprintf(os.Stderr, "%s: zarrfs mount %s failed (%v)%s\n", helperName, mountArgs[2], err, lastLines(logFile, start))
 		return exitMountFailed
 	case <-time.After(10 * time.Minute):
-		cmd.Process.Kill()
+		// SIGTERM first: the daemon unmounts what it mounted.
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+		}
 		fmt.Fprintf(os.Stderr, "%s: zarrfs mount %s not live after 10 minutes%s\n", helperName, mountArgs[2], lastLines(logFile, start))
 		return exitMountFailed
 	}
