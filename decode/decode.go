@@ -202,13 +202,14 @@ type Pipeline struct {
 
 	mu      sync.Mutex
 	gpus    []gpuDecoder
+	devices []int // the ordinal of each of gpus
 	closed  bool
 	gpuErr  error
 	started bool
 	woke    bool // the GPUs were started again after sleeping
 
-	// retired sums the Stats of GPUs closed while asleep.
-	retired gpu.Stats
+	// retired sums, by ordinal, the Stats of GPUs closed while asleep.
+	retired map[int]gpu.Stats
 
 	// onCPU is the CPU pool, counted; decoded holds the counts of every
 	// device, guarded by countMu.
@@ -331,7 +332,7 @@ func (p *Pipeline) openGPUs() (err error) {
 			}
 			return
 		}
-		p.gpus, p.started = gpus, true
+		p.gpus, p.devices, p.started = gpus, devices, true
 		p.lastUse.Store(time.Now().UnixNano())
 		var names []string
 		for _, g := range gpus {
@@ -421,8 +422,8 @@ func (p *Pipeline) sleepWhenIdle() {
 			p.wakeMu.Unlock()
 			continue
 		}
-		gpus := p.gpus
-		p.gpus = nil
+		gpus, devices := p.gpus, p.devices
+		p.gpus, p.devices = nil, nil
 		p.route.Store(&routed{p.onCPU})
 		p.asleep.Store(true)
 		p.mu.Unlock()
@@ -432,9 +433,7 @@ func (p *Pipeline) sleepWhenIdle() {
 			g.Close()
 		}
 		p.mu.Lock()
-		for _, g := range gpus {
-			p.retired = p.retired.Add(g.Stats())
-		}
+		p.retireLocked(gpus, devices)
 		p.mu.Unlock()
 		p.wakeMu.Unlock()
 		p.log.Debug("idle: GPUs given back", "after", idle)
@@ -607,13 +606,36 @@ func (p *Pipeline) Decoded() Decoded {
 // GPUStats sums what the GPUs decoded, refused and found corrupt since
 // the pipeline started (package gpu's Stats), zero without a GPU.
 func (p *Pipeline) GPUStats() gpu.Stats {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	s := p.retired
-	for _, g := range p.gpus {
-		s = s.Add(g.Stats())
+	var s gpu.Stats
+	for _, d := range p.GPUStatsByDevice() {
+		s = s.Add(d)
 	}
 	return s
+}
+
+// GPUStatsByDevice reports GPUStats for each GPU by its ordinal, over the
+// mount's life: with several GPUs, how the work was spread.
+func (p *Pipeline) GPUStatsByDevice() map[int]gpu.Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := make(map[int]gpu.Stats, len(p.retired)+len(p.gpus))
+	for d, s := range p.retired {
+		m[d] = s
+	}
+	for i, g := range p.gpus {
+		m[p.devices[i]] = m[p.devices[i]].Add(g.Stats())
+	}
+	return m
+}
+
+// retireLocked keeps the counts of GPUs being closed for good.
+func (p *Pipeline) retireLocked(gpus []gpuDecoder, devices []int) {
+	if p.retired == nil {
+		p.retired = map[int]gpu.Stats{}
+	}
+	for i, g := range gpus {
+		p.retired[devices[i]] = p.retired[devices[i]].Add(g.Stats())
+	}
 }
 
 // MemoryHeld reports the memory the GPUs hold for decoding now, besides
@@ -645,12 +667,15 @@ func (p *Pipeline) Close() error {
 	p.route.Store(&routed{closedDecoder{}})
 	var errs []error
 	p.mu.Lock()
-	gpus := p.gpus
-	p.gpus = nil
+	gpus, devices := p.gpus, p.devices
+	p.gpus, p.devices = nil, nil
 	p.mu.Unlock()
 	for _, g := range gpus {
 		errs = append(errs, g.Close())
 	}
+	p.mu.Lock()
+	p.retireLocked(gpus, devices)
+	p.mu.Unlock()
 	errs = append(errs, p.cpu.Close())
 	return errors.Join(errs...)
 }

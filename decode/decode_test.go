@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -466,5 +467,33 @@ func TestSleepWaitsForLentMemory(t *testing.T) {
 	}
 	if len(made) != 1 {
 		t.Errorf("a batch after Close opened %d GPUs again", len(made)-1)
+	}
+}
+
+// GPUStatsByDevice keys each GPU's counts by its ordinal, and keeps them
+// after the GPUs close.
+func TestGPUStatsByDevice(t *testing.T) {
+	var made []*fakeGPU
+	opts := fakes(GPU, 6, &made)
+	opts.GPUs = []int{5, 2}
+	p, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := []codec.Job{zstdJob(t)}
+	if err := p.DecodeBatch(context.Background(), j); err != nil {
+		t.Fatal(err)
+	}
+	checkJobs(t, j)
+	want := map[int]gpu.Stats{5: {Chunks: 1}, 2: {}}
+	if got := p.GPUStatsByDevice(); !reflect.DeepEqual(got, want) {
+		t.Errorf("GPUStatsByDevice: %v, want %v", got, want)
+	}
+	p.Close()
+	if got := p.GPUStatsByDevice(); !reflect.DeepEqual(got, want) {
+		t.Errorf("GPUStatsByDevice after Close: %v, want %v", got, want)
+	}
+	if s := p.GPUStats(); s.Chunks != 1 {
+		t.Errorf("GPUStats after Close: %d chunks, want 1", s.Chunks)
 	}
 }

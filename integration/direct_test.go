@@ -401,6 +401,14 @@ func TestODirectReads(t *testing.T) {
 					t.Errorf("%s: O_DIRECT read %d bytes differing from the blob (%d)", p, len(got), len(w))
 				}
 			}
+			// status says how reads are served.
+			text, stderr, code := zarrfsRun(t, "status", d.mnt)
+			if code != 0 {
+				t.Fatalf("status: %d %s", code, stderr)
+			}
+			if mode == "no-passthrough" && !strings.Contains(text, "plain (reads through the daemon)") {
+				t.Errorf("status of a mount without passthrough:\n%s", text)
+			}
 		})
 	}
 }

@@ -59,9 +59,10 @@ type statusJSON struct {
 		Filling int64  `json:"fills_in_flight"`
 	} `json:"cache"`
 	Mount struct {
-		Direct    bool  `json:"direct"`
-		Opens     int64 `json:"opens"`
-		OpenFiles int64 `json:"open_files"`
+		Direct      bool  `json:"direct"`
+		Passthrough bool  `json:"passthrough"`
+		Opens       int64 `json:"opens"`
+		OpenFiles   int64 `json:"open_files"`
 	} `json:"mount"`
 	Decode struct {
 		Placement string `json:"placement"`

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -56,22 +57,31 @@ type statusCache struct {
 }
 
 type statusMount struct {
-	Direct    bool   `json:"direct"`
-	Lease     string `json:"lease,omitempty"`
-	Rank      int    `json:"rank"`
-	World     int    `json:"world"`
-	Opens     int64  `json:"opens"`
-	OpenFiles int64  `json:"open_files"`
-	Files     int64  `json:"files"`
-	Arrays    int    `json:"arrays"`
+	Direct bool `json:"direct"`
+	// Passthrough: the kernel reads the cache's files itself (plain mode).
+	Passthrough bool   `json:"passthrough"`
+	Lease       string `json:"lease,omitempty"`
+	Rank        int    `json:"rank"`
+	World       int    `json:"world"`
+	Opens       int64  `json:"opens"`
+	OpenFiles   int64  `json:"open_files"`
+	Files       int64  `json:"files"`
+	Arrays      int    `json:"arrays"`
 }
 
 type statusDecode struct {
-	Placement  string          `json:"placement"`
-	GPUDeviceB int64           `json:"gpu_device_bytes"`
-	GPUPinnedB int64           `json:"gpu_pinned_bytes"`
-	GPU        gpu.Stats       `json:"gpu"`
-	Decoded    []statusDecoded `json:"decoded"`
+	Placement  string    `json:"placement"`
+	GPUDeviceB int64     `json:"gpu_device_bytes"`
+	GPUPinnedB int64     `json:"gpu_pinned_bytes"`
+	GPU        gpu.Stats `json:"gpu"`
+	// GPUs is GPU by device, where the GPUs started.
+	GPUs    []statusGPU     `json:"gpus,omitempty"`
+	Decoded []statusDecoded `json:"decoded"`
+}
+
+type statusGPU struct {
+	Device int `json:"device"`
+	gpu.Stats
 }
 
 type statusDecoded struct {
@@ -110,7 +120,7 @@ func (s *statusParts) doc() statusDoc {
 		Cache: statusCache{Dir: c.Dir(), BlobDir: c.BlobDir(lay.ID), BudgetB: c.Budget(), UsedB: used, Files: files,
 			BlobMode: fmt.Sprintf("%04o", uint32(mode)), Hits: cs.BlobHits, Misses: cs.BlobMisses, Filling: cs.Filling,
 			Evictions: cs.Evictions, EvictedB: cs.EvictedBytes, ChunkHits: cs.ChunkHits, ChunkMisss: cs.ChunkMisses},
-		Mount: statusMount{Direct: s.f.direct, Rank: s.f.rank, World: s.f.world, Opens: ms.Opens, OpenFiles: ms.OpenFiles,
+		Mount: statusMount{Direct: s.f.direct, Passthrough: s.m.Passthrough(), Rank: s.f.rank, World: s.f.world, Opens: ms.Opens, OpenFiles: ms.OpenFiles,
 			Files: lay.Files, Arrays: lay.Arrays},
 		Reads:  readsOf(s.o.stats),
 		Errors: map[string]int{},
@@ -124,6 +134,10 @@ func (s *statusParts) doc() statusDoc {
 	d.Decode.Placement = dec.Placement()
 	d.Decode.GPUDeviceB, d.Decode.GPUPinnedB = dec.MemoryHeld()
 	d.Decode.GPU = dec.GPUStats()
+	for dev, st := range dec.GPUStatsByDevice() {
+		d.Decode.GPUs = append(d.Decode.GPUs, statusGPU{Device: dev, Stats: st})
+	}
+	slices.SortFunc(d.Decode.GPUs, func(a, b statusGPU) int { return a.Device - b.Device })
 	d.Decode.Decoded = decodedRows(dec.Decoded())
 	return d
 }

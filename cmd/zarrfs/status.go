@@ -151,7 +151,10 @@ func printStatus(w io.Writer, d statusDoc) {
 	if n := d.Cache.Hits + d.Cache.Misses; n > 0 {
 		hit = fmt.Sprintf("%.1f%%", 100*float64(d.Cache.Hits)/float64(n))
 	}
-	mode := "plain (FUSE passthrough)"
+	mode := "plain (reads through the daemon)"
+	if d.Mount.Passthrough {
+		mode = "plain (FUSE passthrough)"
+	}
 	if d.Mount.Direct {
 		mode = "direct (links into the cache), lease " + d.Mount.Lease
 	}
@@ -167,6 +170,9 @@ func printStatus(w io.Writer, d statusDoc) {
 	fmt.Fprintf(tw, "decoding\t%s; GPUs hold %s device, %s pinned\n", d.Decode.Placement, memory.Human(d.Decode.GPUDeviceB), memory.Human(d.Decode.GPUPinnedB))
 	for _, r := range d.Decode.Decoded {
 		fmt.Fprintf(tw, "\t%s on %s: %d chunks, %s\n", r.Codec, r.Device, r.Chunks, memory.Human(r.Bytes))
+	}
+	for _, g := range d.Decode.GPUs {
+		fmt.Fprintf(tw, "\tGPU %d: %d chunks, %s; %d refused, %d corrupt\n", g.Device, g.Chunks, memory.Human(g.Bytes), g.Refused, g.Corrupt)
 	}
 	if len(d.Errors) == 0 {
 		fmt.Fprintf(tw, "errors\tnone\n")
