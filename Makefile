@@ -6,7 +6,7 @@ MINIO_VERSION := v0.0.0-20260212201848-7aac2a2c5b7c
 export CGO_ENABLED := 0
 export PATH := $(CURDIR)/bin:$(PATH)
 
-.PHONY: build test test-python test-long test-gpu fuzz mutate bench demo pydeps minio clean vet
+.PHONY: build test test-python test-long test-gpu fuzz mutate bench bench-ddp demo pydeps minio clean vet
 
 build:
 	$(GO) build -o bin/zarrfs ./cmd/zarrfs
@@ -92,6 +92,14 @@ bench: build pydeps minio
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./integration/
 	$(GO) test -run '^$$' -bench 'Open' ./cache/
 	PYTHONPATH=$(CURDIR)/python/src ZARRFS_BIN=$(CURDIR)/bin/zarrfs $(PYTHON) -W ignore integration/bench/xarray/bench.py
+
+# Data-parallel training on one mount (integration/ddp/run.sh): torchrun of a small
+# U-Net fed by zarrfs's readers, 1 and WORLD ranks, cold and warm, against the
+# xarray + DataLoader baseline. DDP_MODE: gpus (one rank a GPU, NCCL), share-gpu
+# (the ranks on one GPU) or cpu.
+DDP_MODE ?= gpus
+bench-ddp: build
+	bash integration/ddp/run.sh bin/zarrfs $(DDP_MODE)
 
 demo: build pydeps
 	bash integration/demo.sh

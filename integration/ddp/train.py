@@ -111,6 +111,21 @@ def batches_baseline(a, rank, world, device, epoch):
         yield x.to(device, non_blocking=True), t.tolist()
 
 
+def baseline_shape(a):
+    """A sample's shape (channels, lat, lon) as batches_baseline stacks it, from the metadata alone."""
+    import xarray as xr
+    import yaml
+    spec = yaml.safe_load(open(a.view_yaml))["views"][0]
+    ds = xr.open_zarr(a.store, consolidated=False)
+    c, hw = 0, None
+    for ch in spec["channels"]:
+        v = ds[ch["var"]]
+        dims = [n for d, n in zip(v.dims, v.shape) if d != "time"]
+        c += dims[0] if len(dims) == 3 else 1
+        hw = dims[-2:]
+    return (c, *hw)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", help="the view's sample directory on the mount")
@@ -140,22 +155,27 @@ def main():
     import zarrfs
     if a.reader == "baseline":
         channels = None
+        shape = baseline_shape(a)
     else:
         d = zarrfs.SampleDir(a.dir)
-        channels, total = d.sample_shape[0], d.total
-    model = None
-    opt = None
+        channels, total, shape = d.sample_shape[0], d.total, tuple(d.sample_shape)
+    # The model, DDP and the GPU's kernels start before the first epoch's
+    # clock: an epoch's time is its reading and training.
+    model = Net(shape[0]).to(device)
+    model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" and not a.share_gpu else None)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    x = torch.zeros((a.batch, *shape), device=device)
+    nn.functional.mse_loss(model(x), x).backward()
+    opt.zero_grad()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    dist.barrier()
     for epoch in range(a.epochs):
         seen = []
         n = 0
         t0 = time.perf_counter()
         for x, idx in read(a, rank, world, device, epoch):
-            x = x.float()
-            if model is None:
-                model = Net(x.shape[1]).to(device)
-                model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" and not a.share_gpu else None)
-                opt = torch.optim.SGD(model.parameters(), lr=1e-6)
-            x = torch.nan_to_num(x)
+            x = torch.nan_to_num(x.float())
             loss = nn.functional.mse_loss(model(x), x)
             opt.zero_grad()
             loss.backward()
@@ -183,6 +203,7 @@ def main():
                               "every_sample_once": once}), flush=True)
             if not once:
                 raise SystemExit(f"epoch {epoch}: samples seen {len(all_seen)}, duplicates or missing")
+    dist.barrier()
     dist.destroy_process_group()
 
 
