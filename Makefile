@@ -57,12 +57,14 @@ test-long: build pydeps minio
 # On a machine with an NVIDIA GPU and the nvidia-libnvcomp-cu13 wheel: GPU decode
 # byte-identical to the CPU path, damaged input, throughput against all CPU cores;
 # then warm and mount with GPU decoding against the CPU, and the view fill rate;
-# the Python package's GPU tests; the end-to-end runs (integration/gpu/e2e.sh:
+# the Python package's GPU tests (installed first: the xarray engine is registered
+# by the install); the end-to-end runs (integration/gpu/e2e.sh:
 # direct mode with DALI's GPU reader and kvikio, the loader, GPU memory).
 test-gpu: build
 	bash integration/gpu/run.sh
 	$(GO) build -o bin/gpuview ./integration/bench/gpuview
 	bash integration/gpu/fill.sh bin/zarrfs bin/gpuview
+	$(PYTHON) -m pip install -q --no-deps --no-build-isolation -e ./python
 	$(PYTEST) -q -m gpu python/tests
 	bash integration/gpu/e2e.sh bin/zarrfs
 
