@@ -170,8 +170,9 @@ func (l *leases) resolve(ctx context.Context, m *Mounted, b layout.Blob) error {
 		return err
 	}
 	// A blob larger than the whole cache budget is served from an unlinked
-	// file, which no link can name.
-	if st, err := os.Stat(m.opts.Blobs.Path(m.opts.Layout.ID, p)); err != nil || st.Size() != b.Size() {
+	// file, which no link can name: the link's target must be the very file
+	// leased.
+	if !sameFile(h.File(), m.opts.Blobs.Path(m.opts.Layout.ID, p)) {
 		h.Close()
 		return fmt.Errorf("%s: %d bytes, larger than the cache budget: direct mode serves only blobs the cache can keep (raise --cache-size)", p, b.Size())
 	}
@@ -266,4 +267,17 @@ func (l *leases) close() {
 	for _, b := range all {
 		b.Close()
 	}
+}
+
+// sameFile reports whether path names the open file f.
+func sameFile(f *os.File, path string) bool {
+	if f == nil {
+		return false
+	}
+	fst, err := f.Stat()
+	if err != nil {
+		return false
+	}
+	st, err := os.Stat(path)
+	return err == nil && os.SameFile(fst, st)
 }
