@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
@@ -28,6 +29,9 @@ type mountRecord struct {
 	BlobDir    string `json:"blob_dir"`
 	Source     string `json:"source"`
 	PID        int    `json:"pid"`
+	// Started is the daemon's start time (/proc/PID/stat, clock ticks
+	// since boot): a PID reused by another process does not match it.
+	Started uint64 `json:"started,omitempty"`
 }
 
 // registryDirs are the folders mount records live in: first the one that
@@ -125,6 +129,7 @@ func registerMount(mountpoint, blobDir, source string) (func(), error) {
 		abs = real
 	}
 	rec := mountRecord{Mountpoint: abs, BlobDir: blobDir, Source: source, PID: os.Getpid()}
+	rec.Started, _ = procStarted(rec.PID)
 	b, _ := json.Marshal(rec)
 	dirs := registryDirs()
 	if os.Getenv("XDG_RUNTIME_DIR") != "" {
@@ -198,7 +203,7 @@ func allMounts() []*mountRecord {
 			if json.Unmarshal(b, &r) != nil {
 				continue
 			}
-			if syscall.Kill(r.PID, 0) == syscall.ESRCH {
+			if !r.alive() {
 				continue // the daemon is gone
 			}
 			if k := fmt.Sprint(r.Mountpoint, r.PID); !seen[k] {
@@ -335,3 +340,54 @@ func unescapeMountinfo(s string) string {
 }
 
 func init() { rootCmd.AddCommand(newPathCmd()) }
+
+// alive reports whether the record's daemon still runs: its PID names a
+// live process this user may signal, started when the daemon did. A daemon
+// that died without removing its record (killed, or its machine's PIDs
+// wrapped) leaves a PID another process may take.
+func (r *mountRecord) alive() bool {
+	if !running(r.PID) {
+		return false
+	}
+	if r.Started == 0 {
+		return true // a record of an older daemon
+	}
+	_, started, ok := procStat(r.PID)
+	return !ok || started == r.Started
+}
+
+// running reports whether pid is a process this user may signal that has
+// not exited (a zombie waiting for its parent has).
+func running(pid int) bool {
+	if pid <= 0 || syscall.Kill(pid, 0) != nil {
+		return false // ESRCH: gone; EPERM: another user's process
+	}
+	state, _, ok := procStat(pid)
+	return !ok || state != 'Z'
+}
+
+// procStarted returns a process's start time in clock ticks since boot.
+func procStarted(pid int) (uint64, bool) {
+	_, started, ok := procStat(pid)
+	return started, ok
+}
+
+// procStat returns a process's state and start time in clock ticks since
+// boot, fields 3 and 22 of /proc/PID/stat.
+func procStat(pid int) (state byte, started uint64, ok bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, 0, false
+	}
+	// The command name (field 2) is in parentheses and may hold spaces.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 || len(f[0]) != 1 {
+		return 0, 0, false
+	}
+	v, err := strconv.ParseUint(f[19], 10, 64)
+	return f[0][0], v, err == nil
+}

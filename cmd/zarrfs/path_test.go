@@ -1,6 +1,11 @@
 package main
 
-import "testing"
+import (
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+)
 
 func TestParseMountinfo(t *testing.T) {
 	for _, tc := range []struct {
@@ -23,4 +28,44 @@ func TestParseMountinfo(t *testing.T) {
 			t.Errorf("parseMountinfo(%q) = %q, %d, %v", tc.line, mnt, uid, ok)
 		}
 	}
+}
+
+// A record names its daemon by PID and start time: a PID taken since by
+// another process, or a daemon that exited and waits for its parent, is
+// not a live mount.
+func TestRecordAlive(t *testing.T) {
+	started, ok := procStarted(os.Getpid())
+	if !ok || started == 0 {
+		t.Fatalf("procStarted(self) = %d, %v", started, ok)
+	}
+	for _, c := range []struct {
+		r    mountRecord
+		want bool
+	}{
+		{mountRecord{PID: os.Getpid(), Started: started}, true},
+		{mountRecord{PID: os.Getpid()}, true}, // an older daemon's record
+		{mountRecord{PID: os.Getpid(), Started: started + 1}, false},
+		{mountRecord{PID: 0}, false},
+		{mountRecord{PID: 1 << 30}, false},
+	} {
+		if got := c.r.alive(); got != c.want {
+			t.Errorf("alive(%+v) = %v, want %v", c.r, got, c.want)
+		}
+	}
+
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Skip(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for running(cmd.Process.Pid) {
+		if time.Now().After(deadline) {
+			t.Fatal("an exited child (a zombie) counts as running")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if state, _, ok := procStat(cmd.Process.Pid); !ok || state != 'Z' {
+		t.Errorf("the exited child's state: %q, %v; want a zombie", state, ok)
+	}
+	cmd.Wait()
 }

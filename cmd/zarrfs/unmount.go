@@ -72,7 +72,7 @@ func unmount(mountpoint string, lazy bool, timeout time.Duration) error {
 		return fmt.Errorf("%s: signal daemon %d: %w", mountpoint, rec.PID, err)
 	}
 	deadline := time.Now().Add(timeout)
-	for syscall.Kill(rec.PID, 0) == nil {
+	for running(rec.PID) {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%s: daemon %d still running after %v (files open? try --lazy)", mountpoint, rec.PID, timeout)
 		}
