@@ -349,7 +349,7 @@ func TestDirectFillError(t *testing.T) {
 	if _, err := os.ReadFile(filepath.Join(d.mnt, "z", "00.npy")); err != nil {
 		t.Errorf("z/00.npy: %v", err)
 	}
-	logs := d.stderr.String()
+	logs := d.logs("cannot fill file", "chunk=t/c/0/0/0/0")
 	if strings.Count(logs, "cannot fill file") != 1 || !strings.Contains(logs, "chunk=t/c/0/0/0/0") {
 		t.Errorf("want one log line naming chunk t/c/0/0/0/0:\n%s", logs)
 	}
@@ -498,7 +498,7 @@ func TestDirectBlobOverBudget(t *testing.T) {
 	if _, err := os.ReadFile(filepath.Join(d.mnt, "latitude.npy")); err != nil {
 		t.Errorf("latitude.npy: %v", err)
 	}
-	if !strings.Contains(d.stderr.String(), "larger than the cache budget") {
+	if !strings.Contains(d.logs("larger than the cache budget"), "larger than the cache budget") {
 		t.Errorf("no line says why:\n%s", d.stderr)
 	}
 }

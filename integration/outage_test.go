@@ -163,7 +163,7 @@ func checkOutage(t *testing.T, d *daemon, o outage, firstEIO time.Duration) {
 	if !alive(d) {
 		t.Fatalf("daemon died: %v", d.err)
 	}
-	logs := d.stderr.String()
+	logs := d.logs("source not answering", "source answering again")
 	t.Logf("daemon log:\n%s", logs)
 	if n := strings.Count(logs, "\n"); n > 40 {
 		t.Errorf("%d log lines for one outage:\n%s", n, logs)
