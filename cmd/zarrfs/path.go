@@ -342,7 +342,7 @@ func unescapeMountinfo(s string) string {
 func init() { rootCmd.AddCommand(newPathCmd()) }
 
 // alive reports whether the record's daemon still runs: its PID names a
-// live process this user may signal, started when the daemon did. A daemon
+// live process, started when the daemon did. A daemon
 // that died without removing its record (killed, or its machine's PIDs
 // wrapped) leaves a PID another process may take.
 func (r *mountRecord) alive() bool {
@@ -356,11 +356,11 @@ func (r *mountRecord) alive() bool {
 	return !ok || started == r.Started
 }
 
-// running reports whether pid is a process this user may signal that has
-// not exited (a zombie waiting for its parent has).
+// running reports whether pid is a process that has not exited (a zombie
+// waiting for its parent has). It may be another user's (root's mount).
 func running(pid int) bool {
-	if pid <= 0 || syscall.Kill(pid, 0) != nil {
-		return false // ESRCH: gone; EPERM: another user's process
+	if pid <= 0 || syscall.Kill(pid, 0) == syscall.ESRCH {
+		return false
 	}
 	state, _, ok := procStat(pid)
 	return !ok || state != 'Z'
