@@ -44,7 +44,7 @@ class Net(nn.Module):
 
 def batches_loader(a, rank, world, device, epoch):
     from zarrfs.torch import Loader
-    l = Loader(a.dir, a.batch, device=str(device), rank=rank, world=world, shuffle=True, seed=a.seed)
+    l = Loader(a.dir, a.batch, device=str(device), rank=rank, world=world, shuffle=True, seed=a.seed, open_ahead=a.open_ahead)
     l.set_epoch(epoch)
     for x, c in l:
         yield x, c["index"].tolist()
@@ -136,6 +136,7 @@ def main():
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--open-ahead", type=int, default=8, help="loader: samples opened ahead (0: none)")
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--share-gpu", action="store_true", help="all ranks on GPU 0 (gloo), where there is one GPU")
     ap.add_argument("--label", default="")

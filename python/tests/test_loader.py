@@ -188,3 +188,38 @@ def test_cuda_second_iteration_stops_the_first(mount, index_store):
     with pytest.raises(RuntimeError, match="another iteration"):
         for _ in first:
             pass
+
+
+@pytest.mark.parametrize("open_ahead", [0, 5])
+def test_open_ahead_starts_fills(mount, index_store, open_ahead):
+    """On a cold mount the loader opens the samples after the batch it reads,
+    so that they fill at once, whatever the batch size (the mount's own
+    readahead, which would fill these sequential samples too, is off)."""
+    m = mount(index_store, readahead=0)
+    cache = m.cache
+
+    def filled():
+        return sum(f.endswith(".npy") for _, _, fs in os.walk(cache) for f in fs)
+
+    l = Loader(os.path.join(m.path, "x"), 1, device="cpu", threads=2, prefetch=1, open_ahead=open_ahead)
+    base = filled()  # the coordinates the loader read
+    it = iter(l)
+    batch, coords = next(it)
+    assert coords["index"].tolist() == [0]
+    # The producer reads batches 0-2 (one handed out, one queued, one
+    # waiting to be queued); open_ahead more samples follow the last.
+    want = base + 3 + open_ahead
+    deadline = time.time() + 10
+    while filled() < want and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    assert filled() == want
+    assert epoch_indices_rest(it) == list(range(1, N))
+    assert filled() == base + N
+
+
+def epoch_indices_rest(it):
+    got = []
+    for batch, coords in it:
+        got += [value(b) for b in batch]
+    return got

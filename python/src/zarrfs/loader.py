@@ -50,7 +50,11 @@ class Loader:
     reshuffle. ``drop_last`` drops a last, smaller batch.
 
     Reading: ``threads`` preads at once (default: the CPUs, at most 16) into
-    ``prefetch + 1`` pinned buffers; ``prefetch`` batches are read ahead. The
+    ``prefetch + 1`` pinned buffers; ``prefetch`` batches are read ahead.
+    Besides, the ``open_ahead`` samples (default 8) that follow the batch
+    being read are opened (and closed) in the background: on a cold mount
+    an open starts the sample's fill, so that many fill at once whatever
+    the batch size; on a warm one an open costs a lookup. The
     loader's threads stop when an epoch's iteration ends, is abandoned, or
     fails; a sample that cannot be read (EIO from the mount: a corrupt chunk)
     raises an ``OSError`` naming its file. On a GPU one epoch reads at a
@@ -61,7 +65,7 @@ class Loader:
     def __init__(self, sample_dir, batch_size: int, *, device="cuda", rank: int = 0, world: int = 1,
                  shuffle: bool = False, seed: int = 0, drop_last: bool = False,
                  threads: Optional[int] = None, prefetch: int = 2, odirect: bool = False,
-                 even_batches: bool = False):
+                 even_batches: bool = False, open_ahead: int = 8):
         import torch
 
         self.dir = SampleDir(sample_dir)
@@ -71,12 +75,15 @@ class Loader:
             raise ValueError(f"rank {rank} of world {world}: want 0 <= rank < world")
         if prefetch < 1:
             raise ValueError(f"prefetch {prefetch}: want 1 or more")
+        if open_ahead < 0:
+            raise ValueError(f"open_ahead {open_ahead}: want 0 or more")
         self.batch_size = batch_size
         self.rank, self.world = rank, world
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.even_batches = even_batches
         self.threads = threads or min(os.cpu_count() or 1, 16)
         self.prefetch = prefetch
+        self.open_ahead = open_ahead
         self.odirect = odirect
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -135,7 +142,7 @@ class Loader:
         return (f"Loader({self.dir.path!r}, batch_size={self.batch_size}, device={str(self.device)!r}, "
                 f"rank={self.rank}, world={self.world}, shuffle={self.shuffle}, even_batches={self.even_batches}, "
                 f"threads={self.threads}, "
-                f"prefetch={self.prefetch}, path={self.path_kind!r}, samples={len(self.order())}, "
+                f"prefetch={self.prefetch}, open_ahead={self.open_ahead}, path={self.path_kind!r}, samples={len(self.order())}, "
                 f"sample={self.dir.sample_shape} {self.dir.dtype.str})")
 
     def __iter__(self):
@@ -168,7 +175,7 @@ class _Epoch:
         self.out, self.batches = p.out, p.batches
         self.superseded = False
         self.thread = threading.Thread(target=p.run, name="zarrfs-loader", daemon=True)
-        self._finalizer = weakref.finalize(self, _shutdown, p.stop, p.pool, p.out, self.thread)
+        self._finalizer = weakref.finalize(self, _shutdown, p.stop, p.pool, p.ahead, p.out, self.thread)
         self.thread.start()
 
     def __iter__(self):
@@ -215,6 +222,7 @@ class _Producer:
         self.l = loader
         d = loader.dir
         bs = loader.batch_size
+        self.order = order
         self.batches = [order[i:i + bs] for i in range(0, len(order), bs)]
         if loader.drop_last and self.batches and len(self.batches[-1]) < bs:
             self.batches.pop()
@@ -233,6 +241,8 @@ class _Producer:
         self.out = queue.Queue(maxsize=loader.prefetch)
         self.stop = threading.Event()
         self.pool = ThreadPoolExecutor(loader.threads, thread_name_prefix="zarrfs-loader")
+        self.ahead = ThreadPoolExecutor(loader.open_ahead, thread_name_prefix="zarrfs-open-ahead") if loader.open_ahead else None
+        self.opened = 0  # samples of the order, from the first, opened ahead or read
 
     def run(self):
         import torch
@@ -240,6 +250,7 @@ class _Producer:
             for k, batch in enumerate(self.batches):
                 if self.stop.is_set():
                     return
+                self._open_ahead(k)
                 if self.ring:
                     slot = k % len(self.ring)
                     if self.events[slot] is not None:
@@ -267,6 +278,27 @@ class _Producer:
             self._put_final((None, None, e))
             return
         self._put_final((None, None, StopIteration()))
+
+    def _open_ahead(self, k):
+        """Opens, in the background, the samples after batch k up to
+        open_ahead of them: a cold mount starts filling them now."""
+        first = k * self.l.batch_size + len(self.batches[k])
+        self.opened = max(self.opened, first)
+        if self.ahead is None:
+            return
+        order = self.order
+        end = min(first + self.l.open_ahead, len(order))
+        for i in range(self.opened, end):
+            self.ahead.submit(self._touch, self.l.dir.file(int(order[i])))
+        self.opened = max(self.opened, end)
+
+    def _touch(self, path):
+        if self.stop.is_set():
+            return
+        try:
+            os.close(os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
+        except OSError:
+            pass  # the read of the sample reports it
 
     def _put_final(self, v):
         while not self.stop.is_set():
@@ -348,8 +380,11 @@ class _Producer:
             c[d.sample_dim] = self.l._coords[batch]
         return c
 
-def _shutdown(stop, pool, out, thread):
+def _shutdown(stop, pool, ahead, out, thread):
     stop.set()
+    if ahead is not None:
+        # An open waits for its fill: let those under way end by themselves.
+        ahead.shutdown(wait=False, cancel_futures=True)
     while True:  # unblock a producer waiting to put
         try:
             out.get_nowait()
