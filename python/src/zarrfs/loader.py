@@ -226,6 +226,7 @@ class _Producer:
         self.batches = [order[i:i + bs] for i in range(0, len(order), bs)]
         if loader.drop_last and self.batches and len(self.batches[-1]) < bs:
             self.batches.pop()
+        self.nsamples = sum(len(b) for b in self.batches)  # those read: not a dropped last batch
         self.nbytes = d.sample_nbytes
         # Samples sit at aligned offsets in the host buffers, so O_DIRECT
         # reads can land there.
@@ -287,7 +288,7 @@ class _Producer:
         if self.ahead is None:
             return
         order = self.order
-        end = min(first + self.l.open_ahead, len(order))
+        end = min(first + self.l.open_ahead, self.nsamples)
         for i in range(self.opened, end):
             self.ahead.submit(self._touch, self.l.dir.file(int(order[i])))
         self.opened = max(self.opened, end)
