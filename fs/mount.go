@@ -27,8 +27,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -39,6 +37,7 @@ import (
 
 	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/internal/mountinfo"
 	"github.com/zarrfs/zarrfs/zarr"
 )
 
@@ -399,42 +398,14 @@ func liveMount(mountpoint string) (source string, ok bool) {
 	if real, err := filepath.EvalSymlinks(abs); err == nil {
 		abs = real
 	}
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return "", false
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		pre, post, found := strings.Cut(line, " - ")
-		f, g := strings.Fields(pre), strings.Fields(post)
-		if !found || len(f) < 5 || len(g) < 2 {
-			continue
-		}
+	mounts, _ := mountinfo.Read()
+	for _, e := range mounts {
 		// The last matching line is the mount on top.
-		if unescapeMountinfo(f[4]) == abs {
-			source, ok = unescapeMountinfo(g[1]), g[0] == "fuse.zarrfs"
+		if e.Mountpoint == abs {
+			source, ok = e.Source, e.FSType == "fuse.zarrfs"
 		}
 	}
 	return source, ok
-}
-
-// unescapeMountinfo undoes the octal escapes (\040 for a space) of
-// /proc/self/mountinfo.
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, "\\") {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // lazyUnmount detaches a mount even while it is busy.

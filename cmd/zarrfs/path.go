@@ -17,6 +17,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/zarrfs/zarrfs/internal/mountinfo"
 )
 
 // A running mount records where its blobs live in a small registry file, so
@@ -284,12 +286,12 @@ func describeUser(uid int) string {
 // zarrfsMountOf finds the innermost zarrfs FUSE mount holding abs in
 // /proc/self/mountinfo, and the uid that mounted it (the user_id option).
 func zarrfsMountOf(abs string) (mountpoint string, uid int, ok bool) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := mountinfo.Read()
 	if err != nil {
 		return "", 0, false
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		mnt, owner, isOurs := parseMountinfo(line)
+	for _, e := range mounts {
+		mnt, owner, isOurs := zarrfsMount(e)
 		if !isOurs || (abs != mnt && !strings.HasPrefix(abs, strings.TrimSuffix(mnt, "/")+"/")) {
 			continue
 		}
@@ -300,43 +302,18 @@ func zarrfsMountOf(abs string) (mountpoint string, uid int, ok bool) {
 	return mountpoint, uid, ok
 }
 
-// parseMountinfo reads one line of /proc/self/mountinfo: the mountpoint
-// and owner of a zarrfs FUSE mount.
-func parseMountinfo(line string) (mountpoint string, uid int, ok bool) {
-	pre, post, found := strings.Cut(line, " - ")
-	f, g := strings.Fields(pre), strings.Fields(post)
-	if !found || len(f) < 5 || len(g) < 3 || g[0] != "fuse.zarrfs" {
+// zarrfsMount returns the mountpoint and owner (the user_id option) of a
+// zarrfs FUSE mount.
+func zarrfsMount(e mountinfo.Entry) (mountpoint string, uid int, ok bool) {
+	if e.FSType != "fuse.zarrfs" {
 		return "", 0, false
 	}
-	for _, o := range strings.Split(g[2], ",") {
-		if v, isUID := strings.CutPrefix(o, "user_id="); isUID {
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				return "", 0, false
-			}
-			return unescapeMountinfo(f[4]), n, true
-		}
+	v, found := e.Option("user_id")
+	n, err := strconv.Atoi(v)
+	if !found || err != nil {
+		return "", 0, false
 	}
-	return "", 0, false
-}
-
-// unescapeMountinfo undoes the kernel's octal escapes (\040 for a space).
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, "\\") {
-		return s
-	}
-	var sb strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				sb.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		sb.WriteByte(s[i])
-	}
-	return sb.String()
+	return e.Mountpoint, n, true
 }
 
 func init() { rootCmd.AddCommand(newPathCmd()) }

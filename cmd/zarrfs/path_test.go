@@ -5,6 +5,8 @@ import (
 	"os/exec"
 	"testing"
 	"time"
+
+	"github.com/zarrfs/zarrfs/internal/mountinfo"
 )
 
 func TestParseMountinfo(t *testing.T) {
@@ -23,9 +25,10 @@ func TestParseMountinfo(t *testing.T) {
 		{`22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw`, "", 0, false},
 		{``, "", 0, false},
 	} {
-		mnt, uid, ok := parseMountinfo(tc.line)
+		e, _ := mountinfo.Parse(tc.line)
+		mnt, uid, ok := zarrfsMount(e)
 		if mnt != tc.mnt || uid != tc.uid || ok != tc.ok {
-			t.Errorf("parseMountinfo(%q) = %q, %d, %v", tc.line, mnt, uid, ok)
+			t.Errorf("zarrfsMount(%q) = %q, %d, %v", tc.line, mnt, uid, ok)
 		}
 	}
 }

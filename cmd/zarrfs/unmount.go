@@ -6,11 +6,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/zarrfs/zarrfs/internal/mountinfo"
 )
 
 func newUnmountCmd() *cobra.Command {
@@ -112,12 +112,9 @@ func detach(p string, lazy bool) error {
 
 // mountedAt reports whether p is a mountpoint, from /proc/self/mountinfo.
 func mountedAt(p string) bool {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && unescapeMountinfo(f[4]) == p {
+	mounts, _ := mountinfo.Read()
+	for _, e := range mounts {
+		if e.Mountpoint == p {
 			return true
 		}
 	}
