@@ -133,11 +133,11 @@ func registerMount(mountpoint, blobDir, source string) (func(), error) {
 	rec := mountRecord{Mountpoint: abs, BlobDir: blobDir, Source: source, PID: os.Getpid()}
 	rec.Started, _ = procStarted(rec.PID)
 	b, _ := json.Marshal(rec)
-	dirs := registryDirs()
-	if os.Getenv("XDG_RUNTIME_DIR") != "" {
-		dirs = dirs[:min(2, len(dirs))]
-	} else {
-		dirs = dirs[:1]
+	dirs := registryDirs()[:1]
+	if xdg := os.Getenv("XDG_RUNTIME_DIR"); xdg != "" {
+		if d := filepath.Join(xdg, "zarrfs", "mounts"); d != dirs[0] {
+			dirs = append(dirs, d)
+		}
 	}
 	var written []string
 	var firstErr error

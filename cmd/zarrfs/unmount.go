@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -102,7 +103,7 @@ func detach(p string, lazy bool) error {
 	for _, bin := range []string{"fusermount3", "fusermount"} {
 		if path, err := exec.LookPath(bin); err == nil {
 			if out, err := exec.Command(path, args...).CombinedOutput(); err != nil {
-				return fmt.Errorf("%s: %v: %s", bin, err, out)
+				return fmt.Errorf("%s: %v: %s", bin, err, strings.Join(strings.Fields(string(out)), " "))
 			}
 			return nil
 		}
