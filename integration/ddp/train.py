@@ -42,9 +42,15 @@ class Net(nn.Module):
         return self.out(torch.cat([h, x], 1))
 
 
+_loader = {}
+
+
 def batches_loader(a, rank, world, device, epoch):
     from zarrfs.torch import Loader
-    l = Loader(a.dir, a.batch, device=str(device), rank=rank, world=world, shuffle=True, seed=a.seed, open_ahead=a.open_ahead)
+    if "l" not in _loader:  # one Loader for the run: its pinned buffers are kept across epochs
+        _loader["l"] = Loader(a.dir, a.batch, device=str(device), rank=rank, world=world, shuffle=True, seed=a.seed,
+                              open_ahead=a.open_ahead)
+    l = _loader["l"]
     l.set_epoch(epoch)
     for x, c in l:
         yield x, c["index"].tolist()
@@ -112,7 +118,8 @@ def batches_baseline(a, rank, world, device, epoch):
 
 
 def baseline_shape(a):
-    """A sample's shape (channels, lat, lon) as batches_baseline stacks it, from the metadata alone."""
+    """A sample's shape (channels, lat, lon) as batches_baseline stacks it, and the number of samples,
+    from the metadata alone."""
     import xarray as xr
     import yaml
     spec = yaml.safe_load(open(a.view_yaml))["views"][0]
@@ -123,7 +130,7 @@ def baseline_shape(a):
         dims = [n for d, n in zip(v.dims, v.shape) if d != "time"]
         c += dims[0] if len(dims) == 3 else 1
         hw = dims[-2:]
-    return (c, *hw)
+    return (c, *hw), ds.sizes[spec.get("sample_dim", "time")]
 
 
 def main():
@@ -156,7 +163,7 @@ def main():
     import zarrfs
     if a.reader == "baseline":
         channels = None
-        shape = baseline_shape(a)
+        shape, total = baseline_shape(a)
     else:
         d = zarrfs.SampleDir(a.dir)
         channels, total, shape = d.sample_shape[0], d.total, tuple(d.sample_shape)
@@ -195,7 +202,7 @@ def main():
             else:
                 # DistributedSampler pads the ranks to equal lengths with
                 # repeats: every sample at least once is what it promises.
-                once = set(all_seen) == set(range(max(all_seen) + 1))
+                once = set(all_seen) == set(range(total))
             per_rank = [round(len(g["seen"]) / g["seconds"], 2) for g in gathered]
             slowest = max(g["seconds"] for g in gathered)
             print(json.dumps({"label": a.label, "reader": a.reader + (f"/{_dali.get('reader')}" if a.reader == "dali" else ""),

@@ -232,14 +232,13 @@ class Mount:
                 raise MountError(self._error_line(
                     f"{self.path}: zarrfs mount exited with status {p.returncode} before it was stopped"),
                     returncode=p.returncode, stderr=self.stderr)
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    self._kill()
-                    raise MountError(f"{self.path}: zarrfs did not exit within {timeout:g}s of SIGTERM; killed it",
-                                     stderr=self.stderr)
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self._kill()
+                raise MountError(f"{self.path}: zarrfs did not exit within {timeout:g}s of SIGTERM; killed it",
+                                 stderr=self.stderr)
             for t in self._threads:
                 t.join(timeout=5)
             if p.returncode != 0:

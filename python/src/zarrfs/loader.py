@@ -3,7 +3,7 @@
 A sample directory of a zarrfs mount holds files of one fixed size whose data
 starts at a known aligned offset (the sidecar says where, and the shape and
 dtype), so a loader needs no parsing: parallel preads into a ring of pinned
-host buffers, one asynchronous copy per batch to the GPU on a stream of its
+host buffers, asynchronous copies (one per sample) to the GPU on a stream of its
 own, with batches read ahead while the previous ones train.
 """
 
@@ -31,7 +31,7 @@ class Loader:
 
     ``batch`` is a ``torch.Tensor`` of shape ``(B, *sample_shape)`` with the
     sidecar's dtype, on ``device`` ("cuda", "cuda:N", or "cpu" for CPU tensors,
-    pinned when CUDA is present). ``coords`` is a dict: ``index`` (the global
+    pinned with ``pin_memory=True``). ``coords`` is a dict: ``index`` (the global
     sample indices, an int64 tensor), ``file`` (the paths) and, when the mount
     knows the sample coordinate, its values under the sample dimension's name
     (a NumPy array, datetime64 for times).
@@ -65,7 +65,7 @@ class Loader:
     def __init__(self, sample_dir, batch_size: int, *, device="cuda", rank: int = 0, world: int = 1,
                  shuffle: bool = False, seed: int = 0, drop_last: bool = False,
                  threads: Optional[int] = None, prefetch: int = 2, odirect: bool = False,
-                 even_batches: bool = False, open_ahead: int = 8):
+                 even_batches: bool = False, open_ahead: int = 8, pin_memory: bool = False):
         import torch
 
         self.dir = SampleDir(sample_dir)
@@ -88,7 +88,8 @@ class Loader:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(f"device {device!r}: CUDA is not available (use device='cpu')")
-        self.pinned = torch.cuda.is_available()
+        # CPU batches are pinned only when asked (pinning starts CUDA).
+        self.pinned = pin_memory and torch.cuda.is_available()
         self.epoch = 0
         self._coords = self.dir.coords()
         self._torch_dtype = _torch_dtype(self.dir.dtype)
