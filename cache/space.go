@@ -3,7 +3,6 @@ package cache
 import (
 	"errors"
 	"fmt"
-	"path/filepath"
 	"syscall"
 )
 
@@ -46,10 +45,10 @@ func isNoSpace(err error) bool {
 // charge is what an entry of n bytes counts against the budget: n, or its
 // blocks when the budget is the filesystem's.
 func (c *Cache) charge(n int64) int64 {
-	if c.unit <= 1 || n <= 0 {
+	if n <= 0 {
 		return n
 	}
-	return (n + c.unit - 1) / c.unit * c.unit
+	return roundUp(n, c.unit)
 }
 
 // deriveBudget sets the budget from the filesystem: what the cache holds
@@ -84,7 +83,7 @@ func (c *Cache) ensureSpace(rel string, size int64) error {
 		c.budget = max(c.budget, c.used+sp.avail-headroom(sp.total))
 		c.mu.Unlock()
 	}
-	need := c.roundTo(size, sp.block)
+	need := roundUp(size, sp.block)
 	if need > sp.total {
 		return fmt.Errorf("blob %s: %d bytes do not fit the cache's filesystem (%d bytes in all): %w", rel, size, sp.total, syscall.ENOSPC)
 	}
@@ -100,7 +99,8 @@ func (c *Cache) ensureSpace(rel string, size int64) error {
 	return nil
 }
 
-func (c *Cache) roundTo(n, block int64) int64 {
+// roundUp rounds n up to whole blocks.
+func roundUp(n, block int64) int64 {
 	if block <= 1 {
 		return n
 	}
@@ -140,8 +140,13 @@ func (c *Cache) makeRoomLocked(need int64) bool {
 	return freed
 }
 
-// cachePath is the file of an entry.
-func (c *Cache) cachePath(e *entry) string { return filepath.Join(c.dir, e.key) }
+// BudgetFromFilesystem reports whether the budget is what the cache's
+// filesystem can hold, rather than a size given.
+func (c *Cache) BudgetFromFilesystem() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.derived
+}
 
 // Budget is the cache's byte budget now (see Options.Size).
 func (c *Cache) Budget() int64 {

@@ -160,8 +160,12 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 	// A warm that cannot keep what it warms would report success for files
 	// a mount then fetches again: refuse it before any work.
 	if budget := c.Budget(); budget > 0 && plan.Bytes > budget {
-		return fmt.Errorf("the %s to warm (%s) do not fit the cache budget (%s); raise --cache-size or warm fewer (--only, --samples, --rank/--world)",
-			files(len(plan.Blobs)), memory.Human(plan.Bytes), memory.Human(budget))
+		room, raise := "the cache budget", "raise --cache-size"
+		if c.BudgetFromFilesystem() {
+			room, raise = "what the cache's filesystem holds", "free space on it"
+		}
+		return fmt.Errorf("the %s to warm (%s) do not fit %s (%s); %s or warm fewer (--only, --samples, --rank/--world)",
+			files(len(plan.Blobs)), memory.Human(plan.Bytes), room, memory.Human(budget), raise)
 	}
 	var todo []layout.Blob
 	var todoBytes int64
