@@ -30,6 +30,11 @@ type counter struct {
 
 func (c *counter) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 	err := c.inner.DecodeBatch(ctx, jobs)
+	if err != nil {
+		// A failed batch is decoded again whole (fallback) and counted
+		// there: counting its settled jobs here would count them twice.
+		return err
+	}
 	local := map[codec.Name]Count{}
 	for i := range jobs {
 		if jobs[i].Err == nil {

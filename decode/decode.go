@@ -221,7 +221,10 @@ type Pipeline struct {
 	active  atomic.Int64 // batches in DecodeBatch
 	lastUse atomic.Int64 // UnixNano of the last batch
 	asleep  atomic.Bool
-	wakeMu  sync.Mutex
+	// retryWake is the UnixNano before which a wake that failed is not
+	// tried again.
+	retryWake atomic.Int64
+	wakeMu    sync.Mutex
 
 	fellBack sync.Once
 }
@@ -368,9 +371,6 @@ func (p *Pipeline) openGPUs() (err error) {
 		o := p.opts.GPU
 		o.Device = dev
 		o.Logger = p.log
-		// The daemon is the only user of the GPU in its process: closing a
-		// GPU (idle, or at exit) gives back its whole context.
-		o.ResetOnClose = true
 		g, err := p.opts.newGPU(o)
 		if err != nil {
 			for _, g := range gpus {
@@ -454,6 +454,9 @@ func (p *Pipeline) lentLocked() bool {
 	return false
 }
 
+// wakeRetry is how long after a failed wake the next one is tried.
+const wakeRetry = 30 * time.Second
+
 // wake starts the GPUs again after sleepWhenIdle: in the background in
 // Auto mode (batches decode on the CPU meanwhile), before the batch in GPU
 // mode.
@@ -472,9 +475,16 @@ func (p *Pipeline) wake() {
 		p.woke = true
 		p.mu.Unlock()
 		if err := p.openGPUs(); err != nil {
-			p.log.Warn("GPUs did not start again; decoding on the CPU", "err", err)
+			// Still asleep (training may hold the GPU's memory): a later
+			// batch tries again, after wakeRetry.
+			p.retryWake.Store(time.Now().Add(wakeRetry).UnixNano())
+			p.log.Warn("GPUs did not start again; decoding on the CPU", "err", err, "retry_in", wakeRetry)
+			return
 		}
 		p.asleep.Store(false)
+	}
+	if time.Now().UnixNano() < p.retryWake.Load() {
+		return
 	}
 	if p.opts.Mode == GPU {
 		start()

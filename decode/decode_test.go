@@ -497,3 +497,75 @@ func TestGPUStatsByDevice(t *testing.T) {
 		t.Errorf("GPUStats after Close: %d chunks, want 1", s.Chunks)
 	}
 }
+
+// A wake that fails (the GPU's memory taken meanwhile) leaves the pipeline
+// asleep, decoding on the CPU, and a later batch tries again.
+func TestFailedWakeTriesAgain(t *testing.T) {
+	var made []*fakeGPU
+	opts := fakes(GPU, 1, &made)
+	opts.GPU.HostIdle = 30 * time.Millisecond
+	var refuse atomic.Bool
+	newGPU := opts.newGPU
+	opts.newGPU = func(o gpu.Options) (gpuDecoder, error) {
+		if refuse.Load() {
+			return nil, errors.New("out of memory")
+		}
+		return newGPU(o)
+	}
+	p, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.DecodeBatch(context.Background(), []codec.Job{zstdJob(t)}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); !made[0].closed.Load(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("idle GPUs not given back")
+		}
+	}
+	refuse.Store(true)
+	j := []codec.Job{zstdJob(t)}
+	if err := p.DecodeBatch(context.Background(), j); err != nil {
+		t.Fatal(err)
+	}
+	checkJobs(t, j)
+	if !p.asleep.Load() || len(made) != 1 {
+		t.Fatalf("after a failed wake: asleep %v, %d GPUs opened", p.asleep.Load(), len(made))
+	}
+	refuse.Store(false)
+	p.retryWake.Store(0) // the retry time has passed
+	j = []codec.Job{zstdJob(t)}
+	if err := p.DecodeBatch(context.Background(), j); err != nil {
+		t.Fatal(err)
+	}
+	checkJobs(t, j)
+	if p.asleep.Load() || len(made) != 2 || made[1].decoded.Load() != 1 {
+		t.Errorf("the next wake: asleep %v, %d GPUs opened", p.asleep.Load(), len(made))
+	}
+}
+
+// A batch the GPU fails as a whole is decoded again on the CPU and counted
+// there only.
+func TestFailedBatchCountedOnce(t *testing.T) {
+	var made []*fakeGPU
+	p, err := New(fakes(GPU, 1, &made))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if _, err := p.Ready(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	made[0].failing.Store(true)
+	j := []codec.Job{zstdJob(t), zstdJob(t)}
+	if err := p.DecodeBatch(context.Background(), j); err != nil {
+		t.Fatal(err)
+	}
+	checkJobs(t, j)
+	want := Decoded{{"zstd", "cpu"}: {Chunks: 2, Bytes: int64(2 * len(sample))}}
+	if got := p.Decoded(); !reflect.DeepEqual(got, want) {
+		t.Errorf("Decoded: %v, want %v", got, want)
+	}
+}

@@ -101,7 +101,9 @@ func (f *sourceFlags) newPipeline(log *slog.Logger) (*decode.Pipeline, error) {
 		return nil, usagef("--gpu-idle %v: want a positive duration", f.gpuIdle)
 	}
 	p, err := decode.New(decode.Options{Mode: mode, GPUs: gpus, GPUMemory: gpuMem, PinnedMemory: pinned,
-		GPU: gpu.Options{HostIdle: f.gpuIdle}, Logger: log})
+		// The daemon is the only user of the GPUs in its process: closing
+		// one (idle, or at exit) gives back its whole context.
+		GPU: gpu.Options{HostIdle: f.gpuIdle, ResetOnClose: true}, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("--decode %s: %w", mode, err)
 	}
