@@ -208,8 +208,11 @@ type Pipeline struct {
 	started bool
 	woke    bool // the GPUs were started again after sleeping
 
-	// retired sums, by ordinal, the Stats of GPUs closed while asleep.
-	retired map[int]gpu.Stats
+	// retired sums, by ordinal, the Stats of GPUs closed while asleep;
+	// closing are the GPUs being closed now (counted until retired).
+	retired        map[int]gpu.Stats
+	closing        []gpuDecoder
+	closingDevices []int
 
 	// onCPU is the CPU pool, counted; decoded holds the counts of every
 	// device, guarded by countMu.
@@ -424,6 +427,7 @@ func (p *Pipeline) sleepWhenIdle() {
 		}
 		gpus, devices := p.gpus, p.devices
 		p.gpus, p.devices = nil, nil
+		p.closing, p.closingDevices = gpus, devices
 		p.route.Store(&routed{p.onCPU})
 		p.asleep.Store(true)
 		p.mu.Unlock()
@@ -635,10 +639,14 @@ func (p *Pipeline) GPUStatsByDevice() map[int]gpu.Stats {
 	for i, g := range p.gpus {
 		m[p.devices[i]] = m[p.devices[i]].Add(g.Stats())
 	}
+	for i, g := range p.closing {
+		m[p.closingDevices[i]] = m[p.closingDevices[i]].Add(g.Stats())
+	}
 	return m
 }
 
-// retireLocked keeps the counts of GPUs being closed for good.
+// retireLocked keeps the counts of GPUs closed for good, which until now
+// were counted among those closing.
 func (p *Pipeline) retireLocked(gpus []gpuDecoder, devices []int) {
 	if p.retired == nil {
 		p.retired = map[int]gpu.Stats{}
@@ -646,6 +654,7 @@ func (p *Pipeline) retireLocked(gpus []gpuDecoder, devices []int) {
 	for i, g := range gpus {
 		p.retired[devices[i]] = p.retired[devices[i]].Add(g.Stats())
 	}
+	p.closing, p.closingDevices = nil, nil
 }
 
 // MemoryHeld reports the memory the GPUs hold for decoding now, besides
@@ -679,6 +688,7 @@ func (p *Pipeline) Close() error {
 	p.mu.Lock()
 	gpus, devices := p.gpus, p.devices
 	p.gpus, p.devices = nil, nil
+	p.closing, p.closingDevices = gpus, devices
 	p.mu.Unlock()
 	for _, g := range gpus {
 		errs = append(errs, g.Close())

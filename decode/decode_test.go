@@ -28,6 +28,8 @@ type fakeGPU struct {
 	batches atomic.Int64
 	decoded atomic.Int64
 	closed  atomic.Bool
+	// closeHold, when set, keeps Close waiting until it is closed.
+	closeHold chan struct{}
 
 	mu   sync.Mutex
 	lent map[*byte]bool
@@ -67,7 +69,13 @@ func (g *fakeGPU) HostFree(b []byte) {
 	g.mu.Unlock()
 }
 
-func (g *fakeGPU) Close() error                      { g.closed.Store(true); return nil }
+func (g *fakeGPU) Close() error {
+	if g.closeHold != nil {
+		<-g.closeHold
+	}
+	g.closed.Store(true)
+	return nil
+}
 func (g *fakeGPU) MemoryHeld() (int64, int64, int64) { return 1, 2, 3 }
 func (g *fakeGPU) HostLent() int64 {
 	g.mu.Lock()
@@ -567,5 +575,43 @@ func TestFailedBatchCountedOnce(t *testing.T) {
 	want := Decoded{{"zstd", "cpu"}: {Chunks: 2, Bytes: int64(2 * len(sample))}}
 	if got := p.Decoded(); !reflect.DeepEqual(got, want) {
 		t.Errorf("Decoded: %v, want %v", got, want)
+	}
+}
+
+// While the GPUs are being closed for a sleep, their counts still count:
+// the metrics built on them never go backwards.
+func TestStatsWhileClosing(t *testing.T) {
+	var made []*fakeGPU
+	opts := fakes(GPU, 1, &made)
+	opts.GPU.HostIdle = 50 * time.Millisecond
+	p, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if _, err := p.Ready(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	made[0].closeHold = release
+	if err := p.DecodeBatch(context.Background(), []codec.Job{zstdJob(t)}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); !p.asleep.Load(); time.Sleep(2 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the GPUs did not start to sleep")
+		}
+	}
+	if s := p.GPUStats(); s.Chunks != 1 {
+		t.Errorf("GPUStats while the GPU closes: %d chunks, want 1", s.Chunks)
+	}
+	close(release)
+	for deadline := time.Now().Add(5 * time.Second); !made[0].closed.Load(); time.Sleep(2 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the GPU did not close")
+		}
+	}
+	if s := p.GPUStats(); s.Chunks != 1 {
+		t.Errorf("GPUStats after the GPU closed: %d chunks, want 1", s.Chunks)
 	}
 }
