@@ -66,15 +66,12 @@ func (l *Layout) identity(b Blob, listing func(*zarr.Array) (*zarr.Listing, erro
 			fmt.Fprintf(h, "\x00%s\x00listing %p %d", a.Path, lst, lst.At.UnixNano())
 			continue
 		}
-		var verr error
-		a.EachRegionChunk(src.Start, src.Count, func(k string) {
-			if verr != nil {
-				return
-			}
+		// Sorted keys, as identities have always named them: a cache
+		// filled by an earlier release keeps its blobs.
+		for _, k := range a.RegionChunks(src.Start, src.Count) {
 			v, ok, err := lst.Version(k)
 			if err != nil {
-				verr = err
-				return
+				return "", err
 			}
 			if !ok {
 				v = "absent"
@@ -83,9 +80,6 @@ func (l *Layout) identity(b Blob, listing func(*zarr.Array) (*zarr.Listing, erro
 			io.WriteString(h, k)
 			h.Write([]byte{0})
 			io.WriteString(h, v)
-		})
-		if verr != nil {
-			return "", verr
 		}
 	}
 	return hex.EncodeToString(h.Sum(nil))[:32], nil
