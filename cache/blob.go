@@ -404,7 +404,7 @@ func (c *Cache) fillBlobOnce(ctx context.Context, rel string, size int64, ident 
 	// itself: it is filled and served from an unlinked temp file instead,
 	// never indexed.
 	budget := c.Budget()
-	oversize := budget > 0 && c.charge(size) > budget
+	oversize := !c.keeps(size, budget)
 	committed := oversize
 	if !oversize {
 		unreserve := c.reserve(size)

@@ -140,6 +140,12 @@ func (c *Cache) makeRoomLocked(need int64) bool {
 	return freed
 }
 
+// Keeps reports whether a blob of size bytes is kept once filled: one
+// larger than the whole budget is served from an unlinked file instead.
+func (c *Cache) Keeps(size int64) bool { return c.keeps(size, c.Budget()) }
+
+func (c *Cache) keeps(size, budget int64) bool { return budget <= 0 || c.charge(size) <= budget }
+
 // BudgetFromFilesystem reports whether the budget is what the cache's
 // filesystem can hold, rather than a size given.
 func (c *Cache) BudgetFromFilesystem() bool {

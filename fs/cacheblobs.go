@@ -17,6 +17,8 @@ func (b cacheBlobs) Open(ctx context.Context, key cache.BlobKey, size int64, fil
 	return b.c.GetBlob(ctx, key, size, fill)
 }
 
+func (b cacheBlobs) Keeps(size int64) bool { return b.c.Keeps(size) }
+
 func (b cacheBlobs) Path(layoutID, path string) string {
 	return b.c.BlobPath(cache.BlobKey{Layout: layoutID, Path: path})
 }

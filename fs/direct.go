@@ -165,16 +165,22 @@ func (l *leases) resolve(ctx context.Context, m *Mounted, b layout.Blob) error {
 	}
 	l.mu.Unlock()
 
+	// A blob larger than the whole cache budget is served from an unlinked
+	// file, which no link can name: refuse it before filling it, and check
+	// that the link's target is the very file leased.
+	tooLarge := func() error {
+		return fmt.Errorf("%s: %d bytes, larger than the cache budget: direct mode serves only blobs the cache can keep (raise --cache-size)", p, b.Size())
+	}
+	if !m.opts.Blobs.Keeps(b.Size()) {
+		return tooLarge()
+	}
 	h, ident, err := m.open(ctx, b)
 	if err != nil {
 		return err
 	}
-	// A blob larger than the whole cache budget is served from an unlinked
-	// file, which no link can name: the link's target must be the very file
-	// leased.
-	if !sameFile(h.File(), m.opts.Blobs.Path(m.opts.Layout.ID, p)) {
+	if !sameFile(h.File(), m.opts.Blobs.Path(m.Layout().ID, p)) {
 		h.Close()
-		return fmt.Errorf("%s: %d bytes, larger than the cache budget: direct mode serves only blobs the cache can keep (raise --cache-size)", p, b.Size())
+		return tooLarge()
 	}
 	l.mu.Lock()
 	if l.closed {

@@ -52,6 +52,9 @@ type Blobs interface {
 	// Path is where the complete blob's file is once filled: the target of
 	// its link in direct mode. An absolute path.
 	Path(layoutID, path string) string
+	// Keeps reports whether a blob of size bytes is kept once filled (not
+	// larger than the whole budget, so served from an unlinked file).
+	Keeps(size int64) bool
 }
 
 // Options configure Mount. Zero values mean the documented defaults.

@@ -31,6 +31,7 @@ func (o *observed) Open(ctx context.Context, key cache.BlobKey, size int64, fill
 }
 
 func (o *observed) Path(layoutID, p string) string { return o.inner.Path(layoutID, p) }
+func (o *observed) Keeps(size int64) bool          { return o.inner.Keeps(size) }
 
 // Group names what a mounted file belongs to, for labels of bounded
 // cardinality: the sample directory of a sample ("t", "sub/sp", "train"),

@@ -72,6 +72,7 @@ func (r *readahead) Open(ctx context.Context, key cache.BlobKey, size int64, fil
 }
 
 func (r *readahead) Path(layoutID, p string) string { return r.inner.Path(layoutID, p) }
+func (r *readahead) Keeps(size int64) bool          { return r.inner.Keeps(size) }
 
 // advance records an open of position k and returns the positions to fill
 // ahead, [from, to).

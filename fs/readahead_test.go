@@ -31,6 +31,7 @@ func (r *recordingBlobs) Open(ctx context.Context, key cache.BlobKey, size int64
 }
 
 func (r *recordingBlobs) Path(layoutID, p string) string { return "/cache/" + layoutID + "/" + p }
+func (r *recordingBlobs) Keeps(int64) bool               { return true }
 
 func (r *recordingBlobs) seen(p string) bool {
 	r.mu.Lock()

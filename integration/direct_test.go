@@ -501,4 +501,9 @@ func TestDirectBlobOverBudget(t *testing.T) {
 	if !strings.Contains(d.logs("larger than the cache budget"), "larger than the cache budget") {
 		t.Errorf("no line says why:\n%s", d.stderr)
 	}
+	// Refused before it was filled: nothing decoded it to throw it away.
+	d.stop(t)
+	if strings.Contains(d.stderr.String(), "served without caching") {
+		t.Errorf("the refused blob was filled:\n%s", d.stderr)
+	}
 }
