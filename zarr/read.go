@@ -47,10 +47,6 @@ func (h *Hierarchy) Stats() *Stats {
 	return h.stats
 }
 
-// Decoder returns the decoder Reads decompress with (Options.Decoder, or
-// the default CPU one), for callers that report its own counters.
-func (h *Hierarchy) Decoder() codec.BatchDecoder { return h.opts.Decoder }
-
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // ChunkKey returns the store key of the chunk at grid coordinates coords.

@@ -85,7 +85,6 @@ func planPieces(a *zarr.Array, start, count []int64, maxBytes, maxCost int64) pi
 
 // pieces calls fn with the start and count of every piece, in C order.
 func (p piecePlan) pieces(start, count []int64, fn func(ps, pc []int64) error) error {
-	rank := len(count)
 	ps := append([]int64(nil), start...)
 	pc := append([]int64(nil), count...)
 	if p.axis < 0 {
@@ -108,7 +107,6 @@ func (p piecePlan) pieces(start, count []int64, fn func(ps, pc []int64) error) e
 		ps[d], pc[d] = start[d], count[d]
 		return nil
 	}
-	_ = rank
 	return walk(0)
 }
 
