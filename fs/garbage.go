@@ -21,20 +21,29 @@ import (
 func Garbage(c *cache.Cache, lay *layout.Layout) []cache.BlobEntry {
 	var out []cache.BlobEntry
 	for _, b := range c.Blobs(lay.ID) {
-		top, _, _ := strings.Cut(b.Path, "/")
-		if _, ok := lay.Root().Lookup(top); !ok {
+		e, ours, gone := placed(lay, b.Path)
+		if !ours {
 			continue
 		}
-		e, ok := lay.Find(b.Path)
-		if !ok || e.Kind != layout.KindBlob {
+		if gone {
 			out = append(out, b)
-			continue
-		}
-		if id, known := lay.KnownIdentity(e.Blob); known && id != b.Identity {
+		} else if id, known := lay.KnownIdentity(e.Blob); known && id != b.Identity {
 			out = append(out, b)
 		}
 	}
 	return out
+}
+
+// placed looks a cached path up in lay: ours is false below a top-level
+// name lay lacks (another mount's view, say); gone is true for a path
+// below lay's names that lay has no file for.
+func placed(lay *layout.Layout, p string) (e layout.Entry, ours, gone bool) {
+	top, _, _ := strings.Cut(p, "/")
+	if _, ok := lay.Root().Lookup(top); !ok {
+		return e, false, false
+	}
+	e, ok := lay.Find(p)
+	return e, true, !ok || e.Kind != layout.KindBlob
 }
 
 // DemoteGarbage makes the first kind of Garbage (paths below lay's names
@@ -45,11 +54,7 @@ func Garbage(c *cache.Cache, lay *layout.Layout) []cache.BlobEntry {
 func DemoteGarbage(c *cache.Cache, lay *layout.Layout) int {
 	var paths []string
 	for _, b := range c.Blobs(lay.ID) {
-		top, _, _ := strings.Cut(b.Path, "/")
-		if _, ok := lay.Root().Lookup(top); !ok {
-			continue
-		}
-		if e, ok := lay.Find(b.Path); !ok || e.Kind != layout.KindBlob {
+		if _, _, gone := placed(lay, b.Path); gone {
 			paths = append(paths, b.Path)
 		}
 	}
