@@ -146,30 +146,8 @@ var _ GetterInto = (*Posix)(nil)
 
 // GetInto reads a whole object into buf, growing it when too small.
 func (p *Posix) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
-	k, err := CleanKey(key, false)
-	if err != nil {
-		return nil, &Error{Op: "get", Store: p.id, Key: key, Err: err}
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, p.wrap("get", k, err)
-	}
-	f, st, err := p.open(k)
-	if err != nil {
-		return nil, p.wrap("get", k, err)
-	}
-	defer f.Close()
-	if err := checkSize(ctx, st.Size()); err != nil {
-		return nil, p.wrap("get", k, err)
-	}
-	n := int(st.Size())
-	if cap(buf) < n {
-		buf = make([]byte, n)
-	}
-	buf = buf[:n]
-	if _, err := io.ReadFull(f, buf); err != nil {
-		return nil, p.wrap("get", k, err)
-	}
-	return buf, nil
+	b, _, err := p.GetVersion(ctx, key, buf)
+	return b, err
 }
 
 // GetRange reads length bytes at off, or the last length bytes when off < 0.
