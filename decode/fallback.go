@@ -18,8 +18,6 @@ type fallback struct {
 	cpu   codec.BatchDecoder
 	// warn is told once per pipeline that decoding moved to the CPU.
 	warn func(what string, cause error)
-	// refused counts jobs sent to the CPU, for tests and status.
-	refused atomic.Int64
 }
 
 func (f *fallback) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
@@ -37,7 +35,6 @@ func (f *fallback) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 		for i := range jobs {
 			jobs[i].Err = nil
 		}
-		f.refused.Add(int64(len(jobs)))
 		return f.cpu.DecodeBatch(ctx, jobs)
 	}
 	var retry []codec.Job
@@ -53,7 +50,6 @@ func (f *fallback) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 		return nil
 	}
 	f.warn("decoder refused chunks", jobs[at[0]].Err)
-	f.refused.Add(int64(len(retry)))
 	if err := f.cpu.DecodeBatch(ctx, retry); err != nil {
 		return err
 	}
