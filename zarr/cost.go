@@ -30,6 +30,17 @@ func (a *Array) ReadCost(start, count []int64) int64 {
 	return pipeCost(a.pipe, a.Chunks, start, count, int64(a.DType.Size), outerOverhead)
 }
 
+// ReadGrid is the grid a Read decodes by: the chunk shape, or for a
+// sharded array the shape of the chunks inside its shards, each of which a
+// Read fetches and decodes on its own. A region cut along it costs no more
+// than the cells it touches.
+func (a *Array) ReadGrid() []int64 {
+	if a.pipe != nil && a.pipe.shard != nil {
+		return a.pipe.shard.inner
+	}
+	return a.Chunks
+}
+
 // pipeCost is ReadCost for chunks shaped cell under pipeline p.
 func pipeCost(p *pipeline, cell, start, count []int64, itemsize, overhead int64) int64 {
 	n := spanned(cell, start, count)

@@ -36,6 +36,9 @@ func planPieces(a *zarr.Array, start, count []int64, maxBytes, maxCost int64) pi
 	if rank == 0 {
 		return piecePlan{axis: -1, bytes: itemsize, cost: itemsize + a.ReadCost(start, count)}
 	}
+	// Cuts follow the grid a Read decodes by (a sharded array's inner
+	// chunks, not its shards).
+	grid := a.ReadGrid()
 	steps := make([]int64, rank)
 	measure := func(axis int) (bytes, cost int64) {
 		bytes = satMul(prod(count[axis+1:]), itemsize)
@@ -52,9 +55,9 @@ func planPieces(a *zarr.Array, start, count []int64, maxBytes, maxCost int64) pi
 	}
 	for axis := range rank {
 		for i := 0; i < axis; i++ {
-			steps[i] = a.Chunks[i]
+			steps[i] = grid[i]
 		}
-		ch := a.Chunks[axis]
+		ch := grid[axis]
 		steps[axis] = ch
 		bytes, cost := measure(axis)
 		if bytes > maxBytes || cost > maxCost {
@@ -77,7 +80,7 @@ func planPieces(a *zarr.Array, start, count []int64, maxBytes, maxCost int64) pi
 	}
 	axis := rank - 1
 	for i := range rank {
-		steps[i] = a.Chunks[i]
+		steps[i] = grid[i]
 	}
 	bytes, cost := measure(axis)
 	return piecePlan{axis: axis, steps: steps, bytes: bytes, cost: cost}

@@ -185,3 +185,41 @@ func TestFillBeyondBudgetFails(t *testing.T) {
 		t.Fatalf("fill: %v, want ErrExceeded", err)
 	}
 }
+
+// A sharded array is cut along its inner chunks, which a Read decodes one
+// by one, not its shards: a 256 MiB shard of 1 MiB chunks fills in pieces
+// within the limits.
+func TestPlanShardedAlongInnerChunks(t *testing.T) {
+	dir := t.TempDir()
+	writeStore(t, dir, nil)
+	doc := `{"zarr_format":3,"node_type":"array","shape":[8192,8192],"data_type":"float32",
+"chunk_grid":{"name":"regular","configuration":{"chunk_shape":[8192,8192]}},
+"chunk_key_encoding":{"name":"default","configuration":{"separator":"/"}},
+"codecs":[{"name":"sharding_indexed","configuration":{"chunk_shape":[512,512],
+  "codecs":[{"name":"bytes","configuration":{"endian":"little"}},{"name":"zstd","configuration":{"level":1,"checksum":false}}],
+  "index_codecs":[{"name":"bytes","configuration":{"endian":"little"}},{"name":"crc32c"}],"index_location":"end"}}],
+"fill_value":0,"dimension_names":["latitude","longitude"],"attributes":{}}`
+	if err := os.MkdirAll(filepath.Join(dir, "s"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "s", "zarr.json"), []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	st, err := objectstore.OpenPosix(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := zarr.Open(context.Background(), st, zarr.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := h.Array("s")
+	if a == nil {
+		t.Fatal("no array s")
+	}
+	const maxBytes, maxCost = 64 << 20, 256 << 20
+	p := planPieces(a, []int64{0, 0}, []int64{8192, 8192}, maxBytes, maxCost)
+	if p.bytes > maxBytes || p.cost > maxCost || p.steps[p.axis]%512 != 0 {
+		t.Errorf("plan: axis %d steps %v, %d bytes, cost %d; want at most %d and %d, cut on the 512 grid", p.axis, p.steps, p.bytes, p.cost, maxBytes, maxCost)
+	}
+}
