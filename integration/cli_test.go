@@ -13,7 +13,7 @@ import (
 	"github.com/zarrfs/zarrfs/zarr/zarrtest"
 )
 
-func run(t *testing.T, args ...string) (stdout, stderr string, code int) {
+func run(t testing.TB, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
 	cmd := exec.Command(zarrfsBin(t), args...)
 	var o, e bytes.Buffer

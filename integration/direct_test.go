@@ -402,7 +402,7 @@ func TestODirectReads(t *testing.T) {
 				}
 			}
 			// status says how reads are served.
-			text, stderr, code := zarrfsRun(t, "status", d.mnt)
+			text, stderr, code := run(t, "status", d.mnt)
 			if code != 0 {
 				t.Fatalf("status: %d %s", code, stderr)
 			}

@@ -25,24 +25,6 @@ import (
 	"github.com/zarrfs/zarrfs/zarr/zarrtest"
 )
 
-// zarrfsRun runs the zarrfs binary and returns its stdout, stderr and
-// exit status.
-func zarrfsRun(t testing.TB, args ...string) (string, string, int) {
-	t.Helper()
-	cmd := exec.Command(zarrfsBin(t), args...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return out.String(), errb.String(), code
-}
-
 // statusJSON is the part of `zarrfs status --json` the tests read.
 type statusJSON struct {
 	Mountpoint string   `json:"mountpoint"`
@@ -114,7 +96,7 @@ func TestFstabMountStatusUnmount(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	stdout, stderr, code := zarrfsRun(t, "status", mnt, "--json")
+	stdout, stderr, code := run(t, "status", mnt, "--json")
 	if code != 0 {
 		t.Fatalf("status: %d %s", code, stderr)
 	}
@@ -134,10 +116,10 @@ func TestFstabMountStatusUnmount(t *testing.T) {
 	if !zstdCPU {
 		t.Errorf("status names no zstd chunks decoded on the CPU: %+v", st.Decode)
 	}
-	if text, _, _ := zarrfsRun(t, "status", mnt); !strings.Contains(text, "cache") || !strings.Contains(text, "64 MiB") {
+	if text, _, _ := run(t, "status", mnt); !strings.Contains(text, "cache") || !strings.Contains(text, "64 MiB") {
 		t.Errorf("status text:\n%s", text)
 	}
-	if _, stderr, code := zarrfsRun(t, "unmount", mnt); code != 0 {
+	if _, stderr, code := run(t, "unmount", mnt); code != 0 {
 		t.Fatalf("unmount: %d %s", code, stderr)
 	}
 	if isMounted(mnt) {
@@ -151,7 +133,7 @@ func TestFstabMountStatusUnmount(t *testing.T) {
 	if log, err := os.ReadFile(logFile); err != nil || strings.Contains(string(log), "notification failed") {
 		t.Errorf("daemon log (%v):\n%s", err, log)
 	}
-	if _, stderr, code := zarrfsRun(t, "unmount", mnt); code == 0 || !strings.Contains(stderr, "not mounted") {
+	if _, stderr, code := run(t, "unmount", mnt); code == 0 || !strings.Contains(stderr, "not mounted") {
 		t.Errorf("second unmount: %d %s", code, stderr)
 	}
 
@@ -181,7 +163,7 @@ func TestUnmountLazyWithOpenFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if _, stderr, code := zarrfsRun(t, "unmount", d.mnt, "--lazy", "--timeout", "20s"); code != 0 {
+	if _, stderr, code := run(t, "unmount", d.mnt, "--lazy", "--timeout", "20s"); code != 0 {
 		t.Fatalf("unmount --lazy: %d %s", code, stderr)
 	}
 	if isMounted(d.mnt) {
