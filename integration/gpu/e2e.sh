@@ -38,6 +38,7 @@ mkdir -p "$disk" "$shm" "$logdir"
 res=$logdir/results.jsonl
 store=$disk/src/era5.zarr view=$disk/src/train.yaml
 status=0
+rm -f "$logdir/warm-failed"
 mounts=()
 
 log() { echo "$*" | tee -a "$logdir/e2e.log" >&2; }
@@ -113,7 +114,8 @@ warm_view() { # BINARY CACHE DECODE [VIEW]: warms the view, echoes samples/s
 	t0=$(now)
 	if ! "$bin" warm "$store" --cache "$cache" --view "$v" --only train --decode "$dec" >>"$logdir/warm.log" 2>&1; then
 		log "warm $dec failed: $(tail -1 "$logdir/warm.log")"
-		status=1
+		# Called in $(...): a subshell's status would be lost.
+		touch "$logdir/warm-failed"
 		echo 0
 		return
 	fi
@@ -280,5 +282,6 @@ if [[ $parts == *baseline* ]]; then
 	log "== baseline: xarray + zarr-python + DataLoader (16 workers)"
 	reader baseline "$store" "baseline" --view "$view" --threads 16 --batch 4 --n 32
 fi
+[[ -e $logdir/warm-failed ]] && status=1
 log "== e2e status $status"
 exit $status

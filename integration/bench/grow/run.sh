@@ -56,7 +56,8 @@ PY
 timed() { # prints seconds, then the warm's summary line on stderr
   local t0 t1
   t0=$(date +%s.%N)
-  bin/zarrfs warm "$work/grow.zarr" --cache "$work/cache" --log-level debug >"$work/out" 2>"$work/err"
+  bin/zarrfs warm "$work/grow.zarr" --cache "$work/cache" --log-level debug >"$work/out" 2>"$work/err" ||
+    { echo "warm failed: $(tail -1 "$work/err")" >&2; exit 1; }
   t1=$(date +%s.%N)
   tail -1 "$work/out" >&2
   grep -o 'chunks_decoded=[0-9]* requests=[0-9]* listings=[0-9]*' "$work/err" >&2
@@ -64,7 +65,7 @@ timed() { # prints seconds, then the warm's summary line on stderr
 }
 echo "== $N steps of t2m (chunk 1) and sp (chunk 24), ${GRID/,/x} float32"
 grow create "$N"
-first=$(timed)
+first=$(timed) || exit 1
 grow append $((N / 100))
-second=$(timed)
+second=$(timed) || exit 1
 printf 'first warm %.2f s; warm after appending %d steps (1%%) %.3f s: %.1f%%\n' "$first" $((N / 100)) "$second" "$(echo "100 * $second / $first" | bc -l)"
