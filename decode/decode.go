@@ -22,6 +22,7 @@
 package decode
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -113,7 +114,10 @@ type Options struct {
 	// newGPU opens one device; tests stand in for it. Nil means gpu.New.
 	newGPU func(gpu.Options) (gpuDecoder, error)
 	// deviceCount reports the devices the driver sees; tests stand in.
+	// noDevice says why there are none (no driver library, no device),
+	// "" when it does not know.
 	deviceCount func() int
+	noDevice    func() string
 }
 
 // gpuDecoder is what the pipeline needs of one GPU: *gpu.Decoder.
@@ -251,6 +255,9 @@ func New(opts Options) (*Pipeline, error) {
 	if opts.Workers < 0 {
 		return nil, fmt.Errorf("decode: %d workers: want 0 (one per CPU) or more", opts.Workers)
 	}
+	if opts.GPU.HostIdle < 0 {
+		return nil, fmt.Errorf("decode: GPU.HostIdle %v: want 0 (the default) or more", opts.GPU.HostIdle)
+	}
 	if opts.Workers == 0 {
 		opts.Workers = runtime.NumCPU()
 	}
@@ -266,6 +273,9 @@ func New(opts Options) (*Pipeline, error) {
 	}
 	if opts.deviceCount == nil {
 		opts.deviceCount = func() int { return gpu.Probe().DeviceCount }
+		opts.noDevice = func() string {
+			return strings.TrimPrefix(gpu.Probe().Reason, gpu.ErrNoGPU.Error()+": ")
+		}
 	}
 	log := opts.Logger
 	if log == nil {
@@ -368,7 +378,13 @@ func (p *Pipeline) openGPUs() (err error) {
 		p.route.Store(&routed{&codec.Overflow{First: p.onCPU, Then: onGPU}})
 	}()
 	if len(devices) == 0 {
-		return fmt.Errorf("%w: the driver sees no device", gpu.ErrNoGPU)
+		// The probe knows the true reason: a missing driver library is
+		// not a driver that sees no device.
+		reason := "the driver sees no device"
+		if p.opts.noDevice != nil {
+			reason = cmp.Or(p.opts.noDevice(), reason)
+		}
+		return fmt.Errorf("%w: %s", gpu.ErrNoGPU, reason)
 	}
 	for _, dev := range devices {
 		o := p.opts.GPU

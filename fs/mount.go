@@ -174,7 +174,7 @@ func Mount(ctx context.Context, opts Options) (*Mounted, error) {
 	}
 	if src, ok := liveMount(opts.Mountpoint); ok {
 		// Mounting over it would hide the first mount's tree: refuse.
-		return nil, fmt.Errorf("%s: already a zarrfs mount (of %s); unmount it first (fusermount3 -u %s)", opts.Mountpoint, src, opts.Mountpoint)
+		return nil, fmt.Errorf("%s: already a zarrfs mount (of %s); unmount it first (zarrfs unmount %s)", opts.Mountpoint, src, opts.Mountpoint)
 	}
 	st, err := os.Stat(opts.Mountpoint)
 	if err != nil {
@@ -186,6 +186,9 @@ func Mount(ctx context.Context, opts Options) (*Mounted, error) {
 
 	if opts.RefreshEvery < 0 {
 		return nil, fmt.Errorf("fs: negative refresh interval %v", opts.RefreshEvery)
+	}
+	if opts.Readahead < 0 || opts.MaxInodes < 0 {
+		return nil, fmt.Errorf("fs: readahead %d, max inodes %d: want 0 (the default) or more", opts.Readahead, opts.MaxInodes)
 	}
 	m.lay.Store(opts.Layout)
 	if opts.Readahead > 0 {
@@ -386,7 +389,7 @@ func ClearStale(mountpoint string, log *slog.Logger) error {
 		log.Warn("clearing stale mount left by a killed daemon", "mountpoint", mountpoint, "cause", ErrStaleMount)
 	}
 	if err := lazyUnmount(mountpoint); err != nil {
-		return fmt.Errorf("%s: stale mount (%w) could not be cleared: %v; run: fusermount3 -uz %s", mountpoint, ErrStaleMount, err, mountpoint)
+		return fmt.Errorf("%s: stale mount (%w) could not be cleared: %v; run: zarrfs unmount %s", mountpoint, ErrStaleMount, err, mountpoint)
 	}
 	return nil
 }

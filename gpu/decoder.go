@@ -216,6 +216,9 @@ func (h hostBuf) bytes() []byte { return unsafe.Slice((*byte)(h.p), h.size) }
 // stream and loads the kernels. The error wraps ErrNoGPU and says why when
 // the machine has no driver, no device or no nvCOMP.
 func New(opts Options) (*Decoder, error) {
+	if err := opts.check(); err != nil {
+		return nil, err
+	}
 	l := getLibs()
 	if l.err != nil {
 		return nil, l.err
@@ -246,6 +249,24 @@ func New(opts Options) (*Decoder, error) {
 	d.trimStop, d.trimDone = make(chan struct{}), make(chan struct{})
 	go func() { defer close(d.trimDone); d.trimWhenIdle(d.trimStop) }()
 	return d, nil
+}
+
+// check refuses negative sizes, counts and durations: zero means the
+// default, and a negative value is a mistake, not a request for it.
+func (opts Options) check() error {
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"MaxBatchBytes", opts.MaxBatchBytes}, {"RoundBytes", opts.RoundBytes}, {"HostBytes", opts.HostBytes},
+		{"Streams", int64(opts.Streams)}, {"DeviceBytes", opts.DeviceBytes}, {"StagingBytes", opts.StagingBytes},
+		{"CopyWorkers", int64(opts.CopyWorkers)}, {"HostIdle", int64(opts.HostIdle)},
+	} {
+		if f.v < 0 {
+			return fmt.Errorf("gpu: Options.%s %d: want 0 (the default) or more", f.name, f.v)
+		}
+	}
+	return nil
 }
 
 // withDefaults fills in the zero values of o.

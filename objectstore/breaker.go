@@ -78,20 +78,23 @@ type Breaker struct {
 var _ Store = (*Breaker)(nil)
 
 // WithBreaker wraps inner; see BreakerOptions for the defaults.
+// A negative value panics (see WithRetry).
 func WithBreaker(inner Store, opts BreakerOptions) *Breaker {
-	if opts.Failures <= 0 {
+	refuseNegative("BreakerOptions", map[string]int64{"Failures": int64(opts.Failures), "Silence": int64(opts.Silence),
+		"Quiet": int64(opts.Quiet), "Probe": int64(opts.Probe), "ProbeTimeout": int64(opts.ProbeTimeout)})
+	if opts.Failures == 0 {
 		opts.Failures = 3
 	}
-	if opts.Silence <= 0 {
+	if opts.Silence == 0 {
 		opts.Silence = 10 * time.Second
 	}
-	if opts.Quiet <= 0 {
+	if opts.Quiet == 0 {
 		opts.Quiet = 20 * time.Second
 	}
-	if opts.Probe <= 0 {
+	if opts.Probe == 0 {
 		opts.Probe = time.Second
 	}
-	if opts.ProbeTimeout <= 0 {
+	if opts.ProbeTimeout == 0 {
 		opts.ProbeTimeout = 5 * time.Second
 	}
 	if opts.Now == nil {

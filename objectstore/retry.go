@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sort"
 	"sync"
 	"time"
 )
@@ -60,20 +61,25 @@ var _ Store = (*Retry)(nil)
 func (r *Retry) Identity() string { return Identity(r.Store) }
 
 // WithRetry wraps inner with retries; see RetryOptions for the defaults.
+// A negative value is a caller's mistake and panics, as a negative count
+// does in make: it is not turned into the default.
 func WithRetry(inner Store, opts RetryOptions) *Retry {
-	if opts.MaxAttempts <= 0 {
+	refuseNegative("RetryOptions", map[string]int64{"MaxAttempts": int64(opts.MaxAttempts),
+		"AttemptTimeout": int64(opts.AttemptTimeout), "Budget": int64(opts.Budget),
+		"InitialBackoff": int64(opts.InitialBackoff), "MaxBackoff": int64(opts.MaxBackoff)})
+	if opts.MaxAttempts == 0 {
 		opts.MaxAttempts = 6
 	}
-	if opts.AttemptTimeout <= 0 {
+	if opts.AttemptTimeout == 0 {
 		opts.AttemptTimeout = 60 * time.Second
 	}
-	if opts.Budget <= 0 {
+	if opts.Budget == 0 {
 		opts.Budget = 2 * time.Minute
 	}
-	if opts.InitialBackoff <= 0 {
+	if opts.InitialBackoff == 0 {
 		opts.InitialBackoff = 100 * time.Millisecond
 	}
-	if opts.MaxBackoff <= 0 {
+	if opts.MaxBackoff == 0 {
 		opts.MaxBackoff = 5 * time.Second
 	}
 	if opts.Now == nil {
@@ -90,6 +96,21 @@ func WithRetry(inner Store, opts RetryOptions) *Retry {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Retry{Store: inner, opts: opts, log: log}
+}
+
+// refuseNegative panics naming the first negative field of an options
+// struct (in name order, so the message does not depend on map order).
+func refuseNegative(what string, fields map[string]int64) {
+	names := make([]string, 0, len(fields))
+	for k := range fields {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		if fields[k] < 0 {
+			panic(fmt.Sprintf("objectstore: %s.%s %d: want 0 (the default) or more", what, k, fields[k]))
+		}
+	}
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {

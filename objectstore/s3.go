@@ -164,12 +164,15 @@ func OpenS3(ctx context.Context, rawURL string, opts S3Options) (*S3, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	if opts.RequestTimeout < 0 || opts.MaxInFlight < 0 {
+		return nil, fmt.Errorf("objectstore: S3Options request timeout %v, max in flight %d: want 0 (the default) or more", opts.RequestTimeout, opts.MaxInFlight)
+	}
 	timeout := opts.RequestTimeout
-	if timeout <= 0 {
+	if timeout == 0 {
 		timeout = DefaultS3RequestTimeout
 	}
 	inflight := opts.MaxInFlight
-	if inflight <= 0 {
+	if inflight == 0 {
 		inflight = DefaultS3MaxInFlight
 	}
 	id := "s3://" + bucket

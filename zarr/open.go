@@ -25,7 +25,10 @@ func Open(ctx context.Context, store objectstore.Store, opts Options) (*Hierarch
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	if opts.Fetchers <= 0 {
+	if opts.Fetchers < 0 {
+		return nil, fmt.Errorf("zarr: Options.Fetchers %d: want 0 (16) or more", opts.Fetchers)
+	}
+	if opts.Fetchers == 0 {
 		opts.Fetchers = 16
 	}
 	h := &Hierarchy{Store: store, Groups: map[string]map[string]any{}, opts: opts, stats: opts.Stats}

@@ -129,7 +129,10 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Align > MaxAlign {
 		return o, fmt.Errorf("%w: align %d exceeds %d, the largest whose npy header numpy.load accepts", ErrInvalidOption, o.Align, MaxAlign)
 	}
-	if o.SlabBytes <= 0 {
+	if o.SlabBytes < 0 {
+		return o, fmt.Errorf("%w: slab bytes %d: want 0 (64 MiB) or more", ErrInvalidOption, o.SlabBytes)
+	}
+	if o.SlabBytes == 0 {
 		o.SlabBytes = 64 << 20
 	}
 	if o.Shard.World < 0 || o.Shard.Rank < 0 || (o.Shard.World > 0 && o.Shard.Rank >= o.Shard.World) || (o.Shard.World == 0 && o.Shard.Rank != 0) {

@@ -52,7 +52,12 @@ type batch struct {
 // NewCPU starts a CPU decoder with opts.Workers goroutines.
 func NewCPU(opts Options) *CPU {
 	n := opts.Workers
-	if n <= 0 {
+	if n < 0 {
+		// A caller's mistake, as a negative count is to make: refused, not
+		// turned into the default.
+		panic(fmt.Sprintf("codec: Options.Workers %d: want 0 (one per CPU) or more", n))
+	}
+	if n == 0 {
 		n = runtime.NumCPU()
 	}
 	c := &CPU{

@@ -1,0 +1,42 @@
+package objectstore
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A negative option is a mistake: refused, never turned into the default
+// (a --source-stall of -1s must not become 10s).
+func TestNegativeOptionsRefused(t *testing.T) {
+	inner := &Posix{}
+	for name, f := range map[string]func(){
+		"RetryOptions.Budget":         func() { WithRetry(inner, RetryOptions{Budget: -time.Second}) },
+		"RetryOptions.MaxAttempts":    func() { WithRetry(inner, RetryOptions{MaxAttempts: -1}) },
+		"BreakerOptions.Silence":      func() { WithBreaker(inner, BreakerOptions{Silence: -time.Second}) },
+		"BreakerOptions.ProbeTimeout": func() { WithBreaker(inner, BreakerOptions{ProbeTimeout: -1}) },
+	} {
+		func() {
+			defer func() {
+				r, _ := recover().(string)
+				if !strings.Contains(r, name) {
+					t.Errorf("%s negative: panic %q, want one naming it", name, r)
+				}
+			}()
+			f()
+		}()
+	}
+	// Zero still means the default.
+	if r := WithRetry(inner, RetryOptions{}); r.opts.Budget != 2*time.Minute || r.opts.MaxAttempts != 6 {
+		t.Errorf("zero RetryOptions: %+v", r.opts)
+	}
+	b := WithBreaker(inner, BreakerOptions{})
+	defer b.Close()
+	if b.opts.Silence != 10*time.Second {
+		t.Errorf("zero BreakerOptions: %+v", b.opts)
+	}
+	if _, err := OpenS3(context.Background(), "s3://b/p", S3Options{Endpoint: "http://127.0.0.1:1", Anonymous: true, RequestTimeout: -time.Second}); err == nil || !strings.Contains(err.Error(), "request timeout") {
+		t.Errorf("OpenS3 with a negative request timeout: %v", err)
+	}
+}
