@@ -94,9 +94,14 @@ func ParseMode(s string) (fs.FileMode, error) {
 	if err != nil {
 		return 0, errors.New("want owner, group, all or an octal mode such as 0640")
 	}
+	// Owner write is dropped (blobs are read-only; 0640 is a habit, not a
+	// request), but a refusal names the mode as typed, not what is left.
+	if n&^0o644 != 0 {
+		return 0, fmt.Errorf("%s gives more than read access (blobs are read-only: at most 0444, or 0644 with the owner's write dropped)", strings.TrimSpace(s))
+	}
 	m := fs.FileMode(n) &^ 0o200
 	if err := checkBlobMode(m); err != nil {
-		return 0, err
+		return 0, fmt.Errorf("%s: the owner needs read", strings.TrimSpace(s))
 	}
 	return m, nil
 }
