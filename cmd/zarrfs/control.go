@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -32,12 +33,16 @@ type statusDoc struct {
 	Started       time.Time `json:"started"`
 	UptimeSeconds float64   `json:"uptime_seconds"`
 	// Args is the mount's command line after the command name.
-	Args   []string       `json:"args"`
-	Cache  statusCache    `json:"cache"`
-	Mount  statusMount    `json:"mount"`
-	Decode statusDecode   `json:"decode"`
-	Reads  statusReads    `json:"source_reads"`
-	Errors map[string]int `json:"errors_by_array"`
+	Args []string `json:"args"`
+	// LogFile is the file the daemon logs to when its stderr is one (a
+	// mount started by mount(8) or fstab logs to a file of the helper's
+	// choosing); empty for a terminal, a pipe or the journal.
+	LogFile string         `json:"log_file"`
+	Cache   statusCache    `json:"cache"`
+	Mount   statusMount    `json:"mount"`
+	Decode  statusDecode   `json:"decode"`
+	Reads   statusReads    `json:"source_reads"`
+	Errors  map[string]int `json:"errors_by_array"`
 }
 
 type statusCache struct {
@@ -63,6 +68,7 @@ type statusMount struct {
 	Lease       string `json:"lease,omitempty"`
 	Rank        int    `json:"rank"`
 	World       int    `json:"world"`
+	Shard       string `json:"shard"`
 	Opens       int64  `json:"opens"`
 	OpenFiles   int64  `json:"open_files"`
 	Files       int64  `json:"files"`
@@ -70,18 +76,33 @@ type statusMount struct {
 }
 
 type statusDecode struct {
-	Placement  string    `json:"placement"`
-	GPUDeviceB int64     `json:"gpu_device_bytes"`
-	GPUPinnedB int64     `json:"gpu_pinned_bytes"`
-	GPU        gpu.Stats `json:"gpu"`
+	Placement  string         `json:"placement"`
+	GPUDeviceB int64          `json:"gpu_device_bytes"`
+	GPUPinnedB int64          `json:"gpu_pinned_bytes"`
+	GPU        statusGPUStats `json:"gpu"`
 	// GPUs is GPU by device, where the GPUs started.
 	GPUs    []statusGPU     `json:"gpus,omitempty"`
 	Decoded []statusDecoded `json:"decoded"`
 }
 
+// statusGPUStats is gpu.Stats under the status document's own keys: the
+// JSON is an interface of its own, not the Go field names of a package.
+type statusGPUStats struct {
+	Chunks    int64 `json:"chunks"`
+	Bytes     int64 `json:"bytes"`
+	Refused   int64 `json:"refused"`
+	Corrupt   int64 `json:"corrupt"`
+	Rounds    int64 `json:"rounds"`
+	Disagreed int64 `json:"disagreed"`
+}
+
+func gpuStatsDoc(s gpu.Stats) statusGPUStats {
+	return statusGPUStats{Chunks: s.Chunks, Bytes: s.Bytes, Refused: s.Refused, Corrupt: s.Corrupt, Rounds: s.Rounds, Disagreed: s.Disagreed}
+}
+
 type statusGPU struct {
 	Device int `json:"device"`
-	gpu.Stats
+	statusGPUStats
 }
 
 type statusDecoded struct {
@@ -101,6 +122,7 @@ type statusReads struct {
 type statusParts struct {
 	mountpoint string
 	args       []string
+	logFile    string
 	started    time.Time
 	f          *mountFlags
 	o          *opened
@@ -116,11 +138,11 @@ func (s *statusParts) doc() statusDoc {
 	ms := s.m.Stats()
 	d := statusDoc{
 		Mountpoint: s.mountpoint, Source: s.o.store.ID(), PID: os.Getpid(), Started: s.started,
-		UptimeSeconds: time.Since(s.started).Seconds(), Args: s.args,
+		UptimeSeconds: time.Since(s.started).Seconds(), Args: s.args, LogFile: s.logFile,
 		Cache: statusCache{Dir: c.Dir(), BlobDir: c.BlobDir(lay.ID), BudgetB: c.Budget(), UsedB: used, Files: files,
 			BlobMode: fmt.Sprintf("%04o", uint32(mode)), Hits: cs.BlobHits, Misses: cs.BlobMisses, Filling: cs.Filling,
 			Evictions: cs.Evictions, EvictedB: cs.EvictedBytes, ChunkHits: cs.ChunkHits, ChunkMisss: cs.ChunkMisses},
-		Mount: statusMount{Direct: s.f.direct, Passthrough: s.m.Passthrough(), Rank: s.f.rank, World: s.f.world, Opens: ms.Opens, OpenFiles: ms.OpenFiles,
+		Mount: statusMount{Direct: s.f.direct, Passthrough: s.m.Passthrough(), Rank: s.f.rank, World: s.f.world, Shard: s.f.shard, Opens: ms.Opens, OpenFiles: ms.OpenFiles,
 			Files: lay.Files, Arrays: lay.Arrays},
 		Reads:  readsOf(s.o.stats),
 		Errors: map[string]int{},
@@ -133,9 +155,9 @@ func (s *statusParts) doc() statusDoc {
 	}
 	d.Decode.Placement = dec.Placement()
 	d.Decode.GPUDeviceB, d.Decode.GPUPinnedB = dec.MemoryHeld()
-	d.Decode.GPU = dec.GPUStats()
+	d.Decode.GPU = gpuStatsDoc(dec.GPUStats())
 	for dev, st := range dec.GPUStatsByDevice() {
-		d.Decode.GPUs = append(d.Decode.GPUs, statusGPU{Device: dev, Stats: st})
+		d.Decode.GPUs = append(d.Decode.GPUs, statusGPU{Device: dev, statusGPUStats: gpuStatsDoc(st)})
 	}
 	slices.SortFunc(d.Decode.GPUs, func(a, b statusGPU) int { return a.Device - b.Device })
 	d.Decode.Decoded = decodedRows(dec.Decoded())
@@ -155,6 +177,20 @@ func decodedRows(d decode.Decoded) []statusDecoded {
 		return rows[i].Codec+rows[i].Device < rows[j].Codec+rows[j].Device
 	})
 	return rows
+}
+
+// stderrFile names the regular file this process's stderr writes to, or ""
+// when it is a terminal, a pipe or a socket (the journal).
+func stderrFile() string {
+	st, err := os.Stderr.Stat()
+	if err != nil || !st.Mode().IsRegular() {
+		return ""
+	}
+	p, err := os.Readlink("/proc/self/fd/2")
+	if err != nil || !filepath.IsAbs(p) {
+		return ""
+	}
+	return p
 }
 
 // controlSocket is where the mount at mountpoint (absolute, resolved)

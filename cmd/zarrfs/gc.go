@@ -33,6 +33,9 @@ so that they are evicted first; gc frees their space now.`,
 			if err != nil {
 				return err
 			}
+			if err := f.src.validate(cmd, args[0]); err != nil {
+				return err
+			}
 			o, err := f.open(cmd.Context(), args[0], log, openOptions{})
 			if err != nil {
 				return err
@@ -43,6 +46,7 @@ so that they are evicted first; gc frees their space now.`,
 	}
 	f.register(gc)
 	cmd.AddCommand(gc)
+	subcommandsOnly(cmd)
 	return cmd
 }
 

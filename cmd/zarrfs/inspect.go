@@ -38,6 +38,9 @@ func newInspectCmd() *cobra.Command {
 				return err
 			}
 			sf.logger = log
+			if err := sf.validate(cmd, args[0]); err != nil {
+				return err
+			}
 			// inspect decodes nothing: one CPU worker.
 			st, err := sf.openStore(cmd.Context(), args[0])
 			if err != nil {
@@ -104,7 +107,7 @@ func inspectEntries(h *zarr.Hierarchy, lay *layout.Layout) []inspectEntry {
 }
 
 func printInspect(w io.Writer, id string, entries []inspectEntry) {
-	fmt.Fprintf(w, "%s: %d arrays\n", id, len(entries))
+	fmt.Fprintf(w, "%s: %s\n", id, count(int64(len(entries)), "array"))
 	for _, e := range entries {
 		name := e.Path
 		if name == "" {

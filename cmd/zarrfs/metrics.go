@@ -34,11 +34,11 @@ func (m *fillMetrics) observe(group string, took time.Duration, err error) {
 	m.seconds.WithLabelValues(group, outcome).Observe(took.Seconds())
 }
 
-// serveMetrics exposes the daemon's counters on addr at /metrics until ctx
+// serveMetrics exposes the daemon's counters on ln at /metrics until ctx
 // ends. Counters are read from the components when scraped, so the hot path
 // pays nothing for them (the fill histogram excepted: one observation per
 // fill).
-func serveMetrics(ctx context.Context, addr string, s *statusParts, fills *fillMetrics, log *slog.Logger) error {
+func serveMetrics(ctx context.Context, ln net.Listener, s *statusParts, fills *fillMetrics, log *slog.Logger) {
 	reg := prometheus.NewRegistry()
 	st := s.o.stats
 	c, dec := s.o.cache, s.o.dec
@@ -54,8 +54,11 @@ func serveMetrics(ctx context.Context, addr string, s *statusParts, fills *fillM
 	counter("source_bytes_total", "Compressed bytes read from the source.", func() float64 { return float64(st.BytesFetched.Load()) })
 	counter("source_requests_total", "Reads of chunks sent to the source.", func() float64 { return float64(st.Requests.Load()) })
 	counter("source_listings_total", "Arrays listed to learn their chunks' versions.", func() float64 { return float64(st.Listings.Load()) })
-	counter("cache_hits_total", "Opens served by a file already in the disk cache.", func() float64 { return float64(c.Stats().BlobHits) })
-	counter("cache_misses_total", "Opens that filled their file (or waited for its fill).", func() float64 { return float64(c.Stats().BlobMisses) })
+	// A request for a file is an open, a direct-mode link resolution or a
+	// readahead: a hit finds the file complete in the disk cache, a miss
+	// fills it (or waits for the fill another request started).
+	counter("cache_hits_total", "Requests for a file (opens, link resolutions, readahead) that found it complete in the disk cache.", func() float64 { return float64(c.Stats().BlobHits) })
+	counter("cache_misses_total", "Requests for a file (opens, link resolutions, readahead) that filled it or waited for its fill.", func() float64 { return float64(c.Stats().BlobMisses) })
 	counter("cache_evictions_total", "Files evicted from the disk cache to keep its budget.", func() float64 { return float64(c.Stats().Evictions) })
 	counter("cache_evicted_bytes_total", "Bytes evicted from the disk cache.", func() float64 { return float64(c.Stats().EvictedBytes) })
 	counter("chunk_tier_hits_total", "Compressed chunks read from the disk cache's chunk tier.", func() float64 { return float64(c.Stats().ChunkHits) })
@@ -80,10 +83,6 @@ func serveMetrics(ctx context.Context, addr string, s *statusParts, fills *fillM
 			"Opens that failed (EIO), by array or view.", []string{"array"}, nil),
 	})
 	reg.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return err
-	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
@@ -95,11 +94,10 @@ func serveMetrics(ctx context.Context, addr string, s *statusParts, fills *fillM
 	}()
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("metrics server stopped", "addr", addr, "err", err)
+			log.Error("metrics server stopped", "addr", ln.Addr().String(), "err", err)
 		}
 	}()
 	log.Info("metrics", "url", "http://"+ln.Addr().String()+"/metrics")
-	return nil
 }
 
 // scraped reports the values with labels that the components hold, read

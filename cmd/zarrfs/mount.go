@@ -2,12 +2,11 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/user"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -53,7 +52,7 @@ SIGTERM, then unmounts.`,
 	f.layoutFlags.register(cmd)
 	fl := cmd.Flags()
 	fl.BoolVar(&f.allowOther, "allow-other", false, "let other users read the mount (needs user_allow_other in /etc/fuse.conf when not root)")
-	fl.IntVar(&f.readahead, "readahead", 8, "samples filled in the background ahead of a reader walking a sample directory in order")
+	fl.IntVar(&f.readahead, "readahead", 8, fmt.Sprintf("samples filled in the background ahead of a reader walking a sample directory in order, 0 (off) to %d", maxReadahead))
 	fl.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on this address (host:port); off unless given")
 	fl.BoolVar(&f.direct, "direct", false, "make every .npy file a symbolic link to its blob in the cache, for GPUDirect Storage readers (DALI device=\"gpu\", kvikio); resolving a link fills it")
 	fl.DurationVar(&f.lease, "lease", zfs.DefaultLease, "with --direct: how long a blob whose link was resolved is kept from eviction")
@@ -66,6 +65,34 @@ SIGTERM, then unmounts.`,
 	return cmd
 }
 
+// validate checks the flags of mount that the layout flags do not cover,
+// all before anything is opened, and returns the rank's shard.
+func (f *mountFlags) validate(cmd *cobra.Command, src string) (layout.Shard, error) {
+	if err := f.src.validate(cmd, src); err != nil {
+		return layout.Shard{}, err
+	}
+	if err := checkCount("readahead", f.readahead, 0, maxReadahead); err != nil {
+		return layout.Shard{}, err
+	}
+	if cmd.Flags().Changed("lease") && !f.direct {
+		// Refused, not ignored: without --direct nothing is leased, and
+		// the user who asked for leases likely forgot --direct.
+		return layout.Shard{}, usagef("--lease %v: leases apply to --direct mounts only (add --direct, or leave --lease out)", f.lease)
+	}
+	if f.lease <= 0 {
+		return layout.Shard{}, usagef("--lease %v: want a positive duration", f.lease)
+	}
+	if f.ttl < 0 {
+		return layout.Shard{}, usagef("--metadata-ttl %v: want 0 (never) or a positive duration", f.ttl)
+	}
+	if f.metrics != "" {
+		if err := checkMetricsAddr(f.metrics); err != nil {
+			return layout.Shard{}, err
+		}
+	}
+	return checkShard(f.rank, f.world, f.shard)
+}
+
 func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 	ctx := cmd.Context()
 	started := time.Now()
@@ -74,25 +101,21 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 		return err
 	}
 	f.src.logger = log
-	if f.readahead < 0 {
-		return usagef("--readahead %d: want 0 or more", f.readahead)
-	}
-	if f.lease <= 0 {
-		return usagef("--lease %v: want a positive duration", f.lease)
-	}
-	if f.ttl < 0 {
-		return usagef("--metadata-ttl %v: want 0 (never) or a positive duration", f.ttl)
-	}
-	shard, err := layout.ParseShard(f.rank, f.world, f.shard)
+	shard, err := f.validate(cmd, src)
 	if err != nil {
-		return usagef("--rank %d --world %d --shard %s: %v", f.rank, f.world, f.shard, errors.Unwrap(err))
+		return err
 	}
-	st, err := os.Stat(mountpoint)
-	if err != nil && !errors.Is(err, syscall.ENOTCONN) {
-		return fmt.Errorf("%s: %w", mountpoint, err)
+	if err := checkMountpoint(mountpoint); err != nil {
+		return err
 	}
-	if err == nil && !st.IsDir() {
-		return fmt.Errorf("%s: not a directory", mountpoint)
+	// The metrics address is taken before anything is mounted: a port in
+	// use must not leave a mount that then goes away.
+	var metricsLn net.Listener
+	if f.metrics != "" {
+		if metricsLn, err = listenMetrics(f.metrics); err != nil {
+			return err
+		}
+		defer metricsLn.Close()
 	}
 
 	o, err := f.open(ctx, src, log, openOptions{chunkTier: true, shard: shard})
@@ -133,17 +156,14 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 	} else {
 		defer unregister()
 	}
-	parts := &statusParts{mountpoint: absMountpoint(mountpoint), args: os.Args[1:], started: started, f: f, o: o, m: m}
+	parts := &statusParts{mountpoint: absMountpoint(mountpoint), args: os.Args[1:], logFile: stderrFile(), started: started, f: f, o: o, m: m}
 	cctx, stopControl := context.WithCancel(context.Background())
 	defer stopControl()
 	if err := serveControl(cctx, controlSocket(parts.mountpoint), parts.doc, log); err != nil {
 		log.Warn("zarrfs status will not reach this mount", "err", err)
 	}
-	if f.metrics != "" {
-		if err := serveMetrics(cctx, f.metrics, parts, fills, log); err != nil {
-			m.Unmount(time.Second)
-			return fmt.Errorf("--metrics %s: %w", f.metrics, err)
-		}
+	if metricsLn != nil {
+		serveMetrics(cctx, metricsLn, parts, fills, log)
 	}
 	mode, gid := c.BlobAccess()
 	if f.direct && f.allowOther && mode&0o044 == 0 {
@@ -153,8 +173,8 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 	log.Debug("mount settings", "layout", l.ID, "cache", c.BlobDir(l.ID), "passthrough", m.Passthrough(),
 		"direct", f.direct, "lease", f.lease, "rank", f.rank, "world", f.world, "shard", shard.Mode(),
 		"cache_mode", fmt.Sprintf("%04o", uint32(mode)), "cache_group", groupLabel(gid))
-	fmt.Fprintf(cmd.OutOrStdout(), "zarrfs: mounted %s at %s (%s arrays, %s files)\n",
-		store.ID(), mountpoint, thousands(int64(l.Arrays)), thousands(l.Files))
+	fmt.Fprintf(cmd.OutOrStdout(), "zarrfs: mounted %s at %s (%s, %s)\n",
+		store.ID(), mountpoint, count(int64(l.Arrays), "array"), count(l.Files, "file"))
 	log.Info("mount live", "source", store.ID(), "mountpoint", mountpoint, "direct", f.direct, "decode", o.dec.Placement(),
 		"cache", c.Dir(), "cache_budget", c.Budget())
 	notifySystemd(fmt.Sprintf("READY=1\nSTATUS=serving %s at %s", store.ID(), mountpoint), log)
@@ -185,6 +205,15 @@ func groupLabel(gid int) string {
 		return g.Name
 	}
 	return strconv.Itoa(gid)
+}
+
+// count is "1 array", "2 arrays", "87,612 files": n with comma separators
+// and the noun in the number it takes.
+func count(n int64, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return thousands(n) + " " + noun + "s"
 }
 
 // thousands formats n with comma separators: 1234567 -> "1,234,567".

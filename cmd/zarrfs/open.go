@@ -139,6 +139,10 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 		}
 		specs = append(specs, s...)
 	}
+	mode, group, err := f.blobAccess()
+	if err != nil {
+		return nil, err
+	}
 	if f.cacheDir == "" {
 		if f.cacheDir, err = defaultCacheDir(); err != nil {
 			return nil, usagef("%v", err)
@@ -157,10 +161,7 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	if o.store, err = f.src.openStore(ctx, src); err != nil {
 		return nil, err
 	}
-	copts := cache.Options{Dir: f.cacheDir, Size: size, Logger: log}
-	if copts.BlobMode, copts.BlobGroup, err = f.blobAccess(); err != nil {
-		return nil, err
-	}
+	copts := cache.Options{Dir: f.cacheDir, Size: size, Logger: log, BlobMode: mode, BlobGroup: group}
 	if o.cache, err = cache.Open(copts); err != nil {
 		if errors.Is(err, cache.ErrAccessInUse) {
 			err = fmt.Errorf("%w; give the same --cache-mode and --cache-group", err)

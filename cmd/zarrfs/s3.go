@@ -39,11 +39,9 @@ func (f *deadlineFlags) validate() error {
 
 // openS3 opens an s3:// source with a circuit breaker (a source that stops
 // answering fails reads at once until it answers again) and retries around
-// every request, each read bounded by --source-timeout.
+// every request, each read bounded by --source-timeout (checked by
+// sourceFlags.validate).
 func openS3(ctx context.Context, src string, f *sourceFlags) (objectstore.Store, error) {
-	if err := f.deadlines.validate(); err != nil {
-		return nil, err
-	}
 	if _, _, err := objectstore.ParseS3URL(src); err != nil {
 		return nil, usagef("%v", err)
 	}

@@ -64,7 +64,32 @@ func closeStore(s objectstore.Store) {
 	}
 }
 
-// openStore opens a local path, file:// URL or s3:// URL.
+// s3Flags are the flags that mean something for an s3:// source only.
+var s3Flags = []string{"s3-endpoint", "s3-region", "s3-anonymous"}
+
+// validate checks the source flags against the source, once, before
+// anything is opened: the deadlines whatever the source, and S3's own
+// flags only with an s3:// source. An S3 flag on another source is refused
+// rather than ignored: the command line says the user believes the
+// source is a bucket (a mistyped URL such as "s3:/bucket" is a local path),
+// and nothing would tell them that the flag did nothing.
+func (f *sourceFlags) validate(cmd *cobra.Command, src string) error {
+	if err := f.deadlines.validate(); err != nil {
+		return err
+	}
+	if strings.HasPrefix(src, "s3://") {
+		return nil
+	}
+	for _, name := range s3Flags {
+		if fl := cmd.Flags().Lookup(name); fl != nil && fl.Changed {
+			return usagef("--%s: %s is not an s3:// source; S3 flags apply to s3://BUCKET/PREFIX only", name, src)
+		}
+	}
+	return nil
+}
+
+// openStore opens a local path, file:// URL or s3:// URL. The flags were
+// checked by validate.
 func (f *sourceFlags) openStore(ctx context.Context, src string) (objectstore.Store, error) {
 	if strings.HasPrefix(src, "s3://") {
 		return openS3(ctx, src, f)

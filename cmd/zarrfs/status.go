@@ -3,11 +3,14 @@ package main
 import (
 	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -41,7 +44,7 @@ without a running daemon.`,
 					return err
 				}
 				if asJSON {
-					return writeJSON(out, s)
+					return writeJSON(out, cacheSummaryDoc(s))
 				}
 				printCacheSummary(out, s)
 				return nil
@@ -110,7 +113,7 @@ func statusDocs(cmd *cobra.Command, args []string) ([]statusDoc, error) {
 		}
 		rec, ok := findMount(abs)
 		if !ok || rec.Mountpoint != abs {
-			return nil, fmt.Errorf("%s: not the mountpoint of a running zarrfs mount of this user", args[0])
+			return nil, noStatus(args[0], abs, rec)
 		}
 		recs = append(recs, rec)
 	} else {
@@ -141,6 +144,32 @@ func statusDocs(cmd *cobra.Command, args []string) ([]statusDoc, error) {
 	return docs, nil
 }
 
+// noStatus says what is at arg instead of a running mount of this user:
+// a stale mount, another user's or an unregistered zarrfs mount, another
+// filesystem, a folder inside a mount, or a plain folder.
+func noStatus(arg, abs string, inside *mountRecord) error {
+	var sfs syscall.Statfs_t
+	if errors.Is(syscall.Statfs(abs, &sfs), syscall.ENOTCONN) {
+		return fmt.Errorf("%s: a stale mount: its daemon died (transport endpoint is not connected); zarrfs unmount %s clears it, or zarrfs mount again on it", arg, arg)
+	}
+	if e, ok := mountAt(abs); ok {
+		if mnt, uid, ours := zarrfsMount(e); ours && uid != os.Geteuid() {
+			return fmt.Errorf("%s: the zarrfs mount at %s belongs to %s; zarrfs status answers only for your own mounts", arg, mnt, describeUser(uid))
+		}
+		if e.FSType == "fuse.zarrfs" {
+			return fmt.Errorf("%s: a zarrfs mount of %s whose daemon is not in %s (started with another XDG_RUNTIME_DIR?)", arg, e.Source, registryDir())
+		}
+		return fmt.Errorf("%s: a %s mount of %s, not a zarrfs one", arg, e.FSType, e.Source)
+	}
+	if inside != nil {
+		return fmt.Errorf("%s: inside the zarrfs mount at %s; give its mountpoint", arg, inside.Mountpoint)
+	}
+	if _, err := os.Stat(abs); err != nil {
+		return fmt.Errorf("%s: %w", arg, unwrapPath(err))
+	}
+	return fmt.Errorf("%s: not a mount point (no running zarrfs mount of this user there)", arg)
+}
+
 func printStatus(w io.Writer, d statusDoc) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	budget := "unlimited"
@@ -162,9 +191,18 @@ func printStatus(w io.Writer, d statusDoc) {
 	fmt.Fprintf(tw, "source\t%s\n", d.Source)
 	fmt.Fprintf(tw, "daemon\tpid %d, up %s\n", d.PID, (time.Duration(d.UptimeSeconds) * time.Second).String())
 	fmt.Fprintf(tw, "flags\t%s\n", strings.Join(d.Args, " "))
-	fmt.Fprintf(tw, "mode\t%s; rank %d of %d; %d arrays, %d files\n", mode, d.Mount.Rank, d.Mount.World, d.Mount.Arrays, d.Mount.Files)
-	fmt.Fprintf(tw, "cache\t%s of %s used, %d files, blobs mode %s (%s)\n", memory.Human(d.Cache.UsedB), budget, d.Cache.Files, d.Cache.BlobMode, d.Cache.Dir)
-	fmt.Fprintf(tw, "opens\t%d (hits %s: %d, fills %d, %d in flight); %d files open now\n", d.Mount.Opens, hit, d.Cache.Hits, d.Cache.Misses, d.Cache.Filling, d.Mount.OpenFiles)
+	if d.LogFile != "" {
+		fmt.Fprintf(tw, "log\t%s\n", d.LogFile)
+	}
+	ranks := "every sample"
+	if d.Mount.World > 1 {
+		ranks = fmt.Sprintf("rank %d of %d (%s)", d.Mount.Rank, d.Mount.World, d.Mount.Shard)
+	}
+	fmt.Fprintf(tw, "mode\t%s; %s; %s, %s\n", mode, ranks, count(int64(d.Mount.Arrays), "array"), count(d.Mount.Files, "file"))
+	fmt.Fprintf(tw, "cache\t%s of %s used, %s, blobs mode %s (%s)\n", memory.Human(d.Cache.UsedB), budget, count(int64(d.Cache.Files), "file"), d.Cache.BlobMode, d.Cache.Dir)
+	fmt.Fprintf(tw, "opens\t%d; %s open now\n", d.Mount.Opens, count(d.Mount.OpenFiles, "file"))
+	// Requests are opens, link resolutions and readahead (docs/operations.md).
+	fmt.Fprintf(tw, "requests\t%d hits, %d fills (hit rate %s); %d fills in flight\n", d.Cache.Hits, d.Cache.Misses, hit, d.Cache.Filling)
 	fmt.Fprintf(tw, "evictions\t%d (%s)\n", d.Cache.Evictions, memory.Human(d.Cache.EvictedB))
 	fmt.Fprintf(tw, "source\t%s fetched; %d chunks decoded, %d missing (fill value)\n", memory.Human(d.Reads.BytesFetched), d.Reads.ChunksDecoded, d.Reads.ChunksMissing)
 	fmt.Fprintf(tw, "decoding\t%s; GPUs hold %s device, %s pinned\n", d.Decode.Placement, memory.Human(d.Decode.GPUDeviceB), memory.Human(d.Decode.GPUPinnedB))
@@ -190,6 +228,32 @@ func printStatus(w io.Writer, d statusDoc) {
 		fmt.Fprintf(tw, "%s\t%s: %d failed opens\n", label, a, d.Errors[a])
 	}
 	tw.Flush()
+}
+
+// cacheSummaryJSON is what `zarrfs status --cache DIR --json` prints.
+type cacheSummaryJSON struct {
+	Dir        string            `json:"dir"`
+	Blobs      int               `json:"blobs"`
+	BlobBytes  int64             `json:"blob_bytes"`
+	Chunks     int               `json:"chunks"`
+	ChunkBytes int64             `json:"chunk_bytes"`
+	Layouts    []cacheLayoutJSON `json:"layouts"`
+	Running    int               `json:"running"`
+}
+
+type cacheLayoutJSON struct {
+	ID    string `json:"id"`
+	Blobs int    `json:"blobs"`
+	Bytes int64  `json:"bytes"`
+}
+
+func cacheSummaryDoc(s cache.Summary) cacheSummaryJSON {
+	d := cacheSummaryJSON{Dir: s.Dir, Blobs: s.Blobs, BlobBytes: s.BlobBytes, Chunks: s.Chunks, ChunkBytes: s.ChunkBytes,
+		Layouts: []cacheLayoutJSON{}, Running: s.Running}
+	for _, l := range s.Layouts {
+		d.Layouts = append(d.Layouts, cacheLayoutJSON{ID: l.ID, Blobs: l.Blobs, Bytes: l.Bytes})
+	}
+	return d
 }
 
 func printCacheSummary(w io.Writer, s cache.Summary) {

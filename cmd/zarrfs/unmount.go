@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,7 +31,7 @@ died is detached too.`,
 			if timeout <= 0 {
 				return usagef("--timeout %v: want a positive duration", timeout)
 			}
-			return unmount(args[0], lazy, timeout)
+			return unmount(cmd.OutOrStdout(), args[0], lazy, timeout)
 		},
 	}
 	cmd.Flags().BoolVar(&lazy, "lazy", false, "detach the mountpoint at once, even with files open")
@@ -40,7 +41,7 @@ died is detached too.`,
 
 func init() { rootCmd.AddCommand(newUnmountCmd()) }
 
-func unmount(mountpoint string, lazy bool, timeout time.Duration) error {
+func unmount(out io.Writer, mountpoint string, lazy bool, timeout time.Duration) error {
 	abs, err := filepath.Abs(mountpoint)
 	if err != nil {
 		return err
@@ -55,12 +56,25 @@ func unmount(mountpoint string, lazy bool, timeout time.Duration) error {
 		ok = false // a mount above it, not this one
 	}
 	if !ok {
-		if !stale && !mountedAt(abs) {
+		// No daemon of ours: say what is there, and detach only a zarrfs
+		// mount (one whose daemon died, or that this user's registry does
+		// not know); another filesystem is not ours to unmount.
+		e, mounted := mountAt(abs)
+		switch {
+		case !mounted && stale:
+			return fmt.Errorf("%s: transport endpoint is not connected, and not in this process's mount table", mountpoint)
+		case !mounted:
 			return fmt.Errorf("%s: not mounted", mountpoint)
+		case e.FSType != "fuse.zarrfs":
+			return fmt.Errorf("%s: a %s mount of %s, not a zarrfs one; zarrfs unmount leaves it alone (use umount)", mountpoint, e.FSType, e.Source)
 		}
-		// No daemon of ours (it died, or another tool mounted it): detach.
 		if err := detach(abs, lazy || stale); err != nil {
 			return fmt.Errorf("%s: %w", mountpoint, err)
+		}
+		if stale {
+			fmt.Fprintf(out, "zarrfs: %s: a stale mount (its daemon had died: transport endpoint is not connected); detached\n", mountpoint)
+		} else {
+			fmt.Fprintf(out, "zarrfs: %s: a zarrfs mount of %s with no daemon in this user's registry (%s); detached\n", mountpoint, e.Source, registryDir())
 		}
 		return nil
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -60,7 +59,7 @@ samples i, i+W, i+2W, ...`,
 	fl.IntVar(&f.rank, "rank", 0, "this node's rank (with --world)")
 	fl.IntVar(&f.world, "world", 1, "number of ranks sharing the samples")
 	fl.StringVar(&f.shard, "shard", "contiguous", "how samples are split among ranks: contiguous or interleaved")
-	fl.IntVar(&f.jobs, "jobs", 0, "files filled concurrently (default: number of CPUs, at least 16 for S3)")
+	fl.IntVar(&f.jobs, "jobs", 0, fmt.Sprintf("files filled concurrently, 1 to %d (default: number of CPUs, at least 16 for S3)", maxJobs))
 	fl.BoolVar(&f.prune, "prune", false, "then remove the source's cached files a mount will never serve again, as zarrfs cache gc does")
 	return cmd
 }
@@ -73,9 +72,9 @@ func planWarm(lay *layout.Layout, f *warmFlags) (*layout.Plan, error) {
 	if err != nil {
 		return nil, usagef("--%s", strings.TrimPrefix(err.Error(), layout.ErrInvalidOption.Error()+": "))
 	}
-	shard, err := layout.ParseShard(f.rank, f.world, f.shard)
+	shard, err := checkShard(f.rank, f.world, f.shard)
 	if err != nil {
-		return nil, usagef("--rank %d --world %d --shard %s: %v", f.rank, f.world, f.shard, errors.Unwrap(err))
+		return nil, err
 	}
 	plan, err := lay.Plan(layout.PlanOptions{Only: f.only, Samples: span, Shard: shard})
 	if err != nil {
@@ -115,17 +114,30 @@ func chunkSetKey(b layout.Blob) string {
 	return sb.String()
 }
 
+// validate checks warm's own flags and the source flags before anything is
+// opened. --jobs left out is 0, chosen from the CPUs and the source;
+// given, it must be 1 or more.
+func (f *warmFlags) validate(cmd *cobra.Command, src string) error {
+	if err := f.src.validate(cmd, src); err != nil {
+		return err
+	}
+	if cmd.Flags().Changed("jobs") {
+		if err := checkCount("jobs", f.jobs, 1, maxJobs); err != nil {
+			return err
+		}
+	}
+	_, err := checkShard(f.rank, f.world, f.shard)
+	return err
+}
+
 func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 	ctx := cmd.Context()
 	log, err := newLogger(cmd)
 	if err != nil {
 		return err
 	}
-	if f.world < 1 || f.rank < 0 || f.rank >= f.world {
-		return usagef("--rank %d --world %d: want 0 <= rank < world", f.rank, f.world)
-	}
-	if f.shard != "contiguous" && f.shard != "interleaved" {
-		return usagef("--shard %q: want contiguous or interleaved", f.shard)
+	if err := f.validate(cmd, src); err != nil {
+		return err
 	}
 	// Warm fills runs of samples that share chunks, one run per worker:
 	// the decoded-chunk cache must hold every worker's current chunks (a
@@ -135,7 +147,7 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 	if err != nil {
 		return err
 	}
-	if f.jobs <= 0 {
+	if f.jobs == 0 {
 		// Decoding is bounded by the decoder's own workers; the jobs are
 		// fills in flight, which for a remote source mostly wait on the
 		// network.
@@ -198,7 +210,9 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 			progressbar.OptionSetWriter(os.Stderr),
 			progressbar.OptionShowBytes(true),
 			progressbar.OptionShowCount(),
-			progressbar.OptionSetDescription(fmt.Sprintf("warming 0/%d files", len(todo))),
+			progressbar.OptionSetDescription(fmt.Sprintf("warming 0/%s", files(len(todo)))),
+			// The summary line counts MiB (memory.Human): so does the bar.
+			progressbar.OptionUseIECUnits(true),
 			progressbar.OptionThrottle(100*time.Millisecond),
 			progressbar.OptionShowElapsedTimeOnFinish(),
 			progressbar.OptionSetPredictTime(true),
@@ -230,7 +244,7 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 					n := done.Add(1)
 					doneBytes.Add(b.Size())
 					if bar != nil {
-						bar.Describe(fmt.Sprintf("warming %d/%d files", n, len(todo)))
+						bar.Describe(fmt.Sprintf("warming %d/%s", n, files(len(todo))))
 						_ = bar.Add64(b.Size())
 					}
 				}
@@ -253,7 +267,7 @@ feed:
 	}
 	el := time.Since(start)
 	if ctx.Err() != nil {
-		return fmt.Errorf("warm interrupted after %d of %d files; run it again to resume", done.Load(), len(todo))
+		return fmt.Errorf("warm interrupted after %d of %s; run it again to resume", done.Load(), files(len(todo)))
 	}
 	for _, d := range plan.Dirs {
 		fmt.Fprintf(out, "%s\t%s\n", d, path.Join(dir, d))

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/zarrfs/zarrfs/cache"
+)
+
+// fullStatus is a status document with every field set, omitempty ones
+// included, so that its keys are all the keys there are.
+func fullStatus() statusDoc {
+	g := statusGPUStats{Chunks: 2, Bytes: 8, Refused: 1, Corrupt: 1, Rounds: 1, Disagreed: 1}
+	return statusDoc{Mountpoint: "/m", Source: "file:///s", PID: 1, Started: time.Unix(0, 0), UptimeSeconds: 1,
+		Args: []string{"mount"}, LogFile: "/l",
+		Cache: statusCache{Dir: "/c", BlobDir: "/c/b", BudgetB: 1, UsedB: 1, Files: 1, BlobMode: "0400", Hits: 1, Misses: 1, Filling: 1,
+			Evictions: 1, EvictedB: 1, ChunkHits: 1, ChunkMisss: 1},
+		Mount:  statusMount{Direct: true, Lease: "1m", World: 1, Shard: "contiguous", Opens: 1, OpenFiles: 1, Files: 1, Arrays: 1},
+		Decode: statusDecode{Placement: "cpu", GPU: g, GPUs: []statusGPU{{Device: 0, statusGPUStats: g}}, Decoded: []statusDecoded{{Codec: "zstd", Device: "cpu", Chunks: 1, Bytes: 1}}},
+		Reads:  statusReads{BytesFetched: 1},
+		Errors: map[string]int{"t": 1},
+	}
+}
+
+// keyPaths lists the object keys of a JSON document as dotted paths;
+// maps keyed by data (errors_by_array: array names) count as one key.
+func keyPaths(v any, prefix string, out map[string]bool) {
+	switch x := v.(type) {
+	case map[string]any:
+		if prefix == "errors_by_array" {
+			return
+		}
+		for k, e := range x {
+			p := k
+			if prefix != "" {
+				p = prefix + "." + k
+			}
+			out[p] = true
+			keyPaths(e, p, out)
+		}
+	case []any:
+		for _, e := range x {
+			keyPaths(e, prefix+"[]", out)
+		}
+	}
+}
+
+func jsonKeys(t *testing.T, b []byte) []string {
+	t.Helper()
+	var v any
+	if err := json.Unmarshal(b, &v); err != nil {
+		t.Fatalf("%v\n%s", err, b)
+	}
+	m := map[string]bool{}
+	keyPaths(v, "", m)
+	var keys []string
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+var snake = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
+
+// docJSON returns the JSON block of docs/operations.md that follows the
+// first line containing marker.
+func docJSON(t *testing.T, marker string) []byte {
+	t.Helper()
+	b, err := os.ReadFile("../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := bytes.Index(b, []byte(marker))
+	if i < 0 {
+		t.Fatalf("docs/operations.md has no %q", marker)
+	}
+	rest := b[i:]
+	start := bytes.Index(rest, []byte("```json\n"))
+	if start < 0 {
+		t.Fatalf("no JSON block after %q", marker)
+	}
+	rest = rest[start+len("```json\n"):]
+	return rest[:bytes.Index(rest, []byte("```"))]
+}
+
+// status --json: every key snake_case (the GPU counters were Go field
+// names), and the keys docs/operations.md shows are the keys printed.
+func TestStatusJSONKeys(t *testing.T) {
+	var buf bytes.Buffer
+	if err := writeJSON(&buf, fullStatus()); err != nil {
+		t.Fatal(err)
+	}
+	got := jsonKeys(t, buf.Bytes())
+	for _, k := range got {
+		for _, seg := range strings.Split(strings.ReplaceAll(k, "[]", ""), ".") {
+			if !snake.MatchString(seg) {
+				t.Errorf("status key %q is not snake_case", k)
+			}
+		}
+	}
+	doc := jsonKeys(t, docJSON(t, "`zarrfs status MOUNTPOINT --json` prints"))
+	if !slices.Equal(got, doc) {
+		t.Errorf("status --json keys differ from docs/operations.md\nprinted:    %v\ndocumented: %v", got, doc)
+	}
+
+	buf.Reset()
+	s := cache.Summary{Dir: "/c", Blobs: 1, Layouts: []cache.LayoutSummary{{ID: "x", Blobs: 1, Bytes: 1}}}
+	if err := writeJSON(&buf, cacheSummaryDoc(s)); err != nil {
+		t.Fatal(err)
+	}
+	got = jsonKeys(t, buf.Bytes())
+	doc = jsonKeys(t, docJSON(t, "`zarrfs status --cache DIR --json`"))
+	if !slices.Equal(got, doc) {
+		t.Errorf("status --cache --json keys differ from docs/operations.md\nprinted:    %v\ndocumented: %v", got, doc)
+	}
+}
