@@ -61,11 +61,47 @@ func TestCommandErrors(t *testing.T) {
 		{[]string{"inspect", "s3://b/x.zarr", "--source-stall", "0s"}, 2, "--source-stall"},
 		{[]string{"warm", src, "--cache", t.TempDir(), "--samples", "5:9"}, 2, "--samples 5:9"},
 		{[]string{"warm", src, "--cache", t.TempDir(), "--cache-size", "8KiB"}, 1, "do not fit the cache budget"},
+		// mount says what warm says about a bad split.
+		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--rank", "3", "--world", "2"}, 2, "--rank 3 --world 2: want 0 <= rank < world"},
+		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--world", "0"}, 2, "--world 0: want 1 or more"},
+		{[]string{"warm", src, "--cache", t.TempDir(), "--world", "0"}, 2, "--world 0: want 1 or more"},
+		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--shard", "foo"}, 2, `--shard "foo": want contiguous or interleaved`},
+		// Counts: refused, not turned into defaults, and bounded.
+		{[]string{"warm", src, "--cache", t.TempDir(), "--jobs", "0"}, 2, "--jobs 0: want 1 to 1024"},
+		{[]string{"warm", src, "--cache", t.TempDir(), "--jobs", "-3"}, 2, "--jobs -3"},
+		{[]string{"warm", src, "--cache", t.TempDir(), "--jobs", "100000"}, 2, "--jobs 100000"},
+		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--readahead", "1000000"}, 2, "--readahead 1000000: want 0 to 256"},
+		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--readahead", "-1"}, 2, "--readahead -1"},
+		// Deadlines are checked whatever the source.
+		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--source-stall", "-1s"}, 2, "--source-stall -1s"},
+		{[]string{"warm", src, "--cache", t.TempDir(), "--source-timeout", "0s"}, 2, "--source-timeout 0s"},
+		// Flags that would do nothing are refused.
+		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--lease", "1h"}, 2, "--lease 1h0m0s: leases apply to --direct mounts only"},
+		{[]string{"inspect", src, "--s3-anonymous"}, 2, "--s3-anonymous: " + src + " is not an s3:// source"},
+		{[]string{"warm", src, "--cache", t.TempDir(), "--s3-region", "eu-west-1"}, 2, "--s3-region"},
+		// A bad --metrics address is a usage error, found before mounting.
+		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--metrics", "bogus"}, 2, `--metrics "bogus": missing port in address`},
+		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--metrics", "127.0.0.1:99999"}, 2, "--metrics"},
+		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--metrics", "no-such-host.invalid:9464"}, 2, "--metrics no-such-host.invalid:9464"},
+		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--cache-mode", "0777"}, 2, `--cache-mode "0777": 0777 gives more than read access`},
+		{[]string{"cache", "bogus"}, 2, `unknown command "bogus" for "zarrfs cache"`},
+		{[]string{"mount", src, filepath.Join(t.TempDir(), "none"), "--cache", t.TempDir()}, 1, "none: no such directory"},
 	} {
 		_, stderr, code := run(t, tt.args...)
 		lines := strings.Split(strings.TrimSpace(stderr), "\n")
 		if code != tt.code || len(lines) != 1 || !strings.HasPrefix(lines[0], "zarrfs: ") || !strings.Contains(lines[0], tt.msg) {
 			t.Errorf("%v: exit %d, stderr %q; want exit %d and one line with %q", tt.args, code, stderr, tt.code, tt.msg)
+		}
+	}
+}
+
+// A command group without a subcommand, and zarrfs alone, print their help
+// and exit 0, as kubectl and gh do: nothing was asked that could fail.
+func TestHelpWithoutCommand(t *testing.T) {
+	for _, args := range [][]string{{}, {"cache"}} {
+		out, stderr, code := run(t, args...)
+		if code != 0 || !strings.Contains(out, "Usage:") || stderr != "" {
+			t.Errorf("zarrfs %v: exit %d, stdout %q, stderr %q", args, code, out, stderr)
 		}
 	}
 }
@@ -84,6 +120,16 @@ func TestDecodeWithoutGPU(t *testing.T) {
 	_, stderr, code := run(t, "warm", src, "--cache", t.TempDir(), "--decode", "gpu")
 	if code != 1 || !strings.Contains(stderr, "--decode gpu") || strings.Count(strings.TrimSpace(stderr), "\n") != 0 {
 		t.Errorf("--decode gpu: exit %d, %q", code, stderr)
+	}
+	// One reason, the one version gives: without the driver library that
+	// is not "the driver sees no device".
+	why := strings.TrimSpace(out[strings.Index(out, "GPU: none (")+len("GPU: none ("):])
+	why = strings.TrimSuffix(why, ")")
+	if i := strings.Index(why, "gpu: no usable GPU: "); i >= 0 {
+		why = why[i+len("gpu: no usable GPU: "):]
+	}
+	if !strings.Contains(stderr, why) {
+		t.Errorf("--decode gpu says %q; version says %q", stderr, why)
 	}
 	for _, mode := range []string{"auto", "cpu"} {
 		if out, stderr, code := run(t, "warm", src, "--cache", t.TempDir(), "--decode", mode); code != 0 || !strings.Contains(out, "warmed") {

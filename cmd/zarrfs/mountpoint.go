@@ -21,6 +21,12 @@ import (
 // stops it). A stale zarrfs mount, left by a killed daemon, is let through:
 // the mount clears it first.
 func checkMountpoint(mountpoint string) error {
+	// statfs always reaches the filesystem, where stat may be answered
+	// from attributes the kernel cached before the daemon died.
+	var sfs syscall.Statfs_t
+	if errors.Is(syscall.Statfs(mountpoint, &sfs), syscall.ENOTCONN) {
+		return nil
+	}
 	st, err := os.Stat(mountpoint)
 	switch {
 	case errors.Is(err, syscall.ENOTCONN):
