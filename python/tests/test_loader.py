@@ -5,6 +5,7 @@ import time
 import numpy as np
 import pytest
 
+import zarrfs
 from conftest import need_gpu, need_module, write_view
 
 torch = need_module("torch")
@@ -50,11 +51,14 @@ def test_every_sample_once_per_epoch(mount, index_store, world, shuffle):
         sizes = [len(r) for r in per_rank]
         assert max(sizes) - min(sizes) <= 1
         epochs.append(per_rank)
-        # Every rank derives the same global order for a seed: rank r's
-        # samples are that order dealt round robin.
-        order = np.random.default_rng(11 + epoch).permutation(N) if shuffle else np.arange(N)
+        # Rank r reads its contiguous block, the one warm --rank r fills,
+        # every epoch: in order, or permuted with seed + epoch.
         for rank in range(world):
-            assert per_rank[rank] == order[rank::world].tolist()
+            first, _, count = zarrfs.shard_of(N, rank, world)
+            block = np.arange(first, first + count)
+            if shuffle:
+                block = block[np.random.default_rng(11 + epoch).permutation(count)]
+            assert per_rank[rank] == block.tolist()
     if shuffle:
         assert epochs[0] != epochs[1]
     else:
@@ -72,8 +76,10 @@ def test_even_batches(mount, index_store, world):
         per_rank.append(epoch_indices(l))
     flat = [i for r in per_rank for i in r]
     assert len(flat) == len(set(flat)) == N - N % world
-    order = np.random.default_rng(3).permutation(N)[:N - N % world]
-    assert sorted(flat) == sorted(order.tolist())
+    for rank, got in enumerate(per_rank):
+        first, _, count = zarrfs.shard_of(N, rank, world)
+        block = np.arange(first, first + count)[np.random.default_rng(3).permutation(count)]
+        assert got == block[:N // world].tolist()
 
 
 def test_bytes_equal_numpy_and_coords(mount, index_store):
@@ -146,7 +152,7 @@ def test_threads_stop_when_abandoned(mount, index_store):
 def test_bad_arguments(mount, index_store):
     m = mount(index_store)
     d = os.path.join(m.path, "x")
-    for kw in ({"rank": 2, "world": 2}, {"world": 0}, {"prefetch": 0}):
+    for kw in ({"rank": 2, "world": 2}, {"world": 0}, {"prefetch": 0}, {"shard": "random"}, {"rank": 1, "world": 2, "shard": "Interleaved"}):
         with pytest.raises(ValueError):
             Loader(d, 2, device="cpu", **kw)
     with pytest.raises(ValueError):

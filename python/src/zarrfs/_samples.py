@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -19,22 +19,30 @@ def read_json(path: str) -> dict:
         return json.load(f)
 
 
-def shard_of(n: int, rank: int, world: int, mode: str = "contiguous") -> tuple:
+SHARD_MODES = ("contiguous", "interleaved")
+
+
+def check_shard(rank: int, world: int, mode: str = "contiguous") -> None:
+    """Raise ValueError unless 0 <= rank < world and mode is a shard mode."""
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"rank {rank} of world {world}: want 0 <= rank < world")
+    if mode not in SHARD_MODES:
+        raise ValueError(f"shard mode {mode!r}: want contiguous or interleaved")
+
+
+def shard_of(n: int, rank: int, world: int, mode: str = "contiguous") -> Tuple[int, int, int]:
     """(first, step, count): the samples of 0..n-1 that rank reads.
 
     The same split as ``zarrfs warm --rank/--world`` and ``zarrfs mount
-    --rank/--world --shard MODE``: contiguous gives rank R the block
-    [R*n//W, (R+1)*n//W) (DALI's shard_id/num_shards), interleaved gives
-    R, R+W, R+2W, ...
+    --rank/--world --shard MODE``: contiguous (the default everywhere) gives
+    rank R the block [R*n//W, (R+1)*n//W) (DALI's shard_id/num_shards),
+    interleaved gives R, R+W, R+2W, ...
     """
-    if world < 1 or not 0 <= rank < world:
-        raise ValueError(f"rank {rank} of world {world}: want 0 <= rank < world")
+    check_shard(rank, world, mode)
     if world == 1:
         return 0, 1, n
     if mode == "interleaved":
         return rank, world, (n - rank + world - 1) // world if rank < n else 0
-    if mode != "contiguous":
-        raise ValueError(f"shard mode {mode!r}: want contiguous or interleaved")
     a, b = rank * n // world, (rank + 1) * n // world
     return a, 1, b - a
 
@@ -149,6 +157,33 @@ class SampleDir:
     @property
     def files(self) -> list:
         return [os.path.join(self.path, n) for n in self.names]
+
+    def positions(self, rank: int = 0, world: int = 1, shard: str = "contiguous") -> np.ndarray:
+        """The positions (in this directory's listing) of the files rank reads, in order.
+
+        On a directory that lists every sample, rank R of W gets what
+        ``zarrfs warm --rank R --world W --shard SHARD`` fills: the block of
+        the contiguous split (the default), or R, R+W, ... when interleaved.
+        A per-rank directory (``zarrfs mount --rank/--world``: its sidecar
+        has "shard") already lists one rank's files: all of them are read,
+        and rank/world must be left at 0/1 or match the mount's.
+        """
+        check_shard(rank, world, shard)
+        if self.sharded:
+            if (rank, world) not in ((0, 1), (self.rank, self.world)):
+                raise ValueError(f"{self.path} lists the samples of rank {self.rank} of {self.world} "
+                                 f"(zarrfs mount --rank/--world); rank={rank}, world={world} asks for another "
+                                 "share: leave rank and world out for a per-rank directory")
+            return np.arange(self.count, dtype=np.int64)
+        first, step, count = shard_of(self.count, rank, world, shard)
+        return first + step * np.arange(count, dtype=np.int64)
+
+    def min_share(self, world: int = 1) -> int:
+        """The fewest files any rank reads when the samples are split among world ranks
+        (the directory's own world on a per-rank directory)."""
+        if self.sharded:
+            return self.total // self.world
+        return self.count // world
 
     def file(self, i: int) -> str:
         """Path of the i-th listed file (0 <= i < len; negative counts from the end)."""

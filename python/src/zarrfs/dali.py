@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ._samples import SampleDir, shard_of
+from ._samples import SampleDir
 
 __all__ = ["numpy_reader", "rank_files"]
 
@@ -44,14 +44,7 @@ def rank_files(mount_dir, rank: int = 0, world: int = 1, shard: str = "contiguou
     """
     d = mount_dir if isinstance(mount_dir, SampleDir) else SampleDir(mount_dir)
     names = d.names
-    if d.sharded:
-        if (rank, world) not in ((0, 1), (d.rank, d.world)):
-            raise ValueError(f"{d.path} lists the samples of rank {d.rank} of {d.world} "
-                             f"(zarrfs mount --rank/--world); rank={rank}, world={world} asks for another share: "
-                             "leave rank and world out for a per-rank directory")
-        return names
-    first, step, count = shard_of(len(names), rank, world, shard)
-    return names[first:first + step * count:step]
+    return [names[int(p)] for p in d.positions(rank, world, shard)]
 
 
 def numpy_reader(mount_dir, *, device: str = "cpu", rank: int = 0, world: int = 1, shuffle: bool = False,

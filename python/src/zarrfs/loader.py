@@ -36,18 +36,21 @@ class Loader:
     knows the sample coordinate, its values under the sample dimension's name
     (a NumPy array, datetime64 for times).
 
-    Sharding: the directory's samples (one rank's share already, on a
-    ``--rank/--world`` mount) are split among ``world`` ranks with no overlap:
-    each epoch's order (shuffled with ``seed + epoch`` when ``shuffle``, the
-    same on every rank) is dealt round robin, as PyTorch's DistributedSampler
-    deals it, except that no sample is repeated to even the ranks out: every
-    sample is read exactly once per epoch. Ranks may then get one sample
-    more or less, and so a different number of batches: under
-    DistributedDataParallel, where every rank must run the same number of
-    steps, pass ``even_batches=True``, which leaves out the last
-    ``len % world`` samples of each epoch's order (as DistributedSampler's
-    ``drop_last=True`` does). Call ``set_epoch(n)`` before each epoch to
-    reshuffle. ``drop_last`` drops a last, smaller batch.
+    Sharding: rank ``rank`` of ``world`` reads the samples ``zarrfs warm
+    --rank R --world W`` fills, so a node reads what it warmed: with
+    ``shard="contiguous"`` (the default, as warm's) the block
+    ``[R*n//W, (R+1)*n//W)`` of the directory, with ``shard="interleaved"``
+    (as ``warm --shard interleaved``) samples R, R+W, R+2W, ... Every epoch
+    reads that same share, each sample once, in order or, with ``shuffle``,
+    permuted anew with ``seed + epoch``; the ranks together read every
+    sample once. On a per-rank directory (``zarrfs mount --rank/--world``)
+    the directory is the share: leave rank and world out (or give the
+    mount's). Shares differ by one sample when W does not divide n, and so
+    may the number of batches: under DistributedDataParallel, where every
+    rank must run the same number of steps, pass ``even_batches=True``,
+    which reads ``n // W`` samples of the share each epoch (with ``shuffle``
+    a different few are left out each epoch). Call ``set_epoch(n)`` before
+    each epoch to reshuffle. ``drop_last`` drops a last, smaller batch.
 
     Reading: ``threads`` preads at once (default: the CPUs, at most 16) into
     ``prefetch + 1`` pinned buffers; ``prefetch`` batches are read ahead.
@@ -62,23 +65,25 @@ class Loader:
     stops the one before, whose next ``next()`` raises ``RuntimeError``.
     """
 
-    def __init__(self, sample_dir, batch_size: int, *, device="cuda", rank: int = 0, world: int = 1,
-                 shuffle: bool = False, seed: int = 0, drop_last: bool = False,
+    def __init__(self, sample_dir: "Union[str, os.PathLike[str]]", batch_size: int, *,
+                 device: "Union[str, torch.device]" = "cuda", rank: int = 0, world: int = 1,
+                 shard: str = "contiguous", shuffle: bool = False, seed: int = 0, drop_last: bool = False,
                  threads: Optional[int] = None, prefetch: int = 2, odirect: bool = False,
-                 even_batches: bool = False, open_ahead: int = 8, pin_memory: bool = False):
+                 even_batches: bool = False, open_ahead: int = 8, pin_memory: bool = False) -> None:
         import torch
 
         self.dir = SampleDir(sample_dir)
         if batch_size < 1:
             raise ValueError(f"batch_size {batch_size}: want 1 or more")
-        if world < 1 or not 0 <= rank < world:
-            raise ValueError(f"rank {rank} of world {world}: want 0 <= rank < world")
+        # The rank's share, as warm fills it (ValueError for a bad split).
+        self._share = self.dir.positions(rank, world, shard)
+        self._even = self.dir.min_share(world)
         if prefetch < 1:
             raise ValueError(f"prefetch {prefetch}: want 1 or more")
         if open_ahead < 0:
             raise ValueError(f"open_ahead {open_ahead}: want 0 or more")
         self.batch_size = batch_size
-        self.rank, self.world = rank, world
+        self.rank, self.world, self.shard = rank, world, shard
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.even_batches = even_batches
         self.threads = threads or min(os.cpu_count() or 1, 16)
@@ -126,14 +131,14 @@ class Loader:
         self.epoch = epoch
 
     def order(self, epoch: Optional[int] = None) -> np.ndarray:
-        """The positions (in the directory's listing) this rank reads in an epoch."""
-        n = len(self.dir)
-        pos = np.arange(n, dtype=np.int64)
+        """The positions (in the directory's listing) this rank reads in an epoch, in reading order."""
+        pos = self._share
         if self.shuffle:
-            pos = np.random.default_rng(self.seed + (self.epoch if epoch is None else epoch)).permutation(n)
+            rng = np.random.default_rng(self.seed + (self.epoch if epoch is None else epoch))
+            pos = pos[rng.permutation(len(pos))]
         if self.even_batches:
-            pos = pos[:n - n % self.world]
-        return pos[self.rank::self.world]
+            pos = pos[:self._even]
+        return pos
 
     def __len__(self) -> int:
         n = len(self.order())
@@ -141,7 +146,7 @@ class Loader:
 
     def __repr__(self) -> str:
         return (f"Loader({self.dir.path!r}, batch_size={self.batch_size}, device={str(self.device)!r}, "
-                f"rank={self.rank}, world={self.world}, shuffle={self.shuffle}, even_batches={self.even_batches}, "
+                f"rank={self.rank}, world={self.world}, shard={self.shard!r}, shuffle={self.shuffle}, even_batches={self.even_batches}, "
                 f"threads={self.threads}, "
                 f"prefetch={self.prefetch}, open_ahead={self.open_ahead}, path={self.path_kind!r}, samples={len(self.order())}, "
                 f"sample={self.dir.sample_shape} {self.dir.dtype.str})")

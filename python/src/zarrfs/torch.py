@@ -3,7 +3,8 @@ which reads batches straight into GPU memory."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+import os
+from typing import Any, Callable, List, Optional, Union
 
 import numpy as np
 
@@ -37,17 +38,29 @@ class SampleDataset(_Base):
 
     ``ds.coords`` holds every item's coordinate, CF-decoded (datetime64 for
     times), ``ds.indices`` the global sample indices, ``ds.files`` the paths.
-    On a ``--rank/--world`` mount the directory, and so the dataset, holds
-    the rank's share. Safe to use with ``DataLoader(num_workers=N)``: it
-    holds paths and small arrays only, and each item opens its own file.
+
+    ``rank``/``world`` make the dataset one rank's share, the one ``zarrfs
+    warm --rank R --world W`` fills: the contiguous block by default,
+    ``shard="interleaved"`` as ``warm --shard interleaved``. Then shuffle
+    with an ordinary sampler (``DataLoader(ds, shuffle=True)``), not
+    DistributedSampler, which would split the share again. On a
+    ``--rank/--world`` mount the directory, and so the dataset, already
+    holds the rank's share: leave rank and world out. Safe to use with
+    ``DataLoader(num_workers=N)``: it holds paths and small arrays only,
+    and each item opens its own file.
     """
 
-    def __init__(self, mount_dir, *, transform: Optional[Callable] = None, coords: bool = True):
+    def __init__(self, mount_dir: "Union[str, os.PathLike[str]]", *, transform: Optional[Callable[[np.ndarray], Any]] = None,
+                 coords: bool = True, rank: int = 0, world: int = 1, shard: str = "contiguous") -> None:
         self.dir = SampleDir(mount_dir)
-        self.indices = self.dir.indices
+        self.rank, self.world, self.shard = rank, world, shard
+        self._pos = self.dir.positions(rank, world, shard)
+        self.indices = self.dir.indices[self._pos]
         self.transform = transform
         self.with_coords = coords
         c = self.dir.coords() if coords else None
+        if c is not None:
+            c = c[self._pos]
         self.coords = c
         if c is None:
             self._item_coords = self.indices
@@ -60,17 +73,20 @@ class SampleDataset(_Base):
             self._item_coords = self.indices
 
     @property
-    def files(self) -> list:
-        return self.dir.files
+    def files(self) -> List[str]:
+        return [self.dir.file(int(p)) for p in self._pos]
 
     def __len__(self) -> int:
-        return len(self.dir)
+        return len(self._pos)
 
-    def __getitem__(self, i: int):
+    def __getitem__(self, i: int) -> Any:
         d = self.dir
+        n = len(self._pos)
         if i < 0:
-            i += len(d)
-        path = d.file(i)
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"sample {i} of {n}")
+        path = d.file(int(self._pos[i]))
         if self.transform is None:
             x = np.empty(d.sample_shape, dtype=d.dtype)
             if x.nbytes:
@@ -91,4 +107,5 @@ class SampleDataset(_Base):
         return t, self._item_coords[i]
 
     def __repr__(self) -> str:
-        return f"SampleDataset({self.dir!r})"
+        share = f", rank {self.rank} of {self.world} ({self.shard})" if self.world > 1 else ""
+        return f"SampleDataset({self.dir!r}{share}, {len(self)} items)"
