@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import zarrfs
+from conftest import need
 from zarrfs._mount import mount_source
 
 
@@ -66,9 +67,49 @@ def test_busy_mountpoint(mount, index_store, tmp_path):
     # The kernel would stack a second mount on a live one; Mount refuses and
     # says what is mounted there.
     m = mount(index_store)
-    with pytest.raises(zarrfs.MountError, match=r"already a mount point \(fuse\.zarrfs file://.*index\.zarr\)"):
+    with pytest.raises(zarrfs.MountError, match=r"already a mount point \(fuse\.zarrfs file://.*index\.zarr\); "
+                                              r"unmount it first \(zarrfs unmount .*\)") as e:
         zarrfs.Mount(index_store, m.path, cache=str(tmp_path / "other")).start()
+    assert "fusermount3" not in str(e.value)
     assert np.load(os.path.join(m.path, "x", "00.npy"))[0, 0] == 0
+
+
+def cli_error(zarrfs_bin, source, mnt, tmp_path):
+    """The error line `zarrfs mount` prints for mnt, and its exit status."""
+    import subprocess
+
+    out = subprocess.run([zarrfs_bin, "mount", source, str(mnt), "--cache", str(tmp_path / "cli-cache")],
+                         capture_output=True, text=True, timeout=60)
+    return out.stderr.strip(), out.returncode
+
+
+def test_non_empty_mountpoint_refused_as_the_cli_does(zarrfs_bin, fuse, index_store, tmp_path):
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    (mnt / "notes.txt").write_text("mine")
+    with pytest.raises(zarrfs.MountError) as e:
+        zarrfs.Mount(index_store, str(mnt), cache=str(tmp_path / "c")).start()
+    assert str(e.value) == f'zarrfs: {mnt}: not empty (holds "{mnt}/notes.txt"): a mount would hide its files; choose an empty directory'
+    assert e.value.returncode == 1
+    assert (str(e.value), 1) == cli_error(zarrfs_bin, index_store, mnt, tmp_path)
+    assert (mnt / "notes.txt").read_text() == "mine" and mount_source(str(mnt)) is None
+
+
+def test_other_filesystem_refused_as_the_cli_does(zarrfs_bin, fuse, index_store, tmp_path):
+    import subprocess
+
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    need("a tmpfs mount", os.geteuid() == 0 and subprocess.call(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)]) == 0,
+         "root and mount(8), to mount one")
+    try:
+        with pytest.raises(zarrfs.MountError) as e:
+            zarrfs.Mount(index_store, str(mnt), cache=str(tmp_path / "c")).start()
+        assert str(e.value) == f"zarrfs: {mnt}: already a mount point (tmpfs tmpfs): a mount there would hide it; choose another directory"
+        assert (str(e.value), 1) == cli_error(zarrfs_bin, index_store, mnt, tmp_path)
+        assert mount_source(str(mnt)) == "tmpfs tmpfs"
+    finally:
+        subprocess.call(["umount", "-l", str(mnt)])
 
 
 def test_missing_binary(monkeypatch, tmp_path):

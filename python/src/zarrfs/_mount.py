@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import errno
 import logging
 import os
 import re
@@ -88,15 +87,6 @@ def mount_source(mountpoint: str) -> Optional[str]:
     return found
 
 
-def _stale(path: str) -> bool:
-    """Whether the mount at path is a dead FUSE mount (its daemon was killed); zarrfs mount clears those."""
-    try:
-        os.statvfs(path)
-    except OSError as e:
-        return e.errno == errno.ENOTCONN
-    return False
-
-
 class Mount:
     """Runs ``zarrfs mount SOURCE MOUNTPOINT [flags]`` for the life of a ``with`` block.
 
@@ -106,10 +96,11 @@ class Mount:
 
     Keyword flags become command-line flags (see :func:`flag_args`). Entering
     waits until the daemon prints its "mounted" line; if it exits first,
-    :class:`MountError` carries its error line. A mountpoint that is already
-    a live mount is refused before starting (a stale one, left by a killed
-    daemon, the daemon clears). ``mountpoint=None`` mounts on a new
-    temporary directory, removed on exit, as is a mountpoint this object
+    :class:`MountError` carries its error line. The daemon refuses a
+    mountpoint that holds files or is the top of another mount (a live
+    zarrfs mount, or another filesystem), as ``zarrfs mount`` does; a stale
+    one, left by a killed daemon, it clears. ``mountpoint=None`` mounts on a
+    new temporary directory, removed on exit, as is a mountpoint this object
     created. Leaving the block sends SIGTERM and waits for a clean unmount.
     The daemon's log lines go to the ``zarrfs`` logger.
     """
@@ -142,11 +133,10 @@ class Mount:
         elif not os.path.lexists(self.path):
             os.makedirs(self.path)
             self._made = self.path
-        else:
-            other = mount_source(self.path)
-            if other is not None and not _stale(self.path):
-                raise MountError(f"{self.path}: already a mount point ({other}); unmount it first "
-                                 f"(fusermount3 -u {self.path}) or choose another directory")
+        # Whether the mountpoint may take a mount (empty, not the top of
+        # another mount, or a stale zarrfs mount to clear) the daemon
+        # decides, so that zarrfs.Mount refuses exactly what zarrfs mount
+        # refuses, with the same line.
         cmd = [binary, "mount", self.source, self.path] + flag_args(self.flags)
         log.debug("starting %s", " ".join(cmd))
         self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
