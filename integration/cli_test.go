@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -200,5 +201,73 @@ func TestWarmMessages(t *testing.T) {
 	out, stderr, code = run(t, "warm", src, "--cache", t.TempDir(), "--samples", "2:9")
 	if code != 0 || !strings.Contains(stderr, "--samples runs past the end") || !strings.Contains(stderr, "t/ has 3") {
 		t.Errorf("warm --samples 2:9 of 3: exit %d, %q %q", code, out, stderr)
+	}
+}
+
+// inspect shows what a sharded array decodes (its inner chunks and their
+// codecs), and an array left out still shows its dimension names.
+func TestInspectShardedAndUnsupported(t *testing.T) {
+	requirePython(t)
+	dir, dir2 := filepath.Join(t.TempDir(), "s.zarr"), filepath.Join(t.TempDir(), "v2.zarr")
+	python(t, `
+import sys, numcodecs, zarr
+g = zarr.open_group(sys.argv[1], mode="w")
+a = g.create_array("sh", shape=(4, 8, 8), chunks=(1, 4, 4), shards=(2, 8, 8), dtype="f4",
+                   compressors=zarr.codecs.ZstdCodec(level=1), dimension_names=["time", "y", "x"])
+a[:] = 1
+v2 = zarr.open_group(sys.argv[2], mode="w", zarr_format=2)
+b = v2.create_array("delta", shape=(3, 4), chunks=(3, 4), dtype="f4", filters=[numcodecs.Delta(dtype="f4")],
+                    attributes={"_ARRAY_DIMENSIONS": ["time", "x"]})
+b[:] = 2
+`, dir, dir2)
+	var out string
+	for _, d := range []string{dir, dir2} {
+		o, stderr, code := run(t, "inspect", "--json", d)
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, stderr)
+		}
+		out += o
+	}
+	out = strings.ReplaceAll(out, "]\n[", ",")
+	var entries []struct {
+		Path        string   `json:"path"`
+		Chunks      []int64  `json:"chunks"`
+		Codecs      []string `json:"codecs"`
+		InnerChunks []int64  `json:"inner_chunks"`
+		InnerCodecs []string `json:"inner_codecs"`
+		Dims        []string `json:"dims"`
+		Unsupported *string  `json:"unsupported"`
+	}
+	if err := json.Unmarshal([]byte(out), &entries); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	seen := 0
+	for _, e := range entries {
+		switch e.Path {
+		case "sh":
+			seen++
+			if fmt.Sprint(e.Chunks, e.Codecs, e.InnerChunks, e.InnerCodecs) != "[2 8 8] [sharding_indexed] [1 4 4] [zstd bytes]" {
+				t.Errorf("sharded: chunks %v codecs %v inner chunks %v inner codecs %v", e.Chunks, e.Codecs, e.InnerChunks, e.InnerCodecs)
+			}
+		case "delta":
+			seen++
+			if e.Unsupported == nil || !strings.Contains(*e.Unsupported, "delta") || fmt.Sprint(e.Dims) != "[time x]" || e.InnerChunks != nil {
+				t.Errorf("unsupported v2: %+v", e)
+			}
+		}
+	}
+	if seen != 2 {
+		t.Fatalf("inspect lists %d of the 2 arrays:\n%s", seen, out)
+	}
+	text, _, _ := run(t, "inspect", dir)
+	text2, _, _ := run(t, "inspect", dir2)
+	text += text2
+	for _, want := range []string{"chunks [2 8 8]  inner chunks [1 4 4]", "codecs [sharding_indexed]  inner codecs [zstd, bytes]", "dims [time, x]", "unsupported: "} {
+		if !strings.Contains(text, want) {
+			t.Errorf("inspect text lacks %q:\n%s", want, text)
+		}
+	}
+	if !strings.Contains(text, ": 1 array\n") {
+		t.Errorf("inspect's count line:\n%s", text)
 	}
 }

@@ -105,6 +105,11 @@ type Array struct {
 	FillValue any
 	// Codecs names the codec pipeline, outermost first (for inspect).
 	Codecs []string
+	// InnerChunks and InnerCodecs describe a sharded array's innermost
+	// chunks (nested shards followed down): their shape and their codecs,
+	// outermost first. Nil for an array without sharding_indexed.
+	InnerChunks []int64
+	InnerCodecs []string
 	// MetaHash is a hex SHA-256 of the array's metadata documents; any change
 	// of metadata changes it. DataHash leaves out what does not change the
 	// bytes of the chunks already written.

@@ -215,6 +215,7 @@ func parseV3Array(a *Array, n *v3Node) (*pipeline, []byte, error) {
 		return nil, nil, err
 	}
 	a.Codecs = codecNames(n.Codecs)
+	a.InnerChunks, a.InnerCodecs = innerChunks(n.Codecs)
 	p, err := parseV3Codecs(n.Codecs, len(shape), dt, chunks, 0)
 	if err != nil {
 		return nil, nil, err
@@ -272,6 +273,30 @@ func codecNames(list []any) []string {
 		}
 	}
 	return out
+}
+
+// innerChunks follows sharding_indexed codecs down a v3 codec list to the
+// innermost chunks: their chunk_shape and codec names. It reads the JSON
+// as written, so an array left out for its codecs still shows them.
+func innerChunks(list []any) (shape []int64, codecs []string) {
+	for depth := 0; depth <= 4; depth++ {
+		var cfg map[string]any
+		for _, c := range list {
+			if m, ok := c.(map[string]any); ok && m["name"] == "sharding_indexed" {
+				cfg, _ = m["configuration"].(map[string]any)
+			}
+		}
+		if cfg == nil {
+			return shape, codecs
+		}
+		s, err := toInt64s(cfg["chunk_shape"], "chunk_shape")
+		if err != nil {
+			return shape, codecs
+		}
+		inner, _ := cfg["codecs"].([]any)
+		shape, codecs, list = s, codecNames(inner), inner
+	}
+	return shape, codecs
 }
 
 // parseV3Codecs parses a v3 codec list for arrays of the given rank, dtype and chunk shape.
@@ -492,6 +517,11 @@ func parseV2Array(a *Array, m *v2Array, attrs map[string]any) (*pipeline, []byte
 		return nil, nil, err
 	}
 	a.Shape = shape
+	// Names first: an array left out below still shows its dimensions.
+	a.Dims = make([]string, len(shape))
+	if l, ok := attrs["_ARRAY_DIMENSIONS"].([]any); ok && len(l) == len(shape) {
+		a.Dims = names(l)
+	}
 	chunks, err := toInt64s(m.Chunks, "chunks")
 	if err != nil {
 		return nil, nil, err
@@ -571,16 +601,11 @@ func parseV2Array(a *Array, m *v2Array, attrs map[string]any) (*pipeline, []byte
 		return nil, nil, fmt.Errorf("%w: dimension_separator %q", ErrUnsupported, sep)
 	}
 	a.keySep = sep
-	a.Dims = make([]string, len(shape))
 	a.Attributes = map[string]any{}
 	for k, v := range attrs {
-		if k == "_ARRAY_DIMENSIONS" {
-			if l, ok := v.([]any); ok && len(l) == len(shape) {
-				a.Dims = names(l)
-			}
-			continue
+		if k != "_ARRAY_DIMENSIONS" {
+			a.Attributes[k] = v
 		}
-		a.Attributes[k] = v
 	}
 	fill, fj, err := parseFill(m.FillValue, dt, 2)
 	if err != nil {

@@ -14,11 +14,15 @@ import (
 
 // inspectEntry is one array of `zarrfs inspect --json` (CONTRACT section 7).
 type inspectEntry struct {
-	Path        string    `json:"path"`
-	Shape       []int64   `json:"shape"`
-	DType       string    `json:"dtype"`
-	Chunks      []int64   `json:"chunks"`
-	Codecs      []string  `json:"codecs"`
+	Path   string   `json:"path"`
+	Shape  []int64  `json:"shape"`
+	DType  string   `json:"dtype"`
+	Chunks []int64  `json:"chunks"`
+	Codecs []string `json:"codecs"`
+	// InnerChunks and InnerCodecs: a sharded array's innermost chunks
+	// (the unit decoded), null without sharding.
+	InnerChunks []int64   `json:"inner_chunks"`
+	InnerCodecs []string  `json:"inner_codecs"`
 	Dims        []*string `json:"dims"` // null for an unnamed dimension, as in sidecars
 	Mount       *string   `json:"mount"`
 	Unsupported *string   `json:"unsupported"`
@@ -84,7 +88,11 @@ func inspectEntries(h *zarr.Hierarchy, lay *layout.Layout) []inspectEntry {
 	}
 	out := make([]inspectEntry, 0, len(h.Arrays))
 	for _, a := range h.Arrays {
-		e := inspectEntry{Path: a.Path, Shape: a.Shape, Chunks: a.Chunks, Codecs: a.Codecs, Dims: make([]*string, len(a.Dims))}
+		e := inspectEntry{Path: a.Path, Shape: a.Shape, Chunks: a.Chunks, Codecs: a.Codecs, Dims: make([]*string, len(a.Dims)),
+			InnerChunks: a.InnerChunks, InnerCodecs: a.InnerCodecs}
+		if e.InnerChunks != nil && e.InnerCodecs == nil {
+			e.InnerCodecs = []string{}
+		}
 		for i, d := range a.Dims {
 			if d != "" {
 				e.Dims[i] = &a.Dims[i]
@@ -114,7 +122,11 @@ func printInspect(w io.Writer, id string, entries []inspectEntry) {
 			name = "(root array)"
 		}
 		fmt.Fprintf(w, "%s\n", name)
-		fmt.Fprintf(w, "  shape %v  dtype %s  chunks %v\n", e.Shape, e.DType, e.Chunks)
+		fmt.Fprintf(w, "  shape %v  dtype %s  chunks %v", e.Shape, e.DType, e.Chunks)
+		if e.InnerChunks != nil {
+			fmt.Fprintf(w, "  inner chunks %v", e.InnerChunks)
+		}
+		fmt.Fprintln(w)
 		dims := make([]string, len(e.Dims))
 		for i, d := range e.Dims {
 			dims[i] = "-"
@@ -122,7 +134,11 @@ func printInspect(w io.Writer, id string, entries []inspectEntry) {
 				dims[i] = *d
 			}
 		}
-		fmt.Fprintf(w, "  dims [%s]  codecs [%s]\n", strings.Join(dims, ", "), strings.Join(e.Codecs, ", "))
+		fmt.Fprintf(w, "  dims [%s]  codecs [%s]", strings.Join(dims, ", "), strings.Join(e.Codecs, ", "))
+		if e.InnerChunks != nil {
+			fmt.Fprintf(w, "  inner codecs [%s]", strings.Join(e.InnerCodecs, ", "))
+		}
+		fmt.Fprintln(w)
 		switch {
 		case e.Unsupported != nil:
 			fmt.Fprintf(w, "  unsupported: %s\n", *e.Unsupported)

@@ -45,7 +45,7 @@ func (f *layoutFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.cacheSize, "cache-size", "0", "cache budget, such as 500GiB; 0 means what the cache's filesystem can hold")
 	fl.StringVar(&f.cacheMode, "cache-mode", "", "who may read the decoded blobs in the cache: owner (0400, the default), group (0440: --cache-group, else the cache directory's group) or all (0444), or an octal mode (read bits; blobs are read-only); needed when other users open them (--direct with --allow-other); compressed chunks, journal and lock stay owner-only")
 	fl.StringVar(&f.cacheGroup, "cache-group", "", "group (name or gid) given the decoded blobs and the directories leading to them; implies --cache-mode group")
-	fl.StringVar(&f.memory, "memory", "", "memory budget, such as 8GiB: fills wait for memory or fail (EIO) rather than exceed it (default a quarter of RAM, at least 512MiB)")
+	fl.StringVar(&f.memory, "memory", "", "the daemon's memory budget, such as 8GiB: fills wait for memory or fail (EIO) rather than exceed it (default: "+memoryDefault+")")
 	fl.StringVar(&f.sampleDim, "sample-dim", layout.DefaultSampleDim, "dimension whose indices become one file each")
 	fl.Int64Var(&f.align, "align", layout.DefaultAlign, "offset of the data in every .npy file (a multiple of 64, at least 128)")
 	fl.StringArrayVar(&f.views, "view", nil, "YAML file of stacked training views; repeatable")
@@ -256,6 +256,10 @@ func lookupGroup(name string) (uint32, error) {
 	}
 	return 0, fmt.Errorf("you are not a member of group %s (gid %d)", g.Name, gid)
 }
+
+// memoryDefault words memory.DefaultBudget for --help; README.md and
+// docs/cli.md use the same words (a test checks).
+const memoryDefault = "a quarter of the machine's memory, or of its cgroup's limit when lower, at least 512MiB"
 
 // memoryBudget parses --memory (default memory.DefaultBudget) and makes it
 // the Go runtime's soft memory limit too, unless GOMEMLIMIT sets one: the
