@@ -50,7 +50,7 @@ func TestMountpointRefused(t *testing.T) {
 	}{
 		{full, full + `: not empty (holds "` + filepath.Join(full, "notes.txt") + `"): a mount would hide its files; choose an empty directory`},
 		{other, other + ": already a mount point (tmpfs tmpfs): a mount there would hide it; choose another directory"},
-		{live.mnt, live.mnt + ": already a mount point (fuse.zarrfs file://" + src + "); unmount it first (zarrfs unmount " + live.mnt + ") or choose another directory"},
+		{live.mnt, live.mnt + ": already a zarrfs mount (of file://" + src + "); unmount it first (zarrfs unmount " + live.mnt + ") or choose another directory"},
 	} {
 		_, stderr, code := run(t, "mount", src, tt.mnt, "--cache", t.TempDir())
 		if code != 1 || strings.TrimSpace(stderr) != "zarrfs: "+tt.want {

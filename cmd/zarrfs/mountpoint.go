@@ -41,8 +41,9 @@ func checkMountpoint(mountpoint string) error {
 	abs := absMountpoint(mountpoint)
 	if e, ok := mountAt(abs); ok {
 		if e.FSType == "fuse.zarrfs" {
-			return fmt.Errorf("%s: already a mount point (%s %s); unmount it first (zarrfs unmount %s) or choose another directory",
-				mountpoint, e.FSType, e.Source, mountpoint)
+			// As fs.Mount words it, should a mount start there meanwhile.
+			return fmt.Errorf("%s: already a zarrfs mount (of %s); unmount it first (zarrfs unmount %s) or choose another directory",
+				mountpoint, e.Source, mountpoint)
 		}
 		return fmt.Errorf("%s: already a mount point (%s %s): a mount there would hide it; choose another directory",
 			mountpoint, e.FSType, e.Source)

@@ -67,7 +67,7 @@ def test_busy_mountpoint(mount, index_store, tmp_path):
     # The kernel would stack a second mount on a live one; Mount refuses and
     # says what is mounted there.
     m = mount(index_store)
-    with pytest.raises(zarrfs.MountError, match=r"already a mount point \(fuse\.zarrfs file://.*index\.zarr\); "
+    with pytest.raises(zarrfs.MountError, match=r"already a zarrfs mount \(of file://.*index\.zarr\); "
                                               r"unmount it first \(zarrfs unmount .*\)") as e:
         zarrfs.Mount(index_store, m.path, cache=str(tmp_path / "other")).start()
     assert "fusermount3" not in str(e.value)
