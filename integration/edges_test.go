@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -261,5 +262,30 @@ func TestStatusNamesLogFile(t *testing.T) {
 	st.LogFile = "unset"
 	if json.Unmarshal([]byte(stdout), &st); st.LogFile != "" {
 		t.Errorf("status of a daemon logging to a pipe: log_file %q", st.LogFile)
+	}
+}
+
+// The soak summary of a passing run reads as one: no "errors 0 ()", no
+// "failed" for what the faults are meant to cause.
+func TestSoakSummaryWording(t *testing.T) {
+	var c soakCounts
+	c.reads.Store(100)
+	c.ok.Store(28)
+	c.restartErrs.Store(72)
+	s := c.String()
+	for _, bad := range []string{"()", "failed", "errors 0"} {
+		if strings.Contains(s, bad) {
+			t.Errorf("summary %q contains %q", s, bad)
+		}
+	}
+	if !strings.Contains(s, "reads 100: 28 correct, 0 with wrong bytes; 0 answered with an error and 72 cut off by a daemon kill (both allowed)") {
+		t.Errorf("summary %q", s)
+	}
+	n := &atomic.Int64{}
+	n.Store(3)
+	c.errnos.Store(syscall.EIO.Error(), n)
+	c.errs.Store(3)
+	if s := c.String(); !strings.Contains(s, "3 (input/output error=3) answered with an error") {
+		t.Errorf("summary with errors %q", s)
 	}
 }

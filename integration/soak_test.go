@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -40,8 +41,15 @@ func (c *soakCounts) String() string {
 		return true
 	})
 	sort.Strings(en)
-	return fmt.Sprintf("reads %d: ok %d, errors %d (%s), mismatches %d, failed around restarts %d; warms %d (%d ok); daemon restarts %d; source faults %d of %d requests; peak RSS %d MiB",
-		c.reads.Load(), c.ok.Load(), c.errs.Load(), strings.Join(en, " "), c.mismatches.Load(), c.restartErrs.Load(),
+	// Worded so that a passing run reads as one: errors and reads cut off
+	// by kills are what the faults are for; wrong bytes are the failure.
+	errs := strconv.FormatInt(c.errs.Load(), 10)
+	if len(en) > 0 {
+		errs += " (" + strings.Join(en, " ") + ")"
+	}
+	return fmt.Sprintf("reads %d: %d correct, %d with wrong bytes; %s answered with an error and %d cut off by a daemon kill (both allowed); "+
+		"warms %d, %d completed; daemon killed and restarted %d times; faults injected into %d of %d source requests; peak RSS %d MiB",
+		c.reads.Load(), c.ok.Load(), c.mismatches.Load(), errs, c.restartErrs.Load(),
 		c.warms.Load(), c.warmsOK.Load(), c.restarts, c.faults, c.requests, c.peakRSS>>20)
 }
 
@@ -226,7 +234,7 @@ func TestSoak(t *testing.T) {
 	wg.Wait()
 	c.faults, c.requests = p.Faults(), p.Requests()
 	all := logs.String() + d.stderr.String()
-	summary := fmt.Sprintf("soak %v: %v; daemon logged %d failed fills, %d source outages (breaker open)",
+	summary := fmt.Sprintf("soak %v: %v; the daemon logged %d fills given up and %d source outages (breaker open), which the faults cause",
 		dur, &c, strings.Count(all, "cannot fill file"), strings.Count(all, "failing reads at once until"))
 	t.Log(summary)
 	for _, l := range strings.Split(all, "\n") {

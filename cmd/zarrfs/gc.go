@@ -72,7 +72,7 @@ func prune(ctx context.Context, o *opened, out io.Writer) error {
 			kept++
 		}
 	}
-	fmt.Fprintf(out, "zarrfs: removed %d stale files (%s) from %s", removed, memory.Human(bytes), o.cache.BlobDir(o.lay.ID))
+	fmt.Fprintf(out, "zarrfs: removed %s (%s) from %s", count(int64(removed), "stale file"), memory.Human(bytes), o.cache.BlobDir(o.lay.ID))
 	if kept > 0 {
 		fmt.Fprintf(out, "; %d in use kept", kept)
 	}

@@ -82,8 +82,10 @@ def main(argv=None):
             opt.step()
             seen += x.shape[0]
         dt = time.perf_counter() - t0
+        # loss.item(): float() of a tensor that requires grad warns.
+        last = loss.item() if loss is not None else float("nan")
         print(f"rank {rank}/{world} epoch {epoch}: {seen} samples in {dt:.2f}s "
-              f"({seen / dt:.1f} samples/s), loss {float(loss) if loss is not None else float('nan'):.4g}", flush=True)
+              f"({seen / dt:.1f} samples/s), loss {last:.4g}", flush=True)
 
 
 if __name__ == "__main__":

@@ -137,9 +137,12 @@ def test_example_pipeline(mount, index_store):
     m = mount(index_store)
     ex = os.path.join(REPO, "python", "examples", "dali_training.py")
     env = dict(os.environ, RANK="1", WORLD_SIZE="2")
-    out = subprocess.run([sys.executable, ex, os.path.join(m.path, "x"), "--cpu", "--epochs", "2",
-                          "--batch-size", "4"], capture_output=True, text=True, env=env, timeout=300)
+    # -W error::UserWarning: the example must run without a warning of its
+    # own (float() of a tensor that requires grad warned once per epoch).
+    out = subprocess.run([sys.executable, "-W", "error::UserWarning:__main__", ex, os.path.join(m.path, "x"), "--cpu",
+                          "--epochs", "2", "--batch-size", "4"], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
+    assert "Warning" not in out.stderr, out.stderr
     lines = [l for l in out.stdout.splitlines() if l.startswith("rank 1/2 epoch")]
     assert len(lines) == 2 and all(": 12 samples in" in l for l in lines), out.stdout
 
