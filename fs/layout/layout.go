@@ -278,6 +278,9 @@ type Dir struct {
 	// pick, in a sample directory of a sharded layout, is the samples this
 	// rank lists (Options.Shard); nil lists them all.
 	pick *Progression
+	// hidden are entries found by name but not listed: a group's
+	// attributes (GroupAttrsName).
+	hidden map[string]Entry
 }
 
 // Path returns the directory's path in the mount ("" for the root).
@@ -305,7 +308,8 @@ func (d *Dir) Lookup(name string) (Entry, bool) {
 	if d.samples == nil {
 		i, ok := d.byName[name]
 		if !ok {
-			return Entry{}, false
+			e, ok := d.hidden[name]
+			return e, ok
 		}
 		return d.entries[i], true
 	}
@@ -436,7 +440,11 @@ func Build(h *zarr.Hierarchy, opts Options) (*Layout, error) {
 		if g != "" {
 			if err := b.mkdirAll(g); err != nil {
 				l.Skipped = append(l.Skipped, Skipped{Path: g, Reason: err.Error()})
+				continue
 			}
+		}
+		if err := b.addGroupAttrs(g, h.Groups[g]); err != nil {
+			return nil, fmt.Errorf("group %q: %w", g, err)
 		}
 	}
 	for _, a := range h.Arrays {
@@ -553,6 +561,7 @@ type treeBuilder struct {
 type buildDir struct {
 	entries map[string]Entry
 	sub     map[string]bool // names that are builder directories
+	hidden  map[string]Entry
 }
 
 func newTreeBuilder() *treeBuilder {
@@ -599,7 +608,7 @@ func (b *treeBuilder) finish() *Dir {
 	var build func(p string) *Dir
 	build = func(p string) *Dir {
 		bd := b.dirs[p]
-		d := &Dir{path: p, byName: make(map[string]int, len(bd.entries))}
+		d := &Dir{path: p, byName: make(map[string]int, len(bd.entries)), hidden: bd.hidden}
 		for _, e := range bd.entries {
 			if bd.sub[e.Name] {
 				e.Dir = build(path.Join(p, e.Name))

@@ -21,12 +21,14 @@ def open_zarr(src, **kw):
         return xr.open_zarr(src, **kw)
 
 
-def assert_same(got, want):
-    """Identical dims, coords, variables, attrs and values; the mount has no group attributes."""
+def assert_same(got, want, group=True):
+    """Identical dims, coords, variables, attrs and values. A group has its
+    attributes (group=True); a view or one array opened alone has none."""
     got, want = got.load(), want.load()
-    assert got.attrs == {}
-    want = want.copy()
-    want.attrs = {}
+    if not group:
+        assert got.attrs == {}
+        want = want.copy()
+        want.attrs = {}
     xr.testing.assert_identical(got, want)
     for k in want.variables:
         assert got[k].dtype == want[k].dtype, k
@@ -57,8 +59,33 @@ def test_group_and_one_array(mount, fixtures_dir):
     m = mount(src)
     assert_same(xr.open_dataset(m.path, engine="zarrfs", group="sub"), open_zarr(src, group="sub"))
     assert_same(xr.open_dataset(os.path.join(m.path, "sub"), engine="zarrfs"), open_zarr(src, group="sub"))
-    assert_same(xr.open_dataset(os.path.join(m.path, "t"), engine="zarrfs", threads=1), open_zarr(src)[["t"]])
-    assert_same(xr.open_dataset(os.path.join(m.path, "lsm.npy"), engine="zarrfs"), open_zarr(src)[["lsm"]])
+    assert_same(xr.open_dataset(os.path.join(m.path, "t"), engine="zarrfs", threads=1), open_zarr(src)[["t"]], group=False)
+    assert_same(xr.open_dataset(os.path.join(m.path, "lsm.npy"), engine="zarrfs"), open_zarr(src)[["lsm"]], group=False)
+
+
+def test_group_attributes(mount, tmp_path):
+    """ds.attrs holds the group's attributes, as xr.open_zarr gives them,
+    from the group directory's unlisted .zattrs."""
+    import json
+
+    src = str(tmp_path / "g.zarr")
+    root = zarr.open_group(src, mode="w", attributes={"title": "ERA5 <subset>", "version": 2, "levels": [850, 500]})
+    x = root.create_array("x", shape=(3, 2), chunks=(1, 2), dtype="f4", dimension_names=["time", "y"])
+    x[:] = 1
+    sub = root.create_group("sub", attributes={"source": "zarr-python"})
+    s = sub.create_array("s", shape=(2,), chunks=(2,), dtype="i4", dimension_names=["y"])
+    s[:] = [1, 2]
+    m = mount(src)
+    assert ".zattrs" not in os.listdir(m.path)
+    with open(os.path.join(m.path, ".zattrs")) as f:
+        assert json.load(f) == {"title": "ERA5 <subset>", "version": 2, "levels": [850, 500]}
+    got = xr.open_dataset(m.path, engine="zarrfs")
+    want = open_zarr(src)
+    assert got.attrs == want.attrs == {"title": "ERA5 <subset>", "version": 2, "levels": [850, 500]}
+    assert_same(got, want)
+    assert_same(xr.open_dataset(m.path, engine="zarrfs", group="sub"), open_zarr(src, group="sub"))
+    assert xr.open_dataset(os.path.join(m.path, "sub"), engine="zarrfs").attrs == {"source": "zarr-python"}
+    assert xr.open_dataset(os.path.join(m.path, "x"), engine="zarrfs").attrs == {}
 
 
 @pytest.mark.parametrize("small", [True, False], ids=["read", "mmap"])

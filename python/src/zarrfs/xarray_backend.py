@@ -57,6 +57,10 @@ def _outer_index(a, key, xp=np):
     return out
 
 
+# The unlisted file of every group directory that holds the group's
+# attributes (fs/layout.GroupAttrsName).
+GROUP_ATTRS = ".zattrs"
+
 # Samples up to this size are read whole and indexed in memory; larger ones
 # are memory-mapped when an indexing takes only part of them, so that only
 # the pages it touches are read.
@@ -405,9 +409,16 @@ class ZarrfsStore(AbstractDataStore):
                     self._vars = self._one_array(p)
             return self._vars
 
-    def get_attrs(self):
-        # The mount has no sidecar for a group's own attributes.
-        return {}
+    def get_attrs(self) -> Dict[str, Any]:
+        # A group's own attributes are in its unlisted .zattrs; a view or a
+        # single array opened alone has no group, as in xr.open_zarr.
+        kind, p = self._target()
+        if kind != "group":
+            return {}
+        try:
+            return dict(read_json(os.path.join(p, GROUP_ATTRS)))
+        except FileNotFoundError:  # a mount of a zarrfs that did not serve them
+            return {}
 
     def get_dimensions(self):
         dims = {}
