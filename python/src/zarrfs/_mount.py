@@ -12,7 +12,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, List, Mapping, Optional, Union
 
 log = logging.getLogger("zarrfs")
 
@@ -25,7 +25,7 @@ class MountError(RuntimeError):
     still runs) and ``stderr`` the last lines it wrote.
     """
 
-    def __init__(self, message: str, returncode: Optional[int] = None, stderr: str = ""):
+    def __init__(self, message: str, returncode: Optional[int] = None, stderr: str = "") -> None:
         super().__init__(message)
         self.returncode = returncode
         self.stderr = stderr
@@ -44,14 +44,14 @@ def find_binary() -> str:
     return p
 
 
-def flag_args(flags: dict) -> list:
+def flag_args(flags: Mapping[str, Any]) -> List[str]:
     """Command-line arguments for keyword flags.
 
     ``cache_size="1GiB"`` gives ``--cache-size 1GiB``; ``direct=True`` gives
     ``--direct`` (False and None give nothing); a list or tuple repeats the
     flag (``view=["a.yaml", "b.yaml"]``).
     """
-    args = []
+    args: List[str] = []
     for key, value in flags.items():
         name = "--" + key.replace("_", "-")
         if value is None or value is False:
@@ -105,8 +105,8 @@ class Mount:
     The daemon's log lines go to the ``zarrfs`` logger.
     """
 
-    def __init__(self, source: str, mountpoint: Optional[str] = None, *, binary: Optional[str] = None,
-                 timeout: float = 60.0, **flags: Any):
+    def __init__(self, source: "Union[str, os.PathLike[str]]", mountpoint: "Optional[Union[str, os.PathLike[str]]]" = None, *,
+                 binary: Optional[str] = None, timeout: float = 60.0, **flags: Any) -> None:
         self.source = os.fspath(source)
         self._given = mountpoint
         self.path: Optional[str] = os.fspath(mountpoint) if mountpoint is not None else None
@@ -114,13 +114,13 @@ class Mount:
         self.timeout = timeout
         self.flags = flags
         self.line: Optional[str] = None  # the daemon's "mounted" line
-        self._proc: Optional[subprocess.Popen] = None
+        self._proc: "Optional[subprocess.Popen[str]]" = None
         self._made: Optional[str] = None
-        self._stderr: collections.deque = collections.deque(maxlen=200)
-        self._threads: list = []
+        self._stderr: "collections.deque[str]" = collections.deque(maxlen=200)
+        self._threads: List[threading.Thread] = []
 
     @property
-    def args(self) -> list:
+    def args(self) -> List[str]:
         """The command line this mount runs."""
         return [self.binary or find_binary(), "mount", self.source, self.path or "MOUNTPOINT"] + flag_args(self.flags)
 
@@ -139,22 +139,24 @@ class Mount:
         # refuses, with the same line.
         cmd = [binary, "mount", self.source, self.path] + flag_args(self.flags)
         log.debug("starting %s", " ".join(cmd))
-        self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, errors="replace",
-                                      start_new_session=True)
+        proc = self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                             stderr=subprocess.PIPE, text=True, errors="replace",
+                                             start_new_session=True)
+        assert proc.stdout is not None and proc.stderr is not None
+        stdout, stderr = proc.stdout, proc.stderr
         lines: "collections.deque[str]" = collections.deque()
         got_line = threading.Event()
 
-        def read_stdout():
-            for line in self._proc.stdout:
+        def read_stdout() -> None:
+            for line in stdout:
                 line = line.rstrip("\n")
                 lines.append(line)
                 got_line.set()
                 log.info("%s", line)
             got_line.set()
 
-        def read_stderr():
-            for line in self._proc.stderr:
+        def read_stderr() -> None:
+            for line in stderr:
                 line = line.rstrip("\n")
                 self._stderr.append(line)
                 log.info("%s", line)
@@ -171,12 +173,12 @@ class Mount:
                 if "mounted" in line:
                     self.line = line
                     return self
-            if self._proc.poll() is not None:
+            if proc.poll() is not None:
                 for t in self._threads:
                     t.join(timeout=5)
                 while lines:
                     self._stderr.appendleft(lines.popleft())
-                rc = self._proc.returncode
+                rc = proc.returncode
                 self._proc, self._threads = None, []
                 self._cleanup_dir()
                 raise MountError(self._error_line(f"zarrfs mount exited with status {rc} before mounting"),
@@ -266,7 +268,7 @@ class Mount:
     def __enter__(self) -> "Mount":
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def __repr__(self) -> str:

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
+import numpy.typing  # noqa: F401  (np.typing in annotations)
 
 
-def read_json(path: str) -> dict:
+def read_json(path: str) -> Dict[str, Any]:
     with open(path) as f:
-        return json.load(f)
+        doc: Dict[str, Any] = json.load(f)
+    return doc
 
 
 SHARD_MODES = ("contiguous", "interleaved")
@@ -52,7 +54,7 @@ def sample_width(n: int) -> int:
     return len(str(max(n - 1, 0)))
 
 
-def fill_value(v, dtype: np.dtype):
+def fill_value(v: Any, dtype: "np.typing.DTypeLike") -> Any:
     """A sidecar fill_value (JSON as Zarr writes it) as a numpy scalar of dtype, or None."""
     if v is None:
         return None
@@ -69,7 +71,7 @@ def fill_value(v, dtype: np.dtype):
     return np.array(v).astype(dtype)[()]
 
 
-def decode_coord(name: str, values: np.ndarray, attrs: dict) -> np.ndarray:
+def decode_coord(name: str, values: np.ndarray, attrs: Mapping[str, Any]) -> np.ndarray:
     """CF-decode a 1-D coordinate (time units) with xarray when it is installed."""
     if not attrs:
         return values
@@ -83,7 +85,7 @@ def decode_coord(name: str, values: np.ndarray, attrs: dict) -> np.ndarray:
 
 def read_into(path: str, offset: int, buf: np.ndarray) -> None:
     """Read buf.nbytes bytes at offset of path into buf (C-contiguous)."""
-    mv = memoryview(buf.reshape(-1).view(np.uint8))
+    mv = memoryview(buf.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # an ndarray is a buffer
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
         done = 0
@@ -104,7 +106,7 @@ class SampleDir:
     ``d.indices`` their global sample indices, ``d.files`` their paths.
     """
 
-    def __init__(self, path):
+    def __init__(self, path: "Union[str, os.PathLike[str]]") -> None:
         path = os.path.abspath(os.fspath(path)).rstrip("/")
         side = path + ".json"
         if not os.path.isfile(side):
@@ -115,7 +117,7 @@ class SampleDir:
         self.name = os.path.basename(path)
         self.sidecar = s
         self.kind = s.get("kind")
-        self.sample_dim = s.get("sample_dim")
+        self.sample_dim: str = s.get("sample_dim") or ""
         if self.kind == "array":
             if not self.sample_dim:
                 raise ValueError(f"{path}: array {s.get('path')!r} has no sample dimension; "
@@ -150,12 +152,12 @@ class SampleDir:
         return self.first + self.step * np.arange(self.count, dtype=np.int64)
 
     @property
-    def names(self) -> list:
+    def names(self) -> List[str]:
         w = self.width
         return [f"{g:0{w}d}.npy" for g in range(self.first, self.first + self.step * self.count, self.step)]
 
     @property
-    def files(self) -> list:
+    def files(self) -> List[str]:
         return [os.path.join(self.path, n) for n in self.names]
 
     def positions(self, rank: int = 0, world: int = 1, shard: str = "contiguous") -> np.ndarray:
@@ -195,7 +197,7 @@ class SampleDir:
 
     @property
     def sample_nbytes(self) -> int:
-        return int(np.prod(self.sample_shape, dtype=np.int64)) * self.dtype.itemsize
+        return int(np.prod(self.sample_shape, dtype=np.int64)) * int(self.dtype.itemsize)
 
     def is_direct(self) -> bool:
         """Whether the mount is in direct mode (sample files are links to cache files)."""
@@ -212,7 +214,7 @@ class SampleDir:
             r = os.path.dirname(r)
         return r
 
-    def coord_array(self) -> Optional[tuple]:
+    def coord_array(self) -> Optional[Tuple[np.ndarray, Dict[str, Any]]]:
         """(values of every global sample, attributes) of the sample coordinate, or None.
 
         A view's come from its sidecar; an array's from the 1-D array named

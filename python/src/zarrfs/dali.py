@@ -23,7 +23,8 @@ The ``name`` of the reader (default: the directory's name) is what
 
 from __future__ import annotations
 
-from typing import Optional
+import os
+from typing import Any, Dict, List, Optional, Union
 
 from ._samples import SampleDir
 
@@ -33,7 +34,8 @@ __all__ = ["numpy_reader", "rank_files"]
 _OWN = ("file_root", "files", "file_list", "file_filter", "shard_id", "num_shards", "stick_to_shard")
 
 
-def rank_files(mount_dir, rank: int = 0, world: int = 1, shard: str = "contiguous") -> list:
+def rank_files(mount_dir: Union[str, "os.PathLike[str]", SampleDir], rank: int = 0, world: int = 1,
+               shard: str = "contiguous") -> List[str]:
     """The file names (relative to mount_dir) that rank reads, in order.
 
     On a directory that lists every sample, rank R of W gets what ``zarrfs
@@ -47,8 +49,8 @@ def rank_files(mount_dir, rank: int = 0, world: int = 1, shard: str = "contiguou
     return [names[int(p)] for p in d.positions(rank, world, shard)]
 
 
-def numpy_reader(mount_dir, *, device: str = "cpu", rank: int = 0, world: int = 1, shuffle: bool = False,
-                 seed: Optional[int] = None, shard: str = "contiguous", **kwargs):
+def numpy_reader(mount_dir: Union[str, "os.PathLike[str]"], *, device: str = "cpu", rank: int = 0, world: int = 1,
+                 shuffle: bool = False, seed: Optional[int] = None, shard: str = "contiguous", **kwargs: Any) -> Any:
     """``fn.readers.numpy`` over a sample directory of a zarrfs mount; call it inside a pipeline.
 
     mount_dir is ``MOUNT/ARRAY`` or ``MOUNT/VIEW``. rank/world select the
@@ -79,7 +81,7 @@ def numpy_reader(mount_dir, *, device: str = "cpu", rank: int = 0, world: int = 
         raise ValueError(f"{d.path}: device='gpu' reads with cuFile, which cannot read files on FUSE; "
                          "mount with --direct (zarrfs.Mount(..., direct=True)) so that sample files "
                          "are links to the cache's files")
-    args = dict(
+    args: Dict[str, Any] = dict(
         file_root=d.path,
         files=files,
         name=d.name,

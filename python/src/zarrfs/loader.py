@@ -14,11 +14,17 @@ import queue
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from ._samples import SampleDir
+
+if TYPE_CHECKING:  # torch is imported when a Loader is made, not with the package
+    import torch
+
+# What an epoch yields: a batch and its coordinates.
+Batch = Tuple["torch.Tensor", Dict[str, Any]]
 
 # Reads of a large sample are cut into pieces of this size, so that a small
 # batch still keeps every reading thread busy.
@@ -65,8 +71,8 @@ class Loader:
     stops the one before, whose next ``next()`` raises ``RuntimeError``.
     """
 
-    def __init__(self, sample_dir: "Union[str, os.PathLike[str]]", batch_size: int, *,
-                 device: "Union[str, torch.device]" = "cuda", rank: int = 0, world: int = 1,
+    def __init__(self, sample_dir: Union[str, os.PathLike[str]], batch_size: int, *,
+                 device: Union[str, torch.device] = "cuda", rank: int = 0, world: int = 1,
                  shard: str = "contiguous", shuffle: bool = False, seed: int = 0, drop_last: bool = False,
                  threads: Optional[int] = None, prefetch: int = 2, odirect: bool = False,
                  even_batches: bool = False, open_ahead: int = 8, pin_memory: bool = False) -> None:
@@ -99,16 +105,16 @@ class Loader:
         self._coords = self.dir.coords()
         self._torch_dtype = _torch_dtype(self.dir.dtype)
         self.path_kind = self._path_kind()
-        self._buffers = []
-        self._events = []  # per ring slot: the copy that last read it
-        self._active = None
+        self._buffers: List[torch.Tensor] = []
+        self._events: List[Optional[torch.cuda.Event]] = []  # per ring slot: the copy that last read it
+        self._active: Optional[_Epoch] = None
 
     def _path_kind(self) -> str:
         if self.device.type != "cuda":
             return "pread"
         return "pread-pinned-h2d"
 
-    def _ring(self, n: int, size: int) -> list:
+    def _ring(self, n: int, size: int) -> List[torch.Tensor]:
         """The loader's pinned buffers, made on first use. One epoch reads
         at a time: starting another stops the one before."""
         import torch
@@ -151,13 +157,13 @@ class Loader:
                 f"prefetch={self.prefetch}, open_ahead={self.open_ahead}, path={self.path_kind!r}, samples={len(self.order())}, "
                 f"sample={self.dir.sample_shape} {self.dir.dtype.str})")
 
-    def __iter__(self):
+    def __iter__(self) -> _Epoch:
         e = _Epoch(self, self.order())
         self._active = weakref.proxy(e)
         return e
 
 
-def _torch_dtype(dt: np.dtype):
+def _torch_dtype(dt: np.dtype) -> torch.dtype:
     import torch
     table = {"f2": torch.float16, "f4": torch.float32, "f8": torch.float64, "i1": torch.int8, "i2": torch.int16,
              "i4": torch.int32, "i8": torch.int64, "u1": torch.uint8, "b1": torch.bool}
@@ -176,7 +182,7 @@ class _Epoch:
     order. The producer holds no reference to this object, so dropping it
     stops the producer."""
 
-    def __init__(self, loader: Loader, order: np.ndarray):
+    def __init__(self, loader: Loader, order: np.ndarray) -> None:
         p = _Producer(loader, order)
         self.out, self.batches = p.out, p.batches
         self.superseded = False
@@ -184,13 +190,13 @@ class _Epoch:
         self._finalizer = weakref.finalize(self, _shutdown, p.stop, p.pool, p.ahead, p.out, self.thread)
         self.thread.start()
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Batch]:
         return self
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.batches)
 
-    def __next__(self):
+    def __next__(self) -> Batch:
         import torch
         while True:
             try:
@@ -215,7 +221,7 @@ class _Epoch:
             item = dev
         return item, coords
 
-    def close(self):
+    def close(self) -> None:
         """Stop the threads of this epoch (also done when it ends or is dropped)."""
         self._finalizer()
 
@@ -223,7 +229,7 @@ class _Epoch:
 class _Producer:
     """Reads an epoch's batches ahead, on its own thread."""
 
-    def __init__(self, loader: Loader, order: np.ndarray):
+    def __init__(self, loader: Loader, order: np.ndarray) -> None:
         import torch
         self.l = loader
         d = loader.dir
@@ -243,15 +249,15 @@ class _Producer:
         # kept across epochs (pinning is slow); CPU batches are read straight
         # into the tensors handed out instead.
         self.ring = loader._ring(nslots, bs * self.stride + _ALIGN) if on_gpu else []
-        self.stream = torch.cuda.Stream(device=loader.device) if on_gpu else None
+        self.stream = torch.cuda.Stream(device=loader.device) if on_gpu else None  # type: ignore[no-untyped-call]
         self.events = loader._events if on_gpu else []
-        self.out = queue.Queue(maxsize=loader.prefetch)
+        self.out: queue.Queue[Tuple[Any, Any, Optional[BaseException]]] = queue.Queue(maxsize=loader.prefetch)
         self.stop = threading.Event()
         self.pool = ThreadPoolExecutor(loader.threads, thread_name_prefix="zarrfs-loader")
         self.ahead = ThreadPoolExecutor(loader.open_ahead, thread_name_prefix="zarrfs-open-ahead") if loader.open_ahead else None
         self.opened = 0  # samples of the order, from the first, opened ahead or read
 
-    def run(self):
+    def run(self) -> None:
         import torch
         try:
             for k, batch in enumerate(self.batches):
@@ -260,14 +266,15 @@ class _Producer:
                 self._open_ahead(k)
                 if self.ring:
                     slot = k % len(self.ring)
-                    if self.events[slot] is not None:
-                        self.events[slot].synchronize()  # its previous copy is done: reuse
+                    ev = self.events[slot]
+                    if ev is not None:
+                        ev.synchronize()  # its previous copy is done: reuse
                     host = self.ring[slot]
                     base = (-host.data_ptr()) % _ALIGN
                     flat = host.numpy()
                     views = [flat[base + j * self.stride: base + j * self.stride + self.nbytes] for j in range(len(batch))]
                     self._read_batch(batch, views, aligned=True)
-                    item = self._deliver(host, base, len(batch), slot)
+                    item: Any = self._deliver(host, base, len(batch), slot)
                 else:
                     # CPU tensors: read straight into the batch handed out.
                     out = torch.empty((len(batch), self.nbytes), dtype=torch.uint8, pin_memory=self.l.pinned)
@@ -286,7 +293,7 @@ class _Producer:
             return
         self._put_final((None, None, StopIteration()))
 
-    def _open_ahead(self, k):
+    def _open_ahead(self, k: int) -> None:
         """Opens, in the background, the samples after batch k up to
         open_ahead of them: a cold mount starts filling them now."""
         first = k * self.l.batch_size + len(self.batches[k])
@@ -299,7 +306,7 @@ class _Producer:
             self.ahead.submit(self._touch, self.l.dir.file(int(order[i])))
         self.opened = max(self.opened, end)
 
-    def _touch(self, path):
+    def _touch(self, path: str) -> None:
         if self.stop.is_set():
             return
         try:
@@ -307,7 +314,7 @@ class _Producer:
         except OSError:
             pass  # the read of the sample reports it
 
-    def _put_final(self, v):
+    def _put_final(self, v: Tuple[Any, Any, Optional[BaseException]]) -> None:
         while not self.stop.is_set():
             try:
                 self.out.put(v, timeout=0.1)
@@ -315,7 +322,7 @@ class _Producer:
             except queue.Full:
                 pass
 
-    def _read_batch(self, batch, views, aligned):
+    def _read_batch(self, batch: np.ndarray, views: Sequence[np.ndarray], aligned: bool) -> None:
         d = self.l.dir
         jobs = []
         for j, pos in enumerate(batch):
@@ -330,7 +337,7 @@ class _Producer:
         if err is not None:
             raise err
 
-    def _read(self, path, off, mv, aligned):
+    def _read(self, path: str, off: int, mv: np.ndarray, aligned: bool) -> None:
         if self.stop.is_set():
             return
         flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
@@ -345,7 +352,7 @@ class _Producer:
             start = self.l.dir.data_offset + off
             while done < want:
                 try:
-                    n = os.preadv(fd, [mv[done:]], start + done)
+                    n = os.preadv(fd, [mv[done:]], start + done)  # type: ignore[list-item]  # an ndarray is a buffer
                 except OSError as e:
                     if direct and e.errno == 22:  # EINVAL: unaligned tail, read it buffered
                         os.close(fd)
@@ -361,7 +368,7 @@ class _Producer:
             if fd >= 0:
                 os.close(fd)
 
-    def _deliver(self, host, base, n, slot):
+    def _deliver(self, host: torch.Tensor, base: int, n: int, slot: int) -> Tuple[torch.Tensor, torch.cuda.Event]:
         import torch
         l = self.l
         shape = (n,) + l.dir.sample_shape
@@ -372,13 +379,13 @@ class _Producer:
             for j in range(n):
                 off = base + j * self.stride
                 dev[j].copy_(host[off: off + self.nbytes], non_blocking=True)
-            ev = torch.cuda.Event()
+            ev = torch.cuda.Event()  # type: ignore[no-untyped-call]
             ev.record(self.stream)
         self.events[slot] = ev
         dev = dev.view(l._torch_dtype).view(shape)
         return (dev, ev)
 
-    def _coords_of(self, batch):
+    def _coords_of(self, batch: np.ndarray) -> Dict[str, Any]:
         import torch
         d = self.l.dir
         idx = d.first + d.step * batch.astype(np.int64)
@@ -387,7 +394,8 @@ class _Producer:
             c[d.sample_dim] = self.l._coords[batch]
         return c
 
-def _shutdown(stop, pool, ahead, out, thread):
+def _shutdown(stop: threading.Event, pool: ThreadPoolExecutor, ahead: Optional[ThreadPoolExecutor],
+              out: queue.Queue[Any], thread: threading.Thread) -> None:
     stop.set()
     if ahead is not None:
         # An open waits for its fill: let those under way end by themselves.

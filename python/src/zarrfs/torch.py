@@ -20,7 +20,7 @@ from .loader import Loader
 __all__ = ["Loader", "SampleDataset"]
 
 
-class SampleDataset(_Base):
+class SampleDataset(_Base[Any]):
     """The samples of ``MOUNT/ARRAY`` or ``MOUNT/VIEW``, one item per listed file.
 
     ``ds[i]`` is ``(sample, coord)``: the sample as a tensor of the sidecar's

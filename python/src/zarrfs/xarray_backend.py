@@ -29,9 +29,11 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
+from typing import Any, Callable, Dict, Hashable, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
+import numpy.typing  # noqa: F401  (np.typing in annotations)
+import xarray
 from xarray import Variable
 from xarray.backends import BackendArray, BackendEntrypoint
 from xarray.backends.common import AbstractDataStore
@@ -42,8 +44,31 @@ from ._samples import SampleDir, fill_value, read_into, read_json, shard_of
 
 __all__ = ["ZarrfsBackendEntrypoint", "ZarrfsStore", "SampleArray", "FileArray"]
 
+# The oldest xarray the backend runs on (LazilyIndexedArray.get_duck_array
+# came in 2023.4; 2023.3 fails), the floor pyproject.toml declares.
+MIN_XARRAY = (2023, 4)
 
-def _outer_index(a, key, xp=np):
+
+def _version(v: str) -> Tuple[int, ...]:
+    parts = []
+    for p in v.split(".")[:2]:
+        digits = "".join(c for c in p if c.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+if _version(xarray.__version__) < MIN_XARRAY:
+    raise ImportError(f"zarrfs's xarray backend needs xarray>={MIN_XARRAY[0]}.{MIN_XARRAY[1]}, "
+                      f"found {xarray.__version__} (pip install -U xarray)")
+
+# An outer-indexing key: per axis an int, a slice or a 1-D integer array.
+Key = Tuple[Union[int, slice, np.ndarray], ...]
+# (sample_dim, rank, world, mode) of a --rank/--world mount.
+Shard = Tuple[str, int, int, str]
+Sidecar = Dict[str, Any]
+
+
+def _outer_index(a: Any, key: Key, xp: Any = np) -> Any:
     """Outer indexing: key holds one int, slice or 1-D integer array per axis."""
     basic = tuple(slice(None) if isinstance(k, np.ndarray) else k for k in key)
     out = a[basic]
@@ -71,7 +96,7 @@ SMALL_SAMPLE = 1 << 20
 DEFAULT_THREADS = min(8, 2 * (os.cpu_count() or 1))
 
 
-def _whole(key, shape) -> bool:
+def _whole(key: Key, shape: Tuple[int, ...]) -> bool:
     return all(isinstance(k, slice) and k.indices(n) == (0, n, 1) for k, n in zip(key, shape))
 
 
@@ -85,7 +110,7 @@ class _Reader:
     device memory with kvikio (cuFile).
     """
 
-    def __init__(self, shape, dtype, data_offset: int, device: str):
+    def __init__(self, shape: Iterable[int], dtype: "np.typing.DTypeLike", data_offset: int, device: str) -> None:
         self.shape = tuple(shape)
         self.dtype = np.dtype(dtype)
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
@@ -98,7 +123,7 @@ class _Reader:
 
             self.xp = cupy
 
-    def read(self, path: str, key, out=None):
+    def read(self, path: str, key: Key, out: Any = None) -> Any:
         """The file's array indexed with key (outer indexing); into out when given and key is whole."""
         if self.device == "cuda":
             return self._read_cuda(path, key, out)
@@ -114,7 +139,7 @@ class _Reader:
         finally:
             del a
 
-    def _read_cuda(self, path: str, key, out=None):
+    def _read_cuda(self, path: str, key: Key, out: Any = None) -> Any:
         import cupy
         import kvikio
 
@@ -134,8 +159,8 @@ class _Reader:
 class SampleArray(BackendArray):
     """A variable stored as one file per index along its sample axis; file(i) names the i-th."""
 
-    def __init__(self, file, shape, dtype, axis: int, data_offset: int, device: str = "cpu",
-                 threads: int = 1):
+    def __init__(self, file: Callable[[int], str], shape: Iterable[int], dtype: "np.typing.DTypeLike", axis: int,
+                 data_offset: int, device: str = "cpu", threads: int = 1) -> None:
         # A function, not a list: 100,000 paths cost more than opening the dataset.
         self.file = file
         self.shape = tuple(int(s) for s in shape)
@@ -144,10 +169,10 @@ class SampleArray(BackendArray):
         self.threads = max(1, threads)
         self._r = _Reader(self.shape[:axis] + self.shape[axis + 1:], dtype, data_offset, device)
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: indexing.ExplicitIndexer) -> Any:
         return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.OUTER, self._getitem)
 
-    def _getitem(self, key):
+    def _getitem(self, key: Key) -> Any:
         a = self.axis
         k = key[a]
         rest = key[:a] + key[a + 1:]
@@ -162,7 +187,7 @@ class SampleArray(BackendArray):
         out = xp.empty((len(picks),) + sub, dtype=self.dtype)
         whole = _whole(rest, self._r.shape)
 
-        def one(j):
+        def one(j: int) -> None:
             path = self.file(int(picks[j]))
             if whole:
                 self._r.read(path, rest, out=out[j])
@@ -185,7 +210,8 @@ class SampleArray(BackendArray):
 class FileArray(BackendArray):
     """A variable stored whole in one file; take, if set, picks indices along one axis (a rank's share)."""
 
-    def __init__(self, path: str, shape, dtype, data_offset: int, device: str = "cpu", take: Optional[tuple] = None):
+    def __init__(self, path: str, shape: Iterable[int], dtype: "np.typing.DTypeLike", data_offset: int, device: str = "cpu",
+                 take: Optional[Tuple[int, np.ndarray]] = None) -> None:
         self.path = path
         self.file_shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
@@ -196,10 +222,10 @@ class FileArray(BackendArray):
         self.shape = tuple(shape)
         self._r = _Reader(self.file_shape, dtype, data_offset, device)
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: indexing.ExplicitIndexer) -> Any:
         return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.OUTER, self._getitem)
 
-    def _getitem(self, key):
+    def _getitem(self, key: Key) -> Any:
         if self.take is not None:
             ax, idx = self.take
             k = key[ax]
@@ -208,15 +234,15 @@ class FileArray(BackendArray):
         return self._r.read(self.path, key)
 
 
-def _dims(side: dict, name: str) -> tuple:
+def _dims(side: Sidecar, name: str) -> Tuple[str, ...]:
     return tuple(d if d is not None else f"{name}_dim_{i}" for i, d in enumerate(side["dims"]))
 
 
 class ZarrfsStore(AbstractDataStore):
     """The variables of one group, view or array of a zarrfs mount (see the module doc)."""
 
-    def __init__(self, path, group: Optional[str] = None, device: str = "cpu",
-                 use_zarr_fill_value_as_mask: Optional[bool] = None, threads: Optional[int] = None):
+    def __init__(self, path: Union[str, "os.PathLike[str]"], group: Optional[str] = None, device: str = "cpu",
+                 use_zarr_fill_value_as_mask: Optional[bool] = None, threads: Optional[int] = None) -> None:
         path = os.path.abspath(os.fspath(path)).rstrip("/")
         if group:
             path = os.path.join(path, group.strip("/"))
@@ -227,11 +253,11 @@ class ZarrfsStore(AbstractDataStore):
         self.mask_fill = use_zarr_fill_value_as_mask
         self.threads = threads if threads is not None else DEFAULT_THREADS
         self._lock = threading.Lock()
-        self._vars: Optional[dict] = None
+        self._vars: Optional[Dict[str, Variable]] = None
 
     # -- what the path is --------------------------------------------------
 
-    def _target(self):
+    def _target(self) -> Tuple[str, str]:
         p = self.path
         if p.endswith(".npy") and os.path.isfile(p[:-4] + ".json"):
             return "file", p[:-4]
@@ -245,7 +271,7 @@ class ZarrfsStore(AbstractDataStore):
             return "group", p
         raise FileNotFoundError(f"{self.path}: not a directory or sample file of a zarrfs mount")
 
-    def _sidecars(self, d: str) -> dict:
+    def _sidecars(self, d: str) -> Dict[str, Sidecar]:
         """The array sidecars directly in group directory d, by name."""
         out = {}
         for e in sorted(os.listdir(d)):
@@ -256,7 +282,7 @@ class ZarrfsStore(AbstractDataStore):
                 out[e[:-5]] = side
         return out
 
-    def _shard(self, sides) -> Optional[tuple]:
+    def _shard(self, sides: Iterable[Sidecar]) -> Optional[Shard]:
         """(sample_dim, rank, world, mode) of a --rank/--world mount, from any sidecar."""
         for s in sides:
             sh = s.get("shard")
@@ -266,9 +292,10 @@ class ZarrfsStore(AbstractDataStore):
 
     # -- variables -----------------------------------------------------------
 
-    def _attrs_encoding(self, side: dict, dims: tuple, path: str, sample_axis: Optional[int]):
+    def _attrs_encoding(self, side: Sidecar, dims: Tuple[str, ...], path: str,
+                        sample_axis: Optional[int]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         attrs = dict(side.get("attributes") or {})
-        enc = {"source": path}
+        enc: Dict[str, Any] = {"source": path}
         if sample_axis is not None:
             enc["preferred_chunks"] = {d: (1 if i == sample_axis else n)
                                        for i, (d, n) in enumerate(zip(dims, side["shape"]))}
@@ -285,8 +312,9 @@ class ZarrfsStore(AbstractDataStore):
                 enc["fill_value"] = fv
         return attrs, enc
 
-    def _array_variable(self, d: str, name: str, side: dict, shard, device: str) -> Variable:
+    def _array_variable(self, d: str, name: str, side: Sidecar, shard: Optional[Shard], device: str) -> Variable:
         dims = _dims(side, name)
+        data: Union[SampleArray, FileArray]
         if side.get("sample_dim"):
             sd = SampleDir(os.path.join(d, name))
             shape = list(side["shape"])
@@ -304,16 +332,16 @@ class ZarrfsStore(AbstractDataStore):
             attrs, enc = self._attrs_encoding(side, dims, p, None)
         return Variable(dims, indexing.LazilyIndexedArray(data), attrs, enc)
 
-    def _coordinate(self, d: str, name: str, side: dict, shard) -> Variable:
+    def _coordinate(self, d: str, name: str, side: Sidecar, shard: Optional[Shard]) -> Variable:
         """A 1-D coordinate, read now (xarray indexes it anyway), as NumPy."""
         v = self._array_variable(d, name, side, shard, "cpu")
-        return Variable(v.dims, np.asarray(v._data.get_duck_array()), v.attrs, v.encoding)
+        return Variable(v.dims, np.asarray(v._data.get_duck_array()), v.attrs, v.encoding)  # type: ignore[union-attr]
 
     @staticmethod
-    def _is_coord(name: str, side: dict) -> bool:
+    def _is_coord(name: str, side: Sidecar) -> bool:
         return side.get("dims") == [name] and not side.get("sample_dim")
 
-    def _group_variables(self, d: str) -> dict:
+    def _group_variables(self, d: str) -> Dict[str, Variable]:
         sides = self._sidecars(d)
         shard = self._shard(sides.values())
         coord_names = set()
@@ -328,7 +356,7 @@ class ZarrfsStore(AbstractDataStore):
                 out[name] = self._array_variable(d, name, side, shard, dev)
         return out
 
-    def _one_array(self, p: str) -> dict:
+    def _one_array(self, p: str) -> Dict[str, Variable]:
         d, name = os.path.dirname(p), os.path.basename(p)
         side = read_json(p + ".json")
         sides = self._sidecars(d)
@@ -345,7 +373,7 @@ class ZarrfsStore(AbstractDataStore):
                 out[c] = self._array_variable(d, c, cs, shard, "cpu")
         return out
 
-    def _view(self, p: str) -> dict:
+    def _view(self, p: str) -> Dict[str, Variable]:
         sd = SampleDir(p)
         side = sd.sidecar
         name = sd.name
@@ -361,7 +389,9 @@ class ZarrfsStore(AbstractDataStore):
             out[dims[0]] = Variable((dims[0],), vals, dict(side.get("sample_coords_attributes") or {}))
         # Channels: labels, the variable of each, and each selected dim's value.
         chans = side.get("channels") or []
-        labels, varnames, selected = [], [], {}
+        labels: List[str] = []
+        varnames: List[str] = []
+        selected: Dict[str, None] = {}
         for ch in chans:
             sel = ch.get("select") or {}
             parts = []
@@ -397,7 +427,7 @@ class ZarrfsStore(AbstractDataStore):
                 out[dim] = self._coordinate(root, dim, cs, None)
         return out
 
-    def get_variables(self):
+    def get_variables(self) -> Dict[str, Variable]:
         with self._lock:
             if self._vars is None:
                 kind, p = self._target()
@@ -420,16 +450,16 @@ class ZarrfsStore(AbstractDataStore):
         except FileNotFoundError:  # a mount of a zarrfs that did not serve them
             return {}
 
-    def get_dimensions(self):
-        dims = {}
+    def get_dimensions(self) -> Dict[Hashable, int]:
+        dims: Dict[Hashable, int] = {}
         for v in self.get_variables().values():
             dims.update(zip(v.dims, v.shape))
         return dims
 
-    def get_encoding(self):
+    def get_encoding(self) -> Dict[str, Any]:
         return {"source": self.path}
 
-    def close(self):
+    def close(self) -> None:
         pass
 
 
@@ -443,9 +473,12 @@ class ZarrfsBackendEntrypoint(BackendEntrypoint):
         "threads",
     )
 
-    def open_dataset(self, filename_or_obj, *, mask_and_scale=None, decode_times=True, concat_characters=True,
-                     decode_coords=True, drop_variables=None, use_cftime=None, decode_timedelta=None,
-                     group=None, device="cpu", use_zarr_fill_value_as_mask=None, threads=None):
+    def open_dataset(
+            self, filename_or_obj: Any, *, mask_and_scale: Optional[bool] = None, decode_times: Any = True,
+            concat_characters: Any = True, decode_coords: Any = True, drop_variables: Any = None,
+            use_cftime: Optional[bool] = None, decode_timedelta: Any = None, group: Optional[str] = None,
+            device: str = "cpu", use_zarr_fill_value_as_mask: Optional[bool] = None,
+            threads: Optional[int] = None) -> "xarray.Dataset":
         if mask_and_scale is None:
             # CF masking and scaling run NumPy code on the data; with CuPy
             # data they are left to the caller.
@@ -457,7 +490,7 @@ class ZarrfsBackendEntrypoint(BackendEntrypoint):
             decode_coords=decode_coords, drop_variables=drop_variables, use_cftime=use_cftime,
             decode_timedelta=decode_timedelta)
 
-    def guess_can_open(self, filename_or_obj) -> bool:
+    def guess_can_open(self, filename_or_obj: Any) -> bool:
         try:
             p = os.path.abspath(os.fspath(filename_or_obj)).rstrip("/")
         except TypeError:
