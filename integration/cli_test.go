@@ -86,6 +86,11 @@ func TestCommandErrors(t *testing.T) {
 		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--metrics", "no-such-host.invalid:9464"}, 2, "--metrics no-such-host.invalid:9464"},
 		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--cache-mode", "0777"}, 2, `--cache-mode "0777": 0777 gives more than read access`},
 		{[]string{"cache", "bogus"}, 2, `unknown command "bogus" for "zarrfs cache"`},
+		// Checked before the source is opened: a missing source is not
+		// what they report.
+		{[]string{"warm", "/nonexistent.zarr", "--cache", t.TempDir(), "--samples", "-1:5"}, 2, `--samples "-1:5": bad START`},
+		{[]string{"mount", "/nonexistent.zarr", t.TempDir(), "--cache", t.TempDir(), "--world", "0"}, 2, "--world 0"},
+		{[]string{"status", "--watch", "-1s"}, 2, "--watch -1s"},
 		{[]string{"mount", src, filepath.Join(t.TempDir(), "none"), "--cache", t.TempDir()}, 1, "none: no such directory"},
 	} {
 		_, stderr, code := run(t, tt.args...)

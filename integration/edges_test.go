@@ -289,3 +289,43 @@ func TestSoakSummaryWording(t *testing.T) {
 		t.Errorf("summary with errors %q", s)
 	}
 }
+
+// On a terminal warm's progress bar counts bytes in the units of its
+// summary line (MiB, not MB), and its file count agrees in number.
+func TestWarmProgressUnits(t *testing.T) {
+	requirePython(t)
+	src := exampleStore(t, zarrtest.Example{Times: 40, Levels: 2, Lat: 91, Lon: 180, TimeChunk: 1})
+	// warm with stderr on a pseudo-terminal, as a user at a shell runs it.
+	out := python(t, `
+import os, pty, subprocess, sys
+master, slave = pty.openpty()
+p = subprocess.Popen(sys.argv[1:], stdin=slave, stdout=subprocess.PIPE, stderr=slave)
+os.close(slave)
+tty = b""
+while True:
+    try:
+        b = os.read(master, 65536)
+    except OSError:
+        break
+    if not b:
+        break
+    tty += b
+stdout = p.stdout.read()
+p.wait()
+sys.stdout.write("STDOUT " + stdout.decode() + "\nTTY " + tty.decode(errors="replace"))
+`, zarrfsBin(t), "warm", src, "--cache", t.TempDir(), "--jobs", "1")
+	i := strings.Index(out, "\nTTY ")
+	if i < 0 {
+		t.Fatalf("no terminal output:\n%s", out)
+	}
+	summary, bar := out[:i], out[i:]
+	if !strings.Contains(summary, "MiB") || !strings.Contains(summary, "warmed ") {
+		t.Fatalf("summary: %s", summary)
+	}
+	if !strings.Contains(bar, "warming ") || !strings.Contains(bar, "iB") {
+		t.Fatalf("no progress bar with byte counts on the terminal:\n%q", bar)
+	}
+	if m := regexp.MustCompile(`[0-9] (kB|MB|GB)\b`).FindString(bar); m != "" {
+		t.Errorf("the progress bar counts decimal units (%q) where the summary counts MiB:\n%q", m, bar)
+	}
+}

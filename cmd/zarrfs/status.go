@@ -35,6 +35,9 @@ without a running daemon.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			out := cmd.OutOrStdout()
+			if watch < 0 {
+				return usagef("--watch %v: want a positive duration (or none: print once)", watch)
+			}
 			if cacheDir != "" {
 				if len(args) > 0 {
 					return usagef("status: give MOUNTPOINT or --cache, not both")

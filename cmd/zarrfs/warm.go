@@ -31,6 +31,10 @@ type warmFlags struct {
 	shard   string
 	jobs    int
 	prune   bool
+	// span and split are --samples and --rank/--world/--shard, parsed by
+	// validate.
+	span  *layout.SampleSpan
+	split layout.Shard
 }
 
 func newWarmCmd() *cobra.Command {
@@ -68,15 +72,7 @@ func init() { rootCmd.AddCommand(newWarmCmd()) }
 
 // planWarm turns the flags into the layout's plan of what to fill.
 func planWarm(lay *layout.Layout, f *warmFlags) (*layout.Plan, error) {
-	span, err := layout.ParseSampleSpan(f.samples)
-	if err != nil {
-		return nil, usagef("--%s", strings.TrimPrefix(err.Error(), layout.ErrInvalidOption.Error()+": "))
-	}
-	shard, err := checkShard(f.rank, f.world, f.shard)
-	if err != nil {
-		return nil, err
-	}
-	plan, err := lay.Plan(layout.PlanOptions{Only: f.only, Samples: span, Shard: shard})
+	plan, err := lay.Plan(layout.PlanOptions{Only: f.only, Samples: f.span, Shard: f.split})
 	if err != nil {
 		return nil, fmt.Errorf("--only %w", err)
 	}
@@ -126,7 +122,12 @@ func (f *warmFlags) validate(cmd *cobra.Command, src string) error {
 			return err
 		}
 	}
-	_, err := checkShard(f.rank, f.world, f.shard)
+	span, err := layout.ParseSampleSpan(f.samples)
+	if err != nil {
+		return usagef("--%s", strings.TrimPrefix(err.Error(), layout.ErrInvalidOption.Error()+": "))
+	}
+	f.span = span
+	f.split, err = checkShard(f.rank, f.world, f.shard)
 	return err
 }
 
