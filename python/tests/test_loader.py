@@ -152,7 +152,8 @@ def test_threads_stop_when_abandoned(mount, index_store):
 def test_bad_arguments(mount, index_store):
     m = mount(index_store)
     d = os.path.join(m.path, "x")
-    for kw in ({"rank": 2, "world": 2}, {"world": 0}, {"prefetch": 0}, {"shard": "random"}, {"rank": 1, "world": 2, "shard": "Interleaved"}):
+    for kw in ({"rank": 2, "world": 2}, {"world": 0}, {"prefetch": 0}, {"shard": "random"}, {"rank": 1, "world": 2, "shard": "Interleaved"},
+               {"threads": 0}, {"threads": -2}, {"open_ahead": -1}):
         with pytest.raises(ValueError):
             Loader(d, 2, device="cpu", **kw)
     with pytest.raises(ValueError):

@@ -112,6 +112,15 @@ def test_other_filesystem_refused_as_the_cli_does(zarrfs_bin, fuse, index_store,
         subprocess.call(["umount", "-l", str(mnt)])
 
 
+def test_non_positive_timeouts_refused(tmp_path):
+    # Refused, not turned into "no wait" or a default.
+    for t in (0, -1):
+        with pytest.raises(ValueError, match="timeout"):
+            zarrfs.Mount("src", str(tmp_path / "mnt"), timeout=t)
+    with pytest.raises(ValueError, match="timeout"):
+        zarrfs.Mount("src", str(tmp_path / "mnt")).stop(timeout=0)
+
+
 def test_missing_binary(monkeypatch, tmp_path):
     monkeypatch.setenv("ZARRFS_BIN", str(tmp_path / "nothing"))
     with pytest.raises(FileNotFoundError, match="ZARRFS_BIN"):

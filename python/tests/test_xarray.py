@@ -254,3 +254,12 @@ def test_dask_chunks_one_sample_each(mount, fixtures_dir):
     assert ds.lsm.chunks == ((16,), (24,))
     want = open_zarr(src)
     np.testing.assert_array_equal(ds.t.mean("time").values, want.t.mean("time").values)
+
+
+def test_bad_threads_refused(mount, index_store):
+    m = mount(index_store)
+    for t in (0, -1):
+        with pytest.raises(ValueError, match="threads"):
+            xr.open_dataset(m.path, engine="zarrfs", threads=t)
+    with pytest.raises(ValueError, match="threads"):
+        xarray_backend.SampleArray(lambda i: "", (2, 3), "f4", 0, 4096, threads=0)

@@ -107,6 +107,8 @@ class Mount:
 
     def __init__(self, source: "Union[str, os.PathLike[str]]", mountpoint: "Optional[Union[str, os.PathLike[str]]]" = None, *,
                  binary: Optional[str] = None, timeout: float = 60.0, **flags: Any) -> None:
+        if timeout <= 0:
+            raise ValueError(f"timeout {timeout}: want a positive number of seconds")
         self.source = os.fspath(source)
         self._given = mountpoint
         self.path: Optional[str] = os.fspath(mountpoint) if mountpoint is not None else None
@@ -211,6 +213,8 @@ class Mount:
 
     def stop(self, timeout: float = 30.0) -> None:
         """Unmount: SIGTERM, then wait for the daemon to exit (SIGKILL after timeout)."""
+        if timeout <= 0:
+            raise ValueError(f"timeout {timeout}: want a positive number of seconds")
         p = self._proc
         if p is None:
             return

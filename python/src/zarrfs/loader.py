@@ -88,6 +88,8 @@ class Loader:
             raise ValueError(f"prefetch {prefetch}: want 1 or more")
         if open_ahead < 0:
             raise ValueError(f"open_ahead {open_ahead}: want 0 or more")
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads {threads}: want 1 or more (or None: the CPUs, at most 16)")
         self.batch_size = batch_size
         self.rank, self.world, self.shard = rank, world, shard
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last

@@ -166,7 +166,9 @@ class SampleArray(BackendArray):
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
         self.axis = axis
-        self.threads = max(1, threads)
+        if threads < 1:
+            raise ValueError(f"threads {threads}: want 1 or more")
+        self.threads = threads
         self._r = _Reader(self.shape[:axis] + self.shape[axis + 1:], dtype, data_offset, device)
 
     def __getitem__(self, key: indexing.ExplicitIndexer) -> Any:
@@ -251,6 +253,8 @@ class ZarrfsStore(AbstractDataStore):
         self.path = path
         self.device = device
         self.mask_fill = use_zarr_fill_value_as_mask
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads={threads}: want 1 or more (or None: {DEFAULT_THREADS})")
         self.threads = threads if threads is not None else DEFAULT_THREADS
         self._lock = threading.Lock()
         self._vars: Optional[Dict[str, Variable]] = None
