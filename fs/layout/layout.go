@@ -715,3 +715,46 @@ func prod(s []int64) int64 {
 	}
 	return p
 }
+
+// SameNames reports whether two directories list the same names.
+func (a *Dir) SameNames(b *Dir) bool {
+	if a.Len() != b.Len() || a.IsSampleDir() != b.IsSampleDir() {
+		return false
+	}
+	n := a.Len()
+	if n == 0 {
+		return true
+	}
+	if a.IsSampleDir() {
+		// Names are indices padded to one width: the same count and the
+		// same first and last names are the same names.
+		return a.Entry(0).Name == b.Entry(0).Name && a.Entry(n-1).Name == b.Entry(n-1).Name
+	}
+	for i := range n {
+		if ea, eb := a.Entry(i), b.Entry(i); ea.Name != eb.Name || ea.Kind != eb.Kind {
+			return false
+		}
+	}
+	return true
+}
+
+// SameNames reports whether two layouts have the same tree of names: then
+// a refresh from one to the other left no cached path without its file, as
+// is the case when only chunks were rewritten.
+func SameNames(a, b *Layout) bool { return sameTree(a.Root(), b.Root()) }
+
+func sameTree(a, b *Dir) bool {
+	if !a.SameNames(b) {
+		return false
+	}
+	if a.IsSampleDir() {
+		return true
+	}
+	for i := range a.Len() {
+		ea, eb := a.Entry(i), b.Entry(i)
+		if ea.Kind == KindDir && !sameTree(ea.Dir, eb.Dir) {
+			return false
+		}
+	}
+	return true
+}
