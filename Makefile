@@ -6,7 +6,7 @@ MINIO_VERSION := v0.0.0-20260212201848-7aac2a2c5b7c
 export CGO_ENABLED := 0
 export PATH := $(CURDIR)/bin:$(PATH)
 
-.PHONY: build test test-python test-long test-gpu fuzz mutate bench bench-ddp demo pydeps minio clean vet
+.PHONY: build test test-python test-long test-gpu fuzz mutate bench bench-fill bench-ddp demo pydeps minio clean vet
 
 build:
 	$(GO) build -o bin/zarrfs ./cmd/zarrfs
@@ -94,6 +94,13 @@ bench: build pydeps minio
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./integration/
 	$(GO) test -run '^$$' -bench 'Open' ./cache/
 	PYTHONPATH=$(CURDIR)/python/src ZARRFS_BIN=$(CURDIR)/bin/zarrfs $(PYTHON) -W ignore integration/bench/xarray/bench.py
+
+# The fill's roofline (the machine's read and write floors, the fill's CPU by
+# stage) and its peers (zarr-python, zarrs, tensorstore) on the ERA5-like
+# view, whole-command warms and the first epoch over a cold mount
+# (integration/bench/fill/run.sh; STEPS, STORES, PARTS, ZARRFS_OLD there).
+bench-fill: build pydeps
+	bash integration/bench/fill/run.sh bin/zarrfs
 
 # Data-parallel training on one mount (integration/ddp/run.sh): torchrun of a small
 # U-Net fed by zarrfs's readers, 1 and WORLD ranks, cold and warm, against the

@@ -35,6 +35,8 @@ type Stats struct {
 	ChunksMissing  atomic.Int64 // leaf chunks read as fill value
 	ChunkCacheHits atomic.Int64 // leaf chunks served from the decoded-chunk cache
 	BytesFetched   atomic.Int64 // compressed bytes read from the store
+	BytesDecoded   atomic.Int64 // bytes leaf chunks decoded to
+	BytesAssembled atomic.Int64 // bytes copied (or byte-swapped) from decoded chunks into requests
 	Requests       atomic.Int64 // reads sent to the store (whole objects and ranges)
 	Listings       atomic.Int64 // arrays listed (Hierarchy.List)
 }
@@ -677,6 +679,7 @@ func (st *readState) finish(l *leaf, dec []byte) {
 		return
 	}
 	l.dec = dec
+	st.h.stats.BytesDecoded.Add(want)
 }
 
 // assemble copies every leaf's share into the requests.
@@ -688,6 +691,7 @@ func (st *readState) assemble() {
 				r := st.reqs[nd.req]
 				off, _ := contiguousIn(l, r)
 				swapBytes(r.Dst[off:off+int64(len(l.dec))], l.arr.DType.Size)
+				st.h.stats.BytesAssembled.Add(int64(len(l.dec)))
 			}
 			continue
 		}
@@ -701,6 +705,7 @@ func (st *readState) assemble() {
 			copyBox(l, r, nd.box)
 			used += nd.box.volume()
 		}
+		st.h.stats.BytesAssembled.Add(used * int64(l.arr.DType.Size))
 		if l.missing {
 			st.h.stats.ChunksMissing.Add(1)
 			continue
