@@ -138,7 +138,7 @@ for name in $stores; do
 				"$zarrfs" mount "$store" "$mnt" --cache "$cache" --view "$view" --decode cpu "${ra[@]}" >"$logdir/mount-$how.log" 2>&1 &
 				mpid=$!
 				for _ in $(seq 200); do grep -q "mounted" "$logdir/mount-$how.log" && break; sleep 0.1; done
-				out=$(PYTHONPATH=$root/python/src $py "$here/epoch.py" "$mnt/train" --how "$how" 2>>"$logdir/fill.log") || { log "epoch $how failed"; status=1; }
+				out=$(PYTHONPATH=$root/python/src${PYTHONPATH:+:$PYTHONPATH} $py "$here/epoch.py" "$mnt/train" --how "$how" 2>>"$logdir/fill.log") || { log "epoch $how failed"; status=1; }
 				"$zarrfs" unmount "$mnt" >/dev/null 2>&1 || umount -l "$mnt"
 				wait "$mpid"
 				[ -n "$out" ] && record "$(echo "$out" | $py -c "import json,sys; d=json.loads(sys.stdin.read()); d.update(store='$name', cache='$where', warm_samples_per_s=round($steps/$warm_s, 2), vs_warm=round(d['samples_per_s']*$warm_s/$steps, 3)); print(json.dumps(d))")"
