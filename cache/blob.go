@@ -341,15 +341,29 @@ type hashingWriter struct {
 	broken bool
 }
 
+// hashPiece is how much a write hands the kernel before it hashes what it
+// wrote: the hash then reads bytes the kernel's copy just brought into the
+// core's cache, instead of a second pass over a sample from memory (a
+// sample is tens of megabytes; on the h200 the second pass cost as much
+// CPU as the write itself).
+const hashPiece = 1 << 20
+
 func (h *hashingWriter) WriteAt(p []byte, off int64) (int, error) {
-	n, err := h.f.WriteAt(p, off)
-	h.saw(p[:n], off)
-	return n, err
+	done := 0
+	for done < len(p) {
+		end := min(done+hashPiece, len(p))
+		n, err := h.f.WriteAt(p[done:end], off+int64(done))
+		h.saw(p[done:done+n], off+int64(done))
+		done += n
+		if err != nil {
+			return done, err
+		}
+	}
+	return done, nil
 }
 
 func (h *hashingWriter) Write(p []byte) (int, error) {
-	n, err := h.f.Write(p)
-	h.saw(p[:n], h.pos)
+	n, err := h.WriteAt(p, h.pos)
 	h.pos += int64(n)
 	return n, err
 }
