@@ -13,7 +13,6 @@ import (
 	"syscall"
 
 	"github.com/cespare/xxhash/v2"
-	"golang.org/x/sys/unix"
 )
 
 // BlobKey names a decoded blob. The two parts become its path under
@@ -460,12 +459,10 @@ func (c *Cache) fillBlobOnce(ctx context.Context, rel string, size int64, ident 
 	}
 	// No fsync here, on the path a reader waits for: the journal's
 	// checksum covers a power loss (see syncAll). The blob's writeback is
-	// started now without waiting for it (sync_file_range), so that the
-	// disk writes while later fills decode, rather than all at once when a
-	// warm ends or memory runs short.
-	if !c.noSync {
-		_ = unix.SyncFileRange(int(tmp.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
-	}
+	// started soon after, in the background (writeback), so that the disk
+	// writes while later fills decode, rather than all at once when a warm
+	// ends or memory runs short, and no fill waits for the disk's queue.
+	c.wb.start(tmp)
 	if err := tmp.Close(); err != nil {
 		tmp = nil
 		return nil, fmt.Errorf("blob %s: %w", rel, err)
