@@ -52,8 +52,10 @@ def need_gpu():
 
 @pytest.fixture(scope="session")
 def zarrfs_bin():
-    p = os.environ.get("ZARRFS_BIN") or shutil.which("zarrfs") or os.path.join(REPO, "bin", "zarrfs")
-    need("the zarrfs binary", os.access(p, os.X_OK), "make build, or set ZARRFS_BIN")
+    try:
+        p = zarrfs.find_binary()  # as Mount finds it
+    except FileNotFoundError as e:
+        need("the zarrfs binary", False, str(e))
     os.environ["ZARRFS_BIN"] = p
     return p
 
