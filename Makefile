@@ -7,7 +7,7 @@ BASE_PYTHON ?= $(shell command -v python3)
 MINIO_VERSION := v0.0.0-20260212201848-7aac2a2c5b7c
 # Every Python a target or a test runs is the checkout's own environment
 # (.venv): two clones on one machine never share an editable install, and
-# nothing is installed machine-wide. Scripts that take $$PYTHON get it too.
+# nothing is installed machine-wide. Scripts that take $PYTHON get it too.
 VENV := $(CURDIR)/.venv
 export PYTHON := $(VENV)/bin/python
 export CGO_ENABLED := 0
