@@ -135,7 +135,13 @@ func (r *report) endPackage(e event, p *pkgState) {
 	case e.Action == "skip" || (e.Action == "pass" && n == 0):
 		fmt.Fprintf(r.w, "?   \t%s\t[no tests]\n", e.Package)
 	case e.Action == "pass":
-		fmt.Fprintf(r.w, "ok  \t%s\t%v\t%s\n", e.Package, elapsed, counts)
+		when := elapsed.String()
+		for _, l := range p.output {
+			if strings.HasPrefix(l, "ok") && strings.Contains(l, "(cached)") {
+				when = "(cached)" // the counts are the cached run's
+			}
+		}
+		fmt.Fprintf(r.w, "ok  \t%s\t%s\t%s\n", e.Package, when, counts)
 	default:
 		r.pkgFails++
 		for _, l := range p.output {

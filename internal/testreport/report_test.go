@@ -80,6 +80,22 @@ func TestReportAllPass(t *testing.T) {
 	}
 }
 
+// A cached result says so, with the cached run's counts.
+func TestReportCached(t *testing.T) {
+	var out bytes.Buffer
+	r := newReport(&out)
+	r.read(strings.NewReader(`{"Action":"start","Package":"p"}
+{"Action":"run","Package":"p","Test":"TestA"}
+{"Action":"pass","Package":"p","Test":"TestA"}
+{"Action":"output","Package":"p","Output":"ok  \tp\t(cached)\n"}
+{"Action":"pass","Package":"p","Elapsed":0}
+`))
+	r.finish()
+	if !strings.Contains(out.String(), "ok  \tp\t(cached)\t(1 passed)\n") || !r.ok() {
+		t.Errorf("ok %v:\n%s", r.ok(), out.String())
+	}
+}
+
 // A package that does not build fails the run and shows the compiler's
 // message; one that panics shows the panic and the test it was in.
 func TestReportBrokenPackages(t *testing.T) {
