@@ -18,7 +18,7 @@ import (
 	"github.com/zarrfs/zarrfs/fs/layout"
 )
 
-// Direct mode (CONTRACT section 3a): every .npy file is a symbolic link
+// Direct mode (docs/design.md §9): every .npy file is a symbolic link
 // that resolves to its blob in the cache, so readers that cannot read
 // through FUSE (GPUDirect Storage: cuFile refuses FUSE descriptors) open the
 // cache file itself.

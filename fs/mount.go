@@ -64,7 +64,7 @@ type Options struct {
 	// Debug logs every FUSE request (very verbose).
 	Debug bool
 	// Direct makes every .npy file a symbolic link to its blob in the
-	// cache (CONTRACT section 3a), for readers that cannot read through
+	// cache (docs/design.md §9), for readers that cannot read through
 	// FUSE. Resolving a link fills the blob first.
 	Direct bool
 	// Lease is how long a blob whose link was resolved is kept from

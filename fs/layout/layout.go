@@ -88,7 +88,7 @@ type Options struct {
 	// bound.
 	MemoryBudget *memory.Budget
 
-	// Views are the stacked views (CONTRACT section 5) to add, bound to the
+	// Views are the stacked views (docs/design.md §5) to add, bound to the
 	// same hierarchy with Bind or BindViews. Each adds MOUNT/NAME/ and
 	// MOUNT/NAME.json, and its definition goes into the layout ID. Nil
 	// means none.
@@ -101,7 +101,7 @@ type Options struct {
 
 	// Shard makes every sample directory (arrays and views) list only the
 	// samples one rank reads, under their global names, and the sidecars
-	// say which (CONTRACT section 3). Blob paths and the layout ID do not
+	// say which (docs/design.md §6). Blob paths and the layout ID do not
 	// change, so every rank shares one cache and what `zarrfs warm --rank`
 	// filled. The zero value lists every sample.
 	Shard Shard
@@ -235,7 +235,7 @@ func (e Entry) Size() int64 {
 
 // Blob is one .npy file whose bytes are computed from the source.
 //
-// This is the seam for views (CONTRACT section 5): a view's sample (channels
+// This is the seam for views (docs/design.md §5): a view's sample (channels
 // stacked from several arrays with selections and a dtype cast) is another
 // Blob implementation, listing one Source per channel and assembling them in
 // Fill. The FUSE layer, the cache and warm see only this interface.
