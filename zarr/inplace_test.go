@@ -92,3 +92,43 @@ func TestDecodeInPlace(t *testing.T) {
 		}
 	}
 }
+
+// ReadCostInto charges a chunk that lands whole and contiguous in the
+// destination its compressed bytes only, and every other chunk what
+// ReadCost charges.
+func TestReadCostInto(t *testing.T) {
+	open := func(shape, chunks string) *zarr.Array {
+		st := newMemStore(map[string][]byte{"zarr.json": []byte(`{"zarr_format":3,"node_type":"array","shape":` + shape + `,"data_type":"float32",
+	"chunk_grid":{"name":"regular","configuration":{"chunk_shape":` + chunks + `}},
+	"chunk_key_encoding":{"name":"default"},"fill_value":0,
+	"codecs":[{"name":"bytes","configuration":{"endian":"little"}},{"name":"zstd","configuration":{"level":1}}]}`)})
+		h, err := zarr.Open(context.Background(), st, zarr.Options{ChunkCacheBytes: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { h.Close() })
+		return h.Arrays[0]
+	}
+	const unit = 4 * 16 * 32 * 4 // one (1, 4, 16, 32) float32 chunk
+	levels := open("[8,4,16,32]", "[1,4,16,32]")
+	for _, tc := range []struct {
+		name         string
+		start, count []int64
+		inPlace      int64 // chunks charged their compressed bytes only
+	}{
+		{"one sample, every level", []int64{3, 0, 0, 0}, []int64{1, 4, 16, 32}, 1},
+		{"three samples", []int64{3, 0, 0, 0}, []int64{3, 4, 16, 32}, 3},
+		{"one level", []int64{3, 1, 0, 0}, []int64{1, 1, 16, 32}, 0},
+		{"half the rows", []int64{3, 0, 0, 0}, []int64{1, 4, 8, 32}, 0},
+	} {
+		full := levels.ReadCost(tc.start, tc.count)
+		got := levels.ReadCostInto(tc.start, tc.count)
+		if want := full - tc.inPlace*unit; got != want {
+			t.Errorf("%s: ReadCostInto %d, want %d (ReadCost %d)", tc.name, got, want, full)
+		}
+	}
+	tiled := open("[8,4,16,32]", "[1,4,8,32]") // a sample is two tiles of rows
+	if s, c := []int64{3, 0, 0, 0}, []int64{1, 4, 16, 32}; tiled.ReadCostInto(s, c) != tiled.ReadCost(s, c) {
+		t.Error("tiled chunks charged as decoded in place: a tile is not contiguous in the sample")
+	}
+}
