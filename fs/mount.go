@@ -121,9 +121,9 @@ type Mounted struct {
 
 	// life is what fills run under: cancelled when the mount ends, not
 	// when the kernel interrupts the request that asked for the fill.
-	life    context.Context
-	endLife context.CancelFunc
-	unmountErr  error
+	life       context.Context
+	endLife    context.CancelFunc
+	unmountErr error
 }
 
 // maxReported bounds the fault keys remembered for logging once each.
