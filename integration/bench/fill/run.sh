@@ -21,7 +21,9 @@
 # /dev/shm/zarrfs-fill), DISK (disk scratch, default /var/tmp/zarrfs-fill),
 # CACHES (cache devices of the epoch part: "shm disk"), ZARRFS_OLD,
 # LOGDIR (default $DISK/logs), PYTHON, GO (builds the roofline tool unless
-# FILLBENCH names a built one), LAT/LON (field size, default 721x1440).
+# FILLBENCH names a built one), LAT/LON (field size, default 721x1440),
+# DECODERS (default cpu, and gpu and auto where a GPU decodes), PROFILE
+# (a folder: the epoch part's daemons write CPU profiles there).
 set -uo pipefail
 zarrfs=$(readlink -f "$1")
 old=${ZARRFS_OLD:+$(readlink -f "$ZARRFS_OLD")}
@@ -57,6 +59,7 @@ if "$zarrfs" version 2>/dev/null | grep -q "^GPU: .*nvCOMP"; then gpu=yes; fi
 "$zarrfs" version >"$logdir/version.txt" 2>&1 || true
 decoders="cpu"
 if [ "$gpu" = yes ]; then decoders="cpu gpu auto"; fi
+decoders=${DECODERS:-$decoders}
 
 # warm_once LABEL BIN CACHE CPUS DECODE [ARGS...]: one whole `zarrfs warm` of
 # the view into a fresh cache, timed; records the seconds.
@@ -135,7 +138,9 @@ for name in $stores; do
 				mkdir -p "$mnt"
 				ra=()
 				[ "$how" = plain-ra0 ] && ra=(--readahead 0)
-				"$zarrfs" mount "$store" "$mnt" --cache "$cache" --view "$view" --decode cpu "${ra[@]}" >"$logdir/mount-$how.log" 2>&1 &
+				prof=()
+				[ -n "${PROFILE:-}" ] && prof=(env ZARRFS_CPUPROFILE="$PROFILE/$name-$where-$how.prof")
+				"${prof[@]}" "$zarrfs" mount "$store" "$mnt" --cache "$cache" --view "$view" --decode cpu "${ra[@]}" >"$logdir/mount-$how.log" 2>&1 &
 				mpid=$!
 				for _ in $(seq 200); do grep -q "mounted" "$logdir/mount-$how.log" && break; sleep 0.1; done
 				out=$(PYTHONPATH=$root/python/src${PYTHONPATH:+:$PYTHONPATH} $py "$here/epoch.py" "$mnt/train" --how "$how" 2>>"$logdir/fill.log") || { log "epoch $how failed"; status=1; }
