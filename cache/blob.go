@@ -13,7 +13,6 @@ import (
 	"syscall"
 
 	"github.com/cespare/xxhash/v2"
-	"golang.org/x/sys/unix"
 )
 
 // BlobKey names a decoded blob. The two parts become its path under
@@ -341,15 +340,29 @@ type hashingWriter struct {
 	broken bool
 }
 
+// hashPiece is how much a write hands the kernel before it hashes what it
+// wrote: the hash then reads bytes the kernel's copy just brought into the
+// core's cache, instead of a second pass over a sample from memory (a
+// sample is tens of megabytes; on the h200 the second pass cost as much
+// CPU as the write itself).
+const hashPiece = 1 << 20
+
 func (h *hashingWriter) WriteAt(p []byte, off int64) (int, error) {
-	n, err := h.f.WriteAt(p, off)
-	h.saw(p[:n], off)
-	return n, err
+	done := 0
+	for done < len(p) {
+		end := min(done+hashPiece, len(p))
+		n, err := h.f.WriteAt(p[done:end], off+int64(done))
+		h.saw(p[done:done+n], off+int64(done))
+		done += n
+		if err != nil {
+			return done, err
+		}
+	}
+	return done, nil
 }
 
 func (h *hashingWriter) Write(p []byte) (int, error) {
-	n, err := h.f.Write(p)
-	h.saw(p[:n], h.pos)
+	n, err := h.WriteAt(p, h.pos)
 	h.pos += int64(n)
 	return n, err
 }
@@ -446,12 +459,10 @@ func (c *Cache) fillBlobOnce(ctx context.Context, rel string, size int64, ident 
 	}
 	// No fsync here, on the path a reader waits for: the journal's
 	// checksum covers a power loss (see syncAll). The blob's writeback is
-	// started now without waiting for it (sync_file_range), so that the
-	// disk writes while later fills decode, rather than all at once when a
-	// warm ends or memory runs short.
-	if !c.noSync {
-		_ = unix.SyncFileRange(int(tmp.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
-	}
+	// started soon after, in the background (writeback), so that the disk
+	// writes while later fills decode, rather than all at once when a warm
+	// ends or memory runs short, and no fill waits for the disk's queue.
+	c.wb.start(tmp)
 	if err := tmp.Close(); err != nil {
 		tmp = nil
 		return nil, fmt.Errorf("blob %s: %w", rel, err)

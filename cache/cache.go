@@ -95,6 +95,7 @@ type Cache struct {
 	base     context.Context // cancelled by Close; parent of every fill
 	stop     context.CancelFunc
 	wg       sync.WaitGroup // running flights
+	wb       *writeback     // starts the disk writes of filled blobs
 	closeMu  sync.Once
 	closeErr error
 
@@ -218,7 +219,9 @@ func Open(opts Options) (*Cache, error) {
 		chunkFlights: map[string]*flight[[]byte]{},
 	}
 	c.base, c.stop = context.WithCancel(context.Background())
+	c.wb = newWriteback(opts.noSync)
 	fail := func(err error) (*Cache, error) {
+		c.wb.close()
 		if c.jf != nil {
 			c.jf.Close()
 		}
@@ -941,6 +944,7 @@ func (c *Cache) Close() error {
 		c.mu.Unlock()
 		c.stop()
 		c.wg.Wait()
+		c.wb.close()
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		c.tailLocked0()

@@ -104,6 +104,11 @@ type Options struct {
 	// PinnedMemory bounds the pinned host memory of each GPU: its rounds'
 	// staging and the memory it lends. Zero means DefaultPinnedMemory.
 	PinnedMemory int64
+	// IdleMemory bounds the host memory the pipeline keeps mapped, idle,
+	// for the next buffers it lends (Memory): compressed chunks and
+	// samples are lent again rather than faulted in afresh. Zero means
+	// DefaultIdleMemory.
+	IdleMemory int64
 	// GPU configures each GPU decoder; its Device, Logger and memory
 	// bounds are set from the fields above.
 	GPU gpu.Options
@@ -135,6 +140,7 @@ type gpuDecoder interface {
 const (
 	DefaultGPUMemory    = 1 << 30
 	DefaultPinnedMemory = 2 << 30
+	DefaultIdleMemory   = 1 << 30
 	// ContextBytes is what a CUDA context with nvCOMP and our kernels
 	// takes on the device, set aside from GPUMemory (about 500 MiB on an
 	// H200 with CUDA 13).
@@ -195,9 +201,10 @@ var ErrClosed = errors.New("decode: pipeline closed")
 // Pipeline decodes batches of chunks where Options say. It implements
 // codec.BatchDecoder.
 type Pipeline struct {
-	opts Options
-	log  *slog.Logger
-	cpu  *codec.CPU
+	opts  Options
+	log   *slog.Logger
+	cpu   *codec.CPU
+	arena *arena // the host memory lent without a GPU
 
 	// route is what DecodeBatch runs: the CPU pool until the GPUs are
 	// ready, then the mode's composition.
@@ -261,6 +268,12 @@ func New(opts Options) (*Pipeline, error) {
 	if opts.Workers == 0 {
 		opts.Workers = runtime.NumCPU()
 	}
+	if opts.IdleMemory < 0 {
+		return nil, fmt.Errorf("decode: idle memory %d: want 0 (the default) or more", opts.IdleMemory)
+	}
+	if opts.IdleMemory == 0 {
+		opts.IdleMemory = DefaultIdleMemory
+	}
 	if opts.GPUMemory == 0 {
 		opts.GPUMemory = DefaultGPUMemory
 	}
@@ -282,7 +295,7 @@ func New(opts Options) (*Pipeline, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	p := &Pipeline{opts: opts, log: log, cpu: codec.NewCPU(codec.Options{Workers: opts.Workers}), ready: make(chan struct{}),
-		decoded: Decoded{}}
+		decoded: Decoded{}, arena: newArena(opts.IdleMemory)}
 	p.onCPU = &counter{inner: p.cpu, device: "cpu", mu: &p.countMu, into: p.decoded}
 	p.route.Store(&routed{p.onCPU})
 	opts.GPU = gopts
@@ -530,21 +543,16 @@ func (p *Pipeline) Ready(ctx context.Context) (onGPU bool, err error) {
 }
 
 // Memory returns the memory zarr reads compressed chunks into and fills
-// decode into: the first GPU's pinned host memory, which the device copies
-// without staging. It is nil in CPU mode, where the readers' own pools
-// serve best. In the other modes it lends pooled ordinary memory until a
-// GPU is ready (and on a machine without one).
-func (p *Pipeline) Memory() codec.HostMemory {
-	if p.opts.Mode == CPU {
-		return nil
-	}
-	return lender{p}
-}
+// decode into, the one lender of the process: with a GPU, the first GPU's
+// pinned host memory, which the device copies without staging; otherwise
+// (and until a GPU is ready) memory of the pipeline's own, kept mapped and
+// lent again (see arena), so that a steady stream of fills neither faults
+// fresh pages in nor has the collector zero and drop them.
+func (p *Pipeline) Memory() codec.HostMemory { return lender{p} }
 
-// lender lends the first GPU's pinned memory, or pooled memory without a
-// GPU. A buffer lent from the pool before a GPU started is given to the
-// GPU's HostFree, which ignores memory it did not lend: the collector
-// takes it.
+// lender lends the first GPU's pinned memory, or the arena's without a
+// GPU. A buffer lent by the arena before a GPU started goes back to the
+// arena; the GPU's HostFree ignores memory it did not lend.
 type lender struct{ p *Pipeline }
 
 // HostAlloc and HostFree run under p.mu, so that the GPU that lends is
@@ -556,53 +564,18 @@ func (l lender) HostAlloc(n int) []byte {
 	if len(l.p.gpus) > 0 && !l.p.closed {
 		return l.p.gpus[0].HostAlloc(n)
 	}
-	return getPooled(n)
+	return l.p.arena.HostAlloc(n)
 }
 
-// HostFree after Close drops the buffer: it may be pinned memory the
-// closed GPU has unmapped.
+// HostFree after Close drops pinned memory: the closed GPU has unmapped it.
 func (l lender) HostFree(b []byte) {
+	if l.p.arena.HostFree(b) {
+		return
+	}
 	l.p.mu.Lock()
 	defer l.p.mu.Unlock()
-	switch {
-	case l.p.closed:
-	case len(l.p.gpus) > 0:
+	if !l.p.closed && len(l.p.gpus) > 0 {
 		l.p.gpus[0].HostFree(b)
-	default:
-		putPooled(b)
-	}
-}
-
-// The pool keeps buffers by power-of-two capacity, from 64 KiB up.
-var pools [48]sync.Pool
-
-func poolClass(n int) int {
-	c := 16
-	for 1<<c < n {
-		c++
-	}
-	return c
-}
-
-func getPooled(n int) []byte {
-	c := poolClass(n)
-	if c >= len(pools) {
-		return make([]byte, n)
-	}
-	if b, ok := pools[c].Get().(*[]byte); ok {
-		return (*b)[:n]
-	}
-	return make([]byte, n, 1<<c)
-}
-
-func putPooled(b []byte) {
-	c := cap(b)
-	if c < 1<<16 || c&(c-1) != 0 {
-		return // not ours
-	}
-	if k := poolClass(c); k < len(pools) {
-		b = b[:c]
-		pools[k].Put(&b)
 	}
 }
 
@@ -713,6 +686,7 @@ func (p *Pipeline) Close() error {
 	p.retireLocked(gpus, devices)
 	p.mu.Unlock()
 	errs = append(errs, p.cpu.Close())
+	p.arena.close()
 	return errors.Join(errs...)
 }
 

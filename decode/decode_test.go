@@ -150,7 +150,7 @@ func TestCPUMode(t *testing.T) {
 	if onGPU, _ := p.Ready(context.Background()); onGPU || len(made) != 0 {
 		t.Errorf("cpu mode opened %d GPUs", len(made))
 	}
-	if p.Memory() != nil || p.Placement() != "cpu (2 workers)" {
+	if p.Memory() == nil || p.Placement() != "cpu (2 workers)" {
 		t.Errorf("cpu mode: memory %v, placement %q", p.Memory(), p.Placement())
 	}
 	if err := p.Close(); err != nil {
@@ -292,13 +292,59 @@ func TestMemory(t *testing.T) {
 		t.Error("buffer not given back")
 	}
 	p.Close()
-	m.HostFree(m.HostAlloc(10)) // after Close: ordinary memory, dropped
-	for _, n := range []int{1, 1 << 16, 1<<16 + 1, 3 << 20} {
-		b := getPooled(n)
-		if len(b) != n || cap(b) < n {
-			t.Errorf("getPooled(%d): len %d cap %d", n, len(b), cap(b))
+	m.HostFree(m.HostAlloc(10)) // after Close: the arena's memory, unmapped
+}
+
+// Without a GPU the pipeline lends memory of its own, kept mapped and lent
+// again: a buffer given back serves the next request of its class, memory
+// it did not lend is ignored, and idle memory stays within IdleMemory.
+func TestArena(t *testing.T) {
+	p, err := New(Options{Mode: CPU, Workers: 1, IdleMemory: 8 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := p.Memory()
+	b := m.HostAlloc(3 << 20)
+	if len(b) != 3<<20 || cap(b) < 3<<20 || cap(b) > 3<<20+3<<17 {
+		t.Fatalf("HostAlloc(3 MiB): len %d cap %d", len(b), cap(b))
+	}
+	for i := range b {
+		b[i] = byte(i)
+	}
+	m.HostFree(b)
+	c := m.HostAlloc(3<<20 - 1000) // same class
+	if &c[0] != &b[0] {
+		t.Error("a buffer of the same class was not lent again")
+	}
+	if c[12345] != byte(12345%256) {
+		t.Error("the buffer lent again is not the same memory")
+	}
+	m.HostFree(make([]byte, 1<<20)) // not the arena's: ignored
+	m.HostFree(c)
+	m.HostFree(c) // twice: ignored
+	var held [][]byte
+	for range 4 {
+		held = append(held, m.HostAlloc(3<<20))
+	}
+	for _, h := range held {
+		m.HostFree(h)
+	}
+	if mapped, idle := p.arena.held(); idle > 8<<20 || mapped != idle {
+		t.Errorf("mapped %d, idle %d: want idle within 8 MiB, nothing lent", mapped, idle)
+	}
+	small := m.HostAlloc(100)
+	if len(small) != 100 {
+		t.Errorf("HostAlloc(100): len %d", len(small))
+	}
+	m.HostFree(small)
+	p.Close()
+	if mapped, idle := p.arena.held(); mapped != 0 || idle != 0 {
+		t.Errorf("after Close: mapped %d, idle %d", mapped, idle)
+	}
+	for _, n := range []int{1, minClass, minClass + 1, 3 << 20, 100 << 20} {
+		if c := class(n); c < n || c > n+n/8+minClass {
+			t.Errorf("class(%d) = %d", n, c)
 		}
-		putPooled(b)
 	}
 }
 

@@ -14,10 +14,11 @@ import (
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
+	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/fs/layout"
 )
 
-// Direct mode (CONTRACT section 3a): every .npy file is a symbolic link
+// Direct mode (docs/design.md §9): every .npy file is a symbolic link
 // that resolves to its blob in the cache, so readers that cannot read
 // through FUSE (GPUDirect Storage: cuFile refuses FUSE descriptors) open the
 // cache file itself.
@@ -98,7 +99,8 @@ func (n *resolveNode) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 		return nil, syscall.ENOENT
 	}
 	n.m.opens.Add(1)
-	if err := n.m.leases.resolve(ctx, n.m, e.Blob); err != nil {
+	// Not interruptible, as open (Mounted.open).
+	if err := n.m.leases.resolve(n.m.life, n.m, e.Blob); err != nil {
 		return nil, n.m.errno(e.Blob, err)
 	}
 	return []byte(n.target), 0
@@ -125,7 +127,7 @@ type leases struct {
 type lease struct {
 	path  string
 	ident string // the version of the blob leased
-	b     Backing
+	b     fill.Backing
 	until time.Time
 }
 
@@ -178,7 +180,7 @@ func (l *leases) resolve(ctx context.Context, m *Mounted, b layout.Blob) error {
 	if err != nil {
 		return err
 	}
-	if !sameFile(h.File(), m.opts.Blobs.Path(m.Layout().ID, p)) {
+	if !sameFile(h.File(), m.opts.Blobs.Path(m.Layout(), p)) {
 		h.Close()
 		return tooLarge()
 	}
@@ -187,7 +189,7 @@ func (l *leases) resolve(ctx context.Context, m *Mounted, b layout.Blob) error {
 		l.mu.Unlock()
 		return h.Close()
 	}
-	var old Backing
+	var old fill.Backing
 	if e, ok := l.byPath[p]; ok {
 		if e.Value.(*lease).ident == ident {
 			// A concurrent resolution leased it first.
@@ -199,7 +201,7 @@ func (l *leases) resolve(ctx context.Context, m *Mounted, b layout.Blob) error {
 		old = l.removeLocked(e)
 	}
 	l.byPath[p] = l.order.PushBack(&lease{path: p, ident: ident, b: h, until: now.Add(l.d)})
-	var early []Backing
+	var early []fill.Backing
 	for l.order.Len() > l.max {
 		early = append(early, l.removeLocked(l.order.Front()))
 		if !l.warned {
@@ -218,7 +220,7 @@ func (l *leases) resolve(ctx context.Context, m *Mounted, b layout.Blob) error {
 	return nil
 }
 
-func (l *leases) removeLocked(e *list.Element) Backing {
+func (l *leases) removeLocked(e *list.Element) fill.Backing {
 	ls := l.order.Remove(e).(*lease)
 	delete(l.byPath, ls.path)
 	return ls.b
@@ -235,7 +237,7 @@ func (l *leases) expire() {
 		case <-l.stop:
 			return
 		case now := <-t.C:
-			var ended []Backing
+			var ended []fill.Backing
 			l.mu.Lock()
 			for e := l.order.Front(); e != nil && !e.Value.(*lease).until.After(now); e = l.order.Front() {
 				ended = append(ended, l.removeLocked(e))
@@ -263,7 +265,7 @@ func (l *leases) close() {
 		return
 	}
 	l.closed = true
-	var all []Backing
+	var all []fill.Backing
 	for e := l.order.Front(); e != nil; e = l.order.Front() {
 		all = append(all, l.removeLocked(e))
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/zarrfs/zarrfs/cache"
+	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/fs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -39,7 +40,7 @@ func TestListingMemoryBounded(t *testing.T) {
 	}
 	defer c.Close()
 	dir := t.TempDir()
-	m, err := Mount(context.Background(), Options{Mountpoint: dir, Layout: l, Blobs: CacheBlobs(c), Logger: slog.New(slog.DiscardHandler), MaxInodes: 2000})
+	m, err := Mount(context.Background(), Options{Mountpoint: dir, Layout: l, Blobs: fill.Cache(c), Logger: slog.New(slog.DiscardHandler), MaxInodes: 2000})
 	if err != nil {
 		t.Fatal(err)
 	}

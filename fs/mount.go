@@ -35,27 +35,11 @@ import (
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
-	"github.com/zarrfs/zarrfs/cache"
+	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/fs/layout"
 	"github.com/zarrfs/zarrfs/internal/mountinfo"
 	"github.com/zarrfs/zarrfs/zarr"
 )
-
-// Blobs gets the backing file of a blob: complete, pinned until the Backing
-// is closed. On a miss it calls fill once with a fresh file, however many
-// callers ask at the same time, and publishes the file only if fill succeeds.
-// Implementations must be safe for concurrent use.
-type Blobs interface {
-	// Open opens the blob at key, filling it when the cache lacks it or
-	// holds it with another identity (key.Identity).
-	Open(ctx context.Context, key cache.BlobKey, size int64, fill func(ctx context.Context, f cache.Writer) error) (Backing, error)
-	// Path is where the complete blob's file is once filled: the target of
-	// its link in direct mode. An absolute path.
-	Path(layoutID, path string) string
-	// Keeps reports whether a blob of size bytes is kept once filled (not
-	// larger than the whole budget, so served from an unlinked file).
-	Keeps(size int64) bool
-}
 
 // Options configure Mount. Zero values mean the documented defaults.
 type Options struct {
@@ -64,7 +48,7 @@ type Options struct {
 	// Layout is the tree to serve; required.
 	Layout *layout.Layout
 	// Blobs provides backing files; required.
-	Blobs Blobs
+	Blobs fill.Blobs
 	// Logger receives one line per failed fill (array, chunk key, cause)
 	// and mount events. Nil discards.
 	Logger *slog.Logger
@@ -80,14 +64,15 @@ type Options struct {
 	// Debug logs every FUSE request (very verbose).
 	Debug bool
 	// Direct makes every .npy file a symbolic link to its blob in the
-	// cache (CONTRACT section 3a), for readers that cannot read through
+	// cache (docs/design.md §9), for readers that cannot read through
 	// FUSE. Resolving a link fills the blob first.
 	Direct bool
 	// Lease is how long a blob whose link was resolved is kept from
 	// eviction, in direct mode. Zero means DefaultLease.
 	Lease time.Duration
 	// Readahead is how many samples are filled in the background ahead of
-	// a reader walking a sample directory in order (see WithReadahead).
+	// a reader walking a sample directory in order (see
+	// fill.WithReadahead).
 	// Zero means none.
 	Readahead int
 	// MaxInodes bounds the files the kernel may hold looked up at once
@@ -133,7 +118,12 @@ type Mounted struct {
 	errors           map[string]int64 // failed opens by Group, guarded by mu
 
 	unmountOnce sync.Once
-	unmountErr  error
+
+	// life is what fills run under: cancelled when the mount ends, not
+	// when the kernel interrupts the request that asked for the fill.
+	life       context.Context
+	endLife    context.CancelFunc
+	unmountErr error
 }
 
 // maxReported bounds the fault keys remembered for logging once each.
@@ -159,6 +149,7 @@ func Mount(ctx context.Context, opts Options) (*Mounted, error) {
 		mtime:    time.Now().Truncate(time.Second),
 		reported: map[string]bool{},
 	}
+	m.life, m.endLife = context.WithCancel(context.Background())
 	if m.log == nil {
 		m.log = slog.New(slog.DiscardHandler)
 	}
@@ -192,7 +183,7 @@ func Mount(ctx context.Context, opts Options) (*Mounted, error) {
 	}
 	m.lay.Store(opts.Layout)
 	if opts.Readahead > 0 {
-		m.opts.Blobs = newReadahead(opts.Blobs, m.Layout, opts.Readahead, m.log)
+		m.opts.Blobs = fill.WithReadahead(opts.Blobs, m.Layout, opts.Readahead, m.log)
 	}
 	root := &dirNode{roNode: roNode{m: m}, path: ""}
 	m.root = root
@@ -321,6 +312,7 @@ func (m *Mounted) Leased() int {
 // endLeases releases every blob leased by direct mode (at unmount), and
 // stops the inode bound.
 func (m *Mounted) endLeases() {
+	m.endLife()
 	if m.leases != nil {
 		m.leases.close()
 	}
@@ -435,21 +427,15 @@ func lazyUnmount(mp string) error {
 
 // open returns the blob's backing file, filling it if the cache lacks it
 // or holds another version of it, and the identity it was opened under.
-func (m *Mounted) open(ctx context.Context, b layout.Blob) (Backing, string, error) {
-	return openBlob(ctx, m.opts.Blobs, m.Layout(), b)
-}
-
-// openBlob opens b through blobs under its identity in lay (layout.Do).
-func openBlob(ctx context.Context, blobs Blobs, lay *layout.Layout, b layout.Blob) (Backing, string, error) {
-	var h Backing
-	var id string
-	err := lay.Do(ctx, b, func(ident string) (err error) {
-		id = ident
-		h, err = blobs.Open(ctx, cache.BlobKey{Layout: lay.ID, Path: b.Path(), Identity: ident}, b.Size(),
-			func(ctx context.Context, f cache.Writer) error { return b.Fill(ctx, f) })
-		return err
-	})
-	return h, id, err
+//
+// The fill runs under the mount's life, not the request's context, which
+// go-fuse cancels when the kernel interrupts the request: any signal the
+// reader catches does that (a Go program's runtime preempts its threads
+// with signals), and answering EINTR then fails an open(2) that SA_RESTART
+// promised to restart. A reader killed while it waits is answered by the
+// kernel; the fill goes on and serves the next open.
+func (m *Mounted) open(_ context.Context, b layout.Blob) (fill.Backing, string, error) {
+	return m.opts.Blobs.Open(m.life, m.Layout(), b)
 }
 
 // errno maps a failed open to the error the reader sees, and logs the cause
@@ -481,7 +467,7 @@ func (m *Mounted) errno(b layout.Blob, err error) syscall.Errno {
 	if m.errors == nil {
 		m.errors = map[string]int64{}
 	}
-	m.errors[Group(b.Path())]++
+	m.errors[fill.Group(b.Path())]++
 	m.mu.Unlock()
 	if first {
 		m.log.Error("cannot fill file", attrs...)

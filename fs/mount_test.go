@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,10 +19,12 @@ import (
 	"time"
 
 	"github.com/zarrfs/zarrfs/cache"
+	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/fs/layout"
 	"github.com/zarrfs/zarrfs/internal/syncbuf"
 	"github.com/zarrfs/zarrfs/internal/testenv"
 	"github.com/zarrfs/zarrfs/zarr"
+	"golang.org/x/sys/unix"
 )
 
 // patternReader fills element i of a region with the low byte of
@@ -29,10 +32,18 @@ import (
 type patternReader struct {
 	reads atomic.Int64
 	fail  map[string]bool
+	delay atomic.Int64 // nanoseconds each Read takes
 }
 
 func (r *patternReader) Read(ctx context.Context, reqs []zarr.Request) error {
 	r.reads.Add(1)
+	if d := time.Duration(r.delay.Load()); d > 0 {
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	for _, q := range reqs {
 		if r.fail[q.Array.Path] {
 			return &zarr.ChunkError{Array: q.Array.Path, Key: q.Array.Path + "/c/0/0", Err: fmt.Errorf("%w: zstd: invalid frame", zarr.ErrCorrupt)}
@@ -88,7 +99,7 @@ func mountArrays(t testing.TB, arrays []*zarr.Array, fail map[string]bool) *test
 	}
 	t.Cleanup(func() { tm.cache.Close() })
 	log := slog.New(slog.NewTextHandler(tm.logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	tm.m, err = Mount(context.Background(), Options{Mountpoint: tm.dir, Layout: tm.l, Blobs: CacheBlobs(tm.cache), Logger: log})
+	tm.m, err = Mount(context.Background(), Options{Mountpoint: tm.dir, Layout: tm.l, Blobs: fill.Cache(tm.cache), Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,5 +312,44 @@ func BenchmarkLsLong(b *testing.B) {
 		b.StopTimer()
 		tm.m.Unmount(time.Second)
 		b.StartTimer()
+	}
+}
+
+// A signal the reader catches while its open waits for a fill interrupts
+// the request in the kernel, which tells the daemon. The open must still
+// succeed, as SA_RESTART promises, not fail with EINTR: Go's runtime
+// preempts threads with SIGURG, and any program with a signal handler gets
+// the same.
+func TestOpenSurvivesSignals(t *testing.T) {
+	tm := mountArrays(t, smallArrays(), nil)
+	tm.r.delay.Store(int64(400 * time.Millisecond))
+	tids := make(chan int, 1)
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // the thread the signals go to; it dies with the goroutine
+		tids <- unix.Gettid()
+		fd, err := syscall.Open(filepath.Join(tm.dir, "t/03.npy"), syscall.O_RDONLY, 0)
+		if err == nil {
+			syscall.Close(fd)
+		}
+		done <- err
+	}()
+	tid := <-tids
+	sent := 0
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("open interrupted by %d signals: %v", sent, err)
+			}
+			if sent < 3 {
+				t.Fatalf("only %d signals reached the open; the test proves nothing", sent)
+			}
+			return
+		case <-time.After(20 * time.Millisecond):
+			if err := unix.Tgkill(os.Getpid(), tid, unix.SIGURG); err == nil {
+				sent++
+			}
+		}
 	}
 }

@@ -3,13 +3,13 @@ package fs
 import (
 	"context"
 	"hash/fnv"
-	"os"
 	"sync/atomic"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
+	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/fs/layout"
 )
 
@@ -175,7 +175,7 @@ func (m *Mounted) child(ctx context.Context, parent *gofs.Inode, dir string, e l
 		mode = dirMode
 		node = &dirNode{roNode: roNode{m: m}, path: p, resolve: resolve}
 	case e.Kind == layout.KindBlob && resolve:
-		target := m.opts.Blobs.Path(m.Layout().ID, e.Blob.Path())
+		target := m.opts.Blobs.Path(m.Layout(), e.Blob.Path())
 		mode, size = linkMode, int64(len(target))
 		node = &resolveNode{roNode: roNode{m: m}, path: p, target: target}
 	case e.Kind == layout.KindBlob && m.opts.Direct:
@@ -380,7 +380,7 @@ func (n *blobNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uin
 // backing file itself and Read is never called; otherwise Read splices from
 // the backing descriptor.
 type blobFile struct {
-	b    Backing
+	b    fill.Backing
 	fd   int
 	size int64
 	m    *Mounted
@@ -404,12 +404,6 @@ func (f *blobFile) Release(ctx context.Context) syscall.Errno {
 		return gofs.ToErrno(err)
 	}
 	return 0
-}
-
-// Backing is an open, complete blob file in the cache; Close unpins it.
-type Backing interface {
-	File() *os.File
-	Close() error
 }
 
 // Flush answers ENOSYS: nothing is ever written, and the kernel then stops

@@ -15,6 +15,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/zarrfs/zarrfs/cache"
+	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/fs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -38,7 +39,7 @@ func unmountedNodes(t *testing.T) (map[string]gofs.InodeEmbedder, *patternReader
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	m := &Mounted{opts: Options{Layout: l, Blobs: CacheBlobs(c)}, log: slog.New(slog.DiscardHandler), reported: map[string]bool{}}
+	m := &Mounted{opts: Options{Layout: l, Blobs: fill.Cache(c)}, log: slog.New(slog.DiscardHandler), reported: map[string]bool{}, life: context.Background()}
 	m.lay.Store(l)
 	m.leases = newLeases(time.Minute, m.log)
 	t.Cleanup(m.leases.close)

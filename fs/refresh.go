@@ -85,7 +85,7 @@ func (m *Mounted) notifyDir(in *gofs.Inode, p string, old, new *layout.Layout, m
 	}
 	sent := 0
 	od, nd := oe.Dir, ne.Dir
-	same := sameNames(od, nd)
+	same := od.SameNames(nd)
 	if !same {
 		if !mirror {
 			in.NotifyContent(0, 0) // the cached listing
@@ -119,7 +119,7 @@ func (m *Mounted) notifyDir(in *gofs.Inode, p string, old, new *layout.Layout, m
 		switch e.Kind {
 		case layout.KindDir:
 			// A sample directory's files change only with its names.
-			if !e.Dir.IsSampleDir() || !sameNames(o.Dir, e.Dir) {
+			if !e.Dir.IsSampleDir() || !o.Dir.SameNames(e.Dir) {
 				sent += m.notifyDir(child, cp, old, new, mirror)
 			}
 		case layout.KindSidecar:
@@ -138,26 +138,4 @@ func (m *Mounted) notifyDir(in *gofs.Inode, p string, old, new *layout.Layout, m
 		}
 	}
 	return sent
-}
-
-// sameNames reports whether two directories list the same names.
-func sameNames(a, b *layout.Dir) bool {
-	if a.Len() != b.Len() || a.IsSampleDir() != b.IsSampleDir() {
-		return false
-	}
-	n := a.Len()
-	if n == 0 {
-		return true
-	}
-	if a.IsSampleDir() {
-		// Names are indices padded to one width: the same count and the
-		// same first and last names are the same names.
-		return a.Entry(0).Name == b.Entry(0).Name && a.Entry(n-1).Name == b.Entry(n-1).Name
-	}
-	for i := range n {
-		if ea, eb := a.Entry(i), b.Entry(i); ea.Name != eb.Name || ea.Kind != eb.Kind {
-			return false
-		}
-	}
-	return true
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/zarrfs/zarrfs/cache"
+	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/fs/layout"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
@@ -88,7 +89,7 @@ func TestRefreshFollowsTheStore(t *testing.T) {
 	}
 	defer c.Close()
 	mnt := t.TempDir()
-	m, err := Mount(context.Background(), Options{Mountpoint: mnt, Layout: lay, Blobs: CacheBlobs(c),
+	m, err := Mount(context.Background(), Options{Mountpoint: mnt, Layout: lay, Blobs: fill.Cache(c),
 		Refresh: src.Reopen, RefreshEvery: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

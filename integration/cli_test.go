@@ -144,7 +144,7 @@ func TestDecodeWithoutGPU(t *testing.T) {
 	}
 }
 
-// inspect --json follows CONTRACT section 7: one object per array with
+// inspect --json follows docs/design.md §7: one object per array with
 // the named fields, unsupported arrays included with their reason.
 func TestInspectJSON(t *testing.T) {
 	fx := fixturesDir(t)

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zarrfs/zarrfs/internal/fixtures"
 	"github.com/zarrfs/zarrfs/internal/syncbuf"
 	"github.com/zarrfs/zarrfs/internal/testenv"
 )
@@ -91,23 +92,11 @@ func requirePython(t testing.TB) {
 	}
 }
 
-// fixturesDir finds shared/fixtures/tensorstore beside the repository.
+// fixturesDir is the folder of the stores tensorstore wrote
+// (internal/fixtures), made first if needed.
 func fixturesDir(t testing.TB) string {
 	t.Helper()
-	d := repoRoot(t)
-	for {
-		p := filepath.Join(d, "shared", "fixtures", "tensorstore")
-		if _, err := os.Stat(filepath.Join(p, "reference.json")); err == nil {
-			return p
-		}
-		up := filepath.Dir(d)
-		if up == d {
-			break
-		}
-		d = up
-	}
-	testenv.Missing(t, "shared/fixtures/tensorstore not found beside the repository")
-	return ""
+	return fixtures.Tensorstore(t)
 }
 
 // daemon is a running `zarrfs mount`.

@@ -1,7 +1,7 @@
 package zarr_test
 
 // Conformance against stores written by independent implementations:
-// tensorstore (checked-in fixtures with reference values) and zarr-python 3
+// tensorstore (internal/fixtures writes the stores and reference values) and zarr-python 3
 // with numcodecs (generated at test time by integration/zarrpy/make_stores.py).
 // Every value zarrfs reads must equal, bit for bit, what the writer's own
 // reader returns.
@@ -27,6 +27,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/zarrfs/zarrfs/internal/fixtures"
 	"github.com/zarrfs/zarrfs/internal/testenv"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
@@ -121,10 +122,7 @@ type tsRef struct {
 }
 
 func TestConformanceTensorstore(t *testing.T) {
-	root := findUp(t, filepath.Join("shared", "fixtures", "tensorstore"))
-	if root == "" {
-		missing(t, "tensorstore fixtures (shared/fixtures/tensorstore beside the repository) not found")
-	}
+	root := fixtures.Tensorstore(t)
 	raw, err := os.ReadFile(filepath.Join(root, "reference.json"))
 	if err != nil {
 		t.Fatal(err)

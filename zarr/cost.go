@@ -30,6 +30,52 @@ func (a *Array) ReadCost(start, count []int64) int64 {
 	return pipeCost(a.pipe, a.Chunks, start, count, int64(a.DType.Size), outerOverhead)
 }
 
+// ReadCostInto is ReadCost for a Read whose destination is the region
+// itself, one request over it: a chunk that lies wholly inside the region
+// and lands there as one contiguous run decodes straight into the
+// destination (no decoded buffer of its own), so it costs its compressed
+// bytes only. That is every chunk of a region whose inner dimensions each
+// hold one chunk exactly, when the chunks are one element thick along the
+// dimensions before them (a sample's region of a (time, level, y, x) array
+// chunked (1, L, y, x), or several levels of it selected together).
+// Sharded arrays and arrays with a transpose codec cost what ReadCost says.
+func (a *Array) ReadCostInto(start, count []int64) int64 {
+	full := a.ReadCost(start, count)
+	if a == nil || a.pipe == nil || a.pipe.shard != nil || a.pipe.transpose != nil || full == 0 {
+		return full
+	}
+	rank := len(a.Chunks)
+	// Inner dimensions, from the last, where one chunk spans the region.
+	k := rank
+	for k > 0 {
+		d := k - 1
+		if a.Chunks[d] != count[d] || start[d]%a.Chunks[d] != 0 {
+			break
+		}
+		k--
+	}
+	for d := 0; d < k-1; d++ {
+		if a.Chunks[d] != 1 && count[d] != 1 {
+			return full
+		}
+	}
+	// Along dimension k-1 the region may hold several chunks, and only
+	// those wholly inside it are in place; the others cost in full.
+	n := spanned(a.Chunks, start, count)
+	inside := n
+	if k > 0 {
+		d := k - 1
+		c := a.Chunks[d]
+		lo, hi := (start[d]+c-1)/c, (start[d]+count[d])/c // chunks [lo, hi) are inside
+		if hi <= lo {
+			return full
+		}
+		inside = satMul(n/((start[d]+count[d]-1)/c-start[d]/c+1), hi-lo)
+	}
+	unit := satMul(product(a.Chunks), int64(a.DType.Size))
+	return satAdd(satMul(n-inside, satAdd(satAdd(unit, unit+unit/8), outerOverhead)), satMul(inside, satAdd(unit+unit/8, outerOverhead)))
+}
+
 // ReadGrid is the grid a Read decodes by: the chunk shape, or for a
 // sharded array the shape of the chunks inside its shards, each of which a
 // Read fetches and decodes on its own. A region cut along it costs no more

@@ -17,6 +17,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"github.com/pierrec/lz4/v4"
 
+	"github.com/zarrfs/zarrfs/internal/fixtures"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
 	"github.com/zarrfs/zarrfs/zarr/codec"
@@ -25,12 +26,13 @@ import (
 func openPosix(dir string) (objectstore.Store, error) { return objectstore.OpenPosix(dir) }
 
 // fixtureDocs returns the metadata documents of the tensorstore fixtures
-// (more seeds for the metadata fuzzers), when the shared fixtures are
-// present.
+// (more seeds for the metadata fuzzers), when they can be made here: the
+// seeds of this file's own pipelines do not depend on them, and
+// TestConformanceTensorstore reports why they cannot.
 func fixtureDocs(name string) [][]byte {
 	var out [][]byte
-	root := findShared()
-	if root == "" {
+	root, err := fixtures.TensorstoreDir()
+	if err != nil {
 		return nil
 	}
 	filepath.Walk(root, func(p string, info os.FileInfo, err error) error {
@@ -42,18 +44,6 @@ func fixtureDocs(name string) [][]byte {
 		return nil
 	})
 	return out
-}
-
-func findShared() string {
-	dir, _ := filepath.Abs(".")
-	for range 6 {
-		p := filepath.Join(dir, "shared", "fixtures", "tensorstore")
-		if st, err := os.Stat(p); err == nil && st.IsDir() {
-			return p
-		}
-		dir = filepath.Dir(dir)
-	}
-	return ""
 }
 
 // metadataKeys are the documents Open reads at the root; an Open error
@@ -309,7 +299,7 @@ func TestPipelineSeeds(t *testing.T) {
 }
 
 // FuzzChunkDecode feeds arbitrary chunk bytes through every pipeline
-// above (and those of the shared fixtures, when present): reads succeed
+// above (and those of the tensorstore fixtures, when they can be made): reads succeed
 // or fail with a known ChunkError, and each pipeline's own chunk reads
 // back exactly.
 func FuzzChunkDecode(f *testing.F) {

@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math/bits"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr/codec"
@@ -35,6 +37,8 @@ type Stats struct {
 	ChunksMissing  atomic.Int64 // leaf chunks read as fill value
 	ChunkCacheHits atomic.Int64 // leaf chunks served from the decoded-chunk cache
 	BytesFetched   atomic.Int64 // compressed bytes read from the store
+	BytesDecoded   atomic.Int64 // bytes leaf chunks decoded to
+	BytesAssembled atomic.Int64 // bytes copied (or byte-swapped) from decoded chunks into requests
 	Requests       atomic.Int64 // reads sent to the store (whole objects and ranges)
 	Listings       atomic.Int64 // arrays listed (Hierarchy.List)
 }
@@ -595,47 +599,101 @@ func stageSize(l *leaf, stage int) int64 {
 	return n
 }
 
-// target picks where a leaf's decompression writes: straight into a
-// request's destination when the leaf is exactly one contiguous piece of it
-// and this is the last step, otherwise a pooled buffer.
+// target picks where a leaf's decompression writes: straight into the
+// requests' destinations when the leaf lands there as one contiguous run of
+// memory and this is the last step (inPlace), otherwise a pooled buffer.
 func (st *readState) target(l *leaf, stage int, size int64) (dst []byte, pooled, direct bool) {
-	if stage == 0 && len(l.needs) == 1 && l.pipe.transpose == nil {
-		if off, ok := contiguousIn(l, st.reqs[l.needs[0].req]); ok {
-			return st.reqs[l.needs[0].req].Dst[off : off+size], false, true
+	if stage == 0 && l.pipe.transpose == nil {
+		if dst, ok := st.inPlace(l, size); ok {
+			return dst, false, true
 		}
 	}
 	return getBuf(int(size)), true, false
 }
 
-// contiguousIn reports whether the whole leaf lands as one contiguous run of
-// the request's destination, and where.
-func contiguousIn(l *leaf, r Request) (int64, bool) {
-	nd := l.needs[0]
-	rank := len(l.shape)
-	for d := range rank {
-		if nd.box.lo[d] != l.origin[d] || nd.box.hi[d] != l.origin[d]+l.shape[d] {
-			return 0, false // the leaf sticks out of the region (edge chunk, partial use)
-		}
+// inPlace returns the memory a leaf of size bytes can decode straight into:
+// every need is a run contiguous both in the leaf and in its request's
+// destination, and the runs sit side by side in memory exactly as they do
+// in the leaf, covering it whole. One need that is the whole leaf is the
+// common case; several are the channels a view stacks from one chunk (the
+// levels of a (time, level, y, x) chunk, each a slot of the sample). The
+// destinations are then parts of one buffer, so the range between them is
+// memory the caller gave.
+func (st *readState) inPlace(l *leaf, size int64) ([]byte, bool) {
+	if len(l.needs) == 0 {
+		return nil, false
 	}
-	// Contiguous when, past the first dimension where the leaf is shorter
-	// than the region, every dimension spans the region fully, and before
-	// it every extent is one.
+	itemsize := int64(l.arr.DType.Size)
+	var base uintptr
+	var covered int64
+	type run struct {
+		off, n int64
+		at     unsafe.Pointer // where the run starts in its destination
+	}
+	runs := make([]run, 0, len(l.needs))
+	for i, nd := range l.needs {
+		r := st.reqs[nd.req]
+		loff, ok := runIn(nd.box, l.origin, l.shape, itemsize)
+		if !ok {
+			return nil, false
+		}
+		doff, ok := runIn(nd.box, r.Start, r.Count, itemsize)
+		if !ok {
+			return nil, false
+		}
+		n := nd.box.volume() * itemsize
+		if n == 0 || doff+n > int64(len(r.Dst)) {
+			return nil, false
+		}
+		at := unsafe.Pointer(&r.Dst[doff])
+		b := uintptr(at) - uintptr(loff)
+		if i == 0 {
+			base = b
+		} else if b != base {
+			return nil, false
+		}
+		runs = append(runs, run{loff, n, at})
+		covered += n
+	}
+	if covered != size {
+		return nil, false
+	}
+	// The runs must tile the leaf: no two needs overlap.
+	sort.Slice(runs, func(i, j int) bool { return runs[i].off < runs[j].off })
+	at := int64(0)
+	for _, r := range runs {
+		if r.off != at {
+			return nil, false
+		}
+		at += r.n
+	}
+	// The first run starts the leaf: its destination is where the leaf
+	// goes (a pointer into memory the caller gave, never one computed).
+	return unsafe.Slice((*byte)(runs[0].at), size), true
+}
+
+// runIn reports whether box b is one contiguous run of the C-order region
+// [origin, origin+shape), and its byte offset there: past the first axis
+// where b is shorter than the region it spans the region fully, and before
+// it every extent is one.
+func runIn(b box, origin, shape []int64, itemsize int64) (int64, bool) {
+	rank := len(shape)
 	k := -1
 	for d := range rank {
-		if l.shape[d] != r.Count[d] {
+		if b.hi[d]-b.lo[d] != shape[d] {
 			k = d
 		}
 	}
 	for d := 0; d < k; d++ {
-		if l.shape[d] != 1 {
+		if b.hi[d]-b.lo[d] != 1 {
 			return 0, false
 		}
 	}
 	off := int64(0)
-	stride := int64(l.arr.DType.Size)
+	stride := itemsize
 	for d := rank - 1; d >= 0; d-- {
-		off += (nd.box.lo[d] - r.Start[d]) * stride
-		stride *= r.Count[d]
+		off += (b.lo[d] - origin[d]) * stride
+		stride *= shape[d]
 	}
 	return off, true
 }
@@ -677,18 +735,19 @@ func (st *readState) finish(l *leaf, dec []byte) {
 		return
 	}
 	l.dec = dec
+	st.h.stats.BytesDecoded.Add(want)
 }
 
 // assemble copies every leaf's share into the requests.
 func (st *readState) assemble() {
 	for _, l := range st.leaves {
 		if l.direct {
+			// Decoded in place (inPlace): only the byte order is left.
 			if l.pipe.bigEndian {
-				nd := l.needs[0]
-				r := st.reqs[nd.req]
-				off, _ := contiguousIn(l, r)
-				swapBytes(r.Dst[off:off+int64(len(l.dec))], l.arr.DType.Size)
+				swapBytes(l.dec, l.arr.DType.Size)
+				st.h.stats.BytesAssembled.Add(int64(len(l.dec)))
 			}
+			l.dec = nil
 			continue
 		}
 		used := int64(0)
@@ -701,6 +760,7 @@ func (st *readState) assemble() {
 			copyBox(l, r, nd.box)
 			used += nd.box.volume()
 		}
+		st.h.stats.BytesAssembled.Add(used * int64(l.arr.DType.Size))
 		if l.missing {
 			st.h.stats.ChunksMissing.Add(1)
 			continue

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
+	"github.com/zarrfs/zarrfs/internal/fixtures"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
 	"github.com/zarrfs/zarrfs/zarr/codec"
@@ -420,10 +421,7 @@ func (l *lender) HostFree(b []byte) {
 // memory: compressed chunks are read into it, every buffer comes back, and
 // the values are those read without lending.
 func TestLentMemory(t *testing.T) {
-	root := findUp(t, filepath.Join("shared", "fixtures", "tensorstore"))
-	if root == "" {
-		missing(t, "tensorstore fixtures (shared/fixtures/tensorstore beside the repository) not found")
-	}
+	root := fixtures.Tensorstore(t)
 	dirs, err := filepath.Glob(filepath.Join(root, "*"))
 	if err != nil {
 		t.Fatal(err)

@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	zfs "github.com/zarrfs/zarrfs/fs"
+	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/internal/memory"
 )
 
@@ -53,14 +53,14 @@ so that they are evicted first; gc frees their space now.`,
 func init() { rootCmd.AddCommand(newCacheCmd()) }
 
 // prune lists every array of o's layout and removes its garbage from the
-// cache (zfs.Garbage), printing one summary line.
+// cache (fill.Garbage), printing one summary line.
 func prune(ctx context.Context, o *opened, out io.Writer) error {
 	if err := o.lay.ListAll(ctx, 8); err != nil {
 		return err
 	}
 	var removed, kept int
 	var bytes int64
-	for _, b := range zfs.Garbage(o.cache, o.lay) {
+	for _, b := range fill.Garbage(o.cache, o.lay) {
 		gone, err := o.cache.RemoveBlob(o.lay.ID, b.Path)
 		if err != nil {
 			return err

@@ -12,7 +12,7 @@ import (
 	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
-// inspectEntry is one array of `zarrfs inspect --json` (CONTRACT section 7).
+// inspectEntry is one array of `zarrfs inspect --json` (docs/design.md §7).
 type inspectEntry struct {
 	Path   string   `json:"path"`
 	Shape  []int64  `json:"shape"`

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/zarrfs/zarrfs/fill"
 	zfs "github.com/zarrfs/zarrfs/fs"
 	"github.com/zarrfs/zarrfs/fs/layout"
 )
@@ -128,7 +129,7 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 	mo := zfs.Options{
 		Mountpoint:         mountpoint,
 		Layout:             l,
-		Blobs:              zfs.WithFillObserver(zfs.CacheBlobs(c), fills.observe),
+		Blobs:              fill.WithFillObserver(fill.Cache(c), fills.observe),
 		Logger:             log,
 		AllowOther:         f.allowOther,
 		DisablePassthrough: f.noPassthru,
@@ -150,7 +151,7 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 	defer func() { o.lay = m.Layout() }()
 	// Files of names the tree no longer has (a store that grew past a
 	// power of ten) are evicted first.
-	go zfs.DemoteGarbage(c, l)
+	go fill.DemoteGarbage(c, l)
 	if unregister, err := registerMount(mountpoint, c.BlobDir(l.ID), store.ID()); err != nil {
 		log.Warn("zarrfs path will not find this mount", "err", err)
 	} else {

@@ -17,7 +17,7 @@ import (
 
 	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/decode"
-	zfs "github.com/zarrfs/zarrfs/fs"
+	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/fs/layout"
 	"github.com/zarrfs/zarrfs/internal/memory"
 	"github.com/zarrfs/zarrfs/objectstore"
@@ -318,8 +318,8 @@ func refreshLayout(ctx context.Context, o *opened, cur *layout.Layout, log *slog
 	}
 	// Files of names the new tree lacks go first when room is needed;
 	// zarrfs cache gc removes them, and superseded versions too.
-	if !zfs.SameNames(cur, next) {
-		if n := zfs.DemoteGarbage(o.cache, next); n > 0 {
+	if !layout.SameNames(cur, next) {
+		if n := fill.DemoteGarbage(o.cache, next); n > 0 {
 			log.Debug("cached files of names no longer served demoted", "files", n)
 		}
 	}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -17,7 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
-	"github.com/zarrfs/zarrfs/cache"
+	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/fs/layout"
 	"github.com/zarrfs/zarrfs/internal/memory"
 )
@@ -79,37 +78,6 @@ func planWarm(lay *layout.Layout, f *warmFlags) (*layout.Plan, error) {
 	return plan, nil
 }
 
-// batches groups consecutive blobs that read the same source chunks, so one
-// worker fills them in order and each chunk is decoded once (the decoded
-// chunk cache carries the chunk from one sample to the next).
-func batches(blobs []layout.Blob) [][]layout.Blob {
-	var out [][]layout.Blob
-	prev := ""
-	for _, b := range blobs {
-		k := chunkSetKey(b)
-		if len(out) == 0 || k != prev || k == "" {
-			out = append(out, nil)
-		}
-		out[len(out)-1] = append(out[len(out)-1], b)
-		prev = k
-	}
-	return out
-}
-
-func chunkSetKey(b layout.Blob) string {
-	var sb strings.Builder
-	for _, r := range b.Sources() {
-		sb.WriteString(r.Array.Path)
-		for d := range r.Start {
-			lo := r.Start[d] / r.Array.Chunks[d]
-			hi := (r.Start[d] + r.Count[d] - 1) / r.Array.Chunks[d]
-			fmt.Fprintf(&sb, ",%d-%d", lo, hi)
-		}
-		sb.WriteByte(';')
-	}
-	return sb.String()
-}
-
 // validate checks warm's own flags and the source flags before anything is
 // opened. --jobs left out is 0, chosen from the CPUs and the source;
 // given, it must be 1 or more.
@@ -149,8 +117,7 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 		return err
 	}
 	if f.jobs == 0 {
-		// Decoding is bounded by the decoder's own workers; the jobs are
-		// fills in flight, which for a remote source mostly wait on the
+		// Fills in flight: for a remote source they mostly wait on the
 		// network.
 		f.jobs = runtime.NumCPU()
 		if isRemote(o.store) {
@@ -180,17 +147,9 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 		return fmt.Errorf("the %s to warm (%s) do not fit %s (%s); %s or warm fewer (--only, --samples, --rank/--world)",
 			files(len(plan.Blobs)), memory.Human(plan.Bytes), room, memory.Human(budget), raise)
 	}
-	var todo []layout.Blob
-	var todoBytes int64
-	for _, b := range plan.Blobs {
-		ident, err := lay.Identity(ctx, b)
-		if err != nil {
-			return err
-		}
-		if !c.HasBlob(cache.BlobKey{Layout: lay.ID, Path: b.Path(), Identity: ident}) {
-			todo = append(todo, b)
-			todoBytes += b.Size()
-		}
+	todo, todoBytes, err := fill.Todo(ctx, c, lay, plan.Blobs)
+	if err != nil {
+		return err
 	}
 	out := cmd.OutOrStdout()
 	dir := c.BlobDir(lay.ID)
@@ -221,47 +180,21 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 	}
 	start := time.Now()
 	var done, doneBytes atomic.Int64
-	var failed atomic.Int64
-	work := make(chan []layout.Blob)
-	var wg sync.WaitGroup
 	var firstErr error
 	var errOnce sync.Once
-	for range f.jobs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for batch := range work {
-				for _, b := range batch {
-					err := warmOne(ctx, c, lay, b)
-					if err != nil {
-						if ctx.Err() != nil {
-							return
-						}
-						failed.Add(1)
-						log.Error("warm failed", "file", b.Path(), "err", err)
-						errOnce.Do(func() { firstErr = fmt.Errorf("%s: %w", b.Path(), err) })
-						continue
-					}
-					n := done.Add(1)
-					doneBytes.Add(b.Size())
-					if bar != nil {
-						bar.Describe(fmt.Sprintf("warming %d/%s", n, files(len(todo))))
-						_ = bar.Add64(b.Size())
-					}
-				}
-			}
-		}()
-	}
-feed:
-	for _, b := range batches(todo) {
-		select {
-		case work <- b:
-		case <-ctx.Done():
-			break feed
+	failed, _ := fill.Warm(ctx, c, lay, todo, fill.WarmOptions{Jobs: f.jobs, Done: func(b layout.Blob, err error) {
+		if err != nil {
+			log.Error("warm failed", "file", b.Path(), "err", err)
+			errOnce.Do(func() { firstErr = fmt.Errorf("%s: %w", b.Path(), err) })
+			return
 		}
-	}
-	close(work)
-	wg.Wait()
+		n := done.Add(1)
+		doneBytes.Add(b.Size())
+		if bar != nil {
+			bar.Describe(fmt.Sprintf("warming %d/%s", n, files(len(todo))))
+			_ = bar.Add64(b.Size())
+		}
+	}})
 	if bar != nil {
 		_ = bar.Finish()
 		fmt.Fprintln(os.Stderr)
@@ -285,21 +218,15 @@ feed:
 		fmt.Fprintf(out, "zarrfs: the GPU decoded %d of %d chunks (%s); it refused %d (decoded on the CPU) and found %d corrupt\n",
 			s.Chunks, o.stats.ChunksDecoded.Load(), memory.Human(s.Bytes), s.Refused, s.Corrupt)
 	}
-	if n := failed.Load(); n > 0 {
-		return fmt.Errorf("%s failed, first: %w", files(int(n)), firstErr)
+	if failed > 0 {
+		return fmt.Errorf("%s failed, first: %w", files(failed), firstErr)
 	}
 	// Another user of the cache (a mount) may have evicted some meanwhile.
-	gone := 0
-	for _, b := range plan.Blobs {
-		ident, err := lay.Identity(ctx, b)
-		if err != nil {
-			return err
-		}
-		if !c.HasBlob(cache.BlobKey{Layout: lay.ID, Path: b.Path(), Identity: ident}) {
-			gone++
-		}
+	left, _, err := fill.Todo(ctx, c, lay, plan.Blobs)
+	if err != nil {
+		return err
 	}
-	if gone > 0 {
+	if gone := len(left); gone > 0 {
 		return fmt.Errorf("%s of %d warmed no longer in the cache: evicted since, by this warm or another user of the cache (a mount with a smaller --cache-size); raise --cache-size or warm fewer", files(gone), len(plan.Blobs))
 	}
 	if f.prune {
@@ -322,17 +249,4 @@ func files(n int) string {
 		return "1 file"
 	}
 	return strconv.Itoa(n) + " files"
-}
-
-// warmOne fills one blob into the cache (if still absent or stale) and
-// releases it.
-func warmOne(ctx context.Context, c *cache.Cache, lay *layout.Layout, b layout.Blob) error {
-	return lay.Do(ctx, b, func(ident string) error {
-		h, err := c.GetBlob(ctx, cache.BlobKey{Layout: lay.ID, Path: b.Path(), Identity: ident}, b.Size(),
-			func(ctx context.Context, f cache.Writer) error { return b.Fill(ctx, f) })
-		if err != nil {
-			return err
-		}
-		return h.Close()
-	})
 }

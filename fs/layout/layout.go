@@ -88,7 +88,7 @@ type Options struct {
 	// bound.
 	MemoryBudget *memory.Budget
 
-	// Views are the stacked views (CONTRACT section 5) to add, bound to the
+	// Views are the stacked views (docs/design.md §5) to add, bound to the
 	// same hierarchy with Bind or BindViews. Each adds MOUNT/NAME/ and
 	// MOUNT/NAME.json, and its definition goes into the layout ID. Nil
 	// means none.
@@ -101,7 +101,7 @@ type Options struct {
 
 	// Shard makes every sample directory (arrays and views) list only the
 	// samples one rank reads, under their global names, and the sidecars
-	// say which (CONTRACT section 3). Blob paths and the layout ID do not
+	// say which (docs/design.md §6). Blob paths and the layout ID do not
 	// change, so every rank shares one cache and what `zarrfs warm --rank`
 	// filled. The zero value lists every sample.
 	Shard Shard
@@ -238,7 +238,7 @@ func (e Entry) Size() int64 {
 
 // Blob is one .npy file whose bytes are computed from the source.
 //
-// This is the seam for views (CONTRACT section 5): a view's sample (channels
+// This is the seam for views (docs/design.md §5): a view's sample (channels
 // stacked from several arrays with selections and a dtype cast) is another
 // Blob implementation, listing one Source per channel and assembling them in
 // Fill. The FUSE layer, the cache and warm see only this interface.
@@ -726,4 +726,47 @@ func prod(s []int64) int64 {
 		p *= v
 	}
 	return p
+}
+
+// SameNames reports whether two directories list the same names.
+func (a *Dir) SameNames(b *Dir) bool {
+	if a.Len() != b.Len() || a.IsSampleDir() != b.IsSampleDir() {
+		return false
+	}
+	n := a.Len()
+	if n == 0 {
+		return true
+	}
+	if a.IsSampleDir() {
+		// Names are indices padded to one width: the same count and the
+		// same first and last names are the same names.
+		return a.Entry(0).Name == b.Entry(0).Name && a.Entry(n-1).Name == b.Entry(n-1).Name
+	}
+	for i := range n {
+		if ea, eb := a.Entry(i), b.Entry(i); ea.Name != eb.Name || ea.Kind != eb.Kind {
+			return false
+		}
+	}
+	return true
+}
+
+// SameNames reports whether two layouts have the same tree of names: then
+// a refresh from one to the other left no cached path without its file, as
+// is the case when only chunks were rewritten.
+func SameNames(a, b *Layout) bool { return sameTree(a.Root(), b.Root()) }
+
+func sameTree(a, b *Dir) bool {
+	if !a.SameNames(b) {
+		return false
+	}
+	if a.IsSampleDir() {
+		return true
+	}
+	for i := range a.Len() {
+		ea, eb := a.Entry(i), b.Entry(i)
+		if ea.Kind == KindDir && !sameTree(ea.Dir, eb.Dir) {
+			return false
+		}
+	}
+	return true
 }

@@ -34,7 +34,7 @@ func planPieces(a *zarr.Array, start, count []int64, maxBytes, maxCost int64) pi
 	rank := len(count)
 	itemsize := int64(a.DType.Size)
 	if rank == 0 {
-		return piecePlan{axis: -1, bytes: itemsize, cost: itemsize + a.ReadCost(start, count)}
+		return piecePlan{axis: -1, bytes: itemsize, cost: itemsize + a.ReadCostInto(start, count)}
 	}
 	// Cuts follow the grid a Read decodes by (a sharded array's inner
 	// chunks, not its shards).
@@ -51,7 +51,9 @@ func planPieces(a *zarr.Array, start, count []int64, maxBytes, maxCost int64) pi
 			ps[i] = 0
 			bytes = satMul(bytes, pc[i])
 		}
-		return bytes, satAdd(bytes, a.ReadCost(ps, pc))
+		// A piece is read as one request into its own buffer: chunks
+		// that land there whole decode in place (zarr.ReadCostInto).
+		return bytes, satAdd(bytes, a.ReadCostInto(ps, pc))
 	}
 	for axis := range rank {
 		for i := 0; i < axis; i++ {

@@ -3,7 +3,7 @@ package layout
 import "fmt"
 
 // Shard splits the samples of every sample directory among ranks
-// (CONTRACT section 3), the same way `zarrfs warm --rank/--world` does, so
+// (docs/design.md §6), the same way `zarrfs warm --rank/--world` does, so
 // that a mount with --rank R lists exactly what a warm with --rank R filled.
 // The zero value (World 0 or 1) is no split.
 type Shard struct {

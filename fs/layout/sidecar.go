@@ -7,7 +7,7 @@ import (
 	"github.com/zarrfs/zarrfs/zarr"
 )
 
-// Sidecar is the JSON document at MOUNT/P.json (CONTRACT section 6).
+// Sidecar is the JSON document at MOUNT/P.json (docs/design.md §4).
 type Sidecar struct {
 	Kind string `json:"kind"`
 	// Path is the array's store path.

@@ -14,7 +14,7 @@ import (
 	"github.com/zarrfs/zarrfs/zarr"
 )
 
-// A view (CONTRACT section 5) stacks channels taken from several arrays into
+// A view (docs/design.md §5) stacks channels taken from several arrays into
 // one (C, *spatial) sample per index along the sample dimension. A ViewSpec
 // (view_spec.go) is what the file says; Bind checks it against an opened
 // hierarchy and resolves every channel to an array and indices, giving a
@@ -545,7 +545,7 @@ func (v *View) WorkingSetBytes() int64 {
 	return n
 }
 
-// ViewSidecar is the JSON document at MOUNT/NAME.json (CONTRACT section 6).
+// ViewSidecar is the JSON document at MOUNT/NAME.json (docs/design.md §4).
 type ViewSidecar struct {
 	Kind string `json:"kind"`
 	Name string `json:"name"`

@@ -104,9 +104,31 @@ func (v *View) fillCost(data int64, ks []int64) int64 {
 		lo, hi = min(lo, k), max(hi, k)
 	}
 	// Channels that read the same chunks (levels of one array in one
-	// chunk) cost them once, as the one Read decodes them once.
+	// chunk) cost them once, as the one Read decodes them once; a run of
+	// channels that are adjacent slots of consecutive indices of one array
+	// is read as one region straight into the sample (zarr.ReadCostInto).
 	seen := map[string]bool{}
+	grouped := map[int]bool{}
+	for _, g := range v.slotRuns() {
+		ch := &v.Channels[g.first]
+		start, count := ch.region(v.Start + lo*v.Step)
+		if ch.Axis >= 0 {
+			count[ch.Axis] = (hi-lo)*v.Step + 1
+		}
+		if g.axis >= 0 {
+			count[g.axis] = int64(g.n)
+		}
+		for c := g.first; c < g.first+g.n; c++ {
+			grouped[c] = true
+		}
+		// Over several samples each chunk still lands in its own sample's
+		// slots as one run.
+		cost = satAdd(cost, ch.Array.ReadCostInto(start, count))
+	}
 	for i := range v.Channels {
+		if grouped[i] {
+			continue
+		}
 		ch := &v.Channels[i]
 		if !sameType(ch.Array.DType, v.DType) {
 			cost = satAdd(cost, satMul(satMul(spatial, int64(ch.Array.DType.Size)), n))
@@ -297,4 +319,44 @@ func fillViewRun(ctx context.Context, blobs []Blob, ws []io.WriterAt, data int64
 		}
 	}
 	return nil
+}
+
+// slotRun is a run of channels that are adjacent slots of a sample and
+// select consecutive indices, in order, along one dimension of one array
+// in its own dtype: one region of the array lands in them as it is laid
+// out (the levels of a pressure-level variable).
+type slotRun struct {
+	first, n int // channel indices [first, first+n)
+	axis     int // the dimension the indices run along; -1: no selection
+}
+
+// slotRuns lists the view's slot runs; a channel that selects nothing is a
+// run of its own (axis -1), one that selects more than one dimension or
+// needs a cast is in none.
+func (v *View) slotRuns() []slotRun {
+	var runs []slotRun
+	for i := 0; i < len(v.Channels); {
+		ch := &v.Channels[i]
+		if len(ch.Select) > 1 || !sameType(ch.Array.DType, v.DType) {
+			i++
+			continue
+		}
+		if len(ch.Select) == 0 {
+			runs = append(runs, slotRun{first: i, n: 1, axis: -1})
+			i++
+			continue
+		}
+		j := i + 1
+		for j < len(v.Channels) {
+			nx := &v.Channels[j]
+			if nx.Array != ch.Array || nx.Axis != ch.Axis || len(nx.Select) != 1 || nx.Select[0].Axis != ch.Select[0].Axis ||
+				nx.Select[0].Index != ch.Select[0].Index+int64(j-i) {
+				break
+			}
+			j++
+		}
+		runs = append(runs, slotRun{first: i, n: j - i, axis: ch.Select[0].Axis})
+		i = j
+	}
+	return runs
 }

@@ -52,7 +52,7 @@ func (e *SpecError) Error() string {
 
 func (e *SpecError) Unwrap() error { return ErrInvalidView }
 
-// ViewSpec is one view as written in a view file (CONTRACT section 5),
+// ViewSpec is one view as written in a view file (docs/design.md §5),
 // checked for syntax but not yet against a store; Bind does that.
 type ViewSpec struct {
 	// Name is the view's directory in the mount: MOUNT/Name/ and MOUNT/Name.json.

@@ -20,6 +20,8 @@
 #           default --gpu-memory, and after --gpu-idle; fill rate at the default
 #           budget against a large one
 #   baseline xarray + zarr-python + DataLoader (16 workers) over the store
+#   fill    the fill's roofline and its peers (integration/bench/fill/run.sh,
+#           both codec mixes, STEPS samples), logged under $LOGDIR/fill
 # Usage: integration/gpu/e2e.sh ZARRFS   (PARTS="store warm ..." picks parts)
 # Environment: STEPS (samples, default 64), DISK (scratch on the machine's
 # disk, default /var/tmp/zarrfs-e2e), SHM (tmpfs scratch, default
@@ -33,7 +35,7 @@ disk=${DISK:-/var/tmp/zarrfs-e2e}
 shm=${SHM:-/dev/shm/zarrfs-e2e}
 logdir=${LOGDIR:-$disk/logs}
 py=${PYTHON:-python3}
-parts=${PARTS:-store warm cold direct loader memory baseline}
+parts=${PARTS:-store warm cold direct loader memory baseline fill}
 mkdir -p "$disk" "$shm" "$logdir"
 res=$logdir/results.jsonl
 store=$disk/src/era5.zarr view=$disk/src/train.yaml
@@ -281,6 +283,11 @@ fi
 if [[ $parts == *baseline* ]]; then
 	log "== baseline: xarray + zarr-python + DataLoader (16 workers)"
 	reader baseline "$store" "baseline" --view "$view" --threads 16 --batch 4 --n 32
+fi
+if [[ $parts == *fill* ]]; then
+	log "== fill: roofline, peers, warm, first epoch (integration/bench/fill/run.sh)"
+	STEPS=$steps LOGDIR=$logdir/fill DISK=$disk/fill SHM=$shm/fill bash "$here/../bench/fill/run.sh" "$zarrfs" || status=1
+	rm -rf "$shm/fill"
 fi
 [[ -e $logdir/warm-failed ]] && status=1
 log "== e2e status $status"

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Write the ERA5-like store of the GPU runs, and its 21-channel training view.
 
-Usage: make_store.py OUTDIR [--steps 96] [--unique 24] [--jobs N]
+Usage: make_store.py OUTDIR [--steps 96] [--unique 24] [--jobs N] [--codecs mixed|blosc]
 
 OUTDIR/era5.zarr is a Zarr v3 group shaped like the public ERA5 copies:
   t, z, u, v   float32 (time, level=4, 721, 1440), chunks of one step (16.6 MB), bytes + zstd level 3
   t2m, u10, v10, msl  float32 (time, 721, 1440), chunks of one step (4.2 MB), blosc lz4 + byte shuffle
   lsm          float32 (721, 1440), static, zstd
   time, level, latitude, longitude  coordinates
+With --codecs blosc every variable is blosc lz4 + byte shuffle instead (zarr 2's default, as ARCO-ERA5
+and WeatherBench2 are written).
 OUTDIR/train.yaml is the view stacking 4 x 4 levels + 4 surface fields + lsm = 21 channels, 87 MB a
 sample as float32. Values look like reanalysis fields quantised as ERA5's 16-bit GRIB packing does,
 so they compress as real data does. The first --unique steps are encoded; later steps are byte
@@ -63,16 +65,24 @@ def write_json(p, d):
         json.dump(d, f)
 
 
+CODECS = "mixed"
+
+
+def blosc():
+    return numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE)
+
+
 def encode(args):
     store, name, t = args
     if name in UPPER:
         base, amp = UPPER[name]
         arr = np.stack([field(t, hash(name) % 97 + k, base * (1 - 0.1 * k), amp) for k in range(NLEV)])
-        blob = numcodecs.Zstd(level=3).encode(np.ascontiguousarray(arr))
+        enc = numcodecs.Zstd(level=3) if CODECS == "mixed" else blosc()
+        blob = enc.encode(np.ascontiguousarray(arr))
         path = os.path.join(store, name, "c", str(t), "0", "0", "0")
     else:
         base, amp = SURFACE[name]
-        blob = numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE).encode(field(t, hash(name) % 97, base, amp))
+        blob = blosc().encode(field(t, hash(name) % 97, base, amp))
         path = os.path.join(store, name, "c", str(t), "0", "0")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
@@ -91,7 +101,7 @@ def copy(args):
 
 
 def main():
-    global NLAT, NLON
+    global NLAT, NLON, CODECS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("outdir")
     ap.add_argument("--steps", type=int, default=96)
@@ -99,18 +109,19 @@ def main():
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--lat", type=int, default=NLAT)
     ap.add_argument("--lon", type=int, default=NLON)
+    ap.add_argument("--codecs", choices=["mixed", "blosc"], default="mixed")
     a = ap.parse_args()
-    NLAT, NLON = a.lat, a.lon
+    NLAT, NLON, CODECS = a.lat, a.lon, a.codecs
     store = os.path.join(a.outdir, "era5.zarr")
     done = os.path.join(store, ".complete")
-    if os.path.exists(done) and open(done).read() == f"{a.steps} {NLAT} {NLON}":
+    if os.path.exists(done) and open(done).read() == f"{a.steps} {NLAT} {NLON} {CODECS}":
         print(f"{store}: up to date ({a.steps} steps)")
         return
     shutil.rmtree(store, ignore_errors=True)
     write_json(os.path.join(store, "zarr.json"), {"zarr_format": 3, "node_type": "group", "attributes": {"title": "ERA5-like"}})
     for n in UPPER:
         write_json(os.path.join(store, n, "zarr.json"), meta([a.steps, NLEV, NLAT, NLON], [1, NLEV, NLAT, NLON],
-                                                            ["time", "level", "latitude", "longitude"], ZSTD, {"long_name": n}))
+                                                            ["time", "level", "latitude", "longitude"], ZSTD if CODECS == "mixed" else BLOSC, {"long_name": n}))
     for n in SURFACE:
         write_json(os.path.join(store, n, "zarr.json"), meta([a.steps, NLAT, NLON], [1, NLAT, NLON],
                                                             ["time", "latitude", "longitude"], BLOSC, {"long_name": n}))
@@ -143,7 +154,7 @@ def main():
             for n in list(SURFACE) + ["lsm"]:
                 f.write(f"      - var: {n}\n")
     with open(done, "w") as f:
-        f.write(f"{a.steps} {NLAT} {NLON}")
+        f.write(f"{a.steps} {NLAT} {NLON} {CODECS}")
     print(f"{store}: {a.steps} steps, {(enc + cp * 1.0) / 1e9:.2f} GB compressed; view {a.outdir}/train.yaml (21 channels)")
 
 

@@ -1,5 +1,5 @@
 // Package testenv decides what a test does when a tool it needs is missing
-// (python3 and its modules, FUSE, MinIO, the shared fixtures): on a
+// (python3 and its modules, FUSE, MinIO, the writer of the fixture stores): on a
 // developer's machine it skips, saying what is missing; under continuous
 // integration ($CI true, as CI services set it) it fails, because there
 // every tool must be present and a skip would hide an untested feature.

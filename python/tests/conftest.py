@@ -8,6 +8,8 @@ tests skip everywhere (they run in `make test-gpu`).
 import importlib
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -15,7 +17,8 @@ import pytest
 import zarrfs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CI = os.environ.get("CI") == "true"
+# As Go's strconv.ParseBool reads $CI (internal/testenv), so both halves agree.
+CI = os.environ.get("CI", "") in ("1", "t", "T", "true", "TRUE", "True")
 
 
 def need(what: str, ok: bool, why: str):
@@ -49,8 +52,10 @@ def need_gpu():
 
 @pytest.fixture(scope="session")
 def zarrfs_bin():
-    p = os.environ.get("ZARRFS_BIN") or shutil.which("zarrfs") or os.path.join(REPO, "bin", "zarrfs")
-    need("the zarrfs binary", os.access(p, os.X_OK), "make build, or set ZARRFS_BIN")
+    try:
+        p = zarrfs.find_binary()  # as Mount finds it
+    except FileNotFoundError as e:
+        need("the zarrfs binary", False, str(e))
     os.environ["ZARRFS_BIN"] = p
     return p
 
@@ -85,17 +90,17 @@ def mount(zarrfs_bin, fuse, tmp_path):
 
 @pytest.fixture(scope="session")
 def fixtures_dir():
-    """shared/fixtures/tensorstore beside the repository (stores written by tensorstore)."""
-    d = REPO
-    while True:
-        p = os.path.join(d, "shared", "fixtures", "tensorstore")
-        if os.path.isfile(os.path.join(p, "reference.json")):
-            return p
-        up = os.path.dirname(d)
-        if up == d:
-            break
-        d = up
-    need("shared/fixtures/tensorstore", False, "the fixture stores beside the repository")
+    """The stores tensorstore wrote (internal/fixtures/make_tensorstore.py),
+    in .cache/fixtures of the checkout; the script makes them when they are
+    missing or stale, and does nothing otherwise."""
+    out = os.path.join(REPO, ".cache", "fixtures", "tensorstore")
+    script = os.path.join(REPO, "internal", "fixtures", "make_tensorstore.py")
+    r = subprocess.run([sys.executable, script, out], capture_output=True, text=True)
+    if r.returncode == 3:  # numpy or tensorstore missing
+        need("tensorstore", False, r.stderr.strip())
+    if r.returncode != 0:
+        pytest.fail(f"{script} {out}: exit {r.returncode}\n{r.stderr}")
+    return out
 
 
 def sample_blobs(cache_dir, name):

@@ -31,16 +31,41 @@ class MountError(RuntimeError):
         self.stderr = stderr
 
 
+# The checkout this module was loaded from, when it was (an editable install
+# or python/src on PYTHONPATH): python/src/zarrfs/_mount.py is four levels
+# below it. A checkout has go.mod at its root, and `make` builds bin/zarrfs.
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def _checkout_binary() -> Optional[str]:
+    if not os.path.isfile(os.path.join(_CHECKOUT, "go.mod")):
+        return None
+    p = os.path.join(_CHECKOUT, "bin", "zarrfs")
+    return p if os.path.isfile(p) and os.access(p, os.X_OK) else None
+
+
 def find_binary() -> str:
-    """The `zarrfs` executable: $ZARRFS_BIN, else the first on PATH."""
+    """The `zarrfs` executable, looked for in this order:
+
+    1. ``$ZARRFS_BIN``, when set: an explicit choice, so it is an error if it
+       names no executable file;
+    2. ``bin/zarrfs`` of the source checkout this package was installed from
+       (``pip install -e ./python``), where ``make`` builds it: the binary of
+       the same version as this code;
+    3. ``zarrfs`` on ``PATH`` (``make install`` puts it in /usr/local/bin).
+    """
     p = os.environ.get("ZARRFS_BIN")
     if p:
-        if not os.access(p, os.X_OK):
+        if not (os.path.isfile(p) and os.access(p, os.X_OK)):
             raise FileNotFoundError(f"ZARRFS_BIN={p}: not an executable file")
         return p
-    p = shutil.which("zarrfs")
+    p = _checkout_binary() or shutil.which("zarrfs")
     if p is None:
-        raise FileNotFoundError("zarrfs binary not found: put it on PATH or set ZARRFS_BIN")
+        where = (f"run make in {_CHECKOUT} (it builds bin/zarrfs there), "
+                 if os.path.isfile(os.path.join(_CHECKOUT, "go.mod")) else "")
+        raise FileNotFoundError(
+            "zarrfs binary not found: " + where + "install it on PATH (make install in a clone of "
+            "the zarrfs repository, or copy a built zarrfs to /usr/local/bin), or set ZARRFS_BIN to its path")
     return p
 
 

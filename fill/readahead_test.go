@@ -1,4 +1,4 @@
-package fs
+package fill
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/fs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -23,15 +22,17 @@ type nopBacking struct{}
 func (nopBacking) File() *os.File { return nil }
 func (nopBacking) Close() error   { return nil }
 
-func (r *recordingBlobs) Open(ctx context.Context, key cache.BlobKey, size int64, fill func(context.Context, cache.Writer) error) (Backing, error) {
+func (r *recordingBlobs) Open(ctx context.Context, lay *layout.Layout, b layout.Blob) (Backing, string, error) {
 	r.mu.Lock()
-	r.opened = append(r.opened, key.Path)
+	r.opened = append(r.opened, b.Path())
 	r.mu.Unlock()
-	return nopBacking{}, nil
+	return nopBacking{}, "", nil
 }
 
-func (r *recordingBlobs) Path(layoutID, p string) string { return "/cache/" + layoutID + "/" + p }
-func (r *recordingBlobs) Keeps(int64) bool               { return true }
+func (r *recordingBlobs) Path(lay *layout.Layout, p string) string {
+	return "/cache/" + lay.ID + "/" + p
+}
+func (r *recordingBlobs) Keeps(int64) bool { return true }
 
 func (r *recordingBlobs) seen(p string) bool {
 	r.mu.Lock()
@@ -51,9 +52,9 @@ func TestReadaheadOnlyWhenSequential(t *testing.T) {
 		t.Fatal(err)
 	}
 	inner := &recordingBlobs{}
-	ra := WithReadahead(inner, l, 2, nil).(*readahead)
+	ra := WithReadahead(inner, func() *layout.Layout { return l }, 2, nil).(*readahead)
 	open := func(p string) {
-		if _, err := ra.Open(context.Background(), cache.BlobKey{Layout: l.ID, Path: p}, 1, nil); err != nil {
+		if _, _, err := ra.Open(context.Background(), l, blobAt(t, l, p)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -108,9 +109,9 @@ func TestReadaheadParallelReaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	inner := &recordingBlobs{}
-	ra := WithReadahead(inner, l, 3, nil).(*readahead)
+	ra := WithReadahead(inner, func() *layout.Layout { return l }, 3, nil).(*readahead)
 	for _, p := range []string{"t/00.npy", "t/02.npy", "t/01.npy", "t/04.npy", "t/03.npy"} {
-		if _, err := ra.Open(context.Background(), cache.BlobKey{Layout: l.ID, Path: p}, 1, nil); err != nil {
+		if _, _, err := ra.Open(context.Background(), l, blobAt(t, l, p)); err != nil {
 			t.Fatal(err)
 		}
 		waitIdle(ra) // readers slower than the fills
@@ -122,5 +123,37 @@ func TestReadaheadParallelReaders(t *testing.T) {
 	}
 	if inner.seen("t/08.npy") {
 		t.Error("filled more than 3 ahead of the newest open")
+	}
+}
+
+// blobAt is the blob at mount path p of l.
+func blobAt(t testing.TB, l *layout.Layout, p string) layout.Blob {
+	t.Helper()
+	e, ok := l.Lookup(p)
+	if !ok || e.Kind != layout.KindBlob {
+		t.Fatalf("%s: no blob in the layout", p)
+	}
+	return e.Blob
+}
+
+// patternReader fills every region with a pattern (readahead tests count
+// opens, not bytes).
+type patternReader struct{}
+
+func (patternReader) Read(ctx context.Context, reqs []zarr.Request) error {
+	for _, q := range reqs {
+		for i := range q.Dst {
+			q.Dst[i] = byte(i)
+		}
+	}
+	return nil
+}
+
+var f32 = zarr.DType{Kind: 'f', Size: 4}
+
+func smallArrays() []*zarr.Array {
+	return []*zarr.Array{
+		{Path: "t", Shape: []int64{12, 4, 8}, Chunks: []int64{5, 4, 8}, DType: f32, Dims: []string{"time", "y", "x"}, MetaHash: "t"},
+		{Path: "lat", Shape: []int64{8}, Chunks: []int64{8}, DType: f32, Dims: []string{"y"}, MetaHash: "l"},
 	}
 }

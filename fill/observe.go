@@ -1,12 +1,13 @@
-package fs
+package fill
 
 import (
 	"context"
+	"io"
 	"path"
 	"strings"
 	"time"
 
-	"github.com/zarrfs/zarrfs/cache"
+	"github.com/zarrfs/zarrfs/fs/layout"
 )
 
 // WithFillObserver returns Blobs that report every fill they run (the
@@ -21,17 +22,25 @@ type observed struct {
 	observe func(string, time.Duration, error)
 }
 
-func (o *observed) Open(ctx context.Context, key cache.BlobKey, size int64, fill func(context.Context, cache.Writer) error) (Backing, error) {
-	return o.inner.Open(ctx, key, size, func(ctx context.Context, w cache.Writer) error {
-		t0 := time.Now()
-		err := fill(ctx, w)
-		o.observe(Group(key.Path), time.Since(t0), err)
-		return err
-	})
+func (o *observed) Open(ctx context.Context, lay *layout.Layout, b layout.Blob) (Backing, string, error) {
+	return o.inner.Open(ctx, lay, observedBlob{b, o.observe})
 }
 
-func (o *observed) Path(layoutID, p string) string { return o.inner.Path(layoutID, p) }
-func (o *observed) Keeps(size int64) bool          { return o.inner.Keeps(size) }
+func (o *observed) Path(lay *layout.Layout, p string) string { return o.inner.Path(lay, p) }
+func (o *observed) Keeps(size int64) bool                    { return o.inner.Keeps(size) }
+
+// observedBlob reports the fills of the blob it wraps.
+type observedBlob struct {
+	layout.Blob
+	observe func(string, time.Duration, error)
+}
+
+func (b observedBlob) Fill(ctx context.Context, w io.WriterAt) error {
+	t0 := time.Now()
+	err := b.Blob.Fill(ctx, w)
+	b.observe(Group(b.Path()), time.Since(t0), err)
+	return err
+}
 
 // Group names what a mounted file belongs to, for labels of bounded
 // cardinality: the sample directory of a sample ("t", "sub/sp", "train"),

@@ -1,4 +1,4 @@
-package fs
+package fill
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 	"path"
 	"sync"
 
-	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/fs/layout"
 )
 
@@ -29,10 +28,10 @@ import (
 // filled ahead is not scheduled twice, and a fill ahead that fails is only
 // logged at debug level (the reader's own open reports it).
 //
-// Mount sets it up itself from Options.Readahead, over the layout it
-// serves at each moment.
-func WithReadahead(inner Blobs, lay *layout.Layout, n int, log *slog.Logger) Blobs {
-	return newReadahead(inner, func() *layout.Layout { return lay }, n, log)
+// lay returns the layout to fill ahead in: the one a mount serves at each
+// moment.
+func WithReadahead(inner Blobs, lay func() *layout.Layout, n int, log *slog.Logger) Blobs {
+	return newReadahead(inner, lay, n, log)
 }
 
 func newReadahead(inner Blobs, lay func() *layout.Layout, n int, log *slog.Logger) Blobs {
@@ -63,16 +62,16 @@ type walk struct {
 	frontier int  // first position not yet scheduled ahead
 }
 
-func (r *readahead) Open(ctx context.Context, key cache.BlobKey, size int64, fill func(context.Context, cache.Writer) error) (Backing, error) {
-	b, err := r.inner.Open(ctx, key, size, fill)
+func (r *readahead) Open(ctx context.Context, lay *layout.Layout, b layout.Blob) (Backing, string, error) {
+	h, id, err := r.inner.Open(ctx, lay, b)
 	if err == nil {
-		r.schedule(key.Path)
+		r.schedule(b.Path())
 	}
-	return b, err
+	return h, id, err
 }
 
-func (r *readahead) Path(layoutID, p string) string { return r.inner.Path(layoutID, p) }
-func (r *readahead) Keeps(size int64) bool          { return r.inner.Keeps(size) }
+func (r *readahead) Path(lay *layout.Layout, p string) string { return r.inner.Path(lay, p) }
+func (r *readahead) Keeps(size int64) bool                    { return r.inner.Keeps(size) }
 
 // advance records an open of position k and returns the positions to fill
 // ahead, [from, to).
@@ -132,7 +131,7 @@ func (r *readahead) schedule(p string) {
 		}
 		go func() {
 			defer func() { <-r.sem; r.busy.Delete(blob.Path()) }()
-			b, _, err := openBlob(context.Background(), r.inner, lay, blob)
+			b, _, err := r.inner.Open(context.Background(), lay, blob)
 			if err != nil {
 				r.log.Debug("readahead fill failed", "file", blob.Path(), "err", err)
 				return

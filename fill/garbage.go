@@ -1,4 +1,4 @@
-package fs
+package fill
 
 import (
 	"strings"
@@ -59,25 +59,4 @@ func DemoteGarbage(c *cache.Cache, lay *layout.Layout) int {
 		}
 	}
 	return c.Demote(lay.ID, paths)
-}
-
-// SameNames reports whether two layouts have the same tree of names: then
-// a refresh from one to the other made no path garbage (DemoteGarbage has
-// nothing to find), as is the case when only chunks were rewritten.
-func SameNames(a, b *layout.Layout) bool { return sameTree(a.Root(), b.Root()) }
-
-func sameTree(a, b *layout.Dir) bool {
-	if !sameNames(a, b) {
-		return false
-	}
-	if a.IsSampleDir() {
-		return true
-	}
-	for i := range a.Len() {
-		ea, eb := a.Entry(i), b.Entry(i)
-		if ea.Kind == layout.KindDir && !sameTree(ea.Dir, eb.Dir) {
-			return false
-		}
-	}
-	return true
 }

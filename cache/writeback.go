@@ -1,0 +1,69 @@
+package cache
+
+import (
+	"os"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// writeback starts the disk writes of newly filled blobs, in the order
+// they were filled, from one goroutine of its own: sync_file_range blocks
+// while the device's queue is full, and a fill that called it itself made
+// its reader wait for the disk (a first epoch over a disk cache ran at the
+// disk's rate although the page cache could hold every blob). When the
+// disk falls behind, requests beyond the queue are dropped: the kernel's
+// own writeback writes those pages, and the writers are throttled only
+// when dirty memory reaches the kernel's limits. Durability is unchanged:
+// entries become trusted only after syncfs (Cache.syncAll).
+type writeback struct {
+	ch   chan *os.File
+	done sync.WaitGroup
+}
+
+// writebackQueue bounds the blobs waiting for their writeback to start.
+const writebackQueue = 256
+
+func newWriteback(off bool) *writeback {
+	if off {
+		return nil
+	}
+	w := &writeback{ch: make(chan *os.File, writebackQueue)}
+	w.done.Add(1)
+	go func() {
+		defer w.done.Done()
+		for f := range w.ch {
+			_ = unix.SyncFileRange(int(f.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
+			f.Close()
+		}
+	}()
+	return w
+}
+
+// start queues the writeback of f's dirty pages; f stays the caller's (a
+// duplicate descriptor is queued). A nil writeback does nothing.
+func (w *writeback) start(f *os.File) {
+	if w == nil {
+		return
+	}
+	fd, _, errno := syscall.Syscall(syscall.SYS_FCNTL, f.Fd(), syscall.F_DUPFD_CLOEXEC, 0)
+	if errno != 0 {
+		return
+	}
+	dup := os.NewFile(fd, f.Name())
+	select {
+	case w.ch <- dup:
+	default:
+		dup.Close()
+	}
+}
+
+// close stops the goroutine once the queued writebacks have started.
+func (w *writeback) close() {
+	if w == nil {
+		return
+	}
+	close(w.ch)
+	w.done.Wait()
+}

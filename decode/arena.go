@@ -1,0 +1,139 @@
+package decode
+
+import (
+	"math/bits"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// arena lends host memory outside the Go heap: anonymous mappings, kept
+// mapped once used and lent again, in size classes. Fills hold tens of
+// megabytes per sample (the compressed chunks, the sample itself), and
+// fresh memory costs a page fault per 4 KiB the first time it is written
+// (a few GB/s per core), while a buffer of the Go heap is zeroed on every
+// reuse and dropped by its pools at each collection; memory kept mapped and
+// lent again costs neither. The collector never scans it, and a buffer
+// given back by one fill serves the next.
+//
+// Buffers are rounded up to a class: 64 KiB at least, then eight classes
+// per power of two (at most 12.5% more than asked). Idle buffers are kept
+// up to maxIdle bytes; past that they are unmapped. HostFree ignores memory
+// the arena did not lend, so callers can give back whatever they got from
+// a lender without tracking which. Safe for concurrent use.
+type arena struct {
+	mu      sync.Mutex
+	free    map[int][][]byte // idle buffers by class size, full length
+	lent    map[uintptr]int  // address of every buffer lent -> class size
+	idle    int64
+	maxIdle int64
+	mapped  int64 // bytes mapped now, lent or idle
+}
+
+func newArena(maxIdle int64) *arena {
+	return &arena{free: map[int][][]byte{}, lent: map[uintptr]int{}, maxIdle: maxIdle}
+}
+
+// minClass is the smallest buffer the arena maps; smaller requests are
+// served from the Go heap (not worth a mapping).
+const minClass = 64 << 10
+
+// class is the size of the buffer that serves n bytes.
+func class(n int) int {
+	if n <= minClass {
+		return minClass
+	}
+	// n in (2^(k-1), 2^k]: steps of 2^(k-4).
+	k := bits.Len(uint(n - 1))
+	step := 1 << (k - 4)
+	return (n + step - 1) / step * step
+}
+
+// HostAlloc returns n bytes of memory the arena owns (contents
+// unspecified), or of the Go heap when n is small or the mapping fails.
+func (a *arena) HostAlloc(n int) []byte {
+	if n < minClass {
+		return make([]byte, n)
+	}
+	c := class(n)
+	a.mu.Lock()
+	if fl := a.free[c]; len(fl) > 0 {
+		b := fl[len(fl)-1]
+		a.free[c] = fl[:len(fl)-1]
+		a.idle -= int64(c)
+		a.lent[addr(b)] = c
+		a.mu.Unlock()
+		return b[:n]
+	}
+	a.mu.Unlock()
+	b, err := unix.Mmap(-1, 0, c, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return make([]byte, n)
+	}
+	if c >= 2<<20 {
+		// Fewer faults and TLB misses where the kernel backs anonymous
+		// memory with huge pages on request.
+		_ = unix.Madvise(b, unix.MADV_HUGEPAGE)
+	}
+	a.mu.Lock()
+	a.lent[addr(b)] = c
+	a.mapped += int64(c)
+	a.mu.Unlock()
+	return b[:n]
+}
+
+// HostFree takes back a buffer HostAlloc lent (any reslice of it that
+// starts where it started) and reports whether it was the arena's;
+// anything else is left to its owner.
+func (a *arena) HostFree(b []byte) bool {
+	if cap(b) == 0 {
+		return false
+	}
+	b = b[:cap(b)]
+	p := addr(b)
+	a.mu.Lock()
+	c, ok := a.lent[p]
+	if !ok || c != len(b) {
+		a.mu.Unlock()
+		return false
+	}
+	delete(a.lent, p)
+	if a.idle+int64(c) <= a.maxIdle {
+		a.free[c] = append(a.free[c], b)
+		a.idle += int64(c)
+		a.mu.Unlock()
+		return true
+	}
+	a.mapped -= int64(c)
+	a.mu.Unlock()
+	_ = unix.Munmap(b)
+	return true
+}
+
+// held reports the bytes mapped (lent and idle) and those idle.
+func (a *arena) held() (mapped, idle int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.mapped, a.idle
+}
+
+// close unmaps every idle buffer and keeps none from now on: a buffer
+// still lent is unmapped when it comes back.
+func (a *arena) close() {
+	a.mu.Lock()
+	a.maxIdle = 0
+	var bufs [][]byte
+	for c, fl := range a.free {
+		bufs = append(bufs, fl...)
+		a.mapped -= int64(c) * int64(len(fl))
+		delete(a.free, c)
+	}
+	a.idle = 0
+	a.mu.Unlock()
+	for _, b := range bufs {
+		_ = unix.Munmap(b)
+	}
+}
+
+func addr(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }

@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Time one epoch over a sample directory of a (cold) mount; print one JSON line.
+
+Usage: epoch.py SAMPLE_DIR --how loader|loader-shuffled|plain|plain-ra0 [--batch 4]
+
+  loader           zarrfs.torch.Loader, batch 4, in order, to the GPU when there is one
+  loader-shuffled  the same with shuffle=True
+  plain, plain-ra0 one reader, one sample at a time in order: open, read the
+                   whole file into one reused buffer, close (the mount decides
+                   the readahead; plain-ra0 names a mount with --readahead 0)
+
+Output: how, samples, seconds, samples_per_s, and for the Loader the device.
+"""
+
+import argparse
+import json
+import os
+import time
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dir")
+    ap.add_argument("--how", required=True, choices=["loader", "loader-shuffled", "plain", "plain-ra0"])
+    ap.add_argument("--batch", type=int, default=4)
+    a = ap.parse_args()
+    out = {"what": "epoch", "how": a.how}
+    if a.how.startswith("loader"):
+        import torch
+
+        from zarrfs.torch import Loader
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        loader = Loader(a.dir, a.batch, device=device, shuffle=a.how == "loader-shuffled")
+        n = 0
+        t0 = time.perf_counter()
+        for x in loader:
+            batch = x[0] if isinstance(x, (tuple, list)) else x
+            n += batch.shape[0]
+        if device == "cuda":
+            torch.cuda.synchronize()
+        secs = time.perf_counter() - t0
+        out["device"] = device
+    else:
+        names = sorted(f for f in os.listdir(a.dir) if f.endswith(".npy"))
+        size = os.path.getsize(os.path.join(a.dir, names[0]))
+        buf = bytearray(size)
+        view = memoryview(buf)
+        n = 0
+        t0 = time.perf_counter()
+        for f in names:
+            with open(os.path.join(a.dir, f), "rb", buffering=0) as fh:
+                got = 0
+                while got < size:
+                    k = fh.readinto(view[got:])
+                    if not k:
+                        break
+                    got += k
+            n += 1
+        secs = time.perf_counter() - t0
+    out.update(samples=n, seconds=round(secs, 3), samples_per_s=round(n / secs, 2))
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

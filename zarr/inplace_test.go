@@ -1,0 +1,134 @@
+package zarr_test
+
+import (
+	"context"
+	"encoding/binary"
+	"testing"
+
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/zarrfs/zarrfs/zarr"
+)
+
+// levelStore is a v3 array (time 2, level 4, y 3, x 5) of uint16, big- or
+// little-endian, zstd, one chunk per time step holding every level: the
+// layout of ERA5's pressure-level variables. Element (t, l, y, x) is
+// t*1000 + l*100 + y*10 + x.
+func levelStore(t testing.TB, endian string) map[string][]byte {
+	enc, _ := zstd.NewWriter(nil)
+	files := map[string][]byte{"zarr.json": []byte(`{"zarr_format":3,"node_type":"array","shape":[2,4,3,5],"data_type":"uint16",
+	"chunk_grid":{"name":"regular","configuration":{"chunk_shape":[1,4,3,5]}},
+	"chunk_key_encoding":{"name":"default"},"fill_value":0,
+	"codecs":[{"name":"bytes","configuration":{"endian":"` + endian + `"}},{"name":"zstd","configuration":{"level":1}}]}`)}
+	for ti := range 2 {
+		raw := make([]byte, 4*3*5*2)
+		for i := range 4 * 3 * 5 {
+			v := uint16(ti*1000 + i/15*100 + i%15/5*10 + i%5)
+			if endian == "big" {
+				binary.BigEndian.PutUint16(raw[2*i:], v)
+			} else {
+				binary.LittleEndian.PutUint16(raw[2*i:], v)
+			}
+		}
+		files["c/"+string(rune('0'+ti))+"/0/0/0"] = enc.EncodeAll(raw, nil)
+	}
+	return files
+}
+
+// A view stacks the levels of one chunk as adjacent slots of a sample: the
+// chunk decodes straight into them, with no copy, however many requests it
+// is split into. Slots in another order, or with a gap, are copied.
+func TestDecodeInPlace(t *testing.T) {
+	for _, endian := range []string{"little", "big"} {
+		for _, tc := range []struct {
+			name   string
+			slots  []int // slot of each level in the sample buffer
+			nslots int
+			copied bool
+		}{
+			{"adjacent", []int{0, 1, 2, 3}, 4, false},
+			{"after another channel", []int{1, 2, 3, 4}, 5, false},
+			{"reversed", []int{3, 2, 1, 0}, 4, true},
+			{"gap", []int{0, 1, 3, 4}, 5, true},
+		} {
+			t.Run(endian+"/"+tc.name, func(t *testing.T) {
+				st := newMemStore(levelStore(t, endian))
+				stats := &zarr.Stats{}
+				h, err := zarr.Open(context.Background(), st, zarr.Options{ChunkCacheBytes: -1, Stats: stats})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer h.Close()
+				a := h.Arrays[0]
+				const per = 3 * 5 * 2
+				buf := make([]byte, tc.nslots*per)
+				var reqs []zarr.Request
+				for l, s := range tc.slots {
+					reqs = append(reqs, zarr.Request{Array: a, Start: []int64{1, int64(l), 0, 0}, Count: []int64{1, 1, 3, 5}, Dst: buf[s*per : (s+1)*per]})
+				}
+				if err := h.Read(context.Background(), reqs); err != nil {
+					t.Fatal(err)
+				}
+				for l, s := range tc.slots {
+					for i := range 15 {
+						got := binary.LittleEndian.Uint16(buf[s*per+2*i:])
+						if want := uint16(1000 + l*100 + i/5*10 + i%5); got != want {
+							t.Fatalf("level %d element %d: %d, want %d", l, i, got, want)
+						}
+					}
+				}
+				copied := stats.BytesAssembled.Load()
+				swapped := int64(0)
+				if endian == "big" {
+					swapped = 4 * per
+				}
+				if tc.copied && copied != 4*per {
+					t.Errorf("assembled %d bytes, want the chunk copied (%d)", copied, 4*per)
+				}
+				if !tc.copied && copied != swapped {
+					t.Errorf("assembled %d bytes, want %d: the chunk was not decoded in place", copied, swapped)
+				}
+			})
+		}
+	}
+}
+
+// ReadCostInto charges a chunk that lands whole and contiguous in the
+// destination its compressed bytes only, and every other chunk what
+// ReadCost charges.
+func TestReadCostInto(t *testing.T) {
+	open := func(shape, chunks string) *zarr.Array {
+		st := newMemStore(map[string][]byte{"zarr.json": []byte(`{"zarr_format":3,"node_type":"array","shape":` + shape + `,"data_type":"float32",
+	"chunk_grid":{"name":"regular","configuration":{"chunk_shape":` + chunks + `}},
+	"chunk_key_encoding":{"name":"default"},"fill_value":0,
+	"codecs":[{"name":"bytes","configuration":{"endian":"little"}},{"name":"zstd","configuration":{"level":1}}]}`)})
+		h, err := zarr.Open(context.Background(), st, zarr.Options{ChunkCacheBytes: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { h.Close() })
+		return h.Arrays[0]
+	}
+	const unit = 4 * 16 * 32 * 4 // one (1, 4, 16, 32) float32 chunk
+	levels := open("[8,4,16,32]", "[1,4,16,32]")
+	for _, tc := range []struct {
+		name         string
+		start, count []int64
+		inPlace      int64 // chunks charged their compressed bytes only
+	}{
+		{"one sample, every level", []int64{3, 0, 0, 0}, []int64{1, 4, 16, 32}, 1},
+		{"three samples", []int64{3, 0, 0, 0}, []int64{3, 4, 16, 32}, 3},
+		{"one level", []int64{3, 1, 0, 0}, []int64{1, 1, 16, 32}, 0},
+		{"half the rows", []int64{3, 0, 0, 0}, []int64{1, 4, 8, 32}, 0},
+	} {
+		full := levels.ReadCost(tc.start, tc.count)
+		got := levels.ReadCostInto(tc.start, tc.count)
+		if want := full - tc.inPlace*unit; got != want {
+			t.Errorf("%s: ReadCostInto %d, want %d (ReadCost %d)", tc.name, got, want, full)
+		}
+	}
+	tiled := open("[8,4,16,32]", "[1,4,8,32]") // a sample is two tiles of rows
+	if s, c := []int64{3, 0, 0, 0}, []int64{1, 4, 16, 32}; tiled.ReadCostInto(s, c) != tiled.ReadCost(s, c) {
+		t.Error("tiled chunks charged as decoded in place: a tile is not contiguous in the sample")
+	}
+}
