@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/zarrfs/zarrfs/objectstore"
+	"github.com/zarrfs/zarrfs/objectstore/icechunk"
 	"github.com/zarrfs/zarrfs/objectstore/kerchunk"
 	"github.com/zarrfs/zarrfs/objectstore/targets"
 )
@@ -73,6 +74,17 @@ func (f *sourceFlags) openVirtual(ctx context.Context, src string) (st objectsto
 		}
 		st, err := f.openKerchunk(ctx, dir, filepath.Base(abs), filepath.Dir(abs))
 		return st, true, err
+	case fi.IsDir() && isIcechunkDir(p):
+		abs, err := filepath.Abs(p)
+		if err != nil {
+			return nil, true, err
+		}
+		repo, err := objectstore.OpenPosixOptions(abs, objectstore.PosixOptions{FollowSymlinks: f.follow})
+		if err != nil {
+			return nil, true, err
+		}
+		st, err := f.openIcechunk(ctx, repo, filepath.Dir(abs))
+		return st, true, err
 	case fi.IsDir():
 		if !isParquetRefs(filepath.Join(p, ".zmetadata")) {
 			if explicit {
@@ -122,6 +134,11 @@ func (f *sourceFlags) openRemoteVirtual(ctx context.Context, src string, explici
 	dir, err := open(ctx, trimmed)
 	if err != nil {
 		return nil, true, err
+	}
+	if isIcechunkStore(ctx, dir) {
+		parent, _ := path.Split(trimmed)
+		st, err := f.openIcechunk(ctx, dir, strings.TrimSuffix(parent, "/"))
+		return st, true, err
 	}
 	doc, err := dir.Get(objectstore.WithSizeLimit(ctx, 1<<30), ".zmetadata")
 	if err != nil || !hasRecordSize(doc) {
@@ -207,4 +224,50 @@ func hasRecordSize(doc []byte) bool {
 	}
 	_, ok := m["record_size"]
 	return ok
+}
+
+// openIcechunk opens the Icechunk repository at repo's root at --ref;
+// its virtual chunks' local targets may lie in --ref-base, else in the
+// folder holding the repository (base) when that is local.
+func (f *sourceFlags) openIcechunk(ctx context.Context, repo objectstore.Store, base string) (objectstore.Store, error) {
+	tg, err := f.targetResolver(base)
+	if err != nil {
+		closeStore(repo)
+		return nil, err
+	}
+	st, err := icechunk.Open(ctx, repo, icechunk.Options{Ref: f.virtual.ref, Targets: tg, Logger: f.logger})
+	if err != nil {
+		tg.Close()
+		closeStore(repo)
+		return nil, err
+	}
+	return st, nil
+}
+
+// isIcechunkDir reports whether a local folder holds an Icechunk
+// repository: a repo info file (spec 2) or refs and snapshots (spec 1).
+func isIcechunkDir(p string) bool {
+	if fi, err := os.Stat(filepath.Join(p, "repo")); err == nil && fi.Mode().IsRegular() {
+		return true
+	}
+	a, err1 := os.Stat(filepath.Join(p, "refs"))
+	b, err2 := os.Stat(filepath.Join(p, "snapshots"))
+	return err1 == nil && err2 == nil && a.IsDir() && b.IsDir()
+}
+
+// isIcechunkStore is isIcechunkDir for a remote store.
+func isIcechunkStore(ctx context.Context, st objectstore.Store) bool {
+	if b, err := st.GetRange(ctx, "repo", 0, 12); err == nil && string(b) == "ICE\U0001F9CACHUNK" {
+		return true
+	}
+	names, err := st.List(ctx, "refs")
+	if err != nil {
+		return false
+	}
+	for _, n := range names {
+		if strings.HasPrefix(n, "branch.") {
+			return true
+		}
+	}
+	return false
 }
