@@ -241,3 +241,118 @@ func TestKerchunkTargetRewritten(t *testing.T) {
 		t.Errorf("v.npy without --ref-base: %v, want EIO", err)
 	}
 }
+
+// icechunkRepo writes an Icechunk repository (virtual/make_icechunk.py)
+// into a fresh folder and returns it with its snapshot ids, oldest first.
+func icechunkRepo(t *testing.T) (string, []string) {
+	t.Helper()
+	out := kerchunkFixture(t)
+	requireVirtualWriters(t, "icechunk")
+	repo := filepath.Join(t.TempDir(), "repo.icechunk")
+	res, err := exec.Command("python3", filepath.Join(repoRoot(t), "integration", "virtual", "make_icechunk.py"), out, repo).Output()
+	if err != nil {
+		t.Fatalf("make_icechunk.py: %v", err)
+	}
+	var snaps []string
+	for _, l := range strings.Split(string(res), "\n") {
+		if id, ok := strings.CutPrefix(l, "snapshot "); ok {
+			snaps = append(snaps, strings.TrimSpace(id))
+		}
+	}
+	return repo, snaps
+}
+
+func checkIcechunk(t *testing.T, mnt, repo, ref string) {
+	t.Helper()
+	res, err := exec.Command("python3", filepath.Join(repoRoot(t), "integration", "virtual", "check_icechunk.py"), mnt, repo, kerchunkDir, ref).CombinedOutput()
+	if err != nil {
+		t.Fatalf("check_icechunk.py %s: %v\n%s", ref, err, res)
+	}
+	if n := strings.Count(string(res), "values equal"); n != 4 {
+		t.Fatalf("check_icechunk.py checked %d arrays, want 4:\n%s", n, res)
+	}
+}
+
+// An Icechunk repository written by the icechunk package, with native,
+// inline and virtual chunks over two commits, mounted at a branch, a tag
+// and a snapshot id, equals icechunk's own reader (and xarray for the
+// virtual HDF5 array).
+func TestIcechunkMount(t *testing.T) {
+	repo, snaps := icechunkRepo(t)
+	if len(snaps) != 2 {
+		t.Fatalf("snapshots %v", snaps)
+	}
+	for _, ref := range []string{"main", "v1", snaps[0]} {
+		t.Run(ref, func(t *testing.T) {
+			args := []string{"--ref-base", kerchunkDir} // the virtual chunks' files
+			if ref != "main" {
+				args = append(args, "--ref", ref)
+			}
+			d := mount(t, repo, args...)
+			want := 6
+			if ref != "main" {
+				want = 4
+			}
+			if n := len(npyFiles(t, filepath.Join(d.mnt, "t"))); n != want {
+				t.Errorf("t/ holds %d samples, want %d", n, want)
+			}
+			checkIcechunk(t, d.mnt, repo, ref)
+		})
+	}
+}
+
+// A new commit on the branch is picked up by --metadata-ttl like an
+// append: the new sample appears, the old ones keep their values.
+func TestIcechunkFollowsBranch(t *testing.T) {
+	repo, _ := icechunkRepo(t)
+	d := mount(t, repo, "--metadata-ttl", "1s", "--ref-base", kerchunkDir)
+	checkIcechunk(t, d.mnt, repo, "main")
+	res, err := exec.Command("python3", filepath.Join(repoRoot(t), "integration", "virtual", "make_icechunk.py"), kerchunkDir, repo, "commit").CombinedOutput()
+	if err != nil {
+		t.Fatalf("commit: %v\n%s", err, res)
+	}
+	if !eventually(func() bool { return len(npyFiles(t, filepath.Join(d.mnt, "t"))) == 7 }) {
+		t.Fatalf("the new commit's sample did not appear: %v", npyFiles(t, filepath.Join(d.mnt, "t")))
+	}
+	checkIcechunk(t, d.mnt, repo, "main")
+}
+
+// A ref that does not exist, a missing manifest and an unknown spec
+// version are refused at mount with one line.
+func TestIcechunkRefused(t *testing.T) {
+	repo, snaps := icechunkRepo(t)
+	mountFails := func(src, want string, args ...string) {
+		t.Helper()
+		_, stderr, code := run(t, append([]string{"mount", src, t.TempDir(), "--cache", t.TempDir()}, args...)...)
+		if code != 1 || strings.Count(strings.TrimSpace(stderr), "\n") != 0 || !strings.Contains(stderr, want) {
+			t.Errorf("mount %s %v: exit %d, %q; want 1 and one line naming %q", src, args, code, stderr, want)
+		}
+	}
+	mountFails(repo, `ref "nope"`, "--ref", "nope")
+	// Another writer's future spec version.
+	bad := filepath.Join(t.TempDir(), "future")
+	cpTree(t, repo, bad)
+	p := filepath.Join(bad, "snapshots", snaps[1])
+	b, err := os.ReadFile(p)
+	if err != nil || len(b) < 40 {
+		t.Fatalf("snapshot %s: %v", p, err)
+	}
+	b[36] = 9
+	os.WriteFile(p, b, 0o644)
+	mountFails(bad, "spec version 9")
+	// A snapshot whose manifest is missing.
+	gone := filepath.Join(t.TempDir(), "gone")
+	cpTree(t, repo, gone)
+	ms, _ := filepath.Glob(filepath.Join(gone, "manifests", "*"))
+	for _, m := range ms {
+		os.Remove(m)
+	}
+	mountFails(gone, "manifest")
+}
+
+func cpTree(t *testing.T, from, to string) {
+	t.Helper()
+	if out, err := exec.Command("cp", "-a", from, to).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v %s", err, out)
+	}
+}
