@@ -121,7 +121,10 @@ func (f *sourceFlags) openRemoteVirtual(ctx context.Context, src string, explici
 		}
 		return nil, false, nil
 	}
-	trimmed := strings.TrimSuffix(src, "/")
+	trimmed := src
+	if i := strings.Index(src, "://"); strings.Contains(src[i+3:], "/") {
+		trimmed = strings.TrimRight(src, "/") // the prefix, not the scheme's slashes
+	}
 	if strings.HasSuffix(trimmed, ".json") {
 		parent, name := path.Split(trimmed)
 		dir, err := open(ctx, strings.TrimSuffix(parent, "/"))
@@ -133,6 +136,9 @@ func (f *sourceFlags) openRemoteVirtual(ctx context.Context, src string, explici
 	}
 	dir, err := open(ctx, trimmed)
 	if err != nil {
+		if !explicit {
+			return nil, false, nil // the plain store reports it
+		}
 		return nil, true, err
 	}
 	if isIcechunkStore(ctx, dir) {
