@@ -158,6 +158,7 @@ bench: build pydeps minio
 	bash integration/bench/views/run.sh
 	bash integration/bench/warm/run.sh
 	bash integration/bench/grow/run.sh
+	bash integration/bench/virtual/run.sh
 	$(GO) test -run '^$$' -bench 'S3ColdFetch' -benchtime 4x ./objectstore/
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./integration/
 	$(GO) test -run '^$$' -bench 'Open' ./cache/

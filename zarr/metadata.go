@@ -372,6 +372,14 @@ func parseV3Codecs(list []any, rank int, dt DType, chunk []int64, depth int) (*p
 				p.bb = append(p.bb, bbCodec{name: codec.Name(name)})
 			}
 		default:
+			if strings.HasPrefix(name, "numcodecs.") && stage == 1 { // filters.go
+				c, err := numcodecsV3(name, cfg, dt)
+				if err != nil {
+					return nil, err
+				}
+				p.bb = append(p.bb, c)
+				continue
+			}
 			return nil, fmt.Errorf("%w: codec %q", ErrUnsupported, name)
 		}
 	}
@@ -384,13 +392,11 @@ func parseV3Codecs(list []any, rank int, dt DType, chunk []int64, depth int) (*p
 	if p.shard != nil && len(p.bb) > 0 {
 		return nil, fmt.Errorf("%w: codecs after sharding_indexed", ErrUnsupported)
 	}
-	compressors := 0
-	for _, c := range p.bb {
-		if !c.crc32c {
-			compressors++
-		}
+	var err error
+	if p.bb, err = foldChecksums(p.bb); err != nil {
+		return nil, err
 	}
-	if compressors > 1 {
+	if compressions(p.bb) > 1 {
 		return nil, fmt.Errorf("%w: more than one compression codec", ErrUnsupported)
 	}
 	return p, nil
@@ -569,8 +575,9 @@ func parseV2Array(a *Array, m *v2Array, attrs map[string]any) (*pipeline, []byte
 		a.Codecs = append(a.Codecs, id)
 	}
 	a.Codecs = append(a.Codecs, filters...)
-	if len(filters) > 0 {
-		return nil, nil, fmt.Errorf("%w: filter %q", ErrUnsupported, strings.Join(filters, ","))
+	fb, err := v2Filters(m.Filters, dt) // filters.go
+	if err != nil {
+		return nil, nil, err
 	}
 	if cm != nil {
 		id, _ := cm["id"].(string)
@@ -591,6 +598,12 @@ func parseV2Array(a *Array, m *v2Array, attrs map[string]any) (*pipeline, []byte
 		default:
 			return nil, nil, fmt.Errorf("%w: compressor %q", ErrUnsupported, id)
 		}
+	}
+	if p.bb, err = foldChecksums(append(fb, p.bb...)); err != nil {
+		return nil, nil, err
+	}
+	if compressions(p.bb) > 1 {
+		return nil, nil, fmt.Errorf("%w: more than one compression codec", ErrUnsupported)
 	}
 	sep := m.DimensionSeparator
 	switch sep {

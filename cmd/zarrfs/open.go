@@ -295,6 +295,9 @@ func chunkCacheBytes(asked, mem int64) int64 {
 }
 
 func isRemote(s objectstore.Store) bool {
+	if v, ok := s.(interface{ Local() bool }); ok {
+		return !v.Local() // a virtual store over local files
+	}
 	_, local := s.(*objectstore.Posix)
 	return !local
 }
@@ -303,6 +306,14 @@ func isRemote(s objectstore.Store) bool {
 // store: the metadata as it is now, and listings of the arrays being read.
 // It warns about arrays newly left out.
 func refreshLayout(ctx context.Context, o *opened, cur *layout.Layout, log *slog.Logger) (*layout.Layout, error) {
+	// A virtual store reads its references (a branch's head) again first.
+	if r, ok := o.store.(interface {
+		Refresh(context.Context) (bool, error)
+	}); ok {
+		if _, err := r.Refresh(ctx); err != nil {
+			return nil, err
+		}
+	}
 	next, err := o.src.Reopen(ctx, cur)
 	if err != nil {
 		return nil, err

@@ -28,6 +28,7 @@ type sourceFlags struct {
 	gpuIdle     time.Duration
 	deadlines   deadlineFlags
 	follow      bool
+	virtual     virtualFlags // virtual.go
 	logger      *slog.Logger
 }
 
@@ -46,6 +47,7 @@ func (f *sourceFlags) register(cmd *cobra.Command, decodes bool) {
 	cmd.Flags().BoolVar(&f.s3Anonymous, "s3-anonymous", false, "read a public bucket without credentials")
 	f.deadlines.register(cmd)
 	cmd.Flags().BoolVar(&f.follow, "follow-symlinks", false, "local stores: follow symbolic links that leave the store (chunks in a git-annex or DVC cache); by default reads stay inside it")
+	f.virtual.register(cmd)
 	f.decode = "auto"
 	if decodes {
 		cmd.Flags().StringVar(&f.decode, "decode", "auto", "where chunks are decompressed: auto (CPU and GPU together when nvCOMP loads, else CPU), cpu or gpu")
@@ -91,6 +93,9 @@ func (f *sourceFlags) validate(cmd *cobra.Command, src string) error {
 // openStore opens a local path, file:// URL or s3:// URL. The flags were
 // checked by validate.
 func (f *sourceFlags) openStore(ctx context.Context, src string) (objectstore.Store, error) {
+	if st, ok, err := f.openVirtual(ctx, src); ok || err != nil {
+		return st, err // a kerchunk reference set or an Icechunk repository
+	}
 	if strings.HasPrefix(src, "s3://") {
 		return openS3(ctx, src, f)
 	}

@@ -96,7 +96,7 @@ func (d *decoder) decode(name Name, dst, src []byte) error {
 	case Blosc:
 		return d.decodeBlosc(dst, src)
 	}
-	return fmt.Errorf("codec %q: %w", name, ErrUnsupported)
+	return d.decodeFiltered(name, dst, src) // filters.go
 }
 
 // decodeZstd decodes one or more zstd frames into exactly dst. Frame

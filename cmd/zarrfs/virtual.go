@@ -1,0 +1,279 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/zarrfs/zarrfs/objectstore"
+	"github.com/zarrfs/zarrfs/objectstore/icechunk"
+	"github.com/zarrfs/zarrfs/objectstore/kerchunk"
+	"github.com/zarrfs/zarrfs/objectstore/targets"
+)
+
+// virtualFlags are the flags of virtual stores (kerchunk reference sets,
+// Icechunk repositories).
+type virtualFlags struct {
+	ref     string
+	refBase string
+}
+
+func (f *virtualFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.ref, "ref", "main", "Icechunk repositories: the branch, tag or snapshot id to read")
+	cmd.Flags().StringVar(&f.refBase, "ref-base", "", "virtual stores: the folder or URL relative target URLs are resolved against, and the folder local targets may be read from (default: the folder holding the reference set)")
+}
+
+// remoteOpeners opens the root of each kind of remote store a virtual
+// store's targets may lie in, by URL scheme: one line per kind.
+func (f *sourceFlags) remoteOpeners() targets.Openers {
+	return targets.Openers{
+		"s3": func(ctx context.Context, root string) (objectstore.Store, error) { return openS3(ctx, root, f) },
+	}
+}
+
+// schemeAliases are fsspec's other spellings of the schemes above.
+var schemeAliases = map[string]string{"s3a": "s3", "gcs": "gs"}
+
+// openVirtual opens src as a virtual store when it is one: "reference://"
+// followed by a path or URL, a ".json" reference file, or a folder (local
+// or remote) holding a Parquet reference set. ok is false for any other
+// source, which opens as a plain store.
+func (f *sourceFlags) openVirtual(ctx context.Context, src string) (st objectstore.Store, ok bool, err error) {
+	rest, explicit := strings.CutPrefix(src, "reference://")
+	if explicit {
+		src = rest
+		if src == "" {
+			return nil, true, usagef("reference://: no reference set named")
+		}
+	}
+	if s := urlScheme(src); s != "" && s != "file" {
+		return f.openRemoteVirtual(ctx, src, explicit)
+	}
+	p := strings.TrimPrefix(src, "file://")
+	fi, err := os.Stat(p)
+	switch {
+	case err != nil && explicit:
+		return nil, true, fmt.Errorf("%s: %w", src, err)
+	case err != nil:
+		return nil, false, nil // the plain store reports it
+	case fi.Mode().IsRegular() && (explicit || strings.HasSuffix(p, ".json")):
+		abs, err := filepath.Abs(p)
+		if err != nil {
+			return nil, true, err
+		}
+		dir, err := objectstore.OpenPosixOptions(filepath.Dir(abs), objectstore.PosixOptions{FollowSymlinks: f.follow})
+		if err != nil {
+			return nil, true, err
+		}
+		st, err := f.openKerchunk(ctx, dir, filepath.Base(abs), filepath.Dir(abs))
+		return st, true, err
+	case fi.IsDir() && isIcechunkDir(p):
+		abs, err := filepath.Abs(p)
+		if err != nil {
+			return nil, true, err
+		}
+		repo, err := objectstore.OpenPosixOptions(abs, objectstore.PosixOptions{FollowSymlinks: f.follow})
+		if err != nil {
+			return nil, true, err
+		}
+		st, err := f.openIcechunk(ctx, repo, filepath.Dir(abs))
+		return st, true, err
+	case fi.IsDir():
+		if !isParquetRefs(filepath.Join(p, ".zmetadata")) {
+			if explicit {
+				return nil, true, fmt.Errorf("%s: not a Parquet reference folder (no .zmetadata with a record_size)", src)
+			}
+			return nil, false, nil
+		}
+		abs, err := filepath.Abs(p)
+		if err != nil {
+			return nil, true, err
+		}
+		dir, err := objectstore.OpenPosixOptions(abs, objectstore.PosixOptions{FollowSymlinks: f.follow})
+		if err != nil {
+			return nil, true, err
+		}
+		// Relative targets of a Parquet folder are relative to the folder
+		// that holds it, as fsspec resolves them.
+		st, err := f.openKerchunk(ctx, dir, "", filepath.Dir(abs))
+		return st, true, err
+	}
+	if explicit {
+		return nil, true, fmt.Errorf("%s: not a reference file or folder", src)
+	}
+	return nil, false, nil
+}
+
+// openRemoteVirtual opens a reference set held by a remote store.
+func (f *sourceFlags) openRemoteVirtual(ctx context.Context, src string, explicit bool) (objectstore.Store, bool, error) {
+	scheme := urlScheme(src)
+	open, known := f.remoteOpeners()[scheme]
+	if !known {
+		if explicit {
+			return nil, true, usagef("%s: %s:// sources are not read", src, scheme)
+		}
+		return nil, false, nil
+	}
+	trimmed := src
+	if i := strings.Index(src, "://"); strings.Contains(src[i+3:], "/") {
+		trimmed = strings.TrimRight(src, "/") // the prefix, not the scheme's slashes
+	}
+	if strings.HasSuffix(trimmed, ".json") {
+		parent, name := path.Split(trimmed)
+		dir, err := open(ctx, strings.TrimSuffix(parent, "/"))
+		if err != nil {
+			return nil, true, err
+		}
+		st, err := f.openKerchunk(ctx, dir, name, strings.TrimSuffix(parent, "/"))
+		return st, true, err
+	}
+	dir, err := open(ctx, trimmed)
+	if err != nil {
+		if !explicit {
+			return nil, false, nil // the plain store reports it
+		}
+		return nil, true, err
+	}
+	if isIcechunkStore(ctx, dir) {
+		parent, _ := path.Split(trimmed)
+		st, err := f.openIcechunk(ctx, dir, strings.TrimSuffix(parent, "/"))
+		return st, true, err
+	}
+	doc, err := dir.Get(objectstore.WithSizeLimit(ctx, 1<<30), ".zmetadata")
+	if err != nil || !hasRecordSize(doc) {
+		closeStore(dir)
+		if explicit {
+			if err == nil {
+				err = errors.New("no record_size in .zmetadata")
+			}
+			return nil, true, fmt.Errorf("%s: not a Parquet reference folder: %w", src, err)
+		}
+		return nil, false, nil
+	}
+	parent, _ := path.Split(trimmed)
+	st, err := f.openKerchunk(ctx, dir, "", strings.TrimSuffix(parent, "/"))
+	return st, true, err
+}
+
+// openKerchunk opens the reference set at key name of dir ("" for a
+// Parquet folder), whose relative URLs resolve against base (a local
+// folder or a URL) unless --ref-base says otherwise.
+func (f *sourceFlags) openKerchunk(ctx context.Context, dir objectstore.Store, name, base string) (objectstore.Store, error) {
+	tg, err := f.targetResolver(base)
+	if err != nil {
+		closeStore(dir)
+		return nil, err
+	}
+	st, err := kerchunk.Open(ctx, dir, name, kerchunk.Options{Targets: tg, Logger: f.logger})
+	if err != nil {
+		tg.Close()
+		closeStore(dir)
+		return nil, err
+	}
+	return st, nil
+}
+
+// targetResolver resolves the targets of a virtual store found at base:
+// relative URLs against --ref-base (else base); local files only inside
+// --ref-base when it is a local folder, else inside base when that is
+// local, and nowhere for a remote virtual store; anywhere with
+// --follow-symlinks.
+func (f *sourceFlags) targetResolver(base string) (*targets.Resolver, error) {
+	opts := targets.Options{Openers: f.remoteOpeners(), Aliases: schemeAliases, Base: base,
+		FollowSymlinks: f.follow, Logger: f.logger}
+	if f.virtual.refBase != "" {
+		opts.Base = f.virtual.refBase
+	}
+	if s := urlScheme(opts.Base); s == "" || s == "file" {
+		local := strings.TrimPrefix(opts.Base, "file://")
+		if fi, err := os.Stat(local); err != nil || !fi.IsDir() {
+			if f.virtual.refBase != "" {
+				return nil, usagef("--ref-base %s: not a folder", f.virtual.refBase)
+			}
+		}
+		opts.LocalRoot = local
+	}
+	return targets.New(opts)
+}
+
+// urlScheme is the lower-case scheme of a URL, "" for a path.
+func urlScheme(s string) string {
+	i := strings.Index(s, "://")
+	if i <= 0 {
+		return ""
+	}
+	return strings.ToLower(s[:i])
+}
+
+func isParquetRefs(p string) bool {
+	fi, err := os.Stat(p)
+	if err != nil || !fi.Mode().IsRegular() || fi.Size() > 1<<30 {
+		return false
+	}
+	b, err := os.ReadFile(p)
+	return err == nil && hasRecordSize(b)
+}
+
+// hasRecordSize tells fsspec's Parquet .zmetadata from consolidated Zarr
+// metadata: it names a record_size.
+func hasRecordSize(doc []byte) bool {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(doc, &m) != nil {
+		return false
+	}
+	_, ok := m["record_size"]
+	return ok
+}
+
+// openIcechunk opens the Icechunk repository at repo's root at --ref;
+// its virtual chunks' local targets may lie in --ref-base, else in the
+// folder holding the repository (base) when that is local.
+func (f *sourceFlags) openIcechunk(ctx context.Context, repo objectstore.Store, base string) (objectstore.Store, error) {
+	tg, err := f.targetResolver(base)
+	if err != nil {
+		closeStore(repo)
+		return nil, err
+	}
+	st, err := icechunk.Open(ctx, repo, icechunk.Options{Ref: f.virtual.ref, Targets: tg, Logger: f.logger})
+	if err != nil {
+		tg.Close()
+		closeStore(repo)
+		return nil, err
+	}
+	return st, nil
+}
+
+// isIcechunkDir reports whether a local folder holds an Icechunk
+// repository: a repo info file (spec 2) or refs and snapshots (spec 1).
+func isIcechunkDir(p string) bool {
+	if fi, err := os.Stat(filepath.Join(p, "repo")); err == nil && fi.Mode().IsRegular() {
+		return true
+	}
+	a, err1 := os.Stat(filepath.Join(p, "refs"))
+	b, err2 := os.Stat(filepath.Join(p, "snapshots"))
+	return err1 == nil && err2 == nil && a.IsDir() && b.IsDir()
+}
+
+// isIcechunkStore is isIcechunkDir for a remote store.
+func isIcechunkStore(ctx context.Context, st objectstore.Store) bool {
+	if b, err := st.GetRange(ctx, "repo", 0, 12); err == nil && string(b) == "ICE\U0001F9CACHUNK" {
+		return true
+	}
+	names, err := st.List(ctx, "refs")
+	if err != nil {
+		return false
+	}
+	for _, n := range names {
+		if strings.HasPrefix(n, "branch.") {
+			return true
+		}
+	}
+	return false
+}

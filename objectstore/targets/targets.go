@@ -1,0 +1,393 @@
+// Package targets resolves the URLs that virtual stores (kerchunk
+// references, Icechunk virtual chunks) point into, and reads byte ranges of
+// the objects they name: local files inside one allowed directory, and
+// objects of the remote stores the caller knows how to open (s3://, gs://,
+// https://...), each opened once and shared.
+//
+// Reads of one object that wait for a free request slot are merged with
+// the adjacent ranges waiting with them, so that a fill that needs many
+// neighbouring chunks of one file costs fewer requests. A Resolver is safe
+// for concurrent use.
+package targets
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"path"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/zarrfs/zarrfs/objectstore"
+)
+
+// Opener opens the store rooted at a URL root such as "s3://bucket",
+// "gs://bucket" or "https://host:port" (scheme, "://" and authority; no
+// path). Keys of the store are the URL's path without its leading "/".
+type Opener func(ctx context.Context, root string) (objectstore.Store, error)
+
+// Openers maps a URL scheme ("s3", "gs", "https", "http") to its Opener.
+// Adding a kind of remote store is one entry. Local files ("file" URLs and
+// absolute paths) are read by the Resolver itself, within LocalRoot.
+type Openers map[string]Opener
+
+// ErrScheme is returned (wrapped) for a URL whose scheme no Opener reads.
+var ErrScheme = errors.New("URL scheme not read by zarrfs")
+
+// ErrTargetMissing is returned (wrapped) when the object a reference
+// points to does not exist. It is not objectstore.ErrNotFound: the key that
+// holds the reference exists, and must fail, not read as a missing chunk.
+var ErrTargetMissing = errors.New("target does not exist")
+
+// DefaultMaxInFlight and DefaultMaxMerge are the zero values of Options.
+const (
+	DefaultMaxInFlight = 32
+	DefaultMaxMerge    = 64 << 20
+)
+
+// Options configures New. The zero value reads no local file and no
+// remote store.
+type Options struct {
+	// Openers open the remote stores, by scheme.
+	Openers Openers
+	// Aliases maps a scheme to another ("gcs" to "gs", "s3a" to "s3"),
+	// as fsspec spells them.
+	Aliases map[string]string
+	// LocalRoot is the directory local targets must lie in (a reference
+	// set from elsewhere must not read /etc/shadow); "" allows none.
+	// Symbolic links inside it are followed only within it.
+	LocalRoot string
+	// FollowSymlinks lets local targets be any file, as a local store's
+	// --follow-symlinks lets its links leave it.
+	FollowSymlinks bool
+	// Base resolves relative URLs: a directory URL ("s3://b/refs") or a
+	// local directory path. "" refuses relative URLs.
+	Base string
+	// MaxInFlight bounds the target requests in flight at once; the ones
+	// that wait are merged with their neighbours. 0: DefaultMaxInFlight.
+	MaxInFlight int
+	// MaxMerge bounds the bytes of one merged request. 0: DefaultMaxMerge.
+	MaxMerge int64
+	// Logger receives debug lines; nil discards them.
+	Logger *slog.Logger
+}
+
+// Target is one object a reference points to.
+type Target struct {
+	Store objectstore.Store
+	Key   string
+	URL   string // as resolved (absolute), for messages
+}
+
+// Resolver resolves URLs to Targets and reads them.
+type Resolver struct {
+	opts  Options
+	log   *slog.Logger
+	local string // cleaned absolute LocalRoot, or "/" with FollowSymlinks
+
+	mu      sync.Mutex
+	stores  map[string]objectstore.Store // by root ("file" for the local one)
+	opening map[string]*opening
+
+	q queue
+}
+
+type opening struct {
+	done  chan struct{}
+	store objectstore.Store
+	err   error
+}
+
+// New returns a Resolver. Close releases the stores it opened.
+func New(opts Options) (*Resolver, error) {
+	if opts.MaxInFlight < 0 || opts.MaxMerge < 0 {
+		return nil, fmt.Errorf("targets: negative MaxInFlight or MaxMerge")
+	}
+	if opts.MaxInFlight == 0 {
+		opts.MaxInFlight = DefaultMaxInFlight
+	}
+	if opts.MaxMerge == 0 {
+		opts.MaxMerge = DefaultMaxMerge
+	}
+	r := &Resolver{opts: opts, log: opts.Logger, stores: map[string]objectstore.Store{}, opening: map[string]*opening{}}
+	if r.log == nil {
+		r.log = slog.New(slog.DiscardHandler)
+	}
+	switch {
+	case opts.FollowSymlinks:
+		r.local = "/"
+	case opts.LocalRoot != "":
+		abs, err := filepath.Abs(opts.LocalRoot)
+		if err != nil {
+			return nil, fmt.Errorf("targets: local root %s: %w", opts.LocalRoot, err)
+		}
+		r.local = abs
+	}
+	r.q.init(opts.MaxInFlight, opts.MaxMerge)
+	return r, nil
+}
+
+// Close releases the stores the Resolver opened.
+func (r *Resolver) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range r.stores {
+		if c, ok := s.(interface{ Close() error }); ok {
+			c.Close()
+		}
+	}
+	r.stores = map[string]objectstore.Store{}
+	return nil
+}
+
+// LocalRoot is the directory local targets are read from: "" when none
+// are, "/" when any are.
+func (r *Resolver) LocalRoot() string { return r.local }
+
+// Absolute returns raw as an absolute URL or path: relative ones are
+// joined to Options.Base.
+func (r *Resolver) Absolute(raw string) (string, error) {
+	if raw == "" {
+		return "", fmt.Errorf("empty URL")
+	}
+	if scheme(raw) != "" || strings.HasPrefix(raw, "/") {
+		return raw, nil
+	}
+	base := r.opts.Base
+	if base == "" {
+		return "", fmt.Errorf("%s: relative URL and no base to resolve it against", raw)
+	}
+	if scheme(base) == "" || scheme(base) == "file" {
+		b := strings.TrimPrefix(base, "file://")
+		return filepath.Join(b, filepath.FromSlash(raw)), nil
+	}
+	return strings.TrimSuffix(base, "/") + "/" + path.Clean(raw), nil
+}
+
+// IsLocal reports whether raw (resolved against the base) names a local
+// file.
+func (r *Resolver) IsLocal(raw string) bool {
+	abs, err := r.Absolute(raw)
+	if err != nil {
+		return false
+	}
+	s := scheme(abs)
+	return s == "" || s == "file"
+}
+
+// scheme returns the lower-case scheme of a URL, "" for a path. A Windows
+// drive letter is no scheme (it never reaches here, but "c:x" must not
+// read as one).
+func scheme(raw string) string {
+	i := strings.Index(raw, "://")
+	if i <= 1 {
+		return ""
+	}
+	s := strings.ToLower(raw[:i])
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '+' || c == '-' || c == '.') {
+			return ""
+		}
+	}
+	return s
+}
+
+// Resolve returns the Target raw names, opening its store on first use.
+func (r *Resolver) Resolve(ctx context.Context, raw string) (Target, error) {
+	abs, err := r.Absolute(raw)
+	if err != nil {
+		return Target{}, err
+	}
+	s := scheme(abs)
+	if a, ok := r.opts.Aliases[s]; ok {
+		abs = a + abs[len(s):]
+		s = a
+	}
+	if s == "" || s == "file" {
+		return r.resolveLocal(abs)
+	}
+	op, ok := r.opts.Openers[s]
+	if !ok {
+		return Target{}, fmt.Errorf("%s: %w (%q)", redact(abs), ErrScheme, s)
+	}
+	rest := abs[len(s)+3:]
+	host, key, _ := strings.Cut(rest, "/")
+	if host == "" || strings.Contains(host, "@") {
+		return Target{}, fmt.Errorf("%s: want %s://HOST/PATH without credentials", redact(abs), s)
+	}
+	if key, err = objectstore.CleanKey(key, false); err != nil {
+		return Target{}, fmt.Errorf("%s: %w", redact(abs), err)
+	}
+	root := s + "://" + host
+	st, err := r.store(ctx, root, func() (objectstore.Store, error) { return op(ctx, root) })
+	if err != nil {
+		return Target{}, fmt.Errorf("%s: %w", root, err)
+	}
+	return Target{Store: st, Key: key, URL: abs}, nil
+}
+
+// redact drops what a URL may carry besides scheme, host and path.
+func redact(raw string) string {
+	if u, err := url.Parse(raw); err == nil && u.Scheme != "" {
+		u.User = nil
+		u.RawQuery = ""
+		u.Fragment = ""
+		return u.String()
+	}
+	return raw
+}
+
+func (r *Resolver) resolveLocal(abs string) (Target, error) {
+	p := abs
+	if strings.HasPrefix(p, "file://") {
+		u, err := url.Parse(p)
+		if err != nil {
+			return Target{}, fmt.Errorf("%s: %w", abs, err)
+		}
+		if u.Host != "" && u.Host != "localhost" {
+			return Target{}, fmt.Errorf("%s: file URL of another host", abs)
+		}
+		p = u.Path
+	}
+	if !filepath.IsAbs(p) {
+		return Target{}, fmt.Errorf("%s: not an absolute path", abs)
+	}
+	p = filepath.Clean(p)
+	if r.local == "" {
+		return Target{}, fmt.Errorf("file://%s: %w: this reference set reads no local file", p, objectstore.ErrOutsideStore)
+	}
+	rel, err := filepath.Rel(r.local, p)
+	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") {
+		return Target{}, fmt.Errorf("file://%s: %w: outside %s", p, objectstore.ErrOutsideStore, r.local)
+	}
+	st, err := r.store(context.Background(), "file", func() (objectstore.Store, error) {
+		s, err := objectstore.OpenPosixOptions(r.local, objectstore.PosixOptions{FollowSymlinks: r.opts.FollowSymlinks})
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
+	})
+	if err != nil {
+		return Target{}, err
+	}
+	return Target{Store: st, Key: filepath.ToSlash(rel), URL: "file://" + p}, nil
+}
+
+// store returns the store of root, opening it once however many callers
+// ask at the same time.
+func (r *Resolver) store(ctx context.Context, root string, open func() (objectstore.Store, error)) (objectstore.Store, error) {
+	r.mu.Lock()
+	if s, ok := r.stores[root]; ok {
+		r.mu.Unlock()
+		return s, nil
+	}
+	if o, ok := r.opening[root]; ok {
+		r.mu.Unlock()
+		select {
+		case <-o.done:
+			return o.store, o.err
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	o := &opening{done: make(chan struct{})}
+	r.opening[root] = o
+	r.mu.Unlock()
+	o.store, o.err = open()
+	r.mu.Lock()
+	delete(r.opening, root)
+	if o.err == nil {
+		r.stores[root] = o.store
+	}
+	r.mu.Unlock()
+	close(o.done)
+	return o.store, o.err
+}
+
+// Read reads length bytes at off of t (length < 0: the whole object) and
+// the version of the object they came from ("" from a store that cannot
+// tell). A missing object is ErrTargetMissing.
+func (r *Resolver) Read(ctx context.Context, t Target, off, length int64) ([]byte, string, error) {
+	var b []byte
+	var ver string
+	var err error
+	if length < 0 {
+		if v, ok := objectstore.AsVersioned(t.Store); ok {
+			b, ver, err = v.GetVersion(ctx, t.Key, nil)
+		} else {
+			b, err = t.Store.Get(ctx, t.Key)
+		}
+	} else {
+		b, ver, err = r.q.read(ctx, t, off, length)
+	}
+	if objectstore.IsNotFound(err) {
+		err = fmt.Errorf("%w: %v", ErrTargetMissing, err)
+	}
+	return b, ver, err
+}
+
+// Versions returns the current version of every target in ts (by index;
+// "" where the store cannot tell), and for each missing one
+// the error in errs (ErrTargetMissing for one that does not exist). Local targets are asked one by one (a stat
+// each); a remote store is listed once per directory the targets lie in.
+func (r *Resolver) Versions(ctx context.Context, ts []Target) (vers []string, errs []error, err error) {
+	vers = make([]string, len(ts))
+	errs = make([]error, len(ts))
+	type dirKey struct {
+		s   objectstore.Store
+		dir string
+	}
+	listed := map[dirKey]map[string]string{}
+	var mu sync.Mutex
+	sem := make(chan struct{}, 16)
+	var wg sync.WaitGroup
+	for i, t := range ts {
+		if st, ok := t.Store.(objectstore.VersionStater); ok {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				v, e := st.StatVersion(ctx, t.Key)
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case objectstore.IsNotFound(e):
+					errs[i] = fmt.Errorf("%s: %w", t.URL, ErrTargetMissing)
+				case e != nil:
+					// This target fails its own reads; the others list.
+					errs[i] = fmt.Errorf("%s: %w", t.URL, e)
+				default:
+					vers[i] = v
+				}
+			}()
+			continue
+		}
+		v, ok := objectstore.AsVersioned(t.Store)
+		if !ok {
+			continue
+		}
+		dk := dirKey{t.Store, path.Dir(t.Key)}
+		if dk.dir == "." {
+			dk.dir = ""
+		}
+		m, ok := listed[dk]
+		if !ok {
+			m = map[string]string{}
+			if e := v.ListVersions(ctx, dk.dir, func(k, ver string) { m[k] = ver }); e != nil {
+				wg.Wait()
+				return nil, nil, e
+			}
+			listed[dk] = m
+		}
+		if ver, ok := m[t.Key]; ok {
+			vers[i] = ver
+		} else {
+			errs[i] = fmt.Errorf("%s: %w", t.URL, ErrTargetMissing)
+		}
+	}
+	wg.Wait()
+	return vers, errs, nil
+}
