@@ -53,7 +53,7 @@ SIGTERM, then unmounts.`,
 	f.layoutFlags.register(cmd)
 	fl := cmd.Flags()
 	fl.BoolVar(&f.allowOther, "allow-other", false, "let other users read the mount (needs user_allow_other in /etc/fuse.conf when not root)")
-	fl.IntVar(&f.readahead, "readahead", 8, fmt.Sprintf("samples filled in the background ahead of a reader walking a sample directory in order, 0 (off) to %d", maxReadahead))
+	fl.IntVar(&f.readahead, "readahead", 16, fmt.Sprintf("samples filled in the background ahead of a reader walking a sample directory in order, 0 (off) to %d", maxReadahead))
 	fl.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on this address (host:port); off unless given")
 	fl.BoolVar(&f.direct, "direct", false, "make every .npy file a symbolic link to its blob in the cache, for GPUDirect Storage readers (DALI device=\"gpu\", kvikio); resolving a link fills it")
 	fl.DurationVar(&f.lease, "lease", zfs.DefaultLease, "with --direct: how long a blob whose link was resolved is kept from eviction")

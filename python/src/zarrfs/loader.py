@@ -60,7 +60,7 @@ class Loader:
 
     Reading: ``threads`` preads at once (default: the CPUs, at most 16) into
     ``prefetch + 1`` pinned buffers; ``prefetch`` batches are read ahead.
-    Besides, the ``open_ahead`` samples (default 8) that follow the batch
+    Besides, the ``open_ahead`` samples (default 16) that follow the batch
     being read are opened (and closed) in the background: on a cold mount
     an open starts the sample's fill, so that many fill at once whatever
     the batch size; on a warm one an open costs a lookup. The
@@ -75,7 +75,7 @@ class Loader:
                  device: Union[str, torch.device] = "cuda", rank: int = 0, world: int = 1,
                  shard: str = "contiguous", shuffle: bool = False, seed: int = 0, drop_last: bool = False,
                  threads: Optional[int] = None, prefetch: int = 2, odirect: bool = False,
-                 even_batches: bool = False, open_ahead: int = 8, pin_memory: bool = False) -> None:
+                 even_batches: bool = False, open_ahead: int = 16, pin_memory: bool = False) -> None:
         import torch
 
         self.dir = SampleDir(sample_dir)
