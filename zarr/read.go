@@ -211,21 +211,16 @@ func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
 		}
 	}
 	// Resolve outer chunks into leaves, fetching bytes concurrently.
-	var wg sync.WaitGroup
 	errs := make([]error, len(order))
-	for i, o := range order {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cb := o.a.chunkBox(o.coords)
-			key := o.a.ChunkKey(o.coords)
-			// No stored chunk may be larger than its decoded size allows:
-			// the store's Get refuses it before allocating for it.
-			ctx := objectstore.WithSizeLimit(ctx, o.a.MaxEncodedBytes())
-			errs[i] = st.resolve(ctx, o.a, o.a.pipe, o.a.Chunks, cb.lo, storeSource{h, st.sem, key, o.a.lendHint(), o.a.MetaHash, listings[o.a]}, key, o.needs)
-		}()
-	}
-	wg.Wait()
+	parallel(len(order), h.opts.Fetchers, func(i int) {
+		o := order[i]
+		cb := o.a.chunkBox(o.coords)
+		key := o.a.ChunkKey(o.coords)
+		// No stored chunk may be larger than its decoded size allows:
+		// the store's Get refuses it before allocating for it.
+		ctx := objectstore.WithSizeLimit(ctx, o.a.MaxEncodedBytes())
+		errs[i] = st.resolve(ctx, o.a, o.a.pipe, o.a.Chunks, cb.lo, storeSource{h, st.sem, key, o.a.lendHint(), o.a.MetaHash, listings[o.a]}, key, o.needs)
+	})
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
@@ -376,9 +371,9 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 			span.hi[d] = max(span.hi[d], (nd.box.hi[d]-origin[d]-1)/s.inner[d]+1)
 		}
 	}
-	var wg sync.WaitGroup
 	var emu sync.Mutex
 	var errs []error
+	var fetches []func() // the inner chunks' reads, run at most Fetchers at a time
 	forEach(span.lo, span.hi, func(c []int64) {
 		ib := gridBox(c, s.inner, origin)
 		var inner []need
@@ -421,9 +416,7 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 				return
 			}
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		fetches = append(fetches, func() {
 			b, fresh, err := src.rng(ctx, int64(off), int64(nb))
 			if err == nil {
 				if s.codecs.shard != nil {
@@ -443,10 +436,39 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 				errs = append(errs, &ChunkError{Array: a.Path, Key: ikey, Err: err})
 				emu.Unlock()
 			}
-		}()
+		})
 	})
-	wg.Wait()
+	parallel(len(fetches), st.h.opts.Fetchers, func(i int) { fetches[i]() })
 	return errors.Join(errs...)
+}
+
+// parallel calls fn(0) ... fn(n-1) from at most par goroutines and waits:
+// a region of a million tiny chunks costs par goroutine stacks, not a
+// million.
+func parallel(n, par int, fn func(i int)) {
+	par = min(max(par, 1), n)
+	if par <= 1 {
+		for i := range n {
+			fn(i)
+		}
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range par {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				fn(i)
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // shardIndex reads, verifies and caches a shard index.
