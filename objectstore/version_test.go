@@ -82,5 +82,51 @@ func TestDecoratorsKeepVersions(t *testing.T) {
 		if _, ok := objectstore.AsVersioned(st); !ok {
 			t.Errorf("%s: not versioned", name)
 		}
+		// A local store is asked version by version: listing it whole
+		// would walk every directory.
+		if _, ok := objectstore.AsVersionStater(st); !ok {
+			t.Errorf("%s: cannot ask one version", name)
+		}
+		if tr := objectstore.TrustMetadata(st); isVersioned(tr) {
+			t.Errorf("%s: TrustMetadata still tells versions", name)
+		}
+	}
+}
+
+func isVersioned(s objectstore.Store) bool {
+	_, v := objectstore.AsVersioned(s)
+	_, st := objectstore.AsVersionStater(s)
+	return v || st
+}
+
+// A decorator asks one version only of a store that can (S3 lists), and
+// keeps the listing page size of the store it wraps (GCS).
+func TestDecoratorsStatVersions(t *testing.T) {
+	s3, err := objectstore.OpenS3(context.Background(), "s3://b/x", objectstore.S3Options{Endpoint: "http://127.0.0.1:1", Anonymous: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := objectstore.AsVersionStater(objectstore.WithRetry(s3, objectstore.RetryOptions{})); ok {
+		t.Error("a retried S3 store claims to ask one version")
+	}
+	gcs, err := objectstore.OpenGCS(context.Background(), "gs://b/x", objectstore.GCSOptions{Endpoint: "http://127.0.0.1:1", Anonymous: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gcs.Close()
+	br := objectstore.WithBreaker(gcs, objectstore.BreakerOptions{})
+	defer br.Close()
+	wrapped := objectstore.WithRetry(br, objectstore.RetryOptions{})
+	if _, ok := objectstore.AsVersionStater(wrapped); !ok {
+		t.Error("a retried GCS store cannot ask one version")
+	}
+	if n := objectstore.ObjectsPerListing(wrapped); n != 1000 {
+		t.Errorf("ObjectsPerListing through the decorators = %d, want 1000", n)
+	}
+	if n := objectstore.ObjectsPerListing(objectstore.WithRetry(s3, objectstore.RetryOptions{})); n != 0 {
+		t.Errorf("ObjectsPerListing of S3 = %d, want 0", n)
+	}
+	if isVersioned(objectstore.TrustMetadata(wrapped)) {
+		t.Error("TrustMetadata over GCS still tells versions")
 	}
 }
