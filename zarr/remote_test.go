@@ -79,7 +79,7 @@ func TestOpenWithoutListing(t *testing.T) {
 	writeV2(t, v2c, true)
 	cases := []struct {
 		name, dir, missing string
-		prepare           func()
+		prepare            func()
 	}{
 		{"v3", v3, "without consolidated_metadata", func() { consolidateV3(t, v3) }},
 		{"v2", v2, "without .zmetadata", nil},
