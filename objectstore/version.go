@@ -534,3 +534,51 @@ func (t *trusting) Close() error {
 	}
 	return nil
 }
+
+// DescribeVersions says in one line how s tells a chunk rewritten in place
+// and what that costs a reader (for `zarrfs inspect`): what the versions
+// are, and whether they come from listings, one request per chunk, or not
+// at all. An HTTP store says what its server's responses carried so far.
+func DescribeVersions(s Store) string {
+	_, versioned := AsVersioned(s)
+	_, states := AsVersionStater(s)
+	inner := s
+	for {
+		u, ok := inner.(interface{ unwrap() Store })
+		if !ok {
+			break
+		}
+		inner = u.unwrap()
+	}
+	if !versioned {
+		if _, local := inner.(*Posix); local {
+			return "none"
+		}
+		return "the metadata's (--chunk-versions metadata): a chunk rewritten in place under unchanged metadata is not noticed; no request beyond the reads"
+	}
+	const trust = "; --chunk-versions metadata saves it for archives that never rewrite a chunk"
+	switch st := inner.(type) {
+	case *Posix:
+		return "size, modification time and inode: one stat per chunk read"
+	case *S3:
+		return "ETag, from one listing per array read (a thousand chunks per request)"
+	case *GCS:
+		return fmt.Sprintf("object generation: listed for arrays of up to %d chunks, else asked once per chunk read (one metadata request each%s)", st.ObjectsPerListing(), trust)
+	case *HTTP:
+		switch st.Validators() {
+		case "etag":
+			return "ETag: asked once per chunk read (one HEAD each" + trust + ")"
+		case "last-modified":
+			return "Last-Modified, to the second (a rewrite of a chunk within the second it was read is not noticed): asked once per chunk read (one HEAD each" + trust + ")"
+		case "none":
+			return "none: the server sends neither ETag nor Last-Modified, so a chunk rewritten in place is not noticed (--chunk-versions metadata says so and saves a HEAD per chunk read)"
+		case "":
+			return "ETag or Last-Modified, as the server sends them: asked once per chunk read (one HEAD each" + trust + ")"
+		}
+		return "ETag or Last-Modified (the server sends " + st.Validators() + "): asked once per chunk read (one HEAD each" + trust + ")"
+	}
+	if states {
+		return "asked once per chunk read"
+	}
+	return "listed per array read"
+}

@@ -4,11 +4,13 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/zarrfs/zarrfs/integration/miniotest"
 	"github.com/zarrfs/zarrfs/objectstore"
+	"github.com/zarrfs/zarrfs/objectstore/webtest"
 )
 
 // An object rewritten in place with bytes of the same length gets a new
@@ -129,4 +131,44 @@ func TestDecoratorsStatVersions(t *testing.T) {
 	if isVersioned(objectstore.TrustMetadata(wrapped)) {
 		t.Error("TrustMetadata over GCS still tells versions")
 	}
+}
+
+// inspect's line on versions names what a store's versions are and what
+// they cost, through the decorators.
+func TestDescribeVersions(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "zarr.json"), []byte("{}"), 0o644)
+	px, err := objectstore.OpenPosix(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer px.Close()
+	s3, _ := objectstore.OpenS3(ctx, "s3://b/x", objectstore.S3Options{Endpoint: "http://127.0.0.1:1", Anonymous: true})
+	gcs, _ := objectstore.OpenGCS(ctx, "gs://b/x", objectstore.GCSOptions{Endpoint: "http://127.0.0.1:1", Anonymous: true})
+	defer gcs.Close()
+	srv := webtest.Start(t, dir)
+	web := openHTTP(t, srv.URL, objectstore.HTTPOptions{})
+	wrap := func(s objectstore.Store) objectstore.Store {
+		return objectstore.WithRetry(objectstore.WithBreaker(s, objectstore.BreakerOptions{}), objectstore.RetryOptions{})
+	}
+	check := func(name string, s objectstore.Store, want ...string) {
+		t.Helper()
+		got := objectstore.DescribeVersions(s)
+		for _, w := range want {
+			if !strings.Contains(got, w) {
+				t.Errorf("%s: %q lacks %q", name, got, w)
+			}
+		}
+	}
+	check("posix", px, "modification time", "stat")
+	check("s3", wrap(s3), "ETag", "listing")
+	check("gcs", wrap(gcs), "generation", "1000", "one metadata request", "--chunk-versions metadata")
+	check("gcs trusted", objectstore.TrustMetadata(wrap(gcs)), "metadata", "not noticed")
+	check("http before any read", wrap(web), "ETag or Last-Modified", "HEAD")
+	web.Get(ctx, "zarr.json")
+	check("http, file server", wrap(web), "Last-Modified", "second")
+	srv.ETags.Store(true)
+	web.Get(ctx, "zarr.json")
+	check("http, both", wrap(web), "etag+last-modified")
 }

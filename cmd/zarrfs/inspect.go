@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
 	"github.com/zarrfs/zarrfs/zarr/codec"
 )
@@ -62,7 +63,7 @@ func newInspectCmd() *cobra.Command {
 				enc.SetEscapeHTML(false)
 				return enc.Encode(entries)
 			}
-			printInspect(cmd.OutOrStdout(), h.Store.ID(), entries)
+			printInspect(cmd.OutOrStdout(), h.Store.ID(), objectstore.DescribeVersions(h.Store), entries)
 			return nil
 		},
 	}
@@ -103,8 +104,9 @@ func inspectEntries(h *zarr.Hierarchy, lay *layout.Layout) []inspectEntry {
 	return out
 }
 
-func printInspect(w io.Writer, id string, entries []inspectEntry) {
+func printInspect(w io.Writer, id, versions string, entries []inspectEntry) {
 	fmt.Fprintf(w, "%s: %d arrays\n", id, len(entries))
+	fmt.Fprintf(w, "chunk versions: %s\n", versions)
 	for _, e := range entries {
 		name := e.Path
 		if name == "" {

@@ -21,6 +21,10 @@ type sourceFlags struct {
 	s3Endpoint  string
 	s3Region    string
 	s3Anonymous bool
+	// gs:// and http(s):// sources (gcs.go)
+	gcsEndpoint   string
+	gcsAnonymous  bool
+	chunkVersions string
 	decode      string
 	gpus        string
 	gpuMemory   string
@@ -44,6 +48,7 @@ func (f *sourceFlags) register(cmd *cobra.Command, decodes bool) {
 	cmd.Flags().StringVar(&f.s3Endpoint, "s3-endpoint", "", "S3 endpoint URL (default AWS); http:// allowed for on-premises servers")
 	cmd.Flags().StringVar(&f.s3Region, "s3-region", "", "S3 region")
 	cmd.Flags().BoolVar(&f.s3Anonymous, "s3-anonymous", false, "read a public bucket without credentials")
+	f.registerRemote(cmd)
 	f.deadlines.register(cmd)
 	cmd.Flags().BoolVar(&f.follow, "follow-symlinks", false, "local stores: follow symbolic links that leave the store (chunks in a git-annex or DVC cache); by default reads stay inside it")
 	f.decode = "auto"
@@ -64,10 +69,19 @@ func closeStore(s objectstore.Store) {
 	}
 }
 
-// openStore opens a local path, file:// URL or s3:// URL.
+// openStore opens a local path, file:// URL, or s3://, gs://, http:// or
+// https:// URL.
 func (f *sourceFlags) openStore(ctx context.Context, src string) (objectstore.Store, error) {
-	if strings.HasPrefix(src, "s3://") {
+	if err := f.validateRemote(src); err != nil {
+		return nil, err
+	}
+	switch {
+	case strings.HasPrefix(src, "s3://"):
 		return openS3(ctx, src, f)
+	case strings.HasPrefix(src, "gs://"):
+		return openGCS(ctx, src, f)
+	case strings.HasPrefix(src, "http://"), strings.HasPrefix(src, "https://"):
+		return openHTTP(ctx, src, f)
 	}
 	st, err := objectstore.OpenPosixOptions(src, objectstore.PosixOptions{FollowSymlinks: f.follow})
 	if err != nil {
