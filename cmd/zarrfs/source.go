@@ -25,14 +25,14 @@ type sourceFlags struct {
 	gcsEndpoint   string
 	gcsAnonymous  bool
 	chunkVersions string
-	decode      string
-	gpus        string
-	gpuMemory   string
-	pinned      string
-	gpuIdle     time.Duration
-	deadlines   deadlineFlags
-	follow      bool
-	logger      *slog.Logger
+	decode        string
+	gpus          string
+	gpuMemory     string
+	pinned        string
+	gpuIdle       time.Duration
+	deadlines     deadlineFlags
+	follow        bool
+	logger        *slog.Logger
 }
 
 func getenv(k, def string) string {
