@@ -69,7 +69,7 @@ func newInspectCmd() *cobra.Command {
 	}
 	sf.register(cmd, false)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array, one object per array")
-	cmd.Flags().StringVar(&sampleDim, "sample-dim", "time", "dimension whose indices become one file each")
+	cmd.Flags().StringVar(&sampleDim, "sample-dim", layout.DefaultSampleDims, "dimension whose indices become one file each; a comma-separated list is tried in order")
 	return cmd
 }
 
