@@ -49,16 +49,24 @@ type Counts struct {
 	Other atomic.Int64
 }
 
-// Start starts an emulator for the test and stops it in t.Cleanup.
-func Start(t testing.TB) *Server {
+// Start starts an emulator in memory for the test and stops it in
+// t.Cleanup.
+func Start(t testing.TB) *Server { return StartIn(t, "") }
+
+// StartIn starts an emulator that keeps its objects in files below dir
+// ("": in memory). The memory backend finds an object by scanning all of
+// them; the file backend finds it by path, which is what a bucket of
+// hundreds of thousands of objects needs.
+func StartIn(t testing.TB, dir string) *Server {
 	t.Helper()
 	// No listener of its own: the handler is served below, behind the
 	// request counter. PublicHost without a port matches 127.0.0.1 on any
 	// port, so that XML reads through a proxy on loopback resolve too.
 	fake, err := fakestorage.NewServerWithOptions(fakestorage.Options{
-		NoListener: true,
-		Scheme:     "http",
-		PublicHost: "127.0.0.1",
+		NoListener:  true,
+		Scheme:      "http",
+		PublicHost:  "127.0.0.1",
+		StorageRoot: dir,
 	})
 	if err != nil {
 		t.Fatalf("fake-gcs-server: %v", err)
