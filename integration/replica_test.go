@@ -317,3 +317,57 @@ func TestHTTPSourceErrors(t *testing.T) {
 		t.Fatal("the bearer token appears in the daemon's output")
 	}
 }
+
+// writeCDS writes, with zarr-python, a store as the new CDS service
+// delivers ERA5: its time axis named valid_time.
+const writeCDS = `
+import sys, numpy as np, zarr
+g = zarr.open_group(sys.argv[1], mode='w', zarr_format=3)
+for name, dim in (('t2m', sys.argv[2]), ('msl', sys.argv[2])):
+    a = g.create_array(name, shape=(3, 4, 8), chunks=(1, 4, 8), dtype='float32', dimension_names=(dim, 'latitude', 'longitude'))
+    a[:] = np.arange(96, dtype='float32').reshape(3, 4, 8)
+c = g.create_array(sys.argv[2], shape=(3,), chunks=(3,), dtype='int64', dimension_names=(sys.argv[2],))
+c[:] = np.arange(3)
+zarr.consolidate_metadata(sys.argv[1])
+`
+
+// With the default --sample-dim (time,valid_time) a store from the new CDS
+// mounts one file per step, as ARCO's does; a store whose steps are named
+// otherwise mounts every array whole, with one warning that says so.
+func TestSampleDimNames(t *testing.T) {
+	requirePython(t)
+	cds := filepath.Join(t.TempDir(), "cds.zarr")
+	python(t, writeCDS, cds, "valid_time")
+	d := mount(t, cds)
+	for _, f := range []string{"t2m/0.npy", "t2m/2.npy", "msl/1.npy", "valid_time.npy"} {
+		if _, err := os.Stat(filepath.Join(d.mnt, f)); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+	checkReplica(t, cds, d.mnt, nil, "--sample-dim", "valid_time")
+	if strings.Contains(d.stderr.String(), "sample dimension") {
+		t.Errorf("a warning about the sample dimension:\n%s", d.stderr)
+	}
+
+	other := filepath.Join(t.TempDir(), "other.zarr")
+	python(t, writeCDS, other, "step")
+	d2 := mount(t, other)
+	if _, err := os.Stat(filepath.Join(d2.mnt, "t2m.npy")); err != nil {
+		t.Errorf("t2m is not mounted whole: %v", err)
+	}
+	logs := d2.logs("no array has the sample dimension")
+	var warn []string
+	for _, l := range strings.Split(logs, "\n") {
+		if strings.Contains(l, "sample dimension") {
+			warn = append(warn, l)
+		}
+	}
+	if len(warn) != 1 || !strings.Contains(warn[0], "time,valid_time") || !strings.Contains(warn[0], "step") {
+		t.Errorf("want one warning naming the list and the dimensions there are, got %q", warn)
+	}
+	// Named, the dimension mounts its samples.
+	d3 := mount(t, other, "--sample-dim", "step")
+	if _, err := os.Stat(filepath.Join(d3.mnt, "t2m", "1.npy")); err != nil {
+		t.Errorf("--sample-dim step: %v", err)
+	}
+}
