@@ -51,9 +51,9 @@ func archiveObjects(t *testing.T) int {
 	return 20_000
 }
 
-// writeArchive uploads the archive below prefix and returns the number of
-// steps that hold chunks.
-func writeArchive(t *testing.T, srv *gcstest.Server, bucket, prefix string, objects int) int {
+// archiveMetadata is the archive's metadata documents, consolidated
+// (.zmetadata) and not.
+func archiveMetadata() map[string][]byte {
 	arr := func(shape, chunks []int, dims []string) map[string]any {
 		return map[string]any{".zarray": map[string]any{"zarr_format": 2, "shape": shape, "chunks": chunks, "dtype": "<f4",
 			"compressor": nil, "filters": nil, "fill_value": "NaN", "order": "C", "dimension_separator": "."},
@@ -73,7 +73,13 @@ func writeArchive(t *testing.T, srv *gcstest.Server, bucket, prefix string, obje
 		b, _ := json.Marshal(v)
 		files[k] = b
 	}
-	srv.UploadFiles(t, bucket, prefix, files)
+	return files
+}
+
+// writeArchive uploads the archive below prefix and returns the number of
+// steps that hold chunks.
+func writeArchive(t testing.TB, srv *gcstest.Server, bucket, prefix string, objects int) int {
+	srv.UploadFiles(t, bucket, prefix, archiveMetadata())
 	steps := objects / 2
 	start := time.Now()
 	var wg sync.WaitGroup
