@@ -127,7 +127,7 @@ func (w *walker) root() error {
 				return w.consolidatedV3(n.Consolidated.Metadata)
 			}
 			if err := w.walkV3("", 0); errors.Is(err, objectstore.ErrNoListing) {
-				return fmt.Errorf("%s/zarr.json: a group without consolidated_metadata, and the store cannot be listed (%w): %w", id, objectstore.ErrNoListing, errConsolidate)
+				return fmt.Errorf("%s/zarr.json: a group without consolidated_metadata, and %w: %w", id, objectstore.ErrNoListing, errConsolidate)
 			} else if err != nil {
 				return err
 			}
@@ -149,7 +149,7 @@ func (w *walker) root() error {
 		}
 		w.h.Groups[""] = parseAttrs(attrs)
 		if err := w.walkV2("", 0); errors.Is(err, objectstore.ErrNoListing) {
-			return fmt.Errorf("%s: a group without .zmetadata, and the store cannot be listed (%w): %w", id, objectstore.ErrNoListing, errConsolidate)
+			return fmt.Errorf("%s: a group without .zmetadata, and %w: %w", id, objectstore.ErrNoListing, errConsolidate)
 		} else if err != nil {
 			return err
 		}
@@ -170,7 +170,7 @@ func (w *walker) root() error {
 
 // errConsolidate says what a store that cannot be listed (served over
 // HTTP) needs for its tree to be known.
-var errConsolidate = errors.New("consolidate its metadata (zarr.consolidate_metadata) for it to be read without listings")
+var errConsolidate = errors.New("consolidate its metadata (zarr.consolidate_metadata) to read it without listings")
 
 func attrsOrEmpty(m map[string]any) map[string]any {
 	if m == nil {
