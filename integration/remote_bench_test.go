@@ -54,8 +54,9 @@ func benchReplica(b *testing.B) (string, int64) {
 }
 
 // warmFill runs `zarrfs warm` of src into a fresh cache and returns its
-// wall time and its own fill time (from its summary line).
-func warmFill(b *testing.B, src string, args ...string) (wall, fill time.Duration) {
+// wall time, its own fill time and the files it filled (from its summary
+// line).
+func warmFill(b *testing.B, src string, args ...string) (wall, fill time.Duration, files int) {
 	cacheDir, err := os.MkdirTemp(os.Getenv("ZARRFS_BENCH_CACHE"), "zarrfs-bench-cache-")
 	if err != nil {
 		b.Fatal(err)
@@ -77,7 +78,8 @@ func warmFill(b *testing.B, src string, args ...string) (wall, fill time.Duratio
 	if fill, err = time.ParseDuration(string(m[2])); err != nil {
 		b.Fatal(err)
 	}
-	return wall, fill
+	files, _ = strconv.Atoi(string(m[1]))
+	return wall, fill, files
 }
 
 // BenchmarkRemoteColdFill fills a cold cache with `zarrfs warm` (the real
@@ -115,16 +117,21 @@ func BenchmarkRemoteColdFill(b *testing.B) {
 		{"http", web.Join("arco.zarr"), nil},
 	}
 	fill := make([]time.Duration, len(srcs))
+	files := make([]int, len(srcs))
 	n := 0
 	b.SetBytes(int64(len(srcs)) * chunks)
 	for b.Loop() {
 		for k := range srcs {
 			s := srcs[(n+k)%len(srcs)]
 			syscall.Sync()
-			_, f := warmFill(b, s.src, s.args...)
+			_, f, nf := warmFill(b, s.src, s.args...)
 			fill[(n+k)%len(srcs)] += f
+			files[(n+k)%len(srcs)] = nf
 		}
 		n++
+	}
+	if files[0] == 0 || files[1] != files[0] || files[2] != files[0] {
+		b.Fatalf("files warmed: minio %d, gcs %d, http %d: the sources did not fill the same files", files[0], files[1], files[2])
 	}
 	rate := func(d time.Duration) float64 { return mb(chunks) * float64(n) / d.Seconds() }
 	for i, s := range srcs {
@@ -132,7 +139,7 @@ func BenchmarkRemoteColdFill(b *testing.B) {
 	}
 	b.ReportMetric(fill[0].Seconds()/fill[1].Seconds(), "gcs-ratio")
 	b.ReportMetric(fill[0].Seconds()/fill[2].Seconds(), "http-ratio")
-	b.Logf("fill times over %d rounds: minio %v, gcs %v, http %v", n, fill[0], fill[1], fill[2])
+	b.Logf("%d files each; fill times over %d rounds: minio %v, gcs %v, http %v", files[0], n, fill[0], fill[1], fill[2])
 }
 
 // BenchmarkArchiveLive mounts the archive of TestArchiveScale (744,000
