@@ -1,8 +1,11 @@
 package integration
 
 import (
+	"bytes"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"os"
 	"os/exec"
@@ -12,6 +15,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/zarrfs/zarrfs/integration/faultproxy"
 	"github.com/zarrfs/zarrfs/internal/testenv"
@@ -369,5 +373,69 @@ func TestSampleDimNames(t *testing.T) {
 	d3 := mount(t, other, "--sample-dim", "step")
 	if _, err := os.Stat(filepath.Join(d3.mnt, "t2m", "1.npy")); err != nil {
 		t.Errorf("--sample-dim step: %v", err)
+	}
+}
+
+// A store that grows on GCS, synced as `gcloud storage rsync` does (only
+// new and changed objects uploaded: each gets a new generation): a warm
+// after an append decodes only the new samples and those of chunks the
+// append rewrote, and a running mount shows the append and a chunk
+// rewritten in place within --metadata-ttl.
+func TestGrowGCS(t *testing.T) {
+	requireMountTools(t)
+	requirePython(t)
+	srv := gcstest.Start(t)
+	bucket := srv.NewBucket(t)
+	local := filepath.Join(t.TempDir(), "grow.zarr")
+	synced := map[string]string{}
+	sync := func() {
+		filepath.WalkDir(local, func(p string, e fs.DirEntry, err error) error {
+			if err != nil || !e.Type().IsRegular() {
+				return err
+			}
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			rel, _ := filepath.Rel(local, p)
+			if sum := fmt.Sprintf("%x", sha256.Sum256(b)); synced[rel] != sum {
+				srv.Put(bucket, "grow.zarr/"+filepath.ToSlash(rel), b)
+				synced[rel] = sum
+			}
+			return nil
+		})
+	}
+	src := "gs://" + bucket + "/grow.zarr"
+	ep := []string{"--gcs-endpoint", srv.URL, "--gcs-anonymous"}
+
+	growStore(t, "create", local, 30)
+	sync()
+	cacheDir := t.TempDir()
+	if files, _ := warmWork(t, src, cacheDir, ep...); files != 3*30+1 {
+		t.Fatalf("first warm: %d files", files)
+	}
+	growStore(t, "append", local, 10)
+	sync()
+	files, decoded := warmWork(t, src, cacheDir, ep...)
+	if want := 3*10 + 2*6 + 1; files != want || decoded < 12 || decoded > 10+16+1 {
+		t.Errorf("warm after the append: %d files, %d chunks decoded; want %d files, 12 to %d chunks", files, decoded, want, 10+16+1)
+	}
+	d := mountAt(t, src, t.TempDir(), cacheDir, append(ep, "--metadata-ttl", "1s")...)
+	if n := checkGrowMount(t, d.mnt, local); n != 3*40+1 {
+		t.Errorf("checked %d files", n)
+	}
+	growStore(t, "append", local, 5)
+	before, err := os.ReadFile(filepath.Join(d.mnt, "raw", "05.npy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rewriteSample(t, local, 5, 0.25)
+	sync()
+	time.Sleep(2500 * time.Millisecond)
+	if after, err := os.ReadFile(filepath.Join(d.mnt, "raw", "05.npy")); err != nil || bytes.Equal(after, before) {
+		t.Fatalf("raw/05.npy two TTLs after its chunk was rewritten: %v, old bytes served %v", err, bytes.Equal(after, before))
+	}
+	if n := checkGrowMount(t, d.mnt, local); n != 3*45+1 {
+		t.Errorf("checked %d files after the second append", n)
 	}
 }
