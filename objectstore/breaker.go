@@ -47,6 +47,14 @@ type BreakerOptions struct {
 	Now func() time.Time
 }
 
+// Prober is an optional upgrade of a Store that cannot list (HTTP): Probe
+// sends one small request and reports how it ended, so that a breaker
+// that has no key to read yet can tell whether the source answers. Any
+// answer, even an error status, is an answer.
+type Prober interface {
+	Probe(ctx context.Context) error
+}
+
 // Breaker is a Store that stops sending requests to a source that has
 // stopped answering (a circuit breaker). While it is open every request
 // fails at once with ErrSourceDown, so that readers get their error in
@@ -215,7 +223,9 @@ func (b *Breaker) probe(stop chan struct{}) {
 		key := b.lastKey
 		b.mu.Unlock()
 		var err error
-		if key != "" {
+		if p, ok := b.Store.(Prober); ok && key == "" {
+			err = p.Probe(ctx)
+		} else if key != "" {
 			// Ask as readers do: a source may answer listings and not reads.
 			_, err = b.Store.GetRange(ctx, key, 0, 1)
 		} else {

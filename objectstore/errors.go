@@ -64,3 +64,9 @@ func IsTransient(err error) bool {
 
 // IsPermission reports whether err means the source refused access.
 func IsPermission(err error) bool { return errors.Is(err, ErrPermission) }
+
+// ErrNoListing is returned (wrapped) by List and ListVersions of a store
+// that cannot list its keys (an HTTP server): its tree must come from
+// consolidated metadata, and versions from the responses that read objects.
+// It is permanent, and never a missing key.
+var ErrNoListing = errors.New("the store cannot list its keys")

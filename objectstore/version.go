@@ -427,3 +427,158 @@ func (b *Breaker) GetRangeVersion(ctx context.Context, key string, off, length i
 func (b *Breaker) ListVersions(ctx context.Context, prefix string, fn func(key, version string)) error {
 	return via{b.Store, b.do}.listVersions(ctx, prefix, fn)
 }
+
+// AsVersionStater returns s as a VersionStater, when it can ask one
+// object's version: a decorator implements StatVersion whatever the store
+// it wraps, and answers here only when that store can.
+func AsVersionStater(s Store) (VersionStater, bool) {
+	if d, ok := s.(interface{ statesVersions() bool }); ok && !d.statesVersions() {
+		return nil, false
+	}
+	v, ok := s.(VersionStater)
+	return v, ok
+}
+
+// ListingPager is an optional upgrade of a store that can both list with
+// versions and ask one object's version (GCS): ObjectsPerListing is how
+// many objects one listing request returns. Listing a prefix of more
+// objects than that costs more requests than asking, one by one, the
+// versions a reader needs of it, so a reader of a few chunks of a large
+// array asks (VersionStater) rather than lists. A VersionStater without it
+// is always asked.
+type ListingPager interface {
+	ObjectsPerListing() int
+}
+
+// ObjectsPerListing returns what s's ListingPager says, or 0 when s (or
+// the store it decorates) has none.
+func ObjectsPerListing(s Store) int {
+	for {
+		if p, ok := s.(ListingPager); ok {
+			return p.ObjectsPerListing()
+		}
+		u, ok := s.(interface{ unwrap() Store })
+		if !ok {
+			return 0
+		}
+		s = u.unwrap()
+	}
+}
+
+func (w via) stater() (VersionStater, bool) { return AsVersionStater(w.inner) }
+
+func (w via) statVersion(ctx context.Context, key string) (string, error) {
+	st, ok := w.stater()
+	if !ok {
+		return "", &Error{Op: "stat", Store: w.inner.ID(), Key: key, Err: errNotVersioned}
+	}
+	var ver string
+	err := w.do(ctx, "stat", key, func(ctx context.Context) (err error) {
+		ver, err = st.StatVersion(ctx, key)
+		return err
+	})
+	return ver, err
+}
+
+func (r *Retry) statesVersions() bool { _, ok := AsVersionStater(r.Store); return ok }
+func (r *Retry) unwrap() Store        { return r.Store }
+
+// StatVersion retries the inner store's StatVersion.
+func (r *Retry) StatVersion(ctx context.Context, key string) (string, error) {
+	return via{r.Store, r.do}.statVersion(ctx, key)
+}
+
+func (b *Breaker) statesVersions() bool { _, ok := AsVersionStater(b.Store); return ok }
+func (b *Breaker) unwrap() Store        { return b.Store }
+
+// StatVersion forwards to the inner store's StatVersion through the breaker.
+func (b *Breaker) StatVersion(ctx context.Context, key string) (string, error) {
+	return via{b.Store, b.do}.statVersion(ctx, key)
+}
+
+// TrustMetadata wraps s so that it tells no versions: whoever reads
+// through it (zarr, the cache) then takes the metadata's hash as the
+// version of every chunk, asks for no version and lists nothing, and a
+// chunk rewritten in place under unchanged metadata is not noticed. It is
+// for archives that never rewrite a chunk (they only append, or never
+// change): a chunk then costs exactly its read.
+func TrustMetadata(s Store) Store { return &trusting{Store: s} }
+
+type trusting struct{ Store }
+
+func (t *trusting) versioned() bool      { return false }
+func (t *trusting) statesVersions() bool { return false }
+func (t *trusting) unwrap() Store        { return t.Store }
+
+// Identity forwards the inner store's identity.
+func (t *trusting) Identity() string { return Identity(t.Store) }
+
+// QueuesRequests forwards the inner store's queueing.
+func (t *trusting) QueuesRequests() bool {
+	q, ok := t.Store.(QueueingStore)
+	return ok && q.QueuesRequests()
+}
+
+// GetInto forwards to the inner store's GetInto (or Get).
+func (t *trusting) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
+	if gi, ok := t.Store.(GetterInto); ok {
+		return gi.GetInto(ctx, key, buf)
+	}
+	return t.Store.Get(ctx, key)
+}
+
+// Close closes the inner store when it holds resources.
+func (t *trusting) Close() error {
+	if c, ok := t.Store.(interface{ Close() error }); ok {
+		return c.Close()
+	}
+	return nil
+}
+
+// DescribeVersions says in one line how s tells a chunk rewritten in place
+// and what that costs a reader (for `zarrfs inspect`): what the versions
+// are, and whether they come from listings, one request per chunk, or not
+// at all. An HTTP store says what its server's responses carried so far.
+func DescribeVersions(s Store) string {
+	_, versioned := AsVersioned(s)
+	_, states := AsVersionStater(s)
+	inner := s
+	for {
+		u, ok := inner.(interface{ unwrap() Store })
+		if !ok {
+			break
+		}
+		inner = u.unwrap()
+	}
+	if !versioned {
+		if _, local := inner.(*Posix); local {
+			return "none"
+		}
+		return "the metadata's (--chunk-versions metadata): a chunk rewritten in place under unchanged metadata is not noticed; no request beyond the reads"
+	}
+	const trust = "; --chunk-versions metadata saves it for archives that never rewrite a chunk"
+	switch st := inner.(type) {
+	case *Posix:
+		return "size, modification time and inode: one stat per chunk read"
+	case *S3:
+		return "ETag, from one listing per array read (a thousand chunks per request)"
+	case *GCS:
+		return fmt.Sprintf("object generation: listed for arrays of up to %d chunks, else asked once per chunk read (one metadata request each%s)", st.ObjectsPerListing(), trust)
+	case *HTTP:
+		switch st.Validators() {
+		case "etag":
+			return "ETag: asked once per chunk read (one HEAD each" + trust + ")"
+		case "last-modified":
+			return "Last-Modified, to the second (a rewrite of a chunk within the second it was read is not noticed): asked once per chunk read (one HEAD each" + trust + ")"
+		case "none":
+			return "none: the server sends neither ETag nor Last-Modified, so a chunk rewritten in place is not noticed (--chunk-versions metadata says so and saves a HEAD per chunk read)"
+		case "":
+			return "ETag or Last-Modified, as the server sends them: asked once per chunk read (one HEAD each" + trust + ")"
+		}
+		return "ETag or Last-Modified (the server sends " + st.Validators() + "): asked once per chunk read (one HEAD each" + trust + ")"
+	}
+	if states {
+		return "asked once per chunk read"
+	}
+	return "listed per array read"
+}

@@ -4,11 +4,13 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/zarrfs/zarrfs/integration/miniotest"
 	"github.com/zarrfs/zarrfs/objectstore"
+	"github.com/zarrfs/zarrfs/objectstore/webtest"
 )
 
 // An object rewritten in place with bytes of the same length gets a new
@@ -82,5 +84,91 @@ func TestDecoratorsKeepVersions(t *testing.T) {
 		if _, ok := objectstore.AsVersioned(st); !ok {
 			t.Errorf("%s: not versioned", name)
 		}
+		// A local store is asked version by version: listing it whole
+		// would walk every directory.
+		if _, ok := objectstore.AsVersionStater(st); !ok {
+			t.Errorf("%s: cannot ask one version", name)
+		}
+		if tr := objectstore.TrustMetadata(st); isVersioned(tr) {
+			t.Errorf("%s: TrustMetadata still tells versions", name)
+		}
 	}
+}
+
+func isVersioned(s objectstore.Store) bool {
+	_, v := objectstore.AsVersioned(s)
+	_, st := objectstore.AsVersionStater(s)
+	return v || st
+}
+
+// A decorator asks one version only of a store that can (S3 lists), and
+// keeps the listing page size of the store it wraps (GCS).
+func TestDecoratorsStatVersions(t *testing.T) {
+	s3, err := objectstore.OpenS3(context.Background(), "s3://b/x", objectstore.S3Options{Endpoint: "http://127.0.0.1:1", Anonymous: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := objectstore.AsVersionStater(objectstore.WithRetry(s3, objectstore.RetryOptions{})); ok {
+		t.Error("a retried S3 store claims to ask one version")
+	}
+	gcs, err := objectstore.OpenGCS(context.Background(), "gs://b/x", objectstore.GCSOptions{Endpoint: "http://127.0.0.1:1", Anonymous: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gcs.Close()
+	br := objectstore.WithBreaker(gcs, objectstore.BreakerOptions{})
+	defer br.Close()
+	wrapped := objectstore.WithRetry(br, objectstore.RetryOptions{})
+	if _, ok := objectstore.AsVersionStater(wrapped); !ok {
+		t.Error("a retried GCS store cannot ask one version")
+	}
+	if n := objectstore.ObjectsPerListing(wrapped); n != 1000 {
+		t.Errorf("ObjectsPerListing through the decorators = %d, want 1000", n)
+	}
+	if n := objectstore.ObjectsPerListing(objectstore.WithRetry(s3, objectstore.RetryOptions{})); n != 0 {
+		t.Errorf("ObjectsPerListing of S3 = %d, want 0", n)
+	}
+	if isVersioned(objectstore.TrustMetadata(wrapped)) {
+		t.Error("TrustMetadata over GCS still tells versions")
+	}
+}
+
+// inspect's line on versions names what a store's versions are and what
+// they cost, through the decorators.
+func TestDescribeVersions(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "zarr.json"), []byte("{}"), 0o644)
+	px, err := objectstore.OpenPosix(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer px.Close()
+	s3, _ := objectstore.OpenS3(ctx, "s3://b/x", objectstore.S3Options{Endpoint: "http://127.0.0.1:1", Anonymous: true})
+	gcs, _ := objectstore.OpenGCS(ctx, "gs://b/x", objectstore.GCSOptions{Endpoint: "http://127.0.0.1:1", Anonymous: true})
+	defer gcs.Close()
+	srv := webtest.Start(t, dir)
+	web := openHTTP(t, srv.URL, objectstore.HTTPOptions{})
+	wrap := func(s objectstore.Store) objectstore.Store {
+		return objectstore.WithRetry(objectstore.WithBreaker(s, objectstore.BreakerOptions{}), objectstore.RetryOptions{})
+	}
+	check := func(name string, s objectstore.Store, want ...string) {
+		t.Helper()
+		got := objectstore.DescribeVersions(s)
+		for _, w := range want {
+			if !strings.Contains(got, w) {
+				t.Errorf("%s: %q lacks %q", name, got, w)
+			}
+		}
+	}
+	check("posix", px, "modification time", "stat")
+	check("s3", wrap(s3), "ETag", "listing")
+	check("gcs", wrap(gcs), "generation", "1000", "one metadata request", "--chunk-versions metadata")
+	check("gcs trusted", objectstore.TrustMetadata(wrap(gcs)), "metadata", "not noticed")
+	check("http before any read", wrap(web), "ETag or Last-Modified", "HEAD")
+	web.Get(ctx, "zarr.json")
+	check("http, file server", wrap(web), "Last-Modified", "second")
+	srv.ETags.Store(true)
+	web.Get(ctx, "zarr.json")
+	check("http, both", wrap(web), "etag+last-modified")
 }

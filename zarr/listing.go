@@ -141,7 +141,7 @@ func (h *Hierarchy) List(ctx context.Context, a *Array, since time.Time) (*Listi
 		return cur, nil
 	}
 	l := &Listing{At: time.Now()}
-	if st, ok := h.Store.(objectstore.VersionStater); ok {
+	if st, ok := objectstore.AsVersionStater(h.Store); ok && listLazily(h.Store, a) {
 		// Not the caller's context: the listing outlives this call.
 		l.stat = func(k string) (string, error) { return st.StatVersion(context.Background(), k) }
 		l.memo = map[string]stated{}
@@ -231,4 +231,17 @@ func (a *Array) regionGrid(start, count []int64) (lo, hi []int64, ok bool) {
 		hi[d] = (start[d]+count[d]-1)/a.Chunks[d] + 1
 	}
 	return lo, hi, true
+}
+
+// listLazily reports whether a's chunks are better asked one by one, as
+// they are read, than listed: always for a store without a listing page
+// size (a filesystem's stat, an HTTP HEAD), and for an array of more
+// chunks than one listing request returns (an archive of a million time
+// steps, of which a reader needs a few).
+func listLazily(s objectstore.Store, a *Array) bool {
+	page := objectstore.ObjectsPerListing(s)
+	if page <= 0 {
+		return true
+	}
+	return a.RegionChunkCount(make([]int64, len(a.Shape)), a.Shape) > int64(page)
 }

@@ -78,8 +78,14 @@ func readSample(t testing.TB, h *zarr.Hierarchy, k int64) ([]uint32, error) {
 // rewritten in place fails with ErrChanged until the array is listed again,
 // a chunk written after the listing reads as missing without a request,
 // and compressed bytes of a listed version come from the source cache
-// without one. The store is a local one behind Retry, which lists it in
-// full as a remote store is (see TestLazyListing for the local kind).
+// without one. The store is a local one that, as S3, can list versions
+// but not ask one (see TestLazyListing for the local kind).
+// listsOnly is a store that tells versions by listing only, as S3 does.
+type listsOnly struct {
+	objectstore.Store
+	objectstore.Versioned
+}
+
 func TestReadsFollowTheListing(t *testing.T) {
 	dir := t.TempDir()
 	growStore(t, dir, 4, 2, 0)
@@ -90,7 +96,7 @@ func TestReadsFollowTheListing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer posix.Close()
-	st := objectstore.WithRetry(posix, objectstore.RetryOptions{})
+	st := objectstore.WithRetry(listsOnly{posix, posix}, objectstore.RetryOptions{})
 	tier := &countingTier{m: map[string][]byte{}}
 	openWith := func(sc zarr.SourceCache) *zarr.Hierarchy {
 		o := zarr.Options{ChunkCacheBytes: -1}

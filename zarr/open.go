@@ -129,7 +129,12 @@ func (w *walker) root() error {
 			if n.Consolidated != nil && n.Consolidated.Metadata != nil {
 				return w.consolidatedV3(n.Consolidated.Metadata)
 			}
-			return w.walkV3("", 0)
+			if err := w.walkV3("", 0); errors.Is(err, objectstore.ErrNoListing) {
+				return fmt.Errorf("%s/zarr.json: a group without consolidated_metadata, and %w: %w", id, objectstore.ErrNoListing, errConsolidate)
+			} else if err != nil {
+				return err
+			}
+			return nil
 		}
 		return fmt.Errorf("%s/zarr.json: node_type %q is neither array nor group", id, n.NodeType)
 	}
@@ -146,7 +151,12 @@ func (w *walker) root() error {
 			return err
 		}
 		w.h.Groups[""] = parseAttrs(attrs)
-		return w.walkV2("", 0)
+		if err := w.walkV2("", 0); errors.Is(err, objectstore.ErrNoListing) {
+			return fmt.Errorf("%s: a group without .zmetadata, and %w: %w", id, objectstore.ErrNoListing, errConsolidate)
+		} else if err != nil {
+			return err
+		}
+		return nil
 	}
 	if a, err := w.get(".zarray"); err != nil {
 		return err
@@ -160,6 +170,10 @@ func (w *walker) root() error {
 	}
 	return fmt.Errorf("%s: no Zarr metadata (zarr.json, .zgroup, .zarray or .zmetadata) at the root", id)
 }
+
+// errConsolidate says what a store that cannot be listed (served over
+// HTTP) needs for its tree to be known.
+var errConsolidate = errors.New("consolidate its metadata (zarr.consolidate_metadata) to read it without listings")
 
 func attrsOrEmpty(m map[string]any) map[string]any {
 	if m == nil {

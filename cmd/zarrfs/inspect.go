@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
 	"github.com/zarrfs/zarrfs/zarr/codec"
 )
@@ -69,13 +70,13 @@ func newInspectCmd() *cobra.Command {
 				enc.SetEscapeHTML(false)
 				return enc.Encode(entries)
 			}
-			printInspect(cmd.OutOrStdout(), h.Store.ID(), entries)
+			printInspect(cmd.OutOrStdout(), h.Store.ID(), objectstore.DescribeVersions(h.Store), entries)
 			return nil
 		},
 	}
 	sf.register(cmd, false)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array, one object per array")
-	cmd.Flags().StringVar(&sampleDim, "sample-dim", "time", "dimension whose indices become one file each")
+	cmd.Flags().StringVar(&sampleDim, "sample-dim", layout.DefaultSampleDims, "dimension whose indices become one file each; a comma-separated list is tried in order")
 	return cmd
 }
 
@@ -114,8 +115,9 @@ func inspectEntries(h *zarr.Hierarchy, lay *layout.Layout) []inspectEntry {
 	return out
 }
 
-func printInspect(w io.Writer, id string, entries []inspectEntry) {
+func printInspect(w io.Writer, id, versions string, entries []inspectEntry) {
 	fmt.Fprintf(w, "%s: %s\n", id, count(int64(len(entries)), "array"))
+	fmt.Fprintf(w, "chunk versions: %s\n", versions)
 	for _, e := range entries {
 		name := e.Path
 		if name == "" {

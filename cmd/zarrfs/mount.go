@@ -38,9 +38,9 @@ func newMountCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "mount SOURCE MOUNTPOINT",
 		Short: "Mount a Zarr store as a read-only tree of .npy files (foreground; Ctrl-C unmounts)",
-		Long: `Mount a Zarr store (local path, file:// or s3:// URL) at MOUNTPOINT.
+		Long: `Mount a Zarr store (local path, file://, s3://, gs://, http:// or https:// URL) at MOUNTPOINT.
 
-Every array with a sample dimension (--sample-dim, default "time") becomes a
+Every array with a sample dimension (--sample-dim, default "time,valid_time") becomes a
 directory of one .npy file per sample; every other array one .npy file; each
 array also gets a .json description. Files are decoded on first open into the
 --cache directory and read from there. Runs in the foreground until SIGINT or

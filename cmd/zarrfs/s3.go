@@ -62,11 +62,23 @@ func openS3(ctx context.Context, src string, f *sourceFlags) (objectstore.Store,
 	if err != nil {
 		return nil, err
 	}
+	return f.remote(s), nil
+}
+
+// remote wraps a remote store in the circuit breaker and the retries
+// every remote source reads through, bounded by --source-stall and
+// --source-timeout, and, with --chunk-versions metadata, in
+// objectstore.TrustMetadata.
+func (f *sourceFlags) remote(s objectstore.Store) objectstore.Store {
 	br := objectstore.WithBreaker(s, objectstore.BreakerOptions{
 		Silence: f.deadlines.stall, Quiet: 2 * f.deadlines.stall, ProbeTimeout: f.deadlines.stall, Logger: f.logger})
-	return objectstore.WithRetry(br, objectstore.RetryOptions{
+	var st objectstore.Store = objectstore.WithRetry(br, objectstore.RetryOptions{
 		Logger:         f.logger,
 		Budget:         f.deadlines.timeout,
 		AttemptTimeout: f.deadlines.timeout,
-	}), nil
+	})
+	if f.chunkVersions == "metadata" {
+		st = objectstore.TrustMetadata(st)
+	}
+	return st
 }

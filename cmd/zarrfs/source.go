@@ -21,15 +21,19 @@ type sourceFlags struct {
 	s3Endpoint  string
 	s3Region    string
 	s3Anonymous bool
-	decode      string
-	gpus        string
-	gpuMemory   string
-	pinned      string
-	gpuIdle     time.Duration
-	deadlines   deadlineFlags
-	follow      bool
-	virtual     virtualFlags // virtual.go
-	logger      *slog.Logger
+	// gs:// and http(s):// sources (gcs.go)
+	gcsEndpoint   string
+	gcsAnonymous  bool
+	chunkVersions string
+	decode        string
+	gpus          string
+	gpuMemory     string
+	pinned        string
+	gpuIdle       time.Duration
+	deadlines     deadlineFlags
+	follow        bool
+	virtual       virtualFlags // virtual.go
+	logger        *slog.Logger
 }
 
 func getenv(k, def string) string {
@@ -45,6 +49,7 @@ func (f *sourceFlags) register(cmd *cobra.Command, decodes bool) {
 	cmd.Flags().StringVar(&f.s3Endpoint, "s3-endpoint", "", "S3 endpoint URL (default AWS); http:// allowed for on-premises servers")
 	cmd.Flags().StringVar(&f.s3Region, "s3-region", "", "S3 region")
 	cmd.Flags().BoolVar(&f.s3Anonymous, "s3-anonymous", false, "read a public bucket without credentials")
+	f.registerRemote(cmd)
 	f.deadlines.register(cmd)
 	cmd.Flags().BoolVar(&f.follow, "follow-symlinks", false, "local stores: follow symbolic links that leave the store (chunks in a git-annex or DVC cache); by default reads stay inside it")
 	f.virtual.register(cmd)
@@ -76,7 +81,7 @@ var s3Flags = []string{"s3-endpoint", "s3-region", "s3-anonymous"}
 // source is a bucket (a mistyped URL such as "s3:/bucket" is a local path),
 // and nothing would tell them that the flag did nothing.
 func (f *sourceFlags) validate(cmd *cobra.Command, src string) error {
-	if err := f.deadlines.validate(); err != nil {
+	if err := f.validateRemote(src); err != nil {
 		return err
 	}
 	if strings.HasPrefix(src, "s3://") {
@@ -90,14 +95,24 @@ func (f *sourceFlags) validate(cmd *cobra.Command, src string) error {
 	return nil
 }
 
-// openStore opens a local path, file:// URL or s3:// URL. The flags were
-// checked by validate.
+// openStore opens a local path, file:// URL, or s3://, gs://, http:// or
+// https:// URL, or a virtual store over them. The flags were checked by
+// validate; the remote ones are checked again for callers that open a store
+// without it.
 func (f *sourceFlags) openStore(ctx context.Context, src string) (objectstore.Store, error) {
+	if err := f.validateRemote(src); err != nil {
+		return nil, err
+	}
 	if st, ok, err := f.openVirtual(ctx, src); ok || err != nil {
 		return st, err // a kerchunk reference set or an Icechunk repository
 	}
-	if strings.HasPrefix(src, "s3://") {
+	switch {
+	case strings.HasPrefix(src, "s3://"):
 		return openS3(ctx, src, f)
+	case strings.HasPrefix(src, "gs://"):
+		return openGCS(ctx, src, f)
+	case strings.HasPrefix(src, "http://"), strings.HasPrefix(src, "https://"):
+		return openHTTP(ctx, src, f)
 	}
 	st, err := objectstore.OpenPosixOptions(src, objectstore.PosixOptions{FollowSymlinks: f.follow})
 	if err != nil {

@@ -34,7 +34,10 @@ func (f *virtualFlags) register(cmd *cobra.Command) {
 // store's targets may lie in, by URL scheme: one line per kind.
 func (f *sourceFlags) remoteOpeners() targets.Openers {
 	return targets.Openers{
-		"s3": func(ctx context.Context, root string) (objectstore.Store, error) { return openS3(ctx, root, f) },
+		"s3":    func(ctx context.Context, root string) (objectstore.Store, error) { return openS3(ctx, root, f) },
+		"gs":    func(ctx context.Context, root string) (objectstore.Store, error) { return openGCS(ctx, root, f) },
+		"http":  func(ctx context.Context, root string) (objectstore.Store, error) { return openHTTP(ctx, root, f) },
+		"https": func(ctx context.Context, root string) (objectstore.Store, error) { return openHTTP(ctx, root, f) },
 	}
 }
 

@@ -68,8 +68,9 @@ type Reader interface {
 
 // Options configure Build. The zero value means the defaults.
 type Options struct {
-	// SampleDim names the dimension whose indices become one file each.
-	// Empty means "time".
+	// SampleDim names the dimension whose indices become one file each, or
+	// lists names (comma-separated) of which the first that an array has
+	// is taken (ChooseSampleDim). Empty means "time".
 	SampleDim string
 	// Align is the offset where data starts in every blob: a multiple of
 	// 64 from MinAlign to MaxAlign. Zero means 4096.
@@ -411,6 +412,9 @@ func Build(h *zarr.Hierarchy, opts Options) (*Layout, error) {
 	o, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
+	}
+	if strings.Contains(o.SampleDim, ",") {
+		o.SampleDim, _ = ChooseSampleDim(h, o.SampleDim)
 	}
 	if o.Reader == nil {
 		r, ok := any(h).(Reader)

@@ -1,6 +1,7 @@
 package layout
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -28,10 +29,22 @@ type Source struct {
 
 // Open reads the metadata, binds the views and builds the layout. The
 // layout owns the new Hierarchy: Close it when done.
+//
+// A list of sample dimensions (Layout.SampleDim "time,valid_time") is
+// resolved by the first Open to the name the store uses, which later opens
+// keep; when no array has any of them, Open warns once, naming the
+// dimensions the arrays have.
 func (s *Source) Open(ctx context.Context) (*Layout, error) {
 	h, err := zarr.Open(ctx, s.Store, s.Zarr)
 	if err != nil {
 		return nil, err
+	}
+	if dim, ok := ChooseSampleDim(h, cmp.Or(s.Layout.SampleDim, DefaultSampleDim)); ok || len(multiDims(h, 1)) > 0 {
+		if !ok && s.Zarr.Logger != nil {
+			s.Zarr.Logger.Warn("no array has the sample dimension; every array is mounted as one file",
+				"sample_dim", cmp.Or(s.Layout.SampleDim, DefaultSampleDim), "dims", strings.Join(multiDims(h, 12), ","))
+		}
+		s.Layout.SampleDim = dim
 	}
 	views, err := BindViews(ctx, h, s.Views, BindOptions{SampleDim: s.Layout.SampleDim})
 	if err != nil {

@@ -46,8 +46,22 @@ func Files() map[string][]byte {
 	}
 }
 
+// Options adapt the suite to what a kind of store cannot do.
+type Options struct {
+	// NoListing: the store cannot list (a web server). Every List and
+	// ListVersions must then fail with objectstore.ErrNoListing, a
+	// permanent error that is never not-found, and versions are checked
+	// read against read (StatVersion, GetVersion, GetRangeVersion).
+	NoListing bool
+}
+
 // Run runs the suite. newStore builds a store holding the given files.
 func Run(t *testing.T, newStore func(t *testing.T, files map[string][]byte) objectstore.Store) {
+	RunWith(t, Options{}, newStore)
+}
+
+// RunWith runs the suite with options.
+func RunWith(t *testing.T, o Options, newStore func(t *testing.T, files map[string][]byte) objectstore.Store) {
 	files := Files()
 	s := newStore(t, files)
 	ctx := context.Background()
@@ -179,6 +193,20 @@ func Run(t *testing.T, newStore func(t *testing.T, files map[string][]byte) obje
 	})
 
 	t.Run("List", func(t *testing.T) {
+		if o.NoListing {
+			for _, p := range []string{"", "a", "a/c", "missing"} {
+				got, err := s.List(ctx, p)
+				if !errors.Is(err, objectstore.ErrNoListing) || objectstore.IsNotFound(err) || objectstore.IsTransient(err) {
+					t.Errorf("List(%q) = %q, %v; want a permanent ErrNoListing", p, got, err)
+				} else if p != "" {
+					checkError(t, err, p)
+				}
+			}
+			if _, err := s.List(ctx, "//a"); !errors.Is(err, objectstore.ErrInvalidKey) {
+				t.Errorf("List(//a): %v, want ErrInvalidKey", err)
+			}
+			return
+		}
 		tests := []struct {
 			prefix string
 			want   []string
@@ -229,7 +257,7 @@ func Run(t *testing.T, newStore func(t *testing.T, files map[string][]byte) obje
 			if _, err := s.GetRange(ctx, k, 0, 1); !errors.Is(err, objectstore.ErrInvalidKey) {
 				t.Errorf("GetRange(%q): err = %v, want ErrInvalidKey", k, err)
 			}
-			if k == "" {
+			if k == "" || o.NoListing {
 				continue // names the root, which List accepts
 			}
 			if _, err := s.List(ctx, k); !errors.Is(err, objectstore.ErrInvalidKey) {
@@ -249,12 +277,12 @@ func Run(t *testing.T, newStore func(t *testing.T, files map[string][]byte) obje
 		if _, err := s.GetRange(cctx, "big", 0, 10); !errors.Is(err, context.Canceled) {
 			t.Errorf("GetRange with a cancelled context: err = %v, want context.Canceled", err)
 		}
-		if _, err := s.List(cctx, "a"); !errors.Is(err, context.Canceled) {
+		if _, err := s.List(cctx, "a"); !o.NoListing && !errors.Is(err, context.Canceled) {
 			t.Errorf("List with a cancelled context: err = %v, want context.Canceled", err)
 		}
 	})
 
-	t.Run("Versions", func(t *testing.T) { runVersions(t, s, files) })
+	t.Run("Versions", func(t *testing.T) { runVersions(t, s, files, o) })
 
 	t.Run("Concurrent", func(t *testing.T) {
 		keys := sortedKeys(files)
@@ -289,6 +317,13 @@ func Run(t *testing.T, newStore func(t *testing.T, files map[string][]byte) obje
 							errs <- fmt.Errorf("Get(%q): %v, want not found", k+".missing", err)
 						}
 					default:
+						if o.NoListing {
+							got, err := s.GetRange(ctx, "a/c/0/0", -1, 5)
+							if err != nil || !bytes.Equal(got, files["a/c/0/0"][995:]) {
+								errs <- fmt.Errorf("GetRange(a/c/0/0, suffix): %d bytes, %v", len(got), err)
+							}
+							continue
+						}
 						got, err := s.List(ctx, "a/c")
 						if err != nil || !slices.Equal(got, []string{"0/", "1/"}) {
 							errs <- fmt.Errorf("List(a/c) = %q, %v", got, err)

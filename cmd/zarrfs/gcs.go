@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/zarrfs/zarrfs/objectstore"
+)
+
+// bearerTokenEnv names the environment variable whose value, when set, is
+// sent as a bearer token to http(s):// sources. It is never logged.
+const bearerTokenEnv = "ZARRFS_HTTP_BEARER_TOKEN"
+
+// registerRemote adds the flags of gs:// and http(s):// sources, and
+// --chunk-versions.
+func (f *sourceFlags) registerRemote(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.gcsEndpoint, "gcs-endpoint", "", "Google Cloud Storage endpoint URL (default Google's, or STORAGE_EMULATOR_HOST's emulator); http:// allowed for emulators")
+	cmd.Flags().BoolVar(&f.gcsAnonymous, "gcs-anonymous", false, "read a public bucket without credentials (otherwise Application Default Credentials are required)")
+	cmd.Flags().StringVar(&f.chunkVersions, "chunk-versions", "object", "remote sources: how a chunk rewritten in place is noticed: object (its generation, ETag or Last-Modified, asked once per chunk read or listed per small array) or metadata (trust the metadata: for archives that never rewrite a chunk; no request beyond the reads)")
+}
+
+func (f *sourceFlags) validateRemote(src string) error {
+	switch f.chunkVersions {
+	case "object":
+	case "metadata":
+		if !isRemoteURL(src) {
+			return usagef("--chunk-versions metadata: a local store's versions cost one stat per file; it applies to gs://, s3:// and http(s):// sources")
+		}
+	default:
+		return usagef("--chunk-versions %q: want object or metadata", f.chunkVersions)
+	}
+	return f.deadlines.validate()
+}
+
+func isRemoteURL(src string) bool {
+	for _, p := range []string{"s3://", "gs://", "http://", "https://"} {
+		if strings.HasPrefix(src, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// openGCS opens a gs:// source as openS3 opens an s3:// one.
+func openGCS(ctx context.Context, src string, f *sourceFlags) (objectstore.Store, error) {
+	if _, _, err := objectstore.ParseGSURL(src); err != nil {
+		return nil, usagef("%v", err)
+	}
+	if err := objectstore.CheckGCSEndpoint(f.gcsEndpoint); err != nil {
+		return nil, usagef("--gcs-endpoint: %v", err)
+	}
+	g, err := objectstore.OpenGCS(ctx, src, objectstore.GCSOptions{
+		Endpoint:       f.gcsEndpoint,
+		Anonymous:      f.gcsAnonymous,
+		Logger:         f.logger,
+		RequestTimeout: f.deadlines.stall,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return f.remote(g), nil
+}
+
+// openHTTP opens an http(s):// source, with the bearer token of
+// $ZARRFS_HTTP_BEARER_TOKEN when it is set.
+func openHTTP(ctx context.Context, src string, f *sourceFlags) (objectstore.Store, error) {
+	if _, err := objectstore.ParseHTTPURL(src); err != nil {
+		return nil, usagef("%v", err)
+	}
+	h, err := objectstore.OpenHTTP(ctx, src, objectstore.HTTPOptions{
+		BearerToken:    strings.TrimSpace(os.Getenv(bearerTokenEnv)),
+		TokenSource:    bearerTokenEnv,
+		Logger:         f.logger,
+		RequestTimeout: f.deadlines.stall,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return f.remote(h), nil
+}

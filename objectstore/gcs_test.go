@@ -1,0 +1,603 @@
+package objectstore_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"log/slog"
+	mrand "math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/zarrfs/zarrfs/integration/faultproxy"
+	"github.com/zarrfs/zarrfs/internal/syncbuf"
+	"github.com/zarrfs/zarrfs/objectstore"
+	"github.com/zarrfs/zarrfs/objectstore/gcstest"
+	"github.com/zarrfs/zarrfs/objectstore/storetest"
+)
+
+func TestParseGSURL(t *testing.T) {
+	tests := []struct {
+		in             string
+		bucket, prefix string
+		wantErr        string
+	}{
+		{"gs://gcp-public-data-arco-era5/ar/full_37-1h-0p25deg-chunk-1.zarr-v3", "gcp-public-data-arco-era5", "ar/full_37-1h-0p25deg-chunk-1.zarr-v3", ""},
+		{"gs://b/a/b.zarr/", "b", "a/b.zarr", ""},
+		{"gs://b", "b", "", ""},
+		{"gs://", "", "", "no bucket"},
+		{"s3://b/x", "", "", "not a gs"},
+		{"gs://b/../x", "", "", "bad prefix"},
+		{"gs://user:hunter2secret@b/x", "", "", "must not hold credentials"},
+		{"gs://b/x?generation=1", "", "", "not supported"},
+	}
+	for _, tc := range tests {
+		b, p, err := objectstore.ParseGSURL(tc.in)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("ParseGSURL(%q) = %q, %q, %v; want error %q", tc.in, b, p, err, tc.wantErr)
+			}
+			if err != nil && strings.Contains(err.Error(), "hunter2secret") {
+				t.Errorf("ParseGSURL error repeats the secret: %v", err)
+			}
+			continue
+		}
+		if err != nil || b != tc.bucket || p != tc.prefix {
+			t.Errorf("ParseGSURL(%q) = %q, %q, %v; want %q, %q", tc.in, b, p, err, tc.bucket, tc.prefix)
+		}
+	}
+	for ep, ok := range map[string]bool{
+		"": true, "http://127.0.0.1:4443": true, "https://storage.example.com/storage/v1/": true, "host:9": true,
+		"ftp://x": false, "http://u:pw@h": false, "http://h/?q=1": false,
+	} {
+		if err := objectstore.CheckGCSEndpoint(ep); (err == nil) != ok {
+			t.Errorf("CheckGCSEndpoint(%q) = %v, want ok=%v", ep, err, ok)
+		}
+	}
+}
+
+func openGCS(t testing.TB, endpoint, bucket, prefix string, opts objectstore.GCSOptions) *objectstore.GCS {
+	t.Helper()
+	opts.Endpoint = endpoint
+	if opts.Credentials == nil {
+		opts.Anonymous = true
+	}
+	u := "gs://" + bucket
+	if prefix != "" {
+		u += "/" + prefix
+	}
+	g, err := objectstore.OpenGCS(context.Background(), u, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	return g
+}
+
+func TestGCSConformance(t *testing.T) {
+	srv := gcstest.Start(t)
+	for _, prefix := range []string{"", "stores/era5.zarr"} {
+		t.Run("prefix="+prefix, func(t *testing.T) {
+			storetest.Run(t, func(t *testing.T, files map[string][]byte) objectstore.Store {
+				bucket := srv.NewBucket(t)
+				srv.UploadFiles(t, bucket, prefix, files)
+				// A neighbour sharing the prefix's name must not show through.
+				if prefix != "" {
+					srv.UploadFiles(t, bucket, "", map[string][]byte{prefix + ".bak/zarr.json": []byte("{}"), prefix + "x": []byte("{}")})
+				}
+				return openGCS(t, srv.URL, bucket, prefix, objectstore.GCSOptions{MaxInFlight: 8})
+			})
+		})
+	}
+	t.Run("retry and breaker", func(t *testing.T) {
+		storetest.Run(t, func(t *testing.T, files map[string][]byte) objectstore.Store {
+			bucket := srv.NewBucket(t)
+			srv.UploadFiles(t, bucket, "s", files)
+			g := openGCS(t, srv.URL, bucket, "s", objectstore.GCSOptions{})
+			br := objectstore.WithBreaker(g, objectstore.BreakerOptions{})
+			t.Cleanup(func() { br.Close() })
+			return objectstore.WithRetry(br, objectstore.RetryOptions{})
+		})
+	})
+	t.Run("STORAGE_EMULATOR_HOST", func(t *testing.T) {
+		bucket := srv.NewBucket(t)
+		srv.UploadFiles(t, bucket, "z", map[string][]byte{"zarr.json": []byte(`{"zarr_format":3}`)})
+		clearGoogleEnv(t)
+		t.Setenv("STORAGE_EMULATOR_HOST", strings.TrimPrefix(srv.URL, "http://"))
+		// No credentials anywhere and none asked for: the emulator takes none.
+		g, err := objectstore.OpenGCS(context.Background(), "gs://"+bucket+"/z", objectstore.GCSOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer g.Close()
+		if b, err := g.Get(context.Background(), "zarr.json"); err != nil || string(b) != `{"zarr_format":3}` {
+			t.Fatalf("Get = %q, %v", b, err)
+		}
+	})
+}
+
+// A chunk rewritten in place gets a new generation, which reads and
+// listings report alike.
+func TestGCSGenerations(t *testing.T) {
+	srv := gcstest.Start(t)
+	bucket := srv.NewBucket(t)
+	srv.Put(bucket, "z/c/0", []byte("first"))
+	g := openGCS(t, srv.URL, bucket, "z", objectstore.GCSOptions{})
+	ctx := context.Background()
+	_, v1, err := g.GetVersion(ctx, "c/0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Millisecond) // the emulator's generations are clock-based
+	srv.Put(bucket, "z/c/0", []byte("second"))
+	b, v2, err := g.GetVersion(ctx, "c/0", nil)
+	if err != nil || string(b) != "second" {
+		t.Fatalf("GetVersion after rewrite = %q, %v", b, err)
+	}
+	if v1 == v2 || !strings.HasPrefix(v2, "gen:") {
+		t.Fatalf("versions %q then %q: a rewrite must change the generation", v1, v2)
+	}
+	if sv, err := g.StatVersion(ctx, "c/0"); err != nil || sv != v2 {
+		t.Fatalf("StatVersion = %q, %v; want %q", sv, err, v2)
+	}
+	_, rv, err := g.GetRangeVersion(ctx, "c/0", -1, 3)
+	if err != nil || rv != v2 {
+		t.Fatalf("GetRangeVersion = %q, %v; want %q", rv, err, v2)
+	}
+}
+
+// clearGoogleEnv leaves Application Default Credentials with nothing to
+// find but the metadata server, which GCE_METADATA_HOST points at a port
+// that refuses connections.
+func clearGoogleEnv(t *testing.T) {
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	t.Setenv("GOOGLE_APPLICATION_CREDENTIALS", "")
+	t.Setenv("CLOUDSDK_CONFIG", filepath.Join(home, "gcloud"))
+	t.Setenv("STORAGE_EMULATOR_HOST", "")
+}
+
+// serviceAccount writes a service account key file whose token_uri is a
+// local token endpoint, and returns its path and the endpoint's counter.
+// The endpoint hands out token, or refuses with invalid_grant when token
+// is "".
+func serviceAccount(t *testing.T, token string) (string, *atomic.Int64) {
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		if token == "" {
+			w.WriteHeader(http.StatusBadRequest)
+			fmt.Fprint(w, `{"error":"invalid_grant","error_description":"Invalid JWT Signature."}`)
+			return
+		}
+		fmt.Fprintf(w, `{"access_token":%q,"token_type":"Bearer","expires_in":3600}`, token)
+	}))
+	t.Cleanup(ts.Close)
+	doc, _ := json.Marshal(map[string]string{
+		"type":           "service_account",
+		"project_id":     "zarrfs-test",
+		"private_key_id": "0123456789abcdef",
+		"private_key":    string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})),
+		"client_email":   "reader@zarrfs-test.iam.gserviceaccount.com",
+		"client_id":      "1234567890",
+		"token_uri":      ts.URL + "/token",
+	})
+	p := filepath.Join(t.TempDir(), "key.json")
+	if err := os.WriteFile(p, doc, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p, &calls
+}
+
+func TestGCSCredentials(t *testing.T) {
+	srv := gcstest.Start(t)
+	bucket := srv.NewBucket(t)
+	srv.UploadFiles(t, bucket, "z", map[string][]byte{"zarr.json": []byte(`{"zarr_format":3}`)})
+	ctx := context.Background()
+	open := func(opts objectstore.GCSOptions) (*objectstore.GCS, error) {
+		opts.Endpoint = srv.URL
+		return objectstore.OpenGCS(ctx, "gs://"+bucket+"/z", opts)
+	}
+
+	t.Run("application default credentials", func(t *testing.T) {
+		clearGoogleEnv(t)
+		const token = "ya29.secret-access-token-0123456789"
+		key, calls := serviceAccount(t, token)
+		t.Setenv("GOOGLE_APPLICATION_CREDENTIALS", key)
+		var auth atomic.Value
+		srv.OnRequest(func(r *http.Request) { auth.Store(r.Header.Get("Authorization")) })
+		defer srv.OnRequest(nil)
+		logs := &syncbuf.Buffer{}
+		g, err := open(objectstore.GCSOptions{Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer g.Close()
+		if calls.Load() != 1 {
+			t.Fatalf("%d token requests at open, want 1", calls.Load())
+		}
+		if b, err := g.Get(ctx, "zarr.json"); err != nil || string(b) != `{"zarr_format":3}` {
+			t.Fatalf("Get = %q, %v", b, err)
+		}
+		if got := auth.Load(); got != "Bearer "+token {
+			t.Fatalf("the emulator saw Authorization %q, want the service account's token", got)
+		}
+		if _, err := g.List(ctx, ""); err != nil {
+			t.Fatal(err)
+		}
+		if calls.Load() != 1 {
+			t.Errorf("%d token requests, want 1 (the token is reused)", calls.Load())
+		}
+		if strings.Contains(logs.String(), token) || strings.Contains(logs.String(), "PRIVATE KEY") {
+			t.Fatal("the token or key appears in the log")
+		}
+		if !strings.Contains(logs.String(), "service_account") {
+			t.Errorf("the log does not name the kind of credentials:\n%s", logs)
+		}
+	})
+	t.Run("rejected key", func(t *testing.T) {
+		clearGoogleEnv(t)
+		key, _ := serviceAccount(t, "")
+		t.Setenv("GOOGLE_APPLICATION_CREDENTIALS", key)
+		_, err := open(objectstore.GCSOptions{})
+		if !objectstore.IsPermission(err) || strings.Contains(err.Error(), "\n") {
+			t.Fatalf("err = %v, want one line of permission error", err)
+		}
+		if !strings.Contains(err.Error(), "invalid_grant") {
+			t.Errorf("err = %v, want the token endpoint's reason", err)
+		}
+		if strings.Contains(err.Error(), "PRIVATE KEY") {
+			t.Fatal("the key appears in the error")
+		}
+	})
+	t.Run("missing key file", func(t *testing.T) {
+		clearGoogleEnv(t)
+		t.Setenv("GOOGLE_APPLICATION_CREDENTIALS", filepath.Join(t.TempDir(), "none.json"))
+		_, err := open(objectstore.GCSOptions{})
+		if !errors.Is(err, objectstore.ErrNoGoogleCredentials) || !strings.Contains(err.Error(), "none.json") {
+			t.Fatalf("err = %v, want ErrNoGoogleCredentials naming the file", err)
+		}
+	})
+	t.Run("no credentials", func(t *testing.T) {
+		clearGoogleEnv(t)
+		_, err := open(objectstore.GCSOptions{})
+		if !errors.Is(err, objectstore.ErrNoGoogleCredentials) || strings.Contains(err.Error(), "\n") {
+			t.Fatalf("err = %v, want one line of ErrNoGoogleCredentials (never an anonymous fallback)", err)
+		}
+	})
+	t.Run("anonymous must be asked for", func(t *testing.T) {
+		clearGoogleEnv(t)
+		t.Setenv("GOOGLE_APPLICATION_CREDENTIALS", filepath.Join(t.TempDir(), "none.json"))
+		g, err := open(objectstore.GCSOptions{Anonymous: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer g.Close()
+		var auth atomic.Value
+		auth.Store("unset")
+		srv.OnRequest(func(r *http.Request) { auth.Store(r.Header.Get("Authorization")) })
+		defer srv.OnRequest(nil)
+		if _, err := g.Get(ctx, "zarr.json"); err != nil {
+			t.Fatal(err)
+		}
+		if got := auth.Load(); got != "" {
+			t.Fatalf("an anonymous read sent Authorization %q", got)
+		}
+	})
+}
+
+// errorServer answers every request with status and an XML error of code,
+// as GCS's XML API does.
+func errorServer(t *testing.T, status int, code string) string {
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/xml")
+		w.WriteHeader(status)
+		fmt.Fprintf(w, `<?xml version='1.0' encoding='UTF-8'?><Error><Code>%s</Code><Message>m</Message></Error>`, code)
+	}))
+	t.Cleanup(ts.Close)
+	return ts.URL
+}
+
+func TestGCSErrorClasses(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		status int
+		code   string
+		check  func(error) bool
+		what   string
+	}{
+		{404, "NoSuchKey", objectstore.IsNotFound, "not found"},
+		{404, "NoSuchBucket", func(err error) bool {
+			return err != nil && !objectstore.IsNotFound(err) && !objectstore.IsTransient(err) && strings.Contains(err.Error(), "does not exist")
+		}, "a missing bucket, never a missing chunk"},
+		{403, "AccessDenied", objectstore.IsPermission, "permission"},
+		{401, "AuthenticationRequired", func(err error) bool {
+			return objectstore.IsPermission(err) && strings.Contains(err.Error(), "expired")
+		}, "permission, saying the credentials may have expired"},
+		{503, "ServiceUnavailable", objectstore.IsTransient, "transient"},
+		{429, "SlowDown", objectstore.IsTransient, "transient"},
+		{400, "InvalidArgument", func(err error) bool {
+			return err != nil && !objectstore.IsTransient(err) && !objectstore.IsNotFound(err)
+		}, "permanent"},
+	}
+	for _, tc := range tests {
+		g := openGCS(t, errorServer(t, tc.status, tc.code), "b", "z", objectstore.GCSOptions{})
+		for _, op := range []func() error{
+			func() error { _, err := g.Get(ctx, "c/0"); return err },
+			func() error { _, err := g.GetRange(ctx, "c/0", -1, 16); return err },
+		} {
+			err := op()
+			if !tc.check(err) {
+				t.Errorf("HTTP %d %s: err = %v, want %s", tc.status, tc.code, err, tc.what)
+			}
+			if err != nil && strings.Contains(err.Error(), "\n") {
+				t.Errorf("HTTP %d: error on more than one line: %q", tc.status, err)
+			}
+		}
+	}
+}
+
+// gcsFaultEnv is an emulator with a store fixture behind a fault proxy.
+type gcsFaultEnv struct {
+	srv    *gcstest.Server
+	proxy  *faultproxy.Proxy
+	bucket string
+	big    []byte
+	logs   *syncbuf.Buffer
+}
+
+func newGCSFaultEnv(t *testing.T) *gcsFaultEnv {
+	srv := gcstest.Start(t)
+	p, err := faultproxy.New(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	e := &gcsFaultEnv{srv: srv, proxy: p, bucket: srv.NewBucket(t), logs: &syncbuf.Buffer{}}
+	e.big = make([]byte, 2<<20)
+	rng := mrand.New(mrand.NewPCG(3, 4))
+	for i := range e.big {
+		e.big[i] = byte(rng.Uint32())
+	}
+	srv.UploadFiles(t, e.bucket, "z", map[string][]byte{"big": e.big, "a/zarr.json": []byte("{}"), "a/c/0": []byte("c0")})
+	return e
+}
+
+func (e *gcsFaultEnv) store(t *testing.T, retry objectstore.RetryOptions) objectstore.Store {
+	log := slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	g := openGCS(t, e.proxy.URL, e.bucket, "z", objectstore.GCSOptions{Logger: log, RequestTimeout: time.Second, MaxInFlight: 8})
+	if retry.MaxAttempts == 0 {
+		retry.MaxAttempts = 6
+	}
+	if retry.InitialBackoff == 0 {
+		retry.InitialBackoff = 5 * time.Millisecond
+	}
+	if retry.MaxBackoff == 0 {
+		retry.MaxBackoff = 50 * time.Millisecond
+	}
+	if retry.Budget == 0 {
+		retry.Budget = 20 * time.Second
+	}
+	retry.Logger = log
+	return objectstore.WithRetry(g, retry)
+}
+
+func TestGCSFaultsRecovered(t *testing.T) {
+	e := newGCSFaultEnv(t)
+	s := e.store(t, objectstore.RetryOptions{})
+	st := func(code int) faultproxy.Fault { return faultproxy.Fault{Kind: faultproxy.Status, Status: code} }
+	tests := []struct {
+		name   string
+		faults []faultproxy.Fault
+	}{
+		{"500 burst", []faultproxy.Fault{st(500), st(500), st(500)}},
+		{"503 burst", []faultproxy.Fault{st(503), st(503), st(503), st(503)}},
+		{"429", []faultproxy.Fault{st(429), st(429)}},
+		{"reset mid-body", []faultproxy.Fault{{Kind: faultproxy.Reset, After: 3000}, {Kind: faultproxy.Reset, After: 0}}},
+		{"truncated body", []faultproxy.Fault{{Kind: faultproxy.Truncate, After: 1000}, {Kind: faultproxy.Truncate, After: 1}}},
+		{"stall mid-body", []faultproxy.Fault{{Kind: faultproxy.Stall, After: 500, StallFor: time.Minute}}},
+		{"stall before headers", []faultproxy.Fault{{Kind: faultproxy.StallHeaders, StallFor: time.Minute}}},
+		{"mixed", []faultproxy.Fault{st(503), {Kind: faultproxy.Reset, After: 10}, {Kind: faultproxy.Truncate, After: 5}, st(500)}},
+	}
+	reads := []struct {
+		name string
+		read func(ctx context.Context) ([]byte, error)
+		want []byte
+	}{
+		{"get", func(ctx context.Context) ([]byte, error) { return s.Get(ctx, "big") }, e.big},
+		{"range", func(ctx context.Context) ([]byte, error) { return s.GetRange(ctx, "big", 12345, 100_000) }, e.big[12345:112345]},
+		{"suffix", func(ctx context.Context) ([]byte, error) { return s.GetRange(ctx, "big", -1, 4096) }, e.big[len(e.big)-4096:]},
+	}
+	for _, tc := range tests {
+		for _, r := range reads {
+			t.Run(tc.name+"/"+r.name, func(t *testing.T) {
+				before, reqs := e.proxy.Faults(), e.proxy.Requests()
+				e.proxy.SetRule(faultproxy.Sequence(faultproxy.ObjectGets, tc.faults...))
+				defer e.proxy.SetRule(nil)
+				ctx := guard(t)
+				b, err := r.read(ctx)
+				if ctx.Err() != nil {
+					t.Fatal("read did not end within the guard")
+				}
+				if err != nil {
+					t.Fatalf("read failed after retries: %v", err)
+				}
+				if !bytes.Equal(b, r.want) {
+					t.Fatalf("read %d bytes, want %d: content differs", len(b), len(r.want))
+				}
+				if got := e.proxy.Faults() - before; got != int64(len(tc.faults)) {
+					t.Fatalf("%d faults injected, want %d", got, len(tc.faults))
+				}
+				// One request per attempt: the client re-read nothing behind
+				// the retry layer's back.
+				if got := e.proxy.Requests() - reqs; got != int64(len(tc.faults))+1 {
+					t.Fatalf("%d requests for %d faults, want one per attempt", got, len(tc.faults))
+				}
+			})
+		}
+	}
+	t.Run("list 503", func(t *testing.T) {
+		e.proxy.SetRule(faultproxy.Sequence(func(r *http.Request) bool {
+			return strings.Contains(r.URL.Path, "/o") && r.URL.Query().Has("delimiter")
+		},
+			st(503), st(500)))
+		defer e.proxy.SetRule(nil)
+		names, err := s.List(guard(t), "a")
+		if err != nil || strings.Join(names, ",") != "c/,zarr.json" {
+			t.Fatalf("List = %q, %v", names, err)
+		}
+		if e.proxy.Faults() == 0 {
+			t.Fatal("no fault injected into the listing")
+		}
+	})
+}
+
+// Faults that never stop end, within the budget, in a transient error
+// naming the key: never in data, never in not-found, never in a hang.
+func TestGCSFaultsPersistent(t *testing.T) {
+	e := newGCSFaultEnv(t)
+	tests := []struct {
+		name  string
+		fault faultproxy.Fault
+	}{
+		{"503", faultproxy.Fault{Kind: faultproxy.Status, Status: 503}},
+		{"reset", faultproxy.Fault{Kind: faultproxy.Reset, After: 100}},
+		{"truncated", faultproxy.Fault{Kind: faultproxy.Truncate, After: 100}},
+		{"stall", faultproxy.Fault{Kind: faultproxy.Stall, After: 100, StallFor: time.Minute}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := e.store(t, objectstore.RetryOptions{MaxAttempts: 3})
+			e.proxy.SetRule(faultproxy.Always(faultproxy.ObjectGets, tc.fault))
+			defer e.proxy.SetRule(nil)
+			before := e.proxy.Requests()
+			ctx := guard(t)
+			b, err := s.Get(ctx, "big")
+			if ctx.Err() != nil {
+				t.Fatal("read did not end within the guard")
+			}
+			if err == nil {
+				t.Fatalf("read returned %d bytes through a permanent fault", len(b))
+			}
+			t.Logf("error: %v", err)
+			if !objectstore.IsTransient(err) || objectstore.IsNotFound(err) {
+				t.Fatalf("err = %v, want a transient error", err)
+			}
+			if n := e.proxy.Requests() - before; n != 3 {
+				t.Fatalf("%d requests, want 3 attempts", n)
+			}
+			if !strings.Contains(err.Error(), "gs://") || !strings.Contains(err.Error(), "big") || !strings.Contains(err.Error(), "gave up after 3 attempts") {
+				t.Fatalf("error %q should name the store, the key and the attempts", err)
+			}
+			if tc.name == "truncated" && !errors.Is(err, objectstore.ErrTruncated) {
+				t.Fatalf("error %q should say the body was truncated", err)
+			}
+		})
+	}
+}
+
+// A source that stops answering opens the breaker: reads then fail at
+// once, and it closes by itself when the source answers again.
+func TestGCSBreaker(t *testing.T) {
+	e := newGCSFaultEnv(t)
+	g := openGCS(t, e.proxy.URL, e.bucket, "z", objectstore.GCSOptions{RequestTimeout: 200 * time.Millisecond})
+	br := objectstore.WithBreaker(g, objectstore.BreakerOptions{Failures: 2, Silence: 300 * time.Millisecond, Quiet: time.Second, Probe: 50 * time.Millisecond, ProbeTimeout: 200 * time.Millisecond})
+	defer br.Close()
+	ctx := guard(t)
+	if _, err := br.Get(ctx, "a/c/0"); err != nil {
+		t.Fatal(err)
+	}
+	e.proxy.SetRule(faultproxy.Always(nil, faultproxy.Fault{Kind: faultproxy.StallHeaders, StallFor: time.Minute}))
+	for i := 0; i < 20 && !br.Open(); i++ {
+		br.Get(ctx, "big")
+	}
+	if !br.Open() {
+		t.Fatal("the breaker did not open on a silent source")
+	}
+	start := time.Now()
+	if _, err := br.Get(ctx, "big"); !errors.Is(err, objectstore.ErrSourceDown) || time.Since(start) > 100*time.Millisecond {
+		t.Fatalf("open breaker: err = %v after %v, want ErrSourceDown at once", err, time.Since(start))
+	}
+	e.proxy.SetRule(nil)
+	deadline := time.Now().Add(10 * time.Second)
+	for br.Open() && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if br.Open() {
+		t.Fatal("the breaker did not close when the source answered again")
+	}
+	if b, err := br.Get(ctx, "big"); err != nil || !bytes.Equal(b, e.big) {
+		t.Fatalf("after the breaker closed: %d bytes, %v", len(b), err)
+	}
+}
+
+// Many readers at once through a proxy that breaks a third of the
+// requests in assorted ways: every read returns exactly the right bytes.
+func TestGCSFaultsConcurrent(t *testing.T) {
+	e := newGCSFaultEnv(t)
+	s := e.store(t, objectstore.RetryOptions{MaxAttempts: 10})
+	kinds := []faultproxy.Fault{
+		{Kind: faultproxy.Status, Status: 503},
+		{Kind: faultproxy.Reset, After: 700},
+		{Kind: faultproxy.Truncate, After: 20},
+		{Kind: faultproxy.Status, Status: 429},
+		{Kind: faultproxy.Stall, After: 1, StallFor: time.Minute},
+	}
+	e.proxy.SetRule(func(r *http.Request, n int64) faultproxy.Fault {
+		if !faultproxy.ObjectGets(r) || n%3 != 0 {
+			return faultproxy.Fault{}
+		}
+		return kinds[(n/3)%int64(len(kinds))]
+	})
+	defer e.proxy.SetRule(nil)
+	ctx := guard(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 256)
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := mrand.New(mrand.NewPCG(uint64(g), 9))
+			for range 6 {
+				off := rng.Int64N(int64(len(e.big)) - 1)
+				n := 1 + rng.Int64N(min(int64(len(e.big))-off, 300_000))
+				b, err := s.GetRange(ctx, "big", off, n)
+				if err != nil {
+					errs <- err
+				} else if !bytes.Equal(b, e.big[off:off+n]) {
+					errs <- errors.New("wrong bytes returned")
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if e.proxy.Faults() < 10 {
+		t.Fatalf("only %d faults injected", e.proxy.Faults())
+	}
+}

@@ -1,0 +1,617 @@
+package objectstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// Defaults for HTTPOptions zero values.
+const (
+	DefaultHTTPRequestTimeout = 30 * time.Second
+	DefaultHTTPMaxInFlight    = 64
+)
+
+// HTTPOptions configures OpenHTTP. Every zero value means a documented
+// default.
+type HTTPOptions struct {
+	// BearerToken, when set, is sent as "Authorization: Bearer TOKEN" with
+	// every request (and kept on redirects to the same host only, as Go's
+	// client does). It is never logged and never part of an error.
+	BearerToken string
+	// TokenSource names where BearerToken came from, for the one line that
+	// says a server refused it ("ZARRFS_HTTP_BEARER_TOKEN"). "": "the
+	// bearer token".
+	TokenSource string
+	// Logger receives one debug line per request; nil: discard.
+	Logger *slog.Logger
+	// RequestTimeout is how long a request may make no progress: until its
+	// response headers arrive, and between any two reads of its body (see
+	// S3Options.RequestTimeout). 0: DefaultHTTPRequestTimeout (30s).
+	RequestTimeout time.Duration
+	// MaxInFlight bounds the requests in flight at once. 0:
+	// DefaultHTTPMaxInFlight (64).
+	MaxInFlight int
+	// Transport replaces the tuned HTTP transport (tests); nil: the default.
+	Transport http.RoundTripper
+}
+
+// HTTP is a read-only Store over a Zarr store served by a web server at a
+// base URL: a key is a path below it. A web server cannot list, so List and
+// ListVersions fail with ErrNoListing and the store's tree must come from
+// consolidated metadata (zarr.Open says so when there is none). Ranges are
+// read with Range requests, the shard index at the end with a suffix range;
+// a server that ignores Range and answers 200 is read past the bytes before
+// the range and cut at its end.
+//
+// Versions are the response's ETag, else its Last-Modified with the
+// object's size (one-second resolution: a rewrite of the same size within
+// the same second is not noticed), else "unversioned" (the server tells
+// nothing: a rewrite is not noticed at all; Validators says which kind a
+// server gave). A read reports the version of its own response, and
+// StatVersion asks one with a HEAD request.
+//
+// It is safe for concurrent use; at most MaxInFlight requests run at once.
+// Errors are classified at the source: 404 and 410 are ErrNotFound, 401
+// and 403 are ErrPermission, 416 is ErrRange, 5xx, 429, 408, transport
+// failures, truncated bodies and stalls are Transient. Wrap it with
+// WithRetry.
+type HTTP struct {
+	base    string // scheme://host[:port]/path, no trailing slash
+	id      string
+	client  *http.Client
+	token   string
+	tokenOf string
+	log     *slog.Logger
+	timeout time.Duration
+	sem     chan struct{}
+	tr      http.RoundTripper
+
+	sawETag, sawModified, sawNone atomic.Bool
+}
+
+var (
+	_ Store         = (*HTTP)(nil)
+	_ GetterInto    = (*HTTP)(nil)
+	_ Versioned     = (*HTTP)(nil)
+	_ VersionStater = (*HTTP)(nil)
+)
+
+// ParseHTTPURL checks an http:// or https:// store URL and returns it
+// without a trailing slash. Credentials, queries and fragments are
+// refused (a signed query would be a secret in every log line and cache
+// key), without repeating the URL.
+func ParseHTTPURL(raw string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", errors.New("not a valid URL")
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return "", fmt.Errorf("not an http:// or https:// URL")
+	}
+	if u.User != nil {
+		return "", fmt.Errorf("an http URL must not hold credentials; set a bearer token in the environment")
+	}
+	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+		return "", fmt.Errorf("%s://%s%s: query and fragment are not supported (a signed query is a secret; use a bearer token)", u.Scheme, u.Host, u.EscapedPath())
+	}
+	if u.Host == "" {
+		return "", fmt.Errorf("%s: no host", raw)
+	}
+	p := strings.Trim(u.Path, "/")
+	if p != "" {
+		c, err := CleanKey(p, false)
+		if err != nil {
+			return "", fmt.Errorf("%s: bad path: %w", raw, err)
+		}
+		p = "/" + c
+	}
+	return u.Scheme + "://" + u.Host + (&url.URL{Path: p}).EscapedPath(), nil
+}
+
+// OpenHTTP opens the store at rawURL. It sends no request.
+func OpenHTTP(ctx context.Context, rawURL string, opts HTTPOptions) (*HTTP, error) {
+	base, err := ParseHTTPURL(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	timeout := opts.RequestTimeout
+	if timeout <= 0 {
+		timeout = DefaultHTTPRequestTimeout
+	}
+	inflight := opts.MaxInFlight
+	if inflight <= 0 {
+		inflight = DefaultHTTPMaxInFlight
+	}
+	tr := opts.Transport
+	if tr == nil {
+		tr = newGCSTransport(inflight, timeout)
+	}
+	h := &HTTP{
+		base:    base,
+		id:      base,
+		client:  &http.Client{Transport: tr, CheckRedirect: checkRedirect},
+		token:   opts.BearerToken,
+		tokenOf: cmpOr(opts.TokenSource, "the bearer token"),
+		log:     log.With("store", base),
+		timeout: timeout,
+		sem:     make(chan struct{}, inflight),
+		tr:      tr,
+	}
+	h.log.Debug("http store opened", "bearer_token", opts.BearerToken != "", "max_in_flight", inflight, "request_timeout", timeout)
+	return h, nil
+}
+
+// Close releases the idle connections kept for reuse.
+func (h *HTTP) Close() error {
+	if t, ok := h.tr.(interface{ CloseIdleConnections() }); ok {
+		t.CloseIdleConnections()
+	}
+	return nil
+}
+
+// ID returns the base URL.
+func (h *HTTP) ID() string { return h.id }
+
+// QueuesRequests reports that requests wait for one of MaxInFlight slots
+// (see QueueingStore).
+func (h *HTTP) QueuesRequests() bool { return true }
+
+// Validators says which kinds of version the server's responses carried
+// so far: "etag", "last-modified", "none", joined by "+" when they
+// differed, "" before any response.
+func (h *HTTP) Validators() string {
+	var kinds []string
+	if h.sawETag.Load() {
+		kinds = append(kinds, "etag")
+	}
+	if h.sawModified.Load() {
+		kinds = append(kinds, "last-modified")
+	}
+	if h.sawNone.Load() {
+		kinds = append(kinds, "none")
+	}
+	return strings.Join(kinds, "+")
+}
+
+func (h *HTTP) url(k string) string {
+	if k == "" {
+		return h.base + "/"
+	}
+	return h.base + "/" + (&url.URL{Path: k}).EscapedPath()
+}
+
+// List fails: a web server cannot list.
+func (h *HTTP) List(ctx context.Context, prefix string) ([]string, error) {
+	k, err := CleanKey(prefix, true)
+	if err != nil {
+		return nil, &Error{Op: "list", Store: h.id, Key: prefix, Err: err}
+	}
+	return nil, &Error{Op: "list", Store: h.id, Key: k, Err: ErrNoListing}
+}
+
+// ListVersions fails: a web server cannot list.
+func (h *HTTP) ListVersions(ctx context.Context, prefix string, fn func(key, version string)) error {
+	_, err := h.List(ctx, prefix)
+	return err
+}
+
+// Get reads a whole object.
+func (h *HTTP) Get(ctx context.Context, key string) ([]byte, error) {
+	b, _, err := h.GetVersion(ctx, key, nil)
+	return b, err
+}
+
+// GetInto is Get reading into buf when it is large enough.
+func (h *HTTP) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
+	b, _, err := h.GetVersion(ctx, key, buf)
+	return b, err
+}
+
+// GetRange reads length bytes at off, or the last length bytes when off < 0.
+func (h *HTTP) GetRange(ctx context.Context, key string, off, length int64) ([]byte, error) {
+	b, _, err := h.GetRangeVersion(ctx, key, off, length)
+	return b, err
+}
+
+// GetVersion reads a whole object and the version of its response.
+func (h *HTTP) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
+	k, err := CleanKey(key, false)
+	if err != nil {
+		return nil, "", &Error{Op: "get", Store: h.id, Key: key, Err: err}
+	}
+	b, v, err := h.fetch(ctx, k, 0, 0, false, buf)
+	if err != nil {
+		return nil, "", &Error{Op: "get", Store: h.id, Key: k, Err: err}
+	}
+	return b, v, nil
+}
+
+// GetRangeVersion reads a byte range and the version of its response.
+func (h *HTTP) GetRangeVersion(ctx context.Context, key string, off, length int64) ([]byte, string, error) {
+	k, err := CleanKey(key, false)
+	if err != nil {
+		return nil, "", &Error{Op: "get range", Store: h.id, Key: key, Err: err}
+	}
+	if length < 0 {
+		return nil, "", &Error{Op: "get range", Store: h.id, Key: k, Err: fmt.Errorf("negative length %d", length)}
+	}
+	b, v, err := h.fetch(ctx, k, off, length, true, nil)
+	if err != nil {
+		return nil, "", &Error{Op: "get range", Store: h.id, Key: k, Err: err}
+	}
+	return b, v, nil
+}
+
+// StatVersion asks the version of the object at key with a HEAD request.
+func (h *HTTP) StatVersion(ctx context.Context, key string) (string, error) {
+	k, err := CleanKey(key, false)
+	if err != nil {
+		return "", &Error{Op: "stat", Store: h.id, Key: key, Err: err}
+	}
+	_, v, err := h.stat(ctx, k)
+	if err != nil {
+		return "", &Error{Op: "stat", Store: h.id, Key: k, Err: err}
+	}
+	return v, nil
+}
+
+// Probe asks the server whether it answers at all (the breaker's probe of
+// a store it cannot list): any HTTP response is an answer.
+func (h *HTTP) Probe(ctx context.Context) error {
+	_, resp, done, err := h.do(ctx, http.MethodHead, "", "")
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	done()
+	return nil
+}
+
+// version names the object state a response describes.
+func (h *HTTP) version(hdr http.Header) string {
+	if et := hdr.Get("ETag"); et != "" {
+		h.sawETag.Store(true)
+		return "etag:" + et
+	}
+	if lm := hdr.Get("Last-Modified"); lm != "" {
+		h.sawModified.Store(true)
+		return "modified:" + lm
+	}
+	h.sawNone.Store(true)
+	return "unversioned"
+}
+
+// do sends one request (after taking a slot) with the stall timer armed;
+// the caller reads the body, re-arming the timer through progressReader,
+// and calls done. fired reports whether the timer ended the request.
+func (h *HTTP) do(ctx context.Context, method, k, rng string) (fired *atomic.Bool, resp *http.Response, done func(), err error) {
+	if err := h.acquire(ctx); err != nil {
+		return nil, nil, nil, err
+	}
+	if err := StartAttempt(ctx); err != nil {
+		h.release()
+		return nil, nil, nil, err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	fired = new(atomic.Bool)
+	timer := time.AfterFunc(h.timeout, func() { fired.Store(true); cancel() })
+	done = func() { timer.Stop(); cancel(); h.release() }
+	req, err := http.NewRequestWithContext(rctx, method, h.url(k), nil)
+	if err != nil {
+		done()
+		return nil, nil, nil, err
+	}
+	req.Header.Set("Accept-Encoding", "identity")
+	if rng != "" {
+		req.Header.Set("Range", rng)
+	}
+	if h.token != "" {
+		req.Header.Set("Authorization", "Bearer "+h.token)
+	}
+	resp, err = h.client.Do(req)
+	if err != nil {
+		done()
+		return fired, nil, nil, h.transportError(ctx, fired.Load(), err)
+	}
+	resp.Body = progressReader{resp.Body, timer, h.timeout}
+	if err := h.statusError(method, resp); err != nil {
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		resp.Body.Close()
+		done()
+		return fired, nil, nil, err
+	}
+	if ce := resp.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		resp.Body.Close()
+		done()
+		return fired, nil, nil, fmt.Errorf("server sent the object with Content-Encoding %q, not its stored bytes", ce)
+	}
+	return fired, resp, done, nil
+}
+
+func (h *HTTP) acquire(ctx context.Context) error {
+	select {
+	case h.sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (h *HTTP) release() { <-h.sem }
+
+// errDirectory is a redirect from a key to the same path with a slash
+// added: the key names a directory of the server (whose index page is no
+// object), which is what a missing object is to a store.
+var errDirectory = errors.New("a directory, not an object")
+
+// checkRedirect follows redirects (mirrors hand out their CDN's URL), at
+// most ten, but not into a directory.
+func checkRedirect(req *http.Request, via []*http.Request) error {
+	if len(via) >= 10 {
+		return errors.New("stopped after 10 redirects")
+	}
+	prev := via[len(via)-1].URL.Path
+	if strings.HasSuffix(req.URL.Path, "/") && !strings.HasSuffix(prev, "/") {
+		return errDirectory
+	}
+	return nil
+}
+
+// transportError classifies a request that got no response.
+func (h *HTTP) transportError(parent context.Context, timedOut bool, err error) error {
+	if perr := parent.Err(); perr != nil {
+		return perr
+	}
+	if timedOut {
+		return Transient(fmt.Errorf("request stalled: no response for %v: %w", h.timeout, context.DeadlineExceeded))
+	}
+	if errors.Is(err, errDirectory) {
+		return fmt.Errorf("%w: %w", ErrNotFound, errDirectory)
+	}
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err // the URL is in the Error already
+	}
+	return Transient(err)
+}
+
+// errNoHead is a server refusing HEAD requests (405, 501).
+var errNoHead = errors.New("server does not answer HEAD requests")
+
+// statusError classifies a response that is not 200 or 206.
+func (h *HTTP) statusError(method string, resp *http.Response) error {
+	s := resp.StatusCode
+	if s == http.StatusOK || s == http.StatusPartialContent {
+		return nil
+	}
+	desc := "HTTP " + strconv.Itoa(s)
+	if t := http.StatusText(s); t != "" {
+		desc += " " + t
+	}
+	switch {
+	case s == http.StatusNotFound || s == http.StatusGone:
+		return ErrNotFound
+	case s == http.StatusUnauthorized || s == http.StatusForbidden:
+		if h.token != "" {
+			return fmt.Errorf("%w (%s: the server refused %s; it may have expired)", ErrPermission, desc, h.tokenOf)
+		}
+		return fmt.Errorf("%w (%s: the server wants credentials; set %s)", ErrPermission, desc, h.tokenOf)
+	case s == http.StatusRequestedRangeNotSatisfiable:
+		return fmt.Errorf("%w (%s)", ErrRange, desc)
+	case method == http.MethodHead && (s == http.StatusMethodNotAllowed || s == http.StatusNotImplemented):
+		return fmt.Errorf("%w (%s)", errNoHead, desc)
+	case s >= 500 || s == http.StatusTooManyRequests || s == http.StatusRequestTimeout:
+		return Transient(errors.New(desc))
+	}
+	return errors.New(desc)
+}
+
+// stat asks an object's size and version with HEAD, or, from a server
+// that does not allow HEAD, with a GET of its first byte.
+func (h *HTTP) stat(ctx context.Context, k string) (int64, string, error) {
+	_, resp, done, err := h.do(ctx, http.MethodHead, k, "")
+	if errors.Is(err, errNoHead) {
+		return h.statByGet(ctx, k)
+	}
+	if err != nil {
+		return 0, "", err
+	}
+	defer done()
+	resp.Body.Close()
+	return resp.ContentLength, h.version(resp.Header), nil
+}
+
+func (h *HTTP) statByGet(ctx context.Context, k string) (int64, string, error) {
+	_, resp, done, err := h.do(ctx, http.MethodGet, k, "bytes=0-0")
+	if errors.Is(err, ErrRange) {
+		return 0, "unversioned", nil // an empty object: nothing to range over
+	}
+	if err != nil {
+		return 0, "", err
+	}
+	defer done()
+	defer resp.Body.Close()
+	total := resp.ContentLength
+	if resp.StatusCode == http.StatusPartialContent {
+		_, _, t, err := parseContentRange(resp.Header.Get("Content-Range"))
+		if err != nil {
+			return 0, "", Transient(fmt.Errorf("bad Content-Range %q: %w", resp.Header.Get("Content-Range"), err))
+		}
+		total = t
+	}
+	return total, h.version(resp.Header), nil
+}
+
+// fetch reads a whole object or a range, and the version of the response.
+func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bool, into []byte) ([]byte, string, error) {
+	if ranged && length == 0 {
+		// HTTP cannot ask for zero bytes; check existence and bounds instead.
+		size, v, err := h.stat(ctx, k)
+		if err != nil {
+			return nil, "", err
+		}
+		if size >= 0 && off > size {
+			return nil, "", fmt.Errorf("%w: offset %d, size %d", ErrRange, off, size)
+		}
+		return []byte{}, v, nil
+	}
+	rng := ""
+	if ranged {
+		if off < 0 {
+			rng = "bytes=-" + strconv.FormatInt(length, 10)
+		} else {
+			rng = "bytes=" + strconv.FormatInt(off, 10) + "-" + strconv.FormatInt(off+length-1, 10)
+		}
+	}
+	start := time.Now()
+	fired, resp, done, err := h.do(ctx, http.MethodGet, k, rng)
+	if err != nil {
+		h.log.Debug("http get failed", "key", k, "off", off, "length", length, "err", err)
+		return nil, "", err
+	}
+	defer done()
+	defer resp.Body.Close()
+	body := resp.Body
+	// want: the bytes this response must carry (-1: a chunked body without
+	// Content-Length, whose terminator tells a complete body from a cut
+	// one); total: the object's size (-1 unknown); skip: bytes of the body
+	// before the ones asked (a server that ignored Range sends them all).
+	want, total, skip := resp.ContentLength, int64(-1), int64(0)
+	partial := resp.StatusCode == http.StatusPartialContent
+	switch {
+	case ranged && partial:
+		cr := resp.Header.Get("Content-Range")
+		first, last, t, err := parseContentRange(cr)
+		if err != nil {
+			return nil, "", Transient(fmt.Errorf("bad Content-Range %q: %w", cr, err))
+		}
+		total = t
+		if off < 0 {
+			if total < length {
+				return nil, "", fmt.Errorf("%w: last %d bytes of %d", ErrRange, length, total)
+			}
+			off = total - length
+		}
+		if off+length > total {
+			return nil, "", fmt.Errorf("%w: %d+%d, size %d", ErrRange, off, length, total)
+		}
+		if first != off || last != off+length-1 {
+			return nil, "", Transient(fmt.Errorf("server sent bytes %d-%d for %d-%d", first, last, off, off+length-1))
+		}
+		if want >= 0 && want != length {
+			return nil, "", Transient(fmt.Errorf("Content-Length %d for a range of %d bytes", want, length))
+		}
+		want = length
+	case partial:
+		return nil, "", Transient(errors.New("server answered a request for the whole object with 206 Partial Content"))
+	case ranged: // 200: Range ignored, the whole object follows
+		total = want
+		if total >= 0 {
+			if off < 0 {
+				off = total - length
+			}
+			if off < 0 || off+length > total {
+				return nil, "", fmt.Errorf("%w: %d+%d, size %d", ErrRange, off, length, total)
+			}
+		}
+		if off >= 0 {
+			// Read past what comes before the range, and stop at its end:
+			// the object is never held whole.
+			if n, err := io.CopyN(io.Discard, body, off); err != nil {
+				if err == io.EOF && total < 0 {
+					return nil, "", fmt.Errorf("%w: offset %d, object of %d bytes", ErrRange, off, n)
+				}
+				return nil, "", h.bodyError(ctx, fired.Load(), err, n, off)
+			}
+			skip, want = off, length
+			if total < 0 {
+				want = -1 // read up to length bytes; a clean end before them is ErrRange
+			}
+		}
+	default:
+		total = want
+		// The object is read whole: refuse one larger than the caller
+		// expects before allocating for it.
+		if err := checkSize(ctx, want); err != nil {
+			return nil, "", err
+		}
+	}
+	version := h.version(resp.Header)
+	var buf []byte
+	var n int
+	switch {
+	case want >= 0:
+		if int64(cap(into)) >= want {
+			buf = into[:want]
+		} else {
+			buf = make([]byte, want)
+		}
+		n, err = io.ReadFull(body, buf)
+	case ranged:
+		// A 200 of unknown length (chunked): a clean end of the body
+		// (err == nil) before the range's end means the object is shorter;
+		// a cut body is an error of its own.
+		limit := length
+		if off < 0 {
+			limit = SizeLimit(ctx) + 1 // a suffix needs the whole to find its tail
+		}
+		buf, err = io.ReadAll(io.LimitReader(body, limit))
+		n = len(buf)
+		if err == nil && off < 0 && int64(n) > SizeLimit(ctx) {
+			return nil, "", checkSize(ctx, int64(n))
+		}
+		if err == nil && int64(n) < length {
+			return nil, "", fmt.Errorf("%w: %d+%d, object of %d bytes", ErrRange, skip, length, skip+int64(n))
+		}
+	default:
+		buf, err = io.ReadAll(io.LimitReader(body, SizeLimit(ctx)+1))
+		n = len(buf)
+		if err == nil {
+			if err := checkSize(ctx, int64(n)); err != nil {
+				return nil, "", err
+			}
+		}
+	}
+	if err != nil {
+		return nil, "", h.bodyError(ctx, fired.Load(), err, int64(n), want)
+	}
+	if ranged && !partial && off < 0 {
+		// A suffix of a 200: the tail of the whole object.
+		if int64(len(buf)) < length {
+			return nil, "", fmt.Errorf("%w: last %d bytes of %d", ErrRange, length, len(buf))
+		}
+		buf = buf[int64(len(buf))-length:]
+	}
+	h.log.Debug("http get", "key", k, "off", off, "length", length, "bytes", len(buf), "status", resp.StatusCode, "dur", time.Since(start))
+	return buf, version, nil
+}
+
+// bodyError classifies a failure reading a body after n of want bytes.
+func (h *HTTP) bodyError(ctx context.Context, timedOut bool, err error, n, want int64) error {
+	if perr := ctx.Err(); perr != nil {
+		return perr
+	}
+	if timedOut {
+		return Transient(fmt.Errorf("request stalled: no data for %v after %d of %d bytes: %w", h.timeout, n, want, context.DeadlineExceeded))
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		if want < 0 {
+			return Transient(fmt.Errorf("%w: chunked body cut after %d bytes", ErrTruncated, n))
+		}
+		return Transient(fmt.Errorf("%w: %d of %d bytes", ErrTruncated, n, want))
+	}
+	return Transient(fmt.Errorf("reading body after %d of %d bytes: %w", n, want, err))
+}
