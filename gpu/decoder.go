@@ -5,8 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/adler32"
-	"hash/crc32"
 	"io"
 	"log/slog"
 	"math"
@@ -15,8 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
-
-	"github.com/cespare/xxhash/v2"
 
 	"github.com/zarrfs/zarrfs/zarr/codec"
 )
@@ -78,20 +74,23 @@ type Options struct {
 	// (the zarrfs daemon), since it ends every other user's allocations.
 	ResetOnClose bool
 	// Deflate sends gzip, zlib and blosc-zlib chunks to nvCOMP's deflate
-	// decoder. Off by default: nvCOMP's deflate writes past its output on
-	// some damaged streams (see the package doc). The fence around deflate
-	// outputs keeps those bytes from other chunks (on an H200, the good
-	// chunk next to a damaged zlib chunk came back wrong without the fence
-	// and right with it), but a large overrun turns the GPU path off for
-	// the process, and deflate on the GPU is not yet measured against the
-	// CPU. Off, those codecs decode on the CPU (ErrUnsupported).
+	// decoder; the host then checks their CRC-32 or Adler-32 over what it
+	// decoded (blosc zlib streams too). Off by default: nvCOMP's deflate
+	// writes past its output on some damaged streams (see the package
+	// doc), the checksums leave a few kinds of damage only the CPU sees,
+	// and the GPU pays for deflate only where TestThroughputSummary's
+	// deflate row says so. The fence around deflate outputs keeps overruns
+	// from other chunks (on an H200, the good chunk next to a damaged zlib
+	// chunk came back wrong without the fence and right with it), but a
+	// large overrun turns the GPU path off for the process. Off, those
+	// codecs decode on the CPU (ErrUnsupported).
 	Deflate bool
 	// Unverified sends to nvCOMP streams for which the host cannot hold
 	// nvCOMP's verdict to the CPU decoder's: zstd chunks of frames without
 	// a content checksum (numcodecs and zarr-python write none by
-	// default), every blosc chunk with zstd or zlib streams, and blosc
-	// chunks with snappy streams, which the CPU decoder does not decode at
-	// all. Off by
+	// default), every blosc chunk with zstd streams, and blosc chunks
+	// with snappy streams, which the CPU decoder does not decode at all.
+	// Off by
 	// default: the host checks only zstd's frame, block and section
 	// headers, and nvCOMP may accept damage inside the entropy-coded data
 	// that the CPU decoder rejects (see the package doc); off, such chunks
@@ -594,9 +593,14 @@ func (d *Decoder) finish(r *round) ([][]byte, []error, error) {
 		}
 	}
 	outs := make([][]byte, len(idx))
+	r.pre = make([][]byte, len(idx))
 	for k, ji := range idx {
+		n := int64(len(r.jobs[ji].Dst))
 		if !fl.directOut[k] {
-			outs[k] = hout[l.finalOff[k] : l.finalOff[k]+int64(len(r.jobs[ji].Dst))]
+			outs[k] = hout[l.finalOff[k] : l.finalOff[k]+n]
+		}
+		if at := l.preAt[k]; at >= 0 {
+			r.pre[k] = hout[at : at+n]
 		}
 	}
 	r.stats = []any{"pack", fl.tPack, "device", elapsed(ev[0], ev[4]),
@@ -671,34 +675,4 @@ func (d *Decoder) parallel(n int, f func(i int)) {
 		})
 	}
 	wg.Wait()
-}
-
-func verify(kind checkKind, want uint32, b []byte) error {
-	var got uint32
-	switch kind {
-	case checkNone:
-		return nil
-	case checkCRC32:
-		got = crc32.ChecksumIEEE(b)
-	case checkAdler32:
-		got = adler32.Checksum(b)
-	case checkXXH64:
-		got = uint32(xxhash.Sum64(b))
-	}
-	if got != want {
-		return fmt.Errorf("checksum %08x, trailer says %08x: %w", got, want, codec.ErrCorrupt)
-	}
-	return nil
-}
-
-// verifySwapped checks a checksum over b as it was before its elements were
-// byte swapped.
-func verifySwapped(kind checkKind, want uint32, b []byte, size int) error {
-	tmp := make([]byte, len(b))
-	for i := 0; i+size <= len(b); i += size {
-		for k := range size {
-			tmp[i+k] = b[i+size-1-k]
-		}
-	}
-	return verify(kind, want, tmp)
 }

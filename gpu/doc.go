@@ -65,12 +65,19 @@
 //     could tell would cost a decode. So zstd frames without a checksum,
 //     chunks of several frames and blosc zstd streams (decoded into device
 //     scratch the host never sees) go to the CPU, unless Options.Unverified.
-//   - gzip, zlib: their CRC-32 and Adler-32 verify what nvCOMP decoded;
-//     nvCOMP may still accept what the CPU rejects (a stored block whose
-//     length check is damaged, bytes between the deflate stream and the
-//     trailer). blosc zlib streams have no checksum the host sees. All
-//     deflate goes to the CPU unless Options.Deflate (and, for blosc zlib,
-//     Options.Unverified).
+//   - gzip, zlib and blosc zlib streams: the host computes their CRC-32
+//     (and the gzip size) or Adler-32 over what nvCOMP decoded, one pass
+//     (checksum.go); a blosc chunk's shuffled zlib streams decode into a
+//     scratch slot the round copies back, so the host checks the streams'
+//     own bytes. A gzip mismatch is corrupt; a zlib one goes to the CPU,
+//     which decides (where a deflate stream ends, and so where its
+//     Adler-32 sits, only a decode tells, and the CPU decoder accepts
+//     bytes after the trailer). The checksums do not make deflate exact:
+//     damage that leaves the decoded bytes as they were but breaks a rule
+//     the CPU decoder enforces (a stored block's length check, a Huffman
+//     tree that is over-full but whose spare codes are never used, bytes
+//     inserted between the deflate stream and its trailer) passes them.
+//     All deflate goes to the CPU unless Options.Deflate.
 //   - blosc snappy: the CPU decoder has none, so nothing to hold nvCOMP to;
 //     a full walk of every stream's tags proves it in bounds. To the CPU
 //     (which refuses it) unless Options.Unverified.

@@ -95,6 +95,10 @@ type round struct {
 	callers   int
 	reqs      []*request // callers with pinned memory in the round: onDevice counts it
 	fl        *inflight  // the device's state of the round
+	// pre is set by collect, per job: a shuffled blosc chunk's bytes
+	// before unshuffling, for the host's check of its streams
+	// (prepared.sums); nil where there are none.
+	pre [][]byte
 	stats     []any      // what collect adds to the round's debug line
 }
 
@@ -211,7 +215,7 @@ func (opts Options) refuse(j *codec.Job, p *prepared) error {
 		return fmt.Errorf("gpu: %s chunk: deflate decodes on the CPU (Options.Deflate is off): %w", j.Codec, codec.ErrUnsupported)
 	case !opts.Unverified && p.unverified != "":
 		return fmt.Errorf("gpu: %s chunk: %s: decoded on the CPU (Options.Unverified is off): %w", j.Codec, p.unverified, codec.ErrUnsupported)
-	case !opts.Unverified && opts.SkipChecksums && p.check != checkNone:
+	case !opts.Unverified && opts.SkipChecksums && (p.check != checkNone || len(p.sums) > 0):
 		return fmt.Errorf("gpu: %s chunk: only its checksum verifies it, and Options.SkipChecksums is on: decoded on the CPU (Options.Unverified is off): %w",
 			j.Codec, codec.ErrUnsupported)
 	}
@@ -489,7 +493,11 @@ func (d *Decoder) settle(r *round, outs [][]byte, errs []error, batchErr error) 
 		case errs[k] != nil:
 			j.Err = fmt.Errorf("gpu: %s chunk: %w", j.Codec, errs[k])
 		default:
-			if err := d.deliver(&r.preps[k], outs[k], j.Dst, r.elemSize); err != nil {
+			var pre []byte
+			if k < len(r.pre) {
+				pre = r.pre[k]
+			}
+			if err := d.deliver(&r.preps[k], outs[k], pre, j.Dst, r.elemSize); err != nil {
 				j.Err = fmt.Errorf("gpu: %s chunk: %w", j.Codec, err)
 			}
 		}
@@ -519,22 +527,19 @@ func (d *Decoder) settle(r *round, outs [][]byte, errs []error, batchErr error) 
 	}
 }
 
-// deliver checks a decoded chunk and copies it to dst.
-// A nil out means the device wrote dst itself (pinned memory).
-func (d *Decoder) deliver(p *prepared, out, dst []byte, elemSize int) error {
+// deliver checks a decoded chunk and copies it to dst. A nil out means
+// the device wrote dst itself (pinned memory); pre is the chunk before
+// unshuffling, where the host checks its streams (nil otherwise).
+func (d *Decoder) deliver(p *prepared, out, pre, dst []byte, elemSize int) error {
 	if out == nil {
 		out = dst
 	}
-	if !d.opts.SkipChecksums && elemSize <= 1 {
-		if err := verify(p.check, p.want, out); err != nil {
+	if !d.opts.SkipChecksums {
+		if err := p.verifyDecoded(out, pre, elemSize); err != nil {
 			return err
 		}
 	}
 	copy(dst, out) // nothing to do when out is dst
-	if !d.opts.SkipChecksums && elemSize > 1 && p.check != checkNone {
-		// The checksum covers the bytes before swapping.
-		return verifySwapped(p.check, p.want, dst, elemSize)
-	}
 	return nil
 }
 
