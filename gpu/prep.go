@@ -333,7 +333,7 @@ type layout struct {
 	preOff    int64
 	devIn     int64 // the device input buffer's size
 
-	finalEnd  int64 // end of the decoded chunks (byte swapping covers [0, finalEnd))
+	finalEnd int64 // end of the decoded chunks (byte swapping covers [0, finalEnd))
 	// preAt, per entry of jobs, is where a shuffled job whose streams the
 	// host checks (prepared.sums) is decoded before unshuffling: inside
 	// the region copied back, after the decoded chunks, so that the host

@@ -98,8 +98,8 @@ type round struct {
 	// pre is set by collect, per job: a shuffled blosc chunk's bytes
 	// before unshuffling, for the host's check of its streams
 	// (prepared.sums); nil where there are none.
-	pre [][]byte
-	stats     []any      // what collect adds to the round's debug line
+	pre   [][]byte
+	stats []any // what collect adds to the round's debug line
 }
 
 // start launches the submitter and the completer over dev.
