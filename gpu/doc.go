@@ -100,6 +100,18 @@
 // does) the Decoder turns the GPU path off, logs it once, and sends every
 // later job to the CPU. It never returns wrong bytes for a fault.
 //
+// Other damage makes a kernel loop for good (seen with a blosc zstd chunk
+// under Options.Unverified; the host's zstd header checks, which run in
+// every mode, do not catch it, since it lies in the entropy-coded data).
+// A watchdog (watchdog.go) gives every round a deadline
+// (Options.RoundTimeout, longer for larger rounds): past it, every caller
+// waiting on the device gets its jobs back for the CPU at once, wrapping
+// ErrHung and ErrUnsupported, the Decoder takes no more work (Retired),
+// and Close frees nothing the device may still use. Decoded bytes reach
+// a caller's pinned Dst only after the round is seen to be done, so a
+// device that finishes after its callers were released never writes
+// their memory.
+//
 // nvCOMP 6.0's deflate decoder ignores the output capacity on some damaged
 // streams: it reports an error but has written past the end (25 KB past a
 // 16.8 KB chunk, 5.5 MB past a 4 MB one, measured on an H200), into the

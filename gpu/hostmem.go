@@ -110,7 +110,7 @@ func (p *hostPool) start() {
 	p.mu.Lock()
 	p.growLocked(p.unit)
 	p.mu.Unlock()
-	go p.shrinkWhenIdle()
+	go p.shrinkWhenIdle(p.stop, p.done)
 }
 
 // HostAlloc returns n bytes of pinned host memory for the caller to decode
@@ -284,18 +284,18 @@ func (p *hostPool) free(b []byte) {
 
 // shrinkWhenIdle gives back the arenas with nothing lent once the pool has
 // had no request for p.idle.
-func (p *hostPool) shrinkWhenIdle() {
-	defer close(p.done)
+func (p *hostPool) shrinkWhenIdle(stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
 	t := time.NewTicker(max(p.idle/4, 10*time.Millisecond))
 	defer t.Stop()
 	for {
 		select {
-		case <-p.stop:
+		case <-stop:
 			return
 		case now := <-t.C:
 			var drop []*arena
 			p.mu.Lock()
-			if now.Sub(p.last) >= p.idle && !p.growing {
+			if now.Sub(p.last) >= p.idle && !p.growing && !p.closed {
 				drop = p.releaseLocked()
 			}
 			p.mu.Unlock()
@@ -415,6 +415,22 @@ func (d *Decoder) releaseHost() {
 	drop := p.releaseLocked()
 	p.mu.Unlock()
 	p.drop(drop)
+}
+
+// abandon is releaseHost for a Decoder whose device may still be copying
+// from or into the arenas: they stay mapped and registered (the process's
+// exit frees them), nothing more is registered, and HostAlloc lends
+// ordinary memory from now on. It does not wait for the idle timer, which
+// may be in a driver call.
+func (p *hostPool) abandon() {
+	p.mu.Lock()
+	p.closed = true
+	stop := p.stop
+	p.stop = nil
+	p.mu.Unlock()
+	if stop != nil {
+		close(stop)
+	}
 }
 
 // releaseLocked takes every arena with nothing lent out of the pool, for

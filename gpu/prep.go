@@ -311,6 +311,7 @@ type copyRef struct {
 type layout struct {
 	jobs     []int   // indices of the jobs in this sub-batch
 	finalOff []int64 // per entry of jobs: offset of its decoded bytes in the output buffer
+	finalLen []int64 // and their length
 
 	segs     [numAlgos][]segRef
 	raws     []segRef // raw pieces: packed like inputs, copied by scatter_copy
@@ -409,12 +410,13 @@ func (p *prepared) cost(n int64) int64 {
 // pinned host memory; inAligns gives nvCOMP's input alignment per
 // algorithm, which pieces read in place must meet.
 func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns, inAligns [numAlgos]int64, fence bool, pinnedSrc func(k int) bool) *layout {
-	l := &layout{jobs: idx, finalOff: make([]int64, len(idx))}
+	l := &layout{jobs: idx, finalOff: make([]int64, len(idx)), finalLen: make([]int64, len(idx))}
 	var out int64
 	for k, ji := range idx {
 		out = alignUp(out, outAlign)
 		l.finalOff[k] = out
-		out += int64(len(jobs[ji].Dst))
+		l.finalLen[k] = int64(len(jobs[ji].Dst))
+		out += l.finalLen[k]
 	}
 	l.finalEnd = out
 

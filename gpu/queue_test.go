@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/zarrfs/zarrfs/zarr/codec"
 )
@@ -29,19 +30,29 @@ type fakeRounds struct {
 	gate    chan struct{}
 	submits chan *round // every submitted round, in order
 	fail    func(r *round) error
+	// hold, when set, keeps prepare waiting until it is closed: a driver
+	// call that blocks behind a kernel that never ends.
+	hold chan struct{}
+	// direct: the device writes the Dst of every other job itself, in
+	// finishDirect, as it does for pinned memory; directCalls counts them.
+	direct      bool
+	directCalls []int
 	// emulated: rounds go through the emulated device pipeline (emulate,
 	// nvCOMP stood in for by Go decoders of each format) rather than
 	// codec.Decode.
 	emulated bool
 
-	mu       sync.Mutex
-	inFlight map[int]bool
-	srcs     map[*round][][]byte
-	closed   bool
+	mu        sync.Mutex
+	inFlight  map[int]bool
+	srcs      map[*round][][]byte
+	decoded   map[*round][][]byte // the direct jobs' bytes, for finishDirect
+	closed    bool
+	abandoned bool
 }
 
 func newFake(t *testing.T, gated bool) *fakeRounds {
-	f := &fakeRounds{t: t, submits: make(chan *round, 1000), srcs: map[*round][][]byte{}, inFlight: map[int]bool{}}
+	f := &fakeRounds{t: t, submits: make(chan *round, 1000), srcs: map[*round][][]byte{}, inFlight: map[int]bool{},
+		decoded: map[*round][][]byte{}}
 	if gated {
 		f.gate = make(chan struct{})
 	}
@@ -50,7 +61,14 @@ func newFake(t *testing.T, gated bool) *fakeRounds {
 
 func (f *fakeRounds) needsIdle() bool { return false }
 
-func (f *fakeRounds) submit(r *round) error {
+func (f *fakeRounds) prepare(r *round) error {
+	if f.hold != nil {
+		<-f.hold
+	}
+	return nil
+}
+
+func (f *fakeRounds) start(r *round) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.inFlight[r.set] {
@@ -66,9 +84,17 @@ func (f *fakeRounds) submit(r *round) error {
 	return nil
 }
 
-func (f *fakeRounds) collect(r *round) ([][]byte, []error, error) {
+func (f *fakeRounds) collect(r *round, cancel <-chan struct{}) ([][]byte, []error, error) {
 	if f.gate != nil {
-		<-f.gate
+		t := time.NewTimer(time.Until(r.deadline))
+		defer t.Stop()
+		select {
+		case <-f.gate:
+		case <-t.C:
+			return nil, nil, errRoundTimeout
+		case <-cancel:
+			return nil, nil, errRetiredWait
+		}
 	}
 	f.mu.Lock()
 	srcs := f.srcs[r]
@@ -87,7 +113,7 @@ func (f *fakeRounds) collect(r *round) ([][]byte, []error, error) {
 		}
 		outs, pres, errs := emulateRound(jobs, alignCases[0].aligns, r.elemSize, false, nil)
 		r.pre = pres
-		return outs, errs, nil
+		return f.directly(r, outs), errs, nil
 	}
 	outs := make([][]byte, len(r.jobs))
 	errs := make([]error, len(r.jobs))
@@ -97,7 +123,46 @@ func (f *fakeRounds) collect(r *round) ([][]byte, []error, error) {
 			swapInPlace(outs[k], r.elemSize)
 		}
 	}
-	return outs, errs, nil
+	return f.directly(r, outs), errs, nil
+}
+
+// directly keeps, with f.direct, every other job's bytes for finishDirect
+// and returns nil for them, as the device does for a pinned Dst.
+func (f *fakeRounds) directly(r *round, outs [][]byte) [][]byte {
+	if !f.direct {
+		return outs
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	kept := make([][]byte, len(outs))
+	for k := range outs {
+		if k%2 == 0 {
+			kept[k], outs[k] = outs[k], nil
+		}
+	}
+	f.decoded[r] = kept
+	return outs
+}
+
+func (f *fakeRounds) finishDirect(r *round, which []int, deadline time.Time, cancel <-chan struct{}) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, k := range which {
+		if f.decoded[r][k] == nil {
+			f.t.Errorf("finishDirect of job %d, which the device did not keep", k)
+			continue
+		}
+		copy(r.jobs[k].Dst, f.decoded[r][k])
+		f.directCalls = append(f.directCalls, k)
+	}
+	delete(f.decoded, r)
+	return nil
+}
+
+func (f *fakeRounds) abandon() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.abandoned = true
 }
 
 func (f *fakeRounds) close() {
