@@ -55,6 +55,12 @@ type Options struct {
 	// 4 GiB (16 fills of a 20-channel ERA5 sample with their compressed
 	// chunks take about 3); past it HostAlloc returns ordinary memory.
 	HostBytes int64
+	// HostOnDemand registers no pinned memory before the first HostAlloc
+	// (or TryHostAlloc). Zero value: the first arena is registered in the
+	// background at New, ahead of demand, as a Decoder that will take
+	// work wants; a caller that may not use the GPU at all (decoding in
+	// auto mode) sets it, so that a GPU it declines costs no pinning.
+	HostOnDemand bool
 	// HostIdle is how long the Decoder keeps memory it is not using: the
 	// lent memory's arenas with nothing lent and no request, and the
 	// device and staging buffers of rounds, are given back after this long
@@ -142,8 +148,9 @@ type Decoder struct {
 	log  *slog.Logger
 	info Info
 
-	host   hostPool // pinned memory lent to callers (hostmem.go)
-	counts counters // what Stats reports (stats.go)
+	host   hostPool  // pinned memory lent to callers (hostmem.go)
+	counts counters  // what Stats reports (stats.go)
+	costs  costTable // what Costs reports (stats.go)
 
 	// Memory held by the rounds' buffers, and the time (UnixNano) the last
 	// round was submitted, for budgets and idle trimming.
@@ -263,6 +270,7 @@ func New(opts Options) (*Decoder, error) {
 		return nil, err
 	}
 	d.host.idle = opts.HostIdle
+	d.host.onDemand = opts.HostOnDemand
 	d.host.register, d.host.unregister = d.register, d.unregister
 	d.host.start()
 	d.lastRound.Store(time.Now().UnixNano())

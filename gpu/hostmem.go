@@ -48,6 +48,9 @@ type hostPool struct {
 	unit   int   // arena size: arenaSize, smaller in tests
 	closed bool
 	idle   time.Duration // arenas with nothing lent go after this long without a request
+	// onDemand: no arena is registered before the first request
+	// (Options.HostOnDemand).
+	onDemand bool
 	used   int64         // bytes mapped
 	arenas []*arena      // sorted by start
 	lent   map[uintptr]lentBuf
@@ -95,8 +98,8 @@ func (p *hostPool) stats() hostStats {
 	return s
 }
 
-// start registers the first arena in the background and starts the idle
-// timer.
+// start registers the first arena in the background (unless onDemand)
+// and starts the idle timer.
 func (p *hostPool) start() {
 	if p.idle <= 0 {
 		p.idle = defaultHostIdle
@@ -107,9 +110,11 @@ func (p *hostPool) start() {
 	p.lent = map[uintptr]lentBuf{}
 	p.last = time.Now()
 	p.stop, p.done = make(chan struct{}), make(chan struct{})
-	p.mu.Lock()
-	p.growLocked(p.unit)
-	p.mu.Unlock()
+	if !p.onDemand {
+		p.mu.Lock()
+		p.growLocked(p.unit)
+		p.mu.Unlock()
+	}
 	go p.shrinkWhenIdle(p.stop, p.done)
 }
 
@@ -128,6 +133,17 @@ func (d *Decoder) HostAlloc(n int) []byte {
 		return b
 	}
 	return make([]byte, n)
+}
+
+// TryHostAlloc is HostAlloc without the fallback: it returns nil when no
+// registered arena has room (registering more in the background), so that
+// a caller with memory of its own to lend uses that instead of the Go
+// heap.
+func (d *Decoder) TryHostAlloc(n int) []byte {
+	if n <= 0 {
+		return nil
+	}
+	return d.host.alloc(n)
 }
 
 // HostAllocWait is HostAlloc that waits up to timeout for pinned memory to

@@ -182,11 +182,13 @@ func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSiz
 	// run here, on the caller's goroutine, while the device decodes other
 	// callers' rounds.
 	d.parallel(len(jobs), func(i int) {
+		t0 := time.Now()
 		if d.noValidate {
 			preps[i] = frame(&jobs[i])
 		} else {
 			preps[i] = prepare(&jobs[i])
 		}
+		d.costs.host(jobs[i].Codec, time.Since(t0))
 	})
 	var ok []int
 	for i := range jobs {
@@ -569,6 +571,8 @@ func (d *Decoder) settle(r *round, outs [][]byte, errs []error, batchErr error) 
 		case errs[k] != nil:
 			j.Err = fmt.Errorf("gpu: %s chunk: %w", j.Codec, errs[k])
 		default:
+			t0 := time.Now()
+			defer func() { d.costs.host(j.Codec, time.Since(t0)) }()
 			var pre []byte
 			if k < len(r.pre) {
 				pre = r.pre[k]
@@ -578,6 +582,9 @@ func (d *Decoder) settle(r *round, outs [][]byte, errs []error, batchErr error) 
 			}
 		}
 		d.counts.count(j.Err, len(j.Dst))
+		if j.Err == nil {
+			d.costs.delivered(j.Codec, len(j.Dst))
+		}
 		q.fin[it.i] = true
 	})
 	if batchErr == nil && len(r.items) > 0 {

@@ -51,7 +51,7 @@ func (d *Decoder) prepareRound(jobs []codec.Job, preps []prepared, set *bufSet) 
 // two events.
 func (d *Decoder) startRound(fl *inflight, jobs []codec.Job, elemSize int) error {
 	set, l := fl.set, fl.l
-	d.pack(set, l)
+	d.pack(set, l, jobs)
 	if err := d.upload(set, l); err != nil {
 		return err
 	}
@@ -99,27 +99,32 @@ func (d *Decoder) reserve(set *bufSet, l *layout) error {
 // pack copies the compressed pieces that are not in pinned memory into
 // the staging buffer, in parallel (the host's main cost for a round), and
 // writes the descriptor arrays nvCOMP and the kernels read.
-func (d *Decoder) pack(set *bufSet, l *layout) {
+func (d *Decoder) pack(set *bufSet, l *layout, jobs []codec.Job) {
 	hin := set.hIn.bytes()
 	inBase, outBase := uint64(set.dIn.ptr), uint64(set.dOut.ptr)
 	type cp struct {
 		dst []byte
 		src []byte
+		job int
 	}
 	var packs []cp
 	for a := range numAlgos {
 		for _, s := range l.segs[a] {
 			if !s.direct {
-				packs = append(packs, cp{hin[s.inOff : s.inOff+int64(len(s.src))], s.src})
+				packs = append(packs, cp{hin[s.inOff : s.inOff+int64(len(s.src))], s.src, s.job})
 			}
 		}
 	}
 	for _, s := range l.raws {
 		if !s.direct {
-			packs = append(packs, cp{hin[s.inOff : s.inOff+int64(len(s.src))], s.src})
+			packs = append(packs, cp{hin[s.inOff : s.inOff+int64(len(s.src))], s.src, s.job})
 		}
 	}
-	d.parallel(len(packs), func(i int) { copy(packs[i].dst, packs[i].src) })
+	d.parallel(len(packs), func(i int) {
+		t0 := time.Now()
+		copy(packs[i].dst, packs[i].src)
+		d.costs.host(jobs[l.jobs[packs[i].job]].Codec, time.Since(t0))
+	})
 
 	le := binary.LittleEndian
 	for a := range numAlgos {
