@@ -51,9 +51,9 @@ type hostPool struct {
 	// onDemand: no arena is registered before the first request
 	// (Options.HostOnDemand).
 	onDemand bool
-	used   int64         // bytes mapped
-	arenas []*arena      // sorted by start
-	lent   map[uintptr]lentBuf
+	used     int64    // bytes mapped
+	arenas   []*arena // sorted by start
+	lent     map[uintptr]lentBuf
 	// growing is set while a background registration runs.
 	growing bool
 	// last is the time of the last HostAlloc or HostFree.
