@@ -35,8 +35,8 @@ import (
 // So a GPU that does not pay ends up taking nothing: auto is the CPU alone
 // plus a few probes.
 type router struct {
-	cpu     *counter           // the CPU pool (Spare)
-	inline  codec.BatchDecoder // the same counted, decoding on the caller's goroutine (samples)
+	cpu     *counter               // the CPU pool (Spare)
+	inline  codec.BatchDecoder     // the same counted, decoding on the caller's goroutine (samples)
 	gpu     atomic.Pointer[routed] // the GPUs, behind the fallback to the CPU (new ones after a sleep)
 	workers int
 	// costs sums gpu.Decoder.Costs over the usable GPUs; usable reports
@@ -74,9 +74,9 @@ type route struct {
 type routeState int
 
 const (
-	probing routeState = iota // unknown: a few batches go to the GPU
-	paying                    // the GPU takes the codec when the CPU is full
-	declined                  // the CPU only, until retryAt
+	probing  routeState = iota // unknown: a few batches go to the GPU
+	paying                     // the GPU takes the codec when the CPU is full
+	declined                   // the CPU only, until retryAt
 )
 
 const (
