@@ -564,7 +564,7 @@ func TestCorruptEmulated(t *testing.T) {
 			f.emulated = true
 			d := newFakeDecoder(f, opts)
 			defer d.Close()
-			corruptRounds(t, d, opts, logs, filter, 2, nil, nil)
+			corruptRounds(t, d, opts, logs, filter, 2, nil)
 		})
 	}
 }
