@@ -318,7 +318,7 @@ func New(opts Options) (*Pipeline, error) {
 		decoded: Decoded{}, arena: newArena(opts.IdleMemory)}
 	p.onCPU = &counter{inner: p.cpu, device: "cpu", mu: &p.countMu, into: p.decoded}
 	p.route.Store(&routed{p.onCPU})
-	p.router = &router{cpu: p.onCPU, inline: &counter{inner: inlineDecoder{}, device: "cpu", mu: &p.countMu, into: p.decoded},
+	p.router = &router{cpu: p.onCPU, spare: p.onCPU.Spare, inline: &counter{inner: inlineDecoder{}, device: "cpu", mu: &p.countMu, into: p.decoded},
 		workers: opts.Workers, costs: p.gpuCosts, usable: p.gpuUsable, taking: p.pinned.Store, now: time.Now, log: log,
 		codecs: map[codec.Name]*route{}}
 	opts.GPU = gopts

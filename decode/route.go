@@ -35,7 +35,8 @@ import (
 // So a GPU that does not pay ends up taking nothing: auto is the CPU alone
 // plus a few probes.
 type router struct {
-	cpu     *counter               // the CPU pool (Spare)
+	cpu     *counter               // the CPU pool
+	spare   func() int             // its spare workers (cpu.Spare)
 	inline  codec.BatchDecoder     // the same counted, decoding on the caller's goroutine (samples)
 	gpu     atomic.Pointer[routed] // the GPUs, behind the fallback to the CPU (new ones after a sleep)
 	workers int
@@ -110,7 +111,7 @@ func (r *router) codec(c codec.Name) *route {
 // DecodeBatch decodes jobs on the CPU while it has room, and otherwise
 // splits them by codec between the CPU and the GPUs.
 func (r *router) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
-	if r.cpu.Spare() > 0 || !r.usable() {
+	if r.spare() > 0 || !r.usable() {
 		return r.onCPU(ctx, jobs, false)
 	}
 	onGPU, n := r.choose(jobs)
@@ -177,9 +178,11 @@ func (r *router) choose(jobs []codec.Job) ([]bool, int) {
 }
 
 // gpuSooner reports whether the GPUs would finish b more bytes no later
-// than the CPU pool, given what each has in flight. r.mu is held.
+// than the CPU pool, given what each has in flight; an idle GPU takes them
+// in any case (it frees CPU, and its time per byte is measured again).
+// r.mu is held.
 func (r *router) gpuSooner(rt *route, b int64) bool {
-	if rt.cpuNs == 0 || r.gpuNs == 0 {
+	if rt.cpuNs == 0 || r.gpuNs == 0 || r.inGPU.Load() == 0 {
 		return true
 	}
 	cpu := float64(r.inCPU.Load()+b) * rt.cpuNs / float64(r.workers)

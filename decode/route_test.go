@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -37,37 +38,55 @@ func autoPipeline(t *testing.T, hostNs float64) (*Pipeline, *fakeGPU) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
+	// The pool's workers are all taken whenever the test says so (saturate),
+	// not only while the other readers' batches happen to keep them.
+	full := &atomic.Bool{}
+	fullOf[p] = full
+	p.router.spare = func() int {
+		if full.Load() {
+			return 0
+		}
+		return p.onCPU.Spare()
+	}
 	if on, err := p.Ready(context.Background()); !on || err != nil {
 		t.Fatalf("Ready: %v %v", on, err)
 	}
 	return p, made[0]
 }
 
+// fullOf holds, per pipeline of autoPipeline, whether its pool counts as
+// full.
+var fullOf = map[*Pipeline]*atomic.Bool{}
+
 // saturate keeps the CPU pool's workers all taken, as other readers' batches
 // do (through the router's CPU side, which counts their bytes in flight),
 // until the returned function is called.
 func saturate(t *testing.T, p *Pipeline) (stop func()) {
 	one := zstdJob(t)
-	big := make([]codec.Job, 2000)
+	big := make([]codec.Job, 500)
 	for i := range big {
 		big[i] = codec.Job{Codec: one.Codec, Src: one.Src, Dst: make([]byte, len(one.Dst))}
 	}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			select {
-			case <-done:
-				return
-			default:
+	// Three loops, so that the pool never runs dry between two batches.
+	for range 3 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				p.router.onCPU(context.Background(), big, false)
 			}
-			p.router.onCPU(context.Background(), big, false)
-		}
-	})
+		})
+	}
 	for p.onCPU.Spare() > 0 {
 		time.Sleep(time.Millisecond)
 	}
-	return func() { close(done); wg.Wait() }
+	fullOf[p].Store(true)
+	return func() { fullOf[p].Store(false); close(done); wg.Wait() }
 }
 
 // calibrate has the CPU decode lone batches (the pool idle) until the
