@@ -63,14 +63,14 @@ var fullOf = map[*Pipeline]*atomic.Bool{}
 // until the returned function is called.
 func saturate(t *testing.T, p *Pipeline) (stop func()) {
 	one := zstdJob(t)
-	big := make([]codec.Job, 500)
-	for i := range big {
-		big[i] = codec.Job{Codec: one.Codec, Src: one.Src, Dst: make([]byte, len(one.Dst))}
-	}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
-	// Three loops, so that the pool never runs dry between two batches.
+	// Three loops, so that the pool seldom runs dry between two batches.
 	for range 3 {
+		big := make([]codec.Job, 500)
+		for i := range big {
+			big[i] = codec.Job{Codec: one.Codec, Src: one.Src, Dst: make([]byte, len(one.Dst))}
+		}
 		wg.Go(func() {
 			for {
 				select {
