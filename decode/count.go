@@ -56,7 +56,7 @@ func (c *counter) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 	return err
 }
 
-// Spare forwards the counted decoder's spare workers (codec.Overflow asks).
+// Spare forwards the counted decoder's spare workers (the router asks).
 func (c *counter) Spare() int {
 	if s, ok := c.inner.(interface{ Spare() int }); ok {
 		return s.Spare()

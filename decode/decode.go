@@ -11,11 +11,15 @@
 // device fault), so the CPU is never oversubscribed by a second pool. GPU
 // to CPU fallback is one decorator (fallback) around the GPUs.
 //
-// In "auto" mode a batch goes to the CPU pool while it is idle and to the
-// GPUs otherwise (codec.Overflow), so one reader is never slower than on
-// the CPU alone and many readers get the GPUs on top. The GPUs start in the
-// background: until they are ready, everything decodes on the CPU, so a
-// mount is live before CUDA has initialised.
+// In "auto" mode a batch goes to the CPU pool while it has a spare worker;
+// once it has none, the jobs of a codec go to the GPUs only where they were
+// measured to pay, freeing more CPU than their host side takes (router,
+// route.go), so auto is never slower than the CPU alone, and a GPU that
+// does not pay ends up taking nothing. The GPUs start in the background:
+// until they are ready, everything decodes on the CPU, so a mount is live
+// before CUDA has initialised; their pinned memory is registered, and lent
+// to fills, only once they take work; and a process about to exit does not
+// wait for their teardown (CloseForExit).
 //
 // Concurrency: a Pipeline is safe for concurrent use; Close waits for the
 // batches in flight.
@@ -129,12 +133,23 @@ type Options struct {
 type gpuDecoder interface {
 	codec.BatchDecoder
 	codec.HostMemory
+	TryHostAlloc(n int) []byte
 	Close() error
 	Info() gpu.Info
 	MemoryHeld() (device, staging, lent int64)
 	HostLent() int64
 	Stats() gpu.Stats
+	Costs() map[codec.Name]gpu.Cost
+	Retired() error
 }
+
+// GPUDeflate is whether the GPUs decode gzip, zlib and blosc-zlib chunks
+// (gpu.Options.Deflate; the host checks their checksums). Off: measured
+// against the CPU by gpu's TestThroughputSummary (its deflate row), and
+// nvCOMP's deflate decoder needs the fence against its overruns. Turn it on
+// when that row shows the GPU at 1x the CPU's cores or more with the host's
+// checksums, and the damaged-chunk suite passes with Deflate on.
+const GPUDeflate = false
 
 // Memory defaults and floors (see Options).
 const (
@@ -182,6 +197,11 @@ func (o Options) gpuOptions() (gpu.Options, error) {
 	g.DeviceBytes, g.MaxBatchBytes = dev, batch
 	g.Streams = int(min(max(batch/(256<<20), 2), 4))
 	g.StagingBytes, g.HostBytes = staging, lent
+	g.Deflate = g.Deflate || GPUDeflate
+	if o.Mode == Auto {
+		// Pinned memory only once the GPU takes work (the router decides).
+		g.HostOnDemand = true
+	}
 	return g, nil
 }
 
@@ -227,9 +247,19 @@ type Pipeline struct {
 
 	// onCPU is the CPU pool, counted; decoded holds the counts of every
 	// device, guarded by countMu.
-	onCPU   codec.BatchDecoder
+	onCPU   *counter
 	countMu sync.Mutex
 	decoded Decoded
+
+	// router chooses between the CPU and the GPUs in Auto mode; pinned
+	// says whether the lender lends the GPU's pinned memory (in Auto mode,
+	// once the GPU has decoded a batch and while it may take more).
+	router *router
+	pinned atomic.Bool
+	// retiredDevs are the GPUs retired for the process (gpu.Decoder's
+	// Retired): not opened again.
+	retiredDevs map[int]error
+	exiting     bool
 
 	// Idle sleep (sleepWhenIdle, wake).
 	active  atomic.Int64 // batches in DecodeBatch
@@ -298,6 +328,9 @@ func New(opts Options) (*Pipeline, error) {
 		decoded: Decoded{}, arena: newArena(opts.IdleMemory)}
 	p.onCPU = &counter{inner: p.cpu, device: "cpu", mu: &p.countMu, into: p.decoded}
 	p.route.Store(&routed{p.onCPU})
+	p.router = &router{cpu: p.onCPU, spare: p.onCPU.Spare, inline: &counter{inner: inlineDecoder{}, device: "cpu", mu: &p.countMu, into: p.decoded},
+		workers: opts.Workers, costs: p.gpuCosts, usable: p.gpuUsable, taking: p.pinned.Store, now: time.Now, log: log,
+		codecs: map[codec.Name]*route{}}
 	opts.GPU = gopts
 	p.opts.GPU = gopts
 	switch {
@@ -347,12 +380,28 @@ func (p *Pipeline) openGPUs() (err error) {
 			devices = append(devices, i)
 		}
 	}
+	p.mu.Lock()
+	var left []int
+	for _, d := range devices {
+		if p.retiredDevs[d] == nil {
+			left = append(left, d)
+		}
+	}
+	if len(devices) > 0 && len(left) == 0 {
+		p.mu.Unlock()
+		return fmt.Errorf("%w: every GPU was retired for this process (a round did not finish, or a fault outlived a reset)", gpu.ErrNoGPU)
+	}
+	devices = left
+	p.mu.Unlock()
 	var gpus []gpuDecoder
 	defer func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		p.gpuErr = err
 		if err != nil || p.closed {
+			if p.exiting {
+				return // the process exits: nothing to tear down
+			}
 			for _, g := range gpus {
 				g.Close()
 			}
@@ -375,20 +424,18 @@ func (p *Pipeline) openGPUs() (err error) {
 		}
 		var onGPU codec.BatchDecoder = gpus[0]
 		if len(gpus) > 1 {
-			ds := make([]codec.BatchDecoder, len(gpus))
-			for i, g := range gpus {
-				ds[i] = g
-			}
-			onGPU = newSpread(ds)
+			onGPU = newSpread(gpus)
 		}
 		onGPU = &counter{inner: onGPU, device: "gpu", mu: &p.countMu, into: p.decoded}
 		onGPU = &fallback{inner: onGPU, cpu: p.onCPU, warn: p.warnFallback}
 		if p.opts.Mode == GPU {
+			p.pinned.Store(true)
 			p.route.Store(&routed{onGPU})
 			return
 		}
-		// The CPU's workers first; the GPUs take what they cannot.
-		p.route.Store(&routed{&codec.Overflow{First: p.onCPU, Then: onGPU}})
+		// The CPU's workers first; the GPUs take what pays.
+		p.router.gpu.Store(&routed{onGPU})
+		p.route.Store(&routed{p.router})
 	}()
 	if len(devices) == 0 {
 		// The probe knows the true reason: a missing driver library is
@@ -543,28 +590,39 @@ func (p *Pipeline) Ready(ctx context.Context) (onGPU bool, err error) {
 }
 
 // Memory returns the memory zarr reads compressed chunks into and fills
-// decode into, the one lender of the process: with a GPU, the first GPU's
-// pinned host memory, which the device copies without staging; otherwise
-// (and until a GPU is ready) memory of the pipeline's own, kept mapped and
-// lent again (see arena), so that a steady stream of fills neither faults
-// fresh pages in nor has the collector zero and drop them.
+// decode into, the one lender of the process: while a GPU takes work, the
+// first GPU's pinned host memory, which the device copies without
+// staging; otherwise (without a GPU, until one is ready, in auto mode
+// until it has decoded a batch and after it was declined, and when its
+// registered memory is all lent) memory of the pipeline's own, kept mapped
+// and lent again (see arena), so that a steady stream of fills neither
+// faults fresh pages in nor has the collector zero and drop them.
 func (p *Pipeline) Memory() codec.HostMemory { return lender{p} }
 
-// lender lends the first GPU's pinned memory, or the arena's without a
-// GPU. A buffer lent by the arena before a GPU started goes back to the
-// arena; the GPU's HostFree ignores memory it did not lend.
+// lender lends the first GPU's pinned memory while the GPU takes work
+// (in GPU mode always, in Auto mode once it has decoded a batch and while
+// the router may send it more) and has room registered, or the arena's
+// otherwise. A buffer goes back to whoever lent it: the arena takes back
+// its own, the GPU's HostFree ignores memory it did not lend.
 type lender struct{ p *Pipeline }
 
 // HostAlloc and HostFree run under p.mu, so that the GPU that lends is
 // the one that takes back: a GPU goes to sleep only with nothing lent
 // (lentLocked), and none lends while it is being put to sleep.
 func (l lender) HostAlloc(n int) []byte {
-	l.p.mu.Lock()
-	defer l.p.mu.Unlock()
-	if len(l.p.gpus) > 0 && !l.p.closed {
-		return l.p.gpus[0].HostAlloc(n)
+	p := l.p
+	if p.pinned.Load() {
+		p.mu.Lock()
+		var b []byte
+		if len(p.gpus) > 0 && !p.closed && p.gpus[0].Retired() == nil {
+			b = p.gpus[0].TryHostAlloc(n)
+		}
+		p.mu.Unlock()
+		if b != nil {
+			return b
+		}
 	}
-	return l.p.arena.HostAlloc(n)
+	return p.arena.HostAlloc(n)
 }
 
 // HostFree after Close drops pinned memory: the closed GPU has unmapped it.
@@ -577,6 +635,49 @@ func (l lender) HostFree(b []byte) {
 	if !l.p.closed && len(l.p.gpus) > 0 {
 		l.p.gpus[0].HostFree(b)
 	}
+}
+
+// gpuUsable reports whether a GPU takes work: started, awake, and not
+// every one retired.
+func (p *Pipeline) gpuUsable() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, g := range p.gpus {
+		if g.Retired() == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// gpuCosts sums the GPUs' Costs by codec.
+func (p *Pipeline) gpuCosts() map[codec.Name]gpu.Cost {
+	p.mu.Lock()
+	gpus := p.gpus
+	p.mu.Unlock()
+	out := map[codec.Name]gpu.Cost{}
+	for _, g := range gpus {
+		for c, k := range g.Costs() {
+			o := out[c]
+			out[c] = gpu.Cost{Chunks: o.Chunks + k.Chunks, Bytes: o.Bytes + k.Bytes, HostNanos: o.HostNanos + k.HostNanos}
+		}
+	}
+	return out
+}
+
+// OnGPU reports, without waiting, whether decoding uses a GPU now: one
+// started and not retired. Unlike Ready it never waits for CUDA.
+func (p *Pipeline) OnGPU() bool { return p.gpuUsable() }
+
+// Routes describes, per codec, what auto mode decided from its
+// measurements ("cpu", "gpu" or "probing", with the CPU's and the GPU
+// path's host time per decoded byte); empty in other modes or before a
+// batch found the CPU busy.
+func (p *Pipeline) Routes() map[string]string {
+	if p.opts.Mode != Auto {
+		return map[string]string{}
+	}
+	return p.router.routes()
 }
 
 // Placement describes where chunks decode now, for status lines: "cpu (16
@@ -642,6 +743,12 @@ func (p *Pipeline) retireLocked(gpus []gpuDecoder, devices []int) {
 	}
 	for i, g := range gpus {
 		p.retired[devices[i]] = p.retired[devices[i]].Add(g.Stats())
+		if err := g.Retired(); err != nil {
+			if p.retiredDevs == nil {
+				p.retiredDevs = map[int]error{}
+			}
+			p.retiredDevs[devices[i]] = err
+		}
 	}
 	p.closing, p.closingDevices = nil, nil
 }
@@ -688,6 +795,24 @@ func (p *Pipeline) Close() error {
 	errs = append(errs, p.cpu.Close())
 	p.arena.close()
 	return errors.Join(errs...)
+}
+
+// CloseForExit is Close for a process about to exit: the CPU workers
+// stop, later DecodeBatch calls fail, and nothing else is waited for or
+// freed: not GPUs still starting, nor the contexts, device buffers and
+// pinned memory of those started, whose teardown (unregistering pinned
+// memory, resetting contexts) takes a short command longer than its work;
+// the exit frees them. Batches must be done.
+func (p *Pipeline) CloseForExit() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed, p.exiting = true, true
+	p.mu.Unlock()
+	p.route.Store(&routed{closedDecoder{}})
+	return p.cpu.Close()
 }
 
 func (p *Pipeline) warnFallback(what string, cause error) {

@@ -30,9 +30,15 @@ type fakeGPU struct {
 	closed  atomic.Bool
 	// closeHold, when set, keeps Close waiting until it is closed.
 	closeHold chan struct{}
+	// hostNs is the host time per decoded byte its Costs report; retired,
+	// when set, is what Retired reports (and DecodeBatch then refuses
+	// everything, as a retired gpu.Decoder does).
+	hostNs  float64
+	retired atomic.Pointer[error]
 
-	mu   sync.Mutex
-	lent map[*byte]bool
+	mu    sync.Mutex
+	lent  map[*byte]bool
+	costs map[codec.Name]gpu.Cost
 }
 
 func (g *fakeGPU) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
@@ -43,17 +49,54 @@ func (g *fakeGPU) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 	if g.failing.Load() {
 		return errors.New("fake device fault")
 	}
+	if p := g.retired.Load(); p != nil {
+		for i := range jobs {
+			jobs[i].Err = fmt.Errorf("%w: %w", codec.ErrUnsupported, *p)
+		}
+		return *p
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.costs == nil {
+		g.costs = map[codec.Name]gpu.Cost{}
+	}
 	for i := range jobs {
 		j := &jobs[i]
+		c := g.costs[j.Codec]
 		if j.Codec != codec.Zstd {
 			j.Err = fmt.Errorf("%w: fake GPU has no %s", codec.ErrUnsupported, j.Codec)
+			c.HostNanos += 1000 // reading the framing
+			g.costs[j.Codec] = c
 			continue
 		}
 		j.Err = codec.Decode(j.Codec, j.Dst, j.Src)
 		g.decoded.Add(1)
+		c.Chunks++
+		c.Bytes += int64(len(j.Dst))
+		c.HostNanos += int64(g.hostNs * float64(len(j.Dst)))
+		g.costs[j.Codec] = c
 	}
 	return nil
 }
+
+func (g *fakeGPU) Costs() map[codec.Name]gpu.Cost {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := map[codec.Name]gpu.Cost{}
+	for k, v := range g.costs {
+		out[k] = v
+	}
+	return out
+}
+
+func (g *fakeGPU) Retired() error {
+	if p := g.retired.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (g *fakeGPU) TryHostAlloc(n int) []byte { return g.HostAlloc(n) }
 
 func (g *fakeGPU) HostAlloc(n int) []byte {
 	b := make([]byte, n)

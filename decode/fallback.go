@@ -59,23 +59,30 @@ func (f *fallback) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 	return nil
 }
 
-// spread hands each batch to the decoder with the fewest batches in
-// flight (the first such in order), so several GPUs share the work.
+// spread hands each batch to the GPU with the fewest batches in flight
+// (the first such in order), so several GPUs share the work; a GPU
+// retired for the process takes none while another does.
 type spread struct {
-	decs []codec.BatchDecoder
+	decs []gpuDecoder
 	busy []atomic.Int64
 }
 
-func newSpread(decs []codec.BatchDecoder) *spread {
+func newSpread(decs []gpuDecoder) *spread {
 	return &spread{decs: decs, busy: make([]atomic.Int64, len(decs))}
 }
 
 func (s *spread) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
-	best := 0
-	for i := range s.decs {
-		if s.busy[i].Load() < s.busy[best].Load() {
+	best := -1
+	for i, d := range s.decs {
+		if d.Retired() != nil {
+			continue
+		}
+		if best < 0 || s.busy[i].Load() < s.busy[best].Load() {
 			best = i
 		}
+	}
+	if best < 0 {
+		best = 0 // all retired: the first fails the batch for the CPU
 	}
 	s.busy[best].Add(1)
 	defer s.busy[best].Add(-1)

@@ -38,17 +38,17 @@ func prepareBlosc(j *codec.Job) prepared {
 		case s.Raw:
 			pc.algo = rawPiece
 		case f.Compressor == "zlib":
-			body, _, err := zlibBody(s.Src)
+			body, adler, err := zlibBody(s.Src)
 			if err != nil {
 				if err == errZlibDict {
 					return prepared{err: fmt.Errorf("gpu: blosc chunk: stream %d: %v: %w", i, err, codec.ErrUnsupported)}
 				}
 				return corrupt(j, "stream %d: %v", i, err)
 			}
-			// The Adler-32 trailer is not checked: the stream is decoded
-			// into device scratch the host never sees before unshuffling.
+			// nvCOMP checks no Adler-32; the host does, over the stream's
+			// decoded bytes as they are before unshuffling (settle).
 			pc.src = body
-			p.unverified = "blosc zlib streams (no checksum the host can verify)"
+			p.sums = append(p.sums, streamSum{off: pc.off, n: pc.n, want: adler})
 		case f.Compressor == "zstd":
 			// A damaged zstd stream can make nvCOMP fault; the frame and
 			// block headers are checked here (see validate.go).

@@ -108,6 +108,9 @@ func (d *Decoder) trimWhenIdle(stop <-chan struct{}) {
 			return
 		case <-t.C:
 		}
+		if d.hung.Load() {
+			return // what the buffers hold may still be in use: never freed
+		}
 		if time.Since(time.Unix(0, d.lastRound.Load())) < idle || (d.devHeld.Load() == 0 && d.stagingHeld.Load() <= d.stagingBase) {
 			continue
 		}

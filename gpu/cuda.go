@@ -13,6 +13,7 @@ type cuResult int32
 const (
 	cuSuccess     cuResult = 0
 	cuErrNoDevice cuResult = 100
+	cuErrNotReady cuResult = 600 // CUDA_ERROR_NOT_READY: cuEventQuery of work not done
 )
 
 // Driver errors that leave the context unusable ("sticky" errors): after one
@@ -65,6 +66,7 @@ type cudaLib struct {
 	cuEventCreate             func(e *uintptr, flags uint32) cuResult
 	cuEventRecord             func(e uintptr, s uintptr) cuResult
 	cuEventSynchronize        func(e uintptr) cuResult
+	cuEventQuery              func(e uintptr) cuResult
 	cuEventDestroy            func(e uintptr) cuResult
 	cuEventElapsedTime        func(ms *float32, start, end uintptr) cuResult
 	cuGetErrorName            func(e cuResult, s **byte) cuResult
@@ -128,6 +130,7 @@ func (l *cudaLib) bind() error {
 		{&l.cuEventCreate, "cuEventCreate"},
 		{&l.cuEventRecord, "cuEventRecord"},
 		{&l.cuEventSynchronize, "cuEventSynchronize"},
+		{&l.cuEventQuery, "cuEventQuery"},
 		{&l.cuEventDestroy, "cuEventDestroy_v2"},
 	}
 	for _, s := range syms {

@@ -5,8 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/adler32"
-	"hash/crc32"
 	"io"
 	"log/slog"
 	"math"
@@ -15,8 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
-
-	"github.com/cespare/xxhash/v2"
 
 	"github.com/zarrfs/zarrfs/zarr/codec"
 )
@@ -59,6 +55,12 @@ type Options struct {
 	// 4 GiB (16 fills of a 20-channel ERA5 sample with their compressed
 	// chunks take about 3); past it HostAlloc returns ordinary memory.
 	HostBytes int64
+	// HostOnDemand registers no pinned memory before the first HostAlloc
+	// (or TryHostAlloc). Zero value: the first arena is registered in the
+	// background at New, ahead of demand, as a Decoder that will take
+	// work wants; a caller that may not use the GPU at all (decoding in
+	// auto mode) sets it, so that a GPU it declines costs no pinning.
+	HostOnDemand bool
 	// HostIdle is how long the Decoder keeps memory it is not using: the
 	// lent memory's arenas with nothing lent and no request, and the
 	// device and staging buffers of rounds, are given back after this long
@@ -78,20 +80,23 @@ type Options struct {
 	// (the zarrfs daemon), since it ends every other user's allocations.
 	ResetOnClose bool
 	// Deflate sends gzip, zlib and blosc-zlib chunks to nvCOMP's deflate
-	// decoder. Off by default: nvCOMP's deflate writes past its output on
-	// some damaged streams (see the package doc). The fence around deflate
-	// outputs keeps those bytes from other chunks (on an H200, the good
-	// chunk next to a damaged zlib chunk came back wrong without the fence
-	// and right with it), but a large overrun turns the GPU path off for
-	// the process, and deflate on the GPU is not yet measured against the
-	// CPU. Off, those codecs decode on the CPU (ErrUnsupported).
+	// decoder; the host then checks their CRC-32 or Adler-32 over what it
+	// decoded (blosc zlib streams too). Off by default: nvCOMP's deflate
+	// writes past its output on some damaged streams (see the package
+	// doc), the checksums leave a few kinds of damage only the CPU sees,
+	// and the GPU pays for deflate only where TestThroughputSummary's
+	// deflate row says so. The fence around deflate outputs keeps overruns
+	// from other chunks (on an H200, the good chunk next to a damaged zlib
+	// chunk came back wrong without the fence and right with it), but a
+	// large overrun turns the GPU path off for the process. Off, those
+	// codecs decode on the CPU (ErrUnsupported).
 	Deflate bool
 	// Unverified sends to nvCOMP streams for which the host cannot hold
 	// nvCOMP's verdict to the CPU decoder's: zstd chunks of frames without
 	// a content checksum (numcodecs and zarr-python write none by
-	// default), every blosc chunk with zstd or zlib streams, and blosc
-	// chunks with snappy streams, which the CPU decoder does not decode at
-	// all. Off by
+	// default), every blosc chunk with zstd streams, and blosc chunks
+	// with snappy streams, which the CPU decoder does not decode at all.
+	// Off by
 	// default: the host checks only zstd's frame, block and section
 	// headers, and nvCOMP may accept damage inside the entropy-coded data
 	// that the CPU decoder rejects (see the package doc); off, such chunks
@@ -99,6 +104,18 @@ type Options struct {
 	// decode on the GPU either way: the host verifies the checksum of the
 	// bytes nvCOMP decoded.
 	Unverified bool
+	// RoundTimeout bounds the time a round may take on the device, from
+	// the moment the submitter takes it up, before the Decoder gives up
+	// on the GPU: a round not finished by then (damaged input that makes
+	// an nvCOMP kernel loop, a device that stopped answering) fails its
+	// jobs with an error wrapping ErrHung and ErrUnsupported, so their
+	// callers decode them on the CPU, and the Decoder takes no more work
+	// for the life of the process, as after a device fault it cannot
+	// recover from (see Retired). The bound grows with the round: this
+	// long plus a second per 64 MiB of its decoded bytes (an H200 decodes
+	// a round of 256 MiB in tens of milliseconds). Zero means 5 s;
+	// negative is refused.
+	RoundTimeout time.Duration
 	// Logger receives one debug line per batch and a warning when the device
 	// fails. Nil discards.
 	Logger *slog.Logger
@@ -109,6 +126,7 @@ const (
 	defaultRoundBytes    = 256 << 20
 	defaultStreams       = 4
 	defaultHostBytes     = 4 << 30
+	defaultRoundTimeout  = 5 * time.Second
 )
 
 // maxJobsPerRound keeps grid dimensions and descriptor arrays small.
@@ -130,8 +148,9 @@ type Decoder struct {
 	log  *slog.Logger
 	info Info
 
-	host   hostPool // pinned memory lent to callers (hostmem.go)
-	counts counters // what Stats reports (stats.go)
+	host   hostPool  // pinned memory lent to callers (hostmem.go)
+	counts counters  // what Stats reports (stats.go)
+	costs  costTable // what Costs reports (stats.go)
 
 	// Memory held by the rounds' buffers, and the time (UnixNano) the last
 	// round was submitted, for budgets and idle trimming.
@@ -169,6 +188,14 @@ type Decoder struct {
 	submitted     chan *round   // rounds in flight, oldest first, to the completer
 	stopped       chan struct{} // closed when Close has freed everything
 	completerDone chan struct{}
+	live          map[*request]struct{} // requests not yet done, under qmu
+
+	// The watchdog (watchdog.go): hung is set, and hungCh closed, once a
+	// round has not finished in time; the device is then never used, nor
+	// freed, again.
+	hung       atomic.Bool
+	hungCh     chan struct{}
+	retireOnce sync.Once
 
 	// noFence lays deflate outputs out unfenced and lets their rounds
 	// overlap, as before the fence existed: tests set it to show what the
@@ -185,6 +212,8 @@ type bufSet struct {
 	dIn, dOut  devBuf
 	args       hostBuf // kernel argument values and pointer arrays (C memory)
 	start, end uintptr // events around the round's device work
+	// out follows the copies into pinned callers' memory (finishDirect).
+	out uintptr
 	// marks are events between its stages: after the host-to-device copy,
 	// after nvCOMP, after our kernels. The debug line reports each stage.
 	marks [3]uintptr
@@ -219,6 +248,9 @@ func New(opts Options) (*Decoder, error) {
 	if err := opts.check(); err != nil {
 		return nil, err
 	}
+	if opts.RoundTimeout < 0 {
+		return nil, fmt.Errorf("gpu: round timeout %v: want 0 (the default, %v) or more", opts.RoundTimeout, defaultRoundTimeout)
+	}
 	l := getLibs()
 	if l.err != nil {
 		return nil, l.err
@@ -241,6 +273,7 @@ func New(opts Options) (*Decoder, error) {
 		return nil, err
 	}
 	d.host.idle = opts.HostIdle
+	d.host.onDemand = opts.HostOnDemand
 	d.host.register, d.host.unregister = d.register, d.unregister
 	d.host.start()
 	d.lastRound.Store(time.Now().UnixNano())
@@ -282,6 +315,9 @@ func (opts Options) withDefaults() (Options, *slog.Logger) {
 	}
 	if opts.Streams <= 0 {
 		opts.Streams = defaultStreams
+	}
+	if opts.RoundTimeout == 0 {
+		opts.RoundTimeout = defaultRoundTimeout
 	}
 	opts.RoundBytes = min(opts.RoundBytes, opts.share())
 	if opts.DeviceBytes <= 0 {
@@ -343,11 +379,15 @@ func (d *Decoder) initContext() error {
 		if err := cu.check("cuStreamCreate", cu.cuStreamCreate(&st.stream, nonBlocking)); err != nil {
 			return err
 		}
-		if err := cu.check("cuEventCreate", cu.cuEventCreate(&st.start, 0)); err != nil {
-			return err
-		}
-		for _, e := range append([]*uintptr{&st.end}, &st.marks[0], &st.marks[1], &st.marks[2]) {
-			if err := cu.check("cuEventCreate", cu.cuEventCreate(e, 0)); err != nil {
+		// The host waits on end and out: blocking-sync events let its
+		// thread sleep, where a default event has it spin a core for the
+		// length of every round.
+		const blockingSync = 1 // CU_EVENT_BLOCKING_SYNC
+		for _, e := range []struct {
+			p     *uintptr
+			flags uint32
+		}{{&st.start, 0}, {&st.end, blockingSync}, {&st.out, blockingSync}, {&st.marks[0], 0}, {&st.marks[1], 0}, {&st.marks[2], 0}} {
+			if err := cu.check("cuEventCreate", cu.cuEventCreate(e.p, e.flags)); err != nil {
 				return err
 			}
 		}
@@ -376,7 +416,7 @@ func (d *Decoder) teardown() {
 			st.stream = 0
 		}
 		hosts = append(hosts, &st.hIn, &st.hOut, &st.args)
-		for _, e := range []*uintptr{&st.start, &st.end, &st.marks[0], &st.marks[1], &st.marks[2]} {
+		for _, e := range []*uintptr{&st.start, &st.end, &st.out, &st.marks[0], &st.marks[1], &st.marks[2]} {
 			if *e != 0 {
 				cu.cuEventDestroy(*e)
 				*e = 0
@@ -410,7 +450,11 @@ func (d *Decoder) Close() error {
 	case d.wake <- struct{}{}:
 	default:
 	}
-	<-d.stopped
+	// A retired Decoder's submitter may be held in a driver call for good.
+	select {
+	case <-d.stopped:
+	case <-d.hungCh:
+	}
 	return nil
 }
 
@@ -460,9 +504,9 @@ func (c cudaRounds) needsIdle() bool {
 	return d.broken != nil && d.dead == nil
 }
 
-// submit readies the device (rebuilding a broken context when no other
-// round is in flight) and starts r.
-func (c cudaRounds) submit(r *round) error {
+// prepare readies the device (rebuilding a broken context when no other
+// round is in flight) and r's buffer set.
+func (c cudaRounds) prepare(r *round) error {
 	d := c.d
 	d.stateMu.Lock()
 	broken, dead := d.broken, d.dead
@@ -492,23 +536,60 @@ func (c cudaRounds) submit(r *round) error {
 		return err
 	}
 	d.lastRound.Store(time.Now().UnixNano())
-	set := &d.sets[r.set]
-	fl, err := d.submit(r.jobs, r.preps, r.elemSize, set)
-	if err != nil {
-		// Copies from and to pinned callers' memory may be queued: they end
-		// before the callers are told.
-		d.cu.cuStreamSynchronize(set.stream)
-	}
+	fl, err := d.prepareRound(r.jobs, r.preps, &d.sets[r.set])
 	r.fl = fl
 	return err
 }
 
-func (c cudaRounds) collect(r *round) ([][]byte, []error, error) {
+// start packs r and queues its device work.
+func (c cudaRounds) start(r *round) error {
+	d := c.d
+	if err := d.cu.check("cuCtxSetCurrent", d.cu.cuCtxSetCurrent(d.ctx)); err != nil {
+		return err
+	}
+	err := d.startRound(r.fl, r.jobs, r.elemSize)
+	if err != nil {
+		// Copies from pinned callers' memory may be queued: they end
+		// before the callers are told, unless the device stopped answering.
+		set := r.fl.set
+		if d.cu.cuEventRecord(set.out, set.stream) == cuSuccess {
+			d.await(set.out, r.deadline, d.hungCh)
+		}
+	}
+	return err
+}
+
+func (c cudaRounds) collect(r *round, cancel <-chan struct{}) ([][]byte, []error, error) {
 	d := c.d
 	if err := d.cu.check("cuCtxSetCurrent", d.cu.cuCtxSetCurrent(d.ctx)); err != nil {
 		return nil, nil, err
 	}
-	return d.finish(r)
+	return d.finish(r, cancel)
+}
+
+// finishDirect copies the decoded bytes of the jobs which straight into
+// their pinned Dst and waits for them.
+func (c cudaRounds) finishDirect(r *round, which []int, deadline time.Time, cancel <-chan struct{}) error {
+	d := c.d
+	cu, fl := d.cu, r.fl
+	set := fl.set
+	if err := cu.check("cuCtxSetCurrent", cu.cuCtxSetCurrent(d.ctx)); err != nil {
+		return err
+	}
+	for _, k := range which {
+		dst := r.jobs[fl.idx[k]].Dst
+		if err := cu.check("cuMemcpyDtoHAsync", cu.cuMemcpyDtoHAsync(unsafe.Pointer(&dst[0]), set.dOut.ptr+uintptr(fl.l.finalOff[k]),
+			uint64(len(dst)), set.stream)); err != nil {
+			// Those queued already are waited for below.
+			cu.cuEventRecord(set.out, set.stream)
+			d.await(set.out, deadline, cancel)
+			return d.deviceFailed(err)
+		}
+	}
+	if err := cu.check("cuEventRecord", cu.cuEventRecord(set.out, set.stream)); err != nil {
+		return d.deviceFailed(err)
+	}
+	return d.await(set.out, deadline, cancel)
 }
 
 func (c cudaRounds) close() {
@@ -527,6 +608,56 @@ func (c cudaRounds) close() {
 	}
 }
 
+// abandon stops the Decoder's own goroutines and frees nothing: the device
+// may still run the round that did not finish, and freeing what it uses
+// (cuMemFree, unregistering pinned memory) would wait for it.
+func (c cudaRounds) abandon() {
+	d := c.d
+	if d.trimStop != nil {
+		close(d.trimStop)
+		d.trimStop = nil
+	}
+	d.host.abandon()
+}
+
+// await waits for event ev until deadline, or until cancel is closed. A
+// waiting driver call cannot be interrupted, so it runs on a goroutine of
+// its own, which a device that never finishes keeps.
+func (d *Decoder) await(ev uintptr, deadline time.Time, cancel <-chan struct{}) error {
+	cu := d.cu
+	switch r := cu.cuEventQuery(ev); r {
+	case cuSuccess:
+		return nil
+	case cuErrNotReady:
+	default:
+		return d.deviceFailed(cu.check("cuEventQuery", r))
+	}
+	ctx := d.ctx
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cu.check("cuCtxSetCurrent", cu.cuCtxSetCurrent(ctx)); err != nil {
+			done <- err
+			return
+		}
+		done <- cu.check("cuEventSynchronize", cu.cuEventSynchronize(ev))
+	}()
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case err := <-done:
+		if err != nil {
+			return d.deviceFailed(err)
+		}
+		return nil
+	case <-t.C:
+		return fmt.Errorf("gpu: device %d: %w", d.opts.Device, errRoundTimeout)
+	case <-cancel:
+		return errRetiredWait
+	}
+}
+
 // failAll marks the jobs not yet decoded as failed by err, wrapped as
 // ErrUnsupported so that a caller retries them on the CPU, and returns err.
 func (d *Decoder) failAll(jobs []codec.Job, idx []int, err error) error {
@@ -541,12 +672,12 @@ func (d *Decoder) failAll(jobs []codec.Job, idx []int, err error) error {
 // finish waits for a round's device work and checks nvCOMP's statuses,
 // the decoded sizes and the fence. It returns each job's decoded bytes in
 // pinned memory or its error; settle checks the trailers and copies out.
-func (d *Decoder) finish(r *round) ([][]byte, []error, error) {
+func (d *Decoder) finish(r *round, cancel <-chan struct{}) ([][]byte, []error, error) {
 	cu, fl := d.cu, r.fl
 	l, idx, set := fl.l, fl.idx, fl.set
 	tw := time.Now()
-	if err := cu.check("cuEventSynchronize", cu.cuEventSynchronize(set.end)); err != nil {
-		return nil, nil, d.deviceFailed(err)
+	if err := d.await(set.end, r.deadline, cancel); err != nil {
+		return nil, nil, err
 	}
 	tWait := time.Since(tw)
 	// The device time of the round, and of each stage.
@@ -615,9 +746,14 @@ func (d *Decoder) finish(r *round) ([][]byte, []error, error) {
 		}
 	}
 	outs := make([][]byte, len(idx))
+	r.pre = make([][]byte, len(idx))
 	for k, ji := range idx {
+		n := int64(len(r.jobs[ji].Dst))
 		if !fl.directOut[k] {
-			outs[k] = hout[l.finalOff[k] : l.finalOff[k]+int64(len(r.jobs[ji].Dst))]
+			outs[k] = hout[l.finalOff[k] : l.finalOff[k]+n]
+		}
+		if at := l.preAt[k]; at >= 0 {
+			r.pre[k] = hout[at : at+n]
 		}
 	}
 	r.stats = []any{"pack", fl.tPack, "device", elapsed(ev[0], ev[4]),
@@ -692,34 +828,4 @@ func (d *Decoder) parallel(n int, f func(i int)) {
 		})
 	}
 	wg.Wait()
-}
-
-func verify(kind checkKind, want uint32, b []byte) error {
-	var got uint32
-	switch kind {
-	case checkNone:
-		return nil
-	case checkCRC32:
-		got = crc32.ChecksumIEEE(b)
-	case checkAdler32:
-		got = adler32.Checksum(b)
-	case checkXXH64:
-		got = uint32(xxhash.Sum64(b))
-	}
-	if got != want {
-		return fmt.Errorf("checksum %08x, trailer says %08x: %w", got, want, codec.ErrCorrupt)
-	}
-	return nil
-}
-
-// verifySwapped checks a checksum over b as it was before its elements were
-// byte swapped.
-func verifySwapped(kind checkKind, want uint32, b []byte, size int) error {
-	tmp := make([]byte, len(b))
-	for i := 0; i+size <= len(b); i += size {
-		for k := range size {
-			tmp[i+k] = b[i+size-1-k]
-		}
-	}
-	return verify(kind, want, tmp)
 }

@@ -65,12 +65,19 @@
 //     could tell would cost a decode. So zstd frames without a checksum,
 //     chunks of several frames and blosc zstd streams (decoded into device
 //     scratch the host never sees) go to the CPU, unless Options.Unverified.
-//   - gzip, zlib: their CRC-32 and Adler-32 verify what nvCOMP decoded;
-//     nvCOMP may still accept what the CPU rejects (a stored block whose
-//     length check is damaged, bytes between the deflate stream and the
-//     trailer). blosc zlib streams have no checksum the host sees. All
-//     deflate goes to the CPU unless Options.Deflate (and, for blosc zlib,
-//     Options.Unverified).
+//   - gzip, zlib and blosc zlib streams: the host computes their CRC-32
+//     (and the gzip size) or Adler-32 over what nvCOMP decoded, one pass
+//     (checksum.go); a blosc chunk's shuffled zlib streams decode into a
+//     scratch slot the round copies back, so the host checks the streams'
+//     own bytes. A gzip mismatch is corrupt; a zlib one goes to the CPU,
+//     which decides (where a deflate stream ends, and so where its
+//     Adler-32 sits, only a decode tells, and the CPU decoder accepts
+//     bytes after the trailer). The checksums do not make deflate exact:
+//     damage that leaves the decoded bytes as they were but breaks a rule
+//     the CPU decoder enforces (a stored block's length check, a Huffman
+//     tree that is over-full but whose spare codes are never used, bytes
+//     inserted between the deflate stream and its trailer) passes them.
+//     All deflate goes to the CPU unless Options.Deflate.
 //   - blosc snappy: the CPU decoder has none, so nothing to hold nvCOMP to;
 //     a full walk of every stream's tags proves it in bounds. To the CPU
 //     (which refuses it) unless Options.Unverified.
@@ -92,6 +99,18 @@
 // when the driver keeps the error for the life of the process (as CUDA 13
 // does) the Decoder turns the GPU path off, logs it once, and sends every
 // later job to the CPU. It never returns wrong bytes for a fault.
+//
+// Other damage makes a kernel loop for good (seen with a blosc zstd chunk
+// under Options.Unverified; the host's zstd header checks, which run in
+// every mode, do not catch it, since it lies in the entropy-coded data).
+// A watchdog (watchdog.go) gives every round a deadline
+// (Options.RoundTimeout, longer for larger rounds): past it, every caller
+// waiting on the device gets its jobs back for the CPU at once, wrapping
+// ErrHung and ErrUnsupported, the Decoder takes no more work (Retired),
+// and Close frees nothing the device may still use. Decoded bytes reach
+// a caller's pinned Dst only after the round is seen to be done, so a
+// device that finishes after its callers were released never writes
+// their memory.
 //
 // nvCOMP 6.0's deflate decoder ignores the output capacity on some damaged
 // streams: it reports an error but has written past the end (25 KB past a

@@ -103,6 +103,14 @@ func emulate(jobs []codec.Job, aligns [numAlgos]int64, swap int, direct bool) ([
 // emulateOverrun is emulate with a misbehaving deflate decoder: overrun,
 // when set, may write to the bytes after each deflate segment's slot.
 func emulateOverrun(jobs []codec.Job, aligns [numAlgos]int64, swap int, direct bool, overrun func(after []byte, s segRef)) ([][]byte, []error) {
+	outs, _, errs := emulateRound(jobs, aligns, swap, direct, overrun)
+	return outs, errs
+}
+
+// emulateRound is emulateOverrun that also returns, per job, the bytes a
+// round brings back from before unshuffling (layout.preAt), as collect
+// does, after the checks the host makes of them (verifyDecoded).
+func emulateRound(jobs []codec.Job, aligns [numAlgos]int64, swap int, direct bool, overrun func(after []byte, s segRef)) ([][]byte, [][]byte, []error) {
 	var pinnedSrc func(k int) bool
 	if direct {
 		jobs = slices.Clone(jobs)
@@ -117,6 +125,7 @@ func emulateOverrun(jobs []codec.Job, aligns [numAlgos]int64, swap int, direct b
 	preps := make([]prepared, len(jobs))
 	errs := make([]error, len(jobs))
 	outs := make([][]byte, len(jobs))
+	pres := make([][]byte, len(jobs))
 	var idx []int
 	for i := range jobs {
 		preps[i] = prepare(&jobs[i])
@@ -127,7 +136,7 @@ func emulateOverrun(jobs []codec.Job, aligns [numAlgos]int64, swap int, direct b
 		idx = append(idx, i)
 	}
 	if len(idx) == 0 {
-		return outs, errs
+		return outs, pres, errs
 	}
 	if pinnedSrc != nil {
 		pinnedSrc = func(k int) bool { return idx[k]%2 == 0 }
@@ -230,14 +239,21 @@ func emulateOverrun(jobs []codec.Job, aligns [numAlgos]int64, swap int, direct b
 		if errs[ji] != nil {
 			continue
 		}
-		b := out[l.finalOff[k] : l.finalOff[k]+int64(len(jobs[ji].Dst))]
-		if err := verify(preps[ji].check, preps[ji].want, b); swap <= 1 && err != nil {
+		n := int64(len(jobs[ji].Dst))
+		b := out[l.finalOff[k] : l.finalOff[k]+n]
+		if at := l.preAt[k]; at >= 0 {
+			if at < l.finalEnd || at+n > l.actualOff {
+				panic(fmt.Sprintf("pre-unshuffle bytes at %d, outside the region copied back", at))
+			}
+			pres[ji] = out[at : at+n]
+		}
+		if err := preps[ji].verifyDecoded(b, pres[ji], swap); err != nil {
 			errs[ji] = err
 			continue
 		}
 		outs[ji] = b
 	}
-	return outs, errs
+	return outs, pres, errs
 }
 
 type emuCase struct {

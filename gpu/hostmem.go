@@ -48,9 +48,12 @@ type hostPool struct {
 	unit   int   // arena size: arenaSize, smaller in tests
 	closed bool
 	idle   time.Duration // arenas with nothing lent go after this long without a request
-	used   int64         // bytes mapped
-	arenas []*arena      // sorted by start
-	lent   map[uintptr]lentBuf
+	// onDemand: no arena is registered before the first request
+	// (Options.HostOnDemand).
+	onDemand bool
+	used     int64    // bytes mapped
+	arenas   []*arena // sorted by start
+	lent     map[uintptr]lentBuf
 	// growing is set while a background registration runs.
 	growing bool
 	// last is the time of the last HostAlloc or HostFree.
@@ -95,8 +98,8 @@ func (p *hostPool) stats() hostStats {
 	return s
 }
 
-// start registers the first arena in the background and starts the idle
-// timer.
+// start registers the first arena in the background (unless onDemand)
+// and starts the idle timer.
 func (p *hostPool) start() {
 	if p.idle <= 0 {
 		p.idle = defaultHostIdle
@@ -107,10 +110,12 @@ func (p *hostPool) start() {
 	p.lent = map[uintptr]lentBuf{}
 	p.last = time.Now()
 	p.stop, p.done = make(chan struct{}), make(chan struct{})
-	p.mu.Lock()
-	p.growLocked(p.unit)
-	p.mu.Unlock()
-	go p.shrinkWhenIdle()
+	if !p.onDemand {
+		p.mu.Lock()
+		p.growLocked(p.unit)
+		p.mu.Unlock()
+	}
+	go p.shrinkWhenIdle(p.stop, p.done)
 }
 
 // HostAlloc returns n bytes of pinned host memory for the caller to decode
@@ -128,6 +133,17 @@ func (d *Decoder) HostAlloc(n int) []byte {
 		return b
 	}
 	return make([]byte, n)
+}
+
+// TryHostAlloc is HostAlloc without the fallback: it returns nil when no
+// registered arena has room (registering more in the background), so that
+// a caller with memory of its own to lend uses that instead of the Go
+// heap.
+func (d *Decoder) TryHostAlloc(n int) []byte {
+	if n <= 0 {
+		return nil
+	}
+	return d.host.alloc(n)
 }
 
 // HostAllocWait is HostAlloc that waits up to timeout for pinned memory to
@@ -284,18 +300,18 @@ func (p *hostPool) free(b []byte) {
 
 // shrinkWhenIdle gives back the arenas with nothing lent once the pool has
 // had no request for p.idle.
-func (p *hostPool) shrinkWhenIdle() {
-	defer close(p.done)
+func (p *hostPool) shrinkWhenIdle(stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
 	t := time.NewTicker(max(p.idle/4, 10*time.Millisecond))
 	defer t.Stop()
 	for {
 		select {
-		case <-p.stop:
+		case <-stop:
 			return
 		case now := <-t.C:
 			var drop []*arena
 			p.mu.Lock()
-			if now.Sub(p.last) >= p.idle && !p.growing {
+			if now.Sub(p.last) >= p.idle && !p.growing && !p.closed {
 				drop = p.releaseLocked()
 			}
 			p.mu.Unlock()
@@ -415,6 +431,22 @@ func (d *Decoder) releaseHost() {
 	drop := p.releaseLocked()
 	p.mu.Unlock()
 	p.drop(drop)
+}
+
+// abandon is releaseHost for a Decoder whose device may still be copying
+// from or into the arenas: they stay mapped and registered (the process's
+// exit frees them), nothing more is registered, and HostAlloc lends
+// ordinary memory from now on. It does not wait for the idle timer, which
+// may be in a driver call.
+func (p *hostPool) abandon() {
+	p.mu.Lock()
+	p.closed = true
+	stop := p.stop
+	p.stop = nil
+	p.mu.Unlock()
+	if stop != nil {
+		close(stop)
+	}
 }
 
 // releaseLocked takes every arena with nothing lent out of the pool, for

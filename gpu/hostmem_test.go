@@ -134,3 +134,26 @@ func TestHostPoolIdle(t *testing.T) {
 		t.Error("the pool did not grow again on demand")
 	}
 }
+
+// With onDemand the pool registers nothing until asked; TryHostAlloc then
+// returns nil (not heap memory) until an arena is registered.
+func TestHostPoolOnDemand(t *testing.T) {
+	d := &Decoder{}
+	const unit = 8 << 20
+	d.host.unit, d.host.limit, d.host.idle, d.host.onDemand = unit, 4*unit, time.Hour, true
+	d.host.start()
+	defer d.releaseHost()
+	time.Sleep(50 * time.Millisecond)
+	if st := d.host.stats(); st.Mapped != 0 || st.Arenas != 0 {
+		t.Fatalf("an on-demand pool mapped %d bytes before any request", st.Mapped)
+	}
+	if b := d.TryHostAlloc(1 << 20); b != nil {
+		t.Fatal("TryHostAlloc lent memory with no arena registered")
+	}
+	waitArenas(t, &d.host, 1) // the request started one
+	b := d.TryHostAlloc(1 << 20)
+	if b == nil || !d.pinned(b) {
+		t.Fatal("TryHostAlloc after the arena came: no pinned memory")
+	}
+	d.HostFree(b)
+}

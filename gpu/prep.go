@@ -33,6 +33,14 @@ const (
 	checkXXH64             // zstd content checksum: low 32 bits of XXH64
 )
 
+// streamSum is the Adler-32 trailer of one zlib stream inside a blosc
+// frame, and where the stream's decoded bytes lie in the frame before
+// unshuffling.
+type streamSum struct {
+	off, n int64
+	want   uint32
+}
+
 // prepared is one job after its framing has been read.
 type prepared struct {
 	pieces []piece
@@ -41,6 +49,11 @@ type prepared struct {
 	shuffle *shuffleDesc
 	check   checkKind
 	want    uint32
+	// sums are checksums over parts of the decoded bytes: each zlib stream
+	// of a blosc chunk carries the Adler-32 of what it decodes to, which
+	// lies at [off, off+n) of the frame before unshuffling (the round
+	// brings those bytes back to the host too, see layout.preAt).
+	sums []streamSum
 	// unverified, when set, says why the host cannot hold nvCOMP's verdict
 	// on this job to the CPU decoder's: zstd streams whose decoded bytes
 	// no checksum verifies (the host checks of zstd are structural only),
@@ -298,6 +311,7 @@ type copyRef struct {
 type layout struct {
 	jobs     []int   // indices of the jobs in this sub-batch
 	finalOff []int64 // per entry of jobs: offset of its decoded bytes in the output buffer
+	finalLen []int64 // and their length
 
 	segs     [numAlgos][]segRef
 	raws     []segRef // raw pieces: packed like inputs, copied by scatter_copy
@@ -320,7 +334,12 @@ type layout struct {
 	preOff    int64
 	devIn     int64 // the device input buffer's size
 
-	finalEnd  int64 // end of the decoded chunks (byte swapping covers [0, finalEnd))
+	finalEnd int64 // end of the decoded chunks (byte swapping covers [0, finalEnd))
+	// preAt, per entry of jobs, is where a shuffled job whose streams the
+	// host checks (prepared.sums) is decoded before unshuffling: inside
+	// the region copied back, after the decoded chunks, so that the host
+	// sees the streams' own bytes. -1 for every other job.
+	preAt     []int64
 	actualOff int64 // nvCOMP's decoded sizes, one uint64 per segment, algorithms in order
 	statusOff int64 // nvCOMP's statuses, one int32 per segment
 	probeOff  int64 // fence probes: probeLen bytes per entry of probes
@@ -391,12 +410,13 @@ func (p *prepared) cost(n int64) int64 {
 // pinned host memory; inAligns gives nvCOMP's input alignment per
 // algorithm, which pieces read in place must meet.
 func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns, inAligns [numAlgos]int64, fence bool, pinnedSrc func(k int) bool) *layout {
-	l := &layout{jobs: idx, finalOff: make([]int64, len(idx))}
+	l := &layout{jobs: idx, finalOff: make([]int64, len(idx)), finalLen: make([]int64, len(idx))}
 	var out int64
 	for k, ji := range idx {
 		out = alignUp(out, outAlign)
 		l.finalOff[k] = out
-		out += int64(len(jobs[ji].Dst))
+		l.finalLen[k] = int64(len(jobs[ji].Dst))
+		out += l.finalLen[k]
 	}
 	l.finalEnd = out
 
@@ -501,6 +521,15 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns, inAli
 		}
 	}
 
+	l.preAt = make([]int64, len(idx))
+	for k, ji := range idx {
+		l.preAt[k] = -1
+		if p := &preps[ji]; p.shuffle != nil && len(p.sums) > 0 {
+			out = alignUp(out, outAlign)
+			l.preAt[k] = out
+			out += int64(len(jobs[ji].Dst))
+		}
+	}
 	out = alignUp(out, 8)
 	l.actualOff = out
 	out += 8 * int64(l.nsegs)
@@ -526,7 +555,9 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns, inAli
 		base := l.finalOff[k]
 		if p.shuffle != nil {
 			sd := *p.shuffle
-			base = reserve(int64(len(jobs[ji].Dst)), outAlign)
+			if base = l.preAt[k]; base < 0 {
+				base = reserve(int64(len(jobs[ji].Dst)), outAlign)
+			}
 			sd.Src, sd.Dst = uint64(base), uint64(l.finalOff[k])
 			l.shuffles = append(l.shuffles, sd)
 		}

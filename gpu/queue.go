@@ -28,26 +28,43 @@ import (
 // ErrClosed is returned by DecodeBatch after Close.
 var ErrClosed = errors.New("gpu: decoder is closed")
 
-// device decodes rounds. submit and collect run on two goroutines, each
-// locked to its OS thread; submit is called only for a buffer set with no
-// round in flight, and collect in the order rounds were submitted.
+// device decodes rounds. prepare and start run on the submitter's
+// goroutine, collect and finishDirect on the completer's, each locked to
+// its OS thread; a round is prepared only on a buffer set with no round in
+// flight, and collected in the order rounds were started.
 type device interface {
-	// needsIdle reports whether the next submit needs every buffer set
+	// needsIdle reports whether the next round needs every buffer set
 	// idle: after a sticky device error it rebuilds the context, which
 	// frees every buffer.
 	needsIdle() bool
-	// submit packs round r into buffer set r.set and starts its device
-	// work. The device may read the jobs' Src and write their Dst until
-	// collect returns (pinned memory is copied asynchronously); when
-	// submit fails, it has stopped doing so by the time it returns.
-	submit(r *round) error
-	// collect waits for r's device work. It returns, per job of the round,
-	// the decoded bytes (valid until r.set is submitted again; nil when
-	// the device wrote them to the job's Dst itself) or why there are
-	// none; or an error when the round failed as a whole.
-	collect(r *round) (outs [][]byte, errs []error, err error)
+	// prepare readies buffer set r.set for round r: a context rebuilt
+	// after a fault, the set's buffers grown to the round's layout. It
+	// reads the jobs' lengths and addresses, never their bytes, so it runs
+	// with no caller's lock held: a driver call that blocks there (on a
+	// device that stopped answering) holds up no caller past the watchdog.
+	prepare(r *round) error
+	// start packs round r into its set and queues its device work. The
+	// device may read the jobs' Src until collect returns (pinned memory
+	// is copied asynchronously), but it writes no job's memory before
+	// finishDirect; when start fails, the device has stopped reading by
+	// the time it returns, or r.deadline has passed.
+	start(r *round) error
+	// collect waits for r's device work, until r.deadline or until cancel
+	// is closed. It returns, per job of the round, the decoded bytes
+	// (valid until r.set is prepared again; nil for a job whose Dst the
+	// device writes itself, in finishDirect) or why there are none; or an
+	// error when the round failed as a whole, wrapping errRoundTimeout
+	// when the deadline passed first.
+	collect(r *round, cancel <-chan struct{}) (outs [][]byte, errs []error, err error)
+	// finishDirect copies the decoded bytes of the jobs which (indices into
+	// r.jobs whose outs were nil) into their Dst, and waits for the copies
+	// until deadline or cancel, as collect does.
+	finishDirect(r *round, which []int, deadline time.Time, cancel <-chan struct{}) error
 	// close frees the device's resources; nothing is in flight.
 	close()
+	// abandon is close for a device that did not finish a round: its work
+	// may still be running, so nothing it may use is freed.
+	abandon()
 }
 
 // request is one DecodeBatchSwap call waiting for its jobs.
@@ -71,7 +88,8 @@ type request struct {
 	onDevice sync.WaitGroup
 	left     atomic.Int64 // jobs of ok without a result
 	err      atomic.Pointer[error]
-	done     chan struct{} // closed when left reaches 0
+	done     chan struct{} // closed when left reaches 0, or by the watchdog
+	doneOnce sync.Once
 }
 
 // item is one job of a request, waiting in the submitter's queue.
@@ -95,7 +113,19 @@ type round struct {
 	callers   int
 	reqs      []*request // callers with pinned memory in the round: onDevice counts it
 	fl        *inflight  // the device's state of the round
-	stats     []any      // what collect adds to the round's debug line
+	// The watchdog's (watchdog.go): when the round must be done by, the
+	// timer that retires the device if the submitter is still taking the
+	// round up then, and whether it has (started) and the round is
+	// settled.
+	deadline time.Time
+	watch    *time.Timer
+	started  atomic.Bool
+	settled  atomic.Bool
+	// pre is set by collect, per job: a shuffled blosc chunk's bytes
+	// before unshuffling, for the host's check of its streams
+	// (prepared.sums); nil where there are none.
+	pre   [][]byte
+	stats []any // what collect adds to the round's debug line
 }
 
 // start launches the submitter and the completer over dev.
@@ -110,6 +140,8 @@ func (d *Decoder) start(dev device) {
 	d.submitted = make(chan *round, n)
 	d.stopped = make(chan struct{})
 	d.completerDone = make(chan struct{})
+	d.hungCh = make(chan struct{})
+	d.live = map[*request]struct{}{}
 	go d.submitLoop()
 	go d.completeLoop()
 }
@@ -133,6 +165,14 @@ func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSiz
 		}
 		return err
 	}
+	if err := d.Retired(); err != nil {
+		// The GPU is off for the process: not even the framing is read.
+		for i := range jobs {
+			jobs[i].Err = fmt.Errorf("gpu: batch not decoded: %w: %w", codec.ErrUnsupported, err)
+			d.counts.count(jobs[i].Err, 0)
+		}
+		return err
+	}
 	if elemSize < 0 {
 		elemSize = 0
 	}
@@ -142,11 +182,13 @@ func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSiz
 	// run here, on the caller's goroutine, while the device decodes other
 	// callers' rounds.
 	d.parallel(len(jobs), func(i int) {
+		t0 := time.Now()
 		if d.noValidate {
 			preps[i] = frame(&jobs[i])
 		} else {
 			preps[i] = prepare(&jobs[i])
 		}
+		d.costs.host(jobs[i].Codec, time.Since(t0))
 	})
 	var ok []int
 	for i := range jobs {
@@ -191,6 +233,7 @@ func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSiz
 	}
 	q.abandoned.Store(true)
 	q.mu.Unlock()
+	d.forget(q)
 	// No round takes its jobs any more; those on the device may still be
 	// copying to or from its pinned memory.
 	q.onDevice.Wait()
@@ -211,7 +254,7 @@ func (opts Options) refuse(j *codec.Job, p *prepared) error {
 		return fmt.Errorf("gpu: %s chunk: deflate decodes on the CPU (Options.Deflate is off): %w", j.Codec, codec.ErrUnsupported)
 	case !opts.Unverified && p.unverified != "":
 		return fmt.Errorf("gpu: %s chunk: %s: decoded on the CPU (Options.Unverified is off): %w", j.Codec, p.unverified, codec.ErrUnsupported)
-	case !opts.Unverified && opts.SkipChecksums && p.check != checkNone:
+	case !opts.Unverified && opts.SkipChecksums && (p.check != checkNone || len(p.sums) > 0):
 		return fmt.Errorf("gpu: %s chunk: only its checksum verifies it, and Options.SkipChecksums is on: decoded on the CPU (Options.Unverified is off): %w",
 			j.Codec, codec.ErrUnsupported)
 	}
@@ -232,9 +275,16 @@ func (d *Decoder) enqueue(q *request) error {
 		d.qmu.Unlock()
 		return ErrClosed
 	}
+	// Under qmu: the watchdog sets the error before it takes the live
+	// requests, so a request is either refused here or released there.
+	if err := d.Retired(); err != nil {
+		d.qmu.Unlock()
+		return err
+	}
 	d.seq++
 	q.seq = d.seq
 	d.queue = append(d.queue, q)
+	d.live[q] = struct{}{}
 	d.qmu.Unlock()
 	select {
 	case d.wake <- struct{}{}:
@@ -305,7 +355,11 @@ func (d *Decoder) submitLoop() {
 	}
 	close(d.submitted)
 	<-d.completerDone
-	d.rounds.close()
+	if d.hung.Load() {
+		d.rounds.abandon()
+	} else {
+		d.rounds.close()
+	}
 	close(d.stopped)
 }
 
@@ -361,9 +415,9 @@ func (d *Decoder) nextRound(pending []item) (*round, []item) {
 	return &round{items: take, elemSize: elem}, rest
 }
 
-// runRound submits r on its set; the completer finishes it. A fenced round
-// (one holding deflate segments) runs alone: should an overrun escape its
-// buffer, no other round's bytes are in flight.
+// runRound takes r up on its set; the completer finishes it. A fenced
+// round (one holding deflate segments) runs alone: should an overrun
+// escape its buffer, no other round's bytes are in flight.
 func (d *Decoder) runRound(r *round) {
 	held := []int{r.set}
 	for _, it := range r.items {
@@ -385,60 +439,84 @@ func (d *Decoder) runRound(r *round) {
 			}
 		}
 	}
-	// Hold each caller's lock shared while its jobs are packed, and drop
-	// the jobs of callers that gave up meanwhile: their Src may already be
-	// reused, and unchecked bytes must not reach nvCOMP.
+	d.watch(r)
+	err := d.Retired()
+	// The set is readied with no caller's lock held (a driver call may
+	// block on a device that stopped answering, and the watchdog must
+	// then be able to release every caller); then each caller's lock is
+	// held shared while its jobs are packed. A caller that gave up
+	// meanwhile is dropped, and the set readied again for those left:
+	// its Src may already be reused, and unchecked bytes must not reach
+	// nvCOMP.
 	var reqs []*request
-	for _, it := range r.items {
-		if len(reqs) == 0 || reqs[len(reqs)-1] != it.req {
-			reqs = append(reqs, it.req)
-		}
-	}
-	slices.SortFunc(reqs, func(a, b *request) int { return cmp.Compare(a.seq, b.seq) })
-	reqs = slices.Compact(reqs)
-	for _, q := range reqs {
-		q.mu.RLock()
-	}
-	live := r.items[:0]
-	for _, it := range r.items {
-		if !it.req.abandoned.Load() {
-			live = append(live, it)
-		}
-	}
-	r.items = live
-	for _, q := range reqs {
-		if !q.abandoned.Load() {
-			r.callers++
-		}
-	}
-	r.jobs, r.preps = make([]codec.Job, len(live)), make([]prepared, len(live))
-	for k, it := range live {
-		r.jobs[k], r.preps[k] = it.req.jobs[it.i], it.req.preps[it.i]
-	}
-	var err error
-	if len(live) > 0 {
-		err = d.rounds.submit(r)
-	}
-	if err == nil {
-		// Callers whose pinned memory the device copies from or to
-		// asynchronously: onDevice is raised before such a caller can give
-		// up (it takes mu to do so).
-		for _, it := range live {
-			q, j := it.req, &it.req.jobs[it.i]
-			if (len(r.reqs) == 0 || r.reqs[len(r.reqs)-1] != q) && (d.pinned(j.Src) || d.pinned(j.Dst)) {
-				q.onDevice.Add(1)
-				r.reqs = append(r.reqs, q)
+	locked := false
+	for err == nil {
+		live := r.items[:0]
+		for _, it := range r.items {
+			if !it.req.abandoned.Load() {
+				live = append(live, it)
 			}
 		}
+		r.items = live
+		if len(live) == 0 {
+			break
+		}
+		r.jobs, r.preps = make([]codec.Job, len(live)), make([]prepared, len(live))
+		for k, it := range live {
+			// Not the whole Job: a caller that gave up writes its Err.
+			j := &it.req.jobs[it.i]
+			r.jobs[k], r.preps[k] = codec.Job{Codec: j.Codec, Src: j.Src, Dst: j.Dst}, it.req.preps[it.i]
+		}
+		if err = d.rounds.prepare(r); err != nil {
+			break
+		}
+		reqs = reqs[:0]
+		for _, it := range live {
+			reqs = append(reqs, it.req)
+		}
+		slices.SortFunc(reqs, func(a, b *request) int { return cmp.Compare(a.seq, b.seq) })
+		reqs = slices.Compact(reqs)
+		for _, q := range reqs {
+			q.mu.RLock()
+		}
+		gone := false
+		for _, q := range reqs {
+			gone = gone || q.abandoned.Load()
+		}
+		if !gone {
+			locked = true
+			break
+		}
+		for _, q := range reqs {
+			q.mu.RUnlock()
+		}
 	}
-	for _, q := range reqs {
-		q.mu.RUnlock()
+	if locked {
+		r.callers = len(reqs)
+		err = d.rounds.start(r)
+		if err == nil {
+			// Callers whose pinned memory the device copies from or to
+			// asynchronously: onDevice is raised before such a caller can
+			// give up (it takes mu to do so).
+			for k, it := range r.items {
+				q, j := it.req, &r.jobs[k]
+				if (len(r.reqs) == 0 || r.reqs[len(r.reqs)-1] != q) && (d.pinned(j.Src) || d.pinned(j.Dst)) {
+					q.onDevice.Add(1)
+					r.reqs = append(r.reqs, q)
+				}
+			}
+		}
+		for _, q := range reqs {
+			q.mu.RUnlock()
+		}
 	}
+	r.started.Store(true)
 	switch {
-	case len(live) == 0:
-		release(-1)
 	case err != nil:
 		d.settle(r, nil, nil, err)
+		release(-1)
+	case len(r.items) == 0:
+		d.settle(r, nil, nil, nil)
 		release(-1)
 	case r.fenced:
 		d.submitted <- r
@@ -459,7 +537,7 @@ func (d *Decoder) completeLoop() {
 	defer runtime.UnlockOSThread()
 	defer close(d.completerDone)
 	for r := range d.submitted {
-		outs, errs, err := d.rounds.collect(r)
+		outs, errs, err := d.collect(r)
 		d.settle(r, outs, errs, err)
 		for _, q := range r.reqs {
 			q.onDevice.Done()
@@ -473,6 +551,10 @@ func (d *Decoder) completeLoop() {
 // ErrUnsupported so that the caller retries it on the CPU, and its caller
 // returns batchErr. Callers that gave up are skipped.
 func (d *Decoder) settle(r *round, outs [][]byte, errs []error, batchErr error) {
+	if r.watch != nil {
+		r.watch.Stop()
+	}
+	r.settled.Store(true)
 	t0 := time.Now()
 	d.parallel(len(r.items), func(k int) {
 		it := r.items[k]
@@ -489,17 +571,26 @@ func (d *Decoder) settle(r *round, outs [][]byte, errs []error, batchErr error) 
 		case errs[k] != nil:
 			j.Err = fmt.Errorf("gpu: %s chunk: %w", j.Codec, errs[k])
 		default:
-			if err := d.deliver(&r.preps[k], outs[k], j.Dst, r.elemSize); err != nil {
+			t0 := time.Now()
+			defer func() { d.costs.host(j.Codec, time.Since(t0)) }()
+			var pre []byte
+			if k < len(r.pre) {
+				pre = r.pre[k]
+			}
+			if err := d.deliver(&r.preps[k], outs[k], pre, j.Dst, r.elemSize); err != nil {
 				j.Err = fmt.Errorf("gpu: %s chunk: %w", j.Codec, err)
 			}
 		}
 		d.counts.count(j.Err, len(j.Dst))
+		if j.Err == nil {
+			d.costs.delivered(j.Codec, len(j.Dst))
+		}
 		q.fin[it.i] = true
 	})
-	if batchErr == nil {
+	if batchErr == nil && len(r.items) > 0 {
 		d.counts.rounds.Add(1)
 	}
-	if batchErr == nil && r.fl != nil {
+	if batchErr == nil && r.fl != nil && len(r.items) > 0 {
 		var in, out int64
 		for _, j := range r.jobs {
 			in += int64(len(j.Src))
@@ -514,27 +605,24 @@ func (d *Decoder) settle(r *round, outs [][]byte, errs []error, batchErr error) 
 			q.err.CompareAndSwap(nil, &batchErr)
 		}
 		if q.left.Add(-1) == 0 {
-			close(q.done)
+			d.finished(q)
 		}
 	}
 }
 
-// deliver checks a decoded chunk and copies it to dst.
-// A nil out means the device wrote dst itself (pinned memory).
-func (d *Decoder) deliver(p *prepared, out, dst []byte, elemSize int) error {
+// deliver checks a decoded chunk and copies it to dst. A nil out means
+// the device wrote dst itself (pinned memory); pre is the chunk before
+// unshuffling, where the host checks its streams (nil otherwise).
+func (d *Decoder) deliver(p *prepared, out, pre, dst []byte, elemSize int) error {
 	if out == nil {
 		out = dst
 	}
-	if !d.opts.SkipChecksums && elemSize <= 1 {
-		if err := verify(p.check, p.want, out); err != nil {
+	if !d.opts.SkipChecksums {
+		if err := p.verifyDecoded(out, pre, elemSize); err != nil {
 			return err
 		}
 	}
 	copy(dst, out) // nothing to do when out is dst
-	if !d.opts.SkipChecksums && elemSize > 1 && p.check != checkNone {
-		// The checksum covers the bytes before swapping.
-		return verifySwapped(p.check, p.want, dst, elemSize)
-	}
 	return nil
 }
 

@@ -2,7 +2,9 @@ package gpu
 
 import (
 	"errors"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/zarrfs/zarrfs/zarr/codec"
 )
@@ -59,4 +61,48 @@ func (c *counters) count(err error, n int) {
 	default:
 		c.corrupt.Add(1)
 	}
+}
+
+// Cost is what the chunks of one codec have cost the host on the GPU path:
+// the chunks and bytes decoded and delivered, and the time the host spent
+// on them on its own goroutines (reading framing and checking streams,
+// packing compressed bytes into staging, copying decoded bytes out and
+// checking their checksums), for chunks delivered or not. HostNanos over
+// Bytes is the CPU the GPU path takes per decoded byte, to set against
+// what decoding on the CPU takes: the GPU frees CPU only where it is less.
+type Cost struct {
+	Chunks, Bytes, HostNanos int64
+}
+
+// Costs returns the Cost of each codec the Decoder was given, since New.
+// Safe for concurrent use.
+func (d *Decoder) Costs() map[codec.Name]Cost {
+	out := map[codec.Name]Cost{}
+	d.costs.m.Range(func(k, v any) bool {
+		c := v.(*costCounter)
+		out[k.(codec.Name)] = Cost{Chunks: c.chunks.Load(), Bytes: c.bytes.Load(), HostNanos: c.nanos.Load()}
+		return true
+	})
+	return out
+}
+
+// costTable is a Decoder's Costs, by codec.
+type costTable struct{ m sync.Map } // codec.Name -> *costCounter
+
+type costCounter struct{ chunks, bytes, nanos atomic.Int64 }
+
+func (t *costTable) get(c codec.Name) *costCounter {
+	if v, ok := t.m.Load(c); ok {
+		return v.(*costCounter)
+	}
+	v, _ := t.m.LoadOrStore(c, new(costCounter))
+	return v.(*costCounter)
+}
+
+func (t *costTable) host(c codec.Name, dt time.Duration) { t.get(c).nanos.Add(int64(dt)) }
+
+func (t *costTable) delivered(c codec.Name, n int) {
+	cc := t.get(c)
+	cc.chunks.Add(1)
+	cc.bytes.Add(int64(n))
 }

@@ -75,3 +75,26 @@ func requireOnGPU(t testing.TB, d *Decoder, before Stats, n int) {
 		t.Errorf("the decoder's stats say the GPU decoded %d chunks; the test counted %d decoded there", got, n)
 	}
 }
+
+// Costs counts, per codec, what was delivered and the host's time on the
+// GPU path's own goroutines: framing and checks, packing, copying out.
+func TestCosts(t *testing.T) {
+	f := newFake(t, false)
+	d := newFakeDecoder(f, Options{})
+	defer d.Close()
+	c := newCaller(1, 6, 0) // zstd, LZ4 and blosc, two each
+	c.run(d)
+	c.check(t, "caller")
+	costs := d.Costs()
+	var chunks int64
+	for _, name := range []codec.Name{codec.Zstd, codec.LZ4, codec.Blosc} {
+		k := costs[name]
+		if k.Chunks != 2 || k.Bytes <= 0 || k.HostNanos <= 0 {
+			t.Errorf("%s: %+v, want 2 chunks, their bytes and some host time", name, k)
+		}
+		chunks += k.Chunks
+	}
+	if s := d.Stats(); s.Chunks != chunks {
+		t.Errorf("Costs count %d chunks, Stats %d", chunks, s.Chunks)
+	}
+}

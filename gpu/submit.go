@@ -24,17 +24,17 @@ type inflight struct {
 	tPack     time.Duration
 }
 
-// submit packs the jobs of one round into set's pinned buffer and enqueues its device
-// work: one host-to-device copy, one nvCOMP call per algorithm, the
-// kernels, one device-to-host copy, between two events.
-func (d *Decoder) submit(jobs []codec.Job, preps []prepared, elemSize int, set *bufSet) (*inflight, error) {
+// prepareRound lays the jobs of one round out and grows set's buffers to
+// hold them; it reads the jobs' lengths and addresses only.
+func (d *Decoder) prepareRound(jobs []codec.Job, preps []prepared, set *bufSet) (*inflight, error) {
 	t0 := time.Now()
 	idx := make([]int, len(jobs))
 	for i := range idx {
 		idx[i] = i
 	}
 	l := layoutBatch(jobs, preps, idx, d.outAligns, d.inAligns, !d.noFence, func(k int) bool { return d.pinned(jobs[idx[k]].Src) })
-	// Jobs whose Dst is pinned get their bytes straight from the device.
+	// Jobs whose Dst is pinned get their bytes straight from the device
+	// (finishDirect).
 	directOut := make([]bool, len(idx))
 	for k, ji := range idx {
 		directOut[k] = d.pinned(jobs[ji].Dst)
@@ -42,18 +42,29 @@ func (d *Decoder) submit(jobs []codec.Job, preps []prepared, elemSize int, set *
 	if err := d.reserve(set, l); err != nil {
 		return nil, err
 	}
-	d.pack(set, l)
+	return &inflight{set: set, l: l, idx: idx, directOut: directOut, t0: t0}, nil
+}
+
+// startRound packs a prepared round into its set's pinned buffer and
+// enqueues its device work: one host-to-device copy, one nvCOMP call per
+// algorithm, the kernels, one device-to-host copy into staging, between
+// two events.
+func (d *Decoder) startRound(fl *inflight, jobs []codec.Job, elemSize int) error {
+	set, l := fl.set, fl.l
+	d.pack(set, l, jobs)
 	if err := d.upload(set, l); err != nil {
-		return nil, err
+		return err
 	}
 	launchErr, err := d.decodeOnDevice(set, l, elemSize)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if err := d.download(set, l, jobs, idx, directOut); err != nil {
-		return nil, err
+	if err := d.download(set, l, fl.directOut); err != nil {
+		return err
 	}
-	return &inflight{set: set, l: l, idx: idx, directOut: directOut, launchErr: launchErr, t0: t0, tPack: time.Since(t0)}, nil
+	fl.launchErr = launchErr
+	fl.tPack = time.Since(fl.t0)
+	return nil
 }
 
 // reserve grows the set's buffers to what the round's layout needs,
@@ -88,27 +99,32 @@ func (d *Decoder) reserve(set *bufSet, l *layout) error {
 // pack copies the compressed pieces that are not in pinned memory into
 // the staging buffer, in parallel (the host's main cost for a round), and
 // writes the descriptor arrays nvCOMP and the kernels read.
-func (d *Decoder) pack(set *bufSet, l *layout) {
+func (d *Decoder) pack(set *bufSet, l *layout, jobs []codec.Job) {
 	hin := set.hIn.bytes()
 	inBase, outBase := uint64(set.dIn.ptr), uint64(set.dOut.ptr)
 	type cp struct {
 		dst []byte
 		src []byte
+		job int
 	}
 	var packs []cp
 	for a := range numAlgos {
 		for _, s := range l.segs[a] {
 			if !s.direct {
-				packs = append(packs, cp{hin[s.inOff : s.inOff+int64(len(s.src))], s.src})
+				packs = append(packs, cp{hin[s.inOff : s.inOff+int64(len(s.src))], s.src, s.job})
 			}
 		}
 	}
 	for _, s := range l.raws {
 		if !s.direct {
-			packs = append(packs, cp{hin[s.inOff : s.inOff+int64(len(s.src))], s.src})
+			packs = append(packs, cp{hin[s.inOff : s.inOff+int64(len(s.src))], s.src, s.job})
 		}
 	}
-	d.parallel(len(packs), func(i int) { copy(packs[i].dst, packs[i].src) })
+	d.parallel(len(packs), func(i int) {
+		t0 := time.Now()
+		copy(packs[i].dst, packs[i].src)
+		d.costs.host(jobs[l.jobs[packs[i].job]].Codec, time.Since(t0))
+	})
 
 	le := binary.LittleEndian
 	for a := range numAlgos {
@@ -247,10 +263,13 @@ func (d *Decoder) decodeOnDevice(set *bufSet, l *layout, elemSize int) (launchEr
 	return launchErr, d.mark(set, 2)
 }
 
-// download queues the way back to the host: each pinned Dst straight from
-// the device, the other chunks in runs through the staging buffer, then
-// sizes, statuses and probes; and the round's end event.
-func (d *Decoder) download(set *bufSet, l *layout, jobs []codec.Job, idx []int, directOut []bool) error {
+// download queues the way back to the host: everything but the pinned
+// Dst of jobs decoded straight there, in runs into the staging buffer
+// (chunks, pre-unshuffle bytes the host checks, sizes, statuses and
+// probes); and the round's end event. The pinned Dst follow once the
+// round is seen to be done (finishDirect): a device that never finishes
+// then never writes a caller's memory.
+func (d *Decoder) download(set *bufSet, l *layout, directOut []bool) error {
 	cu := d.cu
 	d2h := func(dst unsafe.Pointer, off, n int64) error {
 		if n == 0 {
@@ -262,18 +281,14 @@ func (d *Decoder) download(set *bufSet, l *layout, jobs []codec.Job, idx []int, 
 		return nil
 	}
 	run := int64(0) // start of the staged run not yet copied
-	for k, ji := range idx {
+	for k := range l.jobs {
 		if !directOut[k] {
 			continue
 		}
 		if err := d2h(unsafe.Add(set.hOut.p, run), run, l.finalOff[k]-run); err != nil {
 			return err
 		}
-		dst := jobs[ji].Dst
-		if err := d2h(unsafe.Pointer(&dst[0]), l.finalOff[k], int64(len(dst))); err != nil {
-			return err
-		}
-		run = l.finalOff[k] + int64(len(dst))
+		run = l.finalOff[k] + l.finalLen[k]
 	}
 	if err := d2h(unsafe.Add(set.hOut.p, run), run, l.d2h-run); err != nil {
 		return err

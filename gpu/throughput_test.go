@@ -3,6 +3,8 @@ package gpu
 import (
 	"context"
 	"fmt"
+	"hash/adler32"
+	"hash/crc32"
 	"log/slog"
 	"runtime"
 	"sync"
@@ -113,7 +115,10 @@ func (h *phaseHandler) reset() {
 // and the GPU with and without the host's LZ4 checks (checkStreams). It
 // asserts only correctness; the numbers are printed. Run with
 // -gpu.throughput (integration/gpu/run.sh does). The decoders take
-// Options.Unverified, so that blosc-zstd is measured on the GPU.
+// Options.Unverified, so that blosc-zstd is measured on the GPU. A second
+// table (deflateRows) measures zlib, gzip and blosc-zlib on the GPU with
+// Options.Deflate and the host's checksums against the CPU pool, and says
+// whether that measure argues for decode.GPUDeflate.
 func TestThroughputSummary(t *testing.T) {
 	if !*flagThroughput {
 		t.Skip("throughput comparison not requested (-gpu.throughput)")
@@ -319,6 +324,7 @@ func TestThroughputSummary(t *testing.T) {
 		lines = append(lines, fmt.Sprintf("%-18s %6.2f %9.2f %9.2f %9.2f %9.2f %9.2f %8.1f %8.2f %9.2f %9.2f %7.3f %9.2f",
 			w.name, float64(out)/float64(in), c1, cAll, g16, gN, gbs(out, kernN), g/c1, g/cAll, gp, gnc, gp/gnc, gbs(fewOut, dtCheck)))
 	}
+	lines = append(lines, deflateRows(t, n, cpu)...)
 	summary := fmt.Sprintf("decode throughput, GB/s of decoded data (%d chunks of %dx%d float32 = %.1f MB each per codec; %s; %d CPU cores; nvCOMP input alignments %v)\n",
 		n, era5Y, era5X, float64(4*era5Y*era5X)/1e6, d.Info(), ncpu, d.inAligns)
 	for _, l := range append(lines, extra...) {
@@ -434,4 +440,128 @@ func TestHostBandwidth(t *testing.T) {
 	summary += fmt.Sprintf("HostAlloc of a fresh pool, arenas registered in the background as needed, GB/s: 4 MiB %.1f, 88 MiB %.1f\n", fresh(4<<20), fresh(88<<20))
 	fmt.Print(summary)
 	t.Log("\n" + summary)
+}
+
+// deflateRows measures the deflate family on the GPU (Options.Deflate,
+// with the host's CRC-32 and Adler-32 checks of what nvCOMP decoded, blosc
+// zlib streams included) against the CPU pool, on n ERA5-like chunks per
+// codec, from ordinary and from pinned memory: the measure that decides
+// decode.GPUDeflate. It fails if the GPU refused the chunks or decoded a
+// byte otherwise than the CPU.
+func deflateRows(t *testing.T, n int, cpu *codec.CPU) []string {
+	d, err := New(Options{Deflate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx := context.Background()
+	gbs := func(b int64, dt time.Duration) float64 { return float64(b) / dt.Seconds() / 1e9 }
+	kinds := []struct {
+		name string
+		c    codec.Name
+		enc  func([]byte) []byte
+		sum  func([]byte) // the host's check alone
+	}{
+		{"zlib-5", codec.Zlib, func(b []byte) []byte { return compress(codec.Zlib, b) }, func(b []byte) { adler32.Checksum(b) }},
+		{"gzip-5", codec.Gzip, func(b []byte) []byte { return compress(codec.Gzip, b) }, func(b []byte) { crc32.ChecksumIEEE(b) }},
+		{"blosc-zlib-shuffle", codec.Blosc, func(b []byte) []byte { return bloscCompress(b, 4, 256<<10, codec.ByteShuffle, "zlib") },
+			func(b []byte) { adler32.Checksum(b) }},
+	}
+	ncpu := runtime.NumCPU()
+	lines := []string{"", fmt.Sprintf("deflate family on the GPU (Options.Deflate; the host checks CRC-32 / Adler-32 after nvCOMP), against codec.NewCPU with %d workers, GB/s of decoded data:", ncpu),
+		fmt.Sprintf("%-18s %6s %9s %9s %9s %9s %9s %9s", "codec", "ratio", fmt.Sprintf("cpu%d", ncpu), "gpu", "gpu-pin", "x cpu", "x(pin)", "sum1")}
+	worst := 1e9
+	for _, k := range kinds {
+		jobs := make([]codec.Job, n)
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, ncpu)
+		for i := range n {
+			wg.Go(func() {
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				f := field(era5Y, era5X, uint64(i+1))
+				jobs[i] = codec.Job{Codec: k.c, Src: k.enc(f), Dst: make([]byte, len(f))}
+			})
+		}
+		wg.Wait()
+		in, out := decodedBytes(jobs)
+		dtCPU, err := best(3, func() error {
+			if err := cpu.DecodeBatch(ctx, jobs); err != nil {
+				return err
+			}
+			for _, j := range jobs {
+				if j.Err != nil {
+					return j.Err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ref := make([][]byte, n)
+		for i, j := range jobs {
+			ref[i] = append([]byte(nil), j.Dst...)
+		}
+		run := func(js []codec.Job) (time.Duration, error) {
+			d.DecodeBatch(ctx, js) // warm the buffers
+			before := d.Stats().Chunks
+			dt, err := best(3, func() error { return d.DecodeBatch(ctx, js) })
+			if err != nil {
+				return 0, err
+			}
+			if got := d.Stats().Chunks - before; got != 3*int64(n) {
+				return 0, fmt.Errorf("%s: the GPU decoded %d of %d chunks (Stats %+v; first error: %v)", k.name, got, 3*n, d.Stats(), js[0].Err)
+			}
+			for i, j := range js {
+				if j.Err != nil || string(j.Dst) != string(ref[i]) {
+					return 0, fmt.Errorf("%s chunk %d: %v, or GPU bytes differ from the CPU's", k.name, i, j.Err)
+				}
+			}
+			return dt, nil
+		}
+		for i := range jobs {
+			clear(jobs[i].Dst)
+		}
+		dtGPU, err := run(jobs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pj := make([]codec.Job, n)
+		for i, j := range jobs {
+			src, dst := d.HostAllocWait(len(j.Src), 10*time.Second), d.HostAllocWait(len(j.Dst), 10*time.Second)
+			copy(src, j.Src)
+			pj[i] = codec.Job{Codec: j.Codec, Src: src, Dst: dst}
+		}
+		dtPin, err := run(pj)
+		for _, j := range pj {
+			d.HostFree(j.Src)
+			d.HostFree(j.Dst)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		few := ref[:min(8, n)]
+		var fewOut int64
+		for _, b := range few {
+			fewOut += int64(len(b))
+		}
+		dtSum, _ := best(3, func() error {
+			for _, b := range few {
+				k.sum(b)
+			}
+			return nil
+		})
+		c, g, gp := gbs(out, dtCPU), gbs(out, dtGPU), gbs(out, dtPin)
+		worst = min(worst, gp/c)
+		lines = append(lines, fmt.Sprintf("%-18s %6.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f",
+			k.name, float64(out)/float64(in), c, g, gp, g/c, gp/c, gbs(fewOut, dtSum)))
+	}
+	verdict := "keep it off"
+	if worst >= 1 {
+		verdict = "the measure says on, if the Deflate damage suite passes too"
+	}
+	lines = append(lines, fmt.Sprintf("deflate verdict: worst pinned GPU / cpu%d = %.2f; decode.GPUDeflate is off: turn it on at 1.00 or more on every row (%s). sum1: the host's checksum alone on one goroutine.",
+		ncpu, worst, verdict))
+	return lines
 }

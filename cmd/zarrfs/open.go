@@ -61,6 +61,9 @@ type opened struct {
 	lay   *layout.Layout // the current one; a mount replaces it
 	cache *cache.Cache
 	stats *zarr.Stats // the work of every hierarchy opened from src
+	// exiting: the process exits after Close, which then leaves the GPUs'
+	// teardown to the exit (CloseForExit).
+	exiting bool
 }
 
 // Close releases everything open opened, the users of the decoder first.
@@ -70,7 +73,9 @@ func (o *opened) Close() error {
 	if o.lay != nil {
 		errs = append(errs, o.lay.Close())
 	}
-	if o.dec != nil {
+	if o.dec != nil && o.exiting {
+		errs = append(errs, o.dec.CloseForExit())
+	} else if o.dec != nil {
 		errs = append(errs, o.dec.Close())
 	}
 	if o.cache != nil {
@@ -80,6 +85,15 @@ func (o *opened) Close() error {
 		closeStore(o.store)
 	}
 	return errors.Join(errs...)
+}
+
+// CloseForExit is Close for a command about to exit: it does not wait for
+// the GPUs to finish starting nor to free their contexts and pinned
+// memory (the exit does), which would add up to a second to a short
+// command.
+func (o *opened) CloseForExit() error {
+	o.exiting = true
+	return o.Close()
 }
 
 // defaultCacheDir is $XDG_CACHE_HOME/zarrfs, else ~/.cache/zarrfs.

@@ -124,7 +124,7 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 			f.jobs = max(f.jobs, 16)
 		}
 	}
-	defer o.Close()
+	defer o.CloseForExit()
 	c, lay := o.cache, o.lay
 	plan, err := planWarm(lay, f)
 	if err != nil {
@@ -211,10 +211,9 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 		files(int(done.Load())), memory.Human(doneBytes.Load()), el.Round(time.Millisecond), memory.Human(int64(rate)),
 		len(plan.Blobs)-len(todo), dir)
 	logWork(log, "warm", o)
-	if onGPU, _ := o.dec.Ready(ctx); onGPU {
+	if s := o.dec.GPUStats(); o.dec.OnGPU() || s.Chunks+s.Refused+s.Corrupt > 0 {
 		// What the GPU really decoded: with --decode gpu every chunk,
 		// unless it refused some (they decode on the CPU instead).
-		s := o.dec.GPUStats()
 		fmt.Fprintf(out, "zarrfs: the GPU decoded %d of %d chunks (%s); it refused %d (decoded on the CPU) and found %d corrupt\n",
 			s.Chunks, o.stats.ChunksDecoded.Load(), memory.Human(s.Bytes), s.Refused, s.Corrupt)
 	}

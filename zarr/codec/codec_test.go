@@ -6,9 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"math/rand/v2"
-	"runtime"
-	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
@@ -318,94 +315,27 @@ func TestCPUConcurrent(t *testing.T) {
 	}
 }
 
-// countingDecoder records how many batches it decodes and how many run at
-// once, and blocks each until release is closed (when set).
-type countingDecoder struct {
-	inner   BatchDecoder
-	release chan struct{}
-	calls   atomic.Int64
-	now     atomic.Int64
-	most    atomic.Int64
-}
-
-func (c *countingDecoder) DecodeBatch(ctx context.Context, jobs []Job) error {
-	c.calls.Add(1)
-	n := c.now.Add(1)
-	defer c.now.Add(-1)
-	for m := c.most.Load(); n > m && !c.most.CompareAndSwap(m, n); m = c.most.Load() {
-	}
-	if c.release != nil {
-		<-c.release
-	}
-	return c.inner.DecodeBatch(ctx, jobs)
-}
-
-func TestOverflow(t *testing.T) {
+// Spare says how many workers no job waits for: all of them when the pool
+// is idle, none while as many jobs are pending as it has workers.
+// (decode's router asks it before it weighs the GPUs.)
+func TestCPUSpare(t *testing.T) {
 	cpu := NewCPU(Options{Workers: 2})
 	defer cpu.Close()
-	first := &countingDecoder{inner: cpu, release: make(chan struct{})}
-	then := &countingDecoder{inner: cpu}
-	o := &Overflow{First: first, Then: then, Limit: 2}
-	data := bytes.Repeat([]byte("zarrfs overflow "), 1000)
+	data := bytes.Repeat([]byte("zarrfs spare "), 1000)
 	enc := zstdEncode(t, data, false)
-	const callers = 6
-	var wg sync.WaitGroup
-	results := make([][]Job, callers)
-	for i := range callers {
-		results[i] = []Job{{Codec: Zstd, Src: enc, Dst: make([]byte, len(data))}}
-		wg.Go(func() {
-			if err := o.DecodeBatch(context.Background(), results[i]); err != nil {
-				t.Error(err)
-			}
-		})
-	}
-	// Two batches hold First; the other four must go to Then and finish
-	// while First is still held.
-	for then.calls.Load() < callers-2 {
-		runtime.Gosched()
-	}
-	close(first.release)
-	wg.Wait()
-	if first.calls.Load() != 2 || first.most.Load() != 2 {
-		t.Errorf("First decoded %d batches, %d at most at once; want 2 and 2", first.calls.Load(), first.most.Load())
-	}
-	for i, r := range results {
-		if r[0].Err != nil || !bytes.Equal(r[0].Dst, data) {
-			t.Errorf("caller %d: err %v", i, r[0].Err)
-		}
-	}
-	// With First idle again, the next batch goes there.
-	j := []Job{{Codec: Zstd, Src: enc, Dst: make([]byte, len(data))}}
-	if err := o.DecodeBatch(context.Background(), j); err != nil || first.calls.Load() != 3 {
-		t.Errorf("idle First not used: %v, %d calls", err, first.calls.Load())
-	}
-}
-
-// With a First that says how many workers it has spare (the CPU pool), a
-// batch goes there while any worker is free, and to Then once none is.
-func TestOverflowSpare(t *testing.T) {
-	cpu := NewCPU(Options{Workers: 2})
-	defer cpu.Close()
-	then := &countingDecoder{inner: cpu}
-	o := &Overflow{First: cpu, Then: then}
-	data := bytes.Repeat([]byte("zarrfs overflow "), 1000)
-	enc := zstdEncode(t, data, false)
-	one := func() []Job { return []Job{{Codec: Zstd, Src: enc, Dst: make([]byte, len(data))}} }
-	if err := o.DecodeBatch(context.Background(), one()); err != nil || then.calls.Load() != 0 {
-		t.Fatalf("an idle pool's batch went elsewhere: %v, %d", err, then.calls.Load())
-	}
 	if cpu.Spare() != 2 {
 		t.Fatalf("idle pool: %d spare workers, want 2", cpu.Spare())
 	}
-	// Every worker taken (as by another caller's large batch).
-	cpu.pending.Add(2)
-	j := one()
-	err := o.DecodeBatch(context.Background(), j)
+	cpu.pending.Add(2) // every worker taken, as by another caller's batch
+	if cpu.Spare() != 0 {
+		t.Errorf("busy pool: %d spare workers, want 0", cpu.Spare())
+	}
 	cpu.pending.Add(-2)
-	if err != nil || then.calls.Load() != 1 || !bytes.Equal(j[0].Dst, data) {
-		t.Errorf("a busy pool's batch: %v, Then called %d times", err, then.calls.Load())
+	j := []Job{{Codec: Zstd, Src: enc, Dst: make([]byte, len(data))}}
+	if err := cpu.DecodeBatch(context.Background(), j); err != nil || j[0].Err != nil || !bytes.Equal(j[0].Dst, data) {
+		t.Fatalf("batch: %v, %v", err, j[0].Err)
 	}
 	if cpu.Spare() != 2 {
-		t.Errorf("after the batches: %d spare workers, want 2", cpu.Spare())
+		t.Errorf("after the batch: %d spare workers, want 2", cpu.Spare())
 	}
 }

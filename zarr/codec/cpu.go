@@ -107,7 +107,7 @@ func (b *batch) run(d *decoder, pending *atomic.Int64) {
 }
 
 // Spare returns the workers that no job waits for now (0 when every
-// worker has a job, or more jobs are queued than workers): what Overflow
+// worker has a job, or more jobs are queued than workers): what decode's router
 // asks before it gives this decoder a batch.
 func (c *CPU) Spare() int {
 	return max(c.workers-int(c.pending.Load()), 0)

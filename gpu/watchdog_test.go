@@ -1,0 +1,186 @@
+package gpu
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/zarrfs/zarrfs/zarr/codec"
+)
+
+// These tests run the watchdog (watchdog.go) over the fake device of
+// queue_test.go: a round that never completes, and a device call that
+// never returns while a round is readied, must each release every caller
+// with jobs for the CPU, retire the Decoder for good, and leave Close
+// unblocked and the device's resources untouched.
+
+// released waits for c's call and checks that every job came back for the
+// CPU because the device hung.
+func released(t *testing.T, c *caller, name string, within time.Duration) {
+	t.Helper()
+	select {
+	case err := <-c.err:
+		if !errors.Is(err, ErrHung) {
+			t.Fatalf("%s: DecodeBatch returned %v, want ErrHung", name, err)
+		}
+	case <-time.After(within):
+		t.Fatalf("%s: still waiting %v after the round's deadline: a hung device holds up its callers", name, within)
+	}
+	for k, j := range c.jobs {
+		if !errors.Is(j.Err, codec.ErrUnsupported) || !errors.Is(j.Err, ErrHung) {
+			t.Fatalf("%s job %d: %v, want ErrUnsupported and ErrHung (the CPU decodes it)", name, k, j.Err)
+		}
+	}
+}
+
+// closesPromptly closes d and checks that the device was abandoned, not
+// torn down.
+func closesPromptly(t *testing.T, d *Decoder, f *fakeRounds) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { d.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close of a retired Decoder waits for its hung device")
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		t.Error("a hung device was torn down (freeing what it may still use would wait for it)")
+	}
+}
+
+func TestWatchdogRoundNeverCompletes(t *testing.T) {
+	f := newFake(t, true) // the gate never opens: rounds never complete
+	d := newFakeDecoder(f, Options{RoundTimeout: 50 * time.Millisecond, Streams: 2})
+	first := busy(t, d, f) // both sets hold a round that never completes
+	base := enqueued(d)
+	queued := newCaller(1, 3, 0) // waits for a set
+	queued.run(d)
+	waitQueued(d, base, 1)
+	t0 := time.Now()
+	for _, c := range first {
+		released(t, c, "caller of a hung round", 5*time.Second)
+	}
+	released(t, queued, "caller queued behind hung rounds", 5*time.Second)
+	if dt := time.Since(t0); dt > 3*time.Second {
+		t.Errorf("callers released after %v, their rounds' deadline is about 50 ms", dt)
+	}
+	if err := d.Retired(); !errors.Is(err, ErrHung) {
+		t.Fatalf("Retired: %v, want ErrHung", err)
+	}
+	// Later batches go to the CPU at once: nothing reaches the device.
+	n := len(f.submits)
+	late := newCaller(2, 2, 0)
+	if err := d.DecodeBatch(context.Background(), late.jobs); !errors.Is(err, ErrHung) {
+		t.Fatalf("DecodeBatch after the hang: %v", err)
+	}
+	for k, j := range late.jobs {
+		if !errors.Is(j.Err, codec.ErrUnsupported) {
+			t.Fatalf("job %d after the hang: %v", k, j.Err)
+		}
+	}
+	if len(f.submits) != n {
+		t.Error("a batch reached the device after it was retired")
+	}
+	if s := d.Stats(); s.Chunks != 0 || s.Refused != int64(len(first)+3+2) {
+		t.Errorf("Stats %+v: want every job refused (for the CPU)", s)
+	}
+	closesPromptly(t, d, f)
+	// The submitter, once out of its last round, abandons the device.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		f.mu.Lock()
+		abandoned := f.abandoned
+		f.mu.Unlock()
+		if abandoned {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the hung device was never abandoned")
+		}
+	}
+}
+
+func TestWatchdogPrepareNeverReturns(t *testing.T) {
+	f := newFake(t, false)
+	f.hold = make(chan struct{}) // prepare blocks, as cuMemFree behind a looping kernel
+	defer close(f.hold)
+	d := newFakeDecoder(f, Options{RoundTimeout: 50 * time.Millisecond})
+	a, b := newCaller(1, 2, 0), newCaller(2, 4, 0)
+	a.run(d)
+	b.run(d)
+	released(t, a, "caller whose round is being readied", 5*time.Second)
+	released(t, b, "second caller", 5*time.Second)
+	if err := d.Retired(); !errors.Is(err, ErrHung) {
+		t.Fatalf("Retired: %v, want ErrHung", err)
+	}
+	closesPromptly(t, d, f)
+}
+
+// A round that takes a while, within its deadline, is no hang.
+func TestWatchdogSlowRoundIsNoHang(t *testing.T) {
+	f := newFake(t, true)
+	d := newFakeDecoder(f, Options{RoundTimeout: 300 * time.Millisecond})
+	defer d.Close()
+	c := newCaller(1, 3, 0)
+	c.run(d)
+	<-f.submits
+	time.Sleep(100 * time.Millisecond)
+	close(f.gate)
+	c.check(t, "slow round")
+	time.Sleep(400 * time.Millisecond) // past the deadline: the settled round's timer must not fire
+	if err := d.Retired(); err != nil {
+		t.Fatalf("a round done within its deadline retired the device: %v", err)
+	}
+	newCaller(2, 2, 0).run(d)
+}
+
+// Jobs whose Dst the device writes itself (pinned memory) get their bytes
+// in finishDirect, and a caller that gave up before it is never written.
+func TestQueueDirectOutput(t *testing.T) {
+	f := newFake(t, true)
+	f.direct = true
+	d := newFakeDecoder(f, Options{})
+	first := busy(t, d, f)
+	base := enqueued(d)
+	x, y := newCaller(1, 4, 0), newCaller(2, 4, 0)
+	x.run(d)
+	y.run(d)
+	waitQueued(d, base, 2)
+	f.gate <- struct{}{} // a set frees up: x and y share the next round
+	if r := <-f.submits; x.owns(r) != 4 || y.owns(r) != 4 {
+		t.Fatalf("x and y should share the round: %d and %d of its %d jobs", x.owns(r), y.owns(r), len(r.jobs))
+	}
+	// Their round is in flight: x gives up, and its Dst must stay as it
+	// leaves them.
+	x.cancel()
+	if err := <-x.err; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled caller: %v", err)
+	}
+	for _, j := range x.jobs {
+		sentinel(j.Dst)
+	}
+	close(f.gate)
+	for _, c := range append(first, y) {
+		c.check(t, "caller with direct outputs")
+	}
+	d.Close()
+	for k, j := range x.jobs {
+		if !untouched(j.Dst) {
+			t.Fatalf("job %d of a caller that gave up was written", k)
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.directCalls) == 0 {
+		t.Fatal("no job went through finishDirect")
+	}
+}
+
+func TestRoundTimeoutRefusesNegative(t *testing.T) {
+	if _, err := New(Options{RoundTimeout: -time.Second}); err == nil || errors.Is(err, ErrNoGPU) {
+		t.Fatalf("New with a negative RoundTimeout: %v, want it refused", err)
+	}
+}
