@@ -33,6 +33,10 @@ type fakeRounds struct {
 	// hold, when set, keeps prepare waiting until it is closed: a driver
 	// call that blocks behind a kernel that never ends.
 	hold chan struct{}
+	// holdStart, when set, keeps start waiting until it is closed: the
+	// nvCOMP call that never returns behind a looping kernel, made while
+	// the submitter holds its callers' locks.
+	holdStart chan struct{}
 	// direct: the device writes the Dst of every other job itself, in
 	// finishDirect, as it does for pinned memory; directCalls counts them.
 	direct      bool
@@ -69,6 +73,9 @@ func (f *fakeRounds) prepare(r *round) error {
 }
 
 func (f *fakeRounds) start(r *round) error {
+	if f.holdStart != nil {
+		<-f.holdStart
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.inFlight[r.set] {

@@ -108,10 +108,25 @@ func (d *Decoder) retire(err error) {
 // release gives a caller back its jobs on behalf of a retired device, as
 // a caller that gives up takes them: nothing of the Decoder touches its
 // memory afterwards.
+//
+// The submitter holds the caller's lock shared while it starts a round,
+// and the call that starts it may be the one that never returns (nvCOMP's,
+// behind a kernel that loops): then the lock is never given back. So the
+// lock is tried for releaseGrace, and past it the caller is released
+// without it. That is safe because only that stuck submitter holds it: a
+// round whose start never returned is never settled, and one that returns
+// later finds the caller abandoned (set first) and leaves it alone.
 func (d *Decoder) release(q *request, err error) {
-	q.mu.Lock()
+	locked := false
+	for end := time.Now().Add(releaseGrace); ; time.Sleep(time.Millisecond) {
+		if locked = q.mu.TryLock(); locked || time.Now().After(end) {
+			break
+		}
+	}
 	if q.abandoned.Load() || q.left.Load() == 0 {
-		q.mu.Unlock()
+		if locked {
+			q.mu.Unlock()
+		}
 		return
 	}
 	q.abandoned.Store(true)
@@ -122,9 +137,15 @@ func (d *Decoder) release(q *request, err error) {
 		}
 	}
 	q.err.CompareAndSwap(nil, &err)
-	q.mu.Unlock()
+	if locked {
+		q.mu.Unlock()
+	}
 	d.finished(q)
 }
+
+// releaseGrace is how long release waits for a caller's lock before it
+// takes the caller back without it.
+const releaseGrace = time.Second
 
 // finished wakes q's caller and forgets q.
 func (d *Decoder) finished(q *request) {

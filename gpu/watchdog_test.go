@@ -119,6 +119,25 @@ func TestWatchdogPrepareNeverReturns(t *testing.T) {
 	closesPromptly(t, d, f)
 }
 
+// The nvCOMP call that starts a round never returns (seen on an H200 with a
+// damaged blosc zstd chunk under Options.Unverified), while the submitter
+// holds its callers' locks: the watchdog still releases every caller.
+func TestWatchdogStartNeverReturns(t *testing.T) {
+	f := newFake(t, false)
+	f.holdStart = make(chan struct{})
+	defer close(f.holdStart)
+	d := newFakeDecoder(f, Options{RoundTimeout: 50 * time.Millisecond})
+	a := newCaller(1, 2, 0)
+	a.run(d)
+	released(t, a, "caller whose round is being started", 5*time.Second)
+	if err := d.Retired(); !errors.Is(err, ErrHung) {
+		t.Fatalf("Retired: %v, want ErrHung", err)
+	}
+	b := newCaller(2, 2, 0)
+	b.run(d)
+	released(t, b, "caller after the retirement", 5*time.Second)
+}
+
 // A round that takes a while, within its deadline, is no hang.
 func TestWatchdogSlowRoundIsNoHang(t *testing.T) {
 	f := newFake(t, true)
