@@ -84,6 +84,9 @@ func (f *sourceFlags) validate(cmd *cobra.Command, src string) error {
 	if err := f.validateRemote(src); err != nil {
 		return err
 	}
+	if fl := cmd.Flags().Lookup("ref"); fl != nil {
+		f.virtual.refGiven = fl.Changed
+	}
 	if strings.HasPrefix(src, "s3://") {
 		return nil
 	}

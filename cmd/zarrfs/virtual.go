@@ -23,6 +23,9 @@ import (
 type virtualFlags struct {
 	ref     string
 	refBase string
+	// refGiven: --ref was on the command line, which says the source is
+	// an Icechunk repository (remote sources are probed for one only then).
+	refGiven bool
 }
 
 func (f *virtualFlags) register(cmd *cobra.Command) {
@@ -136,6 +139,14 @@ func (f *sourceFlags) openRemoteVirtual(ctx context.Context, src string, explici
 		}
 		st, err := f.openKerchunk(ctx, dir, name, strings.TrimSuffix(parent, "/"))
 		return st, true, err
+	}
+	if !explicit && !f.virtual.refGiven {
+		// A remote prefix is probed for an Icechunk repository or a
+		// Parquet reference folder only when the command line says so
+		// (--ref, reference://): the probes cost requests (a listing among
+		// them) before every mount of a plain store, which at archive
+		// scale must be live from its consolidated metadata alone.
+		return nil, false, nil
 	}
 	dir, err := open(ctx, trimmed)
 	if err != nil {
