@@ -3,7 +3,9 @@ package integration
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -362,5 +364,177 @@ func TestCacheOnFullFilesystem(t *testing.T) {
 	d = mountAt(t, src, mnt, cacheDir, "--readahead", "0") // clears the stale mount
 	if ok, failed := readAll(d.mnt); failed > 0 || ok < 100 {
 		t.Fatalf("after a kill on a full filesystem: %d files read, %d failed", ok, failed)
+	}
+}
+
+// zarrPythonVerdicts opens every array directory under root with
+// zarr-python (format fmt) and reads it whole: the error of each that
+// zarr-python refuses, "" for each it reads.
+const zarrPythonVerdicts = `
+import json, os, sys, warnings
+warnings.filterwarnings('ignore')
+import zarr
+root, fmt = sys.argv[1], int(sys.argv[2])
+out = {}
+for name in sorted(os.listdir(root)):
+    p = os.path.join(root, name)
+    if not os.path.isdir(p):
+        continue
+    try:
+        a = zarr.open_array(p, mode='r', zarr_format=fmt)
+        a[...]
+        out[name] = ''
+    except Exception as e:
+        out[name] = (type(e).__name__ + ': ' + str(e))[:200]
+print(json.dumps(out))
+`
+
+// Metadata zarr-python refuses, zarrfs refuses (the array left out, with
+// its reason), and metadata zarr-python reads, zarrfs reads: trailing
+// data after the JSON, zarr_format, dimension names, blosc settings and
+// fill values out of their dtype's range, each checked against zarr-python
+// itself.
+func TestStrictMetadataLikeZarrPython(t *testing.T) {
+	requirePython(t)
+	if err := exec.Command("python3", "-c", "import zarr").Run(); err != nil {
+		testenv.Missing(t, "zarr-python is needed (make pydeps)")
+	}
+	v3 := func(dtype, fill string, extra ...string) string {
+		endian := `{"name":"bytes","configuration":{"endian":"little"}}`
+		codecs := endian
+		dims := ""
+		format := `3`
+		for _, e := range extra {
+			switch {
+			case strings.HasPrefix(e, "codec:"):
+				codecs = endian + "," + strings.TrimPrefix(e, "codec:")
+			case strings.HasPrefix(e, "dims:"):
+				dims = `"dimension_names":` + strings.TrimPrefix(e, "dims:") + `,`
+			case strings.HasPrefix(e, "format:"):
+				format = strings.TrimPrefix(e, "format:")
+			}
+		}
+		zf := `"zarr_format":` + format + `,`
+		if format == "" {
+			zf = ""
+		}
+		return `{` + zf + `"node_type":"array","shape":[4],"data_type":"` + dtype + `",` +
+			`"chunk_grid":{"name":"regular","configuration":{"chunk_shape":[2]}},"chunk_key_encoding":{"name":"default"},` +
+			`"codecs":[` + codecs + `],` + dims + `"fill_value":` + fill + `,"attributes":{}}`
+	}
+	v2 := func(dtype, fill, format, compressor string) string {
+		zf := `"zarr_format":` + format + `,`
+		if format == "" {
+			zf = ""
+		}
+		return `{` + zf + `"shape":[4],"chunks":[2],"dtype":"` + dtype + `","compressor":` + compressor +
+			`,"fill_value":` + fill + `,"order":"C","filters":null}`
+	}
+	blosc := func(cfg string) string { return `codec:{"name":"blosc","configuration":` + cfg + `}` }
+	stores := map[int]map[string]string{
+		3: {
+			"plain":            v3("uint8", "0"),
+			"trailing_garbage": v3("uint8", "0") + " garbage",
+			"trailing_object":  v3("uint8", "0") + "{}",
+			"trailing_space":   v3("uint8", "0") + " \n",
+			"format_2":         v3("uint8", "0", "format:2"),
+			"format_string":    v3("uint8", "0", `format:"3"`),
+			"format_missing":   v3("uint8", "0", "format:"),
+			"dims_int":         v3("uint8", "0", "dims:[1]"),
+			"dims_null":        v3("uint8", "0", "dims:[null]"),
+			"blosc_cname":      v3("uint8", "0", blosc(`{"cname":"bogus","clevel":5,"shuffle":"shuffle","typesize":1,"blocksize":0}`)),
+			"blosc_shuffle":    v3("uint8", "0", blosc(`{"cname":"lz4","clevel":5,"shuffle":"bogus","typesize":1,"blocksize":0}`)),
+			"blosc_int":        v3("uint8", "0", blosc(`{"cname":"lz4","clevel":5,"shuffle":1,"typesize":1,"blocksize":0}`)),
+			"blosc_defaults":   v3("uint8", "0", blosc(`{}`)),
+			"u8_300":           v3("uint8", "300"),
+			"u8_minus1":        v3("uint8", "-1"),
+			"u8_255":           v3("uint8", "255"),
+			"u8_2point0":       v3("uint8", "2.0"),
+			"i8_200":           v3("int8", "200"),
+			"i8_minus128":      v3("int8", "-128"),
+			"i64_1e30":         v3("int64", "1e30"),
+			"i64_1point5":      v3("int64", "1.5"),
+			"u64_max":          v3("uint64", "18446744073709551615"),
+			"u64_minus1":       v3("uint64", "-1"),
+			"i16_1000point0":   v3("int16", "1000.0"),
+			"i32_hex":          v3("int32", `"0x10"`),
+			"i8_nan":           v3("int8", `"NaN"`),
+			"f32_1e300":        v3("float32", "1e300"),
+			"f32_hex":          v3("float32", `"0x3f800000"`),
+			"bool_2":           v3("bool", "2"),
+		},
+		2: {
+			"plain":          v2("<i4", "0", "2", "null"),
+			"trailing":       v2("<i4", "0", "2", "null") + " x",
+			"format_3":       v2("<i4", "0", "3", "null"),
+			"format_string":  v2("<i4", "0", `"2"`, "null"),
+			"format_missing": v2("<i4", "0", "", "null"),
+			"u1_300":         v2("|u1", "300", "2", "null"),
+			"u1_minus1":      v2("|u1", "-1", "2", "null"),
+			"i1_200":         v2("|i1", "200", "2", "null"),
+			"i8_1e30":        v2("<i8", "1e30", "2", "null"),
+			"u1_nan":         v2("|u1", `"NaN"`, "2", "null"),
+			"f4_nan":         v2("<f4", `"NaN"`, "2", "null"),
+			"blosc_cname":    v2("<i4", "0", "2", `{"id":"blosc","cname":"bogus","clevel":5,"shuffle":1,"blocksize":0}`),
+		},
+	}
+	for format, arrays := range stores {
+		t.Run(fmt.Sprintf("v%d", format), func(t *testing.T) {
+			root := filepath.Join(t.TempDir(), "s.zarr")
+			meta, group := "zarr.json", `{"zarr_format":3,"node_type":"group","attributes":{}}`
+			if format == 2 {
+				meta, group = ".zarray", `{"zarr_format":2}`
+				os.MkdirAll(root, 0o755)
+				os.WriteFile(filepath.Join(root, ".zgroup"), []byte(group), 0o644)
+			} else {
+				os.MkdirAll(root, 0o755)
+				os.WriteFile(filepath.Join(root, "zarr.json"), []byte(group), 0o644)
+			}
+			for name, doc := range arrays {
+				os.MkdirAll(filepath.Join(root, name), 0o755)
+				os.WriteFile(filepath.Join(root, name, meta), []byte(doc), 0o644)
+			}
+			var zp map[string]string
+			if err := json.Unmarshal([]byte(python(t, zarrPythonVerdicts, root, strconv.Itoa(format))), &zp); err != nil {
+				t.Fatal(err)
+			}
+			out, stderr, code := run(t, "inspect", "--json", root)
+			if code != 0 {
+				t.Fatalf("inspect: exit %d: %s", code, stderr)
+			}
+			var entries []struct {
+				Path        string  `json:"path"`
+				Unsupported *string `json:"unsupported"`
+			}
+			if err := json.Unmarshal([]byte(out), &entries); err != nil {
+				t.Fatal(err)
+			}
+			ours := map[string]string{}
+			for _, e := range entries {
+				ours[e.Path] = ""
+				if e.Unsupported != nil {
+					ours[e.Path] = *e.Unsupported
+				}
+			}
+			refused := 0
+			for name := range arrays {
+				theirs, ok := zp[name]
+				if !ok {
+					t.Fatalf("zarr-python gave no verdict on %s", name)
+				}
+				mine, listed := ours[name]
+				if !listed {
+					t.Errorf("%s: not listed by inspect (zarr-python: %q)", name, theirs)
+					continue
+				}
+				if (theirs != "") != (mine != "") {
+					t.Errorf("%s: zarrfs %q, zarr-python %q", name, mine, theirs)
+				}
+				if theirs != "" {
+					refused++
+				}
+			}
+			t.Logf("%d arrays, %d refused by both", len(arrays), refused)
+		})
 	}
 }
