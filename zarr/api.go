@@ -56,6 +56,9 @@ type Options struct {
 	// under a key never change; an array with a listing (Hierarchy.List)
 	// finds the bytes of the listed version without a request.
 	SourceCache SourceCache
+	// Limits bound the metadata Open reads and parses (MetadataLimits);
+	// the zero value means the documented defaults.
+	Limits MetadataLimits
 	// Stats, when set, receives the counts of the Hierarchy's work, so
 	// that hierarchies opened one after another (a mount that re-reads
 	// metadata) add to one set of counters. Nil: the Hierarchy's own.
@@ -98,8 +101,11 @@ type Array struct {
 	DType DType
 	// Dims holds one name per dimension ("" when the store names none).
 	Dims []string
-	// Attributes are the user attributes (v2 .zattrs less _ARRAY_DIMENSIONS).
+	// Attributes are the user attributes (v2 .zattrs less _ARRAY_DIMENSIONS),
+	// those that fit Options.Limits.Attributes.
 	Attributes map[string]any
+	// AttributesLeftOut names, sorted, the attributes the limit left out.
+	AttributesLeftOut []string
 	// FillValue is the fill value as JSON would carry it: a float64, int64,
 	// uint64, bool, or one of the strings "NaN", "Infinity", "-Infinity".
 	FillValue any

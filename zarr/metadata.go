@@ -195,17 +195,17 @@ func checkDimNames(list []any) error {
 // ---------- Zarr v3 ----------
 
 type v3Node struct {
-	ZarrFormat          any            `json:"zarr_format"`
-	NodeType            string         `json:"node_type"`
-	Shape               any            `json:"shape"`
-	DataType            any            `json:"data_type"`
-	ChunkGrid           map[string]any `json:"chunk_grid"`
-	ChunkKeyEncoding    map[string]any `json:"chunk_key_encoding"`
-	FillValue           any            `json:"fill_value"`
-	Codecs              []any          `json:"codecs"`
-	Attributes          map[string]any `json:"attributes"`
-	DimensionNames      []any          `json:"dimension_names"`
-	StorageTransformers []any          `json:"storage_transformers"`
+	ZarrFormat          any             `json:"zarr_format"`
+	NodeType            string          `json:"node_type"`
+	Shape               any             `json:"shape"`
+	DataType            any             `json:"data_type"`
+	ChunkGrid           map[string]any  `json:"chunk_grid"`
+	ChunkKeyEncoding    map[string]any  `json:"chunk_key_encoding"`
+	FillValue           any             `json:"fill_value"`
+	Codecs              []any           `json:"codecs"`
+	Attributes          json.RawMessage `json:"attributes"`
+	DimensionNames      []any           `json:"dimension_names"`
+	StorageTransformers []any           `json:"storage_transformers"`
 	Consolidated        *struct {
 		Kind     string                     `json:"kind"`
 		Metadata map[string]json.RawMessage `json:"metadata"`
@@ -215,7 +215,7 @@ type v3Node struct {
 // parseV3Array fills a from a v3 array document. Errors wrapping
 // ErrUnsupported mark the array unsupported; other errors mean the document
 // is malformed (also reported as unsupported by the walker, with the cause).
-func parseV3Array(a *Array, n *v3Node) (*pipeline, []byte, error) {
+func parseV3Array(a *Array, n *v3Node, lim MetadataLimits) (*pipeline, []byte, error) {
 	if err := checkFormat(n.ZarrFormat, 3); err != nil {
 		return nil, nil, err
 	}
@@ -258,9 +258,8 @@ func parseV3Array(a *Array, n *v3Node) (*pipeline, []byte, error) {
 		}
 		a.Dims = names(n.DimensionNames)
 	}
-	a.Attributes = n.Attributes
-	if a.Attributes == nil {
-		a.Attributes = map[string]any{}
+	if a.Attributes, a.AttributesLeftOut, err = parseAttributes(n.Attributes, lim.Attributes); err != nil {
+		return nil, nil, err
 	}
 	if err := parseKeyEncoding(a, n.ChunkKeyEncoding); err != nil {
 		return nil, nil, err
@@ -563,6 +562,8 @@ type v2Array struct {
 	DimensionSeparator string `json:"dimension_separator"`
 }
 
+// parseV2Array fills a from a .zarray document and the .zattrs members
+// parsed (attrs: parseAttrs).
 func parseV2Array(a *Array, m *v2Array, attrs map[string]any) (*pipeline, []byte, error) {
 	if err := checkFormat(m.ZarrFormat, 2); err != nil {
 		return nil, nil, err
