@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/internal/memory"
 	"github.com/zarrfs/zarrfs/zarr"
 	"github.com/zarrfs/zarrfs/zarr/codec"
 )
@@ -38,6 +39,10 @@ func newInspectCmd() *cobra.Command {
 				return err
 			}
 			sf.logger = log
+			limits, err := sf.metaLimit.limits(memory.DefaultBudget())
+			if err != nil {
+				return err
+			}
 			// inspect decodes nothing: one CPU worker.
 			st, err := sf.openStore(cmd.Context(), args[0])
 			if err != nil {
@@ -46,7 +51,7 @@ func newInspectCmd() *cobra.Command {
 			defer closeStore(st)
 			dec := codec.NewCPU(codec.Options{Workers: 1})
 			defer dec.Close()
-			h, err := zarr.Open(cmd.Context(), st, zarr.Options{Logger: discardLogger(), Decoder: dec})
+			h, err := zarr.Open(cmd.Context(), st, zarr.Options{Logger: discardLogger(), Decoder: dec, Limits: limits})
 			if err != nil {
 				return err
 			}

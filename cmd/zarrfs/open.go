@@ -20,6 +20,7 @@ import (
 	zfs "github.com/zarrfs/zarrfs/fs"
 	"github.com/zarrfs/zarrfs/fs/layout"
 	"github.com/zarrfs/zarrfs/internal/memory"
+	"github.com/zarrfs/zarrfs/internal/ratelog"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -121,6 +122,10 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	if err != nil {
 		return nil, err
 	}
+	limits, err := f.src.metaLimit.limits(mem)
+	if err != nil {
+		return nil, err
+	}
 	if f.align%64 != 0 || f.align < layout.MinAlign || f.align > layout.MaxAlign {
 		return nil, usagef("--align %d: want a multiple of 64 from %d (the smallest that holds an npy header) to %d", f.align, layout.MinAlign, layout.MaxAlign)
 	}
@@ -170,7 +175,7 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	// With a GPU, compressed chunks are read into, and fills decode into,
 	// the pipeline's pinned memory.
 	o.stats = &zarr.Stats{}
-	zopts := zarr.Options{Logger: log, Decoder: o.dec, Memory: o.dec.Memory(), ChunkCacheBytes: chunkCacheBytes(oo.chunkCacheBytes, mem), Stats: o.stats}
+	zopts := zarr.Options{Logger: log, Decoder: o.dec, Memory: o.dec.Memory(), ChunkCacheBytes: chunkCacheBytes(oo.chunkCacheBytes, mem), Stats: o.stats, Limits: limits}
 	if isRemote(o.store) && oo.chunkTier {
 		zopts.SourceCache = o.cache.ChunkTier()
 	}
@@ -193,7 +198,7 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	}
 	for _, s := range lay.Skipped {
 		if !unsupported[s.Path] {
-			log.Warn("array left out of the mount", "array", s.Path, "reason", s.Reason)
+			log.WarnContext(ratelog.Unlimited(ctx), "array left out of the mount", "array", s.Path, "reason", s.Reason)
 		}
 	}
 	ok = true
@@ -308,7 +313,7 @@ func refreshLayout(ctx context.Context, o *opened, cur *layout.Layout, log *slog
 	}
 	for _, s := range next.Skipped {
 		if !was[s.Path] {
-			log.Warn("array left out of the mount", "array", s.Path, "reason", s.Reason)
+			log.WarnContext(ratelog.Unlimited(ctx), "array left out of the mount", "array", s.Path, "reason", s.Reason)
 		}
 	}
 	// Files of names the new tree lacks go first when room is needed;

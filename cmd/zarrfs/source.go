@@ -28,6 +28,7 @@ type sourceFlags struct {
 	gpuIdle     time.Duration
 	deadlines   deadlineFlags
 	follow      bool
+	metaLimit   metadataLimitFlag
 	logger      *slog.Logger
 }
 
@@ -45,6 +46,7 @@ func (f *sourceFlags) register(cmd *cobra.Command, decodes bool) {
 	cmd.Flags().StringVar(&f.s3Region, "s3-region", "", "S3 region")
 	cmd.Flags().BoolVar(&f.s3Anonymous, "s3-anonymous", false, "read a public bucket without credentials")
 	f.deadlines.register(cmd)
+	f.metaLimit.register(cmd)
 	cmd.Flags().BoolVar(&f.follow, "follow-symlinks", false, "local stores: follow symbolic links that leave the store (chunks in a git-annex or DVC cache); by default reads stay inside it")
 	f.decode = "auto"
 	if decodes {
