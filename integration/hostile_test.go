@@ -3,6 +3,7 @@ package integration
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -536,5 +537,239 @@ func TestStrictMetadataLikeZarrPython(t *testing.T) {
 			}
 			t.Logf("%d arrays, %d refused by both", len(arrays), refused)
 		})
+	}
+}
+
+// v3Array is a small uint8 array document, with dimension names (time
+// first, so that the mount gives it a sample directory) and the given
+// codecs after bytes and attributes (JSON members).
+func v3Array(codecs, attrs string) string {
+	if codecs != "" {
+		codecs = "," + codecs
+	}
+	return `{"zarr_format":3,"node_type":"array","shape":[2,4],"data_type":"uint8",` +
+		`"chunk_grid":{"name":"regular","configuration":{"chunk_shape":[1,4]}},"chunk_key_encoding":{"name":"default"},` +
+		`"codecs":[{"name":"bytes"}` + codecs + `],"fill_value":7,"dimension_names":["time","x"],"attributes":{` + attrs + `}}`
+}
+
+func writeDoc(t testing.TB, path, doc string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// writeIntList writes a zarr.json whose attributes hold one list of n
+// zeros (2n bytes of JSON): the cheapest text for the most values.
+func writeIntList(t testing.TB, path, head string, n int) {
+	t.Helper()
+	os.MkdirAll(filepath.Dir(path), 0o755)
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := bufio.NewWriterSize(f, 1<<20)
+	w.WriteString(head + `"attributes":{"big":[0`)
+	for range n - 1 {
+		w.WriteString(",0")
+	}
+	w.WriteString(`]}}`)
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+}
+
+// peakRSS is a process's peak resident memory (VmHWM) while it runs.
+func peakRSS(pid int) int64 {
+	b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	for _, l := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+			if f := strings.Fields(rest); len(f) > 0 {
+				n, _ := strconv.ParseInt(f[0], 10, 64)
+				return n << 10
+			}
+		}
+	}
+	return 0
+}
+
+// Metadata cannot make the daemon allocate without bound: a 120 MB
+// zarr.json (attributes of 60 million integers, which would take gigabytes
+// parsed) leaves its array out with one line naming the file and the
+// limit, refused before it is read, and the mount stays within its
+// memory; the same document at the root fails the mount with one line;
+// past the limits on the tree's total and node count the mount fails with
+// one line too; attributes larger than the per-array limit are named in
+// the sidecar, not copied into it.
+func TestMetadataLimits(t *testing.T) {
+	requireMountTools(t)
+	src := exampleStore(t, zarrtest.Example{Times: 4, Levels: 2, Lat: 8, Lon: 16, TimeChunk: 1})
+	head := `{"zarr_format":3,"node_type":"array","shape":[2,4],"data_type":"uint8",` +
+		`"chunk_grid":{"name":"regular","configuration":{"chunk_shape":[1,4]}},"chunk_key_encoding":{"name":"default"},` +
+		`"codecs":[{"name":"bytes"}],"fill_value":7,"dimension_names":["time","x"],`
+	writeIntList(t, filepath.Join(src, "huge", "zarr.json"), head, 60_000_000)
+	// 1.2 MB of attributes: within the document limit, past the
+	// attributes one array keeps.
+	writeDoc(t, filepath.Join(src, "wide", "zarr.json"), v3Array("", `"units":"K","table":[`+strings.Repeat("1,", 600_000)+`1]`))
+
+	d := mount(t, src, "--memory", "256MiB", "--readahead", "0")
+	logs := d.logs("array=huge")
+	if n := strings.Count(logs, "array=huge"); n != 1 || !strings.Contains(logs, "huge/zarr.json is larger than the metadata limit of 4.0 MiB per document") {
+		t.Errorf("%d lines for huge, want one naming the file and the limit:\n%s", n, logs)
+	}
+	if _, err := os.Stat(filepath.Join(d.mnt, "huge")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("huge: %v, want absent", err)
+	}
+	if en, _ := readErrno(filepath.Join(d.mnt, "t", "0.npy")); en != 0 {
+		t.Errorf("t/0.npy: %v", en)
+	}
+	var side struct {
+		Attributes map[string]any `json:"attributes"`
+		LeftOut    []string       `json:"attributes_left_out"`
+	}
+	b, err := os.ReadFile(filepath.Join(d.mnt, "wide.json"))
+	if err != nil || json.Unmarshal(b, &side) != nil {
+		t.Fatalf("wide.json: %v\n%s", err, b)
+	}
+	if side.Attributes["units"] != "K" || side.Attributes["table"] != nil || len(side.LeftOut) != 1 || side.LeftOut[0] != "table" || len(b) > 64<<10 {
+		t.Errorf("wide.json (%d bytes): attributes %v, left out %v; want units kept and table named", len(b), side.Attributes, side.LeftOut)
+	}
+	peak := peakRSS(d.cmd.Process.Pid)
+	t.Logf("mount with a 120 MB zarr.json: peak RSS %d MiB", peak>>20)
+	if peak > 300<<20 {
+		t.Errorf("peak RSS %d MiB, want at most 300 MiB", peak>>20)
+	}
+
+	out, _, code := run(t, "inspect", "--json", src)
+	if code != 0 || !strings.Contains(out, "larger than the metadata limit") {
+		t.Errorf("inspect: exit %d, no limit named:\n%s", code, out)
+	}
+
+	// The same document at the root; then limits on the whole tree.
+	root := filepath.Join(t.TempDir(), "r.zarr")
+	writeIntList(t, filepath.Join(root, "zarr.json"), `{"zarr_format":3,"node_type":"group",`, 60_000_000)
+	for _, c := range []struct {
+		src  string
+		args []string
+		want string
+	}{
+		{root, nil, "r.zarr/zarr.json is larger than the metadata limit of 4.0 MiB per document"},
+		{src, []string{"--metadata-limit", "nodes=5"}, "more than 5 arrays and groups"},
+		{src, []string{"--metadata-limit", "total=1KiB,document=1KiB"}, "past the limit of 1.0 KiB in all"},
+		{src, []string{"--metadata-limit", "depth=-1"}, "--metadata-limit depth=-1: want a positive number"},
+		{src, []string{"--metadata-limit", "files=3"}, "--metadata-limit files: unknown"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, zarrfsBin(t), append([]string{"mount", c.src, t.TempDir(), "--cache", t.TempDir(), "--memory", "256MiB"}, c.args...)...)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+		last := lines[len(lines)-1]
+		if err == nil || !strings.Contains(last, c.want) || !strings.HasPrefix(last, "zarrfs: ") {
+			t.Errorf("mount %v: %v, last line %q, want one naming %q", c.args, err, last, c.want)
+		}
+		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok && c.src == root {
+			t.Logf("mount of a 120 MB root zarr.json: refused, peak RSS %d MiB", ru.Maxrss>>10)
+			if ru.Maxrss<<10 > 300<<20 {
+				t.Errorf("peak RSS %d MiB refusing the root document", ru.Maxrss>>10)
+			}
+		}
+	}
+}
+
+// Every array left out is named, in the log and in inspect, however many
+// there are (the log's flood limit holds back none), an empty zarr.json
+// included; groups nested deeper than the limit are named with it, and
+// below it nesting is no reason to leave an array out (zarr-python reads
+// an array 45 groups down; so does the mount).
+func TestArraysLeftOutNamed(t *testing.T) {
+	requireMountTools(t)
+	src := exampleStore(t, zarrtest.Example{Times: 4, Levels: 2, Lat: 8, Lon: 16, TimeChunk: 1})
+	for i := range 15 {
+		writeDoc(t, filepath.Join(src, fmt.Sprintf("lz%02d", i), "zarr.json"), v3Array(`{"name":"numcodecs.lzma","configuration":{}}`, ""))
+	}
+	writeDoc(t, filepath.Join(src, "empty", "zarr.json"), "")
+	group := `{"zarr_format":3,"node_type":"group","attributes":{}}`
+	deep := func(levels int) string {
+		p := src
+		for i := range levels {
+			p = filepath.Join(p, fmt.Sprintf("d%d", i))
+			writeDoc(t, filepath.Join(p, "zarr.json"), group)
+		}
+		writeDoc(t, filepath.Join(p, "leaf", "zarr.json"), v3Array("", ""))
+		rel, _ := filepath.Rel(src, filepath.Join(p, "leaf"))
+		return filepath.ToSlash(rel)
+	}
+	leaf45 := deep(45)
+	// A second chain, 70 levels: the group 65 levels down is past the limit.
+	p := filepath.Join(src, "e0")
+	writeDoc(t, filepath.Join(p, "zarr.json"), group)
+	for i := 1; i < 70; i++ {
+		p = filepath.Join(p, fmt.Sprintf("e%d", i))
+		writeDoc(t, filepath.Join(p, "zarr.json"), group)
+	}
+	tooDeep := "e0"
+	for i := 1; i < 65; i++ {
+		tooDeep += fmt.Sprintf("/e%d", i)
+	}
+
+	d := mount(t, src)
+	logs := d.logs("array=empty", "array="+tooDeep)
+	for i := range 15 {
+		if n := strings.Count(logs, fmt.Sprintf("array=lz%02d ", i)); n != 1 {
+			t.Errorf("lz%02d named %d times in the log, want once", i, n)
+		}
+	}
+	if strings.Contains(logs, "held back") {
+		t.Errorf("warnings about arrays left out were held back:\n%s", logs)
+	}
+	if !strings.Contains(logs, "levels below the root, past the metadata limit of 64") {
+		t.Errorf("the depth limit is not said:\n%s", logs)
+	}
+	if _, err := os.Stat(filepath.Join(d.mnt, leaf45, "0.npy")); err != nil {
+		t.Errorf("the array 45 groups down: %v", err)
+	}
+
+	out, _, code := run(t, "inspect", "--json", src)
+	var entries []struct {
+		Path        string  `json:"path"`
+		Unsupported *string `json:"unsupported"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &entries) != nil {
+		t.Fatalf("inspect: exit %d\n%s", code, out)
+	}
+	got := map[string]string{}
+	for _, e := range entries {
+		if e.Unsupported != nil {
+			got[e.Path] = *e.Unsupported
+		} else {
+			got[e.Path] = ""
+		}
+	}
+	for i := range 15 {
+		if r := got[fmt.Sprintf("lz%02d", i)]; !strings.Contains(r, "numcodecs.lzma") {
+			t.Errorf("inspect: lz%02d %q", i, r)
+		}
+	}
+	if r, ok := got["empty"]; !ok || !strings.Contains(r, "invalid JSON") {
+		t.Errorf("inspect: empty zarr.json %q (listed %v)", r, ok)
+	}
+	if r := got[tooDeep]; !strings.Contains(r, "past the metadata limit") {
+		t.Errorf("inspect: the group past the depth limit %q", r)
+	}
+	if r, ok := got[leaf45]; !ok || r != "" {
+		t.Errorf("inspect: the array 45 groups down: %q (listed %v)", r, ok)
+	}
+	if err := exec.Command("python3", "-c", "import zarr").Run(); err == nil {
+		py := python(t, "import sys, zarr; print(zarr.open_array(sys.argv[1], mode='r').shape)", filepath.Join(src, leaf45))
+		if strings.TrimSpace(py) != "(2, 4)" {
+			t.Errorf("zarr-python reads the deep array as %q", py)
+		}
 	}
 }
