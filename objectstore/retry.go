@@ -59,6 +59,9 @@ var _ Store = (*Retry)(nil)
 // Identity forwards the inner store's identity.
 func (r *Retry) Identity() string { return Identity(r.Store) }
 
+// Unwrap returns the inner store.
+func (r *Retry) Unwrap() Store { return r.Store }
+
 // WithRetry wraps inner with retries; see RetryOptions for the defaults.
 func WithRetry(inner Store, opts RetryOptions) *Retry {
 	if opts.MaxAttempts <= 0 {

@@ -49,6 +49,16 @@ type VersionStater interface {
 	StatVersion(ctx context.Context, key string) (string, error)
 }
 
+// AsVersionStater returns s as a VersionStater, when it is one: a
+// decorator has the method whether or not the store it wraps has.
+func AsVersionStater(s Store) (VersionStater, bool) {
+	if d, ok := s.(interface{ statsVersions() bool }); ok && !d.statsVersions() {
+		return nil, false
+	}
+	v, ok := s.(VersionStater)
+	return v, ok
+}
+
 // AsVersioned returns s as a Versioned store, when it can tell versions.
 func AsVersioned(s Store) (Versioned, bool) {
 	if d, ok := s.(interface{ versioned() bool }); ok && !d.versioned() {
@@ -426,4 +436,21 @@ func (b *Breaker) GetRangeVersion(ctx context.Context, key string, off, length i
 // ListVersions forwards to the inner store's ListVersions through the breaker.
 func (b *Breaker) ListVersions(ctx context.Context, prefix string, fn func(key, version string)) error {
 	return via{b.Store, b.do}.listVersions(ctx, prefix, fn)
+}
+
+func (b *Breaker) statsVersions() bool { _, ok := AsVersionStater(b.Store); return ok }
+
+// StatVersion forwards to the inner store's StatVersion through the
+// breaker: a lazily listed local store asks a version per chunk it reads.
+func (b *Breaker) StatVersion(ctx context.Context, key string) (string, error) {
+	st, ok := AsVersionStater(b.Store)
+	if !ok {
+		return "", &Error{Op: "stat", Store: b.ID(), Key: key, Err: errNotVersioned}
+	}
+	var ver string
+	err := b.do(ctx, "stat", key, func(ctx context.Context) (err error) {
+		ver, err = st.StatVersion(ctx, key)
+		return err
+	})
+	return ver, err
 }

@@ -141,7 +141,7 @@ func (h *Hierarchy) List(ctx context.Context, a *Array, since time.Time) (*Listi
 		return cur, nil
 	}
 	l := &Listing{At: time.Now()}
-	if st, ok := h.Store.(objectstore.VersionStater); ok {
+	if st, ok := objectstore.AsVersionStater(h.Store); ok {
 		// Not the caller's context: the listing outlives this call.
 		l.stat = func(k string) (string, error) { return st.StatVersion(context.Background(), k) }
 		l.memo = map[string]stated{}
