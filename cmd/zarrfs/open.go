@@ -294,10 +294,7 @@ func chunkCacheBytes(asked, mem int64) int64 {
 	return min(asked, mem/4)
 }
 
-func isRemote(s objectstore.Store) bool {
-	_, local := s.(*objectstore.Posix)
-	return !local
-}
+func isRemote(s objectstore.Store) bool { return !objectstore.IsLocal(s) }
 
 // refreshLayout opens o's source again for a mount that follows a growing
 // store: the metadata as it is now, and listings of the arrays being read.

@@ -59,23 +59,42 @@ func (f *sourceFlags) register(cmd *cobra.Command, decodes bool) {
 }
 
 // closeStore releases a store's handles (idle connections, a root
-// directory descriptor), when it holds any.
+// directory descriptor, a breaker's probe), those of every decorator in
+// its chain.
 func closeStore(s objectstore.Store) {
-	if c, ok := s.(interface{ Close() error }); ok {
-		c.Close()
+	for ; s != nil; s = objectstore.Unwrap(s) {
+		if c, ok := s.(interface{ Close() error }); ok {
+			c.Close()
+		}
 	}
 }
 
-// openStore opens a local path, file:// URL or s3:// URL.
+// openStore opens a local path, file:// URL or s3:// URL, with the
+// deadlines of --source-timeout and --source-stall.
 func (f *sourceFlags) openStore(ctx context.Context, src string) (objectstore.Store, error) {
 	if strings.HasPrefix(src, "s3://") {
 		return openS3(ctx, src, f)
+	}
+	if err := f.deadlines.validate(); err != nil {
+		return nil, err
 	}
 	st, err := objectstore.OpenPosixOptions(src, objectstore.PosixOptions{FollowSymlinks: f.follow})
 	if err != nil {
 		return nil, err // not a typed nil in the interface
 	}
-	return st, nil
+	// A local filesystem can stop answering too (NFS, Lustre, a stopped
+	// FUSE daemon), where a read blocks in the kernel for as long as it
+	// does: each open, stat or read is bounded by --source-timeout (a
+	// retry after --source-stall would only block again), and once enough
+	// of them are blocked, reads fail at once until those return. No
+	// breaker: a store's files may live on several filesystems (links
+	// into an annex), and one that hangs says nothing of the others.
+	dl, err := objectstore.WithDeadline(st, objectstore.DeadlineOptions{Timeout: f.deadlines.timeout, Logger: f.logger})
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	return dl, nil
 }
 
 // newPipeline builds the process's one decoding pipeline from --decode and
