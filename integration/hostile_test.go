@@ -773,3 +773,131 @@ func TestArraysLeftOutNamed(t *testing.T) {
 		}
 	}
 }
+
+// catErr reads p with cat in a process of its own, so that a read that
+// hangs cannot hang the test: its error (nil on success) and how long it
+// took. A cat still blocked after limit is killed and left (a read blocked
+// on FUSE may not die at once).
+func catErr(p string, limit time.Duration) (error, string, time.Duration) {
+	start := time.Now()
+	cmd := exec.Command("cat", p)
+	var stderr syncbuf.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		return err, "", 0
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		return err, stderr.String(), time.Since(start)
+	case <-time.After(limit):
+		cmd.Process.Kill()
+		return fmt.Errorf("still blocked after %v", limit), stderr.String(), time.Since(start)
+	}
+}
+
+// A local filesystem that stops answering (here a FUSE filesystem whose
+// daemon is stopped, as an NFS or Lustre server can be; a chunk is a link
+// into it, read with --follow-symlinks) fails the sample that needs it
+// with EIO within --source-timeout and one log line, rather than hanging
+// its reader for as long as the filesystem does; other samples keep
+// reading; the daemon stays killable; the filesystem answering again, the
+// sample reads.
+func TestHungLocalSource(t *testing.T) {
+	requireMountTools(t)
+	src := exampleStore(t, zarrtest.Example{Times: 4, Levels: 2, Lat: 16, Lon: 32, TimeChunk: 1})
+	annex := t.TempDir()
+	chunk := filepath.Join(src, "t", "c", "0", "0", "0", "0")
+	if err := os.Rename(chunk, filepath.Join(annex, "t-chunk")); err != nil {
+		t.Fatal(err)
+	}
+	hung := startHungFS(t, annex)
+	if err := os.Symlink(filepath.Join(hung.mnt, "t-chunk"), chunk); err != nil {
+		t.Fatal(err)
+	}
+	ref := t.TempDir()
+	want := readFileOrFatal(t, src, ref, "t/0.npy")
+
+	const timeout = 4 * time.Second
+	d := mount(t, src, "--follow-symlinks", "--source-timeout", timeout.String(), "--source-stall", "1s", "--readahead", "0")
+	// Runs before the daemon is stopped: a test that fails must not leave
+	// it waiting on the stopped filesystem.
+	t.Cleanup(func() { hung.cmd.Process.Signal(syscall.SIGCONT) })
+	hung.stop(t)
+	err, stderr, took := catErr(filepath.Join(d.mnt, "t", "0.npy"), timeout+30*time.Second)
+	t.Logf("cat of a sample whose chunk hangs: %v after %v", err, took.Round(time.Millisecond))
+	if err == nil || !strings.Contains(stderr, "Input/output error") {
+		t.Errorf("cat t/0.npy: %v %q, want EIO", err, stderr)
+	}
+	if took > timeout+5*time.Second {
+		t.Fatalf("EIO after %v, want it within --source-timeout %v", took, timeout)
+	}
+	if en, _ := readErrno(filepath.Join(d.mnt, "t", "2.npy")); en != 0 {
+		t.Errorf("t/2.npy while the other filesystem hangs: %v", en)
+	}
+	logs := d.logs("cannot fill file")
+	if n := strings.Count(logs, "cannot fill file"); n != 1 || !strings.Contains(logs, "no answer within "+timeout.String()) {
+		t.Errorf("%d fill failures logged, want one naming the deadline:\n%s", n, logs)
+	}
+	// Killable while its read of the stopped filesystem is still blocked.
+	start := time.Now()
+	d.stop(t)
+	t.Logf("daemon stopped in %v with a read blocked on the hung filesystem", time.Since(start).Round(time.Millisecond))
+
+	hung.resume(t)
+	d = mount(t, src, "--follow-symlinks", "--source-timeout", timeout.String(), "--source-stall", "1s", "--readahead", "0")
+	if got, err := os.ReadFile(filepath.Join(d.mnt, "t", "0.npy")); err != nil || !bytes.Equal(got, want) {
+		t.Errorf("t/0.npy once the filesystem answers: %v", err)
+	}
+}
+
+// readFileOrFatal warms one file of src into cacheDir and returns its bytes.
+func readFileOrFatal(t *testing.T, src, cacheDir, file string) []byte {
+	t.Helper()
+	warm(t, src, cacheDir, "--only", file, "--follow-symlinks")
+	want := blobFiles(t, cacheDir)[file]
+	if want == nil {
+		t.Fatalf("warm made no %s", file)
+	}
+	return want
+}
+
+// SIGTERM while the mount starts ends it at once, exit status 0, even
+// while reading the metadata waits on a source that does not answer.
+func TestSIGTERMDuringStartup(t *testing.T) {
+	requireMountTools(t)
+	src := exampleStore(t, zarrtest.Example{Times: 2, Levels: 1, Lat: 4, Lon: 8, TimeChunk: 1})
+	annex := t.TempDir()
+	meta := filepath.Join(src, "t", "zarr.json")
+	if err := os.Rename(meta, filepath.Join(annex, "zarr.json")); err != nil {
+		t.Fatal(err)
+	}
+	hung := startHungFS(t, annex)
+	os.Symlink(filepath.Join(hung.mnt, "zarr.json"), meta)
+	hung.stop(t)
+	mnt := t.TempDir()
+	cmd := exec.Command(zarrfsBin(t), "mount", src, mnt, "--cache", t.TempDir(), "--follow-symlinks", "--source-timeout", "5m")
+	var stderr syncbuf.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	time.Sleep(time.Second)
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-done:
+		if err != nil || !strings.Contains(stderr.String(), "interrupted before the mount was live") {
+			t.Errorf("exit %v after SIGTERM during start-up:\n%s", err, stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		<-done
+		t.Fatalf("no exit within 30s of SIGTERM during start-up:\n%s", stderr.String())
+	}
+	if isMounted(mnt) {
+		t.Errorf("%s mounted", mnt)
+	}
+}
