@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -899,5 +901,60 @@ func TestSIGTERMDuringStartup(t *testing.T) {
 	}
 	if isMounted(mnt) {
 		t.Errorf("%s mounted", mnt)
+	}
+}
+
+// A cache on a 50 MB tmpfs that something else filled to the brim, 31 MB
+// of it blobs: eight readers at once (with readahead) read 800 samples
+// that all need room, and every read succeeds, the fills evicting as they
+// go, however they race for the room.
+func TestFullCacheParallelReaders(t *testing.T) {
+	requireMountTools(t)
+	src := exampleStore(t, zarrtest.Example{Times: 1000, Levels: 2, Lat: 64, Lon: 128, TimeChunk: 1})
+	fsDir := cacheFS(t, "50m", true)
+	d := mountAt(t, src, t.TempDir(), filepath.Join(fsDir, "cache"))
+	name := func(arr string, i int) string { return filepath.Join(d.mnt, arr, fmt.Sprintf("%03d.npy", i)) }
+	for i := range 450 { // 68 KiB each: 31 MB
+		if en, _ := readErrno(name("t", i)); en != 0 {
+			t.Fatalf("t/%03d.npy: %v", i, en)
+		}
+	}
+	junk, err := os.Create(filepath.Join(fsDir, "junk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1<<16)
+	for {
+		if _, err := junk.Write(buf); err != nil {
+			break
+		}
+	}
+	junk.Close()
+	// 800 samples no blob holds: t 450-999 and z 0-249, 100 per reader.
+	var files []string
+	for i := 450; i < 1000; i++ {
+		files = append(files, name("t", i))
+	}
+	for i := range 250 {
+		files = append(files, name("z", i))
+	}
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	for r := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, p := range files[r*100 : (r+1)*100] {
+				if en, _ := readErrno(p); en != 0 {
+					if failed.Add(1) == 1 {
+						t.Logf("first failure: %s: %v", p, en)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := failed.Load(); n > 0 {
+		t.Errorf("%d of 800 reads failed on a full cache filesystem with 31 MB evictable", n)
 	}
 }
