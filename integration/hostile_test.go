@@ -958,3 +958,32 @@ func TestFullCacheParallelReaders(t *testing.T) {
 		t.Errorf("%d of 800 reads failed on a full cache filesystem with 31 MB evictable", n)
 	}
 }
+
+// In direct mode, a store's entry named .zarrfs (the name the mode's
+// mirror takes) is left out of the mount with a warning, its sidecar too,
+// and the rest mounts and resolves, instead of the whole mount refused.
+func TestDirectLeavesOutDotZarrfs(t *testing.T) {
+	requireMountTools(t)
+	src := exampleStore(t, zarrtest.Example{Times: 2, Levels: 1, Lat: 4, Lon: 8, TimeChunk: 1})
+	writeDoc(t, filepath.Join(src, ".zarrfs", "zarr.json"), v3Array("", ""))
+	d := mount(t, src, "--direct")
+	logs := d.logs("entry=.zarrfs")
+	if n := strings.Count(logs, "store entry left out of the mount"); n != 1 {
+		t.Errorf("%d warnings for the .zarrfs entry, want 1:\n%s", n, logs)
+	}
+	ents, err := os.ReadDir(d.mnt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".zarrfs") {
+			t.Errorf("the root lists %s", e.Name())
+		}
+	}
+	if _, err := os.Lstat(filepath.Join(d.mnt, ".zarrfs.json")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf(".zarrfs.json: %v, want absent", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(d.mnt, "t", "0.npy")); err != nil || len(b) != 4096+4*8*4 {
+		t.Errorf("t/0.npy through its link: %d bytes, %v", len(b), err)
+	}
+}
