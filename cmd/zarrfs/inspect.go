@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -108,11 +109,15 @@ func inspectEntries(h *zarr.Hierarchy, lay *layout.Layout) []inspectEntry {
 	return out
 }
 
+// printInspect writes the text listing. Every string from the store
+// (names, dimension and codec names, reasons that quote metadata) is
+// escaped where it holds anything unprintable, so that a store cannot
+// forge lines or send terminal escapes through it.
 func printInspect(w io.Writer, id string, entries []inspectEntry) {
-	fmt.Fprintf(w, "%s: %d arrays\n", id, len(entries))
+	fmt.Fprintf(w, "%s: %d arrays\n", printable(id), len(entries))
 	for _, e := range entries {
-		name := e.Path
-		if name == "" {
+		name := printable(e.Path)
+		if e.Path == "" {
 			name = "(root array)"
 		}
 		fmt.Fprintf(w, "%s\n", name)
@@ -121,17 +126,32 @@ func printInspect(w io.Writer, id string, entries []inspectEntry) {
 		for i, d := range e.Dims {
 			dims[i] = "-"
 			if d != nil {
-				dims[i] = *d
+				dims[i] = printable(*d)
 			}
 		}
-		fmt.Fprintf(w, "  dims [%s]  codecs [%s]\n", strings.Join(dims, ", "), strings.Join(e.Codecs, ", "))
+		codecs := make([]string, len(e.Codecs))
+		for i, c := range e.Codecs {
+			codecs[i] = printable(c)
+		}
+		fmt.Fprintf(w, "  dims [%s]  codecs [%s]\n", strings.Join(dims, ", "), strings.Join(codecs, ", "))
 		switch {
 		case e.Unsupported != nil:
-			fmt.Fprintf(w, "  unsupported: %s\n", *e.Unsupported)
+			fmt.Fprintf(w, "  unsupported: %s\n", printable(*e.Unsupported))
 		case e.Mount != nil:
-			fmt.Fprintf(w, "  mount: %s\n", *e.Mount)
+			fmt.Fprintf(w, "  mount: %s\n", printable(*e.Mount))
 		}
 	}
+}
+
+// printable returns s as it is when every character prints, else quoted
+// with Go's escapes ("a\nb", "\x1b[31m"), as the log's text format does.
+func printable(s string) string {
+	for _, r := range s {
+		if !strconv.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
 }
 
 // mountName is how an array appears in the mount: "t/" for a directory of
