@@ -987,3 +987,21 @@ func TestDirectLeavesOutDotZarrfs(t *testing.T) {
 		t.Errorf("t/0.npy through its link: %d bytes, %v", len(b), err)
 	}
 }
+
+// An array whose name holds a newline and a terminal escape cannot forge
+// lines of `zarrfs inspect` nor color its output: the name is escaped, as
+// the log escapes it.
+func TestInspectEscapesStoreNames(t *testing.T) {
+	src := exampleStore(t, zarrtest.Example{Times: 2, Levels: 1, Lat: 4, Lon: 8, TimeChunk: 1})
+	writeDoc(t, filepath.Join(src, "x\nlsm\x1b[31m", "zarr.json"), v3Array(`{"name":"numcodecs.lzma","configuration":{}}`, ""))
+	out, stderr, code := run(t, "inspect", src)
+	if code != 0 {
+		t.Fatalf("inspect: exit %d: %s", code, stderr)
+	}
+	if strings.Contains(out, "\x1b") || strings.Contains(out, "\nlsm\x1b") {
+		t.Errorf("raw name in the output:\n%q", out)
+	}
+	if !strings.Contains(out, `"x\nlsm\x1b[31m"`) {
+		t.Errorf("the name is not printed escaped:\n%s", out)
+	}
+}
