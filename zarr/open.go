@@ -207,7 +207,11 @@ func (w *walker) root() error {
 		w.addV2Array("", a, attrs)
 		return nil
 	}
-	return fmt.Errorf("%s: no Zarr metadata (zarr.json, .zgroup, .zarray or .zmetadata) at the root", id)
+	if w.h.opts.EmptyWhenGone {
+		w.h.Vanished = true
+		return nil
+	}
+	return fmt.Errorf("%s: %w (zarr.json, .zgroup, .zarray or .zmetadata) at the root", id, ErrNoMetadata)
 }
 
 func attrsOrEmpty(m map[string]any) map[string]any {

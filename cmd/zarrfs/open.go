@@ -304,6 +304,12 @@ func refreshLayout(ctx context.Context, o *opened, cur *layout.Layout, log *slog
 	if err != nil {
 		return nil, err
 	}
+	switch gone, was := next.Hierarchy().Vanished, cur.Hierarchy().Vanished; {
+	case gone && !was:
+		log.Warn("the store has no Zarr metadata any more (deleted or emptied); the mount serves an empty tree until it has", "source", o.store.ID())
+	case was && !gone:
+		log.Info("the store has Zarr metadata again; the mount serves it", "source", o.store.ID())
+	}
 	was := map[string]bool{}
 	for _, s := range cur.Skipped {
 		was[s.Path] = true
