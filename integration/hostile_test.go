@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -1003,5 +1004,79 @@ func TestInspectEscapesStoreNames(t *testing.T) {
 	}
 	if !strings.Contains(out, `"x\nlsm\x1b[31m"`) {
 		t.Errorf("the name is not printed escaped:\n%s", out)
+	}
+}
+
+// waitFor polls cond for up to limit.
+func waitFor(limit time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(limit); !cond(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
+}
+
+// A store that vanishes under a running mount is followed as an array
+// deleted is: at the next refresh the tree empties, with one warning
+// (files already open keep reading); the store's metadata back, the tree
+// comes back; the store's directory deleted, the tree empties too.
+func TestVanishedSource(t *testing.T) {
+	requireMountTools(t)
+	src := exampleStore(t, zarrtest.Example{Times: 4, Levels: 1, Lat: 8, Lon: 16, TimeChunk: 1})
+	backup := filepath.Join(t.TempDir(), "backup")
+	copyTree(t, src, backup)
+	d := mount(t, src, "--metadata-ttl", "1s", "--readahead", "0")
+	want, err := os.ReadFile(filepath.Join(d.mnt, "t", "1.npy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(filepath.Join(d.mnt, "t", "1.npy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	empty := func() bool {
+		ents, err := os.ReadDir(d.mnt)
+		_, serr := os.Stat(filepath.Join(d.mnt, "t", "0.npy"))
+		return err == nil && len(ents) == 0 && errors.Is(serr, os.ErrNotExist)
+	}
+	served := func() bool {
+		_, err := os.Stat(filepath.Join(d.mnt, "t", "0.npy"))
+		return err == nil
+	}
+
+	// Emptied (the directory stays).
+	ents, _ := os.ReadDir(src)
+	for _, e := range ents {
+		os.RemoveAll(filepath.Join(src, e.Name()))
+	}
+	if !waitFor(15*time.Second, empty) {
+		t.Fatal("the tree still lists the arrays of a store emptied 15s ago")
+	}
+	if got, err := io.ReadAll(f); err != nil || !bytes.Equal(got, want) {
+		t.Errorf("a file open before the store vanished: %v (%d bytes, want %d)", err, len(got), len(want))
+	}
+	// Back.
+	ents, _ = os.ReadDir(backup)
+	for _, e := range ents {
+		copyTree(t, filepath.Join(backup, e.Name()), filepath.Join(src, e.Name()))
+	}
+	if !waitFor(15*time.Second, served) {
+		t.Fatal("the tree did not come back 15s after the store did")
+	}
+	if got, err := os.ReadFile(filepath.Join(d.mnt, "t", "1.npy")); err != nil || !bytes.Equal(got, want) {
+		t.Errorf("t/1.npy after the store came back: %v", err)
+	}
+	// Deleted, directory and all.
+	if err := os.RemoveAll(src); err != nil {
+		t.Fatal(err)
+	}
+	if !waitFor(15*time.Second, empty) {
+		t.Fatal("the tree still lists the arrays of a store deleted 15s ago")
+	}
+	logs := d.logs("no Zarr metadata any more", "has Zarr metadata again")
+	if n := strings.Count(logs, "no Zarr metadata any more"); n != 2 {
+		t.Errorf("%d warnings that the store vanished, want one each time:\n%s", n, logs)
 	}
 }
