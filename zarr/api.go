@@ -94,6 +94,7 @@ type Hierarchy struct {
 	// Vanished is set when the root held no metadata and
 	// Options.EmptyWhenGone made an empty hierarchy of it.
 	Vanished bool
+
 	opts   Options
 	chunks *chunkCache
 	mem    codec.HostMemory // lends the buffers compressed chunks are read into; nil: pooled
