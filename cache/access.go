@@ -32,8 +32,10 @@ import (
 // owner-only.
 //
 // The mode and group of Dir/blobs say what the tree under it has: Open,
-// when alone, walks the tree only when they differ from what it wants, and
-// sets them last, so a walk cut short by a kill is done again. An Open
+// when alone, walks the tree before it returns only when they differ from
+// what it wants, and sets them last, so a walk cut short by a kill is done
+// again; when they match, it walks the tree after it returns, in the
+// background, to set back what was changed by hand since. An Open
 // that joins a running instance never changes modes; it refuses to run
 // with a setting other than the one in force (ErrAccessInUse), since the
 // two would give the blobs different modes.
@@ -316,7 +318,13 @@ func (c *Cache) applyAccess(existed bool) error {
 			return err
 		}
 		if name != tmpDir && c.acc.matches(fi, mode, blob) {
-			continue // the tree under it was done: not walked at every start
+			// The tree under it was done: not walked before Open returns.
+			// What was widened by hand since is, after it (tightenLater).
+			if name == blobsDir {
+				c.wg.Add(1)
+				go c.tightenLater(p)
+			}
+			continue
 		}
 		err = filepath.WalkDir(p, func(q string, d fs.DirEntry, err error) error {
 			if err != nil {
@@ -371,6 +379,34 @@ func (c *Cache) applyAccess(existed bool) error {
 		c.warnUnreachable()
 	}
 	return nil
+}
+
+// tightenLater walks the blob tree at dir, in the background of an Open
+// that found the tree's mark in order, and gives every blob and directory
+// the mode the cache gives it: one changed by hand since the last walk
+// (chmod 0644 on a blob, 0755 on its directory) is set back at the next
+// start, without making every start wait for a walk of the whole tree.
+// Close stops it.
+func (c *Cache) tightenLater(dir string) {
+	defer c.wg.Done()
+	var fix fixCount
+	filepath.WalkDir(dir, func(q string, d fs.DirEntry, err error) error {
+		if c.base.Err() != nil {
+			return filepath.SkipAll
+		}
+		if err != nil || q == dir {
+			return nil
+		}
+		rel, _ := filepath.Rel(c.dir, q)
+		c.fixOne(q, filepath.ToSlash(rel), d, &fix)
+		return nil
+	})
+	if fix.tightened+fix.widened > 0 {
+		c.log.Info("cache permissions changed since the last start set back", "entries", fix.tightened+fix.widened, "blob_mode", c.acc.String())
+	}
+	if fix.err != nil {
+		c.log.Warn("cache permissions not fully set", "failed", fix.failed, "first_err", fix.err)
+	}
 }
 
 type fixCount struct {

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // withUmask runs the test under umask m: the cache's modes must not depend
@@ -247,6 +248,41 @@ func TestTightenAtOpen(t *testing.T) {
 	c.Close()
 	if len(logs.msgs) != 0 {
 		t.Errorf("second Open logged %q", logs.msgs)
+	}
+}
+
+// A blob and its directory widened by hand while the tree's own mark
+// (the mode of Dir/blobs) stayed as it was are set back after the next
+// Open, in the background: the start does not wait for a walk of every
+// blob, and the blob is not left readable by others.
+func TestTightenWidenedBlob(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "cache")
+	c := mustOpen(t, Options{Dir: dir})
+	fillSome(t, c)
+	c.Close()
+	blob := filepath.Join(dir, blobsDir, "lay", "sub", "sp", "1.npy")
+	os.Chmod(blob, 0o644)
+	os.Chmod(filepath.Dir(blob), 0o755)
+	logs := &recordLogs{}
+	c = mustOpen(t, Options{Dir: dir, Logger: slog.New(logs)})
+	defer c.Close()
+	a, _ := newAccess(0, nil)
+	ok := false
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		f, errf := os.Stat(blob)
+		d, errd := os.Stat(filepath.Dir(blob))
+		if errf == nil && errd == nil && f.Mode().Perm() == a.blobFile && d.Mode().Perm() == a.blobDir {
+			ok = true
+			break
+		}
+	}
+	if !ok {
+		t.Fatal("a blob widened by hand was not tightened after Open")
+	}
+	c.Close()
+	checkModes(t, dir, a)
+	if n := logs.count("cache permissions changed since the last start set back"); n != 1 {
+		t.Errorf("%d lines saying permissions were set back, want 1: %q", n, logs.msgs)
 	}
 }
 

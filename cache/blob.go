@@ -391,21 +391,21 @@ func (h *hashingWriter) sum(size int64) (uint64, error) {
 // shared, on the now-visible blob. A blob that cannot fit the cache's
 // filesystem fails at once; a fill that finds the filesystem full (other
 // writers, blocks beyond the budget) makes room by evicting and runs again,
-// twice at most.
+// for as long as the room can be found (makeRoomLocked).
 func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, ident string, fill func(ctx context.Context, f Writer) error) (*os.File, error) {
 	if err := c.ensureSpace(rel, size); err != nil {
 		return nil, err
 	}
-	for attempt := 0; ; attempt++ {
+	for attempt := 1; ; attempt++ {
 		f, err := c.fillBlobOnce(ctx, rel, size, ident, fill)
-		if err == nil || !isNoSpace(err) || attempt == 2 || ctx.Err() != nil {
+		if err == nil || !isNoSpace(err) || attempt == maxFullRetries || ctx.Err() != nil {
 			return f, err
 		}
 		c.mu.Lock()
-		freed := c.makeRoomLocked(c.charge(size) + c.unit)
+		room := c.makeRoomLocked(c.charge(size) + c.unit)
 		c.mu.Unlock()
-		if !freed {
-			return nil, err
+		if !room {
+			return nil, fmt.Errorf("%w, with every unpinned entry evicted", err)
 		}
 		c.log.Info("cache filesystem full; evicted entries and filling again", "blob", rel, "err", err)
 	}

@@ -168,3 +168,34 @@ func TestStatsCounts(t *testing.T) {
 		t.Errorf("chunk stats %+v", s)
 	}
 }
+
+// Eviction is least recently used, not first in: a blob read again (a
+// hit) outlives blobs filled after it but not read since.
+func TestHitMakesRecentlyUsed(t *testing.T) {
+	data := bytes.Repeat([]byte{1}, 1000)
+	c := mustOpen(t, Options{Dir: t.TempDir(), Size: 3500})
+	defer c.Close()
+	get := func(p string, fill bool) {
+		t.Helper()
+		h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: p}, int64(len(data)), func(ctx context.Context, f Writer) error {
+			if !fill {
+				t.Errorf("%s filled, want a hit", p)
+			}
+			return writeFill(data)(ctx, f)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.Close()
+	}
+	get("a.npy", true)
+	get("b.npy", true)
+	get("c.npy", true)
+	get("a.npy", false) // a hit: a is now the most recently used
+	get("d.npy", true)  // room for one more: the least recently used goes
+	for p, want := range map[string]bool{"a.npy": true, "b.npy": false, "c.npy": true, "d.npy": true} {
+		if got := c.HasBlob(BlobKey{Layout: "L", Path: p}); got != want {
+			t.Errorf("HasBlob(%s) = %v, want %v", p, got, want)
+		}
+	}
+}

@@ -124,15 +124,15 @@ func (c *Cache) storeChunk(rel, key string, data []byte) {
 		}
 	}()
 	var err error
-	for attempt := 0; attempt < 2; attempt++ {
+	for attempt := 1; attempt <= maxFullRetries; attempt++ {
 		if err = c.writeChunk(rel, data); !isNoSpace(err) {
 			break
 		}
-		// The filesystem is full: make room and try once more.
+		// The filesystem is full: make room and try again.
 		c.mu.Lock()
-		freed := c.makeRoomLocked(c.charge(size) + c.unit)
+		room := c.makeRoomLocked(c.charge(size) + c.unit)
 		c.mu.Unlock()
-		if !freed {
+		if !room {
 			break
 		}
 	}

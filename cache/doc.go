@@ -85,7 +85,9 @@
 // A blob larger than the filesystem fails before it is filled; one that
 // fits only after evicting gets the room first. A fill, a chunk or a
 // journal record that still meets ENOSPC (something else filled the disk)
-// makes room by evicting least recently used entries and tries again. An
+// makes room by evicting least recently used entries and tries again, for
+// as long as the room can be found, whoever made it (concurrent fills
+// evict too): it fails with ENOSPC only when nothing is left to evict. An
 // eviction whose deletion record cannot be written unlinks the file anyway:
 // an indexed entry without its file is forgotten on first use and at
 // recovery, so nothing wrong is ever served. Recovery and compaction make

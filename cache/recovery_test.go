@@ -12,8 +12,10 @@ import (
 )
 
 // After a simulated kill: torn temp files, a truncated blob, a blob with a
-// flipped byte and a deletion logged but not carried out are all cleaned
-// up by the next Open, which serves only complete, correct blobs.
+// flipped byte, a blob grown past its recorded size (its recorded bytes
+// intact, so only the size tells) and a deletion logged but not carried
+// out are all cleaned up by the next Open, which serves only complete,
+// correct blobs.
 func TestRecoveryAfterKill(t *testing.T) {
 	dir := t.TempDir()
 	c := mustOpen(t, Options{Dir: dir})
@@ -44,6 +46,14 @@ func TestRecoveryAfterKill(t *testing.T) {
 	b, _ := os.ReadFile(flipped)
 	b[len(b)/2] ^= 0x55
 	os.WriteFile(flipped, b, 0o644)
+	grown := c.BlobPath(BlobKey{Layout: "L", Path: key(5)})
+	os.Chmod(grown, 0o600) // blobs are read-only
+	gf, err := os.OpenFile(grown, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gf.Write([]byte("trailing bytes no record covers"))
+	gf.Close()
 	// A deletion that was logged, then killed before the unlink.
 	ghost := BlobKey{Layout: "L", Path: "ghost.npy"}
 	os.WriteFile(c.BlobPath(ghost), []byte("orphan"), 0o644)
@@ -64,17 +74,17 @@ func TestRecoveryAfterKill(t *testing.T) {
 	if tf := tempFiles(t, dir); len(tf) != 0 {
 		t.Fatalf("torn temp files survived Open: %v", tf)
 	}
-	for _, p := range []string{truncated, flipped, c.BlobPath(ghost)} {
+	for _, p := range []string{truncated, flipped, grown, c.BlobPath(ghost)} {
 		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s survived recovery", p)
 		}
 	}
-	if !strings.Contains(logs.String(), "suspicious=20") || !strings.Contains(logs.String(), "dropped=3") {
+	if !strings.Contains(logs.String(), "suspicious=20") || !strings.Contains(logs.String(), "dropped=4") {
 		t.Errorf("recovery log: %s", logs.String())
 	}
 	for i := range 20 {
 		k := BlobKey{Layout: "L", Path: key(i)}
-		if has := c2.HasBlob(k); has == (i == 3 || i == 4) {
+		if has := c2.HasBlob(k); has == (i == 3 || i == 4 || i == 5) {
 			t.Errorf("HasBlob(%s) = %v", k.Path, has)
 		}
 		getBlob(t, c2, key(i)) // damaged ones are filled again

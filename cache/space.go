@@ -91,10 +91,12 @@ func (c *Cache) ensureSpace(rel string, size int64) error {
 		return nil
 	}
 	c.mu.Lock()
-	c.makeRoomLocked(need)
+	room := c.makeRoomLocked(need)
 	c.mu.Unlock()
-	if sp, err = statSpace(c.dir); err == nil && need > sp.avail {
-		return fmt.Errorf("blob %s: %d bytes do not fit the %d bytes free on the cache's filesystem, with every unpinned entry evicted: %w", rel, size, sp.avail, syscall.ENOSPC)
+	if !room {
+		if sp, err = statSpace(c.dir); err == nil && need > sp.avail {
+			return fmt.Errorf("blob %s: %d bytes do not fit the %d bytes free on the cache's filesystem, with every unpinned entry evicted: %w", rel, size, sp.avail, syscall.ENOSPC)
+		}
 	}
 	return nil
 }
@@ -109,16 +111,23 @@ func roundUp(n, block int64) int64 {
 
 // makeRoomLocked evicts least recently used, unpinned entries until the
 // filesystem has need bytes free, or nothing more can go. It reports
-// whether it freed anything. An eviction whose journal record cannot be
-// written (the journal's filesystem is the full one) still unlinks the file:
-// an indexed entry without its file is forgotten on first use, by every
+// whether the room is there: made by these evictions, or by others
+// meanwhile (concurrent fills evict too, and a fill that failed removed
+// its temp file), so that a write that found the filesystem full is tried
+// again whenever it may succeed, and given up only when nothing is left to
+// evict. An eviction whose journal record cannot be written (the
+// journal's filesystem is the full one) still unlinks the file: an
+// indexed entry without its file is forgotten on first use, by every
 // instance, and at the next recovery.
 func (c *Cache) makeRoomLocked(need int64) bool {
-	freed := false
 	skipped := 0
-	for skipped < c.lru.Len() {
-		if sp, err := statSpace(c.dir); err != nil || sp.avail >= need {
-			return freed
+	for {
+		sp, err := statSpace(c.dir)
+		if err != nil || sp.avail >= need {
+			return true // no statfs: let the write tell
+		}
+		if skipped >= c.lru.Len() {
+			return false
 		}
 		var victim *entry
 		for el := c.lru.Back(); el != nil; el = el.Prev() {
@@ -128,17 +137,20 @@ func (c *Cache) makeRoomLocked(need int64) bool {
 			}
 		}
 		if victim == nil {
-			return freed
+			return false
 		}
-		if c.evictEntryLocked(victim, true) {
-			freed = true
-		} else {
+		if !c.evictEntryLocked(victim, true) {
 			c.lru.MoveToFront(victim.elem)
 			skipped++
 		}
 	}
-	return freed
 }
+
+// maxFullRetries bounds the attempts of one write on a full filesystem:
+// each is made only when makeRoomLocked found the room, which concurrent
+// writers may take first; this many in a row is not contention but a
+// filesystem that keeps filling.
+const maxFullRetries = 64
 
 // Keeps reports whether a blob of size bytes is kept once filled: one
 // larger than the whole budget is served from an unlinked file instead.

@@ -1,10 +1,14 @@
 package cache
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -106,5 +110,49 @@ func TestFullFilesystem(t *testing.T) {
 	getBlob(t, c, key(500))
 	if !c.HasBlob(BlobKey{Layout: "L", Path: key(500)}) {
 		t.Error("blob not kept after space was freed")
+	}
+}
+
+// Eight fills at once on a full filesystem (a 50 MB tmpfs the cache
+// filled to 31 MB, the rest taken by another file) all succeed while
+// anything can be evicted: a fill that finds the room another made counts
+// it, and tries again as long as there is something to evict.
+func TestFullFilesystemConcurrent(t *testing.T) {
+	fsDir := tmpfs(t, "50m")
+	c := mustOpen(t, Options{Dir: filepath.Join(fsDir, "cache")})
+	defer c.Close()
+	const size = 100 << 10
+	data := bytes.Repeat([]byte{7}, size)
+	fill := func(p string) error {
+		h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: p}, size, writeFill(data))
+		if err == nil {
+			h.Close()
+		}
+		return err
+	}
+	for i := range 310 {
+		if err := fill(fmt.Sprintf("warm/%04d.npy", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fillUp(t, filepath.Join(fsDir, "junk"))
+	var failed atomic.Int64
+	var first atomic.Value
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 100 {
+				if err := fill(fmt.Sprintf("r%d/%04d.npy", g, i)); err != nil {
+					failed.Add(1)
+					first.CompareAndSwap(nil, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := failed.Load(); n > 0 {
+		t.Errorf("%d of 800 fills failed with 31 MB evictable: %v", n, first.Load())
 	}
 }

@@ -49,6 +49,35 @@ const resolveDir = ".zarrfs"
 
 const linkMode = syscall.S_IFLNK | 0o777
 
+// shadowed reports whether the entry name of the tree's root is left out
+// of a direct mode mount: one named resolveDir, which the mirror takes the
+// place of, and the sidecar of an array of that name.
+func shadowed(lay *layout.Layout, name string) bool {
+	switch name {
+	case resolveDir:
+		return true
+	case resolveDir + ".json":
+		e, ok := lay.Root().Lookup(resolveDir)
+		return ok && e.Kind == layout.KindDir
+	}
+	return false
+}
+
+// warnShadowed warns, once for a mount and again for a refresh that
+// brings it back, that the store's entry named resolveDir is left out of
+// the direct mode mount (prev is the tree before, nil at the start).
+func (m *Mounted) warnShadowed(prev, next *layout.Layout) {
+	if _, ok := next.Root().Lookup(resolveDir); !ok {
+		return
+	}
+	if prev != nil {
+		if _, had := prev.Root().Lookup(resolveDir); had {
+			return
+		}
+	}
+	m.log.Warn("store entry left out of the mount: direct mode needs the name for itself", "entry", resolveDir)
+}
+
 // linkTarget is the relative target of the listed link for mount path p:
 // the same path under resolveDir, reached from p's directory.
 func linkTarget(p string) string {

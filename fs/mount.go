@@ -188,8 +188,8 @@ func Mount(ctx context.Context, opts Options) (*Mounted, error) {
 	root := &dirNode{roNode: roNode{m: m}, path: ""}
 	m.root = root
 	mo := m.fuseOptions()
-	if _, taken := opts.Layout.Root().Lookup(resolveDir); taken && opts.Direct {
-		return nil, fmt.Errorf("%s: the store has an entry named %s, which direct mode needs for itself", opts.Mountpoint, resolveDir)
+	if opts.Direct {
+		m.warnShadowed(nil, opts.Layout)
 	}
 	if opts.Direct {
 		// The kernel must ask for a link's target at every resolution, so

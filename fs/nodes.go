@@ -144,6 +144,9 @@ func (n *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 	if !ok || (n.resolve && e.Kind == layout.KindSidecar) {
 		return nil, syscall.ENOENT
 	}
+	if n.m.opts.Direct && n.path == "" && shadowed(n.m.Layout(), name) {
+		return nil, syscall.ENOENT
+	}
 	return n.m.child(ctx, &n.Inode, n.path, e, &out.Attr, n.resolve), 0
 }
 
@@ -215,6 +218,9 @@ func (s *dirStream) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 	}
 	e := d.Entry(s.pos)
 	s.pos++
+	if s.n.m.opts.Direct && d.Path() == "" && shadowed(s.n.m.Layout(), e.Name) {
+		return s.Readdirent(ctx)
+	}
 	p := e.Name
 	if d.Path() != "" {
 		p = d.Path() + "/" + e.Name

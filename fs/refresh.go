@@ -55,6 +55,9 @@ func (m *Mounted) refresh(ctx context.Context) {
 		next.Close()
 		return
 	}
+	if m.opts.Direct {
+		m.warnShadowed(cur, next)
+	}
 	m.lay.Store(next)
 	n := m.notify(cur, next)
 	cur.Close()

@@ -118,6 +118,9 @@ func WithBreaker(inner Store, opts BreakerOptions) *Breaker {
 // Identity forwards the inner store's identity.
 func (b *Breaker) Identity() string { return Identity(b.Store) }
 
+// Unwrap returns the inner store.
+func (b *Breaker) Unwrap() Store { return b.Store }
+
 // QueuesRequests forwards the inner store's queueing, so that the retry
 // layer outside starts its timers when a request leaves the queue.
 func (b *Breaker) QueuesRequests() bool {

@@ -162,3 +162,55 @@ func TestBreakerSlowIsNotDown(t *testing.T) {
 		t.Fatal("not open after three stalls and 60ms without an answer")
 	}
 }
+
+// answeringStore stalls while down; once up, it answers every request
+// with err: an error that is an answer (404, 403), not silence.
+type answeringStore struct {
+	silentStore
+	err error
+}
+
+func (s *answeringStore) GetRange(ctx context.Context, key string, off, n int64) ([]byte, error) {
+	if s.down.Load() {
+		return s.silentStore.GetRange(ctx, key, off, n)
+	}
+	return nil, &objectstore.Error{Op: "get range", Store: s.ID(), Key: key, Err: s.err}
+}
+
+func (s *answeringStore) List(ctx context.Context, prefix string) ([]string, error) {
+	if s.down.Load() {
+		return s.silentStore.List(ctx, prefix)
+	}
+	return nil, &objectstore.Error{Op: "list", Store: s.ID(), Key: prefix, Err: s.err}
+}
+
+// A probe answered with an error (the probed object deleted meanwhile, a
+// credential refused) is an answer: the source is back, and the breaker
+// closes; reads then get the answer itself, not ErrSourceDown.
+func TestBreakerProbeAnsweredWithError(t *testing.T) {
+	for name, answer := range map[string]error{"not found": objectstore.ErrNotFound, "permission": objectstore.ErrPermission} {
+		t.Run(name, func(t *testing.T) {
+			src := &answeringStore{silentStore: silentStore{delay: 10 * time.Millisecond}, err: answer}
+			br := objectstore.WithBreaker(src, objectstore.BreakerOptions{Quiet: 15 * time.Millisecond, Probe: 5 * time.Millisecond, ProbeTimeout: time.Second})
+			defer br.Close()
+			ctx := context.Background()
+			br.Get(ctx, "k") // an answer: the probe's key
+			src.down.Store(true)
+			for range 3 {
+				br.Get(ctx, "k")
+			}
+			if !br.Open() {
+				t.Fatal("not open after the source went silent")
+			}
+			src.down.Store(false)
+			for deadline := time.Now().Add(5 * time.Second); br.Open(); time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("still open 5s after probes were answered with %v", answer)
+				}
+			}
+			if _, err := br.GetRange(ctx, "k", 0, 1); !errors.Is(err, answer) {
+				t.Errorf("read after the breaker closed: %v, want %v", err, answer)
+			}
+		})
+	}
+}

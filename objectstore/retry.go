@@ -60,6 +60,9 @@ var _ Store = (*Retry)(nil)
 // Identity forwards the inner store's identity.
 func (r *Retry) Identity() string { return Identity(r.Store) }
 
+// Unwrap returns the inner store.
+func (r *Retry) Unwrap() Store { return r.Store }
+
 // WithRetry wraps inner with retries; see RetryOptions for the defaults.
 // A negative value is a caller's mistake and panics, as a negative count
 // does in make: it is not turned into the default.

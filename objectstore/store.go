@@ -100,6 +100,25 @@ func Identity(s Store) string {
 	return s.ID()
 }
 
+// Unwrap returns the store a decorator wraps (its Unwrap method), or nil.
+func Unwrap(s Store) Store {
+	if u, ok := s.(interface{ Unwrap() Store }); ok {
+		return u.Unwrap()
+	}
+	return nil
+}
+
+// IsLocal reports whether s reads the local filesystem (a Posix store,
+// whatever decorators wrap it).
+func IsLocal(s Store) bool {
+	for ; s != nil; s = Unwrap(s) {
+		if _, ok := s.(*Posix); ok {
+			return true
+		}
+	}
+	return false
+}
+
 // Error carries the store, key and operation that failed.
 type Error struct {
 	Op    string // "get", "get range", "list"

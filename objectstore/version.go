@@ -457,11 +457,9 @@ func ObjectsPerListing(s Store) int {
 		if p, ok := s.(ListingPager); ok {
 			return p.ObjectsPerListing()
 		}
-		u, ok := s.(interface{ unwrap() Store })
-		if !ok {
+		if s = Unwrap(s); s == nil {
 			return 0
 		}
-		s = u.unwrap()
 	}
 }
 
@@ -481,7 +479,6 @@ func (w via) statVersion(ctx context.Context, key string) (string, error) {
 }
 
 func (r *Retry) statesVersions() bool { _, ok := AsVersionStater(r.Store); return ok }
-func (r *Retry) unwrap() Store        { return r.Store }
 
 // StatVersion retries the inner store's StatVersion.
 func (r *Retry) StatVersion(ctx context.Context, key string) (string, error) {
@@ -489,7 +486,6 @@ func (r *Retry) StatVersion(ctx context.Context, key string) (string, error) {
 }
 
 func (b *Breaker) statesVersions() bool { _, ok := AsVersionStater(b.Store); return ok }
-func (b *Breaker) unwrap() Store        { return b.Store }
 
 // StatVersion forwards to the inner store's StatVersion through the breaker.
 func (b *Breaker) StatVersion(ctx context.Context, key string) (string, error) {
@@ -508,7 +504,9 @@ type trusting struct{ Store }
 
 func (t *trusting) versioned() bool      { return false }
 func (t *trusting) statesVersions() bool { return false }
-func (t *trusting) unwrap() Store        { return t.Store }
+
+// Unwrap returns the inner store.
+func (t *trusting) Unwrap() Store { return t.Store }
 
 // Identity forwards the inner store's identity.
 func (t *trusting) Identity() string { return Identity(t.Store) }
@@ -544,11 +542,11 @@ func DescribeVersions(s Store) string {
 	_, states := AsVersionStater(s)
 	inner := s
 	for {
-		u, ok := inner.(interface{ unwrap() Store })
-		if !ok {
+		u := Unwrap(inner)
+		if u == nil {
 			break
 		}
-		inner = u.unwrap()
+		inner = u
 	}
 	if !versioned {
 		if _, local := inner.(*Posix); local {

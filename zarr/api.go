@@ -23,6 +23,10 @@ var ErrUnsupported = errors.New("unsupported")
 // ErrChecksum is returned (wrapped) when a crc32c codec's checksum does not match.
 var ErrChecksum = errors.New("checksum mismatch")
 
+// ErrNoMetadata is returned (wrapped) by Open when the store's root holds
+// no Zarr metadata at all (and Options.EmptyWhenGone is not set).
+var ErrNoMetadata = errors.New("no Zarr metadata")
+
 // ErrCorrupt is returned (wrapped) when a chunk or shard cannot be decoded.
 var ErrCorrupt = errors.New("corrupt chunk")
 
@@ -56,6 +60,15 @@ type Options struct {
 	// under a key never change; an array with a listing (Hierarchy.List)
 	// finds the bytes of the listed version without a request.
 	SourceCache SourceCache
+	// EmptyWhenGone opens a store whose root holds no Zarr metadata at all
+	// (deleted, emptied) as a hierarchy with no arrays and Vanished set,
+	// rather than failing: a mount that re-reads its store's metadata
+	// then serves what the store holds now, nothing, as it does for an
+	// array deleted. Failures to read (a source down) still fail Open.
+	EmptyWhenGone bool
+	// Limits bound the metadata Open reads and parses (MetadataLimits);
+	// the zero value means the documented defaults.
+	Limits MetadataLimits
 	// Stats, when set, receives the counts of the Hierarchy's work, so
 	// that hierarchies opened one after another (a mount that re-reads
 	// metadata) add to one set of counters. Nil: the Hierarchy's own.
@@ -78,6 +91,10 @@ type Hierarchy struct {
 	Arrays []*Array
 	// Groups holds the path of every group ("" for the root) and its attributes.
 	Groups map[string]map[string]any
+	// Vanished is set when the root held no metadata and
+	// Options.EmptyWhenGone made an empty hierarchy of it.
+	Vanished bool
+
 	opts   Options
 	chunks *chunkCache
 	mem    codec.HostMemory // lends the buffers compressed chunks are read into; nil: pooled
@@ -98,8 +115,11 @@ type Array struct {
 	DType DType
 	// Dims holds one name per dimension ("" when the store names none).
 	Dims []string
-	// Attributes are the user attributes (v2 .zattrs less _ARRAY_DIMENSIONS).
+	// Attributes are the user attributes (v2 .zattrs less _ARRAY_DIMENSIONS),
+	// those that fit Options.Limits.Attributes.
 	Attributes map[string]any
+	// AttributesLeftOut names, sorted, the attributes the limit left out.
+	AttributesLeftOut []string
 	// FillValue is the fill value as JSON would carry it: a float64, int64,
 	// uint64, bool, or one of the strings "NaN", "Infinity", "-Infinity".
 	FillValue any

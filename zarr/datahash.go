@@ -17,21 +17,13 @@ import (
 // metadata changes it. Attributes never change decoded bytes (v2 dimension
 // names, which live among them, are counted through Dims).
 func (a *Array) DataHash(axis int) string {
-	var m map[string]any
-	if a.doc != nil {
-		d := json.NewDecoder(bytes.NewReader(a.doc))
-		d.UseNumber()
-		if d.Decode(&m) != nil {
-			m = nil
-		}
-	}
+	m := decodeLessAttributes(a.doc)
 	h := sha256.New()
 	if m == nil {
 		// Not a JSON object (an unsupported array): the document as it is.
 		fmt.Fprintf(h, "raw\x00%d\x00%s\x00%d:", a.ZarrFormat, a.MetaHash, axis)
 		return hex.EncodeToString(h.Sum(nil))
 	}
-	delete(m, "attributes")
 	if shape, ok := m["shape"].([]any); ok && axis >= 0 && axis < len(shape) {
 		shape[axis] = nil
 	}
@@ -43,4 +35,32 @@ func (a *Array) DataHash(axis int) string {
 	}
 	h.Write(b)
 	return hex.EncodeToString(h.Sum(nil))
+}
+
+// decodeLessAttributes decodes a metadata document's members but its
+// attributes, which are left as the raw bytes they were and never parsed:
+// they may be most of a large document, and parsing them into values takes
+// many times their size. nil when doc is not a JSON object.
+func decodeLessAttributes(doc []byte) map[string]any {
+	if doc == nil {
+		return nil
+	}
+	// Unmarshal, unlike a Decoder, scans doc in place, copying only the
+	// members' bytes.
+	var raw map[string]json.RawMessage
+	if json.Unmarshal(doc, &raw) != nil || raw == nil {
+		return nil
+	}
+	delete(raw, "attributes")
+	m := make(map[string]any, len(raw))
+	for k, v := range raw {
+		var x any
+		d := json.NewDecoder(bytes.NewReader(v))
+		d.UseNumber()
+		if d.Decode(&x) != nil {
+			return nil
+		}
+		m[k] = x
+	}
+	return m
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"math/bits"
 	"strconv"
@@ -61,6 +62,12 @@ func parseJSON(data []byte, v any) error {
 			return fmt.Errorf("invalid JSON at offset %d: %v", se.Offset, se)
 		}
 		return fmt.Errorf("invalid JSON: %v", err)
+	}
+	// One document, one value, as zarr-python reads it: anything but
+	// white space after it is refused, not ignored.
+	end := d.InputOffset()
+	if _, err := d.Token(); err != io.EOF {
+		return fmt.Errorf("invalid JSON: data after the value that ends at offset %d", end)
 	}
 	return nil
 }
@@ -147,20 +154,58 @@ func names(list []any) []string {
 	return out
 }
 
+// checkFormat refuses a document whose zarr_format is not the number want,
+// as zarr-python does: a zarr.json that says 2 (or "3", a string) is not a
+// Zarr v3 document.
+func checkFormat(v any, want int) error {
+	if n, ok := v.(json.Number); ok {
+		if f, err := n.Float64(); err == nil && f == float64(want) {
+			return nil
+		}
+	}
+	if v == nil {
+		return fmt.Errorf("zarr_format missing (want %d)", want)
+	}
+	return fmt.Errorf("zarr_format %s (want %d)", jsonText(v), want)
+}
+
+// jsonText renders a metadata value for a message: strings quoted, so
+// that "3" and 3 read differently.
+func jsonText(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil || len(b) > 64 {
+		return fmt.Sprintf("%T", v)
+	}
+	return string(b)
+}
+
+// checkDimNames refuses dimension_names entries that are neither a string
+// nor null, as zarr-python does.
+func checkDimNames(list []any) error {
+	for i, v := range list {
+		switch v.(type) {
+		case string, nil:
+		default:
+			return fmt.Errorf("dimension_names entry %d (%s) is neither a string nor null", i, jsonText(v))
+		}
+	}
+	return nil
+}
+
 // ---------- Zarr v3 ----------
 
 type v3Node struct {
-	ZarrFormat          json.Number    `json:"zarr_format"`
-	NodeType            string         `json:"node_type"`
-	Shape               any            `json:"shape"`
-	DataType            any            `json:"data_type"`
-	ChunkGrid           map[string]any `json:"chunk_grid"`
-	ChunkKeyEncoding    map[string]any `json:"chunk_key_encoding"`
-	FillValue           any            `json:"fill_value"`
-	Codecs              []any          `json:"codecs"`
-	Attributes          map[string]any `json:"attributes"`
-	DimensionNames      []any          `json:"dimension_names"`
-	StorageTransformers []any          `json:"storage_transformers"`
+	ZarrFormat          any             `json:"zarr_format"`
+	NodeType            string          `json:"node_type"`
+	Shape               any             `json:"shape"`
+	DataType            any             `json:"data_type"`
+	ChunkGrid           map[string]any  `json:"chunk_grid"`
+	ChunkKeyEncoding    map[string]any  `json:"chunk_key_encoding"`
+	FillValue           any             `json:"fill_value"`
+	Codecs              []any           `json:"codecs"`
+	Attributes          json.RawMessage `json:"attributes"`
+	DimensionNames      []any           `json:"dimension_names"`
+	StorageTransformers []any           `json:"storage_transformers"`
 	Consolidated        *struct {
 		Kind     string                     `json:"kind"`
 		Metadata map[string]json.RawMessage `json:"metadata"`
@@ -170,7 +215,10 @@ type v3Node struct {
 // parseV3Array fills a from a v3 array document. Errors wrapping
 // ErrUnsupported mark the array unsupported; other errors mean the document
 // is malformed (also reported as unsupported by the walker, with the cause).
-func parseV3Array(a *Array, n *v3Node) (*pipeline, []byte, error) {
+func parseV3Array(a *Array, n *v3Node, lim MetadataLimits) (*pipeline, []byte, error) {
+	if err := checkFormat(n.ZarrFormat, 3); err != nil {
+		return nil, nil, err
+	}
 	shape, err := toInt64s(n.Shape, "shape")
 	if err != nil {
 		return nil, nil, err
@@ -205,11 +253,13 @@ func parseV3Array(a *Array, n *v3Node) (*pipeline, []byte, error) {
 		if len(n.DimensionNames) != len(shape) {
 			return nil, nil, fmt.Errorf("dimension_names has %d entries for %d dimensions", len(n.DimensionNames), len(shape))
 		}
+		if err := checkDimNames(n.DimensionNames); err != nil {
+			return nil, nil, err
+		}
 		a.Dims = names(n.DimensionNames)
 	}
-	a.Attributes = n.Attributes
-	if a.Attributes == nil {
-		a.Attributes = map[string]any{}
+	if a.Attributes, a.AttributesLeftOut, err = parseAttributes(n.Attributes, lim.Attributes); err != nil {
+		return nil, nil, err
 	}
 	if err := parseKeyEncoding(a, n.ChunkKeyEncoding); err != nil {
 		return nil, nil, err
@@ -365,8 +415,8 @@ func parseV3Codecs(list []any, rank int, dt DType, chunk []int64, depth int) (*p
 				p.bb = append(p.bb, bbCodec{crc32c: true})
 			} else {
 				if name == "blosc" {
-					if cn, _ := cfg["cname"].(string); cn == "snappy" {
-						return nil, fmt.Errorf("%w: blosc compressor snappy", ErrUnsupported)
+					if err := checkBloscV3(cfg); err != nil {
+						return nil, err
 					}
 				}
 				p.bb = append(p.bb, bbCodec{name: codec.Name(name)})
@@ -400,6 +450,32 @@ func parseV3Codecs(list []any, rank int, dt DType, chunk []int64, depth int) (*p
 		return nil, fmt.Errorf("%w: more than one compression codec", ErrUnsupported)
 	}
 	return p, nil
+}
+
+// checkBloscV3 refuses a v3 blosc configuration zarr-python refuses: a
+// cname or shuffle outside the spec's lists. (A v2 compressor's cname only
+// says how chunks were written; each chunk's header says how to read it,
+// and zarr-python opens any.)
+func checkBloscV3(cfg map[string]any) error {
+	cn, ok := cfg["cname"]
+	if !ok {
+		cn = "zstd" // zarr-python's default
+	}
+	switch cn {
+	case "lz4", "lz4hc", "blosclz", "zstd", "zlib":
+	case "snappy":
+		return fmt.Errorf("%w: blosc compressor snappy", ErrUnsupported)
+	default:
+		return fmt.Errorf("blosc cname %s is not one of lz4, lz4hc, blosclz, zstd, snappy, zlib", jsonText(cfg["cname"]))
+	}
+	if sh, ok := cfg["shuffle"]; ok {
+		switch sh {
+		case "noshuffle", "shuffle", "bitshuffle":
+		default:
+			return fmt.Errorf("blosc shuffle %s is not one of noshuffle, shuffle, bitshuffle", jsonText(sh))
+		}
+	}
+	return nil
 }
 
 func parseShard(cfg map[string]any, rank int, dt DType, outer []int64, depth int) (*shardSpec, error) {
@@ -506,18 +582,23 @@ func composePerm(a, b []int) []int {
 // ---------- Zarr v2 ----------
 
 type v2Array struct {
-	ZarrFormat         json.Number `json:"zarr_format"`
-	Shape              any         `json:"shape"`
-	Chunks             any         `json:"chunks"`
-	DType              any         `json:"dtype"`
-	Compressor         any         `json:"compressor"`
-	FillValue          any         `json:"fill_value"`
-	Order              string      `json:"order"`
-	Filters            []any       `json:"filters"`
-	DimensionSeparator string      `json:"dimension_separator"`
+	ZarrFormat         any    `json:"zarr_format"`
+	Shape              any    `json:"shape"`
+	Chunks             any    `json:"chunks"`
+	DType              any    `json:"dtype"`
+	Compressor         any    `json:"compressor"`
+	FillValue          any    `json:"fill_value"`
+	Order              string `json:"order"`
+	Filters            []any  `json:"filters"`
+	DimensionSeparator string `json:"dimension_separator"`
 }
 
+// parseV2Array fills a from a .zarray document and the .zattrs members
+// parsed (attrs: parseAttrs).
 func parseV2Array(a *Array, m *v2Array, attrs map[string]any) (*pipeline, []byte, error) {
+	if err := checkFormat(m.ZarrFormat, 2); err != nil {
+		return nil, nil, err
+	}
 	shape, err := toInt64s(m.Shape, "shape")
 	if err != nil {
 		return nil, nil, err
@@ -630,6 +711,15 @@ func parseV2Array(a *Array, m *v2Array, attrs map[string]any) (*pipeline, []byte
 
 // ---------- fill values ----------
 
+// intRange is the smallest and largest value of an integer dtype.
+func intRange(dt DType) (lo int64, hi uint64) {
+	bits := uint(dt.Size * 8)
+	if dt.Kind == 'u' {
+		return 0, math.MaxUint64 >> (64 - bits)
+	}
+	return -1 << (bits - 1), 1<<(bits-1) - 1
+}
+
 // parseFill returns the fill value as little-endian bytes of one element and
 // as the JSON-ready value for sidecars.
 func parseFill(v any, dt DType, format int) ([]byte, any, error) {
@@ -665,17 +755,37 @@ func parseFill(v any, dt DType, format int) ([]byte, any, error) {
 			}
 			return out, f != 0, nil
 		case 'i', 'u':
+			lo, hi := intRange(dt)
 			if i, err := strconv.ParseInt(s, 10, 64); err == nil {
+				if i < lo || (i >= 0 && uint64(i) > hi) {
+					return nil, nil, fmt.Errorf("fill_value %s is out of range for %s", s, dt.Name())
+				}
 				putInt(out, dt, i)
 				return out, i, nil
 			}
 			if u, err := strconv.ParseUint(s, 10, 64); err == nil {
+				if u > hi {
+					return nil, nil, fmt.Errorf("fill_value %s is out of range for %s", s, dt.Name())
+				}
 				putUint(out, dt, u)
 				return out, u, nil
 			}
 			f, err := x.Float64()
-			if err != nil || f != math.Trunc(f) {
+			if err != nil || f != math.Trunc(f) || math.IsInf(f, 0) {
 				return nil, nil, fmt.Errorf("fill_value %s is not an integer", s)
+			}
+			// An integral number written as a float (1e3): within range,
+			// it converts exactly; beyond it, zarr-python refuses it.
+			if f < float64(lo) || f >= float64(hi)+1 {
+				return nil, nil, fmt.Errorf("fill_value %s is out of range for %s", s, dt.Name())
+			}
+			if f >= 0 {
+				u := uint64(f)
+				putUint(out, dt, u)
+				if u > math.MaxInt64 {
+					return out, u, nil
+				}
+				return out, int64(u), nil
 			}
 			putInt(out, dt, int64(f))
 			return out, int64(f), nil
@@ -701,7 +811,7 @@ func parseFill(v any, dt DType, format int) ([]byte, any, error) {
 				return out, x, nil
 			}
 		}
-		if strings.HasPrefix(x, "0x") && format == 3 {
+		if strings.HasPrefix(x, "0x") && format == 3 && dt.Kind == 'f' {
 			u, err := strconv.ParseUint(x[2:], 16, 64)
 			if err != nil || len(x)-2 > 2*dt.Size {
 				return nil, nil, fmt.Errorf("fill_value %q is not a %d-byte hex pattern", x, dt.Size)

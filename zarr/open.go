@@ -10,18 +10,22 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/zarrfs/zarrfs/internal/ratelog"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
-// maxWalkDepth bounds how deep Open descends into groups.
-const maxWalkDepth = 32
-
 // Open reads the store's metadata: a v3 or v2 group (consolidated or not) or
-// a single array at the root. It fails only when the root itself cannot be
-// read or parsed; an array that cannot be read is kept with Unsupported set
-// and one warning logged.
+// a single array at the root. It fails when the root itself cannot be read
+// or parsed, or when the metadata passes Options.Limits in all; an array
+// that cannot be read is kept with Unsupported set, and logged with one
+// warning that no rate limit holds back (internal/ratelog).
 func Open(ctx context.Context, store objectstore.Store, opts Options) (*Hierarchy, error) {
+	lim, err := opts.Limits.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	opts.Limits = lim
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -46,16 +50,19 @@ func Open(ctx context.Context, store objectstore.Store, opts Options) (*Hierarch
 	if opts.ChunkCacheBytes >= 0 {
 		h.chunks = newChunkCache(opts.ChunkCacheBytes)
 	}
-	w := &walker{h: h, ctx: ctx}
+	w := &walker{h: h, ctx: ctx, lim: lim}
 	if err := w.root(); err != nil {
 		h.Close()
 		return nil, err
 	}
 	sort.Slice(h.Arrays, func(i, j int) bool { return h.Arrays[i].Path < h.Arrays[j].Path })
+	// Every array left out is named, however many: the count is bounded
+	// by Limits.Nodes, and a rate limit would leave some unnamed.
+	wctx := ratelog.Unlimited(ctx)
 	for _, a := range h.Arrays {
 		a.h = h
 		if a.Unsupported != "" {
-			opts.Logger.Warn("array left out", "array", a.Path, "reason", a.Unsupported)
+			opts.Logger.WarnContext(wctx, "array left out", "array", a.Path, "reason", a.Unsupported)
 		}
 	}
 	return h, nil
@@ -89,8 +96,33 @@ func (h *Hierarchy) Array(path string) *Array {
 }
 
 type walker struct {
-	h   *Hierarchy
-	ctx context.Context
+	h     *Hierarchy
+	ctx   context.Context
+	lim   MetadataLimits
+	bytes int64 // of the documents read so far
+	nodes int   // arrays and groups found so far
+}
+
+// limitError is a metadata limit that a document or the tree passed. A
+// fatal one (the tree's total, its node count) fails Open; the others
+// leave their node out.
+type limitError struct {
+	msg   string
+	fatal bool
+}
+
+func (e *limitError) Error() string        { return e.msg }
+func (e *limitError) Is(target error) bool { return target == ErrMetadataLimit }
+
+func (w *walker) id() string { return strings.TrimSuffix(w.h.Store.ID(), "/") }
+
+// node counts one more array or group, failing past Limits.Nodes.
+func (w *walker) node(p string) error {
+	w.nodes++
+	if w.nodes > w.lim.Nodes {
+		return &limitError{fatal: true, msg: fmt.Sprintf("%s: more than %d arrays and groups (at %q), past the metadata limit", w.id(), w.lim.Nodes, p)}
+	}
+	return nil
 }
 
 func join(dir, name string) string {
@@ -100,17 +132,37 @@ func join(dir, name string) string {
 	return dir + "/" + name
 }
 
-// get reads an optional metadata key: nil, nil when it does not exist.
+// get reads an optional metadata key: nil, nil when it does not exist (an
+// empty object is a document, an empty one). A document larger than
+// Limits.Document is refused before it is read; one that takes the bytes
+// read past Limits.Total fails Open.
 func (w *walker) get(key string) ([]byte, error) {
-	b, err := w.h.Store.Get(w.ctx, key)
+	if err := w.ctx.Err(); err != nil {
+		return nil, err
+	}
+	b, err := w.h.Store.Get(objectstore.WithSizeLimit(w.ctx, w.lim.Document), key)
 	if objectstore.IsNotFound(err) {
 		return nil, nil
 	}
-	return b, err
+	if errors.Is(err, objectstore.ErrTooLarge) || (err == nil && int64(len(b)) > w.lim.Document) {
+		// The second: a store that does not honour the size limit.
+		return nil, &limitError{msg: fmt.Sprintf("%s/%s is larger than the metadata limit of %s per document", w.id(), key, human(w.lim.Document))}
+	}
+	if err != nil {
+		return nil, err
+	}
+	w.bytes += int64(len(b))
+	if w.bytes > w.lim.Total {
+		return nil, &limitError{fatal: true, msg: fmt.Sprintf("%s/%s takes the metadata read past the limit of %s in all", w.id(), key, human(w.lim.Total))}
+	}
+	return nonNil(b), nil
 }
 
 func (w *walker) root() error {
-	id := strings.TrimSuffix(w.h.Store.ID(), "/")
+	id := w.id()
+	if err := w.node(""); err != nil {
+		return err
+	}
 	doc, err := w.get("zarr.json")
 	if err != nil {
 		return err
@@ -125,7 +177,7 @@ func (w *walker) root() error {
 			w.addV3Array("", doc, &n)
 			return nil
 		case "group":
-			w.h.Groups[""] = attrsOrEmpty(n.Attributes)
+			w.h.Groups[""] = w.groupAttrs(n.Attributes)
 			if n.Consolidated != nil && n.Consolidated.Metadata != nil {
 				return w.consolidatedV3(n.Consolidated.Metadata)
 			}
@@ -150,7 +202,7 @@ func (w *walker) root() error {
 		if err != nil {
 			return err
 		}
-		w.h.Groups[""] = parseAttrs(attrs)
+		w.h.Groups[""], _ = w.parseAttrs(attrs)
 		if err := w.walkV2("", 0); errors.Is(err, objectstore.ErrNoListing) {
 			return fmt.Errorf("%s: a group without .zmetadata, and %w: %w", id, objectstore.ErrNoListing, errConsolidate)
 		} else if err != nil {
@@ -168,7 +220,11 @@ func (w *walker) root() error {
 		w.addV2Array("", a, attrs)
 		return nil
 	}
-	return fmt.Errorf("%s: no Zarr metadata (zarr.json, .zgroup, .zarray or .zmetadata) at the root", id)
+	if w.h.opts.EmptyWhenGone {
+		w.h.Vanished = true
+		return nil
+	}
+	return fmt.Errorf("%s: %w (zarr.json, .zgroup, .zarray or .zmetadata) at the root", id, ErrNoMetadata)
 }
 
 // errConsolidate says what a store that cannot be listed (served over
@@ -184,7 +240,7 @@ func attrsOrEmpty(m map[string]any) map[string]any {
 
 func (w *walker) unsupported(a *Array, err error) {
 	a.Unsupported = err.Error()
-	if !errors.Is(err, ErrUnsupported) {
+	if !errors.Is(err, ErrUnsupported) && !errors.Is(err, ErrMetadataLimit) {
 		a.Unsupported = "invalid metadata: " + a.Unsupported
 	}
 	a.Unsupported = strings.TrimPrefix(a.Unsupported, ErrUnsupported.Error()+": ")
@@ -193,7 +249,7 @@ func (w *walker) unsupported(a *Array, err error) {
 
 func (w *walker) addV3Array(path string, doc []byte, n *v3Node) {
 	a := &Array{Path: path, ZarrFormat: 3, MetaHash: hashDocs(doc), doc: doc}
-	p, fill, err := parseV3Array(a, n)
+	p, fill, err := parseV3Array(a, n, w.lim)
 	if err != nil {
 		w.unsupported(a, err)
 		return
@@ -209,7 +265,9 @@ func (w *walker) addV2Array(path string, doc, attrsDoc []byte) {
 		w.unsupported(a, fmt.Errorf(".zarray: %v", err))
 		return
 	}
-	p, fill, err := parseV2Array(a, &m, parseAttrs(attrsDoc))
+	attrs, leftOut := w.parseAttrs(attrsDoc)
+	a.AttributesLeftOut = leftOut
+	p, fill, err := parseV2Array(a, &m, attrs)
 	if err != nil {
 		w.unsupported(a, err)
 		return
@@ -227,8 +285,23 @@ func (w *walker) nodeError(p string, format int, what string, err error) error {
 	if objectstore.IsTransient(err) || errors.Is(err, objectstore.ErrSourceDown) || w.ctx.Err() != nil {
 		return err
 	}
+	var le *limitError
+	if errors.As(err, &le) {
+		if le.fatal {
+			return err
+		}
+		w.unsupported(&Array{Path: p, ZarrFormat: format}, err)
+		return nil
+	}
 	w.unsupported(&Array{Path: p, ZarrFormat: format}, fmt.Errorf("%s: %w", what, unwrapStoreError(err)))
 	return nil
+}
+
+// tooDeep leaves out group p, depth levels below the root, past
+// Limits.Depth: it is named, with the limit, and nothing below is read.
+func (w *walker) tooDeep(p string, format, depth int) {
+	w.unsupported(&Array{Path: p, ZarrFormat: format}, &limitError{msg: fmt.Sprintf(
+		"group %d levels below the root, past the metadata limit of %d: nothing below it is read", depth, w.lim.Depth)})
 }
 
 // unwrapStoreError drops the store's name and key from err, which the
@@ -243,7 +316,7 @@ func unwrapStoreError(err error) error {
 
 // walkV3 lists dir and visits every child holding a zarr.json.
 func (w *walker) walkV3(dir string, depth int) error {
-	dirs, err := w.childDirs(dir, depth)
+	dirs, err := w.childDirs(dir)
 	if err != nil {
 		if dir == "" {
 			return err
@@ -261,6 +334,9 @@ func (w *walker) walkV3(dir string, depth int) error {
 		if doc == nil {
 			continue
 		}
+		if err := w.node(p); err != nil {
+			return err
+		}
 		var n v3Node
 		if err := parseJSON(doc, &n); err != nil {
 			w.unsupported(&Array{Path: p, ZarrFormat: 3}, fmt.Errorf("zarr.json: %v", err))
@@ -270,7 +346,11 @@ func (w *walker) walkV3(dir string, depth int) error {
 		case "array":
 			w.addV3Array(p, doc, &n)
 		case "group":
-			w.h.Groups[p] = attrsOrEmpty(n.Attributes)
+			if depth+1 > w.lim.Depth {
+				w.tooDeep(p, 3, depth+1)
+				continue
+			}
+			w.h.Groups[p] = w.groupAttrs(n.Attributes)
 			if err := w.walkV3(p, depth+1); err != nil {
 				return err
 			}
@@ -309,6 +389,9 @@ func (w *walker) consolidatedV3(md map[string]json.RawMessage) error {
 			w.badPath(p)
 			continue
 		}
+		if err := w.node(p); err != nil {
+			return err
+		}
 		var n v3Node
 		if err := parseJSON(raw, &n); err != nil {
 			w.unsupported(&Array{Path: p, ZarrFormat: 3}, fmt.Errorf("consolidated metadata: %v", err))
@@ -318,27 +401,37 @@ func (w *walker) consolidatedV3(md map[string]json.RawMessage) error {
 		case "array":
 			w.addV3Array(p, raw, &n)
 		case "group":
-			w.h.Groups[p] = attrsOrEmpty(n.Attributes)
+			w.h.Groups[p] = w.groupAttrs(n.Attributes)
 		}
 	}
 	return nil
 }
 
-// parseAttrs parses a v2 .zattrs document (nil when absent). Broken
-// attributes never hide data: they read as none.
-func parseAttrs(doc []byte) map[string]any {
-	var m map[string]any
-	if doc != nil && parseJSON(doc, &m) != nil {
-		m = nil
+// parseAttrs parses a v2 .zattrs document (nil when absent) within
+// Limits.Attributes, the dimension names first, and names the attributes
+// left out. Broken attributes never hide data: they read as none.
+func (w *walker) parseAttrs(doc []byte) (map[string]any, []string) {
+	m, out, err := parseAttributes(doc, w.lim.Attributes, "_ARRAY_DIMENSIONS")
+	if err != nil {
+		return map[string]any{}, nil
 	}
-	return attrsOrEmpty(m)
+	return m, out
 }
 
-// childDirs lists the subdirectories of dir, as paths from the store root;
-// nothing past maxWalkDepth.
-func (w *walker) childDirs(dir string, depth int) ([]string, error) {
-	if depth > maxWalkDepth {
-		return nil, nil
+// groupAttrs parses a v3 group's attributes within Limits.Attributes;
+// broken ones read as none (group attributes do not show in a mount).
+func (w *walker) groupAttrs(raw json.RawMessage) map[string]any {
+	m, _, err := parseAttributes(raw, w.lim.Attributes)
+	if err != nil {
+		return map[string]any{}
+	}
+	return m
+}
+
+// childDirs lists the subdirectories of dir, as paths from the store root.
+func (w *walker) childDirs(dir string) ([]string, error) {
+	if err := w.ctx.Err(); err != nil {
+		return nil, err
 	}
 	children, err := w.h.Store.List(w.ctx, dir)
 	if err != nil {
@@ -354,7 +447,7 @@ func (w *walker) childDirs(dir string, depth int) ([]string, error) {
 }
 
 func (w *walker) walkV2(dir string, depth int) error {
-	dirs, err := w.childDirs(dir, depth)
+	dirs, err := w.childDirs(dir)
 	if err != nil {
 		if dir == "" {
 			return err
@@ -382,6 +475,13 @@ func (w *walker) walkV2(dir string, depth int) error {
 				continue // neither array nor group
 			}
 		}
+		if err := w.node(p); err != nil {
+			return err
+		}
+		if isGroup && depth+1 > w.lim.Depth {
+			w.tooDeep(p, 2, depth+1)
+			continue
+		}
 		attrs, err := w.get(p + "/.zattrs")
 		if err != nil {
 			if err := w.nodeError(p, 2, ".zattrs", err); err != nil {
@@ -393,7 +493,7 @@ func (w *walker) walkV2(dir string, depth int) error {
 			w.addV2Array(p, doc, attrs)
 			continue
 		}
-		w.h.Groups[p] = parseAttrs(attrs)
+		w.h.Groups[p], _ = w.parseAttrs(attrs)
 		if err := w.walkV2(p, depth+1); err != nil {
 			return err
 		}
@@ -417,9 +517,14 @@ func (w *walker) consolidatedV2(doc []byte) error {
 			w.badPath(key)
 			continue
 		}
+		if base == ".zgroup" || base == ".zarray" {
+			if err := w.node(dir); err != nil {
+				return err
+			}
+		}
 		switch base {
 		case ".zgroup":
-			w.h.Groups[dir] = parseAttrs(zm.Metadata[join(dir, ".zattrs")])
+			w.h.Groups[dir], _ = w.parseAttrs(zm.Metadata[join(dir, ".zattrs")])
 		case ".zarray":
 			w.addV2Array(dir, raw, zm.Metadata[join(dir, ".zattrs")])
 		}

@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/internal/memory"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
 	"github.com/zarrfs/zarrfs/zarr/codec"
@@ -46,6 +48,10 @@ func newInspectCmd() *cobra.Command {
 			if err := sf.validate(cmd, args[0]); err != nil {
 				return err
 			}
+			limits, err := sf.metaLimit.limits(memory.DefaultBudget())
+			if err != nil {
+				return err
+			}
 			// inspect decodes nothing: one CPU worker.
 			st, err := sf.openStore(cmd.Context(), args[0])
 			if err != nil {
@@ -54,7 +60,7 @@ func newInspectCmd() *cobra.Command {
 			defer closeStore(st)
 			dec := codec.NewCPU(codec.Options{Workers: 1})
 			defer dec.Close()
-			h, err := zarr.Open(cmd.Context(), st, zarr.Options{Logger: discardLogger(), Decoder: dec})
+			h, err := zarr.Open(cmd.Context(), st, zarr.Options{Logger: discardLogger(), Decoder: dec, Limits: limits})
 			if err != nil {
 				return err
 			}
@@ -115,12 +121,16 @@ func inspectEntries(h *zarr.Hierarchy, lay *layout.Layout) []inspectEntry {
 	return out
 }
 
+// printInspect writes the text listing. Every string from the store
+// (names, dimension and codec names, reasons that quote metadata) is
+// escaped where it holds anything unprintable, so that a store cannot
+// forge lines or send terminal escapes through it.
 func printInspect(w io.Writer, id, versions string, entries []inspectEntry) {
-	fmt.Fprintf(w, "%s: %s\n", id, count(int64(len(entries)), "array"))
+	fmt.Fprintf(w, "%s: %s\n", printable(id), count(int64(len(entries)), "array"))
 	fmt.Fprintf(w, "chunk versions: %s\n", versions)
 	for _, e := range entries {
-		name := e.Path
-		if name == "" {
+		name := printable(e.Path)
+		if e.Path == "" {
 			name = "(root array)"
 		}
 		fmt.Fprintf(w, "%s\n", name)
@@ -133,21 +143,40 @@ func printInspect(w io.Writer, id, versions string, entries []inspectEntry) {
 		for i, d := range e.Dims {
 			dims[i] = "-"
 			if d != nil {
-				dims[i] = *d
+				dims[i] = printable(*d)
 			}
 		}
-		fmt.Fprintf(w, "  dims [%s]  codecs [%s]", strings.Join(dims, ", "), strings.Join(e.Codecs, ", "))
+		codecs := make([]string, len(e.Codecs))
+		for i, c := range e.Codecs {
+			codecs[i] = printable(c)
+		}
+		fmt.Fprintf(w, "  dims [%s]  codecs [%s]", strings.Join(dims, ", "), strings.Join(codecs, ", "))
 		if e.InnerChunks != nil {
-			fmt.Fprintf(w, "  inner codecs [%s]", strings.Join(e.InnerCodecs, ", "))
+			inner := make([]string, len(e.InnerCodecs))
+			for i, c := range e.InnerCodecs {
+				inner[i] = printable(c)
+			}
+			fmt.Fprintf(w, "  inner codecs [%s]", strings.Join(inner, ", "))
 		}
 		fmt.Fprintln(w)
 		switch {
 		case e.Unsupported != nil:
-			fmt.Fprintf(w, "  unsupported: %s\n", *e.Unsupported)
+			fmt.Fprintf(w, "  unsupported: %s\n", printable(*e.Unsupported))
 		case e.Mount != nil:
-			fmt.Fprintf(w, "  mount: %s\n", *e.Mount)
+			fmt.Fprintf(w, "  mount: %s\n", printable(*e.Mount))
 		}
 	}
+}
+
+// printable returns s as it is when every character prints, else quoted
+// with Go's escapes ("a\nb", "\x1b[31m"), as the log's text format does.
+func printable(s string) string {
+	for _, r := range s {
+		if !strconv.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
 }
 
 // mountName is how an array appears in the mount: "t/" for a directory of

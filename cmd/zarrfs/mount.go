@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -119,7 +120,13 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 		defer metricsLn.Close()
 	}
 
-	o, err := f.open(ctx, src, log, openOptions{chunkTier: true, shard: shard})
+	o, err := openInterruptible(ctx, func() (*opened, error) {
+		return f.open(ctx, src, log, openOptions{chunkTier: true, shard: shard})
+	})
+	if errors.Is(err, errInterrupted) {
+		log.Info("interrupted before the mount was live; nothing mounted", "mountpoint", mountpoint)
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -195,6 +202,38 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 		log.Info("unmounted externally", "mountpoint", mountpoint)
 	}
 	return nil
+}
+
+var errInterrupted = errors.New("interrupted")
+
+// openInterruptible runs open, returning at once when ctx ends (SIGINT or
+// SIGTERM) whatever open is doing: reading the metadata of a large store,
+// or waiting on a source that does not answer, takes as long as it takes,
+// and a signal must not wait for it. What open leaves behind goes with the
+// process; the cache is safe against that (a kill at any moment).
+func openInterruptible(ctx context.Context, open func() (*opened, error)) (*opened, error) {
+	type result struct {
+		o   *opened
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		o, err := open()
+		done <- result{o, err}
+	}()
+	select {
+	case r := <-done:
+		if r.err == nil && ctx.Err() != nil {
+			r.o.Close()
+			return nil, errInterrupted
+		}
+		if r.err != nil && ctx.Err() != nil {
+			return nil, errInterrupted
+		}
+		return r.o, r.err
+	case <-ctx.Done():
+		return nil, errInterrupted
+	}
 }
 
 // groupLabel names a gid for the logs; "" for none.

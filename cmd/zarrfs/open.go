@@ -20,6 +20,7 @@ import (
 	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/fs/layout"
 	"github.com/zarrfs/zarrfs/internal/memory"
+	"github.com/zarrfs/zarrfs/internal/ratelog"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -135,6 +136,10 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	if err != nil {
 		return nil, err
 	}
+	limits, err := f.src.metaLimit.limits(mem)
+	if err != nil {
+		return nil, err
+	}
 	if f.align%64 != 0 || f.align < layout.MinAlign || f.align > layout.MaxAlign {
 		return nil, usagef("--align %d: want a multiple of 64 from %d (the smallest that holds an npy header) to %d", f.align, layout.MinAlign, layout.MaxAlign)
 	}
@@ -185,7 +190,7 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	// With a GPU, compressed chunks are read into, and fills decode into,
 	// the pipeline's pinned memory.
 	o.stats = &zarr.Stats{}
-	zopts := zarr.Options{Logger: log, Decoder: o.dec, Memory: o.dec.Memory(), ChunkCacheBytes: chunkCacheBytes(oo.chunkCacheBytes, mem), Stats: o.stats}
+	zopts := zarr.Options{Logger: log, Decoder: o.dec, Memory: o.dec.Memory(), ChunkCacheBytes: chunkCacheBytes(oo.chunkCacheBytes, mem), Stats: o.stats, Limits: limits}
 	if isRemote(o.store) && oo.chunkTier {
 		zopts.SourceCache = o.cache.ChunkTier()
 	}
@@ -208,7 +213,7 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	}
 	for _, s := range lay.Skipped {
 		if !unsupported[s.Path] {
-			log.Warn("array left out of the mount", "array", s.Path, "reason", s.Reason)
+			log.WarnContext(ratelog.Unlimited(ctx), "array left out of the mount", "array", s.Path, "reason", s.Reason)
 		}
 	}
 	ok = true
@@ -312,8 +317,7 @@ func isRemote(s objectstore.Store) bool {
 	if v, ok := s.(interface{ Local() bool }); ok {
 		return !v.Local() // a virtual store over local files
 	}
-	_, local := s.(*objectstore.Posix)
-	return !local
+	return !objectstore.IsLocal(s)
 }
 
 // refreshLayout opens o's source again for a mount that follows a growing
@@ -332,13 +336,19 @@ func refreshLayout(ctx context.Context, o *opened, cur *layout.Layout, log *slog
 	if err != nil {
 		return nil, err
 	}
+	switch gone, was := next.Hierarchy().Vanished, cur.Hierarchy().Vanished; {
+	case gone && !was:
+		log.Warn("the store has no Zarr metadata any more (deleted or emptied); the mount serves an empty tree until it has", "source", o.store.ID())
+	case was && !gone:
+		log.Info("the store has Zarr metadata again; the mount serves it", "source", o.store.ID())
+	}
 	was := map[string]bool{}
 	for _, s := range cur.Skipped {
 		was[s.Path] = true
 	}
 	for _, s := range next.Skipped {
 		if !was[s.Path] {
-			log.Warn("array left out of the mount", "array", s.Path, "reason", s.Reason)
+			log.WarnContext(ratelog.Unlimited(ctx), "array left out of the mount", "array", s.Path, "reason", s.Reason)
 		}
 	}
 	// Files of names the new tree lacks go first when room is needed;

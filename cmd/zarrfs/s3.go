@@ -16,15 +16,15 @@ const (
 	defaultSourceStall   = 10 * time.Second
 )
 
-// deadlineFlags bound how long a read waits on a remote source.
+// deadlineFlags bound how long a read waits on a source, remote or local.
 type deadlineFlags struct {
 	timeout time.Duration
 	stall   time.Duration
 }
 
 func (f *deadlineFlags) register(cmd *cobra.Command) {
-	cmd.Flags().DurationVar(&f.timeout, "source-timeout", defaultSourceTimeout, "longest one read from a remote source may take, retries included, before it fails (EIO)")
-	cmd.Flags().DurationVar(&f.stall, "source-stall", defaultSourceStall, "longest a remote source may leave a request without a response, or without data in the middle of one, before it is retried")
+	cmd.Flags().DurationVar(&f.timeout, "source-timeout", defaultSourceTimeout, "longest one read from a source may take, retries included, before it fails (EIO); local stores: one open, stat or read of a file")
+	cmd.Flags().DurationVar(&f.stall, "source-stall", defaultSourceStall, "longest a remote source may leave a request without a response, or without data in the middle of one, before it is retried (at most --source-timeout, for every source)")
 }
 
 func (f *deadlineFlags) validate() error {

@@ -33,6 +33,7 @@ type sourceFlags struct {
 	deadlines     deadlineFlags
 	follow        bool
 	virtual       virtualFlags // virtual.go
+	metaLimit     metadataLimitFlag
 	logger        *slog.Logger
 }
 
@@ -51,6 +52,7 @@ func (f *sourceFlags) register(cmd *cobra.Command, decodes bool) {
 	cmd.Flags().BoolVar(&f.s3Anonymous, "s3-anonymous", false, "read a public bucket without credentials")
 	f.registerRemote(cmd)
 	f.deadlines.register(cmd)
+	f.metaLimit.register(cmd)
 	cmd.Flags().BoolVar(&f.follow, "follow-symlinks", false, "local stores: follow symbolic links that leave the store (chunks in a git-annex or DVC cache); by default reads stay inside it")
 	f.virtual.register(cmd)
 	f.decode = "auto"
@@ -64,10 +66,13 @@ func (f *sourceFlags) register(cmd *cobra.Command, decodes bool) {
 }
 
 // closeStore releases a store's handles (idle connections, a root
-// directory descriptor), when it holds any.
+// directory descriptor, a breaker's probe), those of every decorator in
+// its chain.
 func closeStore(s objectstore.Store) {
-	if c, ok := s.(interface{ Close() error }); ok {
-		c.Close()
+	for ; s != nil; s = objectstore.Unwrap(s) {
+		if c, ok := s.(interface{ Close() error }); ok {
+			c.Close()
+		}
 	}
 }
 
@@ -117,11 +122,26 @@ func (f *sourceFlags) openStore(ctx context.Context, src string) (objectstore.St
 	case strings.HasPrefix(src, "http://"), strings.HasPrefix(src, "https://"):
 		return openHTTP(ctx, src, f)
 	}
+	if err := f.deadlines.validate(); err != nil {
+		return nil, err
+	}
 	st, err := objectstore.OpenPosixOptions(src, objectstore.PosixOptions{FollowSymlinks: f.follow})
 	if err != nil {
 		return nil, err // not a typed nil in the interface
 	}
-	return st, nil
+	// A local filesystem can stop answering too (NFS, Lustre, a stopped
+	// FUSE daemon), where a read blocks in the kernel for as long as it
+	// does: each open, stat or read is bounded by --source-timeout (a
+	// retry after --source-stall would only block again), and once enough
+	// of them are blocked, reads fail at once until those return. No
+	// breaker: a store's files may live on several filesystems (links
+	// into an annex), and one that hangs says nothing of the others.
+	dl, err := objectstore.WithDeadline(st, objectstore.DeadlineOptions{Timeout: f.deadlines.timeout, Logger: f.logger})
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	return dl, nil
 }
 
 // newPipeline builds the process's one decoding pipeline from --decode and

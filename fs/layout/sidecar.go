@@ -21,6 +21,10 @@ type Sidecar struct {
 	DataOffset  int64          `json:"data_offset"`
 	FillValue   any            `json:"fill_value"`
 	Attributes  map[string]any `json:"attributes"`
+	// AttributesLeftOut names the attributes larger than the metadata
+	// limit allows (zarr.MetadataLimits.Attributes): never parsed, they
+	// are not copied here either.
+	AttributesLeftOut []string `json:"attributes_left_out,omitempty"`
 	// The rest helps users judge read patterns; it is not part of the
 	// contract's minimum.
 	SourceDType string   `json:"source_dtype"`
@@ -53,21 +57,22 @@ func (o Options) sidecarShard(p *Progression) *SidecarShard {
 // -1; files counts the files listed; pick is the rank's share, if any.
 func sidecar(o Options, a *zarr.Array, axis int, sampleShape []int64, files int64, pick *Progression) ([]byte, error) {
 	s := Sidecar{
-		Kind:        "array",
-		Path:        a.Path,
-		Shape:       nonNil(a.Shape),
-		DType:       a.DType.NumpyLE(),
-		Dims:        make([]*string, len(a.Shape)),
-		SampleShape: nonNil(sampleShape),
-		Files:       files,
-		DataOffset:  o.Align,
-		FillValue:   a.FillValue,
-		Attributes:  a.Attributes,
-		SourceDType: a.DType.NumpySource(),
-		Chunks:      nonNil(a.Chunks),
-		Codecs:      a.Codecs,
-		ZarrFormat:  a.ZarrFormat,
-		Shard:       o.sidecarShard(pick),
+		Kind:              "array",
+		Path:              a.Path,
+		Shape:             nonNil(a.Shape),
+		DType:             a.DType.NumpyLE(),
+		Dims:              make([]*string, len(a.Shape)),
+		SampleShape:       nonNil(sampleShape),
+		Files:             files,
+		DataOffset:        o.Align,
+		FillValue:         a.FillValue,
+		Attributes:        a.Attributes,
+		AttributesLeftOut: a.AttributesLeftOut,
+		SourceDType:       a.DType.NumpySource(),
+		Chunks:            nonNil(a.Chunks),
+		Codecs:            a.Codecs,
+		ZarrFormat:        a.ZarrFormat,
+		Shard:             o.sidecarShard(pick),
 	}
 	for i := range s.Dims {
 		// An unnamed dimension is null rather than "", so that consumers

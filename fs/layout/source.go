@@ -72,6 +72,9 @@ func (s *Source) Open(ctx context.Context) (*Layout, error) {
 func (s *Source) Reopen(ctx context.Context, prev *Layout) (*Layout, error) {
 	quiet := *s
 	quiet.Zarr.Logger = slog.New(slog.DiscardHandler)
+	// A store emptied or deleted under a running mount is followed, as an
+	// array deleted is: the tree empties (zarr.Hierarchy.Vanished).
+	quiet.Zarr.EmptyWhenGone = true
 	l, err := quiet.Open(ctx)
 	if err != nil {
 		return nil, err

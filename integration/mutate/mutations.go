@@ -14,8 +14,8 @@ type mutation struct {
 }
 
 // mutations are the behaviours whose loss the suite must notice: those an
-// audit found unguarded (issue 20), and a few it found guarded, so that a
-// test rewritten later cannot quietly drop them.
+// audit found unguarded (issues 20 and 30), and a few it found guarded, so
+// that a test rewritten later cannot quietly drop them.
 var mutations = []mutation{
 	{
 		Name:   "shard-index-crc",
@@ -183,5 +183,48 @@ var mutations = []mutation{
 		To:     "return false",
 		Pkgs:   []string{"./zarr"},
 		Run:    "RemoteVersions",
+	},
+	{
+		Name:   "lru-hit",
+		Breaks: "a cache hit no longer makes its blob the most recently used (the LRU is FIFO)",
+		File:   "cache/blob.go",
+		From:   "\te.pins++\n\tc.lru.MoveToFront(e.elem)\n\twant := e.size",
+		To:     "\te.pins++\n\twant := e.size",
+		Pkgs:   []string{"./cache"},
+		Run:    "HitMakesRecentlyUsed",
+	},
+	{
+		Name:   "recovery-longer-blob",
+		Breaks: "recovery trusts a blob file longer than its recorded size",
+		File:   "cache/cache.go",
+		From:   "if !fi.Mode().IsRegular() || fi.Size() != size {",
+		To:     "if !fi.Mode().IsRegular() || fi.Size() < size {",
+		Pkgs:   []string{"./cache"},
+		Run:    "Recovery",
+	},
+	{
+		Name:   "view-step-identity",
+		Breaks: "a view with samples.step > 1 names the source chunks of the wrong time step in its identity",
+		File:   "fs/layout/view_fill.go",
+		From:   "t := b.v.Start + b.k*b.v.Step",
+		To:     "t := b.v.Start + b.k",
+		Pkgs:   []string{"./fs/layout"},
+	},
+	{
+		Name:   "breaker-probe-answer",
+		Breaks: "the breaker's probe takes an answered error (404, 403) for silence and stays open",
+		File:   "objectstore/breaker.go",
+		From:   "if err != nil && isSilence(err) {\n\t\t\tcontinue",
+		To:     "if err != nil {\n\t\t\tcontinue",
+		Pkgs:   []string{"./objectstore"},
+		Run:    "Breaker",
+	},
+	{
+		Name:   "fill-fail-release",
+		Breaks: "a fill of an array that fails keeps its memory reservation",
+		File:   "fs/layout/pieces.go",
+		From:   "\tdefer release()\n\tbuf := o.slab(p.bytes)\n\tdefer o.freeSlab(buf)\n\treturn p.pieces(start, count, func(ps, pc []int64) error {\n\t\tn := prod(pc) * int64(a.DType.Size)\n\t\tdst := buf[:n]\n\t\treq := []zarr.Request{{Array: a, Start: ps, Count: pc, Dst: dst}}\n\t\tif err := o.Reader.Read(ctx, req); err != nil {\n\t\t\treturn err\n\t\t}\n\t\tif err := writePiece(w, base, start, count, ps, pc, p.axis, int64(a.DType.Size), dst); err != nil {\n\t\t\treturn fmt.Errorf(\"write: %w\", err)\n\t\t}\n\t\treturn nil\n\t})\n}\n\n",
+		To:     "\tbuf := o.slab(p.bytes)\n\tdefer o.freeSlab(buf)\n\tdefer func() {\n\t\tif err == nil {\n\t\t\trelease()\n\t\t}\n\t}()\n\terr = p.pieces(start, count, func(ps, pc []int64) error {\n\t\tn := prod(pc) * int64(a.DType.Size)\n\t\tdst := buf[:n]\n\t\treq := []zarr.Request{{Array: a, Start: ps, Count: pc, Dst: dst}}\n\t\tif err := o.Reader.Read(ctx, req); err != nil {\n\t\t\treturn err\n\t\t}\n\t\tif err := writePiece(w, base, start, count, ps, pc, p.axis, int64(a.DType.Size), dst); err != nil {\n\t\t\treturn fmt.Errorf(\"write: %w\", err)\n\t\t}\n\t\treturn nil\n\t})\n\treturn err\n}\n\n",
+		Pkgs:   []string{"./fs/layout"},
 	},
 }

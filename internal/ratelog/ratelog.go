@@ -4,7 +4,10 @@
 // line when the window ends. A source outage that fails thousands of
 // requests then writes a few lines and a count, not megabytes.
 //
-// Records below slog.LevelInfo pass unlimited: debug output is asked for.
+// Records below slog.LevelInfo pass unlimited: debug output is asked for;
+// so do records logged with a context from Unlimited, for lines that must
+// each be seen however many there are (every array left out of a mount
+// named once: their number has a bound of its own).
 // A Handler and those derived from it (WithAttrs, WithGroup) share their
 // counts, and are safe for concurrent use.
 package ratelog
@@ -72,11 +75,19 @@ func (h *Handler) WithGroup(name string) slog.Handler {
 	return &Handler{next: h.next.WithGroup(name), s: h.s}
 }
 
+type unlimitedKey struct{}
+
+// Unlimited returns ctx marked so that records logged with it (slog's
+// ...Context methods) are never held back.
+func Unlimited(ctx context.Context) context.Context {
+	return context.WithValue(ctx, unlimitedKey{}, true)
+}
+
 // maxKeys bounds the messages tracked at once; past it, counts start over.
 const maxKeys = 4096
 
 func (h *Handler) Handle(ctx context.Context, r slog.Record) error {
-	if r.Level < slog.LevelInfo {
+	if r.Level < slog.LevelInfo || ctx.Value(unlimitedKey{}) != nil {
 		return h.next.Handle(ctx, r)
 	}
 	s := h.s

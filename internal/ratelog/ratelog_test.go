@@ -2,6 +2,7 @@ package ratelog
 
 import (
 	"bytes"
+	"context"
 	"log/slog"
 	"strings"
 	"sync"
@@ -54,5 +55,26 @@ func TestFloodSummarised(t *testing.T) {
 	log.Warn("store request failed, giving up", "key", "late")
 	if !strings.Contains(out.String(), "key=late") {
 		t.Error("a line in a new window was held back")
+	}
+}
+
+// Records logged with an Unlimited context all pass, and do not count
+// against the burst of the same message logged without one.
+func TestUnlimited(t *testing.T) {
+	var out lockedBuf
+	log := slog.New(New(slog.NewTextHandler(&out, nil), Options{Burst: 3, Window: time.Minute}))
+	ctx := Unlimited(context.Background())
+	for i := range 50 {
+		log.WarnContext(ctx, "array left out", "array", i)
+	}
+	for i := range 5 {
+		log.Warn("array left out", "other", i)
+	}
+	s := out.String()
+	if n := strings.Count(s, "array="); n != 50 {
+		t.Errorf("%d of 50 unlimited lines passed", n)
+	}
+	if n := strings.Count(s, "other="); n != 3 {
+		t.Errorf("%d limited lines passed, want the burst of 3", n)
 	}
 }

@@ -1,0 +1,59 @@
+package layout
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/zarrfs/zarrfs/internal/memory"
+	"github.com/zarrfs/zarrfs/zarr"
+)
+
+// A fill that fails gives its memory back: the budget holds nothing once
+// it has returned, so failed fills cannot starve the ones after them (of
+// an array, and of a view).
+func TestFailedFillReleasesMemory(t *testing.T) {
+	budget := memory.New(64 << 20)
+	out, err := os.Create(filepath.Join(t.TempDir(), "x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+
+	l, r := build(t, testHierarchy(), Options{MemoryBudget: budget})
+	r.err = fmt.Errorf("t/c/0/0/0/0: %w", zarr.ErrCorrupt)
+	for range 3 {
+		if err := mustLookup(t, l, "t/00.npy").Fill(context.Background(), out); !errors.Is(err, zarr.ErrCorrupt) {
+			t.Fatalf("fill: %v, want the reader's error", err)
+		}
+		if n := budget.Used(); n != 0 {
+			t.Fatalf("%d bytes of the budget held after a failed fill of an array", n)
+		}
+	}
+	if budget.Peak() == 0 {
+		t.Fatal("the fill took nothing from the budget: the test proves nothing")
+	}
+
+	h := viewHierarchy()
+	views, err := bindYAML(t, h, trainYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vl, err := Build(h, Options{Views: views, Reader: failReader{}, MemoryBudget: budget})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, ok := vl.Lookup("train/" + sampleFileName(1, sampleWidth(views[0].N)))
+	if !ok {
+		t.Fatal("no view sample 1")
+	}
+	if err := e.Blob.Fill(context.Background(), out); !errors.Is(err, zarr.ErrCorrupt) {
+		t.Fatalf("view fill: %v, want the reader's error", err)
+	}
+	if n := budget.Used(); n != 0 {
+		t.Fatalf("%d bytes of the budget held after a failed fill of a view", n)
+	}
+}

@@ -1,0 +1,312 @@
+package objectstore
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// DeadlineOptions configures WithDeadline. Every zero value means a
+// documented default; negative values are refused.
+type DeadlineOptions struct {
+	// Timeout bounds one call to the inner store: a call that has not
+	// returned by then fails with a transient error wrapping
+	// context.DeadlineExceeded (a silence, for a Breaker outside), and its
+	// caller goes on. 0: 30s, the --source-timeout zarrfs uses by default.
+	Timeout time.Duration
+	// MaxBlocked bounds the calls whose caller went on (the call ran past
+	// Timeout, or the caller's context ended) while they still wait on the
+	// inner store: each holds a goroutine, and an OS thread in a system
+	// call that no signal interrupts. At the bound, new calls fail at once
+	// with ErrSourceDown until one of the blocked calls returns: the
+	// source answering again. 0: 64.
+	MaxBlocked int
+	// Logger receives one warning when the bound is reached and one line
+	// when the blocked calls have all returned; nil: discard.
+	Logger *slog.Logger
+}
+
+// Deadline is a Store whose calls return within a deadline whatever the
+// inner store does: for a source that cannot be interrupted, such as a
+// local filesystem that stops answering (an NFS or Lustre server gone, a
+// FUSE daemon stopped), where a read blocks in the kernel for as long as
+// the filesystem does. Each call runs in a goroutine of its own; its caller
+// waits for it, its context or the deadline, whichever comes first. A call
+// its caller left goes on until the inner store returns, and its result is
+// dropped: into memory of its own, never into a buffer the caller passed
+// (GetInto and GetVersion read into pooled buffers and copy), and its
+// listing (ListVersions) never reaches the caller's fn.
+//
+// Put a Breaker outside it (WithBreaker(WithDeadline(s, ...), ...)), so
+// that a source found silent fails reads at once, and is probed, rather
+// than making every reader wait out the deadline. It is safe for
+// concurrent use when the inner Store is.
+type Deadline struct {
+	Store
+	opts DeadlineOptions
+	log  *slog.Logger
+	bufs sync.Pool // *[]byte that calls read into
+
+	blocked atomic.Int64 // calls left by their callers, still running
+	mu      sync.Mutex   // guards full
+	full    bool         // the bound was reached: logged once
+}
+
+var _ Store = (*Deadline)(nil)
+
+// WithDeadline wraps inner; see DeadlineOptions for the defaults.
+func WithDeadline(inner Store, opts DeadlineOptions) (*Deadline, error) {
+	if opts.Timeout < 0 || opts.MaxBlocked < 0 {
+		return nil, fmt.Errorf("objectstore: negative deadline option %+v", opts)
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = 30 * time.Second
+	}
+	if opts.MaxBlocked == 0 {
+		opts.MaxBlocked = 64
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Deadline{Store: inner, opts: opts, log: log}, nil
+}
+
+// Identity forwards the inner store's identity.
+func (d *Deadline) Identity() string { return Identity(d.Store) }
+
+// Unwrap returns the inner store.
+func (d *Deadline) Unwrap() Store { return d.Store }
+
+// Blocked reports how many calls are still running that their callers left.
+func (d *Deadline) Blocked() int { return int(d.blocked.Load()) }
+
+// call runs f in a goroutine and waits for it, ctx or the deadline,
+// whichever comes first. f must not touch memory of the caller's (the
+// methods read into pooled buffers); done, when set, runs when f returns,
+// with whether the caller had left by then: before the caller gets its
+// result when it has not, to hand over what f made, and after it in any
+// case, to give back what f used.
+func call[T any](d *Deadline, ctx context.Context, op, key string, f func() (T, error), done func(v T, left bool) T) (T, error) {
+	var zero T
+	if n := d.blocked.Load(); n >= int64(d.opts.MaxBlocked) {
+		return zero, &Error{Op: op, Store: d.ID(), Key: key, Err: fmt.Errorf("%w: %d earlier requests have not returned (waiting %v each: %w)",
+			ErrSourceDown, n, d.opts.Timeout, context.DeadlineExceeded)}
+	}
+	if err := ctx.Err(); err != nil {
+		return zero, &Error{Op: op, Store: d.ID(), Key: key, Err: err}
+	}
+	c := &pending[T]{ch: make(chan result[T], 1)}
+	go func() {
+		v, err := f()
+		if c.state.CompareAndSwap(running, finished) {
+			if done != nil {
+				v = done(v, false)
+			}
+			c.ch <- result[T]{v, err}
+			return
+		}
+		if done != nil {
+			done(v, true)
+		}
+		d.returned()
+	}()
+	timer := time.NewTimer(d.opts.Timeout)
+	defer timer.Stop()
+	var why error
+	select {
+	case r := <-c.ch:
+		return r.v, r.err
+	case <-ctx.Done():
+		why = ctx.Err()
+	case <-timer.C:
+		why = Transient(fmt.Errorf("no answer within %v: %w", d.opts.Timeout, context.DeadlineExceeded))
+	}
+	d.leave() // first, so that the goroutine's returned never precedes it
+	if !c.state.CompareAndSwap(running, left) {
+		// It returned meanwhile: the caller has its answer after all.
+		d.unleave()
+		r := <-c.ch
+		return r.v, r.err
+	}
+	return zero, &Error{Op: op, Store: d.ID(), Key: key, Err: why}
+}
+
+// The states of a pending call: its goroutine running f, f finished with
+// the caller still waiting, or the caller gone.
+const (
+	running int32 = iota
+	finished
+	left
+)
+
+type result[T any] struct {
+	v   T
+	err error
+}
+
+type pending[T any] struct {
+	state atomic.Int32
+	ch    chan result[T]
+}
+
+func (d *Deadline) leave() {
+	if n := d.blocked.Add(1); n >= int64(d.opts.MaxBlocked) {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if !d.full {
+			d.full = true
+			d.log.Warn("source requests blocked past their deadline; failing new ones at once until they return",
+				"store", d.ID(), "blocked", n, "deadline", d.opts.Timeout)
+		}
+	}
+}
+
+// unleave takes back a leave whose call returned after all.
+func (d *Deadline) unleave() { d.blocked.Add(-1) }
+
+func (d *Deadline) returned() {
+	if n := d.blocked.Add(-1); n == 0 {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if d.full {
+			d.full = false
+			d.log.Info("blocked source requests returned; requests resume", "store", d.ID())
+		}
+	}
+}
+
+func (d *Deadline) getBuf() *[]byte {
+	if p, ok := d.bufs.Get().(*[]byte); ok {
+		return p
+	}
+	return new([]byte)
+}
+
+// into reads with read into a pooled buffer and copies the bytes into
+// buf (grown when too small), so that a read its caller left never writes
+// into memory the caller has since reused.
+func (d *Deadline) into(ctx context.Context, op, key string, buf []byte, read func(tmp []byte) ([]byte, string, error)) ([]byte, string, error) {
+	type got struct {
+		b   []byte
+		ver string
+	}
+	p := d.getBuf()
+	r, err := call(d, ctx, op, key, func() (got, error) {
+		b, ver, err := read((*p)[:0])
+		return got{b, ver}, err
+	}, func(g got, left bool) got {
+		tmp := g.b
+		g.b = nil
+		if !left && tmp != nil {
+			// Copied now, before the pooled buffer goes back.
+			if cap(buf) < len(tmp) {
+				buf = make([]byte, len(tmp))
+			}
+			g.b = append(buf[:0], tmp...)
+		}
+		if cap(tmp) > cap(*p) && cap(tmp) <= 1<<30 {
+			*p = tmp[:0] // keep the grown buffer for the next read
+		}
+		d.bufs.Put(p)
+		return g
+	})
+	return r.b, r.ver, err
+}
+
+// Get implements Store. The inner store's bytes become the caller's; a
+// call left behind keeps its own.
+func (d *Deadline) Get(ctx context.Context, key string) ([]byte, error) {
+	return call(d, ctx, "get", key, func() ([]byte, error) { return d.Store.Get(ctx, key) }, nil)
+}
+
+var _ GetterInto = (*Deadline)(nil)
+
+// GetInto reads through the inner store's GetInto (or Get) into a pooled
+// buffer and copies into buf.
+func (d *Deadline) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
+	gi, ok := d.Store.(GetterInto)
+	if !ok {
+		return d.Get(ctx, key)
+	}
+	b, _, err := d.into(ctx, "get", key, buf, func(tmp []byte) ([]byte, string, error) {
+		b, err := gi.GetInto(ctx, key, tmp)
+		return b, "", err
+	})
+	return b, err
+}
+
+// GetRange implements Store.
+func (d *Deadline) GetRange(ctx context.Context, key string, off, length int64) ([]byte, error) {
+	return call(d, ctx, "get range", key, func() ([]byte, error) { return d.Store.GetRange(ctx, key, off, length) }, nil)
+}
+
+// List implements Store.
+func (d *Deadline) List(ctx context.Context, prefix string) ([]string, error) {
+	return call(d, ctx, "list", prefix, func() ([]string, error) { return d.Store.List(ctx, prefix) }, nil)
+}
+
+func (d *Deadline) versioned() bool { _, ok := AsVersioned(d.Store); return ok }
+
+// GetVersion reads through the inner store's GetVersion, as GetInto does.
+func (d *Deadline) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
+	v, ok := AsVersioned(d.Store)
+	if !ok {
+		return nil, "", &Error{Op: "get", Store: d.ID(), Key: key, Err: errNotVersioned}
+	}
+	return d.into(ctx, "get", key, buf, func(tmp []byte) ([]byte, string, error) { return v.GetVersion(ctx, key, tmp) })
+}
+
+type versioned struct {
+	b   []byte
+	ver string
+}
+
+// GetRangeVersion forwards to the inner store's GetRangeVersion.
+func (d *Deadline) GetRangeVersion(ctx context.Context, key string, off, length int64) ([]byte, string, error) {
+	v, ok := AsVersioned(d.Store)
+	if !ok {
+		return nil, "", &Error{Op: "get range", Store: d.ID(), Key: key, Err: errNotVersioned}
+	}
+	r, err := call(d, ctx, "get range", key, func() (versioned, error) {
+		b, ver, err := v.GetRangeVersion(ctx, key, off, length)
+		return versioned{b, ver}, err
+	}, nil)
+	return r.b, r.ver, err
+}
+
+// ListVersions lists through the inner store's ListVersions, gathering
+// what it finds and handing it to fn only once the listing returned in
+// time: fn never runs after ListVersions has.
+func (d *Deadline) ListVersions(ctx context.Context, prefix string, fn func(key, version string)) error {
+	v, ok := AsVersioned(d.Store)
+	if !ok {
+		return &Error{Op: "list", Store: d.ID(), Key: prefix, Err: errNotVersioned}
+	}
+	found, err := call(d, ctx, "list", prefix, func() ([][2]string, error) {
+		var found [][2]string
+		err := v.ListVersions(ctx, prefix, func(k, ver string) { found = append(found, [2]string{k, ver}) })
+		return found, err
+	}, nil)
+	if err != nil {
+		return err
+	}
+	for _, kv := range found {
+		fn(kv[0], kv[1])
+	}
+	return nil
+}
+
+func (d *Deadline) statesVersions() bool { _, ok := AsVersionStater(d.Store); return ok }
+
+// StatVersion forwards to the inner store's StatVersion.
+func (d *Deadline) StatVersion(ctx context.Context, key string) (string, error) {
+	st, ok := AsVersionStater(d.Store)
+	if !ok {
+		return "", &Error{Op: "stat", Store: d.ID(), Key: key, Err: errNotVersioned}
+	}
+	return call(d, ctx, "stat", key, func() (string, error) { return st.StatVersion(ctx, key) }, nil)
+}

@@ -1,0 +1,35 @@
+package objectstore_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/zarrfs/zarrfs/objectstore"
+)
+
+// BenchmarkDeadlineStat measures what the deadline adds to a local stat,
+// the call a warm check makes per chunk.
+func BenchmarkDeadlineStat(b *testing.B) {
+	dir := b.TempDir()
+	writeTree(b, dir, map[string][]byte{"a/b/c/d": []byte("x")})
+	p, err := objectstore.OpenPosix(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	d, _ := objectstore.WithDeadline(p, objectstore.DeadlineOptions{})
+	ctx := context.Background()
+	for _, c := range []struct {
+		name string
+		s    objectstore.VersionStater
+	}{{"posix", p}, {"deadline", d}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := c.s.StatVersion(ctx, "a/b/c/d"); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
