@@ -141,6 +141,7 @@ func fakes(mode Mode, devices int, made *[]*fakeGPU) Options {
 			return g, nil
 		},
 		deviceCount: func() int { return devices },
+		startAtOnce: true,
 	}
 }
 
@@ -702,5 +703,95 @@ func TestStatsWhileClosing(t *testing.T) {
 	}
 	if s := p.GPUStats(); s.Chunks != 1 {
 		t.Errorf("GPUStats after the GPU closed: %d chunks, want 1", s.Chunks)
+	}
+}
+
+// In Auto mode the GPUs start only once the CPU pool has been busy with no
+// spare worker for GPUStartAfter, or when Ready asks: a command the CPU
+// keeps up with never pays for CUDA's start.
+func TestAutoStartsGPUsWhenBusy(t *testing.T) {
+	var made []*fakeGPU
+	opts := fakes(Auto, 1, &made)
+	opts.startAtOnce = false
+	opts.GPUStartAfter = 50 * time.Millisecond
+	p, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for range 20 {
+		j := []codec.Job{zstdJob(t)}
+		if err := p.DecodeBatch(context.Background(), j); err != nil {
+			t.Fatal(err)
+		}
+		checkJobs(t, j)
+	}
+	if p.starting.Load() {
+		t.Fatal("the GPUs started while the CPU had spare workers")
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 6 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				p.DecodeBatch(context.Background(), []codec.Job{zstdJob(t), zstdJob(t), zstdJob(t)})
+			}
+		})
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !p.starting.Load() && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	if !p.starting.Load() {
+		t.Fatal("the GPUs did not start under a CPU pool kept full")
+	}
+	if onGPU, err := p.Ready(context.Background()); err != nil || !onGPU {
+		t.Fatalf("Ready: %v %v, want the GPU", onGPU, err)
+	}
+}
+
+// Ready starts the GPUs of an Auto pipeline that has not started them.
+func TestAutoReadyStarts(t *testing.T) {
+	var made []*fakeGPU
+	opts := fakes(Auto, 1, &made)
+	opts.startAtOnce = false
+	p, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if onGPU, err := p.Ready(context.Background()); err != nil || !onGPU || len(made) != 1 {
+		t.Fatalf("Ready: %v %v, %d GPUs opened", onGPU, err, len(made))
+	}
+}
+
+// An Auto pipeline closed before its GPUs started closes at once.
+func TestAutoCloseNeverStarted(t *testing.T) {
+	var made []*fakeGPU
+	opts := fakes(Auto, 1, &made)
+	opts.startAtOnce = false
+	p, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.Close() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close waited for GPUs that never started")
+	}
+	if len(made) != 0 {
+		t.Fatal("Close started the GPUs")
 	}
 }
