@@ -109,7 +109,8 @@ type Options struct {
 	// staging and the memory it lends. Zero means DefaultPinnedMemory.
 	PinnedMemory int64
 	// GPUStartAfter is, in Auto mode, how long the CPU pool must have been
-	// busy with no spare worker before the GPUs start: starting CUDA and
+	// decoding with every worker (its workers' decoding time, summed, over
+	// their number) before the GPUs start: starting CUDA and
 	// nvCOMP costs CPU and memory that a short command (a warm of a few
 	// seconds) never wins back, so a pipeline that the CPU keeps up with
 	// never starts them. Zero means DefaultGPUStartAfter.
@@ -403,20 +404,19 @@ func (p *Pipeline) beginStart() {
 	})
 }
 
-// startWhenBusy is Auto mode's route until the GPUs start: the CPU pool,
-// timing the batches it decodes with no spare worker; once those add up
-// to after, the GPUs start (beginStart) and replace it.
+// startWhenBusy is Auto mode's route until the GPUs start: the CPU pool;
+// once its workers have spent, summed, as long decoding as all of them
+// would in after (codec.CPU.Busy over the workers: the time the pool would
+// have been full), the GPUs start (beginStart) and replace it. A short
+// command's decoding, spread over every core, stays under it.
 type startWhenBusy struct {
 	p     *Pipeline
 	after time.Duration
-	busy  atomic.Int64 // nanoseconds of batches decoded with the pool full
 }
 
 func (s *startWhenBusy) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
-	full := s.p.cpu.Spare() == 0
-	t0 := time.Now()
 	err := s.p.onCPU.DecodeBatch(ctx, jobs)
-	if full && s.busy.Add(int64(time.Since(t0))) >= int64(s.after) {
+	if s.p.cpu.Busy() >= s.after*time.Duration(s.p.opts.Workers) {
 		s.p.beginStart()
 	}
 	return err

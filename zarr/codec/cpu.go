@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Options configures a CPU decoder.
@@ -32,6 +33,8 @@ type CPU struct {
 	closed bool
 	// pending counts the jobs handed to DecodeBatch and not decoded yet.
 	pending atomic.Int64
+	// busy sums the nanoseconds workers spent decoding.
+	busy atomic.Int64
 }
 
 var _ BatchDecoder = (*CPU)(nil)
@@ -83,12 +86,12 @@ func (c *CPU) work() {
 		case <-c.stop:
 			return
 		case b := <-c.tickets:
-			b.run(d, &c.pending)
+			b.run(d, &c.pending, &c.busy)
 		}
 	}
 }
 
-func (b *batch) run(d *decoder, pending *atomic.Int64) {
+func (b *batch) run(d *decoder, pending, busy *atomic.Int64) {
 	defer b.wg.Done()
 	for {
 		i := int(b.next.Add(1) - 1)
@@ -99,12 +102,17 @@ func (b *batch) run(d *decoder, pending *atomic.Int64) {
 		if err := b.ctx.Err(); err != nil {
 			j.Err = fmt.Errorf("%s chunk not decoded: %w", j.Codec, err)
 		} else {
+			t0 := time.Now()
 			j.Err = d.decode(j.Codec, j.Dst, j.Src)
 			d.release()
+			busy.Add(int64(time.Since(t0)))
 		}
 		pending.Add(-1)
 	}
 }
+
+// Busy returns the time the workers have spent decoding, summed over them.
+func (c *CPU) Busy() time.Duration { return time.Duration(c.busy.Load()) }
 
 // Spare returns the workers that no job waits for now (0 when every
 // worker has a job, or more jobs are queued than workers): what decode's router
