@@ -982,6 +982,7 @@ func (c *Cache) Close() error {
 // logged, fills in progress left running with their temp files in place
 // (their later writes fail). Tests use it to simulate a crash in process.
 func (c *Cache) abandon() {
+	c.wb.close() // a killed process's descriptors close with it
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.closed = true

@@ -18,8 +18,9 @@ import (
 // when dirty memory reaches the kernel's limits. Durability is unchanged:
 // entries become trusted only after syncfs (Cache.syncAll).
 type writeback struct {
-	ch   chan *os.File
-	done sync.WaitGroup
+	ch     chan *os.File
+	done   sync.WaitGroup
+	closed sync.Once
 }
 
 // writebackQueue bounds the blobs waiting for their writeback to start.
@@ -59,11 +60,12 @@ func (w *writeback) start(f *os.File) {
 	}
 }
 
-// close stops the goroutine once the queued writebacks have started.
+// close stops the goroutine once the queued writebacks have started; it
+// may be called more than once.
 func (w *writeback) close() {
 	if w == nil {
 		return
 	}
-	close(w.ch)
+	w.closed.Do(func() { close(w.ch) })
 	w.done.Wait()
 }
