@@ -166,6 +166,16 @@ func (r *runner) baseline(ms []mutation) error {
 	return nil
 }
 
+// apply returns src, the text of m.File, with m's mutation made. A From
+// that does not occur exactly once means the code moved: the mutation is
+// stale and would break nothing, or something else.
+func (m mutation) apply(src []byte) ([]byte, error) {
+	if n := bytes.Count(src, []byte(m.From)); n != 1 {
+		return nil, fmt.Errorf("the original text occurs %d times in %s", n, m.File)
+	}
+	return bytes.Replace(src, []byte(m.From), []byte(m.To), 1), nil
+}
+
 func (r *runner) try(m mutation) result {
 	t0 := time.Now()
 	res := func(v, d string) result { return result{v, time.Since(t0).Seconds(), d} }
@@ -174,8 +184,9 @@ func (r *runner) try(m mutation) result {
 	if err != nil {
 		return res("STALE", err.Error())
 	}
-	if n := bytes.Count(src, []byte(m.From)); n != 1 {
-		return res("STALE", fmt.Sprintf("the original text occurs %d times in %s", n, m.File))
+	mutated, err := m.apply(src)
+	if err != nil {
+		return res("STALE", err.Error())
 	}
 	tmp, err := os.MkdirTemp("", "zarrfs-mutant-")
 	if err != nil {
@@ -186,7 +197,7 @@ func (r *runner) try(m mutation) result {
 	overlay := filepath.Join(tmp, "overlay.json")
 	js, _ := json.Marshal(map[string]map[string]string{"Replace": {path: mutant}})
 	if err := errors.Join(
-		os.WriteFile(mutant, bytes.Replace(src, []byte(m.From), []byte(m.To), 1), 0o644),
+		os.WriteFile(mutant, mutated, 0o644),
 		os.WriteFile(overlay, js, 0o644)); err != nil {
 		return res("STALE", err.Error())
 	}
