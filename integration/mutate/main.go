@@ -30,6 +30,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/zarrfs/zarrfs/internal/fixtures"
 )
 
 func main() {
@@ -38,7 +40,7 @@ func main() {
 	verbose := flag.Bool("v", false, "print the tests' output of every run")
 	run := flag.String("run", "", "run only the tests matching this regular expression (go test -run), instead of each mutation's own")
 	flag.Parse()
-	root, err := repoRoot()
+	root, err := fixtures.RepoRoot()
 	if err != nil {
 		fatal(err)
 	}
@@ -86,23 +88,6 @@ func main() {
 func fatal(err error) {
 	fmt.Fprintf(os.Stderr, "mutate: %v\n", err)
 	os.Exit(2)
-}
-
-func repoRoot() (string, error) {
-	d, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-			return d, nil
-		}
-		p := filepath.Dir(d)
-		if p == d {
-			return "", errors.New("no go.mod above the working directory")
-		}
-		d = p
-	}
 }
 
 type runner struct {

@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/zarrfs/zarrfs/internal/fixtures"
 )
 
 // Every mutation still applies to the source as it is now: its original
@@ -11,7 +13,7 @@ import (
 // nothing, and only a run of `make mutate` (not part of make test) would
 // say so; here go test does.
 func TestMutationsApply(t *testing.T) {
-	root, err := repoRoot()
+	root, err := fixtures.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
