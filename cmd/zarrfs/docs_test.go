@@ -4,6 +4,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
 // readDoc returns a file of the repository with its whitespace runs made
@@ -31,12 +32,77 @@ func TestMemoryDefaultWordedAlike(t *testing.T) {
 	}
 }
 
-// Defaults the docs state are the flags' defaults.
+// Defaults the docs state are the flags' defaults: every mention of a flag
+// (up to the next flag, the end of its table row, or 300 characters) that
+// gives a default gives the flag's, and each doc listed gives it at least
+// once.
 func TestDocumentedDefaults(t *testing.T) {
-	ra := newMountCmd().Flags().Lookup("readahead").DefValue
-	for _, doc := range []string{"docs/cli.md", "docs/troubleshooting.md"} {
-		if !strings.Contains(readDoc(t, doc), "(default "+ra+",") {
-			t.Errorf("%s does not give --readahead's default as %s", doc, ra)
+	mount := newMountCmd().Flags()
+	for _, tt := range []struct {
+		flag string
+		docs []string
+	}{
+		{"readahead", []string{"docs/cli.md", "docs/troubleshooting.md"}},
+		{"sample-dim", []string{"README.md", "docs/cli.md", "docs/mount.md", "docs/design.md"}},
+		{"align", []string{"docs/cli.md", "docs/mount.md", "docs/design.md"}},
+		{"metadata-ttl", []string{"docs/cli.md", "docs/design.md"}},
+		{"lease", []string{"docs/cli.md", "docs/direct.md", "docs/design.md"}},
+		{"decode", []string{"docs/cli.md"}},
+	} {
+		want := mount.Lookup(tt.flag).DefValue
+		for _, doc := range tt.docs {
+			got := statedDefaults(readDoc(t, doc), tt.flag)
+			if len(got) == 0 {
+				t.Errorf("%s gives no default for --%s (want %s)", doc, tt.flag, want)
+			}
+			for _, g := range got {
+				if !sameDefault(g, want) {
+					t.Errorf("%s gives --%s's default as %q, the flag's is %q", doc, tt.flag, g, want)
+				}
+			}
 		}
 	}
+}
+
+// statedDefaults returns the value after "default" in each mention of
+// `--flag in doc that has one, backticks dropped.
+func statedDefaults(doc, flag string) []string {
+	var out []string
+	for rest := doc; ; {
+		i := strings.Index(rest, "`--"+flag)
+		if i < 0 {
+			return out
+		}
+		rest = rest[i+len("`--"+flag):]
+		if rest != "" && (rest[0] == '-' || rest[0] >= 'a' && rest[0] <= 'z') {
+			continue // a longer flag's name (--lease-x)
+		}
+		w := rest[:min(len(rest), 300)]
+		for _, end := range []string{"`--", "| |"} {
+			if j := strings.Index(w, end); j >= 0 {
+				w = w[:j]
+			}
+		}
+		w = strings.ReplaceAll(w, "`", "")
+		_, after, ok := strings.Cut(w, "default")
+		if !ok {
+			continue
+		}
+		v := strings.TrimLeft(after, " :(")
+		if j := strings.IndexAny(v, " );"); j >= 0 {
+			v = v[:j]
+		}
+		out = append(out, strings.TrimRight(v, ",.:"))
+	}
+}
+
+// sameDefault compares a documented default with a flag's DefValue,
+// durations by value (10m is 10m0s).
+func sameDefault(doc, def string) bool {
+	if doc == def {
+		return true
+	}
+	a, errA := time.ParseDuration(doc)
+	b, errB := time.ParseDuration(def)
+	return errA == nil && errB == nil && a == b
 }
