@@ -62,7 +62,7 @@ samples i, i+W, i+2W, ...`,
 	fl.IntVar(&f.rank, "rank", 0, "this node's rank (with --world)")
 	fl.IntVar(&f.world, "world", 1, "number of ranks sharing the samples")
 	fl.StringVar(&f.shard, "shard", "contiguous", "how samples are split among ranks: contiguous or interleaved")
-	fl.IntVar(&f.jobs, "jobs", 0, fmt.Sprintf("files filled concurrently, 1 to %d (default: number of CPUs, at least 16 for S3)", maxJobs))
+	fl.IntVar(&f.jobs, "jobs", 0, fmt.Sprintf("files filled concurrently, 1 to %d (default: number of CPUs, at least 16 for a remote source)", maxJobs))
 	fl.BoolVar(&f.prune, "prune", false, "then remove the source's cached files a mount will never serve again, as zarrfs cache gc does")
 	return cmd
 }
