@@ -30,8 +30,8 @@ class SampleDataset(_Base[Any]):
     index). With ``coords=False`` items are the samples alone.
 
     Without a transform, a sample is read with one read at the sidecar's
-    ``data_offset`` straight into the tensor's memory (faster than a memory
-    map followed by a copy). ``transform`` gets the sample memory-mapped
+    ``data_offset`` straight into the tensor's memory: no memory map to
+    fault in page by page and then copy. ``transform`` gets the sample memory-mapped
     (``numpy.load(..., mmap_mode="r")``), so a crop reads only the pages it
     touches; what it returns becomes the tensor (copied if it is a view of
     the read-only map).
