@@ -99,9 +99,11 @@ PYTEST = ZARRFS_BIN=$(CURDIR)/bin/zarrfs $(PYTHON) -m pytest -p no:cacheprovider
 # go test -json through internal/testreport: a line per package with its
 # counts, the output of failed tests, every skip with its reason, totals.
 GOTEST = set -o pipefail; $(GO) test -json $(1) 2>&1 | $(GO) run ./internal/testreport -totals .cache/totals-go
+# Every Go test but the soak, which make test runs on its own, last.
+GOSUITE = $(call GOTEST,-timeout 75m -skip '^TestSoak$$' ./...)
 
 test-go: build pydeps fixtures minio vet
-	$(call GOTEST,-timeout 75m -skip '^TestSoak$$' ./...)
+	$(GOSUITE)
 
 test-python: build pydeps fixtures
 	set -o pipefail; $(PYTEST) python/tests 2>&1 | tee .cache/pytest.log
@@ -110,7 +112,7 @@ test-python: build pydeps fixtures
 # every failure; the totals of both come last.
 test: build pydeps fixtures minio vet
 	@rc=0; \
-	$(call GOTEST,-timeout 75m -skip '^TestSoak$$' ./...) || rc=1; \
+	$(GOSUITE) || rc=1; \
 	$(MAKE) --no-print-directory test-python || rc=1; \
 	(set -o pipefail; $(SOAK)) || rc=1; \
 	echo "== totals"; cat .cache/totals-go; \
