@@ -22,6 +22,8 @@ def test_mount_reads_and_unmounts(zarrfs_bin, fuse, index_store, tmp_path):
     with zarrfs.Mount(index_store, str(mnt), cache=str(tmp_path / "cache"), readahead=0) as m:
         assert m.line.startswith("zarrfs: mounted") and m.running
         assert mount_source(str(mnt)).startswith("fuse.zarrfs")
+        with open(f"/proc/{m._proc.pid}/cmdline") as f:
+            assert f.read().split("\0")[:-1] == m.args, "Mount.args is not the command it ran"
         x = np.load(mnt / "x" / "07.npy")
         assert x.shape == (2, 3) and x[0, 0] == 7
     assert mount_source(str(mnt)) is None

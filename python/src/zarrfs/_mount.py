@@ -149,7 +149,10 @@ class Mount:
     @property
     def args(self) -> List[str]:
         """The command line this mount runs."""
-        return [self.binary or find_binary(), "mount", self.source, self.path or "MOUNTPOINT"] + flag_args(self.flags)
+        return self._command(self.binary or find_binary())
+
+    def _command(self, binary: str) -> List[str]:
+        return [binary, "mount", self.source, self.path or "MOUNTPOINT"] + flag_args(self.flags)
 
     def start(self) -> "Mount":
         if self._proc is not None:
@@ -164,7 +167,7 @@ class Mount:
         # another mount, or a stale zarrfs mount to clear) the daemon
         # decides, so that zarrfs.Mount refuses exactly what zarrfs mount
         # refuses, with the same line.
-        cmd = [binary, "mount", self.source, self.path] + flag_args(self.flags)
+        cmd = self._command(binary)
         log.debug("starting %s", " ".join(cmd))
         proc = self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                              stderr=subprocess.PIPE, text=True, errors="replace",
