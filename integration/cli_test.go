@@ -92,6 +92,11 @@ func TestCommandErrors(t *testing.T) {
 		{[]string{"mount", "/nonexistent.zarr", t.TempDir(), "--cache", t.TempDir(), "--world", "0"}, 2, "--world 0"},
 		{[]string{"status", "--watch", "-1s"}, 2, "--watch -1s"},
 		{[]string{"mount", src, filepath.Join(t.TempDir(), "none"), "--cache", t.TempDir()}, 1, "none: no such directory"},
+		// A usage error is one whatever the mountpoint: every flag is
+		// checked before it.
+		{[]string{"mount", src, filepath.Join(t.TempDir(), "none"), "--cache", t.TempDir(), "--align", "100"}, 2, "--align 100"},
+		{[]string{"mount", src, filepath.Join(t.TempDir(), "none"), "--cache", t.TempDir(), "--decode", "fpga"}, 2, "--decode"},
+		{[]string{"mount", src, filepath.Join(t.TempDir(), "none"), "--cache", t.TempDir(), "--sample-dim", ","}, 2, "--sample-dim"},
 	} {
 		_, stderr, code := run(t, tt.args...)
 		lines := strings.Split(strings.TrimSpace(stderr), "\n")

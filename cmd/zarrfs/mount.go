@@ -107,9 +107,6 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 	if err != nil {
 		return err
 	}
-	if err := checkMountpoint(mountpoint); err != nil {
-		return err
-	}
 	// The metrics address is taken before anything is mounted: a port in
 	// use must not leave a mount that then goes away.
 	var metricsLn net.Listener
@@ -121,7 +118,8 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 	}
 
 	o, err := openInterruptible(ctx, func() (*opened, error) {
-		return f.open(ctx, src, log, openOptions{chunkTier: true, shard: shard})
+		return f.open(ctx, src, log, openOptions{chunkTier: true, shard: shard,
+			beforeSource: func() error { return checkMountpoint(mountpoint) }})
 	})
 	if errors.Is(err, errInterrupted) {
 		log.Info("interrupted before the mount was live; nothing mounted", "mountpoint", mountpoint)

@@ -120,6 +120,12 @@ type openOptions struct {
 	chunkTier bool
 	// shard lists only one rank's samples in every sample directory.
 	shard layout.Shard
+	// beforeSource, when set, runs once every flag is checked and before
+	// the cache or the source is opened: the command's own checks of its
+	// arguments (mount's mountpoint), so that a usage error is reported
+	// as one (exit 2) whatever else is wrong, and a runtime one before any
+	// I/O on the source.
+	beforeSource func() error
 }
 
 // open validates the flags, then opens the cache, the source (through the
@@ -176,6 +182,11 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	}()
 	if o.dec, err = f.src.newPipeline(log); err != nil {
 		return nil, err
+	}
+	if oo.beforeSource != nil {
+		if err := oo.beforeSource(); err != nil {
+			return nil, err
+		}
 	}
 	if o.store, err = f.src.openStore(ctx, src); err != nil {
 		return nil, err
