@@ -46,19 +46,19 @@ type statusDoc struct {
 }
 
 type statusCache struct {
-	Dir        string `json:"dir"`
-	BlobDir    string `json:"blob_dir"`
-	BudgetB    int64  `json:"budget_bytes"`
-	UsedB      int64  `json:"used_bytes"`
-	Files      int    `json:"files"`
-	BlobMode   string `json:"blob_mode"`
-	Hits       int64  `json:"blob_hits"`
-	Misses     int64  `json:"blob_fills"`
-	Filling    int64  `json:"fills_in_flight"`
-	Evictions  int64  `json:"evictions"`
-	EvictedB   int64  `json:"evicted_bytes"`
-	ChunkHits  int64  `json:"chunk_hits"`
-	ChunkMisss int64  `json:"chunk_misses"`
+	Dir         string `json:"dir"`
+	BlobDir     string `json:"blob_dir"`
+	BudgetB     int64  `json:"budget_bytes"`
+	UsedB       int64  `json:"used_bytes"`
+	Files       int    `json:"files"`
+	BlobMode    string `json:"blob_mode"`
+	Hits        int64  `json:"blob_hits"`
+	Misses      int64  `json:"blob_fills"`
+	Filling     int64  `json:"fills_in_flight"`
+	Evictions   int64  `json:"evictions"`
+	EvictedB    int64  `json:"evicted_bytes"`
+	ChunkHits   int64  `json:"chunk_hits"`
+	ChunkMisses int64  `json:"chunk_misses"`
 }
 
 type statusMount struct {
@@ -141,7 +141,7 @@ func (s *statusParts) doc() statusDoc {
 		UptimeSeconds: time.Since(s.started).Seconds(), Args: s.args, LogFile: s.logFile,
 		Cache: statusCache{Dir: c.Dir(), BlobDir: c.BlobDir(lay.ID), BudgetB: c.Budget(), UsedB: used, Files: files,
 			BlobMode: fmt.Sprintf("%04o", uint32(mode)), Hits: cs.BlobHits, Misses: cs.BlobMisses, Filling: cs.Filling,
-			Evictions: cs.Evictions, EvictedB: cs.EvictedBytes, ChunkHits: cs.ChunkHits, ChunkMisss: cs.ChunkMisses},
+			Evictions: cs.Evictions, EvictedB: cs.EvictedBytes, ChunkHits: cs.ChunkHits, ChunkMisses: cs.ChunkMisses},
 		Mount: statusMount{Direct: s.f.direct, Passthrough: s.m.Passthrough(), Rank: s.f.rank, World: s.f.world, Shard: s.f.shard, Opens: ms.Opens, OpenFiles: ms.OpenFiles,
 			Files: lay.Files, Arrays: lay.Arrays},
 		Reads:  readsOf(s.o.stats),

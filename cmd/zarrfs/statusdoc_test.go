@@ -21,7 +21,7 @@ func fullStatus() statusDoc {
 	return statusDoc{Mountpoint: "/m", Source: "file:///s", PID: 1, Started: time.Unix(0, 0), UptimeSeconds: 1,
 		Args: []string{"mount"}, LogFile: "/l",
 		Cache: statusCache{Dir: "/c", BlobDir: "/c/b", BudgetB: 1, UsedB: 1, Files: 1, BlobMode: "0400", Hits: 1, Misses: 1, Filling: 1,
-			Evictions: 1, EvictedB: 1, ChunkHits: 1, ChunkMisss: 1},
+			Evictions: 1, EvictedB: 1, ChunkHits: 1, ChunkMisses: 1},
 		Mount:  statusMount{Direct: true, Lease: "1m", World: 1, Shard: "contiguous", Opens: 1, OpenFiles: 1, Files: 1, Arrays: 1},
 		Decode: statusDecode{Placement: "cpu", GPU: g, GPUs: []statusGPU{{Device: 0, statusGPUStats: g}}, Decoded: []statusDecoded{{Codec: "zstd", Device: "cpu", Chunks: 1, Bytes: 1}}},
 		Reads:  statusReads{BytesFetched: 1},
