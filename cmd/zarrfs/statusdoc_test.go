@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
+	"reflect"
 	"regexp"
 	"slices"
 	"sort"
@@ -26,6 +27,28 @@ func fullStatus() statusDoc {
 		Decode: statusDecode{Placement: "cpu", GPU: g, GPUs: []statusGPU{{Device: 0, statusGPUStats: g}}, Decoded: []statusDecoded{{Codec: "zstd", Device: "cpu", Chunks: 1, Bytes: 1}}},
 		Reads:  statusReads{BytesFetched: 1},
 		Errors: map[string]int{"t": 1},
+	}
+}
+
+// checkOmitemptySet fails t for each omitempty field of v (recursively)
+// left zero: fullStatus must set them, or their keys would be missing from
+// the comparison with the docs.
+func checkOmitemptySet(t *testing.T, v reflect.Value, path string) {
+	t.Helper()
+	switch v.Kind() {
+	case reflect.Struct:
+		for i := range v.NumField() {
+			f := v.Type().Field(i)
+			fv := v.Field(i)
+			if strings.HasSuffix(f.Tag.Get("json"), ",omitempty") && fv.IsZero() {
+				t.Errorf("fullStatus leaves %s.%s (omitempty) unset", path, f.Name)
+			}
+			checkOmitemptySet(t, fv, path+"."+f.Name)
+		}
+	case reflect.Slice:
+		for i := range v.Len() {
+			checkOmitemptySet(t, v.Index(i), path+"[]")
+		}
 	}
 }
 
@@ -94,6 +117,7 @@ func docJSON(t *testing.T, marker string) []byte {
 // status --json: every key snake_case (the GPU counters were Go field
 // names), and the keys docs/operations.md shows are the keys printed.
 func TestStatusJSONKeys(t *testing.T) {
+	checkOmitemptySet(t, reflect.ValueOf(fullStatus()), "status")
 	var buf bytes.Buffer
 	if err := writeJSON(&buf, fullStatus()); err != nil {
 		t.Fatal(err)
