@@ -50,6 +50,9 @@ func TestCommandErrors(t *testing.T) {
 		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--view", badView}, 1, "bad.yaml:4"},
 		{[]string{"inspect"}, 2, "expected"},
 		{[]string{"inspect", src, "--decode", "gpu"}, 2, "--decode"}, // inspect decodes nothing
+		// inspect reads --sample-dim as mount does.
+		{[]string{"inspect", src, "--sample-dim", ","}, 2, `--sample-dim ",": empty name`},
+		{[]string{"inspect", src, "--sample-dim", ""}, 2, "--sample-dim"},
 		{[]string{"inspect", filepath.Join(t.TempDir(), "none.zarr")}, 1, "none.zarr"},
 		{[]string{"path", "/definitely/not/mounted.npy"}, 1, "not inside a running zarrfs mount"},
 		{[]string{"frobnicate"}, 2, "unknown command"},

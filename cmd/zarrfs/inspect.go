@@ -48,6 +48,9 @@ func newInspectCmd() *cobra.Command {
 			if err := sf.validate(cmd, args[0]); err != nil {
 				return err
 			}
+			if err := checkSampleDim(sampleDim); err != nil {
+				return err
+			}
 			limits, err := sf.metaLimit.limits(memory.DefaultBudget())
 			if err != nil {
 				return err
@@ -82,7 +85,7 @@ func newInspectCmd() *cobra.Command {
 	}
 	sf.register(cmd, false)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array, one object per array")
-	cmd.Flags().StringVar(&sampleDim, "sample-dim", layout.DefaultSampleDims, "dimension whose indices become one file each; a comma-separated list is tried in order")
+	registerSampleDim(cmd, &sampleDim)
 	return cmd
 }
 

@@ -47,10 +47,25 @@ func (f *layoutFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.cacheMode, "cache-mode", "", "who may read the decoded blobs in the cache: owner (0400, the default), group (0440: --cache-group, else the cache directory's group) or all (0444), or an octal mode (read bits; blobs are read-only); needed when other users open them (--direct with --allow-other); compressed chunks, journal and lock stay owner-only")
 	fl.StringVar(&f.cacheGroup, "cache-group", "", "group (name or gid) given the decoded blobs and the directories leading to them; implies --cache-mode group")
 	fl.StringVar(&f.memory, "memory", "", "the daemon's memory budget, such as 8GiB: fills wait for memory or fail (EIO) rather than exceed it (default: "+memoryDefault+")")
-	fl.StringVar(&f.sampleDim, "sample-dim", layout.DefaultSampleDims, "dimension whose indices become one file each; a comma-separated list is tried in order, the first that an array has is taken")
+	registerSampleDim(cmd, &f.sampleDim)
 	fl.Int64Var(&f.align, "align", layout.DefaultAlign, "offset of the data in every .npy file (a multiple of 64, at least 128)")
 	fl.StringArrayVar(&f.views, "view", nil, "YAML file of stacked training views; repeatable")
 	f.src.register(cmd, true)
+}
+
+// registerSampleDim adds --sample-dim, which mount, warm and inspect read
+// alike (checkSampleDim), so that inspect shows what a mount serves.
+func registerSampleDim(cmd *cobra.Command, p *string) {
+	cmd.Flags().StringVar(p, "sample-dim", layout.DefaultSampleDims, "dimension whose indices become one file each; a comma-separated list is tried in order, the first that an array has is taken")
+}
+
+// checkSampleDim refuses a --sample-dim list with an empty name, which
+// the layout would otherwise take for its default.
+func checkSampleDim(list string) error {
+	if _, err := layout.ParseSampleDims(list); err != nil {
+		return usagef("--sample-dim %q: empty name", list)
+	}
+	return nil
 }
 
 // opened is a source with its metadata, layout, cache and decoding
@@ -149,8 +164,8 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	if f.align%64 != 0 || f.align < layout.MinAlign || f.align > layout.MaxAlign {
 		return nil, usagef("--align %d: want a multiple of 64 from %d (the smallest that holds an npy header) to %d", f.align, layout.MinAlign, layout.MaxAlign)
 	}
-	if _, err := layout.ParseSampleDims(f.sampleDim); err != nil {
-		return nil, usagef("--sample-dim %q: empty name", f.sampleDim)
+	if err := checkSampleDim(f.sampleDim); err != nil {
+		return nil, err
 	}
 	var specs []*layout.ViewSpec
 	for _, v := range f.views {
