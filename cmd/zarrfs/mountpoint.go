@@ -21,10 +21,7 @@ import (
 // stops it). A stale zarrfs mount, left by a killed daemon, is let through:
 // the mount clears it first.
 func checkMountpoint(mountpoint string) error {
-	// statfs always reaches the filesystem, where stat may be answered
-	// from attributes the kernel cached before the daemon died.
-	var sfs syscall.Statfs_t
-	if errors.Is(syscall.Statfs(mountpoint, &sfs), syscall.ENOTCONN) {
+	if staleMount(mountpoint) {
 		return nil
 	}
 	st, err := os.Stat(mountpoint)
@@ -65,6 +62,14 @@ func checkMountpoint(mountpoint string) error {
 		return fmt.Errorf("%s: not empty (holds %s): a mount would hide its files; choose an empty directory", mountpoint, what)
 	}
 	return nil
+}
+
+// staleMount reports whether path is a FUSE mount whose daemon died.
+// statfs always reaches the filesystem, where stat may be answered from
+// attributes the kernel cached before the daemon died.
+func staleMount(path string) bool {
+	var sfs syscall.Statfs_t
+	return errors.Is(syscall.Statfs(path, &sfs), syscall.ENOTCONN)
 }
 
 // mountAt returns the topmost mount whose mountpoint is abs.

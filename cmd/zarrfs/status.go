@@ -3,14 +3,12 @@ package main
 import (
 	"cmp"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -151,8 +149,7 @@ func statusDocs(cmd *cobra.Command, args []string) ([]statusDoc, error) {
 // a stale mount, another user's or an unregistered zarrfs mount, another
 // filesystem, a folder inside a mount, or a plain folder.
 func noStatus(arg, abs string, inside *mountRecord) error {
-	var sfs syscall.Statfs_t
-	if errors.Is(syscall.Statfs(abs, &sfs), syscall.ENOTCONN) {
+	if staleMount(abs) {
 		return fmt.Errorf("%s: a stale mount: its daemon died (transport endpoint is not connected); zarrfs unmount %s clears it, or zarrfs mount again on it", arg, arg)
 	}
 	if e, ok := mountAt(abs); ok {

@@ -46,8 +46,7 @@ func unmount(out io.Writer, mountpoint string, lazy bool, timeout time.Duration)
 	if err != nil {
 		return err
 	}
-	var sfs syscall.Statfs_t
-	stale := errors.Is(syscall.Statfs(abs, &sfs), syscall.ENOTCONN)
+	stale := staleMount(abs)
 	if !stale {
 		abs = absMountpoint(abs)
 	}
