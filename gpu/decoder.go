@@ -251,7 +251,12 @@ func New(opts Options) (*Decoder, error) {
 	if opts.RoundTimeout < 0 {
 		return nil, fmt.Errorf("gpu: round timeout %v: want 0 (the default, %v) or more", opts.RoundTimeout, defaultRoundTimeout)
 	}
-	l := getLibs()
+	return open(getLibs(), opts)
+}
+
+// open is New over the libraries l: the process's own, or a test's
+// stand-ins for the driver and nvCOMP.
+func open(l *libs, opts Options) (*Decoder, error) {
 	if l.err != nil {
 		return nil, l.err
 	}
