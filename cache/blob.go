@@ -402,24 +402,17 @@ func (h *hashingWriter) sum(size int64) (uint64, error) {
 // shared, on the now-visible blob. A blob that cannot fit the cache's
 // filesystem fails at once; a fill that finds the filesystem full (other
 // writers, blocks beyond the budget) makes room by evicting and runs again,
-// for as long as the room can be found (makeRoomLocked).
+// for as long as the room can be found (whileFull).
 func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, ident string, fill func(ctx context.Context, f Writer) error) (*os.File, error) {
 	if err := c.ensureSpace(rel, size); err != nil {
 		return nil, err
 	}
-	for attempt := 1; ; attempt++ {
-		f, err := c.fillBlobOnce(ctx, rel, size, ident, fill)
-		if err == nil || !isNoSpace(err) || attempt == maxFullRetries || ctx.Err() != nil {
-			return f, err
-		}
-		c.mu.Lock()
-		room := c.makeRoomLocked(c.charge(size) + c.unit)
-		c.mu.Unlock()
-		if !room {
-			return nil, fmt.Errorf("%w, with every unpinned entry evicted", err)
-		}
-		c.log.Info("cache filesystem full; evicted entries and filling again", "blob", rel, "err", err)
-	}
+	var f *os.File
+	err := c.whileFull(ctx, rel, size, func() (err error) {
+		f, err = c.fillBlobOnce(ctx, rel, size, ident, fill)
+		return err
+	})
+	return f, err
 }
 
 // fillBlobOnce runs one fill.
