@@ -546,13 +546,16 @@ func (c cudaRounds) prepare(r *round) error {
 	return err
 }
 
-// start packs r and queues its device work.
+// pack copies r's compressed pieces into its set's staging.
+func (c cudaRounds) pack(r *round) { c.d.pack(r.fl.set, r.fl.l, r.jobs) }
+
+// start queues r's device work.
 func (c cudaRounds) start(r *round) error {
 	d := c.d
 	if err := d.cu.check("cuCtxSetCurrent", d.cu.cuCtxSetCurrent(d.ctx)); err != nil {
 		return err
 	}
-	err := d.startRound(r.fl, r.jobs, r.elemSize)
+	err := d.startRound(r.fl, r.elemSize)
 	if err != nil {
 		// Copies from pinned callers' memory may be queued: they end
 		// before the callers are told, unless the device stopped answering.
