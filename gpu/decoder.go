@@ -284,8 +284,11 @@ func open(l *libs, opts Options) (*Decoder, error) {
 	d.lastRound.Store(time.Now().UnixNano())
 	d.stagingBase = d.stagingHeld.Load()
 	d.start(cudaRounds{d})
-	d.trimStop, d.trimDone = make(chan struct{}), make(chan struct{})
-	go func() { defer close(d.trimDone); d.trimWhenIdle(d.trimStop) }()
+	// The goroutine gets its channels as values: close and abandon clear
+	// the fields while it may still be starting.
+	stop, done := make(chan struct{}), make(chan struct{})
+	d.trimStop, d.trimDone = stop, done
+	go func() { defer close(done); d.trimWhenIdle(stop) }()
 	return d, nil
 }
 
