@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/cespare/xxhash/v2"
+	"golang.org/x/sys/unix"
 )
 
 // BlobKey names a decoded blob. The two parts become its path under
@@ -306,12 +307,12 @@ func openRO(p string) (*os.File, error) {
 // duplicate shares the open file (and its lock) with the fill's, which is
 // still open, so the blob cannot have been evicted in between.
 func (c *Cache) dupHandle(rel string, f *os.File, size int64) (*Handle, error) {
-	fd, _, errno := syscall.Syscall(syscall.SYS_FCNTL, f.Fd(), syscall.F_DUPFD_CLOEXEC, 0)
-	if errno != 0 {
-		return nil, fmt.Errorf("blob %s: dup: %w", rel, errno)
-	}
 	p := filepath.Join(c.dir, rel)
-	h := &Handle{c: c, f: os.NewFile(fd, p), path: p, size: size}
+	df, err := dupFile(f, p)
+	if err != nil {
+		return nil, fmt.Errorf("blob %s: %w", rel, err)
+	}
+	h := &Handle{c: c, f: df, path: p, size: size}
 	c.mu.Lock()
 	if e := c.idx[rel]; e != nil {
 		e.pins++
@@ -319,6 +320,16 @@ func (c *Cache) dupHandle(rel string, f *os.File, size int64) (*Handle, error) {
 	}
 	c.mu.Unlock()
 	return h, nil
+}
+
+// dupFile returns a second descriptor of f's open file, named name, closed
+// on exec like every descriptor Go opens.
+func dupFile(f *os.File, name string) (*os.File, error) {
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "dup", Path: name, Err: err}
+	}
+	return os.NewFile(uintptr(fd), name), nil
 }
 
 // Writer is what a fill writes a blob's bytes to: the blob's temporary
@@ -391,24 +402,17 @@ func (h *hashingWriter) sum(size int64) (uint64, error) {
 // shared, on the now-visible blob. A blob that cannot fit the cache's
 // filesystem fails at once; a fill that finds the filesystem full (other
 // writers, blocks beyond the budget) makes room by evicting and runs again,
-// for as long as the room can be found (makeRoomLocked).
+// for as long as the room can be found (whileFull).
 func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, ident string, fill func(ctx context.Context, f Writer) error) (*os.File, error) {
 	if err := c.ensureSpace(rel, size); err != nil {
 		return nil, err
 	}
-	for attempt := 1; ; attempt++ {
-		f, err := c.fillBlobOnce(ctx, rel, size, ident, fill)
-		if err == nil || !isNoSpace(err) || attempt == maxFullRetries || ctx.Err() != nil {
-			return f, err
-		}
-		c.mu.Lock()
-		room := c.makeRoomLocked(c.charge(size) + c.unit)
-		c.mu.Unlock()
-		if !room {
-			return nil, fmt.Errorf("%w, with every unpinned entry evicted", err)
-		}
-		c.log.Info("cache filesystem full; evicted entries and filling again", "blob", rel, "err", err)
-	}
+	var f *os.File
+	err := c.whileFull(ctx, rel, size, func() (err error) {
+		f, err = c.fillBlobOnce(ctx, rel, size, ident, fill)
+		return err
+	})
+	return f, err
 }
 
 // fillBlobOnce runs one fill.

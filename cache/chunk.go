@@ -123,20 +123,7 @@ func (c *Cache) storeChunk(rel, key string, data []byte) {
 			unreserve()
 		}
 	}()
-	var err error
-	for attempt := 1; attempt <= maxFullRetries; attempt++ {
-		if err = c.writeChunk(rel, data); !isNoSpace(err) {
-			break
-		}
-		// The filesystem is full: make room and try again.
-		c.mu.Lock()
-		room := c.makeRoomLocked(c.charge(size) + c.unit)
-		c.mu.Unlock()
-		if !room {
-			break
-		}
-	}
-	if err != nil {
+	if err := c.whileFull(c.base, rel, size, func() error { return c.writeChunk(rel, data) }); err != nil {
 		c.log.Warn("cache chunk not stored", "key", key, "err", err)
 		return
 	}

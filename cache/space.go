@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"syscall"
@@ -151,6 +152,29 @@ func (c *Cache) makeRoomLocked(need int64) bool {
 // writers may take first; this many in a row is not contention but a
 // filesystem that keeps filling.
 const maxFullRetries = 64
+
+// whileFull runs write, a blob's fill or a chunk's store of size bytes at
+// rel, and runs it again each time it finds the filesystem full and room
+// for it can be made (makeRoomLocked), maxFullRetries times in all, until
+// ctx ends. A write given up on because nothing is left to evict says so.
+// The first retry of a write is logged.
+func (c *Cache) whileFull(ctx context.Context, rel string, size int64, write func() error) error {
+	for attempt := 1; ; attempt++ {
+		err := write()
+		if err == nil || !isNoSpace(err) || attempt == maxFullRetries || ctx.Err() != nil {
+			return err
+		}
+		c.mu.Lock()
+		room := c.makeRoomLocked(c.charge(size) + c.unit)
+		c.mu.Unlock()
+		if !room {
+			return fmt.Errorf("%w, with every unpinned entry evicted", err)
+		}
+		if attempt == 1 {
+			c.log.Info("cache filesystem full; evicted entries and writing again", "file", rel, "err", err)
+		}
+	}
+}
 
 // Keeps reports whether a blob of size bytes is kept once filled: one
 // larger than the whole budget is served from an unlinked file instead.

@@ -156,3 +156,45 @@ func TestFullFilesystemConcurrent(t *testing.T) {
 		t.Errorf("%d of 800 fills failed with 31 MB evictable: %v", n, first.Load())
 	}
 }
+
+// Chunk stores on a full filesystem retry as fills do (whileFull): eight
+// goroutines storing chunks on a 50 MB tmpfs the cache's blobs filled to
+// 31 MB, the rest taken by another file, keep every chunk while anything
+// can be evicted.
+func TestFullFilesystemChunks(t *testing.T) {
+	fsDir := tmpfs(t, "50m")
+	c := mustOpen(t, Options{Dir: filepath.Join(fsDir, "cache")})
+	defer c.Close()
+	const size = 100 << 10
+	data := bytes.Repeat([]byte{7}, size)
+	for i := range 310 {
+		h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: fmt.Sprintf("warm/%04d.npy", i)}, size, writeFill(data))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.Close()
+	}
+	fillUp(t, filepath.Join(fsDir, "junk"))
+	fetch := func(context.Context) ([]byte, error) { return data, nil }
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 50 {
+				if _, err := c.GetChunk(context.Background(), fmt.Sprintf("r%d/%04d", g, i), fetch); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	// The chunks of the last round of each goroutine are still there: a
+	// read fetches nothing.
+	for g := range 8 {
+		if _, err := c.GetChunk(context.Background(), fmt.Sprintf("r%d/%04d", g, 49), func(context.Context) ([]byte, error) {
+			t.Errorf("chunk r%d/0049 was not kept on a full filesystem with blobs to evict", g)
+			return data, nil
+		}); err != nil {
+			t.Error(err)
+		}
+	}
+}

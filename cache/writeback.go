@@ -3,7 +3,6 @@ package cache
 import (
 	"os"
 	"sync"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -48,11 +47,10 @@ func (w *writeback) start(f *os.File) {
 	if w == nil {
 		return
 	}
-	fd, _, errno := syscall.Syscall(syscall.SYS_FCNTL, f.Fd(), syscall.F_DUPFD_CLOEXEC, 0)
-	if errno != 0 {
-		return
+	dup, err := dupFile(f, f.Name())
+	if err != nil {
+		return // the kernel's own writeback writes it
 	}
-	dup := os.NewFile(fd, f.Name())
 	select {
 	case w.ch <- dup:
 	default:

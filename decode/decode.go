@@ -17,9 +17,9 @@
 // route.go), so auto is never slower than the CPU alone, and a GPU that
 // does not pay ends up taking nothing. The GPUs start in the background:
 // until they are ready, everything decodes on the CPU, so a mount is live
-// before CUDA has initialised; their pinned memory is registered, and lent
-// to fills, only once they take work; and a process about to exit does not
-// wait for their teardown (CloseForExit).
+// before CUDA has initialised; auto mode registers and lends none of their
+// pinned memory (the GPU stages what it decodes); and a process about to
+// exit does not wait for their teardown (CloseForExit).
 //
 // Concurrency: a Pipeline is safe for concurrent use; Close waits for the
 // batches in flight.
@@ -213,7 +213,7 @@ func (o Options) gpuOptions() (gpu.Options, error) {
 	g.StagingBytes, g.HostBytes = staging, lent
 	g.Deflate = g.Deflate || GPUDeflate
 	if o.Mode == Auto {
-		// Pinned memory only once the GPU takes work (the router decides).
+		// Auto lends no pinned memory (lender): none is registered.
 		g.HostOnDemand = true
 	}
 	return g, nil
@@ -244,15 +244,15 @@ type Pipeline struct {
 	// ready, then the mode's composition.
 	route atomic.Pointer[routed]
 	ready chan struct{} // closed once the GPUs are started (or failed to)
-	// Auto mode starts the GPUs once (beginStart); starting says it began.
+	// startOnce starts the GPUs, or closes ready without starting them:
+	// at New in CPU and GPU mode, once in Auto mode (beginStart), and at
+	// Close for an Auto pipeline that never started them.
 	startOnce sync.Once
-	starting  atomic.Bool
 
 	mu      sync.Mutex
 	gpus    []gpuDecoder
 	devices []int // the ordinal of each of gpus
 	closed  bool
-	gpuErr  error
 	started bool
 	woke    bool // the GPUs were started again after sleeping
 
@@ -268,11 +268,8 @@ type Pipeline struct {
 	countMu sync.Mutex
 	decoded Decoded
 
-	// router chooses between the CPU and the GPUs in Auto mode; pinned
-	// says whether the lender lends the GPU's pinned memory (in Auto mode,
-	// once the GPU has decoded a batch and while it may take more).
+	// router chooses between the CPU and the GPUs in Auto mode.
 	router *router
-	pinned atomic.Bool
 	// retiredDevs are the GPUs retired for the process (gpu.Decoder's
 	// Retired): not opened again.
 	retiredDevs map[int]error
@@ -352,7 +349,7 @@ func New(opts Options) (*Pipeline, error) {
 	p.onCPU = &counter{inner: p.cpu, device: "cpu", mu: &p.countMu, into: p.decoded}
 	p.route.Store(&routed{p.onCPU})
 	p.router = &router{cpu: p.onCPU, spare: p.onCPU.Spare, inline: &counter{inner: inlineDecoder{}, device: "cpu", mu: &p.countMu, into: p.decoded},
-		workers: opts.Workers, costs: p.gpuCosts, usable: p.gpuUsable, taking: p.takingPinned, now: time.Now, log: log,
+		workers: opts.Workers, costs: p.gpuCosts, usable: p.gpuUsable, now: time.Now, log: log,
 		codecs: map[codec.Name]*route{}}
 	opts.GPU = gopts
 	p.opts.GPU = gopts
@@ -361,17 +358,18 @@ func New(opts Options) (*Pipeline, error) {
 		p.cpu.Close()
 		return nil, budgetErr
 	case opts.Mode == Auto && budgetErr != nil:
-		p.startOnce.Do(func() {}) // nothing to start
-		close(p.ready)
+		p.startOnce.Do(func() { close(p.ready) }) // nothing to start
 		log.Info("decoding on the CPU only", "workers", opts.Workers, "reason", budgetErr)
 		return p, nil
 	}
 	switch opts.Mode {
 	case CPU:
-		close(p.ready)
+		p.startOnce.Do(func() { close(p.ready) })
 		log.Debug("decoding on the CPU", "workers", opts.Workers)
 	case GPU:
-		if err := p.startGPUs(); err != nil {
+		var err error
+		p.startOnce.Do(func() { err = p.startGPUs() })
+		if err != nil {
 			p.cpu.Close()
 			return nil, err
 		}
@@ -395,7 +393,6 @@ func (p *Pipeline) beginStart() {
 			close(p.ready)
 			return
 		}
-		p.starting.Store(true)
 		go func() {
 			if err := p.startGPUs(); err != nil {
 				p.log.Debug("decoding on the CPU", "workers", p.opts.Workers, "reason", err)
@@ -458,7 +455,6 @@ func (p *Pipeline) openGPUs() (err error) {
 	defer func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		p.gpuErr = err
 		if err != nil || p.closed {
 			if p.exiting {
 				return // the process exits: nothing to tear down
@@ -490,7 +486,6 @@ func (p *Pipeline) openGPUs() (err error) {
 		onGPU = &counter{inner: onGPU, device: "gpu", mu: &p.countMu, into: p.decoded}
 		onGPU = &fallback{inner: onGPU, cpu: p.onCPU, warn: p.warnFallback}
 		if p.opts.Mode == GPU {
-			p.pinned.Store(true)
 			p.route.Store(&routed{onGPU})
 			return
 		}
@@ -658,18 +653,22 @@ func (p *Pipeline) Ready(ctx context.Context) (onGPU bool, err error) {
 }
 
 // Memory returns the memory zarr reads compressed chunks into and fills
-// decode into, the one lender of the process: while a GPU takes work, the
-// first GPU's pinned host memory, which the device copies without
-// staging; otherwise (without a GPU, until one is ready, in auto mode
-// until it has decoded a batch and after it was declined, and when its
-// registered memory is all lent) memory of the pipeline's own, kept mapped
-// and lent again (see arena), so that a steady stream of fills neither
-// faults fresh pages in nor has the collector zero and drop them.
+// decode into, the one lender of the process: in GPU mode the first GPU's
+// pinned host memory, which the device copies without staging; otherwise
+// (in CPU and Auto mode, without a GPU awake, and when its registered
+// memory is all lent) memory of the pipeline's own, kept mapped and lent
+// again (see arena), so that a steady stream of fills neither faults
+// fresh pages in nor has the collector zero and drop them.
+//
+// Auto mode lends no pinned memory: registering it (cuMemHostRegister, a
+// few GB/s and serialised) then fell on every buffer of the fills, which
+// made auto slower than cpu while the GPU decoded a tenth of the chunks
+// (BENCHMARKS.md, "GPU decoding in the fill"). The GPU stages what it
+// decodes instead.
 func (p *Pipeline) Memory() codec.HostMemory { return lender{p} }
 
-// lender lends the first GPU's pinned memory while the GPU takes work
-// (in GPU mode always, in Auto mode once it has decoded a batch and while
-// the router may send it more) and has room registered, or the arena's
+// lender lends the first GPU's pinned memory in GPU mode, while that GPU
+// is awake, not retired and has room registered, and the arena's
 // otherwise. A buffer goes back to whoever lent it: the arena takes back
 // its own, the GPU's HostFree ignores memory it did not lend.
 type lender struct{ p *Pipeline }
@@ -679,7 +678,7 @@ type lender struct{ p *Pipeline }
 // (lentLocked), and none lends while it is being put to sleep.
 func (l lender) HostAlloc(n int) []byte {
 	p := l.p
-	if p.pinned.Load() {
+	if p.opts.Mode == GPU {
 		p.mu.Lock()
 		var b []byte
 		if len(p.gpus) > 0 && !p.closed && p.gpus[0].Retired() == nil {
@@ -704,14 +703,6 @@ func (l lender) HostFree(b []byte) {
 		l.p.gpus[0].HostFree(b)
 	}
 }
-
-// takingPinned is what the router says when the GPU starts or stops
-// taking work in Auto mode. Auto lends no pinned memory: registering it
-// (cuMemHostRegister, a few GB/s and serialised) then fell on every
-// buffer of the fills, and on the h200 a warm of 8 GB in auto ran at
-// 0.74-0.85x cpu with the GPU decoding a tenth of its chunks. The GPU
-// stages what it decodes instead; --decode gpu lends pinned memory.
-func (p *Pipeline) takingPinned(bool) {}
 
 // gpuUsable reports whether a GPU takes work: started, awake, and not
 // every one retired.
@@ -854,9 +845,10 @@ func (p *Pipeline) Close() error {
 	}
 	p.closed = true
 	p.mu.Unlock()
-	if p.opts.Mode != Auto || p.starting.Load() {
-		<-p.ready // a GPU still starting is closed by startGPUs
-	}
+	// An Auto pipeline that never started its GPUs never will; a GPU still
+	// starting is closed by openGPUs, which sees p.closed.
+	p.startOnce.Do(func() { close(p.ready) })
+	<-p.ready
 	p.route.Store(&routed{closedDecoder{}})
 	var errs []error
 	p.mu.Lock()

@@ -28,9 +28,9 @@ import (
 //     where the GPU's queue would finish the batch no later than the CPU's
 //     (bytes in flight on each, times its measured time per byte);
 //   - a codec whose costs are unknown is probed with a few batches (the
-//     first only warms the device and lends pinned memory, the next
-//     measure), then kept on the GPU or declined; a declined codec is
-//     probed again after a backoff (30 s, doubling to 10 min).
+//     first only warms the device, the next measure), then kept on the
+//     GPU or declined; a declined codec is probed again after a backoff
+//     (30 s, doubling to 10 min).
 //
 // So a GPU that does not pay ends up taking nothing: auto is the CPU alone
 // plus a few probes.
@@ -44,9 +44,6 @@ type router struct {
 	// whether any GPU takes work (none retired them all).
 	costs  func() map[codec.Name]gpu.Cost
 	usable func() bool
-	// taking is told whether the GPU takes work now: the lender lends
-	// pinned memory only while it does.
-	taking func(bool)
 	now    func() time.Time
 	log    *slog.Logger
 
@@ -277,16 +274,9 @@ func (r *router) onGPU(ctx context.Context, jobs []codec.Job) error {
 	if ahead > 0 {
 		r.gpuNs = average(r.gpuNs, float64(dt)/float64(ahead), 1)
 	}
-	anyOn := false
 	for c := range codecs {
 		r.learn(c, r.codec(c), costs[c], now)
 	}
-	for _, rt := range r.codecs {
-		anyOn = anyOn || rt.state != declined
-	}
-	// Pinned memory is lent once the GPU has decoded a batch, and while a
-	// codec may still go there.
-	r.taking(anyOn)
 	return nil
 }
 

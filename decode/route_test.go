@@ -144,7 +144,7 @@ func TestAutoKeepsGPUThatPays(t *testing.T) {
 	if g.batches.Load() <= probeBatches {
 		t.Errorf("%d batches on the GPU: it took none after its probes", g.batches.Load())
 	}
-	// Auto lends no pinned memory even then (takingPinned).
+	// Auto lends no pinned memory even then (lender).
 	b = m.HostAlloc(1 << 20)
 	if g.HostLent() != 0 {
 		t.Error("auto mode lent the GPU's pinned memory")
@@ -240,7 +240,6 @@ func TestAutoRetiredGPU(t *testing.T) {
 	if g.batches.Load() != 0 {
 		t.Errorf("a retired GPU was given %d batches", g.batches.Load())
 	}
-	p.pinned.Store(true)
 	b := p.Memory().HostAlloc(1 << 20)
 	if g.HostLent() != 0 {
 		t.Error("a retired GPU's memory was lent")
@@ -323,4 +322,28 @@ func TestOnGPUDoesNotWait(t *testing.T) {
 	if p.OnGPU() {
 		t.Error("OnGPU before the GPU started")
 	}
+}
+
+// In GPU mode the lender lends the GPU's pinned memory, and none of a GPU
+// retired for the process: its buffers come from the arena.
+func TestGPUModeRetiredGPULendsNothing(t *testing.T) {
+	var made []*fakeGPU
+	p, err := New(fakes(GPU, 1, &made))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	g := made[0]
+	b := p.Memory().HostAlloc(1 << 20)
+	if g.HostLent() != 1 {
+		t.Fatalf("GPU mode: %d buffers of the GPU's lent, want 1", g.HostLent())
+	}
+	p.Memory().HostFree(b)
+	hung := errors.Join(gpu.ErrHung, errors.New("round of 3 chunks"))
+	g.retired.Store(&hung)
+	b = p.Memory().HostAlloc(1 << 20)
+	if g.HostLent() != 0 {
+		t.Error("a retired GPU's memory was lent")
+	}
+	p.Memory().HostFree(b)
 }

@@ -251,7 +251,12 @@ func New(opts Options) (*Decoder, error) {
 	if opts.RoundTimeout < 0 {
 		return nil, fmt.Errorf("gpu: round timeout %v: want 0 (the default, %v) or more", opts.RoundTimeout, defaultRoundTimeout)
 	}
-	l := getLibs()
+	return open(getLibs(), opts)
+}
+
+// open is New over the libraries l: the process's own, or a test's
+// stand-ins for the driver and nvCOMP.
+func open(l *libs, opts Options) (*Decoder, error) {
 	if l.err != nil {
 		return nil, l.err
 	}
@@ -279,8 +284,11 @@ func New(opts Options) (*Decoder, error) {
 	d.lastRound.Store(time.Now().UnixNano())
 	d.stagingBase = d.stagingHeld.Load()
 	d.start(cudaRounds{d})
-	d.trimStop, d.trimDone = make(chan struct{}), make(chan struct{})
-	go func() { defer close(d.trimDone); d.trimWhenIdle(d.trimStop) }()
+	// The goroutine gets its channels as values: close and abandon clear
+	// the fields while it may still be starting.
+	stop, done := make(chan struct{}), make(chan struct{})
+	d.trimStop, d.trimDone = stop, done
+	go func() { defer close(done); d.trimWhenIdle(stop) }()
 	return d, nil
 }
 
@@ -541,13 +549,16 @@ func (c cudaRounds) prepare(r *round) error {
 	return err
 }
 
-// start packs r and queues its device work.
+// pack copies r's compressed pieces into its set's staging.
+func (c cudaRounds) pack(r *round) { c.d.pack(r.fl.set, r.fl.l, r.jobs) }
+
+// start queues r's device work.
 func (c cudaRounds) start(r *round) error {
 	d := c.d
 	if err := d.cu.check("cuCtxSetCurrent", d.cu.cuCtxSetCurrent(d.ctx)); err != nil {
 		return err
 	}
-	err := d.startRound(r.fl, r.jobs, r.elemSize)
+	err := d.startRound(r.fl, r.elemSize)
 	if err != nil {
 		// Copies from pinned callers' memory may be queued: they end
 		// before the callers are told, unless the device stopped answering.

@@ -4,9 +4,10 @@ import (
 	"runtime"
 	"slices"
 	"sync"
-	"syscall"
 	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // This file is the pinned host memory a Decoder lends its callers
@@ -231,7 +232,7 @@ func (p *hostPool) growLocked(n int) {
 	p.growing = true
 	p.used += int64(n)
 	go func() {
-		mem, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+		mem, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANONYMOUS|unix.MAP_PRIVATE)
 		ok := false
 		if err == nil {
 			prefault(mem)
@@ -254,7 +255,7 @@ func (p *hostPool) growLocked(n int) {
 			// Pageable memory would cross to the device no faster than
 			// through the staging: give it back.
 			if err == nil {
-				syscall.Munmap(mem)
+				unix.Munmap(mem)
 			}
 			p.used -= int64(n)
 			return
@@ -339,7 +340,7 @@ func prefault(b []byte) {
 	if len(b) < 2*hugePage {
 		return
 	}
-	_ = syscall.Madvise(b, 14) // MADV_HUGEPAGE; refused where transparent huge pages are off
+	_ = unix.Madvise(b, unix.MADV_HUGEPAGE) // refused where transparent huge pages are off
 	const page = 4096
 	parts := min(runtime.GOMAXPROCS(0), 8, len(b)/hugePage)
 	per := (len(b)/parts + page - 1) / page * page
@@ -473,6 +474,6 @@ func (p *hostPool) drop(arenas []*arena) {
 		if p.unregister != nil && a.registered {
 			p.unregister(a.mem)
 		}
-		syscall.Munmap(a.mem)
+		unix.Munmap(a.mem)
 	}
 }

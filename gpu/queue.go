@@ -43,7 +43,13 @@ type device interface {
 	// with no caller's lock held: a driver call that blocks there (on a
 	// device that stopped answering) holds up no caller past the watchdog.
 	prepare(r *round) error
-	// start packs round r into its set and queues its device work. The
+	// pack copies the jobs' compressed bytes that the device does not
+	// read in place into r's set. It is the one step that reads callers'
+	// memory on the host, and it makes no driver call, so it runs under
+	// the callers' locks and returns.
+	pack(r *round)
+	// start queues r's device work. It runs under no caller's lock: its
+	// driver calls may block for good behind a kernel that loops. The
 	// device may read the jobs' Src until collect returns (pinned memory
 	// is copied asynchronously), but it writes no job's memory before
 	// finishDirect; when start fails, the device has stopped reading by
@@ -82,9 +88,11 @@ type request struct {
 	mu        sync.RWMutex
 	abandoned atomic.Bool
 	fin       []bool // per job: result written (under mu shared; distinct jobs)
-	// onDevice counts the rounds submitted with jobs of this request in
+	// onDevice counts the rounds packed with jobs of this request in
 	// pinned memory and not yet collected: the device may copy from their
-	// Src or into their Dst until then, so a caller giving up waits for it.
+	// Src or into their Dst until then, so a caller giving up waits for it
+	// (or for the Decoder's retirement: a hung device may still read its
+	// Src, never write its Dst).
 	onDevice sync.WaitGroup
 	left     atomic.Int64 // jobs of ok without a result
 	err      atomic.Pointer[error]
@@ -235,8 +243,14 @@ func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSiz
 	q.mu.Unlock()
 	d.forget(q)
 	// No round takes its jobs any more; those on the device may still be
-	// copying to or from its pinned memory.
-	q.onDevice.Wait()
+	// copying to or from its pinned memory, unless the device hung: then
+	// its round is never collected, and it writes no caller's memory.
+	onDevice := make(chan struct{})
+	go func() { q.onDevice.Wait(); close(onDevice) }()
+	select {
+	case <-onDevice:
+	case <-d.hungCh:
+	}
 	err := ctx.Err()
 	for _, i := range ok {
 		if !q.fin[i] {
@@ -441,13 +455,13 @@ func (d *Decoder) runRound(r *round) {
 	}
 	d.watch(r)
 	err := d.Retired()
-	// The set is readied with no caller's lock held (a driver call may
-	// block on a device that stopped answering, and the watchdog must
-	// then be able to release every caller); then each caller's lock is
-	// held shared while its jobs are packed. A caller that gave up
-	// meanwhile is dropped, and the set readied again for those left:
-	// its Src may already be reused, and unchecked bytes must not reach
-	// nvCOMP.
+	// The set is readied, and the round started, with no caller's lock
+	// held (a driver call may block on a device that stopped answering,
+	// and the watchdog must then be able to release every caller, and a
+	// caller to give up); in between, each caller's lock is held shared
+	// while its jobs are packed. A caller that gave up meanwhile is
+	// dropped, and the set readied again for those left: its Src may
+	// already be reused, and unchecked bytes must not reach nvCOMP.
 	var reqs []*request
 	locked := false
 	for err == nil {
@@ -493,27 +507,29 @@ func (d *Decoder) runRound(r *round) {
 	}
 	if locked {
 		r.callers = len(reqs)
-		err = d.rounds.start(r)
-		if err == nil {
-			// Callers whose pinned memory the device copies from or to
-			// asynchronously: onDevice is raised before such a caller can
-			// give up (it takes mu to do so).
-			for k, it := range r.items {
-				q, j := it.req, &r.jobs[k]
-				if (len(r.reqs) == 0 || r.reqs[len(r.reqs)-1] != q) && (d.pinned(j.Src) || d.pinned(j.Dst)) {
-					q.onDevice.Add(1)
-					r.reqs = append(r.reqs, q)
-				}
+		d.rounds.pack(r)
+		// Callers whose pinned memory the device copies from or to
+		// asynchronously: onDevice is raised before such a caller can
+		// give up (it takes mu to do so).
+		for k, it := range r.items {
+			q, j := it.req, &r.jobs[k]
+			if (len(r.reqs) == 0 || r.reqs[len(r.reqs)-1] != q) && (d.pinned(j.Src) || d.pinned(j.Dst)) {
+				q.onDevice.Add(1)
+				r.reqs = append(r.reqs, q)
 			}
 		}
 		for _, q := range reqs {
 			q.mu.RUnlock()
 		}
+		err = d.rounds.start(r)
 	}
 	r.started.Store(true)
 	switch {
 	case err != nil:
 		d.settle(r, nil, nil, err)
+		for _, q := range r.reqs {
+			q.onDevice.Done() // a failed start has stopped reading their memory
+		}
 		release(-1)
 	case len(r.items) == 0:
 		d.settle(r, nil, nil, nil)

@@ -34,8 +34,7 @@ type fakeRounds struct {
 	// call that blocks behind a kernel that never ends.
 	hold chan struct{}
 	// holdStart, when set, keeps start waiting until it is closed: the
-	// nvCOMP call that never returns behind a looping kernel, made while
-	// the submitter holds its callers' locks.
+	// nvCOMP call that never returns behind a looping kernel.
 	holdStart chan struct{}
 	// direct: the device writes the Dst of every other job itself, in
 	// finishDirect, as it does for pinned memory; directCalls counts them.
@@ -72,6 +71,17 @@ func (f *fakeRounds) prepare(r *round) error {
 	return nil
 }
 
+// pack copies the compressed bytes, as packing into staging does.
+func (f *fakeRounds) pack(r *round) {
+	srcs := make([][]byte, len(r.jobs))
+	for k, j := range r.jobs {
+		srcs[k] = bytes.Clone(j.Src)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.srcs[r] = srcs
+}
+
 func (f *fakeRounds) start(r *round) error {
 	if f.holdStart != nil {
 		<-f.holdStart
@@ -82,11 +92,6 @@ func (f *fakeRounds) start(r *round) error {
 		f.t.Errorf("round submitted on set %d while its last round is in flight", r.set)
 	}
 	f.inFlight[r.set] = true
-	srcs := make([][]byte, len(r.jobs))
-	for k, j := range r.jobs {
-		srcs[k] = bytes.Clone(j.Src)
-	}
-	f.srcs[r] = srcs
 	f.submits <- r
 	return nil
 }

@@ -45,13 +45,11 @@ func (d *Decoder) prepareRound(jobs []codec.Job, preps []prepared, set *bufSet) 
 	return &inflight{set: set, l: l, idx: idx, directOut: directOut, t0: t0}, nil
 }
 
-// startRound packs a prepared round into its set's pinned buffer and
-// enqueues its device work: one host-to-device copy, one nvCOMP call per
-// algorithm, the kernels, one device-to-host copy into staging, between
-// two events.
-func (d *Decoder) startRound(fl *inflight, jobs []codec.Job, elemSize int) error {
+// startRound enqueues the device work of a prepared and packed round: one
+// host-to-device copy, one nvCOMP call per algorithm, the kernels, one
+// device-to-host copy into staging, between two events.
+func (d *Decoder) startRound(fl *inflight, elemSize int) error {
 	set, l := fl.set, fl.l
-	d.pack(set, l, jobs)
 	if err := d.upload(set, l); err != nil {
 		return err
 	}

@@ -98,8 +98,8 @@ func (d *Decoder) retire(err error) {
 		close(d.hungCh)
 		slices.SortFunc(live, func(a, b *request) int { return cmp.Compare(a.seq, b.seq) })
 		for _, q := range live {
-			// Each on its own: a caller's lock may be held by a device wait
-			// that ends only at its own deadline.
+			// Each on its own: a caller whose lock a settle or a copy-out
+			// still holds for a moment delays no other.
 			go d.release(q, err)
 		}
 	})
@@ -109,24 +109,17 @@ func (d *Decoder) retire(err error) {
 // a caller that gives up takes them: nothing of the Decoder touches its
 // memory afterwards.
 //
-// The submitter holds the caller's lock shared while it starts a round,
-// and the call that starts it may be the one that never returns (nvCOMP's,
-// behind a kernel that loops): then the lock is never given back. So the
-// lock is tried for releaseGrace, and past it the caller is released
-// without it. That is safe because only that stuck submitter holds it: a
-// round whose start never returned is never settled, and one that returns
-// later finds the caller abandoned (set first) and leaves it alone.
+// The caller's lock is held shared only while the host reads or writes
+// the caller's memory, and across no driver call that can block for good:
+// packing is host copies, and the round's start, whose driver calls may
+// never return behind a kernel that loops, runs after the locks are given
+// back (runRound); the one driver wait under them, for the copies into a
+// pinned Dst (collect), ends when the device is retired, before release
+// runs. So the lock is always given back soon.
 func (d *Decoder) release(q *request, err error) {
-	locked := false
-	for end := time.Now().Add(releaseGrace); ; time.Sleep(time.Millisecond) {
-		if locked = q.mu.TryLock(); locked || time.Now().After(end) {
-			break
-		}
-	}
+	q.mu.Lock()
 	if q.abandoned.Load() || q.left.Load() == 0 {
-		if locked {
-			q.mu.Unlock()
-		}
+		q.mu.Unlock()
 		return
 	}
 	q.abandoned.Store(true)
@@ -137,15 +130,9 @@ func (d *Decoder) release(q *request, err error) {
 		}
 	}
 	q.err.CompareAndSwap(nil, &err)
-	if locked {
-		q.mu.Unlock()
-	}
+	q.mu.Unlock()
 	d.finished(q)
 }
-
-// releaseGrace is how long release waits for a caller's lock before it
-// takes the caller back without it.
-const releaseGrace = time.Second
 
 // finished wakes q's caller and forgets q.
 func (d *Decoder) finished(q *request) {

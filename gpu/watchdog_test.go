@@ -3,6 +3,7 @@ package gpu
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -201,5 +202,88 @@ func TestQueueDirectOutput(t *testing.T) {
 func TestRoundTimeoutRefusesNegative(t *testing.T) {
 	if _, err := New(Options{RoundTimeout: -time.Second}); err == nil || errors.Is(err, ErrNoGPU) {
 		t.Fatalf("New with a negative RoundTimeout: %v, want it refused", err)
+	}
+}
+
+// A caller that gives up while its round's start hangs returns at once:
+// the start's driver calls hold no caller's lock.
+func TestWatchdogGiveUpWhileStartHangs(t *testing.T) {
+	f := newFake(t, false)
+	f.holdStart = make(chan struct{})
+	defer close(f.holdStart)
+	d := newFakeDecoder(f, Options{RoundTimeout: time.Hour})
+	a := newCaller(1, 2, 0)
+	a.run(d)
+	for packed := 0; packed == 0; time.Sleep(time.Millisecond) {
+		f.mu.Lock() // until the round is packed and its start hangs
+		packed = len(f.srcs)
+		f.mu.Unlock()
+	}
+	a.cancel()
+	select {
+	case err := <-a.err:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("DecodeBatch: %v, want the caller's cancellation", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a caller that gave up while its round's start hung is still waiting")
+	}
+}
+
+// Over the fake GPU (the whole Decoder), nvCOMP's call never returns while
+// a caller's jobs in pinned memory are on the device: that caller gives
+// up, and returns once the device is retired (its round is never
+// collected); the watchdog releases the caller queued behind it; and
+// neither's Dst is written.
+func TestWatchdogHungNvcompPinned(t *testing.T) {
+	f := newFakeGPU()
+	f.hold = make(chan struct{})
+	defer close(f.hold)
+	d := f.decoder(t, Options{RoundTimeout: 50 * time.Millisecond})
+	all, _, names := genJobs(t, 40, 60)
+	var jobs []codec.Job // codecs the GPU takes by default
+	for i, n := range names {
+		if n == "zstd" || n == "lz4" || strings.HasPrefix(n, "blosc-lz4-") {
+			jobs = append(jobs, all[i])
+		}
+	}
+	var callers []*caller
+	for i := range 2 {
+		c := &caller{err: make(chan error, 1)}
+		c.ctx, c.cancel = context.WithCancel(context.Background())
+		for _, j := range jobs[:3] {
+			src := d.HostAllocWait(len(j.Src), 10*time.Second)
+			copy(src, j.Src)
+			dst := d.HostAllocWait(len(j.Dst), 10*time.Second)
+			if !d.pinned(src) || !d.pinned(dst) {
+				t.Fatal("HostAllocWait lent memory that is not pinned")
+			}
+			sentinel(dst)
+			c.jobs = append(c.jobs, codec.Job{Codec: j.Codec, Src: src, Dst: dst})
+		}
+		c.run(d)
+		callers = append(callers, c)
+		if i == 0 {
+			time.Sleep(20 * time.Millisecond) // the first round is on the device
+		}
+	}
+	// The first caller's round is packed and nvCOMP hangs on it; it gives
+	// up. The second waits in the queue behind it.
+	callers[0].cancel()
+	released(t, callers[1], "caller queued behind a round nvCOMP never finishes", 5*time.Second)
+	select {
+	case <-callers[0].err:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a caller that gave up on a hung device is still waiting for it")
+	}
+	if err := d.Retired(); !errors.Is(err, ErrHung) {
+		t.Fatalf("Retired: %v, want ErrHung", err)
+	}
+	for i, c := range callers {
+		for k, j := range c.jobs {
+			if !untouched(j.Dst) {
+				t.Errorf("caller %d job %d: a hung device wrote its Dst", i, k)
+			}
+		}
 	}
 }
