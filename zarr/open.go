@@ -513,7 +513,7 @@ func (w *walker) consolidatedV2(doc []byte) error {
 			w.badPath(key)
 			continue
 		}
-		if base == ".zgroup" || base == ".zarray" {
+		if (base == ".zgroup" || base == ".zarray") && dir != "" { // root() counted the root
 			if err := w.node(dir); err != nil {
 				return err
 			}
