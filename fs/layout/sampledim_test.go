@@ -116,3 +116,37 @@ func TestSourceSampleDim(t *testing.T) {
 		t.Fatalf("reopen: sample dim %q, id changed %v", l3.SampleDim(), l3.ID != l2.ID)
 	}
 }
+
+// A store whose first open has no array of two or more dimensions (its
+// coordinates only) keeps the first name of the list: an array of the
+// second name added later makes no layout of another ID, which a mount's
+// refresh would refuse.
+func TestSourceKeepsTheSampleDimOfAStoreWithoutSamples(t *testing.T) {
+	dir := t.TempDir()
+	coord := storeArray{path: "x", dtype: "float32", shape: []int64{3}, chunks: []int64{3}, dims: []string{"x"}, value: func([]int64) float64 { return 1 }}
+	writeStore(t, dir, []storeArray{coord})
+	st, err := objectstore.OpenPosix(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	src := &Source{Store: st, Layout: Options{SampleDim: DefaultSampleDims}}
+	l, err := src.Open(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	writeStore(t, dir, []storeArray{coord, {path: "v", dtype: "float32", shape: []int64{3, 3}, chunks: []int64{3, 3},
+		dims: []string{"valid_time", "x"}, value: func([]int64) float64 { return 1 }}})
+	l2, err := src.Reopen(context.Background(), l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	if l2.ID != l.ID || l2.SampleDim() != "time" {
+		t.Errorf("reopen: sample dim %q, ID changed %v", l2.SampleDim(), l2.ID != l.ID)
+	}
+	if e, ok := l2.Lookup("v.npy"); !ok || e.Kind != KindBlob {
+		t.Errorf("v after the reopen: %+v %v, want one file", e, ok)
+	}
+}
