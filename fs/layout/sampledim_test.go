@@ -150,3 +150,35 @@ func TestSourceKeepsTheSampleDimOfAStoreWithoutSamples(t *testing.T) {
 		t.Errorf("v after the reopen: %+v %v, want one file", e, ok)
 	}
 }
+
+// The zero Options and BindOptions mean the command line's default list,
+// DefaultSampleDims: a store of valid_time gets its samples, in the tree
+// and in a view, with no sample dimension named.
+func TestZeroOptionsTryTheDefaultList(t *testing.T) {
+	dir := t.TempDir()
+	writeStore(t, dir, []storeArray{{path: "t2m", dtype: "float32", shape: []int64{4, 3}, chunks: []int64{1, 3},
+		dims: []string{"valid_time", "x"}, value: func([]int64) float64 { return 1 }}})
+	h := openStore(t, dir, zarr.Options{})
+	defer h.Close()
+	specs, err := ParseViews("v.yaml", []byte("views:\n  - name: v\n    channels:\n      - var: t2m\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	views, err := BindViews(context.Background(), h, specs, BindOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if views[0].SampleDim != "valid_time" || views[0].N != 4 {
+		t.Errorf("view: sample dim %q, %d samples", views[0].SampleDim, views[0].N)
+	}
+	l, err := Build(h, Options{Views: views})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.SampleDim() != "valid_time" {
+		t.Errorf("Build took %q", l.SampleDim())
+	}
+	if e, ok := l.Lookup("t2m"); !ok || e.Kind != KindDir || e.Dir.Len() != 4 {
+		t.Errorf("t2m: %+v %v, want a directory of 4 samples", e, ok)
+	}
+}

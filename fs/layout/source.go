@@ -42,10 +42,10 @@ func (s *Source) Open(ctx context.Context) (*Layout, error) {
 	// The name is kept even when no array has it yet (a store of
 	// coordinates only, or empty): the layout's ID names it, and a later
 	// open that chose another would make a layout a refresh refuses.
-	dim, ok := ChooseSampleDim(h, cmp.Or(s.Layout.SampleDim, DefaultSampleDim))
+	dim, ok := ChooseSampleDim(h, cmp.Or(s.Layout.SampleDim, DefaultSampleDims))
 	if !ok && s.Zarr.Logger != nil && len(multiDims(h, 1)) > 0 {
 		s.Zarr.Logger.Warn("no array has the sample dimension; every array is mounted as one file",
-			"sample_dim", cmp.Or(s.Layout.SampleDim, DefaultSampleDim), "dims", strings.Join(multiDims(h, 12), ","))
+			"sample_dim", cmp.Or(s.Layout.SampleDim, DefaultSampleDims), "dims", strings.Join(multiDims(h, 12), ","))
 	}
 	s.Layout.SampleDim = dim
 	views, err := BindViews(ctx, h, s.Views, BindOptions{SampleDim: s.Layout.SampleDim})
