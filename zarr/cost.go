@@ -80,8 +80,15 @@ func pipeCost(p *pipeline, cell, start, count []int64, itemsize, overhead int64)
 	if p.shard == nil {
 		// Decoded and compressed buffers; a compressed chunk takes about
 		// its decoded size at most (MaxEncodedBytes is the hard limit).
+		// A chunk decoded in several steps (deflate, then shuffle) holds
+		// one buffer between them as well (decode gives it back once the
+		// next step has read it).
 		unit := satMul(product(cell), itemsize)
-		return satMul(n, satAdd(satAdd(unit, unit+unit/8), overhead))
+		per := satAdd(satAdd(unit, unit+unit/8), overhead)
+		if p.steps() > 1 {
+			per = satAdd(per, unit)
+		}
+		return satMul(n, per)
 	}
 	s := p.shard
 	entries := int64(1)

@@ -160,3 +160,27 @@ func TestTwoStepDecodeReusesItsBuffer(t *testing.T) {
 		t.Errorf("the third Read allocated %d bytes; the buffers of the first step (%d bytes) were not reused", got, 4*n*chunks)
 	}
 }
+
+// ReadCost charges a chunk decoded in two steps the buffer it holds
+// between them: one decoded chunk more than the same chunk in one step.
+func TestReadCostCountsTheStepBetween(t *testing.T) {
+	open := func(filters string) *zarr.Array {
+		h, err := zarr.Open(context.Background(), newMemStore(map[string][]byte{
+			".zarray": []byte(`{"zarr_format":2,"shape":[64],"chunks":[16],"dtype":"<f4","compressor":null,"fill_value":0,"order":"C","filters":` + filters + `}`),
+		}), zarr.Options{ChunkCacheBytes: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { h.Close() })
+		return h.Arrays[0]
+	}
+	one := open(`[{"id":"zlib","level":1}]`)
+	two := open(`[{"id":"shuffle","elementsize":4},{"id":"zlib","level":1}]`)
+	start, count := []int64{8}, []int64{40} // 3 chunks
+	if got, want := two.ReadCost(start, count)-one.ReadCost(start, count), int64(3*16*4); got != want {
+		t.Errorf("two steps cost %d more than one, want %d (a decoded chunk each)", got, want)
+	}
+	if got, want := two.ReadCostInto(start, count)-one.ReadCostInto(start, count), int64(3*16*4); got != want {
+		t.Errorf("into the region: two steps cost %d more than one, want %d", got, want)
+	}
+}
