@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
+	"runtime/debug"
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
@@ -195,6 +197,55 @@ func TestReadCostIntoMatchesRead(t *testing.T) {
 		if got := a.ReadCost(tc.start, tc.count) - a.ReadCostInto(tc.start, tc.count); got != inPlace {
 			t.Errorf("%s: ReadCostInto takes %d bytes off ReadCost (%d chunks), the Read decoded %d in place (%d chunks)",
 				name, got, got/unit, inPlace, inPlace/unit)
+		}
+	}
+}
+
+// A chunk read in part, with the decoded-chunk cache off (or the chunk
+// larger than it), goes back to the buffer pool: nothing keeps it, and a
+// second Read reuses it.
+func TestPartlyReadChunkBackToThePool(t *testing.T) {
+	const n, chunks = 64 << 10, 8 // uint8 values per chunk
+	enc, _ := zstd.NewWriter(nil)
+	files := map[string][]byte{"zarr.json": []byte(fmt.Sprintf(`{"zarr_format":3,"node_type":"array","shape":[%d],"data_type":"uint8",
+	"chunk_grid":{"name":"regular","configuration":{"chunk_shape":[%d]}},"chunk_key_encoding":{"name":"default"},"fill_value":0,
+	"codecs":[{"name":"bytes"},{"name":"zstd","configuration":{"level":1}}]}`, n*chunks, n))}
+	for c := range chunks {
+		raw := make([]byte, n)
+		for i := range raw {
+			raw[i] = byte(c + i)
+		}
+		files[fmt.Sprintf("c/%d", c)] = enc.EncodeAll(raw, nil)
+	}
+	for _, cacheBytes := range []int64{-1, n / 2} { // off; smaller than a chunk
+		h, err := zarr.Open(context.Background(), newMemStore(files), zarr.Options{ChunkCacheBytes: cacheBytes})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := h.Arrays[0]
+		dst := make([]byte, chunks*n/2)
+		reqs := make([]zarr.Request, chunks)
+		for c := range chunks {
+			reqs[c] = zarr.Request{Array: a, Start: []int64{int64(c*n + n/2)}, Count: []int64{n / 2}, Dst: dst[c*n/2 : (c+1)*n/2]}
+		}
+		gc := debug.SetGCPercent(-1) // the pools keep what they hold
+		var before, after runtime.MemStats
+		for round := range 3 {
+			runtime.ReadMemStats(&before)
+			if err := h.Read(context.Background(), reqs); err != nil {
+				t.Fatal(err)
+			}
+			runtime.ReadMemStats(&after)
+			for c := range chunks {
+				if got, want := dst[c*n/2], byte(c+n/2); got != want {
+					t.Fatalf("cache %d round %d chunk %d: %d, want %d", cacheBytes, round, c, got, want)
+				}
+			}
+		}
+		debug.SetGCPercent(gc)
+		h.Close()
+		if got := after.TotalAlloc - before.TotalAlloc; got > n*chunks/2 {
+			t.Errorf("cache %d: the third Read allocated %d bytes; the decoded chunks (%d bytes) were not reused", cacheBytes, got, n*chunks)
 		}
 	}
 }

@@ -798,9 +798,8 @@ func (st *readState) assemble() {
 		switch inside := l.inBounds(); {
 		case l.enc == nil && l.cacheKey != "":
 			st.h.chunks.consume(l.cacheKey, used) // served from the cache
-		case used < inside && l.cacheKey != "":
-			// Part of this chunk is still unread: keep it for the next sample.
-			st.h.chunks.put(l.cacheKey, l.dec, inside-used)
+		case used < inside && l.cacheKey != "" && st.h.chunks.put(l.cacheKey, l.dec, inside-used):
+			// Part of this chunk is still unread: kept for the next sample.
 		case l.pooled:
 			putBuf(l.dec)
 		}
