@@ -29,12 +29,9 @@ import (
 // logged at debug level (the reader's own open reports it).
 //
 // lay returns the layout to fill ahead in: the one a mount serves at each
-// moment.
+// moment. The fills ahead run under the context of the open that scheduled
+// them, so it should live as long as they may (a mount's, not a request's).
 func WithReadahead(inner Blobs, lay func() *layout.Layout, n int, log *slog.Logger) Blobs {
-	return newReadahead(inner, lay, n, log)
-}
-
-func newReadahead(inner Blobs, lay func() *layout.Layout, n int, log *slog.Logger) Blobs {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -65,7 +62,7 @@ type walk struct {
 func (r *readahead) Open(ctx context.Context, lay *layout.Layout, b layout.Blob) (Backing, string, error) {
 	h, id, err := r.inner.Open(ctx, lay, b)
 	if err == nil {
-		r.schedule(b.Path())
+		r.schedule(ctx, b.Path())
 	}
 	return h, id, err
 }
@@ -98,7 +95,7 @@ func (r *readahead) advance(dir string, k, n int) (from, to int) {
 	return from, to
 }
 
-func (r *readahead) schedule(p string) {
+func (r *readahead) schedule(ctx context.Context, p string) {
 	dir, name := path.Split(p)
 	lay := r.lay()
 	de, ok := lay.Lookup(dir)
@@ -131,7 +128,7 @@ func (r *readahead) schedule(p string) {
 		}
 		go func() {
 			defer func() { <-r.sem; r.busy.Delete(blob.Path()) }()
-			b, _, err := r.inner.Open(context.Background(), lay, blob)
+			b, _, err := r.inner.Open(ctx, lay, blob)
 			if err != nil {
 				r.log.Debug("readahead fill failed", "file", blob.Path(), "err", err)
 				return

@@ -2,6 +2,7 @@ package fill
 
 import (
 	"context"
+	"errors"
 	"os"
 	"sync"
 	"testing"
@@ -155,5 +156,55 @@ func smallArrays() []*zarr.Array {
 	return []*zarr.Array{
 		{Path: "t", Shape: []int64{12, 4, 8}, Chunks: []int64{5, 4, 8}, DType: f32, Dims: []string{"time", "y", "x"}, MetaHash: "t"},
 		{Path: "lat", Shape: []int64{8}, Chunks: []int64{8}, DType: f32, Dims: []string{"y"}, MetaHash: "l"},
+	}
+}
+
+// stuckBlobs fills the samples a reader opens at once and those filled
+// ahead never, until their context ends.
+type stuckBlobs struct {
+	recordingBlobs
+	read  map[string]bool
+	ended chan error
+}
+
+func (s *stuckBlobs) Open(ctx context.Context, lay *layout.Layout, b layout.Blob) (Backing, string, error) {
+	s.recordingBlobs.Open(ctx, lay, b)
+	if s.read[b.Path()] {
+		return nopBacking{}, "", nil
+	}
+	<-ctx.Done()
+	s.ended <- ctx.Err()
+	return nil, "", ctx.Err()
+}
+
+// Fills ahead run under the context of the open that scheduled them: a
+// mount's, which its unmount ends; they do not outlive it.
+func TestReadaheadEndsWithItsContext(t *testing.T) {
+	h := &zarr.Hierarchy{Arrays: smallArrays(), Groups: map[string]map[string]any{"": {}}}
+	l, err := layout.Build(h, layout.Options{Reader: &patternReader{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner := &stuckBlobs{read: map[string]bool{"t/00.npy": true, "t/01.npy": true}, ended: make(chan error, 2)}
+	ra := WithReadahead(inner, func() *layout.Layout { return l }, 2, nil).(*readahead)
+	life, end := context.WithCancel(context.Background())
+	for _, p := range []string{"t/00.npy", "t/01.npy"} {
+		if _, _, err := ra.Open(life, l, blobAt(t, l, p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	end()
+	for range 2 {
+		select {
+		case err := <-inner.ended:
+			if !errors.Is(err, context.Canceled) {
+				t.Errorf("a fill ahead ended with %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the fills ahead outlived the context of the opens that scheduled them")
+		}
+	}
+	if !inner.seen("t/02.npy") || !inner.seen("t/03.npy") {
+		t.Error("t/02 and t/03 were not filled ahead")
 	}
 }

@@ -128,8 +128,7 @@ func (n *resolveNode) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 		return nil, syscall.ENOENT
 	}
 	n.m.opens.Add(1)
-	// Not interruptible, as open (Mounted.open).
-	if err := n.m.leases.resolve(n.m.life, n.m, e.Blob); err != nil {
+	if err := n.m.leases.resolve(n.m, e.Blob); err != nil {
 		return nil, n.m.errno(e.Blob, err)
 	}
 	return []byte(n.target), 0
@@ -179,11 +178,13 @@ func leaseLimit() int {
 
 // resolve makes sure blob b is complete in the cache, in the version the
 // current layout names, and leased until now plus the lease time. A lease
-// of another version (the sample changed since) is replaced.
-func (l *leases) resolve(ctx context.Context, m *Mounted, b layout.Blob) error {
+// of another version (the sample changed since) is replaced. It runs
+// under the mount's life, as an open does (Mounted.open): a reader's
+// signal does not interrupt it.
+func (l *leases) resolve(m *Mounted, b layout.Blob) error {
 	now := time.Now()
 	p := b.Path()
-	ident, err := m.Layout().Identity(ctx, b)
+	ident, err := m.Layout().Identity(m.life, b)
 	if err != nil {
 		return err
 	}
@@ -205,7 +206,7 @@ func (l *leases) resolve(ctx context.Context, m *Mounted, b layout.Blob) error {
 	if !m.opts.Blobs.Keeps(b.Size()) {
 		return tooLarge()
 	}
-	h, ident, err := m.open(ctx, b)
+	h, ident, err := m.open(b)
 	if err != nil {
 		return err
 	}

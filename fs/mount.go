@@ -103,9 +103,7 @@ type Mounted struct {
 	lay    atomic.Pointer[layout.Layout]
 	root   *dirNode
 
-	stopRefresh chan struct{}
 	refreshDone chan struct{}
-	stopOnce    sync.Once
 
 	mu       sync.Mutex
 	reported map[string]bool // fault keys already logged
@@ -119,8 +117,9 @@ type Mounted struct {
 
 	unmountOnce sync.Once
 
-	// life is what fills run under: cancelled when the mount ends, not
-	// when the kernel interrupts the request that asked for the fill.
+	// life is what fills and refreshes run under: cancelled when the
+	// mount ends (Mounted.end), not when the kernel interrupts the request
+	// that asked for a fill.
 	life       context.Context
 	endLife    context.CancelFunc
 	unmountErr error
@@ -207,7 +206,7 @@ func Mount(ctx context.Context, opts Options) (*Mounted, error) {
 		return nil, fmt.Errorf("mount %s: %w", opts.Mountpoint, err)
 	}
 	m.server = server
-	m.stopRefresh, m.refreshDone = make(chan struct{}), make(chan struct{})
+	m.refreshDone = make(chan struct{})
 	if opts.Refresh != nil && opts.RefreshEvery > 0 {
 		go m.refreshLoop()
 	} else {
@@ -295,12 +294,6 @@ func (m *Mounted) Stats() Stats {
 // Layout returns the tree the mount serves now.
 func (m *Mounted) Layout() *layout.Layout { return m.lay.Load() }
 
-// endRefresh stops the refresh loop and waits for it.
-func (m *Mounted) endRefresh() {
-	m.stopOnce.Do(func() { close(m.stopRefresh) })
-	<-m.refreshDone
-}
-
 // Leased reports how many blobs a direct mount keeps leased now.
 func (m *Mounted) Leased() int {
 	if m.leases == nil {
@@ -309,10 +302,12 @@ func (m *Mounted) Leased() int {
 	return m.leases.held()
 }
 
-// endLeases releases every blob leased by direct mode (at unmount), and
-// stops the inode bound.
-func (m *Mounted) endLeases() {
+// end ends the mount's life, at unmount: it cancels the fills in flight,
+// stops the refresh loop and waits for it, releases every blob leased by
+// direct mode, and stops the inode bound. It may be called again.
+func (m *Mounted) end() {
 	m.endLife()
+	<-m.refreshDone
 	if m.leases != nil {
 		m.leases.close()
 	}
@@ -325,12 +320,11 @@ func (m *Mounted) Passthrough() bool {
 	return m.server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0 && !m.opts.DisablePassthrough
 }
 
-// Wait blocks until the filesystem is unmounted, then ends the leases of
-// direct mode.
+// Wait blocks until the filesystem is unmounted, then ends the mount
+// (fills in flight, refreshes, the leases of direct mode).
 func (m *Mounted) Wait() {
 	m.server.Wait()
-	m.endRefresh()
-	m.endLeases()
+	m.end()
 }
 
 // Unmount detaches the filesystem. When files are still open (readers
@@ -360,8 +354,7 @@ func (m *Mounted) Unmount(grace time.Duration) error {
 		case <-time.After(grace):
 		}
 	})
-	m.endRefresh()
-	m.endLeases()
+	m.end()
 	return m.unmountErr
 }
 
@@ -434,7 +427,7 @@ func lazyUnmount(mp string) error {
 // with signals), and answering EINTR then fails an open(2) that SA_RESTART
 // promised to restart. A reader killed while it waits is answered by the
 // kernel; the fill goes on and serves the next open.
-func (m *Mounted) open(_ context.Context, b layout.Blob) (fill.Backing, string, error) {
+func (m *Mounted) open(b layout.Blob) (fill.Backing, string, error) {
 	return m.opts.Blobs.Open(m.life, m.Layout(), b)
 }
 

@@ -362,7 +362,7 @@ func (n *blobNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uin
 		return nil, 0, syscall.ENOENT
 	}
 	n.m.opens.Add(1)
-	b, _, err := n.m.open(ctx, blob)
+	b, _, err := n.m.open(blob)
 	if err != nil {
 		return nil, 0, n.m.errno(blob, err)
 	}

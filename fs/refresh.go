@@ -15,25 +15,19 @@ import (
 // lookups expire (the negative timeout is the refresh interval).
 const maxNewNames = 4096
 
-// refreshLoop builds the tree anew every RefreshEvery until the mount
-// ends.
+// refreshLoop builds the tree anew every RefreshEvery until the mount's
+// life ends (Mounted.end), which also cancels a refresh in flight.
 func (m *Mounted) refreshLoop() {
 	defer close(m.refreshDone)
 	t := time.NewTicker(m.opts.RefreshEvery)
 	defer t.Stop()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		<-m.stopRefresh
-		cancel()
-	}()
 	for {
 		select {
-		case <-m.stopRefresh:
+		case <-m.life.Done():
 			return
 		case <-t.C:
 		}
-		m.refresh(ctx)
+		m.refresh(m.life)
 	}
 }
 

@@ -160,3 +160,52 @@ func TestRefreshFollowsTheStore(t *testing.T) {
 		t.Errorf("a file open across the change read %d, want 12 (the version it opened): %v", binary.LittleEndian.Uint32(got), err)
 	}
 }
+
+// A refresh waiting on its source ends with the mount: Unmount cancels it
+// and returns, and a refresh that ended with the mount logs nothing.
+func TestUnmountEndsAHungRefresh(t *testing.T) {
+	requireFUSE(t)
+	l, err := layout.Build(&zarr.Hierarchy{Groups: map[string]map[string]any{"": {}}}, layout.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := cache.Open(cache.Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	entered, ended := make(chan struct{}), make(chan error, 1)
+	hung := func(ctx context.Context, cur *layout.Layout) (*layout.Layout, error) {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+		<-ctx.Done() // a source that never answers
+		ended <- ctx.Err()
+		return nil, ctx.Err()
+	}
+	m, err := Mount(context.Background(), Options{Mountpoint: t.TempDir(), Layout: l, Blobs: fill.Cache(c),
+		Refresh: hung, RefreshEvery: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		m.Unmount(0)
+		t.Fatal("no refresh began")
+	}
+	done := make(chan error, 1)
+	go func() { done <- m.Unmount(time.Second) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Error(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Unmount waits on a hung refresh")
+	}
+	if err := <-ended; !errors.Is(err, context.Canceled) {
+		t.Errorf("the refresh ended with %v, want its context cancelled", err)
+	}
+}

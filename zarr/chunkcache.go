@@ -53,11 +53,12 @@ func (c *chunkCache) get(key string) ([]byte, bool) {
 	return e.Value.(*cached).b, true
 }
 
-// put keeps b under key; remaining is how many of its elements are still
-// to be read (-1: keep until evicted).
-func (c *chunkCache) put(key string, b []byte, remaining int64) {
+// put keeps b under key, and reports whether it did (not when the cache
+// is off or b larger than it); remaining is how many of its elements are
+// still to be read (-1: keep until evicted).
+func (c *chunkCache) put(key string, b []byte, remaining int64) bool {
 	if c == nil || int64(len(b)) > c.max {
-		return
+		return false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -69,6 +70,7 @@ func (c *chunkCache) put(key string, b []byte, remaining int64) {
 	}
 	c.m[key] = c.ll.PushFront(&cached{key: key, b: b, remaining: remaining})
 	c.used += int64(len(b))
+	return true
 }
 
 // consume records that n more elements of the chunk were read, and drops

@@ -33,47 +33,34 @@ func (a *Array) ReadCost(start, count []int64) int64 {
 // ReadCostInto is ReadCost for a Read whose destination is the region
 // itself, one request over it: a chunk that lies wholly inside the region
 // and lands there as one contiguous run decodes straight into the
-// destination (no decoded buffer of its own), so it costs its compressed
-// bytes only. That is every chunk of a region whose inner dimensions each
+// destination (inPlace), so it costs its compressed bytes only, not its
+// decoded buffer too. On a regular grid every chunk has the chunk shape,
+// so whether one lands as a run is the same for all of them (runIn, the
+// rule inPlace applies): those of a region whose inner dimensions each
 // hold one chunk exactly, when the chunks are one element thick along the
 // dimensions before them (a sample's region of a (time, level, y, x) array
 // chunked (1, L, y, x), or several levels of it selected together).
 // Sharded arrays and arrays with a transpose codec cost what ReadCost says.
 func (a *Array) ReadCostInto(start, count []int64) int64 {
 	full := a.ReadCost(start, count)
-	if a == nil || a.pipe == nil || a.pipe.shard != nil || a.pipe.transpose != nil || full == 0 {
+	if full == 0 || full == math.MaxInt64 || a.pipe.shard != nil || a.pipe.transpose != nil {
 		return full
 	}
-	rank := len(a.Chunks)
-	// Inner dimensions, from the last, where one chunk spans the region.
-	k := rank
-	for k > 0 {
-		d := k - 1
-		if a.Chunks[d] != count[d] || start[d]%a.Chunks[d] != 0 {
-			break
-		}
-		k--
+	zero := make([]int64, len(count))
+	if _, ok := runIn(box{lo: zero, hi: a.Chunks}, zero, count, 1); !ok {
+		return full
 	}
-	for d := 0; d < k-1; d++ {
-		if a.Chunks[d] != 1 && count[d] != 1 {
-			return full
-		}
-	}
-	// Along dimension k-1 the region may hold several chunks, and only
-	// those wholly inside it are in place; the others cost in full.
-	n := spanned(a.Chunks, start, count)
-	inside := n
-	if k > 0 {
-		d := k - 1
-		c := a.Chunks[d]
-		lo, hi := (start[d]+c-1)/c, (start[d]+count[d])/c // chunks [lo, hi) are inside
+	inside := int64(1) // chunks wholly inside the region
+	for d, c := range a.Chunks {
+		lo, hi := (start[d]+c-1)/c, (start[d]+count[d])/c // chunks [lo, hi) along d
 		if hi <= lo {
 			return full
 		}
-		inside = satMul(n/((start[d]+count[d]-1)/c-start[d]/c+1), hi-lo)
+		inside *= hi - lo
 	}
-	unit := satMul(product(a.Chunks), int64(a.DType.Size))
-	return satAdd(satMul(n-inside, satAdd(satAdd(unit, unit+unit/8), outerOverhead)), satMul(inside, satAdd(unit+unit/8, outerOverhead)))
+	// ReadCost charges each chunk its decoded size and its compressed
+	// bound; one decoded in place holds only the second.
+	return full - inside*product(a.Chunks)*int64(a.DType.Size)
 }
 
 // ReadGrid is the grid a Read decodes by: the chunk shape, or for a
@@ -93,8 +80,15 @@ func pipeCost(p *pipeline, cell, start, count []int64, itemsize, overhead int64)
 	if p.shard == nil {
 		// Decoded and compressed buffers; a compressed chunk takes about
 		// its decoded size at most (MaxEncodedBytes is the hard limit).
+		// A chunk decoded in several steps (deflate, then shuffle) holds
+		// one buffer between them as well (decode gives it back once the
+		// next step has read it).
 		unit := satMul(product(cell), itemsize)
-		return satMul(n, satAdd(satAdd(unit, unit+unit/8), overhead))
+		per := satAdd(satAdd(unit, unit+unit/8), overhead)
+		if p.steps() > 1 {
+			per = satAdd(per, unit)
+		}
+		return satMul(n, per)
 	}
 	s := p.shard
 	entries := int64(1)

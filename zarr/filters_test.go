@@ -2,14 +2,19 @@ package zarr_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
+	"runtime"
+	"runtime/debug"
 	"strings"
 	"testing"
 
 	"github.com/klauspost/compress/zlib"
 
+	"github.com/zarrfs/zarrfs/zarr"
 	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
@@ -105,5 +110,77 @@ func TestFiltersUnsupported(t *testing.T) {
 		if a := h.Array(""); !strings.Contains(a.Unsupported, c.reason) {
 			t.Errorf("%s: unsupported %q, want it to name %q", c.filters, a.Unsupported, c.reason)
 		}
+	}
+}
+
+// A chunk decoded in two steps (HDF5's deflate, then shuffle) gives the
+// first step's buffer back once the second has read it: a second Read of
+// the array allocates no such buffers again.
+func TestTwoStepDecodeReusesItsBuffer(t *testing.T) {
+	const n, chunks = 64 << 10, 8 // float32 values per chunk: 256 KiB
+	files := map[string][]byte{
+		".zarray": []byte(fmt.Sprintf(`{"zarr_format":2,"shape":[%d],"chunks":[%d],"dtype":"<f4","compressor":null,"fill_value":0,"order":"C",`+
+			`"filters":[{"id":"shuffle","elementsize":4},{"id":"zlib","level":1}]}`, n*chunks, n)),
+	}
+	vals := make([]float32, n)
+	for c := range chunks {
+		for i := range vals {
+			vals[i] = float32(c*n + i)
+		}
+		files[fmt.Sprint(c)] = hdf5Chunk(vals, false)
+	}
+	h, err := zarr.Open(context.Background(), newMemStore(files), zarr.Options{ChunkCacheBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	a := h.Arrays[0]
+	if a.Unsupported != "" {
+		t.Fatal(a.Unsupported)
+	}
+	// The whole array, one request: the last step decodes straight into
+	// it, the first into buffers of the Read's.
+	dst := make([]byte, 4*n*chunks)
+	reqs := []zarr.Request{{Array: a, Start: []int64{0}, Count: []int64{n * chunks}, Dst: dst}}
+	defer debug.SetGCPercent(debug.SetGCPercent(-1)) // the pools keep what they hold
+	var before, after runtime.MemStats
+	for round := range 3 {
+		runtime.ReadMemStats(&before)
+		if err := h.Read(context.Background(), reqs); err != nil {
+			t.Fatal(err)
+		}
+		runtime.ReadMemStats(&after)
+		for i := 0; i < n*chunks; i += n/2 - 1 {
+			if got := math.Float32frombits(binary.LittleEndian.Uint32(dst[4*i:])); got != float32(i) {
+				t.Fatalf("round %d value %d: %v", round, i, got)
+			}
+		}
+	}
+	if got := after.TotalAlloc - before.TotalAlloc; got > 4*n*chunks/2 {
+		t.Errorf("the third Read allocated %d bytes; the buffers of the first step (%d bytes) were not reused", got, 4*n*chunks)
+	}
+}
+
+// ReadCost charges a chunk decoded in two steps the buffer it holds
+// between them: one decoded chunk more than the same chunk in one step.
+func TestReadCostCountsTheStepBetween(t *testing.T) {
+	open := func(filters string) *zarr.Array {
+		h, err := zarr.Open(context.Background(), newMemStore(map[string][]byte{
+			".zarray": []byte(`{"zarr_format":2,"shape":[64],"chunks":[16],"dtype":"<f4","compressor":null,"fill_value":0,"order":"C","filters":` + filters + `}`),
+		}), zarr.Options{ChunkCacheBytes: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { h.Close() })
+		return h.Arrays[0]
+	}
+	one := open(`[{"id":"zlib","level":1}]`)
+	two := open(`[{"id":"shuffle","elementsize":4},{"id":"zlib","level":1}]`)
+	start, count := []int64{8}, []int64{40} // 3 chunks
+	if got, want := two.ReadCost(start, count)-one.ReadCost(start, count), int64(3*16*4); got != want {
+		t.Errorf("two steps cost %d more than one, want %d (a decoded chunk each)", got, want)
+	}
+	if got, want := two.ReadCostInto(start, count)-one.ReadCostInto(start, count), int64(3*16*4); got != want {
+		t.Errorf("into the region: two steps cost %d more than one, want %d", got, want)
 	}
 }

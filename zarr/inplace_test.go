@@ -3,6 +3,10 @@ package zarr_test
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"runtime/debug"
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
@@ -130,5 +134,118 @@ func TestReadCostInto(t *testing.T) {
 	tiled := open("[8,4,16,32]", "[1,4,8,32]") // a sample is two tiles of rows
 	if s, c := []int64{3, 0, 0, 0}, []int64{1, 4, 16, 32}; tiled.ReadCostInto(s, c) != tiled.ReadCost(s, c) {
 		t.Error("tiled chunks charged as decoded in place: a tile is not contiguous in the sample")
+	}
+}
+
+// ReadCostInto's in-place chunks are exactly those a Read over the region
+// decodes in place: ReadCost less ReadCostInto is the bytes of the chunks
+// the Read did not copy. The data are incompressible, so that a chunk
+// charged as in place but copied would hold twice what it is charged.
+func TestReadCostIntoMatchesRead(t *testing.T) {
+	enc, _ := zstd.NewWriter(nil)
+	shape := []int64{8, 4, 16, 32}
+	for _, tc := range []struct {
+		chunks       []int64
+		start, count []int64
+	}{
+		{[]int64{1, 4, 16, 32}, []int64{3, 0, 0, 0}, []int64{1, 4, 16, 32}},
+		{[]int64{1, 4, 16, 32}, []int64{3, 0, 0, 0}, []int64{3, 4, 16, 32}},
+		{[]int64{1, 4, 16, 32}, []int64{3, 1, 0, 0}, []int64{1, 1, 16, 32}},
+		{[]int64{1, 4, 16, 32}, []int64{3, 0, 0, 0}, []int64{1, 4, 8, 32}},
+		{[]int64{1, 4, 8, 32}, []int64{3, 0, 0, 0}, []int64{1, 4, 16, 32}},
+		{[]int64{1, 1, 16, 32}, []int64{3, 0, 0, 0}, []int64{2, 4, 16, 32}},
+		{[]int64{1, 2, 16, 32}, []int64{3, 1, 0, 0}, []int64{1, 3, 16, 32}},
+		{[]int64{2, 1, 16, 32}, []int64{3, 0, 0, 0}, []int64{1, 4, 16, 32}}, // a chunk two samples thick
+		{[]int64{2, 1, 16, 32}, []int64{2, 0, 0, 0}, []int64{2, 4, 16, 32}},
+		{[]int64{2, 4, 16, 32}, []int64{2, 0, 0, 0}, []int64{4, 4, 16, 32}},
+		{[]int64{3, 4, 16, 32}, []int64{2, 0, 0, 0}, []int64{6, 4, 16, 32}}, // an edge chunk sticks out of the array
+	} {
+		name := fmt.Sprintf("chunks %v start %v count %v", tc.chunks, tc.start, tc.count)
+		files := map[string][]byte{"zarr.json": []byte(fmt.Sprintf(`{"zarr_format":3,"node_type":"array","shape":[8,4,16,32],"data_type":"float32",
+	"chunk_grid":{"name":"regular","configuration":{"chunk_shape":[%d,%d,%d,%d]}},
+	"chunk_key_encoding":{"name":"default"},"fill_value":0,
+	"codecs":[{"name":"bytes","configuration":{"endian":"little"}},{"name":"zstd","configuration":{"level":1}}]}`,
+			tc.chunks[0], tc.chunks[1], tc.chunks[2], tc.chunks[3]))}
+		rng := rand.New(rand.NewPCG(1, 2))
+		unit := 4 * tc.chunks[0] * tc.chunks[1] * tc.chunks[2] * tc.chunks[3]
+		for c0 := int64(0); c0*tc.chunks[0] < shape[0]; c0++ {
+			for c1 := int64(0); c1*tc.chunks[1] < shape[1]; c1++ {
+				for c2 := int64(0); c2*tc.chunks[2] < shape[2]; c2++ {
+					for c3 := int64(0); c3*tc.chunks[3] < shape[3]; c3++ {
+						raw := make([]byte, unit)
+						for i := range raw {
+							raw[i] = byte(rng.Uint32())
+						}
+						files[fmt.Sprintf("c/%d/%d/%d/%d", c0, c1, c2, c3)] = enc.EncodeAll(raw, nil)
+					}
+				}
+			}
+		}
+		stats := &zarr.Stats{}
+		h, err := zarr.Open(context.Background(), newMemStore(files), zarr.Options{ChunkCacheBytes: -1, Stats: stats})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := h.Arrays[0]
+		dst := make([]byte, 4*tc.count[0]*tc.count[1]*tc.count[2]*tc.count[3])
+		if err := h.Read(context.Background(), []zarr.Request{{Array: a, Start: tc.start, Count: tc.count, Dst: dst}}); err != nil {
+			t.Fatal(err)
+		}
+		h.Close()
+		// Every byte of the region was decoded in place or copied.
+		inPlace := int64(len(dst)) - stats.BytesAssembled.Load()
+		if got := a.ReadCost(tc.start, tc.count) - a.ReadCostInto(tc.start, tc.count); got != inPlace {
+			t.Errorf("%s: ReadCostInto takes %d bytes off ReadCost (%d chunks), the Read decoded %d in place (%d chunks)",
+				name, got, got/unit, inPlace, inPlace/unit)
+		}
+	}
+}
+
+// A chunk read in part, with the decoded-chunk cache off (or the chunk
+// larger than it), goes back to the buffer pool: nothing keeps it, and a
+// second Read reuses it.
+func TestPartlyReadChunkBackToThePool(t *testing.T) {
+	const n, chunks = 64 << 10, 8 // uint8 values per chunk
+	enc, _ := zstd.NewWriter(nil)
+	files := map[string][]byte{"zarr.json": []byte(fmt.Sprintf(`{"zarr_format":3,"node_type":"array","shape":[%d],"data_type":"uint8",
+	"chunk_grid":{"name":"regular","configuration":{"chunk_shape":[%d]}},"chunk_key_encoding":{"name":"default"},"fill_value":0,
+	"codecs":[{"name":"bytes"},{"name":"zstd","configuration":{"level":1}}]}`, n*chunks, n))}
+	for c := range chunks {
+		raw := make([]byte, n)
+		for i := range raw {
+			raw[i] = byte(c + i)
+		}
+		files[fmt.Sprintf("c/%d", c)] = enc.EncodeAll(raw, nil)
+	}
+	for _, cacheBytes := range []int64{-1, n / 2} { // off; smaller than a chunk
+		h, err := zarr.Open(context.Background(), newMemStore(files), zarr.Options{ChunkCacheBytes: cacheBytes})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := h.Arrays[0]
+		dst := make([]byte, chunks*n/2)
+		reqs := make([]zarr.Request, chunks)
+		for c := range chunks {
+			reqs[c] = zarr.Request{Array: a, Start: []int64{int64(c*n + n/2)}, Count: []int64{n / 2}, Dst: dst[c*n/2 : (c+1)*n/2]}
+		}
+		gc := debug.SetGCPercent(-1) // the pools keep what they hold
+		var before, after runtime.MemStats
+		for round := range 3 {
+			runtime.ReadMemStats(&before)
+			if err := h.Read(context.Background(), reqs); err != nil {
+				t.Fatal(err)
+			}
+			runtime.ReadMemStats(&after)
+			for c := range chunks {
+				if got, want := dst[c*n/2], byte(c+n/2); got != want {
+					t.Fatalf("cache %d round %d chunk %d: %d, want %d", cacheBytes, round, c, got, want)
+				}
+			}
+		}
+		debug.SetGCPercent(gc)
+		h.Close()
+		if got := after.TotalAlloc - before.TotalAlloc; got > n*chunks/2 {
+			t.Errorf("cache %d: the third Read allocated %d bytes; the decoded chunks (%d bytes) were not reused", cacheBytes, got, n*chunks)
+		}
 	}
 }

@@ -112,3 +112,27 @@ func openMemLimits(t testing.TB, files map[string][]byte, l zarr.MetadataLimits)
 	}
 	return h, st
 }
+
+// The root counts once toward Limits.Nodes, consolidated metadata naming
+// it (v2's ".zgroup" entry) or not: a root and two arrays fit a limit of 3.
+func TestMetadataNodesCountTheRootOnce(t *testing.T) {
+	arr := `{"zarr_format":2,"shape":[4],"chunks":[2],"dtype":"|u1","compressor":null,"fill_value":0,"order":"C","filters":null}`
+	zm := `{"zarr_consolidated_format":1,"metadata":{".zgroup":{"zarr_format":2},"a/.zarray":` + arr + `,"b/.zarray":` + arr + `}}`
+	v2 := map[string][]byte{".zgroup": []byte(`{"zarr_format":2}`), ".zmetadata": []byte(zm)}
+	v3 := map[string][]byte{"zarr.json": []byte(`{"zarr_format":3,"node_type":"group","consolidated_metadata":{"kind":"inline","must_understand":false,"metadata":{` +
+		`"a":` + limitArray("") + `,"b":` + limitArray("") + `}}}`)}
+	for name, files := range map[string]map[string][]byte{"v2": v2, "v3": v3} {
+		for lim, fits := range map[int]bool{3: true, 2: false} {
+			h, err := zarr.Open(context.Background(), newMemStore(files), zarr.Options{ChunkCacheBytes: -1, Limits: zarr.MetadataLimits{Nodes: lim}})
+			if fits && (err != nil || len(h.Arrays) != 2) {
+				t.Errorf("%s, %d nodes at most: %v", name, lim, err)
+			}
+			if !fits && !errors.Is(err, zarr.ErrMetadataLimit) {
+				t.Errorf("%s, %d nodes at most: %v, want the limit passed", name, lim, err)
+			}
+			if h != nil {
+				h.Close()
+			}
+		}
+	}
+}

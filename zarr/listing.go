@@ -1,7 +1,6 @@
 package zarr
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -159,24 +158,16 @@ func (h *Hierarchy) List(ctx context.Context, a *Array, since time.Time) (*Listi
 // ListAll lists every array of arrays that has no listing yet (List with
 // a zero since), at most par at a time, and returns the first error.
 func (h *Hierarchy) ListAll(ctx context.Context, arrays []*Array, par int) error {
-	sem := make(chan struct{}, max(par, 1))
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var first error
-	for _, a := range arrays {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			if _, err := h.List(ctx, a, time.Time{}); err != nil {
-				mu.Lock()
-				first = cmp.Or(first, err)
-				mu.Unlock()
-			}
-		}()
+	errs := make([]error, len(arrays))
+	parallel(len(arrays), par, func(i int) {
+		_, errs[i] = h.List(ctx, arrays[i], time.Time{})
+	})
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
 	}
-	wg.Wait()
-	return first
+	return nil
 }
 
 // RegionChunks returns the store keys of the chunks (for a sharded array,

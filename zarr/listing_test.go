@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -271,5 +272,72 @@ func TestLazyListing(t *testing.T) {
 	v, ok, err := l.Version("t/c/9/0")
 	if err != nil || ok || v != "" {
 		t.Errorf("absent key: %q %v %v", v, ok, err)
+	}
+}
+
+// gatedLister counts the listings in flight and fails the one of a named
+// prefix.
+type gatedLister struct {
+	objectstore.Store
+	objectstore.Versioned
+	cur, peak, calls atomic.Int64
+	fail             string
+}
+
+func (g *gatedLister) ListVersions(ctx context.Context, prefix string, fn func(k, v string)) error {
+	n := g.cur.Add(1)
+	defer g.cur.Add(-1)
+	g.calls.Add(1)
+	for p := g.peak.Load(); n > p && !g.peak.CompareAndSwap(p, n); p = g.peak.Load() {
+	}
+	time.Sleep(5 * time.Millisecond) // long enough for listings to overlap if nothing bounds them
+	if strings.TrimSuffix(prefix, "/") == g.fail {
+		return errors.New("listing refused")
+	}
+	return g.Versioned.ListVersions(ctx, prefix, fn)
+}
+
+// ListAll lists every array once, never more than par at a time, and
+// returns the error of the listing that failed.
+func TestListAll(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "zarr.json"), []byte(`{"zarr_format":3,"node_type":"group"}`), 0o644)
+	for i := range 7 {
+		growStore(t, filepath.Join(dir, "g"+itoa(i)), 4, 2, 0) // a group g<i> holding array t
+	}
+	posix, err := objectstore.OpenPosix(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer posix.Close()
+	for _, fail := range []string{"", "g4/t"} {
+		st := &gatedLister{Store: posix, Versioned: posix, fail: fail}
+		h, err := zarr.Open(context.Background(), st, zarr.Options{ChunkCacheBytes: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(h.Arrays) != 7 {
+			t.Fatalf("%d arrays", len(h.Arrays))
+		}
+		err = h.ListAll(context.Background(), h.Arrays, 3)
+		if fail == "" && err != nil || fail != "" && (err == nil || !strings.Contains(err.Error(), `array "g4/t": listing chunks: listing refused`)) {
+			t.Errorf("fail %q: ListAll: %v", fail, err)
+		}
+		if got := st.calls.Load(); got != 7 {
+			t.Errorf("fail %q: %d listings, want 7", fail, got)
+		}
+		if p := st.peak.Load(); p > 3 {
+			t.Errorf("fail %q: %d listings at once, want 3 at most", fail, p)
+		}
+		for _, a := range h.Arrays {
+			if (a.Listing() == nil) != (a.Path == fail) {
+				t.Errorf("fail %q: %s listed: %v", fail, a.Path, a.Listing() != nil)
+			}
+		}
+		// Listed arrays are not listed again.
+		if err := h.ListAll(context.Background(), h.Arrays, 3); fail == "" && (err != nil || st.calls.Load() != 7) {
+			t.Errorf("second ListAll: %v, %d listings", err, st.calls.Load())
+		}
+		h.Close()
 	}
 }

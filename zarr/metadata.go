@@ -594,7 +594,7 @@ type v2Array struct {
 }
 
 // parseV2Array fills a from a .zarray document and the .zattrs members
-// parsed (attrs: parseAttrs).
+// parsed (walker.attrs).
 func parseV2Array(a *Array, m *v2Array, attrs map[string]any) (*pipeline, []byte, error) {
 	if err := checkFormat(m.ZarrFormat, 2); err != nil {
 		return nil, nil, err

@@ -181,12 +181,7 @@ func (w *walker) root() error {
 			if n.Consolidated != nil && n.Consolidated.Metadata != nil {
 				return w.consolidatedV3(n.Consolidated.Metadata)
 			}
-			if err := w.walkV3("", 0); errors.Is(err, objectstore.ErrNoListing) {
-				return fmt.Errorf("%s/zarr.json: a group without consolidated_metadata, and %w: %w", id, objectstore.ErrNoListing, errConsolidate)
-			} else if err != nil {
-				return err
-			}
-			return nil
+			return unlisted(w.walkV3("", 0), id+"/zarr.json: a group without consolidated_metadata")
 		}
 		return fmt.Errorf("%s/zarr.json: node_type %q is neither array nor group", id, n.NodeType)
 	}
@@ -202,13 +197,8 @@ func (w *walker) root() error {
 		if err != nil {
 			return err
 		}
-		w.h.Groups[""], _ = w.parseAttrs(attrs)
-		if err := w.walkV2("", 0); errors.Is(err, objectstore.ErrNoListing) {
-			return fmt.Errorf("%s: a group without .zmetadata, and %w: %w", id, objectstore.ErrNoListing, errConsolidate)
-		} else if err != nil {
-			return err
-		}
-		return nil
+		w.h.Groups[""] = w.groupAttrs(attrs)
+		return unlisted(w.walkV2("", 0), id+": a group without .zmetadata")
 	}
 	if a, err := w.get(".zarray"); err != nil {
 		return err
@@ -230,6 +220,15 @@ func (w *walker) root() error {
 // errConsolidate says what a store that cannot be listed (served over
 // HTTP) needs for its tree to be known.
 var errConsolidate = errors.New("consolidate its metadata (zarr.consolidate_metadata) to read it without listings")
+
+// unlisted explains a walk of the root group that failed because the
+// store cannot list (what: the group, and what it lacks).
+func unlisted(err error, what string) error {
+	if errors.Is(err, objectstore.ErrNoListing) {
+		return fmt.Errorf("%s, and %w: %w", what, objectstore.ErrNoListing, errConsolidate)
+	}
+	return err
+}
 
 func attrsOrEmpty(m map[string]any) map[string]any {
 	if m == nil {
@@ -265,7 +264,7 @@ func (w *walker) addV2Array(path string, doc, attrsDoc []byte) {
 		w.unsupported(a, fmt.Errorf(".zarray: %v", err))
 		return
 	}
-	attrs, leftOut := w.parseAttrs(attrsDoc)
+	attrs, leftOut := w.attrs(attrsDoc, "_ARRAY_DIMENSIONS")
 	a.AttributesLeftOut = leftOut
 	p, fill, err := parseV2Array(a, &m, attrs)
 	if err != nil {
@@ -407,24 +406,21 @@ func (w *walker) consolidatedV3(md map[string]json.RawMessage) error {
 	return nil
 }
 
-// parseAttrs parses a v2 .zattrs document (nil when absent) within
-// Limits.Attributes, the dimension names first, and names the attributes
-// left out. Broken attributes never hide data: they read as none.
-func (w *walker) parseAttrs(doc []byte) (map[string]any, []string) {
-	m, out, err := parseAttributes(doc, w.lim.Attributes, "_ARRAY_DIMENSIONS")
+// attrs parses attributes (a v2 .zattrs document or a v3 "attributes"
+// member; nil when absent) within Limits.Attributes, the members named in
+// first before the others, and names those left out. Broken attributes
+// never hide data: they read as none.
+func (w *walker) attrs(raw []byte, first ...string) (map[string]any, []string) {
+	m, out, err := parseAttributes(raw, w.lim.Attributes, first...)
 	if err != nil {
 		return map[string]any{}, nil
 	}
 	return m, out
 }
 
-// groupAttrs parses a v3 group's attributes within Limits.Attributes;
-// broken ones read as none (group attributes do not show in a mount).
-func (w *walker) groupAttrs(raw json.RawMessage) map[string]any {
-	m, _, err := parseAttributes(raw, w.lim.Attributes)
-	if err != nil {
-		return map[string]any{}
-	}
+// groupAttrs is attrs for a group, which keeps no list of those left out.
+func (w *walker) groupAttrs(raw []byte) map[string]any {
+	m, _ := w.attrs(raw)
 	return m
 }
 
@@ -493,7 +489,7 @@ func (w *walker) walkV2(dir string, depth int) error {
 			w.addV2Array(p, doc, attrs)
 			continue
 		}
-		w.h.Groups[p], _ = w.parseAttrs(attrs)
+		w.h.Groups[p] = w.groupAttrs(attrs)
 		if err := w.walkV2(p, depth+1); err != nil {
 			return err
 		}
@@ -517,14 +513,14 @@ func (w *walker) consolidatedV2(doc []byte) error {
 			w.badPath(key)
 			continue
 		}
-		if base == ".zgroup" || base == ".zarray" {
+		if (base == ".zgroup" || base == ".zarray") && dir != "" { // root() counted the root
 			if err := w.node(dir); err != nil {
 				return err
 			}
 		}
 		switch base {
 		case ".zgroup":
-			w.h.Groups[dir], _ = w.parseAttrs(zm.Metadata[join(dir, ".zattrs")])
+			w.h.Groups[dir] = w.groupAttrs(zm.Metadata[join(dir, ".zattrs")])
 		case ".zarray":
 			w.addV2Array(dir, raw, zm.Metadata[join(dir, ".zattrs")])
 		}

@@ -534,7 +534,8 @@ func (st *readState) decode(ctx context.Context) error {
 	type pending struct {
 		l     *leaf
 		cur   []byte
-		stage int // index into pipe.bb of the next codec to undo (counting down)
+		stage int  // index into pipe.bb of the next codec to undo (counting down)
+		tmp   bool // cur is a pooled buffer an earlier step decoded into, which only the next step reads
 	}
 	var work []*pending
 	for _, l := range st.leaves {
@@ -581,12 +582,19 @@ func (st *readState) decode(ctx context.Context) error {
 		st.h.stats.ChunksDecoded.Add(int64(len(jobs)))
 		for i, j := range jobs {
 			w := owners[i]
+			if w.tmp {
+				// This step's input, read now: back to the pool, so that a
+				// chunk of several steps holds two buffers at most.
+				putBuf(w.cur)
+				w.tmp = false
+			}
 			if j.Err != nil {
 				w.l.err = j.Err
 				continue
 			}
 			w.cur = j.Dst
 			w.stage--
+			w.tmp = w.stage >= 0 && w.l.pooled
 		}
 		next = work[:0]
 		for _, w := range work {
@@ -790,9 +798,8 @@ func (st *readState) assemble() {
 		switch inside := l.inBounds(); {
 		case l.enc == nil && l.cacheKey != "":
 			st.h.chunks.consume(l.cacheKey, used) // served from the cache
-		case used < inside && l.cacheKey != "":
-			// Part of this chunk is still unread: keep it for the next sample.
-			st.h.chunks.put(l.cacheKey, l.dec, inside-used)
+		case used < inside && l.cacheKey != "" && st.h.chunks.put(l.cacheKey, l.dec, inside-used):
+			// Part of this chunk is still unread: kept for the next sample.
 		case l.pooled:
 			putBuf(l.dec)
 		}

@@ -167,16 +167,21 @@ func (a *Array) lendHint() int {
 	return int(product(a.Chunks)) * a.DType.Size
 }
 
-// compressed reports whether a bytes-to-bytes codec other than crc32c
-// transforms the chunk, so its decoded bytes never alias the fetched ones.
-func (p *pipeline) compressed() bool {
+// steps counts the bytes-to-bytes codecs a chunk is decoded through, each
+// into a buffer of its own (checksums are stripped in place).
+func (p *pipeline) steps() int {
+	n := 0
 	for _, c := range p.bb {
 		if !c.crc32c {
-			return true
+			n++
 		}
 	}
-	return false
+	return n
 }
+
+// compressed reports whether a bytes-to-bytes codec other than crc32c
+// transforms the chunk, so its decoded bytes never alias the fetched ones.
+func (p *pipeline) compressed() bool { return p.steps() > 0 }
 
 // nonNil marks an empty object as fetched (a nil slice means "not fetched").
 func nonNil(b []byte) []byte {

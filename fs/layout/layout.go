@@ -48,8 +48,7 @@ import (
 
 // Defaults for Options.
 const (
-	DefaultSampleDim = "time"
-	DefaultAlign     = 4096
+	DefaultAlign = 4096
 )
 
 // layoutVersion changes whenever the bytes a blob holds for the same inputs
@@ -70,7 +69,8 @@ type Reader interface {
 type Options struct {
 	// SampleDim names the dimension whose indices become one file each, or
 	// lists names (comma-separated) of which the first that an array has
-	// is taken (ChooseSampleDim). Empty means "time".
+	// is taken (ChooseSampleDim). Empty means DefaultSampleDims, as the
+	// command line's --sample-dim.
 	SampleDim string
 	// Align is the offset where data starts in every blob: a multiple of
 	// 64 from MinAlign to MaxAlign. Zero means 4096.
@@ -119,7 +119,7 @@ func (o Options) pick(n int64) *Progression {
 
 func (o Options) withDefaults() (Options, error) {
 	if o.SampleDim == "" {
-		o.SampleDim = DefaultSampleDim
+		o.SampleDim = DefaultSampleDims
 	}
 	if o.Align == 0 {
 		o.Align = DefaultAlign

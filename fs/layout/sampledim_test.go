@@ -116,3 +116,69 @@ func TestSourceSampleDim(t *testing.T) {
 		t.Fatalf("reopen: sample dim %q, id changed %v", l3.SampleDim(), l3.ID != l2.ID)
 	}
 }
+
+// A store whose first open has no array of two or more dimensions (its
+// coordinates only) keeps the first name of the list: an array of the
+// second name added later makes no layout of another ID, which a mount's
+// refresh would refuse.
+func TestSourceKeepsTheSampleDimOfAStoreWithoutSamples(t *testing.T) {
+	dir := t.TempDir()
+	coord := storeArray{path: "x", dtype: "float32", shape: []int64{3}, chunks: []int64{3}, dims: []string{"x"}, value: func([]int64) float64 { return 1 }}
+	writeStore(t, dir, []storeArray{coord})
+	st, err := objectstore.OpenPosix(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	src := &Source{Store: st, Layout: Options{SampleDim: DefaultSampleDims}}
+	l, err := src.Open(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	writeStore(t, dir, []storeArray{coord, {path: "v", dtype: "float32", shape: []int64{3, 3}, chunks: []int64{3, 3},
+		dims: []string{"valid_time", "x"}, value: func([]int64) float64 { return 1 }}})
+	l2, err := src.Reopen(context.Background(), l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	if l2.ID != l.ID || l2.SampleDim() != "time" {
+		t.Errorf("reopen: sample dim %q, ID changed %v", l2.SampleDim(), l2.ID != l.ID)
+	}
+	if e, ok := l2.Lookup("v.npy"); !ok || e.Kind != KindBlob {
+		t.Errorf("v after the reopen: %+v %v, want one file", e, ok)
+	}
+}
+
+// The zero Options and BindOptions mean the command line's default list,
+// DefaultSampleDims: a store of valid_time gets its samples, in the tree
+// and in a view, with no sample dimension named.
+func TestZeroOptionsTryTheDefaultList(t *testing.T) {
+	dir := t.TempDir()
+	writeStore(t, dir, []storeArray{{path: "t2m", dtype: "float32", shape: []int64{4, 3}, chunks: []int64{1, 3},
+		dims: []string{"valid_time", "x"}, value: func([]int64) float64 { return 1 }}})
+	h := openStore(t, dir, zarr.Options{})
+	defer h.Close()
+	specs, err := ParseViews("v.yaml", []byte("views:\n  - name: v\n    channels:\n      - var: t2m\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	views, err := BindViews(context.Background(), h, specs, BindOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if views[0].SampleDim != "valid_time" || views[0].N != 4 {
+		t.Errorf("view: sample dim %q, %d samples", views[0].SampleDim, views[0].N)
+	}
+	l, err := Build(h, Options{Views: views})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.SampleDim() != "valid_time" {
+		t.Errorf("Build took %q", l.SampleDim())
+	}
+	if e, ok := l.Lookup("t2m"); !ok || e.Kind != KindDir || e.Dir.Len() != 4 {
+		t.Errorf("t2m: %+v %v, want a directory of 4 samples", e, ok)
+	}
+}

@@ -39,13 +39,15 @@ func (s *Source) Open(ctx context.Context) (*Layout, error) {
 	if err != nil {
 		return nil, err
 	}
-	if dim, ok := ChooseSampleDim(h, cmp.Or(s.Layout.SampleDim, DefaultSampleDim)); ok || len(multiDims(h, 1)) > 0 {
-		if !ok && s.Zarr.Logger != nil {
-			s.Zarr.Logger.Warn("no array has the sample dimension; every array is mounted as one file",
-				"sample_dim", cmp.Or(s.Layout.SampleDim, DefaultSampleDim), "dims", strings.Join(multiDims(h, 12), ","))
-		}
-		s.Layout.SampleDim = dim
+	// The name is kept even when no array has it yet (a store of
+	// coordinates only, or empty): the layout's ID names it, and a later
+	// open that chose another would make a layout a refresh refuses.
+	dim, ok := ChooseSampleDim(h, cmp.Or(s.Layout.SampleDim, DefaultSampleDims))
+	if !ok && s.Zarr.Logger != nil && len(multiDims(h, 1)) > 0 {
+		s.Zarr.Logger.Warn("no array has the sample dimension; every array is mounted as one file",
+			"sample_dim", cmp.Or(s.Layout.SampleDim, DefaultSampleDims), "dims", strings.Join(multiDims(h, 12), ","))
 	}
+	s.Layout.SampleDim = dim
 	views, err := BindViews(ctx, h, s.Views, BindOptions{SampleDim: s.Layout.SampleDim})
 	if err != nil {
 		h.Close()

@@ -2,6 +2,7 @@ package layout
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -29,7 +30,8 @@ import (
 // BindOptions configure Bind. The zero value is valid.
 type BindOptions struct {
 	// SampleDim is the mount's sample dimension, used by views that name
-	// none. Empty means "time".
+	// none, or a list resolved as Build resolves it (ChooseSampleDim).
+	// Empty means DefaultSampleDims.
 	SampleDim string
 	// Reader reads coordinate arrays. Nil means the hierarchy.
 	Reader Reader
@@ -162,10 +164,7 @@ func (b *binder) bind(s *ViewSpec) (*View, error) {
 	}
 	v := &View{Spec: s, Name: s.Name, SampleDim: s.SampleDim, h: h}
 	if v.SampleDim == "" {
-		v.SampleDim = b.o.SampleDim
-	}
-	if v.SampleDim == "" {
-		v.SampleDim = DefaultSampleDim
+		v.SampleDim, _ = ChooseSampleDim(h, cmp.Or(b.o.SampleDim, DefaultSampleDims))
 	}
 	if err := checkCollision(h, s); err != nil {
 		return nil, err

@@ -103,33 +103,21 @@ func (v *View) fillCost(data int64, ks []int64) int64 {
 	for _, k := range ks {
 		lo, hi = min(lo, k), max(hi, k)
 	}
-	// Channels that read the same chunks (levels of one array in one
-	// chunk) cost them once, as the one Read decodes them once; a run of
-	// channels that are adjacent slots of consecutive indices of one array
-	// is read as one region straight into the sample (zarr.ReadCostInto).
-	seen := map[string]bool{}
-	grouped := map[int]bool{}
+	// Each run of channels (slotRuns) reads one region of its array, over
+	// the samples lo..hi. Regions that read the same chunks (levels 0 and
+	// 2 of one chunk) cost them once, as the one Read decodes them once;
+	// a region no other reads, whose chunks are one sample thick, lands in
+	// its slots of each sample as one request would, decoding in place
+	// what lies wholly inside it (zarr.ReadCostInto).
+	type region struct {
+		a            *zarr.Array
+		start, count []int64
+		runs         int
+		into         bool
+	}
+	regions := map[string]*region{}
 	for _, g := range v.slotRuns() {
 		ch := &v.Channels[g.first]
-		start, count := ch.region(v.Start + lo*v.Step)
-		if ch.Axis >= 0 {
-			count[ch.Axis] = (hi-lo)*v.Step + 1
-		}
-		if g.axis >= 0 {
-			count[g.axis] = int64(g.n)
-		}
-		for c := g.first; c < g.first+g.n; c++ {
-			grouped[c] = true
-		}
-		// Over several samples each chunk still lands in its own sample's
-		// slots as one run.
-		cost = satAdd(cost, ch.Array.ReadCostInto(start, count))
-	}
-	for i := range v.Channels {
-		if grouped[i] {
-			continue
-		}
-		ch := &v.Channels[i]
 		if !sameType(ch.Array.DType, v.DType) {
 			cost = satAdd(cost, satMul(satMul(spatial, int64(ch.Array.DType.Size)), n))
 		}
@@ -137,15 +125,27 @@ func (v *View) fillCost(data int64, ks []int64) int64 {
 		if ch.Axis >= 0 {
 			count[ch.Axis] = (hi-lo)*v.Step + 1
 		}
+		if g.axis >= 0 {
+			count[g.axis] = int64(g.n)
+		}
 		key := ch.Array.Path
 		for d := range start {
 			if c := ch.Array.Chunks[d]; c > 0 {
 				key += fmt.Sprintf("/%d-%d", start[d]/c, (start[d]+count[d]-1)/c)
 			}
 		}
-		if !seen[key] {
-			seen[key] = true
-			cost = satAdd(cost, ch.Array.ReadCost(start, count))
+		if r := regions[key]; r != nil {
+			r.runs++
+			continue
+		}
+		into := ch.Axis < 0 || ch.Array.Chunks[ch.Axis] == 1
+		regions[key] = &region{a: ch.Array, start: start, count: count, runs: 1, into: into}
+	}
+	for _, r := range regions {
+		if r.runs == 1 && r.into {
+			cost = satAdd(cost, r.a.ReadCostInto(r.start, r.count))
+		} else {
+			cost = satAdd(cost, r.a.ReadCost(r.start, r.count))
 		}
 	}
 	return cost
@@ -324,24 +324,19 @@ func fillViewRun(ctx context.Context, blobs []Blob, ws []io.WriterAt, data int64
 // slotRun is a run of channels that are adjacent slots of a sample and
 // select consecutive indices, in order, along one dimension of one array
 // in its own dtype: one region of the array lands in them as it is laid
-// out (the levels of a pressure-level variable).
+// out (the levels of a pressure-level variable). Every other channel is a
+// run of its own.
 type slotRun struct {
 	first, n int // channel indices [first, first+n)
-	axis     int // the dimension the indices run along; -1: no selection
+	axis     int // the dimension the indices run along; -1: n is 1
 }
 
-// slotRuns lists the view's slot runs; a channel that selects nothing is a
-// run of its own (axis -1), one that selects more than one dimension or
-// needs a cast is in none.
+// slotRuns splits the view's channels into slot runs, in order.
 func (v *View) slotRuns() []slotRun {
 	var runs []slotRun
 	for i := 0; i < len(v.Channels); {
 		ch := &v.Channels[i]
-		if len(ch.Select) > 1 || !sameType(ch.Array.DType, v.DType) {
-			i++
-			continue
-		}
-		if len(ch.Select) == 0 {
+		if len(ch.Select) != 1 || !sameType(ch.Array.DType, v.DType) {
 			runs = append(runs, slotRun{first: i, n: 1, axis: -1})
 			i++
 			continue

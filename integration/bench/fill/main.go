@@ -247,7 +247,7 @@ func stageOf(funcs []string) string {
 			return "decode"
 		case strings.Contains(f, "zarr.(*readState).assemble"), strings.Contains(f, "zarr.copyBox"), strings.Contains(f, "zarr.fillBox"),
 			strings.Contains(f, "zarr.swapBytes"), strings.Contains(f, "layout.castInto"), strings.Contains(f, "layout.(*View).fillSamples"),
-			strings.Contains(f, "layout.writePiece"), strings.Contains(f, "zarr.(*Hierarchy).assemble"):
+			strings.Contains(f, "layout.writePiece"):
 			return "assembly"
 		case strings.Contains(f, "zarrfs/objectstore."):
 			return "source read"

@@ -77,9 +77,18 @@ warm_once() {
 		return 1
 	fi
 	t1=$(now)
-	local s
+	local s dir got
 	s=$(secs "$t0" "$t1")
-	record "{\"what\": \"warm\", \"store\": \"$name\", \"label\": \"$label\", \"decode\": \"$dec\", \"cpus\": \"$cpus\", \"seconds\": $s, \"bytes\": $bytes, \"gbps\": $(awk -v b="$bytes" -v s="$s" 'BEGIN { printf "%.3f", b / s / 1e9 }')}"
+	# The data bytes of the blobs warm wrote (their sizes less the
+	# 4096-byte header), from the directory it prints for the view.
+	dir=$(awk -F'\t' '$1 == "train" { print $2 }' "$logdir/warm-$label.log")
+	got=$(find "$dir" -name '*.npy' -printf '%s\n' 2>/dev/null | awk '{ s += $1 - 4096 } END { printf "%d", s }')
+	if [ "${got:-0}" -le 0 ]; then
+		log "warm $label: no blobs found in '$dir'"
+		status=1
+		return 1
+	fi
+	record "{\"what\": \"warm\", \"store\": \"$name\", \"label\": \"$label\", \"decode\": \"$dec\", \"cpus\": \"$cpus\", \"seconds\": $s, \"bytes\": $got, \"gbps\": $(awk -v b="$got" -v s="$s" 'BEGIN { printf "%.3f", b / s / 1e9 }')}"
 }
 
 for name in $stores; do
@@ -88,8 +97,7 @@ for name in $stores; do
 		{ log "make_store $name failed"; status=1; continue; }
 	store=$src/era5.zarr view=$src/train.yaml
 	cat $(find "$store" -type f) >/dev/null
-	bytes=$(( steps * 21 * lat * lon * 4 ))
-	log "== $name: $steps samples, $(du -sh "$store" | cut -f1) compressed, $(awk -v b="$bytes" 'BEGIN { printf "%.2f", b / 1e9 }') GB decoded, $ncpu CPUs, GPU $gpu"
+	log "== $name: $steps samples, $(du -sh "$store" | cut -f1) compressed, $ncpu CPUs, GPU $gpu"
 
 	if [[ " $parts " == *" roofline "* ]]; then
 		for dec in $decoders; do
