@@ -10,7 +10,10 @@ import (
 // A negative option is a mistake: refused, never turned into the default
 // (a --source-stall of -1s must not become 10s).
 func TestNegativeOptionsRefused(t *testing.T) {
-	inner := &Posix{}
+	inner, err := OpenPosix(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
 	for name, f := range map[string]func(){
 		"RetryOptions.Budget":         func() { WithRetry(inner, RetryOptions{Budget: -time.Second}) },
 		"RetryOptions.MaxAttempts":    func() { WithRetry(inner, RetryOptions{MaxAttempts: -1}) },
