@@ -38,7 +38,7 @@ const (
 var ErrNoGoogleCredentials = errors.New("no Google credentials found")
 
 // GCSOptions configures OpenGCS. Every zero value means a documented
-// default.
+// default; negative values are refused.
 type GCSOptions struct {
 	// Endpoint is the JSON API endpoint: "" for Google
 	// (https://storage.googleapis.com/storage/v1/), or the emulator that
@@ -203,13 +203,9 @@ func OpenGCS(ctx context.Context, rawURL string, opts GCSOptions) (*GCS, error) 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	timeout := opts.RequestTimeout
-	if timeout <= 0 {
-		timeout = DefaultGCSRequestTimeout
-	}
-	inflight := opts.MaxInFlight
-	if inflight <= 0 {
-		inflight = DefaultGCSMaxInFlight
+	timeout, inflight, err := requestLimits("GCSOptions", opts.RequestTimeout, DefaultGCSRequestTimeout, opts.MaxInFlight, DefaultGCSMaxInFlight)
+	if err != nil {
+		return nil, err
 	}
 	base := opts.Transport
 	if base == nil {

@@ -21,7 +21,7 @@ const (
 )
 
 // HTTPOptions configures OpenHTTP. Every zero value means a documented
-// default.
+// default; negative values are refused.
 type HTTPOptions struct {
 	// BearerToken, when set, is sent as "Authorization: Bearer TOKEN" with
 	// every request (and kept on redirects to the same host only, as Go's
@@ -127,13 +127,9 @@ func OpenHTTP(ctx context.Context, rawURL string, opts HTTPOptions) (*HTTP, erro
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	timeout := opts.RequestTimeout
-	if timeout <= 0 {
-		timeout = DefaultHTTPRequestTimeout
-	}
-	inflight := opts.MaxInFlight
-	if inflight <= 0 {
-		inflight = DefaultHTTPMaxInFlight
+	timeout, inflight, err := requestLimits("HTTPOptions", opts.RequestTimeout, DefaultHTTPRequestTimeout, opts.MaxInFlight, DefaultHTTPMaxInFlight)
+	if err != nil {
+		return nil, err
 	}
 	tr := opts.Transport
 	if tr == nil {

@@ -42,4 +42,31 @@ func TestNegativeOptionsRefused(t *testing.T) {
 	if _, err := OpenS3(context.Background(), "s3://b/p", S3Options{Endpoint: "http://127.0.0.1:1", Anonymous: true, RequestTimeout: -time.Second}); err == nil || !strings.Contains(err.Error(), "request timeout") {
 		t.Errorf("OpenS3 with a negative request timeout: %v", err)
 	}
+	ctx := context.Background()
+	for name, open := range map[string]func() error{
+		"OpenS3 max in flight": func() error {
+			_, err := OpenS3(ctx, "s3://b/p", S3Options{Endpoint: "http://127.0.0.1:1", Anonymous: true, MaxInFlight: -1})
+			return err
+		},
+		"OpenGCS request timeout": func() error {
+			_, err := OpenGCS(ctx, "gs://b/p", GCSOptions{Endpoint: "http://127.0.0.1:1", Anonymous: true, RequestTimeout: -time.Second})
+			return err
+		},
+		"OpenGCS max in flight": func() error {
+			_, err := OpenGCS(ctx, "gs://b/p", GCSOptions{Endpoint: "http://127.0.0.1:1", Anonymous: true, MaxInFlight: -1})
+			return err
+		},
+		"OpenHTTP request timeout": func() error {
+			_, err := OpenHTTP(ctx, "http://127.0.0.1:1/p", HTTPOptions{RequestTimeout: -time.Second})
+			return err
+		},
+		"OpenHTTP max in flight": func() error {
+			_, err := OpenHTTP(ctx, "http://127.0.0.1:1/p", HTTPOptions{MaxInFlight: -1})
+			return err
+		},
+	} {
+		if err := open(); err == nil || !strings.Contains(err.Error(), "want 0 (the default) or more") {
+			t.Errorf("%s negative: %v, want it refused", name, err)
+		}
+	}
 }

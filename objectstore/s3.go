@@ -164,16 +164,9 @@ func OpenS3(ctx context.Context, rawURL string, opts S3Options) (*S3, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if opts.RequestTimeout < 0 || opts.MaxInFlight < 0 {
-		return nil, fmt.Errorf("objectstore: S3Options request timeout %v, max in flight %d: want 0 (the default) or more", opts.RequestTimeout, opts.MaxInFlight)
-	}
-	timeout := opts.RequestTimeout
-	if timeout == 0 {
-		timeout = DefaultS3RequestTimeout
-	}
-	inflight := opts.MaxInFlight
-	if inflight == 0 {
-		inflight = DefaultS3MaxInFlight
+	timeout, inflight, err := requestLimits("S3Options", opts.RequestTimeout, DefaultS3RequestTimeout, opts.MaxInFlight, DefaultS3MaxInFlight)
+	if err != nil {
+		return nil, err
 	}
 	id := "s3://" + bucket
 	if prefix != "" {
@@ -361,6 +354,16 @@ func (s *S3) objectKey(k string) string {
 		return s.prefix
 	}
 	return s.prefix + "/" + k
+}
+
+// requestLimits applies the defaults of a remote store's RequestTimeout
+// and MaxInFlight (named by what, its options type) to their zero values;
+// a negative value is refused, not turned into the default.
+func requestLimits(what string, timeout, defTimeout time.Duration, inflight, defInflight int) (time.Duration, int, error) {
+	if timeout < 0 || inflight < 0 {
+		return 0, 0, fmt.Errorf("objectstore: %s request timeout %v, max in flight %d: want 0 (the default) or more", what, timeout, inflight)
+	}
+	return cmp.Or(timeout, defTimeout), cmp.Or(inflight, defInflight), nil
 }
 
 func (s *S3) acquire(ctx context.Context) error {
