@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -209,7 +208,7 @@ func OpenGCS(ctx context.Context, rawURL string, opts GCSOptions) (*GCS, error) 
 	}
 	base := opts.Transport
 	if base == nil {
-		base = newGCSTransport(inflight, timeout)
+		base = newTransport(inflight, timeout)
 	}
 	var rt http.RoundTripper = &gcsTap{base: base}
 	source := "anonymous"
@@ -356,23 +355,15 @@ func oneLine(s string, n int) string {
 	return s
 }
 
-// newGCSTransport is tuned as newS3Transport is: connections kept for
-// reuse up to the requests in flight, no transparent gzip.
-func newGCSTransport(inflight int, timeout time.Duration) *http.Transport {
-	return &http.Transport{
-		Proxy:                 http.ProxyFromEnvironment,
-		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		ForceAttemptHTTP2:     true,
-		MaxIdleConns:          max(2*inflight, 100),
-		MaxIdleConnsPerHost:   inflight,
-		IdleConnTimeout:       90 * time.Second,
-		TLSHandshakeTimeout:   10 * time.Second,
-		ResponseHeaderTimeout: timeout,
-		ExpectContinueTimeout: time.Second,
-		DisableCompression:    true,
-		ReadBufferSize:        128 << 10,
-		WriteBufferSize:       32 << 10,
-	}
+// newTransport is the transport of the GCS and HTTP stores: Go's
+// defaults, HTTP/2 where the server offers it, tuned as every remote
+// store's is (tuneTransport).
+func newTransport(inflight int, timeout time.Duration) *http.Transport {
+	return tuneTransport(&http.Transport{
+		Proxy:               http.ProxyFromEnvironment,
+		ForceAttemptHTTP2:   true,
+		TLSHandshakeTimeout: 10 * time.Second,
+	}, inflight, timeout)
 }
 
 // Close releases the client and the idle connections kept for reuse.

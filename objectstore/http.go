@@ -133,7 +133,7 @@ func OpenHTTP(ctx context.Context, rawURL string, opts HTTPOptions) (*HTTP, erro
 	}
 	tr := opts.Transport
 	if tr == nil {
-		tr = newGCSTransport(inflight, timeout)
+		tr = newTransport(inflight, timeout)
 	}
 	h := &HTTP{
 		base:    base,

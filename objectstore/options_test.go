@@ -2,6 +2,7 @@ package objectstore
 
 import (
 	"context"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -67,6 +68,35 @@ func TestNegativeOptionsRefused(t *testing.T) {
 	} {
 		if err := open(); err == nil || !strings.Contains(err.Error(), "want 0 (the default) or more") {
 			t.Errorf("%s negative: %v, want it refused", name, err)
+		}
+	}
+}
+
+// Every remote store's transport keeps a connection per request in flight
+// for reuse, bounds the wait for response headers by the request timeout
+// and asks for no transparent compression.
+func TestRemoteTransportsTuned(t *testing.T) {
+	ctx := context.Background()
+	s3, err := OpenS3(ctx, "s3://b/p", S3Options{Endpoint: "https://127.0.0.1:1", Anonymous: true, RequestTimeout: 3 * time.Second, MaxInFlight: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gcs, err := OpenGCS(ctx, "gs://b/p", GCSOptions{Endpoint: "http://127.0.0.1:1", Anonymous: true, RequestTimeout: 3 * time.Second, MaxInFlight: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gcs.Close()
+	web, err := OpenHTTP(ctx, "http://127.0.0.1:1/p", HTTPOptions{RequestTimeout: 3 * time.Second, MaxInFlight: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, rt := range map[string]any{"s3": s3.tr, "gcs": gcs.tr, "http": web.tr} {
+		tr, ok := rt.(*http.Transport)
+		if !ok {
+			t.Fatalf("%s: transport %T", name, rt)
+		}
+		if tr.MaxIdleConnsPerHost != 8 || tr.ResponseHeaderTimeout != 3*time.Second || !tr.DisableCompression || tr.DialContext == nil {
+			t.Errorf("%s: idle per host %d, header timeout %v, compression disabled %v", name, tr.MaxIdleConnsPerHost, tr.ResponseHeaderTimeout, tr.DisableCompression)
 		}
 	}
 }

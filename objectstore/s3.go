@@ -211,15 +211,22 @@ func OpenS3(ctx context.Context, rawURL string, opts S3Options) (*S3, error) {
 	return s, nil
 }
 
-// newS3Transport is tuned for many concurrent reads from one host: as many
-// idle connections kept per host as requests may be in flight, so a steady
-// stream of range GETs reuses connections instead of dialling and
-// handshaking each time, and no transparent gzip (lengths must match).
+// newS3Transport is minio-go's transport (TLS settings of its own) tuned
+// as every remote store's is (tuneTransport).
 func newS3Transport(secure bool, inflight int, timeout time.Duration) *http.Transport {
 	tr, err := minio.DefaultTransport(secure)
 	if err != nil {
 		tr = &http.Transport{Proxy: http.ProxyFromEnvironment}
 	}
+	return tuneTransport(tr, inflight, timeout)
+}
+
+// tuneTransport tunes a remote store's transport for many concurrent reads
+// from one host: as many idle connections kept per host as requests may be
+// in flight, so a steady stream of range GETs reuses connections instead
+// of dialling and handshaking each time; the response headers bounded by
+// the request timeout; no transparent gzip (lengths must match).
+func tuneTransport(tr *http.Transport, inflight int, timeout time.Duration) *http.Transport {
 	tr.DialContext = (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext
 	tr.MaxIdleConns = max(2*inflight, 100)
 	tr.MaxIdleConnsPerHost = inflight
