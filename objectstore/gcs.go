@@ -85,16 +85,12 @@ type GCSOptions struct {
 // client's own retries, and its silent re-reading of a body that broke
 // off, are turned off: wrap the store with WithRetry.
 type GCS struct {
+	remote
 	client   *storage.Client
 	bkt      *storage.BucketHandle
 	bucket   string
 	prefix   string // "" or "dir/sub", no slashes at either end
-	id       string
 	endpoint string // scheme://host[:port] of a non-default endpoint, part of Identity
-	log      *slog.Logger
-	timeout  time.Duration
-	sem      chan struct{}
-	tr       http.RoundTripper
 }
 
 var (
@@ -103,6 +99,7 @@ var (
 	_ Identifier    = (*GCS)(nil)
 	_ Versioned     = (*GCS)(nil)
 	_ VersionStater = (*GCS)(nil)
+	_ QueueingStore = (*GCS)(nil)
 )
 
 // ParseGSURL splits "gs://bucket/prefix" into bucket and prefix (without
@@ -236,17 +233,14 @@ func OpenGCS(ctx context.Context, rawURL string, opts GCSOptions) (*GCS, error) 
 	// hidden loop here would multiply attempts and hide faults.
 	client.SetRetry(storage.WithPolicy(storage.RetryNever))
 	g := &GCS{
+		remote:   remote{id: id, log: log.With("store", id), timeout: timeout, sem: make(chan struct{}, inflight), tr: base},
 		client:   client,
 		bkt:      client.Bucket(bucket),
 		bucket:   bucket,
 		prefix:   prefix,
-		id:       id,
 		endpoint: named,
-		log:      log.With("store", id),
-		timeout:  timeout,
-		sem:      make(chan struct{}, inflight),
-		tr:       base,
 	}
+	g.read = g.fetch
 	g.log.Debug("gcs store opened", "endpoint", cmpOr(named, "https://storage.googleapis.com"),
 		"credentials", source, "max_in_flight", inflight, "request_timeout", timeout)
 	return g, nil
@@ -369,14 +363,9 @@ func newTransport(inflight int, timeout time.Duration) *http.Transport {
 // Close releases the client and the idle connections kept for reuse.
 func (g *GCS) Close() error {
 	err := g.client.Close()
-	if t, ok := g.tr.(interface{ CloseIdleConnections() }); ok {
-		t.CloseIdleConnections()
-	}
+	g.remote.Close()
 	return err
 }
-
-// ID returns "gs://bucket/prefix".
-func (g *GCS) ID() string { return g.id }
 
 // Identity is the ID, with the endpoint when it is not Google's.
 func (g *GCS) Identity() string {
@@ -385,10 +374,6 @@ func (g *GCS) Identity() string {
 	}
 	return g.id + "@" + g.endpoint
 }
-
-// QueuesRequests reports that requests wait for one of MaxInFlight slots
-// (see QueueingStore).
-func (g *GCS) QueuesRequests() bool { return true }
 
 // ObjectsPerListing is how many objects one listing request returns: an
 // array with more chunks than that is cheaper to ask chunk by chunk, as it
@@ -405,66 +390,8 @@ func (g *GCS) objectName(k string) string {
 	return g.prefix + "/" + k
 }
 
-func (g *GCS) acquire(ctx context.Context) error {
-	select {
-	case g.sem <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (g *GCS) release() { <-g.sem }
-
 // gcsVersion is the version string of an object generation.
 func gcsVersion(gen int64) string { return "gen:" + strconv.FormatInt(gen, 10) }
-
-// Get reads a whole object.
-func (g *GCS) Get(ctx context.Context, key string) ([]byte, error) {
-	b, _, err := g.GetVersion(ctx, key, nil)
-	return b, err
-}
-
-// GetInto is Get reading into buf when it is large enough.
-func (g *GCS) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
-	b, _, err := g.GetVersion(ctx, key, buf)
-	return b, err
-}
-
-// GetRange reads length bytes at off, or the last length bytes when off < 0.
-func (g *GCS) GetRange(ctx context.Context, key string, off, length int64) ([]byte, error) {
-	b, _, err := g.GetRangeVersion(ctx, key, off, length)
-	return b, err
-}
-
-// GetVersion reads a whole object and the generation of its response.
-func (g *GCS) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
-	k, err := CleanKey(key, false)
-	if err != nil {
-		return nil, "", &Error{Op: "get", Store: g.id, Key: key, Err: err}
-	}
-	b, gen, err := g.fetch(ctx, k, 0, 0, false, buf)
-	if err != nil {
-		return nil, "", &Error{Op: "get", Store: g.id, Key: k, Err: err}
-	}
-	return b, gcsVersion(gen), nil
-}
-
-// GetRangeVersion reads a byte range and the generation of its response.
-func (g *GCS) GetRangeVersion(ctx context.Context, key string, off, length int64) ([]byte, string, error) {
-	k, err := CleanKey(key, false)
-	if err != nil {
-		return nil, "", &Error{Op: "get range", Store: g.id, Key: key, Err: err}
-	}
-	if length < 0 {
-		return nil, "", &Error{Op: "get range", Store: g.id, Key: k, Err: fmt.Errorf("negative length %d", length)}
-	}
-	b, gen, err := g.fetch(ctx, k, off, length, true, nil)
-	if err != nil {
-		return nil, "", &Error{Op: "get range", Store: g.id, Key: k, Err: err}
-	}
-	return b, gcsVersion(gen), nil
-}
 
 // StatVersion returns the generation of the object at key with one
 // metadata request.
@@ -601,22 +528,23 @@ func (g *GCS) stat(ctx context.Context, k string) (*storage.ObjectAttrs, error) 
 	return attrs, nil
 }
 
-// fetch reads a whole object or a range and returns its generation.
-func (g *GCS) fetch(ctx context.Context, k string, off, length int64, ranged bool, into []byte) ([]byte, int64, error) {
+// fetch reads a whole object or a range, and the generation of the
+// response.
+func (g *GCS) fetch(ctx context.Context, k string, off, length int64, ranged bool, into []byte) ([]byte, string, error) {
 	if ranged && length == 0 {
 		// HTTP cannot ask for zero bytes; check existence and bounds instead.
 		attrs, err := g.stat(ctx, k)
 		if err != nil {
-			return nil, 0, err
+			return nil, "", err
 		}
 		if off > attrs.Size {
-			return nil, 0, fmt.Errorf("%w: offset %d, size %d", ErrRange, off, attrs.Size)
+			return nil, "", fmt.Errorf("%w: offset %d, size %d", ErrRange, off, attrs.Size)
 		}
-		return []byte{}, attrs.Generation, nil
+		return []byte{}, gcsVersion(attrs.Generation), nil
 	}
 	rctx, r, fired, done, err := g.begin(ctx)
 	if err != nil {
-		return nil, 0, err
+		return nil, "", err
 	}
 	defer done()
 	start := time.Now()
@@ -633,7 +561,7 @@ func (g *GCS) fetch(ctx context.Context, k string, off, length int64, ranged boo
 	if err != nil {
 		err = g.classify(ctx, fired.Load(), r, err)
 		g.log.Debug("gcs get failed", "key", k, "off", off, "length", length, "err", err)
-		return nil, 0, err
+		return nil, "", err
 	}
 	defer rd.Close()
 	gen := rd.Attrs.Generation
@@ -651,17 +579,17 @@ func (g *GCS) fetch(ctx context.Context, k string, off, length int64, ranged boo
 		if size >= 0 && !rd.Attrs.Decompressed {
 			if off < 0 {
 				if size < length {
-					return nil, 0, fmt.Errorf("%w: last %d bytes of %d", ErrRange, length, size)
+					return nil, "", fmt.Errorf("%w: last %d bytes of %d", ErrRange, length, size)
 				}
 				off = size - length
 			}
 			if off+length > size {
-				return nil, 0, fmt.Errorf("%w: %d+%d, size %d", ErrRange, off, length, size)
+				return nil, "", fmt.Errorf("%w: %d+%d, size %d", ErrRange, off, length, size)
 			}
 		}
 		if status == http.StatusPartialContent {
 			if rd.Attrs.StartOffset != off || want != length {
-				return nil, 0, Transient(fmt.Errorf("server sent %d bytes at %d for %d at %d", want, rd.Attrs.StartOffset, length, off))
+				return nil, "", Transient(fmt.Errorf("server sent %d bytes at %d for %d at %d", want, rd.Attrs.StartOffset, length, off))
 			}
 		} else if off >= 0 {
 			from = off
@@ -671,7 +599,7 @@ func (g *GCS) fetch(ctx context.Context, k string, off, length int64, ranged boo
 		// The object is read whole: refuse one larger than the caller
 		// expects before allocating for it.
 		if err := checkSize(ctx, want); err != nil {
-			return nil, 0, err
+			return nil, "", err
 		}
 	}
 	var buf []byte
@@ -688,7 +616,7 @@ func (g *GCS) fetch(ctx context.Context, k string, off, length int64, ranged boo
 		n = len(buf)
 		if err == nil {
 			if err := checkSize(ctx, int64(n)); err != nil {
-				return nil, 0, err
+				return nil, "", err
 			}
 		}
 	}
@@ -704,18 +632,18 @@ func (g *GCS) fetch(ctx context.Context, k string, off, length int64, ranged boo
 	}
 	if err != nil {
 		if perr := ctx.Err(); perr != nil {
-			return nil, 0, perr
+			return nil, "", perr
 		}
 		if fired.Load() {
-			return nil, 0, Transient(fmt.Errorf("request stalled: no data for %v after %d of %d bytes: %w", g.timeout, n, want, context.DeadlineExceeded))
+			return nil, "", Transient(fmt.Errorf("request stalled: no data for %v after %d of %d bytes: %w", g.timeout, n, want, context.DeadlineExceeded))
 		}
 		if _, _, berr := r.seen(); berr != nil {
 			err = berr // what broke the body, not the client's attempt to read it again
 		}
 		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-			return nil, 0, Transient(fmt.Errorf("%w: %d of %d bytes", ErrTruncated, n, want))
+			return nil, "", Transient(fmt.Errorf("%w: %d of %d bytes", ErrTruncated, n, want))
 		}
-		return nil, 0, Transient(fmt.Errorf("reading body after %d of %d bytes: %w", n, want, err))
+		return nil, "", Transient(fmt.Errorf("reading body after %d of %d bytes: %w", n, want, err))
 	}
 	if ranged && status != http.StatusPartialContent {
 		if off < 0 {
@@ -723,12 +651,12 @@ func (g *GCS) fetch(ctx context.Context, k string, off, length int64, ranged boo
 			from = off
 		}
 		if from < 0 || from+length > int64(len(buf)) {
-			return nil, 0, fmt.Errorf("%w: %d+%d, size %d", ErrRange, from, length, len(buf))
+			return nil, "", fmt.Errorf("%w: %d+%d, size %d", ErrRange, from, length, len(buf))
 		}
 		buf = buf[from : from+length]
 	}
 	g.log.Debug("gcs get", "key", k, "off", off, "length", length, "bytes", len(buf), "generation", gen, "dur", time.Since(start))
-	return buf, gen, nil
+	return buf, gcsVersion(gen), nil
 }
 
 // classify turns a client or transport error into the package's classes.

@@ -65,15 +65,11 @@ type HTTPOptions struct {
 // failures, truncated bodies and stalls are Transient. Wrap it with
 // WithRetry.
 type HTTP struct {
+	remote
 	base    string // scheme://host[:port]/path, no trailing slash
-	id      string
 	client  *http.Client
 	token   string
 	tokenOf string
-	log     *slog.Logger
-	timeout time.Duration
-	sem     chan struct{}
-	tr      http.RoundTripper
 
 	sawETag, sawModified, sawNone atomic.Bool
 }
@@ -83,6 +79,8 @@ var (
 	_ GetterInto    = (*HTTP)(nil)
 	_ Versioned     = (*HTTP)(nil)
 	_ VersionStater = (*HTTP)(nil)
+	_ QueueingStore = (*HTTP)(nil)
+	_ Prober        = (*HTTP)(nil)
 )
 
 // ParseHTTPURL checks an http:// or https:// store URL and returns it
@@ -136,34 +134,16 @@ func OpenHTTP(ctx context.Context, rawURL string, opts HTTPOptions) (*HTTP, erro
 		tr = newTransport(inflight, timeout)
 	}
 	h := &HTTP{
+		remote:  remote{id: base, log: log.With("store", base), timeout: timeout, sem: make(chan struct{}, inflight), tr: tr},
 		base:    base,
-		id:      base,
 		client:  &http.Client{Transport: tr, CheckRedirect: checkRedirect},
 		token:   opts.BearerToken,
 		tokenOf: cmpOr(opts.TokenSource, "the bearer token"),
-		log:     log.With("store", base),
-		timeout: timeout,
-		sem:     make(chan struct{}, inflight),
-		tr:      tr,
 	}
+	h.read = h.fetch
 	h.log.Debug("http store opened", "bearer_token", opts.BearerToken != "", "max_in_flight", inflight, "request_timeout", timeout)
 	return h, nil
 }
-
-// Close releases the idle connections kept for reuse.
-func (h *HTTP) Close() error {
-	if t, ok := h.tr.(interface{ CloseIdleConnections() }); ok {
-		t.CloseIdleConnections()
-	}
-	return nil
-}
-
-// ID returns the base URL.
-func (h *HTTP) ID() string { return h.id }
-
-// QueuesRequests reports that requests wait for one of MaxInFlight slots
-// (see QueueingStore).
-func (h *HTTP) QueuesRequests() bool { return true }
 
 // Validators says which kinds of version the server's responses carried
 // so far: "etag", "last-modified", "none", joined by "+" when they
@@ -202,53 +182,6 @@ func (h *HTTP) List(ctx context.Context, prefix string) ([]string, error) {
 func (h *HTTP) ListVersions(ctx context.Context, prefix string, fn func(key, version string)) error {
 	_, err := h.List(ctx, prefix)
 	return err
-}
-
-// Get reads a whole object.
-func (h *HTTP) Get(ctx context.Context, key string) ([]byte, error) {
-	b, _, err := h.GetVersion(ctx, key, nil)
-	return b, err
-}
-
-// GetInto is Get reading into buf when it is large enough.
-func (h *HTTP) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
-	b, _, err := h.GetVersion(ctx, key, buf)
-	return b, err
-}
-
-// GetRange reads length bytes at off, or the last length bytes when off < 0.
-func (h *HTTP) GetRange(ctx context.Context, key string, off, length int64) ([]byte, error) {
-	b, _, err := h.GetRangeVersion(ctx, key, off, length)
-	return b, err
-}
-
-// GetVersion reads a whole object and the version of its response.
-func (h *HTTP) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
-	k, err := CleanKey(key, false)
-	if err != nil {
-		return nil, "", &Error{Op: "get", Store: h.id, Key: key, Err: err}
-	}
-	b, v, err := h.fetch(ctx, k, 0, 0, false, buf)
-	if err != nil {
-		return nil, "", &Error{Op: "get", Store: h.id, Key: k, Err: err}
-	}
-	return b, v, nil
-}
-
-// GetRangeVersion reads a byte range and the version of its response.
-func (h *HTTP) GetRangeVersion(ctx context.Context, key string, off, length int64) ([]byte, string, error) {
-	k, err := CleanKey(key, false)
-	if err != nil {
-		return nil, "", &Error{Op: "get range", Store: h.id, Key: key, Err: err}
-	}
-	if length < 0 {
-		return nil, "", &Error{Op: "get range", Store: h.id, Key: k, Err: fmt.Errorf("negative length %d", length)}
-	}
-	b, v, err := h.fetch(ctx, k, off, length, true, nil)
-	if err != nil {
-		return nil, "", &Error{Op: "get range", Store: h.id, Key: k, Err: err}
-	}
-	return b, v, nil
 }
 
 // StatVersion asks the version of the object at key with a HEAD request.
@@ -336,17 +269,6 @@ func (h *HTTP) do(ctx context.Context, method, k, rng string) (fired *atomic.Boo
 	}
 	return fired, resp, done, nil
 }
-
-func (h *HTTP) acquire(ctx context.Context) error {
-	select {
-	case h.sem <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (h *HTTP) release() { <-h.sem }
 
 // errDirectory is a redirect from a key to the same path with a slash
 // added: the key names a directory of the server (whose index page is no

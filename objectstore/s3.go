@@ -75,18 +75,19 @@ type S3Options struct {
 // request timeouts are Transient. S3 does not retry by itself; wrap it with
 // WithRetry.
 type S3 struct {
+	remote
 	client   *minio.Client
 	bucket   string
 	prefix   string // "" or "dir/sub", no slashes at either end
-	id       string
 	endpoint string // scheme://host[:port], part of Identity
-	log      *slog.Logger
-	timeout  time.Duration
-	sem      chan struct{}
-	tr       http.RoundTripper
 }
 
-var _ Store = (*S3)(nil)
+var (
+	_ Store         = (*S3)(nil)
+	_ GetterInto    = (*S3)(nil)
+	_ Identifier    = (*S3)(nil)
+	_ QueueingStore = (*S3)(nil)
+)
 
 // ParseS3URL splits "s3://bucket/prefix" into bucket and prefix (without
 // slashes at either end). Credentials in the URL are refused, without
@@ -196,17 +197,14 @@ func OpenS3(ctx context.Context, rawURL string, opts S3Options) (*S3, error) {
 		return nil, fmt.Errorf("%s: %w", id, err)
 	}
 	s := &S3{
+		remote:   remote{id: id, log: log.With("store", id), timeout: timeout, sem: make(chan struct{}, inflight), tr: tr},
 		client:   client,
 		bucket:   bucket,
 		prefix:   prefix,
-		id:       id,
 		endpoint: (&url.URL{Scheme: map[bool]string{true: "https", false: "http"}[secure], Host: host}).String(),
-		log:      log.With("store", id),
-		timeout:  timeout,
-		sem:      make(chan struct{}, inflight),
-		tr:       tr,
 	}
-	s.log.Debug("s3 store opened", "endpoint", (&url.URL{Scheme: map[bool]string{true: "https", false: "http"}[secure], Host: host}).String(),
+	s.read = s.fetch
+	s.log.Debug("s3 store opened", "endpoint", s.endpoint,
 		"region", opts.Region, "credentials", source, "max_in_flight", inflight, "request_timeout", timeout)
 	return s, nil
 }
@@ -337,18 +335,6 @@ func (c *strictChain) IsExpired() bool {
 	return c.curr.IsExpired()
 }
 
-// Close releases the idle connections kept for reuse. Calls made after it
-// still work (they dial again).
-func (s *S3) Close() error {
-	if t, ok := s.tr.(interface{ CloseIdleConnections() }); ok {
-		t.CloseIdleConnections()
-	}
-	return nil
-}
-
-// ID returns "s3://bucket/prefix".
-func (s *S3) ID() string { return s.id }
-
 // Identity is the ID with the endpoint: the same bucket on two endpoints
 // is two sources.
 func (s *S3) Identity() string { return s.id + "@" + s.endpoint }
@@ -372,21 +358,6 @@ func requestLimits(what string, timeout, defTimeout time.Duration, inflight, def
 	}
 	return cmp.Or(timeout, defTimeout), cmp.Or(inflight, defInflight), nil
 }
-
-func (s *S3) acquire(ctx context.Context) error {
-	select {
-	case s.sem <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (s *S3) release() { <-s.sem }
-
-// QueuesRequests reports that requests wait for one of MaxInFlight slots;
-// the store calls StartAttempt when a request gets one (see QueueingStore).
-func (s *S3) QueuesRequests() bool { return true }
 
 // classify turns a minio-go or transport error into the package's classes.
 // parent is the caller's context; timedOut says our own request timer fired.
@@ -432,61 +403,16 @@ func (s *S3) classify(parent context.Context, timedOut bool, err error) error {
 	return errors.New(desc)
 }
 
-// Get reads a whole object, verifying its length against Content-Length.
-func (s *S3) Get(ctx context.Context, key string) ([]byte, error) {
-	k, err := CleanKey(key, false)
-	if err != nil {
-		return nil, &Error{Op: "get", Store: s.id, Key: key, Err: err}
-	}
-	b, err := s.fetch(ctx, k, 0, 0, false, nil, nil)
-	if err != nil {
-		return nil, &Error{Op: "get", Store: s.id, Key: k, Err: err}
-	}
-	return b, nil
-}
-
-var _ GetterInto = (*S3)(nil)
-
-// GetInto is Get reading into buf when it is large enough.
-func (s *S3) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
-	k, err := CleanKey(key, false)
-	if err != nil {
-		return nil, &Error{Op: "get", Store: s.id, Key: key, Err: err}
-	}
-	b, err := s.fetch(ctx, k, 0, 0, false, buf, nil)
-	if err != nil {
-		return nil, &Error{Op: "get", Store: s.id, Key: k, Err: err}
-	}
-	return b, nil
-}
-
-// GetRange reads length bytes at off, or the last length bytes when off < 0,
-// with one range GET. The response's Content-Range and length are checked
-// against the request.
-func (s *S3) GetRange(ctx context.Context, key string, off, length int64) ([]byte, error) {
-	k, err := CleanKey(key, false)
-	if err != nil {
-		return nil, &Error{Op: "get range", Store: s.id, Key: key, Err: err}
-	}
-	if length < 0 {
-		return nil, &Error{Op: "get range", Store: s.id, Key: k, Err: fmt.Errorf("negative length %d", length)}
-	}
-	b, err := s.fetch(ctx, k, off, length, true, nil, nil)
-	if err != nil {
-		return nil, &Error{Op: "get range", Store: s.id, Key: k, Err: err}
-	}
-	return b, nil
-}
-
-// fetch reads a whole object or a range; etag, when not nil, receives the
-// ETag of the response.
-func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool, into []byte, etag *string) ([]byte, error) {
+// fetch reads a whole object or a range, and the ETag of the response,
+// verifying the body's length against Content-Length and, for a range, its
+// Content-Range.
+func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool, into []byte) ([]byte, string, error) {
 	if err := s.acquire(ctx); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	defer s.release()
 	if err := StartAttempt(ctx); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	// The request timer runs until the headers arrive and is re-armed by
 	// every body read: a stall of RequestTimeout anywhere ends the request,
@@ -503,15 +429,12 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 		// HTTP cannot ask for zero bytes; check existence and bounds instead.
 		info, err := s.client.StatObject(rctx, s.bucket, obj, minio.StatObjectOptions{})
 		if err != nil {
-			return nil, s.classify(ctx, fired.Load(), err)
+			return nil, "", s.classify(ctx, fired.Load(), err)
 		}
 		if off > info.Size {
-			return nil, fmt.Errorf("%w: offset %d, size %d", ErrRange, off, info.Size)
+			return nil, "", fmt.Errorf("%w: offset %d, size %d", ErrRange, off, info.Size)
 		}
-		if etag != nil {
-			*etag = info.ETag
-		}
-		return []byte{}, nil
+		return []byte{}, s3Version(info.ETag), nil
 	}
 
 	var gopts minio.GetObjectOptions
@@ -523,20 +446,17 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 			err = gopts.SetRange(off, off+length-1)
 		}
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
 	}
 	body, info, hdr, err := minio.Core{Client: s.client}.GetObject(rctx, s.bucket, obj, gopts)
 	if err != nil {
 		err = s.classify(ctx, fired.Load(), err)
 		s.log.Debug("s3 get failed", "key", k, "off", off, "length", length, "err", err)
-		return nil, err
+		return nil, "", err
 	}
 	defer body.Close()
 	body = progressReader{body, timer, s.timeout}
-	if etag != nil {
-		*etag = info.ETag
-	}
 
 	// want: the bytes this response must carry; from, to: the slice of them
 	// the caller asked for (a server may ignore Range and send everything).
@@ -553,22 +473,22 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 		} else {
 			first, last, total, err := parseContentRange(cr)
 			if err != nil {
-				return nil, Transient(fmt.Errorf("bad Content-Range %q: %w", cr, err))
+				return nil, "", Transient(fmt.Errorf("bad Content-Range %q: %w", cr, err))
 			}
 			if off < 0 {
 				if total < length {
-					return nil, fmt.Errorf("%w: last %d bytes of %d", ErrRange, length, total)
+					return nil, "", fmt.Errorf("%w: last %d bytes of %d", ErrRange, length, total)
 				}
 				off = total - length
 			}
 			if off+length > total {
-				return nil, fmt.Errorf("%w: %d+%d, size %d", ErrRange, off, length, total)
+				return nil, "", fmt.Errorf("%w: %d+%d, size %d", ErrRange, off, length, total)
 			}
 			if first != off || last != off+length-1 {
-				return nil, Transient(fmt.Errorf("server sent bytes %d-%d for %d-%d", first, last, off, off+length-1))
+				return nil, "", Transient(fmt.Errorf("server sent bytes %d-%d for %d-%d", first, last, off, off+length-1))
 			}
 			if want >= 0 && want != length {
-				return nil, Transient(fmt.Errorf("Content-Length %d for a range of %d bytes", want, length))
+				return nil, "", Transient(fmt.Errorf("Content-Length %d for a range of %d bytes", want, length))
 			}
 			want = length
 		}
@@ -577,7 +497,7 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 		// The object is read whole: refuse one larger than the caller
 		// expects before allocating for it.
 		if err := checkSize(ctx, want); err != nil {
-			return nil, err
+			return nil, "", err
 		}
 	}
 	var buf []byte
@@ -594,24 +514,24 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 		n = len(buf)
 		if err == nil {
 			if err := checkSize(ctx, int64(n)); err != nil {
-				return nil, err
+				return nil, "", err
 			}
 		}
 	}
 	if err != nil {
 		if perr := ctx.Err(); perr != nil {
-			return nil, perr
+			return nil, "", perr
 		}
 		if fired.Load() {
-			return nil, Transient(fmt.Errorf("request stalled: no data for %v after %d of %d bytes: %w", s.timeout, n, want, context.DeadlineExceeded))
+			return nil, "", Transient(fmt.Errorf("request stalled: no data for %v after %d of %d bytes: %w", s.timeout, n, want, context.DeadlineExceeded))
 		}
 		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 			if want < 0 {
-				return nil, Transient(fmt.Errorf("%w: chunked body cut after %d bytes", ErrTruncated, n))
+				return nil, "", Transient(fmt.Errorf("%w: chunked body cut after %d bytes", ErrTruncated, n))
 			}
-			return nil, Transient(fmt.Errorf("%w: %d of %d bytes", ErrTruncated, n, want))
+			return nil, "", Transient(fmt.Errorf("%w: %d of %d bytes", ErrTruncated, n, want))
 		}
-		return nil, Transient(fmt.Errorf("reading body after %d of %d bytes: %w", n, want, err))
+		return nil, "", Transient(fmt.Errorf("reading body after %d of %d bytes: %w", n, want, err))
 	}
 	if ranged && whole {
 		size := int64(len(buf))
@@ -619,12 +539,12 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 			off = size - length
 		}
 		if off < 0 || off+length > size {
-			return nil, fmt.Errorf("%w: %d+%d, size %d", ErrRange, off, length, size)
+			return nil, "", fmt.Errorf("%w: %d+%d, size %d", ErrRange, off, length, size)
 		}
 		buf = buf[off : off+length]
 	}
 	s.log.Debug("s3 get", "key", k, "off", off, "length", length, "bytes", len(buf), "dur", time.Since(start))
-	return buf, nil
+	return buf, s3Version(info.ETag), nil
 }
 
 // progressReader re-arms the request timer on every read that returns data.

@@ -298,37 +298,6 @@ var _ Versioned = (*S3)(nil)
 
 func s3Version(etag string) string { return "etag:" + etag }
 
-// GetVersion reads a whole object and the ETag of its response.
-func (s *S3) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
-	k, err := CleanKey(key, false)
-	if err != nil {
-		return nil, "", &Error{Op: "get", Store: s.id, Key: key, Err: err}
-	}
-	var etag string
-	b, err := s.fetch(ctx, k, 0, 0, false, buf, &etag)
-	if err != nil {
-		return nil, "", &Error{Op: "get", Store: s.id, Key: k, Err: err}
-	}
-	return b, s3Version(etag), nil
-}
-
-// GetRangeVersion reads a byte range and the ETag of its response.
-func (s *S3) GetRangeVersion(ctx context.Context, key string, off, length int64) ([]byte, string, error) {
-	k, err := CleanKey(key, false)
-	if err != nil {
-		return nil, "", &Error{Op: "get range", Store: s.id, Key: key, Err: err}
-	}
-	if length < 0 {
-		return nil, "", &Error{Op: "get range", Store: s.id, Key: k, Err: fmt.Errorf("negative length %d", length)}
-	}
-	var etag string
-	b, err := s.fetch(ctx, k, off, length, true, nil, &etag)
-	if err != nil {
-		return nil, "", &Error{Op: "get range", Store: s.id, Key: k, Err: err}
-	}
-	return b, s3Version(etag), nil
-}
-
 // ListVersions lists every object below prefix with one recursive listing
 // (one request per thousand objects).
 func (s *S3) ListVersions(ctx context.Context, prefix string, fn func(key, version string)) error {
