@@ -413,8 +413,7 @@ func (g *GCS) StatVersion(ctx context.Context, key string) (string, error) {
 // (the retry layer decides), and records the response and the first
 // failure of its body.
 type request struct {
-	timer   *time.Timer
-	timeout time.Duration
+	*attempt
 
 	sent   atomic.Bool
 	mu     sync.Mutex
@@ -484,8 +483,8 @@ type tapBody struct {
 
 func (b *tapBody) Read(p []byte) (int, error) {
 	n, err := b.rc.Read(p)
-	if n > 0 && b.r.timer != nil {
-		b.r.timer.Reset(b.r.timeout)
+	if n > 0 {
+		b.r.progress()
 	}
 	if err != nil && err != io.EOF {
 		b.r.failBody(err)
@@ -495,35 +494,27 @@ func (b *tapBody) Read(p []byte) (int, error) {
 
 func (b *tapBody) Close() error { return b.rc.Close() }
 
-// begin takes a request slot and arms the stall timer; done releases both.
-func (g *GCS) begin(ctx context.Context) (rctx context.Context, r *request, fired *atomic.Bool, done func(), err error) {
-	if err := g.acquire(ctx); err != nil {
-		return nil, nil, nil, nil, err
-	}
-	if err := StartAttempt(ctx); err != nil {
-		g.release()
-		return nil, nil, nil, nil, err
-	}
-	cctx, cancel := context.WithCancel(ctx)
-	fired = new(atomic.Bool)
-	r = &request{timeout: g.timeout}
-	r.timer = time.AfterFunc(g.timeout, func() { fired.Store(true); cancel() })
-	return context.WithValue(cctx, requestKey{}, r), r, fired, func() {
-		r.timer.Stop()
-		cancel()
-		g.release()
-	}, nil
-}
-
-func (g *GCS) stat(ctx context.Context, k string) (*storage.ObjectAttrs, error) {
-	rctx, r, fired, done, err := g.begin(ctx)
+// begin starts a request (remote.start) that the transport (gcsTap) sees
+// and lets through once; the caller ends it.
+func (g *GCS) begin(ctx context.Context) (*request, error) {
+	a, err := g.start(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer done()
-	attrs, err := g.bkt.Object(g.objectName(k)).Attrs(rctx)
+	r := &request{attempt: a}
+	r.ctx = context.WithValue(a.ctx, requestKey{}, r)
+	return r, nil
+}
+
+func (g *GCS) stat(ctx context.Context, k string) (*storage.ObjectAttrs, error) {
+	r, err := g.begin(ctx)
 	if err != nil {
-		return nil, g.classify(ctx, fired.Load(), r, err)
+		return nil, err
+	}
+	defer r.end()
+	attrs, err := g.bkt.Object(g.objectName(k)).Attrs(r.ctx)
+	if err != nil {
+		return nil, g.classify(ctx, r.stalled(), r, err)
 	}
 	return attrs, nil
 }
@@ -542,24 +533,24 @@ func (g *GCS) fetch(ctx context.Context, k string, off, length int64, ranged boo
 		}
 		return []byte{}, gcsVersion(attrs.Generation), nil
 	}
-	rctx, r, fired, done, err := g.begin(ctx)
+	r, err := g.begin(ctx)
 	if err != nil {
 		return nil, "", err
 	}
-	defer done()
+	defer r.end()
 	start := time.Now()
 	obj := g.bkt.Object(g.objectName(k))
 	var rd *storage.Reader
 	switch {
 	case !ranged:
-		rd, err = obj.NewReader(rctx)
+		rd, err = obj.NewReader(r.ctx)
 	case off < 0:
-		rd, err = obj.NewRangeReader(rctx, -length, -1)
+		rd, err = obj.NewRangeReader(r.ctx, -length, -1)
 	default:
-		rd, err = obj.NewRangeReader(rctx, off, length)
+		rd, err = obj.NewRangeReader(r.ctx, off, length)
 	}
 	if err != nil {
-		err = g.classify(ctx, fired.Load(), r, err)
+		err = g.classify(ctx, r.stalled(), r, err)
 		g.log.Debug("gcs get failed", "key", k, "off", off, "length", length, "err", err)
 		return nil, "", err
 	}
@@ -634,7 +625,7 @@ func (g *GCS) fetch(ctx context.Context, k string, off, length int64, ranged boo
 		if perr := ctx.Err(); perr != nil {
 			return nil, "", perr
 		}
-		if fired.Load() {
+		if r.stalled() {
 			return nil, "", Transient(fmt.Errorf("request stalled: no data for %v after %d of %d bytes: %w", g.timeout, n, want, context.DeadlineExceeded))
 		}
 		if _, _, berr := r.seen(); berr != nil {
@@ -800,32 +791,25 @@ func (g *GCS) ListVersions(ctx context.Context, prefix string, fn func(key, vers
 // re-armed by every entry received, so a long listing that keeps flowing
 // is never cut off.
 func (g *GCS) listing(ctx context.Context, q *storage.Query, fields []string, fn func(*storage.ObjectAttrs)) error {
-	if err := g.acquire(ctx); err != nil {
-		return err
-	}
-	defer g.release()
-	if err := StartAttempt(ctx); err != nil {
-		return err
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var fired atomic.Bool
-	timer := time.AfterFunc(g.timeout, func() { fired.Store(true); cancel() })
-	defer timer.Stop()
 	if err := q.SetAttrSelection(fields); err != nil {
 		return err
 	}
-	it := g.bkt.Objects(rctx, q)
+	a, err := g.start(ctx)
+	if err != nil {
+		return err
+	}
+	defer a.end()
+	it := g.bkt.Objects(a.ctx, q)
 	for {
-		a, err := it.Next()
+		attrs, err := it.Next()
 		if err == iterator.Done {
 			break
 		}
 		if err != nil {
-			return g.classify(ctx, fired.Load(), nil, err)
+			return g.classify(ctx, a.stalled(), nil, err)
 		}
-		timer.Reset(g.timeout)
-		fn(a)
+		a.progress()
+		fn(attrs)
 	}
 	return ctx.Err()
 }

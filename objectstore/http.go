@@ -200,12 +200,12 @@ func (h *HTTP) StatVersion(ctx context.Context, key string) (string, error) {
 // Probe asks the server whether it answers at all (the breaker's probe of
 // a store it cannot list): any HTTP response is an answer.
 func (h *HTTP) Probe(ctx context.Context) error {
-	_, resp, done, err := h.do(ctx, http.MethodHead, "", "")
+	a, resp, err := h.do(ctx, http.MethodHead, "", "")
 	if err != nil {
 		return err
 	}
 	resp.Body.Close()
-	done()
+	a.end()
 	return nil
 }
 
@@ -223,25 +223,18 @@ func (h *HTTP) version(hdr http.Header) string {
 	return "unversioned"
 }
 
-// do sends one request (after taking a slot) with the stall timer armed;
-// the caller reads the body, re-arming the timer through progressReader,
-// and calls done. fired reports whether the timer ended the request.
-func (h *HTTP) do(ctx context.Context, method, k, rng string) (fired *atomic.Bool, resp *http.Response, done func(), err error) {
-	if err := h.acquire(ctx); err != nil {
-		return nil, nil, nil, err
-	}
-	if err := StartAttempt(ctx); err != nil {
-		h.release()
-		return nil, nil, nil, err
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	fired = new(atomic.Bool)
-	timer := time.AfterFunc(h.timeout, func() { fired.Store(true); cancel() })
-	done = func() { timer.Stop(); cancel(); h.release() }
-	req, err := http.NewRequestWithContext(rctx, method, h.url(k), nil)
+// do sends one request (remote.start: after taking a slot, with the stall
+// timer armed); the caller reads the body, re-arming the timer through
+// progressReader, and ends the attempt. On an error the attempt has ended.
+func (h *HTTP) do(ctx context.Context, method, k, rng string) (*attempt, *http.Response, error) {
+	a, err := h.start(ctx)
 	if err != nil {
-		done()
-		return nil, nil, nil, err
+		return nil, nil, err
+	}
+	req, err := http.NewRequestWithContext(a.ctx, method, h.url(k), nil)
+	if err != nil {
+		a.end()
+		return nil, nil, err
 	}
 	req.Header.Set("Accept-Encoding", "identity")
 	if rng != "" {
@@ -250,24 +243,24 @@ func (h *HTTP) do(ctx context.Context, method, k, rng string) (fired *atomic.Boo
 	if h.token != "" {
 		req.Header.Set("Authorization", "Bearer "+h.token)
 	}
-	resp, err = h.client.Do(req)
+	resp, err := h.client.Do(req)
 	if err != nil {
-		done()
-		return fired, nil, nil, h.transportError(ctx, fired.Load(), err)
+		a.end()
+		return nil, nil, h.transportError(ctx, a.stalled(), err)
 	}
-	resp.Body = progressReader{resp.Body, timer, h.timeout}
+	resp.Body = progressReader{resp.Body, a}
 	if err := h.statusError(method, resp); err != nil {
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
 		resp.Body.Close()
-		done()
-		return fired, nil, nil, err
+		a.end()
+		return nil, nil, err
 	}
 	if ce := resp.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
 		resp.Body.Close()
-		done()
-		return fired, nil, nil, fmt.Errorf("server sent the object with Content-Encoding %q, not its stored bytes", ce)
+		a.end()
+		return nil, nil, fmt.Errorf("server sent the object with Content-Encoding %q, not its stored bytes", ce)
 	}
-	return fired, resp, done, nil
+	return a, resp, nil
 }
 
 // errDirectory is a redirect from a key to the same path with a slash
@@ -340,27 +333,27 @@ func (h *HTTP) statusError(method string, resp *http.Response) error {
 // stat asks an object's size and version with HEAD, or, from a server
 // that does not allow HEAD, with a GET of its first byte.
 func (h *HTTP) stat(ctx context.Context, k string) (int64, string, error) {
-	_, resp, done, err := h.do(ctx, http.MethodHead, k, "")
+	a, resp, err := h.do(ctx, http.MethodHead, k, "")
 	if errors.Is(err, errNoHead) {
 		return h.statByGet(ctx, k)
 	}
 	if err != nil {
 		return 0, "", err
 	}
-	defer done()
+	defer a.end()
 	resp.Body.Close()
 	return resp.ContentLength, h.version(resp.Header), nil
 }
 
 func (h *HTTP) statByGet(ctx context.Context, k string) (int64, string, error) {
-	_, resp, done, err := h.do(ctx, http.MethodGet, k, "bytes=0-0")
+	a, resp, err := h.do(ctx, http.MethodGet, k, "bytes=0-0")
 	if errors.Is(err, ErrRange) {
 		return 0, "unversioned", nil // an empty object: nothing to range over
 	}
 	if err != nil {
 		return 0, "", err
 	}
-	defer done()
+	defer a.end()
 	defer resp.Body.Close()
 	total := resp.ContentLength
 	if resp.StatusCode == http.StatusPartialContent {
@@ -395,12 +388,12 @@ func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bo
 		}
 	}
 	start := time.Now()
-	fired, resp, done, err := h.do(ctx, http.MethodGet, k, rng)
+	a, resp, err := h.do(ctx, http.MethodGet, k, rng)
 	if err != nil {
 		h.log.Debug("http get failed", "key", k, "off", off, "length", length, "err", err)
 		return nil, "", err
 	}
-	defer done()
+	defer a.end()
 	defer resp.Body.Close()
 	body := resp.Body
 	// want: the bytes this response must carry (-1: a chunked body without
@@ -452,7 +445,7 @@ func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bo
 				if err == io.EOF && total < 0 {
 					return nil, "", fmt.Errorf("%w: offset %d, object of %d bytes", ErrRange, off, n)
 				}
-				return nil, "", h.bodyError(ctx, fired.Load(), err, n, off)
+				return nil, "", h.bodyError(ctx, a.stalled(), err, n, off)
 			}
 			skip, want = off, length
 			if total < 0 {
@@ -504,7 +497,7 @@ func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bo
 		}
 	}
 	if err != nil {
-		return nil, "", h.bodyError(ctx, fired.Load(), err, int64(n), want)
+		return nil, "", h.bodyError(ctx, a.stalled(), err, int64(n), want)
 	}
 	if ranged && !partial && off < 0 {
 		// A suffix of a 200: the tail of the whole object.

@@ -3,8 +3,10 @@ package objectstore
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
+	"sync/atomic"
 	"time"
 )
 
@@ -41,16 +43,67 @@ func (r *remote) Close() error {
 	return nil
 }
 
-func (r *remote) acquire(ctx context.Context) error {
-	select {
-	case r.sem <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+// attempt is one request of a remote store under way: it holds one of the
+// MaxInFlight slots, the decorators outside were told that it left the
+// queue (StartAttempt), and its stall timer runs: ctx ends once the request
+// has made no progress for RequestTimeout, since it started or since its
+// last progress (a read of its body that returned data, an entry of a
+// listing received), so that a stall anywhere ends it while a large object
+// or a long listing that keeps flowing is never cut off.
+type attempt struct {
+	ctx     context.Context
+	cancel  context.CancelFunc
+	timer   *time.Timer
+	timeout time.Duration
+	fired   atomic.Bool
+	sem     chan struct{}
 }
 
-func (r *remote) release() { <-r.sem }
+// start waits for a slot (as long as ctx allows) and starts the request's
+// stall timer; the caller ends the attempt with end.
+func (r *remote) start(ctx context.Context) (*attempt, error) {
+	select {
+	case r.sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if err := StartAttempt(ctx); err != nil {
+		<-r.sem
+		return nil, err
+	}
+	a := &attempt{timeout: r.timeout, sem: r.sem}
+	a.ctx, a.cancel = context.WithCancel(ctx)
+	a.timer = time.AfterFunc(r.timeout, func() { a.fired.Store(true); a.cancel() })
+	return a, nil
+}
+
+// progress re-arms the stall timer.
+func (a *attempt) progress() { a.timer.Reset(a.timeout) }
+
+// stalled reports whether the stall timer ended the request.
+func (a *attempt) stalled() bool { return a.fired.Load() }
+
+// end stops the timer and gives the slot back.
+func (a *attempt) end() {
+	a.timer.Stop()
+	a.cancel()
+	<-a.sem
+}
+
+// progressReader re-arms a request's stall timer on every read of its
+// body that returns data.
+type progressReader struct {
+	io.ReadCloser
+	a *attempt
+}
+
+func (p progressReader) Read(b []byte) (int, error) {
+	n, err := p.ReadCloser.Read(b)
+	if n > 0 {
+		p.a.progress()
+	}
+	return n, err
+}
 
 // Get reads a whole object.
 func (r *remote) Get(ctx context.Context, key string) ([]byte, error) {

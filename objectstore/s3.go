@@ -14,7 +14,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/minio/minio-go/v7"
@@ -407,21 +406,12 @@ func (s *S3) classify(parent context.Context, timedOut bool, err error) error {
 // verifying the body's length against Content-Length and, for a range, its
 // Content-Range.
 func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool, into []byte) ([]byte, string, error) {
-	if err := s.acquire(ctx); err != nil {
+	a, err := s.start(ctx)
+	if err != nil {
 		return nil, "", err
 	}
-	defer s.release()
-	if err := StartAttempt(ctx); err != nil {
-		return nil, "", err
-	}
-	// The request timer runs until the headers arrive and is re-armed by
-	// every body read: a stall of RequestTimeout anywhere ends the request,
-	// while a large object that keeps flowing is never cut off.
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var fired atomic.Bool
-	timer := time.AfterFunc(s.timeout, func() { fired.Store(true); cancel() })
-	defer timer.Stop()
+	defer a.end()
+	rctx := a.ctx
 	start := time.Now()
 	obj := s.objectKey(k)
 
@@ -429,7 +419,7 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 		// HTTP cannot ask for zero bytes; check existence and bounds instead.
 		info, err := s.client.StatObject(rctx, s.bucket, obj, minio.StatObjectOptions{})
 		if err != nil {
-			return nil, "", s.classify(ctx, fired.Load(), err)
+			return nil, "", s.classify(ctx, a.stalled(), err)
 		}
 		if off > info.Size {
 			return nil, "", fmt.Errorf("%w: offset %d, size %d", ErrRange, off, info.Size)
@@ -451,12 +441,12 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 	}
 	body, info, hdr, err := minio.Core{Client: s.client}.GetObject(rctx, s.bucket, obj, gopts)
 	if err != nil {
-		err = s.classify(ctx, fired.Load(), err)
+		err = s.classify(ctx, a.stalled(), err)
 		s.log.Debug("s3 get failed", "key", k, "off", off, "length", length, "err", err)
 		return nil, "", err
 	}
 	defer body.Close()
-	body = progressReader{body, timer, s.timeout}
+	body = progressReader{body, a}
 
 	// want: the bytes this response must carry; from, to: the slice of them
 	// the caller asked for (a server may ignore Range and send everything).
@@ -522,7 +512,7 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 		if perr := ctx.Err(); perr != nil {
 			return nil, "", perr
 		}
-		if fired.Load() {
+		if a.stalled() {
 			return nil, "", Transient(fmt.Errorf("request stalled: no data for %v after %d of %d bytes: %w", s.timeout, n, want, context.DeadlineExceeded))
 		}
 		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
@@ -546,23 +536,6 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 	s.log.Debug("s3 get", "key", k, "off", off, "length", length, "bytes", len(buf), "dur", time.Since(start))
 	return buf, s3Version(info.ETag), nil
 }
-
-// progressReader re-arms the request timer on every read that returns data.
-type progressReader struct {
-	r       io.ReadCloser
-	timer   *time.Timer
-	timeout time.Duration
-}
-
-func (p progressReader) Read(b []byte) (int, error) {
-	n, err := p.r.Read(b)
-	if n > 0 {
-		p.timer.Reset(p.timeout)
-	}
-	return n, err
-}
-
-func (p progressReader) Close() error { return p.r.Close() }
 
 // parseContentRange parses "bytes FIRST-LAST/TOTAL".
 func parseContentRange(s string) (first, last, total int64, err error) {
@@ -612,18 +585,11 @@ func (s *S3) List(ctx context.Context, prefix string) ([]string, error) {
 // is re-armed by every object received, so a long listing that keeps
 // flowing is never cut off.
 func (s *S3) listVersions(ctx context.Context, k string, fn func(key, version string)) error {
-	if err := s.acquire(ctx); err != nil {
+	a, err := s.start(ctx)
+	if err != nil {
 		return err
 	}
-	defer s.release()
-	if err := StartAttempt(ctx); err != nil {
-		return err
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var fired atomic.Bool
-	timer := time.AfterFunc(s.timeout, func() { fired.Store(true); cancel() })
-	defer timer.Stop()
+	defer a.end()
 	p := s.objectKey(k)
 	if p != "" {
 		p += "/"
@@ -632,42 +598,40 @@ func (s *S3) listVersions(ctx context.Context, k string, fn func(key, version st
 	if base != "" {
 		base += "/"
 	}
-	for obj := range s.client.ListObjects(rctx, s.bucket, minio.ListObjectsOptions{Prefix: p, Recursive: true}) {
+	for obj := range s.client.ListObjects(a.ctx, s.bucket, minio.ListObjectsOptions{Prefix: p, Recursive: true}) {
 		if obj.Err != nil {
-			return s.classify(ctx, fired.Load(), obj.Err)
+			return s.classify(ctx, a.stalled(), obj.Err)
 		}
-		timer.Reset(s.timeout)
+		a.progress()
 		key := strings.TrimPrefix(obj.Key, base)
 		if key == "" || strings.HasSuffix(key, "/") {
 			continue // "directory marker" objects
 		}
 		fn(key, s3Version(obj.ETag))
 	}
-	if fired.Load() && ctx.Err() == nil {
+	if a.stalled() && ctx.Err() == nil {
 		return Transient(fmt.Errorf("listing stalled: no response for %v: %w", s.timeout, context.DeadlineExceeded))
 	}
 	return ctx.Err()
 }
 
 func (s *S3) list(ctx context.Context, k string) ([]string, error) {
-	if err := s.acquire(ctx); err != nil {
-		return nil, err
-	}
-	defer s.release()
-	if err := StartAttempt(ctx); err != nil {
+	a, err := s.start(ctx)
+	if err != nil {
 		return nil, err
 	}
 	// One listing may take several pages; the whole of it gets the timeout.
-	rctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel() // also stops minio-go's listing goroutine on an early return
+	// Ending the attempt also stops minio-go's listing goroutine on an
+	// early return.
+	defer a.end()
 	p := s.objectKey(k)
 	if p != "" {
 		p += "/"
 	}
 	var names []string
-	for obj := range s.client.ListObjects(rctx, s.bucket, minio.ListObjectsOptions{Prefix: p, Recursive: false}) {
+	for obj := range s.client.ListObjects(a.ctx, s.bucket, minio.ListObjectsOptions{Prefix: p, Recursive: false}) {
 		if obj.Err != nil {
-			return nil, s.classify(ctx, rctx.Err() != nil, obj.Err)
+			return nil, s.classify(ctx, a.stalled(), obj.Err)
 		}
 		name := strings.TrimPrefix(obj.Key, p)
 		if name == "" || name == "/" {
