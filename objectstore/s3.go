@@ -55,7 +55,7 @@ type S3Options struct {
 	// response headers arrive, and between any two reads of its body. A
 	// stalled connection ends as a transient error; a large object that
 	// keeps flowing is not cut off (the retry layer's AttemptTimeout bounds
-	// the whole). Listings get it as a bound on the whole listing.
+	// the whole). Listings get it between two objects received.
 	// 0: DefaultS3RequestTimeout (30s).
 	RequestTimeout time.Duration
 	// MaxInFlight bounds the requests in flight at once; the HTTP transport
@@ -581,65 +581,35 @@ func (s *S3) List(ctx context.Context, prefix string) ([]string, error) {
 	return names, nil
 }
 
-// listVersions lists every object below k recursively. The request timer
-// is re-armed by every object received, so a long listing that keeps
-// flowing is never cut off.
+// listVersions lists every object below k recursively.
 func (s *S3) listVersions(ctx context.Context, k string, fn func(key, version string)) error {
-	a, err := s.start(ctx)
-	if err != nil {
-		return err
-	}
-	defer a.end()
-	p := s.objectKey(k)
-	if p != "" {
-		p += "/"
-	}
 	base := s.objectKey("")
 	if base != "" {
 		base += "/"
 	}
-	for obj := range s.client.ListObjects(a.ctx, s.bucket, minio.ListObjectsOptions{Prefix: p, Recursive: true}) {
-		if obj.Err != nil {
-			return s.classify(ctx, a.stalled(), obj.Err)
-		}
-		a.progress()
+	return s.listing(ctx, k, true, func(obj minio.ObjectInfo) {
 		key := strings.TrimPrefix(obj.Key, base)
 		if key == "" || strings.HasSuffix(key, "/") {
-			continue // "directory marker" objects
+			return // "directory marker" objects
 		}
 		fn(key, s3Version(obj.ETag))
-	}
-	if a.stalled() && ctx.Err() == nil {
-		return Transient(fmt.Errorf("listing stalled: no response for %v: %w", s.timeout, context.DeadlineExceeded))
-	}
-	return ctx.Err()
+	})
 }
 
 func (s *S3) list(ctx context.Context, k string) ([]string, error) {
-	a, err := s.start(ctx)
-	if err != nil {
-		return nil, err
-	}
-	// One listing may take several pages; the whole of it gets the timeout.
-	// Ending the attempt also stops minio-go's listing goroutine on an
-	// early return.
-	defer a.end()
 	p := s.objectKey(k)
 	if p != "" {
 		p += "/"
 	}
 	var names []string
-	for obj := range s.client.ListObjects(a.ctx, s.bucket, minio.ListObjectsOptions{Prefix: p, Recursive: false}) {
-		if obj.Err != nil {
-			return nil, s.classify(ctx, a.stalled(), obj.Err)
-		}
+	err := s.listing(ctx, k, false, func(obj minio.ObjectInfo) {
 		name := strings.TrimPrefix(obj.Key, p)
 		if name == "" || name == "/" {
-			continue // a "directory marker" object some tools create
+			return // a "directory marker" object some tools create
 		}
 		names = append(names, name)
-	}
-	if err := ctx.Err(); err != nil {
+	})
+	if err != nil {
 		return nil, err
 	}
 	if len(names) == 0 && k != "" {
@@ -647,4 +617,38 @@ func (s *S3) list(ctx context.Context, k string) ([]string, error) {
 	}
 	sort.Strings(names)
 	return names, nil
+}
+
+// listing runs one listing of the objects below k (their children only
+// unless recursive), calling fn per entry. The request timer is re-armed
+// by every entry received, so a listing of many pages that keeps flowing
+// is never cut off, and one that stalls fails: minio-go ends a listing
+// whose context ends between two pages without an error, which must not
+// read as its end.
+func (s *S3) listing(ctx context.Context, k string, recursive bool, fn func(minio.ObjectInfo)) error {
+	a, err := s.start(ctx)
+	if err != nil {
+		return err
+	}
+	// Ending the attempt also stops minio-go's listing goroutine on an
+	// early return.
+	defer a.end()
+	p := s.objectKey(k)
+	if p != "" {
+		p += "/"
+	}
+	for obj := range s.client.ListObjects(a.ctx, s.bucket, minio.ListObjectsOptions{Prefix: p, Recursive: recursive}) {
+		if obj.Err != nil {
+			return s.classify(ctx, a.stalled(), obj.Err)
+		}
+		a.progress()
+		fn(obj)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if a.stalled() {
+		return Transient(fmt.Errorf("listing stalled: no response for %v: %w", s.timeout, context.DeadlineExceeded))
+	}
+	return nil
 }

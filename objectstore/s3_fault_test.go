@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
@@ -339,5 +340,33 @@ func TestS3FaultsConcurrent(t *testing.T) {
 	}
 	if e.proxy.Faults() < 10 {
 		t.Fatalf("only %d faults injected", e.proxy.Faults())
+	}
+}
+
+// A listing of many pages that keeps flowing is never cut off, however
+// long it takes in all: the request timeout bounds the wait for each page,
+// as it bounds the wait between two reads of a body. Nor does a listing
+// ever end early with part of the names.
+func TestS3SlowListingNotCut(t *testing.T) {
+	e := newFaultEnv(t)
+	files := map[string][]byte{}
+	for i := range 1001 {
+		files[fmt.Sprintf("many/%04d", i)] = []byte("x")
+	}
+	e.srv.UploadFiles(t, e.bucket, "z", files)
+	s := e.store(t, staticCreds(e.srv), objectstore.RetryOptions{MaxAttempts: 2})
+	// Two pages of up to 1,000, each 600ms late: 1.2s in all, against a
+	// request timeout of 1s (newFaultEnv).
+	e.proxy.SetRule(faultproxy.Always(func(r *http.Request) bool { return strings.Contains(r.URL.RawQuery, "list-type") },
+		faultproxy.Fault{Kind: faultproxy.StallHeaders, StallFor: 600 * time.Millisecond}))
+	defer e.proxy.SetRule(nil)
+	names, err := s.List(guard(t), "many")
+	if err != nil || len(names) != len(files) {
+		t.Fatalf("List of %d names in 2 slow pages: %d names, %v", len(files), len(names), err)
+	}
+	n := 0
+	err = s.(objectstore.Versioned).ListVersions(guard(t), "many", func(k, v string) { n++ })
+	if err != nil || n != len(files) {
+		t.Fatalf("ListVersions of %d objects in 2 slow pages: %d, %v", len(files), n, err)
 	}
 }
