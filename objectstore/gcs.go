@@ -494,6 +494,25 @@ func (b *tapBody) Read(p []byte) (int, error) {
 
 func (b *tapBody) Close() error { return b.rc.Close() }
 
+// firstBodyError reads a body through the client and returns, for an
+// error, the first one the transport saw reading it (when it saw one): the
+// client, when a body breaks off, tries to read it again, which gcsTap
+// refuses, and reports that refusal.
+type firstBodyError struct {
+	io.Reader
+	r *request
+}
+
+func (b firstBodyError) Read(p []byte) (int, error) {
+	n, err := b.Reader.Read(p)
+	if err != nil && err != io.EOF {
+		if _, _, berr := b.r.seen(); berr != nil {
+			err = berr
+		}
+	}
+	return n, err
+}
+
 // begin starts a request (remote.start) that the transport (gcsTap) sees
 // and lets through once; the caller ends it.
 func (g *GCS) begin(ctx context.Context) (*request, error) {
@@ -593,48 +612,21 @@ func (g *GCS) fetch(ctx context.Context, k string, off, length int64, ranged boo
 			return nil, "", err
 		}
 	}
-	var buf []byte
-	var n int
-	if want >= 0 {
-		if int64(cap(into)) >= want {
-			buf = into[:want]
-		} else {
-			buf = make([]byte, want)
-		}
-		n, err = io.ReadFull(rd, buf)
-	} else {
-		buf, err = io.ReadAll(io.LimitReader(rd, SizeLimit(ctx)+1))
-		n = len(buf)
-		if err == nil {
-			if err := checkSize(ctx, int64(n)); err != nil {
-				return nil, "", err
-			}
-		}
+	// What broke the body, not the client's attempt to read it again.
+	body := firstBodyError{rd, r}
+	buf, err := readBody(ctx, r.attempt, body, want, into)
+	if err != nil {
+		return nil, "", err
 	}
-	if err == nil && want >= 0 {
+	if want >= 0 {
 		// The client checks the CRC32C of a whole object at the end of its
 		// body: read to it.
 		var one [1]byte
-		if m, eerr := rd.Read(one[:]); m > 0 {
-			err = fmt.Errorf("body longer than its announced %d bytes", want)
-		} else if eerr != nil && eerr != io.EOF {
-			err = eerr
+		if m, err := body.Read(one[:]); m > 0 {
+			return nil, "", bodyError(ctx, r.attempt, fmt.Errorf("body longer than its announced %d bytes", want), want, want)
+		} else if err != nil && err != io.EOF {
+			return nil, "", bodyError(ctx, r.attempt, err, want, want)
 		}
-	}
-	if err != nil {
-		if perr := ctx.Err(); perr != nil {
-			return nil, "", perr
-		}
-		if r.stalled() {
-			return nil, "", Transient(fmt.Errorf("request stalled: no data for %v after %d of %d bytes: %w", g.timeout, n, want, context.DeadlineExceeded))
-		}
-		if _, _, berr := r.seen(); berr != nil {
-			err = berr // what broke the body, not the client's attempt to read it again
-		}
-		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-			return nil, "", Transient(fmt.Errorf("%w: %d of %d bytes", ErrTruncated, n, want))
-		}
-		return nil, "", Transient(fmt.Errorf("reading body after %d of %d bytes: %w", n, want, err))
 	}
 	if ranged && status != http.StatusPartialContent {
 		if off < 0 {

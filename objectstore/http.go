@@ -404,26 +404,8 @@ func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bo
 	partial := resp.StatusCode == http.StatusPartialContent
 	switch {
 	case ranged && partial:
-		cr := resp.Header.Get("Content-Range")
-		first, last, t, err := parseContentRange(cr)
-		if err != nil {
-			return nil, "", Transient(fmt.Errorf("bad Content-Range %q: %w", cr, err))
-		}
-		total = t
-		if off < 0 {
-			if total < length {
-				return nil, "", fmt.Errorf("%w: last %d bytes of %d", ErrRange, length, total)
-			}
-			off = total - length
-		}
-		if off+length > total {
-			return nil, "", fmt.Errorf("%w: %d+%d, size %d", ErrRange, off, length, total)
-		}
-		if first != off || last != off+length-1 {
-			return nil, "", Transient(fmt.Errorf("server sent bytes %d-%d for %d-%d", first, last, off, off+length-1))
-		}
-		if want >= 0 && want != length {
-			return nil, "", Transient(fmt.Errorf("Content-Length %d for a range of %d bytes", want, length))
+		if off, total, err = checkContentRange(resp.Header.Get("Content-Range"), off, length, want); err != nil {
+			return nil, "", err
 		}
 		want = length
 	case partial:
@@ -445,7 +427,7 @@ func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bo
 				if err == io.EOF && total < 0 {
 					return nil, "", fmt.Errorf("%w: offset %d, object of %d bytes", ErrRange, off, n)
 				}
-				return nil, "", h.bodyError(ctx, a.stalled(), err, n, off)
+				return nil, "", bodyError(ctx, a, err, n, off)
 			}
 			skip, want = off, length
 			if total < 0 {
@@ -462,16 +444,7 @@ func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bo
 	}
 	version := h.version(resp.Header)
 	var buf []byte
-	var n int
-	switch {
-	case want >= 0:
-		if int64(cap(into)) >= want {
-			buf = into[:want]
-		} else {
-			buf = make([]byte, want)
-		}
-		n, err = io.ReadFull(body, buf)
-	case ranged:
+	if ranged && want < 0 {
 		// A 200 of unknown length (chunked): a clean end of the body
 		// (err == nil) before the range's end means the object is shorter;
 		// a cut body is an error of its own.
@@ -480,24 +453,17 @@ func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bo
 			limit = SizeLimit(ctx) + 1 // a suffix needs the whole to find its tail
 		}
 		buf, err = io.ReadAll(io.LimitReader(body, limit))
-		n = len(buf)
-		if err == nil && off < 0 && int64(n) > SizeLimit(ctx) {
-			return nil, "", checkSize(ctx, int64(n))
+		n := int64(len(buf))
+		switch {
+		case err != nil:
+			return nil, "", bodyError(ctx, a, err, n, want)
+		case off < 0 && n > SizeLimit(ctx):
+			return nil, "", checkSize(ctx, n)
+		case n < length:
+			return nil, "", fmt.Errorf("%w: %d+%d, object of %d bytes", ErrRange, skip, length, skip+n)
 		}
-		if err == nil && int64(n) < length {
-			return nil, "", fmt.Errorf("%w: %d+%d, object of %d bytes", ErrRange, skip, length, skip+int64(n))
-		}
-	default:
-		buf, err = io.ReadAll(io.LimitReader(body, SizeLimit(ctx)+1))
-		n = len(buf)
-		if err == nil {
-			if err := checkSize(ctx, int64(n)); err != nil {
-				return nil, "", err
-			}
-		}
-	}
-	if err != nil {
-		return nil, "", h.bodyError(ctx, a.stalled(), err, int64(n), want)
+	} else if buf, err = readBody(ctx, a, body, want, into); err != nil {
+		return nil, "", err
 	}
 	if ranged && !partial && off < 0 {
 		// A suffix of a 200: the tail of the whole object.
@@ -508,21 +474,4 @@ func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bo
 	}
 	h.log.Debug("http get", "key", k, "off", off, "length", length, "bytes", len(buf), "status", resp.StatusCode, "dur", time.Since(start))
 	return buf, version, nil
-}
-
-// bodyError classifies a failure reading a body after n of want bytes.
-func (h *HTTP) bodyError(ctx context.Context, timedOut bool, err error, n, want int64) error {
-	if perr := ctx.Err(); perr != nil {
-		return perr
-	}
-	if timedOut {
-		return Transient(fmt.Errorf("request stalled: no data for %v after %d of %d bytes: %w", h.timeout, n, want, context.DeadlineExceeded))
-	}
-	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-		if want < 0 {
-			return Transient(fmt.Errorf("%w: chunked body cut after %d bytes", ErrTruncated, n))
-		}
-		return Transient(fmt.Errorf("%w: %d of %d bytes", ErrTruncated, n, want))
-	}
-	return Transient(fmt.Errorf("reading body after %d of %d bytes: %w", n, want, err))
 }

@@ -2,6 +2,7 @@ package objectstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -152,4 +153,77 @@ func (r *remote) GetRangeVersion(ctx context.Context, key string, off, length in
 		return nil, "", &Error{Op: "get range", Store: r.id, Key: k, Err: err}
 	}
 	return b, v, nil
+}
+
+// checkContentRange checks the Content-Range of a 206 answer to a request
+// for length bytes at off (off < 0: the last length bytes) whose
+// Content-Length is want (-1: not sent), and returns the offset the range
+// starts at and the object's size.
+func checkContentRange(cr string, off, length, want int64) (int64, int64, error) {
+	first, last, total, err := parseContentRange(cr)
+	if err != nil {
+		return 0, 0, Transient(fmt.Errorf("bad Content-Range %q: %w", cr, err))
+	}
+	if off < 0 {
+		if total < length {
+			return 0, 0, fmt.Errorf("%w: last %d bytes of %d", ErrRange, length, total)
+		}
+		off = total - length
+	}
+	if off+length > total {
+		return 0, 0, fmt.Errorf("%w: %d+%d, size %d", ErrRange, off, length, total)
+	}
+	if first != off || last != off+length-1 {
+		return 0, 0, Transient(fmt.Errorf("server sent bytes %d-%d for %d-%d", first, last, off, off+length-1))
+	}
+	if want >= 0 && want != length {
+		return 0, 0, Transient(fmt.Errorf("Content-Length %d for a range of %d bytes", want, length))
+	}
+	return off, total, nil
+}
+
+// readBody reads a body of want bytes (-1: of no announced length, which
+// its end tells) into into when it is large enough. A body of no announced
+// length is refused past the request's size limit (WithSizeLimit); the
+// caller checks an announced length before calling. A failure is
+// classified by bodyError.
+func readBody(ctx context.Context, a *attempt, body io.Reader, want int64, into []byte) ([]byte, error) {
+	if want >= 0 {
+		var buf []byte
+		if int64(cap(into)) >= want {
+			buf = into[:want]
+		} else {
+			buf = make([]byte, want)
+		}
+		if n, err := io.ReadFull(body, buf); err != nil {
+			return nil, bodyError(ctx, a, err, int64(n), want)
+		}
+		return buf, nil
+	}
+	buf, err := io.ReadAll(io.LimitReader(body, SizeLimit(ctx)+1))
+	if err != nil {
+		return nil, bodyError(ctx, a, err, int64(len(buf)), want)
+	}
+	if err := checkSize(ctx, int64(len(buf))); err != nil {
+		return nil, err
+	}
+	return buf, nil
+}
+
+// bodyError classifies a failure reading a body after n of want bytes
+// (want -1: a body of no announced length).
+func bodyError(ctx context.Context, a *attempt, err error, n, want int64) error {
+	if perr := ctx.Err(); perr != nil {
+		return perr // the caller gave up: neither transient nor ours to report
+	}
+	if a.stalled() {
+		return Transient(fmt.Errorf("request stalled: no data for %v after %d of %d bytes: %w", a.timeout, n, want, context.DeadlineExceeded))
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		if want < 0 {
+			return Transient(fmt.Errorf("%w: body of no announced length cut after %d bytes", ErrTruncated, n))
+		}
+		return Transient(fmt.Errorf("%w: %d of %d bytes", ErrTruncated, n, want))
+	}
+	return Transient(fmt.Errorf("reading body after %d of %d bytes: %w", n, want, err))
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -448,8 +447,6 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 	defer body.Close()
 	body = progressReader{body, a}
 
-	// want: the bytes this response must carry; from, to: the slice of them
-	// the caller asked for (a server may ignore Range and send everything).
 	// want: the bytes this response must carry (-1: a chunked body without
 	// Content-Length, whose terminator still tells a complete body from a
 	// cut one). whole: the body is the entire object, either because that
@@ -457,71 +454,25 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 	want := info.Size
 	whole := !ranged
 	if ranged {
-		cr := hdr.Get("Content-Range")
-		if cr == "" {
+		if cr := hdr.Get("Content-Range"); cr == "" {
 			whole = true
 		} else {
-			first, last, total, err := parseContentRange(cr)
-			if err != nil {
-				return nil, "", Transient(fmt.Errorf("bad Content-Range %q: %w", cr, err))
-			}
-			if off < 0 {
-				if total < length {
-					return nil, "", fmt.Errorf("%w: last %d bytes of %d", ErrRange, length, total)
-				}
-				off = total - length
-			}
-			if off+length > total {
-				return nil, "", fmt.Errorf("%w: %d+%d, size %d", ErrRange, off, length, total)
-			}
-			if first != off || last != off+length-1 {
-				return nil, "", Transient(fmt.Errorf("server sent bytes %d-%d for %d-%d", first, last, off, off+length-1))
-			}
-			if want >= 0 && want != length {
-				return nil, "", Transient(fmt.Errorf("Content-Length %d for a range of %d bytes", want, length))
+			if off, _, err = checkContentRange(cr, off, length, want); err != nil {
+				return nil, "", err
 			}
 			want = length
 		}
 	}
-	if !ranged || whole {
+	if whole {
 		// The object is read whole: refuse one larger than the caller
 		// expects before allocating for it.
 		if err := checkSize(ctx, want); err != nil {
 			return nil, "", err
 		}
 	}
-	var buf []byte
-	var n int
-	if want >= 0 {
-		if int64(cap(into)) >= want {
-			buf = into[:want]
-		} else {
-			buf = make([]byte, want)
-		}
-		n, err = io.ReadFull(body, buf)
-	} else {
-		buf, err = io.ReadAll(io.LimitReader(body, SizeLimit(ctx)+1))
-		n = len(buf)
-		if err == nil {
-			if err := checkSize(ctx, int64(n)); err != nil {
-				return nil, "", err
-			}
-		}
-	}
+	buf, err := readBody(ctx, a, body, want, into)
 	if err != nil {
-		if perr := ctx.Err(); perr != nil {
-			return nil, "", perr
-		}
-		if a.stalled() {
-			return nil, "", Transient(fmt.Errorf("request stalled: no data for %v after %d of %d bytes: %w", s.timeout, n, want, context.DeadlineExceeded))
-		}
-		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-			if want < 0 {
-				return nil, "", Transient(fmt.Errorf("%w: chunked body cut after %d bytes", ErrTruncated, n))
-			}
-			return nil, "", Transient(fmt.Errorf("%w: %d of %d bytes", ErrTruncated, n, want))
-		}
-		return nil, "", Transient(fmt.Errorf("reading body after %d of %d bytes: %w", n, want, err))
+		return nil, "", err
 	}
 	if ranged && whole {
 		size := int64(len(buf))
