@@ -682,10 +682,7 @@ func (g *GCS) classify(parent context.Context, timedOut bool, r *request, err er
 		// EOF, TLS and DNS hiccups, a checksum that did not match.
 		return Transient(err)
 	}
-	desc := "HTTP " + strconv.Itoa(status)
-	if t := http.StatusText(status); t != "" {
-		desc += " " + t
-	}
+	desc := statusDesc(status)
 	if ge != nil && ge.Message != "" {
 		desc += ": " + oneLine(ge.Message, 200)
 	} else if code := xmlCode(doc); code != "" {
@@ -696,12 +693,8 @@ func (g *GCS) classify(parent context.Context, timedOut bool, r *request, err er
 		return fmt.Errorf("%w (%s: credentials missing, rejected or expired)", ErrPermission, desc)
 	case status == http.StatusForbidden:
 		return fmt.Errorf("%w (%s)", ErrPermission, desc)
-	case status == http.StatusRequestedRangeNotSatisfiable:
-		return fmt.Errorf("%w (%s)", ErrRange, desc)
-	case status >= 500 || status == http.StatusTooManyRequests || status == http.StatusRequestTimeout:
-		return Transient(errors.New(desc))
 	}
-	return errors.New(desc)
+	return statusClass(status, desc)
 }
 
 // xmlCode returns the <Code> of an XML API error document.

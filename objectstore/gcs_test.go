@@ -338,6 +338,10 @@ func TestGCSErrorClasses(t *testing.T) {
 		}, "permission, saying the credentials may have expired"},
 		{503, "ServiceUnavailable", objectstore.IsTransient, "transient"},
 		{429, "SlowDown", objectstore.IsTransient, "transient"},
+		{408, "RequestTimeout", objectstore.IsTransient, "transient"},
+		{416, "InvalidRange", func(err error) bool {
+			return errors.Is(err, objectstore.ErrRange) && !objectstore.IsTransient(err)
+		}, "a permanent range error"},
 		{400, "InvalidArgument", func(err error) bool {
 			return err != nil && !objectstore.IsTransient(err) && !objectstore.IsNotFound(err)
 		}, "permanent"},

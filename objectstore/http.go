@@ -308,10 +308,7 @@ func (h *HTTP) statusError(method string, resp *http.Response) error {
 	if s == http.StatusOK || s == http.StatusPartialContent {
 		return nil
 	}
-	desc := "HTTP " + strconv.Itoa(s)
-	if t := http.StatusText(s); t != "" {
-		desc += " " + t
-	}
+	desc := statusDesc(s)
 	switch {
 	case s == http.StatusNotFound || s == http.StatusGone:
 		return ErrNotFound
@@ -320,14 +317,10 @@ func (h *HTTP) statusError(method string, resp *http.Response) error {
 			return fmt.Errorf("%w (%s: the server refused %s; it may have expired)", ErrPermission, desc, h.tokenOf)
 		}
 		return fmt.Errorf("%w (%s: the server wants credentials; set %s)", ErrPermission, desc, h.tokenOf)
-	case s == http.StatusRequestedRangeNotSatisfiable:
-		return fmt.Errorf("%w (%s)", ErrRange, desc)
 	case method == http.MethodHead && (s == http.StatusMethodNotAllowed || s == http.StatusNotImplemented):
 		return fmt.Errorf("%w (%s)", errNoHead, desc)
-	case s >= 500 || s == http.StatusTooManyRequests || s == http.StatusRequestTimeout:
-		return Transient(errors.New(desc))
 	}
-	return errors.New(desc)
+	return statusClass(s, desc)
 }
 
 // stat asks an object's size and version with HEAD, or, from a server

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"sync/atomic"
 	"time"
 )
@@ -226,4 +227,26 @@ func bodyError(ctx context.Context, a *attempt, err error, n, want int64) error 
 		return Transient(fmt.Errorf("%w: %d of %d bytes", ErrTruncated, n, want))
 	}
 	return Transient(fmt.Errorf("reading body after %d of %d bytes: %w", n, want, err))
+}
+
+// statusDesc names an HTTP status for errors: "HTTP 503 Service Unavailable".
+func statusDesc(status int) string {
+	desc := "HTTP " + strconv.Itoa(status)
+	if t := http.StatusText(status); t != "" {
+		desc += " " + t
+	}
+	return desc
+}
+
+// statusClass classifies an error status (described by desc) of which the
+// store knows nothing more particular: 416 is ErrRange; 5xx, 429 and 408
+// are worth another attempt; anything else is permanent.
+func statusClass(status int, desc string) error {
+	switch {
+	case status == http.StatusRequestedRangeNotSatisfiable:
+		return fmt.Errorf("%w (%s)", ErrRange, desc)
+	case status >= 500 || status == http.StatusTooManyRequests || status == http.StatusRequestTimeout:
+		return Transient(errors.New(desc))
+	}
+	return errors.New(desc)
 }

@@ -390,15 +390,13 @@ func (s *S3) classify(parent context.Context, timedOut bool, err error) error {
 	case er.StatusCode == http.StatusForbidden || er.Code == "AccessDenied" ||
 		er.Code == "InvalidAccessKeyId" || er.Code == "SignatureDoesNotMatch":
 		return fmt.Errorf("%w (%s)", ErrPermission, desc)
-	case er.StatusCode == http.StatusRequestedRangeNotSatisfiable || er.Code == "InvalidRange":
+	case er.Code == "InvalidRange":
 		return fmt.Errorf("%w (%s)", ErrRange, desc)
-	case er.StatusCode >= 500 || er.StatusCode == http.StatusTooManyRequests ||
-		er.StatusCode == http.StatusRequestTimeout ||
-		er.Code == "SlowDown" || er.Code == "RequestTimeout" || er.Code == "InternalError" ||
+	case er.Code == "SlowDown" || er.Code == "RequestTimeout" || er.Code == "InternalError" ||
 		er.Code == "ServiceUnavailable":
 		return Transient(errors.New(desc))
 	}
-	return errors.New(desc)
+	return statusClass(er.StatusCode, desc)
 }
 
 // fetch reads a whole object or a range, and the ETag of the response,
