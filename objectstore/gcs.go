@@ -105,29 +105,7 @@ var (
 // ParseGSURL splits "gs://bucket/prefix" into bucket and prefix (without
 // slashes at either end).
 func ParseGSURL(raw string) (bucket, prefix string, err error) {
-	if !strings.HasPrefix(raw, "gs://") {
-		return "", "", fmt.Errorf("not a gs:// URL")
-	}
-	rest := strings.TrimPrefix(raw, "gs://")
-	host, p, _ := strings.Cut(rest, "/")
-	if strings.Contains(host, "@") {
-		return "", "", fmt.Errorf("gs URL must not hold credentials; use Application Default Credentials")
-	}
-	if host == "" {
-		return "", "", fmt.Errorf("%s: no bucket", raw)
-	}
-	if strings.ContainsAny(rest, "?#") {
-		return "", "", fmt.Errorf("%s: query and fragment are not supported", raw)
-	}
-	p = strings.Trim(p, "/")
-	if p != "" {
-		c, err := CleanKey(p, false)
-		if err != nil {
-			return "", "", fmt.Errorf("%s: bad prefix: %w", raw, err)
-		}
-		p = c
-	}
-	return host, p, nil
+	return parseBucketURL(raw, "gs", "a gs:// URL", "use Application Default Credentials")
 }
 
 // gcsEndpoint turns GCSOptions.Endpoint into the JSON API endpoint and the
@@ -380,15 +358,7 @@ func (g *GCS) Identity() string {
 // is read, than to list whole (zarr.Hierarchy.List).
 func (g *GCS) ObjectsPerListing() int { return 1000 }
 
-func (g *GCS) objectName(k string) string {
-	if g.prefix == "" {
-		return k
-	}
-	if k == "" {
-		return g.prefix
-	}
-	return g.prefix + "/" + k
-}
+func (g *GCS) objectName(k string) string { return joinKey(g.prefix, k) }
 
 // gcsVersion is the version string of an object generation.
 func gcsVersion(gen int64) string { return "gen:" + strconv.FormatInt(gen, 10) }

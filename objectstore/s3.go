@@ -91,14 +91,23 @@ var (
 // slashes at either end). Credentials in the URL are refused, without
 // repeating the URL in the error.
 func ParseS3URL(raw string) (bucket, prefix string, err error) {
-	if !strings.HasPrefix(raw, "s3://") {
-		return "", "", fmt.Errorf("not an s3:// URL")
+	return parseBucketURL(raw, "s3", "an s3:// URL", "use the environment or a profile")
+}
+
+// parseBucketURL splits "SCHEME://bucket/prefix" (what names such a URL in
+// errors) into bucket and prefix (without slashes at either end), refusing
+// credentials in the URL (the error says where they belong instead, hint,
+// and never repeats the URL), queries, fragments and prefixes that leave
+// the bucket.
+func parseBucketURL(raw, scheme, what, hint string) (bucket, prefix string, err error) {
+	rest, ok := strings.CutPrefix(raw, scheme+"://")
+	if !ok {
+		return "", "", fmt.Errorf("not %s", what)
 	}
-	rest := strings.TrimPrefix(raw, "s3://")
 	host, p, _ := strings.Cut(rest, "/")
 	if strings.Contains(host, "@") {
 		// Never echo: the part before "@" may be a secret.
-		return "", "", fmt.Errorf("s3 URL must not hold credentials; use the environment or a profile")
+		return "", "", fmt.Errorf("%s URL must not hold credentials; %s", scheme, hint)
 	}
 	if host == "" {
 		return "", "", fmt.Errorf("%s: no bucket", raw)
@@ -115,6 +124,17 @@ func ParseS3URL(raw string) (bucket, prefix string, err error) {
 		p = c
 	}
 	return host, p, nil
+}
+
+// joinKey is the object name of key k below prefix (either may be "").
+func joinKey(prefix, k string) string {
+	switch {
+	case prefix == "":
+		return k
+	case k == "":
+		return prefix
+	}
+	return prefix + "/" + k
 }
 
 // parseEndpoint turns S3Options.Endpoint into minio-go's host and secure flag.
@@ -337,15 +357,7 @@ func (c *strictChain) IsExpired() bool {
 // is two sources.
 func (s *S3) Identity() string { return s.id + "@" + s.endpoint }
 
-func (s *S3) objectKey(k string) string {
-	if s.prefix == "" {
-		return k
-	}
-	if k == "" {
-		return s.prefix
-	}
-	return s.prefix + "/" + k
-}
+func (s *S3) objectKey(k string) string { return joinKey(s.prefix, k) }
 
 // requestLimits applies the defaults of a remote store's RequestTimeout
 // and MaxInFlight (named by what, its options type) to their zero values;
