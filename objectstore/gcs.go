@@ -1,6 +1,7 @@
 package objectstore
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -219,16 +220,9 @@ func OpenGCS(ctx context.Context, rawURL string, opts GCSOptions) (*GCS, error) 
 		endpoint: named,
 	}
 	g.read = g.fetch
-	g.log.Debug("gcs store opened", "endpoint", cmpOr(named, "https://storage.googleapis.com"),
+	g.log.Debug("gcs store opened", "endpoint", cmp.Or(named, "https://storage.googleapis.com"),
 		"credentials", source, "max_in_flight", inflight, "request_timeout", timeout)
 	return g, nil
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // googleCredentials finds Application Default Credentials (or takes the

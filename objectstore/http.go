@@ -1,6 +1,7 @@
 package objectstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -138,7 +139,7 @@ func OpenHTTP(ctx context.Context, rawURL string, opts HTTPOptions) (*HTTP, erro
 		base:    base,
 		client:  &http.Client{Transport: tr, CheckRedirect: checkRedirect},
 		token:   opts.BearerToken,
-		tokenOf: cmpOr(opts.TokenSource, "the bearer token"),
+		tokenOf: cmp.Or(opts.TokenSource, "the bearer token"),
 	}
 	h.read = h.fetch
 	h.log.Debug("http store opened", "bearer_token", opts.BearerToken != "", "max_in_flight", inflight, "request_timeout", timeout)
