@@ -27,36 +27,7 @@ import (
 	"github.com/zarrfs/zarrfs/objectstore/storetest"
 )
 
-func TestParseGSURL(t *testing.T) {
-	tests := []struct {
-		in             string
-		bucket, prefix string
-		wantErr        string
-	}{
-		{"gs://gcp-public-data-arco-era5/ar/full_37-1h-0p25deg-chunk-1.zarr-v3", "gcp-public-data-arco-era5", "ar/full_37-1h-0p25deg-chunk-1.zarr-v3", ""},
-		{"gs://b/a/b.zarr/", "b", "a/b.zarr", ""},
-		{"gs://b", "b", "", ""},
-		{"gs://", "", "", "no bucket"},
-		{"s3://b/x", "", "", "not a gs"},
-		{"gs://b/../x", "", "", "bad prefix"},
-		{"gs://user:hunter2secret@b/x", "", "", "must not hold credentials"},
-		{"gs://b/x?generation=1", "", "", "not supported"},
-	}
-	for _, tc := range tests {
-		b, p, err := objectstore.ParseGSURL(tc.in)
-		if tc.wantErr != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-				t.Errorf("ParseGSURL(%q) = %q, %q, %v; want error %q", tc.in, b, p, err, tc.wantErr)
-			}
-			if err != nil && strings.Contains(err.Error(), "hunter2secret") {
-				t.Errorf("ParseGSURL error repeats the secret: %v", err)
-			}
-			continue
-		}
-		if err != nil || b != tc.bucket || p != tc.prefix {
-			t.Errorf("ParseGSURL(%q) = %q, %q, %v; want %q, %q", tc.in, b, p, err, tc.bucket, tc.prefix)
-		}
-	}
+func TestCheckGCSEndpoint(t *testing.T) {
 	for ep, ok := range map[string]bool{
 		"": true, "http://127.0.0.1:4443": true, "https://storage.example.com/storage/v1/": true, "host:9": true,
 		"ftp://x": false, "http://u:pw@h": false, "http://h/?q=1": false,
