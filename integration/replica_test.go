@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -154,16 +153,7 @@ func TestReplicaMounts(t *testing.T) {
 			{Kind: faultproxy.Truncate, After: 11},
 			{Kind: faultproxy.Status, Status: 429},
 		}
-		var n atomic.Int64
-		p.SetRule(func(req *http.Request, _ int64) faultproxy.Fault {
-			if !faultproxy.ObjectGets(req) {
-				return faultproxy.Fault{}
-			}
-			if i := n.Add(1); i%3 == 0 {
-				return kinds[(i/3)%int64(len(kinds))]
-			}
-			return faultproxy.Fault{}
-		})
+		p.SetRule(faultproxy.Every(3, faultproxy.ObjectGets, kinds...))
 		d := mountAt(t, "gs://"+bucket+"/era5/arco.zarr", t.TempDir(), t.TempDir(),
 			append([]string{"--gcs-endpoint", p.URL, "--gcs-anonymous"}, viewArgs(views)...)...)
 		checkReplica(t, filepath.Join(dir, "arco.zarr"), d.mnt, views)
@@ -179,16 +169,8 @@ func TestReplicaMounts(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer p.Close()
-		var n atomic.Int64
-		p.SetRule(func(req *http.Request, _ int64) faultproxy.Fault {
-			if req.Method != http.MethodGet {
-				return faultproxy.Fault{}
-			}
-			if i := n.Add(1); i%3 == 0 {
-				return []faultproxy.Fault{{Kind: faultproxy.Status, Status: 503}, {Kind: faultproxy.Truncate, After: 9}, {Kind: faultproxy.Reset, After: 3}}[(i/3)%3]
-			}
-			return faultproxy.Fault{}
-		})
+		p.SetRule(faultproxy.Every(3, func(req *http.Request) bool { return req.Method == http.MethodGet },
+			faultproxy.Fault{Kind: faultproxy.Status, Status: 503}, faultproxy.Fault{Kind: faultproxy.Truncate, After: 9}, faultproxy.Fault{Kind: faultproxy.Reset, After: 3}))
 		d := mount(t, p.URL+"/wb2.zarr", viewArgs(views)...)
 		checkReplica(t, filepath.Join(dir, "wb2.zarr"), d.mnt, views)
 		if p.Faults() == 0 {

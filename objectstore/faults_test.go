@@ -6,7 +6,6 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
-	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -149,19 +148,12 @@ func checkFaultsPersistent(t *testing.T, p *faultproxy.Proxy, open func(t *testi
 // the requests in assorted ways: every read returns exactly the right
 // bytes, within the guard.
 func checkFaultsConcurrent(t *testing.T, p *faultproxy.Proxy, s objectstore.Store, big []byte) {
-	kinds := []faultproxy.Fault{
-		{Kind: faultproxy.Status, Status: 503},
-		{Kind: faultproxy.Reset, After: 700},
-		{Kind: faultproxy.Truncate, After: 20},
-		{Kind: faultproxy.Status, Status: 429},
-		{Kind: faultproxy.Stall, After: 1, StallFor: time.Minute},
-	}
-	p.SetRule(func(r *http.Request, n int64) faultproxy.Fault {
-		if !faultproxy.ObjectGets(r) || n%3 != 0 {
-			return faultproxy.Fault{}
-		}
-		return kinds[(n/3)%int64(len(kinds))]
-	})
+	p.SetRule(faultproxy.Every(3, faultproxy.ObjectGets,
+		faultproxy.Fault{Kind: faultproxy.Status, Status: 503},
+		faultproxy.Fault{Kind: faultproxy.Reset, After: 700},
+		faultproxy.Fault{Kind: faultproxy.Truncate, After: 20},
+		faultproxy.Fault{Kind: faultproxy.Status, Status: 429},
+		faultproxy.Fault{Kind: faultproxy.Stall, After: 1, StallFor: time.Minute}))
 	defer p.SetRule(nil)
 	ctx := guard(t)
 	var wg sync.WaitGroup
