@@ -387,9 +387,15 @@ func TestGrowGCS(t *testing.T) {
 			return nil
 		})
 	}
-	src := "gs://" + bucket + "/grow.zarr"
-	ep := []string{"--gcs-endpoint", srv.URL, "--gcs-anonymous"}
+	checkGrowRemote(t, "gs://"+bucket+"/grow.zarr", local, sync, "--gcs-endpoint", srv.URL, "--gcs-anonymous")
+}
 
+// checkGrowRemote grows the store at local (growStore) and syncs it to the
+// remote source src (opened with the flags ep) after each change: a warm
+// after an append fills only the new samples and those whose chunks it
+// rewrote, and a mount with --metadata-ttl 1s shows the append and, after
+// a chunk is rewritten in place with the same size, serves its new bytes.
+func checkGrowRemote(t *testing.T, src, local string, sync func(), ep ...string) {
 	growStore(t, "create", local, 30)
 	sync()
 	cacheDir := t.TempDir()
@@ -413,7 +419,7 @@ func TestGrowGCS(t *testing.T) {
 	}
 	rewriteSample(t, local, 5, 0.25)
 	sync()
-	time.Sleep(2500 * time.Millisecond)
+	time.Sleep(2500 * time.Millisecond) // two TTLs and more
 	if after, err := os.ReadFile(filepath.Join(d.mnt, "raw", "05.npy")); err != nil || bytes.Equal(after, before) {
 		t.Fatalf("raw/05.npy two TTLs after its chunk was rewritten: %v, old bytes served %v", err, bytes.Equal(after, before))
 	}
