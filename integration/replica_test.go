@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -154,16 +153,7 @@ func TestReplicaMounts(t *testing.T) {
 			{Kind: faultproxy.Truncate, After: 11},
 			{Kind: faultproxy.Status, Status: 429},
 		}
-		var n atomic.Int64
-		p.SetRule(func(req *http.Request, _ int64) faultproxy.Fault {
-			if !faultproxy.ObjectGets(req) {
-				return faultproxy.Fault{}
-			}
-			if i := n.Add(1); i%3 == 0 {
-				return kinds[(i/3)%int64(len(kinds))]
-			}
-			return faultproxy.Fault{}
-		})
+		p.SetRule(faultproxy.Every(3, faultproxy.ObjectGets, kinds...))
 		d := mountAt(t, "gs://"+bucket+"/era5/arco.zarr", t.TempDir(), t.TempDir(),
 			append([]string{"--gcs-endpoint", p.URL, "--gcs-anonymous"}, viewArgs(views)...)...)
 		checkReplica(t, filepath.Join(dir, "arco.zarr"), d.mnt, views)
@@ -179,16 +169,8 @@ func TestReplicaMounts(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer p.Close()
-		var n atomic.Int64
-		p.SetRule(func(req *http.Request, _ int64) faultproxy.Fault {
-			if req.Method != http.MethodGet {
-				return faultproxy.Fault{}
-			}
-			if i := n.Add(1); i%3 == 0 {
-				return []faultproxy.Fault{{Kind: faultproxy.Status, Status: 503}, {Kind: faultproxy.Truncate, After: 9}, {Kind: faultproxy.Reset, After: 3}}[(i/3)%3]
-			}
-			return faultproxy.Fault{}
-		})
+		p.SetRule(faultproxy.Every(3, func(req *http.Request) bool { return req.Method == http.MethodGet },
+			faultproxy.Fault{Kind: faultproxy.Status, Status: 503}, faultproxy.Fault{Kind: faultproxy.Truncate, After: 9}, faultproxy.Fault{Kind: faultproxy.Reset, After: 3}))
 		d := mount(t, p.URL+"/wb2.zarr", viewArgs(views)...)
 		checkReplica(t, filepath.Join(dir, "wb2.zarr"), d.mnt, views)
 		if p.Faults() == 0 {
@@ -405,9 +387,15 @@ func TestGrowGCS(t *testing.T) {
 			return nil
 		})
 	}
-	src := "gs://" + bucket + "/grow.zarr"
-	ep := []string{"--gcs-endpoint", srv.URL, "--gcs-anonymous"}
+	checkGrowRemote(t, "gs://"+bucket+"/grow.zarr", local, sync, "--gcs-endpoint", srv.URL, "--gcs-anonymous")
+}
 
+// checkGrowRemote grows the store at local (growStore) and syncs it to the
+// remote source src (opened with the flags ep) after each change: a warm
+// after an append fills only the new samples and those whose chunks it
+// rewrote, and a mount with --metadata-ttl 1s shows the append and, after
+// a chunk is rewritten in place with the same size, serves its new bytes.
+func checkGrowRemote(t *testing.T, src, local string, sync func(), ep ...string) {
 	growStore(t, "create", local, 30)
 	sync()
 	cacheDir := t.TempDir()
@@ -431,7 +419,7 @@ func TestGrowGCS(t *testing.T) {
 	}
 	rewriteSample(t, local, 5, 0.25)
 	sync()
-	time.Sleep(2500 * time.Millisecond)
+	time.Sleep(2500 * time.Millisecond) // two TTLs and more
 	if after, err := os.ReadFile(filepath.Join(d.mnt, "raw", "05.npy")); err != nil || bytes.Equal(after, before) {
 		t.Fatalf("raw/05.npy two TTLs after its chunk was rewritten: %v, old bytes served %v", err, bytes.Equal(after, before))
 	}

@@ -2,11 +2,9 @@ package integration
 
 import (
 	"io/fs"
-	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -68,17 +66,8 @@ func TestS3Mount(t *testing.T) {
 			{Kind: faultproxy.Truncate, After: 11},
 			{Kind: faultproxy.Status, Status: 429, Code: "SlowDown"},
 		}
-		var n atomic.Int64
-		p.SetRule(func(req *http.Request, _ int64) faultproxy.Fault {
-			if !faultproxy.ObjectGets(req) {
-				return faultproxy.Fault{}
-			}
-			// Every third object GET fails, cycling through the kinds.
-			if i := n.Add(1); i%3 == 0 {
-				return kinds[(i/3)%int64(len(kinds))]
-			}
-			return faultproxy.Fault{}
-		})
+		// Every third object GET fails, cycling through the kinds.
+		p.SetRule(faultproxy.Every(3, faultproxy.ObjectGets, kinds...))
 		d := mountAt(t, "s3://"+bucket+"/era5/public_a.zarr", t.TempDir(), t.TempDir(), "--s3-endpoint", p.URL)
 		if r := runCheck(t, checkTensorstore, d.mnt, fx, "public_a.zarr"); r.Files == 0 {
 			t.Fatal("checked no files")

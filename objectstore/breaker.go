@@ -66,7 +66,7 @@ type Prober interface {
 // (WithRetry(WithBreaker(s, ...), ...)). It is safe for concurrent use
 // when the inner Store is.
 type Breaker struct {
-	Store
+	decorator
 	opts BreakerOptions
 	log  *slog.Logger
 
@@ -112,20 +112,7 @@ func WithBreaker(inner Store, opts BreakerOptions) *Breaker {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Breaker{Store: inner, opts: opts, log: log}
-}
-
-// Identity forwards the inner store's identity.
-func (b *Breaker) Identity() string { return Identity(b.Store) }
-
-// Unwrap returns the inner store.
-func (b *Breaker) Unwrap() Store { return b.Store }
-
-// QueuesRequests forwards the inner store's queueing, so that the retry
-// layer outside starts its timers when a request leaves the queue.
-func (b *Breaker) QueuesRequests() bool {
-	q, ok := b.Store.(QueueingStore)
-	return ok && q.QueuesRequests()
+	return &Breaker{decorator: decorator{inner}, opts: opts, log: log}
 }
 
 // Open reports whether the breaker is refusing requests now.
@@ -135,16 +122,17 @@ func (b *Breaker) Open() bool {
 	return b.open
 }
 
-// Close stops the probing of an open breaker. Requests still pass through.
+// Close stops the probing of an open breaker, for good, and closes the
+// inner store.
 func (b *Breaker) Close() error {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	b.closed = true
 	if b.stop != nil {
 		close(b.stop)
 		b.stop = nil
 	}
-	return nil
+	b.mu.Unlock()
+	return b.decorator.Close()
 }
 
 // isSilence reports whether err means the source did not answer at all.
@@ -296,13 +284,9 @@ var _ GetterInto = (*Breaker)(nil)
 
 // GetInto forwards to the inner store's GetInto (or Get).
 func (b *Breaker) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
-	gi, ok := b.Store.(GetterInto)
-	if !ok {
-		return b.Get(ctx, key)
-	}
 	var out []byte
 	err := b.do(ctx, "get", key, func(ctx context.Context) (err error) {
-		out, err = gi.GetInto(ctx, key, buf)
+		out, err = b.getInto(ctx, key, buf)
 		return err
 	})
 	return out, err

@@ -45,7 +45,7 @@ type DeadlineOptions struct {
 // than making every reader wait out the deadline. It is safe for
 // concurrent use when the inner Store is.
 type Deadline struct {
-	Store
+	decorator
 	opts DeadlineOptions
 	log  *slog.Logger
 	bufs sync.Pool // *[]byte that calls read into
@@ -72,14 +72,8 @@ func WithDeadline(inner Store, opts DeadlineOptions) (*Deadline, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Deadline{Store: inner, opts: opts, log: log}, nil
+	return &Deadline{decorator: decorator{inner}, opts: opts, log: log}, nil
 }
-
-// Identity forwards the inner store's identity.
-func (d *Deadline) Identity() string { return Identity(d.Store) }
-
-// Unwrap returns the inner store.
-func (d *Deadline) Unwrap() Store { return d.Store }
 
 // Blocked reports how many calls are still running that their callers left.
 func (d *Deadline) Blocked() int { return int(d.blocked.Load()) }
@@ -249,8 +243,6 @@ func (d *Deadline) List(ctx context.Context, prefix string) ([]string, error) {
 	return call(d, ctx, "list", prefix, func() ([]string, error) { return d.Store.List(ctx, prefix) }, nil)
 }
 
-func (d *Deadline) versioned() bool { _, ok := AsVersioned(d.Store); return ok }
-
 // GetVersion reads through the inner store's GetVersion, as GetInto does.
 func (d *Deadline) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
 	v, ok := AsVersioned(d.Store)
@@ -299,8 +291,6 @@ func (d *Deadline) ListVersions(ctx context.Context, prefix string, fn func(key,
 	}
 	return nil
 }
-
-func (d *Deadline) statesVersions() bool { _, ok := AsVersionStater(d.Store); return ok }
 
 // StatVersion forwards to the inner store's StatVersion.
 func (d *Deadline) StatVersion(ctx context.Context, key string) (string, error) {

@@ -1,13 +1,13 @@
 package objectstore
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -38,7 +38,7 @@ const (
 var ErrNoGoogleCredentials = errors.New("no Google credentials found")
 
 // GCSOptions configures OpenGCS. Every zero value means a documented
-// default.
+// default; negative values are refused.
 type GCSOptions struct {
 	// Endpoint is the JSON API endpoint: "" for Google
 	// (https://storage.googleapis.com/storage/v1/), or the emulator that
@@ -86,16 +86,12 @@ type GCSOptions struct {
 // client's own retries, and its silent re-reading of a body that broke
 // off, are turned off: wrap the store with WithRetry.
 type GCS struct {
+	remote
 	client   *storage.Client
 	bkt      *storage.BucketHandle
 	bucket   string
 	prefix   string // "" or "dir/sub", no slashes at either end
-	id       string
 	endpoint string // scheme://host[:port] of a non-default endpoint, part of Identity
-	log      *slog.Logger
-	timeout  time.Duration
-	sem      chan struct{}
-	tr       http.RoundTripper
 }
 
 var (
@@ -104,34 +100,13 @@ var (
 	_ Identifier    = (*GCS)(nil)
 	_ Versioned     = (*GCS)(nil)
 	_ VersionStater = (*GCS)(nil)
+	_ QueueingStore = (*GCS)(nil)
 )
 
 // ParseGSURL splits "gs://bucket/prefix" into bucket and prefix (without
 // slashes at either end).
 func ParseGSURL(raw string) (bucket, prefix string, err error) {
-	if !strings.HasPrefix(raw, "gs://") {
-		return "", "", fmt.Errorf("not a gs:// URL")
-	}
-	rest := strings.TrimPrefix(raw, "gs://")
-	host, p, _ := strings.Cut(rest, "/")
-	if strings.Contains(host, "@") {
-		return "", "", fmt.Errorf("gs URL must not hold credentials; use Application Default Credentials")
-	}
-	if host == "" {
-		return "", "", fmt.Errorf("%s: no bucket", raw)
-	}
-	if strings.ContainsAny(rest, "?#") {
-		return "", "", fmt.Errorf("%s: query and fragment are not supported", raw)
-	}
-	p = strings.Trim(p, "/")
-	if p != "" {
-		c, err := CleanKey(p, false)
-		if err != nil {
-			return "", "", fmt.Errorf("%s: bad prefix: %w", raw, err)
-		}
-		p = c
-	}
-	return host, p, nil
+	return parseBucketURL(raw, "gs", "a gs:// URL", "use Application Default Credentials")
 }
 
 // gcsEndpoint turns GCSOptions.Endpoint into the JSON API endpoint and the
@@ -203,17 +178,13 @@ func OpenGCS(ctx context.Context, rawURL string, opts GCSOptions) (*GCS, error) 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	timeout := opts.RequestTimeout
-	if timeout <= 0 {
-		timeout = DefaultGCSRequestTimeout
-	}
-	inflight := opts.MaxInFlight
-	if inflight <= 0 {
-		inflight = DefaultGCSMaxInFlight
+	timeout, inflight, err := requestLimits("GCSOptions", opts.RequestTimeout, DefaultGCSRequestTimeout, opts.MaxInFlight, DefaultGCSMaxInFlight)
+	if err != nil {
+		return nil, err
 	}
 	base := opts.Transport
 	if base == nil {
-		base = newGCSTransport(inflight, timeout)
+		base = newTransport(inflight, timeout)
 	}
 	var rt http.RoundTripper = &gcsTap{base: base}
 	source := "anonymous"
@@ -241,27 +212,17 @@ func OpenGCS(ctx context.Context, rawURL string, opts GCSOptions) (*GCS, error) 
 	// hidden loop here would multiply attempts and hide faults.
 	client.SetRetry(storage.WithPolicy(storage.RetryNever))
 	g := &GCS{
+		remote:   remote{id: id, log: log.With("store", id), timeout: timeout, sem: make(chan struct{}, inflight), tr: base},
 		client:   client,
 		bkt:      client.Bucket(bucket),
 		bucket:   bucket,
 		prefix:   prefix,
-		id:       id,
 		endpoint: named,
-		log:      log.With("store", id),
-		timeout:  timeout,
-		sem:      make(chan struct{}, inflight),
-		tr:       base,
 	}
-	g.log.Debug("gcs store opened", "endpoint", cmpOr(named, "https://storage.googleapis.com"),
+	g.read = g.fetch
+	g.log.Debug("gcs store opened", "endpoint", cmp.Or(named, "https://storage.googleapis.com"),
 		"credentials", source, "max_in_flight", inflight, "request_timeout", timeout)
 	return g, nil
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // googleCredentials finds Application Default Credentials (or takes the
@@ -360,36 +321,23 @@ func oneLine(s string, n int) string {
 	return s
 }
 
-// newGCSTransport is tuned as newS3Transport is: connections kept for
-// reuse up to the requests in flight, no transparent gzip.
-func newGCSTransport(inflight int, timeout time.Duration) *http.Transport {
-	return &http.Transport{
-		Proxy:                 http.ProxyFromEnvironment,
-		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		ForceAttemptHTTP2:     true,
-		MaxIdleConns:          max(2*inflight, 100),
-		MaxIdleConnsPerHost:   inflight,
-		IdleConnTimeout:       90 * time.Second,
-		TLSHandshakeTimeout:   10 * time.Second,
-		ResponseHeaderTimeout: timeout,
-		ExpectContinueTimeout: time.Second,
-		DisableCompression:    true,
-		ReadBufferSize:        128 << 10,
-		WriteBufferSize:       32 << 10,
-	}
+// newTransport is the transport of the GCS and HTTP stores: Go's
+// defaults, HTTP/2 where the server offers it, tuned as every remote
+// store's is (tuneTransport).
+func newTransport(inflight int, timeout time.Duration) *http.Transport {
+	return tuneTransport(&http.Transport{
+		Proxy:               http.ProxyFromEnvironment,
+		ForceAttemptHTTP2:   true,
+		TLSHandshakeTimeout: 10 * time.Second,
+	}, inflight, timeout)
 }
 
 // Close releases the client and the idle connections kept for reuse.
 func (g *GCS) Close() error {
 	err := g.client.Close()
-	if t, ok := g.tr.(interface{ CloseIdleConnections() }); ok {
-		t.CloseIdleConnections()
-	}
+	g.remote.Close()
 	return err
 }
-
-// ID returns "gs://bucket/prefix".
-func (g *GCS) ID() string { return g.id }
 
 // Identity is the ID, with the endpoint when it is not Google's.
 func (g *GCS) Identity() string {
@@ -399,85 +347,15 @@ func (g *GCS) Identity() string {
 	return g.id + "@" + g.endpoint
 }
 
-// QueuesRequests reports that requests wait for one of MaxInFlight slots
-// (see QueueingStore).
-func (g *GCS) QueuesRequests() bool { return true }
-
 // ObjectsPerListing is how many objects one listing request returns: an
 // array with more chunks than that is cheaper to ask chunk by chunk, as it
 // is read, than to list whole (zarr.Hierarchy.List).
 func (g *GCS) ObjectsPerListing() int { return 1000 }
 
-func (g *GCS) objectName(k string) string {
-	if g.prefix == "" {
-		return k
-	}
-	if k == "" {
-		return g.prefix
-	}
-	return g.prefix + "/" + k
-}
-
-func (g *GCS) acquire(ctx context.Context) error {
-	select {
-	case g.sem <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (g *GCS) release() { <-g.sem }
+func (g *GCS) objectName(k string) string { return joinKey(g.prefix, k) }
 
 // gcsVersion is the version string of an object generation.
 func gcsVersion(gen int64) string { return "gen:" + strconv.FormatInt(gen, 10) }
-
-// Get reads a whole object.
-func (g *GCS) Get(ctx context.Context, key string) ([]byte, error) {
-	b, _, err := g.GetVersion(ctx, key, nil)
-	return b, err
-}
-
-// GetInto is Get reading into buf when it is large enough.
-func (g *GCS) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
-	b, _, err := g.GetVersion(ctx, key, buf)
-	return b, err
-}
-
-// GetRange reads length bytes at off, or the last length bytes when off < 0.
-func (g *GCS) GetRange(ctx context.Context, key string, off, length int64) ([]byte, error) {
-	b, _, err := g.GetRangeVersion(ctx, key, off, length)
-	return b, err
-}
-
-// GetVersion reads a whole object and the generation of its response.
-func (g *GCS) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
-	k, err := CleanKey(key, false)
-	if err != nil {
-		return nil, "", &Error{Op: "get", Store: g.id, Key: key, Err: err}
-	}
-	b, gen, err := g.fetch(ctx, k, 0, 0, false, buf)
-	if err != nil {
-		return nil, "", &Error{Op: "get", Store: g.id, Key: k, Err: err}
-	}
-	return b, gcsVersion(gen), nil
-}
-
-// GetRangeVersion reads a byte range and the generation of its response.
-func (g *GCS) GetRangeVersion(ctx context.Context, key string, off, length int64) ([]byte, string, error) {
-	k, err := CleanKey(key, false)
-	if err != nil {
-		return nil, "", &Error{Op: "get range", Store: g.id, Key: key, Err: err}
-	}
-	if length < 0 {
-		return nil, "", &Error{Op: "get range", Store: g.id, Key: k, Err: fmt.Errorf("negative length %d", length)}
-	}
-	b, gen, err := g.fetch(ctx, k, off, length, true, nil)
-	if err != nil {
-		return nil, "", &Error{Op: "get range", Store: g.id, Key: k, Err: err}
-	}
-	return b, gcsVersion(gen), nil
-}
 
 // StatVersion returns the generation of the object at key with one
 // metadata request.
@@ -499,8 +377,7 @@ func (g *GCS) StatVersion(ctx context.Context, key string) (string, error) {
 // (the retry layer decides), and records the response and the first
 // failure of its body.
 type request struct {
-	timer   *time.Timer
-	timeout time.Duration
+	*attempt
 
 	sent   atomic.Bool
 	mu     sync.Mutex
@@ -570,8 +447,8 @@ type tapBody struct {
 
 func (b *tapBody) Read(p []byte) (int, error) {
 	n, err := b.rc.Read(p)
-	if n > 0 && b.r.timer != nil {
-		b.r.timer.Reset(b.r.timeout)
+	if n > 0 {
+		b.r.progress()
 	}
 	if err != nil && err != io.EOF {
 		b.r.failBody(err)
@@ -581,72 +458,84 @@ func (b *tapBody) Read(p []byte) (int, error) {
 
 func (b *tapBody) Close() error { return b.rc.Close() }
 
-// begin takes a request slot and arms the stall timer; done releases both.
-func (g *GCS) begin(ctx context.Context) (rctx context.Context, r *request, fired *atomic.Bool, done func(), err error) {
-	if err := g.acquire(ctx); err != nil {
-		return nil, nil, nil, nil, err
-	}
-	if err := StartAttempt(ctx); err != nil {
-		g.release()
-		return nil, nil, nil, nil, err
-	}
-	cctx, cancel := context.WithCancel(ctx)
-	fired = new(atomic.Bool)
-	r = &request{timeout: g.timeout}
-	r.timer = time.AfterFunc(g.timeout, func() { fired.Store(true); cancel() })
-	return context.WithValue(cctx, requestKey{}, r), r, fired, func() {
-		r.timer.Stop()
-		cancel()
-		g.release()
-	}, nil
+// firstBodyError reads a body through the client and returns, for an
+// error, the first one the transport saw reading it (when it saw one): the
+// client, when a body breaks off, tries to read it again, which gcsTap
+// refuses, and reports that refusal.
+type firstBodyError struct {
+	io.Reader
+	r *request
 }
 
-func (g *GCS) stat(ctx context.Context, k string) (*storage.ObjectAttrs, error) {
-	rctx, r, fired, done, err := g.begin(ctx)
+func (b firstBodyError) Read(p []byte) (int, error) {
+	n, err := b.Reader.Read(p)
+	if err != nil && err != io.EOF {
+		if _, _, berr := b.r.seen(); berr != nil {
+			err = berr
+		}
+	}
+	return n, err
+}
+
+// begin starts a request (remote.start) that the transport (gcsTap) sees
+// and lets through once; the caller ends it.
+func (g *GCS) begin(ctx context.Context) (*request, error) {
+	a, err := g.start(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer done()
-	attrs, err := g.bkt.Object(g.objectName(k)).Attrs(rctx)
+	r := &request{attempt: a}
+	r.ctx = context.WithValue(a.ctx, requestKey{}, r)
+	return r, nil
+}
+
+func (g *GCS) stat(ctx context.Context, k string) (*storage.ObjectAttrs, error) {
+	r, err := g.begin(ctx)
 	if err != nil {
-		return nil, g.classify(ctx, fired.Load(), r, err)
+		return nil, err
+	}
+	defer r.end()
+	attrs, err := g.bkt.Object(g.objectName(k)).Attrs(r.ctx)
+	if err != nil {
+		return nil, g.classify(ctx, r.stalled(), r, err)
 	}
 	return attrs, nil
 }
 
-// fetch reads a whole object or a range and returns its generation.
-func (g *GCS) fetch(ctx context.Context, k string, off, length int64, ranged bool, into []byte) ([]byte, int64, error) {
+// fetch reads a whole object or a range, and the generation of the
+// response.
+func (g *GCS) fetch(ctx context.Context, k string, off, length int64, ranged bool, into []byte) ([]byte, string, error) {
 	if ranged && length == 0 {
 		// HTTP cannot ask for zero bytes; check existence and bounds instead.
 		attrs, err := g.stat(ctx, k)
 		if err != nil {
-			return nil, 0, err
+			return nil, "", err
 		}
 		if off > attrs.Size {
-			return nil, 0, fmt.Errorf("%w: offset %d, size %d", ErrRange, off, attrs.Size)
+			return nil, "", fmt.Errorf("%w: offset %d, size %d", ErrRange, off, attrs.Size)
 		}
-		return []byte{}, attrs.Generation, nil
+		return []byte{}, gcsVersion(attrs.Generation), nil
 	}
-	rctx, r, fired, done, err := g.begin(ctx)
+	r, err := g.begin(ctx)
 	if err != nil {
-		return nil, 0, err
+		return nil, "", err
 	}
-	defer done()
+	defer r.end()
 	start := time.Now()
 	obj := g.bkt.Object(g.objectName(k))
 	var rd *storage.Reader
 	switch {
 	case !ranged:
-		rd, err = obj.NewReader(rctx)
+		rd, err = obj.NewReader(r.ctx)
 	case off < 0:
-		rd, err = obj.NewRangeReader(rctx, -length, -1)
+		rd, err = obj.NewRangeReader(r.ctx, -length, -1)
 	default:
-		rd, err = obj.NewRangeReader(rctx, off, length)
+		rd, err = obj.NewRangeReader(r.ctx, off, length)
 	}
 	if err != nil {
-		err = g.classify(ctx, fired.Load(), r, err)
+		err = g.classify(ctx, r.stalled(), r, err)
 		g.log.Debug("gcs get failed", "key", k, "off", off, "length", length, "err", err)
-		return nil, 0, err
+		return nil, "", err
 	}
 	defer rd.Close()
 	gen := rd.Attrs.Generation
@@ -664,17 +553,17 @@ func (g *GCS) fetch(ctx context.Context, k string, off, length int64, ranged boo
 		if size >= 0 && !rd.Attrs.Decompressed {
 			if off < 0 {
 				if size < length {
-					return nil, 0, fmt.Errorf("%w: last %d bytes of %d", ErrRange, length, size)
+					return nil, "", fmt.Errorf("%w: last %d bytes of %d", ErrRange, length, size)
 				}
 				off = size - length
 			}
 			if off+length > size {
-				return nil, 0, fmt.Errorf("%w: %d+%d, size %d", ErrRange, off, length, size)
+				return nil, "", fmt.Errorf("%w: %d+%d, size %d", ErrRange, off, length, size)
 			}
 		}
 		if status == http.StatusPartialContent {
 			if rd.Attrs.StartOffset != off || want != length {
-				return nil, 0, Transient(fmt.Errorf("server sent %d bytes at %d for %d at %d", want, rd.Attrs.StartOffset, length, off))
+				return nil, "", Transient(fmt.Errorf("server sent %d bytes at %d for %d at %d", want, rd.Attrs.StartOffset, length, off))
 			}
 		} else if off >= 0 {
 			from = off
@@ -684,51 +573,24 @@ func (g *GCS) fetch(ctx context.Context, k string, off, length int64, ranged boo
 		// The object is read whole: refuse one larger than the caller
 		// expects before allocating for it.
 		if err := checkSize(ctx, want); err != nil {
-			return nil, 0, err
+			return nil, "", err
 		}
 	}
-	var buf []byte
-	var n int
+	// What broke the body, not the client's attempt to read it again.
+	body := firstBodyError{rd, r}
+	buf, err := readBody(ctx, r.attempt, body, want, into)
+	if err != nil {
+		return nil, "", err
+	}
 	if want >= 0 {
-		if int64(cap(into)) >= want {
-			buf = into[:want]
-		} else {
-			buf = make([]byte, want)
-		}
-		n, err = io.ReadFull(rd, buf)
-	} else {
-		buf, err = io.ReadAll(io.LimitReader(rd, SizeLimit(ctx)+1))
-		n = len(buf)
-		if err == nil {
-			if err := checkSize(ctx, int64(n)); err != nil {
-				return nil, 0, err
-			}
-		}
-	}
-	if err == nil && want >= 0 {
 		// The client checks the CRC32C of a whole object at the end of its
 		// body: read to it.
 		var one [1]byte
-		if m, eerr := rd.Read(one[:]); m > 0 {
-			err = fmt.Errorf("body longer than its announced %d bytes", want)
-		} else if eerr != nil && eerr != io.EOF {
-			err = eerr
+		if m, err := body.Read(one[:]); m > 0 {
+			return nil, "", bodyError(ctx, r.attempt, fmt.Errorf("body longer than its announced %d bytes", want), want, want)
+		} else if err != nil && err != io.EOF {
+			return nil, "", bodyError(ctx, r.attempt, err, want, want)
 		}
-	}
-	if err != nil {
-		if perr := ctx.Err(); perr != nil {
-			return nil, 0, perr
-		}
-		if fired.Load() {
-			return nil, 0, Transient(fmt.Errorf("request stalled: no data for %v after %d of %d bytes: %w", g.timeout, n, want, context.DeadlineExceeded))
-		}
-		if _, _, berr := r.seen(); berr != nil {
-			err = berr // what broke the body, not the client's attempt to read it again
-		}
-		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-			return nil, 0, Transient(fmt.Errorf("%w: %d of %d bytes", ErrTruncated, n, want))
-		}
-		return nil, 0, Transient(fmt.Errorf("reading body after %d of %d bytes: %w", n, want, err))
 	}
 	if ranged && status != http.StatusPartialContent {
 		if off < 0 {
@@ -736,12 +598,12 @@ func (g *GCS) fetch(ctx context.Context, k string, off, length int64, ranged boo
 			from = off
 		}
 		if from < 0 || from+length > int64(len(buf)) {
-			return nil, 0, fmt.Errorf("%w: %d+%d, size %d", ErrRange, from, length, len(buf))
+			return nil, "", fmt.Errorf("%w: %d+%d, size %d", ErrRange, from, length, len(buf))
 		}
 		buf = buf[from : from+length]
 	}
 	g.log.Debug("gcs get", "key", k, "off", off, "length", length, "bytes", len(buf), "generation", gen, "dur", time.Since(start))
-	return buf, gen, nil
+	return buf, gcsVersion(gen), nil
 }
 
 // classify turns a client or transport error into the package's classes.
@@ -784,10 +646,7 @@ func (g *GCS) classify(parent context.Context, timedOut bool, r *request, err er
 		// EOF, TLS and DNS hiccups, a checksum that did not match.
 		return Transient(err)
 	}
-	desc := "HTTP " + strconv.Itoa(status)
-	if t := http.StatusText(status); t != "" {
-		desc += " " + t
-	}
+	desc := statusDesc(status)
 	if ge != nil && ge.Message != "" {
 		desc += ": " + oneLine(ge.Message, 200)
 	} else if code := xmlCode(doc); code != "" {
@@ -798,12 +657,8 @@ func (g *GCS) classify(parent context.Context, timedOut bool, r *request, err er
 		return fmt.Errorf("%w (%s: credentials missing, rejected or expired)", ErrPermission, desc)
 	case status == http.StatusForbidden:
 		return fmt.Errorf("%w (%s)", ErrPermission, desc)
-	case status == http.StatusRequestedRangeNotSatisfiable:
-		return fmt.Errorf("%w (%s)", ErrRange, desc)
-	case status >= 500 || status == http.StatusTooManyRequests || status == http.StatusRequestTimeout:
-		return Transient(errors.New(desc))
 	}
-	return errors.New(desc)
+	return statusClass(status, desc)
 }
 
 // xmlCode returns the <Code> of an XML API error document.
@@ -885,32 +740,25 @@ func (g *GCS) ListVersions(ctx context.Context, prefix string, fn func(key, vers
 // re-armed by every entry received, so a long listing that keeps flowing
 // is never cut off.
 func (g *GCS) listing(ctx context.Context, q *storage.Query, fields []string, fn func(*storage.ObjectAttrs)) error {
-	if err := g.acquire(ctx); err != nil {
-		return err
-	}
-	defer g.release()
-	if err := StartAttempt(ctx); err != nil {
-		return err
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var fired atomic.Bool
-	timer := time.AfterFunc(g.timeout, func() { fired.Store(true); cancel() })
-	defer timer.Stop()
 	if err := q.SetAttrSelection(fields); err != nil {
 		return err
 	}
-	it := g.bkt.Objects(rctx, q)
+	a, err := g.start(ctx)
+	if err != nil {
+		return err
+	}
+	defer a.end()
+	it := g.bkt.Objects(a.ctx, q)
 	for {
-		a, err := it.Next()
+		attrs, err := it.Next()
 		if err == iterator.Done {
 			break
 		}
 		if err != nil {
-			return g.classify(ctx, fired.Load(), nil, err)
+			return g.classify(ctx, a.stalled(), nil, err)
 		}
-		timer.Reset(g.timeout)
-		fn(a)
+		a.progress()
+		fn(attrs)
 	}
 	return ctx.Err()
 }

@@ -11,13 +11,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	mrand "math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -29,36 +27,7 @@ import (
 	"github.com/zarrfs/zarrfs/objectstore/storetest"
 )
 
-func TestParseGSURL(t *testing.T) {
-	tests := []struct {
-		in             string
-		bucket, prefix string
-		wantErr        string
-	}{
-		{"gs://gcp-public-data-arco-era5/ar/full_37-1h-0p25deg-chunk-1.zarr-v3", "gcp-public-data-arco-era5", "ar/full_37-1h-0p25deg-chunk-1.zarr-v3", ""},
-		{"gs://b/a/b.zarr/", "b", "a/b.zarr", ""},
-		{"gs://b", "b", "", ""},
-		{"gs://", "", "", "no bucket"},
-		{"s3://b/x", "", "", "not a gs"},
-		{"gs://b/../x", "", "", "bad prefix"},
-		{"gs://user:hunter2secret@b/x", "", "", "must not hold credentials"},
-		{"gs://b/x?generation=1", "", "", "not supported"},
-	}
-	for _, tc := range tests {
-		b, p, err := objectstore.ParseGSURL(tc.in)
-		if tc.wantErr != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-				t.Errorf("ParseGSURL(%q) = %q, %q, %v; want error %q", tc.in, b, p, err, tc.wantErr)
-			}
-			if err != nil && strings.Contains(err.Error(), "hunter2secret") {
-				t.Errorf("ParseGSURL error repeats the secret: %v", err)
-			}
-			continue
-		}
-		if err != nil || b != tc.bucket || p != tc.prefix {
-			t.Errorf("ParseGSURL(%q) = %q, %q, %v; want %q, %q", tc.in, b, p, err, tc.bucket, tc.prefix)
-		}
-	}
+func TestCheckGCSEndpoint(t *testing.T) {
 	for ep, ok := range map[string]bool{
 		"": true, "http://127.0.0.1:4443": true, "https://storage.example.com/storage/v1/": true, "host:9": true,
 		"ftp://x": false, "http://u:pw@h": false, "http://h/?q=1": false,
@@ -338,6 +307,10 @@ func TestGCSErrorClasses(t *testing.T) {
 		}, "permission, saying the credentials may have expired"},
 		{503, "ServiceUnavailable", objectstore.IsTransient, "transient"},
 		{429, "SlowDown", objectstore.IsTransient, "transient"},
+		{408, "RequestTimeout", objectstore.IsTransient, "transient"},
+		{416, "InvalidRange", func(err error) bool {
+			return errors.Is(err, objectstore.ErrRange) && !objectstore.IsTransient(err)
+		}, "a permanent range error"},
 		{400, "InvalidArgument", func(err error) bool {
 			return err != nil && !objectstore.IsTransient(err) && !objectstore.IsNotFound(err)
 		}, "permanent"},
@@ -375,12 +348,7 @@ func newGCSFaultEnv(t *testing.T) *gcsFaultEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	e := &gcsFaultEnv{srv: srv, proxy: p, bucket: srv.NewBucket(t), logs: &syncbuf.Buffer{}}
-	e.big = make([]byte, 2<<20)
-	rng := mrand.New(mrand.NewPCG(3, 4))
-	for i := range e.big {
-		e.big[i] = byte(rng.Uint32())
-	}
+	e := &gcsFaultEnv{srv: srv, proxy: p, bucket: srv.NewBucket(t), big: randomBytes(2<<20, 3, 4), logs: &syncbuf.Buffer{}}
 	srv.UploadFiles(t, e.bucket, "z", map[string][]byte{"big": e.big, "a/zarr.json": []byte("{}"), "a/c/0": []byte("c0")})
 	return e
 }
@@ -388,30 +356,14 @@ func newGCSFaultEnv(t *testing.T) *gcsFaultEnv {
 func (e *gcsFaultEnv) store(t *testing.T, retry objectstore.RetryOptions) objectstore.Store {
 	log := slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	g := openGCS(t, e.proxy.URL, e.bucket, "z", objectstore.GCSOptions{Logger: log, RequestTimeout: time.Second, MaxInFlight: 8})
-	if retry.MaxAttempts == 0 {
-		retry.MaxAttempts = 6
-	}
-	if retry.InitialBackoff == 0 {
-		retry.InitialBackoff = 5 * time.Millisecond
-	}
-	if retry.MaxBackoff == 0 {
-		retry.MaxBackoff = 50 * time.Millisecond
-	}
-	if retry.Budget == 0 {
-		retry.Budget = 20 * time.Second
-	}
-	retry.Logger = log
-	return objectstore.WithRetry(g, retry)
+	return objectstore.WithRetry(g, fastRetry(retry, log))
 }
 
 func TestGCSFaultsRecovered(t *testing.T) {
 	e := newGCSFaultEnv(t)
 	s := e.store(t, objectstore.RetryOptions{})
-	st := func(code int) faultproxy.Fault { return faultproxy.Fault{Kind: faultproxy.Status, Status: code} }
-	tests := []struct {
-		name   string
-		faults []faultproxy.Fault
-	}{
+	st := status
+	checkFaultsRecovered(t, e.proxy, s, e.big, []faultCase{
 		{"500 burst", []faultproxy.Fault{st(500), st(500), st(500)}},
 		{"503 burst", []faultproxy.Fault{st(503), st(503), st(503), st(503)}},
 		{"429", []faultproxy.Fault{st(429), st(429)}},
@@ -420,44 +372,7 @@ func TestGCSFaultsRecovered(t *testing.T) {
 		{"stall mid-body", []faultproxy.Fault{{Kind: faultproxy.Stall, After: 500, StallFor: time.Minute}}},
 		{"stall before headers", []faultproxy.Fault{{Kind: faultproxy.StallHeaders, StallFor: time.Minute}}},
 		{"mixed", []faultproxy.Fault{st(503), {Kind: faultproxy.Reset, After: 10}, {Kind: faultproxy.Truncate, After: 5}, st(500)}},
-	}
-	reads := []struct {
-		name string
-		read func(ctx context.Context) ([]byte, error)
-		want []byte
-	}{
-		{"get", func(ctx context.Context) ([]byte, error) { return s.Get(ctx, "big") }, e.big},
-		{"range", func(ctx context.Context) ([]byte, error) { return s.GetRange(ctx, "big", 12345, 100_000) }, e.big[12345:112345]},
-		{"suffix", func(ctx context.Context) ([]byte, error) { return s.GetRange(ctx, "big", -1, 4096) }, e.big[len(e.big)-4096:]},
-	}
-	for _, tc := range tests {
-		for _, r := range reads {
-			t.Run(tc.name+"/"+r.name, func(t *testing.T) {
-				before, reqs := e.proxy.Faults(), e.proxy.Requests()
-				e.proxy.SetRule(faultproxy.Sequence(faultproxy.ObjectGets, tc.faults...))
-				defer e.proxy.SetRule(nil)
-				ctx := guard(t)
-				b, err := r.read(ctx)
-				if ctx.Err() != nil {
-					t.Fatal("read did not end within the guard")
-				}
-				if err != nil {
-					t.Fatalf("read failed after retries: %v", err)
-				}
-				if !bytes.Equal(b, r.want) {
-					t.Fatalf("read %d bytes, want %d: content differs", len(b), len(r.want))
-				}
-				if got := e.proxy.Faults() - before; got != int64(len(tc.faults)) {
-					t.Fatalf("%d faults injected, want %d", got, len(tc.faults))
-				}
-				// One request per attempt: the client re-read nothing behind
-				// the retry layer's back.
-				if got := e.proxy.Requests() - reqs; got != int64(len(tc.faults))+1 {
-					t.Fatalf("%d requests for %d faults, want one per attempt", got, len(tc.faults))
-				}
-			})
-		}
-	}
+	})
 	t.Run("list 503", func(t *testing.T) {
 		e.proxy.SetRule(faultproxy.Sequence(func(r *http.Request) bool {
 			return strings.Contains(r.URL.Path, "/o") && r.URL.Query().Has("delimiter")
@@ -478,44 +393,12 @@ func TestGCSFaultsRecovered(t *testing.T) {
 // naming the key: never in data, never in not-found, never in a hang.
 func TestGCSFaultsPersistent(t *testing.T) {
 	e := newGCSFaultEnv(t)
-	tests := []struct {
-		name  string
-		fault faultproxy.Fault
-	}{
-		{"503", faultproxy.Fault{Kind: faultproxy.Status, Status: 503}},
-		{"reset", faultproxy.Fault{Kind: faultproxy.Reset, After: 100}},
-		{"truncated", faultproxy.Fault{Kind: faultproxy.Truncate, After: 100}},
-		{"stall", faultproxy.Fault{Kind: faultproxy.Stall, After: 100, StallFor: time.Minute}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			s := e.store(t, objectstore.RetryOptions{MaxAttempts: 3})
-			e.proxy.SetRule(faultproxy.Always(faultproxy.ObjectGets, tc.fault))
-			defer e.proxy.SetRule(nil)
-			before := e.proxy.Requests()
-			ctx := guard(t)
-			b, err := s.Get(ctx, "big")
-			if ctx.Err() != nil {
-				t.Fatal("read did not end within the guard")
-			}
-			if err == nil {
-				t.Fatalf("read returned %d bytes through a permanent fault", len(b))
-			}
-			t.Logf("error: %v", err)
-			if !objectstore.IsTransient(err) || objectstore.IsNotFound(err) {
-				t.Fatalf("err = %v, want a transient error", err)
-			}
-			if n := e.proxy.Requests() - before; n != 3 {
-				t.Fatalf("%d requests, want 3 attempts", n)
-			}
-			if !strings.Contains(err.Error(), "gs://") || !strings.Contains(err.Error(), "big") || !strings.Contains(err.Error(), "gave up after 3 attempts") {
-				t.Fatalf("error %q should name the store, the key and the attempts", err)
-			}
-			if tc.name == "truncated" && !errors.Is(err, objectstore.ErrTruncated) {
-				t.Fatalf("error %q should say the body was truncated", err)
-			}
-		})
-	}
+	checkFaultsPersistent(t, e.proxy, e.store, "gs://", []faultCase{
+		{"503", []faultproxy.Fault{{Kind: faultproxy.Status, Status: 503}}},
+		{"reset", []faultproxy.Fault{{Kind: faultproxy.Reset, After: 100}}},
+		{"truncated", []faultproxy.Fault{{Kind: faultproxy.Truncate, After: 100}}},
+		{"stall", []faultproxy.Fault{{Kind: faultproxy.Stall, After: 100, StallFor: time.Minute}}},
+	})
 }
 
 // A source that stops answering opens the breaker: reads then fail at
@@ -557,47 +440,5 @@ func TestGCSBreaker(t *testing.T) {
 // requests in assorted ways: every read returns exactly the right bytes.
 func TestGCSFaultsConcurrent(t *testing.T) {
 	e := newGCSFaultEnv(t)
-	s := e.store(t, objectstore.RetryOptions{MaxAttempts: 10})
-	kinds := []faultproxy.Fault{
-		{Kind: faultproxy.Status, Status: 503},
-		{Kind: faultproxy.Reset, After: 700},
-		{Kind: faultproxy.Truncate, After: 20},
-		{Kind: faultproxy.Status, Status: 429},
-		{Kind: faultproxy.Stall, After: 1, StallFor: time.Minute},
-	}
-	e.proxy.SetRule(func(r *http.Request, n int64) faultproxy.Fault {
-		if !faultproxy.ObjectGets(r) || n%3 != 0 {
-			return faultproxy.Fault{}
-		}
-		return kinds[(n/3)%int64(len(kinds))]
-	})
-	defer e.proxy.SetRule(nil)
-	ctx := guard(t)
-	var wg sync.WaitGroup
-	errs := make(chan error, 256)
-	for g := range 16 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := mrand.New(mrand.NewPCG(uint64(g), 9))
-			for range 6 {
-				off := rng.Int64N(int64(len(e.big)) - 1)
-				n := 1 + rng.Int64N(min(int64(len(e.big))-off, 300_000))
-				b, err := s.GetRange(ctx, "big", off, n)
-				if err != nil {
-					errs <- err
-				} else if !bytes.Equal(b, e.big[off:off+n]) {
-					errs <- errors.New("wrong bytes returned")
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	if e.proxy.Faults() < 10 {
-		t.Fatalf("only %d faults injected", e.proxy.Faults())
-	}
+	checkFaultsConcurrent(t, e.proxy, e.store(t, objectstore.RetryOptions{MaxAttempts: 10}), e.big)
 }

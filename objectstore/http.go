@@ -1,6 +1,7 @@
 package objectstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -21,7 +22,7 @@ const (
 )
 
 // HTTPOptions configures OpenHTTP. Every zero value means a documented
-// default.
+// default; negative values are refused.
 type HTTPOptions struct {
 	// BearerToken, when set, is sent as "Authorization: Bearer TOKEN" with
 	// every request (and kept on redirects to the same host only, as Go's
@@ -65,15 +66,11 @@ type HTTPOptions struct {
 // failures, truncated bodies and stalls are Transient. Wrap it with
 // WithRetry.
 type HTTP struct {
+	remote
 	base    string // scheme://host[:port]/path, no trailing slash
-	id      string
 	client  *http.Client
 	token   string
 	tokenOf string
-	log     *slog.Logger
-	timeout time.Duration
-	sem     chan struct{}
-	tr      http.RoundTripper
 
 	sawETag, sawModified, sawNone atomic.Bool
 }
@@ -83,6 +80,8 @@ var (
 	_ GetterInto    = (*HTTP)(nil)
 	_ Versioned     = (*HTTP)(nil)
 	_ VersionStater = (*HTTP)(nil)
+	_ QueueingStore = (*HTTP)(nil)
+	_ Prober        = (*HTTP)(nil)
 )
 
 // ParseHTTPURL checks an http:// or https:// store URL and returns it
@@ -127,47 +126,25 @@ func OpenHTTP(ctx context.Context, rawURL string, opts HTTPOptions) (*HTTP, erro
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	timeout := opts.RequestTimeout
-	if timeout <= 0 {
-		timeout = DefaultHTTPRequestTimeout
-	}
-	inflight := opts.MaxInFlight
-	if inflight <= 0 {
-		inflight = DefaultHTTPMaxInFlight
+	timeout, inflight, err := requestLimits("HTTPOptions", opts.RequestTimeout, DefaultHTTPRequestTimeout, opts.MaxInFlight, DefaultHTTPMaxInFlight)
+	if err != nil {
+		return nil, err
 	}
 	tr := opts.Transport
 	if tr == nil {
-		tr = newGCSTransport(inflight, timeout)
+		tr = newTransport(inflight, timeout)
 	}
 	h := &HTTP{
+		remote:  remote{id: base, log: log.With("store", base), timeout: timeout, sem: make(chan struct{}, inflight), tr: tr},
 		base:    base,
-		id:      base,
 		client:  &http.Client{Transport: tr, CheckRedirect: checkRedirect},
 		token:   opts.BearerToken,
-		tokenOf: cmpOr(opts.TokenSource, "the bearer token"),
-		log:     log.With("store", base),
-		timeout: timeout,
-		sem:     make(chan struct{}, inflight),
-		tr:      tr,
+		tokenOf: cmp.Or(opts.TokenSource, "the bearer token"),
 	}
+	h.read = h.fetch
 	h.log.Debug("http store opened", "bearer_token", opts.BearerToken != "", "max_in_flight", inflight, "request_timeout", timeout)
 	return h, nil
 }
-
-// Close releases the idle connections kept for reuse.
-func (h *HTTP) Close() error {
-	if t, ok := h.tr.(interface{ CloseIdleConnections() }); ok {
-		t.CloseIdleConnections()
-	}
-	return nil
-}
-
-// ID returns the base URL.
-func (h *HTTP) ID() string { return h.id }
-
-// QueuesRequests reports that requests wait for one of MaxInFlight slots
-// (see QueueingStore).
-func (h *HTTP) QueuesRequests() bool { return true }
 
 // Validators says which kinds of version the server's responses carried
 // so far: "etag", "last-modified", "none", joined by "+" when they
@@ -208,53 +185,6 @@ func (h *HTTP) ListVersions(ctx context.Context, prefix string, fn func(key, ver
 	return err
 }
 
-// Get reads a whole object.
-func (h *HTTP) Get(ctx context.Context, key string) ([]byte, error) {
-	b, _, err := h.GetVersion(ctx, key, nil)
-	return b, err
-}
-
-// GetInto is Get reading into buf when it is large enough.
-func (h *HTTP) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
-	b, _, err := h.GetVersion(ctx, key, buf)
-	return b, err
-}
-
-// GetRange reads length bytes at off, or the last length bytes when off < 0.
-func (h *HTTP) GetRange(ctx context.Context, key string, off, length int64) ([]byte, error) {
-	b, _, err := h.GetRangeVersion(ctx, key, off, length)
-	return b, err
-}
-
-// GetVersion reads a whole object and the version of its response.
-func (h *HTTP) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
-	k, err := CleanKey(key, false)
-	if err != nil {
-		return nil, "", &Error{Op: "get", Store: h.id, Key: key, Err: err}
-	}
-	b, v, err := h.fetch(ctx, k, 0, 0, false, buf)
-	if err != nil {
-		return nil, "", &Error{Op: "get", Store: h.id, Key: k, Err: err}
-	}
-	return b, v, nil
-}
-
-// GetRangeVersion reads a byte range and the version of its response.
-func (h *HTTP) GetRangeVersion(ctx context.Context, key string, off, length int64) ([]byte, string, error) {
-	k, err := CleanKey(key, false)
-	if err != nil {
-		return nil, "", &Error{Op: "get range", Store: h.id, Key: key, Err: err}
-	}
-	if length < 0 {
-		return nil, "", &Error{Op: "get range", Store: h.id, Key: k, Err: fmt.Errorf("negative length %d", length)}
-	}
-	b, v, err := h.fetch(ctx, k, off, length, true, nil)
-	if err != nil {
-		return nil, "", &Error{Op: "get range", Store: h.id, Key: k, Err: err}
-	}
-	return b, v, nil
-}
-
 // StatVersion asks the version of the object at key with a HEAD request.
 func (h *HTTP) StatVersion(ctx context.Context, key string) (string, error) {
 	k, err := CleanKey(key, false)
@@ -271,12 +201,12 @@ func (h *HTTP) StatVersion(ctx context.Context, key string) (string, error) {
 // Probe asks the server whether it answers at all (the breaker's probe of
 // a store it cannot list): any HTTP response is an answer.
 func (h *HTTP) Probe(ctx context.Context) error {
-	_, resp, done, err := h.do(ctx, http.MethodHead, "", "")
+	a, resp, err := h.do(ctx, http.MethodHead, "", "")
 	if err != nil {
 		return err
 	}
 	resp.Body.Close()
-	done()
+	a.end()
 	return nil
 }
 
@@ -294,25 +224,18 @@ func (h *HTTP) version(hdr http.Header) string {
 	return "unversioned"
 }
 
-// do sends one request (after taking a slot) with the stall timer armed;
-// the caller reads the body, re-arming the timer through progressReader,
-// and calls done. fired reports whether the timer ended the request.
-func (h *HTTP) do(ctx context.Context, method, k, rng string) (fired *atomic.Bool, resp *http.Response, done func(), err error) {
-	if err := h.acquire(ctx); err != nil {
-		return nil, nil, nil, err
-	}
-	if err := StartAttempt(ctx); err != nil {
-		h.release()
-		return nil, nil, nil, err
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	fired = new(atomic.Bool)
-	timer := time.AfterFunc(h.timeout, func() { fired.Store(true); cancel() })
-	done = func() { timer.Stop(); cancel(); h.release() }
-	req, err := http.NewRequestWithContext(rctx, method, h.url(k), nil)
+// do sends one request (remote.start: after taking a slot, with the stall
+// timer armed); the caller reads the body, re-arming the timer through
+// progressReader, and ends the attempt. On an error the attempt has ended.
+func (h *HTTP) do(ctx context.Context, method, k, rng string) (*attempt, *http.Response, error) {
+	a, err := h.start(ctx)
 	if err != nil {
-		done()
-		return nil, nil, nil, err
+		return nil, nil, err
+	}
+	req, err := http.NewRequestWithContext(a.ctx, method, h.url(k), nil)
+	if err != nil {
+		a.end()
+		return nil, nil, err
 	}
 	req.Header.Set("Accept-Encoding", "identity")
 	if rng != "" {
@@ -321,36 +244,25 @@ func (h *HTTP) do(ctx context.Context, method, k, rng string) (fired *atomic.Boo
 	if h.token != "" {
 		req.Header.Set("Authorization", "Bearer "+h.token)
 	}
-	resp, err = h.client.Do(req)
+	resp, err := h.client.Do(req)
 	if err != nil {
-		done()
-		return fired, nil, nil, h.transportError(ctx, fired.Load(), err)
+		a.end()
+		return nil, nil, h.transportError(ctx, a.stalled(), err)
 	}
-	resp.Body = progressReader{resp.Body, timer, h.timeout}
+	resp.Body = progressReader{resp.Body, a}
 	if err := h.statusError(method, resp); err != nil {
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
 		resp.Body.Close()
-		done()
-		return fired, nil, nil, err
+		a.end()
+		return nil, nil, err
 	}
 	if ce := resp.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
 		resp.Body.Close()
-		done()
-		return fired, nil, nil, fmt.Errorf("server sent the object with Content-Encoding %q, not its stored bytes", ce)
+		a.end()
+		return nil, nil, fmt.Errorf("server sent the object with Content-Encoding %q, not its stored bytes", ce)
 	}
-	return fired, resp, done, nil
+	return a, resp, nil
 }
-
-func (h *HTTP) acquire(ctx context.Context) error {
-	select {
-	case h.sem <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (h *HTTP) release() { <-h.sem }
 
 // errDirectory is a redirect from a key to the same path with a slash
 // added: the key names a directory of the server (whose index page is no
@@ -397,10 +309,7 @@ func (h *HTTP) statusError(method string, resp *http.Response) error {
 	if s == http.StatusOK || s == http.StatusPartialContent {
 		return nil
 	}
-	desc := "HTTP " + strconv.Itoa(s)
-	if t := http.StatusText(s); t != "" {
-		desc += " " + t
-	}
+	desc := statusDesc(s)
 	switch {
 	case s == http.StatusNotFound || s == http.StatusGone:
 		return ErrNotFound
@@ -409,40 +318,36 @@ func (h *HTTP) statusError(method string, resp *http.Response) error {
 			return fmt.Errorf("%w (%s: the server refused %s; it may have expired)", ErrPermission, desc, h.tokenOf)
 		}
 		return fmt.Errorf("%w (%s: the server wants credentials; set %s)", ErrPermission, desc, h.tokenOf)
-	case s == http.StatusRequestedRangeNotSatisfiable:
-		return fmt.Errorf("%w (%s)", ErrRange, desc)
 	case method == http.MethodHead && (s == http.StatusMethodNotAllowed || s == http.StatusNotImplemented):
 		return fmt.Errorf("%w (%s)", errNoHead, desc)
-	case s >= 500 || s == http.StatusTooManyRequests || s == http.StatusRequestTimeout:
-		return Transient(errors.New(desc))
 	}
-	return errors.New(desc)
+	return statusClass(s, desc)
 }
 
 // stat asks an object's size and version with HEAD, or, from a server
 // that does not allow HEAD, with a GET of its first byte.
 func (h *HTTP) stat(ctx context.Context, k string) (int64, string, error) {
-	_, resp, done, err := h.do(ctx, http.MethodHead, k, "")
+	a, resp, err := h.do(ctx, http.MethodHead, k, "")
 	if errors.Is(err, errNoHead) {
 		return h.statByGet(ctx, k)
 	}
 	if err != nil {
 		return 0, "", err
 	}
-	defer done()
+	defer a.end()
 	resp.Body.Close()
 	return resp.ContentLength, h.version(resp.Header), nil
 }
 
 func (h *HTTP) statByGet(ctx context.Context, k string) (int64, string, error) {
-	_, resp, done, err := h.do(ctx, http.MethodGet, k, "bytes=0-0")
+	a, resp, err := h.do(ctx, http.MethodGet, k, "bytes=0-0")
 	if errors.Is(err, ErrRange) {
 		return 0, "unversioned", nil // an empty object: nothing to range over
 	}
 	if err != nil {
 		return 0, "", err
 	}
-	defer done()
+	defer a.end()
 	defer resp.Body.Close()
 	total := resp.ContentLength
 	if resp.StatusCode == http.StatusPartialContent {
@@ -477,12 +382,12 @@ func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bo
 		}
 	}
 	start := time.Now()
-	fired, resp, done, err := h.do(ctx, http.MethodGet, k, rng)
+	a, resp, err := h.do(ctx, http.MethodGet, k, rng)
 	if err != nil {
 		h.log.Debug("http get failed", "key", k, "off", off, "length", length, "err", err)
 		return nil, "", err
 	}
-	defer done()
+	defer a.end()
 	defer resp.Body.Close()
 	body := resp.Body
 	// want: the bytes this response must carry (-1: a chunked body without
@@ -493,26 +398,8 @@ func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bo
 	partial := resp.StatusCode == http.StatusPartialContent
 	switch {
 	case ranged && partial:
-		cr := resp.Header.Get("Content-Range")
-		first, last, t, err := parseContentRange(cr)
-		if err != nil {
-			return nil, "", Transient(fmt.Errorf("bad Content-Range %q: %w", cr, err))
-		}
-		total = t
-		if off < 0 {
-			if total < length {
-				return nil, "", fmt.Errorf("%w: last %d bytes of %d", ErrRange, length, total)
-			}
-			off = total - length
-		}
-		if off+length > total {
-			return nil, "", fmt.Errorf("%w: %d+%d, size %d", ErrRange, off, length, total)
-		}
-		if first != off || last != off+length-1 {
-			return nil, "", Transient(fmt.Errorf("server sent bytes %d-%d for %d-%d", first, last, off, off+length-1))
-		}
-		if want >= 0 && want != length {
-			return nil, "", Transient(fmt.Errorf("Content-Length %d for a range of %d bytes", want, length))
+		if off, total, err = checkContentRange(resp.Header.Get("Content-Range"), off, length, want); err != nil {
+			return nil, "", err
 		}
 		want = length
 	case partial:
@@ -534,7 +421,7 @@ func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bo
 				if err == io.EOF && total < 0 {
 					return nil, "", fmt.Errorf("%w: offset %d, object of %d bytes", ErrRange, off, n)
 				}
-				return nil, "", h.bodyError(ctx, fired.Load(), err, n, off)
+				return nil, "", bodyError(ctx, a, err, n, off)
 			}
 			skip, want = off, length
 			if total < 0 {
@@ -551,16 +438,7 @@ func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bo
 	}
 	version := h.version(resp.Header)
 	var buf []byte
-	var n int
-	switch {
-	case want >= 0:
-		if int64(cap(into)) >= want {
-			buf = into[:want]
-		} else {
-			buf = make([]byte, want)
-		}
-		n, err = io.ReadFull(body, buf)
-	case ranged:
+	if ranged && want < 0 {
 		// A 200 of unknown length (chunked): a clean end of the body
 		// (err == nil) before the range's end means the object is shorter;
 		// a cut body is an error of its own.
@@ -569,24 +447,17 @@ func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bo
 			limit = SizeLimit(ctx) + 1 // a suffix needs the whole to find its tail
 		}
 		buf, err = io.ReadAll(io.LimitReader(body, limit))
-		n = len(buf)
-		if err == nil && off < 0 && int64(n) > SizeLimit(ctx) {
-			return nil, "", checkSize(ctx, int64(n))
+		n := int64(len(buf))
+		switch {
+		case err != nil:
+			return nil, "", bodyError(ctx, a, err, n, want)
+		case off < 0 && n > SizeLimit(ctx):
+			return nil, "", checkSize(ctx, n)
+		case n < length:
+			return nil, "", fmt.Errorf("%w: %d+%d, object of %d bytes", ErrRange, skip, length, skip+n)
 		}
-		if err == nil && int64(n) < length {
-			return nil, "", fmt.Errorf("%w: %d+%d, object of %d bytes", ErrRange, skip, length, skip+int64(n))
-		}
-	default:
-		buf, err = io.ReadAll(io.LimitReader(body, SizeLimit(ctx)+1))
-		n = len(buf)
-		if err == nil {
-			if err := checkSize(ctx, int64(n)); err != nil {
-				return nil, "", err
-			}
-		}
-	}
-	if err != nil {
-		return nil, "", h.bodyError(ctx, fired.Load(), err, int64(n), want)
+	} else if buf, err = readBody(ctx, a, body, want, into); err != nil {
+		return nil, "", err
 	}
 	if ranged && !partial && off < 0 {
 		// A suffix of a 200: the tail of the whole object.
@@ -597,21 +468,4 @@ func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bo
 	}
 	h.log.Debug("http get", "key", k, "off", off, "length", length, "bytes", len(buf), "status", resp.StatusCode, "dur", time.Since(start))
 	return buf, version, nil
-}
-
-// bodyError classifies a failure reading a body after n of want bytes.
-func (h *HTTP) bodyError(ctx context.Context, timedOut bool, err error, n, want int64) error {
-	if perr := ctx.Err(); perr != nil {
-		return perr
-	}
-	if timedOut {
-		return Transient(fmt.Errorf("request stalled: no data for %v after %d of %d bytes: %w", h.timeout, n, want, context.DeadlineExceeded))
-	}
-	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-		if want < 0 {
-			return Transient(fmt.Errorf("%w: chunked body cut after %d bytes", ErrTruncated, n))
-		}
-		return Transient(fmt.Errorf("%w: %d of %d bytes", ErrTruncated, n, want))
-	}
-	return Transient(fmt.Errorf("reading body after %d of %d bytes: %w", n, want, err))
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	mrand "math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -316,11 +315,7 @@ func TestHTTPBearerToken(t *testing.T) {
 
 func TestHTTPFaults(t *testing.T) {
 	dir := t.TempDir()
-	big := make([]byte, 2<<20)
-	rng := mrand.New(mrand.NewPCG(5, 6))
-	for i := range big {
-		big[i] = byte(rng.Uint32())
-	}
+	big := randomBytes(2<<20, 5, 6)
 	webtest.WriteFiles(t, dir, map[string][]byte{"z/big": big})
 	srv := webtest.Start(t, dir)
 	p, err := faultproxy.New(srv.URL)
@@ -330,44 +325,14 @@ func TestHTTPFaults(t *testing.T) {
 	defer p.Close()
 	h := openHTTP(t, p.URL+"/z", objectstore.HTTPOptions{RequestTimeout: time.Second})
 	s := objectstore.WithRetry(h, objectstore.RetryOptions{MaxAttempts: 6, InitialBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, Budget: 20 * time.Second})
-	st := func(code int) faultproxy.Fault { return faultproxy.Fault{Kind: faultproxy.Status, Status: code} }
-	for name, faults := range map[string][]faultproxy.Fault{
-		"503 burst":   {st(503), st(503), st(500)},
-		"reset":       {{Kind: faultproxy.Reset, After: 3000}},
-		"truncated":   {{Kind: faultproxy.Truncate, After: 1000}, {Kind: faultproxy.Truncate, After: 0}},
-		"stall":       {{Kind: faultproxy.Stall, After: 500, StallFor: time.Minute}},
-		"stall early": {{Kind: faultproxy.StallHeaders, StallFor: time.Minute}},
-	} {
-		t.Run(name, func(t *testing.T) {
-			for _, r := range [][2]int64{{0, 0}, {12345, 100_000}, {-1, 4096}} {
-				p.SetRule(faultproxy.Sequence(faultproxy.ObjectGets, faults...))
-				before, reqs := p.Faults(), p.Requests()
-				ctx := guard(t)
-				var b, want []byte
-				if r[1] == 0 {
-					b, err = s.Get(ctx, "big")
-					want = big
-				} else {
-					b, err = s.GetRange(ctx, "big", r[0], r[1])
-					off := r[0]
-					if off < 0 {
-						off = int64(len(big)) - r[1]
-					}
-					want = big[off : off+r[1]]
-				}
-				p.SetRule(nil)
-				if err != nil || !bytes.Equal(b, want) {
-					t.Fatalf("read %v: %d bytes, %v", r, len(b), err)
-				}
-				if got := p.Faults() - before; got != int64(len(faults)) {
-					t.Fatalf("%d faults injected, want %d", got, len(faults))
-				}
-				if got := p.Requests() - reqs; got != int64(len(faults))+1 {
-					t.Fatalf("%d requests for %d faults", got, len(faults))
-				}
-			}
-		})
-	}
+	st := status
+	checkFaultsRecovered(t, p, s, big, []faultCase{
+		{"503 burst", []faultproxy.Fault{st(503), st(503), st(500)}},
+		{"reset", []faultproxy.Fault{{Kind: faultproxy.Reset, After: 3000}}},
+		{"truncated", []faultproxy.Fault{{Kind: faultproxy.Truncate, After: 1000}, {Kind: faultproxy.Truncate, After: 0}}},
+		{"stall", []faultproxy.Fault{{Kind: faultproxy.Stall, After: 500, StallFor: time.Minute}}},
+		{"stall early", []faultproxy.Fault{{Kind: faultproxy.StallHeaders, StallFor: time.Minute}}},
+	})
 	t.Run("persistent", func(t *testing.T) {
 		p.SetRule(faultproxy.Always(faultproxy.ObjectGets, faultproxy.Fault{Kind: faultproxy.Truncate, After: 100}))
 		defer p.SetRule(nil)

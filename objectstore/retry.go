@@ -50,18 +50,12 @@ type RetryOptions struct {
 // invalid-key, permission and range errors return at once. It is safe for
 // concurrent use when the inner Store is.
 type Retry struct {
-	Store
+	decorator
 	opts RetryOptions
 	log  *slog.Logger
 }
 
 var _ Store = (*Retry)(nil)
-
-// Identity forwards the inner store's identity.
-func (r *Retry) Identity() string { return Identity(r.Store) }
-
-// Unwrap returns the inner store.
-func (r *Retry) Unwrap() Store { return r.Store }
 
 // WithRetry wraps inner with retries; see RetryOptions for the defaults.
 // A negative value is a caller's mistake and panics, as a negative count
@@ -98,7 +92,7 @@ func WithRetry(inner Store, opts RetryOptions) *Retry {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Retry{Store: inner, opts: opts, log: log}
+	return &Retry{decorator: decorator{inner}, opts: opts, log: log}
 }
 
 // refuseNegative panics naming the first negative field of an options
@@ -180,8 +174,7 @@ func onAttemptStart(ctx context.Context, f func() error) context.Context {
 // The error it returns keeps the last attempt's error in its chain, so its
 // class (IsTransient, IsNotFound, ...) is what the caller sees.
 func (r *Retry) do(ctx context.Context, op, key string, f func(ctx context.Context) error) error {
-	q, ok := r.Store.(QueueingStore)
-	queued := ok && q.QueuesRequests()
+	queued := r.QueuesRequests()
 	var start time.Time // when the first attempt started (left the queue)
 	began := false
 	for attempt := 1; ; attempt++ {
@@ -266,23 +259,19 @@ func (r *Retry) do(ctx context.Context, op, key string, f func(ctx context.Conte
 	}
 }
 
-// Get implements Store.
 var _ GetterInto = (*Retry)(nil)
 
 // GetInto retries the inner store's GetInto (or Get, when it has none).
 func (r *Retry) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
-	gi, ok := r.Store.(GetterInto)
-	if !ok {
-		return r.Get(ctx, key)
-	}
 	var b []byte
 	err := r.do(ctx, "get", key, func(ctx context.Context) (err error) {
-		b, err = gi.GetInto(ctx, key, buf)
+		b, err = r.getInto(ctx, key, buf)
 		return err
 	})
 	return b, err
 }
 
+// Get implements Store.
 func (r *Retry) Get(ctx context.Context, key string) ([]byte, error) {
 	var b []byte
 	err := r.do(ctx, "get", key, func(ctx context.Context) (err error) {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -14,7 +13,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/minio/minio-go/v7"
@@ -56,7 +54,7 @@ type S3Options struct {
 	// response headers arrive, and between any two reads of its body. A
 	// stalled connection ends as a transient error; a large object that
 	// keeps flowing is not cut off (the retry layer's AttemptTimeout bounds
-	// the whole). Listings get it as a bound on the whole listing.
+	// the whole). Listings get it between two objects received.
 	// 0: DefaultS3RequestTimeout (30s).
 	RequestTimeout time.Duration
 	// MaxInFlight bounds the requests in flight at once; the HTTP transport
@@ -75,31 +73,41 @@ type S3Options struct {
 // request timeouts are Transient. S3 does not retry by itself; wrap it with
 // WithRetry.
 type S3 struct {
+	remote
 	client   *minio.Client
 	bucket   string
 	prefix   string // "" or "dir/sub", no slashes at either end
-	id       string
 	endpoint string // scheme://host[:port], part of Identity
-	log      *slog.Logger
-	timeout  time.Duration
-	sem      chan struct{}
-	tr       http.RoundTripper
 }
 
-var _ Store = (*S3)(nil)
+var (
+	_ Store         = (*S3)(nil)
+	_ GetterInto    = (*S3)(nil)
+	_ Identifier    = (*S3)(nil)
+	_ QueueingStore = (*S3)(nil)
+)
 
 // ParseS3URL splits "s3://bucket/prefix" into bucket and prefix (without
 // slashes at either end). Credentials in the URL are refused, without
 // repeating the URL in the error.
 func ParseS3URL(raw string) (bucket, prefix string, err error) {
-	if !strings.HasPrefix(raw, "s3://") {
-		return "", "", fmt.Errorf("not an s3:// URL")
+	return parseBucketURL(raw, "s3", "an s3:// URL", "use the environment or a profile")
+}
+
+// parseBucketURL splits "SCHEME://bucket/prefix" (what names such a URL in
+// errors) into bucket and prefix (without slashes at either end), refusing
+// credentials in the URL (the error says where they belong instead, hint,
+// and never repeats the URL), queries, fragments and prefixes that leave
+// the bucket.
+func parseBucketURL(raw, scheme, what, hint string) (bucket, prefix string, err error) {
+	rest, ok := strings.CutPrefix(raw, scheme+"://")
+	if !ok {
+		return "", "", fmt.Errorf("not %s", what)
 	}
-	rest := strings.TrimPrefix(raw, "s3://")
 	host, p, _ := strings.Cut(rest, "/")
 	if strings.Contains(host, "@") {
 		// Never echo: the part before "@" may be a secret.
-		return "", "", fmt.Errorf("s3 URL must not hold credentials; use the environment or a profile")
+		return "", "", fmt.Errorf("%s URL must not hold credentials; %s", scheme, hint)
 	}
 	if host == "" {
 		return "", "", fmt.Errorf("%s: no bucket", raw)
@@ -116,6 +124,17 @@ func ParseS3URL(raw string) (bucket, prefix string, err error) {
 		p = c
 	}
 	return host, p, nil
+}
+
+// joinKey is the object name of key k below prefix (either may be "").
+func joinKey(prefix, k string) string {
+	switch {
+	case prefix == "":
+		return k
+	case k == "":
+		return prefix
+	}
+	return prefix + "/" + k
 }
 
 // parseEndpoint turns S3Options.Endpoint into minio-go's host and secure flag.
@@ -164,16 +183,9 @@ func OpenS3(ctx context.Context, rawURL string, opts S3Options) (*S3, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if opts.RequestTimeout < 0 || opts.MaxInFlight < 0 {
-		return nil, fmt.Errorf("objectstore: S3Options request timeout %v, max in flight %d: want 0 (the default) or more", opts.RequestTimeout, opts.MaxInFlight)
-	}
-	timeout := opts.RequestTimeout
-	if timeout == 0 {
-		timeout = DefaultS3RequestTimeout
-	}
-	inflight := opts.MaxInFlight
-	if inflight == 0 {
-		inflight = DefaultS3MaxInFlight
+	timeout, inflight, err := requestLimits("S3Options", opts.RequestTimeout, DefaultS3RequestTimeout, opts.MaxInFlight, DefaultS3MaxInFlight)
+	if err != nil {
+		return nil, err
 	}
 	id := "s3://" + bucket
 	if prefix != "" {
@@ -203,30 +215,34 @@ func OpenS3(ctx context.Context, rawURL string, opts S3Options) (*S3, error) {
 		return nil, fmt.Errorf("%s: %w", id, err)
 	}
 	s := &S3{
+		remote:   remote{id: id, log: log.With("store", id), timeout: timeout, sem: make(chan struct{}, inflight), tr: tr},
 		client:   client,
 		bucket:   bucket,
 		prefix:   prefix,
-		id:       id,
 		endpoint: (&url.URL{Scheme: map[bool]string{true: "https", false: "http"}[secure], Host: host}).String(),
-		log:      log.With("store", id),
-		timeout:  timeout,
-		sem:      make(chan struct{}, inflight),
-		tr:       tr,
 	}
-	s.log.Debug("s3 store opened", "endpoint", (&url.URL{Scheme: map[bool]string{true: "https", false: "http"}[secure], Host: host}).String(),
+	s.read = s.fetch
+	s.log.Debug("s3 store opened", "endpoint", s.endpoint,
 		"region", opts.Region, "credentials", source, "max_in_flight", inflight, "request_timeout", timeout)
 	return s, nil
 }
 
-// newS3Transport is tuned for many concurrent reads from one host: as many
-// idle connections kept per host as requests may be in flight, so a steady
-// stream of range GETs reuses connections instead of dialling and
-// handshaking each time, and no transparent gzip (lengths must match).
+// newS3Transport is minio-go's transport (TLS settings of its own) tuned
+// as every remote store's is (tuneTransport).
 func newS3Transport(secure bool, inflight int, timeout time.Duration) *http.Transport {
 	tr, err := minio.DefaultTransport(secure)
 	if err != nil {
 		tr = &http.Transport{Proxy: http.ProxyFromEnvironment}
 	}
+	return tuneTransport(tr, inflight, timeout)
+}
+
+// tuneTransport tunes a remote store's transport for many concurrent reads
+// from one host: as many idle connections kept per host as requests may be
+// in flight, so a steady stream of range GETs reuses connections instead
+// of dialling and handshaking each time; the response headers bounded by
+// the request timeout; no transparent gzip (lengths must match).
+func tuneTransport(tr *http.Transport, inflight int, timeout time.Duration) *http.Transport {
 	tr.DialContext = (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext
 	tr.MaxIdleConns = max(2*inflight, 100)
 	tr.MaxIdleConnsPerHost = inflight
@@ -337,46 +353,21 @@ func (c *strictChain) IsExpired() bool {
 	return c.curr.IsExpired()
 }
 
-// Close releases the idle connections kept for reuse. Calls made after it
-// still work (they dial again).
-func (s *S3) Close() error {
-	if t, ok := s.tr.(interface{ CloseIdleConnections() }); ok {
-		t.CloseIdleConnections()
-	}
-	return nil
-}
-
-// ID returns "s3://bucket/prefix".
-func (s *S3) ID() string { return s.id }
-
 // Identity is the ID with the endpoint: the same bucket on two endpoints
 // is two sources.
 func (s *S3) Identity() string { return s.id + "@" + s.endpoint }
 
-func (s *S3) objectKey(k string) string {
-	if s.prefix == "" {
-		return k
+func (s *S3) objectKey(k string) string { return joinKey(s.prefix, k) }
+
+// requestLimits applies the defaults of a remote store's RequestTimeout
+// and MaxInFlight (named by what, its options type) to their zero values;
+// a negative value is refused, not turned into the default.
+func requestLimits(what string, timeout, defTimeout time.Duration, inflight, defInflight int) (time.Duration, int, error) {
+	if timeout < 0 || inflight < 0 {
+		return 0, 0, fmt.Errorf("objectstore: %s request timeout %v, max in flight %d: want 0 (the default) or more", what, timeout, inflight)
 	}
-	if k == "" {
-		return s.prefix
-	}
-	return s.prefix + "/" + k
+	return cmp.Or(timeout, defTimeout), cmp.Or(inflight, defInflight), nil
 }
-
-func (s *S3) acquire(ctx context.Context) error {
-	select {
-	case s.sem <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (s *S3) release() { <-s.sem }
-
-// QueuesRequests reports that requests wait for one of MaxInFlight slots;
-// the store calls StartAttempt when a request gets one (see QueueingStore).
-func (s *S3) QueuesRequests() bool { return true }
 
 // classify turns a minio-go or transport error into the package's classes.
 // parent is the caller's context; timedOut says our own request timer fired.
@@ -411,81 +402,25 @@ func (s *S3) classify(parent context.Context, timedOut bool, err error) error {
 	case er.StatusCode == http.StatusForbidden || er.Code == "AccessDenied" ||
 		er.Code == "InvalidAccessKeyId" || er.Code == "SignatureDoesNotMatch":
 		return fmt.Errorf("%w (%s)", ErrPermission, desc)
-	case er.StatusCode == http.StatusRequestedRangeNotSatisfiable || er.Code == "InvalidRange":
+	case er.Code == "InvalidRange":
 		return fmt.Errorf("%w (%s)", ErrRange, desc)
-	case er.StatusCode >= 500 || er.StatusCode == http.StatusTooManyRequests ||
-		er.StatusCode == http.StatusRequestTimeout ||
-		er.Code == "SlowDown" || er.Code == "RequestTimeout" || er.Code == "InternalError" ||
+	case er.Code == "SlowDown" || er.Code == "RequestTimeout" || er.Code == "InternalError" ||
 		er.Code == "ServiceUnavailable":
 		return Transient(errors.New(desc))
 	}
-	return errors.New(desc)
+	return statusClass(er.StatusCode, desc)
 }
 
-// Get reads a whole object, verifying its length against Content-Length.
-func (s *S3) Get(ctx context.Context, key string) ([]byte, error) {
-	k, err := CleanKey(key, false)
+// fetch reads a whole object or a range, and the ETag of the response,
+// verifying the body's length against Content-Length and, for a range, its
+// Content-Range.
+func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool, into []byte) ([]byte, string, error) {
+	a, err := s.start(ctx)
 	if err != nil {
-		return nil, &Error{Op: "get", Store: s.id, Key: key, Err: err}
+		return nil, "", err
 	}
-	b, err := s.fetch(ctx, k, 0, 0, false, nil, nil)
-	if err != nil {
-		return nil, &Error{Op: "get", Store: s.id, Key: k, Err: err}
-	}
-	return b, nil
-}
-
-var _ GetterInto = (*S3)(nil)
-
-// GetInto is Get reading into buf when it is large enough.
-func (s *S3) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
-	k, err := CleanKey(key, false)
-	if err != nil {
-		return nil, &Error{Op: "get", Store: s.id, Key: key, Err: err}
-	}
-	b, err := s.fetch(ctx, k, 0, 0, false, buf, nil)
-	if err != nil {
-		return nil, &Error{Op: "get", Store: s.id, Key: k, Err: err}
-	}
-	return b, nil
-}
-
-// GetRange reads length bytes at off, or the last length bytes when off < 0,
-// with one range GET. The response's Content-Range and length are checked
-// against the request.
-func (s *S3) GetRange(ctx context.Context, key string, off, length int64) ([]byte, error) {
-	k, err := CleanKey(key, false)
-	if err != nil {
-		return nil, &Error{Op: "get range", Store: s.id, Key: key, Err: err}
-	}
-	if length < 0 {
-		return nil, &Error{Op: "get range", Store: s.id, Key: k, Err: fmt.Errorf("negative length %d", length)}
-	}
-	b, err := s.fetch(ctx, k, off, length, true, nil, nil)
-	if err != nil {
-		return nil, &Error{Op: "get range", Store: s.id, Key: k, Err: err}
-	}
-	return b, nil
-}
-
-// fetch reads a whole object or a range; etag, when not nil, receives the
-// ETag of the response.
-func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool, into []byte, etag *string) ([]byte, error) {
-	if err := s.acquire(ctx); err != nil {
-		return nil, err
-	}
-	defer s.release()
-	if err := StartAttempt(ctx); err != nil {
-		return nil, err
-	}
-	// The request timer runs until the headers arrive and is re-armed by
-	// every body read: a stall of RequestTimeout anywhere ends the request,
-	// while a large object that keeps flowing is never cut off.
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var fired atomic.Bool
-	timer := time.AfterFunc(s.timeout, func() { fired.Store(true); cancel() })
-	defer timer.Stop()
+	defer a.end()
+	rctx := a.ctx
 	start := time.Now()
 	obj := s.objectKey(k)
 
@@ -493,15 +428,12 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 		// HTTP cannot ask for zero bytes; check existence and bounds instead.
 		info, err := s.client.StatObject(rctx, s.bucket, obj, minio.StatObjectOptions{})
 		if err != nil {
-			return nil, s.classify(ctx, fired.Load(), err)
+			return nil, "", s.classify(ctx, a.stalled(), err)
 		}
 		if off > info.Size {
-			return nil, fmt.Errorf("%w: offset %d, size %d", ErrRange, off, info.Size)
+			return nil, "", fmt.Errorf("%w: offset %d, size %d", ErrRange, off, info.Size)
 		}
-		if etag != nil {
-			*etag = info.ETag
-		}
-		return []byte{}, nil
+		return []byte{}, s3Version(info.ETag), nil
 	}
 
 	var gopts minio.GetObjectOptions
@@ -513,23 +445,18 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 			err = gopts.SetRange(off, off+length-1)
 		}
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
 	}
 	body, info, hdr, err := minio.Core{Client: s.client}.GetObject(rctx, s.bucket, obj, gopts)
 	if err != nil {
-		err = s.classify(ctx, fired.Load(), err)
+		err = s.classify(ctx, a.stalled(), err)
 		s.log.Debug("s3 get failed", "key", k, "off", off, "length", length, "err", err)
-		return nil, err
+		return nil, "", err
 	}
 	defer body.Close()
-	body = progressReader{body, timer, s.timeout}
-	if etag != nil {
-		*etag = info.ETag
-	}
+	body = progressReader{body, a}
 
-	// want: the bytes this response must carry; from, to: the slice of them
-	// the caller asked for (a server may ignore Range and send everything).
 	// want: the bytes this response must carry (-1: a chunked body without
 	// Content-Length, whose terminator still tells a complete body from a
 	// cut one). whole: the body is the entire object, either because that
@@ -537,71 +464,25 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 	want := info.Size
 	whole := !ranged
 	if ranged {
-		cr := hdr.Get("Content-Range")
-		if cr == "" {
+		if cr := hdr.Get("Content-Range"); cr == "" {
 			whole = true
 		} else {
-			first, last, total, err := parseContentRange(cr)
-			if err != nil {
-				return nil, Transient(fmt.Errorf("bad Content-Range %q: %w", cr, err))
-			}
-			if off < 0 {
-				if total < length {
-					return nil, fmt.Errorf("%w: last %d bytes of %d", ErrRange, length, total)
-				}
-				off = total - length
-			}
-			if off+length > total {
-				return nil, fmt.Errorf("%w: %d+%d, size %d", ErrRange, off, length, total)
-			}
-			if first != off || last != off+length-1 {
-				return nil, Transient(fmt.Errorf("server sent bytes %d-%d for %d-%d", first, last, off, off+length-1))
-			}
-			if want >= 0 && want != length {
-				return nil, Transient(fmt.Errorf("Content-Length %d for a range of %d bytes", want, length))
+			if off, _, err = checkContentRange(cr, off, length, want); err != nil {
+				return nil, "", err
 			}
 			want = length
 		}
 	}
-	if !ranged || whole {
+	if whole {
 		// The object is read whole: refuse one larger than the caller
 		// expects before allocating for it.
 		if err := checkSize(ctx, want); err != nil {
-			return nil, err
+			return nil, "", err
 		}
 	}
-	var buf []byte
-	var n int
-	if want >= 0 {
-		if int64(cap(into)) >= want {
-			buf = into[:want]
-		} else {
-			buf = make([]byte, want)
-		}
-		n, err = io.ReadFull(body, buf)
-	} else {
-		buf, err = io.ReadAll(io.LimitReader(body, SizeLimit(ctx)+1))
-		n = len(buf)
-		if err == nil {
-			if err := checkSize(ctx, int64(n)); err != nil {
-				return nil, err
-			}
-		}
-	}
+	buf, err := readBody(ctx, a, body, want, into)
 	if err != nil {
-		if perr := ctx.Err(); perr != nil {
-			return nil, perr
-		}
-		if fired.Load() {
-			return nil, Transient(fmt.Errorf("request stalled: no data for %v after %d of %d bytes: %w", s.timeout, n, want, context.DeadlineExceeded))
-		}
-		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-			if want < 0 {
-				return nil, Transient(fmt.Errorf("%w: chunked body cut after %d bytes", ErrTruncated, n))
-			}
-			return nil, Transient(fmt.Errorf("%w: %d of %d bytes", ErrTruncated, n, want))
-		}
-		return nil, Transient(fmt.Errorf("reading body after %d of %d bytes: %w", n, want, err))
+		return nil, "", err
 	}
 	if ranged && whole {
 		size := int64(len(buf))
@@ -609,30 +490,13 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 			off = size - length
 		}
 		if off < 0 || off+length > size {
-			return nil, fmt.Errorf("%w: %d+%d, size %d", ErrRange, off, length, size)
+			return nil, "", fmt.Errorf("%w: %d+%d, size %d", ErrRange, off, length, size)
 		}
 		buf = buf[off : off+length]
 	}
 	s.log.Debug("s3 get", "key", k, "off", off, "length", length, "bytes", len(buf), "dur", time.Since(start))
-	return buf, nil
+	return buf, s3Version(info.ETag), nil
 }
-
-// progressReader re-arms the request timer on every read that returns data.
-type progressReader struct {
-	r       io.ReadCloser
-	timer   *time.Timer
-	timeout time.Duration
-}
-
-func (p progressReader) Read(b []byte) (int, error) {
-	n, err := p.r.Read(b)
-	if n > 0 {
-		p.timer.Reset(p.timeout)
-	}
-	return n, err
-}
-
-func (p progressReader) Close() error { return p.r.Close() }
 
 // parseContentRange parses "bytes FIRST-LAST/TOTAL".
 func parseContentRange(s string) (first, last, total int64, err error) {
@@ -678,74 +542,35 @@ func (s *S3) List(ctx context.Context, prefix string) ([]string, error) {
 	return names, nil
 }
 
-// listVersions lists every object below k recursively. The request timer
-// is re-armed by every object received, so a long listing that keeps
-// flowing is never cut off.
+// listVersions lists every object below k recursively.
 func (s *S3) listVersions(ctx context.Context, k string, fn func(key, version string)) error {
-	if err := s.acquire(ctx); err != nil {
-		return err
-	}
-	defer s.release()
-	if err := StartAttempt(ctx); err != nil {
-		return err
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var fired atomic.Bool
-	timer := time.AfterFunc(s.timeout, func() { fired.Store(true); cancel() })
-	defer timer.Stop()
-	p := s.objectKey(k)
-	if p != "" {
-		p += "/"
-	}
 	base := s.objectKey("")
 	if base != "" {
 		base += "/"
 	}
-	for obj := range s.client.ListObjects(rctx, s.bucket, minio.ListObjectsOptions{Prefix: p, Recursive: true}) {
-		if obj.Err != nil {
-			return s.classify(ctx, fired.Load(), obj.Err)
-		}
-		timer.Reset(s.timeout)
+	return s.listing(ctx, k, true, func(obj minio.ObjectInfo) {
 		key := strings.TrimPrefix(obj.Key, base)
 		if key == "" || strings.HasSuffix(key, "/") {
-			continue // "directory marker" objects
+			return // "directory marker" objects
 		}
 		fn(key, s3Version(obj.ETag))
-	}
-	if fired.Load() && ctx.Err() == nil {
-		return Transient(fmt.Errorf("listing stalled: no response for %v: %w", s.timeout, context.DeadlineExceeded))
-	}
-	return ctx.Err()
+	})
 }
 
 func (s *S3) list(ctx context.Context, k string) ([]string, error) {
-	if err := s.acquire(ctx); err != nil {
-		return nil, err
-	}
-	defer s.release()
-	if err := StartAttempt(ctx); err != nil {
-		return nil, err
-	}
-	// One listing may take several pages; the whole of it gets the timeout.
-	rctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel() // also stops minio-go's listing goroutine on an early return
 	p := s.objectKey(k)
 	if p != "" {
 		p += "/"
 	}
 	var names []string
-	for obj := range s.client.ListObjects(rctx, s.bucket, minio.ListObjectsOptions{Prefix: p, Recursive: false}) {
-		if obj.Err != nil {
-			return nil, s.classify(ctx, rctx.Err() != nil, obj.Err)
-		}
+	err := s.listing(ctx, k, false, func(obj minio.ObjectInfo) {
 		name := strings.TrimPrefix(obj.Key, p)
 		if name == "" || name == "/" {
-			continue // a "directory marker" object some tools create
+			return // a "directory marker" object some tools create
 		}
 		names = append(names, name)
-	}
-	if err := ctx.Err(); err != nil {
+	})
+	if err != nil {
 		return nil, err
 	}
 	if len(names) == 0 && k != "" {
@@ -753,4 +578,38 @@ func (s *S3) list(ctx context.Context, k string) ([]string, error) {
 	}
 	sort.Strings(names)
 	return names, nil
+}
+
+// listing runs one listing of the objects below k (their children only
+// unless recursive), calling fn per entry. The request timer is re-armed
+// by every entry received, so a listing of many pages that keeps flowing
+// is never cut off, and one that stalls fails: minio-go ends a listing
+// whose context ends between two pages without an error, which must not
+// read as its end.
+func (s *S3) listing(ctx context.Context, k string, recursive bool, fn func(minio.ObjectInfo)) error {
+	a, err := s.start(ctx)
+	if err != nil {
+		return err
+	}
+	// Ending the attempt also stops minio-go's listing goroutine on an
+	// early return.
+	defer a.end()
+	p := s.objectKey(k)
+	if p != "" {
+		p += "/"
+	}
+	for obj := range s.client.ListObjects(a.ctx, s.bucket, minio.ListObjectsOptions{Prefix: p, Recursive: recursive}) {
+		if obj.Err != nil {
+			return s.classify(ctx, a.stalled(), obj.Err)
+		}
+		a.progress()
+		fn(obj)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if a.stalled() {
+		return Transient(fmt.Errorf("listing stalled: no response for %v: %w", s.timeout, context.DeadlineExceeded))
+	}
+	return nil
 }

@@ -1,14 +1,12 @@
 package objectstore_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -35,12 +33,7 @@ func newFaultEnv(t *testing.T) *faultEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	e := &faultEnv{srv: srv, proxy: p, bucket: srv.NewBucket(t), logs: &syncbuf.Buffer{}}
-	e.big = make([]byte, 2<<20)
-	rng := rand.New(rand.NewPCG(3, 4))
-	for i := range e.big {
-		e.big[i] = byte(rng.Uint32())
-	}
+	e := &faultEnv{srv: srv, proxy: p, bucket: srv.NewBucket(t), big: randomBytes(2<<20, 3, 4), logs: &syncbuf.Buffer{}}
 	srv.UploadFiles(t, e.bucket, "z", map[string][]byte{"big": e.big, "a/zarr.json": []byte("{}"), "a/c/0": []byte("c0")})
 	return e
 }
@@ -60,37 +53,14 @@ func (e *faultEnv) store(t *testing.T, creds *credentials.Credentials, retry obj
 	if err != nil {
 		t.Fatal(err)
 	}
-	if retry.MaxAttempts == 0 {
-		retry.MaxAttempts = 6
-	}
-	if retry.InitialBackoff == 0 {
-		retry.InitialBackoff = 5 * time.Millisecond
-	}
-	if retry.MaxBackoff == 0 {
-		retry.MaxBackoff = 50 * time.Millisecond
-	}
-	if retry.Budget == 0 {
-		retry.Budget = 20 * time.Second
-	}
-	retry.Logger = log
-	return objectstore.WithRetry(s, retry)
-}
-
-// guard bounds a call so that a hang fails the test instead of the run.
-func guard(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
-	t.Cleanup(cancel)
-	return ctx
+	return objectstore.WithRetry(s, fastRetry(retry, log))
 }
 
 func TestS3FaultsRecovered(t *testing.T) {
 	e := newFaultEnv(t)
 	s := e.store(t, staticCreds(e.srv), objectstore.RetryOptions{})
-	st := func(code int) faultproxy.Fault { return faultproxy.Fault{Kind: faultproxy.Status, Status: code} }
-	tests := []struct {
-		name   string
-		faults []faultproxy.Fault
-	}{
+	st := status
+	checkFaultsRecovered(t, e.proxy, s, e.big, []faultCase{
 		{"500 burst", []faultproxy.Fault{st(500), st(500), st(500)}},
 		{"503 burst", []faultproxy.Fault{st(503), st(503), st(503), st(503)}},
 		{"429 SlowDown", []faultproxy.Fault{st(429), st(429)}},
@@ -100,39 +70,7 @@ func TestS3FaultsRecovered(t *testing.T) {
 		{"stall mid-body", []faultproxy.Fault{{Kind: faultproxy.Stall, After: 500, StallFor: time.Minute}}},
 		{"stall before headers", []faultproxy.Fault{{Kind: faultproxy.StallHeaders, StallFor: time.Minute}}},
 		{"mixed", []faultproxy.Fault{st(503), {Kind: faultproxy.Reset, After: 10}, {Kind: faultproxy.Truncate, After: 5}, st(500)}},
-	}
-	reads := []struct {
-		name string
-		read func(ctx context.Context) ([]byte, error)
-		want []byte
-	}{
-		{"get", func(ctx context.Context) ([]byte, error) { return s.Get(ctx, "big") }, e.big},
-		{"range", func(ctx context.Context) ([]byte, error) { return s.GetRange(ctx, "big", 12345, 100_000) }, e.big[12345:112345]},
-		{"suffix", func(ctx context.Context) ([]byte, error) { return s.GetRange(ctx, "big", -1, 4096) }, e.big[len(e.big)-4096:]},
-	}
-	for _, tc := range tests {
-		for _, r := range reads {
-			t.Run(tc.name+"/"+r.name, func(t *testing.T) {
-				before := e.proxy.Faults()
-				e.proxy.SetRule(faultproxy.Sequence(faultproxy.ObjectGets, tc.faults...))
-				defer e.proxy.SetRule(nil)
-				ctx := guard(t)
-				b, err := r.read(ctx)
-				if ctx.Err() != nil {
-					t.Fatal("read did not end within the guard")
-				}
-				if err != nil {
-					t.Fatalf("read failed after retries: %v", err)
-				}
-				if !bytes.Equal(b, r.want) {
-					t.Fatalf("read %d bytes, want %d: content differs", len(b), len(r.want))
-				}
-				if got := e.proxy.Faults() - before; got != int64(len(tc.faults)) {
-					t.Fatalf("%d faults injected, want %d", got, len(tc.faults))
-				}
-			})
-		}
-	}
+	})
 	// Listing goes through the same machinery.
 	t.Run("list 503", func(t *testing.T) {
 		e.proxy.SetRule(faultproxy.Sequence(func(r *http.Request) bool { return strings.Contains(r.URL.RawQuery, "list-type") },
@@ -149,42 +87,15 @@ func TestS3FaultsRecovered(t *testing.T) {
 // never in data, never in not-found, never in a hang.
 func TestS3FaultsPersistent(t *testing.T) {
 	e := newFaultEnv(t)
-	tests := []struct {
-		name  string
-		fault faultproxy.Fault
-	}{
-		{"503", faultproxy.Fault{Kind: faultproxy.Status, Status: 503}},
-		{"429", faultproxy.Fault{Kind: faultproxy.Status, Status: 429}},
-		{"reset", faultproxy.Fault{Kind: faultproxy.Reset, After: 100}},
-		{"truncated", faultproxy.Fault{Kind: faultproxy.Truncate, After: 100}},
-		{"stall", faultproxy.Fault{Kind: faultproxy.Stall, After: 100, StallFor: time.Minute}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			s := e.store(t, staticCreds(e.srv), objectstore.RetryOptions{MaxAttempts: 3})
-			e.proxy.SetRule(faultproxy.Always(faultproxy.ObjectGets, tc.fault))
-			defer e.proxy.SetRule(nil)
-			before := e.proxy.Requests()
-			ctx := guard(t)
-			b, err := s.Get(ctx, "big")
-			if ctx.Err() != nil {
-				t.Fatal("read did not end within the guard")
-			}
-			if err == nil {
-				t.Fatalf("read returned %d bytes through a permanent fault", len(b))
-			}
-			t.Logf("error: %v", err)
-			if !objectstore.IsTransient(err) || objectstore.IsNotFound(err) {
-				t.Fatalf("err = %v, want a transient error", err)
-			}
-			if n := e.proxy.Requests() - before; n != 3 {
-				t.Fatalf("%d requests, want 3 attempts", n)
-			}
-			if !strings.Contains(err.Error(), "big") || !strings.Contains(err.Error(), "gave up after 3 attempts") {
-				t.Fatalf("error %q should name the key and the attempts", err)
-			}
-		})
-	}
+	checkFaultsPersistent(t, e.proxy, func(t *testing.T, retry objectstore.RetryOptions) objectstore.Store {
+		return e.store(t, staticCreds(e.srv), retry)
+	}, "s3://", []faultCase{
+		{"503", []faultproxy.Fault{{Kind: faultproxy.Status, Status: 503}}},
+		{"429", []faultproxy.Fault{{Kind: faultproxy.Status, Status: 429}}},
+		{"reset", []faultproxy.Fault{{Kind: faultproxy.Reset, After: 100}}},
+		{"truncated", []faultproxy.Fault{{Kind: faultproxy.Truncate, After: 100}}},
+		{"stall", []faultproxy.Fault{{Kind: faultproxy.Stall, After: 100, StallFor: time.Minute}}},
+	})
 }
 
 // Permanent answers are not retried, and a budget larger than the wait is
@@ -294,50 +205,33 @@ func TestS3FaultsBudget(t *testing.T) {
 // requests in assorted ways: every read returns exactly the right bytes.
 func TestS3FaultsConcurrent(t *testing.T) {
 	e := newFaultEnv(t)
-	s := e.store(t, staticCreds(e.srv), objectstore.RetryOptions{MaxAttempts: 10})
-	kinds := []faultproxy.Fault{
-		{Kind: faultproxy.Status, Status: 503},
-		{Kind: faultproxy.Reset, After: 700},
-		{Kind: faultproxy.Truncate, After: 20},
-		{Kind: faultproxy.Status, Status: 429},
-		{Kind: faultproxy.Stall, After: 1, StallFor: time.Minute},
+	checkFaultsConcurrent(t, e.proxy, e.store(t, staticCreds(e.srv), objectstore.RetryOptions{MaxAttempts: 10}), e.big)
+}
+
+// A listing of many pages that keeps flowing is never cut off, however
+// long it takes in all: the request timeout bounds the wait for each page,
+// as it bounds the wait between two reads of a body. Nor does a listing
+// ever end early with part of the names.
+func TestS3SlowListingNotCut(t *testing.T) {
+	e := newFaultEnv(t)
+	files := map[string][]byte{}
+	for i := range 1001 {
+		files[fmt.Sprintf("many/%04d", i)] = []byte("x")
 	}
-	e.proxy.SetRule(func(r *http.Request, n int64) faultproxy.Fault {
-		if !faultproxy.ObjectGets(r) || n%3 != 0 {
-			return faultproxy.Fault{}
-		}
-		return kinds[(n/3)%int64(len(kinds))]
-	})
+	e.srv.UploadFiles(t, e.bucket, "z", files)
+	s := e.store(t, staticCreds(e.srv), objectstore.RetryOptions{MaxAttempts: 2})
+	// Two pages of up to 1,000, each 600ms late: 1.2s in all, against a
+	// request timeout of 1s (newFaultEnv).
+	e.proxy.SetRule(faultproxy.Always(func(r *http.Request) bool { return strings.Contains(r.URL.RawQuery, "list-type") },
+		faultproxy.Fault{Kind: faultproxy.StallHeaders, StallFor: 600 * time.Millisecond}))
 	defer e.proxy.SetRule(nil)
-	ctx := guard(t)
-	var wg sync.WaitGroup
-	errs := make(chan error, 256)
-	for g := range 16 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(g), 9))
-			for range 6 {
-				off := rng.Int64N(int64(len(e.big)) - 1)
-				n := 1 + rng.Int64N(min(int64(len(e.big))-off, 300_000))
-				b, err := s.GetRange(ctx, "big", off, n)
-				if err != nil {
-					errs <- err
-				} else if !bytes.Equal(b, e.big[off:off+n]) {
-					errs <- errors.New("wrong bytes returned")
-				}
-			}
-		}()
+	names, err := s.List(guard(t), "many")
+	if err != nil || len(names) != len(files) {
+		t.Fatalf("List of %d names in 2 slow pages: %d names, %v", len(files), len(names), err)
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	if ctx.Err() != nil {
-		t.Fatal("reads did not end within the guard")
-	}
-	if e.proxy.Faults() < 10 {
-		t.Fatalf("only %d faults injected", e.proxy.Faults())
+	n := 0
+	err = s.(objectstore.Versioned).ListVersions(guard(t), "many", func(k, v string) { n++ })
+	if err != nil || n != len(files) {
+		t.Fatalf("ListVersions of %d objects in 2 slow pages: %d, %v", len(files), n, err)
 	}
 }

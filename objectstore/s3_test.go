@@ -19,35 +19,46 @@ import (
 	"github.com/zarrfs/zarrfs/objectstore/storetest"
 )
 
-func TestParseS3URL(t *testing.T) {
+// ParseS3URL and ParseGSURL (one parser, parseBucketURL) split a bucket
+// URL and refuse what a store URL must not hold, never repeating a secret.
+func TestParseBucketURLs(t *testing.T) {
 	tests := []struct {
+		parse          func(string) (string, string, error)
 		in             string
 		bucket, prefix string
 		wantErr        string
 	}{
-		{"s3://b/era5.zarr", "b", "era5.zarr", ""},
-		{"s3://b/a/b.zarr/", "b", "a/b.zarr", ""},
-		{"s3://b", "b", "", ""},
-		{"s3://b/", "b", "", ""},
-		{"s3://", "", "", "no bucket"},
-		{"http://b/x", "", "", "not an s3"},
-		{"s3://b/../x", "", "", "bad prefix"},
-		{"s3://AKIAKEY:hunter2secret@b/x", "", "", "must not hold credentials"},
-		{"s3://b/x?versionId=1", "", "", "not supported"},
+		{objectstore.ParseS3URL, "s3://b/era5.zarr", "b", "era5.zarr", ""},
+		{objectstore.ParseS3URL, "s3://b/a/b.zarr/", "b", "a/b.zarr", ""},
+		{objectstore.ParseS3URL, "s3://b", "b", "", ""},
+		{objectstore.ParseS3URL, "s3://b/", "b", "", ""},
+		{objectstore.ParseS3URL, "s3://", "", "", "no bucket"},
+		{objectstore.ParseS3URL, "http://b/x", "", "", "not an s3"},
+		{objectstore.ParseS3URL, "s3://b/../x", "", "", "bad prefix"},
+		{objectstore.ParseS3URL, "s3://AKIAKEY:hunter2secret@b/x", "", "", "must not hold credentials"},
+		{objectstore.ParseS3URL, "s3://b/x?versionId=1", "", "", "not supported"},
+		{objectstore.ParseGSURL, "gs://gcp-public-data-arco-era5/ar/full_37-1h-0p25deg-chunk-1.zarr-v3", "gcp-public-data-arco-era5", "ar/full_37-1h-0p25deg-chunk-1.zarr-v3", ""},
+		{objectstore.ParseGSURL, "gs://b/a/b.zarr/", "b", "a/b.zarr", ""},
+		{objectstore.ParseGSURL, "gs://b", "b", "", ""},
+		{objectstore.ParseGSURL, "gs://", "", "", "no bucket"},
+		{objectstore.ParseGSURL, "s3://b/x", "", "", "not a gs"},
+		{objectstore.ParseGSURL, "gs://b/../x", "", "", "bad prefix"},
+		{objectstore.ParseGSURL, "gs://user:hunter2secret@b/x", "", "", "must not hold credentials"},
+		{objectstore.ParseGSURL, "gs://b/x?generation=1", "", "", "not supported"},
 	}
 	for _, tc := range tests {
-		b, p, err := objectstore.ParseS3URL(tc.in)
+		b, p, err := tc.parse(tc.in)
 		if tc.wantErr != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-				t.Errorf("ParseS3URL(%q) = %q, %q, %v; want error %q", tc.in, b, p, err, tc.wantErr)
+				t.Errorf("parse(%q) = %q, %q, %v; want error %q", tc.in, b, p, err, tc.wantErr)
 			}
 			if err != nil && strings.Contains(err.Error(), "hunter2secret") {
-				t.Errorf("ParseS3URL error repeats the secret: %v", err)
+				t.Errorf("parse(%q) error repeats the secret: %v", tc.in, err)
 			}
 			continue
 		}
 		if err != nil || b != tc.bucket || p != tc.prefix {
-			t.Errorf("ParseS3URL(%q) = %q, %q, %v; want %q, %q", tc.in, b, p, err, tc.bucket, tc.prefix)
+			t.Errorf("parse(%q) = %q, %q, %v; want %q, %q", tc.in, b, p, err, tc.bucket, tc.prefix)
 		}
 	}
 }

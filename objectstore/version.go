@@ -298,37 +298,6 @@ var _ Versioned = (*S3)(nil)
 
 func s3Version(etag string) string { return "etag:" + etag }
 
-// GetVersion reads a whole object and the ETag of its response.
-func (s *S3) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
-	k, err := CleanKey(key, false)
-	if err != nil {
-		return nil, "", &Error{Op: "get", Store: s.id, Key: key, Err: err}
-	}
-	var etag string
-	b, err := s.fetch(ctx, k, 0, 0, false, buf, &etag)
-	if err != nil {
-		return nil, "", &Error{Op: "get", Store: s.id, Key: k, Err: err}
-	}
-	return b, s3Version(etag), nil
-}
-
-// GetRangeVersion reads a byte range and the ETag of its response.
-func (s *S3) GetRangeVersion(ctx context.Context, key string, off, length int64) ([]byte, string, error) {
-	k, err := CleanKey(key, false)
-	if err != nil {
-		return nil, "", &Error{Op: "get range", Store: s.id, Key: key, Err: err}
-	}
-	if length < 0 {
-		return nil, "", &Error{Op: "get range", Store: s.id, Key: k, Err: fmt.Errorf("negative length %d", length)}
-	}
-	var etag string
-	b, err := s.fetch(ctx, k, off, length, true, nil, &etag)
-	if err != nil {
-		return nil, "", &Error{Op: "get range", Store: s.id, Key: k, Err: err}
-	}
-	return b, s3Version(etag), nil
-}
-
 // ListVersions lists every object below prefix with one recursive listing
 // (one request per thousand objects).
 func (s *S3) ListVersions(ctx context.Context, prefix string, fn func(key, version string)) error {
@@ -394,8 +363,6 @@ func (w via) listVersions(ctx context.Context, prefix string, fn func(key, versi
 
 var errNotVersioned = fmt.Errorf("store cannot tell object versions")
 
-func (r *Retry) versioned() bool { _, ok := AsVersioned(r.Store); return ok }
-
 // GetVersion retries the inner store's GetVersion.
 func (r *Retry) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
 	return via{r.Store, r.do}.getVersion(ctx, key, buf)
@@ -410,8 +377,6 @@ func (r *Retry) GetRangeVersion(ctx context.Context, key string, off, length int
 func (r *Retry) ListVersions(ctx context.Context, prefix string, fn func(key, version string)) error {
 	return via{r.Store, r.do}.listVersions(ctx, prefix, fn)
 }
-
-func (b *Breaker) versioned() bool { _, ok := AsVersioned(b.Store); return ok }
 
 // GetVersion forwards to the inner store's GetVersion through the breaker.
 func (b *Breaker) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
@@ -478,14 +443,10 @@ func (w via) statVersion(ctx context.Context, key string) (string, error) {
 	return ver, err
 }
 
-func (r *Retry) statesVersions() bool { _, ok := AsVersionStater(r.Store); return ok }
-
 // StatVersion retries the inner store's StatVersion.
 func (r *Retry) StatVersion(ctx context.Context, key string) (string, error) {
 	return via{r.Store, r.do}.statVersion(ctx, key)
 }
-
-func (b *Breaker) statesVersions() bool { _, ok := AsVersionStater(b.Store); return ok }
 
 // StatVersion forwards to the inner store's StatVersion through the breaker.
 func (b *Breaker) StatVersion(ctx context.Context, key string) (string, error) {
@@ -498,39 +459,16 @@ func (b *Breaker) StatVersion(ctx context.Context, key string) (string, error) {
 // chunk rewritten in place under unchanged metadata is not noticed. It is
 // for archives that never rewrite a chunk (they only append, or never
 // change): a chunk then costs exactly its read.
-func TrustMetadata(s Store) Store { return &trusting{Store: s} }
+func TrustMetadata(s Store) Store { return &trusting{decorator{s}} }
 
-type trusting struct{ Store }
+type trusting struct{ decorator }
 
 func (t *trusting) versioned() bool      { return false }
 func (t *trusting) statesVersions() bool { return false }
 
-// Unwrap returns the inner store.
-func (t *trusting) Unwrap() Store { return t.Store }
-
-// Identity forwards the inner store's identity.
-func (t *trusting) Identity() string { return Identity(t.Store) }
-
-// QueuesRequests forwards the inner store's queueing.
-func (t *trusting) QueuesRequests() bool {
-	q, ok := t.Store.(QueueingStore)
-	return ok && q.QueuesRequests()
-}
-
 // GetInto forwards to the inner store's GetInto (or Get).
 func (t *trusting) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
-	if gi, ok := t.Store.(GetterInto); ok {
-		return gi.GetInto(ctx, key, buf)
-	}
-	return t.Store.Get(ctx, key)
-}
-
-// Close closes the inner store when it holds resources.
-func (t *trusting) Close() error {
-	if c, ok := t.Store.(interface{ Close() error }); ok {
-		return c.Close()
-	}
-	return nil
+	return t.getInto(ctx, key, buf)
 }
 
 // DescribeVersions says in one line how s tells a chunk rewritten in place

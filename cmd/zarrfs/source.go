@@ -66,13 +66,11 @@ func (f *sourceFlags) register(cmd *cobra.Command, decodes bool) {
 }
 
 // closeStore releases a store's handles (idle connections, a root
-// directory descriptor, a breaker's probe), those of every decorator in
-// its chain.
+// directory descriptor, a breaker's probe): the objectstore decorators
+// close what they wrap, so closing the outermost store closes its chain.
 func closeStore(s objectstore.Store) {
-	for ; s != nil; s = objectstore.Unwrap(s) {
-		if c, ok := s.(interface{ Close() error }); ok {
-			c.Close()
-		}
+	if c, ok := s.(interface{ Close() error }); ok {
+		c.Close()
 	}
 }
 

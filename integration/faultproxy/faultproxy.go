@@ -160,6 +160,22 @@ func Sequence(match func(*http.Request) bool, faults ...Fault) Rule {
 	}
 }
 
+// Every returns a rule that gives every n-th request matching match (all
+// when nil) a fault, cycling through faults in order, and passes the
+// others: a source that fails now and then in assorted ways.
+func Every(n int64, match func(*http.Request) bool, faults ...Fault) Rule {
+	var seen atomic.Int64
+	return func(req *http.Request, _ int64) Fault {
+		if match != nil && !match(req) {
+			return Fault{}
+		}
+		if i := seen.Add(1); i%n == 0 {
+			return faults[(i/n-1)%int64(len(faults))]
+		}
+		return Fault{}
+	}
+}
+
 // Always returns a rule that gives every request matching match the fault.
 func Always(match func(*http.Request) bool, f Fault) Rule {
 	return func(req *http.Request, _ int64) Fault {

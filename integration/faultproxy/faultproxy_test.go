@@ -119,3 +119,25 @@ func TestObjectGets(t *testing.T) {
 		}
 	}
 }
+
+// Every gives every n-th matching request the next fault of its cycle and
+// leaves requests that do not match uncounted.
+func TestEvery(t *testing.T) {
+	a, b := Fault{Kind: Status, Status: 503}, Fault{Kind: Reset}
+	rule := Every(3, ObjectGets, a, b)
+	get := httptest.NewRequest(http.MethodGet, "/b/k", nil)
+	list := httptest.NewRequest(http.MethodGet, "/b/?list-type=2", nil)
+	var got []Fault
+	for i := range 12 {
+		if f := rule(list, int64(2*i)); f.Kind != Pass {
+			t.Fatalf("a request that does not match got %v", f.Kind)
+		}
+		got = append(got, rule(get, int64(2*i+1)))
+	}
+	want := []Fault{{}, {}, a, {}, {}, b, {}, {}, a, {}, {}, b}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("matching request %d got %+v, want %+v (all: %+v)", i+1, got[i], want[i], got)
+		}
+	}
+}

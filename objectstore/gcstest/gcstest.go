@@ -14,6 +14,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -130,23 +131,10 @@ func (s *Server) NewBucket(t testing.TB) string {
 	if len(name) > 50 {
 		name = name[:50]
 	}
-	name = strings.Trim(name, "-") + "-" + itoa(s.buckets)
+	name = strings.Trim(name, "-") + "-" + strconv.Itoa(s.buckets)
 	s.mu.Unlock()
 	s.Fake.CreateBucketWithOpts(fakestorage.CreateBucketOpts{Name: name})
 	return name
-}
-
-func itoa(n int) string {
-	var b [20]byte
-	i := len(b)
-	for {
-		i--
-		b[i] = byte('0' + n%10)
-		n /= 10
-		if n == 0 {
-			return string(b[i:])
-		}
-	}
 }
 
 // Put stores one object (a new generation when it exists).

@@ -1,0 +1,59 @@
+package objectstore
+
+import "context"
+
+// decorator is embedded by every decorator of the package (Retry,
+// Breaker, Deadline, TrustMetadata's): it holds the store decorated and
+// forwards to it what a decorator does not change, so that none hides an
+// upgrade of the store it wraps by forgetting to forward it:
+//
+//   - Unwrap, the store wrapped, through which IsLocal, ObjectsPerListing
+//     and DescribeVersions see the store at the bottom of a chain;
+//   - Identity (Identifier);
+//   - QueuesRequests (QueueingStore), so that a Retry or Breaker outside
+//     starts its timers when a request leaves the queue below;
+//   - Close, which closes the store wrapped: closing the outermost store
+//     of a chain closes all of it;
+//   - versioned and statesVersions, which tell AsVersioned and
+//     AsVersionStater whether the store wrapped can tell versions: a
+//     decorator has the Versioned and VersionStater methods whatever it
+//     wraps.
+//
+// Reads (Get, GetInto, GetRange, List and the versioned ones) are each
+// decorator's own.
+type decorator struct{ Store }
+
+// Unwrap returns the store decorated.
+func (d decorator) Unwrap() Store { return d.Store }
+
+// Identity forwards the decorated store's identity.
+func (d decorator) Identity() string { return Identity(d.Store) }
+
+// QueuesRequests forwards the decorated store's queueing.
+func (d decorator) QueuesRequests() bool { return queues(d.Store) }
+
+// Close closes the decorated store when it holds resources.
+func (d decorator) Close() error {
+	if c, ok := d.Store.(interface{ Close() error }); ok {
+		return c.Close()
+	}
+	return nil
+}
+
+func (d decorator) versioned() bool      { _, ok := AsVersioned(d.Store); return ok }
+func (d decorator) statesVersions() bool { _, ok := AsVersionStater(d.Store); return ok }
+
+// getInto reads a whole object through the decorated store's GetInto, or
+// its Get when it has none.
+func (d decorator) getInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
+	if gi, ok := d.Store.(GetterInto); ok {
+		return gi.GetInto(ctx, key, buf)
+	}
+	return d.Store.Get(ctx, key)
+}
+
+// queues reports whether s makes requests wait for a slot (QueueingStore).
+func queues(s Store) bool {
+	q, ok := s.(QueueingStore)
+	return ok && q.QueuesRequests()
+}
