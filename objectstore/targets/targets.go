@@ -2,7 +2,9 @@
 // references, Icechunk virtual chunks) point into, and reads byte ranges of
 // the objects they name: local files inside one allowed directory, and
 // objects of the remote stores the caller knows how to open (s3://, gs://,
-// https://...), each opened once and shared.
+// https://...), each opened once and shared. Store is what the virtual
+// stores share: a versioned objectstore.Store over an Index, the format's
+// map from keys to inline bytes or target ranges.
 //
 // Reads of one object that wait for a free request slot are merged with
 // the adjacent ranges waiting with them, so that a fill that needs many
