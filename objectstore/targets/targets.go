@@ -6,10 +6,9 @@
 // stores share: a versioned objectstore.Store over an Index, the format's
 // map from keys to inline bytes or target ranges.
 //
-// Reads of one object that wait for a free request slot are merged with
-// the adjacent ranges waiting with them, so that a fill that needs many
-// neighbouring chunks of one file costs fewer requests. A Resolver is safe
-// for concurrent use.
+// A Resolver adds no request limit of its own: the target stores bound
+// their requests in flight (MaxInFlight of S3, GCS and HTTP), and zarr
+// bounds the fetches of each read. A Resolver is safe for concurrent use.
 package targets
 
 import (
@@ -44,12 +43,6 @@ var ErrScheme = errors.New("URL scheme not read by zarrfs")
 // holds the reference exists, and must fail, not read as a missing chunk.
 var ErrTargetMissing = errors.New("target does not exist")
 
-// DefaultMaxInFlight and DefaultMaxMerge are the zero values of Options.
-const (
-	DefaultMaxInFlight = 32
-	DefaultMaxMerge    = 64 << 20
-)
-
 // Options configures New. The zero value reads no local file and no
 // remote store.
 type Options struct {
@@ -68,11 +61,6 @@ type Options struct {
 	// Base resolves relative URLs: a directory URL ("s3://b/refs") or a
 	// local directory path. "" refuses relative URLs.
 	Base string
-	// MaxInFlight bounds the target requests in flight at once; the ones
-	// that wait are merged with their neighbours. 0: DefaultMaxInFlight.
-	MaxInFlight int
-	// MaxMerge bounds the bytes of one merged request. 0: DefaultMaxMerge.
-	MaxMerge int64
 	// Logger receives debug lines; nil discards them.
 	Logger *slog.Logger
 }
@@ -93,8 +81,6 @@ type Resolver struct {
 	mu      sync.Mutex
 	stores  map[string]objectstore.Store // by root ("file" for the local one)
 	opening map[string]*opening
-
-	q queue
 }
 
 type opening struct {
@@ -105,15 +91,6 @@ type opening struct {
 
 // New returns a Resolver. Close releases the stores it opened.
 func New(opts Options) (*Resolver, error) {
-	if opts.MaxInFlight < 0 || opts.MaxMerge < 0 {
-		return nil, fmt.Errorf("targets: negative MaxInFlight or MaxMerge")
-	}
-	if opts.MaxInFlight == 0 {
-		opts.MaxInFlight = DefaultMaxInFlight
-	}
-	if opts.MaxMerge == 0 {
-		opts.MaxMerge = DefaultMaxMerge
-	}
 	r := &Resolver{opts: opts, log: opts.Logger, stores: map[string]objectstore.Store{}, opening: map[string]*opening{}}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
@@ -128,7 +105,6 @@ func New(opts Options) (*Resolver, error) {
 		}
 		r.local = abs
 	}
-	r.q.init(opts.MaxInFlight, opts.MaxMerge)
 	return r, nil
 }
 
@@ -323,7 +299,7 @@ func (r *Resolver) Read(ctx context.Context, t Target, off, length int64) ([]byt
 			b, err = t.Store.Get(ctx, t.Key)
 		}
 	} else {
-		b, ver, err = r.q.read(ctx, t, off, length)
+		b, ver, err = getRange(ctx, t, off, length)
 	}
 	if objectstore.IsNotFound(err) {
 		err = fmt.Errorf("%w: %v", ErrTargetMissing, err)
@@ -392,4 +368,15 @@ func (r *Resolver) Versions(ctx context.Context, ts []Target) (vers []string, er
 	}
 	wg.Wait()
 	return vers, errs, nil
+}
+
+func getRange(ctx context.Context, t Target, off, n int64) ([]byte, string, error) {
+	if v, ok := objectstore.AsVersioned(t.Store); ok {
+		return v.GetRangeVersion(ctx, t.Key, off, n)
+	}
+	b, err := t.Store.GetRange(ctx, t.Key, off, n)
+	if err == nil && int64(len(b)) != n {
+		err = fmt.Errorf("%s: %d bytes for a %d-byte range", t.URL, len(b), n)
+	}
+	return b, "", err
 }
