@@ -112,13 +112,14 @@ func (s *jsonSet) each(ctx context.Context, prefix string, fn func(string, ref))
 
 // builder collects references, interning target URLs.
 type builder struct {
-	refs  map[string]ref
-	urls  []string
-	urlIx map[string]int32
+	refs     map[string]ref
+	urls     []string
+	urlIx    map[string]int32
+	rendered map[string]string // URL templates of "refs", rendered
 }
 
 func newBuilder() *builder {
-	return &builder{refs: map[string]ref{}, urlIx: map[string]int32{}}
+	return &builder{refs: map[string]ref{}, urlIx: map[string]int32{}, rendered: map[string]string{}}
 }
 
 func (b *builder) intern(u string) int32 {
@@ -186,11 +187,6 @@ func parseJSON(doc []byte) (*jsonSet, error) {
 			return nil, fmt.Errorf("templates: %v", err)
 		}
 	}
-	if g, ok := top["gen"]; ok && string(g) != "null" {
-		if err := b.generate(g, templates); err != nil {
-			return nil, fmt.Errorf("gen: %w", err)
-		}
-	}
 	var refs map[string]json.RawMessage
 	if r, ok := top["refs"]; ok {
 		if err := json.Unmarshal(r, &refs); err != nil {
@@ -202,6 +198,13 @@ func parseJSON(doc []byte) (*jsonSet, error) {
 	for k, v := range refs {
 		if err := b.addRaw(k, v, templates); err != nil {
 			return nil, err
+		}
+	}
+	// Generated keys after "refs": where both name a key, fsspec keeps
+	// the generator's.
+	if g, ok := top["gen"]; ok && string(g) != "null" {
+		if err := b.generate(g, templates); err != nil {
+			return nil, fmt.Errorf("gen: %w", err)
 		}
 	}
 	return b.set(), nil
@@ -237,7 +240,10 @@ func (b *builder) addRaw(key string, v json.RawMessage, templates map[string]str
 		if err := json.Unmarshal(parts[0], &u); err != nil {
 			return fmt.Errorf("refs[%q]: url is not a string", key)
 		}
-		u = render(u, templates)
+		u, err := b.render(u, templates)
+		if err != nil {
+			return fmt.Errorf("refs[%q]: url: %w", key, err)
+		}
 		r := ref{url: b.intern(u), n: -1}
 		if len(parts) == 3 {
 			off, err1 := strconv.ParseInt(string(parts[1]), 10, 64)
@@ -275,30 +281,24 @@ func inlineBytes(s string) ([]byte, error) {
 	return []byte(s), nil
 }
 
-// render substitutes "{{name}}" template references in a URL.
-func render(u string, templates map[string]string) string {
+// render substitutes "{{name}}" template references in a URL, as fsspec
+// does when the set has templates: a name that is none refuses the set.
+// Many keys name one URL: it is rendered once.
+func (b *builder) render(u string, templates map[string]string) (string, error) {
 	if len(templates) == 0 || !strings.Contains(u, "{{") {
-		return u
+		return u, nil
 	}
-	var out strings.Builder
-	for {
-		i := strings.Index(u, "{{")
-		if i < 0 {
-			out.WriteString(u)
-			return out.String()
-		}
-		j := strings.Index(u[i:], "}}")
-		if j < 0 {
-			out.WriteString(u)
-			return out.String()
-		}
-		name := strings.TrimSpace(u[i+2 : i+j])
-		out.WriteString(u[:i])
-		if t, ok := templates[name]; ok {
-			out.WriteString(t)
-		} else {
-			out.WriteString(u[i : i+j+2])
-		}
-		u = u[i+j+2:]
+	if r, ok := b.rendered[u]; ok {
+		return r, nil
 	}
+	t, err := parseTemplate(u, templates)
+	if err != nil {
+		return "", err
+	}
+	r, err := t.render(nil)
+	if err != nil {
+		return "", err
+	}
+	b.rendered[u] = r
+	return r, nil
 }
