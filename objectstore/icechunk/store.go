@@ -54,9 +54,7 @@ type Store struct {
 	mu  sync.Mutex // serialises Refresh
 	cur atomic.Pointer[snapshot]
 
-	mmu       sync.Mutex
-	manifests map[string]*manifest // by id; immutable files
-	order     []string
+	manifests targets.Kept[*manifest] // by id; immutable files
 }
 
 var (
@@ -75,7 +73,8 @@ func Open(ctx context.Context, repo objectstore.Store, opts Options) (*Store, er
 	if opts.Targets == nil {
 		return nil, errors.New("icechunk: Options.Targets is required")
 	}
-	s := &Store{repo: repo, ref: opts.Ref, tg: opts.Targets, log: opts.Logger, manifests: map[string]*manifest{}}
+	s := &Store{repo: repo, ref: opts.Ref, tg: opts.Targets, log: opts.Logger}
+	s.manifests.Max = manifestsKept
 	if s.ref == "" {
 		s.ref = "main"
 	}
@@ -200,35 +199,23 @@ type indexed struct {
 	c   chunk
 }
 
+// manifest returns the parsed manifest id, read once however many
+// fills ask for it at the same time.
 func (s *Store) manifest(ctx context.Context, id string) (*manifest, error) {
-	s.mmu.Lock()
-	if m, ok := s.manifests[id]; ok {
-		s.mmu.Unlock()
-		return m, nil
-	}
-	s.mmu.Unlock()
-	_, payload, err := readFile(ctx, s.repo, "manifests/"+id, fileManifest)
-	if objectstore.IsNotFound(err) {
-		return nil, fmt.Errorf("manifest %s is missing: %w", id, ErrCorrupt)
-	}
-	if err != nil {
-		return nil, err
-	}
-	m, err := parseManifest(payload)
-	if err != nil {
-		return nil, fmt.Errorf("manifests/%s: %w", id, err)
-	}
-	s.mmu.Lock()
-	if _, ok := s.manifests[id]; !ok {
-		s.manifests[id] = m
-		s.order = append(s.order, id)
-		for len(s.order) > manifestsKept {
-			delete(s.manifests, s.order[0])
-			s.order = s.order[1:]
+	return s.manifests.Get(ctx, id, func(ctx context.Context) (*manifest, error) {
+		_, payload, err := readFile(ctx, s.repo, "manifests/"+id, fileManifest)
+		if objectstore.IsNotFound(err) {
+			return nil, fmt.Errorf("manifest %s is missing: %w", id, ErrCorrupt)
 		}
-	}
-	s.mmu.Unlock()
-	return m, nil
+		if err != nil {
+			return nil, err
+		}
+		m, err := parseManifest(payload)
+		if err != nil {
+			return nil, fmt.Errorf("manifests/%s: %w", id, err)
+		}
+		return m, nil
+	})
 }
 
 func parseManifest(payload []byte) (_ *manifest, err error) {

@@ -78,20 +78,12 @@ type Resolver struct {
 	log   *slog.Logger
 	local string // cleaned absolute LocalRoot, or "/" with FollowSymlinks
 
-	mu      sync.Mutex
-	stores  map[string]objectstore.Store // by root ("file" for the local one)
-	opening map[string]*opening
-}
-
-type opening struct {
-	done  chan struct{}
-	store objectstore.Store
-	err   error
+	stores Kept[objectstore.Store] // by root ("file" for the local one), each opened once
 }
 
 // New returns a Resolver. Close releases the stores it opened.
 func New(opts Options) (*Resolver, error) {
-	r := &Resolver{opts: opts, log: opts.Logger, stores: map[string]objectstore.Store{}, opening: map[string]*opening{}}
+	r := &Resolver{opts: opts, log: opts.Logger}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
 	}
@@ -110,14 +102,11 @@ func New(opts Options) (*Resolver, error) {
 
 // Close releases the stores the Resolver opened.
 func (r *Resolver) Close() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, s := range r.stores {
+	for _, s := range r.stores.Drain() {
 		if c, ok := s.(interface{ Close() error }); ok {
 			c.Close()
 		}
 	}
-	r.stores = map[string]objectstore.Store{}
 	return nil
 }
 
@@ -200,7 +189,7 @@ func (r *Resolver) Resolve(ctx context.Context, raw string) (Target, error) {
 		return Target{}, fmt.Errorf("%s: %w", redact(abs), err)
 	}
 	root := s + "://" + host
-	st, err := r.store(ctx, root, func() (objectstore.Store, error) { return op(ctx, root) })
+	st, err := r.stores.Get(ctx, root, func(ctx context.Context) (objectstore.Store, error) { return op(ctx, root) })
 	if err != nil {
 		return Target{}, fmt.Errorf("%s: %w", root, err)
 	}
@@ -241,7 +230,7 @@ func (r *Resolver) resolveLocal(abs string) (Target, error) {
 	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") {
 		return Target{}, fmt.Errorf("file://%s: %w: outside %s", p, objectstore.ErrOutsideStore, r.local)
 	}
-	st, err := r.store(context.Background(), "file", func() (objectstore.Store, error) {
+	st, err := r.stores.Get(context.Background(), "file", func(context.Context) (objectstore.Store, error) {
 		s, err := objectstore.OpenPosixOptions(r.local, objectstore.PosixOptions{FollowSymlinks: r.opts.FollowSymlinks})
 		if err != nil {
 			return nil, err
@@ -252,37 +241,6 @@ func (r *Resolver) resolveLocal(abs string) (Target, error) {
 		return Target{}, err
 	}
 	return Target{Store: st, Key: filepath.ToSlash(rel), URL: "file://" + p}, nil
-}
-
-// store returns the store of root, opening it once however many callers
-// ask at the same time.
-func (r *Resolver) store(ctx context.Context, root string, open func() (objectstore.Store, error)) (objectstore.Store, error) {
-	r.mu.Lock()
-	if s, ok := r.stores[root]; ok {
-		r.mu.Unlock()
-		return s, nil
-	}
-	if o, ok := r.opening[root]; ok {
-		r.mu.Unlock()
-		select {
-		case <-o.done:
-			return o.store, o.err
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
-	o := &opening{done: make(chan struct{})}
-	r.opening[root] = o
-	r.mu.Unlock()
-	o.store, o.err = open()
-	r.mu.Lock()
-	delete(r.opening, root)
-	if o.err == nil {
-		r.stores[root] = o.store
-	}
-	r.mu.Unlock()
-	close(o.done)
-	return o.store, o.err
 }
 
 // Read reads length bytes at off of t (length < 0: the whole object) and
