@@ -65,57 +65,49 @@ func (f *sourceFlags) openVirtual(ctx context.Context, src string) (st objectsto
 	}
 	p := strings.TrimPrefix(src, "file://")
 	fi, err := os.Stat(p)
-	switch {
-	case err != nil && explicit:
-		return nil, true, fmt.Errorf("%s: %w", src, err)
-	case err != nil:
+	if err != nil {
+		if explicit {
+			return nil, true, fmt.Errorf("%s: %w", src, err)
+		}
 		return nil, false, nil // the plain store reports it
+	}
+	// The folder to open, and the reference file in it ("" when the
+	// folder is the reference set or repository itself).
+	folder, name, repo := p, "", false
+	switch {
 	case fi.Mode().IsRegular() && (explicit || strings.HasSuffix(p, ".json")):
-		abs, err := filepath.Abs(p)
-		if err != nil {
-			return nil, true, err
-		}
-		dir, err := objectstore.OpenPosixOptions(filepath.Dir(abs), objectstore.PosixOptions{FollowSymlinks: f.follow})
-		if err != nil {
-			return nil, true, err
-		}
-		st, err := f.openKerchunk(ctx, dir, filepath.Base(abs), filepath.Dir(abs))
-		return st, true, err
+		folder, name = filepath.Dir(p), filepath.Base(p)
 	case fi.IsDir() && !explicit && isIcechunkDir(p):
-		abs, err := filepath.Abs(p)
-		if err != nil {
-			return nil, true, err
-		}
-		repo, err := objectstore.OpenPosixOptions(abs, objectstore.PosixOptions{FollowSymlinks: f.follow})
-		if err != nil {
-			return nil, true, err
-		}
-		st, err := f.openIcechunk(ctx, repo, filepath.Dir(abs))
-		return st, true, err
-	case fi.IsDir():
-		if !isParquetRefs(filepath.Join(p, ".zmetadata")) {
-			if explicit {
-				return nil, true, fmt.Errorf("%s: not a Parquet reference folder (no .zmetadata with a record_size)", src)
-			}
-			return nil, false, nil
-		}
-		abs, err := filepath.Abs(p)
-		if err != nil {
-			return nil, true, err
-		}
-		dir, err := objectstore.OpenPosixOptions(abs, objectstore.PosixOptions{FollowSymlinks: f.follow})
-		if err != nil {
-			return nil, true, err
-		}
-		// Relative targets of a Parquet folder are relative to the folder
-		// that holds it, as fsspec resolves them.
-		st, err := f.openKerchunk(ctx, dir, "", filepath.Dir(abs))
-		return st, true, err
-	}
-	if explicit {
+		repo = true
+	case fi.IsDir() && isParquetRefs(filepath.Join(p, ".zmetadata")):
+	case explicit && fi.IsDir():
+		return nil, true, fmt.Errorf("%s: not a Parquet reference folder (no .zmetadata with a record_size)", src)
+	case explicit:
 		return nil, true, fmt.Errorf("%s: not a reference file or folder", src)
+	default:
+		return nil, false, nil
 	}
-	return nil, false, nil
+	abs, err := filepath.Abs(folder)
+	if err != nil {
+		return nil, true, err
+	}
+	dir, err := objectstore.OpenPosixOptions(abs, objectstore.PosixOptions{FollowSymlinks: f.follow})
+	if err != nil {
+		return nil, true, err
+	}
+	// Relative targets resolve against the folder holding the reference
+	// set: a JSON file's own, the one above a Parquet folder (as fsspec
+	// resolves them) or a repository.
+	base := abs
+	if name == "" {
+		base = filepath.Dir(abs)
+	}
+	if repo {
+		st, err = f.openIcechunk(ctx, dir, base)
+	} else {
+		st, err = f.openKerchunk(ctx, dir, name, base)
+	}
+	return st, true, err
 }
 
 // openRemoteVirtual opens a virtual store held by a remote store, from

@@ -107,3 +107,51 @@ func TestOpenRemoteVirtual(t *testing.T) {
 		}
 	}
 }
+
+// A local source is recognised by what it holds; reference:// makes any
+// file a JSON reference set and any folder a Parquet one.
+func TestOpenLocalVirtual(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "data.bin"), []byte("0123456789"), 0o644)
+	os.WriteFile(filepath.Join(dir, "refs"), []byte(`{"version": 1, "refs": {"a/0": ["data.bin", 2, 3]}}`), 0o644)
+	os.WriteFile(filepath.Join(dir, "refs.json"), []byte(`{"version": 1, "refs": {"a/0": ["data.bin", 4, 2]}}`), 0o644)
+	repo := filepath.Join("..", "..", "objectstore", "icechunk", "testdata", "v2")
+	f := &sourceFlags{virtual: virtualFlags{ref: "main"}}
+	ctx := context.Background()
+	for _, tc := range []struct {
+		src, want string // want: the key a/0's bytes, "icechunk", "plain" or an error's words
+	}{
+		{filepath.Join(dir, "refs.json"), "45"},
+		{"file://" + filepath.Join(dir, "refs.json"), "45"},
+		{"reference://" + filepath.Join(dir, "refs"), "234"},
+		{filepath.Join(dir, "refs"), "plain"},
+		{dir, "plain"},
+		{repo, "icechunk"},
+		{"reference://" + repo, "not a Parquet reference folder"},
+		{"reference://" + dir, "not a Parquet reference folder"},
+		{"reference://" + filepath.Join(dir, "nope"), "no such file"},
+	} {
+		st, ok, err := f.openVirtual(ctx, tc.src)
+		switch {
+		case tc.want == "plain":
+			if ok || err != nil || st != nil {
+				t.Errorf("%s: %T, %v, %v; want a plain store", tc.src, st, ok, err)
+			}
+		case tc.want == "icechunk":
+			if _, isRepo := st.(*icechunk.Store); !ok || err != nil || !isRepo {
+				t.Errorf("%s: %T, %v, %v; want an Icechunk store", tc.src, st, ok, err)
+			}
+		case err != nil || !ok:
+			if !ok || err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%s: %v, %v; want %q", tc.src, ok, err, tc.want)
+			}
+		default:
+			if b, err := st.Get(ctx, "a/0"); err != nil || string(b) != tc.want {
+				t.Errorf("%s: a/0 = %q, %v; want %q", tc.src, b, err, tc.want)
+			}
+		}
+		if st != nil {
+			closeStore(st)
+		}
+	}
+}
