@@ -9,7 +9,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
@@ -42,9 +41,7 @@ type parquetSet struct {
 	recordSize int64
 	fields     map[string]*field
 
-	mu    sync.RWMutex // guards urls, urlIx
-	urls  []string
-	urlIx map[string]int32
+	*urlTable
 
 	records targets.Kept[*record] // by record file key; nil for one that does not exist
 }
@@ -74,7 +71,7 @@ func openParquet(_ context.Context, dir objectstore.Store, doc []byte) (*parquet
 		return nil, fmt.Errorf("record_size %q: want an integer from 1 to %d", zm.RecordSize, maxRecordSize)
 	}
 	p := &parquetSet{dir: dir, meta: map[string][]byte{}, recordSize: rs, fields: map[string]*field{},
-		urlIx: map[string]int32{}}
+		urlTable: newURLTable()}
 	p.records.Max = recordsKept
 	for k, v := range zm.Metadata {
 		ck, err := objectstore.CleanKey(k, false)
@@ -134,30 +131,6 @@ func parseField(doc []byte) (*field, error) {
 		f.grid = []int64{1} // a scalar: one chunk, "0"
 	}
 	return f, nil
-}
-
-func (p *parquetSet) url(i int32) string {
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	return p.urls[i]
-}
-
-func (p *parquetSet) urlCount() int {
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	return len(p.urls)
-}
-
-func (p *parquetSet) intern(u string) int32 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if i, ok := p.urlIx[u]; ok {
-		return i
-	}
-	i := int32(len(p.urls))
-	p.urls = append(p.urls, u)
-	p.urlIx[u] = i
-	return i
 }
 
 // chunkIndex maps a chunk key of field f ("1.0.3") to its chunk number.

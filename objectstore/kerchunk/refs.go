@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/zarrfs/zarrfs/objectstore"
 )
@@ -44,13 +45,44 @@ const maxKeys = 50_000_000
 
 // jsonSet is a version 0 or 1 JSON reference set, all in memory.
 type jsonSet struct {
+	*urlTable
 	keys []string // sorted
 	refs map[string]ref
-	urls []string
 }
 
-func (s *jsonSet) url(i int32) string { return s.urls[i] }
-func (s *jsonSet) urlCount() int      { return len(s.urls) }
+// urlTable interns the target URLs that references name by index. A
+// Parquet set interns while its record files load, so it locks.
+type urlTable struct {
+	mu   sync.RWMutex
+	list []string
+	ix   map[string]int32
+}
+
+func newURLTable() *urlTable { return &urlTable{ix: map[string]int32{}} }
+
+func (t *urlTable) intern(u string) int32 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if i, ok := t.ix[u]; ok {
+		return i
+	}
+	i := int32(len(t.list))
+	t.list = append(t.list, u)
+	t.ix[u] = i
+	return i
+}
+
+func (t *urlTable) url(i int32) string {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.list[i]
+}
+
+func (t *urlTable) urlCount() int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return len(t.list)
+}
 
 func (s *jsonSet) lookup(_ context.Context, key string) (ref, bool, error) {
 	r, ok := s.refs[key]
@@ -112,24 +144,13 @@ func (s *jsonSet) each(ctx context.Context, prefix string, fn func(string, ref))
 
 // builder collects references, interning target URLs.
 type builder struct {
+	*urlTable
 	refs     map[string]ref
-	urls     []string
-	urlIx    map[string]int32
 	rendered map[string]string // URL templates of "refs", rendered
 }
 
 func newBuilder() *builder {
-	return &builder{refs: map[string]ref{}, urlIx: map[string]int32{}, rendered: map[string]string{}}
-}
-
-func (b *builder) intern(u string) int32 {
-	if i, ok := b.urlIx[u]; ok {
-		return i
-	}
-	i := int32(len(b.urls))
-	b.urls = append(b.urls, u)
-	b.urlIx[u] = i
-	return i
+	return &builder{urlTable: newURLTable(), refs: map[string]ref{}, rendered: map[string]string{}}
 }
 
 func (b *builder) add(key string, r ref) error {
@@ -145,7 +166,7 @@ func (b *builder) add(key string, r ref) error {
 }
 
 func (b *builder) set() *jsonSet {
-	s := &jsonSet{refs: b.refs, urls: b.urls, keys: make([]string, 0, len(b.refs))}
+	s := &jsonSet{urlTable: b.urlTable, refs: b.refs, keys: make([]string, 0, len(b.refs))}
 	for k := range b.refs {
 		s.keys = append(s.keys, k)
 	}
