@@ -173,7 +173,7 @@ func (f *sourceFlags) openKerchunk(ctx context.Context, dir objectstore.Store, n
 		closeStore(dir)
 		return nil, err
 	}
-	st, err := kerchunk.Open(ctx, dir, name, kerchunk.Options{Targets: tg, Logger: f.logger})
+	st, err := kerchunk.Open(ctx, dir, name, kerchunk.Options{Targets: tg})
 	if err != nil {
 		tg.Close()
 		closeStore(dir)
@@ -189,7 +189,7 @@ func (f *sourceFlags) openKerchunk(ctx context.Context, dir objectstore.Store, n
 // --follow-symlinks.
 func (f *sourceFlags) targetResolver(base string) (*targets.Resolver, error) {
 	opts := targets.Options{Openers: f.remoteOpeners(), Aliases: schemeAliases, Base: base,
-		FollowSymlinks: f.follow, Logger: f.logger}
+		FollowSymlinks: f.follow}
 	if f.virtual.refBase != "" {
 		opts.Base = f.virtual.refBase
 	}
@@ -243,7 +243,7 @@ func (f *sourceFlags) openIcechunk(ctx context.Context, repo objectstore.Store, 
 		closeStore(repo)
 		return nil, err
 	}
-	st, err := icechunk.Open(ctx, repo, icechunk.Options{Ref: f.virtual.ref, Targets: tg, Logger: f.logger})
+	st, err := icechunk.Open(ctx, repo, icechunk.Options{Ref: f.virtual.ref, Targets: tg})
 	if err != nil {
 		tg.Close()
 		closeStore(repo)

@@ -16,7 +16,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sort"
 	"strconv"
 	"strings"
@@ -37,8 +36,6 @@ type Options struct {
 	// Targets resolves the locations of virtual chunks; the Store owns
 	// it. Required.
 	Targets *targets.Resolver
-	// Logger receives warnings; nil discards them.
-	Logger *slog.Logger
 }
 
 // Store is one snapshot of a repository, as a Store.
@@ -49,7 +46,6 @@ type Store struct {
 	ref  string
 	spec int
 	tg   *targets.Resolver
-	log  *slog.Logger
 
 	mu  sync.Mutex // serialises Refresh
 	cur atomic.Pointer[snapshot]
@@ -73,13 +69,10 @@ func Open(ctx context.Context, repo objectstore.Store, opts Options) (*Store, er
 	if opts.Targets == nil {
 		return nil, errors.New("icechunk: Options.Targets is required")
 	}
-	s := &Store{repo: repo, ref: opts.Ref, tg: opts.Targets, log: opts.Logger}
+	s := &Store{repo: repo, ref: opts.Ref, tg: opts.Targets}
 	s.manifests.Max = manifestsKept
 	if s.ref == "" {
 		s.ref = "main"
-	}
-	if s.log == nil {
-		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.Store = targets.NewStore(strings.TrimSuffix(repo.ID(), "/"), s.tg, func() targets.Index { return index{s, s.cur.Load()} })
 	snap, err := s.load(ctx)

@@ -18,7 +18,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,8 +34,6 @@ type Options struct {
 	// Targets resolves and reads the URLs the references point to; the
 	// Store owns it and closes it. Required.
 	Targets *targets.Resolver
-	// Logger receives warnings; nil discards them.
-	Logger *slog.Logger
 }
 
 // ErrMalformed is returned (wrapped) by Open and Refresh for a reference
@@ -51,7 +48,6 @@ type Store struct {
 	dir  objectstore.Store // holds the reference set
 	name string            // the JSON file's key in dir; "" for a Parquet folder
 	tg   *targets.Resolver
-	log  *slog.Logger
 
 	mu  sync.Mutex // serialises Refresh
 	cur atomic.Pointer[state]
@@ -75,10 +71,7 @@ func Open(ctx context.Context, dir objectstore.Store, name string, opts Options)
 	if opts.Targets == nil {
 		return nil, errors.New("kerchunk: Options.Targets is required")
 	}
-	s := &Store{dir: dir, name: name, tg: opts.Targets, log: opts.Logger}
-	if s.log == nil {
-		s.log = slog.New(slog.DiscardHandler)
-	}
+	s := &Store{dir: dir, name: name, tg: opts.Targets}
 	id := strings.TrimSuffix(dir.ID(), "/")
 	if name != "" {
 		id += "/" + name

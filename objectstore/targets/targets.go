@@ -15,7 +15,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/url"
 	"path"
 	"path/filepath"
@@ -61,8 +60,6 @@ type Options struct {
 	// Base resolves relative URLs: a directory URL ("s3://b/refs") or a
 	// local directory path. "" refuses relative URLs.
 	Base string
-	// Logger receives debug lines; nil discards them.
-	Logger *slog.Logger
 }
 
 // Target is one object a reference points to.
@@ -75,7 +72,6 @@ type Target struct {
 // Resolver resolves URLs to Targets and reads them.
 type Resolver struct {
 	opts  Options
-	log   *slog.Logger
 	local string // cleaned absolute LocalRoot, or "/" with FollowSymlinks
 
 	stores Kept[objectstore.Store] // by root ("file" for the local one), each opened once
@@ -83,10 +79,7 @@ type Resolver struct {
 
 // New returns a Resolver. Close releases the stores it opened.
 func New(opts Options) (*Resolver, error) {
-	r := &Resolver{opts: opts, log: opts.Logger}
-	if r.log == nil {
-		r.log = slog.New(slog.DiscardHandler)
-	}
+	r := &Resolver{opts: opts}
 	switch {
 	case opts.FollowSymlinks:
 		r.local = "/"
