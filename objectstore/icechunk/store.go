@@ -154,8 +154,10 @@ func (s *Store) Identity() string {
 	return "icechunk:" + objectstore.Identity(s.repo) + "@" + s.ref
 }
 
-// Local reports whether the repository and every virtual target it names
-// are local files (so that callers need not keep a second copy).
+// Local reports whether the repository is local, so that callers need not
+// keep a second copy of its chunks. Virtual chunks' targets are not looked
+// at (that would read every manifest): a local repository whose virtual
+// chunks lie on S3 reports true.
 func (s *Store) Local() bool {
 	_, ok := s.repo.(*objectstore.Posix)
 	return ok

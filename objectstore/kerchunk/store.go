@@ -143,7 +143,9 @@ func (s *Store) Refresh(ctx context.Context) (bool, error) {
 }
 
 // Local reports whether every target the references name is a local file,
-// so that callers need not keep a second copy of their bytes.
+// so that callers need not keep a second copy of their bytes. A Parquet
+// set knows the targets of the record files read so far only: at open,
+// none, so it reports true whatever its targets are.
 func (s *Store) Local() bool {
 	refs := s.cur.Load().refs
 	for i := 0; i < refs.urlCount(); i++ {
