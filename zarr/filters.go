@@ -35,7 +35,7 @@ func v2Codec(id string, cfg map[string]any, dt DType) (bbCodec, error) {
 		if v, ok := cfg["elementsize"]; ok {
 			num, ok := v.(json.Number)
 			x, err := num.Int64()
-			if !ok || err != nil || x < 1 || x > 1<<16 {
+			if !ok || err != nil || x < 1 || x > codec.MaxShuffleElement {
 				return bbCodec{}, fmt.Errorf("shuffle elementsize %v is not a positive integer", v)
 			}
 			n = int(x)

@@ -102,6 +102,8 @@ func TestFiltersUnsupported(t *testing.T) {
 		{`[{"id":"fletcher32"},{"id":"zlib"}]`, "fletcher32 before another codec"},
 		{`[{"id":"zlib"},{"id":"zstd"}]`, "more than one compression codec"},
 		{`[{"id":"bitround","keepbits":3}]`, `"bitround"`},
+		{`[{"id":"shuffle","elementsize":65537}]`, "elementsize 65537"}, // codec.MaxShuffleElement + 1
+		{`[{"id":"shuffle","elementsize":0}]`, "elementsize 0"},
 	} {
 		files := map[string][]byte{
 			".zarray": []byte(`{"zarr_format":2,"shape":[16],"chunks":[8],"dtype":"<f4","compressor":null,"fill_value":0,"order":"C","filters":` + c.filters + `}`),

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path"
@@ -24,7 +23,7 @@ type virtualFlags struct {
 	ref     string
 	refBase string
 	// refGiven: --ref was on the command line, which says the source is
-	// an Icechunk repository (remote sources are probed for one only then).
+	// an Icechunk repository (a remote prefix is read as one only then).
 	refGiven bool
 }
 
@@ -48,9 +47,11 @@ func (f *sourceFlags) remoteOpeners() targets.Openers {
 var schemeAliases = map[string]string{"s3a": "s3", "gcs": "gs"}
 
 // openVirtual opens src as a virtual store when it is one: "reference://"
-// followed by a path or URL, a ".json" reference file, or a folder (local
-// or remote) holding a Parquet reference set. ok is false for any other
-// source, which opens as a plain store.
+// followed by a path or URL (a kerchunk reference set), a ".json"
+// reference file, a local folder holding a Parquet reference set or an
+// Icechunk repository, or a remote one the command line names
+// (openRemoteVirtual). ok is false for any other source, which opens as a
+// plain store.
 func (f *sourceFlags) openVirtual(ctx context.Context, src string) (st objectstore.Store, ok bool, err error) {
 	rest, explicit := strings.CutPrefix(src, "reference://")
 	if explicit {
@@ -64,60 +65,59 @@ func (f *sourceFlags) openVirtual(ctx context.Context, src string) (st objectsto
 	}
 	p := strings.TrimPrefix(src, "file://")
 	fi, err := os.Stat(p)
-	switch {
-	case err != nil && explicit:
-		return nil, true, fmt.Errorf("%s: %w", src, err)
-	case err != nil:
+	if err != nil {
+		if explicit {
+			return nil, true, fmt.Errorf("%s: %w", src, err)
+		}
 		return nil, false, nil // the plain store reports it
+	}
+	// The folder to open, and the reference file in it ("" when the
+	// folder is the reference set or repository itself).
+	folder, name, repo := p, "", false
+	switch {
 	case fi.Mode().IsRegular() && (explicit || strings.HasSuffix(p, ".json")):
-		abs, err := filepath.Abs(p)
-		if err != nil {
-			return nil, true, err
-		}
-		dir, err := objectstore.OpenPosixOptions(filepath.Dir(abs), objectstore.PosixOptions{FollowSymlinks: f.follow})
-		if err != nil {
-			return nil, true, err
-		}
-		st, err := f.openKerchunk(ctx, dir, filepath.Base(abs), filepath.Dir(abs))
-		return st, true, err
-	case fi.IsDir() && isIcechunkDir(p):
-		abs, err := filepath.Abs(p)
-		if err != nil {
-			return nil, true, err
-		}
-		repo, err := objectstore.OpenPosixOptions(abs, objectstore.PosixOptions{FollowSymlinks: f.follow})
-		if err != nil {
-			return nil, true, err
-		}
-		st, err := f.openIcechunk(ctx, repo, filepath.Dir(abs))
-		return st, true, err
-	case fi.IsDir():
-		if !isParquetRefs(filepath.Join(p, ".zmetadata")) {
-			if explicit {
-				return nil, true, fmt.Errorf("%s: not a Parquet reference folder (no .zmetadata with a record_size)", src)
-			}
-			return nil, false, nil
-		}
-		abs, err := filepath.Abs(p)
-		if err != nil {
-			return nil, true, err
-		}
-		dir, err := objectstore.OpenPosixOptions(abs, objectstore.PosixOptions{FollowSymlinks: f.follow})
-		if err != nil {
-			return nil, true, err
-		}
-		// Relative targets of a Parquet folder are relative to the folder
-		// that holds it, as fsspec resolves them.
-		st, err := f.openKerchunk(ctx, dir, "", filepath.Dir(abs))
-		return st, true, err
-	}
-	if explicit {
+		folder, name = filepath.Dir(p), filepath.Base(p)
+	case fi.IsDir() && !explicit && isIcechunkDir(p):
+		repo = true
+	case fi.IsDir() && isParquetRefs(filepath.Join(p, ".zmetadata")):
+	case explicit && fi.IsDir():
+		return nil, true, fmt.Errorf("%s: not a Parquet reference folder (no .zmetadata with a record_size)", src)
+	case explicit:
 		return nil, true, fmt.Errorf("%s: not a reference file or folder", src)
+	default:
+		return nil, false, nil
 	}
-	return nil, false, nil
+	abs, err := filepath.Abs(folder)
+	if err != nil {
+		return nil, true, err
+	}
+	dir, err := objectstore.OpenPosixOptions(abs, objectstore.PosixOptions{FollowSymlinks: f.follow})
+	if err != nil {
+		return nil, true, err
+	}
+	// Relative targets resolve against the folder holding the reference
+	// set: a JSON file's own, the one above a Parquet folder (as fsspec
+	// resolves them) or a repository.
+	base := abs
+	if name == "" {
+		base = filepath.Dir(abs)
+	}
+	if repo {
+		st, err = f.openIcechunk(ctx, dir, base)
+	} else {
+		st, err = f.openKerchunk(ctx, dir, name, base)
+	}
+	return st, true, err
 }
 
-// openRemoteVirtual opens a reference set held by a remote store.
+// openRemoteVirtual opens a virtual store held by a remote store, from
+// what the command line says it is, with no request to find out: a key
+// ending in ".json" is a kerchunk JSON reference set, reference://URL of a
+// prefix is a Parquet reference folder, and a prefix with --ref is an
+// Icechunk repository. Any other remote source is a plain store (ok
+// false): probing it would cost requests (a listing among them) before
+// every mount of a plain store, which at archive scale must be live from
+// its consolidated metadata alone.
 func (f *sourceFlags) openRemoteVirtual(ctx context.Context, src string, explicit bool) (objectstore.Store, bool, error) {
 	scheme := urlScheme(src)
 	open, known := f.remoteOpeners()[scheme]
@@ -131,49 +131,37 @@ func (f *sourceFlags) openRemoteVirtual(ctx context.Context, src string, explici
 	if i := strings.Index(src, "://"); strings.Contains(src[i+3:], "/") {
 		trimmed = strings.TrimRight(src, "/") // the prefix, not the scheme's slashes
 	}
-	if strings.HasSuffix(trimmed, ".json") {
-		parent, name := path.Split(trimmed)
-		dir, err := open(ctx, strings.TrimSuffix(parent, "/"))
+	parent, name := path.Split(trimmed)
+	parent = strings.TrimSuffix(parent, "/")
+	if strings.HasSuffix(parent, ":/") {
+		parent = trimmed // a bucket's root: nothing above it
+	}
+	switch {
+	case strings.HasSuffix(trimmed, ".json"):
+		dir, err := open(ctx, parent)
 		if err != nil {
 			return nil, true, err
 		}
-		st, err := f.openKerchunk(ctx, dir, name, strings.TrimSuffix(parent, "/"))
+		st, err := f.openKerchunk(ctx, dir, name, parent)
+		return st, true, err
+	case explicit:
+		// Relative targets of a Parquet folder are relative to the folder
+		// that holds it, as fsspec resolves them.
+		dir, err := open(ctx, trimmed)
+		if err != nil {
+			return nil, true, err
+		}
+		st, err := f.openKerchunk(ctx, dir, "", parent)
+		return st, true, err
+	case f.virtual.refGiven:
+		repo, err := open(ctx, trimmed)
+		if err != nil {
+			return nil, true, err
+		}
+		st, err := f.openIcechunk(ctx, repo, parent)
 		return st, true, err
 	}
-	if !explicit && !f.virtual.refGiven {
-		// A remote prefix is probed for an Icechunk repository or a
-		// Parquet reference folder only when the command line says so
-		// (--ref, reference://): the probes cost requests (a listing among
-		// them) before every mount of a plain store, which at archive
-		// scale must be live from its consolidated metadata alone.
-		return nil, false, nil
-	}
-	dir, err := open(ctx, trimmed)
-	if err != nil {
-		if !explicit {
-			return nil, false, nil // the plain store reports it
-		}
-		return nil, true, err
-	}
-	if isIcechunkStore(ctx, dir) {
-		parent, _ := path.Split(trimmed)
-		st, err := f.openIcechunk(ctx, dir, strings.TrimSuffix(parent, "/"))
-		return st, true, err
-	}
-	doc, err := dir.Get(objectstore.WithSizeLimit(ctx, 1<<30), ".zmetadata")
-	if err != nil || !hasRecordSize(doc) {
-		closeStore(dir)
-		if explicit {
-			if err == nil {
-				err = errors.New("no record_size in .zmetadata")
-			}
-			return nil, true, fmt.Errorf("%s: not a Parquet reference folder: %w", src, err)
-		}
-		return nil, false, nil
-	}
-	parent, _ := path.Split(trimmed)
-	st, err := f.openKerchunk(ctx, dir, "", strings.TrimSuffix(parent, "/"))
-	return st, true, err
+	return nil, false, nil
 }
 
 // openKerchunk opens the reference set at key name of dir ("" for a
@@ -185,7 +173,7 @@ func (f *sourceFlags) openKerchunk(ctx context.Context, dir objectstore.Store, n
 		closeStore(dir)
 		return nil, err
 	}
-	st, err := kerchunk.Open(ctx, dir, name, kerchunk.Options{Targets: tg, Logger: f.logger})
+	st, err := kerchunk.Open(ctx, dir, name, kerchunk.Options{Targets: tg})
 	if err != nil {
 		tg.Close()
 		closeStore(dir)
@@ -201,7 +189,7 @@ func (f *sourceFlags) openKerchunk(ctx context.Context, dir objectstore.Store, n
 // --follow-symlinks.
 func (f *sourceFlags) targetResolver(base string) (*targets.Resolver, error) {
 	opts := targets.Options{Openers: f.remoteOpeners(), Aliases: schemeAliases, Base: base,
-		FollowSymlinks: f.follow, Logger: f.logger}
+		FollowSymlinks: f.follow}
 	if f.virtual.refBase != "" {
 		opts.Base = f.virtual.refBase
 	}
@@ -255,7 +243,7 @@ func (f *sourceFlags) openIcechunk(ctx context.Context, repo objectstore.Store, 
 		closeStore(repo)
 		return nil, err
 	}
-	st, err := icechunk.Open(ctx, repo, icechunk.Options{Ref: f.virtual.ref, Targets: tg, Logger: f.logger})
+	st, err := icechunk.Open(ctx, repo, icechunk.Options{Ref: f.virtual.ref, Targets: tg})
 	if err != nil {
 		tg.Close()
 		closeStore(repo)
@@ -273,21 +261,4 @@ func isIcechunkDir(p string) bool {
 	a, err1 := os.Stat(filepath.Join(p, "refs"))
 	b, err2 := os.Stat(filepath.Join(p, "snapshots"))
 	return err1 == nil && err2 == nil && a.IsDir() && b.IsDir()
-}
-
-// isIcechunkStore is isIcechunkDir for a remote store.
-func isIcechunkStore(ctx context.Context, st objectstore.Store) bool {
-	if b, err := st.GetRange(ctx, "repo", 0, 12); err == nil && string(b) == "ICE\U0001F9CACHUNK" {
-		return true
-	}
-	names, err := st.List(ctx, "refs")
-	if err != nil {
-		return false
-	}
-	for _, n := range names {
-		if strings.HasPrefix(n, "branch.") {
-			return true
-		}
-	}
-	return false
 }

@@ -14,18 +14,14 @@ package icechunk
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/fnv"
-	"log/slog"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/zarrfs/zarrfs/objectstore"
@@ -40,24 +36,21 @@ type Options struct {
 	// Targets resolves the locations of virtual chunks; the Store owns
 	// it. Required.
 	Targets *targets.Resolver
-	// Logger receives warnings; nil discards them.
-	Logger *slog.Logger
 }
 
 // Store is one snapshot of a repository, as a Store.
 type Store struct {
+	*targets.Store // Get, GetRange, List and their versions
+
 	repo objectstore.Store
 	ref  string
 	spec int
 	tg   *targets.Resolver
-	log  *slog.Logger
 
 	mu  sync.Mutex // serialises Refresh
 	cur atomic.Pointer[snapshot]
 
-	mmu       sync.Mutex
-	manifests map[string]*manifest // by id; immutable files
-	order     []string
+	manifests targets.Kept[*manifest] // by id; immutable files
 }
 
 var (
@@ -76,13 +69,12 @@ func Open(ctx context.Context, repo objectstore.Store, opts Options) (*Store, er
 	if opts.Targets == nil {
 		return nil, errors.New("icechunk: Options.Targets is required")
 	}
-	s := &Store{repo: repo, ref: opts.Ref, tg: opts.Targets, log: opts.Logger, manifests: map[string]*manifest{}}
+	s := &Store{repo: repo, ref: opts.Ref, tg: opts.Targets}
+	s.manifests.Max = manifestsKept
 	if s.ref == "" {
 		s.ref = "main"
 	}
-	if s.log == nil {
-		s.log = slog.New(slog.DiscardHandler)
-	}
+	s.Store = targets.NewStore(strings.TrimSuffix(repo.ID(), "/"), s.tg, func() targets.Index { return index{s, s.cur.Load()} })
 	snap, err := s.load(ctx)
 	if err != nil {
 		return nil, err
@@ -157,16 +149,15 @@ func (s *Store) Refresh(ctx context.Context) (bool, error) {
 // Snapshot returns the id of the snapshot read.
 func (s *Store) Snapshot() string { return s.cur.Load().id }
 
-// ID names the repository and the ref read.
-func (s *Store) ID() string { return strings.TrimSuffix(s.repo.ID(), "/") }
-
 // Identity names the repository and ref for cache keys.
 func (s *Store) Identity() string {
 	return "icechunk:" + objectstore.Identity(s.repo) + "@" + s.ref
 }
 
-// Local reports whether the repository and every virtual target it names
-// are local files (so that callers need not keep a second copy).
+// Local reports whether the repository is local, so that callers need not
+// keep a second copy of its chunks. Virtual chunks' targets are not looked
+// at (that would read every manifest): a local repository whose virtual
+// chunks lie on S3 reports true.
 func (s *Store) Local() bool {
 	_, ok := s.repo.(*objectstore.Posix)
 	return ok
@@ -179,10 +170,6 @@ func (s *Store) Close() error {
 		return c.Close()
 	}
 	return nil
-}
-
-func (s *Store) fail(op, key string, err error) error {
-	return &objectstore.Error{Op: op, Store: s.ID(), Key: key, Err: err}
 }
 
 // chunk is one chunk reference of a manifest.
@@ -207,35 +194,23 @@ type indexed struct {
 	c   chunk
 }
 
+// manifest returns the parsed manifest id, read once however many
+// fills ask for it at the same time.
 func (s *Store) manifest(ctx context.Context, id string) (*manifest, error) {
-	s.mmu.Lock()
-	if m, ok := s.manifests[id]; ok {
-		s.mmu.Unlock()
-		return m, nil
-	}
-	s.mmu.Unlock()
-	_, payload, err := readFile(ctx, s.repo, "manifests/"+id, fileManifest)
-	if objectstore.IsNotFound(err) {
-		return nil, fmt.Errorf("manifest %s is missing: %w", id, ErrCorrupt)
-	}
-	if err != nil {
-		return nil, err
-	}
-	m, err := parseManifest(payload)
-	if err != nil {
-		return nil, fmt.Errorf("manifests/%s: %w", id, err)
-	}
-	s.mmu.Lock()
-	if _, ok := s.manifests[id]; !ok {
-		s.manifests[id] = m
-		s.order = append(s.order, id)
-		for len(s.order) > manifestsKept {
-			delete(s.manifests, s.order[0])
-			s.order = s.order[1:]
+	return s.manifests.Get(ctx, id, func(ctx context.Context) (*manifest, error) {
+		_, payload, err := readFile(ctx, s.repo, "manifests/"+id, fileManifest)
+		if objectstore.IsNotFound(err) {
+			return nil, fmt.Errorf("manifest %s is missing: %w", id, ErrCorrupt)
 		}
-	}
-	s.mmu.Unlock()
-	return m, nil
+		if err != nil {
+			return nil, err
+		}
+		m, err := parseManifest(payload)
+		if err != nil {
+			return nil, fmt.Errorf("manifests/%s: %w", id, err)
+		}
+		return m, nil
+	})
 }
 
 func parseManifest(payload []byte) (_ *manifest, err error) {
@@ -319,53 +294,41 @@ func equalIdx(a, b []uint32) bool {
 	return true
 }
 
-// entry is what a key names: a document or a chunk.
-type entry struct {
-	doc   []byte
-	chunk *chunk
+// index serves a snapshot's keys to targets.Store: each node's zarr.json,
+// and the chunks its manifests hold.
+type index struct {
+	s    *Store
+	snap *snapshot
 }
 
-// lookup finds what key names in the current snapshot.
-func (s *Store) lookup(ctx context.Context, op, key string) (string, entry, error) {
-	k, err := objectstore.CleanKey(key, false)
-	if err != nil {
-		return "", entry{}, s.fail(op, key, err)
-	}
-	if err := ctx.Err(); err != nil {
-		return "", entry{}, s.fail(op, k, err)
-	}
-	snap := s.cur.Load()
-	if dir, ok := strings.CutSuffix(k, "zarr.json"); ok && (dir == "" || strings.HasSuffix(dir, "/")) {
-		if n, ok := snap.nodes[strings.TrimSuffix(dir, "/")]; ok {
-			return k, entry{doc: n.doc}, nil
+// Lookup finds what key names in the snapshot.
+func (x index) Lookup(ctx context.Context, key string) (targets.Ref, bool, error) {
+	if dir, ok := strings.CutSuffix(key, "zarr.json"); ok && (dir == "" || strings.HasSuffix(dir, "/")) {
+		if n, ok := x.snap.nodes[strings.TrimSuffix(dir, "/")]; ok {
+			return targets.Ref{Inline: true, Data: n.doc}, true, nil
 		}
-		return "", entry{}, s.fail(op, k, objectstore.ErrNotFound)
+		return targets.Ref{}, false, nil
 	}
 	// The longest array path that prefixes the key.
-	for p := k; ; {
+	for p := key; ; {
 		i := strings.LastIndex(p, "/")
-		var arr string
-		if i < 0 {
-			arr = ""
-		} else {
+		arr := ""
+		if i >= 0 {
 			arr = p[:i]
 		}
-		if n, ok := snap.nodes[arr]; ok && n.array {
-			rest := k
+		if n, ok := x.snap.nodes[arr]; ok && n.array {
+			rest := key
 			if arr != "" {
-				rest = k[len(arr)+1:]
+				rest = key[len(arr)+1:]
 			}
-			c, err := s.findChunk(ctx, n, rest)
-			if err != nil {
-				return "", entry{}, s.fail(op, k, err)
+			c, err := x.s.findChunk(ctx, n, rest)
+			if err != nil || c == nil {
+				return targets.Ref{}, false, err
 			}
-			if c == nil {
-				return "", entry{}, s.fail(op, k, objectstore.ErrNotFound)
-			}
-			return k, entry{chunk: c}, nil
+			return x.s.chunkRef(c), true, nil
 		}
 		if i < 0 {
-			return "", entry{}, s.fail(op, k, objectstore.ErrNotFound)
+			return targets.Ref{}, false, nil
 		}
 		p = arr
 	}
@@ -387,121 +350,28 @@ func (s *Store) findChunk(ctx context.Context, n *node, rest string) (*chunk, er
 	refs := m.arrays[n.id]
 	i := sort.Search(len(refs), func(i int) bool { return !lessIdx(refs[i].idx, idx) })
 	if i < len(refs) && equalIdx(refs[i].idx, idx) {
-		c := refs[i].c
-		return &c, nil
+		return &refs[i].c, nil
 	}
 	return nil, nil
 }
 
-// Get reads a whole key.
-func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
-	b, _, err := s.GetVersion(ctx, key, nil)
-	return b, err
-}
-
-// GetInto reads a whole key into buf.
-func (s *Store) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
-	b, _, err := s.GetVersion(ctx, key, buf)
-	return b, err
-}
-
-// GetVersion reads a whole key and its version.
-func (s *Store) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
-	k, e, err := s.lookup(ctx, "get", key)
-	if err != nil {
-		return nil, "", err
-	}
-	if e.chunk == nil {
-		return append(buf[:0], e.doc...), hashVersion(e.doc), nil
-	}
-	c := e.chunk
-	if lim := objectstore.SizeLimit(ctx); c.n > lim || int64(len(c.inline)) > lim {
-		return nil, "", s.fail("get", k, fmt.Errorf("%w: chunk of %d bytes, at most %d expected", objectstore.ErrTooLarge, max(c.n, int64(len(c.inline))), lim))
-	}
-	b, v, err := s.read(ctx, c, 0, -1)
-	if err != nil {
-		return nil, "", s.fail("get", k, err)
-	}
-	return b, v, nil
-}
-
-// GetRange reads a byte range of a key.
-func (s *Store) GetRange(ctx context.Context, key string, off, length int64) ([]byte, error) {
-	b, _, err := s.GetRangeVersion(ctx, key, off, length)
-	return b, err
-}
-
-// GetRangeVersion reads a byte range of a key and the key's version.
-func (s *Store) GetRangeVersion(ctx context.Context, key string, off, length int64) ([]byte, string, error) {
-	k, e, err := s.lookup(ctx, "get range", key)
-	if err != nil {
-		return nil, "", err
-	}
-	if length < 0 {
-		return nil, "", s.fail("get range", k, fmt.Errorf("negative length %d", length))
-	}
-	size := int64(len(e.doc))
-	if e.chunk != nil {
-		size = e.chunk.size()
-	}
-	if off < 0 {
-		off = size - length
-	}
-	if off < 0 || off+length > size {
-		return nil, "", s.fail("get range", k, fmt.Errorf("%w: %d+%d, size %d", objectstore.ErrRange, off, length, size))
-	}
-	if e.chunk == nil {
-		return append([]byte(nil), e.doc[off:off+length]...), hashVersion(e.doc), nil
-	}
-	b, v, err := s.read(ctx, e.chunk, off, length)
-	if err != nil {
-		return nil, "", s.fail("get range", k, err)
-	}
-	return b, v, nil
-}
-
-func (c *chunk) size() int64 {
-	if c.isInline {
-		return int64(len(c.inline))
-	}
-	return c.n
-}
-
-// read reads length bytes at off of a chunk (length < 0: all of it).
-func (s *Store) read(ctx context.Context, c *chunk, off, length int64) ([]byte, string, error) {
-	if length < 0 {
-		off, length = 0, c.size()
-	}
+// chunkRef is what a chunk reference reads: inline bytes, a range of a chunk
+// file of the repository (never rewritten: its id and range are the
+// version), or a range of a virtual chunk's target, vetted against the
+// checksum its commit recorded.
+func (s *Store) chunkRef(c *chunk) targets.Ref {
 	switch {
 	case c.isInline:
-		return append([]byte(nil), c.inline[off:off+length]...), hashVersion(c.inline), nil
+		return targets.Ref{Inline: true, Data: c.inline}
 	case c.native != "":
 		key := "chunks/" + c.native
-		var b []byte
-		var err error
-		if v, ok := objectstore.AsVersioned(s.repo); ok {
-			b, _, err = v.GetRangeVersion(ctx, key, c.off+off, length)
-		} else {
-			b, err = s.repo.GetRange(ctx, key, c.off+off, length)
+		return targets.Ref{
+			Object:  targets.Target{Store: s.repo, Key: key, URL: s.ID() + "/" + key},
+			Version: "n" + c.native + ":" + strconv.FormatInt(c.off, 10) + "+" + strconv.FormatInt(c.n, 10),
+			Off:     c.off, N: c.n,
 		}
-		if objectstore.IsNotFound(err) {
-			err = fmt.Errorf("chunk file %s: %w", key, targets.ErrTargetMissing)
-		}
-		// Chunk files are never rewritten: their id and range are the version.
-		return b, "n" + c.native + ":" + strconv.FormatInt(c.off, 10) + "+" + strconv.FormatInt(c.n, 10), err
 	}
-	t, err := s.tg.Resolve(ctx, c.location)
-	if err != nil {
-		return nil, "", err
-	}
-	b, tv, err := s.tg.Read(ctx, t, c.off+off, length)
-	if err != nil {
-		return nil, "", fmt.Errorf("%s: %w", t.URL, err)
-	}
-	if err := c.checkTarget(t, tv); err != nil {
-		return nil, "", err
-	}
-	return b, virtualVersion(c, tv), nil
+	return targets.Ref{URL: c.location, Off: c.off, N: c.n, Check: c.checkTarget}
 }
 
 // ErrStale is returned (wrapped) for a virtual chunk whose target changed
@@ -529,64 +399,36 @@ func (c *chunk) checkTarget(t targets.Target, version string) error {
 	return nil
 }
 
-func hashVersion(b []byte) string { return "i" + strconv.FormatUint(xxhash.Sum64(b), 16) }
-
-func virtualVersion(c *chunk, target string) string {
-	h := fnv.New64a()
-	h.Write([]byte(c.location))
-	var b [16]byte
-	binary.LittleEndian.PutUint64(b[:], uint64(c.off))
-	binary.LittleEndian.PutUint64(b[8:], uint64(c.n))
-	h.Write(b[:])
-	return "v" + strconv.FormatUint(h.Sum64(), 16) + ":" + target
-}
-
-// List lists the children of a prefix.
-func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
-	k, err := objectstore.CleanKey(prefix, true)
-	if err != nil {
-		return nil, s.fail("list", prefix, err)
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, s.fail("list", k, err)
-	}
-	var keys []string
-	if err := s.each(ctx, k, func(key string, _ entry) { keys = append(keys, key) }); err != nil {
-		return nil, s.fail("list", k, err)
-	}
+// Children lists the children of dir: the names of the keys below it.
+func (x index) Children(ctx context.Context, dir string) ([]string, error) {
 	pre := ""
-	if k != "" {
-		pre = k + "/"
+	if dir != "" {
+		pre = dir + "/"
 	}
 	seen := map[string]bool{}
 	var out []string
-	for _, key := range keys {
-		rest := strings.TrimPrefix(key, pre)
-		name, _, dir := strings.Cut(rest, "/")
-		if dir {
+	err := x.Each(ctx, dir, func(key string, _ targets.Ref) {
+		name, _, sub := strings.Cut(strings.TrimPrefix(key, pre), "/")
+		if sub {
 			name += "/"
 		}
 		if !seen[name] {
 			seen[name] = true
 			out = append(out, name)
 		}
-	}
-	if len(out) == 0 && k != "" {
-		return nil, s.fail("list", k, objectstore.ErrNotFound)
-	}
+	})
 	sort.Strings(out)
-	return out, nil
+	return out, err
 }
 
-// each calls fn with every key below prefix: documents and chunks.
-func (s *Store) each(ctx context.Context, prefix string, fn func(string, entry)) error {
-	snap := s.cur.Load()
+// Each calls fn with every key below prefix: documents and chunks.
+func (x index) Each(ctx context.Context, prefix string, fn func(string, targets.Ref)) error {
 	pre := ""
 	if prefix != "" {
 		pre = prefix + "/"
 	}
-	for _, p := range snap.paths {
-		n := snap.nodes[p]
+	for _, p := range x.snap.paths {
+		n := x.snap.nodes[p]
 		base := ""
 		if p != "" {
 			base = p + "/"
@@ -597,13 +439,13 @@ func (s *Store) each(ctx context.Context, prefix string, fn func(string, entry))
 			continue
 		}
 		if strings.HasPrefix(base+"zarr.json", pre) {
-			fn(base+"zarr.json", entry{doc: n.doc})
+			fn(base+"zarr.json", targets.Ref{Inline: true, Data: n.doc})
 		}
 		if !n.array {
 			continue
 		}
 		for _, mr := range n.manifests {
-			m, err := s.manifest(ctx, mr.id)
+			m, err := x.s.manifest(ctx, mr.id)
 			if err != nil {
 				return err
 			}
@@ -611,70 +453,9 @@ func (s *Store) each(ctx context.Context, prefix string, fn func(string, entry))
 			for i := range refs {
 				key := base + n.chunkKey(refs[i].idx)
 				if strings.HasPrefix(key, pre) {
-					fn(key, entry{chunk: &refs[i].c})
+					fn(key, x.s.chunkRef(&refs[i].c))
 				}
 			}
-		}
-	}
-	return nil
-}
-
-// ListVersions lists every key below prefix with its version; virtual
-// targets' versions are asked once per target object.
-func (s *Store) ListVersions(ctx context.Context, prefix string, fn func(key, version string)) error {
-	k, err := objectstore.CleanKey(prefix, true)
-	if err != nil {
-		return s.fail("list", prefix, err)
-	}
-	type item struct {
-		key string
-		e   entry
-	}
-	var items []item
-	if err := s.each(ctx, k, func(key string, e entry) { items = append(items, item{key, e}) }); err != nil {
-		return s.fail("list", k, err)
-	}
-	byLoc := map[string]int{}
-	var ts []targets.Target
-	bad := map[string]bool{}
-	for _, it := range items {
-		c := it.e.chunk
-		if c == nil || c.location == "" {
-			continue
-		}
-		if _, ok := byLoc[c.location]; ok || bad[c.location] {
-			continue
-		}
-		t, err := s.tg.Resolve(ctx, c.location)
-		if err != nil {
-			bad[c.location] = true
-			continue
-		}
-		byLoc[c.location] = len(ts)
-		ts = append(ts, t)
-	}
-	vers, errs, err := s.tg.Versions(ctx, ts)
-	if err != nil {
-		return s.fail("list", k, err)
-	}
-	for _, it := range items {
-		c := it.e.chunk
-		switch {
-		case c == nil:
-			fn(it.key, hashVersion(it.e.doc))
-		case c.isInline:
-			fn(it.key, hashVersion(c.inline))
-		case c.native != "":
-			fn(it.key, "n"+c.native+":"+strconv.FormatInt(c.off, 10)+"+"+strconv.FormatInt(c.n, 10))
-		case bad[c.location]:
-			fn(it.key, "unreadable")
-		default:
-			i := byLoc[c.location]
-			if errs[i] != nil {
-				fn(it.key, "unreadable")
-				continue
-			}
-			fn(it.key, virtualVersion(c, vers[i]))
 		}
 	}
 	return nil

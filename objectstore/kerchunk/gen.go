@@ -2,7 +2,9 @@ package kerchunk
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 )
@@ -13,7 +15,10 @@ import (
 // generators use: "{{ expr }}" where expr is integer arithmetic (+ - * //
 // % and parentheses) over the dimension variables and integer literals,
 // or a template name. Anything else refuses the reference set, with the
-// expression named, rather than guessing.
+// expression named, rather than guessing; so does a result that int64
+// cannot hold (Python's integers would), and nesting deeper than
+// maxNesting. Each field is parsed once per generator and rendered for
+// every point.
 
 type generator struct {
 	Key        string                     `json:"key"`
@@ -48,33 +53,51 @@ func (b *builder) generate(raw json.RawMessage, templates map[string]string) err
 				return fmt.Errorf("generator %d: more than %d keys", gi, maxKeys)
 			}
 		}
+		// Each field is parsed once, then rendered for every point.
+		key, err := parseTemplate(g.Key, templates)
+		if err != nil {
+			return fmt.Errorf("generator %d key: %w", gi, err)
+		}
+		u, err := parseTemplate(g.URL, templates)
+		if err != nil {
+			return fmt.Errorf("generator %d url: %w", gi, err)
+		}
+		var off, length intField
+		if g.Offset != nil {
+			if off, err = parseIntField(*g.Offset, templates); err != nil {
+				return fmt.Errorf("generator %d offset: %w", gi, err)
+			}
+			if length, err = parseIntField(*g.Length, templates); err != nil {
+				return fmt.Errorf("generator %d length: %w", gi, err)
+			}
+		}
 		vars := map[string]int64{}
 		idx := make([]int, len(dims))
 		for n := int64(0); n < total; n++ {
 			for i, d := range dims {
 				vars[d.name] = d.values[idx[i]]
 			}
-			key, err := renderExpr(g.Key, vars, templates)
+			k, err := key.render(vars)
 			if err != nil {
 				return fmt.Errorf("generator %d key: %w", gi, err)
 			}
-			u, err := renderExpr(g.URL, vars, templates)
+			us, err := u.render(vars)
 			if err != nil {
 				return fmt.Errorf("generator %d url: %w", gi, err)
 			}
-			r := ref{url: b.intern(u), n: -1}
+			r := ref{url: b.intern(us), n: -1}
 			if g.Offset != nil {
-				if r.off, err = renderInt(*g.Offset, vars, templates); err != nil {
+				if r.off, err = off.render(vars); err != nil {
 					return fmt.Errorf("generator %d offset: %w", gi, err)
 				}
-				if r.n, err = renderInt(*g.Length, vars, templates); err != nil {
+				if r.n, err = length.render(vars); err != nil {
 					return fmt.Errorf("generator %d length: %w", gi, err)
 				}
 				if r.off < 0 || r.n < 0 {
-					return fmt.Errorf("generator %d: key %s: negative offset or length", gi, key)
+					return fmt.Errorf("generator %d: key %s: negative offset or length", gi, k)
 				}
 			}
-			if err := b.add(key, r); err != nil {
+			if err := b.add(k, r); err != nil {
 				return err
 			}
 			// Next point, last dimension fastest (itertools.product).
@@ -132,76 +155,212 @@ func parseDimensions(raw map[string]json.RawMessage) ([]dimension, error) {
 	return out, nil
 }
 
-// renderInt renders an offset or length: a JSON integer, or a string
-// template that renders to one.
-func renderInt(raw json.RawMessage, vars map[string]int64, templates map[string]string) (int64, error) {
+// intField is an offset or length: a JSON integer, or a string template
+// that renders to one.
+type intField struct {
+	lit  int64
+	tmpl *template // nil for a literal
+}
+
+func parseIntField(raw json.RawMessage, templates map[string]string) (intField, error) {
 	if n, err := strconv.ParseInt(strings.TrimSpace(string(raw)), 10, 64); err == nil {
-		return n, nil
+		return intField{lit: n}, nil
 	}
 	var s string
 	if err := json.Unmarshal(raw, &s); err != nil {
-		return 0, fmt.Errorf("%s is neither an integer nor a string", raw)
+		return intField{}, fmt.Errorf("%s is neither an integer nor a string", raw)
 	}
-	out, err := renderExpr(s, vars, templates)
+	t, err := parseTemplate(s, templates)
+	if err != nil {
+		return intField{}, err
+	}
+	return intField{tmpl: &t}, nil
+}
+
+func (f intField) render(vars map[string]int64) (int64, error) {
+	if f.tmpl == nil {
+		return f.lit, nil
+	}
+	out, err := f.tmpl.render(vars)
 	if err != nil {
 		return 0, err
 	}
 	n, err := strconv.ParseInt(strings.TrimSpace(out), 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("%q renders to %q, not an integer", s, out)
+		return 0, fmt.Errorf("%q renders to %q, not an integer", f.tmpl.src, out)
 	}
 	return n, nil
 }
 
-// renderExpr renders every "{{ expr }}" of s.
-func renderExpr(s string, vars map[string]int64, templates map[string]string) (string, error) {
-	if !strings.Contains(s, "{{") {
-		return s, nil
-	}
-	var out strings.Builder
+// template is a field with "{{ expr }}" parts, parsed once: the text
+// around the parts (template names already substituted) and the parts'
+// expressions.
+type template struct {
+	src   string
+	lits  []string // len(exprs)+1
+	exprs []expr
+}
+
+// parseTemplate parses s; "{{ name }}" of a template is its text.
+func parseTemplate(s string, templates map[string]string) (template, error) {
+	t := template{src: s}
+	var lit strings.Builder
 	for {
 		i := strings.Index(s, "{{")
 		if i < 0 {
-			out.WriteString(s)
-			return out.String(), nil
+			break
 		}
 		j := strings.Index(s[i:], "}}")
 		if j < 0 {
-			return "", fmt.Errorf("%q: unclosed {{", s)
+			return template{}, fmt.Errorf("%q: unclosed {{", t.src)
 		}
-		expr := strings.TrimSpace(s[i+2 : i+j])
-		out.WriteString(s[:i])
-		if t, ok := templates[expr]; ok {
-			out.WriteString(t)
+		src := strings.TrimSpace(s[i+2 : i+j])
+		lit.WriteString(s[:i])
+		if v, ok := templates[src]; ok {
+			lit.WriteString(v)
 		} else {
-			p := exprParser{src: expr, vars: vars}
-			v, err := p.parse()
+			p := exprParser{src: src}
+			e, err := p.parse()
 			if err != nil {
-				return "", fmt.Errorf("expression %q: %w", expr, err)
+				return template{}, fmt.Errorf("expression %q: %w", src, err)
 			}
-			out.WriteString(strconv.FormatInt(v, 10))
+			t.lits = append(t.lits, lit.String())
+			t.exprs = append(t.exprs, e)
+			lit.Reset()
 		}
 		s = s[i+j+2:]
 	}
+	lit.WriteString(s)
+	t.lits = append(t.lits, lit.String())
+	return t, nil
 }
 
-// exprParser evaluates integer expressions by recursive descent.
-type exprParser struct {
-	src  string
-	pos  int
-	vars map[string]int64
+func (t *template) render(vars map[string]int64) (string, error) {
+	if len(t.exprs) == 0 {
+		return t.lits[0], nil
+	}
+	var out strings.Builder
+	for i, e := range t.exprs {
+		out.WriteString(t.lits[i])
+		v, err := e.eval(vars)
+		if err != nil {
+			return "", fmt.Errorf("%q: %w", t.src, err)
+		}
+		out.WriteString(strconv.FormatInt(v, 10))
+	}
+	out.WriteString(t.lits[len(t.exprs)])
+	return out.String(), nil
 }
 
-func (p *exprParser) parse() (int64, error) {
-	v, err := p.sum()
+// An expr is integer arithmetic as Python evaluates it, on int64: a result
+// Python's integers would hold and int64 cannot is an error, never a
+// wrapped value (a wrapped offset would read the wrong bytes).
+type expr interface {
+	eval(vars map[string]int64) (int64, error)
+}
+
+type (
+	num   int64
+	name  string
+	neg   struct{ x expr }
+	binop struct {
+		op   string // + - * // %
+		l, r expr
+	}
+)
+
+var errOverflow = errors.New("integer overflow")
+
+func (n num) eval(map[string]int64) (int64, error) { return int64(n), nil }
+
+func (n name) eval(vars map[string]int64) (int64, error) {
+	v, ok := vars[string(n)]
+	if !ok {
+		return 0, fmt.Errorf("unknown name %q", string(n))
+	}
+	return v, nil
+}
+
+func (n neg) eval(vars map[string]int64) (int64, error) {
+	v, err := n.x.eval(vars)
 	if err != nil {
 		return 0, err
 	}
+	if v == math.MinInt64 {
+		return 0, errOverflow
+	}
+	return -v, nil
+}
+
+func (b binop) eval(vars map[string]int64) (int64, error) {
+	x, err := b.l.eval(vars)
+	if err != nil {
+		return 0, err
+	}
+	y, err := b.r.eval(vars)
+	if err != nil {
+		return 0, err
+	}
+	switch b.op {
+	case "+":
+		if (y > 0 && x > math.MaxInt64-y) || (y < 0 && x < math.MinInt64-y) {
+			return 0, errOverflow
+		}
+		return x + y, nil
+	case "-":
+		if (y < 0 && x > math.MaxInt64+y) || (y > 0 && x < math.MinInt64+y) {
+			return 0, errOverflow
+		}
+		return x - y, nil
+	case "*":
+		if x == 0 || y == 0 {
+			return 0, nil
+		}
+		p := x * y
+		if p/y != x || (x == -1 && y == math.MinInt64) || (y == -1 && x == math.MinInt64) {
+			return 0, errOverflow
+		}
+		return p, nil
+	}
+	// Floor division and modulo, as Python's.
+	if y == 0 {
+		return 0, errors.New("division by zero")
+	}
+	if x == math.MinInt64 && y == -1 {
+		return 0, errOverflow
+	}
+	q, r := x/y, x%y
+	if r != 0 && (r < 0) != (y < 0) {
+		q--
+		r += y
+	}
+	if b.op == "//" {
+		return q, nil
+	}
+	return r, nil
+}
+
+// maxNesting bounds parentheses and unary minus within one expression: a
+// reference set of a million "(" must be refused, not overflow the stack.
+const maxNesting = 64
+
+// exprParser parses integer expressions by recursive descent.
+type exprParser struct {
+	src   string
+	pos   int
+	depth int
+}
+
+func (p *exprParser) parse() (expr, error) {
+	e, err := p.sum()
+	if err != nil {
+		return nil, err
+	}
 	p.space()
 	if p.pos != len(p.src) {
-		return 0, fmt.Errorf("unexpected %q", p.src[p.pos:])
+		return nil, fmt.Errorf("unexpected %q", p.src[p.pos:])
 	}
-	return v, nil
+	return e, nil
 }
 
 func (p *exprParser) space() {
@@ -210,109 +369,112 @@ func (p *exprParser) space() {
 	}
 }
 
-func (p *exprParser) sum() (int64, error) {
-	v, err := p.product()
+func (p *exprParser) sum() (expr, error) {
+	e, err := p.product()
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	for {
 		p.space()
 		if p.pos >= len(p.src) || (p.src[p.pos] != '+' && p.src[p.pos] != '-') {
-			return v, nil
+			return e, nil
 		}
-		op := p.src[p.pos]
+		op := p.src[p.pos : p.pos+1]
 		p.pos++
-		w, err := p.product()
+		r, err := p.product()
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
-		if op == '+' {
-			v += w
-		} else {
-			v -= w
-		}
+		e = binop{op, e, r}
 	}
 }
 
-func (p *exprParser) product() (int64, error) {
-	v, err := p.unary()
+func (p *exprParser) product() (expr, error) {
+	e, err := p.unary()
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	for {
 		p.space()
+		rest := p.src[p.pos:]
 		var op string
 		switch {
-		case strings.HasPrefix(p.src[p.pos:], "//"):
+		case strings.HasPrefix(rest, "//"):
 			op = "//"
-		case strings.HasPrefix(p.src[p.pos:], "*") && !strings.HasPrefix(p.src[p.pos:], "**"):
+		case strings.HasPrefix(rest, "*") && !strings.HasPrefix(rest, "**"):
 			op = "*"
-		case strings.HasPrefix(p.src[p.pos:], "%"):
+		case strings.HasPrefix(rest, "%"):
 			op = "%"
 		default:
-			return v, nil
+			return e, nil
 		}
 		p.pos += len(op)
-		w, err := p.unary()
+		r, err := p.unary()
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
-		switch op {
-		case "*":
-			v *= w
-		case "//", "%":
-			if w == 0 {
-				return 0, fmt.Errorf("division by zero")
-			}
-			q, r := v/w, v%w
-			if r != 0 && (r < 0) != (w < 0) { // Python floors
-				q--
-				r += w
-			}
-			if op == "//" {
-				v = q
-			} else {
-				v = r
-			}
-		}
+		e = binop{op, e, r}
 	}
 }
 
-func (p *exprParser) unary() (int64, error) {
+// nest enters one level of parentheses or unary minus.
+func (p *exprParser) nest() error {
+	if p.depth++; p.depth > maxNesting {
+		return fmt.Errorf("nested more than %d deep", maxNesting)
+	}
+	return nil
+}
+
+func (p *exprParser) unary() (expr, error) {
 	p.space()
 	if p.pos < len(p.src) && p.src[p.pos] == '-' {
 		p.pos++
-		v, err := p.unary()
-		return -v, err
+		if err := p.nest(); err != nil {
+			return nil, err
+		}
+		x, err := p.unary()
+		p.depth--
+		if err != nil {
+			return nil, err
+		}
+		return neg{x}, nil
 	}
 	return p.atom()
 }
 
-func (p *exprParser) atom() (int64, error) {
+func (p *exprParser) atom() (expr, error) {
 	p.space()
 	if p.pos >= len(p.src) {
-		return 0, fmt.Errorf("ends early")
+		return nil, fmt.Errorf("ends early")
 	}
 	c := p.src[p.pos]
 	switch {
 	case c == '(':
 		p.pos++
-		v, err := p.sum()
+		if err := p.nest(); err != nil {
+			return nil, err
+		}
+		e, err := p.sum()
+		p.depth--
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 		p.space()
 		if p.pos >= len(p.src) || p.src[p.pos] != ')' {
-			return 0, fmt.Errorf("missing )")
+			return nil, fmt.Errorf("missing )")
 		}
 		p.pos++
-		return v, nil
+		return e, nil
 	case c >= '0' && c <= '9':
 		start := p.pos
 		for p.pos < len(p.src) && p.src[p.pos] >= '0' && p.src[p.pos] <= '9' {
 			p.pos++
 		}
-		return strconv.ParseInt(p.src[start:p.pos], 10, 64)
+		v, err := strconv.ParseInt(p.src[start:p.pos], 10, 64)
+		if err != nil {
+			return nil, errOverflow
+		}
+		return num(v), nil
 	case c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z':
 		start := p.pos
 		for p.pos < len(p.src) {
@@ -322,12 +484,7 @@ func (p *exprParser) atom() (int64, error) {
 			}
 			p.pos++
 		}
-		name := p.src[start:p.pos]
-		v, ok := p.vars[name]
-		if !ok {
-			return 0, fmt.Errorf("unknown name %q", name)
-		}
-		return v, nil
+		return name(p.src[start:p.pos]), nil
 	}
-	return 0, fmt.Errorf("unsupported %q (zarrfs renders integer arithmetic only)", p.src[p.pos:])
+	return nil, fmt.Errorf("unsupported %q (zarrfs renders integer arithmetic only)", p.src[p.pos:])
 }

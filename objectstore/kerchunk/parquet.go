@@ -9,7 +9,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
@@ -17,6 +16,7 @@ import (
 	"github.com/apache/arrow-go/v18/parquet/pqarrow"
 
 	"github.com/zarrfs/zarrfs/objectstore"
+	"github.com/zarrfs/zarrfs/objectstore/targets"
 )
 
 // The Parquet form of a reference set (fsspec's LazyReferenceMapper):
@@ -41,14 +41,9 @@ type parquetSet struct {
 	recordSize int64
 	fields     map[string]*field
 
-	mu    sync.RWMutex // guards urls, urlIx
-	urls  []string
-	urlIx map[string]int32
+	*urlTable
 
-	cmu   sync.Mutex
-	cache map[recordKey]*record
-	order []recordKey // oldest first
-	load  map[recordKey]*loading
+	records targets.Kept[*record] // by record file key; nil for one that does not exist
 }
 
 type field struct {
@@ -56,20 +51,9 @@ type field struct {
 	nchunks int64
 }
 
-type recordKey struct {
-	field string
-	n     int64
-}
-
 type record struct {
 	refs    []ref
 	present []bool
-}
-
-type loading struct {
-	done chan struct{}
-	rec  *record
-	err  error
 }
 
 func openParquet(_ context.Context, dir objectstore.Store, doc []byte) (*parquetSet, error) {
@@ -87,7 +71,8 @@ func openParquet(_ context.Context, dir objectstore.Store, doc []byte) (*parquet
 		return nil, fmt.Errorf("record_size %q: want an integer from 1 to %d", zm.RecordSize, maxRecordSize)
 	}
 	p := &parquetSet{dir: dir, meta: map[string][]byte{}, recordSize: rs, fields: map[string]*field{},
-		urlIx: map[string]int32{}, cache: map[recordKey]*record{}, load: map[recordKey]*loading{}}
+		urlTable: newURLTable()}
+	p.records.Max = recordsKept
 	for k, v := range zm.Metadata {
 		ck, err := objectstore.CleanKey(k, false)
 		if err != nil {
@@ -148,30 +133,6 @@ func parseField(doc []byte) (*field, error) {
 	return f, nil
 }
 
-func (p *parquetSet) url(i int32) string {
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	return p.urls[i]
-}
-
-func (p *parquetSet) urlCount() int {
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	return len(p.urls)
-}
-
-func (p *parquetSet) intern(u string) int32 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if i, ok := p.urlIx[u]; ok {
-		return i
-	}
-	i := int32(len(p.urls))
-	p.urls = append(p.urls, u)
-	p.urlIx[u] = i
-	return i
-}
-
 // chunkIndex maps a chunk key of field f ("1.0.3") to its chunk number.
 func (f *field) chunkIndex(name string) (int64, bool) {
 	parts := strings.Split(name, ".")
@@ -227,59 +188,24 @@ func (p *parquetSet) lookup(ctx context.Context, key string) (ref, bool, error) 
 
 // record returns record n of a field, nil when its file does not exist.
 func (p *parquetSet) record(ctx context.Context, fname string, n int64) (*record, error) {
-	rk := recordKey{fname, n}
-	p.cmu.Lock()
-	if r, ok := p.cache[rk]; ok {
-		p.cmu.Unlock()
-		return r, nil
-	}
-	if l, ok := p.load[rk]; ok {
-		p.cmu.Unlock()
-		select {
-		case <-l.done:
-			return l.rec, l.err
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
-	l := &loading{done: make(chan struct{})}
-	p.load[rk] = l
-	p.cmu.Unlock()
-
-	l.rec, l.err = p.readRecord(ctx, fname, n)
-
-	p.cmu.Lock()
-	delete(p.load, rk)
-	if l.err == nil {
-		p.cache[rk] = l.rec
-		p.order = append(p.order, rk)
-		for len(p.order) > recordsKept {
-			delete(p.cache, p.order[0])
-			p.order = p.order[1:]
-		}
-	}
-	p.cmu.Unlock()
-	close(l.done)
-	return l.rec, l.err
-}
-
-func (p *parquetSet) readRecord(ctx context.Context, fname string, n int64) (*record, error) {
 	key := fmt.Sprintf("refs.%d.parq", n)
 	if fname != "" {
 		key = fname + "/" + key
 	}
-	b, err := p.dir.Get(objectstore.WithSizeLimit(ctx, maxRecordBytes), key)
-	if objectstore.IsNotFound(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	rec, err := p.parseRecord(ctx, b)
-	if err != nil {
-		return nil, fmt.Errorf("%s/%s: %w: %w", strings.TrimSuffix(p.dir.ID(), "/"), key, ErrMalformed, err)
-	}
-	return rec, nil
+	return p.records.Get(ctx, key, func(ctx context.Context) (*record, error) {
+		b, err := p.dir.Get(objectstore.WithSizeLimit(ctx, maxRecordBytes), key)
+		if objectstore.IsNotFound(err) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		rec, err := p.parseRecord(ctx, b)
+		if err != nil {
+			return nil, fmt.Errorf("%s/%s: %w: %w", strings.TrimSuffix(p.dir.ID(), "/"), key, ErrMalformed, err)
+		}
+		return rec, nil
+	})
 }
 
 func (p *parquetSet) parseRecord(ctx context.Context, b []byte) (rec *record, err error) {

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/zarrfs/zarrfs/objectstore"
 )
@@ -44,13 +45,44 @@ const maxKeys = 50_000_000
 
 // jsonSet is a version 0 or 1 JSON reference set, all in memory.
 type jsonSet struct {
+	*urlTable
 	keys []string // sorted
 	refs map[string]ref
-	urls []string
 }
 
-func (s *jsonSet) url(i int32) string { return s.urls[i] }
-func (s *jsonSet) urlCount() int      { return len(s.urls) }
+// urlTable interns the target URLs that references name by index. A
+// Parquet set interns while its record files load, so it locks.
+type urlTable struct {
+	mu   sync.RWMutex
+	list []string
+	ix   map[string]int32
+}
+
+func newURLTable() *urlTable { return &urlTable{ix: map[string]int32{}} }
+
+func (t *urlTable) intern(u string) int32 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if i, ok := t.ix[u]; ok {
+		return i
+	}
+	i := int32(len(t.list))
+	t.list = append(t.list, u)
+	t.ix[u] = i
+	return i
+}
+
+func (t *urlTable) url(i int32) string {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.list[i]
+}
+
+func (t *urlTable) urlCount() int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return len(t.list)
+}
 
 func (s *jsonSet) lookup(_ context.Context, key string) (ref, bool, error) {
 	r, ok := s.refs[key]
@@ -112,23 +144,13 @@ func (s *jsonSet) each(ctx context.Context, prefix string, fn func(string, ref))
 
 // builder collects references, interning target URLs.
 type builder struct {
-	refs  map[string]ref
-	urls  []string
-	urlIx map[string]int32
+	*urlTable
+	refs     map[string]ref
+	rendered map[string]string // URL templates of "refs", rendered
 }
 
 func newBuilder() *builder {
-	return &builder{refs: map[string]ref{}, urlIx: map[string]int32{}}
-}
-
-func (b *builder) intern(u string) int32 {
-	if i, ok := b.urlIx[u]; ok {
-		return i
-	}
-	i := int32(len(b.urls))
-	b.urls = append(b.urls, u)
-	b.urlIx[u] = i
-	return i
+	return &builder{urlTable: newURLTable(), refs: map[string]ref{}, rendered: map[string]string{}}
 }
 
 func (b *builder) add(key string, r ref) error {
@@ -144,7 +166,7 @@ func (b *builder) add(key string, r ref) error {
 }
 
 func (b *builder) set() *jsonSet {
-	s := &jsonSet{refs: b.refs, urls: b.urls, keys: make([]string, 0, len(b.refs))}
+	s := &jsonSet{urlTable: b.urlTable, refs: b.refs, keys: make([]string, 0, len(b.refs))}
 	for k := range b.refs {
 		s.keys = append(s.keys, k)
 	}
@@ -186,11 +208,6 @@ func parseJSON(doc []byte) (*jsonSet, error) {
 			return nil, fmt.Errorf("templates: %v", err)
 		}
 	}
-	if g, ok := top["gen"]; ok && string(g) != "null" {
-		if err := b.generate(g, templates); err != nil {
-			return nil, fmt.Errorf("gen: %w", err)
-		}
-	}
 	var refs map[string]json.RawMessage
 	if r, ok := top["refs"]; ok {
 		if err := json.Unmarshal(r, &refs); err != nil {
@@ -202,6 +219,13 @@ func parseJSON(doc []byte) (*jsonSet, error) {
 	for k, v := range refs {
 		if err := b.addRaw(k, v, templates); err != nil {
 			return nil, err
+		}
+	}
+	// Generated keys after "refs": where both name a key, fsspec keeps
+	// the generator's.
+	if g, ok := top["gen"]; ok && string(g) != "null" {
+		if err := b.generate(g, templates); err != nil {
+			return nil, fmt.Errorf("gen: %w", err)
 		}
 	}
 	return b.set(), nil
@@ -237,7 +261,10 @@ func (b *builder) addRaw(key string, v json.RawMessage, templates map[string]str
 		if err := json.Unmarshal(parts[0], &u); err != nil {
 			return fmt.Errorf("refs[%q]: url is not a string", key)
 		}
-		u = render(u, templates)
+		u, err := b.render(u, templates)
+		if err != nil {
+			return fmt.Errorf("refs[%q]: url: %w", key, err)
+		}
 		r := ref{url: b.intern(u), n: -1}
 		if len(parts) == 3 {
 			off, err1 := strconv.ParseInt(string(parts[1]), 10, 64)
@@ -275,30 +302,24 @@ func inlineBytes(s string) ([]byte, error) {
 	return []byte(s), nil
 }
 
-// render substitutes "{{name}}" template references in a URL.
-func render(u string, templates map[string]string) string {
+// render substitutes "{{name}}" template references in a URL, as fsspec
+// does when the set has templates: a name that is none refuses the set.
+// Many keys name one URL: it is rendered once.
+func (b *builder) render(u string, templates map[string]string) (string, error) {
 	if len(templates) == 0 || !strings.Contains(u, "{{") {
-		return u
+		return u, nil
 	}
-	var out strings.Builder
-	for {
-		i := strings.Index(u, "{{")
-		if i < 0 {
-			out.WriteString(u)
-			return out.String()
-		}
-		j := strings.Index(u[i:], "}}")
-		if j < 0 {
-			out.WriteString(u)
-			return out.String()
-		}
-		name := strings.TrimSpace(u[i+2 : i+j])
-		out.WriteString(u[:i])
-		if t, ok := templates[name]; ok {
-			out.WriteString(t)
-		} else {
-			out.WriteString(u[i : i+j+2])
-		}
-		u = u[i+j+2:]
+	if r, ok := b.rendered[u]; ok {
+		return r, nil
 	}
+	t, err := parseTemplate(u, templates)
+	if err != nil {
+		return "", err
+	}
+	r, err := t.render(nil)
+	if err != nil {
+		return "", err
+	}
+	b.rendered[u] = r
+	return r, nil
 }

@@ -16,11 +16,8 @@ package kerchunk
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/fnv"
-	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,21 +34,20 @@ type Options struct {
 	// Targets resolves and reads the URLs the references point to; the
 	// Store owns it and closes it. Required.
 	Targets *targets.Resolver
-	// Logger receives warnings; nil discards them.
-	Logger *slog.Logger
 }
 
 // ErrMalformed is returned (wrapped) by Open and Refresh for a reference
 // set that cannot be parsed.
 var ErrMalformed = errors.New("malformed reference set")
 
-// Store is a reference set opened as a Store.
+// Store is a reference set opened as a Store; its ID is the reference
+// file's URL (the folder's for Parquet).
 type Store struct {
+	*targets.Store // Get, GetRange, List and their versions
+
 	dir  objectstore.Store // holds the reference set
 	name string            // the JSON file's key in dir; "" for a Parquet folder
-	id   string
 	tg   *targets.Resolver
-	log  *slog.Logger
 
 	mu  sync.Mutex // serialises Refresh
 	cur atomic.Pointer[state]
@@ -75,14 +71,12 @@ func Open(ctx context.Context, dir objectstore.Store, name string, opts Options)
 	if opts.Targets == nil {
 		return nil, errors.New("kerchunk: Options.Targets is required")
 	}
-	s := &Store{dir: dir, name: name, tg: opts.Targets, log: opts.Logger}
-	if s.log == nil {
-		s.log = slog.New(slog.DiscardHandler)
-	}
-	s.id = strings.TrimSuffix(dir.ID(), "/")
+	s := &Store{dir: dir, name: name, tg: opts.Targets}
+	id := strings.TrimSuffix(dir.ID(), "/")
 	if name != "" {
-		s.id += "/" + name
+		id += "/" + name
 	}
+	s.Store = targets.NewStore(id, s.tg, func() targets.Index { return index{s.cur.Load().refs} })
 	st, err := s.load(ctx, "")
 	if err != nil {
 		return nil, err
@@ -148,11 +142,10 @@ func (s *Store) Refresh(ctx context.Context) (bool, error) {
 	return true, nil
 }
 
-// ID names the reference set: its file's URL (its folder's for Parquet).
-func (s *Store) ID() string { return s.id }
-
 // Local reports whether every target the references name is a local file,
-// so that callers need not keep a second copy of their bytes.
+// so that callers need not keep a second copy of their bytes. A Parquet
+// set knows the targets of the record files read so far only: at open,
+// none, so it reports true whatever its targets are.
 func (s *Store) Local() bool {
 	refs := s.cur.Load().refs
 	for i := 0; i < refs.urlCount(); i++ {
@@ -172,217 +165,28 @@ func (s *Store) Close() error {
 	return nil
 }
 
-func (s *Store) fail(op, key string, err error) error {
-	return &objectstore.Error{Op: op, Store: s.id, Key: key, Err: err}
-}
+// index serves a reference set's keys to targets.Store.
+type index struct{ refs refSet }
 
-// lookup returns the reference at key, or an ErrNotFound error.
-func (s *Store) lookup(ctx context.Context, op, key string) (string, ref, refSet, error) {
-	k, err := objectstore.CleanKey(key, false)
-	if err != nil {
-		return "", ref{}, nil, s.fail(op, key, err)
-	}
-	if err := ctx.Err(); err != nil {
-		return "", ref{}, nil, s.fail(op, k, err)
-	}
-	refs := s.cur.Load().refs
-	r, ok, err := refs.lookup(ctx, k)
-	switch {
-	case err != nil:
-		return "", ref{}, nil, s.fail(op, k, err)
-	case !ok:
-		return "", ref{}, nil, s.fail(op, k, objectstore.ErrNotFound)
-	}
-	return k, r, refs, nil
-}
-
-// Get reads a whole key.
-func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
-	b, _, err := s.GetVersion(ctx, key, nil)
-	return b, err
-}
-
-// GetInto reads a whole key into buf.
-func (s *Store) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
-	b, _, err := s.GetVersion(ctx, key, buf)
-	return b, err
-}
-
-// GetVersion reads a whole key and its version.
-func (s *Store) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
-	k, r, refs, err := s.lookup(ctx, "get", key)
-	if err != nil {
-		return nil, "", err
-	}
+func (x index) ref(r ref) targets.Ref {
 	if r.inline() {
-		if lim := objectstore.SizeLimit(ctx); int64(len(r.data)) > lim {
-			return nil, "", s.fail("get", k, fmt.Errorf("%w: %d bytes, at most %d expected", objectstore.ErrTooLarge, len(r.data), lim))
-		}
-		return append(buf[:0], r.data...), inlineVersion(r.data), nil
+		return targets.Ref{Inline: true, Data: r.data}
 	}
-	if r.n >= 0 {
-		if lim := objectstore.SizeLimit(ctx); r.n > lim {
-			return nil, "", s.fail("get", k, fmt.Errorf("%w: %d bytes, at most %d expected", objectstore.ErrTooLarge, r.n, lim))
-		}
-	}
-	u := refs.url(r.url)
-	t, err := s.tg.Resolve(ctx, u)
-	if err != nil {
-		return nil, "", s.fail("get", k, err)
-	}
-	off, n := r.off, r.n
-	b, tv, err := s.tg.Read(ctx, t, off, n)
-	if err != nil {
-		return nil, "", s.fail("get", k, fmt.Errorf("%s: %w", t.URL, err))
-	}
-	return b, refVersion(u, r, tv), nil
+	return targets.Ref{URL: x.refs.url(r.url), Off: r.off, N: r.n}
 }
 
-// GetRange reads length bytes at off of a key (off < 0: its last length
-// bytes).
-func (s *Store) GetRange(ctx context.Context, key string, off, length int64) ([]byte, error) {
-	b, _, err := s.GetRangeVersion(ctx, key, off, length)
-	return b, err
+func (x index) Lookup(ctx context.Context, key string) (targets.Ref, bool, error) {
+	r, ok, err := x.refs.lookup(ctx, key)
+	if !ok || err != nil {
+		return targets.Ref{}, false, err
+	}
+	return x.ref(r), true, nil
 }
 
-// GetRangeVersion reads a byte range of a key and the key's version.
-func (s *Store) GetRangeVersion(ctx context.Context, key string, off, length int64) ([]byte, string, error) {
-	k, r, refs, err := s.lookup(ctx, "get range", key)
-	if err != nil {
-		return nil, "", err
-	}
-	if length < 0 {
-		return nil, "", s.fail("get range", k, fmt.Errorf("negative length %d", length))
-	}
-	if r.inline() {
-		size := int64(len(r.data))
-		if off < 0 {
-			off = size - length
-		}
-		if off < 0 || off+length > size {
-			return nil, "", s.fail("get range", k, fmt.Errorf("%w: %d+%d, size %d", objectstore.ErrRange, off, length, size))
-		}
-		return append([]byte(nil), r.data[off:off+length]...), inlineVersion(r.data), nil
-	}
-	u := refs.url(r.url)
-	t, err := s.tg.Resolve(ctx, u)
-	if err != nil {
-		return nil, "", s.fail("get range", k, err)
-	}
-	toff := off
-	if r.n >= 0 {
-		if off < 0 {
-			off = r.n - length
-		}
-		if off < 0 || off+length > r.n {
-			return nil, "", s.fail("get range", k, fmt.Errorf("%w: %d+%d, size %d", objectstore.ErrRange, off, length, r.n))
-		}
-		toff = r.off + off
-	}
-	b, tv, err := s.tg.Read(ctx, t, toff, length)
-	if err != nil {
-		return nil, "", s.fail("get range", k, fmt.Errorf("%s: %w", t.URL, err))
-	}
-	return b, refVersion(u, r, tv), nil
+func (x index) Children(ctx context.Context, dir string) ([]string, error) {
+	return x.refs.children(ctx, dir)
 }
 
-// List lists the children of a prefix.
-func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
-	k, err := objectstore.CleanKey(prefix, true)
-	if err != nil {
-		return nil, s.fail("list", prefix, err)
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, s.fail("list", k, err)
-	}
-	refs := s.cur.Load().refs
-	out, err := refs.children(ctx, k)
-	if err != nil {
-		return nil, s.fail("list", k, err)
-	}
-	if len(out) == 0 && k != "" {
-		if _, ok, _ := refs.lookup(ctx, k); ok {
-			return nil, s.fail("list", k, fmt.Errorf("not a directory"))
-		}
-		return nil, s.fail("list", k, objectstore.ErrNotFound)
-	}
-	return out, nil
-}
-
-// ListVersions lists every key below prefix with its version: the
-// targets' versions are asked once per target object (a stat of a local
-// file, a listing of a remote directory). A key whose target cannot be
-// resolved or does not exist is listed too, with a version of its own, so
-// that reading it fails rather than reading as a missing chunk.
-func (s *Store) ListVersions(ctx context.Context, prefix string, fn func(key, version string)) error {
-	k, err := objectstore.CleanKey(prefix, true)
-	if err != nil {
-		return s.fail("list", prefix, err)
-	}
-	refs := s.cur.Load().refs
-	type entry struct {
-		key string
-		r   ref
-	}
-	var entries []entry
-	if err := refs.each(ctx, k, func(key string, r ref) { entries = append(entries, entry{key, r}) }); err != nil {
-		return s.fail("list", k, err)
-	}
-	// One target per distinct URL.
-	byURL := map[int32]int{}
-	var ts []targets.Target
-	var urls []int32
-	unresolved := map[int32]bool{}
-	for _, e := range entries {
-		if e.r.inline() {
-			continue
-		}
-		if _, ok := byURL[e.r.url]; ok || unresolved[e.r.url] {
-			continue
-		}
-		t, err := s.tg.Resolve(ctx, refs.url(e.r.url))
-		if err != nil {
-			unresolved[e.r.url] = true
-			continue
-		}
-		byURL[e.r.url] = len(ts)
-		ts = append(ts, t)
-		urls = append(urls, e.r.url)
-	}
-	vers, missing, err := s.tg.Versions(ctx, ts)
-	if err != nil {
-		return s.fail("list", k, err)
-	}
-	for _, e := range entries {
-		switch {
-		case e.r.inline():
-			fn(e.key, inlineVersion(e.r.data))
-		case unresolved[e.r.url]:
-			fn(e.key, "unreadable")
-		default:
-			i := byURL[e.r.url]
-			if missing[i] != nil {
-				fn(e.key, "missing")
-				continue
-			}
-			fn(e.key, refVersion(refs.url(e.r.url), e.r, vers[i]))
-		}
-	}
-	return nil
-}
-
-func inlineVersion(b []byte) string {
-	return "i" + strconv.FormatUint(xxhash.Sum64(b), 16)
-}
-
-// refVersion names a reference and the version of its target: a new
-// target, offset or length, or a target rewritten, is a new version.
-func refVersion(u string, r ref, target string) string {
-	h := fnv.New64a()
-	h.Write([]byte(u))
-	var b [16]byte
-	binary.LittleEndian.PutUint64(b[:], uint64(r.off))
-	binary.LittleEndian.PutUint64(b[8:], uint64(r.n))
-	h.Write(b[:])
-	return "r" + strconv.FormatUint(h.Sum64(), 16) + ":" + target
+func (x index) Each(ctx context.Context, prefix string, fn func(string, targets.Ref)) error {
+	return x.refs.each(ctx, prefix, func(key string, r ref) { fn(key, x.ref(r)) })
 }

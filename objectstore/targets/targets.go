@@ -2,19 +2,19 @@
 // references, Icechunk virtual chunks) point into, and reads byte ranges of
 // the objects they name: local files inside one allowed directory, and
 // objects of the remote stores the caller knows how to open (s3://, gs://,
-// https://...), each opened once and shared.
+// https://...), each opened once and shared. Store is what the virtual
+// stores share: a versioned objectstore.Store over an Index, the format's
+// map from keys to inline bytes or target ranges.
 //
-// Reads of one object that wait for a free request slot are merged with
-// the adjacent ranges waiting with them, so that a fill that needs many
-// neighbouring chunks of one file costs fewer requests. A Resolver is safe
-// for concurrent use.
+// A Resolver adds no request limit of its own: the target stores bound
+// their requests in flight (MaxInFlight of S3, GCS and HTTP), and zarr
+// bounds the fetches of each read. A Resolver is safe for concurrent use.
 package targets
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/url"
 	"path"
 	"path/filepath"
@@ -42,12 +42,6 @@ var ErrScheme = errors.New("URL scheme not read by zarrfs")
 // holds the reference exists, and must fail, not read as a missing chunk.
 var ErrTargetMissing = errors.New("target does not exist")
 
-// DefaultMaxInFlight and DefaultMaxMerge are the zero values of Options.
-const (
-	DefaultMaxInFlight = 32
-	DefaultMaxMerge    = 64 << 20
-)
-
 // Options configures New. The zero value reads no local file and no
 // remote store.
 type Options struct {
@@ -66,13 +60,6 @@ type Options struct {
 	// Base resolves relative URLs: a directory URL ("s3://b/refs") or a
 	// local directory path. "" refuses relative URLs.
 	Base string
-	// MaxInFlight bounds the target requests in flight at once; the ones
-	// that wait are merged with their neighbours. 0: DefaultMaxInFlight.
-	MaxInFlight int
-	// MaxMerge bounds the bytes of one merged request. 0: DefaultMaxMerge.
-	MaxMerge int64
-	// Logger receives debug lines; nil discards them.
-	Logger *slog.Logger
 }
 
 // Target is one object a reference points to.
@@ -85,37 +72,14 @@ type Target struct {
 // Resolver resolves URLs to Targets and reads them.
 type Resolver struct {
 	opts  Options
-	log   *slog.Logger
 	local string // cleaned absolute LocalRoot, or "/" with FollowSymlinks
 
-	mu      sync.Mutex
-	stores  map[string]objectstore.Store // by root ("file" for the local one)
-	opening map[string]*opening
-
-	q queue
-}
-
-type opening struct {
-	done  chan struct{}
-	store objectstore.Store
-	err   error
+	stores Kept[objectstore.Store] // by root ("file" for the local one), each opened once
 }
 
 // New returns a Resolver. Close releases the stores it opened.
 func New(opts Options) (*Resolver, error) {
-	if opts.MaxInFlight < 0 || opts.MaxMerge < 0 {
-		return nil, fmt.Errorf("targets: negative MaxInFlight or MaxMerge")
-	}
-	if opts.MaxInFlight == 0 {
-		opts.MaxInFlight = DefaultMaxInFlight
-	}
-	if opts.MaxMerge == 0 {
-		opts.MaxMerge = DefaultMaxMerge
-	}
-	r := &Resolver{opts: opts, log: opts.Logger, stores: map[string]objectstore.Store{}, opening: map[string]*opening{}}
-	if r.log == nil {
-		r.log = slog.New(slog.DiscardHandler)
-	}
+	r := &Resolver{opts: opts}
 	switch {
 	case opts.FollowSymlinks:
 		r.local = "/"
@@ -126,20 +90,16 @@ func New(opts Options) (*Resolver, error) {
 		}
 		r.local = abs
 	}
-	r.q.init(opts.MaxInFlight, opts.MaxMerge)
 	return r, nil
 }
 
 // Close releases the stores the Resolver opened.
 func (r *Resolver) Close() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, s := range r.stores {
+	for _, s := range r.stores.Drain() {
 		if c, ok := s.(interface{ Close() error }); ok {
 			c.Close()
 		}
 	}
-	r.stores = map[string]objectstore.Store{}
 	return nil
 }
 
@@ -222,7 +182,7 @@ func (r *Resolver) Resolve(ctx context.Context, raw string) (Target, error) {
 		return Target{}, fmt.Errorf("%s: %w", redact(abs), err)
 	}
 	root := s + "://" + host
-	st, err := r.store(ctx, root, func() (objectstore.Store, error) { return op(ctx, root) })
+	st, err := r.stores.Get(ctx, root, func(ctx context.Context) (objectstore.Store, error) { return op(ctx, root) })
 	if err != nil {
 		return Target{}, fmt.Errorf("%s: %w", root, err)
 	}
@@ -263,7 +223,7 @@ func (r *Resolver) resolveLocal(abs string) (Target, error) {
 	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") {
 		return Target{}, fmt.Errorf("file://%s: %w: outside %s", p, objectstore.ErrOutsideStore, r.local)
 	}
-	st, err := r.store(context.Background(), "file", func() (objectstore.Store, error) {
+	st, err := r.stores.Get(context.Background(), "file", func(context.Context) (objectstore.Store, error) {
 		s, err := objectstore.OpenPosixOptions(r.local, objectstore.PosixOptions{FollowSymlinks: r.opts.FollowSymlinks})
 		if err != nil {
 			return nil, err
@@ -274,37 +234,6 @@ func (r *Resolver) resolveLocal(abs string) (Target, error) {
 		return Target{}, err
 	}
 	return Target{Store: st, Key: filepath.ToSlash(rel), URL: "file://" + p}, nil
-}
-
-// store returns the store of root, opening it once however many callers
-// ask at the same time.
-func (r *Resolver) store(ctx context.Context, root string, open func() (objectstore.Store, error)) (objectstore.Store, error) {
-	r.mu.Lock()
-	if s, ok := r.stores[root]; ok {
-		r.mu.Unlock()
-		return s, nil
-	}
-	if o, ok := r.opening[root]; ok {
-		r.mu.Unlock()
-		select {
-		case <-o.done:
-			return o.store, o.err
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
-	o := &opening{done: make(chan struct{})}
-	r.opening[root] = o
-	r.mu.Unlock()
-	o.store, o.err = open()
-	r.mu.Lock()
-	delete(r.opening, root)
-	if o.err == nil {
-		r.stores[root] = o.store
-	}
-	r.mu.Unlock()
-	close(o.done)
-	return o.store, o.err
 }
 
 // Read reads length bytes at off of t (length < 0: the whole object) and
@@ -321,7 +250,7 @@ func (r *Resolver) Read(ctx context.Context, t Target, off, length int64) ([]byt
 			b, err = t.Store.Get(ctx, t.Key)
 		}
 	} else {
-		b, ver, err = r.q.read(ctx, t, off, length)
+		b, ver, err = getRange(ctx, t, off, length)
 	}
 	if objectstore.IsNotFound(err) {
 		err = fmt.Errorf("%w: %v", ErrTargetMissing, err)
@@ -390,4 +319,15 @@ func (r *Resolver) Versions(ctx context.Context, ts []Target) (vers []string, er
 	}
 	wg.Wait()
 	return vers, errs, nil
+}
+
+func getRange(ctx context.Context, t Target, off, n int64) ([]byte, string, error) {
+	if v, ok := objectstore.AsVersioned(t.Store); ok {
+		return v.GetRangeVersion(ctx, t.Key, off, n)
+	}
+	b, err := t.Store.GetRange(ctx, t.Key, off, n)
+	if err == nil && int64(len(b)) != n {
+		err = fmt.Errorf("%s: %d bytes for a %d-byte range", t.URL, len(b), n)
+	}
+	return b, "", err
 }

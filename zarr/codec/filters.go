@@ -49,8 +49,8 @@ func Fletcher32Of(inner Name) Name {
 // so that it may follow a compression codec in one chain.
 func IsFilter(name Name) bool { return strings.HasPrefix(string(name), shufflePrefix) }
 
-// maxShuffleElement bounds a shuffle's element size from metadata.
-const maxShuffleElement = 1 << 16
+// MaxShuffleElement bounds a shuffle's element size from metadata.
+const MaxShuffleElement = 1 << 16
 
 // decodeFiltered decodes the filter names of this file, or refuses name.
 func (d *decoder) decodeFiltered(name Name, dst, src []byte) error {
@@ -58,7 +58,7 @@ func (d *decoder) decodeFiltered(name Name, dst, src []byte) error {
 	switch {
 	case strings.HasPrefix(s, shufflePrefix):
 		n, err := strconv.Atoi(s[len(shufflePrefix):])
-		if err != nil || n < 1 || n > maxShuffleElement {
+		if err != nil || n < 1 || n > MaxShuffleElement {
 			return fmt.Errorf("codec %q: bad element size: %w", name, ErrUnsupported)
 		}
 		if len(src) != len(dst) {
@@ -88,7 +88,7 @@ func (d *decoder) decodeFiltered(name Name, dst, src []byte) error {
 }
 
 // checkFletcher32 verifies the checksum HDF5's fletcher32 filter appends
-// (little-endian) and returns the bytes it covers. HDF5 before 1.6.2 wrote
+// (little-endian) and returns the bytes it covers. HDF5 before 1.6.3 wrote
 // the checksum byte-swapped on little-endian machines, and HDF5 itself
 // still accepts that form; so does this.
 func checkFletcher32(src []byte) ([]byte, error) {
@@ -132,7 +132,7 @@ func Fletcher32(b []byte) uint32 {
 	return sum2<<16 | sum1
 }
 
-// reversedFletcher32 is the checksum as HDF5 before 1.6.2 stored it.
+// reversedFletcher32 is the checksum as HDF5 before 1.6.3 stored it.
 func reversedFletcher32(s uint32) uint32 {
 	return (s&0xff)<<8 | (s&0xff00)>>8 | (s&0xff0000)<<8 | (s&0xff000000)>>8
 }
