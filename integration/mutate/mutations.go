@@ -159,8 +159,8 @@ var mutations = []mutation{
 	},
 	{
 		Name:   "http-content-range",
-		Breaks: "an HTTP range response is taken whatever bytes its Content-Range names",
-		File:   "objectstore/http.go",
+		Breaks: "a range response (HTTP, S3) is taken whatever bytes its Content-Range names",
+		File:   "objectstore/remote.go",
 		From:   "if first != off || last != off+length-1 {",
 		To:     "if false && (first != off || last != off+length-1) {",
 		Pkgs:   []string{"./objectstore"},
