@@ -349,6 +349,7 @@ type hashingWriter struct {
 	next   int64 // bytes hashed: where an in-order write starts
 	pos    int64 // the file offset Write writes at
 	broken bool
+	noMap  bool // the filesystem cannot take writes through a mapping
 }
 
 // hashPiece is how much a write hands the kernel before it hashes what it
@@ -359,6 +360,15 @@ type hashingWriter struct {
 const hashPiece = 1 << 20
 
 func (h *hashingWriter) WriteAt(p []byte, off int64) (int, error) {
+	if len(p) >= mapWriteMin && !h.noMap {
+		switch err := writeMapped(h.f, p, off, h.saw); {
+		case err == nil:
+			return len(p), nil
+		case !errors.Is(err, errNoMap):
+			return 0, err
+		}
+		h.noMap = true
+	}
 	done := 0
 	for done < len(p) {
 		end := min(done+hashPiece, len(p))
