@@ -317,11 +317,11 @@ func dropHeld(rs []codec.Range, n int64) []codec.Range {
 	return out
 }
 
-// tryPartial reads leaf l partially when planPartial says so, and adds it
-// to the read: done reports that it did (or that the chunk is missing).
-// A chunk too small for the first ranged read is left to the whole read.
-func (st *readState) tryPartial(ctx context.Context, l *leaf, c chunkRange) (done bool, err error) {
-	p := st.planPartial(l)
+// tryPartial reads leaf l partially as p (planPartial) says, unless p is
+// nil, and adds it to the read: done reports that it did (or that the
+// chunk is missing). A chunk too small for the first ranged read is left
+// to the whole read.
+func (st *readState) tryPartial(ctx context.Context, l *leaf, p *partial, c chunkRange) (done bool, err error) {
 	if p == nil {
 		return false, nil
 	}

@@ -329,9 +329,16 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 			st.add(l)
 			return nil
 		}
-		if ss, ok := src.(storeSource); ok && !ss.cachedWhole() {
-			if done, err := st.tryPartial(ctx, l, chunkRange{ss, 0, -1}); done || err != nil {
-				return err
+		if ss, ok := src.(storeSource); ok {
+			if p := st.planPartial(l); p != nil {
+				if b, ok := ss.cachedWhole(); ok {
+					l.enc, l.encOwned = nonNil(b), true
+					st.add(l)
+					return nil
+				}
+				if done, err := st.tryPartial(ctx, l, p, chunkRange{ss, 0, -1}); done || err != nil {
+					return err
+				}
 			}
 		}
 		b, fresh, err := src.whole(ctx)
@@ -431,7 +438,7 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 		fetches = append(fetches, func() {
 			if ss, ok := src.(storeSource); ok && s.codecs.shard == nil {
 				l := &leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: ib.lo, key: ikey, needs: inner, cacheKey: ck}
-				done, err := st.tryPartial(ctx, l, chunkRange{ss, int64(off), int64(nb)})
+				done, err := st.tryPartial(ctx, l, st.planPartial(l), chunkRange{ss, int64(off), int64(nb)})
 				if err != nil {
 					emu.Lock()
 					errs = append(errs, err)

@@ -167,23 +167,23 @@ func (s storeSource) rngV(ctx context.Context, off, n int64) ([]byte, string, st
 	return s.doV(ctx, fmt.Sprintf("%s\x00%d+%d", s.key, off, n), func() ([]byte, string, error) { return s.getRange(ctx, off, n) })
 }
 
-// cachedWhole reports whether the source cache holds the whole object in
-// the version a read would want, so that reading it whole costs no request.
-func (s storeSource) cachedWhole() bool {
+// cachedWhole returns the whole object from the source cache, in the
+// version a read would want, if it is there: read whole, it costs no
+// request, so it is not read in part.
+func (s storeSource) cachedWhole() ([]byte, bool) {
 	sc := s.h.opts.SourceCache
 	if sc == nil {
-		return false
+		return nil, false
 	}
 	lookup := objectstore.Identity(s.h.Store) + "\x00" + s.meta + "\x00" + s.key
 	if s.listing != nil {
 		want, listed, err := s.listing.Version(s.key)
 		if err != nil || !listed {
-			return false
+			return nil, false
 		}
 		lookup = objectstore.Identity(s.h.Store) + "\x00" + s.key + "\x00" + want
 	}
-	_, ok := sc.Get(lookup)
-	return ok
+	return sc.Get(lookup)
 }
 
 func (s storeSource) suffix(ctx context.Context, n int64) ([]byte, string, error) {
