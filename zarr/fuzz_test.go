@@ -104,7 +104,7 @@ func readAll(t *testing.T, files map[string][]byte) (*zarr.Hierarchy, map[string
 		}
 		out[a.Path] = dst
 	}
-	readPart(t, files, out)
+	readPart(t, files, out, false)
 	return h, out
 }
 
@@ -113,7 +113,9 @@ func readAll(t *testing.T, files map[string][]byte) (*zarr.Hierarchy, map[string
 // it fails only with a known ChunkError, and where the whole read
 // succeeded it gives the same bytes. (Where the whole read failed, a
 // partial one may succeed: the damage can lie in blocks it does not read.)
-func readPart(t *testing.T, files map[string][]byte, whole map[string][]byte) {
+// With strict, a partial read must succeed wherever the whole one did
+// (valid chunks); hostile ones may fail either way.
+func readPart(t *testing.T, files map[string][]byte, whole map[string][]byte, strict bool) {
 	t.Helper()
 	h, err := zarr.Open(context.Background(), newMemStore(files), zarr.Options{ChunkCacheBytes: -1, Partial: zarr.PartialAlways})
 	if err != nil {
@@ -137,6 +139,9 @@ func readPart(t *testing.T, files map[string][]byte, whole map[string][]byte) {
 		if err != nil {
 			if !knownReadError(err) {
 				t.Fatalf("partial Read %q: an error of no known class, or not naming its chunk: %v", a.Path, err)
+			}
+			if _, ok := whole[a.Path]; ok && strict {
+				t.Fatalf("partial Read %q failed where the whole read succeeded: %v", a.Path, err)
 			}
 			continue
 		}
@@ -334,6 +339,7 @@ func TestPipelineSeeds(t *testing.T) {
 			if !bytes.Equal(got[""], want) {
 				t.Fatalf("read % x, want % x", got[""], want)
 			}
+			readPart(t, files, got, true)
 		})
 	}
 }
