@@ -206,7 +206,7 @@ func TestPartialReadOtherLayouts(t *testing.T) {
 	ctx := context.Background()
 	for name, files := range map[string]map[string][]byte{
 		"unsplit blocks": plStore(bloscMeta, func(b []byte) []byte { return bloscRaw(b, 4, 40000, true) }),
-		"bitshuffle-free raw": plStore("null", func(b []byte) []byte { return b }),
+		"raw":            plStore("null", func(b []byte) []byte { return b }),
 		"big endian raw": func() map[string][]byte {
 			f := plStore("null", func(b []byte) []byte {
 				c := bytes.Clone(b)
