@@ -54,14 +54,21 @@ var errNotListed = fmt.Errorf("%w: not in the array's listing", objectstore.ErrN
 // finds another version fails with ErrChanged. Without one, the source
 // cache is keyed by metadata (a store that cannot tell versions).
 func (s storeSource) do(ctx context.Context, ck string, f func() ([]byte, string, error)) ([]byte, string, error) {
+	b, fresh, _, err := s.doV(ctx, ck, f)
+	return b, fresh, err
+}
+
+// doV is do that also returns the version the store read ("" for bytes
+// from the source cache, or from a store that cannot tell).
+func (s storeSource) doV(ctx context.Context, ck string, f func() ([]byte, string, error)) ([]byte, string, string, error) {
 	sc := s.h.opts.SourceCache
 	want, listed := "", false
 	if s.listing != nil {
 		var err error
 		if want, listed, err = s.listing.Version(s.key); err != nil {
-			return nil, "", err
+			return nil, "", "", err
 		} else if !listed {
-			return nil, "", errNotListed
+			return nil, "", "", errNotListed
 		}
 	}
 	base := ""
@@ -72,13 +79,13 @@ func (s storeSource) do(ctx context.Context, ck string, f func() ([]byte, string
 			lookup = objectstore.Identity(s.h.Store) + "\x00" + s.meta + "\x00" + ck
 		}
 		if b, ok := sc.Get(lookup); ok {
-			return b, "", nil
+			return b, "", "", nil
 		}
 	}
 	select {
 	case s.sem <- struct{}{}:
 	case <-ctx.Done():
-		return nil, "", ctx.Err()
+		return nil, "", "", ctx.Err()
 	}
 	defer func() { <-s.sem }()
 	s.h.stats.Requests.Add(1)
@@ -94,13 +101,13 @@ func (s storeSource) do(ctx context.Context, ck string, f func() ([]byte, string
 	}
 	switch {
 	case sc == nil || err != nil:
-		return b, "", err
+		return b, "", ver, err
 	case ver != "":
-		return b, base + "\x00" + ver, nil
+		return b, base + "\x00" + ver, ver, nil
 	case s.listing == nil:
-		return b, objectstore.Identity(s.h.Store) + "\x00" + s.meta + "\x00" + ck, nil
+		return b, objectstore.Identity(s.h.Store) + "\x00" + s.meta + "\x00" + ck, ver, nil
 	}
-	return b, "", nil
+	return b, "", ver, nil
 }
 
 func (s storeSource) whole(ctx context.Context) ([]byte, string, error) {
@@ -153,6 +160,30 @@ func (s storeSource) getRange(ctx context.Context, off, n int64) ([]byte, string
 
 func (s storeSource) rng(ctx context.Context, off, n int64) ([]byte, string, error) {
 	return s.do(ctx, fmt.Sprintf("%s\x00%d+%d", s.key, off, n), func() ([]byte, string, error) { return s.getRange(ctx, off, n) })
+}
+
+// rngV is rng that also returns the version read (doV).
+func (s storeSource) rngV(ctx context.Context, off, n int64) ([]byte, string, string, error) {
+	return s.doV(ctx, fmt.Sprintf("%s\x00%d+%d", s.key, off, n), func() ([]byte, string, error) { return s.getRange(ctx, off, n) })
+}
+
+// cachedWhole returns the whole object from the source cache, in the
+// version a read would want, if it is there: read whole, it costs no
+// request, so it is not read in part.
+func (s storeSource) cachedWhole() ([]byte, bool) {
+	sc := s.h.opts.SourceCache
+	if sc == nil {
+		return nil, false
+	}
+	lookup := objectstore.Identity(s.h.Store) + "\x00" + s.meta + "\x00" + s.key
+	if s.listing != nil {
+		want, listed, err := s.listing.Version(s.key)
+		if err != nil || !listed {
+			return nil, false
+		}
+		lookup = objectstore.Identity(s.h.Store) + "\x00" + s.key + "\x00" + want
+	}
+	return sc.Get(lookup)
 }
 
 func (s storeSource) suffix(ctx context.Context, n int64) ([]byte, string, error) {

@@ -103,7 +103,7 @@ func (b *batch) run(d *decoder, pending, busy *atomic.Int64) {
 			j.Err = fmt.Errorf("%s chunk not decoded: %w", j.Codec, err)
 		} else {
 			t0 := time.Now()
-			j.Err = d.decode(j.Codec, j.Dst, j.Src)
+			j.Err = d.job(j)
 			d.release()
 			busy.Add(int64(time.Since(t0)))
 		}
