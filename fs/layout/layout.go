@@ -681,6 +681,29 @@ func sampleFileName(k int64, width int) string {
 	return d + ".npy"
 }
 
+// NarrowerPaths returns the paths that the sample file at p had under
+// narrower names, before its directory grew past a power of ten
+// ("t/0042.npy": "t/042.npy" and "t/42.npy"), and nil for a path whose
+// name is not a sample's padded with zeros. A cache looks there for a
+// blob it may link rather than fill (cache.Cache adopts equal identities).
+func NarrowerPaths(p string) []string {
+	dir, name := path.Split(p)
+	digits, ok := strings.CutSuffix(name, ".npy")
+	if !ok || len(digits) < 2 || digits[0] != '0' {
+		return nil
+	}
+	for _, c := range []byte(digits) {
+		if c < '0' || c > '9' {
+			return nil
+		}
+	}
+	var out []string
+	for i := 1; i < len(digits) && digits[i-1] == '0'; i++ {
+		out = append(out, dir+digits[i:]+".npy")
+	}
+	return out
+}
+
 // parseSampleName parses a sample file name of one of n samples; only the
 // canonical padded form matches.
 func parseSampleName(name string, width int, n int64) (int64, bool) {
