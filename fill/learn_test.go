@@ -66,20 +66,30 @@ func writeChunk(t *testing.T, dir string, k, j int, base uint32) {
 	os.Chtimes(p, at, at)
 }
 
-func learnStore(t *testing.T) (string, *countingStore, *layout.Source, *cache.Cache) {
-	dir := t.TempDir()
-	doc := `{"zarr_format":3,"node_type":"array","shape":[8,4],"data_type":"uint32",
+// growTo writes array t's metadata for n steps, and the chunks of the
+// steps from `from` on.
+func growTo(t *testing.T, dir string, from, n int) {
+	t.Helper()
+	doc := `{"zarr_format":3,"node_type":"array","shape":[` + strconv.Itoa(n) + `,4],"data_type":"uint32",
  "chunk_grid":{"name":"regular","configuration":{"chunk_shape":[1,2]}},
  "chunk_key_encoding":{"name":"default"},"fill_value":0,
  "codecs":[{"name":"bytes","configuration":{"endian":"little"}}],"dimension_names":["time","x"]}`
-	os.MkdirAll(filepath.Join(dir, "t"), 0o755)
-	os.WriteFile(filepath.Join(dir, "zarr.json"), []byte(`{"zarr_format":3,"node_type":"group"}`), 0o644)
-	os.WriteFile(filepath.Join(dir, "t", "zarr.json"), []byte(doc), 0o644)
-	for k := range 8 {
+	for k := from; k < n; k++ {
 		for j := range 2 {
 			writeChunk(t, dir, k, j, 0)
 		}
 	}
+	os.WriteFile(filepath.Join(dir, "zarr.json"), []byte(`{"zarr_format":3,"node_type":"group"}`), 0o644)
+	if err := os.WriteFile(filepath.Join(dir, "t", "zarr.json"), []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// learnStore is a local store of array t, 8 steps of 2 chunks (see
+// writeChunk), read through a countingStore, and a cache.
+func learnStore(t *testing.T) (string, *countingStore, *layout.Source, *cache.Cache) {
+	dir := t.TempDir()
+	growTo(t, dir, 0, 8)
 	posix, err := objectstore.OpenPosix(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -275,5 +285,28 @@ func TestLearningFillLosesToAnAnswerBeforeIt(t *testing.T) {
 	fresh := openLayout(t, src)
 	if want, err := fresh.Identity(context.Background(), blobOf(t, fresh, "t/5.npy")); err != nil || want != id {
 		t.Fatalf("recorded as %q, the store's versions give %q (%v)", id, want, err)
+	}
+}
+
+// A sample cached under a narrower name (the store grew past ten steps:
+// 3.npy is now 03.npy) is revalidated and linked, not filled again.
+func TestWidenedNameIsLinkedNotFilled(t *testing.T) {
+	dir, st, src, c := learnStore(t)
+	lay := openLayout(t, src)
+	if v, _ := openValues(t, c, lay, blobOf(t, lay, "t/3.npy")); v != 12 {
+		t.Fatalf("t/3.npy: %d, want 12", v)
+	}
+	growTo(t, dir, 8, 12)
+	grown := openLayout(t, src)
+	b := blobOf(t, grown, "t/03.npy")
+	if !held(c, grown, b) {
+		t.Fatal("t/03.npy not seen as held under its narrower name")
+	}
+	st.take()
+	if v, _ := openValues(t, c, grown, b); v != 12 {
+		t.Fatalf("t/03.npy: %d, want 12", v)
+	}
+	if stats, reads := st.take(); stats != 2 || reads != 0 {
+		t.Fatalf("t/03.npy: %d stats, %d reads; want its 2 versions asked and no read (a link)", stats, reads)
 	}
 }

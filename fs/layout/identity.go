@@ -18,8 +18,10 @@ import (
 // chunk b reads, as its arrays' listings name them (zarr.Listing; "absent"
 // for a chunk the listing lacks, read as the fill value). The first call
 // for a blob of an array not listed yet lists it (zarr.Hierarchy.List);
-// after that it costs no I/O. Arrays of a store that cannot tell versions
-// contribute their Inputs only.
+// after that it costs no I/O, but for the versions a lazy listing has not
+// learnt yet, which it asks (one request or stat per chunk: DoLearning
+// avoids them for a blob not cached). Arrays of a store that cannot tell
+// versions contribute their Inputs only.
 //
 // Fills agree with the identity: a listed array's reads check every chunk
 // against the listed version (zarr.ErrChanged otherwise, see Do), so a blob

@@ -23,9 +23,12 @@
 // dimension therefore keeps the identity of every sample whose chunks the
 // append did not rewrite, while a chunk rewritten in place changes the
 // identity of the samples it holds once the array is listed again. Checking
-// a warm blob costs no request: the listing is made once per array and
-// Hierarchy (a mount makes a new one every --metadata-ttl), and fills
-// verify the versions they read against it (Layout.Do).
+// a warm blob costs no request within a listing: the listing is made once
+// per array and Hierarchy (a mount makes a new one every --metadata-ttl),
+// lazily where the store asks one version cheaper than it lists, and fills
+// verify the versions they read against it (Layout.Do), or teach it the
+// versions of a blob filled before its identity is asked
+// (Layout.DoLearning).
 package layout
 
 import (
