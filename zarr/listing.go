@@ -105,7 +105,7 @@ func (l *Listing) learn(key, v string, ok bool) (string, bool) {
 	return v, ok
 }
 
-// Len returns the number of objects listed (asked, for a lazy listing).
+// Len returns the number of objects listed (learnt, for a lazy listing).
 func (l *Listing) Len() int {
 	if l.stat == nil {
 		return len(l.versions)
