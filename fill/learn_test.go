@@ -14,6 +14,7 @@ import (
 	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/fs/layout"
 	"github.com/zarrfs/zarrfs/objectstore"
+	"github.com/zarrfs/zarrfs/objectstore/webtest"
 	"github.com/zarrfs/zarrfs/zarr"
 	"github.com/zarrfs/zarrfs/zarr/codec"
 )
@@ -308,5 +309,49 @@ func TestWidenedNameIsLinkedNotFilled(t *testing.T) {
 	}
 	if stats, reads := st.take(); stats != 2 || reads != 0 {
 		t.Fatalf("t/03.npy: %d stats, %d reads; want its 2 versions asked and no read (a link)", stats, reads)
+	}
+}
+
+// The same over HTTP, where a version is an ETag: a first read is its
+// chunks' GETs and no HEAD; a cached sample after a new listing is one
+// HEAD per chunk and no GET of a chunk.
+func TestFirstFillAsksNoVersionHTTP(t *testing.T) {
+	dir, _, _, c := learnStore(t)
+	// A web server cannot list: the group's metadata is consolidated.
+	arr, err := os.ReadFile(filepath.Join(dir, "t", "zarr.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := `{"zarr_format":3,"node_type":"group","consolidated_metadata":{"kind":"inline","must_understand":false,"metadata":{"t":` + string(arr) + `}}}`
+	os.WriteFile(filepath.Join(dir, "zarr.json"), []byte(root), 0o644)
+	srv := webtest.Start(t, dir)
+	srv.ETags.Store(true)
+	web, err := objectstore.OpenHTTP(context.Background(), srv.URL, objectstore.HTTPOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer web.Close()
+	dec := codec.NewCPU(codec.Options{})
+	defer dec.Close()
+	src := &layout.Source{Store: web, Zarr: zarr.Options{Decoder: dec}}
+	count := func() (heads, gets int64) {
+		h := srv.Heads()
+		return h, srv.Requests() - h
+	}
+	lay := openLayout(t, src)
+	h0, g0 := count()
+	if v, _ := openValues(t, c, lay, blobOf(t, lay, "t/3.npy")); v != 12 {
+		t.Fatalf("t/3.npy: %d, want 12", v)
+	}
+	if h, g := count(); h-h0 != 0 || g-g0 != 2 {
+		t.Fatalf("first read: %d HEAD, %d GET; want 0 and the 2 chunks", h-h0, g-g0)
+	}
+	lay2 := openLayout(t, src)
+	h0, g0 = count()
+	if v, _ := openValues(t, c, lay2, blobOf(t, lay2, "t/3.npy")); v != 12 {
+		t.Fatalf("t/3.npy again: %d, want 12", v)
+	}
+	if h, g := count(); h-h0 != 2 || g-g0 != 0 {
+		t.Fatalf("revalidating: %d HEAD, %d GET; want 2 and none", h-h0, g-g0)
 	}
 }
