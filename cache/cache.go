@@ -122,7 +122,10 @@ type Cache struct {
 
 	counts counters // Stats (stats.go)
 
-	blobFlights  map[string]*flight[*os.File]
+	blobFlights map[string]*flight[*os.File]
+	// learnFlights are the fills of GetBlobLearning, by path: their
+	// identity is known only once they have run.
+	learnFlights map[string]*flight[learnt]
 	chunkFlights map[string]*flight[[]byte]
 }
 
@@ -216,6 +219,7 @@ func Open(opts Options) (*Cache, error) {
 		quit:         map[string]bool{},
 		intern:       map[string]string{},
 		blobFlights:  map[string]*flight[*os.File]{},
+		learnFlights: map[string]*flight[learnt]{},
 		chunkFlights: map[string]*flight[[]byte]{},
 	}
 	c.base, c.stop = context.WithCancel(context.Background())

@@ -31,8 +31,11 @@ var ErrChanged = errors.New("changed since the store was listed")
 //
 // A store for which one object's version costs less than a listing
 // (objectstore.VersionStater: a local filesystem) is listed lazily: each
-// key's version is asked the first time it is needed and kept, so the
-// listing is no slower than the reads it serves and walks no directory.
+// key's version is learnt the first time it is needed and kept, from the
+// response of the Read that fetches it, or asked (Version) when it is
+// needed before any read, so the listing is no slower than the reads it
+// serves and walks no directory. The first answer for a key stands: a
+// later read that finds another version fails with ErrChanged.
 type Listing struct {
 	// At is when the listing started.
 	At       time.Time
@@ -66,23 +69,43 @@ func (l *Listing) Version(key string) (string, bool, error) {
 	v, err := l.stat(key)
 	switch {
 	case objectstore.IsNotFound(err):
-		s = stated{}
+		v, ok = l.learn(key, "", false)
 	case err != nil:
 		return "", false, err
 	default:
-		s = stated{v, true}
+		v, ok = l.learn(key, v, true)
 	}
-	l.mu.Lock()
-	if prev, ok := l.memo[key]; ok {
-		s = prev // the first answer stands
-	} else {
-		l.memo[key] = s
-	}
-	l.mu.Unlock()
-	return s.version, s.ok, nil
+	return v, ok, nil
 }
 
-// Len returns the number of objects listed (asked, for a lazy listing).
+// Known is Version without I/O: known is false when a lazy listing has
+// not learnt key yet (neither asked it nor read it). A listing made by
+// listing knows every key.
+func (l *Listing) Known(key string) (version string, ok, known bool) {
+	if l.stat == nil {
+		v, ok := l.versions[key]
+		return v, ok, true
+	}
+	l.mu.Lock()
+	s, known := l.memo[key]
+	l.mu.Unlock()
+	return s.version, s.ok, known
+}
+
+// learn records in a lazy listing what the store said of key (ok: it
+// exists, in version v), from a stat or from the response of a read, and
+// returns the answer that stands: the first one learnt.
+func (l *Listing) learn(key, v string, ok bool) (string, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if prev, had := l.memo[key]; had {
+		return prev.version, prev.ok
+	}
+	l.memo[key] = stated{v, ok}
+	return v, ok
+}
+
+// Len returns the number of objects listed (learnt, for a lazy listing).
 func (l *Listing) Len() int {
 	if l.stat == nil {
 		return len(l.versions)

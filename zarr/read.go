@@ -343,6 +343,9 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 		}
 		b, fresh, err := src.whole(ctx)
 		l.srcKey = fresh
+		// Kept under the version the fetch found (a lazy listing learns it
+		// from the response).
+		l.cacheKey = a.MetaHash + "\x00" + key + "\x00" + src.version()
 		_, l.encOwned = src.(storeSource)
 		switch {
 		case objectstore.IsNotFound(err):
@@ -534,6 +537,9 @@ func (st *readState) shardIndex(ctx context.Context, a *Array, s *shardSpec, src
 	}
 	if fresh != "" {
 		st.h.opts.SourceCache.Put(fresh, raw)
+	}
+	if ck != "" {
+		ck = "index\x00" + a.MetaHash + "\x00" + key + "\x00" + src.version() // as the fetch found it
 	}
 	if s.index.bigEndian {
 		c := make([]byte, len(b))

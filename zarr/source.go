@@ -38,9 +38,18 @@ func (s storeSource) version() string {
 	if s.listing == nil {
 		return ""
 	}
-	v, _, _ := s.listing.Version(s.key)
+	v, _, known := s.listing.Known(s.key)
+	if !known {
+		return unlearnt
+	}
 	return v
 }
+
+// unlearnt is version() of a key its lazy listing has not learnt yet: no
+// bytes are ever kept under it (it is no store's version), so a lookup
+// with it misses, and the chunk's bytes are kept under the version its
+// read learns.
+const unlearnt = "\x00unlearnt"
 
 // errNotListed is what a read of an object the listing lacks returns: the
 // chunk is missing as far as the listing knows, which is what the bytes
@@ -51,8 +60,11 @@ var errNotListed = fmt.Errorf("%w: not in the array's listing", objectstore.ErrN
 // version ("" from a store that cannot tell). With a listing, an object it
 // lacks is missing without a request, compressed bytes of the listed
 // version come from the source cache without a request, and a fetch that
-// finds another version fails with ErrChanged. Without one, the source
-// cache is keyed by metadata (a store that cannot tell versions).
+// finds another version fails with ErrChanged. A key a lazy listing has
+// not learnt yet is not asked first: the fetch's response is the listing's
+// answer (absent, for an object not found), so the read costs one request.
+// Without a listing, the source cache is keyed by metadata (a store that
+// cannot tell versions).
 func (s storeSource) do(ctx context.Context, ck string, f func() ([]byte, string, error)) ([]byte, string, error) {
 	b, fresh, _, err := s.doV(ctx, ck, f)
 	return b, fresh, err
@@ -62,12 +74,9 @@ func (s storeSource) do(ctx context.Context, ck string, f func() ([]byte, string
 // from the source cache, or from a store that cannot tell).
 func (s storeSource) doV(ctx context.Context, ck string, f func() ([]byte, string, error)) ([]byte, string, string, error) {
 	sc := s.h.opts.SourceCache
-	want, listed := "", false
+	want, listed, known := "", false, true
 	if s.listing != nil {
-		var err error
-		if want, listed, err = s.listing.Version(s.key); err != nil {
-			return nil, "", "", err
-		} else if !listed {
+		if want, listed, known = s.listing.Known(s.key); known && !listed {
 			return nil, "", "", errNotListed
 		}
 	}
@@ -78,8 +87,10 @@ func (s storeSource) doV(ctx context.Context, ck string, f func() ([]byte, strin
 		if s.listing == nil {
 			lookup = objectstore.Identity(s.h.Store) + "\x00" + s.meta + "\x00" + ck
 		}
-		if b, ok := sc.Get(lookup); ok {
-			return b, "", "", nil
+		if known {
+			if b, ok := sc.Get(lookup); ok {
+				return b, "", "", nil
+			}
 		}
 	}
 	select {
@@ -91,10 +102,24 @@ func (s storeSource) doV(ctx context.Context, ck string, f func() ([]byte, strin
 	s.h.stats.Requests.Add(1)
 	b, ver, err := f()
 	s.h.stats.BytesFetched.Add(int64(len(b)))
+	if s.listing != nil && !known {
+		switch {
+		case err == nil:
+			want, listed = s.listing.learn(s.key, ver, true)
+		case objectstore.IsNotFound(err):
+			if want, listed = s.listing.learn(s.key, "", false); !listed {
+				return nil, "", "", err // absent, as the listing now says
+			}
+		default:
+			return b, "", "", err // a failed read teaches nothing
+		}
+	}
 	if s.listing != nil {
 		switch {
 		case objectstore.IsNotFound(err):
 			err = fmt.Errorf("%w: listed as version %s, now absent", ErrChanged, want)
+		case err == nil && !listed:
+			err = fmt.Errorf("%w: listed as absent, read version %s", ErrChanged, ver)
 		case err == nil && ver != want:
 			err = fmt.Errorf("%w: listed as version %s, read version %s", ErrChanged, want, ver)
 		}
