@@ -372,13 +372,21 @@ func (d *decoder) decodeBlosc(dst, src []byte) error {
 		copy(dst, h.src[bloscHeaderSize:])
 		return nil
 	}
-	for i := 0; i < h.nblocks; i++ {
+	return d.decodeBloscBlocks(&h, dst, 0, h.nblocks)
+}
+
+// decodeBloscBlocks decodes blocks [from, to) of the whole frame h (parsed,
+// not memcpyed, decoding to len(dst) bytes) into their places in dst.
+// Blocks are independent, so ranges of one frame may decode on several
+// goroutines, each with a decoder of its own.
+func (d *decoder) decodeBloscBlocks(h *bloscHeader, dst []byte, from, to int) error {
+	for i := from; i < to; i++ {
 		off, n := h.block(i)
 		pos, err := h.blockStart(i)
 		if err != nil {
 			return err
 		}
-		if err := d.decodeBlock(&h, h.src[pos:], pos, i, dst[off:off+n]); err != nil {
+		if err := d.decodeBlock(h, h.src[pos:], pos, i, dst[off:off+n]); err != nil {
 			return err
 		}
 	}
