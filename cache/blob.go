@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/cespare/xxhash/v2"
@@ -440,6 +441,8 @@ type hashingWriter struct {
 	pos    int64 // the file offset Write writes at
 	broken bool
 	noMap  bool // the filesystem cannot take writes through a mapping
+	// filling counts the fills in flight (nil: never map); see fewFills.
+	filling *atomic.Int64
 }
 
 // hashPiece is how much a write hands the kernel before it hashes what it
@@ -450,7 +453,7 @@ type hashingWriter struct {
 const hashPiece = 1 << 20
 
 func (h *hashingWriter) WriteAt(p []byte, off int64) (int, error) {
-	if len(p) >= mapWriteMin && !h.noMap {
+	if len(p) >= mapWriteMin && !h.noMap && h.filling != nil && fewFills(h.filling.Load()) {
 		switch err := writeMapped(h.f, p, off, h.saw); {
 		case err == nil:
 			return len(p), nil
@@ -544,7 +547,7 @@ func (c *Cache) fillBlobOnce(ctx context.Context, rel string, size int64, identi
 		}
 		os.Remove(tmpName)
 	}()
-	hw := &hashingWriter{f: tmp, d: xxhash.New()}
+	hw := &hashingWriter{f: tmp, d: xxhash.New(), filling: &c.counts.filling}
 	c.counts.filling.Add(1)
 	err = fill(ctx, hw)
 	c.counts.filling.Add(-1)

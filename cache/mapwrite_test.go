@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -42,7 +43,9 @@ func TestMappedWrite(t *testing.T) {
 		defer f.Close()
 		head := content("head", 4096+100)
 		data := content("data", mapWriteMin+3*mapPiece+12345)
-		hw := &hashingWriter{f: f, d: xxhash.New()}
+		var filling atomic.Int64
+		filling.Store(1)
+		hw := &hashingWriter{f: f, d: xxhash.New(), filling: &filling}
 		if _, err := hw.Write(head); err != nil {
 			t.Fatal(err)
 		}
@@ -142,5 +145,29 @@ func TestMappedWriteFull(t *testing.T) {
 	}
 	if pieces.Load() == 0 {
 		t.Fatal("no write was mapped")
+	}
+}
+
+// While many fills run, a large write takes write(2), which costs the
+// machine less CPU than the mapping.
+func TestMappedWriteOnlyWhenFewFills(t *testing.T) {
+	pieces := mappedPieces(t, -1)
+	f, err := os.CreateTemp(t.TempDir(), "blob-*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var filling atomic.Int64
+	filling.Store(int64(max(2, runtime.GOMAXPROCS(0)/8+1)))
+	hw := &hashingWriter{f: f, d: xxhash.New(), filling: &filling}
+	data := content("busy", mapWriteMin)
+	if _, err := hw.WriteAt(data, 0); err != nil {
+		t.Fatal(err)
+	}
+	if pieces.Load() != 0 {
+		t.Fatalf("%d fills in flight: the write was mapped", filling.Load())
+	}
+	if sum, err := hw.sum(int64(len(data))); err != nil || sum != xxhash.Sum64(data) {
+		t.Fatalf("sum %x, %v", sum, err)
 	}
 }
