@@ -547,7 +547,10 @@ func (c *Cache) fillBlobOnce(ctx context.Context, rel string, size int64, identi
 		}
 		os.Remove(tmpName)
 	}()
-	hw := &hashingWriter{f: tmp, d: xxhash.New(), filling: &c.counts.filling}
+	hw := &hashingWriter{f: tmp, d: xxhash.New()}
+	if c.mapsWrites() {
+		hw.filling = &c.counts.filling
+	}
 	c.counts.filling.Add(1)
 	err = fill(ctx, hw)
 	c.counts.filling.Add(-1)

@@ -79,12 +79,16 @@ type Options struct {
 // methods are safe for concurrent use, and several Cache values (in one
 // process or many) may share one Dir.
 type Cache struct {
-	dir        string
-	budget     int64
-	unit       int64 // the filesystem's block size when the budget is the filesystem's, else 1
-	derived    bool  // the budget is what the filesystem can hold
-	log        *slog.Logger
-	noSync     bool
+	dir     string
+	budget  int64
+	unit    int64 // the filesystem's block size when the budget is the filesystem's, else 1
+	derived bool  // the budget is what the filesystem can hold
+	log     *slog.Logger
+	noSync  bool
+	// mapOnce sets mapOK: whether large writes may go through a mapping
+	// (mapsWrites).
+	mapOnce    sync.Once
+	mapOK      bool
 	compactMin int64
 	onSync     func()
 
