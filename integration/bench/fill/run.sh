@@ -20,7 +20,7 @@
 # ("roofline peers warm cores epoch"), SHM (tmpfs scratch, default
 # /dev/shm/zarrfs-fill), DISK (disk scratch, default /var/tmp/zarrfs-fill),
 # CACHES (cache devices of the epoch part: "shm disk"), ZARRFS_OLD,
-# LOGDIR (default $DISK/logs), PYTHON, GO (builds the roofline tool unless
+# LOGDIR (default $DISK/logs), REUSE (1: keep stores an earlier run made), PYTHON, GO (builds the roofline tool unless
 # FILLBENCH names a built one), LAT/LON (field size, default 721x1440),
 # DECODERS (default cpu, and gpu and auto where a GPU decodes), PROFILE
 # (a folder: the epoch part's daemons write CPU profiles there).
@@ -93,7 +93,9 @@ warm_once() {
 
 for name in $stores; do
 	src=$disk/$name
-	(cd "$root" && $py integration/gpu/make_store.py "$src" --steps "$steps" --unique $((steps < 24 ? steps : 24)) --codecs "$name" --lat "$lat" --lon "$lon") >>"$logdir/fill.log" 2>&1 ||
+	# REUSE=1 keeps a store an earlier run wrote with the same settings.
+	[ "${REUSE:-}" = 1 ] && [ -f "$src/made" ] && [ "$(cat "$src/made")" = "$steps $name $lat $lon" ] ||
+	(cd "$root" && rm -f "$src/made" && $py integration/gpu/make_store.py "$src" --steps "$steps" --unique $((steps < 24 ? steps : 24)) --codecs "$name" --lat "$lat" --lon "$lon" && echo "$steps $name $lat $lon" >"$src/made") >>"$logdir/fill.log" 2>&1 ||
 		{ log "make_store $name failed"; status=1; continue; }
 	store=$src/era5.zarr view=$src/train.yaml
 	cat $(find "$store" -type f) >/dev/null
