@@ -1,6 +1,7 @@
 package codec
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -156,15 +157,7 @@ func (x *BloscIndex) Ranges(segs []Segment, gap int64) []Range {
 func MergeRanges(rs []Range, gap int64) []Range { return mergeRanges(rs, gap) }
 
 func mergeRanges(rs []Range, gap int64) []Range {
-	slices.SortFunc(rs, func(a, b Range) int {
-		switch {
-		case a.Off < b.Off:
-			return -1
-		case a.Off > b.Off:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(rs, func(a, b Range) int { return cmp.Compare(a.Off, b.Off) })
 	out := rs[:0]
 	for _, r := range rs {
 		if n := len(out); n > 0 && r.Off <= out[n-1].Off+out[n-1].N+gap {
@@ -213,15 +206,7 @@ func (ps parts) get(off, n int64) ([]byte, error) {
 
 func sortedParts(p []Part) parts {
 	ps := parts(slices.Clone(p))
-	slices.SortFunc(ps, func(a, b Part) int {
-		switch {
-		case a.Off < b.Off:
-			return -1
-		case a.Off > b.Off:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(ps, func(a, b Part) int { return cmp.Compare(a.Off, b.Off) })
 	return ps
 }
 
