@@ -23,11 +23,12 @@ import (
 // (MADV_POPULATE_WRITE), so that the work is spread over the cores; the hash
 // follows the pieces in order on the writer's goroutine.
 //
-// Only on tmpfs (mapsWrites). The mapping costs more CPU than write(2) (about 1.4x on the development
+// Only on tmpfs (mapsWrites), and only while few fills run (fewFills): the
+// mapping costs more CPU than write(2) (about 1.4x on the development
 // machine: the kernel zeroes the pages it reserves, which a write that
-// covers them whole does not), so it is taken only while few fills run
-// (fewFills), when cores would otherwise idle; a warm or a busy epoch, which
-// keeps the cores busy with fills, writes with write(2).
+// covers them whole does not), which pays only when cores would otherwise
+// idle; a warm or a busy epoch, which keeps the cores busy with fills,
+// writes with write(2).
 //
 // The reservation is what makes the mapping safe: once fallocate has
 // succeeded the filesystem has the blocks, and a populate that still fails
@@ -63,12 +64,13 @@ func fewFills(n int64) bool { return n <= max(1, int64(runtime.GOMAXPROCS(0)/8))
 // the caller writes it with write(2).
 var errNoMap = errors.New("cache: write not mapped")
 
-// testMapFault, set by tests, replaces the copy of a piece to make it fail
-// as a fault in the mapping would.
+// testMapFault, set by tests, runs before each piece is copied; an error
+// it returns fails the piece as a fault in the mapping would.
 var testMapFault func(piece int) error
 
 // writeMapped writes p at off of f through a shared mapping of the range.
-// It returns errNoMap, having written nothing, when the filesystem cannot;
+// It returns errNoMap, having written no data (the range may be reserved),
+// when the filesystem cannot;
 // otherwise every byte of p is in the file when it returns nil. saw is
 // called with the pieces of p in order as each is in place.
 func writeMapped(f *os.File, p []byte, off int64, saw func(p []byte, off int64)) error {
