@@ -58,7 +58,7 @@ type cacheBlobs struct{ c *cache.Cache }
 func (cb cacheBlobs) Open(ctx context.Context, lay *layout.Layout, b layout.Blob) (Backing, string, error) {
 	var h Backing
 	var id string
-	err := lay.Do(ctx, b, func(ident string) (err error) {
+	err := lay.Do(ctx, b, func(ctx context.Context, ident string) (err error) {
 		id = ident
 		h, err = cb.c.GetBlob(ctx, Key(lay, b, ident), b.Size(),
 			func(ctx context.Context, f cache.Writer) error { return b.Fill(ctx, f) })

@@ -69,6 +69,9 @@ type Options struct {
 	// Limits bound the metadata Open reads and parses (MetadataLimits);
 	// the zero value means the documented defaults.
 	Limits MetadataLimits
+	// LazyVersions bounds the versions a lazy listing keeps (Listing):
+	// zero means DefaultLazyVersions, negative none.
+	LazyVersions int
 	// Stats, when set, receives the counts of the Hierarchy's work, so
 	// that hierarchies opened one after another (a mount that re-reads
 	// metadata) add to one set of counters. Nil: the Hierarchy's own.

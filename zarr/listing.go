@@ -31,15 +31,21 @@ var ErrChanged = errors.New("changed since the store was listed")
 //
 // A store for which one object's version costs less than a listing
 // (objectstore.VersionStater: a local filesystem) is listed lazily: each
-// key's version is asked the first time it is needed and kept, so the
-// listing is no slower than the reads it serves and walks no directory.
+// key's version is asked when it is needed, so the listing is no slower
+// than the reads it serves and walks no directory. The answers for the
+// first Options.LazyVersions keys are kept and stand for the listing's life;
+// past them every Version asks again, so that the listing's memory does
+// not grow with the chunks read under it (a sample of a million tiny
+// chunks). A fill does not rely on the memo to agree with its blob's
+// identity: it reads under a Pin of the versions the identity named.
 type Listing struct {
 	// At is when the listing started.
 	At       time.Time
 	versions map[string]string
 
-	// A lazy listing: stat asks the store, memo keeps the answers.
+	// A lazy listing: stat asks the store, memo keeps up to keep answers.
 	stat func(key string) (string, error)
+	keep int
 	mu   sync.Mutex
 	memo map[string]stated
 }
@@ -75,14 +81,20 @@ func (l *Listing) Version(key string) (string, bool, error) {
 	l.mu.Lock()
 	if prev, ok := l.memo[key]; ok {
 		s = prev // the first answer stands
-	} else {
+	} else if len(l.memo) < l.keep {
 		l.memo[key] = s
 	}
 	l.mu.Unlock()
 	return s.version, s.ok, nil
 }
 
-// Len returns the number of objects listed (asked, for a lazy listing).
+// DefaultLazyVersions is how many versions a lazy listing keeps (about
+// 100 bytes each) unless Options.LazyVersions says otherwise: every chunk
+// of the samples a mount reads between two listings of an array of
+// ordinary chunks, a few megabytes at most.
+const DefaultLazyVersions = 1 << 16
+
+// Len returns the number of objects listed (kept, for a lazy listing).
 func (l *Listing) Len() int {
 	if l.stat == nil {
 		return len(l.versions)
@@ -144,6 +156,7 @@ func (h *Hierarchy) List(ctx context.Context, a *Array, since time.Time) (*Listi
 		// Not the caller's context: the listing outlives this call.
 		l.stat = func(k string) (string, error) { return st.StatVersion(context.Background(), k) }
 		l.memo = map[string]stated{}
+		l.keep = h.opts.LazyVersions
 	} else {
 		l.versions = map[string]string{}
 		if err := v.ListVersions(ctx, a.Path, func(k, ver string) { l.versions[k] = ver }); err != nil {

@@ -203,11 +203,13 @@ func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
 		})
 	}
 	// One listing per array for the whole call, so every chunk of it is
-	// checked against the same listing.
+	// checked against the same listing: the one ctx's Pin names, else the
+	// current one.
+	pin := PinOf(ctx)
 	listings := map[*Array]*Listing{}
 	for _, o := range order {
 		if _, ok := listings[o.a]; !ok {
-			listings[o.a] = o.a.currentListing()
+			listings[o.a] = ListingFor(ctx, o.a)
 		}
 	}
 	// Resolve outer chunks into leaves, fetching bytes concurrently.
@@ -216,10 +218,24 @@ func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
 		o := order[i]
 		cb := o.a.chunkBox(o.coords)
 		key := o.a.ChunkKey(o.coords)
+		src := storeSource{h: h, sem: st.sem, key: key, hint: o.a.lendHint(), meta: o.a.MetaHash}
+		if lst := listings[o.a]; lst != nil {
+			// The version is asked once: the cache keys and the check
+			// of the fetch agree with it, and it with the pin.
+			v, ok, err := lst.Version(key)
+			if err == nil {
+				err = pin.check(o.a, o.coords, v, ok)
+			}
+			if err != nil {
+				errs[i] = &ChunkError{Array: o.a.Path, Key: key, Err: err}
+				return
+			}
+			src.listed, src.present, src.want = true, ok, v
+		}
 		// No stored chunk may be larger than its decoded size allows:
 		// the store's Get refuses it before allocating for it.
 		ctx := objectstore.WithSizeLimit(ctx, o.a.MaxEncodedBytes())
-		errs[i] = st.resolve(ctx, o.a, o.a.pipe, o.a.Chunks, cb.lo, storeSource{h, st.sem, key, o.a.lendHint(), o.a.MetaHash, listings[o.a]}, key, o.needs)
+		errs[i] = st.resolve(ctx, o.a, o.a.pipe, o.a.Chunks, cb.lo, src, key, o.needs)
 	})
 	if err := errors.Join(errs...); err != nil {
 		return err

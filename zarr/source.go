@@ -30,17 +30,14 @@ type storeSource struct {
 	// whole compressed chunk, whose buffer release frees, may use it.
 	hint int
 	meta string // the array's MetaHash: cached bytes never outlive their metadata
-	// listing is the array's listing when the Read started, nil for none.
-	listing *Listing
+	// listed says the array has a listing, asked once when the Read
+	// started: want is the key's version there, present whether it holds
+	// the key at all.
+	listed, present bool
+	want            string
 }
 
-func (s storeSource) version() string {
-	if s.listing == nil {
-		return ""
-	}
-	v, _, _ := s.listing.Version(s.key)
-	return v
-}
+func (s storeSource) version() string { return s.want }
 
 // errNotListed is what a read of an object the listing lacks returns: the
 // chunk is missing as far as the listing knows, which is what the bytes
@@ -55,20 +52,15 @@ var errNotListed = fmt.Errorf("%w: not in the array's listing", objectstore.ErrN
 // cache is keyed by metadata (a store that cannot tell versions).
 func (s storeSource) do(ctx context.Context, ck string, f func() ([]byte, string, error)) ([]byte, string, error) {
 	sc := s.h.opts.SourceCache
-	want, listed := "", false
-	if s.listing != nil {
-		var err error
-		if want, listed, err = s.listing.Version(s.key); err != nil {
-			return nil, "", err
-		} else if !listed {
-			return nil, "", errNotListed
-		}
+	want := s.want
+	if s.listed && !s.present {
+		return nil, "", errNotListed
 	}
 	base := ""
 	if sc != nil {
 		base = objectstore.Identity(s.h.Store) + "\x00" + ck
 		lookup := base + "\x00" + want
-		if s.listing == nil {
+		if !s.listed {
 			lookup = objectstore.Identity(s.h.Store) + "\x00" + s.meta + "\x00" + ck
 		}
 		if b, ok := sc.Get(lookup); ok {
@@ -84,7 +76,7 @@ func (s storeSource) do(ctx context.Context, ck string, f func() ([]byte, string
 	s.h.stats.Requests.Add(1)
 	b, ver, err := f()
 	s.h.stats.BytesFetched.Add(int64(len(b)))
-	if s.listing != nil {
+	if s.listed {
 		switch {
 		case objectstore.IsNotFound(err):
 			err = fmt.Errorf("%w: listed as version %s, now absent", ErrChanged, want)
@@ -97,7 +89,7 @@ func (s storeSource) do(ctx context.Context, ck string, f func() ([]byte, string
 		return b, "", err
 	case ver != "":
 		return b, base + "\x00" + ver, nil
-	case s.listing == nil:
+	case !s.listed:
 		return b, objectstore.Identity(s.h.Store) + "\x00" + s.meta + "\x00" + ck, nil
 	}
 	return b, "", nil

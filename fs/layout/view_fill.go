@@ -156,18 +156,14 @@ func (v *View) fillCost(data int64, ks []int64) int64 {
 func (v *View) fillSamples(ctx context.Context, r Reader, ks []int64, outs [][]byte) error {
 	per := prod(v.SampleShape[1:]) * int64(v.DType.Size)
 	v.mu.Lock()
-	memo := v.static.current(v)
+	memo := v.static.current(v, ctx)
 	v.mu.Unlock()
-	// The listings the static channels are read under, taken before the
-	// Read: a memo made from them is stale once any is replaced.
+	// The listings and versions the static channels are read under, taken
+	// before the Read: a memo made from them is stale once any is replaced.
 	var listings map[int]*zarr.Listing
+	var sums map[int]uint64
 	if v.memoStatic && memo == nil {
-		listings = map[int]*zarr.Listing{}
-		for c, ch := range v.Channels {
-			if ch.Axis < 0 {
-				listings[c] = ch.Array.Listing()
-			}
-		}
+		listings, sums = v.staticKey(ctx)
 	}
 	// Scratch for channels that need a cast.
 	var scratchLen int64
@@ -235,8 +231,8 @@ func (v *View) fillSamples(ctx context.Context, r Reader, ks []int64, outs [][]b
 			}
 		}
 		v.mu.Lock()
-		if v.static.current(v) == nil {
-			v.static = &staticMemo{listings: listings, data: m}
+		if v.static.current(v, ctx) == nil {
+			v.static = &staticMemo{listings: listings, sums: sums, data: m}
 		}
 		v.mu.Unlock()
 	}
