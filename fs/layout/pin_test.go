@@ -1,6 +1,7 @@
 package layout
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zarrfs/zarrfs/internal/memory"
 	"github.com/zarrfs/zarrfs/zarr"
 )
 
@@ -134,5 +136,63 @@ func TestIdentityNamesChunksSorted(t *testing.T) {
 	}
 	if w := hex.EncodeToString(want.Sum(nil))[:32]; got != w {
 		t.Errorf("identity %s, want %s (the sorted keys')", got, w)
+	}
+}
+
+// A view sample whose one Read would not fit the memory budget (chunks of
+// one element: 4 KiB of bookkeeping each) is filled channel by channel in
+// pieces, within the budget, with the bytes the one Read gives: a cast
+// channel, a selected level and a static channel included.
+func TestViewFillsByChannelPastTheBudget(t *testing.T) {
+	dir := t.TempDir()
+	writeStore(t, dir, []storeArray{
+		{path: "t", dtype: "float32", shape: []int64{2, 3, 24, 24}, chunks: []int64{1, 1, 1, 1},
+			dims: []string{"time", "level", "y", "x"}, value: func(i []int64) float64 { return float64(i[0]*10000 + i[1]*1000 + i[2]*24 + i[3]) }},
+		{path: "q", dtype: "int16", shape: []int64{2, 24, 24}, chunks: []int64{1, 1, 1},
+			dims: []string{"time", "y", "x"}, value: func(i []int64) float64 { return float64(-i[0]*100 - i[1]*24 - i[2]) }},
+		{path: "lsm", dtype: "uint8", shape: []int64{24, 24}, chunks: []int64{1, 1},
+			dims: []string{"y", "x"}, value: func(i []int64) float64 { return float64((i[0] + i[1]) % 2) }},
+	})
+	const view = "views:\n  - name: v\n    dtype: float32\n    channels:\n      - var: t\n        select: {level: 2}\n      - var: q\n      - var: lsm\n"
+	fill := func(budget *memory.Budget) ([]byte, error) {
+		h := openStore(t, dir, zarr.Options{ChunkCacheBytes: -1})
+		defer h.Close()
+		specs, err := ParseViews("views.yaml", []byte(view))
+		if err != nil {
+			t.Fatal(err)
+		}
+		views, err := BindViews(context.Background(), h, specs, BindOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := Build(h, Options{Views: views, MemoryBudget: budget})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := mustLookup(t, l, "v/1.npy")
+		if budget != nil && budget.Fits(views[0].fillCost(b.Size()-l.opts.Align, []int64{1})) {
+			t.Fatal("the one Read fits the budget: the test proves nothing")
+		}
+		out := make(memWriter, b.Size())
+		err = l.Do(context.Background(), b, func(ctx context.Context, _ string) error { return b.Fill(ctx, out) })
+		if budget != nil && budget.Peak() > budget.Total() {
+			t.Errorf("peak %d past the budget %d", budget.Peak(), budget.Total())
+		}
+		return out, err
+	}
+	want, err := fill(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	budget := memory.New(1 << 20)
+	got, err := fill(budget)
+	if err != nil {
+		t.Fatalf("fill within 1 MiB: %v", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Error("filled by channel, the sample differs from the one Read's")
+	}
+	if budget.Peak() == 0 || budget.Used() != 0 {
+		t.Errorf("budget peak %d, used %d after", budget.Peak(), budget.Used())
 	}
 }
