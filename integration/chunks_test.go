@@ -13,8 +13,8 @@ import (
 	"github.com/klauspost/compress/zstd"
 )
 
-// tinyChunksSide is the side of the tiny-chunk arrays' samples: 500 in
-// tests (250,000 chunks a sample), $ZARRFS_TINY_CHUNKS when set (1000,
+// tinyChunksSide is the side of the tiny-chunk arrays' samples: 300 in
+// tests (90,000 chunks a sample), $ZARRFS_TINY_CHUNKS when set (1000,
 // 2000 and 4000 for BENCHMARKS.md: 1, 4 and 16 million).
 func tinyChunksSide(t *testing.T) int {
 	if v := os.Getenv("ZARRFS_TINY_CHUNKS"); v != "" {
@@ -24,7 +24,7 @@ func tinyChunksSide(t *testing.T) int {
 		}
 		return n
 	}
-	return 500
+	return 300
 }
 
 // A fill's memory does not grow with its sample's chunk count: arrays of
