@@ -12,6 +12,7 @@ package zarr
 import (
 	"errors"
 	"log/slog"
+	"sync/atomic"
 
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr/codec"
@@ -69,8 +70,8 @@ type Options struct {
 	// Limits bound the metadata Open reads and parses (MetadataLimits);
 	// the zero value means the documented defaults.
 	Limits MetadataLimits
-	// LazyVersions bounds the versions a lazy listing keeps (Listing):
-	// zero means DefaultLazyVersions, negative none.
+	// LazyVersions bounds the versions the Hierarchy's lazy listings keep
+	// in all (Listing): zero means DefaultLazyVersions, negative none.
 	LazyVersions int
 	// Stats, when set, receives the counts of the Hierarchy's work, so
 	// that hierarchies opened one after another (a mount that re-reads
@@ -103,6 +104,8 @@ type Hierarchy struct {
 	mem    codec.HostMemory // lends the buffers compressed chunks are read into; nil: pooled
 	stats  *Stats
 	owned  *codec.CPU // the default decoder, when Options.Decoder was nil
+	// lazyKept counts the versions the lazy listings of its arrays keep.
+	lazyKept atomic.Int64
 }
 
 // Array is one Zarr array.

@@ -27,27 +27,32 @@ var ErrChanged = errors.New("changed since the store was listed")
 // from exactly the objects the listing names, and the versions of the
 // chunks a region needs, read from the listing, identify its bytes.
 //
-// A Listing is immutable.
+// A listing made by listing is immutable.
 //
 // A store for which one object's version costs less than a listing
 // (objectstore.VersionStater: a local filesystem) is listed lazily: each
 // key's version is asked when it is needed, so the listing is no slower
 // than the reads it serves and walks no directory. The answers for the
-// first Options.LazyVersions keys are kept and stand for the listing's life;
-// past them every Version asks again, so that the listing's memory does
-// not grow with the chunks read under it (a sample of a million tiny
-// chunks). A fill does not rely on the memo to agree with its blob's
-// identity: it reads under a Pin of the versions the identity named.
+// first keys asked are kept and stand for the listing's life, up to
+// Options.LazyVersions for all the lazy listings of a Hierarchy; past them
+// every Version asks again (and a Read checks what it fetches against that
+// answer), so that the listings' memory does not grow with the chunks read
+// under them (a sample of a million tiny chunks). What keeps a fill to the
+// versions its blob's identity named is the Pin it reads under, not this
+// memory.
 type Listing struct {
 	// At is when the listing started.
 	At       time.Time
 	versions map[string]string
 
-	// A lazy listing: stat asks the store, memo keeps up to keep answers.
-	stat func(key string) (string, error)
-	keep int
-	mu   sync.Mutex
-	memo map[string]stated
+	// A lazy listing: stat asks the store, memo keeps answers while the
+	// count of those the hierarchy's listings keep is under keep.
+	stat    func(key string) (string, error)
+	kept    *atomic.Int64
+	keep    int64
+	mu      sync.Mutex
+	memo    map[string]stated
+	retired bool // replaced as the array's listing: keeps no more
 }
 
 type stated struct {
@@ -81,18 +86,31 @@ func (l *Listing) Version(key string) (string, bool, error) {
 	l.mu.Lock()
 	if prev, ok := l.memo[key]; ok {
 		s = prev // the first answer stands
-	} else if len(l.memo) < l.keep {
-		l.memo[key] = s
+	} else if !l.retired {
+		if l.kept.Add(1) <= l.keep {
+			l.memo[key] = s
+		} else {
+			l.kept.Add(-1)
+		}
 	}
 	l.mu.Unlock()
 	return s.version, s.ok, nil
 }
 
-// DefaultLazyVersions is how many versions a lazy listing keeps (about
-// 100 bytes each) unless Options.LazyVersions says otherwise: every chunk
-// of the samples a mount reads between two listings of an array of
-// ordinary chunks, a few megabytes at most.
+// DefaultLazyVersions is how many versions the lazy listings of a
+// Hierarchy keep in all (about 100 bytes each, 6.5 MB) unless
+// Options.LazyVersions says otherwise: every chunk of the samples a mount
+// reads between two listings of arrays of ordinary chunks.
 const DefaultLazyVersions = 1 << 16
+
+// retire makes a lazy listing keep no more versions and gives back the
+// count of those it kept: it is dropped once no Read holds it.
+func (l *Listing) retire() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.retired = true
+	l.kept.Add(-int64(len(l.memo)))
+}
 
 // Len returns the number of objects listed (kept, for a lazy listing).
 func (l *Listing) Len() int {
@@ -156,14 +174,16 @@ func (h *Hierarchy) List(ctx context.Context, a *Array, since time.Time) (*Listi
 		// Not the caller's context: the listing outlives this call.
 		l.stat = func(k string) (string, error) { return st.StatVersion(context.Background(), k) }
 		l.memo = map[string]stated{}
-		l.keep = h.opts.LazyVersions
+		l.kept, l.keep = &h.lazyKept, int64(h.opts.LazyVersions)
 	} else {
 		l.versions = map[string]string{}
 		if err := v.ListVersions(ctx, a.Path, func(k, ver string) { l.versions[k] = ver }); err != nil {
 			return nil, fmt.Errorf("array %q: listing chunks: %w", a.Path, err)
 		}
 	}
-	a.listing.cur.Store(l)
+	if old := a.listing.cur.Swap(l); old != nil && old.stat != nil {
+		old.retire()
+	}
 	h.stats.Listings.Add(1)
 	return l, nil
 }

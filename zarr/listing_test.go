@@ -398,4 +398,18 @@ func TestLazyListingKeepsFewAndPinHolds(t *testing.T) {
 	if pin.Sum(a, []int64{0, 0}, []int64{4, 2}) == 0 {
 		t.Error("no sum of the pinned versions")
 	}
+	// What the hierarchy's listings keep is counted in all: the listing
+	// that replaces this one keeps as many again.
+	l2, err := h.List(context.Background(), a, time.Now())
+	if err != nil || l2 == l {
+		t.Fatalf("listing again: %v", err)
+	}
+	for k := range int64(4) {
+		if got, err := readSample(t, h, k); err != nil || got[0] != 100+2*uint32(k) {
+			t.Errorf("sample %d under the new listing: %v %v", k, got, err)
+		}
+	}
+	if l2.Len() != 2 {
+		t.Errorf("the new listing keeps %d versions, want 2", l2.Len())
+	}
 }
