@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/cespare/xxhash/v2"
@@ -82,6 +83,21 @@ func (c *Cache) HasBlob(k BlobKey) bool {
 	}
 	fi, err := os.Stat(filepath.Join(c.dir, rel))
 	return err == nil && fi.Mode().IsRegular() && fi.Size() == size
+}
+
+// Holds reports whether the index holds a blob at k's path, whatever its
+// identity (k.Identity plays no part): what a caller checks before it asks
+// the source what the identity is, since a blob the cache never held needs
+// filling whatever it is (GetBlobLearning).
+func (c *Cache) Holds(k BlobKey) bool {
+	k.Identity = ""
+	rel, err := k.rel()
+	if err != nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.closed && c.lookupLocked(rel) != nil
 }
 
 // Handle is an open, pinned, complete blob. While it is open the file is
@@ -167,6 +183,11 @@ func (c *Cache) GetBlob(ctx context.Context, k BlobKey, size int64, fill func(ct
 		if err != nil || h != nil {
 			return h, err
 		}
+		if c.awaitLearning(ctx, rel) {
+			// A fill of rel learning its identity (a reader ahead, or
+			// readahead) was running: it most likely published this one.
+			continue
+		}
 		c.counts.blobMisses.Add(1)
 		h, err = join(c, c.blobFlights, flightKey, ctx,
 			func() bool { e := c.idx[rel]; return e != nil && e.ident == k.Identity },
@@ -174,7 +195,7 @@ func (c *Cache) GetBlob(ctx context.Context, k BlobKey, size int64, fill func(ct
 				if f := c.adoptBlob(rel, k, size); f != nil {
 					return f, nil
 				}
-				return c.fillBlob(ctx, rel, size, k.Identity, fill)
+				return c.fillBlob(ctx, rel, size, func() (string, error) { return k.Identity, nil }, fill)
 			},
 			func(f *os.File, _ bool) (*Handle, error) { return c.dupHandle(rel, f, size) },
 			func(f *os.File) { f.Close() },
@@ -183,6 +204,76 @@ func (c *Cache) GetBlob(ctx context.Context, k BlobKey, size int64, fill func(ct
 			return h, err
 		}
 	}
+}
+
+// learnt is what a GetBlobLearning fill made: the blob and its identity.
+type learnt struct {
+	f     *os.File
+	ident string
+}
+
+// GetBlobLearning is GetBlob for a blob whose identity is known only once
+// it is filled (the versions of the source chunks, taken from the
+// responses that fetched them): fill runs, then identity names what it
+// read, and the blob is published under that identity, which is returned
+// with the Handle. It is for a blob the index does not hold (Holds): it
+// fills without looking, and what it publishes replaces any blob at the
+// path. An error of identity fails the fill (wrapped, as fill's are) and
+// publishes nothing.
+//
+// Concurrent calls for one path share one fill, and GetBlob of the path
+// waits for it before it fills one of its own.
+func (c *Cache) GetBlobLearning(ctx context.Context, k BlobKey, size int64, fill func(ctx context.Context, f Writer) error, identity func() (string, error)) (*Handle, string, error) {
+	k.Identity = ""
+	rel, err := k.rel()
+	if err != nil {
+		return nil, "", err
+	}
+	if size < 0 {
+		return nil, "", fmt.Errorf("blob %s: negative size %d", rel, size)
+	}
+	c.counts.blobMisses.Add(1)
+	type opened struct {
+		h     *Handle
+		ident string
+	}
+	o, err := join(c, c.learnFlights, rel, ctx,
+		func() bool { return false },
+		func(ctx context.Context) (learnt, error) {
+			var ident string
+			f, err := c.fillBlob(ctx, rel, size, func() (string, error) {
+				id, err := identity()
+				if err == nil && id != "" && !ValidIdentity(id) {
+					err = fmt.Errorf("identity %q: %w", id, ErrInvalidKey)
+				}
+				ident = id
+				return id, err
+			}, fill)
+			return learnt{f, ident}, err
+		},
+		func(v learnt, _ bool) (opened, error) {
+			h, err := c.dupHandle(rel, v.f, size)
+			return opened{h, v.ident}, err
+		},
+		func(v learnt) { v.f.Close() },
+	)
+	return o.h, o.ident, err
+}
+
+// awaitLearning waits for a GetBlobLearning fill of rel, or for ctx to
+// end, and reports whether there was one to wait for.
+func (c *Cache) awaitLearning(ctx context.Context, rel string) bool {
+	c.mu.Lock()
+	f := c.learnFlights[rel]
+	c.mu.Unlock()
+	if f == nil {
+		return false
+	}
+	select {
+	case <-f.done:
+	case <-ctx.Done():
+	}
+	return true
 }
 
 // adoptBlob links a blob indexed elsewhere in k's layout directory with k's
@@ -349,6 +440,9 @@ type hashingWriter struct {
 	next   int64 // bytes hashed: where an in-order write starts
 	pos    int64 // the file offset Write writes at
 	broken bool
+	noMap  bool // the filesystem cannot take writes through a mapping
+	// filling counts the fills in flight (nil: never map); see fewFills.
+	filling *atomic.Int64
 }
 
 // hashPiece is how much a write hands the kernel before it hashes what it
@@ -359,6 +453,15 @@ type hashingWriter struct {
 const hashPiece = 1 << 20
 
 func (h *hashingWriter) WriteAt(p []byte, off int64) (int, error) {
+	if len(p) >= mapWriteMin && !h.noMap && h.filling != nil && fewFills(h.filling.Load()) {
+		switch err := writeMapped(h.f, p, off, h.saw); {
+		case err == nil:
+			return len(p), nil
+		case !errors.Is(err, errNoMap):
+			return 0, err
+		}
+		h.noMap = true
+	}
 	done := 0
 	for done < len(p) {
 		end := min(done+hashPiece, len(p))
@@ -403,7 +506,7 @@ func (h *hashingWriter) sum(size int64) (uint64, error) {
 // filesystem fails at once; a fill that finds the filesystem full (other
 // writers, blocks beyond the budget) makes room by evicting and runs again,
 // for as long as the room can be found (whileFull).
-func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, ident string, fill func(ctx context.Context, f Writer) error) (*os.File, error) {
+func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, ident func() (string, error), fill func(ctx context.Context, f Writer) error) (*os.File, error) {
 	if err := c.ensureSpace(rel, size); err != nil {
 		return nil, err
 	}
@@ -415,8 +518,9 @@ func (c *Cache) fillBlob(ctx context.Context, rel string, size int64, ident stri
 	return f, err
 }
 
-// fillBlobOnce runs one fill.
-func (c *Cache) fillBlobOnce(ctx context.Context, rel string, size int64, ident string, fill func(ctx context.Context, f Writer) error) (_ *os.File, err error) {
+// fillBlobOnce runs one fill, and publishes it under the identity ident
+// names once it has run.
+func (c *Cache) fillBlobOnce(ctx context.Context, rel string, size int64, identity func() (string, error), fill func(ctx context.Context, f Writer) error) (_ *os.File, err error) {
 	// A blob larger than the whole budget would evict everything and then
 	// itself: it is filled and served from an unlinked temp file instead,
 	// never indexed.
@@ -444,6 +548,9 @@ func (c *Cache) fillBlobOnce(ctx context.Context, rel string, size int64, ident 
 		os.Remove(tmpName)
 	}()
 	hw := &hashingWriter{f: tmp, d: xxhash.New()}
+	if c.mapsWrites() {
+		hw.filling = &c.counts.filling
+	}
 	c.counts.filling.Add(1)
 	err = fill(ctx, hw)
 	c.counts.filling.Add(-1)
@@ -456,6 +563,10 @@ func (c *Cache) fillBlobOnce(ctx context.Context, rel string, size int64, ident 
 	}
 	if fi.Size() != size {
 		return nil, fmt.Errorf("blob %s: %w: %d bytes, want %d", rel, ErrFillSize, fi.Size(), size)
+	}
+	ident, err := identity()
+	if err != nil {
+		return nil, fmt.Errorf("blob %s: fill: %w", rel, err)
 	}
 	sum, err := hw.sum(size)
 	if err != nil {

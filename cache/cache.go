@@ -79,12 +79,16 @@ type Options struct {
 // methods are safe for concurrent use, and several Cache values (in one
 // process or many) may share one Dir.
 type Cache struct {
-	dir        string
-	budget     int64
-	unit       int64 // the filesystem's block size when the budget is the filesystem's, else 1
-	derived    bool  // the budget is what the filesystem can hold
-	log        *slog.Logger
-	noSync     bool
+	dir     string
+	budget  int64
+	unit    int64 // the filesystem's block size when the budget is the filesystem's, else 1
+	derived bool  // the budget is what the filesystem can hold
+	log     *slog.Logger
+	noSync  bool
+	// mapOnce sets mapOK: whether large writes may go through a mapping
+	// (mapsWrites).
+	mapOnce    sync.Once
+	mapOK      bool
 	compactMin int64
 	onSync     func()
 
@@ -122,7 +126,10 @@ type Cache struct {
 
 	counts counters // Stats (stats.go)
 
-	blobFlights  map[string]*flight[*os.File]
+	blobFlights map[string]*flight[*os.File]
+	// learnFlights are the fills of GetBlobLearning, by path: their
+	// identity is known only once they have run.
+	learnFlights map[string]*flight[learnt]
 	chunkFlights map[string]*flight[[]byte]
 }
 
@@ -216,6 +223,7 @@ func Open(opts Options) (*Cache, error) {
 		quit:         map[string]bool{},
 		intern:       map[string]string{},
 		blobFlights:  map[string]*flight[*os.File]{},
+		learnFlights: map[string]*flight[learnt]{},
 		chunkFlights: map[string]*flight[[]byte]{},
 	}
 	c.base, c.stop = context.WithCancel(context.Background())

@@ -64,9 +64,16 @@
 // Equal identities in one layout directory name equal bytes, so a blob
 // asked for under a new path with the identity of one the directory holds
 // (the samples of a store that grew past a power of ten are renamed from
-// 7.npy to 07.npy) is hard-linked there instead of filled. What the caller
-// knows it will not read again (Blobs lists a directory's paths and
-// identities) it can Demote, to be evicted before anything else, or
+// 7.npy to 07.npy) is hard-linked there instead of filled.
+//
+// A caller that learns a blob's identity only by filling it (the versions
+// of the chunks come with the responses that fetch them) uses
+// GetBlobLearning for a path the index does not hold (Holds): the blob is
+// published under the identity named after the fill, and GetBlob of the
+// same path waits for such a fill rather than run one of its own.
+//
+// What the caller knows it will not read again (Blobs lists a directory's
+// paths and identities) it can Demote, to be evicted before anything else, or
 // RemoveBlob now; `zarrfs cache gc` does the latter.
 //
 // # Budget and eviction

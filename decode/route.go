@@ -148,6 +148,9 @@ func (r *router) choose(jobs []codec.Job) ([]bool, int) {
 	r.mu.Lock()
 	take := map[codec.Name]bool{}
 	for c := range bytes {
+		if codec.IsPartial(c) {
+			continue // the blocks of a partial read: the CPU's alone (no GPU decodes them)
+		}
 		rt := r.codec(c)
 		if rt.state == declined && !now.Before(rt.retryAt) {
 			rt.state, rt.sent, rt.done = probing, 0, 0

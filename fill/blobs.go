@@ -55,16 +55,54 @@ func Cache(c *cache.Cache) Blobs { return cacheBlobs{c} }
 
 type cacheBlobs struct{ c *cache.Cache }
 
+// Open revalidates a blob the cache holds (its identity asked first: on a
+// lazy listing, one version per chunk once per listing) and fills one it
+// never held without asking anything first: its identity is learnt from
+// the responses of the fill's own reads (layout.Layout.DoLearning), so a
+// first read costs the reads of its chunks.
 func (cb cacheBlobs) Open(ctx context.Context, lay *layout.Layout, b layout.Blob) (Backing, string, error) {
 	var h Backing
 	var id string
-	err := lay.Do(ctx, b, func(ctx context.Context, ident string) (err error) {
-		id = ident
-		h, err = cb.c.GetBlob(ctx, Key(lay, b, ident), b.Size(),
-			func(ctx context.Context, f cache.Writer) error { return b.Fill(ctx, f) })
+	fill := func(ctx context.Context, f cache.Writer) error { return b.Fill(ctx, f) }
+	if held(cb.c, lay, b) {
+		err := lay.Do(ctx, b, func(ctx context.Context, ident string) (err error) {
+			id = ident
+			h, err = cb.c.GetBlob(ctx, Key(lay, b, ident), b.Size(), fill)
+			return err
+		})
+		return h, id, err
+	}
+	err := lay.DoLearning(ctx, b, func(ctx context.Context, ident string, learn func() (string, error)) (err error) {
+		if learn == nil {
+			id = ident
+			h, err = cb.c.GetBlob(ctx, Key(lay, b, ident), b.Size(), fill)
+			return err
+		}
+		var ch *cache.Handle
+		ch, id, err = cb.c.GetBlobLearning(ctx, Key(lay, b, ""), b.Size(), fill, learn)
+		if err == nil {
+			h = ch
+		}
 		return err
 	})
 	return h, id, err
+}
+
+// held reports whether c's index holds blob b of lay in any identity, at
+// its path or at a narrower name it had before its directory grew past a
+// power of ten (which GetBlob links rather than fills when the identity is
+// the same). Only such a blob is worth asking the identity of before it is
+// filled.
+func held(c *cache.Cache, lay *layout.Layout, b layout.Blob) bool {
+	if c.Holds(Key(lay, b, "")) {
+		return true
+	}
+	for _, p := range layout.NarrowerPaths(b.Path()) {
+		if c.Holds(cache.BlobKey{Layout: lay.ID, Path: p}) {
+			return true
+		}
+	}
+	return false
 }
 
 func (cb cacheBlobs) Keeps(size int64) bool { return cb.c.Keeps(size) }
@@ -74,8 +112,12 @@ func (cb cacheBlobs) Path(lay *layout.Layout, p string) string {
 }
 
 // Has reports whether c holds blob b of lay complete in its current
-// identity (what `zarrfs warm` skips).
+// identity (what `zarrfs warm` skips). A blob the index lacks costs no
+// request to rule out.
 func Has(ctx context.Context, c *cache.Cache, lay *layout.Layout, b layout.Blob) (bool, error) {
+	if !c.Holds(Key(lay, b, "")) {
+		return false, nil
+	}
 	ident, err := lay.Identity(ctx, b)
 	if err != nil {
 		return false, err

@@ -184,18 +184,26 @@ func leaseLimit() int {
 func (l *leases) resolve(m *Mounted, b layout.Blob) error {
 	now := time.Now()
 	p := b.Path()
-	ident, err := m.Layout().Identity(m.life, b)
-	if err != nil {
-		return err
-	}
 	l.mu.Lock()
-	if e, ok := l.byPath[p]; ok && e.Value.(*lease).ident == ident {
-		e.Value.(*lease).until = now.Add(l.d)
-		l.order.MoveToBack(e)
-		l.mu.Unlock()
-		return nil
-	}
+	_, leased := l.byPath[p]
 	l.mu.Unlock()
+	if leased {
+		// Renewed when the version leased is still the current one; a
+		// path not leased is not worth asking (the open below asks only
+		// for a blob the cache holds).
+		ident, err := m.Layout().Identity(m.life, b)
+		if err != nil {
+			return err
+		}
+		l.mu.Lock()
+		if e, ok := l.byPath[p]; ok && e.Value.(*lease).ident == ident {
+			e.Value.(*lease).until = now.Add(l.d)
+			l.order.MoveToBack(e)
+			l.mu.Unlock()
+			return nil
+		}
+		l.mu.Unlock()
+	}
 
 	// A blob larger than the whole cache budget is served from an unlinked
 	// file, which no link can name: refuse it before filling it, and check

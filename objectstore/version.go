@@ -493,28 +493,33 @@ func DescribeVersions(s Store) string {
 		return "the metadata's (--chunk-versions metadata): a chunk rewritten in place under unchanged metadata is not noticed; no request beyond the reads"
 	}
 	const trust = "; --chunk-versions metadata saves it for archives that never rewrite a chunk"
+	// A first read takes each chunk's version from the response that
+	// fetches it; a file cached before is revalidated by asking.
+	revalidated := func(ask string) string {
+		return "from the response of each chunk read; a file cached before costs " + ask + " per chunk the first time it is opened after each --metadata-ttl"
+	}
 	switch st := inner.(type) {
 	case *Posix:
-		return "size, modification time and inode: one stat per chunk read"
+		return "size, modification time and inode, one stat per chunk before it is read (a first read too), and per chunk of a file cached before the first time it is opened after each --metadata-ttl"
 	case *S3:
 		return "ETag, from one listing per array read (a thousand chunks per request)"
 	case *GCS:
-		return fmt.Sprintf("object generation: listed for arrays of up to %d chunks, else asked once per chunk read (one metadata request each%s)", st.ObjectsPerListing(), trust)
+		return fmt.Sprintf("object generation: listed for arrays of up to %d chunks, else %s%s", st.ObjectsPerListing(), revalidated("one metadata request"), trust)
 	case *HTTP:
 		switch st.Validators() {
 		case "etag":
-			return "ETag: asked once per chunk read (one HEAD each" + trust + ")"
+			return "ETag, " + revalidated("one HEAD") + trust
 		case "last-modified":
-			return "Last-Modified, to the second (a rewrite of a chunk within the second it was read is not noticed): asked once per chunk read (one HEAD each" + trust + ")"
+			return "Last-Modified, to the second (a rewrite of a chunk within the second it was read is not noticed), " + revalidated("one HEAD") + trust
 		case "none":
-			return "none: the server sends neither ETag nor Last-Modified, so a chunk rewritten in place is not noticed (--chunk-versions metadata says so and saves a HEAD per chunk read)"
+			return "none: the server sends neither ETag nor Last-Modified, so a chunk rewritten in place is not noticed (--chunk-versions metadata says so and saves a HEAD per chunk of a cached file)"
 		case "":
-			return "ETag or Last-Modified, as the server sends them: asked once per chunk read (one HEAD each" + trust + ")"
+			return "ETag or Last-Modified, as the server sends them, " + revalidated("one HEAD") + trust
 		}
-		return "ETag or Last-Modified (the server sends " + st.Validators() + "): asked once per chunk read (one HEAD each" + trust + ")"
+		return "ETag or Last-Modified (the server sends " + st.Validators() + "), " + revalidated("one HEAD") + trust
 	}
 	if states {
-		return "asked once per chunk read"
+		return "from the response of each chunk read, asked once per chunk of a file cached before"
 	}
 	return "listed per array read"
 }

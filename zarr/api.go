@@ -70,9 +70,13 @@ type Options struct {
 	// Limits bound the metadata Open reads and parses (MetadataLimits);
 	// the zero value means the documented defaults.
 	Limits MetadataLimits
-	// LazyVersions bounds the versions the Hierarchy's lazy listings keep
-	// in all (Listing): zero means DefaultLazyVersions, negative none.
+	// LazyVersions bounds the versions the Hierarchy's local lazy listings
+	// keep in all (Listing.Bounded): zero means DefaultLazyVersions, negative none.
 	LazyVersions int
+	// Partial says when a Read fetches and decodes only the part of a
+	// chunk it needs (blosc blocks, ranges of uncompressed bytes): the zero
+	// value, PartialAuto, when it pays (docs/sources.md says the rule).
+	Partial PartialMode
 	// Stats, when set, receives the counts of the Hierarchy's work, so
 	// that hierarchies opened one after another (a mount that re-reads
 	// metadata) add to one set of counters. Nil: the Hierarchy's own.

@@ -62,13 +62,19 @@ func missing(t *testing.T, format string, args ...any) {
 
 func openStore(t *testing.T, dir string) *zarr.Hierarchy {
 	t.Helper()
+	return openStoreWith(t, dir, zarr.Options{})
+}
+
+func openStoreWith(t *testing.T, dir string, opts zarr.Options) *zarr.Hierarchy {
+	t.Helper()
 	st, err := objectstore.OpenPosix(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	h, err := zarr.Open(context.Background(), st, zarr.Options{Logger: log})
+	opts.Logger = log
+	h, err := zarr.Open(context.Background(), st, opts)
 	if err != nil {
 		t.Fatalf("open %s: %v", dir, err)
 	}
@@ -272,6 +278,25 @@ func makeZarrPyStores(t *testing.T) (string, *pyManifest) {
 }
 
 func TestConformanceZarrPython(t *testing.T) {
+	testConformanceZarrPython(t, zarr.Options{})
+}
+
+// Partial reads of every chunk whose codecs allow them (blosc of every
+// inner codec and shuffle, memcpyed frames, split and unsplit blocks, a
+// short last block; raw bytes; inner chunks of shards) give what
+// zarr-python reads, for every region testRegions picks.
+func TestConformanceZarrPythonPartial(t *testing.T) {
+	testConformanceZarrPython(t, zarr.Options{Partial: zarr.PartialAlways, Stats: &partialStats})
+	if n := partialStats.ChunksPartial.Load(); n < 200 {
+		t.Fatalf("only %d chunks read in part", n)
+	} else {
+		t.Logf("%d chunks read in part, %d decoded", n, partialStats.ChunksDecoded.Load())
+	}
+}
+
+var partialStats zarr.Stats
+
+func testConformanceZarrPython(t *testing.T, opts zarr.Options) {
 	dir, m := makeZarrPyStores(t)
 	byStore := map[string][]pyArray{}
 	for _, a := range m.Arrays {
@@ -280,7 +305,7 @@ func TestConformanceZarrPython(t *testing.T) {
 	for _, store := range slices.Sorted(maps.Keys(byStore)) {
 		recs := byStore[store]
 		t.Run(store, func(t *testing.T) {
-			h := openStore(t, filepath.Join(dir, store))
+			h := openStoreWith(t, filepath.Join(dir, store), opts)
 			var got, want []string
 			for _, a := range h.Arrays {
 				got = append(got, a.Path)

@@ -11,6 +11,7 @@ import (
 	"hash/crc32"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -103,7 +104,51 @@ func readAll(t *testing.T, files map[string][]byte) (*zarr.Hierarchy, map[string
 		}
 		out[a.Path] = dst
 	}
+	readPart(t, files, out, false)
 	return h, out
+}
+
+// readPart reads the first half (along the first dimension) of every
+// supported array with every chunk read in part where its codecs allow:
+// it fails only with a known ChunkError, and where the whole read
+// succeeded it gives the same bytes. (Where the whole read failed, a
+// partial one may succeed: the damage can lie in blocks it does not read.)
+// With strict, a partial read must succeed wherever the whole one did
+// (valid chunks); hostile ones may fail either way.
+func readPart(t *testing.T, files map[string][]byte, whole map[string][]byte, strict bool) {
+	t.Helper()
+	h, err := zarr.Open(context.Background(), newMemStore(files), zarr.Options{ChunkCacheBytes: -1, Partial: zarr.PartialAlways})
+	if err != nil {
+		return
+	}
+	for _, a := range h.Arrays {
+		if a.Unsupported != "" || len(a.Shape) == 0 || a.Shape[0] == 0 {
+			continue
+		}
+		n := int64(a.DType.Size)
+		count := slices.Clone(a.Shape)
+		count[0] = (count[0] + 1) / 2
+		for _, s := range count {
+			n *= s
+		}
+		if n > 1<<22 {
+			continue
+		}
+		dst := make([]byte, n)
+		err := h.Read(context.Background(), []zarr.Request{{Array: a, Start: make([]int64, len(a.Shape)), Count: count, Dst: dst}})
+		if err != nil {
+			if !knownReadError(err) {
+				t.Fatalf("partial Read %q: an error of no known class, or not naming its chunk: %v", a.Path, err)
+			}
+			if _, ok := whole[a.Path]; ok && strict {
+				t.Fatalf("partial Read %q failed where the whole read succeeded: %v", a.Path, err)
+			}
+			continue
+		}
+		if w, ok := whole[a.Path]; ok && !bytes.Equal(dst, w[:n]) {
+			t.Fatalf("partial Read %q differs from the whole read", a.Path)
+		}
+	}
 }
 
 func FuzzV3Metadata(f *testing.F) {
@@ -294,6 +339,7 @@ func TestPipelineSeeds(t *testing.T) {
 			if !bytes.Equal(got[""], want) {
 				t.Fatalf("read % x, want % x", got[""], want)
 			}
+			readPart(t, files, got, true)
 		})
 	}
 }

@@ -97,6 +97,13 @@ func (p *Pin) Listed(a *Array, lst *Listing) {
 // chunk's version sum). It holds no memory per chunk but the pin's; a nil
 // Pin only walks.
 func (p *Pin) Region(lst *Listing, a *Array, start, count []int64, fn func(key, version string, listed bool)) error {
+	return p.RegionBy(lst, a, start, count, (*Listing).Version, fn)
+}
+
+// RegionBy is Region taking each chunk's version from version(lst, key)
+// (Listing.Known without I/O, say) instead of lst.Version; its first
+// error stops the walk and is returned.
+func (p *Pin) RegionBy(lst *Listing, a *Array, start, count []int64, version func(*Listing, string) (string, bool, error), fn func(key, version string, listed bool)) error {
 	p.Listed(a, lst)
 	lo, hi, ok := a.regionGrid(start, count)
 	if !ok {
@@ -109,7 +116,7 @@ func (p *Pin) Region(lst *Listing, a *Array, start, count []int64, fn func(key, 
 	}
 	var err error
 	a.eachSortedChunk(lo, hi, func(key string, lin int64) bool {
-		v, ok, e := lst.Version(key)
+		v, ok, e := version(lst, key)
 		if e != nil {
 			err = e
 			return false
@@ -121,6 +128,22 @@ func (p *Pin) Region(lst *Listing, a *Array, start, count []int64, fn func(key, 
 		return true
 	})
 	return err
+}
+
+// pins reports whether p pins the version of the chunk of a at grid
+// coordinates c.
+func (p *Pin) pins(a *Array, c []int64) bool {
+	if p == nil {
+		return false
+	}
+	for i := range p.regions {
+		if r := &p.regions[i]; r.a == a {
+			if _, ok := r.index(c); ok {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // check fails with ErrChanged when p pins the chunk of a at grid

@@ -36,6 +36,7 @@ type Stats struct {
 	ChunksDecoded  atomic.Int64 // leaf chunks decompressed
 	ChunksMissing  atomic.Int64 // leaf chunks read as fill value
 	ChunkCacheHits atomic.Int64 // leaf chunks served from the decoded-chunk cache
+	ChunksPartial  atomic.Int64 // leaf chunks fetched and decoded in part (ranged reads)
 	BytesFetched   atomic.Int64 // compressed bytes read from the store
 	BytesDecoded   atomic.Int64 // bytes leaf chunks decoded to
 	BytesAssembled atomic.Int64 // bytes copied (or byte-swapped) from decoded chunks into requests
@@ -129,11 +130,12 @@ type leaf struct {
 	needs    []need
 	enc      []byte // compressed bytes
 	missing  bool
-	dec      []byte // decoded bytes, encoded layout (transposed, source byte order)
-	pooled   bool   // dec came from the buffer pool
-	direct   bool   // dec aliases a request's Dst, already in place
-	srcKey   string // source-cache key of enc, to store once enc decoded
-	encOwned bool   // enc is this read's own buffer, reusable once done
+	dec      []byte   // decoded bytes, encoded layout (transposed, source byte order)
+	pooled   bool     // dec came from the buffer pool
+	direct   bool     // dec aliases a request's Dst, already in place
+	srcKey   string   // source-cache key of enc, to store once enc decoded
+	encOwned bool     // enc is this read's own buffer, reusable once done
+	part     *partial // set for a partial read: decoded straight into the requests
 	err      error
 }
 
@@ -220,17 +222,28 @@ func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
 		key := o.a.ChunkKey(o.coords)
 		src := storeSource{h: h, sem: st.sem, key: key, hint: o.a.lendHint(), meta: o.a.MetaHash}
 		if lst := listings[o.a]; lst != nil {
-			// The version is asked once: the cache keys and the check
-			// of the fetch agree with it, and it with the pin.
-			v, ok, err := lst.Version(key)
-			if err == nil {
+			src.listing = lst
+			v, ok, known := lst.Known(key)
+			var err error
+			if !known && (lst.Bounded() || pin.pins(o.a, o.coords)) {
+				// A Bounded listing is asked once: the cache keys and
+				// the check of the fetch agree with the answer, and it
+				// with the pin, however it answers when asked again.
+				// Any listing is asked a chunk the pin names (its
+				// identity asked it already: no request).
+				v, ok, err = lst.Version(key)
+				known = true
+			}
+			if err == nil && known {
 				err = pin.check(o.a, o.coords, v, ok)
 			}
 			if err != nil {
 				errs[i] = &ChunkError{Array: o.a.Path, Key: key, Err: err}
 				return
 			}
-			src.listed, src.present, src.want = true, ok, v
+			// Not known (a remote lazy listing, under no pin): not asked
+			// first; the fetch's response teaches the listing (doV).
+			src.fixed, src.present, src.want = known, ok, v
 		}
 		// No stored chunk may be larger than its decoded size allows:
 		// the store's Get refuses it before allocating for it.
@@ -244,7 +257,7 @@ func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
 		return err
 	}
 	for _, l := range st.leaves {
-		if l.err == nil && !l.missing && l.dec == nil && !l.direct {
+		if l.err == nil && !l.missing && l.dec == nil && !l.direct && l.part == nil {
 			l.err = fmt.Errorf("%w: chunk produced no data", ErrCorrupt)
 		}
 		if l.err != nil {
@@ -255,6 +268,11 @@ func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
 	for _, l := range st.leaves {
 		if l.srcKey != "" {
 			h.opts.SourceCache.Put(l.srcKey, l.enc)
+		}
+		if l.part != nil && h.opts.SourceCache != nil {
+			for _, p := range l.part.puts {
+				h.opts.SourceCache.Put(p.key, p.b)
+			}
 		}
 	}
 	st.assemble()
@@ -338,8 +356,23 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 			st.add(l)
 			return nil
 		}
+		if ss, ok := src.(storeSource); ok {
+			if p := st.planPartial(l); p != nil {
+				if b, ok := ss.cachedWhole(); ok {
+					l.enc, l.encOwned = nonNil(b), true
+					st.add(l)
+					return nil
+				}
+				if done, err := st.tryPartial(ctx, l, p, chunkRange{ss, 0, -1}); done || err != nil {
+					return err
+				}
+			}
+		}
 		b, fresh, err := src.whole(ctx)
 		l.srcKey = fresh
+		// Kept under the version the fetch found (a lazy listing learns it
+		// from the response).
+		l.cacheKey = a.MetaHash + "\x00" + key + "\x00" + src.version()
 		_, l.encOwned = src.(storeSource)
 		switch {
 		case objectstore.IsNotFound(err):
@@ -433,6 +466,18 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 			}
 		}
 		fetches = append(fetches, func() {
+			if ss, ok := src.(storeSource); ok && s.codecs.shard == nil {
+				l := &leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: ib.lo, key: ikey, needs: inner, cacheKey: ck}
+				done, err := st.tryPartial(ctx, l, st.planPartial(l), chunkRange{ss, int64(off), int64(nb)})
+				if err != nil {
+					emu.Lock()
+					errs = append(errs, err)
+					emu.Unlock()
+				}
+				if done || err != nil {
+					return
+				}
+			}
 			b, fresh, err := src.rng(ctx, int64(off), int64(nb))
 			if err == nil {
 				if s.codecs.shard != nil {
@@ -520,6 +565,9 @@ func (st *readState) shardIndex(ctx context.Context, a *Array, s *shardSpec, src
 	if fresh != "" {
 		st.h.opts.SourceCache.Put(fresh, raw)
 	}
+	if ck != "" {
+		ck = "index\x00" + a.MetaHash + "\x00" + key + "\x00" + src.version() // as the fetch found it
+	}
 	if s.index.bigEndian {
 		c := make([]byte, len(b))
 		for i := 0; i+8 <= len(b); i += 8 {
@@ -554,12 +602,18 @@ func (st *readState) decode(ctx context.Context) error {
 		tmp   bool // cur is a pooled buffer an earlier step decoded into, which only the next step reads
 	}
 	var work []*pending
+	var parts []codec.Job // partial leaves' jobs, decoded with the first round
+	var partOf []*leaf
 	for _, l := range st.leaves {
-		if l.enc != nil {
+		switch {
+		case l.part != nil:
+			parts = append(parts, l.partialJob())
+			partOf = append(partOf, l)
+		case l.enc != nil:
 			work = append(work, &pending{l: l, cur: l.enc, stage: len(l.pipe.bb) - 1})
 		}
 	}
-	for len(work) > 0 {
+	for len(work) > 0 || len(parts) > 0 {
 		var jobs []codec.Job
 		var owners []*pending
 		next := work[:0]
@@ -589,6 +643,9 @@ func (st *readState) decode(ctx context.Context) error {
 			next = append(next, w)
 		}
 		work = next
+		whole := len(jobs)
+		jobs = append(jobs, parts...)
+		parts = nil
 		if len(jobs) == 0 {
 			break
 		}
@@ -596,6 +653,14 @@ func (st *readState) decode(ctx context.Context) error {
 			return err
 		}
 		st.h.stats.ChunksDecoded.Add(int64(len(jobs)))
+		for k, j := range jobs[whole:] {
+			if l := partOf[k]; j.Err != nil {
+				l.err = j.Err
+			} else {
+				st.h.stats.BytesDecoded.Add(l.part.bytes)
+			}
+		}
+		jobs = jobs[:whole]
 		for i, j := range jobs {
 			w := owners[i]
 			if w.tmp {
@@ -787,6 +852,18 @@ func (st *readState) finish(l *leaf, dec []byte) {
 // assemble copies every leaf's share into the requests.
 func (st *readState) assemble() {
 	for _, l := range st.leaves {
+		if l.part != nil {
+			// Decoded into the requests, segment by segment: only the
+			// byte order is left.
+			for _, sg := range l.part.segs {
+				if l.pipe.bigEndian {
+					swapBytes(sg.Dst, l.arr.DType.Size)
+				}
+				st.h.stats.BytesAssembled.Add(int64(len(sg.Dst)))
+			}
+			l.part = nil
+			continue
+		}
 		if l.direct {
 			// Decoded in place (inPlace): only the byte order is left.
 			if l.pipe.bigEndian {

@@ -30,14 +30,36 @@ type storeSource struct {
 	// whole compressed chunk, whose buffer release frees, may use it.
 	hint int
 	meta string // the array's MetaHash: cached bytes never outlive their metadata
-	// listed says the array has a listing, asked once when the Read
-	// started: want is the key's version there, present whether it holds
-	// the key at all.
-	listed, present bool
-	want            string
+	// listing is the array's listing the Read reads under, nil for none.
+	listing *Listing
+	// fixed says the key's version was asked once when the Read started
+	// (a Bounded listing, which may answer otherwise when asked again):
+	// want is the version, present whether the listing holds the key at
+	// all. Otherwise the listing is consulted as the read goes (Known),
+	// and learns from the fetch a version it did not know.
+	fixed, present bool
+	want           string
 }
 
-func (s storeSource) version() string { return s.want }
+func (s storeSource) version() string {
+	switch {
+	case s.fixed:
+		return s.want
+	case s.listing == nil:
+		return ""
+	}
+	v, _, known := s.listing.Known(s.key)
+	if !known {
+		return unlearnt
+	}
+	return v
+}
+
+// unlearnt is version() of a key its lazy listing has not learnt yet: no
+// bytes are ever kept under it (it is no store's version), so a lookup
+// with it misses, and the chunk's bytes are kept under the version its
+// read learns.
+const unlearnt = "\x00unlearnt"
 
 // errNotListed is what a read of an object the listing lacks returns: the
 // chunk is missing as far as the listing knows, which is what the bytes
@@ -48,51 +70,80 @@ var errNotListed = fmt.Errorf("%w: not in the array's listing", objectstore.ErrN
 // version ("" from a store that cannot tell). With a listing, an object it
 // lacks is missing without a request, compressed bytes of the listed
 // version come from the source cache without a request, and a fetch that
-// finds another version fails with ErrChanged. Without one, the source
-// cache is keyed by metadata (a store that cannot tell versions).
+// finds another version fails with ErrChanged. A key a lazy listing has
+// not learnt yet is not asked first: the fetch's response is the listing's
+// answer (absent, for an object not found), so the read costs one request.
+// Without a listing, the source cache is keyed by metadata (a store that
+// cannot tell versions).
 func (s storeSource) do(ctx context.Context, ck string, f func() ([]byte, string, error)) ([]byte, string, error) {
+	b, fresh, _, err := s.doV(ctx, ck, f)
+	return b, fresh, err
+}
+
+// doV is do that also returns the version the store read ("" for bytes
+// from the source cache, or from a store that cannot tell).
+func (s storeSource) doV(ctx context.Context, ck string, f func() ([]byte, string, error)) ([]byte, string, string, error) {
 	sc := s.h.opts.SourceCache
-	want := s.want
-	if s.listed && !s.present {
-		return nil, "", errNotListed
+	want, listed, known := s.want, s.present, true
+	if s.listing != nil && !s.fixed {
+		want, listed, known = s.listing.Known(s.key)
+	}
+	if s.listing != nil && known && !listed {
+		return nil, "", "", errNotListed
 	}
 	base := ""
 	if sc != nil {
 		base = objectstore.Identity(s.h.Store) + "\x00" + ck
 		lookup := base + "\x00" + want
-		if !s.listed {
+		if s.listing == nil {
 			lookup = objectstore.Identity(s.h.Store) + "\x00" + s.meta + "\x00" + ck
 		}
-		if b, ok := sc.Get(lookup); ok {
-			return b, "", nil
+		if known {
+			if b, ok := sc.Get(lookup); ok {
+				return b, "", "", nil
+			}
 		}
 	}
 	select {
 	case s.sem <- struct{}{}:
 	case <-ctx.Done():
-		return nil, "", ctx.Err()
+		return nil, "", "", ctx.Err()
 	}
 	defer func() { <-s.sem }()
 	s.h.stats.Requests.Add(1)
 	b, ver, err := f()
 	s.h.stats.BytesFetched.Add(int64(len(b)))
-	if s.listed {
+	if s.listing != nil && !known {
+		switch {
+		case err == nil:
+			want, listed = s.listing.learn(s.key, ver, true)
+		case objectstore.IsNotFound(err):
+			if want, listed = s.listing.learn(s.key, "", false); !listed {
+				return nil, "", "", err // absent, as the listing now says
+			}
+		default:
+			return b, "", "", err // a failed read teaches nothing
+		}
+	}
+	if s.listing != nil {
 		switch {
 		case objectstore.IsNotFound(err):
 			err = fmt.Errorf("%w: listed as version %s, now absent", ErrChanged, want)
+		case err == nil && !listed:
+			err = fmt.Errorf("%w: listed as absent, read version %s", ErrChanged, ver)
 		case err == nil && ver != want:
 			err = fmt.Errorf("%w: listed as version %s, read version %s", ErrChanged, want, ver)
 		}
 	}
 	switch {
 	case sc == nil || err != nil:
-		return b, "", err
+		return b, "", ver, err
 	case ver != "":
-		return b, base + "\x00" + ver, nil
-	case !s.listed:
-		return b, objectstore.Identity(s.h.Store) + "\x00" + s.meta + "\x00" + ck, nil
+		return b, base + "\x00" + ver, ver, nil
+	case s.listing == nil:
+		return b, objectstore.Identity(s.h.Store) + "\x00" + s.meta + "\x00" + ck, ver, nil
 	}
-	return b, "", nil
+	return b, "", ver, nil
 }
 
 func (s storeSource) whole(ctx context.Context) ([]byte, string, error) {
@@ -145,6 +196,34 @@ func (s storeSource) getRange(ctx context.Context, off, n int64) ([]byte, string
 
 func (s storeSource) rng(ctx context.Context, off, n int64) ([]byte, string, error) {
 	return s.do(ctx, fmt.Sprintf("%s\x00%d+%d", s.key, off, n), func() ([]byte, string, error) { return s.getRange(ctx, off, n) })
+}
+
+// rngV is rng that also returns the version read (doV).
+func (s storeSource) rngV(ctx context.Context, off, n int64) ([]byte, string, string, error) {
+	return s.doV(ctx, fmt.Sprintf("%s\x00%d+%d", s.key, off, n), func() ([]byte, string, error) { return s.getRange(ctx, off, n) })
+}
+
+// cachedWhole returns the whole object from the source cache, in the
+// version a read would want, if it is there: read whole, it costs no
+// request, so it is not read in part. A key its lazy listing has not
+// learnt is not asked for this: it is not looked up.
+func (s storeSource) cachedWhole() ([]byte, bool) {
+	sc := s.h.opts.SourceCache
+	if sc == nil {
+		return nil, false
+	}
+	lookup := objectstore.Identity(s.h.Store) + "\x00" + s.meta + "\x00" + s.key
+	if s.listing != nil {
+		want, listed, known := s.want, s.present, true
+		if !s.fixed {
+			want, listed, known = s.listing.Known(s.key)
+		}
+		if !known || !listed {
+			return nil, false
+		}
+		lookup = objectstore.Identity(s.h.Store) + "\x00" + s.key + "\x00" + want
+	}
+	return sc.Get(lookup)
 }
 
 func (s storeSource) suffix(ctx context.Context, n int64) ([]byte, string, error) {

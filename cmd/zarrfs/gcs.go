@@ -19,7 +19,7 @@ const bearerTokenEnv = "ZARRFS_HTTP_BEARER_TOKEN"
 func (f *sourceFlags) registerRemote(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.gcsEndpoint, "gcs-endpoint", "", "Google Cloud Storage endpoint URL (default Google's, or STORAGE_EMULATOR_HOST's emulator); http:// allowed for emulators")
 	cmd.Flags().BoolVar(&f.gcsAnonymous, "gcs-anonymous", false, "read a public bucket without credentials (otherwise Application Default Credentials are required)")
-	cmd.Flags().StringVar(&f.chunkVersions, "chunk-versions", "object", "remote sources: how a chunk rewritten in place is noticed: object (its generation, ETag or Last-Modified, asked once per chunk read or listed per small array) or metadata (trust the metadata: for archives that never rewrite a chunk; no request beyond the reads)")
+	cmd.Flags().StringVar(&f.chunkVersions, "chunk-versions", "object", "remote sources: how a chunk rewritten in place is noticed: object (its generation, ETag or Last-Modified, from the response that reads it or listed per small array; a cached file asks its chunks once per --metadata-ttl) or metadata (trust the metadata: for archives that never rewrite a chunk; no request beyond the reads)")
 }
 
 func (f *sourceFlags) validateRemote(src string) error {

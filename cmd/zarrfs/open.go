@@ -221,6 +221,11 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	if isRemote(o.store) && oo.chunkTier {
 		zopts.SourceCache = o.cache.ChunkTier()
 	}
+	// Reading every chunk whole is the peer partial reads are measured
+	// against (BENCHMARKS.md); nothing else sets it.
+	if os.Getenv("ZARRFS_WHOLE_CHUNKS") == "1" {
+		zopts.Partial = zarr.PartialNever
+	}
 	o.src = &layout.Source{
 		Store: o.store,
 		Zarr:  zopts,

@@ -23,9 +23,12 @@
 // dimension therefore keeps the identity of every sample whose chunks the
 // append did not rewrite, while a chunk rewritten in place changes the
 // identity of the samples it holds once the array is listed again. Checking
-// a warm blob costs no request: the listing is made once per array and
-// Hierarchy (a mount makes a new one every --metadata-ttl), and fills
-// verify the versions they read against it (Layout.Do).
+// a warm blob costs no request within a listing: the listing is made once
+// per array and Hierarchy (a mount makes a new one every --metadata-ttl),
+// lazily where the store asks one version cheaper than it lists, and fills
+// verify the versions they read against it (Layout.Do), or teach it the
+// versions of a blob filled before its identity is asked
+// (Layout.DoLearning).
 package layout
 
 import (
@@ -679,6 +682,29 @@ func sampleFileName(k int64, width int) string {
 		d = strings.Repeat("0", width-len(d)) + d
 	}
 	return d + ".npy"
+}
+
+// NarrowerPaths returns the paths that the sample file at p had under
+// narrower names, before its directory grew past a power of ten
+// ("t/0042.npy": "t/042.npy" and "t/42.npy"), and nil for a path whose
+// name is not a sample's padded with zeros. A cache looks there for a
+// blob it may link rather than fill (cache.Cache adopts equal identities).
+func NarrowerPaths(p string) []string {
+	dir, name := path.Split(p)
+	digits, ok := strings.CutSuffix(name, ".npy")
+	if !ok || len(digits) < 2 || digits[0] != '0' {
+		return nil
+	}
+	for _, c := range []byte(digits) {
+		if c < '0' || c > '9' {
+			return nil
+		}
+	}
+	var out []string
+	for i := 1; i < len(digits) && digits[i-1] == '0'; i++ {
+		out = append(out, dir+digits[i:]+".npy")
+	}
+	return out
 }
 
 // parseSampleName parses a sample file name of one of n samples; only the

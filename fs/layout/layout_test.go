@@ -186,6 +186,25 @@ func TestTree(t *testing.T) {
 	}
 }
 
+// The names a sample had before its directory grew past powers of ten.
+func TestNarrowerPaths(t *testing.T) {
+	for p, want := range map[string]string{
+		"t/0042.npy":  "t/042.npy t/42.npy",
+		"v/000.npy":   "v/00.npy v/0.npy",
+		"t/42.npy":    "",
+		"t/0.npy":     "",
+		"t/0x1.npy":   "",
+		"lsm.npy":     "",
+		"t/0042.json": "",
+		"a/b/010.npy": "a/b/10.npy",
+		"0042.npy":    "042.npy 42.npy",
+	} {
+		if got := strings.Join(NarrowerPaths(p), " "); got != want {
+			t.Errorf("NarrowerPaths(%q) = %q, want %q", p, got, want)
+		}
+	}
+}
+
 func TestSampleNames(t *testing.T) {
 	for _, tt := range []struct {
 		n           int64

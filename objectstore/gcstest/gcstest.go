@@ -48,6 +48,20 @@ type Counts struct {
 	Listings atomic.Int64
 	// Other is everything else.
 	Other atomic.Int64
+	// Bytes are the response body bytes sent, of every kind.
+	Bytes atomic.Int64
+}
+
+// countingWriter adds what a response writes to its body to n.
+type countingWriter struct {
+	http.ResponseWriter
+	n *atomic.Int64
+}
+
+func (c countingWriter) Write(b []byte) (int, error) {
+	n, err := c.ResponseWriter.Write(b)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 // Start starts an emulator in memory for the test and stops it in
@@ -82,7 +96,7 @@ func StartIn(t testing.TB, dir string) *Server {
 		if hook != nil {
 			hook(r)
 		}
-		h.ServeHTTP(w, r)
+		h.ServeHTTP(countingWriter{w, &s.counts.Bytes}, r)
 	}))
 	s.URL = s.ts.URL
 	t.Cleanup(func() {

@@ -164,6 +164,14 @@ type bloscHeader struct {
 }
 
 func parseBloscHeader(src []byte) (bloscHeader, error) {
+	return parseBloscFields(src, len(src))
+}
+
+// parseBloscFields validates the header at the start of src, of a frame of
+// which avail bytes exist (len(src) when src is the whole frame; more when
+// src is its first bytes and the rest is fetched block by block). h.src
+// holds what src has of the frame.
+func parseBloscFields(src []byte, avail int) (bloscHeader, error) {
 	var h bloscHeader
 	if len(src) < bloscHeaderSize {
 		return h, fmt.Errorf("blosc: frame of %d bytes, shorter than its header: %w", len(src), ErrCorrupt)
@@ -182,11 +190,11 @@ func parseBloscHeader(src []byte) (bloscHeader, error) {
 	if h.typesize == 0 {
 		return h, fmt.Errorf("blosc: typesize 0: %w", ErrCorrupt)
 	}
-	if h.nbytes < 0 || cbytes < bloscHeaderSize || cbytes > len(src) {
+	if h.nbytes < 0 || cbytes < bloscHeaderSize || cbytes > avail {
 		return h, fmt.Errorf("blosc: header claims %d bytes decoded from %d, frame has %d: %w",
-			h.nbytes, cbytes, len(src), ErrCorrupt)
+			h.nbytes, cbytes, avail, ErrCorrupt)
 	}
-	h.src = src[:cbytes]
+	h.src = src[:min(cbytes, len(src))]
 	h.memcpyed = flags&bloscMemcpyFlag != 0
 	h.noSplit = flags&bloscNoSplitFlag != 0
 	h.comp = int(flags >> 5)
@@ -364,41 +372,76 @@ func (d *decoder) decodeBlosc(dst, src []byte) error {
 		copy(dst, h.src[bloscHeaderSize:])
 		return nil
 	}
-	for i := 0; i < h.nblocks; i++ {
+	return d.decodeBloscBlocks(&h, dst, 0, h.nblocks)
+}
+
+// decodeBloscBlocks decodes blocks [from, to) of the whole frame h (parsed,
+// not memcpyed, decoding to len(dst) bytes) into their places in dst.
+// Blocks are independent, so ranges of one frame may decode on several
+// goroutines, each with a decoder of its own.
+func (d *decoder) decodeBloscBlocks(h *bloscHeader, dst []byte, from, to int) error {
+	for i := from; i < to; i++ {
 		off, n := h.block(i)
-		out := dst[off : off+n]
-		shuffled := h.shuffle == ByteShuffle || (h.shuffle == BitShuffle && n >= h.typesize)
-		tmp := out
-		if shuffled {
-			tmp = d.scratch(n)
-		}
-		ns := h.splits(i, n)
-		if n%ns != 0 {
-			return fmt.Errorf("blosc: block %d of %d bytes split in %d streams: %w", i, n, ns, ErrCorrupt)
-		}
-		ne := n / ns
 		pos, err := h.blockStart(i)
 		if err != nil {
 			return err
 		}
-		for j := 0; j < ns; j++ {
-			s, raw, next, err := h.stream(pos, ne)
-			if err != nil {
-				return fmt.Errorf("block %d: %w", i, err)
-			}
-			part := tmp[j*ne : (j+1)*ne]
-			if raw {
-				copy(part, s)
-			} else if err := d.decodeBloscStream(h.comp, part, s); err != nil {
-				return fmt.Errorf("blosc: block %d stream %d: %w", i, j, err)
-			}
-			pos = next
-		}
-		if shuffled {
-			unshuffleBlock(h.shuffle, out, tmp, h.typesize)
+		if err := d.decodeBlock(h, h.src[pos:], pos, i, dst[off:off+n]); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// decodeBlock decodes block i into out (its n bytes) from view, the
+// frame's bytes from offset pos on, where the block's streams start: to
+// out when there is no shuffle to undo, else to scratch that is then
+// unshuffled into out. Streams are read from view alone, so a partial
+// frame whose view ends early fails rather than reading on.
+func (d *decoder) decodeBlock(h *bloscHeader, view []byte, pos, i int, out []byte) error {
+	n := len(out)
+	shuffled := h.shuffle == ByteShuffle || (h.shuffle == BitShuffle && n >= h.typesize)
+	tmp := out
+	if shuffled {
+		tmp = d.scratch(n)
+	}
+	ns := h.splits(i, n)
+	if n%ns != 0 {
+		return fmt.Errorf("blosc: block %d of %d bytes split in %d streams: %w", i, n, ns, ErrCorrupt)
+	}
+	ne := n / ns
+	rel := 0
+	for j := 0; j < ns; j++ {
+		s, raw, next, err := streamIn(view, rel, ne)
+		if err != nil {
+			return fmt.Errorf("blosc: block %d: stream at %d: %w", i, pos+rel, err)
+		}
+		part := tmp[j*ne : (j+1)*ne]
+		if raw {
+			copy(part, s)
+		} else if err := d.decodeBloscStream(h.comp, part, s); err != nil {
+			return fmt.Errorf("blosc: block %d stream %d: %w", i, j, err)
+		}
+		rel = next
+	}
+	if shuffled {
+		unshuffleBlock(h.shuffle, out, tmp, h.typesize)
+	}
+	return nil
+}
+
+// streamIn reads the stream at rel of view that decodes to n bytes: its
+// compressed bytes, whether they are raw, and the position after it.
+func streamIn(view []byte, rel, n int) (s []byte, raw bool, next int, err error) {
+	if rel < 0 || rel > len(view)-4 {
+		return nil, false, 0, fmt.Errorf("%d bytes left, fewer than a stream's size: %w", len(view)-rel, ErrCorrupt)
+	}
+	cs := int(int32(binary.LittleEndian.Uint32(view[rel:])))
+	rel += 4
+	if cs < 0 || cs > len(view)-rel {
+		return nil, false, 0, fmt.Errorf("claims %d bytes, %d left: %w", cs, len(view)-rel, ErrCorrupt)
+	}
+	return view[rel : rel+cs], cs == n, rel + cs, nil
 }
 
 // decodeBloscStream decodes one compressed stream into exactly len(dst)

@@ -46,6 +46,13 @@ type Job struct {
 	// never writes past len(Dst) and never allocates more than that on
 	// behalf of the input, whatever the input's headers claim.
 	Dst []byte
+	// Parts, Segments and Size describe a partial job (BloscPart, RawPart,
+	// partial.go): the fetched byte ranges of the stored chunk, the decoded
+	// ranges to produce and where, and the chunk's whole decoded size.
+	// Src and Dst are then empty.
+	Parts    []Part
+	Segments []Segment
+	Size     int64
 	// Err is set by the decoder: nil on success.
 	Err error
 }

@@ -48,8 +48,69 @@ var ErrClosed = errors.New("codec: decoder closed")
 type batch struct {
 	ctx  context.Context
 	jobs []Job
-	next atomic.Int64
-	wg   sync.WaitGroup
+	// parts, when set, are what the workers claim instead of whole jobs:
+	// the block ranges of blosc frames split across workers, and the other
+	// jobs whole.
+	parts []part
+	next  atomic.Int64
+	wg    sync.WaitGroup
+}
+
+// part is blocks [from, to) of job's whole blosc frame h, or the whole job
+// when h is nil. err is its outcome.
+type part struct {
+	job      int
+	h        *bloscHeader
+	from, to int
+	err      error
+}
+
+// splitMin is the smallest blosc frame (decoded bytes) whose blocks are
+// spread over idle workers, and splitPart about the least each takes: a
+// reader of one sample at a time otherwise waits for its largest chunk
+// decoded on one core while the others idle.
+const (
+	splitMin  = 4 << 20
+	splitPart = 1 << 20
+)
+
+// split returns the parts of jobs for spare idle workers: each large whole
+// blosc frame cut into up to its share of them, in block ranges; nil when
+// no job is worth cutting.
+func split(jobs []Job, spare int) []part {
+	if spare <= len(jobs) {
+		return nil
+	}
+	share := spare / len(jobs)
+	var parts []part
+	cut := false
+	for i := range jobs {
+		j := &jobs[i]
+		k := 1
+		var h bloscHeader
+		if j.Codec == Blosc && len(j.Dst) >= splitMin {
+			var err error
+			h, err = parseBloscHeader(j.Src)
+			// Anything the whole-frame decoder would refuse or copy is
+			// left to it, with its errors.
+			if err == nil && h.nbytes == len(j.Dst) && !h.memcpyed && h.nblocks > 1 {
+				k = min(share, h.nblocks, len(j.Dst)/splitPart)
+			}
+		}
+		if k <= 1 {
+			parts = append(parts, part{job: i})
+			continue
+		}
+		cut = true
+		hp := &h
+		for p := range k {
+			parts = append(parts, part{job: i, h: hp, from: p * h.nblocks / k, to: (p + 1) * h.nblocks / k})
+		}
+	}
+	if !cut {
+		return nil
+	}
+	return parts
 }
 
 // NewCPU starts a CPU decoder with opts.Workers goroutines.
@@ -93,21 +154,54 @@ func (c *CPU) work() {
 
 func (b *batch) run(d *decoder, pending, busy *atomic.Int64) {
 	defer b.wg.Done()
+	n := len(b.jobs)
+	if b.parts != nil {
+		n = len(b.parts)
+	}
 	for {
 		i := int(b.next.Add(1) - 1)
-		if i >= len(b.jobs) {
+		if i >= n {
 			return
 		}
-		j := &b.jobs[i]
+		var j *Job
+		var p *part
+		var errp *error
+		if b.parts != nil {
+			p = &b.parts[i]
+			j, errp = &b.jobs[p.job], &p.err
+		} else {
+			j = &b.jobs[i]
+			errp = &j.Err
+		}
 		if err := b.ctx.Err(); err != nil {
-			j.Err = fmt.Errorf("%s chunk not decoded: %w", j.Codec, err)
+			*errp = fmt.Errorf("%s chunk not decoded: %w", j.Codec, err)
 		} else {
 			t0 := time.Now()
-			j.Err = d.decode(j.Codec, j.Dst, j.Src)
+			if p != nil && p.h != nil {
+				*errp = d.decodeBloscBlocks(p.h, j.Dst, p.from, p.to)
+			} else {
+				*errp = d.job(j)
+			}
 			d.release()
 			busy.Add(int64(time.Since(t0)))
 		}
 		pending.Add(-1)
+	}
+}
+
+// gather sets each job's Err from its parts: the first part's error in
+// block order, which is the one decoding the frame whole would report.
+func (b *batch) gather() {
+	if b.parts == nil {
+		return
+	}
+	for i := range b.jobs {
+		b.jobs[i].Err = nil
+	}
+	for i := len(b.parts) - 1; i >= 0; i-- {
+		if p := &b.parts[i]; p.err != nil {
+			b.jobs[p.job].Err = p.err
+		}
 	}
 }
 
@@ -141,14 +235,19 @@ func (c *CPU) DecodeBatch(ctx context.Context, jobs []Job) error {
 	if len(jobs) == 0 {
 		return nil
 	}
-	b := &batch{ctx: ctx, jobs: jobs}
-	c.pending.Add(int64(len(jobs)))
-	n := min(c.workers, len(jobs))
-	b.wg.Add(n)
-	for range n {
+	b := &batch{ctx: ctx, jobs: jobs, parts: split(jobs, c.Spare())}
+	n := len(jobs)
+	if b.parts != nil {
+		n = len(b.parts)
+	}
+	c.pending.Add(int64(n))
+	w := min(c.workers, n)
+	b.wg.Add(w)
+	for range w {
 		c.tickets <- b
 	}
 	b.wg.Wait()
+	b.gather()
 	return ctx.Err()
 }
 

@@ -44,6 +44,7 @@ const maxKeptScratch = 8 << 20
 // It is not safe for concurrent use.
 type decoder struct {
 	tmp  []byte
+	blk  []byte // a partial read's block decoded for segments that take part of it
 	zstd *zstd.Decoder
 	gz   *gzip.Reader
 	zl   io.ReadCloser
@@ -81,6 +82,27 @@ func (d *decoder) release() {
 	if cap(d.tmp) > maxKeptScratch {
 		d.tmp = nil
 	}
+	if cap(d.blk) > maxKeptScratch {
+		d.blk = nil
+	}
+}
+
+// DecodeJob decodes one job as a CPU decoder's worker does: Decode for a
+// whole chunk, or the Segments of a partial one (BloscPart, RawPart). The
+// job's Err is left alone.
+func DecodeJob(j *Job) error {
+	d := decoderPool.Get().(*decoder)
+	err := d.job(j)
+	d.release()
+	decoderPool.Put(d)
+	return err
+}
+
+func (d *decoder) job(j *Job) error {
+	if IsPartial(j.Codec) {
+		return d.decodePartial(j)
+	}
+	return d.decode(j.Codec, j.Dst, j.Src)
 }
 
 func (d *decoder) decode(name Name, dst, src []byte) error {

@@ -162,3 +162,50 @@ func inside(outer, inner []byte) bool {
 	}
 	return false
 }
+
+// FuzzBloscPartial holds partial decoding to whole decoding: whatever a
+// frame holds, a selection decoded from its index and the ranges that
+// index names is either refused or equal to the same bytes of Decode's
+// output; never different bytes.
+func FuzzBloscPartial(f *testing.F) {
+	for _, v := range loadVectors(f) {
+		if v.Codec == Blosc {
+			f.Add(v.src, uint16(3), uint16(700))
+		}
+	}
+	f.Fuzz(func(t *testing.T, src []byte, lo, n uint16) {
+		if len(src) < 16 {
+			return
+		}
+		binary.LittleEndian.PutUint32(src[12:], uint32(len(src)))
+		nbytes := int(int32(binary.LittleEndian.Uint32(src[4:])))
+		if nbytes <= 0 || nbytes > 1<<20 {
+			return
+		}
+		whole := make([]byte, nbytes)
+		werr := Decode(Blosc, whole, src)
+		off := int(lo) % nbytes
+		seg := Segment{int64(off), make([]byte, min(int(n)+1, nbytes-off))}
+		x, need, err := ParseBloscIndex(src[:min(len(src), 16)], nbytes)
+		if err == nil && x == nil && need <= len(src) {
+			x, _, err = ParseBloscIndex(src[:need], nbytes)
+		}
+		if err != nil || x == nil {
+			return
+		}
+		parts := []Part{{0, src[:max(need, 16)]}}
+		for _, r := range x.Ranges([]Segment{seg}, 0) {
+			if r.Off+r.N > int64(len(src)) {
+				t.Fatalf("range %d+%d past a %d-byte frame", r.Off, r.N, len(src))
+			}
+			parts = append(parts, Part{r.Off, src[r.Off : r.Off+r.N]})
+		}
+		j := Job{Codec: BloscPart, Parts: parts, Segments: []Segment{seg}, Size: int64(nbytes)}
+		if err := DecodeJob(&j); err != nil || werr != nil {
+			return
+		}
+		if want := whole[off : off+len(seg.Dst)]; !bytes.Equal(seg.Dst, want) {
+			t.Fatalf("partial and whole decoding differ at %d", off+firstDiff(seg.Dst, want))
+		}
+	})
+}

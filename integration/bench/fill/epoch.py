@@ -9,13 +9,21 @@ Usage: epoch.py SAMPLE_DIR --how loader|loader-shuffled|plain|plain-ra0 [--batch
                    whole file into one reused buffer, close (the mount decides
                    the readahead; plain-ra0 names a mount with --readahead 0)
 
-Output: how, samples, seconds, samples_per_s, and for the Loader the device.
+Output: how, samples, seconds, samples_per_s, cpu_s (the reader's own CPU
+seconds, user and system, over the epoch), and for the Loader the device.
 """
 
 import argparse
 import json
 import os
+import resource
 import time
+
+
+def cpu_seconds():
+    """User and system CPU seconds of this process, all its threads."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
 def main():
@@ -33,6 +41,7 @@ def main():
         device = "cuda" if torch.cuda.is_available() else "cpu"
         loader = Loader(a.dir, a.batch, device=device, shuffle=a.how == "loader-shuffled")
         n = 0
+        c0 = cpu_seconds()
         t0 = time.perf_counter()
         for x in loader:
             batch = x[0] if isinstance(x, (tuple, list)) else x
@@ -47,6 +56,7 @@ def main():
         buf = bytearray(size)
         view = memoryview(buf)
         n = 0
+        c0 = cpu_seconds()
         t0 = time.perf_counter()
         for f in names:
             with open(os.path.join(a.dir, f), "rb", buffering=0) as fh:
@@ -58,7 +68,8 @@ def main():
                     got += k
             n += 1
         secs = time.perf_counter() - t0
-    out.update(samples=n, seconds=round(secs, 3), samples_per_s=round(n / secs, 2))
+    cpu = cpu_seconds() - c0
+    out.update(samples=n, seconds=round(secs, 3), samples_per_s=round(n / secs, 2), cpu_s=round(cpu, 2))
     print(json.dumps(out), flush=True)
 
 

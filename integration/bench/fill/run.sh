@@ -20,7 +20,7 @@
 # ("roofline peers warm cores epoch"), SHM (tmpfs scratch, default
 # /dev/shm/zarrfs-fill), DISK (disk scratch, default /var/tmp/zarrfs-fill),
 # CACHES (cache devices of the epoch part: "shm disk"), ZARRFS_OLD,
-# LOGDIR (default $DISK/logs), PYTHON, GO (builds the roofline tool unless
+# LOGDIR (default $DISK/logs), REUSE (1: keep stores an earlier run made), PYTHON, GO (builds the roofline tool unless
 # FILLBENCH names a built one), LAT/LON (field size, default 721x1440),
 # DECODERS (default cpu, and gpu and auto where a GPU decodes), PROFILE
 # (a folder: the epoch part's daemons write CPU profiles there).
@@ -71,8 +71,8 @@ warm_once() {
 	[ "$cpus" != all ] && pin=(taskset -c "$cpus")
 	local t0 t1
 	t0=$(now)
-	if ! "${pin[@]}" "$bin" warm "$store" --cache "$cache" --view "$view" --only train --decode "$dec" "$@" >"$logdir/warm-$label.log" 2>&1; then
-		log "warm $label failed: $(tail -3 "$logdir/warm-$label.log")"
+	if ! "${pin[@]}" "$bin" warm "$store" --cache "$cache" --view "$view" --only train --decode "$dec" "$@" >"$logdir/warm-$name-$label.log" 2>&1; then
+		log "warm $label failed: $(tail -3 "$logdir/warm-$name-$label.log")"
 		status=1
 		return 1
 	fi
@@ -81,7 +81,7 @@ warm_once() {
 	s=$(secs "$t0" "$t1")
 	# The data bytes of the blobs warm wrote (their sizes less the
 	# 4096-byte header), from the directory it prints for the view.
-	dir=$(awk -F'\t' '$1 == "train" { print $2 }' "$logdir/warm-$label.log")
+	dir=$(awk -F'\t' '$1 == "train" || $1 == "train/" { print $2 }' "$logdir/warm-$name-$label.log")
 	got=$(find "$dir" -name '*.npy' -printf '%s\n' 2>/dev/null | awk '{ s += $1 - 4096 } END { printf "%d", s }')
 	if [ "${got:-0}" -le 0 ]; then
 		log "warm $label: no blobs found in '$dir'"
@@ -93,7 +93,9 @@ warm_once() {
 
 for name in $stores; do
 	src=$disk/$name
-	(cd "$root" && $py integration/gpu/make_store.py "$src" --steps "$steps" --unique $((steps < 24 ? steps : 24)) --codecs "$name" --lat "$lat" --lon "$lon") >>"$logdir/fill.log" 2>&1 ||
+	# REUSE=1 keeps a store an earlier run wrote with the same settings.
+	[ "${REUSE:-}" = 1 ] && [ -f "$src/made" ] && [ "$(cat "$src/made")" = "$steps $name $lat $lon" ] ||
+	(cd "$root" && rm -f "$src/made" && $py integration/gpu/make_store.py "$src" --steps "$steps" --unique $((steps < 24 ? steps : 24)) --codecs "$name" --lat "$lat" --lon "$lon" && echo "$steps $name $lat $lon" >"$src/made") >>"$logdir/fill.log" 2>&1 ||
 		{ log "make_store $name failed"; status=1; continue; }
 	store=$src/era5.zarr view=$src/train.yaml
 	cat $(find "$store" -type f) >/dev/null
@@ -148,13 +150,16 @@ for name in $stores; do
 				[ "$how" = plain-ra0 ] && ra=(--readahead 0)
 				prof=()
 				[ -n "${PROFILE:-}" ] && prof=(env ZARRFS_CPUPROFILE="$PROFILE/$name-$where-$how.prof")
-				"${prof[@]}" "$zarrfs" mount "$store" "$mnt" --cache "$cache" --view "$view" --decode cpu "${ra[@]}" >"$logdir/mount-$how.log" 2>&1 &
+				"${prof[@]}" "$zarrfs" mount "$store" "$mnt" --cache "$cache" --view "$view" --decode cpu "${ra[@]}" >"$logdir/mount-$name-$how.log" 2>&1 &
 				mpid=$!
-				for _ in $(seq 200); do grep -q "mounted" "$logdir/mount-$how.log" && break; sleep 0.1; done
+				for _ in $(seq 200); do grep -q "mounted" "$logdir/mount-$name-$how.log" && break; sleep 0.1; done
 				out=$(PYTHONPATH=$root/python/src${PYTHONPATH:+:$PYTHONPATH} $py "$here/epoch.py" "$mnt/train" --how "$how" 2>>"$logdir/fill.log") || { log "epoch $how failed"; status=1; }
+				# The daemon's CPU seconds (user and system) over its life:
+				# the fills of the epoch, beside the reader's own cpu_s.
+				dcpu=$(awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' "/proc/$mpid/stat" 2>/dev/null)
 				"$zarrfs" unmount "$mnt" >/dev/null 2>&1 || umount -l "$mnt"
 				wait "$mpid"
-				[ -n "$out" ] && record "$(echo "$out" | $py -c "import json,sys; d=json.loads(sys.stdin.read()); d.update(store='$name', cache='$where', warm_samples_per_s=round($steps/$warm_s, 2), vs_warm=round(d['samples_per_s']*$warm_s/$steps, 3)); print(json.dumps(d))")"
+				[ -n "$out" ] && record "$(echo "$out" | $py -c "import json,sys; d=json.loads(sys.stdin.read()); d.update(store='$name', cache='$where', daemon_cpu_s=${dcpu:-None}, warm_samples_per_s=round($steps/$warm_s, 2), vs_warm=round(d['samples_per_s']*$warm_s/$steps, 3)); print(json.dumps(d))")"
 			done
 			rm -rf "$cache"
 		done

@@ -346,7 +346,7 @@ func writeStore(dir, c string, nvars, steps int) (float64, error) {
 	var codecJSON map[string]any
 	switch c {
 	case "zstd":
-		codecJSON = map[string]any{"name": "zstd", "configuration": map[string]any{"level": 3, "checksum": false}}
+		codecJSON = map[string]any{"name": "zstd", "configuration": map[string]any{"level": 3, "checksum": true}} // the encoder writes content checksums (its default), which the GPU path needs
 	case "blosc-lz4":
 		codecJSON = map[string]any{"name": "blosc", "configuration": map[string]any{"cname": "lz4", "clevel": 5,
 			"shuffle": "shuffle", "typesize": 4, "blocksize": 0}}

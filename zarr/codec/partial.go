@@ -1,0 +1,317 @@
+package codec
+
+import (
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"sort"
+)
+
+// Partial reads decode only part of a chunk from only part of its stored
+// bytes. A blosc frame compresses its blocks independently and says where
+// each starts (the offsets after its 16-byte header), so the blocks that
+// hold a selection can be fetched and decoded alone; bytes without
+// compression are their own decoded bytes.
+//
+// A partial Job names BloscPart or RawPart, carries the fetched byte ranges
+// of the stored chunk in Parts and the decoded ranges to produce in
+// Segments; Src and Dst are unused. Only the CPU decodes partial jobs (a
+// GPU decoder refuses them with ErrUnsupported, as any codec it lacks).
+const (
+	BloscPart Name = "blosc-part" // some blocks of a blosc frame; Parts[0] holds its header and block table
+	RawPart   Name = "raw-part"   // ranges of a chunk stored without compression
+)
+
+// IsPartial reports whether name is a codec of partial reads.
+func IsPartial(name Name) bool { return name == BloscPart || name == RawPart }
+
+// Part is a fetched byte range of a stored chunk: bytes [Off, Off+len(B)).
+type Part struct {
+	Off int64
+	B   []byte
+}
+
+// Segment is a decoded byte range of a chunk, [Off, Off+len(Dst)), and the
+// memory it is decoded into.
+type Segment struct {
+	Off int64
+	Dst []byte
+}
+
+// Range is a byte range [Off, Off+N) of a stored chunk, to fetch.
+type Range struct{ Off, N int64 }
+
+// BloscIndex is what a blosc frame's first bytes say about its blocks:
+// where each is stored, so that the blocks holding a decoded range can be
+// fetched alone.
+type BloscIndex struct {
+	h      bloscHeader
+	cbytes int
+	// end[i] is where block i's stored bytes end: the next block's start in
+	// frame order (blocks may be stored out of order when c-blosc
+	// compresses with threads), or the frame's end.
+	start, end []int
+}
+
+// bloscIndexMin is the least prefix ParseBloscIndex accepts: the header.
+const bloscIndexMin = bloscHeaderSize
+
+// ParseBloscIndex reads the header and block table of a blosc frame from
+// its first bytes. need is the prefix length the table takes: when it is
+// more than len(prefix), nothing else is returned and the caller reads
+// that much and asks again. Errors are those of Decode for a malformed
+// header or table, checked as far as the prefix allows (a block offset
+// past the frame's end, a frame larger than its decoded size allows are
+// refused here; whether the object really holds cbytes bytes is for the
+// ranged reads to find out).
+func ParseBloscIndex(prefix []byte, nbytes int) (x *BloscIndex, need int, err error) {
+	if len(prefix) < bloscIndexMin {
+		return nil, bloscIndexMin, nil
+	}
+	cbytes := int(int32(binary.LittleEndian.Uint32(prefix[12:])))
+	if cbytes < bloscHeaderSize || cbytes > nbytes+nbytes/8+(64<<10) {
+		return nil, 0, fmt.Errorf("blosc: header claims a frame of %d bytes for %d decoded: %w", cbytes, nbytes, ErrCorrupt)
+	}
+	if len(prefix) > cbytes {
+		prefix = prefix[:cbytes]
+	}
+	h, err := parseBloscFields(prefix, cbytes)
+	if err != nil {
+		return nil, 0, err
+	}
+	if h.nbytes != nbytes {
+		return nil, 0, fmt.Errorf("blosc: frame decodes to %d bytes, want %d: %w", h.nbytes, nbytes, ErrCorrupt)
+	}
+	x = &BloscIndex{h: h, cbytes: cbytes}
+	if h.nbytes == 0 || h.memcpyed {
+		return x, bloscHeaderSize, nil
+	}
+	need = bloscHeaderSize + 4*h.nblocks
+	if len(prefix) < need {
+		return nil, need, nil
+	}
+	x.start = make([]int, h.nblocks)
+	for i := range x.start {
+		pos := int(int32(binary.LittleEndian.Uint32(prefix[bloscHeaderSize+4*i:])))
+		if pos < need || pos > cbytes-4 {
+			return nil, 0, fmt.Errorf("blosc: block %d starts at %d of %d bytes: %w", i, pos, cbytes, ErrCorrupt)
+		}
+		x.start[i] = pos
+	}
+	order := make([]int, h.nblocks)
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool { return x.start[order[a]] < x.start[order[b]] })
+	x.end = make([]int, h.nblocks)
+	next := cbytes
+	for k := len(order) - 1; k >= 0; k-- {
+		i := order[k]
+		x.end[i] = next
+		if k > 0 && x.start[order[k-1]] < x.start[i] {
+			next = x.start[i]
+		}
+	}
+	return x, need, nil
+}
+
+// CBytes is the frame's stored size, as its header says.
+func (x *BloscIndex) CBytes() int64 { return int64(x.cbytes) }
+
+// Ranges returns the stored byte ranges that hold the decoded ranges segs
+// (Off and len(Dst) only are read), sorted and merged where they touch or
+// lie at most gap bytes apart. A memcpyed frame stores each decoded byte
+// 16 bytes further on.
+func (x *BloscIndex) Ranges(segs []Segment, gap int64) []Range {
+	var rs []Range
+	if x.h.nbytes == 0 {
+		return nil
+	}
+	if x.h.memcpyed {
+		for _, s := range segs {
+			if len(s.Dst) > 0 {
+				rs = append(rs, Range{bloscHeaderSize + s.Off, int64(len(s.Dst))})
+			}
+		}
+		return mergeRanges(rs, gap)
+	}
+	bs := int64(x.h.blocksize)
+	seen := make(map[int]bool)
+	for _, s := range segs {
+		if len(s.Dst) == 0 {
+			continue
+		}
+		for b := s.Off / bs; b <= (s.Off+int64(len(s.Dst))-1)/bs && b < int64(x.h.nblocks); b++ {
+			if !seen[int(b)] {
+				seen[int(b)] = true
+				rs = append(rs, Range{int64(x.start[b]), int64(x.end[b] - x.start[b])})
+			}
+		}
+	}
+	return mergeRanges(rs, gap)
+}
+
+// MergeRanges sorts ranges and merges those that overlap, touch, or lie at
+// most gap bytes apart.
+func MergeRanges(rs []Range, gap int64) []Range { return mergeRanges(rs, gap) }
+
+func mergeRanges(rs []Range, gap int64) []Range {
+	slices.SortFunc(rs, func(a, b Range) int {
+		switch {
+		case a.Off < b.Off:
+			return -1
+		case a.Off > b.Off:
+			return 1
+		}
+		return 0
+	})
+	out := rs[:0]
+	for _, r := range rs {
+		if n := len(out); n > 0 && r.Off <= out[n-1].Off+out[n-1].N+gap {
+			out[n-1].N = max(out[n-1].N, r.Off+r.N-out[n-1].Off)
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// parts finds stored bytes among the fetched parts.
+type parts []Part
+
+// at returns the fetched bytes from stored offset off to the end of the
+// part holding it that reaches furthest (parts may overlap: the prefix
+// read for the index and the first block's range), or an error when off
+// was not fetched.
+func (ps parts) at(off int64) ([]byte, error) {
+	var best []byte
+	for _, p := range ps {
+		if p.Off > off {
+			break
+		}
+		if end := p.Off + int64(len(p.B)); end > off && end-off > int64(len(best)) {
+			best = p.B[off-p.Off:]
+		}
+	}
+	if best == nil {
+		return nil, fmt.Errorf("stored byte %d was not fetched: %w", off, ErrCorrupt)
+	}
+	return best, nil
+}
+
+// get returns stored bytes [off, off+n), which one part must hold.
+func (ps parts) get(off, n int64) ([]byte, error) {
+	b, err := ps.at(off)
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) < n {
+		return nil, fmt.Errorf("stored bytes %d+%d were not fetched: %w", off, n, ErrCorrupt)
+	}
+	return b[:n], nil
+}
+
+func sortedParts(p []Part) parts {
+	ps := parts(slices.Clone(p))
+	slices.SortFunc(ps, func(a, b Part) int {
+		switch {
+		case a.Off < b.Off:
+			return -1
+		case a.Off > b.Off:
+			return 1
+		}
+		return 0
+	})
+	return ps
+}
+
+// decodePartial decodes a partial job (BloscPart or RawPart).
+func (d *decoder) decodePartial(j *Job) error {
+	ps := sortedParts(j.Parts)
+	if j.Codec == RawPart {
+		for _, s := range j.Segments {
+			b, err := ps.get(s.Off, int64(len(s.Dst)))
+			if err != nil {
+				return fmt.Errorf("raw-part: %w", err)
+			}
+			copy(s.Dst, b)
+		}
+		return nil
+	}
+	if len(ps) == 0 || ps[0].Off != 0 {
+		return fmt.Errorf("blosc: partial frame without its header: %w", ErrCorrupt)
+	}
+	nbytes := int(j.Size)
+	x, need, err := ParseBloscIndex(ps[0].B, nbytes)
+	if err != nil {
+		return err
+	}
+	if x == nil {
+		return fmt.Errorf("blosc: header and block table take %d bytes, %d fetched: %w", need, len(ps[0].B), ErrCorrupt)
+	}
+	for _, s := range j.Segments {
+		if s.Off < 0 || s.Off+int64(len(s.Dst)) > int64(nbytes) {
+			return fmt.Errorf("blosc: decoded range %d+%d outside a %d-byte frame: %w", s.Off, len(s.Dst), nbytes, ErrCorrupt)
+		}
+	}
+	if x.h.memcpyed {
+		for _, s := range j.Segments {
+			b, err := ps.get(bloscHeaderSize+s.Off, int64(len(s.Dst)))
+			if err != nil {
+				return fmt.Errorf("blosc: memcpyed frame: %w", err)
+			}
+			copy(s.Dst, b)
+		}
+		return nil
+	}
+	// Segments in decoded order, so a block that two of them share is
+	// decoded once.
+	segs := slices.Clone(j.Segments)
+	slices.SortStableFunc(segs, func(a, b Segment) int {
+		switch {
+		case a.Off < b.Off:
+			return -1
+		case a.Off > b.Off:
+			return 1
+		}
+		return 0
+	})
+	bs := int64(x.h.blocksize)
+	cur := -1 // the block held in d.blk
+	for _, s := range segs {
+		end := s.Off + int64(len(s.Dst))
+		for b := s.Off / bs; s.Off < end && b <= (end-1)/bs; b++ {
+			bo, n := x.h.block(int(b))
+			lo, hi := max(s.Off, int64(bo)), min(end, int64(bo+n))
+			if int(b) != cur && lo == int64(bo) && hi == int64(bo+n) {
+				// The whole block lands in this segment: straight there.
+				if err := d.decodeBlockFrom(&x.h, ps, x.start[b], int(b), s.Dst[lo-s.Off:hi-s.Off]); err != nil {
+					return err
+				}
+				continue
+			}
+			if int(b) != cur {
+				if cap(d.blk) < n {
+					d.blk = make([]byte, n)
+				}
+				if err := d.decodeBlockFrom(&x.h, ps, x.start[b], int(b), d.blk[:n]); err != nil {
+					cur = -1
+					return err
+				}
+				cur = int(b)
+			}
+			copy(s.Dst[lo-s.Off:hi-s.Off], d.blk[lo-int64(bo):hi-int64(bo)])
+		}
+	}
+	return nil
+}
+
+// decodeBlockFrom decodes block i, whose streams start at stored offset
+// pos, from the fetched parts into out (the block's n bytes).
+func (d *decoder) decodeBlockFrom(h *bloscHeader, ps parts, pos, i int, out []byte) error {
+	view, err := ps.at(int64(pos))
+	if err != nil {
+		return fmt.Errorf("blosc: block %d: %w", i, err)
+	}
+	return d.decodeBlock(h, view, pos, i, out)
+}
