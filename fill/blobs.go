@@ -65,14 +65,14 @@ func (cb cacheBlobs) Open(ctx context.Context, lay *layout.Layout, b layout.Blob
 	var id string
 	fill := func(ctx context.Context, f cache.Writer) error { return b.Fill(ctx, f) }
 	if held(cb.c, lay, b) {
-		err := lay.Do(ctx, b, func(ident string) (err error) {
+		err := lay.Do(ctx, b, func(ctx context.Context, ident string) (err error) {
 			id = ident
 			h, err = cb.c.GetBlob(ctx, Key(lay, b, ident), b.Size(), fill)
 			return err
 		})
 		return h, id, err
 	}
-	err := lay.DoLearning(ctx, b, func(ident string, learn func() (string, error)) (err error) {
+	err := lay.DoLearning(ctx, b, func(ctx context.Context, ident string, learn func() (string, error)) (err error) {
 		if learn == nil {
 			id = ident
 			h, err = cb.c.GetBlob(ctx, Key(lay, b, ident), b.Size(), fill)

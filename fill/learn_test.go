@@ -19,8 +19,12 @@ import (
 	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
-// countingStore counts what a local store is asked: versions (stat) and
-// reads.
+// countingStore counts what a store is asked: versions (stat) and reads.
+// It reads files, but is not seen as local (objectstore.IsLocal: it does
+// not unwrap to its Posix), so its lazy listings keep every answer and a
+// first fill learns its versions, as over a remote store whose versions
+// are asked one by one (GCS arrays of many chunks); localStore is the
+// local one.
 type countingStore struct {
 	*objectstore.Posix
 	stats, reads atomic.Int64
@@ -48,6 +52,12 @@ func (c *countingStore) GetRangeVersion(ctx context.Context, key string, off, n 
 }
 
 func (c *countingStore) take() (stats, reads int64) { return c.stats.Swap(0), c.reads.Swap(0) }
+
+// localStore is a countingStore seen as local, as the Posix store it reads
+// through is: its lazy listings are Bounded.
+type localStore struct{ *countingStore }
+
+func (l localStore) Unwrap() objectstore.Store { return l.Posix }
 
 // writeChunk writes chunk (k, j) of array t, shaped (8, 4) in chunks of
 // (1, 2): element [k, 2j+i] = base + 4k + 2j + i, raw little-endian.
@@ -142,7 +152,8 @@ func openValues(t *testing.T, c *cache.Cache, lay *layout.Layout, b layout.Blob)
 	return binary.LittleEndian.Uint32(buf), id
 }
 
-// A blob the cache never held is filled without asking any version first:
+// A blob of a (remote) store the cache never held is filled without
+// asking any version first:
 // its chunks' reads are its only requests, and it is recorded under the
 // identity the versions they carried name, the one Identity gives. Held,
 // it is revalidated after a new listing by asking its chunks' versions
@@ -195,6 +206,65 @@ func TestFirstFillAsksNoVersion(t *testing.T) {
 	}
 }
 
+// A blob of a local store the cache never held has its identity taken
+// first (a stat per chunk, microseconds) and is filled under the pin of
+// those versions, never learnt from the fill: its listing keeps a bounded
+// number of answers, and asking again after the fill could record a chunk
+// rewritten in between under its new version with its old bytes. Held, it
+// is revalidated after a new listing by its stats alone; a chunk rewritten
+// in place is filled anew.
+func TestFirstFillOfALocalStore(t *testing.T) {
+	dir, counting, src, c := learnStore(t)
+	st := localStore{counting}
+	src.Store = st
+	if !objectstore.IsLocal(st) {
+		t.Fatal("the local counting store is not seen as local")
+	}
+	lay := openLayout(t, src)
+	b := blobOf(t, lay, "t/3.npy")
+	st.take()
+	err := lay.DoLearning(context.Background(), b, func(_ context.Context, ident string, learn func() (string, error)) error {
+		if learn != nil || ident == "" {
+			t.Errorf("a local store's blob left to learn from its fill (identity %q)", ident)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats, reads := st.take(); stats != 2 || reads != 0 {
+		t.Fatalf("the identity first: %d stats, %d reads; want the 2 chunks' stats", stats, reads)
+	}
+	lay = openLayout(t, src)
+	b = blobOf(t, lay, "t/3.npy")
+	st.take()
+	v, id := openValues(t, c, lay, b)
+	if stats, reads := st.take(); stats > 2 || reads != 2 || v != 12 {
+		t.Fatalf("first open: %d stats, %d reads, value %d; want at most 2 stats, 2 reads (the chunks), 12", stats, reads, v)
+	}
+	if want, err := lay.Identity(context.Background(), b); err != nil || want != id || !c.HasBlob(Key(lay, b, id)) {
+		t.Fatalf("opened as %q, identity %q (%v), recorded: %v", id, want, err, c.HasBlob(Key(lay, b, id)))
+	}
+	lay2 := openLayout(t, src)
+	st.take()
+	if v2, id2 := openValues(t, c, lay2, blobOf(t, lay2, "t/3.npy")); v2 != 12 || id2 != id {
+		t.Fatalf("reopened: value %d identity %q, want 12 %q", v2, id2, id)
+	}
+	if stats, reads := st.take(); stats != 2 || reads != 0 {
+		t.Fatalf("revalidating: %d stats, %d reads; want 2 stats, no read", stats, reads)
+	}
+	writeChunk(t, dir, 3, 0, 100)
+	lay3 := openLayout(t, src)
+	v3, id3 := openValues(t, c, lay3, blobOf(t, lay3, "t/3.npy"))
+	if v3 != 112 || id3 == id {
+		t.Fatalf("after a rewrite: value %d identity changed %v; want 112, a new identity", v3, id3 != id)
+	}
+	fresh := openLayout(t, src)
+	if want, err := fresh.Identity(context.Background(), blobOf(t, fresh, "t/3.npy")); err != nil || want != id3 {
+		t.Fatalf("refilled as %q, the store's versions give %q (%v)", id3, want, err)
+	}
+}
+
 // A chunk found rewritten by the fill that learns a blob's identity (its
 // listing learnt another version of it before) fails the fill with
 // ErrChanged, which lists again and fills once more: the blob holds the
@@ -238,7 +308,7 @@ func TestLearnRefusesANewListing(t *testing.T) {
 	a := lay.Hierarchy().Array("t")
 	calls := 0
 	var first error
-	err := lay.DoLearning(context.Background(), b, func(ident string, learn func() (string, error)) error {
+	err := lay.DoLearning(context.Background(), b, func(_ context.Context, ident string, learn func() (string, error)) error {
 		calls++
 		if learn == nil {
 			t.Fatalf("identity %q known before any read", ident)

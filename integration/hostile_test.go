@@ -96,8 +96,10 @@ func TestAbsurdShapes(t *testing.T) {
 	b = bytes.Replace(b, []byte(`"shape":[12,3,16,24]`), []byte(`"shape":[30,3,100000,100000]`), 1)
 	os.WriteFile(meta, b, 0o644)
 	os.MkdirAll(filepath.Join(store, "big"), 0o755)
+	// A chunk of two 64 MiB samples: decoded beside the sample it fills,
+	// past what fills get of --memory 256MiB.
 	os.WriteFile(filepath.Join(store, "big", "zarr.json"), []byte(`{"zarr_format":3,"node_type":"array","shape":[2,4096,4096],"data_type":"float32",
-"chunk_grid":{"name":"regular","configuration":{"chunk_shape":[1,4096,4096]}},"chunk_key_encoding":{"name":"default"},
+"chunk_grid":{"name":"regular","configuration":{"chunk_shape":[2,4096,4096]}},"chunk_key_encoding":{"name":"default"},
 "codecs":[{"name":"bytes","configuration":{"endian":"little"}},{"name":"zstd","configuration":{"level":1}}],
 "fill_value":0,"dimension_names":["time","latitude","longitude"],"attributes":{}}`), 0o644)
 

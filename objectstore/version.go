@@ -500,7 +500,7 @@ func DescribeVersions(s Store) string {
 	}
 	switch st := inner.(type) {
 	case *Posix:
-		return "size, modification time and inode, " + revalidated("one stat")
+		return "size, modification time and inode, one stat per chunk before it is read (a first read too), and per chunk of a file cached before the first time it is opened after each --metadata-ttl"
 	case *S3:
 		return "ETag, from one listing per array read (a thousand chunks per request)"
 	case *GCS:

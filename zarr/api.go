@@ -12,6 +12,7 @@ package zarr
 import (
 	"errors"
 	"log/slog"
+	"sync/atomic"
 
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr/codec"
@@ -69,6 +70,9 @@ type Options struct {
 	// Limits bound the metadata Open reads and parses (MetadataLimits);
 	// the zero value means the documented defaults.
 	Limits MetadataLimits
+	// LazyVersions bounds the versions the Hierarchy's local lazy listings
+	// keep in all (Listing.Bounded): zero means DefaultLazyVersions, negative none.
+	LazyVersions int
 	// Partial says when a Read fetches and decodes only the part of a
 	// chunk it needs (blosc blocks, ranges of uncompressed bytes): the zero
 	// value, PartialAuto, when it pays (docs/sources.md says the rule).
@@ -104,6 +108,8 @@ type Hierarchy struct {
 	mem    codec.HostMemory // lends the buffers compressed chunks are read into; nil: pooled
 	stats  *Stats
 	owned  *codec.CPU // the default decoder, when Options.Decoder was nil
+	// lazyKept counts the versions the lazy listings of its arrays keep.
+	lazyKept atomic.Int64
 }
 
 // Array is one Zarr array.

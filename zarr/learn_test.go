@@ -13,7 +13,10 @@ import (
 	"github.com/zarrfs/zarrfs/zarr"
 )
 
-// askingStore counts the versions a local store is asked and its reads.
+// askingStore counts the versions a store is asked and its reads. It
+// reads files but is not seen as local (objectstore.IsLocal: it does not
+// unwrap to its Posix), so its lazy listings are not Bounded: they learn
+// from reads and keep every answer, as a remote store's do.
 type askingStore struct {
 	*objectstore.Posix
 	stats, reads atomic.Int64
@@ -82,5 +85,54 @@ func TestLazyListingLearnsFromReads(t *testing.T) {
 	}
 	if _, err := readSample(t, h, 1); !errors.Is(err, zarr.ErrChanged) {
 		t.Errorf("sample 1 after its chunk was rewritten: %v, want ErrChanged", err)
+	}
+}
+
+// Options.LazyVersions bounds the lazy listings of a local store only: a
+// remote one (where asking again costs a request) keeps every answer it
+// learnt, past the bound, and its Reads ask no version first even under a
+// full bound; a local one keeps the bound and asks (stats) past it.
+func TestLazyVersionsBoundLocalListingsOnly(t *testing.T) {
+	dir := t.TempDir()
+	growStore(t, dir, 4, 1, 0)
+	px, err := objectstore.OpenPosix(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer px.Close()
+	st := &askingStore{Posix: px}
+	for _, local := range []bool{false, true} {
+		var store objectstore.Store = st
+		if local {
+			store = px
+		}
+		h, err := zarr.Open(context.Background(), store, zarr.Options{ChunkCacheBytes: -1, LazyVersions: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := h.List(context.Background(), h.Array("t"), time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Bounded() != local {
+			t.Errorf("local %v: Bounded %v", local, l.Bounded())
+		}
+		st.stats.Store(0)
+		for k := range int64(4) {
+			if got, err := readSample(t, h, k); err != nil || got[0] != 2*uint32(k) {
+				t.Fatalf("local %v: sample %d: %v %v", local, k, got, err)
+			}
+		}
+		want := 4
+		if local {
+			want = 2
+		}
+		if l.Len() != want {
+			t.Errorf("local %v: the listing keeps %d versions, want %d", local, l.Len(), want)
+		}
+		if !local && st.stats.Load() != 0 {
+			t.Errorf("remote: %d versions asked before reads, want none", st.stats.Load())
+		}
+		h.Close()
 	}
 }

@@ -27,24 +27,40 @@ var ErrChanged = errors.New("changed since the store was listed")
 // from exactly the objects the listing names, and the versions of the
 // chunks a region needs, read from the listing, identify its bytes.
 //
-// A Listing is immutable.
+// A listing made by listing is immutable.
 //
 // A store for which one object's version costs less than a listing
 // (objectstore.VersionStater: a local filesystem) is listed lazily: each
-// key's version is learnt the first time it is needed and kept, from the
-// response of the Read that fetches it, or asked (Version) when it is
-// needed before any read, so the listing is no slower than the reads it
-// serves and walks no directory. The first answer for a key stands: a
-// later read that finds another version fails with ErrChanged.
+// key's version is learnt the first time it is needed, from the response
+// of the Read that fetches it, or asked (Version) when it is needed before
+// any read, so the listing is no slower than the reads it serves and walks
+// no directory. The first answer kept for a key stands: a later read that
+// finds another version fails with ErrChanged.
+//
+// A lazy listing of a local store (objectstore.IsLocal: a stat costs
+// microseconds) is Bounded: it keeps the answers for the first keys only,
+// up to Options.LazyVersions for all the bounded listings of a Hierarchy,
+// and past them every Version asks again, so that its memory does not grow
+// with the chunks read under it (a sample of a million tiny chunks). What
+// keeps a fill to the versions its blob's identity named is then the Pin
+// it reads under, not this memory, and versions are never learnt from a
+// fill's reads. A lazy listing of a remote store (GCS arrays of many
+// chunks, HTTP), where asking again costs a request, keeps every answer,
+// about 100 bytes a chunk read under it.
 type Listing struct {
 	// At is when the listing started.
 	At       time.Time
 	versions map[string]string
 
-	// A lazy listing: stat asks the store, memo keeps the answers.
-	stat func(key string) (string, error)
-	mu   sync.Mutex
-	memo map[string]stated
+	// A lazy listing: stat asks the store, memo keeps the answers (a
+	// Bounded one while the count of those the hierarchy's bounded
+	// listings keep, kept, is under keep).
+	stat    func(key string) (string, error)
+	kept    *atomic.Int64
+	keep    int64
+	mu      sync.Mutex
+	memo    map[string]stated
+	retired bool // replaced as the array's listing: keeps no more
 }
 
 type stated struct {
@@ -79,8 +95,8 @@ func (l *Listing) Version(key string) (string, bool, error) {
 }
 
 // Known is Version without I/O: known is false when a lazy listing has
-// not learnt key yet (neither asked it nor read it). A listing made by
-// listing knows every key.
+// not learnt key yet (neither asked it nor read it), or, Bounded, asked it
+// past the answers it keeps. A listing made by listing knows every key.
 func (l *Listing) Known(key string) (version string, ok, known bool) {
 	if l.stat == nil {
 		v, ok := l.versions[key]
@@ -92,20 +108,50 @@ func (l *Listing) Known(key string) (version string, ok, known bool) {
 	return s.version, s.ok, known
 }
 
+// Bounded reports whether l is a lazy listing that keeps only some of its
+// answers (a local store's): a version it was asked may be asked again
+// and differ, so nothing may be learnt from it after the fact.
+func (l *Listing) Bounded() bool { return l.kept != nil }
+
 // learn records in a lazy listing what the store said of key (ok: it
 // exists, in version v), from a stat or from the response of a read, and
-// returns the answer that stands: the first one learnt.
+// returns the answer that stands: the first one kept. A Bounded listing
+// keeps it only while its hierarchy's bounded listings keep fewer than
+// their bound, and a retired one keeps none.
 func (l *Listing) learn(key, v string, ok bool) (string, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if prev, had := l.memo[key]; had {
 		return prev.version, prev.ok
 	}
-	l.memo[key] = stated{v, ok}
+	switch {
+	case l.kept == nil:
+		l.memo[key] = stated{v, ok}
+	case l.retired:
+	case l.kept.Add(1) <= l.keep:
+		l.memo[key] = stated{v, ok}
+	default:
+		l.kept.Add(-1)
+	}
 	return v, ok
 }
 
-// Len returns the number of objects listed (learnt, for a lazy listing).
+// DefaultLazyVersions is how many versions the Bounded listings of a
+// Hierarchy keep in all (about 100 bytes each, 6.5 MB) unless
+// Options.LazyVersions says otherwise: every chunk of the samples a mount
+// reads between two listings of arrays of ordinary chunks.
+const DefaultLazyVersions = 1 << 16
+
+// retire makes a Bounded listing keep no more versions and gives back the
+// count of those it kept: it is dropped once no Read holds it.
+func (l *Listing) retire() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.retired = true
+	l.kept.Add(-int64(len(l.memo)))
+}
+
+// Len returns the number of objects listed (kept, for a lazy listing).
 func (l *Listing) Len() int {
 	if l.stat == nil {
 		return len(l.versions)
@@ -167,13 +213,19 @@ func (h *Hierarchy) List(ctx context.Context, a *Array, since time.Time) (*Listi
 		// Not the caller's context: the listing outlives this call.
 		l.stat = func(k string) (string, error) { return st.StatVersion(context.Background(), k) }
 		l.memo = map[string]stated{}
+		if objectstore.IsLocal(h.Store) {
+			// Asking again costs a stat: keep a bounded memo.
+			l.kept, l.keep = &h.lazyKept, int64(h.opts.LazyVersions)
+		}
 	} else {
 		l.versions = map[string]string{}
 		if err := v.ListVersions(ctx, a.Path, func(k, ver string) { l.versions[k] = ver }); err != nil {
 			return nil, fmt.Errorf("array %q: listing chunks: %w", a.Path, err)
 		}
 	}
-	a.listing.cur.Store(l)
+	if old := a.listing.cur.Swap(l); old != nil && old.Bounded() {
+		old.retire()
+	}
 	h.stats.Listings.Add(1)
 	return l, nil
 }

@@ -341,3 +341,75 @@ func TestListAll(t *testing.T) {
 		h.Close()
 	}
 }
+
+// A lazy listing keeps at most Options.LazyVersions answers; past them it
+// asks the store each time, so a chunk rewritten is read anew by a Read
+// under no pin, and refused (ErrChanged) by a Read under the Pin of the
+// versions asked before the rewrite: the pin, not the listing's memory,
+// keeps a fill to the versions its identity named.
+func TestLazyListingKeepsFewAndPinHolds(t *testing.T) {
+	dir := t.TempDir()
+	growStore(t, dir, 4, 1, 0)
+	st, err := objectstore.OpenPosix(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	h, err := zarr.Open(context.Background(), st, zarr.Options{ChunkCacheBytes: -1, LazyVersions: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	a := h.Array("t")
+	l, err := h.List(context.Background(), a, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pin := &zarr.Pin{}
+	var keys []string
+	err = pin.Region(l, a, []int64{0, 0}, []int64{4, 2}, func(k, v string, ok bool) {
+		if !ok || v == "" {
+			t.Errorf("%s: version %q listed %v", k, v, ok)
+		}
+		keys = append(keys, k)
+	})
+	if err != nil || strings.Join(keys, " ") != "t/c/0/0 t/c/1/0 t/c/2/0 t/c/3/0" || l.Len() != 2 {
+		t.Fatalf("pinned %v (%v), %d versions kept, want 4 pinned and 2 kept", keys, err, l.Len())
+	}
+	old := time.Now().Add(-time.Hour)
+	for c := range 4 {
+		os.Chtimes(filepath.Join(dir, "t", "c", itoa(c), "0"), old, old)
+	}
+	growStore(t, dir, 4, 1, 100) // every chunk rewritten
+	if got, err := readSample(t, h, 3); err != nil || got[0] != 106 {
+		t.Errorf("sample 3 under no pin, past what the listing keeps: %v %v, want the new bytes", got, err)
+	}
+	if _, err := readSample(t, h, 0); !errors.Is(err, zarr.ErrChanged) {
+		t.Errorf("sample 0, whose version the listing kept: %v, want ErrChanged", err)
+	}
+	ctx := zarr.WithPin(context.Background(), pin)
+	for k := range int64(4) {
+		dst := make([]byte, 8)
+		err := h.Read(ctx, []zarr.Request{{Array: a, Start: []int64{k, 0}, Count: []int64{1, 2}, Dst: dst}})
+		if !errors.Is(err, zarr.ErrChanged) {
+			t.Errorf("sample %d under the pin: %v, want ErrChanged", k, err)
+		}
+	}
+	if pin.Sum(a, []int64{0, 0}, []int64{4, 2}) == 0 {
+		t.Error("no sum of the pinned versions")
+	}
+	// What the hierarchy's listings keep is counted in all: the listing
+	// that replaces this one keeps as many again.
+	l2, err := h.List(context.Background(), a, time.Now())
+	if err != nil || l2 == l {
+		t.Fatalf("listing again: %v", err)
+	}
+	for k := range int64(4) {
+		if got, err := readSample(t, h, k); err != nil || got[0] != 100+2*uint32(k) {
+			t.Errorf("sample %d under the new listing: %v %v", k, got, err)
+		}
+	}
+	if l2.Len() != 2 {
+		t.Errorf("the new listing keeps %d versions, want 2", l2.Len())
+	}
+}

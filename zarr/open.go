@@ -35,6 +35,9 @@ func Open(ctx context.Context, store objectstore.Store, opts Options) (*Hierarch
 	if opts.Fetchers == 0 {
 		opts.Fetchers = 16
 	}
+	if opts.LazyVersions == 0 {
+		opts.LazyVersions = DefaultLazyVersions
+	}
 	h := &Hierarchy{Store: store, Groups: map[string]map[string]any{}, opts: opts, stats: opts.Stats}
 	if h.stats == nil {
 		h.stats = &Stats{}

@@ -205,11 +205,13 @@ func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
 		})
 	}
 	// One listing per array for the whole call, so every chunk of it is
-	// checked against the same listing.
+	// checked against the same listing: the one ctx's Pin names, else the
+	// current one.
+	pin := PinOf(ctx)
 	listings := map[*Array]*Listing{}
 	for _, o := range order {
 		if _, ok := listings[o.a]; !ok {
-			listings[o.a] = o.a.currentListing()
+			listings[o.a] = ListingFor(ctx, o.a)
 		}
 	}
 	// Resolve outer chunks into leaves, fetching bytes concurrently.
@@ -218,10 +220,35 @@ func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
 		o := order[i]
 		cb := o.a.chunkBox(o.coords)
 		key := o.a.ChunkKey(o.coords)
+		src := storeSource{h: h, sem: st.sem, key: key, hint: o.a.lendHint(), meta: o.a.MetaHash}
+		if lst := listings[o.a]; lst != nil {
+			src.listing = lst
+			v, ok, known := lst.Known(key)
+			var err error
+			if !known && (lst.Bounded() || pin.pins(o.a, o.coords)) {
+				// A Bounded listing is asked once: the cache keys and
+				// the check of the fetch agree with the answer, and it
+				// with the pin, however it answers when asked again.
+				// Any listing is asked a chunk the pin names (its
+				// identity asked it already: no request).
+				v, ok, err = lst.Version(key)
+				known = true
+			}
+			if err == nil && known {
+				err = pin.check(o.a, o.coords, v, ok)
+			}
+			if err != nil {
+				errs[i] = &ChunkError{Array: o.a.Path, Key: key, Err: err}
+				return
+			}
+			// Not known (a remote lazy listing, under no pin): not asked
+			// first; the fetch's response teaches the listing (doV).
+			src.fixed, src.present, src.want = known, ok, v
+		}
 		// No stored chunk may be larger than its decoded size allows:
 		// the store's Get refuses it before allocating for it.
 		ctx := objectstore.WithSizeLimit(ctx, o.a.MaxEncodedBytes())
-		errs[i] = st.resolve(ctx, o.a, o.a.pipe, o.a.Chunks, cb.lo, storeSource{h, st.sem, key, o.a.lendHint(), o.a.MetaHash, listings[o.a]}, key, o.needs)
+		errs[i] = st.resolve(ctx, o.a, o.a.pipe, o.a.Chunks, cb.lo, src, key, o.needs)
 	})
 	if err := errors.Join(errs...); err != nil {
 		return err

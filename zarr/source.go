@@ -30,12 +30,22 @@ type storeSource struct {
 	// whole compressed chunk, whose buffer release frees, may use it.
 	hint int
 	meta string // the array's MetaHash: cached bytes never outlive their metadata
-	// listing is the array's listing when the Read started, nil for none.
+	// listing is the array's listing the Read reads under, nil for none.
 	listing *Listing
+	// fixed says the key's version was asked once when the Read started
+	// (a Bounded listing, which may answer otherwise when asked again):
+	// want is the version, present whether the listing holds the key at
+	// all. Otherwise the listing is consulted as the read goes (Known),
+	// and learns from the fetch a version it did not know.
+	fixed, present bool
+	want           string
 }
 
 func (s storeSource) version() string {
-	if s.listing == nil {
+	switch {
+	case s.fixed:
+		return s.want
+	case s.listing == nil:
 		return ""
 	}
 	v, _, known := s.listing.Known(s.key)
@@ -74,11 +84,12 @@ func (s storeSource) do(ctx context.Context, ck string, f func() ([]byte, string
 // from the source cache, or from a store that cannot tell).
 func (s storeSource) doV(ctx context.Context, ck string, f func() ([]byte, string, error)) ([]byte, string, string, error) {
 	sc := s.h.opts.SourceCache
-	want, listed, known := "", false, true
-	if s.listing != nil {
-		if want, listed, known = s.listing.Known(s.key); known && !listed {
-			return nil, "", "", errNotListed
-		}
+	want, listed, known := s.want, s.present, true
+	if s.listing != nil && !s.fixed {
+		want, listed, known = s.listing.Known(s.key)
+	}
+	if s.listing != nil && known && !listed {
+		return nil, "", "", errNotListed
 	}
 	base := ""
 	if sc != nil {
@@ -194,7 +205,8 @@ func (s storeSource) rngV(ctx context.Context, off, n int64) ([]byte, string, st
 
 // cachedWhole returns the whole object from the source cache, in the
 // version a read would want, if it is there: read whole, it costs no
-// request, so it is not read in part.
+// request, so it is not read in part. A key its lazy listing has not
+// learnt is not asked for this: it is not looked up.
 func (s storeSource) cachedWhole() ([]byte, bool) {
 	sc := s.h.opts.SourceCache
 	if sc == nil {
@@ -202,8 +214,11 @@ func (s storeSource) cachedWhole() ([]byte, bool) {
 	}
 	lookup := objectstore.Identity(s.h.Store) + "\x00" + s.meta + "\x00" + s.key
 	if s.listing != nil {
-		want, listed, err := s.listing.Version(s.key)
-		if err != nil || !listed {
+		want, listed, known := s.want, s.present, true
+		if !s.fixed {
+			want, listed, known = s.listing.Known(s.key)
+		}
+		if !known || !listed {
 			return nil, false
 		}
 		lookup = objectstore.Identity(s.h.Store) + "\x00" + s.key + "\x00" + want

@@ -106,3 +106,22 @@ func sameDefault(doc, def string) bool {
 	b, errB := time.ParseDuration(def)
 	return errA == nil && errB == nil && a == b
 }
+
+// Fills get --memory but the decoded-chunk cache and an eighth, as
+// docs/design.md §12 and docs/cli.md quote it, and always some of it.
+func TestFillMemory(t *testing.T) {
+	for _, c := range []struct{ mem, want int64 }{
+		{64 << 20, 32 << 20},
+		{256 << 20, 160 << 20},
+		{8 << 30, 6912 << 20},
+	} {
+		if got := fillMemory(c.mem, chunkCacheBytes(0, c.mem)); got != c.want {
+			t.Errorf("--memory %d MiB: fills get %d MiB, want %d MiB", c.mem>>20, got>>20, c.want>>20)
+		}
+	}
+	for _, doc := range []string{"docs/design.md", "docs/cli.md"} {
+		if !strings.Contains(readDoc(t, doc), "160 MiB of `") {
+			t.Errorf("%s does not say what fills get of 256MiB", doc)
+		}
+	}
+}

@@ -119,9 +119,13 @@ func main() {
 // startProfile writes a Go CPU profile of the whole command to the file
 // ZARRFS_CPUPROFILE names, and an execution trace to ZARRFS_TRACE, for
 // finding where a slow warm or mount spends its time (go tool pprof zarrfs
-// FILE; go tool trace -pprof=sync FILE). Unset: nothing.
+// FILE; go tool trace -pprof=sync FILE); ZARRFS_MEMPROFILE gets a heap
+// profile as the command ends, for what it still holds (inuse_space) and
+// what it allocated on the way (go tool pprof -sample_index=alloc_space).
+// Unset: nothing.
 func startProfile() (stop func()) {
 	var stops []func()
+	var heap io.Writer
 	for _, p := range []struct {
 		env   string
 		start func(io.Writer) error
@@ -129,6 +133,7 @@ func startProfile() (stop func()) {
 	}{
 		{"ZARRFS_CPUPROFILE", pprof.StartCPUProfile, pprof.StopCPUProfile},
 		{"ZARRFS_TRACE", trace.Start, trace.Stop},
+		{"ZARRFS_MEMPROFILE", func(w io.Writer) error { heap = w; return nil }, func() { pprof.Lookup("heap").WriteTo(heap, 0) }},
 	} {
 		name := os.Getenv(p.env)
 		if name == "" {

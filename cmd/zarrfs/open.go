@@ -216,7 +216,8 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	// With a GPU, compressed chunks are read into, and fills decode into,
 	// the pipeline's pinned memory.
 	o.stats = &zarr.Stats{}
-	zopts := zarr.Options{Logger: log, Decoder: o.dec, Memory: o.dec.Memory(), ChunkCacheBytes: chunkCacheBytes(oo.chunkCacheBytes, mem), Stats: o.stats, Limits: limits}
+	cached := chunkCacheBytes(oo.chunkCacheBytes, mem)
+	zopts := zarr.Options{Logger: log, Decoder: o.dec, Memory: o.dec.Memory(), ChunkCacheBytes: cached, Stats: o.stats, Limits: limits}
 	if isRemote(o.store) && oo.chunkTier {
 		zopts.SourceCache = o.cache.ChunkTier()
 	}
@@ -230,7 +231,7 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 		Zarr:  zopts,
 		Views: specs,
 		Layout: layout.Options{SampleDim: f.sampleDim, Align: f.align, Shard: oo.shard,
-			MemoryBudget: memory.New(mem / 2)},
+			MemoryBudget: memory.New(fillMemory(mem, cached))},
 	}
 	if o.lay, err = o.src.Open(ctx); err != nil {
 		return nil, err
@@ -313,10 +314,8 @@ const memoryDefault = "a quarter of the machine's memory, or of its cgroup's lim
 
 // memoryBudget parses --memory (default memory.DefaultBudget) and makes it
 // the Go runtime's soft memory limit too, unless GOMEMLIMIT sets one: the
-// collector then works harder before the process outgrows its budget. Half
-// of it bounds what fills hold at once (layout.Options.MemoryBudget), a
-// quarter at most the decoded-chunk cache; the rest is for the runtime,
-// FUSE and the caches' indexes.
+// collector then works harder before the process outgrows its budget.
+// fillMemory splits it.
 func (f *layoutFlags) memoryBudget() (int64, error) {
 	mem := memory.DefaultBudget()
 	if f.memory != "" {
@@ -333,6 +332,17 @@ func (f *layoutFlags) memoryBudget() (int64, error) {
 		debug.SetMemoryLimit(mem)
 	}
 	return mem, nil
+}
+
+// fillMemory is what all fills may hold at once (layout.Options.
+// MemoryBudget) within the memory budget mem, beside a decoded-chunk cache
+// of cached bytes: all of mem but the cache and a reserve of an eighth (16
+// MiB at least) for what no fill is charged: the Go runtime's own memory
+// and its collector's headroom, FUSE's request buffers, the parsed
+// metadata, the caches' indexes and the listings. A fill is charged what
+// it holds (zarr.Array.ReadCostInto), so the reserve need not cover fills.
+func fillMemory(mem, cached int64) int64 {
+	return mem - cached - max(mem/8, 16<<20)
 }
 
 // chunkCacheBytes is the decoded-chunk cache's size within the memory

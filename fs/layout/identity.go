@@ -20,23 +20,26 @@ import (
 // for a blob of an array not listed yet lists it (zarr.Hierarchy.List);
 // after that it costs no I/O, but for the versions a lazy listing has not
 // learnt yet, which it asks (one request or stat per chunk: DoLearning
-// avoids them for a blob not cached). Arrays of a store that cannot tell
-// versions contribute their Inputs only.
+// avoids the requests for a blob of a remote store not cached). Arrays of
+// a store that cannot tell versions contribute their Inputs only. The
+// chunks are walked one at a time: nothing is held per chunk.
 //
-// Fills agree with the identity: a listed array's reads check every chunk
-// against the listed version (zarr.ErrChanged otherwise, see Do), so a blob
-// recorded under an identity holds the bytes of exactly those chunks. A
-// chunk rewritten in place changes its version, hence the identity of every
+// Fills agree with the identity: Do fills under a zarr.Pin of the listings
+// and versions the identity was computed from, and a Read under it checks
+// every chunk against them (zarr.ErrChanged otherwise), so a blob recorded
+// under an identity holds the bytes of exactly those chunks. A chunk
+// rewritten in place changes its version, hence the identity of every
 // blob that reads it, once the array is listed again.
 func (l *Layout) Identity(ctx context.Context, b Blob) (string, error) {
-	return l.identity(b, func(a *zarr.Array) (*zarr.Listing, error) { return l.listing(ctx, a) }, (*zarr.Listing).Version)
+	id, _, err := l.identity(b, false, func(a *zarr.Array) (*zarr.Listing, error) { return l.listing(ctx, a) }, (*zarr.Listing).Version)
+	return id, err
 }
 
 // KnownIdentity is Identity without a listing request: false when an
 // array b reads has not been listed yet. A lazy listing still asks the
 // versions it has not learnt (one stat or request per chunk).
 func (l *Layout) KnownIdentity(b Blob) (string, bool) {
-	id, err := l.identity(b, func(a *zarr.Array) (*zarr.Listing, error) {
+	id, _, err := l.identity(b, false, func(a *zarr.Array) (*zarr.Listing, error) {
 		if lst := a.Listing(); lst != nil {
 			return lst, nil
 		}
@@ -60,35 +63,44 @@ func learnt(lst *zarr.Listing, key string) (string, bool, error) {
 	return v, ok, nil
 }
 
-func (l *Layout) identity(b Blob, listing func(*zarr.Array) (*zarr.Listing, error), version func(*zarr.Listing, string) (string, bool, error)) (string, error) {
+// identity computes b's identity from the versions version gives, and
+// with pinned the zarr.Pin a fill under it reads by (8 bytes a chunk of a
+// lazily listed array).
+func (l *Layout) identity(b Blob, pinned bool, listing func(*zarr.Array) (*zarr.Listing, error), version func(*zarr.Listing, string) (string, bool, error)) (string, *zarr.Pin, error) {
 	h := sha256.New()
 	io.WriteString(h, layoutVersion)
 	h.Write([]byte{0})
 	io.WriteString(h, b.Inputs())
+	var pin *zarr.Pin
+	if pinned {
+		pin = &zarr.Pin{}
+	}
 	var chunks int64
+	listings := map[*zarr.Array]*zarr.Listing{} // one per array, as the fill reads
 	for _, src := range b.Sources() {
 		a := src.Array
 		if a == nil || !a.Versioned() {
 			continue
 		}
-		lst, err := listing(a)
-		if err != nil {
-			return "", err
+		lst := listings[a]
+		if lst == nil {
+			var err error
+			if lst, err = listing(a); err != nil {
+				return "", nil, err
+			}
+			listings[a] = lst
 		}
 		if chunks += a.RegionChunkCount(src.Start, src.Count); chunks > MaxIdentityChunks || chunks < 0 {
 			// Too many to name one by one (hostile metadata, or chunks
 			// far smaller than a sample): the identity names the listing
 			// instead, so the blob is filled again under every new one.
 			fmt.Fprintf(h, "\x00%s\x00listing %p %d", a.Path, lst, lst.At.UnixNano())
+			pin.Listed(a, lst)
 			continue
 		}
 		// Sorted keys, as identities have always named them: a cache
 		// filled by an earlier release keeps its blobs.
-		for _, k := range a.RegionChunks(src.Start, src.Count) {
-			v, ok, err := version(lst, k)
-			if err != nil {
-				return "", err
-			}
+		err := pin.RegionBy(lst, a, src.Start, src.Count, version, func(k, v string, ok bool) {
 			if !ok {
 				v = "absent"
 			}
@@ -96,9 +108,12 @@ func (l *Layout) identity(b Blob, listing func(*zarr.Array) (*zarr.Listing, erro
 			io.WriteString(h, k)
 			h.Write([]byte{0})
 			io.WriteString(h, v)
+		})
+		if err != nil {
+			return "", nil, err
 		}
 	}
-	return hex.EncodeToString(h.Sum(nil))[:32], nil
+	return hex.EncodeToString(h.Sum(nil))[:32], pin, nil
 }
 
 // MaxIdentityChunks bounds the chunks one blob's identity names one by one.
@@ -120,39 +135,49 @@ func (l *Layout) listing(ctx context.Context, a *zarr.Array) (*zarr.Listing, err
 	return lst, err
 }
 
-// Do calls fn with b's identity. When fn fails with zarr.ErrChanged (a
-// chunk b reads changed after its array was listed), Do lists b's arrays
-// again and calls fn once more with the new identity: the fill then reads
-// the new chunks and the blob is recorded under the identity they give.
-func (l *Layout) Do(ctx context.Context, b Blob, fn func(identity string) error) error {
+// Do calls fn with b's identity, and a context carrying the zarr.Pin of
+// the versions it was computed from for b's fill to read under (Fill with
+// that context reads exactly those versions, or fails with
+// zarr.ErrChanged). When fn fails with zarr.ErrChanged (a chunk b reads
+// changed after its array was listed, or after the identity was taken),
+// Do lists b's arrays again and calls fn once more with the new identity:
+// the fill then reads the new chunks and the blob is recorded under the
+// identity they give.
+func (l *Layout) Do(ctx context.Context, b Blob, fn func(ctx context.Context, identity string) error) error {
 	return l.retryChanged(ctx, b, func() error {
-		ident, err := l.Identity(ctx, b)
+		ident, pin, err := l.identity(b, true, func(a *zarr.Array) (*zarr.Listing, error) { return l.listing(ctx, a) }, (*zarr.Listing).Version)
 		if err != nil {
 			return err
 		}
-		return fn(ident)
+		return fn(zarr.WithPin(ctx, pin), ident)
 	})
 }
 
 // DoLearning is Do for a blob the cache does not hold: where naming b's
 // identity first would ask the store for versions that its arrays' lazy
-// listings have not learnt (GCS arrays of many chunks, HTTP, a local
-// store: one request or stat per chunk), fn gets ident "" and learn, and
-// must fill b and then call learn, which names the identity from the
-// versions the fill's own responses carried (each read checks and records
-// its version in the listing, see zarr.Listing). A first read then costs
-// the reads of its chunks and nothing else, and the blob is recorded under
-// exactly the versions its bytes came from. learn fails with
-// zarr.ErrChanged when an array b reads was listed again during the fill
-// (its reads may have followed either listing).
+// listings have not learnt (GCS arrays of many chunks, HTTP: one request
+// per chunk), fn gets ident "" and learn, and must fill b and then call
+// learn, which names the identity from the versions the fill's own
+// responses carried (each read checks and records its version in the
+// listing, see zarr.Listing). A first read then costs the reads of its
+// chunks and nothing else, and the blob is recorded under exactly the
+// versions its bytes came from. learn fails with zarr.ErrChanged when an
+// array b reads was listed again during the fill (its reads may have
+// followed either listing).
 //
 // Where the identity costs no request (listed arrays, versions learnt
-// already), fn gets it and learn is nil, as from Do. An array not listed
+// already), fn gets it, with a context pinning its versions, and learn is
+// nil, as from Do. So it does where any array b reads has a Bounded
+// listing (a local store): such a listing may forget what a fill's reads
+// taught it, and asking it again after the fill could name a chunk
+// rewritten meanwhile under its new version with the old bytes; its stats
+// cost microseconds, so the identity is taken first. An array not listed
 // yet is listed first where the store lists (S3: one listing per array).
 // ErrChanged runs fn once more after listing again, as Do does.
-func (l *Layout) DoLearning(ctx context.Context, b Blob, fn func(ident string, learn func() (string, error)) error) error {
+func (l *Layout) DoLearning(ctx context.Context, b Blob, fn func(ctx context.Context, ident string, learn func() (string, error)) error) error {
 	return l.retryChanged(ctx, b, func() error {
 		listings := map[*zarr.Array]*zarr.Listing{}
+		bounded := false
 		for _, src := range b.Sources() {
 			a := src.Array
 			if a == nil || !a.Versioned() || listings[a] != nil {
@@ -163,16 +188,21 @@ func (l *Layout) DoLearning(ctx context.Context, b Blob, fn func(ident string, l
 				return err
 			}
 			listings[a] = lst
+			bounded = bounded || lst.Bounded()
 		}
 		of := func(a *zarr.Array) (*zarr.Listing, error) { return listings[a], nil }
-		ident, err := l.identity(b, of, learnt)
+		version := learnt
+		if bounded {
+			version = (*zarr.Listing).Version
+		}
+		ident, pin, err := l.identity(b, true, of, version)
 		switch {
 		case err == nil:
-			return fn(ident, nil)
+			return fn(zarr.WithPin(ctx, pin), ident, nil)
 		case !errors.Is(err, errUnlearnt):
 			return err
 		}
-		return fn("", func() (string, error) {
+		return fn(ctx, "", func() (string, error) {
 			for a, lst := range listings {
 				// Listings are replaced, never reused: the same one now
 				// as before the fill was the one throughout it.
@@ -182,7 +212,8 @@ func (l *Layout) DoLearning(ctx context.Context, b Blob, fn func(ident string, l
 			}
 			// Every chunk the fill read is learnt; one it did not read
 			// (none, but for a store's surprise) is asked.
-			return l.identity(b, of, (*zarr.Listing).Version)
+			id, _, err := l.identity(b, false, of, (*zarr.Listing).Version)
+			return id, err
 		})
 	})
 }

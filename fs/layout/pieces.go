@@ -166,18 +166,34 @@ func writePiece(w io.WriterAt, base int64, start, count, ps, pc []int64, axis in
 // readRegion reads the region of a into w at base (Align), piece by piece,
 // holding at most the plan's memory, acquired from the budget first.
 func (o Options) readRegion(ctx context.Context, w io.WriterAt, base int64, a *zarr.Array, start, count []int64) error {
+	return o.readRegionAs(ctx, w, base, a, start, count, a.DType)
+}
+
+// readRegionAs is readRegion writing elements of type to (castInto): each
+// piece is cast into a second buffer, which the budget is charged for too.
+func (o Options) readRegionAs(ctx context.Context, w io.WriterAt, base int64, a *zarr.Array, start, count []int64, to zarr.DType) error {
 	total := satMul(prod(count), int64(a.DType.Size))
 	if total == 0 {
 		return nil
 	}
 	p := planPieces(a, start, count, o.pieceBytes(), o.pieceCost())
-	release, err := o.acquire(ctx, p.cost, "region of array "+a.Path)
+	cast := !sameType(a.DType, to)
+	castBytes := int64(0)
+	if cast {
+		castBytes = p.bytes / int64(a.DType.Size) * int64(to.Size)
+	}
+	release, err := o.acquire(ctx, satAdd(p.cost, castBytes), "region of array "+a.Path)
 	if err != nil {
 		return err
 	}
 	defer release()
 	buf := o.slab(p.bytes)
 	defer o.freeSlab(buf)
+	var out []byte
+	if cast {
+		out = getSlab(castBytes)
+		defer putSlab(out)
+	}
 	return p.pieces(start, count, func(ps, pc []int64) error {
 		n := prod(pc) * int64(a.DType.Size)
 		dst := buf[:n]
@@ -185,7 +201,12 @@ func (o Options) readRegion(ctx context.Context, w io.WriterAt, base int64, a *z
 		if err := o.Reader.Read(ctx, req); err != nil {
 			return err
 		}
-		if err := writePiece(w, base, start, count, ps, pc, p.axis, int64(a.DType.Size), dst); err != nil {
+		if cast {
+			m := prod(pc) * int64(to.Size)
+			castInto(out[:m], to, dst, a.DType)
+			dst = out[:m]
+		}
+		if err := writePiece(w, base, start, count, ps, pc, p.axis, int64(to.Size), dst); err != nil {
 			return fmt.Errorf("write: %w", err)
 		}
 		return nil

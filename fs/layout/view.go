@@ -319,22 +319,40 @@ func (b *binder) bind(s *ViewSpec) (*View, error) {
 }
 
 // staticMemo holds the bytes of a view's static channels (channel -> bytes
-// in DType) as the listings of their arrays named them when filled: a
-// listing of any of them that is not the one the memo was made with makes
-// it stale.
+// in DType) as the listings of their arrays named them when filled, and
+// the versions the fill's pin named (zarr.Pin.Sum, for a listing made
+// lazily): a fill reading a static channel under another listing, or
+// another version of its chunks, finds it stale.
 type staticMemo struct {
 	listings map[int]*zarr.Listing
+	sums     map[int]uint64
 	data     map[int][]byte
 }
 
-// current returns the memo's bytes if no static channel's array was listed
-// again since it was made.
-func (m *staticMemo) current(v *View) map[int][]byte {
+// staticKey is what a fill under ctx reads the view's static channels
+// under: each one's listing and pinned versions.
+func (v *View) staticKey(ctx context.Context) (map[int]*zarr.Listing, map[int]uint64) {
+	listings, sums := map[int]*zarr.Listing{}, map[int]uint64{}
+	for c := range v.Channels {
+		ch := &v.Channels[c]
+		if ch.Axis < 0 {
+			start, count := ch.region(0)
+			listings[c] = zarr.ListingFor(ctx, ch.Array)
+			sums[c] = zarr.PinOf(ctx).Sum(ch.Array, start, count)
+		}
+	}
+	return listings, sums
+}
+
+// current returns the memo's bytes if they were read under what a fill
+// under ctx reads the static channels under (staticKey).
+func (m *staticMemo) current(v *View, ctx context.Context) map[int][]byte {
 	if m == nil {
 		return nil
 	}
+	listings, sums := v.staticKey(ctx)
 	for c, l := range m.listings {
-		if v.Channels[c].Array.Listing() != l {
+		if listings[c] != l || sums[c] != m.sums[c] {
 			return nil
 		}
 	}

@@ -67,8 +67,15 @@ func (b *viewBlob) Sources() []zarr.Request {
 // Fill reads every channel of the sample in one Read, so each source chunk
 // is decoded once however many channels come from it, casts, and writes the
 // header and the (C, *spatial) data. It holds the whole sample in memory.
+// A sample whose one Read would not fit the memory budget (one of millions
+// of tiny chunks, or of channels each larger than the budget) is filled
+// channel by channel instead (fillByChannel).
 func (b *viewBlob) Fill(ctx context.Context, w io.WriterAt) error {
-	release, err := b.opts.acquire(ctx, b.v.fillCost(b.size-b.opts.Align, []int64{b.k}), "sample of view "+b.v.Name)
+	cost := b.v.fillCost(b.size-b.opts.Align, []int64{b.k})
+	if !b.opts.MemoryBudget.Fits(cost) {
+		return b.fillByChannel(ctx, w)
+	}
+	release, err := b.opts.acquire(ctx, cost, "sample of view "+b.v.Name)
 	if err != nil {
 		return fmt.Errorf("%s: %w", b.path, err)
 	}
@@ -79,6 +86,26 @@ func (b *viewBlob) Fill(ctx context.Context, w io.WriterAt) error {
 		return fmt.Errorf("%s: %w", b.path, err)
 	}
 	return writeBlob(w, b.path, b.header, out, b.opts.Align)
+}
+
+// fillByChannel writes the header and each channel's region in pieces cut
+// at chunk boundaries, as an array's sample is filled (readRegion), cast
+// piece by piece: it holds a piece at a time, not the sample. A chunk that
+// several channels read (levels of one chunk) is decoded once for each.
+func (b *viewBlob) fillByChannel(ctx context.Context, w io.WriterAt) error {
+	if _, err := w.WriteAt(b.header, 0); err != nil {
+		return fmt.Errorf("%s: write header: %w", b.path, err)
+	}
+	per := prod(b.v.SampleShape[1:]) * int64(b.v.DType.Size)
+	t := b.v.Start + b.k*b.v.Step
+	for c := range b.v.Channels {
+		ch := &b.v.Channels[c]
+		start, count := ch.region(t)
+		if err := b.opts.readRegionAs(ctx, w, b.opts.Align+int64(c)*per, ch.Array, start, count, b.v.DType); err != nil {
+			return fmt.Errorf("%s: channel %s: %w", b.path, ch.Var, err)
+		}
+	}
+	return nil
 }
 
 func writeBlob(w io.WriterAt, p string, header, data []byte, align int64) error {
@@ -156,18 +183,14 @@ func (v *View) fillCost(data int64, ks []int64) int64 {
 func (v *View) fillSamples(ctx context.Context, r Reader, ks []int64, outs [][]byte) error {
 	per := prod(v.SampleShape[1:]) * int64(v.DType.Size)
 	v.mu.Lock()
-	memo := v.static.current(v)
+	memo := v.static.current(v, ctx)
 	v.mu.Unlock()
-	// The listings the static channels are read under, taken before the
-	// Read: a memo made from them is stale once any is replaced.
+	// The listings and versions the static channels are read under, taken
+	// before the Read: a memo made from them is stale once any is replaced.
 	var listings map[int]*zarr.Listing
+	var sums map[int]uint64
 	if v.memoStatic && memo == nil {
-		listings = map[int]*zarr.Listing{}
-		for c, ch := range v.Channels {
-			if ch.Axis < 0 {
-				listings[c] = ch.Array.Listing()
-			}
-		}
+		listings, sums = v.staticKey(ctx)
 	}
 	// Scratch for channels that need a cast.
 	var scratchLen int64
@@ -235,8 +258,8 @@ func (v *View) fillSamples(ctx context.Context, r Reader, ks []int64, outs [][]b
 			}
 		}
 		v.mu.Lock()
-		if v.static.current(v) == nil {
-			v.static = &staticMemo{listings: listings, data: m}
+		if v.static.current(v, ctx) == nil {
+			v.static = &staticMemo{listings: listings, sums: sums, data: m}
 		}
 		v.mu.Unlock()
 	}
