@@ -58,7 +58,7 @@ func (c *Cache) mapsWrites() bool {
 
 // fewFills reports whether n fills in flight leave cores idle enough for a
 // mapped write: at most one per eight CPUs (one on smaller machines).
-func fewFills(n int64) bool { return n <= max(1, int64(runtime.GOMAXPROCS(0)/8)) }
+func fewFills(n int64) bool { return n <= max(1, int64(runtime.NumCPU()/8)) }
 
 // errNoMap says the filesystem cannot take this write through a mapping;
 // the caller writes it with write(2).
@@ -103,7 +103,7 @@ func writeMapped(f *os.File, p []byte, off int64, saw func(p []byte, off int64))
 	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	n := min(pieces, mapWriters, runtime.GOMAXPROCS(0))
+	n := min(pieces, mapWriters, runtime.NumCPU())
 	wg.Add(n)
 	for range n {
 		go func() {

@@ -158,7 +158,7 @@ func TestMappedWriteOnlyWhenFewFills(t *testing.T) {
 	}
 	defer f.Close()
 	var filling atomic.Int64
-	filling.Store(int64(max(2, runtime.GOMAXPROCS(0)/8+1)))
+	filling.Store(int64(max(2, runtime.NumCPU()/8+1)))
 	hw := &hashingWriter{f: f, d: xxhash.New(), filling: &filling}
 	data := content("busy", mapWriteMin)
 	if _, err := hw.WriteAt(data, 0); err != nil {

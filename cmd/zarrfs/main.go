@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"runtime/trace"
 	"strings"
@@ -99,6 +100,7 @@ func main() {
 			os.Exit(1)
 		}
 	}()
+	runtime.GOMAXPROCS(maxProcs(os.Getenv("GOMAXPROCS"), runtime.GOMAXPROCS(0)))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	stopProfile := startProfile()
 	err := rootCmd.ExecuteContext(ctx)
@@ -114,6 +116,29 @@ func main() {
 		os.Exit(2)
 	}
 	os.Exit(1)
+}
+
+// procsPerCPU is how many Go processors zarrfs runs per CPU it may use
+// (runtime.GOMAXPROCS's default: the CPUs of its affinity mask, bounded by
+// its cgroup's limit). A fill's steps (source reads run in goroutines that
+// can be left behind, the blob's write, FUSE requests) wait for a
+// processor while the decode workers, one per CPU, hold them all: an
+// execution trace of a first epoch over a cold mount counted 14.8 s of
+// such waiting in 2.4 s. With twice the processors, on the h200 (blosc
+// store, cache on tmpfs, two rounds each, alternated), warm took 1.17 and
+// 1.13 s against 1.33 and 1.25, and the Loader's first epoch read 39.5 and
+// 44.5 samples/s against 30.7 and 38.4. Decoding stays bounded by the
+// CPUs (codec.Options.Workers).
+const procsPerCPU = 2
+
+// maxProcs is the GOMAXPROCS zarrfs runs with: procsPerCPU times the
+// runtime's default cur, unless the GOMAXPROCS environment variable (env)
+// sets it, which stands.
+func maxProcs(env string, cur int) int {
+	if env != "" {
+		return cur
+	}
+	return procsPerCPU * cur
 }
 
 // startProfile writes a Go CPU profile of the whole command to the file
