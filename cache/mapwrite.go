@@ -6,11 +6,11 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
-	"sync"
-	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/zarrfs/zarrfs/internal/parallel"
 )
 
 // A blob's data is tens of megabytes written in one WriteAt. A write(2) of
@@ -101,22 +101,11 @@ func writeMapped(f *os.File, p []byte, off int64, saw func(p []byte, off int64))
 	for i := range done {
 		done[i] = make(chan error, 1)
 	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	n := min(pieces, mapWriters, runtime.NumCPU())
-	wg.Add(n)
-	for range n {
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= pieces {
-					return
-				}
-				done[i] <- copyPiece(m, p, skip, i)
-			}
-		}()
-	}
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		parallel.For(pieces, min(mapWriters, runtime.NumCPU()), func(i int) { done[i] <- copyPiece(m, p, skip, i) })
+	}()
 	var first error
 	for i := range pieces {
 		if err := <-done[i]; err != nil {
@@ -130,7 +119,7 @@ func writeMapped(f *os.File, p []byte, off int64, saw func(p []byte, off int64))
 			saw(p[lo-skip:hi-skip], off+int64(lo-skip))
 		}
 	}
-	wg.Wait()
+	<-copied
 	if first != nil {
 		return &os.PathError{Op: "write", Path: f.Name(), Err: first}
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/zarrfs/zarrfs/internal/parallel"
 	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
@@ -817,26 +818,4 @@ func (d *Decoder) launchSwap(set *bufSet, gx uint32, ptr, nelem uint64, size uin
 }
 
 // parallel runs f(0..n-1) on the copy workers.
-func (d *Decoder) parallel(n int, f func(i int)) {
-	w := min(d.opts.CopyWorkers, n)
-	if w <= 1 {
-		for i := range n {
-			f(i)
-		}
-		return
-	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range w {
-		wg.Go(func() {
-			for {
-				i := next.Add(1) - 1
-				if int(i) >= n {
-					return
-				}
-				f(int(i))
-			}
-		})
-	}
-	wg.Wait()
-}
+func (d *Decoder) parallel(n int, f func(i int)) { parallel.For(n, d.opts.CopyWorkers, f) }

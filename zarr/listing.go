@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/zarrfs/zarrfs/internal/parallel"
 	"github.com/zarrfs/zarrfs/objectstore"
 )
 
@@ -234,7 +235,7 @@ func (h *Hierarchy) List(ctx context.Context, a *Array, since time.Time) (*Listi
 // a zero since), at most par at a time, and returns the first error.
 func (h *Hierarchy) ListAll(ctx context.Context, arrays []*Array, par int) error {
 	errs := make([]error, len(arrays))
-	parallel(len(arrays), par, func(i int) {
+	parallel.For(len(arrays), par, func(i int) {
 		_, errs[i] = h.List(ctx, arrays[i], time.Time{})
 	})
 	for _, err := range errs {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/zarrfs/zarrfs/internal/parallel"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr/codec"
 )
@@ -266,7 +267,7 @@ func (st *readState) readPartial(ctx context.Context, l *leaf, c chunkRange) err
 	}
 	var mu sync.Mutex
 	errs := make([]error, len(ranges))
-	parallel(len(ranges), st.h.opts.Fetchers, func(i int) {
+	parallel.For(len(ranges), st.h.opts.Fetchers, func(i int) {
 		r := ranges[i]
 		b, fresh, ver, err := c.rng(ctx, r.Off, r.N)
 		switch {

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/zarrfs/zarrfs/internal/parallel"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr/codec"
 )
@@ -216,7 +217,7 @@ func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
 	}
 	// Resolve outer chunks into leaves, fetching bytes concurrently.
 	errs := make([]error, len(order))
-	parallel(len(order), h.opts.Fetchers, func(i int) {
+	parallel.For(len(order), h.opts.Fetchers, func(i int) {
 		o := order[i]
 		cb := o.a.chunkBox(o.coords)
 		key := o.a.ChunkKey(o.coords)
@@ -499,37 +500,8 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 			}
 		})
 	})
-	parallel(len(fetches), st.h.opts.Fetchers, func(i int) { fetches[i]() })
+	parallel.For(len(fetches), st.h.opts.Fetchers, func(i int) { fetches[i]() })
 	return errors.Join(errs...)
-}
-
-// parallel calls fn(0) ... fn(n-1) from at most par goroutines and waits:
-// a region of a million tiny chunks costs par goroutine stacks, not a
-// million.
-func parallel(n, par int, fn func(i int)) {
-	par = min(max(par, 1), n)
-	if par <= 1 {
-		for i := range n {
-			fn(i)
-		}
-		return
-	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range par {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= n {
-					return
-				}
-				fn(i)
-			}
-		}()
-	}
-	wg.Wait()
 }
 
 // shardIndex reads, verifies and caches a shard index.
