@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"slices"
 	"sort"
 	"strconv"
 )
@@ -188,7 +189,7 @@ func (p *Pin) Sum(a *Array, start, count []int64) uint64 {
 	}
 	for i := range p.regions {
 		r := &p.regions[i]
-		if r.a != a || !equal(r.lo, lo) || !equal(r.hi, hi) {
+		if r.a != a || !slices.Equal(r.lo, lo) || !slices.Equal(r.hi, hi) {
 			continue
 		}
 		var b [8]byte
@@ -203,18 +204,6 @@ func (p *Pin) Sum(a *Array, start, count []int64) uint64 {
 		return h.Sum64() | 1
 	}
 	return 0
-}
-
-func equal(a, b []int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // index is the position of grid coordinates c in r's C order.

@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -267,31 +268,10 @@ func parseManifest(payload []byte) (_ *manifest, err error) {
 			x.c = c
 			refs = append(refs, x)
 		}
-		sort.Slice(refs, func(a, b int) bool { return lessIdx(refs[a].idx, refs[b].idx) })
+		slices.SortFunc(refs, func(a, b indexed) int { return slices.Compare(a.idx, b.idx) })
 		m.arrays[nid] = append(m.arrays[nid], refs...)
 	}
 	return m, nil
-}
-
-func lessIdx(a, b []uint32) bool {
-	for i := range min(len(a), len(b)) {
-		if a[i] != b[i] {
-			return a[i] < b[i]
-		}
-	}
-	return len(a) < len(b)
-}
-
-func equalIdx(a, b []uint32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // index serves a snapshot's keys to targets.Store: each node's zarr.json,
@@ -348,8 +328,8 @@ func (s *Store) findChunk(ctx context.Context, n *node, rest string) (*chunk, er
 		return nil, err
 	}
 	refs := m.arrays[n.id]
-	i := sort.Search(len(refs), func(i int) bool { return !lessIdx(refs[i].idx, idx) })
-	if i < len(refs) && equalIdx(refs[i].idx, idx) {
+	i := sort.Search(len(refs), func(i int) bool { return slices.Compare(refs[i].idx, idx) >= 0 })
+	if i < len(refs) && slices.Equal(refs[i].idx, idx) {
 		return &refs[i].c, nil
 	}
 	return nil, nil
