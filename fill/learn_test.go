@@ -117,6 +117,16 @@ func learnStore(t *testing.T) (string, *countingStore, *layout.Source, *cache.Ca
 	return dir, st, &layout.Source{Store: st, Zarr: zarr.Options{Decoder: dec}}, c
 }
 
+// storeGives fails the test unless a layout opened afresh on src names
+// blob p by identity id: what the store's versions give now.
+func storeGives(t *testing.T, src *layout.Source, p, id string) {
+	t.Helper()
+	fresh := openLayout(t, src)
+	if want, err := fresh.Identity(context.Background(), blobOf(t, fresh, p)); err != nil || want != id {
+		t.Fatalf("%s recorded as %q, the store's versions give %q (%v)", p, id, want, err)
+	}
+}
+
 func openLayout(t *testing.T, src *layout.Source) *layout.Layout {
 	t.Helper()
 	lay, err := src.Open(context.Background())
@@ -259,10 +269,7 @@ func TestFirstFillOfALocalStore(t *testing.T) {
 	if v3 != 112 || id3 == id {
 		t.Fatalf("after a rewrite: value %d identity changed %v; want 112, a new identity", v3, id3 != id)
 	}
-	fresh := openLayout(t, src)
-	if want, err := fresh.Identity(context.Background(), blobOf(t, fresh, "t/3.npy")); err != nil || want != id3 {
-		t.Fatalf("refilled as %q, the store's versions give %q (%v)", id3, want, err)
-	}
+	storeGives(t, src, "t/3.npy", id3)
 }
 
 // A chunk found rewritten by the fill that learns a blob's identity (its
@@ -292,10 +299,7 @@ func TestLearningFillFollowsARewrite(t *testing.T) {
 	if a.Listing() == lst {
 		t.Fatal("the array was not listed again after the rewrite")
 	}
-	fresh := openLayout(t, src)
-	if want, err := fresh.Identity(context.Background(), blobOf(t, fresh, "t/5.npy")); err != nil || want != id {
-		t.Fatalf("recorded as %q, the store's versions give %q (%v)", id, want, err)
-	}
+	storeGives(t, src, "t/5.npy", id)
 }
 
 // learn fails with ErrChanged when an array the blob reads was listed
@@ -353,10 +357,7 @@ func TestLearningFillLosesToAnAnswerBeforeIt(t *testing.T) {
 	if v != 120 || !once.Load() {
 		t.Fatalf("value %d, want the rewritten chunk's 120", v)
 	}
-	fresh := openLayout(t, src)
-	if want, err := fresh.Identity(context.Background(), blobOf(t, fresh, "t/5.npy")); err != nil || want != id {
-		t.Fatalf("recorded as %q, the store's versions give %q (%v)", id, want, err)
-	}
+	storeGives(t, src, "t/5.npy", id)
 }
 
 // A sample cached under a narrower name (the store grew past ten steps:
