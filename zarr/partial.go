@@ -1,9 +1,11 @@
 package zarr
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/zarrfs/zarrfs/internal/parallel"
@@ -45,6 +47,9 @@ const (
 	partialMinBytes = 1 << 20
 	partialRemote   = 0.75
 	partialLocal    = 0.5
+	// partialStream: a stream is decoded in part when its selection ends
+	// within this share of the chunk's decoded bytes.
+	partialStream = 0.75
 	// partialGap: stored ranges at most this far apart are read as one.
 	partialGap = 64 << 10
 	// partialMaxSegments bounds the pieces one chunk's selection is cut
@@ -65,7 +70,10 @@ type partial struct {
 	segs  []codec.Segment // decoded ranges, each into a request's memory
 	bytes int64           // their total
 	parts []codec.Part    // the fetched stored ranges
-	puts  []sourcePut     // fetched bytes to keep in the source cache once decoded
+	// stream: the chunk is fetched whole and decoded up to its selection's
+	// last byte (codec.StreamPart); its Src is the leaf's enc.
+	stream bool
+	puts   []sourcePut // fetched bytes to keep in the source cache once decoded
 }
 
 type sourcePut struct {
@@ -100,11 +108,16 @@ func (st *readState) planPartial(l *leaf) *partial {
 		return nil
 	}
 	var name codec.Name
+	stream := false
 	switch {
 	case len(l.pipe.bb) == 0:
 		name = codec.RawPart
 	case len(l.pipe.bb) == 1 && l.pipe.bb[0].name == codec.Blosc && !l.pipe.bb[0].crc32c:
 		name = codec.BloscPart
+	case len(l.pipe.bb) == 1 && !l.pipe.bb[0].crc32c:
+		if name, stream = codec.StreamPart(l.pipe.bb[0].name); !stream {
+			return nil
+		}
 	default:
 		return nil
 	}
@@ -115,6 +128,14 @@ func (st *readState) planPartial(l *leaf) *partial {
 	segs, total, ok := st.segments(l)
 	if !ok || total >= unit {
 		return nil
+	}
+	if stream {
+		// Fetched whole, decoded up to the selection's last byte.
+		end, ok := streamEnd(segs)
+		if !ok || (mode == PartialAuto && (float64(end) > partialStream*float64(unit) || !l.takesOuter())) {
+			return nil
+		}
+		return &partial{codec: name, segs: segs, bytes: total, stream: true}
 	}
 	if mode == PartialAuto && !partialPays(total, unit, objectstore.IsLocal(st.h.Store)) {
 		return nil
@@ -319,12 +340,12 @@ func dropHeld(rs []codec.Range, n int64) []codec.Range {
 }
 
 // tryPartial reads leaf l partially as p (planPartial) says, unless p is
-// nil, and adds it to the read: done reports that it did (or that the
+// nil or a stream's, and adds it to the read: done reports that it did (or that the
 // chunk is missing). A chunk too small for the first ranged read is left
 // to the whole read.
 func (st *readState) tryPartial(ctx context.Context, l *leaf, p *partial, c chunkRange) (done bool, err error) {
-	if p == nil {
-		return false, nil
+	if p == nil || p.stream {
+		return false, nil // a stream is fetched whole (attachStream)
 	}
 	l.part = p
 	switch err := st.readPartial(ctx, l, c); {
@@ -347,5 +368,51 @@ func (st *readState) tryPartial(ctx context.Context, l *leaf, p *partial, c chun
 
 // partialJob is the decoding job of a partial leaf.
 func (l *leaf) partialJob() codec.Job {
-	return codec.Job{Codec: l.part.codec, Parts: l.part.parts, Segments: l.part.segs, Size: product(l.shape) * int64(l.arr.DType.Size)}
+	j := codec.Job{Codec: l.part.codec, Parts: l.part.parts, Segments: l.part.segs, Size: product(l.shape) * int64(l.arr.DType.Size)}
+	if l.part.stream {
+		j.Src = l.enc
+	}
+	return j
+}
+
+// streamEnd returns where the last of segs ends in the decoded chunk, and
+// false when two of them overlap (a stream is decoded once, front to
+// back, each byte into one place).
+func streamEnd(segs []codec.Segment) (int64, bool) {
+	s := slices.Clone(segs)
+	slices.SortFunc(s, func(a, b codec.Segment) int { return cmp.Compare(a.Off, b.Off) })
+	end := int64(0)
+	for _, g := range s {
+		if g.Off < end {
+			return 0, false
+		}
+		end = g.Off + int64(len(g.Dst))
+	}
+	return end, true
+}
+
+// takesOuter reports whether every need of l spans the chunk's first
+// dimension within the array: what a read leaves of it is then along
+// inner dimensions (levels a view does not take) rather than the next
+// samples', which a whole decode would keep in the chunk cache for them.
+func (l *leaf) takesOuter() bool {
+	if len(l.shape) == 0 {
+		return false
+	}
+	hi := min(l.origin[0]+l.shape[0], l.arr.Shape[0])
+	for _, nd := range l.needs {
+		if nd.box.lo[0] != l.origin[0] || nd.box.hi[0] != hi {
+			return false
+		}
+	}
+	return true
+}
+
+// attachStream makes l, fetched whole, a stream's partial read when its
+// plan says so.
+func (st *readState) attachStream(l *leaf, p *partial) {
+	if p != nil && p.stream && l.enc != nil {
+		l.part = p
+		st.h.stats.ChunksPartial.Add(1)
+	}
 }

@@ -11,6 +11,9 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zlib"
+	"github.com/klauspost/compress/zstd"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/objectstore/webtest"
 	"github.com/zarrfs/zarrfs/zarr"
@@ -422,4 +425,124 @@ func TestPartialConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// A stream (zstd, gzip, zlib) is fetched whole and decoded up to the
+// selection's last byte when that is at most 3/4 of the chunk and the read
+// takes the chunk's whole first dimension; otherwise it is decoded whole.
+// Both give the chunk's values.
+func TestPartialStream(t *testing.T) {
+	zs, err := zstd.NewWriter(nil, zstd.WithEncoderCRC(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gz := func(b []byte) []byte {
+		var buf bytes.Buffer
+		w := gzip.NewWriter(&buf)
+		w.Write(b)
+		w.Close()
+		return buf.Bytes()
+	}
+	zl := func(b []byte) []byte {
+		var buf bytes.Buffer
+		w := zlib.NewWriter(&buf)
+		w.Write(b)
+		w.Close()
+		return buf.Bytes()
+	}
+	for _, c := range []struct {
+		meta  string
+		frame func([]byte) []byte
+	}{
+		{`{"id":"zstd","level":3}`, func(b []byte) []byte { return zs.EncodeAll(b, nil) }},
+		{`{"id":"gzip","level":1}`, gz},
+		{`{"id":"zlib","level":1}`, zl},
+	} {
+		dir := filepath.Join(t.TempDir(), "pl.zarr")
+		webtest.WriteFiles(t, dir, plStore(c.meta, c.frame))
+		px, err := objectstore.OpenPosix(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range []struct {
+			lv      []int64
+			partial bool
+		}{
+			{[]int64{0, 1, 2, 3}, true},
+			{[]int64{5, 9, 20, 26}, true},
+			{[]int64{0, 30}, false}, // ends past 3/4 of the chunk
+		} {
+			h := openWith(t, px, zarr.Options{ChunkCacheBytes: -1})
+			reqs := levels(h.Array("pl"), 1, tc.lv...)
+			if err := h.Read(context.Background(), reqs); err != nil {
+				t.Fatalf("%s, levels %v: %v", c.meta, tc.lv, err)
+			}
+			if !bytes.Equal(gotLevels(reqs), wantLevels(1, tc.lv...)) {
+				t.Fatalf("%s, levels %v: values differ", c.meta, tc.lv)
+			}
+			if got := h.Stats().ChunksPartial.Load() == 1; got != tc.partial {
+				t.Errorf("%s, levels %v: in part %v, want %v", c.meta, tc.lv, got, tc.partial)
+			}
+		}
+		px.Close()
+	}
+
+	// Chunks of two time steps: a read of one step leaves the next
+	// sample's half, so the chunk is decoded whole (and kept for it).
+	both := append(plValues(0), plValues(1)...)
+	zarray := `{"zarr_format":2,"shape":[2,37,64,128],"chunks":[2,37,64,128],"dtype":"<f4","compressor":{"id":"zstd","level":3},"filters":null,"fill_value":0,"order":"C"}`
+	dir := filepath.Join(t.TempDir(), "two.zarr")
+	webtest.WriteFiles(t, dir, map[string][]byte{".zgroup": []byte(`{"zarr_format":2}`), "pl/.zarray": []byte(zarray), "pl/0.0.0.0": zs.EncodeAll(both, nil)})
+	px, err := objectstore.OpenPosix(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer px.Close()
+	h := openWith(t, px, zarr.Options{})
+	reqs := levels(h.Array("pl"), 0, 0, 1)
+	if err := h.Read(context.Background(), reqs); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(gotLevels(reqs), wantLevels(0, 0, 1)) {
+		t.Fatal("two-step chunk: values differ")
+	}
+	if n := h.Stats().ChunksPartial.Load(); n != 0 {
+		t.Errorf("two-step chunk, one step read: %d chunks in part, want 0", n)
+	}
+}
+
+// BenchmarkPartialStream reads the first 13 of 37 levels of zstd chunks
+// from disk, decoding up to the selection's end (auto) or every chunk
+// whole (never, the peer).
+func BenchmarkPartialStream(b *testing.B) {
+	zs, err := zstd.NewWriter(nil, zstd.WithEncoderCRC(true))
+	if err != nil {
+		b.Fatal(err)
+	}
+	dir := filepath.Join(b.TempDir(), "pl.zarr")
+	webtest.WriteFiles(b, dir, plStore(`{"id":"zstd","level":3}`, func(v []byte) []byte { return zs.EncodeAll(v, nil) }))
+	px, err := objectstore.OpenPosix(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer px.Close()
+	lv := []int64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
+	for _, m := range []struct {
+		name string
+		mode zarr.PartialMode
+	}{{"auto", zarr.PartialAuto}, {"whole", zarr.PartialNever}} {
+		b.Run(m.name, func(b *testing.B) {
+			h, err := zarr.Open(context.Background(), px, zarr.Options{ChunkCacheBytes: -1, Partial: m.mode})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer h.Close()
+			b.SetBytes(int64(len(lv)) * plLevel)
+			for i := 0; b.Loop(); i++ {
+				if err := h.Read(context.Background(), levels(h.Array("pl"), int64(i%2), lv...)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

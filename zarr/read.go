@@ -37,7 +37,7 @@ type Stats struct {
 	ChunksDecoded  atomic.Int64 // leaf chunks decompressed
 	ChunksMissing  atomic.Int64 // leaf chunks read as fill value
 	ChunkCacheHits atomic.Int64 // leaf chunks served from the decoded-chunk cache
-	ChunksPartial  atomic.Int64 // leaf chunks fetched and decoded in part (ranged reads)
+	ChunksPartial  atomic.Int64 // leaf chunks decoded in part: blocks or bytes by ranged reads, or a stream up to its selection's end
 	BytesFetched   atomic.Int64 // compressed bytes read from the store
 	BytesDecoded   atomic.Int64 // bytes leaf chunks decoded to
 	BytesAssembled atomic.Int64 // bytes copied (or byte-swapped) from decoded chunks into requests
@@ -357,16 +357,15 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 			st.add(l)
 			return nil
 		}
-		if ss, ok := src.(storeSource); ok {
-			if p := st.planPartial(l); p != nil {
-				if b, ok := ss.cachedWhole(); ok {
-					l.enc, l.encOwned = nonNil(b), true
-					st.add(l)
-					return nil
-				}
-				if done, err := st.tryPartial(ctx, l, p, chunkRange{ss, 0, -1}); done || err != nil {
-					return err
-				}
+		plan := st.planPartial(l)
+		if ss, ok := src.(storeSource); ok && plan != nil && !plan.stream {
+			if b, ok := ss.cachedWhole(); ok {
+				l.enc, l.encOwned = nonNil(b), true
+				st.add(l)
+				return nil
+			}
+			if done, err := st.tryPartial(ctx, l, plan, chunkRange{ss, 0, -1}); done || err != nil {
+				return err
 			}
 		}
 		b, fresh, err := src.whole(ctx)
@@ -382,6 +381,7 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 			return &ChunkError{Array: a.Path, Key: key, Err: err}
 		default:
 			l.enc = nonNil(b)
+			st.attachStream(l, plan)
 		}
 		st.add(l)
 		return nil
@@ -467,9 +467,11 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 			}
 		}
 		fetches = append(fetches, func() {
+			var plan *partial
 			if ss, ok := src.(storeSource); ok && s.codecs.shard == nil {
 				l := &leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: ib.lo, key: ikey, needs: inner, cacheKey: ck}
-				done, err := st.tryPartial(ctx, l, st.planPartial(l), chunkRange{ss, int64(off), int64(nb)})
+				plan = st.planPartial(l)
+				done, err := st.tryPartial(ctx, l, plan, chunkRange{ss, int64(off), int64(nb)})
 				if err != nil {
 					emu.Lock()
 					errs = append(errs, err)
@@ -484,7 +486,9 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 				if s.codecs.shard != nil {
 					err = st.resolve(ctx, a, s.codecs, s.inner, ib.lo, memSource{b, src.version()}, ikey, inner)
 				} else {
-					st.add(&leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: ib.lo, key: ikey, needs: inner, enc: nonNil(b), srcKey: fresh, cacheKey: ck})
+					l := &leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: ib.lo, key: ikey, needs: inner, enc: nonNil(b), srcKey: fresh, cacheKey: ck}
+					st.attachStream(l, plan)
+					st.add(l)
 				}
 			}
 			if err != nil {

@@ -3,9 +3,16 @@ package codec
 import (
 	"cmp"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"io"
+	"math/bits"
 	"slices"
 	"sort"
+	"sync"
+
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zstd"
 )
 
 // Partial reads decode only part of a chunk from only part of its stored
@@ -14,17 +21,47 @@ import (
 // hold a selection can be fetched and decoded alone; bytes without
 // compression are their own decoded bytes.
 //
+// A stream (zstd, gzip, zlib) has no such table, but its decoder can stop
+// once the selection's last byte is out: a selection of a chunk's first
+// levels decodes only those.
+//
 // A partial Job names BloscPart or RawPart, carries the fetched byte ranges
 // of the stored chunk in Parts and the decoded ranges to produce in
-// Segments; Src and Dst are unused. Only the CPU decodes partial jobs (a
-// GPU decoder refuses them with ErrUnsupported, as any codec it lacks).
+// Segments; Src and Dst are unused. A stream's partial job (ZstdPart,
+// GzipPart, ZlibPart) carries the whole stored chunk in Src and the
+// decoded ranges in Segments, which must not overlap. Only the CPU decodes
+// partial jobs (a GPU decoder refuses them with ErrUnsupported, as any
+// codec it lacks).
 const (
 	BloscPart Name = "blosc-part" // some blocks of a blosc frame; Parts[0] holds its header and block table
 	RawPart   Name = "raw-part"   // ranges of a chunk stored without compression
+	ZstdPart  Name = "zstd-part"  // a zstd chunk decoded up to its selection's last byte
+	GzipPart  Name = "gzip-part"  // the same for gzip
+	ZlibPart  Name = "zlib-part"  // the same for zlib
 )
 
 // IsPartial reports whether name is a codec of partial reads.
-func IsPartial(name Name) bool { return name == BloscPart || name == RawPart }
+func IsPartial(name Name) bool {
+	switch name {
+	case BloscPart, RawPart, ZstdPart, GzipPart, ZlibPart:
+		return true
+	}
+	return false
+}
+
+// StreamPart returns the partial codec that decodes a prefix of a chunk
+// compressed with name, and whether name is a stream that allows it.
+func StreamPart(name Name) (Name, bool) {
+	switch name {
+	case Zstd:
+		return ZstdPart, true
+	case Gzip:
+		return GzipPart, true
+	case Zlib:
+		return ZlibPart, true
+	}
+	return "", false
+}
 
 // Part is a fetched byte range of a stored chunk: bytes [Off, Off+len(B)).
 type Part struct {
@@ -210,8 +247,12 @@ func sortedParts(p []Part) parts {
 	return ps
 }
 
-// decodePartial decodes a partial job (BloscPart or RawPart).
+// decodePartial decodes a partial job.
 func (d *decoder) decodePartial(j *Job) error {
+	switch j.Codec {
+	case ZstdPart, GzipPart, ZlibPart:
+		return d.decodeStreamPart(j)
+	}
 	ps := sortedParts(j.Parts)
 	if j.Codec == RawPart {
 		for _, s := range j.Segments {
@@ -300,3 +341,155 @@ func (d *decoder) decodeBlockFrom(h *bloscHeader, ps parts, pos, i int, out []by
 	}
 	return d.decodeBlock(h, view, pos, i, out)
 }
+
+// streamSkip is the scratch a stream's bytes before a segment are decoded
+// into and dropped.
+const streamSkip = 1 << 20
+
+// decodeStreamPart decodes a stream from its start up to the last byte of
+// its segments, each decoded straight into its memory, and stops there.
+// The stream's checksum, at its end, is not reached, so damage past the
+// selection goes unseen: what is decoded is what a whole decode would give,
+// or an error.
+func (d *decoder) decodeStreamPart(j *Job) error {
+	segs := slices.Clone(j.Segments)
+	slices.SortStableFunc(segs, func(a, b Segment) int { return cmp.Compare(a.Off, b.Off) })
+	pos := int64(0)
+	for _, s := range segs {
+		if s.Off < pos || s.Off < 0 || s.Off+int64(len(s.Dst)) > j.Size {
+			// The caller's mistake, not the chunk's: no ErrCorrupt.
+			return fmt.Errorf("%s: segment %d+%d overlaps another or lies outside %d bytes", j.Codec, s.Off, len(s.Dst), j.Size)
+		}
+		pos = s.Off + int64(len(s.Dst))
+	}
+	err := d.streamSegments(j, segs)
+	if j.Codec == ZstdPart && (errors.Is(err, zstd.ErrWindowSizeExceeded) || errors.Is(err, zstd.ErrDecoderSizeExceeded)) {
+		// A frame whose window is larger than the chunk (written by a
+		// streaming compressor that did not know the size): decoded
+		// whole into scratch, as a whole read would.
+		buf := d.scratch(int(j.Size))
+		if err := d.decodeZstd(buf, j.Src); err != nil {
+			return err
+		}
+		for _, s := range segs {
+			copy(s.Dst, buf[s.Off:])
+		}
+		return nil
+	}
+	return err
+}
+
+// streamSegments decodes the stream of j into segs, sorted and apart.
+func (d *decoder) streamSegments(j *Job, segs []Segment) error {
+	d.size = j.Size
+	r, name, err := d.stream(j.Codec, j.Src)
+	defer d.endStream(j.Codec)
+	if err != nil {
+		return err
+	}
+	pos := int64(0)
+	for _, s := range segs {
+		for pos < s.Off {
+			n := min(s.Off-pos, streamSkip)
+			if cap(d.blk) < int(n) {
+				d.blk = make([]byte, min(streamSkip, j.Size))
+			}
+			if err := readFull(r, d.blk[:n]); err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			pos += n
+		}
+		if err := readFull(r, s.Dst); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		pos += int64(len(s.Dst))
+	}
+	return nil
+}
+
+// readFull fills b from a decoding stream.
+func readFull(r io.Reader, b []byte) error {
+	if _, err := io.ReadFull(r, b); err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+			return fmt.Errorf("stream ends early: %w", ErrCorrupt)
+		}
+		return fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	return nil
+}
+
+// stream starts decoding src as the stream codec of partial codec name,
+// returning the reader of its decoded bytes and the codec's name for
+// messages. A zstd stream keeps a window of history the frame declares:
+// it is bounded by the chunk's decoded size (a frame of that many bytes
+// needs no more), so hostile headers cannot make it larger.
+func (d *decoder) stream(name Name, src []byte) (io.Reader, string, error) {
+	d.br.Reset(src)
+	switch name {
+	case ZstdPart:
+		z, class := getStreamDecoder(d.size)
+		if err := z.Reset(&d.br); err != nil {
+			putStreamDecoder(z, class)
+			return nil, "zstd", fmt.Errorf("zstd: %w: %w", ErrCorrupt, err)
+		}
+		d.zs, d.zsClass = z, class
+		return z, "zstd", nil
+	case GzipPart:
+		if d.gz == nil {
+			d.gz = new(gzip.Reader)
+		}
+		if err := d.gz.Reset(&d.br); err != nil {
+			return nil, "gzip", fmt.Errorf("gzip: %w: %w", ErrCorrupt, err)
+		}
+		return d.gz, "gzip", nil
+	case ZlibPart:
+		if err := d.resetZlib(); err != nil {
+			return nil, "zlib", err
+		}
+		return d.zl, "zlib", nil
+	}
+	return nil, string(name), fmt.Errorf("%s: not a stream: %w", name, ErrUnsupported)
+}
+
+// endStream drops what a stream decode holds: the zstd decoder and its
+// window, which is as large as the chunk.
+func (d *decoder) endStream(name Name) {
+	if d.zs != nil {
+		d.zs.Reset(nil)
+		putStreamDecoder(d.zs, d.zsClass)
+		d.zs = nil
+	}
+	d.br.Reset(nil)
+}
+
+// Stream decoders are pooled by the power of two their window may reach:
+// a decoder keeps its window's memory, as large as the chunks it decodes,
+// which a fresh one would allocate and clear for every chunk. A pool's
+// idle decoders go with the collector's next cycles.
+var streamDecoders [48]sync.Pool
+
+func streamClass(size int64) int {
+	c := bits.Len64(uint64(max(size, zstd.MinWindowSize) - 1))
+	return min(c, len(streamDecoders)-1)
+}
+
+// getStreamDecoder returns a synchronous zstd stream decoder whose window
+// is bounded by the power of two at or above size, and its class.
+func getStreamDecoder(size int64) (*zstd.Decoder, int) {
+	c := streamClass(size)
+	if z, ok := streamDecoders[c].Get().(*zstd.Decoder); ok {
+		return z, c
+	}
+	limit := uint64(1) << c
+	z, err := zstd.NewReader(nil,
+		zstd.WithDecoderConcurrency(1),
+		zstd.WithDecoderLowmem(false),
+		zstd.WithDecoderMaxWindow(limit),
+		zstd.WithDecoderMaxMemory(limit))
+	if err != nil {
+		panic("codec: zstd.NewReader with static options: " + err.Error())
+	}
+	return z, c
+}
+
+func putStreamDecoder(z *zstd.Decoder, class int) { streamDecoders[class].Put(z) }
