@@ -1,7 +1,11 @@
 package integration
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -74,4 +78,79 @@ func BenchmarkPartialChunks(b *testing.B) {
 func benchReplicaAll(b *testing.B) (string, int64) {
 	b.Setenv("ZARRFS_BENCH_PRESSURE", "6")
 	return benchReplica(b)
+}
+
+// BenchmarkPartialPeers reads the GraphCast-like view's samples from the
+// full-size ARCO-ERA5-like replica served by fake-gcs-server (in this
+// process) three ways, in turn: `zarrfs warm --only graphcast` into a
+// fresh cache (reading part of each chunk, the default), zarr-python 3
+// through gcsfs and tensorstore through its GCS driver, each reading every
+// channel's selection of every time step into memory and stacking it
+// (integration/replica/read_view.py). Metrics: samples/s of each, and
+// zarrfs's over each peer's. The peers decode whole chunks; zarrfs's rate
+// is by warm's own fill time, theirs by the reads alone (after opening).
+func BenchmarkPartialPeers(b *testing.B) {
+	requireMountTools(b)
+	store := os.Getenv("ZARRFS_BENCH_REPLICA")
+	if store == "" {
+		store, _ = benchReplicaAll(b)
+	}
+	gcs := gcstest.Start(b)
+	bucket := gcs.NewBucket(b)
+	gcs.UploadDir(b, bucket, "era5/arco.zarr", store)
+	src := "gs://" + bucket + "/era5/arco.zarr"
+	spec := filepath.Join(repoRoot(b), "integration", "replica", "graphcast.yaml")
+	zarrfsBin(b)
+	readers := []string{"zarrfs", "zarr", "tensorstore"}
+	secs := make([]float64, len(readers))
+	samples := make([]int, len(readers))
+	n := 0
+	for b.Loop() {
+		for k := range readers {
+			i := (k + n) % len(readers)
+			if readers[i] == "zarrfs" {
+				_, f, nf := warmFill(b, src, "--gcs-endpoint", gcs.URL, "--gcs-anonymous", "--view", spec, "--only", "graphcast")
+				secs[i] += f.Seconds()
+				samples[i] += nf
+				continue
+			}
+			cmd := exec.Command("python3", filepath.Join(repoRoot(b), "integration", "replica", "read_view.py"),
+				"--reader", readers[i], "--bucket", bucket, "--path", "era5/arco.zarr", "--endpoint", gcs.URL, "--view", spec)
+			cmd.Env = append(os.Environ(), "TENSORSTORE_GCS_HTTP_URL="+gcs.URL, "GCE_METADATA_HOST=127.0.0.1:1", "NO_GCE_CHECK=True")
+			out, err := cmd.Output()
+			if err != nil {
+				b.Fatalf("read_view.py --reader %s: %v\n%s", readers[i], err, exitStderr(err))
+			}
+			var r struct {
+				Samples int     `json:"samples"`
+				Seconds float64 `json:"seconds"`
+			}
+			if err := json.Unmarshal(bytes.TrimSpace(out), &r); err != nil {
+				b.Fatalf("read_view.py --reader %s printed %q: %v", readers[i], out, err)
+			}
+			secs[i] += r.Seconds
+			samples[i] += r.Samples
+		}
+		n++
+	}
+	rate := make([]float64, len(readers))
+	for i, r := range readers {
+		rate[i] = float64(samples[i]) / secs[i]
+		b.ReportMetric(rate[i], r+"-samples/s")
+		b.Logf("%s: %d samples in %.2f s over %d rounds", r, samples[i], secs[i], n)
+	}
+	if samples[0] != samples[1] || samples[0] != samples[2] {
+		b.Fatalf("samples read: %v", samples)
+	}
+	b.ReportMetric(rate[0]/rate[1], "vs-zarr")
+	b.ReportMetric(rate[0]/rate[2], "vs-tensorstore")
+}
+
+// exitStderr is what a failed command wrote to its standard error.
+func exitStderr(err error) string {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return string(ee.Stderr)
+	}
+	return ""
 }

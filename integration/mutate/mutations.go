@@ -245,4 +245,22 @@ var mutations = []mutation{
 		Pkgs:   []string{"./cache"},
 		Run:    "Mapped",
 	},
+	{
+		Name:   "stream-skip",
+		Breaks: "a stream decoded up to its selection skips one scratch piece too few before a segment, so the segment gets earlier bytes",
+		File:   "zarr/codec/partial.go",
+		From:   "\t\t\tpos += n\n",
+		To:     "\t\t\tpos += n + n/2\n",
+		Pkgs:   []string{"./zarr/codec"},
+		Run:    "StreamPart",
+	},
+	{
+		Name:   "stream-outer",
+		Breaks: "a stream chunk of several time steps is decoded in part for one step, so the next steps' samples decode it again instead of finding it in the chunk cache",
+		File:   "zarr/partial.go",
+		From:   " || !l.takesOuter()))",
+		To:     "))",
+		Pkgs:   []string{"./zarr"},
+		Run:    "PartialStream",
+	},
 }
