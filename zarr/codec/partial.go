@@ -421,8 +421,9 @@ func readFull(r io.Reader, b []byte) error {
 // stream starts decoding src as the stream codec of partial codec name,
 // returning the reader of its decoded bytes and the codec's name for
 // messages. A zstd stream keeps a window of history the frame declares:
-// it is bounded by the chunk's decoded size (a frame of that many bytes
-// needs no more), so hostile headers cannot make it larger.
+// it is bounded by the power of two at or above the chunk's decoded size
+// (a frame of that many bytes needs no more), so hostile headers cannot
+// make it larger.
 func (d *decoder) stream(name Name, src []byte) (io.Reader, string, error) {
 	d.br.Reset(src)
 	switch name {
