@@ -340,9 +340,9 @@ func dropHeld(rs []codec.Range, n int64) []codec.Range {
 }
 
 // tryPartial reads leaf l partially as p (planPartial) says, unless p is
-// nil or a stream's, and adds it to the read: done reports that it did (or that the
-// chunk is missing). A chunk too small for the first ranged read is left
-// to the whole read.
+// nil or a stream's, and adds it to the read: done reports that it did
+// (or that the chunk is missing). A chunk too small for the first ranged
+// read is left to the whole read.
 func (st *readState) tryPartial(ctx context.Context, l *leaf, p *partial, c chunkRange) (done bool, err error) {
 	if p == nil || p.stream {
 		return false, nil // a stream is fetched whole (attachStream)
