@@ -221,6 +221,24 @@ func pipelineValues() []byte {
 	return b
 }
 
+// gzipBytes is b compressed as one gzip member.
+func gzipBytes(b []byte) []byte {
+	var w bytes.Buffer
+	g := gzip.NewWriter(&w)
+	g.Write(b)
+	g.Close()
+	return w.Bytes()
+}
+
+// zlibBytes is b compressed as a zlib stream.
+func zlibBytes(b []byte) []byte {
+	var w bytes.Buffer
+	g := zlib.NewWriter(&w)
+	g.Write(b)
+	g.Close()
+	return w.Bytes()
+}
+
 // pipelines builds the arrays FuzzChunkDecode feeds: every codec, crc32c,
 // transpose (v3) and order F (v2), big endian, and sharding, written here
 // so that the target needs no fixtures.
@@ -231,20 +249,6 @@ func pipelines(tb testing.TB) []pipeline {
 		tb.Fatal(err)
 	}
 	zst := func(b []byte) []byte { return zenc.EncodeAll(b, nil) }
-	gz := func(b []byte) []byte {
-		var w bytes.Buffer
-		g := gzip.NewWriter(&w)
-		g.Write(b)
-		g.Close()
-		return w.Bytes()
-	}
-	zl := func(b []byte) []byte {
-		var w bytes.Buffer
-		g := zlib.NewWriter(&w)
-		g.Write(b)
-		g.Close()
-		return w.Bytes()
-	}
 	lz := func(b []byte) []byte { // numcodecs LZ4: size, then one block
 		out := make([]byte, 4+lz4.CompressBlockBound(len(b)))
 		binary.LittleEndian.PutUint32(out, uint32(len(b)))
@@ -306,13 +310,13 @@ func pipelines(tb testing.TB) []pipeline {
 	k3, k2 := []string{"c/0/0"}, []string{"0.0"}
 	return []pipeline{
 		{"v3 zstd", v3("uint16", `[`+le+`,{"name":"zstd","configuration":{"level":1}}]`), k3, zst(raw)},
-		{"v3 gzip crc32c", v3("uint16", `[`+le+`,{"name":"gzip","configuration":{"level":1}},{"name":"crc32c"}]`), k3, crc(gz(raw))},
+		{"v3 gzip crc32c", v3("uint16", `[`+le+`,{"name":"gzip","configuration":{"level":1}},{"name":"crc32c"}]`), k3, crc(gzipBytes(raw))},
 		{"v3 big endian blosc", v3("uint16", `[`+be+`,{"name":"blosc","configuration":{"cname":"lz4","clevel":5,"shuffle":"shuffle","typesize":2,"blocksize":0}}]`), k3, blosc(swapped)},
 		{"v3 transpose zstd", v3("uint16", `[{"name":"transpose","configuration":{"order":[1,0]}},`+le+`,{"name":"zstd","configuration":{"level":1}}]`), k3, zst(fortran)},
 		{"v3 sharding", v3("uint16", `[{"name":"sharding_indexed","configuration":{"chunk_shape":[2,4],
 "codecs":[`+le+`,{"name":"zstd","configuration":{"level":1}}],"index_codecs":[`+le+`,{"name":"crc32c"}],"index_location":"end"}}]`), k3, shard},
-		{"v2 zlib", v2("<u2", "C", `{"id":"zlib","level":1}`), k2, zl(raw)},
-		{"v2 gzip big endian", v2(">u2", "C", `{"id":"gzip","level":1}`), k2, gz(swapped)},
+		{"v2 zlib", v2("<u2", "C", `{"id":"zlib","level":1}`), k2, zlibBytes(raw)},
+		{"v2 gzip big endian", v2(">u2", "C", `{"id":"gzip","level":1}`), k2, gzipBytes(swapped)},
 		{"v2 lz4 order F", v2("<u2", "F", `{"id":"lz4","acceleration":1}`), k2, lz(fortran)},
 		{"v2 blosc", v2("<u2", "C", `{"id":"blosc","cname":"lz4","clevel":5,"shuffle":1,"blocksize":0}`), k2, blosc(raw)},
 		{"v2 zstd", v2("<u2", "C", `{"id":"zstd","level":1}`), k2, zst(raw)},

@@ -18,9 +18,11 @@ import (
 // blocks independently and its first bytes say where each is stored, so
 // the blocks that hold the selected bytes are fetched with ranged reads
 // and decoded alone, straight into the requests' memory. A chunk stored
-// without compression is read by the ranges the selection covers. Other
-// codecs, and chunks with a crc32c (whose check needs every byte), are
-// read whole.
+// without compression is read by the ranges the selection covers. A zstd
+// chunk without checksums is fetched whole and decoded up to the
+// selection's last byte. Other codecs, and chunks with a checksum (a
+// crc32c codec, a zstd frame's, gzip's and zlib's, whose check needs every
+// byte), are read whole.
 
 // PartialMode says when a Read fetches and decodes only the part of a
 // chunk it needs.
@@ -71,7 +73,8 @@ type partial struct {
 	bytes int64           // their total
 	parts []codec.Part    // the fetched stored ranges
 	// stream: the chunk is fetched whole and decoded up to its selection's
-	// last byte (codec.StreamPart); its Src is the leaf's enc.
+	// last byte (codec.StreamPart) unless it carries a checksum
+	// (attachStream); its Src is the leaf's enc.
 	stream bool
 	puts   []sourcePut // fetched bytes to keep in the source cache once decoded
 }
@@ -409,9 +412,10 @@ func (l *leaf) takesOuter() bool {
 }
 
 // attachStream makes l, fetched whole, a stream's partial read when its
-// plan says so.
+// plan says so and the stream carries no checksum (which only a whole
+// decode checks: it is read whole, as if not planned).
 func (st *readState) attachStream(l *leaf, p *partial) {
-	if p != nil && p.stream && l.enc != nil {
+	if p != nil && p.stream && l.enc != nil && !codec.ZstdChecksummed(l.enc) {
 		l.part = p
 		st.h.stats.ChunksPartial.Add(1)
 	}

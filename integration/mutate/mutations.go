@@ -263,4 +263,22 @@ var mutations = []mutation{
 		Pkgs:   []string{"./zarr"},
 		Run:    "PartialStream",
 	},
+	{
+		Name:   "stream-checksum",
+		Breaks: "a zstd stream with a frame checksum is decoded only up to its selection, so damage that decodes silently is served instead of refused",
+		File:   "zarr/codec/partial.go",
+		From:   "\tif !ZstdChecksummed(j.Src) {",
+		To:     "\tif true {",
+		Pkgs:   []string{"./zarr/codec"},
+		Run:    "StreamPart",
+	},
+	{
+		Name:   "stream-checksum-plan",
+		Breaks: "a checksummed zstd chunk is planned as a stream read in part, counted so and kept from the chunk cache, though its decoder reads it whole",
+		File:   "zarr/partial.go",
+		From:   " && !codec.ZstdChecksummed(l.enc) {",
+		To:     " {",
+		Pkgs:   []string{"./zarr"},
+		Run:    "PartialStream",
+	},
 }

@@ -43,16 +43,13 @@ const maxKeptScratch = 8 << 20
 // decoders that are expensive to create, and a scratch block for blosc.
 // It is not safe for concurrent use.
 type decoder struct {
-	tmp     []byte
-	blk     []byte // a partial read's block decoded for segments that take part of it
-	zstd    *zstd.Decoder
-	zs      *zstd.Decoder // a stream's decoder, for one partial job (decodeStreamPart)
-	zsClass int           // its pool (getStreamDecoder)
-	size    int64         // that job's chunk size, which bounds the stream's window
-	gz      *gzip.Reader
-	zl      io.ReadCloser
-	br      bytes.Reader
-	one     [1]byte
+	tmp  []byte
+	blk  []byte // a partial read's block decoded for segments that take part of it, or a stream's skipped bytes
+	zstd *zstd.Decoder
+	gz   *gzip.Reader
+	zl   io.ReadCloser
+	br   bytes.Reader
+	one  [1]byte
 }
 
 func newDecoder() *decoder {
@@ -149,25 +146,17 @@ var emptyZlib = []byte{0x78, 0x9c, 0x03, 0x00, 0x00, 0x00, 0x00, 0x01}
 
 func (d *decoder) decodeZlib(dst, src []byte) error {
 	d.br.Reset(src)
-	if err := d.resetZlib(); err != nil {
-		return err
-	}
-	if err := d.readExactly(d.zl, dst); err != nil {
-		return fmt.Errorf("zlib: %w", err)
-	}
-	return nil
-}
-
-// resetZlib starts the zlib reader on d.br.
-func (d *decoder) resetZlib() error {
+	var err error
 	if d.zl == nil {
-		var err error
 		if d.zl, err = zlib.NewReader(bytes.NewReader(emptyZlib)); err != nil {
 			panic("codec: zlib reader of a static stream: " + err.Error())
 		}
 	}
-	if err := d.zl.(zlib.Resetter).Reset(&d.br, nil); err != nil {
+	if err = d.zl.(zlib.Resetter).Reset(&d.br, nil); err != nil {
 		return fmt.Errorf("zlib: %w: %w", ErrCorrupt, err)
+	}
+	if err := d.readExactly(d.zl, dst); err != nil {
+		return fmt.Errorf("zlib: %w", err)
 	}
 	return nil
 }

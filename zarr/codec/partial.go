@@ -11,7 +11,6 @@ import (
 	"sort"
 	"sync"
 
-	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
 )
 
@@ -21,29 +20,30 @@ import (
 // hold a selection can be fetched and decoded alone; bytes without
 // compression are their own decoded bytes.
 //
-// A stream (zstd, gzip, zlib) has no such table, but its decoder can stop
-// once the selection's last byte is out: a selection of a chunk's first
-// levels decodes only those.
+// A zstd stream has no such table, but its decoder can stop once the
+// selection's last byte is out: a selection of a chunk's first levels
+// decodes only those. Only a stream without checksums is stopped early:
+// a checksum at its end is what catches damage that decodes silently, so a
+// checksummed stream is decoded whole, as its whole read would be (gzip
+// and zlib always carry one, and are never read in part).
 //
 // A partial Job names BloscPart or RawPart, carries the fetched byte ranges
 // of the stored chunk in Parts and the decoded ranges to produce in
-// Segments; Src and Dst are unused. A stream's partial job (ZstdPart,
-// GzipPart, ZlibPart) carries the whole stored chunk in Src and the
-// decoded ranges in Segments, which must not overlap. Only the CPU decodes
+// Segments; Src and Dst are unused. A stream's partial job (ZstdPart)
+// carries the whole stored chunk in Src and the decoded ranges in
+// Segments, which must not overlap. Only the CPU decodes
 // partial jobs (a GPU decoder refuses them with ErrUnsupported, as any
 // codec it lacks).
 const (
 	BloscPart Name = "blosc-part" // some blocks of a blosc frame; Parts[0] holds its header and block table
 	RawPart   Name = "raw-part"   // ranges of a chunk stored without compression
 	ZstdPart  Name = "zstd-part"  // a zstd chunk decoded up to its selection's last byte
-	GzipPart  Name = "gzip-part"  // the same for gzip
-	ZlibPart  Name = "zlib-part"  // the same for zlib
 )
 
 // IsPartial reports whether name is a codec of partial reads.
 func IsPartial(name Name) bool {
 	switch name {
-	case BloscPart, RawPart, ZstdPart, GzipPart, ZlibPart:
+	case BloscPart, RawPart, ZstdPart:
 		return true
 	}
 	return false
@@ -52,13 +52,8 @@ func IsPartial(name Name) bool {
 // StreamPart returns the partial codec that decodes a prefix of a chunk
 // compressed with name, and whether name is a stream that allows it.
 func StreamPart(name Name) (Name, bool) {
-	switch name {
-	case Zstd:
+	if name == Zstd {
 		return ZstdPart, true
-	case Gzip:
-		return GzipPart, true
-	case Zlib:
-		return ZlibPart, true
 	}
 	return "", false
 }
@@ -249,8 +244,7 @@ func sortedParts(p []Part) parts {
 
 // decodePartial decodes a partial job.
 func (d *decoder) decodePartial(j *Job) error {
-	switch j.Codec {
-	case ZstdPart, GzipPart, ZlibPart:
+	if j.Codec == ZstdPart {
 		return d.decodeStreamPart(j)
 	}
 	ps := sortedParts(j.Parts)
@@ -346,11 +340,13 @@ func (d *decoder) decodeBlockFrom(h *bloscHeader, ps parts, pos, i int, out []by
 // into and dropped.
 const streamSkip = 1 << 20
 
-// decodeStreamPart decodes a stream from its start up to the last byte of
-// its segments, each decoded straight into its memory, and stops there.
-// The stream's checksum, at its end, is not reached, so damage past the
-// selection goes unseen: what is decoded is what a whole decode would give,
-// or an error.
+// decodeStreamPart decodes a zstd stream from its start up to the last
+// byte of its segments, each decoded straight into its memory, and stops
+// there; what is decoded is what a whole decode would give, or an error.
+// A stream with a checksum (ZstdChecksummed), or one whose window is
+// larger than the chunk (written by a streaming compressor that did not
+// know the size), is decoded whole into scratch instead, with every check
+// of a whole decode.
 func (d *decoder) decodeStreamPart(j *Job) error {
 	segs := slices.Clone(j.Segments)
 	slices.SortStableFunc(segs, func(a, b Segment) int { return cmp.Compare(a.Off, b.Off) })
@@ -362,30 +358,33 @@ func (d *decoder) decodeStreamPart(j *Job) error {
 		}
 		pos = s.Off + int64(len(s.Dst))
 	}
-	err := d.streamSegments(j, segs)
-	if j.Codec == ZstdPart && (errors.Is(err, zstd.ErrWindowSizeExceeded) || errors.Is(err, zstd.ErrDecoderSizeExceeded)) {
-		// A frame whose window is larger than the chunk (written by a
-		// streaming compressor that did not know the size): decoded
-		// whole into scratch, as a whole read would.
-		buf := d.scratch(int(j.Size))
-		if err := d.decodeZstd(buf, j.Src); err != nil {
+	if !ZstdChecksummed(j.Src) {
+		err := d.streamSegments(j, segs)
+		if !errors.Is(err, zstd.ErrWindowSizeExceeded) && !errors.Is(err, zstd.ErrDecoderSizeExceeded) {
 			return err
 		}
-		for _, s := range segs {
-			copy(s.Dst, buf[s.Off:])
-		}
-		return nil
 	}
-	return err
+	buf := d.scratch(int(j.Size))
+	if err := d.decodeZstd(buf, j.Src); err != nil {
+		return err
+	}
+	for _, s := range segs {
+		copy(s.Dst, buf[s.Off:])
+	}
+	return nil
 }
 
 // streamSegments decodes the stream of j into segs, sorted and apart.
 func (d *decoder) streamSegments(j *Job, segs []Segment) error {
-	d.size = j.Size
-	r, name, err := d.stream(j.Codec, j.Src)
-	defer d.endStream(j.Codec)
-	if err != nil {
-		return err
+	z, class := getStreamDecoder(j.Size)
+	d.br.Reset(j.Src)
+	defer func() {
+		z.Reset(nil)
+		putStreamDecoder(z, class)
+		d.br.Reset(nil)
+	}()
+	if err := z.Reset(&d.br); err != nil {
+		return fmt.Errorf("zstd: %w: %w", ErrCorrupt, err)
 	}
 	pos := int64(0)
 	for _, s := range segs {
@@ -394,73 +393,90 @@ func (d *decoder) streamSegments(j *Job, segs []Segment) error {
 			if cap(d.blk) < int(n) {
 				d.blk = make([]byte, min(streamSkip, j.Size))
 			}
-			if err := readFull(r, d.blk[:n]); err != nil {
-				return fmt.Errorf("%s: %w", name, err)
+			if err := readFull(z, d.blk[:n]); err != nil {
+				return err
 			}
 			pos += n
 		}
-		if err := readFull(r, s.Dst); err != nil {
-			return fmt.Errorf("%s: %w", name, err)
+		if err := readFull(z, s.Dst); err != nil {
+			return err
 		}
 		pos += int64(len(s.Dst))
 	}
 	return nil
 }
 
-// readFull fills b from a decoding stream.
+// readFull fills b from a zstd stream.
 func readFull(r io.Reader, b []byte) error {
 	if _, err := io.ReadFull(r, b); err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-			return fmt.Errorf("stream ends early: %w", ErrCorrupt)
+			return fmt.Errorf("zstd: stream ends early: %w", ErrCorrupt)
 		}
-		return fmt.Errorf("%w: %w", ErrCorrupt, err)
+		return fmt.Errorf("zstd: %w: %w", ErrCorrupt, err)
 	}
 	return nil
 }
 
-// stream starts decoding src as the stream codec of partial codec name,
-// returning the reader of its decoded bytes and the codec's name for
-// messages. A zstd stream keeps a window of history the frame declares:
-// it is bounded by the power of two at or above the chunk's decoded size
-// (a frame of that many bytes needs no more), so hostile headers cannot
-// make it larger.
-func (d *decoder) stream(name Name, src []byte) (io.Reader, string, error) {
-	d.br.Reset(src)
-	switch name {
-	case ZstdPart:
-		z, class := getStreamDecoder(d.size)
-		if err := z.Reset(&d.br); err != nil {
-			putStreamDecoder(z, class)
-			return nil, "zstd", fmt.Errorf("zstd: %w: %w", ErrCorrupt, err)
+// ZstdChecksummed reports whether any frame of src carries a content
+// checksum, walking the frames' headers and block headers without
+// decoding (a few bytes per 128 KiB block): a checksum is what catches
+// damage that decodes without error, so such a stream is only decoded
+// whole. Input it cannot walk counts as checksummed, for the whole decode
+// to refuse it with its own error.
+func ZstdChecksummed(src []byte) bool {
+	for len(src) > 0 {
+		if len(src) < 8 {
+			return true
 		}
-		d.zs, d.zsClass = z, class
-		return z, "zstd", nil
-	case GzipPart:
-		if d.gz == nil {
-			d.gz = new(gzip.Reader)
+		magic := binary.LittleEndian.Uint32(src)
+		if magic&0xFFFFFFF0 == 0x184D2A50 { // a skippable frame
+			n := uint64(binary.LittleEndian.Uint32(src[4:]))
+			if n > uint64(len(src)-8) {
+				return true
+			}
+			src = src[8+n:]
+			continue
 		}
-		if err := d.gz.Reset(&d.br); err != nil {
-			return nil, "gzip", fmt.Errorf("gzip: %w: %w", ErrCorrupt, err)
+		if magic != 0xFD2FB528 {
+			return true
 		}
-		return d.gz, "gzip", nil
-	case ZlibPart:
-		if err := d.resetZlib(); err != nil {
-			return nil, "zlib", err
+		fhd := src[4]
+		if fhd&0x04 != 0 {
+			return true
 		}
-		return d.zl, "zlib", nil
+		single := fhd&0x20 != 0
+		pos := 5
+		if !single {
+			pos++ // the window descriptor
+		}
+		pos += [4]int{0, 1, 2, 4}[fhd&3] // the dictionary id
+		pos += [4]int{0, 2, 4, 8}[fhd>>6]
+		if fhd>>6 == 0 && single {
+			pos++
+		}
+		for {
+			if pos+3 > len(src) {
+				return true
+			}
+			bh := uint32(src[pos]) | uint32(src[pos+1])<<8 | uint32(src[pos+2])<<16
+			size := int(bh >> 3)
+			switch (bh >> 1) & 3 {
+			case 1: // RLE: one byte stored
+				size = 1
+			case 3:
+				return true
+			}
+			pos += 3 + size
+			if bh&1 != 0 {
+				break
+			}
+		}
+		if pos > len(src) {
+			return true
+		}
+		src = src[pos:]
 	}
-	return nil, string(name), fmt.Errorf("%s: not a stream: %w", name, ErrUnsupported)
-}
-
-// endStream drops what a stream decode holds: the zstd decoder and its
-// window, which is as large as the chunk.
-func (d *decoder) endStream(name Name) {
-	if d.zs != nil {
-		d.zs.Reset(nil)
-		putStreamDecoder(d.zs, d.zsClass)
-		d.zs = nil
-	}
-	d.br.Reset(nil)
+	return false
 }
 
 // Stream decoders are pooled by the power of two their window may reach:

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/klauspost/compress/zlib"
 	"github.com/klauspost/compress/zstd"
 )
 
@@ -36,19 +35,20 @@ func apart(rs [][2]int) [][2]int {
 	return out
 }
 
-// streamEncodings are the ways a stream codec's chunk is written: zstd in
-// one frame with and without a checksum, in a streamed frame whose window
-// is smaller than the chunk, in several frames, and in a frame whose
-// window is larger than the chunk; gzip in one member and in two; zlib.
+// streamEncodings are the ways a zstd chunk is written: in one frame
+// without a checksum (as zarr-python and tensorstore write it) and with
+// one, in a streamed frame whose window is smaller than the chunk, in
+// several frames, and in a frame whose window is larger than the chunk.
+// checked says the stream carries a checksum, so it is decoded whole.
 func streamEncodings(t *testing.T, data []byte) []struct {
-	name  string
-	codec Name
-	src   []byte
+	name    string
+	src     []byte
+	checked bool
 } {
 	t.Helper()
 	zs := func(opts ...zstd.EOption) []byte {
 		var b bytes.Buffer
-		w, err := zstd.NewWriter(&b, opts...)
+		w, err := zstd.NewWriter(&b, append(opts, zstd.WithEncoderCRC(false))...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -57,23 +57,17 @@ func streamEncodings(t *testing.T, data []byte) []struct {
 		return b.Bytes()
 	}
 	half := len(data) / 2
-	var zl bytes.Buffer
-	w := zlib.NewWriter(&zl)
-	w.Write(data)
-	w.Close()
 	return []struct {
-		name  string
-		codec Name
-		src   []byte
+		name    string
+		src     []byte
+		checked bool
 	}{
-		{"zstd", ZstdPart, zstdEncode(t, data, true)},
-		{"zstd-nocrc", ZstdPart, zstdEncode(t, data, false)},
-		{"zstd-streamed", ZstdPart, zs(zstd.WithWindowSize(1 << 16))},
-		{"zstd-frames", ZstdPart, append(zstdEncode(t, data[:half], true), zstdEncode(t, data[half:], false)...)},
-		{"zstd-wide-window", ZstdPart, zs(zstd.WithWindowSize(8 << 20))},
-		{"gzip", GzipPart, gzipEncode(t, data)},
-		{"gzip-members", GzipPart, append(gzipEncode(t, data[:half]), gzipEncode(t, data[half:])...)},
-		{"zlib", ZlibPart, zl.Bytes()},
+		{"zstd", zstdEncode(t, data, false), false},
+		{"zstd-checksum", zstdEncode(t, data, true), true},
+		{"zstd-streamed", zs(zstd.WithWindowSize(1 << 16)), false},
+		{"zstd-frames", append(zstdEncode(t, data[:half], false), zstdEncode(t, data[half:], false)...), false},
+		{"zstd-frames-one-checked", append(zstdEncode(t, data[:half], false), zstdEncode(t, data[half:], true)...), true},
+		{"zstd-wide-window", zs(zstd.WithWindowSize(8 << 20)), false},
 	}
 }
 
@@ -84,12 +78,15 @@ func TestStreamPart(t *testing.T) {
 	for _, n := range []int{1 << 10, 3<<20 + 17} {
 		data := streamData(r, n)
 		for _, e := range streamEncodings(t, data) {
+			if got := ZstdChecksummed(e.src); got != e.checked {
+				t.Fatalf("%s: ZstdChecksummed %v, want %v", e.name, got, e.checked)
+			}
 			for k := range 12 {
 				var segs []Segment
 				for _, s := range apart(randomSegments(r, n)) {
 					segs = append(segs, Segment{Off: int64(s[0]), Dst: make([]byte, s[1]-s[0])})
 				}
-				j := Job{Codec: e.codec, Src: e.src, Segments: segs, Size: int64(n)}
+				j := Job{Codec: ZstdPart, Src: e.src, Segments: segs, Size: int64(n)}
 				if err := DecodeJob(&j); err != nil {
 					t.Fatalf("%s, %d bytes, selection %d: %v", e.name, n, k, err)
 				}
@@ -105,14 +102,15 @@ func TestStreamPart(t *testing.T) {
 
 // A stream that ends before the selection does, or is damaged within it,
 // fails with ErrCorrupt; segments that overlap are refused as the caller's
-// mistake; damage past the selection is not reached.
+// mistake; damage past the selection of a stream without a checksum is
+// not reached.
 func TestStreamPartDamage(t *testing.T) {
 	r := rand.New(rand.NewPCG(9, 10))
 	n := 2 << 20
 	data := streamData(r, n)
+	seg := func(off, l int) []Segment { return []Segment{{Off: int64(off), Dst: make([]byte, l)}} }
 	for _, e := range streamEncodings(t, data) {
-		seg := func(off, l int) []Segment { return []Segment{{Off: int64(off), Dst: make([]byte, l)}} }
-		short := Job{Codec: e.codec, Src: e.src[:len(e.src)/3], Segments: seg(n-100, 100), Size: int64(n)}
+		short := Job{Codec: ZstdPart, Src: e.src[:len(e.src)/3], Segments: seg(n-100, 100), Size: int64(n)}
 		if err := DecodeJob(&short); !errors.Is(err, ErrCorrupt) {
 			t.Errorf("%s cut to a third, selection at the end: %v, want ErrCorrupt", e.name, err)
 		}
@@ -120,28 +118,60 @@ func TestStreamPartDamage(t *testing.T) {
 		for i := 16; i < len(bad)/4; i += 7 {
 			bad[i] ^= 0x5a
 		}
-		within := Job{Codec: e.codec, Src: bad, Segments: seg(n-100, 100), Size: int64(n)}
+		within := Job{Codec: ZstdPart, Src: bad, Segments: seg(n-100, 100), Size: int64(n)}
 		if err := DecodeJob(&within); !errors.Is(err, ErrCorrupt) {
 			t.Errorf("%s damaged before the selection's end: %v, want ErrCorrupt", e.name, err)
 		}
-		over := Job{Codec: e.codec, Src: e.src, Segments: append(seg(0, 100), seg(50, 100)...), Size: int64(n)}
+		over := Job{Codec: ZstdPart, Src: e.src, Segments: append(seg(0, 100), seg(50, 100)...), Size: int64(n)}
 		if err := DecodeJob(&over); err == nil || errors.Is(err, ErrCorrupt) {
 			t.Errorf("%s with overlapping segments: %v, want a caller's error", e.name, err)
 		}
 	}
-	// Damage in the last quarter of one zstd frame, a selection in the
-	// first: decoded, and right.
-	src := zstdEncode(t, data, true)
+	// Damage in the last frame (one block: only its body is changed, its
+	// headers walk as before) of a stream without a checksum, a selection
+	// in the first: decoded, and right.
+	tail := 100 << 10 // one block
+	head := zstdEncode(t, data[:n-tail], false)
+	src := append(head, zstdEncode(t, data[n-tail:], false)...)
 	bad := bytes.Clone(src)
-	for i := len(bad) * 7 / 8; i < len(bad)-8; i += 5 {
+	for i := len(head) + (len(src)-len(head))/2; i < len(bad); i += 5 {
 		bad[i] ^= 0x5a
 	}
-	j := Job{Codec: ZstdPart, Src: bad, Segments: []Segment{{Off: 10, Dst: make([]byte, 1000)}}, Size: int64(n)}
+	j := Job{Codec: ZstdPart, Src: bad, Segments: seg(10, 1000), Size: int64(n)}
 	if err := DecodeJob(&j); err != nil || !bytes.Equal(j.Segments[0].Dst, data[10:1010]) {
 		t.Errorf("zstd damaged past the selection: %v", err)
 	}
 	if err := Decode(Zstd, make([]byte, n), bad); !errors.Is(err, ErrCorrupt) {
 		t.Errorf("the same chunk decoded whole: %v, want ErrCorrupt", err)
+	}
+}
+
+// Damage that decodes without error (a byte of a raw block changed) is
+// caught by the frame's checksum alone: a checksummed stream read in part
+// refuses it as its whole read does, never giving the changed byte.
+func TestStreamPartChecksum(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	data := make([]byte, 1<<20)
+	for i := range data {
+		data[i] = byte(r.Uint32()) // incompressible: stored in raw blocks
+	}
+	for _, checked := range []bool{false, true} {
+		bad := zstdEncode(t, data, checked)
+		i := bytes.Index(bad, data[5000:5064])
+		if i < 0 {
+			t.Fatal("the data is not stored raw")
+		}
+		bad[i] ^= 0xff
+		j := Job{Codec: ZstdPart, Src: bad, Segments: []Segment{{Off: 4000, Dst: make([]byte, 2000)}}, Size: int64(len(data))}
+		err := DecodeJob(&j)
+		switch {
+		case checked && !errors.Is(err, ErrCorrupt):
+			t.Errorf("a checksummed stream changed silently within the selection: %v, want ErrCorrupt", err)
+		case !checked && (err != nil || j.Segments[0].Dst[1000] == data[5000]):
+			// The case a checksum is for: without one, a whole read
+			// gives the changed byte too.
+			t.Errorf("a stream without a checksum changed silently: %v, changed byte served %v", err, j.Segments[0].Dst[1000] != data[5000])
+		}
 	}
 }
 
