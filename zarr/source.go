@@ -42,17 +42,26 @@ type storeSource struct {
 }
 
 func (s storeSource) version() string {
-	switch {
-	case s.fixed:
-		return s.want
-	case s.listing == nil:
-		return ""
-	}
-	v, _, known := s.listing.Known(s.key)
+	v, _, known := s.expected()
 	if !known {
 		return unlearnt
 	}
 	return v
+}
+
+// expected is what the read expects of its key: the version, whether the
+// listing holds the key at all, and whether that is known yet (false for
+// a key a lazy listing has not learnt: the fetch's response will say).
+// Fixed when the Read started, else what the listing knows now; without
+// a listing, nothing is expected, and that is known.
+func (s storeSource) expected() (want string, listed, known bool) {
+	switch {
+	case s.fixed:
+		return s.want, s.present, true
+	case s.listing == nil:
+		return "", false, true
+	}
+	return s.listing.Known(s.key)
 }
 
 // unlearnt is version() of a key its lazy listing has not learnt yet: no
@@ -84,10 +93,7 @@ func (s storeSource) do(ctx context.Context, ck string, f func() ([]byte, string
 // from the source cache, or from a store that cannot tell).
 func (s storeSource) doV(ctx context.Context, ck string, f func() ([]byte, string, error)) ([]byte, string, string, error) {
 	sc := s.h.opts.SourceCache
-	want, listed, known := s.want, s.present, true
-	if s.listing != nil && !s.fixed {
-		want, listed, known = s.listing.Known(s.key)
-	}
+	want, listed, known := s.expected()
 	if s.listing != nil && known && !listed {
 		return nil, "", "", errNotListed
 	}
@@ -214,10 +220,7 @@ func (s storeSource) cachedWhole() ([]byte, bool) {
 	}
 	lookup := objectstore.Identity(s.h.Store) + "\x00" + s.meta + "\x00" + s.key
 	if s.listing != nil {
-		want, listed, known := s.want, s.present, true
-		if !s.fixed {
-			want, listed, known = s.listing.Known(s.key)
-		}
+		want, listed, known := s.expected()
 		if !known || !listed {
 			return nil, false
 		}
