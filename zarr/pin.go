@@ -2,6 +2,7 @@ package zarr
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"hash/maphash"
 	"slices"
@@ -112,7 +113,7 @@ func (p *Pin) RegionBy(lst *Listing, a *Array, start, count []int64, version fun
 	}
 	var r *pinRegion
 	if p != nil && lst.stat != nil {
-		p.regions = append(p.regions, pinRegion{a: a, lo: lo, hi: hi, sums: make([]uint64, product(boxExtent(lo, hi)))})
+		p.regions = append(p.regions, pinRegion{a: a, lo: lo, hi: hi, sums: make([]uint64, box{lo, hi}.volume())})
 		r = &p.regions[len(p.regions)-1]
 	}
 	var err error
@@ -196,9 +197,7 @@ func (p *Pin) Sum(a *Array, start, count []int64) uint64 {
 		var h maphash.Hash
 		h.SetSeed(pinSeed)
 		for _, s := range r.sums {
-			for j := range b {
-				b[j] = byte(s >> (8 * j))
-			}
+			binary.LittleEndian.PutUint64(b[:], s)
 			h.Write(b[:])
 		}
 		return h.Sum64() | 1
@@ -251,12 +250,7 @@ func (a *Array) eachSortedChunk(lo, hi []int64, fn func(key string, lin int64) b
 		})
 		axes[d] = cs
 	}
-	stride := make([]int64, rank)
-	s := int64(1)
-	for d := rank - 1; d >= 0; d-- {
-		stride[d] = s
-		s *= hi[d] - lo[d]
-	}
+	stride := strides(boxExtent(lo, hi), 1)
 	c := make([]int64, rank)
 	at := make([]int, rank)
 	for d := range rank {

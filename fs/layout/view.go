@@ -346,7 +346,7 @@ func (v *View) staticKey(ctx context.Context) (map[int]*zarr.Listing, map[int]ui
 
 // current returns the memo's bytes if they were read under what a fill
 // under ctx reads the static channels under (staticKey).
-func (m *staticMemo) current(v *View, ctx context.Context) map[int][]byte {
+func (m *staticMemo) current(ctx context.Context, v *View) map[int][]byte {
 	if m == nil {
 		return nil
 	}

@@ -183,7 +183,7 @@ func (v *View) fillCost(data int64, ks []int64) int64 {
 func (v *View) fillSamples(ctx context.Context, r Reader, ks []int64, outs [][]byte) error {
 	per := prod(v.SampleShape[1:]) * int64(v.DType.Size)
 	v.mu.Lock()
-	memo := v.static.current(v, ctx)
+	memo := v.static.current(ctx, v)
 	v.mu.Unlock()
 	// The listings and versions the static channels are read under, taken
 	// before the Read: a memo made from them is stale once any is replaced.
@@ -258,7 +258,7 @@ func (v *View) fillSamples(ctx context.Context, r Reader, ks []int64, outs [][]b
 			}
 		}
 		v.mu.Lock()
-		if v.static.current(v, ctx) == nil {
+		if v.static.current(ctx, v) == nil {
 			v.static = &staticMemo{listings: listings, sums: sums, data: m}
 		}
 		v.mu.Unlock()

@@ -328,8 +328,7 @@ func (s *Store) findChunk(ctx context.Context, n *node, rest string) (*chunk, er
 		return nil, err
 	}
 	refs := m.arrays[n.id]
-	i := sort.Search(len(refs), func(i int) bool { return slices.Compare(refs[i].idx, idx) >= 0 })
-	if i < len(refs) && slices.Equal(refs[i].idx, idx) {
+	if i, ok := slices.BinarySearchFunc(refs, idx, func(r indexed, t []uint32) int { return slices.Compare(r.idx, t) }); ok {
 		return &refs[i].c, nil
 	}
 	return nil, nil
