@@ -162,6 +162,39 @@ func openValues(t *testing.T, c *cache.Cache, lay *layout.Layout, b layout.Blob)
 	return binary.LittleEndian.Uint32(buf), id
 }
 
+// recordedAs checks that blob b, opened as identity id, has the identity
+// the store gives and is recorded under it.
+func recordedAs(t *testing.T, c *cache.Cache, lay *layout.Layout, b layout.Blob, id string) {
+	t.Helper()
+	if want, err := lay.Identity(context.Background(), b); err != nil || want != id || !c.HasBlob(Key(lay, b, id)) {
+		t.Fatalf("opened as %q, identity %q (%v), recorded: %v", id, want, err, c.HasBlob(Key(lay, b, id)))
+	}
+}
+
+// revalidatedThenRefilled checks what becomes of t/3.npy, filled as
+// identity id: after a new listing (the next --metadata-ttl) it is
+// revalidated by its two chunks' stats and not read; after one of its
+// chunks is rewritten in place, the next listing fills it anew, under the
+// new identity it returns.
+func revalidatedThenRefilled(t *testing.T, dir string, st interface{ take() (int64, int64) }, src *layout.Source, c *cache.Cache, id string) string {
+	t.Helper()
+	lay2 := openLayout(t, src)
+	st.take()
+	if v2, id2 := openValues(t, c, lay2, blobOf(t, lay2, "t/3.npy")); v2 != 12 || id2 != id {
+		t.Fatalf("reopened: value %d identity %q, want 12 %q", v2, id2, id)
+	}
+	if stats, reads := st.take(); stats != 2 || reads != 0 {
+		t.Fatalf("revalidating: %d stats, %d reads; want 2 stats, no read", stats, reads)
+	}
+	writeChunk(t, dir, 3, 0, 100)
+	lay3 := openLayout(t, src)
+	v3, id3 := openValues(t, c, lay3, blobOf(t, lay3, "t/3.npy"))
+	if v3 != 112 || id3 == id {
+		t.Fatalf("after a rewrite: value %d identity changed %v; want 112, a new identity", v3, id3 != id)
+	}
+	return id3
+}
+
 // A blob of a (remote) store the cache never held is filled without
 // asking any version first:
 // its chunks' reads are its only requests, and it is recorded under the
@@ -178,9 +211,7 @@ func TestFirstFillAsksNoVersion(t *testing.T) {
 	if stats, reads := st.take(); stats != 0 || reads != 2 || v != 12 {
 		t.Fatalf("first open: %d stats, %d reads, value %d; want 0 stats, 2 reads (the chunks), 12", stats, reads, v)
 	}
-	if want, err := lay.Identity(context.Background(), b); err != nil || want != id || !c.HasBlob(Key(lay, b, id)) {
-		t.Fatalf("opened as %q, identity %q (%v), recorded: %v", id, want, err, c.HasBlob(Key(lay, b, id)))
-	}
+	recordedAs(t, c, lay, b, id)
 	if stats, reads := st.take(); stats != 0 || reads != 0 {
 		t.Fatalf("the identity of what the fill read cost %d stats, %d reads", stats, reads)
 	}
@@ -197,23 +228,7 @@ func TestFirstFillAsksNoVersion(t *testing.T) {
 		t.Fatalf("Has cost %d stats, %d reads", stats, reads)
 	}
 
-	// A new listing (the next --metadata-ttl): revalidated, not read.
-	lay2 := openLayout(t, src)
-	st.take()
-	if v2, id2 := openValues(t, c, lay2, blobOf(t, lay2, "t/3.npy")); v2 != 12 || id2 != id {
-		t.Fatalf("reopened: value %d identity %q, want 12 %q", v2, id2, id)
-	}
-	if stats, reads := st.take(); stats != 2 || reads != 0 {
-		t.Fatalf("revalidating: %d stats, %d reads; want 2 stats, no read", stats, reads)
-	}
-
-	// One chunk rewritten in place: the next listing fills the blob anew.
-	writeChunk(t, dir, 3, 0, 100)
-	lay3 := openLayout(t, src)
-	v3, id3 := openValues(t, c, lay3, blobOf(t, lay3, "t/3.npy"))
-	if v3 != 112 || id3 == id {
-		t.Fatalf("after a rewrite: value %d identity changed %v; want 112, a new identity", v3, id3 != id)
-	}
+	revalidatedThenRefilled(t, dir, st, src, c, id)
 }
 
 // A blob of a local store the cache never held has its identity taken
@@ -252,24 +267,8 @@ func TestFirstFillOfALocalStore(t *testing.T) {
 	if stats, reads := st.take(); stats > 2 || reads != 2 || v != 12 {
 		t.Fatalf("first open: %d stats, %d reads, value %d; want at most 2 stats, 2 reads (the chunks), 12", stats, reads, v)
 	}
-	if want, err := lay.Identity(context.Background(), b); err != nil || want != id || !c.HasBlob(Key(lay, b, id)) {
-		t.Fatalf("opened as %q, identity %q (%v), recorded: %v", id, want, err, c.HasBlob(Key(lay, b, id)))
-	}
-	lay2 := openLayout(t, src)
-	st.take()
-	if v2, id2 := openValues(t, c, lay2, blobOf(t, lay2, "t/3.npy")); v2 != 12 || id2 != id {
-		t.Fatalf("reopened: value %d identity %q, want 12 %q", v2, id2, id)
-	}
-	if stats, reads := st.take(); stats != 2 || reads != 0 {
-		t.Fatalf("revalidating: %d stats, %d reads; want 2 stats, no read", stats, reads)
-	}
-	writeChunk(t, dir, 3, 0, 100)
-	lay3 := openLayout(t, src)
-	v3, id3 := openValues(t, c, lay3, blobOf(t, lay3, "t/3.npy"))
-	if v3 != 112 || id3 == id {
-		t.Fatalf("after a rewrite: value %d identity changed %v; want 112, a new identity", v3, id3 != id)
-	}
-	storeGives(t, src, "t/3.npy", id3)
+	recordedAs(t, c, lay, b, id)
+	storeGives(t, src, "t/3.npy", revalidatedThenRefilled(t, dir, st, src, c, id))
 }
 
 // A chunk found rewritten by the fill that learns a blob's identity (its

@@ -23,15 +23,7 @@ import (
 // $ZARRFS_BENCH_REPLICA names a replica make_replica.py already wrote
 // (its arco.zarr), to skip writing one.
 func BenchmarkPartialChunks(b *testing.B) {
-	requireMountTools(b)
-	store := os.Getenv("ZARRFS_BENCH_REPLICA")
-	if store == "" {
-		store, _ = benchReplicaAll(b)
-	}
-	gcs := gcstest.Start(b)
-	bucket := gcs.NewBucket(b)
-	gcs.UploadDir(b, bucket, "era5/arco.zarr", store)
-	src := "gs://" + bucket + "/era5/arco.zarr"
+	gcs, _, src := servedReplica(b)
 	zarrfsBin(b)
 	views := []string{"graphcast", "unet"}
 	type result struct {
@@ -73,6 +65,22 @@ func BenchmarkPartialChunks(b *testing.B) {
 	}
 }
 
+// servedReplica serves the full-size ARCO-ERA5-like replica
+// ($ZARRFS_BENCH_REPLICA, else one written by benchReplicaAll) from
+// fake-gcs-server in this process, under era5/arco.zarr of a new bucket,
+// and returns the server, the bucket and the store's gs:// URL.
+func servedReplica(b *testing.B) (*gcstest.Server, string, string) {
+	requireMountTools(b)
+	store := os.Getenv("ZARRFS_BENCH_REPLICA")
+	if store == "" {
+		store, _ = benchReplicaAll(b)
+	}
+	gcs := gcstest.Start(b)
+	bucket := gcs.NewBucket(b)
+	gcs.UploadDir(b, bucket, "era5/arco.zarr", store)
+	return gcs, bucket, "gs://" + bucket + "/era5/arco.zarr"
+}
+
 // benchReplicaAll writes the full-size ARCO-ERA5-like replica with every
 // variable the views name (make_replica.py's defaults for --size full).
 func benchReplicaAll(b *testing.B) (string, int64) {
@@ -90,15 +98,7 @@ func benchReplicaAll(b *testing.B) (string, int64) {
 // zarrfs's over each peer's. The peers decode whole chunks; zarrfs's rate
 // is by warm's own fill time, theirs by the reads alone (after opening).
 func BenchmarkPartialPeers(b *testing.B) {
-	requireMountTools(b)
-	store := os.Getenv("ZARRFS_BENCH_REPLICA")
-	if store == "" {
-		store, _ = benchReplicaAll(b)
-	}
-	gcs := gcstest.Start(b)
-	bucket := gcs.NewBucket(b)
-	gcs.UploadDir(b, bucket, "era5/arco.zarr", store)
-	src := "gs://" + bucket + "/era5/arco.zarr"
+	gcs, bucket, src := servedReplica(b)
 	spec := filepath.Join(repoRoot(b), "integration", "replica", "graphcast.yaml")
 	zarrfsBin(b)
 	readers := []string{"zarrfs", "zarr", "tensorstore"}

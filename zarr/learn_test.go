@@ -38,13 +38,7 @@ func (s *askingStore) GetVersion(ctx context.Context, key string, buf []byte) ([
 // written since reads as missing without a request, one rewritten fails
 // with ErrChanged.
 func TestLazyListingLearnsFromReads(t *testing.T) {
-	dir := t.TempDir()
-	growStore(t, dir, 4, 2, 0)
-	px, err := objectstore.OpenPosix(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer px.Close()
+	dir, px := grownPosix(t, 4, 2)
 	st := &askingStore{Posix: px}
 	h, err := zarr.Open(context.Background(), st, zarr.Options{ChunkCacheBytes: -1})
 	if err != nil {
@@ -93,13 +87,7 @@ func TestLazyListingLearnsFromReads(t *testing.T) {
 // learnt, past the bound, and its Reads ask no version first even under a
 // full bound; a local one keeps the bound and asks (stats) past it.
 func TestLazyVersionsBoundLocalListingsOnly(t *testing.T) {
-	dir := t.TempDir()
-	growStore(t, dir, 4, 1, 0)
-	px, err := objectstore.OpenPosix(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer px.Close()
+	_, px := grownPosix(t, 4, 1)
 	st := &askingStore{Posix: px}
 	for _, local := range []bool{false, true} {
 		var store objectstore.Store = st

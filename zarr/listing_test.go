@@ -17,6 +17,20 @@ import (
 	"github.com/zarrfs/zarrfs/zarr"
 )
 
+// grownPosix is a store growStore wrote, of n steps in chunks of chunk,
+// opened as a Posix store closed with the test, and its folder.
+func grownPosix(t testing.TB, n, chunk int) (string, *objectstore.Posix) {
+	t.Helper()
+	dir := t.TempDir()
+	growStore(t, dir, n, chunk, 0)
+	px, err := objectstore.OpenPosix(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { px.Close() })
+	return dir, px
+}
+
 // growStore writes a v3 uint32 array t of shape (n, 2) in chunks of
 // (chunk, 2), element [i, j] = base + 2*i + j, raw little-endian bytes.
 func growStore(t testing.TB, dir string, n, chunk int, base uint32) {
@@ -177,10 +191,7 @@ func TestReadsFollowTheListing(t *testing.T) {
 }
 
 func TestRegionChunks(t *testing.T) {
-	dir := t.TempDir()
-	growStore(t, dir, 30, 24, 0)
-	st, _ := objectstore.OpenPosix(dir)
-	defer st.Close()
+	_, st := grownPosix(t, 30, 24)
 	h, err := zarr.Open(context.Background(), st, zarr.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -348,13 +359,7 @@ func TestListAll(t *testing.T) {
 // versions asked before the rewrite: the pin, not the listing's memory,
 // keeps a fill to the versions its identity named.
 func TestLazyListingKeepsFewAndPinHolds(t *testing.T) {
-	dir := t.TempDir()
-	growStore(t, dir, 4, 1, 0)
-	st, err := objectstore.OpenPosix(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	dir, st := grownPosix(t, 4, 1)
 	h, err := zarr.Open(context.Background(), st, zarr.Options{ChunkCacheBytes: -1, LazyVersions: 2})
 	if err != nil {
 		t.Fatal(err)

@@ -157,24 +157,13 @@ func TestViewFillsByChannelPastTheBudget(t *testing.T) {
 	fill := func(budget *memory.Budget) ([]byte, error) {
 		h := openStore(t, dir, zarr.Options{ChunkCacheBytes: -1})
 		defer h.Close()
-		specs, err := ParseViews("views.yaml", []byte(view))
-		if err != nil {
-			t.Fatal(err)
-		}
-		views, err := BindViews(context.Background(), h, specs, BindOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		l, err := Build(h, Options{Views: views, MemoryBudget: budget})
-		if err != nil {
-			t.Fatal(err)
-		}
+		l, views := buildViews(t, h, view, Options{MemoryBudget: budget})
 		b := mustLookup(t, l, "v/1.npy")
 		if budget != nil && budget.Fits(views[0].fillCost(b.Size()-l.opts.Align, []int64{1})) {
 			t.Fatal("the one Read fits the budget: the test proves nothing")
 		}
 		out := make(memWriter, b.Size())
-		err = l.Do(context.Background(), b, func(ctx context.Context, _ string) error { return b.Fill(ctx, out) })
+		err := l.Do(context.Background(), b, func(ctx context.Context, _ string) error { return b.Fill(ctx, out) })
 		if budget != nil && budget.Peak() > budget.Total() {
 			t.Errorf("peak %d past the budget %d", budget.Peak(), budget.Total())
 		}

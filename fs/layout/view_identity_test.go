@@ -10,6 +10,26 @@ import (
 	"github.com/zarrfs/zarrfs/zarr"
 )
 
+// buildViews is the layout of h with the views of the YAML text, bound
+// with BindOptions{}, Views set in o.
+func buildViews(t *testing.T, h *zarr.Hierarchy, text string, o Options) (*Layout, []*View) {
+	t.Helper()
+	specs, err := ParseViews("views.yaml", []byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	views, err := BindViews(context.Background(), h, specs, BindOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Views = views
+	l, err := Build(h, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, views
+}
+
 // A view sample of a strided view (samples.step 2) is identified by the
 // chunks it reads, those of its own time step: a rewrite of one chunk
 // changes the identity of the one sample that reads it, and of no other,
@@ -23,18 +43,7 @@ func TestStridedViewIdentityNamesItsChunks(t *testing.T) {
 		t.Helper()
 		h := openStore(t, dir, zarr.Options{})
 		defer h.Close()
-		specs, err := ParseViews("views.yaml", []byte(view))
-		if err != nil {
-			t.Fatal(err)
-		}
-		views, err := BindViews(context.Background(), h, specs, BindOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		l, err := Build(h, Options{Views: views})
-		if err != nil {
-			t.Fatal(err)
-		}
+		l, views := buildViews(t, h, view, Options{})
 		var out []string
 		for k := int64(0); k < views[0].N; k++ {
 			e, ok := l.Lookup("v/" + sampleFileName(k, sampleWidth(views[0].N)))

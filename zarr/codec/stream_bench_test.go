@@ -3,6 +3,7 @@ package codec
 import (
 	"encoding/binary"
 	"math"
+	"strconv"
 	"testing"
 )
 
@@ -19,7 +20,7 @@ func BenchmarkStreamPart(b *testing.B) {
 		}
 		src := zstdEncode(b, data, false)
 		sel := make([]byte, 13*lv*4)
-		b.Run("part-"+itoa(n>>20)+"MiB", func(b *testing.B) {
+		b.Run("part-"+strconv.Itoa(n>>20)+"MiB", func(b *testing.B) {
 			b.SetBytes(int64(len(sel)))
 			for b.Loop() {
 				j := Job{Codec: ZstdPart, Src: src, Segments: []Segment{{Off: 0, Dst: sel}}, Size: int64(n)}
@@ -29,7 +30,7 @@ func BenchmarkStreamPart(b *testing.B) {
 			}
 		})
 		dst := make([]byte, n)
-		b.Run("whole-"+itoa(n>>20)+"MiB", func(b *testing.B) {
+		b.Run("whole-"+strconv.Itoa(n>>20)+"MiB", func(b *testing.B) {
 			b.SetBytes(int64(len(sel)))
 			for b.Loop() {
 				if err := Decode(Zstd, dst, src); err != nil {
@@ -37,15 +38,5 @@ func BenchmarkStreamPart(b *testing.B) {
 				}
 			}
 		})
-	}
-}
-
-func itoa(n int) string {
-	s := ""
-	for {
-		s = string(rune('0'+n%10)) + s
-		if n /= 10; n == 0 {
-			return s
-		}
 	}
 }
