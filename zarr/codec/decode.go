@@ -46,6 +46,8 @@ type decoder struct {
 	tmp  []byte
 	blk  []byte // a partial read's block decoded for segments that take part of it, or a stream's skipped bytes
 	zstd *zstd.Decoder
+	zc   *zstdCtx // libzstd's context, made at the first chunk it decodes (libzstd.go)
+	zcOK bool     // zc was asked for
 	gz   *gzip.Reader
 	zl   io.ReadCloser
 	br   bytes.Reader
@@ -122,8 +124,22 @@ func (d *decoder) decode(name Name, dst, src []byte) error {
 }
 
 // decodeZstd decodes one or more zstd frames into exactly dst. Frame
-// checksums, when present, are verified.
+// checksums, when present, are verified. Chunks of nativeZstdMin bytes or
+// more go through libzstd where it is used (libzstd.go).
 func (d *decoder) decodeZstd(dst, src []byte) error {
+	if len(dst) >= nativeZstdMin {
+		if !d.zcOK {
+			d.zc, d.zcOK = newZstdCtx(), true
+		}
+		if d.zc != nil {
+			return d.zc.decode(dst, src)
+		}
+	}
+	return d.decodeZstdGo(dst, src)
+}
+
+// decodeZstdGo is decodeZstd through the Go decoder.
+func (d *decoder) decodeZstdGo(dst, src []byte) error {
 	// Capacity len(dst): DecodeAll may only write where the caller allows.
 	out, err := d.zstd.DecodeAll(src, dst[:0:len(dst)])
 	if err != nil {

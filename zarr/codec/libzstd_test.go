@@ -1,0 +1,249 @@
+package codec
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/klauspost/compress/zstd"
+)
+
+// libZstdOrSkip returns a decoder with a libzstd context, or skips where the
+// machine has no libzstd (the Go decoder then decodes everything, as the
+// rest of the package's tests check).
+func libZstdOrSkip(t testing.TB) *decoder {
+	t.Helper()
+	d := newDecoder()
+	if d.zc = newZstdCtx(); d.zc == nil {
+		_, err := nativeZstd()
+		t.Skipf("libzstd not used on this machine: %v", err)
+	}
+	return d
+}
+
+// zstdVerdict decodes src into n bytes with the Go decoder or libzstd and
+// checks that neither wrote past dst nor returned an error other than
+// ErrCorrupt.
+func zstdVerdict(t *testing.T, d *decoder, native bool, src []byte, n int) ([]byte, error) {
+	t.Helper()
+	buf := bytes.Repeat([]byte{0x5a}, n+16)
+	var err error
+	if native {
+		err = d.zc.decode(buf[:n], src)
+	} else {
+		err = d.decodeZstdGo(buf[:n], src)
+	}
+	if err != nil && !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("native %v: error does not wrap ErrCorrupt: %v", native, err)
+	}
+	for i, c := range buf[n:] {
+		if c != 0x5a {
+			t.Fatalf("native %v: wrote past dst at +%d", native, i)
+		}
+	}
+	return buf[:n], err
+}
+
+// agree decodes src into n bytes with both decoders and fails the test if
+// both accept it with different bytes, or if either accepts it with other
+// bytes than want (the frame's data, where the test knows src is one of its
+// frames with a checksum, damaged or not: a decoder that accepts such a
+// frame must give back its data). It returns libzstd's verdict. What each
+// decoder refuses of damage no checksum covers differs (the Go decoder
+// checks reserved bits libzstd ignores, libzstd needs no window and
+// refuses none for its size): without a checksum neither can tell such
+// damage from data.
+func agree(t *testing.T, d *decoder, what string, src []byte, n int, want []byte) error {
+	t.Helper()
+	g, gerr := zstdVerdict(t, d, false, src, n)
+	c, cerr := zstdVerdict(t, d, true, src, n)
+	if gerr == nil && cerr == nil && !bytes.Equal(g, c) {
+		t.Fatalf("%s: the decoders accept it with different bytes", what)
+	}
+	if want != nil {
+		if gerr == nil && !bytes.Equal(g, want) {
+			t.Fatalf("%s: the Go decoder accepts a checksummed frame with wrong bytes", what)
+		}
+		if cerr == nil && !bytes.Equal(c, want) {
+			t.Fatalf("%s: libzstd accepts a checksummed frame with wrong bytes", what)
+		}
+	}
+	return cerr
+}
+
+// zstdCorpus is frames as writers make them: with and without checksums,
+// one or several frames, skippable frames around them, empty frames, data
+// that compresses well and data that does not.
+func zstdCorpus(t testing.TB) (frames [][]byte, datas [][]byte, checked []bool) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	noise := make([]byte, 200<<10)
+	for i := range noise {
+		noise[i] = byte(rng.Uint32())
+	}
+	field := benchField()[:300<<10]
+	skippable := binary.LittleEndian.AppendUint32(nil, 0x184D2A53)
+	skippable = binary.LittleEndian.AppendUint32(skippable, 5)
+	skippable = append(skippable, "hello"...)
+	for _, data := range [][]byte{nil, []byte("x"), bytes.Repeat([]byte("zarr "), 30000), noise, field} {
+		for _, crc := range []bool{false, true} {
+			for _, lvl := range []zstd.EncoderLevel{zstd.SpeedFastest, zstd.SpeedDefault, zstd.SpeedBetterCompression} {
+				enc, err := zstd.NewWriter(nil, zstd.WithEncoderCRC(crc), zstd.WithEncoderLevel(lvl), zstd.WithEncoderConcurrency(1))
+				if err != nil {
+					t.Fatal(err)
+				}
+				one := enc.EncodeAll(data, nil)
+				half := len(data) / 2
+				two := enc.EncodeAll(data[half:], enc.EncodeAll(data[:half], nil))
+				frames = append(frames, one, two,
+					append(bytes.Clone(skippable), one...),
+					append(bytes.Clone(one), skippable...))
+				for range 4 {
+					datas, checked = append(datas, data), append(checked, crc)
+				}
+			}
+		}
+		// A streamed frame: no content size in its header.
+		var b bytes.Buffer
+		w, err := zstd.NewWriter(&b, zstd.WithEncoderConcurrency(1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Write(data)
+		w.Close()
+		frames, datas, checked = append(frames, b.Bytes()), append(datas, data), append(checked, false)
+	}
+	return frames, datas, checked
+}
+
+// TestLibZstdAgrees checks libzstd against the Go decoder over the corpus
+// and damaged forms of it: a wrong dst size, truncation, trailing bytes and
+// changed bytes anywhere. Every frame decodes to its data with both; a
+// damaged frame with a checksum is refused or decodes to its data; where
+// both accept a damaged frame without one, they give the same bytes.
+func TestLibZstdAgrees(t *testing.T) {
+	d := libZstdOrSkip(t)
+	frames, datas, checked := zstdCorpus(t)
+	rng := rand.New(rand.NewPCG(3, 4))
+	refused := 0
+	for i, src := range frames {
+		n, data := len(datas[i]), datas[i]
+		if data == nil {
+			data = []byte{}
+		}
+		if err := agree(t, d, "whole", src, n, data); err != nil {
+			t.Fatalf("frame %d: libzstd %v", i, err)
+		}
+		if _, err := zstdVerdict(t, d, false, src, n); err != nil {
+			t.Fatalf("frame %d: Go decoder %v", i, err)
+		}
+		var want []byte
+		if checked[i] {
+			want = data
+		}
+		for _, m := range []int{n - 1, n + 1} {
+			if m >= 0 && agree(t, d, "wrong dst size", src, m, nil) == nil {
+				t.Fatalf("frame %d: libzstd accepts %d bytes for %d", i, m, n)
+			}
+		}
+		for _, cut := range []int{1, 3, 4, 6, len(src) / 2, len(src) - 1} {
+			if cut > 0 && cut < len(src) && agree(t, d, "truncated", src[:cut], n, want) != nil {
+				refused++
+			}
+		}
+		for _, tail := range [][]byte{{0}, {0x28, 0xb5}, {0x28, 0xb5, 0x2f, 0xfd}, {1, 2, 3, 4, 5, 6, 7, 8, 9}} {
+			if agree(t, d, "trailing bytes", append(bytes.Clone(src), tail...), n, want) == nil {
+				t.Fatalf("frame %d: libzstd accepts %d trailing bytes", i, len(tail))
+			}
+		}
+		for range 40 {
+			bad := bytes.Clone(src)
+			if len(bad) == 0 {
+				break
+			}
+			k := rng.IntN(len(bad))
+			bad[k] ^= byte(1 + rng.IntN(255))
+			if agree(t, d, "changed byte", bad, n, want) != nil {
+				refused++
+			}
+		}
+	}
+	if refused == 0 {
+		t.Fatal("libzstd refused no damaged frame")
+	}
+}
+
+// TestLibZstdRefuses checks libzstd's errors: one line naming the codec and
+// the cause, wrapping ErrCorrupt.
+func TestLibZstdRefuses(t *testing.T) {
+	d := libZstdOrSkip(t)
+	data := bytes.Repeat([]byte("zarr chunk "), 10000)
+	zs := zstdFrame(t, data) // with a checksum
+	badCRC := bytes.Clone(zs)
+	badCRC[len(badCRC)-1] ^= 0xff
+	for _, tc := range []struct {
+		name string
+		src  []byte
+		n    int
+		want string
+	}{
+		{"checksum", badCRC, len(data), "checksum"},
+		{"dst too small", zs, len(data) - 1, "zstd: "},
+		{"dst too large", zs, len(data) + 1, "decodes to 110000 bytes, want 110001"},
+		{"empty", nil, 4, "decodes to 0 bytes, want 4"},
+		{"garbage", []byte("not a zstd frame at all"), 4, "zstd: "},
+	} {
+		err := d.zc.decode(make([]byte, tc.n), tc.src)
+		if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%s: %v, want one line with %q wrapping ErrCorrupt", tc.name, err, tc.want)
+		}
+	}
+}
+
+// TestLibZstdUsed checks which chunks go through libzstd: whole chunks of
+// nativeZstdMin bytes or more, through Decode as the workers call it.
+func TestLibZstdUsed(t *testing.T) {
+	libZstdOrSkip(t)
+	if got := ZstdDecoder(); !strings.HasPrefix(got, "libzstd 1.") {
+		t.Fatalf("ZstdDecoder %q", got)
+	}
+	d := newDecoder()
+	small := zstdEncode(t, make([]byte, nativeZstdMin-1), false)
+	if err := d.decodeZstd(make([]byte, nativeZstdMin-1), small); err != nil || d.zcOK {
+		t.Fatalf("a chunk below the threshold: err %v, libzstd asked for %v", err, d.zcOK)
+	}
+	big := benchField()[:nativeZstdMin]
+	dst := make([]byte, len(big))
+	if err := d.decodeZstd(dst, zstdEncode(t, big, false)); err != nil || d.zc == nil || !bytes.Equal(dst, big) {
+		t.Fatalf("a chunk at the threshold: err %v, libzstd context %v", err, d.zc != nil)
+	}
+}
+
+// TestLoadLibZstd checks the settings of ZARRFS_LIBZSTD: off, and a path
+// that is not a library, both leave the Go decoder with a reason.
+func TestLoadLibZstd(t *testing.T) {
+	if l, err := loadLibZstd("off"); l != nil || err == nil || !strings.Contains(err.Error(), "off") {
+		t.Fatalf("off: %v %v", l, err)
+	}
+	if l, err := loadLibZstd(t.TempDir() + "/libzstd.so.1"); l != nil || err == nil || !strings.Contains(err.Error(), "not loaded") {
+		t.Fatalf("missing path: %v %v", l, err)
+	}
+}
+
+// FuzzZstdDecoders feeds both decoders the same input: neither writes past
+// dst or fails with another error than ErrCorrupt, and where both accept
+// it they give the same bytes.
+func FuzzZstdDecoders(f *testing.F) {
+	frames, datas, _ := zstdCorpus(f)
+	for i, src := range frames {
+		if len(src) <= 1<<14 {
+			f.Add(uint32(len(datas[i])), src)
+		}
+	}
+	f.Fuzz(func(t *testing.T, size uint32, src []byte) {
+		d := libZstdOrSkip(t)
+		agree(t, d, "fuzzed", src, int(size%(1<<20)), nil)
+	})
+}
