@@ -225,6 +225,31 @@ def test_open_ahead_starts_fills(mount, index_store, open_ahead):
     assert filled() == base + N
 
 
+def test_first_fills_start_before_the_producer(mount, index_store, monkeypatch):
+    """The first batch and the open_ahead samples after it start filling
+    when the epoch is made, before the producer runs (on the GPU, while the
+    ring is pinned): here the producer never runs, and they fill."""
+    import zarrfs.loader as zl
+
+    m = mount(index_store, readahead=0)
+    cache = m.cache
+
+    def filled():
+        return sum(f.endswith(".npy") for _, _, fs in os.walk(cache) for f in fs)
+
+    monkeypatch.setattr(zl._Producer, "run", lambda self: None)
+    l = Loader(os.path.join(m.path, "x"), 2, device="cpu", threads=2, prefetch=1, open_ahead=3)
+    base = filled()
+    it = iter(l)
+    want = base + 2 + 3
+    deadline = time.time() + 10
+    while filled() < want and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    assert filled() == want
+    it.close()
+
+
 def epoch_indices_rest(it):
     got = []
     for batch, coords in it:

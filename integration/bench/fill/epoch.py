@@ -4,6 +4,7 @@
 Usage: epoch.py SAMPLE_DIR --how loader|loader-shuffled|plain|plain-ra0 [--batch 4]
 
   loader           zarrfs.torch.Loader, batch 4, in order, to the GPU when there is one
+                   (CUDA started before the epoch, as a training script's model starts it)
   loader-shuffled  the same with shuffle=True
   plain, plain-ra0 one reader, one sample at a time in order: open, read the
                    whole file into one reused buffer, close (the mount decides
@@ -39,6 +40,12 @@ def main():
         from zarrfs.torch import Loader
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cuda":
+            # A training script has CUDA running (its model is on the GPU)
+            # before its first epoch; the Loader's own setup (its pinned
+            # ring) stays in the epoch's time.
+            torch.zeros(1, device=device)
+            torch.cuda.synchronize()
         loader = Loader(a.dir, a.batch, device=device, shuffle=a.how == "loader-shuffled")
         n = 0
         c0 = cpu_seconds()

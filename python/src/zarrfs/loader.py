@@ -107,7 +107,7 @@ class Loader:
         self._coords = self.dir.coords()
         self._torch_dtype = _torch_dtype(self.dir.dtype)
         self.path_kind = self._path_kind()
-        self._buffers: List[torch.Tensor] = []
+        self._buffers: List[Optional[torch.Tensor]] = []  # the ring, each slot pinned at its first use
         self._events: List[Optional[torch.cuda.Event]] = []  # per ring slot: the copy that last read it
         self._active: Optional[_Epoch] = None
 
@@ -116,9 +116,11 @@ class Loader:
             return "pread"
         return "pread-pinned-h2d"
 
-    def _ring(self, n: int, size: int) -> List[torch.Tensor]:
-        """The loader's pinned buffers, made on first use. One epoch reads
-        at a time: starting another stops the one before."""
+    def _ring(self, n: int) -> List[Optional[torch.Tensor]]:
+        """The loader's ring of pinned buffers, each pinned by the producer
+        at its first use (_Producer._slot), so that the first batch waits
+        for one buffer, not the whole ring. One epoch reads at a time:
+        starting another stops the one before."""
         import torch
         if self._active is not None:
             try:
@@ -131,7 +133,7 @@ class Loader:
             if ev is not None:
                 ev.synchronize()
         if not self._buffers:
-            self._buffers = [torch.empty(size, dtype=torch.uint8).pin_memory() for _ in range(n)]
+            self._buffers = [None] * n
         self._events = [None] * len(self._buffers)
         return self._buffers
 
@@ -247,17 +249,28 @@ class _Producer:
         self.stride = -(-self.nbytes // _ALIGN) * _ALIGN
         nslots = loader.prefetch + 1
         on_gpu = loader.device.type == "cuda"
+        self.stop = threading.Event()
+        self.ahead = ThreadPoolExecutor(loader.open_ahead, thread_name_prefix="zarrfs-open-ahead") if loader.open_ahead else None
+        self.opened = 0  # samples of the order, from the first, opened ahead or read
+        # A cold mount starts filling the first batch and the samples after
+        # it now, while the first epoch's ring is pinned and CUDA starts
+        # (a second or so, which the fills would otherwise wait for).
+        self._open_first()
         # The ring of pinned buffers the GPU copies from, the loader's own and
         # kept across epochs (pinning is slow); CPU batches are read straight
         # into the tensors handed out instead.
-        self.ring = loader._ring(nslots, bs * self.stride + _ALIGN) if on_gpu else []
-        self.stream = torch.cuda.Stream(device=loader.device) if on_gpu else None  # type: ignore[no-untyped-call]
+        try:
+            self.ring = loader._ring(nslots) if on_gpu else []
+            self.slot_bytes = bs * self.stride + _ALIGN
+            self.stream = torch.cuda.Stream(device=loader.device) if on_gpu else None  # type: ignore[no-untyped-call]
+        except BaseException:
+            self.stop.set()  # the opens ahead end; the error is the caller's
+            if self.ahead is not None:
+                self.ahead.shutdown(wait=False, cancel_futures=True)
+            raise
         self.events = loader._events if on_gpu else []
         self.out: queue.Queue[Tuple[Any, Any, Optional[BaseException]]] = queue.Queue(maxsize=loader.prefetch)
-        self.stop = threading.Event()
         self.pool = ThreadPoolExecutor(loader.threads, thread_name_prefix="zarrfs-loader")
-        self.ahead = ThreadPoolExecutor(loader.open_ahead, thread_name_prefix="zarrfs-open-ahead") if loader.open_ahead else None
-        self.opened = 0  # samples of the order, from the first, opened ahead or read
 
     def run(self) -> None:
         import torch
@@ -271,7 +284,7 @@ class _Producer:
                     ev = self.events[slot]
                     if ev is not None:
                         ev.synchronize()  # its previous copy is done: reuse
-                    host = self.ring[slot]
+                    host = self._slot(slot)
                     base = (-host.data_ptr()) % _ALIGN
                     flat = host.numpy()
                     views = [flat[base + j * self.stride: base + j * self.stride + self.nbytes] for j in range(len(batch))]
@@ -294,6 +307,25 @@ class _Producer:
             self._put_final((None, None, e))
             return
         self._put_final((None, None, StopIteration()))
+
+    def _slot(self, slot: int) -> "torch.Tensor":
+        """Ring slot's pinned buffer, pinned now if this is its first use
+        (allocated pinned: no pageable copy to touch and copy first)."""
+        import torch
+        host = self.ring[slot]
+        if host is None:
+            host = self.ring[slot] = torch.empty(self.slot_bytes, dtype=torch.uint8, pin_memory=True)
+        return host
+
+    def _open_first(self) -> None:
+        """Opens, in the background, the first batch's samples and the
+        open_ahead samples after it, before the epoch's setup."""
+        if self.ahead is None or not self.batches:
+            return
+        end = min(len(self.batches[0]) + self.l.open_ahead, self.nsamples)
+        for i in range(end):
+            self.ahead.submit(self._touch, self.l.dir.file(int(self.order[i])))
+        self.opened = end
 
     def _open_ahead(self, k: int) -> None:
         """Opens, in the background, the samples after batch k up to
