@@ -72,3 +72,19 @@ func unescape(s string) string {
 	}
 	return sb.String()
 }
+
+// Containing returns the mount that holds path (absolute and clean, links
+// resolved): the one with the longest mountpoint that is path or a folder
+// above it, the last in the table where mounts stack.
+func Containing(mounts []Entry, path string) (Entry, bool) {
+	var found Entry
+	best := -1
+	for _, e := range mounts {
+		mp := e.Mountpoint
+		under := path == mp || mp == "/" || strings.HasPrefix(path, strings.TrimSuffix(mp, "/")+"/")
+		if under && len(mp) >= best {
+			found, best = e, len(mp)
+		}
+	}
+	return found, best >= 0
+}

@@ -26,3 +26,30 @@ func TestParse(t *testing.T) {
 		t.Errorf("Read: %d mounts, %v", len(mounts), err)
 	}
 }
+
+func TestContaining(t *testing.T) {
+	mounts := []Entry{
+		{Mountpoint: "/", FSType: "ext4"},
+		{Mountpoint: "/dev/shm", FSType: "tmpfs"},
+		{Mountpoint: "/mnt/cache", FSType: "ext4"},
+		{Mountpoint: "/mnt/cache", FSType: "tmpfs"}, // stacked on top
+		{Mountpoint: "/mnt/cache2", FSType: "xfs"},
+	}
+	for _, tc := range []struct{ path, want string }{
+		{"/", "ext4"},
+		{"/var/tmp", "ext4"},
+		{"/dev/shm", "tmpfs"},
+		{"/dev/shm/zarrfs", "tmpfs"},
+		{"/dev/shmx", "ext4"},
+		{"/mnt/cache/blobs", "tmpfs"},
+		{"/mnt/cache2/blobs", "xfs"},
+	} {
+		e, ok := Containing(mounts, tc.path)
+		if !ok || e.FSType != tc.want {
+			t.Errorf("Containing(%q) = %+v, %v; want %s", tc.path, e, ok, tc.want)
+		}
+	}
+	if _, ok := Containing(nil, "/x"); ok {
+		t.Error("Containing found a mount in an empty table")
+	}
+}
