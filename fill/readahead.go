@@ -22,7 +22,8 @@ import (
 // (the first sample not yet scheduled) to the newest open plus n. A jump
 // further than that (a shuffled reader) ends the walk: filling neighbours
 // it will not read next would only multiply the work. The walk starts at
-// the second open in order.
+// the second open in order; opening the same sample again (a reader that
+// reads a sample in pieces, each its own open) leaves it as it is.
 //
 // At most n fills run in the background at once; a sample already being
 // filled ahead is not scheduled twice, and a fill ahead that fails is only
@@ -81,8 +82,14 @@ func (r *readahead) advance(dir string, k, n int) (from, to int) {
 		return 0, 0
 	}
 	d := k - w.last
+	if d == 0 {
+		// The same sample again: a reader reading it in pieces, each its
+		// own open (zarrfs.torch.Loader, DALI's chunked reads). The walk
+		// stands; what it scheduled is in flight or done.
+		return 0, 0
+	}
 	w.last = k
-	if d == 0 || d > 2*r.n || -d > r.n {
+	if d > 2*r.n || -d > r.n {
 		w.inOrder, w.frontier = false, k+1
 		return 0, 0
 	}

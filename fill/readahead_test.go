@@ -35,6 +35,19 @@ func (r *recordingBlobs) Path(lay *layout.Layout, p string) string {
 }
 func (r *recordingBlobs) Keeps(int64) bool { return true }
 
+// count is how many times p was opened.
+func (r *recordingBlobs) count(p string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, o := range r.opened {
+		if o == p {
+			n++
+		}
+	}
+	return n
+}
+
 func (r *recordingBlobs) seen(p string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -124,6 +137,31 @@ func TestReadaheadParallelReaders(t *testing.T) {
 	}
 	if inner.seen("t/08.npy") {
 		t.Error("filled more than 3 ahead of the newest open")
+	}
+}
+
+// A reader that reads each sample in pieces opens it once per piece (the
+// Loader's threads): the walk goes on, and no sample is filled ahead twice.
+func TestReadaheadPiecesOfOneSample(t *testing.T) {
+	h := &zarr.Hierarchy{Arrays: smallArrays(), Groups: map[string]map[string]any{"": {}}}
+	l, err := layout.Build(h, layout.Options{Reader: &patternReader{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner := &recordingBlobs{}
+	ra := WithReadahead(inner, func() *layout.Layout { return l }, 2, nil).(*readahead)
+	for _, p := range []string{"t/00.npy", "t/00.npy", "t/01.npy", "t/01.npy", "t/01.npy", "t/02.npy", "t/02.npy", "t/03.npy"} {
+		if _, _, err := ra.Open(context.Background(), l, blobAt(t, l, p)); err != nil {
+			t.Fatal(err)
+		}
+		waitIdle(ra)
+	}
+	// The reader opened 00-03 itself (00 twice, 01 three times, ...);
+	// the fills ahead opened 02-05 once each.
+	for p, want := range map[string]int{"t/02.npy": 3, "t/03.npy": 2, "t/04.npy": 1, "t/05.npy": 1, "t/06.npy": 0} {
+		if got := inner.count(p); got != want {
+			t.Errorf("%s opened %d times, want %d", p, got, want)
+		}
 	}
 }
 
