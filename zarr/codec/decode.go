@@ -125,13 +125,14 @@ func (d *decoder) decode(name Name, dst, src []byte) error {
 
 // decodeZstd decodes one or more zstd frames into exactly dst. Frame
 // checksums, when present, are verified. Chunks of nativeZstdMin bytes or
-// more go through libzstd where it is used (libzstd.go).
+// more that are zstd and skippable frames end to end go through libzstd
+// where it is used (libzstd.go).
 func (d *decoder) decodeZstd(dst, src []byte) error {
 	if len(dst) >= nativeZstdMin {
 		if !d.zcOK {
 			d.zc, d.zcOK = newZstdCtx(), true
 		}
-		if d.zc != nil {
+		if _, frames := walkZstd(src); d.zc != nil && frames {
 			return d.zc.decode(dst, src)
 		}
 	}

@@ -15,10 +15,16 @@ import (
 // the Go decoder (klauspost/compress): 16.6 MB chunks of the benchmark
 // store, one core. Where the system has it, zstd chunks and blosc's zstd
 // blocks of at least nativeZstdMin bytes decode through it, loaded at run
-// time through purego (no cgo); smaller ones, a partial chunk's stream
-// (partial.go), and every machine without it keep the Go decoder. Both
-// verify frame checksums and decode into exactly the caller's buffer,
-// never past it (TestLibZstdAgrees, FuzzZstdDecoders).
+// time through purego (no cgo), when they are zstd and skippable frames
+// end to end (walkZstd: a legacy frame, which a damaged magic number can
+// make of a checksummed frame, or trailing bytes, go to the Go decoder,
+// which refuses them). Smaller chunks, a partial chunk's stream
+// (partial.go; its whole-decode fallback does use libzstd), and every
+// machine without the library keep the Go decoder. Both verify frame
+// checksums and decode into exactly the caller's buffer, never past it
+// (TestLibZstdAgrees, FuzzZstdDecoders). One difference: libzstd decodes
+// frames whose window exceeds the Go decoder's limit (zstd --long=30),
+// since it decodes into the whole buffer and needs no window.
 //
 // ZARRFS_LIBZSTD selects it: unset, libzstd.so.1 from the loader's search
 // path; "off", the Go decoder everywhere; anything else, the path of the
@@ -75,14 +81,18 @@ func loadLibZstd(setting string) (*libZstd, error) {
 	} {
 		if *s.addr, err = purego.Dlsym(h, s.name); err != nil || *s.addr == 0 {
 			purego.Dlclose(h)
-			return nil, fmt.Errorf("%s: symbol %s missing", name, s.name)
+			return nil, fmt.Errorf("%s: symbol %s missing: %v", name, s.name, err)
 		}
 	}
-	en, err := purego.Dlsym(h, "ZSTD_getErrorName")
-	vn, err2 := purego.Dlsym(h, "ZSTD_versionNumber")
-	if err != nil || err2 != nil || en == 0 || vn == 0 {
-		purego.Dlclose(h)
-		return nil, fmt.Errorf("%s: symbol ZSTD_getErrorName or ZSTD_versionNumber missing", name)
+	var en, vn uintptr
+	for _, s := range []struct {
+		addr *uintptr
+		name string
+	}{{&en, "ZSTD_getErrorName"}, {&vn, "ZSTD_versionNumber"}} {
+		if *s.addr, err = purego.Dlsym(h, s.name); err != nil || *s.addr == 0 {
+			purego.Dlclose(h)
+			return nil, fmt.Errorf("%s: symbol %s missing: %v", name, s.name, err)
+		}
 	}
 	purego.RegisterFunc(&l.errorName, en)
 	v, _, _ := purego.SyscallN(vn)
@@ -133,15 +143,16 @@ func newZstdCtx() *zstdCtx {
 
 // decode decodes every frame of src (zstd and skippable frames, nothing
 // after the last) into exactly dst, verifying the checksums frames carry.
+// The caller has walked src (walkZstd): libzstd also decodes legacy
+// frames, which this package does not take.
 func (z *zstdCtx) decode(dst, src []byte) error {
-	var d, s uintptr
-	if len(dst) > 0 {
-		d = uintptr(unsafe.Pointer(&dst[0]))
-	}
-	if len(src) > 0 {
-		s = uintptr(unsafe.Pointer(&src[0]))
-	}
-	n, _, _ := purego.SyscallN(z.lib.decompress, z.ctx, d, uintptr(len(dst)), s, uintptr(len(src)))
+	// The pointers are converted in the call's arguments: SyscallN is
+	// go:uintptrescapes, which moves what they point at to the heap (a
+	// buffer on a goroutine's stack could move with the stack during the
+	// call) and keeps it alive through it.
+	n, _, _ := purego.SyscallN(z.lib.decompress, z.ctx,
+		uintptr(unsafe.Pointer(unsafe.SliceData(dst))), uintptr(len(dst)),
+		uintptr(unsafe.Pointer(unsafe.SliceData(src))), uintptr(len(src)))
 	runtime.KeepAlive(dst)
 	runtime.KeepAlive(src)
 	runtime.KeepAlive(z) // its cleanup frees the context

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 
@@ -13,26 +14,33 @@ import (
 
 // libZstdOrSkip returns a decoder with a libzstd context, or skips where the
 // machine has no libzstd (the Go decoder then decodes everything, as the
-// rest of the package's tests check).
+// rest of the package's tests check); with ZARRFS_EXPECT_LIBZSTD set (CI),
+// a missing libzstd fails instead.
 func libZstdOrSkip(t testing.TB) *decoder {
 	t.Helper()
 	d := newDecoder()
 	if d.zc = newZstdCtx(); d.zc == nil {
 		_, err := nativeZstd()
+		if os.Getenv("ZARRFS_EXPECT_LIBZSTD") != "" {
+			t.Fatalf("libzstd expected (ZARRFS_EXPECT_LIBZSTD), not used: %v", err)
+		}
 		t.Skipf("libzstd not used on this machine: %v", err)
 	}
 	return d
 }
 
-// zstdVerdict decodes src into n bytes with the Go decoder or libzstd and
-// checks that neither wrote past dst nor returned an error other than
+// zstdVerdict decodes src into n bytes with the Go decoder or as
+// decodeZstd would with libzstd (input that is not zstd and skippable
+// frames end to end goes to the Go decoder), and checks that neither wrote past dst nor returned an error other than
 // ErrCorrupt.
 func zstdVerdict(t *testing.T, d *decoder, native bool, src []byte, n int) ([]byte, error) {
 	t.Helper()
 	buf := bytes.Repeat([]byte{0x5a}, n+16)
 	var err error
-	if native {
+	if _, frames := walkZstd(src); native && frames {
 		err = d.zc.decode(buf[:n], src)
+	} else if native {
+		err = d.decodeZstdGo(buf[:n], src) // what decodeZstd does with it
 	} else {
 		err = d.decodeZstdGo(buf[:n], src)
 	}
@@ -190,10 +198,10 @@ func TestLibZstdRefuses(t *testing.T) {
 		want string
 	}{
 		{"checksum", badCRC, len(data), "checksum"},
-		{"dst too small", zs, len(data) - 1, "zstd: "},
+		{"dst too small", zs, len(data) - 1, "Destination buffer is too small"},
 		{"dst too large", zs, len(data) + 1, "decodes to 110000 bytes, want 110001"},
 		{"empty", nil, 4, "decodes to 0 bytes, want 4"},
-		{"garbage", []byte("not a zstd frame at all"), 4, "zstd: "},
+		{"garbage", []byte("not a zstd frame at all"), 4, "Unknown frame descriptor"},
 	} {
 		err := d.zc.decode(make([]byte, tc.n), tc.src)
 		if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
@@ -202,22 +210,77 @@ func TestLibZstdRefuses(t *testing.T) {
 	}
 }
 
-// TestLibZstdUsed checks which chunks go through libzstd: whole chunks of
-// nativeZstdMin bytes or more, through Decode as the workers call it.
+// hugeWindowFrame is a zstd frame of data in one raw block whose header
+// declares a 1 GiB window (as zstd --long=30 writes): over the Go
+// decoder's limit, decoded by libzstd.
+func hugeWindowFrame(data []byte) []byte {
+	src := []byte{0x28, 0xb5, 0x2f, 0xfd, 0x00, 20 << 3} // no content size, window 2^(10+20)
+	bh := uint32(1 | len(data)<<3)                       // last block, raw
+	src = append(src, byte(bh), byte(bh>>8), byte(bh>>16))
+	return append(src, data...)
+}
+
+// TestLibZstdUsed checks which chunks go through libzstd, through Decode as
+// the CPU workers call it: a chunk of nativeZstdMin bytes or more of zstd
+// frames (a frame whose window only libzstd decodes tells which decoder
+// decoded), not a smaller one, not a legacy frame.
 func TestLibZstdUsed(t *testing.T) {
 	libZstdOrSkip(t)
 	if got := ZstdDecoder(); !strings.HasPrefix(got, "libzstd 1.") {
 		t.Fatalf("ZstdDecoder %q", got)
 	}
-	d := newDecoder()
-	small := zstdEncode(t, make([]byte, nativeZstdMin-1), false)
-	if err := d.decodeZstd(make([]byte, nativeZstdMin-1), small); err != nil || d.zcOK {
-		t.Fatalf("a chunk below the threshold: err %v, libzstd asked for %v", err, d.zcOK)
-	}
 	big := benchField()[:nativeZstdMin]
 	dst := make([]byte, len(big))
-	if err := d.decodeZstd(dst, zstdEncode(t, big, false)); err != nil || d.zc == nil || !bytes.Equal(dst, big) {
-		t.Fatalf("a chunk at the threshold: err %v, libzstd context %v", err, d.zc != nil)
+	if err := Decode(Zstd, dst, hugeWindowFrame(big)); err != nil || !bytes.Equal(dst, big) {
+		t.Fatalf("a chunk at the threshold did not go through libzstd: %v", err)
+	}
+	small := big[:nativeZstdMin-1]
+	if err := Decode(Zstd, dst[:len(small)], hugeWindowFrame(small)); !errors.Is(err, zstd.ErrWindowSizeExceeded) {
+		t.Fatalf("a chunk below the threshold: %v, want the Go decoder's window error", err)
+	}
+	// A checksummed frame whose magic number is damaged into a legacy
+	// one (v0.5-v0.7, which libzstd may decode, without checksums) is
+	// refused, as the Go decoder refuses it.
+	zs := zstdFrame(t, big)
+	for _, m := range []byte{0x25, 0x26, 0x27} {
+		legacy := bytes.Clone(zs)
+		legacy[0] = m
+		if err := Decode(Zstd, dst, legacy); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("legacy magic %#x: %v, want ErrCorrupt", m, err)
+		}
+	}
+}
+
+// TestLibZstdStackBuffer decodes into buffers on goroutine stacks of many
+// depths: the stack may grow and move while libzstd writes, unless the
+// buffer was moved to the heap first (the pointers' conversion in the
+// call's arguments does that).
+func TestLibZstdStackBuffer(t *testing.T) {
+	d := libZstdOrSkip(t)
+	want := benchField()[:8192]
+	src := zstdEncode(t, want, true)
+	var deep func(int) error
+	deep = func(depth int) error {
+		if depth > 0 {
+			return deep(depth - 1)
+		}
+		var buf [8192]byte
+		if err := d.zc.decode(buf[:], src); err != nil {
+			return err
+		}
+		if !bytes.Equal(buf[:], want) {
+			return errors.New("the decoded bytes are not in the buffer")
+		}
+		return nil
+	}
+	// Every depth up to 2000 frames: one of them puts the buffer where the
+	// call's own frames cross into a new stack segment.
+	for depth := range 2000 {
+		done := make(chan error)
+		go func() { done <- deep(depth) }() // a fresh, small stack
+		if err := <-done; err != nil {
+			t.Fatalf("depth %d: %v", depth, err)
+		}
 	}
 }
 

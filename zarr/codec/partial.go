@@ -424,26 +424,35 @@ func readFull(r io.Reader, b []byte) error {
 // whole. Input it cannot walk counts as checksummed, for the whole decode
 // to refuse it with its own error.
 func ZstdChecksummed(src []byte) bool {
+	checked, ok := walkZstd(src)
+	return checked || !ok
+}
+
+// walkZstd walks src as zstd frames and skippable frames end to end,
+// reading their headers and block headers, not their contents: ok says
+// src is nothing but such frames (no legacy frame, no trailing bytes, no
+// block reaching past the end), checked that one of them declares a
+// content checksum.
+func walkZstd(src []byte) (checked, ok bool) {
 	for len(src) > 0 {
 		if len(src) < 8 {
-			return true
+			return checked, false
 		}
 		magic := binary.LittleEndian.Uint32(src)
 		if magic&0xFFFFFFF0 == 0x184D2A50 { // a skippable frame
 			n := uint64(binary.LittleEndian.Uint32(src[4:]))
 			if n > uint64(len(src)-8) {
-				return true
+				return checked, false
 			}
 			src = src[8+n:]
 			continue
 		}
 		if magic != 0xFD2FB528 {
-			return true
+			return checked, false
 		}
 		fhd := src[4]
-		if fhd&0x04 != 0 {
-			return true
-		}
+		sum := fhd&0x04 != 0
+		checked = checked || sum
 		single := fhd&0x20 != 0
 		pos := 5
 		if !single {
@@ -456,7 +465,7 @@ func ZstdChecksummed(src []byte) bool {
 		}
 		for {
 			if pos+3 > len(src) {
-				return true
+				return checked, false
 			}
 			bh := uint32(src[pos]) | uint32(src[pos+1])<<8 | uint32(src[pos+2])<<16
 			size := int(bh >> 3)
@@ -464,19 +473,22 @@ func ZstdChecksummed(src []byte) bool {
 			case 1: // RLE: one byte stored
 				size = 1
 			case 3:
-				return true
+				return checked, false
 			}
 			pos += 3 + size
 			if bh&1 != 0 {
 				break
 			}
 		}
+		if sum {
+			pos += 4
+		}
 		if pos > len(src) {
-			return true
+			return checked, false
 		}
 		src = src[pos:]
 	}
-	return false
+	return checked, true
 }
 
 // Stream decoders are pooled by the power of two their window may reach:
