@@ -137,8 +137,8 @@ func TestDecodeWithoutGPU(t *testing.T) {
 	}
 	// One reason, the one version gives: without the driver library that
 	// is not "the driver sees no device".
-	why := strings.TrimSpace(out[strings.Index(out, "GPU: none (")+len("GPU: none ("):])
-	why = strings.TrimSuffix(why, ")")
+	why, _, _ := strings.Cut(out[strings.Index(out, "GPU: none (")+len("GPU: none ("):], "\n")
+	why = strings.TrimSuffix(strings.TrimSpace(why), ")")
 	if i := strings.Index(why, "gpu: no usable GPU: "); i >= 0 {
 		why = why[i+len("gpu: no usable GPU: "):]
 	}
