@@ -156,7 +156,9 @@ func (z *zstdCtx) decode(dst, src []byte) error {
 	runtime.KeepAlive(dst)
 	runtime.KeepAlive(src)
 	runtime.KeepAlive(z) // its cleanup frees the context
-	if e, _, _ := purego.SyscallN(z.lib.isError, n); e != 0 {
+	// ZSTD_isError returns an unsigned int: only the register's low 32
+	// bits are its value.
+	if e, _, _ := purego.SyscallN(z.lib.isError, n); uint32(e) != 0 {
 		return fmt.Errorf("zstd: %w: %s", ErrCorrupt, z.lib.errorName(n))
 	}
 	if int(n) != len(dst) {

@@ -309,7 +309,7 @@ class _Producer:
         self._put_final((None, None, StopIteration()))
 
     def _slot(self, slot: int) -> "torch.Tensor":
-        """Ring slot's pinned buffer, pinned now if this is its first use
+        """The ring slot's pinned buffer, pinned now if this is its first use
         (allocated pinned: no pageable copy to touch and copy first)."""
         import torch
         host = self.ring[slot]
