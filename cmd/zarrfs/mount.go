@@ -15,6 +15,7 @@ import (
 	"github.com/zarrfs/zarrfs/fill"
 	zfs "github.com/zarrfs/zarrfs/fs"
 	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 func init() { rootCmd.AddCommand(newMountCmd()) }
@@ -182,7 +183,7 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 	fmt.Fprintf(cmd.OutOrStdout(), "zarrfs: mounted %s at %s (%s, %s)\n",
 		store.ID(), mountpoint, count(int64(l.Arrays), "array"), count(l.Files, "file"))
 	log.Info("mount live", "source", store.ID(), "mountpoint", mountpoint, "direct", f.direct, "decode", o.dec.Placement(),
-		"cache", c.Dir(), "cache_budget", c.Budget())
+		"zstd", codec.ZstdDecoder(), "cache", c.Dir(), "cache_budget", c.Budget())
 	notifySystemd(fmt.Sprintf("READY=1\nSTATUS=serving %s at %s", store.ID(), mountpoint), log)
 	defer notifySystemd("STOPPING=1", log)
 
