@@ -48,23 +48,10 @@ func (r *recordingBlobs) count(p string) int {
 	return n
 }
 
-func (r *recordingBlobs) seen(p string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, o := range r.opened {
-		if o == p {
-			return true
-		}
-	}
-	return false
-}
+func (r *recordingBlobs) seen(p string) bool { return r.count(p) > 0 }
 
 func TestReadaheadOnlyWhenSequential(t *testing.T) {
-	h := &zarr.Hierarchy{Arrays: smallArrays(), Groups: map[string]map[string]any{"": {}}}
-	l, err := layout.Build(h, layout.Options{Reader: &patternReader{}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := smallLayout(t)
 	inner := &recordingBlobs{}
 	ra := WithReadahead(inner, func() *layout.Layout { return l }, 2, nil).(*readahead)
 	open := func(p string) {
@@ -117,11 +104,7 @@ func waitIdle(r *readahead) {
 // Parallel readers open samples slightly out of order: the walk goes on,
 // and the fills ahead cover the samples past the newest open.
 func TestReadaheadParallelReaders(t *testing.T) {
-	h := &zarr.Hierarchy{Arrays: smallArrays(), Groups: map[string]map[string]any{"": {}}}
-	l, err := layout.Build(h, layout.Options{Reader: &patternReader{}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := smallLayout(t)
 	inner := &recordingBlobs{}
 	ra := WithReadahead(inner, func() *layout.Layout { return l }, 3, nil).(*readahead)
 	for _, p := range []string{"t/00.npy", "t/02.npy", "t/01.npy", "t/04.npy", "t/03.npy"} {
@@ -143,11 +126,7 @@ func TestReadaheadParallelReaders(t *testing.T) {
 // A reader that reads each sample in pieces opens it once per piece (the
 // Loader's threads): the walk goes on, and no sample is filled ahead twice.
 func TestReadaheadPiecesOfOneSample(t *testing.T) {
-	h := &zarr.Hierarchy{Arrays: smallArrays(), Groups: map[string]map[string]any{"": {}}}
-	l, err := layout.Build(h, layout.Options{Reader: &patternReader{}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := smallLayout(t)
 	inner := &recordingBlobs{}
 	ra := WithReadahead(inner, func() *layout.Layout { return l }, 2, nil).(*readahead)
 	for _, p := range []string{"t/00.npy", "t/00.npy", "t/01.npy", "t/01.npy", "t/01.npy", "t/02.npy", "t/02.npy", "t/03.npy"} {
@@ -163,6 +142,17 @@ func TestReadaheadPiecesOfOneSample(t *testing.T) {
 			t.Errorf("%s opened %d times, want %d", p, got, want)
 		}
 	}
+}
+
+// smallLayout is the layout of smallArrays: t's 12 samples and lat.
+func smallLayout(t testing.TB) *layout.Layout {
+	t.Helper()
+	h := &zarr.Hierarchy{Arrays: smallArrays(), Groups: map[string]map[string]any{"": {}}}
+	l, err := layout.Build(h, layout.Options{Reader: &patternReader{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
 
 // blobAt is the blob at mount path p of l.
@@ -218,11 +208,7 @@ func (s *stuckBlobs) Open(ctx context.Context, lay *layout.Layout, b layout.Blob
 // Fills ahead run under the context of the open that scheduled them: a
 // mount's, which its unmount ends; they do not outlive it.
 func TestReadaheadEndsWithItsContext(t *testing.T) {
-	h := &zarr.Hierarchy{Arrays: smallArrays(), Groups: map[string]map[string]any{"": {}}}
-	l, err := layout.Build(h, layout.Options{Reader: &patternReader{}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := smallLayout(t)
 	inner := &stuckBlobs{read: map[string]bool{"t/00.npy": true, "t/01.npy": true}, ended: make(chan error, 2)}
 	ra := WithReadahead(inner, func() *layout.Layout { return l }, 2, nil).(*readahead)
 	life, end := context.WithCancel(context.Background())
