@@ -314,7 +314,12 @@ class _Producer:
         import torch
         host = self.ring[slot]
         if host is None:
-            host = self.ring[slot] = torch.empty(self.slot_bytes, dtype=torch.uint8, pin_memory=True)
+            # On the stream's device (the loader's, resolved where the
+            # epoch was made): this thread's current device is otherwise
+            # device 0, whose context a rank of another GPU must not start.
+            assert self.stream is not None  # a ring is made on the GPU only
+            with torch.cuda.device(self.stream.device):
+                host = self.ring[slot] = torch.empty(self.slot_bytes, dtype=torch.uint8, pin_memory=True)
         return host
 
     def _open_first(self) -> None:
