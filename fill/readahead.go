@@ -84,8 +84,8 @@ func (r *readahead) advance(dir string, k, n int) (from, to int) {
 	d := k - w.last
 	if d == 0 {
 		// The same sample again: a reader reading it in pieces, each its
-		// own open (zarrfs.torch.Loader, DALI's chunked reads). The walk
-		// stands; what it scheduled is in flight or done.
+		// own open (zarrfs.torch.Loader's threads). The walk stands; what
+		// it scheduled is in flight or done.
 		return 0, 0
 	}
 	w.last = k
