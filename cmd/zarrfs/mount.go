@@ -182,6 +182,7 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 		"cache_mode", fmt.Sprintf("%04o", uint32(mode)), "cache_group", groupLabel(gid))
 	fmt.Fprintf(cmd.OutOrStdout(), "zarrfs: mounted %s at %s (%s, %s)\n",
 		store.ID(), mountpoint, count(int64(l.Arrays), "array"), count(l.Files, "file"))
+	logCacheHint(log, c.Dir())
 	log.Info("mount live", "source", store.ID(), "mountpoint", mountpoint, "direct", f.direct, "decode", o.dec.Placement(),
 		"zstd", codec.ZstdDecoder(), "cache", c.Dir(), "cache_budget", c.Budget())
 	notifySystemd(fmt.Sprintf("READY=1\nSTATUS=serving %s at %s", store.ID(), mountpoint), log)

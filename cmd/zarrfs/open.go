@@ -213,9 +213,6 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 		}
 		return nil, err
 	}
-	if hint := cacheTmpfsHint(o.cache.Dir()); hint != "" {
-		log.Info(hint)
-	}
 	// With a GPU, compressed chunks are read into, and fills decode into,
 	// the pipeline's pinned memory.
 	o.stats = &zarr.Stats{}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,6 +25,15 @@ func tmpfsHugeHint(mounts []mountinfo.Entry, shmemEnabled, dir string) string {
 		return ""
 	}
 	return "the cache is on a tmpfs without huge pages (" + e.Mountpoint + "): writing blobs there costs about twice the CPU it does on a tmpfs mounted with huge=within_size (docs/cache.md)"
+}
+
+// logCacheHint logs tmpfsHugeHint for a cache directory of this machine:
+// where fills are about to run (a mount going live, a warm with work to
+// do), not on the paths that end in an error, which is one line.
+func logCacheHint(log *slog.Logger, dir string) {
+	if hint := cacheTmpfsHint(dir); hint != "" {
+		log.Info(hint)
+	}
 }
 
 // cacheTmpfsHint is tmpfsHugeHint for a cache directory of this machine.

@@ -164,6 +164,7 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 		}
 		return nil
 	}
+	logCacheHint(log, c.Dir())
 	var bar *progressbar.ProgressBar
 	if fi, err := os.Stderr.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 && term.IsTerminal(int(os.Stderr.Fd())) {
 		bar = progressbar.NewOptions64(todoBytes,
