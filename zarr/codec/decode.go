@@ -47,7 +47,6 @@ type decoder struct {
 	blk  []byte // a partial read's block decoded for segments that take part of it, or a stream's skipped bytes
 	zstd *zstd.Decoder
 	zc   *zstdCtx // libzstd's context, made at the first chunk it decodes (libzstd.go)
-	zcOK bool     // zc was asked for
 	gz   *gzip.Reader
 	zl   io.ReadCloser
 	br   bytes.Reader
@@ -128,13 +127,21 @@ func (d *decoder) decode(name Name, dst, src []byte) error {
 // more that are zstd and skippable frames end to end go through libzstd
 // where it is used (libzstd.go).
 func (d *decoder) decodeZstd(dst, src []byte) error {
-	if len(dst) >= nativeZstdMin {
-		if !d.zcOK {
-			d.zc, d.zcOK = newZstdCtx(), true
-		}
-		if _, frames := walkZstd(src); d.zc != nil && frames {
-			return d.zc.decode(dst, src)
-		}
+	if len(dst) < nativeZstdMin {
+		return d.decodeZstdGo(dst, src)
+	}
+	if d.zc == nil {
+		d.zc = newZstdCtx() // nil again without libzstd: nativeZstd answers once
+	}
+	return d.decodeZstdNative(dst, src)
+}
+
+// decodeZstdNative is decodeZstd through libzstd for input that is zstd
+// and skippable frames end to end, and through the Go decoder for the
+// rest and wherever libzstd is not used.
+func (d *decoder) decodeZstdNative(dst, src []byte) error {
+	if _, frames := walkZstd(src); d.zc != nil && frames {
+		return d.zc.decode(dst, src)
 	}
 	return d.decodeZstdGo(dst, src)
 }

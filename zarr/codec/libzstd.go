@@ -70,6 +70,7 @@ func loadLibZstd(setting string) (*libZstd, error) {
 		return nil, fmt.Errorf("%s not loaded: %v", name, err)
 	}
 	l := &libZstd{path: name}
+	var en, vn uintptr // ZSTD_getErrorName, ZSTD_versionNumber
 	for _, s := range []struct {
 		addr *uintptr
 		name string
@@ -78,17 +79,9 @@ func loadLibZstd(setting string) (*libZstd, error) {
 		{&l.freeDCtx, "ZSTD_freeDCtx"},
 		{&l.decompress, "ZSTD_decompressDCtx"},
 		{&l.isError, "ZSTD_isError"},
+		{&en, "ZSTD_getErrorName"},
+		{&vn, "ZSTD_versionNumber"},
 	} {
-		if *s.addr, err = purego.Dlsym(h, s.name); err != nil || *s.addr == 0 {
-			purego.Dlclose(h)
-			return nil, fmt.Errorf("%s: symbol %s missing: %v", name, s.name, err)
-		}
-	}
-	var en, vn uintptr
-	for _, s := range []struct {
-		addr *uintptr
-		name string
-	}{{&en, "ZSTD_getErrorName"}, {&vn, "ZSTD_versionNumber"}} {
 		if *s.addr, err = purego.Dlsym(h, s.name); err != nil || *s.addr == 0 {
 			purego.Dlclose(h)
 			return nil, fmt.Errorf("%s: symbol %s missing: %v", name, s.name, err)
