@@ -4,11 +4,15 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"strings"
 	"testing"
+	"unsafe"
 
+	"github.com/ebitengine/purego"
 	"github.com/klauspost/compress/zstd"
 )
 
@@ -307,4 +311,93 @@ func FuzzZstdDecoders(f *testing.F) {
 	f.Fuzz(func(t *testing.T, size uint32, src []byte) {
 		agree(t, d, "fuzzed", src, int(size%(1<<20)), nil)
 	})
+}
+
+// era5Chunk is a (4, 721, 1440) float32 chunk as integration/gpu/make_store.py
+// writes one of its pressure-level variables: per level a smooth field,
+// coarse noise upsampled 16x16, quantised as ERA5's 16-bit packing does.
+// It compresses like the benchmark stores (benchField's fine noise does
+// not), which is what decoders are timed on.
+func era5Chunk() []byte {
+	const ny, nx, levels = 721, 1440, 4
+	out := make([]byte, 0, 4*levels*ny*nx)
+	f := make([]float64, ny*nx)
+	for k := range levels {
+		seed := uint64(7 + k)
+		base, amp := 250*(1-0.1*float64(k)), 30.0
+		coarse := func(y, x int) float64 { // a standard normal per 16x16 cell
+			i := seed<<40 ^ uint64(y/16)<<20 ^ uint64(x/16)
+			u1 := (float64(splitmix64(2*i)>>11) + 1) / (1 << 53)
+			u2 := float64(splitmix64(2*i+1)>>11) / (1 << 53)
+			return math.Sqrt(-2*math.Log(u1)) * math.Cos(2*math.Pi*u2)
+		}
+		lo, hi := math.Inf(1), math.Inf(-1)
+		for y := range ny {
+			lat := (90 - 180*float64(y)/(ny-1)) * math.Pi / 180
+			for x := range nx {
+				lon := 2 * math.Pi * float64(x) / nx
+				v := base + amp*(math.Cos(lat)*math.Sin(lon*float64(2+seed%3))+0.3*math.Sin(3*lat+float64(seed))+0.05*coarse(y, x))
+				f[y*nx+x] = v
+				lo, hi = min(lo, v), max(hi, v)
+			}
+		}
+		scale := math.Exp2(math.Ceil(math.Log2((hi - lo) / 65535)))
+		for _, v := range f {
+			q := float32(lo + math.RoundToEven((v-lo)/scale)*scale)
+			out = binary.LittleEndian.AppendUint32(out, math.Float32bits(q))
+		}
+	}
+	return out
+}
+
+// libzstdCompress compresses data into one frame with libzstd at level,
+// without a checksum: as numcodecs' Zstd and tensorstore write chunks.
+func libzstdCompress(tb testing.TB, data []byte, level int) []byte {
+	tb.Helper()
+	l, err := nativeZstd()
+	if l == nil {
+		tb.Skipf("libzstd not used on this machine: %v", err)
+	}
+	h, err := purego.Dlopen(l.path, purego.RTLD_NOW|purego.RTLD_LOCAL)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var bound func(n uintptr) uintptr
+	var compress func(dst unsafe.Pointer, dcap uintptr, src unsafe.Pointer, n uintptr, level int32) uintptr
+	purego.RegisterLibFunc(&bound, h, "ZSTD_compressBound")
+	purego.RegisterLibFunc(&compress, h, "ZSTD_compress")
+	out := make([]byte, bound(uintptr(len(data))))
+	n := compress(unsafe.Pointer(unsafe.SliceData(out)), uintptr(len(out)), unsafe.Pointer(unsafe.SliceData(data)), uintptr(len(data)), int32(level))
+	if r, _, _ := purego.SyscallN(l.isError, n); uint32(r) != 0 {
+		tb.Fatalf("ZSTD_compress: %s", l.errorName(n))
+	}
+	return out[:n]
+}
+
+// BenchmarkZstdDecoders times the Go decoder and libzstd, one goroutine,
+// on a 16.6 MB chunk like the benchmark stores' (written as they are, by
+// libzstd at level 3 without a checksum) and on small frames, the sizes
+// around nativeZstdMin (KiBs from the middle of the same data).
+func BenchmarkZstdDecoders(b *testing.B) {
+	d := libZstdOrSkip(b)
+	chunk := era5Chunk()
+	for _, n := range []int{64, 512, 1 << 10, 4 << 10, 64 << 10, len(chunk)} {
+		data := chunk[(len(chunk)-n)/2:][:n] // mid-latitudes of the middle level
+		src := libzstdCompress(b, data, 3)
+		dst := make([]byte, n)
+		for _, dec := range []struct {
+			name string
+			fn   func(dst, src []byte) error
+		}{{"go", d.decodeZstdGo}, {"libzstd", d.decodeZstdNative}} {
+			b.Run(fmt.Sprintf("%d/%s", n, dec.name), func(b *testing.B) {
+				b.SetBytes(int64(n))
+				for b.Loop() {
+					if err := dec.fn(dst, src); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(n)/float64(len(src)), "ratio")
+			})
+		}
+	}
 }
