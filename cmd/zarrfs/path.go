@@ -290,16 +290,12 @@ func zarrfsMountOf(abs string) (mountpoint string, uid int, ok bool) {
 	if err != nil {
 		return "", 0, false
 	}
-	for _, e := range mounts {
-		mnt, owner, isOurs := zarrfsMount(e)
-		if !isOurs || (abs != mnt && !strings.HasPrefix(abs, strings.TrimSuffix(mnt, "/")+"/")) {
-			continue
-		}
-		if len(mnt) >= len(mountpoint) {
-			mountpoint, uid, ok = mnt, owner, true
-		}
+	ours := slices.DeleteFunc(mounts, func(e mountinfo.Entry) bool { _, _, ok := zarrfsMount(e); return !ok })
+	e, ok := mountinfo.Containing(ours, abs)
+	if !ok {
+		return "", 0, false
 	}
-	return mountpoint, uid, ok
+	return zarrfsMount(e)
 }
 
 // zarrfsMount returns the mountpoint and owner (the user_id option) of a
