@@ -325,24 +325,23 @@ class _Producer:
     def _open_first(self) -> None:
         """Opens, in the background, the first batch's samples and the
         open_ahead samples after it, before the epoch's setup."""
-        if self.ahead is None or not self.batches:
-            return
-        end = min(len(self.batches[0]) + self.l.open_ahead, self.nsamples)
-        for i in range(end):
-            self.ahead.submit(self._touch, self.l.dir.file(int(self.order[i])))
-        self.opened = end
+        if self.batches:
+            self._open_until(len(self.batches[0]) + self.l.open_ahead)
 
     def _open_ahead(self, k: int) -> None:
         """Opens, in the background, the samples after batch k up to
         open_ahead of them: a cold mount starts filling them now."""
         first = k * self.l.batch_size + len(self.batches[k])
         self.opened = max(self.opened, first)
-        if self.ahead is None:
-            return
-        order = self.order
-        end = min(first + self.l.open_ahead, self.nsamples)
-        for i in range(self.opened, end):
-            self.ahead.submit(self._touch, self.l.dir.file(int(order[i])))
+        self._open_until(first + self.l.open_ahead)
+
+    def _open_until(self, end: int) -> None:
+        """Opens, in the background, the samples of the order not yet
+        opened before position end."""
+        end = min(end, self.nsamples)
+        if self.ahead is not None:
+            for i in range(self.opened, end):
+                self.ahead.submit(self._touch, self.l.dir.file(int(self.order[i])))
         self.opened = max(self.opened, end)
 
     def _touch(self, path: str) -> None:
