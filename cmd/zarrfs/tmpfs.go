@@ -36,19 +36,16 @@ func logCacheHint(log *slog.Logger, dir string) {
 	}
 }
 
-// cacheTmpfsHint is tmpfsHugeHint for a cache directory of this machine.
+// cacheTmpfsHint is tmpfsHugeHint for a cache directory of this machine
+// (absolute, as Cache.Dir is; the mount table names resolved paths).
 func cacheTmpfsHint(dir string) string {
-	abs, err := filepath.Abs(dir)
-	if err != nil {
-		return ""
-	}
-	if r, err := filepath.EvalSymlinks(abs); err == nil {
-		abs = r
+	if r, err := filepath.EvalSymlinks(dir); err == nil {
+		dir = r
 	}
 	mounts, err := mountinfo.Read()
 	if err != nil {
 		return ""
 	}
 	shmem, _ := os.ReadFile("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
-	return tmpfsHugeHint(mounts, string(shmem), abs)
+	return tmpfsHugeHint(mounts, string(shmem), dir)
 }
