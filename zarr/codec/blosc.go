@@ -132,15 +132,24 @@ func (f *BloscFrame) Unshuffle(dst, shuffled []byte) error {
 	}
 	for i := range f.NumBlocks() {
 		off, n := f.Block(i)
-		unshuffleBlock(f.Shuffle, dst[off:off+n], shuffled[off:off+n], f.Typesize)
+		unshuffleBlock(f.Shuffle, dst[off:off+n], shuffled[off:off+n], f.Typesize, len(dst) >= streamStoreMin)
 	}
 	return nil
 }
 
-func unshuffleBlock(s BloscShuffle, dst, src []byte, typesize int) {
+// streamStoreMin is the smallest destination a byte unshuffle writes with
+// non-temporal stores (unshuffleTo): a chunk decoded into its place in a
+// sample larger than a core's cache, which is read again only when the
+// sample is written out, after its other chunks. On one core of the
+// development machine the stores double the unshuffle's rate into memory
+// (BenchmarkUnshuffleStream); a smaller destination is likely still in
+// the cache when it is read.
+const streamStoreMin = 2 << 20
+
+func unshuffleBlock(s BloscShuffle, dst, src []byte, typesize int, stream bool) {
 	switch s {
 	case ByteShuffle:
-		Unshuffle(dst, src, typesize)
+		unshuffleTo(dst, src, typesize, stream)
 	case BitShuffle:
 		_ = BitUnshuffle(dst, src, typesize) // lengths equal, typesize > 0
 	default:
@@ -386,7 +395,7 @@ func (d *decoder) decodeBloscBlocks(h *bloscHeader, dst []byte, from, to int) er
 		if err != nil {
 			return err
 		}
-		if err := d.decodeBlock(h, h.src[pos:], pos, i, dst[off:off+n]); err != nil {
+		if err := d.decodeBlock(h, h.src[pos:], pos, i, dst[off:off+n], len(dst) >= streamStoreMin); err != nil {
 			return err
 		}
 	}
@@ -396,9 +405,11 @@ func (d *decoder) decodeBloscBlocks(h *bloscHeader, dst []byte, from, to int) er
 // decodeBlock decodes block i into out (its n bytes) from view, the
 // frame's bytes from offset pos on, where the block's streams start: to
 // out when there is no shuffle to undo, else to scratch that is then
-// unshuffled into out. Streams are read from view alone, so a partial
-// frame whose view ends early fails rather than reading on.
-func (d *decoder) decodeBlock(h *bloscHeader, view []byte, pos, i int, out []byte) error {
+// unshuffled into out, past the cache when stream is set (unshuffleTo; the
+// caller's destination is at least streamStoreMin). Streams are read from
+// view alone, so a partial frame whose view ends early fails rather than
+// reading on.
+func (d *decoder) decodeBlock(h *bloscHeader, view []byte, pos, i int, out []byte, stream bool) error {
 	n := len(out)
 	shuffled := h.shuffle == ByteShuffle || (h.shuffle == BitShuffle && n >= h.typesize)
 	tmp := out
@@ -425,7 +436,7 @@ func (d *decoder) decodeBlock(h *bloscHeader, view []byte, pos, i int, out []byt
 		rel = next
 	}
 	if shuffled {
-		unshuffleBlock(h.shuffle, out, tmp, h.typesize)
+		unshuffleBlock(h.shuffle, out, tmp, h.typesize, stream)
 	}
 	return nil
 }

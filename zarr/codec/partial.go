@@ -305,7 +305,7 @@ func (d *decoder) decodePartial(j *Job) error {
 			lo, hi := max(s.Off, int64(bo)), min(end, int64(bo+n))
 			if int(b) != cur && lo == int64(bo) && hi == int64(bo+n) {
 				// The whole block lands in this segment: straight there.
-				if err := d.decodeBlockFrom(&x.h, ps, x.start[b], int(b), s.Dst[lo-s.Off:hi-s.Off]); err != nil {
+				if err := d.decodeBlockFrom(&x.h, ps, x.start[b], int(b), s.Dst[lo-s.Off:hi-s.Off], len(s.Dst) >= streamStoreMin); err != nil {
 					return err
 				}
 				continue
@@ -314,7 +314,7 @@ func (d *decoder) decodePartial(j *Job) error {
 				if cap(d.blk) < n {
 					d.blk = make([]byte, n)
 				}
-				if err := d.decodeBlockFrom(&x.h, ps, x.start[b], int(b), d.blk[:n]); err != nil {
+				if err := d.decodeBlockFrom(&x.h, ps, x.start[b], int(b), d.blk[:n], false); err != nil {
 					cur = -1
 					return err
 				}
@@ -327,13 +327,14 @@ func (d *decoder) decodePartial(j *Job) error {
 }
 
 // decodeBlockFrom decodes block i, whose streams start at stored offset
-// pos, from the fetched parts into out (the block's n bytes).
-func (d *decoder) decodeBlockFrom(h *bloscHeader, ps parts, pos, i int, out []byte) error {
+// pos, from the fetched parts into out (the block's n bytes); stream as
+// decodeBlock's.
+func (d *decoder) decodeBlockFrom(h *bloscHeader, ps parts, pos, i int, out []byte, stream bool) error {
 	view, err := ps.at(int64(pos))
 	if err != nil {
 		return fmt.Errorf("blosc: block %d: %w", i, err)
 	}
-	return d.decodeBlock(h, view, pos, i, out)
+	return d.decodeBlock(h, view, pos, i, out, stream)
 }
 
 // streamSkip is the scratch a stream's bytes before a segment are decoded

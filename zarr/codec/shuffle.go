@@ -1,6 +1,9 @@
 package codec
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"unsafe"
+)
 
 // Unshuffle undoes blosc's byte shuffle of one block: src holds byte 0 of
 // every element, then byte 1 of every element, and so on; dst receives the
@@ -9,7 +12,12 @@ import "encoding/binary"
 // whole element are copied unchanged, as blosc leaves them. dst and src must
 // have the same length and must not overlap; Unshuffle panics otherwise, like
 // copy would on a programming error.
-func Unshuffle(dst, src []byte, typesize int) {
+func Unshuffle(dst, src []byte, typesize int) { unshuffleTo(dst, src, typesize, false) }
+
+// unshuffleTo is Unshuffle; with stream set, the SIMD loops store past the
+// cache (non-temporal stores) where dst is 16-byte aligned, for a
+// destination that will not be read again before it leaves the cache.
+func unshuffleTo(dst, src []byte, typesize int, stream bool) {
 	if len(dst) != len(src) {
 		panic("codec: Unshuffle: dst and src lengths differ")
 	}
@@ -20,11 +28,11 @@ func Unshuffle(dst, src []byte, typesize int) {
 	n := len(src) / typesize // whole elements
 	switch typesize {
 	case 2:
-		unshuffle2(dst, src, n)
+		unshuffle2(dst, src, n, stream)
 	case 4:
-		unshuffle4(dst, src, n)
+		unshuffle4(dst, src, n, stream)
 	case 8:
-		unshuffle8(dst, src, n)
+		unshuffle8(dst, src, n, stream)
 	default:
 		for j := 0; j < typesize; j++ {
 			row := src[j*n : j*n+n]
@@ -37,12 +45,16 @@ func Unshuffle(dst, src []byte, typesize int) {
 	copy(dst[rest:], src[rest:])
 }
 
-func unshuffle2(dst, src []byte, n int) {
+func unshuffle2(dst, src []byte, n int, stream bool) {
 	s0, s1 := src[:n], src[n:2*n]
 	d := dst[:2*n]
 	i := 0
 	if haveUnshuffleAsm && n >= 16 {
-		unshuffle2SSE2(&d[0], &src[0], n, n/16)
+		if stream && alignedSIMD(d) {
+			unshuffle2NT(&d[0], &src[0], n, n/16)
+		} else {
+			unshuffle2SSE2(&d[0], &src[0], n, n/16)
+		}
 		i = n / 16 * 16
 	}
 	for ; i+8 <= n; i += 8 {
@@ -61,12 +73,16 @@ func unshuffle2(dst, src []byte, n int) {
 // unshuffle4 is the hot path (float32 and int32 arrays): it gathers eight
 // elements at a time from the four byte planes with 64-bit loads and
 // interleaves them in registers, so each output word is written once.
-func unshuffle4(dst, src []byte, n int) {
+func unshuffle4(dst, src []byte, n int, stream bool) {
 	s0, s1, s2, s3 := src[:n], src[n:2*n], src[2*n:3*n], src[3*n:4*n]
 	d := dst[:4*n]
 	i := 0
 	if haveUnshuffleAsm && n >= 16 {
-		unshuffle4SSE2(&d[0], &src[0], n, n/16)
+		if stream && alignedSIMD(d) {
+			unshuffle4NT(&d[0], &src[0], n, n/16)
+		} else {
+			unshuffle4SSE2(&d[0], &src[0], n, n/16)
+		}
 		i = n / 16 * 16
 	}
 	for ; i+8 <= n; i += 8 {
@@ -91,7 +107,7 @@ func unshuffle4(dst, src []byte, n int) {
 	}
 }
 
-func unshuffle8(dst, src []byte, n int) {
+func unshuffle8(dst, src []byte, n int, stream bool) {
 	d := dst[:8*n]
 	var s [8][]byte
 	for j := range s {
@@ -99,7 +115,11 @@ func unshuffle8(dst, src []byte, n int) {
 	}
 	i := 0
 	if haveUnshuffleAsm && n >= 8 {
-		unshuffle8SSE2(&d[0], &src[0], n, n/8)
+		if stream && alignedSIMD(d) {
+			unshuffle8NT(&d[0], &src[0], n, n/8)
+		} else {
+			unshuffle8SSE2(&d[0], &src[0], n, n/8)
+		}
 		i = n / 8 * 8
 	}
 	for ; i+4 <= n; i += 4 {
@@ -142,3 +162,7 @@ func spread16(v uint32) uint64 {
 	x := uint64(v)
 	return (x | x<<16) & 0x0000ffff0000ffff
 }
+
+// alignedSIMD reports whether b starts on a 16-byte boundary, as the
+// non-temporal stores need.
+func alignedSIMD(b []byte) bool { return uintptr(unsafe.Pointer(unsafe.SliceData(b)))%16 == 0 }

@@ -14,3 +14,14 @@ func unshuffle4SSE2(dst, src *byte, stride, groups int)
 
 //go:noescape
 func unshuffle8SSE2(dst, src *byte, stride, groups int)
+
+// The same with non-temporal stores (shuffle_amd64.s); dst 16-byte aligned.
+
+//go:noescape
+func unshuffle2NT(dst, src *byte, stride, groups int)
+
+//go:noescape
+func unshuffle4NT(dst, src *byte, stride, groups int)
+
+//go:noescape
+func unshuffle8NT(dst, src *byte, stride, groups int)
