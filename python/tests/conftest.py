@@ -26,7 +26,9 @@ def need(what: str, ok: bool, why: str):
         return
     if CI:
         pytest.fail(f"{what} is needed ({why}) and CI=true")
-    pytest.skip(f"{what} is needed ({why})")
+    # allow_module_level: a test module may need a tool at import (DALI
+    # for test_dali.py); inside a test it changes nothing.
+    pytest.skip(f"{what} is needed ({why})", allow_module_level=True)
 
 
 def need_module(name: str):
