@@ -255,3 +255,71 @@ def epoch_indices_rest(it):
     for batch, coords in it:
         got += [value(b) for b in batch]
     return got
+
+
+class _FakeCudart:
+    """Stands in for torch.cuda.cudart(): records what is registered."""
+
+    def __init__(self, err=0):
+        self.err = err
+        self.registered = []
+        self.unregistered = []
+
+    def cudaHostRegister(self, ptr, n, flags):
+        self.registered.append((ptr, n, flags))
+        return self.err
+
+    def cudaHostUnregister(self, ptr):
+        self.unregistered.append(ptr)
+        return 0
+
+
+def test_pinned_ring_buffer_registered_then_unregistered(monkeypatch):
+    """A ring slot is anonymous memory registered whole with
+    cudaHostRegister (portable), writable through the tensor, and
+    unregistered when the tensor goes, before its memory is unmapped."""
+    import gc
+
+    import torch
+
+    import zarrfs.loader as zl
+
+    fake = _FakeCudart()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+    n = 3 << 20
+    t = zl._pinned(n)
+    assert t.dtype == torch.uint8 and t.numel() == n
+    assert fake.registered == [(t.data_ptr(), n, 1)]
+    assert t.data_ptr() % 4096 == 0  # O_DIRECT reads may land there
+    t[:] = 7
+    assert int(t[n - 1]) == 7
+    ptr = t.data_ptr()
+    view = t.numpy()[:16]  # a view keeps the memory registered
+    del t
+    gc.collect()
+    assert fake.unregistered == []
+    del view
+    gc.collect()
+    assert fake.unregistered == [ptr]
+
+
+def test_pinned_falls_back_to_torch(monkeypatch):
+    """A registration that fails leaves the slot to torch's pinned
+    allocation."""
+    import torch
+
+    import zarrfs.loader as zl
+
+    fake = _FakeCudart(err=1)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+    calls = []
+    real_empty = torch.empty
+
+    def empty(*a, **kw):
+        calls.append(kw.get("pin_memory"))
+        kw.pop("pin_memory", None)
+        return real_empty(*a, **kw)
+
+    monkeypatch.setattr(torch, "empty", empty)
+    t = zl._pinned(1 << 20)
+    assert len(fake.registered) == 1 and calls == [True] and t.numel() == 1 << 20
