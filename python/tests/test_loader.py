@@ -323,3 +323,17 @@ def test_pinned_falls_back_to_torch(monkeypatch):
     monkeypatch.setattr(torch, "empty", empty)
     t = zl._pinned(1 << 20)
     assert len(fake.registered) == 1 and calls == [True] and t.numel() == 1 << 20
+
+
+def test_fault_in_touches_every_page():
+    """Every 4 KiB page of a ring slot is touched, by threads that split it
+    in whole huge pages, up to an uneven end; nothing else is written."""
+    import zarrfs.loader as zl
+
+    for n in (4096, (40 << 20) + 12345):
+        arr = np.full(n, 7, dtype=np.uint8)
+        zl._fault_in(arr)
+        assert not arr[::4096].any()
+        rest = np.ones(n, dtype=bool)
+        rest[::4096] = False
+        assert (arr[rest] == 7).all()
