@@ -184,7 +184,7 @@ def _pinned(nbytes: int) -> "torch.Tensor":
     """
     import torch
     try:
-        cudart = torch.cuda.cudart()
+        cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
         mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     except (AttributeError, OSError, RuntimeError, ValueError):
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
