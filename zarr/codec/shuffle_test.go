@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
 )
 
@@ -68,7 +69,9 @@ func TestDecodeBloscStreamed(t *testing.T) {
 // BenchmarkUnshuffleStream unshuffles 512 KiB blocks (blosc's usual block,
 // decoded into a scratch the core's cache holds) into a 256 MiB area
 // taken in turn, as a fill writes a sample's chunks: ordinary stores
-// against non-temporal ones.
+// against non-temporal ones, on one goroutine and on GOMAXPROCS of them
+// (the "parallel" cases, each goroutine taking the next block of the area;
+// -cpu sets how many).
 func BenchmarkUnshuffleStream(b *testing.B) {
 	const bs = 512 << 10
 	block := refShuffle(benchField()[:bs], 4)
@@ -86,6 +89,18 @@ func BenchmarkUnshuffleStream(b *testing.B) {
 				unshuffleTo(area[o:o+bs], block, 4, stream)
 				o = (o + bs) % len(area)
 			}
+		})
+	}
+	for _, stream := range []bool{false, true} {
+		b.Run(fmt.Sprintf("parallel/stream=%v", stream), func(b *testing.B) {
+			b.SetBytes(bs)
+			var next atomic.Int64
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					o := int(next.Add(1)-1) % (len(area) / bs) * bs
+					unshuffleTo(area[o:o+bs], block, 4, stream)
+				}
+			})
 		})
 	}
 }

@@ -14,7 +14,9 @@
 #   epoch     the first epoch over a cold mount: zarrfs.torch.Loader (batch
 #             4, in order and shuffled) and one reader of one sample at a
 #             time (plain reads; --readahead 0 and the default), against
-#             `zarrfs warm` of the same samples on the same cache device
+#             `zarrfs warm` of the same samples on the same cache device;
+#             and, where CUDA runs, the Loader's ring slot pinned its way
+#             against torch's (pin.py)
 # Usage: integration/bench/fill/run.sh ZARRFS
 # Environment: STEPS (samples, default 32), STORES ("mixed blosc"), PARTS
 # ("roofline peers warm cores epoch"), SHM (tmpfs scratch, default
@@ -136,6 +138,10 @@ for name in $stores; do
 	rm -rf "$shm/warm"
 
 	if [[ " $parts " == *" epoch "* ]]; then
+		# The Loader's ring slots, pinned its way and torch's (GPU only).
+		if [ "$gpu" = yes ] || $py -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+			out=$(PYTHONPATH=$root/python/src${PYTHONPATH:+:$PYTHONPATH} $py "$here/pin.py" 2>>"$logdir/fill.log") && record "$(echo "$out" | $py -c "import json,sys; d=json.loads(sys.stdin.read()); d['store']='$name'; print(json.dumps(d))")"
+		fi
 		for where in $caches; do
 			case $where in shm) base=$shm ;; *) base=$disk ;; esac
 			cache=$base/epoch-cache

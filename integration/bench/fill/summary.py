@@ -59,6 +59,10 @@ def main():
             if cpu and oldc:
                 print(f"- cpus {cpus}: this build against ZARRFS_OLD, --decode cpu: {oldc['seconds'] / cpu['seconds']:.2f}x")
         for r in rs:
+            if r["what"] == "pin" and "seconds" in r:
+                sec = r["seconds"]
+                print(f"- pinning a {r['mib']} MiB ring slot: torch {min(sec['torch']):.3f}-{max(sec['torch']):.3f} s, "
+                      f"the Loader's {min(sec['loader']):.3f}-{max(sec['loader']):.3f} s")
             if r["what"] == "epoch":
                 print(f"- first epoch, {r['how']}, cache on {r['cache']}: {r['samples_per_s']} samples/s, "
                       f"{r['vs_warm']}x zarrfs warm of the same samples ({r['warm_samples_per_s']}/s)")
