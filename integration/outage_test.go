@@ -3,6 +3,7 @@ package integration
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -171,4 +172,73 @@ func checkOutage(t *testing.T, d *daemon, o outage, firstEIO time.Duration) {
 	if !strings.Contains(logs, "source not answering") || !strings.Contains(logs, "source answering again") {
 		t.Errorf("outage not logged:\n%s", logs)
 	}
+}
+
+// A command that starts while its source is silent waits for it, up to
+// --source-timeout, instead of failing when the breaker opens: a mount
+// whose first metadata reads stall twice (the breaker opens) goes live once
+// the source answers, and says so in one line; a source that never answers
+// fails the mount within about --source-timeout, with a line naming it.
+// (The soak, which restarts the daemon through a faulty proxy, met the
+// first case now and then: the restarted mount exited.)
+func TestStartWhileSourceSilent(t *testing.T) {
+	requireMountTools(t)
+	fx := fixturesDir(t)
+	srv := miniotest.Start(t)
+	bucket := srv.NewBucket(t)
+	srv.UploadDir(t, bucket, "era5/public_a.zarr", filepath.Join(fx, "public_a.zarr"))
+	s3Env(t, srv)
+	src := "s3://" + bucket + "/era5/public_a.zarr"
+	stall := faultproxy.Fault{Kind: faultproxy.StallHeaders, StallFor: 5 * time.Minute}
+	args := []string{"--source-stall", "500ms", "--source-timeout", "8s", "--readahead", "0"}
+
+	t.Run("silent at first", func(t *testing.T) {
+		p, err := faultproxy.New(srv.Endpoint)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		p.SetRule(faultproxy.Sequence(faultproxy.ObjectGets, stall, stall, stall))
+		d := mountAt(t, src, t.TempDir(), t.TempDir(), append([]string{"--s3-endpoint", p.URL}, args...)...)
+		logs := d.logs("source not answering while opening the store")
+		if !strings.Contains(logs, "source not answering while opening the store") {
+			t.Errorf("the wait at the start is not logged:\n%s", logs)
+		}
+		if p.Faults() < 2 {
+			t.Errorf("%d requests stalled, want the breaker opened by 2 or more", p.Faults())
+		}
+		b, err := os.ReadFile(filepath.Join(d.mnt, "t", "00.npy"))
+		if err != nil || len(b) == 0 {
+			t.Fatalf("a read once the source answers: %d bytes, %v", len(b), err)
+		}
+	})
+
+	t.Run("never answers", func(t *testing.T) {
+		p, err := faultproxy.New(srv.Endpoint)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		p.SetRule(faultproxy.Always(faultproxy.ObjectGets, stall))
+		cmd := exec.Command(zarrfsBin(t), append([]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--s3-endpoint", p.URL}, args...)...)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		start := time.Now()
+		err = cmd.Run()
+		took := time.Since(start)
+		if err == nil {
+			t.Fatal("the mount of a source that never answers succeeded")
+		}
+		lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+		last := lines[len(lines)-1]
+		if !strings.Contains(last, "source not answering") || !strings.Contains(last, bucket) {
+			t.Errorf("last line %q: want the source named, not answering\n%s", last, stderr.String())
+		}
+		// The budget, less a probe interval, or with a stall, a probe
+		// interval and the process's start.
+		if took < 8*time.Second-2*time.Second || took > 8*time.Second+3*time.Second {
+			t.Errorf("the mount gave up after %v, want about --source-timeout (8s)", took)
+		}
+		t.Logf("gave up after %v: %s", took.Round(10*time.Millisecond), last)
+	})
 }

@@ -60,7 +60,8 @@ func (c *soakCounts) String() string {
 // the same cache now and then. Every byte read is compared with a
 // reference; errors are allowed (the source fails, the daemon dies), wrong
 // bytes are not. The counts are printed at the end. `make test` runs it
-// for 20s; ZARRFS_LONG for 5 minutes (ZARRFS_SOAK sets another duration).
+// for 20s; ZARRFS_LONG for 5 minutes (ZARRFS_SOAK sets another duration,
+// ZARRFS_SOAK_KILL the time between kills).
 func TestSoak(t *testing.T) {
 	requireMountTools(t)
 	dur := 20 * time.Second
@@ -75,6 +76,15 @@ func TestSoak(t *testing.T) {
 		dur = d
 	}
 	killEvery := max(min(dur/3, 30*time.Second), 5*time.Second)
+	if s := os.Getenv("ZARRFS_SOAK_KILL"); s != "" {
+		// Kills more often than the default: a hunt for faults of the
+		// daemon's start on a cache that others are using.
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		killEvery = d
+	}
 
 	ex := zarrtest.Example{Times: 48, Levels: 2, Lat: 33, Lon: 64, TimeChunk: 4}
 	local := exampleStore(t, ex)

@@ -12,6 +12,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -233,7 +234,7 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 		Layout: layout.Options{SampleDim: f.sampleDim, Align: f.align, Shard: oo.shard,
 			MemoryBudget: memory.New(fillMemory(mem, cached))},
 	}
-	if o.lay, err = o.src.Open(ctx); err != nil {
+	if o.lay, err = openLayout(ctx, o.src, f.src.deadlines.timeout, log); err != nil {
 		return nil, err
 	}
 	h, lay := o.lay.Hierarchy(), o.lay
@@ -400,4 +401,42 @@ func refreshLayout(ctx context.Context, o *opened, cur *layout.Layout, log *slog
 		}
 	}
 	return next, nil
+}
+
+// startRetryEvery is how often an open whose source is not answering asks
+// again: the breaker's probe interval (objectstore.BreakerOptions.Probe).
+const startRetryEvery = time.Second
+
+// openLayout opens the source's metadata and the layout over it. A remote
+// source that does not answer the first requests of a command opens its
+// breaker (objectstore.Breaker), which fails every later request at once,
+// the metadata's too; a running mount wants that for its readers, but a
+// command that is starting has no reader to spare the wait, and the user
+// gave its source up to --source-timeout (a read's budget) to answer. So
+// while the source is refused as not answering, the open is tried again,
+// once the breaker's probe has had time to find the source answering,
+// until budget has passed since the first try; then, or on any other
+// error, the error is returned. Without this, a source silent for two
+// stall timeouts at the wrong moment (a restart during a network blip)
+// fails the command although it answers a second later.
+func openLayout(ctx context.Context, src *layout.Source, budget time.Duration, log *slog.Logger) (*layout.Layout, error) {
+	start := time.Now()
+	for tries := 1; ; tries++ {
+		lay, err := src.Open(ctx)
+		if err == nil || !errors.Is(err, objectstore.ErrSourceDown) || time.Since(start)+startRetryEvery > budget {
+			if err != nil && tries > 1 {
+				err = fmt.Errorf("%w (opened %d times in %v)", err, tries, time.Since(start).Round(100*time.Millisecond))
+			}
+			return lay, err
+		}
+		if tries == 1 {
+			log.Warn("source not answering while opening the store; trying again until it answers or --source-timeout has passed",
+				"budget", budget, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(startRetryEvery):
+		}
+	}
 }
