@@ -425,7 +425,7 @@ func openLayout(ctx context.Context, src *layout.Source, budget time.Duration, l
 		lay, err := src.Open(ctx)
 		if err == nil || !errors.Is(err, objectstore.ErrSourceDown) || time.Since(start)+startRetryEvery > budget {
 			if err != nil && tries > 1 {
-				err = fmt.Errorf("%w (opened %d times in %v)", err, tries, time.Since(start).Round(100*time.Millisecond))
+				err = fmt.Errorf("%w (tried %d times in %v)", err, tries, time.Since(start).Round(100*time.Millisecond))
 			}
 			return lay, err
 		}
