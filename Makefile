@@ -92,8 +92,8 @@ vet:
 # The soak test runs on its own, last, so that its counts are printed; when
 # it fails, so are the lines that say why (its log without the warms that
 # the faults fail, which are allowed).
-SOAK = $(GO) test -run '^TestSoak$$' -count=1 -v ./integration/ > .cache/soak.log 2>&1; rc=$$?; \
-	grep -E '^(soak |--- |ok|FAIL|panic)' .cache/soak.log; \
+SOAK = $(GO) test -run '^TestSoak$$' -count=1 -v ./integration/ 2>&1 | tee .cache/soak.log | grep -E '^(soak |--- |ok|FAIL|panic)'; \
+	rc=$${PIPESTATUS[0]}; \
 	if [ $$rc != 0 ]; then echo "== the soak's log (.cache/soak.log), but its failed warms:"; grep -v 'warm failed: ' .cache/soak.log | tail -80; fi; \
 	exit $$rc
 

@@ -80,8 +80,8 @@ func TestSoak(t *testing.T) {
 		// Kills more often than the default: a hunt for faults of the
 		// daemon's start on a cache that others are using.
 		d, err := time.ParseDuration(s)
-		if err != nil {
-			t.Fatal(err)
+		if err != nil || d <= 0 {
+			t.Fatalf("ZARRFS_SOAK_KILL=%s: want a positive duration (%v)", s, err)
 		}
 		killEvery = d
 	}

@@ -415,7 +415,9 @@ const startRetryEvery = time.Second
 // gave its source up to --source-timeout (a read's budget) to answer. So
 // while the source is refused as not answering, the open is tried again,
 // once the breaker's probe has had time to find the source answering,
-// until budget has passed since the first try; then, or on any other
+// until budget has passed since the first try (a try under way then runs
+// to its end: its reads keep their own budgets, and an open of many
+// arrays' metadata may take longer than one read); then, or on any other
 // error, the error is returned. Without this, a source silent for two
 // stall timeouts at the wrong moment (a restart during a network blip)
 // fails the command although it answers a second later.
