@@ -102,14 +102,32 @@ func measureOutage(t *testing.T, mnt string, readers int, down, up func()) outag
 // answers again; the daemon logs the outage in a few lines, not one per
 // request. ZARRFS_LONG runs it with the default deadlines too (the figures
 // in BENCHMARKS.md).
-func TestSourceOutage(t *testing.T) {
+// publicOnMinIO serves public_a.zarr from a MinIO of its own and returns
+// the server and the store's s3:// URL (its bucket is the host part).
+func publicOnMinIO(t *testing.T) (*miniotest.Server, string) {
+	t.Helper()
 	requireMountTools(t)
 	fx := fixturesDir(t)
 	srv := miniotest.Start(t)
 	bucket := srv.NewBucket(t)
 	srv.UploadDir(t, bucket, "era5/public_a.zarr", filepath.Join(fx, "public_a.zarr"))
 	s3Env(t, srv)
-	src := "s3://" + bucket + "/era5/public_a.zarr"
+	return srv, "s3://" + bucket + "/era5/public_a.zarr"
+}
+
+// proxyTo starts a fault proxy in front of target, closed when t ends.
+func proxyTo(t *testing.T, target string) *faultproxy.Proxy {
+	t.Helper()
+	p, err := faultproxy.New(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+func TestSourceOutage(t *testing.T) {
+	srv, src := publicOnMinIO(t)
 
 	type setting struct {
 		name     string
@@ -122,11 +140,7 @@ func TestSourceOutage(t *testing.T) {
 	}
 	for _, s := range settings {
 		t.Run(s.name+"/proxy stalls", func(t *testing.T) {
-			p, err := faultproxy.New(srv.Endpoint)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer p.Close()
+			p := proxyTo(t, srv.Endpoint)
 			d := mountAt(t, src, t.TempDir(), t.TempDir(), append([]string{"--s3-endpoint", p.URL, "--readahead", "0"}, s.args...)...)
 			o := measureOutage(t, d.mnt, 1,
 				func() {
@@ -183,22 +197,12 @@ func checkOutage(t *testing.T, d *daemon, o outage, firstEIO time.Duration) {
 // (The soak, which restarts the daemon through a faulty proxy, met the
 // first case now and then: the restarted mount exited.)
 func TestStartWhileSourceSilent(t *testing.T) {
-	requireMountTools(t)
-	fx := fixturesDir(t)
-	srv := miniotest.Start(t)
-	bucket := srv.NewBucket(t)
-	srv.UploadDir(t, bucket, "era5/public_a.zarr", filepath.Join(fx, "public_a.zarr"))
-	s3Env(t, srv)
-	src := "s3://" + bucket + "/era5/public_a.zarr"
+	srv, src := publicOnMinIO(t)
 	stall := faultproxy.Fault{Kind: faultproxy.StallHeaders, StallFor: 5 * time.Minute}
 	args := []string{"--source-stall", "500ms", "--source-timeout", "8s", "--readahead", "0"}
 
 	t.Run("silent at first", func(t *testing.T) {
-		p, err := faultproxy.New(srv.Endpoint)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer p.Close()
+		p := proxyTo(t, srv.Endpoint)
 		p.SetRule(faultproxy.Sequence(faultproxy.ObjectGets, stall, stall, stall))
 		d := mountAt(t, src, t.TempDir(), t.TempDir(), append([]string{"--s3-endpoint", p.URL}, args...)...)
 		logs := d.logs("source not answering while opening the store")
@@ -215,11 +219,7 @@ func TestStartWhileSourceSilent(t *testing.T) {
 	})
 
 	t.Run("never answers", func(t *testing.T) {
-		p, err := faultproxy.New(srv.Endpoint)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer p.Close()
+		p := proxyTo(t, srv.Endpoint)
 		p.SetRule(faultproxy.Always(faultproxy.ObjectGets, stall))
 		// Bounded, so that a mount that went live fails the test instead
 		// of holding it.
@@ -229,14 +229,14 @@ func TestStartWhileSourceSilent(t *testing.T) {
 		var stderr strings.Builder
 		cmd.Stderr = &stderr
 		start := time.Now()
-		err = cmd.Run()
+		err := cmd.Run()
 		took := time.Since(start)
 		if err == nil {
 			t.Fatal("the mount of a source that never answers succeeded")
 		}
 		lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
 		last := lines[len(lines)-1]
-		if !strings.Contains(last, "source not answering") || !strings.Contains(last, bucket) {
+		if !strings.Contains(last, "source not answering") || !strings.Contains(last, src) {
 			t.Errorf("last line %q: want the source named, not answering\n%s", last, stderr.String())
 		}
 		// The budget less a retry interval at least; at most the budget,
