@@ -16,6 +16,10 @@ import (
 // retry layer gives up at once instead of waiting out its budget.
 var ErrSourceDown = errors.New("source not answering")
 
+// DefaultProbe is how often an open breaker asks the source whether it
+// answers again, unless BreakerOptions.Probe says otherwise.
+const DefaultProbe = time.Second
+
 // BreakerOptions configures WithBreaker. Every zero value means a
 // documented default.
 type BreakerOptions struct {
@@ -36,7 +40,7 @@ type BreakerOptions struct {
 	// Probe is how often an open breaker asks the source whether it
 	// answers again, with one small request of its own (the first byte of
 	// the last object a read got, or a listing of the store's root), each
-	// bounded by ProbeTimeout. 0: 1s.
+	// bounded by ProbeTimeout. 0: DefaultProbe.
 	Probe time.Duration
 	// ProbeTimeout bounds one probe. 0: 5s.
 	ProbeTimeout time.Duration
@@ -100,7 +104,7 @@ func WithBreaker(inner Store, opts BreakerOptions) *Breaker {
 		opts.Quiet = 20 * time.Second
 	}
 	if opts.Probe == 0 {
-		opts.Probe = time.Second
+		opts.Probe = DefaultProbe
 	}
 	if opts.ProbeTimeout == 0 {
 		opts.ProbeTimeout = 5 * time.Second

@@ -404,8 +404,9 @@ func refreshLayout(ctx context.Context, o *opened, cur *layout.Layout, log *slog
 }
 
 // startRetryEvery is how often an open whose source is not answering asks
-// again: the breaker's probe interval (objectstore.BreakerOptions.Probe).
-const startRetryEvery = time.Second
+// again: the breaker's probe interval, which the sources leave at its
+// default.
+const startRetryEvery = objectstore.DefaultProbe
 
 // openLayout opens the source's metadata and the layout over it. A remote
 // source that does not answer the first requests of a command opens its
