@@ -287,7 +287,9 @@ func main() {
 }
 
 // roundStats counts the GPU decoder's rounds from its debug lines ("gpu
-// batch", one per round, with its chunks and callers).
+// batch", one per round, with its chunks and callers), and prints the
+// pipeline's warnings (chunks the GPU refused, with why) to stderr, so
+// that a GPU row that fails says what the CPU took.
 type roundStats struct {
 	mu sync.Mutex
 	roundCounts
@@ -295,10 +297,15 @@ type roundStats struct {
 
 type roundCounts struct{ rounds, chunks, callers int64 }
 
+var warnings = slog.NewTextHandler(os.Stderr, nil)
+
 func (h *roundStats) Enabled(context.Context, slog.Level) bool { return true }
 func (h *roundStats) WithAttrs([]slog.Attr) slog.Handler       { return h }
 func (h *roundStats) WithGroup(string) slog.Handler            { return h }
-func (h *roundStats) Handle(_ context.Context, r slog.Record) error {
+func (h *roundStats) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelWarn {
+		return warnings.Handle(ctx, r)
+	}
 	if r.Message != "gpu batch" {
 		return nil
 	}
