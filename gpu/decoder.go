@@ -194,7 +194,13 @@ type Decoder struct {
 	// The watchdog (watchdog.go): hung is set, and hungCh closed, once a
 	// round has not finished in time; the device is then never used, nor
 	// freed, again.
-	hung       atomic.Bool
+	hung atomic.Bool
+	// budgetRetries counts rounds readied again alone after the others'
+	// buffers left them too little memory.
+	budgetRetries atomic.Int64
+	// roundCap, when above zero, bounds a round's cost below its share
+	// (roundLimit).
+	roundCap   atomic.Int64
 	hungCh     chan struct{}
 	retireOnce sync.Once
 
@@ -512,6 +518,8 @@ func (c cudaRounds) needsIdle() bool {
 	defer d.stateMu.Unlock()
 	return d.broken != nil && d.dead == nil
 }
+
+func (c cudaRounds) trim() { c.d.trim() }
 
 // prepare readies the device (rebuilding a broken context when no other
 // round is in flight) and r's buffer set.

@@ -43,6 +43,9 @@ type device interface {
 	// with no caller's lock held: a driver call that blocks there (on a
 	// device that stopped answering) holds up no caller past the watchdog.
 	prepare(r *round) error
+	// trim frees every set's round buffers, so that one round may grow
+	// its own within the device's bounds. The caller holds every set.
+	trim()
 	// pack copies the jobs' compressed bytes that the device does not
 	// read in place into r's set. It is the one step that reads callers'
 	// memory on the host, and it makes no driver call, so it runs under
@@ -412,7 +415,7 @@ func (d *Decoder) nextRound(pending []item) (*round, []item) {
 		}
 		p := &q.preps[it.i]
 		c := p.cost(int64(len(q.jobs[it.i].Dst)))
-		if len(take) > 0 && (cost+c > d.opts.share() ||
+		if len(take) > 0 && (cost+c > d.roundLimit() ||
 			(cost+c > d.opts.RoundBytes && pieces >= minRoundPieces) || len(take) >= maxJobsPerRound) {
 			full = true
 			rest = append(rest, it)
@@ -427,6 +430,29 @@ func (d *Decoder) nextRound(pending []item) (*round, []item) {
 		return nil, rest
 	}
 	return &round{items: take, elemSize: elem}, rest
+}
+
+// minRoundLimit is the least that shrinkRounds cuts rounds to.
+const minRoundLimit = 16 << 20
+
+// roundLimit is the most a round may cost: its share of the memory bound,
+// less after rounds did not fit the device's bounds beside each other
+// (shrinkRounds).
+func (d *Decoder) roundLimit() int64 {
+	if c := d.roundCap.Load(); c > 0 {
+		return min(c, d.opts.share())
+	}
+	return d.opts.share()
+}
+
+// shrinkRounds halves the rounds to come after one did not fit beside the
+// others' buffers (nvCOMP's scratch for zstd grows with the round), so
+// that later rounds fit side by side instead of each waiting for every
+// set and freeing their buffers.
+func (d *Decoder) shrinkRounds() {
+	c := max(d.roundLimit()/2, min(minRoundLimit, d.opts.share()))
+	d.roundCap.Store(c)
+	d.log.Debug("gpu: rounds cut to fit the device's bounds side by side", "round_bytes", c)
 }
 
 // runRound takes r up on its set; the completer finishes it. A fenced
@@ -482,6 +508,23 @@ func (d *Decoder) runRound(r *round) {
 			r.jobs[k], r.preps[k] = codec.Job{Codec: j.Codec, Src: j.Src, Dst: j.Dst}, it.req.preps[it.i]
 		}
 		if err = d.rounds.prepare(r); err != nil {
+			if errors.Is(err, ErrBudget) && !r.exclusive && d.opts.Streams > 1 {
+				// The other sets' buffers, grown for earlier rounds, hold
+				// the memory this round needs (a round fits the bounds
+				// alone: its cost is at most its share): wait for every
+				// set, free their buffers and ready this round again,
+				// rather than leave its chunks to the CPU.
+				for len(held) < d.opts.Streams {
+					held = append(held, <-d.free)
+				}
+				r.exclusive = true
+				d.rounds.trim()
+				d.budgetRetries.Add(1)
+				d.shrinkRounds()
+				d.log.Debug("gpu: round over the memory bounds beside the others' buffers: buffers freed, round readied alone", "err", err)
+				err = nil
+				continue
+			}
 			break
 		}
 		reqs = reqs[:0]

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -33,6 +34,8 @@ type fakeRounds struct {
 	// hold, when set, keeps prepare waiting until it is closed: a driver
 	// call that blocks behind a kernel that never ends.
 	hold chan struct{}
+	// prepareErr, when set, is what prepare returns for r (nil: ready).
+	prepareErr func(r *round) error
 	// holdStart, when set, keeps start waiting until it is closed: the
 	// nvCOMP call that never returns behind a looping kernel.
 	holdStart chan struct{}
@@ -44,6 +47,8 @@ type fakeRounds struct {
 	// nvCOMP stood in for by Go decoders of each format) rather than
 	// codec.Decode.
 	emulated bool
+
+	trims atomic.Int64
 
 	mu        sync.Mutex
 	inFlight  map[int]bool
@@ -64,9 +69,14 @@ func newFake(t *testing.T, gated bool) *fakeRounds {
 
 func (f *fakeRounds) needsIdle() bool { return false }
 
+func (f *fakeRounds) trim() { f.trims.Add(1) }
+
 func (f *fakeRounds) prepare(r *round) error {
 	if f.hold != nil {
 		<-f.hold
+	}
+	if f.prepareErr != nil {
+		return f.prepareErr(r)
 	}
 	return nil
 }
@@ -695,4 +705,52 @@ func TestQueueStress(t *testing.T) {
 		}
 	}
 	t.Logf("%d callers gave up mid-way", len(quit))
+}
+
+// A round whose buffers do not fit the device's bounds beside the other
+// sets' buffers waits for every set, has their buffers freed and is
+// readied again alone, and later rounds are cut: its chunks decode on the
+// GPU, not the CPU. With one
+// set there is nothing to free, and the round's jobs fail as refused
+// (ErrUnsupported, for the CPU).
+func TestQueueBudgetRetriedAlone(t *testing.T) {
+	budget := func(r *round) error {
+		if !r.exclusive {
+			return fmt.Errorf("device memory: %w: 1 bytes more", ErrBudget)
+		}
+		return nil
+	}
+	f := newFake(t, false)
+	f.prepareErr = budget
+	d := newFakeDecoder(f, Options{Streams: 2})
+	c := newCaller(1, 4, 0)
+	c.run(d)
+	c.check(t, "caller")
+	d.Close()
+	if f.trims.Load() == 0 || d.budgetRetries.Load() == 0 {
+		t.Fatalf("trims %d, retries %d: the round was not readied alone", f.trims.Load(), d.budgetRetries.Load())
+	}
+	// Rounds to come are cut, so that they fit beside each other.
+	if d.roundLimit() >= d.opts.share() {
+		t.Fatalf("round limit %d after a retry, share %d: rounds not cut", d.roundLimit(), d.opts.share())
+	}
+
+	f = newFake(t, false)
+	f.prepareErr = budget
+	d = newFakeDecoder(f, Options{Streams: 1})
+	defer d.Close()
+	c = newCaller(2, 2, 0)
+	c.run(d)
+	err := <-c.err
+	if !errors.Is(err, ErrBudget) {
+		t.Fatalf("one set: %v, want the budget's error", err)
+	}
+	for k, j := range c.jobs {
+		if !errors.Is(j.Err, codec.ErrUnsupported) {
+			t.Fatalf("one set: job %d: %v, want it left to the CPU", k, j.Err)
+		}
+	}
+	if f.trims.Load() != 0 {
+		t.Fatal("one set: buffers freed with nothing to gain")
+	}
 }
