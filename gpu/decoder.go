@@ -70,7 +70,10 @@ type Options struct {
 	// DeviceBytes bounds the device memory the rounds' buffers take
 	// altogether (compressed input, decoded output, nvCOMP's scratch),
 	// besides the CUDA context. Zero means no bound beyond MaxBatchBytes'
-	// rounds. A round that would need more is left to the CPU.
+	// rounds. A round that would need more beside the other sets' buffers
+	// waits for every set, frees their buffers and runs alone, and the
+	// rounds after it are cut (down to 16 MiB) until they fit side by side;
+	// one that needs more even alone is left to the CPU.
 	DeviceBytes int64
 	// StagingBytes bounds the pinned host memory of the rounds' own
 	// staging buffers. Zero means no bound beyond MaxBatchBytes' rounds.
