@@ -710,9 +710,8 @@ func TestQueueStress(t *testing.T) {
 // A round whose buffers do not fit the device's bounds beside the other
 // sets' buffers waits for every set, has their buffers freed and is
 // readied again alone, and later rounds are cut: its chunks decode on the
-// GPU, not the CPU. With one
-// set there is nothing to free, and the round's jobs fail as refused
-// (ErrUnsupported, for the CPU).
+// GPU, not the CPU. With one set there is nothing to free, and the round's
+// jobs fail as refused (ErrUnsupported, for the CPU).
 func TestQueueBudgetRetriedAlone(t *testing.T) {
 	budget := func(r *round) error {
 		if !r.exclusive {
