@@ -198,9 +198,6 @@ type Decoder struct {
 	// round has not finished in time; the device is then never used, nor
 	// freed, again.
 	hung atomic.Bool
-	// budgetRetries counts rounds readied again alone after the others'
-	// buffers left them too little memory.
-	budgetRetries atomic.Int64
 	// roundCap, when above zero, bounds a round's cost below its share
 	// (roundLimit).
 	roundCap   atomic.Int64

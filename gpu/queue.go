@@ -449,10 +449,10 @@ func (d *Decoder) roundLimit() int64 {
 // others' buffers (nvCOMP's scratch for zstd grows with the round), so
 // that later rounds fit side by side instead of each waiting for every
 // set and freeing their buffers.
-func (d *Decoder) shrinkRounds() {
+func (d *Decoder) shrinkRounds(why error) {
 	c := max(d.roundLimit()/2, min(minRoundLimit, d.opts.share()))
 	d.roundCap.Store(c)
-	d.log.Debug("gpu: rounds cut to fit the device's bounds side by side", "round_bytes", c)
+	d.log.Debug("gpu: round readied alone, the others' buffers freed, and rounds cut to fit side by side", "round_bytes", c, "err", why)
 }
 
 // runRound takes r up on its set; the completer finishes it. A fenced
@@ -517,11 +517,13 @@ func (d *Decoder) runRound(r *round) {
 				for len(held) < d.opts.Streams {
 					held = append(held, <-d.free)
 				}
+				// The wait for the other rounds is not this round's
+				// readying: its watch starts again.
+				r.watch.Stop()
+				d.watch(r)
 				r.exclusive = true
 				d.rounds.trim()
-				d.budgetRetries.Add(1)
-				d.shrinkRounds()
-				d.log.Debug("gpu: round over the memory bounds beside the others' buffers: buffers freed, round readied alone", "err", err)
+				d.shrinkRounds(err)
 				err = nil
 				continue
 			}

@@ -726,8 +726,9 @@ func TestQueueBudgetRetriedAlone(t *testing.T) {
 	c.run(d)
 	c.check(t, "caller")
 	d.Close()
-	if f.trims.Load() == 0 || d.budgetRetries.Load() == 0 {
-		t.Fatalf("trims %d, retries %d: the round was not readied alone", f.trims.Load(), d.budgetRetries.Load())
+	// Buffers are freed only to ready a round alone.
+	if f.trims.Load() == 0 {
+		t.Fatal("no buffers freed: the round was not readied alone")
 	}
 	// Rounds to come are cut, so that they fit beside each other.
 	if d.roundLimit() >= d.opts.share() {
