@@ -52,6 +52,18 @@ gpu_decoded() {
 	esac
 }
 
+# gpu_share WHAT DECODE ONGPU TOTAL: says what the GPU decoded, and, where
+# it decoded nothing (auto that left the fill to the CPU), that the
+# comparison with the CPU's bytes was the CPU's against its own.
+gpu_share() {
+	[[ $2 == cpu* ]] && return 0
+	if [[ -z $3 || $3 == 0 ]]; then
+		echo "$1 --decode $2: the GPU decoded none of ${4:-the} chunks: its comparison is the CPU's bytes against the CPU's"
+	else
+		echo "$1 --decode $2: the GPU decoded $3 of $4 chunks"
+	fi
+}
+
 echo "== $("$zarrfs" version | tr '\n' ' ')"
 echo "== decode-level fill rate (gpuview)"
 "$gpuview" -dir "$work/stores" -steps "$steps" -passes 3 -readers 1,4,8,16 -decoders cpu,gpu,auto 2>&1 | tee "$logdir/gpuview.log"
@@ -102,8 +114,8 @@ for store in zstd blosc-lz4; do
 		read -r ongpu total < <(sed -n 's/^zarrfs: the GPU decoded \([0-9]*\) of \([0-9]*\) chunks.*/\1 \2/p' "$logdir/warm-$store-$dec.log") || true
 		if ! gpu_decoded "$dec" "${ongpu:-}" "${total:-}"; then
 			echo "FAIL: $store: warm --decode $dec: the GPU decoded ${ongpu:-no} of ${total:-?} chunks"; status=1
-		elif [[ $dec != cpu* ]]; then
-			echo "$store: warm --decode $dec: the GPU decoded $ongpu of $total chunks"
+		else
+			gpu_share "$store: warm" "$dec" "${ongpu:-}" "${total:-}"
 		fi
 		[[ $store == zstd ]] || rm -rf "$work/cache-$store-$dec"
 	done
@@ -162,6 +174,7 @@ PY
 	if ! gpu_decoded "$dec" "${ongpu:-}" "${total:-}"; then
 		echo "FAIL: mount --decode $dec: the GPU decoded ${ongpu:-no} of ${total:-?} chunks"; status=1; continue
 	fi
+	gpu_share mount "$dec" "${ongpu:-}" "${total:-}"
 	mrate[$dec]=$(awk "BEGIN {print $nbytes / $secs / 1e9}")
 	printf '%-10s %-6s %10.2f %12.2f %8.2f   (%s of %s files equal the CPU-warmed ones)\n' "$store" "$dec" "$secs" "${mrate[$dec]}" \
 		"$(awk "BEGIN {print ${mrate[$dec]} / ${mrate[cpu]}}")" "$nok" "$nfiles"
