@@ -126,6 +126,9 @@ func (d *Decoder) trimWhenIdle(stop <-chan struct{}) {
 		}
 		if len(held) == len(d.sets) {
 			d.trim()
+			// The buffers a cut made room beside are gone: rounds start
+			// again at their share.
+			d.roundCap.Store(0)
 		}
 		for _, s := range held {
 			d.free <- s

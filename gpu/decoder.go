@@ -72,8 +72,9 @@ type Options struct {
 	// besides the CUDA context. Zero means no bound beyond MaxBatchBytes'
 	// rounds. A round that would need more beside the other sets' buffers
 	// waits for every set, frees their buffers and runs alone, and the
-	// rounds after it are cut (down to 16 MiB) until they fit side by side;
-	// one that needs more even alone is left to the CPU.
+	// rounds after it are cut (down to 16 MiB) until they fit side by side,
+	// and let grow again, doubling, after 32 rounds in a row fit; one that
+	// needs more even alone is left to the CPU.
 	DeviceBytes int64
 	// StagingBytes bounds the pinned host memory of the rounds' own
 	// staging buffers. Zero means no bound beyond MaxBatchBytes' rounds.
@@ -199,8 +200,10 @@ type Decoder struct {
 	// freed, again.
 	hung atomic.Bool
 	// roundCap, when above zero, bounds a round's cost below its share
-	// (roundLimit).
+	// (roundLimit); fitStreak counts the rounds readied beside the others
+	// since it was last changed (roundFitted).
 	roundCap   atomic.Int64
+	fitStreak  atomic.Int64
 	hungCh     chan struct{}
 	retireOnce sync.Once
 

@@ -435,6 +435,16 @@ func (d *Decoder) nextRound(pending []item) (*round, []item) {
 // minRoundLimit is the least that shrinkRounds cuts rounds to.
 const minRoundLimit = 16 << 20
 
+// growAfter is how many rounds in a row must fit beside the others at the
+// cut size before rounds are let grow again, doubling (roundFitted): what
+// a miss cost may have passed (the others' buffers had grown for other
+// codecs, nvCOMP's zstd scratch for a larger round), and a cut kept for the
+// process's life left a later fill's rounds at a third of their size (on
+// the h200, blosc-lz4 rounds of 2.9 chunks against 8.0 after zstd rounds
+// had missed). A grown round that misses again costs one round readied
+// alone, once per growAfter rounds at most.
+const growAfter = 32
+
 // roundLimit is the most a round may cost: its share of the memory bound,
 // less after rounds did not fit the device's bounds beside each other
 // (shrinkRounds).
@@ -451,8 +461,27 @@ func (d *Decoder) roundLimit() int64 {
 // set and freeing their buffers.
 func (d *Decoder) shrinkRounds(why error) {
 	c := max(d.roundLimit()/2, min(minRoundLimit, d.opts.share()))
+	d.fitStreak.Store(0)
 	d.roundCap.Store(c)
 	d.log.Debug("gpu: round readied alone, the others' buffers freed, and rounds cut to fit side by side", "round_bytes", c, "err", why)
+}
+
+// roundFitted counts a round readied beside the others' buffers; after
+// growAfter of them in a row while rounds are cut, the cut is doubled, and
+// lifted once it reaches the round's share.
+func (d *Decoder) roundFitted() {
+	c := d.roundCap.Load()
+	if c <= 0 || d.fitStreak.Add(1) < growAfter {
+		return
+	}
+	d.fitStreak.Store(0)
+	next := 2 * c
+	if next >= d.opts.share() {
+		next = 0
+	}
+	if d.roundCap.CompareAndSwap(c, next) {
+		d.log.Debug("gpu: rounds fitted side by side, let grow", "round_bytes", cmp.Or(next, d.opts.share()))
+	}
 }
 
 // runRound takes r up on its set; the completer finishes it. A fenced
@@ -528,6 +557,9 @@ func (d *Decoder) runRound(r *round) {
 				continue
 			}
 			break
+		}
+		if !r.exclusive {
+			d.roundFitted()
 		}
 		reqs = reqs[:0]
 		for _, it := range live {

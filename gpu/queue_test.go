@@ -754,3 +754,58 @@ func TestQueueBudgetRetriedAlone(t *testing.T) {
 		t.Fatal("one set: buffers freed with nothing to gain")
 	}
 }
+
+// Rounds cut after one did not fit beside the others grow back, doubling
+// after growAfter rounds in a row fitted at the cut size, until the cut is
+// lifted; a miss meanwhile cuts them again.
+func TestQueueRoundsGrowBack(t *testing.T) {
+	var miss atomic.Bool
+	miss.Store(true)
+	f := newFake(t, false)
+	f.prepareErr = func(r *round) error {
+		if miss.Load() && !r.exclusive {
+			return fmt.Errorf("device memory: %w: 1 bytes more", ErrBudget)
+		}
+		return nil
+	}
+	d := newFakeDecoder(f, Options{Streams: 2, MaxBatchBytes: 256 << 20})
+	defer d.Close()
+	run := func(n int) {
+		for i := range n {
+			c := newCaller(i, 2, 0)
+			c.run(d)
+			c.check(t, "caller")
+		}
+	}
+	run(1)
+	cut := d.roundLimit()
+	if cut >= d.opts.share() {
+		t.Fatalf("round limit %d after a miss, share %d: rounds not cut", cut, d.opts.share())
+	}
+	miss.Store(false)
+	run(growAfter - 1)
+	if got := d.roundLimit(); got != cut {
+		t.Fatalf("round limit %d after %d rounds that fitted, want the cut %d kept until %d", got, growAfter-1, cut, growAfter)
+	}
+	run(1)
+	if got := d.roundLimit(); got != 2*cut {
+		t.Fatalf("round limit %d after %d rounds that fitted, want it doubled from %d", got, growAfter, cut)
+	}
+	// A miss while growing cuts again, and the streak starts over.
+	miss.Store(true)
+	run(1)
+	if got := d.roundLimit(); got != cut {
+		t.Fatalf("round limit %d after a second miss at %d, want %d", got, 2*cut, cut)
+	}
+	miss.Store(false)
+	for d.roundLimit() < d.opts.share() {
+		before := d.roundLimit()
+		run(growAfter)
+		if d.roundLimit() <= before {
+			t.Fatalf("round limit stuck at %d after %d rounds that fitted", before, growAfter)
+		}
+	}
+	if d.roundCap.Load() != 0 {
+		t.Fatalf("cut %d left in place at the share", d.roundCap.Load())
+	}
+}
