@@ -25,7 +25,9 @@
 # Usage: integration/gpu/e2e.sh ZARRFS   (PARTS="store warm ..." picks parts)
 # Environment: STEPS (samples, default 64), DISK (scratch on the machine's
 # disk, default /var/tmp/zarrfs-e2e), SHM (tmpfs scratch, default
-# /dev/shm/zarrfs-e2e), LOGDIR (default $DISK/logs), PYTHON, ZARRFS_OLD.
+# /dev/shm/zarrfs-e2e), LOGDIR (default $DISK/logs), PYTHON, ZARRFS_OLD,
+# FILL_PARTS (the parts of bench/fill/run.sh that the fill part runs, default
+# all of them) and FILLBENCH (its roofline tool, built with Go when unset).
 set -uo pipefail
 zarrfs=$(readlink -f "$1")
 old=${ZARRFS_OLD:+$(readlink -f "$ZARRFS_OLD")}
@@ -286,7 +288,9 @@ if [[ $parts == *baseline* ]]; then
 fi
 if [[ $parts == *fill* ]]; then
 	log "== fill: roofline, peers, warm, first epoch (integration/bench/fill/run.sh)"
-	STEPS=$steps LOGDIR=$logdir/fill DISK=$disk/fill SHM=$shm/fill bash "$here/../bench/fill/run.sh" "$zarrfs" || status=1
+	# run.sh reads PARTS too: it gets its own (FILL_PARTS), not this script's.
+	PARTS=${FILL_PARTS:-roofline peers warm cores epoch} STEPS=$steps LOGDIR=$logdir/fill DISK=$disk/fill SHM=$shm/fill \
+		bash "$here/../bench/fill/run.sh" "$zarrfs" || status=1
 	rm -rf "$shm/fill"
 fi
 [[ -e $logdir/warm-failed ]] && status=1
