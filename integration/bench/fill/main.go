@@ -74,6 +74,7 @@ func main() {
 	mode := flag.String("decode", "cpu", "decoder: cpu, gpu or auto")
 	jsonOut := flag.String("json", "", "append one JSON line per measurement to this file")
 	label := flag.String("label", "", "label of this run in the JSON lines (a store's name)")
+	profOut := flag.String("cpuprofile", "", "also write the fill's CPU profile (pprof) to this file")
 	flag.Parse()
 	if *storeDir == "" || *cacheDir == "" {
 		log.Fatal("fill: -store and -cache are required")
@@ -190,6 +191,11 @@ func main() {
 	wall := time.Since(start)
 	pprof.StopCPUProfile()
 	r1 := rusage()
+	if *profOut != "" {
+		if err := os.WriteFile(*profOut, prof.Bytes(), 0o644); err != nil {
+			log.Fatal(err)
+		}
+	}
 	if err != nil || failed > 0 {
 		log.Fatalf("fill: %d failed: %v %v", failed, err, firstErr.Load())
 	}
