@@ -31,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -212,6 +213,9 @@ func (o Options) gpuOptions() (gpu.Options, error) {
 	g.Streams = int(min(max(batch/(256<<20), 2), 4))
 	g.StagingBytes, g.HostBytes = staging, lent
 	g.Deflate = g.Deflate || GPUDeflate
+	// LZ4 blocks walked on the GPU instead of the host: an experiment,
+	// off until a fill on a few cores shows it paying (gpu.Options).
+	g.WalkOnDevice = g.WalkOnDevice || os.Getenv("ZARRFS_GPU_WALK") == "device"
 	if o.Mode == Auto {
 		// Auto lends no pinned memory (lender): none is registered.
 		g.HostOnDemand = true

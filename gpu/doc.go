@@ -43,8 +43,8 @@
 // accept the same bytes and decode them to the same output. nvCOMP's
 // success does not show that: it decodes truncated and bit-flipped LZ4
 // blocks without complaint, checks no checksum, and documents damaged
-// input as undefined behaviour. So every chunk is checked on the host
-// before it reaches the device (prep.go, validate.go), and per codec:
+// input as undefined behaviour. So every chunk is checked before nvCOMP
+// reads it (prep.go, validate.go), and per codec:
 //
 //   - LZ4 (numcodecs framing, and blosc's lz4 and lz4hc streams): exact.
 //     lz4Check walks every block's tokens, lengths and offsets as the CPU
@@ -52,7 +52,12 @@
 //     decoder accepts it and it decodes to exactly the expected length, so
 //     any decoder writes the same bytes. Blocks the CPU decoder accepts but
 //     that break LZ4's end-of-block rules (no encoder writes them, and fast
-//     decoders may rely on them) go to the CPU.
+//     decoders may rely on them) go to the CPU. With Options.WalkOnDevice
+//     the walk runs on the device instead (kernels.cu's lz4_walk, lz4Check
+//     rule for rule), one thread per block, before nvCOMP in the same
+//     stream: a block it rejects is swapped in nvCOMP's arrays for an
+//     empty one, so nvCOMP never reads it, and its chunk goes to the CPU,
+//     which calls it corrupt (Stats.WalkRejected).
 //   - blosc framing: exact. codec.ParseBlosc is the CPU decoder's own
 //     reading of the header (version, flags, typesize, nbytes, blocksize,
 //     cbytes), block table and stream size prefixes; nbytes must equal

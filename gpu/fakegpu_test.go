@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -47,11 +50,16 @@ type fakeGPU struct {
 	// hold, when set, keeps every nvCOMP call waiting until it is closed:
 	// the call that never returns behind a kernel that loops.
 	hold chan struct{}
+	// emptyBlock is the module's lz4_empty_block: device memory that no
+	// allocation owns.
+	emptyBlock []byte
+	// walked counts the LZ4 blocks lz4_check walked, and rejected.
+	walked, rejected int
 }
 
 func newFakeGPU() *fakeGPU {
 	f := &fakeGPU{dev: map[uintptr][]byte{}, host: map[uintptr][]byte{}, registered: map[uintptr]int{},
-		fns: map[uintptr]string{}, next: 1}
+		fns: map[uintptr]string{}, next: 1, emptyBlock: make([]byte, 16)}
 	// nvCOMP 6's alignments on an H200: inputs and outputs of 8 (zstd),
 	// 4 (LZ4, snappy) or 1 (deflate) bytes.
 	for a, n := range [numAlgos]uint64{8, 4, 1, 4} {
@@ -106,6 +114,9 @@ func find(m map[uintptr][]byte, a, n uint64) []byte {
 func (f *fakeGPU) devBytes(op string, a, n uint64) []byte {
 	f.mu.Lock()
 	b := find(f.dev, a, n)
+	if e := uint64(uintptr(unsafe.Pointer(&f.emptyBlock[0]))); b == nil && e <= a && a+n <= e+uint64(len(f.emptyBlock)) {
+		b = f.emptyBlock[a-e : a-e+n]
+	}
 	f.mu.Unlock()
 	if b == nil {
 		f.fault("%s: [%#x, +%d) is not device memory", op, a, n)
@@ -186,6 +197,30 @@ func (f *fakeGPU) launch(fn uintptr, gy uint32, params unsafe.Pointer) cuResult 
 			emuUnshuffle(tmp, shuffleDesc{Src: 0, Dst: sd.NBytes, NBytes: sd.NBytes, BlockSize: sd.BlockSize,
 				TypeSize: sd.TypeSize, Mode: sd.Mode, BitRound: sd.BitRound})
 			copy(to, tmp[sd.NBytes:])
+		}
+	case "lz4_check":
+		// kernels.cu's lz4_walk is lz4Check rule for rule.
+		arrs, n, verdict := f.arg(params, 0, 8), f.arg(params, 1, 4), f.arg(params, 2, 8)
+		a, v := f.devBytes("lz4_check arrays", arrs, 3*8*n), f.devBytes("lz4_check verdicts", verdict, 4*n)
+		if a == nil || v == nil {
+			return cuErrInvalidValue
+		}
+		for i := range n {
+			src := f.devBytes("lz4_check block", le.Uint64(a[8*i:]), le.Uint64(a[8*(n+i):]))
+			if src == nil {
+				return cuErrInvalidValue
+			}
+			ok := lz4Check(src, int64(le.Uint64(a[8*(2*n+i):]))) == nil
+			f.mu.Lock()
+			f.walked++
+			le.PutUint32(v[4*i:], 0)
+			if !ok {
+				f.rejected++
+				le.PutUint32(v[4*i:], 1)
+				le.PutUint64(a[8*i:], uint64(uintptr(unsafe.Pointer(&f.emptyBlock[0]))))
+				le.PutUint64(a[8*(n+i):], 1)
+			}
+			f.mu.Unlock()
 		}
 	case "byteswap":
 		p, nelem, size := f.arg(params, 0, 8), f.arg(params, 1, 8), f.arg(params, 2, 4)
@@ -492,5 +527,61 @@ func TestFakeGPUDstInsideSample(t *testing.T) {
 				t.Error("no LZ4 stream reached the fake nvCOMP")
 			}
 		})
+	}
+}
+
+// With Options.WalkOnDevice, LZ4 blocks are walked on the device
+// (lz4_check) before nvCOMP reads them, not on the host: a damaged block is swapped for an empty one and
+// its chunk left to the CPU (ErrUnsupported, counted in WalkRejected),
+// which calls it corrupt; the good chunks of the batch decode.
+func TestFakeGPUWalksLZ4OnDevice(t *testing.T) {
+	var jobs []codec.Job
+	var want [][]byte
+	for k := range 3 {
+		data := field(96, 128, uint64(k+1))
+		jobs = append(jobs, codec.Job{Codec: codec.Blosc, Src: bloscCompress(data, 4, 8<<10, codec.ByteShuffle, "lz4"), Dst: make([]byte, len(data))})
+		want = append(want, data)
+	}
+	data := field(96, 128, 9)
+	good := compress(codec.LZ4, data)
+	damaged := good[:len(good)-7] // the block ends early
+	if codec.Decode(codec.LZ4, make([]byte, len(data)), damaged) == nil {
+		t.Fatal("the CPU decodes the damaged block: the test damages nothing")
+	}
+	jobs = append(jobs, codec.Job{Codec: codec.LZ4, Src: damaged, Dst: make([]byte, len(data))})
+	// Off (the default), the host walks the blocks and calls the damaged
+	// one corrupt itself; the device walks none.
+	f := newFakeGPU()
+	host := slices.Clone(jobs)
+	if err := f.decoder(t, pipelineOptions()).DecodeBatch(context.Background(), host); err != nil {
+		t.Fatal(err)
+	}
+	if f.walked != 0 || !errors.Is(host[len(host)-1].Err, codec.ErrCorrupt) {
+		t.Fatalf("Options.WalkOnDevice off: the device walked %d blocks, the damaged chunk: %v; want the host's walk to call it corrupt", f.walked, host[len(host)-1].Err)
+	}
+	opts := pipelineOptions()
+	opts.WalkOnDevice = true
+	f = newFakeGPU()
+	d := f.decoder(t, opts)
+	if err := d.DecodeBatch(context.Background(), jobs); err != nil {
+		t.Fatal(err)
+	}
+	for i, w := range want {
+		if jobs[i].Err != nil || !bytes.Equal(jobs[i].Dst, w) {
+			t.Fatalf("good chunk %d: %v (bytes equal: %v)", i, jobs[i].Err, bytes.Equal(jobs[i].Dst, w))
+		}
+	}
+	dj := jobs[len(jobs)-1]
+	if !errors.Is(dj.Err, codec.ErrUnsupported) || !strings.Contains(fmt.Sprint(dj.Err), "device's walk") {
+		t.Fatalf("damaged chunk: %v, want it left to the CPU by the device's walk", dj.Err)
+	}
+	if s := d.Stats(); s.WalkRejected != 1 || s.Disagreed != 0 || s.Chunks != 3 {
+		t.Fatalf("stats %+v: want 3 chunks, 1 rejected by the walk, none disagreed", s)
+	}
+	f.mu.Lock()
+	walked, rejected := f.walked, f.rejected
+	f.mu.Unlock()
+	if rejected != 1 || walked < 4 {
+		t.Fatalf("the device walked %d blocks and rejected %d: want every LZ4 block walked, one rejected", walked, rejected)
 	}
 }

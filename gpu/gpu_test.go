@@ -309,6 +309,13 @@ func TestGPUCorruptUnverified(t *testing.T) {
 	runCorrupt(t, Options{Unverified: true}, nil)
 }
 
+// TestGPUCorruptWalk is TestGPUCorrupt with Options.WalkOnDevice on:
+// damaged LZ4 blocks (numcodecs LZ4, blosc lz4) reach the device, whose
+// walk must reject what the host's would, before nvCOMP reads them.
+func TestGPUCorruptWalk(t *testing.T) {
+	runCorrupt(t, Options{WalkOnDevice: true}, nil)
+}
+
 // warnCounter counts the decoder's log records by message.
 type warnCounter struct {
 	mu sync.Mutex
@@ -550,7 +557,7 @@ func corruptRounds(t *testing.T, d *Decoder, opts Options, logs *warnCounter, fi
 		if !faulted {
 			t.Logf("round %d: %d chunks decoded on the GPU (Stats: %+v); %d damaged chunks detected, %d decode alike on both, %d accepted by the GPU only%s",
 				round, s1.Chunks-s0.Chunks, Stats{Chunks: s1.Chunks - s0.Chunks, Corrupt: s1.Corrupt - s0.Corrupt,
-					Refused: s1.Refused - s0.Refused, Disagreed: s1.Disagreed - s0.Disagreed},
+					Refused: s1.Refused - s0.Refused, Disagreed: s1.Disagreed - s0.Disagreed, WalkRejected: s1.WalkRejected - s0.WalkRejected},
 				detected, agreed, silent, map[bool]string{true: fmt.Sprintf(", %d decoded where the CPU has no decoder", noRef)}[noRef > 0])
 		}
 	}

@@ -342,6 +342,7 @@ type layout struct {
 	preAt     []int64
 	actualOff int64 // nvCOMP's decoded sizes, one uint64 per segment, algorithms in order
 	statusOff int64 // nvCOMP's statuses, one int32 per segment
+	walkOff   int64 // lz4_check's verdicts, one uint32 per LZ4 segment (0: the walk accepts it)
 	probeOff  int64 // fence probes: probeLen bytes per entry of probes
 	d2h       int64 // bytes copied back: chunks, sizes, statuses and probes
 	outSize   int64 // with scratch
@@ -535,6 +536,8 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns, inAli
 	out += 8 * int64(l.nsegs)
 	l.statusOff = out
 	out += 4 * int64(l.nsegs)
+	l.walkOff = out
+	out += 4 * int64(nAlgo[algoLZ4])
 	out = alignUp(out, 8)
 	l.probeOff = out
 	out += probeLen * int64(nProbes)

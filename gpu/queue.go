@@ -191,10 +191,12 @@ func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSiz
 	// Framing and stream checks (a walk of every snappy stream) run on the
 	// copy workers: on one goroutine they could bound a large batch. They
 	// run here, on the caller's goroutine, while the device decodes other
-	// callers' rounds.
+	// callers' rounds. LZ4 blocks are walked here only where the device
+	// does not walk them (lz4OnDevice).
+	walked := d.lz4OnDevice.Load()
 	d.parallel(len(jobs), func(i int) {
 		t0 := time.Now()
-		if d.noValidate {
+		if d.noValidate || walked {
 			preps[i] = frame(&jobs[i])
 		} else {
 			preps[i] = prepare(&jobs[i])

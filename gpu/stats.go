@@ -30,24 +30,30 @@ type Stats struct {
 	// Disagreed counts the chunks, among Refused, whose streams passed the
 	// host checks and that nvCOMP then failed or decoded to another size.
 	Disagreed int64
+	// WalkRejected counts the chunks, among Refused, with an LZ4 block
+	// that the device's walk (lz4_check) rejected before nvCOMP read it:
+	// damaged input, which the CPU then decodes or calls corrupt.
+	WalkRejected int64
 }
 
 // Add returns the sum of two counts (over several GPUs, say).
 func (s Stats) Add(o Stats) Stats {
 	return Stats{Chunks: s.Chunks + o.Chunks, Bytes: s.Bytes + o.Bytes, Refused: s.Refused + o.Refused,
-		Corrupt: s.Corrupt + o.Corrupt, Rounds: s.Rounds + o.Rounds, Disagreed: s.Disagreed + o.Disagreed}
+		Corrupt: s.Corrupt + o.Corrupt, Rounds: s.Rounds + o.Rounds, Disagreed: s.Disagreed + o.Disagreed,
+		WalkRejected: s.WalkRejected + o.WalkRejected}
 }
 
 // counters are a Decoder's Stats, updated as jobs settle.
 type counters struct {
-	chunks, bytes, refused, corrupt, rounds, disagreed atomic.Int64
+	chunks, bytes, refused, corrupt, rounds, disagreed, walkRejected atomic.Int64
 }
 
 // Stats returns the counts so far. Safe for concurrent use.
 func (d *Decoder) Stats() Stats {
 	c := &d.counts
 	return Stats{Chunks: c.chunks.Load(), Bytes: c.bytes.Load(), Refused: c.refused.Load(),
-		Corrupt: c.corrupt.Load(), Rounds: c.rounds.Load(), Disagreed: c.disagreed.Load()}
+		Corrupt: c.corrupt.Load(), Rounds: c.rounds.Load(), Disagreed: c.disagreed.Load(),
+		WalkRejected: c.walkRejected.Load()}
 }
 
 // count records the outcome of one job: its error, or n bytes delivered.

@@ -219,6 +219,13 @@ func (d *Decoder) decodeOnDevice(set *bufSet, l *layout, elemSize int) (launchEr
 		alg := &d.nv.algos[a]
 		n := int64(len(segs))
 		arr := inBase + uint64(l.arrOff[a])
+		if a == algoLZ4 && d.walksLZ4() {
+			// Before nvCOMP reads them: a block the walk rejects is swapped
+			// for an empty one in nvCOMP's arrays.
+			if err := d.launchWalk(set, uint32(min((n+63)/64, 65535)), arr, uint32(n), outBase+uint64(l.walkOff)); err != nil {
+				return nil, d.deviceFailed(err)
+			}
+		}
 		st := alg.decomp(uintptr(arr), uintptr(arr+uint64(8*n)), uintptr(arr+uint64(16*n)),
 			uintptr(outBase+uint64(l.actualOff+8*segBase)), uint64(n),
 			set.dTemp.ptr, uint64(set.dTemp.size),

@@ -1,6 +1,7 @@
-// Kernels the GPU decoder runs after nvCOMP: blosc unshuffle and
-// bitunshuffle, scattered copies for blosc's stored (raw) and misaligned
-// streams, and byte swapping for big-endian data.
+// Kernels the GPU decoder runs around nvCOMP: the walk of every LZ4 block
+// before nvCOMP reads it; after it, blosc unshuffle and bitunshuffle,
+// scattered copies for blosc's stored (raw) and misaligned streams, and byte
+// swapping for big-endian data.
 //
 // Plain C kernels with extern "C" names so the driver API finds them by name.
 // They use nothing newer than sm_75, the oldest target CUDA 13 compiles for.
@@ -8,6 +9,9 @@
 // with the CUDA 13 toolkit, from the repository root:
 //
 //   nvcc -ptx -arch=sm_75 -O3 -o gpu/kernels/kernels.ptx gpu/kernels/kernels.cu
+//
+// (NVRTC of the same release, with --gpu-architecture=compute_75 and
+// -default-device, writes the same PTX: it needs no GPU.)
 //
 // The descriptors mirror the Go structs in gpu/kernels.go field for field.
 
@@ -165,6 +169,105 @@ extern "C" __global__ void byteswap(u8* p, u64 nelem, u32 size)
                 e[a] = e[z];
                 e[z] = t;
             }
+        }
+    }
+}
+
+// An LZ4 block of one token and no literals: it decodes to 0 bytes. A block
+// the walk rejects is replaced by it, so that nvCOMP never reads damaged
+// input (whose decoding it leaves undefined), and its decoded size (0, where
+// every segment expects at least one byte) sends the chunk to the CPU.
+__device__ __align__(16) u8 lz4_empty_block[16];
+
+// lz4_walk is gpu/validate.go's lz4Check, rule for rule: it accepts a block
+// only if the CPU decoder accepts it and it decodes to exactly n bytes, and
+// the block keeps LZ4's end-of-block rules. Lengths are signed 64-bit, as
+// Go's int64 there.
+__device__ int lz4_walk(const u8* __restrict__ src, long long len, long long n)
+{
+    if (len <= 0) {
+        return 0;
+    }
+    long long si = 0, di = 0, last_match = -1, last_len = 0;
+    int ends_in_lit = 0;
+    while (si < len) {
+        u32 tok = src[si++];
+        long long lit = tok >> 4;
+        if (lit == 15) {
+            for (;;) {
+                if (si >= len) {
+                    return 0; // literal length runs past the block's end
+                }
+                u32 x = src[si++];
+                lit += x;
+                if (x != 255) {
+                    break;
+                }
+            }
+        }
+        if (lit > len - si || lit > n - di) {
+            return 0; // the literal run overruns the block or the output
+        }
+        si += lit;
+        di += lit;
+        if (si == len) {
+            if ((tok & 15) != 0) {
+                return 0; // a match length and no offset
+            }
+            ends_in_lit = 1;
+            break;
+        }
+        if (len - si < 2) {
+            return 0; // match offset truncated
+        }
+        long long off = (long long)src[si] | ((long long)src[si + 1] << 8);
+        si += 2;
+        if (off == 0 || off > di) {
+            return 0;
+        }
+        long long ml = (long long)(tok & 15) + 4;
+        if ((tok & 15) == 15) {
+            for (;;) {
+                if (si >= len) {
+                    return 0; // match length runs past the block's end
+                }
+                u32 x = src[si++];
+                ml += x;
+                if (x != 255) {
+                    break;
+                }
+            }
+        }
+        if (ml > n - di) {
+            return 0; // the match decodes past the output
+        }
+        last_match = di;
+        last_len = ml;
+        di += ml;
+    }
+    if (di != n) {
+        return 0;
+    }
+    if (last_match >= 0 && (!ends_in_lit || last_match > n - 12 || last_match + last_len > n - 5)) {
+        return 0;
+    }
+    return 1;
+}
+
+// lz4_check walks the n LZ4 segments of a round, one thread each, before
+// nvCOMP decodes them. arrs holds nvCOMP's arrays for the segments: input
+// pointers, input sizes, then output capacities (each segment's exact
+// decoded size). verdict[i] is set to 0 for a block the walk accepts, 1 for
+// one it rejects, whose input pointer and size are then pointed at
+// lz4_empty_block.
+extern "C" __global__ void lz4_check(u64* arrs, u32 n, u32* verdict)
+{
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        int ok = lz4_walk((const u8*)arrs[i], (long long)arrs[n + i], (long long)arrs[2 * (u64)n + i]);
+        verdict[i] = ok ? 0 : 1;
+        if (!ok) {
+            arrs[i] = (u64)lz4_empty_block;
+            arrs[n + i] = 1;
         }
     }
 }

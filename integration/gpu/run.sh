@@ -75,7 +75,9 @@ echo "== damaged chunks"
 # without a checksum on the CPU). TestGPUCorruptDeflate: Options.Deflate on
 # (gzip, zlib and blosc-zlib on the GPU, their CRC-32 / Adler-32 checked on
 # the host). TestGPUCorruptUnverified: Options.Unverified on (zstd without a
-# checksum and blosc-zstd on the GPU after header checks only). In every
+# checksum and blosc-zstd on the GPU after header checks only).
+# TestGPUCorruptWalk: Options.WalkOnDevice on (LZ4 blocks walked on the GPU
+# instead of the host, before nvCOMP reads them). In every
 # configuration a good chunk with a wrong byte, a damaged chunk the GPU
 # accepts that the CPU rejects or decodes otherwise, a chunk the GPU calls
 # corrupt that the CPU decodes, or a process still waiting at its limit
@@ -97,6 +99,7 @@ corrupt_case() { # test codec kind-regexp
 	[[ $kind == '.*' ]] && kind=all
 	[[ $1 == TestGPUCorruptDeflate ]] && name="$2 (Deflate)"
 	[[ $1 == TestGPUCorruptUnverified ]] && name="$2 (Unverified)"
+	[[ $1 == TestGPUCorruptWalk ]] && name="$2 (WalkOnDevice)"
 	faulted=0
 	if grep -q 'KNOWN nvCOMP deflate defect' <<<"$out"; then
 		status=1
@@ -138,6 +141,9 @@ for c in gzip zlib blosc-zlib-; do
 done
 for c in zstd blosc-zstd-; do
 	corrupt_codec TestGPUCorruptUnverified "$c"
+done
+for c in lz4 blosc-lz4-; do
+	corrupt_codec TestGPUCorruptWalk "$c"
 done
 echo "== nvCOMP deflate on damaged streams (overrun past the output, neighbours with and without the fence)"
 "$bin" -test.v -test.timeout 300s -test.run '^TestGPUDeflateOverrun$' -gpu.corrupt=. "${ptxflag[@]}" 2>&1 |
