@@ -344,7 +344,7 @@ type layout struct {
 	statusOff int64 // nvCOMP's statuses, one int32 per segment
 	walkOff   int64 // lz4_check's verdicts, one uint32 per LZ4 segment (0: the walk accepts it)
 	probeOff  int64 // fence probes: probeLen bytes per entry of probes
-	d2h       int64 // bytes copied back: chunks, sizes, statuses and probes
+	d2h       int64 // bytes copied back: chunks, sizes, statuses, walk verdicts and probes
 	outSize   int64 // with scratch
 	nsegs     int
 

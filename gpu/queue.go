@@ -544,13 +544,14 @@ func (d *Decoder) runRound(r *round) {
 				// the memory this round needs (a round fits the bounds
 				// alone: its cost is at most its share): wait for every
 				// set, free their buffers and ready this round again,
-				// rather than leave its chunks to the CPU.
+				// rather than leave its chunks to the CPU. The wait for the
+				// other rounds is not this round's readying, and each of
+				// them is held to its own deadline: this round's watch
+				// stops for the wait and starts again after it.
+				r.watch.Stop()
 				for len(held) < d.opts.Streams {
 					held = append(held, <-d.free)
 				}
-				// The wait for the other rounds is not this round's
-				// readying: its watch starts again.
-				r.watch.Stop()
 				d.watch(r)
 				r.exclusive = true
 				d.rounds.trim()

@@ -3,6 +3,7 @@ package gpu
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -285,5 +286,56 @@ func TestWatchdogHungNvcompPinned(t *testing.T) {
 				t.Errorf("caller %d job %d: a hung device wrote its Dst", i, k)
 			}
 		}
+	}
+}
+
+// A round readied alone after the budget (TestQueueBudgetRetriedAlone)
+// first waits for the other rounds; that wait is not its readying, so its
+// watch starts again once it holds every set. Here the other round takes
+// longer than the waiting round's own limit, within its own (its bytes buy
+// it time): the GPU must not be retired as hung, and both callers decode.
+func TestWatchdogBudgetWaitNotHung(t *testing.T) {
+	f := newFake(t, true)
+	big := make([]byte, 16<<20) // 16 MiB decoded: a quarter of a second on top of RoundTimeout
+	f.prepareErr = func(r *round) error {
+		for _, j := range r.jobs {
+			if len(j.Dst) == len(big) {
+				return nil
+			}
+		}
+		if !r.exclusive {
+			return fmt.Errorf("device memory: %w: 1 bytes more", ErrBudget)
+		}
+		return nil
+	}
+	d := newFakeDecoder(f, Options{RoundTimeout: 100 * time.Millisecond, Streams: 2})
+	defer d.Close()
+	long := &caller{err: make(chan error, 1), jobs: []codec.Job{{Codec: codec.Zstd, Src: compress(codec.Zstd, big), Dst: make([]byte, len(big))}},
+		want: [][]byte{big}}
+	long.ctx, long.cancel = context.WithCancel(context.Background())
+	long.run(d)
+	<-f.submits // the long round is on the device, in collect behind the gate
+	short := newCaller(1, 3, 0)
+	short.run(d)
+	// The short round misses the budget and waits for the long one's set
+	// past its own limit (about 100 ms).
+	time.Sleep(300 * time.Millisecond)
+	if err := d.Retired(); err != nil {
+		t.Fatalf("retired while a round waited for the others' sets: %v", err)
+	}
+	f.gate <- struct{}{} // the long round completes, within its own limit
+	long.check(t, "the long round's caller")
+	select {
+	case <-f.submits:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the round readied alone never reached the device")
+	}
+	f.gate <- struct{}{}
+	short.check(t, "the caller whose round was readied alone")
+	if err := d.Retired(); err != nil {
+		t.Fatalf("Retired: %v", err)
+	}
+	if f.trims.Load() == 0 {
+		t.Fatal("the short round was not readied alone")
 	}
 }
