@@ -179,6 +179,23 @@ extern "C" __global__ void byteswap(u8* p, u64 nelem, u32 size)
 // every segment expects at least one byte) sends the chunk to the CPU.
 __device__ __align__(16) u8 lz4_empty_block[16];
 
+// lz4_length adds to *v the length bytes at src[*si:] (255 means: another
+// follows), moving *si past them: validate.go's lz4Length. It returns 0
+// when the block ends first.
+__device__ __forceinline__ int lz4_length(const u8* __restrict__ src, long long len, long long* si, long long* v)
+{
+    for (;;) {
+        if (*si >= len) {
+            return 0;
+        }
+        u32 x = src[(*si)++];
+        *v += x;
+        if (x != 255) {
+            return 1;
+        }
+    }
+}
+
 // lz4_walk is gpu/validate.go's lz4Check, rule for rule: it accepts a block
 // only if the CPU decoder accepts it and it decodes to exactly n bytes, and
 // the block keeps LZ4's end-of-block rules. Lengths are signed 64-bit, as
@@ -193,17 +210,8 @@ __device__ int lz4_walk(const u8* __restrict__ src, long long len, long long n)
     while (si < len) {
         u32 tok = src[si++];
         long long lit = tok >> 4;
-        if (lit == 15) {
-            for (;;) {
-                if (si >= len) {
-                    return 0; // literal length runs past the block's end
-                }
-                u32 x = src[si++];
-                lit += x;
-                if (x != 255) {
-                    break;
-                }
-            }
+        if (lit == 15 && !lz4_length(src, len, &si, &lit)) {
+            return 0; // literal length runs past the block's end
         }
         if (lit > len - si || lit > n - di) {
             return 0; // the literal run overruns the block or the output
@@ -226,17 +234,8 @@ __device__ int lz4_walk(const u8* __restrict__ src, long long len, long long n)
             return 0;
         }
         long long ml = (long long)(tok & 15) + 4;
-        if ((tok & 15) == 15) {
-            for (;;) {
-                if (si >= len) {
-                    return 0; // match length runs past the block's end
-                }
-                u32 x = src[si++];
-                ml += x;
-                if (x != 255) {
-                    break;
-                }
-            }
+        if ((tok & 15) == 15 && !lz4_length(src, len, &si, &ml)) {
+            return 0; // match length runs past the block's end
         }
         if (ml > n - di) {
             return 0; // the match decodes past the output
