@@ -181,12 +181,6 @@ type Decoder struct {
 	mod                         uintptr
 	fnCopy, fnUnshuffle, fnSwap uintptr
 	fnLZ4Check                  uintptr
-	// lz4OnDevice is set once the kernels are loaded, with
-	// Options.WalkOnDevice: LZ4 blocks are then walked on the device
-	// (lz4_check, before nvCOMP reads them) instead of on the host
-	// (checkStreams). Decoders without a device (the tests' fakes of the
-	// queue) keep the host's walk.
-	lz4OnDevice atomic.Bool
 
 	sets      []bufSet // one per round in flight (Options.Streams)
 	outAligns [numAlgos]int64
@@ -216,10 +210,10 @@ type Decoder struct {
 	// freed, again.
 	hung atomic.Bool
 	// roundCap, when above zero, bounds a round's cost below its share
-	// (roundLimit); fitStreak counts the rounds readied beside the others
-	// since it was last changed (roundFitted).
+	// (roundLimit); fitStreak, the submitter's, counts the rounds readied
+	// beside the others since it was last changed (roundFitted).
 	roundCap   atomic.Int64
-	fitStreak  atomic.Int64
+	fitStreak  int
 	hungCh     chan struct{}
 	retireOnce sync.Once
 
@@ -408,7 +402,6 @@ func (d *Decoder) initContext() error {
 			return err
 		}
 	}
-	d.lz4OnDevice.Store(d.opts.WalkOnDevice)
 	for i := range d.sets {
 		st := &d.sets[i]
 		const nonBlocking = 1 // CU_STREAM_NON_BLOCKING: no implicit sync with the legacy stream
@@ -823,54 +816,39 @@ func (d *Decoder) deviceFailed(err error) error {
 	return err
 }
 
-// launch starts kernel f with grid (gx, gy) of bx threads, its parameters
-// being one device pointer and, optionally, one uint32 count.
-func (d *Decoder) launch(set *bufSet, f uintptr, gx, gy, bx uint32, ptr uint64, count ...uint64) error {
-	// Argument values and the pointer array live in pinned host memory (C
-	// memory), so no Go pointer is handed to the driver. The driver copies
-	// them at launch, so the next launch may reuse the space.
+// kparam is one kernel parameter: a value of size 8 (pointers, 64-bit
+// counts) or 4 (32-bit counts) bytes.
+type kparam struct {
+	v    uint64
+	size int
+}
+
+func u64(v uint64) kparam { return kparam{v, 8} }
+func u32(v uint32) kparam { return kparam{uint64(v), 4} }
+
+// launch starts kernel f (named name, for its errors) with grid (gx, gy)
+// of bx threads and the parameters ps, in order.
+func (d *Decoder) launch(set *bufSet, name string, f uintptr, gx, gy, bx uint32, ps ...kparam) error {
+	// Argument values, 8 bytes apart, and the array of pointers to them
+	// from byte 64 live in pinned host memory (C memory), so no Go pointer
+	// is handed to the driver. The driver copies them at launch, so the
+	// next launch may reuse the space.
 	a := set.args.bytes()
-	base := uintptr(set.args.p)
-	binary.LittleEndian.PutUint64(a[0:], ptr)
-	binary.LittleEndian.PutUint64(a[64:], uint64(base))
-	if len(count) > 0 {
-		binary.LittleEndian.PutUint32(a[8:], uint32(count[0]))
-		binary.LittleEndian.PutUint64(a[72:], uint64(base+8))
+	base := uint64(uintptr(set.args.p))
+	for i, p := range ps {
+		if p.size == 4 {
+			binary.LittleEndian.PutUint32(a[8*i:], uint32(p.v))
+		} else {
+			binary.LittleEndian.PutUint64(a[8*i:], p.v)
+		}
+		binary.LittleEndian.PutUint64(a[64+8*i:], base+uint64(8*i))
 	}
-	return d.cu.check("cuLaunchKernel", d.cu.cuLaunchKernel(f, gx, gy, 1, bx, 1, 1, 0, set.stream,
+	return d.cu.check("cuLaunchKernel "+name, d.cu.cuLaunchKernel(f, gx, gy, 1, bx, 1, 1, 0, set.stream,
 		unsafe.Add(set.args.p, 64), nil))
 }
 
 // walksLZ4 reports whether rounds walk their LZ4 blocks on the device.
-func (d *Decoder) walksLZ4() bool { return d.lz4OnDevice.Load() && !d.noValidate }
-
-// launchWalk starts lz4_check over the n LZ4 segments whose nvCOMP arrays
-// start at arrs, its verdicts at verdict.
-func (d *Decoder) launchWalk(set *bufSet, gx uint32, arrs uint64, n uint32, verdict uint64) error {
-	a := set.args.bytes()
-	base := uint64(uintptr(set.args.p))
-	binary.LittleEndian.PutUint64(a[0:], arrs)
-	binary.LittleEndian.PutUint32(a[8:], n)
-	binary.LittleEndian.PutUint64(a[16:], verdict)
-	binary.LittleEndian.PutUint64(a[64:], base)
-	binary.LittleEndian.PutUint64(a[72:], base+8)
-	binary.LittleEndian.PutUint64(a[80:], base+16)
-	return d.cu.check("cuLaunchKernel lz4_check", d.cu.cuLaunchKernel(d.fnLZ4Check, gx, 1, 1, 64, 1, 1, 0, set.stream,
-		unsafe.Add(set.args.p, 64), nil))
-}
-
-func (d *Decoder) launchSwap(set *bufSet, gx uint32, ptr, nelem uint64, size uint32) error {
-	a := set.args.bytes()
-	base := uint64(uintptr(set.args.p))
-	binary.LittleEndian.PutUint64(a[0:], ptr)
-	binary.LittleEndian.PutUint64(a[8:], nelem)
-	binary.LittleEndian.PutUint32(a[16:], size)
-	binary.LittleEndian.PutUint64(a[64:], base)
-	binary.LittleEndian.PutUint64(a[72:], base+8)
-	binary.LittleEndian.PutUint64(a[80:], base+16)
-	return d.cu.check("cuLaunchKernel byteswap", d.cu.cuLaunchKernel(d.fnSwap, gx, 1, 1, 256, 1, 1, 0, set.stream,
-		unsafe.Add(set.args.p, 64), nil))
-}
+func (d *Decoder) walksLZ4() bool { return d.opts.WalkOnDevice && !d.noValidate }
 
 // parallel runs f(0..n-1) on the copy workers.
 func (d *Decoder) parallel(n int, f func(i int)) { parallel.For(n, d.opts.CopyWorkers, f) }

@@ -191,12 +191,11 @@ func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSiz
 	// Framing and stream checks (a walk of every snappy stream) run on the
 	// copy workers: on one goroutine they could bound a large batch. They
 	// run here, on the caller's goroutine, while the device decodes other
-	// callers' rounds. LZ4 blocks are walked here only where the device
-	// does not walk them (lz4OnDevice).
-	walked := d.lz4OnDevice.Load()
+	// callers' rounds. LZ4 blocks are walked here unless the device walks
+	// them (Options.WalkOnDevice).
 	d.parallel(len(jobs), func(i int) {
 		t0 := time.Now()
-		if d.noValidate || walked {
+		if d.noValidate || d.opts.WalkOnDevice {
 			preps[i] = frame(&jobs[i])
 		} else {
 			preps[i] = prepare(&jobs[i])
@@ -463,7 +462,7 @@ func (d *Decoder) roundLimit() int64 {
 // set and freeing their buffers.
 func (d *Decoder) shrinkRounds(why error) {
 	c := max(d.roundLimit()/2, min(minRoundLimit, d.opts.share()))
-	d.fitStreak.Store(0)
+	d.fitStreak = 0
 	d.roundCap.Store(c)
 	d.log.Debug("gpu: round readied alone, the others' buffers freed, and rounds cut to fit side by side", "round_bytes", c, "err", why)
 }
@@ -473,10 +472,13 @@ func (d *Decoder) shrinkRounds(why error) {
 // lifted once it reaches the round's share.
 func (d *Decoder) roundFitted() {
 	c := d.roundCap.Load()
-	if c <= 0 || d.fitStreak.Add(1) < growAfter {
+	if c <= 0 {
 		return
 	}
-	d.fitStreak.Store(0)
+	if d.fitStreak++; d.fitStreak < growAfter {
+		return
+	}
+	d.fitStreak = 0
 	next := 2 * c
 	if next >= d.opts.share() {
 		next = 0

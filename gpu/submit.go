@@ -182,8 +182,8 @@ func (d *Decoder) upload(set *bufSet, l *layout) error {
 		}
 	}
 	if len(l.precopies) > 0 {
-		if err := d.launch(set, d.fnCopy, uint32(min(len(l.precopies), 65535)), 1, 256,
-			inBase+uint64(l.preOff), uint64(len(l.precopies))); err != nil {
+		if err := d.launch(set, "scatter_copy", d.fnCopy, uint32(min(len(l.precopies), 65535)), 1, 256,
+			u64(inBase+uint64(l.preOff)), u32(uint32(len(l.precopies)))); err != nil {
 			return d.deviceFailed(err)
 		}
 	}
@@ -222,7 +222,8 @@ func (d *Decoder) decodeOnDevice(set *bufSet, l *layout, elemSize int) (launchEr
 		if a == algoLZ4 && d.walksLZ4() {
 			// Before nvCOMP reads them: a block the walk rejects is swapped
 			// for an empty one in nvCOMP's arrays.
-			if err := d.launchWalk(set, uint32(min((n+63)/64, 65535)), arr, uint32(n), outBase+uint64(l.walkOff)); err != nil {
+			if err := d.launch(set, "lz4_check", d.fnLZ4Check, uint32(min((n+63)/64, 65535)), 1, 64,
+				u64(arr), u32(uint32(n)), u64(outBase+uint64(l.walkOff))); err != nil {
 				return nil, d.deviceFailed(err)
 			}
 		}
@@ -243,8 +244,8 @@ func (d *Decoder) decodeOnDevice(set *bufSet, l *layout, elemSize int) (launchEr
 		return nil, err
 	}
 	if len(l.copies) > 0 {
-		if err := d.launch(set, d.fnCopy, uint32(min(len(l.copies), 65535)), 1, 256,
-			inBase+uint64(l.copyOff), uint64(len(l.copies))); err != nil {
+		if err := d.launch(set, "scatter_copy", d.fnCopy, uint32(min(len(l.copies), 65535)), 1, 256,
+			u64(inBase+uint64(l.copyOff)), u32(uint32(len(l.copies)))); err != nil {
 			return nil, d.deviceFailed(err)
 		}
 	}
@@ -254,14 +255,14 @@ func (d *Decoder) decodeOnDevice(set *bufSet, l *layout, elemSize int) (launchEr
 			most = max(most, s.NBytes)
 		}
 		gx := uint32(min((most/uint64(8)+255)/256+1, 2048))
-		if err := d.launch(set, d.fnUnshuffle, gx, uint32(len(l.shuffles)), 256, inBase+uint64(l.shufOff)); err != nil {
+		if err := d.launch(set, "unshuffle", d.fnUnshuffle, gx, uint32(len(l.shuffles)), 256, u64(inBase+uint64(l.shufOff))); err != nil {
 			return nil, d.deviceFailed(err)
 		}
 	}
 	if elemSize > 1 && l.finalEnd > 0 {
 		nelem := uint64(l.finalEnd) / uint64(elemSize)
 		gx := uint32(min((nelem+255)/256, 8192))
-		if err := d.launchSwap(set, gx, outBase, nelem, uint32(elemSize)); err != nil {
+		if err := d.launch(set, "byteswap", d.fnSwap, gx, 1, 256, u64(outBase), u64(nelem), u32(uint32(elemSize))); err != nil {
 			return nil, d.deviceFailed(err)
 		}
 	}
