@@ -188,9 +188,9 @@ var ErrBudget = errors.New("memory budget too small for GPU decoding")
 
 // gpuOptions derives each GPU decoder's bounds from the budgets: the rounds
 // take half the device memory left after the context (the rest is
-// nvCOMP's scratch and allocation slack), in rounds of at most 256 MiB, at
-// least two and at most four; pinned staging as much as the rounds; the
-// rest of the pinned budget is lent.
+// nvCOMP's scratch and allocation slack), at least two rounds in flight
+// and at most four, each closing only at its share; pinned staging as
+// much as the rounds; the rest of the pinned budget is lent.
 func (o Options) gpuOptions() (gpu.Options, error) {
 	g := o.GPU
 	dev := o.GPUMemory - ContextBytes
@@ -211,6 +211,12 @@ func (o Options) gpuOptions() (gpu.Options, error) {
 	}
 	g.DeviceBytes, g.MaxBatchBytes = dev, batch
 	g.Streams = int(min(max(batch/(256<<20), 2), 4))
+	// A round closes at its share of the bound, not earlier: nvCOMP takes
+	// about as long for a round of one sample's chunks as for one of ten
+	// samples', and the other sets' rounds do not decode beside it (both
+	// measured in BENCHMARKS.md), so a round cut short holds the GPU to a
+	// fraction of its rate.
+	g.RoundBytes = batch / int64(g.Streams)
 	g.StagingBytes, g.HostBytes = staging, lent
 	g.Deflate = g.Deflate || GPUDeflate
 	// LZ4 blocks walked on the GPU instead of the host: an experiment,

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // This file is the memory of the rounds: device and staging buffers grown
@@ -67,6 +69,13 @@ func (d *Decoder) growHost(b *hostBuf, need int64) error {
 		return fmt.Errorf("staging memory: %w", err)
 	}
 	d.freeHost(b)
+	if size >= mappedStagingMin {
+		if m := d.mapStaging(size); m != nil {
+			*b = hostBuf{p: unsafe.Pointer(&m[0]), size: size, mapped: true}
+			d.stagingHeld.Add(size)
+			return nil
+		}
+	}
 	var p unsafe.Pointer
 	if err := d.cu.check("cuMemAllocHost", d.cu.cuMemAllocHost(&p, uint64(size))); err != nil {
 		return err
@@ -76,8 +85,38 @@ func (d *Decoder) growHost(b *hostBuf, need int64) error {
 	return nil
 }
 
+// mappedStagingMin is the least staging buffer mapped and registered
+// (mapStaging) rather than allocated by the driver.
+const mappedStagingMin = 16 << 20
+
+// mapStaging returns n bytes of anonymous memory on huge pages, faulted in
+// from several goroutines and registered with the current context, or nil
+// where that fails. cuMemAllocHost zeroes and pins a buffer on one thread
+// in 4 KiB pages, which for a large round took longer than the GPU takes
+// to decode it (BENCHMARKS.md), and every larger round after it paid that
+// again. The caller holds the OS thread with the Decoder's context
+// current.
+func (d *Decoder) mapStaging(n int64) []byte {
+	m, err := unix.Mmap(-1, 0, int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANONYMOUS|unix.MAP_PRIVATE)
+	if err != nil {
+		return nil
+	}
+	prefault(m)
+	const portable = 1 // CU_MEMHOSTREGISTER_PORTABLE
+	if d.cu.cuMemHostRegister(unsafe.Pointer(&m[0]), uint64(n), portable) != cuSuccess {
+		unix.Munmap(m)
+		return nil
+	}
+	return m
+}
+
 func (d *Decoder) freeHost(b *hostBuf) {
-	if b.p != nil {
+	switch {
+	case b.p != nil && b.mapped:
+		d.cu.cuMemHostUnregister(b.p)
+		unix.Munmap(b.bytes())
+		d.stagingHeld.Add(-b.size)
+	case b.p != nil:
 		d.cu.cuMemFreeHost(b.p)
 		d.stagingHeld.Add(-b.size)
 	}

@@ -258,6 +258,9 @@ type devBuf struct {
 type hostBuf struct {
 	p    unsafe.Pointer
 	size int64
+	// mapped: an anonymous mapping registered with the driver
+	// (mapStaging), not cuMemAllocHost's.
+	mapped bool
 }
 
 func (h hostBuf) bytes() []byte { return unsafe.Slice((*byte)(h.p), h.size) }

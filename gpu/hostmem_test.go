@@ -157,3 +157,56 @@ func TestHostPoolOnDemand(t *testing.T) {
 	}
 	d.HostFree(b)
 }
+
+// A large staging buffer is an anonymous mapping registered with the
+// driver (mapStaging), freed by unregistering and unmapping it; where the
+// driver refuses the registration it is the driver's own allocation; a
+// small one always is.
+func TestStagingMapped(t *testing.T) {
+	for _, refuse := range []bool{false, true} {
+		f := newFakeGPU()
+		l := f.libs()
+		if refuse {
+			l.cu.cuMemHostRegister = func(unsafe.Pointer, uint64, uint32) cuResult { return cuErrInvalidValue }
+		}
+		d, err := open(l, pipelineOptions())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var big, small hostBuf
+		if err := d.growHost(&big, 32<<20); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.growHost(&small, 1<<20); err != nil {
+			t.Fatal(err)
+		}
+		f.mu.Lock()
+		_, inHost := f.host[uintptr(big.p)]
+		_, registered := f.registered[uintptr(big.p)]
+		_, smallInHost := f.host[uintptr(small.p)]
+		f.mu.Unlock()
+		if big.mapped == refuse || registered == refuse || inHost != refuse || small.mapped || !smallInHost {
+			t.Errorf("refused %v: big mapped %v, registered %v, driver's %v; small mapped %v, driver's %v",
+				refuse, big.mapped, registered, inHost, small.mapped, smallInHost)
+		}
+		// The bytes are usable whichever way they came.
+		b := big.bytes()
+		b[0], b[len(b)-1] = 1, 2
+		held, sizes := d.stagingHeld.Load(), big.size+small.size
+		d.freeHost(&big)
+		d.freeHost(&small)
+		if got := d.stagingHeld.Load(); got != held-sizes || big.p != nil || small.p != nil {
+			t.Errorf("staging held %d after freeing %d of %d", got, sizes, held)
+		}
+		f.mu.Lock()
+		_, stillRegistered := f.registered[uintptr(unsafe.Pointer(&b[0]))]
+		f.mu.Unlock()
+		if stillRegistered {
+			t.Error("freed staging still registered")
+		}
+		d.Close()
+		for _, s := range f.Faults() {
+			t.Error("fake GPU: " + s)
+		}
+	}
+}

@@ -40,9 +40,7 @@ func deflateOverrun(d *Decoder, body []byte, n, span int64) (st nvStatus, actual
 				cu.cuMemFree(b.ptr)
 			}
 		}
-		if h.p != nil {
-			cu.cuMemFreeHost(h.p)
-		}
+		d.freeHost(&h)
 	}()
 	outLen := n + span
 	for _, g := range []error{d.growDev(&dIn, inLen+64), d.growDev(&dOut, outLen+16), d.growDev(&dTemp, int64(max(tb, 1))),

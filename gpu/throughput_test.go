@@ -368,8 +368,8 @@ func TestHostBandwidth(t *testing.T) {
 		}
 	}
 	defer func() {
-		cu.cuMemFreeHost(h1.p)
-		cu.cuMemFreeHost(h2.p)
+		d.freeHost(&h1)
+		d.freeHost(&h2)
 		cu.cuMemFree(d1.ptr)
 		cu.cuMemFree(d2.ptr)
 	}()
