@@ -1,8 +1,11 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -247,4 +250,95 @@ func TestStartWhileSourceSilent(t *testing.T) {
 		}
 		t.Logf("gave up after %v: %s", took.Round(10*time.Millisecond), last)
 	})
+}
+
+// A remote virtual store whose reference file does not answer at first:
+// `zarrfs warm` waits for it as for the metadata, instead of failing the
+// moment the first reads open the breaker. The store is a kerchunk JSON on
+// an HTTP server behind the fault proxy, one array whose chunks are ranges
+// of a file beside it.
+func TestStartWhileVirtualSourceSilent(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "d")
+	os.MkdirAll(dir, 0o755)
+	data := make([]byte, 4*8*4) // (time 4, x 8) float32, one chunk a step
+	for i := range data {
+		data[i] = byte(i)
+	}
+	os.WriteFile(filepath.Join(dir, "data.bin"), data, 0o644)
+	refs := `{"version": 1, "refs": {".zgroup": "{\"zarr_format\": 2}",
+		"a/.zarray": "{\"zarr_format\": 2, \"shape\": [4, 8], \"chunks\": [1, 8], \"dtype\": \"<f4\", \"compressor\": null, \"filters\": null, \"fill_value\": 0, \"order\": \"C\"}",
+		"a/.zattrs": "{\"_ARRAY_DIMENSIONS\": [\"time\", \"x\"]}"`
+	for k := range 4 {
+		refs += fmt.Sprintf(`, "a/%d.0": ["data.bin", %d, 32]`, k, 32*k)
+	}
+	os.WriteFile(filepath.Join(dir, "refs.json"), []byte(refs+"}}"), 0o644)
+	srv := httptest.NewServer(http.FileServer(http.Dir(filepath.Dir(dir))))
+	defer srv.Close()
+	stall := faultproxy.Fault{Kind: faultproxy.StallHeaders, StallFor: 5 * time.Minute}
+	p := proxyTo(t, srv.URL)
+	// The reference file's first three GETs stall: two open the first
+	// try's breaker, the third is the second try's first.
+	p.SetRule(faultproxy.Sequence(faultproxy.ObjectGets, stall, stall, stall))
+	cache := t.TempDir()
+	out, stderr, code := run(t, "warm", p.URL+"/d/refs.json", "--cache", cache, "--source-stall", "500ms", "--source-timeout", "8s")
+	if code != 0 {
+		t.Fatalf("warm of a reference file silent at first: exit %d\n%s%s", code, out, stderr)
+	}
+	if !strings.Contains(stderr, "source not answering while opening the source") {
+		t.Errorf("the wait is not logged:\n%s", stderr)
+	}
+	if p.Faults() != 3 {
+		t.Errorf("%d requests stalled, want 3", p.Faults())
+	}
+	// Every sample warmed, with the file's bytes.
+	var blobs []string
+	filepath.Walk(cache, func(path string, info os.FileInfo, err error) error {
+		if err == nil && strings.HasSuffix(path, ".npy") {
+			blobs = append(blobs, path)
+		}
+		return nil
+	})
+	if len(blobs) != 4 {
+		t.Fatalf("%d blobs warmed, want 4: %v\n%s", len(blobs), blobs, out)
+	}
+	for _, b := range blobs {
+		got, err := os.ReadFile(b)
+		k := int(filepath.Base(b)[0] - '0')
+		if err != nil || len(got) < 32 || !bytes.Equal(got[len(got)-32:], data[32*k:32*k+32]) {
+			t.Errorf("%s: %d bytes, %v; want step %d's bytes at its end", b, len(got), err, k)
+		}
+	}
+}
+
+// listings matches S3 ListObjects requests.
+func listings(req *http.Request) bool {
+	return req.Method == http.MethodGet && strings.Contains(req.URL.RawQuery, "list-type")
+}
+
+// A warm run again over a warm cache learns what is warm from the chunks'
+// versions, requests of their own: a source silent at that moment is
+// waited for as at the open, instead of failing the command.
+func TestWarmAgainWhileSourceSilent(t *testing.T) {
+	srv, src := publicOnMinIO(t)
+	p := proxyTo(t, srv.Endpoint)
+	cache := t.TempDir()
+	args := []string{"warm", src, "--cache", cache, "--s3-endpoint", p.URL, "--source-stall", "500ms", "--source-timeout", "8s"}
+	if out, stderr, code := run(t, args...); code != 0 {
+		t.Fatalf("first warm: exit %d\n%s%s", code, out, stderr)
+	}
+	before := p.Requests()
+	stall := faultproxy.Fault{Kind: faultproxy.StallHeaders, StallFor: 5 * time.Minute}
+	// The open's listings of the store and its group pass; the first three
+	// listings of an array's chunks (their versions) after it stall.
+	p.SetRule(faultproxy.Sequence(listings, faultproxy.Fault{}, faultproxy.Fault{}, stall, stall, stall))
+	out, stderr, code := run(t, args...)
+	if code != 0 {
+		t.Fatalf("warm again, listings silent at first: exit %d\n%s%s", code, out, stderr)
+	}
+	if !strings.Contains(stderr, "source not answering while finding what is already warm") {
+		t.Errorf("the wait is not logged:\n%s", stderr)
+	}
+	if p.Faults() != 3 || !strings.Contains(out, "nothing to do") {
+		t.Errorf("%d requests stalled (want 3), %d requests in all; output:\n%s", p.Faults(), p.Requests()-before, out)
+	}
 }

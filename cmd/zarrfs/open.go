@@ -204,7 +204,12 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 			return nil, err
 		}
 	}
-	if o.store, err = f.src.openStore(ctx, src); err != nil {
+	// A virtual store reads its references here, before the metadata.
+	err = untilAnswers(ctx, f.src.deadlines.timeout, log, "opening the source", func() (err error) {
+		o.store, err = f.src.openStore(ctx, src)
+		return err
+	})
+	if err != nil {
 		return nil, err
 	}
 	copts := cache.Options{Dir: f.cacheDir, Size: size, Logger: log, BlobMode: mode, BlobGroup: group}
@@ -408,38 +413,52 @@ func refreshLayout(ctx context.Context, o *opened, cur *layout.Layout, log *slog
 // default.
 const startRetryEvery = objectstore.DefaultProbe
 
-// openLayout opens the source's metadata and the layout over it. A remote
-// source that does not answer the first requests of a command opens its
-// breaker (objectstore.Breaker), which fails every later request at once,
-// the metadata's too; a running mount wants that for its readers, but a
-// command that is starting has no reader to spare the wait, and the user
-// gave its source up to --source-timeout (a read's budget) to answer. So
-// while the source is refused as not answering, the open is tried again,
-// once the breaker's probe has had time to find the source answering,
-// until budget has passed since the first try (a try under way then runs
-// to its end: its reads keep their own budgets, and an open of many
-// arrays' metadata may take longer than one read); then, or on any other
-// error, the error is returned. Without this, a source silent for two
-// stall timeouts at the wrong moment (a restart during a network blip)
-// fails the command although it answers a second later.
-func openLayout(ctx context.Context, src *layout.Source, budget time.Duration, log *slog.Logger) (*layout.Layout, error) {
+// untilAnswers runs try, a step of a command that is starting (opening
+// the source, its virtual store's references, the metadata and the layout
+// over it; finding what a warm has left to do). A remote source that does
+// not answer the first requests of a command opens its breaker
+// (objectstore.Breaker), which fails every later request at once; a
+// running mount wants that for its readers, but a command that is
+// starting has no reader to spare the wait, and the user gave its source
+// up to --source-timeout (a read's budget) to answer. So while try fails
+// as the source not answering, it is run again, once the breaker's probe
+// has had time to find the source answering, until budget has passed
+// since the first try (a try under way then runs to its end: its reads
+// keep their own budgets, and an open of many arrays' metadata may take
+// longer than one read); then, or on any other error, the error is
+// returned. Without this, a source silent for two stall timeouts at the
+// wrong moment (a restart during a network blip) fails the command
+// although it answers a second later. doing names the step in the one
+// line logged when the wait begins.
+func untilAnswers(ctx context.Context, budget time.Duration, log *slog.Logger, doing string, try func() error) error {
 	start := time.Now()
 	for tries := 1; ; tries++ {
-		lay, err := src.Open(ctx)
+		err := try()
 		if err == nil || !errors.Is(err, objectstore.ErrSourceDown) || time.Since(start)+startRetryEvery > budget {
 			if err != nil && tries > 1 {
 				err = fmt.Errorf("%w (tried %d times in %v)", err, tries, time.Since(start).Round(100*time.Millisecond))
 			}
-			return lay, err
+			return err
 		}
 		if tries == 1 {
-			log.Warn("source not answering while opening the store; trying again until it answers or --source-timeout has passed",
+			log.Warn("source not answering while "+doing+"; trying again until it answers or --source-timeout has passed",
 				"budget", budget, "err", err)
 		}
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return ctx.Err()
 		case <-time.After(startRetryEvery):
 		}
 	}
+}
+
+// openLayout opens the source's metadata and the layout over it, waiting
+// for a source that does not answer at first (untilAnswers).
+func openLayout(ctx context.Context, src *layout.Source, budget time.Duration, log *slog.Logger) (*layout.Layout, error) {
+	var lay *layout.Layout
+	err := untilAnswers(ctx, budget, log, "opening the store", func() (err error) {
+		lay, err = src.Open(ctx)
+		return err
+	})
+	return lay, err
 }

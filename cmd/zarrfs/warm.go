@@ -147,7 +147,14 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 		return fmt.Errorf("the %s to warm (%s) do not fit %s (%s); %s or warm fewer (--only, --samples, --rank/--world)",
 			files(len(plan.Blobs)), memory.Human(plan.Bytes), room, memory.Human(budget), raise)
 	}
-	todo, todoBytes, err := fill.Todo(ctx, c, lay, plan.Blobs)
+	// What is warm already is known from the chunks' versions: requests
+	// that may meet a source silent at first, as the open's did.
+	var todo []layout.Blob
+	var todoBytes int64
+	err = untilAnswers(ctx, f.src.deadlines.timeout, log, "finding what is already warm", func() (err error) {
+		todo, todoBytes, err = fill.Todo(ctx, c, lay, plan.Blobs)
+		return err
+	})
 	if err != nil {
 		return err
 	}
