@@ -1,11 +1,19 @@
 package main
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/zarrfs/zarrfs/objectstore"
 )
 
 func TestBlobAccessFlags(t *testing.T) {
@@ -45,5 +53,38 @@ func TestBlobAccessFlags(t *testing.T) {
 		if _, _, err := f.blobAccess(); err == nil && os.Getegid() != 0 {
 			t.Error("--cache-group of a group the user is not in accepted")
 		}
+	}
+}
+
+// A step of a starting command is tried again while its source is not
+// answering, within the budget, and not at all after another error.
+func TestUntilAnswers(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	down := fmt.Errorf("s3://b/k: get: %w", objectstore.ErrSourceDown)
+	calls := 0
+	err := untilAnswers(context.Background(), 10*time.Second, log, "testing", func() error {
+		if calls++; calls < 3 {
+			return down
+		}
+		return nil
+	})
+	if err != nil || calls != 3 {
+		t.Errorf("silent twice: %v after %d tries, want success on the third", err, calls)
+	}
+	calls = 0
+	other := errors.New("invalid JSON")
+	if err := untilAnswers(context.Background(), 10*time.Second, log, "testing", func() error { calls++; return other }); err != other || calls != 1 {
+		t.Errorf("another error: %v after %d tries, want it at once", err, calls)
+	}
+	calls = 0
+	start := time.Now()
+	err = untilAnswers(context.Background(), 1500*time.Millisecond, log, "testing", func() error { calls++; return down })
+	if !errors.Is(err, objectstore.ErrSourceDown) || !strings.Contains(err.Error(), "tried 2 times") || calls != 2 || time.Since(start) > 5*time.Second {
+		t.Errorf("never answers, 1.5s budget: %v after %d tries in %v", err, calls, time.Since(start))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := untilAnswers(ctx, 10*time.Second, log, "testing", func() error { return down }); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled: %v", err)
 	}
 }
