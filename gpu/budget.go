@@ -97,13 +97,11 @@ const mappedStagingMin = 16 << 20
 // again. The caller holds the OS thread with the Decoder's context
 // current.
 func (d *Decoder) mapStaging(n int64) []byte {
-	m, err := unix.Mmap(-1, 0, int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANONYMOUS|unix.MAP_PRIVATE)
+	m, err := mapFaulted(int(n))
 	if err != nil {
 		return nil
 	}
-	prefault(m)
-	const portable = 1 // CU_MEMHOSTREGISTER_PORTABLE
-	if d.cu.cuMemHostRegister(unsafe.Pointer(&m[0]), uint64(n), portable) != cuSuccess {
+	if !d.pin(m) {
 		unix.Munmap(m)
 		return nil
 	}

@@ -232,12 +232,8 @@ func (p *hostPool) growLocked(n int) {
 	p.growing = true
 	p.used += int64(n)
 	go func() {
-		mem, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANONYMOUS|unix.MAP_PRIVATE)
-		ok := false
-		if err == nil {
-			prefault(mem)
-			ok = p.register == nil || p.register(mem)
-		}
+		mem, err := mapFaulted(n)
+		ok := err == nil && (p.register == nil || p.register(mem))
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		p.growing = false
@@ -331,6 +327,18 @@ func cmpPtr(a, b uintptr) int {
 	return 0
 }
 
+// mapFaulted maps n bytes of anonymous memory and faults them in
+// (prefault): what the lent arenas and the rounds' large staging buffers
+// are made of before they are registered.
+func mapFaulted(n int) ([]byte, error) {
+	m, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANONYMOUS|unix.MAP_PRIVATE)
+	if err != nil {
+		return nil, err
+	}
+	prefault(m)
+	return m, nil
+}
+
 // prefault readies a fresh mapping for pinning: huge pages where the
 // kernel gives them (fewer pages to fault, pin and map), and every page
 // touched from several goroutines, since the driver's registration would
@@ -393,10 +401,15 @@ func (d *Decoder) inContext(f func()) bool {
 
 // register pins b in the Decoder's context.
 func (d *Decoder) register(b []byte) bool {
-	const portable = 1 // CU_MEMHOSTREGISTER_PORTABLE
 	ok := false
-	d.inContext(func() { ok = d.cu.cuMemHostRegister(unsafe.Pointer(&b[0]), uint64(len(b)), portable) == cuSuccess })
+	d.inContext(func() { ok = d.pin(b) })
 	return ok
+}
+
+// pin registers b with the context current on the caller's OS thread.
+func (d *Decoder) pin(b []byte) bool {
+	const portable = 1 // CU_MEMHOSTREGISTER_PORTABLE
+	return d.cu.cuMemHostRegister(unsafe.Pointer(&b[0]), uint64(len(b)), portable) == cuSuccess
 }
 
 // unregister unpins b in the Decoder's context.
@@ -408,12 +421,11 @@ func (d *Decoder) unregister(b []byte) {
 // registrations. The caller holds the OS thread with the new context
 // current.
 func (d *Decoder) reregister() {
-	const portable = 1
 	p := &d.host
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, a := range p.arenas {
-		a.registered = d.cu.cuMemHostRegister(unsafe.Pointer(&a.mem[0]), uint64(len(a.mem)), portable) == cuSuccess
+		a.registered = d.pin(a.mem)
 	}
 }
 
