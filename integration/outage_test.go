@@ -19,6 +19,9 @@ import (
 	"github.com/zarrfs/zarrfs/integration/miniotest"
 )
 
+// stall holds a response's headers back for longer than any test waits.
+var stall = faultproxy.Fault{Kind: faultproxy.StallHeaders, StallFor: 5 * time.Minute}
+
 // Files of public_a.zarr that share no chunk, so each read needs the source
 // (nothing of it is in the cache's chunk tier yet). The first needs one
 // chunk: a lone request, the slowest case for the breaker.
@@ -201,7 +204,6 @@ func checkOutage(t *testing.T, d *daemon, o outage, firstEIO time.Duration) {
 // first case now and then: the restarted mount exited.)
 func TestStartWhileSourceSilent(t *testing.T) {
 	srv, src := publicOnMinIO(t)
-	stall := faultproxy.Fault{Kind: faultproxy.StallHeaders, StallFor: 5 * time.Minute}
 	args := []string{"--source-stall", "500ms", "--source-timeout", "8s", "--readahead", "0"}
 
 	t.Run("silent at first", func(t *testing.T) {
@@ -274,7 +276,6 @@ func TestStartWhileVirtualSourceSilent(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "refs.json"), []byte(refs+"}}"), 0o644)
 	srv := httptest.NewServer(http.FileServer(http.Dir(filepath.Dir(dir))))
 	defer srv.Close()
-	stall := faultproxy.Fault{Kind: faultproxy.StallHeaders, StallFor: 5 * time.Minute}
 	p := proxyTo(t, srv.URL)
 	// The reference file's first three GETs stall: two open the first
 	// try's breaker, the third is the second try's first.
@@ -291,21 +292,15 @@ func TestStartWhileVirtualSourceSilent(t *testing.T) {
 		t.Errorf("%d requests stalled, want 3", p.Faults())
 	}
 	// Every sample warmed, with the file's bytes.
-	var blobs []string
-	filepath.Walk(cache, func(path string, info os.FileInfo, err error) error {
-		if err == nil && strings.HasSuffix(path, ".npy") {
-			blobs = append(blobs, path)
-		}
-		return nil
-	})
+	blobs := blobFiles(t, cache)
 	if len(blobs) != 4 {
-		t.Fatalf("%d blobs warmed, want 4: %v\n%s", len(blobs), blobs, out)
+		t.Fatalf("%d blobs warmed, want 4\n%s", len(blobs), out)
 	}
-	for _, b := range blobs {
-		got, err := os.ReadFile(b)
-		k := int(filepath.Base(b)[0] - '0')
-		if err != nil || len(got) < 32 || !bytes.Equal(got[len(got)-32:], data[32*k:32*k+32]) {
-			t.Errorf("%s: %d bytes, %v; want step %d's bytes at its end", b, len(got), err, k)
+	for k := range 4 {
+		name := fmt.Sprintf("a/%d.npy", k)
+		got := blobs[name]
+		if len(got) < 32 || !bytes.Equal(got[len(got)-32:], data[32*k:32*k+32]) {
+			t.Errorf("%s: %d bytes; want step %d's bytes at its end", name, len(got), k)
 		}
 	}
 }
@@ -327,7 +322,6 @@ func TestWarmAgainWhileSourceSilent(t *testing.T) {
 		t.Fatalf("first warm: exit %d\n%s%s", code, out, stderr)
 	}
 	before := p.Requests()
-	stall := faultproxy.Fault{Kind: faultproxy.StallHeaders, StallFor: 5 * time.Minute}
 	// The open's listings of the store and its group pass; the first three
 	// listings of an array's chunks (their versions) after it stall.
 	p.SetRule(faultproxy.Sequence(listings, faultproxy.Fault{}, faultproxy.Fault{}, stall, stall, stall))
