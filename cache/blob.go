@@ -13,7 +13,6 @@ import (
 	"sync/atomic"
 	"syscall"
 
-	"github.com/cespare/xxhash/v2"
 	"golang.org/x/sys/unix"
 )
 
@@ -150,8 +149,8 @@ func (h *Handle) Close() error {
 // fill must write exactly size bytes into f, a fresh temp file on the
 // cache's filesystem (not in the blob's final directory: temp files live
 // under Dir/tmp so that recovery finds torn ones without walking the blob
-// tree). The cache then checks the size, records the xxh64 of the
-// contents, fsyncs the file and links it into place, so a blob is visible
+// tree). The cache then checks the size, records the checksum of the
+// contents (checksum.go), fsyncs the file and links it into place, so a blob is visible
 // only complete and survives a power loss intact. A blob that is visible is
 // never replaced or rewritten: two fills of one key racing in two processes
 // both succeed, the first link wins and the other copy is discarded.
@@ -436,7 +435,7 @@ type Writer interface {
 // Any other write turns it off, and the file is read back and hashed.
 type hashingWriter struct {
 	f      *os.File
-	d      *xxhash.Digest
+	d      hasher
 	next   int64 // bytes hashed: where an in-order write starts
 	pos    int64 // the file offset Write writes at
 	broken bool
@@ -468,7 +467,9 @@ func (h *hashingWriter) WriteAt(p []byte, off int64) (int, error) {
 	}
 	done := 0
 	for done < len(p) {
-		end := min(done+hashPiece, len(p))
+		// Pieces end on multiples of hashPiece in the file, so that the
+		// segment hash (checksum.go) takes each whole.
+		end := min(done+hashPiece-int((off+int64(done))%hashPiece), len(p))
 		n, err := h.f.WriteAt(p[done:end], off+int64(done))
 		h.saw(p[done:done+n], off+int64(done))
 		done += n
@@ -494,15 +495,16 @@ func (h *hashingWriter) saw(p []byte, off int64) {
 	h.next += int64(len(p))
 }
 
-// sum returns the hash of the file's first size bytes: the running one
-// when the fill wrote exactly them in order, else read back from the file.
-func (h *hashingWriter) sum(size int64) (uint64, error) {
+// sum returns the checksum of the file's first size bytes: the running
+// one when the fill wrote exactly them in order, else read back from the
+// file.
+func (h *hashingWriter) sum(size int64, tree bool) (checksum, error) {
 	if !h.broken && h.next == size {
-		return h.d.Sum64(), nil
+		return h.d.sum(), nil
 	}
 	bp := hashBufs.Get().(*[]byte)
 	defer hashBufs.Put(bp)
-	return hashFile(h.f, size, *bp)
+	return hashFile(h.f, size, *bp, tree)
 }
 
 // fillBlob runs the fill and returns a read-only descriptor, locked
@@ -551,7 +553,8 @@ func (c *Cache) fillBlobOnce(ctx context.Context, rel string, size int64, identi
 		}
 		os.Remove(tmpName)
 	}()
-	hw := &hashingWriter{f: tmp, d: xxhash.New()}
+	tree := c.treeSums.Load()
+	hw := &hashingWriter{f: tmp, d: newHasher(tree)}
 	if c.mapsWrites() {
 		hw.filling = &c.counts.filling
 	}
@@ -572,7 +575,7 @@ func (c *Cache) fillBlobOnce(ctx context.Context, rel string, size int64, identi
 	if err != nil {
 		return nil, fmt.Errorf("blob %s: fill: %w", rel, err)
 	}
-	sum, err := hw.sum(size)
+	sum, err := hw.sum(size, tree)
 	if err != nil {
 		return nil, fmt.Errorf("blob %s: %w", rel, err)
 	}
@@ -627,7 +630,7 @@ func (c *Cache) fillBlobOnce(ctx context.Context, rel string, size int64, identi
 // without a record that nobody accounts for; a kill after the record of a
 // replacement but before its rename leaves the old file under the new
 // record, which fails verification at recovery and is dropped.
-func (c *Cache) publish(rel, tmpName string, size int64, sum uint64, ident string) error {
+func (c *Cache) publish(rel, tmpName string, size int64, sum checksum, ident string) error {
 	final := filepath.Join(c.dir, rel)
 	if err := c.prepare(rel, tmpName); err != nil {
 		return fmt.Errorf("%s: %w", rel, err)

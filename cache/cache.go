@@ -17,10 +17,10 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"golang.org/x/sys/unix"
 )
 
@@ -91,6 +91,11 @@ type Cache struct {
 	mapOK      bool
 	compactMin int64
 	onSync     func()
+	// treeSums says which checksum this instance's records hold: the
+	// segment hash when the journal is of version 3, else xxh64
+	// (checksum.go). Set at Open and by a compaction, which writes
+	// version 3.
+	treeSums atomic.Bool
 
 	acc      access   // modes and group of what the cache creates
 	lockFile *os.File // Dir/lock, OFD read lock held while open
@@ -138,7 +143,7 @@ type Cache struct {
 type entry struct {
 	key     string
 	size    int64
-	sum     uint64
+	sum     checksum
 	ident   string // BlobKey.Identity of a blob; "" for chunks
 	writer  string // instance that added it
 	trusted bool   // verified, or written by an instance known to have finished it
@@ -427,6 +432,7 @@ func (c *Cache) recover() (recoveryStats, error) {
 	current := string(buf[:len(journalHeader)]) == journalHeader
 	if !fresh && current && afterMark == 0 && torn == 0 && consumed == len(buf) && st.dropped == 0 {
 		// A clean shutdown left a compact journal: keep it as it is.
+		c.treeSums.Store(true)
 		jf, err := os.OpenFile(jp, os.O_RDWR|os.O_APPEND, 0)
 		if err != nil {
 			return st, fmt.Errorf("journal: %w", err)
@@ -444,6 +450,7 @@ func (c *Cache) recover() (recoveryStats, error) {
 		// verified is verified again next time; what it dropped is
 		// forgotten on first use.
 		c.log.Warn("cache journal not compacted: filesystem full", "err", err)
+		c.treeSums.Store(segmentSums(buf))
 		jf, err := os.OpenFile(jp, os.O_RDWR|os.O_APPEND, 0)
 		if err != nil {
 			return st, fmt.Errorf("journal: %w", err)
@@ -476,6 +483,7 @@ func (c *Cache) join() (recoveryStats, error) {
 	if err := checkHeader(buf); err != nil {
 		return st, fmt.Errorf("journal %s: %w", jp, err)
 	}
+	c.treeSums.Store(segmentSums(buf))
 	states, quit, torn, consumed, _ := c.replay(buf)
 	st.torn = torn
 	live := make([]*replayState, 0, len(states))
@@ -496,8 +504,8 @@ func (c *Cache) join() (recoveryStats, error) {
 	return st, nil
 }
 
-// verifyFile checks that the file at p has the given size and xxh64.
-func verifyFile(p string, size int64, sum uint64, buf []byte) error {
+// verifyFile checks that the file at p has the given size and checksum.
+func verifyFile(p string, size int64, sum checksum, buf []byte) error {
 	f, err := os.Open(p)
 	if err != nil {
 		return err
@@ -510,7 +518,7 @@ func verifyFile(p string, size int64, sum uint64, buf []byte) error {
 	if !fi.Mode().IsRegular() || fi.Size() != size {
 		return fmt.Errorf("%s: size %d, recorded %d", p, fi.Size(), size)
 	}
-	got, err := hashFile(f, size, buf)
+	got, err := hashFile(f, size, buf, sum.tree)
 	if err != nil {
 		return err
 	}
@@ -518,25 +526,6 @@ func verifyFile(p string, size int64, sum uint64, buf []byte) error {
 		return fmt.Errorf("%s: checksum mismatch", p)
 	}
 	return nil
-}
-
-// hashFile returns the xxh64 of the first size bytes of f, read with ReadAt.
-func hashFile(f *os.File, size int64, buf []byte) (uint64, error) {
-	d := xxhash.New()
-	var off int64
-	for off < size {
-		n := int64(len(buf))
-		if size-off < n {
-			n = size - off
-		}
-		m, err := f.ReadAt(buf[:n], off)
-		d.Write(buf[:m])
-		off += int64(m)
-		if err != nil && !(errors.Is(err, io.EOF) && off == size) {
-			return 0, fmt.Errorf("%s: %w", f.Name(), err)
-		}
-	}
-	return d.Sum64(), nil
 }
 
 var hashBufs = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
@@ -781,6 +770,7 @@ func (c *Cache) compactOnce() (n int, _ error) {
 	c.jf = jf
 	c.joff = int64(len(buf))
 	c.compacted = c.joff
+	c.treeSums.Store(true) // the journal is of version 3 now
 	clear(c.quit)
 	c.jnext = c.compactThreshold()
 	return len(buf), nil

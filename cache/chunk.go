@@ -9,8 +9,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-
-	"github.com/cespare/xxhash/v2"
 )
 
 // chunkRel maps an opaque key to chunks/<2 hex>/<32 hex>: 128 bits of
@@ -30,7 +28,7 @@ func chunkRel(key string) string {
 // keeps working, e.g. for a not-found error that means "fill value") and is
 // not cached. The returned slice is the caller's own.
 //
-// Chunks are checked against their recorded size and xxh64 on every read,
+// Chunks are checked against their recorded size and checksum on every read,
 // so they are written without fsync: a damaged one is dropped and fetched
 // again. Failing to store a chunk (disk full) is logged, not returned.
 func (c *Cache) GetChunk(ctx context.Context, key string, fetch func(ctx context.Context) ([]byte, error)) ([]byte, error) {
@@ -93,7 +91,7 @@ func (c *Cache) readChunk(rel string) ([]byte, error) {
 	c.mu.Unlock()
 
 	data, err := os.ReadFile(filepath.Join(c.dir, rel))
-	if err == nil && int64(len(data)) == size && xxhash.Sum64(data) == sum {
+	if err == nil && int64(len(data)) == size && sumOf(data, sum.tree) == sum {
 		if data == nil {
 			data = []byte{}
 		}
@@ -142,14 +140,14 @@ func (c *Cache) writeChunk(rel string, data []byte) error {
 		err = cerr
 	}
 	if err == nil {
-		err = c.publish(rel, tmp.Name(), int64(len(data)), xxhash.Sum64(data), "")
+		err = c.publish(rel, tmp.Name(), int64(len(data)), sumOf(data, c.treeSums.Load()), "")
 	}
 	return err
 }
 
 // ChunkTier is the chunk tier as a plain keyed store of compressed source
 // bytes (what zarr.Options.SourceCache wants), with the guarantees of
-// GetChunk: every read is checked against the recorded size and xxh64, and
+// GetChunk: every read is checked against the recorded size and checksum, and
 // the bytes under a key never change.
 type ChunkTier struct{ c *Cache }
 

@@ -27,7 +27,7 @@
 // # Crash safety
 //
 // A fill writes a temp file under Dir/tmp/<id>, the cache checks its size,
-// records its xxh64, appends an add record to the journal and hard-links
+// records its checksum (checksum.go), appends an add record to the journal and hard-links
 // the file into place. A file at a final path is therefore always complete
 // as far as any process can see; a kill leaves
 // at worst a temp file (removed by the next Open in any process, since its

@@ -78,7 +78,7 @@ func TestIdentityPersists(t *testing.T) {
 	}
 	// A replacement whose record reached the journal but whose rename did not.
 	jf, _ := os.OpenFile(filepath.Join(dir, journalRel), os.O_WRONLY|os.O_APPEND, 0)
-	jf.Write(appendRecord(nil, record{op: opAdd, writer: "dead", size: 100, sum: 12345, ident: "x2", key: "blobs/L/a.npy"}))
+	jf.Write(appendRecord(nil, record{op: opAdd, writer: "dead", size: 100, sum: checksum{v: 12345}, ident: "x2", key: "blobs/L/a.npy"}))
 	jf.Close()
 	c.abandon()
 	c = mustOpen(t, Options{Dir: dir})

@@ -16,22 +16,32 @@ import (
 // index and one budget. It is rewritten (compacted) only by an instance that
 // holds the directory lock for writing, i.e. that is alone.
 //
-//	zarrfs-cache 2                                       header
-//	A <writer> <size> <xxh64> <ident> "<rel path>" <crc> entry added (appended before the link)
+//	zarrfs-cache 3                                       header
+//	A <writer> <size> <sum> <ident> "<rel path>" <crc>   entry added (appended before the link)
 //	D <writer> 0 0 - "<rel path>" <crc>                  entry deleted (appended before the unlink)
 //	M - 0 0 - "" <crc>                                   everything above was verified
 //	Q <writer> 0 0 - "" <crc>                            writer closed cleanly
 //
-// <ident> is the blob's identity (BlobKey.Identity), "-" for none: what the
-// bytes were built from, recorded in the same checksummed line as their
-// xxh64, so a blob verified after a crash is also known to be the version
-// its record names. Version 1 journals have no <ident> field; they are
-// read as records without one and rewritten at the next compaction.
+// <sum> is the file's checksum (checksum.go): "t" and the segment hash in
+// hex, or the xxh64 in hex, as journals before version 3 hold and as an
+// instance writes that joined one of them. <ident> is the blob's identity
+// (BlobKey.Identity), "-" for none: what the bytes were built from,
+// recorded in the same checksummed line as their checksum, so a blob
+// verified after a crash is also known to be the version its record names.
+// Version 1 journals have no <ident> field; they are read as records
+// without one. Journals of versions 1 and 2 are rewritten as version 3 at
+// the next compaction, their records keeping their xxh64; a release before
+// version 3 cannot read a journal of version 3 (and empties the cache when
+// it opens it alone).
 //
 // Records after the last M whose writer never wrote Q came from an instance
 // that was killed: they are "suspicious", and the next exclusive Open checks
 // their files against the recorded size and checksum.
-const journalHeader = "zarrfs-cache 2\n"
+const journalHeader = "zarrfs-cache 3\n"
+
+// journalHeaderV2 is the header of journals written before segment hashes:
+// every checksum is an xxh64, and releases before version 3 share them.
+const journalHeaderV2 = "zarrfs-cache 2\n"
 
 // journalHeaderV1 is the header of journals written before identities.
 const journalHeaderV1 = "zarrfs-cache 1\n"
@@ -51,7 +61,7 @@ type record struct {
 	op     byte
 	writer string
 	size   int64
-	sum    uint64
+	sum    checksum
 	ident  string // "" for none
 	key    string
 }
@@ -68,7 +78,10 @@ func appendRecord(dst []byte, r record) []byte {
 	dst = append(dst, ' ')
 	dst = strconv.AppendInt(dst, r.size, 10)
 	dst = append(dst, ' ')
-	dst = strconv.AppendUint(dst, r.sum, 16)
+	if r.sum.tree {
+		dst = append(dst, 't')
+	}
+	dst = strconv.AppendUint(dst, r.sum.v, 16)
 	dst = append(dst, ' ')
 	if r.ident == "" {
 		dst = append(dst, '-')
@@ -120,7 +133,11 @@ func parseRecord(line []byte, intern map[string]string) (record, error) {
 	if r.size, err = strconv.ParseInt(string(fields[2]), 10, 64); err != nil || r.size < 0 {
 		return r, errBadRecord
 	}
-	if r.sum, err = strconv.ParseUint(string(fields[3]), 16, 64); err != nil {
+	sum := fields[3]
+	if r.sum.tree = len(sum) > 0 && sum[0] == 't'; r.sum.tree {
+		sum = sum[1:]
+	}
+	if r.sum.v, err = strconv.ParseUint(string(sum), 16, 64); err != nil {
 		return r, errBadRecord
 	}
 	// An identity field, unless the line is version 1's (the key follows).
@@ -174,14 +191,21 @@ func scanRecords(buf []byte, intern map[string]string, fn func(record)) (consume
 	}
 }
 
-// checkHeader accepts the current header and version 1's, which has the
-// same length.
+// checkHeader accepts the current header and those of versions 1 and 2,
+// which have the same length.
 func checkHeader(buf []byte) error {
-	if !bytes.HasPrefix(buf, []byte(journalHeader)) && !bytes.HasPrefix(buf, []byte(journalHeaderV1)) {
-		return fmt.Errorf("%w: unknown journal header", errBadRecord)
+	for _, h := range []string{journalHeader, journalHeaderV2, journalHeaderV1} {
+		if bytes.HasPrefix(buf, []byte(h)) {
+			return nil
+		}
 	}
-	return nil
+	return fmt.Errorf("%w: unknown journal header", errBadRecord)
 }
+
+// segmentSums reports whether a journal that begins with buf takes segment
+// hashes: version 3. An instance sharing a journal of an earlier version
+// writes xxh64, which the releases sharing it read.
+func segmentSums(buf []byte) bool { return bytes.HasPrefix(buf, []byte(journalHeader)) }
 
 // ValidIdentity reports whether s can be a BlobKey.Identity: 1 to 128
 // characters of letters, digits and "._:=+-", so that it is one field of a

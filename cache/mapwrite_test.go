@@ -11,7 +11,6 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/cespare/xxhash/v2"
 )
 
 // mappedPieces counts the pieces copied through a mapping while the test
@@ -34,7 +33,8 @@ func mappedPieces(t *testing.T, fail int) *atomic.Int64 {
 // start and with a length that is no multiple of a piece; the file holds
 // exactly the bytes written, and the running hash is the file's.
 func TestMappedWrite(t *testing.T) {
-	for _, dir := range []string{t.TempDir(), tmpfs(t, "64m")} {
+	for i, dir := range []string{t.TempDir(), tmpfs(t, "64m"), tmpfs(t, "64m")} {
+		tree := i != 2 // the segment hash, and xxh64 once
 		pieces := mappedPieces(t, -1)
 		f, err := os.CreateTemp(dir, "blob-*")
 		if err != nil {
@@ -45,7 +45,7 @@ func TestMappedWrite(t *testing.T) {
 		data := content("data", mapWriteMin+3*mapPiece+12345)
 		var filling atomic.Int64
 		filling.Store(1)
-		hw := &hashingWriter{f: f, d: xxhash.New(), filling: &filling}
+		hw := &hashingWriter{f: f, d: newHasher(tree), filling: &filling}
 		if _, err := hw.Write(head); err != nil {
 			t.Fatal(err)
 		}
@@ -66,12 +66,12 @@ func TestMappedWrite(t *testing.T) {
 		if hw.broken || hw.next != size {
 			t.Fatalf("%s: the running hash covers %d of %d bytes (broken %v): the sum would read the file again", dir, hw.next, size, hw.broken)
 		}
-		sum, err := hw.sum(size)
+		sum, err := hw.sum(size, tree)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := xxhash.Sum64(got); sum != want {
-			t.Fatalf("%s: running hash %x, file's %x", dir, sum, want)
+		if want := refSum(got, tree); sum != want {
+			t.Fatalf("%s: running hash %+v, file's %+v", dir, sum, want)
 		}
 	}
 }
@@ -159,7 +159,7 @@ func TestMappedWriteOnlyWhenFewFills(t *testing.T) {
 	defer f.Close()
 	var filling atomic.Int64
 	filling.Store(int64(max(2, runtime.NumCPU()/8+1)))
-	hw := &hashingWriter{f: f, d: xxhash.New(), filling: &filling}
+	hw := &hashingWriter{f: f, d: newHasher(true), filling: &filling}
 	data := content("busy", mapWriteMin)
 	if _, err := hw.WriteAt(data, 0); err != nil {
 		t.Fatal(err)
@@ -167,7 +167,7 @@ func TestMappedWriteOnlyWhenFewFills(t *testing.T) {
 	if pieces.Load() != 0 {
 		t.Fatalf("%d fills in flight: the write was mapped", filling.Load())
 	}
-	if sum, err := hw.sum(int64(len(data))); err != nil || sum != xxhash.Sum64(data) {
-		t.Fatalf("sum %x, %v", sum, err)
+	if sum, err := hw.sum(int64(len(data)), true); err != nil || sum != refSum(data, true) {
+		t.Fatalf("sum %+v, %v", sum, err)
 	}
 }

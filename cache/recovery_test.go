@@ -58,7 +58,7 @@ func TestRecoveryAfterKill(t *testing.T) {
 	ghost := BlobKey{Layout: "L", Path: "ghost.npy"}
 	os.WriteFile(c.BlobPath(ghost), []byte("orphan"), 0o644)
 	jf, _ := os.OpenFile(filepath.Join(dir, journalRel), os.O_WRONLY|os.O_APPEND, 0)
-	jf.Write(appendRecord(nil, record{op: opAdd, writer: "dead", size: 6, sum: 1, key: "blobs/L/ghost.npy"}))
+	jf.Write(appendRecord(nil, record{op: opAdd, writer: "dead", size: 6, sum: checksum{v: 1}, key: "blobs/L/ghost.npy"}))
 	jf.Write(appendRecord(nil, record{op: opDel, writer: "dead", key: "blobs/L/ghost.npy"}))
 	jf.Write([]byte("A dead 12 34 \"blobs/L/torn-rec")) // a record torn mid-write
 	jf.Close()
@@ -155,8 +155,9 @@ func TestLostJournalEmptiesCache(t *testing.T) {
 
 func TestJournalRecordRoundTrip(t *testing.T) {
 	recs := []record{
-		{op: opAdd, writer: "0123456789abcdef", size: 1 << 40, sum: 0xfedcba9876543210, key: "blobs/L/t/0042.npy"},
-		{op: opAdd, writer: "w", size: 0, sum: 0, key: "blobs/L/with space/and \"quotes\"\n.npy"},
+		{op: opAdd, writer: "0123456789abcdef", size: 1 << 40, sum: checksum{v: 0xfedcba9876543210}, key: "blobs/L/t/0042.npy"},
+		{op: opAdd, writer: "w", size: 0, key: "blobs/L/with space/and \"quotes\"\n.npy"},
+		{op: opAdd, writer: "w", size: 7, sum: checksum{v: 0x0123456789abcdef, tree: true}, ident: "s7", key: "blobs/L/t/0007.npy"},
 		{op: opDel, writer: "w", key: "chunks/ab/abcdef"},
 		{op: opMarker},
 		{op: opQuit, writer: "w"},
@@ -189,7 +190,7 @@ func TestJournalRecordRoundTrip(t *testing.T) {
 }
 
 func FuzzParseRecord(f *testing.F) {
-	f.Add(appendRecord(nil, record{op: opAdd, writer: "w", size: 5, sum: 9, key: "blobs/L/a.npy"}))
+	f.Add(appendRecord(nil, record{op: opAdd, writer: "w", size: 5, sum: checksum{v: 9}, key: "blobs/L/a.npy"}))
 	f.Add(appendRecord(nil, record{op: opMarker}))
 	f.Add([]byte("A w 1 2 \"blobs/x\" 0\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {

@@ -9,7 +9,7 @@
 //	decode       decompressing (zarr/codec, zstd, lz4, the GPU's host side)
 //	assembly     placing decoded chunks into samples (copies, byte swaps,
 //	             casts, fill values, stacking)
-//	checksum     the xxh64 the cache records while a blob is written
+//	checksum     the checksum the cache records while a blob is written
 //	write        writing blobs to the cache's filesystem
 //	publish      the cache's temp files, journal, links and locks
 //	alloc/gc     the Go runtime: allocation, zeroing, collection
@@ -246,7 +246,7 @@ var stageNames = []string{"source read", "decode", "assembly", "checksum", "writ
 func stageOf(funcs []string) string {
 	for _, f := range funcs {
 		switch {
-		case strings.Contains(f, "xxhash"):
+		case strings.Contains(f, "xxhash"), strings.Contains(f, "zeebo/xxh3"), strings.Contains(f, "cache.(*treeHash)"), strings.Contains(f, "cache.sumOf"):
 			return "checksum"
 		case strings.Contains(f, "zarr/codec."), strings.Contains(f, "klauspost/compress"), strings.Contains(f, "pierrec/lz4"),
 			strings.Contains(f, "zarrfs/gpu."), strings.Contains(f, "zarr.(*readState).decode"):
