@@ -96,12 +96,8 @@ func TestJournalVersion2(t *testing.T) {
 	c.Close()
 	// Rewrite the journal as version 2 wrote it, the record left
 	// suspicious (no marker, no quit), so that the next Open verifies it.
-	body := fmt.Sprintf(`A w1 300 %x o1 "blobs/L/old.npy"`, xxhash.Sum64(old))
-	v2 := fmt.Sprintf("%s%s %x\n", journalHeaderV2, body, crcOf(body))
+	writeJournal(t, dir, journalHeaderV2, fmt.Sprintf(`A w1 300 %x o1 "blobs/L/old.npy"`, xxhash.Sum64(old)))
 	jp := filepath.Join(dir, journalRel)
-	if err := os.WriteFile(jp, []byte(v2), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	// Joined while a release of version 2 holds it (its lock, as such an
 	// instance would): records in xxh64.
 	c = mustOpen(t, Options{Dir: dir})
@@ -167,5 +163,12 @@ func TestJoinVersion2WritesXXH64(t *testing.T) {
 	}
 }
 
-// crcOf is a journal line's CRC-32C.
-func crcOf(body string) uint32 { return crc32.Checksum([]byte(body), castagnoli) }
+// writeJournal replaces dir's journal with header and one record, body,
+// as a release of that header's version wrote them.
+func writeJournal(t *testing.T, dir, header, body string) {
+	t.Helper()
+	j := fmt.Sprintf("%s%s %x\n", header, body, crc32.Checksum([]byte(body), castagnoli))
+	if err := os.WriteFile(filepath.Join(dir, journalRel), []byte(j), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}

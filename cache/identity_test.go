@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"hash/crc32"
 	"os"
 	"path/filepath"
 	"testing"
@@ -103,11 +102,7 @@ func TestJournalVersion1(t *testing.T) {
 	getIdent(t, c, "old.npy", "", data).Close()
 	c.Close()
 	// Rewrite the journal as version 1 wrote it.
-	body := fmt.Sprintf(`A w1 300 %x "blobs/L/old.npy"`, xxhash.Sum64(data))
-	v1 := fmt.Sprintf("%s%s %x\n", journalHeaderV1, body, crc32.Checksum([]byte(body), castagnoli))
-	if err := os.WriteFile(filepath.Join(dir, journalRel), []byte(v1), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeJournal(t, dir, journalHeaderV1, fmt.Sprintf(`A w1 300 %x "blobs/L/old.npy"`, xxhash.Sum64(data)))
 	c = mustOpen(t, Options{Dir: dir})
 	if !c.HasBlob(BlobKey{Layout: "L", Path: "old.npy"}) {
 		t.Fatal("version 1 record not read")

@@ -2,11 +2,9 @@ package codec
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"strings"
 	"testing"
 
@@ -21,53 +19,20 @@ func libLZ4OrSkip(t testing.TB) *libLZ4 {
 	t.Helper()
 	l, err := nativeLZ4()
 	if l == nil {
-		if os.Getenv("ZARRFS_EXPECT_LIBLZ4") != "" {
-			t.Fatalf("liblz4 expected (ZARRFS_EXPECT_LIBLZ4), not used: %v", err)
-		}
-		t.Skipf("liblz4 not used on this machine: %v", err)
+		skipWithout(t, "liblz4", "ZARRFS_EXPECT_LIBLZ4", err)
 	}
 	return l
 }
 
-// lz4Verdict decodes src into n bytes with liblz4 or the Go decoder, and
-// checks that it wrote nothing past dst and failed, if it did, with an
-// error wrapping ErrCorrupt.
-func lz4Verdict(t *testing.T, l *libLZ4, native bool, src []byte, n int) ([]byte, error) {
-	t.Helper()
-	buf := bytes.Repeat([]byte{0x5a}, n+16)
-	var err error
-	if native {
-		err = l.decode(buf[:n], src)
-	} else {
-		err = decodeLZ4Go(buf[:n], src)
-	}
-	if err != nil && !errors.Is(err, ErrCorrupt) {
-		t.Fatalf("native %v: error does not wrap ErrCorrupt: %v", native, err)
-	}
-	for i, c := range buf[n:] {
-		if c != 0x5a {
-			t.Fatalf("native %v: wrote past dst at +%d", native, i)
-		}
-	}
-	return buf[:n], err
-}
-
-// agreeLZ4 decodes src into n bytes with both decoders and fails the test
-// if both accept it with different bytes, or if want is set and either
-// accepts it with other bytes. It returns liblz4's verdict. An LZ4 block
-// has no checksum: what a damaged block decodes to, when it still parses,
-// is data to both decoders, so only their agreement is checked there.
+// agreeLZ4 decodes src into n bytes with both decoders (agreeOn) and
+// returns liblz4's verdict. An LZ4 block has no checksum: what a damaged
+// block decodes to, when it still parses, is data to both decoders, so
+// only their agreement is checked there.
 func agreeLZ4(t *testing.T, l *libLZ4, what string, src []byte, n int, want []byte) error {
 	t.Helper()
-	gb, gerr := lz4Verdict(t, l, false, src, n)
-	nb, nerr := lz4Verdict(t, l, true, src, n)
-	if gerr == nil && nerr == nil && !bytes.Equal(gb, nb) {
-		t.Fatalf("%s: both decoders accept it, with different bytes", what)
-	}
-	if want != nil && ((gerr == nil && !bytes.Equal(gb, want)) || (nerr == nil && !bytes.Equal(nb, want))) {
-		t.Fatalf("%s: accepted with wrong bytes (go err %v, liblz4 err %v)", what, gerr, nerr)
-	}
-	return nerr
+	return agreeOn(t, what, n, want,
+		func(dst []byte) error { return decodeLZ4Go(dst, src) },
+		func(dst []byte) error { return l.decode(dst, src) })
 }
 
 // lz4Corpus is LZ4 blocks as blosc writes them (a shuffled block of an
