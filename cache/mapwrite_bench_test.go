@@ -6,7 +6,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
 )
 
 // BenchmarkBlobWrite writes an 87 MB sample's data as a fill does, through

@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
-
 )
 
 // mappedPieces counts the pieces copied through a mapping while the test
