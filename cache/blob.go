@@ -150,8 +150,8 @@ func (h *Handle) Close() error {
 // cache's filesystem (not in the blob's final directory: temp files live
 // under Dir/tmp so that recovery finds torn ones without walking the blob
 // tree). The cache then checks the size, records the checksum of the
-// contents (checksum.go), fsyncs the file and links it into place, so a blob is visible
-// only complete and survives a power loss intact. A blob that is visible is
+// contents (checksum.go), fsyncs the file and links it into place, so a
+// blob is visible only complete and survives a power loss intact. A blob that is visible is
 // never replaced or rewritten: two fills of one key racing in two processes
 // both succeed, the first link wins and the other copy is discarded.
 //
