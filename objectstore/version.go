@@ -106,6 +106,44 @@ func (p *Posix) GetVersion(ctx context.Context, key string, buf []byte) ([]byte,
 	return buf, posixVersion(st), nil
 }
 
+var _ pieceReader = (*Posix)(nil)
+
+// getVersionPieces is GetVersion a piece at a time (see pieceReader).
+func (p *Posix) getVersionPieces(ctx context.Context, key string, piece []byte, put func(b []byte, off, size int64) error) (string, error) {
+	k, err := CleanKey(key, false)
+	if err != nil {
+		return "", &Error{Op: "get", Store: p.id, Key: key, Err: err}
+	}
+	if err := ctx.Err(); err != nil {
+		return "", p.wrap("get", k, err)
+	}
+	f, st, err := p.open(k)
+	if err != nil {
+		return "", p.wrap("get", k, err)
+	}
+	defer f.Close()
+	size := st.Size()
+	if err := checkSize(ctx, size); err != nil {
+		return "", p.wrap("get", k, err)
+	}
+	if size == 0 {
+		if err := put(nil, 0, 0); err != nil {
+			return "", err
+		}
+	}
+	for off := int64(0); off < size; {
+		b := piece[:min(int64(len(piece)), size-off)]
+		if _, err := io.ReadFull(f, b); err != nil {
+			return "", p.wrap("get", k, err)
+		}
+		if err := put(b, off, size); err != nil {
+			return "", err
+		}
+		off += int64(len(b))
+	}
+	return posixVersion(st), nil
+}
+
 // GetRangeVersion reads a byte range and the version of its file.
 func (p *Posix) GetRangeVersion(ctx context.Context, key string, off, length int64) ([]byte, string, error) {
 	k, err := CleanKey(key, false)

@@ -1,0 +1,119 @@
+package objectstore
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// A local file read through a Deadline lands in the caller's buffer a
+// piece at a time: the bytes and version of Posix's own read, the caller's
+// buffer used when it is large enough, for sizes around a piece.
+func TestDeadlinePiecesPosix(t *testing.T) {
+	dir := t.TempDir()
+	p, err := OpenPosix(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	d, err := WithDeadline(p, DeadlineOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, n := range []int{0, 1, readPiece - 1, readPiece, readPiece + 1, 3*readPiece + 5} {
+		data := make([]byte, n)
+		for i := range data {
+			data[i] = byte(i*7 + i>>9)
+		}
+		key := fmt.Sprintf("f%d", n)
+		if err := os.WriteFile(filepath.Join(dir, key), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		want, wantVer, err := p.GetVersion(ctx, key, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []int{0, n, n + 100} {
+			buf := make([]byte, 0, c)
+			got, ver, err := d.GetVersion(ctx, key, buf)
+			if err != nil || ver != wantVer || !bytes.Equal(got, want) || len(got) != n {
+				t.Fatalf("%d bytes into a buffer of %d: %d bytes, %q, %v; want %q", n, c, len(got), ver, err, wantVer)
+			}
+			if n > 0 && c >= n && &got[0] != &buf[:1][0] {
+				t.Errorf("%d bytes into a buffer of %d: not read into it", n, c)
+			}
+		}
+	}
+	if _, _, err := d.GetVersion(ctx, "missing", nil); !IsNotFound(err) {
+		t.Errorf("a missing file: %v", err)
+	}
+}
+
+// stallStore hands its first piece at once, then waits to be released
+// before handing the others, as a read of a file on a filesystem that
+// stops answering mid-file does.
+type stallStore struct {
+	Posix   // the methods a Versioned store needs; only GetVersion is read
+	release chan struct{}
+	puts    atomic.Int64
+	stopped atomic.Value // the error put returned, if any
+}
+
+func (s *stallStore) getVersionPieces(ctx context.Context, key string, piece []byte, put func(b []byte, off, size int64) error) (string, error) {
+	const size = 4 * readPiece
+	for off := int64(0); off < size; off += readPiece {
+		if off > 0 {
+			<-s.release
+		}
+		for i := range piece {
+			piece[i] = 0x11
+		}
+		s.puts.Add(1)
+		if err := put(piece, off, size); err != nil {
+			s.stopped.Store(err)
+			return "", err
+		}
+	}
+	return "v1", nil
+}
+
+// A read its caller left (deadline) writes nothing into the caller's
+// buffer once the caller has its error, even when the filesystem answers
+// afterwards, and stops reading at its next piece.
+func TestDeadlinePiecesLeft(t *testing.T) {
+	s := &stallStore{release: make(chan struct{})}
+	d, err := WithDeadline(s, DeadlineOptions{Timeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4*readPiece)
+	_, _, err = d.GetVersion(context.Background(), "k", buf)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a stalled read: %v", err)
+	}
+	if s.puts.Load() != 1 || buf[0] != 0x11 {
+		t.Fatalf("the first piece did not land before the stall (%d pieces)", s.puts.Load())
+	}
+	for i := range buf {
+		buf[i] = 0x55 // the caller reuses its buffer
+	}
+	close(s.release)
+	for deadline := time.Now().Add(5 * time.Second); d.Blocked() > 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the left read did not return once released")
+		}
+	}
+	if i := bytes.IndexFunc(buf, func(r rune) bool { return r != 0x55 }); i >= 0 {
+		t.Fatalf("the read left behind wrote into its caller's buffer at %d", i)
+	}
+	if err, _ := s.stopped.Load().(error); !errors.Is(err, errGateClosed) || s.puts.Load() != 2 {
+		t.Fatalf("the read went on after its caller left: %d pieces, stopped by %v", s.puts.Load(), err)
+	}
+}
