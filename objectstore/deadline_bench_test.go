@@ -10,14 +10,7 @@ import (
 // BenchmarkDeadlineStat measures what the deadline adds to a local stat,
 // the call a warm check makes per chunk.
 func BenchmarkDeadlineStat(b *testing.B) {
-	dir := b.TempDir()
-	writeTree(b, dir, map[string][]byte{"a/b/c/d": []byte("x")})
-	p, err := objectstore.OpenPosix(dir)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer p.Close()
-	d, _ := objectstore.WithDeadline(p, objectstore.DeadlineOptions{})
+	p, d := posixAndDeadline(b, map[string][]byte{"a/b/c/d": []byte("x")})
 	ctx := context.Background()
 	for _, c := range []struct {
 		name string
@@ -38,18 +31,11 @@ func BenchmarkDeadlineStat(b *testing.B) {
 // chunk-sized local file (7.5 MB, in the page cache) into a reused
 // buffer, the read a fill makes per chunk.
 func BenchmarkDeadlineRead(b *testing.B) {
-	dir := b.TempDir()
 	data := make([]byte, 7_500_000)
 	for i := range data {
 		data[i] = byte(i)
 	}
-	writeTree(b, dir, map[string][]byte{"c/0": data})
-	p, err := objectstore.OpenPosix(dir)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer p.Close()
-	d, _ := objectstore.WithDeadline(p, objectstore.DeadlineOptions{})
+	p, d := posixAndDeadline(b, map[string][]byte{"c/0": data})
 	ctx := context.Background()
 	for _, c := range []struct {
 		name string
@@ -65,4 +51,17 @@ func BenchmarkDeadlineRead(b *testing.B) {
 			}
 		})
 	}
+}
+
+// posixAndDeadline is a Posix store of files, and the Deadline over it.
+func posixAndDeadline(b *testing.B, files map[string][]byte) (*objectstore.Posix, *objectstore.Deadline) {
+	dir := b.TempDir()
+	writeTree(b, dir, files)
+	p, err := objectstore.OpenPosix(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { p.Close() })
+	d, _ := objectstore.WithDeadline(p, objectstore.DeadlineOptions{})
+	return p, d
 }

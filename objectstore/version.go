@@ -80,21 +80,11 @@ func posixVersion(fi fs.FileInfo) string {
 // GetVersion reads a whole object and its version (from the descriptor it
 // read through).
 func (p *Posix) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
-	k, err := CleanKey(key, false)
+	f, st, k, err := p.openWhole(ctx, key)
 	if err != nil {
-		return nil, "", &Error{Op: "get", Store: p.id, Key: key, Err: err}
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, "", p.wrap("get", k, err)
-	}
-	f, st, err := p.open(k)
-	if err != nil {
-		return nil, "", p.wrap("get", k, err)
+		return nil, "", err
 	}
 	defer f.Close()
-	if err := checkSize(ctx, st.Size()); err != nil {
-		return nil, "", p.wrap("get", k, err)
-	}
 	n := int(st.Size())
 	if cap(buf) < n {
 		buf = make([]byte, n)
@@ -106,26 +96,37 @@ func (p *Posix) GetVersion(ctx context.Context, key string, buf []byte) ([]byte,
 	return buf, posixVersion(st), nil
 }
 
+// openWhole opens key for a read of the whole object: the file, its
+// stat, the cleaned key, or the error to return.
+func (p *Posix) openWhole(ctx context.Context, key string) (*os.File, os.FileInfo, string, error) {
+	k, err := CleanKey(key, false)
+	if err != nil {
+		return nil, nil, "", &Error{Op: "get", Store: p.id, Key: key, Err: err}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, "", p.wrap("get", k, err)
+	}
+	f, st, err := p.open(k)
+	if err != nil {
+		return nil, nil, "", p.wrap("get", k, err)
+	}
+	if err := checkSize(ctx, st.Size()); err != nil {
+		f.Close()
+		return nil, nil, "", p.wrap("get", k, err)
+	}
+	return f, st, k, nil
+}
+
 var _ pieceReader = (*Posix)(nil)
 
 // getVersionPieces is GetVersion a piece at a time (see pieceReader).
 func (p *Posix) getVersionPieces(ctx context.Context, key string, piece []byte, put func(b []byte, off, size int64) error) (string, error) {
-	k, err := CleanKey(key, false)
+	f, st, k, err := p.openWhole(ctx, key)
 	if err != nil {
-		return "", &Error{Op: "get", Store: p.id, Key: key, Err: err}
-	}
-	if err := ctx.Err(); err != nil {
-		return "", p.wrap("get", k, err)
-	}
-	f, st, err := p.open(k)
-	if err != nil {
-		return "", p.wrap("get", k, err)
+		return "", err
 	}
 	defer f.Close()
 	size := st.Size()
-	if err := checkSize(ctx, size); err != nil {
-		return "", p.wrap("get", k, err)
-	}
 	if size == 0 {
 		if err := put(nil, 0, 0); err != nil {
 			return "", err
