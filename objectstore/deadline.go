@@ -325,7 +325,10 @@ func (d *Deadline) inPieces(ctx context.Context, key string, buf []byte, pr piec
 		*p = make([]byte, readPiece)
 	}
 	g := &gate{}
-	var dst []byte // written only through g, read once the call returned
+	var (
+		dst []byte // written only through g, read once the call returned
+		ok  bool   // the read ran to its end
+	)
 	r, err := callGated(d, ctx, "get", key, func() (versioned, error) {
 		ver, err := pr.getVersionPieces(ctx, key, (*p)[:readPiece], func(b []byte, off, size int64) error {
 			return g.do(func() {
@@ -338,11 +341,12 @@ func (d *Deadline) inPieces(ctx context.Context, key string, buf []byte, pr piec
 				copy(dst[off:], b)
 			})
 		})
+		ok = err == nil
 		return versioned{ver: ver}, err
 	}, func(v versioned, left bool) versioned {
 		d.bufs.Put(p)
-		if !left {
-			v.b = dst
+		if !left && ok {
+			v.b = dst // not a part of the object with an error
 		}
 		return v
 	}, g)

@@ -117,3 +117,26 @@ func TestDeadlinePiecesLeft(t *testing.T) {
 		t.Fatalf("the read went on after its caller left: %d pieces, stopped by %v", s.puts.Load(), err)
 	}
 }
+
+// shortStore hands one piece of an object of two, then fails, as a file
+// cut short under the read does.
+type shortStore struct{ Posix }
+
+func (shortStore) getVersionPieces(ctx context.Context, key string, piece []byte, put func(b []byte, off, size int64) error) (string, error) {
+	if err := put(piece, 0, 2*int64(len(piece))); err != nil {
+		return "", err
+	}
+	return "", errors.New("unexpected EOF")
+}
+
+// A read that fails midway returns its error and none of the bytes.
+func TestDeadlinePiecesShort(t *testing.T) {
+	d, err := WithDeadline(shortStore{}, DeadlineOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, ver, err := d.GetVersion(context.Background(), "k", nil)
+	if err == nil || b != nil || ver != "" {
+		t.Fatalf("a read cut short: %d bytes, %q, %v", len(b), ver, err)
+	}
+}
