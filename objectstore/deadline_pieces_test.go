@@ -122,7 +122,7 @@ func TestDeadlinePiecesLeft(t *testing.T) {
 // cut short under the read does.
 type shortStore struct{ Posix }
 
-func (shortStore) getVersionPieces(ctx context.Context, key string, piece []byte, put func(b []byte, off, size int64) error) (string, error) {
+func (*shortStore) getVersionPieces(ctx context.Context, key string, piece []byte, put func(b []byte, off, size int64) error) (string, error) {
 	if err := put(piece, 0, 2*int64(len(piece))); err != nil {
 		return "", err
 	}
@@ -131,7 +131,7 @@ func (shortStore) getVersionPieces(ctx context.Context, key string, piece []byte
 
 // A read that fails midway returns its error and none of the bytes.
 func TestDeadlinePiecesShort(t *testing.T) {
-	d, err := WithDeadline(shortStore{}, DeadlineOptions{})
+	d, err := WithDeadline(&shortStore{}, DeadlineOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
