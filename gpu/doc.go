@@ -48,12 +48,11 @@
 //
 //   - LZ4 (numcodecs framing, and blosc's lz4 and lz4hc streams): exact.
 //     lz4Check walks every block's tokens, lengths and offsets as the CPU
-//     decoders (liblz4, and the Go decoder) read them, copying nothing: it
-//     passes a block only if both accept it and it decodes to exactly the
-//     expected length, so any decoder writes the same bytes. Blocks that
-//     break the format in ways the CPU decoders decide differently (LZ4's
-//     end-of-block rules, which no encoder breaks and fast decoders may
-//     rely on; a match offset of 0) go to the CPU. With Options.WalkOnDevice
+//     decoder reads them, copying nothing: it passes a block only if that
+//     decoder accepts it and it decodes to exactly the expected length, so
+//     any decoder writes the same bytes. Blocks the CPU decoder accepts but
+//     that break LZ4's end-of-block rules (no encoder writes them, and fast
+//     decoders may rely on them) go to the CPU. With Options.WalkOnDevice
 //     the walk runs on the device instead (kernels.cu's lz4_walk, lz4Check
 //     rule for rule), one thread per block, before nvCOMP in the same
 //     stream: a block it rejects is swapped in nvCOMP's arrays for an

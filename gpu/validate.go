@@ -253,27 +253,24 @@ func snappyCheck(src []byte, n int64) error {
 }
 
 // lz4Check walks one raw LZ4 block that must decode to exactly n bytes the
-// way zarrfs's CPU decoders (behind codec.Decode: liblz4's
-// LZ4_decompress_safe for blocks of 4 KiB and more where the system has
-// it, pierrec/lz4's UncompressBlock otherwise) read it, reading only the
-// tokens, lengths and offsets and copying nothing. It returns nil when
-// both decoders accept the block and an error wrapping codec.ErrCorrupt
-// when both reject it: a literal run or length byte past the end of the
-// block, a match offset before the first byte, anything decoding past n
-// bytes, input that ends inside an offset, or a block that decodes to
-// fewer than n bytes. Any LZ4 decoder that decodes a block passing these
-// checks writes the same n bytes, so nvCOMP's success is no longer what
-// accepts a chunk.
+// way zarrfs's CPU decoder (pierrec/lz4's UncompressBlock, behind
+// codec.Decode) reads it, reading only the tokens, lengths and offsets and
+// copying nothing. It returns nil when that decoder accepts the block and
+// an error wrapping codec.ErrCorrupt when it rejects it: a literal run or
+// length byte past the end of the block, a match offset of zero or before
+// the first byte, anything decoding past n bytes, input that ends after
+// the literals with a match length left or inside an offset, or a block
+// that decodes to fewer than n bytes. Any LZ4 decoder that decodes a block
+// passing these checks writes the same n bytes, so nvCOMP's success is no
+// longer what accepts a chunk.
 //
-// Where the two decoders differ it returns an error wrapping
-// codec.ErrUnsupported, and the block goes to the CPU, which decides as it
-// always does: blocks that break the format's end-of-block rules (the
-// last sequence is literals only, the last five bytes are literals, no
-// match starts within the last twelve), which every LZ4 encoder keeps,
-// which fast decoders such as nvCOMP's may rely on to copy in wide words,
-// and which pierrec/lz4 accepts; and a match offset of 0 or a block that
-// ends after a literal run with a match length left, which liblz4 accepts
-// (offset 0 as zeros), when the rest of the block is sound.
+// The CPU decoder also accepts blocks that break the format's end-of-block
+// rules (the last sequence is literals only, the last five bytes are
+// literals, no match starts within the last twelve), which every LZ4
+// encoder keeps and which fast decoders such as nvCOMP's may rely on to
+// copy in wide words. For those it returns an error wrapping
+// codec.ErrUnsupported: they go to the CPU, which decides as it always
+// does.
 func lz4Check(src []byte, n int64) error {
 	if len(src) == 0 {
 		return fmt.Errorf("empty LZ4 block for %d bytes: %w", n, codec.ErrCorrupt)
@@ -284,7 +281,6 @@ func lz4Check(src []byte, n int64) error {
 		lastMatch = int64(-1)
 		lastLen   int64
 		endsInLit bool
-		lenient   string // what only liblz4 accepts, if anything (see above)
 	)
 	for si < len(src) {
 		tok := src[si]
@@ -305,10 +301,10 @@ func lz4Check(src []byte, n int64) error {
 		si += int(lit)
 		di += lit
 		if si == len(src) {
-			endsInLit = true
 			if tok&15 != 0 {
-				lenient = "the block ends with a match length and no offset"
+				return lz4Bad("block ends with a match length and no offset", si, di)
 			}
+			endsInLit = true
 			break
 		}
 		if len(src)-si < 2 {
@@ -316,10 +312,7 @@ func lz4Check(src []byte, n int64) error {
 		}
 		off := int64(src[si]) | int64(src[si+1])<<8
 		si += 2
-		if off == 0 && lenient == "" {
-			lenient = fmt.Sprintf("a match offset of 0 at input byte %d", si-2)
-		}
-		if off > di {
+		if off == 0 || off > di {
 			return lz4Bad(fmt.Sprintf("match offset %d", off), si, di)
 		}
 		ml := int64(tok&15) + 4
@@ -337,9 +330,6 @@ func lz4Check(src []byte, n int64) error {
 	}
 	if di != n {
 		return fmt.Errorf("LZ4 block decodes to %d bytes, expected %d: %w", di, n, codec.ErrCorrupt)
-	}
-	if lenient != "" {
-		return fmt.Errorf("LZ4 block breaks the format with %s, which the CPU decides: %w", lenient, codec.ErrUnsupported)
 	}
 	if lastMatch >= 0 && (!endsInLit || lastMatch > n-12 || lastMatch+lastLen > n-5) {
 		return fmt.Errorf("LZ4 block breaks the end-of-block rules (last match at %d of %d bytes, %d long; ends in literals: %v): %w",

@@ -184,7 +184,7 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 		store.ID(), mountpoint, count(int64(l.Arrays), "array"), count(l.Files, "file"))
 	logCacheHint(log, c.Dir())
 	log.Info("mount live", "source", store.ID(), "mountpoint", mountpoint, "direct", f.direct, "decode", o.dec.Placement(),
-		"zstd", codec.ZstdDecoder(), "lz4", codec.LZ4Decoder(), "cache", c.Dir(), "cache_budget", c.Budget())
+		"zstd", codec.ZstdDecoder(), "cache", c.Dir(), "cache_budget", c.Budget())
 	notifySystemd(fmt.Sprintf("READY=1\nSTATUS=serving %s at %s", store.ID(), mountpoint), log)
 	defer notifySystemd("STOPPING=1", log)
 

@@ -11,13 +11,12 @@ import (
 func newVersionCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
-		Short: "Print the version, whether a GPU and nvCOMP were found, and the zstd and LZ4 decoders",
+		Short: "Print the version, whether a GPU and nvCOMP were found, and the zstd decoder",
 		Args:  exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			fmt.Fprintf(cmd.OutOrStdout(), "zarrfs %s\n", version)
 			fmt.Fprintf(cmd.OutOrStdout(), "%s\n", gpu.Probe())
 			fmt.Fprintf(cmd.OutOrStdout(), "zstd: %s\n", codec.ZstdDecoder())
-			fmt.Fprintf(cmd.OutOrStdout(), "lz4: %s\n", codec.LZ4Decoder())
 			return nil
 		},
 	}

@@ -239,18 +239,8 @@ func decodeLZ4(dst, src []byte) error {
 	return decodeLZ4Block(dst, src[4:])
 }
 
-// decodeLZ4Block decodes one raw LZ4 block into exactly dst: through
-// liblz4 where it is used and the block is large enough (liblz4.go), else
-// through the Go decoder.
+// decodeLZ4Block decodes one raw LZ4 block into exactly dst.
 func decodeLZ4Block(dst, src []byte) error {
-	if l := lz4Native(len(dst), len(src)); l != nil {
-		return l.decode(dst, src)
-	}
-	return decodeLZ4Go(dst, src)
-}
-
-// decodeLZ4Go is decodeLZ4Block through the Go decoder.
-func decodeLZ4Go(dst, src []byte) error {
 	n, err := lz4.UncompressBlock(src, dst)
 	if err != nil {
 		return fmt.Errorf("lz4: %w: %w", ErrCorrupt, err)

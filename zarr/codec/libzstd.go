@@ -56,29 +56,47 @@ var nativeZstd = sync.OnceValues(func() (*libZstd, error) {
 })
 
 func loadLibZstd(setting string) (*libZstd, error) {
-	l := &libZstd{}
+	name := "libzstd.so.1"
+	switch setting {
+	case "off":
+		return nil, fmt.Errorf("ZARRFS_LIBZSTD=off")
+	case "":
+	default:
+		name = setting
+	}
+	h, err := purego.Dlopen(name, purego.RTLD_NOW|purego.RTLD_LOCAL)
+	if err != nil {
+		return nil, fmt.Errorf("%s not loaded: %v", name, err)
+	}
+	l := &libZstd{path: name}
 	var en, vn uintptr // ZSTD_getErrorName, ZSTD_versionNumber
-	h, name, err := loadNative("ZARRFS_LIBZSTD", "libzstd.so.1", setting, []nativeSym{
+	for _, s := range []struct {
+		addr *uintptr
+		name string
+	}{
 		{&l.createDCtx, "ZSTD_createDCtx"},
 		{&l.freeDCtx, "ZSTD_freeDCtx"},
 		{&l.decompress, "ZSTD_decompressDCtx"},
 		{&l.isError, "ZSTD_isError"},
 		{&en, "ZSTD_getErrorName"},
 		{&vn, "ZSTD_versionNumber"},
-	})
-	if err != nil {
-		return nil, err
+	} {
+		if *s.addr, err = purego.Dlsym(h, s.name); err != nil || *s.addr == 0 {
+			purego.Dlclose(h)
+			return nil, fmt.Errorf("%s: symbol %s missing: %v", name, s.name, err)
+		}
 	}
-	l.path = name
 	purego.RegisterFunc(&l.errorName, en)
 	v, _, _ := purego.SyscallN(vn)
 	l.version = uint32(v)
 	if l.version < minLibZstd {
 		purego.Dlclose(h)
-		return nil, fmt.Errorf("%s is version %s, older than %s", name, nativeVersion(l.version), nativeVersion(minLibZstd))
+		return nil, fmt.Errorf("%s is version %s, older than %s", name, zstdVersion(l.version), zstdVersion(minLibZstd))
 	}
 	return l, nil
 }
+
+func zstdVersion(v uint32) string { return fmt.Sprintf("%d.%d.%d", v/10000, v/100%100, v%100) }
 
 // ZstdDecoder says which decoder zstd chunks of at least 4 KiB go
 // through, for `zarrfs version` and the logs: "libzstd 1.5.5
@@ -88,7 +106,7 @@ func ZstdDecoder() string {
 	if l == nil {
 		return "Go (klauspost/compress): " + err.Error()
 	}
-	return fmt.Sprintf("libzstd %s (%s)", nativeVersion(l.version), l.path)
+	return fmt.Sprintf("libzstd %s (%s)", zstdVersion(l.version), l.path)
 }
 
 // zstdCtx is one libzstd decompression context, owned by one decoder
