@@ -498,12 +498,13 @@ func (h *hashingWriter) saw(p []byte, off int64) {
 // sum returns the checksum of the file's first size bytes: the running
 // one when the fill wrote exactly them in order, else read back from the
 // file.
-func (h *hashingWriter) sum(size int64, tree bool) (checksum, error) {
+func (h *hashingWriter) sum(size int64) (checksum, error) {
 	if !h.broken && h.next == size {
 		return h.d.sum(), nil
 	}
 	bp := hashBufs.Get().(*[]byte)
 	defer hashBufs.Put(bp)
+	_, tree := h.d.(*treeHash)
 	return hashFile(h.f, size, *bp, tree)
 }
 
@@ -553,8 +554,7 @@ func (c *Cache) fillBlobOnce(ctx context.Context, rel string, size int64, identi
 		}
 		os.Remove(tmpName)
 	}()
-	tree := c.treeSums.Load()
-	hw := &hashingWriter{f: tmp, d: newHasher(tree)}
+	hw := &hashingWriter{f: tmp, d: newHasher(c.treeSums.Load())}
 	if c.mapsWrites() {
 		hw.filling = &c.counts.filling
 	}
@@ -575,7 +575,7 @@ func (c *Cache) fillBlobOnce(ctx context.Context, rel string, size int64, identi
 	if err != nil {
 		return nil, fmt.Errorf("blob %s: fill: %w", rel, err)
 	}
-	sum, err := hw.sum(size, tree)
+	sum, err := hw.sum(size)
 	if err != nil {
 		return nil, fmt.Errorf("blob %s: %w", rel, err)
 	}

@@ -397,6 +397,9 @@ func TestFillChecksum(t *testing.T) {
 		if e == nil {
 			t.Fatalf("%s: not indexed", name)
 		}
+		if !e.sum.tree {
+			t.Errorf("%s: an xxh64 recorded in a journal of version 3", name)
+		}
 		if err := verifyFile(c.BlobPath(BlobKey{Layout: "L", Path: name + ".npy"}), e.size, e.sum, buf); err != nil {
 			t.Errorf("%s: recorded checksum does not match the file: %v", name, err)
 		}

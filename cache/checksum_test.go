@@ -16,22 +16,36 @@ import (
 	"github.com/zeebo/xxh3"
 )
 
-// refSum is the checksum of data as checksum.go defines it, computed
-// from the definition: xxh64 of the whole, or XXH3 of the size and of
-// each segment's XXH3.
-func refSum(data []byte, tree bool) checksum {
-	if !tree {
-		return checksum{v: xxhash.Sum64(data)}
+// The segment hash, spelled out for an object of two segments, the second
+// short, and for the empty object, and the values a version 3 journal holds
+// for them: what the format is, pinned (a change to it would fail here, and
+// caches written before would fail verification after a crash).
+func TestSegmentHashFormat(t *testing.T) {
+	d := make([]byte, segSize+10)
+	for i := range d {
+		d[i] = byte(i*7 + 3)
 	}
-	b := binary.LittleEndian.AppendUint64(nil, uint64(len(data)))
-	for off := 0; off < len(data); off += segSize {
-		b = binary.LittleEndian.AppendUint64(b, xxh3.Hash(data[off:min(off+segSize, len(data))]))
+	le := binary.LittleEndian
+	spelled := xxh3.Hash(le.AppendUint64(le.AppendUint64(le.AppendUint64(nil, uint64(len(d))),
+		xxh3.Hash(d[:segSize])), xxh3.Hash(d[segSize:])))
+	for _, c := range []struct {
+		data []byte
+		want uint64
+	}{{nil, 0xc77b3abb6f87acd9}, {d[:10], 0x3c0b6cc9647b84b1}, {d, 0x1514b8faae85174}} {
+		if got := sumOf(c.data, true); got != (checksum{v: c.want, tree: true}) {
+			t.Errorf("%d bytes: %x, want %x", len(c.data), got.v, c.want)
+		}
 	}
-	return checksum{v: xxh3.Hash(b), tree: true}
+	if spelled != 0x1514b8faae85174 {
+		t.Errorf("the definition spelled out gives %x", spelled)
+	}
+	if got := sumOf(d, false); got != (checksum{v: xxhash.Sum64(d)}) {
+		t.Errorf("xxh64: %+v", got)
+	}
 }
 
-// The running hashes, fed in pieces of any sizes, and hashFile give the
-// checksum of the definition; sizes around the segment's, none.
+// The running hashes, fed in pieces of any sizes, and hashFile give sumOf's
+// checksum; sizes around the segment's, none.
 func TestChecksumPieces(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 1))
 	data := make([]byte, 3*segSize+12345)
@@ -47,7 +61,7 @@ func TestChecksumPieces(t *testing.T) {
 	buf := make([]byte, 1<<20)
 	for _, n := range []int{0, 1, 4096, segSize - 1, segSize, segSize + 1, 2 * segSize, len(data)} {
 		for _, tree := range []bool{true, false} {
-			want := refSum(data[:n], tree)
+			want := sumOf(data[:n], tree)
 			for split := range 20 {
 				h := newHasher(tree)
 				for p := data[:n]; len(p) > 0; {
@@ -67,18 +81,15 @@ func TestChecksumPieces(t *testing.T) {
 					t.Fatalf("%d bytes, tree %v, split %d: %+v, want %+v", n, tree, split, got, want)
 				}
 			}
-			if got := sumOf(data[:n], tree); got != want {
-				t.Fatalf("sumOf %d bytes, tree %v: %+v, want %+v", n, tree, got, want)
-			}
 			if got, err := hashFile(f, int64(n), buf, tree); err != nil || got != want {
 				t.Fatalf("hashFile of %d bytes, tree %v: %+v, %v, want %+v", n, tree, got, err, want)
 			}
 		}
 	}
-	if a, b := refSum(data[:segSize], true), refSum(data[:segSize+1], true); a == b {
+	if a, b := sumOf(data[:segSize], true), sumOf(data[:segSize+1], true); a == b {
 		t.Fatal("a byte more, the same segment hash")
 	}
-	if a, b := refSum(make([]byte, 10), true), refSum(make([]byte, 11), true); a == b {
+	if a, b := sumOf(make([]byte, 10), true), sumOf(make([]byte, 11), true); a == b {
 		t.Fatal("the size is not in the segment hash")
 	}
 }
@@ -116,7 +127,7 @@ func TestJournalVersion2(t *testing.T) {
 		switch {
 		case strings.Contains(line, `"blobs/L/old.npy"`) && !strings.Contains(line, fmt.Sprintf(" %x ", xxhash.Sum64(old))):
 			t.Errorf("the old record lost its xxh64: %s", line)
-		case strings.Contains(line, `"blobs/L/new.npy"`) && !strings.Contains(line, fmt.Sprintf(" t%x ", refSum(data, true).v)):
+		case strings.Contains(line, `"blobs/L/new.npy"`) && !strings.Contains(line, fmt.Sprintf(" t%x ", sumOf(data, true).v)):
 			t.Errorf("the new blob has no segment hash: %s", line)
 		}
 	}
@@ -170,5 +181,32 @@ func writeJournal(t *testing.T, dir, header, body string) {
 	j := fmt.Sprintf("%s%s %x\n", header, body, crc32.Checksum([]byte(body), castagnoli))
 	if err := os.WriteFile(filepath.Join(dir, journalRel), []byte(j), 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// BenchmarkChecksum times the two checksums over 16 MiB handed in the
+// pieces a fill writes (hashPiece), as the running hash of a blob sees
+// them; each piece is hashed right after the previous one, so it comes
+// from the core's cache only as far as 16 MiB stays there.
+func BenchmarkChecksum(b *testing.B) {
+	data := make([]byte, 16<<20)
+	r := rand.New(rand.NewPCG(2, 2))
+	for i := range data {
+		data[i] = byte(r.Uint32())
+	}
+	for _, c := range []struct {
+		name string
+		tree bool
+	}{{"xxh64", false}, {"segments", true}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(data)))
+			for b.Loop() {
+				h := newHasher(c.tree)
+				for off := 0; off < len(data); off += hashPiece {
+					h.Write(data[off : off+hashPiece])
+				}
+				h.sum()
+			}
+		})
 	}
 }

@@ -65,11 +65,11 @@ func TestMappedWrite(t *testing.T) {
 		if hw.broken || hw.next != size {
 			t.Fatalf("%s: the running hash covers %d of %d bytes (broken %v): the sum would read the file again", dir, hw.next, size, hw.broken)
 		}
-		sum, err := hw.sum(size, tree)
+		sum, err := hw.sum(size)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := refSum(got, tree); sum != want {
+		if want := sumOf(got, tree); sum != want {
 			t.Fatalf("%s: running hash %+v, file's %+v", dir, sum, want)
 		}
 	}
@@ -166,7 +166,7 @@ func TestMappedWriteOnlyWhenFewFills(t *testing.T) {
 	if pieces.Load() != 0 {
 		t.Fatalf("%d fills in flight: the write was mapped", filling.Load())
 	}
-	if sum, err := hw.sum(int64(len(data)), true); err != nil || sum != refSum(data, true) {
+	if sum, err := hw.sum(int64(len(data))); err != nil || sum != sumOf(data, true) {
 		t.Fatalf("sum %+v, %v", sum, err)
 	}
 }
