@@ -40,7 +40,8 @@ type DeadlineOptions struct {
 // dropped: into memory of its own, never into a buffer the caller passed
 // (GetInto and GetVersion read into pooled buffers and copy; a local
 // file is copied a piece at a time, each copy made only while the caller
-// waits), and its listing (ListVersions) never reaches the caller's fn.
+// waits: inPieces), and its listing (ListVersions) never reaches the
+// caller's fn.
 //
 // Put a Breaker outside it (WithBreaker(WithDeadline(s, ...), ...)), so
 // that a source found silent fails reads at once, and is probed, rather
@@ -48,9 +49,10 @@ type DeadlineOptions struct {
 // concurrent use when the inner Store is.
 type Deadline struct {
 	decorator
-	opts DeadlineOptions
-	log  *slog.Logger
-	bufs sync.Pool // *[]byte that calls read into
+	opts   DeadlineOptions
+	log    *slog.Logger
+	bufs   sync.Pool // *[]byte that calls read into
+	pieces sync.Pool // *[]byte of readPiece bytes that inPieces reads into
 
 	blocked atomic.Int64 // calls left by their callers, still running
 	mu      sync.Mutex   // guards full
@@ -262,8 +264,13 @@ func (d *Deadline) Get(ctx context.Context, key string) ([]byte, error) {
 var _ GetterInto = (*Deadline)(nil)
 
 // GetInto reads through the inner store's GetInto (or Get) into a pooled
-// buffer and copies into buf.
+// buffer and copies into buf; from a store that reads in pieces, into buf
+// itself (inPieces).
 func (d *Deadline) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
+	if pr, ok := d.Store.(pieceReader); ok {
+		b, _, err := d.inPieces(ctx, key, buf, pr)
+		return b, err
+	}
 	gi, ok := d.Store.(GetterInto)
 	if !ok {
 		return d.Get(ctx, key)
@@ -320,9 +327,10 @@ const readPiece = 256 << 10
 // call's gate, so that a read its caller left behind stops writing into
 // buf before the caller goes on.
 func (d *Deadline) inPieces(ctx context.Context, key string, buf []byte, pr pieceReader) ([]byte, string, error) {
-	p := d.getBuf()
-	if cap(*p) < readPiece {
-		*p = make([]byte, readPiece)
+	p, _ := d.pieces.Get().(*[]byte)
+	if p == nil {
+		b := make([]byte, readPiece)
+		p = &b
 	}
 	g := &gate{}
 	var (
@@ -330,7 +338,7 @@ func (d *Deadline) inPieces(ctx context.Context, key string, buf []byte, pr piec
 		ok  bool   // the read ran to its end
 	)
 	r, err := callGated(d, ctx, "get", key, func() (versioned, error) {
-		ver, err := pr.getVersionPieces(ctx, key, (*p)[:readPiece], func(b []byte, off, size int64) error {
+		ver, err := pr.getVersionPieces(ctx, key, *p, func(b []byte, off, size int64) error {
 			return g.do(func() {
 				if dst == nil {
 					if int64(cap(buf)) < size {
@@ -344,7 +352,7 @@ func (d *Deadline) inPieces(ctx context.Context, key string, buf []byte, pr piec
 		ok = err == nil
 		return versioned{ver: ver}, err
 	}, func(v versioned, left bool) versioned {
-		d.bufs.Put(p)
+		d.pieces.Put(p)
 		if !left && ok {
 			v.b = dst // not a part of the object with an error
 		}

@@ -12,8 +12,8 @@ import (
 	"time"
 )
 
-// A local file read through a Deadline lands in the caller's buffer a
-// piece at a time: the bytes and version of Posix's own read, the caller's
+// A local file read through a Deadline (GetVersion, GetInto) lands in the
+// caller's buffer a piece at a time: the bytes and version of Posix's own read, the caller's
 // buffer used when it is large enough, for sizes around a piece.
 func TestDeadlinePiecesPosix(t *testing.T) {
 	dir := t.TempDir()
@@ -48,6 +48,9 @@ func TestDeadlinePiecesPosix(t *testing.T) {
 			}
 			if n > 0 && c >= n && &got[0] != &buf[:1][0] {
 				t.Errorf("%d bytes into a buffer of %d: not read into it", n, c)
+			}
+			if got, err := d.GetInto(ctx, key, buf); err != nil || !bytes.Equal(got, want) || (n > 0 && c >= n && &got[0] != &buf[:1][0]) {
+				t.Fatalf("GetInto, %d bytes into a buffer of %d: %d bytes, %v", n, c, len(got), err)
 			}
 		}
 	}
