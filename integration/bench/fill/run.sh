@@ -13,8 +13,10 @@
 #   cores     the same on 4 and 8 cores (taskset), where the machine has 16
 #   epoch     the first epoch over a cold mount: zarrfs.torch.Loader (batch
 #             4, in order and shuffled) and one reader of one sample at a
-#             time (plain reads; --readahead 0 and the default), against
-#             `zarrfs warm` of the same samples on the same cache device;
+#             time (plain reads; --readahead 0 and the default; and the
+#             plain reader again once the mount is warm, its ceiling),
+#             against `zarrfs warm` of the same samples on the same cache
+#             device;
 #             and, where CUDA runs, the Loader's ring slot pinned its way
 #             against torch's (pin.py)
 # Usage: integration/bench/fill/run.sh ZARRFS
@@ -160,12 +162,19 @@ for name in $stores; do
 				mpid=$!
 				for _ in $(seq 200); do grep -q "mounted" "$logdir/mount-$name-$how.log" && break; sleep 0.1; done
 				out=$(PYTHONPATH=$root/python/src${PYTHONPATH:+:$PYTHONPATH} $py "$here/epoch.py" "$mnt/train" --how "$how" 2>>"$logdir/fill.log") || { log "epoch $how failed"; status=1; }
+				# The same reader again over the mount its epoch warmed: what
+				# one reader of one sample at a time gets with no fill to
+				# wait for, the ceiling of the cold plain epochs.
+				again=
+				[ "$how" = plain-ra0 ] && again=$(PYTHONPATH=$root/python/src${PYTHONPATH:+:$PYTHONPATH} $py "$here/epoch.py" "$mnt/train" --how plain 2>>"$logdir/fill.log" | $py -c "import json,sys; d=json.loads(sys.stdin.read()); d['how']='plain-warm'; print(json.dumps(d))")
 				# The daemon's CPU seconds (user and system) over its life:
 				# the fills of the epoch, beside the reader's own cpu_s.
 				dcpu=$(awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' "/proc/$mpid/stat" 2>/dev/null)
 				"$zarrfs" unmount "$mnt" >/dev/null 2>&1 || umount -l "$mnt"
 				wait "$mpid"
-				[ -n "$out" ] && record "$(echo "$out" | $py -c "import json,sys; d=json.loads(sys.stdin.read()); d.update(store='$name', cache='$where', daemon_cpu_s=${dcpu:-None}, warm_samples_per_s=round($steps/$warm_s, 2), vs_warm=round(d['samples_per_s']*$warm_s/$steps, 3)); print(json.dumps(d))")"
+				for o in "$out" "$again"; do
+					[ -n "$o" ] && record "$(echo "$o" | $py -c "import json,sys; d=json.loads(sys.stdin.read()); d.update(store='$name', cache='$where', daemon_cpu_s=${dcpu:-None}, warm_samples_per_s=round($steps/$warm_s, 2), vs_warm=round(d['samples_per_s']*$warm_s/$steps, 3)); print(json.dumps(d))")"
+				done
 			done
 			rm -rf "$cache"
 		done

@@ -64,7 +64,8 @@ def main():
                 print(f"- pinning a {r['mib']} MiB ring slot: torch {min(sec['torch']):.3f}-{max(sec['torch']):.3f} s, "
                       f"the Loader's {min(sec['loader']):.3f}-{max(sec['loader']):.3f} s")
             if r["what"] == "epoch":
-                print(f"- first epoch, {r['how']}, cache on {r['cache']}: {r['samples_per_s']} samples/s, "
+                what = "warm mount" if r["how"] == "plain-warm" else "first epoch"
+                print(f"- {what}, {r['how']}, cache on {r['cache']}: {r['samples_per_s']} samples/s, "
                       f"{r['vs_warm']}x zarrfs warm of the same samples ({r['warm_samples_per_s']}/s)")
 
 
