@@ -144,6 +144,10 @@ for name in $stores; do
 		if [ "$gpu" = yes ] || $py -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
 			out=$(PYTHONPATH=$root/python/src${PYTHONPATH:+:$PYTHONPATH} $py "$here/pin.py" 2>>"$logdir/fill.log") && record "$(echo "$out" | $py -c "import json,sys; d=json.loads(sys.stdin.read()); d['store']='$name'; print(json.dumps(d))")"
 		fi
+		# epoch HOW: one epoch.py run over the mount; epoch_fields HOW DCPU:
+		# its JSON line (stdin) as recorded, against this cache's warm.
+		epoch() { PYTHONPATH=$root/python/src${PYTHONPATH:+:$PYTHONPATH} $py "$here/epoch.py" "$mnt/train" --how "$1" 2>>"$logdir/fill.log"; }
+		epoch_fields() { $py -c "import json,sys; d=json.loads(sys.stdin.read()); d.update(how='$1', store='$name', cache='$where', daemon_cpu_s=$2, warm_samples_per_s=round($steps/$warm_s, 2), vs_warm=round(d['samples_per_s']*$warm_s/$steps, 3)); print(json.dumps(d))"; }
 		for where in $caches; do
 			case $where in shm) base=$shm ;; *) base=$disk ;; esac
 			cache=$base/epoch-cache
@@ -161,20 +165,23 @@ for name in $stores; do
 				"${prof[@]}" "$zarrfs" mount "$store" "$mnt" --cache "$cache" --view "$view" --decode cpu "${ra[@]}" >"$logdir/mount-$name-$how.log" 2>&1 &
 				mpid=$!
 				for _ in $(seq 200); do grep -q "mounted" "$logdir/mount-$name-$how.log" && break; sleep 0.1; done
-				out=$(PYTHONPATH=$root/python/src${PYTHONPATH:+:$PYTHONPATH} $py "$here/epoch.py" "$mnt/train" --how "$how" 2>>"$logdir/fill.log") || { log "epoch $how failed"; status=1; }
+				out=$(epoch "$how") || { log "epoch $how failed"; status=1; }
+				# The daemon's CPU seconds (user and system) over its life:
+				# the fills of the epoch, beside the reader's own cpu_s.
+				dcpu=$(awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' "/proc/$mpid/stat" 2>/dev/null)
 				# The same reader again over the mount its epoch warmed: what
 				# one reader of one sample at a time gets with no fill to
 				# wait for, the ceiling of the cold plain epochs.
 				again=
-				[ "$how" = plain-ra0 ] && again=$(PYTHONPATH=$root/python/src${PYTHONPATH:+:$PYTHONPATH} $py "$here/epoch.py" "$mnt/train" --how plain 2>>"$logdir/fill.log" | $py -c "import json,sys; d=json.loads(sys.stdin.read()); d['how']='plain-warm'; print(json.dumps(d))")
-				# The daemon's CPU seconds (user and system) over its life:
-				# the fills of the epoch, beside the reader's own cpu_s.
-				dcpu=$(awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' "/proc/$mpid/stat" 2>/dev/null)
+				if [ "$how" = plain-ra0 ]; then
+					again=$(epoch plain) || { log "plain reader of the warm mount failed"; status=1; }
+				fi
 				"$zarrfs" unmount "$mnt" >/dev/null 2>&1 || umount -l "$mnt"
 				wait "$mpid"
-				for o in "$out" "$again"; do
-					[ -n "$o" ] && record "$(echo "$o" | $py -c "import json,sys; d=json.loads(sys.stdin.read()); d.update(store='$name', cache='$where', daemon_cpu_s=${dcpu:-None}, warm_samples_per_s=round($steps/$warm_s, 2), vs_warm=round(d['samples_per_s']*$warm_s/$steps, 3)); print(json.dumps(d))")"
-				done
+				# The daemon's CPU, taken before the warm read, is the cold
+				# epoch's; the warm read is recorded without it.
+				[ -n "$out" ] && record "$(echo "$out" | epoch_fields "$how" "${dcpu:-None}")"
+				[ -n "$again" ] && record "$(echo "$again" | epoch_fields plain-warm None)"
 			done
 			rm -rf "$cache"
 		done
