@@ -25,8 +25,9 @@ const (
 // default; negative values are refused.
 type HTTPOptions struct {
 	// BearerToken, when set, is sent as "Authorization: Bearer TOKEN" with
-	// every request (and kept on redirects to the same host only, as Go's
-	// client does). It is never logged and never part of an error.
+	// every request to the store's own origin (scheme, host and port), and
+	// never on a redirect to another. It is never logged and never part of
+	// an error.
 	BearerToken string
 	// TokenSource names where BearerToken came from, for the one line that
 	// says a server refused it ("ZARRFS_HTTP_BEARER_TOKEN"). "": "the
@@ -41,7 +42,14 @@ type HTTPOptions struct {
 	// MaxInFlight bounds the requests in flight at once. 0:
 	// DefaultHTTPMaxInFlight (64).
 	MaxInFlight int
-	// Transport replaces the tuned HTTP transport (tests); nil: the default.
+	// CrossOriginRedirects follows redirects to another scheme, host or
+	// port (a mirror handing out its CDN's URL), without the bearer token.
+	// false: a redirect leaves the store's origin only as an error
+	// (httpguard.go).
+	CrossOriginRedirects bool
+	// Transport replaces the tuned HTTP transport (tests); nil: the
+	// default, which connects to a loopback, link-local or unspecified
+	// address only when the store's own host is written as one.
 	Transport http.RoundTripper
 }
 
@@ -130,14 +138,19 @@ func OpenHTTP(ctx context.Context, rawURL string, opts HTTPOptions) (*HTTP, erro
 	if err != nil {
 		return nil, err
 	}
+	u, _ := url.Parse(base) // parsed by ParseHTTPURL
+	g := &guard{origin: origin(u), own: hostClass(u.Hostname()), crossOrigin: opts.CrossOriginRedirects, proxies: map[string]bool{}}
 	tr := opts.Transport
 	if tr == nil {
-		tr = newTransport(inflight, timeout)
+		t := newTransport(inflight, timeout)
+		t.Proxy = g.proxy(t.Proxy)
+		t.DialContext = g.dialer()
+		tr = t
 	}
 	h := &HTTP{
 		remote:  remote{id: base, log: log.With("store", base), timeout: timeout, sem: make(chan struct{}, inflight), tr: tr},
 		base:    base,
-		client:  &http.Client{Transport: tr, CheckRedirect: checkRedirect},
+		client:  &http.Client{Transport: tr, CheckRedirect: g.checkRedirect},
 		token:   opts.BearerToken,
 		tokenOf: cmp.Or(opts.TokenSource, "the bearer token"),
 	}
@@ -269,19 +282,6 @@ func (h *HTTP) do(ctx context.Context, method, k, rng string) (*attempt, *http.R
 // object), which is what a missing object is to a store.
 var errDirectory = errors.New("a directory, not an object")
 
-// checkRedirect follows redirects (mirrors hand out their CDN's URL), at
-// most ten, but not into a directory.
-func checkRedirect(req *http.Request, via []*http.Request) error {
-	if len(via) >= 10 {
-		return errors.New("stopped after 10 redirects")
-	}
-	prev := via[len(via)-1].URL.Path
-	if strings.HasSuffix(req.URL.Path, "/") && !strings.HasSuffix(prev, "/") {
-		return errDirectory
-	}
-	return nil
-}
-
 // transportError classifies a request that got no response.
 func (h *HTTP) transportError(parent context.Context, timedOut bool, err error) error {
 	if perr := parent.Err(); perr != nil {
@@ -296,6 +296,9 @@ func (h *HTTP) transportError(parent context.Context, timedOut bool, err error) 
 	var ue *url.Error
 	if errors.As(err, &ue) {
 		err = ue.Err // the URL is in the Error already
+	}
+	if errors.Is(err, errCrossOrigin) || errors.Is(err, errForbiddenAddr) {
+		return err // the guard's refusal: the same request is refused again
 	}
 	return Transient(err)
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net/url"
 	"os"
 	"strings"
 
@@ -19,10 +20,16 @@ const bearerTokenEnv = "ZARRFS_HTTP_BEARER_TOKEN"
 func (f *sourceFlags) registerRemote(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.gcsEndpoint, "gcs-endpoint", "", "Google Cloud Storage endpoint URL (default Google's, or STORAGE_EMULATOR_HOST's emulator); http:// allowed for emulators")
 	cmd.Flags().BoolVar(&f.gcsAnonymous, "gcs-anonymous", false, "read a public bucket without credentials (otherwise Application Default Credentials are required)")
+	cmd.Flags().StringVar(&f.httpRedirects, "http-redirects", "same-host", "http(s):// sources and targets: which redirects are followed: same-host (the same scheme, host and port) or any (another host too, never with the bearer token)")
 	cmd.Flags().StringVar(&f.chunkVersions, "chunk-versions", "object", "remote sources: how a chunk rewritten in place is noticed: object (its generation, ETag or Last-Modified, from the response that reads it or listed per small array; a cached file asks its chunks once per --metadata-ttl) or metadata (trust the metadata: for archives that never rewrite a chunk; no request beyond the reads)")
 }
 
 func (f *sourceFlags) validateRemote(src string) error {
+	switch f.httpRedirects {
+	case "", "same-host", "any":
+	default:
+		return usagef("--http-redirects %q: want same-host or any", f.httpRedirects)
+	}
 	switch f.chunkVersions {
 	case "object":
 	case "metadata":
@@ -64,20 +71,44 @@ func openGCS(ctx context.Context, src string, f *sourceFlags) (objectstore.Store
 	return f.remote(g), nil
 }
 
-// openHTTP opens an http(s):// source, with the bearer token of
-// $ZARRFS_HTTP_BEARER_TOKEN when it is set.
+// openHTTP opens an http(s):// source or a virtual store's target host,
+// with the bearer token of $ZARRFS_HTTP_BEARER_TOKEN when it is set and
+// the store is on the source's own origin (scheme, host and port): the
+// token is the user's for the source they named, never for a host a
+// reference set names.
 func openHTTP(ctx context.Context, src string, f *sourceFlags) (objectstore.Store, error) {
 	if _, err := objectstore.ParseHTTPURL(src); err != nil {
 		return nil, usagef("%v", err)
 	}
+	token := ""
+	if o := httpOrigin(src); o != "" && o == httpOrigin(f.source) {
+		token = strings.TrimSpace(os.Getenv(bearerTokenEnv))
+	}
 	h, err := objectstore.OpenHTTP(ctx, src, objectstore.HTTPOptions{
-		BearerToken:    strings.TrimSpace(os.Getenv(bearerTokenEnv)),
-		TokenSource:    bearerTokenEnv,
-		Logger:         f.logger,
-		RequestTimeout: f.deadlines.stall,
+		BearerToken:          token,
+		TokenSource:          bearerTokenEnv,
+		Logger:               f.logger,
+		RequestTimeout:       f.deadlines.stall,
+		CrossOriginRedirects: f.httpRedirects == "any",
 	})
 	if err != nil {
 		return nil, err
 	}
 	return f.remote(h), nil
+}
+
+// httpOrigin is the scheme, host and port of an http(s):// URL (a
+// reference:// one's too), lower case and without a default port; "" for
+// anything else.
+func httpOrigin(src string) string {
+	src = strings.TrimPrefix(src, "reference://")
+	u, err := url.Parse(src)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return ""
+	}
+	host := strings.ToLower(u.Host)
+	if p := u.Port(); (u.Scheme == "https" && p == "443") || (u.Scheme == "http" && p == "80") {
+		host = strings.TrimSuffix(host, ":"+p)
+	}
+	return u.Scheme + "://" + host
 }

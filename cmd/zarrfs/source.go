@@ -32,7 +32,11 @@ type sourceFlags struct {
 	gpuIdle       time.Duration
 	deadlines     deadlineFlags
 	follow        bool
+	httpRedirects string
 	virtual       virtualFlags // virtual.go
+	// source is the source being opened: the bearer token goes to its
+	// origin alone (openHTTP).
+	source string
 	metaLimit     metadataLimitFlag
 	logger        *slog.Logger
 }
@@ -87,6 +91,9 @@ func (f *sourceFlags) validate(cmd *cobra.Command, src string) error {
 	if err := f.validateRemote(src); err != nil {
 		return err
 	}
+	if err := f.virtual.validate(); err != nil {
+		return err
+	}
 	if fl := cmd.Flags().Lookup("ref"); fl != nil {
 		f.virtual.refGiven = fl.Changed
 	}
@@ -109,6 +116,7 @@ func (f *sourceFlags) openStore(ctx context.Context, src string) (objectstore.St
 	if err := f.validateRemote(src); err != nil {
 		return nil, err
 	}
+	f.source = src
 	if st, ok, err := f.openVirtual(ctx, src); ok || err != nil {
 		return st, err // a kerchunk reference set or an Icechunk repository
 	}

@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path"
 	"path/filepath"
@@ -20,8 +22,9 @@ import (
 // virtualFlags are the flags of virtual stores (kerchunk reference sets,
 // Icechunk repositories).
 type virtualFlags struct {
-	ref     string
-	refBase string
+	ref      string
+	refBase  string
+	refAllow []string
 	// refGiven: --ref was on the command line, which says the source is
 	// an Icechunk repository (a remote prefix is read as one only then).
 	refGiven bool
@@ -29,11 +32,85 @@ type virtualFlags struct {
 
 func (f *virtualFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.ref, "ref", "main", "Icechunk repositories: the branch, tag or snapshot id to read")
-	cmd.Flags().StringVar(&f.refBase, "ref-base", "", "virtual stores: the folder or URL relative target URLs are resolved against, and the folder local targets may be read from (default: the folder holding the reference set)")
+	cmd.Flags().StringVar(&f.refBase, "ref-base", "", "virtual stores: the folder or URL that relative target URLs resolve against, and where targets may be read from instead of the reference set's own place (its folder, an Icechunk repository's root, a remote one's bucket or host)")
+	cmd.Flags().StringSliceVar(&f.refAllow, "ref-allow", nil, "virtual stores: more folders and URL prefixes (s3://BUCKET/, gs://BUCKET/PATH/, https://HOST/PATH/) the targets of a reference set may be read from, with the credentials of these flags; comma-separated or repeated")
+}
+
+// validate checks --ref-base and --ref-allow once, before anything is
+// opened: a usage error names the flag.
+func (f *virtualFlags) validate() error {
+	for i, a := range f.refAllow {
+		p, err := place(a)
+		if err != nil {
+			return usagef("--ref-allow %s: %v", a, err)
+		}
+		f.refAllow[i] = p
+	}
+	if f.refBase != "" && isURL(f.refBase) {
+		if _, err := place(f.refBase); err != nil {
+			return usagef("--ref-base %s: %v", f.refBase, err)
+		}
+	}
+	return nil
+}
+
+// place checks a folder or URL prefix the user allows targets in and
+// returns it absolute: a local folder that exists, or a URL of a scheme
+// targets are read from, with a host and without credentials or query.
+func place(a string) (string, error) {
+	if !isURL(a) {
+		p, err := filepath.Abs(strings.TrimPrefix(a, "file://"))
+		if err != nil {
+			return "", err
+		}
+		if fi, err := os.Stat(p); err != nil || !fi.IsDir() {
+			return "", fmt.Errorf("%s: no such folder", p)
+		}
+		return p, nil
+	}
+	s := urlScheme(a)
+	if alias, ok := schemeAliases[s]; ok {
+		a, s = alias+a[len(s):], alias
+	}
+	switch s {
+	case "s3", "gs", "http", "https":
+	default:
+		return "", fmt.Errorf("targets are not read from %s:// URLs (want s3, gs, http or https)", s)
+	}
+	u, err := url.Parse(a)
+	switch {
+	case err != nil:
+		return "", errors.New("not a valid URL")
+	case u.Host == "":
+		return "", errors.New("no bucket or host")
+	case u.User != nil:
+		return "", fmt.Errorf("a URL must not hold credentials (%s)", credentialsHint(s))
+	case u.RawQuery != "" || u.Fragment != "":
+		return "", errors.New("a URL must have no query or fragment")
+	}
+	return a, nil
+}
+
+// credentialsHint says where the credentials of a scheme come from.
+func credentialsHint(scheme string) string {
+	switch scheme {
+	case "s3":
+		return "S3 credentials come from the AWS credential chain"
+	case "gs":
+		return "GCS credentials come from Application Default Credentials"
+	}
+	return "a bearer token comes from " + bearerTokenEnv
+}
+
+// isURL reports whether s is a URL other than a file:// one.
+func isURL(s string) bool {
+	sc := urlScheme(s)
+	return sc != "" && sc != "file"
 }
 
 // remoteOpeners opens the root of each kind of remote store a virtual
-// store's targets may lie in, by URL scheme: one line per kind.
+// store's targets may lie in, by URL scheme: one line per kind. Only
+// roots the Scope allows are opened (targets.Resolver).
 func (f *sourceFlags) remoteOpeners() targets.Openers {
 	return targets.Openers{
 		"s3":    func(ctx context.Context, root string) (objectstore.Store, error) { return openS3(ctx, root, f) },
@@ -53,6 +130,9 @@ var schemeAliases = map[string]string{"s3a": "s3", "gcs": "gs"}
 // (openRemoteVirtual). ok is false for any other source, which opens as a
 // plain store.
 func (f *sourceFlags) openVirtual(ctx context.Context, src string) (st objectstore.Store, ok bool, err error) {
+	if f.source == "" {
+		f.source = src
+	}
 	rest, explicit := strings.CutPrefix(src, "reference://")
 	if explicit {
 		src = rest
@@ -97,15 +177,18 @@ func (f *sourceFlags) openVirtual(ctx context.Context, src string) (st objectsto
 	}
 	// Relative targets resolve against the folder holding the reference
 	// set: a JSON file's own, the one above a Parquet folder (as fsspec
-	// resolves them) or a repository.
+	// resolves them) or a repository. Targets may lie in the reference
+	// set's own folder (a Parquet set's, a repository's root) only.
 	base := abs
 	if name == "" {
 		base = filepath.Dir(abs)
 	}
+	home := targets.Place{Prefix: abs, Name: "the reference set's folder"}
 	if repo {
-		st, err = f.openIcechunk(ctx, dir, base)
+		home.Name = "the repository"
+		st, err = f.openIcechunk(ctx, dir, base, home)
 	} else {
-		st, err = f.openKerchunk(ctx, dir, name, base)
+		st, err = f.openKerchunk(ctx, dir, name, base, home)
 	}
 	return st, true, err
 }
@@ -136,13 +219,17 @@ func (f *sourceFlags) openRemoteVirtual(ctx context.Context, src string, explici
 	if strings.HasSuffix(parent, ":/") {
 		parent = trimmed // a bucket's root: nothing above it
 	}
+	home, err := remoteHome(src)
+	if err != nil {
+		return nil, true, usagef("%s: %v", src, err)
+	}
 	switch {
 	case strings.HasSuffix(trimmed, ".json"):
 		dir, err := open(ctx, parent)
 		if err != nil {
 			return nil, true, err
 		}
-		st, err := f.openKerchunk(ctx, dir, name, parent)
+		st, err := f.openKerchunk(ctx, dir, name, parent, home)
 		return st, true, err
 	case explicit:
 		// Relative targets of a Parquet folder are relative to the folder
@@ -151,24 +238,42 @@ func (f *sourceFlags) openRemoteVirtual(ctx context.Context, src string, explici
 		if err != nil {
 			return nil, true, err
 		}
-		st, err := f.openKerchunk(ctx, dir, "", parent)
+		st, err := f.openKerchunk(ctx, dir, "", parent, home)
 		return st, true, err
 	case f.virtual.refGiven:
 		repo, err := open(ctx, trimmed)
 		if err != nil {
 			return nil, true, err
 		}
-		st, err := f.openIcechunk(ctx, repo, parent)
+		st, err := f.openIcechunk(ctx, repo, parent, home)
 		return st, true, err
 	}
 	return nil, false, nil
 }
 
+// remoteHome is where the targets of a remote virtual store may lie by
+// default: its own bucket (s3, gs) or its own scheme, host and port.
+func remoteHome(src string) (targets.Place, error) {
+	s := urlScheme(src)
+	if alias, ok := schemeAliases[s]; ok {
+		src, s = alias+src[len(s):], alias
+	}
+	u, err := url.Parse(src)
+	if err != nil || u.Host == "" {
+		return targets.Place{}, errors.New("not a URL with a bucket or host")
+	}
+	if s == "s3" || s == "gs" {
+		return targets.Place{Prefix: s + "://" + u.Host + "/", Name: "the reference set's bucket"}, nil
+	}
+	return targets.Place{Prefix: s + "://" + u.Host + "/", Name: "the reference set's host"}, nil
+}
+
 // openKerchunk opens the reference set at key name of dir ("" for a
 // Parquet folder), whose relative URLs resolve against base (a local
-// folder or a URL) unless --ref-base says otherwise.
-func (f *sourceFlags) openKerchunk(ctx context.Context, dir objectstore.Store, name, base string) (objectstore.Store, error) {
-	tg, err := f.targetResolver(base)
+// folder or a URL) and whose targets lie in home, unless --ref-base says
+// otherwise.
+func (f *sourceFlags) openKerchunk(ctx context.Context, dir objectstore.Store, name, base string, home targets.Place) (objectstore.Store, error) {
+	tg, err := f.targetResolver(base, home)
 	if err != nil {
 		closeStore(dir)
 		return nil, err
@@ -182,25 +287,31 @@ func (f *sourceFlags) openKerchunk(ctx context.Context, dir objectstore.Store, n
 	return st, nil
 }
 
-// targetResolver resolves the targets of a virtual store found at base:
-// relative URLs against --ref-base (else base); local files only inside
-// --ref-base when it is a local folder, else inside base when that is
-// local, and nowhere for a remote virtual store; anywhere with
-// --follow-symlinks.
-func (f *sourceFlags) targetResolver(base string) (*targets.Resolver, error) {
+// targetResolver resolves the targets of a virtual store: relative URLs
+// against --ref-base, else base; and, the one rule of what a reference
+// set reaches, only targets in --ref-base, else in home (the reference
+// set's own folder, repository, bucket or host), or in a place --ref-allow
+// names. The reference set's author names the targets; only the user names
+// the places. --follow-symlinks lets links found inside a local place lead
+// out of it, never a target's own path.
+func (f *sourceFlags) targetResolver(base string, home targets.Place) (*targets.Resolver, error) {
 	opts := targets.Options{Openers: f.remoteOpeners(), Aliases: schemeAliases, Base: base,
-		FollowSymlinks: f.follow}
-	if f.virtual.refBase != "" {
-		opts.Base = f.virtual.refBase
-	}
-	if s := urlScheme(opts.Base); s == "" || s == "file" {
-		local := strings.TrimPrefix(opts.Base, "file://")
-		if fi, err := os.Stat(local); err != nil || !fi.IsDir() {
-			if f.virtual.refBase != "" {
-				return nil, usagef("--ref-base %s: not a folder", f.virtual.refBase)
+		FollowSymlinks: f.follow,
+		Scope:          targets.Scope{LocalHint: "--ref-base", RemoteHint: "--ref-allow"}}
+	if rb := f.virtual.refBase; rb != "" {
+		if !isURL(rb) {
+			p, err := place(rb)
+			if err != nil {
+				return nil, usagef("--ref-base %s: %v", rb, err)
 			}
+			rb = p
 		}
-		opts.LocalRoot = local
+		opts.Base = rb
+		home = targets.Place{Prefix: rb, Name: "--ref-base"}
+	}
+	opts.Scope.Places = append(opts.Scope.Places, home)
+	for _, a := range f.virtual.refAllow {
+		opts.Scope.Places = append(opts.Scope.Places, targets.Place{Prefix: a, Name: "--ref-allow"})
 	}
 	return targets.New(opts)
 }
@@ -234,11 +345,12 @@ func hasRecordSize(doc []byte) bool {
 	return ok
 }
 
-// openIcechunk opens the Icechunk repository at repo's root at --ref;
-// its virtual chunks' local targets may lie in --ref-base, else in the
-// folder holding the repository (base) when that is local.
-func (f *sourceFlags) openIcechunk(ctx context.Context, repo objectstore.Store, base string) (objectstore.Store, error) {
-	tg, err := f.targetResolver(base)
+// openIcechunk opens the Icechunk repository at repo's root at --ref.
+// Its virtual chunks are read only from places the user authorized, as
+// icechunk requires of its readers: --ref-base, else the repository's own
+// root (local) or bucket or host (remote), and --ref-allow.
+func (f *sourceFlags) openIcechunk(ctx context.Context, repo objectstore.Store, base string, home targets.Place) (objectstore.Store, error) {
+	tg, err := f.targetResolver(base, home)
 	if err != nil {
 		closeStore(repo)
 		return nil, err

@@ -75,7 +75,7 @@ func isASCII(b []byte) bool {
 func open(t *testing.T, path string) *kerchunk.Store {
 	t.Helper()
 	dir := filepath.Dir(path)
-	tg, err := targets.New(targets.Options{LocalRoot: dir, Base: dir})
+	tg, err := targets.New(targets.Options{Base: dir, Scope: targets.Scope{Places: []targets.Place{{Prefix: dir, Name: "the reference set's folder"}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,15 +125,20 @@ func TestTargetFaults(t *testing.T) {
 		"past-end": objectstore.ErrRange,
 		"missing":  targets.ErrTargetMissing,
 		"scheme":   targets.ErrScheme,
-		"shadow":   objectstore.ErrOutsideStore,
-		"fileurl":  objectstore.ErrOutsideStore,
-		"dotdot":   objectstore.ErrOutsideStore,
+		"shadow":   targets.ErrOutOfScope,
+		"fileurl":  targets.ErrOutOfScope,
+		"dotdot":   targets.ErrOutOfScope,
 		"link":     objectstore.ErrOutsideStore,
 	} {
 		_, err := s.Get(ctx, key)
 		if !errors.Is(err, want) {
 			t.Errorf("%s: %v, want %v", key, err, want)
 			continue
+		}
+		// A target the reference names outside its folder is the scope's
+		// refusal, which says nothing of links; only a real link is.
+		if want == targets.ErrOutOfScope && (!strings.Contains(err.Error(), "outside the reference set's folder "+dir) || strings.Contains(err.Error(), "link")) {
+			t.Errorf("%s: %q, want the folder named and no word of links", key, err)
 		}
 		if objectstore.IsNotFound(err) {
 			t.Errorf("%s: %v reads as a missing key (a fill value)", key, err)
@@ -184,7 +189,8 @@ func TestGenerators(t *testing.T) {
 	fake := func(ctx context.Context, root string) (objectstore.Store, error) {
 		return recordStore{root: root, got: &got}, nil
 	}
-	tg, _ := targets.New(targets.Options{Openers: targets.Openers{"s3": fake}})
+	tg, _ := targets.New(targets.Options{Openers: targets.Openers{"s3": fake},
+		Scope: targets.Scope{Places: []targets.Place{{Prefix: "s3://bucket/era5/", Name: "the test's bucket"}}}})
 	d, _ := objectstore.OpenPosix(dir)
 	s, err := kerchunk.Open(context.Background(), d, "refs.json", kerchunk.Options{Targets: tg})
 	if err != nil {

@@ -72,7 +72,7 @@ func virtualStore(t *testing.T, files map[string][]byte) (*targets.Store, string
 	if err != nil {
 		t.Fatal(err)
 	}
-	tg, err := targets.New(targets.Options{LocalRoot: dir, Base: dir})
+	tg, err := targets.New(targets.Options{Base: dir, Scope: targets.Scope{Places: []targets.Place{{Prefix: dir, Name: "the reference set's folder"}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func TestStoreTargetFaults(t *testing.T) {
 		"scheme":  {URL: "ftp://host/x.nc", Off: 0, N: 1},
 		"vetoed":  {URL: "f.nc", Off: 0, N: 1, Check: func(targets.Target, string) error { return stale }},
 	}
-	tg, _ := targets.New(targets.Options{LocalRoot: dir, Base: dir})
+	tg, _ := targets.New(targets.Options{Base: dir, Scope: targets.Scope{Places: []targets.Place{{Prefix: dir, Name: "the reference set's folder"}}}})
 	defer tg.Close()
 	s = targets.NewStore("virtual://faults", tg, func() targets.Index { return idx })
 	ctx := context.Background()

@@ -1,8 +1,9 @@
 // Package targets resolves the URLs that virtual stores (kerchunk
 // references, Icechunk virtual chunks) point into, and reads byte ranges of
-// the objects they name: local files inside one allowed directory, and
+// the objects they name: local files inside the allowed folders, and
 // objects of the remote stores the caller knows how to open (s3://, gs://,
-// https://...), each opened once and shared. Store is what the virtual
+// https://...), each opened once and shared, and only where the caller's
+// Scope allows (scope.go). Store is what the virtual
 // stores share: a versioned objectstore.Store over an Index, the format's
 // map from keys to inline bytes or target ranges.
 //
@@ -50,12 +51,13 @@ type Options struct {
 	// Aliases maps a scheme to another ("gcs" to "gs", "s3a" to "s3"),
 	// as fsspec spells them.
 	Aliases map[string]string
-	// LocalRoot is the directory local targets must lie in (a reference
-	// set from elsewhere must not read /etc/shadow); "" allows none.
-	// Symbolic links inside it are followed only within it.
-	LocalRoot string
-	// FollowSymlinks lets local targets be any file, as a local store's
-	// --follow-symlinks lets its links leave it.
+	// Scope is where targets may lie (scope.go): every target is checked
+	// against it before any store is opened or asked.
+	Scope Scope
+	// FollowSymlinks lets symbolic links found inside a local place of
+	// the Scope lead out of it, as a local store's --follow-symlinks lets
+	// its links leave it (files in a git-annex or DVC cache). It never
+	// widens the Scope: a target's own path must lie in it.
 	FollowSymlinks bool
 	// Base resolves relative URLs: a directory URL ("s3://b/refs") or a
 	// local directory path. "" refuses relative URLs.
@@ -71,26 +73,19 @@ type Target struct {
 
 // Resolver resolves URLs to Targets and reads them.
 type Resolver struct {
-	opts  Options
-	local string // cleaned absolute LocalRoot, or "/" with FollowSymlinks
+	opts   Options
+	places []place
 
-	stores Kept[objectstore.Store] // by root ("file" for the local one), each opened once
+	stores Kept[objectstore.Store] // by root ("file://FOLDER" for a local place), each opened once
 }
 
 // New returns a Resolver. Close releases the stores it opened.
 func New(opts Options) (*Resolver, error) {
-	r := &Resolver{opts: opts}
-	switch {
-	case opts.FollowSymlinks:
-		r.local = "/"
-	case opts.LocalRoot != "":
-		abs, err := filepath.Abs(opts.LocalRoot)
-		if err != nil {
-			return nil, fmt.Errorf("targets: local root %s: %w", opts.LocalRoot, err)
-		}
-		r.local = abs
+	places, err := parsePlaces(opts.Scope.Places)
+	if err != nil {
+		return nil, err
 	}
-	return r, nil
+	return &Resolver{opts: opts, places: places}, nil
 }
 
 // Close releases the stores the Resolver opened.
@@ -102,10 +97,6 @@ func (r *Resolver) Close() error {
 	}
 	return nil
 }
-
-// LocalRoot is the directory local targets are read from: "" when none
-// are, "/" when any are.
-func (r *Resolver) LocalRoot() string { return r.local }
 
 // Absolute returns raw as an absolute URL or path: relative ones are
 // joined to Options.Base.
@@ -156,6 +147,8 @@ func scheme(raw string) string {
 }
 
 // Resolve returns the Target raw names, opening its store on first use.
+// A target outside the Scope is refused (a *ScopeError) before any store
+// is opened or asked.
 func (r *Resolver) Resolve(ctx context.Context, raw string) (Target, error) {
 	abs, err := r.Absolute(raw)
 	if err != nil {
@@ -167,7 +160,7 @@ func (r *Resolver) Resolve(ctx context.Context, raw string) (Target, error) {
 		s = a
 	}
 	if s == "" || s == "file" {
-		return r.resolveLocal(abs)
+		return r.resolveLocal(ctx, abs)
 	}
 	op, ok := r.opts.Openers[s]
 	if !ok {
@@ -181,10 +174,16 @@ func (r *Resolver) Resolve(ctx context.Context, raw string) (Target, error) {
 	if key, err = objectstore.CleanKey(key, false); err != nil {
 		return Target{}, fmt.Errorf("%s: %w", redact(abs), err)
 	}
-	root := s + "://" + host
-	st, err := r.stores.Get(ctx, root, func(ctx context.Context) (objectstore.Store, error) { return op(ctx, root) })
+	origin, _, err := splitURL(s + "://" + host + "/")
 	if err != nil {
-		return Target{}, fmt.Errorf("%s: %w", root, err)
+		return Target{}, fmt.Errorf("%s: %w", redact(abs), err)
+	}
+	if err := r.checkRemote(abs, origin, key); err != nil {
+		return Target{}, err
+	}
+	st, err := r.stores.Get(ctx, origin, func(ctx context.Context) (objectstore.Store, error) { return op(ctx, origin) })
+	if err != nil {
+		return Target{}, fmt.Errorf("%s: %w", origin, err)
 	}
 	return Target{Store: st, Key: key, URL: abs}, nil
 }
@@ -200,7 +199,7 @@ func redact(raw string) string {
 	return raw
 }
 
-func (r *Resolver) resolveLocal(abs string) (Target, error) {
+func (r *Resolver) resolveLocal(ctx context.Context, abs string) (Target, error) {
 	p := abs
 	if strings.HasPrefix(p, "file://") {
 		u, err := url.Parse(p)
@@ -216,15 +215,13 @@ func (r *Resolver) resolveLocal(abs string) (Target, error) {
 		return Target{}, fmt.Errorf("%s: not an absolute path", abs)
 	}
 	p = filepath.Clean(p)
-	if r.local == "" {
-		return Target{}, fmt.Errorf("file://%s: %w: this reference set reads no local file", p, objectstore.ErrOutsideStore)
+	dir, err := r.localPlace(p)
+	if err != nil {
+		return Target{}, err
 	}
-	rel, err := filepath.Rel(r.local, p)
-	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") {
-		return Target{}, fmt.Errorf("file://%s: %w: outside %s", p, objectstore.ErrOutsideStore, r.local)
-	}
-	st, err := r.stores.Get(context.Background(), "file", func(context.Context) (objectstore.Store, error) {
-		s, err := objectstore.OpenPosixOptions(r.local, objectstore.PosixOptions{FollowSymlinks: r.opts.FollowSymlinks})
+	rel, _ := filepath.Rel(dir, p)
+	st, err := r.stores.Get(ctx, "file://"+dir, func(context.Context) (objectstore.Store, error) {
+		s, err := objectstore.OpenPosixOptions(dir, objectstore.PosixOptions{FollowSymlinks: r.opts.FollowSymlinks})
 		if err != nil {
 			return nil, err
 		}

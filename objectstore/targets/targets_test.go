@@ -44,7 +44,8 @@ func (g *gateStore) GetRange(ctx context.Context, key string, off, n int64) ([]b
 // fails alone.
 func TestConcurrentReads(t *testing.T) {
 	g := &gateStore{gate: make(chan struct{})}
-	r, err := New(Options{Openers: Openers{"s3": func(context.Context, string) (objectstore.Store, error) { return g, nil }}})
+	r, err := New(Options{Openers: Openers{"s3": func(context.Context, string) (objectstore.Store, error) { return g, nil }},
+		Scope: Scope{Places: []Place{{Prefix: "s3://b/", Name: "the bucket"}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +112,8 @@ func waitFor(t *testing.T, f func() bool) {
 
 func TestResolve(t *testing.T) {
 	dir := t.TempDir()
-	r, _ := New(Options{LocalRoot: dir, Base: dir, Aliases: map[string]string{"gcs": "gs"},
+	r, _ := New(Options{Base: dir, Aliases: map[string]string{"gcs": "gs"},
+		Scope:   Scope{Places: []Place{{Prefix: dir, Name: "the reference set's folder"}, {Prefix: "gs://bucket/", Name: "--ref-allow"}}},
 		Openers: Openers{"gs": func(_ context.Context, root string) (objectstore.Store, error) { return &gateStore{}, nil }}})
 	ctx := context.Background()
 	for raw, want := range map[string]string{
@@ -124,13 +126,13 @@ func TestResolve(t *testing.T) {
 			t.Errorf("Resolve(%q) = %q, %v; want %q", raw, tg.URL, err, want)
 		}
 	}
-	for _, raw := range []string{"az://c/x", "s3://b/x", "gs://user@b/x", "gs://b/../x", "/etc/passwd", dir + "/../x", ""} {
+	for _, raw := range []string{"az://c/x", "s3://b/x", "gs://user@b/x", "gs://bucket/../x", "/etc/passwd", dir + "/../x", ""} {
 		if _, err := r.Resolve(ctx, raw); err == nil {
 			t.Errorf("Resolve(%q) succeeded", raw)
 		}
 	}
 	none, _ := New(Options{})
 	if _, err := none.Resolve(ctx, "/tmp/x"); err == nil {
-		t.Error("a resolver without a local root read a local file")
+		t.Error("a resolver without a local place read a local file")
 	}
 }
