@@ -80,13 +80,40 @@ func TestKerchunkMount(t *testing.T) {
 	}{
 		{"json", filepath.Join(out, "kerchunk.json"), []string{"t", "q", "lsm", "lat", "time"}, nil},
 		{"reference url", "reference://" + filepath.Join(out, "kerchunk.json"), []string{"t", "lsm"}, nil},
-		{"parquet", filepath.Join(out, "kerchunk.parq"), []string{"t", "q", "lsm", "lat", "time"}, nil},
+		// Its targets lie beside the Parquet folder, not in it.
+		{"parquet", filepath.Join(out, "kerchunk.parq"), []string{"t", "q", "lsm", "lat", "time"}, []string{"--ref-base", out}},
 		{"virtualizarr fletcher32", filepath.Join(out, "virtualizarr.json"), []string{"x"}, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			d := mount(t, c.src, c.args...)
 			checkVirtual(t, d.mnt, out, c.vars...)
 		})
+	}
+}
+
+// A Parquet reference set reads targets in its own folder only, not the
+// files beside it (a reference set in a home folder would reach all of
+// it): those are named with --ref-base, which reads nothing beyond it.
+func TestKerchunkParquetScope(t *testing.T) {
+	out := kerchunkFixture(t)
+	parq := filepath.Join(out, "kerchunk.parq")
+	for _, args := range [][]string{nil, {"--follow-symlinks"}} {
+		_, stderr, code := run(t, append([]string{"warm", parq, "--cache", t.TempDir(), "--only", "t"}, args...)...)
+		if want := "is outside the reference set's folder " + parq + " (--ref-base)"; code != 1 || !strings.Contains(stderr, want) {
+			t.Errorf("warm %v: exit %d:\n%s\nwant 1 and %q", args, code, stderr, want)
+		}
+	}
+	hostile := filepath.Join(t.TempDir(), "hostile.parq")
+	res, err := exec.Command("python3", "-c", `import sys, json, kerchunk.df
+refs = json.load(open(sys.argv[1]))
+refs["refs"]["t/0.0.0"] = ["/etc/passwd", 0, 64]
+kerchunk.df.refs_to_dataframe(refs, sys.argv[2], record_size=4)`, filepath.Join(out, "kerchunk.json"), hostile).CombinedOutput()
+	if err != nil {
+		t.Fatalf("writing a Parquet set: %v\n%s", err, res)
+	}
+	_, stderr, code := run(t, "warm", hostile, "--cache", t.TempDir(), "--only", "t", "--ref-base", out)
+	if want := "target /etc/passwd is outside --ref-base " + out; code != 1 || !strings.Contains(stderr, want) {
+		t.Errorf("warm with a target outside --ref-base: exit %d:\n%s\nwant 1 and %q", code, stderr, want)
 	}
 }
 
@@ -298,6 +325,23 @@ func TestIcechunkMount(t *testing.T) {
 			}
 			checkIcechunk(t, d.mnt, repo, ref)
 		})
+	}
+}
+
+// Virtual chunks are read only from places the user authorized, as
+// icechunk requires: by default the repository's own root, which holds no
+// virtual chunk's file; the native chunks read whatever the flags say.
+func TestIcechunkVirtualAuthorized(t *testing.T) {
+	repo, _ := icechunkRepo(t)
+	_, stderr, code := run(t, "warm", repo, "--cache", t.TempDir())
+	if want := "is outside the repository " + repo + " (--ref-base)"; code != 1 || !strings.Contains(stderr, want) {
+		t.Errorf("warm without authorizing the virtual chunks: exit %d:\n%s\nwant 1 and %q", code, stderr, want)
+	}
+	if _, stderr, code := run(t, "warm", repo, "--cache", t.TempDir(), "--only", "t"); code != 0 {
+		t.Errorf("native chunks: exit %d:\n%s", code, stderr)
+	}
+	if _, stderr, code := run(t, "warm", repo, "--cache", t.TempDir(), "--ref-allow", filepath.Join(kerchunkDir, "nc")); code != 0 {
+		t.Errorf("virtual chunks authorized by --ref-allow: exit %d:\n%s", code, stderr)
 	}
 }
 

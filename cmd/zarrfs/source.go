@@ -97,12 +97,12 @@ func (f *sourceFlags) validate(cmd *cobra.Command, src string) error {
 	if fl := cmd.Flags().Lookup("ref"); fl != nil {
 		f.virtual.refGiven = fl.Changed
 	}
-	if strings.HasPrefix(src, "s3://") {
+	if strings.HasPrefix(src, "s3://") || f.virtual.allowsS3() {
 		return nil
 	}
 	for _, name := range s3Flags {
 		if fl := cmd.Flags().Lookup(name); fl != nil && fl.Changed {
-			return usagef("--%s: %s is not an s3:// source; S3 flags apply to s3://BUCKET/PREFIX only", name, src)
+			return usagef("--%s: %s is not an s3:// source; S3 flags apply to s3://BUCKET/PREFIX, or to a reference set's targets in a bucket --ref-allow names", name, src)
 		}
 	}
 	return nil

@@ -54,6 +54,17 @@ func (f *virtualFlags) validate() error {
 	return nil
 }
 
+// allowsS3 reports whether --ref-allow names a bucket: the S3 flags then
+// mean something for any source, whose targets may lie there.
+func (f *virtualFlags) allowsS3() bool {
+	for _, a := range f.refAllow {
+		if s := urlScheme(a); s == "s3" || s == "s3a" {
+			return true
+		}
+	}
+	return false
+}
+
 // place checks a folder or URL prefix the user allows targets in and
 // returns it absolute: a local folder that exists, or a URL of a scheme
 // targets are read from, with a host and without credentials or query.

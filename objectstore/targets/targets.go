@@ -271,7 +271,9 @@ func (r *Resolver) Versions(ctx context.Context, ts []Target) (vers []string, er
 	sem := make(chan struct{}, 16)
 	var wg sync.WaitGroup
 	for i, t := range ts {
-		if st, ok := t.Store.(objectstore.VersionStater); ok {
+		// A decorator (retry, breaker) is a VersionStater whatever it
+		// wraps: ask only one whose store can answer (an S3 target lists).
+		if st, ok := objectstore.AsVersionStater(t.Store); ok {
 			wg.Add(1)
 			sem <- struct{}{}
 			go func() {
