@@ -36,9 +36,9 @@ type sourceFlags struct {
 	virtual       virtualFlags // virtual.go
 	// source is the source being opened: the bearer token goes to its
 	// origin alone (openHTTP).
-	source string
-	metaLimit     metadataLimitFlag
-	logger        *slog.Logger
+	source    string
+	metaLimit metadataLimitFlag
+	logger    *slog.Logger
 }
 
 func getenv(k, def string) string {

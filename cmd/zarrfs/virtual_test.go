@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -154,4 +155,83 @@ func TestOpenLocalVirtual(t *testing.T) {
 			closeStore(st)
 		}
 	}
+}
+
+// The bearer token is the user's for the source they named: it goes to
+// the source's own origin, and to no other host a reference set names.
+func TestBearerTokenScope(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[string]string{}
+	serve := func(name string) *httptest.Server {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			seen[name] = r.Header.Get("Authorization")
+			mu.Unlock()
+			w.Write([]byte("x"))
+		}))
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	own, other := serve("own"), serve("other")
+	t.Setenv(bearerTokenEnv, "user-token")
+	ctx := context.Background()
+	for _, tc := range []struct {
+		source, store, name, want string
+	}{
+		{own.URL + "/refs.json", own.URL, "own", "Bearer user-token"},
+		{"reference://" + own.URL + "/refs.parq", own.URL, "own", "Bearer user-token"},
+		{own.URL + "/refs.json", other.URL, "other", ""},
+		{"/local/refs.json", own.URL, "own", ""},
+	} {
+		f := &sourceFlags{deadlines: deadlineFlags{timeout: 30 * time.Second, stall: 10 * time.Second}, source: tc.source}
+		st, err := openHTTP(ctx, tc.store, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Get(ctx, "k"); err != nil {
+			t.Fatal(err)
+		}
+		closeStore(st)
+		mu.Lock()
+		if got := seen[tc.name]; got != tc.want {
+			t.Errorf("source %s, store %s: Authorization %q, want %q", tc.source, tc.name, got, tc.want)
+		}
+		mu.Unlock()
+	}
+}
+
+// --ref-allow and --http-redirects are checked before anything opens.
+func TestVirtualFlagErrors(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		allow []string
+		redir string
+		want  string
+	}{
+		{[]string{"ftp://host/x"}, "", "--ref-allow ftp://host/x: targets are not read from ftp:// URLs"},
+		{[]string{"s3://"}, "", "--ref-allow s3://: no bucket or host"},
+		{[]string{"https://u:p@host/"}, "", "a URL must not hold credentials (a bearer token comes from ZARRFS_HTTP_BEARER_TOKEN)"},
+		{[]string{"https://host/?sig=1"}, "", "no query or fragment"},
+		{[]string{filepath.Join(dir, "nope")}, "", "--ref-allow " + filepath.Join(dir, "nope") + ": " + filepath.Join(dir, "nope") + ": no such folder"},
+		{nil, "sometimes", `--http-redirects "sometimes": want same-host or any`},
+	} {
+		f := &sourceFlags{deadlines: deadlineFlags{timeout: 30 * time.Second, stall: 10 * time.Second},
+			chunkVersions: "object", httpRedirects: tc.redir, virtual: virtualFlags{refAllow: tc.allow}}
+		err := f.validateRemote("x")
+		if err == nil {
+			err = f.virtual.validate()
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !isUsage(err) {
+			t.Errorf("%v %q: %v (usage error %v), want a usage error with %q", tc.allow, tc.redir, err, isUsage(err), tc.want)
+		}
+	}
+	f := &virtualFlags{refAllow: []string{dir, "gcs://b/p/", "s3a://b/"}}
+	if err := f.validate(); err != nil || f.refAllow[1] != "gs://b/p/" || f.refAllow[2] != "s3://b/" || !f.allowsS3() {
+		t.Errorf("valid places: %v, %v", f.refAllow, err)
+	}
+}
+
+func isUsage(err error) bool {
+	var u usageError
+	return errors.As(err, &u)
 }
