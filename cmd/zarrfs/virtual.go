@@ -230,6 +230,10 @@ func (f *sourceFlags) openRemoteVirtual(ctx context.Context, src string, explici
 	if strings.HasSuffix(parent, ":/") {
 		parent = trimmed // a bucket's root: nothing above it
 	}
+	virtual := strings.HasSuffix(trimmed, ".json") || explicit || f.virtual.refGiven
+	if !virtual {
+		return nil, false, nil
+	}
 	home, err := remoteHome(src)
 	if err != nil {
 		return nil, true, usagef("%s: %v", src, err)
