@@ -334,4 +334,20 @@ var mutations = []mutation{
 		Pkgs:   []string{"./objectstore"},
 		Run:    "GuardDial|HTTPRedirects",
 	},
+	{
+		Name:   "ring-slot-offset",
+		Breaks: "every sample of a batch is decoded to the start of its ring slot",
+		File:   "deliver/fill.go",
+		From:   "outs = append(outs, mem[job.offs[i]:job.offs[i]+job.size])",
+		To:     "outs = append(outs, mem[:job.size])",
+		Pkgs:   []string{"./deliver"},
+	},
+	{
+		Name:   "ring-freed",
+		Breaks: "a reader's ring is not freed when its connection closes",
+		File:   "deliver/server.go",
+		From:   "\t\tfills.Wait()\n\t\tc.free()",
+		To:     "\t\tfills.Wait()",
+		Pkgs:   []string{"./deliver"},
+	},
 }
