@@ -152,8 +152,11 @@ func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn) {
 			fills.Add(1)
 			go func() {
 				defer fills.Done()
-				defer c.busy[req.Slot].Store(false)
-				c.reply(c.fill(ctx, req.Slot, req.Files), nil)
+				rep := c.fill(ctx, req.Slot, req.Files)
+				// Free before the reply: the reader may ask for the slot
+				// again as soon as it reads it.
+				c.busy[req.Slot].Store(false)
+				c.reply(rep, nil)
 			}()
 		default:
 			c.reply(fillReply{Op: "error", Slot: -1, errorReply: errorReply{

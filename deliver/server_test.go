@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/gpu"
 	"github.com/zarrfs/zarrfs/zarr"
 	"github.com/zarrfs/zarrfs/zarr/codec"
 )
@@ -86,7 +88,7 @@ type testServer struct {
 	stop  func()
 }
 
-func newTestServer(t *testing.T, bad map[int64]bool, fail func(string) bool) *testServer {
+func newTestServer(t *testing.T, bad map[int64]bool, fail func(string) bool, mem ...Memory) *testServer {
 	t.Helper()
 	f32 := zarr.DType{Kind: 'f', Size: 4}
 	arr := &zarr.Array{Path: "t", Shape: []int64{12, 4, 8}, Chunks: []int64{1, 4, 8}, DType: f32, Dims: []string{"time", "y", "x"}, MetaHash: "t"}
@@ -98,6 +100,9 @@ func newTestServer(t *testing.T, bad map[int64]bool, fail func(string) bool) *te
 	ts := &testServer{lay: lay, blobs: &fileBlobs{dir: t.TempDir(), opens: map[string]int{}}}
 	ts.s = &Server{Layout: func() *layout.Layout { return lay }, Blobs: ts.blobs, Memory: HostMemory{},
 		Device: HostFill{Decoder: codec.NewCPU(codec.Options{Workers: 1}), Fail: fail}}
+	if len(mem) > 0 {
+		ts.s.Memory = mem[0]
+	}
 	ts.sock = filepath.Join(t.TempDir(), "d.sock")
 	ln, err := net.Listen("unix", ts.sock)
 	if err != nil {
@@ -354,4 +359,30 @@ func waitFor(t *testing.T, ok func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Fatal("condition not met in 5 s")
+}
+
+// noGPUs is a mount that decodes on no GPU.
+type noGPUs struct{ why string }
+
+func (n noGPUs) GPUFor(context.Context, string) (*gpu.Decoder, func(), error) {
+	return nil, nil, errors.New(n.why)
+}
+
+// A mount whose GPUs cannot take a ring says why, as "unavailable": the
+// reader then reads files.
+func TestCUDAMemoryUnavailable(t *testing.T) {
+	ts := newTestServer(t, nil, nil, CUDAMemory{GPUs: noGPUs{why: "it decodes on no GPU here"}})
+	for _, tc := range []struct {
+		req OpenRequest
+		msg string
+	}{
+		{OpenRequest{Dir: "t", Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 2, Batch: 2}, "decodes on no GPU here"},
+		{OpenRequest{Dir: "t", Memory: MemoryCUDA, Slots: 2, Batch: 2}, "named no GPU"},
+		{OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 2, Batch: 2}, "not host"},
+	} {
+		c := dial(t, ts.sock)
+		if rep := c.open(t, tc.req); rep.OK || rep.Code != CodeUnavailable || !strings.Contains(rep.Error, tc.msg) {
+			t.Errorf("%+v: %+v", tc.req, rep)
+		}
+	}
 }

@@ -221,6 +221,10 @@ type Decoder struct {
 	// overlap, as before the fence existed: tests set it to show what the
 	// fence prevents.
 	noFence bool
+	// ipcCalls, when set, are the IPC calls (ipc.go) instead of the
+	// driver's: tests' stand-ins.
+	ipcCalls *ipcLib
+
 	// noValidate skips the walk of LZ4 blocks (checkStreams on the host,
 	// lz4_check on the device): the throughput test sets it to measure
 	// what the walk costs. Nothing else may.

@@ -24,8 +24,8 @@ import (
 
 // Delivery modes (--delivery, hidden).
 const (
-	// deliveryAuto rings in device memory where the mount decodes on a
-	// GPU; elsewhere the socket answers that it cannot deliver.
+	// deliveryAuto: rings in device memory where the mount decodes on
+	// the reader's GPU; elsewhere the socket answers why it cannot.
 	deliveryAuto = "auto"
 	// deliveryHost rings in host shared memory, the CPU decoding into
 	// them: the test mode of machines without a GPU.
@@ -69,12 +69,9 @@ func serveDelivery(ctx context.Context, mode, sock string, o *opened, m *zfs.Mou
 		s.MaxRingBytes = o.src.Layout.MemoryBudget.Total() / 4
 		s.Device = deliver.HostFill{Decoder: o.dec}
 	default:
-		mem, dev := gpuDelivery(o, log)
-		if mem == nil {
-			s.Memory = unavailable{why: dev}
-		} else {
-			s.Memory, s.Device = mem, nil
-		}
+		// Rings in the memory of the GPU a reader names, where the
+		// pipeline decodes on it (decode.Pipeline.GPUFor says why not).
+		s.Memory = deliver.CUDAMemory{GPUs: o.dec}
 	}
 	if err := privateRegistry(); err != nil {
 		return nil, err
@@ -92,21 +89,6 @@ func serveDelivery(ctx context.Context, mode, sock string, o *opened, m *zfs.Mou
 		}
 	}()
 	return s, nil
-}
-
-// gpuDelivery is the device memory rings live in when the mount decodes on
-// a GPU; nil and why not otherwise.
-func gpuDelivery(o *opened, log *slog.Logger) (deliver.Memory, string) {
-	return nil, "this mount delivers into no GPU's memory yet (decoding on " + o.dec.Placement() + ")"
-}
-
-// unavailable refuses every ring, saying why: the reader reads files.
-type unavailable struct{ why string }
-
-func (unavailable) Kind() string { return deliver.MemoryCUDA }
-
-func (u unavailable) NewRing(*deliver.OpenRequest, int, int64) (deliver.Ring, error) {
-	return nil, fmt.Errorf("%w: %s", deliver.ErrUnavailable, u.why)
 }
 
 // statusDelivery is the delivery part of the status document.

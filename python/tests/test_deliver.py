@@ -100,7 +100,7 @@ def test_auto_and_unavailable(mount, index_store):
     with pytest.raises(RuntimeError, match=r"decode='device': no delivery socket"):
         Loader(os.path.join(off.path, "x"), 2, device="cpu", decode="device")
     plain = mount(index_store)  # auto: no GPU here, so no ring
-    with pytest.raises(RuntimeError, match=r"decode='device': .*no GPU's memory"):
+    with pytest.raises(RuntimeError, match=r"decode='device': .*delivers into GPU memory, not host"):
         Loader(os.path.join(plain.path, "x"), 2, device="cpu", decode="device")
     with pytest.raises(ValueError, match="decode"):
         Loader(d, 2, device="cpu", decode="gpu")

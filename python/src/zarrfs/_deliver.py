@@ -103,8 +103,9 @@ class _DeviceArray:
 
     def __init__(self, ptr: int, shape: Tuple[int, ...], typestr: str, owner: Any) -> None:
         self.owner = owner
+        # No "stream": the loader orders reads itself (the slot's event).
         self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (ptr, False),
-                                         "version": 3, "strides": None, "stream": None}
+                                         "version": 2, "strides": None}
 
 
 class Ring:
