@@ -574,7 +574,7 @@ func (c cudaRounds) prepare(r *round) error {
 		return err
 	}
 	d.lastRound.Store(time.Now().UnixNano())
-	fl, err := d.prepareRound(r.jobs, r.preps, &d.sets[r.set])
+	fl, err := d.prepareRound(r.jobs, r.preps, r.dev, &d.sets[r.set])
 	r.fl = fl
 	return err
 }
@@ -617,10 +617,19 @@ func (c cudaRounds) finishDirect(r *round, which []int, deadline time.Time, canc
 	if err := cu.check("cuCtxSetCurrent", cu.cuCtxSetCurrent(d.ctx)); err != nil {
 		return err
 	}
+	if err := d.waitForDevice(r, set.stream); err != nil {
+		return err
+	}
 	for _, k := range which {
 		dst := r.jobs[fl.idx[k]].Dst
-		if err := cu.check("cuMemcpyDtoHAsync", cu.cuMemcpyDtoHAsync(unsafe.Pointer(&dst[0]), set.dOut.ptr+uintptr(fl.l.finalOff[k]),
-			uint64(len(dst)), set.stream)); err != nil {
+		var err error
+		if to := r.devAt(fl.idx[k]); to != 0 {
+			err = d.copyOnDevice(to, set.dOut.ptr+uintptr(fl.l.finalOff[k]), int64(len(dst)), set.stream)
+		} else {
+			err = cu.check("cuMemcpyDtoHAsync", cu.cuMemcpyDtoHAsync(unsafe.Pointer(&dst[0]), set.dOut.ptr+uintptr(fl.l.finalOff[k]),
+				uint64(len(dst)), set.stream))
+		}
+		if err != nil {
 			// Those queued already are waited for below.
 			cu.cuEventRecord(set.out, set.stream)
 			d.await(set.out, deadline, cancel)

@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -9,6 +10,8 @@ import (
 	"sync"
 	"time"
 	"unsafe"
+
+	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 // This file shares device memory with another process: a Ring is one
@@ -374,4 +377,67 @@ func (r *Ring) Close() error {
 		err = fmt.Errorf("gpu: device %d has no context: the ring went with it", r.d.opts.Device)
 	}
 	return err
+}
+
+// Decode decodes jobs on the ring's GPU straight into slot k: job i's
+// decoded bytes go to offs[i] of the slot (offs[i] < 0: to its Dst, as
+// DecodeBatch), never through host memory, once the device has waited for
+// the reader's consumer event. Only chunks whose every check the host
+// makes before decoding (LZ4 walked, blosc framing parsed) go there: one
+// the host verifies over its decoded bytes (a zstd content checksum, a
+// deflate CRC) fails with ErrUnsupported, as does anything DecodeBatch
+// leaves to the CPU; the caller decodes those elsewhere. A job's Dst
+// gives its decoded length, and is neither read nor written when it goes
+// to the slot. It returns when the bytes are in the slot.
+func (r *Ring) Decode(ctx context.Context, k int, jobs []codec.Job, offs []int64) error {
+	if len(offs) != len(jobs) {
+		return fmt.Errorf("gpu: Ring.Decode with %d jobs and %d offsets", len(jobs), len(offs))
+	}
+	r.mu.Lock()
+	closed := r.closed
+	r.mu.Unlock()
+	if closed {
+		return ErrRingClosed
+	}
+	dev := make([]uintptr, len(jobs))
+	for i, off := range offs {
+		if off < 0 {
+			continue
+		}
+		if off+int64(len(jobs[i].Dst)) > r.slotBytes {
+			return fmt.Errorf("gpu: a chunk of %d bytes at %d passes slot %d's %d bytes", len(jobs[i].Dst), off, k, r.slotBytes)
+		}
+		dev[i] = r.Addr(k, off)
+	}
+	return r.d.decodeBatch(ctx, jobs, 0, dev, r.consumer)
+}
+
+// waitForDevice makes stream wait for the events r's device-addressed
+// jobs wait for. The caller holds the context on a locked thread.
+func (d *Decoder) waitForDevice(r *round, stream uintptr) error {
+	if len(r.waits) == 0 {
+		return nil
+	}
+	l, err := d.ipc()
+	if err != nil {
+		return err
+	}
+	for _, ev := range r.waits {
+		if err := d.cu.check("cuStreamWaitEvent", l.cuStreamWaitEvent(stream, ev, 0)); err != nil {
+			return d.deviceFailed(err)
+		}
+	}
+	return nil
+}
+
+// copyOnDevice queues a device-to-device copy of n bytes on stream.
+func (d *Decoder) copyOnDevice(dst, src uintptr, n int64, stream uintptr) error {
+	l, err := d.ipc()
+	if err != nil {
+		return err
+	}
+	if err := d.cu.check("cuMemcpyDtoDAsync", l.cuMemcpyDtoDAsync(dst, src, uint64(n), stream)); err != nil {
+		return d.deviceFailed(err)
+	}
+	return nil
 }

@@ -2,12 +2,15 @@ package gpu
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 // fakeIPC is the driver's IPC calls over the fake GPU: handles carry the
@@ -116,5 +119,67 @@ func TestRingOnTheDevice(t *testing.T) {
 	}
 	if err := r.Write(1, 0, src); !errors.Is(err, ErrRingClosed) {
 		t.Fatalf("write after Close: %v", err)
+	}
+}
+
+// Chunks decode straight into a ring slot, equal to the CPU decoder's
+// bytes, their Dst untouched; a zstd chunk that only its checksum verifies
+// is left to the caller (ErrUnsupported), as is a job with no slot offset
+// decoded into its Dst.
+func TestRingDecodeIntoSlot(t *testing.T) {
+	d, f, x := ringDecoder(t, Options{})
+	r, err := d.NewRing(2, 4<<20, ipcHandle{w: [8]uint64{0xbeef}}.hex())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	a, b := field(64, 128, 1), field(64, 128, 2)
+	srcs := [][]byte{
+		bloscCompress(a, 4, 0, codec.ByteShuffle, "lz4"),
+		compress(codec.LZ4, b),
+		zstdCompress(a, 3), // with a content checksum
+		bloscCompress(b, 4, 0, codec.ByteShuffle, "lz4"),
+	}
+	names := []codec.Name{codec.Blosc, codec.LZ4, codec.Zstd, codec.Blosc}
+	want := [][]byte{a, b, a, b}
+	offs := []int64{0, int64(len(a)), 2 * int64(len(a)), -1}
+	jobs := make([]codec.Job, len(srcs))
+	for i := range jobs {
+		dst := d.HostAllocWait(len(want[i]), 5*time.Second)
+		defer d.HostFree(dst)
+		for j := range dst {
+			dst[j] = 0xaa
+		}
+		src := d.HostAllocWait(len(srcs[i]), 5*time.Second)
+		defer d.HostFree(src)
+		copy(src, srcs[i])
+		jobs[i] = codec.Job{Codec: names[i], Src: src, Dst: dst}
+	}
+	if err := r.Decode(context.Background(), 1, jobs, offs); err != nil {
+		t.Fatal(err)
+	}
+	for i, j := range jobs {
+		switch {
+		case i == 2:
+			if !errors.Is(j.Err, codec.ErrUnsupported) || !strings.Contains(j.Err.Error(), "checksum") {
+				t.Fatalf("zstd with a checksum into the slot: %v", j.Err)
+			}
+		case j.Err != nil:
+			t.Fatalf("job %d: %v", i, j.Err)
+		case offs[i] < 0:
+			if !bytes.Equal(j.Dst, want[i]) {
+				t.Fatalf("job %d without a slot offset: its Dst differs from the CPU's bytes", i)
+			}
+		default:
+			if got := f.devBytes("check", uint64(r.Addr(1, offs[i])), uint64(len(want[i]))); !bytes.Equal(got, want[i]) {
+				t.Fatalf("job %d: slot bytes differ from the CPU's", i)
+			}
+			if bytes.Count(j.Dst, []byte{0xaa}) != len(j.Dst) {
+				t.Fatalf("job %d: its Dst was written though it went to the slot", i)
+			}
+		}
+	}
+	if len(x.waits) == 0 || x.waits[0] != 0xbeef {
+		t.Fatalf("the copies into the slot waited for %v, want the consumer event", x.waits)
 	}
 }

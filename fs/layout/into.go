@@ -14,7 +14,11 @@ import (
 // (chunks that land whole decode in place there), and other blobs are
 // filled one by one through their Fill. It acquires from the memory budget
 // what FillBatch would, so delivery and the mount's fills share one bound.
-// It stops at the first error; outs then hold garbage.
+// Nothing is read back from outs (a static channel is read for each sample
+// or copied from what another fill kept), so the Read's decoder may put a
+// chunk that lands whole in outs somewhere else instead (a GPU decoding
+// into a ring slot: deliver.GPUFill). It stops at the first error; outs
+// then hold garbage.
 func FillInto(ctx context.Context, blobs []Blob, outs [][]byte, maxBytes int64) error {
 	if len(blobs) != len(outs) {
 		return fmt.Errorf("layout: FillInto with %d blobs and %d buffers", len(blobs), len(outs))
@@ -59,7 +63,7 @@ func FillInto(ctx context.Context, blobs []Blob, outs [][]byte, maxBytes int64) 
 		if err != nil {
 			return fmt.Errorf("%s: %w", vb.path, err)
 		}
-		err = vb.v.fillSamples(ctx, vb.opts.Reader, ks, outs[i:j])
+		err = vb.v.fillSamplesAs(ctx, vb.opts.Reader, ks, outs[i:j], true)
 		release()
 		if err != nil {
 			if j-i == 1 {

@@ -350,4 +350,13 @@ var mutations = []mutation{
 		To:     "\t\tfills.Wait()",
 		Pkgs:   []string{"./deliver"},
 	},
+	{
+		Name:   "fillinto-readback",
+		Breaks: "a view's static channel is copied from the first sample's buffer, which a GPU filling a ring slot never wrote",
+		File:   "fs/layout/view_fill.go",
+		From:   "if si > 0 && !writeOnly {",
+		To:     "if si > 0 {",
+		Pkgs:   []string{"./fs/layout"},
+		Run:    "FillInto",
+	},
 }
