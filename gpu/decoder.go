@@ -617,9 +617,6 @@ func (c cudaRounds) finishDirect(r *round, which []int, deadline time.Time, canc
 	if err := cu.check("cuCtxSetCurrent", cu.cuCtxSetCurrent(d.ctx)); err != nil {
 		return err
 	}
-	if err := d.waitForDevice(r, set.stream); err != nil {
-		return err
-	}
 	for _, k := range which {
 		dst := r.jobs[fl.idx[k]].Dst
 		var err error

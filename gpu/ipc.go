@@ -381,8 +381,8 @@ func (r *Ring) Close() error {
 
 // Decode decodes jobs on the ring's GPU straight into slot k: job i's
 // decoded bytes go to offs[i] of the slot (offs[i] < 0: to its Dst, as
-// DecodeBatch), never through host memory, once the device has waited for
-// the reader's consumer event. Only chunks whose every check the host
+// DecodeBatch), never through host memory, once the reader's consumer
+// event is done. Only chunks whose every check the host
 // makes before decoding (LZ4 walked, blosc framing parsed) go there: one
 // the host verifies over its decoded bytes (a zstd content checksum, a
 // deflate CRC) fails with ErrUnsupported, as does anything DecodeBatch
@@ -409,25 +409,40 @@ func (r *Ring) Decode(ctx context.Context, k int, jobs []codec.Job, offs []int64
 		}
 		dev[i] = r.Addr(k, off)
 	}
-	return r.d.decodeBatch(ctx, jobs, 0, dev, r.consumer)
-}
-
-// waitForDevice makes stream wait for the events r's device-addressed
-// jobs wait for. The caller holds the context on a locked thread.
-func (d *Decoder) waitForDevice(r *round, stream uintptr) error {
-	if len(r.waits) == 0 {
-		return nil
-	}
-	l, err := d.ipc()
-	if err != nil {
+	// The reader's kernels on the slot's last batch finish first, waited
+	// for here, on the host, within the ring's timeout: a round held on
+	// the device for a long training step would trip the watchdog, which
+	// gives up on the GPU.
+	if err := r.awaitConsumer(); err != nil {
 		return err
 	}
-	for _, ev := range r.waits {
-		if err := d.cu.check("cuStreamWaitEvent", l.cuStreamWaitEvent(stream, ev, 0)); err != nil {
-			return d.deviceFailed(err)
-		}
+	return r.d.decodeBatch(ctx, jobs, 0, dev)
+}
+
+// awaitConsumer waits until the reader's consumer event, as recorded
+// last, is done.
+func (r *Ring) awaitConsumer() error {
+	if r.consumer == 0 {
+		return nil
 	}
-	return nil
+	deadline := time.Now().Add(r.timeout)
+	for {
+		var res cuResult
+		if err := r.call(func() error { res = r.d.cu.cuEventQuery(r.consumer); return nil }); err != nil {
+			return err
+		}
+		switch res {
+		case cuSuccess:
+			return nil
+		case cuErrNotReady:
+		default:
+			return r.d.cu.check("cuEventQuery", res)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("gpu: the reader's consumer event not done in %v", r.timeout)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
 }
 
 // copyOnDevice queues a device-to-device copy of n bytes on stream.

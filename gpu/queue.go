@@ -85,10 +85,9 @@ type request struct {
 	ok       []int       // the jobs sent to the device
 	elemSize int
 	// dev, when set, is per job the device address its decoded bytes go
-	// to instead of Dst (0: Dst), after the device waits for event wait
-	// (Ring.Decode): they never come back to the host.
-	dev  []uintptr
-	wait uintptr
+	// to instead of Dst (0: Dst) (Ring.Decode): they never come back to
+	// the host.
+	dev []uintptr
 
 	// mu is held shared while the decoder reads the jobs' Src (packing) or
 	// writes their Dst or Err, and exclusively by a caller giving up, who
@@ -121,7 +120,6 @@ type round struct {
 	jobs     []codec.Job // copies of the items' jobs (layout and packing read these)
 	preps    []prepared  // the items' preparations
 	dev      []uintptr   // per job, the device address it goes to (request.dev); nil: none
-	waits    []uintptr   // the events its device-addressed jobs wait for
 	elemSize int
 	fenced   bool
 	set      int
@@ -185,12 +183,12 @@ func (d *Decoder) start(dev device) {
 // wrap codec.ErrUnsupported, and the decoder neither reads nor writes the
 // jobs' memory again.
 func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSize int) error {
-	return d.decodeBatch(ctx, jobs, elemSize, nil, 0)
+	return d.decodeBatch(ctx, jobs, elemSize, nil)
 }
 
 // decodeBatch is DecodeBatchSwap; with dev, jobs whose entry is not 0 go
 // to that device address instead of their Dst (Ring.Decode).
-func (d *Decoder) decodeBatch(ctx context.Context, jobs []codec.Job, elemSize int, dev []uintptr, wait uintptr) error {
+func (d *Decoder) decodeBatch(ctx context.Context, jobs []codec.Job, elemSize int, dev []uintptr) error {
 	if err := ctx.Err(); err != nil {
 		for i := range jobs {
 			jobs[i].Err = fmt.Errorf("gpu: batch not decoded: %w: %w", codec.ErrUnsupported, err)
@@ -252,7 +250,7 @@ func (d *Decoder) decodeBatch(ctx context.Context, jobs []codec.Job, elemSize in
 	if len(ok) == 0 {
 		return nil
 	}
-	q := &request{ctx: ctx, jobs: jobs, preps: preps, ok: ok, elemSize: elemSize, dev: dev, wait: wait,
+	q := &request{ctx: ctx, jobs: jobs, preps: preps, ok: ok, elemSize: elemSize, dev: dev,
 		fin: make([]bool, len(jobs)), done: make(chan struct{})}
 	q.left.Store(int64(len(ok)))
 	if err := d.enqueue(q); err != nil {
@@ -561,7 +559,7 @@ func (d *Decoder) runRound(r *round) {
 			break
 		}
 		r.jobs, r.preps = make([]codec.Job, len(live)), make([]prepared, len(live))
-		r.dev, r.waits = nil, nil
+		r.dev = nil
 		for k, it := range live {
 			// Not the whole Job: a caller that gave up writes its Err.
 			j := &it.req.jobs[it.i]
@@ -571,9 +569,6 @@ func (d *Decoder) runRound(r *round) {
 					r.dev = make([]uintptr, len(live))
 				}
 				r.dev[k] = it.req.dev[it.i]
-				if !slices.Contains(r.waits, it.req.wait) && it.req.wait != 0 {
-					r.waits = append(r.waits, it.req.wait)
-				}
 			}
 		}
 		if err = d.rounds.prepare(r); err != nil {
