@@ -39,8 +39,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/gpu"
-	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 // Mode is where chunks are decoded.

@@ -14,8 +14,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/internal/parallel"
-	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 // Options configure a Decoder. The zero value is ready to use.

@@ -12,10 +12,10 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/fill"
 	zfs "github.com/zarrfs/zarrfs/fs"
 	"github.com/zarrfs/zarrfs/fs/layout"
-	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 func init() { rootCmd.AddCommand(newMountCmd()) }

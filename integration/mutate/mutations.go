@@ -230,10 +230,10 @@ var mutations = []mutation{
 	{
 		Name:   "split-first-error",
 		Breaks: "a blosc frame decoded in parts across idle workers reports its last damaged block's error, not the first (the one decoding it whole gives)",
-		File:   "zarr/codec/cpu.go",
+		File:   "codec/cpu.go",
 		From:   "\tfor i := len(b.parts) - 1; i >= 0; i-- {",
 		To:     "\tfor i := 0; i < len(b.parts); i++ {",
-		Pkgs:   []string{"./zarr/codec"},
+		Pkgs:   []string{"./codec"},
 		Run:    "Split",
 	},
 	{
@@ -248,10 +248,10 @@ var mutations = []mutation{
 	{
 		Name:   "stream-skip",
 		Breaks: "a stream decoded up to its selection skips one scratch piece too few before a segment, so the segment gets earlier bytes",
-		File:   "zarr/codec/partial.go",
+		File:   "codec/partial.go",
 		From:   "\t\t\tpos += n\n",
 		To:     "\t\t\tpos += n + n/2\n",
-		Pkgs:   []string{"./zarr/codec"},
+		Pkgs:   []string{"./codec"},
 		Run:    "StreamPart",
 	},
 	{
@@ -266,10 +266,10 @@ var mutations = []mutation{
 	{
 		Name:   "stream-checksum",
 		Breaks: "a zstd stream with a frame checksum is decoded only up to its selection, so damage that decodes silently is served instead of refused",
-		File:   "zarr/codec/partial.go",
+		File:   "codec/partial.go",
 		From:   "\tif !ZstdChecksummed(j.Src) {",
 		To:     "\tif true {",
-		Pkgs:   []string{"./zarr/codec"},
+		Pkgs:   []string{"./codec"},
 		Run:    "StreamPart",
 	},
 	{
