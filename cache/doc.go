@@ -51,7 +51,7 @@
 // and what `zarrfs warm` and `zarrfs path` print, so it depends only on
 // what a source's tree looks like, never on data that may change under it.
 // What the bytes were built from (the identities of the source chunks
-// read, see package fs/layout) is the key's Identity, recorded in the
+// read, see package layout) is the key's Identity, recorded in the
 // blob's journal line next to its checksum. GetBlob serves an indexed blob
 // only when the recorded identity is the one asked for; otherwise the blob
 // is stale and the fill replaces it: the new file is renamed over the old

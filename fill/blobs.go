@@ -15,7 +15,7 @@ import (
 	"os"
 
 	"github.com/zarrfs/zarrfs/cache"
-	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/layout"
 )
 
 // Backing is an open, complete blob file in the cache, pinned (never

@@ -15,7 +15,7 @@ import (
 	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/fill"
 	zfs "github.com/zarrfs/zarrfs/fs"
-	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/layout"
 )
 
 func init() { rootCmd.AddCommand(newMountCmd()) }

@@ -52,18 +52,18 @@ var mutations = []mutation{
 	{
 		Name:   "shard-split-start",
 		Breaks: "a contiguous rank split ignores the start of the sample range",
-		File:   "fs/layout/shard.go",
+		File:   "layout/shard.go",
 		From:   "a := lo + r*n/w",
 		To:     "a := r*n/w",
-		Pkgs:   []string{"./fs/layout"},
+		Pkgs:   []string{"./layout"},
 	},
 	{
 		Name:   "warm-samples-rank",
 		Breaks: "warm splits --samples START:STOP among ranks as if it started at 0",
-		File:   "fs/layout/plan.go",
+		File:   "layout/plan.go",
 		From:   "mine := o.Shard.Of(lo, hi)",
 		To:     "mine := o.Shard.Of(0, hi-lo)",
-		Pkgs:   []string{"./fs/layout", "./integration"},
+		Pkgs:   []string{"./layout", "./integration"},
 		Run:    "Plan|Shard|WarmSamples|WarmRankWorld",
 	},
 	{
@@ -129,7 +129,7 @@ var mutations = []mutation{
 		File:   "internal/testenv/testenv.go",
 		From:   "\tif CI() {\n\t\tt.Fatalf(",
 		To:     "\tif false && CI() {\n\t\tt.Fatalf(",
-		Pkgs:   []string{"./internal/testenv", "./integration/miniotest", "./fs/layout", "./integration"},
+		Pkgs:   []string{"./internal/testenv", "./integration/miniotest", "./layout", "./integration"},
 		Run:    "Missing|Without|UnderCI",
 	},
 	{
@@ -205,10 +205,10 @@ var mutations = []mutation{
 	{
 		Name:   "view-step-identity",
 		Breaks: "a view with samples.step > 1 names the source chunks of the wrong time step in its identity",
-		File:   "fs/layout/view_fill.go",
+		File:   "layout/view_fill.go",
 		From:   "func (b *viewBlob) Sources() []zarr.Request {\n\tt := b.v.Start + b.k*b.v.Step",
 		To:     "func (b *viewBlob) Sources() []zarr.Request {\n\tt := b.v.Start + b.k",
-		Pkgs:   []string{"./fs/layout"},
+		Pkgs:   []string{"./layout"},
 	},
 	{
 		Name:   "breaker-probe-answer",
@@ -222,10 +222,10 @@ var mutations = []mutation{
 	{
 		Name:   "fill-fail-release",
 		Breaks: "a fill of an array that fails keeps its memory reservation",
-		File:   "fs/layout/pieces.go",
+		File:   "layout/pieces.go",
 		From:   "\tdefer release()\n\tbuf := o.slab(p.bytes)\n\tdefer o.freeSlab(buf)\n\tvar out []byte\n\tif cast {\n\t\tout = getSlab(castBytes)\n\t\tdefer putSlab(out)\n\t}\n\treturn p.pieces(start, count, func(ps, pc []int64) error {\n\t\tn := prod(pc) * int64(a.DType.Size)\n\t\tdst := buf[:n]\n\t\treq := []zarr.Request{{Array: a, Start: ps, Count: pc, Dst: dst}}\n\t\tif err := o.Reader.Read(ctx, req); err != nil {\n\t\t\treturn err\n\t\t}\n\t\tif cast {\n\t\t\tm := prod(pc) * int64(to.Size)\n\t\t\tcastInto(out[:m], to, dst, a.DType)\n\t\t\tdst = out[:m]\n\t\t}\n\t\tif err := writePiece(w, base, start, count, ps, pc, p.axis, int64(to.Size), dst); err != nil {\n\t\t\treturn fmt.Errorf(\"write: %w\", err)\n\t\t}\n\t\treturn nil\n\t})\n}\n\n",
 		To:     "\tbuf := o.slab(p.bytes)\n\tdefer o.freeSlab(buf)\n\tvar out []byte\n\tif cast {\n\t\tout = getSlab(castBytes)\n\t\tdefer putSlab(out)\n\t}\n\tdefer func() {\n\t\tif err == nil {\n\t\t\trelease()\n\t\t}\n\t}()\n\terr = p.pieces(start, count, func(ps, pc []int64) error {\n\t\tn := prod(pc) * int64(a.DType.Size)\n\t\tdst := buf[:n]\n\t\treq := []zarr.Request{{Array: a, Start: ps, Count: pc, Dst: dst}}\n\t\tif err := o.Reader.Read(ctx, req); err != nil {\n\t\t\treturn err\n\t\t}\n\t\tif cast {\n\t\t\tm := prod(pc) * int64(to.Size)\n\t\t\tcastInto(out[:m], to, dst, a.DType)\n\t\t\tdst = out[:m]\n\t\t}\n\t\tif err := writePiece(w, base, start, count, ps, pc, p.axis, int64(to.Size), dst); err != nil {\n\t\t\treturn fmt.Errorf(\"write: %w\", err)\n\t\t}\n\t\treturn nil\n\t})\n\treturn err\n}\n\n",
-		Pkgs:   []string{"./fs/layout"},
+		Pkgs:   []string{"./layout"},
 	},
 	{
 		Name:   "split-first-error",
