@@ -145,7 +145,7 @@ func (v *View) fillCost(data int64, ks []int64) int64 {
 	regions := map[string]*region{}
 	for _, g := range v.slotRuns() {
 		ch := &v.Channels[g.first]
-		if !sameType(ch.Array.DType, v.DType) {
+		if !zarr.SameValues(ch.Array.DType, v.DType) {
 			cost = satAdd(cost, satMul(satMul(spatial, int64(ch.Array.DType.Size)), n))
 		}
 		start, count := ch.region(v.Start + lo*v.Step)
@@ -195,7 +195,7 @@ func (v *View) fillSamples(ctx context.Context, r Reader, ks []int64, outs [][]b
 	// Scratch for channels that need a cast.
 	var scratchLen int64
 	for _, ch := range v.Channels {
-		if !sameType(ch.Array.DType, v.DType) {
+		if !zarr.SameValues(ch.Array.DType, v.DType) {
 			scratchLen += prod(v.SampleShape[1:]) * int64(ch.Array.DType.Size) * int64(len(ks))
 		}
 	}
@@ -230,7 +230,7 @@ func (v *View) fillSamples(ctx context.Context, r Reader, ks []int64, outs [][]b
 			}
 			start, count := ch.region(t)
 			q := zarr.Request{Array: ch.Array, Start: start, Count: count, Dst: dst}
-			if !sameType(ch.Array.DType, v.DType) {
+			if !zarr.SameValues(ch.Array.DType, v.DType) {
 				n := prod(count) * int64(ch.Array.DType.Size)
 				q.Dst = scratch[off : off+n]
 				off += n
@@ -245,7 +245,7 @@ func (v *View) fillSamples(ctx context.Context, r Reader, ks []int64, outs [][]b
 		}
 	}
 	for _, j := range casts {
-		castInto(j.dst, v.DType, j.src, j.from)
+		zarr.Cast(j.dst, v.DType, j.src, j.from)
 	}
 	for _, j := range copies {
 		copy(j.dst, j.src)
@@ -359,7 +359,7 @@ func (v *View) slotRuns() []slotRun {
 	var runs []slotRun
 	for i := 0; i < len(v.Channels); {
 		ch := &v.Channels[i]
-		if len(ch.Select) != 1 || !sameType(ch.Array.DType, v.DType) {
+		if len(ch.Select) != 1 || !zarr.SameValues(ch.Array.DType, v.DType) {
 			runs = append(runs, slotRun{first: i, n: 1, axis: -1})
 			i++
 			continue
