@@ -558,7 +558,7 @@ func DescribeVersions(s Store) string {
 		case "etag":
 			return "ETag, " + revalidated("one HEAD") + trust
 		case "last-modified":
-			return "Last-Modified, to the second (a rewrite of a chunk within the second it was read is not noticed), " + revalidated("one HEAD") + trust
+			return "Last-Modified, to the second, and size (a rewrite of a chunk within the second it was read that keeps its size is not noticed), " + revalidated("one HEAD") + trust
 		case "none":
 			return "none: the server sends neither ETag nor Last-Modified, so a chunk rewritten in place is not noticed (--chunk-versions metadata says so and saves a HEAD per chunk of a cached file)"
 		case "":
