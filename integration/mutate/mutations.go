@@ -343,4 +343,13 @@ var mutations = []mutation{
 		Pkgs:   []string{"./zarr"},
 		Run:    "PartialReadRewritten",
 	},
+	{
+		Name:   "static-memo-versions",
+		Breaks: "a view's memoized static channel ignores the versions its fill's pin names, so a mask rewritten while the listing stays (past the local listings' bound) fills the next samples with the old mask under the new identity",
+		File:   "fs/layout/view.go",
+		From:   "if listings[c] != l || sums[c] != m.sums[c] {",
+		To:     "if listings[c] != l || sums[c] != sums[c] {",
+		Pkgs:   []string{"./fs/layout"},
+		Run:    "StaticMemo",
+	},
 }
