@@ -352,4 +352,13 @@ var mutations = []mutation{
 		Pkgs:   []string{"./fs/layout"},
 		Run:    "StaticMemo",
 	},
+	{
+		Name:   "parquet-grid",
+		Breaks: "a Parquet reference set's chunk grid rounds down, so the edge chunks of an array whose shape does not divide into its chunks read as the fill value or as another chunk's bytes",
+		File:   "objectstore/kerchunk/parquet.go",
+		From:   "g := (s + c - 1) / c",
+		To:     "g := s / c",
+		Pkgs:   []string{"./integration"},
+		Run:    "UnevenChunkGrids",
+	},
 }
