@@ -19,7 +19,7 @@
 // metadata less the sample dimension's length and its attributes, or the
 // view's definition; the region; --align) and the version of every chunk
 // the blob reads, from a listing of its array (zarr.Hierarchy.List: S3
-// ETags, POSIX size, mtime and inode). Appending along the sample
+// ETags, POSIX size, mtime, inode and ctime). Appending along the sample
 // dimension therefore keeps the identity of every sample whose chunks the
 // append did not rewrite, while a chunk rewritten in place changes the
 // identity of the samples it holds once the array is listed again. Checking
