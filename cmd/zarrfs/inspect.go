@@ -89,8 +89,6 @@ func newInspectCmd() *cobra.Command {
 	return cmd
 }
 
-func init() { rootCmd.AddCommand(newInspectCmd()) }
-
 func inspectEntries(h *zarr.Hierarchy, lay *layout.Layout) []inspectEntry {
 	skipped := map[string]string{}
 	for _, s := range lay.Skipped {

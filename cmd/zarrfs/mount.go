@@ -18,8 +18,6 @@ import (
 	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
-func init() { rootCmd.AddCommand(newMountCmd()) }
-
 // mountFlags holds the flags of `zarrfs mount`.
 type mountFlags struct {
 	layoutFlags

@@ -30,7 +30,7 @@ hits and fills, fills in flight, errors by array, where chunks decode and
 what the GPUs hold, uptime. Without MOUNTPOINT, every mount of this user.
 With --cache DIR, what the cache directory holds, read from its journal
 without a running daemon.`,
-		Args: cobra.MaximumNArgs(1),
+		Args: maxArgs(1, "one MOUNTPOINT"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			out := cmd.OutOrStdout()
 			if watch < 0 {
@@ -90,8 +90,6 @@ without a running daemon.`,
 	cmd.Flags().StringVar(&cacheDir, "cache", "", "summarize this cache directory instead of a mount")
 	return cmd
 }
-
-func init() { rootCmd.AddCommand(newStatusCmd()) }
 
 func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)

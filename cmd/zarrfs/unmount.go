@@ -39,8 +39,6 @@ died is detached too.`,
 	return cmd
 }
 
-func init() { rootCmd.AddCommand(newUnmountCmd()) }
-
 func unmount(out io.Writer, mountpoint string, lazy bool, timeout time.Duration) error {
 	abs, err := filepath.Abs(mountpoint)
 	if err != nil {
