@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -208,4 +209,119 @@ func TestCLIViewErrors(t *testing.T) {
 	if _, err := os.Stat(xdg); !os.IsNotExist(err) {
 		t.Errorf("a failed mount left %s behind (%v)", xdg, err)
 	}
+}
+
+// Errors name the object by its absolute path, say what is wrong with
+// it in the words the others use, and exit with the documented status.
+func TestCLIMessages(t *testing.T) {
+	store := exampleStore(t)
+	dir := t.TempDir()
+	t.Chdir(dir)
+	abs := func(p string) string {
+		a, err := filepath.Abs(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	cache := filepath.Join(t.TempDir(), "c")
+	checkCLI(t, []cliCase{
+		{"status missing cache", []string{"status", "--cache", "nope"}, "zarrfs: " + abs("nope") + ": no such directory", 1},
+		{"missing store", []string{"inspect", "nope.zarr"}, "zarrfs: " + abs("nope.zarr") + ": no such directory", 1},
+		{"missing reference file", []string{"inspect", "/x/nosuch.json"}, "zarrfs: /x/nosuch.json: no such file", 1},
+		{"missing mountpoint", []string{"mount", store, "none"}, "zarrfs: " + abs("none") + ": no such directory", 1},
+		{"credentials", []string{"inspect", "https://u:secret@example.com/s.zarr"},
+			"zarrfs: an http URL must not hold credentials; give the bearer token in ZARRFS_HTTP_BEARER_TOKEN instead", 2},
+		{"world without rank", []string{"warm", store, "--cache", cache, "--world", "2"}, "zarrfs: --world 2 without --rank: give this node's rank, 0 to 1", 2},
+		{"mount world without rank", []string{"mount", store, t.TempDir(), "--world", "4"}, "zarrfs: --world 4 without --rank: give this node's rank, 0 to 3", 2},
+		{"rank without world", []string{"warm", store, "--cache", cache, "--rank", "0"}, "zarrfs: --rank 0 without --world: give the number of ranks too", 2},
+		{"shard without world", []string{"mount", store, t.TempDir(), "--shard", "interleaved"},
+			"zarrfs: --shard interleaved without --world: it splits samples among ranks only with --rank and --world", 2},
+		{"samples backwards", []string{"warm", store, "--cache", cache, "--samples", "5:2"},
+			`zarrfs: --samples "5:2": STOP 2 is before START 5 (START:STOP takes samples START to STOP-1)`, 2},
+		{"samples not a number", []string{"warm", store, "--cache", cache, "--samples", "a:2"}, `zarrfs: --samples "a:2": START "a" is not a whole number`, 2},
+		{"unmount plain folder", []string{"unmount", "."}, "zarrfs: " + dir + ": not mounted", 1},
+		{"unmount missing", []string{"unmount", "gone"}, "zarrfs: " + abs("gone") + ": no such directory", 1},
+		{"unmount another filesystem", []string{"unmount", "/proc"}, "zarrfs: /proc: mounted as proc (proc), not zarrfs; zarrfs unmount leaves it alone (use umount)", 1},
+		{"status another filesystem", []string{"status", "/proc"}, "zarrfs: /proc: mounted as proc (proc), not zarrfs", 1},
+	})
+	if _, err := os.Stat(cache); !os.IsNotExist(err) {
+		t.Errorf("refused commands made the cache %s (%v)", cache, err)
+	}
+}
+
+// mountCLI runs zarrfs mount with args in this process until the test
+// ends, and returns its mountpoint once the mount is live and the line
+// it printed.
+func mountCLI(t *testing.T, store, mnt string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	out, errs := &syncBuilder{}, &syncBuilder{}
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, append([]string{"mount", store, mnt}, args...), out, errs) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case code := <-done:
+			if code != 0 {
+				t.Errorf("mount exited %d: %s", code, errs.String())
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("mount still running 30s after it was told to stop")
+		}
+	})
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if strings.Contains(out.String(), "\n") {
+			return strings.TrimSpace(out.String())
+		}
+		select {
+		case code := <-done:
+			done <- code
+			t.Fatalf("mount exited %d: %s", code, errs.String())
+		default:
+		}
+	}
+	t.Fatalf("mount not live after 30s: %s", errs.String())
+	return ""
+}
+
+// syncBuilder is a strings.Builder safe for a writer and a reader.
+type syncBuilder struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuilder) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuilder) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// The mount's line names the mountpoint by its absolute path, and
+// unmount of a folder inside a mount says which mount to unmount.
+func TestCLIMountLines(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if _, err := os.Stat("/dev/fuse"); err != nil {
+			t.Skip("no FUSE")
+		}
+	}
+	store := exampleStore(t)
+	dir := t.TempDir()
+	t.Chdir(dir)
+	os.Mkdir("mnt", 0o755)
+	mnt := filepath.Join(dir, "mnt")
+	line := mountCLI(t, store, "mnt", "--cache", filepath.Join(t.TempDir(), "c"))
+	if want := "zarrfs: mounted file://" + store + " at " + mnt + " (8 arrays, "; !strings.HasPrefix(line, want) {
+		t.Errorf("mount printed %q, want it to start %q", line, want)
+	}
+	checkCLI(t, []cliCase{
+		{"inside a mount", []string{"unmount", "mnt/t"},
+			"zarrfs: " + mnt + "/t: not a mount point: it is inside the zarrfs mount at " + mnt + " (zarrfs unmount " + mnt + ")", 1},
+	})
 }

@@ -40,7 +40,14 @@ without a running daemon.`,
 				if len(args) > 0 {
 					return usagef("status: give MOUNTPOINT or --cache, not both")
 				}
-				s, err := cache.Summarize(cacheDir)
+				abs, err := filepath.Abs(cacheDir)
+				if err != nil {
+					return err
+				}
+				if _, err := os.Stat(abs); err != nil {
+					return fmt.Errorf("%s: %w", abs, dirErr(err))
+				}
+				s, err := cache.Summarize(abs)
 				if err != nil {
 					return err
 				}
@@ -157,7 +164,7 @@ func noStatus(arg, abs string, inside *mountRecord) error {
 		if e.FSType == "fuse.zarrfs" {
 			return fmt.Errorf("%s: a zarrfs mount of %s whose daemon is not in %s (started with another XDG_RUNTIME_DIR?)", arg, e.Source, registryDir())
 		}
-		return fmt.Errorf("%s: a %s mount of %s, not a zarrfs one", arg, e.FSType, e.Source)
+		return fmt.Errorf("%s: mounted as %s (%s), not zarrfs", arg, e.FSType, e.Source)
 	}
 	if inside != nil {
 		return fmt.Errorf("%s: inside the zarrfs mount at %s; give its mountpoint", arg, inside.Mountpoint)

@@ -93,6 +93,9 @@ func (f *warmFlags) validate(cmd *cobra.Command, src string) error {
 		return usagef("--%s", strings.TrimPrefix(err.Error(), layout.ErrInvalidOption.Error()+": "))
 	}
 	f.span = span
+	if err := checkShardGiven(cmd, f.world); err != nil {
+		return err
+	}
 	f.split, err = checkShard(f.rank, f.world, f.shard)
 	return err
 }
