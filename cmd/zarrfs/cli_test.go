@@ -111,7 +111,7 @@ func TestCLISourceNotAnswering(t *testing.T) {
 	start := time.Now()
 	checkCLI(t, []cliCase{
 		{"refused", []string{"inspect", "http://" + addr + "/s.zarr", "--source-timeout", "2s"},
-			`^zarrfs: http://` + regexp.QuoteMeta(addr) + `/s\.zarr/zarr\.json: get: source not answering for [0-9.]+m?s \(connection refused\); gave up after [0-9.]+m?s \(--source-timeout 2s\)$`, 1},
+			`^zarrfs: http://` + regexp.QuoteMeta(addr) + `/s\.zarr/zarr\.json: get: source not answering for [0-9.]+m?s \(connection refused\); gave up after [0-9.]+m?s \(--source-timeout 2s, [0-9]+ tries\)$`, 1},
 	})
 	if el := time.Since(start); el < time.Second {
 		t.Errorf("gave up after %v, before a second try (the budget is 2s)", el)

@@ -495,7 +495,11 @@ func untilAnswers(ctx context.Context, budget time.Duration, log *slog.Logger, d
 			case errors.Is(err, objectstore.ErrSourceDown):
 				// What was waited for, not what a running mount would do
 				// next: this command is exiting.
-				err = fmt.Errorf("%w; gave up after %v (--source-timeout %v)", err, time.Since(start).Round(100*time.Millisecond), budget)
+				n := fmt.Sprintf("%d tries", tries)
+				if tries == 1 {
+					n = "1 try"
+				}
+				err = fmt.Errorf("%w; gave up after %v (--source-timeout %v, %s)", err, time.Since(start).Round(100*time.Millisecond), budget, n)
 			case err != nil && tries > 1:
 				err = fmt.Errorf("%w (tried %d times in %v)", err, tries, time.Since(start).Round(100*time.Millisecond))
 			}
