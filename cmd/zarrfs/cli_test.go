@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"net"
@@ -324,4 +325,51 @@ func TestCLIMountLines(t *testing.T) {
 		{"inside a mount", []string{"unmount", "mnt/t"},
 			"zarrfs: " + mnt + "/t: not a mount point: it is inside the zarrfs mount at " + mnt + " (zarrfs unmount " + mnt + ")", 1},
 	})
+}
+
+// With --direct, a write through a link (root ignores the blob's
+// read-only mode) is never served: the next resolution of the link finds
+// the blob's size or modification time changed and fills it again, even
+// within its lease, for a write that keeps the size too.
+func TestCLIDirectWriteThroughLink(t *testing.T) {
+	store := exampleStore(t)
+	mnt := t.TempDir()
+	mountCLI(t, store, mnt, "--direct", "--cache", filepath.Join(t.TempDir(), "c"))
+	for _, tc := range []struct {
+		file  string
+		write func(p string) error
+	}{
+		{"t/5.npy", func(p string) error { return os.WriteFile(p, []byte("x\n"), 0o644) }},
+		{"t/6.npy", func(p string) error {
+			f, err := os.OpenFile(p, os.O_WRONLY, 0)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			_, err = f.WriteAt([]byte("broken"), 4096)
+			return err
+		}},
+	} {
+		p := filepath.Join(mnt, tc.file)
+		want, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		blob, err := filepath.EvalSymlinks(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond) // a later tick of the file times
+		// As root does, whatever the mode: the test may run as another user.
+		if err := os.Chmod(blob, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := tc.write(p); err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(p)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Errorf("%s after a write through its link: %d bytes (%v), equal to before: %v", tc.file, len(got), err, bytes.Equal(got, want))
+		}
+	}
 }

@@ -334,4 +334,22 @@ var mutations = []mutation{
 		Pkgs:   []string{"./objectstore"},
 		Run:    "GuardDial|HTTPRedirects",
 	},
+	{
+		Name:   "blob-written-in-place",
+		Breaks: "a cache blob written in place at its size (root through a direct mode link) is served",
+		File:   "cache/blob.go",
+		From:   "written = wantTime != 0 && mtime != wantTime",
+		To:     "written = false",
+		Pkgs:   []string{"./cache"},
+		Run:    "WrittenBlob",
+	},
+	{
+		Name:   "lease-written",
+		Breaks: "a direct mode link resolved again within its lease serves a blob written through it",
+		File:   "fs/direct.go",
+		From:   "return ok && c.Changed()",
+		To:     "return ok && false && c.Changed()",
+		Pkgs:   []string{"./cmd/zarrfs"},
+		Run:    "DirectWriteThroughLink",
+	},
 }
