@@ -208,6 +208,9 @@ func (l *Layout) Root() *Dir { return l.root }
 // Align returns the data offset of every blob.
 func (l *Layout) Align() int64 { return l.opts.Align }
 
+// Views returns the views the layout serves (Options.Views).
+func (l *Layout) Views() []*View { return l.opts.Views }
+
 // SampleDim returns the sample dimension name in use.
 func (l *Layout) SampleDim() string { return l.opts.SampleDim }
 
