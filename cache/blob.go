@@ -492,12 +492,12 @@ type hashingWriter struct {
 // hashPiece is how much a write hands the kernel before it hashes what it
 // wrote: the hash then reads bytes the kernel's copy just brought into the
 // core's cache, instead of a second pass over a sample from memory (a
-// sample is tens of megabytes; on the h200 the second pass cost as much
-// CPU as the write itself). A quarter of a MiB, the piece and its copy in
-// the page cache, stays in a core's L2 cache: against 1 MiB pieces, a
-// 4-core blosc fill on the h200 spent 3-6 % less CPU (the hash, the
-// source's copy and the unshuffle all gained), at four times the write
-// calls, which cost microseconds each.
+// sample is tens of megabytes, and the second pass cost as much CPU as
+// the write itself). A quarter of a MiB, the piece and its copy in the
+// page cache, stays in a core's L2 cache: against 1 MiB pieces a fill
+// takes less CPU (the hash, the source's copy and the unshuffle all gain;
+// BENCHMARKS.md, tuning choices), for more write calls, which cost
+// microseconds each.
 const hashPiece = 256 << 10
 
 func (h *hashingWriter) WriteAt(p []byte, off int64) (int, error) {
