@@ -11,7 +11,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/zarrfs/zarrfs/zarr/codec"
+	"github.com/zarrfs/zarrfs/codec"
 )
 
 // This file shares device memory with another process: a Ring is one

@@ -10,7 +10,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/zarrfs/zarrfs/zarr/codec"
+	"github.com/zarrfs/zarrfs/codec"
 )
 
 // fakeIPC is the driver's IPC calls over the fake GPU: handles carry the

@@ -3,7 +3,7 @@ package zarr
 import (
 	"context"
 
-	"github.com/zarrfs/zarrfs/zarr/codec"
+	"github.com/zarrfs/zarrfs/codec"
 )
 
 type decoderKey struct{}
