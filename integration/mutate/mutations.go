@@ -2,7 +2,8 @@ package main
 
 // mutation breaks one behaviour by replacing From, which must occur exactly
 // once in File, with To; Pkgs (and Run, a -run filter, when set) are the
-// tests that should notice.
+// tests that should notice, or for a File of the Python package (under
+// python/src), Pytest: pytest node ids, relative to the repository root.
 type mutation struct {
 	Name   string
 	Breaks string
@@ -11,6 +12,7 @@ type mutation struct {
 	To     string
 	Pkgs   []string
 	Run    string
+	Pytest []string
 }
 
 // mutations are the behaviours whose loss the suite must notice: those an
@@ -412,5 +414,13 @@ var mutations = []mutation{
 		To:     "if si > 0 {",
 		Pkgs:   []string{"./layout"},
 		Run:    "FillInto",
+	},
+	{
+		Name:   "ring-ipc-handle",
+		Breaks: "the reader opens a zeroed IPC handle: the daemon's is copied into a temporary copy of the struct's field",
+		File:   "python/src/zarrfs/_deliver.py",
+		From:   "ctypes.memmove(ctypes.addressof(h), bytes.fromhex(rep[\"handle\"]), 64)",
+		To:     "ctypes.memmove(h.reserved, bytes.fromhex(rep[\"handle\"]), 64)",
+		Pytest: []string{"python/tests/test_deliver.py::test_cuda_ring_hands_the_daemons_handles_to_the_driver"},
 	},
 }
