@@ -2,7 +2,7 @@
 """Device delivery on a GPU machine: zarrfs.torch.Loader(decode="device")
 against decode="host" over the same samples of the ERA5-like view.
 
-Usage: deliver_check.py ZARRFS STORE VIEW SCRATCH [--samples N] [--parts equal,reader,daemon,rate]
+Usage: deliver_check.py ZARRFS STORE VIEW SCRATCH [--parts equal,reader,daemon,rate] [--trust-unchecked]
 
   equal   every batch of decode="device" equals decode="host" byte for byte
           (same shuffled order, compared on the GPU), and a few samples equal
@@ -15,6 +15,9 @@ Usage: deliver_check.py ZARRFS STORE VIEW SCRATCH [--samples N] [--parts equal,r
   rate    first epoch, cold mount (its own cache), batch 4: samples/s of
           decode="device" and decode="host", daemon on cores 0-3 (taskset)
           and the Loader on 8-15, then on every core
+
+--trust-unchecked mounts with --gpu-trust-unchecked (the mixed store: its
+zstd frames have no checksum, and decode on the GPU only with it).
 
 Prints one line per check ("PASS ..." or "FAIL ...") and one "RATE ..." line
 per configuration; exits 1 when a check failed.
@@ -40,6 +43,8 @@ failed = []
 # host: a ring in host memory, decoded on the CPU), to try this script on a
 # machine without a GPU.
 DEVICE = "cuda"
+# Mount flags every mount of the run gets besides its own (--trust-unchecked).
+EXTRA = {}
 
 
 def check(ok, what):
@@ -50,9 +55,9 @@ def check(ok, what):
 
 def mount_flags(view, cache):
     if DEVICE == "cpu":
-        return dict(cache=cache, view=[view], delivery="host", memory="8GiB")
+        return dict(cache=cache, view=[view], delivery="host", memory="8GiB", **EXTRA)
     # Room for the rounds and a ring of 3 slots of 4 samples of 87 MB.
-    return dict(cache=cache, view=[view], gpu_memory="8GiB", pinned_memory="6GiB")
+    return dict(cache=cache, view=[view], gpu_memory="8GiB", pinned_memory="6GiB", **EXTRA)
 
 
 def wrapper(zarrfs_bin, scratch, cores):
@@ -245,9 +250,12 @@ def main():
     ap.add_argument("scratch")
     ap.add_argument("--parts", default="equal,reader,daemon,rate")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--trust-unchecked", action="store_true", help="mount with --gpu-trust-unchecked")
     a = ap.parse_args()
     global DEVICE
     DEVICE = a.device
+    if a.trust_unchecked:
+        EXTRA["gpu_trust_unchecked"] = True
     a.zarrfs = os.path.abspath(a.zarrfs)
     os.makedirs(a.scratch, exist_ok=True)
     parts = a.parts.split(",")
