@@ -92,9 +92,10 @@ type slotDecoder struct {
 }
 
 // deviceCodecs are the codecs the GPU decodes into a slot with every
-// check made before it reads them (gpu's doc: LZ4 walked, blosc framing
-// parsed); zstd goes too, and the GPU refuses the frames it would have to
-// verify over decoded bytes.
+// check made before it reads them or on the device (gpu's doc: LZ4
+// walked, blosc framing parsed, a zstd frame's checksum hashed on the
+// device); the GPU refuses the chunks it would have to verify over
+// decoded bytes the host holds, which then decode on the host.
 var deviceCodecs = map[codec.Name]bool{codec.Blosc: true, codec.LZ4: true, codec.Zstd: true}
 
 func (s *slotDecoder) DecodeBatch(ctx context.Context, jobs []codec.Job) error {

@@ -181,6 +181,11 @@ type Decoder struct {
 	mod                         uintptr
 	fnCopy, fnUnshuffle, fnSwap uintptr
 	fnLZ4Check                  uintptr
+	// fnXXH64 is xxh64_check, when the PTX has it (hashKernel, set once
+	// at open): zstd frames decoded into device memory the host never
+	// reads are held to their content checksum on the device.
+	fnXXH64    uintptr
+	hashKernel bool
 
 	sets      []bufSet // one per round in flight (Options.Streams)
 	outAligns [numAlgos]int64
@@ -305,6 +310,7 @@ func open(l *libs, opts Options) (*Decoder, error) {
 		d.teardown()
 		return nil, err
 	}
+	d.hashKernel = d.fnXXH64 != 0
 	d.host.idle = opts.HostIdle
 	d.host.onDemand = opts.HostOnDemand
 	d.host.register, d.host.unregister = d.register, d.unregister
@@ -404,7 +410,11 @@ func (d *Decoder) initContext() error {
 	for _, f := range []struct {
 		p    *uintptr
 		name string
-	}{{&d.fnCopy, "scatter_copy"}, {&d.fnUnshuffle, "unshuffle"}, {&d.fnSwap, "byteswap"}, {&d.fnLZ4Check, "lz4_check"}} {
+	}{{&d.fnCopy, "scatter_copy"}, {&d.fnUnshuffle, "unshuffle"}, {&d.fnSwap, "byteswap"}, {&d.fnLZ4Check, "lz4_check"},
+		{&d.fnXXH64, "xxh64_check"}} {
+		if f.p == &d.fnXXH64 && !ptxHas(ptx, f.name) {
+			continue // PTX from before the kernel: checksums stay on the host
+		}
 		if err := cu.check("cuModuleGetFunction "+f.name, cu.cuModuleGetFunction(f.p, d.mod, cStr(f.name))); err != nil {
 			return err
 		}
@@ -777,6 +787,7 @@ func (d *Decoder) finish(r *round, cancel <-chan struct{}) ([][]byte, []error, e
 		}
 		segBase += int64(len(l.segs[a]))
 	}
+	l.checkHashes(hout, jobErr, r.preps)
 	if len(l.probes) > 0 {
 		errs, escaped := l.fenceCheck(hout)
 		if escaped {

@@ -53,8 +53,9 @@ type fakeGPU struct {
 	// emptyBlock is the module's lz4_empty_block: device memory that no
 	// allocation owns.
 	emptyBlock []byte
-	// walked counts the LZ4 blocks lz4_check walked, and rejected.
-	walked, rejected int
+	// walked counts the LZ4 blocks lz4_check walked, and rejected;
+	// hashed the chunks xxh64_check hashed.
+	walked, rejected, hashed int
 }
 
 func newFakeGPU() *fakeGPU {
@@ -220,6 +221,26 @@ func (f *fakeGPU) launch(fn uintptr, gy uint32, params unsafe.Pointer) cuResult 
 				le.PutUint64(a[8*i:], uint64(uintptr(unsafe.Pointer(&f.emptyBlock[0]))))
 				le.PutUint64(a[8*(n+i):], 1)
 			}
+			f.mu.Unlock()
+		}
+	case "xxh64_check":
+		descs, n, sums := f.arg(params, 0, 8), f.arg(params, 1, 4), f.arg(params, 2, 8)
+		out := f.devBytes("xxh64_check sums", sums, 4*n)
+		if out == nil {
+			return cuErrInvalidValue
+		}
+		for i := range n {
+			d := f.devBytes("xxh64_check descriptor", descs+i*uint64(hashDescSize), uint64(hashDescSize))
+			if d == nil {
+				return cuErrInvalidValue
+			}
+			b := f.devBytes("xxh64_check chunk", le.Uint64(d), le.Uint64(d[8:]))
+			if b == nil {
+				return cuErrInvalidValue
+			}
+			le.PutUint32(out[4*i:], uint32(emuXXH64(b)))
+			f.mu.Lock()
+			f.hashed++
 			f.mu.Unlock()
 		}
 	case "byteswap":

@@ -382,11 +382,13 @@ func (r *Ring) Close() error {
 // Decode decodes jobs on the ring's GPU straight into slot k: job i's
 // decoded bytes go to offs[i] of the slot (offs[i] < 0: to its Dst, as
 // DecodeBatch), never through host memory, once the reader's consumer
-// event is done. Only chunks whose every check the host
-// makes before decoding (LZ4 walked, blosc framing parsed) go there: one
-// the host verifies over its decoded bytes (a zstd content checksum, a
-// deflate CRC) fails with ErrUnsupported, as does anything DecodeBatch
-// leaves to the CPU; the caller decodes those elsewhere. A job's Dst
+// event is done. Only chunks whose every check is made before decoding
+// (LZ4 walked, blosc framing parsed) or on the device (a zstd frame's
+// content checksum, by xxh64_check when the PTX has it) go there: one the
+// host must verify over its decoded bytes (a deflate CRC; a zstd checksum
+// with PTX from before the kernel) fails with ErrUnsupported, as does
+// anything DecodeBatch leaves to the CPU; the caller decodes those
+// elsewhere. A job's Dst
 // gives its decoded length, and is neither read nor written when it goes
 // to the slot. It returns when the bytes are in the slot.
 func (r *Ring) Decode(ctx context.Context, k int, jobs []codec.Job, offs []int64) error {

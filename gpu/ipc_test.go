@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -127,6 +129,7 @@ func TestRingOnTheDevice(t *testing.T) {
 // is left to the caller (ErrUnsupported), as is a job with no slot offset
 // decoded into its Dst.
 func TestRingDecodeIntoSlot(t *testing.T) {
+	kernelsWithHash(t, false) // PTX from before xxh64_check
 	d, f, x := ringDecoder(t, Options{})
 	r, err := d.NewRing(2, 4<<20, ipcHandle{w: [8]uint64{0xbeef}}.hex())
 	if err != nil {
@@ -181,5 +184,102 @@ func TestRingDecodeIntoSlot(t *testing.T) {
 	}
 	if len(x.waits) != 0 {
 		t.Fatalf("a round waited on the device for %v: the consumer event is waited for on the host", x.waits)
+	}
+}
+
+// kernelsWithHash has the Decoders the test opens load PTX that defines
+// xxh64_check, or PTX from before it, whatever the embedded PTX is; the
+// fake driver runs the kernel as emuXXH64.
+func kernelsWithHash(t *testing.T, has bool) {
+	t.Helper()
+	ptx, err := loadPTX()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ptx = strings.ReplaceAll(ptx, ".entry xxh64_check(", ".entry xxh64_check_gone(")
+	if has {
+		ptx += "\n.visible .entry xxh64_check(\n"
+	}
+	p := filepath.Join(t.TempDir(), "kernels.ptx")
+	if err := os.WriteFile(p, []byte(ptx), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	old := ptxOverride
+	ptxOverride = p
+	t.Cleanup(func() { ptxOverride = old })
+}
+
+// With xxh64_check in the PTX, zstd frames with a content checksum decode
+// straight into the slot, held to their checksum on the device: one whose
+// checksum does not match its decoded bytes is corrupt (as on the CPU),
+// the others in the same round land right, and nothing comes back to the
+// host to be hashed there.
+func TestRingDecodeChecksummedZstd(t *testing.T) {
+	kernelsWithHash(t, true)
+	d, f, _ := ringDecoder(t, Options{})
+	r, err := d.NewRing(1, 8<<20, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	a, b, c := field(64, 128, 1), field(64, 128, 2), field(33, 17, 3)
+	bad := zstdCompress(b, 3)
+	bad[len(bad)-1] ^= 0x40 // the checksum, not the data: nvCOMP decodes it as before
+	srcs := [][]byte{zstdCompress(a, 3), bad, zstdCompress(c, 3), zstdNoCRC(a)}
+	want := [][]byte{a, b, c, a}
+	jobs := make([]codec.Job, len(srcs))
+	offs := make([]int64, len(srcs))
+	var at int64
+	for i := range jobs {
+		src := d.HostAllocWait(len(srcs[i]), 5*time.Second)
+		defer d.HostFree(src)
+		copy(src, srcs[i])
+		dst := d.HostAllocWait(len(want[i]), 5*time.Second)
+		defer d.HostFree(dst)
+		jobs[i] = codec.Job{Codec: codec.Zstd, Src: src, Dst: dst}
+		offs[i] = at
+		at += int64(len(want[i])) + 100 // odd offsets: the D2D copy does not care
+	}
+	if err := r.Decode(context.Background(), 0, jobs, offs); err != nil {
+		t.Fatal(err)
+	}
+	for i, j := range jobs {
+		switch i {
+		case 1:
+			if !errors.Is(j.Err, codec.ErrCorrupt) || !strings.Contains(j.Err.Error(), "XXH64") {
+				t.Fatalf("a frame whose checksum does not match: %v, want corrupt (XXH64)", j.Err)
+			}
+		case 3:
+			if !errors.Is(j.Err, codec.ErrUnsupported) {
+				t.Fatalf("a frame without a checksum (Unverified off): %v, want it left to the host", j.Err)
+			}
+		default:
+			if j.Err != nil {
+				t.Fatalf("job %d: %v", i, j.Err)
+			}
+			if got := f.devBytes("check", uint64(r.Addr(0, offs[i])), uint64(len(want[i]))); !bytes.Equal(got, want[i]) {
+				t.Fatalf("job %d: slot bytes differ from the CPU's", i)
+			}
+		}
+	}
+	if f.hashed != 3 {
+		t.Fatalf("the device hashed %d frames, want 3 (the checksummed ones)", f.hashed)
+	}
+	// Without the kernel, the same frames go back to the caller.
+	kernelsWithHash(t, false)
+	d2, _, _ := ringDecoder(t, Options{})
+	r2, err := d2.NewRing(1, 8<<20, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	for i := range jobs {
+		jobs[i].Err = nil
+	}
+	if err := r2.Decode(context.Background(), 0, jobs[:1], offs[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(jobs[0].Err, codec.ErrUnsupported) || !strings.Contains(jobs[0].Err.Error(), "checksum") {
+		t.Fatalf("a checksummed frame with PTX from before xxh64_check: %v, want it left to the host", jobs[0].Err)
 	}
 }

@@ -54,6 +54,10 @@ type prepared struct {
 	// lies at [off, off+n) of the frame before unshuffling (the round
 	// brings those bytes back to the host too, see layout.preAt).
 	sums []streamSum
+	// devHash: the job's zstd frame is held to its content checksum on the
+	// device (xxh64_check), its decoded bytes going to device memory the
+	// host never reads (Ring.Decode); set by the caller.
+	devHash bool
 	// unverified, when set, says why the host cannot hold nvCOMP's verdict
 	// on this job to the CPU decoder's: zstd streams whose decoded bytes
 	// no checksum verifies (the host checks of zstd are structural only),
@@ -343,6 +347,9 @@ type layout struct {
 	actualOff int64 // nvCOMP's decoded sizes, one uint64 per segment, algorithms in order
 	statusOff int64 // nvCOMP's statuses, one int32 per segment
 	walkOff   int64 // lz4_check's verdicts, one uint32 per LZ4 segment (0: the walk accepts it)
+	hashes    []hashRef
+	hashDesc  int64 // xxh64_check's descriptors, one per entry of hashes
+	hashOff   int64 // and its sums, one uint32 each
 	probeOff  int64 // fence probes: probeLen bytes per entry of probes
 	d2h       int64 // bytes copied back: chunks, sizes, statuses, walk verdicts and probes
 	outSize   int64 // with scratch
@@ -473,6 +480,14 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns, inAli
 		}
 	}
 	in += int64(shuffleDescSize) * int64(nshuf)
+	var nhash int
+	for _, ji := range idx {
+		if preps[ji].devHash {
+			nhash++
+		}
+	}
+	l.hashDesc = in
+	in += int64(hashDescSize) * int64(nhash)
 	l.preOff = in
 	in += int64(copyDescSize) * int64(nDirect) // worst case: every direct piece misaligned
 	l.inSize = in
@@ -538,6 +553,8 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns, inAli
 	out += 4 * int64(l.nsegs)
 	l.walkOff = out
 	out += 4 * int64(nAlgo[algoLZ4])
+	l.hashOff = out
+	out += 4 * int64(nhash)
 	out = alignUp(out, 8)
 	l.probeOff = out
 	out += probeLen * int64(nProbes)
@@ -574,6 +591,7 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns, inAli
 			l.maxPiece[a] = max(l.maxPiece[a], pc.n)
 			l.totPiece[a] += pc.n
 			ref := segRef{job: k, src: pc.src, inOff: inOff[k][i], outOff: dst, n: pc.n, direct: direct[k]}
+
 			if fence && a == algoDeflate {
 				fences = append(fences, fenced{len(l.segs[a]), dst})
 			} else if dst%outAligns[a] != 0 {
@@ -581,6 +599,10 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns, inAli
 				// into an aligned scratch slot, then copy into place.
 				ref.outOff = reserve(pc.n, outAligns[a])
 				l.copies = append(l.copies, copyRef{src: ref.outOff, dst: dst, n: pc.n})
+			}
+			if p.devHash {
+				// Where nvCOMP writes, before a kernel moves or swaps it.
+				l.hashes = append(l.hashes, hashRef{job: k, at: ref.outOff, n: pc.n, want: p.want})
 			}
 			l.segs[a] = append(l.segs[a], ref)
 		}

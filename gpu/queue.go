@@ -232,9 +232,13 @@ func (d *Decoder) decodeBatch(ctx context.Context, jobs []codec.Job, elemSize in
 				len(jobs[i].Dst), elemSize, codec.ErrUnsupported)
 		}
 		if preps[i].err == nil && dev != nil && dev[i] != 0 && (preps[i].check != checkNone || len(preps[i].sums) > 0) {
-			// The host verifies such a chunk over its decoded bytes,
-			// which a device address keeps from it.
-			preps[i].err = fmt.Errorf("gpu: %s chunk: its checksum is verified on the host, not decoded into device memory: %w", jobs[i].Codec, codec.ErrUnsupported)
+			if d.hashKernel && preps[i].hashable() && !d.opts.SkipChecksums {
+				preps[i].devHash = true // the device verifies it (devhash.go)
+			} else {
+				// The host verifies such a chunk over its decoded bytes,
+				// which a device address keeps from it.
+				preps[i].err = fmt.Errorf("gpu: %s chunk: its checksum is verified on the host, not decoded into device memory: %w", jobs[i].Codec, codec.ErrUnsupported)
+			}
 		}
 		if preps[i].err == nil && preps[i].cost(int64(len(jobs[i].Dst))) > d.opts.share() {
 			preps[i].err = fmt.Errorf("gpu: %d-byte chunk exceeds one round's share (%d bytes) of the batch memory bound: %w",

@@ -423,4 +423,13 @@ var mutations = []mutation{
 		To:     "ctypes.memmove(h.reserved, bytes.fromhex(rep[\"handle\"]), 64)",
 		Pytest: []string{"python/tests/test_deliver.py::test_cuda_ring_hands_the_daemons_handles_to_the_driver"},
 	},
+	{
+		Name:   "ring-zstd-checksum",
+		Breaks: "a zstd frame decoded into a ring slot is not held to its content checksum (the device's sum is not compared)",
+		File:   "gpu/devhash.go",
+		From:   "if got != h.want {",
+		To:     "if got != h.want && false {",
+		Pkgs:   []string{"./gpu"},
+		Run:    "RingDecodeChecksummedZstd|RingXXH64",
+	},
 }
