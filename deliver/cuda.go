@@ -7,6 +7,8 @@ import (
 	"os"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/zarrfs/zarrfs/gpu"
 )
 
@@ -45,23 +47,69 @@ func (m CUDAMemory) NewRing(req *OpenRequest, slots int, slotBytes int64) (Ring,
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
+	// The shadow: address space for the slots, of which only what the
+	// host writes is ever faulted in (GPUFill).
+	shadow, err := unix.Mmap(-1, 0, int(int64(slots)*slotBytes), unix.PROT_READ|unix.PROT_WRITE,
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
+		release()
+		return nil, fmt.Errorf("map a shadow of %d slots of %d bytes: %w", slots, slotBytes, err)
+	}
 	r, err := d.NewRing(slots, slotBytes, req.ConsumerEvent)
 	if err != nil {
+		unix.Munmap(shadow)
 		release()
 		if errors.Is(err, gpu.ErrBudget) {
 			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 		return nil, err
 	}
-	return &cudaRing{d: d, r: r, release: release}, nil
+	return &cudaRing{d: d, r: r, release: release, shadow: shadow, slotBytes: slotBytes}, nil
 }
 
 // cudaRing is a gpu.Ring as delivery's Ring: the host path stages in the
-// Decoder's pinned memory.
+// Decoder's pinned memory. shadow is host address space as large as the
+// ring, a slot's shadow at the slot's offset: the device path fills a
+// batch into it, the device decoding straight into the slot what lands
+// there whole, so only the pages the host writes are ever touched (and
+// they stay, for the next batch in the slot: the same channels).
 type cudaRing struct {
-	d       *gpu.Decoder
-	r       *gpu.Ring
-	release func()
+	d         *gpu.Decoder
+	r         *gpu.Ring
+	release   func()
+	shadow    []byte
+	slotBytes int64
+}
+
+// shadowOf is slot k's shadow.
+func (c *cudaRing) shadowOf(k int) []byte {
+	return c.shadow[int64(k)*c.slotBytes : int64(k+1)*c.slotBytes]
+}
+
+// upload copies the ranges gaps of slot k's shadow (what the host wrote)
+// into the slot, through pinned staging, and returns the bytes copied.
+func (c *cudaRing) upload(k int, shadow []byte, gaps [][2]int64) (int64, error) {
+	var most int64
+	for _, g := range gaps {
+		most = max(most, g[1]-g[0])
+	}
+	if most == 0 {
+		return 0, nil
+	}
+	buf := c.Stage(int(min(most, stagePiece)))
+	defer c.Unstage(buf)
+	var n int64
+	for _, g := range gaps {
+		for off := g[0]; off < g[1]; off += int64(len(buf)) {
+			m := min(int64(len(buf)), g[1]-off)
+			copy(buf, shadow[off:off+m])
+			if err := c.r.Write(k, off, buf[:m]); err != nil {
+				return n, err
+			}
+			n += m
+		}
+	}
+	return n, nil
 }
 
 func (c *cudaRing) Bytes() int64 { return c.r.Bytes() }
@@ -83,5 +131,9 @@ func (c *cudaRing) Write(k int, off int64, b []byte) error { return c.r.Write(k,
 func (c *cudaRing) Close() error {
 	err := c.r.Close()
 	c.release()
+	if c.shadow != nil {
+		unix.Munmap(c.shadow)
+		c.shadow = nil
+	}
 	return err
 }

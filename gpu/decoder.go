@@ -755,7 +755,7 @@ func (d *Decoder) finish(r *round, cancel <-chan struct{}) ([][]byte, []error, e
 		}
 	}
 	var segBase int64
-	walked := d.walksLZ4()
+	walked := d.walksLZ4() || l.walk
 	for a := range numAlgos {
 		for i, s := range l.segs[a] {
 			g := segBase + int64(i)
@@ -822,6 +822,7 @@ func (d *Decoder) finish(r *round, cancel <-chan struct{}) ([][]byte, []error, e
 			r.pre[k] = hout[at : at+n]
 		}
 	}
+	r.times = DeviceTimes{elapsed(ev[0], ev[1]), elapsed(ev[1], ev[2]), elapsed(ev[2], ev[3]), elapsed(ev[3], ev[4])}
 	r.stats = []any{"pack", fl.tPack, "device", elapsed(ev[0], ev[4]),
 		"h2d", elapsed(ev[0], ev[1]), "nvcomp", elapsed(ev[1], ev[2]), "kernels", elapsed(ev[2], ev[3]), "d2h", elapsed(ev[3], ev[4]),
 		"wait", tWait}

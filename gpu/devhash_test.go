@@ -72,7 +72,7 @@ func ringXXH64(t *testing.T, d *Decoder) {
 	}
 	last := jobs[len(jobs)-1].Src
 	last[len(last)-2] ^= 0x10 // the checksum: the frame decodes as before
-	if err := r.Decode(context.Background(), 0, jobs[:len(datas)], offs[:len(datas)]); err != nil {
+	if err := r.Decode(context.Background(), 0, jobs[:len(datas)], offs[:len(datas)], nil); err != nil {
 		t.Fatal(err)
 	}
 	for i, b := range datas {
@@ -84,7 +84,7 @@ func ringXXH64(t *testing.T, d *Decoder) {
 		}
 	}
 	bad := jobs[len(datas):]
-	if err := r.Decode(context.Background(), 0, bad, offs[len(datas):]); err != nil {
+	if err := r.Decode(context.Background(), 0, bad, offs[len(datas):], nil); err != nil {
 		t.Fatal(err)
 	}
 	if !errors.Is(bad[0].Err, codec.ErrCorrupt) || !strings.Contains(bad[0].Err.Error(), "XXH64") {

@@ -388,10 +388,12 @@ func (r *Ring) Close() error {
 // host must verify over its decoded bytes (a deflate CRC; a zstd checksum
 // with PTX from before the kernel) fails with ErrUnsupported, as does
 // anything DecodeBatch leaves to the CPU; the caller decodes those
-// elsewhere. A job's Dst
-// gives its decoded length, and is neither read nor written when it goes
-// to the slot. It returns when the bytes are in the slot.
-func (r *Ring) Decode(ctx context.Context, k int, jobs []codec.Job, offs []int64) error {
+// elsewhere. A job's Dst gives its decoded length, and is neither read
+// nor written when it goes to the slot. It returns when the bytes are in
+// the slot. LZ4 blocks are walked on the device (Options.WalkOnDevice's
+// kernel), not on the host: the host's CPU is what the device path is
+// there to save. times, when not nil, gets where the call's time went.
+func (r *Ring) Decode(ctx context.Context, k int, jobs []codec.Job, offs []int64, times *RingTimes) error {
 	if len(offs) != len(jobs) {
 		return fmt.Errorf("gpu: Ring.Decode with %d jobs and %d offsets", len(jobs), len(offs))
 	}
@@ -415,10 +417,15 @@ func (r *Ring) Decode(ctx context.Context, k int, jobs []codec.Job, offs []int64
 	// for here, on the host, within the ring's timeout: a round held on
 	// the device for a long training step would trip the watchdog, which
 	// gives up on the GPU.
-	if err := r.awaitConsumer(); err != nil {
+	t0 := time.Now()
+	err := r.awaitConsumer()
+	if times != nil {
+		times.Consumer += time.Since(t0)
+	}
+	if err != nil {
 		return err
 	}
-	return r.d.decodeBatch(ctx, jobs, 0, dev)
+	return r.d.decodeBatch(ctx, jobs, 0, &ringCall{dev: dev, times: times})
 }
 
 // awaitConsumer waits until the reader's consumer event, as recorded

@@ -158,7 +158,7 @@ func TestRingDecodeIntoSlot(t *testing.T) {
 		copy(src, srcs[i])
 		jobs[i] = codec.Job{Codec: names[i], Src: src, Dst: dst}
 	}
-	if err := r.Decode(context.Background(), 1, jobs, offs); err != nil {
+	if err := r.Decode(context.Background(), 1, jobs, offs, nil); err != nil {
 		t.Fatal(err)
 	}
 	for i, j := range jobs {
@@ -184,6 +184,11 @@ func TestRingDecodeIntoSlot(t *testing.T) {
 	}
 	if len(x.waits) != 0 {
 		t.Fatalf("a round waited on the device for %v: the consumer event is waited for on the host", x.waits)
+	}
+	// The LZ4 streams of the chunks bound for the slot were walked on the
+	// device, not on the host, whose CPU the device path saves.
+	if f.walked == 0 {
+		t.Fatal("no LZ4 block walked on the device for a ring's decode")
 	}
 }
 
@@ -240,7 +245,7 @@ func TestRingDecodeChecksummedZstd(t *testing.T) {
 		offs[i] = at
 		at += int64(len(want[i])) + 100 // odd offsets: the D2D copy does not care
 	}
-	if err := r.Decode(context.Background(), 0, jobs, offs); err != nil {
+	if err := r.Decode(context.Background(), 0, jobs, offs, nil); err != nil {
 		t.Fatal(err)
 	}
 	for i, j := range jobs {
@@ -276,7 +281,7 @@ func TestRingDecodeChecksummedZstd(t *testing.T) {
 	for i := range jobs {
 		jobs[i].Err = nil
 	}
-	if err := r2.Decode(context.Background(), 0, jobs[:1], offs[:1]); err != nil {
+	if err := r2.Decode(context.Background(), 0, jobs[:1], offs[:1], nil); err != nil {
 		t.Fatal(err)
 	}
 	if !errors.Is(jobs[0].Err, codec.ErrUnsupported) || !strings.Contains(jobs[0].Err.Error(), "checksum") {

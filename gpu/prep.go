@@ -54,6 +54,10 @@ type prepared struct {
 	// lies at [off, off+n) of the frame before unshuffling (the round
 	// brings those bytes back to the host too, see layout.preAt).
 	sums []streamSum
+	// walkDevice: the job's LZ4 blocks were not walked on the host
+	// (frame, not prepare): the round walks them on the device
+	// (lz4_check) before nvCOMP reads them. Set by the caller.
+	walkDevice bool
 	// devHash: the job's zstd frame is held to its content checksum on the
 	// device (xxh64_check), its decoded bytes going to device memory the
 	// host never reads (Ring.Decode); set by the caller.
@@ -348,6 +352,7 @@ type layout struct {
 	statusOff int64 // nvCOMP's statuses, one int32 per segment
 	walkOff   int64 // lz4_check's verdicts, one uint32 per LZ4 segment (0: the walk accepts it)
 	hashes    []hashRef
+	walk      bool // a job's LZ4 blocks are walked on the device (prepared.walkDevice)
 	hashDesc  int64 // xxh64_check's descriptors, one per entry of hashes
 	hashOff   int64 // and its sums, one uint32 each
 	probeOff  int64 // fence probes: probeLen bytes per entry of probes
@@ -419,6 +424,9 @@ func (p *prepared) cost(n int64) int64 {
 // algorithm, which pieces read in place must meet.
 func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns, inAligns [numAlgos]int64, fence bool, pinnedSrc func(k int) bool) *layout {
 	l := &layout{jobs: idx, finalOff: make([]int64, len(idx)), finalLen: make([]int64, len(idx))}
+	for _, ji := range idx {
+		l.walk = l.walk || preps[ji].walkDevice
+	}
 	var out int64
 	for k, ji := range idx {
 		out = alignUp(out, outAlign)

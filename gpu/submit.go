@@ -221,7 +221,7 @@ func (d *Decoder) decodeOnDevice(set *bufSet, l *layout, elemSize int) (launchEr
 		alg := &d.nv.algos[a]
 		n := int64(len(segs))
 		arr := inBase + uint64(l.arrOff[a])
-		if a == algoLZ4 && d.walksLZ4() {
+		if a == algoLZ4 && (d.walksLZ4() || l.walk) {
 			// Before nvCOMP reads them: a block the walk rejects is swapped
 			// for an empty one in nvCOMP's arrays.
 			if err := d.launch(set, "lz4_check", d.fnLZ4Check, uint32(min((n+63)/64, 65535)), 1, 64,
