@@ -352,7 +352,7 @@ type layout struct {
 	statusOff int64 // nvCOMP's statuses, one int32 per segment
 	walkOff   int64 // lz4_check's verdicts, one uint32 per LZ4 segment (0: the walk accepts it)
 	hashes    []hashRef
-	walk      bool // a job's LZ4 blocks are walked on the device (prepared.walkDevice)
+	walk      bool  // a job's LZ4 blocks are walked on the device (prepared.walkDevice)
 	hashDesc  int64 // xxh64_check's descriptors, one per entry of hashes
 	hashOff   int64 // and its sums, one uint32 each
 	probeOff  int64 // fence probes: probeLen bytes per entry of probes

@@ -83,7 +83,7 @@ func (s Stats) Add(o Stats) Stats {
 // counters are a Decoder's Stats, updated as jobs settle.
 type counters struct {
 	chunks, bytes, refused, corrupt, rounds, disagreed, walkRejected atomic.Int64
-	device                                                          [4]atomic.Int64 // DeviceTimes' fields, in order
+	device                                                           [4]atomic.Int64 // DeviceTimes' fields, in order
 }
 
 func (c *counters) addDevice(t DeviceTimes) {
