@@ -64,8 +64,16 @@ func (m CUDAMemory) NewRing(req *OpenRequest, slots int, slotBytes int64) (Ring,
 		}
 		return nil, err
 	}
+	// Pinned memory for the compressed chunks of the fills in flight
+	// (blosc and zstd halve the bytes at least), registered before the
+	// first: a pipeline that registers it on demand would read the first
+	// batches into memory the device cannot copy from directly.
+	d.HostReserve(int64(slots)*slotBytes/2, reserveWait)
 	return &cudaRing{d: d, r: r, release: release, shadow: shadow, slotBytes: slotBytes}, nil
 }
+
+// reserveWait bounds what opening a ring waits for pinned memory.
+const reserveWait = 5 * time.Second
 
 // cudaRing is a gpu.Ring as delivery's Ring: the host path stages in the
 // Decoder's pinned memory. shadow is host address space as large as the

@@ -29,7 +29,7 @@ import (
 // pages only the host's writes fault in (cudaRing.shadow). What the
 // device decodes never touches it, so a batch costs the host no buffer of
 // its size, and the pinned memory the GPU lends stays for the compressed
-// chunks, read straight into it.
+// chunks, read straight into it (zarr.WithMemory).
 type GPUFill struct {
 	Fallback codec.BatchDecoder
 }
@@ -58,8 +58,12 @@ func (f GPUFill) FillSlot(ctx context.Context, r Ring, k int, job *slotJob) []er
 		// must decode where it can.
 		sd.hostOnly = true
 	}
+	// The compressed chunks are read into the GPU's pinned memory, from
+	// which they cross to the device without a copy into staging, whatever
+	// memory the mount lends its other fills.
+	fctx := zarr.WithMemory(zarr.WithDecoder(ctx, sd), cr.d)
 	t0 := time.Now()
-	err := layout.FillInto(zarr.WithDecoder(ctx, sd), job.blobs, outs, 0)
+	err := layout.FillInto(fctx, job.blobs, outs, 0)
 	job.stages.add(stRead, time.Since(t0)-time.Duration(sd.in.Load()))
 	if err != nil {
 		return fail(err)

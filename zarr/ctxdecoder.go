@@ -17,6 +17,26 @@ func WithDecoder(ctx context.Context, d codec.BatchDecoder) context.Context {
 	return context.WithValue(ctx, decoderKey{}, d)
 }
 
+type memoryKey struct{}
+
+// WithMemory returns a context under which Reads read compressed chunks
+// into memory mem lends instead of the Hierarchy's (Options.Memory): a
+// fill whose chunks a device decodes (a ring slot on a GPU) reads them
+// into that device's pinned memory, which it copies from without staging,
+// whatever the mount lends its other fills.
+func WithMemory(ctx context.Context, mem codec.HostMemory) context.Context {
+	return context.WithValue(ctx, memoryKey{}, mem)
+}
+
+// memoryFor is the memory a Read under ctx reads compressed chunks into:
+// WithMemory's, else the Hierarchy's.
+func (h *Hierarchy) memoryFor(ctx context.Context) codec.HostMemory {
+	if m, ok := ctx.Value(memoryKey{}).(codec.HostMemory); ok && m != nil {
+		return m
+	}
+	return h.mem
+}
+
 // decoderFor is the decoder a Read under ctx uses: WithDecoder's, else
 // the Hierarchy's.
 func (h *Hierarchy) decoderFor(ctx context.Context) codec.BatchDecoder {

@@ -143,6 +143,7 @@ type leaf struct {
 // readState carries one Read call.
 type readState struct {
 	h      *Hierarchy
+	mem    codec.HostMemory // what compressed chunks are read into (memoryFor)
 	reqs   []Request
 	sem    chan struct{}
 	mu     sync.Mutex
@@ -159,7 +160,7 @@ func (st *readState) add(l *leaf) {
 // concurrently, each decoded once (even when several requests share it) in
 // one batch. On error some Dst may be partly written.
 func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
-	st := &readState{h: h, reqs: reqs, sem: make(chan struct{}, h.opts.Fetchers)}
+	st := &readState{h: h, mem: h.memoryFor(ctx), reqs: reqs, sem: make(chan struct{}, h.opts.Fetchers)}
 	defer st.release()
 	// Group every request's share of each outer chunk.
 	type outerKey struct {
@@ -795,8 +796,8 @@ func (st *readState) release() {
 		}
 		switch {
 		case !l.pipe.compressed():
-		case st.h.mem != nil:
-			st.h.mem.HostFree(l.enc) // memory not lent is left to the collector
+		case st.mem != nil:
+			st.mem.HostFree(l.enc) // memory not lent is left to the collector
 		default:
 			putEncBuf(l.enc)
 		}

@@ -169,7 +169,7 @@ func (s storeSource) whole(ctx context.Context) ([]byte, string, error) {
 	if !versioned && !into {
 		return s.do(ctx, s.key, func() ([]byte, string, error) { return get(nil) })
 	}
-	if mem := s.h.mem; mem != nil && s.hint > 0 {
+	if mem := s.h.memoryFor(ctx); mem != nil && s.hint > 0 {
 		// Into the decoder's memory, which it reads without a copy. A
 		// chunk larger than the room (incompressible beyond the
 		// framing's slack) lands in memory of the store's own.
