@@ -130,6 +130,11 @@ type Options struct {
 	// a round of 256 MiB in tens of milliseconds). Zero means 5 s;
 	// negative is refused.
 	RoundTimeout time.Duration
+	// KernelsPTX, when set, is the PTX the kernels are loaded from instead
+	// of the embedded one (kernels/kernels.cu compiled with nvcc): to run
+	// kernels before their PTX is checked in. Kernels it lacks that the
+	// Decoder can do without (xxh64_check) stay on the host.
+	KernelsPTX string
 	// Logger receives one debug line per batch and a warning when the device
 	// fails. Nil discards.
 	Logger *slog.Logger
@@ -399,6 +404,9 @@ func (d *Decoder) initContext() error {
 		return err
 	}
 	ptx, err := loadPTX()
+	if d.opts.KernelsPTX != "" {
+		ptx = d.opts.KernelsPTX
+	}
 	if err != nil {
 		return err
 	}

@@ -35,8 +35,7 @@ func TestGPURingXXH64(t *testing.T) {
 
 // The same on the fake GPU, whose xxh64_check is emuXXH64.
 func TestFakeGPURingXXH64(t *testing.T) {
-	kernelsWithHash(t, true)
-	d, _, _ := ringDecoder(t, Options{})
+	d, _, _ := ringDecoder(t, Options{KernelsPTX: testPTX(t, true)})
 	ringXXH64(t, d)
 }
 

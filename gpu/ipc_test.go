@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -39,6 +37,9 @@ func (x *fakeIPC) lib() *ipcLib {
 			return cuSuccess
 		},
 		cuMemcpyDtoDAsync: func(dst, src uintptr, n uint64, s uintptr) cuResult {
+			if x.f.idle {
+				return cuSuccess
+			}
 			to, from := x.f.devBytes("cuMemcpyDtoDAsync", uint64(dst), n), x.f.devBytes("cuMemcpyDtoDAsync", uint64(src), n)
 			if to == nil || from == nil {
 				return cuErrInvalidValue
@@ -129,8 +130,7 @@ func TestRingOnTheDevice(t *testing.T) {
 // is left to the caller (ErrUnsupported), as is a job with no slot offset
 // decoded into its Dst.
 func TestRingDecodeIntoSlot(t *testing.T) {
-	kernelsWithHash(t, false) // PTX from before xxh64_check
-	d, f, x := ringDecoder(t, Options{})
+	d, f, x := ringDecoder(t, Options{KernelsPTX: testPTX(t, false)}) // PTX from before xxh64_check
 	r, err := d.NewRing(2, 4<<20, ipcHandle{w: [8]uint64{0xbeef}}.hex())
 	if err != nil {
 		t.Fatal(err)
@@ -192,26 +192,20 @@ func TestRingDecodeIntoSlot(t *testing.T) {
 	}
 }
 
-// kernelsWithHash has the Decoders the test opens load PTX that defines
-// xxh64_check, or PTX from before it, whatever the embedded PTX is; the
-// fake driver runs the kernel as emuXXH64.
-func kernelsWithHash(t *testing.T, has bool) {
+// testPTX is PTX (Options.KernelsPTX) that defines xxh64_check, or PTX
+// from before it, whatever the embedded PTX is; the fake driver runs the
+// kernel as emuXXH64.
+func testPTX(t *testing.T, hash bool) string {
 	t.Helper()
 	ptx, err := loadPTX()
 	if err != nil {
 		t.Fatal(err)
 	}
 	ptx = strings.ReplaceAll(ptx, ".entry xxh64_check(", ".entry xxh64_check_gone(")
-	if has {
+	if hash {
 		ptx += "\n.visible .entry xxh64_check(\n"
 	}
-	p := filepath.Join(t.TempDir(), "kernels.ptx")
-	if err := os.WriteFile(p, []byte(ptx), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	old := ptxOverride
-	ptxOverride = p
-	t.Cleanup(func() { ptxOverride = old })
+	return ptx
 }
 
 // With xxh64_check in the PTX, zstd frames with a content checksum decode
@@ -220,8 +214,7 @@ func kernelsWithHash(t *testing.T, has bool) {
 // the others in the same round land right, and nothing comes back to the
 // host to be hashed there.
 func TestRingDecodeChecksummedZstd(t *testing.T) {
-	kernelsWithHash(t, true)
-	d, f, _ := ringDecoder(t, Options{})
+	d, f, _ := ringDecoder(t, Options{KernelsPTX: testPTX(t, true)})
 	r, err := d.NewRing(1, 8<<20, "")
 	if err != nil {
 		t.Fatal(err)
@@ -271,8 +264,7 @@ func TestRingDecodeChecksummedZstd(t *testing.T) {
 		t.Fatalf("the device hashed %d frames, want 3 (the checksummed ones)", f.hashed)
 	}
 	// Without the kernel, the same frames go back to the caller.
-	kernelsWithHash(t, false)
-	d2, _, _ := ringDecoder(t, Options{})
+	d2, _, _ := ringDecoder(t, Options{KernelsPTX: testPTX(t, false)})
 	r2, err := d2.NewRing(1, 8<<20, "")
 	if err != nil {
 		t.Fatal(err)
@@ -287,4 +279,61 @@ func TestRingDecodeChecksummedZstd(t *testing.T) {
 	if !errors.Is(jobs[0].Err, codec.ErrUnsupported) || !strings.Contains(jobs[0].Err.Error(), "checksum") {
 		t.Fatalf("a checksummed frame with PTX from before xxh64_check: %v, want it left to the host", jobs[0].Err)
 	}
+}
+
+// BenchmarkRingDecodeHost measures what the host does for a ring's decode
+// of one ERA5-like sample on the GPU path (framing, layout, queueing,
+// copies queued, results settled), the device doing nothing: 16 blosc-lz4
+// chunks of 4 levels and 5 of one, 87 MB decoded, read from pinned memory.
+func BenchmarkRingDecodeHost(b *testing.B) {
+	f := newFakeGPU()
+	f.idle = true
+	d, err := open(f.libs(), Options{HostBytes: 1 << 30, HostIdle: time.Hour})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Close()
+	x := &fakeIPC{f: f}
+	d.ipcCalls = x.lib()
+	var jobs []codec.Job
+	var offs []int64
+	var at int64
+	for c := range 21 {
+		levels := 4
+		if c >= 16 {
+			levels = 1
+		}
+		data := bytes.Repeat(field(era5Y, era5X, uint64(c+1)), levels)
+		enc := bloscCompress(data, 4, 256<<10, codec.ByteShuffle, "lz4")
+		src := d.HostAllocWait(len(enc), 10*time.Second)
+		copy(src, enc)
+		jobs = append(jobs, codec.Job{Codec: codec.Blosc, Src: src, Dst: make([]byte, len(data))})
+		offs = append(offs, at)
+		at += int64(len(data))
+	}
+	r, err := d.NewRing(1, at, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	var times RingTimes
+	b.SetBytes(at)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		for i := range jobs {
+			jobs[i].Err = nil
+		}
+		if err := r.Decode(context.Background(), 0, jobs, offs, &times); err != nil {
+			b.Fatal(err)
+		}
+		for i, j := range jobs {
+			if j.Err != nil {
+				b.Fatalf("chunk %d: %v", i, j.Err)
+			}
+		}
+	}
+	n := time.Duration(b.N)
+	b.Logf("a sample: checks %v, wait %v (device: h2d %v, decode %v, kernels %v, d2h %v)", times.Checks/n, times.Wait/n,
+		times.Device.H2D/n, times.Device.Decode/n, times.Device.Kernels/n, times.Device.D2H/n)
 }

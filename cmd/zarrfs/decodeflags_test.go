@@ -2,6 +2,8 @@ package main
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -49,6 +51,43 @@ func TestGPUTrustUncheckedFlag(t *testing.T) {
 	for _, w := range []string{"zstd frames without a content checksum", "nvCOMP", "wrong bytes"} {
 		if !strings.Contains(help, w) {
 			t.Errorf("--gpu-trust-unchecked's help lacks %q: %s", w, help)
+		}
+	}
+}
+
+// --gpu-kernels (hidden) hands a PTX file's text to the GPUs, and refuses
+// a file that is not PTX or is missing.
+func TestGPUKernelsFlag(t *testing.T) {
+	dir := t.TempDir()
+	ptx := filepath.Join(dir, "kernels.ptx")
+	text := ".version 9.0\n.target sm_75\n.visible .entry xxh64_check(\n"
+	if err := os.WriteFile(ptx, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	notPTX := filepath.Join(dir, "x.txt")
+	if err := os.WriteFile(notPTX, []byte("hello"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opts := func(args ...string) (string, error) {
+		var f sourceFlags
+		cmd := &cobra.Command{Use: "mount"}
+		f.register(cmd, true)
+		if err := cmd.ParseFlags(args); err != nil {
+			t.Fatal(err)
+		}
+		o, err := f.decodeOptions()
+		return o.GPU.KernelsPTX, err
+	}
+	if got, err := opts("--gpu-kernels", ptx); err != nil || got != text {
+		t.Errorf("--gpu-kernels %s: %q, %v", ptx, got, err)
+	}
+	if got, err := opts(); err != nil || got != "" {
+		t.Errorf("no --gpu-kernels: %q, %v", got, err)
+	}
+	for _, bad := range []string{notPTX, filepath.Join(dir, "missing.ptx")} {
+		var u usageError
+		if _, err := opts("--gpu-kernels", bad); !errors.As(err, &u) || !strings.Contains(err.Error(), "--gpu-kernels") {
+			t.Errorf("--gpu-kernels %s: %v, want a usage error", bad, err)
 		}
 	}
 }

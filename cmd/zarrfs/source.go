@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -30,7 +31,8 @@ type sourceFlags struct {
 	gpuMemory     string
 	pinned        string
 	gpuIdle       time.Duration
-	gpuTrust      bool // --gpu-trust-unchecked
+	gpuTrust      bool   // --gpu-trust-unchecked
+	gpuKernels    string // --gpu-kernels (hidden)
 	deadlines     deadlineFlags
 	follow        bool
 	httpRedirects string
@@ -68,6 +70,8 @@ func (f *sourceFlags) register(cmd *cobra.Command, decodes bool) {
 		cmd.Flags().StringVar(&f.pinned, "pinned-memory", "2GiB", "pinned host memory decoding may take per GPU (staging and lent buffers)")
 		cmd.Flags().DurationVar(&f.gpuIdle, "gpu-idle", 2*time.Minute, "give the GPUs' decoding memory back after this long without decoding")
 		cmd.Flags().BoolVar(&f.gpuTrust, "gpu-trust-unchecked", false, gpuTrustHelp)
+		cmd.Flags().StringVar(&f.gpuKernels, "gpu-kernels", "", "load the GPU kernels from this PTX file (gpu/kernels/kernels.cu compiled with nvcc) instead of the built-in ones: to try kernels before they are checked in")
+		_ = cmd.Flags().MarkHidden("gpu-kernels")
 	}
 }
 
@@ -201,8 +205,17 @@ func (f *sourceFlags) decodeOptions() (decode.Options, error) {
 	if f.gpuTrust && mode == decode.CPU {
 		return decode.Options{}, usagef("--gpu-trust-unchecked: --decode cpu decodes nothing on a GPU")
 	}
+	var ptx []byte
+	if f.gpuKernels != "" {
+		if ptx, err = os.ReadFile(f.gpuKernels); err != nil {
+			return decode.Options{}, usagef("--gpu-kernels %v", err)
+		}
+		if !bytes.Contains(ptx, []byte(".entry ")) {
+			return decode.Options{}, usagef("--gpu-kernels %s: not PTX: no .entry (compile gpu/kernels/kernels.cu with nvcc -ptx)", f.gpuKernels)
+		}
+	}
 	return decode.Options{Mode: mode, GPUs: gpus, GPUMemory: gpuMem, PinnedMemory: pinned,
 		// The daemon is the only user of the GPUs in its process: closing
 		// one (idle, or at exit) gives back its whole context.
-		GPU: gpu.Options{HostIdle: f.gpuIdle, ResetOnClose: true, Unverified: f.gpuTrust}}, nil
+		GPU: gpu.Options{HostIdle: f.gpuIdle, ResetOnClose: true, Unverified: f.gpuTrust, KernelsPTX: string(ptx)}}, nil
 }
