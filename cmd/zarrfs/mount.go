@@ -101,6 +101,10 @@ func (f *mountFlags) validate(cmd *cobra.Command, src string) (layout.Shard, err
 func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 	ctx := cmd.Context()
 	started := time.Now()
+	// The log file the mount helper made for this daemon goes once the
+	// mount ends cleanly; after a crash it stays, for whoever looks.
+	helperLog := os.Getenv(helperLogEnv)
+	os.Unsetenv(helperLogEnv)
 	log, err := newLogger(cmd)
 	if err != nil {
 		return err
@@ -205,8 +209,11 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 		}
 		log.Info("unmounted", "mountpoint", mountpoint)
 	case <-served:
-		// Unmounted from outside (fusermount3 -u, umount).
+		// Unmounted from outside (zarrfs unmount, umount).
 		log.Info("unmounted externally", "mountpoint", mountpoint)
+	}
+	if helperLog != "" {
+		os.Remove(helperLog)
 	}
 	return nil
 }
