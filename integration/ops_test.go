@@ -29,7 +29,7 @@ import (
 
 // statusJSON is the part of `zarrfs status --json` the tests read.
 type statusJSON struct {
-	LogFile string `json:"log_file"`
+	LogFile    string   `json:"log_file"`
 	Mountpoint string   `json:"mountpoint"`
 	Source     string   `json:"source"`
 	PID        int      `json:"pid"`
