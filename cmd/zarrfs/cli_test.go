@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"reflect"
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -256,7 +258,9 @@ func TestCLIMessages(t *testing.T) {
 // it printed.
 func mountCLI(t *testing.T, store, mnt string, args ...string) string {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	// zarrfs unmount signals the daemon, this process: SIGTERM ends the
+	// mount, as it does zarrfs's main, not the test.
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	out, errs := &syncBuilder{}, &syncBuilder{}
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, append([]string{"mount", store, mnt}, args...), out, errs) }()
@@ -371,5 +375,33 @@ func TestCLIDirectWriteThroughLink(t *testing.T) {
 		if err != nil || !bytes.Equal(got, want) {
 			t.Errorf("%s after a write through its link: %d bytes (%v), equal to before: %v", tc.file, len(got), err, bytes.Equal(got, want))
 		}
+	}
+}
+
+// cache gc and warm --prune keep the files of names the command's layout
+// does not serve (another mount's views, arrays gone from the store), and
+// say so: how many, where, and why.
+func TestCLIPruneSaysWhatItKept(t *testing.T) {
+	store := exampleStore(t)
+	view := writeFile(t, "v.yaml", goodView)
+	cache := filepath.Join(t.TempDir(), "c")
+	if _, stderr, code := runCLI(t, "warm", store, "--cache", cache, "--view", view, "--only", "tz"); code != 0 {
+		t.Fatalf("warm: exit %d: %s", code, stderr)
+	}
+	kept := "zarrfs: kept 8 files (1.6 MiB) under tz/, which this command does not serve: another mount's views (give their --view to prune them too) or arrays gone from the store (remove those folders by hand)"
+	removed := regexp.MustCompile(`^zarrfs: removed 0 stale files \(0 B\) from ` + regexp.QuoteMeta(cache) + `/blobs/[0-9a-f]+$`)
+	for _, args := range [][]string{
+		{"cache", "gc", store, "--cache", cache},
+		{"warm", store, "--cache", cache, "--only", "lsm.npy", "--prune"},
+	} {
+		stdout, stderr, code := runCLI(t, args...)
+		lines := strings.Split(strings.TrimSpace(stdout), "\n")
+		if n := len(lines); code != 0 || n < 2 || !removed.MatchString(lines[n-2]) || lines[n-1] != kept {
+			t.Errorf("zarrfs %s: exit %d, printed\n%s\nwant its last lines to be\n%s\n%s\nstderr: %s", strings.Join(args, " "), code, stdout, removed, kept, stderr)
+		}
+	}
+	stdout, _, code := runCLI(t, "cache", "gc", store, "--cache", cache, "--view", view)
+	if code != 0 || strings.Contains(stdout, "kept") {
+		t.Errorf("cache gc with the view: exit %d, printed\n%s", code, stdout)
 	}
 }

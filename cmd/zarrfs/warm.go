@@ -39,7 +39,7 @@ type warmFlags struct {
 func newWarmCmd() *cobra.Command {
 	var f warmFlags
 	cmd := &cobra.Command{
-		Use:   "warm SOURCE --cache DIR",
+		Use:   "warm SOURCE",
 		Short: "Fill the cache with the files a mount with the same flags would serve",
 		Long: `Decode the files a mount of SOURCE with the same flags would serve into the
 cache directory, so that a later mount serves them without touching the
