@@ -81,7 +81,7 @@ func TestCommandErrors(t *testing.T) {
 		{[]string{"warm", src, "--cache", t.TempDir(), "--source-timeout", "0s"}, 2, "--source-timeout 0s"},
 		// Flags that would do nothing are refused.
 		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--lease", "1h"}, 2, "--lease 1h0m0s: leases apply to --direct mounts only"},
-		{[]string{"inspect", src, "--s3-anonymous"}, 2, "--s3-anonymous: " + src + " is not an s3:// source"},
+		{[]string{"inspect", src, "--s3-anonymous"}, 2, "--s3-anonymous: " + src + " is not on S3 (s3://)"},
 		{[]string{"warm", src, "--cache", t.TempDir(), "--s3-region", "eu-west-1"}, 2, "--s3-region"},
 		// A bad --metrics address is a usage error, found before mounting.
 		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--metrics", "bogus"}, 2, `--metrics "bogus": missing port in address`},

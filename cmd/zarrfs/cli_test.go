@@ -405,3 +405,24 @@ func TestCLIPruneSaysWhatItKept(t *testing.T) {
 		t.Errorf("cache gc with the view: exit %d, printed\n%s", code, stdout)
 	}
 }
+
+// A flag that would do nothing for the source given is refused (exit 2),
+// naming the flag and what it applies to: the GCS flags off gs://, as the
+// S3 flags off s3://, and the virtual store flags on a plain store.
+func TestCLIFlagsThatWouldDoNothing(t *testing.T) {
+	store := exampleStore(t)
+	checkCLI(t, []cliCase{
+		{"gcs", []string{"inspect", store, "--gcs-anonymous"},
+			"zarrfs: --gcs-anonymous: " + store + " is not on GCS (gs://); GCS flags apply to gs://BUCKET/PREFIX, or to a reference set's targets in a bucket --ref-allow names", 2},
+		{"s3", []string{"warm", store, "--s3-region", "x"},
+			"zarrfs: --s3-region: " + store + " is not on S3 (s3://); S3 flags apply to s3://BUCKET/PREFIX, or to a reference set's targets in a bucket --ref-allow names", 2},
+		{"ref", []string{"inspect", store, "--ref", "main"},
+			"zarrfs: --ref: " + store + " is a plain Zarr store, not a kerchunk reference set or an Icechunk repository, which --ref applies to", 2},
+		{"ref-base", []string{"mount", store, t.TempDir(), "--ref-base", t.TempDir()},
+			"zarrfs: --ref-base: " + store + " is a plain Zarr store, not a kerchunk reference set or an Icechunk repository, which --ref-base applies to", 2},
+	})
+	// --ref-allow naming a bucket makes the S3 flags mean something.
+	if _, stderr, code := runCLI(t, "inspect", store, "--s3-anonymous", "--ref-allow", "s3://b/"); !strings.Contains(stderr, "--ref-allow: "+store+" is a plain Zarr store") || code != 2 {
+		t.Errorf("--s3-anonymous --ref-allow s3://b/ on a plain store: exit %d: %s", code, stderr)
+	}
+}
