@@ -87,7 +87,7 @@ func (c *Cache) HasBlob(k BlobKey) bool {
 // Holds reports whether the index holds a blob at k's path, whatever its
 // identity (k.Identity plays no part): what a caller checks before it asks
 // the source what the identity is, since a blob the cache never held needs
-// filling whatever it is (GetBlobLearning).
+// filling whatever it is (GetBlob with learn).
 func (c *Cache) Holds(k BlobKey) bool {
 	k.Identity = ""
 	rel, err := k.rel()
@@ -152,11 +152,21 @@ func (h *Handle) Close() error {
 	return err
 }
 
-// GetBlob returns an open, pinned Handle on the complete blob for k,
-// running fill once when it is absent or indexed with another Identity
-// (stale). A stale blob is replaced by an atomic rename: a reader that has
-// the old file open keeps reading it, and the path never names a partial
-// file.
+// GetBlob returns an open, pinned Handle on the complete blob for k, and
+// the identity it is recorded under, running fill once when it is absent
+// or indexed with another Identity (stale). A stale blob is replaced by an
+// atomic rename: a reader that has the old file open keeps reading it, and
+// the path never names a partial file.
+//
+// With learn nil, k.Identity is the blob's identity. With learn set, the
+// identity is known only once the blob is filled (the versions of the
+// source chunks, taken from the responses that fetched them): k.Identity
+// is ignored, fill runs without looking at the index (it is for a path the
+// index does not hold, Holds), then learn names what it read, and the blob
+// is published under that identity, replacing any blob at the path. An
+// error of learn fails the fill (wrapped, as fill's are) and publishes
+// nothing. A GetBlob of the path with a known identity waits for such a
+// fill before it fills one of its own.
 //
 // fill must write exactly size bytes into f, a fresh temp file on the
 // cache's filesystem (not in the blob's final directory: temp files live
@@ -167,75 +177,16 @@ func (h *Handle) Close() error {
 // never replaced or rewritten: two fills of one key racing in two processes
 // both succeed, the first link wins and the other copy is discarded.
 //
-// Concurrent calls for one key share one fill; each gets its own Handle.
-// A caller whose ctx ends returns ctx.Err() while the fill goes on for the
-// others (it is cancelled when no caller is left, or at Close). A fill
-// error is returned to every caller sharing it, leaves nothing visible and
-// is not remembered: the next call fills again. Errors wrap the blob's path.
-func (c *Cache) GetBlob(ctx context.Context, k BlobKey, size int64, fill func(ctx context.Context, f Writer) error) (*Handle, error) {
-	rel, err := k.rel()
-	if err != nil {
-		return nil, err
+// Concurrent calls for one key (one path that learns, or one path and
+// identity) share one fill; each gets its own Handle. A caller whose ctx
+// ends returns ctx.Err() while the fill goes on for the others (it is
+// cancelled when no caller is left, or at Close). A fill error is returned
+// to every caller sharing it, leaves nothing visible and is not
+// remembered: the next call fills again. Errors wrap the blob's path.
+func (c *Cache) GetBlob(ctx context.Context, k BlobKey, size int64, fill func(ctx context.Context, f Writer) error, learn func() (string, error)) (*Handle, string, error) {
+	if learn != nil {
+		k.Identity = ""
 	}
-	if size < 0 {
-		return nil, fmt.Errorf("blob %s: negative size %d", rel, size)
-	}
-	// Fills of one path for two identities (an old and a new view of the
-	// source) are separate flights; the later publish wins the path.
-	flightKey := rel + "\x00" + k.Identity
-	for {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		h, err := c.openIndexed(rel, size, k.Identity)
-		if h != nil {
-			c.counts.blobHits.Add(1)
-		}
-		if err != nil || h != nil {
-			return h, err
-		}
-		if c.awaitLearning(ctx, rel) {
-			// A fill of rel learning its identity (a reader ahead, or
-			// readahead) was running: it most likely published this one.
-			continue
-		}
-		c.counts.blobMisses.Add(1)
-		h, err = join(c, c.blobFlights, flightKey, ctx,
-			func() bool { e := c.idx[rel]; return e != nil && e.ident == k.Identity },
-			func(ctx context.Context) (*os.File, error) {
-				if f := c.adoptBlob(rel, k, size); f != nil {
-					return f, nil
-				}
-				return c.fillBlob(ctx, rel, size, func() (string, error) { return k.Identity, nil }, fill)
-			},
-			func(f *os.File, _ bool) (*Handle, error) { return c.dupHandle(rel, f, size) },
-			func(f *os.File) { f.Close() },
-		)
-		if !errors.Is(err, errRetry) {
-			return h, err
-		}
-	}
-}
-
-// learnt is what a GetBlobLearning fill made: the blob and its identity.
-type learnt struct {
-	f     *os.File
-	ident string
-}
-
-// GetBlobLearning is GetBlob for a blob whose identity is known only once
-// it is filled (the versions of the source chunks, taken from the
-// responses that fetched them): fill runs, then identity names what it
-// read, and the blob is published under that identity, which is returned
-// with the Handle. It is for a blob the index does not hold (Holds): it
-// fills without looking, and what it publishes replaces any blob at the
-// path. An error of identity fails the fill (wrapped, as fill's are) and
-// publishes nothing.
-//
-// Concurrent calls for one path share one fill, and GetBlob of the path
-// waits for it before it fills one of its own.
-func (c *Cache) GetBlobLearning(ctx context.Context, k BlobKey, size int64, fill func(ctx context.Context, f Writer) error, identity func() (string, error)) (*Handle, string, error) {
-	k.Identity = ""
 	rel, err := k.rel()
 	if err != nil {
 		return nil, "", err
@@ -243,39 +194,95 @@ func (c *Cache) GetBlobLearning(ctx context.Context, k BlobKey, size int64, fill
 	if size < 0 {
 		return nil, "", fmt.Errorf("blob %s: negative size %d", rel, size)
 	}
-	c.counts.blobMisses.Add(1)
+	if learn != nil {
+		c.counts.blobMisses.Add(1)
+		return c.fillShared(ctx, rel, learnFlight(rel), k, size, fill, learn)
+	}
+	// Fills of one path for two identities (an old and a new view of the
+	// source) are separate flights; the later publish wins the path.
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, "", err
+		}
+		h, err := c.openIndexed(rel, size, k.Identity)
+		if h != nil {
+			c.counts.blobHits.Add(1)
+		}
+		if err != nil || h != nil {
+			return h, k.Identity, err
+		}
+		if c.awaitLearning(ctx, rel) {
+			// A fill of rel learning its identity (a reader ahead, or
+			// readahead) was running: it most likely published this one.
+			continue
+		}
+		c.counts.blobMisses.Add(1)
+		h, id, err := c.fillShared(ctx, rel, rel+"\x00="+k.Identity, k, size, fill, nil)
+		if !errors.Is(err, errRetry) {
+			return h, id, err
+		}
+	}
+}
+
+// learnFlight is the flight key of a fill of rel that learns its identity;
+// one of a known identity is rel, "\x00=" and the identity.
+func learnFlight(rel string) string { return rel + "\x00?" }
+
+// filled is what one shared blob fill made: the blob and its identity.
+type filled struct {
+	f     *os.File
+	ident string
+}
+
+// fillShared runs the fill of rel as the flight named key, shared by
+// every caller of the same key, and gives each caller its own Handle. A
+// fill of a known identity first links a blob of the same identity held
+// at another path (adoptBlob), and reports errRetry when the key became
+// indexed meanwhile.
+func (c *Cache) fillShared(ctx context.Context, rel, key string, k BlobKey, size int64, fill func(ctx context.Context, f Writer) error, learn func() (string, error)) (*Handle, string, error) {
+	ready := func() bool { e := c.idx[rel]; return e != nil && e.ident == k.Identity }
+	if learn != nil {
+		ready = func() bool { return false }
+	}
 	type opened struct {
 		h     *Handle
 		ident string
 	}
-	o, err := join(c, c.learnFlights, rel, ctx,
-		func() bool { return false },
-		func(ctx context.Context) (learnt, error) {
-			var ident string
+	o, err := join(c, c.blobFlights, key, ctx, ready,
+		func(ctx context.Context) (filled, error) {
+			if learn == nil {
+				if f := c.adoptBlob(rel, k, size); f != nil {
+					return filled{f, k.Identity}, nil
+				}
+			}
+			ident := k.Identity
 			f, err := c.fillBlob(ctx, rel, size, func() (string, error) {
-				id, err := identity()
+				if learn == nil {
+					return ident, nil
+				}
+				id, err := learn()
 				if err == nil && id != "" && !ValidIdentity(id) {
 					err = fmt.Errorf("identity %q: %w", id, ErrInvalidKey)
 				}
 				ident = id
 				return id, err
 			}, fill)
-			return learnt{f, ident}, err
+			return filled{f, ident}, err
 		},
-		func(v learnt, _ bool) (opened, error) {
+		func(v filled, _ bool) (opened, error) {
 			h, err := c.dupHandle(rel, v.f, size)
 			return opened{h, v.ident}, err
 		},
-		func(v learnt) { v.f.Close() },
+		func(v filled) { v.f.Close() },
 	)
 	return o.h, o.ident, err
 }
 
-// awaitLearning waits for a GetBlobLearning fill of rel, or for ctx to
-// end, and reports whether there was one to wait for.
+// awaitLearning waits for a fill of rel that learns its identity, or for
+// ctx to end, and reports whether there was one to wait for.
 func (c *Cache) awaitLearning(ctx context.Context, rel string) bool {
 	c.mu.Lock()
-	f := c.learnFlights[rel]
+	f := c.blobFlights[learnFlight(rel)]
 	c.mu.Unlock()
 	if f == nil {
 		return false
@@ -485,12 +492,12 @@ type hashingWriter struct {
 // hashPiece is how much a write hands the kernel before it hashes what it
 // wrote: the hash then reads bytes the kernel's copy just brought into the
 // core's cache, instead of a second pass over a sample from memory (a
-// sample is tens of megabytes; on the h200 the second pass cost as much
-// CPU as the write itself). A quarter of a MiB, the piece and its copy in
-// the page cache, stays in a core's L2 cache: against 1 MiB pieces, a
-// 4-core blosc fill on the h200 spent 3-6 % less CPU (the hash, the
-// source's copy and the unshuffle all gained), at four times the write
-// calls, which cost microseconds each.
+// sample is tens of megabytes, and the second pass cost as much CPU as
+// the write itself). A quarter of a MiB, the piece and its copy in the
+// page cache, stays in a core's L2 cache: against 1 MiB pieces a fill
+// takes less CPU (the hash, the source's copy and the unshuffle all gain;
+// BENCHMARKS.md, tuning choices), for more write calls, which cost
+// microseconds each.
 const hashPiece = 256 << 10
 
 func (h *hashingWriter) WriteAt(p []byte, off int64) (int, error) {

@@ -131,10 +131,9 @@ type Cache struct {
 
 	counts counters // Stats (stats.go)
 
-	blobFlights map[string]*flight[*os.File]
-	// learnFlights are the fills of GetBlobLearning, by path: their
-	// identity is known only once they have run.
-	learnFlights map[string]*flight[learnt]
+	// blobFlights are the blob fills running, by path and identity, or by
+	// path alone for one that learns its identity (learnFlight).
+	blobFlights  map[string]*flight[filled]
 	chunkFlights map[string]*flight[[]byte]
 }
 
@@ -232,8 +231,7 @@ func Open(opts Options) (*Cache, error) {
 		byIdent:      map[string]*entry{},
 		quit:         map[string]bool{},
 		intern:       map[string]string{},
-		blobFlights:  map[string]*flight[*os.File]{},
-		learnFlights: map[string]*flight[learnt]{},
+		blobFlights:  map[string]*flight[filled]{},
 		chunkFlights: map[string]*flight[[]byte]{},
 	}
 	c.base, c.stop = context.WithCancel(context.Background())

@@ -37,14 +37,14 @@ func TestWrittenBlobFilledAgain(t *testing.T) {
 			k := BlobKey{Layout: "L", Path: path, Identity: "v1"}
 			fills := 0
 			fill := func(ctx context.Context, f Writer) error { fills++; return writeFill(data)(ctx, f) }
-			h, err := c.GetBlob(context.Background(), k, int64(len(data)), fill)
+			h, _, err := c.GetBlob(context.Background(), k, int64(len(data)), fill, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if h.Changed() {
 				t.Error("a blob just filled reports a write")
 			}
-			h2, err := c.GetBlob(context.Background(), k, int64(len(data)), fill)
+			h2, _, err := c.GetBlob(context.Background(), k, int64(len(data)), fill, nil)
 			if err != nil || fills != 1 {
 				t.Fatalf("second open: %v, %d fills; want a hit", err, fills)
 			}
@@ -66,7 +66,7 @@ func TestWrittenBlobFilledAgain(t *testing.T) {
 			if c.HasBlob(k) {
 				t.Error("HasBlob holds a blob written in place")
 			}
-			h, err = c.GetBlob(context.Background(), k, int64(len(data)), fill)
+			h, _, err = c.GetBlob(context.Background(), k, int64(len(data)), fill, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -159,12 +159,11 @@ func main() {
 // its cgroup's limit). A fill's steps (source reads run in goroutines that
 // can be left behind, the blob's write, FUSE requests) wait for a
 // processor while the decode workers, one per CPU, hold them all: an
-// execution trace of a first epoch over a cold mount counted 14.8 s of
-// such waiting in 2.4 s. With twice the processors, on the h200 (blosc
-// store, cache on tmpfs, two rounds each, alternated), warm took 1.17 and
-// 1.13 s against 1.33 and 1.25, and the Loader's first epoch read 39.5 and
-// 44.5 samples/s against 30.7 and 38.4. Decoding stays bounded by the
-// CPUs (codec.Options.Workers).
+// execution trace of a first epoch over a cold mount showed goroutines
+// waiting for a processor several times the epoch's length in all. With
+// twice the processors both warm and the Loader's first epoch run faster
+// (BENCHMARKS.md, tuning choices). Decoding stays bounded by the CPUs
+// (codec.Options.Workers).
 const procsPerCPU = 2
 
 // maxProcs is the GOMAXPROCS zarrfs runs with: procsPerCPU times the

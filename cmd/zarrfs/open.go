@@ -19,9 +19,9 @@ import (
 	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/decode"
 	"github.com/zarrfs/zarrfs/fill"
-	"github.com/zarrfs/zarrfs/fs/layout"
 	"github.com/zarrfs/zarrfs/internal/memory"
 	"github.com/zarrfs/zarrfs/internal/ratelog"
+	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
 )

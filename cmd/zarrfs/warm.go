@@ -17,8 +17,8 @@ import (
 	"golang.org/x/term"
 
 	"github.com/zarrfs/zarrfs/fill"
-	"github.com/zarrfs/zarrfs/fs/layout"
 	"github.com/zarrfs/zarrfs/internal/memory"
+	"github.com/zarrfs/zarrfs/layout"
 )
 
 type warmFlags struct {
