@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -103,11 +104,17 @@ func TestCommandErrors(t *testing.T) {
 	} {
 		_, stderr, code := run(t, tt.args...)
 		lines := strings.Split(strings.TrimSpace(stderr), "\n")
-		if code != tt.code || len(lines) != 1 || !strings.HasPrefix(lines[0], "zarrfs: ") || !strings.Contains(lines[0], tt.msg) {
+		// "zarrfs: ", or the command a mistake in its flags is about
+		// ("zarrfs inspect: unknown flag ...").
+		if code != tt.code || len(lines) != 1 || !errorLine.MatchString(lines[0]) || !strings.Contains(lines[0], tt.msg) {
 			t.Errorf("%v: exit %d, stderr %q; want exit %d and one line with %q", tt.args, code, stderr, tt.code, tt.msg)
 		}
 	}
 }
+
+// errorLine is how an error line starts (docs/cli.md, Exit status and
+// errors).
+var errorLine = regexp.MustCompile(`^zarrfs( [a-z]+)*: `)
 
 // A command group without a subcommand, and zarrfs alone, print their help
 // and exit 0, as kubectl and gh do: nothing was asked that could fail.

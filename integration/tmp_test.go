@@ -22,6 +22,12 @@ func runTests(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(root)
+	// As /tmp: tests run programs as other users, who must reach their
+	// folders (and may make their own).
+	if err := os.Chmod(root, 0o1777); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	old, had := os.LookupEnv("TMPDIR")
 	os.Setenv("TMPDIR", root)
 	code := m.Run()

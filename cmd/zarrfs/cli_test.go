@@ -311,11 +311,7 @@ func (s *syncBuilder) String() string {
 // The mount's line names the mountpoint by its absolute path, and
 // unmount of a folder inside a mount says which mount to unmount.
 func TestCLIMountLines(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if _, err := os.Stat("/dev/fuse"); err != nil {
-			t.Skip("no FUSE")
-		}
-	}
+	requireFUSE(t)
 	store := exampleStore(t)
 	dir := t.TempDir()
 	t.Chdir(dir)
@@ -336,6 +332,7 @@ func TestCLIMountLines(t *testing.T) {
 // the blob's size or modification time changed and fills it again, even
 // within its lease, for a write that keeps the size too.
 func TestCLIDirectWriteThroughLink(t *testing.T) {
+	requireFUSE(t)
 	store := exampleStore(t)
 	mnt := t.TempDir()
 	mountCLI(t, store, mnt, "--direct", "--cache", filepath.Join(t.TempDir(), "c"))
@@ -425,4 +422,18 @@ func TestCLIFlagsThatWouldDoNothing(t *testing.T) {
 	if _, stderr, code := runCLI(t, "inspect", store, "--s3-anonymous", "--ref-allow", "s3://b/"); !strings.Contains(stderr, "--ref-allow: "+store+" is a plain Zarr store") || code != 2 {
 		t.Errorf("--s3-anonymous --ref-allow s3://b/ on a plain store: exit %d: %s", code, stderr)
 	}
+}
+
+// A source of a scheme zarrfs does not read is named as such, not looked
+// for as a local directory; a range of samples the store does not have is
+// a runtime error (the same range fits a longer store).
+func TestCLISourceSchemes(t *testing.T) {
+	store := exampleStore(t)
+	checkCLI(t, []cliCase{
+		{"unknown scheme", []string{"inspect", "ftp://host/x.zarr"},
+			"zarrfs: ftp://host/x.zarr: zarrfs reads local paths and file://, s3://, gs://, http://, https:// and reference:// URLs, not ftp://", 2},
+		{"alias", []string{"inspect", "s3a://b/x.zarr"}, "zarrfs: s3a://b/x.zarr: a store's URL is s3://, not s3a:// (which reference sets' targets may use)", 2},
+		{"samples past the end", []string{"warm", store, "--cache", filepath.Join(t.TempDir(), "c"), "--samples", "20:30"},
+			"zarrfs: --samples 20:30: no sample directory has samples in that range (t/ has 8, u10/ has 8, z/ has 8)", 1},
+	})
 }

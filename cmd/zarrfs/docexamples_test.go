@@ -17,6 +17,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/zarrfs/zarrfs/internal/testenv"
 	"github.com/zarrfs/zarrfs/zarr/zarrtest"
 )
 
@@ -34,9 +35,7 @@ import (
 //
 // Durations, rates and 32-digit hashes may differ from what the doc shows.
 func TestCLIDocExamples(t *testing.T) {
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("no /dev/fuse: the examples mount")
-	}
+	requireFUSE(t)
 	root := t.TempDir()
 	for _, d := range []string{"data", "mnt/era5", "nvme"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
@@ -125,6 +124,20 @@ func startCLI(t *testing.T, args ...string) string {
 		t.Fatalf("zarrfs %s printed nothing in 30s: %s", strings.Join(args, " "), errs.String())
 	}
 	return ""
+}
+
+// requireFUSE skips a test that mounts where FUSE is missing (fails it
+// under CI).
+func requireFUSE(t *testing.T) {
+	t.Helper()
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		testenv.Missing(t, "no /dev/fuse: the test mounts")
+	}
+	if os.Geteuid() != 0 {
+		if _, err := exec.LookPath("fusermount3"); err != nil {
+			testenv.Missing(t, "not root and no fusermount3: the test mounts")
+		}
+	}
 }
 
 // docBlock is a fenced code block of a doc.

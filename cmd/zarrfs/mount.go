@@ -97,10 +97,11 @@ func (f *mountFlags) validate(cmd *cobra.Command, src string) (layout.Shard, err
 	if err := checkDelivery(f.delivery); err != nil {
 		return layout.Shard{}, err
 	}
-	if err := checkShardGiven(cmd, f.world); err != nil {
+	shard, err := checkShard(f.rank, f.world, f.shard)
+	if err != nil {
 		return layout.Shard{}, err
 	}
-	return checkShard(f.rank, f.world, f.shard)
+	return shard, checkShardGiven(cmd, f.world)
 }
 
 func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {

@@ -137,6 +137,14 @@ func (f *sourceFlags) openStore(ctx context.Context, src string) (objectstore.St
 	if st, ok, err := f.openVirtual(ctx, src); ok || err != nil {
 		return st, err // a kerchunk reference set or an Icechunk repository
 	}
+	// A URL of another scheme is no local path: say so, not "no such
+	// directory".
+	switch s := urlScheme(src); {
+	case schemeAliases[s] != "":
+		return nil, usagef("%s: a store's URL is %s://, not %s:// (which reference sets' targets may use)", src, schemeAliases[s], s)
+	case s != "" && s != "file" && s != "s3" && s != "gs" && s != "http" && s != "https":
+		return nil, usagef("%s: zarrfs reads local paths and file://, s3://, gs://, http://, https:// and reference:// URLs, not %s://", src, s)
+	}
 	if err := f.virtual.checkPlain(f.cmd, src); err != nil {
 		return nil, err
 	}

@@ -93,11 +93,10 @@ func (f *warmFlags) validate(cmd *cobra.Command, src string) error {
 		return usagef("--%s", strings.TrimPrefix(err.Error(), layout.ErrInvalidOption.Error()+": "))
 	}
 	f.span = span
-	if err := checkShardGiven(cmd, f.world); err != nil {
+	if f.split, err = checkShard(f.rank, f.world, f.shard); err != nil {
 		return err
 	}
-	f.split, err = checkShard(f.rank, f.world, f.shard)
-	return err
+	return checkShardGiven(cmd, f.world)
 }
 
 func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
@@ -133,7 +132,8 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 	}
 	if f.samples != "" && len(plan.Short) > 0 {
 		if plan.InRange == 0 {
-			return usagef("--samples %s: no sample directory has samples in that range (%s)", f.samples, strings.Join(plan.Short, ", "))
+			// The same range fits a longer store: a runtime error.
+			return fmt.Errorf("--samples %s: no sample directory has samples in that range (%s)", f.samples, strings.Join(plan.Short, ", "))
 		}
 		log.Warn("--samples runs past the end of some sample directories; warming the samples they have",
 			"samples", f.samples, "short", strings.Join(plan.Short, ", "))
