@@ -147,6 +147,7 @@ test-gpu: build gpuvenv
 	bash integration/gpu/fill.sh bin/zarrfs bin/gpuview
 	$(PYTEST) -m gpu python/tests
 	bash integration/gpu/e2e.sh bin/zarrfs
+	bash integration/gpu/deliver.sh bin/zarrfs
 
 FUZZTIME ?= 2m
 fuzz:
@@ -174,7 +175,7 @@ bench: build pydeps minio
 	$(GO) test -run '^$$' -bench 'S3ColdFetch' -benchtime 4x ./objectstore/
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./integration/
 	$(GO) test -run '^$$' -bench 'Open' ./cache/
-	$(GO) test -run '^$$' -bench 'ZstdDecoders|UnshuffleStream' -count 3 ./zarr/codec/
+	$(GO) test -run '^$$' -bench 'ZstdDecoders|UnshuffleStream' -count 3 ./codec/
 	ZARRFS_BIN=$(CURDIR)/bin/zarrfs $(PYTHON) -W ignore integration/bench/xarray/bench.py
 
 # The fill's roofline (the machine's read and write floors, the fill's CPU by

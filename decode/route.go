@@ -8,8 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/gpu"
-	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 // router is auto mode's choice, batch by batch and codec by codec, between

@@ -17,9 +17,9 @@ import (
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
-	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 // valueReader fills every element with value(path, index), encoded in the
@@ -52,7 +52,7 @@ func testValue(a *zarr.Array, idx []int64) float64 {
 func encodeValue(b []byte, d zarr.DType, v float64) {
 	switch {
 	case d.Kind == 'f' && d.Size == 2:
-		binary.LittleEndian.PutUint16(b, float64BitsToHalf(math.Float64bits(v)))
+		binary.LittleEndian.PutUint16(b, zarr.Float16Bits(v))
 	case d.Kind == 'f' && d.Size == 4:
 		binary.LittleEndian.PutUint32(b, math.Float32bits(float32(v)))
 	case d.Kind == 'f':
@@ -401,7 +401,7 @@ func TestViewDefaultsAndCasts(t *testing.T) {
 		t.Errorf("header %+v", ph)
 	}
 	for i, x := range expectSample(v, 7) {
-		if g := binary.LittleEndian.Uint16(data[4096+2*i:]); g != float64BitsToHalf(math.Float64bits(x)) {
+		if g := binary.LittleEndian.Uint16(data[4096+2*i:]); g != zarr.Float16Bits(x) {
 			t.Fatalf("element %d = %#04x, want half(%v)", i, g, x)
 		}
 	}

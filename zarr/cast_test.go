@@ -1,4 +1,4 @@
-package layout
+package zarr
 
 import (
 	"bytes"
@@ -9,11 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/zarrfs/zarrfs/internal/testenv"
-	"github.com/zarrfs/zarrfs/zarr"
 )
 
 func TestFloat32ToHalf(t *testing.T) {
@@ -57,7 +55,7 @@ func TestFloat64ToHalfNoDoubleRounding(t *testing.T) {
 	// Through float32 this value becomes exactly 1+2^-11, a tie that rounds
 	// down to 1.0; from double precision it is above the tie.
 	x := 1 + math.Ldexp(1, -11) + math.Ldexp(1, -40)
-	if got := float64BitsToHalf(math.Float64bits(x)); got != 0x3c01 {
+	if got := Float16Bits(x); got != 0x3c01 {
 		t.Errorf("half(%v) = %#04x, want 0x3c01", x, got)
 	}
 	if got := float32BitsToHalf(math.Float32bits(float32(x))); got != 0x3c00 {
@@ -70,20 +68,21 @@ func TestFloat64ToHalfNoDoubleRounding(t *testing.T) {
 		{0.1, 0x2e66}, {65520, 0x7c00}, {math.Ldexp(1, -25), 0}, {math.Ldexp(1.0000001, -25), 1},
 		{math.NaN(), 0x7e00}, {math.Inf(1), 0x7c00}, {-1e300, 0xfc00}, {1e-300, 0},
 	} {
-		if got := float64BitsToHalf(math.Float64bits(tt.f)); got != tt.want {
+		if got := Float16Bits(tt.f); got != tt.want {
 			t.Errorf("half(%g) = %#04x, want %#04x", tt.f, got, tt.want)
 		}
 	}
 }
 
-// TestHalfDifferential checks the half conversions against zarr's own
-// float16 code, an independent implementation, over every half value and a
-// sweep of float32 values.
+// TestHalfDifferential checks that the float32 and float64 forms of the
+// half conversions agree (one routine, two parameterisations) over every
+// half value and a sweep of float32 values; TestCastNumpy checks both
+// against numpy.
 func TestHalfDifferential(t *testing.T) {
 	for h := range 1 << 16 {
 		f := halfToFloat32(uint16(h))
-		d := halfToFloat64(uint16(h))
-		ref := zarr.Float16Value(uint16(h))
+		d := Float16Value(uint16(h))
+		ref := Float16Value(uint16(h))
 		if math.IsNaN(ref) {
 			if !math.IsNaN(float64(f)) || !math.IsNaN(d) {
 				t.Fatalf("%#04x: NaN decodes as %v %v", h, f, d)
@@ -96,7 +95,7 @@ func TestHalfDifferential(t *testing.T) {
 		if back := float32BitsToHalf(math.Float32bits(f)); back != uint16(h) {
 			t.Fatalf("%#04x: round trip gives %#04x", h, back)
 		}
-		if back := float64BitsToHalf(math.Float64bits(d)); back != uint16(h) {
+		if back := Float16Bits(d); back != uint16(h) {
 			t.Fatalf("%#04x: round trip from float64 gives %#04x", h, back)
 		}
 	}
@@ -105,19 +104,26 @@ func TestHalfDifferential(t *testing.T) {
 		if math.IsNaN(float64(f)) {
 			continue
 		}
-		if got, want := float32BitsToHalf(uint32(b)), zarr.Float16Bits(float64(f)); got != want {
+		if got, want := float32BitsToHalf(uint32(b)), Float16Bits(float64(f)); got != want {
 			t.Fatalf("half(%g = %#08x) = %#04x, zarr says %#04x", f, b, got, want)
 		}
 	}
 }
 
-func le(dt zarr.DType, vals ...float64) []byte {
+var (
+	f32 = DType{Kind: 'f', Size: 4}
+	i64 = DType{Kind: 'i', Size: 8}
+	u8  = DType{Kind: 'u', Size: 1}
+	i16 = DType{Kind: 'i', Size: 2}
+)
+
+func le(dt DType, vals ...float64) []byte {
 	b := make([]byte, len(vals)*dt.Size)
 	for i, v := range vals {
 		p := b[i*dt.Size:]
 		switch {
 		case dt.Kind == 'f' && dt.Size == 2:
-			binary.LittleEndian.PutUint16(p, float64BitsToHalf(math.Float64bits(v)))
+			binary.LittleEndian.PutUint16(p, Float16Bits(v))
 		case dt.Kind == 'f' && dt.Size == 4:
 			binary.LittleEndian.PutUint32(p, math.Float32bits(float32(v)))
 		case dt.Kind == 'f':
@@ -134,18 +140,18 @@ func le(dt zarr.DType, vals ...float64) []byte {
 	return b
 }
 
-func TestCastInto(t *testing.T) {
+func TestCast(t *testing.T) {
 	var (
-		b1  = zarr.DType{Kind: 'b', Size: 1}
-		i8  = zarr.DType{Kind: 'i', Size: 1}
-		u64 = zarr.DType{Kind: 'u', Size: 8}
-		f16 = zarr.DType{Kind: 'f', Size: 2}
-		f64 = zarr.DType{Kind: 'f', Size: 8}
-		i32 = zarr.DType{Kind: 'i', Size: 4}
+		b1  = DType{Kind: 'b', Size: 1}
+		i8  = DType{Kind: 'i', Size: 1}
+		u64 = DType{Kind: 'u', Size: 8}
+		f16 = DType{Kind: 'f', Size: 2}
+		f64 = DType{Kind: 'f', Size: 8}
+		i32 = DType{Kind: 'i', Size: 4}
 	)
 	for _, tt := range []struct {
 		name     string
-		from, to zarr.DType
+		from, to DType
 		src, dst []byte
 	}{
 		{"int16 to float32", i16, f32, le(i16, -1, 32767, -32768), le(f32, -1, 32767, -32768)},
@@ -164,27 +170,13 @@ func TestCastInto(t *testing.T) {
 		{"same type copies", f32, f32, le(f32, 1.5), le(f32, 1.5)},
 	} {
 		dst := make([]byte, len(tt.dst))
-		castInto(dst, tt.to, append([]byte(nil), tt.src...), tt.from)
+		Cast(dst, tt.to, append([]byte(nil), tt.src...), tt.from)
 		if !bytes.Equal(dst, tt.dst) {
 			t.Errorf("%s: % x, want % x", tt.name, dst, tt.dst)
 		}
 	}
-	if canCast(f32, i32) == nil || canCast(f16, u8) == nil || canCast(i32, f16) != nil || canCast(f64, b1) != nil {
-		t.Error("canCast accepts float to integer or refuses a numeric cast")
-	}
-	for _, tt := range []struct {
-		in   string
-		want zarr.DType
-		ok   bool
-	}{
-		{"float32", f32, true}, {"float16", zarr.DType{Kind: 'f', Size: 2}, true}, {"<f8", zarr.DType{Kind: 'f', Size: 8}, true},
-		{"f4", f32, true}, {"|u1", u8, true}, {"bool", zarr.DType{Kind: 'b', Size: 1}, true},
-		{">f4", zarr.DType{}, false}, {"complex64", zarr.DType{}, false}, {"f3", zarr.DType{}, false}, {"", zarr.DType{}, false},
-	} {
-		got, err := ParseOutputDType(tt.in)
-		if (err == nil) != tt.ok || (tt.ok && got != tt.want) {
-			t.Errorf("ParseOutputDType(%q) = %+v, %v", tt.in, got, err)
-		}
+	if CanCast(f32, i32) == nil || CanCast(f16, u8) == nil || CanCast(i32, f16) != nil || CanCast(f64, b1) != nil {
+		t.Error("CanCast accepts float to integer or refuses a numeric cast")
 	}
 }
 
@@ -192,8 +184,8 @@ func TestCastInto(t *testing.T) {
 // patterns (NaN results only need to be NaN: numpy may quiet them in
 // hardware).
 func TestCastNumpy(t *testing.T) {
-	requirePython(t, "numpy")
-	types := []zarr.DType{
+	requirePythonModules(t, "numpy")
+	types := []DType{
 		{Kind: 'b', Size: 1}, {Kind: 'i', Size: 1}, {Kind: 'i', Size: 2}, {Kind: 'i', Size: 4}, {Kind: 'i', Size: 8},
 		{Kind: 'u', Size: 1}, {Kind: 'u', Size: 2}, {Kind: 'u', Size: 4}, {Kind: 'u', Size: 8},
 		{Kind: 'f', Size: 2}, {Kind: 'f', Size: 4}, {Kind: 'f', Size: 8},
@@ -220,7 +212,7 @@ func TestCastNumpy(t *testing.T) {
 		}
 		os.WriteFile(filepath.Join(dir, from.Name()), src, 0o644)
 		for _, to := range types {
-			if canCast(from, to) != nil {
+			if CanCast(from, to) != nil {
 				continue
 			}
 			script += fmt.Sprintf("np.fromfile(d+'/%s', dtype='%s').astype('%s').tofile(d+'/%s-%s')\n", from.Name(), from.NumpyLE(), to.NumpyLE(), from.Name(), to.Name())
@@ -232,7 +224,7 @@ func TestCastNumpy(t *testing.T) {
 	for _, from := range types {
 		src, _ := os.ReadFile(filepath.Join(dir, from.Name()))
 		for _, to := range types {
-			if canCast(from, to) != nil {
+			if CanCast(from, to) != nil {
 				continue
 			}
 			want, err := os.ReadFile(filepath.Join(dir, from.Name()+"-"+to.Name()))
@@ -240,14 +232,14 @@ func TestCastNumpy(t *testing.T) {
 				t.Fatal(err)
 			}
 			got := make([]byte, n*to.Size)
-			castInto(got, to, append([]byte(nil), src...), from)
+			Cast(got, to, append([]byte(nil), src...), from)
 			bad := 0
 			for i := range n {
 				g, w := got[i*to.Size:(i+1)*to.Size], want[i*to.Size:(i+1)*to.Size]
 				if bytes.Equal(g, w) {
 					continue
 				}
-				if to.Kind == 'f' && math.IsNaN(readFloat(g, to)) && math.IsNaN(readFloat(w, to)) {
+				if to.Kind == 'f' && math.IsNaN(getFloat(g, to)) && math.IsNaN(getFloat(w, to)) {
 					continue
 				}
 				if bad++; bad <= 3 {
@@ -258,23 +250,10 @@ func TestCastNumpy(t *testing.T) {
 	}
 }
 
-// requirePython skips (or fails under CI) when python3 or a module is missing.
-func requirePython(t testing.TB, modules ...string) {
-	t.Helper()
-	if _, err := exec.LookPath("python3"); err != nil {
-		testenv.Missing(t, "python3 not found")
-	}
-	for _, m := range modules {
-		if err := exec.Command("python3", "-c", "import "+m).Run(); err != nil {
-			testenv.Missing(t, "python module %s not installed (make pydeps)", m)
-		}
-	}
-}
-
 func BenchmarkCast(b *testing.B) {
 	const n = 721 * 1440
-	for _, tt := range []struct{ from, to zarr.DType }{
-		{f32, zarr.DType{Kind: 'f', Size: 2}}, {zarr.DType{Kind: 'f', Size: 8}, f32}, {i16, f32},
+	for _, tt := range []struct{ from, to DType }{
+		{f32, DType{Kind: 'f', Size: 2}}, {DType{Kind: 'f', Size: 8}, f32}, {i16, f32},
 	} {
 		b.Run(tt.from.Name()+"-"+tt.to.Name(), func(b *testing.B) {
 			src := make([]byte, n*tt.from.Size)
@@ -282,19 +261,22 @@ func BenchmarkCast(b *testing.B) {
 			b.SetBytes(int64(len(dst)))
 			b.ReportAllocs()
 			for b.Loop() {
-				castInto(dst, tt.to, src, tt.from)
+				Cast(dst, tt.to, src, tt.from)
 			}
 		})
 	}
 }
 
-// Without python3 the tests that need it skip, or fail under CI.
-func TestRequirePythonUnderCI(t *testing.T) {
-	t.Setenv("PATH", t.TempDir())
-	for ci, want := range map[string]string{"": "skip: ", "true": "fail: "} {
-		t.Setenv("CI", ci)
-		if got := testenv.Outcome(func(t testing.TB) { requirePython(t, "numpy") }); !strings.HasPrefix(got, want) {
-			t.Errorf("CI=%q: requirePython without python3: %s, want %s...", ci, got, want)
+// requirePythonModules skips (or fails under CI) when python3 or a module
+// is missing.
+func requirePythonModules(t testing.TB, modules ...string) {
+	t.Helper()
+	if _, err := exec.LookPath("python3"); err != nil {
+		testenv.Missing(t, "python3 not found")
+	}
+	for _, m := range modules {
+		if err := exec.Command("python3", "-c", "import "+m).Run(); err != nil {
+			testenv.Missing(t, "python module %s not installed (make pydeps)", m)
 		}
 	}
 }

@@ -145,7 +145,7 @@ func (v *View) fillCost(data int64, ks []int64) int64 {
 	regions := map[string]*region{}
 	for _, g := range v.slotRuns() {
 		ch := &v.Channels[g.first]
-		if !sameType(ch.Array.DType, v.DType) {
+		if !zarr.SameValues(ch.Array.DType, v.DType) {
 			cost = satAdd(cost, satMul(satMul(spatial, int64(ch.Array.DType.Size)), n))
 		}
 		start, count := ch.region(v.Start + lo*v.Step)
@@ -181,6 +181,15 @@ func (v *View) fillCost(data int64, ks []int64) int64 {
 // fillSamples fills outs[i] with sample ks[i] (each len prod(SampleShape) *
 // DType.Size) through one Read. A static channel is read at most once.
 func (v *View) fillSamples(ctx context.Context, r Reader, ks []int64, outs [][]byte) error {
+	return v.fillSamplesAs(ctx, r, ks, outs, false)
+}
+
+// fillSamplesAs is fillSamples; writeOnly says that outs may not hold
+// what the Read decoded into them (a decoder that writes a chunk landing
+// whole in outs elsewhere: FillInto's), so nothing is read back from
+// them: a static channel is copied from the memo or read for every sample,
+// and no memo is made from outs.
+func (v *View) fillSamplesAs(ctx context.Context, r Reader, ks []int64, outs [][]byte, writeOnly bool) error {
 	per := prod(v.SampleShape[1:]) * int64(v.DType.Size)
 	v.mu.Lock()
 	memo := v.static.current(ctx, v)
@@ -189,13 +198,13 @@ func (v *View) fillSamples(ctx context.Context, r Reader, ks []int64, outs [][]b
 	// before the Read: a memo made from them is stale once any is replaced.
 	var listings map[int]*zarr.Listing
 	var sums map[int]uint64
-	if v.memoStatic && memo == nil {
+	if v.memoStatic && memo == nil && !writeOnly {
 		listings, sums = v.staticKey(ctx)
 	}
 	// Scratch for channels that need a cast.
 	var scratchLen int64
 	for _, ch := range v.Channels {
-		if !sameType(ch.Array.DType, v.DType) {
+		if !zarr.SameValues(ch.Array.DType, v.DType) {
 			scratchLen += prod(v.SampleShape[1:]) * int64(ch.Array.DType.Size) * int64(len(ks))
 		}
 	}
@@ -223,14 +232,14 @@ func (v *View) fillSamples(ctx context.Context, r Reader, ks []int64, outs [][]b
 					copies = append(copies, copyJob{dst, m})
 					continue
 				}
-				if si > 0 {
+				if si > 0 && !writeOnly {
 					copies = append(copies, copyJob{dst, outs[0][int64(c)*per : int64(c+1)*per]})
 					continue
 				}
 			}
 			start, count := ch.region(t)
 			q := zarr.Request{Array: ch.Array, Start: start, Count: count, Dst: dst}
-			if !sameType(ch.Array.DType, v.DType) {
+			if !zarr.SameValues(ch.Array.DType, v.DType) {
 				n := prod(count) * int64(ch.Array.DType.Size)
 				q.Dst = scratch[off : off+n]
 				off += n
@@ -245,12 +254,12 @@ func (v *View) fillSamples(ctx context.Context, r Reader, ks []int64, outs [][]b
 		}
 	}
 	for _, j := range casts {
-		castInto(j.dst, v.DType, j.src, j.from)
+		zarr.Cast(j.dst, v.DType, j.src, j.from)
 	}
 	for _, j := range copies {
 		copy(j.dst, j.src)
 	}
-	if v.memoStatic && memo == nil {
+	if v.memoStatic && memo == nil && !writeOnly {
 		m := map[int][]byte{}
 		for c, ch := range v.Channels {
 			if ch.Axis < 0 {
@@ -359,7 +368,7 @@ func (v *View) slotRuns() []slotRun {
 	var runs []slotRun
 	for i := 0; i < len(v.Channels); {
 		ch := &v.Channels[i]
-		if len(ch.Select) != 1 || !sameType(ch.Array.DType, v.DType) {
+		if len(ch.Select) != 1 || !zarr.SameValues(ch.Array.DType, v.DType) {
 			runs = append(runs, slotRun{first: i, n: 1, axis: -1})
 			i++
 			continue

@@ -27,13 +27,19 @@ func ParseSampleSpan(s string) (*SampleSpan, error) {
 	r := &SampleSpan{0, -1}
 	var err error
 	if a != "" {
-		if r.Start, err = strconv.ParseInt(a, 10, 64); err != nil || r.Start < 0 {
-			return nil, fmt.Errorf("%w: samples %q: bad START", ErrInvalidOption, s)
+		if r.Start, err = strconv.ParseInt(a, 10, 64); err != nil {
+			return nil, fmt.Errorf("%w: samples %q: START %q is not a whole number", ErrInvalidOption, s, a)
+		}
+		if r.Start < 0 {
+			return nil, fmt.Errorf("%w: samples %q: START %d is negative (samples count from 0)", ErrInvalidOption, s, r.Start)
 		}
 	}
 	if b != "" {
-		if r.Stop, err = strconv.ParseInt(b, 10, 64); err != nil || r.Stop < r.Start {
-			return nil, fmt.Errorf("%w: samples %q: bad STOP", ErrInvalidOption, s)
+		if r.Stop, err = strconv.ParseInt(b, 10, 64); err != nil {
+			return nil, fmt.Errorf("%w: samples %q: STOP %q is not a whole number", ErrInvalidOption, s, b)
+		}
+		if r.Stop < r.Start {
+			return nil, fmt.Errorf("%w: samples %q: STOP %d is before START %d (START:STOP takes samples START to STOP-1)", ErrInvalidOption, s, r.Stop, r.Start)
 		}
 	}
 	return r, nil

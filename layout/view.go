@@ -279,7 +279,7 @@ func (b *binder) bind(s *ViewSpec) (*View, error) {
 		if s.DType == "" {
 			if commonFrom == nil {
 				commonFrom = first
-			} else if !sameType(commonFrom.Array.DType, a.DType) {
+			} else if !zarr.SameValues(commonFrom.Array.DType, a.DType) {
 				return nil, s.errorf(field, "channel %s is %s but channel %s (channels[%d]) is %s: set dtype to choose the output type",
 					a.Path, a.DType.Name(), commonFrom.Var, commonFrom.Spec, commonFrom.Array.DType.Name())
 			}
@@ -292,7 +292,7 @@ func (b *binder) bind(s *ViewSpec) (*View, error) {
 		}
 		v.DType = d
 		for _, ch := range v.Channels {
-			if err := canCast(ch.Array.DType, d); err != nil {
+			if err := zarr.CanCast(ch.Array.DType, d); err != nil {
 				return nil, s.errorf(fmt.Sprintf("channels[%d]", ch.Spec), "channel %s: %v", ch.Var, err)
 			}
 		}

@@ -125,7 +125,7 @@ func coordEqual(b []byte, dt zarr.DType, v CoordValue) bool {
 		x := readFloat(b, dt)
 		switch dt.Size {
 		case 2:
-			return halfToFloat64(float64BitsToHalf(math.Float64bits(v.Float))) == x
+			return zarr.Float16Value(zarr.Float16Bits(v.Float)) == x
 		case 4:
 			if v.IsInt {
 				return float64(float32(v.Int)) == x
@@ -169,7 +169,7 @@ func readInt(b []byte, size int) int64 {
 func readFloat(b []byte, dt zarr.DType) float64 {
 	switch dt.Size {
 	case 2:
-		return halfToFloat64(uint16(readUint(b, 2)))
+		return zarr.Float16Value(uint16(readUint(b, 2)))
 	case 4:
 		return float64(math.Float32frombits(uint32(readUint(b, 4))))
 	}

@@ -177,7 +177,7 @@ func (o Options) readRegionAs(ctx context.Context, w io.WriterAt, base int64, a 
 		return nil
 	}
 	p := planPieces(a, start, count, o.pieceBytes(), o.pieceCost())
-	cast := !sameType(a.DType, to)
+	cast := !zarr.SameValues(a.DType, to)
 	castBytes := int64(0)
 	if cast {
 		castBytes = p.bytes / int64(a.DType.Size) * int64(to.Size)
@@ -203,7 +203,7 @@ func (o Options) readRegionAs(ctx context.Context, w io.WriterAt, base int64, a 
 		}
 		if cast {
 			m := prod(pc) * int64(to.Size)
-			castInto(out[:m], to, dst, a.DType)
+			zarr.Cast(out[:m], to, dst, a.DType)
 			dst = out[:m]
 		}
 		if err := writePiece(w, base, start, count, ps, pc, p.axis, int64(to.Size), dst); err != nil {

@@ -1,13 +1,10 @@
-package layout
+package zarr
 
 import (
 	"fmt"
 	"math"
 	"math/bits"
-	"strings"
 	"unsafe"
-
-	"github.com/zarrfs/zarrfs/zarr"
 )
 
 // Casting follows numpy's astype with the default unsafe casting rule, so a
@@ -22,41 +19,18 @@ import (
 // Float-to-integer casts are refused: numpy leaves NaN and out-of-range
 // results undefined, so no bytes could be promised.
 
-// outputDTypes lists the names accepted for a view's dtype, for messages.
-const outputDTypes = "bool, int8, int16, int32, int64, uint8, uint16, uint32, uint64, float16, float32, float64"
-
-// ParseOutputDType parses a view's dtype: a Zarr/numpy name ("float32") or a
-// little-endian numpy type string ("<f4", "f4").
-func ParseOutputDType(s string) (zarr.DType, error) {
-	if d, err := zarr.ParseV3DType(s); err == nil {
-		return d, nil
-	}
-	t := s
-	if len(t) == 2 {
-		t = "<" + t
-	}
-	if len(t) == 3 && t[0] != '>' {
-		if d, err := zarr.ParseNumpyDType(t); err == nil {
-			return d, nil
-		}
-	}
-	if strings.HasPrefix(s, ">") {
-		return zarr.DType{}, fmt.Errorf("data type %q is big-endian; blobs are little-endian, use %q", s, "<"+s[1:])
-	}
-	return zarr.DType{}, fmt.Errorf("data type %q is not supported (use one of %s)", s, outputDTypes)
-}
-
-// canCast reports whether values of type from can be cast to type to.
-func canCast(from, to zarr.DType) error {
+// CanCast reports whether values of type from can be cast to type to
+// (Cast): nil, or why not.
+func CanCast(from, to DType) error {
 	if from.Kind == 'f' && (to.Kind == 'i' || to.Kind == 'u') {
 		return fmt.Errorf("casting %s to %s is not supported: float-to-integer results are undefined for NaN and out-of-range values", from.Name(), to.Name())
 	}
 	return nil
 }
 
-// sameType reports whether a value needs no conversion between from and to
-// (byte order is always little-endian after zarr.Read).
-func sameType(from, to zarr.DType) bool { return from.Kind == to.Kind && from.Size == to.Size }
+// SameValues reports whether values of type from need no conversion to be
+// values of type to (byte order is always little-endian after Read).
+func SameValues(from, to DType) bool { return from.Kind == to.Kind && from.Size == to.Size }
 
 type number interface {
 	~int8 | ~int16 | ~int32 | ~int64 | ~uint8 | ~uint16 | ~uint32 | ~uint64 | ~float32 | ~float64
@@ -80,11 +54,11 @@ func as[T any](b []byte) []T {
 	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(b))), n)
 }
 
-// castInto converts the little-endian values of type from in src into
+// Cast converts the little-endian values of type from in src into
 // little-endian values of type to in dst. len(dst)/to.Size must equal
 // len(src)/from.Size. src may be modified (on big-endian hosts).
-func castInto(dst []byte, to zarr.DType, src []byte, from zarr.DType) {
-	if sameType(from, to) {
+func Cast(dst []byte, to DType, src []byte, from DType) {
+	if SameValues(from, to) {
 		copy(dst, src)
 		return
 	}
@@ -118,12 +92,12 @@ func castInto(dst []byte, to zarr.DType, src []byte, from zarr.DType) {
 	case to.Kind == 'u' && to.Size == 8:
 		castTo(as[uint64](dst), src, from, false)
 	default:
-		panic(fmt.Sprintf("layout: cast to %s", to.Name()))
+		panic(fmt.Sprintf("zarr: cast to %s", to.Name()))
 	}
 }
 
 // castTo dispatches on the source type. toBool makes the result value != 0.
-func castTo[D number](dst []D, src []byte, from zarr.DType, toBool bool) {
+func castTo[D number](dst []D, src []byte, from DType, toBool bool) {
 	switch {
 	case from.Kind == 'b':
 		for i, v := range as[uint8](src) {
@@ -136,7 +110,7 @@ func castTo[D number](dst []D, src []byte, from zarr.DType, toBool bool) {
 			// keeps them.
 			d := any(dst).([]float64)
 			for i, h := range halves {
-				d[i] = halfToFloat64(h)
+				d[i] = Float16Value(h)
 			}
 			return
 		}
@@ -169,7 +143,7 @@ func castTo[D number](dst []D, src []byte, from zarr.DType, toBool bool) {
 	case from.Kind == 'u' && from.Size == 8:
 		conv(dst, as[uint64](src), toBool)
 	default:
-		panic(fmt.Sprintf("layout: cast from %s", from.Name()))
+		panic(fmt.Sprintf("zarr: cast from %s", from.Name()))
 	}
 }
 
@@ -200,7 +174,7 @@ func boolOf[D number](b bool) D {
 }
 
 // castToHalf converts to float16 bits.
-func castToHalf(dst []uint16, src []byte, from zarr.DType) {
+func castToHalf(dst []uint16, src []byte, from DType) {
 	switch {
 	case from.Kind == 'f' && from.Size == 2:
 		copy(dst, as[uint16](src))
@@ -210,7 +184,7 @@ func castToHalf(dst []uint16, src []byte, from zarr.DType) {
 		}
 	case from.Kind == 'f' && from.Size == 8:
 		for i, v := range as[uint64](src) {
-			dst[i] = float64BitsToHalf(v)
+			dst[i] = Float16Bits(math.Float64frombits(v))
 		}
 	default:
 		// numpy converts other types to float32 first, then to half.
@@ -225,74 +199,6 @@ func castToHalf(dst []uint16, src []byte, from zarr.DType) {
 		}
 	}
 }
-
-// roundShift shifts m right by s bits, rounding to nearest, ties to even.
-func roundShift(m uint64, s uint) uint64 {
-	q := m >> s
-	rem := m & (1<<s - 1)
-	half := uint64(1) << (s - 1)
-	if rem > half || (rem == half && q&1 == 1) {
-		q++
-	}
-	return q
-}
-
-// float32BitsToHalf converts float32 bits to float16 bits, correctly rounded.
-func float32BitsToHalf(f uint32) uint16 {
-	sign := uint16(f>>16) & 0x8000
-	exp := int(f>>23) & 0xff
-	mant := uint64(f & 0x7fffff)
-	switch {
-	case exp == 0xff:
-		if mant != 0 {
-			r := 0x7c00 + uint16(mant>>13)
-			if r == 0x7c00 {
-				r++
-			}
-			return sign | r
-		}
-		return sign | 0x7c00
-	case exp >= 127+16: // too large: infinity
-		return sign | 0x7c00
-	case exp >= 127-14: // normal half; rounding may carry into the exponent, even up to infinity
-		return sign + uint16(uint64(exp-127+15)<<10+roundShift(mant, 13))
-	case exp >= 127-25: // subnormal half
-		m := mant | 1<<23
-		return sign + uint16(roundShift(m, uint(126-exp)))
-	}
-	return sign // below half the smallest subnormal: zero
-}
-
-// float64BitsToHalf converts float64 bits to float16 bits, correctly
-// rounded (zarr.Float16Bits).
-func float64BitsToHalf(d uint64) uint16 { return zarr.Float16Bits(math.Float64frombits(d)) }
-
-// halfToFloat32 converts float16 bits exactly.
-func halfToFloat32(h uint16) float32 {
-	b := halfToFloat32Bits(h)
-	return math.Float32frombits(b)
-}
-
-func halfToFloat32Bits(h uint16) uint32 {
-	sign := uint32(h&0x8000) << 16
-	exp := uint32(h>>10) & 0x1f
-	mant := uint32(h & 0x3ff)
-	switch exp {
-	case 0:
-		if mant == 0 {
-			return sign
-		}
-		// Subnormal: normalise.
-		shift := uint32(bits.LeadingZeros32(mant)) - 21 // bring the top bit to position 10
-		mant = (mant << shift) & 0x3ff
-		return sign | (113-shift)<<23 | mant<<13
-	case 0x1f:
-		return sign | 0x7f800000 | mant<<13
-	}
-	return sign | (exp+112)<<23 | mant<<13
-}
-
-func halfToFloat64(h uint16) float64 { return zarr.Float16Value(h) }
 
 func swapInPlace(b []byte, size int) {
 	switch size {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write the decompression test vectors of package zarr/codec.
+"""Write the decompression test vectors of package codec.
 
 Every vector is a chunk compressed by numcodecs (the library zarr-python uses,
 so an independent writer of the same bytes a real store holds) together with
