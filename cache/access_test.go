@@ -28,7 +28,7 @@ func fillSome(t *testing.T, c *Cache) {
 	ctx := context.Background()
 	for _, p := range []string{"t/0.npy", "sub/sp/1.npy"} {
 		data := content(p, 3000)
-		h, err := c.GetBlob(ctx, BlobKey{Layout: "lay", Path: p}, int64(len(data)), writeFill(data))
+		h, _, err := c.GetBlob(ctx, BlobKey{Layout: "lay", Path: p}, int64(len(data)), writeFill(data), nil)
 		if err != nil {
 			t.Fatal(err)
 		}

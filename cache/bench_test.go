@@ -21,7 +21,7 @@ func buildCache(b *testing.B, dir string, n, size int, kill bool) {
 	data := make([]byte, size)
 	for i := range n {
 		k := BlobKey{Layout: "0123456789abcdef", Path: fmt.Sprintf("v%03d/%05d.npy", i/1000, i)}
-		h, err := c.GetBlob(context.Background(), k, int64(size), writeFill(data))
+		h, _, err := c.GetBlob(context.Background(), k, int64(size), writeFill(data), nil)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -111,11 +111,11 @@ func BenchmarkGetBlobHit(b *testing.B) {
 	defer c.Close()
 	k := BlobKey{Layout: "L", Path: "t/0.npy"}
 	data := make([]byte, 1<<20)
-	h, _ := c.GetBlob(context.Background(), k, int64(len(data)), writeFill(data))
+	h, _, _ := c.GetBlob(context.Background(), k, int64(len(data)), writeFill(data), nil)
 	h.Close()
 	b.ReportAllocs()
 	for b.Loop() {
-		h, err := c.GetBlob(context.Background(), k, int64(len(data)), writeFill(data))
+		h, _, err := c.GetBlob(context.Background(), k, int64(len(data)), writeFill(data), nil)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -136,7 +136,7 @@ func BenchmarkGetBlobFill(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		i++
-		h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: fmt.Sprintf("t/%d.npy", i)}, int64(len(data)), fill)
+		h, _, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: fmt.Sprintf("t/%d.npy", i)}, int64(len(data)), fill, nil)
 		if err != nil {
 			b.Fatal(err)
 		}

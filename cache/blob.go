@@ -71,9 +71,9 @@ func (c *Cache) HasBlob(k BlobKey) bool {
 	}
 	c.tailLocked()
 	e := c.idx[rel]
-	var size int64
+	var size, mtime int64
 	if e != nil {
-		size = e.size
+		size, mtime = e.size, e.mtime
 	}
 	current := e != nil && e.ident == k.Identity
 	c.mu.Unlock()
@@ -81,13 +81,13 @@ func (c *Cache) HasBlob(k BlobKey) bool {
 		return false
 	}
 	fi, err := os.Stat(filepath.Join(c.dir, rel))
-	return err == nil && fi.Mode().IsRegular() && fi.Size() == size
+	return err == nil && fi.Mode().IsRegular() && fi.Size() == size && (mtime == 0 || fi.ModTime().UnixNano() == mtime)
 }
 
 // Holds reports whether the index holds a blob at k's path, whatever its
 // identity (k.Identity plays no part): what a caller checks before it asks
 // the source what the identity is, since a blob the cache never held needs
-// filling whatever it is (GetBlobLearning).
+// filling whatever it is (GetBlob with learn).
 func (c *Cache) Holds(k BlobKey) bool {
 	k.Identity = ""
 	rel, err := k.rel()
@@ -109,7 +109,10 @@ type Handle struct {
 	f    *os.File
 	path string
 	size int64
-	once sync.Once
+	// mtime is the file's modification time when it was opened
+	// (UnixNano), for Changed.
+	mtime int64
+	once  sync.Once
 }
 
 // File is a read-only descriptor on the complete blob.
@@ -120,6 +123,15 @@ func (h *Handle) Path() string { return h.path }
 
 // Size is the blob's size in bytes.
 func (h *Handle) Size() int64 { return h.size }
+
+// Changed reports whether the blob's file was written since the Handle
+// was opened: its size or modification time is not what they were. Blobs
+// are read-only, but root ignores that (a write through a direct mode
+// link). It costs one fstat.
+func (h *Handle) Changed() bool {
+	fi, err := h.f.Stat()
+	return err != nil || fi.Size() != h.size || fi.ModTime().UnixNano() != h.mtime
+}
 
 // Close closes the descriptor and unpins the blob. Calls after the first
 // do nothing.
@@ -140,11 +152,21 @@ func (h *Handle) Close() error {
 	return err
 }
 
-// GetBlob returns an open, pinned Handle on the complete blob for k,
-// running fill once when it is absent or indexed with another Identity
-// (stale). A stale blob is replaced by an atomic rename: a reader that has
-// the old file open keeps reading it, and the path never names a partial
-// file.
+// GetBlob returns an open, pinned Handle on the complete blob for k, and
+// the identity it is recorded under, running fill once when it is absent
+// or indexed with another Identity (stale). A stale blob is replaced by an
+// atomic rename: a reader that has the old file open keeps reading it, and
+// the path never names a partial file.
+//
+// With learn nil, k.Identity is the blob's identity. With learn set, the
+// identity is known only once the blob is filled (the versions of the
+// source chunks, taken from the responses that fetched them): k.Identity
+// is ignored, fill runs without looking at the index (it is for a path the
+// index does not hold, Holds), then learn names what it read, and the blob
+// is published under that identity, replacing any blob at the path. An
+// error of learn fails the fill (wrapped, as fill's are) and publishes
+// nothing. A GetBlob of the path with a known identity waits for such a
+// fill before it fills one of its own.
 //
 // fill must write exactly size bytes into f, a fresh temp file on the
 // cache's filesystem (not in the blob's final directory: temp files live
@@ -155,75 +177,16 @@ func (h *Handle) Close() error {
 // never replaced or rewritten: two fills of one key racing in two processes
 // both succeed, the first link wins and the other copy is discarded.
 //
-// Concurrent calls for one key share one fill; each gets its own Handle.
-// A caller whose ctx ends returns ctx.Err() while the fill goes on for the
-// others (it is cancelled when no caller is left, or at Close). A fill
-// error is returned to every caller sharing it, leaves nothing visible and
-// is not remembered: the next call fills again. Errors wrap the blob's path.
-func (c *Cache) GetBlob(ctx context.Context, k BlobKey, size int64, fill func(ctx context.Context, f Writer) error) (*Handle, error) {
-	rel, err := k.rel()
-	if err != nil {
-		return nil, err
+// Concurrent calls for one key (one path that learns, or one path and
+// identity) share one fill; each gets its own Handle. A caller whose ctx
+// ends returns ctx.Err() while the fill goes on for the others (it is
+// cancelled when no caller is left, or at Close). A fill error is returned
+// to every caller sharing it, leaves nothing visible and is not
+// remembered: the next call fills again. Errors wrap the blob's path.
+func (c *Cache) GetBlob(ctx context.Context, k BlobKey, size int64, fill func(ctx context.Context, f Writer) error, learn func() (string, error)) (*Handle, string, error) {
+	if learn != nil {
+		k.Identity = ""
 	}
-	if size < 0 {
-		return nil, fmt.Errorf("blob %s: negative size %d", rel, size)
-	}
-	// Fills of one path for two identities (an old and a new view of the
-	// source) are separate flights; the later publish wins the path.
-	flightKey := rel + "\x00" + k.Identity
-	for {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		h, err := c.openIndexed(rel, size, k.Identity)
-		if h != nil {
-			c.counts.blobHits.Add(1)
-		}
-		if err != nil || h != nil {
-			return h, err
-		}
-		if c.awaitLearning(ctx, rel) {
-			// A fill of rel learning its identity (a reader ahead, or
-			// readahead) was running: it most likely published this one.
-			continue
-		}
-		c.counts.blobMisses.Add(1)
-		h, err = join(c, c.blobFlights, flightKey, ctx,
-			func() bool { e := c.idx[rel]; return e != nil && e.ident == k.Identity },
-			func(ctx context.Context) (*os.File, error) {
-				if f := c.adoptBlob(rel, k, size); f != nil {
-					return f, nil
-				}
-				return c.fillBlob(ctx, rel, size, func() (string, error) { return k.Identity, nil }, fill)
-			},
-			func(f *os.File, _ bool) (*Handle, error) { return c.dupHandle(rel, f, size) },
-			func(f *os.File) { f.Close() },
-		)
-		if !errors.Is(err, errRetry) {
-			return h, err
-		}
-	}
-}
-
-// learnt is what a GetBlobLearning fill made: the blob and its identity.
-type learnt struct {
-	f     *os.File
-	ident string
-}
-
-// GetBlobLearning is GetBlob for a blob whose identity is known only once
-// it is filled (the versions of the source chunks, taken from the
-// responses that fetched them): fill runs, then identity names what it
-// read, and the blob is published under that identity, which is returned
-// with the Handle. It is for a blob the index does not hold (Holds): it
-// fills without looking, and what it publishes replaces any blob at the
-// path. An error of identity fails the fill (wrapped, as fill's are) and
-// publishes nothing.
-//
-// Concurrent calls for one path share one fill, and GetBlob of the path
-// waits for it before it fills one of its own.
-func (c *Cache) GetBlobLearning(ctx context.Context, k BlobKey, size int64, fill func(ctx context.Context, f Writer) error, identity func() (string, error)) (*Handle, string, error) {
-	k.Identity = ""
 	rel, err := k.rel()
 	if err != nil {
 		return nil, "", err
@@ -231,39 +194,95 @@ func (c *Cache) GetBlobLearning(ctx context.Context, k BlobKey, size int64, fill
 	if size < 0 {
 		return nil, "", fmt.Errorf("blob %s: negative size %d", rel, size)
 	}
-	c.counts.blobMisses.Add(1)
+	if learn != nil {
+		c.counts.blobMisses.Add(1)
+		return c.fillShared(ctx, rel, learnFlight(rel), k, size, fill, learn)
+	}
+	// Fills of one path for two identities (an old and a new view of the
+	// source) are separate flights; the later publish wins the path.
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, "", err
+		}
+		h, err := c.openIndexed(rel, size, k.Identity)
+		if h != nil {
+			c.counts.blobHits.Add(1)
+		}
+		if err != nil || h != nil {
+			return h, k.Identity, err
+		}
+		if c.awaitLearning(ctx, rel) {
+			// A fill of rel learning its identity (a reader ahead, or
+			// readahead) was running: it most likely published this one.
+			continue
+		}
+		c.counts.blobMisses.Add(1)
+		h, id, err := c.fillShared(ctx, rel, rel+"\x00="+k.Identity, k, size, fill, nil)
+		if !errors.Is(err, errRetry) {
+			return h, id, err
+		}
+	}
+}
+
+// learnFlight is the flight key of a fill of rel that learns its identity;
+// one of a known identity is rel, "\x00=" and the identity.
+func learnFlight(rel string) string { return rel + "\x00?" }
+
+// filled is what one shared blob fill made: the blob and its identity.
+type filled struct {
+	f     *os.File
+	ident string
+}
+
+// fillShared runs the fill of rel as the flight named key, shared by
+// every caller of the same key, and gives each caller its own Handle. A
+// fill of a known identity first links a blob of the same identity held
+// at another path (adoptBlob), and reports errRetry when the key became
+// indexed meanwhile.
+func (c *Cache) fillShared(ctx context.Context, rel, key string, k BlobKey, size int64, fill func(ctx context.Context, f Writer) error, learn func() (string, error)) (*Handle, string, error) {
+	ready := func() bool { e := c.idx[rel]; return e != nil && e.ident == k.Identity }
+	if learn != nil {
+		ready = func() bool { return false }
+	}
 	type opened struct {
 		h     *Handle
 		ident string
 	}
-	o, err := join(c, c.learnFlights, rel, ctx,
-		func() bool { return false },
-		func(ctx context.Context) (learnt, error) {
-			var ident string
+	o, err := join(c, c.blobFlights, key, ctx, ready,
+		func(ctx context.Context) (filled, error) {
+			if learn == nil {
+				if f := c.adoptBlob(rel, k, size); f != nil {
+					return filled{f, k.Identity}, nil
+				}
+			}
+			ident := k.Identity
 			f, err := c.fillBlob(ctx, rel, size, func() (string, error) {
-				id, err := identity()
+				if learn == nil {
+					return ident, nil
+				}
+				id, err := learn()
 				if err == nil && id != "" && !ValidIdentity(id) {
 					err = fmt.Errorf("identity %q: %w", id, ErrInvalidKey)
 				}
 				ident = id
 				return id, err
 			}, fill)
-			return learnt{f, ident}, err
+			return filled{f, ident}, err
 		},
-		func(v learnt, _ bool) (opened, error) {
+		func(v filled, _ bool) (opened, error) {
 			h, err := c.dupHandle(rel, v.f, size)
 			return opened{h, v.ident}, err
 		},
-		func(v learnt) { v.f.Close() },
+		func(v filled) { v.f.Close() },
 	)
 	return o.h, o.ident, err
 }
 
-// awaitLearning waits for a GetBlobLearning fill of rel, or for ctx to
-// end, and reports whether there was one to wait for.
+// awaitLearning waits for a fill of rel that learns its identity, or for
+// ctx to end, and reports whether there was one to wait for.
 func (c *Cache) awaitLearning(ctx context.Context, rel string) bool {
 	c.mu.Lock()
-	f := c.learnFlights[rel]
+	f := c.blobFlights[learnFlight(rel)]
 	c.mu.Unlock()
 	if f == nil {
 		return false
@@ -349,7 +368,7 @@ func (c *Cache) openIndexed(rel string, size int64, ident string) (*Handle, erro
 	}
 	e.pins++
 	c.lru.MoveToFront(e.elem)
-	want := e.size
+	want, wantTime := e.size, e.mtime
 	c.mu.Unlock()
 
 	p := filepath.Join(c.dir, rel)
@@ -361,17 +380,33 @@ func (c *Cache) openIndexed(rel string, size int64, ident string) (*Handle, erro
 		// still names our file or the file is gone.
 		ok = flock(f, syscall.LOCK_SH) == nil
 	}
+	var mtime int64
+	written := false
 	if ok {
-		// One fstat serves both checks (this is every open of a mounted
+		// One fstat serves every check (this is every open of a mounted
 		// file, so each syscall counts).
 		fi, err := f.Stat()
 		pi, perr := os.Stat(p)
 		ok = err == nil && perr == nil && os.SameFile(fi, pi) &&
 			fi.Mode().IsRegular() && fi.Size() == want && want == size
+		if ok {
+			mtime = fi.ModTime().UnixNano()
+			// Written in place since it was published or first opened:
+			// blobs are read-only, but not to root (a write through a
+			// direct mode link). Never served: filled again.
+			written = wantTime != 0 && mtime != wantTime
+			ok = !written
+		} else if err == nil && perr == nil && os.SameFile(fi, pi) && fi.Mode().IsRegular() && want == size {
+			written = true // truncated or extended in place
+		}
 	}
 	if !ok {
 		if f != nil {
 			f.Close()
+		}
+		if written {
+			c.log.Warn("cache file written since it was cached; dropped and filled again (blobs are read-only: do not write through direct mode links)",
+				"file", p)
 		}
 		c.mu.Lock()
 		e.pins--
@@ -379,7 +414,14 @@ func (c *Cache) openIndexed(rel string, size int64, ident string) (*Handle, erro
 		c.mu.Unlock()
 		return nil, nil
 	}
-	return &Handle{c: c, e: e, f: f, path: p, size: size}, nil
+	if wantTime == 0 {
+		c.mu.Lock()
+		if e.mtime == 0 {
+			e.mtime = mtime
+		}
+		c.mu.Unlock()
+	}
+	return &Handle{c: c, e: e, f: f, path: p, size: size, mtime: mtime}, nil
 }
 
 // openRO opens a file read-only without os.Open's attempt to register a
@@ -403,6 +445,9 @@ func (c *Cache) dupHandle(rel string, f *os.File, size int64) (*Handle, error) {
 		return nil, fmt.Errorf("blob %s: %w", rel, err)
 	}
 	h := &Handle{c: c, f: df, path: p, size: size}
+	if fi, err := df.Stat(); err == nil {
+		h.mtime = fi.ModTime().UnixNano()
+	}
 	c.mu.Lock()
 	if e := c.idx[rel]; e != nil {
 		e.pins++
@@ -447,12 +492,12 @@ type hashingWriter struct {
 // hashPiece is how much a write hands the kernel before it hashes what it
 // wrote: the hash then reads bytes the kernel's copy just brought into the
 // core's cache, instead of a second pass over a sample from memory (a
-// sample is tens of megabytes; on the h200 the second pass cost as much
-// CPU as the write itself). A quarter of a MiB, the piece and its copy in
-// the page cache, stays in a core's L2 cache: against 1 MiB pieces, a
-// 4-core blosc fill on the h200 spent 3-6 % less CPU (the hash, the
-// source's copy and the unshuffle all gained), at four times the write
-// calls, which cost microseconds each.
+// sample is tens of megabytes, and the second pass cost as much CPU as
+// the write itself). A quarter of a MiB, the piece and its copy in the
+// page cache, stays in a core's L2 cache: against 1 MiB pieces a fill
+// takes less CPU (the hash, the source's copy and the unshuffle all gain;
+// BENCHMARKS.md, tuning choices), for more write calls, which cost
+// microseconds each.
 const hashPiece = 256 << 10
 
 func (h *hashingWriter) WriteAt(p []byte, off int64) (int, error) {
@@ -677,9 +722,17 @@ func (c *Cache) publish(rel, tmpName string, size int64, sum checksum, ident str
 	if err != nil {
 		return fmt.Errorf("%s: %w", rel, err)
 	}
+	// The time the file has now is the one it keeps while nothing writes
+	// it (openIndexed); the file at the path is ours, or the identical
+	// one another instance linked first.
+	var mtime int64
+	if fi, err := os.Stat(final); err == nil {
+		mtime = fi.ModTime().UnixNano()
+	}
 	c.mu.Lock()
 	c.inflight -= c.charge(size) // the reservation becomes the entry
-	c.insertLocked(record{size: size, sum: sum, ident: ident, writer: c.inst.id, key: rel}, true)
+	e := c.insertLocked(record{size: size, sum: sum, ident: ident, writer: c.inst.id, key: rel}, true)
+	e.mtime = mtime
 	c.evictLocked()
 	c.mu.Unlock()
 	return nil

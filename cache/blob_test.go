@@ -24,7 +24,7 @@ func TestGetBlobHitMissAndPaths(t *testing.T) {
 	fills := 0
 	fill := func(ctx context.Context, f Writer) error { fills++; return writeFill(data)(ctx, f) }
 	for range 3 {
-		h, err := c.GetBlob(context.Background(), k, int64(len(data)), fill)
+		h, _, err := c.GetBlob(context.Background(), k, int64(len(data)), fill, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -65,7 +65,7 @@ func TestGetBlobInvalidKeys(t *testing.T) {
 		{Layout: "L", Path: "../x.npy"}, {Layout: "L", Path: "/abs.npy"}, {Layout: "L", Path: "a//b.npy"},
 		{Layout: "L", Path: ""}, {Layout: "L", Path: "."},
 	} {
-		_, err := c.GetBlob(context.Background(), k, 1, writeFill([]byte{1}))
+		_, _, err := c.GetBlob(context.Background(), k, 1, writeFill([]byte{1}), nil)
 		if !errors.Is(err, ErrInvalidKey) {
 			t.Errorf("GetBlob(%+v) = %v, want ErrInvalidKey", k, err)
 		}
@@ -90,11 +90,11 @@ func TestGetBlobConcurrentOneFillPerKey(t *testing.T) {
 				i := (w + r) % keys
 				p := key(i)
 				data := content(p, sizeOf(p))
-				h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: p}, int64(len(data)),
+				h, _, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: p}, int64(len(data)),
 					func(ctx context.Context, f Writer) error {
 						fills[i].Add(1)
 						return writeFill(data)(ctx, f)
-					})
+					}, nil)
 				if err != nil {
 					t.Error(err)
 					return
@@ -136,7 +136,7 @@ func TestGetBlobFillError(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, errs[i] = c.GetBlob(context.Background(), k, 100, fail)
+			_, _, errs[i] = c.GetBlob(context.Background(), k, 100, fail, nil)
 		}()
 	}
 	<-started // the fill runs; callers that come later join it or fail alike
@@ -160,7 +160,7 @@ func TestGetBlobFillError(t *testing.T) {
 		t.Fatalf("Usage = %d, %d after failed fill", n, files)
 	}
 	data := content("ok", 100)
-	h, err := c.GetBlob(context.Background(), k, 100, writeFill(data))
+	h, _, err := c.GetBlob(context.Background(), k, 100, writeFill(data), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +176,7 @@ func TestGetBlobWrongSize(t *testing.T) {
 	defer c.Close()
 	k := BlobKey{Layout: "L", Path: "short.npy"}
 	for _, n := range []int{99, 101} {
-		_, err := c.GetBlob(context.Background(), k, 100, writeFill(make([]byte, n)))
+		_, _, err := c.GetBlob(context.Background(), k, 100, writeFill(make([]byte, n)), nil)
 		if !errors.Is(err, ErrFillSize) {
 			t.Fatalf("fill of %d bytes: %v, want ErrFillSize", n, err)
 		}
@@ -205,14 +205,14 @@ func TestGetBlobWaiterCancel(t *testing.T) {
 	}
 	first := make(chan res)
 	go func() {
-		h, err := c.GetBlob(context.Background(), k, 4096, fill)
+		h, _, err := c.GetBlob(context.Background(), k, 4096, fill, nil)
 		first <- res{h, err}
 	}()
 	<-started
 	ctx, cancel := context.WithCancel(context.Background())
 	second := make(chan error)
 	go func() {
-		_, err := c.GetBlob(ctx, k, 4096, fill)
+		_, _, err := c.GetBlob(ctx, k, 4096, fill, nil)
 		second <- err
 	}()
 	cancel()
@@ -244,7 +244,7 @@ func TestGetBlobLastCallerCancelStopsFill(t *testing.T) {
 		stopped <- fctx.Err()
 		return fctx.Err()
 	}
-	if _, err := c.GetBlob(ctx, k, 10, fill); !errors.Is(err, context.Canceled) {
+	if _, _, err := c.GetBlob(ctx, k, 10, fill, nil); !errors.Is(err, context.Canceled) {
 		t.Fatalf("GetBlob: %v", err)
 	}
 	if err := <-stopped; !errors.Is(err, context.Canceled) {
@@ -264,7 +264,7 @@ func TestClosed(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal("second Close:", err)
 	}
-	if _, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: "a.npy"}, 1, writeFill([]byte{1})); !errors.Is(err, ErrClosed) {
+	if _, _, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: "a.npy"}, 1, writeFill([]byte{1}), nil); !errors.Is(err, ErrClosed) {
 		t.Fatalf("GetBlob after Close: %v", err)
 	}
 	if _, err := c.GetChunk(context.Background(), "k", func(context.Context) ([]byte, error) { return nil, nil }); !errors.Is(err, ErrClosed) {
@@ -285,14 +285,14 @@ func TestGetBlobAfterAbandonedFill(t *testing.T) {
 		<-release // still winding down when the next caller comes
 		return fctx.Err()
 	}
-	if _, err := c.GetBlob(ctx, k, 3, slow); !errors.Is(err, context.Canceled) {
+	if _, _, err := c.GetBlob(ctx, k, 3, slow, nil); !errors.Is(err, context.Canceled) {
 		t.Fatalf("first GetBlob: %v", err)
 	}
 	// Joining the abandoned fill would wait for release, which comes only
 	// after this call: bound the wait so that mistake fails, not hangs.
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel2()
-	h, err := c.GetBlob(ctx2, k, 3, writeFill([]byte{1, 2, 3}))
+	h, _, err := c.GetBlob(ctx2, k, 3, writeFill([]byte{1, 2, 3}), nil)
 	close(release)
 	if err != nil {
 		t.Fatalf("second GetBlob joined the abandoned fill: %v", err)
@@ -310,14 +310,14 @@ func TestGetBlobLargerThanBudget(t *testing.T) {
 	c := mustOpen(t, Options{Dir: dir, Size: 100})
 	defer c.Close()
 	for i := range 5 {
-		h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: fmt.Sprintf("s%d.npy", i)}, 10, writeFill(bytes.Repeat([]byte{byte(i)}, 10)))
+		h, _, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: fmt.Sprintf("s%d.npy", i)}, 10, writeFill(bytes.Repeat([]byte{byte(i)}, 10)), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		h.Close()
 	}
 	big := bytes.Repeat([]byte{7}, 1000)
-	h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: "big.npy"}, int64(len(big)), writeFill(big))
+	h, _, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: "big.npy"}, int64(len(big)), writeFill(big), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -379,7 +379,7 @@ func TestFillChecksum(t *testing.T) {
 	}
 	buf := make([]byte, 1<<20)
 	for name, fill := range fills {
-		h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: name + ".npy"}, int64(len(data)), fill)
+		h, _, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: name + ".npy"}, int64(len(data)), fill, nil)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}

@@ -71,7 +71,7 @@ func TestPinnedBlobSurvivesEviction(t *testing.T) {
 	defer c.Close()
 	k := BlobKey{Layout: "L", Path: "pinned.npy"}
 	data := content("pinned", 16<<10)
-	h, err := c.GetBlob(context.Background(), k, int64(len(data)), writeFill(data))
+	h, _, err := c.GetBlob(context.Background(), k, int64(len(data)), writeFill(data), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestAllPinnedOvershootThenRecover(t *testing.T) {
 	for i := range 10 {
 		p := key(i)
 		data := content(p, sizeOf(p))
-		h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: p}, int64(len(data)), writeFill(data))
+		h, _, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: p}, int64(len(data)), writeFill(data), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -135,7 +135,7 @@ func TestBlobLargerThanBudget(t *testing.T) {
 	c := mustOpen(t, Options{Dir: dir, Size: 1000})
 	defer c.Close()
 	data := content("big", 5000)
-	h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: "big.npy"}, 5000, writeFill(data))
+	h, _, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: "big.npy"}, 5000, writeFill(data), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,12 +177,12 @@ func TestHitMakesRecentlyUsed(t *testing.T) {
 	defer c.Close()
 	get := func(p string, fill bool) {
 		t.Helper()
-		h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: p}, int64(len(data)), func(ctx context.Context, f Writer) error {
+		h, _, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: p}, int64(len(data)), func(ctx context.Context, f Writer) error {
 			if !fill {
 				t.Errorf("%s filled, want a hit", p)
 			}
 			return writeFill(data)(ctx, f)
-		})
+		}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

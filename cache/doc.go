@@ -51,7 +51,7 @@
 // and what `zarrfs warm` and `zarrfs path` print, so it depends only on
 // what a source's tree looks like, never on data that may change under it.
 // What the bytes were built from (the identities of the source chunks
-// read, see package fs/layout) is the key's Identity, recorded in the
+// read, see package layout) is the key's Identity, recorded in the
 // blob's journal line next to its checksum. GetBlob serves an indexed blob
 // only when the recorded identity is the one asked for; otherwise the blob
 // is stale and the fill replaces it: the new file is renamed over the old
@@ -67,10 +67,11 @@
 // 7.npy to 07.npy) is hard-linked there instead of filled.
 //
 // A caller that learns a blob's identity only by filling it (the versions
-// of the chunks come with the responses that fetch them) uses
-// GetBlobLearning for a path the index does not hold (Holds): the blob is
-// published under the identity named after the fill, and GetBlob of the
-// same path waits for such a fill rather than run one of its own.
+// of the chunks come with the responses that fetch them) gives GetBlob a
+// learn function for a path the index does not hold (Holds): the blob is
+// published under the identity learn names after the fill, and GetBlob of
+// the same path with a known identity waits for such a fill rather than
+// run one of its own.
 //
 // What the caller knows it will not read again (Blobs lists a directory's
 // paths and identities) it can Demote, to be evicted before anything else, or

@@ -88,7 +88,7 @@ func getBlob(t testing.TB, c *Cache, path string) {
 	t.Helper()
 	k := BlobKey{Layout: "L", Path: path}
 	data := content(path, sizeOf(path))
-	h, err := c.GetBlob(context.Background(), k, int64(len(data)), writeFill(data))
+	h, _, err := c.GetBlob(context.Background(), k, int64(len(data)), writeFill(data), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

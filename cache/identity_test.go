@@ -13,7 +13,7 @@ import (
 
 func getIdent(t testing.TB, c *Cache, path, ident string, data []byte) *Handle {
 	t.Helper()
-	h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: path, Identity: ident}, int64(len(data)), writeFill(data))
+	h, _, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: path, Identity: ident}, int64(len(data)), writeFill(data), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,10 +34,10 @@ func TestIdentityReplacesStaleBlob(t *testing.T) {
 		t.Fatal("HasBlob ignores the identity")
 	}
 	fills := 0
-	h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: "t/0.npy", Identity: "b2"}, int64(len(v2)), func(ctx context.Context, f Writer) error {
+	h, _, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: "t/0.npy", Identity: "b2"}, int64(len(v2)), func(ctx context.Context, f Writer) error {
 		fills++
 		return writeFill(v2)(ctx, f)
-	})
+	}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,10 +123,10 @@ func TestIdentityAdoptedAcrossPaths(t *testing.T) {
 	defer c.Close()
 	data := content("sample 3", 3000)
 	getIdent(t, c, "t/3.npy", "s3", data).Close()
-	h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: "t/03.npy", Identity: "s3"}, int64(len(data)), func(context.Context, Writer) error {
+	h, _, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: "t/03.npy", Identity: "s3"}, int64(len(data)), func(context.Context, Writer) error {
 		t.Error("filled although a blob of the same identity exists")
 		return nil
-	})
+	}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,10 +141,10 @@ func TestIdentityAdoptedAcrossPaths(t *testing.T) {
 	}
 	// Another layout directory does not share identities.
 	fills := 0
-	h, err = c.GetBlob(context.Background(), BlobKey{Layout: "M", Path: "t/03.npy", Identity: "s3"}, int64(len(data)), func(ctx context.Context, f Writer) error {
+	h, _, err = c.GetBlob(context.Background(), BlobKey{Layout: "M", Path: "t/03.npy", Identity: "s3"}, int64(len(data)), func(ctx context.Context, f Writer) error {
 		fills++
 		return writeFill(data)(ctx, f)
-	})
+	}, nil)
 	if err != nil || fills != 1 {
 		t.Fatalf("other layout: %v, %d fills", err, fills)
 	}

@@ -18,7 +18,7 @@ func TestGetBlobLearningRecordsWhatTheFillLearnt(t *testing.T) {
 	data := content("learnt", 6000)
 	k := BlobKey{Layout: "L", Path: "t/0.npy"}
 	learnt := ""
-	h, id, err := c.GetBlobLearning(context.Background(), k, int64(len(data)),
+	h, id, err := c.GetBlob(context.Background(), k, int64(len(data)),
 		func(ctx context.Context, f Writer) error {
 			learnt = "v1" // what the fill's reads found
 			return writeFill(data)(ctx, f)
@@ -48,7 +48,7 @@ func TestGetBlobLearningRecordsWhatTheFillLearnt(t *testing.T) {
 		want  error
 	}{{"", changed, changed}, {"not an identity", nil, ErrInvalidKey}} {
 		k := BlobKey{Layout: "L", Path: "t/1.npy"}
-		_, _, err := c.GetBlobLearning(context.Background(), k, 100, writeFill(content("x", 100)),
+		_, _, err := c.GetBlob(context.Background(), k, 100, writeFill(content("x", 100)),
 			func() (string, error) { return tc.ident, tc.err })
 		if !errors.Is(err, tc.want) {
 			t.Errorf("identity %q, %v: got %v, want %v", tc.ident, tc.err, err, tc.want)
@@ -71,7 +71,7 @@ func TestGetBlobWaitsForALearningFill(t *testing.T) {
 	started, release := make(chan struct{}), make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		h, _, err := c.GetBlobLearning(context.Background(), k, int64(len(data)),
+		h, _, err := c.GetBlob(context.Background(), k, int64(len(data)),
 			func(ctx context.Context, f Writer) error {
 				close(started)
 				<-release
@@ -87,11 +87,11 @@ func TestGetBlobWaitsForALearningFill(t *testing.T) {
 	var fills atomic.Int64
 	got := make(chan *Handle, 1)
 	go func() {
-		h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: "t/7.npy", Identity: "v1"}, int64(len(data)),
+		h, _, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: "t/7.npy", Identity: "v1"}, int64(len(data)),
 			func(ctx context.Context, f Writer) error {
 				fills.Add(1)
 				return writeFill(content("other", 5000))(ctx, f)
-			})
+			}, nil)
 		if err != nil {
 			t.Error(err)
 		}

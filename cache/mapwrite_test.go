@@ -89,7 +89,7 @@ func TestMappedWriteBlob(t *testing.T) {
 
 	pieces := mappedPieces(t, 2)
 	k := BlobKey{Layout: "L", Path: "t/0000.npy"}
-	if _, err := c.GetBlob(context.Background(), k, int64(len(data)), fill); err == nil || !errors.Is(err, syscall.EIO) && !bytes.Contains([]byte(err.Error()), []byte("injected fault")) {
+	if _, _, err := c.GetBlob(context.Background(), k, int64(len(data)), fill, nil); err == nil || !errors.Is(err, syscall.EIO) && !bytes.Contains([]byte(err.Error()), []byte("injected fault")) {
 		t.Fatalf("fill with a faulting copy: %v", err)
 	}
 	if pieces.Load() == 0 {
@@ -103,7 +103,7 @@ func TestMappedWriteBlob(t *testing.T) {
 	}
 
 	mappedPieces(t, -1)
-	h, err := c.GetBlob(context.Background(), k, int64(len(data)), fill)
+	h, _, err := c.GetBlob(context.Background(), k, int64(len(data)), fill, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,10 +126,10 @@ func TestMappedWriteFull(t *testing.T) {
 	size := mapWriteMin + mapPiece
 	for i := range 6 { // 6 × 10 MiB on a 40 MiB filesystem: evictions
 		data := content(key(i), size)
-		h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: key(i)}, int64(size), func(ctx context.Context, f Writer) error {
+		h, _, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: key(i)}, int64(size), func(ctx context.Context, f Writer) error {
 			_, err := f.WriteAt(data, 0)
 			return err
-		})
+		}, nil)
 		if err != nil {
 			t.Fatalf("blob %d: %v", i, err)
 		}

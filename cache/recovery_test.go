@@ -30,7 +30,7 @@ func TestRecoveryAfterKill(t *testing.T) {
 		close(started)
 		<-hang
 		return errors.New("killed")
-	})
+	}, nil)
 	<-started
 	deadTmp := tempFiles(t, dir)
 	if len(deadTmp) != 1 {
@@ -118,10 +118,10 @@ func TestRestartAfterCleanClose(t *testing.T) {
 	for i := range 10 {
 		p := key(i)
 		data := content(p, sizeOf(p))
-		h, err := c2.GetBlob(context.Background(), BlobKey{Layout: "L", Path: p}, int64(len(data)), func(ctx context.Context, f Writer) error {
+		h, _, err := c2.GetBlob(context.Background(), BlobKey{Layout: "L", Path: p}, int64(len(data)), func(ctx context.Context, f Writer) error {
 			fills++
 			return writeFill(data)(ctx, f)
-		})
+		}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -246,7 +246,7 @@ func TestUnindexedFileAtBlobPath(t *testing.T) {
 		}
 		os.MkdirAll(filepath.Dir(c.BlobPath(k)), 0o755)
 		os.WriteFile(c.BlobPath(k), stale, 0o644)
-		h, err := c.GetBlob(context.Background(), k, 3000, writeFill(data))
+		h, _, err := c.GetBlob(context.Background(), k, 3000, writeFill(data), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -300,7 +300,7 @@ func TestSummarize(t *testing.T) {
 	c := mustOpen(t, Options{Dir: dir})
 	getBlob(t, c, key(0))
 	getBlob(t, c, key(1))
-	if _, err := c.GetBlob(context.Background(), BlobKey{Layout: "M", Path: "x.npy"}, 10, writeFill(make([]byte, 10))); err != nil {
+	if _, _, err := c.GetBlob(context.Background(), BlobKey{Layout: "M", Path: "x.npy"}, 10, writeFill(make([]byte, 10)), nil); err != nil {
 		t.Fatal(err)
 	}
 	c.ChunkTier().Put("chunk", []byte("12345"))

@@ -42,7 +42,7 @@ func TestTwoInstancesShareDir(t *testing.T) {
 	// A blob pinned by one instance cannot be evicted by the other.
 	pk := BlobKey{Layout: "L", Path: "pinned.npy"}
 	data := content("pinned", 8000)
-	h, err := a.GetBlob(context.Background(), pk, 8000, writeFill(data))
+	h, _, err := a.GetBlob(context.Background(), pk, 8000, writeFill(data), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +154,7 @@ func killChild(dir string) {
 			for {
 				p := key(r.IntN(60))
 				data := content(p, sizeOf(p))
-				h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: p}, int64(len(data)), writeFill(data))
+				h, _, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: p}, int64(len(data)), writeFill(data), nil)
 				if err == nil {
 					got := make([]byte, len(data))
 					h.File().ReadAt(got, 0)

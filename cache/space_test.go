@@ -74,10 +74,10 @@ func TestFullFilesystem(t *testing.T) {
 
 	// A blob larger than the filesystem fails at once, without filling.
 	called := false
-	_, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: "huge.npy"}, 2<<20, func(context.Context, Writer) error {
+	_, _, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: "huge.npy"}, 2<<20, func(context.Context, Writer) error {
 		called = true
 		return nil
-	})
+	}, nil)
 	if !errors.Is(err, syscall.ENOSPC) || called {
 		t.Fatalf("blob larger than the filesystem: %v (fill called: %v)", err, called)
 	}
@@ -102,7 +102,7 @@ func TestFullFilesystem(t *testing.T) {
 	defer c.Close()
 	start := time.Now()
 	data := content("x", 8192)
-	_, err = c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: "x.npy"}, int64(len(data)), writeFill(data))
+	_, _, err = c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: "x.npy"}, int64(len(data)), writeFill(data), nil)
 	if !errors.Is(err, syscall.ENOSPC) || time.Since(start) > 5*time.Second {
 		t.Errorf("fill on a full filesystem with nothing to evict: %v after %v", err, time.Since(start))
 	}
@@ -125,7 +125,7 @@ func TestFullFilesystemConcurrent(t *testing.T) {
 	const size = 100 << 10
 	data := bytes.Repeat([]byte{7}, size)
 	fill := func(p string) error {
-		h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: p}, size, writeFill(data))
+		h, _, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: p}, size, writeFill(data), nil)
 		if err == nil {
 			h.Close()
 		}
@@ -174,7 +174,7 @@ func TestFullFilesystemChunks(t *testing.T) {
 	const size = 100 << 10
 	data := bytes.Repeat([]byte{7}, size)
 	for i := range 310 {
-		h, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: fmt.Sprintf("warm/%04d.npy", i)}, size, writeFill(data))
+		h, _, err := c.GetBlob(context.Background(), BlobKey{Layout: "L", Path: fmt.Sprintf("warm/%04d.npy", i)}, size, writeFill(data), nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -4,7 +4,7 @@ import (
 	"context"
 	"sync"
 
-	"github.com/zarrfs/zarrfs/zarr/codec"
+	"github.com/zarrfs/zarrfs/codec"
 )
 
 // Decoded counts the chunks and decoded bytes by codec and device ("cpu",

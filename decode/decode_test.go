@@ -14,8 +14,8 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/gpu"
-	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 // fakeGPU stands in for one gpu.Decoder: it decodes zstd on the host,

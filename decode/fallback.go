@@ -5,8 +5,8 @@ import (
 	"errors"
 	"sync/atomic"
 
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/gpu"
-	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 // fallback decodes on inner (the GPUs) and sends to the CPU what inner

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/gpu"
-	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 // These tests run auto mode's router (route.go) over the fake GPU of

@@ -15,7 +15,7 @@ import (
 	"os"
 
 	"github.com/zarrfs/zarrfs/cache"
-	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/layout"
 )
 
 // Backing is an open, complete blob file in the cache, pinned (never
@@ -66,26 +66,26 @@ func (cb cacheBlobs) Open(ctx context.Context, lay *layout.Layout, b layout.Blob
 	fill := func(ctx context.Context, f cache.Writer) error { return b.Fill(ctx, f) }
 	if held(cb.c, lay, b) {
 		err := lay.Do(ctx, b, func(ctx context.Context, ident string) (err error) {
-			id = ident
-			h, err = cb.c.GetBlob(ctx, Key(lay, b, ident), b.Size(), fill)
+			h, id, err = cb.get(ctx, lay, b, ident, fill, nil)
 			return err
 		})
 		return h, id, err
 	}
 	err := lay.DoLearning(ctx, b, func(ctx context.Context, ident string, learn func() (string, error)) (err error) {
-		if learn == nil {
-			id = ident
-			h, err = cb.c.GetBlob(ctx, Key(lay, b, ident), b.Size(), fill)
-			return err
-		}
-		var ch *cache.Handle
-		ch, id, err = cb.c.GetBlobLearning(ctx, Key(lay, b, ""), b.Size(), fill, learn)
-		if err == nil {
-			h = ch
-		}
+		h, id, err = cb.get(ctx, lay, b, ident, fill, learn)
 		return err
 	})
 	return h, id, err
+}
+
+// get opens blob b of lay from the cache, filling it under identity ident,
+// or under the one learn names once filled.
+func (cb cacheBlobs) get(ctx context.Context, lay *layout.Layout, b layout.Blob, ident string, fill func(context.Context, cache.Writer) error, learn func() (string, error)) (Backing, string, error) {
+	h, id, err := cb.c.GetBlob(ctx, Key(lay, b, ident), b.Size(), fill, learn)
+	if err != nil {
+		return nil, "", err
+	}
+	return h, id, nil
 }
 
 // held reports whether c's index holds blob b of lay in any identity, at

@@ -4,7 +4,7 @@ import (
 	"strings"
 
 	"github.com/zarrfs/zarrfs/cache"
-	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/layout"
 )
 
 // Garbage returns the blobs c holds in lay's cache directory that lay will

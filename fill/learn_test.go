@@ -12,11 +12,11 @@ import (
 	"time"
 
 	"github.com/zarrfs/zarrfs/cache"
-	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/codec"
+	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/objectstore/webtest"
 	"github.com/zarrfs/zarrfs/zarr"
-	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 // countingStore counts what a store is asked: versions (stat) and reads.

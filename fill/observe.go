@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/layout"
 )
 
 // WithFillObserver returns Blobs that report every fill they run (the

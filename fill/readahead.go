@@ -7,7 +7,7 @@ import (
 	"path"
 	"sync"
 
-	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/layout"
 )
 
 // WithReadahead returns Blobs that keep the next n samples of a sample

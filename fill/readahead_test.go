@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
 )
 

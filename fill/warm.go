@@ -8,7 +8,7 @@ import (
 	"sync"
 
 	"github.com/zarrfs/zarrfs/cache"
-	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/layout"
 )
 
 // Todo returns the blobs of lay that c does not hold complete in their

@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
 )
 

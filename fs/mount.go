@@ -36,8 +36,8 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/zarrfs/zarrfs/fill"
-	"github.com/zarrfs/zarrfs/fs/layout"
 	"github.com/zarrfs/zarrfs/internal/mountinfo"
+	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
 )
 

@@ -20,9 +20,9 @@ import (
 
 	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/fill"
-	"github.com/zarrfs/zarrfs/fs/layout"
 	"github.com/zarrfs/zarrfs/internal/syncbuf"
 	"github.com/zarrfs/zarrfs/internal/testenv"
+	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
 	"golang.org/x/sys/unix"
 )

@@ -10,7 +10,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/zarrfs/zarrfs/fill"
-	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/layout"
 )
 
 // inoOf gives every path a stable inode number, so the same file keeps its

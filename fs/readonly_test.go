@@ -16,7 +16,7 @@ import (
 
 	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/fill"
-	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
 )
 

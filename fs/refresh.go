@@ -7,7 +7,7 @@ import (
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 
-	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/layout"
 )
 
 // maxNewNames bounds the new names of one directory the kernel is told

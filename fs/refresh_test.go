@@ -13,11 +13,11 @@ import (
 	"time"
 
 	"github.com/zarrfs/zarrfs/cache"
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/fill"
-	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
-	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 // writeGrowing writes a v3 store whose array t is uint32 shaped (n, 4) in

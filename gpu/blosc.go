@@ -3,7 +3,7 @@ package gpu
 import (
 	"fmt"
 
-	"github.com/zarrfs/zarrfs/zarr/codec"
+	"github.com/zarrfs/zarrfs/codec"
 )
 
 // bloscAlgos maps a blosc inner codec to the nvCOMP algorithm that decodes

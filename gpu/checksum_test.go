@@ -6,7 +6,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/zarrfs/zarrfs/zarr/codec"
+	"github.com/zarrfs/zarrfs/codec"
 )
 
 // TestCheckSumSwapped: a checksum over part of a byte-swapped chunk is

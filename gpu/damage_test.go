@@ -6,7 +6,7 @@ import (
 	"math/rand/v2"
 	"unsafe"
 
-	"github.com/zarrfs/zarrfs/zarr/codec"
+	"github.com/zarrfs/zarrfs/codec"
 )
 
 // The damage that chunks come to on disk and in transit, applied to good

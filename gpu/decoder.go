@@ -14,8 +14,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/internal/parallel"
-	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 // Options configure a Decoder. The zero value is ready to use.
@@ -37,11 +37,10 @@ type Options struct {
 	RoundBytes int64
 	// Streams is the number of rounds in flight, each with its own buffers
 	// and CUDA stream, so that one round's host-to-device copy, another's
-	// decoding and a third's device-to-host copy overlap. Zero means 4.
-	// (Measured on an H200 with 4 MB chunks in pinned memory, two runs:
-	// 4 rounds of 256 MiB against 2 of 512 gave 0.97x for zstd and lz4 and
-	// 1.25-1.30x for blosc; against 4, 6 and 8 rounds of 64 or 128 MiB it
-	// was best or within 5 %, lz4 excepted: 6 of 128 MiB, 5 % faster.)
+	// decoding and a third's device-to-host copy overlap. Zero means 4:
+	// 4 rounds of 256 MiB were best, or within noise of the best, of the
+	// counts and sizes tried for every codec (BENCHMARKS.md, tuning
+	// choices).
 	Streams int
 	// CopyWorkers is the number of goroutines that pack compressed bytes
 	// into pinned memory and copy decoded bytes out of it. Zero means
@@ -111,12 +110,13 @@ type Options struct {
 	Unverified bool
 	// WalkOnDevice walks LZ4 blocks on the GPU (kernels.cu's lz4_check,
 	// the host's lz4Check rule for rule, before nvCOMP reads them) instead
-	// of on the host, taking the walk off the host's CPU: on the h200 it
-	// cost a quarter of a 4-core GPU fill's CPU (blosc-lz4). The verdicts
-	// are the same (a block it rejects goes to the CPU, which calls it
+	// of on the host, taking the walk off the host's CPU, of which it is a
+	// large share in a blosc-lz4 GPU fill on few cores. The verdicts are
+	// the same (a block it rejects goes to the CPU, which calls it
 	// corrupt). Off by default: on the device the walk, one thread per
-	// block, took 13 % of the GPU's blosc-lz4 throughput, and a fill on a
-	// few cores, where it should pay, is not yet measured with it.
+	// block, costs GPU throughput, and a fill on a few cores, where it
+	// should pay, took less host CPU with it but was no faster
+	// (BENCHMARKS.md, tuning choices).
 	WalkOnDevice bool
 	// RoundTimeout bounds the time a round may take on the device, from
 	// the moment the submitter takes it up, before the Decoder gives up

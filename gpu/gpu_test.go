@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zarrfs/zarrfs/zarr/codec"
+	"github.com/zarrfs/zarrfs/codec"
 )
 
 // These tests need a GPU, its driver and nvCOMP; elsewhere they skip and

@@ -21,7 +21,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"github.com/pierrec/lz4/v4"
 
-	"github.com/zarrfs/zarrfs/zarr/codec"
+	"github.com/zarrfs/zarrfs/codec"
 )
 
 var (
@@ -44,7 +44,7 @@ type vector struct {
 	Name, Codec, Src, Raw string
 }
 
-const vectorDir = "../zarr/codec/testdata/vectors"
+const vectorDir = "../codec/testdata/vectors"
 
 func loadVectors(t testing.TB) ([]vector, map[string][]byte, map[string][]byte) {
 	t.Helper()

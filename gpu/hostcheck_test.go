@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/zarrfs/zarrfs/zarr/codec"
+	"github.com/zarrfs/zarrfs/codec"
 )
 
 // These tests hold the host checks (prepare) to the CPU decoder

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"unsafe"
 
-	"github.com/zarrfs/zarrfs/zarr/codec"
+	"github.com/zarrfs/zarrfs/codec"
 )
 
 // This file is the CPU half of a batch: it reads each chunk's framing

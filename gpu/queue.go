@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/zarrfs/zarrfs/zarr/codec"
+	"github.com/zarrfs/zarrfs/codec"
 )
 
 // This file merges the batches of concurrent callers. A sample of a view is
@@ -440,9 +440,9 @@ const minRoundLimit = 16 << 20
 // cut size before rounds are let grow again, doubling (roundFitted): what
 // a miss cost may have passed (the others' buffers had grown for other
 // codecs, nvCOMP's zstd scratch for a larger round), and a cut kept for the
-// process's life left a later fill's rounds at a third of their size (on
-// the h200, blosc-lz4 rounds of 2.9 chunks against 8.0 after zstd rounds
-// had missed). A grown round that misses again costs one round readied
+// process's life left a later fill's rounds much smaller than they could
+// be (blosc-lz4 after zstd rounds had missed; BENCHMARKS.md, tuning
+// choices). A grown round that misses again costs one round readied
 // alone, once per growAfter rounds at most.
 const growAfter = 32
 

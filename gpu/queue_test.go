@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zarrfs/zarrfs/zarr/codec"
+	"github.com/zarrfs/zarrfs/codec"
 )
 
 // These tests run the queue of callers (queue.go) over a fake device that

@@ -6,7 +6,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/zarrfs/zarrfs/zarr/codec"
+	"github.com/zarrfs/zarrfs/codec"
 )
 
 // Stats counts each job once by what became of it: decoded on the device

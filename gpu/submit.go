@@ -6,7 +6,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/zarrfs/zarrfs/zarr/codec"
+	"github.com/zarrfs/zarrfs/codec"
 )
 
 // This file starts a round on the device: the buffers reserved, the

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zarrfs/zarrfs/zarr/codec"
+	"github.com/zarrfs/zarrfs/codec"
 )
 
 // The ERA5-like workload: one chunk is one 721x1440 float32 field (a

@@ -11,7 +11,7 @@ import (
 	"github.com/klauspost/compress/s2"
 	"github.com/klauspost/compress/zstd"
 
-	"github.com/zarrfs/zarrfs/zarr/codec"
+	"github.com/zarrfs/zarrfs/codec"
 )
 
 // TestZstdChecksAcceptValid runs the block checks over streams of every

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/zarrfs/zarrfs/zarr/codec"
+	"github.com/zarrfs/zarrfs/codec"
 )
 
 // This file is the watchdog of the rounds. Damaged input that passes the

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zarrfs/zarrfs/zarr/codec"
+	"github.com/zarrfs/zarrfs/codec"
 )
 
 // These tests run the watchdog (watchdog.go) over the fake device of

@@ -17,7 +17,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/zarrfs/zarrfs/fs/layout"
+	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/zarr/zarrtest"
 )
 

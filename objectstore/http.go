@@ -105,7 +105,7 @@ func ParseHTTPURL(raw string) (string, error) {
 		return "", fmt.Errorf("not an http:// or https:// URL")
 	}
 	if u.User != nil {
-		return "", fmt.Errorf("an http URL must not hold credentials; set a bearer token in the environment")
+		return "", fmt.Errorf("an http URL must not hold credentials; use a bearer token")
 	}
 	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
 		return "", fmt.Errorf("%s://%s%s: query and fragment are not supported (a signed query is a secret; use a bearer token)", u.Scheme, u.Host, u.EscapedPath())

@@ -15,8 +15,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/objectstore"
-	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 // ErrUnsupported marks an array that uses a feature zarrfs does not read.

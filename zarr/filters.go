@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/zarrfs/zarrfs/zarr/codec"
+	"github.com/zarrfs/zarrfs/codec"
 )
 
 // The numcodecs filters of HDF5 datasets as kerchunk and VirtualiZarr

@@ -14,8 +14,8 @@ import (
 
 	"github.com/klauspost/compress/zlib"
 
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/zarr"
-	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 // hdf5Chunk encodes float32 values as HDF5 does with shuffle, deflate and

@@ -10,9 +10,9 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/internal/ratelog"
 	"github.com/zarrfs/zarrfs/objectstore"
-	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 // Open reads the store's metadata: a v3 or v2 group (consolidated or not) or

@@ -8,9 +8,9 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/internal/parallel"
 	"github.com/zarrfs/zarrfs/objectstore"
-	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 // Partial reads. A training view takes a few levels of a chunk that holds

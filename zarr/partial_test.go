@@ -12,10 +12,10 @@ import (
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/objectstore/webtest"
 	"github.com/zarrfs/zarrfs/zarr"
-	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 // A pressure-level array as ERA5 stores keep it, small: (time 2, level 37,

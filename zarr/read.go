@@ -15,9 +15,9 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/internal/parallel"
 	"github.com/zarrfs/zarrfs/objectstore"
-	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 // ChunkError names the array and chunk key a read failed on.

@@ -14,10 +14,10 @@ import (
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/internal/fixtures"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
-	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)

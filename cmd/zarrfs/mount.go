@@ -7,18 +7,17 @@ import (
 	"net"
 	"os"
 	"os/user"
+	"path/filepath"
 	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/fill"
 	zfs "github.com/zarrfs/zarrfs/fs"
-	"github.com/zarrfs/zarrfs/fs/layout"
-	"github.com/zarrfs/zarrfs/zarr/codec"
+	"github.com/zarrfs/zarrfs/layout"
 )
-
-func init() { rootCmd.AddCommand(newMountCmd()) }
 
 // mountFlags holds the flags of `zarrfs mount`.
 type mountFlags struct {
@@ -93,6 +92,9 @@ func (f *mountFlags) validate(cmd *cobra.Command, src string) (layout.Shard, err
 			return layout.Shard{}, err
 		}
 	}
+	if err := checkShardGiven(cmd, f.world); err != nil {
+		return layout.Shard{}, err
+	}
 	return checkShard(f.rank, f.world, f.shard)
 }
 
@@ -104,6 +106,11 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 		return err
 	}
 	f.src.logger = log
+	// Every message, and the line that says the mount is live, names the
+	// mountpoint by its absolute path.
+	if abs, err := filepath.Abs(mountpoint); err == nil {
+		mountpoint = abs
+	}
 	shard, err := f.validate(cmd, src)
 	if err != nil {
 		return err

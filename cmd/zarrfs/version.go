@@ -4,8 +4,8 @@ import (
 	"fmt"
 
 	"github.com/spf13/cobra"
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/gpu"
-	"github.com/zarrfs/zarrfs/zarr/codec"
 )
 
 func newVersionCmd() *cobra.Command {
@@ -21,5 +21,3 @@ func newVersionCmd() *cobra.Command {
 		},
 	}
 }
-
-func init() { rootCmd.AddCommand(newVersionCmd()) }

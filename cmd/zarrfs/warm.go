@@ -17,8 +17,8 @@ import (
 	"golang.org/x/term"
 
 	"github.com/zarrfs/zarrfs/fill"
-	"github.com/zarrfs/zarrfs/fs/layout"
 	"github.com/zarrfs/zarrfs/internal/memory"
+	"github.com/zarrfs/zarrfs/layout"
 )
 
 type warmFlags struct {
@@ -67,8 +67,6 @@ samples i, i+W, i+2W, ...`,
 	return cmd
 }
 
-func init() { rootCmd.AddCommand(newWarmCmd()) }
-
 // planWarm turns the flags into the layout's plan of what to fill.
 func planWarm(lay *layout.Layout, f *warmFlags) (*layout.Plan, error) {
 	plan, err := lay.Plan(layout.PlanOptions{Only: f.only, Samples: f.span, Shard: f.split})
@@ -95,6 +93,9 @@ func (f *warmFlags) validate(cmd *cobra.Command, src string) error {
 		return usagef("--%s", strings.TrimPrefix(err.Error(), layout.ErrInvalidOption.Error()+": "))
 	}
 	f.span = span
+	if err := checkShardGiven(cmd, f.world); err != nil {
+		return err
+	}
 	f.split, err = checkShard(f.rank, f.world, f.shard)
 	return err
 }

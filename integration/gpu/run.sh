@@ -58,7 +58,7 @@ if [[ ${REGEN_PTX:-0} == 1 ]]; then
 	echo "kernels: compiled $(wc -c <"$logdir/kernels.ptx") bytes of PTX with $(nvcc --version | tail -1)"
 fi
 
-cd "$root/gpu" # the tests read ../zarr/codec/testdata
+cd "$root/gpu" # the tests read ../codec/testdata
 status=0
 echo "== GPU tests"
 "$bin" -test.v -test.timeout 300s -test.run 'Probe|NewBad|TestGPU(Vectors|ManyChunks|Pinned|ByteSwap|Concurrent|Cancelled)' "${ptxflag[@]}" 2>&1 |

@@ -6,7 +6,7 @@
 // are attributed to the fill's stages by the functions on their stacks:
 //
 //	source read  reading compressed bytes (objectstore)
-//	decode       decompressing (zarr/codec, zstd, lz4, the GPU's host side)
+//	decode       decompressing (codec, zstd, lz4, the GPU's host side)
 //	assembly     placing decoded chunks into samples (copies, byte swaps,
 //	             casts, fill values, stacking)
 //	checksum     the checksum the cache records while a blob is written
@@ -58,8 +58,8 @@ import (
 	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/decode"
 	"github.com/zarrfs/zarrfs/fill"
-	"github.com/zarrfs/zarrfs/fs/layout"
 	"github.com/zarrfs/zarrfs/internal/memory"
+	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -248,7 +248,7 @@ func stageOf(funcs []string) string {
 		switch {
 		case strings.Contains(f, "xxhash"), strings.Contains(f, "zeebo/xxh3"), strings.Contains(f, "cache.(*treeHash)"), strings.Contains(f, "cache.sumOf"):
 			return "checksum"
-		case strings.Contains(f, "zarr/codec."), strings.Contains(f, "klauspost/compress"), strings.Contains(f, "pierrec/lz4"),
+		case strings.Contains(f, "zarrfs/codec."), strings.Contains(f, "klauspost/compress"), strings.Contains(f, "pierrec/lz4"),
 			strings.Contains(f, "zarrfs/gpu."), strings.Contains(f, "zarr.(*readState).decode"):
 			return "decode"
 		case strings.Contains(f, "zarr.(*readState).assemble"), strings.Contains(f, "zarr.copyBox"), strings.Contains(f, "zarr.fillBox"),

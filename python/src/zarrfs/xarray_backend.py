@@ -83,7 +83,7 @@ def _outer_index(a: Any, key: Key, xp: Any = np) -> Any:
 
 
 # The unlisted file of every group directory that holds the group's
-# attributes (fs/layout.GroupAttrsName).
+# attributes (layout.GroupAttrsName).
 GROUP_ATTRS = ".zattrs"
 
 # Samples up to this size are read whole and indexed in memory; larger ones

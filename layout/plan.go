@@ -1,0 +1,236 @@
+package layout
+
+import (
+	"fmt"
+	"io/fs"
+	"path"
+	"strconv"
+	"strings"
+)
+
+// SampleSpan is a half-open range [Start, Stop) of sample indices; a
+// negative Stop means "to the end".
+type SampleSpan struct {
+	Start, Stop int64
+}
+
+// ParseSampleSpan parses "START:STOP" (either may be empty: from the
+// first, to the end). The empty string means every sample (nil).
+func ParseSampleSpan(s string) (*SampleSpan, error) {
+	if s == "" {
+		return nil, nil
+	}
+	a, b, ok := strings.Cut(s, ":")
+	if !ok {
+		return nil, fmt.Errorf("%w: samples %q: want START:STOP", ErrInvalidOption, s)
+	}
+	r := &SampleSpan{0, -1}
+	var err error
+	if a != "" {
+		if r.Start, err = strconv.ParseInt(a, 10, 64); err != nil {
+			return nil, fmt.Errorf("%w: samples %q: START %q is not a whole number", ErrInvalidOption, s, a)
+		}
+		if r.Start < 0 {
+			return nil, fmt.Errorf("%w: samples %q: START %d is negative (samples count from 0)", ErrInvalidOption, s, r.Start)
+		}
+	}
+	if b != "" {
+		if r.Stop, err = strconv.ParseInt(b, 10, 64); err != nil {
+			return nil, fmt.Errorf("%w: samples %q: STOP %q is not a whole number", ErrInvalidOption, s, b)
+		}
+		if r.Stop < r.Start {
+			return nil, fmt.Errorf("%w: samples %q: STOP %d is before START %d (START:STOP takes samples START to STOP-1)", ErrInvalidOption, s, r.Stop, r.Start)
+		}
+	}
+	return r, nil
+}
+
+// notInMount is a path of PlanOptions.Only the layout lacks.
+type notInMount string
+
+func (p notInMount) Error() string        { return string(p) + ": no such file or directory in the mount" }
+func (p notInMount) Is(target error) bool { return target == fs.ErrNotExist }
+
+// within clips the range to a directory of n samples.
+func (r *SampleSpan) within(n int64) (lo, hi int64) {
+	if r == nil {
+		return 0, n
+	}
+	lo, hi = r.Start, r.Stop
+	if hi < 0 || hi > n {
+		hi = n
+	}
+	return min(lo, hi), hi
+}
+
+// selectedUnder reports whether a path of only lies inside dir (a single
+// sample file of it).
+func selectedUnder(only []string, dir string) bool {
+	for _, o := range only {
+		if strings.HasPrefix(o, dir+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// PlanOptions choose the blobs of a Plan. The zero value plans every blob.
+type PlanOptions struct {
+	// Only keeps the blobs under these mount paths (arrays, views,
+	// directories or files; ".npy" may be left off a file's name). Empty
+	// keeps every path.
+	Only []string
+	// Samples keeps these samples of every sample directory, by index
+	// among all its samples. Nil keeps every sample.
+	Samples *SampleSpan
+	// Shard keeps the share of the selected samples one rank reads: it
+	// splits Samples, not the whole directory, so that ranks given the
+	// same range divide it among themselves. Plans address samples by
+	// their index among all of a directory's samples, whether or not the
+	// layout itself was built with a Shard.
+	Shard Shard
+}
+
+// Plan is the list of blobs to fill (what `zarrfs warm` does), in mount
+// order, with the mount paths they fall under.
+type Plan struct {
+	Blobs []Blob
+	// Dirs are the sample directories holding planned blobs (with a
+	// trailing "/") and the whole-array files planned, in mount order.
+	Dirs  []string
+	Bytes int64 // the planned blobs' sizes, summed
+	// Short lists the selected sample directories with fewer samples than
+	// Samples asks for ("t/ has 30"); InRange counts those with any
+	// sample in the range.
+	Short   []string
+	InRange int
+}
+
+// Plan selects blobs by path, sample range and rank. Whole-array files
+// (coordinates, static fields) are in every rank's plan: they are small
+// and every rank needs them. A sample directory of an array selected
+// brings the coordinate file its readers read beside the samples
+// (CoordinateOf), so that a run whose source is down finds it warm too. A
+// path of Only that is not in the layout is an error wrapping
+// fs.ErrNotExist.
+func (l *Layout) Plan(o PlanOptions) (*Plan, error) {
+	only := make([]string, 0, len(o.Only))
+	for _, p := range o.Only {
+		p = strings.Trim(path.Clean("/"+p), "/")
+		if _, ok := l.Lookup(p); !ok {
+			if _, ok := l.Lookup(p + ".npy"); !ok {
+				return nil, notInMount(p)
+			}
+			p += ".npy"
+		}
+		only = append(only, p)
+	}
+	selected := func(p string) bool {
+		if len(only) == 0 {
+			return true
+		}
+		for _, o := range only {
+			if o == "" || p == o || strings.HasPrefix(p, o+"/") {
+				return true
+			}
+		}
+		return false
+	}
+	plan := &Plan{}
+	add := func(b Blob) {
+		plan.Blobs = append(plan.Blobs, b)
+		plan.Bytes += b.Size()
+	}
+	var walk func(d *Dir)
+	walk = func(d *Dir) {
+		if d.IsSampleDir() {
+			if !selected(d.Path()) && !selectedUnder(only, d.Path()) {
+				return
+			}
+			n := d.allLen()
+			if o.Samples != nil && (o.Samples.Stop > n || o.Samples.Start >= n) {
+				plan.Short = append(plan.Short, fmt.Sprintf("%s/ has %d", d.Path(), n))
+			}
+			lo, hi := o.Samples.within(n)
+			if lo < hi {
+				plan.InRange++
+			}
+			mine := o.Shard.Of(lo, hi)
+			listed := false
+			for j := range mine.Count {
+				b := d.allEntry(mine.At(j)).Blob
+				if !selected(b.Path()) {
+					continue
+				}
+				add(b)
+				if !listed {
+					listed = true
+					plan.Dirs = append(plan.Dirs, d.Path()+"/")
+				}
+			}
+			return
+		}
+		for i := range d.Len() {
+			switch e := d.Entry(i); e.Kind {
+			case KindDir:
+				walk(e.Dir)
+			case KindBlob:
+				if selected(e.Blob.Path()) {
+					add(e.Blob)
+					plan.Dirs = append(plan.Dirs, e.Blob.Path())
+				}
+			}
+		}
+	}
+	walk(l.root)
+	l.planCoordinates(plan)
+	return plan, nil
+}
+
+// planCoordinates adds to plan the coordinate file of every array's
+// sample directory it holds, unless planned already.
+func (l *Layout) planCoordinates(plan *Plan) {
+	planned := map[string]bool{}
+	for _, b := range plan.Blobs {
+		planned[b.Path()] = true
+	}
+	for _, d := range plan.Dirs {
+		p, ok := strings.CutSuffix(d, "/")
+		if !ok {
+			continue
+		}
+		e, _ := l.Lookup(p)
+		if e.Kind != KindDir {
+			continue
+		}
+		if c, ok := l.CoordinateOf(e.Dir); ok && !planned[c.Path()] {
+			planned[c.Path()] = true
+			plan.Blobs = append(plan.Blobs, c)
+			plan.Bytes += c.Size()
+			plan.Dirs = append(plan.Dirs, c.Path())
+		}
+	}
+}
+
+// CoordinateOf returns the file of sample coordinates that readers of the
+// array sample directory d read beside its samples (zarrfs.torch.Loader,
+// SampleDir.coords): the 1-D array named like d's sample dimension, of
+// d's length, in d's group, else at the top of the mount. A view's
+// coordinates are in its sidecar: false.
+func (l *Layout) CoordinateOf(d *Dir) (Blob, bool) {
+	s, ok := d.samples.(*sampleSet)
+	if !ok || s.axis >= len(s.arr.Dims) || s.arr.Dims[s.axis] == "" {
+		return nil, false
+	}
+	name := s.arr.Dims[s.axis] + ".npy"
+	for _, p := range []string{path.Join(path.Dir(d.Path()), name), name} {
+		e, ok := l.Lookup(p)
+		if !ok || e.Kind != KindBlob {
+			continue
+		}
+		if src := e.Blob.Sources(); len(src) == 1 && src[0].Array != nil && len(src[0].Array.Shape) == 1 && src[0].Array.Shape[0] == s.n {
+			return e.Blob, true
+		}
+	}
+	return nil, false
+}

@@ -1,0 +1,902 @@
+package layout
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/klauspost/compress/zstd"
+	"github.com/zarrfs/zarrfs/codec"
+	"github.com/zarrfs/zarrfs/objectstore"
+	"github.com/zarrfs/zarrfs/zarr"
+)
+
+// valueReader fills every element with value(path, index), encoded in the
+// array's type, and counts calls.
+type valueReader struct {
+	mu    sync.Mutex
+	calls int
+	reqs  []zarr.Request
+}
+
+// testValue is the value of an element: distinct per array and index,
+// exact in float32 for the small test arrays.
+func testValue(a *zarr.Array, idx []int64) float64 {
+	switch a.Path {
+	case "level":
+		return []float64{1000, 850, 500}[idx[0]]
+	case "time":
+		return float64(6 * idx[0])
+	case "lsm":
+		return float64((idx[0] + idx[1]) % 2)
+	}
+	lin := int64(0)
+	for d := range idx {
+		lin = lin*a.Shape[d] + idx[d]
+	}
+	base := map[string]float64{"z": 10000, "u10": -200, "ens": 30000}[a.Path]
+	return base + float64(lin)
+}
+
+func encodeValue(b []byte, d zarr.DType, v float64) {
+	switch {
+	case d.Kind == 'f' && d.Size == 2:
+		binary.LittleEndian.PutUint16(b, zarr.Float16Bits(v))
+	case d.Kind == 'f' && d.Size == 4:
+		binary.LittleEndian.PutUint32(b, math.Float32bits(float32(v)))
+	case d.Kind == 'f':
+		binary.LittleEndian.PutUint64(b, math.Float64bits(v))
+	default:
+		u := uint64(int64(v))
+		for k := range d.Size {
+			b[k] = byte(u >> (8 * k))
+		}
+	}
+}
+
+func (r *valueReader) Read(ctx context.Context, reqs []zarr.Request) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls++
+	for _, q := range reqs {
+		r.reqs = append(r.reqs, zarr.Request{Array: q.Array, Start: append([]int64(nil), q.Start...), Count: append([]int64(nil), q.Count...)})
+		size := int64(q.Array.DType.Size)
+		i := int64(0)
+		forEachIndex(q.Start, q.Count, func(idx []int64) {
+			encodeValue(q.Dst[i*size:], q.Array.DType, testValue(q.Array, idx))
+			i++
+		})
+	}
+	return nil
+}
+
+// forEachIndex visits every index of the region in C order.
+func forEachIndex(start, count []int64, f func([]int64)) {
+	for _, c := range count {
+		if c == 0 {
+			return
+		}
+	}
+	idx := append([]int64(nil), start...)
+	for {
+		f(idx)
+		d := len(idx) - 1
+		for ; d >= 0; d-- {
+			idx[d]++
+			if idx[d] < start[d]+count[d] {
+				break
+			}
+			idx[d] = start[d]
+		}
+		if d < 0 {
+			return
+		}
+	}
+}
+
+func viewHierarchy() *zarr.Hierarchy {
+	f16 := zarr.DType{Kind: 'f', Size: 2}
+	f64 := zarr.DType{Kind: 'f', Size: 8}
+	arr := func(p string, dt zarr.DType, dims []string, shape ...int64) *zarr.Array {
+		return &zarr.Array{Path: p, Shape: shape, Chunks: shape, DType: dt, Dims: dims, MetaHash: "m-" + p, Attributes: map[string]any{}}
+	}
+	spatial := []string{"latitude", "longitude"}
+	h := &zarr.Hierarchy{
+		Store:  fakeStore{"file:///data/era5.zarr"},
+		Groups: map[string]map[string]any{"": {}, "sub": {}},
+		Arrays: []*zarr.Array{
+			{Path: "bad", Shape: []int64{12, 4, 5}, Chunks: []int64{1, 4, 5}, DType: f32, Dims: []string{"time", "latitude", "longitude"}, Unsupported: "codec 'bitround' is not supported"},
+			arr("ens", f32, []string{"time", "member", "level", "latitude", "longitude"}, 12, 2, 3, 4, 5),
+			arr("half", f16, append([]string{"time"}, spatial...), 12, 4, 5),
+			arr("latitude", f32, []string{"latitude"}, 4),
+			arr("level", f32, []string{"level"}, 3),
+			arr("lsm", u8, spatial, 4, 5),
+			arr("q", f32, append([]string{"time"}, spatial...), 10, 4, 5),
+			arr("renamed", f32, []string{"time", "y", "x"}, 12, 4, 5),
+			arr("sub/sp", f32, append([]string{"time"}, spatial...), 12, 4, 5),
+			arr("t", f32, []string{"time", "level", "latitude", "longitude"}, 12, 3, 4, 5),
+			arr("time", i64, []string{"time"}, 12),
+			arr("u10", i16, append([]string{"time"}, spatial...), 12, 4, 5),
+			arr("w", f32, []string{"time", "level", "latitude", "longitude"}, 12, 2, 4, 5),
+			arr("wide", f32, append([]string{"time"}, spatial...), 12, 5, 4),
+			arr("z", f64, []string{"time", "level", "latitude", "longitude"}, 12, 3, 4, 5),
+		},
+	}
+	h.Arrays[len(h.Arrays)-1].DType.BigEndian = true // Read converts; the view must not care
+	return h
+}
+
+func bindYAML(t *testing.T, h *zarr.Hierarchy, text string) ([]*View, error) {
+	t.Helper()
+	specs, err := ParseViews("views.yaml", []byte(text))
+	if err != nil {
+		t.Fatalf("parse: %v", err)
+	}
+	return BindViews(context.Background(), h, specs, BindOptions{Reader: &valueReader{}})
+}
+
+func TestBindErrors(t *testing.T) {
+	view := func(body string) string {
+		return "views:\n  - name: train\n    channels:\n" + body
+	}
+	for _, tt := range []struct {
+		name, yaml, want string
+	}{
+		{"missing array", view("      - var: t\n      - var: tt\n"), `views.yaml:5: view "train": channels[1].var: array "tt" not found in the store`},
+		{"unsupported array", view("      - var: bad\n"), `views.yaml:4: view "train": channels[0].var: array "bad" cannot be read: codec 'bitround' is not supported`},
+		{"index out of range", view("      - var: t\n        select:\n          level: [0, 3]\n"), `views.yaml:6: view "train": channels[0].select.level[1]: index 3 out of range: dimension level of t has 3 entries (0..2)`},
+		{"unknown dimension", view("      - var: t\n        select: {levl: [0]}\n"), `views.yaml:5: view "train": channels[0].select.levl: array t has no dimension "levl" (dimensions: time, level, latitude, longitude)`},
+		{"select sample dim", view("      - var: t\n        select: {time: [0]}\n"), `views.yaml:5: view "train": channels[0].select.time: cannot select along the sample dimension time; use samples`},
+		{"value not found", view("      - var: t\n        select_values:\n          level: [850, 925]\n"), `views.yaml:6: view "train": channels[0].select_values.level[1]: value 925 not found in coordinate array "level" (1000, 850, 500)`},
+		{"value not found float", view("      - var: t\n        select_values: {level: [850.5]}\n"), `views.yaml:5: view "train": channels[0].select_values.level[0]: value 850.5 not found in coordinate array "level" (1000, 850, 500)`},
+		{"no coordinate array", view("      - var: ens\n        select_values: {member: [1]}\n"), `views.yaml:5: view "train": channels[0].select_values.member: no 1-D coordinate array "member" for dimension member of ens: use select by index`},
+		{"coordinate of other length", view("      - var: w\n        select_values: {level: [850]}\n"), `views.yaml:5: view "train": channels[0].select_values.level: coordinate array "level" has 3 values but dimension level of w has 2`},
+		{"spatial shape", view("      - var: u10\n      - var: wide\n"), `views.yaml:5: view "train": channels[1]: channel wide has spatial shape (5, 4), but channels[0] (u10) has (4, 5): all channels must have the same spatial shape`},
+		{"spatial shape unselected level", view("      - var: u10\n      - var: t\n"), `views.yaml:5: view "train": channels[1]: channel t has spatial shape (3, 4, 5), but channels[0] (u10) has (4, 5): all channels must have the same spatial shape; select along level of t, such as select: {level: all} for one channel per index`},
+		{"dimension names", view("      - var: u10\n      - var: renamed\n"), `views.yaml:5: view "train": channels[1]: channel renamed has spatial dimensions (y, x), but channels[0] (u10) has (latitude, longitude): all channels must have the same dimension names`},
+		{"mixed dtypes", view("      - var: t\n        select: {level: [0]}\n      - var: lsm\n"), `views.yaml:6: view "train": channels[1]: channel lsm is uint8 but channel t (channels[0]) is float32: set dtype to choose the output type`},
+		{"float to int", "views:\n  - name: train\n    dtype: int16\n    channels:\n      - var: u10\n      - var: sub/sp\n", `views.yaml:6: view "train": channels[1]: channel sub/sp: casting float32 to int16 is not supported: float-to-integer results are undefined for NaN and out-of-range values`},
+		{"stop past end", "views:\n  - name: train\n    samples: {stop: 13}\n    channels:\n      - var: u10\n", `views.yaml:3: view "train": samples.stop: stop 13 is past the end of time: channel u10 has 12 entries`},
+		{"stop past shorter channel", "views:\n  - name: train\n    dtype: float32\n    samples: {stop: 11}\n    channels:\n      - var: u10\n      - var: q\n", `views.yaml:4: view "train": samples.stop: stop 11 is past the end of time: channel q has 10 entries`},
+		{"start past end", "views:\n  - name: train\n    samples:\n      start: 12\n    channels:\n      - var: u10\n", `views.yaml:4: view "train": samples.start: start 12 is not below the end 12 of time: the range selects no samples`},
+		{"lengths differ", "views:\n  - name: train\n    dtype: float32\n    channels:\n      - var: u10\n      - var: q\n", `views.yaml:6: view "train": channels[1]: channel q has 10 entries along time but channel u10 has 12: set samples.stop`},
+		{"no sample channel", view("      - var: lsm\n"), `views.yaml:3: view "train": channels: no channel has the sample dimension "time", so the view has no samples`},
+		{"other sample dim", "views:\n  - name: train\n    sample_dim: step\n    channels:\n      - var: u10\n", `views.yaml:4: view "train": channels: no channel has the sample dimension "step", so the view has no samples`},
+		{"collides with array", "views:\n  - name: t\n    channels:\n      - var: u10\n", `views.yaml:2: view "t": name: name collides with array "t" in the mount`},
+		{"collides with coordinate", "views:\n  - name: time\n    channels:\n      - var: u10\n", `views.yaml:2: view "time": name: name collides with array "time" in the mount`},
+		{"collides with group", "views:\n  - name: sub\n    channels:\n      - var: u10\n", `views.yaml:2: view "sub": name: name collides with array "sub/sp" in the mount`},
+		{"collides with npy name", "views:\n  - name: lsm.npy\n    channels:\n      - var: u10\n", `views.yaml:2: view "lsm.npy": name: name collides with array "lsm" in the mount`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := bindYAML(t, viewHierarchy(), tt.yaml)
+			if err == nil {
+				t.Fatalf("no error, want %s", tt.want)
+			}
+			if err.Error() != tt.want {
+				t.Errorf("error\n  %s\nwant\n  %s", err, tt.want)
+			}
+			if !errors.Is(err, ErrInvalidView) {
+				t.Errorf("%v does not wrap ErrInvalidView", err)
+			}
+		})
+	}
+	// A group without arrays still owns its name.
+	h := viewHierarchy()
+	h.Groups["empty"] = map[string]any{}
+	_, err := bindYAML(t, h, "views:\n  - name: empty\n    channels:\n      - var: u10\n")
+	if want := `views.yaml:2: view "empty": name: name collides with group "empty" in the mount`; err == nil || err.Error() != want {
+		t.Errorf("group collision: %v", err)
+	}
+	// Names are unique across files.
+	a, _ := ParseViews("a.yaml", []byte("views:\n  - name: v\n    channels: [{var: u10}]\n"))
+	b, _ := ParseViews("b.yaml", []byte("\nviews:\n  - name: v\n    channels: [{var: u10}]\n"))
+	_, err = BindViews(context.Background(), viewHierarchy(), append(a, b...), BindOptions{Reader: &valueReader{}})
+	if want := `b.yaml:3: view "v": name: a view named "v" is already defined at a.yaml:2`; err == nil || err.Error() != want {
+		t.Errorf("duplicate across files: %v", err)
+	}
+	// A failing coordinate read is reported with the array, not as a spec error.
+	specs, _ := ParseViews("v.yaml", []byte("views:\n  - name: v\n    channels: [{var: t, select_values: {level: [850]}}]\n"))
+	_, err = specs[0].Bind(context.Background(), viewHierarchy(), BindOptions{Reader: failReader{}})
+	if !errors.Is(err, zarr.ErrCorrupt) || !strings.Contains(err.Error(), `coordinate array "level"`) {
+		t.Errorf("coordinate read failure: %v", err)
+	}
+}
+
+type failReader struct{}
+
+func (failReader) Read(context.Context, []zarr.Request) error {
+	return fmt.Errorf("level/c/0: %w", zarr.ErrCorrupt)
+}
+
+const trainYAML = `views:
+  - name: train
+    samples: {start: 1, stop: 12, step: 2}
+    dtype: float64
+    channels:
+      - var: t
+        select: {level: [2, 0]}
+      - var: z
+        select_values: {level: [850]}
+      - var: u10
+      - var: lsm
+      - var: ens
+        select: {level: [1, 2], member: [1, 0]}
+`
+
+// expectSample computes the channels of a view sample straight from
+// testValue, as float64.
+func expectSample(v *View, k int64) []float64 {
+	t := v.Start + k*v.Step
+	var out []float64
+	for _, ch := range v.Channels {
+		start, count := ch.region(t)
+		forEachIndex(start, count, func(idx []int64) { out = append(out, testValue(ch.Array, idx)) })
+	}
+	return out
+}
+
+func TestViewBuildAndFill(t *testing.T) {
+	h := viewHierarchy()
+	views, err := bindYAML(t, h, trainYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := views[0]
+	// Channel order: t levels 2, 0; z 850 (index 1); u10; lsm; then ens with
+	// member (axis 1) before level (axis 2), last fastest.
+	type sel struct {
+		v   string
+		sel string
+	}
+	var got []sel
+	for _, ch := range v.Channels {
+		s := ""
+		for _, x := range ch.Select {
+			s += fmt.Sprintf("%s=%d(%v) ", x.Dim, x.Index, x.Value)
+		}
+		got = append(got, sel{ch.Var, strings.TrimSpace(s)})
+	}
+	want := []sel{{"t", "level=2(500)"}, {"t", "level=0(1000)"}, {"z", "level=1(850)"}, {"u10", ""}, {"lsm", ""},
+		{"ens", "member=1(<nil>) level=1(850)"}, {"ens", "member=1(<nil>) level=2(500)"}, {"ens", "member=0(<nil>) level=1(850)"}, {"ens", "member=0(<nil>) level=2(500)"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("channels\n%v\nwant\n%v", got, want)
+	}
+	if v.N != 6 || !reflect.DeepEqual(v.SampleShape, []int64{9, 4, 5}) || !reflect.DeepEqual(v.SampleDims, []string{"channel", "latitude", "longitude"}) {
+		t.Errorf("n %d shape %v dims %v", v.N, v.SampleShape, v.SampleDims)
+	}
+	r := &valueReader{}
+	l, err := Build(h, Options{Views: views, Reader: r, Align: 128})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := names(mustDir(t, l, "train")); !reflect.DeepEqual(got, []string{"0.npy", "1.npy", "2.npy", "3.npy", "4.npy", "5.npy"}) {
+		t.Errorf("train/ = %v", got)
+	}
+	if d := mustDir(t, l, "train"); !d.IsSampleDir() {
+		t.Error("a view's directory is not a sample directory")
+	} else if i, ok := d.Index("4.npy"); !ok || i != 4 {
+		t.Errorf("index of 4.npy: %d %v", i, ok)
+	}
+	e, ok := l.Lookup("train.json")
+	if !ok || e.Kind != KindSidecar {
+		t.Fatal("train.json missing")
+	}
+	var side map[string]any
+	if err := json.Unmarshal(e.Data, &side); err != nil {
+		t.Fatal(err)
+	}
+	for k, want := range map[string]any{
+		"kind": "view", "name": "train", "shape": []any{6.0, 9.0, 4.0, 5.0}, "dtype": "<f8",
+		"dims": []any{"time", "channel", "latitude", "longitude"}, "sample_dim": "time", "sample_shape": []any{9.0, 4.0, 5.0},
+		"files": 6.0, "data_offset": 128.0, "fill_value": nil, "attributes": map[string]any{},
+		"samples":       map[string]any{"start": 1.0, "stop": 12.0, "step": 2.0},
+		"sample_coords": []any{6.0, 18.0, 30.0, 42.0, 54.0, 66.0},
+	} {
+		if !reflect.DeepEqual(side[k], want) {
+			t.Errorf("sidecar %s = %#v, want %#v", k, side[k], want)
+		}
+	}
+	chans := side["channels"].([]any)
+	if len(chans) != 9 ||
+		!reflect.DeepEqual(chans[0], map[string]any{"var": "t", "static": false, "source_dtype": "<f4", "select": map[string]any{"level": map[string]any{"index": 2.0, "value": 500.0}}}) ||
+		!reflect.DeepEqual(chans[2], map[string]any{"var": "z", "static": false, "source_dtype": ">f8", "select": map[string]any{"level": map[string]any{"index": 1.0, "value": 850.0}}}) ||
+		!reflect.DeepEqual(chans[4], map[string]any{"var": "lsm", "static": true, "source_dtype": "|u1", "select": map[string]any{}}) ||
+		!reflect.DeepEqual(chans[5].(map[string]any)["select"], map[string]any{"member": map[string]any{"index": 1.0, "value": nil}, "level": map[string]any{"index": 1.0, "value": 850.0}}) {
+		t.Errorf("sidecar channels %v", chans)
+	}
+	// Every sample: one Read, the right bytes, the static channel read once.
+	for k := range v.N {
+		b := mustLookup(t, l, fmt.Sprintf("train/%d.npy", k))
+		if b.Size() != 128+9*4*5*8 {
+			t.Errorf("size %d", b.Size())
+		}
+		before := r.calls
+		data, _ := os.ReadFile(fillFile(t, b))
+		if r.calls != before+1 {
+			t.Errorf("sample %d: %d reads, want 1", k, r.calls-before)
+		}
+		ph, err := ParseNPYHeader(data)
+		if err != nil || ph.Descr != "<f8" || !reflect.DeepEqual(ph.Shape, []int64{9, 4, 5}) || ph.DataOffset != 128 {
+			t.Errorf("header %+v %v", ph, err)
+		}
+		exp := expectSample(v, k)
+		for i, x := range exp {
+			if g := math.Float64frombits(binary.LittleEndian.Uint64(data[128+8*i:])); g != x {
+				t.Fatalf("sample %d element %d = %v, want %v", k, i, g, x)
+			}
+		}
+		if len(b.Sources()) != 9 {
+			t.Errorf("sources %d", len(b.Sources()))
+		}
+	}
+	lsmReads := 0
+	for _, q := range r.reqs {
+		if q.Array.Path == "lsm" {
+			lsmReads++
+		}
+	}
+	if lsmReads != 1 {
+		t.Errorf("static channel read %d times over %d samples", lsmReads, v.N)
+	}
+	// The layout counts the view's files.
+	base, err := Build(h, Options{Reader: r, Align: 128})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Files != base.Files+7 {
+		t.Errorf("files %d, without the view %d", l.Files, base.Files)
+	}
+}
+
+func mustDir(t *testing.T, l *Layout, p string) *Dir {
+	t.Helper()
+	e, ok := l.Lookup(p)
+	if !ok || e.Kind != KindDir {
+		t.Fatalf("%s: not a directory", p)
+	}
+	return e.Dir
+}
+
+func TestViewDefaultsAndCasts(t *testing.T) {
+	h := viewHierarchy()
+	views, err := bindYAML(t, h, `views:
+  - name: same
+    channels: [{var: t, select: {level: [1]}}, {var: sub/sp}]
+  - name: f16
+    dtype: float16
+    channels: [{var: u10}, {var: lsm}, {var: half}, {var: z, select: {level: [0]}}]
+  - name: long
+    samples: {step: 1}
+    channels: [{var: u10}]
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if views[0].DType != f32 || views[0].N != 12 || views[0].Start != 0 || views[0].Stop != 12 {
+		t.Errorf("same: %+v", views[0])
+	}
+	r := &valueReader{}
+	l, err := Build(h, Options{Views: views, Reader: r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := names(mustDir(t, l, "long")); len(got) != 12 || got[0] != "00.npy" || got[11] != "11.npy" {
+		t.Errorf("long/ = %v", got)
+	}
+	v := views[1]
+	b := mustLookup(t, l, "f16/07.npy")
+	data, _ := os.ReadFile(fillFile(t, b))
+	if ph, _ := ParseNPYHeader(data); ph.Descr != "<f2" || !reflect.DeepEqual(ph.Shape, []int64{4, 4, 5}) {
+		t.Errorf("header %+v", ph)
+	}
+	for i, x := range expectSample(v, 7) {
+		if g := binary.LittleEndian.Uint16(data[4096+2*i:]); g != zarr.Float16Bits(x) {
+			t.Fatalf("element %d = %#04x, want half(%v)", i, g, x)
+		}
+	}
+}
+
+// A view sample's identity follows the view's definition: every change of
+// it changes the identity, except that an open-ended view keeps it when
+// its arrays grow along the sample dimension.
+func TestViewIdentity(t *testing.T) {
+	id := func(text string, grow int64) string {
+		t.Helper()
+		h := viewHierarchy()
+		for _, a := range h.Arrays {
+			if len(a.Dims) > 0 && a.Dims[0] == "time" {
+				a.Shape[0] += grow
+			}
+		}
+		views, err := bindYAML(t, h, text)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := Build(h, Options{Views: views, Reader: &valueReader{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, ok := l.Lookup(views[0].Name + "/" + sampleFileName(1, sampleWidth(views[0].N)))
+		if !ok {
+			t.Fatal("no sample 1")
+		}
+		ident, err := l.Identity(context.Background(), e.Blob)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ident
+	}
+	base := id(trainYAML, 0)
+	if id(trainYAML, 0) != base {
+		t.Fatal("identity not stable")
+	}
+	for name, text := range map[string]string{
+		"name":    strings.Replace(trainYAML, "name: train", "name: train2", 1),
+		"index":   strings.Replace(trainYAML, "level: [2, 0]", "level: [2, 1]", 1),
+		"order":   strings.Replace(trainYAML, "level: [2, 0]", "level: [0, 2]", 1),
+		"value":   strings.Replace(trainYAML, "level: [850]", "level: [500]", 1),
+		"dtype":   strings.Replace(trainYAML, "float64", "float32", 1),
+		"samples": strings.Replace(trainYAML, "step: 2", "step: 3", 1),
+		"stop":    strings.Replace(trainYAML, "stop: 12", "stop: 11", 1),
+		"channel": strings.Replace(trainYAML, "      - var: lsm\n", "", 1),
+	} {
+		if id(text, 0) == base {
+			t.Errorf("changing the view's %s keeps the identity", name)
+		}
+	}
+	// A value that resolves to the same index is the same view.
+	if id(strings.Replace(trainYAML, "level: [850]", "level: [850.0]", 1), 0) != base {
+		t.Error("850 and 850.0 give different identities")
+	}
+	open := strings.Replace(trainYAML, "stop: 12, ", "", 1)
+	if id(open, 0) != id(open, 5) {
+		t.Error("an open-ended view's sample changed identity when the arrays grew")
+	}
+}
+
+func TestViewBuildErrors(t *testing.T) {
+	h := viewHierarchy()
+	views, err := bindYAML(t, h, "views:\n  - name: v\n    channels: [{var: u10}]\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Build(viewHierarchy(), Options{Views: views, Reader: &valueReader{}}); !errors.Is(err, ErrInvalidView) || !strings.Contains(err.Error(), "another store") {
+		t.Errorf("view bound elsewhere: %v", err)
+	}
+	// A store whose root is an array: its files are named after the store.
+	root := &zarr.Hierarchy{Store: fakeStore{"file:///x/v.zarr"}, Groups: map[string]map[string]any{},
+		Arrays: []*zarr.Array{{Path: "", Shape: []int64{3, 2}, Chunks: []int64{3, 2}, DType: f32, Dims: []string{"time", "x"}}}}
+	if _, err := ParseViews("r.yaml", []byte("views:\n  - name: v\n    channels: [{var: ''}]\n")); err == nil {
+		t.Error("empty var accepted")
+	}
+	specs, _ := ParseViews("r.yaml", []byte("views:\n  - name: v\n    channels: [{var: /}]\n"))
+	if _, err := BindViews(context.Background(), root, specs, BindOptions{Reader: &valueReader{}}); err == nil || !strings.Contains(err.Error(), `collides with array ""`) {
+		t.Errorf("root array collision: %v", err)
+	}
+	// A view header that does not fit the alignment refuses the layout:
+	// find a rank whose array samples fit in 128 bytes but whose view
+	// samples (one more dimension) do not.
+	for k := 1; k < 40; k++ {
+		shape := make([]int64, k)
+		for i := range shape {
+			shape[i] = 1
+		}
+		if _, err := NPYHeader("<f4", shape, 128); err != nil {
+			t.Fatal("no rank fits")
+		}
+		if _, err := NPYHeader("<f4", append(shape, 1), 128); err == nil {
+			continue
+		}
+		dims := []string{"time"}
+		for i := range k {
+			dims = append(dims, fmt.Sprintf("d%d", i))
+		}
+		deep := &zarr.Hierarchy{Store: fakeStore{"x"}, Groups: map[string]map[string]any{},
+			Arrays: []*zarr.Array{{Path: "a", Shape: append([]int64{2}, shape...), Chunks: append([]int64{2}, shape...), DType: f32, Dims: dims}}}
+		views, err := bindYAML(t, deep, "views:\n  - name: v\n    channels: [{var: a}]\n")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Build(deep, Options{Reader: &valueReader{}, Align: 128}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Build(deep, Options{Views: views, Reader: &valueReader{}, Align: 128}); !errors.Is(err, ErrHeaderTooLarge) || !strings.Contains(err.Error(), `view "v"`) {
+			t.Errorf("rank %d view at align 128: %v", k+1, err)
+		}
+		break
+	}
+}
+
+func TestFillBatch(t *testing.T) {
+	h := viewHierarchy()
+	views, err := bindYAML(t, h, trainYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &valueReader{}
+	l, err := Build(h, Options{Views: views, Reader: r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blobs []Blob
+	var ws []io.WriterAt
+	var files []*os.File
+	for _, p := range []string{"train/0.npy", "train/1.npy", "train/2.npy", "lsm.npy", "train/3.npy", "train/4.npy", "train/5.npy"} {
+		blobs = append(blobs, mustLookup(t, l, p))
+		f, err := os.Create(filepath.Join(t.TempDir(), "b"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		files = append(files, f)
+		ws = append(ws, f)
+	}
+	// Room for two samples per run: runs {0,1} {2} lsm {3,4} {5}.
+	if err := FillBatch(context.Background(), blobs, ws, 2*(blobs[0].Size()-4096)); err != nil {
+		t.Fatal(err)
+	}
+	if r.calls != 5 {
+		t.Errorf("%d reads, want 5", r.calls)
+	}
+	for i, b := range blobs {
+		want, _ := os.ReadFile(fillFile(t, b))
+		got, _ := os.ReadFile(files[i].Name())
+		if !bytes.Equal(got, want) {
+			t.Errorf("%s: batch fill differs from Fill", b.Path())
+		}
+	}
+	if err := FillBatch(context.Background(), blobs, ws[:1], 0); err == nil {
+		t.Error("mismatched lengths accepted")
+	}
+}
+
+// storeArray is one array of a store written by writeStore.
+type storeArray struct {
+	path   string
+	dtype  string
+	shape  []int64
+	chunks []int64
+	dims   []string
+	value  func(idx []int64) float64
+}
+
+// writeStore writes a Zarr v3 group with zstd-compressed chunks.
+func writeStore(t *testing.T, dir string, arrays []storeArray) {
+	t.Helper()
+	enc, err := zstd.NewWriter(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer enc.Close()
+	writeJSON := func(p string, v any) {
+		b, _ := json.Marshal(v)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeJSON(filepath.Join(dir, "zarr.json"), map[string]any{"zarr_format": 3, "node_type": "group", "attributes": map[string]any{}})
+	for _, a := range arrays {
+		dt, err := zarr.ParseV3DType(a.dtype)
+		if err != nil {
+			t.Fatal(err)
+		}
+		writeJSON(filepath.Join(dir, a.path, "zarr.json"), map[string]any{
+			"zarr_format": 3, "node_type": "array", "shape": a.shape, "data_type": a.dtype,
+			"chunk_grid":         map[string]any{"name": "regular", "configuration": map[string]any{"chunk_shape": a.chunks}},
+			"chunk_key_encoding": map[string]any{"name": "default", "configuration": map[string]any{"separator": "/"}},
+			"codecs": []any{map[string]any{"name": "bytes", "configuration": map[string]any{"endian": "little"}},
+				map[string]any{"name": "zstd", "configuration": map[string]any{"level": 1, "checksum": false}}},
+			"fill_value": 0, "dimension_names": a.dims, "attributes": map[string]any{},
+		})
+		grid := make([]int64, len(a.shape))
+		for d := range grid {
+			grid[d] = (a.shape[d] + a.chunks[d] - 1) / a.chunks[d]
+		}
+		forEachIndex(make([]int64, len(grid)), grid, func(c []int64) {
+			buf := make([]byte, prod(a.chunks)*int64(dt.Size))
+			start := make([]int64, len(c))
+			for d := range c {
+				start[d] = c[d] * a.chunks[d]
+			}
+			i := int64(0)
+			forEachIndex(start, a.chunks, func(idx []int64) {
+				inside := true
+				for d := range idx {
+					inside = inside && idx[d] < a.shape[d]
+				}
+				if inside {
+					encodeValue(buf[i*int64(dt.Size):], dt, a.value(idx))
+				}
+				i++
+			})
+			key := filepath.Join(dir, a.path, "c")
+			for _, x := range c {
+				key = filepath.Join(key, fmt.Sprint(x))
+			}
+			writeJSON(key, nil) // makes the directories
+			if err := os.WriteFile(key, enc.EncodeAll(buf, nil), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func openStore(t *testing.T, dir string, o zarr.Options) *zarr.Hierarchy {
+	t.Helper()
+	st, err := objectstore.OpenPosix(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := zarr.Open(context.Background(), st, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// countingReader counts Read calls on the way to the hierarchy.
+type countingReader struct {
+	Reader
+	calls int
+}
+
+func (c *countingReader) Read(ctx context.Context, reqs []zarr.Request) error {
+	c.calls++
+	return c.Reader.Read(ctx, reqs)
+}
+
+// TestViewDecodesEachChunkOnce fills every sample of a view over a store
+// chunked 4 time steps x 3 levels and checks the zarr decode counter: each
+// source chunk is decoded once for the whole run, however many channels and
+// samples come from it.
+func TestViewDecodesEachChunkOnce(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "s.zarr")
+	lin := func(shape []int64, base float64) func([]int64) float64 {
+		return func(idx []int64) float64 {
+			n := int64(0)
+			for d := range idx {
+				n = n*shape[d] + idx[d]
+			}
+			return base + float64(n)
+		}
+	}
+	arrays := []storeArray{
+		{"t", "float32", []int64{14, 3, 6, 7}, []int64{4, 3, 6, 7}, []string{"time", "level", "latitude", "longitude"}, lin([]int64{14, 3, 6, 7}, 0)},
+		{"u10", "int16", []int64{14, 6, 7}, []int64{4, 3, 7}, []string{"time", "latitude", "longitude"}, lin([]int64{14, 6, 7}, -100)},
+		{"lsm", "uint8", []int64{6, 7}, []int64{6, 7}, []string{"latitude", "longitude"}, func(i []int64) float64 { return float64(i[0] % 2) }},
+		{"level", "float32", []int64{3}, []int64{3}, []string{"level"}, func(i []int64) float64 { return []float64{1000, 850, 500}[i[0]] }},
+		{"time", "int64", []int64{14}, []int64{14}, []string{"time"}, func(i []int64) float64 { return float64(i[0]) * 3600 }},
+	}
+	writeStore(t, dir, arrays)
+	text := `views:
+  - name: v
+    dtype: float32
+    channels:
+      - var: t
+        select: {level: [0, 2]}
+      - var: t
+        select_values: {level: [850]}
+      - var: u10
+      - var: lsm
+`
+	specs, err := ParseViews("v.yaml", []byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// t: 4 time chunks; u10: 4 time chunks x 2 latitude chunks; lsm: 1.
+	const sourceChunks = 4 + 8 + 1
+	for _, mode := range []string{"sequential", "batch"} {
+		t.Run(mode, func(t *testing.T) {
+			h := openStore(t, dir, zarr.Options{})
+			views, err := BindViews(context.Background(), h, specs, BindOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			v := views[0]
+			if v.SampleCoords[13] != int64(13*3600) {
+				t.Errorf("sample coords %v", v.SampleCoords)
+			}
+			cr := &countingReader{Reader: h}
+			l, err := Build(h, Options{Views: views, Reader: cr})
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := h.Stats().ChunksDecoded.Load()
+			d := mustDir(t, l, "v")
+			var blobs []Blob
+			var ws []io.WriterAt
+			var paths []string
+			for i := 0; i < d.Len(); i++ {
+				b := d.Entry(i).Blob
+				p := filepath.Join(t.TempDir(), "x.npy")
+				f, err := os.Create(p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer f.Close()
+				if mode == "sequential" {
+					if err := b.Fill(context.Background(), f); err != nil {
+						t.Fatal(err)
+					}
+				}
+				blobs, ws, paths = append(blobs, b), append(ws, f), append(paths, p)
+			}
+			if mode == "batch" {
+				if err := FillBatch(context.Background(), blobs, ws, 0); err != nil {
+					t.Fatal(err)
+				}
+				if cr.calls != 1 {
+					t.Errorf("batch of %d samples took %d reads", len(blobs), cr.calls)
+				}
+			} else if cr.calls != len(blobs) {
+				t.Errorf("%d samples took %d reads", len(blobs), cr.calls)
+			}
+			if got := h.Stats().ChunksDecoded.Load() - before; got != sourceChunks {
+				t.Errorf("decoded %d chunks for %d samples, want each of the %d source chunks once", got, len(blobs), sourceChunks)
+			}
+			for k, p := range paths {
+				data, _ := os.ReadFile(p)
+				i := 0
+				for c, ch := range v.Channels {
+					start, count := ch.region(int64(k))
+					forEachIndex(start, count, func(idx []int64) {
+						want := float32(arrays[map[string]int{"t": 0, "u10": 1, "lsm": 2}[ch.Var]].value(idx))
+						if g := math.Float32frombits(binary.LittleEndian.Uint32(data[4096+4*i:])); g != want {
+							t.Fatalf("sample %d channel %d element %v = %v, want %v", k, c, idx, g, want)
+						}
+						i++
+					})
+				}
+			}
+		})
+	}
+}
+
+func BenchmarkViewFill(b *testing.B) {
+	h := viewHierarchy()
+	specs, _ := ParseViews("b.yaml", []byte(trainYAML))
+	views, err := BindViews(context.Background(), h, specs, BindOptions{Reader: &valueReader{}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	l, err := Build(h, Options{Views: views, Reader: nopReader{}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	blob := mustLookupB(b, l, "train/3.npy")
+	w := discardWriterAt{}
+	b.SetBytes(blob.Size())
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := blob.Fill(context.Background(), w); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+type nopReader struct{}
+
+func (nopReader) Read(context.Context, []zarr.Request) error { return nil }
+
+type discardWriterAt struct{}
+
+func (discardWriterAt) WriteAt(p []byte, _ int64) (int, error) { return len(p), nil }
+
+func mustLookupB(b *testing.B, l *Layout, p string) Blob {
+	e, ok := l.Lookup(p)
+	if !ok || e.Kind != KindBlob {
+		b.Fatalf("%s missing", p)
+	}
+	return e.Blob
+}
+
+// lendingMemory lends ordinary memory and counts what is out, standing in
+// for the GPU decoder's pinned memory.
+type lendingMemory struct {
+	mu    sync.Mutex
+	out   map[*byte]bool
+	lends int
+}
+
+func (m *lendingMemory) HostAlloc(n int) []byte {
+	b := make([]byte, n)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.out[&b[0]] = true
+	m.lends++
+	return b
+}
+
+func (m *lendingMemory) HostFree(b []byte) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(b) > 0 {
+		delete(m.out, &b[0])
+	}
+}
+
+// lendingReader is a Reader whose memory fills borrow, as a zarr
+// Hierarchy with a GPU decoder is.
+type lendingReader struct {
+	Reader
+	mem codec.HostMemory
+}
+
+func (r lendingReader) Memory() codec.HostMemory { return r.mem }
+
+// TestFillLentMemory fills array samples, slabbed arrays and view samples
+// (one by one and batched) into lent memory: the bytes are those of a fill
+// in ordinary memory, and every buffer comes back.
+func TestFillLentMemory(t *testing.T) {
+	h := viewHierarchy()
+	views, err := bindYAML(t, h, trainYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := &lendingMemory{out: map[*byte]bool{}}
+	plain, err := Build(h, Options{Views: views, Reader: &valueReader{}, SlabBytes: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lent, err := Build(h, Options{Views: views, Reader: lendingReader{&valueReader{}, mem}, SlabBytes: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blobs []Blob
+	var ws []io.WriterAt
+	paths := []string{"train/0.npy", "train/1.npy", "lsm.npy"}
+	for _, p := range paths {
+		want, _ := os.ReadFile(fillFile(t, mustLookup(t, plain, p)))
+		got, _ := os.ReadFile(fillFile(t, mustLookup(t, lent, p)))
+		if !bytes.Equal(got, want) {
+			t.Errorf("%s: fill into lent memory differs", p)
+		}
+		blobs = append(blobs, mustLookup(t, lent, p))
+		f, err := os.Create(filepath.Join(t.TempDir(), "b"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		ws = append(ws, f)
+	}
+	if err := FillBatch(context.Background(), blobs, ws, 2*(blobs[0].Size()-4096)); err != nil {
+		t.Fatal(err)
+	}
+	if mem.lends < len(paths)+1 {
+		t.Errorf("%d buffers lent for %d fills and a batch", mem.lends, len(paths))
+	}
+	if len(mem.out) != 0 {
+		t.Errorf("%d of %d lent buffers not given back", len(mem.out), mem.lends)
+	}
+}
+
+// select: {dim: all} is every index along dim, in order: the same view as
+// listing them, with the same definition (so the same cache layout).
+func TestSelectAll(t *testing.T) {
+	h := viewHierarchy()
+	all, err := bindYAML(t, h, "views:\n  - name: train\n    channels:\n      - var: t\n        select: {level: all}\n      - var: w\n        select: {level: all}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed, err := bindYAML(t, h, "views:\n  - name: train\n    channels:\n      - var: t\n        select: {level: [0, 1, 2]}\n      - var: w\n        select: {level: [0, 1]}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all[0].Channels) != 5 || all[0].Definition() != listed[0].Definition() {
+		t.Errorf("select all: %d channels, definition %q; listed: %q", len(all[0].Channels), all[0].Definition(), listed[0].Definition())
+	}
+}
