@@ -108,8 +108,9 @@ type Plan struct {
 
 // Plan selects blobs by path, sample range and rank. Whole-array files
 // (coordinates, static fields) are in every rank's plan: they are small
-// and every rank needs them. A sample directory of an array selected
-// brings the coordinate file its readers read beside the samples
+// and every rank needs them. A sample directory of an array selected (as
+// a directory, not file by file) brings the coordinate file its readers
+// read beside the samples
 // (CoordinateOf), so that a run whose source is down finds it warm too. A
 // path of Only that is not in the layout is an error wrapping
 // fs.ErrNotExist.
@@ -141,11 +142,15 @@ func (l *Layout) Plan(o PlanOptions) (*Plan, error) {
 		plan.Blobs = append(plan.Blobs, b)
 		plan.Bytes += b.Size()
 	}
+	var whole []*Dir // sample directories selected as such, not file by file
 	var walk func(d *Dir)
 	walk = func(d *Dir) {
 		if d.IsSampleDir() {
 			if !selected(d.Path()) && !selectedUnder(only, d.Path()) {
 				return
+			}
+			if selected(d.Path()) {
+				whole = append(whole, d)
 			}
 			n := d.allLen()
 			if o.Samples != nil && (o.Samples.Stop > n || o.Samples.Start >= n) {
@@ -183,27 +188,19 @@ func (l *Layout) Plan(o PlanOptions) (*Plan, error) {
 		}
 	}
 	walk(l.root)
-	l.planCoordinates(plan)
+	l.planCoordinates(plan, whole)
 	return plan, nil
 }
 
 // planCoordinates adds to plan the coordinate file of every array's
-// sample directory it holds, unless planned already.
-func (l *Layout) planCoordinates(plan *Plan) {
+// sample directory of dirs, unless planned already.
+func (l *Layout) planCoordinates(plan *Plan, dirs []*Dir) {
 	planned := map[string]bool{}
 	for _, b := range plan.Blobs {
 		planned[b.Path()] = true
 	}
-	for _, d := range plan.Dirs {
-		p, ok := strings.CutSuffix(d, "/")
-		if !ok {
-			continue
-		}
-		e, _ := l.Lookup(p)
-		if e.Kind != KindDir {
-			continue
-		}
-		if c, ok := l.CoordinateOf(e.Dir); ok && !planned[c.Path()] {
+	for _, d := range dirs {
+		if c, ok := l.CoordinateOf(d); ok && !planned[c.Path()] {
 			planned[c.Path()] = true
 			plan.Blobs = append(plan.Blobs, c)
 			plan.Bytes += c.Size()
