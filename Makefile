@@ -147,6 +147,7 @@ test-gpu: build gpuvenv
 	bash integration/gpu/fill.sh bin/zarrfs bin/gpuview
 	$(PYTEST) -m gpu python/tests
 	bash integration/gpu/e2e.sh bin/zarrfs
+	bash integration/gpu/deliver.sh bin/zarrfs
 
 FUZZTIME ?= 2m
 fuzz:

@@ -296,6 +296,10 @@ type Pipeline struct {
 	wakeMu    sync.Mutex
 
 	fellBack sync.Once
+
+	// rings counts delivery's rings and their requests (GPUFor): the GPUs
+	// stay awake while any is open.
+	rings atomic.Int64
 }
 
 type routed struct{ codec.BatchDecoder }
@@ -563,7 +567,7 @@ func (p *Pipeline) sleepWhenIdle() {
 			p.wakeMu.Unlock()
 			return
 		}
-		if p.asleep.Load() || len(p.gpus) == 0 || p.active.Load() > 0 || time.Since(time.Unix(0, p.lastUse.Load())) < idle || p.lentLocked() {
+		if p.asleep.Load() || len(p.gpus) == 0 || p.active.Load() > 0 || p.rings.Load() > 0 || time.Since(time.Unix(0, p.lastUse.Load())) < idle || p.lentLocked() {
 			p.mu.Unlock()
 			p.wakeMu.Unlock()
 			continue

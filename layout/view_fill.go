@@ -181,6 +181,15 @@ func (v *View) fillCost(data int64, ks []int64) int64 {
 // fillSamples fills outs[i] with sample ks[i] (each len prod(SampleShape) *
 // DType.Size) through one Read. A static channel is read at most once.
 func (v *View) fillSamples(ctx context.Context, r Reader, ks []int64, outs [][]byte) error {
+	return v.fillSamplesAs(ctx, r, ks, outs, false)
+}
+
+// fillSamplesAs is fillSamples; writeOnly says that outs may not hold
+// what the Read decoded into them (a decoder that writes a chunk landing
+// whole in outs elsewhere: FillInto's), so nothing is read back from
+// them: a static channel is copied from the memo or read for every sample,
+// and no memo is made from outs.
+func (v *View) fillSamplesAs(ctx context.Context, r Reader, ks []int64, outs [][]byte, writeOnly bool) error {
 	per := prod(v.SampleShape[1:]) * int64(v.DType.Size)
 	v.mu.Lock()
 	memo := v.static.current(ctx, v)
@@ -189,7 +198,7 @@ func (v *View) fillSamples(ctx context.Context, r Reader, ks []int64, outs [][]b
 	// before the Read: a memo made from them is stale once any is replaced.
 	var listings map[int]*zarr.Listing
 	var sums map[int]uint64
-	if v.memoStatic && memo == nil {
+	if v.memoStatic && memo == nil && !writeOnly {
 		listings, sums = v.staticKey(ctx)
 	}
 	// Scratch for channels that need a cast.
@@ -223,7 +232,7 @@ func (v *View) fillSamples(ctx context.Context, r Reader, ks []int64, outs [][]b
 					copies = append(copies, copyJob{dst, m})
 					continue
 				}
-				if si > 0 {
+				if si > 0 && !writeOnly {
 					copies = append(copies, copyJob{dst, outs[0][int64(c)*per : int64(c+1)*per]})
 					continue
 				}
@@ -250,7 +259,7 @@ func (v *View) fillSamples(ctx context.Context, r Reader, ks []int64, outs [][]b
 	for _, j := range copies {
 		copy(j.dst, j.src)
 	}
-	if v.memoStatic && memo == nil {
+	if v.memoStatic && memo == nil && !writeOnly {
 		m := map[int][]byte{}
 		for c, ch := range v.Channels {
 			if ch.Axis < 0 {

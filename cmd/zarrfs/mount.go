@@ -32,6 +32,7 @@ type mountFlags struct {
 	world      int
 	shard      string
 	ttl        time.Duration
+	delivery   string
 }
 
 func newMountCmd() *cobra.Command {
@@ -64,6 +65,7 @@ SIGTERM, then unmounts.`,
 	fl.DurationVar(&f.ttl, "metadata-ttl", time.Minute, "re-read the metadata and list the arrays read after this long, so appended time steps and rewritten chunks show; 0: never")
 	fl.BoolVar(&f.noPassthru, "no-passthrough", false, "serve reads through the daemon even where the kernel supports FUSE passthrough")
 	_ = fl.MarkHidden("no-passthrough")
+	registerDeliveryFlag(cmd, &f.delivery)
 	return cmd
 }
 
@@ -91,6 +93,9 @@ func (f *mountFlags) validate(cmd *cobra.Command, src string) (layout.Shard, err
 		if err := checkMetricsAddr(f.metrics); err != nil {
 			return layout.Shard{}, err
 		}
+	}
+	if err := checkDelivery(f.delivery); err != nil {
+		return layout.Shard{}, err
 	}
 	if err := checkShardGiven(cmd, f.world); err != nil {
 		return layout.Shard{}, err
@@ -173,6 +178,10 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 	parts := &statusParts{mountpoint: absMountpoint(mountpoint), args: os.Args[1:], logFile: stderrFile(), started: started, f: f, o: o, m: m}
 	cctx, stopControl := context.WithCancel(context.Background())
 	defer stopControl()
+	parts.deliverySock = deliverySocket(parts.mountpoint)
+	if parts.delivery, err = serveDelivery(cctx, f.delivery, parts.deliverySock, o, m, mo.Blobs, log); err != nil {
+		log.Warn("zarrfs.torch.Loader will read files: no delivery socket", "err", err)
+	}
 	if err := serveControl(cctx, controlSocket(parts.mountpoint), parts.doc, log); err != nil {
 		log.Warn("zarrfs status will not reach this mount", "err", err)
 	}

@@ -217,6 +217,7 @@ func printStatus(w io.Writer, d statusDoc) {
 	for _, g := range d.Decode.GPUs {
 		fmt.Fprintf(tw, "\tGPU %d: %d chunks, %s; %d refused, %d corrupt\n", g.Device, g.Chunks, memory.Human(g.Bytes), g.Refused, g.Corrupt)
 	}
+	printDelivery(tw, d.Delivery)
 	if len(d.Errors) == 0 {
 		fmt.Fprintf(tw, "errors\tnone\n")
 	}
