@@ -132,7 +132,6 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 	}
 	if f.samples != "" && len(plan.Short) > 0 {
 		if plan.InRange == 0 {
-			// The same range fits a longer store: a runtime error.
 			return fmt.Errorf("--samples %s: no sample directory has samples in that range (%s)", f.samples, strings.Join(plan.Short, ", "))
 		}
 		log.Warn("--samples runs past the end of some sample directories; warming the samples they have",
