@@ -64,7 +64,9 @@ func TestCommandErrors(t *testing.T) {
 		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--view", filepath.Join(t.TempDir(), "none.yaml")}, 2, "--view"},
 		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--memory", "1KiB"}, 2, "--memory"},
 		{[]string{"inspect", "s3://b/x.zarr", "--source-stall", "0s"}, 2, "--source-stall"},
-		{[]string{"warm", src, "--cache", t.TempDir(), "--samples", "5:9"}, 2, "--samples 5:9"},
+		// A range past this store's end fits a longer one: exit 1, as a
+		// view that does not fit the store.
+		{[]string{"warm", src, "--cache", t.TempDir(), "--samples", "5:9"}, 1, "--samples 5:9: no sample directory has samples in that range"},
 		{[]string{"warm", src, "--cache", t.TempDir(), "--cache-size", "8KiB"}, 1, "do not fit the cache budget"},
 		// mount says what warm says about a bad split.
 		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--rank", "3", "--world", "2"}, 2, "--rank 3 --world 2: want 0 <= rank < world"},
