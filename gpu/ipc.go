@@ -394,14 +394,22 @@ func (r *Ring) Close() error {
 // kernel), not on the host: the host's CPU is what the device path is
 // there to save. times, when not nil, gets where the call's time went.
 func (r *Ring) Decode(ctx context.Context, k int, jobs []codec.Job, offs []int64, times *RingTimes) error {
+	// An error before the jobs reach the device leaves every one of them
+	// to the caller, as a failed round does: none is taken for decoded.
+	failAll := func(err error) error {
+		for i := range jobs {
+			jobs[i].Err = fmt.Errorf("gpu: not decoded into the ring: %w: %w", codec.ErrUnsupported, err)
+		}
+		return err
+	}
 	if len(offs) != len(jobs) {
-		return fmt.Errorf("gpu: Ring.Decode with %d jobs and %d offsets", len(jobs), len(offs))
+		return failAll(fmt.Errorf("gpu: Ring.Decode with %d jobs and %d offsets", len(jobs), len(offs)))
 	}
 	r.mu.Lock()
 	closed := r.closed
 	r.mu.Unlock()
 	if closed {
-		return ErrRingClosed
+		return failAll(ErrRingClosed)
 	}
 	dev := make([]uintptr, len(jobs))
 	for i, off := range offs {
@@ -409,7 +417,7 @@ func (r *Ring) Decode(ctx context.Context, k int, jobs []codec.Job, offs []int64
 			continue
 		}
 		if off+int64(len(jobs[i].Dst)) > r.slotBytes {
-			return fmt.Errorf("gpu: a chunk of %d bytes at %d passes slot %d's %d bytes", len(jobs[i].Dst), off, k, r.slotBytes)
+			return failAll(fmt.Errorf("gpu: a chunk of %d bytes at %d passes slot %d's %d bytes", len(jobs[i].Dst), off, k, r.slotBytes))
 		}
 		dev[i] = r.Addr(k, off)
 	}
@@ -423,7 +431,7 @@ func (r *Ring) Decode(ctx context.Context, k int, jobs []codec.Job, offs []int64
 		times.Consumer += time.Since(t0)
 	}
 	if err != nil {
-		return err
+		return failAll(err)
 	}
 	return r.d.decodeBatch(ctx, jobs, 0, &ringCall{dev: dev, times: times})
 }

@@ -123,6 +123,13 @@ func TestRingOnTheDevice(t *testing.T) {
 	if err := r.Write(1, 0, src); !errors.Is(err, ErrRingClosed) {
 		t.Fatalf("write after Close: %v", err)
 	}
+	// A decode that never reaches the device leaves every job to the
+	// caller: none may pass for decoded into the slot.
+	jobs := []codec.Job{{Codec: codec.LZ4, Src: compress(codec.LZ4, src), Dst: make([]byte, len(src))}}
+	if err := r.Decode(context.Background(), 1, jobs, []int64{0}, nil); !errors.Is(err, ErrRingClosed) ||
+		!errors.Is(jobs[0].Err, codec.ErrUnsupported) || !errors.Is(jobs[0].Err, ErrRingClosed) {
+		t.Fatalf("decode into a closed ring: %v, the job's %v", err, jobs[0].Err)
+	}
 }
 
 // Chunks decode straight into a ring slot, equal to the CPU decoder's

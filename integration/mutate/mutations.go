@@ -441,4 +441,13 @@ var mutations = []mutation{
 		Pkgs:   []string{"./gpu"},
 		Run:    "RingDecodeChecksummedZstd|RingXXH64",
 	},
+	{
+		Name:   "ring-decode-early-error",
+		Breaks: "a decode into a closed ring returns with its jobs unmarked, so the device path takes them for decoded into the slot",
+		File:   "gpu/ipc.go",
+		From:   "return failAll(ErrRingClosed)",
+		To:     "return ErrRingClosed",
+		Pkgs:   []string{"./gpu"},
+		Run:    "RingOnTheDevice",
+	},
 }
