@@ -11,8 +11,9 @@ import (
 
 // emuXXH64 is kernels.cu's xxh64_check for one chunk, step for step: each
 // of the four lanes (a thread each on the device) runs its accumulator over
-// every whole 32-byte stripe, in runs of four stripes whose loads come
-// first, then lane 0 merges them and hashes the tail (xxh64_finish).
+// every whole 32-byte stripe, then lane 0 merges them and hashes the tail
+// (xxh64_finish). The device loads a lane's words XXH_G stripes ahead of
+// its rounds; the rounds run in stripe order either way, as here.
 func emuXXH64(p []byte) uint64 {
 	// Variables, not constants: the C arithmetic wraps, Go's constants do not.
 	var (
@@ -33,12 +34,7 @@ func emuXXH64(p []byte) uint64 {
 		acc := [4]uint64{p1 + p2, p2, 0, 0 - p1}[lane]
 		stripes := n / 32
 		q := p[min(8*lane, n):] // read only over whole stripes
-		s := uint64(0)
-		for ; s+4 <= stripes; s += 4 {
-			a, b, c, d := read64(q[32*s:]), read64(q[32*(s+1):]), read64(q[32*(s+2):]), read64(q[32*(s+3):])
-			acc = round(round(round(round(acc, a), b), c), d)
-		}
-		for ; s < stripes; s++ {
+		for s := range stripes {
 			acc = round(acc, read64(q[32*s:]))
 		}
 		v[lane] = acc

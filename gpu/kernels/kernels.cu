@@ -324,22 +324,41 @@ __device__ __forceinline__ u32 xxh_read32(const u8* p)
 // xxh64_lane runs accumulator lane (0..3) of XXH64 over the whole stripes
 // of [p, p+len): the four lanes are independent until they merge, so four
 // threads share a chunk, each reading 8 bytes of every 32-byte stripe
-// (together, one coalesced 32-byte read).
+// (together, one coalesced 32-byte read). A lane's rounds are a chain, its
+// loads are not: the next XXH_G stripes are loaded while the rounds run on
+// the last XXH_G, so that the chain, not the memory's latency, sets the
+// pace.
+#define XXH_G 16
 __device__ u64 xxh64_lane(const u8* p, u64 len, u32 lane)
 {
     u64 v = lane == 0 ? XXH_P1 + XXH_P2 : lane == 1 ? XXH_P2 : lane == 2 ? 0 : 0 - XXH_P1;
     u64 stripes = len / 32;
     const u8* q = p + 8 * lane;
     u64 s = 0;
-    // Four stripes' loads issued before their rounds: the rounds are a
-    // chain, the loads are not.
-    for (; s + 4 <= stripes; s += 4) {
-        u64 a = xxh_read64(q + 32 * s), b = xxh_read64(q + 32 * (s + 1));
-        u64 c = xxh_read64(q + 32 * (s + 2)), d = xxh_read64(q + 32 * (s + 3));
-        v = xxh_round(v, a);
-        v = xxh_round(v, b);
-        v = xxh_round(v, c);
-        v = xxh_round(v, d);
+    if (((u64)p & 7) == 0 && stripes >= XXH_G) {
+        // Aligned (a decoded chunk is, 256 bytes): word loads, stripe s's
+        // word of this lane at w[4 * s].
+        const u64* w = (const u64*)q;
+        u64 cur[XXH_G], nxt[XXH_G];
+#pragma unroll
+        for (int i = 0; i < XXH_G; i++) {
+            cur[i] = w[4 * i];
+        }
+        for (s = XXH_G; s + XXH_G <= stripes; s += XXH_G) {
+#pragma unroll
+            for (int i = 0; i < XXH_G; i++) {
+                nxt[i] = w[4 * (s + i)];
+            }
+#pragma unroll
+            for (int i = 0; i < XXH_G; i++) {
+                v = xxh_round(v, cur[i]);
+                cur[i] = nxt[i];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < XXH_G; i++) {
+            v = xxh_round(v, cur[i]);
+        }
     }
     for (; s < stripes; s++) {
         v = xxh_round(v, xxh_read64(q + 32 * s));
