@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/gpu"
 )
 
@@ -94,30 +95,14 @@ func (c *cudaRing) shadowOf(k int) []byte {
 	return c.shadow[int64(k)*c.slotBytes : int64(k+1)*c.slotBytes]
 }
 
-// upload copies the ranges gaps of slot k's shadow (what the host wrote)
-// into the slot, through pinned staging, and returns the bytes copied.
-func (c *cudaRing) upload(k int, shadow []byte, gaps [][2]int64) (int64, error) {
-	var most int64
-	for _, g := range gaps {
-		most = max(most, g[1]-g[0])
-	}
-	if most == 0 {
-		return 0, nil
-	}
-	buf := c.Stage(int(min(most, stagePiece)))
-	defer c.Unstage(buf)
-	var n int64
-	for _, g := range gaps {
-		for off := g[0]; off < g[1]; off += int64(len(buf)) {
-			m := min(int64(len(buf)), g[1]-off)
-			copy(buf, shadow[off:off+m])
-			if err := c.r.Write(k, off, buf[:m]); err != nil {
-				return n, err
-			}
-			n += m
-		}
-	}
-	return n, nil
+func (c *cudaRing) decode(ctx context.Context, k int, jobs []codec.Job, offs []int64, t *gpu.RingTimes) error {
+	return c.r.Decode(ctx, k, jobs, offs, t)
+}
+
+func (c *cudaRing) memory() codec.HostMemory { return c.d }
+
+func (c *cudaRing) copyInSlot(k int, dst, src, n int64) error {
+	return c.r.Copy(k, dst, c.r.Addr(k, src), n)
 }
 
 func (c *cudaRing) Bytes() int64 { return c.r.Bytes() }

@@ -1,6 +1,7 @@
 package deliver
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"slices"
@@ -42,7 +43,7 @@ func (f GPUFill) FillSlot(ctx context.Context, r Ring, k int, job *slotJob) []er
 		}
 		return errs
 	}
-	cr, ok := r.(*cudaRing)
+	cr, ok := r.(deviceRing)
 	if !ok {
 		return fail(errors.New("the ring is not in GPU memory"))
 	}
@@ -61,7 +62,7 @@ func (f GPUFill) FillSlot(ctx context.Context, r Ring, k int, job *slotJob) []er
 	// The compressed chunks are read into the GPU's pinned memory, from
 	// which they cross to the device without a copy into staging, whatever
 	// memory the mount lends its other fills.
-	fctx := zarr.WithMemory(zarr.WithDecoder(ctx, sd), cr.d)
+	fctx := zarr.WithMemory(zarr.WithDecoder(ctx, sd), cr.memory())
 	t0 := time.Now()
 	err := layout.FillInto(fctx, job.blobs, outs, 0)
 	job.stages.add(stRead, time.Since(t0)-time.Duration(sd.in.Load()))
@@ -70,13 +71,85 @@ func (f GPUFill) FillSlot(ctx context.Context, r Ring, k int, job *slotJob) []er
 	}
 	// What the device did not write, the host did: copy it from the shadow.
 	t1 := time.Now()
-	uploaded, err := cr.upload(k, shadow, gaps(sd.covered(), n))
+	uploaded, err := uploadGaps(cr, k, shadow, gaps(sd.covered(), n))
 	job.stages.add(stUpload, time.Since(t1))
 	job.uploaded.Add(uploaded)
 	if err != nil {
 		return fail(err)
 	}
 	return errs
+}
+
+// deviceRing is a ring in a GPU's memory as the device path uses it: a
+// cudaRing, or a test's stand-in.
+type deviceRing interface {
+	Ring
+	// shadowOf is slot k's shadow (see GPUFill).
+	shadowOf(k int) []byte
+	// decode decodes jobs into slot k at offs (gpu.Ring.Decode).
+	decode(ctx context.Context, k int, jobs []codec.Job, offs []int64, t *gpu.RingTimes) error
+	// memory lends the pinned memory compressed chunks are read into.
+	memory() codec.HostMemory
+	// copyInSlot copies n bytes of slot k from src to dst, on the device.
+	copyInSlot(k int, dst, src, n int64) error
+}
+
+// uploadGaps copies the ranges gaps of slot k's shadow (what the host
+// wrote) into the slot, through staging (pinned on a GPU), and returns
+// the bytes that crossed. A range whose bytes equal those of a range
+// already copied by this call (a static channel, which a fill decodes once
+// and copies into every sample) is copied on the device from there
+// instead, and does not cross again: only bytes written in this fill are
+// reused, never what the slot held before (the trainer may have written
+// over it).
+func uploadGaps(r deviceRing, k int, shadow []byte, gaps [][2]int64) (int64, error) {
+	var most int64
+	for _, g := range gaps {
+		most = max(most, g[1]-g[0])
+	}
+	if most == 0 {
+		return 0, nil
+	}
+	buf := r.Stage(int(min(most, stagePiece)))
+	defer r.Unstage(buf)
+	var n int64
+	var sent [][2]int64 // ranges copied whole by this call, large enough to look for again
+	for _, g := range gaps {
+		if src, ok := sameBytes(shadow, sent, g); ok {
+			if err := r.copyInSlot(k, g[0], src, g[1]-g[0]); err != nil {
+				return n, err
+			}
+			continue
+		}
+		for off := g[0]; off < g[1]; off += int64(len(buf)) {
+			m := min(int64(len(buf)), g[1]-off)
+			copy(buf, shadow[off:off+m])
+			if err := r.Write(k, off, buf[:m]); err != nil {
+				return n, err
+			}
+			n += m
+		}
+		if g[1]-g[0] >= minReused {
+			sent = append(sent, g)
+		}
+	}
+	return n, nil
+}
+
+// minReused is the least range uploadGaps looks for among those it sent:
+// below it, the copy costs less than the comparison.
+const minReused = 64 << 10
+
+// sameBytes returns the start of a range of sent that holds the bytes of
+// range g in shadow, if one does.
+func sameBytes(shadow []byte, sent [][2]int64, g [2]int64) (int64, bool) {
+	n := g[1] - g[0]
+	for _, s := range sent {
+		if s[1]-s[0] == n && bytes.Equal(shadow[s[0]:s[1]], shadow[g[0]:g[1]]) {
+			return s[0], true
+		}
+	}
+	return 0, false
 }
 
 // bigEndian reports whether a source array of the blobs is big-endian
@@ -95,7 +168,7 @@ func bigEndian(blobs []layout.Blob) bool {
 // slotDecoder decodes the chunks of one fill: those that land in the
 // shadow on the GPU, into the slot, the rest with fallback.
 type slotDecoder struct {
-	ring     *cudaRing
+	ring     deviceRing
 	slot     int
 	shadow   []byte
 	fallback codec.BatchDecoder
@@ -150,7 +223,7 @@ func (s *slotDecoder) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 			sub[k] = jobs[i]
 		}
 		var times gpu.RingTimes
-		err := s.ring.r.Decode(ctx, s.slot, sub, offs, &times)
+		err := s.ring.decode(ctx, s.slot, sub, offs, &times)
 		s.count(times)
 		if err != nil && ctx.Err() != nil {
 			wg.Wait()

@@ -450,4 +450,22 @@ var mutations = []mutation{
 		Pkgs:   []string{"./gpu"},
 		Run:    "RingOnTheDevice",
 	},
+	{
+		Name:   "ring-pinned-reads",
+		Breaks: "a ring's fills read compressed chunks into the mount's memory, not the GPU's pinned memory the device copies without staging",
+		File:   "deliver/gpufill.go",
+		From:   "fctx := zarr.WithMemory(zarr.WithDecoder(ctx, sd), cr.memory())",
+		To:     "fctx := zarr.WithDecoder(ctx, sd)",
+		Pkgs:   []string{"./deliver"},
+		Run:    "GPUFillIntoSlot",
+	},
+	{
+		Name:   "ring-static-once",
+		Breaks: "a static channel crosses to the device for every sample of a batch, not once and copied there",
+		File:   "deliver/gpufill.go",
+		From:   "if src, ok := sameBytes(shadow, sent, g); ok {",
+		To:     "if src, ok := sameBytes(shadow, sent, g); ok && false {",
+		Pkgs:   []string{"./deliver"},
+		Run:    "GPUFillIntoSlot",
+	},
 }
