@@ -216,13 +216,13 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def epoch_rate(a, name, decode, cores):
+def epoch_rate(a, name, decode, cores, prefetch=2):
     """First epoch of a cold mount (its own cache), batch 4, the daemon on
     cores: samples/s, and what the daemon spent on them (CPU seconds, its
     status: bytes, stages)."""
     m = start(a.zarrfs, a.store, a.view, a.scratch, name, cores)
     try:
-        l = Loader(os.path.join(m.path, "train"), 4, device=DEVICE, decode=decode)
+        l = Loader(os.path.join(m.path, "train"), 4, device=DEVICE, decode=decode, prefetch=prefetch)
         sync()
         cpu0 = cpu_seconds(m._proc.pid)
         t0 = time.perf_counter()
@@ -278,6 +278,11 @@ def part_rate(a):
               f"by the device path, {d.get('host_path_bytes', 0) / nall / 1e6:.2f} decoded by the host), "
               f"{comp / 1e6:.2f} MB compressed read a sample: {h2d / max(comp, 1):.3f}x", flush=True)
         print(f"  STAGES {label} (device path, ms a sample, summed over fills): {stage_line(d)}", flush=True)
+        # The Loader's default keeps 2 batches in flight; 4 shows whether
+        # the device path waits on its own latency.
+        deep = epoch_rate(a, "rate-dev4", "device", daemon_cores, prefetch=4)
+        print(f"  DEPTH {label}: decode='device' with prefetch=4 {deep['rate']:.1f} samples/s "
+              f"({deep['rate'] / host['rate']:.2f}x the host path); stages: {stage_line(deep['delivery'])}", flush=True)
         summary.append(f"{label}: device/host first epoch {speed:.2f}x (target >= {target:g}x), "
                        f"to the GPU/compressed {h2d / max(comp, 1):.3f}x (target <= 1.1x), "
                        f"daemon CPU device/host {cpu_dev / max(cpu_host, 1e-9):.3f}x (target <= 0.15x)")
