@@ -424,8 +424,16 @@ func (p *prepared) cost(n int64) int64 {
 // algorithm, which pieces read in place must meet.
 func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns, inAligns [numAlgos]int64, fence bool, pinnedSrc func(k int) bool) *layout {
 	l := &layout{jobs: idx, finalOff: make([]int64, len(idx)), finalLen: make([]int64, len(idx))}
+	var nshuf, nhash int
 	for _, ji := range idx {
-		l.walk = l.walk || preps[ji].walkDevice
+		p := &preps[ji]
+		l.walk = l.walk || p.walkDevice
+		if p.shuffle != nil {
+			nshuf++
+		}
+		if p.devHash {
+			nhash++
+		}
 	}
 	var out int64
 	for k, ji := range idx {
@@ -481,61 +489,14 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns, inAli
 	in += int64(copyDescSize) * int64(nRaw+l.nsegs+nProbes) // worst case: every piece copied, and the probes
 	in = alignUp(in, 8)
 	l.shufOff = in
-	var nshuf int
-	for _, ji := range idx {
-		if preps[ji].shuffle != nil {
-			nshuf++
-		}
-	}
 	in += int64(shuffleDescSize) * int64(nshuf)
-	var nhash int
-	for _, ji := range idx {
-		if preps[ji].devHash {
-			nhash++
-		}
-	}
 	l.hashDesc = in
 	in += int64(hashDescSize) * int64(nhash)
 	l.preOff = in
 	in += int64(copyDescSize) * int64(nDirect) // worst case: every direct piece misaligned
 	l.inSize = in
 
-	// Each direct job's Src lands so that its device address agrees with
-	// its host address modulo 256: a piece aligned in host memory is then
-	// aligned on the device (the buffer itself is 256-byte aligned).
-	for k, ji := range idx {
-		if !direct[k] {
-			continue
-		}
-		src := jobs[ji].Src
-		base := addrOf(src)
-		in = alignUp(in, 256) + int64(base%256)
-		l.direct = append(l.direct, directIn{job: k, src: src, off: in})
-		for i, pc := range preps[ji].pieces {
-			at := in
-			if len(pc.src) > 0 {
-				at += int64(addrOf(pc.src) - base)
-			}
-			inOff[k][i] = at
-			if pc.algo != rawPiece && at%max(inAligns[pc.algo], 1) != 0 {
-				inOff[k][i] = -1 - at // an aligned slot comes below
-			}
-		}
-		in += int64(len(src))
-	}
-	for k := range idx {
-		if !direct[k] {
-			continue
-		}
-		for i, pc := range preps[idx[k]].pieces {
-			if at := inOff[k][i]; at < 0 {
-				in = alignUp(in, inAlign)
-				l.precopies = append(l.precopies, copyRef{fromInput: true, src: -1 - at, dst: in, n: int64(len(pc.src))})
-				inOff[k][i] = in
-				in += int64(len(pc.src))
-			}
-		}
-	}
+	in = l.placeDirect(jobs, preps, direct, inOff, inAligns, in)
 	l.devIn = in
 	for k, ji := range idx {
 		for i, pc := range preps[ji].pieces {
@@ -573,12 +534,73 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns, inAli
 		out += n
 		return at
 	}
-	type fenced struct {
-		seg int   // index into l.segs[algoDeflate]
-		dst int64 // where the decoded bytes go
+	fences := l.placeSegments(jobs, preps, inOff, direct, outAligns, fence, reserve)
+	if len(fences) > 0 {
+		out = l.placeFences(fences, outAligns, out)
 	}
+	l.outSize = alignUp(out, outAlign)
+	return l
+}
+
+// fenced is a deflate segment decoded into a fenced slot (see fenceGuard):
+// seg indexes l.segs[algoDeflate], dst is where its bytes go.
+type fenced struct {
+	seg int
+	dst int64
+}
+
+// placeDirect places the Src of the jobs whose pieces are read in place
+// (direct) after the packed bytes, from in, and the device-side copies of
+// their misaligned pieces into aligned slots after them; it sets the
+// pieces' input offsets and returns the end of the input buffer.
+func (l *layout) placeDirect(jobs []codec.Job, preps []prepared, direct []bool, inOff [][]int64, inAligns [numAlgos]int64, in int64) int64 {
+	// Each direct job's Src lands so that its device address agrees with
+	// its host address modulo 256: a piece aligned in host memory is then
+	// aligned on the device (the buffer itself is 256-byte aligned).
+	for k, ji := range l.jobs {
+		if !direct[k] {
+			continue
+		}
+		src := jobs[ji].Src
+		base := addrOf(src)
+		in = alignUp(in, 256) + int64(base%256)
+		l.direct = append(l.direct, directIn{job: k, src: src, off: in})
+		for i, pc := range preps[ji].pieces {
+			at := in
+			if len(pc.src) > 0 {
+				at += int64(addrOf(pc.src) - base)
+			}
+			inOff[k][i] = at
+			if pc.algo != rawPiece && at%max(inAligns[pc.algo], 1) != 0 {
+				inOff[k][i] = -1 - at // an aligned slot comes below
+			}
+		}
+		in += int64(len(src))
+	}
+	for k := range l.jobs {
+		if !direct[k] {
+			continue
+		}
+		for i, pc := range preps[l.jobs[k]].pieces {
+			if at := inOff[k][i]; at < 0 {
+				in = alignUp(in, inAlign)
+				l.precopies = append(l.precopies, copyRef{fromInput: true, src: -1 - at, dst: in, n: int64(len(pc.src))})
+				inOff[k][i] = in
+				in += int64(len(pc.src))
+			}
+		}
+	}
+	return in
+}
+
+// placeSegments places every piece's output: nvCOMP segments where their
+// bytes go (or an aligned scratch slot, reserved with reserve, copied into
+// place), raw pieces as copies, shuffled jobs' bytes before unshuffling,
+// the device's checksums; it returns the deflate segments to fence.
+func (l *layout) placeSegments(jobs []codec.Job, preps []prepared, inOff [][]int64, direct []bool, outAligns [numAlgos]int64,
+	fence bool, reserve func(n, align int64) int64) []fenced {
 	var fences []fenced
-	for k, ji := range idx {
+	for k, ji := range l.jobs {
 		p := &preps[ji]
 		base := l.finalOff[k]
 		if p.shuffle != nil {
@@ -599,7 +621,6 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns, inAli
 			l.maxPiece[a] = max(l.maxPiece[a], pc.n)
 			l.totPiece[a] += pc.n
 			ref := segRef{job: k, src: pc.src, inOff: inOff[k][i], outOff: dst, n: pc.n, direct: direct[k]}
-
 			if fence && a == algoDeflate {
 				fences = append(fences, fenced{len(l.segs[a]), dst})
 			} else if dst%outAligns[a] != 0 {
@@ -615,32 +636,36 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns, inAli
 			l.segs[a] = append(l.segs[a], ref)
 		}
 	}
-	if len(fences) > 0 {
-		out = alignUp(out, outAlign)
-		l.fenceOff = out
-		for _, f := range fences {
-			s := &l.segs[algoDeflate][f.seg]
-			s.outOff = alignUp(out, max(outAligns[algoDeflate], outAlign))
-			l.copies = append(l.copies, copyRef{src: s.outOff, dst: f.dst, n: s.n})
-			// The guard starts at the next 256-byte boundary, so that a
-			// decoder rounding its last store up to a word stays clear of it.
-			out = alignUp(s.outOff+s.n, outAlign)
-			l.probes = append(l.probes, fenceProbe{seg: f.seg, at: out})
-			out += fenceGuard
-		}
-		// On an H200, a 4 MB zlib stream zeroed from a third on made
-		// nvCOMP write 5.5 MB past its output: the tail guard grows with
-		// the largest stream, so that such an overrun is caught inside the
-		// fence rather than taken for one that escaped it.
-		out += max(fenceTail, alignUp(2*l.maxPiece[algoDeflate], outAlign)) - fenceGuard
-		l.probes = append(l.probes, fenceProbe{seg: -1, at: out - probeLen})
-		l.fenceEnd = out
-		for i, pr := range l.probes {
-			l.copies = append(l.copies, copyRef{src: pr.at, dst: l.probeOff + probeLen*int64(i), n: probeLen})
-		}
+	return fences
+}
+
+// placeFences lays the fenced deflate slots, their guards and the tail
+// guard out from out, with the copies of the slots into place and of the
+// probes, and returns the end of the output buffer.
+func (l *layout) placeFences(fences []fenced, outAligns [numAlgos]int64, out int64) int64 {
+	out = alignUp(out, outAlign)
+	l.fenceOff = out
+	for _, f := range fences {
+		s := &l.segs[algoDeflate][f.seg]
+		s.outOff = alignUp(out, max(outAligns[algoDeflate], outAlign))
+		l.copies = append(l.copies, copyRef{src: s.outOff, dst: f.dst, n: s.n})
+		// The guard starts at the next 256-byte boundary, so that a
+		// decoder rounding its last store up to a word stays clear of it.
+		out = alignUp(s.outOff+s.n, outAlign)
+		l.probes = append(l.probes, fenceProbe{seg: f.seg, at: out})
+		out += fenceGuard
 	}
-	l.outSize = alignUp(out, outAlign)
-	return l
+	// On an H200, a 4 MB zlib stream zeroed from a third on made
+	// nvCOMP write 5.5 MB past its output: the tail guard grows with
+	// the largest stream, so that such an overrun is caught inside the
+	// fence rather than taken for one that escaped it.
+	out += max(fenceTail, alignUp(2*l.maxPiece[algoDeflate], outAlign)) - fenceGuard
+	l.probes = append(l.probes, fenceProbe{seg: -1, at: out - probeLen})
+	l.fenceEnd = out
+	for i, pr := range l.probes {
+		l.copies = append(l.copies, copyRef{src: pr.at, dst: l.probeOff + probeLen*int64(i), n: probeLen})
+	}
+	return out
 }
 
 // fenceCheck reads a fenced round's probes from the host copy of its
