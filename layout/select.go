@@ -31,3 +31,8 @@ func (d *Dir) Sample(i int) int64 {
 // Samples returns how many samples the directory's array or view has in
 // all, whatever share of them the directory lists.
 func (d *Dir) Samples() int64 { return d.allLen() }
+
+// SampleEntry returns the entry of a sample directory's sample g (the
+// number in its name), 0 <= g < Samples(), whether or not the directory
+// lists it.
+func (d *Dir) SampleEntry(g int64) Entry { return d.allEntry(g) }

@@ -21,11 +21,12 @@ import (
 // hierarchy and resolves every channel to an array and indices, giving a
 // View; Build then adds MOUNT/NAME/K.npy and MOUNT/NAME.json.
 //
-// Filling one sample issues one Read for all its channels, so a source chunk
-// that holds several of them (levels 0 and 2 of t) is decoded once. Samples
-// filled one after another reuse the chunks they share through the zarr
-// decoded-chunk cache; FillBatch reads a run of samples in one Read, which
-// decodes each shared chunk once without relying on that cache.
+// Package fill fills one sample with one Read for all its channels, so a
+// source chunk that holds several of them (levels 0 and 2 of t) is decoded
+// once. Samples filled one after another reuse the chunks they share
+// through the zarr decoded-chunk cache; fill.Filler.FillBatch reads a run
+// of samples in one Read, which decodes each shared chunk once without
+// relying on that cache.
 
 // BindOptions configure Bind. The zero value is valid.
 type BindOptions struct {
@@ -34,7 +35,7 @@ type BindOptions struct {
 	// Empty means DefaultSampleDims.
 	SampleDim string
 	// Reader reads coordinate arrays. Nil means the hierarchy.
-	Reader Reader
+	Reader zarr.Reader
 }
 
 // maxStaticMemo bounds the bytes of static channels a View keeps after the
@@ -103,8 +104,8 @@ type Selected struct {
 	Value any
 }
 
-// region returns the source region of the channel for sample index t.
-func (c *Channel) region(t int64) (start, count []int64) {
+// Region returns the source region of the channel for sample index t.
+func (c *Channel) Region(t int64) (start, count []int64) {
 	rank := len(c.Array.Shape)
 	start = make([]int64, rank)
 	count = append(make([]int64, 0, rank), c.Array.Shape...)
@@ -150,7 +151,7 @@ type binder struct {
 	coords map[string][]byte // coordinate array path -> values
 }
 
-func (b *binder) reader() Reader {
+func (b *binder) reader() zarr.Reader {
 	if b.o.Reader != nil {
 		return b.o.Reader
 	}
@@ -329,28 +330,55 @@ type staticMemo struct {
 	data     map[int][]byte
 }
 
-// staticKey is what a fill under ctx reads the view's static channels
+// Static returns the bytes of the view's static channels (channel index
+// -> bytes in DType) that an earlier fill kept, if they were read under
+// what a fill under pin reads them under (their arrays' listings and
+// pinned versions); else nil, and keep, which keeps the bytes a fill
+// under pin then reads, once per view, so later samples copy them instead
+// of decoding them again. keep is nil where the view keeps nothing (no
+// static channel, or more than it may hold). Safe for concurrent use.
+func (v *View) Static(pin *zarr.Pin) (memo map[int][]byte, keep func(map[int][]byte)) {
+	v.mu.Lock()
+	memo = v.static.current(pin, v)
+	v.mu.Unlock()
+	if memo != nil || !v.memoStatic {
+		return memo, nil
+	}
+	// The listings and versions the static channels are read under, taken
+	// before the fill's Read: a memo made from them is stale once any is
+	// replaced.
+	listings, sums := v.staticKey(pin)
+	return nil, func(data map[int][]byte) {
+		v.mu.Lock()
+		if v.static.current(pin, v) == nil {
+			v.static = &staticMemo{listings: listings, sums: sums, data: data}
+		}
+		v.mu.Unlock()
+	}
+}
+
+// staticKey is what a fill under pin reads the view's static channels
 // under: each one's listing and pinned versions.
-func (v *View) staticKey(ctx context.Context) (map[int]*zarr.Listing, map[int]uint64) {
+func (v *View) staticKey(pin *zarr.Pin) (map[int]*zarr.Listing, map[int]uint64) {
 	listings, sums := map[int]*zarr.Listing{}, map[int]uint64{}
 	for c := range v.Channels {
 		ch := &v.Channels[c]
 		if ch.Axis < 0 {
-			start, count := ch.region(0)
-			listings[c] = zarr.ListingFor(ctx, ch.Array)
-			sums[c] = zarr.PinOf(ctx).Sum(ch.Array, start, count)
+			start, count := ch.Region(0)
+			listings[c] = pin.Listing(ch.Array)
+			sums[c] = pin.Sum(ch.Array, start, count)
 		}
 	}
 	return listings, sums
 }
 
 // current returns the memo's bytes if they were read under what a fill
-// under ctx reads the static channels under (staticKey).
-func (m *staticMemo) current(ctx context.Context, v *View) map[int][]byte {
+// under pin reads the static channels under (staticKey).
+func (m *staticMemo) current(pin *zarr.Pin, v *View) map[int][]byte {
 	if m == nil {
 		return nil
 	}
-	listings, sums := v.staticKey(ctx)
+	listings, sums := v.staticKey(pin)
 	for c, l := range m.listings {
 		if listings[c] != l || sums[c] != m.sums[c] {
 			return nil
@@ -534,12 +562,13 @@ func (v *View) Definition() string { return v.def }
 
 // WorkingSetBytes is the decoded size of the distinct source chunks one
 // sample touches. Consecutive samples decode each chunk once only when the
-// zarr decoded-chunk cache holds at least this much (or with FillBatch).
+// zarr decoded-chunk cache holds at least this much (or with
+// fill.Filler.FillBatch).
 func (v *View) WorkingSetBytes() int64 {
 	seen := map[string]bool{}
 	var n int64
 	for _, ch := range v.Channels {
-		start, count := ch.region(v.Start)
+		start, count := ch.Region(v.Start)
 		key := ch.Var
 		size := int64(ch.Array.DType.Size)
 		for d := range start {

@@ -155,64 +155,46 @@ func (st *readState) add(l *leaf) {
 	st.mu.Unlock()
 }
 
+// Reader reads regions of arrays, filling every Request's Dst with C-order
+// little-endian bytes, under pin (nil: each array's current listing).
+// *Hierarchy implements it; it is an interface so that tests and
+// decorators (metrics, fault injection) can stand in.
+type Reader interface {
+	Read(ctx context.Context, pin *Pin, reqs []Request) error
+}
+
+var _ Reader = (*Hierarchy)(nil)
+
+// outer is one outer chunk (or shard) a Read needs, and what each request
+// needs of it.
+type outer struct {
+	a      *Array
+	coords []int64
+	needs  []need
+}
+
 // Read fills every request's Dst. All chunks the requests need are fetched
 // concurrently, each decoded once (even when several requests share it) in
 // one batch. On error some Dst may be partly written.
-func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
+//
+// Under a pin (a blob's identity, Pin), each array is read under the
+// listing the pin names and each chunk the pin names is checked against
+// its pinned version (ErrChanged when it differs); a nil pin reads each
+// array under its current listing.
+func (h *Hierarchy) Read(ctx context.Context, pin *Pin, reqs []Request) error {
 	st := &readState{h: h, reqs: reqs, sem: make(chan struct{}, h.opts.Fetchers)}
 	defer st.release()
-	// Group every request's share of each outer chunk.
-	type outerKey struct {
-		a   *Array
-		key string
-	}
-	type outer struct {
-		a      *Array
-		coords []int64
-		needs  []need
-	}
-	outers := map[outerKey]*outer{}
-	var order []*outer
-	for i, r := range reqs {
-		a := r.Array
-		if err := a.check(r); err != nil {
-			return err
-		}
-		rank := len(a.Shape)
-		reg := box{lo: r.Start, hi: make([]int64, rank)}
-		for d := range rank {
-			reg.hi[d] = r.Start[d] + r.Count[d]
-		}
-		if reg.volume() == 0 {
-			continue
-		}
-		lo := make([]int64, rank)
-		hi := make([]int64, rank)
-		for d := range rank {
-			lo[d] = reg.lo[d] / a.Chunks[d]
-			hi[d] = (reg.hi[d]-1)/a.Chunks[d] + 1
-		}
-		forEach(lo, hi, func(c []int64) {
-			cb := a.chunkBox(c)
-			ib, _ := intersect(cb, reg)
-			k := outerKey{a, a.ChunkKey(c)}
-			o := outers[k]
-			if o == nil {
-				o = &outer{a: a, coords: append([]int64(nil), c...)}
-				outers[k] = o
-				order = append(order, o)
-			}
-			o.needs = append(o.needs, need{req: i, box: ib})
-		})
+	order, err := outers(reqs)
+	if err != nil {
+		return err
 	}
 	// One listing per array for the whole call, so every chunk of it is
-	// checked against the same listing: the one ctx's Pin names, else the
+	// checked against the same listing: the one the pin names, else the
 	// current one.
-	pin := PinOf(ctx)
 	listings := map[*Array]*Listing{}
 	for _, o := range order {
 		if _, ok := listings[o.a]; !ok {
-			listings[o.a] = ListingFor(ctx, o.a)
+			listings[o.a] = pin.Listing(o.a)
 		}
 	}
 	// Resolve outer chunks into leaves, fetching bytes concurrently.
@@ -278,6 +260,50 @@ func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
 	}
 	st.assemble()
 	return nil
+}
+
+// outers groups every request's share of each outer chunk, in the order
+// the requests first need them.
+func outers(reqs []Request) ([]*outer, error) {
+	type outerKey struct {
+		a   *Array
+		key string
+	}
+	byKey := map[outerKey]*outer{}
+	var order []*outer
+	for i, r := range reqs {
+		a := r.Array
+		if err := a.check(r); err != nil {
+			return nil, err
+		}
+		rank := len(a.Shape)
+		reg := box{lo: r.Start, hi: make([]int64, rank)}
+		for d := range rank {
+			reg.hi[d] = r.Start[d] + r.Count[d]
+		}
+		if reg.volume() == 0 {
+			continue
+		}
+		lo := make([]int64, rank)
+		hi := make([]int64, rank)
+		for d := range rank {
+			lo[d] = reg.lo[d] / a.Chunks[d]
+			hi[d] = (reg.hi[d]-1)/a.Chunks[d] + 1
+		}
+		forEach(lo, hi, func(c []int64) {
+			cb := a.chunkBox(c)
+			ib, _ := intersect(cb, reg)
+			k := outerKey{a, a.ChunkKey(c)}
+			o := byKey[k]
+			if o == nil {
+				o = &outer{a: a, coords: append([]int64(nil), c...)}
+				byKey[k] = o
+				order = append(order, o)
+			}
+			o.needs = append(o.needs, need{req: i, box: ib})
+		})
+	}
+	return order, nil
 }
 
 func (a *Array) check(r Request) error {

@@ -101,7 +101,7 @@ func read(h *zarr.Hierarchy, a *zarr.Array, start, count []int64) ([]byte, error
 		n *= c
 	}
 	dst := make([]byte, n)
-	err := h.Read(context.Background(), []zarr.Request{{Array: a, Start: start, Count: count, Dst: dst}})
+	err := h.Read(context.Background(), nil, []zarr.Request{{Array: a, Start: start, Count: count, Dst: dst}})
 	return dst, err
 }
 

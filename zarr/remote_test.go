@@ -142,7 +142,7 @@ func readWhole(t testing.TB, h *zarr.Hierarchy, a *zarr.Array) []byte {
 		n *= d
 	}
 	dst := make([]byte, n)
-	if err := h.Read(context.Background(), []zarr.Request{{Array: a, Start: make([]int64, len(a.Shape)), Count: a.Shape, Dst: dst}}); err != nil {
+	if err := h.Read(context.Background(), nil, []zarr.Request{{Array: a, Start: make([]int64, len(a.Shape)), Count: a.Shape, Dst: dst}}); err != nil {
 		t.Fatal(err)
 	}
 	return dst

@@ -77,7 +77,8 @@ type opened struct {
 	src   *layout.Source
 	lay   *layout.Layout // the current one; a mount replaces it
 	cache *cache.Cache
-	stats *zarr.Stats // the work of every hierarchy opened from src
+	fill  *fill.Filler // fills blobs of lay into cache
+	stats *zarr.Stats  // the work of every hierarchy opened from src
 	// exiting: the process exits after Close, which then leaves the GPUs'
 	// teardown to the exit (CloseForExit).
 	exiting bool
@@ -136,6 +137,8 @@ type openOptions struct {
 	chunkTier bool
 	// shard lists only one rank's samples in every sample directory.
 	shard layout.Shard
+	// observe, when set, is told of every fill (fill.Options.Observe).
+	observe func(group string, took time.Duration, err error)
 	// beforeSource, when set, runs once every flag is checked and before
 	// the cache or the source is opened: the command's own checks of its
 	// arguments (mount's mountpoint), so that a usage error is reported
@@ -233,11 +236,14 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 		zopts.Partial = zarr.PartialNever
 	}
 	o.src = &layout.Source{
-		Store: o.store,
-		Zarr:  zopts,
-		Views: specs,
-		Layout: layout.Options{SampleDim: f.sampleDim, Align: f.align, Shard: oo.shard,
-			MemoryBudget: memory.New(fillMemory(mem, cached))},
+		Store:  o.store,
+		Zarr:   zopts,
+		Views:  specs,
+		Layout: layout.Options{SampleDim: f.sampleDim, Align: f.align, Shard: oo.shard},
+	}
+	o.fill, err = fill.New(fill.Options{Cache: o.cache, MemoryBudget: memory.New(fillMemory(mem, cached)), Observe: oo.observe})
+	if err != nil {
+		return nil, err
 	}
 	if o.lay, err = openLayout(ctx, o.src, f.src.deadlines.timeout, log); err != nil {
 		return nil, err
@@ -340,7 +346,7 @@ func (f *layoutFlags) memoryBudget() (int64, error) {
 	return mem, nil
 }
 
-// fillMemory is what all fills may hold at once (layout.Options.
+// fillMemory is what all fills may hold at once (fill.Options.
 // MemoryBudget) within the memory budget mem, beside a decoded-chunk cache
 // of cached bytes: all of mem but the cache and a reserve of an eighth (16
 // MiB at least) for what no fill is charged: the Go runtime's own memory

@@ -32,7 +32,7 @@ type warmFlags struct {
 	prune   bool
 	// span and split are --samples and --rank/--world/--shard, parsed by
 	// validate.
-	span  *layout.SampleSpan
+	span  *fill.SampleSpan
 	split layout.Shard
 }
 
@@ -69,9 +69,9 @@ samples i, i+W, i+2W, ...`,
 
 func init() { rootCmd.AddCommand(newWarmCmd()) }
 
-// planWarm turns the flags into the layout's plan of what to fill.
-func planWarm(lay *layout.Layout, f *warmFlags) (*layout.Plan, error) {
-	plan, err := lay.Plan(layout.PlanOptions{Only: f.only, Samples: f.span, Shard: f.split})
+// planWarm turns the flags into the selection of what to fill.
+func planWarm(lay *layout.Layout, f *warmFlags) (*fill.Selection, error) {
+	plan, err := fill.Select(lay, fill.SelectOptions{Only: f.only, Samples: f.span, Shard: f.split})
 	if err != nil {
 		return nil, fmt.Errorf("--only %w", err)
 	}
@@ -90,9 +90,9 @@ func (f *warmFlags) validate(cmd *cobra.Command, src string) error {
 			return err
 		}
 	}
-	span, err := layout.ParseSampleSpan(f.samples)
+	span, err := fill.ParseSampleSpan(f.samples)
 	if err != nil {
-		return usagef("--%s", strings.TrimPrefix(err.Error(), layout.ErrInvalidOption.Error()+": "))
+		return usagef("--%s", strings.TrimPrefix(err.Error(), fill.ErrInvalidSpan.Error()+": "))
 	}
 	f.span = span
 	f.split, err = checkShard(f.rank, f.world, f.shard)
@@ -190,7 +190,7 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 	var done, doneBytes atomic.Int64
 	var firstErr error
 	var errOnce sync.Once
-	failed, _ := fill.Warm(ctx, c, lay, todo, fill.WarmOptions{Jobs: f.jobs, Done: func(b layout.Blob, err error) {
+	failed, _ := fill.Warm(ctx, o.fill, lay, todo, fill.WarmOptions{Jobs: f.jobs, Done: func(b layout.Blob, err error) {
 		if err != nil {
 			log.Error("warm failed", "file", b.Path(), "err", err)
 			errOnce.Do(func() { firstErr = fmt.Errorf("%s: %w", b.Path(), err) })

@@ -134,7 +134,7 @@ func run(dir, path, dim string, batch, readers int, steps, chunkCache int64) (*r
 	// Step 0 once before timing: checks the values against the peers' and
 	// faults in the code paths, so the timed loop measures steady state.
 	first := make([]byte, stepBytes)
-	if err := h.Read(ctx, []zarr.Request{request(0, first)}); err != nil {
+	if err := h.Read(ctx, nil, []zarr.Request{request(0, first)}); err != nil {
 		return nil, err
 	}
 	sum := sha256.Sum256(first)
@@ -173,7 +173,7 @@ func run(dir, path, dim string, batch, readers int, steps, chunkCache int64) (*r
 				for i := int64(0); i < int64(batch) && t+i < n; i++ {
 					reqs = append(reqs, request(t+i, bs[i]))
 				}
-				if err := h.Read(ctx, reqs); err != nil {
+				if err := h.Read(ctx, nil, reqs); err != nil {
 					errs <- err
 					cancel() // stops the feeder and the other readers
 					return

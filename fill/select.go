@@ -1,12 +1,19 @@
-package layout
+package fill
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
 	"strconv"
 	"strings"
+
+	"github.com/zarrfs/zarrfs/layout"
 )
+
+// ErrInvalidSpan is returned (wrapped) by ParseSampleSpan for a range it
+// cannot read.
+var ErrInvalidSpan = errors.New("invalid sample range")
 
 // SampleSpan is a half-open range [Start, Stop) of sample indices; a
 // negative Stop means "to the end".
@@ -22,24 +29,24 @@ func ParseSampleSpan(s string) (*SampleSpan, error) {
 	}
 	a, b, ok := strings.Cut(s, ":")
 	if !ok {
-		return nil, fmt.Errorf("%w: samples %q: want START:STOP", ErrInvalidOption, s)
+		return nil, fmt.Errorf("%w: samples %q: want START:STOP", ErrInvalidSpan, s)
 	}
 	r := &SampleSpan{0, -1}
 	var err error
 	if a != "" {
 		if r.Start, err = strconv.ParseInt(a, 10, 64); err != nil || r.Start < 0 {
-			return nil, fmt.Errorf("%w: samples %q: bad START", ErrInvalidOption, s)
+			return nil, fmt.Errorf("%w: samples %q: bad START", ErrInvalidSpan, s)
 		}
 	}
 	if b != "" {
 		if r.Stop, err = strconv.ParseInt(b, 10, 64); err != nil || r.Stop < r.Start {
-			return nil, fmt.Errorf("%w: samples %q: bad STOP", ErrInvalidOption, s)
+			return nil, fmt.Errorf("%w: samples %q: bad STOP", ErrInvalidSpan, s)
 		}
 	}
 	return r, nil
 }
 
-// notInMount is a path of PlanOptions.Only the layout lacks.
+// notInMount is a path of SelectOptions.Only the layout lacks.
 type notInMount string
 
 func (p notInMount) Error() string        { return string(p) + ": no such file or directory in the mount" }
@@ -68,8 +75,9 @@ func selectedUnder(only []string, dir string) bool {
 	return false
 }
 
-// PlanOptions choose the blobs of a Plan. The zero value plans every blob.
-type PlanOptions struct {
+// SelectOptions choose the blobs of a Selection. The zero value selects
+// every blob.
+type SelectOptions struct {
 	// Only keeps the blobs under these mount paths (arrays, views,
 	// directories or files; ".npy" may be left off a file's name). Empty
 	// keeps every path.
@@ -79,16 +87,16 @@ type PlanOptions struct {
 	Samples *SampleSpan
 	// Shard keeps the share of the selected samples one rank reads: it
 	// splits Samples, not the whole directory, so that ranks given the
-	// same range divide it among themselves. Plans address samples by
-	// their index among all of a directory's samples, whether or not the
-	// layout itself was built with a Shard.
-	Shard Shard
+	// same range divide it among themselves. A Selection addresses samples
+	// by their index among all of a directory's samples, whether or not
+	// the layout itself was built with a Shard.
+	Shard layout.Shard
 }
 
-// Plan is the list of blobs to fill (what `zarrfs warm` does), in mount
-// order, with the mount paths they fall under.
-type Plan struct {
-	Blobs []Blob
+// Selection is the list of blobs to fill (what `zarrfs warm` does), in
+// mount order, with the mount paths they fall under.
+type Selection struct {
+	Blobs []layout.Blob
 	// Dirs are the sample directories holding planned blobs (with a
 	// trailing "/") and the whole-array files planned, in mount order.
 	Dirs  []string
@@ -100,11 +108,11 @@ type Plan struct {
 	InRange int
 }
 
-// Plan selects blobs by path, sample range and rank. Whole-array files
-// (coordinates, static fields) are in every rank's plan: they are small
-// and every rank needs them. A path of Only that is not in the layout is
-// an error wrapping fs.ErrNotExist.
-func (l *Layout) Plan(o PlanOptions) (*Plan, error) {
+// Select selects blobs of l by path, sample range and rank. Whole-array
+// files (coordinates, static fields) are in every rank's selection: they
+// are small and every rank needs them. A path of Only that is not in the
+// layout is an error wrapping fs.ErrNotExist.
+func Select(l *layout.Layout, o SelectOptions) (*Selection, error) {
 	only := make([]string, 0, len(o.Only))
 	for _, p := range o.Only {
 		p = strings.Trim(path.Clean("/"+p), "/")
@@ -127,18 +135,18 @@ func (l *Layout) Plan(o PlanOptions) (*Plan, error) {
 		}
 		return false
 	}
-	plan := &Plan{}
-	add := func(b Blob) {
+	plan := &Selection{}
+	add := func(b layout.Blob) {
 		plan.Blobs = append(plan.Blobs, b)
 		plan.Bytes += b.Size()
 	}
-	var walk func(d *Dir)
-	walk = func(d *Dir) {
+	var walk func(d *layout.Dir)
+	walk = func(d *layout.Dir) {
 		if d.IsSampleDir() {
 			if !selected(d.Path()) && !selectedUnder(only, d.Path()) {
 				return
 			}
-			n := d.allLen()
+			n := d.Samples()
 			if o.Samples != nil && (o.Samples.Stop > n || o.Samples.Start >= n) {
 				plan.Short = append(plan.Short, fmt.Sprintf("%s/ has %d", d.Path(), n))
 			}
@@ -149,7 +157,7 @@ func (l *Layout) Plan(o PlanOptions) (*Plan, error) {
 			mine := o.Shard.Of(lo, hi)
 			listed := false
 			for j := range mine.Count {
-				b := d.allEntry(mine.At(j)).Blob
+				b := d.SampleEntry(mine.At(j)).Blob
 				if !selected(b.Path()) {
 					continue
 				}
@@ -163,9 +171,9 @@ func (l *Layout) Plan(o PlanOptions) (*Plan, error) {
 		}
 		for i := range d.Len() {
 			switch e := d.Entry(i); e.Kind {
-			case KindDir:
+			case layout.KindDir:
 				walk(e.Dir)
-			case KindBlob:
+			case layout.KindBlob:
 				if selected(e.Blob.Path()) {
 					add(e.Blob)
 					plan.Dirs = append(plan.Dirs, e.Blob.Path())
@@ -173,6 +181,6 @@ func (l *Layout) Plan(o PlanOptions) (*Plan, error) {
 			}
 		}
 	}
-	walk(l.root)
+	walk(l.Root())
 	return plan, nil
 }
