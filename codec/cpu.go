@@ -2,7 +2,6 @@ package codec
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -38,9 +37,6 @@ type CPU struct {
 }
 
 var _ BatchDecoder = (*CPU)(nil)
-
-// ErrClosed is returned by DecodeBatch on a CPU decoder that was closed.
-var ErrClosed = errors.New("codec: decoder closed")
 
 // batch is one DecodeBatch call: workers that take a ticket for it claim
 // jobs by index until none is left, so a batch of many small jobs costs one

@@ -182,10 +182,6 @@ const (
 	minLentBytes = 64 << 20
 )
 
-// ErrBudget is wrapped when --gpu-memory or --pinned-memory leave too
-// little for decoding on a GPU.
-var ErrBudget = errors.New("memory budget too small for GPU decoding")
-
 // gpuOptions derives each GPU decoder's bounds from the budgets: the rounds
 // take half the device memory left after the context (the rest is
 // nvCOMP's scratch and allocation slack), at least two rounds in flight
@@ -198,16 +194,16 @@ func (o Options) gpuOptions() (gpu.Options, error) {
 	// the buffers' slack.
 	batch := dev / 2
 	if batch < minRoundBytes {
-		return g, fmt.Errorf("%w: --gpu-memory %s leaves %s for decoding after the CUDA context; give at least %s",
-			ErrBudget, size(o.GPUMemory), size(max(dev, 0)), size(ContextBytes+minRoundBytes*2))
+		return g, fmt.Errorf("%w: too small for GPU decoding: --gpu-memory %s leaves %s for decoding after the CUDA context; give at least %s",
+			gpu.ErrBudget, size(o.GPUMemory), size(max(dev, 0)), size(ContextBytes+minRoundBytes*2))
 	}
 	// The staging holds a round's input and output, and an eighth more for
 	// the pieces that must be realigned.
 	staging := batch + batch/8
 	lent := o.PinnedMemory - staging
 	if lent < minLentBytes {
-		return g, fmt.Errorf("%w: --pinned-memory %s: decoding stages %s of it; give at least %s",
-			ErrBudget, size(o.PinnedMemory), size(staging), size(staging+minLentBytes))
+		return g, fmt.Errorf("%w: too small for GPU decoding: --pinned-memory %s: decoding stages %s of it; give at least %s",
+			gpu.ErrBudget, size(o.PinnedMemory), size(staging), size(staging+minLentBytes))
 	}
 	g.DeviceBytes, g.MaxBatchBytes = dev, batch
 	g.Streams = int(min(max(batch/(256<<20), 2), 4))
@@ -238,9 +234,6 @@ func size(n int64) string {
 	}
 	return fmt.Sprintf("%dB", n)
 }
-
-// ErrClosed is returned by DecodeBatch after Close.
-var ErrClosed = errors.New("decode: pipeline closed")
 
 // Pipeline decodes batches of chunks where Options say. It implements
 // codec.BatchDecoder.
@@ -473,7 +466,7 @@ func (p *Pipeline) openGPUs() (err error) {
 				g.Close()
 			}
 			if err == nil {
-				err = ErrClosed
+				err = fmt.Errorf("decode: pipeline: %w", codec.ErrClosed)
 			}
 			return
 		}
@@ -903,4 +896,6 @@ func (p *Pipeline) warnFallback(what string, cause error) {
 
 type closedDecoder struct{}
 
-func (closedDecoder) DecodeBatch(ctx context.Context, jobs []codec.Job) error { return ErrClosed }
+func (closedDecoder) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
+	return fmt.Errorf("decode: pipeline: %w", codec.ErrClosed)
+}

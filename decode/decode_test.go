@@ -200,7 +200,7 @@ func TestCPUMode(t *testing.T) {
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.DecodeBatch(context.Background(), jobs); !errors.Is(err, ErrClosed) {
+	if err := p.DecodeBatch(context.Background(), jobs); !errors.Is(err, codec.ErrClosed) {
 		t.Errorf("after Close: %v, want ErrClosed", err)
 	}
 }
@@ -473,14 +473,14 @@ func TestBudgets(t *testing.T) {
 		t.Errorf("8 GiB: %+v, %v", g, err)
 	}
 	for _, o := range []Options{{GPUMemory: 600 << 20, PinnedMemory: 2 << 30}, {GPUMemory: 1 << 30, PinnedMemory: 300 << 20}} {
-		if _, err := o.gpuOptions(); !errors.Is(err, ErrBudget) {
-			t.Errorf("%+v: %v, want ErrBudget", o, err)
+		if _, err := o.gpuOptions(); !errors.Is(err, gpu.ErrBudget) {
+			t.Errorf("%+v: %v, want gpu.ErrBudget", o, err)
 		}
 	}
 	var made []*fakeGPU
 	opts := fakes(GPU, 1, &made)
 	opts.GPUMemory = 600 << 20
-	if _, err := New(opts); !errors.Is(err, ErrBudget) || len(made) != 0 {
+	if _, err := New(opts); !errors.Is(err, gpu.ErrBudget) || len(made) != 0 {
 		t.Errorf("gpu mode under budget: %v, %d GPUs opened", err, len(made))
 	}
 	opts.Mode = Auto

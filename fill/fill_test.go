@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -94,12 +95,12 @@ func TestFillSlabs(t *testing.T) {
 
 func TestFillError(t *testing.T) {
 	l, r := build(t, testHierarchy(), layout.Options{})
-	r.err = fmt.Errorf("t/c/0/0/0/0: %w", zarr.ErrCorrupt)
+	r.err = fmt.Errorf("t/c/0/0/0/0: %w", codec.ErrCorrupt)
 	b := mustLookup(t, l, "t/00.npy")
 	out, _ := os.Create(filepath.Join(t.TempDir(), "x"))
 	defer out.Close()
 	err := newFiller(t, Options{Reader: r}).Fill(context.Background(), l, b, nil, out)
-	if !errors.Is(err, zarr.ErrCorrupt) || !strings.Contains(err.Error(), "t/00.npy") {
+	if !errors.Is(err, codec.ErrCorrupt) || !strings.Contains(err.Error(), "t/00.npy") {
 		t.Errorf("fill error %v", err)
 	}
 }

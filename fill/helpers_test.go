@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/klauspost/compress/zstd"
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/internal/testenv"
 	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/objectstore"
@@ -408,7 +409,7 @@ func openStore(t *testing.T, dir string, o zarr.Options) *zarr.Hierarchy {
 }
 
 func (failReader) Read(context.Context, *zarr.Pin, []zarr.Request) error {
-	return fmt.Errorf("level/c/0: %w", zarr.ErrCorrupt)
+	return fmt.Errorf("level/c/0: %w", codec.ErrCorrupt)
 }
 
 // rewriteChunk gives the chunk file at rel (below dir) the bytes of the

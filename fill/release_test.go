@@ -8,9 +8,9 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/internal/memory"
 	"github.com/zarrfs/zarrfs/layout"
-	"github.com/zarrfs/zarrfs/zarr"
 )
 
 // A fill that fails gives its memory back: the budget holds nothing once
@@ -25,10 +25,10 @@ func TestFailedFillReleasesMemory(t *testing.T) {
 	defer out.Close()
 
 	l, r := build(t, testHierarchy(), layout.Options{})
-	r.err = fmt.Errorf("t/c/0/0/0/0: %w", zarr.ErrCorrupt)
+	r.err = fmt.Errorf("t/c/0/0/0/0: %w", codec.ErrCorrupt)
 	f := newFiller(t, Options{Reader: r, MemoryBudget: budget})
 	for range 3 {
-		if err := f.Fill(context.Background(), l, mustLookup(t, l, "t/00.npy"), nil, out); !errors.Is(err, zarr.ErrCorrupt) {
+		if err := f.Fill(context.Background(), l, mustLookup(t, l, "t/00.npy"), nil, out); !errors.Is(err, codec.ErrCorrupt) {
 			t.Fatalf("fill: %v, want the reader's error", err)
 		}
 		if n := budget.Used(); n != 0 {
@@ -51,7 +51,7 @@ func TestFailedFillReleasesMemory(t *testing.T) {
 	d := mustDir(t, vl, "train")
 	b := d.SampleEntry(1).Blob
 	f = newFiller(t, Options{Reader: failReader{}, MemoryBudget: budget})
-	if err := f.Fill(context.Background(), vl, b, nil, out); !errors.Is(err, zarr.ErrCorrupt) {
+	if err := f.Fill(context.Background(), vl, b, nil, out); !errors.Is(err, codec.ErrCorrupt) {
 		t.Fatalf("view fill: %v, want the reader's error", err)
 	}
 	if n := budget.Used(); n != 0 {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/zarrfs/zarrfs/cache"
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/internal/syncbuf"
 	"github.com/zarrfs/zarrfs/internal/testenv"
@@ -46,7 +47,7 @@ func (r *patternReader) Read(ctx context.Context, _ *zarr.Pin, reqs []zarr.Reque
 	}
 	for _, q := range reqs {
 		if r.fail[q.Array.Path] {
-			return &zarr.ChunkError{Array: q.Array.Path, Key: q.Array.Path + "/c/0/0", Err: fmt.Errorf("%w: zstd: invalid frame", zarr.ErrCorrupt)}
+			return &zarr.ChunkError{Array: q.Array.Path, Key: q.Array.Path + "/c/0/0", Err: fmt.Errorf("%w: zstd: invalid frame", codec.ErrCorrupt)}
 		}
 		size := int64(q.Array.DType.Size)
 		n := int64(len(q.Dst)) / size

@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -205,7 +206,7 @@ func TestBindErrors(t *testing.T) {
 	// A failing coordinate read is reported with the array, not as a spec error.
 	specs, _ := ParseViews("v.yaml", []byte("views:\n  - name: v\n    channels: [{var: t, select_values: {level: [850]}}]\n"))
 	_, err = specs[0].Bind(context.Background(), viewHierarchy(), BindOptions{Reader: failReader{}})
-	if !errors.Is(err, zarr.ErrCorrupt) || !strings.Contains(err.Error(), `coordinate array "level"`) {
+	if !errors.Is(err, codec.ErrCorrupt) || !strings.Contains(err.Error(), `coordinate array "level"`) {
 		t.Errorf("coordinate read failure: %v", err)
 	}
 }
@@ -213,7 +214,7 @@ func TestBindErrors(t *testing.T) {
 type failReader struct{}
 
 func (failReader) Read(context.Context, *zarr.Pin, []zarr.Request) error {
-	return fmt.Errorf("level/c/0: %w", zarr.ErrCorrupt)
+	return fmt.Errorf("level/c/0: %w", codec.ErrCorrupt)
 }
 
 const trainYAML = `views:

@@ -18,18 +18,12 @@ import (
 	"github.com/zarrfs/zarrfs/objectstore"
 )
 
-// ErrUnsupported marks an array that uses a feature zarrfs does not read.
-var ErrUnsupported = errors.New("unsupported")
-
 // ErrChecksum is returned (wrapped) when a crc32c codec's checksum does not match.
 var ErrChecksum = errors.New("checksum mismatch")
 
 // ErrNoMetadata is returned (wrapped) by Open when the store's root holds
 // no Zarr metadata at all (and Options.EmptyWhenGone is not set).
 var ErrNoMetadata = errors.New("no Zarr metadata")
-
-// ErrCorrupt is returned (wrapped) when a chunk or shard cannot be decoded.
-var ErrCorrupt = errors.New("corrupt chunk")
 
 // Options configure Open. The zero value is valid.
 type Options struct {

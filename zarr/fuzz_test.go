@@ -58,7 +58,7 @@ func knownReadError(err error) bool {
 	if !errors.As(err, &ce) || ce.Key == "" {
 		return false
 	}
-	for _, class := range []error{zarr.ErrCorrupt, zarr.ErrChecksum, zarr.ErrUnsupported, codec.ErrCorrupt, codec.ErrUnsupported} {
+	for _, class := range []error{codec.ErrCorrupt, zarr.ErrChecksum, codec.ErrUnsupported} {
 		if errors.Is(err, class) {
 			return true
 		}

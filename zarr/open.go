@@ -242,10 +242,10 @@ func attrsOrEmpty(m map[string]any) map[string]any {
 
 func (w *walker) unsupported(a *Array, err error) {
 	a.Unsupported = err.Error()
-	if !errors.Is(err, ErrUnsupported) && !errors.Is(err, ErrMetadataLimit) {
+	if !errors.Is(err, codec.ErrUnsupported) && !errors.Is(err, ErrMetadataLimit) {
 		a.Unsupported = "invalid metadata: " + a.Unsupported
 	}
-	a.Unsupported = strings.TrimPrefix(a.Unsupported, ErrUnsupported.Error()+": ")
+	a.Unsupported = strings.TrimPrefix(a.Unsupported, codec.ErrUnsupported.Error()+": ")
 	w.h.Arrays = append(w.h.Arrays, a)
 }
 

@@ -344,7 +344,7 @@ func TestPartialHostile(t *testing.T) {
 			a := h.Array("pl")
 			err := h.Read(ctx, nil, levels(a, 1, tc.lv...))
 			var ce *zarr.ChunkError
-			if !errors.As(err, &ce) || ce.Key != "pl/1.0.0.0" || !(errors.Is(err, zarr.ErrCorrupt) || errors.Is(err, codec.ErrCorrupt)) || strings.Contains(err.Error(), "\n") {
+			if !errors.As(err, &ce) || ce.Key != "pl/1.0.0.0" || !(errors.Is(err, codec.ErrCorrupt) || errors.Is(err, codec.ErrCorrupt)) || strings.Contains(err.Error(), "\n") {
 				t.Fatalf("err = %v; want one line, a corrupt chunk naming pl/1.0.0.0", err)
 			}
 			if len(cache.m) != 0 {

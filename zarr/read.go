@@ -241,7 +241,7 @@ func (h *Hierarchy) Read(ctx context.Context, pin *Pin, reqs []Request) error {
 	}
 	for _, l := range st.leaves {
 		if l.err == nil && !l.missing && l.dec == nil && !l.direct && l.part == nil {
-			l.err = fmt.Errorf("%w: chunk produced no data", ErrCorrupt)
+			l.err = fmt.Errorf("%w: chunk produced no data", codec.ErrCorrupt)
 		}
 		if l.err != nil {
 			return &ChunkError{Array: l.arr.Path, Key: l.key, Err: l.err}
@@ -311,7 +311,7 @@ func (a *Array) check(r Request) error {
 		return errors.New("zarr: request without an opened array")
 	}
 	if a.Unsupported != "" {
-		return fmt.Errorf("array %q: %w: %s", a.Path, ErrUnsupported, a.Unsupported)
+		return fmt.Errorf("array %q: %w: %s", a.Path, codec.ErrUnsupported, a.Unsupported)
 	}
 	rank := len(a.Shape)
 	if len(r.Start) != rank || len(r.Count) != rank {
@@ -426,7 +426,7 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 		}
 	}
 	if idxLen > maxChunkBytes {
-		return &ChunkError{Array: a.Path, Key: key, Err: fmt.Errorf("%w: shard index of %d bytes", ErrUnsupported, idxLen)}
+		return &ChunkError{Array: a.Path, Key: key, Err: fmt.Errorf("%w: shard index of %d bytes", codec.ErrUnsupported, idxLen)}
 	}
 	idx, err := st.shardIndex(ctx, a, s, src, key, idxLen)
 	if objectstore.IsNotFound(err) {
@@ -474,13 +474,13 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 		}
 		if off > 1<<62 || nb > maxChunkBytes || (s.codecs.shard == nil && int64(nb) > maxEncoded(product(s.inner)*int64(a.DType.Size))) {
 			emu.Lock()
-			errs = append(errs, &ChunkError{Array: a.Path, Key: ikey, Err: fmt.Errorf("%w: shard index entry offset %d length %d", ErrCorrupt, off, nb)})
+			errs = append(errs, &ChunkError{Array: a.Path, Key: ikey, Err: fmt.Errorf("%w: shard index entry offset %d length %d", codec.ErrCorrupt, off, nb)})
 			emu.Unlock()
 			return
 		}
 		if s.indexAtStart && off < uint64(idxLen) {
 			emu.Lock()
-			errs = append(errs, &ChunkError{Array: a.Path, Key: ikey, Err: fmt.Errorf("%w: inner chunk at %d overlaps the shard index", ErrCorrupt, off)})
+			errs = append(errs, &ChunkError{Array: a.Path, Key: ikey, Err: fmt.Errorf("%w: inner chunk at %d overlaps the shard index", codec.ErrCorrupt, off)})
 			emu.Unlock()
 			return
 		}
@@ -520,9 +520,9 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 			if err != nil {
 				switch {
 				case objectstore.IsNotFound(err):
-					err = fmt.Errorf("%w: shard vanished while reading", ErrCorrupt)
+					err = fmt.Errorf("%w: shard vanished while reading", codec.ErrCorrupt)
 				case errors.Is(err, objectstore.ErrRange):
-					err = fmt.Errorf("%w: the shard index points past the end of the shard: %w", ErrCorrupt, err)
+					err = fmt.Errorf("%w: the shard index points past the end of the shard: %w", codec.ErrCorrupt, err)
 				}
 				emu.Lock()
 				errs = append(errs, &ChunkError{Array: a.Path, Key: ikey, Err: err})
@@ -552,7 +552,7 @@ func (st *readState) shardIndex(ctx context.Context, a *Array, s *shardSpec, src
 		b, fresh, err = src.suffix(ctx, n)
 	}
 	if errors.Is(err, objectstore.ErrRange) {
-		return nil, fmt.Errorf("%w: shard shorter than its %d-byte index: %w", ErrCorrupt, n, err)
+		return nil, fmt.Errorf("%w: shard shorter than its %d-byte index: %w", codec.ErrCorrupt, n, err)
 	}
 	if err != nil {
 		return nil, err
@@ -844,7 +844,7 @@ func (l *leaf) inBounds() int64 {
 func (st *readState) finish(l *leaf, dec []byte) {
 	want := product(l.shape) * int64(l.arr.DType.Size)
 	if int64(len(dec)) != want {
-		l.err = fmt.Errorf("%w: decoded %d bytes, expected %d", ErrCorrupt, len(dec), want)
+		l.err = fmt.Errorf("%w: decoded %d bytes, expected %d", codec.ErrCorrupt, len(dec), want)
 		return
 	}
 	l.dec = dec

@@ -169,7 +169,7 @@ func TestHostileShard(t *testing.T) {
 			if !errors.As(err, &ce) || !strings.HasPrefix(ce.Key, "c/0/0") {
 				t.Errorf("error %v does not name the chunk", err)
 			}
-			if !errors.Is(err, zarr.ErrCorrupt) && !errors.Is(err, zarr.ErrChecksum) && !errors.Is(err, codec.ErrCorrupt) {
+			if !errors.Is(err, codec.ErrCorrupt) && !errors.Is(err, zarr.ErrChecksum) && !errors.Is(err, codec.ErrCorrupt) {
 				t.Errorf("error %v is neither a corrupt chunk nor a checksum mismatch", err)
 			}
 		})

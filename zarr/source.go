@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/objectstore"
 )
 
@@ -278,14 +279,14 @@ func (m memSource) whole(context.Context) ([]byte, string, error) { return m.b, 
 
 func (m memSource) rng(_ context.Context, off, n int64) ([]byte, string, error) {
 	if off < 0 || n < 0 || off > int64(len(m.b)) || n > int64(len(m.b))-off {
-		return nil, "", fmt.Errorf("%w: range %d+%d past the end of a %d-byte shard", ErrCorrupt, off, n, len(m.b))
+		return nil, "", fmt.Errorf("%w: range %d+%d past the end of a %d-byte shard", codec.ErrCorrupt, off, n, len(m.b))
 	}
 	return m.b[off : off+n], "", nil
 }
 
 func (m memSource) suffix(_ context.Context, n int64) ([]byte, string, error) {
 	if n > int64(len(m.b)) {
-		return nil, "", fmt.Errorf("%w: shard of %d bytes is shorter than its %d-byte index", ErrCorrupt, len(m.b), n)
+		return nil, "", fmt.Errorf("%w: shard of %d bytes is shorter than its %d-byte index", codec.ErrCorrupt, len(m.b), n)
 	}
 	return m.b[int64(len(m.b))-n:], "", nil
 }

@@ -201,7 +201,7 @@ func (s *Store) manifest(ctx context.Context, id string) (*manifest, error) {
 	return s.manifests.Get(ctx, id, func(ctx context.Context) (*manifest, error) {
 		_, payload, err := readFile(ctx, s.repo, "manifests/"+id, fileManifest)
 		if objectstore.IsNotFound(err) {
-			return nil, fmt.Errorf("manifest %s is missing: %w", id, ErrCorrupt)
+			return nil, fmt.Errorf("manifest %s is missing: %w", id, errCorrupt)
 		}
 		if err != nil {
 			return nil, err
@@ -220,7 +220,7 @@ func parseManifest(payload []byte) (_ *manifest, err error) {
 	var dict *zstd.Decoder
 	if d := fm.LocationDictionaryBytes(); len(d) > 0 {
 		if dict, err = zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderDicts(d), zstd.WithDecoderMaxMemory(1<<20)); err != nil {
-			return nil, fmt.Errorf("%w: location dictionary: %v", ErrCorrupt, err)
+			return nil, fmt.Errorf("%w: location dictionary: %v", errCorrupt, err)
 		}
 		defer dict.Close()
 	}
@@ -243,7 +243,7 @@ func parseManifest(payload []byte) (_ *manifest, err error) {
 			}
 			c := chunk{off: int64(cr.Offset()), n: int64(cr.Length())}
 			if c.off < 0 || c.n < 0 {
-				return nil, fmt.Errorf("%w: chunk %v: offset %d length %d", ErrCorrupt, x.idx, cr.Offset(), cr.Length())
+				return nil, fmt.Errorf("%w: chunk %v: offset %d length %d", errCorrupt, x.idx, cr.Offset(), cr.Length())
 			}
 			switch {
 			case cr.InlineLength() > 0 || (cr.ChunkId(nil) == nil && len(cr.Location()) == 0 && cr.CompressedLocationLength() == 0):
@@ -255,11 +255,11 @@ func parseManifest(payload []byte) (_ *manifest, err error) {
 				c.location = string(cr.Location())
 			default:
 				if dict == nil {
-					return nil, fmt.Errorf("%w: chunk %v: compressed location without a dictionary", ErrCorrupt, x.idx)
+					return nil, fmt.Errorf("%w: chunk %v: compressed location without a dictionary", errCorrupt, x.idx)
 				}
 				loc, err := dict.DecodeAll(cr.CompressedLocationBytes(), nil)
 				if err != nil {
-					return nil, fmt.Errorf("%w: chunk %v: compressed location: %v", ErrCorrupt, x.idx, err)
+					return nil, fmt.Errorf("%w: chunk %v: compressed location: %v", errCorrupt, x.idx, err)
 				}
 				c.location = string(loc)
 			}
