@@ -24,10 +24,15 @@ build:
 
 # The binary into PREFIX/bin and mount(8)'s helper for fstab entries of type
 # fuse.zarrfs (a link to it, cmd/zarrfs/mounthelper.go) into HELPERDIR;
-# DESTDIR stages both for a package. The systemd units of contrib/ are
-# examples to adjust, installed only by make install-systemd.
-install: build
-	install -D -m 0755 bin/zarrfs $(DESTDIR)$(PREFIX)/bin/zarrfs
+# DESTDIR stages both for a package. The binary is a release build: no
+# paths of the machine that built it, no symbol table or DWARF (a third
+# smaller; stack traces keep their function names and lines). The systemd
+# units of contrib/ are examples to adjust, installed only by make
+# install-systemd.
+RELEASE_FLAGS := -trimpath -ldflags='-s -w'
+install:
+	$(GO) build $(RELEASE_FLAGS) -o bin/zarrfs-release ./cmd/zarrfs
+	install -D -m 0755 bin/zarrfs-release $(DESTDIR)$(PREFIX)/bin/zarrfs
 	install -d $(DESTDIR)$(HELPERDIR)
 	ln -sf $(PREFIX)/bin/zarrfs $(DESTDIR)$(HELPERDIR)/mount.fuse.zarrfs
 
@@ -142,6 +147,7 @@ test-gpu: build gpuvenv
 	bash integration/gpu/fill.sh bin/zarrfs bin/gpuview
 	$(PYTEST) -m gpu python/tests
 	bash integration/gpu/e2e.sh bin/zarrfs
+	bash integration/gpu/deliver.sh bin/zarrfs
 
 FUZZTIME ?= 2m
 fuzz:

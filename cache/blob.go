@@ -71,9 +71,9 @@ func (c *Cache) HasBlob(k BlobKey) bool {
 	}
 	c.tailLocked()
 	e := c.idx[rel]
-	var size int64
+	var size, mtime int64
 	if e != nil {
-		size = e.size
+		size, mtime = e.size, e.mtime
 	}
 	current := e != nil && e.ident == k.Identity
 	c.mu.Unlock()
@@ -81,7 +81,7 @@ func (c *Cache) HasBlob(k BlobKey) bool {
 		return false
 	}
 	fi, err := os.Stat(filepath.Join(c.dir, rel))
-	return err == nil && fi.Mode().IsRegular() && fi.Size() == size
+	return err == nil && fi.Mode().IsRegular() && fi.Size() == size && (mtime == 0 || fi.ModTime().UnixNano() == mtime)
 }
 
 // Holds reports whether the index holds a blob at k's path, whatever its
@@ -109,7 +109,10 @@ type Handle struct {
 	f    *os.File
 	path string
 	size int64
-	once sync.Once
+	// mtime is the file's modification time when it was opened
+	// (UnixNano), for Changed.
+	mtime int64
+	once  sync.Once
 }
 
 // File is a read-only descriptor on the complete blob.
@@ -120,6 +123,15 @@ func (h *Handle) Path() string { return h.path }
 
 // Size is the blob's size in bytes.
 func (h *Handle) Size() int64 { return h.size }
+
+// Changed reports whether the blob's file was written since the Handle
+// was opened: its size or modification time is not what they were. Blobs
+// are read-only, but root ignores that (a write through a direct mode
+// link). It costs one fstat.
+func (h *Handle) Changed() bool {
+	fi, err := h.f.Stat()
+	return err != nil || fi.Size() != h.size || fi.ModTime().UnixNano() != h.mtime
+}
 
 // Close closes the descriptor and unpins the blob. Calls after the first
 // do nothing.
@@ -356,7 +368,7 @@ func (c *Cache) openIndexed(rel string, size int64, ident string) (*Handle, erro
 	}
 	e.pins++
 	c.lru.MoveToFront(e.elem)
-	want := e.size
+	want, wantTime := e.size, e.mtime
 	c.mu.Unlock()
 
 	p := filepath.Join(c.dir, rel)
@@ -368,17 +380,33 @@ func (c *Cache) openIndexed(rel string, size int64, ident string) (*Handle, erro
 		// still names our file or the file is gone.
 		ok = flock(f, syscall.LOCK_SH) == nil
 	}
+	var mtime int64
+	written := false
 	if ok {
-		// One fstat serves both checks (this is every open of a mounted
+		// One fstat serves every check (this is every open of a mounted
 		// file, so each syscall counts).
 		fi, err := f.Stat()
 		pi, perr := os.Stat(p)
 		ok = err == nil && perr == nil && os.SameFile(fi, pi) &&
 			fi.Mode().IsRegular() && fi.Size() == want && want == size
+		if ok {
+			mtime = fi.ModTime().UnixNano()
+			// Written in place since it was published or first opened:
+			// blobs are read-only, but not to root (a write through a
+			// direct mode link). Never served: filled again.
+			written = wantTime != 0 && mtime != wantTime
+			ok = !written
+		} else if err == nil && perr == nil && os.SameFile(fi, pi) && fi.Mode().IsRegular() && want == size {
+			written = true // truncated or extended in place
+		}
 	}
 	if !ok {
 		if f != nil {
 			f.Close()
+		}
+		if written {
+			c.log.Warn("cache file written since it was cached; dropped and filled again (blobs are read-only: do not write through direct mode links)",
+				"file", p)
 		}
 		c.mu.Lock()
 		e.pins--
@@ -386,7 +414,14 @@ func (c *Cache) openIndexed(rel string, size int64, ident string) (*Handle, erro
 		c.mu.Unlock()
 		return nil, nil
 	}
-	return &Handle{c: c, e: e, f: f, path: p, size: size}, nil
+	if wantTime == 0 {
+		c.mu.Lock()
+		if e.mtime == 0 {
+			e.mtime = mtime
+		}
+		c.mu.Unlock()
+	}
+	return &Handle{c: c, e: e, f: f, path: p, size: size, mtime: mtime}, nil
 }
 
 // openRO opens a file read-only without os.Open's attempt to register a
@@ -410,6 +445,9 @@ func (c *Cache) dupHandle(rel string, f *os.File, size int64) (*Handle, error) {
 		return nil, fmt.Errorf("blob %s: %w", rel, err)
 	}
 	h := &Handle{c: c, f: df, path: p, size: size}
+	if fi, err := df.Stat(); err == nil {
+		h.mtime = fi.ModTime().UnixNano()
+	}
 	c.mu.Lock()
 	if e := c.idx[rel]; e != nil {
 		e.pins++
@@ -454,12 +492,12 @@ type hashingWriter struct {
 // hashPiece is how much a write hands the kernel before it hashes what it
 // wrote: the hash then reads bytes the kernel's copy just brought into the
 // core's cache, instead of a second pass over a sample from memory (a
-// sample is tens of megabytes; on the h200 the second pass cost as much
-// CPU as the write itself). A quarter of a MiB, the piece and its copy in
-// the page cache, stays in a core's L2 cache: against 1 MiB pieces, a
-// 4-core blosc fill on the h200 spent 3-6 % less CPU (the hash, the
-// source's copy and the unshuffle all gained), at four times the write
-// calls, which cost microseconds each.
+// sample is tens of megabytes, and the second pass cost as much CPU as
+// the write itself). A quarter of a MiB, the piece and its copy in the
+// page cache, stays in a core's L2 cache: against 1 MiB pieces a fill
+// takes less CPU (the hash, the source's copy and the unshuffle all gain;
+// BENCHMARKS.md, tuning choices), for more write calls, which cost
+// microseconds each.
 const hashPiece = 256 << 10
 
 func (h *hashingWriter) WriteAt(p []byte, off int64) (int, error) {
@@ -684,9 +722,17 @@ func (c *Cache) publish(rel, tmpName string, size int64, sum checksum, ident str
 	if err != nil {
 		return fmt.Errorf("%s: %w", rel, err)
 	}
+	// The time the file has now is the one it keeps while nothing writes
+	// it (openIndexed); the file at the path is ours, or the identical
+	// one another instance linked first.
+	var mtime int64
+	if fi, err := os.Stat(final); err == nil {
+		mtime = fi.ModTime().UnixNano()
+	}
 	c.mu.Lock()
 	c.inflight -= c.charge(size) // the reservation becomes the entry
-	c.insertLocked(record{size: size, sum: sum, ident: ident, writer: c.inst.id, key: rel}, true)
+	e := c.insertLocked(record{size: size, sum: sum, ident: ident, writer: c.inst.id, key: rel}, true)
+	e.mtime = mtime
 	c.evictLocked()
 	c.mu.Unlock()
 	return nil

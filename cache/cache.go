@@ -147,7 +147,12 @@ type entry struct {
 	writer  string // instance that added it
 	trusted bool   // verified, or written by an instance known to have finished it
 	pins    int    // open Handles in this instance
-	elem    *list.Element
+	// mtime is the file's modification time (UnixNano) as this instance
+	// first saw it: when it published the file, or opened it first. 0:
+	// not seen yet. A file whose time or size differs since was written
+	// in place (openIndexed).
+	mtime int64
+	elem  *list.Element
 }
 
 const (
@@ -558,7 +563,7 @@ func (c *Cache) insertLocked(r record, trusted bool) *entry {
 		c.used += c.charge(r.size) - c.charge(e.size)
 		c.bytes += r.size - e.size
 		c.unidentLocked(e)
-		e.size, e.sum, e.writer, e.ident = r.size, r.sum, r.writer, r.ident
+		e.size, e.sum, e.writer, e.ident, e.mtime = r.size, r.sum, r.writer, r.ident, 0
 		e.trusted = e.trusted && trusted
 		c.lru.MoveToFront(e.elem)
 		c.identLocked(e)

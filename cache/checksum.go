@@ -23,9 +23,9 @@ import (
 // The segment hash is what version 3 writes. A fill writes a blob in
 // pieces and hashes each piece just after the kernel copied it, while it
 // is in the core's cache (hashPiece): XXH3 hashes a segment handed whole in
-// one call 2.2x faster than xxh64 hashes the same bytes (BenchmarkChecksum,
-// dev: 27-28 GB/s against 12.5-12.8), and xxh64 took 10-12 % of a 4-core
-// blosc fill's CPU on the h200. A running XXH3 over the whole
+// one call about twice as fast as xxh64 hashes the same bytes
+// (BenchmarkChecksum; BENCHMARKS.md), and the hash is a fair share of a
+// fill's CPU on few cores. A running XXH3 over the whole
 // file would copy every byte into its stripe buffer first, which costs
 // what it saves. Records of journals before version 3 keep their xxh64,
 // which verifies as before; an instance that joins a journal of version 2,

@@ -15,7 +15,7 @@ import (
 
 // A blob's data is tens of megabytes written in one WriteAt. A write(2) of
 // it runs on one core for as long as the kernel takes to allocate and copy
-// every page (about 45 ms for an 87 MB sample on tmpfs), and two writes to
+// every page (tens of milliseconds for an ERA5-like sample), and two writes to
 // one file do not run at once (the inode's lock): that is most of a lone
 // fill's latency, which a reader of one sample at a time waits for. So a
 // large write reserves its range (fallocate), maps it, and copies into the
@@ -24,9 +24,9 @@ import (
 // follows the pieces in order on the writer's goroutine.
 //
 // Only on tmpfs (mapsWrites), and only while few fills run (fewFills): the
-// mapping costs more CPU than write(2) (about 1.4x on the development
-// machine: the kernel zeroes the pages it reserves, which a write that
-// covers them whole does not), which pays only when cores would otherwise
+// mapping costs more CPU than write(2) (the kernel zeroes the pages it
+// reserves, which a write that covers them whole does not; BENCHMARKS.md,
+// tuning choices), which pays only when cores would otherwise
 // idle; a warm or a busy epoch, which keeps the cores busy with fills,
 // writes with write(2).
 //
@@ -45,9 +45,9 @@ const mapPiece = 2 << 20
 const mapWriters = 8
 
 // mapsWrites reports whether the cache's filesystem takes mapped writes
-// well: tmpfs only. On ext4 (the h200's disk) a mapped write cost 2-3x the
-// CPU of write(2), each populated page going through the filesystem's
-// write fault, and a lone fill's latency did not improve.
+// well: tmpfs only. On ext4 a mapped write cost several times the CPU of
+// write(2), each populated page going through the filesystem's write
+// fault, and a lone fill's latency did not improve.
 func (c *Cache) mapsWrites() bool {
 	c.mapOnce.Do(func() {
 		var st unix.Statfs_t

@@ -44,9 +44,8 @@ func BitUnshuffle(dst, src []byte, typesize int) error {
 // planes (bitUntrans) into this scratch, then byte planes to elements
 // (Unshuffle), so the intermediate stays in L1 and each pass runs its own
 // vector kernel. 32 KiB rather than 16 KiB: each slice reads 8*typesize row
-// segments of 4096/typesize bytes, and shorter segments measured up to
-// 1.5x slower for typesize 4 and 8 (more row starts, fewer bytes per
-// prefetched stream).
+// segments of 4096/typesize bytes, and shorter segments are slower for
+// typesize 4 and 8 (more row starts, fewer bytes per prefetched stream).
 const bitChunk = 32 << 10
 
 func bitUnshuffleChunked(dst, src []byte, typesize, n int) {
@@ -84,8 +83,8 @@ type bitKernel struct {
 	name string
 	step int // groups per iteration; groups passed are a multiple of it
 	// minGroups is the fewest groups worth this kernel; shorter rows go to
-	// the next lower one. The AVX2 kernel measured slower than SSE2 on rows
-	// of a few hundred bytes and up to twice as fast on long ones.
+	// the next lower one. The AVX2 kernel is slower than SSE2 on rows of
+	// a few hundred bytes and faster on long ones (BenchmarkBitUnshuffle).
 	minGroups int
 }
 

@@ -140,9 +140,9 @@ func (f *BloscFrame) Unshuffle(dst, shuffled []byte) error {
 // streamStoreMin is the smallest destination a byte unshuffle writes with
 // non-temporal stores (unshuffleTo): a chunk decoded into its place in a
 // sample larger than a core's cache, which is read again only when the
-// sample is written out, after its other chunks. On one core the stores
-// make the unshuffle into memory 2.4x (dev) and 2.5x (h200) faster
-// (BenchmarkUnshuffleStream), a 4.15 MB field's whole decode 1.10x (dev);
+// sample is written out, after its other chunks. The stores skip the read
+// of each destination line, which makes the unshuffle into memory and a
+// whole field's decode faster (BenchmarkUnshuffleStream; BENCHMARKS.md);
 // a smaller destination is likely still in the cache when it is read.
 const streamStoreMin = 2 << 20
 

@@ -11,8 +11,9 @@ import (
 )
 
 // The reference zstd library (libzstd, the decoder numcodecs, zarrs and
-// tensorstore link) decodes an ERA5-like 16.6 MB chunk 1.2x faster than
-// the Go decoder (klauspost/compress) on one core (BenchmarkZstdDecoders). Where the system has it, zstd chunks and blosc's zstd
+// tensorstore link) decodes a large chunk faster than the Go decoder
+// (klauspost/compress) on one core (BenchmarkZstdDecoders; BENCHMARKS.md).
+// Where the system has it, zstd chunks and blosc's zstd
 // blocks of at least nativeZstdMin bytes decode through it, loaded at run
 // time through purego (no cgo), when they are zstd and skippable frames
 // end to end (walkZstd: a legacy frame, which a damaged magic number can
@@ -30,9 +31,9 @@ import (
 // library to load.
 
 // nativeZstdMin is the smallest decoded size handed to libzstd: its fixed
-// cost (the foreign call, a context reset) is about 0.13 us over the Go
-// decoder's, which loses at 64 bytes, breaks even at 512 and gains 1.1x at
-// 1 KiB and 1.3x at 4 KiB (BenchmarkZstdDecoders, dev).
+// cost (the foreign call, a context reset) loses to the Go decoder on tiny
+// chunks, breaks even at hundreds of bytes and gains clearly from a few
+// KiB (BenchmarkZstdDecoders).
 const nativeZstdMin = 4 << 10
 
 // minLibZstd is the oldest libzstd used (1.4.0, 2019); older ones are

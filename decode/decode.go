@@ -167,9 +167,10 @@ const (
 	DefaultGPUMemory    = 1 << 30
 	DefaultPinnedMemory = 2 << 30
 	DefaultIdleMemory   = 1 << 30
-	// DefaultGPUStartAfter: on the h200, a warm of 8 GB in auto mode ran
-	// at 0.87-0.92x cpu with the GPU declined for every codec, the cost
-	// being CUDA's start beside a fill of one or two seconds.
+	// DefaultGPUStartAfter: a warm of a few seconds in auto mode, started
+	// with the GPU at once, ran measurably slower than cpu even with the
+	// GPU declined for every codec, the cost being CUDA's start beside so
+	// short a fill (BENCHMARKS.md, tuning choices).
 	DefaultGPUStartAfter = 2 * time.Second
 	// ContextBytes is what a CUDA context with nvCOMP and our kernels
 	// takes on the device, set aside from GPUMemory (about 500 MiB on an
@@ -288,6 +289,10 @@ type Pipeline struct {
 	wakeMu    sync.Mutex
 
 	fellBack sync.Once
+
+	// rings counts delivery's rings and their requests (GPUFor): the GPUs
+	// stay awake while any is open.
+	rings atomic.Int64
 }
 
 type routed struct{ codec.BatchDecoder }
@@ -555,7 +560,7 @@ func (p *Pipeline) sleepWhenIdle() {
 			p.wakeMu.Unlock()
 			return
 		}
-		if p.asleep.Load() || len(p.gpus) == 0 || p.active.Load() > 0 || time.Since(time.Unix(0, p.lastUse.Load())) < idle || p.lentLocked() {
+		if p.asleep.Load() || len(p.gpus) == 0 || p.active.Load() > 0 || p.rings.Load() > 0 || time.Since(time.Unix(0, p.lastUse.Load())) < idle || p.lentLocked() {
 			p.mu.Unlock()
 			p.wakeMu.Unlock()
 			continue
@@ -665,9 +670,9 @@ func (p *Pipeline) Ready(ctx context.Context) (onGPU bool, err error) {
 //
 // Auto mode lends no pinned memory: registering it (cuMemHostRegister, a
 // few GB/s and serialised) then fell on every buffer of the fills, which
-// made auto slower than cpu while the GPU decoded a tenth of the chunks
-// (BENCHMARKS.md, "GPU decoding in the fill"). The GPU stages what it
-// decodes instead.
+// made auto slower than cpu while the GPU decoded a small share of the
+// chunks (BENCHMARKS.md, tuning choices). The GPU stages what it decodes
+// instead.
 func (p *Pipeline) Memory() codec.HostMemory { return lender{p} }
 
 // lender lends the first GPU's pinned memory in GPU mode, while that GPU

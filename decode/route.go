@@ -15,8 +15,8 @@ import (
 // router is auto mode's choice, batch by batch and codec by codec, between
 // the CPU pool and the GPUs, from what each has been measured to cost. The
 // GPU path takes host CPU too (framing and checks, staging copies,
-// checksums), measured at 0.7-1.0x of decoding on the CPU for the codecs
-// of ERA5-like stores: sending it work while the CPU has room only adds
+// checksums), nearly as much as decoding on the CPU for the codecs of
+// ERA5-like stores: sending it work while the CPU has room only adds
 // latency, and sending it work whose host side costs as much as decoding
 // frees no CPU. So:
 //

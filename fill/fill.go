@@ -67,6 +67,9 @@ func New(o Options) (*Filler, error) {
 	return &Filler{o: o}, nil
 }
 
+// MemoryBudget is the bound of what all fills hold at once (nil: none).
+func (f *Filler) MemoryBudget() *memory.Budget { return f.o.MemoryBudget }
+
 // Fill writes the whole file of blob b of lay (header, then data at its
 // alignment) to w, reading the source under pin (nil: the arrays' current
 // listings). Every chunk it needs is decoded once. On error, w holds

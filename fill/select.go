@@ -34,13 +34,19 @@ func ParseSampleSpan(s string) (*SampleSpan, error) {
 	r := &SampleSpan{0, -1}
 	var err error
 	if a != "" {
-		if r.Start, err = strconv.ParseInt(a, 10, 64); err != nil || r.Start < 0 {
-			return nil, fmt.Errorf("%w: samples %q: bad START", ErrInvalidSpan, s)
+		if r.Start, err = strconv.ParseInt(a, 10, 64); err != nil {
+			return nil, fmt.Errorf("%w: samples %q: START %q is not a whole number", ErrInvalidSpan, s, a)
+		}
+		if r.Start < 0 {
+			return nil, fmt.Errorf("%w: samples %q: START %d is negative (samples count from 0)", ErrInvalidSpan, s, r.Start)
 		}
 	}
 	if b != "" {
-		if r.Stop, err = strconv.ParseInt(b, 10, 64); err != nil || r.Stop < r.Start {
-			return nil, fmt.Errorf("%w: samples %q: bad STOP", ErrInvalidSpan, s)
+		if r.Stop, err = strconv.ParseInt(b, 10, 64); err != nil {
+			return nil, fmt.Errorf("%w: samples %q: STOP %q is not a whole number", ErrInvalidSpan, s, b)
+		}
+		if r.Stop < r.Start {
+			return nil, fmt.Errorf("%w: samples %q: STOP %d is before START %d (START:STOP takes samples START to STOP-1)", ErrInvalidSpan, s, r.Stop, r.Start)
 		}
 	}
 	return r, nil

@@ -133,8 +133,20 @@ func fillCost(v *layout.View, data int64, ks []int64) int64 {
 // fillSamples fills outs[i] with sample ks[i] (each len prod(SampleShape) *
 // DType.Size) through one Read. A static channel is read at most once.
 func (r run) fillSamples(ctx context.Context, v *layout.View, ks []int64, outs [][]byte) error {
+	return r.fillSamplesAs(ctx, v, ks, outs, false)
+}
+
+// fillSamplesAs is fillSamples; writeOnly says that outs may not hold
+// what the Read decoded into them (a decoder that writes a chunk landing
+// whole in outs elsewhere: FillInto's), so nothing is read back from
+// them: a static channel is copied from the memo or read for every sample,
+// and no memo is made from outs.
+func (r run) fillSamplesAs(ctx context.Context, v *layout.View, ks []int64, outs [][]byte, writeOnly bool) error {
 	per := prod(v.SampleShape[1:]) * int64(v.DType.Size)
 	memo, keep := v.Static(r.pin)
+	if writeOnly {
+		keep = nil
+	}
 	// Scratch for channels that need a cast.
 	var scratchLen int64
 	for _, ch := range v.Channels {
@@ -166,7 +178,7 @@ func (r run) fillSamples(ctx context.Context, v *layout.View, ks []int64, outs [
 					copies = append(copies, copyJob{dst, m})
 					continue
 				}
-				if si > 0 {
+				if si > 0 && !writeOnly {
 					copies = append(copies, copyJob{dst, outs[0][int64(c)*per : int64(c+1)*per]})
 					continue
 				}

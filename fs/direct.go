@@ -197,12 +197,21 @@ func (l *leases) resolve(m *Mounted, b layout.Blob) error {
 		}
 		l.mu.Lock()
 		if e, ok := l.byPath[p]; ok && e.Value.(*lease).ident == ident {
-			e.Value.(*lease).until = now.Add(l.d)
-			l.order.MoveToBack(e)
+			if !written(e.Value.(*lease).b) {
+				e.Value.(*lease).until = now.Add(l.d)
+				l.order.MoveToBack(e)
+				l.mu.Unlock()
+				return nil
+			}
+			// Written through the link (root ignores the blob's
+			// read-only mode): the lease ends, and the open below finds
+			// the file changed and fills it again.
+			old := l.removeLocked(e)
 			l.mu.Unlock()
-			return nil
+			old.Close()
+		} else {
+			l.mu.Unlock()
 		}
-		l.mu.Unlock()
 	}
 
 	// A blob larger than the whole cache budget is served from an unlinked
@@ -256,6 +265,13 @@ func (l *leases) resolve(m *Mounted, b layout.Blob) error {
 		b.Close()
 	}
 	return nil
+}
+
+// written reports whether a leased blob's file was written since it was
+// opened (cache.Handle.Changed: one fstat).
+func written(b fill.Backing) bool {
+	c, ok := b.(interface{ Changed() bool })
+	return ok && c.Changed()
 }
 
 func (l *leases) removeLocked(e *list.Element) fill.Backing {

@@ -37,11 +37,10 @@ type Options struct {
 	RoundBytes int64
 	// Streams is the number of rounds in flight, each with its own buffers
 	// and CUDA stream, so that one round's host-to-device copy, another's
-	// decoding and a third's device-to-host copy overlap. Zero means 4.
-	// (Measured on an H200 with 4 MB chunks in pinned memory, two runs:
-	// 4 rounds of 256 MiB against 2 of 512 gave 0.97x for zstd and lz4 and
-	// 1.25-1.30x for blosc; against 4, 6 and 8 rounds of 64 or 128 MiB it
-	// was best or within 5 %, lz4 excepted: 6 of 128 MiB, 5 % faster.)
+	// decoding and a third's device-to-host copy overlap. Zero means 4:
+	// 4 rounds of 256 MiB were best, or within noise of the best, of the
+	// counts and sizes tried for every codec (BENCHMARKS.md, tuning
+	// choices).
 	Streams int
 	// CopyWorkers is the number of goroutines that pack compressed bytes
 	// into pinned memory and copy decoded bytes out of it. Zero means
@@ -111,12 +110,13 @@ type Options struct {
 	Unverified bool
 	// WalkOnDevice walks LZ4 blocks on the GPU (kernels.cu's lz4_check,
 	// the host's lz4Check rule for rule, before nvCOMP reads them) instead
-	// of on the host, taking the walk off the host's CPU: on the h200 it
-	// cost a quarter of a 4-core GPU fill's CPU (blosc-lz4). The verdicts
-	// are the same (a block it rejects goes to the CPU, which calls it
+	// of on the host, taking the walk off the host's CPU, of which it is a
+	// large share in a blosc-lz4 GPU fill on few cores. The verdicts are
+	// the same (a block it rejects goes to the CPU, which calls it
 	// corrupt). Off by default: on the device the walk, one thread per
-	// block, took 13 % of the GPU's blosc-lz4 throughput, and a fill on a
-	// few cores, where it should pay, is not yet measured with it.
+	// block, costs GPU throughput, and a fill on a few cores, where it
+	// should pay, took less host CPU with it but was no faster
+	// (BENCHMARKS.md, tuning choices).
 	WalkOnDevice bool
 	// RoundTimeout bounds the time a round may take on the device, from
 	// the moment the submitter takes it up, before the Decoder gives up
@@ -221,6 +221,10 @@ type Decoder struct {
 	// overlap, as before the fence existed: tests set it to show what the
 	// fence prevents.
 	noFence bool
+	// ipcCalls, when set, are the IPC calls (ipc.go) instead of the
+	// driver's: tests' stand-ins.
+	ipcCalls *ipcLib
+
 	// noValidate skips the walk of LZ4 blocks (checkStreams on the host,
 	// lz4_check on the device): the throughput test sets it to measure
 	// what the walk costs. Nothing else may.
@@ -570,7 +574,7 @@ func (c cudaRounds) prepare(r *round) error {
 		return err
 	}
 	d.lastRound.Store(time.Now().UnixNano())
-	fl, err := d.prepareRound(r.jobs, r.preps, &d.sets[r.set])
+	fl, err := d.prepareRound(r.jobs, r.preps, r.dev, &d.sets[r.set])
 	r.fl = fl
 	return err
 }
@@ -615,8 +619,14 @@ func (c cudaRounds) finishDirect(r *round, which []int, deadline time.Time, canc
 	}
 	for _, k := range which {
 		dst := r.jobs[fl.idx[k]].Dst
-		if err := cu.check("cuMemcpyDtoHAsync", cu.cuMemcpyDtoHAsync(unsafe.Pointer(&dst[0]), set.dOut.ptr+uintptr(fl.l.finalOff[k]),
-			uint64(len(dst)), set.stream)); err != nil {
+		var err error
+		if to := r.devAt(fl.idx[k]); to != 0 {
+			err = d.copyOnDevice(to, set.dOut.ptr+uintptr(fl.l.finalOff[k]), int64(len(dst)), set.stream)
+		} else {
+			err = cu.check("cuMemcpyDtoHAsync", cu.cuMemcpyDtoHAsync(unsafe.Pointer(&dst[0]), set.dOut.ptr+uintptr(fl.l.finalOff[k]),
+				uint64(len(dst)), set.stream))
+		}
+		if err != nil {
 			// Those queued already are waited for below.
 			cu.cuEventRecord(set.out, set.stream)
 			d.await(set.out, deadline, cancel)

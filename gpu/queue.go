@@ -84,6 +84,10 @@ type request struct {
 	preps    []prepared  // per job
 	ok       []int       // the jobs sent to the device
 	elemSize int
+	// dev, when set, is per job the device address its decoded bytes go
+	// to instead of Dst (0: Dst) (Ring.Decode): they never come back to
+	// the host.
+	dev []uintptr
 
 	// mu is held shared while the decoder reads the jobs' Src (packing) or
 	// writes their Dst or Err, and exclusively by a caller giving up, who
@@ -115,6 +119,7 @@ type round struct {
 	items    []item
 	jobs     []codec.Job // copies of the items' jobs (layout and packing read these)
 	preps    []prepared  // the items' preparations
+	dev      []uintptr   // per job, the device address it goes to (request.dev); nil: none
 	elemSize int
 	fenced   bool
 	set      int
@@ -137,6 +142,14 @@ type round struct {
 	// (prepared.sums); nil where there are none.
 	pre   [][]byte
 	stats []any // what collect adds to the round's debug line
+}
+
+// devAt is the device address job k of the round goes to, 0 for its Dst.
+func (r *round) devAt(k int) uintptr {
+	if r.dev == nil {
+		return 0
+	}
+	return r.dev[k]
 }
 
 // start launches the submitter and the completer over dev.
@@ -170,6 +183,12 @@ func (d *Decoder) start(dev device) {
 // wrap codec.ErrUnsupported, and the decoder neither reads nor writes the
 // jobs' memory again.
 func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSize int) error {
+	return d.decodeBatch(ctx, jobs, elemSize, nil)
+}
+
+// decodeBatch is DecodeBatchSwap; with dev, jobs whose entry is not 0 go
+// to that device address instead of their Dst (Ring.Decode).
+func (d *Decoder) decodeBatch(ctx context.Context, jobs []codec.Job, elemSize int, dev []uintptr) error {
 	if err := ctx.Err(); err != nil {
 		for i := range jobs {
 			jobs[i].Err = fmt.Errorf("gpu: batch not decoded: %w: %w", codec.ErrUnsupported, err)
@@ -212,6 +231,11 @@ func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSiz
 			preps[i].err = fmt.Errorf("gpu: %d-byte chunk is not a whole number of %d-byte elements: %w",
 				len(jobs[i].Dst), elemSize, codec.ErrUnsupported)
 		}
+		if preps[i].err == nil && dev != nil && dev[i] != 0 && (preps[i].check != checkNone || len(preps[i].sums) > 0) {
+			// The host verifies such a chunk over its decoded bytes,
+			// which a device address keeps from it.
+			preps[i].err = fmt.Errorf("gpu: %s chunk: its checksum is verified on the host, not decoded into device memory: %w", jobs[i].Codec, codec.ErrUnsupported)
+		}
 		if preps[i].err == nil && preps[i].cost(int64(len(jobs[i].Dst))) > d.opts.share() {
 			preps[i].err = fmt.Errorf("gpu: %d-byte chunk exceeds one round's share (%d bytes) of the batch memory bound: %w",
 				len(jobs[i].Dst), d.opts.share(), codec.ErrUnsupported)
@@ -226,7 +250,7 @@ func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSiz
 	if len(ok) == 0 {
 		return nil
 	}
-	q := &request{ctx: ctx, jobs: jobs, preps: preps, ok: ok, elemSize: elemSize,
+	q := &request{ctx: ctx, jobs: jobs, preps: preps, ok: ok, elemSize: elemSize, dev: dev,
 		fin: make([]bool, len(jobs)), done: make(chan struct{})}
 	q.left.Store(int64(len(ok)))
 	if err := d.enqueue(q); err != nil {
@@ -440,9 +464,9 @@ const minRoundLimit = 16 << 20
 // cut size before rounds are let grow again, doubling (roundFitted): what
 // a miss cost may have passed (the others' buffers had grown for other
 // codecs, nvCOMP's zstd scratch for a larger round), and a cut kept for the
-// process's life left a later fill's rounds at a third of their size (on
-// the h200, blosc-lz4 rounds of 2.9 chunks against 8.0 after zstd rounds
-// had missed). A grown round that misses again costs one round readied
+// process's life left a later fill's rounds much smaller than they could
+// be (blosc-lz4 after zstd rounds had missed; BENCHMARKS.md, tuning
+// choices). A grown round that misses again costs one round readied
 // alone, once per growAfter rounds at most.
 const growAfter = 32
 
@@ -535,10 +559,17 @@ func (d *Decoder) runRound(r *round) {
 			break
 		}
 		r.jobs, r.preps = make([]codec.Job, len(live)), make([]prepared, len(live))
+		r.dev = nil
 		for k, it := range live {
 			// Not the whole Job: a caller that gave up writes its Err.
 			j := &it.req.jobs[it.i]
 			r.jobs[k], r.preps[k] = codec.Job{Codec: j.Codec, Src: j.Src, Dst: j.Dst}, it.req.preps[it.i]
+			if it.req.dev != nil && it.req.dev[it.i] != 0 {
+				if r.dev == nil {
+					r.dev = make([]uintptr, len(live))
+				}
+				r.dev[k] = it.req.dev[it.i]
+			}
 		}
 		if err = d.rounds.prepare(r); err != nil {
 			if errors.Is(err, ErrBudget) && !r.exclusive && d.opts.Streams > 1 {
@@ -595,7 +626,7 @@ func (d *Decoder) runRound(r *round) {
 		// give up (it takes mu to do so).
 		for k, it := range r.items {
 			q, j := it.req, &r.jobs[k]
-			if (len(r.reqs) == 0 || r.reqs[len(r.reqs)-1] != q) && (d.pinned(j.Src) || d.pinned(j.Dst)) {
+			if (len(r.reqs) == 0 || r.reqs[len(r.reqs)-1] != q) && (d.pinned(j.Src) || d.pinned(j.Dst) || r.devAt(k) != 0) {
 				q.onDevice.Add(1)
 				r.reqs = append(r.reqs, q)
 			}

@@ -26,7 +26,7 @@ type inflight struct {
 
 // prepareRound lays the jobs of one round out and grows set's buffers to
 // hold them; it reads the jobs' lengths and addresses only.
-func (d *Decoder) prepareRound(jobs []codec.Job, preps []prepared, set *bufSet) (*inflight, error) {
+func (d *Decoder) prepareRound(jobs []codec.Job, preps []prepared, dev []uintptr, set *bufSet) (*inflight, error) {
 	t0 := time.Now()
 	idx := make([]int, len(jobs))
 	for i := range idx {
@@ -37,7 +37,8 @@ func (d *Decoder) prepareRound(jobs []codec.Job, preps []prepared, set *bufSet) 
 	// (finishDirect).
 	directOut := make([]bool, len(idx))
 	for k, ji := range idx {
-		directOut[k] = d.pinned(jobs[ji].Dst)
+		// Jobs bound for device memory come back to no host memory.
+		directOut[k] = d.pinned(jobs[ji].Dst) || (dev != nil && dev[ji] != 0)
 	}
 	if err := d.reserve(set, l); err != nil {
 		return nil, err

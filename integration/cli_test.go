@@ -91,7 +91,7 @@ func TestCommandErrors(t *testing.T) {
 		{[]string{"cache", "bogus"}, 2, `unknown command "bogus" for "zarrfs cache"`},
 		// Checked before the source is opened: a missing source is not
 		// what they report.
-		{[]string{"warm", "/nonexistent.zarr", "--cache", t.TempDir(), "--samples", "-1:5"}, 2, `--samples "-1:5": bad START`},
+		{[]string{"warm", "/nonexistent.zarr", "--cache", t.TempDir(), "--samples", "-1:5"}, 2, `--samples "-1:5": START -1 is negative (samples count from 0)`},
 		{[]string{"mount", "/nonexistent.zarr", t.TempDir(), "--cache", t.TempDir(), "--world", "0"}, 2, "--world 0"},
 		{[]string{"status", "--watch", "-1s"}, 2, "--watch -1s"},
 		{[]string{"mount", src, filepath.Join(t.TempDir(), "none"), "--cache", t.TempDir()}, 1, "none: no such directory"},

@@ -21,7 +21,7 @@
 // metadata less the sample dimension's length and its attributes, or the
 // view's definition; the region; --align) and the version of every chunk
 // the blob reads, from a listing of its array (zarr.Hierarchy.List: S3
-// ETags, POSIX size, mtime and inode). Appending along the sample
+// ETags, POSIX size, mtime, inode and ctime). Appending along the sample
 // dimension therefore keeps the identity of every sample whose chunks the
 // append did not rewrite, while a chunk rewritten in place changes the
 // identity of the samples it holds once the array is listed again. Checking
@@ -146,6 +146,9 @@ func (l *Layout) Root() *Dir { return l.root }
 
 // Align returns the data offset of every blob.
 func (l *Layout) Align() int64 { return l.opts.Align }
+
+// Views returns the views the layout serves (Options.Views).
+func (l *Layout) Views() []*View { return l.opts.Views }
 
 // SampleDim returns the sample dimension name in use.
 func (l *Layout) SampleDim() string { return l.opts.SampleDim }

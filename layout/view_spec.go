@@ -1,6 +1,7 @@
 package layout
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -157,6 +158,46 @@ func LoadViews(path string) ([]*ViewSpec, error) {
 // yamlLine finds the line number yaml puts in its syntax errors.
 var yamlLine = regexp.MustCompile(`^yaml: line (\d+): `)
 
+// yamlProblem splits a yaml syntax error into the line it names (0 for
+// none) and the problem.
+func yamlProblem(err error) (int, string) {
+	msg := err.Error()
+	if m := yamlLine.FindStringSubmatch(msg); m != nil {
+		line, _ := strconv.Atoi(m[1])
+		return line, msg[len(m[0]):]
+	}
+	return 0, strings.TrimPrefix(msg, "yaml: ")
+}
+
+// maxProblemScan bounds the lines yamlProblemLine parses prefixes of.
+const maxProblemScan = 5000
+
+// yamlProblemLine returns the line a YAML syntax error is on, 0 when it
+// cannot tell. The parser names the line where the enclosing collection
+// starts (counted from 0) for a problem found inside it: a key indented
+// wrongly on line 5 of a list that starts on line 2 is reported at line 1.
+// The problem is on the first line at which the text up to it fails with
+// the same problem: text cut at a line end parses until it reaches the
+// problem (an unclosed flow collection fails from the line it opens on,
+// which is where to look).
+func yamlProblemLine(data []byte, problem string) int {
+	end := 0
+	for line := 1; line <= maxProblemScan && end < len(data); line++ {
+		if i := bytes.IndexByte(data[end:], '\n'); i >= 0 {
+			end += i + 1
+		} else {
+			end = len(data)
+		}
+		var doc yaml.Node
+		if err := yaml.Unmarshal(data[:end], &doc); err != nil {
+			if _, p := yamlProblem(err); p == problem {
+				return line
+			}
+		}
+	}
+	return 0
+}
+
 // ParseViews parses the YAML text of a view file; file names it in errors.
 // It checks everything that does not need the store: keys at every level,
 // types, name syntax, dtype names, index signs and the samples range.
@@ -164,13 +205,9 @@ func ParseViews(file string, data []byte) ([]*ViewSpec, error) {
 	p := &parser{file: file}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		msg := err.Error()
-		line := 0
-		if m := yamlLine.FindStringSubmatch(msg); m != nil {
-			line, _ = strconv.Atoi(m[1])
-			msg = msg[len(m[0]):]
-		} else {
-			msg = strings.TrimPrefix(msg, "yaml: ")
+		line, msg := yamlProblem(err)
+		if l := yamlProblemLine(data, msg); l > 0 {
+			line = l
 		}
 		return nil, &SpecError{File: file, Line: line, Msg: "bad YAML: " + msg}
 	}

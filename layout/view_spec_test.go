@@ -74,6 +74,12 @@ func TestParseViewsErrors(t *testing.T) {
 	}{
 		{"syntax", "views: [\n", `views.yaml:1: bad YAML: did not find expected node content`},
 		{"tab", "views:\n\t- name: x\n", `views.yaml:2: bad YAML: found character that cannot start any token`},
+		// The parser names the line where the enclosing list starts, from
+		// 0; the error names the line of the problem.
+		{"key outdented", "views:\n  - name: a\n channels: []\n", `views.yaml:3: bad YAML: did not find expected key`},
+		{"item misindented", "views:\n  - name: a\n    channels:\n      - var: t\n     - var: u\n", `views.yaml:5: bad YAML: did not find expected key`},
+		{"dash after mapping", "views:\n  - name: a\n    channels:\n      - var: t\n  x: 1\n  - name: b\n", `views.yaml:5: bad YAML: did not find expected '-' indicator`},
+		{"unclosed flow", "views:\n  - name: a\n    channels: [t, u\n  - name: b\n", `views.yaml:3: bad YAML: did not find expected ',' or ']'`},
 		{"empty file", "", `views.yaml: empty file: want a mapping with key "views"`},
 		{"not a mapping", "- a\n", `views.yaml:1: want a mapping (views), found a list`},
 		{"unknown top key", "view:\n  - name: a\n", `views.yaml:1: unknown key "view" (known: views)`},

@@ -81,6 +81,7 @@ type Breaker struct {
 	since    time.Time // when the first request of the unanswered run was sent
 	lastFail time.Time // when the last unanswered request failed
 	lastKey  string    // a key a read got an answer for, for the probe
+	cause    error     // why the last unanswered request failed
 	opened   time.Time
 	refused  int64 // requests refused while open
 	stop     chan struct{}
@@ -157,8 +158,27 @@ func (b *Breaker) admit() error {
 		return nil
 	}
 	b.refused++
-	return fmt.Errorf("%w for %v (asking it again every %v)", ErrSourceDown,
-		b.opts.Now().Sub(b.since).Round(100*time.Millisecond), b.opts.Probe)
+	return fmt.Errorf("%w for %v (%s)", ErrSourceDown,
+		b.opts.Now().Sub(b.since).Round(100*time.Millisecond), silenceCause(b.cause))
+}
+
+// silenceCause words why a request went unanswered, without the request
+// (the refusal that quotes it names its own): "connection refused", "no
+// route to host", "no response in time".
+func silenceCause(err error) string {
+	var errno syscall.Errno
+	var op *net.OpError
+	switch {
+	case err == nil:
+		return "no answer"
+	case errors.As(err, &errno):
+		return errno.Error()
+	case errors.Is(err, context.DeadlineExceeded):
+		return "no response in time"
+	case errors.As(err, &op) && op.Err != nil:
+		return op.Err.Error()
+	}
+	return err.Error()
 }
 
 // record notes how an admitted request for key, sent at sent, ended.
@@ -187,6 +207,7 @@ func (b *Breaker) record(key string, sent time.Time, err error) {
 			b.since = sent
 		}
 		b.fails++
+		b.cause = err
 		now := b.opts.Now()
 		b.lastFail = now
 		quiet := now.Sub(b.since) >= b.opts.Quiet && b.answered.Before(b.since)

@@ -318,8 +318,8 @@ type pieceReader interface {
 
 // readPiece is what a piece read takes at a time: small enough that the
 // piece is still in the core's cache when it is copied on (reading a whole
-// chunk into a pooled buffer and copying it after took 7 % of a 4-core
-// fill's CPU on the h200), large enough that its system calls cost little.
+// chunk into a pooled buffer and copying it after was a visible share of a
+// fill's CPU on few cores), large enough that its system calls cost little.
 const readPiece = 256 << 10
 
 // inPieces reads key into buf (grown when too small) a piece at a time:

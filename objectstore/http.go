@@ -105,7 +105,7 @@ func ParseHTTPURL(raw string) (string, error) {
 		return "", fmt.Errorf("not an http:// or https:// URL")
 	}
 	if u.User != nil {
-		return "", fmt.Errorf("an http URL must not hold credentials; set a bearer token in the environment")
+		return "", fmt.Errorf("an http URL must not hold credentials; use a bearer token")
 	}
 	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
 		return "", fmt.Errorf("%s://%s%s: query and fragment are not supported (a signed query is a secret; use a bearer token)", u.Scheme, u.Host, u.EscapedPath())
@@ -223,14 +223,23 @@ func (h *HTTP) Probe(ctx context.Context) error {
 	return nil
 }
 
-// version names the object state a response describes.
-func (h *HTTP) version(hdr http.Header) string {
+// version names the object state a response describes, of an object of
+// size bytes (-1: the response does not tell). Last-Modified has a
+// resolution of one second, so a rewrite within the second it was read
+// would keep it: the size joins it, and a rewrite must then keep both the
+// second and the length to go unnoticed. A response that does not tell the
+// size (a chunked body of a range, a Content-Range of unknown length)
+// gives the Last-Modified alone.
+func (h *HTTP) version(hdr http.Header, size int64) string {
 	if et := hdr.Get("ETag"); et != "" {
 		h.sawETag.Store(true)
 		return "etag:" + et
 	}
 	if lm := hdr.Get("Last-Modified"); lm != "" {
 		h.sawModified.Store(true)
+		if size >= 0 {
+			return "modified:" + lm + "+" + strconv.FormatInt(size, 10)
+		}
 		return "modified:" + lm
 	}
 	h.sawNone.Store(true)
@@ -339,7 +348,7 @@ func (h *HTTP) stat(ctx context.Context, k string) (int64, string, error) {
 	}
 	defer a.end()
 	resp.Body.Close()
-	return resp.ContentLength, h.version(resp.Header), nil
+	return resp.ContentLength, h.version(resp.Header, resp.ContentLength), nil
 }
 
 func (h *HTTP) statByGet(ctx context.Context, k string) (int64, string, error) {
@@ -360,7 +369,7 @@ func (h *HTTP) statByGet(ctx context.Context, k string) (int64, string, error) {
 		}
 		total = t
 	}
-	return total, h.version(resp.Header), nil
+	return total, h.version(resp.Header, total), nil
 }
 
 // fetch reads a whole object or a range, and the version of the response.
@@ -439,7 +448,6 @@ func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bo
 			return nil, "", err
 		}
 	}
-	version := h.version(resp.Header)
 	var buf []byte
 	if ranged && want < 0 {
 		// A 200 of unknown length (chunked): a clean end of the body
@@ -469,6 +477,10 @@ func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bo
 		}
 		buf = buf[int64(len(buf))-length:]
 	}
+	if !ranged && total < 0 {
+		total = int64(len(buf)) // a whole body of no announced length
+	}
+	version := h.version(resp.Header, total)
 	h.log.Debug("http get", "key", k, "off", off, "length", length, "bytes", len(buf), "status", resp.StatusCode, "dur", time.Since(start))
 	return buf, version, nil
 }

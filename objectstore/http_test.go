@@ -126,6 +126,55 @@ func TestHTTPVersions(t *testing.T) {
 	}
 }
 
+// A chunk rewritten within the second it was read keeps its Last-Modified
+// (one-second resolution): without an ETag, its size tells the rewrite, so
+// a version from Last-Modified names both, and a HEAD, a whole read, a
+// range and a suffix of one object state name it alike. A rewrite that
+// keeps both the second and the length is the documented limit.
+func TestHTTPLastModifiedVersionNamesSize(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "c", "0")
+	webtest.WriteFiles(t, dir, map[string][]byte{"c/0": []byte("first chunk")})
+	second := time.Now().Add(-time.Hour).Truncate(time.Second)
+	os.Chtimes(p, second, second)
+	srv := webtest.Start(t, dir)
+	ctx := context.Background()
+	h := openHTTP(t, srv.URL, objectstore.HTTPOptions{})
+	versions := func() []string {
+		t.Helper()
+		_, whole, err1 := h.GetVersion(ctx, "c/0", nil)
+		_, rng, err2 := h.GetRangeVersion(ctx, "c/0", 1, 3)
+		_, suffix, err3 := h.GetRangeVersion(ctx, "c/0", -1, 2)
+		head, err4 := h.StatVersion(ctx, "c/0")
+		if err := errors.Join(err1, err2, err3, err4); err != nil {
+			t.Fatal(err)
+		}
+		return []string{whole, rng, suffix, head}
+	}
+	before := versions()
+	for _, v := range before[1:] {
+		if v != before[0] {
+			t.Fatalf("one object state, versions %q: a read and a HEAD must agree", before)
+		}
+	}
+	// Other bytes and another length, the same second (a server's
+	// Last-Modified of a rewrite within the second of the last read).
+	os.WriteFile(p, []byte("second chunk, longer"), 0o644)
+	os.Chtimes(p, second.Add(300*time.Millisecond), second.Add(300*time.Millisecond))
+	after := versions()
+	for i, v := range after {
+		if v == before[0] {
+			t.Errorf("read %d: version %q after a same-second rewrite of another size: served as the old chunk", i, v)
+		}
+		if v != after[0] {
+			t.Errorf("after the rewrite, versions %q: a read and a HEAD must agree", after)
+		}
+	}
+	if !strings.HasPrefix(after[0], "modified:") {
+		t.Errorf("version %q: not from Last-Modified, the test proves nothing", after[0])
+	}
+}
+
 // A server that announces a range and sends half of it, or cuts a body,
 // never gets its bytes returned: the read fails, transient, naming the
 // object, and after the retries it is still an error.

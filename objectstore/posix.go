@@ -66,12 +66,12 @@ func OpenPosixOptions(dir string, opts PosixOptions) (*Posix, error) {
 	st, err := os.Stat(abs)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil, fmt.Errorf("%s: no such directory", dir)
+			return nil, fmt.Errorf("%s: no such directory", abs)
 		}
 		return nil, err
 	}
 	if !st.IsDir() {
-		return nil, fmt.Errorf("%s: not a directory", dir)
+		return nil, fmt.Errorf("%s: not a directory", abs)
 	}
 	r, err := os.OpenRoot(abs)
 	if err != nil {

@@ -20,8 +20,9 @@ import (
 // cache can tell an unchanged object from one rewritten in place without
 // reading it again. A version is an opaque, non-empty string that changes
 // whenever the object's bytes may have changed: S3's ETag, a local file's
-// size, modification time and inode. The version a read reports and the
-// one a listing reports for the same object state are equal.
+// size, modification time, inode and change time. The version a read
+// reports and the one a listing reports for the same object state are
+// equal.
 //
 // Use AsVersioned to get one: a decorator may implement the methods while
 // the store it wraps cannot tell versions.
@@ -58,22 +59,36 @@ func AsVersioned(s Store) (Versioned, bool) {
 	return v, ok
 }
 
-// Posix versions: size, modification time (ns) and inode. A file rewritten
-// in place with the same size within the same nanosecond would keep its
-// version; no filesystem zarrfs runs on has clocks that coarse and writers
-// that fast.
+// Posix versions: size, modification time (ns), inode and change time
+// (ns). The change time is what makes a rewrite show when the other three
+// stay: a file rewritten in place with bytes of the same length whose
+// modification time is then restored (touch -d, cp -p, tar x, rsync -t,
+// or two writes within one timestamp tick) keeps its size, mtime and
+// inode, but every write and every utimes moves its ctime, which no user
+// can set. A chmod, chown or new hard link moves it too: such a file is
+// read again once, never served stale.
 
 var _ Versioned = (*Posix)(nil)
 
 func posixVersion(fi fs.FileInfo) string {
-	b := make([]byte, 0, 48)
-	b = strconv.AppendInt(b, fi.Size(), 10)
-	b = append(b, '-')
-	b = strconv.AppendInt(b, fi.ModTime().UnixNano(), 10)
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		b = append(b, '-')
-		b = strconv.AppendUint(b, st.Ino, 10)
+		return statVersion(st.Size, st.Mtim.Sec*1e9+st.Mtim.Nsec, st.Ino, st.Ctim.Sec*1e9+st.Ctim.Nsec)
 	}
+	return strconv.FormatInt(fi.Size(), 10) + "-" + strconv.FormatInt(fi.ModTime().UnixNano(), 10)
+}
+
+// statVersion is a local file's version: size-mtime-inode-ctime, times in
+// nanoseconds. The modification time stays second, where Icechunk's check
+// of a virtual chunk's target reads it.
+func statVersion(size, mtime int64, ino uint64, ctime int64) string {
+	b := make([]byte, 0, 64)
+	b = strconv.AppendInt(b, size, 10)
+	b = append(b, '-')
+	b = strconv.AppendInt(b, mtime, 10)
+	b = append(b, '-')
+	b = strconv.AppendUint(b, ino, 10)
+	b = append(b, '-')
+	b = strconv.AppendInt(b, ctime, 10)
 	return string(b)
 }
 
@@ -246,13 +261,7 @@ func (p *Posix) statBeneath(k string) (v string, err error, ok bool) {
 	default:
 		return "", fmt.Errorf("not a regular file (mode %o)", st.Mode), true
 	}
-	b := make([]byte, 0, 48)
-	b = strconv.AppendInt(b, st.Size, 10)
-	b = append(b, '-')
-	b = strconv.AppendInt(b, st.Mtim.Sec*1e9+st.Mtim.Nsec, 10)
-	b = append(b, '-')
-	b = strconv.AppendUint(b, st.Ino, 10)
-	return string(b), nil, true
+	return statVersion(st.Size, st.Mtim.Sec*1e9+st.Mtim.Nsec, st.Ino, st.Ctim.Sec*1e9+st.Ctim.Nsec), nil, true
 }
 
 // ListVersions walks the directory tree below prefix. Symbolic links to
@@ -539,7 +548,7 @@ func DescribeVersions(s Store) string {
 	}
 	switch st := inner.(type) {
 	case *Posix:
-		return "size, modification time and inode, one stat per chunk before it is read (a first read too), and per chunk of a file cached before the first time it is opened after each --metadata-ttl"
+		return "size, modification time, inode and change time, one stat per chunk before it is read (a first read too), and per chunk of a file cached before the first time it is opened after each --metadata-ttl"
 	case *S3:
 		return "ETag, from one listing per array read (a thousand chunks per request)"
 	case *GCS:
@@ -549,7 +558,7 @@ func DescribeVersions(s Store) string {
 		case "etag":
 			return "ETag, " + revalidated("one HEAD") + trust
 		case "last-modified":
-			return "Last-Modified, to the second (a rewrite of a chunk within the second it was read is not noticed), " + revalidated("one HEAD") + trust
+			return "Last-Modified, to the second, and size (a rewrite of a chunk within the second it was read that keeps its size is not noticed), " + revalidated("one HEAD") + trust
 		case "none":
 			return "none: the server sends neither ETag nor Last-Modified, so a chunk rewritten in place is not noticed (--chunk-versions metadata says so and saves a HEAD per chunk of a cached file)"
 		case "":

@@ -57,6 +57,34 @@ func TestVersionChangesOnRewrite(t *testing.T) {
 			os.WriteFile(p, []byte("chunk B"), 0o644)
 		})
 	})
+	// The same length, the modification time restored (cp -p, tar x,
+	// rsync -t): the change time tells, as a stat does too.
+	t.Run("posix mtime restored", func(t *testing.T) {
+		dir := t.TempDir()
+		p := filepath.Join(dir, "t", "c", "0")
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		os.WriteFile(p, []byte("chunk A"), 0o644)
+		mtime := time.Now().Add(-time.Hour)
+		os.Chtimes(p, mtime, mtime)
+		s, err := objectstore.OpenPosix(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		check(t, s, func() {
+			f, err := os.OpenFile(p, os.O_WRONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.WriteAt([]byte("chunk B"), 0)
+			f.Close()
+			os.Chtimes(p, mtime, mtime)
+		})
+		_, read, _ := s.GetVersion(ctx, "t/c/0", nil)
+		if stated, err := s.StatVersion(ctx, "t/c/0"); err != nil || stated != read {
+			t.Errorf("stat says %q (%v), a read %q", stated, err, read)
+		}
+	})
 	t.Run("s3", func(t *testing.T) {
 		srv := miniotest.Start(t)
 		bucket := srv.NewBucket(t)

@@ -698,7 +698,7 @@ func (st *readState) decode(ctx context.Context) error {
 // decodeBatch runs jobs on the configured decoder, which sends to the CPU
 // what a GPU refuses (package decode).
 func (h *Hierarchy) decodeBatch(ctx context.Context, jobs []codec.Job) error {
-	return h.opts.Decoder.DecodeBatch(ctx, jobs)
+	return h.decoderFor(ctx).DecodeBatch(ctx, jobs)
 }
 
 // stageSize is the decoded size of the data entering codec bb[stage] when encoding.

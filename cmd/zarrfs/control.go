@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/zarrfs/zarrfs/decode"
+	"github.com/zarrfs/zarrfs/deliver"
 	zfs "github.com/zarrfs/zarrfs/fs"
 	"github.com/zarrfs/zarrfs/gpu"
 	"github.com/zarrfs/zarrfs/zarr"
@@ -43,6 +44,9 @@ type statusDoc struct {
 	Decode  statusDecode   `json:"decode"`
 	Reads   statusReads    `json:"source_reads"`
 	Errors  map[string]int `json:"errors_by_array"`
+	// Delivery is the rings of zarrfs.torch.Loader readers (absent when
+	// the mount delivers none).
+	Delivery *statusDelivery `json:"delivery,omitempty"`
 }
 
 type statusCache struct {
@@ -127,6 +131,9 @@ type statusParts struct {
 	f          *mountFlags
 	o          *opened
 	m          *zfs.Mounted
+	// delivery serves the rings on deliverySock; nil when off.
+	delivery     *deliver.Server
+	deliverySock string
 }
 
 func (s *statusParts) doc() statusDoc {
@@ -161,6 +168,7 @@ func (s *statusParts) doc() statusDoc {
 	}
 	slices.SortFunc(d.Decode.GPUs, func(a, b statusGPU) int { return a.Device - b.Device })
 	d.Decode.Decoded = decodedRows(dec.Decoded())
+	d.Delivery = deliveryDoc(s.delivery, s.deliverySock)
 	return d
 }
 

@@ -50,8 +50,6 @@ so that they are evicted first; gc frees their space now.`,
 	return cmd
 }
 
-func init() { rootCmd.AddCommand(newCacheCmd()) }
-
 // prune lists every array of o's layout and removes its garbage from the
 // cache (fill.Garbage), printing one summary line.
 func prune(ctx context.Context, o *opened, out io.Writer) error {

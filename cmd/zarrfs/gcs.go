@@ -78,6 +78,10 @@ func openGCS(ctx context.Context, src string, f *sourceFlags) (objectstore.Store
 // reference set names.
 func openHTTP(ctx context.Context, src string, f *sourceFlags) (objectstore.Store, error) {
 	if _, err := objectstore.ParseHTTPURL(src); err != nil {
+		if u, perr := url.Parse(src); perr == nil && u.User != nil {
+			// Never echo the URL: the part before "@" is a secret.
+			return nil, usagef("an http URL must not hold credentials; %s", credentialsHint("https"))
+		}
 		return nil, usagef("%v", err)
 	}
 	token := ""

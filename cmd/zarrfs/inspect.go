@@ -1,7 +1,7 @@
 package main
 
 import (
-	"encoding/json"
+	"cmp"
 	"fmt"
 	"io"
 	"strconv"
@@ -31,65 +31,143 @@ type inspectEntry struct {
 	Unsupported *string   `json:"unsupported"`
 }
 
+// inspectFlags are the flags of `zarrfs inspect`.
+type inspectFlags struct {
+	src       sourceFlags
+	asJSON    bool
+	sampleDim string
+	views     []string
+}
+
 func newInspectCmd() *cobra.Command {
-	var sf sourceFlags
-	var asJSON bool
-	var sampleDim string
+	var f inspectFlags
 	cmd := &cobra.Command{
 		Use:   "inspect SOURCE",
-		Short: "List every array of a store and how it appears in the mount",
-		Args:  exactArgs(1, "SOURCE"),
+		Short: "List every array of a store and how it appears in the mount; with --view, check view files",
+		Long: `List every array of a store: shape, dtype, chunks, codecs, dimension names,
+and how it appears in the mount. With --view FILE, also bind the views of
+FILE to the store, as a mount does (the same errors), and list each view's
+files, sample shape, dtype and bytes.`,
+		Args: exactArgs(1, "SOURCE"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			log, err := newLogger(cmd)
-			if err != nil {
-				return err
-			}
-			sf.logger = log
-			if err := sf.validate(cmd, args[0]); err != nil {
-				return err
-			}
-			if err := checkSampleDim(sampleDim); err != nil {
-				return err
-			}
-			limits, err := sf.metaLimit.limits(memory.DefaultBudget())
-			if err != nil {
-				return err
-			}
-			// inspect decodes nothing: one CPU worker.
-			st, err := sf.openStore(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			defer closeStore(st)
-			dec := codec.NewCPU(codec.Options{Workers: 1})
-			defer dec.Close()
-			h, err := zarr.Open(cmd.Context(), st, zarr.Options{Logger: discardLogger(), Decoder: dec, Limits: limits})
-			if err != nil {
-				return err
-			}
-			defer h.Close()
-			lay, err := layout.Build(h, layout.Options{SampleDim: sampleDim})
-			if err != nil {
-				return err
-			}
-			entries := inspectEntries(h, lay)
-			if asJSON {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				enc.SetEscapeHTML(false)
-				return enc.Encode(entries)
-			}
-			printInspect(cmd.OutOrStdout(), h.Store.ID(), objectstore.DescribeVersions(h.Store), entries)
-			return nil
+			return runInspect(cmd, &f, args[0])
 		},
 	}
-	sf.register(cmd, false)
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array, one object per array")
-	registerSampleDim(cmd, &sampleDim)
+	f.src.register(cmd, false)
+	cmd.Flags().BoolVar(&f.asJSON, "json", false, "print a JSON array, one object per array (with --view, an object of arrays and views)")
+	cmd.Flags().StringArrayVar(&f.views, "view", nil, "YAML file of views to check against the store, as a mount binds them; repeatable")
+	registerSampleDim(cmd, &f.sampleDim)
 	return cmd
 }
 
-func init() { rootCmd.AddCommand(newInspectCmd()) }
+func runInspect(cmd *cobra.Command, f *inspectFlags, src string) error {
+	ctx := cmd.Context()
+	log, err := newLogger(cmd)
+	if err != nil {
+		return err
+	}
+	f.src.logger = log
+	if err := f.src.validate(cmd, src); err != nil {
+		return err
+	}
+	if err := checkSampleDim(f.sampleDim); err != nil {
+		return err
+	}
+	limits, err := f.src.metaLimit.limits(memory.DefaultBudget())
+	if err != nil {
+		return err
+	}
+	specs, err := loadViews(f.views)
+	if err != nil {
+		return err
+	}
+	// A source that does not answer at first is waited for, as a mount
+	// waits (untilAnswers).
+	var st objectstore.Store
+	err = untilAnswers(ctx, f.src.deadlines.timeout, log, "opening the source", func() (err error) {
+		st, err = f.src.openStore(ctx, src)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	defer closeStore(st)
+	// inspect decodes only what views bind with (coordinates): one CPU
+	// worker.
+	dec := codec.NewCPU(codec.Options{Workers: 1})
+	defer dec.Close()
+	source := &layout.Source{
+		Store:  st,
+		Zarr:   zarr.Options{Logger: discardLogger(), Decoder: dec, Limits: limits},
+		Views:  specs,
+		Layout: layout.Options{SampleDim: f.sampleDim},
+	}
+	lay, err := openLayout(ctx, source, f.src.deadlines.timeout, log)
+	if err != nil {
+		return err
+	}
+	defer lay.Close()
+	h := lay.Hierarchy()
+	entries := inspectEntries(h, lay)
+	out := cmd.OutOrStdout()
+	if f.asJSON {
+		if len(f.views) == 0 {
+			return writeJSON(out, entries)
+		}
+		return writeJSON(out, struct {
+			Arrays []inspectEntry `json:"arrays"`
+			Views  []viewEntry    `json:"views"`
+		}{entries, viewEntries(lay)})
+	}
+	printInspect(out, h.Store.ID(), objectstore.DescribeVersions(h.Store), entries)
+	if len(f.views) > 0 {
+		printViews(out, viewEntries(lay))
+	}
+	return nil
+}
+
+// viewEntry is one view of `zarrfs inspect --view`.
+type viewEntry struct {
+	Name  string   `json:"name"`
+	File  string   `json:"file"` // the view file it comes from
+	Mount string   `json:"mount"`
+	Files int64    `json:"files"`
+	Shape []int64  `json:"shape"` // of one file: (C, *spatial)
+	Dims  []string `json:"dims"`
+	DType string   `json:"dtype"`
+	// FileBytes is the size of one file, header included; Bytes all of
+	// them.
+	FileBytes int64 `json:"file_bytes"`
+	Bytes     int64 `json:"bytes"`
+}
+
+func viewEntries(lay *layout.Layout) []viewEntry {
+	out := []viewEntry{}
+	for _, v := range lay.Views() {
+		e := viewEntry{Name: v.Name, File: v.Spec.File(), Mount: v.Name + "/", Files: v.N,
+			Shape: v.SampleShape, Dims: v.SampleDims, DType: v.DType.NumpyLE()}
+		if d, ok := lay.Lookup(v.Name); ok && d.Kind == layout.KindDir && d.Dir.Len() > 0 {
+			e.FileBytes = d.Dir.Entry(0).Size()
+		}
+		e.Bytes = e.FileBytes * e.Files
+		out = append(out, e)
+	}
+	return out
+}
+
+// printViews writes the views' part of inspect's text listing.
+func printViews(w io.Writer, views []viewEntry) {
+	fmt.Fprintf(w, "%s\n", count(int64(len(views)), "view"))
+	for _, v := range views {
+		dims := make([]string, len(v.Dims))
+		for i, d := range v.Dims {
+			dims[i] = cmp.Or(printable(d), "-")
+		}
+		fmt.Fprintf(w, "%s (%s)\n", printable(v.Mount), printable(v.File))
+		fmt.Fprintf(w, "  %s  shape %v  dims [%s]  dtype %s\n", count(v.Files, "file"), v.Shape, strings.Join(dims, ", "), v.DType)
+		fmt.Fprintf(w, "  %s a file, %s in all\n", memory.Human(v.FileBytes), memory.Human(v.Bytes))
+	}
+}
 
 func inspectEntries(h *zarr.Hierarchy, lay *layout.Layout) []inspectEntry {
 	skipped := map[string]string{}

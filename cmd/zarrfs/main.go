@@ -24,13 +24,6 @@ import (
 
 var version = "dev"
 
-var rootCmd = &cobra.Command{
-	Use:           "zarrfs",
-	Short:         "Mount Zarr stores as device-ready .npy files for GPU training",
-	SilenceUsage:  true,
-	SilenceErrors: true,
-}
-
 // usageError marks a mistake on the command line: exit status 2.
 type usageError struct{ err error }
 
@@ -51,17 +44,69 @@ func exactArgs(n int, names string) cobra.PositionalArgs {
 	}
 }
 
-func init() {
-	rootCmd.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
-		return usageError{fmt.Errorf("%s: %w", cmd.CommandPath(), err)}
+// maxArgs is cobra.MaximumNArgs with a usage error.
+func maxArgs(n int, names string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) > n {
+			return usagef("%s: expected at most %s, got %d argument(s)", cmd.CommandPath(), names, len(args))
+		}
+		return nil
+	}
+}
+
+// newRootCmd builds the command tree afresh: cobra keeps flag values in the
+// commands, so each run (a test runs many) gets its own.
+func newRootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "zarrfs",
+		Short:         "Mount Zarr stores as device-ready .npy files for GPU training",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		return usageError{fmt.Errorf("%s: %w (see %s --help)", cmd.CommandPath(), err, cmd.CommandPath())}
 	})
-	rootCmd.PersistentFlags().String("log-level", "info", "log level: debug, info, warn, error")
-	rootCmd.PersistentFlags().String("log-format", "text", "log format: text (key=value) or json (one object a line)")
+	root.PersistentFlags().String("log-level", "info", "log level: debug, info, warn, error")
+	root.PersistentFlags().String("log-format", "text", "log format: text (key=value) or json (one object a line)")
 	// Every command checks the flags every command has, whether it logs or not.
-	rootCmd.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
+	root.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
 		_, err := newLogger(cmd)
 		return err
 	}
+	root.AddCommand(newMountCmd(), newWarmCmd(), newCacheCmd(), newInspectCmd(), newPathCmd(),
+		newStatusCmd(), newUnmountCmd(), newVersionCmd())
+	return root
+}
+
+// run runs the command line args, writing to stdout and stderr, and
+// returns the exit status: 0, 1 for a runtime error, 2 for a usage error.
+// An error is one line on stderr: "zarrfs: " and the message, or the
+// message alone when it starts with the command it is about ("zarrfs
+// mount: unknown flag ...").
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	root := newRootCmd()
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintln(stderr, errorLine(err))
+	var ue usageError
+	if errors.As(err, &ue) || isCobraUsage(err) {
+		return 2
+	}
+	return 1
+}
+
+// errorLine is the one line an error is reported as.
+func errorLine(err error) string {
+	msg := strings.ReplaceAll(strings.TrimRight(err.Error(), "\n"), "\n", "; ")
+	if strings.HasPrefix(msg, "zarrfs: ") || strings.HasPrefix(msg, "zarrfs ") {
+		return msg
+	}
+	return "zarrfs: " + msg
 }
 
 // newLogger builds the logger every command uses, on stderr.
@@ -77,9 +122,9 @@ func newLogger(cmd *cobra.Command) (*slog.Logger, error) {
 	var h slog.Handler
 	switch format, _ := cmd.Flags().GetString("log-format"); format {
 	case "text", "":
-		h = slog.NewTextHandler(os.Stderr, hopts)
+		h = slog.NewTextHandler(cmd.ErrOrStderr(), hopts)
 	case "json":
-		h = slog.NewJSONHandler(os.Stderr, hopts)
+		h = slog.NewJSONHandler(cmd.ErrOrStderr(), hopts)
 	default:
 		return nil, usagef("--log-format %q: want text or json", format)
 	}
@@ -103,19 +148,10 @@ func main() {
 	runtime.GOMAXPROCS(maxProcs(os.Getenv("GOMAXPROCS"), runtime.GOMAXPROCS(0)))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	stopProfile := startProfile()
-	err := rootCmd.ExecuteContext(ctx)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stopProfile()
 	stop()
-	if err == nil {
-		os.Exit(0)
-	}
-	msg := strings.TrimPrefix(err.Error(), "zarrfs: ")
-	fmt.Fprintf(os.Stderr, "zarrfs: %s\n", strings.ReplaceAll(msg, "\n", "; "))
-	var ue usageError
-	if errors.As(err, &ue) || isCobraUsage(err) {
-		os.Exit(2)
-	}
-	os.Exit(1)
+	os.Exit(code)
 }
 
 // procsPerCPU is how many Go processors zarrfs runs per CPU it may use
@@ -123,12 +159,11 @@ func main() {
 // its cgroup's limit). A fill's steps (source reads run in goroutines that
 // can be left behind, the blob's write, FUSE requests) wait for a
 // processor while the decode workers, one per CPU, hold them all: an
-// execution trace of a first epoch over a cold mount counted 14.8 s of
-// such waiting in 2.4 s. With twice the processors, on the h200 (blosc
-// store, cache on tmpfs, two rounds each, alternated), warm took 1.17 and
-// 1.13 s against 1.33 and 1.25, and the Loader's first epoch read 39.5 and
-// 44.5 samples/s against 30.7 and 38.4. Decoding stays bounded by the
-// CPUs (codec.Options.Workers).
+// execution trace of a first epoch over a cold mount showed goroutines
+// waiting for a processor several times the epoch's length in all. With
+// twice the processors both warm and the Loader's first epoch run faster
+// (BENCHMARKS.md, tuning choices). Decoding stays bounded by the CPUs
+// (codec.Options.Workers).
 const procsPerCPU = 2
 
 // maxProcs is the GOMAXPROCS zarrfs runs with: procsPerCPU times the

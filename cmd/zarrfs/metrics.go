@@ -74,6 +74,7 @@ func serveMetrics(ctx context.Context, ln net.Listener, s *statusParts, fills *f
 	counter("gpu_chunks_corrupt_total", "Chunks the GPU found corrupt.", func() float64 { return float64(dec.GPUStats().Corrupt) })
 	gauge("uptime_seconds", "Seconds since the mount started.", func() float64 { return time.Since(s.started).Seconds() })
 	reg.MustRegister(fills.seconds)
+	registerDeliveryMetrics(reg, s.delivery)
 	reg.MustRegister(&scraped{s: s,
 		gpuMem: prometheus.NewDesc("zarrfs_gpu_memory_bytes",
 			"Memory the GPUs hold for decoding now, besides their CUDA contexts, by kind (device, pinned).", []string{"kind"}, nil),

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/user"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -17,8 +18,6 @@ import (
 	zfs "github.com/zarrfs/zarrfs/fs"
 	"github.com/zarrfs/zarrfs/layout"
 )
-
-func init() { rootCmd.AddCommand(newMountCmd()) }
 
 // mountFlags holds the flags of `zarrfs mount`.
 type mountFlags struct {
@@ -33,6 +32,7 @@ type mountFlags struct {
 	world      int
 	shard      string
 	ttl        time.Duration
+	delivery   string
 }
 
 func newMountCmd() *cobra.Command {
@@ -65,6 +65,7 @@ SIGTERM, then unmounts.`,
 	fl.DurationVar(&f.ttl, "metadata-ttl", time.Minute, "re-read the metadata and list the arrays read after this long, so appended time steps and rewritten chunks show; 0: never")
 	fl.BoolVar(&f.noPassthru, "no-passthrough", false, "serve reads through the daemon even where the kernel supports FUSE passthrough")
 	_ = fl.MarkHidden("no-passthrough")
+	registerDeliveryFlag(cmd, &f.delivery)
 	return cmd
 }
 
@@ -93,6 +94,12 @@ func (f *mountFlags) validate(cmd *cobra.Command, src string) (layout.Shard, err
 			return layout.Shard{}, err
 		}
 	}
+	if err := checkDelivery(f.delivery); err != nil {
+		return layout.Shard{}, err
+	}
+	if err := checkShardGiven(cmd, f.world); err != nil {
+		return layout.Shard{}, err
+	}
 	return checkShard(f.rank, f.world, f.shard)
 }
 
@@ -104,6 +111,11 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 		return err
 	}
 	f.src.logger = log
+	// Every message, and the line that says the mount is live, names the
+	// mountpoint by its absolute path.
+	if abs, err := filepath.Abs(mountpoint); err == nil {
+		mountpoint = abs
+	}
 	shard, err := f.validate(cmd, src)
 	if err != nil {
 		return err
@@ -166,6 +178,10 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 	parts := &statusParts{mountpoint: absMountpoint(mountpoint), args: os.Args[1:], logFile: stderrFile(), started: started, f: f, o: o, m: m}
 	cctx, stopControl := context.WithCancel(context.Background())
 	defer stopControl()
+	parts.deliverySock = deliverySocket(parts.mountpoint)
+	if parts.delivery, err = serveDelivery(cctx, f.delivery, parts.deliverySock, o, m, mo.Blobs, log); err != nil {
+		log.Warn("zarrfs.torch.Loader will read files: no delivery socket", "err", err)
+	}
 	if err := serveControl(cctx, controlSocket(parts.mountpoint), parts.doc, log); err != nil {
 		log.Warn("zarrfs status will not reach this mount", "err", err)
 	}

@@ -85,6 +85,16 @@ func mountAt(abs string) (mountinfo.Entry, bool) {
 	return found, ok
 }
 
+// dirErr words a failed stat of a directory the command line names: "no
+// such directory" for one that is missing, else the error without the
+// path (the message names it once).
+func dirErr(err error) error {
+	if errors.Is(err, fs.ErrNotExist) {
+		return errors.New("no such directory")
+	}
+	return unwrapPath(err)
+}
+
 func unwrapPath(err error) error {
 	var pe *fs.PathError
 	if errors.As(err, &pe) {

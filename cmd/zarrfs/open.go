@@ -126,6 +126,31 @@ func defaultCacheDir() (string, error) {
 	return filepath.Join(home, ".cache", "zarrfs"), nil
 }
 
+// firstMissing is the outermost directory of dir's path that does not
+// exist, dir itself when only it is missing, "" when it exists.
+func firstMissing(dir string) string {
+	missing := ""
+	for p := dir; ; p = filepath.Dir(p) {
+		if _, err := os.Lstat(p); err == nil {
+			return missing
+		}
+		missing = p
+		if filepath.Dir(p) == p {
+			return missing
+		}
+	}
+}
+
+// removeEmptyUpTo removes dir and its parents up to top (included) while
+// they are empty.
+func removeEmptyUpTo(dir, top string) {
+	for ; len(dir) >= len(top); dir = filepath.Dir(dir) {
+		if os.Remove(dir) != nil || dir == top {
+			return
+		}
+	}
+}
+
 // openOptions are what mount and warm open differently.
 type openOptions struct {
 	// chunkCacheBytes sizes the in-memory decoded-chunk cache (zarr.Options).
@@ -171,17 +196,9 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	if err := checkSampleDim(f.sampleDim); err != nil {
 		return nil, err
 	}
-	var specs []*layout.ViewSpec
-	for _, v := range f.views {
-		s, err := layout.LoadViews(v)
-		var pe *fs.PathError
-		if errors.As(err, &pe) && (errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.EISDIR)) {
-			return nil, usagef("--view %s: %v", v, pe.Err)
-		}
-		if err != nil {
-			return nil, err
-		}
-		specs = append(specs, s...)
+	specs, err := loadViews(f.views)
+	if err != nil {
+		return nil, err
 	}
 	mode, group, err := f.blobAccess()
 	if err != nil {
@@ -192,11 +209,20 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 			return nil, usagef("%v", err)
 		}
 	}
+	if f.cacheDir, err = filepath.Abs(f.cacheDir); err != nil {
+		return nil, usagef("--cache %s: %v", f.cacheDir, err)
+	}
+	made := firstMissing(f.cacheDir)
 	o := &opened{}
 	ok := false
 	defer func() {
 		if !ok {
 			o.Close()
+			// A command that fails (a view that does not fit the store)
+			// leaves no cache directory it made and filled nothing in.
+			if made != "" && cache.RemoveEmpty(f.cacheDir) {
+				removeEmptyUpTo(filepath.Dir(f.cacheDir), made)
+			}
 		}
 	}()
 	if o.dec, err = f.src.newPipeline(log); err != nil {
@@ -262,6 +288,36 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	}
 	ok = true
 	return o, nil
+}
+
+// loadViews reads the --view files, each named by its absolute path in
+// errors. A file the command line names that is missing, unreadable or not
+// a view file (its YAML, keys or values) is a usage error (exit status 2),
+// as a flag's bad value is; a view that does not fit the store (an array
+// it lacks) is found when the views are bound, a runtime error (1): the
+// same file fits another store.
+func loadViews(paths []string) ([]*layout.ViewSpec, error) {
+	var specs []*layout.ViewSpec
+	for _, v := range paths {
+		abs, err := filepath.Abs(v)
+		if err != nil {
+			return nil, usagef("--view %s: %v", v, err)
+		}
+		s, err := layout.LoadViews(abs)
+		var pe *fs.PathError
+		switch {
+		case errors.As(err, &pe) && errors.Is(err, fs.ErrNotExist):
+			return nil, usagef("--view %s: no such file", abs)
+		case errors.As(err, &pe) && errors.Is(err, syscall.EISDIR):
+			return nil, usagef("--view %s: a directory, not a view file", abs)
+		case errors.As(err, &pe):
+			return nil, usagef("--view %s: %v", abs, pe.Err)
+		case err != nil:
+			return nil, usageError{err}
+		}
+		specs = append(specs, s...)
+	}
+	return specs, nil
 }
 
 // blobAccess parses --cache-mode and --cache-group into the cache's
@@ -441,7 +497,16 @@ func untilAnswers(ctx context.Context, budget time.Duration, log *slog.Logger, d
 	for tries := 1; ; tries++ {
 		err := try()
 		if err == nil || !errors.Is(err, objectstore.ErrSourceDown) || time.Since(start)+startRetryEvery > budget {
-			if err != nil && tries > 1 {
+			switch {
+			case errors.Is(err, objectstore.ErrSourceDown):
+				// What was waited for, not what a running mount would do
+				// next: this command is exiting.
+				n := fmt.Sprintf("%d tries", tries)
+				if tries == 1 {
+					n = "1 try"
+				}
+				err = fmt.Errorf("%w; gave up after %v (--source-timeout %v, %s)", err, time.Since(start).Round(100*time.Millisecond), budget, n)
+			case err != nil && tries > 1:
 				err = fmt.Errorf("%w (tried %d times in %v)", err, tries, time.Since(start).Round(100*time.Millisecond))
 			}
 			return err

@@ -79,7 +79,7 @@ func TestUntilAnswers(t *testing.T) {
 	calls = 0
 	start := time.Now()
 	err = untilAnswers(context.Background(), 1500*time.Millisecond, log, "testing", func() error { calls++; return down })
-	if !errors.Is(err, objectstore.ErrSourceDown) || !strings.Contains(err.Error(), "tried 2 times") || calls != 2 || time.Since(start) > 5*time.Second {
+	if !errors.Is(err, objectstore.ErrSourceDown) || !strings.HasSuffix(err.Error(), "gave up after 1s (--source-timeout 1.5s, 2 tries)") || calls != 2 || time.Since(start) > 5*time.Second {
 		t.Errorf("never answers, 1.5s budget: %v after %d tries in %v", err, calls, time.Since(start))
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -312,8 +312,6 @@ func zarrfsMount(e mountinfo.Entry) (mountpoint string, uid int, ok bool) {
 	return e.Mountpoint, n, true
 }
 
-func init() { rootCmd.AddCommand(newPathCmd()) }
-
 // alive reports whether the record's daemon still runs: its PID names a
 // live process, started when the daemon did. A daemon
 // that died without removing its record (killed, or its machine's PIDs

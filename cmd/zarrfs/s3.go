@@ -18,13 +18,24 @@ const (
 
 // deadlineFlags bound how long a read waits on a source, remote or local.
 type deadlineFlags struct {
-	timeout time.Duration
-	stall   time.Duration
+	timeout      time.Duration
+	stall        time.Duration
+	timeoutGiven bool // on the command line (follow)
 }
 
 func (f *deadlineFlags) register(cmd *cobra.Command) {
 	cmd.Flags().DurationVar(&f.timeout, "source-timeout", defaultSourceTimeout, "longest one read from a source may take, retries included, before it fails (EIO); local stores: one open, stat or read of a file")
-	cmd.Flags().DurationVar(&f.stall, "source-stall", defaultSourceStall, "longest a remote source may leave a request without a response, or without data in the middle of one, before it is retried (at most --source-timeout, for every source)")
+	cmd.Flags().DurationVar(&f.stall, "source-stall", defaultSourceStall, "longest a remote source may leave a request without a response, or without data in the middle of one, before it is retried (at most --source-timeout, which is its default too when shorter than 10s)")
+}
+
+// follow makes the stall's default follow a --source-timeout given
+// shorter: a default that the user's own flag makes invalid must not be
+// blamed on them (--source-timeout 3s alone is a 3s stall too).
+func (f *deadlineFlags) follow(cmd *cobra.Command) {
+	f.timeoutGiven = cmd.Flags().Changed("source-timeout")
+	if !cmd.Flags().Changed("source-stall") && f.timeout > 0 && f.stall > f.timeout {
+		f.stall = f.timeout
+	}
 }
 
 func (f *deadlineFlags) validate() error {
@@ -32,7 +43,11 @@ func (f *deadlineFlags) validate() error {
 		return usagef("--source-timeout %v: want a positive duration", f.timeout)
 	}
 	if f.stall <= 0 || f.stall > f.timeout {
-		return usagef("--source-stall %v: want a positive duration up to --source-timeout (%v)", f.stall, f.timeout)
+		given := "its default"
+		if f.timeoutGiven {
+			given = "given"
+		}
+		return usagef("--source-stall %v: want a positive duration up to --source-timeout (%v, %s)", f.stall, f.timeout, given)
 	}
 	return nil
 }

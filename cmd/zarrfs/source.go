@@ -88,6 +88,7 @@ var s3Flags = []string{"s3-endpoint", "s3-region", "s3-anonymous"}
 // source is a bucket (a mistyped URL such as "s3:/bucket" is a local path),
 // and nothing would tell them that the flag did nothing.
 func (f *sourceFlags) validate(cmd *cobra.Command, src string) error {
+	f.deadlines.follow(cmd)
 	if err := f.validateRemote(src); err != nil {
 		return err
 	}

@@ -30,7 +30,7 @@ hits and fills, fills in flight, errors by array, where chunks decode and
 what the GPUs hold, uptime. Without MOUNTPOINT, every mount of this user.
 With --cache DIR, what the cache directory holds, read from its journal
 without a running daemon.`,
-		Args: cobra.MaximumNArgs(1),
+		Args: maxArgs(1, "one MOUNTPOINT"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			out := cmd.OutOrStdout()
 			if watch < 0 {
@@ -40,7 +40,14 @@ without a running daemon.`,
 				if len(args) > 0 {
 					return usagef("status: give MOUNTPOINT or --cache, not both")
 				}
-				s, err := cache.Summarize(cacheDir)
+				abs, err := filepath.Abs(cacheDir)
+				if err != nil {
+					return err
+				}
+				if _, err := os.Stat(abs); err != nil {
+					return fmt.Errorf("%s: %w", abs, dirErr(err))
+				}
+				s, err := cache.Summarize(abs)
 				if err != nil {
 					return err
 				}
@@ -90,8 +97,6 @@ without a running daemon.`,
 	cmd.Flags().StringVar(&cacheDir, "cache", "", "summarize this cache directory instead of a mount")
 	return cmd
 }
-
-func init() { rootCmd.AddCommand(newStatusCmd()) }
 
 func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
@@ -159,7 +164,7 @@ func noStatus(arg, abs string, inside *mountRecord) error {
 		if e.FSType == "fuse.zarrfs" {
 			return fmt.Errorf("%s: a zarrfs mount of %s whose daemon is not in %s (started with another XDG_RUNTIME_DIR?)", arg, e.Source, registryDir())
 		}
-		return fmt.Errorf("%s: a %s mount of %s, not a zarrfs one", arg, e.FSType, e.Source)
+		return fmt.Errorf("%s: mounted as %s (%s), not zarrfs", arg, e.FSType, e.Source)
 	}
 	if inside != nil {
 		return fmt.Errorf("%s: inside the zarrfs mount at %s; give its mountpoint", arg, inside.Mountpoint)
@@ -212,6 +217,7 @@ func printStatus(w io.Writer, d statusDoc) {
 	for _, g := range d.Decode.GPUs {
 		fmt.Fprintf(tw, "\tGPU %d: %d chunks, %s; %d refused, %d corrupt\n", g.Device, g.Chunks, memory.Human(g.Bytes), g.Refused, g.Corrupt)
 	}
+	printDelivery(tw, d.Delivery)
 	if len(d.Errors) == 0 {
 		fmt.Fprintf(tw, "errors\tnone\n")
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/zarrfs/zarrfs/cache"
+	"github.com/zarrfs/zarrfs/deliver"
 )
 
 // fullStatus is a status document with every field set, omitempty ones
@@ -27,6 +28,10 @@ func fullStatus() statusDoc {
 		Decode: statusDecode{Placement: "cpu", GPU: g, GPUs: []statusGPU{{Device: 0, statusGPUStats: g}}, Decoded: []statusDecoded{{Codec: "zstd", Device: "cpu", Chunks: 1, Bytes: 1}}},
 		Reads:  statusReads{BytesFetched: 1},
 		Errors: map[string]int{"t": 1},
+		Delivery: &statusDelivery{Socket: "/r.ring.sock", Totals: deliver.Totals{Opened: 1, Open: 1, HeldBytes: 1, Fills: 1, Errors: 1,
+			DeviceSamples: 1, HostSamples: 1, Compressed: 1, Uploaded: 1},
+			Rings: []deliver.RingInfo{{ID: 1, Dir: "era5", Memory: "cuda", Slots: 3, Bytes: 1, SampleBytes: 1, Opened: time.Unix(0, 0),
+				Fills: 1, DeviceSamples: 1, HostSamples: 1, Compressed: 1, Uploaded: 1}}},
 	}
 }
 

@@ -11,9 +11,9 @@ import (
 
 // tmpfsHugeHint returns a line for the log when the cache is on a tmpfs
 // mounted without huge pages, and "" otherwise. Writing a blob to such a
-// tmpfs allocates it 4 KiB page by page: on the h200, writes cost 0.58 CPU
-// s/GB against 0.31 on a tmpfs mounted with huge=within_size, and 16
-// threads wrote 24 GB/s against 47 (BENCHMARKS.md). The sysfs setting
+// tmpfs allocates it 4 KiB page by page: writes cost about twice the CPU
+// they cost on a tmpfs mounted with huge=within_size, and threads write
+// half as fast (BENCHMARKS.md, tuning choices). The sysfs setting
 // shmem_enabled "force" gives every tmpfs huge pages, so no hint then.
 func tmpfsHugeHint(mounts []mountinfo.Entry, shmemEnabled, dir string) string {
 	e, ok := mountinfo.Containing(mounts, dir)

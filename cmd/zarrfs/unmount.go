@@ -39,20 +39,20 @@ died is detached too.`,
 	return cmd
 }
 
-func init() { rootCmd.AddCommand(newUnmountCmd()) }
-
 func unmount(out io.Writer, mountpoint string, lazy bool, timeout time.Duration) error {
 	abs, err := filepath.Abs(mountpoint)
 	if err != nil {
 		return err
 	}
+	mountpoint = abs // messages name it absolute, as the mount's line does
 	stale := staleMount(abs)
 	if !stale {
 		abs = absMountpoint(abs)
 	}
 	rec, ok := findMount(abs)
+	var inside *mountRecord
 	if ok && rec.Mountpoint != abs {
-		ok = false // a mount above it, not this one
+		inside, ok = rec, false // a mount above it, not this one
 	}
 	if !ok {
 		// No daemon of ours: say what is there, and detach only a zarrfs
@@ -62,10 +62,15 @@ func unmount(out io.Writer, mountpoint string, lazy bool, timeout time.Duration)
 		switch {
 		case !mounted && stale:
 			return fmt.Errorf("%s: transport endpoint is not connected, and not in this process's mount table", mountpoint)
+		case !mounted && inside != nil:
+			return fmt.Errorf("%s: not a mount point: it is inside the zarrfs mount at %s (zarrfs unmount %s)", mountpoint, inside.Mountpoint, inside.Mountpoint)
 		case !mounted:
+			if _, err := os.Stat(abs); err != nil {
+				return fmt.Errorf("%s: %w", mountpoint, dirErr(err))
+			}
 			return fmt.Errorf("%s: not mounted", mountpoint)
 		case e.FSType != "fuse.zarrfs":
-			return fmt.Errorf("%s: a %s mount of %s, not a zarrfs one; zarrfs unmount leaves it alone (use umount)", mountpoint, e.FSType, e.Source)
+			return fmt.Errorf("%s: mounted as %s (%s), not zarrfs; zarrfs unmount leaves it alone (use umount)", mountpoint, e.FSType, e.Source)
 		}
 		if err := detach(abs, lazy || stale); err != nil {
 			return fmt.Errorf("%s: %w", mountpoint, err)

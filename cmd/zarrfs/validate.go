@@ -37,6 +37,23 @@ func checkShard(rank, world int, mode string) (layout.Shard, error) {
 	return layout.ParseShard(rank, world, mode)
 }
 
+// checkShardGiven refuses a split the command line leaves half said:
+// --world above 1 without --rank (each node would take rank 0's share
+// without a word), and --rank or --shard without --world (they would do
+// nothing).
+func checkShardGiven(cmd *cobra.Command, world int) error {
+	fl := cmd.Flags()
+	switch {
+	case fl.Changed("world") && world > 1 && !fl.Changed("rank"):
+		return usagef("--world %d without --rank: give this node's rank, 0 to %d", world, world-1)
+	case !fl.Changed("world") && fl.Changed("rank"):
+		return usagef("--rank %s without --world: give the number of ranks too", fl.Lookup("rank").Value)
+	case !fl.Changed("world") && fl.Changed("shard"):
+		return usagef("--shard %s without --world: it splits samples among ranks only with --rank and --world", fl.Lookup("shard").Value)
+	}
+	return nil
+}
+
 // checkCount checks an integer flag against [lo, hi].
 func checkCount(flag string, v, lo, hi int) error {
 	if v < lo || v > hi {

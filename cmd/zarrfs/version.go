@@ -21,5 +21,3 @@ func newVersionCmd() *cobra.Command {
 		},
 	}
 }
-
-func init() { rootCmd.AddCommand(newVersionCmd()) }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
 	"os"
 	"path"
@@ -110,7 +111,7 @@ func credentialsHint(scheme string) string {
 	case "gs":
 		return "GCS credentials come from Application Default Credentials"
 	}
-	return "a bearer token comes from " + bearerTokenEnv
+	return "give the bearer token in " + bearerTokenEnv + " instead"
 }
 
 // isURL reports whether s is a URL other than a file:// one.
@@ -157,6 +158,15 @@ func (f *sourceFlags) openVirtual(ctx context.Context, src string) (st objectsto
 	p := strings.TrimPrefix(src, "file://")
 	fi, err := os.Stat(p)
 	if err != nil {
+		// A missing ".json" is a missing reference file, not a missing
+		// store directory.
+		isJSON := strings.HasSuffix(p, ".json")
+		if abs, aerr := filepath.Abs(p); aerr == nil && errors.Is(err, fs.ErrNotExist) && (explicit || isJSON) {
+			if isJSON {
+				return nil, true, fmt.Errorf("%s: no such file", abs)
+			}
+			return nil, true, fmt.Errorf("%s: no such file or directory", abs)
+		}
 		if explicit {
 			return nil, true, fmt.Errorf("%s: %w", src, err)
 		}

@@ -210,7 +210,7 @@ func TestVirtualFlagErrors(t *testing.T) {
 	}{
 		{[]string{"ftp://host/x"}, "", "--ref-allow ftp://host/x: targets are not read from ftp:// URLs"},
 		{[]string{"s3://"}, "", "--ref-allow s3://: no bucket or host"},
-		{[]string{"https://u:p@host/"}, "", "a URL must not hold credentials (a bearer token comes from ZARRFS_HTTP_BEARER_TOKEN)"},
+		{[]string{"https://u:p@host/"}, "", "a URL must not hold credentials (give the bearer token in ZARRFS_HTTP_BEARER_TOKEN instead)"},
 		{[]string{"https://host/?sig=1"}, "", "no query or fragment"},
 		{[]string{filepath.Join(dir, "nope")}, "", "--ref-allow " + filepath.Join(dir, "nope") + ": " + filepath.Join(dir, "nope") + ": no such folder"},
 		{nil, "sometimes", `--http-redirects "sometimes": want same-host or any`},

@@ -67,8 +67,6 @@ samples i, i+W, i+2W, ...`,
 	return cmd
 }
 
-func init() { rootCmd.AddCommand(newWarmCmd()) }
-
 // planWarm turns the flags into the selection of what to fill.
 func planWarm(lay *layout.Layout, f *warmFlags) (*fill.Selection, error) {
 	plan, err := fill.Select(lay, fill.SelectOptions{Only: f.only, Samples: f.span, Shard: f.split})
@@ -95,6 +93,9 @@ func (f *warmFlags) validate(cmd *cobra.Command, src string) error {
 		return usagef("--%s", strings.TrimPrefix(err.Error(), fill.ErrInvalidSpan.Error()+": "))
 	}
 	f.span = span
+	if err := checkShardGiven(cmd, f.world); err != nil {
+		return err
+	}
 	f.split, err = checkShard(f.rank, f.world, f.shard)
 	return err
 }

@@ -367,7 +367,7 @@ func (c *chunk) checkTarget(t targets.Target, version string) error {
 			return fmt.Errorf("%s: %w (ETag %s, committed %s)", t.URL, ErrStale, e, c.etag)
 		}
 	case c.modified != 0:
-		// A local file's version is size-mtime(ns)-inode.
+		// A local file's version is size-mtime(ns)-inode-ctime(ns).
 		parts := strings.Split(version, "-")
 		if len(parts) >= 2 {
 			if ns, err := strconv.ParseInt(parts[1], 10, 64); err == nil && ns/1e9 > int64(c.modified) {

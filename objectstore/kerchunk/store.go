@@ -6,8 +6,8 @@
 // "FIELD/refs.N.parq").
 //
 // Versions come from the targets: a key's version names its reference and
-// the version of the target object it points into (a file's size, mtime
-// and inode, an S3 object's ETag), so that a target rewritten in place is
+// the version of the target object it points into (a file's size, mtime,
+// inode and ctime, an S3 object's ETag), so that a target rewritten in place is
 // never served from a cache filled before. Refresh reads the reference set
 // again when it changed.
 //

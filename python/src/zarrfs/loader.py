@@ -9,6 +9,7 @@ own, with batches read ahead while the previous ones train.
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import queue
@@ -23,6 +24,8 @@ from ._samples import SampleDir
 
 if TYPE_CHECKING:  # torch is imported when a Loader is made, not with the package
     import torch
+
+log = logging.getLogger("zarrfs")
 
 # What an epoch yields: a batch and its coordinates.
 Batch = Tuple["torch.Tensor", Dict[str, Any]]
@@ -76,7 +79,8 @@ class Loader:
                  device: Union[str, torch.device] = "cuda", rank: int = 0, world: int = 1,
                  shard: str = "contiguous", shuffle: bool = False, seed: int = 0, drop_last: bool = False,
                  threads: Optional[int] = None, prefetch: int = 2, odirect: bool = False,
-                 even_batches: bool = False, open_ahead: int = 16, pin_memory: bool = False) -> None:
+                 even_batches: bool = False, open_ahead: int = 16, pin_memory: bool = False,
+                 decode: str = "auto", copy: bool = False, timeout: float = 300.0) -> None:
         import torch
 
         self.dir = SampleDir(sample_dir)
@@ -107,12 +111,39 @@ class Loader:
         self.epoch = 0
         self._coords = self.dir.coords()
         self._torch_dtype = _torch_dtype(self.dir.dtype)
-        self.path_kind = self._path_kind()
         self._buffers: List[Optional[torch.Tensor]] = []  # the ring, each slot pinned at its first use
         self._events: List[Optional[torch.cuda.Event]] = []  # per ring slot: the copy that last read it
-        self._active: Optional[_Epoch] = None
+        self._active: Optional[Any] = None
+        if decode not in ("auto", "host", "device"):
+            raise ValueError(f"decode {decode!r}: want auto, host or device")
+        if timeout <= 0:
+            raise ValueError(f"timeout {timeout}: want a positive number of seconds")
+        self.decode, self.copy, self.timeout = decode, copy, timeout
+        self._dring = self._open_ring()
+        self.path_kind = self._path_kind()
+
+    def _open_ring(self) -> Optional[Any]:
+        """The mount's ring for this loader, when it decodes into this
+        process's memory (docs/python.md): decode="device" insists, "auto"
+        takes it on a GPU the mount decodes on and reads files otherwise."""
+        if self.decode == "host" or (self.decode == "auto" and self.device.type != "cuda"):
+            return None
+        import torch
+        from ._deliver import DeliveryError, DeliveryUnavailable, ring_for
+        memory = "cuda" if self.device.type == "cuda" else "host"
+        if memory == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        try:
+            return ring_for(self.dir, memory, self.prefetch + 1, self.batch_size, self.device, self.timeout)
+        except (DeliveryUnavailable, DeliveryError, OSError) as e:
+            if self.decode == "device":
+                raise RuntimeError(f"{self.dir.path}: decode='device': {e}") from None
+            log.debug("zarrfs Loader reads files: %s", e)
+            return None
 
     def _path_kind(self) -> str:
+        if getattr(self, "_dring", None) is not None:
+            return "ring-" + self._dring.memory
         if self.device.type != "cuda":
             return "pread"
         return "pread-pinned-h2d"
@@ -158,14 +189,39 @@ class Loader:
     def __repr__(self) -> str:
         return (f"Loader({self.dir.path!r}, batch_size={self.batch_size}, device={str(self.device)!r}, "
                 f"rank={self.rank}, world={self.world}, shard={self.shard!r}, shuffle={self.shuffle}, even_batches={self.even_batches}, "
-                f"threads={self.threads}, "
+                f"threads={self.threads}, decode={self.decode!r}, "
                 f"prefetch={self.prefetch}, open_ahead={self.open_ahead}, path={self.path_kind!r}, samples={len(self.order())}, "
                 f"sample={self.dir.sample_shape} {self.dir.dtype.str})")
 
-    def __iter__(self) -> _Epoch:
+    def __iter__(self) -> Iterator[Batch]:
+        if self._dring is not None:
+            from ._ringloader import RingEpoch
+            self._stop_active()
+            # The batches of the epoch before are done with, as of now on
+            # the current stream.
+            if self._dring.consumer is not None:
+                self._dring.consumer.record(torch_current_stream(self._dring.device))
+            r = RingEpoch(self, self.order())
+            self._active = weakref.proxy(r)
+            return r
         e = _Epoch(self, self.order())
         self._active = weakref.proxy(e)
         return e
+
+    def _stop_active(self) -> None:
+        if self._active is not None:
+            try:
+                self._active.superseded = True
+                self._active.close()
+            except ReferenceError:  # that epoch is gone, and its threads with it
+                pass
+
+    def close(self) -> None:
+        """Stops the epoch under way and gives the mount's ring back (also
+        done when the loader and every batch of its ring are gone)."""
+        self._stop_active()
+        if self._dring is not None:
+            self._dring.close()
 
 
 def _pinned(nbytes: int) -> "torch.Tensor":
@@ -483,13 +539,23 @@ class _Producer:
         return (dev, ev)
 
     def _coords_of(self, batch: np.ndarray) -> Dict[str, Any]:
-        import torch
-        d = self.l.dir
-        idx = d.first + d.step * batch.astype(np.int64)
-        c = {"index": torch.from_numpy(idx), "file": [d.file(int(p)) for p in batch]}
-        if self.l._coords is not None and d.sample_dim:
-            c[d.sample_dim] = self.l._coords[batch]
-        return c
+        return _coords_of(self.l, batch)
+
+
+def _coords_of(loader: Loader, batch: np.ndarray) -> Dict[str, Any]:
+    """A batch's coordinates: global indices, files, the sample coordinate."""
+    import torch
+    d = loader.dir
+    idx = d.first + d.step * batch.astype(np.int64)
+    c = {"index": torch.from_numpy(idx), "file": [d.file(int(p)) for p in batch]}
+    if loader._coords is not None and d.sample_dim:
+        c[d.sample_dim] = loader._coords[batch]
+    return c
+
+
+def torch_current_stream(device: Any) -> Any:
+    import torch
+    return torch.cuda.current_stream(device)
 
 def _shutdown(stop: threading.Event, pool: ThreadPoolExecutor, ahead: Optional[ThreadPoolExecutor],
               out: queue.Queue[Any], thread: threading.Thread) -> None:

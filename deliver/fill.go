@@ -1,0 +1,199 @@
+package deliver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+
+	"github.com/zarrfs/zarrfs/codec"
+	"github.com/zarrfs/zarrfs/fill"
+	"github.com/zarrfs/zarrfs/layout"
+	"github.com/zarrfs/zarrfs/zarr"
+)
+
+// slotJob is one fill request: the samples for one slot.
+type slotJob struct {
+	lay   *layout.Layout
+	blobs []layout.Blob
+	offs  []int64 // each sample's offset in the slot
+	size  int64   // data bytes of a sample
+	// compressed counts the compressed bytes the device path read (what
+	// crossed to the device, on a GPU); uploaded the decoded bytes the
+	// host path copied into the slot.
+	compressed, uploaded atomic.Int64
+}
+
+// fillSlot puts job's samples into slot k: the device path first, the host
+// path for every sample it did not fill. It returns the count of each, and
+// the first sample that failed on the host path with its error.
+func (s *Server) fillSlot(ctx context.Context, r Ring, k int, job *slotJob) (dev, host int, failed layout.Blob, err error) {
+	if err := r.Begin(k); err != nil {
+		return 0, 0, nil, fmt.Errorf("slot %d: %w", k, err)
+	}
+	todo := make([]bool, len(job.blobs))
+	for i := range todo {
+		todo[i] = true
+	}
+	if s.Device != nil {
+		errs := s.Device.FillSlot(ctx, r, k, job)
+		for i, e := range errs {
+			if e == nil {
+				todo[i] = false
+				dev++
+				continue
+			}
+			if ctx.Err() != nil {
+				return dev, 0, nil, ctx.Err()
+			}
+			s.log.Debug("delivery: sample to the host path", "file", job.blobs[i].Path(), "cause", e)
+		}
+	}
+	// The host path, a sample per goroutine: each waits for its own fill
+	// (single-flight with the mount's readers) and copies into the slot.
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for i, b := range job.blobs {
+		if !todo[i] {
+			continue
+		}
+		host++
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if e := s.hostSample(ctx, r, k, job, i); e != nil {
+				mu.Lock()
+				if failed == nil {
+					failed, err = b, e
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if err != nil {
+		return dev, host, failed, err
+	}
+	if err := r.Done(k); err != nil {
+		return dev, host, nil, fmt.Errorf("slot %d: %w", k, err)
+	}
+	return dev, host, nil, nil
+}
+
+// hostSample is the host path for sample i of job: its blob opened
+// through the mount's blobs (the cache: filled once, whoever asks), and
+// its data read into the slot, in place for host memory, else through
+// staging.
+func (s *Server) hostSample(ctx context.Context, r Ring, k int, job *slotJob, i int) error {
+	b := job.blobs[i]
+	h, _, err := s.Blobs.Open(ctx, job.lay, b)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	align := int64(len(b.Header()))
+	if mem := r.Host(k); mem != nil {
+		dst := mem[job.offs[i] : job.offs[i]+job.size]
+		if err := readFull(h, dst, align, b.Path()); err != nil {
+			return err
+		}
+		job.uploaded.Add(job.size)
+		return nil
+	}
+	// Staging in pieces: a sample of hundreds of megabytes needs no buffer
+	// of its size.
+	piece := int64(stagePiece)
+	buf := r.Stage(int(min(piece, job.size)))
+	defer r.Unstage(buf)
+	for off := int64(0); off < job.size; off += piece {
+		n := min(piece, job.size-off)
+		if err := readFull(h, buf[:n], align+off, b.Path()); err != nil {
+			return err
+		}
+		if err := r.Write(k, job.offs[i]+off, buf[:n]); err != nil {
+			return err
+		}
+		job.uploaded.Add(n)
+	}
+	return nil
+}
+
+// stagePiece is the most the host path stages at a time per sample.
+const stagePiece = 16 << 20
+
+func readFull(h fill.Backing, dst []byte, off int64, name string) error {
+	n, err := h.File().ReadAt(dst, off)
+	if n == len(dst) {
+		return nil
+	}
+	if err == nil || errors.Is(err, io.EOF) {
+		err = io.ErrUnexpectedEOF
+	}
+	return fmt.Errorf("%s: read %d bytes at %d: %w", name, len(dst), off, err)
+}
+
+// HostFill is the test mode's device path: the CPU decodes every sample
+// straight into its slot of a host ring, chunks landing whole decoding in
+// place there (fill.Filler.FillInto), as a GPU decodes into device memory;
+// nothing is written to the cache. Decoder decodes (the mount's
+// pipeline); Fail, when set, refuses the samples it names, as a device
+// that fails mid-batch does, so that tests see the host path take them.
+type HostFill struct {
+	Filler  *fill.Filler
+	Decoder codec.BatchDecoder
+	Fail    func(path string) bool
+}
+
+func (f HostFill) FillSlot(ctx context.Context, r Ring, k int, job *slotJob) []error {
+	errs := make([]error, len(job.blobs))
+	mem := r.Host(k)
+	if mem == nil {
+		for i := range errs {
+			errs[i] = errors.New("the ring is not host memory")
+		}
+		return errs
+	}
+	var blobs []layout.Blob
+	var outs [][]byte
+	var which []int
+	for i, b := range job.blobs {
+		if f.Fail != nil && f.Fail(b.Path()) {
+			errs[i] = errors.New("refused (test)")
+			continue
+		}
+		blobs = append(blobs, b)
+		outs = append(outs, mem[job.offs[i]:job.offs[i]+job.size])
+		which = append(which, i)
+	}
+	if len(blobs) == 0 {
+		return errs
+	}
+	dctx := zarr.WithDecoder(ctx, counting{f.Decoder, &job.compressed})
+	if err := f.Filler.FillInto(dctx, job.lay, blobs, outs, 0); err != nil {
+		for _, i := range which {
+			errs[i] = err
+		}
+	}
+	return errs
+}
+
+// counting decodes with inner and adds the compressed bytes of every job
+// to n.
+type counting struct {
+	inner codec.BatchDecoder
+	n     *atomic.Int64
+}
+
+func (c counting) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
+	var n int64
+	for _, j := range jobs {
+		n += int64(len(j.Src))
+		for _, p := range j.Parts {
+			n += int64(len(p.B))
+		}
+	}
+	c.n.Add(n)
+	return c.inner.DecodeBatch(ctx, jobs)
+}

@@ -1,0 +1,104 @@
+package deliver
+
+// The messages of the delivery socket, one JSON object a line. Field names
+// are the protocol: python/src/zarrfs/_deliver.py speaks it too.
+
+// Memory kinds a ring may live in.
+const (
+	// MemoryCUDA: device memory shared through a CUDA IPC handle.
+	MemoryCUDA = "cuda"
+	// MemoryHost: a memfd the reader maps (the test mode: chunks decode on
+	// the CPU).
+	MemoryHost = "host"
+)
+
+// Error codes a reply may carry besides its message.
+const (
+	// CodeUnavailable: the mount cannot deliver the memory asked for (no
+	// GPU decoding, another GPU, host memory not offered); a reader in
+	// "auto" mode then reads files instead.
+	CodeUnavailable = "unavailable"
+	// CodeBadRequest: the request is malformed or names no sample
+	// directory or file of the mount.
+	CodeBadRequest = "bad_request"
+	// CodeFill: a sample could not be filled (a damaged chunk, the source
+	// down); File names it.
+	CodeFill = "fill"
+)
+
+// OpenRequest is a connection's first request: the ring to make.
+type OpenRequest struct {
+	Op string `json:"op"` // "open"
+	// Dir is the sample directory, relative to the mount's root ("t",
+	// "views/era5").
+	Dir string `json:"dir"`
+	// Memory is MemoryCUDA or MemoryHost.
+	Memory string `json:"memory"`
+	// PCIBusID names the reader's GPU ("0000:3b:00.0"): ordinals differ
+	// between processes that see different CUDA_VISIBLE_DEVICES.
+	PCIBusID string `json:"pci_bus_id,omitempty"`
+	// Slots and Batch: the ring holds Slots batches of up to Batch samples.
+	Slots int `json:"slots"`
+	Batch int `json:"batch"`
+	// ConsumerEvent is the reader's interprocess event (a CUDA IPC event
+	// handle, hex): it records it on its consumer stream before asking to
+	// refill a slot, and the daemon's writes into the slot wait for it.
+	ConsumerEvent string `json:"consumer_event,omitempty"`
+}
+
+// openReply describes the ring.
+type openReply struct {
+	OK bool `json:"ok"`
+	errorReply
+	Memory string `json:"memory,omitempty"`
+	// Handle is the ring's CUDA IPC memory handle (hex) for MemoryCUDA;
+	// for MemoryHost the memfd comes with the reply (SCM_RIGHTS).
+	Handle    string `json:"handle,omitempty"`
+	RingBytes int64  `json:"ring_bytes,omitempty"`
+	// Slot k starts at k*SlotBytes; sample j of a batch at
+	// k*SlotBytes + j*SampleBytes.
+	SlotBytes   int64    `json:"slot_bytes,omitempty"`
+	SampleBytes int64    `json:"sample_bytes,omitempty"`
+	Shape       []int64  `json:"shape,omitempty"`
+	DType       string   `json:"dtype,omitempty"`
+	Slots       int      `json:"slots,omitempty"`
+	Batch       int      `json:"batch,omitempty"`
+	Events      []string `json:"events,omitempty"` // per slot, CUDA IPC event handles (hex)
+	// Device is the daemon's ordinal of the GPU (its own numbering).
+	Device int `json:"device"`
+	// Decode says where the mount decodes the chunks of samples put in the
+	// ring: "device", or "host" in the test mode.
+	Decode string `json:"decode,omitempty"`
+}
+
+type errorReply struct {
+	Error string `json:"error,omitempty"`
+	Code  string `json:"code,omitempty"`
+	// File is the sample file (relative to the mount) an error concerns.
+	File string `json:"file,omitempty"`
+}
+
+// fillRequest asks for samples Files (names in the ring's directory, at
+// most Batch) in slot Slot, sample j at offset j*SampleBytes.
+type fillRequest struct {
+	Op    string   `json:"op"` // "fill"
+	Slot  int      `json:"slot"`
+	Files []string `json:"files"`
+}
+
+// fillReply answers a fill: Op "ready" or "error".
+type fillReply struct {
+	Op   string `json:"op"`
+	Slot int    `json:"slot"`
+	errorReply
+	// Device and Host count the samples each path filled.
+	Device int `json:"device"`
+	Host   int `json:"host"`
+}
+
+// request is any request, read before its op is known.
+type request struct {
+	OpenRequest
+	Slot  int      `json:"slot"`
+	Files []string `json:"files"`
+}

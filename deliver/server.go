@@ -1,0 +1,330 @@
+package deliver
+
+import (
+	"bufio"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/zarrfs/zarrfs/fill"
+	"github.com/zarrfs/zarrfs/layout"
+	"github.com/zarrfs/zarrfs/zarr"
+)
+
+// Server answers delivery requests on a listener: the mount's delivery
+// socket.
+type Server struct {
+	// Layout returns the tree the mount serves now; Blobs its blobs (the
+	// host path opens samples there, as a read of the mount does).
+	Layout func() *layout.Layout
+	Blobs  fill.Blobs
+	// Memory makes the rings; Device, when set, is the device path.
+	Memory Memory
+	Device DeviceFill
+	// MaxSlots and MaxRingBytes bound one ring; zero means 64 slots and no
+	// bound beyond Memory's.
+	MaxSlots     int
+	MaxRingBytes int64
+	// WriteTimeout bounds a reply's write to a reader that does not read.
+	// Zero means 30 s.
+	WriteTimeout time.Duration
+	Logger       *slog.Logger
+
+	log   *slog.Logger
+	stats totals
+
+	mu     sync.Mutex
+	rings  map[*conn]*RingStats
+	nextID int
+}
+
+// totals are the counts of every ring since the server started.
+type totals struct {
+	rings, fills, errors       atomic.Int64
+	device, host               atomic.Int64 // samples by path
+	compressed, uploaded, held atomic.Int64 // bytes
+}
+
+// Serve answers connections on ln until ctx ends; it closes ln then.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	if s.Layout == nil || s.Blobs == nil || s.Memory == nil {
+		return errors.New("deliver: a Server needs Layout, Blobs and Memory")
+	}
+	s.log = cmp.Or(s.Logger, slog.New(slog.DiscardHandler))
+	s.mu.Lock()
+	if s.rings == nil {
+		s.rings = map[*conn]*RingStats{}
+	}
+	s.mu.Unlock()
+	go func() {
+		<-ctx.Done()
+		ln.Close()
+	}()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.serveConn(ctx, c.(*net.UnixConn))
+		}()
+	}
+}
+
+// conn is one reader's connection and its ring.
+type conn struct {
+	s     *Server
+	c     *net.UnixConn
+	wmu   sync.Mutex
+	ring  Ring
+	dir   string // the sample directory, relative to the mount
+	size  int64  // data bytes of a sample
+	slots int
+	batch int
+	slot  int64
+	stats *RingStats
+	busy  []atomic.Bool // per slot: a fill runs
+}
+
+// serveConn reads requests until the reader closes the connection (or
+// dies), then waits for the fills and frees the ring.
+func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn) {
+	ctx, cancel := context.WithCancel(ctx)
+	c := &conn{s: s, c: uc}
+	var fills sync.WaitGroup
+	defer func() {
+		cancel()
+		uc.Close()
+		fills.Wait()
+		c.free()
+	}()
+	go func() {
+		<-ctx.Done()
+		uc.SetReadDeadline(time.Now()) // the reader loop ends with the server
+	}()
+	rd := bufio.NewReaderSize(uc, 64<<10)
+	for {
+		line, err := rd.ReadSlice('\n')
+		if err != nil {
+			if errors.Is(err, bufio.ErrBufferFull) {
+				c.reply(fillReply{Op: "error", Slot: -1, errorReply: errorReply{Error: "request longer than 64 KiB", Code: CodeBadRequest}}, nil)
+			}
+			return
+		}
+		var req request
+		if err := json.Unmarshal(line, &req); err != nil {
+			c.reply(fillReply{Op: "error", Slot: -1, errorReply: errorReply{Error: "not a JSON request: " + err.Error(), Code: CodeBadRequest}}, nil)
+			return
+		}
+		switch {
+		case req.Op == "open" && c.ring == nil:
+			rep, files := s.open(&req.OpenRequest, c)
+			if err := c.reply(rep, files); err != nil || !rep.OK {
+				return
+			}
+		case req.Op == "fill" && c.ring != nil:
+			if req.Slot < 0 || req.Slot >= c.slots || !c.busy[req.Slot].CompareAndSwap(false, true) {
+				c.reply(fillReply{Op: "error", Slot: req.Slot, errorReply: errorReply{
+					Error: fmt.Sprintf("slot %d: not a slot of the ring (0..%d) or one being filled", req.Slot, c.slots-1), Code: CodeBadRequest}}, nil)
+				return
+			}
+			fills.Add(1)
+			go func() {
+				defer fills.Done()
+				rep := c.fill(ctx, req.Slot, req.Files)
+				// Free before the reply: the reader may ask for the slot
+				// again as soon as it reads it.
+				c.busy[req.Slot].Store(false)
+				c.reply(rep, nil)
+			}()
+		default:
+			c.reply(fillReply{Op: "error", Slot: -1, errorReply: errorReply{
+				Error: fmt.Sprintf("op %q: want open first, then fill", req.Op), Code: CodeBadRequest}}, nil)
+			return
+		}
+	}
+}
+
+// reply writes one line, with files as SCM_RIGHTS.
+func (c *conn) reply(v any, files []*os.File) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	b = append(b, '\n')
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.c.SetWriteDeadline(time.Now().Add(cmp.Or(c.s.WriteTimeout, 30*time.Second)))
+	var oob []byte
+	if len(files) > 0 {
+		fds := make([]int, len(files))
+		for i, f := range files {
+			fds[i] = int(f.Fd())
+		}
+		oob = rights(fds)
+	}
+	n, _, err := c.c.WriteMsgUnix(b, oob, nil)
+	if err == nil && n < len(b) {
+		_, err = c.c.Write(b[n:])
+	}
+	return err
+}
+
+// open makes the connection's ring for the sample directory req names.
+func (s *Server) open(req *OpenRequest, c *conn) (openReply, []*os.File) {
+	fail := func(code, format string, args ...any) (openReply, []*os.File) {
+		return openReply{errorReply: errorReply{Error: fmt.Sprintf(format, args...), Code: code}}, nil
+	}
+	dir := strings.Trim(path.Clean("/"+req.Dir), "/")
+	lay := s.Layout()
+	first, ok := firstSample(lay, dir)
+	if !ok {
+		return fail(CodeBadRequest, "%s: not a sample directory of the mount", req.Dir)
+	}
+	maxSlots := cmp.Or(s.MaxSlots, 64)
+	if req.Slots < 1 || req.Slots > maxSlots || req.Batch < 1 || req.Batch > 1<<16 {
+		return fail(CodeBadRequest, "%d slots of %d samples: want 1 to %d slots of 1 or more samples", req.Slots, req.Batch, maxSlots)
+	}
+	size := first.Size() - int64(len(first.Header()))
+	slot := alignUp(int64(req.Batch)*size, slotAlign)
+	total := slot * int64(req.Slots)
+	if s.MaxRingBytes > 0 && total > s.MaxRingBytes {
+		return fail(CodeUnavailable, "%d slots of %d samples of %d bytes take %d bytes; the mount allows a ring %d", req.Slots, req.Batch, size, total, s.MaxRingBytes)
+	}
+	r, err := s.Memory.NewRing(req, req.Slots, slot)
+	if err != nil {
+		code := CodeFill
+		if errors.Is(err, ErrUnavailable) {
+			code = CodeUnavailable
+		}
+		return fail(code, "%s: ring of %d bytes: %v", req.Dir, total, err)
+	}
+	shape, dtype := sampleType(first)
+	c.ring, c.dir, c.size, c.slots, c.batch, c.slot = r, dir, size, req.Slots, req.Batch, slot
+	c.busy = make([]atomic.Bool, req.Slots)
+	s.mu.Lock()
+	s.nextID++
+	c.stats = &RingStats{ID: s.nextID, Dir: dir, Memory: s.Memory.Kind(), Device: r.Device(), Slots: req.Slots,
+		SlotBytes: slot, SampleBytes: size, Opened: time.Now()}
+	s.rings[c] = c.stats
+	s.mu.Unlock()
+	s.stats.rings.Add(1)
+	s.stats.held.Add(r.Bytes())
+	decodeWhere := "host"
+	if s.Device != nil && s.Memory.Kind() == MemoryCUDA {
+		decodeWhere = "device"
+	}
+	rep := openReply{OK: true, Memory: s.Memory.Kind(), RingBytes: r.Bytes(), SlotBytes: slot, SampleBytes: size,
+		Shape: shape, DType: dtype, Slots: req.Slots, Batch: req.Batch, Device: r.Device(), Decode: decodeWhere}
+	files := r.Describe(&rep)
+	s.log.Info("delivery ring opened", "dir", dir, "memory", rep.Memory, "device", rep.Device, "slots", req.Slots, "batch", req.Batch, "bytes", r.Bytes())
+	return rep, files
+}
+
+// slotAlign aligns slots: huge pages on the host, and more than any
+// decoder's output alignment on a GPU.
+const slotAlign = 2 << 20
+
+func alignUp(x, a int64) int64 { return (x + a - 1) / a * a }
+
+// free closes the ring once no fill writes it.
+func (c *conn) free() {
+	if c.ring == nil {
+		return
+	}
+	s := c.s
+	s.mu.Lock()
+	delete(s.rings, c)
+	s.mu.Unlock()
+	s.stats.held.Add(-c.ring.Bytes())
+	if err := c.ring.Close(); err != nil {
+		s.log.Warn("delivery ring not freed", "dir", c.dir, "err", err)
+		return
+	}
+	s.log.Info("delivery ring closed", "dir", c.dir, "fills", c.stats.Fills.Load())
+}
+
+// fill answers one fill request.
+func (c *conn) fill(ctx context.Context, k int, files []string) fillReply {
+	s := c.s
+	rep := fillReply{Op: "error", Slot: k}
+	if len(files) == 0 || len(files) > c.batch {
+		rep.Error, rep.Code = fmt.Sprintf("%d files: want 1 to %d (the batch)", len(files), c.batch), CodeBadRequest
+		return rep
+	}
+	lay := s.Layout()
+	job := &slotJob{lay: lay, size: c.size}
+	for j, name := range files {
+		p := c.dir + "/" + name
+		e, ok := lay.Lookup(p)
+		if !ok || e.Blob == nil || strings.Contains(name, "/") {
+			rep.Error, rep.Code, rep.File = fmt.Sprintf("%s: no such sample in the mount", p), CodeBadRequest, p
+			return rep
+		}
+		if got := e.Blob.Size() - int64(len(e.Blob.Header())); got != c.size {
+			// The tree changed under the ring (a refresh with another
+			// sample shape): the reader must open a new one.
+			rep.Error, rep.Code, rep.File = fmt.Sprintf("%s: sample of %d bytes, the ring's are %d (the store changed)", p, got, c.size), CodeBadRequest, p
+			return rep
+		}
+		job.blobs = append(job.blobs, e.Blob)
+		job.offs = append(job.offs, int64(j)*c.size)
+	}
+	dev, host, failed, err := s.fillSlot(ctx, c.ring, k, job)
+	c.stats.count(dev, host, job.compressed.Load(), job.uploaded.Load(), err)
+	s.stats.uploaded.Add(job.uploaded.Load())
+	s.stats.fills.Add(1)
+	s.stats.device.Add(int64(dev))
+	s.stats.host.Add(int64(host))
+	s.stats.compressed.Add(job.compressed.Load())
+	if err != nil {
+		s.stats.errors.Add(1)
+		rep.Error, rep.Code = err.Error(), CodeFill
+		if failed != nil {
+			rep.File = failed.Path()
+			var ce *zarr.ChunkError
+			if errors.As(err, &ce) {
+				s.log.Error("delivery: cannot fill sample", "file", failed.Path(), "array", ce.Array, "chunk", ce.Key, "cause", ce.Err)
+			} else {
+				s.log.Error("delivery: cannot fill sample", "file", failed.Path(), "cause", err)
+			}
+		}
+		return rep
+	}
+	rep.Op, rep.Device, rep.Host = "ready", dev, host
+	return rep
+}
+
+// firstSample returns the first listed sample of sample directory dir.
+func firstSample(lay *layout.Layout, dir string) (layout.Blob, bool) {
+	e, ok := lay.Lookup(dir)
+	if !ok || e.Dir == nil || e.Dir.Len() == 0 {
+		return nil, false
+	}
+	first := e.Dir.Entry(0)
+	if first.Blob == nil || e.Dir.Entry(e.Dir.Len()-1).Blob == nil {
+		return nil, false
+	}
+	return first.Blob, true
+}

@@ -1,0 +1,393 @@
+package deliver
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zarrfs/zarrfs/codec"
+	"github.com/zarrfs/zarrfs/fill"
+	"github.com/zarrfs/zarrfs/gpu"
+	"github.com/zarrfs/zarrfs/layout"
+	"github.com/zarrfs/zarrfs/zarr"
+)
+
+// indexReader fills a region's bytes from where it starts, so every sample
+// differs; it fails the regions starting at a time step in bad.
+type indexReader struct{ bad map[int64]bool }
+
+func (r indexReader) Read(ctx context.Context, _ *zarr.Pin, reqs []zarr.Request) error {
+	for _, q := range reqs {
+		if r.bad[q.Start[0]] {
+			return &zarr.ChunkError{Array: q.Array.Path, Key: fmt.Sprintf("%s/%d.0.0", q.Array.Path, q.Start[0]), Err: codec.ErrCorrupt}
+		}
+		for i := range q.Dst {
+			q.Dst[i] = byte(int(q.Start[0])*31 + i*7)
+		}
+	}
+	return nil
+}
+
+// fileBlobs fills every blob it is asked for into a file of its own (the
+// cache's part in the host path) and counts the opens.
+type fileBlobs struct {
+	fill  *fill.Filler
+	dir   string
+	mu    sync.Mutex
+	opens map[string]int
+}
+
+type fileBacking struct{ f *os.File }
+
+func (b fileBacking) File() *os.File { return b.f }
+func (b fileBacking) Close() error   { return b.f.Close() }
+
+func (fb *fileBlobs) Open(ctx context.Context, lay *layout.Layout, b layout.Blob) (fill.Backing, string, error) {
+	fb.mu.Lock()
+	fb.opens[b.Path()]++
+	fb.mu.Unlock()
+	f, err := os.CreateTemp(fb.dir, "blob")
+	if err != nil {
+		return nil, "", err
+	}
+	os.Remove(f.Name())
+	if err := fb.fill.Fill(ctx, lay, b, nil, f); err != nil {
+		f.Close()
+		return nil, "", err
+	}
+	return fileBacking{f}, "", nil
+}
+
+func (fb *fileBlobs) Path(lay *layout.Layout, p string) string { return filepath.Join(fb.dir, p) }
+func (fb *fileBlobs) Keeps(int64) bool                         { return true }
+
+func (fb *fileBlobs) opened(p string) int {
+	fb.mu.Lock()
+	defer fb.mu.Unlock()
+	return fb.opens[p]
+}
+
+// testServer serves a layout of one array t (12 samples of 4x8 float32)
+// on a socket in a temporary folder.
+type testServer struct {
+	s     *Server
+	lay   *layout.Layout
+	blobs *fileBlobs
+	sock  string
+	stop  func()
+}
+
+func newTestServer(t *testing.T, bad map[int64]bool, fail func(string) bool, mem ...Memory) *testServer {
+	t.Helper()
+	f32 := zarr.DType{Kind: 'f', Size: 4}
+	arr := &zarr.Array{Path: "t", Shape: []int64{12, 4, 8}, Chunks: []int64{1, 4, 8}, DType: f32, Dims: []string{"time", "y", "x"}, MetaHash: "t"}
+	h := &zarr.Hierarchy{Arrays: []*zarr.Array{arr}, Groups: map[string]map[string]any{"": {}}}
+	lay, err := layout.Build(h, layout.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	filler, err := fill.New(fill.Options{Reader: indexReader{bad: bad}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := &testServer{lay: lay, blobs: &fileBlobs{fill: filler, dir: t.TempDir(), opens: map[string]int{}}}
+	ts.s = &Server{Layout: func() *layout.Layout { return lay }, Blobs: ts.blobs, Memory: HostMemory{},
+		Device: HostFill{Filler: filler, Decoder: codec.NewCPU(codec.Options{Workers: 1}), Fail: fail}}
+	if len(mem) > 0 {
+		ts.s.Memory = mem[0]
+	}
+	ts.sock = filepath.Join(t.TempDir(), "d.sock")
+	ln, err := net.Listen("unix", ts.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ts.s.Serve(ctx, ln) }()
+	ts.stop = func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	}
+	t.Cleanup(ts.stop)
+	return ts
+}
+
+// want is sample p's data as the mount's file holds it.
+func (ts *testServer) want(t *testing.T, p string) []byte {
+	t.Helper()
+	e, ok := ts.lay.Lookup(p)
+	if !ok {
+		t.Fatalf("%s: not in the layout", p)
+	}
+	var buf bytes.Buffer
+	w := &bufWriter{b: &buf}
+	if err := ts.blobs.fill.Fill(context.Background(), ts.lay, e.Blob, nil, w); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()[len(e.Blob.Header()):]
+}
+
+type bufWriter struct{ b *bytes.Buffer }
+
+func (w *bufWriter) WriteAt(p []byte, off int64) (int, error) {
+	if n := int(off) + len(p); n > w.b.Len() {
+		w.b.Write(make([]byte, n-w.b.Len()))
+	}
+	copy(w.b.Bytes()[off:], p)
+	return len(p), nil
+}
+
+// client speaks the protocol as the Python Loader does.
+type client struct {
+	c   *net.UnixConn
+	rd  *bufio.Reader
+	mem []byte
+	rep openReply
+}
+
+func dial(t *testing.T, sock string) *client {
+	t.Helper()
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &client{c: c.(*net.UnixConn), rd: bufio.NewReader(c)}
+}
+
+func (c *client) send(t *testing.T, v any) {
+	t.Helper()
+	b, _ := json.Marshal(v)
+	if _, err := c.c.Write(append(b, '\n')); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// open sends an open request and maps the memfd the reply carries.
+func (c *client) open(t *testing.T, req OpenRequest) openReply {
+	t.Helper()
+	req.Op = "open"
+	c.send(t, req)
+	c.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	buf, oob := make([]byte, 1<<16), make([]byte, unix.CmsgSpace(4*4))
+	n, oobn, _, _, err := c.c.ReadMsgUnix(buf, oob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := buf[:n]
+	if !bytes.HasSuffix(line, []byte("\n")) {
+		t.Fatalf("open reply not one message: %q", line)
+	}
+	var rep openReply
+	if err := json.Unmarshal(line, &rep); err != nil {
+		t.Fatal(err)
+	}
+	c.rep = rep
+	msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
+	if !rep.OK {
+		if len(msgs) != 0 {
+			t.Fatal("a failed open passed a file")
+		}
+		return rep
+	}
+	if len(msgs) != 1 {
+		t.Fatalf("open reply with %d control messages, want the memfd", len(msgs))
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) != 1 {
+		t.Fatalf("rights %v: %v", fds, err)
+	}
+	mem, err := unix.Mmap(fds[0], 0, int(rep.RingBytes), unix.PROT_READ, unix.MAP_SHARED)
+	unix.Close(fds[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(mem) })
+	c.mem = mem
+	return rep
+}
+
+func (c *client) fill(t *testing.T, slot int, files ...string) fillReply {
+	t.Helper()
+	c.send(t, fillRequest{Op: "fill", Slot: slot, Files: files})
+	return c.next(t)
+}
+
+func (c *client) next(t *testing.T) fillReply {
+	t.Helper()
+	c.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	line, err := c.rd.ReadBytes('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep fillReply
+	if err := json.Unmarshal(line, &rep); err != nil {
+		t.Fatalf("%q: %v", line, err)
+	}
+	return rep
+}
+
+func (c *client) sample(slot, j int) []byte {
+	off := int64(slot)*c.rep.SlotBytes + int64(j)*c.rep.SampleBytes
+	return c.mem[off : off+c.rep.SampleBytes]
+}
+
+// Samples come out of the ring byte for byte as the mount's files hold
+// them, through the device path (CPU decoding into the slot, the cache
+// untouched) and through the host path (the cache) alike; slots are
+// filled again with other samples.
+func TestRingHoldsTheFilesBytes(t *testing.T) {
+	refused := map[string]bool{"t/03.npy": true, "t/07.npy": true}
+	ts := newTestServer(t, nil, func(p string) bool { return refused[p] })
+	c := dial(t, ts.sock)
+	rep := c.open(t, OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 2, Batch: 3})
+	if !rep.OK {
+		t.Fatalf("open: %+v", rep)
+	}
+	if rep.SampleBytes != 4*8*4 || rep.DType != "<f4" || fmt.Sprint(rep.Shape) != "[4 8]" || rep.SlotBytes < 3*rep.SampleBytes {
+		t.Fatalf("open reply %+v", rep)
+	}
+	names := []string{"00.npy", "01.npy", "02.npy", "03.npy", "04.npy", "05.npy", "06.npy", "07.npy", "08.npy", "09.npy", "10.npy", "11.npy"}
+	for b := 0; b*3 < len(names); b++ {
+		slot := b % 2
+		batch := names[b*3 : b*3+3]
+		r := c.fill(t, slot, batch...)
+		if r.Op != "ready" || r.Slot != slot {
+			t.Fatalf("batch %d: %+v", b, r)
+		}
+		host := 0
+		for j, n := range batch {
+			if got, want := c.sample(slot, j), ts.want(t, "t/"+n); !bytes.Equal(got, want) {
+				t.Fatalf("t/%s in slot %d differs from the file", n, slot)
+			}
+			if refused["t/"+n] {
+				host++
+			}
+			if opens, want := ts.blobs.opened("t/"+n), map[bool]int{true: 1}[refused["t/"+n]]; opens != want {
+				t.Fatalf("t/%s opened through the cache %d times, want %d", n, opens, want)
+			}
+		}
+		if r.Host != host || r.Device != 3-host {
+			t.Fatalf("batch %d: %d on the device path, %d on the host path; want %d, %d", b, r.Device, r.Host, 3-host, host)
+		}
+	}
+	rings, tot := ts.s.Stats()
+	if len(rings) != 1 || rings[0].Fills != 4 || rings[0].HostSamples != 2 || rings[0].DeviceSamples != 10 ||
+		rings[0].Uploaded != 2*rep.SampleBytes || tot.Open != 1 || tot.HeldBytes != rep.RingBytes {
+		t.Fatalf("stats %+v %+v", rings, tot)
+	}
+}
+
+// A sample whose chunk is damaged fails its fill with an error naming the
+// file and the chunk; the connection goes on serving.
+func TestFillErrorNamesTheFile(t *testing.T) {
+	ts := newTestServer(t, map[int64]bool{5: true}, nil)
+	c := dial(t, ts.sock)
+	c.open(t, OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 2, Batch: 2})
+	r := c.fill(t, 0, "04.npy", "05.npy")
+	if r.Op != "error" || r.Code != CodeFill || r.File != "t/05.npy" || !strings.Contains(r.Error, "t/5.0.0") {
+		t.Fatalf("damaged sample: %+v", r)
+	}
+	if r := c.fill(t, 1, "06.npy"); r.Op != "ready" || !bytes.Equal(c.sample(1, 0), ts.want(t, "t/06.npy")) {
+		t.Fatalf("after the error: %+v", r)
+	}
+}
+
+// Requests the server cannot take are refused with a reason, and the ring
+// of a connection that closes is freed.
+func TestBadRequestsAndRingFreed(t *testing.T) {
+	ts := newTestServer(t, nil, nil)
+	for _, tc := range []struct {
+		req  OpenRequest
+		code string
+		msg  string
+	}{
+		{OpenRequest{Dir: "nope", Memory: MemoryHost, Slots: 2, Batch: 2}, CodeBadRequest, "not a sample directory"},
+		{OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 0, Batch: 2}, CodeBadRequest, "want 1 to 64 slots"},
+		{OpenRequest{Dir: "t", Memory: MemoryCUDA, Slots: 2, Batch: 2, PCIBusID: "0000:01:00.0"}, CodeUnavailable, "host memory"},
+	} {
+		c := dial(t, ts.sock)
+		if rep := c.open(t, tc.req); rep.OK || rep.Code != tc.code || !strings.Contains(rep.Error, tc.msg) {
+			t.Errorf("%+v: %+v", tc.req, rep)
+		}
+	}
+	c := dial(t, ts.sock)
+	c.open(t, OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 2, Batch: 2})
+	for _, tc := range []struct {
+		req fillRequest
+		msg string
+	}{
+		{fillRequest{Op: "fill", Slot: 0, Files: []string{"99.npy"}}, "t/99.npy: no such sample"},
+		{fillRequest{Op: "fill", Slot: 0, Files: []string{"../t/00.npy"}}, "no such sample"},
+		{fillRequest{Op: "fill", Slot: 0, Files: []string{"00.npy", "01.npy", "02.npy"}}, "want 1 to 2"},
+	} {
+		c.send(t, tc.req)
+		if r := c.next(t); r.Op != "error" || r.Code != CodeBadRequest || !strings.Contains(r.Error, tc.msg) {
+			t.Errorf("%+v: %+v", tc.req, r)
+		}
+	}
+	if _, tot := ts.s.Stats(); tot.Open != 1 {
+		t.Fatalf("%d rings open, want 1", tot.Open)
+	}
+	c.send(t, fillRequest{Op: "fill", Slot: 2, Files: []string{"00.npy"}})
+	if r := c.next(t); r.Code != CodeBadRequest {
+		t.Fatalf("slot 2 of 2: %+v", r)
+	}
+	// A slot out of range ends the connection, and its ring goes.
+	waitFor(t, func() bool { _, tot := ts.s.Stats(); return tot.Open == 0 && tot.HeldBytes == 0 })
+	c2 := dial(t, ts.sock)
+	c2.open(t, OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 1, Batch: 1})
+	c2.c.Close() // the reader dies
+	waitFor(t, func() bool { _, tot := ts.s.Stats(); return tot.Open == 0 && tot.HeldBytes == 0 && tot.Opened == 2 })
+}
+
+func waitFor(t *testing.T, ok func() bool) {
+	t.Helper()
+	for range 500 {
+		if ok() {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("condition not met in 5 s")
+}
+
+// noGPUs is a mount that decodes on no GPU.
+type noGPUs struct{ why string }
+
+func (n noGPUs) GPUFor(context.Context, string) (*gpu.Decoder, func(), error) {
+	return nil, nil, errors.New(n.why)
+}
+
+// A mount whose GPUs cannot take a ring says why, as "unavailable": the
+// reader then reads files.
+func TestCUDAMemoryUnavailable(t *testing.T) {
+	ts := newTestServer(t, nil, nil, CUDAMemory{GPUs: noGPUs{why: "it decodes on no GPU here"}})
+	for _, tc := range []struct {
+		req OpenRequest
+		msg string
+	}{
+		{OpenRequest{Dir: "t", Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 2, Batch: 2}, "decodes on no GPU here"},
+		{OpenRequest{Dir: "t", Memory: MemoryCUDA, Slots: 2, Batch: 2}, "named no GPU"},
+		{OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 2, Batch: 2}, "not host"},
+	} {
+		c := dial(t, ts.sock)
+		if rep := c.open(t, tc.req); rep.OK || rep.Code != CodeUnavailable || !strings.Contains(rep.Error, tc.msg) {
+			t.Errorf("%+v: %+v", tc.req, rep)
+		}
+	}
+}

@@ -1,0 +1,458 @@
+package gpu
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/zarrfs/zarrfs/codec"
+)
+
+// This file shares device memory with another process: a Ring is one
+// allocation of slots, exported with a CUDA IPC memory handle, with an
+// interprocess event per slot that the owner records once a slot is
+// written, and the reader's own interprocess event (its consumer event),
+// which the slot's writes wait for. The reader opens the handle in its own
+// context (cuIpcOpenMemHandle) and reads the slots at device speed.
+
+// ipcHandle is CUipcMemHandle and CUipcEventHandle: 64 opaque bytes,
+// passed by value to the open calls.
+type ipcHandle struct{ w [8]uint64 }
+
+func (h ipcHandle) hex() string {
+	b := make([]byte, 64)
+	for i, w := range h.w {
+		binary.LittleEndian.PutUint64(b[8*i:], w)
+	}
+	return hex.EncodeToString(b)
+}
+
+func parseIPCHandle(s string) (ipcHandle, error) {
+	var h ipcHandle
+	b, err := hex.DecodeString(s)
+	if err != nil || len(b) != 64 {
+		return h, fmt.Errorf("gpu: IPC handle %q: want 128 hex digits", s)
+	}
+	for i := range h.w {
+		h.w[i] = binary.LittleEndian.Uint64(b[8*i:])
+	}
+	return h, nil
+}
+
+// ipcLib is the driver's IPC and cross-stream calls, bound at the first
+// Ring: a driver without them decodes as before.
+type ipcLib struct {
+	cuIpcGetMemHandle    func(h *ipcHandle, p uintptr) cuResult
+	cuIpcGetEventHandle  func(h *ipcHandle, ev uintptr) cuResult
+	cuIpcOpenEventHandle func(ev *uintptr, h ipcHandle) cuResult
+	cuStreamWaitEvent    func(s, ev uintptr, flags uint32) cuResult
+	cuMemcpyDtoDAsync    func(dst, src uintptr, n uint64, s uintptr) cuResult
+	cuDeviceGetPCIBusId  func(id *byte, n int32, dev int32) cuResult
+}
+
+var (
+	ipcOnce sync.Once
+	ipcErr  error
+	ipcOf   *ipcLib
+)
+
+// ipc returns the IPC calls of the Decoder's driver, bound once.
+func (d *Decoder) ipc() (*ipcLib, error) {
+	if d.ipcCalls != nil {
+		return d.ipcCalls, nil
+	}
+	ipcOnce.Do(func() {
+		l := &ipcLib{}
+		for _, s := range []struct {
+			fn   any
+			name string
+		}{
+			{&l.cuIpcGetMemHandle, "cuIpcGetMemHandle"},
+			{&l.cuIpcGetEventHandle, "cuIpcGetEventHandle"},
+			{&l.cuIpcOpenEventHandle, "cuIpcOpenEventHandle"},
+			{&l.cuStreamWaitEvent, "cuStreamWaitEvent"},
+			{&l.cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"},
+			{&l.cuDeviceGetPCIBusId, "cuDeviceGetPCIBusId"},
+		} {
+			if err := register(s.fn, d.cu.handle, s.name); err != nil {
+				ipcErr = err
+				return
+			}
+		}
+		ipcOf = l
+	})
+	return ipcOf, ipcErr
+}
+
+// PCIBusID is the PCI bus id of the Decoder's GPU, lower case
+// ("0000:3b:00.0"): the name of a GPU that every process shares, whatever
+// its CUDA_VISIBLE_DEVICES.
+func (d *Decoder) PCIBusID() (string, error) {
+	l, err := d.ipc()
+	if err != nil {
+		return "", err
+	}
+	buf := make([]byte, 64)
+	if err := d.cu.check("cuDeviceGetPCIBusId", l.cuDeviceGetPCIBusId(&buf[0], int32(len(buf)), d.dev)); err != nil {
+		return "", err
+	}
+	return strings.ToLower(cString(&buf[0])), nil
+}
+
+// ErrRingClosed is returned by a Ring's methods after Close.
+var ErrRingClosed = errors.New("gpu: ring closed")
+
+// Ring is device memory shared with another process: Slots slots of
+// SlotBytes each, one allocation counted in the Decoder's device memory
+// (Options.DeviceBytes: the rounds' buffers have that much less). Its
+// methods may be called for different slots concurrently; one slot's
+// calls come one at a time.
+type Ring struct {
+	d         *Decoder
+	l         *ipcLib
+	base      uintptr
+	bytes     int64
+	slotBytes int64
+	streams   []uintptr // per slot
+	events    []uintptr // per slot: recorded once the slot is written (interprocess)
+	copied    []uintptr // per slot: host-waited marks of the slot's copies
+	consumer  uintptr   // the reader's event, opened from its handle
+	handle    ipcHandle
+	evHandles []ipcHandle
+	// Timeout bounds a wait for a slot's copies.
+	timeout time.Duration
+
+	mu     sync.Mutex
+	closed bool
+}
+
+// NewRing allocates slots slots of slotBytes on the Decoder's GPU, within
+// Options.DeviceBytes beside the rounds' buffers, and opens the reader's
+// consumer event from its handle (hex; empty: none, writes wait for
+// nothing).
+func (d *Decoder) NewRing(slots int, slotBytes int64, consumer string) (*Ring, error) {
+	if slots < 1 || slotBytes < 1 {
+		return nil, fmt.Errorf("gpu: ring of %d slots of %d bytes", slots, slotBytes)
+	}
+	l, err := d.ipc()
+	if err != nil {
+		return nil, err
+	}
+	if err := d.Retired(); err != nil {
+		return nil, err
+	}
+	n := int64(slots) * slotBytes
+	var ch ipcHandle
+	if consumer != "" {
+		if ch, err = parseIPCHandle(consumer); err != nil {
+			return nil, err
+		}
+	}
+	r := &Ring{d: d, l: l, bytes: n, slotBytes: slotBytes, timeout: d.opts.RoundTimeout + 60*time.Second}
+	var runErr error
+	ran := d.inContext(func() { runErr = r.init(slots, consumer != "", ch) })
+	if !ran {
+		runErr = fmt.Errorf("gpu: device %d has no context", d.opts.Device)
+	}
+	if runErr != nil {
+		d.inContext(r.free)
+		return nil, runErr
+	}
+	return r, nil
+}
+
+// init allocates the ring's memory, streams and events, in the Decoder's
+// context on a locked thread.
+func (r *Ring) init(slots int, hasConsumer bool, ch ipcHandle) error {
+	d, cu, l := r.d, r.d.cu, r.l
+	if held := d.devHeld.Load(); held+r.bytes > d.opts.DeviceBytes {
+		return fmt.Errorf("%w: a ring of %d bytes beside %d held, budget %d (--gpu-memory)", ErrBudget, r.bytes, held, d.opts.DeviceBytes)
+	}
+	if err := cu.check("cuMemAlloc", cu.cuMemAlloc(&r.base, uint64(r.bytes))); err != nil {
+		return err
+	}
+	d.devHeld.Add(r.bytes)
+	if err := cu.check("cuIpcGetMemHandle", l.cuIpcGetMemHandle(&r.handle, r.base)); err != nil {
+		return err
+	}
+	const nonBlocking = 1
+	const disableTiming, interprocess, blockingSync = 2, 4, 1
+	r.streams = make([]uintptr, slots)
+	r.events = make([]uintptr, slots)
+	r.copied = make([]uintptr, slots)
+	r.evHandles = make([]ipcHandle, slots)
+	for k := range slots {
+		if err := cu.check("cuStreamCreate", cu.cuStreamCreate(&r.streams[k], nonBlocking)); err != nil {
+			return err
+		}
+		if err := cu.check("cuEventCreate", cu.cuEventCreate(&r.events[k], disableTiming|interprocess)); err != nil {
+			return err
+		}
+		if err := cu.check("cuEventCreate", cu.cuEventCreate(&r.copied[k], disableTiming|blockingSync)); err != nil {
+			return err
+		}
+		// A slot's event is shared recorded (the reader may wait on it
+		// before the first fill).
+		if err := cu.check("cuEventRecord", cu.cuEventRecord(r.events[k], r.streams[k])); err != nil {
+			return err
+		}
+		if err := cu.check("cuIpcGetEventHandle", l.cuIpcGetEventHandle(&r.evHandles[k], r.events[k])); err != nil {
+			return err
+		}
+	}
+	if hasConsumer {
+		if err := cu.check("cuIpcOpenEventHandle", l.cuIpcOpenEventHandle(&r.consumer, ch)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// free releases what init made. The caller holds the context on a locked
+// thread, and nothing is queued on the ring's streams any more.
+func (r *Ring) free() {
+	cu := r.d.cu
+	for _, evs := range [][]uintptr{r.events, r.copied} {
+		for _, e := range evs {
+			if e != 0 {
+				cu.cuEventDestroy(e)
+			}
+		}
+	}
+	for _, s := range r.streams {
+		if s != 0 {
+			cu.cuStreamDestroy(s)
+		}
+	}
+	if r.consumer != 0 {
+		cu.cuEventDestroy(r.consumer)
+	}
+	if r.base != 0 {
+		cu.cuMemFree(r.base)
+		r.d.devHeld.Add(-r.bytes)
+	}
+	r.base, r.consumer, r.streams, r.events, r.copied = 0, 0, nil, nil, nil
+}
+
+// Handle is the ring's CUDA IPC memory handle, hex.
+func (r *Ring) Handle() string { return r.handle.hex() }
+
+// EventHandles are the slots' interprocess events, hex.
+func (r *Ring) EventHandles() []string {
+	out := make([]string, len(r.evHandles))
+	for i, h := range r.evHandles {
+		out[i] = h.hex()
+	}
+	return out
+}
+
+// Bytes is the ring's size; Device the Decoder's ordinal.
+func (r *Ring) Bytes() int64 { return r.bytes }
+func (r *Ring) Device() int  { return r.d.opts.Device }
+
+// Addr is the device address of slot k at off.
+func (r *Ring) Addr(k int, off int64) uintptr {
+	return r.base + uintptr(int64(k)*r.slotBytes+off)
+}
+
+// call runs f in the Decoder's context unless the ring is closed.
+func (r *Ring) call(f func() error) error {
+	r.mu.Lock()
+	closed := r.closed
+	r.mu.Unlock()
+	if closed {
+		return ErrRingClosed
+	}
+	var err error
+	if !r.d.inContext(func() { err = f() }) {
+		return fmt.Errorf("gpu: device %d has no context", r.d.opts.Device)
+	}
+	return err
+}
+
+// Begin makes slot k's stream wait for the reader's consumer event as
+// recorded now: what its kernels queued before it asked for the slot again
+// is done before anything writes the slot.
+func (r *Ring) Begin(k int) error {
+	if r.consumer == 0 {
+		return nil
+	}
+	return r.call(func() error {
+		return r.d.cu.check("cuStreamWaitEvent", r.l.cuStreamWaitEvent(r.streams[k], r.consumer, 0))
+	})
+}
+
+// Write copies host bytes b (pinned for a copy at full speed) into slot k
+// at off, on the slot's stream, and returns once they are copied (b may
+// then be reused), within the ring's timeout.
+func (r *Ring) Write(k int, off int64, b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	if off < 0 || off+int64(len(b)) > r.slotBytes {
+		return fmt.Errorf("gpu: a write of %d bytes at %d passes slot %d's %d bytes", len(b), off, k, r.slotBytes)
+	}
+	return r.call(func() error {
+		cu := r.d.cu
+		if err := cu.check("cuMemcpyHtoDAsync", cu.cuMemcpyHtoDAsync(r.Addr(k, off), unsafe.Pointer(&b[0]), uint64(len(b)), r.streams[k])); err != nil {
+			return err
+		}
+		return r.sync(k)
+	})
+}
+
+// Copy copies n device bytes at src into slot k at off, on the slot's
+// stream (after Begin's wait), and returns once they are copied.
+func (r *Ring) Copy(k int, off int64, src uintptr, n int64) error {
+	if off < 0 || off+n > r.slotBytes {
+		return fmt.Errorf("gpu: a copy of %d bytes at %d passes slot %d's %d bytes", n, off, k, r.slotBytes)
+	}
+	return r.call(func() error {
+		if err := r.d.cu.check("cuMemcpyDtoDAsync", r.l.cuMemcpyDtoDAsync(r.Addr(k, off), src, uint64(n), r.streams[k])); err != nil {
+			return err
+		}
+		return r.sync(k)
+	})
+}
+
+// sync waits for slot k's stream, within the ring's timeout: a reader
+// whose consumer event never completes fails the fill, not hangs it.
+func (r *Ring) sync(k int) error {
+	cu := r.d.cu
+	if err := cu.check("cuEventRecord", cu.cuEventRecord(r.copied[k], r.streams[k])); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(r.timeout)
+	for {
+		switch res := cu.cuEventQuery(r.copied[k]); res {
+		case cuSuccess:
+			return nil
+		case cuErrNotReady:
+		default:
+			return cu.check("cuEventQuery", res)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("gpu: slot %d's copies not done in %v (does the reader's stream wait for something that never comes?)", k, r.timeout)
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+}
+
+// Done records slot k's event: the reader's stream waits for it before
+// reading the slot.
+func (r *Ring) Done(k int) error {
+	return r.call(func() error {
+		return r.d.cu.check("cuEventRecord", r.d.cu.cuEventRecord(r.events[k], r.streams[k]))
+	})
+}
+
+// Close frees the ring once its streams are idle (within the ring's
+// timeout; past it the memory is left allocated, as a device that does not
+// finish may still write it). The reader must have closed its handle.
+func (r *Ring) Close() error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	r.closed = true
+	r.mu.Unlock()
+	var err error
+	ran := r.d.inContext(func() {
+		for k := range r.streams {
+			if e := r.sync(k); e != nil {
+				err = e
+				return
+			}
+		}
+		r.free()
+	})
+	if !ran && err == nil {
+		err = fmt.Errorf("gpu: device %d has no context: the ring went with it", r.d.opts.Device)
+	}
+	return err
+}
+
+// Decode decodes jobs on the ring's GPU straight into slot k: job i's
+// decoded bytes go to offs[i] of the slot (offs[i] < 0: to its Dst, as
+// DecodeBatch), never through host memory, once the reader's consumer
+// event is done. Only chunks whose every check the host
+// makes before decoding (LZ4 walked, blosc framing parsed) go there: one
+// the host verifies over its decoded bytes (a zstd content checksum, a
+// deflate CRC) fails with ErrUnsupported, as does anything DecodeBatch
+// leaves to the CPU; the caller decodes those elsewhere. A job's Dst
+// gives its decoded length, and is neither read nor written when it goes
+// to the slot. It returns when the bytes are in the slot.
+func (r *Ring) Decode(ctx context.Context, k int, jobs []codec.Job, offs []int64) error {
+	if len(offs) != len(jobs) {
+		return fmt.Errorf("gpu: Ring.Decode with %d jobs and %d offsets", len(jobs), len(offs))
+	}
+	r.mu.Lock()
+	closed := r.closed
+	r.mu.Unlock()
+	if closed {
+		return ErrRingClosed
+	}
+	dev := make([]uintptr, len(jobs))
+	for i, off := range offs {
+		if off < 0 {
+			continue
+		}
+		if off+int64(len(jobs[i].Dst)) > r.slotBytes {
+			return fmt.Errorf("gpu: a chunk of %d bytes at %d passes slot %d's %d bytes", len(jobs[i].Dst), off, k, r.slotBytes)
+		}
+		dev[i] = r.Addr(k, off)
+	}
+	// The reader's kernels on the slot's last batch finish first, waited
+	// for here, on the host, within the ring's timeout: a round held on
+	// the device for a long training step would trip the watchdog, which
+	// gives up on the GPU.
+	if err := r.awaitConsumer(); err != nil {
+		return err
+	}
+	return r.d.decodeBatch(ctx, jobs, 0, dev)
+}
+
+// awaitConsumer waits until the reader's consumer event, as recorded
+// last, is done.
+func (r *Ring) awaitConsumer() error {
+	if r.consumer == 0 {
+		return nil
+	}
+	deadline := time.Now().Add(r.timeout)
+	for {
+		var res cuResult
+		if err := r.call(func() error { res = r.d.cu.cuEventQuery(r.consumer); return nil }); err != nil {
+			return err
+		}
+		switch res {
+		case cuSuccess:
+			return nil
+		case cuErrNotReady:
+		default:
+			return r.d.cu.check("cuEventQuery", res)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("gpu: the reader's consumer event not done in %v", r.timeout)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// copyOnDevice queues a device-to-device copy of n bytes on stream.
+func (d *Decoder) copyOnDevice(dst, src uintptr, n int64, stream uintptr) error {
+	l, err := d.ipc()
+	if err != nil {
+		return err
+	}
+	if err := d.cu.check("cuMemcpyDtoDAsync", l.cuMemcpyDtoDAsync(dst, src, uint64(n), stream)); err != nil {
+		return d.deviceFailed(err)
+	}
+	return nil
+}

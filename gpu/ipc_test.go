@@ -1,0 +1,185 @@
+package gpu
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/zarrfs/zarrfs/codec"
+)
+
+// fakeIPC is the driver's IPC calls over the fake GPU: handles carry the
+// address or event they name, and the waits a stream was told to do are
+// recorded.
+type fakeIPC struct {
+	f     *fakeGPU
+	mu    sync.Mutex
+	waits []uintptr // consumer events streams were told to wait for
+}
+
+func (x *fakeIPC) lib() *ipcLib {
+	return &ipcLib{
+		cuIpcGetMemHandle:   func(h *ipcHandle, p uintptr) cuResult { h.w[0] = uint64(p); return cuSuccess },
+		cuIpcGetEventHandle: func(h *ipcHandle, ev uintptr) cuResult { h.w[0], h.w[1] = uint64(ev), 0xe7e7; return cuSuccess },
+		cuIpcOpenEventHandle: func(ev *uintptr, h ipcHandle) cuResult {
+			*ev = uintptr(h.w[0])
+			return cuSuccess
+		},
+		cuStreamWaitEvent: func(s, ev uintptr, flags uint32) cuResult {
+			x.mu.Lock()
+			x.waits = append(x.waits, ev)
+			x.mu.Unlock()
+			return cuSuccess
+		},
+		cuMemcpyDtoDAsync: func(dst, src uintptr, n uint64, s uintptr) cuResult {
+			to, from := x.f.devBytes("cuMemcpyDtoDAsync", uint64(dst), n), x.f.devBytes("cuMemcpyDtoDAsync", uint64(src), n)
+			if to == nil || from == nil {
+				return cuErrInvalidValue
+			}
+			copy(to, from)
+			return cuSuccess
+		},
+		cuDeviceGetPCIBusId: func(id *byte, n int32, dev int32) cuResult {
+			copy(unsafe.Slice(id, n), "0000:3B:00.0\x00")
+			return cuSuccess
+		},
+	}
+}
+
+func ringDecoder(t *testing.T, opts Options) (*Decoder, *fakeGPU, *fakeIPC) {
+	t.Helper()
+	f := newFakeGPU()
+	d := f.decoder(t, opts)
+	x := &fakeIPC{f: f}
+	d.ipcCalls = x.lib()
+	return d, f, x
+}
+
+// A ring is one device allocation counted in the Decoder's device memory;
+// writes land in their slot after the reader's consumer event; Close gives
+// the memory back.
+func TestRingOnTheDevice(t *testing.T) {
+	d, f, x := ringDecoder(t, Options{DeviceBytes: 64 << 20})
+	if id, err := d.PCIBusID(); err != nil || id != "0000:3b:00.0" {
+		t.Fatalf("PCIBusID %q, %v", id, err)
+	}
+	if _, err := d.NewRing(4, 32<<20, ""); !errors.Is(err, ErrBudget) || !strings.Contains(err.Error(), "--gpu-memory") {
+		t.Fatalf("a ring over the device budget: %v", err)
+	}
+	before, _, _ := d.MemoryHeld()
+	consumer := ipcHandle{w: [8]uint64{0xc0ffee}}.hex()
+	r, err := d.NewRing(3, 1<<20, consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held, _, _ := d.MemoryHeld(); held != before+3<<20 {
+		t.Fatalf("device memory held %d, want %d with the ring", held, before+3<<20)
+	}
+	if h, _ := parseIPCHandle(r.Handle()); uintptr(h.w[0]) != r.Addr(0, 0) || len(r.EventHandles()) != 3 {
+		t.Fatalf("handles %s %v", r.Handle(), r.EventHandles())
+	}
+	src := d.HostAllocWait(4096, 5*time.Second)
+	defer d.HostFree(src)
+	for i := range src {
+		src[i] = byte(i * 13)
+	}
+	if err := r.Begin(1); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Write(1, 8192, src); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Copy(2, 0, r.Addr(1, 8192), 4096); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Done(1); err != nil {
+		t.Fatal(err)
+	}
+	for _, at := range []uintptr{r.Addr(1, 8192), r.Addr(2, 0)} {
+		if got := f.devBytes("check", uint64(at), 4096); !bytes.Equal(got, src) {
+			t.Fatalf("slot bytes at %#x differ from what was written", at)
+		}
+	}
+	if len(x.waits) != 1 || x.waits[0] != 0xc0ffee {
+		t.Fatalf("the slot's writes waited for %v, want the consumer event once", x.waits)
+	}
+	if err := r.Write(0, 1<<20-10, src[:11]); err == nil {
+		t.Fatal("a write past its slot was accepted")
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if held, _, _ := d.MemoryHeld(); held != before {
+		t.Fatalf("device memory held %d after Close, want %d", held, before)
+	}
+	if err := r.Write(1, 0, src); !errors.Is(err, ErrRingClosed) {
+		t.Fatalf("write after Close: %v", err)
+	}
+}
+
+// Chunks decode straight into a ring slot, equal to the CPU decoder's
+// bytes, their Dst untouched; a zstd chunk that only its checksum verifies
+// is left to the caller (ErrUnsupported), as is a job with no slot offset
+// decoded into its Dst.
+func TestRingDecodeIntoSlot(t *testing.T) {
+	d, f, x := ringDecoder(t, Options{})
+	r, err := d.NewRing(2, 4<<20, ipcHandle{w: [8]uint64{0xbeef}}.hex())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	a, b := field(64, 128, 1), field(64, 128, 2)
+	srcs := [][]byte{
+		bloscCompress(a, 4, 0, codec.ByteShuffle, "lz4"),
+		compress(codec.LZ4, b),
+		zstdCompress(a, 3), // with a content checksum
+		bloscCompress(b, 4, 0, codec.ByteShuffle, "lz4"),
+	}
+	names := []codec.Name{codec.Blosc, codec.LZ4, codec.Zstd, codec.Blosc}
+	want := [][]byte{a, b, a, b}
+	offs := []int64{0, int64(len(a)), 2 * int64(len(a)), -1}
+	jobs := make([]codec.Job, len(srcs))
+	for i := range jobs {
+		dst := d.HostAllocWait(len(want[i]), 5*time.Second)
+		defer d.HostFree(dst)
+		for j := range dst {
+			dst[j] = 0xaa
+		}
+		src := d.HostAllocWait(len(srcs[i]), 5*time.Second)
+		defer d.HostFree(src)
+		copy(src, srcs[i])
+		jobs[i] = codec.Job{Codec: names[i], Src: src, Dst: dst}
+	}
+	if err := r.Decode(context.Background(), 1, jobs, offs); err != nil {
+		t.Fatal(err)
+	}
+	for i, j := range jobs {
+		switch {
+		case i == 2:
+			if !errors.Is(j.Err, codec.ErrUnsupported) || !strings.Contains(j.Err.Error(), "checksum") {
+				t.Fatalf("zstd with a checksum into the slot: %v", j.Err)
+			}
+		case j.Err != nil:
+			t.Fatalf("job %d: %v", i, j.Err)
+		case offs[i] < 0:
+			if !bytes.Equal(j.Dst, want[i]) {
+				t.Fatalf("job %d without a slot offset: its Dst differs from the CPU's bytes", i)
+			}
+		default:
+			if got := f.devBytes("check", uint64(r.Addr(1, offs[i])), uint64(len(want[i]))); !bytes.Equal(got, want[i]) {
+				t.Fatalf("job %d: slot bytes differ from the CPU's", i)
+			}
+			if bytes.Count(j.Dst, []byte{0xaa}) != len(j.Dst) {
+				t.Fatalf("job %d: its Dst was written though it went to the slot", i)
+			}
+		}
+	}
+	if len(x.waits) != 0 {
+		t.Fatalf("a round waited on the device for %v: the consumer event is waited for on the host", x.waits)
+	}
+}

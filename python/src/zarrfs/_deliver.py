@@ -1,0 +1,282 @@
+"""The reader's side of a mount's delivery socket: a ring of slots shared with
+the daemon, which decodes samples into them (docs/design.md §13).
+
+On a GPU the ring is one device allocation of the daemon, opened here with
+cuIpcOpenMemHandle (ctypes on libcuda.so.1, in torch's context) and wrapped
+as tensors through ``__cuda_array_interface__``; each slot has an
+interprocess event the daemon records once the slot is written, and the
+loader's consumer event, recorded before a slot is asked for again, makes
+the daemon's writes wait for the trainer's kernels. In the test mode
+(``zarrfs mount --delivery host``) the ring is a memfd the daemon passes
+over the socket, mapped here as CPU tensors.
+
+The protocol is newline-delimited JSON; deliver/proto.go in the Go module
+is its reference.
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+import hashlib
+import json
+import mmap
+import os
+import socket
+import weakref
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+# Error codes of the daemon's replies.
+UNAVAILABLE = "unavailable"
+
+
+class DeliveryUnavailable(RuntimeError):
+    """The mount cannot put samples into this process's memory (it decodes
+    on no GPU, on another GPU, or delivers nothing); read its files instead."""
+
+
+class DeliveryError(RuntimeError):
+    """The delivery socket failed: the daemon went away, or stopped answering."""
+
+
+def registry_dir() -> str:
+    """The registry folder of this user's mounts: where a mount's sockets are
+    (cmd/zarrfs registryDirs' first, which depends on the user only)."""
+    uid = os.geteuid()
+    if uid == 0:
+        return "/run/zarrfs/mounts"
+    run = f"/run/user/{uid}"
+    try:
+        st = os.stat(run)
+        if os.path.isdir(run) and st.st_uid == uid:
+            return os.path.join(run, "zarrfs", "mounts")
+    except OSError:
+        pass
+    return os.path.join("/tmp", f"zarrfs-{uid}", "mounts")
+
+
+def socket_path(mountpoint: str) -> str:
+    """The delivery socket of the mount at mountpoint (its registry record's
+    name, a hash of the resolved mountpoint, with .ring.sock)."""
+    mp = os.path.realpath(mountpoint)
+    h = hashlib.sha256(mp.encode()).hexdigest()[:16]
+    return os.path.join(registry_dir(), h + ".ring.sock")
+
+
+def _cuda() -> ctypes.CDLL:
+    lib = ctypes.CDLL("libcuda.so.1")
+    lib.cuIpcOpenMemHandle_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), _IpcHandle, ctypes.c_uint]
+    lib.cuIpcCloseMemHandle.argtypes = [ctypes.c_uint64]
+    lib.cuDeviceGet.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+    lib.cuDeviceGetPCIBusId.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
+    lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    return lib
+
+
+class _IpcHandle(ctypes.Structure):
+    _fields_ = [("reserved", ctypes.c_char * 64)]
+
+
+def _check(lib: ctypes.CDLL, what: str, r: int) -> None:
+    if r != 0:
+        name = ctypes.c_char_p()
+        lib.cuGetErrorName(r, ctypes.byref(name))
+        raise DeliveryError(f"{what}: {(name.value or b'CUDA error').decode()} ({r})")
+
+
+def pci_bus_id(index: int) -> str:
+    """The PCI bus id of CUDA device index of this process (its numbering,
+    after CUDA_VISIBLE_DEVICES), which names the same GPU in the daemon."""
+    lib = _cuda()
+    dev = ctypes.c_int()
+    _check(lib, "cuDeviceGet", lib.cuDeviceGet(ctypes.byref(dev), index))
+    buf = ctypes.create_string_buffer(64)
+    _check(lib, "cuDeviceGetPCIBusId", lib.cuDeviceGetPCIBusId(buf, 64, dev.value))
+    return buf.value.decode().lower()
+
+
+class _DeviceArray:
+    """A device pointer as ``__cuda_array_interface__``, for torch.as_tensor
+    (zero copy); it holds the ring, so the mapping outlives every tensor."""
+
+    def __init__(self, ptr: int, shape: Tuple[int, ...], typestr: str, owner: Any) -> None:
+        self.owner = owner
+        # No "stream": the loader orders reads itself (the slot's event).
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (ptr, False),
+                                         "version": 2, "strides": None}
+
+
+class Ring:
+    """One connection to a mount's delivery socket and the ring it opened.
+
+    ``memory`` is "cuda" (device memory of ``device``, a torch.device) or
+    "host" (the test mode). Every wait on the socket is bounded by
+    ``timeout`` seconds; a daemon that goes away raises DeliveryError, one
+    that cannot deliver raises DeliveryUnavailable.
+    """
+
+    def __init__(self, sock_path: str, rel_dir: str, memory: str, slots: int, batch: int,
+                 device: Any = None, timeout: float = 300.0) -> None:
+        import torch
+        self.memory, self.slots, self.batch, self.timeout = memory, slots, batch, timeout
+        self.device = device
+        self._buf = b""
+        self._closed = False
+        if not os.path.exists(sock_path):
+            raise DeliveryUnavailable(f"no delivery socket {sock_path}: the mount predates delivery, "
+                                      "delivers nothing (--delivery off) or belongs to another user")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(min(timeout, 30.0))
+        try:
+            self.sock.connect(sock_path)
+        except OSError as e:
+            self.sock.close()
+            raise DeliveryUnavailable(f"{sock_path}: {e.strerror or e}") from None
+        req: Dict[str, Any] = {"op": "open", "dir": rel_dir, "memory": memory, "slots": slots, "batch": batch}
+        self.consumer: Optional[torch.cuda.Event] = None
+        if memory == "cuda":
+            torch.cuda.init()
+            req["pci_bus_id"] = pci_bus_id(device.index)
+            with torch.cuda.device(device):
+                self.consumer = torch.cuda.Event(enable_timing=False, interprocess=True)
+                self.consumer.record(torch.cuda.current_stream(device))  # an event must be recorded to be shared
+                req["consumer_event"] = bytes(self.consumer.ipc_handle()).hex()
+        try:
+            self.send(req)
+            rep, fds = self._recv(with_fds=True)
+        except BaseException:
+            self.sock.close()
+            raise
+        if not rep.get("ok"):
+            self.sock.close()
+            for fd in fds:
+                os.close(fd)
+            msg = rep.get("error", "refused")
+            if rep.get("code") == UNAVAILABLE:
+                raise DeliveryUnavailable(msg)
+            raise DeliveryError(msg)
+        self.info = rep
+        self.slot_bytes = int(rep["slot_bytes"])
+        self.sample_bytes = int(rep["sample_bytes"])
+        self.ring_bytes = int(rep["ring_bytes"])
+        self.shape = tuple(int(x) for x in rep["shape"])
+        self.dtype = np.dtype(rep["dtype"])
+        self.events: List[Any] = []
+        self.ptr = 0
+        self._map: Optional[mmap.mmap] = None
+        try:
+            if memory == "host":
+                if len(fds) != 1:
+                    raise DeliveryError(f"open reply with {len(fds)} files, want the ring's memfd")
+                self._map = mmap.mmap(fds[0], self.ring_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                os.close(fds[0])
+                self.host = np.frombuffer(self._map, dtype=np.uint8)
+            else:
+                self._open_cuda(rep)
+        except BaseException:
+            self.sock.close()
+            raise
+        # Closing waits for nothing: the mapping goes before the socket, so
+        # the daemon frees the ring only once this process stopped using it.
+        self._finalizer = weakref.finalize(self, Ring._free, self.sock, self.memory, self.ptr, self.device)
+
+    def _open_cuda(self, rep: Dict[str, Any]) -> None:
+        import torch
+        lib = _cuda()
+        h = _IpcHandle()
+        ctypes.memmove(h.reserved, bytes.fromhex(rep["handle"]), 64)
+        ptr = ctypes.c_uint64()
+        with torch.cuda.device(self.device):
+            torch.cuda.synchronize(self.device)  # the primary context current on this thread
+            lazy = 1  # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+            _check(lib, "cuIpcOpenMemHandle", lib.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), h, lazy))
+            self.ptr = ptr.value
+            self.events = [torch.cuda.Event.from_ipc_handle(self.device, bytes.fromhex(e)) for e in rep["events"]]
+
+    @staticmethod
+    def _free(sock: socket.socket, memory: str, ptr: int, device: Any) -> None:
+        if memory == "cuda" and ptr:
+            try:
+                import torch
+                with torch.cuda.device(device):
+                    torch.cuda.synchronize(device)
+                    _cuda().cuIpcCloseMemHandle(ptr)
+            except Exception:  # the process is exiting: the driver frees it
+                pass
+        try:
+            sock.close()
+        except OSError:
+            pass
+        # A host mapping stays until the tensors over it go (numpy holds it).
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def slot(self, k: int, n: int) -> "Any":
+        """Samples 0..n-1 of slot k as a tensor of shape (n, *shape), backed by the ring."""
+        import torch
+        off = k * self.slot_bytes
+        nbytes = n * self.sample_bytes
+        if self.memory == "host":
+            flat = self.host[off:off + nbytes]
+            return torch.from_numpy(flat).view(_torch_dtype(self.dtype)).view((n,) + self.shape)
+        arr = _DeviceArray(self.ptr + off, (n,) + self.shape, self.dtype.str, self)
+        return torch.as_tensor(arr, device=self.device)
+
+    def send(self, msg: Dict[str, Any]) -> None:
+        data = (json.dumps(msg) + "\n").encode()
+        try:
+            self.sock.sendall(data)
+        except socket.timeout:
+            raise DeliveryError("the mount's daemon does not read its delivery socket") from None
+        except OSError as e:
+            raise DeliveryError(f"the mount's daemon is gone (delivery socket: {e.strerror or e})") from None
+
+    def recv(self, timeout: Optional[float] = None) -> Optional[Dict[str, Any]]:
+        """The next reply, or None when none came within timeout (None: the ring's)."""
+        try:
+            rep, _ = self._recv(timeout=timeout)
+        except socket.timeout:
+            return None
+        return rep
+
+    def _recv(self, timeout: Optional[float] = None, with_fds: bool = False) -> Tuple[Dict[str, Any], List[int]]:
+        fds: List[int] = []
+        self.sock.settimeout(self.timeout if timeout is None else timeout)
+        while b"\n" not in self._buf:
+            try:
+                if with_fds:
+                    data, anc, _, _ = self.sock.recvmsg(1 << 16, socket.CMSG_SPACE(4 * array.array("i").itemsize))
+                    for level, typ, payload in anc:
+                        if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+                            a = array.array("i")
+                            a.frombytes(payload[:len(payload) - len(payload) % a.itemsize])
+                            fds += list(a)
+                else:
+                    data = self.sock.recv(1 << 16)
+            except socket.timeout:
+                if timeout is None:
+                    raise DeliveryError(f"the mount's daemon did not answer in {self.timeout:g} s") from None
+                raise
+            except OSError as e:
+                raise DeliveryError(f"the mount's daemon is gone (delivery socket: {e.strerror or e})") from None
+            if not data:
+                raise DeliveryError("the mount's daemon closed the delivery socket (unmounted, or killed)")
+            self._buf += data
+        line, _, self._buf = self._buf.partition(b"\n")
+        return json.loads(line), fds
+
+
+def _torch_dtype(dt: np.dtype) -> Any:
+    from .loader import _torch_dtype as f
+    return f(dt)
+
+
+def ring_for(sample_dir: Any, memory: str, slots: int, batch: int, device: Any, timeout: float) -> Ring:
+    """Opens a ring for a SampleDir of a mount."""
+    root = sample_dir.root()
+    rel = os.path.relpath(sample_dir.path, root)
+    return Ring(socket_path(root), rel, memory, slots, batch, device=device, timeout=timeout)
+

@@ -1,0 +1,211 @@
+"""Device delivery end to end, in its test mode: a real mount started with
+--delivery host decodes samples into a ring of host shared memory that the
+Loader maps, so the protocol, the ring's lifecycle, slot reuse, errors and
+the death of either side run here without a GPU (make test-gpu runs the
+same Loader against device memory)."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import zarrfs
+from conftest import need_module, write_view
+
+torch = need_module("torch")
+
+from zarrfs._deliver import DeliveryError, socket_path  # noqa: E402
+from zarrfs.loader import Loader  # noqa: E402
+
+N = 23  # index_store: sample k of x is filled with k + (0..5)/10
+
+
+def status(m):
+    out = subprocess.run([os.environ["ZARRFS_BIN"], "status", m.path, "--json"], capture_output=True, text=True, check=True)
+    doc = json.loads(out.stdout)
+    return doc[0] if isinstance(doc, list) else doc
+
+
+def in_ring(t, ring):
+    base = ring.host.ctypes.data
+    return base <= t.data_ptr() < base + ring.ring_bytes
+
+
+def epochs(loader, n=2):
+    got = []
+    for e in range(n):
+        loader.set_epoch(e)
+        got.append([(b.clone(), c["index"].tolist()) for b, c in loader])
+    return got
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_ring_batches_equal_files(mount, index_store, tmp_path, shuffle):
+    view = write_view(tmp_path / "v.yaml", "views:\n  - name: train\n    channels:\n      - var: x\n        select: {a: all}\n")
+    m = mount(index_store, delivery="host", view=[view])
+    for sub in ("x", "train"):
+        d = os.path.join(m.path, sub)
+        dev = Loader(d, 4, device="cpu", decode="device", shuffle=shuffle, seed=5, prefetch=2)
+        host = Loader(d, 4, device="cpu", decode="host", shuffle=shuffle, seed=5)
+        assert dev.path_kind == "ring-host" and host.path_kind == "pread"
+        assert "decode='device'" in repr(dev)
+        a, b = epochs(dev), epochs(host)
+        assert [idx for _, idx in a[0]] == [idx for _, idx in b[0]]
+        for ea, eb in zip(a, b):
+            for (ta, ia), (tb, ib) in zip(ea, eb):
+                assert ia == ib
+                assert ta.dtype == torch.float32 and ta.shape[1:] == (2, 3)
+                assert ta.numpy().tobytes() == tb.numpy().tobytes()
+        dev.close()
+    doc = status(m)["delivery"]
+    assert doc["rings_opened"] == 2 and doc["device_samples"] == 2 * 2 * N and doc["errors"] == 0
+    assert doc["compressed_bytes"] > 0
+
+
+def test_batches_backed_by_slots_reused_after_the_next(mount, index_store):
+    m = mount(index_store, delivery="host")
+    d = os.path.join(m.path, "x")
+    l = Loader(d, 2, device="cpu", decode="device", prefetch=1)  # two slots
+    it = iter(l)
+    b0, _ = next(it)
+    assert in_ring(b0, l._dring)
+    first = b0.clone()
+    b1, _ = next(it)  # b0's slot is given back now...
+    b2, c2 = next(it)  # ...and holds batch 2
+    assert b2.data_ptr() == b0.data_ptr()
+    assert b0.numpy().tobytes() == b2.numpy().tobytes() != first.numpy().tobytes()
+    assert [int(round(float(x.reshape(-1)[0]))) for x in b2] == c2["index"].tolist() == [4, 5]
+    it.close()
+    kept = Loader(d, 2, device="cpu", decode="device", prefetch=1, copy=True)
+    got = [b for b, _ in kept]
+    assert not any(in_ring(b, kept._dring) for b in got)
+    assert np.concatenate([b.numpy() for b in got]).tobytes() == np.concatenate(
+        [np.load(f) for f in zarrfs.SampleDir(d).files]).tobytes()
+
+
+def test_auto_and_unavailable(mount, index_store):
+    m = mount(index_store, delivery="host")
+    d = os.path.join(m.path, "x")
+    # auto never takes the test mode: CPU tensors come from the files.
+    assert Loader(d, 2, device="cpu").path_kind == "pread"
+    off = mount(index_store, delivery="off")
+    assert not os.path.exists(socket_path(off.path))
+    with pytest.raises(RuntimeError, match=r"decode='device': no delivery socket"):
+        Loader(os.path.join(off.path, "x"), 2, device="cpu", decode="device")
+    plain = mount(index_store)  # auto: no GPU here, so no ring
+    with pytest.raises(RuntimeError, match=r"decode='device': .*delivers into GPU memory, not host"):
+        Loader(os.path.join(plain.path, "x"), 2, device="cpu", decode="device")
+    with pytest.raises(ValueError, match="decode"):
+        Loader(d, 2, device="cpu", decode="gpu")
+
+
+def test_damaged_chunk_names_its_file(mount, index_store, tmp_path):
+    store = tmp_path / "broken.zarr"
+    shutil.copytree(index_store, store)
+    (store / "x" / "c" / "1" / "0" / "0").write_bytes(b"garbage!" * 8)  # samples 4..7
+    m = mount(str(store), delivery="host")
+    l = Loader(os.path.join(m.path, "x"), 2, device="cpu", decode="device")
+    with pytest.raises(OSError, match=r"x/0[4-7]\.npy: .*x/c/1/0/0"):
+        for _ in l:
+            pass
+    # The ring serves the next epoch; samples before the damage still come.
+    got = []
+    with pytest.raises(OSError):
+        for b, c in l:
+            got += c["index"].tolist()
+    assert got[:4] == [0, 1, 2, 3]
+    assert status(m)["delivery"]["errors"] >= 2
+
+
+_READER = """
+import os, sys, time
+sys.path.insert(0, {src!r})
+from zarrfs.loader import Loader
+l = Loader({d!r}, 2, device="cpu", decode="device")
+it = iter(l)
+next(it)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_dead_reader_frees_its_ring(mount, index_store):
+    m = mount(index_store, delivery="host")
+    d = os.path.join(m.path, "x")
+    src = os.path.dirname(os.path.dirname(zarrfs.__file__))
+    p = subprocess.Popen([sys.executable, "-c", _READER.format(src=src, d=d)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        doc = status(m)["delivery"]
+        assert doc["rings_open"] == 1 and doc["ring_bytes"] > 0 and doc["rings"][0]["dir"] == "x"
+        p.kill()
+        p.wait()
+        deadline = time.time() + 10
+        while status(m)["delivery"]["rings_open"] and time.time() < deadline:
+            time.sleep(0.05)
+        doc = status(m)["delivery"]
+        assert doc["rings_open"] == 0 and doc["ring_bytes"] == 0 and doc["rings"] == []
+    finally:
+        p.kill()
+    # The next reader starts cleanly.
+    assert sum(len(c["index"]) for _, c in Loader(d, 4, device="cpu", decode="device")) == N
+
+
+def test_dead_daemon_raises(zarrfs_bin, fuse, big_store, tmp_path):
+    mnt, cache = str(tmp_path / "mnt"), str(tmp_path / "cache")
+    m = zarrfs.Mount(big_store, mnt, cache=cache, delivery="host")
+    m.start()
+    try:
+        l = Loader(os.path.join(m.path, "x"), 64, device="cpu", decode="device", timeout=20)
+        it = iter(l)
+        next(it)
+        os.kill(m._proc.pid, signal.SIGKILL)
+        t0 = time.time()
+        with pytest.raises(DeliveryError, match="daemon"):
+            for _ in it:
+                pass
+        assert time.time() - t0 < 15
+    finally:
+        try:
+            m.stop()
+        except zarrfs.MountError:
+            pass
+    # A daemon started again on the same mountpoint (it clears the stale
+    # mount and socket) serves a new loader.
+    with zarrfs.Mount(big_store, mnt, cache=cache, delivery="host") as m2:
+        l2 = Loader(os.path.join(m2.path, "x"), 64, device="cpu", decode="device", timeout=20)
+        b, c = next(iter(l2))
+        assert c["index"].tolist() == list(range(64))
+        assert b.numpy().tobytes() == np.stack([np.load(f) for f in c["file"]]).tobytes()
+        l2.close()
+
+
+def test_threads_stop_when_abandoned(mount, index_store):
+    m = mount(index_store, delivery="host")
+    base = threading.active_count()
+    l = Loader(os.path.join(m.path, "x"), 1, device="cpu", decode="device", prefetch=3)
+    it = iter(l)
+    next(it)
+    assert threading.active_count() > base
+    del it
+    import gc
+    gc.collect()
+    deadline = time.time() + 10
+    while threading.active_count() > base and time.time() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() <= base
+    # A second iteration stops the first.
+    a = iter(l)
+    next(a)
+    b = iter(l)
+    next(b)
+    with pytest.raises(RuntimeError, match="another iteration"):
+        for _ in a:
+            pass
