@@ -204,6 +204,15 @@ func (b *batch) gather() {
 // Busy returns the time the workers have spent decoding, summed over them.
 func (c *CPU) Busy() time.Duration { return time.Duration(c.busy.Load()) }
 
+// Sparer is an optional upgrade of a BatchDecoder: Spare returns the
+// workers that no job waits for now, what decode's router asks before it
+// gives the decoder a batch.
+type Sparer interface {
+	Spare() int
+}
+
+var _ Sparer = (*CPU)(nil)
+
 // Spare returns the workers that no job waits for now (0 when every
 // worker has a job, or more jobs are queued than workers): what decode's router
 // asks before it gives this decoder a batch.

@@ -32,6 +32,15 @@ type Backing interface {
 	Close() error
 }
 
+// Changer is an optional upgrade of a Backing: Changed reports whether
+// the blob's file was written since it was opened (cache.Handle: one
+// fstat), so that a holder of it does not serve bytes written in place.
+type Changer interface {
+	Changed() bool
+}
+
+var _ Changer = (*cache.Handle)(nil)
+
 // Blobs gets the backing file of a layout's blob: complete, pinned until
 // the Backing is closed. On a miss the blob is filled once, however many
 // callers ask at the same time, and published only complete.

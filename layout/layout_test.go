@@ -29,6 +29,7 @@ func (s fakeStore) GetRange(context.Context, string, int64, int64) ([]byte, erro
 }
 func (s fakeStore) List(context.Context, string) ([]string, error) { return nil, nil }
 func (s fakeStore) ID() string                                     { return s.id }
+func (fakeStore) Close() error                                     { return nil }
 
 func testHierarchy() *zarr.Hierarchy {
 	return &zarr.Hierarchy{

@@ -88,7 +88,10 @@ type Breaker struct {
 	closed   bool
 }
 
-var _ Store = (*Breaker)(nil)
+var (
+	_ Store   = (*Breaker)(nil)
+	_ Wrapper = (*Breaker)(nil)
+)
 
 // WithBreaker wraps inner; see BreakerOptions for the defaults.
 // A negative value panics (see WithRetry).

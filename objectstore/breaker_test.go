@@ -52,6 +52,7 @@ func (s *silentStore) List(ctx context.Context, prefix string) ([]string, error)
 }
 
 func (s *silentStore) ID() string { return "mem://silent" }
+func (*silentStore) Close() error { return nil }
 
 // A source that stops answering: after three unanswered requests the
 // breaker opens, and every request fails at once with a permanent

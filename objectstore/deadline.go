@@ -59,7 +59,10 @@ type Deadline struct {
 	full    bool         // the bound was reached: logged once
 }
 
-var _ Store = (*Deadline)(nil)
+var (
+	_ Store   = (*Deadline)(nil)
+	_ Wrapper = (*Deadline)(nil)
+)
 
 // WithDeadline wraps inner; see DeadlineOptions for the defaults.
 func WithDeadline(inner Store, opts DeadlineOptions) (*Deadline, error) {

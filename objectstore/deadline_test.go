@@ -42,6 +42,7 @@ func (h *hungStore) answer() {
 }
 
 func (h *hungStore) ID() string { return "file:///hung" }
+func (*hungStore) Close() error { return nil }
 func (h *hungStore) Get(ctx context.Context, key string) ([]byte, error) {
 	h.wait()
 	return []byte("data"), nil

@@ -32,13 +32,8 @@ func (d decorator) Identity() string { return Identity(d.Store) }
 // QueuesRequests forwards the decorated store's queueing.
 func (d decorator) QueuesRequests() bool { return queues(d.Store) }
 
-// Close closes the decorated store when it holds resources.
-func (d decorator) Close() error {
-	if c, ok := d.Store.(interface{ Close() error }); ok {
-		return c.Close()
-	}
-	return nil
-}
+// Close closes the decorated store.
+func (d decorator) Close() error { return d.Store.Close() }
 
 func (d decorator) versioned() bool      { _, ok := AsVersioned(d.Store); return ok }
 func (d decorator) statesVersions() bool { _, ok := AsVersionStater(d.Store); return ok }

@@ -39,11 +39,18 @@ func (r *remote) QueuesRequests() bool { return true }
 // Close releases the idle connections kept for reuse. Calls made after it
 // still work (they dial again).
 func (r *remote) Close() error {
-	if t, ok := r.tr.(interface{ CloseIdleConnections() }); ok {
+	if t, ok := r.tr.(idleCloser); ok {
 		t.CloseIdleConnections()
 	}
 	return nil
 }
+
+// idleCloser is a transport that keeps idle connections (http.Transport).
+type idleCloser interface {
+	CloseIdleConnections()
+}
+
+var _ idleCloser = (*http.Transport)(nil)
 
 // attempt is one request of a remote store under way: it holds one of the
 // MaxInFlight slots, the decorators outside were told that it left the

@@ -55,7 +55,10 @@ type Retry struct {
 	log  *slog.Logger
 }
 
-var _ Store = (*Retry)(nil)
+var (
+	_ Store   = (*Retry)(nil)
+	_ Wrapper = (*Retry)(nil)
+)
 
 // WithRetry wraps inner with retries; see RetryOptions for the defaults.
 // A negative value is a caller's mistake and panics, as a negative count

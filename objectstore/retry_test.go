@@ -24,6 +24,7 @@ type scripted struct {
 }
 
 func (s *scripted) ID() string { return "mem://test" }
+func (*scripted) Close() error { return nil }
 
 func (s *scripted) Get(ctx context.Context, key string) ([]byte, error) {
 	s.mu.Lock()

@@ -75,6 +75,11 @@ type Store interface {
 	// "file:///data/era5.zarr" or "s3://bucket/era5.zarr". It never holds
 	// secrets.
 	ID() string
+	// Close releases what the store holds (idle connections, a root
+	// directory, a breaker's probe, the stores a virtual store reads
+	// through); a decorator closes the store it wraps, so closing the
+	// outermost store closes its chain. Requests after Close may fail.
+	Close() error
 }
 
 // GetterInto is an optional upgrade of a Store: GetInto reads a whole
@@ -100,12 +105,34 @@ func Identity(s Store) string {
 	return s.ID()
 }
 
-// Unwrap returns the store a decorator wraps (its Unwrap method), or nil.
+// Wrapper is implemented by decorators (retry, deadline, breaker): Unwrap
+// returns the store decorated.
+type Wrapper interface {
+	Unwrap() Store
+}
+
+// Unwrap returns the store a decorator wraps (Wrapper), or nil.
 func Unwrap(s Store) Store {
-	if u, ok := s.(interface{ Unwrap() Store }); ok {
+	if u, ok := s.(Wrapper); ok {
 		return u.Unwrap()
 	}
 	return nil
+}
+
+// Refresher is an optional upgrade of a virtual store (a reference set, a
+// repository branch): Refresh reads what it serves again (the reference
+// file, the branch's head) if that changed, and reports whether it did.
+// On error the store keeps serving what it served.
+type Refresher interface {
+	Refresh(ctx context.Context) (bool, error)
+}
+
+// Localer is an optional upgrade of a virtual store: Local reports
+// whether every object it serves lies in local files (so a caller need
+// not keep a second copy of their bytes), whatever store it reads its
+// references from.
+type Localer interface {
+	Local() bool
 }
 
 // IsLocal reports whether s reads the local filesystem (a Posix store,

@@ -56,6 +56,8 @@ type Store struct {
 
 var (
 	_ objectstore.Store      = (*Store)(nil)
+	_ objectstore.Refresher  = (*Store)(nil)
+	_ objectstore.Localer    = (*Store)(nil)
 	_ objectstore.Versioned  = (*Store)(nil)
 	_ objectstore.GetterInto = (*Store)(nil)
 )
@@ -167,10 +169,7 @@ func (s *Store) Local() bool {
 // Close closes the repository's store and the target stores.
 func (s *Store) Close() error {
 	s.tg.Close()
-	if c, ok := s.repo.(interface{ Close() error }); ok {
-		return c.Close()
-	}
-	return nil
+	return s.repo.Close()
 }
 
 // chunk is one chunk reference of a manifest.

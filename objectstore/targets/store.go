@@ -105,6 +105,10 @@ func NewStore(id string, tg *Resolver, index func() Index) *Store {
 // ID names the store.
 func (s *Store) ID() string { return s.id }
 
+// Close closes the target stores read through; the virtual stores that
+// embed a Store close what is theirs too.
+func (s *Store) Close() error { return s.tg.Close() }
+
 func (s *Store) fail(op, key string, err error) error {
 	return &objectstore.Error{Op: op, Store: s.id, Key: key, Err: err}
 }

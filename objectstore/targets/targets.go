@@ -91,9 +91,7 @@ func New(opts Options) (*Resolver, error) {
 // Close releases the stores the Resolver opened.
 func (r *Resolver) Close() error {
 	for _, s := range r.stores.Drain() {
-		if c, ok := s.(interface{ Close() error }); ok {
-			c.Close()
-		}
+		s.Close()
 	}
 	return nil
 }

@@ -20,6 +20,7 @@ type gateStore struct {
 }
 
 func (g *gateStore) ID() string { return "gate://x" }
+func (*gateStore) Close() error { return nil }
 func (g *gateStore) Get(context.Context, string) ([]byte, error) {
 	return nil, objectstore.ErrNotFound
 }
