@@ -31,7 +31,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -217,8 +216,9 @@ func (o Options) gpuOptions() (gpu.Options, error) {
 	g.StagingBytes, g.HostBytes = staging, lent
 	g.Deflate = g.Deflate || GPUDeflate
 	// LZ4 blocks walked on the GPU instead of the host: an experiment,
-	// off until a fill on a few cores shows it paying (gpu.Options).
-	g.WalkOnDevice = g.WalkOnDevice || os.Getenv("ZARRFS_GPU_WALK") == "device"
+	// built in with -tags gpuwalk, off until a fill on a few cores shows
+	// it paying (gpu.Options).
+	g.WalkOnDevice = g.WalkOnDevice || walkOnDevice
 	if o.Mode == Auto {
 		// Auto lends no pinned memory (lender): none is registered.
 		g.HostOnDemand = true

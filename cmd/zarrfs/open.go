@@ -39,6 +39,9 @@ type layoutFlags struct {
 	sampleDim  string
 	align      int64
 	views      []string
+	// wholeChunks reads every chunk whole (hidden --whole-chunks): the
+	// peer partial reads are measured against (BENCHMARKS.md).
+	wholeChunks bool
 }
 
 func (f *layoutFlags) register(cmd *cobra.Command) {
@@ -51,6 +54,8 @@ func (f *layoutFlags) register(cmd *cobra.Command) {
 	registerSampleDim(cmd, &f.sampleDim)
 	fl.Int64Var(&f.align, "align", layout.DefaultAlign, "offset of the data in every .npy file (a multiple of 64, at least 128)")
 	fl.StringArrayVar(&f.views, "view", nil, "YAML file of stacked training views; repeatable")
+	fl.BoolVar(&f.wholeChunks, "whole-chunks", false, "read every chunk whole, never the part a file needs (a benchmark's peer)")
+	fl.MarkHidden("whole-chunks")
 	f.src.register(cmd, true)
 }
 
@@ -256,9 +261,7 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	if isRemote(o.store) && oo.chunkTier {
 		zopts.SourceCache = o.cache.ChunkTier()
 	}
-	// Reading every chunk whole is the peer partial reads are measured
-	// against (BENCHMARKS.md); nothing else sets it.
-	if os.Getenv("ZARRFS_WHOLE_CHUNKS") == "1" {
+	if f.wholeChunks {
 		zopts.Partial = zarr.PartialNever
 	}
 	o.src = &layout.Source{
@@ -423,7 +426,7 @@ func chunkCacheBytes(asked, mem int64) int64 {
 }
 
 func isRemote(s objectstore.Store) bool {
-	if v, ok := s.(interface{ Local() bool }); ok {
+	if v, ok := s.(objectstore.Localer); ok {
 		return !v.Local() // a virtual store over local files
 	}
 	return !objectstore.IsLocal(s)
@@ -434,9 +437,7 @@ func isRemote(s objectstore.Store) bool {
 // It warns about arrays newly left out.
 func refreshLayout(ctx context.Context, o *opened, cur *layout.Layout, log *slog.Logger) (*layout.Layout, error) {
 	// A virtual store reads its references (a branch's head) again first.
-	if r, ok := o.store.(interface {
-		Refresh(context.Context) (bool, error)
-	}); ok {
+	if r, ok := o.store.(objectstore.Refresher); ok {
 		if _, err := r.Refresh(ctx); err != nil {
 			return nil, err
 		}
