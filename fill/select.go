@@ -116,8 +116,11 @@ type Selection struct {
 
 // Select selects blobs of l by path, sample range and rank. Whole-array
 // files (coordinates, static fields) are in every rank's selection: they
-// are small and every rank needs them. A path of Only that is not in the
-// layout is an error wrapping fs.ErrNotExist.
+// are small and every rank needs them. A sample directory of an array
+// selected (as a directory, not file by file) brings the coordinate file
+// its readers read beside the samples (layout.Layout.CoordinateOf), so
+// that a run whose source is down finds it warm too. A path of Only that
+// is not in the layout is an error wrapping fs.ErrNotExist.
 func Select(l *layout.Layout, o SelectOptions) (*Selection, error) {
 	only := make([]string, 0, len(o.Only))
 	for _, p := range o.Only {
@@ -146,11 +149,15 @@ func Select(l *layout.Layout, o SelectOptions) (*Selection, error) {
 		plan.Blobs = append(plan.Blobs, b)
 		plan.Bytes += b.Size()
 	}
+	var whole []*layout.Dir // sample directories selected as such, not file by file
 	var walk func(d *layout.Dir)
 	walk = func(d *layout.Dir) {
 		if d.IsSampleDir() {
 			if !selected(d.Path()) && !selectedUnder(only, d.Path()) {
 				return
+			}
+			if selected(d.Path()) {
+				whole = append(whole, d)
 			}
 			n := d.Samples()
 			if o.Samples != nil && (o.Samples.Stop > n || o.Samples.Start >= n) {
@@ -188,5 +195,23 @@ func Select(l *layout.Layout, o SelectOptions) (*Selection, error) {
 		}
 	}
 	walk(l.Root())
+	selectCoordinates(l, plan, whole)
 	return plan, nil
+}
+
+// selectCoordinates adds to plan the coordinate file of every array's
+// sample directory of dirs, unless selected already.
+func selectCoordinates(l *layout.Layout, plan *Selection, dirs []*layout.Dir) {
+	planned := map[string]bool{}
+	for _, b := range plan.Blobs {
+		planned[b.Path()] = true
+	}
+	for _, d := range dirs {
+		if c, ok := l.CoordinateOf(d); ok && !planned[c.Path()] {
+			planned[c.Path()] = true
+			plan.Blobs = append(plan.Blobs, c)
+			plan.Bytes += c.Size()
+			plan.Dirs = append(plan.Dirs, c.Path())
+		}
+	}
 }

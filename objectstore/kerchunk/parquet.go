@@ -10,11 +10,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/apache/arrow-go/v18/arrow"
-	"github.com/apache/arrow-go/v18/arrow/array"
-	"github.com/apache/arrow-go/v18/arrow/memory"
-	"github.com/apache/arrow-go/v18/parquet/pqarrow"
-
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/objectstore/targets"
 )
@@ -200,7 +195,7 @@ func (p *parquetSet) record(ctx context.Context, fname string, n int64) (*record
 		if err != nil {
 			return nil, err
 		}
-		rec, err := p.parseRecord(ctx, b)
+		rec, err := p.parseRecord(b)
 		if err != nil {
 			return nil, fmt.Errorf("%s/%s: %w: %w", strings.TrimSuffix(p.dir.ID(), "/"), key, ErrMalformed, err)
 		}
@@ -208,134 +203,98 @@ func (p *parquetSet) record(ctx context.Context, fname string, n int64) (*record
 	})
 }
 
-func (p *parquetSet) parseRecord(ctx context.Context, b []byte) (rec *record, err error) {
+func (p *parquetSet) parseRecord(b []byte) (rec *record, err error) {
 	defer func() {
-		// arrow-go panics on some malformed files; a reference set must
-		// not take the daemon down.
+		// A reference set must not take the daemon down, whatever its
+		// record files hold.
 		if r := recover(); r != nil {
 			rec, err = nil, fmt.Errorf("unreadable Parquet file: %v", r)
 		}
 	}()
-	tbl, err := pqarrow.ReadTable(ctx, bytes.NewReader(b), nil, pqarrow.ArrowReadProperties{}, memory.DefaultAllocator)
+	return p.readRecord(b)
+}
+
+func (p *parquetSet) readRecord(b []byte) (*record, error) {
+	f, err := openPq(b)
 	if err != nil {
 		return nil, err
 	}
-	defer tbl.Release()
-	rows := tbl.NumRows()
+	rows := f.md.NumRows
 	if rows > p.recordSize {
 		return nil, fmt.Errorf("%d rows, more than record_size %d", rows, p.recordSize)
 	}
-	rec = &record{refs: make([]ref, rows), present: make([]bool, rows)}
-	cols := map[string]arrow.Array{}
-	schema := tbl.Schema()
-	for i := 0; i < int(tbl.NumCols()); i++ {
-		name := schema.Field(i).Name
-		switch name {
-		case "path", "offset", "size", "raw":
-		default:
-			continue
-		}
-		ch := tbl.Column(i).Data()
-		arr, err := concat(ch)
-		if err != nil {
-			return nil, fmt.Errorf("column %s: %v", name, err)
-		}
-		defer arr.Release()
-		cols[name] = arr
-	}
-	paths, hasPath := cols["path"]
-	raws, hasRaw := cols["raw"]
+	_, hasPath := f.cols["path"]
+	_, hasRaw := f.cols["raw"]
 	if !hasPath && !hasRaw {
 		return nil, fmt.Errorf("neither a path nor a raw column")
 	}
-	for i := range int(rows) {
-		if hasRaw && raws.IsValid(i) {
-			data, ok := binaryAt(raws, i)
-			if !ok {
-				return nil, fmt.Errorf("raw column of type %s", raws.DataType())
+	rec := &record{refs: make([]ref, rows), present: make([]bool, rows)}
+	// A row with raw set is inline bytes, whatever its path says.
+	err = f.each("raw", func(i int, v pqValue) error {
+		if v.null {
+			return nil
+		}
+		if v.b == nil {
+			return fmt.Errorf("raw column of type %s", f.cols["raw"].typ)
+		}
+		rec.refs[i] = ref{url: -1, data: append([]byte(nil), v.b...)}
+		rec.present[i] = true
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	// The rows that reference a target; offset and size (null: 0) are
+	// read for them only.
+	target := make([]bool, rows)
+	err = f.each("path", func(i int, v pqValue) error {
+		if rec.present[i] || v.null {
+			return nil
+		}
+		if v.b == nil {
+			return fmt.Errorf("path column of type %s", f.cols["path"].typ)
+		}
+		if len(v.b) > 0 {
+			rec.refs[i] = ref{url: p.intern(string(v.b))}
+			target[i] = true
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, col := range []string{"offset", "size"} {
+		err = f.each(col, func(i int, v pqValue) error {
+			if !target[i] || v.null {
+				return nil
 			}
-			rec.refs[i] = ref{url: -1, data: append([]byte(nil), data...)}
-			rec.present[i] = true
-			continue
+			if v.b != nil {
+				return fmt.Errorf("row %d: %s column of type %s", i, col, f.cols[col].typ)
+			}
+			if v.n < 0 {
+				return fmt.Errorf("row %d: negative %s %d", i, col, v.n)
+			}
+			if col == "offset" {
+				rec.refs[i].off = v.n
+			} else {
+				rec.refs[i].n = v.n
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
 		}
-		if !hasPath || !paths.IsValid(i) {
-			continue
-		}
-		u, ok := binaryAt(paths, i)
+	}
+	for i, ok := range target {
 		if !ok {
-			return nil, fmt.Errorf("path column of type %s", paths.DataType())
-		}
-		if len(u) == 0 {
 			continue
 		}
-		off, err1 := intAt(cols["offset"], i)
-		size, err2 := intAt(cols["size"], i)
-		if err1 != nil || err2 != nil {
-			return nil, fmt.Errorf("row %d: offset or size: %v", i, cmpErr(err1, err2))
+		if rec.refs[i].off == 0 && rec.refs[i].n == 0 {
+			rec.refs[i].n = -1 // the whole file
 		}
-		if off < 0 || size < 0 {
-			return nil, fmt.Errorf("row %d: negative offset %d or size %d", i, off, size)
-		}
-		r := ref{url: p.intern(string(u)), off: off, n: size}
-		if off == 0 && size == 0 {
-			r.n = -1 // the whole file
-		}
-		rec.refs[i] = r
 		rec.present[i] = true
 	}
 	return rec, nil
-}
-
-func cmpErr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
-}
-
-func concat(ch *arrow.Chunked) (arrow.Array, error) {
-	chunks := ch.Chunks()
-	if len(chunks) == 1 {
-		chunks[0].Retain()
-		return chunks[0], nil
-	}
-	return array.Concatenate(chunks, memory.DefaultAllocator)
-}
-
-func binaryAt(a arrow.Array, i int) ([]byte, bool) {
-	switch c := a.(type) {
-	case *array.Binary:
-		return c.Value(i), true
-	case *array.LargeBinary:
-		return c.Value(i), true
-	case *array.String:
-		return []byte(c.Value(i)), true
-	case *array.LargeString:
-		return []byte(c.Value(i)), true
-	case *array.Dictionary:
-		return binaryAt(c.Dictionary(), c.GetValueIndex(i))
-	}
-	return nil, false
-}
-
-func intAt(a arrow.Array, i int) (int64, error) {
-	if a == nil || !a.IsValid(i) {
-		return 0, nil
-	}
-	switch c := a.(type) {
-	case *array.Int64:
-		return c.Value(i), nil
-	case *array.Int32:
-		return int64(c.Value(i)), nil
-	case *array.Uint64:
-		if c.Value(i) > math.MaxInt64 {
-			return 0, fmt.Errorf("%d out of range", c.Value(i))
-		}
-		return int64(c.Value(i)), nil
-	case *array.Uint32:
-		return int64(c.Value(i)), nil
-	}
-	return 0, fmt.Errorf("column of type %s", a.DataType())
 }
 
 func (p *parquetSet) children(ctx context.Context, dir string) ([]string, error) {

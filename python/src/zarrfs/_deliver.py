@@ -186,7 +186,8 @@ class Ring:
         import torch
         lib = _cuda()
         h = _IpcHandle()
-        ctypes.memmove(h.reserved, bytes.fromhex(rep["handle"]), 64)
+        # Into the struct itself: reading a c_char array field returns a copy.
+        ctypes.memmove(ctypes.addressof(h), bytes.fromhex(rep["handle"]), 64)
         ptr = ctypes.c_uint64()
         with torch.cuda.device(self.device):
             torch.cuda.synchronize(self.device)  # the primary context current on this thread
