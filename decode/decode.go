@@ -352,11 +352,15 @@ func New(opts Options) (*Pipeline, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	p := &Pipeline{opts: opts, log: log, cpu: codec.NewCPU(codec.Options{Workers: opts.Workers}), ready: make(chan struct{}),
+	cpu, err := codec.NewCPU(codec.Options{Workers: opts.Workers})
+	if err != nil {
+		return nil, err
+	}
+	p := &Pipeline{opts: opts, log: log, cpu: cpu, ready: make(chan struct{}),
 		decoded: Decoded{}, arena: newArena(opts.IdleMemory)}
 	p.onCPU = &counter{inner: p.cpu, device: "cpu", mu: &p.countMu, into: p.decoded}
 	p.route.Store(&routed{p.onCPU})
-	p.router = &router{cpu: p.onCPU, spare: p.onCPU.Spare, inline: &counter{inner: inlineDecoder{}, device: "cpu", mu: &p.countMu, into: p.decoded},
+	p.router = &router{cpu: p.onCPU, spare: p.onCPU.Spare, inline: &counter{inner: codec.Inline{}, device: "cpu", mu: &p.countMu, into: p.decoded},
 		workers: opts.Workers, costs: p.gpuCosts, usable: p.gpuUsable, now: time.Now, log: log,
 		codecs: map[codec.Name]*route{}}
 	opts.GPU = gopts

@@ -104,7 +104,7 @@ func newTestServer(t *testing.T, bad map[int64]bool, fail func(string) bool, mem
 	}
 	ts := &testServer{lay: lay, blobs: &fileBlobs{fill: filler, dir: t.TempDir(), opens: map[string]int{}}}
 	ts.s = &Server{Layout: func() *layout.Layout { return lay }, Blobs: ts.blobs, Memory: HostMemory{},
-		Device: HostFill{Filler: filler, Decoder: codec.NewCPU(codec.Options{Workers: 1}), Fail: fail}}
+		Device: HostFill{Filler: filler, Decoder: must(codec.NewCPU(codec.Options{Workers: 1})), Fail: fail}}
 	if len(mem) > 0 {
 		ts.s.Memory = mem[0]
 	}
@@ -390,4 +390,12 @@ func TestCUDAMemoryUnavailable(t *testing.T) {
 			t.Errorf("%+v: %+v", tc.req, rep)
 		}
 	}
+}
+
+// must is v, for options a test knows to be valid.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

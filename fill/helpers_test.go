@@ -469,3 +469,11 @@ type readerFunc func(ctx context.Context, pin *zarr.Pin, reqs []zarr.Request) er
 func (f readerFunc) Read(ctx context.Context, pin *zarr.Pin, reqs []zarr.Request) error {
 	return f(ctx, pin, reqs)
 }
+
+// must is v, for options a test knows to be valid.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}

@@ -26,7 +26,10 @@ func (f *Filler) FillInto(ctx context.Context, lay *layout.Layout, blobs []layou
 	if len(blobs) != len(outs) {
 		return fmt.Errorf("fill: FillInto with %d blobs and %d buffers", len(blobs), len(outs))
 	}
-	if maxBytes <= 0 {
+	if maxBytes < 0 {
+		return fmt.Errorf("fill: FillInto of at most %d bytes: want 0 (DefaultBatchBytes) or more", maxBytes)
+	}
+	if maxBytes == 0 {
 		maxBytes = DefaultBatchBytes
 	}
 	for i, b := range blobs {

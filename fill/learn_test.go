@@ -106,7 +106,7 @@ func learnStore(t *testing.T) (string, *countingStore, *layout.Source, *cache.Ca
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { posix.Close() })
-	dec := codec.NewCPU(codec.Options{})
+	dec := must(codec.NewCPU(codec.Options{}))
 	t.Cleanup(func() { dec.Close() })
 	st := &countingStore{Posix: posix}
 	c, err := cache.Open(cache.Options{Dir: t.TempDir()})
@@ -393,7 +393,7 @@ func TestFirstFillAsksNoVersionHTTP(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer web.Close()
-	dec := codec.NewCPU(codec.Options{})
+	dec := must(codec.NewCPU(codec.Options{}))
 	defer dec.Close()
 	src := &layout.Source{Store: web, Zarr: zarr.Options{Decoder: dec}}
 	count := func() (heads, gets int64) {

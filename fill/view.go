@@ -231,7 +231,10 @@ func (f *Filler) FillBatch(ctx context.Context, lay *layout.Layout, blobs []layo
 	if len(blobs) != len(ws) {
 		return fmt.Errorf("fill: FillBatch with %d blobs and %d writers", len(blobs), len(ws))
 	}
-	if maxBytes <= 0 {
+	if maxBytes < 0 {
+		return fmt.Errorf("fill: FillBatch of at most %d bytes: want 0 (DefaultBatchBytes) or more", maxBytes)
+	}
+	if maxBytes == 0 {
 		maxBytes = DefaultBatchBytes
 	}
 	r := f.run(lay, nil)

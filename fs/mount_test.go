@@ -369,3 +369,11 @@ func testBlobs(t testing.TB, c *cache.Cache, r zarr.Reader) fill.Blobs {
 	}
 	return f
 }
+
+// must is v, for options a test knows to be valid.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}

@@ -75,7 +75,7 @@ func TestRefreshFollowsTheStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	dec := codec.NewCPU(codec.Options{})
+	dec := must(codec.NewCPU(codec.Options{}))
 	defer dec.Close()
 	src := &layout.Source{Store: st, Zarr: zarr.Options{Stats: &zarr.Stats{}, Decoder: dec}}
 	lay, err := src.Open(context.Background())

@@ -93,11 +93,13 @@ var (
 	_ Wrapper = (*Breaker)(nil)
 )
 
-// WithBreaker wraps inner; see BreakerOptions for the defaults.
-// A negative value panics (see WithRetry).
-func WithBreaker(inner Store, opts BreakerOptions) *Breaker {
-	refuseNegative("BreakerOptions", map[string]int64{"Failures": int64(opts.Failures), "Silence": int64(opts.Silence),
-		"Quiet": int64(opts.Quiet), "Probe": int64(opts.Probe), "ProbeTimeout": int64(opts.ProbeTimeout)})
+// WithBreaker wraps inner; see BreakerOptions for the defaults. A
+// negative value is refused (see WithRetry).
+func WithBreaker(inner Store, opts BreakerOptions) (*Breaker, error) {
+	if err := refuseNegative("BreakerOptions", map[string]int64{"Failures": int64(opts.Failures), "Silence": int64(opts.Silence),
+		"Quiet": int64(opts.Quiet), "Probe": int64(opts.Probe), "ProbeTimeout": int64(opts.ProbeTimeout)}); err != nil {
+		return nil, err
+	}
 	if opts.Failures == 0 {
 		opts.Failures = 3
 	}
@@ -120,7 +122,7 @@ func WithBreaker(inner Store, opts BreakerOptions) *Breaker {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Breaker{decorator: decorator{inner}, opts: opts, log: log}
+	return &Breaker{decorator: decorator{inner}, opts: opts, log: log}, nil
 }
 
 // Open reports whether the breaker is refusing requests now.

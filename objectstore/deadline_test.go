@@ -157,8 +157,8 @@ func TestDeadline(t *testing.T) {
 func TestDeadlineBehindBreaker(t *testing.T) {
 	h := newHung()
 	d, _ := objectstore.WithDeadline(h, objectstore.DeadlineOptions{Timeout: 50 * time.Millisecond, MaxBlocked: 4})
-	br := objectstore.WithBreaker(d, objectstore.BreakerOptions{Silence: 20 * time.Millisecond, Quiet: 40 * time.Millisecond,
-		Probe: 10 * time.Millisecond, ProbeTimeout: 50 * time.Millisecond})
+	br := must(objectstore.WithBreaker(d, objectstore.BreakerOptions{Silence: 20 * time.Millisecond, Quiet: 40 * time.Millisecond,
+		Probe: 10 * time.Millisecond, ProbeTimeout: 50 * time.Millisecond}))
 	defer br.Close()
 	ctx := context.Background()
 	if _, err := br.GetRange(ctx, "k", 0, 1); !errors.Is(err, context.DeadlineExceeded) {
@@ -187,7 +187,7 @@ func TestDeadlineBehindBreaker(t *testing.T) {
 	if _, ok := objectstore.AsVersionStater(br); !ok {
 		t.Error("the breaker hides the store's StatVersion")
 	}
-	if _, ok := objectstore.AsVersionStater(objectstore.WithBreaker(&silentStore{}, objectstore.BreakerOptions{})); ok {
+	if _, ok := objectstore.AsVersionStater(must(objectstore.WithBreaker(&silentStore{}, objectstore.BreakerOptions{}))); ok {
 		t.Error("a breaker over a store without StatVersion claims one")
 	}
 }
@@ -198,7 +198,7 @@ func TestPosixThroughDeadlineConformance(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		br := objectstore.WithBreaker(d, objectstore.BreakerOptions{})
+		br := must(objectstore.WithBreaker(d, objectstore.BreakerOptions{}))
 		t.Cleanup(func() { br.Close() })
 		if !objectstore.IsLocal(br) {
 			t.Error("IsLocal is false through the decorators")

@@ -53,10 +53,10 @@ func TestDecoratorsForwardUpgrades(t *testing.T) {
 	ctx := context.Background()
 	chains := map[string]func(objectstore.Store) objectstore.Store{
 		"retry": func(s objectstore.Store) objectstore.Store {
-			return objectstore.WithRetry(s, objectstore.RetryOptions{})
+			return must(objectstore.WithRetry(s, objectstore.RetryOptions{}))
 		},
 		"breaker": func(s objectstore.Store) objectstore.Store {
-			return objectstore.WithBreaker(s, objectstore.BreakerOptions{})
+			return must(objectstore.WithBreaker(s, objectstore.BreakerOptions{}))
 		},
 		"deadline": func(s objectstore.Store) objectstore.Store {
 			d, err := objectstore.WithDeadline(s, objectstore.DeadlineOptions{})
@@ -67,10 +67,10 @@ func TestDecoratorsForwardUpgrades(t *testing.T) {
 		},
 		"retry(breaker(deadline))": func(s objectstore.Store) objectstore.Store {
 			d, _ := objectstore.WithDeadline(s, objectstore.DeadlineOptions{})
-			return objectstore.WithRetry(objectstore.WithBreaker(d, objectstore.BreakerOptions{}), objectstore.RetryOptions{})
+			return must(objectstore.WithRetry(must(objectstore.WithBreaker(d, objectstore.BreakerOptions{})), objectstore.RetryOptions{}))
 		},
 		"trust(retry(breaker))": func(s objectstore.Store) objectstore.Store {
-			return objectstore.TrustMetadata(objectstore.WithRetry(objectstore.WithBreaker(s, objectstore.BreakerOptions{}), objectstore.RetryOptions{}))
+			return objectstore.TrustMetadata(must(objectstore.WithRetry(must(objectstore.WithBreaker(s, objectstore.BreakerOptions{})), objectstore.RetryOptions{})))
 		},
 	}
 	for name, wrap := range chains {

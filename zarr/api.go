@@ -30,8 +30,9 @@ var ErrNoMetadata = errors.New("no Zarr metadata")
 type Options struct {
 	// Decoder decompresses batches of chunks: the process's one decoding
 	// pipeline (package decode), which owns its workers and devices and
-	// sends to the CPU what a GPU refuses. Nil means a CPU decoder with one
-	// worker per CPU, owned by the Hierarchy and stopped by Close.
+	// sends to the CPU what a GPU refuses. Nil means codec.Inline: chunks
+	// decode in the goroutine that reads them, and the Hierarchy starts no
+	// workers.
 	Decoder codec.BatchDecoder
 	// Memory, when set, lends the buffers compressed chunks are read into
 	// (and, through Hierarchy.Memory, the buffers fills decode into): the
@@ -102,7 +103,6 @@ type Hierarchy struct {
 	chunks *chunkCache
 	mem    codec.HostMemory // lends the buffers compressed chunks are read into; nil: pooled
 	stats  *Stats
-	owned  *codec.CPU // the default decoder, when Options.Decoder was nil
 	// lazyKept counts the versions the lazy listings of its arrays keep.
 	lazyKept atomic.Int64
 	// metaChecks holds, by key, the last read of each metadata document

@@ -111,7 +111,7 @@ func TestReadsFollowTheListing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer posix.Close()
-	st := objectstore.WithRetry(listsOnly{posix, posix}, objectstore.RetryOptions{})
+	st := must(objectstore.WithRetry(listsOnly{posix, posix}, objectstore.RetryOptions{}))
 	tier := &countingTier{m: map[string][]byte{}}
 	openWith := func(sc zarr.SourceCache) *zarr.Hierarchy {
 		o := zarr.Options{ChunkCacheBytes: -1}
@@ -416,4 +416,12 @@ func TestLazyListingKeepsFewAndPinHolds(t *testing.T) {
 	if l2.Len() != 2 {
 		t.Errorf("the new listing keeps %d versions, want 2", l2.Len())
 	}
+}
+
+// must is v, for options a test knows to be valid.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

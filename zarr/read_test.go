@@ -426,7 +426,7 @@ func TestLentMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := &lender{CPU: codec.NewCPU(codec.Options{}), lent: map[*byte]int{}}
+	l := &lender{CPU: must(codec.NewCPU(codec.Options{})), lent: map[*byte]int{}}
 	defer l.Close()
 	arrays := 0
 	for _, dir := range dirs {

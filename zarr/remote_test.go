@@ -182,7 +182,7 @@ func TestRemoteVersionsWithoutListings(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer g.Close()
-			var st objectstore.Store = objectstore.WithRetry(g, objectstore.RetryOptions{})
+			var st objectstore.Store = must(objectstore.WithRetry(g, objectstore.RetryOptions{}))
 			if tc.trust {
 				st = objectstore.TrustMetadata(st)
 			}

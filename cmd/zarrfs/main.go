@@ -134,7 +134,11 @@ func newLogger(cmd *cobra.Command) (*slog.Logger, error) {
 	default:
 		return nil, usagef("--log-format %q: want text or json", format)
 	}
-	return slog.New(ratelog.New(h, ratelog.Options{})), nil
+	rl, err := ratelog.New(h, ratelog.Options{})
+	if err != nil {
+		return nil, err
+	}
+	return slog.New(rl), nil
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

@@ -26,6 +26,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -95,7 +96,13 @@ func run(dir, path, dim string, batch, readers int, steps, chunkCache int64) (*r
 		return nil, err
 	}
 	defer st.Close()
-	h, err := zarr.Open(ctx, st, zarr.Options{ChunkCacheBytes: chunkCache})
+	// One CPU worker per core, as the mount decodes.
+	dec, err := codec.NewCPU(codec.Options{})
+	if err != nil {
+		return nil, err
+	}
+	defer dec.Close()
+	h, err := zarr.Open(ctx, st, zarr.Options{ChunkCacheBytes: chunkCache, Decoder: dec})
 	if err != nil {
 		return nil, err
 	}

@@ -35,6 +35,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/zarrfs/zarrfs/codec"
 	zfill "github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/objectstore"
@@ -103,7 +104,13 @@ func setup(ctx context.Context, dir string, cacheBytes int64) (*zarr.Hierarchy, 
 	if cacheBytes == 0 {
 		cacheBytes = max(views[0].WorkingSetBytes()*9/4, 256<<20)
 	}
-	h, err := zarr.Open(ctx, st, zarr.Options{ChunkCacheBytes: cacheBytes})
+	// One CPU worker per core, as the mount decodes; it lives as long as
+	// the process.
+	dec, err := codec.NewCPU(codec.Options{})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	h, err := zarr.Open(ctx, st, zarr.Options{ChunkCacheBytes: cacheBytes, Decoder: dec})
 	if err != nil {
 		return nil, nil, nil, err
 	}
