@@ -182,100 +182,15 @@ func (b *binder) bind(s *ViewSpec) (*View, error) {
 		if a.Unsupported != "" {
 			return nil, s.errorf(field+".var", "array %q cannot be read: %s", cs.Var, a.Unsupported)
 		}
-		axis := dimIndex(a, v.SampleDim)
-		// Resolve selections to (axis, indices) in file order first.
-		type dimSel struct {
-			dim     string
-			axis    int
-			indices []int64
-			values  []any
+		sels, err := b.selections(s, a, cs, field, v.SampleDim)
+		if err != nil {
+			return nil, err
 		}
-		var sels []dimSel
-		for _, d := range cs.Select {
-			df := field + ".select." + d.Dim
-			ax, err := b.selectAxis(s, a, d.Dim, df, v.SampleDim)
-			if err != nil {
-				return nil, err
-			}
-			if d.All {
-				d.Indices = make([]int64, a.Shape[ax])
-				for j := range d.Indices {
-					d.Indices[j] = int64(j)
-				}
-			}
-			for j, x := range d.Indices {
-				if x >= a.Shape[ax] {
-					return nil, s.errorf(fmt.Sprintf("%s[%d]", df, j), "index %d out of range: dimension %s of %s has %d entries (0..%d)", x, d.Dim, a.Path, a.Shape[ax], a.Shape[ax]-1)
-				}
-			}
-			vals, err := b.coordValuesAt(a, ax, d.Dim, d.Indices)
-			if err != nil {
-				return nil, err
-			}
-			sels = append(sels, dimSel{d.Dim, ax, d.Indices, vals})
-		}
-		for _, d := range cs.SelectValues {
-			df := field + ".select_values." + d.Dim
-			ax, err := b.selectAxis(s, a, d.Dim, df, v.SampleDim)
-			if err != nil {
-				return nil, err
-			}
-			idx, vals, err := b.lookupValues(s, a, ax, d, df)
-			if err != nil {
-				return nil, err
-			}
-			sels = append(sels, dimSel{d.Dim, ax, idx, vals})
-		}
-		// The cartesian product runs in the array's dimension order, last
-		// selected dimension fastest, as numpy's reshape of a[..., [i], [j]] would.
-		sort.SliceStable(sels, func(x, y int) bool { return sels[x].axis < sels[y].axis })
-		selected := map[int]bool{}
-		for _, sl := range sels {
-			selected[sl.axis] = true
-		}
-		var shape []int64
-		var dims []string
-		for d := range a.Shape {
-			if d != axis && !selected[d] {
-				shape = append(shape, a.Shape[d])
-				dims = append(dims, dimName(a, d))
-			}
-		}
-		counter := make([]int, len(sels))
-		var first *Channel // a copy: v.Channels may move as it grows
-		for {
-			ch := Channel{Var: a.Path, Array: a, Axis: axis, Spec: i}
-			for k, sl := range sels {
-				ch.Select = append(ch.Select, Selected{Dim: sl.dim, Axis: sl.axis, Index: sl.indices[counter[k]], Value: sl.values[counter[k]]})
-			}
-			v.Channels = append(v.Channels, ch)
-			if first == nil {
-				c := ch
-				first = &c
-			}
-			k := len(sels) - 1
-			for ; k >= 0; k-- {
-				counter[k]++
-				if counter[k] < len(sels[k].indices) {
-					break
-				}
-				counter[k] = 0
-			}
-			if k < 0 {
-				break
-			}
-		}
+		first, shape, dims := v.addChannels(a, dimIndex(a, v.SampleDim), i, sels)
 		if firstSpatial == nil {
 			firstSpatial, spatial, spatialDims = first, shape, dims
-		} else {
-			if !slices.Equal(shape, spatial) {
-				return nil, s.errorf(field, "channel %s has spatial shape %s, but channels[0] (%s) has %s: all channels must have the same spatial shape%s",
-					a.Path, npyShape(shape), firstSpatial.Var, npyShape(spatial), selectHint(a.Path, dims, firstSpatial.Var, spatialDims))
-			}
-			if !slices.Equal(dims, spatialDims) {
-				return nil, s.errorf(field, "channel %s has spatial dimensions (%s), but channels[0] (%s) has (%s): all channels must have the same dimension names",
-					a.Path, strings.Join(dims, ", "), firstSpatial.Var, strings.Join(spatialDims, ", "))
-			}
+		} else if err := sameSpatial(s, field, a, shape, dims, firstSpatial, spatial, spatialDims); err != nil {
+			return nil, err
 		}
 		if s.DType == "" {
 			if commonFrom == nil {
@@ -286,19 +201,8 @@ func (b *binder) bind(s *ViewSpec) (*View, error) {
 			}
 		}
 	}
-	if s.DType != "" {
-		d, err := ParseOutputDType(s.DType)
-		if err != nil {
-			return nil, s.errorf("dtype", "%v", err)
-		}
-		v.DType = d
-		for _, ch := range v.Channels {
-			if err := zarr.CanCast(ch.Array.DType, d); err != nil {
-				return nil, s.errorf(fmt.Sprintf("channels[%d]", ch.Spec), "channel %s: %v", ch.Var, err)
-			}
-		}
-	} else {
-		v.DType = zarr.DType{Kind: commonFrom.Array.DType.Kind, Size: commonFrom.Array.DType.Size}
+	if err := v.outputDType(s, commonFrom); err != nil {
+		return nil, err
 	}
 	if err := b.sampleRange(s, v); err != nil {
 		return nil, err
@@ -317,6 +221,134 @@ func (b *binder) bind(s *ViewSpec) (*View, error) {
 	v.memoStatic = staticBytes > 0 && staticBytes <= maxStaticMemo
 	v.def = v.definition()
 	return v, nil
+}
+
+// dimSel is one selected dimension of a channel entry: its axis in the
+// array and the indices (and coordinate values) selected along it.
+type dimSel struct {
+	dim     string
+	axis    int
+	indices []int64
+	values  []any
+}
+
+// selections resolves a channel entry's select and select_values to the
+// axes and indices they name, in the array's dimension order.
+func (b *binder) selections(s *ViewSpec, a *zarr.Array, cs ChannelSpec, field, sampleDim string) ([]dimSel, error) {
+	var sels []dimSel
+	for _, d := range cs.Select {
+		df := field + ".select." + d.Dim
+		ax, err := b.selectAxis(s, a, d.Dim, df, sampleDim)
+		if err != nil {
+			return nil, err
+		}
+		if d.All {
+			d.Indices = make([]int64, a.Shape[ax])
+			for j := range d.Indices {
+				d.Indices[j] = int64(j)
+			}
+		}
+		for j, x := range d.Indices {
+			if x >= a.Shape[ax] {
+				return nil, s.errorf(fmt.Sprintf("%s[%d]", df, j), "index %d out of range: dimension %s of %s has %d entries (0..%d)", x, d.Dim, a.Path, a.Shape[ax], a.Shape[ax]-1)
+			}
+		}
+		vals, err := b.coordValuesAt(a, ax, d.Dim, d.Indices)
+		if err != nil {
+			return nil, err
+		}
+		sels = append(sels, dimSel{d.Dim, ax, d.Indices, vals})
+	}
+	for _, d := range cs.SelectValues {
+		df := field + ".select_values." + d.Dim
+		ax, err := b.selectAxis(s, a, d.Dim, df, sampleDim)
+		if err != nil {
+			return nil, err
+		}
+		idx, vals, err := b.lookupValues(s, a, ax, d, df)
+		if err != nil {
+			return nil, err
+		}
+		sels = append(sels, dimSel{d.Dim, ax, idx, vals})
+	}
+	// The cartesian product runs in the array's dimension order, last
+	// selected dimension fastest, as numpy's reshape of a[..., [i], [j]] would.
+	sort.SliceStable(sels, func(x, y int) bool { return sels[x].axis < sels[y].axis })
+	return sels, nil
+}
+
+// addChannels appends to v the channels of entry spec of array a (sample
+// axis axis, -1 for a static one): one per combination of the selected
+// indices. It returns a copy of the first, and the spatial shape and
+// dimension names the channels have.
+func (v *View) addChannels(a *zarr.Array, axis, spec int, sels []dimSel) (first *Channel, shape []int64, dims []string) {
+	selected := map[int]bool{}
+	for _, sl := range sels {
+		selected[sl.axis] = true
+	}
+	for d := range a.Shape {
+		if d != axis && !selected[d] {
+			shape = append(shape, a.Shape[d])
+			dims = append(dims, dimName(a, d))
+		}
+	}
+	counter := make([]int, len(sels))
+	for {
+		ch := Channel{Var: a.Path, Array: a, Axis: axis, Spec: spec}
+		for k, sl := range sels {
+			ch.Select = append(ch.Select, Selected{Dim: sl.dim, Axis: sl.axis, Index: sl.indices[counter[k]], Value: sl.values[counter[k]]})
+		}
+		v.Channels = append(v.Channels, ch)
+		if first == nil {
+			c := ch // a copy: v.Channels may move as it grows
+			first = &c
+		}
+		k := len(sels) - 1
+		for ; k >= 0; k-- {
+			counter[k]++
+			if counter[k] < len(sels[k].indices) {
+				break
+			}
+			counter[k] = 0
+		}
+		if k < 0 {
+			return first, shape, dims
+		}
+	}
+}
+
+// sameSpatial refuses a channel entry (field, of array a) whose spatial
+// shape or dimension names differ from the first channel's.
+func sameSpatial(s *ViewSpec, field string, a *zarr.Array, shape []int64, dims []string, first *Channel, spatial []int64, spatialDims []string) error {
+	if !slices.Equal(shape, spatial) {
+		return s.errorf(field, "channel %s has spatial shape %s, but channels[0] (%s) has %s: all channels must have the same spatial shape%s",
+			a.Path, npyShape(shape), first.Var, npyShape(spatial), selectHint(a.Path, dims, first.Var, spatialDims))
+	}
+	if !slices.Equal(dims, spatialDims) {
+		return s.errorf(field, "channel %s has spatial dimensions (%s), but channels[0] (%s) has (%s): all channels must have the same dimension names",
+			a.Path, strings.Join(dims, ", "), first.Var, strings.Join(spatialDims, ", "))
+	}
+	return nil
+}
+
+// outputDType sets v's DType: the spec's, which every channel must cast
+// to, else the type every channel has (commonFrom's).
+func (v *View) outputDType(s *ViewSpec, commonFrom *Channel) error {
+	if s.DType == "" {
+		v.DType = zarr.DType{Kind: commonFrom.Array.DType.Kind, Size: commonFrom.Array.DType.Size}
+		return nil
+	}
+	d, err := ParseOutputDType(s.DType)
+	if err != nil {
+		return s.errorf("dtype", "%v", err)
+	}
+	v.DType = d
+	for _, ch := range v.Channels {
+		if err := zarr.CanCast(ch.Array.DType, d); err != nil {
+			return s.errorf(fmt.Sprintf("channels[%d]", ch.Spec), "channel %s: %v", ch.Var, err)
+		}
+	}
+	return nil
 }
 
 // staticMemo holds the bytes of a view's static channels (channel -> bytes
