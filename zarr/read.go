@@ -391,43 +391,55 @@ func forEach(lo, hi []int64, f func(c []int64)) {
 // resolve turns one chunk (or shard) into leaves, reading its bytes from src.
 func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, origin []int64, src source, key string, needs []need) error {
 	if p.shard == nil {
-		l := &leaf{arr: a, pipe: p, shape: shape, origin: origin, key: key, needs: needs,
-			cacheKey: a.MetaHash + "\x00" + key + "\x00" + src.version()}
-		if dec, ok := st.h.chunks.get(l.cacheKey); ok {
-			st.h.stats.ChunkCacheHits.Add(1)
-			l.dec = dec
-			st.add(l)
-			return nil
-		}
-		plan := st.planPartial(l)
-		if ss, ok := src.(storeSource); ok && plan != nil && !plan.stream {
-			if b, ok := ss.cachedWhole(); ok {
-				l.enc, l.encOwned = nonNil(b), true
-				st.add(l)
-				return nil
-			}
-			if done, err := st.tryPartial(ctx, l, plan, chunkRange{ss, 0, -1}); done || err != nil {
-				return err
-			}
-		}
-		b, fresh, err := src.whole(ctx)
-		l.srcKey = fresh
-		// Kept under the version the fetch found (a lazy listing learns it
-		// from the response).
-		l.cacheKey = a.MetaHash + "\x00" + key + "\x00" + src.version()
-		_, l.encOwned = src.(storeSource)
-		switch {
-		case objectstore.IsNotFound(err):
-			l.missing, l.absent, l.listedAbsent = true, true, errors.Is(err, errNotListed)
-		case err != nil:
-			return &ChunkError{Array: a.Path, Key: key, Err: err}
-		default:
-			l.enc = nonNil(b)
-			st.attachStream(l, plan)
-		}
+		return st.resolveChunk(ctx, a, p, shape, origin, src, key, needs)
+	}
+	return st.resolveShard(ctx, a, p, shape, origin, src, key, needs)
+}
+
+// resolveChunk resolves an unsharded chunk: from the decoded-chunk cache,
+// the source cache, in part (planPartial), or fetched whole.
+func (st *readState) resolveChunk(ctx context.Context, a *Array, p *pipeline, shape, origin []int64, src source, key string, needs []need) error {
+	l := &leaf{arr: a, pipe: p, shape: shape, origin: origin, key: key, needs: needs,
+		cacheKey: a.MetaHash + "\x00" + key + "\x00" + src.version()}
+	if dec, ok := st.h.chunks.get(l.cacheKey); ok {
+		st.h.stats.ChunkCacheHits.Add(1)
+		l.dec = dec
 		st.add(l)
 		return nil
 	}
+	plan := st.planPartial(l)
+	if ss, ok := src.(storeSource); ok && plan != nil && !plan.stream {
+		if b, ok := ss.cachedWhole(); ok {
+			l.enc, l.encOwned = nonNil(b), true
+			st.add(l)
+			return nil
+		}
+		if done, err := st.tryPartial(ctx, l, plan, chunkRange{ss, 0, -1}); done || err != nil {
+			return err
+		}
+	}
+	b, fresh, err := src.whole(ctx)
+	l.srcKey = fresh
+	// Kept under the version the fetch found (a lazy listing learns it
+	// from the response).
+	l.cacheKey = a.MetaHash + "\x00" + key + "\x00" + src.version()
+	_, l.encOwned = src.(storeSource)
+	switch {
+	case objectstore.IsNotFound(err):
+		l.missing, l.absent, l.listedAbsent = true, true, errors.Is(err, errNotListed)
+	case err != nil:
+		return &ChunkError{Array: a.Path, Key: key, Err: err}
+	default:
+		l.enc = nonNil(b)
+		st.attachStream(l, plan)
+	}
+	st.add(l)
+	return nil
+}
+
+// resolveShard resolves the inner chunks of a shard that the needs touch,
+// through the shard's index, fetching them at most Fetchers at a time.
+func (st *readState) resolveShard(ctx context.Context, a *Array, p *pipeline, shape, origin []int64, src source, key string, needs []need) error {
 	s := p.shard
 	rank := len(shape)
 	grid := make([]int64, rank)
@@ -454,17 +466,7 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 	if err != nil {
 		return &ChunkError{Array: a.Path, Key: key, Err: err}
 	}
-	// Which inner chunks do the needs touch?
-	span := box{lo: make([]int64, rank), hi: make([]int64, rank)}
-	for d := range rank {
-		span.lo[d], span.hi[d] = grid[d], 0
-	}
-	for _, nd := range needs {
-		for d := range rank {
-			span.lo[d] = min(span.lo[d], (nd.box.lo[d]-origin[d])/s.inner[d])
-			span.hi[d] = max(span.hi[d], (nd.box.hi[d]-origin[d]-1)/s.inner[d]+1)
-		}
-	}
+	span := innerSpan(needs, origin, s.inner, grid)
 	var emu sync.Mutex
 	var errs []error
 	var fetches []func() // the inner chunks' reads, run at most Fetchers at a time
@@ -511,45 +513,66 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 			}
 		}
 		fetches = append(fetches, func() {
-			var plan *partial
-			if ss, ok := src.(storeSource); ok && s.codecs.shard == nil {
-				l := &leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: ib.lo, key: ikey, needs: inner, cacheKey: ck}
-				plan = st.planPartial(l)
-				done, err := st.tryPartial(ctx, l, plan, chunkRange{ss, int64(off), int64(nb)})
-				if err != nil {
-					emu.Lock()
-					errs = append(errs, err)
-					emu.Unlock()
-				}
-				if done || err != nil {
-					return
-				}
-			}
-			b, fresh, err := src.rng(ctx, int64(off), int64(nb))
-			if err == nil {
-				if s.codecs.shard != nil {
-					err = st.resolve(ctx, a, s.codecs, s.inner, ib.lo, memSource{b, src.version()}, ikey, inner)
-				} else {
-					l := &leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: ib.lo, key: ikey, needs: inner, enc: nonNil(b), srcKey: fresh, cacheKey: ck}
-					st.attachStream(l, plan)
-					st.add(l)
-				}
-			}
-			if err != nil {
-				switch {
-				case objectstore.IsNotFound(err):
-					err = fmt.Errorf("%w: shard vanished while reading", codec.ErrCorrupt)
-				case errors.Is(err, objectstore.ErrRange):
-					err = fmt.Errorf("%w: the shard index points past the end of the shard: %w", codec.ErrCorrupt, err)
-				}
+			if err := st.fetchInner(ctx, a, s, src, inner, ib.lo, ikey, ck, int64(off), int64(nb)); err != nil {
 				emu.Lock()
-				errs = append(errs, &ChunkError{Array: a.Path, Key: ikey, Err: err})
+				errs = append(errs, err)
 				emu.Unlock()
 			}
 		})
 	})
 	parallel.For(len(fetches), st.h.opts.Fetchers, func(i int) { fetches[i]() })
 	return errors.Join(errs...)
+}
+
+// innerSpan is the box of a shard's inner chunk grid (grid cells of inner
+// elements, the shard starting at origin) that the needs touch.
+func innerSpan(needs []need, origin, inner, grid []int64) box {
+	rank := len(grid)
+	span := box{lo: make([]int64, rank), hi: make([]int64, rank)}
+	for d := range rank {
+		span.lo[d], span.hi[d] = grid[d], 0
+	}
+	for _, nd := range needs {
+		for d := range rank {
+			span.lo[d] = min(span.lo[d], (nd.box.lo[d]-origin[d])/inner[d])
+			span.hi[d] = max(span.hi[d], (nd.box.hi[d]-origin[d]-1)/inner[d]+1)
+		}
+	}
+	return span
+}
+
+// fetchInner reads the inner chunk ikey of shard s, nb bytes at off of
+// src (in part where that pays), and adds its leaf, or resolves it as a
+// shard of its own when the shard nests. ck is its decoded-chunk cache key.
+func (st *readState) fetchInner(ctx context.Context, a *Array, s *shardSpec, src source, inner []need, lo []int64, ikey, ck string, off, nb int64) error {
+	var plan *partial
+	if ss, ok := src.(storeSource); ok && s.codecs.shard == nil {
+		l := &leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: lo, key: ikey, needs: inner, cacheKey: ck}
+		plan = st.planPartial(l)
+		if done, err := st.tryPartial(ctx, l, plan, chunkRange{ss, off, nb}); done || err != nil {
+			return err
+		}
+	}
+	b, fresh, err := src.rng(ctx, off, nb)
+	if err == nil {
+		if s.codecs.shard != nil {
+			err = st.resolve(ctx, a, s.codecs, s.inner, lo, memSource{b, src.version()}, ikey, inner)
+		} else {
+			l := &leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: lo, key: ikey, needs: inner, enc: nonNil(b), srcKey: fresh, cacheKey: ck}
+			st.attachStream(l, plan)
+			st.add(l)
+		}
+	}
+	if err == nil {
+		return nil
+	}
+	switch {
+	case objectstore.IsNotFound(err):
+		err = fmt.Errorf("%w: shard vanished while reading", codec.ErrCorrupt)
+	case errors.Is(err, objectstore.ErrRange):
+		err = fmt.Errorf("%w: the shard index points past the end of the shard: %w", codec.ErrCorrupt, err)
+	}
+	return &ChunkError{Array: a.Path, Key: ikey, Err: err}
 }
 
 // shardIndex reads, verifies and caches a shard index.
