@@ -37,9 +37,9 @@ func (c *countingStore) StatVersion(ctx context.Context, key string) (string, er
 	return c.Posix.StatVersion(ctx, key)
 }
 
-func (c *countingStore) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
+func (c *countingStore) GetVersion(ctx context.Context, key string, buf []byte, limit int64) ([]byte, string, error) {
 	c.reads.Add(1)
-	b, v, err := c.Posix.GetVersion(ctx, key, buf)
+	b, v, err := c.Posix.GetVersion(ctx, key, buf, limit)
 	if c.afterRead != nil {
 		c.afterRead(key)
 	}

@@ -313,10 +313,10 @@ func (b *Breaker) Get(ctx context.Context, key string) ([]byte, error) {
 var _ GetterInto = (*Breaker)(nil)
 
 // GetInto forwards to the inner store's GetInto (or Get).
-func (b *Breaker) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
+func (b *Breaker) GetInto(ctx context.Context, key string, buf []byte, limit int64) ([]byte, error) {
 	var out []byte
 	err := b.do(ctx, "get", key, func(ctx context.Context) (err error) {
-		out, err = b.getInto(ctx, key, buf)
+		out, err = b.getInto(ctx, key, buf, limit)
 		return err
 	})
 	return out, err

@@ -47,7 +47,7 @@ func (h *hungStore) Get(ctx context.Context, key string) ([]byte, error) {
 	h.wait()
 	return []byte("data"), nil
 }
-func (h *hungStore) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
+func (h *hungStore) GetInto(ctx context.Context, key string, buf []byte, limit int64) ([]byte, error) {
 	h.wait()
 	if cap(buf) < 4 {
 		buf = make([]byte, 4)
@@ -63,8 +63,8 @@ func (h *hungStore) List(ctx context.Context, prefix string) ([]string, error) {
 	h.wait()
 	return []string{"k"}, nil
 }
-func (h *hungStore) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
-	b, err := h.GetInto(ctx, key, buf)
+func (h *hungStore) GetVersion(ctx context.Context, key string, buf []byte, limit int64) ([]byte, string, error) {
+	b, err := h.GetInto(ctx, key, buf, limit)
 	return b, "v1", err
 }
 func (h *hungStore) GetRangeVersion(ctx context.Context, key string, off, n int64) ([]byte, string, error) {
@@ -97,7 +97,7 @@ func TestDeadline(t *testing.T) {
 	ctx := context.Background()
 	buf := bytes.Repeat([]byte{0xaa}, 16)
 	start := time.Now()
-	b, err := d.GetInto(ctx, "k", buf)
+	b, err := d.GetInto(ctx, "k", buf, 0)
 	if b != nil || !errors.Is(err, context.DeadlineExceeded) || !objectstore.IsTransient(err) || time.Since(start) > 2*time.Second {
 		t.Fatalf("GetInto of a hung store: %q, %v after %v; want a transient deadline error after 50ms", b, err, time.Since(start))
 	}
@@ -135,7 +135,7 @@ func TestDeadline(t *testing.T) {
 	if called || h.fnCalls.Load() != 1 {
 		t.Errorf("a listing left behind called its caller's fn (%v)", called)
 	}
-	b, err = d.GetInto(ctx, "k", buf)
+	b, err = d.GetInto(ctx, "k", buf, 0)
 	if err != nil || string(b) != "late" || &b[0] != &buf[0] {
 		t.Errorf("GetInto after the store answered: %q, %v (into the caller's buffer: %v)", b, err, err == nil && &b[0] == &buf[0])
 	}

@@ -40,11 +40,8 @@ func (d decorator) statesVersions() bool { _, ok := AsVersionStater(d.Store); re
 
 // getInto reads a whole object through the decorated store's GetInto, or
 // its Get when it has none.
-func (d decorator) getInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
-	if gi, ok := d.Store.(GetterInto); ok {
-		return gi.GetInto(ctx, key, buf)
-	}
-	return d.Store.Get(ctx, key)
+func (d decorator) getInto(ctx context.Context, key string, buf []byte, limit int64) ([]byte, error) {
+	return GetLimit(ctx, d.Store, key, limit)
 }
 
 // queues reports whether s makes requests wait for a slot (QueueingStore).

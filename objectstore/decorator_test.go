@@ -17,11 +17,11 @@ type upgraded struct {
 func (u *upgraded) Identity() string     { return "mem://x@elsewhere" }
 func (u *upgraded) QueuesRequests() bool { return true }
 func (u *upgraded) Close() error         { u.closed++; return nil }
-func (u *upgraded) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
+func (u *upgraded) GetInto(ctx context.Context, key string, buf []byte, limit int64) ([]byte, error) {
 	u.into++
 	return append(buf[:0], "data"...), nil
 }
-func (u *upgraded) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
+func (u *upgraded) GetVersion(ctx context.Context, key string, buf []byte, limit int64) ([]byte, string, error) {
 	return append(buf[:0], "data"...), "v1", nil
 }
 func (u *upgraded) GetRangeVersion(ctx context.Context, key string, off, length int64) ([]byte, string, error) {
@@ -98,7 +98,7 @@ func TestDecoratorsForwardUpgrades(t *testing.T) {
 			if !ok {
 				t.Fatal("not a GetterInto")
 			}
-			if b, err := gi.GetInto(ctx, "k", make([]byte, 0, 8)); err != nil || string(b) != "data" || inner.into != 1 {
+			if b, err := gi.GetInto(ctx, "k", make([]byte, 0, 8), 0); err != nil || string(b) != "data" || inner.into != 1 {
 				t.Errorf("GetInto = %q, %v; %d GetInto calls reached the inner store, want 1", b, err, inner.into)
 			}
 			if _, ok := objectstore.AsVersioned(s); ok == trusts {
@@ -124,7 +124,7 @@ func TestDecoratorsForwardUpgrades(t *testing.T) {
 			if objectstore.Identity(plain) != "mem://x" || objectstore.ObjectsPerListing(plain) != 0 {
 				t.Errorf("over a bare store: Identity %q, ObjectsPerListing %d", objectstore.Identity(plain), objectstore.ObjectsPerListing(plain))
 			}
-			if b, err := plain.(objectstore.GetterInto).GetInto(ctx, "k", nil); err != nil || string(b) != "data" {
+			if b, err := plain.(objectstore.GetterInto).GetInto(ctx, "k", nil, 0); err != nil || string(b) != "data" {
 				t.Errorf("GetInto over a store without it: %q, %v", b, err)
 			}
 			if err := plain.Close(); err != nil {

@@ -106,13 +106,13 @@ func TestGCSGenerations(t *testing.T) {
 	srv.Put(bucket, "z/c/0", []byte("first"))
 	g := openGCS(t, srv.URL, bucket, "z", objectstore.GCSOptions{})
 	ctx := context.Background()
-	_, v1, err := g.GetVersion(ctx, "c/0", nil)
+	_, v1, err := g.GetVersion(ctx, "c/0", nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(2 * time.Millisecond) // the emulator's generations are clock-based
 	srv.Put(bucket, "z/c/0", []byte("second"))
-	b, v2, err := g.GetVersion(ctx, "c/0", nil)
+	b, v2, err := g.GetVersion(ctx, "c/0", nil, 0)
 	if err != nil || string(b) != "second" {
 		t.Fatalf("GetVersion after rewrite = %q, %v", b, err)
 	}

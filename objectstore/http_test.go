@@ -106,7 +106,7 @@ func TestHTTPVersions(t *testing.T) {
 	for _, etags := range []bool{false, true} {
 		srv.ETags.Store(etags)
 		h := openHTTP(t, srv.URL, objectstore.HTTPOptions{})
-		_, v1, err := h.GetVersion(ctx, "c/0", nil)
+		_, v1, err := h.GetVersion(ctx, "c/0", nil, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -115,7 +115,7 @@ func TestHTTPVersions(t *testing.T) {
 			t.Errorf("etags=%v: Validators() = %q, want %q", etags, h.Validators(), want)
 		}
 		os.WriteFile(filepath.Join(dir, "c", "0"), []byte("other"), 0o644)
-		_, v2, err := h.GetVersion(ctx, "c/0", nil)
+		_, v2, err := h.GetVersion(ctx, "c/0", nil, 0)
 		if err != nil || v1 == v2 {
 			t.Errorf("etags=%v: versions %q then %q (%v): a rewrite must change the version", etags, v1, v2, err)
 		}
@@ -142,7 +142,7 @@ func TestHTTPLastModifiedVersionNamesSize(t *testing.T) {
 	h := openHTTP(t, srv.URL, objectstore.HTTPOptions{})
 	versions := func() []string {
 		t.Helper()
-		_, whole, err1 := h.GetVersion(ctx, "c/0", nil)
+		_, whole, err1 := h.GetVersion(ctx, "c/0", nil, 0)
 		_, rng, err2 := h.GetRangeVersion(ctx, "c/0", 1, 3)
 		_, suffix, err3 := h.GetRangeVersion(ctx, "c/0", -1, 2)
 		head, err4 := h.StatVersion(ctx, "c/0")

@@ -269,10 +269,10 @@ func (r *Retry) do(ctx context.Context, op, key string, f func(ctx context.Conte
 var _ GetterInto = (*Retry)(nil)
 
 // GetInto retries the inner store's GetInto (or Get, when it has none).
-func (r *Retry) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
+func (r *Retry) GetInto(ctx context.Context, key string, buf []byte, limit int64) ([]byte, error) {
 	var b []byte
 	err := r.do(ctx, "get", key, func(ctx context.Context) (err error) {
-		b, err = r.getInto(ctx, key, buf)
+		b, err = r.getInto(ctx, key, buf, limit)
 		return err
 	})
 	return b, err

@@ -22,12 +22,12 @@ func TestVersionChangesOnRewrite(t *testing.T) {
 		if !ok {
 			t.Fatal("not versioned")
 		}
-		_, before, err := v.GetVersion(ctx, "t/c/0", nil)
+		_, before, err := v.GetVersion(ctx, "t/c/0", nil, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
 		rewrite()
-		b, after, err := v.GetVersion(ctx, "t/c/0", nil)
+		b, after, err := v.GetVersion(ctx, "t/c/0", nil, 0)
 		if err != nil || string(b) != "chunk B" {
 			t.Fatalf("read after rewrite: %q %v", b, err)
 		}
@@ -80,7 +80,7 @@ func TestVersionChangesOnRewrite(t *testing.T) {
 			f.Close()
 			os.Chtimes(p, mtime, mtime)
 		})
-		_, read, _ := s.GetVersion(ctx, "t/c/0", nil)
+		_, read, _ := s.GetVersion(ctx, "t/c/0", nil, 0)
 		if stated, err := s.StatVersion(ctx, "t/c/0"); err != nil || stated != read {
 			t.Errorf("stat says %q (%v), a read %q", stated, err, read)
 		}

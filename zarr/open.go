@@ -143,7 +143,7 @@ func (w *walker) get(key string) ([]byte, error) {
 	if err := w.ctx.Err(); err != nil {
 		return nil, err
 	}
-	b, err := w.h.Store.Get(objectstore.WithSizeLimit(w.ctx, w.lim.Document), key)
+	b, err := objectstore.GetLimit(w.ctx, w.h.Store, key, w.lim.Document)
 	if objectstore.IsNotFound(err) {
 		return nil, nil
 	}

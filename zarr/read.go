@@ -208,7 +208,9 @@ func (h *Hierarchy) Read(ctx context.Context, pin *Pin, reqs []Request) error {
 		o := order[i]
 		cb := o.a.chunkBox(o.coords)
 		key := o.a.ChunkKey(o.coords)
-		src := storeSource{h: h, sem: st.sem, key: key, hint: o.a.lendHint(), meta: o.a.MetaHash}
+		// No stored chunk may be larger than its decoded size allows: the
+		// store refuses it before allocating for it (limit).
+		src := storeSource{h: h, sem: st.sem, key: key, hint: o.a.lendHint(), meta: o.a.MetaHash, limit: o.a.MaxEncodedBytes()}
 		if lst := listings[o.a]; lst != nil {
 			src.listing = lst
 			v, ok, known := lst.Known(key)
@@ -233,9 +235,6 @@ func (h *Hierarchy) Read(ctx context.Context, pin *Pin, reqs []Request) error {
 			// first; the fetch's response teaches the listing (doV).
 			src.fixed, src.present, src.want = known, ok, v
 		}
-		// No stored chunk may be larger than its decoded size allows:
-		// the store's Get refuses it before allocating for it.
-		ctx := objectstore.WithSizeLimit(ctx, o.a.MaxEncodedBytes())
 		errs[i] = st.resolve(ctx, o.a, o.a.pipe, o.a.Chunks, cb.lo, src, key, o.needs)
 	})
 	if err := errors.Join(errs...); err != nil {

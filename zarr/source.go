@@ -31,6 +31,10 @@ type storeSource struct {
 	// whole compressed chunk, whose buffer release frees, may use it.
 	hint int
 	meta string // the array's MetaHash: cached bytes never outlive their metadata
+	// limit bounds the stored chunk read whole (the array's
+	// MaxEncodedBytes): the store refuses a larger one before allocating
+	// for it.
+	limit int64
 	// listing is the array's listing the Read reads under, nil for none.
 	listing *Listing
 	// fixed says the key's version was asked once when the Read started
@@ -159,12 +163,12 @@ func (s storeSource) whole(ctx context.Context) ([]byte, string, error) {
 	get := func(buf []byte) ([]byte, string, error) {
 		switch {
 		case versioned:
-			return vs.GetVersion(ctx, s.key, buf)
+			return vs.GetVersion(ctx, s.key, buf, s.limit)
 		case into:
-			b, err := gi.GetInto(ctx, s.key, buf)
+			b, err := gi.GetInto(ctx, s.key, buf, s.limit)
 			return b, "", err
 		}
-		b, err := s.h.Store.Get(ctx, s.key)
+		b, err := objectstore.GetLimit(ctx, s.h.Store, s.key, s.limit)
 		return b, "", err
 	}
 	if !versioned && !into {

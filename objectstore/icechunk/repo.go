@@ -57,7 +57,7 @@ var zstdDecoder, _ = zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.Wi
 // readFile reads and unpacks a metadata file: its spec version and the
 // flatbuffers payload.
 func readFile(ctx context.Context, st objectstore.Store, key string, want byte) (int, []byte, error) {
-	b, err := st.Get(objectstore.WithSizeLimit(ctx, maxMetadataFile), key)
+	b, err := objectstore.GetLimit(ctx, st, key, maxMetadataFile)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -179,7 +179,7 @@ func resolveRef(ctx context.Context, st objectstore.Store, spec int, repo []byte
 			if strings.ContainsAny(ref, "/\\") || ref == "" || ref == "." || ref == ".." {
 				break
 			}
-			b, err := st.Get(objectstore.WithSizeLimit(ctx, 1<<20), "refs/"+kind+ref+"/ref.json")
+			b, err := objectstore.GetLimit(ctx, st, "refs/"+kind+ref+"/ref.json", 1<<20)
 			if objectstore.IsNotFound(err) {
 				continue
 			}

@@ -81,7 +81,7 @@ func TestVersionsV2(t *testing.T) {
 	files := map[string][]byte{}
 	ctx := context.Background()
 	if err := s.ListVersions(ctx, "", func(k, v string) {
-		b, ver, err := s.GetVersion(ctx, k, nil)
+		b, ver, err := s.GetVersion(ctx, k, nil, 0)
 		if err != nil || ver != v {
 			t.Errorf("%s: version %q, listed %q, %v", k, ver, v, err)
 		}

@@ -103,9 +103,9 @@ func (s *Store) load(ctx context.Context, prev string) (*state, error) {
 				return nil, nil
 			}
 		}
-		doc, ver, err = v.GetVersion(objectstore.WithSizeLimit(ctx, maxReferenceFile), key, nil)
+		doc, ver, err = v.GetVersion(ctx, key, nil, maxReferenceFile)
 	} else {
-		doc, err = s.dir.Get(objectstore.WithSizeLimit(ctx, maxReferenceFile), key)
+		doc, err = objectstore.GetLimit(ctx, s.dir, key, maxReferenceFile)
 		ver = "x" + strconv.FormatUint(xxhash.Sum64(doc), 16)
 	}
 	if err != nil {
