@@ -11,7 +11,6 @@ import (
 	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/layout"
-	"github.com/zarrfs/zarrfs/zarr"
 )
 
 // slotJob is one fill request: the samples for one slot.
@@ -170,8 +169,7 @@ func (f HostFill) FillSlot(ctx context.Context, r Ring, k int, job *slotJob) []e
 	if len(blobs) == 0 {
 		return errs
 	}
-	dctx := zarr.WithDecoder(ctx, counting{f.Decoder, &job.compressed})
-	if err := f.Filler.FillInto(dctx, job.lay, blobs, outs, 0); err != nil {
+	if err := f.Filler.FillInto(ctx, job.lay, blobs, outs, 0, counting{f.Decoder, &job.compressed}); err != nil {
 		for _, i := range which {
 			errs[i] = err
 		}

@@ -10,7 +10,6 @@ import (
 	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/layout"
-	"github.com/zarrfs/zarrfs/zarr"
 )
 
 // GPUFill is the device path on a GPU: a batch's samples are filled into a
@@ -51,7 +50,7 @@ func (f GPUFill) FillSlot(ctx context.Context, r Ring, k int, job *slotJob) []er
 		// must decode where it can.
 		sd.hostOnly = true
 	}
-	if err := f.Filler.FillInto(zarr.WithDecoder(ctx, sd), job.lay, job.blobs, outs, 0); err != nil {
+	if err := f.Filler.FillInto(ctx, job.lay, job.blobs, outs, 0, sd); err != nil {
 		return fail(err)
 	}
 	// What the device did not write, the host did: copy it from the shadow.

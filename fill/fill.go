@@ -75,7 +75,11 @@ func (f *Filler) MemoryBudget() *memory.Budget { return f.o.MemoryBudget }
 // listings). Every chunk it needs is decoded once. On error, w holds
 // garbage the caller must discard.
 func (f *Filler) Fill(ctx context.Context, lay *layout.Layout, b layout.Blob, pin *zarr.Pin, w io.WriterAt) error {
-	r := f.run(lay, pin)
+	return f.run(lay, pin).fill(ctx, b, w)
+}
+
+// fill writes the whole file of b to w.
+func (r run) fill(ctx context.Context, b layout.Blob, w io.WriterAt) error {
 	switch b := b.(type) {
 	case *layout.RegionBlob:
 		return r.fillRegion(ctx, b, w)

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/layout"
+	"github.com/zarrfs/zarrfs/zarr"
 )
 
 // FillInto fills the data of blobs[i] of lay (its bytes after the header,
@@ -20,9 +22,10 @@ import (
 // Nothing is read back from outs (a static channel is read for each sample
 // or copied from what another fill kept), so the Read's decoder may put a
 // chunk that lands whole in outs somewhere else instead (a GPU decoding
-// into a ring slot: deliver.GPUFill). It stops at the first error; outs
-// then hold garbage.
-func (f *Filler) FillInto(ctx context.Context, lay *layout.Layout, blobs []layout.Blob, outs [][]byte, maxBytes int64) error {
+// into a ring slot: deliver.GPUFill); dec, when set, is that decoder (the
+// reader decodes with it where it can, zarr.Redecoder). It stops at the
+// first error; outs then hold garbage.
+func (f *Filler) FillInto(ctx context.Context, lay *layout.Layout, blobs []layout.Blob, outs [][]byte, maxBytes int64, dec codec.BatchDecoder) error {
 	if len(blobs) != len(outs) {
 		return fmt.Errorf("fill: FillInto with %d blobs and %d buffers", len(blobs), len(outs))
 	}
@@ -38,6 +41,9 @@ func (f *Filler) FillInto(ctx context.Context, lay *layout.Layout, blobs []layou
 		}
 	}
 	r := f.run(lay, nil)
+	if rd, ok := r.r.(zarr.Redecoder); ok && dec != nil {
+		r.r = rd.Decoding(dec)
+	}
 	for i := 0; i < len(blobs); {
 		vb, ok := blobs[i].(*layout.ViewBlob)
 		data := int64(0)
@@ -47,7 +53,7 @@ func (f *Filler) FillInto(ctx context.Context, lay *layout.Layout, blobs []layou
 		if !ok || !f.o.MemoryBudget.Fits(fillCost(vb.View(), data, []int64{vb.Index()})) {
 			// Not a view, or a sample too large to read in one go (it is
 			// then filled channel by channel, as Fill does).
-			if err := f.Fill(ctx, lay, blobs[i], nil, dataWriter{outs[i], int64(len(blobs[i].Header()))}); err != nil {
+			if err := r.fill(ctx, blobs[i], dataWriter{outs[i], int64(len(blobs[i].Header()))}); err != nil {
 				return err
 			}
 			i++

@@ -56,7 +56,7 @@ func TestFillIntoReadsNothingBack(t *testing.T) {
 	}
 	into := func() [][]byte {
 		outs := [][]byte{make([]byte, size), make([]byte, size)}
-		if err := f.FillInto(context.Background(), l, blobs, outs, 0); err != nil {
+		if err := f.FillInto(context.Background(), l, blobs, outs, 0, nil); err != nil {
 			t.Fatal(err)
 		}
 		return outs

@@ -148,6 +148,7 @@ type leaf struct {
 // readState carries one Read call.
 type readState struct {
 	h      *Hierarchy
+	dec    codec.BatchDecoder // the Hierarchy's, or Decoding's
 	reqs   []Request
 	sem    chan struct{}
 	mu     sync.Mutex
@@ -187,7 +188,12 @@ type outer struct {
 // its pinned version (ErrChanged when it differs); a nil pin reads each
 // array under its current listing.
 func (h *Hierarchy) Read(ctx context.Context, pin *Pin, reqs []Request) error {
-	st := &readState{h: h, reqs: reqs, sem: make(chan struct{}, h.opts.Fetchers)}
+	return h.read(ctx, h.opts.Decoder, pin, reqs)
+}
+
+// read is Read decoding with dec.
+func (h *Hierarchy) read(ctx context.Context, dec codec.BatchDecoder, pin *Pin, reqs []Request) error {
+	st := &readState{h: h, dec: dec, reqs: reqs, sem: make(chan struct{}, h.opts.Fetchers)}
 	defer st.release()
 	order, err := outers(reqs)
 	if err != nil {
@@ -691,7 +697,7 @@ func (st *readState) decode(ctx context.Context) error {
 		if len(jobs) == 0 {
 			break
 		}
-		if err := st.h.decodeBatch(ctx, jobs); err != nil {
+		if err := st.dec.DecodeBatch(ctx, jobs); err != nil {
 			return err
 		}
 		st.h.stats.ChunksDecoded.Add(int64(len(jobs)))
@@ -733,12 +739,6 @@ func (st *readState) decode(ctx context.Context) error {
 		work = next
 	}
 	return nil
-}
-
-// decodeBatch runs jobs on the configured decoder, which sends to the CPU
-// what a GPU refuses (package decode).
-func (h *Hierarchy) decodeBatch(ctx context.Context, jobs []codec.Job) error {
-	return h.decoderFor(ctx).DecodeBatch(ctx, jobs)
 }
 
 // stageSize is the decoded size of the data entering codec bb[stage] when encoding.
