@@ -12,6 +12,8 @@ package codec
 import (
 	"context"
 	"errors"
+
+	"github.com/zarrfs/zarrfs/internal/memory"
 )
 
 // Name identifies a decompression codec.
@@ -79,7 +81,6 @@ type BatchDecoder interface {
 // (ordinary memory when none is left to lend); HostFree gives back a
 // buffer HostAlloc returned, as returned, once no DecodeBatch uses it, and
 // ignores any other memory.
-type HostMemory interface {
-	HostAlloc(n int) []byte
-	HostFree(b []byte)
-}
+//
+// It is the process's one kind of memory lender (memory.Lender).
+type HostMemory = memory.Lender

@@ -40,6 +40,7 @@ import (
 
 	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/gpu"
+	"github.com/zarrfs/zarrfs/internal/memory"
 )
 
 // Mode is where chunks are decoded.
@@ -242,7 +243,7 @@ type Pipeline struct {
 	opts  Options
 	log   *slog.Logger
 	cpu   *codec.CPU
-	arena *arena // the host memory lent without a GPU
+	arena *memory.Arena // the host memory lent without a GPU
 
 	// route is what DecodeBatch runs: the CPU pool until the GPUs are
 	// ready, then the mode's composition.
@@ -357,7 +358,7 @@ func New(opts Options) (*Pipeline, error) {
 		return nil, err
 	}
 	p := &Pipeline{opts: opts, log: log, cpu: cpu, ready: make(chan struct{}),
-		decoded: Decoded{}, arena: newArena(opts.IdleMemory)}
+		decoded: Decoded{}, arena: memory.NewArena(opts.IdleMemory)}
 	p.onCPU = &counter{inner: p.cpu, device: "cpu", mu: &p.countMu, into: p.decoded}
 	p.route.Store(&routed{p.onCPU})
 	p.router = &router{cpu: p.onCPU, spare: p.onCPU.Spare, inline: &counter{inner: codec.Inline{}, device: "cpu", mu: &p.countMu, into: p.decoded},
@@ -669,7 +670,7 @@ func (p *Pipeline) Ready(ctx context.Context) (onGPU bool, err error) {
 // pinned host memory, which the device copies without staging; otherwise
 // (in CPU and Auto mode, without a GPU awake, and when its registered
 // memory is all lent) memory of the pipeline's own, kept mapped and lent
-// again (see arena), so that a steady stream of fills neither faults
+// again (memory.Arena), so that a steady stream of fills neither faults
 // fresh pages in nor has the collector zero and drop them.
 //
 // Auto mode lends no pinned memory: registering it (cuMemHostRegister, a
@@ -706,7 +707,7 @@ func (l lender) HostAlloc(n int) []byte {
 
 // HostFree after Close drops pinned memory: the closed GPU has unmapped it.
 func (l lender) HostFree(b []byte) {
-	if l.p.arena.HostFree(b) {
+	if l.p.arena.Free(b) {
 		return
 	}
 	l.p.mu.Lock()
@@ -875,7 +876,7 @@ func (p *Pipeline) Close() error {
 	p.retireLocked(gpus, devices)
 	p.mu.Unlock()
 	errs = append(errs, p.cpu.Close())
-	p.arena.close()
+	p.arena.Close()
 	return errors.Join(errs...)
 }
 
