@@ -11,15 +11,15 @@ import (
 	"unsafe"
 
 	"github.com/zarrfs/zarrfs/codec"
+	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/gpu"
 	"github.com/zarrfs/zarrfs/layout"
-	"github.com/zarrfs/zarrfs/zarr"
 )
 
 // GPUFill is the device path on a GPU: a batch's samples are filled into a
-// host shadow of the slot (layout.FillInto, the mount's own fill code),
-// except that every chunk that lands whole in the shadow, of a codec the
-// GPU may take alone, decodes on the GPU straight into the slot
+// host shadow of the slot (fill.Filler.FillInto, the mount's own fill
+// code), except that every chunk that lands whole in the shadow, of a
+// codec the GPU may take alone, decodes on the GPU straight into the slot
 // (gpu.Ring.Decode) and never reaches the host. What the host wrote
 // instead (chunks of other codecs, casts, fill values, static channels)
 // is then copied from the shadow into the slot, and only that. Fallback
@@ -30,8 +30,10 @@ import (
 // pages only the host's writes fault in (cudaRing.shadow). What the
 // device decodes never touches it, so a batch costs the host no buffer of
 // its size, and the pinned memory the GPU lends stays for the compressed
-// chunks, read straight into it (zarr.WithMemory).
+// chunks, read straight into it (the slot's decoder lends it: see
+// zarr.Hierarchy.Decoding).
 type GPUFill struct {
+	Filler   *fill.Filler
 	Fallback codec.BatchDecoder
 }
 
@@ -59,12 +61,11 @@ func (f GPUFill) FillSlot(ctx context.Context, r Ring, k int, job *slotJob) []er
 		// must decode where it can.
 		sd.hostOnly = true
 	}
-	// The compressed chunks are read into the GPU's pinned memory, from
-	// which they cross to the device without a copy into staging, whatever
-	// memory the mount lends its other fills.
-	fctx := zarr.WithMemory(zarr.WithDecoder(ctx, sd), cr.memory())
+	// sd lends the GPU's pinned memory: the compressed chunks are read
+	// into it, from which they cross to the device without a copy into
+	// staging, whatever memory the mount lends its other fills.
 	t0 := time.Now()
-	err := layout.FillInto(fctx, job.blobs, outs, 0)
+	err := f.Filler.FillInto(ctx, job.lay, job.blobs, outs, 0, sd)
 	job.stages.add(stRead, time.Since(t0)-time.Duration(sd.in.Load()))
 	if err != nil {
 		return fail(err)
@@ -251,6 +252,14 @@ func (s *slotDecoder) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 	}
 	return hostErr
 }
+
+// HostAlloc and HostFree lend the ring's GPU's pinned memory: the fill
+// code reads the compressed chunks it decodes into memory its decoder
+// lends (zarr.Hierarchy.Decoding).
+func (s *slotDecoder) HostAlloc(n int) []byte { return s.ring.memory().HostAlloc(n) }
+func (s *slotDecoder) HostFree(b []byte)      { s.ring.memory().HostFree(b) }
+
+var _ codec.HostMemory = (*slotDecoder)(nil)
 
 // onHost decodes jobs idx with the fallback, into the shadow.
 func (s *slotDecoder) onHost(ctx context.Context, jobs []codec.Job, idx []int) error {

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zarrfs/zarrfs/codec"
+	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/gpu"
 	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/objectstore"
@@ -201,9 +202,13 @@ func TestGPUFillIntoSlot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	filler, err := fill.New(fill.Options{Reader: h})
+	if err != nil {
+		t.Fatal(err)
+	}
 	mem := testDeviceMemory{dev: make(chan *testDevice, 1)}
-	s := &Server{Layout: func() *layout.Layout { return lay }, Blobs: &fileBlobs{dir: t.TempDir(), opens: map[string]int{}},
-		Memory: mem, Device: GPUFill{Fallback: codec.NewCPU(codec.Options{Workers: 2})}}
+	s := &Server{Layout: func() *layout.Layout { return lay }, Blobs: &fileBlobs{fill: filler, dir: t.TempDir(), opens: map[string]int{}},
+		Memory: mem, Device: GPUFill{Filler: filler, Fallback: must(codec.NewCPU(codec.Options{Workers: 2}))}}
 	sock := filepath.Join(t.TempDir(), "d.sock")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
@@ -226,7 +231,7 @@ func TestGPUFillIntoSlot(t *testing.T) {
 		}
 		shadow := dev.shadowOf(slot)
 		for j, n := range batch {
-			want := sampleBytes(t, lay, "v/"+n)
+			want := sampleBytes(t, filler, lay, "v/"+n)
 			got := dev.Host(slot)[int64(j)*rep.SampleBytes : int64(j+1)*rep.SampleBytes]
 			if !bytes.Equal(got, want) {
 				t.Fatalf("v/%s in slot %d differs from the file", n, slot)
@@ -258,14 +263,14 @@ func TestGPUFillIntoSlot(t *testing.T) {
 }
 
 // sampleBytes is sample p's data as the mount's file holds it.
-func sampleBytes(t *testing.T, lay *layout.Layout, p string) []byte {
+func sampleBytes(t *testing.T, f *fill.Filler, lay *layout.Layout, p string) []byte {
 	t.Helper()
 	e, ok := lay.Lookup(p)
 	if !ok {
 		t.Fatalf("%s: not in the layout", p)
 	}
 	var buf bytes.Buffer
-	if err := e.Blob.Fill(context.Background(), &bufWriter{b: &buf}); err != nil {
+	if err := f.Fill(context.Background(), lay, e.Blob, nil, &bufWriter{b: &buf}); err != nil {
 		t.Fatal(err)
 	}
 	return buf.Bytes()[len(e.Blob.Header()):]

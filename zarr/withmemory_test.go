@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -43,10 +44,19 @@ func (m *lendCounter) HostFree(b []byte) {
 	m.back++
 }
 
-// A Read under WithMemory reads its compressed chunks into that memory,
-// not the Hierarchy's, and gives every buffer back to it: a ring's fill
-// reads into its GPU's pinned memory whatever the mount lends its others.
-func TestWithMemory(t *testing.T) {
+// lendingDecoder decodes inline and lends memory: a GPU's decoder, as a
+// ring's fill brings it.
+type lendingDecoder struct {
+	codec.Inline
+	*lendCounter
+}
+
+// A Read through Decoding(d) reads its compressed chunks into d's memory
+// when d lends some, not the Hierarchy's, and gives every buffer back to
+// it: a ring's fill reads into its GPU's pinned memory whatever the mount
+// lends its other fills. A decoder that lends nothing reads into the
+// Hierarchy's, as Read does.
+func TestDecodingReadsIntoTheDecodersMemory(t *testing.T) {
 	dir := t.TempDir()
 	for k, b := range levelStore(t, "little") {
 		p := filepath.Join(dir, filepath.FromSlash(k))
@@ -68,19 +78,21 @@ func TestWithMemory(t *testing.T) {
 	}
 	defer h.Close()
 	a := h.Arrays[0]
-	read := func(ctx context.Context) {
+	read := func(r zarr.Reader) {
 		buf := make([]byte, 2*4*3*5*2)
-		if err := h.Read(ctx, []zarr.Request{{Array: a, Start: []int64{0, 0, 0, 0}, Count: []int64{2, 4, 3, 5}, Dst: buf}}); err != nil {
+		if err := r.Read(context.Background(), nil, []zarr.Request{{Array: a, Start: []int64{0, 0, 0, 0}, Count: []int64{2, 4, 3, 5}, Dst: buf}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	read(zarr.WithMemory(context.Background(), ring))
+	read(h.Decoding(lendingDecoder{lendCounter: ring}))
 	if ring.n != 2 || ring.back != 2 || ring.foreign != 0 || own.n != 0 || own.foreign != 0 {
-		t.Fatalf("under WithMemory: it lent %d and took back %d (%d not its own); the Hierarchy's lent %d (%d foreign)",
+		t.Fatalf("through a lending decoder: it lent %d and took back %d (%d not its own); the Hierarchy's lent %d (%d foreign)",
 			ring.n, ring.back, ring.foreign, own.n, own.foreign)
 	}
-	read(context.Background())
-	if own.n != 2 || own.back != 2 || own.foreign != 0 || ring.n != 2 {
-		t.Fatalf("without: the Hierarchy's lent %d and took back %d (%d foreign); WithMemory's lent %d", own.n, own.back, own.foreign, ring.n)
+	read(h.Decoding(codec.Inline{}))
+	read(h)
+	if own.n != 4 || own.back != 4 || own.foreign != 0 || ring.n != 2 {
+		t.Fatalf("through a decoder that lends nothing, and Read: the Hierarchy's lent %d and took back %d (%d foreign); the other's lent %d",
+			own.n, own.back, own.foreign, ring.n)
 	}
 }
