@@ -203,6 +203,10 @@ func OpenGCS(ctx context.Context, rawURL string, opts GCSOptions) (*GCS, error) 
 		source = name
 		rt = &oauth2.Transport{Source: creds.TokenSource, Base: rt}
 	}
+	// The client gets the HTTP client whole, so that requests go through
+	// the tuned transport and credentials are the ones checked above: with
+	// it, the client's own authentication options (WithoutAuthentication,
+	// WithCredentials) do nothing, and anonymous means no oauth2 layer.
 	copts := []option.ClientOption{option.WithHTTPClient(&http.Client{Transport: rt})}
 	if ep != "" {
 		copts = append(copts, option.WithEndpoint(ep))
@@ -362,11 +366,11 @@ func (g *GCS) StatVersion(ctx context.Context, key string) (string, error) {
 	if err != nil {
 		return "", &Error{Op: "stat", Store: g.id, Key: key, Err: err}
 	}
-	attrs, err := g.stat(ctx, k)
+	obj, err := g.stat(ctx, k)
 	if err != nil {
 		return "", &Error{Op: "stat", Store: g.id, Key: k, Err: err}
 	}
-	return gcsVersion(attrs.Generation), nil
+	return gcsVersion(obj.Generation), nil
 }
 
 func (g *GCS) stat(ctx context.Context, k string) (*gcsapi.Object, error) {
