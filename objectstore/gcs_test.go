@@ -590,3 +590,18 @@ func TestGCSJSONErrorClasses(t *testing.T) {
 		t.Errorf("a listing's 404: err = %v, want the bucket named missing", err)
 	}
 }
+
+// A read response without a generation is refused: a version that never
+// changes would hide every rewrite.
+func TestGCSNoGeneration(t *testing.T) {
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "4")
+		fmt.Fprint(w, "data")
+	}))
+	t.Cleanup(ts.Close)
+	g := openGCS(t, ts.URL, "b", "z", objectstore.GCSOptions{})
+	b, v, err := g.GetVersion(context.Background(), "c/0", nil)
+	if err == nil || objectstore.IsTransient(err) || !strings.Contains(err.Error(), "generation") {
+		t.Fatalf("GetVersion = %q, %q, %v; want a permanent error naming the missing generation", b, v, err)
+	}
+}
