@@ -42,13 +42,13 @@ type WarmOptions struct {
 	Done func(b layout.Blob, err error)
 }
 
-// Warm fills every blob of blobs into c (those already there are opened
-// and closed again), runs of consecutive blobs that read the same source
+// Warm fills every blob of blobs (those already there are opened and
+// closed again), runs of consecutive blobs that read the same source
 // chunks by one worker in order, so that each chunk is decoded once (the
 // decoded-chunk cache carries it from one sample to the next). It stops
 // feeding work when ctx ends, and returns the number of blobs that failed
 // (each reported to Done) and ctx's error if it ended.
-func Warm(ctx context.Context, c *cache.Cache, lay *layout.Layout, blobs []layout.Blob, o WarmOptions) (failed int, err error) {
+func Warm(ctx context.Context, bl Blobs, lay *layout.Layout, blobs []layout.Blob, o WarmOptions) (failed int, err error) {
 	if o.Jobs < 0 {
 		return 0, fmt.Errorf("fill: %d jobs: want 0 (one per CPU) or more", o.Jobs)
 	}
@@ -65,7 +65,7 @@ func Warm(ctx context.Context, c *cache.Cache, lay *layout.Layout, blobs []layou
 			defer wg.Done()
 			for batch := range work {
 				for _, b := range batch {
-					err := warmOne(ctx, c, lay, b)
+					err := warmOne(ctx, bl, lay, b)
 					if err != nil && ctx.Err() != nil {
 						return
 					}
@@ -96,8 +96,8 @@ feed:
 
 // warmOne fills one blob into the cache (if still absent or stale) and
 // releases it.
-func warmOne(ctx context.Context, c *cache.Cache, lay *layout.Layout, b layout.Blob) error {
-	h, _, err := Cache(c).Open(ctx, lay, b)
+func warmOne(ctx context.Context, bl Blobs, lay *layout.Layout, b layout.Blob) error {
+	h, _, err := bl.Open(ctx, lay, b)
 	if err != nil {
 		return err
 	}

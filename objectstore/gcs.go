@@ -388,7 +388,7 @@ func (g *GCS) stat(ctx context.Context, k string) (*gcsapi.Object, error) {
 
 // fetch reads a whole object or a range, and the generation of the
 // response, with one request.
-func (g *GCS) fetch(ctx context.Context, k string, off, length int64, ranged bool, into []byte) ([]byte, string, error) {
+func (g *GCS) fetch(ctx context.Context, k string, off, length int64, ranged bool, into []byte, limit int64) ([]byte, string, error) {
 	if ranged && length == 0 {
 		// HTTP cannot ask for zero bytes; check existence and bounds instead.
 		obj, err := g.stat(ctx, k)
@@ -421,7 +421,7 @@ func (g *GCS) fetch(ctx context.Context, k string, off, length int64, ranged boo
 	if err != nil {
 		return nil, "", fmt.Errorf("response carries no object generation (x-goog-generation %q)", oneLine(res.Header.Get("X-Goog-Generation"), 32))
 	}
-	buf, err := g.readResponse(ctx, a, res, off, length, ranged, into)
+	buf, err := g.readResponse(ctx, a, res, off, length, ranged, into, limit)
 	if err != nil {
 		return nil, "", err
 	}
@@ -442,7 +442,7 @@ func byteRange(off, length int64) string {
 // asked for: a 206's range checked against the request, or, from a whole
 // object (a server that ignored Range, or one serving the object
 // decompressed, which ignores it too), the range cut out of it.
-func (g *GCS) readResponse(ctx context.Context, a *attempt, res *http.Response, off, length int64, ranged bool, into []byte) ([]byte, error) {
+func (g *GCS) readResponse(ctx context.Context, a *attempt, res *http.Response, off, length int64, ranged bool, into []byte, limit int64) ([]byte, error) {
 	// Served decompressed (stored gzip-encoded): only the end of the body
 	// tells its length, and the stored CRC32C is of other bytes.
 	decompressed := res.Uncompressed ||
@@ -468,7 +468,7 @@ func (g *GCS) readResponse(ctx context.Context, a *attempt, res *http.Response, 
 	if !partial {
 		// The object is read whole: refuse one larger than the caller
 		// expects before allocating for it.
-		if err := checkSize(ctx, want); err != nil {
+		if err := checkSize(limit, want); err != nil {
 			return nil, err
 		}
 	}
@@ -476,7 +476,7 @@ func (g *GCS) readResponse(ctx context.Context, a *attempt, res *http.Response, 
 	if sum, ok := storedCRC32C(res.Header); ok && !partial && !decompressed {
 		body = &crcReader{r: body, want: sum}
 	}
-	buf, err := readBody(ctx, a, body, want, into)
+	buf, err := readBody(ctx, a, body, want, into, limit)
 	if err != nil {
 		return nil, err
 	}

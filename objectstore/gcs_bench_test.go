@@ -99,7 +99,10 @@ func BenchmarkGCSColdFetch(b *testing.B) {
 			return 0, err
 		}
 		defer g.Close()
-		st := objectstore.WithRetry(g, objectstore.RetryOptions{})
+		st, err := objectstore.WithRetry(g, objectstore.RetryOptions{})
+		if err != nil {
+			return 0, err
+		}
 		return fetchAll(func(k string, off, length int64) (int, error) {
 			var buf []byte
 			var err error

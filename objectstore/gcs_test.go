@@ -82,9 +82,9 @@ func TestGCSConformance(t *testing.T) {
 			bucket := srv.NewBucket(t)
 			srv.UploadFiles(t, bucket, "s", files)
 			g := openGCS(t, srv.URL, bucket, "s", objectstore.GCSOptions{})
-			br := objectstore.WithBreaker(g, objectstore.BreakerOptions{})
+			br := must(objectstore.WithBreaker(g, objectstore.BreakerOptions{}))
 			t.Cleanup(func() { br.Close() })
-			return objectstore.WithRetry(br, objectstore.RetryOptions{})
+			return must(objectstore.WithRetry(br, objectstore.RetryOptions{}))
 		})
 	})
 	t.Run("STORAGE_EMULATOR_HOST", func(t *testing.T) {
@@ -112,13 +112,13 @@ func TestGCSGenerations(t *testing.T) {
 	srv.Put(bucket, "z/c/0", []byte("first"))
 	g := openGCS(t, srv.URL, bucket, "z", objectstore.GCSOptions{})
 	ctx := context.Background()
-	_, v1, err := g.GetVersion(ctx, "c/0", nil)
+	_, v1, err := g.GetVersion(ctx, "c/0", nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(2 * time.Millisecond) // the emulator's generations are clock-based
 	srv.Put(bucket, "z/c/0", []byte("second"))
-	b, v2, err := g.GetVersion(ctx, "c/0", nil)
+	b, v2, err := g.GetVersion(ctx, "c/0", nil, 0)
 	if err != nil || string(b) != "second" {
 		t.Fatalf("GetVersion after rewrite = %q, %v", b, err)
 	}
@@ -362,7 +362,7 @@ func newGCSFaultEnv(t *testing.T) *gcsFaultEnv {
 func (e *gcsFaultEnv) store(t *testing.T, retry objectstore.RetryOptions) objectstore.Store {
 	log := slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	g := openGCS(t, e.proxy.URL, e.bucket, "z", objectstore.GCSOptions{Logger: log, RequestTimeout: time.Second, MaxInFlight: 8})
-	return objectstore.WithRetry(g, fastRetry(retry, log))
+	return must(objectstore.WithRetry(g, fastRetry(retry, log)))
 }
 
 func TestGCSFaultsRecovered(t *testing.T) {
@@ -412,7 +412,7 @@ func TestGCSFaultsPersistent(t *testing.T) {
 func TestGCSBreaker(t *testing.T) {
 	e := newGCSFaultEnv(t)
 	g := openGCS(t, e.proxy.URL, e.bucket, "z", objectstore.GCSOptions{RequestTimeout: 200 * time.Millisecond})
-	br := objectstore.WithBreaker(g, objectstore.BreakerOptions{Failures: 2, Silence: 300 * time.Millisecond, Quiet: time.Second, Probe: 50 * time.Millisecond, ProbeTimeout: 200 * time.Millisecond})
+	br := must(objectstore.WithBreaker(g, objectstore.BreakerOptions{Failures: 2, Silence: 300 * time.Millisecond, Quiet: time.Second, Probe: 50 * time.Millisecond, ProbeTimeout: 200 * time.Millisecond}))
 	defer br.Close()
 	ctx := guard(t)
 	if _, err := br.Get(ctx, "a/c/0"); err != nil {
@@ -500,7 +500,7 @@ func TestGCSChecksum(t *testing.T) {
 	}
 
 	corrupt.Store(1)
-	s := objectstore.WithRetry(g, fastRetry(objectstore.RetryOptions{}, nil))
+	s := must(objectstore.WithRetry(g, fastRetry(objectstore.RetryOptions{}, nil)))
 	if b, err := s.Get(ctx, "big"); err != nil || !bytes.Equal(b, big) {
 		t.Fatalf("after one corrupted response: %d bytes, %v; want the object", len(b), err)
 	}
@@ -600,7 +600,7 @@ func TestGCSNoGeneration(t *testing.T) {
 	}))
 	t.Cleanup(ts.Close)
 	g := openGCS(t, ts.URL, "b", "z", objectstore.GCSOptions{})
-	b, v, err := g.GetVersion(context.Background(), "c/0", nil)
+	b, v, err := g.GetVersion(context.Background(), "c/0", nil, 0)
 	if err == nil || objectstore.IsTransient(err) || !strings.Contains(err.Error(), "generation") {
 		t.Fatalf("GetVersion = %q, %q, %v; want a permanent error naming the missing generation", b, v, err)
 	}
