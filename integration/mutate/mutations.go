@@ -151,13 +151,13 @@ var mutations = []mutation{
 		Pkgs:   []string{"./cache"},
 	},
 	{
-		Name:   "gcs-silent-reread",
-		Breaks: "the GCS client re-reads a body that broke off behind the retry layer's back",
+		Name:   "gcs-crc32c",
+		Breaks: "a GCS object whose bytes changed on the way is returned without comparing its CRC32C",
 		File:   "objectstore/gcs.go",
-		From:   "if !r.sent.CompareAndSwap(false, true) {",
-		To:     "if !r.sent.CompareAndSwap(false, true) && false {",
+		From:   "if err == io.EOF && c.got != c.want {",
+		To:     "if err == io.EOF && c.got != c.want && false {",
 		Pkgs:   []string{"./objectstore"},
-		Run:    "GCSFaults",
+		Run:    "GCSChecksum",
 	},
 	{
 		Name:   "http-content-range",
