@@ -92,6 +92,17 @@ type SourceCache interface {
 	Put(key string, b []byte)
 }
 
+// SourceCacheInto is a SourceCache that can read a key's bytes into the
+// caller's buffer: GetInto returns buf[:n] when buf has the capacity for
+// the n bytes (else memory of its own) and leaves buf untouched on a miss.
+// A Read then reads a whole compressed chunk from the cache straight into
+// the memory it would fetch it into (Options.Memory: the GPU's pinned
+// memory), with no copy after the read.
+type SourceCacheInto interface {
+	SourceCache
+	GetInto(key string, buf []byte) ([]byte, bool)
+}
+
 // Hierarchy is an opened store: every array found, supported or not.
 type Hierarchy struct {
 	Store objectstore.Store
