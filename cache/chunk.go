@@ -248,3 +248,12 @@ func (t ChunkTier) Put(key string, b []byte) {
 		t.c.storeChunk(rel, key, b)
 	}
 }
+
+// Holds reports whether the index holds a chunk under key, without reading
+// it (its bytes are checked when read).
+func (t ChunkTier) Holds(key string) bool {
+	rel := chunkRel(key)
+	t.c.mu.Lock()
+	defer t.c.mu.Unlock()
+	return !t.c.closed && t.c.lookupLocked(rel) != nil
+}

@@ -40,6 +40,11 @@ type WarmOptions struct {
 	// Done, when set, is called once per blob, from the worker that filled
 	// it, with the fill's outcome (nil when it was already warm).
 	Done func(b layout.Blob, err error)
+	// Compressed reads every blob's chunks and decodes them, but keeps no
+	// blob: what stays is what the layout's source cache keeps, the
+	// compressed chunks, each only once it decoded and passed its checks
+	// (`zarrfs warm --compressed`).
+	Compressed bool
 }
 
 // Warm fills every blob of blobs into c (those already there are opened
@@ -65,7 +70,11 @@ func Warm(ctx context.Context, c *cache.Cache, lay *layout.Layout, blobs []layou
 			defer wg.Done()
 			for batch := range work {
 				for _, b := range batch {
-					err := warmOne(ctx, c, lay, b)
+					warm := warmOne
+					if o.Compressed {
+						warm = warmChunks
+					}
+					err := warm(ctx, c, lay, b)
 					if err != nil && ctx.Err() != nil {
 						return
 					}
@@ -103,6 +112,21 @@ func warmOne(ctx context.Context, c *cache.Cache, lay *layout.Layout, b layout.B
 	}
 	return h.Close()
 }
+
+// warmChunks reads and decodes the chunks of blob b, writing the decoded
+// bytes nowhere: the source cache keeps the compressed bytes of every
+// chunk that decoded (zarr.Options.SourceCache). A chunk the cache holds
+// already is read from it and checked again, not fetched.
+func warmChunks(ctx context.Context, _ *cache.Cache, lay *layout.Layout, b layout.Blob) error {
+	return lay.DoLearning(ctx, b, func(ctx context.Context, _ string, _ func() (string, error)) error {
+		return b.Fill(ctx, discard{})
+	})
+}
+
+// discard is a blob's destination that keeps nothing.
+type discard struct{}
+
+func (discard) WriteAt(p []byte, _ int64) (int, error) { return len(p), nil }
 
 // Batches groups consecutive blobs that read the same source chunks, so
 // that one worker fills them in order.

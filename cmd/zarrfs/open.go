@@ -159,6 +159,12 @@ type openOptions struct {
 	// warm does not: the blobs it writes already hold every byte, and a
 	// second, compressed copy only halves its speed.
 	chunkTier bool
+	// compressed keeps every compressed chunk read, of any source, local
+	// too, and reads chunks whole: `zarrfs warm --compressed`.
+	compressed bool
+	// wrapTier, when set, wraps the chunk tier the source is read through
+	// (warm --compressed records what it stored).
+	wrapTier func(cache.ChunkTier) zarr.SourceCacheInto
 	// shard lists only one rank's samples in every sample directory.
 	shard layout.Shard
 	// beforeSource, when set, runs once every flag is checked and before
@@ -250,8 +256,23 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	o.stats = &zarr.Stats{}
 	cached := chunkCacheBytes(oo.chunkCacheBytes, mem)
 	zopts := zarr.Options{Logger: log, Decoder: o.dec, Memory: o.dec.Memory(), ChunkCacheBytes: cached, Stats: o.stats, Limits: limits}
-	if isRemote(o.store) && oo.chunkTier {
-		zopts.SourceCache = o.cache.ChunkTier()
+	// Every source is read through the chunk tier: what it holds (a
+	// remote source's chunks a mount kept, or those warm --compressed
+	// kept of any source) is read from there, the store asked at most
+	// the chunk's version. A mount keeps a remote source's chunks; a local
+	// store's only warm --compressed keeps (copying every chunk a mount
+	// reads from one disk to another would cost a write per read, for a
+	// store that a local read serves as well).
+	tier := o.cache.ChunkTier()
+	switch {
+	case oo.compressed:
+		zopts.Partial = zarr.PartialNever // whole chunks: what any later read can use
+	case !(isRemote(o.store) && oo.chunkTier):
+		tier = tier.ReadOnly()
+	}
+	zopts.SourceCache = tier
+	if oo.wrapTier != nil {
+		zopts.SourceCache = oo.wrapTier(tier)
 	}
 	// Reading every chunk whole is the peer partial reads are measured
 	// against (BENCHMARKS.md); nothing else sets it.
