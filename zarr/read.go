@@ -147,6 +147,10 @@ type readState struct {
 	sem    chan struct{}
 	mu     sync.Mutex
 	leaves []*leaf
+	// puts are fetched bytes that are no leaf's own (an inner shard read
+	// as a range of its shard), kept in the source cache with the
+	// leaves' once every chunk decoded.
+	puts []sourcePut
 }
 
 func (st *readState) add(l *leaf) {
@@ -275,6 +279,9 @@ func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
 				h.opts.SourceCache.Put(p.key, p.b)
 			}
 		}
+	}
+	for _, p := range st.puts {
+		h.opts.SourceCache.Put(p.key, p.b)
 	}
 	st.assemble()
 	return nil
@@ -485,6 +492,11 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 			if err == nil {
 				if s.codecs.shard != nil {
 					err = st.resolve(ctx, a, s.codecs, s.inner, ib.lo, memSource{b, src.version()}, ikey, inner)
+					if err == nil && fresh != "" {
+						st.mu.Lock()
+						st.puts = append(st.puts, sourcePut{fresh, b})
+						st.mu.Unlock()
+					}
 				} else {
 					l := &leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: ib.lo, key: ikey, needs: inner, enc: nonNil(b), srcKey: fresh, cacheKey: ck}
 					st.attachStream(l, plan)

@@ -413,4 +413,22 @@ var mutations = []mutation{
 		Pkgs:   []string{"./layout"},
 		Run:    "FillInto",
 	},
+	{
+		Name:   "chunk-tier-checksum",
+		Breaks: "a chunk read from the disk cache's chunk tier is served without its checksum checked",
+		File:   "cache/chunk.go",
+		From:   "if err == nil && sumOf(data, sum.tree) == sum {",
+		To:     "if err == nil && (sumOf(data, sum.tree) == sum || true) {",
+		Pkgs:   []string{"./cache", "./integration"},
+		Run:    "ChunkTier|CompressedTierFaults",
+	},
+	{
+		Name:   "nested-shard-kept",
+		Breaks: "an inner shard read as a range of its shard is never kept in the chunk tier",
+		File:   "zarr/read.go",
+		From:   "if err == nil && fresh != \"\" {\n\t\t\t\t\t\tst.mu.Lock()",
+		To:     "if err == nil && fresh != \"\" && false {\n\t\t\t\t\t\tst.mu.Lock()",
+		Pkgs:   []string{"./integration"},
+		Run:    "WarmCompressedServesWithoutSource",
+	},
 }
