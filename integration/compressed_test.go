@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/zarrfs/zarrfs/internal/testenv"
+	"github.com/zarrfs/zarrfs/objectstore/webtest"
 )
 
 // withoutDACOverride starts a daemon as root without the capabilities
@@ -254,5 +255,44 @@ print('same' if m.tobytes() == np.ascontiguousarray(a).tobytes() else 'differs')
 	stdout, stderr, code := run(t, "warm", src, "--cache", t.TempDir(), "--compressed", "--cache-size", "4KiB")
 	if code != 1 || !strings.Contains(stderr, "compressed chunks warmed are not in the cache") || !strings.Contains(stderr, "raise --cache-size") {
 		t.Errorf("warm --compressed over its budget: exit %d\n%s%s", code, stdout, stderr)
+	}
+}
+
+// An HTTP source learns its chunks' versions from the reads that fetch
+// them: after `zarrfs warm --compressed`, a mount asks each chunk's version
+// first (HEAD) and reads the chunk from the cache, so it serves every
+// file, byte for byte, without one GET of a chunk. A warm of the decoded
+// files on the same cache fetches none either.
+func TestWarmCompressedHTTP(t *testing.T) {
+	out, _ := zarrPythonStores(t)
+	dir := t.TempDir()
+	const store = "v3_consolidated.zarr" // HTTP cannot list: consolidated metadata
+	copyTree(t, filepath.Join(out, store), filepath.Join(dir, store))
+	web := webtest.Start(t, dir)
+	cacheDir := t.TempDir()
+	warm(t, web.Join(store), cacheDir, "--compressed")
+	d := mountAt(t, web.Join(store), t.TempDir(), cacheDir)
+	gets := web.Requests() - web.Heads() // the metadata's
+	heads := web.Heads()
+	runCheck(t, checkZarrPython, d.mnt, out, store)
+	if n := web.Requests() - web.Heads() - gets; n != 0 {
+		t.Errorf("%d GET requests for chunks kept in the cache", n)
+	}
+	if web.Heads() == heads {
+		t.Error("no chunk version asked: the files came from somewhere else than the chunk tier")
+	}
+	st := mountTierStatus(t, d.mnt)
+	if st.Cache.ChunkHits == 0 || st.Cache.ChunkMisses != 0 || st.Reads.BytesFetched != 0 {
+		t.Errorf("status: %+v", st)
+	}
+	d.stop(t)
+	gets = web.Requests() - web.Heads()
+	// Files of another --align: none in the cache, all decoded anew.
+	if w := warm(t, web.Join(store), cacheDir, "--align", "192"); !strings.Contains(w, "zarrfs: warmed ") || strings.Contains(w, " 0 files") {
+		t.Errorf("warm:\n%s", w)
+	}
+	// The metadata is read again (one GET); no chunk.
+	if n := web.Requests() - web.Heads() - gets; n > 1 {
+		t.Errorf("warm of decoded files over the chunk tier sent %d GET requests", n)
 	}
 }

@@ -61,6 +61,13 @@ type Options struct {
 	// under a key never change; an array with a listing (Hierarchy.List)
 	// finds the bytes of the listed version without a request.
 	SourceCache SourceCache
+	// VersionsFirst asks a lazy listing the version of a chunk it has not
+	// learnt before the chunk is read (one HEAD or metadata request), so
+	// that the SourceCache can answer without the chunk's bytes being
+	// fetched: for a remote store whose chunks the cache was filled with
+	// (`zarrfs warm --compressed`). Without it a chunk of an unlearnt
+	// version is fetched, its version learnt from the response.
+	VersionsFirst bool
 	// EmptyWhenGone opens a store whose root holds no Zarr metadata at all
 	// (deleted, emptied) as a hierarchy with no arrays and Vanished set,
 	// rather than failing: a mount that re-reads its store's metadata

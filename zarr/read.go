@@ -230,12 +230,13 @@ func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
 			src.listing = lst
 			v, ok, known := lst.Known(key)
 			var err error
-			if !known && (lst.Bounded() || pin.pins(o.a, o.coords)) {
+			if !known && (lst.Bounded() || pin.pins(o.a, o.coords) || (h.opts.VersionsFirst && h.opts.SourceCache != nil)) {
 				// A Bounded listing is asked once: the cache keys and
 				// the check of the fetch agree with the answer, and it
 				// with the pin, however it answers when asked again.
 				// Any listing is asked a chunk the pin names (its
-				// identity asked it already: no request).
+				// identity asked it already: no request), and any
+				// chunk under VersionsFirst.
 				v, ok, err = lst.Version(key)
 				known = true
 			}

@@ -271,6 +271,15 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 		tier = tier.ReadOnly()
 	}
 	zopts.SourceCache = tier
+	// A remote store whose arrays learn their chunks' versions from the
+	// reads (HTTP, large GCS arrays) would fetch every chunk once per
+	// listing: after warm --compressed, its versions are asked first (a
+	// HEAD or a metadata request each), and the chunks read from the cache.
+	if isRemote(o.store) && tier.Holds(compressedMark(o.store)) {
+		zopts.VersionsFirst = true
+		log.Info("the cache holds this source's compressed chunks (zarrfs warm --compressed): chunk versions are asked before chunks are read",
+			"source", o.store.ID())
+	}
 	if oo.wrapTier != nil {
 		zopts.SourceCache = oo.wrapTier(tier)
 	}
@@ -303,6 +312,13 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	}
 	ok = true
 	return o, nil
+}
+
+// compressedMark is the chunk tier's key that says warm --compressed kept
+// the chunks of store (an empty entry, evicted as any other: without it a
+// mount learns versions from reads again, which fetch the chunks).
+func compressedMark(store objectstore.Store) string {
+	return "zarrfs warm --compressed\x00" + objectstore.Identity(store)
 }
 
 // loadViews reads the --view files, each named by its absolute path in

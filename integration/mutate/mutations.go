@@ -431,4 +431,13 @@ var mutations = []mutation{
 		Pkgs:   []string{"./integration"},
 		Run:    "WarmCompressedServesWithoutSource",
 	},
+	{
+		Name:   "versions-first",
+		Breaks: "after warm --compressed, a mount of an HTTP store fetches every chunk again instead of asking its version and reading the cache",
+		File:   "cmd/zarrfs/open.go",
+		From:   "zopts.VersionsFirst = true",
+		To:     "zopts.VersionsFirst = false",
+		Pkgs:   []string{"./integration"},
+		Run:    "WarmCompressedHTTP",
+	},
 }
