@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/zarrfs/zarrfs/codec"
@@ -211,12 +212,22 @@ func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
 	}
 	// One listing per array for the whole call, so every chunk of it is
 	// checked against the same listing: the one ctx's Pin names, else the
-	// current one.
+	// current one. With a source cache, an array not listed yet is listed
+	// now (lazily listed stores: no request): the cache keeps bytes under
+	// their versions, which only a listing names, so a read before any
+	// fill listed the array (a batch of the device path) would miss it.
 	pin := PinOf(ctx)
 	listings := map[*Array]*Listing{}
 	for _, o := range order {
 		if _, ok := listings[o.a]; !ok {
-			listings[o.a] = ListingFor(ctx, o.a)
+			lst := ListingFor(ctx, o.a)
+			if lst == nil && h.opts.SourceCache != nil && o.a.Versioned() {
+				var err error
+				if lst, err = h.List(ctx, o.a, time.Time{}); err != nil {
+					return err
+				}
+			}
+			listings[o.a] = lst
 		}
 	}
 	// Resolve outer chunks into leaves, fetching bytes concurrently.
