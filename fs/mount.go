@@ -89,7 +89,9 @@ type Options struct {
 	Refresh func(ctx context.Context, cur *layout.Layout) (*layout.Layout, error)
 	// RefreshEvery is --metadata-ttl: how often Refresh runs, and how long
 	// the kernel may cache names and attributes. Zero: never (the tree is
-	// fixed, and the kernel caches for an hour).
+	// fixed, and the kernel caches for an hour). A fill that finds the
+	// metadata changed (zarr.ErrMetadataChanged: a chunk deleted by an
+	// array's shrinking) runs Refresh at once.
 	RefreshEvery time.Duration
 }
 
@@ -104,6 +106,7 @@ type Mounted struct {
 	root   *dirNode
 
 	refreshDone chan struct{}
+	refreshNow  chan struct{} // a fill found the metadata changed
 
 	mu       sync.Mutex
 	reported map[string]bool // fault keys already logged
@@ -207,6 +210,7 @@ func Mount(ctx context.Context, opts Options) (*Mounted, error) {
 	}
 	m.server = server
 	m.refreshDone = make(chan struct{})
+	m.refreshNow = make(chan struct{}, 1)
 	if opts.Refresh != nil && opts.RefreshEvery > 0 {
 		go m.refreshLoop()
 	} else {
@@ -438,6 +442,14 @@ func (m *Mounted) errno(b layout.Blob, err error) syscall.Errno {
 	switch {
 	case errors.Is(err, context.Canceled):
 		return syscall.EINTR
+	}
+	if errors.Is(err, zarr.ErrMetadataChanged) {
+		// The tree names what the store no longer holds: read it again
+		// now rather than at the next --metadata-ttl.
+		select {
+		case m.refreshNow <- struct{}{}:
+		default:
+		}
 	}
 	key := b.Path()
 	attrs := []any{"file", b.Path()}

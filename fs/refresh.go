@@ -15,8 +15,9 @@ import (
 // lookups expire (the negative timeout is the refresh interval).
 const maxNewNames = 4096
 
-// refreshLoop builds the tree anew every RefreshEvery until the mount's
-// life ends (Mounted.end), which also cancels a refresh in flight.
+// refreshLoop builds the tree anew every RefreshEvery, and when a fill
+// found the metadata changed, until the mount's life ends (Mounted.end),
+// which also cancels a refresh in flight.
 func (m *Mounted) refreshLoop() {
 	defer close(m.refreshDone)
 	t := time.NewTicker(m.opts.RefreshEvery)
@@ -26,6 +27,9 @@ func (m *Mounted) refreshLoop() {
 		case <-m.life.Done():
 			return
 		case <-t.C:
+		case <-m.refreshNow:
+			m.log.Info("re-reading the metadata now: a chunk it names is gone")
+			t.Reset(m.opts.RefreshEvery)
 		}
 		m.refresh(m.life)
 	}

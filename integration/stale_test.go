@@ -2,12 +2,21 @@ package integration
 
 import (
 	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
 	"fmt"
+	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/minio/minio-go/v7"
+
+	"github.com/zarrfs/zarrfs/integration/miniotest"
 	"github.com/zarrfs/zarrfs/objectstore/webtest"
 )
 
@@ -138,4 +147,126 @@ sys.stdout.write(np.ascontiguousarray(zarr.open_group(sys.argv[1], mode='r')['t'
 	if got := fmt.Sprintf("%x", after[4096:]); got != want {
 		t.Errorf("t/3.npy after the rewrite differs from zarr-python's reading")
 	}
+}
+
+// shrinkPy writes (create) a v3 store whose array t is float32 (12, 4, 4)
+// in chunks of one step, element [i, y, x] = i*100 + y*4 + x + 1, but step
+// 2, all zeros, which zarr-python does not store (the fill value 0); or
+// shrinks (shrink) t to 4 steps with zarr-python's resize, which deletes
+// the chunks past the new shape and rewrites zarr.json.
+const shrinkPy = `
+import sys
+import numpy as np
+import zarr
+op, path = sys.argv[1], sys.argv[2]
+if op == 'create':
+    g = zarr.open_group(path, mode='w', zarr_format=3)
+    t = g.create_array('t', shape=(12, 4, 4), chunks=(1, 4, 4), dtype='f4', fill_value=0, dimension_names=('time', 'y', 'x'))
+    v = np.arange(12 * 16, dtype=np.float32).reshape(12, 4, 4) + 1
+    v[2] = 0
+    t[:] = v
+else:
+    zarr.open_group(path, mode='r+')['t'].resize((4, 4, 4))
+`
+
+// readNever reads a mounted file whose chunk was deleted: it fails with
+// EIO or is gone (ENOENT), never the fill value as data; with old, the
+// bytes it served before (a cached sample, within --metadata-ttl) are
+// allowed too.
+func readNever(t *testing.T, p string, old []byte) error {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err == nil {
+		if old != nil && bytes.Equal(b, old) {
+			return nil
+		}
+		zeros := len(b) > 4096 && bytes.Count(b[4096:], []byte{0}) == len(b)-4096
+		t.Errorf("%s read %d bytes after its chunk was deleted (all zeros: %v), want EIO or ENOENT", p, len(b), zeros)
+		return nil
+	}
+	if !errors.Is(err, syscall.EIO) && !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("%s after its chunk was deleted: %v, want EIO or ENOENT", p, err)
+	}
+	return err
+}
+
+// checkShrunk reads a mount of a shrink store after the shrink: the
+// samples past the new shape fail (EIO, with a log line naming the chunk)
+// or are gone, never served as zeros (t/10.npy, cached before, may keep
+// its bytes within --metadata-ttl, as a chunk rewritten does); the mount then re-reads the metadata
+// at once, whatever --metadata-ttl, and lists the new shape; the sample
+// never written still reads as the fill value, the others their values.
+func checkShrunk(t *testing.T, d *daemon, cached []byte) {
+	t.Helper()
+	readNever(t, filepath.Join(d.mnt, "t", "10.npy"), cached)
+	if err := readNever(t, filepath.Join(d.mnt, "t", "09.npy"), nil); errors.Is(err, syscall.EIO) {
+		d.logs(`msg="cannot fill file"`, "chunk=t/c/9/0/0", "metadata changed")
+	}
+	if !eventually(func() bool {
+		ents, _ := os.ReadDir(filepath.Join(d.mnt, "t"))
+		return len(ents) == 4
+	}) {
+		ents, _ := os.ReadDir(filepath.Join(d.mnt, "t"))
+		t.Errorf("t/ lists %d files, want the 4 of the new shape without waiting for --metadata-ttl", len(ents))
+	}
+	for k, want := range map[string]float32{"2.npy": 0, "3.npy": 3*16 + 1} {
+		b, err := os.ReadFile(filepath.Join(d.mnt, "t", k))
+		if err != nil || len(b) != 4096+64 || math.Float32frombits(binary.LittleEndian.Uint32(b[4096:])) != want {
+			t.Errorf("t/%s after the shrink: %v, want first value %v", k, err, want)
+		}
+	}
+}
+
+// An array shrunk under a mount (zarr-python's resize deletes the chunks
+// past the new shape) never serves those samples as the fill value: a
+// sample cached before and one never read fail or vanish, and the mount
+// lists the new shape at once, though --metadata-ttl is an hour. A chunk
+// that was never written still reads as the fill value.
+func TestShrunkArrayNeverServesFill(t *testing.T) {
+	requireMountTools(t)
+	requirePython(t)
+	src := filepath.Join(t.TempDir(), "s.zarr")
+	python(t, shrinkPy, "create", src)
+	d := mount(t, src, "--metadata-ttl", "1h")
+	var cached []byte
+	for _, k := range []string{"02.npy", "10.npy"} {
+		b, err := os.ReadFile(filepath.Join(d.mnt, "t", k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cached = b
+	}
+	python(t, shrinkPy, "shrink", src)
+	checkShrunk(t, d, cached)
+}
+
+// The same on S3 (MinIO): chunk objects deleted and zarr.json shrunk
+// under a mount whose --metadata-ttl is an hour.
+func TestShrunkS3ArrayNeverServesFill(t *testing.T) {
+	requireMountTools(t)
+	requirePython(t)
+	srv := miniotest.Start(t)
+	bucket := srv.NewBucket(t)
+	s3Env(t, srv)
+	local := filepath.Join(t.TempDir(), "s.zarr")
+	python(t, shrinkPy, "create", local)
+	srv.UploadDir(t, bucket, "s.zarr", local)
+	d := mount(t, "s3://"+bucket+"/s.zarr", "--s3-endpoint", srv.Endpoint, "--metadata-ttl", "1h")
+	var cached []byte
+	for _, k := range []string{"02.npy", "10.npy"} {
+		b, err := os.ReadFile(filepath.Join(d.mnt, "t", k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cached = b
+	}
+	python(t, shrinkPy, "shrink", local)
+	// A sync: the deleted chunks' objects go, zarr.json is uploaded anew.
+	for i := 4; i < 12; i++ {
+		if err := srv.Client.RemoveObject(context.Background(), bucket, fmt.Sprintf("s.zarr/t/c/%d/0/0", i), minio.RemoveObjectOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv.UploadDir(t, bucket, "s.zarr", local)
+	checkShrunk(t, d, cached)
 }

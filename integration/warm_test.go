@@ -2,16 +2,21 @@ package integration
 
 import (
 	"bytes"
+	"io"
 	"math/rand/v2"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/zarrfs/zarrfs/internal/testenv"
 	"github.com/zarrfs/zarrfs/zarr/zarrtest"
 )
 
@@ -60,11 +65,12 @@ func exampleStore(t testing.TB, ex zarrtest.Example) string {
 	return dir
 }
 
-// Warm, then overwrite every chunk of the source with zeros behind the
-// mount's back, keeping each file's size, inode and modification time (its
-// version): a mount on the same cache serves every warmed file correctly,
-// so it read no chunk. (A chunk changed visibly, or deleted, is a change of
-// the store that the mount must follow; see grow_test.go.)
+// Warm, then mount on the same cache: every warmed file is served
+// correctly without reading, decoding or filling anything; the mount only
+// asks each chunk's version (a stat). Its metrics count the work. (A
+// chunk changed, even at the same size with its modification time put
+// back, or deleted, is a change of the store that the mount must follow;
+// see grow_test.go and stale_test.go.)
 func TestWarmThenServeWithoutSource(t *testing.T) {
 	requireMountTools(t)
 	requirePython(t)
@@ -81,25 +87,27 @@ func TestWarmThenServeWithoutSource(t *testing.T) {
 			if out2 := warm(t, src, cacheDir); !strings.Contains(out2, "nothing to do") {
 				t.Fatalf("second warm did work:\n%s", out2)
 			}
-			// Zero every chunk, keep the metadata and the chunks' versions.
-			zeroed := 0
-			filepath.Walk(src, func(p string, info os.FileInfo, err error) error {
-				if err == nil && !info.IsDir() && !strings.HasPrefix(info.Name(), ".z") && info.Name() != "zarr.json" {
-					if err := os.WriteFile(p, make([]byte, info.Size()), 0o644); err != nil {
-						t.Fatal(err)
-					}
-					os.Chtimes(p, info.ModTime(), info.ModTime())
-					zeroed++
-				}
-				return nil
-			})
-			if zeroed == 0 {
-				t.Fatal("no chunk files zeroed")
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
 			}
-			d := mountAt(t, src, t.TempDir(), cacheDir)
+			addr := ln.Addr().String()
+			ln.Close()
+			d := mountAt(t, src, t.TempDir(), cacheDir, "--metrics", addr)
 			r := runCheck(t, checkTensorstore, d.mnt, fx, store)
 			if r.Files == 0 {
 				t.Fatal("checked no files")
+			}
+			resp, err := http.Get("http://" + addr + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			for _, m := range []string{"zarrfs_source_requests_total 0\n", "zarrfs_chunks_decoded_total 0\n", "zarrfs_cache_misses_total 0\n"} {
+				if !strings.Contains(string(body), m) {
+					t.Errorf("a mount of a warm cache did work: metrics lack %q:\n%.3000s", strings.TrimSpace(m), body)
+				}
 			}
 		})
 	}
@@ -352,4 +360,62 @@ func dirBytes(dir string) int64 {
 		return nil
 	})
 	return n
+}
+
+// `zarrfs warm --only t1` warms what a reader of t1/ reads with its
+// samples: zarrfs.torch's SampleDataset reads time.npy for each item's
+// coordinate, and warm lists it among what it warmed. A mount of that
+// cache then serves the dataset's every item and coordinate without
+// filling anything (its metrics count no miss).
+func TestWarmOnlyBringsCoordinates(t *testing.T) {
+	requireMountTools(t)
+	requirePython(t)
+	if err := exec.Command("python3", "-c", "import zarrfs.torch").Run(); err != nil {
+		testenv.Missing(t, "python3 cannot import zarrfs.torch (make pydeps)")
+	}
+	src := filepath.Join(t.TempDir(), "grow.zarr")
+	growStore(t, "create", src, 6)
+	cacheDir := t.TempDir()
+	out := warm(t, src, cacheDir, "--only", "t1")
+	if !strings.Contains(out, "t1/\t") || !strings.Contains(out, "time.npy\t") || !strings.Contains(out, "warmed 7 files") {
+		t.Fatalf("warm --only t1 did not warm and list t1/ and time.npy:\n%s", out)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	d := mountAt(t, src, t.TempDir(), cacheDir, "--metrics", addr)
+	res := python(t, `
+import sys
+from zarrfs.torch import SampleDataset
+ds = SampleDataset(sys.argv[1] + '/t1')
+items = [ds[i] for i in range(len(ds))]
+assert [int(c) for _, c in items] == list(range(6)), [c for _, c in items]
+print(len(items))
+`, d.mnt)
+	if strings.TrimSpace(res) != "6" {
+		t.Fatalf("SampleDataset read %q items, want 6", res)
+	}
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), "zarrfs_cache_misses_total 0\n") || !strings.Contains(string(body), "zarrfs_source_requests_total 0\n") {
+		t.Errorf("a reader of the warmed t1/ filled files: %s", regexpLines(body, "zarrfs_cache_misses_total|zarrfs_source_requests_total"))
+	}
+}
+
+// regexpLines returns the lines of b that match re.
+func regexpLines(b []byte, re string) string {
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if regexp.MustCompile(re).MatchString(l) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "; ")
 }

@@ -108,8 +108,12 @@ type Plan struct {
 
 // Plan selects blobs by path, sample range and rank. Whole-array files
 // (coordinates, static fields) are in every rank's plan: they are small
-// and every rank needs them. A path of Only that is not in the layout is
-// an error wrapping fs.ErrNotExist.
+// and every rank needs them. A sample directory of an array selected (as
+// a directory, not file by file) brings the coordinate file its readers
+// read beside the samples
+// (CoordinateOf), so that a run whose source is down finds it warm too. A
+// path of Only that is not in the layout is an error wrapping
+// fs.ErrNotExist.
 func (l *Layout) Plan(o PlanOptions) (*Plan, error) {
 	only := make([]string, 0, len(o.Only))
 	for _, p := range o.Only {
@@ -138,11 +142,15 @@ func (l *Layout) Plan(o PlanOptions) (*Plan, error) {
 		plan.Blobs = append(plan.Blobs, b)
 		plan.Bytes += b.Size()
 	}
+	var whole []*Dir // sample directories selected as such, not file by file
 	var walk func(d *Dir)
 	walk = func(d *Dir) {
 		if d.IsSampleDir() {
 			if !selected(d.Path()) && !selectedUnder(only, d.Path()) {
 				return
+			}
+			if selected(d.Path()) {
+				whole = append(whole, d)
 			}
 			n := d.allLen()
 			if o.Samples != nil && (o.Samples.Stop > n || o.Samples.Start >= n) {
@@ -180,5 +188,46 @@ func (l *Layout) Plan(o PlanOptions) (*Plan, error) {
 		}
 	}
 	walk(l.root)
+	l.planCoordinates(plan, whole)
 	return plan, nil
+}
+
+// planCoordinates adds to plan the coordinate file of every array's
+// sample directory of dirs, unless planned already.
+func (l *Layout) planCoordinates(plan *Plan, dirs []*Dir) {
+	planned := map[string]bool{}
+	for _, b := range plan.Blobs {
+		planned[b.Path()] = true
+	}
+	for _, d := range dirs {
+		if c, ok := l.CoordinateOf(d); ok && !planned[c.Path()] {
+			planned[c.Path()] = true
+			plan.Blobs = append(plan.Blobs, c)
+			plan.Bytes += c.Size()
+			plan.Dirs = append(plan.Dirs, c.Path())
+		}
+	}
+}
+
+// CoordinateOf returns the file of sample coordinates that readers of the
+// array sample directory d read beside its samples (zarrfs.torch.Loader,
+// SampleDir.coords): the 1-D array named like d's sample dimension, of
+// d's length, in d's group, else at the top of the mount. A view's
+// coordinates are in its sidecar: false.
+func (l *Layout) CoordinateOf(d *Dir) (Blob, bool) {
+	s, ok := d.samples.(*sampleSet)
+	if !ok || s.axis >= len(s.arr.Dims) || s.arr.Dims[s.axis] == "" {
+		return nil, false
+	}
+	name := s.arr.Dims[s.axis] + ".npy"
+	for _, p := range []string{path.Join(path.Dir(d.Path()), name), name} {
+		e, ok := l.Lookup(p)
+		if !ok || e.Kind != KindBlob {
+			continue
+		}
+		if src := e.Blob.Sources(); len(src) == 1 && src[0].Array != nil && len(src[0].Array.Shape) == 1 && src[0].Array.Shape[0] == s.n {
+			return e.Blob, true
+		}
+	}
+	return nil, false
 }

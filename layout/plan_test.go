@@ -149,12 +149,22 @@ func TestPlanOnly(t *testing.T) {
 	for _, b := range p.Blobs {
 		got = append(got, b.Path())
 	}
-	want := []string{"latitude.npy", "q/2.npy", "q/3.npy", "q/4.npy", "sub/sp/02.npy", "sub/sp/03.npy", "sub/sp/04.npy", "t/03.npy"}
+	// sub/sp (12 steps, selected as a directory) brings time.npy, which
+	// its readers read beside the samples (sub holds none: the top's);
+	// t/03.npy, one file, brings nothing; q's 10 steps have no coordinate
+	// of their length.
+	want := []string{"latitude.npy", "q/2.npy", "q/3.npy", "q/4.npy", "sub/sp/02.npy", "sub/sp/03.npy", "sub/sp/04.npy", "t/03.npy", "time.npy"}
 	if !slices.Equal(got, want) {
 		t.Errorf("blobs %v, want %v", got, want)
 	}
-	if want := []string{"latitude.npy", "q/", "sub/sp/", "t/"}; !slices.Equal(p.Dirs, want) {
+	if want := []string{"latitude.npy", "q/", "sub/sp/", "t/", "time.npy"}; !slices.Equal(p.Dirs, want) {
 		t.Errorf("Dirs %v, want %v", p.Dirs, want)
+	}
+	if p, err := l.Plan(PlanOptions{Only: []string{"t/03.npy"}}); err != nil || len(p.Blobs) != 1 {
+		t.Errorf("one file planned %d blobs (%v), want it alone", len(p.Blobs), err)
+	}
+	if p, err := l.Plan(PlanOptions{Only: []string{"t"}, Samples: &SampleSpan{0, 1}}); err != nil || len(p.Blobs) != 2 || p.Blobs[1].Path() != "time.npy" {
+		t.Errorf("t/ planned %d blobs (%v), want its sample and time.npy", len(p.Blobs), err)
 	}
 	if _, err := l.Plan(PlanOptions{Only: []string{"nosuch"}}); !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), "nosuch") {
 		t.Errorf("Plan of a missing path: %v", err)

@@ -12,6 +12,7 @@ package zarr
 import (
 	"errors"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 
 	"github.com/zarrfs/zarrfs/codec"
@@ -128,6 +129,9 @@ type Hierarchy struct {
 	owned  *codec.CPU // the default decoder, when Options.Decoder was nil
 	// lazyKept counts the versions the lazy listings of its arrays keep.
 	lazyKept atomic.Int64
+	// metaChecks holds, by key, the last read of each metadata document
+	// that a Read finding a chunk missing made (*metaCheck).
+	metaChecks sync.Map
 }
 
 // Array is one Zarr array.
@@ -173,6 +177,9 @@ type Array struct {
 	keySep    string // "/" or "."
 	pipe      *pipeline
 	fill      []byte // one element, little-endian
+	// consolidated is the key of the consolidated metadata doc came from
+	// ("" for the array's own document).
+	consolidated string
 }
 
 // Request asks for one rectangular region of an array.

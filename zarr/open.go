@@ -104,6 +104,9 @@ type walker struct {
 	lim   MetadataLimits
 	bytes int64 // of the documents read so far
 	nodes int   // arrays and groups found so far
+	// consolidated is the key of the consolidated metadata being read
+	// ("" while walking the arrays' own documents).
+	consolidated string
 }
 
 // limitError is a metadata limit that a document or the tree passed. A
@@ -250,7 +253,7 @@ func (w *walker) unsupported(a *Array, err error) {
 }
 
 func (w *walker) addV3Array(path string, doc []byte, n *v3Node) {
-	a := &Array{Path: path, ZarrFormat: 3, MetaHash: hashDocs(doc), doc: doc}
+	a := &Array{Path: path, ZarrFormat: 3, MetaHash: hashDocs(doc), doc: doc, consolidated: w.consolidated}
 	p, fill, err := parseV3Array(a, n, w.lim)
 	if err != nil {
 		w.unsupported(a, err)
@@ -261,7 +264,7 @@ func (w *walker) addV3Array(path string, doc []byte, n *v3Node) {
 }
 
 func (w *walker) addV2Array(path string, doc, attrsDoc []byte) {
-	a := &Array{Path: path, ZarrFormat: 2, MetaHash: hashDocs(doc, attrsDoc), doc: doc}
+	a := &Array{Path: path, ZarrFormat: 2, MetaHash: hashDocs(doc, attrsDoc), doc: doc, consolidated: w.consolidated}
 	var m v2Array
 	if err := parseJSON(doc, &m); err != nil {
 		w.unsupported(a, fmt.Errorf(".zarray: %v", err))
@@ -386,6 +389,7 @@ func (w *walker) badPath(p string) {
 }
 
 func (w *walker) consolidatedV3(md map[string]json.RawMessage) error {
+	w.consolidated = "zarr.json"
 	for p, raw := range md {
 		if !validPath(p) {
 			w.badPath(p)
@@ -507,6 +511,7 @@ func (w *walker) consolidatedV2(doc []byte) error {
 	if err := parseJSON(doc, &zm); err != nil {
 		return fmt.Errorf("%s/.zmetadata: %v", strings.TrimSuffix(w.h.Store.ID(), "/"), err)
 	}
+	w.consolidated = ".zmetadata"
 	for key, raw := range zm.Metadata {
 		dir, base := "", key
 		if i := strings.LastIndex(key, "/"); i >= 0 {

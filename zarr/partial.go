@@ -358,7 +358,7 @@ func (st *readState) tryPartial(ctx context.Context, l *leaf, p *partial, c chun
 		l.part = nil
 		return false, nil
 	case objectstore.IsNotFound(err) && c.size < 0:
-		l.part, l.missing = nil, true
+		l.part, l.missing, l.absent, l.listedAbsent = nil, true, true, errors.Is(err, errNotListed)
 	default:
 		if errors.Is(err, objectstore.ErrRange) {
 			err = fmt.Errorf("%w: %w", ErrCorrupt, err)

@@ -139,6 +139,10 @@ type leaf struct {
 	encOwned bool     // enc is this read's own buffer, reusable once done
 	part     *partial // set for a partial read: decoded straight into the requests
 	err      error
+	// absent: the whole chunk (or shard) is missing from the store, as
+	// opposed to an inner chunk its shard's index says is empty;
+	// listedAbsent: a listing said so, without a request.
+	absent, listedAbsent bool
 }
 
 // readState carries one Read call.
@@ -270,6 +274,7 @@ func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
+	fetched := time.Now()
 	if err := st.decode(ctx); err != nil {
 		return err
 	}
@@ -281,22 +286,32 @@ func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
 			return &ChunkError{Array: l.arr.Path, Key: l.key, Err: l.err}
 		}
 	}
-	// Every chunk decoded and verified: only now may remote bytes be kept.
+	// A chunk missing is the fill value only while the metadata names it.
+	if err := st.checkAbsent(ctx, fetched, listings); err != nil {
+		return err
+	}
+	st.keepSource()
+	st.assemble()
+	return nil
+}
+
+// keepSource puts the compressed bytes the Read fetched in the source
+// cache: every chunk decoded and verified, only now may they be kept.
+func (st *readState) keepSource() {
+	sc := st.h.opts.SourceCache
 	for _, l := range st.leaves {
 		if l.srcKey != "" {
-			h.opts.SourceCache.Put(l.srcKey, l.enc)
+			sc.Put(l.srcKey, l.enc)
 		}
-		if l.part != nil && h.opts.SourceCache != nil {
+		if l.part != nil && sc != nil {
 			for _, p := range l.part.puts {
-				h.opts.SourceCache.Put(p.key, p.b)
+				sc.Put(p.key, p.b)
 			}
 		}
 	}
 	for _, p := range st.puts {
-		h.opts.SourceCache.Put(p.key, p.b)
+		sc.Put(p.key, p.b)
 	}
-	st.assemble()
-	return nil
 }
 
 func (a *Array) check(r Request) error {
@@ -395,7 +410,7 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 		_, l.encOwned = src.(storeSource)
 		switch {
 		case objectstore.IsNotFound(err):
-			l.missing = true
+			l.missing, l.absent, l.listedAbsent = true, true, errors.Is(err, errNotListed)
 		case err != nil:
 			return &ChunkError{Array: a.Path, Key: key, Err: err}
 		default:
@@ -423,7 +438,9 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 	}
 	idx, err := st.shardIndex(ctx, a, s, src, key, idxLen)
 	if objectstore.IsNotFound(err) {
-		st.add(&leaf{arr: a, pipe: p, shape: shape, origin: origin, key: key, needs: needs, missing: true})
+		_, inner := src.(memSource)
+		st.add(&leaf{arr: a, pipe: p, shape: shape, origin: origin, key: key, needs: needs, missing: true,
+			absent: !inner, listedAbsent: errors.Is(err, errNotListed)})
 		return nil
 	}
 	if err != nil {

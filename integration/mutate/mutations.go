@@ -371,6 +371,15 @@ var mutations = []mutation{
 		Run:    "IcechunkSplitManifests",
 	},
 	{
+		Name:   "missing-chunk-metadata",
+		Breaks: "a chunk missing is read as the fill value without asking whether the array's metadata still names it, so an array shrunk under a mount serves zeros as data",
+		File:   "zarr/read.go",
+		From:   "if err := st.checkAbsent(ctx, fetched, listings); err != nil {",
+		To:     "if err := st.checkAbsent(ctx, fetched, listings); err != nil && false {",
+		Pkgs:   []string{"./zarr", "./integration"},
+		Run:    "MissingChunkNamed|Shrunk",
+	},
+	{
 		Name:   "blob-written-in-place",
 		Breaks: "a cache blob written in place at its size (root through a direct mode link) is served",
 		File:   "cache/blob.go",

@@ -405,22 +405,36 @@ func (n *node) chunkKey(idx []uint32) string {
 	return strings.Join(parts, n.keySep)
 }
 
-// manifestFor returns the manifest that covers idx.
-func (n *node) manifestFor(idx []uint32) (string, bool) {
-	for _, m := range n.manifests {
-		if len(m.lo) != len(idx) {
+// manifestFor returns the manifest whose extent holds idx (false: none,
+// a chunk never written). Two that both hold it (overlapping extents)
+// are an error: which one has the chunk cannot be told.
+func (n *node) manifestFor(idx []uint32) (manifestRef, bool, error) {
+	var found *manifestRef
+	for i := range n.manifests {
+		m := &n.manifests[i]
+		if !m.holds(idx) {
 			continue
 		}
-		in := true
-		for d, x := range idx {
-			if x < m.lo[d] || x >= m.hi[d] {
-				in = false
-				break
-			}
+		if found != nil {
+			return manifestRef{}, false, fmt.Errorf("%w: chunk %v of array %q lies in the extents of manifests %s and %s", ErrCorrupt, idx, "/"+n.path, found.id, m.id)
 		}
-		if in {
-			return m.id, true
+		found = m
+	}
+	if found == nil {
+		return manifestRef{}, false, nil
+	}
+	return *found, true, nil
+}
+
+// holds reports whether the manifest's extent holds chunk idx.
+func (m *manifestRef) holds(idx []uint32) bool {
+	if len(m.lo) != len(idx) {
+		return false
+	}
+	for d, x := range idx {
+		if x < m.lo[d] || x >= m.hi[d] {
+			return false
 		}
 	}
-	return "", false
+	return true
 }

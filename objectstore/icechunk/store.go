@@ -188,6 +188,37 @@ type chunk struct {
 // index (flattened, sorted as the file keeps them).
 type manifest struct {
 	arrays map[string][]indexed
+
+	// checked holds, by node id and extent, whether the node's chunks in
+	// this manifest lie within the extent a snapshot gives it (nil) or
+	// not: checked once, on the first lookup through that extent.
+	mu      sync.Mutex
+	checked map[string]error
+}
+
+// within checks, once per node and extent, that every chunk of node n in
+// m lies in the extent r: a manifest holding a chunk outside the extent it
+// is listed under would have it looked for in no manifest (or another)
+// and read as the fill value.
+func (m *manifest) within(n *node, r manifestRef) error {
+	key := n.id + "\x00" + fmt.Sprint(r.lo, r.hi)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err, ok := m.checked[key]; ok {
+		return err
+	}
+	var err error
+	for _, x := range m.arrays[n.id] {
+		if !r.holds(x.idx) {
+			err = fmt.Errorf("%w: manifest %s holds chunk %v of array %q, outside the extent %v..%v the snapshot lists it under", ErrCorrupt, r.id, x.idx, "/"+n.path, r.lo, r.hi)
+			break
+		}
+	}
+	if m.checked == nil {
+		m.checked = map[string]error{}
+	}
+	m.checked[key] = err
+	return err
 }
 
 type indexed struct {
@@ -268,8 +299,15 @@ func parseManifest(payload []byte) (_ *manifest, err error) {
 			x.c = c
 			refs = append(refs, x)
 		}
-		slices.SortFunc(refs, func(a, b indexed) int { return slices.Compare(a.idx, b.idx) })
 		m.arrays[nid] = append(m.arrays[nid], refs...)
+	}
+	for nid, refs := range m.arrays {
+		slices.SortFunc(refs, func(a, b indexed) int { return slices.Compare(a.idx, b.idx) })
+		for i := 1; i < len(refs); i++ {
+			if slices.Equal(refs[i].idx, refs[i-1].idx) {
+				return nil, fmt.Errorf("%w: chunk %v of node %x referenced twice", ErrCorrupt, refs[i].idx, nid)
+			}
+		}
 	}
 	return m, nil
 }
@@ -319,12 +357,15 @@ func (s *Store) findChunk(ctx context.Context, n *node, rest string) (*chunk, er
 	if !ok {
 		return nil, nil
 	}
-	mid, ok := n.manifestFor(idx)
-	if !ok {
-		return nil, nil
+	mr, ok, err := n.manifestFor(idx)
+	if err != nil || !ok {
+		return nil, err
 	}
-	m, err := s.manifest(ctx, mid)
+	m, err := s.manifest(ctx, mr.id)
 	if err != nil {
+		return nil, err
+	}
+	if err := m.within(n, mr); err != nil {
 		return nil, err
 	}
 	refs := m.arrays[n.id]
