@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"path"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -45,7 +47,8 @@ func (c *intoCache) GetInto(k string, buf []byte) ([]byte, bool) {
 	return append(buf[:0], b...), true
 }
 
-// countingStore counts the whole objects read from a store.
+// countingStore counts the chunks read whole from a store (not the
+// metadata, nor chunks found missing, which are asked each time).
 type countingStore struct {
 	objectstore.Store
 	mu   sync.Mutex
@@ -55,7 +58,8 @@ type countingStore struct {
 
 func (s *countingStore) Get(ctx context.Context, key string) ([]byte, error) {
 	b, err := s.Store.Get(ctx, key)
-	if !objectstore.IsNotFound(err) { // a missing chunk is asked each time
+	base := path.Base(key)
+	if !objectstore.IsNotFound(err) && base != "zarr.json" && !strings.HasPrefix(base, ".z") { // chunks present
 		s.mu.Lock()
 		s.gets++
 		s.keys = append(s.keys, key)
@@ -103,7 +107,6 @@ func TestSourceCacheReadsIntoLentMemory(t *testing.T) {
 			}
 		}
 		h, cs := open()
-		cs.gets = 0 // the metadata
 		for i, a := range h.Arrays {
 			if a.Unsupported != "" {
 				continue
