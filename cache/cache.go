@@ -190,37 +190,9 @@ func Open(opts Options) (*Cache, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	// Paths handed out (blob files, link targets in direct mode, what warm
-	// prints) must name the same file from any working directory.
-	abs, err := filepath.Abs(opts.Dir)
+	acc, lf, err := prepareRoot(&opts)
 	if err != nil {
-		return nil, fmt.Errorf("cache %s: %w", opts.Dir, err)
-	}
-	opts.Dir = abs
-	acc, err := newAccess(opts.BlobMode, opts.BlobGroup)
-	if err != nil {
-		return nil, fmt.Errorf("cache %s: %w", opts.Dir, err)
-	}
-	if err := makeRoot(opts.Dir); err != nil {
-		if oe := (*OwnerError)(nil); errors.As(err, &oe) {
-			return nil, err // names the directory itself
-		}
-		return nil, fmt.Errorf("cache %s: %w", opts.Dir, err)
-	}
-	if acc.blobFile&0o040 != 0 && acc.gid < 0 {
-		if fi, err := os.Stat(opts.Dir); err == nil {
-			acc.gid = groupOf(fi)
-		}
-	}
-	pre := &Cache{dir: opts.Dir, acc: acc}
-	for _, d := range []string{blobsDir, chunksDir, tmpDir} {
-		if err := pre.mkdirs(d); err != nil {
-			return nil, fmt.Errorf("cache %s: %w", opts.Dir, err)
-		}
-	}
-	lf, err := os.OpenFile(filepath.Join(opts.Dir, lockRel), os.O_RDWR|os.O_CREATE, privateFile)
-	if err != nil {
-		return nil, fmt.Errorf("cache %s: %w", opts.Dir, err)
+		return nil, err
 	}
 	c := &Cache{
 		dir:          opts.Dir,
@@ -347,6 +319,44 @@ func (c *Cache) replay(buf []byte) (states map[string]*replayState, quit map[str
 	return states, quit, torn, consumed + len(journalHeader), afterMark
 }
 
+// prepareRoot makes opts.Dir absolute (paths handed out, blob files, link
+// targets in direct mode, what warm prints, must name the same file from
+// any working directory), makes the cache's directories with the access
+// the options ask for, and opens its lock file.
+func prepareRoot(opts *Options) (access, *os.File, error) {
+	abs, err := filepath.Abs(opts.Dir)
+	if err != nil {
+		return access{}, nil, fmt.Errorf("cache %s: %w", opts.Dir, err)
+	}
+	opts.Dir = abs
+	acc, err := newAccess(opts.BlobMode, opts.BlobGroup)
+	if err != nil {
+		return access{}, nil, fmt.Errorf("cache %s: %w", opts.Dir, err)
+	}
+	if err := makeRoot(opts.Dir); err != nil {
+		if oe := (*OwnerError)(nil); errors.As(err, &oe) {
+			return access{}, nil, err // names the directory itself
+		}
+		return access{}, nil, fmt.Errorf("cache %s: %w", opts.Dir, err)
+	}
+	if acc.blobFile&0o040 != 0 && acc.gid < 0 {
+		if fi, err := os.Stat(opts.Dir); err == nil {
+			acc.gid = groupOf(fi)
+		}
+	}
+	pre := &Cache{dir: opts.Dir, acc: acc}
+	for _, d := range []string{blobsDir, chunksDir, tmpDir} {
+		if err := pre.mkdirs(d); err != nil {
+			return access{}, nil, fmt.Errorf("cache %s: %w", opts.Dir, err)
+		}
+	}
+	lf, err := os.OpenFile(filepath.Join(opts.Dir, lockRel), os.O_RDWR|os.O_CREATE, privateFile)
+	if err != nil {
+		return access{}, nil, fmt.Errorf("cache %s: %w", opts.Dir, err)
+	}
+	return acc, lf, nil
+}
+
 // recover runs with the directory lock held for writing: no other instance
 // is alive.
 func (c *Cache) recover() (recoveryStats, error) {
@@ -380,17 +390,13 @@ func (c *Cache) recover() (recoveryStats, error) {
 	states, quit, torn, consumed, afterMark := c.replay(buf)
 	st.torn = torn
 
-	type item struct {
-		s  *replayState
-		ok bool
-	}
-	var check []*item
+	var check []*replayState
 	live := make([]*replayState, 0, len(states))
 	for key, s := range states {
 		suspicious := s.afterMark && !quit[s.rec.writer]
 		switch {
 		case s.present && suspicious:
-			check = append(check, &item{s: s})
+			check = append(check, s)
 		case s.present:
 			live = append(live, s)
 		case suspicious:
@@ -402,32 +408,14 @@ func (c *Cache) recover() (recoveryStats, error) {
 		}
 	}
 	st.suspicious = len(check)
-	// Verify in parallel: hashing is CPU bound and the files are independent.
-	work := make(chan *item)
-	var wg sync.WaitGroup
-	for range max(1, runtime.GOMAXPROCS(0)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			buf := make([]byte, 1<<20)
-			for it := range work {
-				it.ok = verifyFile(filepath.Join(c.dir, it.s.rec.key), it.s.rec.size, it.s.rec.sum, buf) == nil
-			}
-		}()
-	}
-	for _, it := range check {
-		work <- it
-	}
-	close(work)
-	wg.Wait()
-	for _, it := range check {
-		if it.ok {
-			live = append(live, it.s)
+	for i, ok := range c.verifyAll(check) {
+		if ok {
+			live = append(live, check[i])
 			continue
 		}
 		st.dropped++
-		c.log.Warn("cache entry failed verification; removed", "key", it.s.rec.key)
-		os.Remove(filepath.Join(c.dir, it.s.rec.key))
+		c.log.Warn("cache entry failed verification; removed", "key", check[i].rec.key)
+		os.Remove(filepath.Join(c.dir, check[i].rec.key))
 	}
 	sortBySeq(live)
 	c.idx = make(map[string]*entry, len(live))
@@ -469,6 +457,32 @@ func (c *Cache) recover() (recoveryStats, error) {
 		c.jnext = c.compactThreshold()
 	}
 	return st, nil
+}
+
+// verifyAll checks the file of every state of check against its record,
+// in parallel (hashing is CPU bound and the files are independent), and
+// reports which pass.
+func (c *Cache) verifyAll(check []*replayState) []bool {
+	ok := make([]bool, len(check))
+	work := make(chan int)
+	var wg sync.WaitGroup
+	for range max(1, runtime.GOMAXPROCS(0)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 1<<20)
+			for i := range work {
+				r := check[i].rec
+				ok[i] = verifyFile(filepath.Join(c.dir, r.key), r.size, r.sum, buf) == nil
+			}
+		}()
+	}
+	for i := range check {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	return ok
 }
 
 // join loads the journal as another running instance left it.

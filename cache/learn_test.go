@@ -9,10 +9,10 @@ import (
 	"time"
 )
 
-// A blob filled with GetBlobLearning is recorded under the identity its
-// fill names once it has run, across a restart; one whose identity fails
+// A blob GetBlob fills with learn is recorded under the identity learn
+// names once the fill has run, across a restart; one whose identity fails
 // (or is no identity) publishes nothing.
-func TestGetBlobLearningRecordsWhatTheFillLearnt(t *testing.T) {
+func TestGetBlobRecordsWhatTheFillLearnt(t *testing.T) {
 	dir := t.TempDir()
 	c := mustOpen(t, Options{Dir: dir})
 	data := content("learnt", 6000)

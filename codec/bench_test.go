@@ -206,7 +206,7 @@ func BenchmarkDecode(b *testing.B) {
 // GOMAXPROCS workers: the throughput a blob fill sees.
 func BenchmarkCPUBatch(b *testing.B) {
 	field := benchField()
-	c := NewCPU(Options{})
+	c := must(NewCPU(Options{}))
 	defer c.Close()
 	for _, bc := range benchCases(b, field) {
 		b.Run(fmt.Sprintf("%s-w%d", bc.name, c.Workers()), func(b *testing.B) {

@@ -12,6 +12,8 @@ package codec
 import (
 	"context"
 	"errors"
+
+	"github.com/zarrfs/zarrfs/internal/memory"
 )
 
 // Name identifies a decompression codec.
@@ -27,13 +29,20 @@ const (
 	Blosc Name = "blosc" // a Blosc 1 frame (any inner codec, shuffle, split blocks)
 )
 
-// ErrCorrupt is returned (wrapped) when compressed input is malformed, or
-// decodes to a size other than the one expected.
-var ErrCorrupt = errors.New("corrupt compressed data")
+// ErrCorrupt is returned (wrapped) when data is not what its format says:
+// compressed input that is malformed or decodes to a size other than the
+// one expected, and (from the packages that read them) a chunk, shard or
+// metadata file that cannot be parsed.
+var ErrCorrupt = errors.New("corrupt data")
 
 // ErrUnsupported is returned (wrapped) for a codec or a codec option this
-// package cannot decode (for example blosc's snappy inner codec).
-var ErrUnsupported = errors.New("unsupported codec")
+// package cannot decode (for example blosc's snappy inner codec), and
+// (from package zarr) for any feature of an array zarrfs does not read.
+var ErrUnsupported = errors.New("unsupported")
+
+// ErrClosed is returned (wrapped) by DecodeBatch of a BatchDecoder that
+// was closed: the CPU decoder, a GPU, the process's pipeline.
+var ErrClosed = errors.New("decoder closed")
 
 // Job is one chunk to decompress.
 type Job struct {
@@ -72,7 +81,6 @@ type BatchDecoder interface {
 // (ordinary memory when none is left to lend); HostFree gives back a
 // buffer HostAlloc returned, as returned, once no DecodeBatch uses it, and
 // ignores any other memory.
-type HostMemory interface {
-	HostAlloc(n int) []byte
-	HostFree(b []byte)
-}
+//
+// It is the process's one kind of memory lender (memory.Lender).
+type HostMemory = memory.Lender

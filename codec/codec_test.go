@@ -262,7 +262,7 @@ func TestZstdHugeClaimAllocates(t *testing.T) {
 }
 
 func TestCPUCancel(t *testing.T) {
-	c := NewCPU(Options{})
+	c := must(NewCPU(Options{}))
 	defer c.Close()
 	if c.Workers() <= 0 {
 		t.Fatalf("Workers %d", c.Workers())
@@ -288,7 +288,7 @@ func TestCPUCancel(t *testing.T) {
 // TestCPUConcurrent runs many batches from many goroutines at once (run with
 // -race).
 func TestCPUConcurrent(t *testing.T) {
-	c := NewCPU(Options{Workers: 2})
+	c := must(NewCPU(Options{Workers: 2}))
 	defer c.Close()
 	data := bytes.Repeat([]byte("0123456789abcdef"), 512)
 	src := zstdFrame(t, data)
@@ -319,7 +319,7 @@ func TestCPUConcurrent(t *testing.T) {
 // is idle, none while as many jobs are pending as it has workers.
 // (decode's router asks it before it weighs the GPUs.)
 func TestCPUSpare(t *testing.T) {
-	cpu := NewCPU(Options{Workers: 2})
+	cpu := must(NewCPU(Options{Workers: 2}))
 	defer cpu.Close()
 	data := bytes.Repeat([]byte("zarrfs spare "), 1000)
 	enc := zstdEncode(t, data, false)

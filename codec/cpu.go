@@ -2,7 +2,6 @@ package codec
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -38,9 +37,6 @@ type CPU struct {
 }
 
 var _ BatchDecoder = (*CPU)(nil)
-
-// ErrClosed is returned by DecodeBatch on a CPU decoder that was closed.
-var ErrClosed = errors.New("codec: decoder closed")
 
 // batch is one DecodeBatch call: workers that take a ticket for it claim
 // jobs by index until none is left, so a batch of many small jobs costs one
@@ -113,13 +109,12 @@ func split(jobs []Job, spare int) []part {
 	return parts
 }
 
-// NewCPU starts a CPU decoder with opts.Workers goroutines.
-func NewCPU(opts Options) *CPU {
+// NewCPU starts a CPU decoder with opts.Workers goroutines. A negative
+// count is refused, not turned into the default.
+func NewCPU(opts Options) (*CPU, error) {
 	n := opts.Workers
 	if n < 0 {
-		// A caller's mistake, as a negative count is to make: refused, not
-		// turned into the default.
-		panic(fmt.Sprintf("codec: Options.Workers %d: want 0 (one per CPU) or more", n))
+		return nil, fmt.Errorf("codec: Options.Workers %d: want 0 (one per CPU) or more", n)
 	}
 	if n == 0 {
 		n = runtime.NumCPU()
@@ -133,7 +128,7 @@ func NewCPU(opts Options) *CPU {
 	for range n {
 		go c.work()
 	}
-	return c
+	return c, nil
 }
 
 // Workers returns the number of worker goroutines.
@@ -207,6 +202,38 @@ func (b *batch) gather() {
 
 // Busy returns the time the workers have spent decoding, summed over them.
 func (c *CPU) Busy() time.Duration { return time.Duration(c.busy.Load()) }
+
+// Inline is a BatchDecoder that starts no workers: it decodes the jobs of
+// a batch one after another in the calling goroutine, as a CPU decoder's
+// worker does. It is what a reader given no decoder decodes with.
+type Inline struct{}
+
+var _ BatchDecoder = Inline{}
+
+// DecodeBatch decodes every job in turn; each job's Err reports its own
+// outcome. When ctx is cancelled, the jobs not yet decoded are not: their
+// Err wraps the context's error, and DecodeBatch returns it.
+func (Inline) DecodeBatch(ctx context.Context, jobs []Job) error {
+	for i := range jobs {
+		if err := ctx.Err(); err != nil {
+			for k := i; k < len(jobs); k++ {
+				jobs[k].Err = fmt.Errorf("%s chunk not decoded: %w", jobs[k].Codec, err)
+			}
+			return err
+		}
+		jobs[i].Err = DecodeJob(&jobs[i])
+	}
+	return nil
+}
+
+// Sparer is an optional upgrade of a BatchDecoder: Spare returns the
+// workers that no job waits for now, what decode's router asks before it
+// gives the decoder a batch.
+type Sparer interface {
+	Spare() int
+}
+
+var _ Sparer = (*CPU)(nil)
 
 // Spare returns the workers that no job waits for now (0 when every
 // worker has a job, or more jobs are queued than workers): what decode's router

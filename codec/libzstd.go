@@ -2,7 +2,6 @@ package codec
 
 import (
 	"fmt"
-	"os"
 	"runtime"
 	"sync"
 	"unsafe"
@@ -26,9 +25,9 @@ import (
 // frames whose window exceeds the Go decoder's limit (zstd --long=30),
 // since it decodes into the whole buffer and needs no window.
 //
-// ZARRFS_LIBZSTD selects it: unset, libzstd.so.1 from the loader's search
-// path; "off", the Go decoder everywhere; anything else, the path of the
-// library to load.
+// UseLibZstd selects it (the command line passes ZARRFS_LIBZSTD): "",
+// libzstd.so.1 from the loader's search path; "off", the Go decoder
+// everywhere; anything else, the path of the library to load.
 
 // nativeZstdMin is the smallest decoded size handed to libzstd: its fixed
 // cost (the foreign call, a context reset) loses to the Go decoder on tiny
@@ -51,16 +50,42 @@ type libZstd struct {
 	errorName  func(code uintptr) string // ZSTD_getErrorName: a static string
 }
 
+// zstdChoice is the setting UseLibZstd gave, final once the library is
+// loaded (the first zstd decode of the process).
+var zstdChoice struct {
+	sync.Mutex
+	setting string
+	final   bool
+}
+
+// UseLibZstd chooses the libzstd zstd decodes go through: "" (the
+// default) libzstd.so.1 from the loader's search path, "off" none (the Go
+// decoder), else the path of a library. It takes effect when called
+// before the process's first zstd decode, and reports whether it did.
+func UseLibZstd(setting string) bool {
+	zstdChoice.Lock()
+	defer zstdChoice.Unlock()
+	if zstdChoice.final {
+		return false
+	}
+	zstdChoice.setting = setting
+	return true
+}
+
 // nativeZstd is the library, or nil where none is used, and why.
 var nativeZstd = sync.OnceValues(func() (*libZstd, error) {
-	return loadLibZstd(os.Getenv("ZARRFS_LIBZSTD"))
+	zstdChoice.Lock()
+	zstdChoice.final = true
+	setting := zstdChoice.setting
+	zstdChoice.Unlock()
+	return loadLibZstd(setting)
 })
 
 func loadLibZstd(setting string) (*libZstd, error) {
 	name := "libzstd.so.1"
 	switch setting {
 	case "off":
-		return nil, fmt.Errorf("ZARRFS_LIBZSTD=off")
+		return nil, fmt.Errorf("libzstd off")
 	case "":
 	default:
 		name = setting

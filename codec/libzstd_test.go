@@ -286,7 +286,7 @@ func TestLibZstdStackBuffer(t *testing.T) {
 	}
 }
 
-// TestLoadLibZstd checks the settings of ZARRFS_LIBZSTD: off, and a path
+// TestLoadLibZstd checks the settings of UseLibZstd: off, and a path
 // that is not a library, both leave the Go decoder with a reason.
 func TestLoadLibZstd(t *testing.T) {
 	if l, err := loadLibZstd("off"); l != nil || err == nil || !strings.Contains(err.Error(), "off") {

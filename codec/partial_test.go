@@ -110,7 +110,7 @@ func TestBloscPartialFetchesOnlyItsBlocks(t *testing.T) {
 	if fetched != 64 && fetched != int64(len(src)) {
 		t.Logf("fetched %d of %d", fetched, len(src))
 	}
-	cpu := NewCPU(Options{Workers: 2})
+	cpu := must(NewCPU(Options{Workers: 2}))
 	defer cpu.Close()
 	jobs := []Job{j}
 	if err := cpu.DecodeBatch(context.Background(), jobs); err != nil || jobs[0].Err != nil {

@@ -26,7 +26,7 @@ func TestBloscSplitAcrossWorkers(t *testing.T) {
 		t.Fatalf("no idle worker: %d parts, want none", len(parts))
 	}
 
-	c := NewCPU(Options{Workers: 8})
+	c := must(NewCPU(Options{Workers: 8}))
 	defer c.Close()
 	jobs := []Job{
 		{Codec: Blosc, Src: frame, Dst: make([]byte, len(data))},

@@ -189,7 +189,7 @@ func TestBloscVectorsCoverage(t *testing.T) {
 
 func TestCPUVectors(t *testing.T) {
 	vs := loadVectors(t)
-	c := NewCPU(Options{Workers: 3})
+	c := must(NewCPU(Options{Workers: 3}))
 	defer c.Close()
 	jobs := make([]Job, len(vs))
 	for i, v := range vs {

@@ -56,9 +56,11 @@ func (c *counter) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 	return err
 }
 
+var _ codec.Sparer = (*counter)(nil)
+
 // Spare forwards the counted decoder's spare workers (the router asks).
 func (c *counter) Spare() int {
-	if s, ok := c.inner.(interface{ Spare() int }); ok {
+	if s, ok := c.inner.(codec.Sparer); ok {
 		return s.Spare()
 	}
 	return 0

@@ -31,7 +31,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -41,6 +40,7 @@ import (
 
 	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/gpu"
+	"github.com/zarrfs/zarrfs/internal/memory"
 )
 
 // Mode is where chunks are decoded.
@@ -183,10 +183,6 @@ const (
 	minLentBytes = 64 << 20
 )
 
-// ErrBudget is wrapped when --gpu-memory or --pinned-memory leave too
-// little for decoding on a GPU.
-var ErrBudget = errors.New("memory budget too small for GPU decoding")
-
 // gpuOptions derives each GPU decoder's bounds from the budgets: the rounds
 // take half the device memory left after the context (the rest is
 // nvCOMP's scratch and allocation slack), at least two rounds in flight
@@ -199,16 +195,16 @@ func (o Options) gpuOptions() (gpu.Options, error) {
 	// the buffers' slack.
 	batch := dev / 2
 	if batch < minRoundBytes {
-		return g, fmt.Errorf("%w: --gpu-memory %s leaves %s for decoding after the CUDA context; give at least %s",
-			ErrBudget, size(o.GPUMemory), size(max(dev, 0)), size(ContextBytes+minRoundBytes*2))
+		return g, fmt.Errorf("%w: too small for GPU decoding: --gpu-memory %s leaves %s for decoding after the CUDA context; give at least %s",
+			gpu.ErrBudget, size(o.GPUMemory), size(max(dev, 0)), size(ContextBytes+minRoundBytes*2))
 	}
 	// The staging holds a round's input and output, and an eighth more for
 	// the pieces that must be realigned.
 	staging := batch + batch/8
 	lent := o.PinnedMemory - staging
 	if lent < minLentBytes {
-		return g, fmt.Errorf("%w: --pinned-memory %s: decoding stages %s of it; give at least %s",
-			ErrBudget, size(o.PinnedMemory), size(staging), size(staging+minLentBytes))
+		return g, fmt.Errorf("%w: too small for GPU decoding: --pinned-memory %s: decoding stages %s of it; give at least %s",
+			gpu.ErrBudget, size(o.PinnedMemory), size(staging), size(staging+minLentBytes))
 	}
 	g.DeviceBytes, g.MaxBatchBytes = dev, batch
 	g.Streams = int(min(max(batch/(256<<20), 2), 4))
@@ -221,8 +217,9 @@ func (o Options) gpuOptions() (gpu.Options, error) {
 	g.StagingBytes, g.HostBytes = staging, lent
 	g.Deflate = g.Deflate || GPUDeflate
 	// LZ4 blocks walked on the GPU instead of the host: an experiment,
-	// off until a fill on a few cores shows it paying (gpu.Options).
-	g.WalkOnDevice = g.WalkOnDevice || os.Getenv("ZARRFS_GPU_WALK") == "device"
+	// built in with -tags gpuwalk, off until a fill on a few cores shows
+	// it paying (gpu.Options).
+	g.WalkOnDevice = g.WalkOnDevice || walkOnDevice
 	if o.Mode == Auto {
 		// Auto lends no pinned memory (lender): none is registered.
 		g.HostOnDemand = true
@@ -240,16 +237,13 @@ func size(n int64) string {
 	return fmt.Sprintf("%dB", n)
 }
 
-// ErrClosed is returned by DecodeBatch after Close.
-var ErrClosed = errors.New("decode: pipeline closed")
-
 // Pipeline decodes batches of chunks where Options say. It implements
 // codec.BatchDecoder.
 type Pipeline struct {
 	opts  Options
 	log   *slog.Logger
 	cpu   *codec.CPU
-	arena *arena // the host memory lent without a GPU
+	arena *memory.Arena // the host memory lent without a GPU
 
 	// route is what DecodeBatch runs: the CPU pool until the GPUs are
 	// ready, then the mode's composition.
@@ -359,11 +353,15 @@ func New(opts Options) (*Pipeline, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	p := &Pipeline{opts: opts, log: log, cpu: codec.NewCPU(codec.Options{Workers: opts.Workers}), ready: make(chan struct{}),
-		decoded: Decoded{}, arena: newArena(opts.IdleMemory)}
+	cpu, err := codec.NewCPU(codec.Options{Workers: opts.Workers})
+	if err != nil {
+		return nil, err
+	}
+	p := &Pipeline{opts: opts, log: log, cpu: cpu, ready: make(chan struct{}),
+		decoded: Decoded{}, arena: memory.NewArena(opts.IdleMemory)}
 	p.onCPU = &counter{inner: p.cpu, device: "cpu", mu: &p.countMu, into: p.decoded}
 	p.route.Store(&routed{p.onCPU})
-	p.router = &router{cpu: p.onCPU, spare: p.onCPU.Spare, inline: &counter{inner: inlineDecoder{}, device: "cpu", mu: &p.countMu, into: p.decoded},
+	p.router = &router{cpu: p.onCPU, spare: p.onCPU.Spare, inline: &counter{inner: codec.Inline{}, device: "cpu", mu: &p.countMu, into: p.decoded},
 		workers: opts.Workers, costs: p.gpuCosts, usable: p.gpuUsable, now: time.Now, log: log,
 		codecs: map[codec.Name]*route{}}
 	opts.GPU = gopts
@@ -478,7 +476,7 @@ func (p *Pipeline) openGPUs() (err error) {
 				g.Close()
 			}
 			if err == nil {
-				err = ErrClosed
+				err = fmt.Errorf("decode: pipeline: %w", codec.ErrClosed)
 			}
 			return
 		}
@@ -672,7 +670,7 @@ func (p *Pipeline) Ready(ctx context.Context) (onGPU bool, err error) {
 // pinned host memory, which the device copies without staging; otherwise
 // (in CPU and Auto mode, without a GPU awake, and when its registered
 // memory is all lent) memory of the pipeline's own, kept mapped and lent
-// again (see arena), so that a steady stream of fills neither faults
+// again (memory.Arena), so that a steady stream of fills neither faults
 // fresh pages in nor has the collector zero and drop them.
 //
 // Auto mode lends no pinned memory: registering it (cuMemHostRegister, a
@@ -709,7 +707,7 @@ func (l lender) HostAlloc(n int) []byte {
 
 // HostFree after Close drops pinned memory: the closed GPU has unmapped it.
 func (l lender) HostFree(b []byte) {
-	if l.p.arena.HostFree(b) {
+	if l.p.arena.Free(b) {
 		return
 	}
 	l.p.mu.Lock()
@@ -878,7 +876,7 @@ func (p *Pipeline) Close() error {
 	p.retireLocked(gpus, devices)
 	p.mu.Unlock()
 	errs = append(errs, p.cpu.Close())
-	p.arena.close()
+	p.arena.Close()
 	return errors.Join(errs...)
 }
 
@@ -908,4 +906,6 @@ func (p *Pipeline) warnFallback(what string, cause error) {
 
 type closedDecoder struct{}
 
-func (closedDecoder) DecodeBatch(ctx context.Context, jobs []codec.Job) error { return ErrClosed }
+func (closedDecoder) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
+	return fmt.Errorf("decode: pipeline: %w", codec.ErrClosed)
+}

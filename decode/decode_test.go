@@ -200,7 +200,7 @@ func TestCPUMode(t *testing.T) {
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.DecodeBatch(context.Background(), jobs); !errors.Is(err, ErrClosed) {
+	if err := p.DecodeBatch(context.Background(), jobs); !errors.Is(err, codec.ErrClosed) {
 		t.Errorf("after Close: %v, want ErrClosed", err)
 	}
 }
@@ -381,7 +381,7 @@ func TestArena(t *testing.T) {
 	for _, h := range held {
 		m.HostFree(h)
 	}
-	if mapped, idle := p.arena.held(); idle > 8<<20 || mapped != idle {
+	if mapped, idle := p.arena.Held(); idle > 8<<20 || mapped != idle {
 		t.Errorf("mapped %d, idle %d: want idle within 8 MiB, nothing lent", mapped, idle)
 	}
 	small := m.HostAlloc(100)
@@ -390,13 +390,8 @@ func TestArena(t *testing.T) {
 	}
 	m.HostFree(small)
 	p.Close()
-	if mapped, idle := p.arena.held(); mapped != 0 || idle != 0 {
+	if mapped, idle := p.arena.Held(); mapped != 0 || idle != 0 {
 		t.Errorf("after Close: mapped %d, idle %d", mapped, idle)
-	}
-	for _, n := range []int{1, minClass, minClass + 1, 3 << 20, 100 << 20} {
-		if c := class(n); c < n || c > n+n/8+minClass {
-			t.Errorf("class(%d) = %d", n, c)
-		}
 	}
 }
 
@@ -473,14 +468,14 @@ func TestBudgets(t *testing.T) {
 		t.Errorf("8 GiB: %+v, %v", g, err)
 	}
 	for _, o := range []Options{{GPUMemory: 600 << 20, PinnedMemory: 2 << 30}, {GPUMemory: 1 << 30, PinnedMemory: 300 << 20}} {
-		if _, err := o.gpuOptions(); !errors.Is(err, ErrBudget) {
-			t.Errorf("%+v: %v, want ErrBudget", o, err)
+		if _, err := o.gpuOptions(); !errors.Is(err, gpu.ErrBudget) {
+			t.Errorf("%+v: %v, want gpu.ErrBudget", o, err)
 		}
 	}
 	var made []*fakeGPU
 	opts := fakes(GPU, 1, &made)
 	opts.GPUMemory = 600 << 20
-	if _, err := New(opts); !errors.Is(err, ErrBudget) || len(made) != 0 {
+	if _, err := New(opts); !errors.Is(err, gpu.ErrBudget) || len(made) != 0 {
 		t.Errorf("gpu mode under budget: %v, %d GPUs opened", err, len(made))
 	}
 	opts.Mode = Auto

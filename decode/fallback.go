@@ -6,7 +6,6 @@ import (
 	"sync/atomic"
 
 	"github.com/zarrfs/zarrfs/codec"
-	"github.com/zarrfs/zarrfs/gpu"
 )
 
 // fallback decodes on inner (the GPUs) and sends to the CPU what inner
@@ -29,7 +28,7 @@ func (f *fallback) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 		// The device failed as a whole: this batch runs on the CPU. A
 		// batch that raced a sleep (the GPU closed under it) is no
 		// failure worth the one warning.
-		if !errors.Is(err, gpu.ErrClosed) {
+		if !errors.Is(err, codec.ErrClosed) {
 			f.warn("decoder failed", err)
 		}
 		for i := range jobs {

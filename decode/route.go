@@ -399,18 +399,3 @@ func (p part) merge(jobs []codec.Job) {
 		jobs[i].Err = p.jobs[k].Err
 	}
 }
-
-// inlineDecoder decodes on the caller's goroutine: the router's samples of
-// the CPU's cost.
-type inlineDecoder struct{}
-
-func (inlineDecoder) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
-	for i := range jobs {
-		if err := ctx.Err(); err != nil {
-			jobs[i].Err = fmt.Errorf("%s chunk not decoded: %w", jobs[i].Codec, err)
-			continue
-		}
-		jobs[i].Err = codec.Decode(jobs[i].Codec, jobs[i].Dst, jobs[i].Src)
-	}
-	return ctx.Err()
-}

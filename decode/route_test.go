@@ -283,7 +283,7 @@ func TestCloseForExit(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("CloseForExit waits for a GPU still starting")
 	}
-	if err := p.DecodeBatch(context.Background(), j); !errors.Is(err, ErrClosed) {
+	if err := p.DecodeBatch(context.Background(), j); !errors.Is(err, codec.ErrClosed) {
 		t.Errorf("after CloseForExit: %v, want ErrClosed", err)
 	}
 	close(starting)

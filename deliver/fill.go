@@ -11,7 +11,6 @@ import (
 	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/layout"
-	"github.com/zarrfs/zarrfs/zarr"
 )
 
 // slotJob is one fill request: the samples for one slot.
@@ -136,11 +135,12 @@ func readFull(h fill.Backing, dst []byte, off int64, name string) error {
 
 // HostFill is the test mode's device path: the CPU decodes every sample
 // straight into its slot of a host ring, chunks landing whole decoding in
-// place there (layout.FillInto), as a GPU decodes into device memory;
+// place there (fill.Filler.FillInto), as a GPU decodes into device memory;
 // nothing is written to the cache. Decoder decodes (the mount's
 // pipeline); Fail, when set, refuses the samples it names, as a device
 // that fails mid-batch does, so that tests see the host path take them.
 type HostFill struct {
+	Filler  *fill.Filler
 	Decoder codec.BatchDecoder
 	Fail    func(path string) bool
 }
@@ -169,8 +169,7 @@ func (f HostFill) FillSlot(ctx context.Context, r Ring, k int, job *slotJob) []e
 	if len(blobs) == 0 {
 		return errs
 	}
-	dctx := zarr.WithDecoder(ctx, counting{f.Decoder, &job.compressed})
-	if err := layout.FillInto(dctx, blobs, outs, 0); err != nil {
+	if err := f.Filler.FillInto(ctx, job.lay, blobs, outs, 0, counting{f.Decoder, &job.compressed}); err != nil {
 		for _, i := range which {
 			errs[i] = err
 		}

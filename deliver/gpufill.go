@@ -8,12 +8,12 @@ import (
 	"unsafe"
 
 	"github.com/zarrfs/zarrfs/codec"
+	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/layout"
-	"github.com/zarrfs/zarrfs/zarr"
 )
 
 // GPUFill is the device path on a GPU: a batch's samples are filled into a
-// host shadow of the slot (pinned memory, layout.FillInto, the mount's own
+// host shadow of the slot (pinned memory, fill.Filler.FillInto, the mount's own
 // fill code), except that every chunk that lands whole in the shadow, of a
 // codec the GPU may take alone, decodes on the GPU straight into the slot
 // (gpu.Ring.Decode) and never reaches the host. What the host wrote
@@ -21,6 +21,7 @@ import (
 // is then copied from the shadow into the slot, and only that. Fallback
 // decodes what the GPU does not (the mount's pipeline).
 type GPUFill struct {
+	Filler   *fill.Filler
 	Fallback codec.BatchDecoder
 }
 
@@ -49,7 +50,7 @@ func (f GPUFill) FillSlot(ctx context.Context, r Ring, k int, job *slotJob) []er
 		// must decode where it can.
 		sd.hostOnly = true
 	}
-	if err := layout.FillInto(zarr.WithDecoder(ctx, sd), job.blobs, outs, 0); err != nil {
+	if err := f.Filler.FillInto(ctx, job.lay, job.blobs, outs, 0, sd); err != nil {
 		return fail(err)
 	}
 	// What the device did not write, the host did: copy it from the shadow.

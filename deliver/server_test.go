@@ -28,7 +28,7 @@ import (
 // differs; it fails the regions starting at a time step in bad.
 type indexReader struct{ bad map[int64]bool }
 
-func (r indexReader) Read(ctx context.Context, reqs []zarr.Request) error {
+func (r indexReader) Read(ctx context.Context, _ *zarr.Pin, reqs []zarr.Request) error {
 	for _, q := range reqs {
 		if r.bad[q.Start[0]] {
 			return &zarr.ChunkError{Array: q.Array.Path, Key: fmt.Sprintf("%s/%d.0.0", q.Array.Path, q.Start[0]), Err: codec.ErrCorrupt}
@@ -43,6 +43,7 @@ func (r indexReader) Read(ctx context.Context, reqs []zarr.Request) error {
 // fileBlobs fills every blob it is asked for into a file of its own (the
 // cache's part in the host path) and counts the opens.
 type fileBlobs struct {
+	fill  *fill.Filler
 	dir   string
 	mu    sync.Mutex
 	opens map[string]int
@@ -62,7 +63,7 @@ func (fb *fileBlobs) Open(ctx context.Context, lay *layout.Layout, b layout.Blob
 		return nil, "", err
 	}
 	os.Remove(f.Name())
-	if err := b.Fill(ctx, f); err != nil {
+	if err := fb.fill.Fill(ctx, lay, b, nil, f); err != nil {
 		f.Close()
 		return nil, "", err
 	}
@@ -93,13 +94,17 @@ func newTestServer(t *testing.T, bad map[int64]bool, fail func(string) bool, mem
 	f32 := zarr.DType{Kind: 'f', Size: 4}
 	arr := &zarr.Array{Path: "t", Shape: []int64{12, 4, 8}, Chunks: []int64{1, 4, 8}, DType: f32, Dims: []string{"time", "y", "x"}, MetaHash: "t"}
 	h := &zarr.Hierarchy{Arrays: []*zarr.Array{arr}, Groups: map[string]map[string]any{"": {}}}
-	lay, err := layout.Build(h, layout.Options{Reader: indexReader{bad: bad}})
+	lay, err := layout.Build(h, layout.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := &testServer{lay: lay, blobs: &fileBlobs{dir: t.TempDir(), opens: map[string]int{}}}
+	filler, err := fill.New(fill.Options{Reader: indexReader{bad: bad}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := &testServer{lay: lay, blobs: &fileBlobs{fill: filler, dir: t.TempDir(), opens: map[string]int{}}}
 	ts.s = &Server{Layout: func() *layout.Layout { return lay }, Blobs: ts.blobs, Memory: HostMemory{},
-		Device: HostFill{Decoder: codec.NewCPU(codec.Options{Workers: 1}), Fail: fail}}
+		Device: HostFill{Filler: filler, Decoder: must(codec.NewCPU(codec.Options{Workers: 1})), Fail: fail}}
 	if len(mem) > 0 {
 		ts.s.Memory = mem[0]
 	}
@@ -130,7 +135,7 @@ func (ts *testServer) want(t *testing.T, p string) []byte {
 	}
 	var buf bytes.Buffer
 	w := &bufWriter{b: &buf}
-	if err := e.Blob.Fill(context.Background(), w); err != nil {
+	if err := ts.blobs.fill.Fill(context.Background(), ts.lay, e.Blob, nil, w); err != nil {
 		t.Fatal(err)
 	}
 	return buf.Bytes()[len(e.Blob.Header()):]
@@ -385,4 +390,12 @@ func TestCUDAMemoryUnavailable(t *testing.T) {
 			t.Errorf("%+v: %+v", tc.req, rep)
 		}
 	}
+}
+
+// must is v, for options a test knows to be valid.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

@@ -37,9 +37,9 @@ func (c *countingStore) StatVersion(ctx context.Context, key string) (string, er
 	return c.Posix.StatVersion(ctx, key)
 }
 
-func (c *countingStore) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
+func (c *countingStore) GetVersion(ctx context.Context, key string, buf []byte, limit int64) ([]byte, string, error) {
 	c.reads.Add(1)
-	b, v, err := c.Posix.GetVersion(ctx, key, buf)
+	b, v, err := c.Posix.GetVersion(ctx, key, buf, limit)
 	if c.afterRead != nil {
 		c.afterRead(key)
 	}
@@ -106,7 +106,7 @@ func learnStore(t *testing.T) (string, *countingStore, *layout.Source, *cache.Ca
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { posix.Close() })
-	dec := codec.NewCPU(codec.Options{})
+	dec := must(codec.NewCPU(codec.Options{}))
 	t.Cleanup(func() { dec.Close() })
 	st := &countingStore{Posix: posix}
 	c, err := cache.Open(cache.Options{Dir: t.TempDir()})
@@ -146,11 +146,11 @@ func blobOf(t *testing.T, lay *layout.Layout, p string) layout.Blob {
 	return e.Blob
 }
 
-// openValues opens a blob through Cache(c) and returns its first value
-// and the identity it opened.
+// openValues opens a blob through a Filler on c and returns its first
+// value and the identity it opened.
 func openValues(t *testing.T, c *cache.Cache, lay *layout.Layout, b layout.Blob) (uint32, string) {
 	t.Helper()
-	h, id, err := Cache(c).Open(context.Background(), lay, b)
+	h, id, err := newFiller(t, Options{Cache: c}).Open(context.Background(), lay, b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,14 +248,12 @@ func TestFirstFillOfALocalStore(t *testing.T) {
 	lay := openLayout(t, src)
 	b := blobOf(t, lay, "t/3.npy")
 	st.take()
-	err := lay.DoLearning(context.Background(), b, func(_ context.Context, ident string, learn func() (string, error)) error {
-		if learn != nil || ident == "" {
-			t.Errorf("a local store's blob left to learn from its fill (identity %q)", ident)
-		}
-		return nil
-	})
+	p, err := plan(context.Background(), lay, b, true)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if p.Learn != nil || p.Ident == "" || p.Pin == nil {
+		t.Errorf("a local store's blob left to learn from its fill (identity %q)", p.Ident)
 	}
 	if stats, reads := st.take(); stats != 2 || reads != 0 {
 		t.Fatalf("the identity first: %d stats, %d reads; want the 2 chunks' stats", stats, reads)
@@ -309,24 +307,18 @@ func TestLearnRefusesANewListing(t *testing.T) {
 	lay := openLayout(t, src)
 	b := blobOf(t, lay, "t/2.npy")
 	a := lay.Hierarchy().Array("t")
-	calls := 0
-	var first error
-	err := lay.DoLearning(context.Background(), b, func(_ context.Context, ident string, learn func() (string, error)) error {
-		calls++
-		if learn == nil {
-			t.Fatalf("identity %q known before any read", ident)
-		}
-		if _, err := lay.Hierarchy().List(context.Background(), a, time.Now()); err != nil {
-			t.Fatal(err)
-		}
-		_, err := learn()
-		if first == nil {
-			first = err
-		}
-		return err
-	})
-	if !errors.Is(first, zarr.ErrChanged) || !errors.Is(err, zarr.ErrChanged) || calls != 2 {
-		t.Fatalf("learn after a new listing: %v (then %v, %d calls), want ErrChanged, tried twice", first, err, calls)
+	p, err := plan(context.Background(), lay, b, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Learn == nil {
+		t.Fatalf("identity %q known before any read", p.Ident)
+	}
+	if _, err := lay.Hierarchy().List(context.Background(), a, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Learn(); !errors.Is(err, zarr.ErrChanged) {
+		t.Fatalf("learn after a new listing: %v, want ErrChanged", err)
 	}
 }
 
@@ -401,7 +393,7 @@ func TestFirstFillAsksNoVersionHTTP(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer web.Close()
-	dec := codec.NewCPU(codec.Options{})
+	dec := must(codec.NewCPU(codec.Options{}))
 	defer dec.Close()
 	src := &layout.Source{Store: web, Zarr: zarr.Options{Decoder: dec}}
 	count := func() (heads, gets int64) {

@@ -148,7 +148,7 @@ func TestReadaheadPiecesOfOneSample(t *testing.T) {
 func smallLayout(t testing.TB) *layout.Layout {
 	t.Helper()
 	h := &zarr.Hierarchy{Arrays: smallArrays(), Groups: map[string]map[string]any{"": {}}}
-	l, err := layout.Build(h, layout.Options{Reader: &patternReader{}})
+	l, err := layout.Build(h, layout.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +169,7 @@ func blobAt(t testing.TB, l *layout.Layout, p string) layout.Blob {
 // opens, not bytes).
 type patternReader struct{}
 
-func (patternReader) Read(ctx context.Context, reqs []zarr.Request) error {
+func (patternReader) Read(ctx context.Context, _ *zarr.Pin, reqs []zarr.Request) error {
 	for _, q := range reqs {
 		for i := range q.Dst {
 			q.Dst[i] = byte(i)
@@ -177,8 +177,6 @@ func (patternReader) Read(ctx context.Context, reqs []zarr.Request) error {
 	}
 	return nil
 }
-
-var f32 = zarr.DType{Kind: 'f', Size: 4}
 
 func smallArrays() []*zarr.Array {
 	return []*zarr.Array{

@@ -2,13 +2,16 @@ package fill
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/layout"
+	"github.com/zarrfs/zarrfs/zarr"
 )
 
 // Todo returns the blobs of lay that c does not hold complete in their
@@ -47,13 +50,13 @@ type WarmOptions struct {
 	Compressed bool
 }
 
-// Warm fills every blob of blobs into c (those already there are opened
-// and closed again), runs of consecutive blobs that read the same source
+// Warm fills every blob of blobs (those already there are opened and
+// closed again), runs of consecutive blobs that read the same source
 // chunks by one worker in order, so that each chunk is decoded once (the
 // decoded-chunk cache carries it from one sample to the next). It stops
 // feeding work when ctx ends, and returns the number of blobs that failed
 // (each reported to Done) and ctx's error if it ended.
-func Warm(ctx context.Context, c *cache.Cache, lay *layout.Layout, blobs []layout.Blob, o WarmOptions) (failed int, err error) {
+func Warm(ctx context.Context, bl Blobs, lay *layout.Layout, blobs []layout.Blob, o WarmOptions) (failed int, err error) {
 	if o.Jobs < 0 {
 		return 0, fmt.Errorf("fill: %d jobs: want 0 (one per CPU) or more", o.Jobs)
 	}
@@ -74,7 +77,7 @@ func Warm(ctx context.Context, c *cache.Cache, lay *layout.Layout, blobs []layou
 					if o.Compressed {
 						warm = warmChunks
 					}
-					err := warm(ctx, c, lay, b)
+					err := warm(ctx, bl, lay, b)
 					if err != nil && ctx.Err() != nil {
 						return
 					}
@@ -105,8 +108,8 @@ feed:
 
 // warmOne fills one blob into the cache (if still absent or stale) and
 // releases it.
-func warmOne(ctx context.Context, c *cache.Cache, lay *layout.Layout, b layout.Blob) error {
-	h, _, err := Cache(c).Open(ctx, lay, b)
+func warmOne(ctx context.Context, bl Blobs, lay *layout.Layout, b layout.Blob) error {
+	h, _, err := bl.Open(ctx, lay, b)
 	if err != nil {
 		return err
 	}
@@ -116,11 +119,27 @@ func warmOne(ctx context.Context, c *cache.Cache, lay *layout.Layout, b layout.B
 // warmChunks reads and decodes the chunks of blob b, writing the decoded
 // bytes nowhere: the source cache keeps the compressed bytes of every
 // chunk that decoded (zarr.Options.SourceCache). A chunk the cache holds
-// already is read from it and checked again, not fetched.
-func warmChunks(ctx context.Context, _ *cache.Cache, lay *layout.Layout, b layout.Blob) error {
-	return lay.DoLearning(ctx, b, func(ctx context.Context, _ string, _ func() (string, error)) error {
-		return b.Fill(ctx, discard{})
-	})
+// already is read from it and checked again, not fetched. It is planned as
+// a blob the cache never held, and read once more after its arrays are
+// listed again when a chunk changed meanwhile, as Filler.Open does.
+func warmChunks(ctx context.Context, bl Blobs, lay *layout.Layout, b layout.Blob) error {
+	f, ok := bl.(*Filler)
+	if !ok {
+		return fmt.Errorf("fill: a warm of compressed chunks needs a Filler, not a %T", bl)
+	}
+	for attempt := 0; ; attempt++ {
+		began := time.Now()
+		p, err := plan(ctx, lay, b, true)
+		if err == nil {
+			err = f.Fill(ctx, lay, b, p.Pin, discard{})
+		}
+		if err == nil || attempt > 0 || !errors.Is(err, zarr.ErrChanged) {
+			return err
+		}
+		if rerr := lay.Relist(ctx, b, began); rerr != nil {
+			return errors.Join(err, rerr)
+		}
+	}
 }
 
 // discard is a blob's destination that keeps nothing.

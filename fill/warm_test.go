@@ -12,7 +12,7 @@ import (
 // one worker together, in order; a sample of other chunks starts a batch.
 func TestBatchesFollowChunks(t *testing.T) {
 	h := &zarr.Hierarchy{Arrays: smallArrays(), Groups: map[string]map[string]any{"": {}}}
-	l, err := layout.Build(h, layout.Options{Reader: &patternReader{}})
+	l, err := layout.Build(h, layout.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -270,7 +270,7 @@ func (l *leases) resolve(m *Mounted, b layout.Blob) error {
 // written reports whether a leased blob's file was written since it was
 // opened (cache.Handle.Changed: one fstat).
 func written(b fill.Backing) bool {
-	c, ok := b.(interface{ Changed() bool })
+	c, ok := b.(fill.Changer)
 	return ok && c.Changed()
 }
 

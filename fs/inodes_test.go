@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/zarrfs/zarrfs/cache"
-	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -30,7 +29,7 @@ func TestListingMemoryBounded(t *testing.T) {
 	requireFUSE(t)
 	const n = 50_000
 	arrays := []*zarr.Array{{Path: "x", Shape: []int64{n, 2}, Chunks: []int64{1000, 2}, DType: f32, Dims: []string{"time", "y"}, MetaHash: "x"}}
-	l, err := layout.Build(&zarr.Hierarchy{Arrays: arrays, Groups: map[string]map[string]any{"": {}}}, layout.Options{Reader: &patternReader{}})
+	l, err := layout.Build(&zarr.Hierarchy{Arrays: arrays, Groups: map[string]map[string]any{"": {}}}, layout.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +39,7 @@ func TestListingMemoryBounded(t *testing.T) {
 	}
 	defer c.Close()
 	dir := t.TempDir()
-	m, err := Mount(context.Background(), Options{Mountpoint: dir, Layout: l, Blobs: fill.Cache(c), Logger: slog.New(slog.DiscardHandler), MaxInodes: 2000})
+	m, err := Mount(context.Background(), Options{Mountpoint: dir, Layout: l, Blobs: testBlobs(t, c, &patternReader{}), Logger: slog.New(slog.DiscardHandler), MaxInodes: 2000})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/zarrfs/zarrfs/cache"
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/internal/syncbuf"
 	"github.com/zarrfs/zarrfs/internal/testenv"
@@ -35,7 +36,7 @@ type patternReader struct {
 	delay atomic.Int64 // nanoseconds each Read takes
 }
 
-func (r *patternReader) Read(ctx context.Context, reqs []zarr.Request) error {
+func (r *patternReader) Read(ctx context.Context, _ *zarr.Pin, reqs []zarr.Request) error {
 	r.reads.Add(1)
 	if d := time.Duration(r.delay.Load()); d > 0 {
 		select {
@@ -46,7 +47,7 @@ func (r *patternReader) Read(ctx context.Context, reqs []zarr.Request) error {
 	}
 	for _, q := range reqs {
 		if r.fail[q.Array.Path] {
-			return &zarr.ChunkError{Array: q.Array.Path, Key: q.Array.Path + "/c/0/0", Err: fmt.Errorf("%w: zstd: invalid frame", zarr.ErrCorrupt)}
+			return &zarr.ChunkError{Array: q.Array.Path, Key: q.Array.Path + "/c/0/0", Err: fmt.Errorf("%w: zstd: invalid frame", codec.ErrCorrupt)}
 		}
 		size := int64(q.Array.DType.Size)
 		n := int64(len(q.Dst)) / size
@@ -89,7 +90,7 @@ func mountArrays(t testing.TB, arrays []*zarr.Array, fail map[string]bool) *test
 	tm := &testMount{dir: t.TempDir(), r: &patternReader{fail: fail}, logs: &syncbuf.Buffer{}}
 	h := &zarr.Hierarchy{Arrays: arrays, Groups: map[string]map[string]any{"": {}}}
 	var err error
-	tm.l, err = layout.Build(h, layout.Options{Reader: tm.r})
+	tm.l, err = layout.Build(h, layout.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +100,7 @@ func mountArrays(t testing.TB, arrays []*zarr.Array, fail map[string]bool) *test
 	}
 	t.Cleanup(func() { tm.cache.Close() })
 	log := slog.New(slog.NewTextHandler(tm.logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	tm.m, err = Mount(context.Background(), Options{Mountpoint: tm.dir, Layout: tm.l, Blobs: fill.Cache(tm.cache), Logger: log})
+	tm.m, err = Mount(context.Background(), Options{Mountpoint: tm.dir, Layout: tm.l, Blobs: testBlobs(t, tm.cache, tm.r), Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +183,11 @@ func TestReadMatchesFill(t *testing.T) {
 			want = e.Data
 		} else {
 			w := &memWriter{}
-			if err := e.Blob.Fill(context.Background(), w); err != nil {
+			f, err := fill.New(fill.Options{Reader: tm.r})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Fill(context.Background(), tm.l, e.Blob, nil, w); err != nil {
 				t.Fatal(err)
 			}
 			want = w.b
@@ -352,4 +357,23 @@ func TestOpenSurvivesSignals(t *testing.T) {
 			}
 		}
 	}
+}
+
+// testBlobs fills blobs into c, reading with r (nil: each layout's
+// hierarchy).
+func testBlobs(t testing.TB, c *cache.Cache, r zarr.Reader) fill.Blobs {
+	t.Helper()
+	f, err := fill.New(fill.Options{Cache: c, Reader: r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// must is v, for options a test knows to be valid.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

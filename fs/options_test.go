@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/zarrfs/zarrfs/cache"
-	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -24,7 +23,7 @@ func TestNegativeOptionsRefused(t *testing.T) {
 	}
 	defer c.Close()
 	for _, o := range []Options{{Readahead: -1}, {MaxInodes: -5}} {
-		o.Mountpoint, o.Layout, o.Blobs = t.TempDir(), l, fill.Cache(c)
+		o.Mountpoint, o.Layout, o.Blobs = t.TempDir(), l, testBlobs(t, c, nil)
 		if m, err := Mount(context.Background(), o); err == nil || !strings.Contains(err.Error(), "want 0 (the default) or more") {
 			if m != nil {
 				m.Unmount(0)

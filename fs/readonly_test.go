@@ -15,7 +15,6 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/zarrfs/zarrfs/cache"
-	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -30,7 +29,7 @@ func unmountedNodes(t *testing.T) (map[string]gofs.InodeEmbedder, *patternReader
 	t.Helper()
 	r := &patternReader{}
 	h := &zarr.Hierarchy{Arrays: smallArrays(), Groups: map[string]map[string]any{"": {}}}
-	l, err := layout.Build(h, layout.Options{Reader: r})
+	l, err := layout.Build(h, layout.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +38,7 @@ func unmountedNodes(t *testing.T) (map[string]gofs.InodeEmbedder, *patternReader
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	m := &Mounted{opts: Options{Layout: l, Blobs: fill.Cache(c)}, log: slog.New(slog.DiscardHandler), reported: map[string]bool{}, life: context.Background()}
+	m := &Mounted{opts: Options{Layout: l, Blobs: testBlobs(t, c, r)}, log: slog.New(slog.DiscardHandler), reported: map[string]bool{}, life: context.Background()}
 	m.lay.Store(l)
 	m.leases = newLeases(time.Minute, m.log)
 	t.Cleanup(m.leases.close)

@@ -14,7 +14,6 @@ import (
 
 	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/codec"
-	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
@@ -76,7 +75,7 @@ func TestRefreshFollowsTheStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	dec := codec.NewCPU(codec.Options{})
+	dec := must(codec.NewCPU(codec.Options{}))
 	defer dec.Close()
 	src := &layout.Source{Store: st, Zarr: zarr.Options{Stats: &zarr.Stats{}, Decoder: dec}}
 	lay, err := src.Open(context.Background())
@@ -89,7 +88,7 @@ func TestRefreshFollowsTheStore(t *testing.T) {
 	}
 	defer c.Close()
 	mnt := t.TempDir()
-	m, err := Mount(context.Background(), Options{Mountpoint: mnt, Layout: lay, Blobs: fill.Cache(c),
+	m, err := Mount(context.Background(), Options{Mountpoint: mnt, Layout: lay, Blobs: testBlobs(t, c, nil),
 		Refresh: src.Reopen, RefreshEvery: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -184,7 +183,7 @@ func TestUnmountEndsAHungRefresh(t *testing.T) {
 		ended <- ctx.Err()
 		return nil, ctx.Err()
 	}
-	m, err := Mount(context.Background(), Options{Mountpoint: t.TempDir(), Layout: l, Blobs: fill.Cache(c),
+	m, err := Mount(context.Background(), Options{Mountpoint: t.TempDir(), Layout: l, Blobs: testBlobs(t, c, nil),
 		Refresh: hung, RefreshEvery: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

@@ -17,7 +17,9 @@ import (
 func growth(need int64) int64 { return alignUp(need+need/4, 1<<20) }
 
 // ErrBudget is wrapped when a round would take more device or staging
-// memory than Options allow; its jobs decode on the CPU.
+// memory than Options allow (its jobs decode on the CPU), and when the
+// memory given for GPU decoding is too small for any round (package
+// decode refuses its options).
 var ErrBudget = errors.New("gpu: over the memory budget")
 
 // budgeted returns the size to allocate for need bytes, given used bytes

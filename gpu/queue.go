@@ -14,6 +14,9 @@ import (
 	"github.com/zarrfs/zarrfs/codec"
 )
 
+// errClosed is DecodeBatch's error after Close.
+var errClosed = fmt.Errorf("gpu: %w", codec.ErrClosed)
+
 // This file merges the batches of concurrent callers. A sample of a view is
 // one DecodeBatch of a few chunks (20 channels: 20 chunks), and nvCOMP needs
 // many chunks at once to fill a GPU; so callers do not take turns on the
@@ -24,9 +27,6 @@ import (
 //
 // The device half sits behind the device interface, so that the queueing is
 // tested without a GPU (queue_test.go).
-
-// ErrClosed is returned by DecodeBatch after Close.
-var ErrClosed = errors.New("gpu: decoder is closed")
 
 // device decodes rounds. prepare and start run on the submitter's
 // goroutine, collect and finishDirect on the completer's, each locked to
@@ -315,7 +315,7 @@ func (d *Decoder) enqueue(q *request) error {
 	d.qmu.Lock()
 	if d.closing {
 		d.qmu.Unlock()
-		return ErrClosed
+		return errClosed
 	}
 	// Under qmu: the watchdog sets the error before it takes the live
 	// requests, so a request is either refused here or released there.
@@ -391,7 +391,7 @@ func (d *Decoder) submitLoop() {
 		d.runRound(r)
 	}
 	// Close: jobs not yet on the device fail; rounds in flight finish.
-	d.settle(d.roundOf(pending), nil, nil, ErrClosed)
+	d.settle(d.roundOf(pending), nil, nil, errClosed)
 	for range d.opts.Streams {
 		<-d.free
 	}

@@ -615,7 +615,7 @@ func TestQueueClose(t *testing.T) {
 	for i, c := range first {
 		c.check(t, fmt.Sprintf("round in flight at Close %d", i))
 	}
-	if err := <-w.err; !errors.Is(err, ErrClosed) {
+	if err := <-w.err; !errors.Is(err, codec.ErrClosed) {
 		t.Fatalf("caller queued at Close: %v", err)
 	}
 	for k, j := range w.jobs {
@@ -624,7 +624,7 @@ func TestQueueClose(t *testing.T) {
 		}
 	}
 	late := newCaller(2, 1, 0)
-	if err := d.DecodeBatch(context.Background(), late.jobs); !errors.Is(err, ErrClosed) || !errors.Is(late.jobs[0].Err, codec.ErrUnsupported) {
+	if err := d.DecodeBatch(context.Background(), late.jobs); !errors.Is(err, codec.ErrClosed) || !errors.Is(late.jobs[0].Err, codec.ErrUnsupported) {
 		t.Fatalf("DecodeBatch after Close: %v, job: %v", err, late.jobs[0].Err)
 	}
 	d.Close() // idempotent

@@ -154,7 +154,7 @@ func TestThroughputSummary(t *testing.T) {
 	t0 := time.Now()
 	loads := era5Workloads(n)
 	t.Logf("generated %d chunks of %dx%d float32 per codec in %v", n, era5Y, era5X, time.Since(t0).Round(time.Millisecond))
-	cpu := codec.NewCPU(codec.Options{Workers: ncpu})
+	cpu := must(codec.NewCPU(codec.Options{Workers: ncpu}))
 	defer cpu.Close()
 	ctx := context.Background()
 	gbs := func(b int64, dt time.Duration) float64 { return float64(b) / dt.Seconds() / 1e9 }
@@ -566,4 +566,12 @@ func deflateRows(t *testing.T, n int, cpu *codec.CPU) []string {
 	lines = append(lines, fmt.Sprintf("deflate verdict: worst pinned GPU / cpu%d = %.2f: %s (on takes 1.00 or more on every row). sum1: the host's checksum alone on one goroutine.",
 		ncpu, worst, verdict))
 	return lines
+}
+
+// must is v, for options a test knows to be valid.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

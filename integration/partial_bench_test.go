@@ -18,7 +18,7 @@ import (
 // and the U-Net-like one (4 of 37) of the full-size ARCO-ERA5-like replica
 // with `zarrfs warm --only VIEW` from fake-gcs-server (in this process,
 // objects in memory), reading part of each pressure-level chunk (the
-// default) and, as the peer, every chunk whole (ZARRFS_WHOLE_CHUNKS=1),
+// default) and, as the peer, every chunk whole (--whole-chunks),
 // alternating which goes first. Metrics per view: the bytes the server
 // sent (its response bodies) and warm's own fill time, partial over whole.
 // $ZARRFS_BENCH_REPLICA names a replica make_replica.py already wrote
@@ -39,14 +39,13 @@ func BenchmarkPartialChunks(b *testing.B) {
 			spec := filepath.Join(repoRoot(b), "integration", "replica", view+".yaml")
 			for k := range 2 {
 				whole := (n+k)%2 == 1
+				args := []string{"--gcs-endpoint", gcs.URL, "--gcs-anonymous", "--view", spec, "--only", view}
 				if whole {
-					b.Setenv("ZARRFS_WHOLE_CHUNKS", "1")
-				} else {
-					b.Setenv("ZARRFS_WHOLE_CHUNKS", "")
+					args = append(args, "--whole-chunks")
 				}
 				i := map[bool]int{false: 0, true: 1}[whole]
 				before := gcs.Counts().Bytes.Load()
-				_, f, nf := warmFill(b, src, "--gcs-endpoint", gcs.URL, "--gcs-anonymous", "--view", spec, "--only", view)
+				_, f, nf := warmFill(b, src, args...)
 				res[v].bytes[i] += gcs.Counts().Bytes.Load() - before
 				res[v].fill[i] += f
 				res[v].files[i] = nf

@@ -14,7 +14,7 @@ func TestGroupAttributes(t *testing.T) {
 	h := testHierarchy()
 	h.Groups[""] = map[string]any{"title": "ERA5 <subset>", "version": json.Number("2")}
 	h.Groups["sub"] = map[string]any{"level": "surface"}
-	l, _ := build(t, h, Options{})
+	l := build(t, h, Options{})
 	for p, want := range map[string]map[string]any{
 		".zattrs":       {"title": "ERA5 <subset>", "version": float64(2)},
 		"sub/.zattrs":   {"level": "surface"},

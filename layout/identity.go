@@ -19,13 +19,14 @@ import (
 // for a chunk the listing lacks, read as the fill value). The first call
 // for a blob of an array not listed yet lists it (zarr.Hierarchy.List);
 // after that it costs no I/O, but for the versions a lazy listing has not
-// learnt yet, which it asks (one request or stat per chunk: DoLearning
+// learnt yet, which it asks (one request or stat per chunk: package fill
 // avoids the requests for a blob of a remote store not cached). Arrays of
 // a store that cannot tell versions contribute their Inputs only. The
 // chunks are walked one at a time: nothing is held per chunk.
 //
-// Fills agree with the identity: Do fills under a zarr.Pin of the listings
-// and versions the identity was computed from, and a Read under it checks
+// Fills agree with the identity: a fill reads under the zarr.Pin of the
+// listings and versions the identity was computed from (Pinned), and a
+// Read under it checks
 // every chunk against them (zarr.ErrChanged otherwise), so a blob recorded
 // under an identity holds the bytes of exactly those chunks. A chunk
 // rewritten in place changes its version, hence the identity of every
@@ -48,17 +49,18 @@ func (l *Layout) KnownIdentity(b Blob) (string, bool) {
 	return id, err == nil
 }
 
-var (
-	errNotListed = errors.New("not listed")
-	errUnlearnt  = errors.New("a chunk version not learnt yet")
-)
+var errNotListed = errors.New("not listed")
 
-// learnt is Listing.Version without I/O: errUnlearnt for a key a lazy
+// ErrUnlearnt is Pinned's error (wrapped) for a blob whose identity names
+// a chunk version its array's lazy listing has not learnt yet.
+var ErrUnlearnt = errors.New("a chunk version not learnt yet")
+
+// learnt is Listing.Version without I/O: ErrUnlearnt for a key a lazy
 // listing has not learnt.
 func learnt(lst *zarr.Listing, key string) (string, bool, error) {
 	v, ok, known := lst.Known(key)
 	if !known {
-		return "", false, errUnlearnt
+		return "", false, ErrUnlearnt
 	}
 	return v, ok, nil
 }
@@ -135,106 +137,59 @@ func (l *Layout) listing(ctx context.Context, a *zarr.Array) (*zarr.Listing, err
 	return lst, err
 }
 
-// Do calls fn with b's identity, and a context carrying the zarr.Pin of
-// the versions it was computed from for b's fill to read under (Fill with
-// that context reads exactly those versions, or fails with
-// zarr.ErrChanged). When fn fails with zarr.ErrChanged (a chunk b reads
-// changed after its array was listed, or after the identity was taken),
-// Do lists b's arrays again and calls fn once more with the new identity:
-// the fill then reads the new chunks and the blob is recorded under the
-// identity they give.
-func (l *Layout) Do(ctx context.Context, b Blob, fn func(ctx context.Context, identity string) error) error {
-	return l.retryChanged(ctx, b, func() error {
-		ident, pin, err := l.identity(b, true, func(a *zarr.Array) (*zarr.Listing, error) { return l.listing(ctx, a) }, (*zarr.Listing).Version)
+// Listings returns the listing of every array b reads whose store tells
+// versions, listing first each one not listed yet (one listing per array,
+// as a fill reads it).
+func (l *Layout) Listings(ctx context.Context, b Blob) (map[*zarr.Array]*zarr.Listing, error) {
+	listings := map[*zarr.Array]*zarr.Listing{}
+	for _, src := range b.Sources() {
+		a := src.Array
+		if a == nil || !a.Versioned() || listings[a] != nil {
+			continue
+		}
+		lst, err := l.listing(ctx, a)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		return fn(zarr.WithPin(ctx, pin), ident)
-	})
+		listings[a] = lst
+	}
+	return listings, nil
 }
 
-// DoLearning is Do for a blob the cache does not hold: where naming b's
-// identity first would ask the store for versions that its arrays' lazy
-// listings have not learnt (GCS arrays of many chunks, HTTP: one request
-// per chunk), fn gets ident "" and learn, and must fill b and then call
-// learn, which names the identity from the versions the fill's own
-// responses carried (each read checks and records its version in the
-// listing, see zarr.Listing). A first read then costs the reads of its
-// chunks and nothing else, and the blob is recorded under exactly the
-// versions its bytes came from. learn fails with zarr.ErrChanged when an
-// array b reads was listed again during the fill (its reads may have
-// followed either listing).
-//
-// Where the identity costs no request (listed arrays, versions learnt
-// already), fn gets it, with a context pinning its versions, and learn is
-// nil, as from Do. So it does where any array b reads has a Bounded
-// listing (a local store): such a listing may forget what a fill's reads
-// taught it, and asking it again after the fill could name a chunk
-// rewritten meanwhile under its new version with the old bytes; its stats
-// cost microseconds, so the identity is taken first. An array not listed
-// yet is listed first where the store lists (S3: one listing per array).
-// ErrChanged runs fn once more after listing again, as Do does.
-func (l *Layout) DoLearning(ctx context.Context, b Blob, fn func(ctx context.Context, ident string, learn func() (string, error)) error) error {
-	return l.retryChanged(ctx, b, func() error {
-		listings := map[*zarr.Array]*zarr.Listing{}
-		bounded := false
-		for _, src := range b.Sources() {
-			a := src.Array
-			if a == nil || !a.Versioned() || listings[a] != nil {
-				continue
-			}
-			lst, err := l.listing(ctx, a)
-			if err != nil {
-				return err
-			}
-			listings[a] = lst
-			bounded = bounded || lst.Bounded()
-		}
-		of := func(a *zarr.Array) (*zarr.Listing, error) { return listings[a], nil }
-		version := learnt
-		if bounded {
-			version = (*zarr.Listing).Version
-		}
-		ident, pin, err := l.identity(b, true, of, version)
-		switch {
-		case err == nil:
-			return fn(zarr.WithPin(ctx, pin), ident, nil)
-		case !errors.Is(err, errUnlearnt):
-			return err
-		}
-		return fn(ctx, "", func() (string, error) {
-			for a, lst := range listings {
-				// Listings are replaced, never reused: the same one now
-				// as before the fill was the one throughout it.
-				if a.Listing() != lst {
-					return "", fmt.Errorf("%w: array %q listed again while %s filled", zarr.ErrChanged, a.Path, b.Path())
-				}
-			}
-			// Every chunk the fill read is learnt; one it did not read
-			// (none, but for a store's surprise) is asked.
-			id, _, err := l.identity(b, false, of, (*zarr.Listing).Version)
-			return id, err
-		})
-	})
+// Pinned returns b's identity computed from listings (Listings), and the
+// zarr.Pin of the listings and versions it names, which a fill reads
+// under so that its bytes are those of exactly these versions. With
+// learntOnly, a version a lazy listing has not learnt is not asked: the
+// error wraps ErrUnlearnt instead.
+func (l *Layout) Pinned(b Blob, listings map[*zarr.Array]*zarr.Listing, learntOnly bool) (string, *zarr.Pin, error) {
+	version := (*zarr.Listing).Version
+	if learntOnly {
+		version = learnt
+	}
+	return l.identity(b, true, given(b, listings), version)
 }
 
-// retryChanged runs fn, and once more after listing b's arrays again when
-// it fails with zarr.ErrChanged.
-func (l *Layout) retryChanged(ctx context.Context, b Blob, fn func() error) error {
-	for attempt := 0; ; attempt++ {
-		began := time.Now()
-		err := fn()
-		if attempt > 0 || !errors.Is(err, zarr.ErrChanged) {
-			return err
+// IdentityFrom is Pinned's identity without the pin: what a fill that
+// learnt its chunks' versions is recorded under.
+func (l *Layout) IdentityFrom(b Blob, listings map[*zarr.Array]*zarr.Listing) (string, error) {
+	id, _, err := l.identity(b, false, given(b, listings), (*zarr.Listing).Version)
+	return id, err
+}
+
+// given looks an array's listing up in listings (Listings).
+func given(b Blob, listings map[*zarr.Array]*zarr.Listing) func(*zarr.Array) (*zarr.Listing, error) {
+	return func(a *zarr.Array) (*zarr.Listing, error) {
+		if lst := listings[a]; lst != nil {
+			return lst, nil
 		}
-		if rerr := l.relist(ctx, b, began); rerr != nil {
-			return errors.Join(err, rerr)
-		}
+		return nil, fmt.Errorf("layout: array %q of %s not in the listings given", a.Path, b.Path())
 	}
 }
 
-// relist lists again every array b reads whose listing began before t.
-func (l *Layout) relist(ctx context.Context, b Blob, t time.Time) error {
+// Relist lists again every array b reads whose listing began before t
+// (after a fill failed with zarr.ErrChanged: a chunk changed after its
+// array was listed).
+func (l *Layout) Relist(ctx context.Context, b Blob, t time.Time) error {
 	seen := map[*zarr.Array]bool{}
 	for _, src := range b.Sources() {
 		a := src.Array

@@ -1,13 +1,15 @@
 // Package layout computes the virtual tree a zarrfs mount presents: which
 // directories and files exist, their exact sizes, the NPY header of every
 // blob, the sidecar JSON of every array, and for each blob the source regions
-// it needs and how to fill it. It knows nothing of FUSE or of the cache, so
-// the mount, `zarrfs warm`, `zarrfs inspect` and tests share it.
+// it is made from and its identity. It is data: it knows nothing of FUSE or
+// of the cache, and making a blob's bytes is package fill's, so the mount,
+// `zarrfs warm`, `zarrfs inspect` and tests share it.
 //
 // A Layout is built once from an opened zarr.Hierarchy and is immutable
 // afterwards: every method is safe for concurrent use. Nothing here decodes
-// data except Blob.Fill; names, sizes and headers come from metadata alone,
-// so listing a directory of 100,000 samples costs no I/O.
+// data (but the coordinates a view binds by value); names, sizes and
+// headers come from metadata alone, so listing a directory of 100,000
+// samples costs no I/O.
 //
 // # Identity
 //
@@ -26,25 +28,21 @@
 // a warm blob costs no request within a listing: the listing is made once
 // per array and Hierarchy (a mount makes a new one every --metadata-ttl),
 // lazily where the store asks one version cheaper than it lists, and fills
-// verify the versions they read against it (Layout.Do), or teach it the
-// versions of a blob filled before its identity is asked
-// (Layout.DoLearning).
+// verify the versions they read against it (the zarr.Pin Layout.Pinned
+// gives), or teach it the versions of a blob filled before its identity is
+// asked (package fill).
 package layout
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"path"
 	"sort"
 	"strconv"
 	"strings"
 
-	"github.com/zarrfs/zarrfs/codec"
-	"github.com/zarrfs/zarrfs/internal/memory"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -61,13 +59,6 @@ const layoutVersion = "zarrfs-layout-2"
 // ErrInvalidOption is returned (wrapped) for an Options value Build refuses.
 var ErrInvalidOption = errors.New("invalid layout option")
 
-// Reader reads regions of arrays, filling every Request's Dst with C-order
-// little-endian bytes; *zarr.Hierarchy implements it. It is an interface so
-// that tests and decorators (metrics, fault injection) can stand in.
-type Reader interface {
-	Read(ctx context.Context, reqs []zarr.Request) error
-}
-
 // Options configure Build. The zero value means the defaults.
 type Options struct {
 	// SampleDim names the dimension whose indices become one file each, or
@@ -78,30 +69,12 @@ type Options struct {
 	// Align is the offset where data starts in every blob: a multiple of
 	// 64 from MinAlign to MaxAlign. Zero means 4096.
 	Align int64
-	// Reader reads the source. Nil means the Hierarchy itself.
-	Reader Reader
-	// SlabBytes bounds the memory one Fill holds at a time: a larger blob is
-	// read in slabs cut at chunk boundaries, so each chunk is still decoded
-	// once. Zero means 64 MiB.
-	SlabBytes int64
-	// MemoryBudget bounds the memory all fills of the layout hold at once:
-	// a fill acquires what its buffers and its reads will hold (sized by
-	// the store's metadata) before it allocates, waiting while others hold
-	// the budget, and fails with an error wrapping memory.ErrExceeded when
-	// it needs more than the whole budget even in pieces. Nil means no
-	// bound.
-	MemoryBudget *memory.Budget
 
 	// Views are the stacked views (docs/design.md §5) to add, bound to the
 	// same hierarchy with Bind or BindViews. Each adds MOUNT/NAME/ and
 	// MOUNT/NAME.json, and its definition goes into the layout ID. Nil
 	// means none.
 	Views []*View
-
-	// memory lends the buffers fills decode into, when the Reader lends
-	// memory (a zarr.Hierarchy whose decoder is the GPU's: it writes its
-	// pinned memory without a copy); nil means ordinary memory.
-	memory codec.HostMemory
 
 	// Shard makes every sample directory (arrays and views) list only the
 	// samples one rank reads, under their global names, and the sidecars
@@ -133,44 +106,10 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Align > MaxAlign {
 		return o, fmt.Errorf("%w: align %d exceeds %d, the largest whose npy header numpy.load accepts", ErrInvalidOption, o.Align, MaxAlign)
 	}
-	if o.SlabBytes < 0 {
-		return o, fmt.Errorf("%w: slab bytes %d: want 0 (64 MiB) or more", ErrInvalidOption, o.SlabBytes)
-	}
-	if o.SlabBytes == 0 {
-		o.SlabBytes = 64 << 20
-	}
 	if o.Shard.World < 0 || o.Shard.Rank < 0 || (o.Shard.World > 0 && o.Shard.Rank >= o.Shard.World) || (o.Shard.World == 0 && o.Shard.Rank != 0) {
 		return o, fmt.Errorf("%w: rank %d of world %d: want 0 <= rank < world", ErrInvalidOption, o.Shard.Rank, o.Shard.World)
 	}
 	return o, nil
-}
-
-// pieceBytes bounds the buffer one piece of a fill reads into.
-func (o Options) pieceBytes() int64 {
-	n := o.SlabBytes
-	if t := o.MemoryBudget.Total(); t > 0 {
-		n = min(n, max(t/4, 1))
-	}
-	return n
-}
-
-// pieceCost bounds a piece's buffer and the memory its read holds, where
-// the chunk grid lets a cut reach it.
-func (o Options) pieceCost() int64 {
-	n := 4 * o.SlabBytes
-	if t := o.MemoryBudget.Total(); t > 0 {
-		n = min(n, max(t/2, 1))
-	}
-	return n
-}
-
-// acquire takes n bytes of the memory budget for what.
-func (o Options) acquire(ctx context.Context, n int64, what string) (func(), error) {
-	release, err := o.MemoryBudget.Acquire(ctx, n)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
-	}
-	return release, nil
 }
 
 // Skipped is an array left out of the layout and why.
@@ -243,12 +182,12 @@ func (e Entry) Size() int64 {
 	return 0
 }
 
-// Blob is one .npy file whose bytes are computed from the source.
-//
-// This is the seam for views (docs/design.md §5): a view's sample (channels
-// stacked from several arrays with selections and a dtype cast) is another
-// Blob implementation, listing one Source per channel and assembling them in
-// Fill. The FUSE layer, the cache and warm see only this interface.
+// Blob is one .npy file whose bytes are computed from the source: a
+// *RegionBlob (a sample of an array, or a whole array) or a *ViewBlob (a
+// sample of a view, docs/design.md §5: channels stacked from several arrays
+// with selections and a dtype cast). It says what the file is made from;
+// package fill makes its bytes. The FUSE layer and the cache see only this
+// interface.
 type Blob interface {
 	// Path is the file's path in the mount ("t/07.npy"); it is also the
 	// cache key within the layout.
@@ -267,10 +206,6 @@ type Blob interface {
 	// the view's definition, the region, Align. Layout.Identity adds the
 	// chunks' identities.
 	Inputs() string
-	// Fill writes the whole file (header, then data at Align) to w. Every
-	// chunk it needs is decoded once. On error, w holds garbage the caller
-	// must discard.
-	Fill(ctx context.Context, w io.WriterAt) error
 }
 
 // Dir is a directory of the tree. A sample directory computes its entries
@@ -421,16 +356,6 @@ func Build(h *zarr.Hierarchy, opts Options) (*Layout, error) {
 	}
 	if strings.Contains(o.SampleDim, ",") {
 		o.SampleDim, _ = ChooseSampleDim(h, o.SampleDim)
-	}
-	if o.Reader == nil {
-		r, ok := any(h).(Reader)
-		if !ok {
-			return nil, fmt.Errorf("%w: no Reader for the hierarchy", ErrInvalidOption)
-		}
-		o.Reader = r
-	}
-	if m, ok := o.Reader.(interface{ Memory() codec.HostMemory }); ok {
-		o.memory = m.Memory()
 	}
 	sourceID, identity := "", ""
 	if h.Store != nil {
@@ -735,19 +660,19 @@ func (s *sampleSet) entry(i int64) Entry {
 	count := append([]int64(nil), s.arr.Shape...)
 	start[s.axis] = i
 	count[s.axis] = 1
-	return Entry{Name: name, Kind: KindBlob, Blob: &regionBlob{
-		opts: s.opts, arr: s.arr, path: s.dir + "/" + name, dataHash: s.dataHash,
+	return Entry{Name: name, Kind: KindBlob, Blob: &RegionBlob{
+		align: s.opts.Align, arr: s.arr, path: s.dir + "/" + name, dataHash: s.dataHash,
 		header: s.header, size: s.size, start: start, count: count,
 	}}
 }
 
-func newWholeBlob(o Options, a *zarr.Array, p string) (*regionBlob, error) {
+func newWholeBlob(o Options, a *zarr.Array, p string) (*RegionBlob, error) {
 	hdr, err := NPYHeader(a.DType.NumpyLE(), a.Shape, o.Align)
 	if err != nil {
 		return nil, err
 	}
-	return &regionBlob{
-		opts: o, arr: a, path: p, header: hdr, dataHash: a.DataHash(-1),
+	return &RegionBlob{
+		align: o.Align, arr: a, path: p, header: hdr, dataHash: a.DataHash(-1),
 		size:  o.Align + prod(a.Shape)*int64(a.DType.Size),
 		start: make([]int64, len(a.Shape)), count: append([]int64(nil), a.Shape...),
 	}, nil

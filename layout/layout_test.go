@@ -3,79 +3,15 @@ package layout
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/zarrfs/zarrfs/zarr"
 )
-
-// indexReader fills every element with its linear index in the whole array
-// (as the array's integer or float type), and records the requests.
-type indexReader struct {
-	mu   sync.Mutex
-	reqs []zarr.Request
-	err  error
-}
-
-func (r *indexReader) Read(ctx context.Context, reqs []zarr.Request) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.err != nil {
-		return r.err
-	}
-	for _, q := range reqs {
-		r.reqs = append(r.reqs, zarr.Request{Array: q.Array, Start: append([]int64(nil), q.Start...), Count: append([]int64(nil), q.Count...)})
-		fillIndex(q)
-	}
-	return nil
-}
-
-func fillIndex(q zarr.Request) {
-	a := q.Array
-	n := prod(q.Count)
-	if int64(len(q.Dst)) != n*int64(a.DType.Size) {
-		panic(fmt.Sprintf("dst %d bytes for count %v", len(q.Dst), q.Count))
-	}
-	idx := make([]int64, len(q.Count))
-	for e := int64(0); e < n; e++ {
-		// Global linear index of element e of the region.
-		rem, lin := e, int64(0)
-		for d := len(q.Count) - 1; d >= 0; d-- {
-			idx[d] = rem % q.Count[d]
-			rem /= q.Count[d]
-		}
-		for d := range q.Count {
-			lin = lin*a.Shape[d] + q.Start[d] + idx[d]
-		}
-		putValue(q.Dst[e*int64(a.DType.Size):], a.DType, lin)
-	}
-}
-
-func putValue(b []byte, d zarr.DType, v int64) {
-	switch {
-	case d.Kind == 'f' && d.Size == 4:
-		binary.LittleEndian.PutUint32(b, mathFloat32bits(float32(v)))
-	case d.Kind == 'f' && d.Size == 8:
-		binary.LittleEndian.PutUint64(b, mathFloat64bits(float64(v)))
-	case d.Size == 1:
-		b[0] = byte(v)
-	case d.Size == 2:
-		binary.LittleEndian.PutUint16(b, uint16(v))
-	case d.Size == 4:
-		binary.LittleEndian.PutUint32(b, uint32(v))
-	case d.Size == 8:
-		binary.LittleEndian.PutUint64(b, uint64(v))
-	}
-}
 
 var (
 	f32 = zarr.DType{Kind: 'f', Size: 4}
@@ -93,6 +29,7 @@ func (s fakeStore) GetRange(context.Context, string, int64, int64) ([]byte, erro
 }
 func (s fakeStore) List(context.Context, string) ([]string, error) { return nil, nil }
 func (s fakeStore) ID() string                                     { return s.id }
+func (fakeStore) Close() error                                     { return nil }
 
 func testHierarchy() *zarr.Hierarchy {
 	return &zarr.Hierarchy{
@@ -111,15 +48,13 @@ func testHierarchy() *zarr.Hierarchy {
 	}
 }
 
-func build(t *testing.T, h *zarr.Hierarchy, o Options) (*Layout, *indexReader) {
+func build(t *testing.T, h *zarr.Hierarchy, o Options) *Layout {
 	t.Helper()
-	r := &indexReader{}
-	o.Reader = r
 	l, err := Build(h, o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return l, r
+	return l
 }
 
 func names(d *Dir) []string {
@@ -131,7 +66,7 @@ func names(d *Dir) []string {
 }
 
 func TestTree(t *testing.T) {
-	l, _ := build(t, testHierarchy(), Options{})
+	l := build(t, testHierarchy(), Options{})
 	if got, want := names(l.Root()), []string{"empty", "lsm.json", "lsm.npy", "one", "one.json", "scalar.json", "scalar.npy", "sub", "t", "t.json", "time.json", "time.npy"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("root = %q, want %q", got, want)
 	}
@@ -220,7 +155,7 @@ func TestSampleNames(t *testing.T) {
 		{100000, "00000.npy", "99999.npy"},
 	} {
 		h := &zarr.Hierarchy{Store: fakeStore{"x"}, Arrays: []*zarr.Array{{Path: "a", Shape: []int64{tt.n, 2}, Chunks: []int64{1, 2}, DType: f32, Dims: []string{"time", "x"}}}}
-		l, _ := build(t, h, Options{})
+		l := build(t, h, Options{})
 		e, _ := l.Lookup("a")
 		d := e.Dir
 		if d.Len() != int(tt.n) || d.Entry(0).Name != tt.first || d.Entry(d.Len()-1).Name != tt.last {
@@ -238,7 +173,7 @@ func TestOptions(t *testing.T) {
 		align int64
 		ok    bool
 	}{{0, true}, {128, true}, {4096, true}, {8192, true}, {MaxAlign, true}, {MaxAlign + 64, false}, {64, false}, {100, false}, {-64, false}, {32, false}} {
-		_, err := Build(h, Options{Align: tt.align, Reader: &indexReader{}})
+		_, err := Build(h, Options{Align: tt.align})
 		if (err == nil) != tt.ok {
 			t.Errorf("align %d: err %v", tt.align, err)
 		}
@@ -247,7 +182,7 @@ func TestOptions(t *testing.T) {
 		}
 	}
 	// Other sample dim: "latitude" turns lsm into a sample directory.
-	l, _ := build(t, h, Options{SampleDim: "latitude"})
+	l := build(t, h, Options{SampleDim: "latitude"})
 	if e, ok := l.Lookup("lsm/15.npy"); !ok || e.Size() != 4096+24 {
 		t.Errorf("lsm/15.npy with sample dim latitude: %v %d", ok, e.Size())
 	}
@@ -260,8 +195,8 @@ func TestOptions(t *testing.T) {
 // --sample-dim only; a blob's identity on its array's metadata, less the
 // sample dimension's length.
 func TestLayoutID(t *testing.T) {
-	base, _ := build(t, testHierarchy(), Options{})
-	same, _ := build(t, testHierarchy(), Options{Align: 4096, SampleDim: "time"})
+	base := build(t, testHierarchy(), Options{})
+	same := build(t, testHierarchy(), Options{Align: 4096, SampleDim: "time"})
 	if base.ID != same.ID || len(base.ID) != 32 {
 		t.Fatalf("ids %q %q", base.ID, same.ID)
 	}
@@ -270,15 +205,15 @@ func TestLayoutID(t *testing.T) {
 	other := testHierarchy()
 	other.Store = fakeStore{"file:///data/other.zarr"}
 	for name, l := range map[string]*Layout{
-		"align":      must(build(t, testHierarchy(), Options{Align: 128})),
-		"sample dim": must(build(t, testHierarchy(), Options{SampleDim: "level"})),
-		"source":     must(build(t, other, Options{})),
+		"align":      build(t, testHierarchy(), Options{Align: 128}),
+		"sample dim": build(t, testHierarchy(), Options{SampleDim: "level"}),
+		"source":     build(t, other, Options{}),
 	} {
 		if l.ID == base.ID {
 			t.Errorf("%s change keeps layout id", name)
 		}
 	}
-	meta := must(build(t, changed, Options{}))
+	meta := build(t, changed, Options{})
 	if meta.ID != base.ID {
 		t.Error("a metadata change moved the layout")
 	}
@@ -300,14 +235,14 @@ func TestLayoutID(t *testing.T) {
 	if ident(meta, "sub/sp/03.npy") != ident(base, "sub/sp/03.npy") || ident(meta, "time.npy") != ident(base, "time.npy") {
 		t.Error("t's metadata changed and other arrays' blobs changed identity")
 	}
-	if ident(base, "t/03.npy") == ident(base, "t/04.npy") || ident(must(build(t, testHierarchy(), Options{Align: 128})), "t/03.npy") == ident(base, "t/03.npy") {
+	if ident(base, "t/03.npy") == ident(base, "t/04.npy") || ident(build(t, testHierarchy(), Options{Align: 128}), "t/03.npy") == ident(base, "t/03.npy") {
 		t.Error("identity ignores the sample or the alignment")
 	}
 	// Growing along time keeps the samples' identities, not the whole
 	// time coordinate's.
 	grown := testHierarchy()
 	grown.Arrays[4].Shape[0], grown.Arrays[5].Shape[0] = 20, 20
-	g := must(build(t, grown, Options{}))
+	g := build(t, grown, Options{})
 	if ident(g, "t/03.npy") != ident(base, "t/03.npy") {
 		t.Error("appending changed an old sample's identity")
 	}
@@ -328,8 +263,6 @@ func cacheIdent(id string) bool {
 	}
 	return true
 }
-
-func must(l *Layout, _ *indexReader) *Layout { return l }
 
 func TestHeaders(t *testing.T) {
 	for _, tt := range []struct {
@@ -371,94 +304,9 @@ func TestHeaders(t *testing.T) {
 	// An array whose header does not fit refuses the layout, naming the array.
 	h := testHierarchy()
 	h.Arrays = append(h.Arrays, &zarr.Array{Path: "wide", Shape: many, Chunks: many, DType: f32, MetaHash: "w"})
-	_, err := Build(h, Options{Align: 128, Reader: &indexReader{}})
+	_, err := Build(h, Options{Align: 128})
 	if !errors.Is(err, ErrHeaderTooLarge) || !strings.Contains(err.Error(), `"wide"`) {
 		t.Errorf("build with a 20-d array at align 128: %v", err)
-	}
-}
-
-// fillFile writes a blob to a temporary .npy file.
-func fillFile(t *testing.T, b Blob) string {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), strings.ReplaceAll(b.Path(), "/", "_"))
-	f, err := os.Create(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := b.Fill(context.Background(), f); err != nil {
-		t.Fatal(err)
-	}
-	if st, _ := f.Stat(); st.Size() != b.Size() {
-		t.Fatalf("%s: wrote %d bytes, size says %d", b.Path(), st.Size(), b.Size())
-	}
-	return p
-}
-
-func TestFillContent(t *testing.T) {
-	l, r := build(t, testHierarchy(), Options{})
-	e, _ := l.Lookup("t/07.npy")
-	p := fillFile(t, e.Blob)
-	data, _ := os.ReadFile(p)
-	if len(r.reqs) != 1 || !reflect.DeepEqual(r.reqs[0].Start, []int64{7, 0, 0, 0}) || !reflect.DeepEqual(r.reqs[0].Count, []int64{1, 3, 16, 24}) {
-		t.Errorf("requests %+v", r.reqs)
-	}
-	// Element (level 2, lat 5, lon 6) of sample 7.
-	off := 4096 + 4*((2*16+5)*24+6)
-	got := mathFloat32frombits(binary.LittleEndian.Uint32(data[off:]))
-	want := float32(((7*3+2)*16+5)*24 + 6)
-	if got != want {
-		t.Errorf("value %v, want %v", got, want)
-	}
-	if !reflect.DeepEqual(e.Blob.Sources()[0].Start, []int64{7, 0, 0, 0}) {
-		t.Errorf("sources %+v", e.Blob.Sources())
-	}
-}
-
-func TestFillSlabs(t *testing.T) {
-	h := &zarr.Hierarchy{Store: fakeStore{"x"}, Arrays: []*zarr.Array{
-		{Path: "big", Shape: []int64{23, 4}, Chunks: []int64{5, 4}, DType: f32, Dims: []string{"y", "x"}},
-		{Path: "s", Shape: []int64{2, 1, 17, 3}, Chunks: []int64{1, 1, 4, 3}, DType: f32, Dims: []string{"time", "a", "y", "x"}},
-	}}
-	// 16 bytes per row of big: a 40-byte slab bound gives one 5-row chunk row per slab.
-	l, r := build(t, h, Options{SlabBytes: 40})
-	whole := mustLookup(t, l, "big.npy")
-	ref := make([]byte, 23*4*4)
-	fillIndex(zarr.Request{Array: h.Arrays[0], Start: []int64{0, 0}, Count: []int64{23, 4}, Dst: ref})
-	data, _ := os.ReadFile(fillFile(t, whole))
-	if !bytes.Equal(data[4096:], ref) {
-		t.Error("slabbed fill differs from one read")
-	}
-	var starts []int64
-	for _, q := range r.reqs {
-		starts = append(starts, q.Start[0])
-		if q.Start[0]%5 != 0 || (q.Count[0] != 5 && q.Start[0]+q.Count[0] != 23) {
-			t.Errorf("slab %v+%v is not cut at chunk boundaries", q.Start, q.Count)
-		}
-	}
-	if !reflect.DeepEqual(starts, []int64{0, 5, 10, 15, 20}) {
-		t.Errorf("slab starts %v", starts)
-	}
-	// A sample whose outer axis has one element splits on the next axis.
-	r.reqs = nil
-	s := mustLookup(t, l, "s/1.npy")
-	data, _ = os.ReadFile(fillFile(t, s))
-	ref = make([]byte, 17*3*4)
-	fillIndex(zarr.Request{Array: h.Arrays[1], Start: []int64{1, 0, 0, 0}, Count: []int64{1, 1, 17, 3}, Dst: ref})
-	if !bytes.Equal(data[4096:], ref) || len(r.reqs) != 5 {
-		t.Errorf("sample slabs: %d requests, equal=%v", len(r.reqs), bytes.Equal(data[4096:], ref))
-	}
-}
-
-func TestFillError(t *testing.T) {
-	l, r := build(t, testHierarchy(), Options{})
-	r.err = fmt.Errorf("t/c/0/0/0/0: %w", zarr.ErrCorrupt)
-	b := mustLookup(t, l, "t/00.npy")
-	f, _ := os.Create(filepath.Join(t.TempDir(), "x"))
-	defer f.Close()
-	err := b.Fill(context.Background(), f)
-	if !errors.Is(err, zarr.ErrCorrupt) || !strings.Contains(err.Error(), "t/00.npy") {
-		t.Errorf("fill error %v", err)
 	}
 }
 
@@ -472,7 +320,7 @@ func mustLookup(t *testing.T, l *Layout, p string) Blob {
 }
 
 func TestSidecar(t *testing.T) {
-	l, _ := build(t, testHierarchy(), Options{Align: 128})
+	l := build(t, testHierarchy(), Options{Align: 128})
 	for _, tt := range []struct {
 		path string
 		want map[string]any
@@ -506,49 +354,6 @@ func TestSidecar(t *testing.T) {
 			if !reflect.DeepEqual(got[k], v) {
 				t.Errorf("%s: %s = %#v, want %#v", tt.path, k, got[k], v)
 			}
-		}
-	}
-}
-
-// TestNumpyLoads checks that numpy itself parses what we write.
-func TestNumpyLoads(t *testing.T) {
-	requirePython(t, "numpy")
-	for _, align := range []int64{128, 4096, MaxAlign} {
-		l, _ := build(t, testHierarchy(), Options{Align: align})
-		var files []string
-		var want []string
-		for _, p := range []string{"t/03.npy", "time.npy", "scalar.npy", "lsm.npy", "one/0.npy", "sub/sp/29.npy"} {
-			b := mustLookup(t, l, p)
-			files = append(files, fillFile(t, b))
-			ph, _ := ParseNPYHeader(b.Header())
-			want = append(want, fmt.Sprintf("%s %v", ph.Descr, ph.Shape))
-		}
-		script := `
-import sys, numpy as np
-for p in sys.argv[1:]:
-    a = np.load(p)
-    off = open(p, 'rb').read().index(b'\n') + 1
-    assert a.flags.c_contiguous
-    flat = a.reshape(-1)
-    print(a.dtype.str, list(a.shape), off, float(flat[-1]) if flat.size else None)
-`
-		out, err := exec.Command("python3", append([]string{"-c", script}, files...)...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("numpy.load (align %d): %v\n%s", align, err, out)
-		}
-		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-		for i, line := range lines {
-			f := strings.Fields(strings.NewReplacer("[", "", "]", "", ",", "").Replace(line))
-			if f[0] != strings.Fields(want[i])[0] {
-				t.Errorf("%s: numpy dtype %s, want %s", files[i], f[0], want[i])
-			}
-			if !strings.Contains(line, fmt.Sprintf(" %d ", align)) {
-				t.Errorf("%s: numpy sees %q, data not at %d", files[i], line, align)
-			}
-		}
-		// Last element of t/03 is its global linear index.
-		if !strings.HasSuffix(lines[0], fmt.Sprintf(" %d.0", 4*3*16*24-1)) {
-			t.Errorf("t/03.npy last value: %s", lines[0])
 		}
 	}
 }

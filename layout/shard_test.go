@@ -72,12 +72,12 @@ func TestShardedLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	full, err := Build(h, Options{Reader: &valueReader{}, Views: views})
+	full, err := Build(h, Options{Views: views})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, shard := range []Shard{{Rank: 1, World: 3}, {Rank: 2, World: 4, Interleaved: true}} {
-		l, err := Build(h, Options{Reader: &valueReader{}, Views: views, Shard: shard})
+		l, err := Build(h, Options{Views: views, Shard: shard})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -18,8 +18,8 @@ type Source struct {
 	// Store is the source; the caller closes it.
 	Store objectstore.Store
 	// Zarr configures every Hierarchy opened: share Options.Stats to count
-	// across them, and set Options.Decoder, or else every Hierarchy owns a
-	// decoder that closing its layout stops, under fills still running.
+	// across them, and set Options.Decoder to the process's pipeline (nil
+	// decodes in the reading goroutine, one chunk at a time).
 	Zarr zarr.Options
 	// Views are the view specs, bound anew at every Open.
 	Views []*ViewSpec

@@ -21,11 +21,12 @@ import (
 // hierarchy and resolves every channel to an array and indices, giving a
 // View; Build then adds MOUNT/NAME/K.npy and MOUNT/NAME.json.
 //
-// Filling one sample issues one Read for all its channels, so a source chunk
-// that holds several of them (levels 0 and 2 of t) is decoded once. Samples
-// filled one after another reuse the chunks they share through the zarr
-// decoded-chunk cache; FillBatch reads a run of samples in one Read, which
-// decodes each shared chunk once without relying on that cache.
+// Package fill fills one sample with one Read for all its channels, so a
+// source chunk that holds several of them (levels 0 and 2 of t) is decoded
+// once. Samples filled one after another reuse the chunks they share
+// through the zarr decoded-chunk cache; fill.Filler.FillBatch reads a run
+// of samples in one Read, which decodes each shared chunk once without
+// relying on that cache.
 
 // BindOptions configure Bind. The zero value is valid.
 type BindOptions struct {
@@ -34,7 +35,7 @@ type BindOptions struct {
 	// Empty means DefaultSampleDims.
 	SampleDim string
 	// Reader reads coordinate arrays. Nil means the hierarchy.
-	Reader Reader
+	Reader zarr.Reader
 }
 
 // maxStaticMemo bounds the bytes of static channels a View keeps after the
@@ -103,8 +104,8 @@ type Selected struct {
 	Value any
 }
 
-// region returns the source region of the channel for sample index t.
-func (c *Channel) region(t int64) (start, count []int64) {
+// Region returns the source region of the channel for sample index t.
+func (c *Channel) Region(t int64) (start, count []int64) {
 	rank := len(c.Array.Shape)
 	start = make([]int64, rank)
 	count = append(make([]int64, 0, rank), c.Array.Shape...)
@@ -150,7 +151,7 @@ type binder struct {
 	coords map[string][]byte // coordinate array path -> values
 }
 
-func (b *binder) reader() Reader {
+func (b *binder) reader() zarr.Reader {
 	if b.o.Reader != nil {
 		return b.o.Reader
 	}
@@ -181,100 +182,15 @@ func (b *binder) bind(s *ViewSpec) (*View, error) {
 		if a.Unsupported != "" {
 			return nil, s.errorf(field+".var", "array %q cannot be read: %s", cs.Var, a.Unsupported)
 		}
-		axis := dimIndex(a, v.SampleDim)
-		// Resolve selections to (axis, indices) in file order first.
-		type dimSel struct {
-			dim     string
-			axis    int
-			indices []int64
-			values  []any
+		sels, err := b.selections(s, a, cs, field, v.SampleDim)
+		if err != nil {
+			return nil, err
 		}
-		var sels []dimSel
-		for _, d := range cs.Select {
-			df := field + ".select." + d.Dim
-			ax, err := b.selectAxis(s, a, d.Dim, df, v.SampleDim)
-			if err != nil {
-				return nil, err
-			}
-			if d.All {
-				d.Indices = make([]int64, a.Shape[ax])
-				for j := range d.Indices {
-					d.Indices[j] = int64(j)
-				}
-			}
-			for j, x := range d.Indices {
-				if x >= a.Shape[ax] {
-					return nil, s.errorf(fmt.Sprintf("%s[%d]", df, j), "index %d out of range: dimension %s of %s has %d entries (0..%d)", x, d.Dim, a.Path, a.Shape[ax], a.Shape[ax]-1)
-				}
-			}
-			vals, err := b.coordValuesAt(a, ax, d.Dim, d.Indices)
-			if err != nil {
-				return nil, err
-			}
-			sels = append(sels, dimSel{d.Dim, ax, d.Indices, vals})
-		}
-		for _, d := range cs.SelectValues {
-			df := field + ".select_values." + d.Dim
-			ax, err := b.selectAxis(s, a, d.Dim, df, v.SampleDim)
-			if err != nil {
-				return nil, err
-			}
-			idx, vals, err := b.lookupValues(s, a, ax, d, df)
-			if err != nil {
-				return nil, err
-			}
-			sels = append(sels, dimSel{d.Dim, ax, idx, vals})
-		}
-		// The cartesian product runs in the array's dimension order, last
-		// selected dimension fastest, as numpy's reshape of a[..., [i], [j]] would.
-		sort.SliceStable(sels, func(x, y int) bool { return sels[x].axis < sels[y].axis })
-		selected := map[int]bool{}
-		for _, sl := range sels {
-			selected[sl.axis] = true
-		}
-		var shape []int64
-		var dims []string
-		for d := range a.Shape {
-			if d != axis && !selected[d] {
-				shape = append(shape, a.Shape[d])
-				dims = append(dims, dimName(a, d))
-			}
-		}
-		counter := make([]int, len(sels))
-		var first *Channel // a copy: v.Channels may move as it grows
-		for {
-			ch := Channel{Var: a.Path, Array: a, Axis: axis, Spec: i}
-			for k, sl := range sels {
-				ch.Select = append(ch.Select, Selected{Dim: sl.dim, Axis: sl.axis, Index: sl.indices[counter[k]], Value: sl.values[counter[k]]})
-			}
-			v.Channels = append(v.Channels, ch)
-			if first == nil {
-				c := ch
-				first = &c
-			}
-			k := len(sels) - 1
-			for ; k >= 0; k-- {
-				counter[k]++
-				if counter[k] < len(sels[k].indices) {
-					break
-				}
-				counter[k] = 0
-			}
-			if k < 0 {
-				break
-			}
-		}
+		first, shape, dims := v.addChannels(a, dimIndex(a, v.SampleDim), i, sels)
 		if firstSpatial == nil {
 			firstSpatial, spatial, spatialDims = first, shape, dims
-		} else {
-			if !slices.Equal(shape, spatial) {
-				return nil, s.errorf(field, "channel %s has spatial shape %s, but channels[0] (%s) has %s: all channels must have the same spatial shape%s",
-					a.Path, npyShape(shape), firstSpatial.Var, npyShape(spatial), selectHint(a.Path, dims, firstSpatial.Var, spatialDims))
-			}
-			if !slices.Equal(dims, spatialDims) {
-				return nil, s.errorf(field, "channel %s has spatial dimensions (%s), but channels[0] (%s) has (%s): all channels must have the same dimension names",
-					a.Path, strings.Join(dims, ", "), firstSpatial.Var, strings.Join(spatialDims, ", "))
-			}
+		} else if err := sameSpatial(s, field, a, shape, dims, firstSpatial, spatial, spatialDims); err != nil {
+			return nil, err
 		}
 		if s.DType == "" {
 			if commonFrom == nil {
@@ -285,19 +201,8 @@ func (b *binder) bind(s *ViewSpec) (*View, error) {
 			}
 		}
 	}
-	if s.DType != "" {
-		d, err := ParseOutputDType(s.DType)
-		if err != nil {
-			return nil, s.errorf("dtype", "%v", err)
-		}
-		v.DType = d
-		for _, ch := range v.Channels {
-			if err := zarr.CanCast(ch.Array.DType, d); err != nil {
-				return nil, s.errorf(fmt.Sprintf("channels[%d]", ch.Spec), "channel %s: %v", ch.Var, err)
-			}
-		}
-	} else {
-		v.DType = zarr.DType{Kind: commonFrom.Array.DType.Kind, Size: commonFrom.Array.DType.Size}
+	if err := v.outputDType(s, commonFrom); err != nil {
+		return nil, err
 	}
 	if err := b.sampleRange(s, v); err != nil {
 		return nil, err
@@ -318,6 +223,134 @@ func (b *binder) bind(s *ViewSpec) (*View, error) {
 	return v, nil
 }
 
+// dimSel is one selected dimension of a channel entry: its axis in the
+// array and the indices (and coordinate values) selected along it.
+type dimSel struct {
+	dim     string
+	axis    int
+	indices []int64
+	values  []any
+}
+
+// selections resolves a channel entry's select and select_values to the
+// axes and indices they name, in the array's dimension order.
+func (b *binder) selections(s *ViewSpec, a *zarr.Array, cs ChannelSpec, field, sampleDim string) ([]dimSel, error) {
+	var sels []dimSel
+	for _, d := range cs.Select {
+		df := field + ".select." + d.Dim
+		ax, err := b.selectAxis(s, a, d.Dim, df, sampleDim)
+		if err != nil {
+			return nil, err
+		}
+		if d.All {
+			d.Indices = make([]int64, a.Shape[ax])
+			for j := range d.Indices {
+				d.Indices[j] = int64(j)
+			}
+		}
+		for j, x := range d.Indices {
+			if x >= a.Shape[ax] {
+				return nil, s.errorf(fmt.Sprintf("%s[%d]", df, j), "index %d out of range: dimension %s of %s has %d entries (0..%d)", x, d.Dim, a.Path, a.Shape[ax], a.Shape[ax]-1)
+			}
+		}
+		vals, err := b.coordValuesAt(a, ax, d.Dim, d.Indices)
+		if err != nil {
+			return nil, err
+		}
+		sels = append(sels, dimSel{d.Dim, ax, d.Indices, vals})
+	}
+	for _, d := range cs.SelectValues {
+		df := field + ".select_values." + d.Dim
+		ax, err := b.selectAxis(s, a, d.Dim, df, sampleDim)
+		if err != nil {
+			return nil, err
+		}
+		idx, vals, err := b.lookupValues(s, a, ax, d, df)
+		if err != nil {
+			return nil, err
+		}
+		sels = append(sels, dimSel{d.Dim, ax, idx, vals})
+	}
+	// The cartesian product runs in the array's dimension order, last
+	// selected dimension fastest, as numpy's reshape of a[..., [i], [j]] would.
+	sort.SliceStable(sels, func(x, y int) bool { return sels[x].axis < sels[y].axis })
+	return sels, nil
+}
+
+// addChannels appends to v the channels of entry spec of array a (sample
+// axis axis, -1 for a static one): one per combination of the selected
+// indices. It returns a copy of the first, and the spatial shape and
+// dimension names the channels have.
+func (v *View) addChannels(a *zarr.Array, axis, spec int, sels []dimSel) (first *Channel, shape []int64, dims []string) {
+	selected := map[int]bool{}
+	for _, sl := range sels {
+		selected[sl.axis] = true
+	}
+	for d := range a.Shape {
+		if d != axis && !selected[d] {
+			shape = append(shape, a.Shape[d])
+			dims = append(dims, dimName(a, d))
+		}
+	}
+	counter := make([]int, len(sels))
+	for {
+		ch := Channel{Var: a.Path, Array: a, Axis: axis, Spec: spec}
+		for k, sl := range sels {
+			ch.Select = append(ch.Select, Selected{Dim: sl.dim, Axis: sl.axis, Index: sl.indices[counter[k]], Value: sl.values[counter[k]]})
+		}
+		v.Channels = append(v.Channels, ch)
+		if first == nil {
+			c := ch // a copy: v.Channels may move as it grows
+			first = &c
+		}
+		k := len(sels) - 1
+		for ; k >= 0; k-- {
+			counter[k]++
+			if counter[k] < len(sels[k].indices) {
+				break
+			}
+			counter[k] = 0
+		}
+		if k < 0 {
+			return first, shape, dims
+		}
+	}
+}
+
+// sameSpatial refuses a channel entry (field, of array a) whose spatial
+// shape or dimension names differ from the first channel's.
+func sameSpatial(s *ViewSpec, field string, a *zarr.Array, shape []int64, dims []string, first *Channel, spatial []int64, spatialDims []string) error {
+	if !slices.Equal(shape, spatial) {
+		return s.errorf(field, "channel %s has spatial shape %s, but channels[0] (%s) has %s: all channels must have the same spatial shape%s",
+			a.Path, npyShape(shape), first.Var, npyShape(spatial), selectHint(a.Path, dims, first.Var, spatialDims))
+	}
+	if !slices.Equal(dims, spatialDims) {
+		return s.errorf(field, "channel %s has spatial dimensions (%s), but channels[0] (%s) has (%s): all channels must have the same dimension names",
+			a.Path, strings.Join(dims, ", "), first.Var, strings.Join(spatialDims, ", "))
+	}
+	return nil
+}
+
+// outputDType sets v's DType: the spec's, which every channel must cast
+// to, else the type every channel has (commonFrom's).
+func (v *View) outputDType(s *ViewSpec, commonFrom *Channel) error {
+	if s.DType == "" {
+		v.DType = zarr.DType{Kind: commonFrom.Array.DType.Kind, Size: commonFrom.Array.DType.Size}
+		return nil
+	}
+	d, err := ParseOutputDType(s.DType)
+	if err != nil {
+		return s.errorf("dtype", "%v", err)
+	}
+	v.DType = d
+	for _, ch := range v.Channels {
+		if err := zarr.CanCast(ch.Array.DType, d); err != nil {
+			return s.errorf(fmt.Sprintf("channels[%d]", ch.Spec), "channel %s: %v", ch.Var, err)
+		}
+	}
+	return nil
+}
+
 // staticMemo holds the bytes of a view's static channels (channel -> bytes
 // in DType) as the listings of their arrays named them when filled, and
 // the versions the fill's pin named (zarr.Pin.Sum, for a listing made
@@ -329,28 +362,55 @@ type staticMemo struct {
 	data     map[int][]byte
 }
 
-// staticKey is what a fill under ctx reads the view's static channels
+// Static returns the bytes of the view's static channels (channel index
+// -> bytes in DType) that an earlier fill kept, if they were read under
+// what a fill under pin reads them under (their arrays' listings and
+// pinned versions); else nil, and keep, which keeps the bytes a fill
+// under pin then reads, once per view, so later samples copy them instead
+// of decoding them again. keep is nil where the view keeps nothing (no
+// static channel, or more than it may hold). Safe for concurrent use.
+func (v *View) Static(pin *zarr.Pin) (memo map[int][]byte, keep func(map[int][]byte)) {
+	v.mu.Lock()
+	memo = v.static.current(pin, v)
+	v.mu.Unlock()
+	if memo != nil || !v.memoStatic {
+		return memo, nil
+	}
+	// The listings and versions the static channels are read under, taken
+	// before the fill's Read: a memo made from them is stale once any is
+	// replaced.
+	listings, sums := v.staticKey(pin)
+	return nil, func(data map[int][]byte) {
+		v.mu.Lock()
+		if v.static.current(pin, v) == nil {
+			v.static = &staticMemo{listings: listings, sums: sums, data: data}
+		}
+		v.mu.Unlock()
+	}
+}
+
+// staticKey is what a fill under pin reads the view's static channels
 // under: each one's listing and pinned versions.
-func (v *View) staticKey(ctx context.Context) (map[int]*zarr.Listing, map[int]uint64) {
+func (v *View) staticKey(pin *zarr.Pin) (map[int]*zarr.Listing, map[int]uint64) {
 	listings, sums := map[int]*zarr.Listing{}, map[int]uint64{}
 	for c := range v.Channels {
 		ch := &v.Channels[c]
 		if ch.Axis < 0 {
-			start, count := ch.region(0)
-			listings[c] = zarr.ListingFor(ctx, ch.Array)
-			sums[c] = zarr.PinOf(ctx).Sum(ch.Array, start, count)
+			start, count := ch.Region(0)
+			listings[c] = pin.Listing(ch.Array)
+			sums[c] = pin.Sum(ch.Array, start, count)
 		}
 	}
 	return listings, sums
 }
 
 // current returns the memo's bytes if they were read under what a fill
-// under ctx reads the static channels under (staticKey).
-func (m *staticMemo) current(ctx context.Context, v *View) map[int][]byte {
+// under pin reads the static channels under (staticKey).
+func (m *staticMemo) current(pin *zarr.Pin, v *View) map[int][]byte {
 	if m == nil {
 		return nil
 	}
-	listings, sums := v.staticKey(ctx)
+	listings, sums := v.staticKey(pin)
 	for c, l := range m.listings {
 		if listings[c] != l || sums[c] != m.sums[c] {
 			return nil
@@ -534,12 +594,13 @@ func (v *View) Definition() string { return v.def }
 
 // WorkingSetBytes is the decoded size of the distinct source chunks one
 // sample touches. Consecutive samples decode each chunk once only when the
-// zarr decoded-chunk cache holds at least this much (or with FillBatch).
+// zarr decoded-chunk cache holds at least this much (or with
+// fill.Filler.FillBatch).
 func (v *View) WorkingSetBytes() int64 {
 	seen := map[string]bool{}
 	var n int64
 	for _, ch := range v.Channels {
-		start, count := ch.region(v.Start)
+		start, count := ch.Region(v.Start)
 		key := ch.Var
 		size := int64(ch.Array.DType.Size)
 		for d := range start {

@@ -44,12 +44,12 @@ func (b *binder) coordBytes(c *zarr.Array) ([]byte, error) {
 	if v, ok := b.coords[c.Path]; ok {
 		return v, nil
 	}
-	n := satMul(c.Shape[0], int64(c.DType.Size))
-	if n > maxCoordBytes {
-		return nil, fmt.Errorf("coordinate array %q: %d bytes, more than the %d a view reads", c.Path, n, int64(maxCoordBytes))
+	size := int64(c.DType.Size)
+	if c.Shape[0] > maxCoordBytes/size {
+		return nil, fmt.Errorf("coordinate array %q: %d values of %d bytes, more than the %d bytes a view reads", c.Path, c.Shape[0], size, int64(maxCoordBytes))
 	}
-	buf := make([]byte, n)
-	err := b.reader().Read(b.ctx, []zarr.Request{{Array: c, Start: []int64{0}, Count: []int64{c.Shape[0]}, Dst: buf}})
+	buf := make([]byte, c.Shape[0]*size)
+	err := b.reader().Read(b.ctx, nil, []zarr.Request{{Array: c, Start: []int64{0}, Count: []int64{c.Shape[0]}, Dst: buf}})
 	if err != nil {
 		return nil, fmt.Errorf("coordinate array %q: %w", c.Path, err)
 	}

@@ -1,13 +1,11 @@
 package layout
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -65,7 +63,7 @@ func encodeValue(b []byte, d zarr.DType, v float64) {
 	}
 }
 
-func (r *valueReader) Read(ctx context.Context, reqs []zarr.Request) error {
+func (r *valueReader) Read(ctx context.Context, _ *zarr.Pin, reqs []zarr.Request) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.calls++
@@ -208,15 +206,15 @@ func TestBindErrors(t *testing.T) {
 	// A failing coordinate read is reported with the array, not as a spec error.
 	specs, _ := ParseViews("v.yaml", []byte("views:\n  - name: v\n    channels: [{var: t, select_values: {level: [850]}}]\n"))
 	_, err = specs[0].Bind(context.Background(), viewHierarchy(), BindOptions{Reader: failReader{}})
-	if !errors.Is(err, zarr.ErrCorrupt) || !strings.Contains(err.Error(), `coordinate array "level"`) {
+	if !errors.Is(err, codec.ErrCorrupt) || !strings.Contains(err.Error(), `coordinate array "level"`) {
 		t.Errorf("coordinate read failure: %v", err)
 	}
 }
 
 type failReader struct{}
 
-func (failReader) Read(context.Context, []zarr.Request) error {
-	return fmt.Errorf("level/c/0: %w", zarr.ErrCorrupt)
+func (failReader) Read(context.Context, *zarr.Pin, []zarr.Request) error {
+	return fmt.Errorf("level/c/0: %w", codec.ErrCorrupt)
 }
 
 const trainYAML = `views:
@@ -234,19 +232,7 @@ const trainYAML = `views:
         select: {level: [1, 2], member: [1, 0]}
 `
 
-// expectSample computes the channels of a view sample straight from
-// testValue, as float64.
-func expectSample(v *View, k int64) []float64 {
-	t := v.Start + k*v.Step
-	var out []float64
-	for _, ch := range v.Channels {
-		start, count := ch.region(t)
-		forEachIndex(start, count, func(idx []int64) { out = append(out, testValue(ch.Array, idx)) })
-	}
-	return out
-}
-
-func TestViewBuildAndFill(t *testing.T) {
+func TestViewBuild(t *testing.T) {
 	h := viewHierarchy()
 	views, err := bindYAML(t, h, trainYAML)
 	if err != nil {
@@ -275,8 +261,7 @@ func TestViewBuildAndFill(t *testing.T) {
 	if v.N != 6 || !reflect.DeepEqual(v.SampleShape, []int64{9, 4, 5}) || !reflect.DeepEqual(v.SampleDims, []string{"channel", "latitude", "longitude"}) {
 		t.Errorf("n %d shape %v dims %v", v.N, v.SampleShape, v.SampleDims)
 	}
-	r := &valueReader{}
-	l, err := Build(h, Options{Views: views, Reader: r, Align: 128})
+	l, err := Build(h, Options{Views: views, Align: 128})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -315,42 +300,8 @@ func TestViewBuildAndFill(t *testing.T) {
 		!reflect.DeepEqual(chans[5].(map[string]any)["select"], map[string]any{"member": map[string]any{"index": 1.0, "value": nil}, "level": map[string]any{"index": 1.0, "value": 850.0}}) {
 		t.Errorf("sidecar channels %v", chans)
 	}
-	// Every sample: one Read, the right bytes, the static channel read once.
-	for k := range v.N {
-		b := mustLookup(t, l, fmt.Sprintf("train/%d.npy", k))
-		if b.Size() != 128+9*4*5*8 {
-			t.Errorf("size %d", b.Size())
-		}
-		before := r.calls
-		data, _ := os.ReadFile(fillFile(t, b))
-		if r.calls != before+1 {
-			t.Errorf("sample %d: %d reads, want 1", k, r.calls-before)
-		}
-		ph, err := ParseNPYHeader(data)
-		if err != nil || ph.Descr != "<f8" || !reflect.DeepEqual(ph.Shape, []int64{9, 4, 5}) || ph.DataOffset != 128 {
-			t.Errorf("header %+v %v", ph, err)
-		}
-		exp := expectSample(v, k)
-		for i, x := range exp {
-			if g := math.Float64frombits(binary.LittleEndian.Uint64(data[128+8*i:])); g != x {
-				t.Fatalf("sample %d element %d = %v, want %v", k, i, g, x)
-			}
-		}
-		if len(b.Sources()) != 9 {
-			t.Errorf("sources %d", len(b.Sources()))
-		}
-	}
-	lsmReads := 0
-	for _, q := range r.reqs {
-		if q.Array.Path == "lsm" {
-			lsmReads++
-		}
-	}
-	if lsmReads != 1 {
-		t.Errorf("static channel read %d times over %d samples", lsmReads, v.N)
-	}
 	// The layout counts the view's files.
-	base, err := Build(h, Options{Reader: r, Align: 128})
+	base, err := Build(h, Options{Align: 128})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -366,45 +317,6 @@ func mustDir(t *testing.T, l *Layout, p string) *Dir {
 		t.Fatalf("%s: not a directory", p)
 	}
 	return e.Dir
-}
-
-func TestViewDefaultsAndCasts(t *testing.T) {
-	h := viewHierarchy()
-	views, err := bindYAML(t, h, `views:
-  - name: same
-    channels: [{var: t, select: {level: [1]}}, {var: sub/sp}]
-  - name: f16
-    dtype: float16
-    channels: [{var: u10}, {var: lsm}, {var: half}, {var: z, select: {level: [0]}}]
-  - name: long
-    samples: {step: 1}
-    channels: [{var: u10}]
-`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if views[0].DType != f32 || views[0].N != 12 || views[0].Start != 0 || views[0].Stop != 12 {
-		t.Errorf("same: %+v", views[0])
-	}
-	r := &valueReader{}
-	l, err := Build(h, Options{Views: views, Reader: r})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := names(mustDir(t, l, "long")); len(got) != 12 || got[0] != "00.npy" || got[11] != "11.npy" {
-		t.Errorf("long/ = %v", got)
-	}
-	v := views[1]
-	b := mustLookup(t, l, "f16/07.npy")
-	data, _ := os.ReadFile(fillFile(t, b))
-	if ph, _ := ParseNPYHeader(data); ph.Descr != "<f2" || !reflect.DeepEqual(ph.Shape, []int64{4, 4, 5}) {
-		t.Errorf("header %+v", ph)
-	}
-	for i, x := range expectSample(v, 7) {
-		if g := binary.LittleEndian.Uint16(data[4096+2*i:]); g != zarr.Float16Bits(x) {
-			t.Fatalf("element %d = %#04x, want half(%v)", i, g, x)
-		}
-	}
 }
 
 // A view sample's identity follows the view's definition: every change of
@@ -423,7 +335,7 @@ func TestViewIdentity(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		l, err := Build(h, Options{Views: views, Reader: &valueReader{}})
+		l, err := Build(h, Options{Views: views})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -471,7 +383,7 @@ func TestViewBuildErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Build(viewHierarchy(), Options{Views: views, Reader: &valueReader{}}); !errors.Is(err, ErrInvalidView) || !strings.Contains(err.Error(), "another store") {
+	if _, err := Build(viewHierarchy(), Options{Views: views}); !errors.Is(err, ErrInvalidView) || !strings.Contains(err.Error(), "another store") {
 		t.Errorf("view bound elsewhere: %v", err)
 	}
 	// A store whose root is an array: its files are named after the store.
@@ -508,56 +420,13 @@ func TestViewBuildErrors(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := Build(deep, Options{Reader: &valueReader{}, Align: 128}); err != nil {
+		if _, err := Build(deep, Options{Align: 128}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := Build(deep, Options{Views: views, Reader: &valueReader{}, Align: 128}); !errors.Is(err, ErrHeaderTooLarge) || !strings.Contains(err.Error(), `view "v"`) {
+		if _, err := Build(deep, Options{Views: views, Align: 128}); !errors.Is(err, ErrHeaderTooLarge) || !strings.Contains(err.Error(), `view "v"`) {
 			t.Errorf("rank %d view at align 128: %v", k+1, err)
 		}
 		break
-	}
-}
-
-func TestFillBatch(t *testing.T) {
-	h := viewHierarchy()
-	views, err := bindYAML(t, h, trainYAML)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &valueReader{}
-	l, err := Build(h, Options{Views: views, Reader: r})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var blobs []Blob
-	var ws []io.WriterAt
-	var files []*os.File
-	for _, p := range []string{"train/0.npy", "train/1.npy", "train/2.npy", "lsm.npy", "train/3.npy", "train/4.npy", "train/5.npy"} {
-		blobs = append(blobs, mustLookup(t, l, p))
-		f, err := os.Create(filepath.Join(t.TempDir(), "b"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		files = append(files, f)
-		ws = append(ws, f)
-	}
-	// Room for two samples per run: runs {0,1} {2} lsm {3,4} {5}.
-	if err := FillBatch(context.Background(), blobs, ws, 2*(blobs[0].Size()-4096)); err != nil {
-		t.Fatal(err)
-	}
-	if r.calls != 5 {
-		t.Errorf("%d reads, want 5", r.calls)
-	}
-	for i, b := range blobs {
-		want, _ := os.ReadFile(fillFile(t, b))
-		got, _ := os.ReadFile(files[i].Name())
-		if !bytes.Equal(got, want) {
-			t.Errorf("%s: batch fill differs from Fill", b.Path())
-		}
-	}
-	if err := FillBatch(context.Background(), blobs, ws[:1], 0); err == nil {
-		t.Error("mismatched lengths accepted")
 	}
 }
 
@@ -646,242 +515,6 @@ func openStore(t *testing.T, dir string, o zarr.Options) *zarr.Hierarchy {
 		t.Fatal(err)
 	}
 	return h
-}
-
-// countingReader counts Read calls on the way to the hierarchy.
-type countingReader struct {
-	Reader
-	calls int
-}
-
-func (c *countingReader) Read(ctx context.Context, reqs []zarr.Request) error {
-	c.calls++
-	return c.Reader.Read(ctx, reqs)
-}
-
-// TestViewDecodesEachChunkOnce fills every sample of a view over a store
-// chunked 4 time steps x 3 levels and checks the zarr decode counter: each
-// source chunk is decoded once for the whole run, however many channels and
-// samples come from it.
-func TestViewDecodesEachChunkOnce(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "s.zarr")
-	lin := func(shape []int64, base float64) func([]int64) float64 {
-		return func(idx []int64) float64 {
-			n := int64(0)
-			for d := range idx {
-				n = n*shape[d] + idx[d]
-			}
-			return base + float64(n)
-		}
-	}
-	arrays := []storeArray{
-		{"t", "float32", []int64{14, 3, 6, 7}, []int64{4, 3, 6, 7}, []string{"time", "level", "latitude", "longitude"}, lin([]int64{14, 3, 6, 7}, 0)},
-		{"u10", "int16", []int64{14, 6, 7}, []int64{4, 3, 7}, []string{"time", "latitude", "longitude"}, lin([]int64{14, 6, 7}, -100)},
-		{"lsm", "uint8", []int64{6, 7}, []int64{6, 7}, []string{"latitude", "longitude"}, func(i []int64) float64 { return float64(i[0] % 2) }},
-		{"level", "float32", []int64{3}, []int64{3}, []string{"level"}, func(i []int64) float64 { return []float64{1000, 850, 500}[i[0]] }},
-		{"time", "int64", []int64{14}, []int64{14}, []string{"time"}, func(i []int64) float64 { return float64(i[0]) * 3600 }},
-	}
-	writeStore(t, dir, arrays)
-	text := `views:
-  - name: v
-    dtype: float32
-    channels:
-      - var: t
-        select: {level: [0, 2]}
-      - var: t
-        select_values: {level: [850]}
-      - var: u10
-      - var: lsm
-`
-	specs, err := ParseViews("v.yaml", []byte(text))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// t: 4 time chunks; u10: 4 time chunks x 2 latitude chunks; lsm: 1.
-	const sourceChunks = 4 + 8 + 1
-	for _, mode := range []string{"sequential", "batch"} {
-		t.Run(mode, func(t *testing.T) {
-			h := openStore(t, dir, zarr.Options{})
-			views, err := BindViews(context.Background(), h, specs, BindOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			v := views[0]
-			if v.SampleCoords[13] != int64(13*3600) {
-				t.Errorf("sample coords %v", v.SampleCoords)
-			}
-			cr := &countingReader{Reader: h}
-			l, err := Build(h, Options{Views: views, Reader: cr})
-			if err != nil {
-				t.Fatal(err)
-			}
-			before := h.Stats().ChunksDecoded.Load()
-			d := mustDir(t, l, "v")
-			var blobs []Blob
-			var ws []io.WriterAt
-			var paths []string
-			for i := 0; i < d.Len(); i++ {
-				b := d.Entry(i).Blob
-				p := filepath.Join(t.TempDir(), "x.npy")
-				f, err := os.Create(p)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer f.Close()
-				if mode == "sequential" {
-					if err := b.Fill(context.Background(), f); err != nil {
-						t.Fatal(err)
-					}
-				}
-				blobs, ws, paths = append(blobs, b), append(ws, f), append(paths, p)
-			}
-			if mode == "batch" {
-				if err := FillBatch(context.Background(), blobs, ws, 0); err != nil {
-					t.Fatal(err)
-				}
-				if cr.calls != 1 {
-					t.Errorf("batch of %d samples took %d reads", len(blobs), cr.calls)
-				}
-			} else if cr.calls != len(blobs) {
-				t.Errorf("%d samples took %d reads", len(blobs), cr.calls)
-			}
-			if got := h.Stats().ChunksDecoded.Load() - before; got != sourceChunks {
-				t.Errorf("decoded %d chunks for %d samples, want each of the %d source chunks once", got, len(blobs), sourceChunks)
-			}
-			for k, p := range paths {
-				data, _ := os.ReadFile(p)
-				i := 0
-				for c, ch := range v.Channels {
-					start, count := ch.region(int64(k))
-					forEachIndex(start, count, func(idx []int64) {
-						want := float32(arrays[map[string]int{"t": 0, "u10": 1, "lsm": 2}[ch.Var]].value(idx))
-						if g := math.Float32frombits(binary.LittleEndian.Uint32(data[4096+4*i:])); g != want {
-							t.Fatalf("sample %d channel %d element %v = %v, want %v", k, c, idx, g, want)
-						}
-						i++
-					})
-				}
-			}
-		})
-	}
-}
-
-func BenchmarkViewFill(b *testing.B) {
-	h := viewHierarchy()
-	specs, _ := ParseViews("b.yaml", []byte(trainYAML))
-	views, err := BindViews(context.Background(), h, specs, BindOptions{Reader: &valueReader{}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	l, err := Build(h, Options{Views: views, Reader: nopReader{}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	blob := mustLookupB(b, l, "train/3.npy")
-	w := discardWriterAt{}
-	b.SetBytes(blob.Size())
-	b.ReportAllocs()
-	for b.Loop() {
-		if err := blob.Fill(context.Background(), w); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
-type nopReader struct{}
-
-func (nopReader) Read(context.Context, []zarr.Request) error { return nil }
-
-type discardWriterAt struct{}
-
-func (discardWriterAt) WriteAt(p []byte, _ int64) (int, error) { return len(p), nil }
-
-func mustLookupB(b *testing.B, l *Layout, p string) Blob {
-	e, ok := l.Lookup(p)
-	if !ok || e.Kind != KindBlob {
-		b.Fatalf("%s missing", p)
-	}
-	return e.Blob
-}
-
-// lendingMemory lends ordinary memory and counts what is out, standing in
-// for the GPU decoder's pinned memory.
-type lendingMemory struct {
-	mu    sync.Mutex
-	out   map[*byte]bool
-	lends int
-}
-
-func (m *lendingMemory) HostAlloc(n int) []byte {
-	b := make([]byte, n)
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.out[&b[0]] = true
-	m.lends++
-	return b
-}
-
-func (m *lendingMemory) HostFree(b []byte) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if len(b) > 0 {
-		delete(m.out, &b[0])
-	}
-}
-
-// lendingReader is a Reader whose memory fills borrow, as a zarr
-// Hierarchy with a GPU decoder is.
-type lendingReader struct {
-	Reader
-	mem codec.HostMemory
-}
-
-func (r lendingReader) Memory() codec.HostMemory { return r.mem }
-
-// TestFillLentMemory fills array samples, slabbed arrays and view samples
-// (one by one and batched) into lent memory: the bytes are those of a fill
-// in ordinary memory, and every buffer comes back.
-func TestFillLentMemory(t *testing.T) {
-	h := viewHierarchy()
-	views, err := bindYAML(t, h, trainYAML)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mem := &lendingMemory{out: map[*byte]bool{}}
-	plain, err := Build(h, Options{Views: views, Reader: &valueReader{}, SlabBytes: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lent, err := Build(h, Options{Views: views, Reader: lendingReader{&valueReader{}, mem}, SlabBytes: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var blobs []Blob
-	var ws []io.WriterAt
-	paths := []string{"train/0.npy", "train/1.npy", "lsm.npy"}
-	for _, p := range paths {
-		want, _ := os.ReadFile(fillFile(t, mustLookup(t, plain, p)))
-		got, _ := os.ReadFile(fillFile(t, mustLookup(t, lent, p)))
-		if !bytes.Equal(got, want) {
-			t.Errorf("%s: fill into lent memory differs", p)
-		}
-		blobs = append(blobs, mustLookup(t, lent, p))
-		f, err := os.Create(filepath.Join(t.TempDir(), "b"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		ws = append(ws, f)
-	}
-	if err := FillBatch(context.Background(), blobs, ws, 2*(blobs[0].Size()-4096)); err != nil {
-		t.Fatal(err)
-	}
-	if mem.lends < len(paths)+1 {
-		t.Errorf("%d buffers lent for %d fills and a batch", mem.lends, len(paths))
-	}
-	if len(mem.out) != 0 {
-		t.Errorf("%d of %d lent buffers not given back", len(mem.out), mem.lends)
-	}
 }
 
 // select: {dim: all} is every index along dim, in order: the same view as

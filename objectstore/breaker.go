@@ -88,13 +88,18 @@ type Breaker struct {
 	closed   bool
 }
 
-var _ Store = (*Breaker)(nil)
+var (
+	_ Store   = (*Breaker)(nil)
+	_ Wrapper = (*Breaker)(nil)
+)
 
-// WithBreaker wraps inner; see BreakerOptions for the defaults.
-// A negative value panics (see WithRetry).
-func WithBreaker(inner Store, opts BreakerOptions) *Breaker {
-	refuseNegative("BreakerOptions", map[string]int64{"Failures": int64(opts.Failures), "Silence": int64(opts.Silence),
-		"Quiet": int64(opts.Quiet), "Probe": int64(opts.Probe), "ProbeTimeout": int64(opts.ProbeTimeout)})
+// WithBreaker wraps inner; see BreakerOptions for the defaults. A
+// negative value is refused (see WithRetry).
+func WithBreaker(inner Store, opts BreakerOptions) (*Breaker, error) {
+	if err := refuseNegative("BreakerOptions", map[string]int64{"Failures": int64(opts.Failures), "Silence": int64(opts.Silence),
+		"Quiet": int64(opts.Quiet), "Probe": int64(opts.Probe), "ProbeTimeout": int64(opts.ProbeTimeout)}); err != nil {
+		return nil, err
+	}
 	if opts.Failures == 0 {
 		opts.Failures = 3
 	}
@@ -117,7 +122,7 @@ func WithBreaker(inner Store, opts BreakerOptions) *Breaker {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Breaker{decorator: decorator{inner}, opts: opts, log: log}
+	return &Breaker{decorator: decorator{inner}, opts: opts, log: log}, nil
 }
 
 // Open reports whether the breaker is refusing requests now.
@@ -308,10 +313,10 @@ func (b *Breaker) Get(ctx context.Context, key string) ([]byte, error) {
 var _ GetterInto = (*Breaker)(nil)
 
 // GetInto forwards to the inner store's GetInto (or Get).
-func (b *Breaker) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
+func (b *Breaker) GetInto(ctx context.Context, key string, buf []byte, limit int64) ([]byte, error) {
 	var out []byte
 	err := b.do(ctx, "get", key, func(ctx context.Context) (err error) {
-		out, err = b.getInto(ctx, key, buf)
+		out, err = b.getInto(ctx, key, buf, limit)
 		return err
 	})
 	return out, err

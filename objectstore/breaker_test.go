@@ -52,6 +52,7 @@ func (s *silentStore) List(ctx context.Context, prefix string) ([]string, error)
 }
 
 func (s *silentStore) ID() string { return "mem://silent" }
+func (*silentStore) Close() error { return nil }
 
 // A source that stops answering: after three unanswered requests the
 // breaker opens, and every request fails at once with a permanent
@@ -60,9 +61,9 @@ func (s *silentStore) ID() string { return "mem://silent" }
 // reader involved. Errors that are answers (not found) never open it.
 func TestBreaker(t *testing.T) {
 	src := &silentStore{delay: 20 * time.Millisecond}
-	br := objectstore.WithBreaker(src, objectstore.BreakerOptions{Silence: 20 * time.Millisecond, Probe: 10 * time.Millisecond, ProbeTimeout: time.Second})
+	br := must(objectstore.WithBreaker(src, objectstore.BreakerOptions{Silence: 20 * time.Millisecond, Probe: 10 * time.Millisecond, ProbeTimeout: time.Second}))
 	defer br.Close()
-	r := objectstore.WithRetry(br, objectstore.RetryOptions{MaxAttempts: 10, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond, Budget: time.Minute})
+	r := must(objectstore.WithRetry(br, objectstore.RetryOptions{MaxAttempts: 10, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond, Budget: time.Minute}))
 	ctx := context.Background()
 	if _, err := r.Get(ctx, "k"); err != nil {
 		t.Fatal(err)
@@ -107,7 +108,7 @@ func TestBreaker(t *testing.T) {
 // lasted Quiet, before Failures.
 func TestBreakerQuiet(t *testing.T) {
 	src := &silentStore{delay: 30 * time.Millisecond}
-	br := objectstore.WithBreaker(src, objectstore.BreakerOptions{Failures: 100, Quiet: 50 * time.Millisecond, Probe: time.Hour})
+	br := must(objectstore.WithBreaker(src, objectstore.BreakerOptions{Failures: 100, Quiet: 50 * time.Millisecond, Probe: time.Hour}))
 	defer br.Close()
 	src.down.Store(true)
 	br.Get(context.Background(), "k")
@@ -124,7 +125,7 @@ func TestBreakerQuiet(t *testing.T) {
 // outage: an idle source is not a silent one.
 func TestBreakerIdleIsNotQuiet(t *testing.T) {
 	src := &silentStore{delay: 10 * time.Millisecond}
-	br := objectstore.WithBreaker(src, objectstore.BreakerOptions{Failures: 100, Quiet: 30 * time.Millisecond, Probe: time.Hour})
+	br := must(objectstore.WithBreaker(src, objectstore.BreakerOptions{Failures: 100, Quiet: 30 * time.Millisecond, Probe: time.Hour}))
 	defer br.Close()
 	src.down.Store(true)
 	for range 3 {
@@ -141,7 +142,7 @@ func TestBreakerIdleIsNotQuiet(t *testing.T) {
 // answers keep coming within Silence.
 func TestBreakerSlowIsNotDown(t *testing.T) {
 	src := &silentStore{delay: 20 * time.Millisecond}
-	br := objectstore.WithBreaker(src, objectstore.BreakerOptions{Silence: 50 * time.Millisecond, Quiet: time.Hour, Probe: time.Hour})
+	br := must(objectstore.WithBreaker(src, objectstore.BreakerOptions{Silence: 50 * time.Millisecond, Quiet: time.Hour, Probe: time.Hour}))
 	defer br.Close()
 	br.Get(context.Background(), "k") // an answer
 	src.down.Store(true)
@@ -191,7 +192,7 @@ func TestBreakerProbeAnsweredWithError(t *testing.T) {
 	for name, answer := range map[string]error{"not found": objectstore.ErrNotFound, "permission": objectstore.ErrPermission} {
 		t.Run(name, func(t *testing.T) {
 			src := &answeringStore{silentStore: silentStore{delay: 10 * time.Millisecond}, err: answer}
-			br := objectstore.WithBreaker(src, objectstore.BreakerOptions{Quiet: 15 * time.Millisecond, Probe: 5 * time.Millisecond, ProbeTimeout: time.Second})
+			br := must(objectstore.WithBreaker(src, objectstore.BreakerOptions{Quiet: 15 * time.Millisecond, Probe: 5 * time.Millisecond, ProbeTimeout: time.Second}))
 			defer br.Close()
 			ctx := context.Background()
 			br.Get(ctx, "k") // an answer: the probe's key

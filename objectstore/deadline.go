@@ -59,7 +59,10 @@ type Deadline struct {
 	full    bool         // the bound was reached: logged once
 }
 
-var _ Store = (*Deadline)(nil)
+var (
+	_ Store   = (*Deadline)(nil)
+	_ Wrapper = (*Deadline)(nil)
+)
 
 // WithDeadline wraps inner; see DeadlineOptions for the defaults.
 func WithDeadline(inner Store, opts DeadlineOptions) (*Deadline, error) {
@@ -266,17 +269,17 @@ var _ GetterInto = (*Deadline)(nil)
 // GetInto reads through the inner store's GetInto (or Get) into a pooled
 // buffer and copies into buf; from a store that reads in pieces, into buf
 // itself (inPieces).
-func (d *Deadline) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
+func (d *Deadline) GetInto(ctx context.Context, key string, buf []byte, limit int64) ([]byte, error) {
 	if pr, ok := d.Store.(pieceReader); ok {
-		b, _, err := d.inPieces(ctx, key, buf, pr)
+		b, _, err := d.inPieces(ctx, key, buf, limit, pr)
 		return b, err
 	}
 	gi, ok := d.Store.(GetterInto)
 	if !ok {
-		return d.Get(ctx, key)
+		return call(d, ctx, "get", key, func() ([]byte, error) { return GetLimit(ctx, d.Store, key, limit) }, nil)
 	}
 	b, _, err := d.into(ctx, "get", key, buf, func(tmp []byte) ([]byte, string, error) {
-		b, err := gi.GetInto(ctx, key, tmp)
+		b, err := gi.GetInto(ctx, key, tmp, limit)
 		return b, "", err
 	})
 	return b, err
@@ -295,15 +298,15 @@ func (d *Deadline) List(ctx context.Context, prefix string) ([]string, error) {
 // GetVersion reads through the inner store's GetVersion, as GetInto does;
 // from a store that reads in pieces (a local filesystem), into buf itself
 // (inPieces).
-func (d *Deadline) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
+func (d *Deadline) GetVersion(ctx context.Context, key string, buf []byte, limit int64) ([]byte, string, error) {
 	v, ok := AsVersioned(d.Store)
 	if !ok {
 		return nil, "", &Error{Op: "get", Store: d.ID(), Key: key, Err: errNotVersioned}
 	}
 	if pr, ok := d.Store.(pieceReader); ok {
-		return d.inPieces(ctx, key, buf, pr)
+		return d.inPieces(ctx, key, buf, limit, pr)
 	}
-	return d.into(ctx, "get", key, buf, func(tmp []byte) ([]byte, string, error) { return v.GetVersion(ctx, key, tmp) })
+	return d.into(ctx, "get", key, buf, func(tmp []byte) ([]byte, string, error) { return v.GetVersion(ctx, key, tmp, limit) })
 }
 
 // pieceReader is a store that reads a whole object and its version a
@@ -313,7 +316,7 @@ type pieceReader interface {
 	// piece to put with its offset and the object's size (a first call
 	// with an empty piece for an empty object); an error of put ends the
 	// read with it.
-	getVersionPieces(ctx context.Context, key string, piece []byte, put func(p []byte, off, size int64) error) (string, error)
+	getVersionPieces(ctx context.Context, key string, piece []byte, limit int64, put func(p []byte, off, size int64) error) (string, error)
 }
 
 // readPiece is what a piece read takes at a time: small enough that the
@@ -326,7 +329,7 @@ const readPiece = 256 << 10
 // each piece lands in a pooled buffer and is copied into buf through the
 // call's gate, so that a read its caller left behind stops writing into
 // buf before the caller goes on.
-func (d *Deadline) inPieces(ctx context.Context, key string, buf []byte, pr pieceReader) ([]byte, string, error) {
+func (d *Deadline) inPieces(ctx context.Context, key string, buf []byte, limit int64, pr pieceReader) ([]byte, string, error) {
 	p, _ := d.pieces.Get().(*[]byte)
 	if p == nil {
 		b := make([]byte, readPiece)
@@ -338,7 +341,7 @@ func (d *Deadline) inPieces(ctx context.Context, key string, buf []byte, pr piec
 		ok  bool   // the read ran to its end
 	)
 	r, err := callGated(d, ctx, "get", key, func() (versioned, error) {
-		ver, err := pr.getVersionPieces(ctx, key, *p, func(b []byte, off, size int64) error {
+		ver, err := pr.getVersionPieces(ctx, key, *p, limit, func(b []byte, off, size int64) error {
 			return g.do(func() {
 				if dst == nil {
 					if int64(cap(buf)) < size {

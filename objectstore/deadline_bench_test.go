@@ -45,7 +45,7 @@ func BenchmarkDeadlineRead(b *testing.B) {
 			buf := make([]byte, len(data))
 			b.SetBytes(int64(len(data)))
 			for b.Loop() {
-				if _, _, err := c.s.GetVersion(ctx, "c/0", buf); err != nil {
+				if _, _, err := c.s.GetVersion(ctx, "c/0", buf, 0); err != nil {
 					b.Fatal(err)
 				}
 			}

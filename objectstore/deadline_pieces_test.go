@@ -36,25 +36,25 @@ func TestDeadlinePiecesPosix(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dir, key), data, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		want, wantVer, err := p.GetVersion(ctx, key, nil)
+		want, wantVer, err := p.GetVersion(ctx, key, nil, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, c := range []int{0, n, n + 100} {
 			buf := make([]byte, 0, c)
-			got, ver, err := d.GetVersion(ctx, key, buf)
+			got, ver, err := d.GetVersion(ctx, key, buf, 0)
 			if err != nil || ver != wantVer || !bytes.Equal(got, want) || len(got) != n {
 				t.Fatalf("%d bytes into a buffer of %d: %d bytes, %q, %v; want %q", n, c, len(got), ver, err, wantVer)
 			}
 			if n > 0 && c >= n && &got[0] != &buf[:1][0] {
 				t.Errorf("%d bytes into a buffer of %d: not read into it", n, c)
 			}
-			if got, err := d.GetInto(ctx, key, buf); err != nil || !bytes.Equal(got, want) || (n > 0 && c >= n && &got[0] != &buf[:1][0]) {
+			if got, err := d.GetInto(ctx, key, buf, 0); err != nil || !bytes.Equal(got, want) || (n > 0 && c >= n && &got[0] != &buf[:1][0]) {
 				t.Fatalf("GetInto, %d bytes into a buffer of %d: %d bytes, %v", n, c, len(got), err)
 			}
 		}
 	}
-	if _, _, err := d.GetVersion(ctx, "missing", nil); !IsNotFound(err) {
+	if _, _, err := d.GetVersion(ctx, "missing", nil, 0); !IsNotFound(err) {
 		t.Errorf("a missing file: %v", err)
 	}
 }
@@ -69,7 +69,9 @@ type stallStore struct {
 	stopped atomic.Value // the error put returned, if any
 }
 
-func (s *stallStore) getVersionPieces(ctx context.Context, key string, piece []byte, put func(b []byte, off, size int64) error) (string, error) {
+var _ pieceReader = (*stallStore)(nil)
+
+func (s *stallStore) getVersionPieces(ctx context.Context, key string, piece []byte, limit int64, put func(b []byte, off, size int64) error) (string, error) {
 	const size = 4 * readPiece
 	for off := int64(0); off < size; off += readPiece {
 		if off > 0 {
@@ -97,7 +99,7 @@ func TestDeadlinePiecesLeft(t *testing.T) {
 		t.Fatal(err)
 	}
 	buf := make([]byte, 4*readPiece)
-	_, _, err = d.GetVersion(context.Background(), "k", buf)
+	_, _, err = d.GetVersion(context.Background(), "k", buf, 0)
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a stalled read: %v", err)
 	}
@@ -125,7 +127,9 @@ func TestDeadlinePiecesLeft(t *testing.T) {
 // cut short under the read does.
 type shortStore struct{ Posix }
 
-func (*shortStore) getVersionPieces(ctx context.Context, key string, piece []byte, put func(b []byte, off, size int64) error) (string, error) {
+var _ pieceReader = (*shortStore)(nil)
+
+func (*shortStore) getVersionPieces(ctx context.Context, key string, piece []byte, limit int64, put func(b []byte, off, size int64) error) (string, error) {
 	if err := put(piece, 0, 2*int64(len(piece))); err != nil {
 		return "", err
 	}
@@ -138,7 +142,7 @@ func TestDeadlinePiecesShort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, ver, err := d.GetVersion(context.Background(), "k", nil)
+	b, ver, err := d.GetVersion(context.Background(), "k", nil, 0)
 	if err == nil || b != nil || ver != "" {
 		t.Fatalf("a read cut short: %d bytes, %q, %v", len(b), ver, err)
 	}

@@ -42,11 +42,12 @@ func (h *hungStore) answer() {
 }
 
 func (h *hungStore) ID() string { return "file:///hung" }
+func (*hungStore) Close() error { return nil }
 func (h *hungStore) Get(ctx context.Context, key string) ([]byte, error) {
 	h.wait()
 	return []byte("data"), nil
 }
-func (h *hungStore) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
+func (h *hungStore) GetInto(ctx context.Context, key string, buf []byte, limit int64) ([]byte, error) {
 	h.wait()
 	if cap(buf) < 4 {
 		buf = make([]byte, 4)
@@ -62,8 +63,8 @@ func (h *hungStore) List(ctx context.Context, prefix string) ([]string, error) {
 	h.wait()
 	return []string{"k"}, nil
 }
-func (h *hungStore) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
-	b, err := h.GetInto(ctx, key, buf)
+func (h *hungStore) GetVersion(ctx context.Context, key string, buf []byte, limit int64) ([]byte, string, error) {
+	b, err := h.GetInto(ctx, key, buf, limit)
 	return b, "v1", err
 }
 func (h *hungStore) GetRangeVersion(ctx context.Context, key string, off, n int64) ([]byte, string, error) {
@@ -96,7 +97,7 @@ func TestDeadline(t *testing.T) {
 	ctx := context.Background()
 	buf := bytes.Repeat([]byte{0xaa}, 16)
 	start := time.Now()
-	b, err := d.GetInto(ctx, "k", buf)
+	b, err := d.GetInto(ctx, "k", buf, 0)
 	if b != nil || !errors.Is(err, context.DeadlineExceeded) || !objectstore.IsTransient(err) || time.Since(start) > 2*time.Second {
 		t.Fatalf("GetInto of a hung store: %q, %v after %v; want a transient deadline error after 50ms", b, err, time.Since(start))
 	}
@@ -134,7 +135,7 @@ func TestDeadline(t *testing.T) {
 	if called || h.fnCalls.Load() != 1 {
 		t.Errorf("a listing left behind called its caller's fn (%v)", called)
 	}
-	b, err = d.GetInto(ctx, "k", buf)
+	b, err = d.GetInto(ctx, "k", buf, 0)
 	if err != nil || string(b) != "late" || &b[0] != &buf[0] {
 		t.Errorf("GetInto after the store answered: %q, %v (into the caller's buffer: %v)", b, err, err == nil && &b[0] == &buf[0])
 	}
@@ -156,8 +157,8 @@ func TestDeadline(t *testing.T) {
 func TestDeadlineBehindBreaker(t *testing.T) {
 	h := newHung()
 	d, _ := objectstore.WithDeadline(h, objectstore.DeadlineOptions{Timeout: 50 * time.Millisecond, MaxBlocked: 4})
-	br := objectstore.WithBreaker(d, objectstore.BreakerOptions{Silence: 20 * time.Millisecond, Quiet: 40 * time.Millisecond,
-		Probe: 10 * time.Millisecond, ProbeTimeout: 50 * time.Millisecond})
+	br := must(objectstore.WithBreaker(d, objectstore.BreakerOptions{Silence: 20 * time.Millisecond, Quiet: 40 * time.Millisecond,
+		Probe: 10 * time.Millisecond, ProbeTimeout: 50 * time.Millisecond}))
 	defer br.Close()
 	ctx := context.Background()
 	if _, err := br.GetRange(ctx, "k", 0, 1); !errors.Is(err, context.DeadlineExceeded) {
@@ -186,7 +187,7 @@ func TestDeadlineBehindBreaker(t *testing.T) {
 	if _, ok := objectstore.AsVersionStater(br); !ok {
 		t.Error("the breaker hides the store's StatVersion")
 	}
-	if _, ok := objectstore.AsVersionStater(objectstore.WithBreaker(&silentStore{}, objectstore.BreakerOptions{})); ok {
+	if _, ok := objectstore.AsVersionStater(must(objectstore.WithBreaker(&silentStore{}, objectstore.BreakerOptions{}))); ok {
 		t.Error("a breaker over a store without StatVersion claims one")
 	}
 }
@@ -197,7 +198,7 @@ func TestPosixThroughDeadlineConformance(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		br := objectstore.WithBreaker(d, objectstore.BreakerOptions{})
+		br := must(objectstore.WithBreaker(d, objectstore.BreakerOptions{}))
 		t.Cleanup(func() { br.Close() })
 		if !objectstore.IsLocal(br) {
 			t.Error("IsLocal is false through the decorators")

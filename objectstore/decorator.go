@@ -32,24 +32,16 @@ func (d decorator) Identity() string { return Identity(d.Store) }
 // QueuesRequests forwards the decorated store's queueing.
 func (d decorator) QueuesRequests() bool { return queues(d.Store) }
 
-// Close closes the decorated store when it holds resources.
-func (d decorator) Close() error {
-	if c, ok := d.Store.(interface{ Close() error }); ok {
-		return c.Close()
-	}
-	return nil
-}
+// Close closes the decorated store.
+func (d decorator) Close() error { return d.Store.Close() }
 
 func (d decorator) versioned() bool      { _, ok := AsVersioned(d.Store); return ok }
 func (d decorator) statesVersions() bool { _, ok := AsVersionStater(d.Store); return ok }
 
 // getInto reads a whole object through the decorated store's GetInto, or
 // its Get when it has none.
-func (d decorator) getInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
-	if gi, ok := d.Store.(GetterInto); ok {
-		return gi.GetInto(ctx, key, buf)
-	}
-	return d.Store.Get(ctx, key)
+func (d decorator) getInto(ctx context.Context, key string, buf []byte, limit int64) ([]byte, error) {
+	return GetLimit(ctx, d.Store, key, limit)
 }
 
 // queues reports whether s makes requests wait for a slot (QueueingStore).

@@ -17,11 +17,11 @@ type upgraded struct {
 func (u *upgraded) Identity() string     { return "mem://x@elsewhere" }
 func (u *upgraded) QueuesRequests() bool { return true }
 func (u *upgraded) Close() error         { u.closed++; return nil }
-func (u *upgraded) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
+func (u *upgraded) GetInto(ctx context.Context, key string, buf []byte, limit int64) ([]byte, error) {
 	u.into++
 	return append(buf[:0], "data"...), nil
 }
-func (u *upgraded) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
+func (u *upgraded) GetVersion(ctx context.Context, key string, buf []byte, limit int64) ([]byte, string, error) {
 	return append(buf[:0], "data"...), "v1", nil
 }
 func (u *upgraded) GetRangeVersion(ctx context.Context, key string, off, length int64) ([]byte, string, error) {
@@ -43,6 +43,7 @@ func (bare) GetRange(ctx context.Context, key string, off, length int64) ([]byte
 }
 func (bare) List(ctx context.Context, prefix string) ([]string, error) { return []string{"k"}, nil }
 func (bare) ID() string                                                { return "mem://x" }
+func (bare) Close() error                                              { return nil }
 
 // Every decorator, alone or in a chain, forwards every upgrade of the
 // store it wraps, and claims none the store lacks: a chain is as capable
@@ -52,10 +53,10 @@ func TestDecoratorsForwardUpgrades(t *testing.T) {
 	ctx := context.Background()
 	chains := map[string]func(objectstore.Store) objectstore.Store{
 		"retry": func(s objectstore.Store) objectstore.Store {
-			return objectstore.WithRetry(s, objectstore.RetryOptions{})
+			return must(objectstore.WithRetry(s, objectstore.RetryOptions{}))
 		},
 		"breaker": func(s objectstore.Store) objectstore.Store {
-			return objectstore.WithBreaker(s, objectstore.BreakerOptions{})
+			return must(objectstore.WithBreaker(s, objectstore.BreakerOptions{}))
 		},
 		"deadline": func(s objectstore.Store) objectstore.Store {
 			d, err := objectstore.WithDeadline(s, objectstore.DeadlineOptions{})
@@ -66,10 +67,10 @@ func TestDecoratorsForwardUpgrades(t *testing.T) {
 		},
 		"retry(breaker(deadline))": func(s objectstore.Store) objectstore.Store {
 			d, _ := objectstore.WithDeadline(s, objectstore.DeadlineOptions{})
-			return objectstore.WithRetry(objectstore.WithBreaker(d, objectstore.BreakerOptions{}), objectstore.RetryOptions{})
+			return must(objectstore.WithRetry(must(objectstore.WithBreaker(d, objectstore.BreakerOptions{})), objectstore.RetryOptions{}))
 		},
 		"trust(retry(breaker))": func(s objectstore.Store) objectstore.Store {
-			return objectstore.TrustMetadata(objectstore.WithRetry(objectstore.WithBreaker(s, objectstore.BreakerOptions{}), objectstore.RetryOptions{}))
+			return objectstore.TrustMetadata(must(objectstore.WithRetry(must(objectstore.WithBreaker(s, objectstore.BreakerOptions{})), objectstore.RetryOptions{})))
 		},
 	}
 	for name, wrap := range chains {
@@ -97,7 +98,7 @@ func TestDecoratorsForwardUpgrades(t *testing.T) {
 			if !ok {
 				t.Fatal("not a GetterInto")
 			}
-			if b, err := gi.GetInto(ctx, "k", make([]byte, 0, 8)); err != nil || string(b) != "data" || inner.into != 1 {
+			if b, err := gi.GetInto(ctx, "k", make([]byte, 0, 8), 0); err != nil || string(b) != "data" || inner.into != 1 {
 				t.Errorf("GetInto = %q, %v; %d GetInto calls reached the inner store, want 1", b, err, inner.into)
 			}
 			if _, ok := objectstore.AsVersioned(s); ok == trusts {
@@ -106,11 +107,7 @@ func TestDecoratorsForwardUpgrades(t *testing.T) {
 			if _, ok := objectstore.AsVersionStater(s); ok == trusts {
 				t.Errorf("AsVersionStater = %v, want %v", ok, !trusts)
 			}
-			c, ok := s.(interface{ Close() error })
-			if !ok {
-				t.Fatal("no Close")
-			}
-			if err := c.Close(); err != nil || inner.closed != 1 {
+			if err := s.Close(); err != nil || inner.closed != 1 {
 				t.Errorf("Close = %v: the inner store was closed %d times, want 1", err, inner.closed)
 			}
 
@@ -127,11 +124,11 @@ func TestDecoratorsForwardUpgrades(t *testing.T) {
 			if objectstore.Identity(plain) != "mem://x" || objectstore.ObjectsPerListing(plain) != 0 {
 				t.Errorf("over a bare store: Identity %q, ObjectsPerListing %d", objectstore.Identity(plain), objectstore.ObjectsPerListing(plain))
 			}
-			if b, err := plain.(objectstore.GetterInto).GetInto(ctx, "k", nil); err != nil || string(b) != "data" {
+			if b, err := plain.(objectstore.GetterInto).GetInto(ctx, "k", nil, 0); err != nil || string(b) != "data" {
 				t.Errorf("GetInto over a store without it: %q, %v", b, err)
 			}
-			if err := plain.(interface{ Close() error }).Close(); err != nil {
-				t.Errorf("Close over a store without it: %v", err)
+			if err := plain.Close(); err != nil {
+				t.Errorf("Close over a bare store: %v", err)
 			}
 		})
 	}

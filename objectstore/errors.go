@@ -58,9 +58,16 @@ func IsTransient(err error) bool {
 		errors.Is(err, context.Canceled) {
 		return false
 	}
-	var t interface{ Transient() bool }
+	var t transienter
 	return errors.As(err, &t) && t.Transient()
 }
+
+// transienter is an error that says whether it may pass (transientError).
+type transienter interface {
+	Transient() bool
+}
+
+var _ transienter = (*transientError)(nil)
 
 // IsPermission reports whether err means the source refused access.
 func IsPermission(err error) bool { return errors.Is(err, ErrPermission) }

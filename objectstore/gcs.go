@@ -504,7 +504,7 @@ func (g *GCS) stat(ctx context.Context, k string) (*storage.ObjectAttrs, error) 
 
 // fetch reads a whole object or a range, and the generation of the
 // response.
-func (g *GCS) fetch(ctx context.Context, k string, off, length int64, ranged bool, into []byte) ([]byte, string, error) {
+func (g *GCS) fetch(ctx context.Context, k string, off, length int64, ranged bool, into []byte, limit int64) ([]byte, string, error) {
 	if ranged && length == 0 {
 		// HTTP cannot ask for zero bytes; check existence and bounds instead.
 		attrs, err := g.stat(ctx, k)
@@ -572,13 +572,13 @@ func (g *GCS) fetch(ctx context.Context, k string, off, length int64, ranged boo
 	if !ranged || status != http.StatusPartialContent {
 		// The object is read whole: refuse one larger than the caller
 		// expects before allocating for it.
-		if err := checkSize(ctx, want); err != nil {
+		if err := checkSize(limit, want); err != nil {
 			return nil, "", err
 		}
 	}
 	// What broke the body, not the client's attempt to read it again.
 	body := firstBodyError{rd, r}
-	buf, err := readBody(ctx, r.attempt, body, want, into)
+	buf, err := readBody(ctx, r.attempt, body, want, into, limit)
 	if err != nil {
 		return nil, "", err
 	}

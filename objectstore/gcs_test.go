@@ -76,9 +76,9 @@ func TestGCSConformance(t *testing.T) {
 			bucket := srv.NewBucket(t)
 			srv.UploadFiles(t, bucket, "s", files)
 			g := openGCS(t, srv.URL, bucket, "s", objectstore.GCSOptions{})
-			br := objectstore.WithBreaker(g, objectstore.BreakerOptions{})
+			br := must(objectstore.WithBreaker(g, objectstore.BreakerOptions{}))
 			t.Cleanup(func() { br.Close() })
-			return objectstore.WithRetry(br, objectstore.RetryOptions{})
+			return must(objectstore.WithRetry(br, objectstore.RetryOptions{}))
 		})
 	})
 	t.Run("STORAGE_EMULATOR_HOST", func(t *testing.T) {
@@ -106,13 +106,13 @@ func TestGCSGenerations(t *testing.T) {
 	srv.Put(bucket, "z/c/0", []byte("first"))
 	g := openGCS(t, srv.URL, bucket, "z", objectstore.GCSOptions{})
 	ctx := context.Background()
-	_, v1, err := g.GetVersion(ctx, "c/0", nil)
+	_, v1, err := g.GetVersion(ctx, "c/0", nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(2 * time.Millisecond) // the emulator's generations are clock-based
 	srv.Put(bucket, "z/c/0", []byte("second"))
-	b, v2, err := g.GetVersion(ctx, "c/0", nil)
+	b, v2, err := g.GetVersion(ctx, "c/0", nil, 0)
 	if err != nil || string(b) != "second" {
 		t.Fatalf("GetVersion after rewrite = %q, %v", b, err)
 	}
@@ -356,7 +356,7 @@ func newGCSFaultEnv(t *testing.T) *gcsFaultEnv {
 func (e *gcsFaultEnv) store(t *testing.T, retry objectstore.RetryOptions) objectstore.Store {
 	log := slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	g := openGCS(t, e.proxy.URL, e.bucket, "z", objectstore.GCSOptions{Logger: log, RequestTimeout: time.Second, MaxInFlight: 8})
-	return objectstore.WithRetry(g, fastRetry(retry, log))
+	return must(objectstore.WithRetry(g, fastRetry(retry, log)))
 }
 
 func TestGCSFaultsRecovered(t *testing.T) {
@@ -406,7 +406,7 @@ func TestGCSFaultsPersistent(t *testing.T) {
 func TestGCSBreaker(t *testing.T) {
 	e := newGCSFaultEnv(t)
 	g := openGCS(t, e.proxy.URL, e.bucket, "z", objectstore.GCSOptions{RequestTimeout: 200 * time.Millisecond})
-	br := objectstore.WithBreaker(g, objectstore.BreakerOptions{Failures: 2, Silence: 300 * time.Millisecond, Quiet: time.Second, Probe: 50 * time.Millisecond, ProbeTimeout: 200 * time.Millisecond})
+	br := must(objectstore.WithBreaker(g, objectstore.BreakerOptions{Failures: 2, Silence: 300 * time.Millisecond, Quiet: time.Second, Probe: 50 * time.Millisecond, ProbeTimeout: 200 * time.Millisecond}))
 	defer br.Close()
 	ctx := guard(t)
 	if _, err := br.Get(ctx, "a/c/0"); err != nil {

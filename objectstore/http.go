@@ -373,7 +373,7 @@ func (h *HTTP) statByGet(ctx context.Context, k string) (int64, string, error) {
 }
 
 // fetch reads a whole object or a range, and the version of the response.
-func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bool, into []byte) ([]byte, string, error) {
+func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bool, into []byte, limit int64) ([]byte, string, error) {
 	if ranged && length == 0 {
 		// HTTP cannot ask for zero bytes; check existence and bounds instead.
 		size, v, err := h.stat(ctx, k)
@@ -444,7 +444,7 @@ func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bo
 		total = want
 		// The object is read whole: refuse one larger than the caller
 		// expects before allocating for it.
-		if err := checkSize(ctx, want); err != nil {
+		if err := checkSize(limit, want); err != nil {
 			return nil, "", err
 		}
 	}
@@ -453,21 +453,21 @@ func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bo
 		// A 200 of unknown length (chunked): a clean end of the body
 		// (err == nil) before the range's end means the object is shorter;
 		// a cut body is an error of its own.
-		limit := length
+		most := length
 		if off < 0 {
-			limit = SizeLimit(ctx) + 1 // a suffix needs the whole to find its tail
+			most = SizeLimit(limit) + 1 // a suffix needs the whole to find its tail
 		}
-		buf, err = io.ReadAll(io.LimitReader(body, limit))
+		buf, err = io.ReadAll(io.LimitReader(body, most))
 		n := int64(len(buf))
 		switch {
 		case err != nil:
 			return nil, "", bodyError(ctx, a, err, n, want)
-		case off < 0 && n > SizeLimit(ctx):
-			return nil, "", checkSize(ctx, n)
+		case off < 0 && n > SizeLimit(limit):
+			return nil, "", checkSize(limit, n)
 		case n < length:
 			return nil, "", fmt.Errorf("%w: %d+%d, object of %d bytes", ErrRange, skip, length, skip+n)
 		}
-	} else if buf, err = readBody(ctx, a, body, want, into); err != nil {
+	} else if buf, err = readBody(ctx, a, body, want, into, limit); err != nil {
 		return nil, "", err
 	}
 	if ranged && !partial && off < 0 {

@@ -86,9 +86,9 @@ func TestHTTPConformance(t *testing.T) {
 				if !m.wrap {
 					return h
 				}
-				br := objectstore.WithBreaker(h, objectstore.BreakerOptions{})
+				br := must(objectstore.WithBreaker(h, objectstore.BreakerOptions{}))
 				t.Cleanup(func() { br.Close() })
-				return objectstore.WithRetry(br, objectstore.RetryOptions{})
+				return must(objectstore.WithRetry(br, objectstore.RetryOptions{}))
 			})
 		})
 	}
@@ -106,7 +106,7 @@ func TestHTTPVersions(t *testing.T) {
 	for _, etags := range []bool{false, true} {
 		srv.ETags.Store(etags)
 		h := openHTTP(t, srv.URL, objectstore.HTTPOptions{})
-		_, v1, err := h.GetVersion(ctx, "c/0", nil)
+		_, v1, err := h.GetVersion(ctx, "c/0", nil, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -115,7 +115,7 @@ func TestHTTPVersions(t *testing.T) {
 			t.Errorf("etags=%v: Validators() = %q, want %q", etags, h.Validators(), want)
 		}
 		os.WriteFile(filepath.Join(dir, "c", "0"), []byte("other"), 0o644)
-		_, v2, err := h.GetVersion(ctx, "c/0", nil)
+		_, v2, err := h.GetVersion(ctx, "c/0", nil, 0)
 		if err != nil || v1 == v2 {
 			t.Errorf("etags=%v: versions %q then %q (%v): a rewrite must change the version", etags, v1, v2, err)
 		}
@@ -142,7 +142,7 @@ func TestHTTPLastModifiedVersionNamesSize(t *testing.T) {
 	h := openHTTP(t, srv.URL, objectstore.HTTPOptions{})
 	versions := func() []string {
 		t.Helper()
-		_, whole, err1 := h.GetVersion(ctx, "c/0", nil)
+		_, whole, err1 := h.GetVersion(ctx, "c/0", nil, 0)
 		_, rng, err2 := h.GetRangeVersion(ctx, "c/0", 1, 3)
 		_, suffix, err3 := h.GetRangeVersion(ctx, "c/0", -1, 2)
 		head, err4 := h.StatVersion(ctx, "c/0")
@@ -195,7 +195,7 @@ func TestHTTPShortResponses(t *testing.T) {
 			t.Fatalf("range %v: err = %v, want a transient ErrTruncated naming the object", r, err)
 		}
 	}
-	rs := objectstore.WithRetry(h, objectstore.RetryOptions{MaxAttempts: 3, InitialBackoff: time.Millisecond})
+	rs := must(objectstore.WithRetry(h, objectstore.RetryOptions{MaxAttempts: 3, InitialBackoff: time.Millisecond}))
 	before := srv.Requests()
 	if _, err := rs.GetRange(ctx, "t/0.0", 100, 5000); err == nil || !strings.Contains(err.Error(), "gave up after 3 attempts") {
 		t.Fatalf("retried: %v", err)
@@ -341,7 +341,7 @@ func TestHTTPBearerToken(t *testing.T) {
 	}
 	errs = append(errs, err.Error())
 	srv.RequireToken("a-newer-token")
-	expired := objectstore.WithRetry(good, objectstore.RetryOptions{Logger: log})
+	expired := must(objectstore.WithRetry(good, objectstore.RetryOptions{Logger: log}))
 	_, err = expired.Get(ctx, "zarr.json")
 	if !objectstore.IsPermission(err) || !strings.Contains(err.Error(), "may have expired") || strings.Contains(err.Error(), "\n") {
 		t.Fatalf("refused token: %v, want one line saying it may have expired", err)
@@ -373,7 +373,7 @@ func TestHTTPFaults(t *testing.T) {
 	}
 	defer p.Close()
 	h := openHTTP(t, p.URL+"/z", objectstore.HTTPOptions{RequestTimeout: time.Second})
-	s := objectstore.WithRetry(h, objectstore.RetryOptions{MaxAttempts: 6, InitialBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, Budget: 20 * time.Second})
+	s := must(objectstore.WithRetry(h, objectstore.RetryOptions{MaxAttempts: 6, InitialBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, Budget: 20 * time.Second}))
 	st := status
 	checkFaultsRecovered(t, p, s, big, []faultCase{
 		{"503 burst", []faultproxy.Fault{st(503), st(503), st(500)}},
@@ -391,8 +391,8 @@ func TestHTTPFaults(t *testing.T) {
 		}
 	})
 	t.Run("breaker", func(t *testing.T) {
-		br := objectstore.WithBreaker(h, objectstore.BreakerOptions{Failures: 2, Silence: 300 * time.Millisecond, Quiet: time.Second,
-			Probe: 50 * time.Millisecond, ProbeTimeout: 300 * time.Millisecond})
+		br := must(objectstore.WithBreaker(h, objectstore.BreakerOptions{Failures: 2, Silence: 300 * time.Millisecond, Quiet: time.Second,
+			Probe: 50 * time.Millisecond, ProbeTimeout: 300 * time.Millisecond}))
 		defer br.Close()
 		ctx := guard(t)
 		// No read has succeeded yet: the probe cannot read a key, and

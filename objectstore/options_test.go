@@ -15,27 +15,21 @@ func TestNegativeOptionsRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, f := range map[string]func(){
-		"RetryOptions.Budget":         func() { WithRetry(inner, RetryOptions{Budget: -time.Second}) },
-		"RetryOptions.MaxAttempts":    func() { WithRetry(inner, RetryOptions{MaxAttempts: -1}) },
-		"BreakerOptions.Silence":      func() { WithBreaker(inner, BreakerOptions{Silence: -time.Second}) },
-		"BreakerOptions.ProbeTimeout": func() { WithBreaker(inner, BreakerOptions{ProbeTimeout: -1}) },
+	for name, f := range map[string]func() error{
+		"RetryOptions.Budget":         func() error { _, err := WithRetry(inner, RetryOptions{Budget: -time.Second}); return err },
+		"RetryOptions.MaxAttempts":    func() error { _, err := WithRetry(inner, RetryOptions{MaxAttempts: -1}); return err },
+		"BreakerOptions.Silence":      func() error { _, err := WithBreaker(inner, BreakerOptions{Silence: -time.Second}); return err },
+		"BreakerOptions.ProbeTimeout": func() error { _, err := WithBreaker(inner, BreakerOptions{ProbeTimeout: -1}); return err },
 	} {
-		func() {
-			defer func() {
-				r, _ := recover().(string)
-				if !strings.Contains(r, name) {
-					t.Errorf("%s negative: panic %q, want one naming it", name, r)
-				}
-			}()
-			f()
-		}()
+		if err := f(); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s negative: %v, want an error naming it", name, err)
+		}
 	}
 	// Zero still means the default.
-	if r := WithRetry(inner, RetryOptions{}); r.opts.Budget != 2*time.Minute || r.opts.MaxAttempts != 6 {
+	if r := must(WithRetry(inner, RetryOptions{})); r.opts.Budget != 2*time.Minute || r.opts.MaxAttempts != 6 {
 		t.Errorf("zero RetryOptions: %+v", r.opts)
 	}
-	b := WithBreaker(inner, BreakerOptions{})
+	b := must(WithBreaker(inner, BreakerOptions{}))
 	defer b.Close()
 	if b.opts.Silence != 10*time.Second {
 		t.Errorf("zero BreakerOptions: %+v", b.opts)
@@ -99,4 +93,12 @@ func TestRemoteTransportsTuned(t *testing.T) {
 			t.Errorf("%s: idle per host %d, header timeout %v, compression disabled %v", name, tr.MaxIdleConnsPerHost, tr.ResponseHeaderTimeout, tr.DisableCompression)
 		}
 	}
+}
+
+// must is v, for options a test knows to be valid.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

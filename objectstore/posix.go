@@ -139,14 +139,14 @@ func (p *Posix) open(k string) (*os.File, os.FileInfo, error) {
 
 // Get reads a whole object.
 func (p *Posix) Get(ctx context.Context, key string) ([]byte, error) {
-	return p.GetInto(ctx, key, nil)
+	return p.GetInto(ctx, key, nil, 0)
 }
 
 var _ GetterInto = (*Posix)(nil)
 
 // GetInto reads a whole object into buf, growing it when too small.
-func (p *Posix) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
-	b, _, err := p.GetVersion(ctx, key, buf)
+func (p *Posix) GetInto(ctx context.Context, key string, buf []byte, limit int64) ([]byte, error) {
+	b, _, err := p.GetVersion(ctx, key, buf, limit)
 	return b, err
 }
 

@@ -47,7 +47,7 @@ func TestPosixConformance(t *testing.T) {
 
 func TestPosixThroughRetryConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T, files map[string][]byte) objectstore.Store {
-		return objectstore.WithRetry(newPosix(t, files), objectstore.RetryOptions{})
+		return must(objectstore.WithRetry(newPosix(t, files), objectstore.RetryOptions{}))
 	})
 }
 

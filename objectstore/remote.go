@@ -23,10 +23,11 @@ type remote struct {
 	timeout time.Duration // RequestTimeout: how long a request may make no progress
 	sem     chan struct{} // one slot per request in flight (MaxInFlight)
 	tr      http.RoundTripper
-	// read reads a whole object (ranged false; into buf when it is large
-	// enough) or length bytes at off (off < 0: the last length bytes) of a
-	// key already cleaned, and returns the version of the response.
-	read func(ctx context.Context, k string, off, length int64, ranged bool, buf []byte) ([]byte, string, error)
+	// read reads a whole object of at most limit bytes (ranged false; into
+	// buf when it is large enough) or length bytes at off (off < 0: the
+	// last length bytes) of a key already cleaned, and returns the version
+	// of the response.
+	read func(ctx context.Context, k string, off, length int64, ranged bool, buf []byte, limit int64) ([]byte, string, error)
 }
 
 // ID names the store (its URL).
@@ -39,11 +40,18 @@ func (r *remote) QueuesRequests() bool { return true }
 // Close releases the idle connections kept for reuse. Calls made after it
 // still work (they dial again).
 func (r *remote) Close() error {
-	if t, ok := r.tr.(interface{ CloseIdleConnections() }); ok {
+	if t, ok := r.tr.(idleCloser); ok {
 		t.CloseIdleConnections()
 	}
 	return nil
 }
+
+// idleCloser is a transport that keeps idle connections (http.Transport).
+type idleCloser interface {
+	CloseIdleConnections()
+}
+
+var _ idleCloser = (*http.Transport)(nil)
 
 // attempt is one request of a remote store under way: it holds one of the
 // MaxInFlight slots, the decorators outside were told that it left the
@@ -109,13 +117,13 @@ func (p progressReader) Read(b []byte) (int, error) {
 
 // Get reads a whole object.
 func (r *remote) Get(ctx context.Context, key string) ([]byte, error) {
-	b, _, err := r.GetVersion(ctx, key, nil)
+	b, _, err := r.GetVersion(ctx, key, nil, 0)
 	return b, err
 }
 
 // GetInto is Get reading into buf when it is large enough.
-func (r *remote) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
-	b, _, err := r.GetVersion(ctx, key, buf)
+func (r *remote) GetInto(ctx context.Context, key string, buf []byte, limit int64) ([]byte, error) {
+	b, _, err := r.GetVersion(ctx, key, buf, limit)
 	return b, err
 }
 
@@ -128,12 +136,12 @@ func (r *remote) GetRange(ctx context.Context, key string, off, length int64) ([
 }
 
 // GetVersion reads a whole object and the version of its response.
-func (r *remote) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
+func (r *remote) GetVersion(ctx context.Context, key string, buf []byte, limit int64) ([]byte, string, error) {
 	k, err := CleanKey(key, false)
 	if err != nil {
 		return nil, "", &Error{Op: "get", Store: r.id, Key: key, Err: err}
 	}
-	b, v, err := r.read(ctx, k, 0, 0, false, buf)
+	b, v, err := r.read(ctx, k, 0, 0, false, buf, limit)
 	if err != nil {
 		return nil, "", &Error{Op: "get", Store: r.id, Key: k, Err: err}
 	}
@@ -149,7 +157,7 @@ func (r *remote) GetRangeVersion(ctx context.Context, key string, off, length in
 	if length < 0 {
 		return nil, "", &Error{Op: "get range", Store: r.id, Key: k, Err: fmt.Errorf("negative length %d", length)}
 	}
-	b, v, err := r.read(ctx, k, off, length, true, nil)
+	b, v, err := r.read(ctx, k, off, length, true, nil, 0)
 	if err != nil {
 		return nil, "", &Error{Op: "get range", Store: r.id, Key: k, Err: err}
 	}
@@ -185,10 +193,9 @@ func checkContentRange(cr string, off, length, want int64) (int64, int64, error)
 
 // readBody reads a body of want bytes (-1: of no announced length, which
 // its end tells) into into when it is large enough. A body of no announced
-// length is refused past the request's size limit (WithSizeLimit); the
-// caller checks an announced length before calling. A failure is
-// classified by bodyError.
-func readBody(ctx context.Context, a *attempt, body io.Reader, want int64, into []byte) ([]byte, error) {
+// length is refused past limit (SizeLimit); the caller checks an announced
+// length before calling. A failure is classified by bodyError.
+func readBody(ctx context.Context, a *attempt, body io.Reader, want int64, into []byte, limit int64) ([]byte, error) {
 	if want >= 0 {
 		var buf []byte
 		if int64(cap(into)) >= want {
@@ -201,11 +208,11 @@ func readBody(ctx context.Context, a *attempt, body io.Reader, want int64, into 
 		}
 		return buf, nil
 	}
-	buf, err := io.ReadAll(io.LimitReader(body, SizeLimit(ctx)+1))
+	buf, err := io.ReadAll(io.LimitReader(body, SizeLimit(limit)+1))
 	if err != nil {
 		return nil, bodyError(ctx, a, err, int64(len(buf)), want)
 	}
-	if err := checkSize(ctx, int64(len(buf))); err != nil {
+	if err := checkSize(limit, int64(len(buf))); err != nil {
 		return nil, err
 	}
 	return buf, nil

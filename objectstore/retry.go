@@ -55,15 +55,20 @@ type Retry struct {
 	log  *slog.Logger
 }
 
-var _ Store = (*Retry)(nil)
+var (
+	_ Store   = (*Retry)(nil)
+	_ Wrapper = (*Retry)(nil)
+)
 
 // WithRetry wraps inner with retries; see RetryOptions for the defaults.
-// A negative value is a caller's mistake and panics, as a negative count
-// does in make: it is not turned into the default.
-func WithRetry(inner Store, opts RetryOptions) *Retry {
-	refuseNegative("RetryOptions", map[string]int64{"MaxAttempts": int64(opts.MaxAttempts),
+// A negative value is refused with an error naming it, not turned into
+// the default.
+func WithRetry(inner Store, opts RetryOptions) (*Retry, error) {
+	if err := refuseNegative("RetryOptions", map[string]int64{"MaxAttempts": int64(opts.MaxAttempts),
 		"AttemptTimeout": int64(opts.AttemptTimeout), "Budget": int64(opts.Budget),
-		"InitialBackoff": int64(opts.InitialBackoff), "MaxBackoff": int64(opts.MaxBackoff)})
+		"InitialBackoff": int64(opts.InitialBackoff), "MaxBackoff": int64(opts.MaxBackoff)}); err != nil {
+		return nil, err
+	}
 	if opts.MaxAttempts == 0 {
 		opts.MaxAttempts = 6
 	}
@@ -92,12 +97,13 @@ func WithRetry(inner Store, opts RetryOptions) *Retry {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Retry{decorator: decorator{inner}, opts: opts, log: log}
+	return &Retry{decorator: decorator{inner}, opts: opts, log: log}, nil
 }
 
-// refuseNegative panics naming the first negative field of an options
-// struct (in name order, so the message does not depend on map order).
-func refuseNegative(what string, fields map[string]int64) {
+// refuseNegative returns an error naming the first negative field of an
+// options struct (in name order, so the message does not depend on map
+// order), nil when none is.
+func refuseNegative(what string, fields map[string]int64) error {
 	names := make([]string, 0, len(fields))
 	for k := range fields {
 		names = append(names, k)
@@ -105,9 +111,10 @@ func refuseNegative(what string, fields map[string]int64) {
 	sort.Strings(names)
 	for _, k := range names {
 		if fields[k] < 0 {
-			panic(fmt.Sprintf("objectstore: %s.%s %d: want 0 (the default) or more", what, k, fields[k]))
+			return fmt.Errorf("objectstore: %s.%s %d: want 0 (the default) or more", what, k, fields[k])
 		}
 	}
+	return nil
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {
@@ -262,10 +269,10 @@ func (r *Retry) do(ctx context.Context, op, key string, f func(ctx context.Conte
 var _ GetterInto = (*Retry)(nil)
 
 // GetInto retries the inner store's GetInto (or Get, when it has none).
-func (r *Retry) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
+func (r *Retry) GetInto(ctx context.Context, key string, buf []byte, limit int64) ([]byte, error) {
 	var b []byte
 	err := r.do(ctx, "get", key, func(ctx context.Context) (err error) {
-		b, err = r.getInto(ctx, key, buf)
+		b, err = r.getInto(ctx, key, buf, limit)
 		return err
 	})
 	return b, err

@@ -24,6 +24,7 @@ type scripted struct {
 }
 
 func (s *scripted) ID() string { return "mem://test" }
+func (*scripted) Close() error { return nil }
 
 func (s *scripted) Get(ctx context.Context, key string) ([]byte, error) {
 	s.mu.Lock()
@@ -92,9 +93,9 @@ func TestRetryClasses(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			inner := &scripted{errs: tc.errs}
 			clock := &fakeClock{now: time.Unix(0, 0)}
-			r := objectstore.WithRetry(inner, objectstore.RetryOptions{
+			r := must(objectstore.WithRetry(inner, objectstore.RetryOptions{
 				MaxAttempts: 4, Now: clock.Now, Sleep: clock.Sleep, Jitter: func() float64 { return 0 },
-			})
+			}))
 			b, err := r.Get(context.Background(), "k")
 			if inner.calls != tc.wantCalls {
 				t.Errorf("%d calls, want %d", inner.calls, tc.wantCalls)
@@ -128,10 +129,10 @@ func TestRetryBackoff(t *testing.T) {
 	} {
 		inner := &scripted{errs: []error{errBoom, errBoom, errBoom, errBoom, errBoom, errBoom, errBoom}}
 		clock := &fakeClock{now: time.Unix(0, 0)}
-		r := objectstore.WithRetry(inner, objectstore.RetryOptions{
+		r := must(objectstore.WithRetry(inner, objectstore.RetryOptions{
 			MaxAttempts: 7, InitialBackoff: 100 * time.Millisecond, MaxBackoff: time.Second,
 			Now: clock.Now, Sleep: clock.Sleep, Jitter: func() float64 { return tc.jitter },
-		})
+		}))
 		_, err := r.Get(context.Background(), "k")
 		if !objectstore.IsTransient(err) {
 			t.Errorf("jitter %v: err = %v, want transient", tc.jitter, err)
@@ -148,10 +149,10 @@ func TestRetryBudget(t *testing.T) {
 		inner.errs[i] = errBoom
 	}
 	clock := &fakeClock{now: time.Unix(0, 0)}
-	r := objectstore.WithRetry(inner, objectstore.RetryOptions{
+	r := must(objectstore.WithRetry(inner, objectstore.RetryOptions{
 		MaxAttempts: 100, Budget: time.Second, InitialBackoff: 100 * time.Millisecond, MaxBackoff: time.Second,
 		Now: clock.Now, Sleep: clock.Sleep, Jitter: func() float64 { return 0.999 },
-	})
+	}))
 	_, err := r.Get(context.Background(), "k")
 	if !objectstore.IsTransient(err) {
 		t.Fatalf("err = %v, want transient", err)
@@ -168,13 +169,13 @@ func TestRetryBudget(t *testing.T) {
 func TestRetryCancelledWhileWaiting(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	inner := &scripted{errs: []error{errBoom, errBoom}}
-	r := objectstore.WithRetry(inner, objectstore.RetryOptions{
+	r := must(objectstore.WithRetry(inner, objectstore.RetryOptions{
 		Sleep: func(ctx context.Context, d time.Duration) error {
 			cancel() // the caller gives up during the first wait
 			<-ctx.Done()
 			return ctx.Err()
 		},
-	})
+	}))
 	_, err := r.Get(ctx, "k")
 	if !errors.Is(err, context.Canceled) || objectstore.IsTransient(err) {
 		t.Fatalf("err = %v, want context.Canceled and not transient", err)
@@ -193,9 +194,9 @@ func TestRetryCancelledWhileWaiting(t *testing.T) {
 // the call ends with a transient error once the attempts are spent.
 func TestRetryAttemptTimeout(t *testing.T) {
 	inner := &scripted{block: true}
-	r := objectstore.WithRetry(inner, objectstore.RetryOptions{
+	r := must(objectstore.WithRetry(inner, objectstore.RetryOptions{
 		MaxAttempts: 3, AttemptTimeout: 20 * time.Millisecond, InitialBackoff: time.Millisecond,
-	})
+	}))
 	_, err := r.Get(context.Background(), "k")
 	if !objectstore.IsTransient(err) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("err = %v, want a transient timeout", err)
@@ -256,7 +257,7 @@ func (q *queued) Get(ctx context.Context, key string) ([]byte, error) {
 // when the request leaves the queue. A stall after that still counts.
 func TestRetryQueueNotAStall(t *testing.T) {
 	q := &queued{wait: 150 * time.Millisecond}
-	r := objectstore.WithRetry(q, objectstore.RetryOptions{MaxAttempts: 2, AttemptTimeout: 30 * time.Millisecond, InitialBackoff: time.Millisecond})
+	r := must(objectstore.WithRetry(q, objectstore.RetryOptions{MaxAttempts: 2, AttemptTimeout: 30 * time.Millisecond, InitialBackoff: time.Millisecond}))
 	if b, err := r.Get(context.Background(), "k"); err != nil || string(b) != "data" {
 		t.Fatalf("Get after a queue longer than the attempt timeout = %q, %v", b, err)
 	}
@@ -268,4 +269,12 @@ func TestRetryQueueNotAStall(t *testing.T) {
 	if !objectstore.IsTransient(err) || !errors.Is(err, context.DeadlineExceeded) || q.calls != 2 {
 		t.Fatalf("stall after the queue: %d calls, err %v; want 2 attempts ending in a transient timeout", q.calls, err)
 	}
+}
+
+// must is v, for options a test knows to be valid.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

@@ -414,7 +414,7 @@ func (s *S3) classify(parent context.Context, timedOut bool, err error) error {
 // fetch reads a whole object or a range, and the ETag of the response,
 // verifying the body's length against Content-Length and, for a range, its
 // Content-Range.
-func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool, into []byte) ([]byte, string, error) {
+func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool, into []byte, limit int64) ([]byte, string, error) {
 	a, err := s.start(ctx)
 	if err != nil {
 		return nil, "", err
@@ -476,11 +476,11 @@ func (s *S3) fetch(ctx context.Context, k string, off, length int64, ranged bool
 	if whole {
 		// The object is read whole: refuse one larger than the caller
 		// expects before allocating for it.
-		if err := checkSize(ctx, want); err != nil {
+		if err := checkSize(limit, want); err != nil {
 			return nil, "", err
 		}
 	}
-	buf, err := readBody(ctx, a, body, want, into)
+	buf, err := readBody(ctx, a, body, want, into, limit)
 	if err != nil {
 		return nil, "", err
 	}

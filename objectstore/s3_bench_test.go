@@ -91,7 +91,7 @@ func BenchmarkS3ColdFetch(b *testing.B) {
 		if err != nil {
 			return 0, err
 		}
-		st := objectstore.WithRetry(s, objectstore.RetryOptions{})
+		st := must(objectstore.WithRetry(s, objectstore.RetryOptions{}))
 		return fetchAll(func(k string) (int, error) {
 			buf, err := st.Get(ctx, k)
 			return len(buf), err

@@ -53,7 +53,7 @@ func (e *faultEnv) store(t *testing.T, creds *credentials.Credentials, retry obj
 	if err != nil {
 		t.Fatal(err)
 	}
-	return objectstore.WithRetry(s, fastRetry(retry, log))
+	return must(objectstore.WithRetry(s, fastRetry(retry, log)))
 }
 
 func TestS3FaultsRecovered(t *testing.T) {

@@ -169,7 +169,7 @@ func TestS3QueueIsNotAStall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := objectstore.WithRetry(s, objectstore.RetryOptions{MaxAttempts: 1, AttemptTimeout: 400 * time.Millisecond})
+	r := must(objectstore.WithRetry(s, objectstore.RetryOptions{MaxAttempts: 1, AttemptTimeout: 400 * time.Millisecond}))
 	var wg sync.WaitGroup
 	errs := make(chan error, 12)
 	for range 12 { // the last waits ~550ms for its turn

@@ -178,7 +178,7 @@ func TestS3Conformance(t *testing.T) {
 		storetest.Run(t, func(t *testing.T, files map[string][]byte) objectstore.Store {
 			bucket := srv.NewBucket(t)
 			srv.UploadFiles(t, bucket, "s", files)
-			return objectstore.WithRetry(openS3(t, srv.Endpoint, bucket, "s", objectstore.S3Options{Credentials: staticCreds(srv)}), objectstore.RetryOptions{})
+			return must(objectstore.WithRetry(openS3(t, srv.Endpoint, bucket, "s", objectstore.S3Options{Credentials: staticCreds(srv)}), objectstore.RetryOptions{}))
 		})
 	})
 }

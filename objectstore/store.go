@@ -24,37 +24,48 @@ var ErrNotFound = errors.New("not found")
 // escapes the store root.
 var ErrInvalidKey = errors.New("invalid key")
 
-// ErrTooLarge is returned (wrapped) by Get and GetInto for an object larger
-// than the size limit of the request (WithSizeLimit): the object is refused
-// before its bytes are read or its buffer allocated. It is permanent.
+// ErrTooLarge is returned (wrapped) by Get, GetInto and GetVersion for an
+// object larger than the request's size limit (their limit argument, or
+// DefaultSizeLimit): the object is refused before its bytes are read or
+// its buffer allocated. It is permanent.
 var ErrTooLarge = errors.New("object larger than expected")
 
-// DefaultSizeLimit bounds the objects Get and GetInto read when the request
-// carries no limit of its own: so that no object a store holds can make a
-// reader allocate without bound.
+// DefaultSizeLimit bounds the objects Get reads, and GetInto and
+// GetVersion when given no limit of their own (0): so that no object a
+// store holds can make a reader allocate without bound.
 const DefaultSizeLimit = 2 << 30
 
-type sizeLimitKey struct{}
-
-// WithSizeLimit returns a context under which Get and GetInto refuse an
-// object larger than n bytes with ErrTooLarge (n > 0).
-func WithSizeLimit(ctx context.Context, n int64) context.Context {
-	return context.WithValue(ctx, sizeLimitKey{}, n)
-}
-
-// SizeLimit is the object size limit of requests made under ctx.
-func SizeLimit(ctx context.Context) int64 {
-	if n, ok := ctx.Value(sizeLimitKey{}).(int64); ok && n > 0 {
-		return n
+// SizeLimit is the size limit a whole-object read given limit applies:
+// limit, or DefaultSizeLimit for 0 (or less).
+func SizeLimit(limit int64) int64 {
+	if limit > 0 {
+		return limit
 	}
 	return DefaultSizeLimit
 }
 
-func checkSize(ctx context.Context, size int64) error {
-	if lim := SizeLimit(ctx); size > lim {
+func checkSize(limit, size int64) error {
+	if lim := SizeLimit(limit); size > lim {
 		return fmt.Errorf("%w: %d bytes, at most %d expected", ErrTooLarge, size, lim)
 	}
 	return nil
+}
+
+// GetLimit reads a whole object of s, refusing one larger than limit
+// bytes (0: DefaultSizeLimit) with ErrTooLarge: before reading it where s
+// reads into a buffer (GetterInto), else once read.
+func GetLimit(ctx context.Context, s Store, key string, limit int64) ([]byte, error) {
+	if gi, ok := s.(GetterInto); ok {
+		return gi.GetInto(ctx, key, nil, limit)
+	}
+	b, err := s.Get(ctx, key)
+	if err == nil {
+		err = checkSize(limit, int64(len(b)))
+	}
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
 }
 
 // Store is the read-only interface every source implements.
@@ -75,14 +86,20 @@ type Store interface {
 	// "file:///data/era5.zarr" or "s3://bucket/era5.zarr". It never holds
 	// secrets.
 	ID() string
+	// Close releases what the store holds (idle connections, a root
+	// directory, a breaker's probe, the stores a virtual store reads
+	// through); a decorator closes the store it wraps, so closing the
+	// outermost store closes its chain. Requests after Close may fail.
+	Close() error
 }
 
 // GetterInto is an optional upgrade of a Store: GetInto reads a whole
 // object into buf (grown when too small) and returns the filled slice, so
-// that hot paths reuse memory instead of allocating per chunk. Errors are
-// those of Get.
+// that hot paths reuse memory instead of allocating per chunk. An object
+// larger than limit bytes (0: DefaultSizeLimit) is refused with
+// ErrTooLarge before its bytes are read. Errors are those of Get.
 type GetterInto interface {
-	GetInto(ctx context.Context, key string, buf []byte) ([]byte, error)
+	GetInto(ctx context.Context, key string, buf []byte, limit int64) ([]byte, error)
 }
 
 // Identifier is an optional upgrade of a Store whose ID alone does not
@@ -100,12 +117,34 @@ func Identity(s Store) string {
 	return s.ID()
 }
 
-// Unwrap returns the store a decorator wraps (its Unwrap method), or nil.
+// Wrapper is implemented by decorators (retry, deadline, breaker): Unwrap
+// returns the store decorated.
+type Wrapper interface {
+	Unwrap() Store
+}
+
+// Unwrap returns the store a decorator wraps (Wrapper), or nil.
 func Unwrap(s Store) Store {
-	if u, ok := s.(interface{ Unwrap() Store }); ok {
+	if u, ok := s.(Wrapper); ok {
 		return u.Unwrap()
 	}
 	return nil
+}
+
+// Refresher is an optional upgrade of a virtual store (a reference set, a
+// repository branch): Refresh reads what it serves again (the reference
+// file, the branch's head) if that changed, and reports whether it did.
+// On error the store keeps serving what it served.
+type Refresher interface {
+	Refresh(ctx context.Context) (bool, error)
+}
+
+// Localer is an optional upgrade of a virtual store: Local reports
+// whether every object it serves lies in local files (so a caller need
+// not keep a second copy of their bytes), whatever store it reads its
+// references from.
+type Localer interface {
+	Local() bool
 }
 
 // IsLocal reports whether s reads the local filesystem (a Posix store,

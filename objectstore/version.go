@@ -28,9 +28,9 @@ import (
 // the store it wraps cannot tell versions.
 type Versioned interface {
 	// GetVersion reads a whole object into buf (grown when too small), as
-	// GetterInto does, and returns the version of the bytes it read, taken
-	// from the same response: no extra request.
-	GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error)
+	// GetterInto does (limit included), and returns the version of the
+	// bytes it read, taken from the same response: no extra request.
+	GetVersion(ctx context.Context, key string, buf []byte, limit int64) ([]byte, string, error)
 	// GetRangeVersion reads a byte range as GetRange does, and returns the
 	// version of the object the range belongs to.
 	GetRangeVersion(ctx context.Context, key string, off, length int64) ([]byte, string, error)
@@ -94,8 +94,8 @@ func statVersion(size, mtime int64, ino uint64, ctime int64) string {
 
 // GetVersion reads a whole object and its version (from the descriptor it
 // read through).
-func (p *Posix) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
-	f, st, k, err := p.openWhole(ctx, key)
+func (p *Posix) GetVersion(ctx context.Context, key string, buf []byte, limit int64) ([]byte, string, error) {
+	f, st, k, err := p.openWhole(ctx, key, limit)
 	if err != nil {
 		return nil, "", err
 	}
@@ -111,9 +111,9 @@ func (p *Posix) GetVersion(ctx context.Context, key string, buf []byte) ([]byte,
 	return buf, posixVersion(st), nil
 }
 
-// openWhole opens key for a read of the whole object: the file, its
-// stat, the cleaned key, or the error to return.
-func (p *Posix) openWhole(ctx context.Context, key string) (*os.File, os.FileInfo, string, error) {
+// openWhole opens key for a read of the whole object of at most limit
+// bytes: the file, its stat, the cleaned key, or the error to return.
+func (p *Posix) openWhole(ctx context.Context, key string, limit int64) (*os.File, os.FileInfo, string, error) {
 	k, err := CleanKey(key, false)
 	if err != nil {
 		return nil, nil, "", &Error{Op: "get", Store: p.id, Key: key, Err: err}
@@ -125,7 +125,7 @@ func (p *Posix) openWhole(ctx context.Context, key string) (*os.File, os.FileInf
 	if err != nil {
 		return nil, nil, "", p.wrap("get", k, err)
 	}
-	if err := checkSize(ctx, st.Size()); err != nil {
+	if err := checkSize(limit, st.Size()); err != nil {
 		f.Close()
 		return nil, nil, "", p.wrap("get", k, err)
 	}
@@ -135,8 +135,8 @@ func (p *Posix) openWhole(ctx context.Context, key string) (*os.File, os.FileInf
 var _ pieceReader = (*Posix)(nil)
 
 // getVersionPieces is GetVersion a piece at a time (see pieceReader).
-func (p *Posix) getVersionPieces(ctx context.Context, key string, piece []byte, put func(b []byte, off, size int64) error) (string, error) {
-	f, st, k, err := p.openWhole(ctx, key)
+func (p *Posix) getVersionPieces(ctx context.Context, key string, piece []byte, limit int64, put func(b []byte, off, size int64) error) (string, error) {
+	f, st, k, err := p.openWhole(ctx, key, limit)
 	if err != nil {
 		return "", err
 	}
@@ -371,7 +371,7 @@ type via struct {
 
 func (w via) versioned() (Versioned, bool) { return AsVersioned(w.inner) }
 
-func (w via) getVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
+func (w via) getVersion(ctx context.Context, key string, buf []byte, limit int64) ([]byte, string, error) {
 	v, ok := w.versioned()
 	if !ok {
 		return nil, "", &Error{Op: "get", Store: w.inner.ID(), Key: key, Err: errNotVersioned}
@@ -379,7 +379,7 @@ func (w via) getVersion(ctx context.Context, key string, buf []byte) ([]byte, st
 	var out []byte
 	var ver string
 	err := w.do(ctx, "get", key, func(ctx context.Context) (err error) {
-		out, ver, err = v.GetVersion(ctx, key, buf)
+		out, ver, err = v.GetVersion(ctx, key, buf, limit)
 		return err
 	})
 	return out, ver, err
@@ -412,8 +412,8 @@ func (w via) listVersions(ctx context.Context, prefix string, fn func(key, versi
 var errNotVersioned = fmt.Errorf("store cannot tell object versions")
 
 // GetVersion retries the inner store's GetVersion.
-func (r *Retry) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
-	return via{r.Store, r.do}.getVersion(ctx, key, buf)
+func (r *Retry) GetVersion(ctx context.Context, key string, buf []byte, limit int64) ([]byte, string, error) {
+	return via{r.Store, r.do}.getVersion(ctx, key, buf, limit)
 }
 
 // GetRangeVersion retries the inner store's GetRangeVersion.
@@ -427,8 +427,8 @@ func (r *Retry) ListVersions(ctx context.Context, prefix string, fn func(key, ve
 }
 
 // GetVersion forwards to the inner store's GetVersion through the breaker.
-func (b *Breaker) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
-	return via{b.Store, b.do}.getVersion(ctx, key, buf)
+func (b *Breaker) GetVersion(ctx context.Context, key string, buf []byte, limit int64) ([]byte, string, error) {
+	return via{b.Store, b.do}.getVersion(ctx, key, buf, limit)
 }
 
 // GetRangeVersion forwards to the inner store's GetRangeVersion through the breaker.
@@ -515,8 +515,8 @@ func (t *trusting) versioned() bool      { return false }
 func (t *trusting) statesVersions() bool { return false }
 
 // GetInto forwards to the inner store's GetInto (or Get).
-func (t *trusting) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
-	return t.getInto(ctx, key, buf)
+func (t *trusting) GetInto(ctx context.Context, key string, buf []byte, limit int64) ([]byte, error) {
+	return t.getInto(ctx, key, buf, limit)
 }
 
 // DescribeVersions says in one line how s tells a chunk rewritten in place

@@ -22,12 +22,12 @@ func TestVersionChangesOnRewrite(t *testing.T) {
 		if !ok {
 			t.Fatal("not versioned")
 		}
-		_, before, err := v.GetVersion(ctx, "t/c/0", nil)
+		_, before, err := v.GetVersion(ctx, "t/c/0", nil, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
 		rewrite()
-		b, after, err := v.GetVersion(ctx, "t/c/0", nil)
+		b, after, err := v.GetVersion(ctx, "t/c/0", nil, 0)
 		if err != nil || string(b) != "chunk B" {
 			t.Fatalf("read after rewrite: %q %v", b, err)
 		}
@@ -53,7 +53,7 @@ func TestVersionChangesOnRewrite(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer s.Close()
-		check(t, objectstore.WithRetry(s, objectstore.RetryOptions{}), func() {
+		check(t, must(objectstore.WithRetry(s, objectstore.RetryOptions{})), func() {
 			os.WriteFile(p, []byte("chunk B"), 0o644)
 		})
 	})
@@ -80,7 +80,7 @@ func TestVersionChangesOnRewrite(t *testing.T) {
 			f.Close()
 			os.Chtimes(p, mtime, mtime)
 		})
-		_, read, _ := s.GetVersion(ctx, "t/c/0", nil)
+		_, read, _ := s.GetVersion(ctx, "t/c/0", nil, 0)
 		if stated, err := s.StatVersion(ctx, "t/c/0"); err != nil || stated != read {
 			t.Errorf("stat says %q (%v), a read %q", stated, err, read)
 		}
@@ -102,12 +102,12 @@ func TestDecoratorsKeepVersions(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	br := objectstore.WithBreaker(s, objectstore.BreakerOptions{})
+	br := must(objectstore.WithBreaker(s, objectstore.BreakerOptions{}))
 	defer br.Close()
 	for name, st := range map[string]objectstore.Store{
-		"retry":         objectstore.WithRetry(s, objectstore.RetryOptions{}),
+		"retry":         must(objectstore.WithRetry(s, objectstore.RetryOptions{})),
 		"breaker":       br,
-		"retry+breaker": objectstore.WithRetry(br, objectstore.RetryOptions{}),
+		"retry+breaker": must(objectstore.WithRetry(br, objectstore.RetryOptions{})),
 	} {
 		if _, ok := objectstore.AsVersioned(st); !ok {
 			t.Errorf("%s: not versioned", name)
@@ -136,7 +136,7 @@ func TestDecoratorsStatVersions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := objectstore.AsVersionStater(objectstore.WithRetry(s3, objectstore.RetryOptions{})); ok {
+	if _, ok := objectstore.AsVersionStater(must(objectstore.WithRetry(s3, objectstore.RetryOptions{}))); ok {
 		t.Error("a retried S3 store claims to ask one version")
 	}
 	gcs, err := objectstore.OpenGCS(context.Background(), "gs://b/x", objectstore.GCSOptions{Endpoint: "http://127.0.0.1:1", Anonymous: true})
@@ -144,16 +144,16 @@ func TestDecoratorsStatVersions(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer gcs.Close()
-	br := objectstore.WithBreaker(gcs, objectstore.BreakerOptions{})
+	br := must(objectstore.WithBreaker(gcs, objectstore.BreakerOptions{}))
 	defer br.Close()
-	wrapped := objectstore.WithRetry(br, objectstore.RetryOptions{})
+	wrapped := must(objectstore.WithRetry(br, objectstore.RetryOptions{}))
 	if _, ok := objectstore.AsVersionStater(wrapped); !ok {
 		t.Error("a retried GCS store cannot ask one version")
 	}
 	if n := objectstore.ObjectsPerListing(wrapped); n != 1000 {
 		t.Errorf("ObjectsPerListing through the decorators = %d, want 1000", n)
 	}
-	if n := objectstore.ObjectsPerListing(objectstore.WithRetry(s3, objectstore.RetryOptions{})); n != 0 {
+	if n := objectstore.ObjectsPerListing(must(objectstore.WithRetry(s3, objectstore.RetryOptions{}))); n != 0 {
 		t.Errorf("ObjectsPerListing of S3 = %d, want 0", n)
 	}
 	if isVersioned(objectstore.TrustMetadata(wrapped)) {
@@ -178,7 +178,7 @@ func TestDescribeVersions(t *testing.T) {
 	srv := webtest.Start(t, dir)
 	web := openHTTP(t, srv.URL, objectstore.HTTPOptions{})
 	wrap := func(s objectstore.Store) objectstore.Store {
-		return objectstore.WithRetry(objectstore.WithBreaker(s, objectstore.BreakerOptions{}), objectstore.RetryOptions{})
+		return must(objectstore.WithRetry(must(objectstore.WithBreaker(s, objectstore.BreakerOptions{})), objectstore.RetryOptions{}))
 	}
 	check := func(name string, s objectstore.Store, want ...string) {
 		t.Helper()

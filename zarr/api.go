@@ -19,9 +19,6 @@ import (
 	"github.com/zarrfs/zarrfs/objectstore"
 )
 
-// ErrUnsupported marks an array that uses a feature zarrfs does not read.
-var ErrUnsupported = errors.New("unsupported")
-
 // ErrChecksum is returned (wrapped) when a crc32c codec's checksum does not match.
 var ErrChecksum = errors.New("checksum mismatch")
 
@@ -29,15 +26,13 @@ var ErrChecksum = errors.New("checksum mismatch")
 // no Zarr metadata at all (and Options.EmptyWhenGone is not set).
 var ErrNoMetadata = errors.New("no Zarr metadata")
 
-// ErrCorrupt is returned (wrapped) when a chunk or shard cannot be decoded.
-var ErrCorrupt = errors.New("corrupt chunk")
-
 // Options configure Open. The zero value is valid.
 type Options struct {
 	// Decoder decompresses batches of chunks: the process's one decoding
 	// pipeline (package decode), which owns its workers and devices and
-	// sends to the CPU what a GPU refuses. Nil means a CPU decoder with one
-	// worker per CPU, owned by the Hierarchy and stopped by Close.
+	// sends to the CPU what a GPU refuses. Nil means codec.Inline: chunks
+	// decode in the goroutine that reads them, and the Hierarchy starts no
+	// workers.
 	Decoder codec.BatchDecoder
 	// Memory, when set, lends the buffers compressed chunks are read into
 	// (and, through Hierarchy.Memory, the buffers fills decode into): the
@@ -126,7 +121,6 @@ type Hierarchy struct {
 	chunks *chunkCache
 	mem    codec.HostMemory // lends the buffers compressed chunks are read into; nil: pooled
 	stats  *Stats
-	owned  *codec.CPU // the default decoder, when Options.Decoder was nil
 	// lazyKept counts the versions the lazy listings of its arrays keep.
 	lazyKept atomic.Int64
 	// metaChecks holds, by key, the last read of each metadata document

@@ -101,7 +101,7 @@ func dstFor(a *zarr.Array, count []int64) []byte {
 func readRegion(t *testing.T, h *zarr.Hierarchy, a *zarr.Array, start, count []int64) ([]byte, bool) {
 	t.Helper()
 	r := zarr.Request{Array: a, Start: start, Count: count, Dst: dstFor(a, count)}
-	if err := h.Read(context.Background(), []zarr.Request{r}); err != nil {
+	if err := h.Read(context.Background(), nil, []zarr.Request{r}); err != nil {
 		t.Errorf("read %s start %v count %v: %v", a.Path, start, count, err)
 		return nil, false
 	}
@@ -344,7 +344,7 @@ func checkPyArray(t *testing.T, h *zarr.Hierarchy, dir string, r pyArray) {
 		t.Logf("unsupported as expected: %s", a.Unsupported)
 		req := zarr.Request{Array: a, Start: make([]int64, len(r.Shape)), Count: r.Shape,
 			Dst: make([]byte, product(r.Shape)*8)}
-		if err := h.Read(context.Background(), []zarr.Request{req}); err == nil {
+		if err := h.Read(context.Background(), nil, []zarr.Request{req}); err == nil {
 			t.Errorf("read of unsupported array %s succeeded", r.Path)
 		}
 		return
@@ -377,7 +377,7 @@ func checkPyArray(t *testing.T, h *zarr.Hierarchy, dir string, r pyArray) {
 		}
 		reqs[i] = zarr.Request{Array: a, Start: g.start, Count: g.count, Dst: dstFor(a, g.count)}
 	}
-	if err := h.Read(context.Background(), reqs); err != nil {
+	if err := h.Read(context.Background(), nil, reqs); err != nil {
 		t.Fatalf("batched read of %d regions: %v", len(reqs), err)
 	}
 	for i, g := range regions {
@@ -405,7 +405,7 @@ func checkBatch(t *testing.T, h *zarr.Hierarchy, dir string, recs []pyArray) {
 	if len(reqs) == 0 {
 		return
 	}
-	if err := h.Read(context.Background(), reqs); err != nil {
+	if err := h.Read(context.Background(), nil, reqs); err != nil {
 		t.Fatalf("one Read of all %d arrays: %v", len(reqs), err)
 	}
 	for i, q := range reqs {

@@ -3,6 +3,8 @@ package zarr
 import (
 	"fmt"
 	"strings"
+
+	"github.com/zarrfs/zarrfs/codec"
 )
 
 // DType is a fixed-size numeric data type.
@@ -54,7 +56,7 @@ func (d DType) Name() string {
 // ParseNumpyDType parses a v2 dtype string such as "<f4", ">i8", "|b1", "|u1".
 func ParseNumpyDType(s string) (DType, error) {
 	if len(s) < 3 {
-		return DType{}, fmt.Errorf("%w: data type %q", ErrUnsupported, s)
+		return DType{}, fmt.Errorf("%w: data type %q", codec.ErrUnsupported, s)
 	}
 	order, kind, size := s[0], s[1], s[2:]
 	var d DType
@@ -62,7 +64,7 @@ func ParseNumpyDType(s string) (DType, error) {
 	case 'b', 'i', 'u', 'f':
 		d.Kind = kind
 	default:
-		return DType{}, fmt.Errorf("%w: data type %q", ErrUnsupported, s)
+		return DType{}, fmt.Errorf("%w: data type %q", codec.ErrUnsupported, s)
 	}
 	switch size {
 	case "1":
@@ -74,17 +76,17 @@ func ParseNumpyDType(s string) (DType, error) {
 	case "8":
 		d.Size = 8
 	default:
-		return DType{}, fmt.Errorf("%w: data type %q", ErrUnsupported, s)
+		return DType{}, fmt.Errorf("%w: data type %q", codec.ErrUnsupported, s)
 	}
 	if (kind == 'b' && d.Size != 1) || (kind == 'f' && d.Size == 1) {
-		return DType{}, fmt.Errorf("%w: data type %q", ErrUnsupported, s)
+		return DType{}, fmt.Errorf("%w: data type %q", codec.ErrUnsupported, s)
 	}
 	switch order {
 	case '<', '|', '=':
 	case '>':
 		d.BigEndian = d.Size > 1
 	default:
-		return DType{}, fmt.Errorf("%w: data type %q", ErrUnsupported, s)
+		return DType{}, fmt.Errorf("%w: data type %q", codec.ErrUnsupported, s)
 	}
 	return d, nil
 }
@@ -102,7 +104,7 @@ func ParseV3DType(s string) (DType, error) {
 	case "float16", "float32", "float64":
 		return DType{Kind: 'f', Size: bitWidth(s[5:]) / 8}, nil
 	}
-	return DType{}, fmt.Errorf("%w: data type %q", ErrUnsupported, strings.TrimSpace(s))
+	return DType{}, fmt.Errorf("%w: data type %q", codec.ErrUnsupported, strings.TrimSpace(s))
 }
 
 func bitWidth(s string) int {

@@ -19,7 +19,7 @@ func v2Codec(id string, cfg map[string]any, dt DType) (bbCodec, error) {
 	switch id {
 	case "blosc":
 		if cn, _ := cfg["cname"].(string); cn == "snappy" {
-			return bbCodec{}, fmt.Errorf("%w: blosc compressor snappy", ErrUnsupported)
+			return bbCodec{}, fmt.Errorf("%w: blosc compressor snappy", codec.ErrUnsupported)
 		}
 		return bbCodec{name: codec.Blosc}, nil
 	case "zstd":
@@ -44,11 +44,11 @@ func v2Codec(id string, cfg map[string]any, dt DType) (bbCodec, error) {
 	case "fletcher32":
 		return bbCodec{name: codec.Fletcher32Of("")}, nil
 	case "grib":
-		return bbCodec{}, fmt.Errorf("%w: filter \"grib\" (GRIB messages, which only eccodes decodes)", ErrUnsupported)
+		return bbCodec{}, fmt.Errorf("%w: filter \"grib\" (GRIB messages, which only eccodes decodes)", codec.ErrUnsupported)
 	case "":
 		return bbCodec{}, fmt.Errorf("filter without an id")
 	}
-	return bbCodec{}, fmt.Errorf("%w: filter %q", ErrUnsupported, id)
+	return bbCodec{}, fmt.Errorf("%w: filter %q", codec.ErrUnsupported, id)
 }
 
 // v2Filters returns the bytes-to-bytes steps of a v2 filters list, in
@@ -78,7 +78,7 @@ func numcodecsV3(name string, cfg map[string]any, dt DType) (bbCodec, error) {
 	case "blosc", "zstd", "zlib", "gzip", "lz4", "shuffle", "fletcher32":
 		return v2Codec(id, cfg, dt)
 	}
-	return bbCodec{}, fmt.Errorf("%w: codec %q", ErrUnsupported, name)
+	return bbCodec{}, fmt.Errorf("%w: codec %q", codec.ErrUnsupported, name)
 }
 
 // foldChecksums folds a fletcher32 step into the step it wraps (encode
@@ -91,14 +91,14 @@ func foldChecksums(bb []bbCodec) ([]bbCodec, error) {
 			continue
 		}
 		if i != len(bb)-1 {
-			return nil, fmt.Errorf("%w: fletcher32 before another codec", ErrUnsupported)
+			return nil, fmt.Errorf("%w: fletcher32 before another codec", codec.ErrUnsupported)
 		}
 		if i == 0 {
 			return bb, nil
 		}
 		inner := bb[i-1]
 		if inner.crc32c {
-			return nil, fmt.Errorf("%w: fletcher32 around crc32c", ErrUnsupported)
+			return nil, fmt.Errorf("%w: fletcher32 around crc32c", codec.ErrUnsupported)
 		}
 		out := append([]bbCodec(nil), bb[:i-1]...)
 		return append(out, bbCodec{name: codec.Fletcher32Of(inner.name)}), nil

@@ -148,7 +148,7 @@ func TestTwoStepDecodeReusesItsBuffer(t *testing.T) {
 	var before, after runtime.MemStats
 	for round := range 3 {
 		runtime.ReadMemStats(&before)
-		if err := h.Read(context.Background(), reqs); err != nil {
+		if err := h.Read(context.Background(), nil, reqs); err != nil {
 			t.Fatal(err)
 		}
 		runtime.ReadMemStats(&after)

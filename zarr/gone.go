@@ -65,7 +65,7 @@ func (h *Hierarchy) currentDoc(ctx context.Context, a *Array, since time.Time) (
 	defer c.mu.Unlock()
 	if c.began.IsZero() || c.began.Before(since) {
 		began := time.Now()
-		b, err := h.Store.Get(objectstore.WithSizeLimit(ctx, h.opts.Limits.Document), key)
+		b, err := objectstore.GetLimit(ctx, h.Store, key, h.opts.Limits.Document)
 		switch {
 		case objectstore.IsNotFound(err):
 			b = nil

@@ -56,7 +56,7 @@ func TestMissingChunkNamedByTheMetadata(t *testing.T) {
 			a := h.Array("t")
 			// Rows 0 and 1: one chunk present, one missing.
 			req := []zarr.Request{{Array: a, Start: []int64{0, 0}, Count: []int64{2, 2}, Dst: make([]byte, 4)}}
-			err := h.Read(context.Background(), req)
+			err := h.Read(context.Background(), nil, req)
 			if tc.changed == "" {
 				if err != nil || !bytes.Equal(req[0].Dst, []byte{1, 2, 7, 7}) {
 					t.Fatalf("Read: %v, %v; want rows 1 2 and the fill value 7 7", err, req[0].Dst)
@@ -70,7 +70,7 @@ func TestMissingChunkNamedByTheMetadata(t *testing.T) {
 			// A Read that finds nothing missing asks nothing.
 			gets := st.gets.Load()
 			whole := []zarr.Request{{Array: a, Start: []int64{2, 0}, Count: []int64{1, 2}, Dst: make([]byte, 2)}}
-			if err := h.Read(context.Background(), whole); err != nil || st.gets.Load() != gets+1 {
+			if err := h.Read(context.Background(), nil, whole); err != nil || st.gets.Load() != gets+1 {
 				t.Errorf("a Read of a present chunk: %v, %d requests, want its one", err, st.gets.Load()-gets)
 			}
 		})
@@ -86,7 +86,7 @@ func TestMissingChunkNamedByTheMetadata(t *testing.T) {
 	h := openWith(t, st, zarr.Options{ChunkCacheBytes: -1})
 	a := h.Array("t")
 	read := func() error {
-		return h.Read(context.Background(), []zarr.Request{{Array: a, Start: []int64{1, 0}, Count: []int64{1, 2}, Dst: make([]byte, 2)}})
+		return h.Read(context.Background(), nil, []zarr.Request{{Array: a, Start: []int64{1, 0}, Count: []int64{1, 2}, Dst: make([]byte, 2)}})
 	}
 	if err := read(); err != nil {
 		t.Fatalf("consolidated, no t/.zarray of its own: %v", err)

@@ -70,7 +70,7 @@ func TestDecodeInPlace(t *testing.T) {
 				for l, s := range tc.slots {
 					reqs = append(reqs, zarr.Request{Array: a, Start: []int64{1, int64(l), 0, 0}, Count: []int64{1, 1, 3, 5}, Dst: buf[s*per : (s+1)*per]})
 				}
-				if err := h.Read(context.Background(), reqs); err != nil {
+				if err := h.Read(context.Background(), nil, reqs); err != nil {
 					t.Fatal(err)
 				}
 				for l, s := range tc.slots {
@@ -188,7 +188,7 @@ func TestReadCostIntoMatchesRead(t *testing.T) {
 		}
 		a := h.Arrays[0]
 		dst := make([]byte, 4*tc.count[0]*tc.count[1]*tc.count[2]*tc.count[3])
-		if err := h.Read(context.Background(), []zarr.Request{{Array: a, Start: tc.start, Count: tc.count, Dst: dst}}); err != nil {
+		if err := h.Read(context.Background(), nil, []zarr.Request{{Array: a, Start: tc.start, Count: tc.count, Dst: dst}}); err != nil {
 			t.Fatal(err)
 		}
 		h.Close()
@@ -232,7 +232,7 @@ func TestPartlyReadChunkBackToThePool(t *testing.T) {
 		var before, after runtime.MemStats
 		for round := range 3 {
 			runtime.ReadMemStats(&before)
-			if err := h.Read(context.Background(), reqs); err != nil {
+			if err := h.Read(context.Background(), nil, reqs); err != nil {
 				t.Fatal(err)
 			}
 			runtime.ReadMemStats(&after)

@@ -27,9 +27,9 @@ func (s *askingStore) StatVersion(ctx context.Context, key string) (string, erro
 	return s.Posix.StatVersion(ctx, key)
 }
 
-func (s *askingStore) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
+func (s *askingStore) GetVersion(ctx context.Context, key string, buf []byte, limit int64) ([]byte, string, error) {
 	s.reads.Add(1)
-	return s.Posix.GetVersion(ctx, key, buf)
+	return s.Posix.GetVersion(ctx, key, buf, limit)
 }
 
 // A lazy listing learns a key's version from the Read that fetches it,

@@ -85,7 +85,7 @@ func (c *countingTier) Put(k string, b []byte) {
 func readSample(t testing.TB, h *zarr.Hierarchy, k int64) ([]uint32, error) {
 	a := h.Array("t")
 	dst := make([]byte, 8)
-	err := h.Read(context.Background(), []zarr.Request{{Array: a, Start: []int64{k, 0}, Count: []int64{1, 2}, Dst: dst}})
+	err := h.Read(context.Background(), nil, []zarr.Request{{Array: a, Start: []int64{k, 0}, Count: []int64{1, 2}, Dst: dst}})
 	return []uint32{binary.LittleEndian.Uint32(dst), binary.LittleEndian.Uint32(dst[4:])}, err
 }
 
@@ -111,7 +111,7 @@ func TestReadsFollowTheListing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer posix.Close()
-	st := objectstore.WithRetry(listsOnly{posix, posix}, objectstore.RetryOptions{})
+	st := must(objectstore.WithRetry(listsOnly{posix, posix}, objectstore.RetryOptions{}))
 	tier := &countingTier{m: map[string][]byte{}}
 	openWith := func(sc zarr.SourceCache) *zarr.Hierarchy {
 		o := zarr.Options{ChunkCacheBytes: -1}
@@ -236,7 +236,7 @@ func TestShardedReadListed(t *testing.T) {
 		t.Fatal(err)
 	}
 	dst := make([]byte, len(want))
-	if err := h.Read(context.Background(), []zarr.Request{{Array: a, Start: []int64{0, 0}, Count: []int64{8, 64}, Dst: dst}}); err != nil {
+	if err := h.Read(context.Background(), nil, []zarr.Request{{Array: a, Start: []int64{0, 0}, Count: []int64{8, 64}, Dst: dst}}); err != nil {
 		t.Fatal(err)
 	}
 	if string(dst) != string(want) {
@@ -392,10 +392,9 @@ func TestLazyListingKeepsFewAndPinHolds(t *testing.T) {
 	if _, err := readSample(t, h, 0); !errors.Is(err, zarr.ErrChanged) {
 		t.Errorf("sample 0, whose version the listing kept: %v, want ErrChanged", err)
 	}
-	ctx := zarr.WithPin(context.Background(), pin)
 	for k := range int64(4) {
 		dst := make([]byte, 8)
-		err := h.Read(ctx, []zarr.Request{{Array: a, Start: []int64{k, 0}, Count: []int64{1, 2}, Dst: dst}})
+		err := h.Read(context.Background(), pin, []zarr.Request{{Array: a, Start: []int64{k, 0}, Count: []int64{1, 2}, Dst: dst}})
 		if !errors.Is(err, zarr.ErrChanged) {
 			t.Errorf("sample %d under the pin: %v, want ErrChanged", k, err)
 		}
@@ -417,4 +416,12 @@ func TestLazyListingKeepsFewAndPinHolds(t *testing.T) {
 	if l2.Len() != 2 {
 		t.Errorf("the new listing keeps %d versions, want 2", l2.Len())
 	}
+}
+
+// must is v, for options a test knows to be valid.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

@@ -24,6 +24,7 @@ type memStore struct {
 func newMemStore(files map[string][]byte) *memStore { return &memStore{files: files} }
 
 func (m *memStore) ID() string { return "mem://test" }
+func (*memStore) Close() error { return nil }
 
 func (m *memStore) Get(_ context.Context, key string) ([]byte, error) {
 	m.gets.Add(1)

@@ -87,7 +87,7 @@ func toInt64s(v any, what string) ([]int64, error) {
 		return nil, fmt.Errorf("%s: expected a list of integers", what)
 	}
 	if len(list) > maxDims {
-		return nil, fmt.Errorf("%w: %s has %d dimensions (at most %d)", ErrUnsupported, what, len(list), maxDims)
+		return nil, fmt.Errorf("%w: %s has %d dimensions (at most %d)", codec.ErrUnsupported, what, len(list), maxDims)
 	}
 	out := make([]int64, len(list))
 	for i, e := range list {
@@ -114,7 +114,7 @@ func checkGrid(shape, chunks []int64, itemsize int) error {
 	for _, s := range shape {
 		hi, lo := bits.Mul64(total, uint64(s))
 		if hi != 0 || lo > maxArrayBytes {
-			return fmt.Errorf("%w: shape %v holds more than %d bytes", ErrUnsupported, shape, uint64(maxArrayBytes))
+			return fmt.Errorf("%w: shape %v holds more than %d bytes", codec.ErrUnsupported, shape, uint64(maxArrayBytes))
 		}
 		total = lo
 	}
@@ -125,7 +125,7 @@ func checkGrid(shape, chunks []int64, itemsize int) error {
 		}
 		hi, lo := bits.Mul64(n, uint64(c))
 		if hi != 0 || lo > maxArrayBytes {
-			return fmt.Errorf("%w: chunk shape %v holds more than %d bytes", ErrUnsupported, chunks, uint64(maxArrayBytes))
+			return fmt.Errorf("%w: chunk shape %v holds more than %d bytes", codec.ErrUnsupported, chunks, uint64(maxArrayBytes))
 		}
 		n = lo
 	}
@@ -138,7 +138,7 @@ func checkUnit(chunks []int64, itemsize int) error {
 	for _, c := range chunks {
 		n *= c
 		if n > maxChunkBytes {
-			return fmt.Errorf("%w: chunk shape %v decodes to more than %d bytes", ErrUnsupported, chunks, maxChunkBytes)
+			return fmt.Errorf("%w: chunk shape %v decodes to more than %d bytes", codec.ErrUnsupported, chunks, maxChunkBytes)
 		}
 	}
 	return nil
@@ -213,7 +213,7 @@ type v3Node struct {
 }
 
 // parseV3Array fills a from a v3 array document. Errors wrapping
-// ErrUnsupported mark the array unsupported; other errors mean the document
+// codec.ErrUnsupported mark the array unsupported; other errors mean the document
 // is malformed (also reported as unsupported by the walker, with the cause).
 func parseV3Array(a *Array, n *v3Node, lim MetadataLimits) (*pipeline, []byte, error) {
 	if err := checkFormat(n.ZarrFormat, 3); err != nil {
@@ -225,11 +225,11 @@ func parseV3Array(a *Array, n *v3Node, lim MetadataLimits) (*pipeline, []byte, e
 	}
 	a.Shape = shape
 	if len(n.StorageTransformers) > 0 {
-		return nil, nil, fmt.Errorf("%w: storage transformers", ErrUnsupported)
+		return nil, nil, fmt.Errorf("%w: storage transformers", codec.ErrUnsupported)
 	}
 	dtName, ok := n.DataType.(string)
 	if !ok {
-		return nil, nil, fmt.Errorf("%w: data type %v", ErrUnsupported, n.DataType)
+		return nil, nil, fmt.Errorf("%w: data type %v", codec.ErrUnsupported, n.DataType)
 	}
 	dt, err := ParseV3DType(dtName)
 	if err != nil {
@@ -237,7 +237,7 @@ func parseV3Array(a *Array, n *v3Node, lim MetadataLimits) (*pipeline, []byte, e
 	}
 	a.DType = dt
 	if name, _ := n.ChunkGrid["name"].(string); name != "regular" {
-		return nil, nil, fmt.Errorf("%w: chunk grid %q", ErrUnsupported, name)
+		return nil, nil, fmt.Errorf("%w: chunk grid %q", codec.ErrUnsupported, name)
 	}
 	cfg, _ := n.ChunkGrid["configuration"].(map[string]any)
 	chunks, err := toInt64s(cfg["chunk_shape"], "chunk_shape")
@@ -300,10 +300,10 @@ func parseKeyEncoding(a *Array, enc map[string]any) error {
 			sep = "."
 		}
 	default:
-		return fmt.Errorf("%w: chunk key encoding %q", ErrUnsupported, name)
+		return fmt.Errorf("%w: chunk key encoding %q", codec.ErrUnsupported, name)
 	}
 	if sep != "/" && sep != "." {
-		return fmt.Errorf("%w: chunk key separator %q", ErrUnsupported, sep)
+		return fmt.Errorf("%w: chunk key separator %q", codec.ErrUnsupported, sep)
 	}
 	a.keySep = sep
 	return nil
@@ -352,7 +352,7 @@ func innerChunks(list []any) (shape []int64, codecs []string) {
 // parseV3Codecs parses a v3 codec list for arrays of the given rank, dtype and chunk shape.
 func parseV3Codecs(list []any, rank int, dt DType, chunk []int64, depth int) (*pipeline, error) {
 	if depth > 4 {
-		return nil, fmt.Errorf("%w: sharding nested more than 4 deep", ErrUnsupported)
+		return nil, fmt.Errorf("%w: sharding nested more than 4 deep", codec.ErrUnsupported)
 	}
 	p := &pipeline{}
 	stage := 0 // 0: array->array, 1: after array->bytes
@@ -399,7 +399,7 @@ func parseV3Codecs(list []any, rank int, dt DType, chunk []int64, depth int) (*p
 				return nil, fmt.Errorf("two array-to-bytes codecs")
 			}
 			if chunk == nil {
-				return nil, fmt.Errorf("%w: sharding_indexed inside index_codecs", ErrUnsupported)
+				return nil, fmt.Errorf("%w: sharding_indexed inside index_codecs", codec.ErrUnsupported)
 			}
 			stage = 1
 			s, err := parseShard(cfg, rank, dt, chunk, depth)
@@ -430,24 +430,24 @@ func parseV3Codecs(list []any, rank int, dt DType, chunk []int64, depth int) (*p
 				p.bb = append(p.bb, c)
 				continue
 			}
-			return nil, fmt.Errorf("%w: codec %q", ErrUnsupported, name)
+			return nil, fmt.Errorf("%w: codec %q", codec.ErrUnsupported, name)
 		}
 	}
 	if stage != 1 {
 		return nil, fmt.Errorf("codec list has no array-to-bytes codec")
 	}
 	if p.transpose != nil && p.shard != nil {
-		return nil, fmt.Errorf("%w: transpose before sharding_indexed", ErrUnsupported)
+		return nil, fmt.Errorf("%w: transpose before sharding_indexed", codec.ErrUnsupported)
 	}
 	if p.shard != nil && len(p.bb) > 0 {
-		return nil, fmt.Errorf("%w: codecs after sharding_indexed", ErrUnsupported)
+		return nil, fmt.Errorf("%w: codecs after sharding_indexed", codec.ErrUnsupported)
 	}
 	var err error
 	if p.bb, err = foldChecksums(p.bb); err != nil {
 		return nil, err
 	}
 	if compressions(p.bb) > 1 {
-		return nil, fmt.Errorf("%w: more than one compression codec", ErrUnsupported)
+		return nil, fmt.Errorf("%w: more than one compression codec", codec.ErrUnsupported)
 	}
 	return p, nil
 }
@@ -464,7 +464,7 @@ func checkBloscV3(cfg map[string]any) error {
 	switch cn {
 	case "lz4", "lz4hc", "blosclz", "zstd", "zlib":
 	case "snappy":
-		return fmt.Errorf("%w: blosc compressor snappy", ErrUnsupported)
+		return fmt.Errorf("%w: blosc compressor snappy", codec.ErrUnsupported)
 	default:
 		return fmt.Errorf("blosc cname %s is not one of lz4, lz4hc, blosclz, zstd, snappy, zlib", jsonText(cfg["cname"]))
 	}
@@ -505,11 +505,11 @@ func parseShard(cfg map[string]any, rank int, dt DType, outer []int64, depth int
 		return nil, fmt.Errorf("index_codecs: %w", err)
 	}
 	if idx.shard != nil || idx.transpose != nil {
-		return nil, fmt.Errorf("%w: index_codecs other than bytes and crc32c", ErrUnsupported)
+		return nil, fmt.Errorf("%w: index_codecs other than bytes and crc32c", codec.ErrUnsupported)
 	}
 	for _, c := range idx.bb {
 		if !c.crc32c {
-			return nil, fmt.Errorf("%w: compressed shard index", ErrUnsupported)
+			return nil, fmt.Errorf("%w: compressed shard index", codec.ErrUnsupported)
 		}
 	}
 	loc, _ := cfg["index_location"].(string)
@@ -616,7 +616,7 @@ func parseV2Array(a *Array, m *v2Array, attrs map[string]any) (*pipeline, []byte
 	a.Chunks = chunks
 	dts, ok := m.DType.(string)
 	if !ok {
-		return nil, nil, fmt.Errorf("%w: structured data type", ErrUnsupported)
+		return nil, nil, fmt.Errorf("%w: structured data type", codec.ErrUnsupported)
 	}
 	dt, err := ParseNumpyDType(dts)
 	if err != nil {
@@ -665,7 +665,7 @@ func parseV2Array(a *Array, m *v2Array, attrs map[string]any) (*pipeline, []byte
 		switch id {
 		case "blosc":
 			if cn, _ := cm["cname"].(string); cn == "snappy" {
-				return nil, nil, fmt.Errorf("%w: blosc compressor snappy", ErrUnsupported)
+				return nil, nil, fmt.Errorf("%w: blosc compressor snappy", codec.ErrUnsupported)
 			}
 			p.bb = []bbCodec{{name: codec.Blosc}}
 		case "zstd":
@@ -677,14 +677,14 @@ func parseV2Array(a *Array, m *v2Array, attrs map[string]any) (*pipeline, []byte
 		case "lz4":
 			p.bb = []bbCodec{{name: codec.LZ4}}
 		default:
-			return nil, nil, fmt.Errorf("%w: compressor %q", ErrUnsupported, id)
+			return nil, nil, fmt.Errorf("%w: compressor %q", codec.ErrUnsupported, id)
 		}
 	}
 	if p.bb, err = foldChecksums(append(fb, p.bb...)); err != nil {
 		return nil, nil, err
 	}
 	if compressions(p.bb) > 1 {
-		return nil, nil, fmt.Errorf("%w: more than one compression codec", ErrUnsupported)
+		return nil, nil, fmt.Errorf("%w: more than one compression codec", codec.ErrUnsupported)
 	}
 	sep := m.DimensionSeparator
 	switch sep {
@@ -692,7 +692,7 @@ func parseV2Array(a *Array, m *v2Array, attrs map[string]any) (*pipeline, []byte
 		sep = "."
 	case ".", "/":
 	default:
-		return nil, nil, fmt.Errorf("%w: dimension_separator %q", ErrUnsupported, sep)
+		return nil, nil, fmt.Errorf("%w: dimension_separator %q", codec.ErrUnsupported, sep)
 	}
 	a.keySep = sep
 	a.Attributes = map[string]any{}
@@ -826,5 +826,5 @@ func parseFill(v any, dt DType, format int) ([]byte, any, error) {
 		}
 		return nil, nil, fmt.Errorf("fill_value %q", x)
 	}
-	return nil, nil, fmt.Errorf("%w: fill_value %v", ErrUnsupported, v)
+	return nil, nil, fmt.Errorf("%w: fill_value %v", codec.ErrUnsupported, v)
 }

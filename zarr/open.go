@@ -43,8 +43,9 @@ func Open(ctx context.Context, store objectstore.Store, opts Options) (*Hierarch
 		h.stats = &Stats{}
 	}
 	if opts.Decoder == nil {
-		h.owned = codec.NewCPU(codec.Options{})
-		h.opts.Decoder = h.owned
+		// No workers the caller did not ask for: chunks decode in the
+		// goroutine that reads them.
+		h.opts.Decoder = codec.Inline{}
 	}
 	h.mem = opts.Memory
 	if h.mem == nil {
@@ -71,15 +72,11 @@ func Open(ctx context.Context, store objectstore.Store, opts Options) (*Hierarch
 	return h, nil
 }
 
-// Close stops the decoder the Hierarchy made for itself (when
-// Options.Decoder was nil) and drops the decoded-chunk cache. The store and
-// a decoder passed in belong to the caller. Reads must be done.
+// Close drops the decoded-chunk cache. The store and the decoder belong to
+// the caller. Reads must be done.
 func (h *Hierarchy) Close() error {
 	if h.chunks != nil {
 		h.chunks.reset()
-	}
-	if h.owned != nil {
-		return h.owned.Close()
 	}
 	return nil
 }
@@ -146,7 +143,7 @@ func (w *walker) get(key string) ([]byte, error) {
 	if err := w.ctx.Err(); err != nil {
 		return nil, err
 	}
-	b, err := w.h.Store.Get(objectstore.WithSizeLimit(w.ctx, w.lim.Document), key)
+	b, err := objectstore.GetLimit(w.ctx, w.h.Store, key, w.lim.Document)
 	if objectstore.IsNotFound(err) {
 		return nil, nil
 	}
@@ -245,10 +242,10 @@ func attrsOrEmpty(m map[string]any) map[string]any {
 
 func (w *walker) unsupported(a *Array, err error) {
 	a.Unsupported = err.Error()
-	if !errors.Is(err, ErrUnsupported) && !errors.Is(err, ErrMetadataLimit) {
+	if !errors.Is(err, codec.ErrUnsupported) && !errors.Is(err, ErrMetadataLimit) {
 		a.Unsupported = "invalid metadata: " + a.Unsupported
 	}
-	a.Unsupported = strings.TrimPrefix(a.Unsupported, ErrUnsupported.Error()+": ")
+	a.Unsupported = strings.TrimPrefix(a.Unsupported, codec.ErrUnsupported.Error()+": ")
 	w.h.Arrays = append(w.h.Arrays, a)
 }
 

@@ -97,7 +97,7 @@ type chunkRange struct {
 
 func (c chunkRange) rng(ctx context.Context, off, n int64) ([]byte, string, string, error) {
 	if c.size >= 0 && off+n > c.size {
-		return nil, "", "", fmt.Errorf("%w: range %d+%d past the end of a %d-byte inner chunk", ErrCorrupt, off, n, c.size)
+		return nil, "", "", fmt.Errorf("%w: range %d+%d past the end of a %d-byte inner chunk", codec.ErrCorrupt, off, n, c.size)
 	}
 	return c.src.rngV(ctx, c.base+off, n)
 }
@@ -262,7 +262,7 @@ func (st *readState) readPartial(ctx context.Context, l *leaf, c chunkRange) err
 			// Smaller blocks than guessed: the table runs on.
 			more, fresh, ver, err := c.rng(ctx, n, int64(need)-n)
 			if errors.Is(err, objectstore.ErrRange) {
-				return fmt.Errorf("%w: a blosc block table of %d bytes runs past the end of the chunk: %w", ErrCorrupt, need, err)
+				return fmt.Errorf("%w: a blosc block table of %d bytes runs past the end of the chunk: %w", codec.ErrCorrupt, need, err)
 			}
 			if err != nil {
 				return err
@@ -278,10 +278,10 @@ func (st *readState) readPartial(ctx context.Context, l *leaf, c chunkRange) err
 			return err
 		}
 		if x == nil {
-			return fmt.Errorf("%w: blosc block table not read", ErrCorrupt)
+			return fmt.Errorf("%w: blosc block table not read", codec.ErrCorrupt)
 		}
 		if c.size >= 0 && x.CBytes() > c.size {
-			return fmt.Errorf("%w: blosc header claims a frame of %d bytes in an inner chunk of %d", ErrCorrupt, x.CBytes(), c.size)
+			return fmt.Errorf("%w: blosc header claims a frame of %d bytes in an inner chunk of %d", codec.ErrCorrupt, x.CBytes(), c.size)
 		}
 		// The header and table are Parts[0], whole, as the decoder wants.
 		p.parts = append(p.parts, codec.Part{Off: 0, B: b})
@@ -296,9 +296,9 @@ func (st *readState) readPartial(ctx context.Context, l *leaf, c chunkRange) err
 		b, fresh, ver, err := c.rng(ctx, r.Off, r.N)
 		switch {
 		case errors.Is(err, objectstore.ErrRange):
-			err = fmt.Errorf("%w: bytes %d+%d the chunk's header points to lie past its end: %w", ErrCorrupt, r.Off, r.N, err)
+			err = fmt.Errorf("%w: bytes %d+%d the chunk's header points to lie past its end: %w", codec.ErrCorrupt, r.Off, r.N, err)
 		case err == nil && int64(len(b)) != r.N:
-			err = fmt.Errorf("%w: ranged read of %d+%d returned %d bytes", ErrCorrupt, r.Off, r.N, len(b))
+			err = fmt.Errorf("%w: ranged read of %d+%d returned %d bytes", codec.ErrCorrupt, r.Off, r.N, len(b))
 		}
 		if err != nil {
 			errs[i] = err
@@ -310,7 +310,7 @@ func (st *readState) readPartial(ctx context.Context, l *leaf, c chunkRange) err
 	})
 	if err := errors.Join(errs...); err != nil {
 		if objectstore.IsNotFound(err) {
-			return fmt.Errorf("%w: chunk vanished while reading its parts", ErrCorrupt)
+			return fmt.Errorf("%w: chunk vanished while reading its parts", codec.ErrCorrupt)
 		}
 		return err
 	}
@@ -361,7 +361,7 @@ func (st *readState) tryPartial(ctx context.Context, l *leaf, p *partial, c chun
 		l.part, l.missing, l.absent, l.listedAbsent = nil, true, true, errors.Is(err, errNotListed)
 	default:
 		if errors.Is(err, objectstore.ErrRange) {
-			err = fmt.Errorf("%w: %w", ErrCorrupt, err)
+			err = fmt.Errorf("%w: %w", codec.ErrCorrupt, err)
 		}
 		return false, &ChunkError{Array: l.arr.Path, Key: l.key, Err: err}
 	}

@@ -169,7 +169,7 @@ func TestPartialReadFetchesItsBlocks(t *testing.T) {
 			st := newMemStore(files)
 			h := openWith(t, st, zarr.Options{ChunkCacheBytes: -1})
 			reqs := levels(h.Array("pl"), 1, tc.lv...)
-			if err := h.Read(ctx, reqs); err != nil {
+			if err := h.Read(ctx, nil, reqs); err != nil {
 				t.Fatal(err)
 			}
 			if !bytes.Equal(gotLevels(reqs), wantLevels(1, tc.lv...)) {
@@ -188,7 +188,7 @@ func TestPartialReadFetchesItsBlocks(t *testing.T) {
 			// The peer: every chunk whole.
 			hw := openWith(t, newMemStore(files), zarr.Options{ChunkCacheBytes: -1, Partial: zarr.PartialNever})
 			wr := levels(hw.Array("pl"), 1, tc.lv...)
-			if err := hw.Read(ctx, wr); err != nil {
+			if err := hw.Read(ctx, nil, wr); err != nil {
 				t.Fatal(err)
 			}
 			if hw.Stats().ChunksPartial.Load() != 0 || hw.Stats().BytesFetched.Load() != whole {
@@ -225,7 +225,7 @@ func TestPartialReadOtherLayouts(t *testing.T) {
 			h := openWith(t, newMemStore(files), zarr.Options{ChunkCacheBytes: -1})
 			lv := []int64{0, 5, 6, 36}
 			reqs := levels(h.Array("pl"), 0, lv...)
-			if err := h.Read(ctx, reqs); err != nil {
+			if err := h.Read(ctx, nil, reqs); err != nil {
 				t.Fatal(err)
 			}
 			if !bytes.Equal(gotLevels(reqs), wantLevels(0, lv...)) {
@@ -258,7 +258,7 @@ func TestPartialLocalRule(t *testing.T) {
 			lv = append(lv, i)
 		}
 		reqs := levels(h.Array("pl"), 0, lv...)
-		if err := h.Read(context.Background(), reqs); err != nil {
+		if err := h.Read(context.Background(), nil, reqs); err != nil {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(gotLevels(reqs), wantLevels(0, lv...)) {
@@ -278,7 +278,7 @@ func TestPartialSourceCache(t *testing.T) {
 	files := bloscPL()
 	cache := &mapCache{m: map[string][]byte{}}
 	h := openWith(t, newMemStore(files), zarr.Options{ChunkCacheBytes: -1, SourceCache: cache})
-	if err := h.Read(ctx, levels(h.Array("pl"), 1, 3, 4)); err != nil {
+	if err := h.Read(ctx, nil, levels(h.Array("pl"), 1, 3, 4)); err != nil {
 		t.Fatal(err)
 	}
 	if len(cache.m) != 2 {
@@ -286,7 +286,7 @@ func TestPartialSourceCache(t *testing.T) {
 	}
 	h2 := openWith(t, newMemStore(files), zarr.Options{ChunkCacheBytes: -1, SourceCache: cache})
 	reqs := levels(h2.Array("pl"), 1, 3, 4)
-	if err := h2.Read(ctx, reqs); err != nil {
+	if err := h2.Read(ctx, nil, reqs); err != nil {
 		t.Fatal(err)
 	}
 	if n := h2.Stats().Requests.Load(); n != 0 || !bytes.Equal(gotLevels(reqs), wantLevels(1, 3, 4)) {
@@ -294,7 +294,7 @@ func TestPartialSourceCache(t *testing.T) {
 	}
 	h3 := openWith(t, newMemStore(files), zarr.Options{ChunkCacheBytes: -1, SourceCache: cache, Partial: zarr.PartialNever})
 	all := levels(h3.Array("pl"), 1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36)
-	if err := h3.Read(ctx, all); err != nil {
+	if err := h3.Read(ctx, nil, all); err != nil {
 		t.Fatal(err)
 	}
 	if n := h3.Stats().Requests.Load(); n != 1 || !bytes.Equal(gotLevels(all), plValues(1)) {
@@ -303,7 +303,7 @@ func TestPartialSourceCache(t *testing.T) {
 	// Now the whole chunk is cached: a partial selection reads it from there.
 	h4 := openWith(t, newMemStore(files), zarr.Options{ChunkCacheBytes: -1, SourceCache: cache})
 	r4 := levels(h4.Array("pl"), 1, 20)
-	if err := h4.Read(ctx, r4); err != nil || h4.Stats().Requests.Load() != 0 || h4.Stats().ChunksPartial.Load() != 0 {
+	if err := h4.Read(ctx, nil, r4); err != nil || h4.Stats().Requests.Load() != 0 || h4.Stats().ChunksPartial.Load() != 0 {
 		t.Fatalf("%v: %d requests, %d partial", err, h4.Stats().Requests.Load(), h4.Stats().ChunksPartial.Load())
 	}
 	if !bytes.Equal(gotLevels(r4), wantLevels(1, 20)) {
@@ -342,16 +342,16 @@ func TestPartialHostile(t *testing.T) {
 			cache := &mapCache{m: map[string][]byte{}}
 			h := openWith(t, newMemStore(files), zarr.Options{ChunkCacheBytes: -1, SourceCache: cache})
 			a := h.Array("pl")
-			err := h.Read(ctx, levels(a, 1, tc.lv...))
+			err := h.Read(ctx, nil, levels(a, 1, tc.lv...))
 			var ce *zarr.ChunkError
-			if !errors.As(err, &ce) || ce.Key != "pl/1.0.0.0" || !(errors.Is(err, zarr.ErrCorrupt) || errors.Is(err, codec.ErrCorrupt)) || strings.Contains(err.Error(), "\n") {
+			if !errors.As(err, &ce) || ce.Key != "pl/1.0.0.0" || !(errors.Is(err, codec.ErrCorrupt) || errors.Is(err, codec.ErrCorrupt)) || strings.Contains(err.Error(), "\n") {
 				t.Fatalf("err = %v; want one line, a corrupt chunk naming pl/1.0.0.0", err)
 			}
 			if len(cache.m) != 0 {
 				t.Fatalf("%d entries cached from a failed read", len(cache.m))
 			}
 			reqs := levels(a, 0, tc.lv...)
-			if err := h.Read(ctx, reqs); err != nil || !bytes.Equal(gotLevels(reqs), wantLevels(0, tc.lv...)) {
+			if err := h.Read(ctx, nil, reqs); err != nil || !bytes.Equal(gotLevels(reqs), wantLevels(0, tc.lv...)) {
 				t.Fatalf("the other chunk: %v", err)
 			}
 		})
@@ -379,7 +379,7 @@ func TestPartialOverHTTP(t *testing.T) {
 			h := openWith(t, st, zarr.Options{ChunkCacheBytes: -1, SourceCache: cache})
 			ranged := srv.Ranged()
 			reqs := levels(h.Array("pl"), 1, lv...)
-			err := h.Read(ctx, reqs)
+			err := h.Read(ctx, nil, reqs)
 			if mode == "short ranges" {
 				var ce *zarr.ChunkError
 				if !errors.As(err, &ce) || ce.Key != "pl/1.0.0.0" {
@@ -413,7 +413,7 @@ func TestPartialConcurrent(t *testing.T) {
 		wg.Go(func() {
 			lv := []int64{i, i + 9, 36 - i}
 			reqs := levels(h.Array("pl"), i%2, lv...)
-			if err := h.Read(context.Background(), reqs); err != nil {
+			if err := h.Read(context.Background(), nil, reqs); err != nil {
 				t.Error(err)
 				return
 			}
@@ -465,7 +465,7 @@ func TestPartialStream(t *testing.T) {
 		} {
 			h := openWith(t, px, zarr.Options{ChunkCacheBytes: -1})
 			reqs := levels(h.Array("pl"), 1, tc.lv...)
-			if err := h.Read(context.Background(), reqs); err != nil {
+			if err := h.Read(context.Background(), nil, reqs); err != nil {
 				t.Fatalf("%s, levels %v: %v", c.meta, tc.lv, err)
 			}
 			if !bytes.Equal(gotLevels(reqs), wantLevels(1, tc.lv...)) {
@@ -491,7 +491,7 @@ func TestPartialStream(t *testing.T) {
 	defer px.Close()
 	h := openWith(t, px, zarr.Options{})
 	reqs := levels(h.Array("pl"), 0, 0, 1)
-	if err := h.Read(context.Background(), reqs); err != nil {
+	if err := h.Read(context.Background(), nil, reqs); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(gotLevels(reqs), wantLevels(0, 0, 1)) {
@@ -530,7 +530,7 @@ func BenchmarkPartialStream(b *testing.B) {
 			defer h.Close()
 			b.SetBytes(int64(len(lv)) * plLevel)
 			for i := 0; b.Loop(); i++ {
-				if err := h.Read(context.Background(), levels(h.Array("pl"), int64(i%2), lv...)); err != nil {
+				if err := h.Read(context.Background(), nil, levels(h.Array("pl"), int64(i%2), lv...)); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -1,7 +1,6 @@
 package zarr
 
 import (
-	"context"
 	"encoding/binary"
 	"fmt"
 	"hash/maphash"
@@ -11,7 +10,7 @@ import (
 )
 
 // A Pin is what one blob's identity was computed from, for the Reads that
-// fill the blob to agree with it (WithPin): for every array, the listing
+// fill the blob to agree with it (Read takes it): for every array, the listing
 // the identity read versions from, and for a lazy listing, whose answers
 // past the ones it keeps are asked anew each time, the version of every
 // chunk of every region the identity named, as an 8-byte sum. A Read under
@@ -49,36 +48,15 @@ func versionSum(version string, listed bool) uint64 {
 	return maphash.String(pinSeed, version) | 1
 }
 
-type pinKey struct{}
-
-// WithPin returns ctx carrying p, for the Reads under ctx to read under.
-func WithPin(ctx context.Context, p *Pin) context.Context {
-	if p == nil {
-		return ctx
-	}
-	return context.WithValue(ctx, pinKey{}, p)
-}
-
-// PinOf is the Pin ctx carries, nil for none.
-func PinOf(ctx context.Context) *Pin {
-	p, _ := ctx.Value(pinKey{}).(*Pin)
-	return p
-}
-
-// ListingFor is the listing a Read under ctx reads a under: the one ctx's
-// Pin holds for it, else a's current one (nil for none).
-func ListingFor(ctx context.Context, a *Array) *Listing {
-	if l := PinOf(ctx).listing(a); l != nil {
-		return l
+// Listing is the listing a Read under p reads a under: the one p pins for
+// it, else a's current one (nil for none). A nil Pin pins nothing.
+func (p *Pin) Listing(a *Array) *Listing {
+	if p != nil {
+		if l := p.listings[a]; l != nil {
+			return l
+		}
 	}
 	return a.currentListing()
-}
-
-func (p *Pin) listing(a *Array) *Listing {
-	if p == nil {
-		return nil
-	}
-	return p.listings[a]
 }
 
 // Listed pins lst as the listing a is read under. A nil Pin pins

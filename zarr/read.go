@@ -148,6 +148,7 @@ type leaf struct {
 // readState carries one Read call.
 type readState struct {
 	h      *Hierarchy
+	dec    codec.BatchDecoder // the Hierarchy's, or Decoding's
 	reqs   []Request
 	sem    chan struct{}
 	mu     sync.Mutex
@@ -164,67 +165,54 @@ func (st *readState) add(l *leaf) {
 	st.mu.Unlock()
 }
 
+// Reader reads regions of arrays, filling every Request's Dst with C-order
+// little-endian bytes, under pin (nil: each array's current listing).
+// *Hierarchy implements it; it is an interface so that tests and
+// decorators (metrics, fault injection) can stand in.
+type Reader interface {
+	Read(ctx context.Context, pin *Pin, reqs []Request) error
+}
+
+var _ Reader = (*Hierarchy)(nil)
+
+// outer is one outer chunk (or shard) a Read needs, and what each request
+// needs of it.
+type outer struct {
+	a      *Array
+	coords []int64
+	needs  []need
+}
+
 // Read fills every request's Dst. All chunks the requests need are fetched
 // concurrently, each decoded once (even when several requests share it) in
 // one batch. On error some Dst may be partly written.
-func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
-	st := &readState{h: h, reqs: reqs, sem: make(chan struct{}, h.opts.Fetchers)}
+//
+// Under a pin (a blob's identity, Pin), each array is read under the
+// listing the pin names and each chunk the pin names is checked against
+// its pinned version (ErrChanged when it differs); a nil pin reads each
+// array under its current listing.
+func (h *Hierarchy) Read(ctx context.Context, pin *Pin, reqs []Request) error {
+	return h.read(ctx, h.opts.Decoder, pin, reqs)
+}
+
+// read is Read decoding with dec.
+func (h *Hierarchy) read(ctx context.Context, dec codec.BatchDecoder, pin *Pin, reqs []Request) error {
+	st := &readState{h: h, dec: dec, reqs: reqs, sem: make(chan struct{}, h.opts.Fetchers)}
 	defer st.release()
-	// Group every request's share of each outer chunk.
-	type outerKey struct {
-		a   *Array
-		key string
-	}
-	type outer struct {
-		a      *Array
-		coords []int64
-		needs  []need
-	}
-	outers := map[outerKey]*outer{}
-	var order []*outer
-	for i, r := range reqs {
-		a := r.Array
-		if err := a.check(r); err != nil {
-			return err
-		}
-		rank := len(a.Shape)
-		reg := box{lo: r.Start, hi: make([]int64, rank)}
-		for d := range rank {
-			reg.hi[d] = r.Start[d] + r.Count[d]
-		}
-		if reg.volume() == 0 {
-			continue
-		}
-		lo := make([]int64, rank)
-		hi := make([]int64, rank)
-		for d := range rank {
-			lo[d] = reg.lo[d] / a.Chunks[d]
-			hi[d] = (reg.hi[d]-1)/a.Chunks[d] + 1
-		}
-		forEach(lo, hi, func(c []int64) {
-			cb := a.chunkBox(c)
-			ib, _ := intersect(cb, reg)
-			k := outerKey{a, a.ChunkKey(c)}
-			o := outers[k]
-			if o == nil {
-				o = &outer{a: a, coords: append([]int64(nil), c...)}
-				outers[k] = o
-				order = append(order, o)
-			}
-			o.needs = append(o.needs, need{req: i, box: ib})
-		})
+	order, err := outers(reqs)
+	if err != nil {
+		return err
 	}
 	// One listing per array for the whole call, so every chunk of it is
-	// checked against the same listing: the one ctx's Pin names, else the
+	// checked against the same listing: the one the pin names, else the
 	// current one. With a source cache, an array not listed yet is listed
 	// now (lazily listed stores: no request): the cache keeps bytes under
 	// their versions, which only a listing names, so a read before any
 	// fill listed the array (a batch of the device path) would miss it.
-	pin := PinOf(ctx)
 	listings := map[*Array]*Listing{}
 	for _, o := range order {
 		if _, ok := listings[o.a]; !ok {
-			lst := ListingFor(ctx, o.a)
+			lst := pin.Listing(o.a)
 			if lst == nil && h.opts.SourceCache != nil && o.a.Versioned() {
 				var err error
 				if lst, err = h.List(ctx, o.a, time.Time{}); err != nil {
@@ -240,7 +228,9 @@ func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
 		o := order[i]
 		cb := o.a.chunkBox(o.coords)
 		key := o.a.ChunkKey(o.coords)
-		src := storeSource{h: h, sem: st.sem, key: key, hint: o.a.lendHint(), meta: o.a.MetaHash}
+		// No stored chunk may be larger than its decoded size allows: the
+		// store refuses it before allocating for it (limit).
+		src := storeSource{h: h, sem: st.sem, key: key, hint: o.a.lendHint(), meta: o.a.MetaHash, limit: o.a.MaxEncodedBytes()}
 		if lst := listings[o.a]; lst != nil {
 			src.listing = lst
 			v, ok, known := lst.Known(key)
@@ -266,9 +256,6 @@ func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
 			// first; the fetch's response teaches the listing (doV).
 			src.fixed, src.present, src.want = known, ok, v
 		}
-		// No stored chunk may be larger than its decoded size allows:
-		// the store's Get refuses it before allocating for it.
-		ctx := objectstore.WithSizeLimit(ctx, o.a.MaxEncodedBytes())
 		errs[i] = st.resolve(ctx, o.a, o.a.pipe, o.a.Chunks, cb.lo, src, key, o.needs)
 	})
 	if err := errors.Join(errs...); err != nil {
@@ -280,7 +267,7 @@ func (h *Hierarchy) Read(ctx context.Context, reqs []Request) error {
 	}
 	for _, l := range st.leaves {
 		if l.err == nil && !l.missing && l.dec == nil && !l.direct && l.part == nil {
-			l.err = fmt.Errorf("%w: chunk produced no data", ErrCorrupt)
+			l.err = fmt.Errorf("%w: chunk produced no data", codec.ErrCorrupt)
 		}
 		if l.err != nil {
 			return &ChunkError{Array: l.arr.Path, Key: l.key, Err: l.err}
@@ -314,12 +301,56 @@ func (st *readState) keepSource() {
 	}
 }
 
+// outers groups every request's share of each outer chunk, in the order
+// the requests first need them.
+func outers(reqs []Request) ([]*outer, error) {
+	type outerKey struct {
+		a   *Array
+		key string
+	}
+	byKey := map[outerKey]*outer{}
+	var order []*outer
+	for i, r := range reqs {
+		a := r.Array
+		if err := a.check(r); err != nil {
+			return nil, err
+		}
+		rank := len(a.Shape)
+		reg := box{lo: r.Start, hi: make([]int64, rank)}
+		for d := range rank {
+			reg.hi[d] = r.Start[d] + r.Count[d]
+		}
+		if reg.volume() == 0 {
+			continue
+		}
+		lo := make([]int64, rank)
+		hi := make([]int64, rank)
+		for d := range rank {
+			lo[d] = reg.lo[d] / a.Chunks[d]
+			hi[d] = (reg.hi[d]-1)/a.Chunks[d] + 1
+		}
+		forEach(lo, hi, func(c []int64) {
+			cb := a.chunkBox(c)
+			ib, _ := intersect(cb, reg)
+			k := outerKey{a, a.ChunkKey(c)}
+			o := byKey[k]
+			if o == nil {
+				o = &outer{a: a, coords: append([]int64(nil), c...)}
+				byKey[k] = o
+				order = append(order, o)
+			}
+			o.needs = append(o.needs, need{req: i, box: ib})
+		})
+	}
+	return order, nil
+}
+
 func (a *Array) check(r Request) error {
 	if a == nil || a.h == nil {
 		return errors.New("zarr: request without an opened array")
 	}
 	if a.Unsupported != "" {
-		return fmt.Errorf("array %q: %w: %s", a.Path, ErrUnsupported, a.Unsupported)
+		return fmt.Errorf("array %q: %w: %s", a.Path, codec.ErrUnsupported, a.Unsupported)
 	}
 	rank := len(a.Shape)
 	if len(r.Start) != rank || len(r.Count) != rank {
@@ -383,43 +414,55 @@ func forEach(lo, hi []int64, f func(c []int64)) {
 // resolve turns one chunk (or shard) into leaves, reading its bytes from src.
 func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, origin []int64, src source, key string, needs []need) error {
 	if p.shard == nil {
-		l := &leaf{arr: a, pipe: p, shape: shape, origin: origin, key: key, needs: needs,
-			cacheKey: a.MetaHash + "\x00" + key + "\x00" + src.version()}
-		if dec, ok := st.h.chunks.get(l.cacheKey); ok {
-			st.h.stats.ChunkCacheHits.Add(1)
-			l.dec = dec
-			st.add(l)
-			return nil
-		}
-		plan := st.planPartial(l)
-		if ss, ok := src.(storeSource); ok && plan != nil && !plan.stream {
-			if b, ok := ss.cachedWhole(); ok {
-				l.enc, l.encOwned = nonNil(b), true
-				st.add(l)
-				return nil
-			}
-			if done, err := st.tryPartial(ctx, l, plan, chunkRange{ss, 0, -1}); done || err != nil {
-				return err
-			}
-		}
-		b, fresh, err := src.whole(ctx)
-		l.srcKey = fresh
-		// Kept under the version the fetch found (a lazy listing learns it
-		// from the response).
-		l.cacheKey = a.MetaHash + "\x00" + key + "\x00" + src.version()
-		_, l.encOwned = src.(storeSource)
-		switch {
-		case objectstore.IsNotFound(err):
-			l.missing, l.absent, l.listedAbsent = true, true, errors.Is(err, errNotListed)
-		case err != nil:
-			return &ChunkError{Array: a.Path, Key: key, Err: err}
-		default:
-			l.enc = nonNil(b)
-			st.attachStream(l, plan)
-		}
+		return st.resolveChunk(ctx, a, p, shape, origin, src, key, needs)
+	}
+	return st.resolveShard(ctx, a, p, shape, origin, src, key, needs)
+}
+
+// resolveChunk resolves an unsharded chunk: from the decoded-chunk cache,
+// the source cache, in part (planPartial), or fetched whole.
+func (st *readState) resolveChunk(ctx context.Context, a *Array, p *pipeline, shape, origin []int64, src source, key string, needs []need) error {
+	l := &leaf{arr: a, pipe: p, shape: shape, origin: origin, key: key, needs: needs,
+		cacheKey: a.MetaHash + "\x00" + key + "\x00" + src.version()}
+	if dec, ok := st.h.chunks.get(l.cacheKey); ok {
+		st.h.stats.ChunkCacheHits.Add(1)
+		l.dec = dec
 		st.add(l)
 		return nil
 	}
+	plan := st.planPartial(l)
+	if ss, ok := src.(storeSource); ok && plan != nil && !plan.stream {
+		if b, ok := ss.cachedWhole(); ok {
+			l.enc, l.encOwned = nonNil(b), true
+			st.add(l)
+			return nil
+		}
+		if done, err := st.tryPartial(ctx, l, plan, chunkRange{ss, 0, -1}); done || err != nil {
+			return err
+		}
+	}
+	b, fresh, err := src.whole(ctx)
+	l.srcKey = fresh
+	// Kept under the version the fetch found (a lazy listing learns it
+	// from the response).
+	l.cacheKey = a.MetaHash + "\x00" + key + "\x00" + src.version()
+	_, l.encOwned = src.(storeSource)
+	switch {
+	case objectstore.IsNotFound(err):
+		l.missing, l.absent, l.listedAbsent = true, true, errors.Is(err, errNotListed)
+	case err != nil:
+		return &ChunkError{Array: a.Path, Key: key, Err: err}
+	default:
+		l.enc = nonNil(b)
+		st.attachStream(l, plan)
+	}
+	st.add(l)
+	return nil
+}
+
+// resolveShard resolves the inner chunks of a shard that the needs touch,
+// through the shard's index, fetching them at most Fetchers at a time.
+func (st *readState) resolveShard(ctx context.Context, a *Array, p *pipeline, shape, origin []int64, src source, key string, needs []need) error {
 	s := p.shard
 	rank := len(shape)
 	grid := make([]int64, rank)
@@ -434,7 +477,7 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 		}
 	}
 	if idxLen > maxChunkBytes {
-		return &ChunkError{Array: a.Path, Key: key, Err: fmt.Errorf("%w: shard index of %d bytes", ErrUnsupported, idxLen)}
+		return &ChunkError{Array: a.Path, Key: key, Err: fmt.Errorf("%w: shard index of %d bytes", codec.ErrUnsupported, idxLen)}
 	}
 	idx, err := st.shardIndex(ctx, a, s, src, key, idxLen)
 	if objectstore.IsNotFound(err) {
@@ -446,17 +489,7 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 	if err != nil {
 		return &ChunkError{Array: a.Path, Key: key, Err: err}
 	}
-	// Which inner chunks do the needs touch?
-	span := box{lo: make([]int64, rank), hi: make([]int64, rank)}
-	for d := range rank {
-		span.lo[d], span.hi[d] = grid[d], 0
-	}
-	for _, nd := range needs {
-		for d := range rank {
-			span.lo[d] = min(span.lo[d], (nd.box.lo[d]-origin[d])/s.inner[d])
-			span.hi[d] = max(span.hi[d], (nd.box.hi[d]-origin[d]-1)/s.inner[d]+1)
-		}
-	}
+	span := innerSpan(needs, origin, s.inner, grid)
 	var emu sync.Mutex
 	var errs []error
 	var fetches []func() // the inner chunks' reads, run at most Fetchers at a time
@@ -484,13 +517,13 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 		}
 		if off > 1<<62 || nb > maxChunkBytes || (s.codecs.shard == nil && int64(nb) > maxEncoded(product(s.inner)*int64(a.DType.Size))) {
 			emu.Lock()
-			errs = append(errs, &ChunkError{Array: a.Path, Key: ikey, Err: fmt.Errorf("%w: shard index entry offset %d length %d", ErrCorrupt, off, nb)})
+			errs = append(errs, &ChunkError{Array: a.Path, Key: ikey, Err: fmt.Errorf("%w: shard index entry offset %d length %d", codec.ErrCorrupt, off, nb)})
 			emu.Unlock()
 			return
 		}
 		if s.indexAtStart && off < uint64(idxLen) {
 			emu.Lock()
-			errs = append(errs, &ChunkError{Array: a.Path, Key: ikey, Err: fmt.Errorf("%w: inner chunk at %d overlaps the shard index", ErrCorrupt, off)})
+			errs = append(errs, &ChunkError{Array: a.Path, Key: ikey, Err: fmt.Errorf("%w: inner chunk at %d overlaps the shard index", codec.ErrCorrupt, off)})
 			emu.Unlock()
 			return
 		}
@@ -503,50 +536,71 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 			}
 		}
 		fetches = append(fetches, func() {
-			var plan *partial
-			if ss, ok := src.(storeSource); ok && s.codecs.shard == nil {
-				l := &leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: ib.lo, key: ikey, needs: inner, cacheKey: ck}
-				plan = st.planPartial(l)
-				done, err := st.tryPartial(ctx, l, plan, chunkRange{ss, int64(off), int64(nb)})
-				if err != nil {
-					emu.Lock()
-					errs = append(errs, err)
-					emu.Unlock()
-				}
-				if done || err != nil {
-					return
-				}
-			}
-			b, fresh, err := src.rng(ctx, int64(off), int64(nb))
-			if err == nil {
-				if s.codecs.shard != nil {
-					err = st.resolve(ctx, a, s.codecs, s.inner, ib.lo, memSource{b, src.version()}, ikey, inner)
-					if err == nil && fresh != "" {
-						st.mu.Lock()
-						st.puts = append(st.puts, sourcePut{fresh, b})
-						st.mu.Unlock()
-					}
-				} else {
-					l := &leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: ib.lo, key: ikey, needs: inner, enc: nonNil(b), srcKey: fresh, cacheKey: ck}
-					st.attachStream(l, plan)
-					st.add(l)
-				}
-			}
-			if err != nil {
-				switch {
-				case objectstore.IsNotFound(err):
-					err = fmt.Errorf("%w: shard vanished while reading", ErrCorrupt)
-				case errors.Is(err, objectstore.ErrRange):
-					err = fmt.Errorf("%w: the shard index points past the end of the shard: %w", ErrCorrupt, err)
-				}
+			if err := st.fetchInner(ctx, a, s, src, inner, ib.lo, ikey, ck, int64(off), int64(nb)); err != nil {
 				emu.Lock()
-				errs = append(errs, &ChunkError{Array: a.Path, Key: ikey, Err: err})
+				errs = append(errs, err)
 				emu.Unlock()
 			}
 		})
 	})
 	parallel.For(len(fetches), st.h.opts.Fetchers, func(i int) { fetches[i]() })
 	return errors.Join(errs...)
+}
+
+// innerSpan is the box of a shard's inner chunk grid (grid cells of inner
+// elements, the shard starting at origin) that the needs touch.
+func innerSpan(needs []need, origin, inner, grid []int64) box {
+	rank := len(grid)
+	span := box{lo: make([]int64, rank), hi: make([]int64, rank)}
+	for d := range rank {
+		span.lo[d], span.hi[d] = grid[d], 0
+	}
+	for _, nd := range needs {
+		for d := range rank {
+			span.lo[d] = min(span.lo[d], (nd.box.lo[d]-origin[d])/inner[d])
+			span.hi[d] = max(span.hi[d], (nd.box.hi[d]-origin[d]-1)/inner[d]+1)
+		}
+	}
+	return span
+}
+
+// fetchInner reads the inner chunk ikey of shard s, nb bytes at off of
+// src (in part where that pays), and adds its leaf, or resolves it as a
+// shard of its own when the shard nests. ck is its decoded-chunk cache key.
+func (st *readState) fetchInner(ctx context.Context, a *Array, s *shardSpec, src source, inner []need, lo []int64, ikey, ck string, off, nb int64) error {
+	var plan *partial
+	if ss, ok := src.(storeSource); ok && s.codecs.shard == nil {
+		l := &leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: lo, key: ikey, needs: inner, cacheKey: ck}
+		plan = st.planPartial(l)
+		if done, err := st.tryPartial(ctx, l, plan, chunkRange{ss, off, nb}); done || err != nil {
+			return err
+		}
+	}
+	b, fresh, err := src.rng(ctx, off, nb)
+	if err == nil {
+		if s.codecs.shard != nil {
+			err = st.resolve(ctx, a, s.codecs, s.inner, lo, memSource{b, src.version()}, ikey, inner)
+			if err == nil && fresh != "" {
+				st.mu.Lock()
+				st.puts = append(st.puts, sourcePut{fresh, b})
+				st.mu.Unlock()
+			}
+		} else {
+			l := &leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: lo, key: ikey, needs: inner, enc: nonNil(b), srcKey: fresh, cacheKey: ck}
+			st.attachStream(l, plan)
+			st.add(l)
+		}
+	}
+	if err == nil {
+		return nil
+	}
+	switch {
+	case objectstore.IsNotFound(err):
+		err = fmt.Errorf("%w: shard vanished while reading", codec.ErrCorrupt)
+	case errors.Is(err, objectstore.ErrRange):
+		err = fmt.Errorf("%w: the shard index points past the end of the shard: %w", codec.ErrCorrupt, err)
+	}
+	return &ChunkError{Array: a.Path, Key: ikey, Err: err}
 }
 
 // shardIndex reads, verifies and caches a shard index.
@@ -567,7 +621,7 @@ func (st *readState) shardIndex(ctx context.Context, a *Array, s *shardSpec, src
 		b, fresh, err = src.suffix(ctx, n)
 	}
 	if errors.Is(err, objectstore.ErrRange) {
-		return nil, fmt.Errorf("%w: shard shorter than its %d-byte index: %w", ErrCorrupt, n, err)
+		return nil, fmt.Errorf("%w: shard shorter than its %d-byte index: %w", codec.ErrCorrupt, n, err)
 	}
 	if err != nil {
 		return nil, err
@@ -666,7 +720,7 @@ func (st *readState) decode(ctx context.Context) error {
 		if len(jobs) == 0 {
 			break
 		}
-		if err := st.h.decodeBatch(ctx, jobs); err != nil {
+		if err := st.dec.DecodeBatch(ctx, jobs); err != nil {
 			return err
 		}
 		st.h.stats.ChunksDecoded.Add(int64(len(jobs)))
@@ -708,12 +762,6 @@ func (st *readState) decode(ctx context.Context) error {
 		work = next
 	}
 	return nil
-}
-
-// decodeBatch runs jobs on the configured decoder, which sends to the CPU
-// what a GPU refuses (package decode).
-func (h *Hierarchy) decodeBatch(ctx context.Context, jobs []codec.Job) error {
-	return h.decoderFor(ctx).DecodeBatch(ctx, jobs)
 }
 
 // stageSize is the decoded size of the data entering codec bb[stage] when encoding.
@@ -859,7 +907,7 @@ func (l *leaf) inBounds() int64 {
 func (st *readState) finish(l *leaf, dec []byte) {
 	want := product(l.shape) * int64(l.arr.DType.Size)
 	if int64(len(dec)) != want {
-		l.err = fmt.Errorf("%w: decoded %d bytes, expected %d", ErrCorrupt, len(dec), want)
+		l.err = fmt.Errorf("%w: decoded %d bytes, expected %d", codec.ErrCorrupt, len(dec), want)
 		return
 	}
 	l.dec = dec

@@ -101,7 +101,7 @@ func read(h *zarr.Hierarchy, a *zarr.Array, start, count []int64) ([]byte, error
 		n *= c
 	}
 	dst := make([]byte, n)
-	err := h.Read(context.Background(), []zarr.Request{{Array: a, Start: start, Count: count, Dst: dst}})
+	err := h.Read(context.Background(), nil, []zarr.Request{{Array: a, Start: start, Count: count, Dst: dst}})
 	return dst, err
 }
 
@@ -169,7 +169,7 @@ func TestHostileShard(t *testing.T) {
 			if !errors.As(err, &ce) || !strings.HasPrefix(ce.Key, "c/0/0") {
 				t.Errorf("error %v does not name the chunk", err)
 			}
-			if !errors.Is(err, zarr.ErrCorrupt) && !errors.Is(err, zarr.ErrChecksum) && !errors.Is(err, codec.ErrCorrupt) {
+			if !errors.Is(err, codec.ErrCorrupt) && !errors.Is(err, zarr.ErrChecksum) && !errors.Is(err, codec.ErrCorrupt) {
 				t.Errorf("error %v is neither a corrupt chunk nor a checksum mismatch", err)
 			}
 		})
@@ -426,7 +426,7 @@ func TestLentMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := &lender{CPU: codec.NewCPU(codec.Options{}), lent: map[*byte]int{}}
+	l := &lender{CPU: must(codec.NewCPU(codec.Options{})), lent: map[*byte]int{}}
 	defer l.Close()
 	arrays := 0
 	for _, dir := range dirs {

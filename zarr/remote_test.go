@@ -142,7 +142,7 @@ func readWhole(t testing.TB, h *zarr.Hierarchy, a *zarr.Array) []byte {
 		n *= d
 	}
 	dst := make([]byte, n)
-	if err := h.Read(context.Background(), []zarr.Request{{Array: a, Start: make([]int64, len(a.Shape)), Count: a.Shape, Dst: dst}}); err != nil {
+	if err := h.Read(context.Background(), nil, []zarr.Request{{Array: a, Start: make([]int64, len(a.Shape)), Count: a.Shape, Dst: dst}}); err != nil {
 		t.Fatal(err)
 	}
 	return dst
@@ -182,7 +182,7 @@ func TestRemoteVersionsWithoutListings(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer g.Close()
-			var st objectstore.Store = objectstore.WithRetry(g, objectstore.RetryOptions{})
+			var st objectstore.Store = must(objectstore.WithRetry(g, objectstore.RetryOptions{}))
 			if tc.trust {
 				st = objectstore.TrustMetadata(st)
 			}

@@ -97,7 +97,7 @@ func TestPartialReadRewrittenBetweenHeaderAndBlocks(t *testing.T) {
 		return []zarr.Request{{Array: a, Start: []int64{1, 3, 0, 0}, Count: []int64{1, 2, 64, 128}, Dst: make([]byte, 2*64*128*4)}}
 	}
 	reqs := sel()
-	err = h.Read(context.Background(), reqs)
+	err = h.Read(context.Background(), nil, reqs)
 	if h.Stats().ChunksPartial.Load() == 0 && st.ranged < 2 {
 		t.Fatalf("the chunk was not read in part (%d ranged reads): the test proves nothing", st.ranged)
 	}
@@ -110,7 +110,7 @@ func TestPartialReadRewrittenBetweenHeaderAndBlocks(t *testing.T) {
 	}
 	// Read again: the new chunk, whole or in part, gives its own values.
 	again := sel()
-	if err := h.Read(context.Background(), again); err != nil {
+	if err := h.Read(context.Background(), nil, again); err != nil {
 		t.Fatal(err)
 	}
 	want := make([]byte, 0, len(again[0].Dst))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/objectstore"
 )
 
@@ -30,6 +31,10 @@ type storeSource struct {
 	// whole compressed chunk, whose buffer release frees, may use it.
 	hint int
 	meta string // the array's MetaHash: cached bytes never outlive their metadata
+	// limit bounds the stored chunk read whole (the array's
+	// MaxEncodedBytes): the store refuses a larger one before allocating
+	// for it.
+	limit int64
 	// listing is the array's listing the Read reads under, nil for none.
 	listing *Listing
 	// fixed says the key's version was asked once when the Read started
@@ -162,12 +167,12 @@ func (s storeSource) whole(ctx context.Context) ([]byte, string, error) {
 	get := func(buf []byte) ([]byte, string, error) {
 		switch {
 		case versioned:
-			return vs.GetVersion(ctx, s.key, buf)
+			return vs.GetVersion(ctx, s.key, buf, s.limit)
 		case into:
-			b, err := gi.GetInto(ctx, s.key, buf)
+			b, err := gi.GetInto(ctx, s.key, buf, s.limit)
 			return b, "", err
 		}
-		b, err := s.h.Store.Get(ctx, s.key)
+		b, err := objectstore.GetLimit(ctx, s.h.Store, s.key, s.limit)
 		return b, "", err
 	}
 	s.entire = true
@@ -312,14 +317,14 @@ func (m memSource) whole(context.Context) ([]byte, string, error) { return m.b, 
 
 func (m memSource) rng(_ context.Context, off, n int64) ([]byte, string, error) {
 	if off < 0 || n < 0 || off > int64(len(m.b)) || n > int64(len(m.b))-off {
-		return nil, "", fmt.Errorf("%w: range %d+%d past the end of a %d-byte shard", ErrCorrupt, off, n, len(m.b))
+		return nil, "", fmt.Errorf("%w: range %d+%d past the end of a %d-byte shard", codec.ErrCorrupt, off, n, len(m.b))
 	}
 	return m.b[off : off+n], "", nil
 }
 
 func (m memSource) suffix(_ context.Context, n int64) ([]byte, string, error) {
 	if n > int64(len(m.b)) {
-		return nil, "", fmt.Errorf("%w: shard of %d bytes is shorter than its %d-byte index", ErrCorrupt, len(m.b), n)
+		return nil, "", fmt.Errorf("%w: shard of %d bytes is shorter than its %d-byte index", codec.ErrCorrupt, len(m.b), n)
 	}
 	return m.b[int64(len(m.b))-n:], "", nil
 }

@@ -79,7 +79,7 @@ func TestSourceCacheReadsIntoLentMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := &lender{CPU: codec.NewCPU(codec.Options{}), lent: map[*byte]int{}}
+	l := &lender{CPU: must(codec.NewCPU(codec.Options{})), lent: map[*byte]int{}}
 	defer l.Close()
 	sc := &intoCache{mapCache: mapCache{m: map[string][]byte{}}, l: l}
 	for _, dir := range dirs {

@@ -66,13 +66,13 @@ func serveDelivery(ctx context.Context, mode, sock string, o *opened, m *zfs.Mou
 		// What all fills hold is bounded by --memory; the rings, which
 		// live as long as their readers, by a quarter of it.
 		s.Memory = deliver.HostMemory{}
-		s.MaxRingBytes = o.src.Layout.MemoryBudget.Total() / 4
-		s.Device = deliver.HostFill{Decoder: o.dec}
+		s.MaxRingBytes = o.fill.MemoryBudget().Total() / 4
+		s.Device = deliver.HostFill{Filler: o.fill, Decoder: o.dec}
 	default:
 		// Rings in the memory of the GPU a reader names, where the
 		// pipeline decodes on it (decode.Pipeline.GPUFor says why not).
 		s.Memory = deliver.CUDAMemory{GPUs: o.dec}
-		s.Device = deliver.GPUFill{Fallback: o.dec}
+		s.Device = deliver.GPUFill{Filler: o.fill, Fallback: o.dec}
 	}
 	if err := privateRegistry(); err != nil {
 		return nil, err

@@ -298,5 +298,5 @@ func TestCLIDocHeadings(t *testing.T) {
 		}
 		t.Errorf("docs/cli.md has no section headed %q (the usage of %s)", use, c.CommandPath())
 	}
-	walk(newRootCmd())
+	walk(newRootCmd(&profiles{}))
 }

@@ -68,7 +68,7 @@ func openGCS(ctx context.Context, src string, f *sourceFlags) (objectstore.Store
 	if err != nil {
 		return nil, err
 	}
-	return f.remote(g), nil
+	return f.remote(g)
 }
 
 // openHTTP opens an http(s):// source or a virtual store's target host,
@@ -98,7 +98,7 @@ func openHTTP(ctx context.Context, src string, f *sourceFlags) (objectstore.Stor
 	if err != nil {
 		return nil, err
 	}
-	return f.remote(h), nil
+	return f.remote(h)
 }
 
 // httpOrigin is the scheme, host and port of an http(s):// URL (a

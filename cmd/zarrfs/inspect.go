@@ -92,13 +92,11 @@ func runInspect(cmd *cobra.Command, f *inspectFlags, src string) error {
 		return err
 	}
 	defer closeStore(st)
-	// inspect decodes only what views bind with (coordinates): one CPU
-	// worker.
-	dec := codec.NewCPU(codec.Options{Workers: 1})
-	defer dec.Close()
+	// inspect decodes only what views bind with (coordinates), in its
+	// own goroutine.
 	source := &layout.Source{
 		Store:  st,
-		Zarr:   zarr.Options{Logger: discardLogger(), Decoder: dec, Limits: limits},
+		Zarr:   zarr.Options{Logger: discardLogger(), Decoder: codec.Inline{}, Limits: limits},
 		Views:  specs,
 		Layout: layout.Options{SampleDim: f.sampleDim},
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/internal/ratelog"
 )
 
@@ -56,7 +57,7 @@ func maxArgs(n int, names string) cobra.PositionalArgs {
 
 // newRootCmd builds the command tree afresh: cobra keeps flag values in the
 // commands, so each run (a test runs many) gets its own.
-func newRootCmd() *cobra.Command {
+func newRootCmd(prof *profiles) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "zarrfs",
 		Short:         "Mount Zarr stores as device-ready .npy files for GPU training",
@@ -68,10 +69,13 @@ func newRootCmd() *cobra.Command {
 	})
 	root.PersistentFlags().String("log-level", "info", "log level: debug, info, warn, error")
 	root.PersistentFlags().String("log-format", "text", "log format: text (key=value) or json (one object a line)")
+	prof.register(root)
 	// Every command checks the flags every command has, whether it logs or not.
 	root.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
-		_, err := newLogger(cmd)
-		return err
+		if _, err := newLogger(cmd); err != nil {
+			return err
+		}
+		return prof.start()
 	}
 	root.AddCommand(newMountCmd(), newWarmCmd(), newCacheCmd(), newInspectCmd(), newPathCmd(),
 		newStatusCmd(), newUnmountCmd(), newVersionCmd())
@@ -84,7 +88,9 @@ func newRootCmd() *cobra.Command {
 // message alone when it starts with the command it is about ("zarrfs
 // mount: unknown flag ...").
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	root := newRootCmd()
+	var prof profiles
+	defer prof.stop()
+	root := newRootCmd(&prof)
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -128,7 +134,11 @@ func newLogger(cmd *cobra.Command) (*slog.Logger, error) {
 	default:
 		return nil, usagef("--log-format %q: want text or json", format)
 	}
-	return slog.New(ratelog.New(h, ratelog.Options{})), nil
+	rl, err := ratelog.New(h, ratelog.Options{})
+	if err != nil {
+		return nil, err
+	}
+	return slog.New(rl), nil
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -146,10 +156,11 @@ func main() {
 		}
 	}()
 	runtime.GOMAXPROCS(maxProcs(os.Getenv("GOMAXPROCS"), runtime.GOMAXPROCS(0)))
+	// zstd decodes through the library ZARRFS_LIBZSTD names ("off": the
+	// Go decoder), libzstd.so.1 when unset (docs/operations.md).
+	codec.UseLibZstd(os.Getenv("ZARRFS_LIBZSTD"))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	stopProfile := startProfile()
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stopProfile()
 	stop()
 	os.Exit(code)
 }
@@ -176,44 +187,62 @@ func maxProcs(env string, cur int) int {
 	return procsPerCPU * cur
 }
 
-// startProfile writes a Go CPU profile of the whole command to the file
-// ZARRFS_CPUPROFILE names, and an execution trace to ZARRFS_TRACE, for
-// finding where a slow warm or mount spends its time (go tool pprof zarrfs
-// FILE; go tool trace -pprof=sync FILE); ZARRFS_MEMPROFILE gets a heap
-// profile as the command ends, for what it still holds (inuse_space) and
-// what it allocated on the way (go tool pprof -sample_index=alloc_space).
-// Unset: nothing.
-func startProfile() (stop func()) {
-	var stops []func()
+// profiles are the hidden --cpuprofile, --trace and --memprofile flags:
+// a Go CPU profile of the whole command, an execution trace, for finding
+// where a slow warm or mount spends its time (go tool pprof zarrfs FILE;
+// go tool trace -pprof=sync FILE), and a heap profile as the command
+// ends, for what it still holds (inuse_space) and what it allocated on
+// the way (go tool pprof -sample_index=alloc_space). Unset: nothing.
+type profiles struct {
+	cpu, trace, mem string
+	stops           []func()
+}
+
+func (p *profiles) register(root *cobra.Command) {
+	fl := root.PersistentFlags()
+	fl.StringVar(&p.cpu, "cpuprofile", "", "write a Go CPU profile of the command to `FILE`")
+	fl.StringVar(&p.trace, "trace", "", "write a Go execution trace of the command to `FILE`")
+	fl.StringVar(&p.mem, "memprofile", "", "write a Go heap profile to `FILE` as the command ends")
+	for _, n := range []string{"cpuprofile", "trace", "memprofile"} {
+		fl.MarkHidden(n)
+	}
+}
+
+// start starts the profiles the flags ask for; a file that cannot be
+// made fails the command before it does anything.
+func (p *profiles) start() error {
 	var heap io.Writer
-	for _, p := range []struct {
-		env   string
-		start func(io.Writer) error
-		stop  func()
+	for _, q := range []struct {
+		flag, name string
+		start      func(io.Writer) error
+		stop       func()
 	}{
-		{"ZARRFS_CPUPROFILE", pprof.StartCPUProfile, pprof.StopCPUProfile},
-		{"ZARRFS_TRACE", trace.Start, trace.Stop},
-		{"ZARRFS_MEMPROFILE", func(w io.Writer) error { heap = w; return nil }, func() { pprof.Lookup("heap").WriteTo(heap, 0) }},
+		{"--cpuprofile", p.cpu, pprof.StartCPUProfile, pprof.StopCPUProfile},
+		{"--trace", p.trace, trace.Start, trace.Stop},
+		{"--memprofile", p.mem, func(w io.Writer) error { heap = w; return nil }, func() { pprof.Lookup("heap").WriteTo(heap, 0) }},
 	} {
-		name := os.Getenv(p.env)
-		if name == "" {
+		if q.name == "" {
 			continue
 		}
-		f, err := os.Create(name)
+		f, err := os.Create(q.name)
 		if err == nil {
-			err = p.start(f)
+			err = q.start(f)
 		}
 		if err != nil {
-			fmt.Fprintf(os.Stderr, "zarrfs: %s %s: %v\n", p.env, name, err)
-			continue
+			p.stop()
+			return fmt.Errorf("%s %s: %w", q.flag, q.name, err)
 		}
-		stops = append(stops, func() { p.stop(); f.Close() })
+		p.stops = append(p.stops, func() { q.stop(); f.Close() })
 	}
-	return func() {
-		for _, s := range stops {
-			s()
-		}
+	return nil
+}
+
+// stop ends the profiles started, writing them out.
+func (p *profiles) stop() {
+	for _, s := range p.stops {
+		s()
 	}
+	p.stops = nil
 }
 
 // isCobraUsage recognises cobra's own usage errors (unknown command).

@@ -141,8 +141,9 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 		defer metricsLn.Close()
 	}
 
+	fills := newFillMetrics()
 	o, err := openInterruptible(ctx, func() (*opened, error) {
-		return f.open(ctx, src, log, openOptions{chunkTier: true, shard: shard,
+		return f.open(ctx, src, log, openOptions{chunkTier: true, shard: shard, observe: fills.observe,
 			beforeSource: func() error { return checkMountpoint(mountpoint) }})
 	})
 	if errors.Is(err, errInterrupted) {
@@ -154,11 +155,10 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 	}
 	defer o.Close()
 	store, l, c := o.store, o.lay, o.cache
-	fills := newFillMetrics()
 	mo := zfs.Options{
 		Mountpoint:         mountpoint,
 		Layout:             l,
-		Blobs:              fill.WithFillObserver(fill.Cache(c), fills.observe),
+		Blobs:              o.fill,
 		Logger:             log,
 		AllowOther:         f.allowOther,
 		DisablePassthrough: f.noPassthru,

@@ -39,6 +39,9 @@ type layoutFlags struct {
 	sampleDim  string
 	align      int64
 	views      []string
+	// wholeChunks reads every chunk whole (hidden --whole-chunks): the
+	// peer partial reads are measured against (BENCHMARKS.md).
+	wholeChunks bool
 }
 
 func (f *layoutFlags) register(cmd *cobra.Command) {
@@ -51,6 +54,8 @@ func (f *layoutFlags) register(cmd *cobra.Command) {
 	registerSampleDim(cmd, &f.sampleDim)
 	fl.Int64Var(&f.align, "align", layout.DefaultAlign, "offset of the data in every .npy file (a multiple of 64, at least 128)")
 	fl.StringArrayVar(&f.views, "view", nil, "YAML file of stacked training views; repeatable")
+	fl.BoolVar(&f.wholeChunks, "whole-chunks", false, "read every chunk whole, never the part a file needs (a benchmark's peer)")
+	fl.MarkHidden("whole-chunks")
 	f.src.register(cmd, true)
 }
 
@@ -77,7 +82,8 @@ type opened struct {
 	src   *layout.Source
 	lay   *layout.Layout // the current one; a mount replaces it
 	cache *cache.Cache
-	stats *zarr.Stats // the work of every hierarchy opened from src
+	fill  *fill.Filler // fills blobs of lay into cache
+	stats *zarr.Stats  // the work of every hierarchy opened from src
 	// exiting: the process exits after Close, which then leaves the GPUs'
 	// teardown to the exit (CloseForExit).
 	exiting bool
@@ -167,6 +173,8 @@ type openOptions struct {
 	wrapTier func(cache.ChunkTier) zarr.SourceCacheInto
 	// shard lists only one rank's samples in every sample directory.
 	shard layout.Shard
+	// observe, when set, is told of every fill (fill.Options.Observe).
+	observe func(group string, took time.Duration, err error)
 	// beforeSource, when set, runs once every flag is checked and before
 	// the cache or the source is opened: the command's own checks of its
 	// arguments (mount's mountpoint), so that a usage error is reported
@@ -283,17 +291,18 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	if oo.wrapTier != nil {
 		zopts.SourceCache = oo.wrapTier(tier)
 	}
-	// Reading every chunk whole is the peer partial reads are measured
-	// against (BENCHMARKS.md); nothing else sets it.
-	if os.Getenv("ZARRFS_WHOLE_CHUNKS") == "1" {
+	if f.wholeChunks {
 		zopts.Partial = zarr.PartialNever
 	}
 	o.src = &layout.Source{
-		Store: o.store,
-		Zarr:  zopts,
-		Views: specs,
-		Layout: layout.Options{SampleDim: f.sampleDim, Align: f.align, Shard: oo.shard,
-			MemoryBudget: memory.New(fillMemory(mem, cached))},
+		Store:  o.store,
+		Zarr:   zopts,
+		Views:  specs,
+		Layout: layout.Options{SampleDim: f.sampleDim, Align: f.align, Shard: oo.shard},
+	}
+	o.fill, err = fill.New(fill.Options{Cache: o.cache, MemoryBudget: memory.New(fillMemory(mem, cached)), Observe: oo.observe})
+	if err != nil {
+		return nil, err
 	}
 	if o.lay, err = openLayout(ctx, o.src, f.src.deadlines.timeout, log); err != nil {
 		return nil, err
@@ -433,7 +442,7 @@ func (f *layoutFlags) memoryBudget() (int64, error) {
 	return mem, nil
 }
 
-// fillMemory is what all fills may hold at once (layout.Options.
+// fillMemory is what all fills may hold at once (fill.Options.
 // MemoryBudget) within the memory budget mem, beside a decoded-chunk cache
 // of cached bytes: all of mem but the cache and a reserve of an eighth (16
 // MiB at least) for what no fill is charged: the Go runtime's own memory
@@ -454,7 +463,7 @@ func chunkCacheBytes(asked, mem int64) int64 {
 }
 
 func isRemote(s objectstore.Store) bool {
-	if v, ok := s.(interface{ Local() bool }); ok {
+	if v, ok := s.(objectstore.Localer); ok {
 		return !v.Local() // a virtual store over local files
 	}
 	return !objectstore.IsLocal(s)
@@ -465,9 +474,7 @@ func isRemote(s objectstore.Store) bool {
 // It warns about arrays newly left out.
 func refreshLayout(ctx context.Context, o *opened, cur *layout.Layout, log *slog.Logger) (*layout.Layout, error) {
 	// A virtual store reads its references (a branch's head) again first.
-	if r, ok := o.store.(interface {
-		Refresh(context.Context) (bool, error)
-	}); ok {
+	if r, ok := o.store.(objectstore.Refresher); ok {
 		if _, err := r.Refresh(ctx); err != nil {
 			return nil, err
 		}

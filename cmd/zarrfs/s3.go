@@ -77,23 +77,32 @@ func openS3(ctx context.Context, src string, f *sourceFlags) (objectstore.Store,
 	if err != nil {
 		return nil, err
 	}
-	return f.remote(s), nil
+	return f.remote(s)
 }
 
 // remote wraps a remote store in the circuit breaker and the retries
 // every remote source reads through, bounded by --source-stall and
 // --source-timeout, and, with --chunk-versions metadata, in
 // objectstore.TrustMetadata.
-func (f *sourceFlags) remote(s objectstore.Store) objectstore.Store {
-	br := objectstore.WithBreaker(s, objectstore.BreakerOptions{
+func (f *sourceFlags) remote(s objectstore.Store) (objectstore.Store, error) {
+	br, err := objectstore.WithBreaker(s, objectstore.BreakerOptions{
 		Silence: f.deadlines.stall, Quiet: 2 * f.deadlines.stall, ProbeTimeout: f.deadlines.stall, Logger: f.logger})
-	var st objectstore.Store = objectstore.WithRetry(br, objectstore.RetryOptions{
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	var st objectstore.Store
+	st, err = objectstore.WithRetry(br, objectstore.RetryOptions{
 		Logger:         f.logger,
 		Budget:         f.deadlines.timeout,
 		AttemptTimeout: f.deadlines.timeout,
 	})
+	if err != nil {
+		br.Close()
+		return nil, err
+	}
 	if f.chunkVersions == "metadata" {
 		st = objectstore.TrustMetadata(st)
 	}
-	return st
+	return st, nil
 }

@@ -76,9 +76,7 @@ func (f *sourceFlags) register(cmd *cobra.Command, decodes bool) {
 // directory descriptor, a breaker's probe): the objectstore decorators
 // close what they wrap, so closing the outermost store closes its chain.
 func closeStore(s objectstore.Store) {
-	if c, ok := s.(interface{ Close() error }); ok {
-		c.Close()
-	}
+	s.Close()
 }
 
 // s3Flags and gcsFlags are the flags that mean something for an s3:// or a

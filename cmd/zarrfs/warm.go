@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path"
@@ -16,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/internal/memory"
 	"github.com/zarrfs/zarrfs/layout"
@@ -34,7 +36,7 @@ type warmFlags struct {
 	compressed bool
 	// span and split are --samples and --rank/--world/--shard, parsed by
 	// validate.
-	span  *layout.SampleSpan
+	span  *fill.SampleSpan
 	split layout.Shard
 }
 
@@ -76,9 +78,9 @@ more than each chunk's version.`,
 	return cmd
 }
 
-// planWarm turns the flags into the layout's plan of what to fill.
-func planWarm(lay *layout.Layout, f *warmFlags) (*layout.Plan, error) {
-	plan, err := lay.Plan(layout.PlanOptions{Only: f.only, Samples: f.span, Shard: f.split})
+// planWarm turns the flags into the selection of what to fill.
+func planWarm(lay *layout.Layout, f *warmFlags) (*fill.Selection, error) {
+	plan, err := fill.Select(lay, fill.SelectOptions{Only: f.only, Samples: f.span, Shard: f.split})
 	if err != nil {
 		return nil, fmt.Errorf("--only %w", err)
 	}
@@ -97,9 +99,9 @@ func (f *warmFlags) validate(cmd *cobra.Command, src string) error {
 			return err
 		}
 	}
-	span, err := layout.ParseSampleSpan(f.samples)
+	span, err := fill.ParseSampleSpan(f.samples)
 	if err != nil {
-		return usagef("--%s", strings.TrimPrefix(err.Error(), layout.ErrInvalidOption.Error()+": "))
+		return usagef("--%s", strings.TrimPrefix(err.Error(), fill.ErrInvalidSpan.Error()+": "))
 	}
 	f.span = span
 	if f.split, err = checkShard(f.rank, f.world, f.shard); err != nil {
@@ -145,25 +147,11 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 	if err != nil {
 		return err
 	}
-	if f.samples != "" && len(plan.Short) > 0 {
-		if plan.InRange == 0 {
-			return fmt.Errorf("--samples %s: no sample directory has samples in that range (%s)", f.samples, strings.Join(plan.Short, ", "))
-		}
-		log.Warn("--samples runs past the end of some sample directories; warming the samples they have",
-			"samples", f.samples, "short", strings.Join(plan.Short, ", "))
+	if err := checkSelection(log, f, c, plan); err != nil {
+		return err
 	}
 	if f.compressed {
 		return warmCompressed(cmd, f, o, plan, kept, log)
-	}
-	// A warm that cannot keep what it warms would report success for files
-	// a mount then fetches again: refuse it before any work.
-	if budget := c.Budget(); budget > 0 && plan.Bytes > budget {
-		room, raise := "the cache budget", "raise --cache-size"
-		if c.BudgetFromFilesystem() {
-			room, raise = "what the cache's filesystem holds", "free space on it"
-		}
-		return fmt.Errorf("the %s to warm (%s) do not fit %s (%s); %s or warm fewer (--only, --samples, --rank/--world)",
-			files(len(plan.Blobs)), memory.Human(plan.Bytes), room, memory.Human(budget), raise)
 	}
 	// What is warm already is known from the chunks' versions: requests
 	// that may meet a source silent at first, as the open's did.
@@ -190,25 +178,12 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 		return nil
 	}
 	logCacheHint(log, c.Dir())
-	var bar *progressbar.ProgressBar
-	if fi, err := os.Stderr.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 && term.IsTerminal(int(os.Stderr.Fd())) {
-		bar = progressbar.NewOptions64(todoBytes,
-			progressbar.OptionSetWriter(os.Stderr),
-			progressbar.OptionShowBytes(true),
-			progressbar.OptionShowCount(),
-			progressbar.OptionSetDescription(fmt.Sprintf("warming 0/%s", files(len(todo)))),
-			// The summary line counts MiB (memory.Human): so does the bar.
-			progressbar.OptionUseIECUnits(true),
-			progressbar.OptionThrottle(100*time.Millisecond),
-			progressbar.OptionShowElapsedTimeOnFinish(),
-			progressbar.OptionSetPredictTime(true),
-		)
-	}
+	bar := warmBar(todoBytes, len(todo))
 	start := time.Now()
 	var done, doneBytes atomic.Int64
 	var firstErr error
 	var errOnce sync.Once
-	failed, _ := fill.Warm(ctx, c, lay, todo, fill.WarmOptions{Jobs: f.jobs, Done: func(b layout.Blob, err error) {
+	failed, _ := fill.Warm(ctx, o.fill, lay, todo, fill.WarmOptions{Jobs: f.jobs, Done: func(b layout.Blob, err error) {
 		if err != nil {
 			log.Error("warm failed", "file", b.Path(), "err", err)
 			errOnce.Do(func() { firstErr = fmt.Errorf("%s: %w", b.Path(), err) })
@@ -232,17 +207,7 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 	for _, d := range plan.Dirs {
 		fmt.Fprintf(out, "%s\t%s\n", d, path.Join(dir, d))
 	}
-	rate := float64(doneBytes.Load()) / el.Seconds()
-	fmt.Fprintf(out, "zarrfs: warmed %s (%s) in %s, %s/s; %d already warm; cache %s\n",
-		files(int(done.Load())), memory.Human(doneBytes.Load()), el.Round(time.Millisecond), memory.Human(int64(rate)),
-		len(plan.Blobs)-len(todo), dir)
-	logWork(log, "warm", o)
-	if s := o.dec.GPUStats(); o.dec.OnGPU() || s.Chunks+s.Refused+s.Corrupt > 0 {
-		// What the GPU really decoded: with --decode gpu every chunk,
-		// unless it refused some (they decode on the CPU instead).
-		fmt.Fprintf(out, "zarrfs: the GPU decoded %d of %d chunks (%s); it refused %d (decoded on the CPU) and found %d corrupt\n",
-			s.Chunks, o.stats.ChunksDecoded.Load(), memory.Human(s.Bytes), s.Refused, s.Corrupt)
-	}
+	reportWarm(out, log, o, int(done.Load()), doneBytes.Load(), el, len(plan.Blobs)-len(todo), dir)
 	if failed > 0 {
 		return fmt.Errorf("%s failed, first: %w", files(failed), firstErr)
 	}
@@ -258,6 +223,68 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 		return prune(ctx, o, out)
 	}
 	return nil
+}
+
+// checkSelection refuses, before any work, a selection warm cannot do:
+// --samples past the end of every sample directory (a runtime error: the
+// range fits a longer store; past some only, a warning), or more bytes than
+// the cache holds, which would report success for files a mount then
+// fetches again.
+func checkSelection(log *slog.Logger, f *warmFlags, c *cache.Cache, plan *fill.Selection) error {
+	if f.samples != "" && len(plan.Short) > 0 {
+		if plan.InRange == 0 {
+			return fmt.Errorf("--samples %s: no sample directory has samples in that range (%s)", f.samples, strings.Join(plan.Short, ", "))
+		}
+		log.Warn("--samples runs past the end of some sample directories; warming the samples they have",
+			"samples", f.samples, "short", strings.Join(plan.Short, ", "))
+	}
+	// What chunks take is known only once read: warm --compressed checks
+	// at its end that they stayed (warmCompressed).
+	if budget := c.Budget(); budget > 0 && plan.Bytes > budget && !f.compressed {
+		room, raise := "the cache budget", "raise --cache-size"
+		if c.BudgetFromFilesystem() {
+			room, raise = "what the cache's filesystem holds", "free space on it"
+		}
+		return fmt.Errorf("the %s to warm (%s) do not fit %s (%s); %s or warm fewer (--only, --samples, --rank/--world)",
+			files(len(plan.Blobs)), memory.Human(plan.Bytes), room, memory.Human(budget), raise)
+	}
+	return nil
+}
+
+// warmBar is the progress bar of a warm of n files of bytes in all, on a
+// terminal's stderr; nil elsewhere.
+func warmBar(bytes int64, n int) *progressbar.ProgressBar {
+	fi, err := os.Stderr.Stat()
+	if err != nil || fi.Mode()&os.ModeCharDevice == 0 || !term.IsTerminal(int(os.Stderr.Fd())) {
+		return nil
+	}
+	return progressbar.NewOptions64(bytes,
+		progressbar.OptionSetWriter(os.Stderr),
+		progressbar.OptionShowBytes(true),
+		progressbar.OptionShowCount(),
+		progressbar.OptionSetDescription(fmt.Sprintf("warming 0/%s", files(n))),
+		// The summary line counts MiB (memory.Human): so does the bar.
+		progressbar.OptionUseIECUnits(true),
+		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionShowElapsedTimeOnFinish(),
+		progressbar.OptionSetPredictTime(true),
+	)
+}
+
+// reportWarm prints the summary of a warm that filled done files (bytes
+// of them) in el, beside skipped already warm, into the blob directory
+// dir, and what the GPU decoded if one did.
+func reportWarm(out io.Writer, log *slog.Logger, o *opened, done int, bytes int64, el time.Duration, skipped int, dir string) {
+	rate := float64(bytes) / el.Seconds()
+	fmt.Fprintf(out, "zarrfs: warmed %s (%s) in %s, %s/s; %d already warm; cache %s\n",
+		files(done), memory.Human(bytes), el.Round(time.Millisecond), memory.Human(int64(rate)), skipped, dir)
+	logWork(log, "warm", o)
+	if s := o.dec.GPUStats(); o.dec.OnGPU() || s.Chunks+s.Refused+s.Corrupt > 0 {
+		// What the GPU really decoded: with --decode gpu every chunk,
+		// unless it refused some (they decode on the CPU instead).
+		fmt.Fprintf(out, "zarrfs: the GPU decoded %d of %d chunks (%s); it refused %d (decoded on the CPU) and found %d corrupt\n",
+			s.Chunks, o.stats.ChunksDecoded.Load(), memory.Human(s.Bytes), s.Refused, s.Corrupt)
+	}
 }
 
 // logWork logs, at debug level, what reading the source took: chunks

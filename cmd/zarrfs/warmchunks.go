@@ -83,7 +83,7 @@ func (k *keptChunks) tally() (found, stored int, foundB, storedB int64, gone int
 // file is written. The budget check of a decoded warm does not apply (what
 // the chunks take is known only once read): the warm fails at its end if
 // chunks it kept were evicted meanwhile.
-func warmCompressed(cmd *cobra.Command, f *warmFlags, o *opened, plan *layout.Plan, kept *keptChunks, log *slog.Logger) error {
+func warmCompressed(cmd *cobra.Command, f *warmFlags, o *opened, plan *fill.Selection, kept *keptChunks, log *slog.Logger) error {
 	ctx := cmd.Context()
 	out := cmd.OutOrStdout()
 	logCacheHint(log, o.cache.Dir())
@@ -91,7 +91,7 @@ func warmCompressed(cmd *cobra.Command, f *warmFlags, o *opened, plan *layout.Pl
 	var firstErr error
 	var errOnce sync.Once
 	var done atomic.Int64
-	failed, _ := fill.Warm(ctx, o.cache, o.lay, plan.Blobs, fill.WarmOptions{Jobs: f.jobs, Compressed: true, Done: func(b layout.Blob, err error) {
+	failed, _ := fill.Warm(ctx, o.fill, o.lay, plan.Blobs, fill.WarmOptions{Jobs: f.jobs, Compressed: true, Done: func(b layout.Blob, err error) {
 		if err != nil {
 			log.Error("warm failed", "file", b.Path(), "err", err)
 			errOnce.Do(func() { firstErr = fmt.Errorf("%s: %w", b.Path(), err) })

@@ -60,10 +60,10 @@ var mutations = []mutation{
 	{
 		Name:   "warm-samples-rank",
 		Breaks: "warm splits --samples START:STOP among ranks as if it started at 0",
-		File:   "layout/plan.go",
+		File:   "fill/select.go",
 		From:   "mine := o.Shard.Of(lo, hi)",
 		To:     "mine := o.Shard.Of(0, hi-lo)",
-		Pkgs:   []string{"./layout", "./integration"},
+		Pkgs:   []string{"./fill", "./integration"},
 		Run:    "Plan|Shard|WarmSamples|WarmRankWorld",
 	},
 	{
@@ -205,9 +205,9 @@ var mutations = []mutation{
 	{
 		Name:   "view-step-identity",
 		Breaks: "a view with samples.step > 1 names the source chunks of the wrong time step in its identity",
-		File:   "layout/view_fill.go",
-		From:   "func (b *viewBlob) Sources() []zarr.Request {\n\tt := b.v.Start + b.k*b.v.Step",
-		To:     "func (b *viewBlob) Sources() []zarr.Request {\n\tt := b.v.Start + b.k",
+		File:   "layout/view_blob.go",
+		From:   "func (b *ViewBlob) Sources() []zarr.Request {\n\tt := b.v.Start + b.k*b.v.Step",
+		To:     "func (b *ViewBlob) Sources() []zarr.Request {\n\tt := b.v.Start + b.k",
 		Pkgs:   []string{"./layout"},
 	},
 	{
@@ -222,10 +222,10 @@ var mutations = []mutation{
 	{
 		Name:   "fill-fail-release",
 		Breaks: "a fill of an array that fails keeps its memory reservation",
-		File:   "layout/pieces.go",
-		From:   "\tdefer release()\n\tbuf := o.slab(p.bytes)\n\tdefer o.freeSlab(buf)\n\tvar out []byte\n\tif cast {\n\t\tout = getSlab(castBytes)\n\t\tdefer putSlab(out)\n\t}\n\treturn p.pieces(start, count, func(ps, pc []int64) error {\n\t\tn := prod(pc) * int64(a.DType.Size)\n\t\tdst := buf[:n]\n\t\treq := []zarr.Request{{Array: a, Start: ps, Count: pc, Dst: dst}}\n\t\tif err := o.Reader.Read(ctx, req); err != nil {\n\t\t\treturn err\n\t\t}\n\t\tif cast {\n\t\t\tm := prod(pc) * int64(to.Size)\n\t\t\tzarr.Cast(out[:m], to, dst, a.DType)\n\t\t\tdst = out[:m]\n\t\t}\n\t\tif err := writePiece(w, base, start, count, ps, pc, p.axis, int64(to.Size), dst); err != nil {\n\t\t\treturn fmt.Errorf(\"write: %w\", err)\n\t\t}\n\t\treturn nil\n\t})\n}\n\n",
-		To:     "\tbuf := o.slab(p.bytes)\n\tdefer o.freeSlab(buf)\n\tvar out []byte\n\tif cast {\n\t\tout = getSlab(castBytes)\n\t\tdefer putSlab(out)\n\t}\n\tdefer func() {\n\t\tif err == nil {\n\t\t\trelease()\n\t\t}\n\t}()\n\terr = p.pieces(start, count, func(ps, pc []int64) error {\n\t\tn := prod(pc) * int64(a.DType.Size)\n\t\tdst := buf[:n]\n\t\treq := []zarr.Request{{Array: a, Start: ps, Count: pc, Dst: dst}}\n\t\tif err := o.Reader.Read(ctx, req); err != nil {\n\t\t\treturn err\n\t\t}\n\t\tif cast {\n\t\t\tm := prod(pc) * int64(to.Size)\n\t\t\tzarr.Cast(out[:m], to, dst, a.DType)\n\t\t\tdst = out[:m]\n\t\t}\n\t\tif err := writePiece(w, base, start, count, ps, pc, p.axis, int64(to.Size), dst); err != nil {\n\t\t\treturn fmt.Errorf(\"write: %w\", err)\n\t\t}\n\t\treturn nil\n\t})\n\treturn err\n}\n\n",
-		Pkgs:   []string{"./layout"},
+		File:   "fill/pieces.go",
+		From:   "\tdefer release()\n\tbuf := r.slab(p.bytes)\n\tdefer r.freeSlab(buf)\n\tvar out []byte\n\tif cast {\n\t\tout = getSlab(castBytes)\n\t\tdefer putSlab(out)\n\t}\n\treturn p.pieces(start, count, func(ps, pc []int64) error {\n\t\tn := prod(pc) * int64(a.DType.Size)\n\t\tdst := buf[:n]\n\t\treq := []zarr.Request{{Array: a, Start: ps, Count: pc, Dst: dst}}\n\t\tif err := r.r.Read(ctx, r.pin, req); err != nil {\n\t\t\treturn err\n\t\t}\n\t\tif cast {\n\t\t\tm := prod(pc) * int64(to.Size)\n\t\t\tzarr.Cast(out[:m], to, dst, a.DType)\n\t\t\tdst = out[:m]\n\t\t}\n\t\tif err := writePiece(w, base, start, count, ps, pc, p.axis, int64(to.Size), dst); err != nil {\n\t\t\treturn fmt.Errorf(\"write: %w\", err)\n\t\t}\n\t\treturn nil\n\t})\n}\n\n",
+		To:     "\tbuf := r.slab(p.bytes)\n\tdefer r.freeSlab(buf)\n\tvar out []byte\n\tif cast {\n\t\tout = getSlab(castBytes)\n\t\tdefer putSlab(out)\n\t}\n\tdefer func() {\n\t\tif err == nil {\n\t\t\trelease()\n\t\t}\n\t}()\n\terr = p.pieces(start, count, func(ps, pc []int64) error {\n\t\tn := prod(pc) * int64(a.DType.Size)\n\t\tdst := buf[:n]\n\t\treq := []zarr.Request{{Array: a, Start: ps, Count: pc, Dst: dst}}\n\t\tif err := r.r.Read(ctx, r.pin, req); err != nil {\n\t\t\treturn err\n\t\t}\n\t\tif cast {\n\t\t\tm := prod(pc) * int64(to.Size)\n\t\t\tzarr.Cast(out[:m], to, dst, a.DType)\n\t\t\tdst = out[:m]\n\t\t}\n\t\tif err := writePiece(w, base, start, count, ps, pc, p.axis, int64(to.Size), dst); err != nil {\n\t\t\treturn fmt.Errorf(\"write: %w\", err)\n\t\t}\n\t\treturn nil\n\t})\n\treturn err\n}\n\n",
+		Pkgs:   []string{"./fill"},
 	},
 	{
 		Name:   "split-first-error",
@@ -349,7 +349,7 @@ var mutations = []mutation{
 		File:   "layout/view.go",
 		From:   "if listings[c] != l || sums[c] != m.sums[c] {",
 		To:     "if listings[c] != l || sums[c] != sums[c] {",
-		Pkgs:   []string{"./layout"},
+		Pkgs:   []string{"./fill"},
 		Run:    "StaticMemo",
 	},
 	{
@@ -416,10 +416,10 @@ var mutations = []mutation{
 	{
 		Name:   "fillinto-readback",
 		Breaks: "a view's static channel is copied from the first sample's buffer, which a GPU filling a ring slot never wrote",
-		File:   "layout/view_fill.go",
+		File:   "fill/view.go",
 		From:   "if si > 0 && !writeOnly {",
 		To:     "if si > 0 {",
-		Pkgs:   []string{"./layout"},
+		Pkgs:   []string{"./fill"},
 		Run:    "FillInto",
 	},
 	{
@@ -435,8 +435,8 @@ var mutations = []mutation{
 		Name:   "nested-shard-kept",
 		Breaks: "an inner shard read as a range of its shard is never kept in the chunk tier",
 		File:   "zarr/read.go",
-		From:   "if err == nil && fresh != \"\" {\n\t\t\t\t\t\tst.mu.Lock()",
-		To:     "if err == nil && fresh != \"\" && false {\n\t\t\t\t\t\tst.mu.Lock()",
+		From:   "if err == nil && fresh != \"\" {\n\t\t\t\tst.mu.Lock()",
+		To:     "if err == nil && fresh != \"\" && false {\n\t\t\t\tst.mu.Lock()",
 		Pkgs:   []string{"./integration"},
 		Run:    "WarmCompressedServesWithoutSource",
 	},

@@ -14,6 +14,7 @@ package ratelog
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -54,15 +55,19 @@ type state struct {
 
 var _ slog.Handler = (*Handler)(nil)
 
-// New wraps next.
-func New(next slog.Handler, opts Options) *Handler {
-	if opts.Burst <= 0 {
+// New wraps next. A negative Burst or Window is refused, not turned into
+// the default.
+func New(next slog.Handler, opts Options) (*Handler, error) {
+	if opts.Burst < 0 || opts.Window < 0 {
+		return nil, fmt.Errorf("ratelog: Options burst %d, window %v: want 0 (the default) or more", opts.Burst, opts.Window)
+	}
+	if opts.Burst == 0 {
 		opts.Burst = 10
 	}
-	if opts.Window <= 0 {
+	if opts.Window == 0 {
 		opts.Window = 10 * time.Second
 	}
-	return &Handler{next: next, s: &state{opts: opts, keys: map[key]*count{}}}
+	return &Handler{next: next, s: &state{opts: opts, keys: map[key]*count{}}}, nil
 }
 
 func (h *Handler) Enabled(ctx context.Context, l slog.Level) bool { return h.next.Enabled(ctx, l) }

@@ -31,7 +31,7 @@ func (l *lockedBuf) String() string {
 // count; other messages and debug lines are not held back by it.
 func TestFloodSummarised(t *testing.T) {
 	var out lockedBuf
-	log := slog.New(New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}), Options{Burst: 3, Window: 100 * time.Millisecond}))
+	log := slog.New(must(New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}), Options{Burst: 3, Window: 100 * time.Millisecond})))
 	for i := range 1000 {
 		log.With("store", "s3://b").Warn("store request failed, giving up", "key", i)
 		log.Debug("retrying", "key", i)
@@ -62,7 +62,7 @@ func TestFloodSummarised(t *testing.T) {
 // against the burst of the same message logged without one.
 func TestUnlimited(t *testing.T) {
 	var out lockedBuf
-	log := slog.New(New(slog.NewTextHandler(&out, nil), Options{Burst: 3, Window: time.Minute}))
+	log := slog.New(must(New(slog.NewTextHandler(&out, nil), Options{Burst: 3, Window: time.Minute})))
 	ctx := Unlimited(context.Background())
 	for i := range 50 {
 		log.WarnContext(ctx, "array left out", "array", i)
@@ -77,4 +77,20 @@ func TestUnlimited(t *testing.T) {
 	if n := strings.Count(s, "other="); n != 3 {
 		t.Errorf("%d limited lines passed, want the burst of 3", n)
 	}
+}
+
+func TestNegativeOptionsRefused(t *testing.T) {
+	for _, o := range []Options{{Burst: -1}, {Window: -time.Second}} {
+		if _, err := New(slog.DiscardHandler, o); err == nil {
+			t.Errorf("%+v accepted", o)
+		}
+	}
+}
+
+// must is v, for options a test knows to be valid.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	flatbuffers "github.com/google/flatbuffers/go"
-
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/objectstore/icechunk/format"
 )
 
@@ -50,7 +50,7 @@ func buildManifest(idx ...uint32) []byte {
 // one that two manifests' extents both hold, one a manifest holds outside
 // the extent its snapshot lists it under.
 func TestManifestsThatCannotSayWhereAChunkIs(t *testing.T) {
-	if _, err := parseManifest(buildManifest(0, 1, 1)); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "[1]") || !strings.Contains(err.Error(), "twice") {
+	if _, err := parseManifest(buildManifest(0, 1, 1)); !errors.Is(err, codec.ErrCorrupt) || !strings.Contains(err.Error(), "[1]") || !strings.Contains(err.Error(), "twice") {
 		t.Errorf("a chunk referenced twice: %v", err)
 	}
 	m, err := parseManifest(buildManifest(0, 1, 3))
@@ -73,7 +73,7 @@ func TestManifestsThatCannotSayWhereAChunkIs(t *testing.T) {
 		t.Errorf("chunk 4, in no extent (never written): %v %v", ok, err)
 	}
 	_, _, err = n.manifestFor([]uint32{1})
-	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "AAAA") || !strings.Contains(err.Error(), "BBBB") || !strings.Contains(err.Error(), `"/t"`) {
+	if !errors.Is(err, codec.ErrCorrupt) || !strings.Contains(err.Error(), "AAAA") || !strings.Contains(err.Error(), "BBBB") || !strings.Contains(err.Error(), `"/t"`) {
 		t.Errorf("chunk 1 in two extents: %v, want an error naming both manifests and the array", err)
 	}
 

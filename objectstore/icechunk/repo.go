@@ -12,6 +12,7 @@ import (
 	flatbuffers "github.com/google/flatbuffers/go"
 	"github.com/klauspost/compress/zstd"
 
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/objectstore/icechunk/format"
 )
@@ -47,16 +48,16 @@ var ErrSpecVersion = errors.New("Icechunk spec version not read")
 // for does not exist.
 var ErrNoRef = errors.New("no such branch, tag or snapshot")
 
-// ErrCorrupt is returned (wrapped) for a metadata file that cannot be
-// parsed.
-var ErrCorrupt = errors.New("corrupt Icechunk metadata")
+// errCorrupt is wrapped for a metadata file that cannot be parsed: data
+// that is not what its format says (codec.ErrCorrupt).
+var errCorrupt = fmt.Errorf("Icechunk metadata: %w", codec.ErrCorrupt)
 
 var zstdDecoder, _ = zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(maxMetadataFile))
 
 // readFile reads and unpacks a metadata file: its spec version and the
 // flatbuffers payload.
 func readFile(ctx context.Context, st objectstore.Store, key string, want byte) (int, []byte, error) {
-	b, err := st.Get(objectstore.WithSizeLimit(ctx, maxMetadataFile), key)
+	b, err := objectstore.GetLimit(ctx, st, key, maxMetadataFile)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -69,14 +70,14 @@ func readFile(ctx context.Context, st objectstore.Store, key string, want byte) 
 
 func unpack(b []byte, want byte) (int, []byte, error) {
 	if len(b) < headerLen || !bytes.Equal(b[:12], magic) {
-		return 0, nil, fmt.Errorf("%w: not an Icechunk file (no magic bytes)", ErrCorrupt)
+		return 0, nil, fmt.Errorf("%w: not an Icechunk file (no magic bytes)", errCorrupt)
 	}
 	spec := int(b[36])
 	if spec != 1 && spec != 2 {
 		return spec, nil, fmt.Errorf("%w: spec version %d (zarrfs reads %v)", ErrSpecVersion, spec, SpecVersions)
 	}
 	if b[37] != want {
-		return spec, nil, fmt.Errorf("%w: file type %d, want %d", ErrCorrupt, b[37], want)
+		return spec, nil, fmt.Errorf("%w: file type %d, want %d", errCorrupt, b[37], want)
 	}
 	body := b[headerLen:]
 	switch b[38] {
@@ -84,14 +85,14 @@ func unpack(b []byte, want byte) (int, []byte, error) {
 	case compressZstd:
 		out, err := zstdDecoder.DecodeAll(body, nil)
 		if err != nil {
-			return spec, nil, fmt.Errorf("%w: zstd: %v", ErrCorrupt, err)
+			return spec, nil, fmt.Errorf("%w: zstd: %v", errCorrupt, err)
 		}
 		body = out
 	default:
-		return spec, nil, fmt.Errorf("%w: compression %d", ErrCorrupt, b[38])
+		return spec, nil, fmt.Errorf("%w: compression %d", errCorrupt, b[38])
 	}
 	if len(body) < 8 {
-		return spec, nil, fmt.Errorf("%w: %d-byte payload", ErrCorrupt, len(body))
+		return spec, nil, fmt.Errorf("%w: %d-byte payload", errCorrupt, len(body))
 	}
 	return spec, body, nil
 }
@@ -100,7 +101,7 @@ func unpack(b []byte, want byte) (int, []byte, error) {
 // a damaged file) into an error.
 func guard(err *error, what string) {
 	if r := recover(); r != nil {
-		*err = fmt.Errorf("%w: %s: %v", ErrCorrupt, what, r)
+		*err = fmt.Errorf("%w: %s: %v", errCorrupt, what, r)
 	}
 }
 
@@ -178,7 +179,7 @@ func resolveRef(ctx context.Context, st objectstore.Store, spec int, repo []byte
 			if strings.ContainsAny(ref, "/\\") || ref == "" || ref == "." || ref == ".." {
 				break
 			}
-			b, err := st.Get(objectstore.WithSizeLimit(ctx, 1<<20), "refs/"+kind+ref+"/ref.json")
+			b, err := objectstore.GetLimit(ctx, st, "refs/"+kind+ref+"/ref.json", 1<<20)
 			if objectstore.IsNotFound(err) {
 				continue
 			}
@@ -194,7 +195,7 @@ func resolveRef(ctx context.Context, st objectstore.Store, spec int, repo []byte
 				Snapshot string `json:"snapshot"`
 			}
 			if err := json.Unmarshal(b, &r); err != nil || !isSnapshotID(r.Snapshot) {
-				return "", fmt.Errorf("%s/refs/%s%s/ref.json: %w: not a snapshot reference", st.ID(), kind, ref, ErrCorrupt)
+				return "", fmt.Errorf("%s/refs/%s%s/ref.json: %w: not a snapshot reference", st.ID(), kind, ref, errCorrupt)
 			}
 			return r.Snapshot, nil
 		}
@@ -278,13 +279,13 @@ func loadSnapshot(ctx context.Context, st objectstore.Store, id string) (_ *snap
 		}
 		p := string(ns.Path())
 		if !strings.HasPrefix(p, "/") {
-			return nil, fmt.Errorf("%w: node path %q", ErrCorrupt, p)
+			return nil, fmt.Errorf("%w: node path %q", errCorrupt, p)
 		}
 		sp := strings.TrimPrefix(p, "/")
 		if sp != "" {
 			c, err := objectstore.CleanKey(sp, false)
 			if err != nil || c != sp {
-				return nil, fmt.Errorf("%w: node path %q", ErrCorrupt, p)
+				return nil, fmt.Errorf("%w: node path %q", errCorrupt, p)
 			}
 		}
 		n := &node{path: sp, id: string(id8(ns.Id(nil))), doc: append([]byte(nil), ns.UserDataBytes()...)}
@@ -329,7 +330,7 @@ func (n *node) parseArray(a *format.ArrayNodeData) error {
 		} `json:"chunk_key_encoding"`
 	}
 	if err := json.Unmarshal(n.doc, &meta); err != nil {
-		return fmt.Errorf("%w: zarr.json: %v", ErrCorrupt, err)
+		return fmt.Errorf("%w: zarr.json: %v", errCorrupt, err)
 	}
 	n.rank = len(meta.Shape)
 	n.keySep = meta.ChunkKeyEncoding.Configuration.Separator
@@ -416,7 +417,7 @@ func (n *node) manifestFor(idx []uint32) (manifestRef, bool, error) {
 			continue
 		}
 		if found != nil {
-			return manifestRef{}, false, fmt.Errorf("%w: chunk %v of array %q lies in the extents of manifests %s and %s", ErrCorrupt, idx, "/"+n.path, found.id, m.id)
+			return manifestRef{}, false, fmt.Errorf("%w: chunk %v of array %q lies in the extents of manifests %s and %s", errCorrupt, idx, "/"+n.path, found.id, m.id)
 		}
 		found = m
 	}

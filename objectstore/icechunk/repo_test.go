@@ -3,6 +3,8 @@ package icechunk
 import (
 	"errors"
 	"testing"
+
+	"github.com/zarrfs/zarrfs/codec"
 )
 
 func TestEncodeID(t *testing.T) {
@@ -29,14 +31,14 @@ func TestUnpack(t *testing.T) {
 	if _, _, err := unpack(bad, fileManifest); !errors.Is(err, ErrSpecVersion) {
 		t.Errorf("spec 3: %v", err)
 	}
-	if _, _, err := unpack(good, fileSnapshot); !errors.Is(err, ErrCorrupt) {
+	if _, _, err := unpack(good, fileSnapshot); !errors.Is(err, codec.ErrCorrupt) {
 		t.Errorf("wrong file type: %v", err)
 	}
-	if _, _, err := unpack(good[:20], fileManifest); !errors.Is(err, ErrCorrupt) {
+	if _, _, err := unpack(good[:20], fileManifest); !errors.Is(err, codec.ErrCorrupt) {
 		t.Errorf("short file: %v", err)
 	}
 	z := append(append([]byte(nil), h...), 1, fileManifest, compressZstd, 1, 2, 3)
-	if _, _, err := unpack(z, fileManifest); !errors.Is(err, ErrCorrupt) {
+	if _, _, err := unpack(z, fileManifest); !errors.Is(err, codec.ErrCorrupt) {
 		t.Errorf("bad zstd: %v", err)
 	}
 	// Damaged flatbuffers never panic.

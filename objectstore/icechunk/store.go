@@ -56,6 +56,8 @@ type Store struct {
 
 var (
 	_ objectstore.Store      = (*Store)(nil)
+	_ objectstore.Refresher  = (*Store)(nil)
+	_ objectstore.Localer    = (*Store)(nil)
 	_ objectstore.Versioned  = (*Store)(nil)
 	_ objectstore.GetterInto = (*Store)(nil)
 )
@@ -167,10 +169,7 @@ func (s *Store) Local() bool {
 // Close closes the repository's store and the target stores.
 func (s *Store) Close() error {
 	s.tg.Close()
-	if c, ok := s.repo.(interface{ Close() error }); ok {
-		return c.Close()
-	}
-	return nil
+	return s.repo.Close()
 }
 
 // chunk is one chunk reference of a manifest.
@@ -210,7 +209,7 @@ func (m *manifest) within(n *node, r manifestRef) error {
 	var err error
 	for _, x := range m.arrays[n.id] {
 		if !r.holds(x.idx) {
-			err = fmt.Errorf("%w: manifest %s holds chunk %v of array %q, outside the extent %v..%v the snapshot lists it under", ErrCorrupt, r.id, x.idx, "/"+n.path, r.lo, r.hi)
+			err = fmt.Errorf("%w: manifest %s holds chunk %v of array %q, outside the extent %v..%v the snapshot lists it under", errCorrupt, r.id, x.idx, "/"+n.path, r.lo, r.hi)
 			break
 		}
 	}
@@ -232,7 +231,7 @@ func (s *Store) manifest(ctx context.Context, id string) (*manifest, error) {
 	return s.manifests.Get(ctx, id, func(ctx context.Context) (*manifest, error) {
 		_, payload, err := readFile(ctx, s.repo, "manifests/"+id, fileManifest)
 		if objectstore.IsNotFound(err) {
-			return nil, fmt.Errorf("manifest %s is missing: %w", id, ErrCorrupt)
+			return nil, fmt.Errorf("manifest %s is missing: %w", id, errCorrupt)
 		}
 		if err != nil {
 			return nil, err
@@ -251,7 +250,7 @@ func parseManifest(payload []byte) (_ *manifest, err error) {
 	var dict *zstd.Decoder
 	if d := fm.LocationDictionaryBytes(); len(d) > 0 {
 		if dict, err = zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderDicts(d), zstd.WithDecoderMaxMemory(1<<20)); err != nil {
-			return nil, fmt.Errorf("%w: location dictionary: %v", ErrCorrupt, err)
+			return nil, fmt.Errorf("%w: location dictionary: %v", errCorrupt, err)
 		}
 		defer dict.Close()
 	}
@@ -274,7 +273,7 @@ func parseManifest(payload []byte) (_ *manifest, err error) {
 			}
 			c := chunk{off: int64(cr.Offset()), n: int64(cr.Length())}
 			if c.off < 0 || c.n < 0 {
-				return nil, fmt.Errorf("%w: chunk %v: offset %d length %d", ErrCorrupt, x.idx, cr.Offset(), cr.Length())
+				return nil, fmt.Errorf("%w: chunk %v: offset %d length %d", errCorrupt, x.idx, cr.Offset(), cr.Length())
 			}
 			switch {
 			case cr.InlineLength() > 0 || (cr.ChunkId(nil) == nil && len(cr.Location()) == 0 && cr.CompressedLocationLength() == 0):
@@ -286,11 +285,11 @@ func parseManifest(payload []byte) (_ *manifest, err error) {
 				c.location = string(cr.Location())
 			default:
 				if dict == nil {
-					return nil, fmt.Errorf("%w: chunk %v: compressed location without a dictionary", ErrCorrupt, x.idx)
+					return nil, fmt.Errorf("%w: chunk %v: compressed location without a dictionary", errCorrupt, x.idx)
 				}
 				loc, err := dict.DecodeAll(cr.CompressedLocationBytes(), nil)
 				if err != nil {
-					return nil, fmt.Errorf("%w: chunk %v: compressed location: %v", ErrCorrupt, x.idx, err)
+					return nil, fmt.Errorf("%w: chunk %v: compressed location: %v", errCorrupt, x.idx, err)
 				}
 				c.location = string(loc)
 			}
@@ -305,7 +304,7 @@ func parseManifest(payload []byte) (_ *manifest, err error) {
 		slices.SortFunc(refs, func(a, b indexed) int { return slices.Compare(a.idx, b.idx) })
 		for i := 1; i < len(refs); i++ {
 			if slices.Equal(refs[i].idx, refs[i-1].idx) {
-				return nil, fmt.Errorf("%w: chunk %v of node %x referenced twice", ErrCorrupt, refs[i].idx, nid)
+				return nil, fmt.Errorf("%w: chunk %v of node %x referenced twice", errCorrupt, refs[i].idx, nid)
 			}
 		}
 	}

@@ -47,7 +47,7 @@ func TestSpecV2(t *testing.T) {
 			t.Fatalf("ref %q: t = %+v", c.ref, a)
 		}
 		dst := make([]byte, c.steps*20*10*4)
-		if err := h.Read(context.Background(), []zarr.Request{{Array: a, Start: []int64{0, 0, 0}, Count: []int64{c.steps, 20, 10}, Dst: dst}}); err != nil {
+		if err := h.Read(context.Background(), nil, []zarr.Request{{Array: a, Start: []int64{0, 0, 0}, Count: []int64{c.steps, 20, 10}, Dst: dst}}); err != nil {
 			t.Fatal(err)
 		}
 		for i := range c.steps * 200 {
@@ -61,7 +61,7 @@ func TestSpecV2(t *testing.T) {
 		}
 		sm := h.Array("small")
 		b := make([]byte, 6)
-		if err := h.Read(context.Background(), []zarr.Request{{Array: sm, Start: []int64{0}, Count: []int64{3}, Dst: b}}); err != nil || b[0] != 1 || b[2] != 2 || b[4] != 3 {
+		if err := h.Read(context.Background(), nil, []zarr.Request{{Array: sm, Start: []int64{0}, Count: []int64{3}, Dst: b}}); err != nil || b[0] != 1 || b[2] != 2 || b[4] != 3 {
 			t.Fatalf("small = %v, %v", b, err)
 		}
 		h.Close()
@@ -81,7 +81,7 @@ func TestVersionsV2(t *testing.T) {
 	files := map[string][]byte{}
 	ctx := context.Background()
 	if err := s.ListVersions(ctx, "", func(k, v string) {
-		b, ver, err := s.GetVersion(ctx, k, nil)
+		b, ver, err := s.GetVersion(ctx, k, nil, 0)
 		if err != nil || ver != v {
 			t.Errorf("%s: version %q, listed %q, %v", k, ver, v, err)
 		}

@@ -188,7 +188,7 @@ func (p *parquetSet) record(ctx context.Context, fname string, n int64) (*record
 		key = fname + "/" + key
 	}
 	return p.records.Get(ctx, key, func(ctx context.Context) (*record, error) {
-		b, err := p.dir.Get(objectstore.WithSizeLimit(ctx, maxRecordBytes), key)
+		b, err := objectstore.GetLimit(ctx, p.dir, key, maxRecordBytes)
 		if objectstore.IsNotFound(err) {
 			return nil, nil
 		}

@@ -60,6 +60,8 @@ type state struct {
 
 var (
 	_ objectstore.Store      = (*Store)(nil)
+	_ objectstore.Refresher  = (*Store)(nil)
+	_ objectstore.Localer    = (*Store)(nil)
 	_ objectstore.Versioned  = (*Store)(nil)
 	_ objectstore.GetterInto = (*Store)(nil)
 )
@@ -101,9 +103,9 @@ func (s *Store) load(ctx context.Context, prev string) (*state, error) {
 				return nil, nil
 			}
 		}
-		doc, ver, err = v.GetVersion(objectstore.WithSizeLimit(ctx, maxReferenceFile), key, nil)
+		doc, ver, err = v.GetVersion(ctx, key, nil, maxReferenceFile)
 	} else {
-		doc, err = s.dir.Get(objectstore.WithSizeLimit(ctx, maxReferenceFile), key)
+		doc, err = objectstore.GetLimit(ctx, s.dir, key, maxReferenceFile)
 		ver = "x" + strconv.FormatUint(xxhash.Sum64(doc), 16)
 	}
 	if err != nil {
@@ -159,10 +161,7 @@ func (s *Store) Local() bool {
 // Close closes the reference set's folder and the target stores.
 func (s *Store) Close() error {
 	s.tg.Close()
-	if c, ok := s.dir.(interface{ Close() error }); ok {
-		return c.Close()
-	}
-	return nil
+	return s.dir.Close()
 }
 
 // index serves a reference set's keys to targets.Store.

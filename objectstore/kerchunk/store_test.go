@@ -215,6 +215,7 @@ type recordStore struct {
 }
 
 func (r recordStore) ID() string { return r.root }
+func (recordStore) Close() error { return nil }
 func (r recordStore) Get(ctx context.Context, key string) ([]byte, error) {
 	return nil, objectstore.ErrNotFound
 }

@@ -89,19 +89,23 @@ func RunWith(t *testing.T, o Options, newStore func(t *testing.T, files map[stri
 		// An object larger than the request's limit is refused, not read;
 		// one within it is read as usual. Ranges are sized by the caller.
 		big := int64(len(files["big"]))
-		lim := objectstore.WithSizeLimit(ctx, big-1)
-		if b, err := s.Get(lim, "big"); !errors.Is(err, objectstore.ErrTooLarge) || objectstore.IsTransient(err) {
-			t.Errorf("Get(big) over the limit: %d bytes, %v; want a permanent ErrTooLarge", len(b), err)
+		if b, err := objectstore.GetLimit(ctx, s, "big", big-1); !errors.Is(err, objectstore.ErrTooLarge) || objectstore.IsTransient(err) {
+			t.Errorf("GetLimit(big) over the limit: %d bytes, %v; want a permanent ErrTooLarge", len(b), err)
 		}
 		if gi, ok := s.(objectstore.GetterInto); ok {
-			if _, err := gi.GetInto(lim, "big", nil); !errors.Is(err, objectstore.ErrTooLarge) {
+			if _, err := gi.GetInto(ctx, "big", nil, big-1); !errors.Is(err, objectstore.ErrTooLarge) {
 				t.Errorf("GetInto(big) over the limit: %v", err)
 			}
 		}
-		if b, err := s.Get(objectstore.WithSizeLimit(ctx, big), "big"); err != nil || int64(len(b)) != big {
-			t.Errorf("Get(big) at the limit: %d bytes, %v", len(b), err)
+		if v, ok := objectstore.AsVersioned(s); ok {
+			if _, _, err := v.GetVersion(ctx, "big", nil, big-1); !errors.Is(err, objectstore.ErrTooLarge) {
+				t.Errorf("GetVersion(big) over the limit: %v", err)
+			}
 		}
-		if b, err := s.GetRange(lim, "big", 0, big); err != nil || int64(len(b)) != big {
+		if b, err := objectstore.GetLimit(ctx, s, "big", big); err != nil || int64(len(b)) != big {
+			t.Errorf("GetLimit(big) at the limit: %d bytes, %v", len(b), err)
+		}
+		if b, err := s.GetRange(ctx, "big", 0, big); err != nil || int64(len(b)) != big {
 			t.Errorf("GetRange(big) under a smaller limit: %d bytes, %v", len(b), err)
 		}
 	})

@@ -30,7 +30,7 @@ func runVersions(t *testing.T, s objectstore.Store, files map[string][]byte, o O
 		t.Errorf("listed %d objects, want %d: %v", len(listed), len(files), listed)
 	}
 	for _, k := range sortedKeys(files) {
-		b, ver, err := v.GetVersion(ctx, k, nil)
+		b, ver, err := v.GetVersion(ctx, k, nil, 0)
 		if err != nil || !bytes.Equal(b, files[k]) {
 			t.Errorf("GetVersion(%q): %v, content equal %v", k, err, bytes.Equal(b, files[k]))
 			continue
@@ -50,7 +50,7 @@ func runVersions(t *testing.T, s objectstore.Store, files map[string][]byte, o O
 			}
 		}
 	}
-	if _, _, err := v.GetVersion(ctx, "missing", nil); !objectstore.IsNotFound(err) {
+	if _, _, err := v.GetVersion(ctx, "missing", nil, 0); !objectstore.IsNotFound(err) {
 		t.Errorf("GetVersion(missing): %v, want ErrNotFound", err)
 	}
 	if st, ok := objectstore.AsVersionStater(s); ok {
@@ -89,7 +89,7 @@ func runReadVersions(t *testing.T, s objectstore.Store, v objectstore.Versioned,
 		t.Fatal("a store without listings must ask versions one by one (VersionStater)")
 	}
 	for _, k := range sortedKeys(files) {
-		b, ver, err := v.GetVersion(ctx, k, nil)
+		b, ver, err := v.GetVersion(ctx, k, nil, 0)
 		if err != nil || !bytes.Equal(b, files[k]) || ver == "" {
 			t.Errorf("GetVersion(%q): %v, version %q, content equal %v", k, err, ver, bytes.Equal(b, files[k]))
 			continue

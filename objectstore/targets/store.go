@@ -105,6 +105,10 @@ func NewStore(id string, tg *Resolver, index func() Index) *Store {
 // ID names the store.
 func (s *Store) ID() string { return s.id }
 
+// Close closes the target stores read through; the virtual stores that
+// embed a Store close what is theirs too.
+func (s *Store) Close() error { return s.tg.Close() }
+
 func (s *Store) fail(op, key string, err error) error {
 	return &objectstore.Error{Op: op, Store: s.id, Key: key, Err: err}
 }
@@ -130,29 +134,30 @@ func (s *Store) lookup(ctx context.Context, op, key string) (string, Ref, error)
 
 // Get reads a whole key.
 func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
-	b, _, err := s.GetVersion(ctx, key, nil)
+	b, _, err := s.GetVersion(ctx, key, nil, 0)
 	return b, err
 }
 
 // GetInto reads a whole key into buf.
-func (s *Store) GetInto(ctx context.Context, key string, buf []byte) ([]byte, error) {
-	b, _, err := s.GetVersion(ctx, key, buf)
+func (s *Store) GetInto(ctx context.Context, key string, buf []byte, limit int64) ([]byte, error) {
+	b, _, err := s.GetVersion(ctx, key, buf, limit)
 	return b, err
 }
 
-// GetVersion reads a whole key and its version.
-func (s *Store) GetVersion(ctx context.Context, key string, buf []byte) ([]byte, string, error) {
+// GetVersion reads a whole key of at most limit bytes (0:
+// objectstore.DefaultSizeLimit) and its version.
+func (s *Store) GetVersion(ctx context.Context, key string, buf []byte, limit int64) ([]byte, string, error) {
 	k, r, err := s.lookup(ctx, "get", key)
 	if err != nil {
 		return nil, "", err
 	}
-	if lim := objectstore.SizeLimit(ctx); r.size() > lim {
+	if lim := objectstore.SizeLimit(limit); r.size() > lim {
 		return nil, "", s.fail("get", k, fmt.Errorf("%w: %d bytes, at most %d expected", objectstore.ErrTooLarge, r.size(), lim))
 	}
 	if r.Inline {
 		return append(buf[:0], r.Data...), r.version(""), nil
 	}
-	b, v, err := s.read(ctx, &r, r.Off, r.N)
+	b, v, err := s.read(ctx, &r, r.Off, r.N, limit)
 	if err != nil {
 		return nil, "", s.fail("get", k, err)
 	}
@@ -189,7 +194,7 @@ func (s *Store) GetRangeVersion(ctx context.Context, key string, off, length int
 	}
 	// A reference to a whole target passes the range (a suffix one too)
 	// to the target, which alone knows its size.
-	b, v, err := s.read(ctx, &r, off, length)
+	b, v, err := s.read(ctx, &r, off, length, 0)
 	if err != nil {
 		return nil, "", s.fail("get range", k, err)
 	}
@@ -197,7 +202,7 @@ func (s *Store) GetRangeVersion(ctx context.Context, key string, off, length int
 }
 
 // read reads length bytes at off of r's target (length < 0: all of it).
-func (s *Store) read(ctx context.Context, r *Ref, off, length int64) ([]byte, string, error) {
+func (s *Store) read(ctx context.Context, r *Ref, off, length, limit int64) ([]byte, string, error) {
 	t := r.Object
 	if r.URL != "" {
 		var err error
@@ -208,7 +213,7 @@ func (s *Store) read(ctx context.Context, r *Ref, off, length int64) ([]byte, st
 	if length < 0 {
 		off = 0
 	}
-	b, tv, err := s.tg.Read(ctx, t, off, length)
+	b, tv, err := s.tg.Read(ctx, t, off, length, limit)
 	if err != nil {
 		return nil, "", fmt.Errorf("%s: %w", t.URL, err)
 	}

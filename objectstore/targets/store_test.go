@@ -152,7 +152,7 @@ func TestStoreTargetFaults(t *testing.T) {
 	if len(vers) != len(idx) || vers["missing"] != "missing" || vers["scheme"] != "unreadable" || !strings.HasPrefix(vers["good"], "r") {
 		t.Errorf("ListVersions = %v", vers)
 	}
-	if _, v, err := s.GetVersion(ctx, "good", nil); err != nil || v != vers["good"] {
+	if _, v, err := s.GetVersion(ctx, "good", nil, 0); err != nil || v != vers["good"] {
 		t.Errorf("good: version %q, listed %q, %v", v, vers["good"], err)
 	}
 	if _, err := s.List(ctx, "good"); err == nil || objectstore.IsNotFound(err) {

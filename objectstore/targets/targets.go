@@ -91,9 +91,7 @@ func New(opts Options) (*Resolver, error) {
 // Close releases the stores the Resolver opened.
 func (r *Resolver) Close() error {
 	for _, s := range r.stores.Drain() {
-		if c, ok := s.(interface{ Close() error }); ok {
-			c.Close()
-		}
+		s.Close()
 	}
 	return nil
 }
@@ -233,18 +231,19 @@ func (r *Resolver) resolveLocal(ctx context.Context, abs string) (Target, error)
 	return Target{Store: st, Key: filepath.ToSlash(rel), URL: "file://" + p}, nil
 }
 
-// Read reads length bytes at off of t (length < 0: the whole object) and
-// the version of the object they came from ("" from a store that cannot
-// tell). A missing object is ErrTargetMissing.
-func (r *Resolver) Read(ctx context.Context, t Target, off, length int64) ([]byte, string, error) {
+// Read reads length bytes at off of t (length < 0: the whole object, of at
+// most limit bytes, 0: objectstore.DefaultSizeLimit) and the version of
+// the object they came from ("" from a store that cannot tell). A missing
+// object is ErrTargetMissing.
+func (r *Resolver) Read(ctx context.Context, t Target, off, length, limit int64) ([]byte, string, error) {
 	var b []byte
 	var ver string
 	var err error
 	if length < 0 {
 		if v, ok := objectstore.AsVersioned(t.Store); ok {
-			b, ver, err = v.GetVersion(ctx, t.Key, nil)
+			b, ver, err = v.GetVersion(ctx, t.Key, nil, limit)
 		} else {
-			b, err = t.Store.Get(ctx, t.Key)
+			b, err = objectstore.GetLimit(ctx, t.Store, t.Key, limit)
 		}
 	} else {
 		b, ver, err = getRange(ctx, t, off, length)

@@ -20,6 +20,7 @@ type gateStore struct {
 }
 
 func (g *gateStore) ID() string { return "gate://x" }
+func (*gateStore) Close() error { return nil }
 func (g *gateStore) Get(context.Context, string) ([]byte, error) {
 	return nil, objectstore.ErrNotFound
 }
@@ -62,7 +63,7 @@ func TestConcurrentReads(t *testing.T) {
 	}
 	out := make(chan res, 10)
 	read := func(t Target, off, n int64) {
-		b, _, err := r.Read(ctx, t, off, n)
+		b, _, err := r.Read(ctx, t, off, n, 0)
 		out <- res{off, n, b, err}
 	}
 	ranges := [][2]int64{{0, 10}, {120, 30}, {100, 20}, {100, 20}, {150, 10}, {400, 5}, {995, 10}}

@@ -118,10 +118,9 @@ func main() {
 	mem := memory.DefaultBudget()
 	stats := &zarr.Stats{}
 	src := &layout.Source{
-		Store:  store,
-		Zarr:   zarr.Options{Decoder: dec, Memory: dec.Memory(), ChunkCacheBytes: min(256<<20, mem/4), Stats: stats},
-		Views:  specs,
-		Layout: layout.Options{MemoryBudget: memory.New(mem / 2)},
+		Store: store,
+		Zarr:  zarr.Options{Decoder: dec, Memory: dec.Memory(), ChunkCacheBytes: min(256<<20, mem/4), Stats: stats},
+		Views: specs,
 	}
 	lay, err := src.Open(ctx)
 	if err != nil {
@@ -132,7 +131,7 @@ func main() {
 	if *only != "" {
 		onlyPaths = []string{*only}
 	}
-	plan, err := lay.Plan(layout.PlanOptions{Only: onlyPaths})
+	plan, err := fill.Select(lay, fill.SelectOptions{Only: onlyPaths})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -183,7 +182,11 @@ func main() {
 	}
 	start := time.Now()
 	var firstErr atomic.Value
-	failed, err := fill.Warm(ctx, c, lay, todo, fill.WarmOptions{Jobs: *jobs, Done: func(b layout.Blob, err error) {
+	filler, err := fill.New(fill.Options{Cache: c, MemoryBudget: memory.New(mem / 2)})
+	if err != nil {
+		log.Fatal(err)
+	}
+	failed, err := fill.Warm(ctx, filler, lay, todo, fill.WarmOptions{Jobs: *jobs, Done: func(b layout.Blob, err error) {
 		if err != nil {
 			firstErr.CompareAndSwap(nil, err)
 		}
@@ -252,12 +255,12 @@ func stageOf(funcs []string) string {
 			strings.Contains(f, "zarrfs/gpu."), strings.Contains(f, "zarr.(*readState).decode"):
 			return "decode"
 		case strings.Contains(f, "zarr.(*readState).assemble"), strings.Contains(f, "zarr.copyBox"), strings.Contains(f, "zarr.fillBox"),
-			strings.Contains(f, "zarr.swapBytes"), strings.Contains(f, "layout.castInto"), strings.Contains(f, "layout.(*View).fillSamples"),
-			strings.Contains(f, "layout.writePiece"):
+			strings.Contains(f, "zarr.swapBytes"), strings.Contains(f, "zarr.Cast"), strings.Contains(f, "fill.run.fillSamples"),
+			strings.Contains(f, "fill.writePiece"):
 			return "assembly"
 		case strings.Contains(f, "zarrfs/objectstore."):
 			return "source read"
-		case strings.Contains(f, "cache.(*hashingWriter)"), strings.Contains(f, "layout.writeBlob"):
+		case strings.Contains(f, "cache.(*hashingWriter)"), strings.Contains(f, "fill.writeBlob"):
 			return "write"
 		case strings.Contains(f, "zarrfs/cache."):
 			return "publish"

@@ -161,8 +161,8 @@ for name in $stores; do
 				ra=()
 				[ "$how" = plain-ra0 ] && ra=(--readahead 0)
 				prof=()
-				[ -n "${PROFILE:-}" ] && prof=(env ZARRFS_CPUPROFILE="$PROFILE/$name-$where-$how.prof")
-				"${prof[@]}" "$zarrfs" mount "$store" "$mnt" --cache "$cache" --view "$view" --decode cpu "${ra[@]}" >"$logdir/mount-$name-$how.log" 2>&1 &
+				[ -n "${PROFILE:-}" ] && prof=(--cpuprofile "$PROFILE/$name-$where-$how.prof")
+				"$zarrfs" mount "$store" "$mnt" --cache "$cache" --view "$view" --decode cpu "${ra[@]}" "${prof[@]}" >"$logdir/mount-$name-$how.log" 2>&1 &
 				mpid=$!
 				for _ in $(seq 200); do grep -q "mounted" "$logdir/mount-$name-$how.log" && break; sleep 0.1; done
 				out=$(epoch "$how") || { log "epoch $how failed"; status=1; }

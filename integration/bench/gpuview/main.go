@@ -173,7 +173,7 @@ func main() {
 					reqs[i] = zarr.Request{Array: a, Start: []int64{int64(t), 0, 0}, Count: []int64{1, ny, nx},
 						Dst: buf[int64(i)*per : int64(i+1)*per]}
 				}
-				return h.Read(ctx, reqs)
+				return h.Read(ctx, nil, reqs)
 			}
 			// A decoder that lends memory (the GPU's pinned memory) gets
 			// its sample buffers from it, as the mount's fills do.

@@ -26,6 +26,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -95,7 +96,13 @@ func run(dir, path, dim string, batch, readers int, steps, chunkCache int64) (*r
 		return nil, err
 	}
 	defer st.Close()
-	h, err := zarr.Open(ctx, st, zarr.Options{ChunkCacheBytes: chunkCache})
+	// One CPU worker per core, as the mount decodes.
+	dec, err := codec.NewCPU(codec.Options{})
+	if err != nil {
+		return nil, err
+	}
+	defer dec.Close()
+	h, err := zarr.Open(ctx, st, zarr.Options{ChunkCacheBytes: chunkCache, Decoder: dec})
 	if err != nil {
 		return nil, err
 	}
@@ -134,7 +141,7 @@ func run(dir, path, dim string, batch, readers int, steps, chunkCache int64) (*r
 	// Step 0 once before timing: checks the values against the peers' and
 	// faults in the code paths, so the timed loop measures steady state.
 	first := make([]byte, stepBytes)
-	if err := h.Read(ctx, []zarr.Request{request(0, first)}); err != nil {
+	if err := h.Read(ctx, nil, []zarr.Request{request(0, first)}); err != nil {
 		return nil, err
 	}
 	sum := sha256.Sum256(first)
@@ -173,7 +180,7 @@ func run(dir, path, dim string, batch, readers int, steps, chunkCache int64) (*r
 				for i := int64(0); i < int64(batch) && t+i < n; i++ {
 					reqs = append(reqs, request(t+i, bs[i]))
 				}
-				if err := h.Read(ctx, reqs); err != nil {
+				if err := h.Read(ctx, nil, reqs); err != nil {
 					errs <- err
 					cancel() // stops the feeder and the other readers
 					return

@@ -4,8 +4,8 @@
 // It opens the store, binds the view file, builds the layout and fills the
 // first N samples of the view, each a (C, H, W) .npy blob, twice on fresh
 // hierarchies (so the decoded-chunk cache starts empty each time): once
-// sample by sample with Blob.Fill, as a mount serves opens, and once with
-// layout.FillBatch, as warm does. Then it runs baseline.py, which assembles
+// sample by sample with fill.Filler.Fill, as a mount serves opens, and once with
+// fill.Filler.FillBatch. Then it runs baseline.py, which assembles
 // the same samples with xarray (ds[vars].isel(time=k).to_array() per
 // sample), and prints the ratio, the zarr decode counter against the number
 // of distinct source chunks the samples need, and whether sample 0 of every
@@ -35,6 +35,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/zarrfs/zarrfs/codec"
+	zfill "github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
@@ -60,7 +62,7 @@ func main() {
 	py := flag.String("python", "python3", "python with xarray and zarr for the baseline (empty: skip it)")
 	baseline := flag.String("baseline", "integration/bench/views/baseline.py", "the baseline script (the default is relative to the repository root)")
 	chunkCache := flag.Int64("chunk-cache", 0, "zarr.Options.ChunkCacheBytes (0: 2.25 x the view's working set, at least 256 MiB)")
-	modes := flag.String("modes", "fill,batch", "zarrfs runs: fill (Blob.Fill per sample), batch (FillBatch)")
+	modes := flag.String("modes", "fill,batch", "zarrfs runs: fill (Filler.Fill per sample), batch (Filler.FillBatch)")
 	batch := flag.Int("batch", 10, "samples per FillBatch run (10 = one source chunk along time)")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: viewbench [flags] STOREDIR\n")
@@ -102,7 +104,13 @@ func setup(ctx context.Context, dir string, cacheBytes int64) (*zarr.Hierarchy, 
 	if cacheBytes == 0 {
 		cacheBytes = max(views[0].WorkingSetBytes()*9/4, 256<<20)
 	}
-	h, err := zarr.Open(ctx, st, zarr.Options{ChunkCacheBytes: cacheBytes})
+	// One CPU worker per core, as the mount decodes; it lives as long as
+	// the process.
+	dec, err := codec.NewCPU(codec.Options{})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	h, err := zarr.Open(ctx, st, zarr.Options{ChunkCacheBytes: cacheBytes, Decoder: dec})
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -230,19 +238,23 @@ func fill(ctx context.Context, dir string, n int, write, mode string, batch int,
 	}
 	stats := h.Stats()
 	dec0, hit0 := stats.ChunksDecoded.Load(), stats.ChunkCacheHits.Load()
+	filler, err := zfill.New(zfill.Options{})
+	if err != nil {
+		return nil, nil, err
+	}
 	start := time.Now()
 	switch mode {
 	default:
 		return nil, nil, fmt.Errorf("unknown mode %q", mode)
 	case "fill":
 		for i, b := range blobs {
-			if err := b.Fill(ctx, ws[i]); err != nil {
+			if err := filler.Fill(ctx, l, b, nil, ws[i]); err != nil {
 				return nil, nil, err
 			}
 		}
 	case "batch":
 		data := blobs[0].Size() - l.Align()
-		if err := layout.FillBatch(ctx, blobs, ws, int64(batch)*data); err != nil {
+		if err := filler.FillBatch(ctx, l, blobs, ws, int64(batch)*data); err != nil {
 			return nil, nil, err
 		}
 	}

@@ -1,4 +1,4 @@
-package layout
+package fill
 
 import (
 	"errors"
@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/zarrfs/zarrfs/layout"
 )
 
 func TestParseSampleSpan(t *testing.T) {
@@ -29,15 +31,15 @@ func TestParseSampleSpan(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"5", "a:3", "-1:3", "5:4", "1:b", "1:-2"} {
-		if _, err := ParseSampleSpan(bad); !errors.Is(err, ErrInvalidOption) {
-			t.Errorf("ParseSampleSpan(%q): %v, want ErrInvalidOption", bad, err)
+		if _, err := ParseSampleSpan(bad); !errors.Is(err, ErrInvalidSpan) {
+			t.Errorf("ParseSampleSpan(%q): %v, want ErrInvalidSpan", bad, err)
 		}
 	}
 }
 
 // planSamples returns, per sample directory, the sample indices a plan
 // holds, and the whole files it holds.
-func planSamples(t *testing.T, p *Plan) (map[string][]int64, []string) {
+func planSamples(t *testing.T, p *Selection) (map[string][]int64, []string) {
 	t.Helper()
 	samples := map[string][]int64{}
 	var files []string
@@ -62,15 +64,15 @@ func TestPlanSamplesAndShard(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	full, err := Build(h, Options{Reader: &valueReader{}, Views: views})
+	full, err := layout.Build(h, layout.Options{Views: views})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sharded, err := Build(h, Options{Reader: &valueReader{}, Views: views, Shard: Shard{Rank: 1, World: 3}})
+	sharded, err := layout.Build(h, layout.Options{Views: views, Shard: layout.Shard{Rank: 1, World: 3}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	all, err := full.Plan(PlanOptions{})
+	all, err := Select(full, SelectOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,22 +81,22 @@ func TestPlanSamplesAndShard(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		samples string
-		shard   Shard
+		shard   layout.Shard
 		want    map[string][]int64 // directory: samples
 	}{
-		{"contiguous rank 0", "4:10", Shard{Rank: 0, World: 2},
+		{"contiguous rank 0", "4:10", layout.Shard{Rank: 0, World: 2},
 			map[string][]int64{"t": {4, 5, 6}, "q": {4, 5, 6}, "train": {4}}},
-		{"contiguous rank 1", "4:10", Shard{Rank: 1, World: 2},
+		{"contiguous rank 1", "4:10", layout.Shard{Rank: 1, World: 2},
 			map[string][]int64{"t": {7, 8, 9}, "q": {7, 8, 9}, "train": {5}}},
-		{"interleaved rank 0", "4:10", Shard{Rank: 0, World: 2, Interleaved: true},
+		{"interleaved rank 0", "4:10", layout.Shard{Rank: 0, World: 2, Interleaved: true},
 			map[string][]int64{"t": {4, 6, 8}, "q": {4, 6, 8}, "train": {4}}},
-		{"interleaved rank 1", "4:10", Shard{Rank: 1, World: 2, Interleaved: true},
+		{"interleaved rank 1", "4:10", layout.Shard{Rank: 1, World: 2, Interleaved: true},
 			map[string][]int64{"t": {5, 7, 9}, "q": {5, 7, 9}, "train": {5}}},
-		{"range past the end", "8:100", Shard{Rank: 1, World: 2},
+		{"range past the end", "8:100", layout.Shard{Rank: 1, World: 2},
 			map[string][]int64{"t": {10, 11}, "q": {9}, "train": nil}},
-		{"no range", "", Shard{Rank: 2, World: 3},
+		{"no range", "", layout.Shard{Rank: 2, World: 3},
 			map[string][]int64{"t": {8, 9, 10, 11}, "q": {6, 7, 8, 9}, "train": {4, 5}}},
-		{"no shard", "10:", Shard{},
+		{"no shard", "10:", layout.Shard{},
 			map[string][]int64{"t": {10, 11}, "q": nil, "train": nil}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -102,8 +104,8 @@ func TestPlanSamplesAndShard(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, l := range []*Layout{full, sharded} {
-				p, err := l.Plan(PlanOptions{Samples: r, Shard: tc.shard})
+			for _, l := range []*layout.Layout{full, sharded} {
+				p, err := Select(l, SelectOptions{Samples: r, Shard: tc.shard})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -137,11 +139,11 @@ func TestPlanSamplesAndShard(t *testing.T) {
 // --only keeps the blobs under the paths named, a file's name with or
 // without ".npy"; a path the mount lacks is an error.
 func TestPlanOnly(t *testing.T) {
-	l, err := Build(viewHierarchy(), Options{Reader: &valueReader{}})
+	l, err := layout.Build(viewHierarchy(), layout.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := l.Plan(PlanOptions{Only: []string{"sub", "/latitude", "t/03.npy", "q/"}, Samples: &SampleSpan{2, 5}})
+	p, err := Select(l, SelectOptions{Only: []string{"sub", "/latitude", "t/03.npy", "q/"}, Samples: &SampleSpan{2, 5}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,13 +162,13 @@ func TestPlanOnly(t *testing.T) {
 	if want := []string{"latitude.npy", "q/", "sub/sp/", "t/", "time.npy"}; !slices.Equal(p.Dirs, want) {
 		t.Errorf("Dirs %v, want %v", p.Dirs, want)
 	}
-	if p, err := l.Plan(PlanOptions{Only: []string{"t/03.npy"}}); err != nil || len(p.Blobs) != 1 {
-		t.Errorf("one file planned %d blobs (%v), want it alone", len(p.Blobs), err)
+	if p, err := Select(l, SelectOptions{Only: []string{"t/03.npy"}}); err != nil || len(p.Blobs) != 1 {
+		t.Errorf("one file selected %d blobs (%v), want it alone", len(p.Blobs), err)
 	}
-	if p, err := l.Plan(PlanOptions{Only: []string{"t"}, Samples: &SampleSpan{0, 1}}); err != nil || len(p.Blobs) != 2 || p.Blobs[1].Path() != "time.npy" {
-		t.Errorf("t/ planned %d blobs (%v), want its sample and time.npy", len(p.Blobs), err)
+	if p, err := Select(l, SelectOptions{Only: []string{"t"}, Samples: &SampleSpan{0, 1}}); err != nil || len(p.Blobs) != 2 || p.Blobs[1].Path() != "time.npy" {
+		t.Errorf("t/ selected %d blobs (%v), want its sample and time.npy", len(p.Blobs), err)
 	}
-	if _, err := l.Plan(PlanOptions{Only: []string{"nosuch"}}); !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), "nosuch") {
-		t.Errorf("Plan of a missing path: %v", err)
+	if _, err := Select(l, SelectOptions{Only: []string{"nosuch"}}); !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), "nosuch") {
+		t.Errorf("Select of a missing path: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package layout
+package fill
 
 import (
 	"bytes"
@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/zarrfs/zarrfs/internal/memory"
+	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -38,10 +39,10 @@ func TestPiecesMatchOneRead(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			a := &zarr.Array{Path: "a", Shape: tt.shape, Chunks: tt.chunks, DType: f32}
 			r := &indexReader{}
-			o := Options{Reader: r, SlabBytes: tt.maxBytes}
+			f := newFiller(t, Options{Reader: r, SlabBytes: tt.maxBytes})
 			n := prod(tt.count) * 4
 			got := make(memWriter, 64+n)
-			if err := o.readRegion(context.Background(), got, 64, a, tt.start, tt.count); err != nil {
+			if err := (run{Filler: f, r: r}).readRegion(context.Background(), got, 64, a, tt.start, tt.count); err != nil {
 				t.Fatal(err)
 			}
 			want := make([]byte, n)
@@ -129,10 +130,10 @@ func itoa(x int64) string {
 func TestPlanAbsurdChunkRow(t *testing.T) {
 	h := absurdStore(t, []int64{30, 3, 100000, 100000}, []int64{4, 2, 8, 16})
 	a := h.Array("t")
-	o, _ := Options{}.withDefaults()
-	p := planPieces(a, []int64{0, 0, 0, 0}, []int64{1, 3, 100000, 100000}, o.pieceBytes(), o.pieceCost())
-	if p.bytes > o.SlabBytes || p.cost > o.pieceCost() {
-		t.Fatalf("plan: axis %d steps %v, %d bytes, cost %d; want at most %d and %d", p.axis, p.steps, p.bytes, p.cost, o.SlabBytes, o.pieceCost())
+	f := newFiller(t, Options{})
+	p := planPieces(a, []int64{0, 0, 0, 0}, []int64{1, 3, 100000, 100000}, f.pieceBytes(), f.pieceCost())
+	if p.bytes > f.o.SlabBytes || p.cost > f.pieceCost() {
+		t.Fatalf("plan: axis %d steps %v, %d bytes, cost %d; want at most %d and %d", p.axis, p.steps, p.bytes, p.cost, f.o.SlabBytes, f.pieceCost())
 	}
 }
 
@@ -142,16 +143,17 @@ func TestPlanAbsurdChunkRow(t *testing.T) {
 func TestFillStreamsWithinBudget(t *testing.T) {
 	h := absurdStore(t, []int64{30, 3, 100, 100000}, []int64{4, 2, 8, 50000})
 	budget := memory.New(128 << 20)
-	l, err := Build(h, Options{MemoryBudget: budget})
+	l, err := layout.Build(h, layout.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	f := newFiller(t, Options{MemoryBudget: budget})
 	b := mustLookup(t, l, "t/00.npy")
 	out := make(memWriter, b.Size())
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	if err := b.Fill(context.Background(), out); err != nil {
+	if err := f.Fill(context.Background(), l, b, nil, out); err != nil {
 		t.Fatal(err)
 	}
 	runtime.ReadMemStats(&after)
@@ -175,12 +177,12 @@ func TestFillStreamsWithinBudget(t *testing.T) {
 // chunk is larger), fails with memory.ErrExceeded before it allocates.
 func TestFillBeyondBudgetFails(t *testing.T) {
 	h := absurdStore(t, []int64{2, 1, 2048, 2048}, []int64{1, 1, 2048, 2048})
-	l, err := Build(h, Options{MemoryBudget: memory.New(8 << 20)})
+	l, err := layout.Build(h, layout.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	b := mustLookup(t, l, "t/0.npy")
-	err = b.Fill(context.Background(), make(memWriter, b.Size()))
+	err = newFiller(t, Options{MemoryBudget: memory.New(8 << 20)}).Fill(context.Background(), l, b, nil, make(memWriter, b.Size()))
 	if !errors.Is(err, memory.ErrExceeded) {
 		t.Fatalf("fill: %v, want ErrExceeded", err)
 	}

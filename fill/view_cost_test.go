@@ -1,4 +1,4 @@
-package layout
+package fill
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
 )
 
@@ -50,11 +51,11 @@ func TestViewFillCostBoundsTheRead(t *testing.T) {
 			stats := &zarr.Stats{}
 			h := openStore(t, dir, zarr.Options{ChunkCacheBytes: -1, Stats: stats})
 			defer h.Close()
-			specs, err := ParseViews("v.yaml", []byte("views:\n  - name: v\n    channels:\n"+tc.channels))
+			specs, err := layout.ParseViews("v.yaml", []byte("views:\n  - name: v\n    channels:\n"+tc.channels))
 			if err != nil {
 				t.Fatal(err)
 			}
-			views, err := BindViews(context.Background(), h, specs, BindOptions{})
+			views, err := layout.BindViews(context.Background(), h, specs, layout.BindOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -65,19 +66,19 @@ func TestViewFillCostBoundsTheRead(t *testing.T) {
 			for i := range outs {
 				outs[i] = make([]byte, data)
 			}
-			if err := v.fillSamples(context.Background(), h, tc.ks, outs); err != nil {
+			if err := newFiller(t, Options{Reader: h}).run(nil, nil).fillSamples(context.Background(), v, tc.ks, outs); err != nil {
 				t.Fatal(err)
 			}
 			inPlace := n*data - stats.BytesAssembled.Load()
 			held := n*data + stats.BytesFetched.Load() + stats.BytesDecoded.Load() - inPlace
-			cost := v.fillCost(data, tc.ks)
+			cost := fillCost(v, data, tc.ks)
 			if cost < held {
 				t.Errorf("fillCost %d, but the Read held %d: %d of samples, %d fetched, %d decoded (%d of them in place)",
 					cost, held, n*data, stats.BytesFetched.Load(), stats.BytesDecoded.Load(), inPlace)
 			}
 			if tc.once {
 				q := h.Array("q")
-				start, count := v.Channels[0].region(v.Start + tc.ks[0]*v.Step)
+				start, count := v.Channels[0].Region(v.Start + tc.ks[0]*v.Step)
 				if want := n*data + q.ReadCost(start, count); cost != want {
 					t.Errorf("fillCost %d, want %d: the chunk the channels share charged once", cost, want)
 				}

@@ -1,4 +1,4 @@
-package layout
+package fill
 
 import (
 	"context"
@@ -165,30 +165,30 @@ func writePiece(w io.WriterAt, base int64, start, count, ps, pc []int64, axis in
 
 // readRegion reads the region of a into w at base (Align), piece by piece,
 // holding at most the plan's memory, acquired from the budget first.
-func (o Options) readRegion(ctx context.Context, w io.WriterAt, base int64, a *zarr.Array, start, count []int64) error {
-	return o.readRegionAs(ctx, w, base, a, start, count, a.DType)
+func (r run) readRegion(ctx context.Context, w io.WriterAt, base int64, a *zarr.Array, start, count []int64) error {
+	return r.readRegionAs(ctx, w, base, a, start, count, a.DType)
 }
 
-// readRegionAs is readRegion writing elements of type to (castInto): each
+// readRegionAs is readRegion writing elements of type to (zarr.Cast): each
 // piece is cast into a second buffer, which the budget is charged for too.
-func (o Options) readRegionAs(ctx context.Context, w io.WriterAt, base int64, a *zarr.Array, start, count []int64, to zarr.DType) error {
+func (r run) readRegionAs(ctx context.Context, w io.WriterAt, base int64, a *zarr.Array, start, count []int64, to zarr.DType) error {
 	total := satMul(prod(count), int64(a.DType.Size))
 	if total == 0 {
 		return nil
 	}
-	p := planPieces(a, start, count, o.pieceBytes(), o.pieceCost())
+	p := planPieces(a, start, count, r.pieceBytes(), r.pieceCost())
 	cast := !zarr.SameValues(a.DType, to)
 	castBytes := int64(0)
 	if cast {
 		castBytes = p.bytes / int64(a.DType.Size) * int64(to.Size)
 	}
-	release, err := o.acquire(ctx, satAdd(p.cost, castBytes), "region of array "+a.Path)
+	release, err := r.acquire(ctx, satAdd(p.cost, castBytes), "region of array "+a.Path)
 	if err != nil {
 		return err
 	}
 	defer release()
-	buf := o.slab(p.bytes)
-	defer o.freeSlab(buf)
+	buf := r.slab(p.bytes)
+	defer r.freeSlab(buf)
 	var out []byte
 	if cast {
 		out = getSlab(castBytes)
@@ -198,7 +198,7 @@ func (o Options) readRegionAs(ctx context.Context, w io.WriterAt, base int64, a 
 		n := prod(pc) * int64(a.DType.Size)
 		dst := buf[:n]
 		req := []zarr.Request{{Array: a, Start: ps, Count: pc, Dst: dst}}
-		if err := o.Reader.Read(ctx, req); err != nil {
+		if err := r.r.Read(ctx, r.pin, req); err != nil {
 			return err
 		}
 		if cast {

@@ -1,4 +1,9 @@
-package decode
+package memory
+
+// The memory a process's fills and reads use comes from one lender
+// (Lender), passed to every package that needs buffers, so that none keeps
+// a pool of its own. Arena is the lender of host memory; the decoding
+// pipeline lends a GPU's pinned memory before it (package decode).
 
 import (
 	"math/bits"
@@ -8,7 +13,21 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// arena lends host memory outside the Go heap: anonymous mappings, kept
+// Lender lends buffers and takes them back. HostFree takes back what
+// HostAlloc lent and ignores anything else, so a caller can give back
+// whatever it got without tracking who lent it. Implementations must be
+// safe for concurrent use.
+type Lender interface {
+	// HostAlloc returns n bytes (contents unspecified).
+	HostAlloc(n int) []byte
+	// HostFree takes back a buffer HostAlloc returned (any reslice of it
+	// that starts where it started).
+	HostFree(b []byte)
+}
+
+var _ Lender = (*Arena)(nil)
+
+// Arena lends host memory outside the Go heap: anonymous mappings, kept
 // mapped once used and lent again, in size classes. Fills hold tens of
 // megabytes per sample (the compressed chunks, the sample itself), and
 // fresh memory costs a page fault per 4 KiB the first time it is written
@@ -22,7 +41,7 @@ import (
 // up to maxIdle bytes; past that they are unmapped. HostFree ignores memory
 // the arena did not lend, so callers can give back whatever they got from
 // a lender without tracking which. Safe for concurrent use.
-type arena struct {
+type Arena struct {
 	mu      sync.Mutex
 	free    map[int][][]byte // idle buffers by class size, full length
 	lent    map[uintptr]int  // address of every buffer lent -> class size
@@ -31,8 +50,10 @@ type arena struct {
 	mapped  int64 // bytes mapped now, lent or idle
 }
 
-func newArena(maxIdle int64) *arena {
-	return &arena{free: map[int][][]byte{}, lent: map[uintptr]int{}, maxIdle: maxIdle}
+// NewArena returns an Arena that keeps up to maxIdle bytes of idle
+// buffers mapped.
+func NewArena(maxIdle int64) *Arena {
+	return &Arena{free: map[int][][]byte{}, lent: map[uintptr]int{}, maxIdle: maxIdle}
 }
 
 // minClass is the smallest buffer the arena maps; smaller requests are
@@ -52,7 +73,7 @@ func class(n int) int {
 
 // HostAlloc returns n bytes of memory the arena owns (contents
 // unspecified), or of the Go heap when n is small or the mapping fails.
-func (a *arena) HostAlloc(n int) []byte {
+func (a *Arena) HostAlloc(n int) []byte {
 	if n < minClass {
 		return make([]byte, n)
 	}
@@ -83,10 +104,14 @@ func (a *arena) HostAlloc(n int) []byte {
 	return b[:n]
 }
 
-// HostFree takes back a buffer HostAlloc lent (any reslice of it that
-// starts where it started) and reports whether it was the arena's;
-// anything else is left to its owner.
-func (a *arena) HostFree(b []byte) bool {
+// HostFree takes back a buffer HostAlloc lent; anything else is left to
+// its owner.
+func (a *Arena) HostFree(b []byte) { a.Free(b) }
+
+// Free takes back a buffer HostAlloc lent (any reslice of it that starts
+// where it started) and reports whether it was the arena's; anything else
+// is left to its owner.
+func (a *Arena) Free(b []byte) bool {
 	if cap(b) == 0 {
 		return false
 	}
@@ -111,16 +136,16 @@ func (a *arena) HostFree(b []byte) bool {
 	return true
 }
 
-// held reports the bytes mapped (lent and idle) and those idle.
-func (a *arena) held() (mapped, idle int64) {
+// Held reports the bytes mapped (lent and idle) and those idle.
+func (a *Arena) Held() (mapped, idle int64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.mapped, a.idle
 }
 
-// close unmaps every idle buffer and keeps none from now on: a buffer
+// Close unmaps every idle buffer and keeps none from now on: a buffer
 // still lent is unmapped when it comes back.
-func (a *arena) close() {
+func (a *Arena) Close() {
 	a.mu.Lock()
 	a.maxIdle = 0
 	var bufs [][]byte

@@ -1,4 +1,4 @@
-package layout
+package fill
 
 import (
 	"context"
@@ -8,8 +8,9 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/internal/memory"
-	"github.com/zarrfs/zarrfs/zarr"
+	"github.com/zarrfs/zarrfs/layout"
 )
 
 // A fill that fails gives its memory back: the budget holds nothing once
@@ -23,10 +24,11 @@ func TestFailedFillReleasesMemory(t *testing.T) {
 	}
 	defer out.Close()
 
-	l, r := build(t, testHierarchy(), Options{MemoryBudget: budget})
-	r.err = fmt.Errorf("t/c/0/0/0/0: %w", zarr.ErrCorrupt)
+	l, r := build(t, testHierarchy(), layout.Options{})
+	r.err = fmt.Errorf("t/c/0/0/0/0: %w", codec.ErrCorrupt)
+	f := newFiller(t, Options{Reader: r, MemoryBudget: budget})
 	for range 3 {
-		if err := mustLookup(t, l, "t/00.npy").Fill(context.Background(), out); !errors.Is(err, zarr.ErrCorrupt) {
+		if err := f.Fill(context.Background(), l, mustLookup(t, l, "t/00.npy"), nil, out); !errors.Is(err, codec.ErrCorrupt) {
 			t.Fatalf("fill: %v, want the reader's error", err)
 		}
 		if n := budget.Used(); n != 0 {
@@ -42,15 +44,14 @@ func TestFailedFillReleasesMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	vl, err := Build(h, Options{Views: views, Reader: failReader{}, MemoryBudget: budget})
+	vl, err := layout.Build(h, layout.Options{Views: views})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, ok := vl.Lookup("train/" + sampleFileName(1, sampleWidth(views[0].N)))
-	if !ok {
-		t.Fatal("no view sample 1")
-	}
-	if err := e.Blob.Fill(context.Background(), out); !errors.Is(err, zarr.ErrCorrupt) {
+	d := mustDir(t, vl, "train")
+	b := d.SampleEntry(1).Blob
+	f = newFiller(t, Options{Reader: failReader{}, MemoryBudget: budget})
+	if err := f.Fill(context.Background(), vl, b, nil, out); !errors.Is(err, codec.ErrCorrupt) {
 		t.Fatalf("view fill: %v, want the reader's error", err)
 	}
 	if n := budget.Used(); n != 0 {

@@ -1,12 +1,19 @@
-package layout
+package fill
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
 	"strconv"
 	"strings"
+
+	"github.com/zarrfs/zarrfs/layout"
 )
+
+// ErrInvalidSpan is returned (wrapped) by ParseSampleSpan for a range it
+// cannot read.
+var ErrInvalidSpan = errors.New("invalid sample range")
 
 // SampleSpan is a half-open range [Start, Stop) of sample indices; a
 // negative Stop means "to the end".
@@ -22,30 +29,30 @@ func ParseSampleSpan(s string) (*SampleSpan, error) {
 	}
 	a, b, ok := strings.Cut(s, ":")
 	if !ok {
-		return nil, fmt.Errorf("%w: samples %q: want START:STOP", ErrInvalidOption, s)
+		return nil, fmt.Errorf("%w: samples %q: want START:STOP", ErrInvalidSpan, s)
 	}
 	r := &SampleSpan{0, -1}
 	var err error
 	if a != "" {
 		if r.Start, err = strconv.ParseInt(a, 10, 64); err != nil {
-			return nil, fmt.Errorf("%w: samples %q: START %q is not a whole number", ErrInvalidOption, s, a)
+			return nil, fmt.Errorf("%w: samples %q: START %q is not a whole number", ErrInvalidSpan, s, a)
 		}
 		if r.Start < 0 {
-			return nil, fmt.Errorf("%w: samples %q: START %d is negative (samples count from 0)", ErrInvalidOption, s, r.Start)
+			return nil, fmt.Errorf("%w: samples %q: START %d is negative (samples count from 0)", ErrInvalidSpan, s, r.Start)
 		}
 	}
 	if b != "" {
 		if r.Stop, err = strconv.ParseInt(b, 10, 64); err != nil {
-			return nil, fmt.Errorf("%w: samples %q: STOP %q is not a whole number", ErrInvalidOption, s, b)
+			return nil, fmt.Errorf("%w: samples %q: STOP %q is not a whole number", ErrInvalidSpan, s, b)
 		}
 		if r.Stop < r.Start {
-			return nil, fmt.Errorf("%w: samples %q: STOP %d is before START %d (START:STOP takes samples START to STOP-1)", ErrInvalidOption, s, r.Stop, r.Start)
+			return nil, fmt.Errorf("%w: samples %q: STOP %d is before START %d (START:STOP takes samples START to STOP-1)", ErrInvalidSpan, s, r.Stop, r.Start)
 		}
 	}
 	return r, nil
 }
 
-// notInMount is a path of PlanOptions.Only the layout lacks.
+// notInMount is a path of SelectOptions.Only the layout lacks.
 type notInMount string
 
 func (p notInMount) Error() string        { return string(p) + ": no such file or directory in the mount" }
@@ -74,8 +81,9 @@ func selectedUnder(only []string, dir string) bool {
 	return false
 }
 
-// PlanOptions choose the blobs of a Plan. The zero value plans every blob.
-type PlanOptions struct {
+// SelectOptions choose the blobs of a Selection. The zero value selects
+// every blob.
+type SelectOptions struct {
 	// Only keeps the blobs under these mount paths (arrays, views,
 	// directories or files; ".npy" may be left off a file's name). Empty
 	// keeps every path.
@@ -85,16 +93,16 @@ type PlanOptions struct {
 	Samples *SampleSpan
 	// Shard keeps the share of the selected samples one rank reads: it
 	// splits Samples, not the whole directory, so that ranks given the
-	// same range divide it among themselves. Plans address samples by
-	// their index among all of a directory's samples, whether or not the
-	// layout itself was built with a Shard.
-	Shard Shard
+	// same range divide it among themselves. A Selection addresses samples
+	// by their index among all of a directory's samples, whether or not
+	// the layout itself was built with a Shard.
+	Shard layout.Shard
 }
 
-// Plan is the list of blobs to fill (what `zarrfs warm` does), in mount
-// order, with the mount paths they fall under.
-type Plan struct {
-	Blobs []Blob
+// Selection is the list of blobs to fill (what `zarrfs warm` does), in
+// mount order, with the mount paths they fall under.
+type Selection struct {
+	Blobs []layout.Blob
 	// Dirs are the sample directories holding planned blobs (with a
 	// trailing "/") and the whole-array files planned, in mount order.
 	Dirs  []string
@@ -106,15 +114,14 @@ type Plan struct {
 	InRange int
 }
 
-// Plan selects blobs by path, sample range and rank. Whole-array files
-// (coordinates, static fields) are in every rank's plan: they are small
-// and every rank needs them. A sample directory of an array selected (as
-// a directory, not file by file) brings the coordinate file its readers
-// read beside the samples
-// (CoordinateOf), so that a run whose source is down finds it warm too. A
-// path of Only that is not in the layout is an error wrapping
-// fs.ErrNotExist.
-func (l *Layout) Plan(o PlanOptions) (*Plan, error) {
+// Select selects blobs of l by path, sample range and rank. Whole-array
+// files (coordinates, static fields) are in every rank's selection: they
+// are small and every rank needs them. A sample directory of an array
+// selected (as a directory, not file by file) brings the coordinate file
+// its readers read beside the samples (layout.Layout.CoordinateOf), so
+// that a run whose source is down finds it warm too. A path of Only that
+// is not in the layout is an error wrapping fs.ErrNotExist.
+func Select(l *layout.Layout, o SelectOptions) (*Selection, error) {
 	only := make([]string, 0, len(o.Only))
 	for _, p := range o.Only {
 		p = strings.Trim(path.Clean("/"+p), "/")
@@ -137,14 +144,14 @@ func (l *Layout) Plan(o PlanOptions) (*Plan, error) {
 		}
 		return false
 	}
-	plan := &Plan{}
-	add := func(b Blob) {
+	plan := &Selection{}
+	add := func(b layout.Blob) {
 		plan.Blobs = append(plan.Blobs, b)
 		plan.Bytes += b.Size()
 	}
-	var whole []*Dir // sample directories selected as such, not file by file
-	var walk func(d *Dir)
-	walk = func(d *Dir) {
+	var whole []*layout.Dir // sample directories selected as such, not file by file
+	var walk func(d *layout.Dir)
+	walk = func(d *layout.Dir) {
 		if d.IsSampleDir() {
 			if !selected(d.Path()) && !selectedUnder(only, d.Path()) {
 				return
@@ -152,7 +159,7 @@ func (l *Layout) Plan(o PlanOptions) (*Plan, error) {
 			if selected(d.Path()) {
 				whole = append(whole, d)
 			}
-			n := d.allLen()
+			n := d.Samples()
 			if o.Samples != nil && (o.Samples.Stop > n || o.Samples.Start >= n) {
 				plan.Short = append(plan.Short, fmt.Sprintf("%s/ has %d", d.Path(), n))
 			}
@@ -163,7 +170,7 @@ func (l *Layout) Plan(o PlanOptions) (*Plan, error) {
 			mine := o.Shard.Of(lo, hi)
 			listed := false
 			for j := range mine.Count {
-				b := d.allEntry(mine.At(j)).Blob
+				b := d.SampleEntry(mine.At(j)).Blob
 				if !selected(b.Path()) {
 					continue
 				}
@@ -177,9 +184,9 @@ func (l *Layout) Plan(o PlanOptions) (*Plan, error) {
 		}
 		for i := range d.Len() {
 			switch e := d.Entry(i); e.Kind {
-			case KindDir:
+			case layout.KindDir:
 				walk(e.Dir)
-			case KindBlob:
+			case layout.KindBlob:
 				if selected(e.Blob.Path()) {
 					add(e.Blob)
 					plan.Dirs = append(plan.Dirs, e.Blob.Path())
@@ -187,14 +194,14 @@ func (l *Layout) Plan(o PlanOptions) (*Plan, error) {
 			}
 		}
 	}
-	walk(l.root)
-	l.planCoordinates(plan, whole)
+	walk(l.Root())
+	selectCoordinates(l, plan, whole)
 	return plan, nil
 }
 
-// planCoordinates adds to plan the coordinate file of every array's
-// sample directory of dirs, unless planned already.
-func (l *Layout) planCoordinates(plan *Plan, dirs []*Dir) {
+// selectCoordinates adds to plan the coordinate file of every array's
+// sample directory of dirs, unless selected already.
+func selectCoordinates(l *layout.Layout, plan *Selection, dirs []*layout.Dir) {
 	planned := map[string]bool{}
 	for _, b := range plan.Blobs {
 		planned[b.Path()] = true
@@ -207,27 +214,4 @@ func (l *Layout) planCoordinates(plan *Plan, dirs []*Dir) {
 			plan.Dirs = append(plan.Dirs, c.Path())
 		}
 	}
-}
-
-// CoordinateOf returns the file of sample coordinates that readers of the
-// array sample directory d read beside its samples (zarrfs.torch.Loader,
-// SampleDir.coords): the 1-D array named like d's sample dimension, of
-// d's length, in d's group, else at the top of the mount. A view's
-// coordinates are in its sidecar: false.
-func (l *Layout) CoordinateOf(d *Dir) (Blob, bool) {
-	s, ok := d.samples.(*sampleSet)
-	if !ok || s.axis >= len(s.arr.Dims) || s.arr.Dims[s.axis] == "" {
-		return nil, false
-	}
-	name := s.arr.Dims[s.axis] + ".npy"
-	for _, p := range []string{path.Join(path.Dir(d.Path()), name), name} {
-		e, ok := l.Lookup(p)
-		if !ok || e.Kind != KindBlob {
-			continue
-		}
-		if src := e.Blob.Sources(); len(src) == 1 && src[0].Array != nil && len(src[0].Array.Shape) == 1 && src[0].Array.Shape[0] == s.n {
-			return e.Blob, true
-		}
-	}
-	return nil, false
 }

@@ -1,4 +1,4 @@
-package layout
+package fill
 
 import (
 	"bytes"
@@ -6,23 +6,24 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
 )
 
 // arrayCounter counts the requests of each array.
 type arrayCounter struct {
-	inner Reader
+	inner zarr.Reader
 	mu    sync.Mutex
 	n     map[string]int
 }
 
-func (c *arrayCounter) Read(ctx context.Context, reqs []zarr.Request) error {
+func (c *arrayCounter) Read(ctx context.Context, pin *zarr.Pin, reqs []zarr.Request) error {
 	c.mu.Lock()
 	for _, q := range reqs {
 		c.n[q.Array.Path]++
 	}
 	c.mu.Unlock()
-	return c.inner.Read(ctx, reqs)
+	return c.inner.Read(ctx, pin, reqs)
 }
 
 // FillInto writes a view's samples as Fill does and reads nothing back
@@ -39,26 +40,23 @@ func TestFillIntoReadsNothingBack(t *testing.T) {
 	h := openStore(t, dir, zarr.Options{})
 	defer h.Close()
 	cr := &arrayCounter{inner: h, n: map[string]int{}}
-	l, views := buildViews(t, h, "views:\n  - name: v\n    channels:\n      - var: t\n      - var: lsm\n", Options{Reader: cr})
-	var blobs []Blob
+	l, views := buildViews(t, h, "views:\n  - name: v\n    channels:\n      - var: t\n      - var: lsm\n", layout.Options{})
+	f := newFiller(t, Options{Reader: cr})
+	var blobs []layout.Blob
 	for k := range 2 {
-		e, ok := l.Lookup("v/" + sampleFileName(int64(k), sampleWidth(views[0].N)))
-		if !ok {
-			t.Fatal("no sample")
-		}
-		blobs = append(blobs, e.Blob)
+		blobs = append(blobs, mustDir(t, l, "v").SampleEntry(int64(k)).Blob)
 	}
 	size := blobs[0].Size() - int64(len(blobs[0].Header()))
-	want := func(b Blob) []byte {
+	want := func(b layout.Blob) []byte {
 		var w bufAt
-		if err := b.Fill(context.Background(), &w); err != nil {
+		if err := f.Fill(context.Background(), l, b, nil, &w); err != nil {
 			t.Fatal(err)
 		}
 		return w.b[len(b.Header()):]
 	}
 	into := func() [][]byte {
 		outs := [][]byte{make([]byte, size), make([]byte, size)}
-		if err := FillInto(context.Background(), blobs, outs, 0); err != nil {
+		if err := f.FillInto(context.Background(), l, blobs, outs, 0, nil); err != nil {
 			t.Fatal(err)
 		}
 		return outs
@@ -67,10 +65,7 @@ func TestFillIntoReadsNothingBack(t *testing.T) {
 	if cr.n["lsm"] != 2 {
 		t.Fatalf("the static channel was read %d times for 2 samples, want once each", cr.n["lsm"])
 	}
-	views[0].mu.Lock()
-	memo := views[0].static.current(context.Background(), views[0])
-	views[0].mu.Unlock()
-	if memo != nil {
+	if memo, _ := views[0].Static(nil); memo != nil {
 		t.Fatal("FillInto made a memo of the static channel from its buffers")
 	}
 	for i, b := range blobs {

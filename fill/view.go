@@ -1,118 +1,70 @@
-package layout
+package fill
 
-// A view's sample files and their fills: one Read for the channels of a
-// run of samples, written at the blob's aligned data offset.
+// A view's samples: one Read for the channels of a run of samples, cast
+// to the view's type, written at the blob's aligned data offset.
 
 import (
 	"context"
 	"fmt"
 	"io"
 
+	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
 )
 
-// viewSet is the sample files of a view, made on demand like an array's.
-type viewSet struct {
-	v      *View
-	opts   Options
-	header []byte
-	width  int
-	size   int64
-}
-
-func (s *viewSet) len() int64 { return s.v.N }
-
-func (s *viewSet) index(name string) (int64, bool) { return parseSampleName(name, s.width, s.v.N) }
-
-func (s *viewSet) entry(k int64) Entry {
-	name := sampleFileName(k, s.width)
-	return Entry{Name: name, Kind: KindBlob, Blob: &viewBlob{
-		v: s.v, opts: s.opts, k: k, path: s.v.Name + "/" + name, header: s.header, size: s.size,
-	}}
-}
-
-// viewBlob is sample K of a view.
-type viewBlob struct {
-	v      *View
-	opts   Options
-	k      int64
-	path   string
-	header []byte
-	size   int64
-}
-
-var _ Blob = (*viewBlob)(nil)
-
-func (b *viewBlob) Path() string   { return b.path }
-func (b *viewBlob) Size() int64    { return b.size }
-func (b *viewBlob) Header() []byte { return b.header }
-
-// Inputs is the view's definition, Align and the sample's index.
-func (b *viewBlob) Inputs() string {
-	return fmt.Sprintf("view\x00%s\x00align=%d\x00k=%d", b.v.def, b.opts.Align, b.k)
-}
-
-// Sources lists one region per channel, static channels included.
-func (b *viewBlob) Sources() []zarr.Request {
-	t := b.v.Start + b.k*b.v.Step
-	out := make([]zarr.Request, len(b.v.Channels))
-	for i := range b.v.Channels {
-		ch := &b.v.Channels[i]
-		start, count := ch.region(t)
-		out[i] = zarr.Request{Array: ch.Array, Start: start, Count: count}
-	}
-	return out
-}
-
-// Fill reads every channel of the sample in one Read, so each source chunk
+// fillView reads every channel of the sample in one Read, so each source chunk
 // is decoded once however many channels come from it, casts, and writes the
 // header and the (C, *spatial) data. It holds the whole sample in memory.
 // A sample whose one Read would not fit the memory budget (one of millions
 // of tiny chunks, or of channels each larger than the budget) is filled
 // channel by channel instead (fillByChannel).
-func (b *viewBlob) Fill(ctx context.Context, w io.WriterAt) error {
-	cost := b.v.fillCost(b.size-b.opts.Align, []int64{b.k})
-	if !b.opts.MemoryBudget.Fits(cost) {
-		return b.fillByChannel(ctx, w)
+func (r run) fillView(ctx context.Context, b *layout.ViewBlob, w io.WriterAt) error {
+	v, align := b.View(), int64(len(b.Header()))
+	cost := fillCost(v, b.Size()-align, []int64{b.Index()})
+	if !r.o.MemoryBudget.Fits(cost) {
+		return r.fillByChannel(ctx, b, w)
 	}
-	release, err := b.opts.acquire(ctx, cost, "sample of view "+b.v.Name)
+	release, err := r.acquire(ctx, cost, "sample of view "+v.Name)
 	if err != nil {
-		return fmt.Errorf("%s: %w", b.path, err)
+		return fmt.Errorf("%s: %w", b.Path(), err)
 	}
 	defer release()
-	out := b.opts.slab(b.size - b.opts.Align)
-	defer b.opts.freeSlab(out)
-	if err := b.v.fillSamples(ctx, b.opts.Reader, []int64{b.k}, [][]byte{out}); err != nil {
-		return fmt.Errorf("%s: %w", b.path, err)
+	out := r.slab(b.Size() - align)
+	defer r.freeSlab(out)
+	if err := r.fillSamples(ctx, v, []int64{b.Index()}, [][]byte{out}); err != nil {
+		return fmt.Errorf("%s: %w", b.Path(), err)
 	}
-	return writeBlob(w, b.path, b.header, out, b.opts.Align)
+	return writeBlob(w, b.Path(), b.Header(), out)
 }
 
 // fillByChannel writes the header and each channel's region in pieces cut
 // at chunk boundaries, as an array's sample is filled (readRegion), cast
 // piece by piece: it holds a piece at a time, not the sample. A chunk that
 // several channels read (levels of one chunk) is decoded once for each.
-func (b *viewBlob) fillByChannel(ctx context.Context, w io.WriterAt) error {
-	if _, err := w.WriteAt(b.header, 0); err != nil {
-		return fmt.Errorf("%s: write header: %w", b.path, err)
+func (r run) fillByChannel(ctx context.Context, b *layout.ViewBlob, w io.WriterAt) error {
+	if _, err := w.WriteAt(b.Header(), 0); err != nil {
+		return fmt.Errorf("%s: write header: %w", b.Path(), err)
 	}
-	per := prod(b.v.SampleShape[1:]) * int64(b.v.DType.Size)
-	t := b.v.Start + b.k*b.v.Step
-	for c := range b.v.Channels {
-		ch := &b.v.Channels[c]
-		start, count := ch.region(t)
-		if err := b.opts.readRegionAs(ctx, w, b.opts.Align+int64(c)*per, ch.Array, start, count, b.v.DType); err != nil {
-			return fmt.Errorf("%s: channel %s: %w", b.path, ch.Var, err)
+	v, align := b.View(), int64(len(b.Header()))
+	per := prod(v.SampleShape[1:]) * int64(v.DType.Size)
+	t := v.Start + b.Index()*v.Step
+	for c := range v.Channels {
+		ch := &v.Channels[c]
+		start, count := ch.Region(t)
+		if err := r.readRegionAs(ctx, w, align+int64(c)*per, ch.Array, start, count, v.DType); err != nil {
+			return fmt.Errorf("%s: channel %s: %w", b.Path(), ch.Var, err)
 		}
 	}
 	return nil
 }
 
-func writeBlob(w io.WriterAt, p string, header, data []byte, align int64) error {
+// writeBlob writes a blob's header, and its data after it (at the
+// header's length, the layout's alignment).
+func writeBlob(w io.WriterAt, p string, header, data []byte) error {
 	if _, err := w.WriteAt(header, 0); err != nil {
 		return fmt.Errorf("%s: write header: %w", p, err)
 	}
-	if _, err := w.WriteAt(data, align); err != nil {
+	if _, err := w.WriteAt(data, int64(len(header))); err != nil {
 		return fmt.Errorf("%s: write: %w", p, err)
 	}
 	return nil
@@ -122,7 +74,7 @@ func writeBlob(w io.WriterAt, p string, header, data []byte, align int64) error 
 // one fillSamples holds: the samples, the cast scratch, and what the Read
 // of every channel's region holds (chunks shared by the samples counted
 // once per sample at most).
-func (v *View) fillCost(data int64, ks []int64) int64 {
+func fillCost(v *layout.View, data int64, ks []int64) int64 {
 	n := int64(len(ks))
 	cost := satMul(data, n)
 	spatial := prod(v.SampleShape[1:])
@@ -143,12 +95,12 @@ func (v *View) fillCost(data int64, ks []int64) int64 {
 		into         bool
 	}
 	regions := map[string]*region{}
-	for _, g := range v.slotRuns() {
+	for _, g := range slotRuns(v) {
 		ch := &v.Channels[g.first]
 		if !zarr.SameValues(ch.Array.DType, v.DType) {
 			cost = satAdd(cost, satMul(satMul(spatial, int64(ch.Array.DType.Size)), n))
 		}
-		start, count := ch.region(v.Start + lo*v.Step)
+		start, count := ch.Region(v.Start + lo*v.Step)
 		if ch.Axis >= 0 {
 			count[ch.Axis] = (hi-lo)*v.Step + 1
 		}
@@ -180,8 +132,8 @@ func (v *View) fillCost(data int64, ks []int64) int64 {
 
 // fillSamples fills outs[i] with sample ks[i] (each len prod(SampleShape) *
 // DType.Size) through one Read. A static channel is read at most once.
-func (v *View) fillSamples(ctx context.Context, r Reader, ks []int64, outs [][]byte) error {
-	return v.fillSamplesAs(ctx, r, ks, outs, false)
+func (r run) fillSamples(ctx context.Context, v *layout.View, ks []int64, outs [][]byte) error {
+	return r.fillSamplesAs(ctx, v, ks, outs, false)
 }
 
 // fillSamplesAs is fillSamples; writeOnly says that outs may not hold
@@ -189,17 +141,11 @@ func (v *View) fillSamples(ctx context.Context, r Reader, ks []int64, outs [][]b
 // whole in outs elsewhere: FillInto's), so nothing is read back from
 // them: a static channel is copied from the memo or read for every sample,
 // and no memo is made from outs.
-func (v *View) fillSamplesAs(ctx context.Context, r Reader, ks []int64, outs [][]byte, writeOnly bool) error {
+func (r run) fillSamplesAs(ctx context.Context, v *layout.View, ks []int64, outs [][]byte, writeOnly bool) error {
 	per := prod(v.SampleShape[1:]) * int64(v.DType.Size)
-	v.mu.Lock()
-	memo := v.static.current(ctx, v)
-	v.mu.Unlock()
-	// The listings and versions the static channels are read under, taken
-	// before the Read: a memo made from them is stale once any is replaced.
-	var listings map[int]*zarr.Listing
-	var sums map[int]uint64
-	if v.memoStatic && memo == nil && !writeOnly {
-		listings, sums = v.staticKey(ctx)
+	memo, keep := v.Static(r.pin)
+	if writeOnly {
+		keep = nil
 	}
 	// Scratch for channels that need a cast.
 	var scratchLen int64
@@ -237,7 +183,7 @@ func (v *View) fillSamplesAs(ctx context.Context, r Reader, ks []int64, outs [][
 					continue
 				}
 			}
-			start, count := ch.region(t)
+			start, count := ch.Region(t)
 			q := zarr.Request{Array: ch.Array, Start: start, Count: count, Dst: dst}
 			if !zarr.SameValues(ch.Array.DType, v.DType) {
 				n := prod(count) * int64(ch.Array.DType.Size)
@@ -249,7 +195,7 @@ func (v *View) fillSamplesAs(ctx context.Context, r Reader, ks []int64, outs [][
 		}
 	}
 	if len(reqs) > 0 {
-		if err := r.Read(ctx, reqs); err != nil {
+		if err := r.r.Read(ctx, r.pin, reqs); err != nil {
 			return err
 		}
 	}
@@ -259,18 +205,14 @@ func (v *View) fillSamplesAs(ctx context.Context, r Reader, ks []int64, outs [][
 	for _, j := range copies {
 		copy(j.dst, j.src)
 	}
-	if v.memoStatic && memo == nil && !writeOnly {
+	if keep != nil {
 		m := map[int][]byte{}
 		for c, ch := range v.Channels {
 			if ch.Axis < 0 {
 				m[c] = append([]byte(nil), outs[0][int64(c)*per:int64(c+1)*per]...)
 			}
 		}
-		v.mu.Lock()
-		if v.static.current(ctx, v) == nil {
-			v.static = &staticMemo{listings: listings, sums: sums, data: m}
-		}
-		v.mu.Unlock()
+		keep(m)
 	}
 	return nil
 }
@@ -279,43 +221,47 @@ func (v *View) fillSamplesAs(ctx context.Context, r Reader, ks []int64, outs [][
 // given no bound.
 const DefaultBatchBytes = 1 << 30
 
-// FillBatch fills blobs[i] into ws[i], as Fill would. Runs of consecutive
-// samples of one view are read together, one Read per run of at most
-// maxBytes of sample data (zero means DefaultBatchBytes), so every source
-// chunk the run shares (a chunk of 10 time steps) is decoded once even when
-// the decoded-chunk cache cannot hold it between fills. Other blobs are
-// filled one by one. It stops at the first error.
-func FillBatch(ctx context.Context, blobs []Blob, ws []io.WriterAt, maxBytes int64) error {
+// FillBatch fills blobs[i] of lay into ws[i], as Fill would under no pin.
+// Runs of consecutive samples of one view are read together, one Read per
+// run of at most maxBytes of sample data (zero means DefaultBatchBytes), so
+// every source chunk the run shares (a chunk of 10 time steps) is decoded
+// once even when the decoded-chunk cache cannot hold it between fills.
+// Other blobs are filled one by one. It stops at the first error.
+func (f *Filler) FillBatch(ctx context.Context, lay *layout.Layout, blobs []layout.Blob, ws []io.WriterAt, maxBytes int64) error {
 	if len(blobs) != len(ws) {
-		return fmt.Errorf("layout: FillBatch with %d blobs and %d writers", len(blobs), len(ws))
+		return fmt.Errorf("fill: FillBatch with %d blobs and %d writers", len(blobs), len(ws))
 	}
-	if maxBytes <= 0 {
+	if maxBytes < 0 {
+		return fmt.Errorf("fill: FillBatch of at most %d bytes: want 0 (DefaultBatchBytes) or more", maxBytes)
+	}
+	if maxBytes == 0 {
 		maxBytes = DefaultBatchBytes
 	}
+	r := f.run(lay, nil)
 	for i := 0; i < len(blobs); {
-		vb, ok := blobs[i].(*viewBlob)
+		vb, ok := blobs[i].(*layout.ViewBlob)
 		if !ok {
-			if err := blobs[i].Fill(ctx, ws[i]); err != nil {
+			if err := f.Fill(ctx, lay, blobs[i], nil, ws[i]); err != nil {
 				return err
 			}
 			i++
 			continue
 		}
-		data := vb.size - vb.opts.Align
-		ks := []int64{vb.k}
+		data := vb.Size() - int64(len(vb.Header()))
+		ks := []int64{vb.Index()}
 		j := i + 1
 		for j < len(blobs) && int64(j-i+1)*data <= maxBytes {
-			nb, ok := blobs[j].(*viewBlob)
-			if !ok || nb.v != vb.v || nb.opts.Reader != vb.opts.Reader || nb.opts.Align != vb.opts.Align {
+			nb, ok := blobs[j].(*layout.ViewBlob)
+			if !ok || nb.View() != vb.View() || len(nb.Header()) != len(vb.Header()) {
 				break
 			}
-			if !vb.opts.MemoryBudget.Fits(2 * vb.v.fillCost(data, append(ks, nb.k))) {
+			if !f.o.MemoryBudget.Fits(2 * fillCost(vb.View(), data, append(ks, nb.Index()))) {
 				break // a run takes half the memory budget at most
 			}
-			ks = append(ks, nb.k)
+			ks = append(ks, nb.Index())
 			j++
 		}
-		if err := fillViewRun(ctx, blobs[i:j], ws[i:j], data); err != nil {
+		if err := r.fillViewRun(ctx, blobs[i:j], ws[i:j], data); err != nil {
 			return err
 		}
 		i = j
@@ -323,30 +269,29 @@ func FillBatch(ctx context.Context, blobs []Blob, ws []io.WriterAt, maxBytes int
 	return nil
 }
 
-func fillViewRun(ctx context.Context, blobs []Blob, ws []io.WriterAt, data int64) error {
-	first := blobs[0].(*viewBlob)
-	opts := first.opts
+func (r run) fillViewRun(ctx context.Context, blobs []layout.Blob, ws []io.WriterAt, data int64) error {
+	first := blobs[0].(*layout.ViewBlob)
+	v := first.View()
 	ks := make([]int64, len(blobs))
 	for i, b := range blobs {
-		ks[i] = b.(*viewBlob).k
+		ks[i] = b.(*layout.ViewBlob).Index()
 	}
-	release, err := opts.acquire(ctx, first.v.fillCost(data, ks), "samples of view "+first.v.Name)
+	release, err := r.acquire(ctx, fillCost(v, data, ks), "samples of view "+v.Name)
 	if err != nil {
-		return fmt.Errorf("%s: %w", first.path, err)
+		return fmt.Errorf("%s: %w", first.Path(), err)
 	}
 	defer release()
-	buf := opts.slab(data * int64(len(blobs)))
-	defer opts.freeSlab(buf)
+	buf := r.slab(data * int64(len(blobs)))
+	defer r.freeSlab(buf)
 	outs := make([][]byte, len(blobs))
 	for i := range blobs {
 		outs[i] = buf[int64(i)*data : int64(i+1)*data]
 	}
-	if err := first.v.fillSamples(ctx, first.opts.Reader, ks, outs); err != nil {
-		return fmt.Errorf("%s..%s: %w", first.path, blobs[len(blobs)-1].Path(), err)
+	if err := r.fillSamples(ctx, v, ks, outs); err != nil {
+		return fmt.Errorf("%s..%s: %w", first.Path(), blobs[len(blobs)-1].Path(), err)
 	}
 	for i, b := range blobs {
-		vb := b.(*viewBlob)
-		if err := writeBlob(ws[i], vb.path, vb.header, outs[i], vb.opts.Align); err != nil {
+		if err := writeBlob(ws[i], b.Path(), b.Header(), outs[i]); err != nil {
 			return err
 		}
 	}
@@ -364,7 +309,7 @@ type slotRun struct {
 }
 
 // slotRuns splits the view's channels into slot runs, in order.
-func (v *View) slotRuns() []slotRun {
+func slotRuns(v *layout.View) []slotRun {
 	var runs []slotRun
 	for i := 0; i < len(v.Channels); {
 		ch := &v.Channels[i]

@@ -1,4 +1,4 @@
-package layout
+package fill
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/zarrfs/zarrfs/cache"
+	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
 )
 
@@ -54,18 +56,28 @@ func TestStaticMemoPastTheLazyVersions(t *testing.T) {
 	run("create")
 	h := openStore(t, dir, zarr.Options{LazyVersions: -1})
 	defer h.Close()
-	l, views := buildViews(t, h, "views:\n  - name: v\n    channels:\n      - var: t\n      - var: lsm\n", Options{})
-	if !views[0].memoStatic {
+	l, views := buildViews(t, h, "views:\n  - name: v\n    channels:\n      - var: t\n      - var: lsm\n", layout.Options{})
+	if memo, keep := views[0].Static(nil); memo == nil && keep == nil {
 		t.Fatal("the view memoizes no static channel: the test proves nothing")
 	}
+	c, err := cache.Open(cache.Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	f := newFiller(t, Options{Cache: c})
 	fill := func(k int) []float32 {
 		t.Helper()
-		b := mustLookup(t, l, "v/"+sampleFileName(int64(k), 1))
-		out := make(memWriter, b.Size())
-		if err := l.Do(context.Background(), b, func(ctx context.Context, _ string) error { return b.Fill(ctx, out) }); err != nil {
+		b := mustDir(t, l, "v").SampleEntry(int64(k)).Blob
+		bk, _, err := f.Open(context.Background(), l, b)
+		if err != nil {
 			t.Fatal(err)
 		}
-		data := out[l.opts.Align:]
+		defer bk.Close()
+		data := make([]byte, b.Size()-l.Align())
+		if _, err := bk.File().ReadAt(data, l.Align()); err != nil {
+			t.Fatal(err)
+		}
 		vs := make([]float32, len(data)/4)
 		for i := range vs {
 			vs[i] = math.Float32frombits(binary.LittleEndian.Uint32(data[4*i:]))

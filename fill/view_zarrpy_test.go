@@ -1,4 +1,4 @@
-package layout
+package fill
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
 )
 
@@ -51,15 +52,16 @@ func TestViewsAgainstZarrPython(t *testing.T) {
 	for _, store := range stores {
 		t.Run(store, func(t *testing.T) {
 			h := openStore(t, filepath.Join(dir, store+".zarr"), zarr.Options{})
-			specs, err := LoadViews(filepath.Join(dir, store+".yaml"))
+			specs, err := layout.LoadViews(filepath.Join(dir, store+".yaml"))
 			if err != nil {
 				t.Fatal(err)
 			}
-			views, err := BindViews(context.Background(), h, specs, BindOptions{})
+			views, err := layout.BindViews(context.Background(), h, specs, layout.BindOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
-			l, err := Build(h, Options{Views: views})
+			l, err := layout.Build(h, layout.Options{Views: views})
+			f := newFiller(t, Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -69,7 +71,7 @@ func TestViewsAgainstZarrPython(t *testing.T) {
 				if !ok {
 					t.Fatalf("%s.json missing", v.Name)
 				}
-				var side ViewSidecar
+				var side layout.ViewSidecar
 				if err := json.Unmarshal(e.Data, &side); err != nil {
 					t.Fatal(err)
 				}
@@ -97,8 +99,8 @@ func TestViewsAgainstZarrPython(t *testing.T) {
 				}
 				for k := 0; k < d.Len(); k++ {
 					b := d.Entry(k).Blob
-					data, _ := os.ReadFile(fillFile(t, b))
-					ph, err := ParseNPYHeader(data)
+					data, _ := os.ReadFile(fillFile(t, f, l, b))
+					ph, err := layout.ParseNPYHeader(data)
 					if err != nil || ph.Descr != want.Descr || !reflect.DeepEqual(ph.Shape, want.SampleShape) || ph.DataOffset != 4096 || ph.FortranOrder {
 						t.Errorf("%s: header %+v %v", b.Path(), ph, err)
 					}
@@ -113,7 +115,7 @@ func TestViewsAgainstZarrPython(t *testing.T) {
 				}
 			}
 			// numpy itself loads a view file.
-			p := fillFile(t, mustDir(t, l, views[0].Name).Entry(0).Blob)
+			p := fillFile(t, f, l, mustDir(t, l, views[0].Name).Entry(0).Blob)
 			out, err := exec.Command("python3", "-c", "import sys, numpy as np; a = np.load(sys.argv[1]); print(a.dtype.str, list(a.shape))", p).CombinedOutput()
 			if err != nil || !strings.Contains(string(out), manifest[store][views[0].Name].Descr) {
 				t.Errorf("numpy.load: %v %s", err, out)

@@ -1,0 +1,115 @@
+package fill
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/zarrfs/zarrfs/codec"
+	"github.com/zarrfs/zarrfs/layout"
+	"github.com/zarrfs/zarrfs/zarr"
+)
+
+// FillInto fills the data of blobs[i] of lay (its bytes after the header,
+// Size - Align of them) into outs[i], under no pin, into memory the caller
+// holds: a ring slot that a
+// reader's process shares, say, where going through a file would cost a
+// write and a read. It is FillBatch without the writers: runs of
+// consecutive samples of one view are read together, straight into outs
+// (chunks that land whole decode in place there), and other blobs are
+// filled one by one as Fill fills them. It acquires from the memory budget
+// what FillBatch would, so delivery and the mount's fills share one bound.
+// Nothing is read back from outs (a static channel is read for each sample
+// or copied from what another fill kept), so the Read's decoder may put a
+// chunk that lands whole in outs somewhere else instead (a GPU decoding
+// into a ring slot: deliver.GPUFill); dec, when set, is that decoder (the
+// reader decodes with it where it can, zarr.Redecoder). It stops at the
+// first error; outs then hold garbage.
+func (f *Filler) FillInto(ctx context.Context, lay *layout.Layout, blobs []layout.Blob, outs [][]byte, maxBytes int64, dec codec.BatchDecoder) error {
+	if len(blobs) != len(outs) {
+		return fmt.Errorf("fill: FillInto with %d blobs and %d buffers", len(blobs), len(outs))
+	}
+	if maxBytes < 0 {
+		return fmt.Errorf("fill: FillInto of at most %d bytes: want 0 (DefaultBatchBytes) or more", maxBytes)
+	}
+	if maxBytes == 0 {
+		maxBytes = DefaultBatchBytes
+	}
+	for i, b := range blobs {
+		if want := b.Size() - int64(len(b.Header())); int64(len(outs[i])) != want {
+			return fmt.Errorf("%s: FillInto with a buffer of %d bytes, want %d", b.Path(), len(outs[i]), want)
+		}
+	}
+	r := f.run(lay, nil)
+	if rd, ok := r.r.(zarr.Redecoder); ok && dec != nil {
+		r.r = rd.Decoding(dec)
+	}
+	for i := 0; i < len(blobs); {
+		vb, ok := blobs[i].(*layout.ViewBlob)
+		data := int64(0)
+		if ok {
+			data = vb.Size() - int64(len(vb.Header()))
+		}
+		if !ok || !f.o.MemoryBudget.Fits(fillCost(vb.View(), data, []int64{vb.Index()})) {
+			// Not a view, or a sample too large to read in one go (it is
+			// then filled channel by channel, as Fill does).
+			if err := r.fill(ctx, blobs[i], dataWriter{outs[i], int64(len(blobs[i].Header()))}); err != nil {
+				return err
+			}
+			i++
+			continue
+		}
+		ks := []int64{vb.Index()}
+		j := i + 1
+		for j < len(blobs) && int64(j-i+1)*data <= maxBytes {
+			nb, ok := blobs[j].(*layout.ViewBlob)
+			if !ok || nb.View() != vb.View() || len(nb.Header()) != len(vb.Header()) {
+				break
+			}
+			if !f.o.MemoryBudget.Fits(2 * fillCost(vb.View(), data, append(ks, nb.Index()))) {
+				break
+			}
+			ks = append(ks, nb.Index())
+			j++
+		}
+		release, err := f.acquire(ctx, fillCost(vb.View(), data, ks), "samples of view "+vb.View().Name)
+		if err != nil {
+			return fmt.Errorf("%s: %w", vb.Path(), err)
+		}
+		err = r.fillSamplesAs(ctx, vb.View(), ks, outs[i:j], true)
+		release()
+		if err != nil {
+			if j-i == 1 {
+				return fmt.Errorf("%s: %w", vb.Path(), err)
+			}
+			return fmt.Errorf("%s..%s: %w", vb.Path(), blobs[j-1].Path(), err)
+		}
+		i = j
+	}
+	return nil
+}
+
+// dataWriter takes a blob's Fill into the caller's buffer of its data: the
+// header (written at offsets below skip) is dropped, the data written at
+// its offset less skip.
+type dataWriter struct {
+	buf  []byte
+	skip int64
+}
+
+var _ io.WriterAt = dataWriter{}
+
+func (w dataWriter) WriteAt(p []byte, off int64) (int, error) {
+	if off < w.skip {
+		if off+int64(len(p)) > w.skip {
+			return 0, fmt.Errorf("fill: a write of %d bytes at %d straddles the data offset %d", len(p), off, w.skip)
+		}
+		return len(p), nil
+	}
+	off -= w.skip
+	if off+int64(len(p)) > int64(len(w.buf)) {
+		return 0, fmt.Errorf("fill: a write of %d bytes at data offset %d passes the end (%d)", len(p), off, len(w.buf))
+	}
+	copy(w.buf[off:], p)
+	return len(p), nil
+}

@@ -1,0 +1,33 @@
+package zarr
+
+import (
+	"context"
+
+	"github.com/zarrfs/zarrfs/codec"
+)
+
+// Redecoder is an optional upgrade of a Reader that decodes chunks:
+// Decoding returns a Reader that decodes them with d instead.
+type Redecoder interface {
+	Decoding(d codec.BatchDecoder) Reader
+}
+
+var _ Redecoder = (*Hierarchy)(nil)
+
+// Decoding returns a Reader that reads h as Read does but decodes the
+// chunks with d instead of the Hierarchy's decoder: a fill that decodes
+// into memory of its own kind (a ring slot on a GPU) brings the decoder
+// that writes it, or one that counts what it decoded. Everything else
+// about its Reads (their sources, checks and assembly) is the same.
+func (h *Hierarchy) Decoding(d codec.BatchDecoder) Reader {
+	return decoding{h, d}
+}
+
+type decoding struct {
+	h   *Hierarchy
+	dec codec.BatchDecoder
+}
+
+func (r decoding) Read(ctx context.Context, pin *Pin, reqs []Request) error {
+	return r.h.read(ctx, r.dec, pin, reqs)
+}
