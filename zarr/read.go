@@ -154,6 +154,10 @@ type readState struct {
 	sem    chan struct{}
 	mu     sync.Mutex
 	leaves []*leaf
+	// puts are fetched bytes that are no leaf's own (an inner shard read
+	// as a range of its shard), kept in the source cache with the
+	// leaves' once every chunk decoded.
+	puts []sourcePut
 }
 
 func (st *readState) add(l *leaf) {
@@ -203,11 +207,21 @@ func (h *Hierarchy) read(ctx context.Context, dec codec.BatchDecoder, mem codec.
 	}
 	// One listing per array for the whole call, so every chunk of it is
 	// checked against the same listing: the one the pin names, else the
-	// current one.
+	// current one. With a source cache, an array not listed yet is listed
+	// now (lazily listed stores: no request): the cache keeps bytes under
+	// their versions, which only a listing names, so a read before any
+	// fill listed the array (a batch of the device path) would miss it.
 	listings := map[*Array]*Listing{}
 	for _, o := range order {
 		if _, ok := listings[o.a]; !ok {
-			listings[o.a] = pin.Listing(o.a)
+			lst := pin.Listing(o.a)
+			if lst == nil && h.opts.SourceCache != nil && o.a.Versioned() {
+				var err error
+				if lst, err = h.List(ctx, o.a, time.Time{}); err != nil {
+					return err
+				}
+			}
+			listings[o.a] = lst
 		}
 	}
 	// Resolve outer chunks into leaves, fetching bytes concurrently.
@@ -223,12 +237,13 @@ func (h *Hierarchy) read(ctx context.Context, dec codec.BatchDecoder, mem codec.
 			src.listing = lst
 			v, ok, known := lst.Known(key)
 			var err error
-			if !known && (lst.Bounded() || pin.pins(o.a, o.coords)) {
+			if !known && (lst.Bounded() || pin.pins(o.a, o.coords) || (h.opts.VersionsFirst && h.opts.SourceCache != nil)) {
 				// A Bounded listing is asked once: the cache keys and
 				// the check of the fetch agree with the answer, and it
 				// with the pin, however it answers when asked again.
 				// Any listing is asked a chunk the pin names (its
-				// identity asked it already: no request).
+				// identity asked it already: no request), and any
+				// chunk under VersionsFirst.
 				v, ok, err = lst.Version(key)
 				known = true
 			}
@@ -282,6 +297,9 @@ func (st *readState) keepSource() {
 				sc.Put(p.key, p.b)
 			}
 		}
+	}
+	for _, p := range st.puts {
+		sc.Put(p.key, p.b)
 	}
 }
 
@@ -564,6 +582,11 @@ func (st *readState) fetchInner(ctx context.Context, a *Array, s *shardSpec, src
 	if err == nil {
 		if s.codecs.shard != nil {
 			err = st.resolve(ctx, a, s.codecs, s.inner, lo, memSource{b, src.version()}, ikey, inner)
+			if err == nil && fresh != "" {
+				st.mu.Lock()
+				st.puts = append(st.puts, sourcePut{fresh, b})
+				st.mu.Unlock()
+			}
 		} else {
 			l := &leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: lo, key: ikey, needs: inner, enc: nonNil(b), srcKey: fresh, cacheKey: ck}
 			st.attachStream(l, plan)
