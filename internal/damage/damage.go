@@ -1,4 +1,11 @@
-package gpu
+// Package damage applies the damage that chunks come to on disk and in
+// transit to good chunks: the host-check differential tests of package gpu
+// (no GPU), its damaged-chunk test on a GPU, and the device path's damage
+// suite (integration/gpu/damage, which damages a store's chunk files for
+// integration/gpu/deliver_check.py) draw from the same kinds. Kinds that
+// need a frame's structure (blocks, streams, header fields) read it from
+// the good chunk; each kind returns nil where it does not apply.
+package damage
 
 import (
 	"bytes"
@@ -9,14 +16,8 @@ import (
 	"github.com/zarrfs/zarrfs/codec"
 )
 
-// The damage that chunks come to on disk and in transit, applied to good
-// chunks by the host-check differential tests (no GPU) and by the GPU's
-// damaged-chunk test alike. Kinds that need a frame's structure (blocks,
-// streams, header fields) read it from the good chunk; each kind returns
-// nil where it does not apply.
-
-// damageKinds names every kind, in the order the tests report them.
-var damageKinds = []string{
+// Kinds names every kind, in the order the tests report them.
+var Kinds = []string{
 	"flip-header",  // one bit of the LZ4 size header or the blosc header (16 bytes and block table)
 	"flip-body",    // one bit anywhere after the header
 	"flips",        // a bit in every 200 bytes or so, at random
@@ -31,9 +32,9 @@ var damageKinds = []string{
 	"extend",       // bytes appended
 }
 
-// damage returns kind applied to the good chunk src of codec c, drawing
-// from r, or nil when the kind does not apply.
-func damage(kind string, c codec.Name, src []byte, r *rand.Rand) []byte {
+// Apply returns kind applied to the good chunk src of codec c, drawing
+// from r, or nil when the kind does not apply. src is not modified.
+func Apply(kind string, c codec.Name, src []byte, r *rand.Rand) []byte {
 	hdr := headerLen(c, src)
 	out := bytes.Clone(src)
 	flip := func(lo, hi int) []byte {
