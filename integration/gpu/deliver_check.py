@@ -2,7 +2,8 @@
 """Device delivery on a GPU machine: zarrfs.torch.Loader(decode="device")
 against decode="host" over the same samples of the ERA5-like view.
 
-Usage: deliver_check.py ZARRFS STORE VIEW SCRATCH [--parts equal,reader,daemon,rate] [--trust-unchecked] [--gpu-kernels FILE]
+Usage: deliver_check.py ZARRFS STORE VIEW SCRATCH [--parts equal,reader,daemon,rate,damage] [--trust-unchecked]
+       [--gpu-kernels FILE] [--chunkdamage FILE] [--damage-seeds 2]
 
   equal   every batch of decode="device" equals decode="host" byte for byte
           (same shuffled order, compared on the GPU), and a few samples equal
@@ -15,12 +16,26 @@ Usage: deliver_check.py ZARRFS STORE VIEW SCRATCH [--parts equal,reader,daemon,r
   rate    first epoch, cold mount (its own cache), batch 4: samples/s of
           decode="device" and decode="host", daemon on cores 0-3 (taskset)
           and the Loader on 8-15, then on every core
+  damage  a store of its own (STORE and VIEW unused: "-" will do) with
+          blosc-lz4, zstd with a checksum and zstd without, a chunk a
+          sample, whose chunks chunkdamage damages with every kind of the
+          decoders' damage suite (internal/damage): each sample through
+          decode="device" against the file of a mount decoding on the CPU.
+          A sample the CPU rejects raises an OSError naming its file and
+          chunk; every other sample equals the CPU's bytes, except that
+          under --gpu-trust-unchecked (a second mount, the zstd array
+          without checksums) damaged chunks may decode to other bytes or
+          none of an error: counted, as the opt-in allows. An epoch hands
+          out the batches before the first damaged one, then raises.
 
 --trust-unchecked mounts with --gpu-trust-unchecked (the mixed store: its
 zstd frames have no checksum, and decode on the GPU only with it).
 
 --gpu-kernels FILE mounts with the kernels of FILE (kernels.cu compiled by
 deliver.sh) instead of the binary's.
+
+--chunkdamage FILE is the chunkdamage binary (CGO_ENABLED=0 go build
+./integration/gpu/chunkdamage), by default beside ZARRFS.
 
 Prints one line per check ("PASS ..." or "FAIL ...") and RATE, CPU, BYTES,
 STAGES and MEASURE lines for the rates; exits 1 when a check failed.
@@ -291,6 +306,231 @@ def part_rate(a):
         print("MEASURE " + line, flush=True)
 
 
+
+# The damage part's store: one array a codec the device path takes, a
+# chunk a sample (so a damaged chunk is one sample's): blosc-lz4 with byte
+# shuffle in blocks of 8 KiB (several blocks and streams to cut, swap and
+# misstate), which the host walks as the CPU decoder reads it; zstd with a
+# content checksum, which the device hashes and the host compares; zstd
+# without one, which decodes on the host unless --gpu-trust-unchecked.
+DAMAGE_ARRAYS = {
+    "blosc": ({"name": "blosc", "configuration": {"cname": "lz4", "clevel": 5, "shuffle": "shuffle", "typesize": 4,
+                                                  "blocksize": 8192}}, "blosc"),
+    "zstd": ({"name": "zstd", "configuration": {"level": 3, "checksum": True}}, "zstd"),
+    "zstdnc": ({"name": "zstd", "configuration": {"level": 3, "checksum": False}}, "zstd"),
+}
+DAMAGE_SAMPLE = (64, 128)  # float32: 32 KiB a sample
+
+
+def damage_store(path, tool, seeds):
+    """Writes the damage part's store at path and damages its chunks with
+    chunkdamage: in each array every kind with every seed, one sample each,
+    the first 8 samples and one before every two damaged ones undamaged. Returns the
+    good values (sample i of every array holds good[i]) and, per array,
+    each sample's damage ("KIND seed S", or None: undamaged or the kind
+    does not apply to the chunk)."""
+    import numcodecs
+    from make_store import meta, write_json
+    kinds = subprocess.run([tool, "-kinds"], capture_output=True, text=True, check=True).stdout.split()
+    # Two batches of 4 undamaged first: an epoch must hand them out before
+    # the error of a later batch, which fails faster than they fill.
+    plan = [None] * 8
+    for kind in kinds:
+        for seed in range(seeds):
+            if len(plan) % 3 == 0:
+                plan.append(None)
+            plan.append((kind, seed))
+    plan.append(None)
+    n = len(plan)
+    yy, xx = np.mgrid[0:DAMAGE_SAMPLE[0], 0:DAMAGE_SAMPLE[1]].astype(np.float32)
+    good = []
+    for i in range(n):
+        f = 250 + 30 * np.sin(yy / 9 + i) * np.cos(xx / 13 - i) + np.random.default_rng(i).normal(0, 0.5, DAMAGE_SAMPLE)
+        good.append((np.round(f * 64) / 64).astype(np.float32))
+    subprocess.run(["rm", "-rf", path])
+    write_json(os.path.join(path, "zarr.json"), {"zarr_format": 3, "node_type": "group", "attributes": {}})
+    lines, which = [], {}
+    for name, (cfg, cname) in DAMAGE_ARRAYS.items():
+        write_json(os.path.join(path, name, "zarr.json"), meta([n, *DAMAGE_SAMPLE], [1, *DAMAGE_SAMPLE], ["time", "y", "x"], cfg, {}))
+        c = cfg["configuration"]
+        enc = (numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE, blocksize=c["blocksize"])
+               if cname == "blosc" else numcodecs.Zstd(level=3, checksum=c["checksum"]))
+        for i in range(n):
+            chunk = os.path.join(path, name, "c", str(i), "0", "0")
+            os.makedirs(os.path.dirname(chunk), exist_ok=True)
+            with open(chunk, "wb") as f:
+                f.write(enc.encode(good[i]))
+            if plan[i] is not None:
+                lines.append(f"{plan[i][0]} {cname} {plan[i][1]} {chunk}")
+                which[chunk] = (name, i)
+    out = subprocess.run([tool], input="\n".join(lines) + "\n", capture_output=True, text=True, check=True).stdout
+    damaged = {name: [None] * n for name in DAMAGE_ARRAYS}
+    for line in out.splitlines():
+        verdict, chunk = line.split(" ", 1)
+        name, i = which[chunk]
+        if verdict == "applied":
+            damaged[name][i] = f"{plan[i][0]} seed {plan[i][1]}"
+    return good, damaged
+
+
+def one_sample(d, i, n, decode):
+    """Sample i of directory d through a Loader of its own (rank i of n
+    reads that sample alone): its bytes, or the error it raised."""
+    try:
+        l = Loader(d, 1, device=DEVICE, rank=i, world=n, decode=decode, prefetch=1, open_ahead=0, timeout=120)
+    except RuntimeError as e:
+        return None, e
+    try:
+        x, _ = next(iter(l))
+        return x.cpu().numpy().tobytes(), None
+    except (OSError, DeliveryError) as e:
+        return None, e
+    finally:
+        l.close()
+
+
+def file_bytes(path):
+    """numpy.load of a mount's file: its data, or the error it raised."""
+    try:
+        return np.load(path).tobytes(), None
+    except OSError as e:
+        return None, e
+
+
+def damage_mount(a, store, name, trust):
+    flags = dict(cache=os.path.join(a.scratch, "cache-" + name), gpu_trust_unchecked=trust or None)
+    if "gpu_kernels" in EXTRA:
+        flags["gpu_kernels"] = EXTRA["gpu_kernels"]
+    if DEVICE == "cpu":
+        flags["delivery"] = "host"
+    subprocess.run(["rm", "-rf", flags["cache"]])
+    m = zarrfs.Mount(store, os.path.join(a.scratch, "mnt-" + name), **flags)
+    m.start()
+    return m
+
+
+def damage_array(a, m, name, good, damaged, ref, trusted):
+    """Every sample of array name through decode='device', one Loader each,
+    against the reference mount's file (ref: bytes or error per sample).
+    Returns the tallies, and the lines of the samples that broke the rule."""
+    d = os.path.join(m.path, name)
+    n = len(good)
+    files = zarrfs.SampleDir(d).names
+    t = dict(good=0, good_device=0, rejected=0, same=0, unchecked_accepted=0, unchecked_differ=0)
+    bad = []
+    for i in range(n):
+        before = status(a.zarrfs, m)["delivery"]["device_samples"]
+        got, err = one_sample(d, i, n, "device")
+        want, werr = ref[i]
+        what = f"{name}/{files[i]} ({damaged[i] or 'undamaged'})"
+        chunk = f"{name}/c/{i}/0/0"
+        if damaged[i] is None:
+            t["good"] += 1
+            t["good_device"] += status(a.zarrfs, m)["delivery"]["device_samples"] - before
+            if err is not None or got != good[i].tobytes() or want != got:
+                bad.append(f"{what}: undamaged, {'raised ' + repr(err) if err else 'other bytes'} (reference: {werr or 'equal' if want == good[i].tobytes() else 'differs'})")
+        elif werr is not None:  # the CPU rejects the chunk
+            if err is not None:
+                msg = str(err)
+                if isinstance(err, OSError) and os.path.join(d, files[i]) in msg and chunk in msg:
+                    t["rejected"] += 1
+                else:
+                    bad.append(f"{what}: the error names not the file and chunk {chunk}: {type(err).__name__}: {msg}")
+            elif trusted:
+                t["unchecked_accepted"] += 1
+            else:
+                bad.append(f"{what}: bytes where the CPU rejects the chunk ({werr})")
+        elif err is None and got == want:  # no check covers this damage: the CPU decodes it too
+            t["same"] += 1
+        elif err is None and trusted:
+            t["unchecked_differ"] += 1
+        else:
+            bad.append(f"{what}: the CPU decodes it, the device path {'raised ' + repr(err) if err else 'gave other bytes'}")
+    return t, bad
+
+
+def damage_epoch(a, m, name, ref):
+    """A whole epoch of batches of 4: the batches before the first with a
+    sample the CPU rejects equal the reference, that batch raises naming a
+    file of it, and the next epoch does the same (the ring survives)."""
+    d = os.path.join(m.path, name)
+    first = min(i for i, (_, e) in enumerate(ref) if e is not None)
+    want_batches = first // 4
+    l = Loader(d, 4, device=DEVICE, decode="device", timeout=120)
+    files = zarrfs.SampleDir(d).names
+    ok = True
+    for epoch in range(2):
+        seen = 0
+        try:
+            for x, c in l:
+                b = x.cpu().numpy()
+                idx = c["index"].tolist()
+                ok &= all(b[j].tobytes() == ref[k][0] for j, k in enumerate(idx))
+                seen += 1
+            ok = False
+        except OSError as e:
+            named = any(os.path.join(d, files[k]) + ":" in str(e) for k in range(want_batches * 4, want_batches * 4 + 4))
+            if seen != want_batches or not named:
+                print(f"  epoch {epoch}: {seen} batches, then {e}", flush=True)
+                ok = False
+    l.close()
+    check(ok, f"damage: {name}: an epoch of batches of 4 equals the reference up to batch {want_batches}, which raises naming its file, twice")
+
+
+def part_damage(a):
+    """The device path against the damage of the decoders' damage suite
+    (internal/damage, through chunkdamage): every damaged sample the CPU
+    rejects raises naming its file and chunk; no other sample differs from
+    the reference mount's (the CPU's) file; with --gpu-trust-unchecked, zstd
+    without a checksum may decode damaged chunks to other bytes (reported)."""
+    t0 = time.time()
+    tool = a.chunkdamage or os.path.join(os.path.dirname(a.zarrfs), "chunkdamage")
+    if not os.access(tool, os.X_OK):
+        check(False, f"damage: no chunkdamage at {tool} (CGO_ENABLED=0 go build -o {tool} ./integration/gpu/chunkdamage)")
+        return
+    store = os.path.join(a.scratch, "damage.zarr")
+    good, damaged = damage_store(store, tool, a.damage_seeds)
+    n = len(good)
+    print(f"  damage store: {len(DAMAGE_ARRAYS)} arrays of {n} samples, "
+          + ", ".join(f"{k} {sum(x is not None for x in v)} damaged" for k, v in damaged.items()), flush=True)
+    rm = zarrfs.Mount(store, os.path.join(a.scratch, "mnt-damage-ref"), cache=os.path.join(a.scratch, "cache-damage-ref"),
+                      decode="cpu", delivery="off")
+    subprocess.run(["rm", "-rf", os.path.join(a.scratch, "cache-damage-ref")])
+    rm.start()
+    try:
+        ref = {k: [file_bytes(os.path.join(rm.path, k, f)) for f in zarrfs.SampleDir(os.path.join(rm.path, k)).names]
+               for k in DAMAGE_ARRAYS}
+    finally:
+        rm.stop()
+    for trust, names in ((False, list(DAMAGE_ARRAYS)), (True, ["zstdnc"])):
+        label = "with --gpu-trust-unchecked" if trust else "default"
+        m = damage_mount(a, store, "damage-trust" if trust else "damage", trust)
+        try:
+            for name in names:
+                t, bad = damage_array(a, m, name, good, damaged[name], ref[name], trusted=trust and name == "zstdnc")
+                for line in bad[:10]:
+                    print("  " + line, flush=True)
+                print(f"  {name} ({label}): {t['good']} undamaged ({t['good_device']} filled by the device path), "
+                      f"{t['rejected']} damaged rejected naming file and chunk, {t['same']} damaged decoded alike by the CPU "
+                      f"(no check covers that damage), {t['unchecked_accepted']} rejected by the CPU but accepted unchecked, "
+                      f"{t['unchecked_differ']} decoded to other bytes than the CPU's unchecked", flush=True)
+                check(not bad, f"damage: {name} ({label}): no sample broke the rule ({len(bad)} did)")
+                if DEVICE == "cuda" and name != "zstdnc" or trust:
+                    check(t["good_device"] > 0, f"damage: {name} ({label}): the device path filled undamaged samples "
+                                                f"({t['good_device']} of {t['good']})")
+            if not trust:
+                damage_epoch(a, m, "blosc", ref["blosc"])
+            deadline = time.time() + 15  # the daemon frees a ring once its fills returned
+            while status(a.zarrfs, m)["delivery"]["rings_open"] and time.time() < deadline:
+                time.sleep(0.1)
+            st = status(a.zarrfs, m)["delivery"]
+            check(m._proc.poll() is None and st["rings_open"] == 0, f"damage ({label}): the daemon lives, no ring left open "
+                                                                   f"({st['errors']} fills failed)")
+        finally:
+            m.stop()
+    print(f"  damage: {time.time() - t0:.1f} s", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("zarrfs")
@@ -301,6 +541,8 @@ def main():
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--trust-unchecked", action="store_true", help="mount with --gpu-trust-unchecked")
     ap.add_argument("--gpu-kernels", help="mount with --gpu-kernels FILE: kernels compiled from kernels.cu")
+    ap.add_argument("--chunkdamage", help="the chunkdamage binary (default: beside ZARRFS)")
+    ap.add_argument("--damage-seeds", type=int, default=2, help="damaged samples per kind of damage and array")
     a = ap.parse_args()
     global DEVICE
     DEVICE = a.device
@@ -309,6 +551,7 @@ def main():
     if a.gpu_kernels:
         EXTRA["gpu_kernels"] = os.path.abspath(a.gpu_kernels)
     a.zarrfs = os.path.abspath(a.zarrfs)
+    os.environ["ZARRFS_BIN"] = a.zarrfs  # every zarrfs.Mount of the run
     os.makedirs(a.scratch, exist_ok=True)
     parts = a.parts.split(",")
     if DEVICE == "cuda":
@@ -329,6 +572,8 @@ def main():
         part_daemon(a)
     if "rate" in parts:
         part_rate(a)
+    if "damage" in parts:
+        part_damage(a)
     print(f"{len(failed)} checks failed" if failed else "all checks passed", flush=True)
     sys.exit(1 if failed else 0)
 
