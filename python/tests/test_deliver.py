@@ -5,6 +5,7 @@ the death of either side run here without a GPU (make test-gpu runs the
 same Loader against device memory)."""
 
 import contextlib
+import gc
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -160,11 +162,22 @@ def test_dead_reader_frees_its_ring(mount, index_store):
 
 
 def test_dead_daemon_raises(zarrfs_bin, fuse, big_store, tmp_path):
-    mnt, cache = str(tmp_path / "mnt"), str(tmp_path / "cache")
+    mnt = str(tmp_path / "mnt")
+    try:
+        _dead_daemon_raises(big_store, mnt, str(tmp_path / "cache"))
+    finally:
+        if zarrfs._mount.mount_source(mnt) is not None:  # a failure left the killed daemon's mount
+            for cmd in (["fusermount3", "-uz", mnt], ["umount", "-l", mnt]):
+                if shutil.which(cmd[0]) and subprocess.run(cmd, capture_output=True).returncode == 0:
+                    break
+
+
+def _dead_daemon_raises(big_store, mnt, cache):
     m = zarrfs.Mount(big_store, mnt, cache=cache, delivery="host")
     m.start()
     try:
         l = Loader(os.path.join(m.path, "x"), 64, device="cpu", decode="device", timeout=20)
+        ring = weakref.ref(l._dring)
         it = iter(l)
         next(it)
         os.kill(m._proc.pid, signal.SIGKILL)
@@ -173,6 +186,13 @@ def test_dead_daemon_raises(zarrfs_bin, fuse, big_store, tmp_path):
             for _ in it:
                 pass
         assert time.time() - t0 < 15
+        # The loader, kept, lets go of the dead daemon's ring: its mapping
+        # (device memory on a GPU) goes with the last batch over it.
+        del it
+        gc.collect()
+        assert ring() is None
+        with pytest.raises(DeliveryError, match="daemon.*make a new Loader"):
+            iter(l)
     finally:
         try:
             m.stop()

@@ -102,6 +102,8 @@ class RingEpoch:
             self.close()
             if isinstance(err, StopIteration):
                 raise StopIteration
+            if isinstance(err, DeliveryError):
+                self.l._lose_ring(err)
             raise err
         j, slot = item
         ring = self.ring
