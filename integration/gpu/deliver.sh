@@ -25,7 +25,8 @@
 # Usage: integration/gpu/deliver.sh ZARRFS
 # Environment: STEPS (samples, default 96), SCRATCH (default
 # /dev/shm/zarrfs-deliver), CODECS (default "blosc mixed"), PARTS (the
-# checker's parts, default all: equal,reader,daemon,rate,damage), PYTHON (default python3), STORE_DIR (stores
+# checker's parts, default all: equal,reader,daemon,rate,dali,damage),
+# PYTHON (default python3), STORE_DIR (stores
 # already written by make_store.py: STORE_DIR/CODEC/era5.zarr and
 # train.yaml), PTX_DIR (default $OUT, else SCRATCH), GPU_TEST, KERNELS
 # (0: mount with the binary's own kernels), DEVICE (cpu: every check against
@@ -66,7 +67,7 @@ if "$py" "$here/ptx.py" "$root/gpu/kernels/kernels.cu" "$ptxdir/kernels.ptx"; th
 	fi
 fi
 
-parts=${PARTS:-equal,reader,daemon,rate,damage}
+parts=${PARTS:-equal,reader,daemon,rate,dali,damage}
 # The parts that read the ERA5-like stores, run once per store.
 store_parts=$(tr , '\n' <<<"$parts" | grep -vx damage | paste -sd, -)
 for codecs in ${CODECS:-blosc mixed}; do

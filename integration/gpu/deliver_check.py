@@ -2,7 +2,7 @@
 """Device delivery on a GPU machine: zarrfs.torch.Loader(decode="device")
 against decode="host" over the same samples of the ERA5-like view.
 
-Usage: deliver_check.py ZARRFS STORE VIEW SCRATCH [--parts equal,reader,daemon,rate,damage] [--trust-unchecked]
+Usage: deliver_check.py ZARRFS STORE VIEW SCRATCH [--parts equal,reader,daemon,rate,dali,damage] [--trust-unchecked]
        [--gpu-kernels FILE] [--chunkdamage FILE] [--damage-seeds 2]
 
   equal   every batch of decode="device" equals decode="host" byte for byte
@@ -16,6 +16,10 @@ Usage: deliver_check.py ZARRFS STORE VIEW SCRATCH [--parts equal,reader,daemon,r
   rate    first epoch, cold mount (its own cache), batch 4: samples/s of
           decode="device" and decode="host", daemon on cores 0-3 (taskset)
           and the Loader on 8-15, then on every core
+  dali    zarrfs.dali.ring_reader in a GPU pipeline: two shuffled epochs
+          equal numpy.load of the Loader's files, and the first epoch's
+          rate of a cold mount against Loader(decode="device"); skipped
+          (a SKIP line) where DALI is not installed
   damage  a store of its own (STORE and VIEW unused: "-" will do) with
           blosc-lz4, zstd with a checksum and zstd without, a chunk a
           sample, whose chunks chunkdamage damages with every kind of the
@@ -37,11 +41,12 @@ deliver.sh) instead of the binary's.
 --chunkdamage FILE is the chunkdamage binary (CGO_ENABLED=0 go build
 ./integration/gpu/chunkdamage), by default beside ZARRFS.
 
-Prints one line per check ("PASS ..." or "FAIL ...") and RATE, CPU, BYTES,
+Prints one line per check ("PASS ...", "FAIL ..." or "SKIP ...") and RATE, CPU, BYTES,
 STAGES and MEASURE lines for the rates; exits 1 when a check failed.
 """
 
 import argparse
+import gc
 import json
 import os
 import signal
@@ -158,15 +163,99 @@ time.sleep(300)
 """
 
 
+def part_dali(a, m, n):
+    """zarrfs.dali.ring_reader in a DALI pipeline on the GPU: two shuffled
+    epochs, every batch equal to numpy.load of the files the Loader reads
+    for the same seed and epoch; then the first epoch's rate of a cold
+    mount against Loader(decode='device'). Skipped, and said so, where
+    DALI is not installed."""
+    try:
+        from nvidia.dali import pipeline_def
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator
+        import zarrfs.dali
+    except ImportError as e:
+        print(f"SKIP dali: DALI is not installed here ({e}): zarrfs.dali.ring_reader is not checked on this GPU", flush=True)
+        return
+    d = os.path.join(m.path, "train")
+    gpu = DEVICE == "cuda"
+
+    def iterator(path):
+        @pipeline_def(batch_size=4, num_threads=2, device_id=torch.cuda.current_device() if gpu else None)
+        def pipe():
+            return zarrfs.dali.ring_reader(path, device="gpu" if gpu else "cpu", shuffle=True, seed=7)
+        return DALIGenericIterator([pipe()], ["x"])
+
+    it = iterator(d)
+    ref = Loader(d, 4, device="cpu", decode="host", shuffle=True, seed=7)
+    same, seen = True, 0
+    for e in range(2):
+        ref.set_epoch(e)
+        want = [c["file"] for _, c in ref]
+        got = [b[0]["x"].cpu().numpy() for b in it]
+        it.reset()
+        seen += sum(len(b) for b in got)
+        same &= len(got) == len(want) and all(b.tobytes() == np.stack([np.load(f) for f in files]).tobytes()
+                                              for b, files in zip(got, want))
+    del it
+    check(same and seen == 2 * n, f"dali: ring_reader's {seen} samples over two shuffled epochs equal numpy.load of the Loader's files")
+    rates = {}
+    for name in ("dali", "loader"):
+        mm = start(a.zarrfs, a.store, a.view, a.scratch, "rate-" + name)
+        try:
+            path = os.path.join(mm.path, "train")
+            t0, got = time.perf_counter(), 0
+            if name == "dali":
+                for b in iterator(path):
+                    got += len(b[0]["x"])
+            else:
+                for x, _ in Loader(path, 4, device=DEVICE, decode="device"):
+                    got += len(x)
+            sync()
+            rates[name] = got / (time.perf_counter() - t0)
+        finally:
+            mm.stop()
+    print(f"RATE dali: first epoch, cold mount, batch 4: ring_reader {rates['dali']:.1f} samples/s, "
+          f"Loader(decode='device') {rates['loader']:.1f}: {rates['dali'] / rates['loader']:.2f}x", flush=True)
+
+
+def gpu_total():
+    """MiB of memory in use on this process's GPU (nvidia-smi: every
+    process's), or None without a GPU or nvidia-smi."""
+    if DEVICE != "cuda":
+        return None
+    from zarrfs._deliver import pci_bus_id
+    bus = pci_bus_id(torch.cuda.current_device())[-7:]  # "3b:00.0": nvidia-smi pads the domain otherwise
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=pci.bus_id,memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True)
+    except FileNotFoundError:
+        return None
+    for line in out.stdout.splitlines():
+        f = [x.strip() for x in line.split(",")]
+        if len(f) == 2 and f[0].lower().endswith(bus) and f[1].isdigit():
+            return int(f[1])
+    return None
+
+
+def slack(ring_mib):
+    """MiB a reading may exceed another's and count as the same level:
+    what nvidia-smi's rounding and a context's small allocations move, far
+    below a ring."""
+    return max(64, ring_mib // 10)
+
+
 def part_reader(a, m):
+    """A trainer killed with SIGKILL mid-epoch (fills in flight): the
+    daemon notices (its socket closes), frees the ring, and its GPU memory
+    returns to its level before the ring; a new Loader starts cleanly."""
     pid = m._proc.pid
-    before = gpu_mem(pid)
+    before, total_before = gpu_mem(pid), gpu_total()
     p = subprocess.Popen([sys.executable, "-c", _READER, os.path.join(m.path, "train"), DEVICE], stdout=subprocess.PIPE, text=True)
     line = p.stdout.readline().split()
     check(line[:1] == ["ready"], "reader: a reader took a batch from its ring")
     ring = int(line[1]) if len(line) > 1 else 0
     st = status(a.zarrfs, m)["delivery"]
-    with_ring = gpu_mem(pid)
+    with_ring, total_with = gpu_mem(pid), gpu_total()
     check(st["rings_open"] == 1 and st["ring_bytes"] == ring, f"reader: status shows its ring ({ring >> 20} MiB)")
     p.kill()
     p.wait()
@@ -175,11 +264,17 @@ def part_reader(a, m):
         time.sleep(0.1)
     time.sleep(1)
     st = status(a.zarrfs, m)["delivery"]
-    after = gpu_mem(pid)
+    after, total_after = gpu_mem(pid), gpu_total()
     check(st["rings_open"] == 0 and st["ring_bytes"] == 0, "reader: killed, its ring is freed (status)")
-    print(f"  daemon GPU memory (nvidia-smi, MiB): before {before}, with the ring {with_ring}, after the reader died {after}", flush=True)
+    print(f"  daemon GPU memory (nvidia-smi, MiB): before {before}, with the ring {with_ring}, after the reader died {after}; "
+          f"the GPU's: {total_before}, {total_with}, {total_after}", flush=True)
     if with_ring is not None and after is not None:
+        tol = slack(ring >> 20)
         check(with_ring - after >= (ring >> 20) * 0.9, "reader: the daemon's GPU memory drops by the ring (nvidia-smi)")
+        check(after <= (before or 0) + tol, f"reader: the daemon's GPU memory returns to its level before the ring "
+                                           f"({after} MiB against {before}, within {tol})")
+        check(total_after <= total_before + tol, f"reader: the GPU's memory in use returns to its level before the reader "
+                                                 f"({total_after} MiB against {total_before}, within {tol})")
     else:
         print("  nvidia-smi shows no per-process memory here: the status check stands alone", flush=True)
     n = sum(len(c["index"]) for _, c in Loader(os.path.join(m.path, "train"), 4, device=DEVICE, decode="device"))
@@ -187,10 +282,19 @@ def part_reader(a, m):
 
 
 def part_daemon(a):
+    """The daemon killed with SIGKILL mid-epoch: the Loader raises
+    DeliveryError at once, not a hang; the device memory of the ring is
+    not left behind once the Loader noticed (nvidia-smi, the whole GPU,
+    against its reading before the daemon started; the Loader is kept,
+    its epoch dropped); a daemon started again serves a new Loader, and
+    once it stops the GPU is back to that level."""
+    total0 = gpu_total()
     m = start(a.zarrfs, a.store, a.view, a.scratch, "daemon")
     l = Loader(os.path.join(m.path, "train"), 4, device=DEVICE, decode="device", timeout=60)
+    ring_mib = l._dring.ring_bytes >> 20
     it = iter(l)
     next(it)
+    total1, daemon1 = gpu_total(), gpu_mem(m._proc.pid)
     os.kill(m._proc.pid, signal.SIGKILL)
     t0 = time.time()
     err = None
@@ -208,7 +312,13 @@ def part_daemon(a):
     signal.alarm(0)
     took = time.time() - t0
     check(err is not None and took < 30, f"daemon: killed mid-epoch, the Loader raised in {took:.1f} s: {err}")
+    err = None  # its traceback holds the epoch
+    time.sleep(1)
+    total2 = gpu_total()
     del it
+    gc.collect()
+    time.sleep(1)
+    total3 = gpu_total()
     l.close()
     try:
         m.stop()
@@ -218,6 +328,20 @@ def part_daemon(a):
     n = sum(len(c["index"]) for _, c in Loader(os.path.join(m2.path, "train"), 4, device=DEVICE, decode="device"))
     check(n > 0, "daemon: a daemon started again serves a new Loader")
     m2.stop()
+    gc.collect()
+    time.sleep(1)
+    total4 = gpu_total()
+    print(f"  the GPU's memory in use (nvidia-smi, MiB): before the daemon {total0}, with its ring of {ring_mib} MiB {total1} "
+          f"(the daemon {daemon1}), killed and the Loader raised {total2}, its epoch dropped {total3}, "
+          f"after a second daemon served and stopped {total4}", flush=True)
+    if total0 is None or total3 is None or total4 is None:
+        print("  nvidia-smi reads no GPU here: the memory checks are skipped", flush=True)
+        return
+    tol = slack(ring_mib)
+    check(total3 <= total0 + tol, f"daemon: killed, no device memory is left behind once the Loader noticed "
+                                  f"({total3} MiB against {total0} before, within {tol})")
+    check(total4 <= total0 + tol, f"daemon: after a second daemon served and stopped, the GPU is back to its level "
+                                  f"({total4} MiB against {total0}, within {tol})")
 
 
 def sync():
@@ -538,7 +662,7 @@ def main():
     ap.add_argument("store")
     ap.add_argument("view")
     ap.add_argument("scratch")
-    ap.add_argument("--parts", default="equal,reader,daemon,rate")
+    ap.add_argument("--parts", default="equal,reader,daemon,rate,dali,damage")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--trust-unchecked", action="store_true", help="mount with --gpu-trust-unchecked")
     ap.add_argument("--gpu-kernels", help="mount with --gpu-kernels FILE: kernels compiled from kernels.cu")
@@ -559,7 +683,7 @@ def main():
         torch.cuda.init()
         print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, {os.cpu_count()} cores", flush=True)
     n = 0
-    if "equal" in parts or "reader" in parts:
+    if "equal" in parts or "reader" in parts or "dali" in parts:
         m = start(a.zarrfs, a.store, a.view, a.scratch, "check")
         try:
             n = len(zarrfs.SampleDir(os.path.join(m.path, "train")))
@@ -567,6 +691,8 @@ def main():
                 part_equal(a, m, n)
             if "reader" in parts:
                 part_reader(a, m)
+            if "dali" in parts:
+                part_dali(a, m, n)
         finally:
             m.stop()
     if "daemon" in parts:
