@@ -135,14 +135,16 @@ def test_reader_refuses_its_own_arguments(mount, index_store):
         pipe()
 
 
-def test_example_pipeline(mount, index_store):
-    m = mount(index_store)
+@pytest.mark.parametrize("ring", [False, True], ids=["files", "ring"])
+def test_example_pipeline(mount, index_store, ring):
+    m = mount(index_store, delivery="host" if ring else None)
     ex = os.path.join(REPO, "python", "examples", "dali_training.py")
     env = dict(os.environ, RANK="1", WORLD_SIZE="2")
     # -W error::UserWarning: the example must run without a warning of its
     # own (float() of a tensor that requires grad warned once per epoch).
     out = subprocess.run([sys.executable, "-W", "error::UserWarning:__main__", ex, os.path.join(m.path, "x"), "--cpu",
-                          "--epochs", "2", "--batch-size", "4"], capture_output=True, text=True, env=env, timeout=300)
+                          "--epochs", "2", "--batch-size", "4"] + (["--ring"] if ring else []),
+                         capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "Warning" not in out.stderr, out.stderr
     lines = [l for l in out.stdout.splitlines() if l.startswith("rank 1/2 epoch")]
