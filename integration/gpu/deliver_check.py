@@ -553,7 +553,7 @@ def damage_array(a, m, name, good, damaged, ref, trusted):
             t["good"] += 1
             t["good_device"] += status(a.zarrfs, m)["delivery"]["device_samples"] - before
             if err is not None or got != good[i].tobytes() or want != got:
-                bad.append(f"{what}: undamaged, {'raised ' + repr(err) if err else 'other bytes'} (reference: {werr or 'equal' if want == good[i].tobytes() else 'differs'})")
+                bad.append(f"{what}: undamaged, {'raised ' + repr(err) if err else 'other bytes'} (reference: {werr or ('equal' if want == good[i].tobytes() else 'differs')})")
         elif werr is not None:  # the CPU rejects the chunk
             if err is not None:
                 msg = str(err)
