@@ -106,7 +106,6 @@ def numpy_reader(mount_dir: Union[str, "os.PathLike[str]"], *, device: str = "cp
     return fn.readers.numpy(device=device, **args)
 
 
-
 # external_source arguments ring_reader sets itself: the source, how DALI
 # takes its batches (copied, on the source's stream) and its epochs.
 _RING_OWN = ("source", "batch", "no_copy", "parallel", "cuda_stream", "cycle", "device", "dtype", "ndim")
@@ -150,10 +149,9 @@ class RingSource:
         else:
             tdev = torch.device("cpu")
         self.device = device
-        # open_ahead=0: the daemon fills what the ring asks for, no file is opened.
         self.loader = Loader(sample_dir, batch_size, device=tdev, rank=rank, world=world, shard=shard,
                              shuffle=shuffle, seed=seed, drop_last=drop_last, even_batches=even_batches,
-                             prefetch=prefetch, open_ahead=0, decode="device", timeout=timeout)
+                             prefetch=prefetch, decode="device", timeout=timeout)
         self.stream = torch.cuda.Stream(device=tdev) if device == "gpu" else None  # type: ignore[no-untyped-call]
         self.epoch = 0  # the epoch the next iteration reads
         d = self.loader.dir
