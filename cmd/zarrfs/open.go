@@ -270,7 +270,7 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 		Views:  specs,
 		Layout: layout.Options{SampleDim: f.sampleDim, Align: f.align, Shard: oo.shard},
 	}
-	o.fill, err = fill.New(fill.Options{Cache: o.cache, MemoryBudget: memory.New(fillMemory(mem, cached)), Observe: oo.observe})
+	o.fill, err = fill.New(fill.Options{Cache: o.cache, MemoryBudget: memory.New(fillMemory(mem, cached)), Memory: o.dec.Host(), Observe: oo.observe})
 	if err != nil {
 		return nil, err
 	}

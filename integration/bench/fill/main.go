@@ -182,7 +182,7 @@ func main() {
 	}
 	start := time.Now()
 	var firstErr atomic.Value
-	filler, err := fill.New(fill.Options{Cache: c, MemoryBudget: memory.New(mem / 2)})
+	filler, err := fill.New(fill.Options{Cache: c, MemoryBudget: memory.New(mem / 2), Memory: dec.Host()})
 	if err != nil {
 		log.Fatal(err)
 	}
