@@ -246,7 +246,7 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	if err != nil {
 		return nil, err
 	}
-	copts := cache.Options{Dir: f.cacheDir, Size: size, Logger: log, BlobMode: mode, BlobGroup: group}
+	copts := cache.Options{Dir: f.cacheDir, Size: size, Logger: log, BlobMode: mode, BlobGroup: group, Memory: o.dec.Host()}
 	if o.cache, err = cache.Open(copts); err != nil {
 		if errors.Is(err, cache.ErrAccessInUse) {
 			err = fmt.Errorf("%w; give the same --cache-mode and --cache-group", err)
