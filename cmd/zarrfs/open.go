@@ -233,6 +233,7 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	if o.dec, err = f.src.newPipeline(log); err != nil {
 		return nil, err
 	}
+	f.src.host = o.dec.Host()
 	if oo.beforeSource != nil {
 		if err := oo.beforeSource(); err != nil {
 			return nil, err
