@@ -54,10 +54,9 @@ type DeadlineOptions struct {
 // concurrent use when the inner Store is.
 type Deadline struct {
 	decorator
-	opts   DeadlineOptions
-	log    *slog.Logger
-	bufs   sync.Pool // *[]byte that calls read into
-
+	opts DeadlineOptions
+	log  *slog.Logger
+	bufs sync.Pool // *[]byte that calls read into
 
 	blocked atomic.Int64 // calls left by their callers, still running
 	mu      sync.Mutex   // guards full
