@@ -13,8 +13,11 @@ export PYTHON := $(VENV)/bin/python
 export CGO_ENABLED := 0
 export PATH := $(VENV)/bin:$(CURDIR)/bin:$(PATH)
 PREFIX ?= /usr/local
-# mount(8) looks for mount.fuse.TYPE helpers in /sbin, whatever PREFIX is.
-HELPERDIR ?= /sbin
+# mount(8) looks for mount.fuse.TYPE helpers in /sbin alone: the helper goes
+# there for a system-wide PREFIX (/usr/local, /usr); with another PREFIX
+# everything stays under it (PREFIX/sbin), and HELPERDIR=/sbin puts the
+# helper where mount(8) finds it.
+HELPERDIR ?= $(if $(filter /usr/local /usr,$(PREFIX)),/sbin,$(PREFIX)/sbin)
 SYSTEMDDIR ?= /etc/systemd/system
 
 .PHONY: build test test-go test-python test-long test-gpu fuzz mutate bench bench-fill bench-ddp demo venv pydeps gpuvenv fixtures minio clean distclean vet install install-systemd uninstall
@@ -35,6 +38,7 @@ install:
 	install -D -m 0755 bin/zarrfs-release $(DESTDIR)$(PREFIX)/bin/zarrfs
 	install -d $(DESTDIR)$(HELPERDIR)
 	ln -sf $(PREFIX)/bin/zarrfs $(DESTDIR)$(HELPERDIR)/mount.fuse.zarrfs
+	@if [ "$(HELPERDIR)" != /sbin ]; then echo "mount(8)'s helper is in $(HELPERDIR); fstab entries of type fuse.zarrfs need it in /sbin (make install HELPERDIR=/sbin)"; fi
 
 # The units name /usr/local/bin/zarrfs; with another PREFIX they are
 # rewritten to name the installed binary.
@@ -193,7 +197,9 @@ DDP_MODE ?= gpus
 bench-ddp: build gpuvenv
 	bash integration/ddp/run.sh bin/zarrfs $(DDP_MODE)
 
-demo: build pydeps
+# The Go build and numpy alone (integration/demo.sh): python3's, or a small
+# environment of its own in .cache; make test installs the rest.
+demo: build
 	bash integration/demo.sh
 
 clean:

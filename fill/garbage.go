@@ -34,6 +34,22 @@ func Garbage(c *cache.Cache, lay *layout.Layout) []cache.BlobEntry {
 	return out
 }
 
+// Foreign returns the blobs c holds in lay's cache directory below a
+// top-level name lay's tree lacks, by that name: the views of another
+// mount of the same source (given --view files this layout was not), or
+// arrays the store no longer has. Garbage leaves them alone, since
+// nothing here tells the two apart.
+func Foreign(c *cache.Cache, lay *layout.Layout) map[string][]cache.BlobEntry {
+	out := map[string][]cache.BlobEntry{}
+	for _, b := range c.Blobs(lay.ID) {
+		if _, ours, _ := placed(lay, b.Path); !ours {
+			top, _, _ := strings.Cut(b.Path, "/")
+			out[top] = append(out[top], b)
+		}
+	}
+	return out
+}
+
 // placed looks a cached path up in lay: ours is false below a top-level
 // name lay lacks (another mount's view, say); gone is true for a path
 // below lay's names that lay has no file for.

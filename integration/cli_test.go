@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -63,7 +64,9 @@ func TestCommandErrors(t *testing.T) {
 		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--view", filepath.Join(t.TempDir(), "none.yaml")}, 2, "--view"},
 		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--memory", "1KiB"}, 2, "--memory"},
 		{[]string{"inspect", "s3://b/x.zarr", "--source-stall", "0s"}, 2, "--source-stall"},
-		{[]string{"warm", src, "--cache", t.TempDir(), "--samples", "5:9"}, 2, "--samples 5:9"},
+		// A range past this store's end fits a longer one: exit 1, as a
+		// view that does not fit the store.
+		{[]string{"warm", src, "--cache", t.TempDir(), "--samples", "5:9"}, 1, "--samples 5:9: no sample directory has samples in that range"},
 		{[]string{"warm", src, "--cache", t.TempDir(), "--cache-size", "8KiB"}, 1, "do not fit the cache budget"},
 		// mount says what warm says about a bad split.
 		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--rank", "3", "--world", "2"}, 2, "--rank 3 --world 2: want 0 <= rank < world"},
@@ -81,7 +84,7 @@ func TestCommandErrors(t *testing.T) {
 		{[]string{"warm", src, "--cache", t.TempDir(), "--source-timeout", "0s"}, 2, "--source-timeout 0s"},
 		// Flags that would do nothing are refused.
 		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--lease", "1h"}, 2, "--lease 1h0m0s: leases apply to --direct mounts only"},
-		{[]string{"inspect", src, "--s3-anonymous"}, 2, "--s3-anonymous: " + src + " is not an s3:// source"},
+		{[]string{"inspect", src, "--s3-anonymous"}, 2, "--s3-anonymous: " + src + " is not on S3 (s3://)"},
 		{[]string{"warm", src, "--cache", t.TempDir(), "--s3-region", "eu-west-1"}, 2, "--s3-region"},
 		// A bad --metrics address is a usage error, found before mounting.
 		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--metrics", "bogus"}, 2, `--metrics "bogus": missing port in address`},
@@ -103,11 +106,17 @@ func TestCommandErrors(t *testing.T) {
 	} {
 		_, stderr, code := run(t, tt.args...)
 		lines := strings.Split(strings.TrimSpace(stderr), "\n")
-		if code != tt.code || len(lines) != 1 || !strings.HasPrefix(lines[0], "zarrfs: ") || !strings.Contains(lines[0], tt.msg) {
+		// "zarrfs: ", or the command a mistake in its flags is about
+		// ("zarrfs inspect: unknown flag ...").
+		if code != tt.code || len(lines) != 1 || !errorLine.MatchString(lines[0]) || !strings.Contains(lines[0], tt.msg) {
 			t.Errorf("%v: exit %d, stderr %q; want exit %d and one line with %q", tt.args, code, stderr, tt.code, tt.msg)
 		}
 	}
 }
+
+// errorLine is how an error line starts (docs/cli.md, Exit status and
+// errors).
+var errorLine = regexp.MustCompile(`^zarrfs( [a-z]+)*: `)
 
 // A command group without a subcommand, and zarrfs alone, print their help
 // and exit 0, as kubectl and gh do: nothing was asked that could fail.

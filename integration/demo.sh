@@ -1,8 +1,21 @@
 #!/usr/bin/env bash
 # make demo: write a small ERA5-like store, mount it, look at it with ls and
-# numpy, unmount.
+# numpy, unmount. It needs the Go build and numpy alone: python3's own when
+# it has numpy, else a small environment of the checkout's own
+# (.cache/demo-venv) with numpy in it, made once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+py=${DEMO_PYTHON:-python3}
+if ! "$py" -c 'import numpy' 2>/dev/null; then
+  venv=.cache/demo-venv
+  if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import numpy' 2>/dev/null; then
+    echo "== numpy for the demo, into $venv (python3 has none)"
+    python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install -q numpy
+  fi
+  py=$venv/bin/python
+fi
 work=$(mktemp -d /tmp/zarrfs-demo.XXXXXX)
 store=$work/era5.zarr mnt=$work/mnt cache=$work/cache
 mkdir -p "$mnt"
@@ -34,7 +47,7 @@ ls -l "$mnt"
 ls -l "$mnt/t"
 echo
 echo "== numpy.load($mnt/t/3.npy)"
-python3 - "$mnt" <<'PY'
+"$py" - "$mnt" <<'PY'
 import json, sys, numpy as np
 mnt = sys.argv[1]
 a = np.load(f"{mnt}/t/3.npy")

@@ -104,13 +104,13 @@ func TestUnmountLeavesOtherFilesystems(t *testing.T) {
 	dir := t.TempDir()
 	tmpfsAt(t, dir)
 	_, stderr, code := run(t, "unmount", dir)
-	if code != 1 || !strings.Contains(stderr, "a tmpfs mount of tmpfs, not a zarrfs one") {
+	if code != 1 || !strings.Contains(stderr, "mounted as tmpfs (tmpfs), not zarrfs; zarrfs unmount leaves it alone") {
 		t.Errorf("unmount of a tmpfs: exit %d, %q", code, stderr)
 	}
 	if !isMounted(dir) {
 		t.Error("zarrfs unmount unmounted a tmpfs")
 	}
-	if _, stderr, code := run(t, "status", dir); code != 1 || !strings.Contains(stderr, "a tmpfs mount of tmpfs, not a zarrfs one") {
+	if _, stderr, code := run(t, "status", dir); code != 1 || !strings.Contains(stderr, "mounted as tmpfs (tmpfs), not zarrfs") {
 		t.Errorf("status of a tmpfs: exit %d, %q", code, stderr)
 	}
 }

@@ -34,7 +34,8 @@ func TestMakeInstall(t *testing.T) {
 	if out, err := exec.Command(bin, "version").CombinedOutput(); err != nil || !strings.Contains(string(out), "zarrfs") {
 		t.Errorf("%s version: %v\n%s", bin, err, out)
 	}
-	helper := filepath.Join(dest, "sbin", "mount.fuse.zarrfs")
+	// With a PREFIX of its own, the helper stays under it too.
+	helper := filepath.Join(dest, prefix, "sbin", "mount.fuse.zarrfs")
 	if target, err := os.Readlink(helper); err != nil || target != prefix+"/bin/zarrfs" {
 		t.Errorf("%s -> %q (%v), want a link to %s/bin/zarrfs", helper, target, err, prefix)
 	}
@@ -66,5 +67,48 @@ func TestMakeInstall(t *testing.T) {
 	})
 	if len(left) > 0 {
 		t.Errorf("make uninstall left %v", left)
+	}
+}
+
+// make install with a PREFIX of its own writes nothing outside it (mount(8)'s
+// helper goes to /sbin only for /usr/local and /usr, or when HELPERDIR says
+// so), and make demo needs the build and numpy alone: none of the test
+// suite's Python packages (make pydeps, gigabytes) is installed for it.
+func TestMakeTargetsStayInTheirPlace(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		testenv.Missing(t, "make is needed: %v", err)
+	}
+	dry := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command("make", append([]string{"-n", "--no-print-directory"}, args...)...)
+		cmd.Dir = repoRoot(t)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("make -n %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"install", "PREFIX=/opt/z"}, "/opt/z/sbin/mount.fuse.zarrfs"},
+		{[]string{"install"}, " /sbin/mount.fuse.zarrfs"},
+		{[]string{"install", "PREFIX=/opt/z", "HELPERDIR=/sbin"}, " /sbin/mount.fuse.zarrfs"},
+	} {
+		out := dry(tc.args...)
+		if !strings.Contains(out, tc.want) {
+			t.Errorf("make -n %v does not install %s:\n%s", tc.args, tc.want, out)
+		}
+		if tc.args[len(tc.args)-1] == "PREFIX=/opt/z" && strings.Contains(out, " /sbin/") {
+			t.Errorf("make -n %v writes to /sbin:\n%s", tc.args, out)
+		}
+	}
+	// A checkout without .venv: what would make demo install?
+	out := dry("demo", "VENV="+filepath.Join(t.TempDir(), "venv"))
+	for _, bad := range []string{"pip install", "requirements", "venv"} {
+		if strings.Contains(out, bad) {
+			t.Errorf("make demo would run %q:\n%s", bad, out)
+		}
 	}
 }

@@ -646,7 +646,7 @@ func TestUsageErrors(t *testing.T) {
 			t.Errorf("%v: %v, want exit %d", tt.args, err, tt.code)
 		}
 		lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
-		if len(lines) != 1 || !strings.HasPrefix(lines[0], "zarrfs: ") || !strings.Contains(lines[0], tt.msg) {
+		if len(lines) != 1 || !errorLine.MatchString(lines[0]) || !strings.Contains(lines[0], tt.msg) {
 			t.Errorf("%v: stderr %q", tt.args, stderr.String())
 		}
 	}

@@ -3,6 +3,8 @@ package integration
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -27,6 +29,7 @@ import (
 
 // statusJSON is the part of `zarrfs status --json` the tests read.
 type statusJSON struct {
+	LogFile    string   `json:"log_file"`
 	Mountpoint string   `json:"mountpoint"`
 	Source     string   `json:"source"`
 	PID        int      `json:"pid"`
@@ -150,6 +153,44 @@ func TestFstabMountStatusUnmount(t *testing.T) {
 	if isMounted(mnt) {
 		t.Error("a failed mount left a mount")
 	}
+
+	// Without log=, the daemon logs to a file beside its record, which
+	// goes when the mount ends, as it does when the mount fails to start
+	// (the helper printed the error): nothing is left behind.
+	out, err = exec.Command("mount", "-t", "fuse.zarrfs", src, mnt, "-o", "cache="+cacheDir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("mount -t fuse.zarrfs without log=: %v: %s", err, out)
+	}
+	stdout, stderr, code = run(t, "status", mnt, "--json")
+	st = statusJSON{}
+	if err := json.Unmarshal([]byte(stdout), &st); err != nil || code != 0 || st.LogFile == "" {
+		t.Fatalf("status: %d %v %s\n%s", code, err, stderr, stdout)
+	}
+	if _, err := os.Stat(st.LogFile); err != nil {
+		t.Errorf("the daemon's log: %v", err)
+	}
+	if _, stderr, code := run(t, "unmount", mnt); code != 0 {
+		t.Fatalf("unmount: %d %s", code, stderr)
+	}
+	for i := 0; i < 100 && !exited(st.PID); i++ {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := os.Stat(st.LogFile); !os.IsNotExist(err) {
+		t.Errorf("%s left after the mount ended (%v)", st.LogFile, err)
+	}
+	failed := filepath.Join(t.TempDir(), "m")
+	os.Mkdir(failed, 0o755)
+	exec.Command("mount", "-t", "fuse.zarrfs", filepath.Join(t.TempDir(), "missing.zarr"), failed, "-o", "cache="+cacheDir).Run()
+	if _, err := os.Stat(strings.Replace(st.LogFile, filepath.Base(st.LogFile), recordBase(failed)+".log", 1)); !os.IsNotExist(err) {
+		t.Errorf("a mount that failed to start left its log (%v)", err)
+	}
+}
+
+// recordBase is the name a mount's record and log have in the registry
+// (cmd/zarrfs's recordName without ".json").
+func recordBase(mountpoint string) string {
+	h := sha256.Sum256([]byte(mountpoint))
+	return hex.EncodeToString(h[:8])
 }
 
 // unmount --lazy detaches a mount whose files are open, and the daemon

@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"reflect"
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -256,7 +258,9 @@ func TestCLIMessages(t *testing.T) {
 // it printed.
 func mountCLI(t *testing.T, store, mnt string, args ...string) string {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	// zarrfs unmount signals the daemon, this process: SIGTERM ends the
+	// mount, as it does zarrfs's main, not the test.
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	out, errs := &syncBuilder{}, &syncBuilder{}
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, append([]string{"mount", store, mnt}, args...), out, errs) }()
@@ -307,11 +311,7 @@ func (s *syncBuilder) String() string {
 // The mount's line names the mountpoint by its absolute path, and
 // unmount of a folder inside a mount says which mount to unmount.
 func TestCLIMountLines(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if _, err := os.Stat("/dev/fuse"); err != nil {
-			t.Skip("no FUSE")
-		}
-	}
+	requireFUSE(t)
 	store := exampleStore(t)
 	dir := t.TempDir()
 	t.Chdir(dir)
@@ -332,6 +332,7 @@ func TestCLIMountLines(t *testing.T) {
 // the blob's size or modification time changed and fills it again, even
 // within its lease, for a write that keeps the size too.
 func TestCLIDirectWriteThroughLink(t *testing.T) {
+	requireFUSE(t)
 	store := exampleStore(t)
 	mnt := t.TempDir()
 	mountCLI(t, store, mnt, "--direct", "--cache", filepath.Join(t.TempDir(), "c"))
@@ -372,4 +373,67 @@ func TestCLIDirectWriteThroughLink(t *testing.T) {
 			t.Errorf("%s after a write through its link: %d bytes (%v), equal to before: %v", tc.file, len(got), err, bytes.Equal(got, want))
 		}
 	}
+}
+
+// cache gc and warm --prune keep the files of names the command's layout
+// does not serve (another mount's views, arrays gone from the store), and
+// say so: how many, where, and why.
+func TestCLIPruneSaysWhatItKept(t *testing.T) {
+	store := exampleStore(t)
+	view := writeFile(t, "v.yaml", goodView)
+	cache := filepath.Join(t.TempDir(), "c")
+	if _, stderr, code := runCLI(t, "warm", store, "--cache", cache, "--view", view, "--only", "tz"); code != 0 {
+		t.Fatalf("warm: exit %d: %s", code, stderr)
+	}
+	kept := "zarrfs: kept 8 files (1.6 MiB) under tz/, which this command does not serve: another mount's views (give their --view to prune them too) or arrays gone from the store (remove those folders by hand)"
+	removed := regexp.MustCompile(`^zarrfs: removed 0 stale files \(0 B\) from ` + regexp.QuoteMeta(cache) + `/blobs/[0-9a-f]+$`)
+	for _, args := range [][]string{
+		{"cache", "gc", store, "--cache", cache},
+		{"warm", store, "--cache", cache, "--only", "lsm.npy", "--prune"},
+	} {
+		stdout, stderr, code := runCLI(t, args...)
+		lines := strings.Split(strings.TrimSpace(stdout), "\n")
+		if n := len(lines); code != 0 || n < 2 || !removed.MatchString(lines[n-2]) || lines[n-1] != kept {
+			t.Errorf("zarrfs %s: exit %d, printed\n%s\nwant its last lines to be\n%s\n%s\nstderr: %s", strings.Join(args, " "), code, stdout, removed, kept, stderr)
+		}
+	}
+	stdout, _, code := runCLI(t, "cache", "gc", store, "--cache", cache, "--view", view)
+	if code != 0 || strings.Contains(stdout, "kept") {
+		t.Errorf("cache gc with the view: exit %d, printed\n%s", code, stdout)
+	}
+}
+
+// A flag that would do nothing for the source given is refused (exit 2),
+// naming the flag and what it applies to: the GCS flags off gs://, as the
+// S3 flags off s3://, and the virtual store flags on a plain store.
+func TestCLIFlagsThatWouldDoNothing(t *testing.T) {
+	store := exampleStore(t)
+	checkCLI(t, []cliCase{
+		{"gcs", []string{"inspect", store, "--gcs-anonymous"},
+			"zarrfs: --gcs-anonymous: " + store + " is not on GCS (gs://); GCS flags apply to gs://BUCKET/PREFIX, or to a reference set's targets in a bucket --ref-allow names", 2},
+		{"s3", []string{"warm", store, "--s3-region", "x"},
+			"zarrfs: --s3-region: " + store + " is not on S3 (s3://); S3 flags apply to s3://BUCKET/PREFIX, or to a reference set's targets in a bucket --ref-allow names", 2},
+		{"ref", []string{"inspect", store, "--ref", "main"},
+			"zarrfs: --ref: " + store + " is a plain Zarr store, not a kerchunk reference set or an Icechunk repository, which --ref applies to", 2},
+		{"ref-base", []string{"mount", store, t.TempDir(), "--ref-base", t.TempDir()},
+			"zarrfs: --ref-base: " + store + " is a plain Zarr store, not a kerchunk reference set or an Icechunk repository, which --ref-base applies to", 2},
+	})
+	// --ref-allow naming a bucket makes the S3 flags mean something.
+	if _, stderr, code := runCLI(t, "inspect", store, "--s3-anonymous", "--ref-allow", "s3://b/"); !strings.Contains(stderr, "--ref-allow: "+store+" is a plain Zarr store") || code != 2 {
+		t.Errorf("--s3-anonymous --ref-allow s3://b/ on a plain store: exit %d: %s", code, stderr)
+	}
+}
+
+// A source of a scheme zarrfs does not read is named as such, not looked
+// for as a local directory; a range of samples the store does not have is
+// a runtime error (the same range fits a longer store).
+func TestCLISourceSchemes(t *testing.T) {
+	store := exampleStore(t)
+	checkCLI(t, []cliCase{
+		{"unknown scheme", []string{"inspect", "ftp://host/x.zarr"},
+			"zarrfs: ftp://host/x.zarr: zarrfs reads local paths and file://, s3://, gs://, http://, https:// and reference:// URLs, not ftp://", 2},
+		{"alias", []string{"inspect", "s3a://b/x.zarr"}, "zarrfs: s3a://b/x.zarr: a store's URL is s3://, not s3a:// (which reference sets' targets may use)", 2},
+		{"samples past the end", []string{"warm", store, "--cache", filepath.Join(t.TempDir(), "c"), "--samples", "20:30"},
+			"zarrfs: --samples 20:30: no sample directory has samples in that range (t/ has 8, u10/ has 8, z/ has 8)", 1},
+	})
 }

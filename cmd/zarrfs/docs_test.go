@@ -2,6 +2,8 @@ package main
 
 import (
 	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -123,5 +125,62 @@ func TestFillMemory(t *testing.T) {
 		if !strings.Contains(readDoc(t, doc), "160 MiB of `") {
 			t.Errorf("%s does not say what fills get of 256MiB", doc)
 		}
+	}
+}
+
+// docParagraphs returns the paragraphs of README.md and docs/*.md (text
+// between blank lines, code blocks too), by file.
+func docParagraphs(t *testing.T) map[string][]string {
+	t.Helper()
+	files, _ := filepath.Glob("../../docs/*.md")
+	files = append(files, "../../README.md")
+	out := map[string][]string{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel := strings.TrimPrefix(f, "../../")
+		out[rel] = strings.Split(string(b), "\n\n")
+	}
+	return out
+}
+
+// The docs lead with zarrfs unmount: fusermount3 is missing on some nodes
+// and umount needs root, and neither waits for the daemon. A paragraph
+// that shows either names zarrfs unmount first.
+func TestDocsLeadWithZarrfsUnmount(t *testing.T) {
+	others := regexp.MustCompile("fusermount3 -u|(?m)^umount |`umount")
+	for doc, paras := range docParagraphs(t) {
+		for _, p := range paras {
+			loc := others.FindStringIndex(p)
+			if loc == nil {
+				continue
+			}
+			if i := strings.Index(p, "zarrfs unmount"); i < 0 || i > loc[0] {
+				t.Errorf("%s: %q shows %q before zarrfs unmount", doc, strings.Join(strings.Fields(p), " "), p[loc[0]:loc[1]])
+			}
+		}
+	}
+}
+
+// What README.md claims of the cache and the build, the code does: a chunk
+// rewritten in place is served as cached until the next --metadata-ttl
+// (docs/cache.md), and make install's HELPERDIR is documented.
+func TestReadmeClaims(t *testing.T) {
+	for doc, paras := range docParagraphs(t) {
+		for _, p := range paras {
+			if strings.Contains(strings.Join(strings.Fields(p), " "), "never served stale") {
+				t.Errorf("%s says a rewritten chunk is never served stale; it is, until the next --metadata-ttl", doc)
+			}
+		}
+	}
+	readme := readDoc(t, "README.md")
+	i := strings.Index(readme, "rewritten in place")
+	if i < 0 || !strings.Contains(readme[max(0, i-300):min(len(readme), i+300)], "--metadata-ttl") {
+		t.Error("README.md does not say a chunk rewritten in place is noticed at the next --metadata-ttl")
+	}
+	if !strings.Contains(readme, "HELPERDIR") {
+		t.Error("README.md does not document make install's HELPERDIR")
 	}
 }

@@ -4,9 +4,13 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
+	"strings"
 
 	"github.com/spf13/cobra"
 
+	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/internal/memory"
 )
@@ -18,7 +22,7 @@ func newCacheCmd() *cobra.Command {
 	}
 	var f layoutFlags
 	gc := &cobra.Command{
-		Use:   "gc SOURCE --cache DIR",
+		Use:   "gc SOURCE",
 		Short: "Remove the cached files of SOURCE that a mount with the same flags will never serve again",
 		Long: `List SOURCE's arrays and remove from the cache every file of its layout
 that a mount with the same flags will never serve again: versions of samples
@@ -75,5 +79,25 @@ func prune(ctx context.Context, o *opened, out io.Writer) error {
 		fmt.Fprintf(out, "; %d in use kept", kept)
 	}
 	fmt.Fprintln(out)
+	printForeign(out, fill.Foreign(o.cache, o.lay))
 	return nil
+}
+
+// printForeign says what prune kept because this command's layout does
+// not know the names: one line, the names in order.
+func printForeign(out io.Writer, foreign map[string][]cache.BlobEntry) {
+	if len(foreign) == 0 {
+		return
+	}
+	names := slices.Sorted(maps.Keys(foreign))
+	var n, bytes int64
+	for i, name := range names {
+		for _, b := range foreign[name] {
+			n++
+			bytes += b.Size
+		}
+		names[i] = printable(name) + "/"
+	}
+	fmt.Fprintf(out, "zarrfs: kept %s (%s) under %s, which this command does not serve: another mount's views (give their --view to prune them too) or arrays gone from the store (remove those folders by hand)\n",
+		count(n, "file"), memory.Human(bytes), strings.Join(names, ", "))
 }

@@ -49,7 +49,22 @@ array also gets a .json description. Files are decoded on first open into the
 SIGTERM, then unmounts.`,
 		Args: exactArgs(2, "SOURCE and MOUNTPOINT"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runMount(cmd, &f, args[0], args[1])
+			// The log file the mount helper made for this daemon goes once
+			// the mount ends cleanly; after a crash it stays, for whoever
+			// looks.
+			helperLog := os.Getenv(helperLogEnv)
+			os.Unsetenv(helperLogEnv)
+			// Every message, and the line that says the mount is live,
+			// names the mountpoint by its absolute path.
+			mnt, err := filepath.Abs(args[1])
+			if err != nil {
+				mnt = args[1]
+			}
+			err = runMount(cmd, &f, args[0], mnt)
+			if err == nil && helperLog != "" {
+				os.Remove(helperLog)
+			}
+			return err
 		},
 	}
 	f.layoutFlags.register(cmd)
@@ -97,10 +112,11 @@ func (f *mountFlags) validate(cmd *cobra.Command, src string) (layout.Shard, err
 	if err := checkDelivery(f.delivery); err != nil {
 		return layout.Shard{}, err
 	}
-	if err := checkShardGiven(cmd, f.world); err != nil {
+	shard, err := checkShard(f.rank, f.world, f.shard)
+	if err != nil {
 		return layout.Shard{}, err
 	}
-	return checkShard(f.rank, f.world, f.shard)
+	return shard, checkShardGiven(cmd, f.world)
 }
 
 func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
@@ -111,11 +127,6 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 		return err
 	}
 	f.src.logger = log
-	// Every message, and the line that says the mount is live, names the
-	// mountpoint by its absolute path.
-	if abs, err := filepath.Abs(mountpoint); err == nil {
-		mountpoint = abs
-	}
 	shard, err := f.validate(cmd, src)
 	if err != nil {
 		return err
@@ -214,7 +225,7 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 		}
 		log.Info("unmounted", "mountpoint", mountpoint)
 	case <-served:
-		// Unmounted from outside (fusermount3 -u, umount).
+		// Unmounted from outside (zarrfs unmount, umount).
 		log.Info("unmounted externally", "mountpoint", mountpoint)
 	}
 	return nil

@@ -151,7 +151,12 @@ func runMountHelper(args []string) int {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", helperName, err)
 		return exitMountFailed
 	}
-	if logFile == "" {
+	// The default log, beside the mount's record, is removed once it has
+	// served: by the helper when the daemon fails to start (its error is
+	// printed), by the daemon when it exits after unmounting (helperLogEnv);
+	// one that log= names is the user's, and kept.
+	ownLog := logFile == ""
+	if ownLog {
 		if err := privateRegistry(); err != nil {
 			fmt.Fprintf(os.Stderr, "%s: %v\n", helperName, err)
 			return exitMountFailed
@@ -188,6 +193,9 @@ func runMountHelper(args []string) int {
 	cmd.Env = append(slices.DeleteFunc(os.Environ(), func(e string) bool {
 		return strings.HasPrefix(e, "NOTIFY_SOCKET=")
 	}), readySocketEnv+"="+sock)
+	if ownLog {
+		cmd.Env = append(cmd.Env, helperLogEnv+"="+logFile)
+	}
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
@@ -215,6 +223,9 @@ func runMountHelper(args []string) int {
 		return 0
 	case err := <-exited:
 		fmt.Fprintf(os.Stderr, "%s: zarrfs mount %s failed (%v)%s\n", helperName, mountArgs[2], err, lastLines(logFile, start))
+		if ownLog {
+			os.Remove(logFile)
+		}
 		return exitMountFailed
 	case <-time.After(10 * time.Minute):
 		// SIGTERM first: the daemon unmounts what it mounted.
@@ -228,6 +239,11 @@ func runMountHelper(args []string) int {
 		return exitMountFailed
 	}
 }
+
+// helperLogEnv names, in the environment of a daemon the helper started,
+// the log file the helper made for it, which the daemon removes when it
+// exits after unmounting (runMount).
+const helperLogEnv = "ZARRFS_HELPER_LOG"
 
 // lastLines returns what the daemon wrote to the log from offset start,
 // its error line first: ": zarrfs: ...".

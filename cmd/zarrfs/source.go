@@ -43,6 +43,9 @@ type sourceFlags struct {
 	// host lends the buffers the source's stores read through (the
 	// pipeline's host arena); nil: ordinary memory.
 	host memory.Lender
+	// cmd is the command whose flags validate checked, for the checks
+	// that need to know what the source is (virtualFlags.checkPlain).
+	cmd *cobra.Command
 }
 
 func getenv(k, def string) string {
@@ -80,8 +83,12 @@ func closeStore(s objectstore.Store) {
 	s.Close()
 }
 
-// s3Flags are the flags that mean something for an s3:// source only.
-var s3Flags = []string{"s3-endpoint", "s3-region", "s3-anonymous"}
+// s3Flags and gcsFlags are the flags that mean something for an s3:// or a
+// gs:// source only.
+var (
+	s3Flags  = []string{"s3-endpoint", "s3-region", "s3-anonymous"}
+	gcsFlags = []string{"gcs-endpoint", "gcs-anonymous"}
+)
 
 // validate checks the source flags against the source, once, before
 // anything is opened: the deadlines whatever the source, and S3's own
@@ -100,12 +107,21 @@ func (f *sourceFlags) validate(cmd *cobra.Command, src string) error {
 	if fl := cmd.Flags().Lookup("ref"); fl != nil {
 		f.virtual.refGiven = fl.Changed
 	}
-	if strings.HasPrefix(src, "s3://") || f.virtual.allowsS3() {
-		return nil
-	}
-	for _, name := range s3Flags {
-		if fl := cmd.Flags().Lookup(name); fl != nil && fl.Changed {
-			return usagef("--%s: %s is not an s3:// source; S3 flags apply to s3://BUCKET/PREFIX, or to a reference set's targets in a bucket --ref-allow names", name, src)
+	f.cmd = cmd
+	for _, c := range []struct {
+		scheme, what string
+		flags        []string
+	}{
+		{"s3", "S3", s3Flags},
+		{"gs", "GCS", gcsFlags},
+	} {
+		if urlScheme(src) == c.scheme || schemeAliases[urlScheme(src)] == c.scheme || f.virtual.allows(c.scheme) {
+			continue
+		}
+		for _, name := range c.flags {
+			if fl := cmd.Flags().Lookup(name); fl != nil && fl.Changed {
+				return usagef("--%s: %s is not on %s (%s://); %s flags apply to %s://BUCKET/PREFIX, or to a reference set's targets in a bucket --ref-allow names", name, src, c.what, c.scheme, c.what, c.scheme)
+			}
 		}
 	}
 	return nil
@@ -122,6 +138,17 @@ func (f *sourceFlags) openStore(ctx context.Context, src string) (objectstore.St
 	f.source = src
 	if st, ok, err := f.openVirtual(ctx, src); ok || err != nil {
 		return st, err // a kerchunk reference set or an Icechunk repository
+	}
+	// A URL of another scheme is no local path: say so, not "no such
+	// directory".
+	switch s := urlScheme(src); {
+	case schemeAliases[s] != "":
+		return nil, usagef("%s: a store's URL is %s://, not %s:// (which reference sets' targets may use)", src, schemeAliases[s], s)
+	case s != "" && s != "file" && s != "s3" && s != "gs" && s != "http" && s != "https":
+		return nil, usagef("%s: zarrfs reads local paths and file://, s3://, gs://, http://, https:// and reference:// URLs, not %s://", src, s)
+	}
+	if err := f.virtual.checkPlain(f.cmd, src); err != nil {
+		return nil, err
 	}
 	switch {
 	case strings.HasPrefix(src, "s3://"):

@@ -57,13 +57,32 @@ func (f *virtualFlags) validate() error {
 
 // allowsS3 reports whether --ref-allow names a bucket: the S3 flags then
 // mean something for any source, whose targets may lie there.
-func (f *virtualFlags) allowsS3() bool {
+func (f *virtualFlags) allowsS3() bool { return f.allows("s3") }
+
+// allows reports whether --ref-allow names a place of scheme s (its
+// aliases too).
+func (f *virtualFlags) allows(s string) bool {
 	for _, a := range f.refAllow {
-		if s := urlScheme(a); s == "s3" || s == "s3a" {
+		if sc := urlScheme(a); sc == s || schemeAliases[sc] == s {
 			return true
 		}
 	}
 	return false
+}
+
+// checkPlain refuses the virtual store flags for a source that opened as
+// a plain store: they would do nothing, and the user who gave them
+// believes the source is a reference set or a repository.
+func (f *virtualFlags) checkPlain(cmd *cobra.Command, src string) error {
+	if cmd == nil {
+		return nil
+	}
+	for _, name := range []string{"ref", "ref-base", "ref-allow"} {
+		if fl := cmd.Flags().Lookup(name); fl != nil && fl.Changed {
+			return usagef("--%s: %s is a plain Zarr store, not a kerchunk reference set or an Icechunk repository, which --%s applies to", name, src, name)
+		}
+	}
+	return nil
 }
 
 // place checks a folder or URL prefix the user allows targets in and

@@ -41,7 +41,7 @@ type warmFlags struct {
 func newWarmCmd() *cobra.Command {
 	var f warmFlags
 	cmd := &cobra.Command{
-		Use:   "warm SOURCE --cache DIR",
+		Use:   "warm SOURCE",
 		Short: "Fill the cache with the files a mount with the same flags would serve",
 		Long: `Decode the files a mount of SOURCE with the same flags would serve into the
 cache directory, so that a later mount serves them without touching the
@@ -95,11 +95,10 @@ func (f *warmFlags) validate(cmd *cobra.Command, src string) error {
 		return usagef("--%s", strings.TrimPrefix(err.Error(), fill.ErrInvalidSpan.Error()+": "))
 	}
 	f.span = span
-	if err := checkShardGiven(cmd, f.world); err != nil {
+	if f.split, err = checkShard(f.rank, f.world, f.shard); err != nil {
 		return err
 	}
-	f.split, err = checkShard(f.rank, f.world, f.shard)
-	return err
+	return checkShardGiven(cmd, f.world)
 }
 
 func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
@@ -209,13 +208,14 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 }
 
 // checkSelection refuses, before any work, a selection warm cannot do:
-// --samples past the end of every sample directory (a usage error; past
-// some only, a warning), or more bytes than the cache holds, which would
-// report success for files a mount then fetches again.
+// --samples past the end of every sample directory (a runtime error: the
+// range fits a longer store; past some only, a warning), or more bytes than
+// the cache holds, which would report success for files a mount then
+// fetches again.
 func checkSelection(log *slog.Logger, f *warmFlags, c *cache.Cache, plan *fill.Selection) error {
 	if f.samples != "" && len(plan.Short) > 0 {
 		if plan.InRange == 0 {
-			return usagef("--samples %s: no sample directory has samples in that range (%s)", f.samples, strings.Join(plan.Short, ", "))
+			return fmt.Errorf("--samples %s: no sample directory has samples in that range (%s)", f.samples, strings.Join(plan.Short, ", "))
 		}
 		log.Warn("--samples runs past the end of some sample directories; warming the samples they have",
 			"samples", f.samples, "short", strings.Join(plan.Short, ", "))

@@ -49,7 +49,10 @@ def need_gpu():
         why = "no CUDA device"
     except Exception as e:  # ImportError, or the CUDA runtime refusing
         why = f"{type(e).__name__}: {e}"
-    pytest.skip(f"needs an NVIDIA GPU with cupy and kvikio (make test-gpu): {why}")
+    # The test's name in the reason: pytest's summary groups skips of one
+    # place and reason into one line, which would hide which tests skipped.
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
+    pytest.skip(f"{test}: needs an NVIDIA GPU with cupy and kvikio (make test-gpu): {why}")
 
 
 @pytest.fixture(scope="session")

@@ -137,12 +137,12 @@ class Ring:
         req: Dict[str, Any] = {"op": "open", "dir": rel_dir, "memory": memory, "slots": slots, "batch": batch}
         self.consumer: Optional[torch.cuda.Event] = None
         if memory == "cuda":
-            torch.cuda.init()
+            torch.cuda.init()  # type: ignore[no-untyped-call]
             req["pci_bus_id"] = pci_bus_id(device.index)
             with torch.cuda.device(device):
-                self.consumer = torch.cuda.Event(enable_timing=False, interprocess=True)
+                self.consumer = torch.cuda.Event(enable_timing=False, interprocess=True)  # type: ignore[no-untyped-call]
                 self.consumer.record(torch.cuda.current_stream(device))  # an event must be recorded to be shared
-                req["consumer_event"] = bytes(self.consumer.ipc_handle()).hex()
+                req["consumer_event"] = bytes(self.consumer.ipc_handle()).hex()  # type: ignore[no-untyped-call]
         try:
             self.send(req)
             rep, fds = self._recv(with_fds=True)
@@ -194,7 +194,8 @@ class Ring:
             lazy = 1  # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
             _check(lib, "cuIpcOpenMemHandle", lib.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), h, lazy))
             self.ptr = ptr.value
-            self.events = [torch.cuda.Event.from_ipc_handle(self.device, bytes.fromhex(e)) for e in rep["events"]]
+            self.events = [torch.cuda.Event.from_ipc_handle(self.device, bytes.fromhex(e))  # type: ignore[no-untyped-call]
+                           for e in rep["events"]]
 
     @staticmethod
     def _free(sock: socket.socket, memory: str, ptr: int, device: Any) -> None:

@@ -142,8 +142,9 @@ class Loader:
             return None
 
     def _path_kind(self) -> str:
-        if getattr(self, "_dring", None) is not None:
-            return "ring-" + self._dring.memory
+        dring = getattr(self, "_dring", None)
+        if dring is not None:
+            return "ring-" + str(dring.memory)
         if self.device.type != "cuda":
             return "pread"
         return "pread-pinned-h2d"
