@@ -859,12 +859,8 @@ func (st *readState) release() {
 		if !l.encOwned || l.enc == nil {
 			continue
 		}
-		switch {
-		case !l.pipe.compressed():
-		case st.h.mem != nil:
+		if l.pipe.compressed() && st.h.mem != nil {
 			st.h.mem.HostFree(l.enc) // memory not lent is left to the collector
-		default:
-			putEncBuf(l.enc)
 		}
 		l.enc = nil
 	}

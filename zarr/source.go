@@ -194,7 +194,8 @@ func (s storeSource) whole(ctx context.Context) ([]byte, string, error) {
 			return b, ver, nil
 		})
 	}
-	return s.do(ctx, s.key, func() ([]byte, string, error) { return get(getEncBuf()) })
+	// No lender (Options.Memory): the store allocates the chunk's bytes.
+	return s.do(ctx, s.key, func() ([]byte, string, error) { return get(nil) })
 }
 
 func (s storeSource) getRange(ctx context.Context, off, n int64) ([]byte, string, error) {
