@@ -133,4 +133,3 @@ func putBuf(b []byte) {
 		p.(*sync.Pool).Put(&b)
 	}
 }
-
