@@ -421,9 +421,20 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns, inAli
 	}
 	l.finalEnd = out
 
+	inOff, direct, nAlgo, nProbes := l.placeInput(jobs, preps, idx, inAligns, fence, pinnedSrc)
+	out = l.placeOutput(jobs, preps, idx, out, outAligns, fence, inOff, direct, nAlgo, nProbes)
+	l.outSize = alignUp(out, outAlign)
+	return l
+}
+
+// placeInput lays out layoutBatch's input buffer: the compressed pieces,
+// nvCOMP's arrays, the copy and shuffle descriptors, then the sources read
+// in place (pinned), each piece's offset in inOff. It returns those, which
+// jobs are read in place, the segments per algorithm and the fence probes.
+func (l *layout) placeInput(jobs []codec.Job, preps []prepared, idx []int, inAligns [numAlgos]int64, fence bool, pinnedSrc func(k int) bool) (inOff [][]int64, direct []bool, nAlgo [numAlgos]int, nProbes int) {
 	var in int64
-	inOff := make([][]int64, len(idx))
-	direct := make([]bool, len(idx))
+	inOff = make([][]int64, len(idx))
+	direct = make([]bool, len(idx))
 	var nDirect, nRaw int
 	for k, ji := range idx {
 		p := &preps[ji]
@@ -446,7 +457,6 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns, inAli
 	}
 	in = alignUp(in, 8)
 	// Segments are numbered per algorithm; count first to place the arrays.
-	var nAlgo [numAlgos]int
 	for _, ji := range idx {
 		for _, pc := range preps[ji].pieces {
 			if pc.algo != rawPiece {
@@ -458,7 +468,6 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns, inAli
 		l.arrOff[a] = in
 		in += 4 * 8 * int64(nAlgo[a])
 	}
-	nProbes := 0
 	if fence && nAlgo[algoDeflate] > 0 {
 		nProbes = nAlgo[algoDeflate] + 1
 	}
@@ -521,7 +530,14 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns, inAli
 			}
 		}
 	}
+	return inOff, direct, nAlgo, nProbes
+}
 
+// placeOutput lays out layoutBatch's output buffer after the decoded
+// chunks (which end at out): the shuffles' pre-images, nvCOMP's sizes and
+// statuses, the probes, and the segments' slots, fenced or realigned where
+// they must be. It returns the end of what it placed.
+func (l *layout) placeOutput(jobs []codec.Job, preps []prepared, idx []int, out int64, outAligns [numAlgos]int64, fence bool, inOff [][]int64, direct []bool, nAlgo [numAlgos]int, nProbes int) int64 {
 	l.preAt = make([]int64, len(idx))
 	for k, ji := range idx {
 		l.preAt[k] = -1
@@ -609,8 +625,7 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns, inAli
 			l.copies = append(l.copies, copyRef{src: pr.at, dst: l.probeOff + probeLen*int64(i), n: probeLen})
 		}
 	}
-	l.outSize = alignUp(out, outAlign)
-	return l
+	return out
 }
 
 // fenceCheck reads a fenced round's probes from the host copy of its
