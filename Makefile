@@ -164,10 +164,10 @@ fuzz:
 # Breaks behaviours on purpose, one at a time (integration/mutate/mutations.go),
 # runs the tests that should notice, and reports which mutations they catch.
 # The working tree is never changed: mutants reach the build through
-# go test -overlay. Not part of make test; MUTATE=REGEXP picks mutations.
+# go test -overlay, and pytest through a copy of python/src. Not part of make test; MUTATE=REGEXP picks mutations.
 MUTATE ?=
 mutate: pydeps minio
-	$(GO) run ./integration/mutate -only '$(MUTATE)'
+	$(GO) run ./integration/mutate -python $(PYTHON) -only '$(MUTATE)'
 
 # Benchmarks print ratios against a named peer measured in the same run (BENCHMARKS.md).
 bench: build pydeps minio

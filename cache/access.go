@@ -129,6 +129,11 @@ type access struct {
 const (
 	privateFile fs.FileMode = 0o600
 	privateDir  fs.FileMode = 0o700
+	// chunkFile is the mode of a compressed chunk: read-only to its owner,
+	// as blobs are by default, and never opened to others (--cache-mode
+	// shares decoded blobs only: chunks are bytes fetched with the
+	// owner's credentials, and no reader but the cache opens them).
+	chunkFile fs.FileMode = 0o400
 )
 
 func newAccess(mode fs.FileMode, group *uint32) (access, error) {
@@ -189,6 +194,9 @@ func (a access) modeOf(rel string, dir bool) (fs.FileMode, bool) {
 	}
 	if dir {
 		return privateDir, false
+	}
+	if top, _, _ := cutFirst(rel); top == chunksDir {
+		return chunkFile, false
 	}
 	return privateFile, false
 }

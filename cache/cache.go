@@ -119,17 +119,21 @@ type Cache struct {
 	// byIdent finds a blob by layout directory and identity, so that a
 	// blob whose path changed but whose bytes did not (sample names
 	// widened when a store grew past a power of ten) is linked, not filled.
-	byIdent  map[string]*entry
-	lru      list.List // of *entry, most recently used at the front
-	used     int64     // what indexed entries count against the budget (charge)
-	bytes    int64     // bytes of indexed entries
-	inflight int64     // bytes reserved by fills of this instance
-	quit     map[string]bool
-	intern   map[string]string
-	jf       *os.File // journal, O_APPEND
-	joff     int64    // bytes of the journal applied to idx
-	jbuf     []byte
-	jnext    int64 // journal size at which to try compaction next
+	byIdent map[string]*entry
+	lru     list.List // of *entry, most recently used at the front
+	used    int64     // what indexed entries count against the budget (charge)
+	bytes   int64     // bytes of indexed entries
+	// chunkBytes and chunks are the part of bytes and of the index that
+	// is the chunk tier (TierUsage).
+	chunkBytes int64
+	chunks     int
+	inflight   int64 // bytes reserved by fills of this instance
+	quit       map[string]bool
+	intern     map[string]string
+	jf         *os.File // journal, O_APPEND
+	joff       int64    // bytes of the journal applied to idx
+	jbuf       []byte
+	jnext      int64 // journal size at which to try compaction next
 	// compacted is the journal's size after its last compaction (or a
 	// clean Open); a journal still that size needs no compaction at Close.
 	compacted int64
@@ -599,6 +603,9 @@ func (c *Cache) insertLocked(r record, trusted bool) *entry {
 	if e := c.idx[r.key]; e != nil {
 		c.used += c.charge(r.size) - c.charge(e.size)
 		c.bytes += r.size - e.size
+		if isChunk(r.key) {
+			c.chunkBytes += r.size - e.size
+		}
 		c.unidentLocked(e)
 		e.size, e.sum, e.writer, e.ident, e.mtime = r.size, r.sum, r.writer, r.ident, 0
 		e.trusted = e.trusted && trusted
@@ -611,6 +618,10 @@ func (c *Cache) insertLocked(r record, trusted bool) *entry {
 	c.idx[r.key] = e
 	c.used += c.charge(r.size)
 	c.bytes += r.size
+	if isChunk(r.key) {
+		c.chunkBytes += r.size
+		c.chunks++
+	}
 	c.identLocked(e)
 	return e
 }
@@ -650,6 +661,10 @@ func (c *Cache) removeLocked(e *entry) {
 	c.lru.Remove(e.elem)
 	c.used -= c.charge(e.size)
 	c.bytes -= e.size
+	if isChunk(e.key) {
+		c.chunkBytes -= e.size
+		c.chunks--
+	}
 }
 
 // appendLocked writes one record to the journal.
@@ -955,6 +970,9 @@ func (c *Cache) evictEntryLocked(e *entry, force bool) bool {
 	c.removeLocked(e)
 	c.counts.evictions.Add(1)
 	c.counts.evictedBytes.Add(e.size)
+	if isChunk(e.key) {
+		c.counts.chunkEvictions.Add(1)
+	}
 	c.log.Debug("cache evict", "key", e.key, "bytes", e.size)
 	return true
 }

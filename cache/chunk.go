@@ -6,6 +6,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -75,7 +77,13 @@ func (c *Cache) getChunk(ctx context.Context, rel, key string, fetch func(ctx co
 	)
 }
 
-func (c *Cache) readChunk(rel string) ([]byte, error) {
+func (c *Cache) readChunk(rel string) ([]byte, error) { return c.readChunkInto(rel, nil) }
+
+// readChunkInto reads the chunk at rel into buf when it has the room (else
+// into memory of its own) and checks its size and checksum: nil, nil for a
+// chunk the index lacks, or one found damaged or gone, which it forgets
+// (and evicts, when damaged) so that the caller fetches it again.
+func (c *Cache) readChunkInto(rel string, buf []byte) ([]byte, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -90,11 +98,8 @@ func (c *Cache) readChunk(rel string) ([]byte, error) {
 	size, sum := e.size, e.sum
 	c.mu.Unlock()
 
-	data, err := os.ReadFile(filepath.Join(c.dir, rel))
-	if err == nil && int64(len(data)) == size && sumOf(data, sum.tree) == sum {
-		if data == nil {
-			data = []byte{}
-		}
+	data, err := preadWhole(filepath.Join(c.dir, rel), size, buf)
+	if err == nil && sumOf(data, sum.tree) == sum {
 		return data, nil
 	}
 	c.mu.Lock()
@@ -102,11 +107,47 @@ func (c *Cache) readChunk(rel string) ([]byte, error) {
 	if errors.Is(err, fs.ErrNotExist) {
 		c.removeLocked(e)
 	} else if c.idx[rel] == e {
+		if err == nil {
+			err = errors.New("checksum mismatch")
+		}
 		c.log.Warn("cache chunk damaged; fetching again", "key", rel, "err", err)
+		c.counts.chunkDamaged.Add(1)
 		c.evictOneLocked(e)
 		c.removeLocked(e)
 	}
 	return nil, nil
+}
+
+// preadWhole reads the file at p, which must hold exactly size bytes, into
+// buf[:size] when buf has the capacity, else into a new slice: one pread,
+// straight into the caller's memory (pinned memory a GPU copies from).
+func preadWhole(p string, size int64, buf []byte) ([]byte, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() || fi.Size() != size {
+		return nil, fmt.Errorf("size %d, recorded %d", fi.Size(), size)
+	}
+	if size == 0 {
+		return []byte{}, nil
+	}
+	if int64(cap(buf)) < size {
+		buf = make([]byte, size)
+	}
+	data := buf[:size]
+	if n, err := f.ReadAt(data, 0); n != len(data) {
+		if err == nil || errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	return data, nil
 }
 
 func (c *Cache) storeChunk(rel, key string, data []byte) {
@@ -126,6 +167,8 @@ func (c *Cache) storeChunk(rel, key string, data []byte) {
 		return
 	}
 	committed = true
+	c.counts.chunkStores.Add(1)
+	c.counts.chunkStoredBytes.Add(size)
 }
 
 // writeChunk writes data to a temp file and publishes it as rel.
@@ -136,6 +179,10 @@ func (c *Cache) writeChunk(rel string, data []byte) error {
 	}
 	defer os.Remove(tmp.Name())
 	_, err = tmp.Write(data)
+	if err == nil {
+		// Read-only, as blobs are: nothing writes a chunk once published.
+		err = tmp.Chmod(chunkFile)
+	}
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}
@@ -149,15 +196,32 @@ func (c *Cache) writeChunk(rel string, data []byte) error {
 // bytes (what zarr.Options.SourceCache wants), with the guarantees of
 // GetChunk: every read is checked against the recorded size and checksum, and
 // the bytes under a key never change.
-type ChunkTier struct{ c *Cache }
+type ChunkTier struct {
+	c        *Cache
+	readOnly bool
+}
 
 // ChunkTier returns the chunk tier of c.
-func (c *Cache) ChunkTier() ChunkTier { return ChunkTier{c} }
+func (c *Cache) ChunkTier() ChunkTier { return ChunkTier{c: c} }
+
+// ReadOnly is t serving what it holds and storing nothing: Put does
+// nothing. A mount of a local store reads through it, so that chunks
+// `zarrfs warm --compressed` kept are read from the cache, without
+// copying every chunk it reads from the store onto the cache's disk.
+func (t ChunkTier) ReadOnly() ChunkTier { return ChunkTier{c: t.c, readOnly: true} }
 
 // Get returns a copy of the bytes stored under key, if the tier holds them
 // intact.
-func (t ChunkTier) Get(key string) ([]byte, bool) {
-	data, err := t.c.readChunk(chunkRel(key))
+func (t ChunkTier) Get(key string) ([]byte, bool) { return t.GetInto(key, nil) }
+
+// GetInto is Get that reads the bytes into buf[:n] when buf has the
+// capacity for them (else into memory of its own): one pread into the
+// caller's memory, pinned memory included, with no copy after it. The
+// bytes are checked against their recorded size and checksum first; a
+// damaged file is a miss (and is dropped), never bytes. On a miss buf is
+// untouched.
+func (t ChunkTier) GetInto(key string, buf []byte) ([]byte, bool) {
+	data, err := t.c.readChunkInto(chunkRel(key), buf)
 	if err == nil && data != nil {
 		t.c.counts.chunkHits.Add(1)
 		return data, true
@@ -169,6 +233,9 @@ func (t ChunkTier) Get(key string) ([]byte, bool) {
 // Put stores b under key, unless the tier already holds it. It does not
 // keep b. Failing to store (disk full) is logged, not returned.
 func (t ChunkTier) Put(key string, b []byte) {
+	if t.readOnly {
+		return
+	}
 	rel := chunkRel(key)
 	t.c.mu.Lock()
 	if t.c.closed {
@@ -180,4 +247,13 @@ func (t ChunkTier) Put(key string, b []byte) {
 	if !present {
 		t.c.storeChunk(rel, key, b)
 	}
+}
+
+// Holds reports whether the index holds a chunk under key, without reading
+// it (its bytes are checked when read).
+func (t ChunkTier) Holds(key string) bool {
+	rel := chunkRel(key)
+	t.c.mu.Lock()
+	defer t.c.mu.Unlock()
+	return !t.c.closed && t.c.lookupLocked(rel) != nil
 }

@@ -7,6 +7,9 @@ import (
 	"os"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/gpu"
 )
 
@@ -45,23 +48,61 @@ func (m CUDAMemory) NewRing(req *OpenRequest, slots int, slotBytes int64) (Ring,
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
+	// The shadow: address space for the slots, of which only what the
+	// host writes is ever faulted in (GPUFill).
+	shadow, err := unix.Mmap(-1, 0, int(int64(slots)*slotBytes), unix.PROT_READ|unix.PROT_WRITE,
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
+		release()
+		return nil, fmt.Errorf("map a shadow of %d slots of %d bytes: %w", slots, slotBytes, err)
+	}
 	r, err := d.NewRing(slots, slotBytes, req.ConsumerEvent)
 	if err != nil {
+		unix.Munmap(shadow)
 		release()
 		if errors.Is(err, gpu.ErrBudget) {
 			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 		return nil, err
 	}
-	return &cudaRing{d: d, r: r, release: release}, nil
+	// Pinned memory for the compressed chunks of the fills in flight
+	// (blosc and zstd halve the bytes at least), registered before the
+	// first: a pipeline that registers it on demand would read the first
+	// batches into memory the device cannot copy from directly.
+	d.HostReserve(int64(slots)*slotBytes/2, reserveWait)
+	return &cudaRing{d: d, r: r, release: release, shadow: shadow, slotBytes: slotBytes}, nil
 }
 
+// reserveWait bounds what opening a ring waits for pinned memory.
+const reserveWait = 5 * time.Second
+
 // cudaRing is a gpu.Ring as delivery's Ring: the host path stages in the
-// Decoder's pinned memory.
+// Decoder's pinned memory. shadow is host address space as large as the
+// ring, a slot's shadow at the slot's offset: the device path fills a
+// batch into it, the device decoding straight into the slot what lands
+// there whole, so only the pages the host writes are ever touched (and
+// they stay, for the next batch in the slot: the same channels).
 type cudaRing struct {
-	d       *gpu.Decoder
-	r       *gpu.Ring
-	release func()
+	d         *gpu.Decoder
+	r         *gpu.Ring
+	release   func()
+	shadow    []byte
+	slotBytes int64
+}
+
+// shadowOf is slot k's shadow.
+func (c *cudaRing) shadowOf(k int) []byte {
+	return c.shadow[int64(k)*c.slotBytes : int64(k+1)*c.slotBytes]
+}
+
+func (c *cudaRing) decode(ctx context.Context, k int, jobs []codec.Job, offs []int64, t *gpu.RingTimes) error {
+	return c.r.Decode(ctx, k, jobs, offs, t)
+}
+
+func (c *cudaRing) memory() codec.HostMemory { return c.d }
+
+func (c *cudaRing) copyInSlot(k int, dst, src, n int64) error {
+	return c.r.Copy(k, dst, c.r.Addr(k, src), n)
 }
 
 func (c *cudaRing) Bytes() int64 { return c.r.Bytes() }
@@ -83,5 +124,9 @@ func (c *cudaRing) Write(k int, off int64, b []byte) error { return c.r.Write(k,
 func (c *cudaRing) Close() error {
 	err := c.r.Close()
 	c.release()
+	if c.shadow != nil {
+		unix.Munmap(c.shadow)
+		c.shadow = nil
+	}
 	return err
 }

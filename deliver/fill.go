@@ -7,6 +7,7 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/fill"
@@ -23,6 +24,7 @@ type slotJob struct {
 	// crossed to the device, on a GPU); uploaded the decoded bytes the
 	// host path copied into the slot.
 	compressed, uploaded atomic.Int64
+	stages               stageTimes
 }
 
 // fillSlot puts job's samples into slot k: the device path first, the host
@@ -52,6 +54,9 @@ func (s *Server) fillSlot(ctx context.Context, r Ring, k int, job *slotJob) (dev
 	}
 	// The host path, a sample per goroutine: each waits for its own fill
 	// (single-flight with the mount's readers) and copies into the slot.
+	if host := len(todo) - dev; host > 0 {
+		defer func(t0 time.Time) { job.stages.add(stHostPath, time.Since(t0)) }(time.Now())
+	}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	for i, b := range job.blobs {
@@ -169,22 +174,35 @@ func (f HostFill) FillSlot(ctx context.Context, r Ring, k int, job *slotJob) []e
 	if len(blobs) == 0 {
 		return errs
 	}
-	if err := f.Filler.FillInto(ctx, job.lay, blobs, outs, 0, counting{f.Decoder, &job.compressed}); err != nil {
+	cd := &counting{inner: f.Decoder, n: &job.compressed}
+	t0 := time.Now()
+	if err := f.Filler.FillInto(ctx, job.lay, blobs, outs, 0, cd); err != nil {
 		for _, i := range which {
 			errs[i] = err
 		}
 	}
+	job.stages.add(stRead, time.Since(t0)-time.Duration(cd.in.Load()))
+	job.stages.add(stHostDecode, time.Duration(cd.in.Load()))
 	return errs
 }
 
 // counting decodes with inner and adds the compressed bytes of every job
-// to n.
+// to n, and the time spent decoding to in.
 type counting struct {
 	inner codec.BatchDecoder
 	n     *atomic.Int64
+	in    atomic.Int64
 }
 
-func (c counting) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
+func (c *counting) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
+	t0 := time.Now()
+	defer func() { c.in.Add(int64(time.Since(t0))) }()
+	c.n.Add(compressedBytes(jobs))
+	return c.inner.DecodeBatch(ctx, jobs)
+}
+
+// compressedBytes is the compressed bytes of jobs.
+func compressedBytes(jobs []codec.Job) int64 {
 	var n int64
 	for _, j := range jobs {
 		n += int64(len(j.Src))
@@ -192,6 +210,5 @@ func (c counting) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 			n += int64(len(p.B))
 		}
 	}
-	c.n.Add(n)
-	return c.inner.DecodeBatch(ctx, jobs)
+	return n
 }

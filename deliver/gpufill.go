@@ -1,25 +1,37 @@
 package deliver
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/fill"
+	"github.com/zarrfs/zarrfs/gpu"
 	"github.com/zarrfs/zarrfs/layout"
 )
 
 // GPUFill is the device path on a GPU: a batch's samples are filled into a
-// host shadow of the slot (pinned memory, fill.Filler.FillInto, the mount's own
-// fill code), except that every chunk that lands whole in the shadow, of a
+// host shadow of the slot (fill.Filler.FillInto, the mount's own fill
+// code), except that every chunk that lands whole in the shadow, of a
 // codec the GPU may take alone, decodes on the GPU straight into the slot
 // (gpu.Ring.Decode) and never reaches the host. What the host wrote
 // instead (chunks of other codecs, casts, fill values, static channels)
 // is then copied from the shadow into the slot, and only that. Fallback
-// decodes what the GPU does not (the mount's pipeline).
+// decodes what the GPU does not (the mount's pipeline), while the GPU
+// decodes the rest.
+//
+// The shadow is address space, not memory: the ring's own mapping, whose
+// pages only the host's writes fault in (cudaRing.shadow). What the
+// device decodes never touches it, so a batch costs the host no buffer of
+// its size, and the pinned memory the GPU lends stays for the compressed
+// chunks, read straight into it (the slot's decoder lends it: see
+// zarr.Hierarchy.Decoding).
 type GPUFill struct {
 	Filler   *fill.Filler
 	Fallback codec.BatchDecoder
@@ -33,36 +45,112 @@ func (f GPUFill) FillSlot(ctx context.Context, r Ring, k int, job *slotJob) []er
 		}
 		return errs
 	}
-	cr, ok := r.(*cudaRing)
+	cr, ok := r.(deviceRing)
 	if !ok {
 		return fail(errors.New("the ring is not in GPU memory"))
 	}
 	n := int64(len(job.blobs)) * job.size
-	shadow := cr.d.HostAlloc(int(n))
-	defer cr.d.HostFree(shadow)
+	shadow := cr.shadowOf(k)[:n]
 	outs := make([][]byte, len(job.blobs))
 	for i := range job.blobs {
 		outs[i] = shadow[job.offs[i] : job.offs[i]+job.size]
 	}
-	sd := &slotDecoder{ring: cr, slot: k, shadow: shadow, fallback: f.Fallback, compressed: &job.compressed}
+	sd := &slotDecoder{ring: cr, slot: k, shadow: shadow, fallback: f.Fallback, job: job}
 	if bigEndian(job.blobs) {
 		// The host swaps such chunks after decoding them in place: they
 		// must decode where it can.
 		sd.hostOnly = true
 	}
-	if err := f.Filler.FillInto(ctx, job.lay, job.blobs, outs, 0, sd); err != nil {
+	// sd lends the GPU's pinned memory: the compressed chunks are read
+	// into it, from which they cross to the device without a copy into
+	// staging, whatever memory the mount lends its other fills.
+	t0 := time.Now()
+	err := f.Filler.FillInto(ctx, job.lay, job.blobs, outs, 0, sd)
+	job.stages.add(stRead, time.Since(t0)-time.Duration(sd.in.Load()))
+	if err != nil {
 		return fail(err)
 	}
 	// What the device did not write, the host did: copy it from the shadow.
-	var uploaded int64
-	for _, gap := range gaps(sd.covered(), n) {
-		if err := cr.r.Write(k, gap[0], shadow[gap[0]:gap[1]]); err != nil {
-			return fail(err)
-		}
-		uploaded += gap[1] - gap[0]
-	}
+	t1 := time.Now()
+	uploaded, err := uploadGaps(cr, k, shadow, gaps(sd.covered(), n))
+	job.stages.add(stUpload, time.Since(t1))
 	job.uploaded.Add(uploaded)
+	if err != nil {
+		return fail(err)
+	}
 	return errs
+}
+
+// deviceRing is a ring in a GPU's memory as the device path uses it: a
+// cudaRing, or a test's stand-in.
+type deviceRing interface {
+	Ring
+	// shadowOf is slot k's shadow (see GPUFill).
+	shadowOf(k int) []byte
+	// decode decodes jobs into slot k at offs (gpu.Ring.Decode).
+	decode(ctx context.Context, k int, jobs []codec.Job, offs []int64, t *gpu.RingTimes) error
+	// memory lends the pinned memory compressed chunks are read into.
+	memory() codec.HostMemory
+	// copyInSlot copies n bytes of slot k from src to dst, on the device.
+	copyInSlot(k int, dst, src, n int64) error
+}
+
+// uploadGaps copies the ranges gaps of slot k's shadow (what the host
+// wrote) into the slot, through staging (pinned on a GPU), and returns
+// the bytes that crossed. A range whose bytes equal those of a range
+// already copied by this call (a static channel, which a fill decodes once
+// and copies into every sample) is copied on the device from there
+// instead, and does not cross again: only bytes written in this fill are
+// reused, never what the slot held before (the trainer may have written
+// over it).
+func uploadGaps(r deviceRing, k int, shadow []byte, gaps [][2]int64) (int64, error) {
+	var most int64
+	for _, g := range gaps {
+		most = max(most, g[1]-g[0])
+	}
+	if most == 0 {
+		return 0, nil
+	}
+	buf := r.Stage(int(min(most, stagePiece)))
+	defer r.Unstage(buf)
+	var n int64
+	var sent [][2]int64 // ranges copied whole by this call, large enough to look for again
+	for _, g := range gaps {
+		if src, ok := sameBytes(shadow, sent, g); ok {
+			if err := r.copyInSlot(k, g[0], src, g[1]-g[0]); err != nil {
+				return n, err
+			}
+			continue
+		}
+		for off := g[0]; off < g[1]; off += int64(len(buf)) {
+			m := min(int64(len(buf)), g[1]-off)
+			copy(buf, shadow[off:off+m])
+			if err := r.Write(k, off, buf[:m]); err != nil {
+				return n, err
+			}
+			n += m
+		}
+		if g[1]-g[0] >= minReused {
+			sent = append(sent, g)
+		}
+	}
+	return n, nil
+}
+
+// minReused is the least range uploadGaps looks for among those it sent:
+// below it, the copy costs less than the comparison.
+const minReused = 64 << 10
+
+// sameBytes returns the start of a range of sent that holds the bytes of
+// range g in shadow, if one does.
+func sameBytes(shadow []byte, sent [][2]int64, g [2]int64) (int64, bool) {
+	n := g[1] - g[0]
+	for _, s := range sent {
+		if s[1]-s[0] == n && bytes.Equal(shadow[s[0]:s[1]], shadow[g[0]:g[1]]) {
+			return s[0], true
+		}
+	}
+	return 0, false
 }
 
 // bigEndian reports whether a source array of the blobs is big-endian
@@ -81,39 +169,53 @@ func bigEndian(blobs []layout.Blob) bool {
 // slotDecoder decodes the chunks of one fill: those that land in the
 // shadow on the GPU, into the slot, the rest with fallback.
 type slotDecoder struct {
-	ring       *cudaRing
-	slot       int
-	shadow     []byte
-	fallback   codec.BatchDecoder
-	compressed interface{ Add(int64) int64 }
-	hostOnly   bool
+	ring     deviceRing
+	slot     int
+	shadow   []byte
+	fallback codec.BatchDecoder
+	job      *slotJob
+	hostOnly bool
+	in       atomic.Int64 // nanoseconds in DecodeBatch
 
 	mu   sync.Mutex
 	done [][2]int64 // shadow ranges the device wrote into the slot
 }
 
 // deviceCodecs are the codecs the GPU decodes into a slot with every
-// check made before it reads them (gpu's doc: LZ4 walked, blosc framing
-// parsed); zstd goes too, and the GPU refuses the frames it would have to
-// verify over decoded bytes.
+// check made before it reads them or on the device (gpu's doc: LZ4
+// walked, blosc framing parsed, a zstd frame's checksum hashed on the
+// device); the GPU refuses the chunks it would have to verify over
+// decoded bytes the host holds, which then decode on the host.
 var deviceCodecs = map[codec.Name]bool{codec.Blosc: true, codec.LZ4: true, codec.Zstd: true}
 
-func (s *slotDecoder) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
+// onDevice returns the jobs that land whole in the shadow, of a codec the
+// GPU may take, with their offsets in it; and the others.
+func (s *slotDecoder) onDevice(jobs []codec.Job) (dev []int, offs []int64, host []int) {
 	base := uintptr(unsafe.Pointer(unsafe.SliceData(s.shadow)))
-	var dev []int
-	var offs []int64
-	if !s.hostOnly {
-		for i, j := range jobs {
-			if !deviceCodecs[j.Codec] || len(j.Parts) > 0 || len(j.Src) == 0 || len(j.Dst) == 0 {
-				continue
-			}
-			at := uintptr(unsafe.Pointer(unsafe.SliceData(j.Dst)))
-			if at < base || at+uintptr(len(j.Dst)) > base+uintptr(len(s.shadow)) {
-				continue
-			}
-			dev = append(dev, i)
-			offs = append(offs, int64(at-base))
+	for i, j := range jobs {
+		at := uintptr(unsafe.Pointer(unsafe.SliceData(j.Dst)))
+		if s.hostOnly || !deviceCodecs[j.Codec] || len(j.Parts) > 0 || len(j.Src) == 0 || len(j.Dst) == 0 ||
+			at < base || at+uintptr(len(j.Dst)) > base+uintptr(len(s.shadow)) {
+			host = append(host, i)
+			continue
 		}
+		dev = append(dev, i)
+		offs = append(offs, int64(at-base))
+	}
+	return dev, offs, host
+}
+
+// DecodeBatch decodes on the GPU into the slot the jobs it may take, and
+// at the same time on the host the others; then on the host what the GPU
+// handed back (ErrUnsupported).
+func (s *slotDecoder) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
+	t0 := time.Now()
+	defer func() { s.in.Add(int64(time.Since(t0))) }()
+	dev, offs, host := s.onDevice(jobs)
+	var hostErr error
+	var wg sync.WaitGroup
+	if len(host) > 0 {
+		wg.Go(func() { hostErr = s.onHost(ctx, jobs, host) })
 	}
 	var rest []int
 	if len(dev) > 0 {
@@ -121,13 +223,17 @@ func (s *slotDecoder) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 		for k, i := range dev {
 			sub[k] = jobs[i]
 		}
-		if err := s.ring.r.Decode(ctx, s.slot, sub, offs); err != nil && ctx.Err() != nil {
+		var times gpu.RingTimes
+		err := s.ring.decode(ctx, s.slot, sub, offs, &times)
+		s.count(times)
+		if err != nil && ctx.Err() != nil {
+			wg.Wait()
 			return err
 		}
 		for k, i := range dev {
 			switch err := sub[k].Err; {
 			case err == nil:
-				s.compressed.Add(int64(len(jobs[i].Src)))
+				s.job.compressed.Add(int64(len(jobs[i].Src)))
 				s.mu.Lock()
 				s.done = append(s.done, [2]int64{offs[k], offs[k] + int64(len(jobs[i].Dst))})
 				s.mu.Unlock()
@@ -138,28 +244,49 @@ func (s *slotDecoder) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 			}
 		}
 	}
-	inDev := make(map[int]bool, len(dev))
-	for _, i := range dev {
-		inDev[i] = true
-	}
-	for i := range jobs {
-		if !inDev[i] {
-			rest = append(rest, i)
+	wg.Wait()
+	if len(rest) > 0 {
+		if err := s.onHost(ctx, jobs, rest); hostErr == nil {
+			hostErr = err
 		}
 	}
-	if len(rest) == 0 {
-		return nil
-	}
-	sub := make([]codec.Job, len(rest))
-	for k, i := range rest {
+	return hostErr
+}
+
+// HostAlloc and HostFree lend the ring's GPU's pinned memory: the fill
+// code reads the compressed chunks it decodes into memory its decoder
+// lends (zarr.Hierarchy.Decoding).
+func (s *slotDecoder) HostAlloc(n int) []byte { return s.ring.memory().HostAlloc(n) }
+func (s *slotDecoder) HostFree(b []byte)      { s.ring.memory().HostFree(b) }
+
+var _ codec.HostMemory = (*slotDecoder)(nil)
+
+// onHost decodes jobs idx with the fallback, into the shadow.
+func (s *slotDecoder) onHost(ctx context.Context, jobs []codec.Job, idx []int) error {
+	t0 := time.Now()
+	defer func() { s.job.stages.add(stHostDecode, time.Since(t0)) }()
+	sub := make([]codec.Job, len(idx))
+	for k, i := range idx {
 		sub[k] = jobs[i]
 		sub[k].Err = nil
 	}
 	err := s.fallback.DecodeBatch(ctx, sub)
-	for k, i := range rest {
+	for k, i := range idx {
 		jobs[i].Err = sub[k].Err
 	}
 	return err
+}
+
+// count adds where a Ring.Decode's time went to the fill's stages.
+func (s *slotDecoder) count(t gpu.RingTimes) {
+	st := &s.job.stages
+	st.add(stConsumer, t.Consumer)
+	st.add(stChecks, t.Checks)
+	st.add(stWait, t.Wait)
+	st.add(stH2D, t.Device.H2D)
+	st.add(stDecode, t.Device.Decode)
+	st.add(stKernels, t.Device.Kernels)
+	st.add(stD2H, t.Device.D2H)
 }
 
 // covered returns the shadow ranges the device wrote, sorted.

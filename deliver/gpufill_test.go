@@ -1,8 +1,29 @@
 package deliver
 
 import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
 	"fmt"
+	"math"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sys/unix"
+
+	"github.com/zarrfs/zarrfs/codec"
+	"github.com/zarrfs/zarrfs/fill"
+	"github.com/zarrfs/zarrfs/gpu"
+	"github.com/zarrfs/zarrfs/layout"
+	"github.com/zarrfs/zarrfs/objectstore"
+	"github.com/zarrfs/zarrfs/zarr"
 )
 
 // The host copies into the slot exactly what the device did not write.
@@ -21,4 +42,236 @@ func TestGaps(t *testing.T) {
 			t.Errorf("gaps(%v, %d) = %s, want %s", tc.covered, tc.n, got, tc.want)
 		}
 	}
+}
+
+// devStore writes a Zarr v3 store of 6 time steps: a (2 levels, zstd with
+// a content checksum, a chunk per step holding both levels), c (zstd with
+// one), b (zstd without one) and a static s (zstd with one), all float32
+// 128x128, and the view v stacking a's levels, s, c and b; every element
+// differs.
+func devStore(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	zs, _ := zstd.NewWriter(nil, zstd.WithEncoderCRC(true))
+	nosum, _ := zstd.NewWriter(nil, zstd.WithEncoderCRC(false))
+	put := func(p string, b []byte) {
+		p = filepath.Join(dir, filepath.FromSlash(p))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	meta := func(shape, chunks []int, dims []string, codec string) []byte {
+		js, _ := json.Marshal(map[string]any{"zarr_format": 3, "node_type": "array", "shape": shape, "data_type": "float32",
+			"chunk_grid":         map[string]any{"name": "regular", "configuration": map[string]any{"chunk_shape": chunks}},
+			"chunk_key_encoding": map[string]any{"name": "default"}, "fill_value": 0, "dimension_names": dims,
+			"codecs": []any{map[string]any{"name": "bytes", "configuration": map[string]any{"endian": "little"}},
+				map[string]any{"name": codec, "configuration": map[string]any{"level": 3}}}})
+		return js
+	}
+	field := func(n int, seed float32) []byte {
+		b := make([]byte, 4*n)
+		for i := range n {
+			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(seed+float32(i%97)*0.5))
+		}
+		return b
+	}
+	put("zarr.json", []byte(`{"zarr_format":3,"node_type":"group"}`))
+	const ny, nx = 128, 128
+	put("a/zarr.json", meta([]int{6, 2, ny, nx}, []int{1, 2, ny, nx}, []string{"time", "level", "y", "x"}, "zstd"))
+	put("b/zarr.json", meta([]int{6, ny, nx}, []int{1, ny, nx}, []string{"time", "y", "x"}, "zstd"))
+	put("c/zarr.json", meta([]int{6, ny, nx}, []int{1, ny, nx}, []string{"time", "y", "x"}, "zstd"))
+	put("s/zarr.json", meta([]int{ny, nx}, []int{ny, nx}, []string{"y", "x"}, "zstd"))
+	for k := range 6 {
+		put(fmt.Sprintf("a/c/%d/0/0/0", k), zs.EncodeAll(field(2*ny*nx, float32(100*k)), nil))
+		put(fmt.Sprintf("b/c/%d/0/0", k), nosum.EncodeAll(field(ny*nx, float32(100*k+7)), nil))
+		put(fmt.Sprintf("c/c/%d/0/0", k), zs.EncodeAll(field(ny*nx, float32(100*k+3)), nil))
+	}
+	put("s/c/0/0", zs.EncodeAll(field(ny*nx, -5), nil))
+	return dir
+}
+
+// testDevice is a ring in "device memory" for the device path's tests: the
+// slots are host shared memory (hostRing) that decode writes as a GPU
+// would, refusing zstd frames without a checksum (ErrUnsupported: the host
+// decodes them); the shadow
+// is a mapping of its own; memory lends what compressed chunks are read
+// into, and decode checks that every chunk it is given lies there.
+type testDevice struct {
+	*hostRing
+	shadow   []byte
+	slot     int64
+	lent     sync.Map // *byte -> true while lent
+	foreign  atomic.Int64
+	decoded  atomic.Int64
+	refusals atomic.Int64
+	copied   atomic.Int64 // bytes copied within a slot on the device
+}
+
+func (d *testDevice) copyInSlot(k int, dst, src, n int64) error {
+	slot := d.Host(k)
+	copy(slot[dst:dst+n], slot[src:src+n])
+	d.copied.Add(n)
+	return nil
+}
+
+func (d *testDevice) shadowOf(k int) []byte {
+	return d.shadow[int64(k)*d.slot : int64(k+1)*d.slot]
+}
+
+func (d *testDevice) memory() codec.HostMemory { return lender{d} }
+
+type lender struct{ d *testDevice }
+
+func (l lender) HostAlloc(n int) []byte {
+	b := make([]byte, n)
+	l.d.lent.Store(&b[0], true)
+	return b
+}
+
+func (l lender) HostFree(b []byte) { l.d.lent.Delete(&b[:1][0]) }
+
+func (d *testDevice) decode(ctx context.Context, k int, jobs []codec.Job, offs []int64, t *gpu.RingTimes) error {
+	slot := d.Host(k)
+	for i := range jobs {
+		j := &jobs[i]
+		if _, ok := d.lent.Load(&j.Src[0]); !ok {
+			d.foreign.Add(1)
+		}
+		if j.Codec == codec.Zstd && len(j.Src) > 4 && j.Src[4]&0x04 == 0 {
+			d.refusals.Add(1)
+			j.Err = fmt.Errorf("test device: %w", codec.ErrUnsupported)
+			continue
+		}
+		j.Err = codec.Decode(j.Codec, slot[offs[i]:offs[i]+int64(len(j.Dst))], j.Src)
+		d.decoded.Add(1)
+	}
+	t.Checks += time.Microsecond
+	return nil
+}
+
+type testDeviceMemory struct{ dev chan *testDevice }
+
+func (testDeviceMemory) Kind() string { return MemoryCUDA }
+
+func (m testDeviceMemory) NewRing(req *OpenRequest, slots int, slotBytes int64) (Ring, error) {
+	hr, err := HostMemory{}.NewRing(&OpenRequest{Memory: MemoryHost}, slots, slotBytes)
+	if err != nil {
+		return nil, err
+	}
+	shadow, err := unix.Mmap(-1, 0, int(int64(slots)*slotBytes), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, err
+	}
+	d := &testDevice{hostRing: hr.(*hostRing), shadow: shadow, slot: slotBytes}
+	m.dev <- d
+	return d, nil
+}
+
+// The device path fills a batch as a GPU would: the chunks the device
+// takes (zstd with a checksum) are decoded into the slot and never touch
+// the shadow; what it refuses (without one) the host decodes into the
+// shadow, and only that is
+// copied into the slot, as is the static channel, decoded once for the
+// batch and copied into each sample by the fill code: it crosses once a
+// batch, and is copied on the device into the other samples; the
+// compressed chunks are read into the ring's memory; every sample equals
+// the mount's file.
+func TestGPUFillIntoSlot(t *testing.T) {
+	dir := devStore(t)
+	st, err := objectstore.OpenPosix(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := zarr.Open(context.Background(), st, zarr.Options{ChunkCacheBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	specs, err := layout.ParseViews("v.yaml", []byte("views:\n  - name: v\n    channels:\n      - var: a\n        select: {level: all}\n      - var: s\n      - var: c\n      - var: b\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	views, err := layout.BindViews(context.Background(), h, specs, layout.BindOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lay, err := layout.Build(h, layout.Options{Views: views})
+	if err != nil {
+		t.Fatal(err)
+	}
+	filler, err := fill.New(fill.Options{Reader: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := testDeviceMemory{dev: make(chan *testDevice, 1)}
+	s := &Server{Layout: func() *layout.Layout { return lay }, Blobs: &fileBlobs{fill: filler, dir: t.TempDir(), opens: map[string]int{}},
+		Memory: mem, Device: GPUFill{Filler: filler, Fallback: must(codec.NewCPU(codec.Options{Workers: 2}))}}
+	sock := filepath.Join(t.TempDir(), "d.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go s.Serve(ctx, ln)
+	c := dial(t, sock)
+	rep := c.open(t, OpenRequest{Dir: "v", Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 2, Batch: 3})
+	if !rep.OK {
+		t.Fatalf("open: %+v", rep)
+	}
+	dev := <-mem.dev
+	const plane = 128 * 128 * 4
+	for b, batch := range [][]string{{"0.npy", "1.npy", "2.npy"}, {"3.npy", "4.npy", "5.npy"}, {"1.npy", "3.npy", "5.npy"}} {
+		slot := b % 2
+		if r := c.fill(t, slot, batch...); r.Op != "ready" || r.Device != 3 || r.Host != 0 {
+			t.Fatalf("batch %d: %+v", b, r)
+		}
+		shadow := dev.shadowOf(slot)
+		for j, n := range batch {
+			want := sampleBytes(t, filler, lay, "v/"+n)
+			got := dev.Host(slot)[int64(j)*rep.SampleBytes : int64(j+1)*rep.SampleBytes]
+			if !bytes.Equal(got, want) {
+				t.Fatalf("v/%s in slot %d differs from the file", n, slot)
+			}
+			sh := shadow[int64(j)*rep.SampleBytes : int64(j+1)*rep.SampleBytes]
+			// Channels 0, 1 (a) and 3 (c) went to the device; 4 (b) was
+			// decoded on the host, into the shadow, and 2 (s) copied there.
+			for ch := range 5 {
+				part := sh[ch*plane : (ch+1)*plane]
+				if onHost := ch == 2 || ch == 4; onHost != bytes.Equal(part, want[ch*plane:(ch+1)*plane]) ||
+					!onHost && bytes.Count(part, []byte{0}) != plane {
+					t.Fatalf("v/%s channel %d: the shadow holds the wrong bytes (host-decoded: %v; equal to the data %v, zeros %d)", n, ch, onHost, bytes.Equal(part, want[ch*plane:(ch+1)*plane]), bytes.Count(part, []byte{0}))
+				}
+			}
+		}
+	}
+	if f := dev.foreign.Load(); f != 0 {
+		t.Errorf("%d compressed chunks did not come from the ring's memory", f)
+	}
+	rings, tot := s.Stats()
+	if tot.Uploaded != 12*plane || dev.copied.Load() != 6*plane || tot.DeviceSamples != 9 || dev.decoded.Load() != 18 || dev.refusals.Load() != 9 {
+		t.Fatalf("uploaded %d bytes (want 9 channels of b and a static one a batch: %d), %d copied on the device (want 6 static channels), "+
+			"%d device samples, %d chunks decoded on the device, %d refused",
+			tot.Uploaded, 12*plane, dev.copied.Load(), tot.DeviceSamples, dev.decoded.Load(), dev.refusals.Load())
+	}
+	if st := rings[0].Stages; st["host_decode"] <= 0 || st["upload"] <= 0 || st["host_checks"] <= 0 || st["read"] <= 0 {
+		t.Fatalf("stages %v", st)
+	}
+}
+
+// sampleBytes is sample p's data as the mount's file holds it.
+func sampleBytes(t *testing.T, f *fill.Filler, lay *layout.Layout, p string) []byte {
+	t.Helper()
+	e, ok := lay.Lookup(p)
+	if !ok {
+		t.Fatalf("%s: not in the layout", p)
+	}
+	var buf bytes.Buffer
+	if err := f.Fill(context.Background(), lay, e.Blob, nil, &bufWriter{b: &buf}); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()[len(e.Blob.Header()):]
 }

@@ -53,6 +53,7 @@ type totals struct {
 	rings, fills, errors       atomic.Int64
 	device, host               atomic.Int64 // samples by path
 	compressed, uploaded, held atomic.Int64 // bytes
+	stages                     stageTimes
 }
 
 // Serve answers connections on ln until ctx ends; it closes ln then.
@@ -291,7 +292,11 @@ func (c *conn) fill(ctx context.Context, k int, files []string) fillReply {
 		job.blobs = append(job.blobs, e.Blob)
 		job.offs = append(job.offs, int64(j)*c.size)
 	}
+	t0 := time.Now()
 	dev, host, failed, err := s.fillSlot(ctx, c.ring, k, job)
+	job.stages.add(stFill, time.Since(t0))
+	c.stats.stages.addAll(&job.stages)
+	s.stats.stages.addAll(&job.stages)
 	c.stats.count(dev, host, job.compressed.Load(), job.uploaded.Load(), err)
 	s.stats.uploaded.Add(job.uploaded.Load())
 	s.stats.fills.Add(1)

@@ -290,6 +290,13 @@ func TestRingHoldsTheFilesBytes(t *testing.T) {
 		rings[0].Uploaded != 2*rep.SampleBytes || tot.Open != 1 || tot.HeldBytes != rep.RingBytes {
 		t.Fatalf("stats %+v %+v", rings, tot)
 	}
+	// Where the fills' time went: every stage named, the fills' own time
+	// at least that of the stages inside them that do not overlap.
+	st := tot.Stages
+	if len(st) != numStages || st["fill"] <= 0 || st["read"] <= 0 || st["host_path"] <= 0 ||
+		st["fill"] < st["read"]+st["host_decode"] || fmt.Sprint(rings[0].Stages) != fmt.Sprint(st) {
+		t.Fatalf("stages %v, the ring's %v", st, rings[0].Stages)
+	}
 }
 
 // A sample whose chunk is damaged fails its fill with an error naming the

@@ -27,6 +27,53 @@ type RingStats struct {
 	// Compressed is the compressed bytes the device path read, Uploaded
 	// the decoded bytes the host path copied into slots.
 	Compressed, Uploaded atomic.Int64
+	stages               stageTimes
+}
+
+// Stages of a fill, where its time goes: what `zarrfs status` reports
+// (stageNames), summed over fills. The device path's stages overlap: the
+// host decodes what the device does not while the device decodes.
+const (
+	stFill       = iota // the whole fill request
+	stRead              // reading the compressed chunks, laying the samples out (the fill code outside decoding)
+	stConsumer          // waiting for the reader's consumer event before decoding into the slot
+	stChecks            // reading the framing of the chunks the device decodes (host checks)
+	stWait              // from those chunks queued to their bytes in the slot
+	stH2D               // device time: compressed bytes to the device
+	stDecode            // device time: decoding (nvCOMP, the LZ4 walk)
+	stKernels           // device time: checksums, unshuffling, copies
+	stD2H               // device time: results back to the host
+	stHostDecode        // decoding on the host the chunks the device does not take
+	stUpload            // copying what the host wrote into the slot
+	stHostPath          // samples of the host path: blob opened through the cache, copied into the slot
+	numStages
+)
+
+var stageNames = [numStages]string{"fill", "read", "consumer_wait", "host_checks", "device_wait", "h2d", "decode",
+	"kernels", "d2h", "host_decode", "upload", "host_path"}
+
+// StageNames are the stages of Totals.Stages and RingInfo.Stages, in the
+// order of a fill.
+func StageNames() []string { return stageNames[:] }
+
+// stageTimes are nanoseconds by stage.
+type stageTimes [numStages]atomic.Int64
+
+func (t *stageTimes) add(st int, d time.Duration) { t[st].Add(int64(d)) }
+
+func (t *stageTimes) addAll(o *stageTimes) {
+	for i := range o {
+		t[i].Add(o[i].Load())
+	}
+}
+
+// doc is the stages in seconds, by name.
+func (t *stageTimes) doc() map[string]float64 {
+	m := make(map[string]float64, numStages)
+	for i, name := range stageNames {
+		m[name] = time.Duration(t[i].Load()).Seconds()
+	}
+	return m
 }
 
 func (r *RingStats) count(dev, host int, compressed, uploaded int64, err error) {
@@ -56,6 +103,8 @@ type RingInfo struct {
 	HostSamples   int64     `json:"host_samples"`
 	Compressed    int64     `json:"compressed_bytes"`
 	Uploaded      int64     `json:"host_path_bytes"`
+	// Stages is where its fills' time went, in seconds by stage.
+	Stages map[string]float64 `json:"stages_s"`
 }
 
 // Totals are the counts of all rings since the server started.
@@ -72,6 +121,14 @@ type Totals struct {
 	// GPU, together they are the bytes that crossed to the device.
 	Compressed int64 `json:"compressed_bytes"`
 	Uploaded   int64 `json:"host_path_bytes"`
+	// Stages is where the fills' time went, in seconds by stage, summed
+	// over fills (which run at once: the sum may pass the wall time):
+	// fill (the whole request), read (compressed chunks read, samples laid
+	// out), consumer_wait, host_checks, device_wait (queued to in the
+	// slot), h2d, decode and kernels and d2h (device time of the rounds),
+	// host_decode (chunks the device does not take), upload (what the
+	// host wrote, into the slot), host_path.
+	Stages map[string]float64 `json:"stages_s"`
 }
 
 // Stats returns the open rings, by ID, and the totals.
@@ -82,14 +139,15 @@ func (s *Server) Stats() ([]RingInfo, Totals) {
 		out = append(out, RingInfo{ID: r.ID, Dir: r.Dir, Memory: r.Memory, Device: r.Device, Slots: r.Slots,
 			Bytes: int64(r.Slots) * r.SlotBytes, SampleBytes: r.SampleBytes, Opened: r.Opened,
 			Fills: r.Fills.Load(), Errors: r.Errors.Load(), DeviceSamples: r.DeviceSamples.Load(),
-			HostSamples: r.HostSamples.Load(), Compressed: r.Compressed.Load(), Uploaded: r.Uploaded.Load()})
+			HostSamples: r.HostSamples.Load(), Compressed: r.Compressed.Load(), Uploaded: r.Uploaded.Load(),
+			Stages: r.stages.doc()})
 	}
 	open := len(s.rings)
 	s.mu.Unlock()
 	slices.SortFunc(out, func(a, b RingInfo) int { return a.ID - b.ID })
 	t := Totals{Opened: s.stats.rings.Load(), Open: open, HeldBytes: s.stats.held.Load(), Fills: s.stats.fills.Load(),
 		Errors: s.stats.errors.Load(), DeviceSamples: s.stats.device.Load(), HostSamples: s.stats.host.Load(),
-		Compressed: s.stats.compressed.Load(), Uploaded: s.stats.uploaded.Load()}
+		Compressed: s.stats.compressed.Load(), Uploaded: s.stats.uploaded.Load(), Stages: s.stats.stages.doc()}
 	return out, t
 }
 

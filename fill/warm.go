@@ -2,13 +2,16 @@ package fill
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/layout"
+	"github.com/zarrfs/zarrfs/zarr"
 )
 
 // Todo returns the blobs of lay that c does not hold complete in their
@@ -40,6 +43,11 @@ type WarmOptions struct {
 	// Done, when set, is called once per blob, from the worker that filled
 	// it, with the fill's outcome (nil when it was already warm).
 	Done func(b layout.Blob, err error)
+	// Compressed reads every blob's chunks and decodes them, but keeps no
+	// blob: what stays is what the layout's source cache keeps, the
+	// compressed chunks, each only once it decoded and passed its checks
+	// (`zarrfs warm --compressed`).
+	Compressed bool
 }
 
 // Warm fills every blob of blobs (those already there are opened and
@@ -65,7 +73,11 @@ func Warm(ctx context.Context, bl Blobs, lay *layout.Layout, blobs []layout.Blob
 			defer wg.Done()
 			for batch := range work {
 				for _, b := range batch {
-					err := warmOne(ctx, bl, lay, b)
+					warm := warmOne
+					if o.Compressed {
+						warm = warmChunks
+					}
+					err := warm(ctx, bl, lay, b)
 					if err != nil && ctx.Err() != nil {
 						return
 					}
@@ -103,6 +115,37 @@ func warmOne(ctx context.Context, bl Blobs, lay *layout.Layout, b layout.Blob) e
 	}
 	return h.Close()
 }
+
+// warmChunks reads and decodes the chunks of blob b, writing the decoded
+// bytes nowhere: the source cache keeps the compressed bytes of every
+// chunk that decoded (zarr.Options.SourceCache). A chunk the cache holds
+// already is read from it and checked again, not fetched. It is planned as
+// a blob the cache never held, and read once more after its arrays are
+// listed again when a chunk changed meanwhile, as Filler.Open does.
+func warmChunks(ctx context.Context, bl Blobs, lay *layout.Layout, b layout.Blob) error {
+	f, ok := bl.(*Filler)
+	if !ok {
+		return fmt.Errorf("fill: a warm of compressed chunks needs a Filler, not a %T", bl)
+	}
+	for attempt := 0; ; attempt++ {
+		began := time.Now()
+		p, err := plan(ctx, lay, b, true)
+		if err == nil {
+			err = f.Fill(ctx, lay, b, p.Pin, discard{})
+		}
+		if err == nil || attempt > 0 || !errors.Is(err, zarr.ErrChanged) {
+			return err
+		}
+		if rerr := lay.Relist(ctx, b, began); rerr != nil {
+			return errors.Join(err, rerr)
+		}
+	}
+}
+
+// discard is a blob's destination that keeps nothing.
+type discard struct{}
+
+func (discard) WriteAt(p []byte, _ int64) (int, error) { return len(p), nil }
 
 // Batches groups consecutive blobs that read the same source chunks, so
 // that one worker fills them in order.

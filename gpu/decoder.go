@@ -130,6 +130,11 @@ type Options struct {
 	// a round of 256 MiB in tens of milliseconds). Zero means 5 s;
 	// negative is refused.
 	RoundTimeout time.Duration
+	// KernelsPTX, when set, is the PTX the kernels are loaded from instead
+	// of the embedded one (kernels/kernels.cu compiled with nvcc): to run
+	// kernels before their PTX is checked in. Kernels it lacks that the
+	// Decoder can do without (xxh64_check) stay on the host.
+	KernelsPTX string
 	// Logger receives one debug line per batch and a warning when the device
 	// fails. Nil discards.
 	Logger *slog.Logger
@@ -181,6 +186,11 @@ type Decoder struct {
 	mod                         uintptr
 	fnCopy, fnUnshuffle, fnSwap uintptr
 	fnLZ4Check                  uintptr
+	// fnXXH64 is xxh64_check, when the PTX has it (hashKernel, set once
+	// at open): zstd frames decoded into device memory the host never
+	// reads are held to their content checksum on the device.
+	fnXXH64    uintptr
+	hashKernel bool
 
 	sets      []bufSet // one per round in flight (Options.Streams)
 	outAligns [numAlgos]int64
@@ -305,6 +315,7 @@ func open(l *libs, opts Options) (*Decoder, error) {
 		d.teardown()
 		return nil, err
 	}
+	d.hashKernel = d.fnXXH64 != 0
 	d.host.idle = opts.HostIdle
 	d.host.onDemand = opts.HostOnDemand
 	d.host.register, d.host.unregister = d.register, d.unregister
@@ -393,6 +404,9 @@ func (d *Decoder) initContext() error {
 		return err
 	}
 	ptx, err := loadPTX()
+	if d.opts.KernelsPTX != "" {
+		ptx = d.opts.KernelsPTX
+	}
 	if err != nil {
 		return err
 	}
@@ -404,7 +418,11 @@ func (d *Decoder) initContext() error {
 	for _, f := range []struct {
 		p    *uintptr
 		name string
-	}{{&d.fnCopy, "scatter_copy"}, {&d.fnUnshuffle, "unshuffle"}, {&d.fnSwap, "byteswap"}, {&d.fnLZ4Check, "lz4_check"}} {
+	}{{&d.fnCopy, "scatter_copy"}, {&d.fnUnshuffle, "unshuffle"}, {&d.fnSwap, "byteswap"}, {&d.fnLZ4Check, "lz4_check"},
+		{&d.fnXXH64, "xxh64_check"}} {
+		if f.p == &d.fnXXH64 && !ptxHas(ptx, f.name) {
+			continue // PTX from before the kernel: checksums stay on the host
+		}
 		if err := cu.check("cuModuleGetFunction "+f.name, cu.cuModuleGetFunction(f.p, d.mod, cStr(f.name))); err != nil {
 			return err
 		}
@@ -745,7 +763,7 @@ func (d *Decoder) finish(r *round, cancel <-chan struct{}) ([][]byte, []error, e
 		}
 	}
 	var segBase int64
-	walked := d.walksLZ4()
+	walked := d.walksLZ4() || l.walk
 	for a := range numAlgos {
 		for i, s := range l.segs[a] {
 			g := segBase + int64(i)
@@ -777,6 +795,7 @@ func (d *Decoder) finish(r *round, cancel <-chan struct{}) ([][]byte, []error, e
 		}
 		segBase += int64(len(l.segs[a]))
 	}
+	l.checkHashes(hout, jobErr, r.preps)
 	if len(l.probes) > 0 {
 		errs, escaped := l.fenceCheck(hout)
 		if escaped {
@@ -811,6 +830,7 @@ func (d *Decoder) finish(r *round, cancel <-chan struct{}) ([][]byte, []error, e
 			r.pre[k] = hout[at : at+n]
 		}
 	}
+	r.times = DeviceTimes{elapsed(ev[0], ev[1]), elapsed(ev[1], ev[2]), elapsed(ev[2], ev[3]), elapsed(ev[3], ev[4])}
 	r.stats = []any{"pack", fl.tPack, "device", elapsed(ev[0], ev[4]),
 		"h2d", elapsed(ev[0], ev[1]), "nvcomp", elapsed(ev[1], ev[2]), "kernels", elapsed(ev[2], ev[3]), "d2h", elapsed(ev[3], ev[4]),
 		"wait", tWait}

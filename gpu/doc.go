@@ -29,7 +29,9 @@
 // reports what was found, or why nothing was; New fails with an error
 // wrapping ErrNoGPU on a machine without them. The kernels are PTX
 // (kernels/kernels.cu, compiled with nvcc and checked in) embedded in the
-// binary and loaded with cuModuleLoadData.
+// binary and loaded with cuModuleLoadData; a kernel added to kernels.cu is
+// used only once its PTX is checked in (ptxHas), what it does staying on
+// the host until then.
 //
 // Errors are per job, as codec.BatchDecoder wants: a chunk the GPU path does
 // not decode (blosc with blosclz, empty chunks, chunks beyond the memory
@@ -64,7 +66,10 @@
 //     len(Dst). Memcpyed frames and stored streams are copied as the CPU
 //     copies them.
 //   - zstd: a content checksum, when the frame has one, verifies what
-//     nvCOMP decoded. The host checks the frame, block, literals and
+//     nvCOMP decoded: on the host, or for a frame decoded into device
+//     memory the host never reads (Ring.Decode), on the device
+//     (kernels.cu's xxh64_check, once the PTX has it; devhash.go), the
+//     host comparing the sums. The host checks the frame, block, literals and
 //     sequences headers, which keeps most damage from the device, but
 //     damage inside the entropy-coded data passes them, and a check that
 //     could tell would cost a decode. So zstd frames without a checksum,

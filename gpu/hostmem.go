@@ -163,6 +163,37 @@ func (d *Decoder) HostAllocWait(n int, timeout time.Duration) []byte {
 	}
 }
 
+// HostReserve registers pinned memory ahead of demand until n bytes are
+// mapped (within Options.HostBytes), waiting up to wait for it: a caller
+// about to read many chunks into HostAlloc's memory (a ring's fills, in
+// a pipeline that registers on demand) then finds it pinned from the
+// first, rather than ordinary memory that the rounds must copy into
+// their staging.
+func (d *Decoder) HostReserve(n int64, wait time.Duration) {
+	p := &d.host
+	deadline := time.Now().Add(wait)
+	for {
+		p.mu.Lock()
+		if p.lent == nil || p.closed {
+			p.mu.Unlock()
+			return // not started, or closed
+		}
+		want := min(n, p.limit/hostUnit*hostUnit)
+		if p.used >= want && !p.growing {
+			p.mu.Unlock()
+			return
+		}
+		if p.used < want {
+			p.growLocked(int(want - p.used)) // nothing while one grows
+		}
+		p.mu.Unlock()
+		if time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
 // HostFree returns a buffer HostAlloc lent.
 func (d *Decoder) HostFree(b []byte) { d.host.free(b) }
 

@@ -210,3 +210,31 @@ func TestStagingMapped(t *testing.T) {
 		}
 	}
 }
+
+// HostReserve maps what it is asked for, within the limit, before it
+// returns (registration runs in the background), and the memory is lent.
+func TestHostReserve(t *testing.T) {
+	d := &Decoder{}
+	const unit = 8 << 20
+	d.host.unit = unit
+	d.host.limit = 3 * unit
+	d.host.idle = time.Hour
+	d.host.onDemand = true
+	d.host.start()
+	defer d.releaseHost()
+	if st := d.host.stats(); st.Mapped != 0 {
+		t.Fatalf("an on-demand pool mapped %d bytes before any request", st.Mapped)
+	}
+	d.HostReserve(2*unit+1, 10*time.Second)
+	if st := d.host.stats(); st.Mapped < 2*unit+1 || d.host.growing {
+		t.Fatalf("after HostReserve(%d): %d bytes mapped, growing %v", 2*unit+1, st.Mapped, d.host.growing)
+	}
+	b := d.HostAlloc(2 * unit)
+	if !d.pinned(b) {
+		t.Fatal("the reserved memory is not lent")
+	}
+	d.HostReserve(10*unit, 10*time.Second) // past the limit: up to it
+	if st := d.host.stats(); st.Mapped != 3*unit {
+		t.Fatalf("reserving past the limit mapped %d bytes, want the limit %d", st.Mapped, 3*unit)
+	}
+}

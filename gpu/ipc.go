@@ -382,22 +382,34 @@ func (r *Ring) Close() error {
 // Decode decodes jobs on the ring's GPU straight into slot k: job i's
 // decoded bytes go to offs[i] of the slot (offs[i] < 0: to its Dst, as
 // DecodeBatch), never through host memory, once the reader's consumer
-// event is done. Only chunks whose every check the host
-// makes before decoding (LZ4 walked, blosc framing parsed) go there: one
-// the host verifies over its decoded bytes (a zstd content checksum, a
-// deflate CRC) fails with ErrUnsupported, as does anything DecodeBatch
-// leaves to the CPU; the caller decodes those elsewhere. A job's Dst
-// gives its decoded length, and is neither read nor written when it goes
-// to the slot. It returns when the bytes are in the slot.
-func (r *Ring) Decode(ctx context.Context, k int, jobs []codec.Job, offs []int64) error {
+// event is done. Only chunks whose every check is made before decoding
+// (LZ4 walked, blosc framing parsed) or on the device (a zstd frame's
+// content checksum, by xxh64_check when the PTX has it) go there: one the
+// host must verify over its decoded bytes (a deflate CRC; a zstd checksum
+// with PTX from before the kernel) fails with ErrUnsupported, as does
+// anything DecodeBatch leaves to the CPU; the caller decodes those
+// elsewhere. A job's Dst gives its decoded length, and is neither read
+// nor written when it goes to the slot. It returns when the bytes are in
+// the slot. LZ4 blocks are walked on the device (Options.WalkOnDevice's
+// kernel), not on the host: the host's CPU is what the device path is
+// there to save. times, when not nil, gets where the call's time went.
+func (r *Ring) Decode(ctx context.Context, k int, jobs []codec.Job, offs []int64, times *RingTimes) error {
+	// An error before the jobs reach the device leaves every one of them
+	// to the caller, as a failed round does: none is taken for decoded.
+	failAll := func(err error) error {
+		for i := range jobs {
+			jobs[i].Err = fmt.Errorf("gpu: not decoded into the ring: %w: %w", codec.ErrUnsupported, err)
+		}
+		return err
+	}
 	if len(offs) != len(jobs) {
-		return fmt.Errorf("gpu: Ring.Decode with %d jobs and %d offsets", len(jobs), len(offs))
+		return failAll(fmt.Errorf("gpu: Ring.Decode with %d jobs and %d offsets", len(jobs), len(offs)))
 	}
 	r.mu.Lock()
 	closed := r.closed
 	r.mu.Unlock()
 	if closed {
-		return ErrRingClosed
+		return failAll(ErrRingClosed)
 	}
 	dev := make([]uintptr, len(jobs))
 	for i, off := range offs {
@@ -405,7 +417,7 @@ func (r *Ring) Decode(ctx context.Context, k int, jobs []codec.Job, offs []int64
 			continue
 		}
 		if off+int64(len(jobs[i].Dst)) > r.slotBytes {
-			return fmt.Errorf("gpu: a chunk of %d bytes at %d passes slot %d's %d bytes", len(jobs[i].Dst), off, k, r.slotBytes)
+			return failAll(fmt.Errorf("gpu: a chunk of %d bytes at %d passes slot %d's %d bytes", len(jobs[i].Dst), off, k, r.slotBytes))
 		}
 		dev[i] = r.Addr(k, off)
 	}
@@ -413,10 +425,15 @@ func (r *Ring) Decode(ctx context.Context, k int, jobs []codec.Job, offs []int64
 	// for here, on the host, within the ring's timeout: a round held on
 	// the device for a long training step would trip the watchdog, which
 	// gives up on the GPU.
-	if err := r.awaitConsumer(); err != nil {
-		return err
+	t0 := time.Now()
+	err := r.awaitConsumer()
+	if times != nil {
+		times.Consumer += time.Since(t0)
 	}
-	return r.d.decodeBatch(ctx, jobs, 0, dev)
+	if err != nil {
+		return failAll(err)
+	}
+	return r.d.decodeBatch(ctx, jobs, 0, &ringCall{dev: dev, times: times})
 }
 
 // awaitConsumer waits until the reader's consumer event, as recorded

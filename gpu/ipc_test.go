@@ -37,6 +37,9 @@ func (x *fakeIPC) lib() *ipcLib {
 			return cuSuccess
 		},
 		cuMemcpyDtoDAsync: func(dst, src uintptr, n uint64, s uintptr) cuResult {
+			if x.f.idle {
+				return cuSuccess
+			}
 			to, from := x.f.devBytes("cuMemcpyDtoDAsync", uint64(dst), n), x.f.devBytes("cuMemcpyDtoDAsync", uint64(src), n)
 			if to == nil || from == nil {
 				return cuErrInvalidValue
@@ -120,6 +123,13 @@ func TestRingOnTheDevice(t *testing.T) {
 	if err := r.Write(1, 0, src); !errors.Is(err, ErrRingClosed) {
 		t.Fatalf("write after Close: %v", err)
 	}
+	// A decode that never reaches the device leaves every job to the
+	// caller: none may pass for decoded into the slot.
+	jobs := []codec.Job{{Codec: codec.LZ4, Src: compress(codec.LZ4, src), Dst: make([]byte, len(src))}}
+	if err := r.Decode(context.Background(), 1, jobs, []int64{0}, nil); !errors.Is(err, ErrRingClosed) ||
+		!errors.Is(jobs[0].Err, codec.ErrUnsupported) || !errors.Is(jobs[0].Err, ErrRingClosed) {
+		t.Fatalf("decode into a closed ring: %v, the job's %v", err, jobs[0].Err)
+	}
 }
 
 // Chunks decode straight into a ring slot, equal to the CPU decoder's
@@ -127,7 +137,7 @@ func TestRingOnTheDevice(t *testing.T) {
 // is left to the caller (ErrUnsupported), as is a job with no slot offset
 // decoded into its Dst.
 func TestRingDecodeIntoSlot(t *testing.T) {
-	d, f, x := ringDecoder(t, Options{})
+	d, f, x := ringDecoder(t, Options{KernelsPTX: testPTX(t, false)}) // PTX from before xxh64_check
 	r, err := d.NewRing(2, 4<<20, ipcHandle{w: [8]uint64{0xbeef}}.hex())
 	if err != nil {
 		t.Fatal(err)
@@ -155,7 +165,7 @@ func TestRingDecodeIntoSlot(t *testing.T) {
 		copy(src, srcs[i])
 		jobs[i] = codec.Job{Codec: names[i], Src: src, Dst: dst}
 	}
-	if err := r.Decode(context.Background(), 1, jobs, offs); err != nil {
+	if err := r.Decode(context.Background(), 1, jobs, offs, nil); err != nil {
 		t.Fatal(err)
 	}
 	for i, j := range jobs {
@@ -182,4 +192,155 @@ func TestRingDecodeIntoSlot(t *testing.T) {
 	if len(x.waits) != 0 {
 		t.Fatalf("a round waited on the device for %v: the consumer event is waited for on the host", x.waits)
 	}
+	// The LZ4 streams of the chunks bound for the slot were walked on the
+	// device, not on the host, whose CPU the device path saves.
+	if f.walked == 0 {
+		t.Fatal("no LZ4 block walked on the device for a ring's decode")
+	}
+}
+
+// testPTX is PTX (Options.KernelsPTX) that defines xxh64_check, or PTX
+// from before it, whatever the embedded PTX is; the fake driver runs the
+// kernel as emuXXH64.
+func testPTX(t *testing.T, hash bool) string {
+	t.Helper()
+	ptx, err := loadPTX()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ptx = strings.ReplaceAll(ptx, ".entry xxh64_check(", ".entry xxh64_check_gone(")
+	if hash {
+		ptx += "\n.visible .entry xxh64_check(\n"
+	}
+	return ptx
+}
+
+// With xxh64_check in the PTX, zstd frames with a content checksum decode
+// straight into the slot, held to their checksum on the device: one whose
+// checksum does not match its decoded bytes is corrupt (as on the CPU),
+// the others in the same round land right, and nothing comes back to the
+// host to be hashed there.
+func TestRingDecodeChecksummedZstd(t *testing.T) {
+	d, f, _ := ringDecoder(t, Options{KernelsPTX: testPTX(t, true)})
+	r, err := d.NewRing(1, 8<<20, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	a, b, c := field(64, 128, 1), field(64, 128, 2), field(33, 17, 3)
+	bad := zstdCompress(b, 3)
+	bad[len(bad)-1] ^= 0x40 // the checksum, not the data: nvCOMP decodes it as before
+	srcs := [][]byte{zstdCompress(a, 3), bad, zstdCompress(c, 3), zstdNoCRC(a)}
+	want := [][]byte{a, b, c, a}
+	jobs := make([]codec.Job, len(srcs))
+	offs := make([]int64, len(srcs))
+	var at int64
+	for i := range jobs {
+		src := d.HostAllocWait(len(srcs[i]), 5*time.Second)
+		defer d.HostFree(src)
+		copy(src, srcs[i])
+		dst := d.HostAllocWait(len(want[i]), 5*time.Second)
+		defer d.HostFree(dst)
+		jobs[i] = codec.Job{Codec: codec.Zstd, Src: src, Dst: dst}
+		offs[i] = at
+		at += int64(len(want[i])) + 100 // odd offsets: the D2D copy does not care
+	}
+	if err := r.Decode(context.Background(), 0, jobs, offs, nil); err != nil {
+		t.Fatal(err)
+	}
+	for i, j := range jobs {
+		switch i {
+		case 1:
+			if !errors.Is(j.Err, codec.ErrCorrupt) || !strings.Contains(j.Err.Error(), "XXH64") {
+				t.Fatalf("a frame whose checksum does not match: %v, want corrupt (XXH64)", j.Err)
+			}
+		case 3:
+			if !errors.Is(j.Err, codec.ErrUnsupported) {
+				t.Fatalf("a frame without a checksum (Unverified off): %v, want it left to the host", j.Err)
+			}
+		default:
+			if j.Err != nil {
+				t.Fatalf("job %d: %v", i, j.Err)
+			}
+			if got := f.devBytes("check", uint64(r.Addr(0, offs[i])), uint64(len(want[i]))); !bytes.Equal(got, want[i]) {
+				t.Fatalf("job %d: slot bytes differ from the CPU's", i)
+			}
+		}
+	}
+	if f.hashed != 3 {
+		t.Fatalf("the device hashed %d frames, want 3 (the checksummed ones)", f.hashed)
+	}
+	// Without the kernel, the same frames go back to the caller.
+	d2, _, _ := ringDecoder(t, Options{KernelsPTX: testPTX(t, false)})
+	r2, err := d2.NewRing(1, 8<<20, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	for i := range jobs {
+		jobs[i].Err = nil
+	}
+	if err := r2.Decode(context.Background(), 0, jobs[:1], offs[:1], nil); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(jobs[0].Err, codec.ErrUnsupported) || !strings.Contains(jobs[0].Err.Error(), "checksum") {
+		t.Fatalf("a checksummed frame with PTX from before xxh64_check: %v, want it left to the host", jobs[0].Err)
+	}
+}
+
+// BenchmarkRingDecodeHost measures what the host does for a ring's decode
+// of one ERA5-like sample on the GPU path (framing, layout, queueing,
+// copies queued, results settled), the device doing nothing: 16 blosc-lz4
+// chunks of 4 levels and 5 of one, 87 MB decoded, read from pinned memory.
+func BenchmarkRingDecodeHost(b *testing.B) {
+	f := newFakeGPU()
+	f.idle = true
+	d, err := open(f.libs(), Options{HostBytes: 1 << 30, HostIdle: time.Hour})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Close()
+	x := &fakeIPC{f: f}
+	d.ipcCalls = x.lib()
+	var jobs []codec.Job
+	var offs []int64
+	var at int64
+	for c := range 21 {
+		levels := 4
+		if c >= 16 {
+			levels = 1
+		}
+		data := bytes.Repeat(field(era5Y, era5X, uint64(c+1)), levels)
+		enc := bloscCompress(data, 4, 256<<10, codec.ByteShuffle, "lz4")
+		src := d.HostAllocWait(len(enc), 10*time.Second)
+		copy(src, enc)
+		jobs = append(jobs, codec.Job{Codec: codec.Blosc, Src: src, Dst: make([]byte, len(data))})
+		offs = append(offs, at)
+		at += int64(len(data))
+	}
+	r, err := d.NewRing(1, at, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	var times RingTimes
+	b.SetBytes(at)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		for i := range jobs {
+			jobs[i].Err = nil
+		}
+		if err := r.Decode(context.Background(), 0, jobs, offs, &times); err != nil {
+			b.Fatal(err)
+		}
+		for i, j := range jobs {
+			if j.Err != nil {
+				b.Fatalf("chunk %d: %v", i, j.Err)
+			}
+		}
+	}
+	n := time.Duration(b.N)
+	b.Logf("a sample: checks %v, wait %v (device: h2d %v, decode %v, kernels %v, d2h %v)", times.Checks/n, times.Wait/n,
+		times.Device.H2D/n, times.Device.Decode/n, times.Device.Kernels/n, times.Device.D2H/n)
 }

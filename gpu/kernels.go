@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"unsafe"
 )
 
@@ -34,6 +35,13 @@ func loadPTX() (string, error) {
 	return kernelsPTX, nil
 }
 
+// ptxHas reports whether the PTX defines kernel name: a kernel added to
+// kernels.cu is used only once the PTX compiled from it is checked in
+// (until then, what it would do stays on the host).
+func ptxHas(ptx, name string) bool {
+	return strings.Contains(ptx, ".entry "+name+"(")
+}
+
 // copyDesc mirrors CopyDesc in kernels.cu.
 type copyDesc struct {
 	Src, Dst, Len uint64
@@ -45,9 +53,16 @@ type shuffleDesc struct {
 	BlockSize, TypeSize, Mode, BitRound uint32
 }
 
+// hashDesc mirrors HashDesc in kernels.cu: the decoded bytes xxh64_check
+// hashes.
+type hashDesc struct {
+	Src, Len uint64
+}
+
 const (
 	copyDescSize    = int(unsafe.Sizeof(copyDesc{}))
 	shuffleDescSize = int(unsafe.Sizeof(shuffleDesc{}))
+	hashDescSize    = int(unsafe.Sizeof(hashDesc{}))
 )
 
 // Shuffle modes of shuffleDesc.Mode.

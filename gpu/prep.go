@@ -54,6 +54,14 @@ type prepared struct {
 	// lies at [off, off+n) of the frame before unshuffling (the round
 	// brings those bytes back to the host too, see layout.preAt).
 	sums []streamSum
+	// walkDevice: the job's LZ4 blocks were not walked on the host
+	// (frame, not prepare): the round walks them on the device
+	// (lz4_check) before nvCOMP reads them. Set by the caller.
+	walkDevice bool
+	// devHash: the job's zstd frame is held to its content checksum on the
+	// device (xxh64_check), its decoded bytes going to device memory the
+	// host never reads (Ring.Decode); set by the caller.
+	devHash bool
 	// unverified, when set, says why the host cannot hold nvCOMP's verdict
 	// on this job to the CPU decoder's: zstd streams whose decoded bytes
 	// no checksum verifies (the host checks of zstd are structural only),
@@ -343,6 +351,10 @@ type layout struct {
 	actualOff int64 // nvCOMP's decoded sizes, one uint64 per segment, algorithms in order
 	statusOff int64 // nvCOMP's statuses, one int32 per segment
 	walkOff   int64 // lz4_check's verdicts, one uint32 per LZ4 segment (0: the walk accepts it)
+	hashes    []hashRef
+	walk      bool  // a job's LZ4 blocks are walked on the device (prepared.walkDevice)
+	hashDesc  int64 // xxh64_check's descriptors, one per entry of hashes
+	hashOff   int64 // and its sums, one uint32 each
 	probeOff  int64 // fence probes: probeLen bytes per entry of probes
 	d2h       int64 // bytes copied back: chunks, sizes, statuses, walk verdicts and probes
 	outSize   int64 // with scratch
@@ -412,6 +424,17 @@ func (p *prepared) cost(n int64) int64 {
 // algorithm, which pieces read in place must meet.
 func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns, inAligns [numAlgos]int64, fence bool, pinnedSrc func(k int) bool) *layout {
 	l := &layout{jobs: idx, finalOff: make([]int64, len(idx)), finalLen: make([]int64, len(idx))}
+	var nshuf, nhash int
+	for _, ji := range idx {
+		p := &preps[ji]
+		l.walk = l.walk || p.walkDevice
+		if p.shuffle != nil {
+			nshuf++
+		}
+		if p.devHash {
+			nhash++
+		}
+	}
 	var out int64
 	for k, ji := range idx {
 		out = alignUp(out, outAlign)
@@ -421,20 +444,9 @@ func layoutBatch(jobs []codec.Job, preps []prepared, idx []int, outAligns, inAli
 	}
 	l.finalEnd = out
 
-	inOff, direct, nAlgo, nProbes := l.placeInput(jobs, preps, idx, inAligns, fence, pinnedSrc)
-	out = l.placeOutput(jobs, preps, idx, out, outAligns, fence, inOff, direct, nAlgo, nProbes)
-	l.outSize = alignUp(out, outAlign)
-	return l
-}
-
-// placeInput lays out layoutBatch's input buffer: the compressed pieces,
-// nvCOMP's arrays, the copy and shuffle descriptors, then the sources read
-// in place (pinned), each piece's offset in inOff. It returns those, which
-// jobs are read in place, the segments per algorithm and the fence probes.
-func (l *layout) placeInput(jobs []codec.Job, preps []prepared, idx []int, inAligns [numAlgos]int64, fence bool, pinnedSrc func(k int) bool) (inOff [][]int64, direct []bool, nAlgo [numAlgos]int, nProbes int) {
 	var in int64
-	inOff = make([][]int64, len(idx))
-	direct = make([]bool, len(idx))
+	inOff := make([][]int64, len(idx))
+	direct := make([]bool, len(idx))
 	var nDirect, nRaw int
 	for k, ji := range idx {
 		p := &preps[ji]
@@ -457,6 +469,7 @@ func (l *layout) placeInput(jobs []codec.Job, preps []prepared, idx []int, inAli
 	}
 	in = alignUp(in, 8)
 	// Segments are numbered per algorithm; count first to place the arrays.
+	var nAlgo [numAlgos]int
 	for _, ji := range idx {
 		for _, pc := range preps[ji].pieces {
 			if pc.algo != rawPiece {
@@ -468,6 +481,7 @@ func (l *layout) placeInput(jobs []codec.Job, preps []prepared, idx []int, inAli
 		l.arrOff[a] = in
 		in += 4 * 8 * int64(nAlgo[a])
 	}
+	nProbes := 0
 	if fence && nAlgo[algoDeflate] > 0 {
 		nProbes = nAlgo[algoDeflate] + 1
 	}
@@ -475,21 +489,75 @@ func (l *layout) placeInput(jobs []codec.Job, preps []prepared, idx []int, inAli
 	in += int64(copyDescSize) * int64(nRaw+l.nsegs+nProbes) // worst case: every piece copied, and the probes
 	in = alignUp(in, 8)
 	l.shufOff = in
-	var nshuf int
-	for _, ji := range idx {
-		if preps[ji].shuffle != nil {
-			nshuf++
-		}
-	}
 	in += int64(shuffleDescSize) * int64(nshuf)
+	l.hashDesc = in
+	in += int64(hashDescSize) * int64(nhash)
 	l.preOff = in
 	in += int64(copyDescSize) * int64(nDirect) // worst case: every direct piece misaligned
 	l.inSize = in
 
+	in = l.placeDirect(jobs, preps, direct, inOff, inAligns, in)
+	l.devIn = in
+	for k, ji := range idx {
+		for i, pc := range preps[ji].pieces {
+			if pc.algo == rawPiece {
+				l.raws = append(l.raws, segRef{job: k, src: pc.src, inOff: inOff[k][i], n: pc.n, direct: direct[k]})
+			}
+		}
+	}
+
+	l.preAt = make([]int64, len(idx))
+	for k, ji := range idx {
+		l.preAt[k] = -1
+		if p := &preps[ji]; p.shuffle != nil && len(p.sums) > 0 {
+			out = alignUp(out, outAlign)
+			l.preAt[k] = out
+			out += int64(len(jobs[ji].Dst))
+		}
+	}
+	out = alignUp(out, 8)
+	l.actualOff = out
+	out += 8 * int64(l.nsegs)
+	l.statusOff = out
+	out += 4 * int64(l.nsegs)
+	l.walkOff = out
+	out += 4 * int64(nAlgo[algoLZ4])
+	l.hashOff = out
+	out += 4 * int64(nhash)
+	out = alignUp(out, 8)
+	l.probeOff = out
+	out += probeLen * int64(nProbes)
+	l.d2h = out
+	reserve := func(n, align int64) int64 {
+		out = alignUp(out, max(align, outAlign))
+		at := out
+		out += n
+		return at
+	}
+	fences := l.placeSegments(jobs, preps, inOff, direct, outAligns, fence, reserve)
+	if len(fences) > 0 {
+		out = l.placeFences(fences, outAligns, out)
+	}
+	l.outSize = alignUp(out, outAlign)
+	return l
+}
+
+// fenced is a deflate segment decoded into a fenced slot (see fenceGuard):
+// seg indexes l.segs[algoDeflate], dst is where its bytes go.
+type fenced struct {
+	seg int
+	dst int64
+}
+
+// placeDirect places the Src of the jobs whose pieces are read in place
+// (direct) after the packed bytes, from in, and the device-side copies of
+// their misaligned pieces into aligned slots after them; it sets the
+// pieces' input offsets and returns the end of the input buffer.
+func (l *layout) placeDirect(jobs []codec.Job, preps []prepared, direct []bool, inOff [][]int64, inAligns [numAlgos]int64, in int64) int64 {
 	// Each direct job's Src lands so that its device address agrees with
 	// its host address modulo 256: a piece aligned in host memory is then
 	// aligned on the device (the buffer itself is 256-byte aligned).
-	for k, ji := range idx {
+	for k, ji := range l.jobs {
 		if !direct[k] {
 			continue
 		}
@@ -509,11 +577,11 @@ func (l *layout) placeInput(jobs []codec.Job, preps []prepared, idx []int, inAli
 		}
 		in += int64(len(src))
 	}
-	for k := range idx {
+	for k := range l.jobs {
 		if !direct[k] {
 			continue
 		}
-		for i, pc := range preps[idx[k]].pieces {
+		for i, pc := range preps[l.jobs[k]].pieces {
 			if at := inOff[k][i]; at < 0 {
 				in = alignUp(in, inAlign)
 				l.precopies = append(l.precopies, copyRef{fromInput: true, src: -1 - at, dst: in, n: int64(len(pc.src))})
@@ -522,54 +590,17 @@ func (l *layout) placeInput(jobs []codec.Job, preps []prepared, idx []int, inAli
 			}
 		}
 	}
-	l.devIn = in
-	for k, ji := range idx {
-		for i, pc := range preps[ji].pieces {
-			if pc.algo == rawPiece {
-				l.raws = append(l.raws, segRef{job: k, src: pc.src, inOff: inOff[k][i], n: pc.n, direct: direct[k]})
-			}
-		}
-	}
-	return inOff, direct, nAlgo, nProbes
+	return in
 }
 
-// placeOutput lays out layoutBatch's output buffer after the decoded
-// chunks (which end at out): the shuffles' pre-images, nvCOMP's sizes and
-// statuses, the probes, and the segments' slots, fenced or realigned where
-// they must be. It returns the end of what it placed.
-func (l *layout) placeOutput(jobs []codec.Job, preps []prepared, idx []int, out int64, outAligns [numAlgos]int64, fence bool, inOff [][]int64, direct []bool, nAlgo [numAlgos]int, nProbes int) int64 {
-	l.preAt = make([]int64, len(idx))
-	for k, ji := range idx {
-		l.preAt[k] = -1
-		if p := &preps[ji]; p.shuffle != nil && len(p.sums) > 0 {
-			out = alignUp(out, outAlign)
-			l.preAt[k] = out
-			out += int64(len(jobs[ji].Dst))
-		}
-	}
-	out = alignUp(out, 8)
-	l.actualOff = out
-	out += 8 * int64(l.nsegs)
-	l.statusOff = out
-	out += 4 * int64(l.nsegs)
-	l.walkOff = out
-	out += 4 * int64(nAlgo[algoLZ4])
-	out = alignUp(out, 8)
-	l.probeOff = out
-	out += probeLen * int64(nProbes)
-	l.d2h = out
-	reserve := func(n, align int64) int64 {
-		out = alignUp(out, max(align, outAlign))
-		at := out
-		out += n
-		return at
-	}
-	type fenced struct {
-		seg int   // index into l.segs[algoDeflate]
-		dst int64 // where the decoded bytes go
-	}
+// placeSegments places every piece's output: nvCOMP segments where their
+// bytes go (or an aligned scratch slot, reserved with reserve, copied into
+// place), raw pieces as copies, shuffled jobs' bytes before unshuffling,
+// the device's checksums; it returns the deflate segments to fence.
+func (l *layout) placeSegments(jobs []codec.Job, preps []prepared, inOff [][]int64, direct []bool, outAligns [numAlgos]int64,
+	fence bool, reserve func(n, align int64) int64) []fenced {
 	var fences []fenced
-	for k, ji := range idx {
+	for k, ji := range l.jobs {
 		p := &preps[ji]
 		base := l.finalOff[k]
 		if p.shuffle != nil {
@@ -598,32 +629,41 @@ func (l *layout) placeOutput(jobs []codec.Job, preps []prepared, idx []int, out 
 				ref.outOff = reserve(pc.n, outAligns[a])
 				l.copies = append(l.copies, copyRef{src: ref.outOff, dst: dst, n: pc.n})
 			}
+			if p.devHash {
+				// Where nvCOMP writes, before a kernel moves or swaps it.
+				l.hashes = append(l.hashes, hashRef{job: k, at: ref.outOff, n: pc.n, want: p.want})
+			}
 			l.segs[a] = append(l.segs[a], ref)
 		}
 	}
-	if len(fences) > 0 {
-		out = alignUp(out, outAlign)
-		l.fenceOff = out
-		for _, f := range fences {
-			s := &l.segs[algoDeflate][f.seg]
-			s.outOff = alignUp(out, max(outAligns[algoDeflate], outAlign))
-			l.copies = append(l.copies, copyRef{src: s.outOff, dst: f.dst, n: s.n})
-			// The guard starts at the next 256-byte boundary, so that a
-			// decoder rounding its last store up to a word stays clear of it.
-			out = alignUp(s.outOff+s.n, outAlign)
-			l.probes = append(l.probes, fenceProbe{seg: f.seg, at: out})
-			out += fenceGuard
-		}
-		// On an H200, a 4 MB zlib stream zeroed from a third on made
-		// nvCOMP write 5.5 MB past its output: the tail guard grows with
-		// the largest stream, so that such an overrun is caught inside the
-		// fence rather than taken for one that escaped it.
-		out += max(fenceTail, alignUp(2*l.maxPiece[algoDeflate], outAlign)) - fenceGuard
-		l.probes = append(l.probes, fenceProbe{seg: -1, at: out - probeLen})
-		l.fenceEnd = out
-		for i, pr := range l.probes {
-			l.copies = append(l.copies, copyRef{src: pr.at, dst: l.probeOff + probeLen*int64(i), n: probeLen})
-		}
+	return fences
+}
+
+// placeFences lays the fenced deflate slots, their guards and the tail
+// guard out from out, with the copies of the slots into place and of the
+// probes, and returns the end of the output buffer.
+func (l *layout) placeFences(fences []fenced, outAligns [numAlgos]int64, out int64) int64 {
+	out = alignUp(out, outAlign)
+	l.fenceOff = out
+	for _, f := range fences {
+		s := &l.segs[algoDeflate][f.seg]
+		s.outOff = alignUp(out, max(outAligns[algoDeflate], outAlign))
+		l.copies = append(l.copies, copyRef{src: s.outOff, dst: f.dst, n: s.n})
+		// The guard starts at the next 256-byte boundary, so that a
+		// decoder rounding its last store up to a word stays clear of it.
+		out = alignUp(s.outOff+s.n, outAlign)
+		l.probes = append(l.probes, fenceProbe{seg: f.seg, at: out})
+		out += fenceGuard
+	}
+	// On an H200, a 4 MB zlib stream zeroed from a third on made
+	// nvCOMP write 5.5 MB past its output: the tail guard grows with
+	// the largest stream, so that such an overrun is caught inside the
+	// fence rather than taken for one that escaped it.
+	out += max(fenceTail, alignUp(2*l.maxPiece[algoDeflate], outAlign)) - fenceGuard
+	l.probes = append(l.probes, fenceProbe{seg: -1, at: out - probeLen})
+	l.fenceEnd = out
+	for i, pr := range l.probes {
+		l.copies = append(l.copies, copyRef{src: pr.at, dst: l.probeOff + probeLen*int64(i), n: probeLen})
 	}
 	return out
 }

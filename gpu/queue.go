@@ -88,6 +88,9 @@ type request struct {
 	// to instead of Dst (0: Dst) (Ring.Decode): they never come back to
 	// the host.
 	dev []uintptr
+	// times, when set, gets the device time of every round its jobs were
+	// in (RingTimes).
+	times *RingTimes
 
 	// mu is held shared while the decoder reads the jobs' Src (packing) or
 	// writes their Dst or Err, and exclusively by a caller giving up, who
@@ -142,6 +145,8 @@ type round struct {
 	// (prepared.sums); nil where there are none.
 	pre   [][]byte
 	stats []any // what collect adds to the round's debug line
+	// times is the device time of the round's stages, set by collect.
+	times DeviceTimes
 }
 
 // devAt is the device address job k of the round goes to, 0 for its Dst.
@@ -186,9 +191,24 @@ func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSiz
 	return d.decodeBatch(ctx, jobs, elemSize, nil)
 }
 
-// decodeBatch is DecodeBatchSwap; with dev, jobs whose entry is not 0 go
-// to that device address instead of their Dst (Ring.Decode).
-func (d *Decoder) decodeBatch(ctx context.Context, jobs []codec.Job, elemSize int, dev []uintptr) error {
+// ringCall is what Ring.Decode asks of decodeBatch beside the jobs: dev,
+// per job, the device address its decoded bytes go to instead of its Dst
+// (0: its Dst); LZ4 blocks walked on the device rather than on the host,
+// whose CPU is what the device path saves; where the time went.
+type ringCall struct {
+	dev   []uintptr
+	times *RingTimes
+}
+
+// decodeBatch is DecodeBatchSwap, with what a Ring asks (rc, nil for
+// DecodeBatchSwap).
+func (d *Decoder) decodeBatch(ctx context.Context, jobs []codec.Job, elemSize int, rc *ringCall) error {
+	var dev []uintptr
+	var times *RingTimes
+	if rc != nil {
+		dev, times = rc.dev, rc.times
+	}
+	tChecks := time.Now()
 	if err := ctx.Err(); err != nil {
 		for i := range jobs {
 			jobs[i].Err = fmt.Errorf("gpu: batch not decoded: %w: %w", codec.ErrUnsupported, err)
@@ -214,8 +234,9 @@ func (d *Decoder) decodeBatch(ctx context.Context, jobs []codec.Job, elemSize in
 	// them (Options.WalkOnDevice).
 	d.parallel(len(jobs), func(i int) {
 		t0 := time.Now()
-		if d.noValidate || d.opts.WalkOnDevice {
+		if d.noValidate || d.opts.WalkOnDevice || rc != nil {
 			preps[i] = frame(&jobs[i])
+			preps[i].walkDevice = rc != nil && !d.noValidate
 		} else {
 			preps[i] = prepare(&jobs[i])
 		}
@@ -232,9 +253,13 @@ func (d *Decoder) decodeBatch(ctx context.Context, jobs []codec.Job, elemSize in
 				len(jobs[i].Dst), elemSize, codec.ErrUnsupported)
 		}
 		if preps[i].err == nil && dev != nil && dev[i] != 0 && (preps[i].check != checkNone || len(preps[i].sums) > 0) {
-			// The host verifies such a chunk over its decoded bytes,
-			// which a device address keeps from it.
-			preps[i].err = fmt.Errorf("gpu: %s chunk: its checksum is verified on the host, not decoded into device memory: %w", jobs[i].Codec, codec.ErrUnsupported)
+			if d.hashKernel && preps[i].hashable() && !d.opts.SkipChecksums {
+				preps[i].devHash = true // the device verifies it (devhash.go)
+			} else {
+				// The host verifies such a chunk over its decoded bytes,
+				// which a device address keeps from it.
+				preps[i].err = fmt.Errorf("gpu: %s chunk: its checksum is verified on the host, not decoded into device memory: %w", jobs[i].Codec, codec.ErrUnsupported)
+			}
 		}
 		if preps[i].err == nil && preps[i].cost(int64(len(jobs[i].Dst))) > d.opts.share() {
 			preps[i].err = fmt.Errorf("gpu: %d-byte chunk exceeds one round's share (%d bytes) of the batch memory bound: %w",
@@ -247,10 +272,14 @@ func (d *Decoder) decodeBatch(ctx context.Context, jobs []codec.Job, elemSize in
 		}
 		ok = append(ok, i)
 	}
+	if times != nil {
+		times.Checks += time.Since(tChecks)
+		defer func(t0 time.Time) { times.Wait += time.Since(t0) }(time.Now())
+	}
 	if len(ok) == 0 {
 		return nil
 	}
-	q := &request{ctx: ctx, jobs: jobs, preps: preps, ok: ok, elemSize: elemSize, dev: dev,
+	q := &request{ctx: ctx, jobs: jobs, preps: preps, ok: ok, elemSize: elemSize, dev: dev, times: times,
 		fin: make([]bool, len(jobs)), done: make(chan struct{})}
 	q.left.Store(int64(len(ok)))
 	if err := d.enqueue(q); err != nil {
@@ -742,6 +771,20 @@ func (d *Decoder) settle(r *round, outs [][]byte, errs []error, batchErr error) 
 	})
 	if batchErr == nil && len(r.items) > 0 {
 		d.counts.rounds.Add(1)
+		d.counts.addDevice(r.times)
+		var last *request
+		for _, it := range r.items {
+			// A caller's items are together in a round: each caller once,
+			// before its done is closed below, unless it gave up.
+			if q := it.req; q != last && q.times != nil {
+				q.mu.RLock()
+				if !q.abandoned.Load() {
+					q.times.Device.add(r.times)
+				}
+				q.mu.RUnlock()
+			}
+			last = it.req
+		}
 	}
 	if batchErr == nil && r.fl != nil && len(r.items) > 0 {
 		var in, out int64

@@ -34,18 +34,62 @@ type Stats struct {
 	// that the device's walk (lz4_check) rejected before nvCOMP read it:
 	// damaged input, which the CPU then decodes or calls corrupt.
 	WalkRejected int64
+	// Device is the device time of the rounds, by stage.
+	Device DeviceTimes
+}
+
+// DeviceTimes is device time by stage of rounds (CUDA events around each
+// stage): the copies of compressed bytes to the device, the decoding
+// (nvCOMP, and the LZ4 walk when on the device), the kernels after it
+// (checksums, copies, unshuffling, byte swaps), and the copies of results
+// back to the host.
+type DeviceTimes struct {
+	H2D, Decode, Kernels, D2H time.Duration
+}
+
+func (t *DeviceTimes) add(o DeviceTimes) {
+	t.H2D += o.H2D
+	t.Decode += o.Decode
+	t.Kernels += o.Kernels
+	t.D2H += o.D2H
+}
+
+// RingTimes is where the time of Ring.Decode calls went, summed over the
+// calls given it.
+type RingTimes struct {
+	// Consumer is the wait for the reader's consumer event.
+	Consumer time.Duration
+	// Checks is the reading of the jobs' framing (and the host's checks)
+	// on the caller's goroutines.
+	Checks time.Duration
+	// Wait is from the jobs queued to their bytes in the slot: the device
+	// busy with other rounds, the call's own rounds, the copies into the
+	// slot.
+	Wait time.Duration
+	// Device is the device time of the rounds the calls' jobs were in
+	// (a round shared with other callers counts whole for each).
+	Device DeviceTimes
 }
 
 // Add returns the sum of two counts (over several GPUs, say).
 func (s Stats) Add(o Stats) Stats {
 	return Stats{Chunks: s.Chunks + o.Chunks, Bytes: s.Bytes + o.Bytes, Refused: s.Refused + o.Refused,
 		Corrupt: s.Corrupt + o.Corrupt, Rounds: s.Rounds + o.Rounds, Disagreed: s.Disagreed + o.Disagreed,
-		WalkRejected: s.WalkRejected + o.WalkRejected}
+		WalkRejected: s.WalkRejected + o.WalkRejected,
+		Device: DeviceTimes{s.Device.H2D + o.Device.H2D, s.Device.Decode + o.Device.Decode,
+			s.Device.Kernels + o.Device.Kernels, s.Device.D2H + o.Device.D2H}}
 }
 
 // counters are a Decoder's Stats, updated as jobs settle.
 type counters struct {
 	chunks, bytes, refused, corrupt, rounds, disagreed, walkRejected atomic.Int64
+	device                                                           [4]atomic.Int64 // DeviceTimes' fields, in order
+}
+
+func (c *counters) addDevice(t DeviceTimes) {
+	for i, v := range []time.Duration{t.H2D, t.Decode, t.Kernels, t.D2H} {
+		c.device[i].Add(int64(v))
+	}
 }
 
 // Stats returns the counts so far. Safe for concurrent use.
@@ -53,7 +97,9 @@ func (d *Decoder) Stats() Stats {
 	c := &d.counts
 	return Stats{Chunks: c.chunks.Load(), Bytes: c.bytes.Load(), Refused: c.refused.Load(),
 		Corrupt: c.corrupt.Load(), Rounds: c.rounds.Load(), Disagreed: c.disagreed.Load(),
-		WalkRejected: c.walkRejected.Load()}
+		WalkRejected: c.walkRejected.Load(),
+		Device: DeviceTimes{time.Duration(c.device[0].Load()), time.Duration(c.device[1].Load()),
+			time.Duration(c.device[2].Load()), time.Duration(c.device[3].Load())}}
 }
 
 // count records the outcome of one job: its error, or n bytes delivered.

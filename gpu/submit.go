@@ -153,6 +153,7 @@ func (d *Decoder) pack(set *bufSet, l *layout, jobs []codec.Job) {
 		le.PutUint64(hin[o+8:], inBase+uint64(c.dst))
 		le.PutUint64(hin[o+16:], uint64(c.n))
 	}
+	l.hashDescs(hin, outBase)
 	for i, s := range l.shuffles {
 		o := l.shufOff + int64(i*shuffleDescSize)
 		le.PutUint64(hin[o:], outBase+s.Src)
@@ -220,7 +221,7 @@ func (d *Decoder) decodeOnDevice(set *bufSet, l *layout, elemSize int) (launchEr
 		alg := &d.nv.algos[a]
 		n := int64(len(segs))
 		arr := inBase + uint64(l.arrOff[a])
-		if a == algoLZ4 && d.walksLZ4() {
+		if a == algoLZ4 && (d.walksLZ4() || l.walk) {
 			// Before nvCOMP reads them: a block the walk rejects is swapped
 			// for an empty one in nvCOMP's arrays.
 			if err := d.launch(set, "lz4_check", d.fnLZ4Check, uint32(min((n+63)/64, 65535)), 1, 64,
@@ -243,6 +244,14 @@ func (d *Decoder) decodeOnDevice(set *bufSet, l *layout, elemSize int) (launchEr
 	}
 	if err := d.mark(set, 1); err != nil {
 		return nil, err
+	}
+	if len(l.hashes) > 0 {
+		// Before the copies and the byte swap: the checksum covers the
+		// frame's bytes as nvCOMP wrote them. Four threads a frame.
+		if err := d.launch(set, "xxh64_check", d.fnXXH64, uint32((len(l.hashes)+31)/32), 1, 128,
+			u64(inBase+uint64(l.hashDesc)), u32(uint32(len(l.hashes))), u64(outBase+uint64(l.hashOff))); err != nil {
+			return nil, d.deviceFailed(err)
+		}
 	}
 	if len(l.copies) > 0 {
 		if err := d.launch(set, "scatter_copy", d.fnCopy, uint32(min(len(l.copies), 65535)), 1, 256,

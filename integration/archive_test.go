@@ -99,7 +99,8 @@ func writeArchive(t testing.TB, srv *gcstest.Server, bucket, prefix string, obje
 }
 
 // requestLog records the emulator's requests by kind: list, stat, read (of
-// a chunk) and meta (a read of a metadata document).
+// a chunk) and meta (a read of a metadata document). Reads are media
+// downloads of the JSON API (alt=media) or GETs of the XML API.
 type requestLog struct {
 	mu   sync.Mutex
 	reqs []string // "KIND PATH"
@@ -107,12 +108,13 @@ type requestLog struct {
 
 func (l *requestLog) hook(r *http.Request) {
 	p := r.URL.Path
+	jsonAPI := strings.HasPrefix(p, "/storage/v1/b/")
 	kind := "read"
 	switch {
-	case strings.HasPrefix(p, "/storage/v1/b/") && (strings.HasSuffix(p, "/o") || strings.HasSuffix(p, "/o/")),
+	case jsonAPI && (strings.HasSuffix(p, "/o") || strings.HasSuffix(p, "/o/")),
 		r.URL.Query().Has("prefix"):
 		kind = "list"
-	case strings.HasPrefix(p, "/storage/v1/b/"):
+	case jsonAPI && r.URL.Query().Get("alt") != "media":
 		kind = "stat"
 	case strings.Contains(p, "/.z") || strings.HasSuffix(p, "/zarr.json"):
 		kind = "meta" // metadata, re-read every --metadata-ttl

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -120,8 +121,16 @@ func mount(t testing.TB, src string, args ...string) *daemon {
 
 func mountAt(t testing.TB, src, mnt, cacheDir string, args ...string) *daemon {
 	t.Helper()
+	return mountUnder(t, nil, src, mnt, cacheDir, args...)
+}
+
+// mountUnder is mountAt with the daemon started through the command
+// wrapper (setpriv dropping a capability, say); nil: none.
+func mountUnder(t testing.TB, wrapper []string, src, mnt, cacheDir string, args ...string) *daemon {
+	t.Helper()
 	d := &daemon{t: t, mnt: mnt, cache: cacheDir, stderr: &syncbuf.Buffer{}, done: make(chan struct{})}
-	d.cmd = exec.Command(zarrfsBin(t), append([]string{"mount", src, mnt, "--cache", cacheDir}, args...)...)
+	argv := append(append(slices.Clone(wrapper), zarrfsBin(t), "mount", src, mnt, "--cache", cacheDir), args...)
+	d.cmd = exec.Command(argv[0], argv[1:]...)
 	d.cmd.Stderr = d.stderr
 	out, err := d.cmd.StdoutPipe()
 	if err != nil {

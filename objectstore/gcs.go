@@ -3,9 +3,12 @@ package objectstore
 import (
 	"cmp"
 	"context"
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"log/slog"
 	"net/http"
@@ -14,16 +17,13 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
-	"cloud.google.com/go/storage"
 	"golang.org/x/oauth2"
 	"golang.org/x/oauth2/google"
 	"google.golang.org/api/googleapi"
-	"google.golang.org/api/iterator"
 	"google.golang.org/api/option"
+	gcsapi "google.golang.org/api/storage/v1"
 )
 
 // Defaults for GCSOptions zero values.
@@ -44,7 +44,7 @@ type GCSOptions struct {
 	// (https://storage.googleapis.com/storage/v1/), or the emulator that
 	// STORAGE_EMULATOR_HOST names when it is set; "http://host:port" for an
 	// emulator or a private endpoint ("/storage/v1/" is added when the URL
-	// has no path). Objects are read through the XML API of the same host.
+	// has no path). Reads, listings and metadata all go to it.
 	Endpoint string
 	// Anonymous sends unauthenticated requests (public buckets). Without
 	// it Application Default Credentials are required, except against the
@@ -70,25 +70,28 @@ type GCSOptions struct {
 }
 
 // GCS is a Store over the objects of a Google Cloud Storage bucket below a
-// prefix, read with cloud.google.com/go/storage. It is safe for concurrent
-// use; at most MaxInFlight requests run at once and further callers wait
-// (respecting their context).
+// prefix, read through the JSON API with Google's generated REST client
+// (google.golang.org/api/storage/v1) rather than the Cloud Storage SDK,
+// which links its gRPC path (grpc, xds, OpenTelemetry) into every binary
+// whether used or not, and re-reads a body that broke off behind the retry
+// layer's back. The REST client sends one request per call and retries
+// nothing. GCS is safe for concurrent use; at most MaxInFlight requests
+// run at once and further callers wait (respecting their context).
 //
 // Versions are object generations, which every read response carries
 // (x-goog-generation): a chunk's version costs no request of its own when
 // it is read, one small metadata request when it is asked alone
 // (StatVersion), and a listing reports them for a thousand objects per
-// request.
+// request. A read is one request, so the bytes and the generation it
+// returns belong to one state of the object, never to two.
 //
 // Errors are classified at the source: a missing object is ErrNotFound,
 // 401 and 403 are ErrPermission, 5xx, 429, 408, transport failures,
-// truncated bodies, checksum mismatches and stalls are Transient. The
-// client's own retries, and its silent re-reading of a body that broke
-// off, are turned off: wrap the store with WithRetry.
+// truncated bodies, CRC32C mismatches and stalls are Transient. Retries
+// are the caller's: wrap the store with WithRetry.
 type GCS struct {
 	remote
-	client   *storage.Client
-	bkt      *storage.BucketHandle
+	svc      *gcsapi.Service
 	bucket   string
 	prefix   string // "" or "dir/sub", no slashes at either end
 	endpoint string // scheme://host[:port] of a non-default endpoint, part of Identity
@@ -186,7 +189,7 @@ func OpenGCS(ctx context.Context, rawURL string, opts GCSOptions) (*GCS, error) 
 	if base == nil {
 		base = newTransport(inflight, timeout)
 	}
-	var rt http.RoundTripper = &gcsTap{base: base}
+	rt := base
 	source := "anonymous"
 	switch {
 	case opts.Anonymous:
@@ -200,21 +203,24 @@ func OpenGCS(ctx context.Context, rawURL string, opts GCSOptions) (*GCS, error) 
 		source = name
 		rt = &oauth2.Transport{Source: creds.TokenSource, Base: rt}
 	}
+	// The client gets the HTTP client whole, so that requests go through
+	// the tuned transport and credentials are the ones checked above: with
+	// it, the client's own authentication options (WithoutAuthentication,
+	// WithCredentials) do nothing, and anonymous means no oauth2 layer.
 	copts := []option.ClientOption{option.WithHTTPClient(&http.Client{Transport: rt})}
 	if ep != "" {
 		copts = append(copts, option.WithEndpoint(ep))
 	}
-	client, err := storage.NewClient(ctx, copts...)
+	// The client retries nothing (the retry decorator owns retries,
+	// budgets and logging; a second hidden loop here would multiply
+	// attempts and hide faults).
+	svc, err := gcsapi.NewService(ctx, copts...)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", id, err)
 	}
-	// The retry decorator owns retries, budgets and logging; a second
-	// hidden loop here would multiply attempts and hide faults.
-	client.SetRetry(storage.WithPolicy(storage.RetryNever))
 	g := &GCS{
 		remote:   remote{id: id, log: log.With("store", id), timeout: timeout, sem: make(chan struct{}, inflight), tr: base},
-		client:   client,
-		bkt:      client.Bucket(bucket),
+		svc:      svc,
 		bucket:   bucket,
 		prefix:   prefix,
 		endpoint: named,
@@ -236,7 +242,7 @@ func googleCredentials(ctx context.Context, given *google.Credentials, timeout t
 		// the request timeout, and outlive the caller's context.
 		tctx := context.WithValue(context.WithoutCancel(ctx), oauth2.HTTPClient, &http.Client{Timeout: timeout})
 		var err error
-		creds, err = google.FindDefaultCredentials(tctx, storage.ScopeReadOnly)
+		creds, err = google.FindDefaultCredentials(tctx, gcsapi.DevstorageReadOnlyScope)
 		if err != nil {
 			if f := os.Getenv("GOOGLE_APPLICATION_CREDENTIALS"); f != "" {
 				var pe *os.PathError
@@ -332,12 +338,8 @@ func newTransport(inflight int, timeout time.Duration) *http.Transport {
 	}, inflight, timeout)
 }
 
-// Close releases the client and the idle connections kept for reuse.
-func (g *GCS) Close() error {
-	err := g.client.Close()
-	g.remote.Close()
-	return err
-}
+// Close releases the idle connections kept for reuse.
+func (g *GCS) Close() error { return g.remote.Close() }
 
 // Identity is the ID, with the endpoint when it is not Google's.
 func (g *GCS) Identity() string {
@@ -364,292 +366,235 @@ func (g *GCS) StatVersion(ctx context.Context, key string) (string, error) {
 	if err != nil {
 		return "", &Error{Op: "stat", Store: g.id, Key: key, Err: err}
 	}
-	attrs, err := g.stat(ctx, k)
+	obj, err := g.stat(ctx, k)
 	if err != nil {
 		return "", &Error{Op: "stat", Store: g.id, Key: k, Err: err}
 	}
-	return gcsVersion(attrs.Generation), nil
+	return gcsVersion(obj.Generation), nil
 }
 
-// request is what one request of a read is allowed and what it saw: the
-// transport (gcsTap) lets one request through per request value, so that
-// the client's silent re-reading of a body that broke off never happens
-// (the retry layer decides), and records the response and the first
-// failure of its body.
-type request struct {
-	*attempt
-
-	sent   atomic.Bool
-	mu     sync.Mutex
-	status int
-	errDoc string // the start of an error response's body
-	body   error  // the first error reading the body
-}
-
-type requestKey struct{}
-
-func (r *request) failBody(err error) {
-	r.mu.Lock()
-	if r.body == nil {
-		r.body = err
-	}
-	r.mu.Unlock()
-}
-
-func (r *request) seen() (status int, errDoc string, body error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.status, r.errDoc, r.body
-}
-
-// errSecondRequest refuses a request the client makes on its own after
-// the first one of a read.
-var errSecondRequest = errors.New("a second request for one read (the retry layer retries)")
-
-// gcsTap is the transport below the client (and below authentication).
-type gcsTap struct{ base http.RoundTripper }
-
-func (t *gcsTap) RoundTrip(req *http.Request) (*http.Response, error) {
-	r, _ := req.Context().Value(requestKey{}).(*request)
-	if r == nil {
-		return t.base.RoundTrip(req)
-	}
-	if !r.sent.CompareAndSwap(false, true) {
-		return nil, errSecondRequest
-	}
-	resp, err := t.base.RoundTrip(req)
-	if err != nil {
-		return nil, err
-	}
-	r.mu.Lock()
-	r.status = resp.StatusCode
-	if resp.StatusCode >= 300 {
-		// Keep the start of the error document: a missing bucket and a
-		// missing object are both 404, told apart by its code.
-		doc, _ := io.ReadAll(io.LimitReader(resp.Body, 2048))
-		r.errDoc = string(doc)
-		resp.Body = struct {
-			io.Reader
-			io.Closer
-		}{io.MultiReader(strings.NewReader(r.errDoc), resp.Body), resp.Body}
-	}
-	r.mu.Unlock()
-	resp.Body = &tapBody{rc: resp.Body, r: r}
-	return resp, nil
-}
-
-// tapBody re-arms the request's stall timer on every read that returns
-// data and keeps the first error.
-type tapBody struct {
-	rc io.ReadCloser
-	r  *request
-}
-
-func (b *tapBody) Read(p []byte) (int, error) {
-	n, err := b.rc.Read(p)
-	if n > 0 {
-		b.r.progress()
-	}
-	if err != nil && err != io.EOF {
-		b.r.failBody(err)
-	}
-	return n, err
-}
-
-func (b *tapBody) Close() error { return b.rc.Close() }
-
-// firstBodyError reads a body through the client and returns, for an
-// error, the first one the transport saw reading it (when it saw one): the
-// client, when a body breaks off, tries to read it again, which gcsTap
-// refuses, and reports that refusal.
-type firstBodyError struct {
-	io.Reader
-	r *request
-}
-
-func (b firstBodyError) Read(p []byte) (int, error) {
-	n, err := b.Reader.Read(p)
-	if err != nil && err != io.EOF {
-		if _, _, berr := b.r.seen(); berr != nil {
-			err = berr
-		}
-	}
-	return n, err
-}
-
-// begin starts a request (remote.start) that the transport (gcsTap) sees
-// and lets through once; the caller ends it.
-func (g *GCS) begin(ctx context.Context) (*request, error) {
+func (g *GCS) stat(ctx context.Context, k string) (*gcsapi.Object, error) {
 	a, err := g.start(ctx)
 	if err != nil {
 		return nil, err
 	}
-	r := &request{attempt: a}
-	r.ctx = context.WithValue(a.ctx, requestKey{}, r)
-	return r, nil
-}
-
-func (g *GCS) stat(ctx context.Context, k string) (*storage.ObjectAttrs, error) {
-	r, err := g.begin(ctx)
+	defer a.end()
+	obj, err := g.svc.Objects.Get(g.bucket, g.objectName(k)).Fields("size", "generation").Context(a.ctx).Do()
 	if err != nil {
-		return nil, err
+		return nil, g.classify(ctx, a.stalled(), false, err)
 	}
-	defer r.end()
-	attrs, err := g.bkt.Object(g.objectName(k)).Attrs(r.ctx)
-	if err != nil {
-		return nil, g.classify(ctx, r.stalled(), r, err)
-	}
-	return attrs, nil
+	return obj, nil
 }
 
 // fetch reads a whole object or a range, and the generation of the
-// response.
+// response, with one request.
 func (g *GCS) fetch(ctx context.Context, k string, off, length int64, ranged bool, into []byte, limit int64) ([]byte, string, error) {
 	if ranged && length == 0 {
 		// HTTP cannot ask for zero bytes; check existence and bounds instead.
-		attrs, err := g.stat(ctx, k)
+		obj, err := g.stat(ctx, k)
 		if err != nil {
 			return nil, "", err
 		}
-		if off > attrs.Size {
-			return nil, "", fmt.Errorf("%w: offset %d, size %d", ErrRange, off, attrs.Size)
+		if size := int64(obj.Size); off > size {
+			return nil, "", fmt.Errorf("%w: offset %d, size %d", ErrRange, off, size)
 		}
-		return []byte{}, gcsVersion(attrs.Generation), nil
+		return []byte{}, gcsVersion(obj.Generation), nil
 	}
-	r, err := g.begin(ctx)
+	a, err := g.start(ctx)
 	if err != nil {
 		return nil, "", err
 	}
-	defer r.end()
+	defer a.end()
 	start := time.Now()
-	obj := g.bkt.Object(g.objectName(k))
-	var rd *storage.Reader
-	switch {
-	case !ranged:
-		rd, err = obj.NewReader(r.ctx)
-	case off < 0:
-		rd, err = obj.NewRangeReader(r.ctx, -length, -1)
-	default:
-		rd, err = obj.NewRangeReader(r.ctx, off, length)
+	call := g.svc.Objects.Get(g.bucket, g.objectName(k))
+	if ranged {
+		call.Header().Set("Range", byteRange(off, length))
 	}
+	res, err := call.Context(a.ctx).Download()
 	if err != nil {
-		err = g.classify(ctx, r.stalled(), r, err)
+		err = g.classify(ctx, a.stalled(), false, err)
 		g.log.Debug("gcs get failed", "key", k, "off", off, "length", length, "err", err)
 		return nil, "", err
 	}
-	defer rd.Close()
-	gen := rd.Attrs.Generation
-	size := rd.Attrs.Size // of the whole object, also for a range
-	status, _, _ := r.seen()
-
-	// from, want: where the bytes asked for start in the body, and how
-	// many the body carries. A server that ignores Range (200) sends the
-	// whole object, which is cut here.
-	from, want := int64(0), rd.Remain()
-	if rd.Attrs.Decompressed {
-		want = -1 // served decompressed: only the end of the body tells its length
+	defer res.Body.Close()
+	gen, err := strconv.ParseInt(res.Header.Get("X-Goog-Generation"), 10, 64)
+	if err != nil {
+		return nil, "", fmt.Errorf("response carries no object generation (x-goog-generation %q)", oneLine(res.Header.Get("X-Goog-Generation"), 32))
 	}
-	if ranged {
-		if size >= 0 && !rd.Attrs.Decompressed {
-			if off < 0 {
-				if size < length {
-					return nil, "", fmt.Errorf("%w: last %d bytes of %d", ErrRange, length, size)
-				}
-				off = size - length
-			}
-			if off+length > size {
-				return nil, "", fmt.Errorf("%w: %d+%d, size %d", ErrRange, off, length, size)
-			}
-		}
-		if status == http.StatusPartialContent {
-			if rd.Attrs.StartOffset != off || want != length {
-				return nil, "", Transient(fmt.Errorf("server sent %d bytes at %d for %d at %d", want, rd.Attrs.StartOffset, length, off))
-			}
-		} else if off >= 0 {
-			from = off
-		}
-	}
-	if !ranged || status != http.StatusPartialContent {
-		// The object is read whole: refuse one larger than the caller
-		// expects before allocating for it.
-		if err := checkSize(limit, want); err != nil {
-			return nil, "", err
-		}
-	}
-	// What broke the body, not the client's attempt to read it again.
-	body := firstBodyError{rd, r}
-	buf, err := readBody(ctx, r.attempt, body, want, into, limit)
+	buf, err := g.readResponse(ctx, a, res, off, length, ranged, into, limit)
 	if err != nil {
 		return nil, "", err
-	}
-	if want >= 0 {
-		// The client checks the CRC32C of a whole object at the end of its
-		// body: read to it.
-		var one [1]byte
-		if m, err := body.Read(one[:]); m > 0 {
-			return nil, "", bodyError(ctx, r.attempt, fmt.Errorf("body longer than its announced %d bytes", want), want, want)
-		} else if err != nil && err != io.EOF {
-			return nil, "", bodyError(ctx, r.attempt, err, want, want)
-		}
-	}
-	if ranged && status != http.StatusPartialContent {
-		if off < 0 {
-			off = int64(len(buf)) - length
-			from = off
-		}
-		if from < 0 || from+length > int64(len(buf)) {
-			return nil, "", fmt.Errorf("%w: %d+%d, size %d", ErrRange, from, length, len(buf))
-		}
-		buf = buf[from : from+length]
 	}
 	g.log.Debug("gcs get", "key", k, "off", off, "length", length, "bytes", len(buf), "generation", gen, "dur", time.Since(start))
 	return buf, gcsVersion(gen), nil
 }
 
+// byteRange is the Range header of length bytes at off (off < 0: the last
+// length bytes).
+func byteRange(off, length int64) string {
+	if off < 0 {
+		return "bytes=-" + strconv.FormatInt(length, 10)
+	}
+	return "bytes=" + strconv.FormatInt(off, 10) + "-" + strconv.FormatInt(off+length-1, 10)
+}
+
+// readResponse reads the body of a read response and returns the bytes
+// asked for: a 206's range checked against the request, or, from a whole
+// object (a server that ignored Range, or one serving the object
+// decompressed, which ignores it too), the range cut out of it.
+func (g *GCS) readResponse(ctx context.Context, a *attempt, res *http.Response, off, length int64, ranged bool, into []byte, limit int64) ([]byte, error) {
+	// Served decompressed (stored gzip-encoded): only the end of the body
+	// tells its length, and the stored CRC32C is of other bytes.
+	decompressed := res.Uncompressed ||
+		(res.Header.Get("X-Goog-Stored-Content-Encoding") == "gzip" && res.Header.Get("Content-Encoding") != "gzip")
+	want := res.ContentLength
+	if decompressed {
+		want = -1
+	}
+	partial := res.StatusCode == http.StatusPartialContent
+	switch {
+	case ranged && partial:
+		if _, _, err := checkContentRange(res.Header.Get("Content-Range"), off, length, want); err != nil {
+			return nil, err
+		}
+		want = length
+	case partial:
+		return nil, Transient(errors.New("server answered a request for the whole object with 206 Partial Content"))
+	case ranged && want >= 0:
+		if _, err := cutRange(want, off, length); err != nil {
+			return nil, err
+		}
+	}
+	if !partial {
+		// The object is read whole: refuse one larger than the caller
+		// expects before allocating for it.
+		if err := checkSize(limit, want); err != nil {
+			return nil, err
+		}
+	}
+	var body io.Reader = progressReader{res.Body, a}
+	if sum, ok := storedCRC32C(res.Header); ok && !partial && !decompressed {
+		body = &crcReader{r: body, want: sum}
+	}
+	buf, err := readBody(ctx, a, body, want, into, limit)
+	if err != nil {
+		return nil, err
+	}
+	if want >= 0 {
+		// Read to the end of the body, where crcReader compares.
+		var one [1]byte
+		if m, err := body.Read(one[:]); m > 0 {
+			return nil, bodyError(ctx, a, fmt.Errorf("body longer than its announced %d bytes", want), want, want)
+		} else if err != nil && err != io.EOF {
+			return nil, bodyError(ctx, a, err, want, want)
+		}
+	}
+	if ranged && !partial {
+		from, err := cutRange(int64(len(buf)), off, length)
+		if err != nil {
+			return nil, err
+		}
+		buf = buf[from : from+length]
+	}
+	return buf, nil
+}
+
+// cutRange returns where length bytes at off (off < 0: the last length
+// bytes) start in an object of size bytes, or ErrRange.
+func cutRange(size, off, length int64) (int64, error) {
+	if off < 0 {
+		if size < length {
+			return 0, fmt.Errorf("%w: last %d bytes of %d", ErrRange, length, size)
+		}
+		return size - length, nil
+	}
+	if off+length > size {
+		return 0, fmt.Errorf("%w: %d+%d, size %d", ErrRange, off, length, size)
+	}
+	return off, nil
+}
+
+// castagnoli is the CRC32C table of GCS's object checksums.
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// storedCRC32C returns the CRC32C of the stored object that a read
+// response carries in x-goog-hash ("crc32c=BASE64,md5=BASE64", or one
+// header per hash).
+func storedCRC32C(h http.Header) (uint32, bool) {
+	for _, v := range h.Values("X-Goog-Hash") {
+		for _, f := range strings.Split(v, ",") {
+			b64, ok := strings.CutPrefix(strings.TrimSpace(f), "crc32c=")
+			if !ok {
+				continue
+			}
+			b, err := base64.StdEncoding.DecodeString(b64)
+			if err != nil || len(b) != 4 {
+				return 0, false
+			}
+			return binary.BigEndian.Uint32(b), true
+		}
+	}
+	return 0, false
+}
+
+// crcReader computes the CRC32C of a whole object's body as it is read and
+// fails its end when it is not the stored one: bytes changed on the way
+// are never returned as data.
+type crcReader struct {
+	r    io.Reader
+	want uint32
+	got  uint32
+}
+
+func (c *crcReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.got = crc32.Update(c.got, castagnoli, p[:n])
+	if err == io.EOF && c.got != c.want {
+		return n, fmt.Errorf("CRC32C of the body %08x, of the object %08x", c.got, c.want)
+	}
+	return n, err
+}
+
 // classify turns a client or transport error into the package's classes.
 // parent is the caller's context; timedOut says our own request timer
-// fired; r is what the transport saw of the request (nil for listings).
-func (g *GCS) classify(parent context.Context, timedOut bool, r *request, err error) error {
+// fired; listing says the request was a listing, whose 404 can only mean
+// the bucket.
+func (g *GCS) classify(parent context.Context, timedOut, listing bool, err error) error {
 	if perr := parent.Err(); perr != nil {
 		return perr // the caller gave up: neither transient nor ours to report
 	}
 	if timedOut {
 		return Transient(fmt.Errorf("request stalled: no response for %v: %w", g.timeout, context.DeadlineExceeded))
 	}
-	status, doc := 0, ""
-	if r != nil {
-		status, doc, _ = r.seen()
-	}
-	var ge *googleapi.Error
-	if errors.As(err, &ge) {
-		status = ge.Code
-		if ge.Body != "" {
-			doc = ge.Body
-		}
-	}
 	var re *oauth2.RetrieveError
-	switch {
-	case errors.As(err, &re):
+	if errors.As(err, &re) {
 		if re.Response != nil && re.Response.StatusCode >= 400 && re.Response.StatusCode < 500 {
 			return fmt.Errorf("%w: credentials rejected (%s)", ErrPermission, tokenErrorKind(err))
 		}
 		return Transient(fmt.Errorf("no token: %s", tokenErrorKind(err)))
-	case errors.Is(err, storage.ErrBucketNotExist) || (status == http.StatusNotFound && strings.Contains(doc, "NoSuchBucket")):
+	}
+	var ge *googleapi.Error
+	if !errors.As(err, &ge) {
+		// Transport failures: refused or reset connections, unexpected
+		// EOF, a listing page cut off, TLS and DNS hiccups.
+		return Transient(err)
+	}
+	status, msg, code := ge.Code, ge.Message, xmlCode(ge.Body)
+	if msg == "" {
+		msg = jsonMessage(ge.Body) // a media download's error is not parsed by the client
+	}
+	switch {
+	case status == http.StatusNotFound && (listing || code == "NoSuchBucket" || strings.Contains(msg, "bucket does not exist")):
 		// A missing bucket is not a missing chunk: reading it as fill
 		// values would silently turn a typo into zeros.
 		return fmt.Errorf("bucket %q does not exist", g.bucket)
-	case errors.Is(err, storage.ErrObjectNotExist) || status == http.StatusNotFound:
+	case status == http.StatusNotFound:
 		return ErrNotFound
 	}
-	if status == 0 {
-		// Transport failures: refused or reset connections, unexpected
-		// EOF, TLS and DNS hiccups, a checksum that did not match.
-		return Transient(err)
-	}
 	desc := statusDesc(status)
-	if ge != nil && ge.Message != "" {
-		desc += ": " + oneLine(ge.Message, 200)
-	} else if code := xmlCode(doc); code != "" {
+	if msg != "" {
+		desc += ": " + oneLine(msg, 200)
+	} else if code != "" {
 		desc += ": " + code
 	}
 	switch {
@@ -661,7 +606,8 @@ func (g *GCS) classify(parent context.Context, timedOut bool, r *request, err er
 	return statusClass(status, desc)
 }
 
-// xmlCode returns the <Code> of an XML API error document.
+// xmlCode returns the <Code> of an XML API error document (what an
+// endpoint or proxy speaking the XML API answers).
 func xmlCode(doc string) string {
 	_, rest, ok := strings.Cut(doc, "<Code>")
 	if !ok {
@@ -672,6 +618,19 @@ func xmlCode(doc string) string {
 		return ""
 	}
 	return code
+}
+
+// jsonMessage returns the message of a JSON API error document.
+func jsonMessage(doc string) string {
+	var d struct {
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if json.Unmarshal([]byte(doc), &d) != nil {
+		return ""
+	}
+	return d.Error.Message
 }
 
 // List returns the sorted children of prefix with one delimited listing.
@@ -687,16 +646,21 @@ func (g *GCS) List(ctx context.Context, prefix string) ([]string, error) {
 		p += "/"
 	}
 	var names []string
-	err = g.listing(ctx, &storage.Query{Prefix: p, Delimiter: "/"}, []string{"Name"}, func(a *storage.ObjectAttrs) {
-		name := a.Name
-		if a.Prefix != "" {
-			name = a.Prefix
-		}
+	add := func(name string) {
 		name = strings.TrimPrefix(name, p)
 		if name == "" || name == "/" {
 			return // a "directory marker" object some tools create
 		}
 		names = append(names, name)
+	}
+	call := g.svc.Objects.List(g.bucket).Prefix(p).Delimiter("/").Fields("items(name)", "prefixes", "nextPageToken")
+	err = g.listing(ctx, call, func(page *gcsapi.Objects) {
+		for _, sub := range page.Prefixes {
+			add(sub)
+		}
+		for _, o := range page.Items {
+			add(o.Name)
+		}
 	})
 	if err == nil && len(names) == 0 && k != "" {
 		err = ErrNotFound
@@ -723,12 +687,15 @@ func (g *GCS) ListVersions(ctx context.Context, prefix string, fn func(key, vers
 	if base != "" {
 		base += "/"
 	}
-	err = g.listing(ctx, &storage.Query{Prefix: p}, []string{"Name", "Generation"}, func(a *storage.ObjectAttrs) {
-		key := strings.TrimPrefix(a.Name, base)
-		if key == "" || strings.HasSuffix(key, "/") {
-			return // "directory marker" objects
+	call := g.svc.Objects.List(g.bucket).Prefix(p).Fields("items(name,generation)", "nextPageToken")
+	err = g.listing(ctx, call, func(page *gcsapi.Objects) {
+		for _, o := range page.Items {
+			key := strings.TrimPrefix(o.Name, base)
+			if key == "" || strings.HasSuffix(key, "/") {
+				continue // "directory marker" objects
+			}
+			fn(key, gcsVersion(o.Generation))
 		}
-		fn(key, gcsVersion(a.Generation))
 	})
 	if err != nil {
 		return &Error{Op: "list", Store: g.id, Key: k, Err: err}
@@ -736,29 +703,22 @@ func (g *GCS) ListVersions(ctx context.Context, prefix string, fn func(key, vers
 	return nil
 }
 
-// listing runs one listing, calling fn per entry. The request timer is
-// re-armed by every entry received, so a long listing that keeps flowing
-// is never cut off.
-func (g *GCS) listing(ctx context.Context, q *storage.Query, fields []string, fn func(*storage.ObjectAttrs)) error {
-	if err := q.SetAttrSelection(fields); err != nil {
-		return err
-	}
+// listing runs one listing, a request per page, calling fn per page. The
+// request timer is re-armed by every page received, so a long listing
+// that keeps flowing is never cut off.
+func (g *GCS) listing(ctx context.Context, call *gcsapi.ObjectsListCall, fn func(*gcsapi.Objects)) error {
 	a, err := g.start(ctx)
 	if err != nil {
 		return err
 	}
 	defer a.end()
-	it := g.bkt.Objects(a.ctx, q)
-	for {
-		attrs, err := it.Next()
-		if err == iterator.Done {
-			break
-		}
-		if err != nil {
-			return g.classify(ctx, a.stalled(), nil, err)
-		}
+	err = call.Pages(a.ctx, func(page *gcsapi.Objects) error {
 		a.progress()
-		fn(attrs)
+		fn(page)
+		return nil
+	})
+	if err != nil {
+		return g.classify(ctx, a.stalled(), true, err)
 	}
 	return ctx.Err()
 }

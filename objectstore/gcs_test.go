@@ -2,6 +2,7 @@ package objectstore_test
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/rand"
 	"crypto/rsa"
@@ -10,15 +11,20 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/fsouza/fake-gcs-server/fakestorage"
 
 	"github.com/zarrfs/zarrfs/integration/faultproxy"
 	"github.com/zarrfs/zarrfs/internal/syncbuf"
@@ -441,4 +447,161 @@ func TestGCSBreaker(t *testing.T) {
 func TestGCSFaultsConcurrent(t *testing.T) {
 	e := newGCSFaultEnv(t)
 	checkFaultsConcurrent(t, e.proxy, e.store(t, objectstore.RetryOptions{MaxAttempts: 10}), e.big)
+}
+
+// flipBody flips one byte of a response body at offset at.
+type flipBody struct {
+	io.ReadCloser
+	at, n int64
+}
+
+func (f *flipBody) Read(p []byte) (int, error) {
+	m, err := f.ReadCloser.Read(p)
+	if i := f.at - f.n; i >= 0 && i < int64(m) {
+		p[i] ^= 0x55
+	}
+	f.n += int64(m)
+	return m, err
+}
+
+// A whole object whose bytes changed on the way fails its CRC32C as a
+// transient error and is never returned as data; with retries, a clean
+// second response is.
+func TestGCSChecksum(t *testing.T) {
+	srv := gcstest.Start(t)
+	bucket := srv.NewBucket(t)
+	big := randomBytes(1<<20, 5, 6)
+	srv.UploadFiles(t, bucket, "z", map[string][]byte{"big": big})
+	target, err := url.Parse(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var corrupt atomic.Int64 // responses still to corrupt; -1: all
+	rp := httputil.NewSingleHostReverseProxy(target)
+	rp.ModifyResponse = func(res *http.Response) error {
+		if res.Request.URL.Query().Get("alt") == "media" && res.StatusCode == http.StatusOK && corrupt.Load() != 0 {
+			corrupt.Add(-1)
+			res.Body = &flipBody{ReadCloser: res.Body, at: 1000}
+		}
+		return nil
+	}
+	proxy := httptest.NewServer(rp)
+	t.Cleanup(proxy.Close)
+	g := openGCS(t, proxy.URL, bucket, "z", objectstore.GCSOptions{})
+	ctx := context.Background()
+
+	corrupt.Store(-1)
+	b, err := g.Get(ctx, "big")
+	if err == nil || !objectstore.IsTransient(err) || !strings.Contains(err.Error(), "CRC32C") {
+		t.Fatalf("a corrupted body: %d bytes, err = %v; want a transient CRC32C error", len(b), err)
+	}
+	if strings.Contains(err.Error(), "\n") {
+		t.Errorf("error on more than one line: %q", err)
+	}
+
+	corrupt.Store(1)
+	s := must(objectstore.WithRetry(g, fastRetry(objectstore.RetryOptions{}, nil)))
+	if b, err := s.Get(ctx, "big"); err != nil || !bytes.Equal(b, big) {
+		t.Fatalf("after one corrupted response: %d bytes, %v; want the object", len(b), err)
+	}
+	if corrupt.Load() != 0 {
+		t.Fatal("no response was corrupted")
+	}
+}
+
+// An object stored gzip-encoded is served decompressed (GCS's decompressive
+// transcoding: the transport asks for no gzip), ignoring Range: whole and
+// ranged reads return the decompressed bytes, whose CRC32C is not the
+// stored one.
+func TestGCSDecompressed(t *testing.T) {
+	srv := gcstest.Start(t)
+	bucket := srv.NewBucket(t)
+	plain := bytes.Repeat([]byte(`{"zarr_format":3,"node_type":"array"}`), 2000)
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write(plain)
+	zw.Close()
+	srv.Fake.CreateObject(fakestorage.Object{
+		ObjectAttrs: fakestorage.ObjectAttrs{BucketName: bucket, Name: "z/zarr.json", ContentEncoding: "gzip"},
+		Content:     gz.Bytes(),
+	})
+	g := openGCS(t, srv.URL, bucket, "z", objectstore.GCSOptions{})
+	ctx := context.Background()
+	if b, err := g.Get(ctx, "zarr.json"); err != nil || !bytes.Equal(b, plain) {
+		t.Fatalf("Get = %d bytes, %v; want the %d decompressed bytes", len(b), err, len(plain))
+	}
+	if b, err := g.GetRange(ctx, "zarr.json", 1000, 500); err != nil || !bytes.Equal(b, plain[1000:1500]) {
+		t.Fatalf("GetRange = %q, %v", b, err)
+	}
+	if b, err := g.GetRange(ctx, "zarr.json", -1, 64); err != nil || !bytes.Equal(b, plain[len(plain)-64:]) {
+		t.Fatalf("suffix GetRange = %q, %v", b, err)
+	}
+	if _, err := g.GetRange(ctx, "zarr.json", int64(len(plain))-10, 64); !errors.Is(err, objectstore.ErrRange) {
+		t.Fatalf("a range past the decompressed end: err = %v, want ErrRange", err)
+	}
+}
+
+// jsonErrorServer answers every request with status and a JSON API error
+// of message, as GCS's JSON API does.
+func jsonErrorServer(t *testing.T, status int, message string) string {
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json; charset=UTF-8")
+		w.WriteHeader(status)
+		fmt.Fprintf(w, `{"error":{"code":%d,"message":%q,"errors":[{"message":%q,"domain":"global","reason":"x"}]}}`, status, message, message)
+	}))
+	t.Cleanup(ts.Close)
+	return ts.URL
+}
+
+// The JSON API's errors are classified as the XML API's are; a listing's
+// 404 can only mean the bucket.
+func TestGCSJSONErrorClasses(t *testing.T) {
+	ctx := context.Background()
+	missingBucket := func(err error) bool {
+		return err != nil && !objectstore.IsNotFound(err) && !objectstore.IsTransient(err) && strings.Contains(err.Error(), `bucket "b" does not exist`)
+	}
+	tests := []struct {
+		status  int
+		message string
+		check   func(error) bool
+		what    string
+	}{
+		{404, "No such object: b/z/c/0", objectstore.IsNotFound, "not found"},
+		{404, "The specified bucket does not exist.", missingBucket, "a missing bucket, never a missing chunk"},
+		{403, "reader@p.iam.gserviceaccount.com does not have storage.objects.get access", func(err error) bool {
+			return objectstore.IsPermission(err) && strings.Contains(err.Error(), "storage.objects.get")
+		}, "permission, with the server's reason"},
+		{503, "Backend Error", objectstore.IsTransient, "transient"},
+	}
+	for _, tc := range tests {
+		g := openGCS(t, jsonErrorServer(t, tc.status, tc.message), "b", "z", objectstore.GCSOptions{})
+		for name, op := range map[string]func() error{
+			"get":   func() error { _, err := g.Get(ctx, "c/0"); return err },
+			"range": func() error { _, err := g.GetRange(ctx, "c/0", 16, 16); return err },
+			"stat":  func() error { _, err := g.StatVersion(ctx, "c/0"); return err },
+		} {
+			if err := op(); !tc.check(err) || (err != nil && strings.Contains(err.Error(), "\n")) {
+				t.Errorf("HTTP %d %q, %s: err = %v, want %s on one line", tc.status, tc.message, name, err, tc.what)
+			}
+		}
+	}
+	g := openGCS(t, jsonErrorServer(t, 404, "Not Found"), "b", "z", objectstore.GCSOptions{})
+	if _, err := g.List(ctx, "c"); !missingBucket(err) {
+		t.Errorf("a listing's 404: err = %v, want the bucket named missing", err)
+	}
+}
+
+// A read response without a generation is refused: a version that never
+// changes would hide every rewrite.
+func TestGCSNoGeneration(t *testing.T) {
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "4")
+		fmt.Fprint(w, "data")
+	}))
+	t.Cleanup(ts.Close)
+	g := openGCS(t, ts.URL, "b", "z", objectstore.GCSOptions{})
+	b, v, err := g.GetVersion(context.Background(), "c/0", nil, 0)
+	if err == nil || objectstore.IsTransient(err) || !strings.Contains(err.Error(), "generation") {
+		t.Fatalf("GetVersion = %q, %q, %v; want a permanent error naming the missing generation", b, v, err)
+	}
 }

@@ -58,6 +58,13 @@ type Options struct {
 	// under a key never change; an array with a listing (Hierarchy.List)
 	// finds the bytes of the listed version without a request.
 	SourceCache SourceCache
+	// VersionsFirst asks a lazy listing the version of a chunk it has not
+	// learnt before the chunk is read (one HEAD or metadata request), so
+	// that the SourceCache can answer without the chunk's bytes being
+	// fetched: for a remote store whose chunks the cache was filled with
+	// (`zarrfs warm --compressed`). Without it a chunk of an unlearnt
+	// version is fetched, its version learnt from the response.
+	VersionsFirst bool
 	// EmptyWhenGone opens a store whose root holds no Zarr metadata at all
 	// (deleted, emptied) as a hierarchy with no arrays and Vanished set,
 	// rather than failing: a mount that re-reads its store's metadata
@@ -87,6 +94,17 @@ type Options struct {
 type SourceCache interface {
 	Get(key string) ([]byte, bool)
 	Put(key string, b []byte)
+}
+
+// SourceCacheInto is a SourceCache that can read a key's bytes into the
+// caller's buffer: GetInto returns buf[:n] when buf has the capacity for
+// the n bytes (else memory of its own) and leaves buf untouched on a miss.
+// A Read then reads a whole compressed chunk from the cache straight into
+// the memory it would fetch it into (Options.Memory: the GPU's pinned
+// memory), with no copy after the read.
+type SourceCacheInto interface {
+	SourceCache
+	GetInto(key string, buf []byte) ([]byte, bool)
 }
 
 // Hierarchy is an opened store: every array found, supported or not.

@@ -149,10 +149,15 @@ type leaf struct {
 type readState struct {
 	h      *Hierarchy
 	dec    codec.BatchDecoder // the Hierarchy's, or Decoding's
+	mem    codec.HostMemory   // what compressed chunks are read into
 	reqs   []Request
 	sem    chan struct{}
 	mu     sync.Mutex
 	leaves []*leaf
+	// puts are fetched bytes that are no leaf's own (an inner shard read
+	// as a range of its shard), kept in the source cache with the
+	// leaves' once every chunk decoded.
+	puts []sourcePut
 }
 
 func (st *readState) add(l *leaf) {
@@ -188,12 +193,13 @@ type outer struct {
 // its pinned version (ErrChanged when it differs); a nil pin reads each
 // array under its current listing.
 func (h *Hierarchy) Read(ctx context.Context, pin *Pin, reqs []Request) error {
-	return h.read(ctx, h.opts.Decoder, pin, reqs)
+	return h.read(ctx, h.opts.Decoder, h.mem, pin, reqs)
 }
 
-// read is Read decoding with dec.
-func (h *Hierarchy) read(ctx context.Context, dec codec.BatchDecoder, pin *Pin, reqs []Request) error {
-	st := &readState{h: h, dec: dec, reqs: reqs, sem: make(chan struct{}, h.opts.Fetchers)}
+// read is Read decoding with dec, reading whole compressed chunks into
+// memory mem lends (nil: pooled buffers).
+func (h *Hierarchy) read(ctx context.Context, dec codec.BatchDecoder, mem codec.HostMemory, pin *Pin, reqs []Request) error {
+	st := &readState{h: h, dec: dec, mem: mem, reqs: reqs, sem: make(chan struct{}, h.opts.Fetchers)}
 	defer st.release()
 	order, err := outers(reqs)
 	if err != nil {
@@ -201,11 +207,21 @@ func (h *Hierarchy) read(ctx context.Context, dec codec.BatchDecoder, pin *Pin, 
 	}
 	// One listing per array for the whole call, so every chunk of it is
 	// checked against the same listing: the one the pin names, else the
-	// current one.
+	// current one. With a source cache, an array not listed yet is listed
+	// now (lazily listed stores: no request): the cache keeps bytes under
+	// their versions, which only a listing names, so a read before any
+	// fill listed the array (a batch of the device path) would miss it.
 	listings := map[*Array]*Listing{}
 	for _, o := range order {
 		if _, ok := listings[o.a]; !ok {
-			listings[o.a] = pin.Listing(o.a)
+			lst := pin.Listing(o.a)
+			if lst == nil && h.opts.SourceCache != nil && o.a.Versioned() {
+				var err error
+				if lst, err = h.List(ctx, o.a, time.Time{}); err != nil {
+					return err
+				}
+			}
+			listings[o.a] = lst
 		}
 	}
 	// Resolve outer chunks into leaves, fetching bytes concurrently.
@@ -216,17 +232,18 @@ func (h *Hierarchy) read(ctx context.Context, dec codec.BatchDecoder, pin *Pin, 
 		key := o.a.ChunkKey(o.coords)
 		// No stored chunk may be larger than its decoded size allows: the
 		// store refuses it before allocating for it (limit).
-		src := storeSource{h: h, sem: st.sem, key: key, hint: o.a.lendHint(), meta: o.a.MetaHash, limit: o.a.MaxEncodedBytes()}
+		src := storeSource{h: h, mem: st.mem, sem: st.sem, key: key, hint: o.a.lendHint(), meta: o.a.MetaHash, limit: o.a.MaxEncodedBytes()}
 		if lst := listings[o.a]; lst != nil {
 			src.listing = lst
 			v, ok, known := lst.Known(key)
 			var err error
-			if !known && (lst.Bounded() || pin.pins(o.a, o.coords)) {
+			if !known && (lst.Bounded() || pin.pins(o.a, o.coords) || (h.opts.VersionsFirst && h.opts.SourceCache != nil)) {
 				// A Bounded listing is asked once: the cache keys and
 				// the check of the fetch agree with the answer, and it
 				// with the pin, however it answers when asked again.
 				// Any listing is asked a chunk the pin names (its
-				// identity asked it already: no request).
+				// identity asked it already: no request), and any
+				// chunk under VersionsFirst.
 				v, ok, err = lst.Version(key)
 				known = true
 			}
@@ -280,6 +297,9 @@ func (st *readState) keepSource() {
 				sc.Put(p.key, p.b)
 			}
 		}
+	}
+	for _, p := range st.puts {
+		sc.Put(p.key, p.b)
 	}
 }
 
@@ -562,6 +582,11 @@ func (st *readState) fetchInner(ctx context.Context, a *Array, s *shardSpec, src
 	if err == nil {
 		if s.codecs.shard != nil {
 			err = st.resolve(ctx, a, s.codecs, s.inner, lo, memSource{b, src.version()}, ikey, inner)
+			if err == nil && fresh != "" {
+				st.mu.Lock()
+				st.puts = append(st.puts, sourcePut{fresh, b})
+				st.mu.Unlock()
+			}
 		} else {
 			l := &leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: lo, key: ikey, needs: inner, enc: nonNil(b), srcKey: fresh, cacheKey: ck}
 			st.attachStream(l, plan)
@@ -859,8 +884,8 @@ func (st *readState) release() {
 		if !l.encOwned || l.enc == nil {
 			continue
 		}
-		if l.pipe.compressed() && st.h.mem != nil {
-			st.h.mem.HostFree(l.enc) // memory not lent is left to the collector
+		if l.pipe.compressed() && st.mem != nil {
+			st.mem.HostFree(l.enc) // memory not lent is left to the collector
 		}
 		l.enc = nil
 	}

@@ -24,6 +24,7 @@ type source interface {
 
 type storeSource struct {
 	h   *Hierarchy
+	mem codec.HostMemory // lends the buffers a whole chunk is read into (readState.mem); nil: pooled
 	sem chan struct{}
 	key string
 	// hint is the chunk's decoded size (about the most its compressed bytes
@@ -44,6 +45,10 @@ type storeSource struct {
 	// and learns from the fetch a version it did not know.
 	fixed, present bool
 	want           string
+	// entire says the read is of the whole object into a buffer of the
+	// read's own (released with it): the source cache may then read into
+	// that buffer (cached).
+	entire bool
 }
 
 func (s storeSource) version() string {
@@ -110,7 +115,7 @@ func (s storeSource) doV(ctx context.Context, ck string, f func() ([]byte, strin
 			lookup = objectstore.Identity(s.h.Store) + "\x00" + s.meta + "\x00" + ck
 		}
 		if known {
-			if b, ok := sc.Get(lookup); ok {
+			if b, ok := s.cached(sc, lookup); ok {
 				return b, "", "", nil
 			}
 		}
@@ -171,10 +176,11 @@ func (s storeSource) whole(ctx context.Context) ([]byte, string, error) {
 		b, err := objectstore.GetLimit(ctx, s.h.Store, s.key, s.limit)
 		return b, "", err
 	}
+	s.entire = true
 	if !versioned && !into {
 		return s.do(ctx, s.key, func() ([]byte, string, error) { return get(nil) })
 	}
-	if mem := s.h.mem; mem != nil && s.hint > 0 {
+	if mem := s.mem; mem != nil && s.hint > 0 {
 		// Into the decoder's memory, which it reads without a copy. A
 		// chunk larger than the room (incompressible beyond the
 		// framing's slack) lands in memory of the store's own.
@@ -232,7 +238,31 @@ func (s storeSource) cachedWhole() ([]byte, bool) {
 		}
 		lookup = objectstore.Identity(s.h.Store) + "\x00" + s.key + "\x00" + want
 	}
-	return sc.Get(lookup)
+	s.entire = true
+	return s.cached(sc, lookup)
+}
+
+// cached looks key up in the source cache. A whole object is read into
+// the buffer a fetch would read it into (the decoder's lent memory), when
+// the cache can read into one: a chunk kept on disk goes
+// from the file into pinned memory in one read.
+func (s storeSource) cached(sc SourceCache, key string) ([]byte, bool) {
+	gi, ok := sc.(SourceCacheInto)
+	if !ok || !s.entire {
+		return sc.Get(key)
+	}
+	if mem := s.h.mem; mem != nil && s.hint > 0 {
+		buf := mem.HostAlloc(s.hint + s.hint/64 + 4096)
+		b, ok := gi.GetInto(key, buf[:0])
+		if !ok || len(b) == 0 || &b[0] != &buf[:1][0] {
+			mem.HostFree(buf) // a miss, or bytes in memory of the cache's own
+		}
+		if ok && len(b) == 0 {
+			return []byte{}, true // not buf[:0]: release would free buf again
+		}
+		return b, ok
+	}
+	return gi.GetInto(key, nil) // no lender: the cache allocates the bytes
 }
 
 func (s storeSource) suffix(ctx context.Context, n int64) ([]byte, string, error) {

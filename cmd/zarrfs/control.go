@@ -63,6 +63,18 @@ type statusCache struct {
 	EvictedB    int64  `json:"evicted_bytes"`
 	ChunkHits   int64  `json:"chunk_hits"`
 	ChunkMisses int64  `json:"chunk_misses"`
+	// Each tier's share of UsedB and Files: decoded blobs and compressed
+	// chunks.
+	BlobB  int64 `json:"blob_bytes"`
+	Blobs  int   `json:"blob_files"`
+	ChunkB int64 `json:"chunk_bytes"`
+	Chunks int   `json:"chunk_files"`
+	// ChunkStores counts the chunks this mount kept; ChunkDamaged those
+	// found damaged on a read (dropped and read from the source again);
+	// ChunkEvictions the evictions that were chunks.
+	ChunkStores    int64 `json:"chunk_stores"`
+	ChunkDamaged   int64 `json:"chunk_damaged"`
+	ChunkEvictions int64 `json:"chunk_evictions"`
 }
 
 type statusMount struct {
@@ -140,6 +152,7 @@ func (s *statusParts) doc() statusDoc {
 	c, dec := s.o.cache, s.o.dec
 	lay := s.m.Layout() // the tree served now, after any refresh
 	used, files := c.Usage()
+	tiers := c.TierUsage()
 	cs := c.Stats()
 	mode, _ := c.BlobAccess()
 	ms := s.m.Stats()
@@ -148,7 +161,9 @@ func (s *statusParts) doc() statusDoc {
 		UptimeSeconds: time.Since(s.started).Seconds(), Args: s.args, LogFile: s.logFile,
 		Cache: statusCache{Dir: c.Dir(), BlobDir: c.BlobDir(lay.ID), BudgetB: c.Budget(), UsedB: used, Files: files,
 			BlobMode: fmt.Sprintf("%04o", uint32(mode)), Hits: cs.BlobHits, Misses: cs.BlobMisses, Filling: cs.Filling,
-			Evictions: cs.Evictions, EvictedB: cs.EvictedBytes, ChunkHits: cs.ChunkHits, ChunkMisses: cs.ChunkMisses},
+			Evictions: cs.Evictions, EvictedB: cs.EvictedBytes, ChunkHits: cs.ChunkHits, ChunkMisses: cs.ChunkMisses,
+			BlobB: tiers.BlobBytes, Blobs: tiers.Blobs, ChunkB: tiers.ChunkBytes, Chunks: tiers.Chunks,
+			ChunkStores: cs.ChunkStores, ChunkDamaged: cs.ChunkDamaged, ChunkEvictions: cs.ChunkEvictions},
 		Mount: statusMount{Direct: s.f.direct, Passthrough: s.m.Passthrough(), Rank: s.f.rank, World: s.f.world, Shard: s.f.shard, Opens: ms.Opens, OpenFiles: ms.OpenFiles,
 			Files: lay.Files, Arrays: lay.Arrays},
 		Reads:  readsOf(s.o.stats),

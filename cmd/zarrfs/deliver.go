@@ -123,6 +123,13 @@ func printDelivery(w io.Writer, d *statusDelivery) {
 	fmt.Fprintf(w, "delivery\t%d rings open (%s), %d opened; %d samples (%d device path, %d host path), %s to the ring: %s compressed, %s decoded by the host path\n",
 		d.Open, memory.Human(d.HeldBytes), d.Opened, samples, d.DeviceSamples, d.HostSamples, perSample,
 		memory.Human(d.Compressed), memory.Human(d.Uploaded))
+	if samples > 0 {
+		var parts []string
+		for _, name := range deliver.StageNames() {
+			parts = append(parts, fmt.Sprintf("%s %.1f", name, 1e3*d.Stages[name]/float64(samples)))
+		}
+		fmt.Fprintf(w, "\tms a sample by stage (summed over fills): %s\n", strings.Join(parts, ", "))
+	}
 	for _, r := range d.Rings {
 		fmt.Fprintf(w, "\tring %d: %s, %s memory (device %d), %d slots, %s; %d fills, %d errors; %d device path, %d host path samples\n",
 			r.ID, r.Dir, r.Memory, r.Device, r.Slots, memory.Human(r.Bytes), r.Fills, r.Errors, r.DeviceSamples, r.HostSamples)

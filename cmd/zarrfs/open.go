@@ -165,6 +165,12 @@ type openOptions struct {
 	// warm does not: the blobs it writes already hold every byte, and a
 	// second, compressed copy only halves its speed.
 	chunkTier bool
+	// compressed keeps every compressed chunk read, of any source, local
+	// too, and reads chunks whole: `zarrfs warm --compressed`.
+	compressed bool
+	// wrapTier, when set, wraps the chunk tier the source is read through
+	// (warm --compressed records what it stored).
+	wrapTier func(cache.ChunkTier) zarr.SourceCacheInto
 	// shard lists only one rank's samples in every sample directory.
 	shard layout.Shard
 	// observe, when set, is told of every fill (fill.Options.Observe).
@@ -254,17 +260,7 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 		}
 		return nil, err
 	}
-	// With a GPU, compressed chunks are read into, and fills decode into,
-	// the pipeline's pinned memory.
-	o.stats = &zarr.Stats{}
-	cached := chunkCacheBytes(oo.chunkCacheBytes, mem)
-	zopts := zarr.Options{Logger: log, Decoder: o.dec, Memory: o.dec.Memory(), ChunkCacheBytes: cached, Stats: o.stats, Limits: limits}
-	if isRemote(o.store) && oo.chunkTier {
-		zopts.SourceCache = o.cache.ChunkTier()
-	}
-	if f.wholeChunks {
-		zopts.Partial = zarr.PartialNever
-	}
+	zopts, cached := f.zarrOptions(o, oo, log, mem, limits)
 	o.src = &layout.Source{
 		Store:  o.store,
 		Zarr:   zopts,
@@ -278,9 +274,56 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	if o.lay, err = openLayout(ctx, o.src, f.src.deadlines.timeout, log); err != nil {
 		return nil, err
 	}
-	h, lay := o.lay.Hierarchy(), o.lay
-	// zarr.Open already warned about each unsupported array; warn here
-	// only about what the layout itself left out (name collisions).
+	warnSkipped(ctx, log, o.lay)
+	ok = true
+	return o, nil
+}
+
+// zarrOptions are the options every hierarchy of o's source opens with,
+// and the decoded-chunk cache's size in them: with a GPU, compressed
+// chunks are read into, and fills decode into, the pipeline's pinned
+// memory; every source is read through the chunk tier.
+func (f *layoutFlags) zarrOptions(o *opened, oo openOptions, log *slog.Logger, mem int64, limits zarr.MetadataLimits) (zarr.Options, int64) {
+	o.stats = &zarr.Stats{}
+	cached := chunkCacheBytes(oo.chunkCacheBytes, mem)
+	zopts := zarr.Options{Logger: log, Decoder: o.dec, Memory: o.dec.Memory(), ChunkCacheBytes: cached, Stats: o.stats, Limits: limits}
+	// Every source is read through the chunk tier: what it holds (a
+	// remote source's chunks a mount kept, or those warm --compressed
+	// kept of any source) is read from there, the store asked at most
+	// the chunk's version. A mount keeps a remote source's chunks; a local
+	// store's only warm --compressed keeps (copying every chunk a mount
+	// reads from one disk to another would cost a write per read, for a
+	// store that a local read serves as well).
+	tier := o.cache.ChunkTier()
+	switch {
+	case oo.compressed:
+		zopts.Partial = zarr.PartialNever // whole chunks: what any later read can use
+	case !(isRemote(o.store) && oo.chunkTier):
+		tier = tier.ReadOnly()
+	}
+	zopts.SourceCache = tier
+	// A remote store whose arrays learn their chunks' versions from the
+	// reads (HTTP, large GCS arrays) would fetch every chunk once per
+	// listing: after warm --compressed, its versions are asked first (a
+	// HEAD or a metadata request each), and the chunks read from the cache.
+	if isRemote(o.store) && tier.Holds(compressedMark(o.store)) {
+		zopts.VersionsFirst = true
+		log.Info("the cache holds this source's compressed chunks (zarrfs warm --compressed): chunk versions are asked before chunks are read",
+			"source", o.store.ID())
+	}
+	if oo.wrapTier != nil {
+		zopts.SourceCache = oo.wrapTier(tier)
+	}
+	if f.wholeChunks {
+		zopts.Partial = zarr.PartialNever
+	}
+	return zopts, cached
+}
+
+// warnSkipped warns about the arrays lay left out itself (name
+// collisions): zarr.Open already warned about each unsupported one.
+func warnSkipped(ctx context.Context, log *slog.Logger, lay *layout.Layout) {
+	h := lay.Hierarchy()
 	unsupported := map[string]bool{}
 	for _, a := range h.Arrays {
 		unsupported[a.Path] = a.Unsupported != ""
@@ -290,8 +333,13 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 			log.WarnContext(ratelog.Unlimited(ctx), "array left out of the mount", "array", s.Path, "reason", s.Reason)
 		}
 	}
-	ok = true
-	return o, nil
+}
+
+// compressedMark is the chunk tier's key that says warm --compressed kept
+// the chunks of store (an empty entry, evicted as any other: without it a
+// mount learns versions from reads again, which fetch the chunks).
+func compressedMark(store objectstore.Store) string {
+	return "zarrfs warm --compressed\x00" + objectstore.Identity(store)
 }
 
 // loadViews reads the --view files, each named by its absolute path in

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -31,6 +32,8 @@ type sourceFlags struct {
 	gpuMemory     string
 	pinned        string
 	gpuIdle       time.Duration
+	gpuTrust      bool   // --gpu-trust-unchecked
+	gpuKernels    string // --gpu-kernels (hidden)
 	deadlines     deadlineFlags
 	follow        bool
 	httpRedirects string
@@ -73,6 +76,9 @@ func (f *sourceFlags) register(cmd *cobra.Command, decodes bool) {
 		cmd.Flags().StringVar(&f.gpuMemory, "gpu-memory", "1GiB", "device memory decoding may take on each GPU, CUDA context included")
 		cmd.Flags().StringVar(&f.pinned, "pinned-memory", "2GiB", "pinned host memory decoding may take per GPU (staging and lent buffers)")
 		cmd.Flags().DurationVar(&f.gpuIdle, "gpu-idle", 2*time.Minute, "give the GPUs' decoding memory back after this long without decoding")
+		cmd.Flags().BoolVar(&f.gpuTrust, "gpu-trust-unchecked", false, gpuTrustHelp)
+		cmd.Flags().StringVar(&f.gpuKernels, "gpu-kernels", "", "load the GPU kernels from this PTX file (gpu/kernels/kernels.cu compiled with nvcc) instead of the built-in ones: to try kernels before they are checked in")
+		_ = cmd.Flags().MarkHidden("gpu-kernels")
 	}
 }
 
@@ -180,36 +186,65 @@ func (f *sourceFlags) openStore(ctx context.Context, src string) (objectstore.St
 	return dl, nil
 }
 
+// gpuTrustHelp says what --gpu-trust-unchecked trusts: nvCOMP's decoding of
+// streams that no host check verifies (gpu.Options.Unverified).
+const gpuTrustHelp = "accept as nvCOMP decodes them, on the GPU, chunks no checksum verifies: zstd frames without a content checksum " +
+	"(numcodecs' default), zstd chunks of several frames, and blosc chunks with zstd or snappy streams; damage inside their " +
+	"compressed data may then give wrong bytes instead of an error (off: such chunks decode on the CPU)"
+
 // newPipeline builds the process's one decoding pipeline from --decode and
 // --gpus: "gpu" refuses to run without a usable GPU and nvCOMP, "cpu"
 // never touches a GPU, "auto" decodes on the CPU and starts the GPUs in the
 // background (package decode). The caller closes it.
 func (f *sourceFlags) newPipeline(log *slog.Logger) (*decode.Pipeline, error) {
+	opts, err := f.decodeOptions()
+	if err != nil {
+		return nil, err
+	}
+	opts.Logger = log
+	p, err := decode.New(opts)
+	if err != nil {
+		return nil, fmt.Errorf("--decode %s: %w", opts.Mode, err)
+	}
+	return p, nil
+}
+
+// decodeOptions are the pipeline's options from the decoding flags, or a
+// usage error.
+func (f *sourceFlags) decodeOptions() (decode.Options, error) {
 	mode, err := decode.ParseMode(f.decode)
 	if err != nil {
-		return nil, usagef("--decode %v", err)
+		return decode.Options{}, usagef("--decode %v", err)
 	}
 	gpus, err := decode.ParseGPUs(f.gpus)
 	if err != nil {
-		return nil, usagef("--gpus %v", err)
+		return decode.Options{}, usagef("--gpus %v", err)
 	}
 	gpuMem, err := cache.ParseSize(f.gpuMemory)
 	if err != nil || gpuMem <= 0 {
-		return nil, usagef("--gpu-memory %q: want a size such as 1GiB", f.gpuMemory)
+		return decode.Options{}, usagef("--gpu-memory %q: want a size such as 1GiB", f.gpuMemory)
 	}
 	pinned, err := cache.ParseSize(f.pinned)
 	if err != nil || pinned <= 0 {
-		return nil, usagef("--pinned-memory %q: want a size such as 2GiB", f.pinned)
+		return decode.Options{}, usagef("--pinned-memory %q: want a size such as 2GiB", f.pinned)
 	}
 	if f.gpuIdle <= 0 {
-		return nil, usagef("--gpu-idle %v: want a positive duration", f.gpuIdle)
+		return decode.Options{}, usagef("--gpu-idle %v: want a positive duration", f.gpuIdle)
 	}
-	p, err := decode.New(decode.Options{Mode: mode, GPUs: gpus, GPUMemory: gpuMem, PinnedMemory: pinned,
+	if f.gpuTrust && mode == decode.CPU {
+		return decode.Options{}, usagef("--gpu-trust-unchecked: --decode cpu decodes nothing on a GPU")
+	}
+	var ptx []byte
+	if f.gpuKernels != "" {
+		if ptx, err = os.ReadFile(f.gpuKernels); err != nil {
+			return decode.Options{}, usagef("--gpu-kernels %v", err)
+		}
+		if !bytes.Contains(ptx, []byte(".entry ")) {
+			return decode.Options{}, usagef("--gpu-kernels %s: not PTX: no .entry (compile gpu/kernels/kernels.cu with nvcc -ptx)", f.gpuKernels)
+		}
+	}
+	return decode.Options{Mode: mode, GPUs: gpus, GPUMemory: gpuMem, PinnedMemory: pinned,
 		// The daemon is the only user of the GPUs in its process: closing
 		// one (idle, or at exit) gives back its whole context.
-		GPU: gpu.Options{HostIdle: f.gpuIdle, ResetOnClose: true}, Logger: log})
-	if err != nil {
-		return nil, fmt.Errorf("--decode %s: %w", mode, err)
-	}
-	return p, nil
+		GPU: gpu.Options{HostIdle: f.gpuIdle, ResetOnClose: true, Unverified: f.gpuTrust, KernelsPTX: string(ptx)}}, nil
 }

@@ -205,6 +205,9 @@ func printStatus(w io.Writer, d statusDoc) {
 	}
 	fmt.Fprintf(tw, "mode\t%s; %s; %s, %s\n", mode, ranks, count(int64(d.Mount.Arrays), "array"), count(d.Mount.Files, "file"))
 	fmt.Fprintf(tw, "cache\t%s of %s used, %s, blobs mode %s (%s)\n", memory.Human(d.Cache.UsedB), budget, count(int64(d.Cache.Files), "file"), d.Cache.BlobMode, d.Cache.Dir)
+	fmt.Fprintf(tw, "\tdecoded: %s in %s; %d hits, %d fills\n", memory.Human(d.Cache.BlobB), count(int64(d.Cache.Blobs), "file"), d.Cache.Hits, d.Cache.Misses)
+	fmt.Fprintf(tw, "\tcompressed: %s in %s; %d hits, %d misses; %d kept, %d damaged, %d evicted\n", memory.Human(d.Cache.ChunkB), count(int64(d.Cache.Chunks), "chunk"),
+		d.Cache.ChunkHits, d.Cache.ChunkMisses, d.Cache.ChunkStores, d.Cache.ChunkDamaged, d.Cache.ChunkEvictions)
 	fmt.Fprintf(tw, "opens\t%d; %s open now\n", d.Mount.Opens, count(d.Mount.OpenFiles, "file"))
 	// Requests are opens, link resolutions and readahead (docs/operations.md).
 	fmt.Fprintf(tw, "requests\t%d hits, %d fills (hit rate %s); %d fills in flight\n", d.Cache.Hits, d.Cache.Misses, hit, d.Cache.Filling)

@@ -20,18 +20,23 @@ import (
 // included, so that its keys are all the keys there are.
 func fullStatus() statusDoc {
 	g := statusGPUStats{Chunks: 2, Bytes: 8, Refused: 1, Corrupt: 1, Rounds: 1, Disagreed: 1}
+	stages := map[string]float64{}
+	for _, s := range deliver.StageNames() {
+		stages[s] = 1
+	}
 	return statusDoc{Mountpoint: "/m", Source: "file:///s", PID: 1, Started: time.Unix(0, 0), UptimeSeconds: 1,
 		Args: []string{"mount"}, LogFile: "/l",
 		Cache: statusCache{Dir: "/c", BlobDir: "/c/b", BudgetB: 1, UsedB: 1, Files: 1, BlobMode: "0400", Hits: 1, Misses: 1, Filling: 1,
-			Evictions: 1, EvictedB: 1, ChunkHits: 1, ChunkMisses: 1},
+			Evictions: 1, EvictedB: 1, ChunkHits: 1, ChunkMisses: 1, BlobB: 1, Blobs: 1, ChunkB: 1, Chunks: 1,
+			ChunkStores: 1, ChunkDamaged: 1, ChunkEvictions: 1},
 		Mount:  statusMount{Direct: true, Lease: "1m", World: 1, Shard: "contiguous", Opens: 1, OpenFiles: 1, Files: 1, Arrays: 1},
 		Decode: statusDecode{Placement: "cpu", GPU: g, GPUs: []statusGPU{{Device: 0, statusGPUStats: g}}, Decoded: []statusDecoded{{Codec: "zstd", Device: "cpu", Chunks: 1, Bytes: 1}}},
 		Reads:  statusReads{BytesFetched: 1},
 		Errors: map[string]int{"t": 1},
 		Delivery: &statusDelivery{Socket: "/r.ring.sock", Totals: deliver.Totals{Opened: 1, Open: 1, HeldBytes: 1, Fills: 1, Errors: 1,
-			DeviceSamples: 1, HostSamples: 1, Compressed: 1, Uploaded: 1},
+			DeviceSamples: 1, HostSamples: 1, Compressed: 1, Uploaded: 1, Stages: stages},
 			Rings: []deliver.RingInfo{{ID: 1, Dir: "era5", Memory: "cuda", Slots: 3, Bytes: 1, SampleBytes: 1, Opened: time.Unix(0, 0),
-				Fills: 1, DeviceSamples: 1, HostSamples: 1, Compressed: 1, Uploaded: 1}}},
+				Fills: 1, DeviceSamples: 1, HostSamples: 1, Compressed: 1, Uploaded: 1, Stages: stages}}},
 	}
 }
 

@@ -32,6 +32,8 @@ type warmFlags struct {
 	shard   string
 	jobs    int
 	prune   bool
+	// compressed keeps the compressed chunks instead of decoded files.
+	compressed bool
 	// span and split are --samples and --rank/--world/--shard, parsed by
 	// validate.
 	span  *fill.SampleSpan
@@ -51,7 +53,13 @@ source. Idempotent and resumable: files already in the cache are skipped.
 contiguous (the default, as DALI's shard_id/num_shards) rank i of W gets
 samples [floor(i*N/W), floor((i+1)*N/W)) of every sample directory; with
 --shard interleaved (as PyTorch's DistributedSampler without shuffling)
-samples i, i+W, i+2W, ...`,
+samples i, i+W, i+2W, ...
+
+--compressed keeps the compressed chunks those files read instead (the
+cache's chunk tier), of any source, local included: each chunk is read,
+decoded and checked, and kept only once it passed. A later mount reads
+them from the cache and decodes them as it serves, asking the source no
+more than each chunk's version.`,
 		Args: exactArgs(1, "SOURCE"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runWarm(cmd, &f, args[0])
@@ -66,6 +74,7 @@ samples i, i+W, i+2W, ...`,
 	fl.StringVar(&f.shard, "shard", "contiguous", "how samples are split among ranks: contiguous or interleaved")
 	fl.IntVar(&f.jobs, "jobs", 0, fmt.Sprintf("files filled concurrently, 1 to %d (default: number of CPUs, at least 16 for a remote source)", maxJobs))
 	fl.BoolVar(&f.prune, "prune", false, "then remove the source's cached files a mount will never serve again, as zarrfs cache gc does")
+	fl.BoolVar(&f.compressed, "compressed", false, "keep the compressed chunks the files read, not the decoded files (fits a dataset larger than the cache would hold decoded)")
 	return cmd
 }
 
@@ -114,7 +123,13 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 	// the decoded-chunk cache must hold every worker's current chunks (a
 	// 20-channel view over chunks of 10 ERA5 time steps needs 830 MB a
 	// worker). Memory is taken only as chunks are cached.
-	o, err := f.open(ctx, src, log, openOptions{chunkCacheBytes: 4 << 30})
+	var kept *keptChunks
+	oo := openOptions{chunkCacheBytes: 4 << 30, compressed: f.compressed}
+	if f.compressed {
+		kept = &keptChunks{}
+		oo.wrapTier = kept.wrap
+	}
+	o, err := f.open(ctx, src, log, oo)
 	if err != nil {
 		return err
 	}
@@ -134,6 +149,9 @@ func runWarm(cmd *cobra.Command, f *warmFlags, src string) error {
 	}
 	if err := checkSelection(log, f, c, plan); err != nil {
 		return err
+	}
+	if f.compressed {
+		return warmCompressed(cmd, f, o, plan, kept, log)
 	}
 	// What is warm already is known from the chunks' versions: requests
 	// that may meet a source silent at first, as the open's did.
@@ -220,7 +238,9 @@ func checkSelection(log *slog.Logger, f *warmFlags, c *cache.Cache, plan *fill.S
 		log.Warn("--samples runs past the end of some sample directories; warming the samples they have",
 			"samples", f.samples, "short", strings.Join(plan.Short, ", "))
 	}
-	if budget := c.Budget(); budget > 0 && plan.Bytes > budget {
+	// What chunks take is known only once read: warm --compressed checks
+	// at its end that they stayed (warmCompressed).
+	if budget := c.Budget(); budget > 0 && plan.Bytes > budget && !f.compressed {
 		room, raise := "the cache budget", "raise --cache-size"
 		if c.BudgetFromFilesystem() {
 			room, raise = "what the cache's filesystem holds", "free space on it"

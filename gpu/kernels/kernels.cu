@@ -1,5 +1,6 @@
 // Kernels the GPU decoder runs around nvCOMP: the walk of every LZ4 block
-// before nvCOMP reads it; after it, blosc unshuffle and bitunshuffle,
+// before nvCOMP reads it; after it, the XXH64 of zstd frames decoded into
+// device memory the host never reads, blosc unshuffle and bitunshuffle,
 // scattered copies for blosc's stored (raw) and misaligned streams, and byte
 // swapping for big-endian data.
 //
@@ -268,5 +269,157 @@ extern "C" __global__ void lz4_check(u64* arrs, u32 n, u32* verdict)
             arrs[i] = (u64)lz4_empty_block;
             arrs[n + i] = 1;
         }
+    }
+}
+
+// XXH64 (seed 0) of zstd frames decoded straight into device memory, for
+// their content checksum, which the host cannot compute over bytes it
+// never sees. emuXXH64 in gpu/xxh64_test.go is this code step for step,
+// checked there against github.com/cespare/xxhash.
+#define XXH_P1 11400714785074694791ULL
+#define XXH_P2 14029467366897019727ULL
+#define XXH_P3 1609587929392839161ULL
+#define XXH_P4 9650029242287828579ULL
+#define XXH_P5 2870177450012600261ULL
+
+struct HashDesc {
+    u64 src; // the decoded bytes (device memory)
+    u64 len;
+};
+
+__device__ __forceinline__ u64 xxh_rotl(u64 x, u32 r) { return (x << r) | (x >> (64 - r)); }
+
+__device__ __forceinline__ u64 xxh_round(u64 acc, u64 in)
+{
+    acc += in * XXH_P2;
+    acc = xxh_rotl(acc, 31);
+    return acc * XXH_P1;
+}
+
+__device__ __forceinline__ u64 xxh_merge(u64 h, u64 v)
+{
+    h ^= xxh_round(0, v);
+    return h * XXH_P1 + XXH_P4;
+}
+
+// Little-endian loads at any address: aligned words when p is aligned
+// (decoded chunks are, 256 bytes), bytes otherwise.
+__device__ __forceinline__ u64 xxh_read64(const u8* p)
+{
+    if (((u64)p & 7) == 0) {
+        return *(const u64*)p;
+    }
+    u64 v = 0;
+    for (int i = 0; i < 8; i++) {
+        v |= (u64)p[i] << (8 * i);
+    }
+    return v;
+}
+
+__device__ __forceinline__ u32 xxh_read32(const u8* p)
+{
+    return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+}
+
+// xxh64_lane runs accumulator lane (0..3) of XXH64 over the whole stripes
+// of [p, p+len): the four lanes are independent until they merge, so four
+// threads share a chunk, each reading 8 bytes of every 32-byte stripe
+// (together, one coalesced 32-byte read). A lane's rounds are a chain, its
+// loads are not: the next XXH_G stripes are loaded while the rounds run on
+// the last XXH_G, so that the chain, not the memory's latency, sets the
+// pace.
+#define XXH_G 16
+__device__ u64 xxh64_lane(const u8* p, u64 len, u32 lane)
+{
+    u64 v = lane == 0 ? XXH_P1 + XXH_P2 : lane == 1 ? XXH_P2 : lane == 2 ? 0 : 0 - XXH_P1;
+    u64 stripes = len / 32;
+    const u8* q = p + 8 * lane;
+    u64 s = 0;
+    if (((u64)p & 7) == 0 && stripes >= XXH_G) {
+        // Aligned (a decoded chunk is, 256 bytes): word loads, stripe s's
+        // word of this lane at w[4 * s].
+        const u64* w = (const u64*)q;
+        u64 cur[XXH_G], nxt[XXH_G];
+#pragma unroll
+        for (int i = 0; i < XXH_G; i++) {
+            cur[i] = w[4 * i];
+        }
+        for (s = XXH_G; s + XXH_G <= stripes; s += XXH_G) {
+#pragma unroll
+            for (int i = 0; i < XXH_G; i++) {
+                nxt[i] = w[4 * (s + i)];
+            }
+#pragma unroll
+            for (int i = 0; i < XXH_G; i++) {
+                v = xxh_round(v, cur[i]);
+                cur[i] = nxt[i];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < XXH_G; i++) {
+            v = xxh_round(v, cur[i]);
+        }
+    }
+    for (; s < stripes; s++) {
+        v = xxh_round(v, xxh_read64(q + 32 * s));
+    }
+    return v;
+}
+
+// xxh64_finish merges the four lanes (when len >= 32) and hashes the tail
+// past the last whole stripe, then avalanches.
+__device__ u64 xxh64_finish(const u8* p, u64 len, const u64* v)
+{
+    u64 h;
+    if (len >= 32) {
+        h = xxh_rotl(v[0], 1) + xxh_rotl(v[1], 7) + xxh_rotl(v[2], 12) + xxh_rotl(v[3], 18);
+        for (int i = 0; i < 4; i++) {
+            h = xxh_merge(h, v[i]);
+        }
+    } else {
+        h = XXH_P5;
+    }
+    h += len;
+    u64 i = len / 32 * 32;
+    for (; i + 8 <= len; i += 8) {
+        h ^= xxh_round(0, xxh_read64(p + i));
+        h = xxh_rotl(h, 27) * XXH_P1 + XXH_P4;
+    }
+    if (i + 4 <= len) {
+        h ^= (u64)xxh_read32(p + i) * XXH_P1;
+        h = xxh_rotl(h, 23) * XXH_P2 + XXH_P3;
+        i += 4;
+    }
+    for (; i < len; i++) {
+        h ^= (u64)p[i] * XXH_P5;
+        h = xxh_rotl(h, 11) * XXH_P1;
+    }
+    h ^= h >> 33;
+    h *= XXH_P2;
+    h ^= h >> 29;
+    h *= XXH_P3;
+    h ^= h >> 32;
+    return h;
+}
+
+// xxh64_check hashes the n chunks of descs, four threads each (blocks of
+// 128 threads: 32 chunks a block), and writes the low 32 bits of each
+// chunk's XXH64, what a zstd frame's content checksum holds, to sums[i];
+// the host compares them with the frames' checksums.
+extern "C" __global__ void xxh64_check(const HashDesc* __restrict__ descs, u32 n, u32* sums)
+{
+    __shared__ u64 acc[128];
+    u32 chunk = blockIdx.x * (blockDim.x / 4) + threadIdx.x / 4;
+    u32 lane = threadIdx.x % 4;
+    const u8* p = 0;
+    u64 len = 0;
+    if (chunk < n) {
+        p = (const u8*)descs[chunk].src;
+        len = descs[chunk].len;
+        acc[threadIdx.x] = xxh64_lane(p, len, lane);
+    }
+    __syncthreads();
+    if (chunk < n && lane == 0) {
+        sums[chunk] = (u32)xxh64_finish(p, len, &acc[threadIdx.x]);
     }
 }

@@ -187,12 +187,20 @@ func Always(match func(*http.Request) bool, f Fault) Rule {
 }
 
 // ObjectGets matches GETs of objects (not bucket-level requests such as a
-// listing or a location lookup) for path-style URLs "/bucket/key".
+// listing or a location lookup, nor metadata requests) for path-style URLs
+// "/bucket/key", and media downloads of the GCS JSON API
+// ("/storage/v1/b/bucket/o/key?alt=media").
 func ObjectGets(req *http.Request) bool {
-	if req.Method != http.MethodGet || req.URL.RawQuery != "" {
+	if req.Method != http.MethodGet {
 		return false
 	}
 	path := req.URL.Path
+	if strings.HasPrefix(path, "/storage/v1/b/") {
+		return strings.Contains(path, "/o/") && req.URL.Query().Get("alt") == "media"
+	}
+	if req.URL.RawQuery != "" {
+		return false
+	}
 	if len(path) < 2 {
 		return false
 	}

@@ -2,7 +2,7 @@
 """Device delivery on a GPU machine: zarrfs.torch.Loader(decode="device")
 against decode="host" over the same samples of the ERA5-like view.
 
-Usage: deliver_check.py ZARRFS STORE VIEW SCRATCH [--samples N] [--parts equal,reader,daemon,rate]
+Usage: deliver_check.py ZARRFS STORE VIEW SCRATCH [--parts equal,reader,daemon,rate] [--trust-unchecked] [--gpu-kernels FILE]
 
   equal   every batch of decode="device" equals decode="host" byte for byte
           (same shuffled order, compared on the GPU), and a few samples equal
@@ -16,8 +16,14 @@ Usage: deliver_check.py ZARRFS STORE VIEW SCRATCH [--samples N] [--parts equal,r
           decode="device" and decode="host", daemon on cores 0-3 (taskset)
           and the Loader on 8-15, then on every core
 
-Prints one line per check ("PASS ..." or "FAIL ...") and one "RATE ..." line
-per configuration; exits 1 when a check failed.
+--trust-unchecked mounts with --gpu-trust-unchecked (the mixed store: its
+zstd frames have no checksum, and decode on the GPU only with it).
+
+--gpu-kernels FILE mounts with the kernels of FILE (kernels.cu compiled by
+deliver.sh) instead of the binary's.
+
+Prints one line per check ("PASS ..." or "FAIL ...") and RATE, CPU, BYTES,
+STAGES and MEASURE lines for the rates; exits 1 when a check failed.
 """
 
 import argparse
@@ -40,6 +46,8 @@ failed = []
 # host: a ring in host memory, decoded on the CPU), to try this script on a
 # machine without a GPU.
 DEVICE = "cuda"
+# Mount flags every mount of the run gets besides its own (--trust-unchecked).
+EXTRA = {}
 
 
 def check(ok, what):
@@ -50,9 +58,9 @@ def check(ok, what):
 
 def mount_flags(view, cache):
     if DEVICE == "cpu":
-        return dict(cache=cache, view=[view], delivery="host", memory="8GiB")
+        return dict(cache=cache, view=[view], delivery="host", memory="8GiB", **EXTRA)
     # Room for the rounds and a ring of 3 slots of 4 samples of 87 MB.
-    return dict(cache=cache, view=[view], gpu_memory="8GiB", pinned_memory="6GiB")
+    return dict(cache=cache, view=[view], gpu_memory="8GiB", pinned_memory="6GiB", **EXTRA)
 
 
 def wrapper(zarrfs_bin, scratch, cores):
@@ -201,11 +209,22 @@ def sync():
         torch.cuda.synchronize()
 
 
-def epoch_rate(a, name, decode, cores, n):
+def cpu_seconds(pid):
+    """User and system CPU seconds process pid has used (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def epoch_rate(a, name, decode, cores, prefetch=2):
+    """First epoch of a cold mount (its own cache), batch 4, the daemon on
+    cores: samples/s, and what the daemon spent on them (CPU seconds, its
+    status: bytes, stages)."""
     m = start(a.zarrfs, a.store, a.view, a.scratch, name, cores)
     try:
-        l = Loader(os.path.join(m.path, "train"), 4, device=DEVICE, decode=decode)
+        l = Loader(os.path.join(m.path, "train"), 4, device=DEVICE, decode=decode, prefetch=prefetch)
         sync()
+        cpu0 = cpu_seconds(m._proc.pid)
         t0 = time.perf_counter()
         got = 0
         for x, _ in l:
@@ -213,28 +232,63 @@ def epoch_rate(a, name, decode, cores, n):
             got += len(x)
         sync()
         dt = time.perf_counter() - t0
+        cpu = cpu_seconds(m._proc.pid) - cpu0
         st = status(a.zarrfs, m)
-        d = st.get("delivery") or {}
-        samples = d.get("device_samples", 0) + d.get("host_samples", 0)
-        h2d = (d.get("compressed_bytes", 0) + d.get("host_path_bytes", 0)) / max(1, samples)
-        return got / dt, l.path_kind, h2d, d.get("device_samples", 0)
+        l.close()
+        return dict(rate=got / dt, kind=l.path_kind, samples=got, cpu=cpu, delivery=st.get("delivery") or {},
+                    fetched=(st.get("source_reads") or {}).get("bytes_fetched", 0))
     finally:
         m.stop()
 
 
-def part_rate(a, n):
+def stage_line(d):
+    """The device path's stages, ms a sample (summed over fills)."""
+    n = max(1, d.get("device_samples", 0) + d.get("host_samples", 0))
+    st = d.get("stages_s") or {}
+    order = ["fill", "read", "consumer_wait", "host_checks", "device_wait", "h2d", "decode", "kernels", "d2h",
+             "host_decode", "upload", "host_path"]
+    return ", ".join(f"{k} {1e3 * st.get(k, 0) / n:.1f}" for k in order)
+
+
+def part_rate(a):
+    """The issue's measures this path affects, per core count: first-epoch
+    samples/s of decode='device' against 'host', bytes to the GPU against
+    the compressed bytes, daemon CPU per sample, and the device path's
+    stages."""
     ncpu = os.cpu_count() or 1
-    for label, daemon_cores, loader_cores in (("4 cores", "0-3", set(range(8, min(16, ncpu)))), (f"{ncpu} cores", None, None)):
-        if loader_cores:
-            os.sched_setaffinity(0, loader_cores)
-        else:
-            os.sched_setaffinity(0, set(range(ncpu)))
-        dev, kind, h2d, ndev = epoch_rate(a, "rate-dev", "device", daemon_cores, n)
-        host, hkind, _, _ = epoch_rate(a, "rate-host", "host", daemon_cores, n)
-        print(f"RATE {label}: first epoch, cold mount, batch 4: decode='device' {dev:.1f} samples/s ({kind}, "
+    summary = []
+    for label, daemon_cores, loader_cores, target in (("4 cores", "0-3", set(range(8, min(16, ncpu))), 4.0),
+                                                       (f"{ncpu} cores", None, None, 1.5)):
+        os.sched_setaffinity(0, loader_cores or set(range(ncpu)))
+        dev = epoch_rate(a, "rate-dev", "device", daemon_cores)
+        host = epoch_rate(a, "rate-host", "host", daemon_cores)
+        d = dev["delivery"]
+        ndev = d.get("device_samples", 0)
+        nall = max(1, ndev + d.get("host_samples", 0))
+        h2d = (d.get("compressed_bytes", 0) + d.get("host_path_bytes", 0)) / nall
+        comp = dev["fetched"] / max(1, dev["samples"])
+        cpu_dev, cpu_host = dev["cpu"] / max(1, dev["samples"]), host["cpu"] / max(1, host["samples"])
+        speed = dev["rate"] / host["rate"]
+        print(f"RATE {label}: first epoch, cold mount, batch 4: decode='device' {dev['rate']:.1f} samples/s ({dev['kind']}, "
               f"{ndev} samples on the device path, {h2d / 1e6:.1f} MB to the GPU a sample), "
-              f"decode='host' {host:.1f} samples/s ({hkind}): {dev / host:.2f}x", flush=True)
+              f"decode='host' {host['rate']:.1f} samples/s ({host['kind']}): {speed:.2f}x", flush=True)
+        print(f"  CPU {label}: daemon {1e3 * cpu_dev:.1f} ms a sample on the device path, {1e3 * cpu_host:.1f} on the host path: "
+              f"{cpu_dev / max(cpu_host, 1e-9):.3f}x", flush=True)
+        print(f"  BYTES {label}: {h2d / 1e6:.2f} MB to the GPU a sample ({d.get('compressed_bytes', 0) / nall / 1e6:.2f} compressed "
+              f"by the device path, {d.get('host_path_bytes', 0) / nall / 1e6:.2f} decoded by the host), "
+              f"{comp / 1e6:.2f} MB compressed read a sample: {h2d / max(comp, 1):.3f}x", flush=True)
+        print(f"  STAGES {label} (device path, ms a sample, summed over fills): {stage_line(d)}", flush=True)
+        # The Loader's default keeps 2 batches in flight; 4 shows whether
+        # the device path waits on its own latency.
+        deep = epoch_rate(a, "rate-dev4", "device", daemon_cores, prefetch=4)
+        print(f"  DEPTH {label}: decode='device' with prefetch=4 {deep['rate']:.1f} samples/s "
+              f"({deep['rate'] / host['rate']:.2f}x the host path); stages: {stage_line(deep['delivery'])}", flush=True)
+        summary.append(f"{label}: device/host first epoch {speed:.2f}x (target >= {target:g}x), "
+                       f"to the GPU/compressed {h2d / max(comp, 1):.3f}x (target <= 1.1x), "
+                       f"daemon CPU device/host {cpu_dev / max(cpu_host, 1e-9):.3f}x (target <= 0.15x)")
     os.sched_setaffinity(0, set(range(ncpu)))
+    for line in summary:
+        print("MEASURE " + line, flush=True)
 
 
 def main():
@@ -245,9 +299,15 @@ def main():
     ap.add_argument("scratch")
     ap.add_argument("--parts", default="equal,reader,daemon,rate")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--trust-unchecked", action="store_true", help="mount with --gpu-trust-unchecked")
+    ap.add_argument("--gpu-kernels", help="mount with --gpu-kernels FILE: kernels compiled from kernels.cu")
     a = ap.parse_args()
     global DEVICE
     DEVICE = a.device
+    if a.trust_unchecked:
+        EXTRA["gpu_trust_unchecked"] = True
+    if a.gpu_kernels:
+        EXTRA["gpu_kernels"] = os.path.abspath(a.gpu_kernels)
     a.zarrfs = os.path.abspath(a.zarrfs)
     os.makedirs(a.scratch, exist_ok=True)
     parts = a.parts.split(",")
@@ -268,7 +328,7 @@ def main():
     if "daemon" in parts:
         part_daemon(a)
     if "rate" in parts:
-        part_rate(a, n)
+        part_rate(a)
     print(f"{len(failed)} checks failed" if failed else "all checks passed", flush=True)
     sys.exit(1 if failed else 0)
 

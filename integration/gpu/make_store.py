@@ -9,7 +9,9 @@ OUTDIR/era5.zarr is a Zarr v3 group shaped like the public ERA5 copies:
   lsm          float32 (721, 1440), static, zstd
   time, level, latitude, longitude  coordinates
 With --codecs blosc every variable is blosc lz4 + byte shuffle instead (zarr 2's default, as ARCO-ERA5
-and WeatherBench2 are written).
+and WeatherBench2 are written), and lsm zstd with a content checksum: every chunk of that store is one
+the GPU may decode without --gpu-trust-unchecked. The mixed store's zstd frames have no checksum
+(numcodecs' default).
 OUTDIR/train.yaml is the view stacking 4 x 4 levels + 4 surface fields + lsm = 21 channels, 87 MB a
 sample as float32. Values look like reanalysis fields quantised as ERA5's 16-bit GRIB packing does,
 so they compress as real data does. The first --unique steps are encoded; later steps are byte
@@ -31,6 +33,7 @@ LEVELS = [1000, 850, 500, 250]
 UPPER = {"t": (250.0, 30.0), "z": (50000.0, 2000.0), "u": (0.0, 15.0), "v": (0.0, 12.0)}
 SURFACE = {"t2m": (288.0, 15.0), "u10": (0.0, 8.0), "v10": (0.0, 7.0), "msl": (101325.0, 1500.0)}
 ZSTD = {"name": "zstd", "configuration": {"level": 3, "checksum": False}}
+ZSTD_SUM = {"name": "zstd", "configuration": {"level": 3, "checksum": True}}
 BLOSC = {"name": "blosc", "configuration": {"cname": "lz4", "clevel": 5, "shuffle": "shuffle", "typesize": 4, "blocksize": 0}}
 
 
@@ -114,7 +117,10 @@ def main():
     NLAT, NLON, CODECS = a.lat, a.lon, a.codecs
     store = os.path.join(a.outdir, "era5.zarr")
     done = os.path.join(store, ".complete")
-    if os.path.exists(done) and open(done).read() == f"{a.steps} {NLAT} {NLON} {CODECS}":
+    # The marker names the layout too: stores from before the blosc store's
+    # lsm had a checksum are written again.
+    marker = f"{a.steps} {NLAT} {NLON} {CODECS} lsm-sum"
+    if os.path.exists(done) and open(done).read() == marker:
         print(f"{store}: up to date ({a.steps} steps)")
         return
     shutil.rmtree(store, ignore_errors=True)
@@ -125,11 +131,13 @@ def main():
     for n in SURFACE:
         write_json(os.path.join(store, n, "zarr.json"), meta([a.steps, NLAT, NLON], [1, NLAT, NLON],
                                                             ["time", "latitude", "longitude"], BLOSC, {"long_name": n}))
-    write_json(os.path.join(store, "lsm", "zarr.json"), meta([NLAT, NLON], [NLAT, NLON], ["latitude", "longitude"], ZSTD, {"long_name": "land-sea mask"}))
+    lsm_sum = CODECS == "blosc"
+    write_json(os.path.join(store, "lsm", "zarr.json"), meta([NLAT, NLON], [NLAT, NLON], ["latitude", "longitude"],
+                                                             ZSTD_SUM if lsm_sum else ZSTD, {"long_name": "land-sea mask"}))
     lsm = (field(0, 5, 0.0, 1.0) > 0.2).astype(np.float32)
     os.makedirs(os.path.join(store, "lsm", "c", "0"), exist_ok=True)
     with open(os.path.join(store, "lsm", "c", "0", "0"), "wb") as f:
-        f.write(numcodecs.Zstd(level=3).encode(lsm))
+        f.write(numcodecs.Zstd(level=3, checksum=lsm_sum).encode(lsm))
     coords = {"time": ("int64", np.arange(a.steps, dtype="<i8") * 6 + 700000, {"units": "hours since 1940-01-01"}),
               "level": ("int64", np.array(LEVELS, dtype="<i8"), {"units": "hPa"}),
               "latitude": ("float32", np.linspace(90, -90, NLAT, dtype="<f4"), {"units": "degrees_north"}),
@@ -154,7 +162,7 @@ def main():
             for n in list(SURFACE) + ["lsm"]:
                 f.write(f"      - var: {n}\n")
     with open(done, "w") as f:
-        f.write(f"{a.steps} {NLAT} {NLON} {CODECS}")
+        f.write(marker)
     print(f"{store}: {a.steps} steps, {(enc + cp * 1.0) / 1e9:.2f} GB compressed; view {a.outdir}/train.yaml (21 channels)")
 
 

@@ -5,9 +5,14 @@
 // the zarrfs binary, to the `go build -overlay` of that binary, through
 // ZARRFS_BIN).
 //
+// A mutation of the Python package (a File under python/src) is tried
+// the same way without touching the tree: pytest runs the mutation's tests
+// against a copy of python/src holding the mutant, put first on
+// PYTHONPATH.
+//
 // Usage (from the repository root, or `make mutate`):
 //
-//	go run ./integration/mutate [-only REGEXP] [-run REGEXP] [-list] [-v]
+//	go run ./integration/mutate [-only REGEXP] [-run REGEXP] [-python PYTHON] [-list] [-v]
 //
 // A mutation is caught when its tests fail, missed when they pass, stale
 // when its original text no longer occurs exactly once in the file (the
@@ -39,6 +44,7 @@ func main() {
 	list := flag.Bool("list", false, "list the mutations and exit")
 	verbose := flag.Bool("v", false, "print the tests' output of every run")
 	run := flag.String("run", "", "run only the tests matching this regular expression (go test -run), instead of each mutation's own")
+	python := flag.String("python", "python3", "the Python that runs the mutations of the Python package (with pytest)")
 	flag.Parse()
 	root, err := fixtures.RepoRoot()
 	if err != nil {
@@ -63,7 +69,7 @@ func main() {
 	if len(ms) == 0 {
 		fatal(fmt.Errorf("no mutation matches %q", *only))
 	}
-	r := &runner{root: root, verbose: *verbose, run: *run}
+	r := &runner{root: root, verbose: *verbose, run: *run, python: *python}
 	if err := r.baseline(ms); err != nil {
 		fatal(err)
 	}
@@ -94,6 +100,7 @@ type runner struct {
 	root    string
 	verbose bool
 	run     string // overrides every mutation's Run
+	python  string // runs pytest
 }
 
 type result struct {
@@ -148,6 +155,20 @@ func (r *runner) baseline(ms []mutation) error {
 			return fmt.Errorf("the tests fail without any mutation:\n%s", out)
 		}
 	}
+	var tests []string
+	for _, m := range ms {
+		for _, t := range m.Pytest {
+			if !slices.Contains(tests, t) {
+				tests = append(tests, t)
+			}
+		}
+	}
+	if len(tests) > 0 {
+		fmt.Printf("baseline: %s -m pytest %s\n", r.python, strings.Join(tests, " "))
+		if out, err := r.pytest(filepath.Join(r.root, "python", "src"), tests); err != nil {
+			return fmt.Errorf("the Python tests fail without any mutation:\n%s", out)
+		}
+	}
 	return nil
 }
 
@@ -178,6 +199,9 @@ func (r *runner) try(m mutation) result {
 		return res("STALE", err.Error())
 	}
 	defer os.RemoveAll(tmp)
+	if strings.HasSuffix(m.File, ".py") {
+		return r.tryPython(m, mutated, tmp, res)
+	}
 	mutant := filepath.Join(tmp, filepath.Base(m.File))
 	overlay := filepath.Join(tmp, "overlay.json")
 	js, _ := json.Marshal(map[string]map[string]string{"Replace": {path: mutant}})
@@ -230,6 +254,59 @@ func (r *runner) goTest(overlay string, pkgs []string, run, bin string) (string,
 		os.Stdout.Write(out)
 	}
 	return string(out), err
+}
+
+// tryPython runs m's pytest tests against a copy of python/src in tmp
+// whose m.File is mutated.
+func (r *runner) tryPython(m mutation, mutated []byte, tmp string, res func(v, d string) result) result {
+	src := filepath.Join(r.root, "python", "src")
+	rel, err := filepath.Rel(src, filepath.Join(r.root, m.File))
+	if err != nil || strings.HasPrefix(rel, "..") {
+		return res("STALE", m.File+" is not under python/src")
+	}
+	dst := filepath.Join(tmp, "src")
+	if err := os.CopyFS(dst, os.DirFS(src)); err != nil {
+		return res("STALE", err.Error())
+	}
+	if err := os.WriteFile(filepath.Join(dst, rel), mutated, 0o644); err != nil {
+		return res("STALE", err.Error())
+	}
+	out, err := r.pytest(dst, m.Pytest)
+	if err == nil {
+		return res("MISSED", "every test passed")
+	}
+	if !strings.Contains(out, " failed") {
+		return res("BROKEN", "pytest failed without a failed test: "+firstLine(out))
+	}
+	return res("caught", pytestFailures(out))
+}
+
+// pytest runs the tests (node ids, relative to the root) with the package
+// at src first on the import path, and returns their output.
+func (r *runner) pytest(src string, tests []string) (string, error) {
+	cmd := exec.Command(r.python, append([]string{"-m", "pytest", "-p", "no:cacheprovider", "-q"}, tests...)...)
+	cmd.Dir = r.root
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+src, "PYTHONDONTWRITEBYTECODE=1")
+	out, err := cmd.CombinedOutput()
+	if r.verbose {
+		os.Stdout.Write(out)
+	}
+	return string(out), err
+}
+
+// pytestFailures names the failed tests in pytest's -q output.
+func pytestFailures(out string) string {
+	var names []string
+	for _, l := range strings.Split(out, "\n") {
+		if name, ok := strings.CutPrefix(strings.TrimSpace(l), "FAILED "); ok {
+			name, _, _ = strings.Cut(name, " - ")
+			names = append(names, name[strings.LastIndex(name, "::")+2:])
+		}
+	}
+	if len(names) == 0 {
+		return "tests failed: " + firstLine(out)
+	}
+	return strings.Join(names, ", ")
 }
 
 // failures names the failed tests in go test's output, the innermost

@@ -2,7 +2,8 @@ package main
 
 // mutation breaks one behaviour by replacing From, which must occur exactly
 // once in File, with To; Pkgs (and Run, a -run filter, when set) are the
-// tests that should notice.
+// tests that should notice, or for a File of the Python package (under
+// python/src), Pytest: pytest node ids, relative to the repository root.
 type mutation struct {
 	Name   string
 	Breaks string
@@ -11,6 +12,7 @@ type mutation struct {
 	To     string
 	Pkgs   []string
 	Run    string
+	Pytest []string
 }
 
 // mutations are the behaviours whose loss the suite must notice: those an
@@ -149,13 +151,13 @@ var mutations = []mutation{
 		Pkgs:   []string{"./cache"},
 	},
 	{
-		Name:   "gcs-silent-reread",
-		Breaks: "the GCS client re-reads a body that broke off behind the retry layer's back",
+		Name:   "gcs-crc32c",
+		Breaks: "a GCS object whose bytes changed on the way is returned without comparing its CRC32C",
 		File:   "objectstore/gcs.go",
-		From:   "if !r.sent.CompareAndSwap(false, true) {",
-		To:     "if !r.sent.CompareAndSwap(false, true) && false {",
+		From:   "if err == io.EOF && c.got != c.want {",
+		To:     "if err == io.EOF && c.got != c.want && false {",
 		Pkgs:   []string{"./objectstore"},
-		Run:    "GCSFaults",
+		Run:    "GCSChecksum",
 	},
 	{
 		Name:   "http-content-range",
@@ -421,5 +423,85 @@ var mutations = []mutation{
 		To:     "if si > 0 {",
 		Pkgs:   []string{"./fill"},
 		Run:    "FillInto",
+	},
+	{
+		Name:   "ring-ipc-handle",
+		Breaks: "the reader opens a zeroed IPC handle: the daemon's is copied into a temporary copy of the struct's field",
+		File:   "python/src/zarrfs/_deliver.py",
+		From:   "ctypes.memmove(ctypes.addressof(h), bytes.fromhex(rep[\"handle\"]), 64)",
+		To:     "ctypes.memmove(h.reserved, bytes.fromhex(rep[\"handle\"]), 64)",
+		Pytest: []string{"python/tests/test_deliver.py::test_cuda_ring_hands_the_daemons_handles_to_the_driver"},
+	},
+	{
+		Name:   "ring-zstd-checksum",
+		Breaks: "a zstd frame decoded into a ring slot is not held to its content checksum (the device's sum is not compared)",
+		File:   "gpu/devhash.go",
+		From:   "if got != h.want {",
+		To:     "if got != h.want && false {",
+		Pkgs:   []string{"./gpu"},
+		Run:    "RingDecodeChecksummedZstd|RingXXH64",
+	},
+	{
+		Name:   "ring-decode-early-error",
+		Breaks: "a decode into a closed ring returns with its jobs unmarked, so the device path takes them for decoded into the slot",
+		File:   "gpu/ipc.go",
+		From:   "return failAll(ErrRingClosed)",
+		To:     "return ErrRingClosed",
+		Pkgs:   []string{"./gpu"},
+		Run:    "RingOnTheDevice",
+	},
+	{
+		Name:   "ring-pinned-reads",
+		Breaks: "a ring's fills read compressed chunks into the mount's memory, not the GPU's pinned memory the device copies without staging",
+		File:   "deliver/gpufill.go",
+		From:   "func (s *slotDecoder) HostAlloc(n int) []byte { return s.ring.memory().HostAlloc(n) }",
+		To:     "func (s *slotDecoder) HostAlloc(n int) []byte { return make([]byte, n) }",
+		Pkgs:   []string{"./deliver"},
+		Run:    "GPUFillIntoSlot",
+	},
+	{
+		Name:   "ring-static-once",
+		Breaks: "a static channel crosses to the device for every sample of a batch, not once and copied there",
+		File:   "deliver/gpufill.go",
+		From:   "if src, ok := sameBytes(shadow, sent, g); ok {",
+		To:     "if src, ok := sameBytes(shadow, sent, g); ok && false {",
+		Pkgs:   []string{"./deliver"},
+		Run:    "GPUFillIntoSlot",
+	},
+	{
+		Name:   "chunk-tier-checksum",
+		Breaks: "a chunk read from the disk cache's chunk tier is served without its checksum checked",
+		File:   "cache/chunk.go",
+		From:   "if err == nil && sumOf(data, sum.tree) == sum {",
+		To:     "if err == nil && (sumOf(data, sum.tree) == sum || true) {",
+		Pkgs:   []string{"./cache", "./integration"},
+		Run:    "ChunkTier|CompressedTierFaults",
+	},
+	{
+		Name:   "nested-shard-kept",
+		Breaks: "an inner shard read as a range of its shard is never kept in the chunk tier",
+		File:   "zarr/read.go",
+		From:   "if err == nil && fresh != \"\" {\n\t\t\t\tst.mu.Lock()",
+		To:     "if err == nil && fresh != \"\" && false {\n\t\t\t\tst.mu.Lock()",
+		Pkgs:   []string{"./integration"},
+		Run:    "WarmCompressedServesWithoutSource",
+	},
+	{
+		Name:   "versions-first",
+		Breaks: "after warm --compressed, a mount of an HTTP store fetches every chunk again instead of asking its version and reading the cache",
+		File:   "cmd/zarrfs/open.go",
+		From:   "zopts.VersionsFirst = true",
+		To:     "zopts.VersionsFirst = false",
+		Pkgs:   []string{"./integration"},
+		Run:    "WarmCompressedHTTP",
+	},
+	{
+		Name:   "read-lists-for-tier",
+		Breaks: "a read of an array no fill listed yet (a device-path batch) misses every chunk the chunk tier holds",
+		File:   "zarr/read.go",
+		From:   "if lst == nil && h.opts.SourceCache != nil && o.a.Versioned() {",
+		To:     "if lst == nil && h.opts.SourceCache != nil && o.a.Versioned() && false {",
+		Pkgs:   []string{"./integration"},
+		Run:    "DevicePathReadsChunkTier",
 	},
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/zarrfs/zarrfs/internal/fixtures"
@@ -23,8 +24,11 @@ func TestMutationsApply(t *testing.T) {
 			t.Errorf("%s: two mutations of this name", m.Name)
 		}
 		names[m.Name] = true
-		if m.From == m.To || len(m.Pkgs) == 0 {
+		if m.From == m.To || len(m.Pkgs)+len(m.Pytest) == 0 {
 			t.Errorf("%s: From equals To, or no package to test", m.Name)
+		}
+		if strings.HasSuffix(m.File, ".py") != (len(m.Pytest) > 0) || (len(m.Pytest) > 0 && len(m.Pkgs) > 0) {
+			t.Errorf("%s: a mutation of %s names its tests in Pytest (Python) or Pkgs (Go), not both", m.Name, m.File)
 		}
 		src, err := os.ReadFile(filepath.Join(root, m.File))
 		if err != nil {

@@ -4,6 +4,7 @@ Loader maps, so the protocol, the ring's lifecycle, slot reuse, errors and
 the death of either side run here without a GPU (make test-gpu runs the
 same Loader against device memory)."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -209,3 +210,114 @@ def test_threads_stop_when_abandoned(mount, index_store):
     with pytest.raises(RuntimeError, match="another iteration"):
         for _ in a:
             pass
+
+
+class _FakeLibcuda:
+    """Stands in for libcuda.so.1 (as _deliver binds it): records what the
+    ring's open hands to the driver, by value, as the driver would read it."""
+
+    RING_PTR = 0x7F0000000000
+
+    def __init__(self):
+        self.opened = []  # (handle bytes, flags) of each cuIpcOpenMemHandle_v2
+        self.closed = []
+
+    def cuDeviceGet(self, dev, index):
+        dev._obj.value = index
+        return 0
+
+    def cuDeviceGetPCIBusId(self, buf, n, dev):
+        buf.value = b"0000:3B:00.0"
+        return 0
+
+    def cuIpcOpenMemHandle_v2(self, ptr, handle, flags):
+        self.opened.append((bytes(handle), flags))
+        ptr._obj.value = self.RING_PTR
+        return 0
+
+    def cuIpcCloseMemHandle(self, ptr):
+        self.closed.append(ptr)
+        return 0
+
+    def cuGetErrorName(self, r, name):
+        return 0
+
+
+class _FakeEvent:
+    """torch.cuda.Event's interprocess half."""
+
+    from_handles = []
+
+    def __init__(self, enable_timing=False, interprocess=False):
+        assert interprocess
+
+    def record(self, stream=None):
+        pass
+
+    def ipc_handle(self):
+        return bytes(range(64))
+
+    @classmethod
+    def from_ipc_handle(cls, device, handle):
+        cls.from_handles.append(bytes(handle))
+        return cls(interprocess=True)
+
+
+def _fake_daemon(path, reply, got):
+    """Answers one open request on a Unix socket with reply, keeps the
+    request in got, and waits for the reader to close."""
+    import socket as sk
+    srv = sk.socket(sk.AF_UNIX, sk.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+
+    def serve():
+        c, _ = srv.accept()
+        buf = b""
+        while b"\n" not in buf:
+            buf += c.recv(1 << 16)
+        got.append(json.loads(buf.split(b"\n")[0]))
+        c.sendall((json.dumps(reply) + "\n").encode())
+        while c.recv(1 << 16):
+            pass
+        c.close()
+        srv.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return t
+
+
+def test_cuda_ring_hands_the_daemons_handles_to_the_driver(monkeypatch, tmp_path):
+    """The bytes of the IPC handles the daemon sends are what reach
+    cuIpcOpenMemHandle and the events' opens, and the reader's own consumer
+    event and GPU reach the daemon: a handle lost on the way (copied into a
+    temporary, say) would make every open of a real ring fail."""
+    import zarrfs._deliver as zd
+
+    lib = _FakeLibcuda()
+    monkeypatch.setattr(zd, "_cuda", lambda: lib)
+    monkeypatch.setattr(torch.cuda, "init", lambda: None)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: None)
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    _FakeEvent.from_handles = []
+    handle = bytes((7 * i + 3) % 256 for i in range(64))
+    events = [bytes([k + 1]) * 64 for k in range(2)]
+    reply = {"ok": True, "memory": "cuda", "handle": handle.hex(), "ring_bytes": 2 << 21, "slot_bytes": 2 << 20,
+             "sample_bytes": 24, "shape": [2, 3], "dtype": "<f4", "slots": 2, "batch": 4,
+             "events": [e.hex() for e in events], "device": 0, "decode": "device"}
+    sock = str(tmp_path / "ring.sock")
+    got = []
+    t = _fake_daemon(sock, reply, got)
+    ring = zd.Ring(sock, "train", "cuda", 2, 4, device=torch.device("cuda", 0), timeout=10)
+    assert got[0]["pci_bus_id"] == "0000:3b:00.0"
+    assert bytes.fromhex(got[0]["consumer_event"]) == bytes(range(64))
+    assert lib.opened == [(handle, 1)]
+    assert ring.ptr == _FakeLibcuda.RING_PTR
+    assert _FakeEvent.from_handles == events
+    ring.close()
+    assert lib.closed == [_FakeLibcuda.RING_PTR]
+    t.join(10)
+    assert not t.is_alive()

@@ -1,0 +1,98 @@
+package zarr_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/zarrfs/zarrfs/codec"
+	"github.com/zarrfs/zarrfs/objectstore"
+	"github.com/zarrfs/zarrfs/zarr"
+)
+
+// lendCounter is a codec.HostMemory that counts what it lends and takes
+// back, refusing buffers it did not lend.
+type lendCounter struct {
+	mu      sync.Mutex
+	lent    map[*byte]bool
+	n, back int
+	foreign int
+}
+
+func (m *lendCounter) HostAlloc(n int) []byte {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b := make([]byte, n)
+	if m.lent == nil {
+		m.lent = map[*byte]bool{}
+	}
+	m.lent[&b[0]] = true
+	m.n++
+	return b
+}
+
+func (m *lendCounter) HostFree(b []byte) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if cap(b) == 0 || !m.lent[&b[:1][0]] {
+		m.foreign++
+		return
+	}
+	delete(m.lent, &b[:1][0])
+	m.back++
+}
+
+// lendingDecoder decodes inline and lends memory: a GPU's decoder, as a
+// ring's fill brings it.
+type lendingDecoder struct {
+	codec.Inline
+	*lendCounter
+}
+
+// A Read through Decoding(d) reads its compressed chunks into d's memory
+// when d lends some, not the Hierarchy's, and gives every buffer back to
+// it: a ring's fill reads into its GPU's pinned memory whatever the mount
+// lends its other fills. A decoder that lends nothing reads into the
+// Hierarchy's, as Read does.
+func TestDecodingReadsIntoTheDecodersMemory(t *testing.T) {
+	dir := t.TempDir()
+	for k, b := range levelStore(t, "little") {
+		p := filepath.Join(dir, filepath.FromSlash(k))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := objectstore.OpenPosix(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, ring := &lendCounter{}, &lendCounter{}
+	h, err := zarr.Open(context.Background(), st, zarr.Options{ChunkCacheBytes: -1, Memory: own})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	a := h.Arrays[0]
+	read := func(r zarr.Reader) {
+		buf := make([]byte, 2*4*3*5*2)
+		if err := r.Read(context.Background(), nil, []zarr.Request{{Array: a, Start: []int64{0, 0, 0, 0}, Count: []int64{2, 4, 3, 5}, Dst: buf}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read(h.Decoding(lendingDecoder{lendCounter: ring}))
+	if ring.n != 2 || ring.back != 2 || ring.foreign != 0 || own.n != 0 || own.foreign != 0 {
+		t.Fatalf("through a lending decoder: it lent %d and took back %d (%d not its own); the Hierarchy's lent %d (%d foreign)",
+			ring.n, ring.back, ring.foreign, own.n, own.foreign)
+	}
+	read(h.Decoding(codec.Inline{}))
+	read(h)
+	if own.n != 4 || own.back != 4 || own.foreign != 0 || ring.n != 2 {
+		t.Fatalf("through a decoder that lends nothing, and Read: the Hierarchy's lent %d and took back %d (%d foreign); the other's lent %d",
+			own.n, own.back, own.foreign, ring.n)
+	}
+}
