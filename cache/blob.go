@@ -479,6 +479,7 @@ type Writer interface {
 // order): the journal's checksum then needs no second pass over the file.
 // Any other write turns it off, and the file is read back and hashed.
 type hashingWriter struct {
+	c      *Cache // lends the buffer a file is read back through
 	f      *os.File
 	d      hasher
 	next   int64 // bytes hashed: where an in-order write starts
@@ -547,10 +548,10 @@ func (h *hashingWriter) sum(size int64) (checksum, error) {
 	if !h.broken && h.next == size {
 		return h.d.sum(), nil
 	}
-	bp := hashBufs.Get().(*[]byte)
-	defer hashBufs.Put(bp)
+	buf := h.c.hashBuf()
+	defer h.c.freeHashBuf(buf)
 	_, tree := h.d.(*treeHash)
-	return hashFile(h.f, size, *bp, tree)
+	return hashFile(h.f, size, buf, tree)
 }
 
 // fillBlob runs the fill and returns a read-only descriptor, locked
@@ -599,7 +600,7 @@ func (c *Cache) fillBlobOnce(ctx context.Context, rel string, size int64, identi
 		}
 		os.Remove(tmpName)
 	}()
-	hw := &hashingWriter{f: tmp, d: newHasher(c.treeSums.Load())}
+	hw := &hashingWriter{c: c, f: tmp, d: newHasher(c.treeSums.Load())}
 	if c.mapsWrites() {
 		hw.filling = &c.counts.filling
 	}
@@ -708,9 +709,9 @@ func (c *Cache) publish(rel, tmpName string, size int64, sum checksum, ident str
 		// keep it.
 		keep := false
 		if !replacing {
-			bp := hashBufs.Get().(*[]byte)
-			keep = verifyFile(final, size, sum, *bp) == nil
-			hashBufs.Put(bp)
+			buf := c.hashBuf()
+			keep = verifyFile(final, size, sum, buf) == nil
+			c.freeHashBuf(buf)
 		}
 		if !keep {
 			err = os.Rename(tmpName, final)

@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/zarrfs/zarrfs/internal/memory"
 	"golang.org/x/sys/unix"
 )
 
@@ -51,6 +52,9 @@ type Options struct {
 	// Logger receives recovery summaries (Info), dropped or corrupt entries
 	// (Warn) and evictions (Debug). Nil discards.
 	Logger *slog.Logger
+	// Memory lends the buffers a file is hashed through when it is
+	// checked (the process's one lender). Nil means ordinary memory.
+	Memory memory.Lender
 	// BlobMode is the permission of decoded blobs: zero means
 	// DefaultBlobMode (0400, the owner only), or 0440 with BlobGroup. Only
 	// read bits count (0440, 0444; a write bit is dropped: blobs are
@@ -84,6 +88,7 @@ type Cache struct {
 	unit    int64 // the filesystem's block size when the budget is the filesystem's, else 1
 	derived bool  // the budget is what the filesystem can hold
 	log     *slog.Logger
+	mem     memory.Lender // lends hashBuf's buffers; nil: ordinary memory
 	noSync  bool
 	// mapOnce sets mapOK: whether large writes may go through a mapping
 	// (mapsWrites).
@@ -199,6 +204,7 @@ func Open(opts Options) (*Cache, error) {
 		acc:          acc,
 		budget:       opts.Size,
 		log:          log.With("cache", opts.Dir),
+		mem:          opts.Memory,
 		noSync:       opts.noSync,
 		onSync:       opts.onSync,
 		compactMin:   cmp.Or(opts.compactMin, 1<<20),
@@ -470,7 +476,8 @@ func (c *Cache) verifyAll(check []*replayState) []bool {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			buf := make([]byte, 1<<20)
+			buf := c.hashBuf()
+			defer c.freeHashBuf(buf)
 			for i := range work {
 				r := check[i].rec
 				ok[i] = verifyFile(filepath.Join(c.dir, r.key), r.size, r.sum, buf) == nil
@@ -549,7 +556,23 @@ func verifyFile(p string, size int64, sum checksum, buf []byte) error {
 	return nil
 }
 
-var hashBufs = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
+// hashBuf is a buffer a file is read through to hash it: lent by the
+// cache's memory when it has one.
+func (c *Cache) hashBuf() []byte {
+	if c.mem != nil {
+		return c.mem.HostAlloc(hashBufBytes)
+	}
+	return make([]byte, hashBufBytes)
+}
+
+func (c *Cache) freeHashBuf(b []byte) {
+	if c.mem != nil {
+		c.mem.HostFree(b)
+	}
+}
+
+// hashBufBytes is what a file is read in to hash it.
+const hashBufBytes = 1 << 20
 
 // sortBySeq orders states by the position of their last record (oldest
 // first), which is their LRU order. Positions are distinct and bounded by

@@ -680,6 +680,11 @@ func (p *Pipeline) Ready(ctx context.Context) (onGPU bool, err error) {
 // instead.
 func (p *Pipeline) Memory() codec.HostMemory { return lender{p} }
 
+// Host returns the host part of the pipeline's lender: memory kept mapped
+// and lent again, never pinned, for buffers no device reads (a cast's
+// output, a checksum's input, a piece read from a file).
+func (p *Pipeline) Host() memory.Lender { return p.arena }
+
 // lender lends the first GPU's pinned memory in GPU mode, while that GPU
 // is awake, not retired and has room registered, and the arena's
 // otherwise. A buffer goes back to whoever lent it: the arena takes back

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"sync"
 	"time"
 
 	"github.com/zarrfs/zarrfs/cache"
@@ -34,6 +33,11 @@ type Options struct {
 	// it needs more than the whole budget even in pieces. Nil means no
 	// bound.
 	MemoryBudget *memory.Budget
+	// Memory lends the buffers fills hold (the process's one lender,
+	// decode.Pipeline.Memory); a reader that lends its own (Lender: a
+	// hierarchy decoding on a GPU) lends those the decoder writes. Nil
+	// means ordinary memory, allocated per fill.
+	Memory memory.Lender
 	// Observe, when set, is told of every fill Open runs (the reader's and
 	// readahead's): the array or view it belongs to (Group), how long it
 	// took and how it ended. Hits run no fill and report nothing.
@@ -122,25 +126,13 @@ func (r run) fillRegion(ctx context.Context, b *layout.RegionBlob, w io.WriterAt
 	return nil
 }
 
-// slabPool holds read buffers between fills, so a steady stream of fills
-// allocates nothing per blob.
-var slabPool sync.Pool
-
-func getSlab(n int64) []byte {
-	if p, ok := slabPool.Get().(*[]byte); ok && int64(cap(*p)) >= n {
-		return (*p)[:n]
-	}
-	return make([]byte, n)
-}
-
-func putSlab(b []byte) { slabPool.Put(&b) }
-
-// slab returns a fill's buffer: lent by the reader's memory when it lends.
+// slab returns a buffer the decoder writes: lent by the reader's memory
+// when it lends, else by the Filler's.
 func (r run) slab(n int64) []byte {
 	if r.mem != nil && n > 0 {
 		return r.mem.HostAlloc(int(n))
 	}
-	return getSlab(n)
+	return r.scratch(n)
 }
 
 func (r run) freeSlab(b []byte) {
@@ -148,7 +140,24 @@ func (r run) freeSlab(b []byte) {
 		r.mem.HostFree(b)
 		return
 	}
-	putSlab(b)
+	r.freeScratch(b)
+}
+
+// scratch returns a buffer only the fill reads and writes (a cast's
+// output): lent by the Filler's memory, a kept mapping lent again, so that
+// a steady stream of fills neither faults fresh pages in nor has the
+// collector zero them.
+func (r run) scratch(n int64) []byte {
+	if m := r.o.Memory; m != nil && n > 0 {
+		return m.HostAlloc(int(n))
+	}
+	return make([]byte, n)
+}
+
+func (r run) freeScratch(b []byte) {
+	if m := r.o.Memory; m != nil {
+		m.HostFree(b)
+	}
 }
 
 // pieceBytes bounds the buffer one piece of a fill reads into.

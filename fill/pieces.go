@@ -191,8 +191,8 @@ func (r run) readRegionAs(ctx context.Context, w io.WriterAt, base int64, a *zar
 	defer r.freeSlab(buf)
 	var out []byte
 	if cast {
-		out = getSlab(castBytes)
-		defer putSlab(out)
+		out = r.scratch(castBytes)
+		defer r.freeScratch(out)
 	}
 	return p.pieces(start, count, func(ps, pc []int64) error {
 		n := prod(pc) * int64(a.DType.Size)

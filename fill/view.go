@@ -156,8 +156,8 @@ func (r run) fillSamplesAs(ctx context.Context, v *layout.View, ks []int64, outs
 	}
 	var scratch []byte
 	if scratchLen > 0 {
-		scratch = getSlab(scratchLen)
-		defer putSlab(scratch)
+		scratch = r.scratch(scratchLen)
+		defer r.freeScratch(scratch)
 	}
 	type castJob struct {
 		dst, src []byte

@@ -388,3 +388,25 @@ func TestViewFill(t *testing.T) {
 		t.Errorf("static channel read %d times over %d samples", lsmReads, v.N)
 	}
 }
+
+// A negative bound on a batch is refused, not taken for the default.
+func TestBatchBoundRefused(t *testing.T) {
+	h := viewHierarchy()
+	views, err := bindYAML(t, h, trainYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := layout.Build(h, layout.Options{Views: views})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFiller(t, Options{Reader: &valueReader{}})
+	b := mustLookup(t, l, "train/0.npy")
+	if err := f.FillBatch(context.Background(), l, []layout.Blob{b}, []io.WriterAt{discardWriterAt{}}, -1); err == nil {
+		t.Error("FillBatch with a negative bound accepted")
+	}
+	out := make([]byte, b.Size()-int64(len(b.Header())))
+	if err := f.FillInto(context.Background(), l, []layout.Blob{b}, [][]byte{out}, -1, nil); err == nil {
+		t.Error("FillInto with a negative bound accepted")
+	}
+}

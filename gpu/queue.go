@@ -577,47 +577,11 @@ func (d *Decoder) runRound(r *round) {
 	var reqs []*request
 	locked := false
 	for err == nil {
-		live := r.items[:0]
-		for _, it := range r.items {
-			if !it.req.abandoned.Load() {
-				live = append(live, it)
-			}
-		}
-		r.items = live
-		if len(live) == 0 {
+		if !r.liveJobs() {
 			break
 		}
-		r.jobs, r.preps = make([]codec.Job, len(live)), make([]prepared, len(live))
-		r.dev = nil
-		for k, it := range live {
-			// Not the whole Job: a caller that gave up writes its Err.
-			j := &it.req.jobs[it.i]
-			r.jobs[k], r.preps[k] = codec.Job{Codec: j.Codec, Src: j.Src, Dst: j.Dst}, it.req.preps[it.i]
-			if it.req.dev != nil && it.req.dev[it.i] != 0 {
-				if r.dev == nil {
-					r.dev = make([]uintptr, len(live))
-				}
-				r.dev[k] = it.req.dev[it.i]
-			}
-		}
 		if err = d.rounds.prepare(r); err != nil {
-			if errors.Is(err, ErrBudget) && !r.exclusive && d.opts.Streams > 1 {
-				// The other sets' buffers, grown for earlier rounds, hold
-				// the memory this round needs (a round fits the bounds
-				// alone: its cost is at most its share): wait for every
-				// set, free their buffers and ready this round again,
-				// rather than leave its chunks to the CPU. The wait for the
-				// other rounds is not this round's readying, and each of
-				// them is held to its own deadline: this round's watch
-				// stops for the wait and starts again after it.
-				r.watch.Stop()
-				for len(held) < d.opts.Streams {
-					held = append(held, <-d.free)
-				}
-				d.watch(r)
-				r.exclusive = true
-				d.rounds.trim()
-				d.shrinkRounds(err)
+			if d.readyAlone(r, &held, err) {
 				err = nil
 				continue
 			}
@@ -626,25 +590,8 @@ func (d *Decoder) runRound(r *round) {
 		if !r.exclusive {
 			d.roundFitted()
 		}
-		reqs = reqs[:0]
-		for _, it := range live {
-			reqs = append(reqs, it.req)
-		}
-		slices.SortFunc(reqs, func(a, b *request) int { return cmp.Compare(a.seq, b.seq) })
-		reqs = slices.Compact(reqs)
-		for _, q := range reqs {
-			q.mu.RLock()
-		}
-		gone := false
-		for _, q := range reqs {
-			gone = gone || q.abandoned.Load()
-		}
-		if !gone {
-			locked = true
+		if reqs, locked = lockCallers(r.items, reqs[:0]); locked {
 			break
-		}
-		for _, q := range reqs {
-			q.mu.RUnlock()
 		}
 	}
 	if locked {
@@ -686,6 +633,83 @@ func (d *Decoder) runRound(r *round) {
 		d.submitted <- r
 		release(r.set)
 	}
+}
+
+// liveJobs drops the items of callers that gave up and makes the round's
+// jobs and preparations of the others; false when none is left.
+func (r *round) liveJobs() bool {
+	live := r.items[:0]
+	for _, it := range r.items {
+		if !it.req.abandoned.Load() {
+			live = append(live, it)
+		}
+	}
+	r.items = live
+	if len(live) == 0 {
+		return false
+	}
+	r.jobs, r.preps = make([]codec.Job, len(live)), make([]prepared, len(live))
+	r.dev = nil
+	for k, it := range live {
+		// Not the whole Job: a caller that gave up writes its Err.
+		j := &it.req.jobs[it.i]
+		r.jobs[k], r.preps[k] = codec.Job{Codec: j.Codec, Src: j.Src, Dst: j.Dst}, it.req.preps[it.i]
+		if it.req.dev != nil && it.req.dev[it.i] != 0 {
+			if r.dev == nil {
+				r.dev = make([]uintptr, len(live))
+			}
+			r.dev[k] = it.req.dev[it.i]
+		}
+	}
+	return true
+}
+
+// readyAlone answers a round whose readying failed with err: when the
+// other sets' buffers, grown for earlier rounds, hold the memory it needs
+// (ErrBudget; a round fits the bounds alone: its cost is at most its
+// share), it waits for every set (held gains them), frees their buffers
+// and reports that the round is to be readied again, rather than leave its
+// chunks to the CPU. The wait for the other rounds is not this round's
+// readying, and each of them is held to its own deadline: this round's
+// watch stops for the wait and starts again after it.
+func (d *Decoder) readyAlone(r *round, held *[]int, err error) bool {
+	if !errors.Is(err, ErrBudget) || r.exclusive || d.opts.Streams <= 1 {
+		return false
+	}
+	r.watch.Stop()
+	for len(*held) < d.opts.Streams {
+		*held = append(*held, <-d.free)
+	}
+	d.watch(r)
+	r.exclusive = true
+	d.rounds.trim()
+	d.shrinkRounds(err)
+	return true
+}
+
+// lockCallers takes the lock of every caller of items shared, in order of
+// arrival (reqs is reused), and reports whether it holds them: false,
+// holding none, when a caller gave up meanwhile.
+func lockCallers(items []item, reqs []*request) ([]*request, bool) {
+	for _, it := range items {
+		reqs = append(reqs, it.req)
+	}
+	slices.SortFunc(reqs, func(a, b *request) int { return cmp.Compare(a.seq, b.seq) })
+	reqs = slices.Compact(reqs)
+	for _, q := range reqs {
+		q.mu.RLock()
+	}
+	gone := false
+	for _, q := range reqs {
+		gone = gone || q.abandoned.Load()
+	}
+	if !gone {
+		return reqs, true
+	}
+	for _, q := range reqs {
+		q.mu.RUnlock()
+	}
+	return reqs, false
 }
 
 // completeLoop is the completer: it waits for each round in flight, copies

@@ -37,15 +37,29 @@ var errZstdBlock = errors.New("malformed zstd block")
 // section header, its compression modes and the end marker of its
 // bitstream. It returns the literals' decoded size.
 func (st *zstdBlockState) check(b []byte) (int, error) {
-	bad := func(format string, args ...any) (int, error) {
-		return 0, fmt.Errorf("%w: %s", errZstdBlock, fmt.Sprintf(format, args...))
+	regen, n, err := st.checkLiterals(b)
+	if err != nil {
+		return 0, err
 	}
+	if err := st.checkSequences(b[n:]); err != nil {
+		return 0, err
+	}
+	return regen, nil
+}
+
+func badBlock(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", errZstdBlock, fmt.Sprintf(format, args...))
+}
+
+// checkLiterals reads a block's literals section: it returns the literals'
+// decoded size and the section's size in b.
+func (st *zstdBlockState) checkLiterals(b []byte) (regen, size int, err error) {
 	if len(b) < 2 {
-		return bad("%d bytes", len(b))
+		return 0, 0, badBlock("%d bytes", len(b))
 	}
 	b0 := int(b[0])
 	typ, sf := b0&3, (b0>>2)&3
-	var regen, comp, hdr, streams int
+	var comp, hdr, streams int
 	switch typ {
 	case 0, 1: // raw or RLE literals
 		switch sf {
@@ -55,7 +69,7 @@ func (st *zstdBlockState) check(b []byte) (int, error) {
 			hdr, regen = 2, b0>>4+int(b[1])<<4
 		case 3:
 			if len(b) < 3 {
-				return bad("literals header truncated")
+				return 0, 0, badBlock("literals header truncated")
 			}
 			hdr, regen = 3, b0>>4+int(b[1])<<4+int(b[2])<<12
 		}
@@ -69,7 +83,7 @@ func (st *zstdBlockState) check(b []byte) (int, error) {
 			streams = 1
 		}
 		if len(b) < hdr {
-			return bad("literals header truncated")
+			return 0, 0, badBlock("literals header truncated")
 		}
 		switch sf {
 		case 0, 1:
@@ -80,14 +94,14 @@ func (st *zstdBlockState) check(b []byte) (int, error) {
 			regen, comp = b0>>4+int(b[1])<<4+int(b[2]&0x3f)<<12, int(b[2])>>6+int(b[3])<<2+int(b[4])<<10
 		}
 		if typ == 3 && !st.huf {
-			return bad("treeless literals with no earlier Huffman tree")
+			return 0, 0, badBlock("treeless literals with no earlier Huffman tree")
 		}
 	}
 	if regen > zstdMaxBlock {
-		return bad("%d literal bytes", regen)
+		return 0, 0, badBlock("%d literal bytes", regen)
 	}
 	if hdr+comp > len(b) {
-		return bad("literals section of %d bytes in a %d-byte block", hdr+comp, len(b))
+		return 0, 0, badBlock("literals section of %d bytes in a %d-byte block", hdr+comp, len(b))
 	}
 	if streams > 0 {
 		lit := b[hdr : hdr+comp]
@@ -95,14 +109,14 @@ func (st *zstdBlockState) check(b []byte) (int, error) {
 			// Tree description: FSE-coded weights (first byte < 128, its
 			// value is their size) or 4-bit weights.
 			if len(lit) == 0 {
-				return bad("empty Huffman literals")
+				return 0, 0, badBlock("empty Huffman literals")
 			}
 			n := 1 + int(lit[0])
 			if lit[0] >= 128 {
 				n = 1 + (int(lit[0])-127+1)/2
 			}
 			if n > len(lit) {
-				return bad("Huffman tree description of %d bytes in %d", n, len(lit))
+				return 0, 0, badBlock("Huffman tree description of %d bytes in %d", n, len(lit))
 			}
 			lit = lit[n:]
 			st.huf = true
@@ -110,49 +124,54 @@ func (st *zstdBlockState) check(b []byte) (int, error) {
 		ends := []int{len(lit)}
 		if streams == 4 {
 			if len(lit) < 6 {
-				return bad("4-stream literals without a jump table")
+				return 0, 0, badBlock("4-stream literals without a jump table")
 			}
 			s1, s2, s3 := int(binary.LittleEndian.Uint16(lit)), int(binary.LittleEndian.Uint16(lit[2:])), int(binary.LittleEndian.Uint16(lit[4:]))
 			if 6+s1+s2+s3 >= len(lit) || s1 == 0 || s2 == 0 || s3 == 0 {
-				return bad("jump table %d+%d+%d in %d bytes", s1, s2, s3, len(lit)-6)
+				return 0, 0, badBlock("jump table %d+%d+%d in %d bytes", s1, s2, s3, len(lit)-6)
 			}
 			ends = []int{6 + s1, 6 + s1 + s2, 6 + s1 + s2 + s3, len(lit)}
 		}
 		for _, e := range ends {
 			// Every Huffman bitstream ends in a byte holding its end mark.
 			if e == 0 || lit[e-1] == 0 {
-				return bad("literals stream without its end mark")
+				return 0, 0, badBlock("literals stream without its end mark")
 			}
 		}
 	}
-	seq := b[hdr+comp:]
+	return regen, hdr + comp, nil
+}
+
+// checkSequences reads a block's sequences section, seq (the rest of the
+// block after its literals).
+func (st *zstdBlockState) checkSequences(seq []byte) error {
 	if len(seq) == 0 {
-		return bad("no sequences section")
+		return badBlock("no sequences section")
 	}
 	nseq, sh := int(seq[0]), 1
 	switch {
 	case nseq == 0:
 		if len(seq) != 1 {
-			return bad("%d bytes after a sequences section of no sequences", len(seq)-1)
+			return badBlock("%d bytes after a sequences section of no sequences", len(seq)-1)
 		}
-		return regen, nil
+		return nil
 	case nseq == 255:
 		if len(seq) < 3 {
-			return bad("sequences header truncated")
+			return badBlock("sequences header truncated")
 		}
 		nseq, sh = int(seq[1])+int(seq[2])<<8+0x7f00, 3
 	case nseq >= 128:
 		if len(seq) < 2 {
-			return bad("sequences header truncated")
+			return badBlock("sequences header truncated")
 		}
 		nseq, sh = (nseq-128)<<8+int(seq[1]), 2
 	}
 	if len(seq) < sh+1 {
-		return bad("no compression modes")
+		return badBlock("no compression modes")
 	}
 	modes := seq[sh]
 	if modes&3 != 0 {
-		return bad("reserved bits in the compression modes")
+		return badBlock("reserved bits in the compression modes")
 	}
 	rest := len(seq) - sh - 1
 	for i := range 3 {
@@ -162,7 +181,7 @@ func (st *zstdBlockState) check(b []byte) (int, error) {
 			st.seq[i] = true
 		case 3: // repeat
 			if !st.seq[i] {
-				return bad("repeat mode with no earlier table")
+				return badBlock("repeat mode with no earlier table")
 			}
 		default:
 			st.seq[i] = true
@@ -171,9 +190,9 @@ func (st *zstdBlockState) check(b []byte) (int, error) {
 	// The bitstream runs to the end of the block and ends in a byte holding
 	// its end mark (the FSE table descriptions before it are not parsed).
 	if rest <= 0 || seq[len(seq)-1] == 0 {
-		return bad("sequences bitstream without its end mark")
+		return badBlock("sequences bitstream without its end mark")
 	}
-	return regen, nil
+	return nil
 }
 
 // snappyCheck walks a raw snappy stream's tags without copying anything

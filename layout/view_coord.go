@@ -122,7 +122,7 @@ func (b *binder) lookupValues(s *ViewSpec, a *zarr.Array, ax int, d DimValues, f
 func coordEqual(b []byte, dt zarr.DType, v CoordValue) bool {
 	switch dt.Kind {
 	case 'f':
-		x := readFloat(b, dt)
+		x := zarr.ReadFloat(b, dt)
 		switch dt.Size {
 		case 2:
 			return zarr.Float16Value(zarr.Float16Bits(v.Float)) == x
@@ -139,41 +139,17 @@ func coordEqual(b []byte, dt zarr.DType, v CoordValue) bool {
 	case 'b':
 		return (v.Float == 1 && b[0] != 0) || (v.Float == 0 && b[0] == 0)
 	case 'u':
-		x := readUint(b, dt.Size)
+		x := zarr.ReadUint(b, dt.Size)
 		if v.IsInt {
 			return v.Int >= 0 && uint64(v.Int) == x
 		}
 		return v.Float == math.Trunc(v.Float) && v.Float == float64(x)
 	}
-	x := readInt(b, dt.Size)
+	x := zarr.ReadInt(b, dt.Size)
 	if v.IsInt {
 		return v.Int == x
 	}
 	return v.Float == math.Trunc(v.Float) && v.Float == float64(x)
-}
-
-func readUint(b []byte, size int) uint64 {
-	var u uint64
-	for i := size - 1; i >= 0; i-- {
-		u = u<<8 | uint64(b[i])
-	}
-	return u
-}
-
-func readInt(b []byte, size int) int64 {
-	u := readUint(b, size)
-	shift := uint(64 - 8*size)
-	return int64(u<<shift) >> shift
-}
-
-func readFloat(b []byte, dt zarr.DType) float64 {
-	switch dt.Size {
-	case 2:
-		return zarr.Float16Value(uint16(readUint(b, 2)))
-	case 4:
-		return float64(math.Float32frombits(uint32(readUint(b, 4))))
-	}
-	return math.Float64frombits(readUint(b, 8))
 }
 
 // jsonValue renders one little-endian value for a sidecar: integers exactly,
@@ -184,11 +160,11 @@ func jsonValue(b []byte, dt zarr.DType) any {
 	case 'b':
 		return b[0] != 0
 	case 'u':
-		return readUint(b, dt.Size)
+		return zarr.ReadUint(b, dt.Size)
 	case 'i':
-		return readInt(b, dt.Size)
+		return zarr.ReadInt(b, dt.Size)
 	}
-	f := readFloat(b, dt)
+	f := zarr.ReadFloat(b, dt)
 	switch {
 	case math.IsNaN(f):
 		return "NaN"

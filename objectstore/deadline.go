@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/zarrfs/zarrfs/internal/memory"
 )
 
 // DeadlineOptions configures WithDeadline. Every zero value means a
@@ -28,6 +30,9 @@ type DeadlineOptions struct {
 	// Logger receives one warning when the bound is reached and one line
 	// when the blocked calls have all returned; nil: discard.
 	Logger *slog.Logger
+	// Memory lends the pieces a local file is read through (the process's
+	// one lender); nil: ordinary memory.
+	Memory memory.Lender
 }
 
 // Deadline is a Store whose calls return within a deadline whatever the
@@ -49,10 +54,9 @@ type DeadlineOptions struct {
 // concurrent use when the inner Store is.
 type Deadline struct {
 	decorator
-	opts   DeadlineOptions
-	log    *slog.Logger
-	bufs   sync.Pool // *[]byte that calls read into
-	pieces sync.Pool // *[]byte of readPiece bytes that inPieces reads into
+	opts DeadlineOptions
+	log  *slog.Logger
+	bufs sync.Pool // *[]byte that calls read into
 
 	blocked atomic.Int64 // calls left by their callers, still running
 	mu      sync.Mutex   // guards full
@@ -330,11 +334,13 @@ const readPiece = 256 << 10
 // call's gate, so that a read its caller left behind stops writing into
 // buf before the caller goes on.
 func (d *Deadline) inPieces(ctx context.Context, key string, buf []byte, limit int64, pr pieceReader) ([]byte, string, error) {
-	p, _ := d.pieces.Get().(*[]byte)
-	if p == nil {
-		b := make([]byte, readPiece)
-		p = &b
+	var piece []byte
+	if d.opts.Memory != nil {
+		piece = d.opts.Memory.HostAlloc(readPiece)
+	} else {
+		piece = make([]byte, readPiece)
 	}
+	p := &piece
 	g := &gate{}
 	var (
 		dst []byte // written only through g, read once the call returned
@@ -355,7 +361,9 @@ func (d *Deadline) inPieces(ctx context.Context, key string, buf []byte, limit i
 		ok = err == nil
 		return versioned{ver: ver}, err
 	}, func(v versioned, left bool) versioned {
-		d.pieces.Put(p)
+		if d.opts.Memory != nil {
+			d.opts.Memory.HostFree(piece)
+		}
 		if !left && ok {
 			v.b = dst // not a part of the object with an error
 		}

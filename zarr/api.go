@@ -37,7 +37,8 @@ type Options struct {
 	// Memory, when set, lends the buffers compressed chunks are read into
 	// (and, through Hierarchy.Memory, the buffers fills decode into): the
 	// GPU's pinned memory, which the device copies without staging. Nil
-	// means the Decoder's, when it lends memory, else pooled memory.
+	// means the Decoder's, when it lends memory, else memory the store
+	// allocates for each chunk.
 	Memory codec.HostMemory
 	// Fetchers bounds the source requests in flight per Read call.
 	// Zero means 16.
@@ -119,7 +120,7 @@ type Hierarchy struct {
 
 	opts   Options
 	chunks *chunkCache
-	mem    codec.HostMemory // lends the buffers compressed chunks are read into; nil: pooled
+	mem    codec.HostMemory // lends the buffers compressed chunks are read into; nil: the store's
 	stats  *Stats
 	// lazyKept counts the versions the lazy listings of its arrays keep.
 	lazyKept atomic.Int64

@@ -239,7 +239,7 @@ func TestCastNumpy(t *testing.T) {
 				if bytes.Equal(g, w) {
 					continue
 				}
-				if to.Kind == 'f' && math.IsNaN(getFloat(g, to)) && math.IsNaN(getFloat(w, to)) {
+				if to.Kind == 'f' && math.IsNaN(ReadFloat(g, to)) && math.IsNaN(ReadFloat(w, to)) {
 					continue
 				}
 				if bad++; bad <= 3 {

@@ -133,22 +133,3 @@ func putBuf(b []byte) {
 		p.(*sync.Pool).Put(&b)
 	}
 }
-
-// Compressed chunks are read into buffers from one pool of any size: a
-// store's chunks have similar sizes, and a buffer grows when one is larger.
-var encPool sync.Pool // *[]byte
-
-func getEncBuf() []byte {
-	if b, ok := encPool.Get().(*[]byte); ok {
-		return (*b)[:0]
-	}
-	return nil
-}
-
-func putEncBuf(b []byte) {
-	if cap(b) == 0 {
-		return
-	}
-	b = b[:0]
-	encPool.Put(&b)
-}

@@ -817,7 +817,7 @@ func parseFill(v any, dt DType, format int) ([]byte, any, error) {
 				return nil, nil, fmt.Errorf("fill_value %q is not a %d-byte hex pattern", x, dt.Size)
 			}
 			putUint(out, dt, u)
-			if dt.Kind == 'f' && dt.Size == 2 && math.IsNaN(getFloat(out, dt)) {
+			if dt.Kind == 'f' && dt.Size == 2 && math.IsNaN(ReadFloat(out, dt)) {
 				// zarr-python turns a float16 NaN pattern into the canonical
 				// NaN (it keeps float32 and float64 payloads); match its reads.
 				putFloat(out, dt, math.NaN())

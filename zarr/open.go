@@ -82,7 +82,7 @@ func (h *Hierarchy) Close() error {
 }
 
 // Memory returns the memory reads borrow buffers from (Options.Memory),
-// nil for pooled memory. Fills that decode into a buffer of their own
+// nil for none. Fills that decode into a buffer of their own
 // borrow from it too, so the GPU writes it without staging.
 func (h *Hierarchy) Memory() codec.HostMemory { return h.mem }
 

@@ -884,12 +884,8 @@ func (st *readState) release() {
 		if !l.encOwned || l.enc == nil {
 			continue
 		}
-		switch {
-		case !l.pipe.compressed():
-		case st.mem != nil:
+		if l.pipe.compressed() && st.mem != nil {
 			st.mem.HostFree(l.enc) // memory not lent is left to the collector
-		default:
-			putEncBuf(l.enc)
 		}
 		l.enc = nil
 	}

@@ -44,7 +44,9 @@ func putFloat(b []byte, dt DType, f float64) {
 	}
 }
 
-func getFloat(b []byte, dt DType) float64 {
+// ReadFloat reads one little-endian float element of dt's size (2, 4 or
+// 8 bytes, as Read produces it) from b.
+func ReadFloat(b []byte, dt DType) float64 {
 	switch dt.Size {
 	case 2:
 		return Float16Value(binary.LittleEndian.Uint16(b))
@@ -52,4 +54,19 @@ func getFloat(b []byte, dt DType) float64 {
 		return float64(math.Float32frombits(binary.LittleEndian.Uint32(b)))
 	}
 	return math.Float64frombits(binary.LittleEndian.Uint64(b))
+}
+
+// ReadUint reads one little-endian unsigned element of size bytes from b.
+func ReadUint(b []byte, size int) uint64 {
+	var u uint64
+	for i := size - 1; i >= 0; i-- {
+		u = u<<8 | uint64(b[i])
+	}
+	return u
+}
+
+// ReadInt reads one little-endian signed element of size bytes from b.
+func ReadInt(b []byte, size int) int64 {
+	shift := uint(64 - 8*size)
+	return int64(ReadUint(b, size)<<shift) >> shift
 }

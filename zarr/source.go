@@ -200,7 +200,8 @@ func (s storeSource) whole(ctx context.Context) ([]byte, string, error) {
 			return b, ver, nil
 		})
 	}
-	return s.do(ctx, s.key, func() ([]byte, string, error) { return get(getEncBuf()) })
+	// No lender (Options.Memory): the store allocates the chunk's bytes.
+	return s.do(ctx, s.key, func() ([]byte, string, error) { return get(nil) })
 }
 
 func (s storeSource) getRange(ctx context.Context, off, n int64) ([]byte, string, error) {
@@ -242,8 +243,8 @@ func (s storeSource) cachedWhole() ([]byte, bool) {
 }
 
 // cached looks key up in the source cache. A whole object is read into
-// the buffer a fetch would read it into (the decoder's lent memory, else
-// the pool's), when the cache can read into one: a chunk kept on disk goes
+// the buffer a fetch would read it into (the decoder's lent memory), when
+// the cache can read into one: a chunk kept on disk goes
 // from the file into pinned memory in one read.
 func (s storeSource) cached(sc SourceCache, key string) ([]byte, bool) {
 	gi, ok := sc.(SourceCacheInto)
@@ -261,12 +262,7 @@ func (s storeSource) cached(sc SourceCache, key string) ([]byte, bool) {
 		}
 		return b, ok
 	}
-	buf := getEncBuf()
-	b, ok := gi.GetInto(key, buf)
-	if !ok || len(b) == 0 || cap(buf) == 0 || &b[0] != &buf[:1][0] {
-		putEncBuf(buf) // not the bytes returned: the pool may have it back
-	}
-	return b, ok
+	return gi.GetInto(key, nil) // no lender: the cache allocates the bytes
 }
 
 func (s storeSource) suffix(ctx context.Context, n int64) ([]byte, string, error) {

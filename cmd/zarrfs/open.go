@@ -239,6 +239,7 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	if o.dec, err = f.src.newPipeline(log); err != nil {
 		return nil, err
 	}
+	f.src.host = o.dec.Host()
 	if oo.beforeSource != nil {
 		if err := oo.beforeSource(); err != nil {
 			return nil, err
@@ -252,15 +253,37 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	if err != nil {
 		return nil, err
 	}
-	copts := cache.Options{Dir: f.cacheDir, Size: size, Logger: log, BlobMode: mode, BlobGroup: group}
+	copts := cache.Options{Dir: f.cacheDir, Size: size, Logger: log, BlobMode: mode, BlobGroup: group, Memory: o.dec.Host()}
 	if o.cache, err = cache.Open(copts); err != nil {
 		if errors.Is(err, cache.ErrAccessInUse) {
 			err = fmt.Errorf("%w; give the same --cache-mode and --cache-group", err)
 		}
 		return nil, err
 	}
-	// With a GPU, compressed chunks are read into, and fills decode into,
-	// the pipeline's pinned memory.
+	zopts, cached := f.zarrOptions(o, oo, log, mem, limits)
+	o.src = &layout.Source{
+		Store:  o.store,
+		Zarr:   zopts,
+		Views:  specs,
+		Layout: layout.Options{SampleDim: f.sampleDim, Align: f.align, Shard: oo.shard},
+	}
+	o.fill, err = fill.New(fill.Options{Cache: o.cache, MemoryBudget: memory.New(fillMemory(mem, cached)), Memory: o.dec.Host(), Observe: oo.observe})
+	if err != nil {
+		return nil, err
+	}
+	if o.lay, err = openLayout(ctx, o.src, f.src.deadlines.timeout, log); err != nil {
+		return nil, err
+	}
+	warnSkipped(ctx, log, o.lay)
+	ok = true
+	return o, nil
+}
+
+// zarrOptions are the options every hierarchy of o's source opens with,
+// and the decoded-chunk cache's size in them: with a GPU, compressed
+// chunks are read into, and fills decode into, the pipeline's pinned
+// memory; every source is read through the chunk tier.
+func (f *layoutFlags) zarrOptions(o *opened, oo openOptions, log *slog.Logger, mem int64, limits zarr.MetadataLimits) (zarr.Options, int64) {
 	o.stats = &zarr.Stats{}
 	cached := chunkCacheBytes(oo.chunkCacheBytes, mem)
 	zopts := zarr.Options{Logger: log, Decoder: o.dec, Memory: o.dec.Memory(), ChunkCacheBytes: cached, Stats: o.stats, Limits: limits}
@@ -294,22 +317,13 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 	if f.wholeChunks {
 		zopts.Partial = zarr.PartialNever
 	}
-	o.src = &layout.Source{
-		Store:  o.store,
-		Zarr:   zopts,
-		Views:  specs,
-		Layout: layout.Options{SampleDim: f.sampleDim, Align: f.align, Shard: oo.shard},
-	}
-	o.fill, err = fill.New(fill.Options{Cache: o.cache, MemoryBudget: memory.New(fillMemory(mem, cached)), Observe: oo.observe})
-	if err != nil {
-		return nil, err
-	}
-	if o.lay, err = openLayout(ctx, o.src, f.src.deadlines.timeout, log); err != nil {
-		return nil, err
-	}
-	h, lay := o.lay.Hierarchy(), o.lay
-	// zarr.Open already warned about each unsupported array; warn here
-	// only about what the layout itself left out (name collisions).
+	return zopts, cached
+}
+
+// warnSkipped warns about the arrays lay left out itself (name
+// collisions): zarr.Open already warned about each unsupported one.
+func warnSkipped(ctx context.Context, log *slog.Logger, lay *layout.Layout) {
+	h := lay.Hierarchy()
 	unsupported := map[string]bool{}
 	for _, a := range h.Arrays {
 		unsupported[a.Path] = a.Unsupported != ""
@@ -319,8 +333,6 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 			log.WarnContext(ratelog.Unlimited(ctx), "array left out of the mount", "array", s.Path, "reason", s.Reason)
 		}
 	}
-	ok = true
-	return o, nil
 }
 
 // compressedMark is the chunk tier's key that says warm --compressed kept

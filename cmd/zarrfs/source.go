@@ -14,6 +14,7 @@ import (
 	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/decode"
 	"github.com/zarrfs/zarrfs/gpu"
+	"github.com/zarrfs/zarrfs/internal/memory"
 	"github.com/zarrfs/zarrfs/objectstore"
 )
 
@@ -42,6 +43,9 @@ type sourceFlags struct {
 	source    string
 	metaLimit metadataLimitFlag
 	logger    *slog.Logger
+	// host lends the buffers the source's stores read through (the
+	// pipeline's host arena); nil: ordinary memory.
+	host memory.Lender
 	// cmd is the command whose flags validate checked, for the checks
 	// that need to know what the source is (virtualFlags.checkPlain).
 	cmd *cobra.Command
@@ -174,7 +178,7 @@ func (f *sourceFlags) openStore(ctx context.Context, src string) (objectstore.St
 	// of them are blocked, reads fail at once until those return. No
 	// breaker: a store's files may live on several filesystems (links
 	// into an annex), and one that hangs says nothing of the others.
-	dl, err := objectstore.WithDeadline(st, objectstore.DeadlineOptions{Timeout: f.deadlines.timeout, Logger: f.logger})
+	dl, err := objectstore.WithDeadline(st, objectstore.DeadlineOptions{Timeout: f.deadlines.timeout, Logger: f.logger, Memory: f.host})
 	if err != nil {
 		st.Close()
 		return nil, err

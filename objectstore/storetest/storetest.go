@@ -66,6 +66,15 @@ func RunWith(t *testing.T, o Options, newStore func(t *testing.T, files map[stri
 	s := newStore(t, files)
 	ctx := context.Background()
 
+	runReads(t, ctx, s, files)
+	runRanges(t, ctx, s, files, o)
+	runListing(t, ctx, s, files, o)
+	t.Run("Versions", func(t *testing.T) { runVersions(t, s, files, o) })
+	runConcurrent(t, ctx, s, files, o)
+}
+
+// runReads checks the whole-object reads.
+func runReads(t *testing.T, ctx context.Context, s objectstore.Store, files map[string][]byte) {
 	t.Run("ID", func(t *testing.T) {
 		if s.ID() == "" {
 			t.Fatal("empty ID")
@@ -129,7 +138,10 @@ func RunWith(t *testing.T, o Options, newStore func(t *testing.T, files map[stri
 			}
 		}
 	})
+}
 
+// runRanges checks the range reads.
+func runRanges(t *testing.T, ctx context.Context, s objectstore.Store, files map[string][]byte, o Options) {
 	t.Run("GetRange", func(t *testing.T) {
 		big, seq := files["big"], files["a/c/0/0"]
 		n := int64(len(big))
@@ -195,7 +207,10 @@ func RunWith(t *testing.T, o Options, newStore func(t *testing.T, files map[stri
 			})
 		}
 	})
+}
 
+// runListing checks the listing, bad keys and cancelled calls.
+func runListing(t *testing.T, ctx context.Context, s objectstore.Store, files map[string][]byte, o Options) {
 	t.Run("List", func(t *testing.T) {
 		if o.NoListing {
 			for _, p := range []string{"", "a", "a/c", "missing"} {
@@ -285,9 +300,10 @@ func RunWith(t *testing.T, o Options, newStore func(t *testing.T, files map[stri
 			t.Errorf("List with a cancelled context: err = %v, want context.Canceled", err)
 		}
 	})
+}
 
-	t.Run("Versions", func(t *testing.T) { runVersions(t, s, files, o) })
-
+// runConcurrent checks reads from many goroutines at once.
+func runConcurrent(t *testing.T, ctx context.Context, s objectstore.Store, files map[string][]byte, o Options) {
 	t.Run("Concurrent", func(t *testing.T) {
 		keys := sortedKeys(files)
 		var wg sync.WaitGroup

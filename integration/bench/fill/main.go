@@ -90,18 +90,8 @@ func main() {
 		rec.out = f
 	}
 
-	m, err := decode.ParseMode(*mode)
-	if err != nil {
-		log.Fatal(err)
-	}
-	dec, err := decode.New(decode.Options{Mode: m, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		log.Fatal(err)
-	}
+	dec := openPipeline(ctx, *mode)
 	defer dec.Close()
-	if _, err := dec.Ready(ctx); err != nil {
-		log.Fatal(err)
-	}
 	store, err := objectstore.OpenPosix(*storeDir)
 	if err != nil {
 		log.Fatal(err)
@@ -136,33 +126,11 @@ func main() {
 		log.Fatal(err)
 	}
 	files := chunkFiles(*storeDir, plan.Blobs)
-	var decoded int64
-	for _, b := range plan.Blobs {
-		decoded += b.Size() - lay.Align()
-	}
+	decoded := plan.Bytes - int64(len(plan.Blobs))*lay.Align()
 	fmt.Printf("%d blobs, %.2f GB decoded, %d chunk files (%.2f GB); %d CPUs, %d jobs, %s\n",
 		len(plan.Blobs), gb(decoded), len(files), gb(sumSizes(files)), runtime.NumCPU(), *jobs, dec.Placement())
 
-	// The source in the page cache, then the floors.
-	readAll(files, *threads)
-	t := readAll(files, *threads)
-	rec.put("floor_read", map[string]any{"threads": *threads, "bytes": sumSizes(files), "seconds": t.Seconds(), "gbps": gb(sumSizes(files)) / t.Seconds()})
-	fmt.Printf("floor: %d threads read every chunk file: %.2f GB/s of files (%.2f GB/s of decoded bytes)\n",
-		*threads, gb(sumSizes(files))/t.Seconds(), gb(decoded)/t.Seconds())
-	if err := os.RemoveAll(*cacheDir); err != nil {
-		log.Fatal(err)
-	}
-	wt, err := writeFloor(filepath.Join(*cacheDir, "floor"), plan.Blobs, *threads)
-	if err != nil {
-		log.Fatal(err)
-	}
-	var blobBytes int64
-	for _, b := range plan.Blobs {
-		blobBytes += b.Size()
-	}
-	rec.put("floor_write", map[string]any{"threads": *threads, "bytes": blobBytes, "seconds": wt.Seconds(), "gbps": gb(blobBytes) / wt.Seconds()})
-	fmt.Printf("floor: %d threads write %d blob-sized files to %s: %.2f GB/s\n", *threads, len(plan.Blobs), *cacheDir, gb(blobBytes)/wt.Seconds())
-	os.RemoveAll(*cacheDir)
+	blobBytes := floors(rec, files, plan.Blobs, *threads, *cacheDir, decoded)
 
 	// The fill, profiled.
 	c, err := cache.Open(cache.Options{Dir: *cacheDir})
@@ -182,7 +150,7 @@ func main() {
 	}
 	start := time.Now()
 	var firstErr atomic.Value
-	filler, err := fill.New(fill.Options{Cache: c, MemoryBudget: memory.New(mem / 2)})
+	filler, err := fill.New(fill.Options{Cache: c, MemoryBudget: memory.New(mem / 2), Memory: dec.Host()})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -206,9 +174,67 @@ func main() {
 	fmt.Printf("fill: %d blobs in %.3f s: %.2f GB/s of decoded bytes; CPU %.2f s (%.1f cores busy); %d minor faults (%.0f per MB decoded); peak RSS %.2f GB\n",
 		len(todo), wall.Seconds(), gb(decoded)/wall.Seconds(), cpu.Seconds(), cpu.Seconds()/wall.Seconds(),
 		r1.minflt-r0.minflt, float64(r1.minflt-r0.minflt)/(float64(decoded)/1e6), gb(r1.maxrss))
-	stages, err := attribute(prof.Bytes())
+	if err := reportStages(rec, prof.Bytes(), cpu, stats, decoded, blobBytes); err != nil {
+		log.Fatal(err)
+	}
+	rec.put("fill", map[string]any{"blobs": len(todo), "decoded_bytes": decoded, "seconds": wall.Seconds(), "gbps": gb(decoded) / wall.Seconds(),
+		"cpu_seconds": cpu.Seconds(), "minor_faults": r1.minflt - r0.minflt, "peak_rss": r1.maxrss, "jobs": *jobs, "decode": *mode,
+		"chunks_decoded": stats.ChunksDecoded.Load(), "bytes_fetched": stats.BytesFetched.Load(),
+		"bytes_decoded": stats.BytesDecoded.Load(), "bytes_assembled": stats.BytesAssembled.Load()})
+}
+
+// openPipeline starts the decoding pipeline of mode (cpu, gpu or auto)
+// and waits for its devices.
+func openPipeline(ctx context.Context, mode string) *decode.Pipeline {
+	m, err := decode.ParseMode(mode)
 	if err != nil {
 		log.Fatal(err)
+	}
+	dec, err := decode.New(decode.Options{Mode: m, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := dec.Ready(ctx); err != nil {
+		dec.Close()
+		log.Fatal(err)
+	}
+	return dec
+}
+
+// floors measures, and records, what the machine does without zarrfs:
+// threads reading every chunk file (from the page cache: read twice) and
+// writing files the size of the blobs into cacheDir (removed after). It
+// returns the blobs' bytes.
+func floors(rec *recorder, files map[string]int64, blobs []layout.Blob, threads int, cacheDir string, decoded int64) (blobBytes int64) {
+	// The source in the page cache, then the floors.
+	readAll(files, threads)
+	t := readAll(files, threads)
+	rec.put("floor_read", map[string]any{"threads": threads, "bytes": sumSizes(files), "seconds": t.Seconds(), "gbps": gb(sumSizes(files)) / t.Seconds()})
+	fmt.Printf("floor: %d threads read every chunk file: %.2f GB/s of files (%.2f GB/s of decoded bytes)\n",
+		threads, gb(sumSizes(files))/t.Seconds(), gb(decoded)/t.Seconds())
+	if err := os.RemoveAll(cacheDir); err != nil {
+		log.Fatal(err)
+	}
+	wt, err := writeFloor(filepath.Join(cacheDir, "floor"), blobs, threads)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, b := range blobs {
+		blobBytes += b.Size()
+	}
+	rec.put("floor_write", map[string]any{"threads": threads, "bytes": blobBytes, "seconds": wt.Seconds(), "gbps": gb(blobBytes) / wt.Seconds()})
+	fmt.Printf("floor: %d threads write %d blob-sized files to %s: %.2f GB/s\n", threads, len(blobs), cacheDir, gb(blobBytes)/wt.Seconds())
+	os.RemoveAll(cacheDir)
+	return blobBytes
+}
+
+// reportStages prints, and records, the fill's CPU by stage from its
+// profile (scaled to cpu, which rusage counts exactly) and the bytes each
+// stage moved per decoded byte.
+func reportStages(rec *recorder, prof []byte, cpu time.Duration, stats *zarr.Stats, decoded, blobBytes int64) error {
+	stages, err := attribute(prof)
+	if err != nil {
+		return err
 	}
 	moved := movedPerByte(stats, decoded, blobBytes)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
@@ -235,10 +261,7 @@ func main() {
 		rec.put("stage", fields)
 	}
 	tw.Flush()
-	rec.put("fill", map[string]any{"blobs": len(todo), "decoded_bytes": decoded, "seconds": wall.Seconds(), "gbps": gb(decoded) / wall.Seconds(),
-		"cpu_seconds": cpu.Seconds(), "minor_faults": r1.minflt - r0.minflt, "peak_rss": r1.maxrss, "jobs": *jobs, "decode": *mode,
-		"chunks_decoded": stats.ChunksDecoded.Load(), "bytes_fetched": stats.BytesFetched.Load(),
-		"bytes_decoded": stats.BytesDecoded.Load(), "bytes_assembled": stats.BytesAssembled.Load()})
+	return nil
 }
 
 // stageNames in the order printed.

@@ -67,14 +67,7 @@ func main() {
 	codecs := flag.String("codecs", "zstd,blosc-lz4", "stores to write and read: zstd, blosc-lz4")
 	decFlag := flag.String("decoders", "cpu,gpu,auto", "decoders to measure: cpu, gpu, auto")
 	flag.Parse()
-	var readers []int
-	for _, s := range strings.Split(*readersFlag, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || n < 1 {
-			log.Fatalf("-readers %q: want positive integers", *readersFlag)
-		}
-		readers = append(readers, n)
-	}
+	readers := parseReaders(*readersFlag)
 	root := *dir
 	if root == "" {
 		var err error
@@ -85,53 +78,16 @@ func main() {
 	}
 	ctx := context.Background()
 
-	// Each decoder is the pipeline --decode builds (package decode), so the
-	// bench measures what ships: chunks a GPU refuses go to the pipeline's
-	// CPU pool.
 	stats := &roundStats{}
-	type decoder struct {
-		name string
-		d    *decode.Pipeline
-	}
-	var decoders []decoder
-	for _, m := range []decode.Mode{decode.CPU, decode.GPU, decode.Auto} {
-		p, err := decode.New(decode.Options{Mode: m, Logger: slog.New(stats)})
-		if err != nil {
-			fmt.Printf("no GPU decoding: %v\n", err)
-			continue
+	decoders := pipelines(ctx, stats, *decFlag)
+	defer func() {
+		for _, d := range decoders {
+			d.d.Close()
 		}
-		defer p.Close()
-		if onGPU, _ := p.Ready(ctx); m == decode.Auto && !onGPU {
-			continue // auto without a GPU is the CPU
-		}
-		fmt.Printf("%s: %s\n", m, p.Placement())
-		decoders = append(decoders, decoder{string(m), p})
-	}
-	want := map[string]bool{}
-	for _, n := range strings.Split(*decFlag, ",") {
-		want[strings.TrimSpace(n)] = true
-	}
-	kept := decoders[:0]
-	for _, dec := range decoders {
-		if want[strings.SplitN(dec.name, "(", 2)[0]] {
-			kept = append(kept, dec)
-		}
-	}
-	decoders = kept
+	}()
 	fmt.Printf("%d CPU cores; %d variables of %dx%d float32 per sample (%.1f MB), %d samples per store\n",
 		runtime.NumCPU(), *nvars, ny, nx, float64(*nvars*ny*nx*4)/1e6, *steps)
 
-	type row struct {
-		store, dec string
-		readers    int
-		samples    float64
-		gbs        float64
-		ratio      float64
-		rounds     roundCounts // GPU rounds over all timed passes
-		// chunks decoded over all timed passes, and how many of them on
-		// the GPU (its own counters; -1: no GPU in this decoder)
-		decoded, onGPU int64
-	}
 	var rows []row
 	for _, c := range strings.Split(*codecs, ",") {
 		sdir := filepath.Join(root, c)
@@ -197,37 +153,11 @@ func main() {
 				for i := range bufs {
 					bufs[i] = alloc(*nvars * ny * nx * 4)
 				}
-				var bestDt time.Duration
 				stats.reset()
 				decoded0, onGPU0 := h.Stats().ChunksDecoded.Load(), dec.d.GPUStats().Chunks
-				for p := range *passes {
-					var next atomic.Int64
-					var wg sync.WaitGroup
-					errs := make(chan error, nr)
-					t0 := time.Now()
-					for r := range nr {
-						wg.Go(func() {
-							for {
-								t := int(next.Add(1) - 1)
-								if t >= *steps {
-									return
-								}
-								if err := sample(bufs[r], t); err != nil {
-									errs <- err
-									return
-								}
-							}
-						})
-					}
-					wg.Wait()
-					dt := time.Since(t0)
-					close(errs)
-					if err := <-errs; err != nil {
-						log.Fatalf("%s/%s: %v", c, dec.name, err)
-					}
-					if p == 0 || dt < bestDt {
-						bestDt = dt
-					}
+				bestDt, err := bestPass(*passes, *steps, bufs, sample)
+				if err != nil {
+					log.Fatalf("%s/%s: %v", c, dec.name, err)
 				}
 				for _, b := range bufs {
 					free(b)
@@ -242,12 +172,122 @@ func main() {
 			}
 		}
 	}
+	if failed := report(rows, *nvars, *passes, *steps); len(failed) > 0 {
+		log.Fatalf("FAIL: %s", strings.Join(failed, "; "))
+	}
+}
+
+// parseReaders parses -readers: comma-separated positive integers.
+func parseReaders(list string) []int {
+	var readers []int
+	for _, s := range strings.Split(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			log.Fatalf("-readers %q: want positive integers", list)
+		}
+		readers = append(readers, n)
+	}
+	return readers
+}
+
+// decoder is a pipeline --decode builds (package decode), named by its
+// mode.
+type decoder struct {
+	name string
+	d    *decode.Pipeline
+}
+
+// pipelines starts the pipelines of the modes decFlag names that can run
+// here (cpu, gpu, auto): each the pipeline --decode builds, so the bench
+// measures what ships (chunks a GPU refuses go to the pipeline's CPU
+// pool). The caller closes them.
+func pipelines(ctx context.Context, stats *roundStats, decFlag string) []decoder {
+	var decoders []decoder
+	for _, m := range []decode.Mode{decode.CPU, decode.GPU, decode.Auto} {
+		p, err := decode.New(decode.Options{Mode: m, Logger: slog.New(stats)})
+		if err != nil {
+			fmt.Printf("no GPU decoding: %v\n", err)
+			continue
+		}
+		if onGPU, _ := p.Ready(ctx); m == decode.Auto && !onGPU {
+			p.Close()
+			continue // auto without a GPU is the CPU
+		}
+		fmt.Printf("%s: %s\n", m, p.Placement())
+		decoders = append(decoders, decoder{string(m), p})
+	}
+	want := map[string]bool{}
+	for _, n := range strings.Split(decFlag, ",") {
+		want[strings.TrimSpace(n)] = true
+	}
+	kept := decoders[:0]
+	for _, dec := range decoders {
+		if want[strings.SplitN(dec.name, "(", 2)[0]] {
+			kept = append(kept, dec)
+		} else {
+			dec.d.Close()
+		}
+	}
+	return kept
+}
+
+// row is one measurement: a store read by a decoder with readers readers.
+type row struct {
+	store, dec string
+	readers    int
+	samples    float64
+	gbs        float64
+	ratio      float64
+	rounds     roundCounts // GPU rounds over all timed passes
+	// chunks decoded over all timed passes, and how many of them on
+	// the GPU (its own counters; -1: no GPU in this decoder)
+	decoded, onGPU int64
+}
+
+// bestPass reads every one of steps samples, by one reader per buffer of
+// bufs, passes times, and returns the best pass's time.
+func bestPass(passes, steps int, bufs [][]byte, sample func(buf []byte, t int) error) (time.Duration, error) {
+	var bestDt time.Duration
+	for p := range passes {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		errs := make(chan error, len(bufs))
+		t0 := time.Now()
+		for r := range bufs {
+			wg.Go(func() {
+				for {
+					t := int(next.Add(1) - 1)
+					if t >= steps {
+						return
+					}
+					if err := sample(bufs[r], t); err != nil {
+						errs <- err
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		dt := time.Since(t0)
+		close(errs)
+		if err := <-errs; err != nil {
+			return 0, err
+		}
+		if p == 0 || dt < bestDt {
+			bestDt = dt
+		}
+	}
+	return bestDt, nil
+}
+
+// report prints the rows against the CPU decoder's, and returns the gpu
+// rows that did not measure the GPU alone (it left chunks to the CPU).
+func report(rows []row, nvars, passes, steps int) (failed []string) {
 	fmt.Println()
-	fmt.Printf("%d-channel view fill rate (best of %d passes over %d samples, warm page cache)\n", *nvars, *passes, *steps)
+	fmt.Printf("%d-channel view fill rate (best of %d passes over %d samples, warm page cache)\n", nvars, passes, steps)
 	fmt.Printf("%-10s %6s %-14s %8s %10s %8s %10s %8s %13s %14s %7s\n", "store", "ratio", "decoder", "readers", "samples/s", "GB/s", "x cpu",
 		"rounds", "chunks/round", "callers/round", "on GPU")
 	cpuRate := map[string]float64{}
-	var failed []string
 	for _, r := range rows {
 		if r.dec == "cpu" {
 			cpuRate[fmt.Sprint(r.store, r.readers)] = r.samples
@@ -278,9 +318,7 @@ func main() {
 	fmt.Println("GB/s: decoded bytes delivered into the sample buffers per second; x cpu: against the CPU decoder with as many readers;")
 	fmt.Println("rounds: GPU rounds over all timed passes, with their mean chunks and callers (readers' batches merged into one round)")
 	fmt.Println("on GPU: the share of the chunks decoded on the GPU, from the GPU decoder's own counters")
-	if len(failed) > 0 {
-		log.Fatalf("FAIL: %s", strings.Join(failed, "; "))
-	}
+	return failed
 }
 
 // roundStats counts the GPU decoder's rounds from its debug lines ("gpu

@@ -164,13 +164,36 @@ func run(dir, path, dim string, batch, readers int, steps, chunkCache int64) (*r
 	resetPeak()
 	base := procStatus("VmRSS")
 
+	secs, err := timedReads(ctx, h, n, batch, bufs, request)
+	if err != nil {
+		return nil, err
+	}
+	peak := procStatus("VmHWM")
+	runtime.KeepAlive(bufs)
+	total := n * stepBytes
+	res := &result{
+		Reader: "zarrfs", Mode: fmt.Sprintf("batch%d", batch), Store: filepath.Base(filepath.Clean(dir)),
+		Array: path, Steps: n, Bytes: total, Seconds: round(secs), GBps: round(float64(total) / secs / 1e9),
+		PeakRSS: peak, BaseRSS: base, InFlight: inFlight,
+		PeakOverIn: round(float64(peak) / float64(inFlight)), GrowthOver: round(float64(peak-base) / float64(inFlight)),
+		Step0SHA256: hex.EncodeToString(sum[:]), GOMAXPROCS: runtime.GOMAXPROCS(0),
+	}
+	if readers > 1 {
+		res.Mode += fmt.Sprintf("x%d", readers)
+	}
+	return res, nil
+}
+
+// timedReads reads steps 0..n-1 of the array, batch steps a Read, by one
+// goroutine per buffer set of bufs, and returns the seconds it took.
+func timedReads(ctx context.Context, h *zarr.Hierarchy, n int64, batch int, bufs [][][]byte, request func(t int64, dst []byte) zarr.Request) (float64, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	next := make(chan int64)
-	errs := make(chan error, readers)
+	errs := make(chan error, len(bufs))
 	var wg sync.WaitGroup
 	t0 := time.Now()
-	for r := range readers {
+	for r := range bufs {
 		wg.Add(1)
 		go func(bs [][]byte) {
 			defer wg.Done()
@@ -202,23 +225,10 @@ func run(dir, path, dim string, batch, readers int, steps, chunkCache int64) (*r
 	secs := time.Since(t0).Seconds()
 	select {
 	case err := <-errs:
-		return nil, err
+		return 0, err
 	default:
 	}
-	peak := procStatus("VmHWM")
-	runtime.KeepAlive(bufs)
-	total := n * stepBytes
-	res := &result{
-		Reader: "zarrfs", Mode: fmt.Sprintf("batch%d", batch), Store: filepath.Base(filepath.Clean(dir)),
-		Array: path, Steps: n, Bytes: total, Seconds: round(secs), GBps: round(float64(total) / secs / 1e9),
-		PeakRSS: peak, BaseRSS: base, InFlight: inFlight,
-		PeakOverIn: round(float64(peak) / float64(inFlight)), GrowthOver: round(float64(peak-base) / float64(inFlight)),
-		Step0SHA256: hex.EncodeToString(sum[:]), GOMAXPROCS: runtime.GOMAXPROCS(0),
-	}
-	if readers > 1 {
-		res.Mode += fmt.Sprintf("x%d", readers)
-	}
-	return res, nil
+	return secs, nil
 }
 
 func round(f float64) float64 {
