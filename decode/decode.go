@@ -107,7 +107,9 @@ type Options struct {
 	// it). Zero means DefaultGPUMemory.
 	GPUMemory int64
 	// PinnedMemory bounds the pinned host memory of each GPU: its rounds'
-	// staging and the memory it lends. Zero means DefaultPinnedMemory.
+	// staging and the memory it lends. Zero follows GPUMemory: the staging
+	// its rounds take plus DefaultLentMemory (DefaultPinnedMemory at the
+	// default GPUMemory), so that one number sizes GPU decoding.
 	PinnedMemory int64
 	// GPUStartAfter is, in Auto mode, how long the CPU pool must have been
 	// decoding with every worker (its workers' decoding time, summed, over
@@ -166,7 +168,11 @@ const GPUDeflate = false
 const (
 	DefaultGPUMemory    = 1 << 30
 	DefaultPinnedMemory = 2 << 30
-	DefaultIdleMemory   = 1 << 30
+	// DefaultLentMemory is the pinned memory lent to fills when
+	// PinnedMemory follows GPUMemory: what DefaultPinnedMemory leaves
+	// after the staging of DefaultGPUMemory's rounds.
+	DefaultLentMemory = DefaultPinnedMemory - (DefaultGPUMemory-ContextBytes)/2*9/8
+	DefaultIdleMemory = 1 << 30
 	// DefaultGPUStartAfter: a warm of a few seconds in auto mode, started
 	// with the GPU at once, ran measurably slower than cpu even with the
 	// GPU declined for every codec, the cost being CUDA's start beside so
@@ -187,7 +193,8 @@ const (
 // take half the device memory left after the context (the rest is
 // nvCOMP's scratch and allocation slack), at least two rounds in flight
 // and at most four, each closing only at its share; pinned staging as
-// much as the rounds; the rest of the pinned budget is lent.
+// much as the rounds; the rest of the pinned budget is lent. A budget too
+// small for GPU decoding is a budgetError naming the flag to change.
 func (o Options) gpuOptions() (gpu.Options, error) {
 	g := o.GPU
 	dev := o.GPUMemory - ContextBytes
@@ -195,16 +202,20 @@ func (o Options) gpuOptions() (gpu.Options, error) {
 	// the buffers' slack.
 	batch := dev / 2
 	if batch < minRoundBytes {
-		return g, fmt.Errorf("%w: too small for GPU decoding: --gpu-memory %s leaves %s for decoding after the CUDA context; give at least %s",
-			gpu.ErrBudget, size(o.GPUMemory), size(max(dev, 0)), size(ContextBytes+minRoundBytes*2))
+		return g, budgetError(fmt.Sprintf("--gpu-memory %s: too small for GPU decoding: it leaves %s after the CUDA context; give at least %s",
+			size(o.GPUMemory), size(max(dev, 0)), size(ContextBytes+minRoundBytes*2)))
 	}
 	// The staging holds a round's input and output, and an eighth more for
 	// the pieces that must be realigned.
 	staging := batch + batch/8
-	lent := o.PinnedMemory - staging
+	pinned := o.PinnedMemory
+	if pinned == 0 {
+		pinned = staging + DefaultLentMemory
+	}
+	lent := pinned - staging
 	if lent < minLentBytes {
-		return g, fmt.Errorf("%w: too small for GPU decoding: --pinned-memory %s: decoding stages %s of it; give at least %s",
-			gpu.ErrBudget, size(o.PinnedMemory), size(staging), size(staging+minLentBytes))
+		return g, budgetError(fmt.Sprintf("--pinned-memory %s: too small for GPU decoding with --gpu-memory %s: its rounds stage %s of it; give at least %s, or leave --pinned-memory out (it follows --gpu-memory)",
+			size(pinned), size(o.GPUMemory), size(staging), size(staging+minLentBytes)))
 	}
 	g.DeviceBytes, g.MaxBatchBytes = dev, batch
 	g.Streams = int(min(max(batch/(256<<20), 2), 4))
@@ -226,6 +237,13 @@ func (o Options) gpuOptions() (gpu.Options, error) {
 	}
 	return g, nil
 }
+
+// budgetError is a memory bound too small for GPU decoding, in one line
+// that names the flag to change; it wraps gpu.ErrBudget.
+type budgetError string
+
+func (e budgetError) Error() string { return string(e) }
+func (e budgetError) Unwrap() error { return gpu.ErrBudget }
 
 func size(n int64) string {
 	switch {
@@ -336,10 +354,11 @@ func New(opts Options) (*Pipeline, error) {
 	if opts.GPUMemory == 0 {
 		opts.GPUMemory = DefaultGPUMemory
 	}
-	if opts.PinnedMemory == 0 {
-		opts.PinnedMemory = DefaultPinnedMemory
-	}
 	gopts, budgetErr := opts.gpuOptions()
+	if opts.PinnedMemory == 0 {
+		// It follows GPUMemory (gpuOptions); said in the start-up line.
+		opts.PinnedMemory = cmp.Or(gopts.StagingBytes+gopts.HostBytes, DefaultPinnedMemory)
+	}
 	if opts.newGPU == nil {
 		opts.newGPU = func(o gpu.Options) (gpuDecoder, error) { return gpu.New(o) }
 	}
@@ -372,7 +391,9 @@ func New(opts Options) (*Pipeline, error) {
 		return nil, budgetErr
 	case opts.Mode == Auto && budgetErr != nil:
 		p.startOnce.Do(func() { close(p.ready) }) // nothing to start
-		log.Info("decoding on the CPU only", "workers", opts.Workers, "reason", budgetErr)
+		// Said once, at start, as a warning: the user gave a bound the GPU
+		// cannot decode within, and the line names it.
+		log.Warn("auto: decoding on the CPU only: the GPU's memory bounds leave it nothing to decode in", "workers", opts.Workers, "reason", budgetErr.Error())
 		return p, nil
 	}
 	switch opts.Mode {
