@@ -12,12 +12,15 @@
 // to CPU fallback is one decorator (fallback) around the GPUs.
 //
 // In "auto" mode a batch goes to the CPU pool while it has a spare worker;
-// once it has none, the jobs of a codec go to the GPUs only where they were
-// measured to pay, freeing more CPU than their host side takes (router,
-// route.go), so auto is never slower than the CPU alone, and a GPU that
-// does not pay ends up taking nothing. The GPUs start in the background:
-// until they are ready, everything decodes on the CPU, so a mount is live
-// before CUDA has initialised; auto mode registers and lends none of their
+// once it has none, the jobs a GPU may take (gpu.Refusal) go to the GPUs
+// only where they were measured to pay, freeing more CPU than their host
+// side takes, and only while the pipeline decodes faster so than with the
+// CPU alone (router, route.go; rateGuard, routeguard.go): auto aims never
+// to be slower than the CPU alone, and a GPU that does not pay ends up
+// taking nothing. The GPUs start in the background, and only once the
+// CPU has been busy on chunks they may take (GPUStartAfter): until they
+// are ready, everything decodes on the CPU, so a mount is live before
+// CUDA has initialised; auto mode registers and lends none of their
 // pinned memory (the GPU stages what it decodes); and a process about to
 // exit does not wait for their teardown (CloseForExit).
 //
@@ -112,11 +115,13 @@ type Options struct {
 	// default GPUMemory), so that one number sizes GPU decoding.
 	PinnedMemory int64
 	// GPUStartAfter is, in Auto mode, how long the CPU pool must have been
-	// decoding with every worker (its workers' decoding time, summed, over
-	// their number) before the GPUs start: starting CUDA and
-	// nvCOMP costs CPU and memory that a short command (a warm of a few
-	// seconds) never wins back, so a pipeline that the CPU keeps up with
-	// never starts them. Zero means DefaultGPUStartAfter.
+	// decoding chunks a GPU may take (gpu.Refusal) with every worker (its
+	// workers' decoding time on them, summed, over their number) before
+	// the GPUs start: starting CUDA and nvCOMP costs CPU and memory that a
+	// short command (a warm of a few seconds) never wins back, so a
+	// pipeline that the CPU keeps up with never starts them, nor one whose
+	// chunks the GPU may mostly not take (router). Zero means
+	// DefaultGPUStartAfter.
 	GPUStartAfter time.Duration
 	// IdleMemory bounds the host memory the pipeline keeps mapped, idle,
 	// for the next buffers it lends (Memory): compressed chunks and
@@ -140,6 +145,10 @@ type Options struct {
 	// startAtOnce starts the GPUs in Auto mode at New, as tests of the
 	// routing want.
 	startAtOnce bool
+	// refusal stands in for gpu.Refusal (tests whose fake GPU refuses
+	// other chunks); guardWindow for the rate guard's window.
+	refusal     func(*codec.Job) error
+	guardWindow time.Duration
 }
 
 // gpuDecoder is what the pipeline needs of one GPU: *gpu.Decoder.
@@ -380,11 +389,15 @@ func New(opts Options) (*Pipeline, error) {
 		decoded: Decoded{}, arena: memory.NewArena(opts.IdleMemory)}
 	p.onCPU = &counter{inner: p.cpu, device: "cpu", mu: &p.countMu, into: p.decoded}
 	p.route.Store(&routed{p.onCPU})
-	p.router = &router{cpu: p.onCPU, spare: p.onCPU.Spare, inline: &counter{inner: codec.Inline{}, device: "cpu", mu: &p.countMu, into: p.decoded},
-		workers: opts.Workers, costs: p.gpuCosts, usable: p.gpuUsable, now: time.Now, log: log,
-		codecs: map[codec.Name]*route{}}
 	opts.GPU = gopts
 	p.opts.GPU = gopts
+	if opts.refusal == nil {
+		opts.refusal = func(j *codec.Job) error { return gpu.Refusal(j, gopts) }
+	}
+	p.router = &router{cpu: p.onCPU, spare: p.onCPU.Spare, inline: &counter{inner: codec.Inline{}, device: "cpu", mu: &p.countMu, into: p.decoded},
+		workers: opts.Workers, costs: p.gpuCosts, usable: p.gpuUsable, refusal: opts.refusal,
+		busy: p.cpu.Busy, after: opts.GPUStartAfter, start: p.beginStart, probeMax: probeBytes, now: time.Now, log: log,
+		codecs: map[codec.Name]*route{}, guard: rateGuard{window: cmp.Or(opts.guardWindow, guardWindow)}}
 	switch {
 	case opts.Mode == GPU && budgetErr != nil:
 		p.cpu.Close()
@@ -408,11 +421,13 @@ func New(opts Options) (*Pipeline, error) {
 			return nil, err
 		}
 	case Auto:
+		// The router decodes on the CPU until it starts the GPUs
+		// (router.beforeStart), and routes between them after.
+		p.route.Store(&routed{p.router})
 		if opts.startAtOnce {
+			p.router.asked.Store(true)
 			p.beginStart()
-			break
 		}
-		p.route.Store(&routed{&startWhenBusy{p: p, after: opts.GPUStartAfter}})
 	}
 	return p, nil
 }
@@ -433,24 +448,6 @@ func (p *Pipeline) beginStart() {
 			}
 		}()
 	})
-}
-
-// startWhenBusy is Auto mode's route until the GPUs start: the CPU pool;
-// once its workers have spent, summed, as long decoding as all of them
-// would in after (codec.CPU.Busy over the workers: the time the pool would
-// have been full), the GPUs start (beginStart) and replace it. A short
-// command's decoding, spread over every core, stays under it.
-type startWhenBusy struct {
-	p     *Pipeline
-	after time.Duration
-}
-
-func (s *startWhenBusy) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
-	err := s.p.onCPU.DecodeBatch(ctx, jobs)
-	if s.p.cpu.Busy() >= s.after*time.Duration(s.p.opts.Workers) {
-		s.p.beginStart()
-	}
-	return err
 }
 
 // startGPUs opens every GPU asked for and switches the route to them.
