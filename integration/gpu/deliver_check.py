@@ -59,8 +59,9 @@ def check(ok, what):
 def mount_flags(view, cache):
     if DEVICE == "cpu":
         return dict(cache=cache, view=[view], delivery="host", memory="8GiB", **EXTRA)
-    # Room for the rounds and a ring of 3 slots of 4 samples of 87 MB.
-    return dict(cache=cache, view=[view], gpu_memory="8GiB", pinned_memory="6GiB", **EXTRA)
+    # Room for the rounds and a ring of 3 slots of 4 samples of 87 MB
+    # (DELIVER_GPU_MEMORY: another --gpu-memory).
+    return dict(cache=cache, view=[view], gpu_memory=os.environ.get("DELIVER_GPU_MEMORY", "8GiB"), pinned_memory=os.environ.get("DELIVER_PINNED_MEMORY", "6GiB"), **EXTRA)
 
 
 def wrapper(zarrfs_bin, scratch, cores):
