@@ -260,7 +260,7 @@ func (r *router) beforeStart(jobs []codec.Job) {
 		if errors.Is(why, gpu.ErrUnverified) {
 			args = append(args, "hint", "--gpu-trust-unchecked sends such chunks to the GPU, trusting nvCOMP with them")
 		}
-		r.log.Info("auto: not starting the GPUs: too little of the decoding is of chunks they may take", args...)
+		r.log.Info("auto: keeping the decoding on the CPU: too little of it is of chunks a GPU may take", args...)
 	}
 }
 

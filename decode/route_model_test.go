@@ -129,7 +129,7 @@ func TestAutoNeverStartsForUnverifiedChunks(t *testing.T) {
 			if s := p.Decoded()[Place{"zstd", "cpu"}]; s.Chunks == 0 {
 				t.Error("nothing counted on the CPU")
 			}
-			lines := log.lines("not starting the GPUs")
+			lines := log.lines("too little of it is of chunks a GPU may take")
 			if len(lines) != 1 || !strings.Contains(lines[0], "without a content checksum") || !strings.Contains(lines[0], "--gpu-trust-unchecked") {
 				t.Errorf("want one line with the reason and the flag, got %q", lines)
 			}
@@ -162,7 +162,7 @@ func TestAutoStartsWhenGPUMayTakeTheWork(t *testing.T) {
 			if !p.router.asked.Load() || len(*made) != 1 || !p.OnGPU() {
 				t.Errorf("asked %v, %d GPUs opened", p.router.asked.Load(), len(*made))
 			}
-			if l := log.lines("not starting"); len(l) != 0 {
+			if l := log.lines("too little of it"); len(l) != 0 {
 				t.Errorf("said it would not start: %q", l)
 			}
 		})
