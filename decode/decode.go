@@ -14,8 +14,8 @@
 // In "auto" mode a batch goes to the CPU pool while it has a spare worker;
 // once it has none, the jobs a GPU may take (gpu.Refusal) go to the GPUs
 // only where they were measured to pay, freeing more CPU than their host
-// side takes, and only while the pipeline decodes faster so than with the
-// CPU alone (router, route.go; rateGuard, routeguard.go): auto aims never
+// side takes, and only while the pipeline decodes no less with them than
+// with the CPU alone (router, route.go; rateGuard, routeguard.go): auto aims never
 // to be slower than the CPU alone, and a GPU that does not pay ends up
 // taking nothing. The GPUs start in the background, and only once the
 // CPU has been busy on chunks they may take (GPUStartAfter): until they
