@@ -12,12 +12,15 @@
 // to CPU fallback is one decorator (fallback) around the GPUs.
 //
 // In "auto" mode a batch goes to the CPU pool while it has a spare worker;
-// once it has none, the jobs of a codec go to the GPUs only where they were
-// measured to pay, freeing more CPU than their host side takes (router,
-// route.go), so auto is never slower than the CPU alone, and a GPU that
-// does not pay ends up taking nothing. The GPUs start in the background:
-// until they are ready, everything decodes on the CPU, so a mount is live
-// before CUDA has initialised; auto mode registers and lends none of their
+// once it has none, the jobs a GPU may take (gpu.Refusal) go to the GPUs
+// only where they were measured to pay, freeing more CPU than their host
+// side takes, and only while the pipeline decodes no less with them than
+// with the CPU alone (router, route.go; rateGuard, routeguard.go): auto aims never
+// to be slower than the CPU alone, and a GPU that does not pay ends up
+// taking nothing. The GPUs start in the background, and only once the
+// CPU has been busy on chunks they may take (GPUStartAfter): until they
+// are ready, everything decodes on the CPU, so a mount is live before
+// CUDA has initialised; auto mode registers and lends none of their
 // pinned memory (the GPU stages what it decodes); and a process about to
 // exit does not wait for their teardown (CloseForExit).
 //
@@ -107,14 +110,18 @@ type Options struct {
 	// it). Zero means DefaultGPUMemory.
 	GPUMemory int64
 	// PinnedMemory bounds the pinned host memory of each GPU: its rounds'
-	// staging and the memory it lends. Zero means DefaultPinnedMemory.
+	// staging and the memory it lends. Zero follows GPUMemory: the staging
+	// its rounds take plus DefaultLentMemory (DefaultPinnedMemory at the
+	// default GPUMemory), so that one number sizes GPU decoding.
 	PinnedMemory int64
 	// GPUStartAfter is, in Auto mode, how long the CPU pool must have been
-	// decoding with every worker (its workers' decoding time, summed, over
-	// their number) before the GPUs start: starting CUDA and
-	// nvCOMP costs CPU and memory that a short command (a warm of a few
-	// seconds) never wins back, so a pipeline that the CPU keeps up with
-	// never starts them. Zero means DefaultGPUStartAfter.
+	// decoding chunks a GPU may take (gpu.Refusal) with every worker (its
+	// workers' decoding time on them, summed, over their number) before
+	// the GPUs start: starting CUDA and nvCOMP costs CPU and memory that a
+	// short command (a warm of a few seconds) never wins back, so a
+	// pipeline that the CPU keeps up with never starts them, nor one whose
+	// chunks the GPU may mostly not take (router). Zero means
+	// DefaultGPUStartAfter.
 	GPUStartAfter time.Duration
 	// IdleMemory bounds the host memory the pipeline keeps mapped, idle,
 	// for the next buffers it lends (Memory): compressed chunks and
@@ -138,6 +145,10 @@ type Options struct {
 	// startAtOnce starts the GPUs in Auto mode at New, as tests of the
 	// routing want.
 	startAtOnce bool
+	// refusal stands in for gpu.Refusal (tests whose fake GPU refuses
+	// other chunks); guardWindow for the rate guard's window.
+	refusal     func(*codec.Job) error
+	guardWindow time.Duration
 }
 
 // gpuDecoder is what the pipeline needs of one GPU: *gpu.Decoder.
@@ -166,7 +177,11 @@ const GPUDeflate = false
 const (
 	DefaultGPUMemory    = 1 << 30
 	DefaultPinnedMemory = 2 << 30
-	DefaultIdleMemory   = 1 << 30
+	// DefaultLentMemory is the pinned memory lent to fills when
+	// PinnedMemory follows GPUMemory: what DefaultPinnedMemory leaves
+	// after the staging of DefaultGPUMemory's rounds.
+	DefaultLentMemory = DefaultPinnedMemory - (DefaultGPUMemory-ContextBytes)/2*9/8
+	DefaultIdleMemory = 1 << 30
 	// DefaultGPUStartAfter: a warm of a few seconds in auto mode, started
 	// with the GPU at once, ran measurably slower than cpu even with the
 	// GPU declined for every codec, the cost being CUDA's start beside so
@@ -187,7 +202,8 @@ const (
 // take half the device memory left after the context (the rest is
 // nvCOMP's scratch and allocation slack), at least two rounds in flight
 // and at most four, each closing only at its share; pinned staging as
-// much as the rounds; the rest of the pinned budget is lent.
+// much as the rounds; the rest of the pinned budget is lent. A budget too
+// small for GPU decoding is a budgetError naming the flag to change.
 func (o Options) gpuOptions() (gpu.Options, error) {
 	g := o.GPU
 	dev := o.GPUMemory - ContextBytes
@@ -195,16 +211,20 @@ func (o Options) gpuOptions() (gpu.Options, error) {
 	// the buffers' slack.
 	batch := dev / 2
 	if batch < minRoundBytes {
-		return g, fmt.Errorf("%w: too small for GPU decoding: --gpu-memory %s leaves %s for decoding after the CUDA context; give at least %s",
-			gpu.ErrBudget, size(o.GPUMemory), size(max(dev, 0)), size(ContextBytes+minRoundBytes*2))
+		return g, budgetError(fmt.Sprintf("--gpu-memory %s: too small for GPU decoding: it leaves %s after the CUDA context; give at least %s",
+			size(o.GPUMemory), size(max(dev, 0)), size(ContextBytes+minRoundBytes*2)))
 	}
 	// The staging holds a round's input and output, and an eighth more for
 	// the pieces that must be realigned.
 	staging := batch + batch/8
-	lent := o.PinnedMemory - staging
+	pinned := o.PinnedMemory
+	if pinned == 0 {
+		pinned = staging + DefaultLentMemory
+	}
+	lent := pinned - staging
 	if lent < minLentBytes {
-		return g, fmt.Errorf("%w: too small for GPU decoding: --pinned-memory %s: decoding stages %s of it; give at least %s",
-			gpu.ErrBudget, size(o.PinnedMemory), size(staging), size(staging+minLentBytes))
+		return g, budgetError(fmt.Sprintf("--pinned-memory %s: too small for GPU decoding with --gpu-memory %s: its rounds stage %s of it; give at least %s, or leave --pinned-memory out (it follows --gpu-memory)",
+			size(pinned), size(o.GPUMemory), size(staging), size(staging+minLentBytes)))
 	}
 	g.DeviceBytes, g.MaxBatchBytes = dev, batch
 	g.Streams = int(min(max(batch/(256<<20), 2), 4))
@@ -226,6 +246,13 @@ func (o Options) gpuOptions() (gpu.Options, error) {
 	}
 	return g, nil
 }
+
+// budgetError is a memory bound too small for GPU decoding, in one line
+// that names the flag to change; it wraps gpu.ErrBudget.
+type budgetError string
+
+func (e budgetError) Error() string { return string(e) }
+func (e budgetError) Unwrap() error { return gpu.ErrBudget }
 
 func size(n int64) string {
 	switch {
@@ -336,10 +363,11 @@ func New(opts Options) (*Pipeline, error) {
 	if opts.GPUMemory == 0 {
 		opts.GPUMemory = DefaultGPUMemory
 	}
-	if opts.PinnedMemory == 0 {
-		opts.PinnedMemory = DefaultPinnedMemory
-	}
 	gopts, budgetErr := opts.gpuOptions()
+	if opts.PinnedMemory == 0 {
+		// It follows GPUMemory (gpuOptions); said in the start-up line.
+		opts.PinnedMemory = cmp.Or(gopts.StagingBytes+gopts.HostBytes, DefaultPinnedMemory)
+	}
 	if opts.newGPU == nil {
 		opts.newGPU = func(o gpu.Options) (gpuDecoder, error) { return gpu.New(o) }
 	}
@@ -361,18 +389,24 @@ func New(opts Options) (*Pipeline, error) {
 		decoded: Decoded{}, arena: memory.NewArena(opts.IdleMemory)}
 	p.onCPU = &counter{inner: p.cpu, device: "cpu", mu: &p.countMu, into: p.decoded}
 	p.route.Store(&routed{p.onCPU})
-	p.router = &router{cpu: p.onCPU, spare: p.onCPU.Spare, inline: &counter{inner: codec.Inline{}, device: "cpu", mu: &p.countMu, into: p.decoded},
-		workers: opts.Workers, costs: p.gpuCosts, usable: p.gpuUsable, now: time.Now, log: log,
-		codecs: map[codec.Name]*route{}}
 	opts.GPU = gopts
 	p.opts.GPU = gopts
+	if opts.refusal == nil {
+		opts.refusal = func(j *codec.Job) error { return gpu.Refusal(j, gopts) }
+	}
+	p.router = &router{cpu: p.onCPU, spare: p.onCPU.Spare, inline: &counter{inner: codec.Inline{}, device: "cpu", mu: &p.countMu, into: p.decoded},
+		workers: opts.Workers, costs: p.gpuCosts, usable: p.gpuUsable, refusal: opts.refusal,
+		busy: p.cpu.Busy, after: opts.GPUStartAfter, start: p.beginStart, probeMax: probeBytes, now: time.Now, log: log,
+		codecs: map[codec.Name]*route{}, guard: rateGuard{window: cmp.Or(opts.guardWindow, guardWindow)}}
 	switch {
 	case opts.Mode == GPU && budgetErr != nil:
 		p.cpu.Close()
 		return nil, budgetErr
 	case opts.Mode == Auto && budgetErr != nil:
 		p.startOnce.Do(func() { close(p.ready) }) // nothing to start
-		log.Info("decoding on the CPU only", "workers", opts.Workers, "reason", budgetErr)
+		// Said once, at start, as a warning: the user gave a bound the GPU
+		// cannot decode within, and the line names it.
+		log.Warn("auto: decoding on the CPU only: the GPU's memory bounds leave it nothing to decode in", "workers", opts.Workers, "reason", budgetErr.Error())
 		return p, nil
 	}
 	switch opts.Mode {
@@ -387,11 +421,13 @@ func New(opts Options) (*Pipeline, error) {
 			return nil, err
 		}
 	case Auto:
+		// The router decodes on the CPU until it starts the GPUs
+		// (router.beforeStart), and routes between them after.
+		p.route.Store(&routed{p.router})
 		if opts.startAtOnce {
+			p.router.asked.Store(true)
 			p.beginStart()
-			break
 		}
-		p.route.Store(&routed{&startWhenBusy{p: p, after: opts.GPUStartAfter}})
 	}
 	return p, nil
 }
@@ -412,24 +448,6 @@ func (p *Pipeline) beginStart() {
 			}
 		}()
 	})
-}
-
-// startWhenBusy is Auto mode's route until the GPUs start: the CPU pool;
-// once its workers have spent, summed, as long decoding as all of them
-// would in after (codec.CPU.Busy over the workers: the time the pool would
-// have been full), the GPUs start (beginStart) and replace it. A short
-// command's decoding, spread over every core, stays under it.
-type startWhenBusy struct {
-	p     *Pipeline
-	after time.Duration
-}
-
-func (s *startWhenBusy) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
-	err := s.p.onCPU.DecodeBatch(ctx, jobs)
-	if s.p.cpu.Busy() >= s.after*time.Duration(s.p.opts.Workers) {
-		s.p.beginStart()
-	}
-	return err
 }
 
 // startGPUs opens every GPU asked for and switches the route to them.

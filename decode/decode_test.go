@@ -142,6 +142,7 @@ func fakes(mode Mode, devices int, made *[]*fakeGPU) Options {
 		},
 		deviceCount: func() int { return devices },
 		startAtOnce: true,
+		refusal:     fakeRefusal,
 	}
 }
 

@@ -2,6 +2,7 @@ package decode
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -12,14 +13,20 @@ import (
 	"github.com/zarrfs/zarrfs/gpu"
 )
 
-// router is auto mode's choice, batch by batch and codec by codec, between
-// the CPU pool and the GPUs, from what each has been measured to cost. The
-// GPU path takes host CPU too (framing and checks, staging copies,
-// checksums), nearly as much as decoding on the CPU for the codecs of
-// ERA5-like stores: sending it work while the CPU has room only adds
-// latency, and sending it work whose host side costs as much as decoding
-// frees no CPU. So:
+// router is auto mode's route: the CPU pool, and the GPUs where they were
+// measured to pay, batch by batch and codec by codec. The GPU path takes
+// host CPU too (framing and checks, staging copies, checksums), nearly as
+// much as decoding on the CPU for the codecs of ERA5-like stores: sending
+// it work while the CPU has room only adds latency, and sending it work
+// whose host side costs as much as decoding frees no CPU. So:
 //
+//   - a chunk the GPU would refuse (gpu.Refusal: a zstd frame without a
+//     checksum, a codec it lacks) never goes there;
+//   - the GPUs start only once the CPU pool has spent, on chunks a GPU
+//     could take, as long as all its workers would in GPUStartAfter, and
+//     only where such chunks are at least minShare of the CPU's decoding:
+//     below that the GPU cannot win back its start (said once, with the
+//     reason for the rest);
 //   - while the pool has a spare worker, every batch decodes on the CPU;
 //   - once it has none, the jobs of a codec go to the GPU only where the
 //     GPU path's host time per decoded byte (gpu.Decoder.Costs) is under
@@ -27,13 +34,17 @@ import (
 //     one job of a batch decodes on the caller's goroutine, timed), and
 //     where the GPU's queue would finish the batch no later than the CPU's
 //     (bytes in flight on each, times its measured time per byte);
-//   - a codec whose costs are unknown is probed with a few batches (the
-//     first only warms the device, the next measure), then kept on the
-//     GPU or declined; a declined codec is probed again after a backoff
-//     (30 s, doubling to 10 min).
+//   - a codec whose costs are unknown is probed with a few batches of at
+//     most probeBytes each (the first only warms the device, the next
+//     measure), then kept on the GPU or declined; a declined codec is
+//     probed again after a backoff (30 s, doubling to 10 min);
+//   - and whatever the host costs say, the decoding rate with the GPU
+//     taking a share is held to the rate of the CPU alone (rateGuard,
+//     routeguard.go): a GPU share under which the pipeline decodes less
+//     is turned off, with the same backoff.
 //
 // So a GPU that does not pay ends up taking nothing: auto is the CPU alone
-// plus a few probes.
+// plus a few bounded probes.
 type router struct {
 	cpu     *counter               // the CPU pool
 	spare   func() int             // its spare workers (cpu.Spare)
@@ -44,15 +55,33 @@ type router struct {
 	// whether any GPU takes work (none retired them all).
 	costs  func() map[codec.Name]gpu.Cost
 	usable func() bool
-	now    func() time.Time
-	log    *slog.Logger
+	// refusal is why a GPU would leave a job to the CPU, or nil
+	// (gpu.Refusal under the pipeline's GPU options).
+	refusal func(*codec.Job) error
+	// busy is the CPU pool's decoding time so far, summed over its
+	// workers (codec.CPU.Busy); after is GPUStartAfter; start starts the
+	// GPUs in the background, once.
+	busy  func() time.Duration
+	after time.Duration
+	start func()
+	// probeMax bounds a probe batch's decoded bytes (probeBytes).
+	probeMax int64
+	now      func() time.Time
+	log      *slog.Logger
 
 	inCPU, inGPU atomic.Int64 // decoded bytes of the batches in flight on each
 	sampling     atomic.Bool  // a sample is being timed
+	asked        atomic.Bool  // the router asked for the GPUs to start
 
 	mu     sync.Mutex
 	codecs map[codec.Name]*route
 	gpuNs  float64 // EWMA: a GPU batch's wall time per byte of (bytes ahead of it + its own)
+	// guard holds the decoding rate with the GPU to the CPU's alone; while
+	// it has turned the GPU off, nothing goes there before offUntil.
+	guard      rateGuard
+	offUntil   time.Time
+	offBackoff time.Duration
+	toldShare  bool // the line saying why the GPUs do not start was logged
 }
 
 // route is what the router knows of one codec.
@@ -60,6 +89,12 @@ type route struct {
 	cpuNs      float64 // EWMA: ns per decoded byte on one CPU core
 	cpuSamples int
 	seen       int64 // jobs routed, for the sampling period
+
+	// okBytes and refusedBytes are the decoded bytes of its jobs a GPU
+	// would take and would refuse (gpu.Refusal), as classified; why is
+	// the last refusal.
+	okBytes, refusedBytes int64
+	why                   error
 
 	state      routeState
 	sent, done int      // probe batches sent to the GPU and finished
@@ -81,9 +116,18 @@ const (
 	// payRatio: the GPU takes a codec only where its host time per byte is
 	// under this share of the CPU's: the rest is the CPU it frees.
 	payRatio = 0.75
+	// minShare: the GPUs start only where the chunks they may take are at
+	// least this share of the CPU's decoding time. The GPU frees at most
+	// 1-payRatio of that share's CPU, less than the noise of a fill below
+	// it, and its start and probes cost seconds of a core.
+	minShare = 0.2
 	// probeBatches are sent to the GPU to measure a codec; the first of
-	// them is not measured (the device's first use, staged memory).
+	// them is not measured (the device's first use, staged memory). Each
+	// takes at most probeBytes of decoded bytes (the rest of its batch
+	// decodes on the CPU meanwhile), which bounds what a probe costs: the
+	// staging the device grows for it and the wait of its batch.
 	probeBatches = 4
+	probeBytes   = 64 << 20
 	// remeasureBytes: a paying codec's host cost is measured again every
 	// so many decoded bytes on the GPU.
 	remeasureBytes = 256 << 20
@@ -106,9 +150,19 @@ func (r *router) codec(c codec.Name) *route {
 }
 
 // DecodeBatch decodes jobs on the CPU while it has room, and otherwise
-// splits them by codec between the CPU and the GPUs.
+// splits them by codec between the CPU and the GPUs. Before the GPUs
+// start, it learns what share of the work they could take, and starts
+// them once that share has kept the CPU busy long enough (beforeStart).
 func (r *router) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
-	if r.spare() > 0 || !r.usable() {
+	if !r.usable() {
+		full := r.spare() == 0
+		err := r.onCPU(ctx, jobs, full)
+		if !r.asked.Load() {
+			r.beforeStart(jobs)
+		}
+		return err
+	}
+	if r.spare() > 0 {
 		return r.onCPU(ctx, jobs, false)
 	}
 	onGPU, n := r.choose(jobs)
@@ -133,46 +187,176 @@ func (r *router) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 	return gerr
 }
 
+// classify sets, for each job whose codec is in want, whether a GPU would
+// take it (gpu.Refusal), and returns the decoded bytes of those it would,
+// by codec; it records both kinds' bytes for the share (shareLocked).
+func (r *router) classify(jobs []codec.Job, want func(codec.Name) bool) ([]bool, map[codec.Name]int64) {
+	ok := make([]bool, len(jobs))
+	okBytes := map[codec.Name]int64{}
+	why := map[codec.Name]error{}
+	refused := map[codec.Name]int64{}
+	for i := range jobs {
+		j := &jobs[i]
+		if len(j.Dst) == 0 || !want(j.Codec) {
+			continue
+		}
+		n := int64(len(j.Dst))
+		if codec.IsPartial(j.Codec) {
+			refused[j.Codec] += n
+			why[j.Codec] = errPartial
+			continue
+		}
+		if err := r.refusal(j); err != nil {
+			refused[j.Codec] += n
+			why[j.Codec] = err
+			continue
+		}
+		ok[i] = true
+		okBytes[j.Codec] += n
+	}
+	r.mu.Lock()
+	for c, n := range okBytes {
+		r.codec(c).okBytes += n
+	}
+	for c, n := range refused {
+		rt := r.codec(c)
+		rt.refusedBytes += n
+		rt.why = why[c]
+	}
+	r.mu.Unlock()
+	return ok, okBytes
+}
+
+var errPartial = errors.New("blocks of a chunk read in part decode on the CPU")
+
+// beforeStart classifies a batch the CPU decoded before the GPUs started,
+// and starts them once the pool has spent, on chunks they could take, as
+// long as all its workers would in r.after (the time it would have been
+// full), provided such chunks are minShare of its decoding at least.
+// Otherwise it says once why they do not start.
+func (r *router) beforeStart(jobs []codec.Job) {
+	r.classify(jobs, func(codec.Name) bool { return true })
+	need := r.after * time.Duration(r.workers)
+	busy := r.busy()
+	if busy < need {
+		return
+	}
+	r.mu.Lock()
+	share, why := r.shareLocked()
+	tell := share < minShare && !r.toldShare
+	r.toldShare = r.toldShare || tell
+	r.mu.Unlock()
+	switch {
+	case share >= minShare && time.Duration(float64(busy)*share) >= need:
+		if r.asked.CompareAndSwap(false, true) {
+			r.log.Debug("auto: starting the GPUs", "gpu_share", round(share), "cpu_busy", busy)
+			r.start()
+		}
+	case tell:
+		args := []any{"gpu_share", round(share), "least", minShare}
+		if why != nil {
+			args = append(args, "reason", why.Error())
+		}
+		if errors.Is(why, gpu.ErrUnverified) {
+			args = append(args, "hint", "--gpu-trust-unchecked sends such chunks to the GPU, trusting nvCOMP with them")
+		}
+		r.log.Info("auto: keeping the decoding on the CPU: too little of it is of chunks a GPU may take", args...)
+	}
+}
+
+// shareLocked is the share of the CPU's decoding time spent on jobs a GPU
+// would take, by each codec's bytes times its cost per byte on a core
+// (the mean of those known where a codec has no sample yet), and the
+// refusal of the codec with the most bytes refused. r.mu is held.
+func (r *router) shareLocked() (float64, error) {
+	var known, nKnown float64
+	for _, rt := range r.codecs {
+		if rt.cpuNs > 0 {
+			known += rt.cpuNs
+			nKnown++
+		}
+	}
+	mean := 1.0
+	if nKnown > 0 {
+		mean = known / nKnown
+	}
+	var ok, all float64
+	var why error
+	var most int64
+	for _, rt := range r.codecs {
+		w := rt.cpuNs
+		if w == 0 {
+			w = mean
+		}
+		ok += float64(rt.okBytes) * w
+		all += float64(rt.okBytes+rt.refusedBytes) * w
+		if rt.refusedBytes > most {
+			most, why = rt.refusedBytes, rt.why
+		}
+	}
+	if all == 0 {
+		return 0, nil
+	}
+	return ok / all, why
+}
+
 // choose marks the jobs the GPU takes, the CPU pool being full, and
-// counts them.
+// counts them: of the codecs being probed or paying, the jobs a GPU would
+// not refuse; a probe takes probeBytes at most.
 func (r *router) choose(jobs []codec.Job) ([]bool, int) {
-	bytes := map[codec.Name]int64{}
-	for _, j := range jobs {
-		bytes[j.Codec] += int64(len(j.Dst))
-	}
-	var total int64
-	for _, b := range bytes {
-		total += b
-	}
 	now := r.now()
 	r.mu.Lock()
-	take := map[codec.Name]bool{}
-	for c := range bytes {
-		if codec.IsPartial(c) {
-			continue // the blocks of a partial read: the CPU's alone (no GPU decodes them)
+	if now.Before(r.offUntil) || !r.guard.gpuAllowed() {
+		r.mu.Unlock()
+		return nil, 0
+	}
+	want := map[codec.Name]bool{}
+	for _, j := range jobs {
+		if _, seen := want[j.Codec]; seen {
+			continue
 		}
-		rt := r.codec(c)
+		rt := r.codec(j.Codec)
 		if rt.state == declined && !now.Before(rt.retryAt) {
 			rt.state, rt.sent, rt.done = probing, 0, 0
 		}
-		switch rt.state {
+		want[j.Codec] = rt.state == paying || rt.state == probing && rt.sent < probeBatches
+	}
+	r.mu.Unlock()
+	ok, okBytes := r.classify(jobs, func(c codec.Name) bool { return want[c] })
+	var total int64
+	for _, b := range okBytes {
+		total += b
+	}
+	r.mu.Lock()
+	take := map[codec.Name]bool{}
+	probe := map[codec.Name]bool{}
+	for c := range okBytes {
+		switch rt := r.codec(c); rt.state {
 		case probing:
 			if rt.sent < probeBatches {
 				rt.sent++
-				take[c] = true
+				take[c], probe[c] = true, true
 			}
 		case paying:
 			take[c] = r.gpuSooner(rt, total)
 		}
 	}
 	r.mu.Unlock()
-	var out []bool
+	out := make([]bool, len(jobs))
 	n := 0
-	for _, j := range jobs {
-		out = append(out, take[j.Codec])
-		if take[j.Codec] {
-			n++
+	probed := map[codec.Name]int64{}
+	for i, j := range jobs {
+		if !ok[i] || !take[j.Codec] {
+			continue
 		}
+		if probe[j.Codec] {
+			if probed[j.Codec] > 0 && probed[j.Codec]+int64(len(j.Dst)) > r.probeMax {
+				continue // past the probe's bound: the CPU's
+			}
+			probed[j.Codec] += int64(len(j.Dst))
+		}
+		out[i] = true
+		n++
 	}
 	return out, n
 }
@@ -202,7 +386,9 @@ func (r *router) onCPU(ctx context.Context, jobs []codec.Job, full bool) error {
 	defer r.inCPU.Add(-n)
 	k := r.pickSample(jobs, full)
 	if k < 0 {
-		return r.cpu.DecodeBatch(ctx, jobs)
+		err := r.cpu.DecodeBatch(ctx, jobs)
+		r.finished(jobs, false)
+		return err
 	}
 	defer r.sampling.Store(false)
 	pick := make([]bool, len(jobs))
@@ -226,6 +412,7 @@ func (r *router) onCPU(ctx context.Context, jobs []codec.Job, full bool) error {
 		rt.cpuSamples++
 		r.mu.Unlock()
 	}
+	r.finished(jobs, false)
 	if serr != nil {
 		return serr
 	}
@@ -270,6 +457,7 @@ func (r *router) onGPU(ctx context.Context, jobs []codec.Job) error {
 	if err != nil || ctx.Err() != nil {
 		return err
 	}
+	r.finished(jobs, true)
 	costs := r.costs()
 	now := r.now()
 	r.mu.Lock()
@@ -336,9 +524,16 @@ func (r *router) judge(c codec.Name, rt *route, now time.Time) {
 func (r *router) routes() map[string]string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	off := r.now().Before(r.offUntil)
 	out := map[string]string{}
 	for c, rt := range r.codecs {
 		st := [...]string{probing: "probing", paying: "gpu", declined: "cpu"}[rt.state]
+		switch {
+		case rt.okBytes == 0 && rt.refusedBytes > 0:
+			st = "cpu (the GPU may not decode it: " + rt.why.Error() + ")"
+		case off:
+			st = "cpu (the GPU is off: the pipeline decoded less with it)"
+		}
 		out[string(c)] = fmt.Sprintf("%s (cpu %.3g ns/B, gpu host %.3g ns/B)", st, rt.cpuNs, rt.hostNs)
 	}
 	return out

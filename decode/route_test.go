@@ -3,6 +3,7 @@ package decode
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -346,4 +347,12 @@ func TestGPUModeRetiredGPULendsNothing(t *testing.T) {
 		t.Error("a retired GPU's memory was lent")
 	}
 	p.Memory().HostFree(b)
+}
+
+// fakeRefusal is gpu.Refusal for the fake GPU, which decodes zstd alone.
+func fakeRefusal(j *codec.Job) error {
+	if j.Codec != codec.Zstd {
+		return fmt.Errorf("fake GPU has no %s: %w", j.Codec, codec.ErrUnsupported)
+	}
+	return nil
 }

@@ -48,6 +48,10 @@ func TestCommandErrors(t *testing.T) {
 		{[]string{"warm", src, "--cache", t.TempDir(), "--samples", "5"}, 2, "--samples"},
 		{[]string{"warm", src, "--cache", t.TempDir(), "--only", "nosuch"}, 1, "nosuch"},
 		{[]string{"warm", src, "--cache", t.TempDir(), "--decode", "fpga"}, 2, "--decode"},
+		// GPU memory bounds too small: one usage line naming the flag,
+		// before any GPU is looked for (so on any machine).
+		{[]string{"warm", src, "--cache", t.TempDir(), "--decode", "gpu", "--gpu-memory", "8GiB", "--pinned-memory", "2GiB"}, 2, "zarrfs: --pinned-memory 2GiB: too small"},
+		{[]string{"warm", src, "--cache", t.TempDir(), "--decode", "gpu", "--gpu-memory", "600MiB"}, 2, "zarrfs: --gpu-memory 600MiB: too small"},
 		{[]string{"mount", src, t.TempDir(), "--cache", t.TempDir(), "--view", badView}, 1, "bad.yaml:4"},
 		{[]string{"inspect"}, 2, "expected"},
 		{[]string{"inspect", src, "--decode", "gpu"}, 2, "--decode"}, // inspect decodes nothing

@@ -91,3 +91,37 @@ func TestGPUKernelsFlag(t *testing.T) {
 		}
 	}
 }
+
+// --pinned-memory left out follows --gpu-memory (decode.Options), so that
+// --gpu-memory alone sizes GPU decoding; given too small for the rounds
+// of --decode gpu, it is a usage error of one line naming it.
+func TestPinnedMemoryFollowsGPUMemory(t *testing.T) {
+	parse := func(args ...string) *sourceFlags {
+		var f sourceFlags
+		cmd := &cobra.Command{Use: "mount"}
+		f.register(cmd, true)
+		if err := cmd.ParseFlags(args); err != nil {
+			t.Fatal(err)
+		}
+		return &f
+	}
+	o, err := parse("--gpu-memory", "8GiB").decodeOptions()
+	if err != nil || o.PinnedMemory != 0 || o.GPUMemory != 8<<30 {
+		t.Errorf("--gpu-memory 8GiB alone: pinned %d, %v; want 0 (it follows)", o.PinnedMemory, err)
+	}
+	if _, err := parse("--pinned-memory", "0").decodeOptions(); err == nil {
+		t.Error("--pinned-memory 0 accepted")
+	}
+	_, err = parse("--decode", "gpu", "--gpu-memory", "8GiB", "--pinned-memory", "2GiB").newPipeline(discardLogger())
+	var u usageError
+	if !errors.As(err, &u) || !strings.HasPrefix(errorLine(err), "zarrfs: --pinned-memory 2GiB: ") || strings.Contains(err.Error(), "\n") {
+		t.Errorf("--decode gpu --gpu-memory 8GiB --pinned-memory 2GiB: %v, want a usage error naming --pinned-memory", err)
+	}
+	// The help says what it follows.
+	var f sourceFlags
+	cmd := &cobra.Command{Use: "mount"}
+	f.register(cmd, true)
+	if help := cmd.Flags().Lookup("pinned-memory").Usage; !strings.Contains(help, "follows --gpu-memory") {
+		t.Errorf("--pinned-memory's help: %s", help)
+	}
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -74,7 +75,7 @@ func (f *sourceFlags) register(cmd *cobra.Command, decodes bool) {
 		cmd.Flags().StringVar(&f.decode, "decode", "auto", "where chunks are decompressed: auto (CPU and GPU together when nvCOMP loads, else CPU), cpu or gpu")
 		cmd.Flags().StringVar(&f.gpus, "gpus", "all", "GPUs that decode: all, or device numbers such as 0,1")
 		cmd.Flags().StringVar(&f.gpuMemory, "gpu-memory", "1GiB", "device memory decoding may take on each GPU, CUDA context included")
-		cmd.Flags().StringVar(&f.pinned, "pinned-memory", "2GiB", "pinned host memory decoding may take per GPU (staging and lent buffers)")
+		cmd.Flags().StringVar(&f.pinned, "pinned-memory", "", "pinned host memory decoding may take per GPU (staging and lent buffers); unset, it follows --gpu-memory: its rounds' staging plus 1760MiB (2GiB with the default --gpu-memory)")
 		cmd.Flags().DurationVar(&f.gpuIdle, "gpu-idle", 2*time.Minute, "give the GPUs' decoding memory back after this long without decoding")
 		cmd.Flags().BoolVar(&f.gpuTrust, "gpu-trust-unchecked", false, gpuTrustHelp)
 		cmd.Flags().StringVar(&f.gpuKernels, "gpu-kernels", "", "load the GPU kernels from this PTX file (gpu/kernels/kernels.cu compiled with nvcc) instead of the built-in ones: to try kernels before they are checked in")
@@ -203,6 +204,10 @@ func (f *sourceFlags) newPipeline(log *slog.Logger) (*decode.Pipeline, error) {
 	}
 	opts.Logger = log
 	p, err := decode.New(opts)
+	if errors.Is(err, gpu.ErrBudget) {
+		// A bound too small for --decode gpu: the line names the flag.
+		return nil, usagef("%v", err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("--decode %s: %w", opts.Mode, err)
 	}
@@ -224,9 +229,11 @@ func (f *sourceFlags) decodeOptions() (decode.Options, error) {
 	if err != nil || gpuMem <= 0 {
 		return decode.Options{}, usagef("--gpu-memory %q: want a size such as 1GiB", f.gpuMemory)
 	}
-	pinned, err := cache.ParseSize(f.pinned)
-	if err != nil || pinned <= 0 {
-		return decode.Options{}, usagef("--pinned-memory %q: want a size such as 2GiB", f.pinned)
+	var pinned int64 // 0: it follows --gpu-memory (decode.Options)
+	if f.pinned != "" {
+		if pinned, err = cache.ParseSize(f.pinned); err != nil || pinned <= 0 {
+			return decode.Options{}, usagef("--pinned-memory %q: want a size such as 2GiB", f.pinned)
+		}
 	}
 	if f.gpuIdle <= 0 {
 		return decode.Options{}, usagef("--gpu-idle %v: want a positive duration", f.gpuIdle)

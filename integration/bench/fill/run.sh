@@ -10,7 +10,10 @@
 #   warm      `zarrfs warm` of the view, whole command, into a fresh cache:
 #             --decode cpu, and gpu and auto where a GPU decodes; ZARRFS_OLD
 #             (another zarrfs binary) in the same run for before/after
-#   cores     the same on 4 and 8 cores (taskset), where the machine has 16
+#   cores     the same on 4 and 8 cores (taskset; CORES), where the machine
+#             has 16, REPEAT times, the decoders interleaved, with each flag
+#             set of VARIANTS: `auto` against `cpu` and `gpu` by core count
+#             and flags (summary.py)
 #   epoch     the first epoch over a cold mount: zarrfs.torch.Loader (batch
 #             4, in order and shuffled) and one reader of one sample at a
 #             time (plain reads; --readahead 0 and the default; and the
@@ -27,7 +30,11 @@
 # LOGDIR (default $DISK/logs), REUSE (1: keep stores an earlier run made), PYTHON, GO (builds the roofline tool unless
 # FILLBENCH names a built one), LAT/LON (field size, default 721x1440),
 # DECODERS (default cpu, and gpu and auto where a GPU decodes), PROFILE
-# (a folder: the epoch part's daemons write CPU profiles there).
+# (a folder: the epoch part's daemons write CPU profiles there); for the
+# cores part: CORES (CPU lists for taskset, or "all"; default "0-3 0-7"),
+# REPEAT (runs of each, default 1; the summary takes the best and the
+# median), VARIANTS (flag sets of warm, ";"-separated NAME=FLAGS, default
+# "default=": none; e.g. "default=;gpu8=--gpu-memory 8GiB").
 set -uo pipefail
 zarrfs=$(readlink -f "$1")
 old=${ZARRFS_OLD:+$(readlink -f "$ZARRFS_OLD")}
@@ -64,6 +71,9 @@ if "$zarrfs" version 2>/dev/null | grep -q "^GPU: .*nvCOMP"; then gpu=yes; fi
 decoders="cpu"
 if [ "$gpu" = yes ]; then decoders="cpu gpu auto"; fi
 decoders=${DECODERS:-$decoders}
+cores=${CORES:-0-3 0-7}
+repeat=${REPEAT:-1}
+IFS=';' read -r -a variants <<<"${VARIANTS:-default=}"
 
 # warm_once LABEL BIN CACHE CPUS DECODE [ARGS...]: one whole `zarrfs warm` of
 # the view into a fresh cache, timed; records the seconds.
@@ -92,7 +102,10 @@ warm_once() {
 		status=1
 		return 1
 	fi
-	record "{\"what\": \"warm\", \"store\": \"$name\", \"label\": \"$label\", \"decode\": \"$dec\", \"cpus\": \"$cpus\", \"seconds\": $s, \"bytes\": $got, \"gbps\": $(awk -v b="$got" -v s="$s" 'BEGIN { printf "%.3f", b / s / 1e9 }')}"
+	# What the GPU took, as warm reports it (auto's share; none without).
+	local ongpu
+	ongpu=$(grep -o 'the GPU decoded [0-9]* of [0-9]* chunks' "$logdir/warm-$name-$label.log" | awk '{ print $4 "/" $6 }')
+	record "{\"what\": \"warm\", \"store\": \"$name\", \"label\": \"$label\", \"decode\": \"$dec\", \"cpus\": \"$cpus\", \"flags\": \"$*\", \"gpu_chunks\": \"${ongpu:-0}\", \"seconds\": $s, \"bytes\": $got, \"gbps\": $(awk -v b="$got" -v s="$s" 'BEGIN { printf "%.3f", b / s / 1e9 }')}"
 }
 
 for name in $stores; do
@@ -130,10 +143,19 @@ for name in $stores; do
 	fi
 
 	if [[ " $parts " == *" cores "* ]] && [ "$ncpu" -ge 16 ]; then
-		for cpus in 0-3 0-7; do
-			for dec in $decoders; do
-				warm_once "new-$dec-$cpus" "$zarrfs" "$shm/warm" "$cpus" "$dec"
-				[ -n "$old" ] && warm_once "old-$dec-$cpus" "$old" "$shm/warm" "$cpus" "$dec"
+		# Labels new-DECODE-CPUS[-VARIANT]; a label's runs are its repeats.
+		for _ in $(seq "$repeat"); do
+			for cpus in $cores; do
+				for v in "${variants[@]}"; do
+					vname=${v%%=*} vflags=${v#*=} sfx=
+					[ "$vname" != default ] && sfx=-$vname
+					for dec in $decoders; do
+						# shellcheck disable=SC2086 # the variant's flags split into words
+						warm_once "new-$dec-$cpus$sfx" "$zarrfs" "$shm/warm" "$cpus" "$dec" $vflags
+						# shellcheck disable=SC2086
+						[ -n "$old" ] && warm_once "old-$dec-$cpus$sfx" "$old" "$shm/warm" "$cpus" "$dec" $vflags
+					done
+				done
 			done
 		done
 	fi

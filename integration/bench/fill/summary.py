@@ -48,16 +48,11 @@ def main():
             for k, r in list(peers.items()) + [(f"zarrfs warm {k} (cpus {r['cpus']})", r) for k, r in best.items()]:
                 ratio = f"{ref / r['seconds']:.2f}x" if ref else ""
                 print(f"| {k} | {r['gbps']:.2f} | {r['bytes'] / 1e9:.2f} | {r['seconds']:.2f} | {ratio} |")
-        for cpus in ("all", "0-3", "0-7"):
-            sfx = "" if cpus == "all" else f"-{cpus}"
-            cpu = best.get(f"new-cpu{sfx}")
-            for dec in ("gpu", "auto"):
-                other = best.get(f"new-{dec}{sfx}")
-                if cpu and other:
-                    print(f"- cpus {cpus}: --decode {dec} against cpu: {cpu['seconds'] / other['seconds']:.2f}x")
-            oldc = best.get(f"old-cpu{sfx}")
-            if cpu and oldc:
-                print(f"- cpus {cpus}: this build against ZARRFS_OLD, --decode cpu: {oldc['seconds'] / cpu['seconds']:.2f}x")
+        decoders_table(warm)
+        for key in [k[len("new-cpu"):] for k in best if k.startswith("new-cpu")]:
+            cpu, oldc = best[f"new-cpu{key}"], best.get(f"old-cpu{key}")
+            if oldc:
+                print(f"- cpus {cpu['cpus']} {cpu.get('flags', '')}: this build against ZARRFS_OLD, --decode cpu: {oldc['seconds'] / cpu['seconds']:.2f}x")
         for r in rs:
             if r["what"] == "pin" and "seconds" in r:
                 sec = r["seconds"]
@@ -67,6 +62,40 @@ def main():
                 what = "warm mount" if r["how"] == "plain-warm" else "first epoch"
                 print(f"- {what}, {r['how']}, cache on {r['cache']}: {r['samples_per_s']} samples/s, "
                       f"{r['vs_warm']}x zarrfs warm of the same samples ({r['warm_samples_per_s']}/s)")
+
+
+def decoders_table(warm):
+    """--decode auto and gpu against cpu, by cores and flags: each label's
+    best and median seconds over its runs (run.sh's REPEAT), speed as cpu's
+    seconds over the other's, and the chunks the GPU decoded."""
+    keys = [k[len("new-cpu"):] for k in warm if k.startswith("new-cpu")]
+    if not keys:
+        return
+    print("\n| cores | flags | runs | cpu s, best / median | auto s | gpu s | auto against cpu, best / median | gpu against cpu, best / median | GPU chunks, auto / gpu |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for k in keys:
+        cpu = warm[f"new-cpu{k}"]
+        cells, ratios, chunks = [], [], []
+        for dec in ("cpu", "auto", "gpu"):
+            rs = warm.get(f"new-{dec}{k}", [])
+            secs = sorted(r["seconds"] for r in rs)
+            if not secs:
+                cells.append("")
+                continue
+            cells.append(f"{secs[0]:.2f} / {median(secs):.2f}")
+            if dec != "cpu":
+                c = sorted(r["seconds"] for r in cpu)
+                ratios.append(f"{c[0] / secs[0]:.2f}x / {median(c) / median(secs):.2f}x")
+                chunks.append(" ".join(sorted({r.get("gpu_chunks", "0") for r in rs})))
+        while len(ratios) < 2:
+            ratios.append("")
+        print(f"| {cpu[0]['cpus']} | {cpu[0].get('flags', '') or 'default'} | {len(cpu)} | {' | '.join(cells)} | {' | '.join(ratios)} | {' / '.join(chunks)} |")
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
 if __name__ == "__main__":
