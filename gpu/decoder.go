@@ -174,9 +174,12 @@ type Decoder struct {
 	// Memory held by the rounds' buffers, and the time (UnixNano) the last
 	// round was submitted, for budgets and idle trimming.
 	devHeld, stagingHeld atomic.Int64
-	stagingBase          int64 // the argument blocks, kept while idle
-	lastRound            atomic.Int64
-	trimStop, trimDone   chan struct{}
+	// ringHeld is the part of devHeld that rings hold (ipc.go): the
+	// rounds share what they leave (roundLimit).
+	ringHeld           atomic.Int64
+	stagingBase        int64 // the argument blocks, kept while idle
+	lastRound          atomic.Int64
+	trimStop, trimDone chan struct{}
 
 	// ctxMu guards ctx: HostAlloc registers memory under its read lock (so
 	// callers register at once), a context rebuild or Close holds it.

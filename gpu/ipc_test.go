@@ -344,3 +344,59 @@ func BenchmarkRingDecodeHost(b *testing.B) {
 	b.Logf("a sample: checks %v, wait %v (device: h2d %v, decode %v, kernels %v, d2h %v)", times.Checks/n, times.Wait/n,
 		times.Device.H2D/n, times.Device.Decode/n, times.Device.Kernels/n, times.Device.D2H/n)
 }
+
+// A ring that does not fit beside the buffers rounds past left behind,
+// idle, is not refused: they are given back first; the rounds after it
+// share what the ring leaves, and still decode on the device.
+func TestRingTrimsIdleRounds(t *testing.T) {
+	const budget = 96 << 20
+	d, _, _ := ringDecoder(t, Options{DeviceBytes: budget, MaxBatchBytes: 128 << 20, Streams: 2, HostIdle: time.Hour})
+	lz4Jobs := func(n, size int) []codec.Job {
+		jobs := make([]codec.Job, n)
+		for i := range jobs {
+			raw := bytes.Repeat(field(64, 128, uint64(i+1)), size/(4*64*128))
+			jobs[i] = codec.Job{Codec: codec.LZ4, Src: compress(codec.LZ4, raw), Dst: make([]byte, len(raw))}
+		}
+		return jobs
+	}
+	decode := func(jobs []codec.Job) {
+		t.Helper()
+		if err := d.DecodeBatch(context.Background(), jobs); err != nil {
+			t.Fatal(err)
+		}
+		for i, j := range jobs {
+			if j.Err != nil {
+				t.Fatalf("chunk %d: %v", i, j.Err)
+			}
+		}
+	}
+	decode(lz4Jobs(16, 2<<20)) // 32 MiB decoded in one round
+	idle, _, _ := d.MemoryHeld()
+	const ring = 64 << 20
+	if idle+ring <= budget {
+		t.Fatalf("the rounds hold %d bytes: a ring of %d fits beside them, nothing to show", idle, ring)
+	}
+	r, err := d.NewRing(2, ring/2, "")
+	if err != nil {
+		t.Fatalf("a ring refused while the rounds held %d idle bytes: %v", idle, err)
+	}
+	if held, _, _ := d.MemoryHeld(); held != ring {
+		t.Fatalf("device memory held %d with the ring, want the ring's %d alone", held, ring)
+	}
+	before := d.Stats()
+	decode(lz4Jobs(8, 2<<20))
+	st := d.Stats()
+	if held, _, _ := d.MemoryHeld(); held > budget || st.Chunks-before.Chunks != 8 || st.Refused != before.Refused {
+		t.Fatalf("beside the ring: %d bytes held (budget %d), %d chunks on the device, %d refused", held, budget,
+			st.Chunks-before.Chunks, st.Refused-before.Refused)
+	}
+	if lim := d.roundLimit(); lim > (budget-ring)/4 && lim > minRoundLimit {
+		t.Fatalf("rounds may cost %d beside the ring, more than their part of what it leaves", lim)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if lim := d.roundLimit(); lim != d.opts.share() {
+		t.Fatalf("rounds may cost %d once the ring is closed, want their share %d", lim, d.opts.share())
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"slices"
 	"sync"
@@ -502,11 +503,21 @@ const growAfter = 32
 // roundLimit is the most a round may cost: its share of the memory bound,
 // less after rounds did not fit the device's bounds beside each other
 // (shrinkRounds).
+//
+// While rings are open (ipc.go), what they leave of DeviceBytes is split
+// among the rounds in flight as package decode splits --gpu-memory: half
+// for the rounds' buffers, half for nvCOMP's scratch and slack. Rounds
+// sized for the whole budget would each be readied alone beside a ring,
+// the other sets' buffers freed every time.
 func (d *Decoder) roundLimit() int64 {
+	lim := d.opts.share()
 	if c := d.roundCap.Load(); c > 0 {
-		return min(c, d.opts.share())
+		lim = min(c, lim)
 	}
-	return d.opts.share()
+	if rings := d.ringHeld.Load(); rings > 0 && d.opts.DeviceBytes < math.MaxInt64 {
+		lim = min(lim, max((d.opts.DeviceBytes-rings)/int64(2*d.opts.Streams), min(minRoundLimit, d.opts.share())))
+	}
+	return lim
 }
 
 // shrinkRounds halves the rounds to come after one did not fit beside the
