@@ -213,6 +213,7 @@ type Decoder struct {
 	closing       bool
 	wake          chan struct{} // a request was queued, or Close called
 	free          chan int      // buffer sets with no round in flight
+	ringAhead     chan struct{} // places of ring rounds in flight (awaitAhead)
 	submitted     chan *round   // rounds in flight, oldest first, to the completer
 	stopped       chan struct{} // closed when Close has freed everything
 	completerDone chan struct{}

@@ -400,3 +400,88 @@ func TestRingTrimsIdleRounds(t *testing.T) {
 		t.Fatalf("rounds may cost %d once the ring is closed, want their share %d", lim, d.opts.share())
 	}
 }
+
+// Fills of several slots that come while the device decodes share its
+// next round: no more than ringRoundsAhead rounds of a ring's jobs are in
+// flight, so the jobs queued behind them go to the device together, not a
+// round each that would wait there for the one before.
+func TestRingRoundsMerge(t *testing.T) {
+	d, f, _ := ringDecoder(t, Options{Streams: 4, HostIdle: time.Hour})
+	const slots = 5
+	r, err := d.NewRing(slots, 1<<20, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	a := field(32, 128, 1) // 16 KiB
+	src := compress(codec.LZ4, a)
+	gate := make(chan struct{})
+	f.mu.Lock()
+	f.gate = gate
+	f.mu.Unlock()
+	var wg sync.WaitGroup
+	errs := make([]error, slots)
+	times := make([]RingTimes, slots)
+	fill := func(k int) {
+		wg.Go(func() {
+			jobs := make([]codec.Job, 4)
+			offs := make([]int64, 4)
+			for i := range jobs {
+				jobs[i] = codec.Job{Codec: codec.LZ4, Src: src, Dst: make([]byte, len(a))}
+				offs[i] = int64(i * len(a))
+			}
+			errs[k] = r.Decode(context.Background(), k, jobs, offs, &times[k])
+			for _, j := range jobs {
+				if errs[k] == nil {
+					errs[k] = j.Err
+				}
+			}
+		})
+	}
+	queued := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			d.qmu.Lock()
+			q := len(d.live)
+			d.qmu.Unlock()
+			if q >= n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d fills waiting for the device, want %d", q, n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	// Two fills take the device; three more come while it decodes them.
+	fill(0)
+	queued(1)
+	fill(1)
+	queued(2)
+	for k := 2; k < slots; k++ {
+		fill(k)
+	}
+	queued(slots)
+	time.Sleep(20 * time.Millisecond) // the submitter takes up what it may
+	if st := d.Stats(); st.Rounds != 0 {
+		t.Fatalf("%d rounds done with the device held", st.Rounds)
+	}
+	close(gate)
+	wg.Wait()
+	for k, err := range errs {
+		if err != nil {
+			t.Fatalf("fill %d: %v", k, err)
+		}
+	}
+	for k := range slots {
+		for i := range 4 {
+			if got := f.devBytes("check", uint64(r.Addr(k, int64(i*len(a)))), uint64(len(a))); !bytes.Equal(got, a) {
+				t.Fatalf("slot %d, chunk %d: differs from the CPU's bytes", k, i)
+			}
+		}
+	}
+	if st := d.Stats(); st.Rounds != 3 || st.Chunks != 4*slots {
+		t.Fatalf("%d rounds for %d fills (%d chunks on the device), want 3: the two in flight and one for the fills queued behind them", st.Rounds, slots, st.Chunks)
+	}
+}
