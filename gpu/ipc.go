@@ -522,6 +522,27 @@ func (r *Ring) Decode(ctx context.Context, k int, jobs []codec.Job, offs []int64
 	return r.d.decodeBatch(ctx, jobs, 0, &ringCall{dev: dev, times: times})
 }
 
+// LargestPiece is the decoded size of the largest part of chunk j that
+// nvCOMP decodes alone (a zstd frame, an LZ4 block, a blosc stream), or 0
+// where the GPU path does not read its framing. nvCOMP decodes a round's
+// parts side by side, but each part on its own: a round takes at least
+// its largest part's time, however idle the rest of the GPU, and for a
+// large part a host core may be the sooner (package deliver decodes such
+// chunks on idle cores). It reads j's framing only.
+func LargestPiece(j *codec.Job) int64 {
+	p := frame(j)
+	if p.err != nil {
+		return 0
+	}
+	var most int64
+	for _, pc := range p.pieces {
+		if pc.algo != rawPiece {
+			most = max(most, pc.n)
+		}
+	}
+	return most
+}
+
 // awaitConsumer waits until the reader's consumer event, as recorded
 // last, is done.
 func (r *Ring) awaitConsumer() error {

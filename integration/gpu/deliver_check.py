@@ -247,7 +247,7 @@ def stage_line(d):
     n = max(1, d.get("device_samples", 0) + d.get("host_samples", 0))
     st = d.get("stages_s") or {}
     order = ["fill", "read", "consumer_wait", "host_checks", "device_wait", "h2d", "decode", "kernels", "d2h",
-             "host_decode", "upload", "host_path"]
+             "host_decode", "upload", "host_path", "host_share"]
     return ", ".join(f"{k} {1e3 * st.get(k, 0) / n:.1f}" for k in order)
 
 
@@ -276,7 +276,8 @@ def part_rate(a):
         print(f"  CPU {label}: daemon {1e3 * cpu_dev:.1f} ms a sample on the device path, {1e3 * cpu_host:.1f} on the host path: "
               f"{cpu_dev / max(cpu_host, 1e-9):.3f}x", flush=True)
         print(f"  BYTES {label}: {h2d / 1e6:.2f} MB to the GPU a sample ({d.get('compressed_bytes', 0) / nall / 1e6:.2f} compressed "
-              f"by the device path, {d.get('host_path_bytes', 0) / nall / 1e6:.2f} decoded by the host), "
+              f"by the device path, {d.get('host_path_bytes', 0) / nall / 1e6:.2f} decoded by the host, of which "
+              f"{d.get('host_share_bytes', 0) / nall / 1e6:.2f} the device could have taken), "
               f"{comp / 1e6:.2f} MB compressed read a sample: {h2d / max(comp, 1):.3f}x", flush=True)
         print(f"  STAGES {label} (device path, ms a sample, summed over fills): {stage_line(d)}", flush=True)
         # The Loader's default keeps 2 batches in flight; 4 shows whether
