@@ -75,11 +75,11 @@ def wrapper(zarrfs_bin, scratch, cores):
     return p
 
 
-def start(zarrfs_bin, store, view, scratch, name, cores=None):
+def start(zarrfs_bin, store, view, scratch, name, cores=None, **flags):
     os.environ["ZARRFS_BIN"] = wrapper(zarrfs_bin, scratch, cores)
     cache = os.path.join(scratch, "cache-" + name)
     subprocess.run(["rm", "-rf", cache])
-    m = zarrfs.Mount(store, os.path.join(scratch, "mnt-" + name), **mount_flags(view, cache))
+    m = zarrfs.Mount(store, os.path.join(scratch, "mnt-" + name), **mount_flags(view, cache), **flags)
     m.start()
     os.environ["ZARRFS_BIN"] = zarrfs_bin
     return m
@@ -221,7 +221,14 @@ def epoch_rate(a, name, decode, cores, prefetch=2):
     """First epoch of a cold mount (its own cache), batch 4, the daemon on
     cores: samples/s, and what the daemon spent on them (CPU seconds, its
     status: bytes, stages)."""
-    m = start(a.zarrfs, a.store, a.view, a.scratch, name, cores)
+    flags = {}
+    prof = os.environ.get("DELIVER_PROFILE_DIR")
+    if prof:
+        # The daemon's Go CPU profile of the epoch's mount (its hidden
+        # --cpuprofile): where the CPU a sample goes.
+        os.makedirs(prof, exist_ok=True)
+        flags["cpuprofile"] = os.path.join(prof, f"{os.path.basename(a.scratch)}-{name}-{decode}-{cores or 'all'}.prof")
+    m = start(a.zarrfs, a.store, a.view, a.scratch, name, cores, **flags)
     try:
         l = Loader(os.path.join(m.path, "train"), 4, device=DEVICE, decode=decode, prefetch=prefetch)
         sync()
