@@ -151,6 +151,7 @@ test-gpu: build gpuvenv
 	bash integration/gpu/fill.sh bin/zarrfs bin/gpuview
 	$(PYTEST) -m gpu python/tests
 	bash integration/gpu/e2e.sh bin/zarrfs
+	$(GO) build -o bin/chunkdamage ./integration/gpu/chunkdamage
 	bash integration/gpu/deliver.sh bin/zarrfs
 
 FUZZTIME ?= 2m

@@ -7,7 +7,9 @@
 # measures (integration/gpu/deliver_check.py): first-epoch samples/s of
 # both paths with the daemon on 4 cores and on all, bytes to the GPU
 # against the compressed bytes, the daemon's CPU a sample on each path,
-# and where the device path's fills spend their time.
+# and where the device path's fills spend their time; then, once, the
+# decoders' damage suite on the device path (deliver_check.py's damage part,
+# its chunks damaged by chunkdamage).
 #
 # The GPU kernels are first compiled from gpu/kernels/kernels.cu (nvcc, or
 # NVRTC from PyTorch's CUDA wheels: integration/gpu/ptx.py) into
@@ -17,11 +19,14 @@
 # are measured in the same run.
 #
 # Builds nothing: ZARRFS is a binary built elsewhere (CGO_ENABLED=0 go build),
-# GPU_TEST too (CGO_ENABLED=0 go test -c -o gpu.test ./gpu).
+# GPU_TEST too (CGO_ENABLED=0 go test -c -o gpu.test ./gpu), and CHUNKDAMAGE
+# (default: chunkdamage beside ZARRFS; CGO_ENABLED=0 go build -o chunkdamage
+# ./integration/gpu/chunkdamage).
 # Usage: integration/gpu/deliver.sh ZARRFS
 # Environment: STEPS (samples, default 96), SCRATCH (default
 # /dev/shm/zarrfs-deliver), CODECS (default "blosc mixed"), PARTS (the
-# checker's parts, default all), PYTHON (default python3), STORE_DIR (stores
+# checker's parts, default all: equal,reader,daemon,rate,dali,damage),
+# PYTHON (default python3), STORE_DIR (stores
 # already written by make_store.py: STORE_DIR/CODEC/era5.zarr and
 # train.yaml), PTX_DIR (default $OUT, else SCRATCH), GPU_TEST, KERNELS
 # (0: mount with the binary's own kernels), DEVICE (cpu: every check against
@@ -62,7 +67,11 @@ if "$py" "$here/ptx.py" "$root/gpu/kernels/kernels.cu" "$ptxdir/kernels.ptx"; th
 	fi
 fi
 
+parts=${PARTS:-equal,reader,daemon,rate,dali,damage}
+# The parts that read the ERA5-like stores, run once per store.
+store_parts=$(tr , '\n' <<<"$parts" | grep -vx damage | paste -sd, -)
 for codecs in ${CODECS:-blosc mixed}; do
+	[[ -z $store_parts ]] && break
 	src=${STORE_DIR:+$STORE_DIR/$codecs}
 	if [[ -z $src ]]; then
 		src=$scratch/src-$codecs
@@ -78,8 +87,14 @@ for codecs in ${CODECS:-blosc mixed}; do
 	trust=()
 	[[ $codecs == mixed ]] && trust=(--trust-unchecked)
 	"$py" "$here/deliver_check.py" "$zarrfs" "$src/era5.zarr" "$src/train.yaml" "$scratch/run-$codecs" \
-		--parts "${PARTS:-equal,reader,daemon,rate}" --device "${DEVICE:-cuda}" "${trust[@]}" "${kernels[@]}" || status=1
+		--parts "$store_parts" --device "${DEVICE:-cuda}" "${trust[@]}" "${kernels[@]}" || status=1
 	rm -rf "$scratch/run-$codecs"
 done
+if [[ ,$parts, == *,damage,* ]]; then
+	echo "== damaged chunks on the device path"
+	"$py" "$here/deliver_check.py" "$zarrfs" - - "$scratch/run-damage" --parts damage --device "${DEVICE:-cuda}" \
+		--chunkdamage "${CHUNKDAMAGE:-$(dirname "$zarrfs")/chunkdamage}" "${kernels[@]}" || status=1
+	rm -rf "$scratch/run-damage"
+fi
 echo "deliver.sh: $(($(date +%s) - t_start)) s"
 exit $status

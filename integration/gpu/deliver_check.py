@@ -2,7 +2,8 @@
 """Device delivery on a GPU machine: zarrfs.torch.Loader(decode="device")
 against decode="host" over the same samples of the ERA5-like view.
 
-Usage: deliver_check.py ZARRFS STORE VIEW SCRATCH [--parts equal,reader,daemon,rate] [--trust-unchecked] [--gpu-kernels FILE]
+Usage: deliver_check.py ZARRFS STORE VIEW SCRATCH [--parts equal,reader,daemon,rate,dali,damage] [--trust-unchecked]
+       [--gpu-kernels FILE] [--chunkdamage FILE] [--damage-seeds 2]
 
   equal   every batch of decode="device" equals decode="host" byte for byte
           (same shuffled order, compared on the GPU), and a few samples equal
@@ -15,6 +16,21 @@ Usage: deliver_check.py ZARRFS STORE VIEW SCRATCH [--parts equal,reader,daemon,r
   rate    first epoch, cold mount (its own cache), batch 4: samples/s of
           decode="device" and decode="host", daemon on cores 0-3 (taskset)
           and the Loader on 8-15, then on every core
+  dali    zarrfs.dali.ring_reader in a GPU pipeline: two shuffled epochs
+          equal numpy.load of the Loader's files, and the first epoch's
+          rate of a cold mount against Loader(decode="device"); skipped
+          (a SKIP line) where DALI is not installed
+  damage  a store of its own (STORE and VIEW unused: "-" will do) with
+          blosc-lz4, zstd with a checksum and zstd without, a chunk a
+          sample, whose chunks chunkdamage damages with every kind of the
+          decoders' damage suite (internal/damage): each sample through
+          decode="device" against the file of a mount decoding on the CPU.
+          A sample the CPU rejects raises an OSError naming its file and
+          chunk; every other sample equals the CPU's bytes, except that
+          under --gpu-trust-unchecked (a second mount, the zstd array
+          without checksums) damaged chunks may decode to other bytes or
+          none of an error: counted, as the opt-in allows. An epoch hands
+          out the batches before the first damaged one, then raises.
 
 --trust-unchecked mounts with --gpu-trust-unchecked (the mixed store: its
 zstd frames have no checksum, and decode on the GPU only with it).
@@ -22,11 +38,15 @@ zstd frames have no checksum, and decode on the GPU only with it).
 --gpu-kernels FILE mounts with the kernels of FILE (kernels.cu compiled by
 deliver.sh) instead of the binary's.
 
-Prints one line per check ("PASS ..." or "FAIL ...") and RATE, CPU, BYTES,
+--chunkdamage FILE is the chunkdamage binary (CGO_ENABLED=0 go build
+./integration/gpu/chunkdamage), by default beside ZARRFS.
+
+Prints one line per check ("PASS ...", "FAIL ..." or "SKIP ...") and RATE, CPU, BYTES,
 STAGES and MEASURE lines for the rates; exits 1 when a check failed.
 """
 
 import argparse
+import gc
 import json
 import os
 import signal
@@ -143,15 +163,99 @@ time.sleep(300)
 """
 
 
+def part_dali(a, m, n):
+    """zarrfs.dali.ring_reader in a DALI pipeline on the GPU: two shuffled
+    epochs, every batch equal to numpy.load of the files the Loader reads
+    for the same seed and epoch; then the first epoch's rate of a cold
+    mount against Loader(decode='device'). Skipped, and said so, where
+    DALI is not installed."""
+    try:
+        from nvidia.dali import pipeline_def
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator
+        import zarrfs.dali
+    except ImportError as e:
+        print(f"SKIP dali: DALI is not installed here ({e}): zarrfs.dali.ring_reader is not checked on this GPU", flush=True)
+        return
+    d = os.path.join(m.path, "train")
+    gpu = DEVICE == "cuda"
+
+    def iterator(path):
+        @pipeline_def(batch_size=4, num_threads=2, device_id=torch.cuda.current_device() if gpu else None)
+        def pipe():
+            return zarrfs.dali.ring_reader(path, device="gpu" if gpu else "cpu", shuffle=True, seed=7)
+        return DALIGenericIterator([pipe()], ["x"])
+
+    it = iterator(d)
+    ref = Loader(d, 4, device="cpu", decode="host", shuffle=True, seed=7)
+    same, seen = True, 0
+    for e in range(2):
+        ref.set_epoch(e)
+        want = [c["file"] for _, c in ref]
+        got = [b[0]["x"].cpu().numpy() for b in it]
+        it.reset()
+        seen += sum(len(b) for b in got)
+        same &= len(got) == len(want) and all(b.tobytes() == np.stack([np.load(f) for f in files]).tobytes()
+                                              for b, files in zip(got, want))
+    del it
+    check(same and seen == 2 * n, f"dali: ring_reader's {seen} samples over two shuffled epochs equal numpy.load of the Loader's files")
+    rates = {}
+    for name in ("dali", "loader"):
+        mm = start(a.zarrfs, a.store, a.view, a.scratch, "rate-" + name)
+        try:
+            path = os.path.join(mm.path, "train")
+            t0, got = time.perf_counter(), 0
+            if name == "dali":
+                for b in iterator(path):
+                    got += len(b[0]["x"])
+            else:
+                for x, _ in Loader(path, 4, device=DEVICE, decode="device"):
+                    got += len(x)
+            sync()
+            rates[name] = got / (time.perf_counter() - t0)
+        finally:
+            mm.stop()
+    print(f"RATE dali: first epoch, cold mount, batch 4: ring_reader {rates['dali']:.1f} samples/s, "
+          f"Loader(decode='device') {rates['loader']:.1f}: {rates['dali'] / rates['loader']:.2f}x", flush=True)
+
+
+def gpu_total():
+    """MiB of memory in use on this process's GPU (nvidia-smi: every
+    process's), or None without a GPU or nvidia-smi."""
+    if DEVICE != "cuda":
+        return None
+    from zarrfs._deliver import pci_bus_id
+    bus = pci_bus_id(torch.cuda.current_device())[-7:]  # "3b:00.0": nvidia-smi pads the domain otherwise
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=pci.bus_id,memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True)
+    except FileNotFoundError:
+        return None
+    for line in out.stdout.splitlines():
+        f = [x.strip() for x in line.split(",")]
+        if len(f) == 2 and f[0].lower().endswith(bus) and f[1].isdigit():
+            return int(f[1])
+    return None
+
+
+def slack(ring_mib):
+    """MiB a reading may exceed another's and count as the same level:
+    what nvidia-smi's rounding and a context's small allocations move, far
+    below a ring."""
+    return max(64, ring_mib // 10)
+
+
 def part_reader(a, m):
+    """A trainer killed with SIGKILL mid-epoch (fills in flight): the
+    daemon notices (its socket closes), frees the ring, and its GPU memory
+    returns to its level before the ring; a new Loader starts cleanly."""
     pid = m._proc.pid
-    before = gpu_mem(pid)
+    before, total_before = gpu_mem(pid), gpu_total()
     p = subprocess.Popen([sys.executable, "-c", _READER, os.path.join(m.path, "train"), DEVICE], stdout=subprocess.PIPE, text=True)
     line = p.stdout.readline().split()
     check(line[:1] == ["ready"], "reader: a reader took a batch from its ring")
     ring = int(line[1]) if len(line) > 1 else 0
     st = status(a.zarrfs, m)["delivery"]
-    with_ring = gpu_mem(pid)
+    with_ring, total_with = gpu_mem(pid), gpu_total()
     check(st["rings_open"] == 1 and st["ring_bytes"] == ring, f"reader: status shows its ring ({ring >> 20} MiB)")
     p.kill()
     p.wait()
@@ -160,11 +264,17 @@ def part_reader(a, m):
         time.sleep(0.1)
     time.sleep(1)
     st = status(a.zarrfs, m)["delivery"]
-    after = gpu_mem(pid)
+    after, total_after = gpu_mem(pid), gpu_total()
     check(st["rings_open"] == 0 and st["ring_bytes"] == 0, "reader: killed, its ring is freed (status)")
-    print(f"  daemon GPU memory (nvidia-smi, MiB): before {before}, with the ring {with_ring}, after the reader died {after}", flush=True)
+    print(f"  daemon GPU memory (nvidia-smi, MiB): before {before}, with the ring {with_ring}, after the reader died {after}; "
+          f"the GPU's: {total_before}, {total_with}, {total_after}", flush=True)
     if with_ring is not None and after is not None:
+        tol = slack(ring >> 20)
         check(with_ring - after >= (ring >> 20) * 0.9, "reader: the daemon's GPU memory drops by the ring (nvidia-smi)")
+        check(after <= (before or 0) + tol, f"reader: the daemon's GPU memory returns to its level before the ring "
+                                           f"({after} MiB against {before}, within {tol})")
+        check(total_after <= total_before + tol, f"reader: the GPU's memory in use returns to its level before the reader "
+                                                 f"({total_after} MiB against {total_before}, within {tol})")
     else:
         print("  nvidia-smi shows no per-process memory here: the status check stands alone", flush=True)
     n = sum(len(c["index"]) for _, c in Loader(os.path.join(m.path, "train"), 4, device=DEVICE, decode="device"))
@@ -172,10 +282,19 @@ def part_reader(a, m):
 
 
 def part_daemon(a):
+    """The daemon killed with SIGKILL mid-epoch: the Loader raises
+    DeliveryError at once, not a hang; the device memory of the ring is
+    not left behind once the Loader noticed (nvidia-smi, the whole GPU,
+    against its reading before the daemon started; the Loader is kept,
+    its epoch dropped); a daemon started again serves a new Loader, and
+    once it stops the GPU is back to that level."""
+    total0 = gpu_total()
     m = start(a.zarrfs, a.store, a.view, a.scratch, "daemon")
     l = Loader(os.path.join(m.path, "train"), 4, device=DEVICE, decode="device", timeout=60)
+    ring_mib = l._dring.ring_bytes >> 20
     it = iter(l)
     next(it)
+    total1, daemon1 = gpu_total(), gpu_mem(m._proc.pid)
     os.kill(m._proc.pid, signal.SIGKILL)
     t0 = time.time()
     err = None
@@ -193,7 +312,13 @@ def part_daemon(a):
     signal.alarm(0)
     took = time.time() - t0
     check(err is not None and took < 30, f"daemon: killed mid-epoch, the Loader raised in {took:.1f} s: {err}")
+    err = None  # its traceback holds the epoch
+    time.sleep(1)
+    total2 = gpu_total()
     del it
+    gc.collect()
+    time.sleep(1)
+    total3 = gpu_total()
     l.close()
     try:
         m.stop()
@@ -203,6 +328,20 @@ def part_daemon(a):
     n = sum(len(c["index"]) for _, c in Loader(os.path.join(m2.path, "train"), 4, device=DEVICE, decode="device"))
     check(n > 0, "daemon: a daemon started again serves a new Loader")
     m2.stop()
+    gc.collect()
+    time.sleep(1)
+    total4 = gpu_total()
+    print(f"  the GPU's memory in use (nvidia-smi, MiB): before the daemon {total0}, with its ring of {ring_mib} MiB {total1} "
+          f"(the daemon {daemon1}), killed and the Loader raised {total2}, its epoch dropped {total3}, "
+          f"after a second daemon served and stopped {total4}", flush=True)
+    if total0 is None or total3 is None or total4 is None:
+        print("  nvidia-smi reads no GPU here: the memory checks are skipped", flush=True)
+        return
+    tol = slack(ring_mib)
+    check(total3 <= total0 + tol, f"daemon: killed, no device memory is left behind once the Loader noticed "
+                                  f"({total3} MiB against {total0} before, within {tol})")
+    check(total4 <= total0 + tol, f"daemon: after a second daemon served and stopped, the GPU is back to its level "
+                                  f"({total4} MiB against {total0}, within {tol})")
 
 
 def sync():
@@ -300,16 +439,243 @@ def part_rate(a):
         print("MEASURE " + line, flush=True)
 
 
+
+# The damage part's store: one array a codec the device path takes, a
+# chunk a sample (so a damaged chunk is one sample's): blosc-lz4 with byte
+# shuffle in blocks of 8 KiB (several blocks and streams to cut, swap and
+# misstate), which the host walks as the CPU decoder reads it; zstd with a
+# content checksum, which the device hashes and the host compares; zstd
+# without one, which decodes on the host unless --gpu-trust-unchecked.
+DAMAGE_ARRAYS = {
+    "blosc": ({"name": "blosc", "configuration": {"cname": "lz4", "clevel": 5, "shuffle": "shuffle", "typesize": 4,
+                                                  "blocksize": 8192}}, "blosc"),
+    "zstd": ({"name": "zstd", "configuration": {"level": 3, "checksum": True}}, "zstd"),
+    "zstdnc": ({"name": "zstd", "configuration": {"level": 3, "checksum": False}}, "zstd"),
+}
+DAMAGE_SAMPLE = (64, 128)  # float32: 32 KiB a sample
+
+
+def damage_store(path, tool, seeds):
+    """Writes the damage part's store at path and damages its chunks with
+    chunkdamage: in each array every kind with every seed, one sample each,
+    the first 8 samples and one before every two damaged ones undamaged. Returns the
+    good values (sample i of every array holds good[i]) and, per array,
+    each sample's damage ("KIND seed S", or None: undamaged or the kind
+    does not apply to the chunk)."""
+    import numcodecs
+    from make_store import meta, write_json
+    kinds = subprocess.run([tool, "-kinds"], capture_output=True, text=True, check=True).stdout.split()
+    # Two batches of 4 undamaged first: an epoch must hand them out before
+    # the error of a later batch, which fails faster than they fill.
+    plan = [None] * 8
+    for kind in kinds:
+        for seed in range(seeds):
+            if len(plan) % 3 == 0:
+                plan.append(None)
+            plan.append((kind, seed))
+    plan.append(None)
+    n = len(plan)
+    yy, xx = np.mgrid[0:DAMAGE_SAMPLE[0], 0:DAMAGE_SAMPLE[1]].astype(np.float32)
+    good = []
+    for i in range(n):
+        f = 250 + 30 * np.sin(yy / 9 + i) * np.cos(xx / 13 - i) + np.random.default_rng(i).normal(0, 0.5, DAMAGE_SAMPLE)
+        good.append((np.round(f * 64) / 64).astype(np.float32))
+    subprocess.run(["rm", "-rf", path])
+    write_json(os.path.join(path, "zarr.json"), {"zarr_format": 3, "node_type": "group", "attributes": {}})
+    lines, which = [], {}
+    for name, (cfg, cname) in DAMAGE_ARRAYS.items():
+        write_json(os.path.join(path, name, "zarr.json"), meta([n, *DAMAGE_SAMPLE], [1, *DAMAGE_SAMPLE], ["time", "y", "x"], cfg, {}))
+        c = cfg["configuration"]
+        enc = (numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE, blocksize=c["blocksize"])
+               if cname == "blosc" else numcodecs.Zstd(level=3, checksum=c["checksum"]))
+        for i in range(n):
+            chunk = os.path.join(path, name, "c", str(i), "0", "0")
+            os.makedirs(os.path.dirname(chunk), exist_ok=True)
+            with open(chunk, "wb") as f:
+                f.write(enc.encode(good[i]))
+            if plan[i] is not None:
+                lines.append(f"{plan[i][0]} {cname} {plan[i][1]} {chunk}")
+                which[chunk] = (name, i)
+    out = subprocess.run([tool], input="\n".join(lines) + "\n", capture_output=True, text=True, check=True).stdout
+    damaged = {name: [None] * n for name in DAMAGE_ARRAYS}
+    for line in out.splitlines():
+        verdict, chunk = line.split(" ", 1)
+        name, i = which[chunk]
+        if verdict == "applied":
+            damaged[name][i] = f"{plan[i][0]} seed {plan[i][1]}"
+    return good, damaged
+
+
+def one_sample(d, i, n, decode):
+    """Sample i of directory d through a Loader of its own (rank i of n
+    reads that sample alone): its bytes, or the error it raised."""
+    try:
+        l = Loader(d, 1, device=DEVICE, rank=i, world=n, decode=decode, prefetch=1, open_ahead=0, timeout=120)
+    except RuntimeError as e:
+        return None, e
+    try:
+        x, _ = next(iter(l))
+        return x.cpu().numpy().tobytes(), None
+    except (OSError, DeliveryError) as e:
+        return None, e
+    finally:
+        l.close()
+
+
+def file_bytes(path):
+    """numpy.load of a mount's file: its data, or the error it raised."""
+    try:
+        return np.load(path).tobytes(), None
+    except OSError as e:
+        return None, e
+
+
+def damage_mount(a, store, name, trust):
+    flags = dict(cache=os.path.join(a.scratch, "cache-" + name), gpu_trust_unchecked=trust or None)
+    if "gpu_kernels" in EXTRA:
+        flags["gpu_kernels"] = EXTRA["gpu_kernels"]
+    if DEVICE == "cpu":
+        flags["delivery"] = "host"
+    subprocess.run(["rm", "-rf", flags["cache"]])
+    m = zarrfs.Mount(store, os.path.join(a.scratch, "mnt-" + name), **flags)
+    m.start()
+    return m
+
+
+def damage_array(a, m, name, good, damaged, ref, trusted):
+    """Every sample of array name through decode='device', one Loader each,
+    against the reference mount's file (ref: bytes or error per sample).
+    Returns the tallies, and the lines of the samples that broke the rule."""
+    d = os.path.join(m.path, name)
+    n = len(good)
+    files = zarrfs.SampleDir(d).names
+    t = dict(good=0, good_device=0, rejected=0, same=0, unchecked_accepted=0, unchecked_differ=0)
+    bad = []
+    for i in range(n):
+        before = status(a.zarrfs, m)["delivery"]["device_samples"]
+        got, err = one_sample(d, i, n, "device")
+        want, werr = ref[i]
+        what = f"{name}/{files[i]} ({damaged[i] or 'undamaged'})"
+        chunk = f"{name}/c/{i}/0/0"
+        if damaged[i] is None:
+            t["good"] += 1
+            t["good_device"] += status(a.zarrfs, m)["delivery"]["device_samples"] - before
+            if err is not None or got != good[i].tobytes() or want != got:
+                bad.append(f"{what}: undamaged, {'raised ' + repr(err) if err else 'other bytes'} (reference: {werr or ('equal' if want == good[i].tobytes() else 'differs')})")
+        elif werr is not None:  # the CPU rejects the chunk
+            if err is not None:
+                msg = str(err)
+                if isinstance(err, OSError) and os.path.join(d, files[i]) in msg and chunk in msg:
+                    t["rejected"] += 1
+                else:
+                    bad.append(f"{what}: the error names not the file and chunk {chunk}: {type(err).__name__}: {msg}")
+            elif trusted:
+                t["unchecked_accepted"] += 1
+            else:
+                bad.append(f"{what}: bytes where the CPU rejects the chunk ({werr})")
+        elif err is None and got == want:  # no check covers this damage: the CPU decodes it too
+            t["same"] += 1
+        elif err is None and trusted:
+            t["unchecked_differ"] += 1
+        else:
+            bad.append(f"{what}: the CPU decodes it, the device path {'raised ' + repr(err) if err else 'gave other bytes'}")
+    return t, bad
+
+
+def damage_epoch(a, m, name, ref):
+    """A whole epoch of batches of 4: the batches before the first with a
+    sample the CPU rejects equal the reference, that batch raises naming a
+    file of it, and the next epoch does the same (the ring survives)."""
+    d = os.path.join(m.path, name)
+    first = min(i for i, (_, e) in enumerate(ref) if e is not None)
+    want_batches = first // 4
+    l = Loader(d, 4, device=DEVICE, decode="device", timeout=120)
+    files = zarrfs.SampleDir(d).names
+    ok = True
+    for epoch in range(2):
+        seen = 0
+        try:
+            for x, c in l:
+                b = x.cpu().numpy()
+                idx = c["index"].tolist()
+                ok &= all(b[j].tobytes() == ref[k][0] for j, k in enumerate(idx))
+                seen += 1
+            ok = False
+        except OSError as e:
+            named = any(os.path.join(d, files[k]) + ":" in str(e) for k in range(want_batches * 4, want_batches * 4 + 4))
+            if seen != want_batches or not named:
+                print(f"  epoch {epoch}: {seen} batches, then {e}", flush=True)
+                ok = False
+    l.close()
+    check(ok, f"damage: {name}: an epoch of batches of 4 equals the reference up to batch {want_batches}, which raises naming its file, twice")
+
+
+def part_damage(a):
+    """The device path against the damage of the decoders' damage suite
+    (internal/damage, through chunkdamage): every damaged sample the CPU
+    rejects raises naming its file and chunk; no other sample differs from
+    the reference mount's (the CPU's) file; with --gpu-trust-unchecked, zstd
+    without a checksum may decode damaged chunks to other bytes (reported)."""
+    t0 = time.time()
+    tool = a.chunkdamage or os.path.join(os.path.dirname(a.zarrfs), "chunkdamage")
+    if not os.access(tool, os.X_OK):
+        check(False, f"damage: no chunkdamage at {tool} (CGO_ENABLED=0 go build -o {tool} ./integration/gpu/chunkdamage)")
+        return
+    store = os.path.join(a.scratch, "damage.zarr")
+    good, damaged = damage_store(store, tool, a.damage_seeds)
+    n = len(good)
+    print(f"  damage store: {len(DAMAGE_ARRAYS)} arrays of {n} samples, "
+          + ", ".join(f"{k} {sum(x is not None for x in v)} damaged" for k, v in damaged.items()), flush=True)
+    rm = zarrfs.Mount(store, os.path.join(a.scratch, "mnt-damage-ref"), cache=os.path.join(a.scratch, "cache-damage-ref"),
+                      decode="cpu", delivery="off")
+    subprocess.run(["rm", "-rf", os.path.join(a.scratch, "cache-damage-ref")])
+    rm.start()
+    try:
+        ref = {k: [file_bytes(os.path.join(rm.path, k, f)) for f in zarrfs.SampleDir(os.path.join(rm.path, k)).names]
+               for k in DAMAGE_ARRAYS}
+    finally:
+        rm.stop()
+    for trust, names in ((False, list(DAMAGE_ARRAYS)), (True, ["zstdnc"])):
+        label = "with --gpu-trust-unchecked" if trust else "default"
+        m = damage_mount(a, store, "damage-trust" if trust else "damage", trust)
+        try:
+            for name in names:
+                t, bad = damage_array(a, m, name, good, damaged[name], ref[name], trusted=trust and name == "zstdnc")
+                for line in bad[:10]:
+                    print("  " + line, flush=True)
+                print(f"  {name} ({label}): {t['good']} undamaged ({t['good_device']} filled by the device path), "
+                      f"{t['rejected']} damaged rejected naming file and chunk, {t['same']} damaged decoded alike by the CPU "
+                      f"(no check covers that damage), {t['unchecked_accepted']} rejected by the CPU but accepted unchecked, "
+                      f"{t['unchecked_differ']} decoded to other bytes than the CPU's unchecked", flush=True)
+                check(not bad, f"damage: {name} ({label}): no sample broke the rule ({len(bad)} did)")
+                if DEVICE == "cuda" and name != "zstdnc" or trust:
+                    check(t["good_device"] > 0, f"damage: {name} ({label}): the device path filled undamaged samples "
+                                                f"({t['good_device']} of {t['good']})")
+            if not trust:
+                damage_epoch(a, m, "blosc", ref["blosc"])
+            deadline = time.time() + 15  # the daemon frees a ring once its fills returned
+            while status(a.zarrfs, m)["delivery"]["rings_open"] and time.time() < deadline:
+                time.sleep(0.1)
+            st = status(a.zarrfs, m)["delivery"]
+            check(m._proc.poll() is None and st["rings_open"] == 0, f"damage ({label}): the daemon lives, no ring left open "
+                                                                   f"({st['errors']} fills failed)")
+        finally:
+            m.stop()
+    print(f"  damage: {time.time() - t0:.1f} s", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("zarrfs")
     ap.add_argument("store")
     ap.add_argument("view")
     ap.add_argument("scratch")
-    ap.add_argument("--parts", default="equal,reader,daemon,rate")
+    ap.add_argument("--parts", default="equal,reader,daemon,rate,dali,damage")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--trust-unchecked", action="store_true", help="mount with --gpu-trust-unchecked")
     ap.add_argument("--gpu-kernels", help="mount with --gpu-kernels FILE: kernels compiled from kernels.cu")
+    ap.add_argument("--chunkdamage", help="the chunkdamage binary (default: beside ZARRFS)")
+    ap.add_argument("--damage-seeds", type=int, default=2, help="damaged samples per kind of damage and array")
     a = ap.parse_args()
     global DEVICE
     DEVICE = a.device
@@ -318,13 +684,14 @@ def main():
     if a.gpu_kernels:
         EXTRA["gpu_kernels"] = os.path.abspath(a.gpu_kernels)
     a.zarrfs = os.path.abspath(a.zarrfs)
+    os.environ["ZARRFS_BIN"] = a.zarrfs  # every zarrfs.Mount of the run
     os.makedirs(a.scratch, exist_ok=True)
     parts = a.parts.split(",")
     if DEVICE == "cuda":
         torch.cuda.init()
         print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, {os.cpu_count()} cores", flush=True)
     n = 0
-    if "equal" in parts or "reader" in parts:
+    if "equal" in parts or "reader" in parts or "dali" in parts:
         m = start(a.zarrfs, a.store, a.view, a.scratch, "check")
         try:
             n = len(zarrfs.SampleDir(os.path.join(m.path, "train")))
@@ -332,12 +699,16 @@ def main():
                 part_equal(a, m, n)
             if "reader" in parts:
                 part_reader(a, m)
+            if "dali" in parts:
+                part_dali(a, m, n)
         finally:
             m.stop()
     if "daemon" in parts:
         part_daemon(a)
     if "rate" in parts:
         part_rate(a)
+    if "damage" in parts:
+        part_damage(a)
     print(f"{len(failed)} checks failed" if failed else "all checks passed", flush=True)
     sys.exit(1 if failed else 0)
 

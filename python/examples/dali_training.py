@@ -8,7 +8,13 @@ reads the samples with GPUDirect Storage (cuFile) from the cache's files:
     zarrfs mount /data/era5.zarr /mnt/era5 --cache /nvme/zarrfs --view train.yaml --direct &
     torchrun --nproc-per-node 8 dali_training.py /mnt/era5/train --epochs 10
 
-Without a GPU (or with --cpu) the same pipeline runs on the CPU.
+With --ring, the mount decodes each batch on the rank's GPU straight into
+device memory shared with the process (zarrfs.dali.ring_reader: only
+compressed bytes cross PCIe, nothing is written to the cache), for a mount
+that decodes on the GPUs (no --direct needed).
+
+Without a GPU (or with --cpu) the same pipeline runs on the CPU (with
+--ring, against a mount's test mode: zarrfs mount --delivery host).
 """
 
 import argparse
@@ -26,9 +32,19 @@ import zarrfs
 import zarrfs.dali
 
 
-def make_loader(sample_dir, *, rank, world, batch_size, gpu, device_id, seed=42):
+def make_loader(sample_dir, *, rank, world, batch_size, gpu, device_id, seed=42, ring=False):
     """A DALI iterator of (N, C, H, W) float32 batches of the rank's samples."""
     d = zarrfs.SampleDir(sample_dir)
+    if ring:
+        @pipeline_def(batch_size=batch_size, num_threads=4, device_id=device_id if gpu else None,
+                      prefetch_queue_depth=2, seed=seed)
+        def ring_pipeline():
+            x = zarrfs.dali.ring_reader(sample_dir, device="gpu" if gpu else "cpu", rank=rank, world=world,
+                                        shuffle=True, seed=seed)
+            return fn.cast(x, dtype=types.FLOAT)
+
+        # An epoch ends when the ring's source does: no reader_name, no padding.
+        return DALIGenericIterator([ring_pipeline()], ["x"], auto_reset=True), d
     # cuFile reads only through a --direct mount; otherwise read on the CPU
     # and copy each batch to the GPU.
     reader_device = "gpu" if gpu and d.is_direct() else "cpu"
@@ -56,6 +72,7 @@ def main(argv=None):
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--cpu", action="store_true", help="run without a GPU")
+    ap.add_argument("--ring", action="store_true", help="batches decoded by the mount into a ring shared with this process")
     args = ap.parse_args(argv)
 
     rank = int(os.environ.get("RANK", 0))
@@ -65,7 +82,7 @@ def main(argv=None):
     dev = torch.device("cuda", local) if gpu else torch.device("cpu")
 
     loader, d = make_loader(args.sample_dir, rank=rank, world=world, batch_size=args.batch_size,
-                            gpu=gpu, device_id=local)
+                            gpu=gpu, device_id=local, ring=args.ring)
     shape = d.sample_shape if len(d.sample_shape) == 3 else (1,) + d.sample_shape[-2:]
     channels = shape[0]
     # A toy model: reconstruct the input through one convolution.

@@ -1,5 +1,7 @@
 import collections
+import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -133,14 +135,16 @@ def test_reader_refuses_its_own_arguments(mount, index_store):
         pipe()
 
 
-def test_example_pipeline(mount, index_store):
-    m = mount(index_store)
+@pytest.mark.parametrize("ring", [False, True], ids=["files", "ring"])
+def test_example_pipeline(mount, index_store, ring):
+    m = mount(index_store, delivery="host" if ring else None)
     ex = os.path.join(REPO, "python", "examples", "dali_training.py")
     env = dict(os.environ, RANK="1", WORLD_SIZE="2")
     # -W error::UserWarning: the example must run without a warning of its
     # own (float() of a tensor that requires grad warned once per epoch).
     out = subprocess.run([sys.executable, "-W", "error::UserWarning:__main__", ex, os.path.join(m.path, "x"), "--cpu",
-                          "--epochs", "2", "--batch-size", "4"], capture_output=True, text=True, env=env, timeout=300)
+                          "--epochs", "2", "--batch-size", "4"] + (["--ring"] if ring else []),
+                         capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "Warning" not in out.stderr, out.stderr
     lines = [l for l in out.stdout.splitlines() if l.startswith("rank 1/2 epoch")]
@@ -164,3 +168,147 @@ def test_gpu_reader_on_direct_mount(mount, index_store):
         got += [int(v) for v in p.run()[0].as_cpu().as_array()[:, 0, 0]]
     assert got[:N] == list(range(N))
     np.testing.assert_array_equal(np.load(os.path.join(x, "05.npy"))[0, 0], 5)
+
+
+# The ring reader: batches from the mount's ring (decode="device"), here
+# in the mount's test mode (--delivery host: a ring in host memory the CPU
+# decodes into), through DALI CPU pipelines.
+
+def ring_epochs(sample_dir, n_epochs=2, batch_size=4, **reader):
+    """Each epoch of a ring_reader pipeline: its batches' bytes."""
+
+    @pipeline_def(batch_size=batch_size, num_threads=2, device_id=None)
+    def pipe():
+        return zarrfs.dali.ring_reader(sample_dir, device="cpu", **reader)
+
+    p = pipe()
+    it = DALIGenericIterator([p], ["x"])
+    out = []
+    for _ in range(n_epochs):
+        out.append([b[0]["x"].numpy().copy() for b in it])
+        it.reset()
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
+def test_ring_reader_equals_files_in_the_loaders_order(mount, index_store, world, shuffle):
+    """Every batch equals numpy.load of the files zarrfs.torch.Loader reads
+    for the same rank, epoch and seed (the share warm --rank/--world fills),
+    and each epoch is reshuffled."""
+    from zarrfs.loader import Loader
+
+    m = mount(index_store, delivery="host")
+    x = os.path.join(m.path, "x")
+    per_rank = []
+    for rank in range(world):
+        got = ring_epochs(x, rank=rank, world=world, shuffle=shuffle, seed=3)
+        ref = Loader(x, 4, device="cpu", decode="host", rank=rank, world=world, shuffle=shuffle, seed=3)
+        eps = []
+        for e, batches in enumerate(got):
+            ref.set_epoch(e)
+            want = [c["file"] for _, c in ref]
+            assert [len(b) for b in batches] == [len(f) for f in want], (rank, e)
+            for b, files in zip(batches, want):
+                assert b.dtype == np.float32 and b.shape[1:] == (2, 3)
+                assert b.tobytes() == np.stack([np.load(f) for f in files]).tobytes(), (rank, e, files)
+            eps.append([int(round(float(v))) for b in batches for v in b[:, 0, 0]])
+        per_rank.append(eps)
+    check_cover(per_rank, world, shuffle)
+    if shuffle:
+        assert per_rank[0][0] != per_rank[0][1], "each epoch has its own order"
+    doc = json.loads(subprocess.run([os.environ["ZARRFS_BIN"], "status", m.path, "--json"],
+                                    capture_output=True, text=True, check=True).stdout)
+    doc = doc[0] if isinstance(doc, list) else doc
+    assert doc["delivery"]["device_samples"] >= 2 * N, "the batches came through the ring"
+
+
+def test_ring_source_in_external_source(mount, index_store):
+    """ring_source is the iterable for a user's own fn.external_source;
+    DALI's outputs are its copies, not the ring's memory."""
+    m = mount(index_store, delivery="host")
+    x = os.path.join(m.path, "x")
+    src = zarrfs.dali.ring_source(x, 4, device="cpu", rank=1, world=2)
+    assert len(src) == 3 and src.ndim == 2 and src.cuda_stream is None  # samples 11..22
+
+    @pipeline_def(batch_size=4, num_threads=1, device_id=None)
+    def pipe():
+        from nvidia.dali import fn
+        return fn.external_source(source=src, batch=True, cycle="raise", dtype=src.dtype, ndim=src.ndim)
+
+    p = pipe()
+    p.build()
+    ring = src.loader._dring
+    lo, hi = ring.host.ctypes.data, ring.host.ctypes.data + ring.ring_bytes
+    got = []
+    for _ in range(3):
+        out, = p.run()
+        assert not any(lo <= out[i].data_ptr() < hi for i in range(len(out)))
+        got += [int(round(float(v))) for v in out.as_array()[:, 0, 0]]
+    assert got == list(range(11, 23))
+    with pytest.raises(StopIteration):
+        p.run()
+    src.close()
+
+
+def test_ring_reader_raises_naming_the_file(mount, index_store, tmp_path):
+    """A sample the mount cannot fill ends the epoch with an OSError naming
+    its file and chunk, as the Loader's does."""
+    store = tmp_path / "broken.zarr"
+    shutil.copytree(index_store, store)
+    (store / "x" / "c" / "1" / "0" / "0").write_bytes(b"garbage!" * 8)  # samples 4..7
+    m = mount(str(store), delivery="host")
+    with pytest.raises(OSError, match=r"x/0[4-7]\.npy: .*x/c/1/0/0"):
+        ring_epochs(os.path.join(m.path, "x"), n_epochs=1)
+
+
+def test_ring_reader_refuses_what_breaks_the_ring(mount, index_store):
+    m = mount(index_store, delivery="host")
+    x = os.path.join(m.path, "x")
+    for bad in ("no_copy", "parallel", "cuda_stream", "cycle"):
+        @pipeline_def(batch_size=2, num_threads=1, device_id=None)
+        def pipe():
+            return zarrfs.dali.ring_reader(x, device="cpu", **{bad: True})
+
+        with pytest.raises(TypeError, match=f"sets {bad} itself"):
+            pipe()
+
+    @pipeline_def(batch_size=2, num_threads=1, device_id=None)
+    def gpu_without_a_gpu():
+        return zarrfs.dali.ring_reader(x, device="gpu")
+
+    with pytest.raises(ValueError, match="the pipeline has no GPU"):
+        gpu_without_a_gpu()
+    plain = mount(index_store)  # no GPU here, so no ring
+    with pytest.raises(RuntimeError, match="decode='device'"):
+        zarrfs.dali.ring_source(os.path.join(plain.path, "x"), 2, device="cpu")
+    with pytest.raises(RuntimeError, match="inside a pipeline definition"):
+        zarrfs.dali.ring_reader(x, device="cpu")
+
+
+@pytest.mark.gpu
+def test_gpu_ring_reader_equals_files(mount, index_store):
+    """A GPU pipeline fed by the mount's ring in device memory: every batch
+    equals numpy.load of the Loader's files, over two shuffled epochs."""
+    need_gpu()
+    from zarrfs.loader import Loader
+
+    m = mount(index_store)
+    x = os.path.join(m.path, "x")
+
+    @pipeline_def(batch_size=4, num_threads=1, device_id=0)
+    def pipe():
+        return zarrfs.dali.ring_reader(x, device="gpu", shuffle=True, seed=2) * 1  # a GPU operator reads it
+
+    p = pipe()
+    it = DALIGenericIterator([p], ["x"])
+    ref = Loader(x, 4, device="cpu", decode="host", shuffle=True, seed=2)
+    for e in range(2):
+        ref.set_epoch(e)
+        want = [c["file"] for _, c in ref]
+        got = [b[0]["x"] for b in it]
+        it.reset()
+        assert len(got) == len(want)
+        for b, files in zip(got, want):
+            assert b.is_cuda
+            assert b.cpu().numpy().tobytes() == np.stack([np.load(f) for f in files]).tobytes(), (e, files)

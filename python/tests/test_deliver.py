@@ -5,6 +5,7 @@ the death of either side run here without a GPU (make test-gpu runs the
 same Loader against device memory)."""
 
 import contextlib
+import gc
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -160,11 +162,22 @@ def test_dead_reader_frees_its_ring(mount, index_store):
 
 
 def test_dead_daemon_raises(zarrfs_bin, fuse, big_store, tmp_path):
-    mnt, cache = str(tmp_path / "mnt"), str(tmp_path / "cache")
+    mnt = str(tmp_path / "mnt")
+    try:
+        _dead_daemon_raises(big_store, mnt, str(tmp_path / "cache"))
+    finally:
+        if zarrfs._mount.mount_source(mnt) is not None:  # a failure left the killed daemon's mount
+            for cmd in (["fusermount3", "-uz", mnt], ["umount", "-l", mnt]):
+                if shutil.which(cmd[0]) and subprocess.run(cmd, capture_output=True).returncode == 0:
+                    break
+
+
+def _dead_daemon_raises(big_store, mnt, cache):
     m = zarrfs.Mount(big_store, mnt, cache=cache, delivery="host")
     m.start()
     try:
         l = Loader(os.path.join(m.path, "x"), 64, device="cpu", decode="device", timeout=20)
+        ring = weakref.ref(l._dring)
         it = iter(l)
         next(it)
         os.kill(m._proc.pid, signal.SIGKILL)
@@ -173,6 +186,13 @@ def test_dead_daemon_raises(zarrfs_bin, fuse, big_store, tmp_path):
             for _ in it:
                 pass
         assert time.time() - t0 < 15
+        # The loader, kept, lets go of the dead daemon's ring: its mapping
+        # (device memory on a GPU) goes with the last batch over it.
+        del it
+        gc.collect()
+        assert ring() is None
+        with pytest.raises(DeliveryError, match="daemon.*make a new Loader"):
+            iter(l)
     finally:
         try:
             m.stop()
@@ -319,5 +339,56 @@ def test_cuda_ring_hands_the_daemons_handles_to_the_driver(monkeypatch, tmp_path
     assert _FakeEvent.from_handles == events
     ring.close()
     assert lib.closed == [_FakeLibcuda.RING_PTR]
+    t.join(10)
+    assert not t.is_alive()
+
+
+def test_a_batchs_error_comes_in_its_turn(mount, index_store, tmp_path, monkeypatch):
+    """Fill replies come in any order, and a fill that fails is quick: the
+    error of batch 1, answered before batch 0 is ready, is raised only
+    once batch 0 was handed out (a trainer loses no good batch to it)."""
+    import socket as sk
+
+    import zarrfs._deliver as zd
+
+    m = mount(index_store)  # the sample directory; the daemon below is a fake
+    sock = str(tmp_path / "ring.sock")
+    monkeypatch.setattr(zd, "socket_path", lambda root: sock)
+    srv = sk.socket(sk.AF_UNIX, sk.SOCK_STREAM)
+    srv.bind(sock)
+    srv.listen(1)
+    slots, slot_bytes = 3, 1 << 12
+
+    def serve():
+        c, _ = srv.accept()
+        f = c.makefile("rb")
+        json.loads(f.readline())
+        fd = os.memfd_create("ring")
+        os.ftruncate(fd, slots * slot_bytes)
+        rep = {"ok": True, "memory": "host", "ring_bytes": slots * slot_bytes, "slot_bytes": slot_bytes,
+               "sample_bytes": 24, "shape": [2, 3], "dtype": "<f4", "slots": slots, "batch": 4, "device": 0,
+               "decode": "host"}
+        sk.send_fds(c, [(json.dumps(rep) + "\n").encode()], [fd])
+        os.close(fd)
+        fills = [json.loads(f.readline()) for _ in range(slots)]
+        assert [q["slot"] for q in fills] == [0, 1, 2]
+        err = {"op": "error", "slot": 1, "code": "fill", "file": "x/05.npy", "error": "x/05.npy: chunk x/c/1/0/0: damaged"}
+        for r in (err, {"op": "ready", "slot": 0}, {"op": "ready", "slot": 2}):
+            c.sendall((json.dumps(r) + "\n").encode())
+            time.sleep(0.2)
+        while f.readline():
+            pass
+        c.close()
+        srv.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    l = Loader(os.path.join(m.path, "x"), 4, device="cpu", decode="device", prefetch=2, timeout=20)
+    it = iter(l)
+    _, c0 = next(it)
+    assert c0["index"].tolist() == [0, 1, 2, 3]
+    with pytest.raises(OSError, match=r"x/05\.npy: x/05\.npy: chunk x/c/1/0/0: damaged"):
+        next(it)
+    l.close()
     t.join(10)
     assert not t.is_alive()

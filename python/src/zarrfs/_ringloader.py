@@ -102,6 +102,8 @@ class RingEpoch:
             self.close()
             if isinstance(err, StopIteration):
                 raise StopIteration
+            if isinstance(err, DeliveryError):
+                self.l._lose_ring(err)
             raise err
         j, slot = item
         ring = self.ring
@@ -145,11 +147,16 @@ def _produce(ring: Ring, names: List[List[str]], dirpath: str, flow: _Flow,
                 continue
             last = time.monotonic()
             got += 1
-            if rep.get("op") != "ready":
-                raise _fill_error(rep, dirpath)
-            ready[int(rep["slot"])] = rep
+            slot = int(rep.get("slot", -1))
+            if rep.get("op") != "ready" and not 0 <= slot < S:
+                raise _fill_error(rep, dirpath)  # about no batch: the connection
+            # Replies come in any order: a batch's error is raised in its
+            # turn, after the batches before it, however fast it failed.
+            ready[slot] = rep
             while handed < nb and handed % S in ready:
-                del ready[handed % S]
+                rep = ready.pop(handed % S)
+                if rep.get("op") != "ready":
+                    raise _fill_error(rep, dirpath)
                 out.put(((handed, handed % S), None))
                 handed += 1
     except BaseException as e:

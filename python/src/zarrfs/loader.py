@@ -119,6 +119,7 @@ class Loader:
         if timeout <= 0:
             raise ValueError(f"timeout {timeout}: want a positive number of seconds")
         self.decode, self.copy, self.timeout = decode, copy, timeout
+        self._lost: Optional[str] = None  # why the ring was let go (its daemon is gone)
         self._dring = self._open_ring()
         self.path_kind = self._path_kind()
 
@@ -195,6 +196,9 @@ class Loader:
                 f"sample={self.dir.sample_shape} {self.dir.dtype.str})")
 
     def __iter__(self) -> Iterator[Batch]:
+        if self._lost is not None:
+            from ._deliver import DeliveryError
+            raise DeliveryError(f"{self.dir.path}: {self._lost}; this loader's ring is gone with it: make a new Loader")
         if self._dring is not None:
             from ._ringloader import RingEpoch
             self._stop_active()
@@ -216,6 +220,15 @@ class Loader:
                 self._active.close()
             except ReferenceError:  # that epoch is gone, and its threads with it
                 pass
+
+    def _lose_ring(self, err: BaseException) -> None:
+        """The ring's daemon is gone (or stopped answering): the ring takes
+        no more batches. The loader lets go of it, so that its mapping
+        closes as soon as the batches over it are gone, even while the
+        loader is kept, and every later epoch raises err. Its text alone
+        is kept: its traceback holds the epoch, which holds the ring."""
+        self._lost = str(err)
+        self._dring = None
 
     def close(self) -> None:
         """Stops the epoch under way and gives the mount's ring back (also
