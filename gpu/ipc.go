@@ -158,7 +158,7 @@ func (d *Decoder) NewRing(slots int, slotBytes int64, consumer string) (*Ring, e
 		}
 	}
 	r := &Ring{d: d, l: l, bytes: n, slotBytes: slotBytes, timeout: d.opts.RoundTimeout + 60*time.Second}
-	if err := d.takeRingMemory(n, r.timeout); err != nil {
+	if err := d.takeRingMemory(n, min(r.timeout, ringRoomWait)); err != nil {
 		return nil, err
 	}
 	r.reserved = true
@@ -283,6 +283,11 @@ func (d *Decoder) takeRingMemory(n int64, wait time.Duration) error {
 	}
 	return nil
 }
+
+// ringRoomWait bounds what opening a ring waits for the rounds in flight
+// to give their buffers back; the submitter, readying a round alone, may
+// hold sets it waits for meanwhile (holdSets).
+const ringRoomWait = 10 * time.Second
 
 // takeDevice counts n bytes more in devHeld if they fit DeviceBytes.
 func (d *Decoder) takeDevice(n int64) bool {
