@@ -88,7 +88,10 @@ type cudaRing struct {
 	release   func()
 	shadow    []byte
 	slotBytes int64
+	rt        router
 }
+
+func (c *cudaRing) route() *router { return &c.rt }
 
 // shadowOf is slot k's shadow.
 func (c *cudaRing) shadowOf(k int) []byte {

@@ -24,7 +24,10 @@ type slotJob struct {
 	// crossed to the device, on a GPU); uploaded the decoded bytes the
 	// host path copied into the slot.
 	compressed, uploaded atomic.Int64
-	stages               stageTimes
+	// hostShare counts the bytes, among uploaded, of chunks the device
+	// could take that the host decoded (route.go).
+	hostShare atomic.Int64
+	stages    stageTimes
 }
 
 // fillSlot puts job's samples into slot k: the device path first, the host

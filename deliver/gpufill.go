@@ -2,6 +2,7 @@ package deliver
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"slices"
@@ -93,6 +94,9 @@ type deviceRing interface {
 	memory() codec.HostMemory
 	// copyInSlot copies n bytes of slot k from src to dst, on the device.
 	copyInSlot(k int, dst, src, n int64) error
+	// route decides which chunks bound for the device the host decodes
+	// instead (route.go).
+	route() *router
 }
 
 // uploadGaps copies the ranges gaps of slot k's shadow (what the host
@@ -178,7 +182,10 @@ type slotDecoder struct {
 	in       atomic.Int64 // nanoseconds in DecodeBatch
 
 	mu   sync.Mutex
-	done [][2]int64 // shadow ranges the device wrote into the slot
+	done [][2]int64 // shadow ranges the device wrote into the slot, or the host's share did
+	// upMu serializes the host share's copies into the slot (a slot's
+	// calls come one at a time).
+	upMu sync.Mutex
 }
 
 // deviceCodecs are the codecs the GPU decodes into a slot with every
@@ -206,16 +213,32 @@ func (s *slotDecoder) onDevice(jobs []codec.Job) (dev []int, offs []int64, host 
 }
 
 // DecodeBatch decodes on the GPU into the slot the jobs it may take, and
-// at the same time on the host the others; then on the host what the GPU
+// at the same time on the host the others, and of those the GPU may take
+// the share the host decodes sooner (route.go), straight into pinned
+// memory and from there into the slot; then on the host what the GPU
 // handed back (ErrUnsupported).
 func (s *slotDecoder) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 	t0 := time.Now()
 	defer func() { s.in.Add(int64(time.Since(t0))) }()
 	dev, offs, host := s.onDevice(jobs)
-	var hostErr error
+	var hostErr, shareErr error
 	var wg sync.WaitGroup
 	if len(host) > 0 {
 		wg.Go(func() { hostErr = s.onHost(ctx, jobs, host) })
+	}
+	rt := s.ring.route()
+	share, large := rt.split(jobs, dev)
+	if len(share) > 0 {
+		at := make(map[int]int64, len(dev))
+		for k, i := range dev {
+			at[i] = offs[k]
+		}
+		shareOffs := make([]int64, len(share))
+		for k, i := range share {
+			shareOffs[k] = at[i]
+		}
+		dev, offs = without(dev, offs, share)
+		wg.Go(func() { shareErr = s.hostShare(ctx, jobs, share, shareOffs) })
 	}
 	var rest []int
 	if len(dev) > 0 {
@@ -226,6 +249,9 @@ func (s *slotDecoder) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 		var times gpu.RingTimes
 		err := s.ring.decode(ctx, s.slot, sub, offs, &times)
 		s.count(times)
+		if large && err == nil {
+			rt.deviceDone(times.Wait)
+		}
 		if err != nil && ctx.Err() != nil {
 			wg.Wait()
 			return err
@@ -250,7 +276,66 @@ func (s *slotDecoder) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 			hostErr = err
 		}
 	}
-	return hostErr
+	return cmp.Or(hostErr, shareErr)
+}
+
+// without returns dev and offs less the jobs of drop.
+func without(dev []int, offs []int64, drop []int) ([]int, []int64) {
+	var d []int
+	var o []int64
+	for k, i := range dev {
+		if !slices.Contains(drop, i) {
+			d = append(d, i)
+			o = append(o, offs[k])
+		}
+	}
+	return d, o
+}
+
+// hostShare decodes jobs idx, which the device could have taken, on the
+// host, each on a goroutine of its own (the idle cores) into pinned
+// memory, whence it is copied into the slot at offs: the chunk's bytes
+// cross once, as the device's would, and never touch the shadow. The
+// CPU's verdict is the chunk's, as on the host path.
+func (s *slotDecoder) hostShare(ctx context.Context, jobs []codec.Job, idx []int, offs []int64) error {
+	t0 := time.Now()
+	var n atomic.Int64
+	var wg sync.WaitGroup
+	for k, i := range idx {
+		wg.Go(func() {
+			j := &jobs[i]
+			if err := ctx.Err(); err != nil {
+				j.Err = err
+				return
+			}
+			mem := s.ring.memory()
+			buf := mem.HostAlloc(len(j.Dst))
+			defer mem.HostFree(buf)
+			if j.Err = codec.Decode(j.Codec, buf, j.Src); j.Err != nil {
+				return
+			}
+			s.upMu.Lock()
+			err := s.ring.Write(s.slot, offs[k], buf)
+			s.upMu.Unlock()
+			if err != nil {
+				j.Err = err
+				return
+			}
+			s.mu.Lock()
+			s.done = append(s.done, [2]int64{offs[k], offs[k] + int64(len(buf))})
+			s.mu.Unlock()
+			n.Add(int64(len(buf)))
+		})
+	}
+	wg.Wait()
+	d := time.Since(t0)
+	s.job.stages.add(stHostShare, d)
+	s.job.uploaded.Add(n.Load())
+	s.job.hostShare.Add(n.Load())
+	if ctx.Err() == nil {
+		s.ring.route().hostDone(n.Load(), d)
+	}
+	return ctx.Err()
 }
 
 // HostAlloc and HostFree lend the ring's GPU's pinned memory: the fill

@@ -108,7 +108,19 @@ type testDevice struct {
 	decoded  atomic.Int64
 	refusals atomic.Int64
 	copied   atomic.Int64 // bytes copied within a slot on the device
+	rt       router
+	// slow, when set, is how long a decode with a chunk of a large part
+	// takes (nvCOMP on a few large zstd frames); slowCalls counts them.
+	slow      time.Duration
+	slowCalls atomic.Int64
+	// idle, when set, makes decode do nothing (benchmarks of the host's
+	// part).
+	idle bool
+	mu   sync.Mutex
+	free map[int][][]byte // memory lent and given back, by size
 }
+
+func (d *testDevice) route() *router { return &d.rt }
 
 func (d *testDevice) copyInSlot(k int, dst, src, n int64) error {
 	slot := d.Host(k)
@@ -125,16 +137,53 @@ func (d *testDevice) memory() codec.HostMemory { return lender{d} }
 
 type lender struct{ d *testDevice }
 
+// HostAlloc lends memory given back before where it can, as a GPU's
+// pinned arenas do (it is not cleared).
 func (l lender) HostAlloc(n int) []byte {
-	b := make([]byte, n)
+	l.d.mu.Lock()
+	var b []byte
+	if free := l.d.free[n]; len(free) > 0 {
+		b = free[len(free)-1]
+		l.d.free[n] = free[:len(free)-1]
+	}
+	l.d.mu.Unlock()
+	if b == nil {
+		b = make([]byte, n)
+	}
 	l.d.lent.Store(&b[0], true)
 	return b
 }
 
-func (l lender) HostFree(b []byte) { l.d.lent.Delete(&b[:1][0]) }
+func (l lender) HostFree(b []byte) {
+	l.d.lent.Delete(&b[:1][0])
+	l.d.mu.Lock()
+	defer l.d.mu.Unlock()
+	if l.d.free == nil {
+		l.d.free = map[int][][]byte{}
+	}
+	l.d.free[len(b)] = append(l.d.free[len(b)], b)
+}
 
 func (d *testDevice) decode(ctx context.Context, k int, jobs []codec.Job, offs []int64, t *gpu.RingTimes) error {
+	if d.idle {
+		for i := range jobs {
+			d.decoded.Add(1)
+			if _, ok := d.lent.Load(&jobs[i].Src[0]); !ok {
+				d.foreign.Add(1)
+			}
+		}
+		return nil
+	}
 	slot := d.Host(k)
+	t0 := time.Now()
+	defer func() { t.Wait += time.Since(t0) }()
+	for i := range jobs {
+		if d.slow > 0 && gpu.LargestPiece(&jobs[i]) >= minHostPiece {
+			d.slowCalls.Add(1)
+			time.Sleep(d.slow)
+			break
+		}
+	}
 	for i := range jobs {
 		j := &jobs[i]
 		if _, ok := d.lent.Load(&j.Src[0]); !ok {
@@ -181,43 +230,7 @@ func (m testDeviceMemory) NewRing(req *OpenRequest, slots int, slotBytes int64) 
 // the mount's file.
 func TestGPUFillIntoSlot(t *testing.T) {
 	dir := devStore(t)
-	st, err := objectstore.OpenPosix(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := zarr.Open(context.Background(), st, zarr.Options{ChunkCacheBytes: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	specs, err := layout.ParseViews("v.yaml", []byte("views:\n  - name: v\n    channels:\n      - var: a\n        select: {level: all}\n      - var: s\n      - var: c\n      - var: b\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	views, err := layout.BindViews(context.Background(), h, specs, layout.BindOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lay, err := layout.Build(h, layout.Options{Views: views})
-	if err != nil {
-		t.Fatal(err)
-	}
-	filler, err := fill.New(fill.Options{Reader: h})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mem := testDeviceMemory{dev: make(chan *testDevice, 1)}
-	s := &Server{Layout: func() *layout.Layout { return lay }, Blobs: &fileBlobs{fill: filler, dir: t.TempDir(), opens: map[string]int{}},
-		Memory: mem, Device: GPUFill{Filler: filler, Fallback: must(codec.NewCPU(codec.Options{Workers: 2}))}}
-	sock := filepath.Join(t.TempDir(), "d.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go s.Serve(ctx, ln)
-	c := dial(t, sock)
+	s, c, mem, filler, lay := gpuServer(t, dir, "views:\n  - name: v\n    channels:\n      - var: a\n        select: {level: all}\n      - var: s\n      - var: c\n      - var: b\n")
 	rep := c.open(t, OpenRequest{Dir: "v", Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 2, Batch: 3})
 	if !rep.OK {
 		t.Fatalf("open: %+v", rep)
@@ -260,6 +273,52 @@ func TestGPUFillIntoSlot(t *testing.T) {
 	if st := rings[0].Stages; st["host_decode"] <= 0 || st["upload"] <= 0 || st["host_checks"] <= 0 || st["read"] <= 0 {
 		t.Fatalf("stages %v", st)
 	}
+	if tot.HostShare != 0 {
+		t.Fatalf("the host took %d bytes of chunks of small parts from the device", tot.HostShare)
+	}
+}
+
+// gpuServer serves the store in dir with views (YAML) on a socket, the
+// device path on a testDevice, and returns a client.
+func gpuServer(t testing.TB, dir, viewsYAML string) (*Server, *client, testDeviceMemory, *fill.Filler, *layout.Layout) {
+	t.Helper()
+	st, err := objectstore.OpenPosix(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := zarr.Open(context.Background(), st, zarr.Options{ChunkCacheBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	specs, err := layout.ParseViews("v.yaml", []byte(viewsYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	views, err := layout.BindViews(context.Background(), h, specs, layout.BindOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lay, err := layout.Build(h, layout.Options{Views: views})
+	if err != nil {
+		t.Fatal(err)
+	}
+	filler, err := fill.New(fill.Options{Reader: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := testDeviceMemory{dev: make(chan *testDevice, 1)}
+	s := &Server{Layout: func() *layout.Layout { return lay }, Blobs: &fileBlobs{fill: filler, dir: t.TempDir(), opens: map[string]int{}},
+		Memory: mem, Device: GPUFill{Filler: filler, Fallback: must(codec.NewCPU(codec.Options{Workers: 2}))}}
+	sock := filepath.Join(t.TempDir(), "d.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go s.Serve(ctx, ln)
+	return s, dial(t, sock), mem, filler, lay
 }
 
 // sampleBytes is sample p's data as the mount's file holds it.

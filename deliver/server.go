@@ -53,6 +53,7 @@ type totals struct {
 	rings, fills, errors       atomic.Int64
 	device, host               atomic.Int64 // samples by path
 	compressed, uploaded, held atomic.Int64 // bytes
+	share                      atomic.Int64 // bytes of the host's share (route.go)
 	stages                     stageTimes
 }
 
@@ -297,8 +298,9 @@ func (c *conn) fill(ctx context.Context, k int, files []string) fillReply {
 	job.stages.add(stFill, time.Since(t0))
 	c.stats.stages.addAll(&job.stages)
 	s.stats.stages.addAll(&job.stages)
-	c.stats.count(dev, host, job.compressed.Load(), job.uploaded.Load(), err)
+	c.stats.count(dev, host, job.compressed.Load(), job.uploaded.Load(), job.hostShare.Load(), err)
 	s.stats.uploaded.Add(job.uploaded.Load())
+	s.stats.share.Add(job.hostShare.Load())
 	s.stats.fills.Add(1)
 	s.stats.device.Add(int64(dev))
 	s.stats.host.Add(int64(host))

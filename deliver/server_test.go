@@ -159,7 +159,7 @@ type client struct {
 	rep openReply
 }
 
-func dial(t *testing.T, sock string) *client {
+func dial(t testing.TB, sock string) *client {
 	t.Helper()
 	c, err := net.Dial("unix", sock)
 	if err != nil {
@@ -169,7 +169,7 @@ func dial(t *testing.T, sock string) *client {
 	return &client{c: c.(*net.UnixConn), rd: bufio.NewReader(c)}
 }
 
-func (c *client) send(t *testing.T, v any) {
+func (c *client) send(t testing.TB, v any) {
 	t.Helper()
 	b, _ := json.Marshal(v)
 	if _, err := c.c.Write(append(b, '\n')); err != nil {
@@ -178,7 +178,7 @@ func (c *client) send(t *testing.T, v any) {
 }
 
 // open sends an open request and maps the memfd the reply carries.
-func (c *client) open(t *testing.T, req OpenRequest) openReply {
+func (c *client) open(t testing.TB, req OpenRequest) openReply {
 	t.Helper()
 	req.Op = "open"
 	c.send(t, req)
@@ -221,13 +221,13 @@ func (c *client) open(t *testing.T, req OpenRequest) openReply {
 	return rep
 }
 
-func (c *client) fill(t *testing.T, slot int, files ...string) fillReply {
+func (c *client) fill(t testing.TB, slot int, files ...string) fillReply {
 	t.Helper()
 	c.send(t, fillRequest{Op: "fill", Slot: slot, Files: files})
 	return c.next(t)
 }
 
-func (c *client) next(t *testing.T) fillReply {
+func (c *client) next(t testing.TB) fillReply {
 	t.Helper()
 	c.c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	line, err := c.rd.ReadBytes('\n')

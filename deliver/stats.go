@@ -27,7 +27,10 @@ type RingStats struct {
 	// Compressed is the compressed bytes the device path read, Uploaded
 	// the decoded bytes the host path copied into slots.
 	Compressed, Uploaded atomic.Int64
-	stages               stageTimes
+	// HostShare is the decoded bytes of chunks the device could take that
+	// the host decoded instead (route.go), among Uploaded.
+	HostShare atomic.Int64
+	stages    stageTimes
 }
 
 // Stages of a fill, where its time goes: what `zarrfs status` reports
@@ -46,11 +49,12 @@ const (
 	stHostDecode        // decoding on the host the chunks the device does not take
 	stUpload            // copying what the host wrote into the slot
 	stHostPath          // samples of the host path: blob opened through the cache, copied into the slot
+	stHostShare         // chunks the device could take decoded on the host instead (route.go), and copied into the slot
 	numStages
 )
 
 var stageNames = [numStages]string{"fill", "read", "consumer_wait", "host_checks", "device_wait", "h2d", "decode",
-	"kernels", "d2h", "host_decode", "upload", "host_path"}
+	"kernels", "d2h", "host_decode", "upload", "host_path", "host_share"}
 
 // StageNames are the stages of Totals.Stages and RingInfo.Stages, in the
 // order of a fill.
@@ -76,7 +80,8 @@ func (t *stageTimes) doc() map[string]float64 {
 	return m
 }
 
-func (r *RingStats) count(dev, host int, compressed, uploaded int64, err error) {
+func (r *RingStats) count(dev, host int, compressed, uploaded, share int64, err error) {
+	r.HostShare.Add(share)
 	r.Fills.Add(1)
 	if err != nil {
 		r.Errors.Add(1)
@@ -103,6 +108,7 @@ type RingInfo struct {
 	HostSamples   int64     `json:"host_samples"`
 	Compressed    int64     `json:"compressed_bytes"`
 	Uploaded      int64     `json:"host_path_bytes"`
+	HostShare     int64     `json:"host_share_bytes"`
 	// Stages is where its fills' time went, in seconds by stage.
 	Stages map[string]float64 `json:"stages_s"`
 }
@@ -121,13 +127,18 @@ type Totals struct {
 	// GPU, together they are the bytes that crossed to the device.
 	Compressed int64 `json:"compressed_bytes"`
 	Uploaded   int64 `json:"host_path_bytes"`
+	// HostShare is the decoded bytes, among Uploaded, of chunks the device
+	// could take that the host decoded instead, on idle cores, because it
+	// was the sooner (chunks of large zstd frames, say).
+	HostShare int64 `json:"host_share_bytes"`
 	// Stages is where the fills' time went, in seconds by stage, summed
 	// over fills (which run at once: the sum may pass the wall time):
 	// fill (the whole request), read (compressed chunks read, samples laid
 	// out), consumer_wait, host_checks, device_wait (queued to in the
 	// slot), h2d, decode and kernels and d2h (device time of the rounds),
 	// host_decode (chunks the device does not take), upload (what the
-	// host wrote, into the slot), host_path.
+	// host wrote, into the slot), host_path, host_share (chunks the device
+	// could take decoded on the host instead, and copied into the slot).
 	Stages map[string]float64 `json:"stages_s"`
 }
 
@@ -140,14 +151,15 @@ func (s *Server) Stats() ([]RingInfo, Totals) {
 			Bytes: int64(r.Slots) * r.SlotBytes, SampleBytes: r.SampleBytes, Opened: r.Opened,
 			Fills: r.Fills.Load(), Errors: r.Errors.Load(), DeviceSamples: r.DeviceSamples.Load(),
 			HostSamples: r.HostSamples.Load(), Compressed: r.Compressed.Load(), Uploaded: r.Uploaded.Load(),
-			Stages: r.stages.doc()})
+			HostShare: r.HostShare.Load(), Stages: r.stages.doc()})
 	}
 	open := len(s.rings)
 	s.mu.Unlock()
 	slices.SortFunc(out, func(a, b RingInfo) int { return a.ID - b.ID })
 	t := Totals{Opened: s.stats.rings.Load(), Open: open, HeldBytes: s.stats.held.Load(), Fills: s.stats.fills.Load(),
 		Errors: s.stats.errors.Load(), DeviceSamples: s.stats.device.Load(), HostSamples: s.stats.host.Load(),
-		Compressed: s.stats.compressed.Load(), Uploaded: s.stats.uploaded.Load(), Stages: s.stats.stages.doc()}
+		Compressed: s.stats.compressed.Load(), Uploaded: s.stats.uploaded.Load(), HostShare: s.stats.share.Load(),
+		Stages: s.stats.stages.doc()}
 	return out, t
 }
 

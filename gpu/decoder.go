@@ -174,9 +174,12 @@ type Decoder struct {
 	// Memory held by the rounds' buffers, and the time (UnixNano) the last
 	// round was submitted, for budgets and idle trimming.
 	devHeld, stagingHeld atomic.Int64
-	stagingBase          int64 // the argument blocks, kept while idle
-	lastRound            atomic.Int64
-	trimStop, trimDone   chan struct{}
+	// ringHeld is the part of devHeld that rings hold (ipc.go): the
+	// rounds share what they leave (roundLimit).
+	ringHeld           atomic.Int64
+	stagingBase        int64 // the argument blocks, kept while idle
+	lastRound          atomic.Int64
+	trimStop, trimDone chan struct{}
 
 	// ctxMu guards ctx: HostAlloc registers memory under its read lock (so
 	// callers register at once), a context rebuild or Close holds it.
@@ -210,6 +213,7 @@ type Decoder struct {
 	closing       bool
 	wake          chan struct{} // a request was queued, or Close called
 	free          chan int      // buffer sets with no round in flight
+	ringAhead     chan struct{} // places of ring rounds in flight (awaitAhead)
 	submitted     chan *round   // rounds in flight, oldest first, to the completer
 	stopped       chan struct{} // closed when Close has freed everything
 	completerDone chan struct{}

@@ -57,6 +57,10 @@ type fakeGPU struct {
 	// kernels return at once, reporting success): benchmarks of the
 	// host's part.
 	idle bool
+	// gate, when set, keeps every event not done until it is closed: the
+	// rounds started stay on the device (their work ran, but the host is
+	// not told) while the test queues more.
+	gate chan struct{}
 	// walked counts the LZ4 blocks lz4_check walked, and rejected;
 	// hashed the chunks xxh64_check hashed.
 	walked, rejected, hashed int
@@ -78,6 +82,13 @@ const (
 	nvCannotDecompress          = nvStatus(12)
 	nvAlignment                 = nvStatus(17)
 )
+
+// gated returns the gate, if any.
+func (f *fakeGPU) gated() chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.gate
+}
 
 func (f *fakeGPU) fault(format string, args ...any) {
 	f.mu.Lock()
@@ -438,12 +449,26 @@ func (f *fakeGPU) libs() *libs {
 		cuLaunchKernel: func(fn uintptr, gx, gy, gz, bx, by, bz, shmem uint32, s uintptr, params, extra unsafe.Pointer) cuResult {
 			return f.launch(fn, gy, params)
 		},
-		cuGetErrorString:   func(cuResult, **byte) cuResult { return cuErrInvalidValue },
-		cuGetErrorName:     func(cuResult, **byte) cuResult { return cuErrInvalidValue },
-		cuEventCreate:      func(e *uintptr, flags uint32) cuResult { *e = f.handle(); return ok() },
-		cuEventRecord:      func(e, s uintptr) cuResult { return ok() },
-		cuEventSynchronize: func(uintptr) cuResult { return ok() },
-		cuEventQuery:       func(uintptr) cuResult { return ok() },
+		cuGetErrorString: func(cuResult, **byte) cuResult { return cuErrInvalidValue },
+		cuGetErrorName:   func(cuResult, **byte) cuResult { return cuErrInvalidValue },
+		cuEventCreate:    func(e *uintptr, flags uint32) cuResult { *e = f.handle(); return ok() },
+		cuEventRecord:    func(e, s uintptr) cuResult { return ok() },
+		cuEventSynchronize: func(uintptr) cuResult {
+			if g := f.gated(); g != nil {
+				<-g
+			}
+			return ok()
+		},
+		cuEventQuery: func(uintptr) cuResult {
+			if g := f.gated(); g != nil {
+				select {
+				case <-g:
+				default:
+					return cuErrNotReady
+				}
+			}
+			return ok()
+		},
 		cuEventDestroy:     func(uintptr) cuResult { return ok() },
 		cuEventElapsedTime: func(ms *float32, a, b uintptr) cuResult { *ms = 0; return ok() },
 	}

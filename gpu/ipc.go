@@ -127,6 +127,9 @@ type Ring struct {
 	evHandles []ipcHandle
 	// Timeout bounds a wait for a slot's copies.
 	timeout time.Duration
+	// reserved: bytes are counted in the Decoder's devHeld and ringHeld
+	// (takeRingMemory), until free.
+	reserved bool
 
 	mu     sync.Mutex
 	closed bool
@@ -155,6 +158,10 @@ func (d *Decoder) NewRing(slots int, slotBytes int64, consumer string) (*Ring, e
 		}
 	}
 	r := &Ring{d: d, l: l, bytes: n, slotBytes: slotBytes, timeout: d.opts.RoundTimeout + 60*time.Second}
+	if err := d.takeRingMemory(n, min(r.timeout, ringRoomWait)); err != nil {
+		return nil, err
+	}
+	r.reserved = true
 	var runErr error
 	ran := d.inContext(func() { runErr = r.init(slots, consumer != "", ch) })
 	if !ran {
@@ -162,6 +169,7 @@ func (d *Decoder) NewRing(slots int, slotBytes int64, consumer string) (*Ring, e
 	}
 	if runErr != nil {
 		d.inContext(r.free)
+		r.unreserve() // without a context, free did not run: nothing was allocated
 		return nil, runErr
 	}
 	return r, nil
@@ -170,14 +178,10 @@ func (d *Decoder) NewRing(slots int, slotBytes int64, consumer string) (*Ring, e
 // init allocates the ring's memory, streams and events, in the Decoder's
 // context on a locked thread.
 func (r *Ring) init(slots int, hasConsumer bool, ch ipcHandle) error {
-	d, cu, l := r.d, r.d.cu, r.l
-	if held := d.devHeld.Load(); held+r.bytes > d.opts.DeviceBytes {
-		return fmt.Errorf("%w: a ring of %d bytes beside %d held, budget %d (--gpu-memory)", ErrBudget, r.bytes, held, d.opts.DeviceBytes)
-	}
+	cu, l := r.d.cu, r.l
 	if err := cu.check("cuMemAlloc", cu.cuMemAlloc(&r.base, uint64(r.bytes))); err != nil {
 		return err
 	}
-	d.devHeld.Add(r.bytes)
 	if err := cu.check("cuIpcGetMemHandle", l.cuIpcGetMemHandle(&r.handle, r.base)); err != nil {
 		return err
 	}
@@ -235,9 +239,96 @@ func (r *Ring) free() {
 	}
 	if r.base != 0 {
 		cu.cuMemFree(r.base)
-		r.d.devHeld.Add(-r.bytes)
 	}
+	r.unreserve()
 	r.base, r.consumer, r.streams, r.events, r.copied = 0, 0, nil, nil, nil
+}
+
+// unreserve gives back the ring's bytes counted in the Decoder's memory.
+func (r *Ring) unreserve() {
+	if r.reserved {
+		r.d.devHeld.Add(-r.bytes)
+		r.d.ringHeld.Add(-r.bytes)
+		r.reserved = false
+	}
+}
+
+// takeRingMemory counts n bytes of a ring in the Decoder's device memory,
+// within Options.DeviceBytes. Where they do not fit beside what the
+// rounds' buffers hold, those are given back first (waiting up to wait for
+// the rounds in flight): rounds past grew them, and keep them until
+// HostIdle, idle (nvCOMP's scratch for rounds of large zstd chunks takes
+// gigabytes); the rounds grow them again within what the rings leave
+// (roundLimit).
+func (d *Decoder) takeRingMemory(n int64, wait time.Duration) error {
+	if d.takeDevice(n) {
+		d.ringHeld.Add(n)
+		return nil
+	}
+	sets, ok := d.holdSets(wait)
+	if ok {
+		d.trim()
+		d.roundCap.Store(0) // what a cut made room beside is gone
+	}
+	took := d.takeDevice(n)
+	if took {
+		d.ringHeld.Add(n)
+	}
+	held := d.devHeld.Load()
+	for _, s := range sets {
+		d.free <- s
+	}
+	if !took {
+		return fmt.Errorf("%w: a ring of %d bytes beside %d held, budget %d (--gpu-memory)", ErrBudget, n, held, d.opts.DeviceBytes)
+	}
+	return nil
+}
+
+// ringRoomWait bounds what opening a ring waits for the rounds in flight
+// to give their buffers back; the submitter, readying a round alone, may
+// hold sets it waits for meanwhile (holdSets).
+const ringRoomWait = 10 * time.Second
+
+// takeDevice counts n bytes more in devHeld if they fit DeviceBytes.
+func (d *Decoder) takeDevice(n int64) bool {
+	for {
+		held := d.devHeld.Load()
+		if held+n > d.opts.DeviceBytes {
+			return false
+		}
+		if d.devHeld.CompareAndSwap(held, held+n) {
+			return true
+		}
+	}
+}
+
+// holdSets takes every buffer set, waiting up to wait for the rounds in
+// flight; on false it holds none (what it took is given back). A
+// submitter that readies a round alone holds sets and waits for the rest
+// too: the bound breaks that tie in its favour.
+func (d *Decoder) holdSets(wait time.Duration) ([]int, bool) {
+	held := make([]int, 0, len(d.sets))
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for len(held) < len(d.sets) {
+		select {
+		case s := <-d.free:
+			held = append(held, s)
+			continue
+		case <-t.C:
+		case <-d.hungCh:
+		case <-d.stopped:
+		}
+		for _, s := range held {
+			d.free <- s
+		}
+		return nil, false
+	}
+	if d.hung.Load() {
+		// What the buffers hold may still be in use: never freed.
+		return held, false
+	}
+	return held, true
 }
 
 // Handle is the ring's CUDA IPC memory handle, hex.
@@ -434,6 +525,27 @@ func (r *Ring) Decode(ctx context.Context, k int, jobs []codec.Job, offs []int64
 		return failAll(err)
 	}
 	return r.d.decodeBatch(ctx, jobs, 0, &ringCall{dev: dev, times: times})
+}
+
+// LargestPiece is the decoded size of the largest part of chunk j that
+// nvCOMP decodes alone (a zstd frame, an LZ4 block, a blosc stream), or 0
+// where the GPU path does not read its framing. nvCOMP decodes a round's
+// parts side by side, but each part on its own: a round takes at least
+// its largest part's time, however idle the rest of the GPU, and for a
+// large part a host core may be the sooner (package deliver decodes such
+// chunks on idle cores). It reads j's framing only.
+func LargestPiece(j *codec.Job) int64 {
+	p := frame(j)
+	if p.err != nil {
+		return 0
+	}
+	var most int64
+	for _, pc := range p.pieces {
+		if pc.algo != rawPiece {
+			most = max(most, pc.n)
+		}
+	}
+	return most
 }
 
 // awaitConsumer waits until the reader's consumer event, as recorded

@@ -344,3 +344,144 @@ func BenchmarkRingDecodeHost(b *testing.B) {
 	b.Logf("a sample: checks %v, wait %v (device: h2d %v, decode %v, kernels %v, d2h %v)", times.Checks/n, times.Wait/n,
 		times.Device.H2D/n, times.Device.Decode/n, times.Device.Kernels/n, times.Device.D2H/n)
 }
+
+// A ring that does not fit beside the buffers rounds past left behind,
+// idle, is not refused: they are given back first; the rounds after it
+// share what the ring leaves, and still decode on the device.
+func TestRingTrimsIdleRounds(t *testing.T) {
+	const budget = 96 << 20
+	d, _, _ := ringDecoder(t, Options{DeviceBytes: budget, MaxBatchBytes: 128 << 20, Streams: 2, HostIdle: time.Hour})
+	lz4Jobs := func(n, size int) []codec.Job {
+		jobs := make([]codec.Job, n)
+		for i := range jobs {
+			raw := bytes.Repeat(field(64, 128, uint64(i+1)), size/(4*64*128))
+			jobs[i] = codec.Job{Codec: codec.LZ4, Src: compress(codec.LZ4, raw), Dst: make([]byte, len(raw))}
+		}
+		return jobs
+	}
+	decode := func(jobs []codec.Job) {
+		t.Helper()
+		if err := d.DecodeBatch(context.Background(), jobs); err != nil {
+			t.Fatal(err)
+		}
+		for i, j := range jobs {
+			if j.Err != nil {
+				t.Fatalf("chunk %d: %v", i, j.Err)
+			}
+		}
+	}
+	decode(lz4Jobs(16, 2<<20)) // 32 MiB decoded in one round
+	idle, _, _ := d.MemoryHeld()
+	const ring = 64 << 20
+	if idle+ring <= budget {
+		t.Fatalf("the rounds hold %d bytes: a ring of %d fits beside them, nothing to show", idle, ring)
+	}
+	r, err := d.NewRing(2, ring/2, "")
+	if err != nil {
+		t.Fatalf("a ring refused while the rounds held %d idle bytes: %v", idle, err)
+	}
+	if held, _, _ := d.MemoryHeld(); held != ring {
+		t.Fatalf("device memory held %d with the ring, want the ring's %d alone", held, ring)
+	}
+	before := d.Stats()
+	decode(lz4Jobs(8, 2<<20))
+	st := d.Stats()
+	if held, _, _ := d.MemoryHeld(); held > budget || st.Chunks-before.Chunks != 8 || st.Refused != before.Refused {
+		t.Fatalf("beside the ring: %d bytes held (budget %d), %d chunks on the device, %d refused", held, budget,
+			st.Chunks-before.Chunks, st.Refused-before.Refused)
+	}
+	if lim := d.roundLimit(); lim > (budget-ring)/4 && lim > minRoundLimit {
+		t.Fatalf("rounds may cost %d beside the ring, more than their part of what it leaves", lim)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if lim := d.roundLimit(); lim != d.opts.share() {
+		t.Fatalf("rounds may cost %d once the ring is closed, want their share %d", lim, d.opts.share())
+	}
+}
+
+// Fills of several slots that come while the device decodes share its
+// next round: no more than ringRoundsAhead rounds of a ring's jobs are in
+// flight, so the jobs queued behind them go to the device together, not a
+// round each that would wait there for the one before.
+func TestRingRoundsMerge(t *testing.T) {
+	d, f, _ := ringDecoder(t, Options{Streams: 4, HostIdle: time.Hour})
+	const slots = 5
+	r, err := d.NewRing(slots, 1<<20, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	a := field(32, 128, 1) // 16 KiB
+	src := compress(codec.LZ4, a)
+	gate := make(chan struct{})
+	f.mu.Lock()
+	f.gate = gate
+	f.mu.Unlock()
+	var wg sync.WaitGroup
+	errs := make([]error, slots)
+	times := make([]RingTimes, slots)
+	fill := func(k int) {
+		wg.Go(func() {
+			jobs := make([]codec.Job, 4)
+			offs := make([]int64, 4)
+			for i := range jobs {
+				jobs[i] = codec.Job{Codec: codec.LZ4, Src: src, Dst: make([]byte, len(a))}
+				offs[i] = int64(i * len(a))
+			}
+			errs[k] = r.Decode(context.Background(), k, jobs, offs, &times[k])
+			for _, j := range jobs {
+				if errs[k] == nil {
+					errs[k] = j.Err
+				}
+			}
+		})
+	}
+	queued := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			d.qmu.Lock()
+			q := len(d.live)
+			d.qmu.Unlock()
+			if q >= n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d fills waiting for the device, want %d", q, n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	// Two fills take the device; three more come while it decodes them.
+	fill(0)
+	queued(1)
+	fill(1)
+	queued(2)
+	for k := 2; k < slots; k++ {
+		fill(k)
+	}
+	queued(slots)
+	time.Sleep(20 * time.Millisecond) // the submitter takes up what it may
+	if st := d.Stats(); st.Rounds != 0 {
+		t.Fatalf("%d rounds done with the device held", st.Rounds)
+	}
+	close(gate)
+	wg.Wait()
+	for k, err := range errs {
+		if err != nil {
+			t.Fatalf("fill %d: %v", k, err)
+		}
+	}
+	for k := range slots {
+		for i := range 4 {
+			if got := f.devBytes("check", uint64(r.Addr(k, int64(i*len(a)))), uint64(len(a))); !bytes.Equal(got, a) {
+				t.Fatalf("slot %d, chunk %d: differs from the CPU's bytes", k, i)
+			}
+		}
+	}
+	if st := d.Stats(); st.Rounds != 3 || st.Chunks != 4*slots {
+		t.Fatalf("%d rounds for %d fills (%d chunks on the device), want 3: the two in flight and one for the fills queued behind them", st.Rounds, slots, st.Chunks)
+	}
+}

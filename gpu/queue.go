@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"slices"
 	"sync"
@@ -129,9 +130,12 @@ type round struct {
 	// exclusive: every buffer set is held for this round, so the device
 	// may rebuild its context before it.
 	exclusive bool
-	callers   int
-	reqs      []*request // callers with pinned memory in the round: onDevice counts it
-	fl        *inflight  // the device's state of the round
+	// ahead: the round holds a place among the ring rounds in flight
+	// (awaitAhead), given back when it is done.
+	ahead   bool
+	callers int
+	reqs    []*request // callers with pinned memory in the round: onDevice counts it
+	fl      *inflight  // the device's state of the round
 	// The watchdog's (watchdog.go): when the round must be done by, the
 	// timer that retires the device if the submitter is still taking the
 	// round up then, and whether it has (started) and the round is
@@ -165,6 +169,10 @@ func (d *Decoder) start(dev device) {
 	d.free = make(chan int, n)
 	for s := range n {
 		d.free <- s
+	}
+	d.ringAhead = make(chan struct{}, ringRoundsAhead)
+	for range ringRoundsAhead {
+		d.ringAhead <- struct{}{}
 	}
 	d.submitted = make(chan *round, n)
 	d.stopped = make(chan struct{})
@@ -402,21 +410,24 @@ func (d *Decoder) submitLoop() {
 		if closing {
 			break
 		}
+		ahead := d.awaitAhead(pending)
 		set := <-d.free
 		// Whatever queued while the sets were busy joins this round.
 		qs, closing = d.take(false)
 		pending = appendItems(pending, qs)
 		if closing {
 			d.free <- set
+			d.behind(ahead)
 			break
 		}
 		var r *round
 		r, pending = d.nextRound(pending)
 		if r == nil {
 			d.free <- set
+			d.behind(ahead)
 			continue
 		}
-		r.set = set
+		r.set, r.ahead = set, ahead
 		d.runRound(r)
 	}
 	// Close: jobs not yet on the device fail; rounds in flight finish.
@@ -432,6 +443,47 @@ func (d *Decoder) submitLoop() {
 		d.rounds.close()
 	}
 	close(d.stopped)
+}
+
+// ringRoundsAhead is the most rounds with jobs bound for a ring (the
+// device path) in flight at once: one decoding, one readied behind it,
+// its input crossing meanwhile. nvCOMP does not decode a round beside
+// another one's, so a third round in flight would only wait on the
+// device, while its jobs, and those of the fills that come meanwhile,
+// could share the next round: a round of few large zstd chunks (the
+// device path fills a batch of a few samples at a time) leaves most of
+// the GPU idle, one of several fills' chunks does not.
+const ringRoundsAhead = 2
+
+// awaitAhead waits, when pending holds jobs bound for a ring, until fewer
+// than ringRoundsAhead rounds of them are in flight, and reports whether
+// the next round is one of them (behind, or the completer, gives its
+// place back). A retired Decoder waits for nothing: its rounds fail at
+// once.
+func (d *Decoder) awaitAhead(pending []item) bool {
+	ring := false
+	for _, it := range pending {
+		if it.req.dev != nil {
+			ring = true
+			break
+		}
+	}
+	if !ring {
+		return false
+	}
+	select {
+	case <-d.ringAhead:
+		return true
+	case <-d.hungCh:
+		return false
+	}
+}
+
+// behind gives back a place among the rounds ahead (awaitAhead).
+func (d *Decoder) behind(ahead bool) {
+	if ahead {
+		d.ringAhead <- struct{}{}
+	}
 }
 
 // roundOf makes a round of items for settle, without device state.
@@ -502,11 +554,21 @@ const growAfter = 32
 // roundLimit is the most a round may cost: its share of the memory bound,
 // less after rounds did not fit the device's bounds beside each other
 // (shrinkRounds).
+//
+// While rings are open (ipc.go), what they leave of DeviceBytes is split
+// among the rounds in flight as package decode splits --gpu-memory: half
+// for the rounds' buffers, half for nvCOMP's scratch and slack. Rounds
+// sized for the whole budget would each be readied alone beside a ring,
+// the other sets' buffers freed every time.
 func (d *Decoder) roundLimit() int64 {
+	lim := d.opts.share()
 	if c := d.roundCap.Load(); c > 0 {
-		return min(c, d.opts.share())
+		lim = min(c, lim)
 	}
-	return d.opts.share()
+	if rings := d.ringHeld.Load(); rings > 0 && d.opts.DeviceBytes < math.MaxInt64 {
+		lim = min(lim, max((d.opts.DeviceBytes-rings)/int64(2*d.opts.Streams), min(minRoundLimit, d.opts.share())))
+	}
+	return lim
 }
 
 // shrinkRounds halves the rounds to come after one did not fit beside the
@@ -620,9 +682,11 @@ func (d *Decoder) runRound(r *round) {
 			q.onDevice.Done() // a failed start has stopped reading their memory
 		}
 		release(-1)
+		d.behind(r.ahead)
 	case len(r.items) == 0:
 		d.settle(r, nil, nil, nil)
 		release(-1)
+		d.behind(r.ahead)
 	case r.fenced:
 		d.submitted <- r
 		// The other sets stay held until the fenced round is done.
@@ -725,6 +789,7 @@ func (d *Decoder) completeLoop() {
 			q.onDevice.Done()
 		}
 		d.free <- r.set
+		d.behind(r.ahead)
 	}
 }
 

@@ -95,11 +95,11 @@ def wrapper(zarrfs_bin, scratch, cores):
     return p
 
 
-def start(zarrfs_bin, store, view, scratch, name, cores=None):
+def start(zarrfs_bin, store, view, scratch, name, cores=None, **flags):
     os.environ["ZARRFS_BIN"] = wrapper(zarrfs_bin, scratch, cores)
     cache = os.path.join(scratch, "cache-" + name)
     subprocess.run(["rm", "-rf", cache])
-    m = zarrfs.Mount(store, os.path.join(scratch, "mnt-" + name), **mount_flags(view, cache))
+    m = zarrfs.Mount(store, os.path.join(scratch, "mnt-" + name), **mount_flags(view, cache), **flags)
     m.start()
     os.environ["ZARRFS_BIN"] = zarrfs_bin
     return m
@@ -360,7 +360,14 @@ def epoch_rate(a, name, decode, cores, prefetch=2):
     """First epoch of a cold mount (its own cache), batch 4, the daemon on
     cores: samples/s, and what the daemon spent on them (CPU seconds, its
     status: bytes, stages)."""
-    m = start(a.zarrfs, a.store, a.view, a.scratch, name, cores)
+    flags = {}
+    prof = os.environ.get("DELIVER_PROFILE_DIR")
+    if prof:
+        # The daemon's Go CPU profile of the epoch's mount (its hidden
+        # --cpuprofile): where the CPU a sample goes.
+        os.makedirs(prof, exist_ok=True)
+        flags["cpuprofile"] = os.path.join(prof, f"{os.path.basename(a.scratch)}-{name}-{decode}-{cores or 'all'}.prof")
+    m = start(a.zarrfs, a.store, a.view, a.scratch, name, cores, **flags)
     try:
         l = Loader(os.path.join(m.path, "train"), 4, device=DEVICE, decode=decode, prefetch=prefetch)
         sync()
@@ -386,7 +393,7 @@ def stage_line(d):
     n = max(1, d.get("device_samples", 0) + d.get("host_samples", 0))
     st = d.get("stages_s") or {}
     order = ["fill", "read", "consumer_wait", "host_checks", "device_wait", "h2d", "decode", "kernels", "d2h",
-             "host_decode", "upload", "host_path"]
+             "host_decode", "upload", "host_path", "host_share"]
     return ", ".join(f"{k} {1e3 * st.get(k, 0) / n:.1f}" for k in order)
 
 
@@ -415,7 +422,8 @@ def part_rate(a):
         print(f"  CPU {label}: daemon {1e3 * cpu_dev:.1f} ms a sample on the device path, {1e3 * cpu_host:.1f} on the host path: "
               f"{cpu_dev / max(cpu_host, 1e-9):.3f}x", flush=True)
         print(f"  BYTES {label}: {h2d / 1e6:.2f} MB to the GPU a sample ({d.get('compressed_bytes', 0) / nall / 1e6:.2f} compressed "
-              f"by the device path, {d.get('host_path_bytes', 0) / nall / 1e6:.2f} decoded by the host), "
+              f"by the device path, {d.get('host_path_bytes', 0) / nall / 1e6:.2f} decoded by the host, of which "
+              f"{d.get('host_share_bytes', 0) / nall / 1e6:.2f} the device could have taken), "
               f"{comp / 1e6:.2f} MB compressed read a sample: {h2d / max(comp, 1):.3f}x", flush=True)
         print(f"  STAGES {label} (device path, ms a sample, summed over fills): {stage_line(d)}", flush=True)
         # The Loader's default keeps 2 batches in flight; 4 shows whether

@@ -1,0 +1,86 @@
+package deliver
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/klauspost/compress/zstd"
+)
+
+// BenchmarkGPUFillHost measures the host's part of the device path (the
+// daemon's CPU a sample): compressed chunks read into the ring's memory,
+// the samples laid out, the fill request and reply, the device decoding
+// nothing. A sample is 4 levels of one variable in one chunk and 4
+// single-level variables, 512x1024 float32 (10 MiB).
+func BenchmarkGPUFillHost(b *testing.B) {
+	dir := b.TempDir()
+	zs, _ := zstd.NewWriter(nil, zstd.WithEncoderCRC(true))
+	put := func(p string, data []byte) {
+		p = filepath.Join(dir, filepath.FromSlash(p))
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	meta := func(shape, chunks []int, dims []string) []byte {
+		js, _ := json.Marshal(map[string]any{"zarr_format": 3, "node_type": "array", "shape": shape, "data_type": "float32",
+			"chunk_grid":         map[string]any{"name": "regular", "configuration": map[string]any{"chunk_shape": chunks}},
+			"chunk_key_encoding": map[string]any{"name": "default"}, "fill_value": 0, "dimension_names": dims,
+			"codecs": []any{map[string]any{"name": "bytes", "configuration": map[string]any{"endian": "little"}},
+				map[string]any{"name": "zstd", "configuration": map[string]any{"level": 3}}}})
+		return js
+	}
+	// Smooth, with noise in the low bits: zstd keeps about half, as of
+	// reanalysis fields.
+	field := func(n int, seed float32) []byte {
+		out := make([]byte, 4*n)
+		r := rand.New(rand.NewPCG(uint64(seed), 3))
+		for i := range n {
+			binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(seed+float32(i%1013)*0.25)^uint32(r.IntN(1<<14)))
+		}
+		return out
+	}
+	const steps, ny, nx = 8, 512, 1024
+	put("zarr.json", []byte(`{"zarr_format":3,"node_type":"group"}`))
+	put("t/zarr.json", meta([]int{steps, 4, ny, nx}, []int{1, 4, ny, nx}, []string{"time", "level", "y", "x"}))
+	views := "views:\n  - name: v\n    channels:\n      - var: t\n        select: {level: all}\n"
+	for _, v := range []string{"a", "b", "c", "d"} {
+		put(v+"/zarr.json", meta([]int{steps, ny, nx}, []int{1, ny, nx}, []string{"time", "y", "x"}))
+		views += "      - var: " + v + "\n"
+	}
+	for k := range steps {
+		put(fmt.Sprintf("t/c/%d/0/0/0", k), zs.EncodeAll(field(4*ny*nx, float32(1000*k)), nil))
+		for i, v := range []string{"a", "b", "c", "d"} {
+			put(fmt.Sprintf("%s/c/%d/0/0", v, k), zs.EncodeAll(field(ny*nx, float32(1000*k+10*i)), nil))
+		}
+	}
+	s, c, mem, _, _ := gpuServer(b, dir, views)
+	rep := c.open(b, OpenRequest{Dir: "v", Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 2, Batch: 4})
+	if !rep.OK {
+		b.Fatalf("open: %+v", rep)
+	}
+	dev := <-mem.dev
+	dev.idle = true
+	b.SetBytes(4 * rep.SampleBytes)
+	b.ResetTimer()
+	for i := range b.N {
+		batch := make([]string, 4)
+		for j := range batch {
+			batch[j] = fmt.Sprintf("%d.npy", (4*i+j)%steps)
+		}
+		if r := c.fill(b, i%2, batch...); r.Op != "ready" || r.Device != 4 {
+			b.Fatalf("fill %d: %+v", i, r)
+		}
+	}
+	b.StopTimer()
+	_, tot := s.Stats()
+	if tot.Uploaded != tot.HostShare {
+		b.Fatalf("%d bytes uploaded, %d of them the host's share: the host decoded other chunks", tot.Uploaded, tot.HostShare)
+	}
+}

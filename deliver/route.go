@@ -1,0 +1,153 @@
+package deliver
+
+import (
+	"cmp"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/zarrfs/zarrfs/codec"
+	"github.com/zarrfs/zarrfs/gpu"
+)
+
+// This file decides which of a fill's chunks bound for the device the
+// host decodes instead. nvCOMP decodes the parts of a round (zstd frames,
+// LZ4 blocks, blosc streams) side by side, each part alone: a round of a
+// few large parts (zstd chunks of 16 MB, one frame each) takes one part's
+// time with most of the GPU idle, and no merging of fills fills it. There
+// the device path is slower than idle cores, which decode such a chunk
+// each, at once. So, per fill, the chunks with a large part go to the
+// host, largest first, as far as it decodes them within the time the
+// device took for them in the fills before; all of them where it is the
+// sooner, when cores are idle. Chunks of small parts (blosc's blocks) stay
+// on the device, whose rate for them no core approaches: the host's CPU is
+// what the device path saves.
+//
+// Both sides are measured on the fills themselves, not assumed: the
+// device's wait for the fills whose large-part chunks it decoded, and the
+// rate at which the host decoded (and uploaded) the chunks it took, which
+// falls when its cores are busy with other fills, so that on few cores
+// the device keeps its share.
+
+// minHostPiece is the least part a chunk must hold to be decoded on the
+// host instead of the device: below it nvCOMP's part is short, and the
+// device's rate over many of them is what counts.
+const minHostPiece = 1 << 20
+
+// hostMargin is the part of the device's time the host's share is sized
+// to take: the host's own rate varies from fill to fill.
+const hostMargin = 0.75
+
+// ewmaWeight is the weight of a new measure in the router's averages.
+const ewmaWeight = 0.25
+
+// router holds one ring's measures (its fills are of one sample
+// directory, alike).
+type router struct {
+	mu sync.Mutex
+	// devWait is the device's wait for a fill's chunks when it decoded
+	// chunks of large parts (0: not measured yet).
+	devWait time.Duration
+	// hostRate is the bytes a second the host decoded and uploaded its
+	// share at (0: not measured yet).
+	hostRate float64
+	// idle counts the fills in a row with chunks of large parts of which
+	// the host took none.
+	idle int
+}
+
+// reprobe is the fills in a row the host takes no chunk of a large part
+// before it decodes one again, to measure its rate anew.
+const reprobe = 16
+
+// split returns the jobs among dev (indices into jobs, bound for the
+// device) that the host decodes instead, and whether any job of a large
+// part stays on the device (its wait then measures the device: measured).
+func (r *router) split(jobs []codec.Job, dev []int) (host []int, large bool) {
+	type cand struct {
+		i     int
+		piece int64
+	}
+	var cands []cand
+	var total int64
+	for _, i := range dev {
+		if p := gpu.LargestPiece(&jobs[i]); p >= minHostPiece {
+			cands = append(cands, cand{i, p})
+			total += int64(len(jobs[i].Dst))
+		}
+	}
+	if len(cands) == 0 {
+		return nil, false
+	}
+	slices.SortStableFunc(cands, func(a, b cand) int { return cmp.Compare(b.piece, a.piece) })
+	r.mu.Lock()
+	wait, rate := r.devWait, r.hostRate
+	r.mu.Unlock()
+	var budget int64
+	switch {
+	case rate == 0:
+		// The host's rate is not known: it decodes one chunk to learn it.
+		budget = int64(len(jobs[cands[0].i].Dst))
+	case wait == 0:
+		// Nor the device's: it decodes all but the host's share.
+	default:
+		budget = int64(rate * wait.Seconds() * hostMargin)
+	}
+	if total <= budget {
+		budget = total
+	}
+	var taken int64
+	for _, c := range cands {
+		n := int64(len(jobs[c.i].Dst))
+		if taken+n > budget {
+			large = true
+			continue
+		}
+		taken += n
+		host = append(host, c.i)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(host) > 0 {
+		r.idle = 0
+	} else if r.idle++; r.idle >= reprobe {
+		// The host's rate, measured when its cores were busy, would keep
+		// it out for good: it decodes the smallest such chunk again.
+		r.idle = 0
+		last := cands[len(cands)-1].i
+		host = append(host, last)
+		large = len(cands) > 1
+	}
+	return host, large
+}
+
+// deviceDone records the device's wait for a fill that left it chunks of
+// large parts.
+func (r *router) deviceDone(wait time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.devWait = ewma(r.devWait, wait)
+}
+
+// hostDone records that the host decoded and uploaded n bytes of its
+// share in d.
+func (r *router) hostDone(n int64, d time.Duration) {
+	if n <= 0 || d <= 0 {
+		return
+	}
+	rate := float64(n) / d.Seconds()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.hostRate == 0 {
+		r.hostRate = rate
+		return
+	}
+	r.hostRate += ewmaWeight * (rate - r.hostRate)
+}
+
+func ewma(avg, x time.Duration) time.Duration {
+	if avg == 0 {
+		return x
+	}
+	return avg + time.Duration(ewmaWeight*float64(x-avg))
+}

@@ -1,0 +1,164 @@
+package deliver
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/zarrfs/zarrfs/codec"
+)
+
+// zstdJobs are n zstd chunks of size decoded bytes, one frame each.
+func zstdJobs(t *testing.T, n, size int) []codec.Job {
+	t.Helper()
+	enc, _ := zstd.NewWriter(nil, zstd.WithEncoderCRC(true))
+	jobs := make([]codec.Job, n)
+	for i := range jobs {
+		raw := bytes.Repeat([]byte{byte(i), 1, 2, 3}, size/4)
+		jobs[i] = codec.Job{Codec: codec.Zstd, Src: enc.EncodeAll(raw, nil), Dst: make([]byte, size)}
+	}
+	return jobs
+}
+
+// The host takes chunks of large parts, largest first, as far as it
+// decodes them within the device's time for them, all of them where it is
+// the sooner; chunks of small parts never; not knowing its own rate, one
+// chunk to learn it; shut out by its rate, one chunk again now and then.
+func TestRouterSplit(t *testing.T) {
+	big := zstdJobs(t, 8, 2<<20)
+	big[3].Dst = make([]byte, 4<<20) // the largest part: first to the host
+	big[3].Src = zstdJobs(t, 1, 4<<20)[0].Src
+	small := zstdJobs(t, 4, 256<<10)
+	jobs := append(big, small...)
+	all := make([]int, len(jobs))
+	for i := range all {
+		all[i] = i
+	}
+	var r router
+	host, large := r.split(jobs, all)
+	if fmt.Sprint(host) != "[3]" || !large {
+		t.Fatalf("nothing measured: the host takes %v (want the largest chunk alone), device keeps large parts %v", host, large)
+	}
+	r.devWait = 200 * time.Millisecond
+	r.hostRate = 50 << 20 // 7.5 MiB in 150 ms: the 4 MiB chunk and one of 2
+	if host, large = r.split(jobs, all); fmt.Sprint(host) != "[3 0]" || !large {
+		t.Fatalf("a slow host takes %v, want [3 0] and the rest on the device (%v)", host, large)
+	}
+	r.hostRate = 1 << 30
+	if host, large = r.split(jobs, all); len(host) != 8 || large {
+		t.Fatalf("a fast host takes %v, want all 8 chunks of large parts, none of the small ones", host)
+	}
+	for _, i := range host {
+		if i >= 8 {
+			t.Fatalf("the host took chunk %d, of small parts", i)
+		}
+	}
+	r.hostRate = 1 << 10
+	for k := 1; k < reprobe; k++ {
+		if host, _ = r.split(jobs, all); len(host) != 0 {
+			t.Fatalf("fill %d: a host too slow for any chunk takes %v", k, host)
+		}
+	}
+	if host, large = r.split(jobs, all); len(host) != 1 || host[0] == 3 || !large {
+		t.Fatalf("after %d fills without: the host takes %v, want one chunk, not the largest, to measure itself again", reprobe, host)
+	}
+	if host, _ := r.split(small, []int{0, 1, 2, 3}); len(host) != 0 {
+		t.Fatalf("only small parts: the host takes %v", host)
+	}
+}
+
+// bigStore writes a Zarr v3 store of 6 time steps: z (float32, 2 levels
+// of 512x512, zstd with a content checksum, a chunk of 2 MiB per step)
+// and c (512x512 in chunks of 32 rows, 64 KiB, zstd with one); every
+// element differs.
+func bigStore(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	zs, _ := zstd.NewWriter(nil, zstd.WithEncoderCRC(true))
+	put := func(p string, b []byte) {
+		p = filepath.Join(dir, filepath.FromSlash(p))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	meta := func(shape, chunks []int, dims []string) []byte {
+		js, _ := json.Marshal(map[string]any{"zarr_format": 3, "node_type": "array", "shape": shape, "data_type": "float32",
+			"chunk_grid":         map[string]any{"name": "regular", "configuration": map[string]any{"chunk_shape": chunks}},
+			"chunk_key_encoding": map[string]any{"name": "default"}, "fill_value": 0, "dimension_names": dims,
+			"codecs": []any{map[string]any{"name": "bytes", "configuration": map[string]any{"endian": "little"}},
+				map[string]any{"name": "zstd", "configuration": map[string]any{"level": 3}}}})
+		return js
+	}
+	field := func(n int, seed float32) []byte {
+		b := make([]byte, 4*n)
+		for i := range n {
+			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(seed+float32(i%1013)*0.25))
+		}
+		return b
+	}
+	put("zarr.json", []byte(`{"zarr_format":3,"node_type":"group"}`))
+	put("z/zarr.json", meta([]int{6, 2, 512, 512}, []int{1, 2, 512, 512}, []string{"time", "level", "y", "x"}))
+	put("c/zarr.json", meta([]int{6, 512, 512}, []int{1, 32, 512}, []string{"time", "y", "x"}))
+	for k := range 6 {
+		put(fmt.Sprintf("z/c/%d/0/0/0", k), zs.EncodeAll(field(2*512*512, float32(1000*k)), nil))
+		for y := range 16 {
+			put(fmt.Sprintf("c/c/%d/%d/0", k, y), zs.EncodeAll(field(32*512, float32(1000*k+10*y+7)), nil))
+		}
+	}
+	return dir
+}
+
+// Where the device takes long for chunks of large parts (as nvCOMP does
+// for a few large zstd frames), the host decodes them instead, straight
+// into pinned memory and into the slot, never the shadow, after one fill
+// that measures both sides; chunks of small parts stay on the device;
+// every sample equals the mount's file.
+func TestGPUFillHostShare(t *testing.T) {
+	s, c, mem, filler, lay := gpuServer(t, bigStore(t), "views:\n  - name: w\n    channels:\n      - var: z\n        select: {level: all}\n      - var: c\n")
+	rep := c.open(t, OpenRequest{Dir: "w", Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 2, Batch: 2})
+	if !rep.OK {
+		t.Fatalf("open: %+v", rep)
+	}
+	dev := <-mem.dev
+	dev.slow = 300 * time.Millisecond
+	const chunk = 2 << 20
+	for b, batch := range [][]string{{"0.npy", "1.npy"}, {"2.npy", "3.npy"}, {"4.npy", "5.npy"}, {"1.npy", "2.npy"}} {
+		slot := b % 2
+		if r := c.fill(t, slot, batch...); r.Op != "ready" || r.Device != 2 {
+			t.Fatalf("batch %d: %+v", b, r)
+		}
+		for j, n := range batch {
+			want := sampleBytes(t, filler, lay, "w/"+n)
+			if got := dev.Host(slot)[int64(j)*rep.SampleBytes : int64(j+1)*rep.SampleBytes]; !bytes.Equal(got, want) {
+				t.Fatalf("w/%s in slot %d differs from the file", n, slot)
+			}
+			if sh := dev.shadowOf(slot)[int64(j)*rep.SampleBytes:][:chunk]; bytes.Count(sh, []byte{0}) != chunk {
+				t.Fatalf("w/%s: the host's share went through the shadow", n)
+			}
+		}
+	}
+	_, tot := s.Stats()
+	// The first fill: one z chunk on the host (its rate), one on the
+	// device (its time); then every z chunk on the host.
+	if tot.HostShare != 7*chunk || dev.slowCalls.Load() != 1 || dev.decoded.Load() != 8*16+1 {
+		t.Fatalf("host share %d bytes (want 7 chunks, %d), %d slow device calls (want 1), %d chunks on the device (want 128 of c and 1 of z)",
+			tot.HostShare, 7*chunk, dev.slowCalls.Load(), dev.decoded.Load())
+	}
+	if tot.Stages["host_share"] <= 0 || tot.Uploaded < tot.HostShare {
+		t.Fatalf("stages %v, uploaded %d", tot.Stages, tot.Uploaded)
+	}
+	if f := dev.foreign.Load(); f != 0 {
+		t.Errorf("%d compressed chunks did not come from the ring's memory", f)
+	}
+}
