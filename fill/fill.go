@@ -17,7 +17,7 @@ import (
 // its default.
 type Options struct {
 	// Cache is where complete blobs live (Filler.Open). Nil: the Filler
-	// only fills (Fill, FillBatch), as a benchmark does.
+	// only fills (Fill, FillInto), as a benchmark does.
 	Cache *cache.Cache
 	// Reader reads the source. Nil means the hierarchy of the layout a
 	// blob belongs to.

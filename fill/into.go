@@ -14,11 +14,14 @@ import (
 // Size - Align of them) into outs[i], under no pin, into memory the caller
 // holds: a ring slot that a
 // reader's process shares, say, where going through a file would cost a
-// write and a read. It is FillBatch without the writers: runs of
-// consecutive samples of one view are read together, straight into outs
-// (chunks that land whole decode in place there), and other blobs are
-// filled one by one as Fill fills them. It acquires from the memory budget
-// what FillBatch would, so delivery and the mount's fills share one bound.
+// write and a read. Runs of consecutive samples of one view, of at most
+// maxBytes of sample data (zero means DefaultBatchBytes), are read
+// together in one Read, straight into outs (chunks that land whole decode
+// in place there), so every source chunk a run shares is decoded once even
+// when the decoded-chunk cache cannot hold it between samples; other blobs
+// are filled one by one as Fill fills them. A run acquires its memory from
+// the budget as a fill does, so delivery and the mount's fills share one
+// bound.
 // Nothing is read back from outs (a static channel is read for each sample
 // or copied from what another fill kept), so the Read's decoder may put a
 // chunk that lands whole in outs somewhere else instead (a GPU decoding

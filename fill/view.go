@@ -217,86 +217,9 @@ func (r run) fillSamplesAs(ctx context.Context, v *layout.View, ks []int64, outs
 	return nil
 }
 
-// DefaultBatchBytes bounds the sample data FillBatch holds at once when
+// DefaultBatchBytes bounds the sample data FillInto reads in one run when
 // given no bound.
 const DefaultBatchBytes = 1 << 30
-
-// FillBatch fills blobs[i] of lay into ws[i], as Fill would under no pin.
-// Runs of consecutive samples of one view are read together, one Read per
-// run of at most maxBytes of sample data (zero means DefaultBatchBytes), so
-// every source chunk the run shares (a chunk of 10 time steps) is decoded
-// once even when the decoded-chunk cache cannot hold it between fills.
-// Other blobs are filled one by one. It stops at the first error.
-func (f *Filler) FillBatch(ctx context.Context, lay *layout.Layout, blobs []layout.Blob, ws []io.WriterAt, maxBytes int64) error {
-	if len(blobs) != len(ws) {
-		return fmt.Errorf("fill: FillBatch with %d blobs and %d writers", len(blobs), len(ws))
-	}
-	if maxBytes < 0 {
-		return fmt.Errorf("fill: FillBatch of at most %d bytes: want 0 (DefaultBatchBytes) or more", maxBytes)
-	}
-	if maxBytes == 0 {
-		maxBytes = DefaultBatchBytes
-	}
-	r := f.run(lay, nil)
-	for i := 0; i < len(blobs); {
-		vb, ok := blobs[i].(*layout.ViewBlob)
-		if !ok {
-			if err := f.Fill(ctx, lay, blobs[i], nil, ws[i]); err != nil {
-				return err
-			}
-			i++
-			continue
-		}
-		data := vb.Size() - int64(len(vb.Header()))
-		ks := []int64{vb.Index()}
-		j := i + 1
-		for j < len(blobs) && int64(j-i+1)*data <= maxBytes {
-			nb, ok := blobs[j].(*layout.ViewBlob)
-			if !ok || nb.View() != vb.View() || len(nb.Header()) != len(vb.Header()) {
-				break
-			}
-			if !f.o.MemoryBudget.Fits(2 * fillCost(vb.View(), data, append(ks, nb.Index()))) {
-				break // a run takes half the memory budget at most
-			}
-			ks = append(ks, nb.Index())
-			j++
-		}
-		if err := r.fillViewRun(ctx, blobs[i:j], ws[i:j], data); err != nil {
-			return err
-		}
-		i = j
-	}
-	return nil
-}
-
-func (r run) fillViewRun(ctx context.Context, blobs []layout.Blob, ws []io.WriterAt, data int64) error {
-	first := blobs[0].(*layout.ViewBlob)
-	v := first.View()
-	ks := make([]int64, len(blobs))
-	for i, b := range blobs {
-		ks[i] = b.(*layout.ViewBlob).Index()
-	}
-	release, err := r.acquire(ctx, fillCost(v, data, ks), "samples of view "+v.Name)
-	if err != nil {
-		return fmt.Errorf("%s: %w", first.Path(), err)
-	}
-	defer release()
-	buf := r.slab(data * int64(len(blobs)))
-	defer r.freeSlab(buf)
-	outs := make([][]byte, len(blobs))
-	for i := range blobs {
-		outs[i] = buf[int64(i)*data : int64(i+1)*data]
-	}
-	if err := r.fillSamples(ctx, v, ks, outs); err != nil {
-		return fmt.Errorf("%s..%s: %w", first.Path(), blobs[len(blobs)-1].Path(), err)
-	}
-	for i, b := range blobs {
-		if err := writeBlob(ws[i], b.Path(), b.Header(), outs[i]); err != nil {
-			return err
-		}
-	}
-	return nil
-}
 
 // slotRun is a run of channels that are adjacent slots of a sample and
 // select consecutive indices, in order, along one dimension of one array

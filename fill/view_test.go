@@ -58,7 +58,34 @@ func TestViewDefaultsAndCasts(t *testing.T) {
 	}
 }
 
-func TestFillBatch(t *testing.T) {
+// fillRuns fills blobs with FillInto and writes each, header and data,
+// into its writer: the runs of FillInto seen as files, to compare with
+// Fill's.
+func fillRuns(f *Filler, l *layout.Layout, blobs []layout.Blob, ws []io.WriterAt, maxBytes int64) error {
+	if len(blobs) != len(ws) {
+		return fmt.Errorf("%d blobs and %d writers", len(blobs), len(ws))
+	}
+	outs := make([][]byte, len(blobs))
+	for i, b := range blobs {
+		outs[i] = make([]byte, b.Size()-int64(len(b.Header())))
+	}
+	if err := f.FillInto(context.Background(), l, blobs, outs, maxBytes, nil); err != nil {
+		return err
+	}
+	for i, b := range blobs {
+		if _, err := ws[i].WriteAt(b.Header(), 0); err != nil {
+			return err
+		}
+		if _, err := ws[i].WriteAt(outs[i], int64(len(b.Header()))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// FillInto reads runs of consecutive view samples in one Read each, within
+// its bound, and other blobs one by one: the bytes are Fill's.
+func TestFillIntoRuns(t *testing.T) {
 	h := viewHierarchy()
 	views, err := bindYAML(t, h, trainYAML)
 	if err != nil {
@@ -84,7 +111,7 @@ func TestFillBatch(t *testing.T) {
 		ws = append(ws, f)
 	}
 	// Room for two samples per run: runs {0,1} {2} lsm {3,4} {5}.
-	if err := f.FillBatch(context.Background(), l, blobs, ws, 2*(blobs[0].Size()-4096)); err != nil {
+	if err := fillRuns(f, l, blobs, ws, 2*(blobs[0].Size()-4096)); err != nil {
 		t.Fatal(err)
 	}
 	if r.calls != 5 {
@@ -94,10 +121,10 @@ func TestFillBatch(t *testing.T) {
 		want, _ := os.ReadFile(fillFile(t, f, l, b))
 		got, _ := os.ReadFile(files[i].Name())
 		if !bytes.Equal(got, want) {
-			t.Errorf("%s: batch fill differs from Fill", b.Path())
+			t.Errorf("%s: FillInto differs from Fill", b.Path())
 		}
 	}
-	if err := f.FillBatch(context.Background(), l, blobs, ws[:1], 0); err == nil {
+	if err := f.FillInto(context.Background(), l, blobs, make([][]byte, 1), 0, nil); err == nil {
 		t.Error("mismatched lengths accepted")
 	}
 }
@@ -191,7 +218,7 @@ func TestViewDecodesEachChunkOnce(t *testing.T) {
 				blobs, ws, paths = append(blobs, b), append(ws, f), append(paths, p)
 			}
 			if mode == "batch" {
-				if err := fl.FillBatch(context.Background(), l, blobs, ws, 0); err != nil {
+				if err := fillRuns(fl, l, blobs, ws, 0); err != nil {
 					t.Fatal(err)
 				}
 				if cr.calls != 1 {
@@ -291,7 +318,7 @@ type lendingReader struct {
 func (r lendingReader) Memory() codec.HostMemory { return r.mem }
 
 // TestFillLentMemory fills array samples, slabbed arrays and view samples
-// (one by one and batched) into lent memory: the bytes are those of a fill
+// (one by one and in FillInto runs) into lent memory: the bytes are those of a fill
 // in ordinary memory, and every buffer comes back.
 func TestFillLentMemory(t *testing.T) {
 	h := viewHierarchy()
@@ -323,7 +350,7 @@ func TestFillLentMemory(t *testing.T) {
 		defer f.Close()
 		ws = append(ws, f)
 	}
-	if err := lent.FillBatch(context.Background(), l, blobs, ws, 2*(blobs[0].Size()-4096)); err != nil {
+	if err := fillRuns(lent, l, blobs, ws, 2*(blobs[0].Size()-4096)); err != nil {
 		t.Fatal(err)
 	}
 	if mem.lends < len(paths)+1 {
@@ -402,9 +429,6 @@ func TestBatchBoundRefused(t *testing.T) {
 	}
 	f := newFiller(t, Options{Reader: &valueReader{}})
 	b := mustLookup(t, l, "train/0.npy")
-	if err := f.FillBatch(context.Background(), l, []layout.Blob{b}, []io.WriterAt{discardWriterAt{}}, -1); err == nil {
-		t.Error("FillBatch with a negative bound accepted")
-	}
 	out := make([]byte, b.Size()-int64(len(b.Header())))
 	if err := f.FillInto(context.Background(), l, []layout.Blob{b}, [][]byte{out}, -1, nil); err == nil {
 		t.Error("FillInto with a negative bound accepted")

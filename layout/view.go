@@ -24,7 +24,7 @@ import (
 // Package fill fills one sample with one Read for all its channels, so a
 // source chunk that holds several of them (levels 0 and 2 of t) is decoded
 // once. Samples filled one after another reuse the chunks they share
-// through the zarr decoded-chunk cache; fill.Filler.FillBatch reads a run
+// through the zarr decoded-chunk cache; fill.Filler.FillInto reads a run
 // of samples in one Read, which decodes each shared chunk once without
 // relying on that cache.
 
@@ -595,7 +595,7 @@ func (v *View) Definition() string { return v.def }
 // WorkingSetBytes is the decoded size of the distinct source chunks one
 // sample touches. Consecutive samples decode each chunk once only when the
 // zarr decoded-chunk cache holds at least this much (or with
-// fill.Filler.FillBatch).
+// fill.Filler.FillInto).
 func (v *View) WorkingSetBytes() int64 {
 	seen := map[string]bool{}
 	var n int64

@@ -3,9 +3,8 @@
 //
 // It opens the store, binds the view file, builds the layout and fills the
 // first N samples of the view, each a (C, H, W) .npy blob, twice on fresh
-// hierarchies (so the decoded-chunk cache starts empty each time): once
-// sample by sample with fill.Filler.Fill, as a mount serves opens, and once with
-// fill.Filler.FillBatch. Then it runs baseline.py, which assembles
+// hierarchy (so the decoded-chunk cache starts empty), sample by sample
+// with fill.Filler.Fill, as a mount serves opens. Then it runs baseline.py, which assembles
 // the same samples with xarray (ds[vars].isel(time=k).to_array() per
 // sample), and prints the ratio, the zarr decode counter against the number
 // of distinct source chunks the samples need, and whether sample 0 of every
@@ -31,7 +30,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -62,8 +60,6 @@ func main() {
 	py := flag.String("python", "python3", "python with xarray and zarr for the baseline (empty: skip it)")
 	baseline := flag.String("baseline", "integration/bench/views/baseline.py", "the baseline script (the default is relative to the repository root)")
 	chunkCache := flag.Int64("chunk-cache", 0, "zarr.Options.ChunkCacheBytes (0: 2.25 x the view's working set, at least 256 MiB)")
-	modes := flag.String("modes", "fill,batch", "zarrfs runs: fill (Filler.Fill per sample), batch (Filler.FillBatch)")
-	batch := flag.Int("batch", 10, "samples per FillBatch run (10 = one source chunk along time)")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: viewbench [flags] STOREDIR\n")
 		flag.PrintDefaults()
@@ -73,7 +69,7 @@ func main() {
 		flag.Usage()
 		os.Exit(2)
 	}
-	if err := run(flag.Arg(0), *n, *write, *py, *baseline, *batch, *chunkCache, strings.Split(*modes, ",")); err != nil {
+	if err := run(flag.Arg(0), *n, *write, *py, *baseline, *chunkCache); err != nil {
 		fmt.Fprintf(os.Stderr, "viewbench: %v\n", err)
 		os.Exit(1)
 	}
@@ -208,7 +204,7 @@ func (c *capture) WriteAt(p []byte, off int64) (int, error) {
 	return c.WriterAt.WriteAt(p, off)
 }
 
-func fill(ctx context.Context, dir string, n int, write, mode string, batch int, chunkCache int64) (*result, []byte, error) {
+func fill(ctx context.Context, dir string, n int, write, mode string, chunkCache int64) (*result, []byte, error) {
 	h, l, v, err := setup(ctx, dir, chunkCache)
 	if err != nil {
 		return nil, nil, err
@@ -243,18 +239,8 @@ func fill(ctx context.Context, dir string, n int, write, mode string, batch int,
 		return nil, nil, err
 	}
 	start := time.Now()
-	switch mode {
-	default:
-		return nil, nil, fmt.Errorf("unknown mode %q", mode)
-	case "fill":
-		for i, b := range blobs {
-			if err := filler.Fill(ctx, l, b, nil, ws[i]); err != nil {
-				return nil, nil, err
-			}
-		}
-	case "batch":
-		data := blobs[0].Size() - l.Align()
-		if err := filler.FillBatch(ctx, l, blobs, ws, int64(batch)*data); err != nil {
+	for i, b := range blobs {
+		if err := filler.Fill(ctx, l, b, nil, ws[i]); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -282,12 +268,12 @@ func fill(ctx context.Context, dir string, n int, write, mode string, batch int,
 	}, first.buf[l.Align():], nil
 }
 
-func run(dir string, n int, write, py, baseline string, batch int, chunkCache int64, modes []string) error {
+func run(dir string, n int, write, py, baseline string, chunkCache int64) error {
 	ctx := context.Background()
 	var samples [][]byte // sample 0 of every run
 	var ours []*result
-	for _, mode := range modes {
-		r, s0, err := fill(ctx, dir, n, write, mode, batch, chunkCache)
+	for _, mode := range []string{"fill"} {
+		r, s0, err := fill(ctx, dir, n, write, mode, chunkCache)
 		if err != nil {
 			return fmt.Errorf("%s: %w", mode, err)
 		}
