@@ -372,9 +372,9 @@ func New(opts Options) (*Pipeline, error) {
 		opts.newGPU = func(o gpu.Options) (gpuDecoder, error) { return gpu.New(o) }
 	}
 	if opts.deviceCount == nil {
-		opts.deviceCount = func() int { return gpu.Probe().DeviceCount }
+		opts.deviceCount = func() int { return gpu.Probe(opts.GPU.Libraries).DeviceCount }
 		opts.noDevice = func() string {
-			return strings.TrimPrefix(gpu.Probe().Reason, gpu.ErrNoGPU.Error()+": ")
+			return strings.TrimPrefix(gpu.Probe(opts.GPU.Libraries).Reason, gpu.ErrNoGPU.Error()+": ")
 		}
 	}
 	log := opts.Logger

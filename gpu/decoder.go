@@ -22,6 +22,9 @@ import (
 type Options struct {
 	// Device is the CUDA device ordinal. Zero means the first GPU.
 	Device int
+	// Libraries says where nvCOMP is looked for, when this New is the
+	// first of the process to load the libraries (see Probe).
+	Libraries Libraries
 	// MaxBatchBytes bounds the device memory and, as much again, the pinned
 	// host memory the Decoder keeps for its buffers (compressed input,
 	// decoded output, scratch). Zero means 2 GiB. Each of the Streams
@@ -293,7 +296,7 @@ func New(opts Options) (*Decoder, error) {
 	if opts.RoundTimeout < 0 {
 		return nil, fmt.Errorf("gpu: round timeout %v: want 0 (the default, %v) or more", opts.RoundTimeout, defaultRoundTimeout)
 	}
-	return open(getLibs(), opts)
+	return open(getLibs(opts.Libraries), opts)
 }
 
 // open is New over the libraries l: the process's own, or a test's

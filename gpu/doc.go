@@ -23,9 +23,10 @@
 // chunks skip both copies. Pieces that land misaligned for nvCOMP are
 // first copied into aligned slots on the device.
 //
-// The CUDA driver (libcuda.so.1) and nvCOMP (libnvcomp.so, found through
-// ZARRFS_NVCOMP_LIB, the loader path or a Python site-packages folder
-// holding the nvidia-libnvcomp wheel) are bound with purego: no cgo. Probe
+// The CUDA driver (libcuda.so.1) and nvCOMP (libnvcomp.so, found where
+// the caller's Libraries say (the command passes ZARRFS_NVCOMP_LIB and the
+// Python environment), on the loader path or in a Python site-packages
+// folder holding the nvidia-libnvcomp wheel) are bound with purego: no cgo. Probe
 // reports what was found, or why nothing was; New fails with an error
 // wrapping ErrNoGPU on a machine without them. The kernels are PTX
 // (kernels/kernels.cu, compiled with nvcc and checked in) embedded in the

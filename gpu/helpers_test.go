@@ -32,9 +32,14 @@ var (
 	flagSeeds      = flag.Int("gpu.seeds", 8, "damaged copies of each chunk per kind of damage in the damaged-chunk tests")
 )
 
+// TestMain loads the libraries where the test's environment says they
+// are (ZARRFS_NVCOMP_LIB and the Python environment, as zarrfs's command
+// does): the package reads no environment, and the libraries load once per
+// process, so every later Probe and New of the tests finds them.
 func TestMain(m *testing.M) {
 	flag.Parse()
 	ptxOverride = *flagPTX
+	getLibs(LibrariesFrom(os.Getenv))
 	os.Exit(m.Run())
 }
 

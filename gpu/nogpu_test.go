@@ -12,7 +12,7 @@ import (
 // the absence is reported, not crashed on.
 
 func TestProbeReportsReason(t *testing.T) {
-	info := Probe()
+	info := Probe(Libraries{})
 	s := info.String()
 	if info.Available {
 		if info.Device == "" || info.Nvcomp == "" || !strings.HasPrefix(s, "GPU: ") {
@@ -28,7 +28,7 @@ func TestProbeReportsReason(t *testing.T) {
 }
 
 func TestNewWithoutGPU(t *testing.T) {
-	if Probe().Available {
+	if Probe(Libraries{}).Available {
 		t.Skip("a GPU is present: the no-GPU error path cannot be exercised here")
 	}
 	d, err := New(Options{})
@@ -42,8 +42,8 @@ func TestNewWithoutGPU(t *testing.T) {
 }
 
 func TestNewBadDevice(t *testing.T) {
-	if !Probe().Available {
-		t.Skip("no GPU: " + Probe().Reason)
+	if !Probe(Libraries{}).Available {
+		t.Skip("no GPU: " + Probe(Libraries{}).Reason)
 	}
 	if _, err := New(Options{Device: 1 << 20}); !errors.Is(err, ErrNoGPU) {
 		t.Fatalf("device out of range: %v", err)
@@ -57,8 +57,7 @@ func TestNvcompCandidates(t *testing.T) {
 	if err := os.MkdirAll(lib, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	env := map[string]string{"ZARRFS_NVCOMP_LIB": dir, "PYTHONPATH": site + string(os.PathListSeparator) + "/nonexistent"}
-	c := nvcompCandidates(func(k string) string { return env[k] })
+	c := nvcompCandidates(Libraries{Nvcomp: dir, PythonPath: site + string(os.PathListSeparator) + "/nonexistent"})
 	if len(c) < 4 || c[0] != filepath.Join(dir, nvcompLibNames[0]) {
 		t.Fatalf("ZARRFS_NVCOMP_LIB folder not searched first: %v", c)
 	}
@@ -83,8 +82,7 @@ func TestLoadNvcompNotFound(t *testing.T) {
 	if err := os.WriteFile(bogus, []byte("not an ELF file"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	env := map[string]string{"ZARRFS_NVCOMP_LIB": bogus, "HOME": t.TempDir()}
-	l, err := loadNvcomp(func(k string) string { return env[k] })
+	l, err := loadNvcomp(Libraries{Nvcomp: bogus, Home: t.TempDir()})
 	if err == nil {
 		if l.path == bogus {
 			t.Fatal("loaded a bogus file")
@@ -99,5 +97,16 @@ func TestLoadNvcompNotFound(t *testing.T) {
 func TestStatusNames(t *testing.T) {
 	if nvStatus(12).String() != "nvcompErrorCannotDecompress" || !strings.Contains(nvStatus(-3).String(), "-3") {
 		t.Fatal("status names")
+	}
+}
+
+// LibrariesFrom names each place from its variable, so that the command's
+// environment reaches the search (TestNvcompCandidates).
+func TestLibrariesFrom(t *testing.T) {
+	env := map[string]string{"ZARRFS_NVCOMP_LIB": "/n", "PYTHONPATH": "/p", "VIRTUAL_ENV": "/v", "CONDA_PREFIX": "/c", "HOME": "/h"}
+	got := LibrariesFrom(func(k string) string { return env[k] })
+	want := Libraries{Nvcomp: "/n", PythonPath: "/p", VirtualEnv: "/v", CondaPrefix: "/c", Home: "/h"}
+	if got != want {
+		t.Errorf("LibrariesFrom = %+v, want %+v", got, want)
 	}
 }

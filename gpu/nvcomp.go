@@ -103,13 +103,13 @@ func (n *nvcompLib) versionString() string {
 var nvcompLibNames = []string{"libnvcomp.so.6", "libnvcomp.so.5", "libnvcomp.so"}
 
 // nvcompCandidates lists the places the library is looked for, in order:
-// the ZARRFS_NVCOMP_LIB variable (a file, or a folder holding it), the
+// where.Nvcomp (a file, or a folder holding it), the
 // dynamic loader's own search (bare sonames), then the lib64 folder of the
 // nvidia-libnvcomp wheel under every Python site-packages folder we can
 // think of, since that wheel is how most machines get nvCOMP.
-func nvcompCandidates(getenv func(string) string) []string {
+func nvcompCandidates(where Libraries) []string {
 	var out []string
-	if p := getenv("ZARRFS_NVCOMP_LIB"); p != "" {
+	if p := where.Nvcomp; p != "" {
 		if st, err := os.Stat(p); err == nil && st.IsDir() {
 			for _, n := range nvcompLibNames {
 				out = append(out, filepath.Join(p, n))
@@ -119,7 +119,7 @@ func nvcompCandidates(getenv func(string) string) []string {
 		}
 	}
 	out = append(out, nvcompLibNames...)
-	for _, dir := range sitePackages(getenv) {
+	for _, dir := range sitePackages(where) {
 		for _, n := range nvcompLibNames {
 			out = append(out, filepath.Join(dir, "nvidia", "libnvcomp", "lib64", n))
 		}
@@ -127,22 +127,22 @@ func nvcompCandidates(getenv func(string) string) []string {
 	return out
 }
 
-// sitePackages returns existing Python package folders: PYTHONPATH first,
-// then virtual environments, the user's site, and system locations.
-func sitePackages(getenv func(string) string) []string {
+// sitePackages returns existing Python package folders: where.PythonPath
+// first, then virtual environments, the user's site, and system locations.
+func sitePackages(where Libraries) []string {
 	var dirs []string
-	for _, p := range filepath.SplitList(getenv("PYTHONPATH")) {
+	for _, p := range filepath.SplitList(where.PythonPath) {
 		if p != "" {
 			dirs = append(dirs, p)
 		}
 	}
 	var globs []string
-	for _, root := range []string{getenv("VIRTUAL_ENV"), getenv("CONDA_PREFIX")} {
+	for _, root := range []string{where.VirtualEnv, where.CondaPrefix} {
 		if root != "" {
 			globs = append(globs, filepath.Join(root, "lib", "python3*", "site-packages"))
 		}
 	}
-	if home := getenv("HOME"); home != "" {
+	if home := where.Home; home != "" {
 		globs = append(globs, filepath.Join(home, ".local", "lib", "python3*", "site-packages"))
 	}
 	for _, prefix := range []string{"/usr/local/lib", "/usr/lib", "/usr/local/lib64", "/usr/lib64", "/opt/conda/lib"} {
@@ -167,9 +167,9 @@ func sitePackages(getenv func(string) string) []string {
 	return out
 }
 
-func loadNvcomp(getenv func(string) string) (*nvcompLib, error) {
+func loadNvcomp(where Libraries) (*nvcompLib, error) {
 	var tried []string
-	for _, cand := range nvcompCandidates(getenv) {
+	for _, cand := range nvcompCandidates(where) {
 		if strings.ContainsRune(cand, '/') {
 			if _, err := os.Stat(cand); err != nil {
 				continue

@@ -3,7 +3,6 @@ package gpu
 import (
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 )
 
@@ -48,17 +47,43 @@ type libs struct {
 	devices int32
 }
 
+// Libraries says where to look for nvCOMP besides the dynamic loader's
+// path: what the command's environment names (cmd/zarrfs reads it; this
+// package reads no environment). The zero value searches the loader's
+// path and the system's Python folders only.
+type Libraries struct {
+	// Nvcomp is nvCOMP's library file, or a folder holding it, tried
+	// first (ZARRFS_NVCOMP_LIB).
+	Nvcomp string
+	// PythonPath is a list of folders (PYTHONPATH); VirtualEnv and
+	// CondaPrefix are environments (VIRTUAL_ENV, CONDA_PREFIX), and Home
+	// the user's home (HOME, for the user's site-packages): where the
+	// nvidia-libnvcomp wheel is looked for.
+	PythonPath, VirtualEnv, CondaPrefix, Home string
+}
+
+// LibrariesFrom reads Libraries from an environment (getenv: os.Getenv in
+// a command, which owns the environment): ZARRFS_NVCOMP_LIB, PYTHONPATH,
+// VIRTUAL_ENV, CONDA_PREFIX and HOME.
+func LibrariesFrom(getenv func(string) string) Libraries {
+	return Libraries{Nvcomp: getenv("ZARRFS_NVCOMP_LIB"), PythonPath: getenv("PYTHONPATH"),
+		VirtualEnv: getenv("VIRTUAL_ENV"), CondaPrefix: getenv("CONDA_PREFIX"), Home: getenv("HOME")}
+}
+
 var (
 	libsOnce   sync.Once
 	loadedLibs libs
 )
 
-func getLibs() *libs {
-	libsOnce.Do(func() { loadedLibs = loadLibs(os.Getenv) })
+// getLibs loads the libraries once per process (dlopen and cuInit are
+// process-global): the first Probe or New decides where nvCOMP is looked
+// for, and later calls get what it found.
+func getLibs(where Libraries) *libs {
+	libsOnce.Do(func() { loadedLibs = loadLibs(where) })
 	return &loadedLibs
 }
 
-func loadLibs(getenv func(string) string) (l libs) {
+func loadLibs(where Libraries) (l libs) {
 	cu, err := loadCUDA()
 	if err != nil {
 		l.err = fmt.Errorf("%w: %v", ErrNoGPU, err)
@@ -81,7 +106,7 @@ func loadLibs(getenv func(string) string) (l libs) {
 		l.err = fmt.Errorf("%w: the CUDA driver sees no device", ErrNoGPU)
 		return l
 	}
-	nv, err := loadNvcomp(getenv)
+	nv, err := loadNvcomp(where)
 	if err != nil {
 		l.err = fmt.Errorf("%w: %v", ErrNoGPU, err)
 		return l
@@ -102,10 +127,11 @@ func (l *libs) deviceName(ordinal int) (string, error) {
 	return cString(&buf[0]), nil
 }
 
-// Probe looks for the CUDA driver, a device and nvCOMP, without creating a
-// context. It never panics and is cheap after the first call.
-func Probe() Info {
-	return probe(getLibs(), 0)
+// Probe looks for the CUDA driver, a device and nvCOMP (where says where,
+// on the first call of the process), without creating a context. It never
+// panics and is cheap after the first call.
+func Probe(where Libraries) Info {
+	return probe(getLibs(where), 0)
 }
 
 func probe(l *libs, ordinal int) Info {

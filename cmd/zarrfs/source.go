@@ -253,5 +253,5 @@ func (f *sourceFlags) decodeOptions() (decode.Options, error) {
 	return decode.Options{Mode: mode, GPUs: gpus, GPUMemory: gpuMem, PinnedMemory: pinned,
 		// The daemon is the only user of the GPUs in its process: closing
 		// one (idle, or at exit) gives back its whole context.
-		GPU: gpu.Options{HostIdle: f.gpuIdle, ResetOnClose: true, Unverified: f.gpuTrust, KernelsPTX: string(ptx)}}, nil
+		GPU: gpu.Options{Libraries: gpu.LibrariesFrom(os.Getenv), HostIdle: f.gpuIdle, ResetOnClose: true, Unverified: f.gpuTrust, KernelsPTX: string(ptx)}}, nil
 }

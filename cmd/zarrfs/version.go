@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 
 	"github.com/spf13/cobra"
 	"github.com/zarrfs/zarrfs/codec"
@@ -15,7 +16,7 @@ func newVersionCmd() *cobra.Command {
 		Args:  exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			fmt.Fprintf(cmd.OutOrStdout(), "zarrfs %s\n", version)
-			fmt.Fprintf(cmd.OutOrStdout(), "%s\n", gpu.Probe())
+			fmt.Fprintf(cmd.OutOrStdout(), "%s\n", gpu.Probe(gpu.LibrariesFrom(os.Getenv)))
 			fmt.Fprintf(cmd.OutOrStdout(), "zstd: %s\n", codec.ZstdDecoder())
 			return nil
 		},

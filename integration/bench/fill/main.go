@@ -58,6 +58,7 @@ import (
 	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/decode"
 	"github.com/zarrfs/zarrfs/fill"
+	"github.com/zarrfs/zarrfs/gpu"
 	"github.com/zarrfs/zarrfs/internal/memory"
 	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/objectstore"
@@ -190,7 +191,7 @@ func openPipeline(ctx context.Context, mode string) *decode.Pipeline {
 	if err != nil {
 		log.Fatal(err)
 	}
-	dec, err := decode.New(decode.Options{Mode: m, Logger: slog.New(slog.DiscardHandler)})
+	dec, err := decode.New(decode.Options{Mode: m, GPU: gpu.Options{Libraries: gpu.LibrariesFrom(os.Getenv)}, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		log.Fatal(err)
 	}

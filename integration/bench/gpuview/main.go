@@ -52,6 +52,7 @@ import (
 	"github.com/pierrec/lz4/v4"
 
 	"github.com/zarrfs/zarrfs/decode"
+	"github.com/zarrfs/zarrfs/gpu"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -204,7 +205,7 @@ type decoder struct {
 func pipelines(ctx context.Context, stats *roundStats, decFlag string) []decoder {
 	var decoders []decoder
 	for _, m := range []decode.Mode{decode.CPU, decode.GPU, decode.Auto} {
-		p, err := decode.New(decode.Options{Mode: m, Logger: slog.New(stats)})
+		p, err := decode.New(decode.Options{Mode: m, GPU: gpu.Options{Libraries: gpu.LibrariesFrom(os.Getenv)}, Logger: slog.New(stats)})
 		if err != nil {
 			fmt.Printf("no GPU decoding: %v\n", err)
 			continue
