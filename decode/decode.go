@@ -698,15 +698,18 @@ func (p *Pipeline) Ready(ctx context.Context) (onGPU bool, err error) {
 // instead.
 func (p *Pipeline) Memory() codec.HostMemory { return lender{p} }
 
-// Host returns the host part of the pipeline's lender: memory kept mapped
-// and lent again, never pinned, for buffers no device reads (a cast's
-// output, a checksum's input, a piece read from a file).
-func (p *Pipeline) Host() memory.Lender { return p.arena }
+// Host returns the host face of the pipeline's lender: it lends memory
+// kept mapped and lent again, never pinned, for buffers no device reads (a
+// cast's output, a checksum's input, a piece read from a file), and takes
+// back and holds whatever the pipeline lent, pinned or not: a reader
+// handed a buffer of a GPU's (a chunk read into pinned memory) can hold it
+// as well as one of the arena's.
+func (p *Pipeline) Host() memory.Lender { return hostLender{lender{p}} }
 
 // lender lends the first GPU's pinned memory in GPU mode, while that GPU
 // is awake, not retired and has room registered, and the arena's
 // otherwise. A buffer goes back to whoever lent it: the arena takes back
-// its own, the GPU's HostFree ignores memory it did not lend.
+// its own, a GPU's HostFree ignores memory it did not lend.
 type lender struct{ p *Pipeline }
 
 // HostAlloc and HostFree run under p.mu, so that the GPU that lends is
@@ -728,17 +731,45 @@ func (l lender) HostAlloc(n int) []byte {
 	return p.arena.HostAlloc(n)
 }
 
-// HostFree after Close drops pinned memory: the closed GPU has unmapped it.
+// HostFree gives a hold back to whoever lent b: the arena, or one of the
+// GPUs (the pipeline's lender lends the first's; a ring lends its own
+// GPU's). After Close it drops pinned memory: the closed GPUs have
+// unmapped it.
 func (l lender) HostFree(b []byte) {
 	if l.p.arena.Free(b) {
 		return
 	}
 	l.p.mu.Lock()
 	defer l.p.mu.Unlock()
-	if !l.p.closed && len(l.p.gpus) > 0 {
-		l.p.gpus[0].HostFree(b)
+	if !l.p.closed {
+		for _, g := range l.p.gpus {
+			g.HostFree(b) // ignored by the GPUs that did not lend it
+		}
 	}
 }
+
+// Retain adds a hold on b with whoever lent it.
+func (l lender) Retain(b []byte) bool {
+	if l.p.arena.Retain(b) {
+		return true
+	}
+	l.p.mu.Lock()
+	defer l.p.mu.Unlock()
+	if l.p.closed {
+		return false
+	}
+	for _, g := range l.p.gpus {
+		if g.Retain(b) {
+			return true
+		}
+	}
+	return false
+}
+
+// hostLender is the pipeline's lender lending host memory only (Host).
+type hostLender struct{ lender }
+
+func (h hostLender) HostAlloc(n int) []byte { return h.p.arena.HostAlloc(n) }
 
 // gpuUsable reports whether a GPU takes work: started, awake, and not
 // every one retired.

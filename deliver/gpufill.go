@@ -338,11 +338,12 @@ func (s *slotDecoder) hostShare(ctx context.Context, jobs []codec.Job, idx []int
 	return ctx.Err()
 }
 
-// HostAlloc and HostFree lend the ring's GPU's pinned memory: the fill
-// code reads the compressed chunks it decodes into memory its decoder
+// HostAlloc, HostFree and Retain lend the ring's GPU's pinned memory: the
+// fill code reads the compressed chunks it decodes into memory its decoder
 // lends (zarr.Hierarchy.Decoding).
 func (s *slotDecoder) HostAlloc(n int) []byte { return s.ring.memory().HostAlloc(n) }
 func (s *slotDecoder) HostFree(b []byte)      { s.ring.memory().HostFree(b) }
+func (s *slotDecoder) Retain(b []byte) bool   { return s.ring.memory().Retain(b) }
 
 var _ codec.HostMemory = (*slotDecoder)(nil)
 

@@ -308,6 +308,9 @@ func (m *lendingMemory) HostFree(b []byte) {
 	}
 }
 
+// Retain holds nothing: fills never share a buffer.
+func (m *lendingMemory) Retain([]byte) bool { return false }
+
 // lendingReader is a Reader whose memory fills borrow, as a zarr
 // Hierarchy with a GPU decoder is.
 type lendingReader struct {

@@ -79,8 +79,9 @@ type arena struct {
 type span struct{ off, n int }
 
 type lentBuf struct {
-	a *arena
-	n int // bytes reserved (a multiple of hostUnit)
+	a     *arena
+	n     int // bytes reserved (a multiple of hostUnit)
+	holds int // HostAlloc's, and one per Retain (memory.Lender)
 }
 
 // hostStats is what the pool holds now.
@@ -194,8 +195,13 @@ func (d *Decoder) HostReserve(n int64, wait time.Duration) {
 	}
 }
 
-// HostFree returns a buffer HostAlloc lent.
+// HostFree gives back a hold on a buffer HostAlloc lent: the buffer is
+// lent again once every hold is back (memory.Lender).
 func (d *Decoder) HostFree(b []byte) { d.host.free(b) }
+
+// Retain adds a hold on a buffer HostAlloc lent and reports whether it was
+// one (memory.Lender).
+func (d *Decoder) Retain(b []byte) bool { return d.host.retain(b) }
 
 // HostLent is the pinned memory lent by HostAlloc and not yet given back,
 // in bytes (whole units of the pool).
@@ -225,7 +231,7 @@ func (p *hostPool) alloc(n int) []byte {
 			}
 			a.lentBytes += size
 			b := a.mem[off : off+n : off+size]
-			p.lent[uintptr(unsafe.Pointer(&b[0]))] = lentBuf{a, size}
+			p.lent[uintptr(unsafe.Pointer(&b[0]))] = lentBuf{a, size, 1}
 			p.growIfLowLocked(size)
 			return b
 		}
@@ -297,6 +303,21 @@ func (p *hostPool) growLocked(n int) {
 	}()
 }
 
+func (p *hostPool) retain(b []byte) bool {
+	if cap(b) == 0 {
+		return false
+	}
+	start := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	l, ok := p.lent[start]
+	if ok {
+		l.holds++
+		p.lent[start] = l
+	}
+	return ok
+}
+
 func (p *hostPool) free(b []byte) {
 	if cap(b) == 0 {
 		return
@@ -307,6 +328,11 @@ func (p *hostPool) free(b []byte) {
 	l, ok := p.lent[start]
 	if !ok {
 		return // not ours, or already back
+	}
+	if l.holds > 1 {
+		l.holds--
+		p.lent[start] = l
+		return
 	}
 	delete(p.lent, start)
 	p.last = time.Now()

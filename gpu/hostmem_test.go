@@ -75,6 +75,14 @@ func TestHostPool(t *testing.T) {
 	if st := d.host.stats(); st.Arenas != 1 || st.Mapped > d.host.limit {
 		t.Errorf("pool grew past its limit: %+v", st)
 	}
+	// A buffer held besides is lent again only once both gave it back.
+	if !d.Retain(a) || d.Retain(c) || d.Retain(nil) {
+		t.Error("Retain: its own buffer not held, or another's held")
+	}
+	d.HostFree(a)
+	if st := d.host.stats(); st.Lent != int64(cap(a)+cap(b)) {
+		t.Errorf("a buffer still held went back: %+v", st)
+	}
 	// A freed buffer is coalesced and serves the next request.
 	d.HostFree(a)
 	d.HostFree(a) // twice: ignored

@@ -16,7 +16,7 @@ import (
 // back, refusing buffers it did not lend.
 type lendCounter struct {
 	mu      sync.Mutex
-	lent    map[*byte]bool
+	lent    map[*byte]int // holds
 	n, back int
 	foreign int
 }
@@ -26,9 +26,9 @@ func (m *lendCounter) HostAlloc(n int) []byte {
 	defer m.mu.Unlock()
 	b := make([]byte, n)
 	if m.lent == nil {
-		m.lent = map[*byte]bool{}
+		m.lent = map[*byte]int{}
 	}
-	m.lent[&b[0]] = true
+	m.lent[&b[0]] = 1
 	m.n++
 	return b
 }
@@ -36,12 +36,24 @@ func (m *lendCounter) HostAlloc(n int) []byte {
 func (m *lendCounter) HostFree(b []byte) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if cap(b) == 0 || !m.lent[&b[:1][0]] {
+	if cap(b) == 0 || m.lent[&b[:1][0]] == 0 {
 		m.foreign++
 		return
 	}
-	delete(m.lent, &b[:1][0])
-	m.back++
+	if m.lent[&b[:1][0]]--; m.lent[&b[:1][0]] == 0 {
+		delete(m.lent, &b[:1][0])
+		m.back++
+	}
+}
+
+func (m *lendCounter) Retain(b []byte) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if cap(b) == 0 || m.lent[&b[:1][0]] == 0 {
+		return false
+	}
+	m.lent[&b[:1][0]]++
+	return true
 }
 
 // lendingDecoder decodes inline and lends memory: a GPU's decoder, as a

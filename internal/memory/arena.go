@@ -13,16 +13,27 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Lender lends buffers and takes them back. HostFree takes back what
-// HostAlloc lent and ignores anything else, so a caller can give back
-// whatever it got without tracking who lent it. Implementations must be
-// safe for concurrent use.
+// Lender lends buffers and takes them back. A buffer lent has holders:
+// HostAlloc's caller, and one more for each Retain; each gives its hold
+// back with HostFree, and the buffer is lent again only once the last has.
+// So a buffer that several readers share (a decoded chunk a cache keeps,
+// a read that may still be landing in it after its caller gave up) stays
+// theirs until each is done with it, and none needs to know of the others.
+// HostFree and Retain ignore memory the lender did not lend, so a caller
+// can give back whatever it got without tracking who lent it.
+// Implementations must be safe for concurrent use.
 type Lender interface {
-	// HostAlloc returns n bytes (contents unspecified).
+	// HostAlloc returns n bytes (contents unspecified), with one hold:
+	// the caller's.
 	HostAlloc(n int) []byte
-	// HostFree takes back a buffer HostAlloc returned (any reslice of it
-	// that starts where it started).
+	// HostFree gives back one hold on a buffer HostAlloc returned (any
+	// reslice of it that starts where it started).
 	HostFree(b []byte)
+	// Retain adds a hold on a buffer HostAlloc returned and not yet given
+	// back (any reslice of it that starts where it started), and reports
+	// whether b is such a buffer: false for memory the lender did not
+	// lend, which it cannot keep from being reused.
+	Retain(b []byte) bool
 }
 
 var _ Lender = (*Arena)(nil)
@@ -44,16 +55,21 @@ var _ Lender = (*Arena)(nil)
 type Arena struct {
 	mu      sync.Mutex
 	free    map[int][][]byte // idle buffers by class size, full length
-	lent    map[uintptr]int  // address of every buffer lent -> class size
+	lent    map[uintptr]lent // every buffer lent, by address
 	idle    int64
 	maxIdle int64
 	mapped  int64 // bytes mapped now, lent or idle
 }
 
+// lent is a buffer lent: its class size and how many hold it.
+type lent struct {
+	class, holds int
+}
+
 // NewArena returns an Arena that keeps up to maxIdle bytes of idle
 // buffers mapped.
 func NewArena(maxIdle int64) *Arena {
-	return &Arena{free: map[int][][]byte{}, lent: map[uintptr]int{}, maxIdle: maxIdle}
+	return &Arena{free: map[int][][]byte{}, lent: map[uintptr]lent{}, maxIdle: maxIdle}
 }
 
 // minClass is the smallest buffer the arena maps; smaller requests are
@@ -83,7 +99,7 @@ func (a *Arena) HostAlloc(n int) []byte {
 		b := fl[len(fl)-1]
 		a.free[c] = fl[:len(fl)-1]
 		a.idle -= int64(c)
-		a.lent[addr(b)] = c
+		a.lent[addr(b)] = lent{c, 1}
 		a.mu.Unlock()
 		return b[:n]
 	}
@@ -98,19 +114,38 @@ func (a *Arena) HostAlloc(n int) []byte {
 		_ = unix.Madvise(b, unix.MADV_HUGEPAGE)
 	}
 	a.mu.Lock()
-	a.lent[addr(b)] = c
+	a.lent[addr(b)] = lent{c, 1}
 	a.mapped += int64(c)
 	a.mu.Unlock()
 	return b[:n]
 }
 
-// HostFree takes back a buffer HostAlloc lent; anything else is left to
-// its owner.
+// HostFree gives back a hold on a buffer HostAlloc lent; anything else is
+// left to its owner.
 func (a *Arena) HostFree(b []byte) { a.Free(b) }
 
-// Free takes back a buffer HostAlloc lent (any reslice of it that starts
-// where it started) and reports whether it was the arena's; anything else
-// is left to its owner.
+// Retain adds a hold on a buffer HostAlloc lent (Lender).
+func (a *Arena) Retain(b []byte) bool {
+	if cap(b) == 0 {
+		return false
+	}
+	b = b[:cap(b)]
+	p := addr(b)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	l, ok := a.lent[p]
+	if !ok || l.class != len(b) {
+		return false
+	}
+	l.holds++
+	a.lent[p] = l
+	return true
+}
+
+// Free gives back a hold on a buffer HostAlloc lent (any reslice of it
+// that starts where it started), taking the buffer back with the last,
+// and reports whether it was the arena's; anything else is left to its
+// owner.
 func (a *Arena) Free(b []byte) bool {
 	if cap(b) == 0 {
 		return false
@@ -118,11 +153,18 @@ func (a *Arena) Free(b []byte) bool {
 	b = b[:cap(b)]
 	p := addr(b)
 	a.mu.Lock()
-	c, ok := a.lent[p]
-	if !ok || c != len(b) {
+	l, ok := a.lent[p]
+	if !ok || l.class != len(b) {
 		a.mu.Unlock()
 		return false
 	}
+	if l.holds > 1 {
+		l.holds--
+		a.lent[p] = l
+		a.mu.Unlock()
+		return true
+	}
+	c := l.class
 	delete(a.lent, p)
 	if a.idle+int64(c) <= a.maxIdle {
 		a.free[c] = append(a.free[c], b)
