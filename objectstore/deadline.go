@@ -30,8 +30,12 @@ type DeadlineOptions struct {
 	// Logger receives one warning when the bound is reached and one line
 	// when the blocked calls have all returned; nil: discard.
 	Logger *slog.Logger
-	// Memory lends the pieces a local file is read through (the process's
-	// one lender); nil: ordinary memory.
+	// Memory is the process's one lender: a caller's buffer it lent is
+	// held (Retain) while a call reads straight into it, so that a call
+	// its caller left behind still writes into memory nobody else was
+	// lent; and it lends the buffers a call reads into when the caller's
+	// is not one of its own. nil: every read into a caller's buffer goes
+	// through memory of the call's own and is copied.
 	Memory memory.Lender
 }
 
@@ -42,11 +46,14 @@ type DeadlineOptions struct {
 // the filesystem does. Each call runs in a goroutine of its own; its caller
 // waits for it, its context or the deadline, whichever comes first. A call
 // its caller left goes on until the inner store returns, and its result is
-// dropped: into memory of its own, never into a buffer the caller passed
-// (GetInto and GetVersion read into pooled buffers and copy; a local
-// file is copied a piece at a time, each copy made only while the caller
-// waits: inPieces), and its listing (ListVersions) never reaches the
-// caller's fn.
+// dropped. It writes only into memory nobody else is lent: a caller's
+// buffer that the lender lent (DeadlineOptions.Memory), held until the
+// read returns, so a read left behind may still land there but the buffer
+// is not lent again before it has; otherwise memory of the call's own,
+// copied into the caller's buffer only while the caller waits (GetInto and
+// GetVersion read into a buffer lent for the call and copy; a local file
+// is copied a piece at a time: inPieces). Its listing (ListVersions) never
+// reaches the caller's fn.
 //
 // Put a Breaker outside it (WithBreaker(WithDeadline(s, ...), ...)), so
 // that a source found silent fails reads at once, and is probed, rather
@@ -56,7 +63,6 @@ type Deadline struct {
 	decorator
 	opts DeadlineOptions
 	log  *slog.Logger
-	bufs sync.Pool // *[]byte that calls read into
 
 	blocked atomic.Int64 // calls left by their callers, still running
 	mu      sync.Mutex   // guards full
@@ -90,8 +96,8 @@ func WithDeadline(inner Store, opts DeadlineOptions) (*Deadline, error) {
 func (d *Deadline) Blocked() int { return int(d.blocked.Load()) }
 
 // call runs f in a goroutine and waits for it, ctx or the deadline,
-// whichever comes first. f must not touch memory of the caller's (the
-// methods read into pooled buffers); done, when set, runs when f returns,
+// whichever comes first. f must not touch memory of the caller's, but for
+// a buffer it holds (hold); done, when set, runs when f returns,
 // with whether the caller had left by then: before the caller gets its
 // result when it has not, to hand over what f made, and after it in any
 // case, to give back what f used.
@@ -224,40 +230,73 @@ func (d *Deadline) returned() {
 	}
 }
 
-func (d *Deadline) getBuf() *[]byte {
-	if p, ok := d.bufs.Get().(*[]byte); ok {
-		return p
-	}
-	return new([]byte)
+// hold takes a hold on buf for a call that reads straight into it, and
+// reports whether it could: buf is memory the lender lent (and not yet
+// given back), which goes back only once the call gives the hold back
+// too, after its read returned.
+func (d *Deadline) hold(buf []byte) bool {
+	return d.opts.Memory != nil && cap(buf) > 0 && d.opts.Memory.Retain(buf)
 }
 
-// into reads with read into a pooled buffer and copies the bytes into
-// buf (grown when too small), so that a read its caller left never writes
-// into memory the caller has since reused.
-func (d *Deadline) into(ctx context.Context, op, key string, buf []byte, read func(tmp []byte) ([]byte, string, error)) ([]byte, string, error) {
-	type got struct {
-		b   []byte
-		ver string
+// straight reads with read into buf itself, which the caller's lender
+// lent, and which the call holds until read returns (hold did): a read its
+// caller left may still write into it, but it is lent to nobody else
+// meanwhile. A nil buf is memory of the read's own (the store allocates).
+func (d *Deadline) straight(ctx context.Context, op, key string, buf []byte, held bool, read func(buf []byte) ([]byte, string, error)) ([]byte, string, error) {
+	r, err := call(d, ctx, op, key, func() (versioned, error) {
+		b, ver, err := read(buf)
+		return versioned{b, ver}, err
+	}, func(v versioned, left bool) versioned {
+		if held {
+			d.opts.Memory.HostFree(buf)
+		}
+		return v
+	})
+	return r.b, r.ver, err
+}
+
+// read reads key through read into buf: straight into it when the lender
+// lent it or it is empty (straight), otherwise into memory of the call's
+// own and copied (a local file a piece at a time: inPieces; others
+// whole: into).
+func (d *Deadline) read(ctx context.Context, key string, buf []byte, limit int64, read func(buf []byte) ([]byte, string, error)) ([]byte, string, error) {
+	if held := d.hold(buf); held || cap(buf) == 0 {
+		if !held {
+			buf = nil
+		}
+		return d.straight(ctx, "get", key, buf, held, read)
 	}
-	p := d.getBuf()
-	r, err := call(d, ctx, op, key, func() (got, error) {
-		b, ver, err := read((*p)[:0])
-		return got{b, ver}, err
-	}, func(g got, left bool) got {
-		tmp := g.b
-		g.b = nil
-		if !left && tmp != nil {
-			// Copied now, before the pooled buffer goes back.
-			if cap(buf) < len(tmp) {
-				buf = make([]byte, len(tmp))
+	if pr, ok := d.Store.(pieceReader); ok {
+		return d.inPieces(ctx, key, buf, limit, pr)
+	}
+	return d.into(ctx, "get", key, buf, read)
+}
+
+// into reads with read into a buffer lent for the call (as large as buf)
+// and copies the bytes into buf (grown when too small), so that a read its
+// caller left never writes into memory the caller has since reused.
+func (d *Deadline) into(ctx context.Context, op, key string, buf []byte, read func(tmp []byte) ([]byte, string, error)) ([]byte, string, error) {
+	var tmp []byte
+	if d.opts.Memory != nil {
+		tmp = d.opts.Memory.HostAlloc(cap(buf))
+	}
+	r, err := call(d, ctx, op, key, func() (versioned, error) {
+		b, ver, err := read(tmp[:0])
+		return versioned{b, ver}, err
+	}, func(v versioned, left bool) versioned {
+		got := v.b
+		v.b = nil
+		if !left && got != nil {
+			// Copied now, before the lent buffer goes back.
+			if cap(buf) < len(got) {
+				buf = make([]byte, len(got))
 			}
-			g.b = append(buf[:0], tmp...)
+			v.b = append(buf[:0], got...)
 		}
-		if cap(tmp) > cap(*p) && cap(tmp) <= 1<<30 {
-			*p = tmp[:0] // keep the grown buffer for the next read
+		if d.opts.Memory != nil {
+			d.opts.Memory.HostFree(tmp)
 		}
-		d.bufs.Put(p)
-		return g
+		return v
 	})
 	return r.b, r.ver, err
 }
@@ -270,20 +309,15 @@ func (d *Deadline) Get(ctx context.Context, key string) ([]byte, error) {
 
 var _ GetterInto = (*Deadline)(nil)
 
-// GetInto reads through the inner store's GetInto (or Get) into a pooled
-// buffer and copies into buf; from a store that reads in pieces, into buf
-// itself (inPieces).
+// GetInto reads through the inner store's GetInto (or Get) into buf (see
+// read).
 func (d *Deadline) GetInto(ctx context.Context, key string, buf []byte, limit int64) ([]byte, error) {
-	if pr, ok := d.Store.(pieceReader); ok {
-		b, _, err := d.inPieces(ctx, key, buf, limit, pr)
-		return b, err
-	}
 	gi, ok := d.Store.(GetterInto)
 	if !ok {
 		return call(d, ctx, "get", key, func() ([]byte, error) { return GetLimit(ctx, d.Store, key, limit) }, nil)
 	}
-	b, _, err := d.into(ctx, "get", key, buf, func(tmp []byte) ([]byte, string, error) {
-		b, err := gi.GetInto(ctx, key, tmp, limit)
+	b, _, err := d.read(ctx, key, buf, limit, func(buf []byte) ([]byte, string, error) {
+		b, err := gi.GetInto(ctx, key, buf, limit)
 		return b, "", err
 	})
 	return b, err
@@ -299,18 +333,14 @@ func (d *Deadline) List(ctx context.Context, prefix string) ([]string, error) {
 	return call(d, ctx, "list", prefix, func() ([]string, error) { return d.Store.List(ctx, prefix) }, nil)
 }
 
-// GetVersion reads through the inner store's GetVersion, as GetInto does;
-// from a store that reads in pieces (a local filesystem), into buf itself
-// (inPieces).
+// GetVersion reads through the inner store's GetVersion into buf, as
+// GetInto does.
 func (d *Deadline) GetVersion(ctx context.Context, key string, buf []byte, limit int64) ([]byte, string, error) {
 	v, ok := AsVersioned(d.Store)
 	if !ok {
 		return nil, "", &Error{Op: "get", Store: d.ID(), Key: key, Err: errNotVersioned}
 	}
-	if pr, ok := d.Store.(pieceReader); ok {
-		return d.inPieces(ctx, key, buf, limit, pr)
-	}
-	return d.into(ctx, "get", key, buf, func(tmp []byte) ([]byte, string, error) { return v.GetVersion(ctx, key, tmp, limit) })
+	return d.read(ctx, key, buf, limit, func(buf []byte) ([]byte, string, error) { return v.GetVersion(ctx, key, buf, limit) })
 }
 
 // pieceReader is a store that reads a whole object and its version a

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/zarrfs/zarrfs/internal/memory"
 )
 
 // A local file read through a Deadline (GetVersion, GetInto) lands in the
@@ -142,8 +144,88 @@ func TestDeadlinePiecesShort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, ver, err := d.GetVersion(context.Background(), "k", nil, 0)
+	b, ver, err := d.GetVersion(context.Background(), "k", make([]byte, 0, 16), 0)
 	if err == nil || b != nil || ver != "" {
 		t.Fatalf("a read cut short: %d bytes, %q, %v", len(b), ver, err)
 	}
+}
+
+// stallVersion writes into the buffer it reads into, then waits to be
+// released before it writes again and returns: a read of a file on a
+// filesystem that stops answering mid-file, straight into its caller's
+// buffer.
+type stallVersion struct {
+	Posix
+	release chan struct{}
+	wrote   atomic.Int64
+}
+
+func (s *stallVersion) GetVersion(ctx context.Context, key string, buf []byte, limit int64) ([]byte, string, error) {
+	buf = buf[:cap(buf)]
+	buf[0] = 0x11
+	s.wrote.Add(1)
+	<-s.release
+	buf[len(buf)-1] = 0x22
+	s.wrote.Add(1)
+	return buf, "v1", nil
+}
+
+// A buffer the lender lent is read into straight, and held by the read: a
+// read its caller left behind still lands in it, but the buffer is lent to
+// nobody else until that read returned, however soon the caller gave it
+// back.
+func TestDeadlineHoldsLentBuffer(t *testing.T) {
+	arena := memory.NewArena(64 << 20)
+	defer arena.Close()
+	dir := t.TempDir()
+	data := bytes.Repeat([]byte("chunk"), 100_000)
+	if err := os.WriteFile(filepath.Join(dir, "c"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, err := OpenPosix(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	d, err := WithDeadline(p, DeadlineOptions{Memory: arena})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := arena.HostAlloc(len(data))
+	got, _, err := d.GetVersion(context.Background(), "c", buf[:0], 0)
+	if err != nil || !bytes.Equal(got, data) || &got[0] != &buf[0] {
+		t.Fatalf("a local file into a lent buffer: %v, equal %v, in the buffer %v", err, bytes.Equal(got, data), &got[0] == &buf[0])
+	}
+	arena.HostFree(buf)
+	if _, idle := arena.Held(); idle == 0 {
+		t.Fatal("the read kept its hold after it returned")
+	}
+
+	s := &stallVersion{release: make(chan struct{})}
+	d, err = WithDeadline(s, DeadlineOptions{Timeout: 50 * time.Millisecond, Memory: arena})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf = arena.HostAlloc(1 << 20)
+	if _, _, err := d.GetVersion(context.Background(), "k", buf[:0], 0); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a stalled read: %v", err)
+	}
+	arena.HostFree(buf) // the caller is done with it; the read is not
+	other := arena.HostAlloc(1 << 20)
+	if &other[0] == &buf[0] {
+		t.Fatal("a buffer a read left behind still writes into was lent again")
+	}
+	close(s.release)
+	for deadline := time.Now().Add(5 * time.Second); d.Blocked() > 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the left read did not return once released")
+		}
+	}
+	if s.wrote.Load() != 2 {
+		t.Fatalf("%d writes", s.wrote.Load())
+	}
+	if again := arena.HostAlloc(1 << 20); &again[0] != &buf[0] {
+		t.Error("the buffer did not go back once the read left behind returned")
+	}
+	arena.HostFree(other)
 }
