@@ -40,6 +40,13 @@ type Options struct {
 	// means the Decoder's, when it lends memory, else memory the store
 	// allocates for each chunk.
 	Memory codec.HostMemory
+	// Host, when set, lends the buffers chunks decode into where they do
+	// not decode in place (a step of a pipeline of several, a chunk the
+	// requests share or use in part), which the decoded-chunk cache may
+	// keep: host memory no device copies (decode.Pipeline.Host), since the
+	// cache may keep it long. Each buffer goes back once neither the Read
+	// nor the cache holds it. Nil means memory allocated for each chunk.
+	Host codec.HostMemory
 	// Fetchers bounds the source requests in flight per Read call.
 	// Zero means 16.
 	Fetchers int
@@ -121,6 +128,7 @@ type Hierarchy struct {
 	opts   Options
 	chunks *chunkCache
 	mem    codec.HostMemory // lends the buffers compressed chunks are read into; nil: the store's
+	host   codec.HostMemory // lends the buffers chunks decode into (Options.Host); nil: allocated
 	stats  *Stats
 	// lazyKept counts the versions the lazy listings of its arrays keep.
 	lazyKept atomic.Int64

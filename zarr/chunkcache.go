@@ -3,6 +3,8 @@ package zarr
 import (
 	"container/list"
 	"sync"
+
+	"github.com/zarrfs/zarrfs/internal/memory"
 )
 
 // chunkCache keeps decoded chunks that a Read used only in part (and shard
@@ -15,7 +17,15 @@ import (
 // refuses the new chunks of a sequential walk once it is full (it keeps the
 // often-hit chunks of the previous time block), which made a 20-channel view
 // decode each chunk four times over. A nil *chunkCache caches nothing.
+//
+// A chunk's buffer may be memory a lender lent (mem: the Read decoded into
+// it), which concurrent Reads use while another evicts it: the cache holds
+// it (memory.Lender.Retain) while it keeps it, and get gives each reader a
+// hold of its own, which the reader gives back (mem.HostFree) when done.
+// So a buffer goes back to the lender only once neither the cache nor any
+// reader holds it, never while one still reads it.
 type chunkCache struct {
+	mem  memory.Lender // lent the buffers the cache may hold; nil: none
 	mu   sync.Mutex
 	max  int64
 	used int64
@@ -27,35 +37,40 @@ type cached struct {
 	key       string
 	b         []byte
 	remaining int64 // elements not read since it was cached; -1: never used up
+	held      bool  // the cache holds b, memory mem lent
 }
 
-func newChunkCache(maxBytes int64) *chunkCache {
+func newChunkCache(maxBytes int64, mem memory.Lender) *chunkCache {
 	if maxBytes < 0 {
 		return nil
 	}
 	if maxBytes == 0 {
 		maxBytes = 256 << 20
 	}
-	return &chunkCache{max: maxBytes, ll: list.New(), m: map[string]*list.Element{}}
+	return &chunkCache{mem: mem, max: maxBytes, ll: list.New(), m: map[string]*list.Element{}}
 }
 
-func (c *chunkCache) get(key string) ([]byte, bool) {
+// get returns the chunk kept under key; held reports that the caller got
+// a hold on b, to give back (mem.HostFree) once it is done reading b.
+func (c *chunkCache) get(key string) (b []byte, held, ok bool) {
 	if c == nil {
-		return nil, false
+		return nil, false, false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.m[key]
 	if !ok {
-		return nil, false
+		return nil, false, false
 	}
 	c.ll.MoveToFront(e)
-	return e.Value.(*cached).b, true
+	v := e.Value.(*cached)
+	return v.b, v.held && c.mem.Retain(v.b), true
 }
 
-// put keeps b under key, and reports whether it did (not when the cache
-// is off or b larger than it); remaining is how many of its elements are
-// still to be read (-1: keep until evicted).
+// put keeps b under key, with a hold of the cache's own when a lender lent
+// b (the caller keeps its own), and reports whether it did (not when the
+// cache is off or b larger than it); remaining is how many of its
+// elements are still to be read (-1: keep until evicted).
 func (c *chunkCache) put(key string, b []byte, remaining int64) bool {
 	if c == nil || int64(len(b)) > c.max {
 		return false
@@ -68,7 +83,8 @@ func (c *chunkCache) put(key string, b []byte, remaining int64) bool {
 	for c.used+int64(len(b)) > c.max && c.ll.Len() > 0 {
 		c.remove(c.ll.Back())
 	}
-	c.m[key] = c.ll.PushFront(&cached{key: key, b: b, remaining: remaining})
+	held := c.mem != nil && c.mem.Retain(b)
+	c.m[key] = c.ll.PushFront(&cached{key: key, b: b, remaining: remaining, held: held})
 	c.used += int64(len(b))
 	return true
 }
@@ -101,35 +117,18 @@ func (c *chunkCache) reset() {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.ll.Init()
-	clear(c.m)
-	c.used = 0
+	for c.ll.Len() > 0 {
+		c.remove(c.ll.Back())
+	}
 }
 
+// remove drops a chunk, giving back the cache's hold on it: its buffer
+// goes back to the lender unless a reader still holds it.
 func (c *chunkCache) remove(e *list.Element) {
 	v := c.ll.Remove(e).(*cached)
 	delete(c.m, v.key)
 	c.used -= int64(len(v.b))
-}
-
-// Buffers for decoded chunks come from per-size pools: an array's chunks
-// share one size, so reuse is near perfect.
-var pools sync.Map // int -> *sync.Pool
-
-func getBuf(n int) []byte {
-	p, _ := pools.LoadOrStore(n, &sync.Pool{})
-	if b, ok := p.(*sync.Pool).Get().(*[]byte); ok {
-		return *b
-	}
-	return make([]byte, n)
-}
-
-func putBuf(b []byte) {
-	if cap(b) == 0 {
-		return
-	}
-	b = b[:cap(b)]
-	if p, ok := pools.Load(len(b)); ok {
-		p.(*sync.Pool).Put(&b)
+	if v.held {
+		c.mem.HostFree(v.b)
 	}
 }

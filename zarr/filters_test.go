@@ -15,6 +15,7 @@ import (
 	"github.com/klauspost/compress/zlib"
 
 	"github.com/zarrfs/zarrfs/codec"
+	"github.com/zarrfs/zarrfs/internal/memory"
 	"github.com/zarrfs/zarrfs/zarr"
 )
 
@@ -116,8 +117,9 @@ func TestFiltersUnsupported(t *testing.T) {
 }
 
 // A chunk decoded in two steps (HDF5's deflate, then shuffle) gives the
-// first step's buffer back once the second has read it: a second Read of
-// the array allocates no such buffers again.
+// first step's buffer back to the lender (Options.Host) once the second
+// has read it: a second Read of the array is lent the same memory again,
+// and allocates none of its own.
 func TestTwoStepDecodeReusesItsBuffer(t *testing.T) {
 	const n, chunks = 64 << 10, 8 // float32 values per chunk: 256 KiB
 	files := map[string][]byte{
@@ -131,7 +133,9 @@ func TestTwoStepDecodeReusesItsBuffer(t *testing.T) {
 		}
 		files[fmt.Sprint(c)] = hdf5Chunk(vals, false)
 	}
-	h, err := zarr.Open(context.Background(), newMemStore(files), zarr.Options{ChunkCacheBytes: -1})
+	arena := memory.NewArena(64 << 20)
+	defer arena.Close()
+	h, err := zarr.Open(context.Background(), newMemStore(files), zarr.Options{ChunkCacheBytes: -1, Host: arena})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,11 +145,12 @@ func TestTwoStepDecodeReusesItsBuffer(t *testing.T) {
 		t.Fatal(a.Unsupported)
 	}
 	// The whole array, one request: the last step decodes straight into
-	// it, the first into buffers of the Read's.
+	// it, the first into buffers the lender lends.
 	dst := make([]byte, 4*n*chunks)
 	reqs := []zarr.Request{{Array: a, Start: []int64{0}, Count: []int64{n * chunks}, Dst: dst}}
-	defer debug.SetGCPercent(debug.SetGCPercent(-1)) // the pools keep what they hold
+	defer debug.SetGCPercent(debug.SetGCPercent(-1)) // TotalAlloc counts everything
 	var before, after runtime.MemStats
+	var first int64
 	for round := range 3 {
 		runtime.ReadMemStats(&before)
 		if err := h.Read(context.Background(), nil, reqs); err != nil {
@@ -157,6 +162,18 @@ func TestTwoStepDecodeReusesItsBuffer(t *testing.T) {
 				t.Fatalf("round %d value %d: %v", round, i, got)
 			}
 		}
+		mapped, idle := arena.Held()
+		if mapped != idle {
+			t.Errorf("round %d: %d bytes still lent after the Read", round, mapped-idle)
+		}
+		if round == 0 {
+			first = mapped
+		} else if mapped != first {
+			t.Errorf("round %d: %d bytes mapped, %d after the first: the first step's buffers were not lent again", round, mapped, first)
+		}
+	}
+	if first == 0 || first > 2*4*n*chunks {
+		t.Errorf("%d bytes mapped for the first step's %d", first, 4*n*chunks)
 	}
 	if got := after.TotalAlloc - before.TotalAlloc; got > 4*n*chunks/2 {
 		t.Errorf("the third Read allocated %d bytes; the buffers of the first step (%d bytes) were not reused", got, 4*n*chunks)

@@ -5,12 +5,12 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
-	"runtime"
-	"runtime/debug"
+	"sync"
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
 
+	"github.com/zarrfs/zarrfs/internal/memory"
 	"github.com/zarrfs/zarrfs/zarr"
 )
 
@@ -202,9 +202,9 @@ func TestReadCostIntoMatchesRead(t *testing.T) {
 }
 
 // A chunk read in part, with the decoded-chunk cache off (or the chunk
-// larger than it), goes back to the buffer pool: nothing keeps it, and a
-// second Read reuses it.
-func TestPartlyReadChunkBackToThePool(t *testing.T) {
+// larger than it), goes back to the lender (Options.Host): nothing keeps
+// it, and a second Read reuses it.
+func TestPartlyReadChunkBackToTheLender(t *testing.T) {
 	const n, chunks = 64 << 10, 8 // uint8 values per chunk
 	enc, _ := zstd.NewWriter(nil)
 	files := map[string][]byte{"zarr.json": []byte(fmt.Sprintf(`{"zarr_format":3,"node_type":"array","shape":[%d],"data_type":"uint8",
@@ -218,7 +218,8 @@ func TestPartlyReadChunkBackToThePool(t *testing.T) {
 		files[fmt.Sprintf("c/%d", c)] = enc.EncodeAll(raw, nil)
 	}
 	for _, cacheBytes := range []int64{-1, n / 2} { // off; smaller than a chunk
-		h, err := zarr.Open(context.Background(), newMemStore(files), zarr.Options{ChunkCacheBytes: cacheBytes})
+		arena := memory.NewArena(64 << 20)
+		h, err := zarr.Open(context.Background(), newMemStore(files), zarr.Options{ChunkCacheBytes: cacheBytes, Host: arena})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -228,24 +229,83 @@ func TestPartlyReadChunkBackToThePool(t *testing.T) {
 		for c := range chunks {
 			reqs[c] = zarr.Request{Array: a, Start: []int64{int64(c*n + n/2)}, Count: []int64{n / 2}, Dst: dst[c*n/2 : (c+1)*n/2]}
 		}
-		gc := debug.SetGCPercent(-1) // the pools keep what they hold
-		var before, after runtime.MemStats
+		var first int64
 		for round := range 3 {
-			runtime.ReadMemStats(&before)
 			if err := h.Read(context.Background(), nil, reqs); err != nil {
 				t.Fatal(err)
 			}
-			runtime.ReadMemStats(&after)
 			for c := range chunks {
 				if got, want := dst[c*n/2], byte(c+n/2); got != want {
 					t.Fatalf("cache %d round %d chunk %d: %d, want %d", cacheBytes, round, c, got, want)
 				}
 			}
+			mapped, idle := arena.Held()
+			if mapped != idle {
+				t.Errorf("cache %d round %d: %d bytes still lent after the Read", cacheBytes, round, mapped-idle)
+			}
+			if round == 0 {
+				first = mapped
+			} else if mapped != first {
+				t.Errorf("cache %d round %d: %d bytes mapped, %d after the first Read: the decoded chunks were not lent again", cacheBytes, round, mapped, first)
+			}
 		}
-		debug.SetGCPercent(gc)
+		if first < chunks*n {
+			t.Errorf("cache %d: %d bytes mapped for %d chunks of %d bytes: not decoded into the lender's memory", cacheBytes, first, chunks, n)
+		}
 		h.Close()
-		if got := after.TotalAlloc - before.TotalAlloc; got > n*chunks/2 {
-			t.Errorf("cache %d: the third Read allocated %d bytes; the decoded chunks (%d bytes) were not reused", cacheBytes, got, n*chunks)
+		arena.Close()
+	}
+}
+
+// Concurrent Reads over a decoded-chunk cache too small for their chunks,
+// in lent memory: each reads the right values (a chunk evicted while
+// another Read copies from it is not lent again under that Read), and once
+// the Hierarchy is closed everything lent is back.
+func TestConcurrentReadsHoldTheirChunks(t *testing.T) {
+	const n, chunks = 64 << 10, 16
+	enc, _ := zstd.NewWriter(nil)
+	files := map[string][]byte{"zarr.json": []byte(fmt.Sprintf(`{"zarr_format":3,"node_type":"array","shape":[%d],"data_type":"uint8",
+	"chunk_grid":{"name":"regular","configuration":{"chunk_shape":[%d]}},"chunk_key_encoding":{"name":"default"},"fill_value":0,
+	"codecs":[{"name":"bytes"},{"name":"zstd","configuration":{"level":1}}]}`, n*chunks, n))}
+	value := func(i int) byte { return byte(i*7 + i/n) }
+	for c := range chunks {
+		raw := make([]byte, n)
+		for i := range raw {
+			raw[i] = value(c*n + i)
 		}
+		files[fmt.Sprintf("c/%d", c)] = enc.EncodeAll(raw, nil)
+	}
+	arena := memory.NewArena(64 << 20)
+	defer arena.Close()
+	h, err := zarr.Open(context.Background(), newMemStore(files), zarr.Options{ChunkCacheBytes: 3 * n, Host: arena})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := h.Arrays[0]
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(g), 1))
+			for range 60 {
+				start := r.IntN(n*chunks - 1)
+				count := 1 + r.IntN(min(n*chunks-start, 3*n/2))
+				dst := make([]byte, count)
+				if err := h.Read(context.Background(), nil, []zarr.Request{{Array: a, Start: []int64{int64(start)}, Count: []int64{int64(count)}, Dst: dst}}); err != nil {
+					t.Error(err)
+					return
+				}
+				for i, v := range dst {
+					if v != value(start+i) {
+						t.Errorf("element %d: %d, want %d", start+i, v, value(start+i))
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	h.Close()
+	if mapped, idle := arena.Held(); mapped != idle {
+		t.Errorf("%d bytes still lent once the Reads ended and the Hierarchy closed", mapped-idle)
 	}
 }

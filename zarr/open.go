@@ -51,8 +51,9 @@ func Open(ctx context.Context, store objectstore.Store, opts Options) (*Hierarch
 	if h.mem == nil {
 		h.mem, _ = h.opts.Decoder.(codec.HostMemory)
 	}
+	h.host = opts.Host
 	if opts.ChunkCacheBytes >= 0 {
-		h.chunks = newChunkCache(opts.ChunkCacheBytes)
+		h.chunks = newChunkCache(opts.ChunkCacheBytes, h.host)
 	}
 	w := &walker{h: h, ctx: ctx, lim: lim}
 	if err := w.root(); err != nil {

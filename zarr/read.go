@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math/bits"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -132,8 +133,12 @@ type leaf struct {
 	needs    []need
 	enc      []byte // compressed bytes
 	missing  bool
-	dec      []byte   // decoded bytes, encoded layout (transposed, source byte order)
-	pooled   bool     // dec came from the buffer pool
+	dec      []byte // decoded bytes, encoded layout (transposed, source byte order)
+	pooled   bool   // the last step decoded into a buffer of lent's
+	// lent holds the Read's holds on memory h.host lent for this leaf
+	// (the buffers it decodes into, the cache's chunk it reads), given
+	// back when the Read ends (release), whether it succeeded or not.
+	lent     [][]byte
 	direct   bool     // dec aliases a request's Dst, already in place
 	srcKey   string   // source-cache key of enc, to store once enc decoded
 	encOwned bool     // enc is this read's own buffer, reusable once done
@@ -197,7 +202,7 @@ func (h *Hierarchy) Read(ctx context.Context, pin *Pin, reqs []Request) error {
 }
 
 // read is Read decoding with dec, reading whole compressed chunks into
-// memory mem lends (nil: pooled buffers).
+// memory mem lends (nil: memory of the store's).
 func (h *Hierarchy) read(ctx context.Context, dec codec.BatchDecoder, mem codec.HostMemory, pin *Pin, reqs []Request) error {
 	st := &readState{h: h, dec: dec, mem: mem, reqs: reqs, sem: make(chan struct{}, h.opts.Fetchers)}
 	defer st.release()
@@ -426,9 +431,12 @@ func (st *readState) resolve(ctx context.Context, a *Array, p *pipeline, shape, 
 func (st *readState) resolveChunk(ctx context.Context, a *Array, p *pipeline, shape, origin []int64, src source, key string, needs []need) error {
 	l := &leaf{arr: a, pipe: p, shape: shape, origin: origin, key: key, needs: needs,
 		cacheKey: a.MetaHash + "\x00" + key + "\x00" + src.version()}
-	if dec, ok := st.h.chunks.get(l.cacheKey); ok {
+	if dec, held, ok := st.h.chunks.get(l.cacheKey); ok {
 		st.h.stats.ChunkCacheHits.Add(1)
 		l.dec = dec
+		if held {
+			l.lent = append(l.lent, dec)
+		}
 		st.add(l)
 		return nil
 	}
@@ -481,7 +489,10 @@ func (st *readState) resolveShard(ctx context.Context, a *Array, p *pipeline, sh
 	if idxLen > maxChunkBytes {
 		return &ChunkError{Array: a.Path, Key: key, Err: fmt.Errorf("%w: shard index of %d bytes", codec.ErrUnsupported, idxLen)}
 	}
-	idx, err := st.shardIndex(ctx, a, s, src, key, idxLen)
+	idx, held, err := st.shardIndex(ctx, a, s, src, key, idxLen)
+	if held {
+		defer st.h.giveBack(idx)
+	}
 	if objectstore.IsNotFound(err) {
 		_, inner := src.(memSource)
 		st.add(&leaf{arr: a, pipe: p, shape: shape, origin: origin, key: key, needs: needs, missing: true,
@@ -531,9 +542,13 @@ func (st *readState) resolveShard(ctx context.Context, a *Array, p *pipeline, sh
 		}
 		ck := a.MetaHash + "\x00" + ikey + "\x00" + src.version()
 		if s.codecs.shard == nil {
-			if dec, ok := st.h.chunks.get(ck); ok {
+			if dec, held, ok := st.h.chunks.get(ck); ok {
 				st.h.stats.ChunkCacheHits.Add(1)
-				st.add(&leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: ib.lo, key: ikey, needs: inner, cacheKey: ck, dec: dec})
+				l := &leaf{arr: a, pipe: s.codecs, shape: s.inner, origin: ib.lo, key: ikey, needs: inner, cacheKey: ck, dec: dec}
+				if held {
+					l.lent = append(l.lent, dec)
+				}
+				st.add(l)
 				return
 			}
 		}
@@ -605,34 +620,35 @@ func (st *readState) fetchInner(ctx context.Context, a *Array, s *shardSpec, src
 	return &ChunkError{Array: a.Path, Key: ikey, Err: err}
 }
 
-// shardIndex reads, verifies and caches a shard index.
-func (st *readState) shardIndex(ctx context.Context, a *Array, s *shardSpec, src source, key string, n int64) ([]byte, error) {
+// shardIndex reads, verifies and caches a shard index; held reports a
+// hold on it (the decoded-chunk cache's buffer), to give back once it has
+// been used.
+func (st *readState) shardIndex(ctx context.Context, a *Array, s *shardSpec, src source, key string, n int64) (idx []byte, held bool, err error) {
 	ck := ""
 	if _, ok := src.(storeSource); ok {
 		ck = "index\x00" + a.MetaHash + "\x00" + key + "\x00" + src.version()
-		if b, ok := st.h.chunks.get(ck); ok {
-			return b, nil
+		if b, held, ok := st.h.chunks.get(ck); ok {
+			return b, held, nil
 		}
 	}
 	var b []byte
 	var fresh string
-	var err error
 	if s.indexAtStart {
 		b, fresh, err = src.rng(ctx, 0, n)
 	} else {
 		b, fresh, err = src.suffix(ctx, n)
 	}
 	if errors.Is(err, objectstore.ErrRange) {
-		return nil, fmt.Errorf("%w: shard shorter than its %d-byte index: %w", codec.ErrCorrupt, n, err)
+		return nil, false, fmt.Errorf("%w: shard shorter than its %d-byte index: %w", codec.ErrCorrupt, n, err)
 	}
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	raw := b
 	// The index codecs are bytes (+ crc32c): strip checksums outermost first.
 	for i := len(s.index.bb) - 1; i >= 0; i-- {
 		if b, err = verifyCRC(b); err != nil {
-			return nil, fmt.Errorf("shard index: %w", err)
+			return nil, false, fmt.Errorf("shard index: %w", err)
 		}
 	}
 	if fresh != "" {
@@ -651,7 +667,7 @@ func (st *readState) shardIndex(ctx context.Context, a *Array, s *shardSpec, src
 	if ck != "" {
 		st.h.chunks.put(ck, b, -1)
 	}
-	return b, nil
+	return b, false, nil
 }
 
 func verifyCRC(b []byte) ([]byte, error) {
@@ -672,7 +688,7 @@ func (st *readState) decode(ctx context.Context) error {
 		l     *leaf
 		cur   []byte
 		stage int  // index into pipe.bb of the next codec to undo (counting down)
-		tmp   bool // cur is a pooled buffer an earlier step decoded into, which only the next step reads
+		tmp   bool // cur is a lent buffer an earlier step decoded into, which only the next step reads
 	}
 	var work []*pending
 	var parts []codec.Job // partial leaves' jobs, decoded with the first round
@@ -737,9 +753,9 @@ func (st *readState) decode(ctx context.Context) error {
 		for i, j := range jobs {
 			w := owners[i]
 			if w.tmp {
-				// This step's input, read now: back to the pool, so that a
-				// chunk of several steps holds two buffers at most.
-				putBuf(w.cur)
+				// This step's input, read now: given back, so that a chunk
+				// of several steps holds two buffers at most.
+				st.h.giveBack(w.l.unlend(w.cur))
 				w.tmp = false
 			}
 			if j.Err != nil {
@@ -779,14 +795,46 @@ func stageSize(l *leaf, stage int) int64 {
 
 // target picks where a leaf's decompression writes: straight into the
 // requests' destinations when the leaf lands there as one contiguous run of
-// memory and this is the last step (inPlace), otherwise a pooled buffer.
+// memory and this is the last step (inPlace), otherwise a buffer the
+// Hierarchy's host memory lends (the leaf's until the Read ends).
 func (st *readState) target(l *leaf, stage int, size int64) (dst []byte, pooled, direct bool) {
 	if stage == 0 && l.pipe.transpose == nil {
 		if dst, ok := st.inPlace(l, size); ok {
 			return dst, false, true
 		}
 	}
-	return getBuf(int(size)), true, false
+	dst = st.h.decodeBuf(int(size))
+	l.lent = append(l.lent, dst)
+	return dst, true, false
+}
+
+// decodeBuf lends n bytes for a chunk to decode into (Options.Host), or
+// allocates them without a lender.
+func (h *Hierarchy) decodeBuf(n int) []byte {
+	if h.host != nil {
+		return h.host.HostAlloc(n)
+	}
+	return make([]byte, n)
+}
+
+// giveBack gives back a hold on memory Options.Host lent (decodeBuf, or
+// the decoded-chunk cache's get); other memory is left to the collector.
+func (h *Hierarchy) giveBack(b []byte) {
+	if h.host != nil {
+		h.host.HostFree(b)
+	}
+}
+
+// unlend takes b out of the leaf's holds, for its caller to give back
+// now, and returns it.
+func (l *leaf) unlend(b []byte) []byte {
+	for i, x := range l.lent {
+		if cap(x) > 0 && cap(b) > 0 && &x[:1][0] == &b[:1][0] {
+			l.lent = slices.Delete(l.lent, i, i+1)
+			break
+		}
+	}
+	return b
 }
 
 // inPlace returns the memory a leaf of size bytes can decode straight into:
@@ -876,11 +924,17 @@ func runIn(b box, origin, shape []int64, itemsize int64) (int64, bool) {
 	return off, true
 }
 
-// release returns the compressed buffers of the call to their pool, except
-// where the decoded data still aliases them (a pipeline without
-// compression keeps its bytes as they came).
+// release gives back what the call holds: the buffers its chunks decoded
+// into and the cache's chunks it read (the cache keeps holds of its own
+// on those it keeps), and the compressed buffers, except where the decoded
+// data still aliases them (a pipeline without compression keeps its bytes
+// as they came).
 func (st *readState) release() {
 	for _, l := range st.leaves {
+		for _, b := range l.lent {
+			st.h.giveBack(b)
+		}
+		l.lent, l.dec = nil, nil
 		if !l.encOwned || l.enc == nil {
 			continue
 		}
@@ -954,12 +1008,11 @@ func (st *readState) assemble() {
 		switch inside := l.inBounds(); {
 		case l.enc == nil && l.cacheKey != "":
 			st.h.chunks.consume(l.cacheKey, used) // served from the cache
-		case used < inside && l.cacheKey != "" && st.h.chunks.put(l.cacheKey, l.dec, inside-used):
-			// Part of this chunk is still unread: kept for the next sample.
-		case l.pooled:
-			putBuf(l.dec)
+		case used < inside && l.cacheKey != "":
+			// Part of this chunk is still unread: kept for the next
+			// sample (with a hold of the cache's own).
+			st.h.chunks.put(l.cacheKey, l.dec, inside-used)
 		}
-		l.dec = nil
 	}
 }
 

@@ -24,7 +24,7 @@ type source interface {
 
 type storeSource struct {
 	h   *Hierarchy
-	mem codec.HostMemory // lends the buffers a whole chunk is read into (readState.mem); nil: pooled
+	mem codec.HostMemory // lends the buffers a whole chunk is read into (readState.mem); nil: the store's
 	sem chan struct{}
 	key string
 	// hint is the chunk's decoded size (about the most its compressed bytes

@@ -286,7 +286,7 @@ func (f *layoutFlags) open(ctx context.Context, src string, log *slog.Logger, oo
 func (f *layoutFlags) zarrOptions(o *opened, oo openOptions, log *slog.Logger, mem int64, limits zarr.MetadataLimits) (zarr.Options, int64) {
 	o.stats = &zarr.Stats{}
 	cached := chunkCacheBytes(oo.chunkCacheBytes, mem)
-	zopts := zarr.Options{Logger: log, Decoder: o.dec, Memory: o.dec.Memory(), ChunkCacheBytes: cached, Stats: o.stats, Limits: limits}
+	zopts := zarr.Options{Logger: log, Decoder: o.dec, Memory: o.dec.Memory(), Host: o.dec.Host(), ChunkCacheBytes: cached, Stats: o.stats, Limits: limits}
 	// Every source is read through the chunk tier: what it holds (a
 	// remote source's chunks a mount kept, or those warm --compressed
 	// kept of any source) is read from there, the store asked at most

@@ -110,7 +110,7 @@ func main() {
 	stats := &zarr.Stats{}
 	src := &layout.Source{
 		Store: store,
-		Zarr:  zarr.Options{Decoder: dec, Memory: dec.Memory(), ChunkCacheBytes: min(256<<20, mem/4), Stats: stats},
+		Zarr:  zarr.Options{Decoder: dec, Memory: dec.Memory(), Host: dec.Host(), ChunkCacheBytes: min(256<<20, mem/4), Stats: stats},
 		Views: specs,
 	}
 	lay, err := src.Open(ctx)

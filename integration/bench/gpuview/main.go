@@ -107,7 +107,7 @@ func main() {
 			if err != nil {
 				log.Fatal(err)
 			}
-			h, err := zarr.Open(ctx, st, zarr.Options{Decoder: dec.d, Memory: dec.d.Memory(), ChunkCacheBytes: -1})
+			h, err := zarr.Open(ctx, st, zarr.Options{Decoder: dec.d, Memory: dec.d.Memory(), Host: dec.d.Host(), ChunkCacheBytes: -1})
 			if err != nil {
 				log.Fatal(err)
 			}

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/zarrfs/zarrfs/codec"
+	"github.com/zarrfs/zarrfs/internal/memory"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -102,7 +103,7 @@ func run(dir, path, dim string, batch, readers int, steps, chunkCache int64) (*r
 		return nil, err
 	}
 	defer dec.Close()
-	h, err := zarr.Open(ctx, st, zarr.Options{ChunkCacheBytes: chunkCache, Decoder: dec})
+	h, err := zarr.Open(ctx, st, zarr.Options{ChunkCacheBytes: chunkCache, Decoder: dec, Host: memory.NewArena(1 << 30)})
 	if err != nil {
 		return nil, err
 	}

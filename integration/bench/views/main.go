@@ -35,6 +35,7 @@ import (
 
 	"github.com/zarrfs/zarrfs/codec"
 	zfill "github.com/zarrfs/zarrfs/fill"
+	"github.com/zarrfs/zarrfs/internal/memory"
 	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
@@ -106,7 +107,7 @@ func setup(ctx context.Context, dir string, cacheBytes int64) (*zarr.Hierarchy, 
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	h, err := zarr.Open(ctx, st, zarr.Options{ChunkCacheBytes: cacheBytes, Decoder: dec})
+	h, err := zarr.Open(ctx, st, zarr.Options{ChunkCacheBytes: cacheBytes, Decoder: dec, Host: memory.NewArena(1 << 30)})
 	if err != nil {
 		return nil, nil, nil, err
 	}
