@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -86,6 +87,12 @@ type Breaker struct {
 	refused  int64 // requests refused while open
 	stop     chan struct{}
 	closed   bool
+
+	// slots is the queue of the store below (QueueingStore), which every
+	// call and probe waits in; nil when it does not queue. A Retry
+	// outside takes it over (handed): calls then hold the Retry's slot.
+	slots  *Slots
+	handed atomic.Bool
 }
 
 var (
@@ -122,7 +129,15 @@ func WithBreaker(inner Store, opts BreakerOptions) (*Breaker, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Breaker{decorator: decorator{inner}, opts: opts, log: log}, nil
+	return &Breaker{decorator: decorator{inner}, opts: opts, log: log, slots: queueOutside(inner)}, nil
+}
+
+// QueueOutside hands the queue calls wait in to a decorator outside (a
+// Retry, which then waits in it before each attempt); probes still wait
+// in it.
+func (b *Breaker) QueueOutside() *Slots {
+	b.handed.Store(true)
+	return b.slots
 }
 
 // Open reports whether the breaker is refusing requests now.
@@ -190,8 +205,8 @@ func silenceCause(err error) string {
 func (b *Breaker) record(key string, sent time.Time, err error) {
 	switch {
 	case err == nil || !isSilence(err):
-		if errors.Is(err, context.Canceled) || errors.Is(err, ErrSourceDown) {
-			return // the caller gave up: says nothing of the source
+		if errors.Is(err, context.Canceled) || errors.Is(err, ErrSourceDown) || errors.Is(err, ErrInvalidKey) {
+			return // the caller gave up, or no request was sent: says nothing of the source
 		}
 		b.mu.Lock()
 		b.fails = 0
@@ -229,6 +244,27 @@ func (b *Breaker) record(key string, sent time.Time, err error) {
 	}
 }
 
+// ask sends one probe: for key (a read's, as readers ask: a source may
+// answer listings and not reads), else the store's Probe or a listing. It
+// waits in the queue of the store below, as any request does.
+func (b *Breaker) ask(ctx context.Context, key string) error {
+	if b.slots != nil {
+		if err := b.slots.Take(ctx); err != nil {
+			return err
+		}
+		defer b.slots.Give()
+	}
+	if p, ok := b.Store.(Prober); ok && key == "" {
+		return p.Probe(ctx)
+	}
+	if key != "" {
+		_, err := b.Store.GetRange(ctx, key, 0, 1)
+		return err
+	}
+	_, err := b.Store.List(ctx, "")
+	return err
+}
+
 // probe asks the source whether it answers, every Probe, until it does.
 func (b *Breaker) probe(stop chan struct{}) {
 	t := time.NewTicker(b.opts.Probe)
@@ -243,15 +279,7 @@ func (b *Breaker) probe(stop chan struct{}) {
 		b.mu.Lock()
 		key := b.lastKey
 		b.mu.Unlock()
-		var err error
-		if p, ok := b.Store.(Prober); ok && key == "" {
-			err = p.Probe(ctx)
-		} else if key != "" {
-			// Ask as readers do: a source may answer listings and not reads.
-			_, err = b.Store.GetRange(ctx, key, 0, 1)
-		} else {
-			_, err = b.Store.List(ctx, "")
-		}
+		err := b.ask(ctx, key)
 		cancel()
 		if err != nil && isSilence(err) {
 			continue
@@ -269,34 +297,26 @@ func (b *Breaker) probe(stop chan struct{}) {
 	}
 }
 
-// do runs f (one call to the inner store) through the breaker. A store
-// that queues requests is asked to check with the breaker when a request
-// leaves its queue, so that requests queued behind stalled ones fail at
-// once when the breaker opens meanwhile.
+// do runs f (one call to the inner store) through the breaker, which
+// admits it once it leaves the queue of the store below (the Breaker's,
+// or a Retry's outside), so that requests queued behind stalled ones fail
+// at once when the breaker opens meanwhile.
 func (b *Breaker) do(ctx context.Context, op, key string, f func(ctx context.Context) error) error {
-	admitted := false
-	var sent time.Time
-	gate := func() error {
-		if err := b.admit(); err != nil {
-			return err
+	if b.slots != nil && !b.handed.Load() {
+		if err := b.slots.Take(ctx); err != nil {
+			return &Error{Op: op, Store: b.ID(), Key: key, Err: err}
 		}
-		admitted, sent = true, b.opts.Now()
-		return nil
+		defer b.slots.Give()
 	}
-	var err error
-	if b.QueuesRequests() {
-		err = f(onAttemptStart(ctx, gate))
-	} else if err = gate(); err != nil {
-		err = &Error{Op: op, Store: b.ID(), Key: key, Err: err}
-	} else {
-		err = f(ctx)
+	if err := b.admit(); err != nil {
+		return &Error{Op: op, Store: b.ID(), Key: key, Err: err}
 	}
-	if admitted {
-		if op == "list" {
-			key = ""
-		}
-		b.record(key, sent, err)
+	sent := b.opts.Now()
+	err := f(ctx)
+	if op == "list" {
+		key = ""
 	}
+	b.record(key, sent, err)
 	return err
 }
 

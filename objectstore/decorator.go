@@ -10,8 +10,9 @@ import "context"
 //   - Unwrap, the store wrapped, through which IsLocal, ObjectsPerListing
 //     and DescribeVersions see the store at the bottom of a chain;
 //   - Identity (Identifier);
-//   - QueuesRequests (QueueingStore), so that a Retry or Breaker outside
-//     starts its timers when a request leaves the queue below;
+//   - QueueOutside (QueueingStore), so that a Retry or Breaker outside
+//     takes over the queue below and starts its timers when a request
+//     leaves it;
 //   - Close, which closes the store wrapped: closing the outermost store
 //     of a chain closes all of it;
 //   - versioned and statesVersions, which tell AsVersioned and
@@ -29,8 +30,8 @@ func (d decorator) Unwrap() Store { return d.Store }
 // Identity forwards the decorated store's identity.
 func (d decorator) Identity() string { return Identity(d.Store) }
 
-// QueuesRequests forwards the decorated store's queueing.
-func (d decorator) QueuesRequests() bool { return queues(d.Store) }
+// QueueOutside hands over the decorated store's queue.
+func (d decorator) QueueOutside() *Slots { return queueOutside(d.Store) }
 
 // Close closes the decorated store.
 func (d decorator) Close() error { return d.Store.Close() }
@@ -42,10 +43,4 @@ func (d decorator) statesVersions() bool { _, ok := AsVersionStater(d.Store); re
 // its Get when it has none.
 func (d decorator) getInto(ctx context.Context, key string, buf []byte, limit int64) ([]byte, error) {
 	return GetLimit(ctx, d.Store, key, limit)
-}
-
-// queues reports whether s makes requests wait for a slot (QueueingStore).
-func queues(s Store) bool {
-	q, ok := s.(QueueingStore)
-	return ok && q.QueuesRequests()
 }

@@ -12,11 +12,12 @@ import (
 type upgraded struct {
 	bare
 	into, closed int
+	slots        *objectstore.Slots
 }
 
-func (u *upgraded) Identity() string     { return "mem://x@elsewhere" }
-func (u *upgraded) QueuesRequests() bool { return true }
-func (u *upgraded) Close() error         { u.closed++; return nil }
+func (u *upgraded) Identity() string                 { return "mem://x@elsewhere" }
+func (u *upgraded) QueueOutside() *objectstore.Slots { return u.slots }
+func (u *upgraded) Close() error                     { u.closed++; return nil }
 func (u *upgraded) GetInto(ctx context.Context, key string, buf []byte, limit int64) ([]byte, error) {
 	u.into++
 	return append(buf[:0], "data"...), nil
@@ -76,7 +77,7 @@ func TestDecoratorsForwardUpgrades(t *testing.T) {
 	for name, wrap := range chains {
 		t.Run(name, func(t *testing.T) {
 			trusts := name[:5] == "trust"
-			inner := &upgraded{}
+			inner := &upgraded{slots: objectstore.NewSlots(1)}
 			s := wrap(inner)
 			bottom := s
 			for u := objectstore.Unwrap(bottom); u != nil; u = objectstore.Unwrap(bottom) {
@@ -88,8 +89,8 @@ func TestDecoratorsForwardUpgrades(t *testing.T) {
 			if got := objectstore.Identity(s); got != inner.Identity() {
 				t.Errorf("Identity = %q, want the inner store's %q", got, inner.Identity())
 			}
-			if q, ok := s.(objectstore.QueueingStore); !ok || !q.QueuesRequests() {
-				t.Error("the inner store's queueing is hidden (QueuesRequests)")
+			if q, ok := s.(objectstore.QueueingStore); !ok || q.QueueOutside() != inner.slots {
+				t.Error("the inner store's queue is hidden (QueueOutside)")
 			}
 			if objectstore.ObjectsPerListing(s) != 7 {
 				t.Errorf("ObjectsPerListing = %d, want the inner store's 7", objectstore.ObjectsPerListing(s))
@@ -112,8 +113,8 @@ func TestDecoratorsForwardUpgrades(t *testing.T) {
 			}
 
 			plain := wrap(bare{})
-			if q, ok := plain.(objectstore.QueueingStore); ok && q.QueuesRequests() {
-				t.Error("over a store that does not queue: QueuesRequests is true")
+			if q, ok := plain.(objectstore.QueueingStore); ok && q.QueueOutside() != nil {
+				t.Error("over a store that does not queue: QueueOutside hands a queue over")
 			}
 			if _, ok := objectstore.AsVersioned(plain); ok {
 				t.Error("over a store without versions: AsVersioned is true")

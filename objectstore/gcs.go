@@ -219,7 +219,7 @@ func OpenGCS(ctx context.Context, rawURL string, opts GCSOptions) (*GCS, error) 
 		return nil, fmt.Errorf("%s: %w", id, err)
 	}
 	g := &GCS{
-		remote:   remote{id: id, log: log.With("store", id), timeout: timeout, sem: make(chan struct{}, inflight), tr: base},
+		remote:   remote{id: id, log: log.With("store", id), timeout: timeout, slots: NewSlots(inflight), tr: base},
 		svc:      svc,
 		bucket:   bucket,
 		prefix:   prefix,

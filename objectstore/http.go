@@ -148,7 +148,7 @@ func OpenHTTP(ctx context.Context, rawURL string, opts HTTPOptions) (*HTTP, erro
 		tr = t
 	}
 	h := &HTTP{
-		remote:  remote{id: base, log: log.With("store", base), timeout: timeout, sem: make(chan struct{}, inflight), tr: tr},
+		remote:  remote{id: base, log: log.With("store", base), timeout: timeout, slots: NewSlots(inflight), tr: tr},
 		base:    base,
 		client:  &http.Client{Transport: tr, CheckRedirect: g.checkRedirect},
 		token:   opts.BearerToken,

@@ -21,7 +21,8 @@ type remote struct {
 	id      string
 	log     *slog.Logger
 	timeout time.Duration // RequestTimeout: how long a request may make no progress
-	sem     chan struct{} // one slot per request in flight (MaxInFlight)
+	slots   *Slots        // one slot per request in flight (MaxInFlight)
+	outside atomic.Bool   // a decorator waits in slots before each call (QueueOutside)
 	tr      http.RoundTripper
 	// read reads a whole object of at most limit bytes (ranged false; into
 	// buf when it is large enough) or length bytes at off (off < 0: the
@@ -33,9 +34,13 @@ type remote struct {
 // ID names the store (its URL).
 func (r *remote) ID() string { return r.id }
 
-// QueuesRequests reports that requests wait for one of MaxInFlight slots;
-// the store calls StartAttempt when a request gets one (see QueueingStore).
-func (r *remote) QueuesRequests() bool { return true }
+// QueueOutside hands the queue of MaxInFlight slots to the decorator that
+// wraps the store (QueueingStore): from then on its requests are sent at
+// once, the decorator holding a slot for each.
+func (r *remote) QueueOutside() *Slots {
+	r.outside.Store(true)
+	return r.slots
+}
 
 // Close releases the idle connections kept for reuse. Calls made after it
 // still work (they dial again).
@@ -54,8 +59,8 @@ type idleCloser interface {
 var _ idleCloser = (*http.Transport)(nil)
 
 // attempt is one request of a remote store under way: it holds one of the
-// MaxInFlight slots, the decorators outside were told that it left the
-// queue (StartAttempt), and its stall timer runs: ctx ends once the request
+// MaxInFlight slots (or the decorator outside holds one for it), and its
+// stall timer runs: ctx ends once the request
 // has made no progress for RequestTimeout, since it started or since its
 // last progress (a read of its body that returned data, an entry of a
 // listing received), so that a stall anywhere ends it while a large object
@@ -66,22 +71,20 @@ type attempt struct {
 	timer   *time.Timer
 	timeout time.Duration
 	fired   atomic.Bool
-	sem     chan struct{}
+	slots   *Slots // the queue the attempt holds a slot of; nil: the decorator outside holds it
 }
 
-// start waits for a slot (as long as ctx allows) and starts the request's
-// stall timer; the caller ends the attempt with end.
+// start waits for a slot (as long as ctx allows; not when a decorator
+// outside waited for it: QueueOutside) and starts the request's stall
+// timer; the caller ends the attempt with end.
 func (r *remote) start(ctx context.Context) (*attempt, error) {
-	select {
-	case r.sem <- struct{}{}:
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	a := &attempt{timeout: r.timeout}
+	if !r.outside.Load() {
+		if err := r.slots.Take(ctx); err != nil {
+			return nil, err
+		}
+		a.slots = r.slots
 	}
-	if err := StartAttempt(ctx); err != nil {
-		<-r.sem
-		return nil, err
-	}
-	a := &attempt{timeout: r.timeout, sem: r.sem}
 	a.ctx, a.cancel = context.WithCancel(ctx)
 	a.timer = time.AfterFunc(r.timeout, func() { a.fired.Store(true); a.cancel() })
 	return a, nil
@@ -97,7 +100,9 @@ func (a *attempt) stalled() bool { return a.fired.Load() }
 func (a *attempt) end() {
 	a.timer.Stop()
 	a.cancel()
-	<-a.sem
+	if a.slots != nil {
+		a.slots.Give()
+	}
 }
 
 // progressReader re-arms a request's stall timer on every read of its

@@ -6,7 +6,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sort"
-	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -53,6 +53,11 @@ type Retry struct {
 	decorator
 	opts RetryOptions
 	log  *slog.Logger
+	// slots is the queue of the store below, which Retry waits in before
+	// each attempt (QueueingStore); nil when it does not queue, or when a
+	// decorator outside took it over (handed: Retry then waits in none).
+	slots  *Slots
+	handed atomic.Bool
 }
 
 var (
@@ -97,7 +102,13 @@ func WithRetry(inner Store, opts RetryOptions) (*Retry, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Retry{decorator: decorator{inner}, opts: opts, log: log}, nil
+	return &Retry{decorator: decorator{inner}, opts: opts, log: log, slots: queueOutside(inner)}, nil
+}
+
+// QueueOutside hands the queue Retry waits in to a decorator outside.
+func (r *Retry) QueueOutside() *Slots {
+	r.handed.Store(true)
+	return r.slots
 }
 
 // refuseNegative returns an error naming the first negative field of an
@@ -139,96 +150,91 @@ func (r *Retry) backoff(attempt int) time.Duration {
 	return half + time.Duration(r.opts.Jitter()*float64(d-half))
 }
 
-// QueueingStore is implemented by stores that make requests wait for a free
-// slot (S3's MaxInFlight) and call StartAttempt once a request leaves that
-// queue. The retry layer then starts an attempt's timeout, and the call's
-// budget, at that moment: a deep queue of reads is not mistaken for a stall.
+// QueueingStore is implemented by stores whose requests wait for one of a
+// bounded number of slots (S3's MaxInFlight), and forwarded by
+// decorators. A decorator that must act when a request leaves that queue
+// (Retry starts an attempt's timeout and the call's budget there, so that
+// a deep queue of reads is not mistaken for a stall; Breaker asks there
+// whether the source is down, so that requests queued behind stalled ones
+// fail at once when it opens meanwhile) takes the queue over when it wraps
+// the store, with QueueOutside: from then on the store sends each request
+// at once, and the decorator waits for a slot before each call and holds
+// it until the call returns. The store is then used only through it.
 type QueueingStore interface {
 	Store
-	QueuesRequests() bool
+	// QueueOutside hands the store's queue to its caller and returns it;
+	// nil when the store does not queue.
+	QueueOutside() *Slots
 }
 
-type attemptStartKey struct{}
+// Slots is the queue of a store's requests: at most as many at once as
+// it has slots.
+type Slots struct{ c chan struct{} }
 
-// StartAttempt tells the decorators around a store (retry, breaker) that
-// the request made under ctx has left the store's queue and is about to be
-// sent. Stores that implement QueueingStore call it and, when it returns an
-// error (a breaker refusing the request while the source is down), fail the
-// request with that error without sending it. It is a no-op otherwise.
-func StartAttempt(ctx context.Context) error {
-	if f, ok := ctx.Value(attemptStartKey{}).(func() error); ok {
-		return f()
+// NewSlots returns a queue of n slots.
+func NewSlots(n int) *Slots { return &Slots{c: make(chan struct{}, n)} }
+
+// Take waits for a slot, as long as ctx allows.
+func (s *Slots) Take(ctx context.Context) error {
+	select {
+	case s.c <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Give gives a slot Take took back.
+func (s *Slots) Give() { <-s.c }
+
+// queueOutside takes the queue of s over (QueueingStore), nil when s does
+// not queue.
+func queueOutside(s Store) *Slots {
+	if q, ok := s.(QueueingStore); ok {
+		return q.QueueOutside()
 	}
 	return nil
-}
-
-// onAttemptStart returns ctx with f run (after what ctx already runs) when
-// the request leaves the store's queue.
-func onAttemptStart(ctx context.Context, f func() error) context.Context {
-	prev, _ := ctx.Value(attemptStartKey{}).(func() error)
-	return context.WithValue(ctx, attemptStartKey{}, func() error {
-		if err := f(); err != nil {
-			return err
-		}
-		if prev != nil {
-			return prev()
-		}
-		return nil
-	})
 }
 
 // do runs f until it succeeds, fails permanently, or the bounds are spent.
 // The error it returns keeps the last attempt's error in its chain, so its
 // class (IsTransient, IsNotFound, ...) is what the caller sees.
 func (r *Retry) do(ctx context.Context, op, key string, f func(ctx context.Context) error) error {
-	queued := r.QueuesRequests()
+	slots := r.slots
+	if r.handed.Load() {
+		slots = nil // a decorator outside waits in the queue
+	}
 	var start time.Time // when the first attempt started (left the queue)
 	began := false
 	for attempt := 1; ; attempt++ {
 		if err := ctx.Err(); err != nil {
 			return &Error{Op: op, Store: r.ID(), Key: key, Err: err}
 		}
-		actx, cancel := context.WithCancel(ctx)
-		var (
-			mu       sync.Mutex
-			timer    *time.Timer
-			limit    time.Duration
-			timedOut bool
-		)
-		arm := func() {
-			mu.Lock()
-			defer mu.Unlock()
-			if timer != nil {
-				return
+		if slots != nil {
+			// The attempt's timeout and the budget start once it has a
+			// slot: waiting in the queue is not a stall.
+			if err := slots.Take(ctx); err != nil {
+				return &Error{Op: op, Store: r.ID(), Key: key, Err: err}
 			}
-			now := r.opts.Now()
-			if !began {
-				start, began = now, true
-			}
-			limit = min(r.opts.AttemptTimeout, start.Add(r.opts.Budget).Sub(now))
-			timer = time.AfterFunc(limit, func() {
-				mu.Lock()
-				timedOut = true
-				mu.Unlock()
-				cancel()
-			})
 		}
-		if queued {
-			actx = onAttemptStart(actx, func() error { arm(); return nil })
-		} else {
-			arm()
-		}
-		err := f(actx)
-		mu.Lock()
-		if timer != nil {
-			timer.Stop()
-		}
-		stalled := timedOut && ctx.Err() == nil
-		mu.Unlock()
-		cancel()
+		now := r.opts.Now()
 		if !began {
-			start, began = r.opts.Now(), true
+			start, began = now, true
 		}
+		limit := min(r.opts.AttemptTimeout, start.Add(r.opts.Budget).Sub(now))
+		actx, cancel := context.WithCancel(ctx)
+		var timedOut atomic.Bool
+		timer := time.AfterFunc(limit, func() {
+			timedOut.Store(true)
+			cancel()
+		})
+		err := f(actx)
+		if slots != nil {
+			slots.Give()
+		}
+		timer.Stop()
+		stalled := timedOut.Load() && ctx.Err() == nil
+		cancel()
 		if err == nil {
 			if attempt > 1 {
 				r.log.Info("store request succeeded after retries", "op", op, "key", key, "attempts", attempt)

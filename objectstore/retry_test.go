@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -234,32 +235,32 @@ func TestIsTransient(t *testing.T) {
 	}
 }
 
-// queued is a store whose requests wait in a queue before they start, as
-// S3's do under MaxInFlight.
+// queued is a store whose requests wait in a queue of one slot before
+// they start, as S3's do under MaxInFlight.
 type queued struct {
 	scripted
-	wait time.Duration
+	slots *objectstore.Slots
 }
 
-func (q *queued) QueuesRequests() bool { return true }
-
-func (q *queued) Get(ctx context.Context, key string) ([]byte, error) {
-	select {
-	case <-time.After(q.wait): // in the queue
-	case <-ctx.Done():
-		return nil, &objectstore.Error{Op: "get", Store: q.ID(), Key: key, Err: ctx.Err()}
-	}
-	objectstore.StartAttempt(ctx)
-	return q.scripted.Get(ctx, key)
-}
+func (q *queued) QueueOutside() *objectstore.Slots { return q.slots }
 
 // Time spent waiting for a slot is not a stall: the attempt timeout starts
 // when the request leaves the queue. A stall after that still counts.
 func TestRetryQueueNotAStall(t *testing.T) {
-	q := &queued{wait: 150 * time.Millisecond}
+	q := &queued{slots: objectstore.NewSlots(1)}
 	r := must(objectstore.WithRetry(q, objectstore.RetryOptions{MaxAttempts: 2, AttemptTimeout: 30 * time.Millisecond, InitialBackoff: time.Millisecond}))
+	// Another request holds the one slot for longer than the attempt
+	// timeout.
+	if err := q.slots.Take(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(150*time.Millisecond, q.slots.Give)
+	began := time.Now()
 	if b, err := r.Get(context.Background(), "k"); err != nil || string(b) != "data" {
 		t.Fatalf("Get after a queue longer than the attempt timeout = %q, %v", b, err)
+	}
+	if waited := time.Since(began); waited < 140*time.Millisecond {
+		t.Errorf("the request was sent after %v, while the queue's one slot was taken for 150ms", waited)
 	}
 	if q.calls != 1 {
 		t.Errorf("%d calls, want 1", q.calls)
@@ -277,4 +278,57 @@ func must[T any](v T, err error) T {
 		panic(err)
 	}
 	return v
+}
+
+// stallQueued is a store of one slot whose reads of "stall" wait until
+// their caller gives up, as a source that stopped answering does.
+type stallQueued struct {
+	scripted
+	slots *objectstore.Slots
+	sent  atomic.Int64 // reads of other keys that reached the store
+}
+
+func (q *stallQueued) QueueOutside() *objectstore.Slots { return q.slots }
+
+func (q *stallQueued) Get(ctx context.Context, key string) ([]byte, error) {
+	if key == "stall" {
+		<-ctx.Done()
+		return nil, &objectstore.Error{Op: "get", Store: q.ID(), Key: key, Err: ctx.Err()}
+	}
+	q.sent.Add(1)
+	return []byte("data"), nil
+}
+
+// A request queued behind a stalled one is refused at once, without being
+// sent, when the breaker opened while it waited: the breaker admits it
+// when it leaves the queue, whether the Breaker or a Retry outside it
+// waits in that queue.
+func TestBreakerAdmitsWhenLeavingTheQueue(t *testing.T) {
+	for _, retry := range []bool{false, true} {
+		q := &stallQueued{slots: objectstore.NewSlots(1)}
+		b := must(objectstore.WithBreaker(q, objectstore.BreakerOptions{Failures: 1, Silence: time.Nanosecond, Probe: time.Hour}))
+		var s objectstore.Store = b
+		if retry {
+			s = must(objectstore.WithRetry(b, objectstore.RetryOptions{MaxAttempts: 1}))
+		}
+		stalled := make(chan error, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+			defer cancel()
+			_, err := s.Get(ctx, "stall")
+			stalled <- err
+		}()
+		time.Sleep(30 * time.Millisecond) // the stalled read holds the slot
+		_, err := s.Get(context.Background(), "k")
+		if !errors.Is(err, objectstore.ErrSourceDown) || q.sent.Load() != 0 {
+			t.Errorf("retry %v: a read queued behind a stalled one: %v, %d sent; want refused, none sent", retry, err, q.sent.Load())
+		}
+		if err := <-stalled; !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("retry %v: the stalled read: %v", retry, err)
+		}
+		if !b.Open() {
+			t.Errorf("retry %v: the breaker did not open", retry)
+		}
+		b.Close()
+	}
 }

@@ -215,7 +215,7 @@ func OpenS3(ctx context.Context, rawURL string, opts S3Options) (*S3, error) {
 		return nil, fmt.Errorf("%s: %w", id, err)
 	}
 	s := &S3{
-		remote:   remote{id: id, log: log.With("store", id), timeout: timeout, sem: make(chan struct{}, inflight), tr: tr},
+		remote:   remote{id: id, log: log.With("store", id), timeout: timeout, slots: NewSlots(inflight), tr: tr},
 		client:   client,
 		bucket:   bucket,
 		prefix:   prefix,
