@@ -922,13 +922,7 @@ func (c *Cache) evictLocked() {
 	}
 	skipped := 0
 	for c.used+c.inflight > c.budget && skipped < c.lru.Len() {
-		var victim *entry
-		for el := c.lru.Back(); el != nil; el = el.Prev() {
-			if e := el.Value.(*entry); e.pins == 0 {
-				victim = e
-				break
-			}
-		}
+		victim := c.victimLocked()
 		if victim == nil {
 			return
 		}
@@ -938,6 +932,17 @@ func (c *Cache) evictLocked() {
 			skipped++
 		}
 	}
+}
+
+// victimLocked is the least recently used entry no reader pins, nil when
+// every entry is pinned.
+func (c *Cache) victimLocked() *entry {
+	for el := c.lru.Back(); el != nil; el = el.Prev() {
+		if e := el.Value.(*entry); e.pins == 0 {
+			return e
+		}
+	}
+	return nil
 }
 
 // evictOneLocked deletes e's file unless some reader (in any process)

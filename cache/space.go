@@ -130,13 +130,7 @@ func (c *Cache) makeRoomLocked(need int64) bool {
 		if skipped >= c.lru.Len() {
 			return false
 		}
-		var victim *entry
-		for el := c.lru.Back(); el != nil; el = el.Prev() {
-			if e := el.Value.(*entry); e.pins == 0 {
-				victim = e
-				break
-			}
-		}
+		victim := c.victimLocked()
 		if victim == nil {
 			return false
 		}

@@ -287,15 +287,7 @@ func (d *decoder) decodePartial(j *Job) error {
 	// Segments in decoded order, so a block that two of them share is
 	// decoded once.
 	segs := slices.Clone(j.Segments)
-	slices.SortStableFunc(segs, func(a, b Segment) int {
-		switch {
-		case a.Off < b.Off:
-			return -1
-		case a.Off > b.Off:
-			return 1
-		}
-		return 0
-	})
+	slices.SortStableFunc(segs, func(a, b Segment) int { return cmp.Compare(a.Off, b.Off) })
 	bs := int64(x.h.blocksize)
 	cur := -1 // the block held in d.blk
 	for _, s := range segs {

@@ -92,7 +92,12 @@ func sidecar(o Options, a *zarr.Array, axis int, sampleShape []int64, files int6
 	if s.Codecs == nil {
 		s.Codecs = []string{}
 	}
-	// No HTML escaping: dtype strings such as "<f4" must read as written.
+	return sidecarJSON(s)
+}
+
+// sidecarJSON is a sidecar's text: indented, and without HTML escaping,
+// so that dtype strings such as "<f4" read as written.
+func sidecarJSON(s any) ([]byte, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)

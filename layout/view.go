@@ -1,10 +1,8 @@
 package layout
 
 import (
-	"bytes"
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"sort"
@@ -709,14 +707,7 @@ func (v *View) sidecar(o Options, files int64, pick *Progression) ([]byte, error
 		}
 		s.Channels = append(s.Channels, vc)
 	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(s); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
+	return sidecarJSON(s)
 }
 
 // addView adds a bound view's sample directory and sidecar to the tree.

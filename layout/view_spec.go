@@ -523,69 +523,79 @@ func (p *parser) channel(s *ViewSpec, n *yaml.Node, field string) (ChannelSpec, 
 	c.Var = strings.Trim(c.Var, "/")
 	dims := map[string]string{} // dim -> which selection named it
 	if v, ok := fields["select"]; ok {
-		f := field + ".select"
-		var keys []*yaml.Node
-		m, err := p.mapping(deref(v), f, &keys)
-		if err != nil {
-			return c, s.wrap(err, f)
-		}
-		for _, k := range keys {
-			df := f + "." + k.Value
-			s.lines[df] = k.Line
-			di := DimIndices{Dim: k.Value}
-			if n := deref(m[k.Value]); n.Kind == yaml.ScalarNode && n.Value == "all" {
+		err := p.eachDim(s, v, field+".select", func(dim, df string, n *yaml.Node) error {
+			di := DimIndices{Dim: dim}
+			dims[dim] = "select"
+			if n := deref(n); n.Kind == yaml.ScalarNode && n.Value == "all" {
 				di.All = true
-				dims[k.Value] = "select"
 				c.Select = append(c.Select, di)
-				continue
+				return nil
 			}
-			for j, e := range list(m[k.Value]) {
+			for j, e := range list(n) {
 				ef := fmt.Sprintf("%s[%d]", df, j)
 				s.lines[ef] = deref(e).Line
 				x, err := p.nonNegInt(e, ef, "index")
 				if err != nil {
-					return c, s.wrap(err, ef)
+					return s.wrap(err, ef)
 				}
 				di.Indices = append(di.Indices, x)
 			}
 			if len(di.Indices) == 0 {
-				return c, s.errorf(df, "no indices")
+				return s.errorf(df, "no indices")
 			}
-			dims[k.Value] = "select"
 			c.Select = append(c.Select, di)
+			return nil
+		})
+		if err != nil {
+			return c, err
 		}
 	}
 	if v, ok := fields["select_values"]; ok {
-		f := field + ".select_values"
-		var keys []*yaml.Node
-		m, err := p.mapping(deref(v), f, &keys)
-		if err != nil {
-			return c, s.wrap(err, f)
-		}
-		for _, k := range keys {
-			df := f + "." + k.Value
-			s.lines[df] = k.Line
-			if dims[k.Value] != "" {
-				return c, s.errorf(df, "dimension %s is already selected by index", k.Value)
+		err := p.eachDim(s, v, field+".select_values", func(dim, df string, n *yaml.Node) error {
+			if dims[dim] != "" {
+				return s.errorf(df, "dimension %s is already selected by index", dim)
 			}
-			dv := DimValues{Dim: k.Value}
-			for j, e := range list(m[k.Value]) {
+			dv := DimValues{Dim: dim}
+			for j, e := range list(n) {
 				ef := fmt.Sprintf("%s[%d]", df, j)
 				e = deref(e)
 				s.lines[ef] = e.Line
 				cv, err := parseCoordValue(e)
 				if err != nil {
-					return c, s.errorf(ef, "%v", err)
+					return s.errorf(ef, "%v", err)
 				}
 				dv.Values = append(dv.Values, cv)
 			}
 			if len(dv.Values) == 0 {
-				return c, s.errorf(df, "no values")
+				return s.errorf(df, "no values")
 			}
 			c.SelectValues = append(c.SelectValues, dv)
+			return nil
+		})
+		if err != nil {
+			return c, err
 		}
 	}
 	return c, nil
+}
+
+// eachDim parses the mapping of dimensions at field f (a channel's select
+// or select_values) and calls fn for each dimension, in the file's order,
+// with the field that names it and its value.
+func (p *parser) eachDim(s *ViewSpec, v *yaml.Node, f string, fn func(dim, df string, n *yaml.Node) error) error {
+	var keys []*yaml.Node
+	m, err := p.mapping(deref(v), f, &keys)
+	if err != nil {
+		return s.wrap(err, f)
+	}
+	for _, k := range keys {
+		df := f + "." + k.Value
+		s.lines[df] = k.Line
+		if err := fn(k.Value, df, m[k.Value]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func parseCoordValue(n *yaml.Node) (CoordValue, error) {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -191,15 +192,7 @@ func (st *readState) checkAbsent(ctx context.Context, fetched time.Time, listing
 			since[l.arr] = at
 		}
 	}
-	slices.SortFunc(order, func(x, y *Array) int {
-		switch {
-		case x.Path < y.Path:
-			return -1
-		case x.Path > y.Path:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(order, func(x, y *Array) int { return strings.Compare(x.Path, y.Path) })
 	for _, a := range order {
 		if err := st.h.stillNamed(ctx, a, since[a], st.reqs); err != nil {
 			return &ChunkError{Array: a.Path, Key: first[a], Err: err}
