@@ -278,7 +278,7 @@ func TestGPUFillIntoSlot(t *testing.T) {
 	}
 }
 
-// gpuServer serves the store in dir with views (YAML) on a socket, the
+// gpuServer serves the store in dir with views (YAML, "" for none) on a socket, the
 // device path on a testDevice, and returns a client.
 func gpuServer(t testing.TB, dir, viewsYAML string) (*Server, *client, testDeviceMemory, *fill.Filler, *layout.Layout) {
 	t.Helper()
@@ -291,13 +291,15 @@ func gpuServer(t testing.TB, dir, viewsYAML string) (*Server, *client, testDevic
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { h.Close() })
-	specs, err := layout.ParseViews("v.yaml", []byte(viewsYAML))
-	if err != nil {
-		t.Fatal(err)
-	}
-	views, err := layout.BindViews(context.Background(), h, specs, layout.BindOptions{})
-	if err != nil {
-		t.Fatal(err)
+	var views []*layout.View
+	if viewsYAML != "" {
+		specs, err := layout.ParseViews("v.yaml", []byte(viewsYAML))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if views, err = layout.BindViews(context.Background(), h, specs, layout.BindOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	lay, err := layout.Build(h, layout.Options{Views: views})
 	if err != nil {
@@ -333,4 +335,84 @@ func sampleBytes(t *testing.T, f *fill.Filler, lay *layout.Layout, p string) []b
 		t.Fatal(err)
 	}
 	return buf.Bytes()[len(e.Blob.Header()):]
+}
+
+// beStores writes two stores of one big-endian array x of 4 time steps of
+// 64x64, zstd with a content checksum (a codec the device takes): a Zarr
+// v3 one, float32 whose byte order only the bytes codec gives, and a v2
+// one of ">f8".
+func beStores(t *testing.T) (v3, v2 string) {
+	t.Helper()
+	zs, _ := zstd.NewWriter(nil, zstd.WithEncoderCRC(true))
+	put := func(dir, p string, b []byte) {
+		p = filepath.Join(dir, filepath.FromSlash(p))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const n = 64 * 64
+	v3, v2 = t.TempDir(), t.TempDir()
+	put(v3, "zarr.json", []byte(`{"zarr_format":3,"node_type":"group"}`))
+	meta, _ := json.Marshal(map[string]any{"zarr_format": 3, "node_type": "array", "shape": []int{4, 64, 64}, "data_type": "float32",
+		"chunk_grid":         map[string]any{"name": "regular", "configuration": map[string]any{"chunk_shape": []int{1, 64, 64}}},
+		"chunk_key_encoding": map[string]any{"name": "default"}, "fill_value": 0, "dimension_names": []string{"time", "y", "x"},
+		"codecs": []any{map[string]any{"name": "bytes", "configuration": map[string]any{"endian": "big"}},
+			map[string]any{"name": "zstd", "configuration": map[string]any{"level": 3}}}})
+	put(v3, "x/zarr.json", meta)
+	put(v2, ".zgroup", []byte(`{"zarr_format":2}`))
+	put(v2, "x/.zarray", []byte(`{"zarr_format":2,"shape":[4,64,64],"chunks":[1,64,64],"dtype":">f8","compressor":{"id":"zstd","level":3},"fill_value":0,"order":"C","filters":null}`))
+	put(v2, "x/.zattrs", []byte(`{"_ARRAY_DIMENSIONS":["time","y","x"]}`))
+	for k := range 4 {
+		b4, b8 := make([]byte, 4*n), make([]byte, 8*n)
+		for i := range n {
+			v := float64(1000*k) + float64(i)*0.25
+			binary.BigEndian.PutUint32(b4[4*i:], math.Float32bits(float32(v)))
+			binary.BigEndian.PutUint64(b8[8*i:], math.Float64bits(v))
+		}
+		put(v3, fmt.Sprintf("x/c/%d/0/0", k), zs.EncodeAll(b4, nil))
+		put(v2, fmt.Sprintf("x/%d.0.0", k), zs.EncodeAll(b8, nil))
+	}
+	return v3, v2
+}
+
+// A big-endian source, of Zarr v3 (byte order from the bytes codec) or v2
+// (">f8"), comes out of the device path as the mount's file holds it: the
+// host swaps such chunks after decoding them, so none may decode on the
+// device straight into the slot. (The device path decodes into the slot
+// the samples of views; those of an array's sample directory are read
+// through the fill's buffers.)
+func TestGPUFillBigEndian(t *testing.T) {
+	v3, v2 := beStores(t)
+	for _, tc := range []struct {
+		name, dir string
+		size      int
+	}{{"v3 big-endian float32", v3, 4}, {"v2 >f8", v2, 8}} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, c, mem, filler, lay := gpuServer(t, tc.dir, "views:\n  - name: v\n    channels:\n      - var: x\n")
+			rep := c.open(t, OpenRequest{Dir: "v", Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 1, Batch: 4})
+			if !rep.OK {
+				t.Fatalf("open: %+v", rep)
+			}
+			dev := <-mem.dev
+			batch := []string{"0.npy", "1.npy", "2.npy", "3.npy"}
+			if r := c.fill(t, 0, batch...); r.Op != "ready" || r.Device != 4 {
+				t.Fatalf("fill: %+v", r)
+			}
+			for j, n := range batch {
+				want := sampleBytes(t, filler, lay, "v/"+n)
+				if got := dev.Host(0)[int64(j)*rep.SampleBytes : int64(j+1)*rep.SampleBytes]; !bytes.Equal(got, want) {
+					t.Fatalf("v/%s in the slot differs from the file (first bytes % x, want % x)", n, got[:8], want[:8])
+				}
+				if v := math.Float64frombits(binary.LittleEndian.Uint64(want[8:])); tc.size == 8 && v != float64(1000*j)+0.25 {
+					t.Fatalf("v/%s: element 1 is %v in the file", n, v)
+				}
+			}
+			if d := dev.decoded.Load(); d != 0 {
+				t.Fatalf("%d big-endian chunks decoded on the device into the slot", d)
+			}
+		})
+	}
 }

@@ -523,6 +523,15 @@ var mutations = []mutation{
 		Run:    "GPUFillIntoSlot",
 	},
 	{
+		Name:   "ring-big-endian-v3",
+		Breaks: "a Zarr v3 array's byte order stays with its bytes codec, so the device path decodes big-endian chunks into the slot unswapped and inspect reports them little-endian",
+		File:   "zarr/metadata.go",
+		From:   "a.DType.BigEndian = data.bigEndian",
+		To:     "a.DType.BigEndian = data.bigEndian && false",
+		Pkgs:   []string{"./deliver", "./cmd/zarrfs"},
+		Run:    "GPUFillBigEndian|InspectSourceByteOrder",
+	},
+	{
 		Name:   "ring-room-refused",
 		Breaks: "a ring is refused while the rounds' idle buffers hold the memory it needs, instead of their being given back",
 		File:   "gpu/ipc.go",

@@ -392,3 +392,36 @@ def test_a_batchs_error_comes_in_its_turn(mount, index_store, tmp_path, monkeypa
     l.close()
     t.join(10)
     assert not t.is_alive()
+
+
+def test_big_endian_sources_equal_files(mount, tmp_path):
+    """Big-endian sources, Zarr v3 (byte order from the bytes codec) and v2
+    (">f8"), come out of the ring as the mount's files hold them: little
+    endian, the values of the source; through an array's sample directory
+    and a view alike."""
+    zarr = need_module("zarr")
+    from zarr.codecs import BytesCodec, ZstdCodec
+
+    n = 6
+    data = np.arange(n, dtype="f8")[:, None, None] * 100 + np.arange(12, dtype="f8").reshape(3, 4) / 4
+    v3 = zarr.open_group(str(tmp_path / "v3.zarr"), mode="w")
+    x = v3.create_array("x", shape=(n, 3, 4), chunks=(1, 3, 4), dtype="f4", dimension_names=["time", "y", "x"],
+                        serializer=BytesCodec(endian="big"), compressors=[ZstdCodec(level=3, checksum=True)])
+    x[:] = data.astype("f4")
+    v2 = zarr.open_group(str(tmp_path / "v2.zarr"), mode="w", zarr_format=2)
+    y = v2.create_array("x", shape=(n, 3, 4), chunks=(1, 3, 4), dtype=">f8", attributes={"_ARRAY_DIMENSIONS": ["time", "y", "x"]})
+    y[:] = data
+    assert json.loads((tmp_path / "v3.zarr" / "x" / "zarr.json").read_text())["codecs"][0]["configuration"]["endian"] == "big"
+    view = write_view(tmp_path / "v.yaml", "views:\n  - name: v\n    channels:\n      - var: x\n")
+    for store, dt in (("v3.zarr", "<f4"), ("v2.zarr", "<f8")):
+        m = mount(str(tmp_path / store), delivery="host", view=[view])
+        for sub in ("x", "v"):
+            d = os.path.join(m.path, sub)
+            l = Loader(d, 3, device="cpu", decode="device", prefetch=1)
+            assert l.path_kind == "ring-host"
+            got = np.concatenate([b.numpy().copy() for b, _ in l])
+            l.close()
+            files = np.stack([np.load(os.path.join(d, f)) for f in sorted(os.listdir(d))])
+            assert files.dtype == np.dtype(dt)
+            assert got.reshape(files.shape).tobytes() == files.tobytes(), (store, sub)
+            np.testing.assert_array_equal(files.reshape(n, 3, 4), data.astype(dt))
