@@ -56,11 +56,15 @@ func deliverySocket(mountpoint string) string {
 
 // serveDelivery starts the delivery server of a mount on sock until ctx
 // ends; nil when --delivery is off or no memory is there to deliver into.
-func serveDelivery(ctx context.Context, mode, sock string, o *opened, m *zfs.Mounted, blobs fill.Blobs, log *slog.Logger) (*deliver.Server, error) {
+// wait returns once the server stopped after ctx ended: every fill
+// returned and every ring freed, so that the decoders and the cache they
+// use may close.
+func serveDelivery(ctx context.Context, mode, sock string, o *opened, m *zfs.Mounted, blobs fill.Blobs, log *slog.Logger) (s *deliver.Server, wait func(), err error) {
+	wait = func() {}
 	if mode == deliveryOff {
-		return nil, nil
+		return nil, wait, nil
 	}
-	s := &deliver.Server{Layout: m.Layout, Blobs: blobs, Logger: log}
+	s = &deliver.Server{Layout: m.Layout, Blobs: blobs, Logger: log}
 	switch mode {
 	case deliveryHost:
 		// What all fills hold is bounded by --memory; the rings, which
@@ -75,21 +79,23 @@ func serveDelivery(ctx context.Context, mode, sock string, o *opened, m *zfs.Mou
 		s.Device = deliver.GPUFill{Filler: o.fill, Fallback: o.dec}
 	}
 	if err := privateRegistry(); err != nil {
-		return nil, err
+		return nil, wait, err
 	}
 	os.Remove(sock) // left by a killed daemon: the registry is ours
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
-		return nil, err
+		return nil, wait, err
 	}
 	os.Chmod(sock, 0o600)
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		defer os.Remove(sock)
 		if err := s.Serve(ctx, ln); err != nil {
 			log.Warn("delivery socket stopped", "socket", sock, "err", err)
 		}
 	}()
-	return s, nil
+	return s, func() { <-done }, nil
 }
 
 // statusDelivery is the delivery part of the status document.

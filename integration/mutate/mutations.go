@@ -532,6 +532,15 @@ var mutations = []mutation{
 		Run:    "GPUFillBigEndian|InspectSourceByteOrder",
 	},
 	{
+		Name:   "ring-shutdown-unwaited",
+		Breaks: "a mount that ends closes its decoders and cache while the delivery server's fills still run and its rings are not yet freed",
+		File:   "cmd/zarrfs/mount.go",
+		From:   "\t\tstopControl()\n\t\twaitDelivery()\n",
+		To:     "\t\tstopControl()\n\t\t_ = waitDelivery\n",
+		Pkgs:   []string{"./cmd/zarrfs"},
+		Run:    "UnmountWithFillsInFlight",
+	},
+	{
 		Name:   "ring-room-refused",
 		Breaks: "a ring is refused while the rounds' idle buffers hold the memory it needs, instead of their being given back",
 		File:   "gpu/ipc.go",
