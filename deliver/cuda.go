@@ -38,6 +38,9 @@ func (m CUDAMemory) NewRing(req *OpenRequest, slots int, slotBytes int64) (Ring,
 	if req.PCIBusID == "" {
 		return nil, fmt.Errorf("%w: the reader named no GPU (pci_bus_id)", ErrUnavailable)
 	}
+	if req.ConsumerEvent != "" && len(req.ConsumerEvents) == 0 {
+		return nil, fmt.Errorf("%w: the reader sent one consumer event for the ring; this mount waits for one per slot (consumer_events): use the zarrfs Python package of the daemon's version", ErrUnavailable)
+	}
 	wait := m.StartTimeout
 	if wait == 0 {
 		wait = 2 * time.Minute
@@ -56,7 +59,7 @@ func (m CUDAMemory) NewRing(req *OpenRequest, slots int, slotBytes int64) (Ring,
 		release()
 		return nil, fmt.Errorf("map a shadow of %d slots of %d bytes: %w", slots, slotBytes, err)
 	}
-	r, err := d.NewRing(slots, slotBytes, req.ConsumerEvent)
+	r, err := d.NewRing(slots, slotBytes, req.ConsumerEvents)
 	if err != nil {
 		unix.Munmap(shadow)
 		release()

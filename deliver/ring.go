@@ -31,7 +31,7 @@ type Ring interface {
 	// files to pass with it.
 	Describe(r *openReply) []*os.File
 	// Begin readies slot k for writing: on a GPU, the slot's writes wait
-	// for the reader's consumer event recorded before it asked.
+	// for the reader's consumer event of slot k, recorded before it asked.
 	Begin(k int) error
 	// Host returns slot k's memory when the host may write it in place,
 	// else nil.

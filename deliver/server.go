@@ -208,6 +208,9 @@ func (s *Server) open(req *OpenRequest, c *conn) (openReply, []*os.File) {
 	if req.Slots < 1 || req.Slots > maxSlots || req.Batch < 1 || req.Batch > 1<<16 {
 		return fail(CodeBadRequest, "%d slots of %d samples: want 1 to %d slots of 1 or more samples", req.Slots, req.Batch, maxSlots)
 	}
+	if n := len(req.ConsumerEvents); n != 0 && n != req.Slots {
+		return fail(CodeBadRequest, "%d consumer events for %d slots: want one per slot", n, req.Slots)
+	}
 	size := first.Size() - int64(len(first.Header()))
 	slot := alignUp(int64(req.Batch)*size, slotAlign)
 	total := slot * int64(req.Slots)

@@ -326,6 +326,7 @@ func TestBadRequestsAndRingFreed(t *testing.T) {
 		{OpenRequest{Dir: "nope", Memory: MemoryHost, Slots: 2, Batch: 2}, CodeBadRequest, "not a sample directory"},
 		{OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 0, Batch: 2}, CodeBadRequest, "want 1 to 64 slots"},
 		{OpenRequest{Dir: "t", Memory: MemoryCUDA, Slots: 2, Batch: 2, PCIBusID: "0000:01:00.0"}, CodeUnavailable, "host memory"},
+		{OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 2, Batch: 2, ConsumerEvents: []string{"00"}}, CodeBadRequest, "1 consumer events for 2 slots"},
 	} {
 		c := dial(t, ts.sock)
 		if rep := c.open(t, tc.req); rep.OK || rep.Code != tc.code || !strings.Contains(rep.Error, tc.msg) {
@@ -390,6 +391,7 @@ func TestCUDAMemoryUnavailable(t *testing.T) {
 	}{
 		{OpenRequest{Dir: "t", Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 2, Batch: 2}, "decodes on no GPU here"},
 		{OpenRequest{Dir: "t", Memory: MemoryCUDA, Slots: 2, Batch: 2}, "named no GPU"},
+		{OpenRequest{Dir: "t", Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 2, Batch: 2, ConsumerEvent: "00"}, "one per slot"},
 		{OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 2, Batch: 2}, "not host"},
 	} {
 		c := dial(t, ts.sock)

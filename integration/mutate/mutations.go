@@ -541,6 +541,23 @@ var mutations = []mutation{
 		Run:    "UnmountWithFillsInFlight",
 	},
 	{
+		Name:   "ring-consumer-per-slot",
+		Breaks: "a decode into a ring slot waits for the first slot's consumer event, not its own: a fill serializes behind the trainer's kernels on another slot, or writes a slot still read",
+		File:   "gpu/ipc.go",
+		From:   "ev := r.consumers[k]",
+		To:     "ev := r.consumers[0]",
+		Pkgs:   []string{"./gpu"},
+		Run:    "RingSlotWaitsForItsOwnConsumer",
+	},
+	{
+		Name:   "ring-release-one-event",
+		Breaks: "the Loader records the first slot's consumer event whichever slot it lets go of, so the daemon's writes into the others wait for nothing of theirs",
+		File:   "python/src/zarrfs/_ringloader.py",
+		From:   "self.ring.release(self.flow.released % self.ring.slots)",
+		To:     "self.ring.release(0)",
+		Pytest: []string{"python/tests/test_deliver.py::test_a_slot_is_refilled_after_its_own_consumer_event"},
+	},
+	{
 		Name:   "ring-room-refused",
 		Breaks: "a ring is refused while the rounds' idle buffers hold the memory it needs, instead of their being given back",
 		File:   "gpu/ipc.go",
