@@ -52,7 +52,8 @@ func (m CUDAMemory) NewRing(req *OpenRequest, slots int, slotBytes int64) (Ring,
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	// The shadow: address space for the slots, of which only what the
-	// host writes is ever faulted in (GPUFill).
+	// host writes is ever faulted in, until it is copied into the slot
+	// (GPUFill).
 	shadow, err := unix.Mmap(-1, 0, int(int64(slots)*slotBytes), unix.PROT_READ|unix.PROT_WRITE,
 		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
 	if err != nil {
@@ -83,8 +84,9 @@ const reserveWait = 5 * time.Second
 // Decoder's pinned memory. shadow is host address space as large as the
 // ring, a slot's shadow at the slot's offset: the device path fills a
 // batch into it, the device decoding straight into the slot what lands
-// there whole, so only the pages the host writes are ever touched (and
-// they stay, for the next batch in the slot: the same channels).
+// there whole, so only the pages the host writes are ever touched, and
+// those only until they are copied into the slot (releaseShadow): a ring
+// holds no host memory between its fills.
 type cudaRing struct {
 	d         *gpu.Decoder
 	r         *gpu.Ring
@@ -106,6 +108,8 @@ func (c *cudaRing) decode(ctx context.Context, k int, jobs []codec.Job, offs []i
 }
 
 func (c *cudaRing) memory() codec.HostMemory { return c.d }
+
+func (c *cudaRing) releaseShadow(k int, n int64) { dropPages(c.shadowOf(k)[:n]) }
 
 func (c *cudaRing) copyInSlot(k int, dst, src, n int64) error {
 	return c.r.Copy(k, dst, c.r.Addr(k, src), n)

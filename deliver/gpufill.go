@@ -5,11 +5,14 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/fill"
@@ -28,7 +31,8 @@ import (
 // decodes the rest.
 //
 // The shadow is address space, not memory: the ring's own mapping, whose
-// pages only the host's writes fault in (cudaRing.shadow). What the
+// pages only the host's writes fault in (cudaRing.shadow), and which go
+// back to the kernel once the fill copied them into the slot. What the
 // device decodes never touches it, so a batch costs the host no buffer of
 // its size, and the pinned memory the GPU lends stays for the compressed
 // chunks, read straight into it (the slot's decoder lends it: see
@@ -52,6 +56,11 @@ func (f GPUFill) FillSlot(ctx context.Context, r Ring, k int, job *slotJob) []er
 	}
 	n := int64(len(job.blobs)) * job.size
 	shadow := cr.shadowOf(k)[:n]
+	// What the host writes in the shadow is held while the fill runs (for
+	// a view's samples, counted in the memory budget: FillInto acquires
+	// their bytes), and goes back once copied into the slot, or the fill
+	// failed: nothing else counts it.
+	defer cr.releaseShadow(k, n)
 	outs := make([][]byte, len(job.blobs))
 	for i := range job.blobs {
 		outs[i] = shadow[job.offs[i] : job.offs[i]+job.size]
@@ -97,6 +106,22 @@ type deviceRing interface {
 	// route decides which chunks bound for the device the host decodes
 	// instead (route.go).
 	route() *router
+	// releaseShadow gives back the pages of the first n bytes of slot k's
+	// shadow (dropPages) once nothing reads them.
+	releaseShadow(k int, n int64)
+}
+
+// dropPages gives the pages of b (page-aligned at its start, its length
+// rounded up to whole pages within its capacity) back to the kernel: they
+// read as zeros after, and hold no memory until written again.
+func dropPages(b []byte) {
+	page := int64(os.Getpagesize())
+	n := min((int64(len(b))+page-1)/page*page, int64(cap(b)))
+	if n > 0 {
+		// An error (a range not mapped so) leaves the pages held, and
+		// their bytes, which no one reads, as they were.
+		_ = unix.Madvise(b[:n], unix.MADV_DONTNEED)
+	}
 }
 
 // uploadGaps copies the ranges gaps of slot k's shadow (what the host

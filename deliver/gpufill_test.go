@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
@@ -118,6 +119,41 @@ type testDevice struct {
 	idle bool
 	mu   sync.Mutex
 	free map[int][][]byte // memory lent and given back, by size
+	// last is, per slot, a copy of its shadow as the last fill left it,
+	// taken before its pages went back (releaseShadow).
+	last map[int][]byte
+}
+
+func (d *testDevice) releaseShadow(k int, n int64) {
+	d.mu.Lock()
+	if d.last == nil {
+		d.last = map[int][]byte{}
+	}
+	d.last[k] = append([]byte(nil), d.shadowOf(k)[:n]...)
+	d.mu.Unlock()
+	dropPages(d.shadowOf(k)[:n])
+}
+
+// lastShadow is slot k's shadow as its last fill left it.
+func (d *testDevice) lastShadow(k int) []byte {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.last[k]
+}
+
+// resident is the bytes of the shadow's pages in memory (mincore).
+func (d *testDevice) resident(t testing.TB) int64 {
+	t.Helper()
+	page := os.Getpagesize()
+	vec := make([]byte, (len(d.shadow)+page-1)/page)
+	if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&d.shadow[0])), uintptr(len(d.shadow)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
+		t.Fatal(e)
+	}
+	var n int64
+	for _, v := range vec {
+		n += int64(v & 1)
+	}
+	return n * int64(page)
 }
 
 func (d *testDevice) route() *router { return &d.rt }
@@ -227,7 +263,7 @@ func (m testDeviceMemory) NewRing(req *OpenRequest, slots int, slotBytes int64) 
 // batch and copied into each sample by the fill code: it crosses once a
 // batch, and is copied on the device into the other samples; the
 // compressed chunks are read into the ring's memory; every sample equals
-// the mount's file.
+// the mount's file. The shadow's pages go back once the slot is filled.
 func TestGPUFillIntoSlot(t *testing.T) {
 	dir := devStore(t)
 	s, c, mem, filler, lay := gpuServer(t, dir, "views:\n  - name: v\n    channels:\n      - var: a\n        select: {level: all}\n      - var: s\n      - var: c\n      - var: b\n")
@@ -242,7 +278,10 @@ func TestGPUFillIntoSlot(t *testing.T) {
 		if r := c.fill(t, slot, batch...); r.Op != "ready" || r.Device != 3 || r.Host != 0 {
 			t.Fatalf("batch %d: %+v", b, r)
 		}
-		shadow := dev.shadowOf(slot)
+		if r := dev.resident(t); r != 0 {
+			t.Fatalf("batch %d: the shadow holds %d bytes of memory once the slot is filled", b, r)
+		}
+		shadow := dev.lastShadow(slot)
 		for j, n := range batch {
 			want := sampleBytes(t, filler, lay, "v/"+n)
 			got := dev.Host(slot)[int64(j)*rep.SampleBytes : int64(j+1)*rep.SampleBytes]

@@ -558,6 +558,15 @@ var mutations = []mutation{
 		Pytest: []string{"python/tests/test_deliver.py::test_a_slot_is_refilled_after_its_own_consumer_event"},
 	},
 	{
+		Name:   "ring-shadow-held",
+		Breaks: "the pages the host wrote in a ring slot's shadow stay in memory after the fill copied them into the slot, counted in no budget",
+		File:   "deliver/gpufill.go",
+		From:   "_ = unix.Madvise(b[:n], unix.MADV_DONTNEED)",
+		To:     "_ = unix.Madvise(b[:n], unix.MADV_NORMAL)",
+		Pkgs:   []string{"./deliver"},
+		Run:    "GPUFillIntoSlot",
+	},
+	{
 		Name:   "ring-room-refused",
 		Breaks: "a ring is refused while the rounds' idle buffers hold the memory it needs, instead of their being given back",
 		File:   "gpu/ipc.go",
