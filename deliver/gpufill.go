@@ -40,6 +40,10 @@ import (
 type GPUFill struct {
 	Filler   *fill.Filler
 	Fallback codec.BatchDecoder
+	// CPU decodes the chunks the device could take that the host takes
+	// instead (route.go): the mount's CPU decoder (decode.Pipeline.CPU),
+	// whose workers bound it and whose counters count it. Nil: Fallback.
+	CPU codec.BatchDecoder
 }
 
 func (f GPUFill) FillSlot(ctx context.Context, r Ring, k int, job *slotJob) []error {
@@ -65,7 +69,7 @@ func (f GPUFill) FillSlot(ctx context.Context, r Ring, k int, job *slotJob) []er
 	for i := range job.blobs {
 		outs[i] = shadow[job.offs[i] : job.offs[i]+job.size]
 	}
-	sd := &slotDecoder{ring: cr, slot: k, shadow: shadow, fallback: f.Fallback, job: job}
+	sd := &slotDecoder{ring: cr, slot: k, shadow: shadow, fallback: f.Fallback, cpu: cmp.Or(f.CPU, f.Fallback), job: job}
 	if bigEndian(job.blobs) {
 		// The host swaps such chunks after decoding them in place: they
 		// must decode where it can.
@@ -202,6 +206,7 @@ type slotDecoder struct {
 	slot     int
 	shadow   []byte
 	fallback codec.BatchDecoder
+	cpu      codec.BatchDecoder // the host's share (GPUFill.CPU)
 	job      *slotJob
 	hostOnly bool
 	in       atomic.Int64 // nanoseconds in DecodeBatch
@@ -318,49 +323,50 @@ func without(dev []int, offs []int64, drop []int) ([]int, []int64) {
 }
 
 // hostShare decodes jobs idx, which the device could have taken, on the
-// host, each on a goroutine of its own (the idle cores) into pinned
-// memory, whence it is copied into the slot at offs: the chunk's bytes
-// cross once, as the device's would, and never touch the shadow. The
-// CPU's verdict is the chunk's, as on the host path.
+// host's CPU decoder (its workers: the idle cores) into pinned memory,
+// whence each is copied into the slot at offs: the chunk's bytes cross
+// once, as the device's would, and never touch the shadow. The CPU's
+// verdict is the chunk's, as on the host path.
 func (s *slotDecoder) hostShare(ctx context.Context, jobs []codec.Job, idx []int, offs []int64) error {
 	t0 := time.Now()
-	var n atomic.Int64
-	var wg sync.WaitGroup
+	mem := s.ring.memory()
+	sub := make([]codec.Job, len(idx))
 	for k, i := range idx {
-		wg.Go(func() {
-			j := &jobs[i]
-			if err := ctx.Err(); err != nil {
-				j.Err = err
-				return
-			}
-			mem := s.ring.memory()
-			buf := mem.HostAlloc(len(j.Dst))
-			defer mem.HostFree(buf)
-			if j.Err = codec.Decode(j.Codec, buf, j.Src); j.Err != nil {
-				return
-			}
-			s.upMu.Lock()
-			err := s.ring.Write(s.slot, offs[k], buf)
-			s.upMu.Unlock()
-			if err != nil {
-				j.Err = err
-				return
-			}
-			s.mu.Lock()
-			s.done = append(s.done, [2]int64{offs[k], offs[k] + int64(len(buf))})
-			s.mu.Unlock()
-			n.Add(int64(len(buf)))
-		})
+		sub[k] = codec.Job{Codec: jobs[i].Codec, Src: jobs[i].Src, Dst: mem.HostAlloc(len(jobs[i].Dst))}
 	}
-	wg.Wait()
+	defer func() {
+		for _, j := range sub {
+			mem.HostFree(j.Dst)
+		}
+	}()
+	err := s.cpu.DecodeBatch(ctx, sub)
+	var n int64
+	for k, i := range idx {
+		j := &sub[k]
+		if err != nil && j.Err == nil {
+			j.Err = err // not decoded (the decoder closed, the fill cancelled): never copied
+		}
+		if j.Err == nil {
+			s.upMu.Lock()
+			j.Err = s.ring.Write(s.slot, offs[k], j.Dst)
+			s.upMu.Unlock()
+		}
+		if jobs[i].Err = j.Err; j.Err != nil {
+			continue
+		}
+		s.mu.Lock()
+		s.done = append(s.done, [2]int64{offs[k], offs[k] + int64(len(j.Dst))})
+		s.mu.Unlock()
+		n += int64(len(j.Dst))
+	}
 	d := time.Since(t0)
 	s.job.stages.add(stHostShare, d)
-	s.job.uploaded.Add(n.Load())
-	s.job.hostShare.Add(n.Load())
-	if ctx.Err() == nil {
-		s.ring.route().hostDone(n.Load(), d)
+	s.job.uploaded.Add(n)
+	s.job.hostShare.Add(n)
+	if err == nil && ctx.Err() == nil {
+		s.ring.route().hostDone(n, d)
 	}
-	return ctx.Err()
+	return cmp.Or(err, ctx.Err())
 }
 
 // HostAlloc and HostFree lend the ring's GPU's pinned memory: the fill

@@ -349,8 +349,10 @@ func gpuServer(t testing.TB, dir, viewsYAML string) (*Server, *client, testDevic
 		t.Fatal(err)
 	}
 	mem := testDeviceMemory{dev: make(chan *testDevice, 1)}
+	cpu := must(codec.NewCPU(codec.Options{Workers: 2}))
+	t.Cleanup(func() { cpu.Close() })
 	s := &Server{Layout: func() *layout.Layout { return lay }, Blobs: &fileBlobs{fill: filler, dir: t.TempDir(), opens: map[string]int{}},
-		Memory: mem, Device: GPUFill{Filler: filler, Fallback: must(codec.NewCPU(codec.Options{Workers: 2}))}}
+		Memory: mem, Device: GPUFill{Filler: filler, Fallback: cpu, CPU: &countingCPU{inner: cpu}}}
 	sock := filepath.Join(t.TempDir(), "d.sock")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
@@ -360,6 +362,21 @@ func gpuServer(t testing.TB, dir, viewsYAML string) (*Server, *client, testDevic
 	t.Cleanup(cancel)
 	go s.Serve(ctx, ln)
 	return s, dial(t, sock), mem, filler, lay
+}
+
+// countingCPU is the mount's CPU decoder as GPUFill.CPU, counting the
+// jobs and decoded bytes it was given.
+type countingCPU struct {
+	inner       codec.BatchDecoder
+	jobs, bytes atomic.Int64
+}
+
+func (c *countingCPU) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
+	c.jobs.Add(int64(len(jobs)))
+	for _, j := range jobs {
+		c.bytes.Add(int64(len(j.Dst)))
+	}
+	return c.inner.DecodeBatch(ctx, jobs)
 }
 
 // sampleBytes is sample p's data as the mount's file holds it.

@@ -76,7 +76,7 @@ func serveDelivery(ctx context.Context, mode, sock string, o *opened, m *zfs.Mou
 		// Rings in the memory of the GPU a reader names, where the
 		// pipeline decodes on it (decode.Pipeline.GPUFor says why not).
 		s.Memory = deliver.CUDAMemory{GPUs: o.dec}
-		s.Device = deliver.GPUFill{Filler: o.fill, Fallback: o.dec}
+		s.Device = deliver.GPUFill{Filler: o.fill, Fallback: o.dec, CPU: o.dec.CPU()}
 	}
 	if err := privateRegistry(); err != nil {
 		return nil, wait, err

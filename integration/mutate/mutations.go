@@ -567,6 +567,15 @@ var mutations = []mutation{
 		Run:    "GPUFillIntoSlot",
 	},
 	{
+		Name:   "ring-share-bypasses-cpu",
+		Breaks: "the host's share of a ring's chunks decodes outside the mount's CPU decoder: no worker bound, no counters",
+		File:   "deliver/gpufill.go",
+		From:   "err := s.cpu.DecodeBatch(ctx, sub)",
+		To:     "err := codec.Inline{}.DecodeBatch(ctx, sub)",
+		Pkgs:   []string{"./deliver"},
+		Run:    "GPUFillHostShare",
+	},
+	{
 		Name:   "ring-room-refused",
 		Breaks: "a ring is refused while the rounds' idle buffers hold the memory it needs, instead of their being given back",
 		File:   "gpu/ipc.go",
