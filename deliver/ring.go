@@ -65,12 +65,9 @@ type DeviceFill interface {
 // the daemon and passed to the reader, who maps it too. It is the test
 // mode of delivery on machines without a GPU: the whole protocol, the
 // ring's lifecycle and the fills run as on a GPU, with the CPU decoding
-// into the slots (HostFill).
-type HostMemory struct {
-	// MaxBytes bounds what all rings take together; zero means no bound
-	// beyond the server's.
-	MaxBytes int64
-}
+// into the slots (HostFill). What its rings hold together is bounded by
+// the Server (MaxHeldBytes).
+type HostMemory struct{}
 
 func (HostMemory) Kind() string { return MemoryHost }
 

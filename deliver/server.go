@@ -31,10 +31,11 @@ type Server struct {
 	// Memory makes the rings; Device, when set, is the device path.
 	Memory Memory
 	Device DeviceFill
-	// MaxSlots and MaxRingBytes bound one ring; zero means 64 slots and no
-	// bound beyond Memory's.
+	// MaxSlots bounds one ring's slots; zero means 64. MaxHeldBytes bounds
+	// what the open rings hold together (a ring that would pass it is
+	// refused as unavailable); zero means no bound beyond Memory's.
 	MaxSlots     int
-	MaxRingBytes int64
+	MaxHeldBytes int64
 	// WriteTimeout bounds a reply's write to a reader that does not read.
 	// Zero means 30 s.
 	WriteTimeout time.Duration
@@ -105,6 +106,7 @@ type conn struct {
 	slots int
 	batch int
 	slot  int64
+	held  int64 // the ring's bytes, counted in the server's held bytes
 	stats *RingStats
 	busy  []atomic.Bool // per slot: a fill runs
 }
@@ -214,11 +216,16 @@ func (s *Server) open(req *OpenRequest, c *conn) (openReply, []*os.File) {
 	size := first.Size() - int64(len(first.Header()))
 	slot := alignUp(int64(req.Batch)*size, slotAlign)
 	total := slot * int64(req.Slots)
-	if s.MaxRingBytes > 0 && total > s.MaxRingBytes {
-		return fail(CodeUnavailable, "%d slots of %d samples of %d bytes take %d bytes; the mount allows a ring %d", req.Slots, req.Batch, size, total, s.MaxRingBytes)
+	// The ring's bytes are counted before it is made: rings opened at once
+	// cannot pass the bound together.
+	if held := s.stats.held.Add(total); s.MaxHeldBytes > 0 && held > s.MaxHeldBytes {
+		s.stats.held.Add(-total)
+		return fail(CodeUnavailable, "%d slots of %d samples of %d bytes take %d bytes; the mount's rings hold %d, and may hold %d together",
+			req.Slots, req.Batch, size, total, held-total, s.MaxHeldBytes)
 	}
 	r, err := s.Memory.NewRing(req, req.Slots, slot)
 	if err != nil {
+		s.stats.held.Add(-total)
 		code := CodeFill
 		if errors.Is(err, ErrUnavailable) {
 			code = CodeUnavailable
@@ -226,7 +233,7 @@ func (s *Server) open(req *OpenRequest, c *conn) (openReply, []*os.File) {
 		return fail(code, "%s: ring of %d bytes: %v", req.Dir, total, err)
 	}
 	shape, dtype := sampleType(first)
-	c.ring, c.dir, c.size, c.slots, c.batch, c.slot = r, dir, size, req.Slots, req.Batch, slot
+	c.ring, c.dir, c.size, c.slots, c.batch, c.slot, c.held = r, dir, size, req.Slots, req.Batch, slot, total
 	c.busy = make([]atomic.Bool, req.Slots)
 	s.mu.Lock()
 	s.nextID++
@@ -235,7 +242,6 @@ func (s *Server) open(req *OpenRequest, c *conn) (openReply, []*os.File) {
 	s.rings[c] = c.stats
 	s.mu.Unlock()
 	s.stats.rings.Add(1)
-	s.stats.held.Add(r.Bytes())
 	decodeWhere := "host"
 	if s.Device != nil && s.Memory.Kind() == MemoryCUDA {
 		decodeWhere = "device"
@@ -262,7 +268,7 @@ func (c *conn) free() {
 	s.mu.Lock()
 	delete(s.rings, c)
 	s.mu.Unlock()
-	s.stats.held.Add(-c.ring.Bytes())
+	s.stats.held.Add(-c.held)
 	if err := c.ring.Close(); err != nil {
 		s.log.Warn("delivery ring not freed", "dir", c.dir, "err", err)
 		return

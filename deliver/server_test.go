@@ -408,3 +408,29 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
+
+// The rings open together stay within MaxHeldBytes: a ring that fits
+// alone but not beside those open is refused as unavailable (the reader
+// reads files), and opens once they are freed.
+func TestRingsTogetherWithinBound(t *testing.T) {
+	ts := newTestServer(t, nil, nil)
+	ts.s.MaxHeldBytes = 3 * slotAlign // a slot of these samples is slotAlign
+	a := dial(t, ts.sock)
+	if rep := a.open(t, OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 2, Batch: 2}); !rep.OK || rep.RingBytes != 2*slotAlign {
+		t.Fatalf("first ring: %+v", rep)
+	}
+	b := dial(t, ts.sock)
+	if rep := b.open(t, OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 2, Batch: 2}); rep.OK || rep.Code != CodeUnavailable ||
+		!strings.Contains(rep.Error, "may hold 6291456 together") {
+		t.Fatalf("a second ring past the bound together: %+v", rep)
+	}
+	if _, tot := ts.s.Stats(); tot.HeldBytes != 2*slotAlign || tot.Open != 1 {
+		t.Fatalf("held %d in %d rings after the refusal, want the first's %d", tot.HeldBytes, tot.Open, 2*slotAlign)
+	}
+	a.c.Close()
+	waitFor(t, func() bool { _, tot := ts.s.Stats(); return tot.HeldBytes == 0 })
+	c := dial(t, ts.sock)
+	if rep := c.open(t, OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 3, Batch: 1}); !rep.OK {
+		t.Fatalf("a ring within the bound once the first is freed: %+v", rep)
+	}
+}

@@ -68,9 +68,9 @@ func serveDelivery(ctx context.Context, mode, sock string, o *opened, m *zfs.Mou
 	switch mode {
 	case deliveryHost:
 		// What all fills hold is bounded by --memory; the rings, which
-		// live as long as their readers, by a quarter of it.
+		// live as long as their readers, together by a quarter of it.
 		s.Memory = deliver.HostMemory{}
-		s.MaxRingBytes = o.fill.MemoryBudget().Total() / 4
+		s.MaxHeldBytes = o.fill.MemoryBudget().Total() / 4
 		s.Device = deliver.HostFill{Filler: o.fill, Decoder: o.dec}
 	default:
 		// Rings in the memory of the GPU a reader names, where the
