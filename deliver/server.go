@@ -45,17 +45,15 @@ type Server struct {
 	stats totals
 
 	mu     sync.Mutex
-	rings  map[*conn]*RingStats
+	rings  map[*conn]*ringStats
 	nextID int
 }
 
 // totals are the counts of every ring since the server started.
 type totals struct {
-	rings, fills, errors       atomic.Int64
-	device, host               atomic.Int64 // samples by path
-	compressed, uploaded, held atomic.Int64 // bytes
-	share                      atomic.Int64 // bytes of the host's share (route.go)
-	stages                     stageTimes
+	rings atomic.Int64
+	held  atomic.Int64 // bytes of the rings open
+	counters
 }
 
 // Serve answers connections on ln until ctx ends; it closes ln then.
@@ -66,7 +64,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	s.log = cmp.Or(s.Logger, slog.New(slog.DiscardHandler))
 	s.mu.Lock()
 	if s.rings == nil {
-		s.rings = map[*conn]*RingStats{}
+		s.rings = map[*conn]*ringStats{}
 	}
 	s.mu.Unlock()
 	go func() {
@@ -107,7 +105,7 @@ type conn struct {
 	batch int
 	slot  int64
 	held  int64 // the ring's bytes, counted in the server's held bytes
-	stats *RingStats
+	stats *ringStats
 	busy  []atomic.Bool // per slot: a fill runs
 }
 
@@ -237,7 +235,7 @@ func (s *Server) open(req *OpenRequest, c *conn) (openReply, []*os.File) {
 	c.busy = make([]atomic.Bool, req.Slots)
 	s.mu.Lock()
 	s.nextID++
-	c.stats = &RingStats{ID: s.nextID, Dir: dir, Memory: s.Memory.Kind(), Device: r.Device(), Slots: req.Slots,
+	c.stats = &ringStats{ID: s.nextID, Dir: dir, Memory: s.Memory.Kind(), Device: r.Device(), Slots: req.Slots,
 		SlotBytes: slot, SampleBytes: size, Opened: time.Now()}
 	s.rings[c] = c.stats
 	s.mu.Unlock()
@@ -273,7 +271,7 @@ func (c *conn) free() {
 		s.log.Warn("delivery ring not freed", "dir", c.dir, "err", err)
 		return
 	}
-	s.log.Info("delivery ring closed", "dir", c.dir, "fills", c.stats.Fills.Load())
+	s.log.Info("delivery ring closed", "dir", c.dir, "fills", c.stats.fills.Load())
 }
 
 // fill answers one fill request.
@@ -305,17 +303,9 @@ func (c *conn) fill(ctx context.Context, k int, files []string) fillReply {
 	t0 := time.Now()
 	dev, host, failed, err := s.fillSlot(ctx, c.ring, k, job)
 	job.stages.add(stFill, time.Since(t0))
-	c.stats.stages.addAll(&job.stages)
-	s.stats.stages.addAll(&job.stages)
-	c.stats.count(dev, host, job.compressed.Load(), job.uploaded.Load(), job.hostShare.Load(), err)
-	s.stats.uploaded.Add(job.uploaded.Load())
-	s.stats.share.Add(job.hostShare.Load())
-	s.stats.fills.Add(1)
-	s.stats.device.Add(int64(dev))
-	s.stats.host.Add(int64(host))
-	s.stats.compressed.Add(job.compressed.Load())
+	c.stats.add(job, dev, host, err)
+	s.stats.add(job, dev, host, err)
 	if err != nil {
-		s.stats.errors.Add(1)
 		rep.Error, rep.Code = err.Error(), CodeFill
 		if failed != nil {
 			rep.File = failed.Path()
