@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"strings"
 
@@ -78,15 +77,10 @@ func serveDelivery(ctx context.Context, mode, sock string, o *opened, m *zfs.Mou
 		s.Memory = deliver.CUDAMemory{GPUs: o.dec}
 		s.Device = deliver.GPUFill{Filler: o.fill, Fallback: o.dec, CPU: o.dec.CPU()}
 	}
-	if err := privateRegistry(); err != nil {
-		return nil, wait, err
-	}
-	os.Remove(sock) // left by a killed daemon: the registry is ours
-	ln, err := net.Listen("unix", sock)
+	ln, err := listenPrivate(sock)
 	if err != nil {
 		return nil, wait, err
 	}
-	os.Chmod(sock, 0o600)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

@@ -104,3 +104,21 @@ func TestUnmountWithFillsInFlight(t *testing.T) {
 		t.Errorf("no ring freed before the mount returned:\n%s", log)
 	}
 }
+
+// A mount's sockets are owner-only, and one left by a killed daemon is
+// replaced.
+func TestListenPrivate(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "m.sock")
+	if err := os.WriteFile(sock, nil, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := listenPrivate(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	st, err := os.Lstat(sock)
+	if err != nil || st.Mode()&os.ModeSocket == 0 || st.Mode().Perm() != 0o600 {
+		t.Fatalf("%s: %v, %v; want a socket of mode 0600", sock, st.Mode(), err)
+	}
+}
