@@ -338,6 +338,7 @@ def test_cuda_ring_hands_the_daemons_handles_to_the_driver(monkeypatch, tmp_path
     got = []
     t = _fake_daemon(sock, reply, got)
     ring = zd.Ring(sock, "train", "cuda", 2, 4, device=torch.device("cuda", 0), timeout=10)
+    assert lib.opened == [(handle, 1)]  # first: a handle copied astray may break the interpreter soon after
     assert got[0]["pci_bus_id"] == "0000:3b:00.0"
     # One consumer event per slot, each recorded once to be shared.
     assert [bytes.fromhex(h) for h in got[0]["consumer_events"]] == [bytes([0]) * 64, bytes([1]) * 64]
@@ -345,7 +346,6 @@ def test_cuda_ring_hands_the_daemons_handles_to_the_driver(monkeypatch, tmp_path
     ring.release(1)
     ring.release_all()
     assert _FakeEvent.records == [0, 1, 1, 0, 1]
-    assert lib.opened == [(handle, 1)]
     assert ring.ptr == _FakeLibcuda.RING_PTR
     assert _FakeEvent.from_handles == events
     ring.close()
