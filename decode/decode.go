@@ -698,6 +698,12 @@ func (p *Pipeline) Ready(ctx context.Context) (onGPU bool, err error) {
 // instead.
 func (p *Pipeline) Memory() codec.HostMemory { return lender{p} }
 
+// CPU is the pipeline's CPU decoder, counted as its other chunks decoded
+// on the CPU: for work a caller has already placed on the host (the
+// device path's share of chunks idle cores decode sooner), within the
+// pipeline's workers.
+func (p *Pipeline) CPU() codec.BatchDecoder { return p.onCPU }
+
 // Host returns the host face of the pipeline's lender: it lends memory
 // kept mapped and lent again, never pinned, for buffers no device reads (a
 // cast's output, a checksum's input, a piece read from a file), and takes

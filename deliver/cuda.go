@@ -38,6 +38,9 @@ func (m CUDAMemory) NewRing(req *OpenRequest, slots int, slotBytes int64) (Ring,
 	if req.PCIBusID == "" {
 		return nil, fmt.Errorf("%w: the reader named no GPU (pci_bus_id)", ErrUnavailable)
 	}
+	if req.ConsumerEvent != "" && len(req.ConsumerEvents) == 0 {
+		return nil, fmt.Errorf("%w: the reader sent one consumer event for the ring; this mount waits for one per slot (consumer_events): use the zarrfs Python package of the daemon's version", ErrUnavailable)
+	}
 	wait := m.StartTimeout
 	if wait == 0 {
 		wait = 2 * time.Minute
@@ -49,14 +52,15 @@ func (m CUDAMemory) NewRing(req *OpenRequest, slots int, slotBytes int64) (Ring,
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	// The shadow: address space for the slots, of which only what the
-	// host writes is ever faulted in (GPUFill).
+	// host writes is ever faulted in, until it is copied into the slot
+	// (GPUFill).
 	shadow, err := unix.Mmap(-1, 0, int(int64(slots)*slotBytes), unix.PROT_READ|unix.PROT_WRITE,
 		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
 	if err != nil {
 		release()
 		return nil, fmt.Errorf("map a shadow of %d slots of %d bytes: %w", slots, slotBytes, err)
 	}
-	r, err := d.NewRing(slots, slotBytes, req.ConsumerEvent)
+	r, err := d.NewRing(slots, slotBytes, req.ConsumerEvents)
 	if err != nil {
 		unix.Munmap(shadow)
 		release()
@@ -80,8 +84,9 @@ const reserveWait = 5 * time.Second
 // Decoder's pinned memory. shadow is host address space as large as the
 // ring, a slot's shadow at the slot's offset: the device path fills a
 // batch into it, the device decoding straight into the slot what lands
-// there whole, so only the pages the host writes are ever touched (and
-// they stay, for the next batch in the slot: the same channels).
+// there whole, so only the pages the host writes are ever touched, and
+// those only until they are copied into the slot (releaseShadow): a ring
+// holds no host memory between its fills.
 type cudaRing struct {
 	d         *gpu.Decoder
 	r         *gpu.Ring
@@ -103,6 +108,8 @@ func (c *cudaRing) decode(ctx context.Context, k int, jobs []codec.Job, offs []i
 }
 
 func (c *cudaRing) memory() codec.HostMemory { return c.d }
+
+func (c *cudaRing) releaseShadow(k int, n int64) { dropPages(c.shadowOf(k)[:n]) }
 
 func (c *cudaRing) copyInSlot(k int, dst, src, n int64) error {
 	return c.r.Copy(k, dst, c.r.Addr(k, src), n)

@@ -16,7 +16,7 @@
 // Then each fill request names a slot and the sample files to put in it,
 // and its reply says the slot is ready or why not, naming the file. A
 // reader asks to refill a slot only once its consumer is done with it; on
-// a GPU it first records its consumer event, which the daemon's copies
+// a GPU it first records the slot's consumer event, which the daemon's copies
 // into the slot wait for, so a slot is never overwritten while the
 // trainer's kernels still read it.
 //

@@ -5,11 +5,14 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/fill"
@@ -28,7 +31,8 @@ import (
 // decodes the rest.
 //
 // The shadow is address space, not memory: the ring's own mapping, whose
-// pages only the host's writes fault in (cudaRing.shadow). What the
+// pages only the host's writes fault in (cudaRing.shadow), and which go
+// back to the kernel once the fill copied them into the slot. What the
 // device decodes never touches it, so a batch costs the host no buffer of
 // its size, and the pinned memory the GPU lends stays for the compressed
 // chunks, read straight into it (the slot's decoder lends it: see
@@ -36,6 +40,10 @@ import (
 type GPUFill struct {
 	Filler   *fill.Filler
 	Fallback codec.BatchDecoder
+	// CPU decodes the chunks the device could take that the host takes
+	// instead (route.go): the mount's CPU decoder (decode.Pipeline.CPU),
+	// whose workers bound it and whose counters count it. Nil: Fallback.
+	CPU codec.BatchDecoder
 }
 
 func (f GPUFill) FillSlot(ctx context.Context, r Ring, k int, job *slotJob) []error {
@@ -52,11 +60,16 @@ func (f GPUFill) FillSlot(ctx context.Context, r Ring, k int, job *slotJob) []er
 	}
 	n := int64(len(job.blobs)) * job.size
 	shadow := cr.shadowOf(k)[:n]
+	// What the host writes in the shadow is held while the fill runs (for
+	// a view's samples, counted in the memory budget: FillInto acquires
+	// their bytes), and goes back once copied into the slot, or the fill
+	// failed: nothing else counts it.
+	defer cr.releaseShadow(k, n)
 	outs := make([][]byte, len(job.blobs))
 	for i := range job.blobs {
 		outs[i] = shadow[job.offs[i] : job.offs[i]+job.size]
 	}
-	sd := &slotDecoder{ring: cr, slot: k, shadow: shadow, fallback: f.Fallback, job: job}
+	sd := &slotDecoder{ring: cr, slot: k, shadow: shadow, fallback: f.Fallback, cpu: cmp.Or(f.CPU, f.Fallback), job: job}
 	if bigEndian(job.blobs) {
 		// The host swaps such chunks after decoding them in place: they
 		// must decode where it can.
@@ -97,6 +110,22 @@ type deviceRing interface {
 	// route decides which chunks bound for the device the host decodes
 	// instead (route.go).
 	route() *router
+	// releaseShadow gives back the pages of the first n bytes of slot k's
+	// shadow (dropPages) once nothing reads them.
+	releaseShadow(k int, n int64)
+}
+
+// dropPages gives the pages of b (page-aligned at its start, its length
+// rounded up to whole pages within its capacity) back to the kernel: they
+// read as zeros after, and hold no memory until written again.
+func dropPages(b []byte) {
+	page := int64(os.Getpagesize())
+	n := min((int64(len(b))+page-1)/page*page, int64(cap(b)))
+	if n > 0 {
+		// An error (a range not mapped so) leaves the pages held, and
+		// their bytes, which no one reads, as they were.
+		_ = unix.Madvise(b[:n], unix.MADV_DONTNEED)
+	}
 }
 
 // uploadGaps copies the ranges gaps of slot k's shadow (what the host
@@ -177,6 +206,7 @@ type slotDecoder struct {
 	slot     int
 	shadow   []byte
 	fallback codec.BatchDecoder
+	cpu      codec.BatchDecoder // the host's share (GPUFill.CPU)
 	job      *slotJob
 	hostOnly bool
 	in       atomic.Int64 // nanoseconds in DecodeBatch
@@ -293,49 +323,50 @@ func without(dev []int, offs []int64, drop []int) ([]int, []int64) {
 }
 
 // hostShare decodes jobs idx, which the device could have taken, on the
-// host, each on a goroutine of its own (the idle cores) into pinned
-// memory, whence it is copied into the slot at offs: the chunk's bytes
-// cross once, as the device's would, and never touch the shadow. The
-// CPU's verdict is the chunk's, as on the host path.
+// host's CPU decoder (its workers: the idle cores) into pinned memory,
+// whence each is copied into the slot at offs: the chunk's bytes cross
+// once, as the device's would, and never touch the shadow. The CPU's
+// verdict is the chunk's, as on the host path.
 func (s *slotDecoder) hostShare(ctx context.Context, jobs []codec.Job, idx []int, offs []int64) error {
 	t0 := time.Now()
-	var n atomic.Int64
-	var wg sync.WaitGroup
+	mem := s.ring.memory()
+	sub := make([]codec.Job, len(idx))
 	for k, i := range idx {
-		wg.Go(func() {
-			j := &jobs[i]
-			if err := ctx.Err(); err != nil {
-				j.Err = err
-				return
-			}
-			mem := s.ring.memory()
-			buf := mem.HostAlloc(len(j.Dst))
-			defer mem.HostFree(buf)
-			if j.Err = codec.Decode(j.Codec, buf, j.Src); j.Err != nil {
-				return
-			}
-			s.upMu.Lock()
-			err := s.ring.Write(s.slot, offs[k], buf)
-			s.upMu.Unlock()
-			if err != nil {
-				j.Err = err
-				return
-			}
-			s.mu.Lock()
-			s.done = append(s.done, [2]int64{offs[k], offs[k] + int64(len(buf))})
-			s.mu.Unlock()
-			n.Add(int64(len(buf)))
-		})
+		sub[k] = codec.Job{Codec: jobs[i].Codec, Src: jobs[i].Src, Dst: mem.HostAlloc(len(jobs[i].Dst))}
 	}
-	wg.Wait()
+	defer func() {
+		for _, j := range sub {
+			mem.HostFree(j.Dst)
+		}
+	}()
+	err := s.cpu.DecodeBatch(ctx, sub)
+	var n int64
+	for k, i := range idx {
+		j := &sub[k]
+		if err != nil && j.Err == nil {
+			j.Err = err // not decoded (the decoder closed, the fill cancelled): never copied
+		}
+		if j.Err == nil {
+			s.upMu.Lock()
+			j.Err = s.ring.Write(s.slot, offs[k], j.Dst)
+			s.upMu.Unlock()
+		}
+		if jobs[i].Err = j.Err; j.Err != nil {
+			continue
+		}
+		s.mu.Lock()
+		s.done = append(s.done, [2]int64{offs[k], offs[k] + int64(len(j.Dst))})
+		s.mu.Unlock()
+		n += int64(len(j.Dst))
+	}
 	d := time.Since(t0)
 	s.job.stages.add(stHostShare, d)
-	s.job.uploaded.Add(n.Load())
-	s.job.hostShare.Add(n.Load())
-	if ctx.Err() == nil {
-		s.ring.route().hostDone(n.Load(), d)
+	s.job.uploaded.Add(n)
+	s.job.hostShare.Add(n)
+	if err == nil && ctx.Err() == nil {
+		s.ring.route().hostDone(n, d)
 	}
-	return ctx.Err()
+	return cmp.Or(err, ctx.Err())
 }
 
 // HostAlloc, HostFree and Retain lend the ring's GPU's pinned memory: the

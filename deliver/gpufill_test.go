@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
@@ -118,6 +119,41 @@ type testDevice struct {
 	idle bool
 	mu   sync.Mutex
 	free map[int][][]byte // memory lent and given back, by size
+	// last is, per slot, a copy of its shadow as the last fill left it,
+	// taken before its pages went back (releaseShadow).
+	last map[int][]byte
+}
+
+func (d *testDevice) releaseShadow(k int, n int64) {
+	d.mu.Lock()
+	if d.last == nil {
+		d.last = map[int][]byte{}
+	}
+	d.last[k] = append([]byte(nil), d.shadowOf(k)[:n]...)
+	d.mu.Unlock()
+	dropPages(d.shadowOf(k)[:n])
+}
+
+// lastShadow is slot k's shadow as its last fill left it.
+func (d *testDevice) lastShadow(k int) []byte {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.last[k]
+}
+
+// resident is the bytes of the shadow's pages in memory (mincore).
+func (d *testDevice) resident(t testing.TB) int64 {
+	t.Helper()
+	page := os.Getpagesize()
+	vec := make([]byte, (len(d.shadow)+page-1)/page)
+	if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&d.shadow[0])), uintptr(len(d.shadow)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
+		t.Fatal(e)
+	}
+	var n int64
+	for _, v := range vec {
+		n += int64(v & 1)
+	}
+	return n * int64(page)
 }
 
 func (d *testDevice) route() *router { return &d.rt }
@@ -230,7 +266,8 @@ func (m testDeviceMemory) NewRing(req *OpenRequest, slots int, slotBytes int64) 
 // batch and copied into each sample by the fill code: it crosses once a
 // batch, and is copied on the device into the other samples; the
 // compressed chunks are read into the ring's memory; every sample equals
-// the mount's file.
+// the mount's file. The shadow's pages go back once the slot is filled; the
+// static channel is decoded once, for the first batch, and kept.
 func TestGPUFillIntoSlot(t *testing.T) {
 	dir := devStore(t)
 	s, c, mem, filler, lay := gpuServer(t, dir, "views:\n  - name: v\n    channels:\n      - var: a\n        select: {level: all}\n      - var: s\n      - var: c\n      - var: b\n")
@@ -240,15 +277,33 @@ func TestGPUFillIntoSlot(t *testing.T) {
 	}
 	dev := <-mem.dev
 	const plane = 128 * 128 * 4
-	for b, batch := range [][]string{{"0.npy", "1.npy", "2.npy"}, {"3.npy", "4.npy", "5.npy"}, {"1.npy", "3.npy", "5.npy"}} {
+	batches := [][]string{{"0.npy", "1.npy", "2.npy"}, {"3.npy", "4.npy", "5.npy"}, {"1.npy", "3.npy", "5.npy"}}
+	// The slots and shadows as each fill left them, compared with the
+	// files once every batch is in (a file's fill would make the view's
+	// static memo the fills must make themselves).
+	var slots, shadows [][]byte
+	for b, batch := range batches {
 		slot := b % 2
 		if r := c.fill(t, slot, batch...); r.Op != "ready" || r.Device != 3 || r.Host != 0 {
 			t.Fatalf("batch %d: %+v", b, r)
 		}
-		shadow := dev.shadowOf(slot)
+		if r := dev.resident(t); r != 0 {
+			t.Fatalf("batch %d: the shadow holds %d bytes of memory once the slot is filled", b, r)
+		}
+		slots = append(slots, bytes.Clone(dev.Host(slot)))
+		shadows = append(shadows, dev.lastShadow(slot))
+	}
+	// The host decoded the 9 chunks of b the device refused and the
+	// static channel once: the batches after the first copy it from the
+	// view's memo.
+	if fb := s.Device.(GPUFill).Fallback.(*countingCPU); fb.jobs.Load() != 10 {
+		t.Fatalf("the host decoded %d chunks, want 9 of b and 1 of the static channel", fb.jobs.Load())
+	}
+	for b, batch := range batches {
+		slot, shadow := b%2, shadows[b]
 		for j, n := range batch {
 			want := sampleBytes(t, filler, lay, "v/"+n)
-			got := dev.Host(slot)[int64(j)*rep.SampleBytes : int64(j+1)*rep.SampleBytes]
+			got := slots[b][int64(j)*rep.SampleBytes : int64(j+1)*rep.SampleBytes]
 			if !bytes.Equal(got, want) {
 				t.Fatalf("v/%s in slot %d differs from the file", n, slot)
 			}
@@ -281,7 +336,7 @@ func TestGPUFillIntoSlot(t *testing.T) {
 	}
 }
 
-// gpuServer serves the store in dir with views (YAML) on a socket, the
+// gpuServer serves the store in dir with views (YAML, "" for none) on a socket, the
 // device path on a testDevice, and returns a client.
 func gpuServer(t testing.TB, dir, viewsYAML string) (*Server, *client, testDeviceMemory, *fill.Filler, *layout.Layout) {
 	t.Helper()
@@ -294,13 +349,15 @@ func gpuServer(t testing.TB, dir, viewsYAML string) (*Server, *client, testDevic
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { h.Close() })
-	specs, err := layout.ParseViews("v.yaml", []byte(viewsYAML))
-	if err != nil {
-		t.Fatal(err)
-	}
-	views, err := layout.BindViews(context.Background(), h, specs, layout.BindOptions{})
-	if err != nil {
-		t.Fatal(err)
+	var views []*layout.View
+	if viewsYAML != "" {
+		specs, err := layout.ParseViews("v.yaml", []byte(viewsYAML))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if views, err = layout.BindViews(context.Background(), h, specs, layout.BindOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	lay, err := layout.Build(h, layout.Options{Views: views})
 	if err != nil {
@@ -311,8 +368,10 @@ func gpuServer(t testing.TB, dir, viewsYAML string) (*Server, *client, testDevic
 		t.Fatal(err)
 	}
 	mem := testDeviceMemory{dev: make(chan *testDevice, 1)}
+	cpu := must(codec.NewCPU(codec.Options{Workers: 2}))
+	t.Cleanup(func() { cpu.Close() })
 	s := &Server{Layout: func() *layout.Layout { return lay }, Blobs: &fileBlobs{fill: filler, dir: t.TempDir(), opens: map[string]int{}},
-		Memory: mem, Device: GPUFill{Filler: filler, Fallback: must(codec.NewCPU(codec.Options{Workers: 2}))}}
+		Memory: mem, Device: GPUFill{Filler: filler, Fallback: &countingCPU{inner: cpu}, CPU: &countingCPU{inner: cpu}}}
 	sock := filepath.Join(t.TempDir(), "d.sock")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
@@ -322,6 +381,21 @@ func gpuServer(t testing.TB, dir, viewsYAML string) (*Server, *client, testDevic
 	t.Cleanup(cancel)
 	go s.Serve(ctx, ln)
 	return s, dial(t, sock), mem, filler, lay
+}
+
+// countingCPU is the mount's CPU decoder as GPUFill.CPU, counting the
+// jobs and decoded bytes it was given.
+type countingCPU struct {
+	inner       codec.BatchDecoder
+	jobs, bytes atomic.Int64
+}
+
+func (c *countingCPU) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
+	c.jobs.Add(int64(len(jobs)))
+	for _, j := range jobs {
+		c.bytes.Add(int64(len(j.Dst)))
+	}
+	return c.inner.DecodeBatch(ctx, jobs)
 }
 
 // sampleBytes is sample p's data as the mount's file holds it.
@@ -336,4 +410,84 @@ func sampleBytes(t *testing.T, f *fill.Filler, lay *layout.Layout, p string) []b
 		t.Fatal(err)
 	}
 	return buf.Bytes()[len(e.Blob.Header()):]
+}
+
+// beStores writes two stores of one big-endian array x of 4 time steps of
+// 64x64, zstd with a content checksum (a codec the device takes): a Zarr
+// v3 one, float32 whose byte order only the bytes codec gives, and a v2
+// one of ">f8".
+func beStores(t *testing.T) (v3, v2 string) {
+	t.Helper()
+	zs, _ := zstd.NewWriter(nil, zstd.WithEncoderCRC(true))
+	put := func(dir, p string, b []byte) {
+		p = filepath.Join(dir, filepath.FromSlash(p))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const n = 64 * 64
+	v3, v2 = t.TempDir(), t.TempDir()
+	put(v3, "zarr.json", []byte(`{"zarr_format":3,"node_type":"group"}`))
+	meta, _ := json.Marshal(map[string]any{"zarr_format": 3, "node_type": "array", "shape": []int{4, 64, 64}, "data_type": "float32",
+		"chunk_grid":         map[string]any{"name": "regular", "configuration": map[string]any{"chunk_shape": []int{1, 64, 64}}},
+		"chunk_key_encoding": map[string]any{"name": "default"}, "fill_value": 0, "dimension_names": []string{"time", "y", "x"},
+		"codecs": []any{map[string]any{"name": "bytes", "configuration": map[string]any{"endian": "big"}},
+			map[string]any{"name": "zstd", "configuration": map[string]any{"level": 3}}}})
+	put(v3, "x/zarr.json", meta)
+	put(v2, ".zgroup", []byte(`{"zarr_format":2}`))
+	put(v2, "x/.zarray", []byte(`{"zarr_format":2,"shape":[4,64,64],"chunks":[1,64,64],"dtype":">f8","compressor":{"id":"zstd","level":3},"fill_value":0,"order":"C","filters":null}`))
+	put(v2, "x/.zattrs", []byte(`{"_ARRAY_DIMENSIONS":["time","y","x"]}`))
+	for k := range 4 {
+		b4, b8 := make([]byte, 4*n), make([]byte, 8*n)
+		for i := range n {
+			v := float64(1000*k) + float64(i)*0.25
+			binary.BigEndian.PutUint32(b4[4*i:], math.Float32bits(float32(v)))
+			binary.BigEndian.PutUint64(b8[8*i:], math.Float64bits(v))
+		}
+		put(v3, fmt.Sprintf("x/c/%d/0/0", k), zs.EncodeAll(b4, nil))
+		put(v2, fmt.Sprintf("x/%d.0.0", k), zs.EncodeAll(b8, nil))
+	}
+	return v3, v2
+}
+
+// A big-endian source, of Zarr v3 (byte order from the bytes codec) or v2
+// (">f8"), comes out of the device path as the mount's file holds it: the
+// host swaps such chunks after decoding them, so none may decode on the
+// device straight into the slot. (The device path decodes into the slot
+// the samples of views; those of an array's sample directory are read
+// through the fill's buffers.)
+func TestGPUFillBigEndian(t *testing.T) {
+	v3, v2 := beStores(t)
+	for _, tc := range []struct {
+		name, dir string
+		size      int
+	}{{"v3 big-endian float32", v3, 4}, {"v2 >f8", v2, 8}} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, c, mem, filler, lay := gpuServer(t, tc.dir, "views:\n  - name: v\n    channels:\n      - var: x\n")
+			rep := c.open(t, OpenRequest{Dir: "v", Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 1, Batch: 4})
+			if !rep.OK {
+				t.Fatalf("open: %+v", rep)
+			}
+			dev := <-mem.dev
+			batch := []string{"0.npy", "1.npy", "2.npy", "3.npy"}
+			if r := c.fill(t, 0, batch...); r.Op != "ready" || r.Device != 4 {
+				t.Fatalf("fill: %+v", r)
+			}
+			for j, n := range batch {
+				want := sampleBytes(t, filler, lay, "v/"+n)
+				if got := dev.Host(0)[int64(j)*rep.SampleBytes : int64(j+1)*rep.SampleBytes]; !bytes.Equal(got, want) {
+					t.Fatalf("v/%s in the slot differs from the file (first bytes % x, want % x)", n, got[:8], want[:8])
+				}
+				if v := math.Float64frombits(binary.LittleEndian.Uint64(want[8:])); tc.size == 8 && v != float64(1000*j)+0.25 {
+					t.Fatalf("v/%s: element 1 is %v in the file", n, v)
+				}
+			}
+			if d := dev.decoded.Load(); d != 0 {
+				t.Fatalf("%d big-endian chunks decoded on the device into the slot", d)
+			}
+		})
+	}
 }

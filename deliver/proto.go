@@ -40,9 +40,15 @@ type OpenRequest struct {
 	// Slots and Batch: the ring holds Slots batches of up to Batch samples.
 	Slots int `json:"slots"`
 	Batch int `json:"batch"`
-	// ConsumerEvent is the reader's interprocess event (a CUDA IPC event
-	// handle, hex): it records it on its consumer stream before asking to
-	// refill a slot, and the daemon's writes into the slot wait for it.
+	// ConsumerEvents are the reader's interprocess events (CUDA IPC event
+	// handles, hex), one per slot: it records slot k's on its consumer
+	// stream when it lets go of slot k, before asking to refill it, and the
+	// daemon's writes into slot k wait for that event only (a fill never
+	// waits for the trainer's kernels on other slots).
+	ConsumerEvents []string `json:"consumer_events,omitempty"`
+	// ConsumerEvent is one event for the whole ring, as readers from
+	// before per-slot events sent it: refused (unavailable), as its waits
+	// are not this daemon's.
 	ConsumerEvent string `json:"consumer_event,omitempty"`
 }
 

@@ -31,7 +31,7 @@ type Ring interface {
 	// files to pass with it.
 	Describe(r *openReply) []*os.File
 	// Begin readies slot k for writing: on a GPU, the slot's writes wait
-	// for the reader's consumer event recorded before it asked.
+	// for the reader's consumer event of slot k, recorded before it asked.
 	Begin(k int) error
 	// Host returns slot k's memory when the host may write it in place,
 	// else nil.
@@ -65,12 +65,9 @@ type DeviceFill interface {
 // the daemon and passed to the reader, who maps it too. It is the test
 // mode of delivery on machines without a GPU: the whole protocol, the
 // ring's lifecycle and the fills run as on a GPU, with the CPU decoding
-// into the slots (HostFill).
-type HostMemory struct {
-	// MaxBytes bounds what all rings take together; zero means no bound
-	// beyond the server's.
-	MaxBytes int64
-}
+// into the slots (HostFill). What its rings hold together is bounded by
+// the Server (MaxHeldBytes).
+type HostMemory struct{}
 
 func (HostMemory) Kind() string { return MemoryHost }
 

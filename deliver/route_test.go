@@ -143,7 +143,7 @@ func TestGPUFillHostShare(t *testing.T) {
 			if got := dev.Host(slot)[int64(j)*rep.SampleBytes : int64(j+1)*rep.SampleBytes]; !bytes.Equal(got, want) {
 				t.Fatalf("w/%s in slot %d differs from the file", n, slot)
 			}
-			if sh := dev.shadowOf(slot)[int64(j)*rep.SampleBytes:][:chunk]; bytes.Count(sh, []byte{0}) != chunk {
+			if sh := dev.lastShadow(slot)[int64(j)*rep.SampleBytes:][:chunk]; bytes.Count(sh, []byte{0}) != chunk {
 				t.Fatalf("w/%s: the host's share went through the shadow", n)
 			}
 		}
@@ -157,6 +157,11 @@ func TestGPUFillHostShare(t *testing.T) {
 	}
 	if tot.Stages["host_share"] <= 0 || tot.Uploaded < tot.HostShare {
 		t.Fatalf("stages %v, uploaded %d", tot.Stages, tot.Uploaded)
+	}
+	// The share went through the mount's CPU decoder (its workers and
+	// counters), not around it.
+	if cpu := s.Device.(GPUFill).CPU.(*countingCPU); cpu.jobs.Load() != 7 || cpu.bytes.Load() != 7*chunk {
+		t.Fatalf("the CPU decoder took %d jobs, %d bytes; want the 7 chunks of the host's share", cpu.jobs.Load(), cpu.bytes.Load())
 	}
 	if f := dev.foreign.Load(); f != 0 {
 		t.Errorf("%d compressed chunks did not come from the ring's memory", f)

@@ -31,10 +31,11 @@ type Server struct {
 	// Memory makes the rings; Device, when set, is the device path.
 	Memory Memory
 	Device DeviceFill
-	// MaxSlots and MaxRingBytes bound one ring; zero means 64 slots and no
-	// bound beyond Memory's.
+	// MaxSlots bounds one ring's slots; zero means 64. MaxHeldBytes bounds
+	// what the open rings hold together (a ring that would pass it is
+	// refused as unavailable); zero means no bound beyond Memory's.
 	MaxSlots     int
-	MaxRingBytes int64
+	MaxHeldBytes int64
 	// WriteTimeout bounds a reply's write to a reader that does not read.
 	// Zero means 30 s.
 	WriteTimeout time.Duration
@@ -44,17 +45,15 @@ type Server struct {
 	stats totals
 
 	mu     sync.Mutex
-	rings  map[*conn]*RingStats
+	rings  map[*conn]*ringStats
 	nextID int
 }
 
 // totals are the counts of every ring since the server started.
 type totals struct {
-	rings, fills, errors       atomic.Int64
-	device, host               atomic.Int64 // samples by path
-	compressed, uploaded, held atomic.Int64 // bytes
-	share                      atomic.Int64 // bytes of the host's share (route.go)
-	stages                     stageTimes
+	rings atomic.Int64
+	held  atomic.Int64 // bytes of the rings open
+	counters
 }
 
 // Serve answers connections on ln until ctx ends; it closes ln then.
@@ -65,7 +64,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	s.log = cmp.Or(s.Logger, slog.New(slog.DiscardHandler))
 	s.mu.Lock()
 	if s.rings == nil {
-		s.rings = map[*conn]*RingStats{}
+		s.rings = map[*conn]*ringStats{}
 	}
 	s.mu.Unlock()
 	go func() {
@@ -105,7 +104,8 @@ type conn struct {
 	slots int
 	batch int
 	slot  int64
-	stats *RingStats
+	held  int64 // the ring's bytes, counted in the server's held bytes
+	stats *ringStats
 	busy  []atomic.Bool // per slot: a fill runs
 }
 
@@ -208,14 +208,22 @@ func (s *Server) open(req *OpenRequest, c *conn) (openReply, []*os.File) {
 	if req.Slots < 1 || req.Slots > maxSlots || req.Batch < 1 || req.Batch > 1<<16 {
 		return fail(CodeBadRequest, "%d slots of %d samples: want 1 to %d slots of 1 or more samples", req.Slots, req.Batch, maxSlots)
 	}
+	if n := len(req.ConsumerEvents); n != 0 && n != req.Slots {
+		return fail(CodeBadRequest, "%d consumer events for %d slots: want one per slot", n, req.Slots)
+	}
 	size := first.Size() - int64(len(first.Header()))
 	slot := alignUp(int64(req.Batch)*size, slotAlign)
 	total := slot * int64(req.Slots)
-	if s.MaxRingBytes > 0 && total > s.MaxRingBytes {
-		return fail(CodeUnavailable, "%d slots of %d samples of %d bytes take %d bytes; the mount allows a ring %d", req.Slots, req.Batch, size, total, s.MaxRingBytes)
+	// The ring's bytes are counted before it is made: rings opened at once
+	// cannot pass the bound together.
+	if held := s.stats.held.Add(total); s.MaxHeldBytes > 0 && held > s.MaxHeldBytes {
+		s.stats.held.Add(-total)
+		return fail(CodeUnavailable, "%d slots of %d samples of %d bytes take %d bytes; the mount's rings hold %d, and may hold %d together",
+			req.Slots, req.Batch, size, total, held-total, s.MaxHeldBytes)
 	}
 	r, err := s.Memory.NewRing(req, req.Slots, slot)
 	if err != nil {
+		s.stats.held.Add(-total)
 		code := CodeFill
 		if errors.Is(err, ErrUnavailable) {
 			code = CodeUnavailable
@@ -223,16 +231,15 @@ func (s *Server) open(req *OpenRequest, c *conn) (openReply, []*os.File) {
 		return fail(code, "%s: ring of %d bytes: %v", req.Dir, total, err)
 	}
 	shape, dtype := sampleType(first)
-	c.ring, c.dir, c.size, c.slots, c.batch, c.slot = r, dir, size, req.Slots, req.Batch, slot
+	c.ring, c.dir, c.size, c.slots, c.batch, c.slot, c.held = r, dir, size, req.Slots, req.Batch, slot, total
 	c.busy = make([]atomic.Bool, req.Slots)
 	s.mu.Lock()
 	s.nextID++
-	c.stats = &RingStats{ID: s.nextID, Dir: dir, Memory: s.Memory.Kind(), Device: r.Device(), Slots: req.Slots,
+	c.stats = &ringStats{ID: s.nextID, Dir: dir, Memory: s.Memory.Kind(), Device: r.Device(), Slots: req.Slots,
 		SlotBytes: slot, SampleBytes: size, Opened: time.Now()}
 	s.rings[c] = c.stats
 	s.mu.Unlock()
 	s.stats.rings.Add(1)
-	s.stats.held.Add(r.Bytes())
 	decodeWhere := "host"
 	if s.Device != nil && s.Memory.Kind() == MemoryCUDA {
 		decodeWhere = "device"
@@ -259,12 +266,12 @@ func (c *conn) free() {
 	s.mu.Lock()
 	delete(s.rings, c)
 	s.mu.Unlock()
-	s.stats.held.Add(-c.ring.Bytes())
+	s.stats.held.Add(-c.held)
 	if err := c.ring.Close(); err != nil {
 		s.log.Warn("delivery ring not freed", "dir", c.dir, "err", err)
 		return
 	}
-	s.log.Info("delivery ring closed", "dir", c.dir, "fills", c.stats.Fills.Load())
+	s.log.Info("delivery ring closed", "dir", c.dir, "fills", c.stats.fills.Load())
 }
 
 // fill answers one fill request.
@@ -296,17 +303,9 @@ func (c *conn) fill(ctx context.Context, k int, files []string) fillReply {
 	t0 := time.Now()
 	dev, host, failed, err := s.fillSlot(ctx, c.ring, k, job)
 	job.stages.add(stFill, time.Since(t0))
-	c.stats.stages.addAll(&job.stages)
-	s.stats.stages.addAll(&job.stages)
-	c.stats.count(dev, host, job.compressed.Load(), job.uploaded.Load(), job.hostShare.Load(), err)
-	s.stats.uploaded.Add(job.uploaded.Load())
-	s.stats.share.Add(job.hostShare.Load())
-	s.stats.fills.Add(1)
-	s.stats.device.Add(int64(dev))
-	s.stats.host.Add(int64(host))
-	s.stats.compressed.Add(job.compressed.Load())
+	c.stats.add(job, dev, host, err)
+	s.stats.add(job, dev, host, err)
 	if err != nil {
-		s.stats.errors.Add(1)
 		rep.Error, rep.Code = err.Error(), CodeFill
 		if failed != nil {
 			rep.File = failed.Path()

@@ -326,6 +326,7 @@ func TestBadRequestsAndRingFreed(t *testing.T) {
 		{OpenRequest{Dir: "nope", Memory: MemoryHost, Slots: 2, Batch: 2}, CodeBadRequest, "not a sample directory"},
 		{OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 0, Batch: 2}, CodeBadRequest, "want 1 to 64 slots"},
 		{OpenRequest{Dir: "t", Memory: MemoryCUDA, Slots: 2, Batch: 2, PCIBusID: "0000:01:00.0"}, CodeUnavailable, "host memory"},
+		{OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 2, Batch: 2, ConsumerEvents: []string{"00"}}, CodeBadRequest, "1 consumer events for 2 slots"},
 	} {
 		c := dial(t, ts.sock)
 		if rep := c.open(t, tc.req); rep.OK || rep.Code != tc.code || !strings.Contains(rep.Error, tc.msg) {
@@ -390,6 +391,7 @@ func TestCUDAMemoryUnavailable(t *testing.T) {
 	}{
 		{OpenRequest{Dir: "t", Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 2, Batch: 2}, "decodes on no GPU here"},
 		{OpenRequest{Dir: "t", Memory: MemoryCUDA, Slots: 2, Batch: 2}, "named no GPU"},
+		{OpenRequest{Dir: "t", Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 2, Batch: 2, ConsumerEvent: "00"}, "one per slot"},
 		{OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 2, Batch: 2}, "not host"},
 	} {
 		c := dial(t, ts.sock)
@@ -405,4 +407,30 @@ func must[T any](v T, err error) T {
 		panic(err)
 	}
 	return v
+}
+
+// The rings open together stay within MaxHeldBytes: a ring that fits
+// alone but not beside those open is refused as unavailable (the reader
+// reads files), and opens once they are freed.
+func TestRingsTogetherWithinBound(t *testing.T) {
+	ts := newTestServer(t, nil, nil)
+	ts.s.MaxHeldBytes = 3 * slotAlign // a slot of these samples is slotAlign
+	a := dial(t, ts.sock)
+	if rep := a.open(t, OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 2, Batch: 2}); !rep.OK || rep.RingBytes != 2*slotAlign {
+		t.Fatalf("first ring: %+v", rep)
+	}
+	b := dial(t, ts.sock)
+	if rep := b.open(t, OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 2, Batch: 2}); rep.OK || rep.Code != CodeUnavailable ||
+		!strings.Contains(rep.Error, "may hold 6291456 together") {
+		t.Fatalf("a second ring past the bound together: %+v", rep)
+	}
+	if _, tot := ts.s.Stats(); tot.HeldBytes != 2*slotAlign || tot.Open != 1 {
+		t.Fatalf("held %d in %d rings after the refusal, want the first's %d", tot.HeldBytes, tot.Open, 2*slotAlign)
+	}
+	a.c.Close()
+	waitFor(t, func() bool { _, tot := ts.s.Stats(); return tot.HeldBytes == 0 })
+	c := dial(t, ts.sock)
+	if rep := c.open(t, OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 3, Batch: 1}); !rep.OK {
+		t.Fatalf("a ring within the bound once the first is freed: %+v", rep)
+	}
 }

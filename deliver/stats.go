@@ -10,8 +10,8 @@ import (
 	"github.com/zarrfs/zarrfs/layout"
 )
 
-// RingStats counts what one ring was filled with.
-type RingStats struct {
+// ringStats are one ring's identity and what it was filled with.
+type ringStats struct {
 	ID          int
 	Dir         string
 	Memory      string
@@ -20,17 +20,41 @@ type RingStats struct {
 	SlotBytes   int64
 	SampleBytes int64
 	Opened      time.Time
+	counters
+}
 
-	Fills, Errors atomic.Int64
-	// DeviceSamples and HostSamples count the samples by path.
-	DeviceSamples, HostSamples atomic.Int64
-	// Compressed is the compressed bytes the device path read, Uploaded
-	// the decoded bytes the host path copied into slots.
-	Compressed, Uploaded atomic.Int64
-	// HostShare is the decoded bytes of chunks the device could take that
-	// the host decoded instead (route.go), among Uploaded.
-	HostShare atomic.Int64
-	stages    stageTimes
+// counters count what fills put in rings: one ring's, or every ring's
+// since the server started.
+type counters struct {
+	fills, errors atomic.Int64
+	// device and host count the samples by path.
+	device, host atomic.Int64
+	// compressed is the compressed bytes the device path read, uploaded
+	// the decoded bytes the host path copied into slots, share those of
+	// uploaded of chunks the device could take that the host decoded
+	// instead (route.go).
+	compressed, uploaded, share atomic.Int64
+	stages                      stageTimes
+}
+
+// add counts a fill of job: dev and host samples by path, err its error.
+func (c *counters) add(job *slotJob, dev, host int, err error) {
+	c.fills.Add(1)
+	if err != nil {
+		c.errors.Add(1)
+	}
+	c.device.Add(int64(dev))
+	c.host.Add(int64(host))
+	c.compressed.Add(job.compressed.Load())
+	c.uploaded.Add(job.uploaded.Load())
+	c.share.Add(job.hostShare.Load())
+	c.stages.addAll(&job.stages)
+}
+
+// counts are the counters as status reports them.
+func (c *counters) counts() Counts {
+	return Counts{Fills: c.fills.Load(), Errors: c.errors.Load(), DeviceSamples: c.device.Load(), HostSamples: c.host.Load(),
+		Compressed: c.compressed.Load(), Uploaded: c.uploaded.Load(), HostShare: c.share.Load(), Stages: c.stages.doc()}
 }
 
 // Stages of a fill, where its time goes: what `zarrfs status` reports
@@ -80,44 +104,9 @@ func (t *stageTimes) doc() map[string]float64 {
 	return m
 }
 
-func (r *RingStats) count(dev, host int, compressed, uploaded, share int64, err error) {
-	r.HostShare.Add(share)
-	r.Fills.Add(1)
-	if err != nil {
-		r.Errors.Add(1)
-	}
-	r.DeviceSamples.Add(int64(dev))
-	r.HostSamples.Add(int64(host))
-	r.Compressed.Add(compressed)
-	r.Uploaded.Add(uploaded)
-}
-
-// RingInfo is a ring as status reports it.
-type RingInfo struct {
-	ID            int       `json:"id"`
-	Dir           string    `json:"dir"`
-	Memory        string    `json:"memory"`
-	Device        int       `json:"device"`
-	Slots         int       `json:"slots"`
-	Bytes         int64     `json:"bytes"`
-	SampleBytes   int64     `json:"sample_bytes"`
-	Opened        time.Time `json:"opened"`
-	Fills         int64     `json:"fills"`
-	Errors        int64     `json:"errors"`
-	DeviceSamples int64     `json:"device_samples"`
-	HostSamples   int64     `json:"host_samples"`
-	Compressed    int64     `json:"compressed_bytes"`
-	Uploaded      int64     `json:"host_path_bytes"`
-	HostShare     int64     `json:"host_share_bytes"`
-	// Stages is where its fills' time went, in seconds by stage.
-	Stages map[string]float64 `json:"stages_s"`
-}
-
-// Totals are the counts of all rings since the server started.
-type Totals struct {
-	Opened        int64 `json:"rings_opened"`
-	Open          int   `json:"rings_open"`
-	HeldBytes     int64 `json:"ring_bytes"`
+// Counts are what fills put in rings, as status reports them: of one
+// ring (RingInfo) or of all (Totals).
+type Counts struct {
 	Fills         int64 `json:"fills"`
 	Errors        int64 `json:"errors"`
 	DeviceSamples int64 `json:"device_samples"`
@@ -142,24 +131,39 @@ type Totals struct {
 	Stages map[string]float64 `json:"stages_s"`
 }
 
+// RingInfo is a ring as status reports it.
+type RingInfo struct {
+	ID          int       `json:"id"`
+	Dir         string    `json:"dir"`
+	Memory      string    `json:"memory"`
+	Device      int       `json:"device"`
+	Slots       int       `json:"slots"`
+	Bytes       int64     `json:"bytes"`
+	SampleBytes int64     `json:"sample_bytes"`
+	Opened      time.Time `json:"opened"`
+	Counts
+}
+
+// Totals are the counts of all rings since the server started.
+type Totals struct {
+	Opened    int64 `json:"rings_opened"`
+	Open      int   `json:"rings_open"`
+	HeldBytes int64 `json:"ring_bytes"`
+	Counts
+}
+
 // Stats returns the open rings, by ID, and the totals.
 func (s *Server) Stats() ([]RingInfo, Totals) {
 	s.mu.Lock()
 	var out []RingInfo
 	for _, r := range s.rings {
 		out = append(out, RingInfo{ID: r.ID, Dir: r.Dir, Memory: r.Memory, Device: r.Device, Slots: r.Slots,
-			Bytes: int64(r.Slots) * r.SlotBytes, SampleBytes: r.SampleBytes, Opened: r.Opened,
-			Fills: r.Fills.Load(), Errors: r.Errors.Load(), DeviceSamples: r.DeviceSamples.Load(),
-			HostSamples: r.HostSamples.Load(), Compressed: r.Compressed.Load(), Uploaded: r.Uploaded.Load(),
-			HostShare: r.HostShare.Load(), Stages: r.stages.doc()})
+			Bytes: int64(r.Slots) * r.SlotBytes, SampleBytes: r.SampleBytes, Opened: r.Opened, Counts: r.counts()})
 	}
 	open := len(s.rings)
 	s.mu.Unlock()
 	slices.SortFunc(out, func(a, b RingInfo) int { return a.ID - b.ID })
-	t := Totals{Opened: s.stats.rings.Load(), Open: open, HeldBytes: s.stats.held.Load(), Fills: s.stats.fills.Load(),
-		Errors: s.stats.errors.Load(), DeviceSamples: s.stats.device.Load(), HostSamples: s.stats.host.Load(),
-		Compressed: s.stats.compressed.Load(), Uploaded: s.stats.uploaded.Load(), HostShare: s.stats.share.Load(),
-		Stages: s.stats.stages.doc()}
+	t := Totals{Opened: s.stats.rings.Load(), Open: open, HeldBytes: s.stats.held.Load(), Counts: s.stats.counts()}
 	return out, t
 }
 

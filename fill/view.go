@@ -139,14 +139,13 @@ func (r run) fillSamples(ctx context.Context, v *layout.View, ks []int64, outs [
 // fillSamplesAs is fillSamples; writeOnly says that outs may not hold
 // what the Read decoded into them (a decoder that writes a chunk landing
 // whole in outs elsewhere: FillInto's), so nothing is read back from
-// them: a static channel is copied from the memo or read for every sample,
-// and no memo is made from outs.
+// them: a static channel is copied from the memo, or read once into
+// memory of the fill's own (own), which no decoder puts elsewhere, copied
+// into every sample from there and kept as the memo as a Fill's would be.
 func (r run) fillSamplesAs(ctx context.Context, v *layout.View, ks []int64, outs [][]byte, writeOnly bool) error {
 	per := prod(v.SampleShape[1:]) * int64(v.DType.Size)
 	memo, keep := v.Static(r.pin)
-	if writeOnly {
-		keep = nil
-	}
+	own := map[int][]byte{}
 	// Scratch for channels that need a cast.
 	var scratchLen int64
 	for _, ch := range v.Channels {
@@ -178,7 +177,16 @@ func (r run) fillSamplesAs(ctx context.Context, v *layout.View, ks []int64, outs
 					copies = append(copies, copyJob{dst, m})
 					continue
 				}
-				if si > 0 && !writeOnly {
+				if writeOnly {
+					if si == 0 {
+						own[c] = make([]byte, per)
+					}
+					copies = append(copies, copyJob{dst, own[c]})
+					if si > 0 {
+						continue
+					}
+					dst = own[c]
+				} else if si > 0 {
 					copies = append(copies, copyJob{dst, outs[0][int64(c)*per : int64(c+1)*per]})
 					continue
 				}
@@ -205,7 +213,10 @@ func (r run) fillSamplesAs(ctx context.Context, v *layout.View, ks []int64, outs
 	for _, j := range copies {
 		copy(j.dst, j.src)
 	}
-	if keep != nil {
+	switch {
+	case keep != nil && writeOnly:
+		keep(own) // copied into the samples above, never written again
+	case keep != nil:
 		m := map[int][]byte{}
 		for c, ch := range v.Channels {
 			if ch.Axis < 0 {

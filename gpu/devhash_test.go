@@ -59,7 +59,7 @@ func ringXXH64(t *testing.T, d *Decoder) {
 	// The damaged frame, a copy of the field's, goes where the field's
 	// went, in a round of its own.
 	offs[len(datas)] = offs[len(datas)-2]
-	r, err := d.NewRing(1, slot, "")
+	r, err := d.NewRing(1, slot, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

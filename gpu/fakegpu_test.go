@@ -64,6 +64,19 @@ type fakeGPU struct {
 	// walked counts the LZ4 blocks lz4_check walked, and rejected;
 	// hashed the chunks xxh64_check hashed.
 	walked, rejected, hashed int
+	// busy are events not done (cuEventQuery: not ready) while set: a
+	// reader's consumer event behind its kernels.
+	busy map[uintptr]bool
+}
+
+// setBusy marks event ev not done (or done again).
+func (f *fakeGPU) setBusy(ev uintptr, busy bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.busy == nil {
+		f.busy = map[uintptr]bool{}
+	}
+	f.busy[ev] = busy
 }
 
 func newFakeGPU() *fakeGPU {
@@ -459,7 +472,13 @@ func (f *fakeGPU) libs() *libs {
 			}
 			return ok()
 		},
-		cuEventQuery: func(uintptr) cuResult {
+		cuEventQuery: func(ev uintptr) cuResult {
+			f.mu.Lock()
+			busy := f.busy[ev]
+			f.mu.Unlock()
+			if busy {
+				return cuErrNotReady
+			}
 			if g := f.gated(); g != nil {
 				select {
 				case <-g:

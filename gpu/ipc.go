@@ -17,7 +17,8 @@ import (
 // This file shares device memory with another process: a Ring is one
 // allocation of slots, exported with a CUDA IPC memory handle, with an
 // interprocess event per slot that the owner records once a slot is
-// written, and the reader's own interprocess event (its consumer event),
+// written, and the reader's own interprocess events, one per slot (its
+// consumer events: slot k's recorded when the reader lets go of slot k),
 // which the slot's writes wait for. The reader opens the handle in its own
 // context (cuIpcOpenMemHandle) and reads the slots at device speed.
 
@@ -122,7 +123,9 @@ type Ring struct {
 	streams   []uintptr // per slot
 	events    []uintptr // per slot: recorded once the slot is written (interprocess)
 	copied    []uintptr // per slot: host-waited marks of the slot's copies
-	consumer  uintptr   // the reader's event, opened from its handle
+	// consumers are the reader's events, per slot, opened from their
+	// handles (none: writes wait for nothing).
+	consumers []uintptr
 	handle    ipcHandle
 	evHandles []ipcHandle
 	// Timeout bounds a wait for a slot's copies.
@@ -137,11 +140,15 @@ type Ring struct {
 
 // NewRing allocates slots slots of slotBytes on the Decoder's GPU, within
 // Options.DeviceBytes beside the rounds' buffers, and opens the reader's
-// consumer event from its handle (hex; empty: none, writes wait for
-// nothing).
-func (d *Decoder) NewRing(slots int, slotBytes int64, consumer string) (*Ring, error) {
+// consumer events from their handles (hex), one per slot: slot k's writes
+// wait for consumers[k] only, so a fill of one slot never waits for the
+// trainer's kernels on another. No consumers: writes wait for nothing.
+func (d *Decoder) NewRing(slots int, slotBytes int64, consumers []string) (*Ring, error) {
 	if slots < 1 || slotBytes < 1 {
 		return nil, fmt.Errorf("gpu: ring of %d slots of %d bytes", slots, slotBytes)
+	}
+	if len(consumers) != 0 && len(consumers) != slots {
+		return nil, fmt.Errorf("gpu: %d consumer events for a ring of %d slots: want one per slot", len(consumers), slots)
 	}
 	l, err := d.ipc()
 	if err != nil {
@@ -151,10 +158,10 @@ func (d *Decoder) NewRing(slots int, slotBytes int64, consumer string) (*Ring, e
 		return nil, err
 	}
 	n := int64(slots) * slotBytes
-	var ch ipcHandle
-	if consumer != "" {
-		if ch, err = parseIPCHandle(consumer); err != nil {
-			return nil, err
+	chs := make([]ipcHandle, len(consumers))
+	for k, c := range consumers {
+		if chs[k], err = parseIPCHandle(c); err != nil {
+			return nil, fmt.Errorf("consumer event of slot %d: %w", k, err)
 		}
 	}
 	r := &Ring{d: d, l: l, bytes: n, slotBytes: slotBytes, timeout: d.opts.RoundTimeout + 60*time.Second}
@@ -163,7 +170,7 @@ func (d *Decoder) NewRing(slots int, slotBytes int64, consumer string) (*Ring, e
 	}
 	r.reserved = true
 	var runErr error
-	ran := d.inContext(func() { runErr = r.init(slots, consumer != "", ch) })
+	ran := d.inContext(func() { runErr = r.init(slots, chs) })
 	if !ran {
 		runErr = fmt.Errorf("gpu: device %d has no context", d.opts.Device)
 	}
@@ -175,9 +182,10 @@ func (d *Decoder) NewRing(slots int, slotBytes int64, consumer string) (*Ring, e
 	return r, nil
 }
 
-// init allocates the ring's memory, streams and events, in the Decoder's
-// context on a locked thread.
-func (r *Ring) init(slots int, hasConsumer bool, ch ipcHandle) error {
+// init allocates the ring's memory, streams and events, and opens the
+// reader's consumer events chs, in the Decoder's context on a locked
+// thread.
+func (r *Ring) init(slots int, chs []ipcHandle) error {
 	cu, l := r.d.cu, r.l
 	if err := cu.check("cuMemAlloc", cu.cuMemAlloc(&r.base, uint64(r.bytes))); err != nil {
 		return err
@@ -210,9 +218,12 @@ func (r *Ring) init(slots int, hasConsumer bool, ch ipcHandle) error {
 			return err
 		}
 	}
-	if hasConsumer {
-		if err := cu.check("cuIpcOpenEventHandle", l.cuIpcOpenEventHandle(&r.consumer, ch)); err != nil {
-			return err
+	if len(chs) > 0 {
+		r.consumers = make([]uintptr, len(chs))
+		for k, h := range chs {
+			if err := cu.check("cuIpcOpenEventHandle", l.cuIpcOpenEventHandle(&r.consumers[k], h)); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -234,14 +245,16 @@ func (r *Ring) free() {
 			cu.cuStreamDestroy(s)
 		}
 	}
-	if r.consumer != 0 {
-		cu.cuEventDestroy(r.consumer)
+	for _, e := range r.consumers {
+		if e != 0 {
+			cu.cuEventDestroy(e)
+		}
 	}
 	if r.base != 0 {
 		cu.cuMemFree(r.base)
 	}
 	r.unreserve()
-	r.base, r.consumer, r.streams, r.events, r.copied = 0, 0, nil, nil, nil
+	r.base, r.consumers, r.streams, r.events, r.copied = 0, nil, nil, nil, nil
 }
 
 // unreserve gives back the ring's bytes counted in the Decoder's memory.
@@ -367,15 +380,15 @@ func (r *Ring) call(f func() error) error {
 	return err
 }
 
-// Begin makes slot k's stream wait for the reader's consumer event as
-// recorded now: what its kernels queued before it asked for the slot again
-// is done before anything writes the slot.
+// Begin makes slot k's stream wait for the reader's consumer event of
+// slot k as recorded now: what its kernels queued on the slot before it
+// let go of it is done before anything writes the slot.
 func (r *Ring) Begin(k int) error {
-	if r.consumer == 0 {
+	if r.consumers == nil {
 		return nil
 	}
 	return r.call(func() error {
-		return r.d.cu.check("cuStreamWaitEvent", r.l.cuStreamWaitEvent(r.streams[k], r.consumer, 0))
+		return r.d.cu.check("cuStreamWaitEvent", r.l.cuStreamWaitEvent(r.streams[k], r.consumers[k], 0))
 	})
 }
 
@@ -517,7 +530,7 @@ func (r *Ring) Decode(ctx context.Context, k int, jobs []codec.Job, offs []int64
 	// the device for a long training step would trip the watchdog, which
 	// gives up on the GPU.
 	t0 := time.Now()
-	err := r.awaitConsumer()
+	err := r.awaitConsumer(ctx, k)
 	if times != nil {
 		times.Consumer += time.Since(t0)
 	}
@@ -548,16 +561,17 @@ func LargestPiece(j *codec.Job) int64 {
 	return most
 }
 
-// awaitConsumer waits until the reader's consumer event, as recorded
-// last, is done.
-func (r *Ring) awaitConsumer() error {
-	if r.consumer == 0 {
+// awaitConsumer waits until the reader's consumer event of slot k, as
+// recorded when it let go of the slot, is done, or ctx ends.
+func (r *Ring) awaitConsumer(ctx context.Context, k int) error {
+	if r.consumers == nil {
 		return nil
 	}
+	ev := r.consumers[k]
 	deadline := time.Now().Add(r.timeout)
 	for {
 		var res cuResult
-		if err := r.call(func() error { res = r.d.cu.cuEventQuery(r.consumer); return nil }); err != nil {
+		if err := r.call(func() error { res = r.d.cu.cuEventQuery(ev); return nil }); err != nil {
 			return err
 		}
 		switch res {
@@ -568,7 +582,10 @@ func (r *Ring) awaitConsumer() error {
 			return r.d.cu.check("cuEventQuery", res)
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("gpu: the reader's consumer event not done in %v", r.timeout)
+			return fmt.Errorf("gpu: the reader's consumer event of slot %d not done in %v", k, r.timeout)
+		}
+		if err := ctx.Err(); err != nil {
+			return err
 		}
 		time.Sleep(100 * time.Microsecond)
 	}

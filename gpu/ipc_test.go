@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -71,12 +72,14 @@ func TestRingOnTheDevice(t *testing.T) {
 	if id, err := d.PCIBusID(); err != nil || id != "0000:3b:00.0" {
 		t.Fatalf("PCIBusID %q, %v", id, err)
 	}
-	if _, err := d.NewRing(4, 32<<20, ""); !errors.Is(err, ErrBudget) || !strings.Contains(err.Error(), "--gpu-memory") {
+	if _, err := d.NewRing(4, 32<<20, nil); !errors.Is(err, ErrBudget) || !strings.Contains(err.Error(), "--gpu-memory") {
 		t.Fatalf("a ring over the device budget: %v", err)
 	}
 	before, _, _ := d.MemoryHeld()
-	consumer := ipcHandle{w: [8]uint64{0xc0ffee}}.hex()
-	r, err := d.NewRing(3, 1<<20, consumer)
+	if _, err := d.NewRing(3, 1<<20, consumerEvents(0xc0ffee, 2)); err == nil || !strings.Contains(err.Error(), "one per slot") {
+		t.Fatalf("a ring of 3 slots with 2 consumer events: %v", err)
+	}
+	r, err := d.NewRing(3, 1<<20, consumerEvents(0xc0ffee, 3))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,8 +111,8 @@ func TestRingOnTheDevice(t *testing.T) {
 			t.Fatalf("slot bytes at %#x differ from what was written", at)
 		}
 	}
-	if len(x.waits) != 1 || x.waits[0] != 0xc0ffee {
-		t.Fatalf("the slot's writes waited for %v, want the consumer event once", x.waits)
+	if len(x.waits) != 1 || x.waits[0] != 0xc0ffee+1 {
+		t.Fatalf("the slot's writes waited for %v, want slot 1's consumer event once", x.waits)
 	}
 	if err := r.Write(0, 1<<20-10, src[:11]); err == nil {
 		t.Fatal("a write past its slot was accepted")
@@ -132,13 +135,82 @@ func TestRingOnTheDevice(t *testing.T) {
 	}
 }
 
+// consumerEvents are n consumer event handles naming events first,
+// first+1, ... (the fake driver opens a handle as the event it names).
+func consumerEvents(first uint64, n int) []string {
+	out := make([]string, n)
+	for k := range out {
+		out[k] = ipcHandle{w: [8]uint64{first + uint64(k)}}.hex()
+	}
+	return out
+}
+
+// A slot's writes and decodes wait for the reader's consumer event of that
+// slot only: while the trainer's kernels still read slot 1 (its event not
+// done), slot 0 is filled at once, and slot 1's decode waits until they
+// are done.
+func TestRingSlotWaitsForItsOwnConsumer(t *testing.T) {
+	d, f, x := ringDecoder(t, Options{})
+	r, err := d.NewRing(2, 1<<20, consumerEvents(0x5107, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	f.setBusy(0x5107+1, true)
+	a := field(32, 64, 3)
+	enc := compress(codec.LZ4, a)
+	job := func() []codec.Job {
+		src := d.HostAllocWait(len(enc), 5*time.Second)
+		t.Cleanup(func() { d.HostFree(src) })
+		copy(src, enc)
+		return []codec.Job{{Codec: codec.LZ4, Src: src, Dst: make([]byte, len(a))}}
+	}
+	for k := range 2 {
+		if err := r.Begin(k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if fmt.Sprint(x.waits) != fmt.Sprint([]uintptr{0x5107, 0x5108}) {
+		t.Fatalf("slots 0 and 1 waited for events %#x, want each its own", x.waits)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	j0 := job()
+	if err := r.Decode(ctx, 0, j0, []int64{0}, nil); err != nil || j0[0].Err != nil {
+		t.Fatalf("slot 0 while slot 1's consumer is busy: %v, %v", err, j0[0].Err)
+	}
+	if got := f.devBytes("check", uint64(r.Addr(0, 0)), uint64(len(a))); !bytes.Equal(got, a) {
+		t.Fatal("slot 0's bytes differ from the chunk's")
+	}
+	done := make(chan error, 1)
+	j1 := job()
+	go func() { done <- r.Decode(ctx, 1, j1, []int64{0}, nil) }()
+	select {
+	case err := <-done:
+		t.Fatalf("slot 1 decoded while its consumer event was not done: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	f.setBusy(0x5107+1, false)
+	if err := <-done; err != nil || j1[0].Err != nil {
+		t.Fatalf("slot 1 once its consumer is done: %v, %v", err, j1[0].Err)
+	}
+	// A fill whose connection goes does not wait out the ring's timeout
+	// for a consumer that never comes.
+	f.setBusy(0x5107, true)
+	cctx, ccancel := context.WithCancel(context.Background())
+	time.AfterFunc(50*time.Millisecond, ccancel)
+	if err := r.Decode(cctx, 0, job(), []int64{0}, nil); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a decode whose context ended while the consumer was busy: %v", err)
+	}
+}
+
 // Chunks decode straight into a ring slot, equal to the CPU decoder's
 // bytes, their Dst untouched; a zstd chunk that only its checksum verifies
 // is left to the caller (ErrUnsupported), as is a job with no slot offset
 // decoded into its Dst.
 func TestRingDecodeIntoSlot(t *testing.T) {
 	d, f, x := ringDecoder(t, Options{KernelsPTX: testPTX(t, false)}) // PTX from before xxh64_check
-	r, err := d.NewRing(2, 4<<20, ipcHandle{w: [8]uint64{0xbeef}}.hex())
+	r, err := d.NewRing(2, 4<<20, consumerEvents(0xbeef, 2))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +294,7 @@ func testPTX(t *testing.T, hash bool) string {
 // host to be hashed there.
 func TestRingDecodeChecksummedZstd(t *testing.T) {
 	d, f, _ := ringDecoder(t, Options{KernelsPTX: testPTX(t, true)})
-	r, err := d.NewRing(1, 8<<20, "")
+	r, err := d.NewRing(1, 8<<20, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,7 +344,7 @@ func TestRingDecodeChecksummedZstd(t *testing.T) {
 	}
 	// Without the kernel, the same frames go back to the caller.
 	d2, _, _ := ringDecoder(t, Options{KernelsPTX: testPTX(t, false)})
-	r2, err := d2.NewRing(1, 8<<20, "")
+	r2, err := d2.NewRing(1, 8<<20, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,7 +390,7 @@ func BenchmarkRingDecodeHost(b *testing.B) {
 		offs = append(offs, at)
 		at += int64(len(data))
 	}
-	r, err := d.NewRing(1, at, "")
+	r, err := d.NewRing(1, at, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -376,7 +448,7 @@ func TestRingTrimsIdleRounds(t *testing.T) {
 	if idle+ring <= budget {
 		t.Fatalf("the rounds hold %d bytes: a ring of %d fits beside them, nothing to show", idle, ring)
 	}
-	r, err := d.NewRing(2, ring/2, "")
+	r, err := d.NewRing(2, ring/2, nil)
 	if err != nil {
 		t.Fatalf("a ring refused while the rounds held %d idle bytes: %v", idle, err)
 	}
@@ -408,7 +480,7 @@ func TestRingTrimsIdleRounds(t *testing.T) {
 func TestRingRoundsMerge(t *testing.T) {
 	d, f, _ := ringDecoder(t, Options{Streams: 4, HostIdle: time.Hour})
 	const slots = 5
-	r, err := d.NewRing(slots, 1<<20, "")
+	r, err := d.NewRing(slots, 1<<20, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,8 @@ type DType struct {
 	Kind byte
 	// Size in bytes: 1, 2, 4 or 8.
 	Size int
-	// BigEndian is the source's byte order (meaningless for Size 1).
+	// BigEndian is the source's byte order (meaningless for Size 1): a v2
+	// dtype's, a v3 bytes codec's (set by the array's metadata).
 	BigEndian bool
 }
 

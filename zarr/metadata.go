@@ -270,10 +270,16 @@ func parseV3Array(a *Array, n *v3Node, lim MetadataLimits) (*pipeline, []byte, e
 	if err != nil {
 		return nil, nil, err
 	}
-	unit := chunks
+	unit, data := chunks, p
 	for q := p; q.shard != nil; q = q.shard.codecs {
-		unit = q.shard.inner
+		unit, data = q.shard.inner, q.shard.codecs
 	}
+	// v3 gives the byte order in the bytes codec (of the innermost
+	// chunks, when sharded), not the data type: the DType carries it too,
+	// so that everyone who asks the array (inspect's source dtype, the
+	// device path, which leaves such chunks to the host that swaps them)
+	// reads the one the chunks were written in.
+	a.DType.BigEndian = data.bigEndian
 	if err := checkUnit(unit, dt.Size); err != nil {
 		return nil, nil, err
 	}

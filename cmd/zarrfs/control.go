@@ -222,17 +222,31 @@ func controlSocket(mountpoint string) string {
 	return strings.TrimSuffix(recordFile(mountpoint), ".json") + ".sock"
 }
 
-// serveControl answers status requests on sock until ctx ends.
-func serveControl(ctx context.Context, sock string, status func() statusDoc, log *slog.Logger) error {
+// listenPrivate listens on the Unix socket sock of the user's registry
+// folder (made owner-only if missing), the socket owner-only too: a
+// mount's sockets answer its user alone.
+func listenPrivate(sock string) (net.Listener, error) {
 	if err := privateRegistry(); err != nil {
-		return err
+		return nil, err
 	}
 	os.Remove(sock) // left by a killed daemon: the registry is ours
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(sock, 0o600); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return ln, nil
+}
+
+// serveControl answers status requests on sock until ctx ends.
+func serveControl(ctx context.Context, sock string, status func() statusDoc, log *slog.Logger) error {
+	ln, err := listenPrivate(sock)
+	if err != nil {
 		return err
 	}
-	os.Chmod(sock, 0o600)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")

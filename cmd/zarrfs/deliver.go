@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"strings"
 
@@ -56,40 +55,41 @@ func deliverySocket(mountpoint string) string {
 
 // serveDelivery starts the delivery server of a mount on sock until ctx
 // ends; nil when --delivery is off or no memory is there to deliver into.
-func serveDelivery(ctx context.Context, mode, sock string, o *opened, m *zfs.Mounted, blobs fill.Blobs, log *slog.Logger) (*deliver.Server, error) {
+// wait returns once the server stopped after ctx ended: every fill
+// returned and every ring freed, so that the decoders and the cache they
+// use may close.
+func serveDelivery(ctx context.Context, mode, sock string, o *opened, m *zfs.Mounted, blobs fill.Blobs, log *slog.Logger) (s *deliver.Server, wait func(), err error) {
+	wait = func() {}
 	if mode == deliveryOff {
-		return nil, nil
+		return nil, wait, nil
 	}
-	s := &deliver.Server{Layout: m.Layout, Blobs: blobs, Logger: log}
+	s = &deliver.Server{Layout: m.Layout, Blobs: blobs, Logger: log}
 	switch mode {
 	case deliveryHost:
 		// What all fills hold is bounded by --memory; the rings, which
-		// live as long as their readers, by a quarter of it.
+		// live as long as their readers, together by a quarter of it.
 		s.Memory = deliver.HostMemory{}
-		s.MaxRingBytes = o.fill.MemoryBudget().Total() / 4
+		s.MaxHeldBytes = o.fill.MemoryBudget().Total() / 4
 		s.Device = deliver.HostFill{Filler: o.fill, Decoder: o.dec}
 	default:
 		// Rings in the memory of the GPU a reader names, where the
 		// pipeline decodes on it (decode.Pipeline.GPUFor says why not).
 		s.Memory = deliver.CUDAMemory{GPUs: o.dec}
-		s.Device = deliver.GPUFill{Filler: o.fill, Fallback: o.dec}
+		s.Device = deliver.GPUFill{Filler: o.fill, Fallback: o.dec, CPU: o.dec.CPU()}
 	}
-	if err := privateRegistry(); err != nil {
-		return nil, err
-	}
-	os.Remove(sock) // left by a killed daemon: the registry is ours
-	ln, err := net.Listen("unix", sock)
+	ln, err := listenPrivate(sock)
 	if err != nil {
-		return nil, err
+		return nil, wait, err
 	}
-	os.Chmod(sock, 0o600)
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		defer os.Remove(sock)
 		if err := s.Serve(ctx, ln); err != nil {
 			log.Warn("delivery socket stopped", "socket", sock, "err", err)
 		}
 	}()
-	return s, nil
+	return s, func() { <-done }, nil
 }
 
 // statusDelivery is the delivery part of the status document.

@@ -188,11 +188,17 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 	}
 	parts := &statusParts{mountpoint: absMountpoint(mountpoint), args: os.Args[1:], logFile: stderrFile(), started: started, f: f, o: o, m: m}
 	cctx, stopControl := context.WithCancel(context.Background())
-	defer stopControl()
 	parts.deliverySock = deliverySocket(parts.mountpoint)
-	if parts.delivery, err = serveDelivery(cctx, f.delivery, parts.deliverySock, o, m, mo.Blobs, log); err != nil {
+	var waitDelivery func()
+	if parts.delivery, waitDelivery, err = serveDelivery(cctx, f.delivery, parts.deliverySock, o, m, mo.Blobs, log); err != nil {
 		log.Warn("zarrfs.torch.Loader will read files: no delivery socket", "err", err)
 	}
+	// The rings' fills decode with o's decoders into o's cache: they end,
+	// and the rings go, before o closes (deferred above).
+	defer func() {
+		stopControl()
+		waitDelivery()
+	}()
 	if err := serveControl(cctx, controlSocket(parts.mountpoint), parts.doc, log); err != nil {
 		log.Warn("zarrfs status will not reach this mount", "err", err)
 	}

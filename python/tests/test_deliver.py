@@ -264,18 +264,23 @@ class _FakeLibcuda:
 
 
 class _FakeEvent:
-    """torch.cuda.Event's interprocess half."""
+    """torch.cuda.Event's interprocess half: each event's handle is its
+    number, repeated; records lists the numbers of the events recorded."""
 
     from_handles = []
+    made = 0
+    records = []
 
     def __init__(self, enable_timing=False, interprocess=False):
         assert interprocess
+        self.n = _FakeEvent.made
+        _FakeEvent.made += 1
 
     def record(self, stream=None):
-        pass
+        _FakeEvent.records.append(self.n)
 
     def ipc_handle(self):
-        return bytes(range(64))
+        return bytes([self.n]) * 64
 
     @classmethod
     def from_ipc_handle(cls, device, handle):
@@ -311,8 +316,9 @@ def _fake_daemon(path, reply, got):
 def test_cuda_ring_hands_the_daemons_handles_to_the_driver(monkeypatch, tmp_path):
     """The bytes of the IPC handles the daemon sends are what reach
     cuIpcOpenMemHandle and the events' opens, and the reader's own consumer
-    event and GPU reach the daemon: a handle lost on the way (copied into a
-    temporary, say) would make every open of a real ring fail."""
+    events, one per slot, and GPU reach the daemon: a handle lost on the way
+    (copied into a temporary, say) would make every open of a real ring
+    fail. Letting go of a slot records that slot's event only."""
     import zarrfs._deliver as zd
 
     lib = _FakeLibcuda()
@@ -322,7 +328,7 @@ def test_cuda_ring_hands_the_daemons_handles_to_the_driver(monkeypatch, tmp_path
     monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: None)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: None)
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
-    _FakeEvent.from_handles = []
+    _FakeEvent.from_handles, _FakeEvent.made, _FakeEvent.records = [], 0, []
     handle = bytes((7 * i + 3) % 256 for i in range(64))
     events = [bytes([k + 1]) * 64 for k in range(2)]
     reply = {"ok": True, "memory": "cuda", "handle": handle.hex(), "ring_bytes": 2 << 21, "slot_bytes": 2 << 20,
@@ -332,9 +338,14 @@ def test_cuda_ring_hands_the_daemons_handles_to_the_driver(monkeypatch, tmp_path
     got = []
     t = _fake_daemon(sock, reply, got)
     ring = zd.Ring(sock, "train", "cuda", 2, 4, device=torch.device("cuda", 0), timeout=10)
+    assert lib.opened == [(handle, 1)]  # first: a handle copied astray may break the interpreter soon after
     assert got[0]["pci_bus_id"] == "0000:3b:00.0"
-    assert bytes.fromhex(got[0]["consumer_event"]) == bytes(range(64))
-    assert lib.opened == [(handle, 1)]
+    # One consumer event per slot, each recorded once to be shared.
+    assert [bytes.fromhex(h) for h in got[0]["consumer_events"]] == [bytes([0]) * 64, bytes([1]) * 64]
+    assert _FakeEvent.records == [0, 1]
+    ring.release(1)
+    ring.release_all()
+    assert _FakeEvent.records == [0, 1, 1, 0, 1]
     assert ring.ptr == _FakeLibcuda.RING_PTR
     assert _FakeEvent.from_handles == events
     ring.close()
@@ -392,3 +403,88 @@ def test_a_batchs_error_comes_in_its_turn(mount, index_store, tmp_path, monkeypa
     l.close()
     t.join(10)
     assert not t.is_alive()
+
+
+def test_big_endian_sources_equal_files(mount, tmp_path):
+    """Big-endian sources, Zarr v3 (byte order from the bytes codec) and v2
+    (">f8"), come out of the ring as the mount's files hold them: little
+    endian, the values of the source; through an array's sample directory
+    and a view alike."""
+    zarr = need_module("zarr")
+    from zarr.codecs import BytesCodec, ZstdCodec
+
+    n = 6
+    data = np.arange(n, dtype="f8")[:, None, None] * 100 + np.arange(12, dtype="f8").reshape(3, 4) / 4
+    v3 = zarr.open_group(str(tmp_path / "v3.zarr"), mode="w")
+    x = v3.create_array("x", shape=(n, 3, 4), chunks=(1, 3, 4), dtype="f4", dimension_names=["time", "y", "x"],
+                        serializer=BytesCodec(endian="big"), compressors=[ZstdCodec(level=3, checksum=True)])
+    x[:] = data.astype("f4")
+    v2 = zarr.open_group(str(tmp_path / "v2.zarr"), mode="w", zarr_format=2)
+    y = v2.create_array("x", shape=(n, 3, 4), chunks=(1, 3, 4), dtype=">f8", attributes={"_ARRAY_DIMENSIONS": ["time", "y", "x"]})
+    y[:] = data
+    assert json.loads((tmp_path / "v3.zarr" / "x" / "zarr.json").read_text())["codecs"][0]["configuration"]["endian"] == "big"
+    view = write_view(tmp_path / "v.yaml", "views:\n  - name: v\n    channels:\n      - var: x\n")
+    for store, dt in (("v3.zarr", "<f4"), ("v2.zarr", "<f8")):
+        m = mount(str(tmp_path / store), delivery="host", view=[view])
+        for sub in ("x", "v"):
+            d = os.path.join(m.path, sub)
+            l = Loader(d, 3, device="cpu", decode="device", prefetch=1)
+            assert l.path_kind == "ring-host"
+            got = np.concatenate([b.numpy().copy() for b, _ in l])
+            l.close()
+            files = np.stack([np.load(os.path.join(d, f)) for f in sorted(os.listdir(d))])
+            assert files.dtype == np.dtype(dt)
+            assert got.reshape(files.shape).tobytes() == files.tobytes(), (store, sub)
+            np.testing.assert_array_equal(files.reshape(n, 3, 4), data.astype(dt))
+
+
+def test_a_slot_is_refilled_after_its_own_consumer_event(mount, index_store, monkeypatch):
+    """Each slot has a consumer event of its own: letting go of batch j
+    records slot j % S's event, and the refill of a slot is asked for only
+    after its own event was recorded since its last fill, so the daemon's
+    writes into it wait for the kernels that read it and for no others (a
+    fill does not serialize behind the trainer's latest kernels). The ring
+    is the test mode's; its events are stand-ins, logged in order with the
+    fill requests."""
+    m = mount(index_store, delivery="host")
+    l = Loader(os.path.join(m.path, "x"), 2, device="cpu", decode="device", prefetch=2)  # three slots
+    ring = l._dring
+    S = ring.slots
+    log = []
+
+    class Ev:
+        def __init__(self, k):
+            self.k = k
+
+        def record(self, stream=None):
+            log.append(("record", self.k))
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: None)
+    ring.consumers = [Ev(k) for k in range(S)]
+    send = ring.send
+
+    def logged(msg):
+        if msg.get("op") == "fill":
+            log.append(("fill", msg["slot"]))
+        send(msg)
+
+    ring.send = logged
+    n = 0
+    for _ in range(2):
+        for b, _ in l:
+            n += 1
+    l.close()
+    fills = [e for e in log if e[0] == "fill"]
+    assert len(fills) == n == 2 * -(-N // 2)
+    last = {}  # slot -> index in log of its last fill
+    for i, (what, k) in enumerate(log):
+        if what != "fill":
+            continue
+        if k in last:
+            between = [kk for w, kk in log[last[k] + 1:i] if w == "record"]
+            assert k in between, f"slot {k} refilled at {i} with no record of its event since its fill at {last[k]}: {log}"
+        last[k] = i
+    # Every release records the one slot given back: batch j's, j % S.
+    records = [k for w, k in log if w == "record"]
+    first_epoch = records[:-(-N // 2) - 1]
+    assert first_epoch == [j % S for j in range(len(first_epoch))], records

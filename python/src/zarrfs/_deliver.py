@@ -4,9 +4,10 @@ the daemon, which decodes samples into them (docs/design.md §13).
 On a GPU the ring is one device allocation of the daemon, opened here with
 cuIpcOpenMemHandle (ctypes on libcuda.so.1, in torch's context) and wrapped
 as tensors through ``__cuda_array_interface__``; each slot has an
-interprocess event the daemon records once the slot is written, and the
-loader's consumer event, recorded before a slot is asked for again, makes
-the daemon's writes wait for the trainer's kernels. In the test mode
+interprocess event the daemon records once the slot is written, and a
+consumer event of the loader's, recorded when the loader lets go of the
+slot (``release``), before it is asked for again: the daemon's writes into
+the slot wait for the trainer's kernels that read it, and for no others. In the test mode
 (``zarrfs mount --delivery host``) the ring is a memfd the daemon passes
 over the socket, mapped here as CPU tensors.
 
@@ -135,14 +136,18 @@ class Ring:
             self.sock.close()
             raise DeliveryUnavailable(f"{sock_path}: {e.strerror or e}") from None
         req: Dict[str, Any] = {"op": "open", "dir": rel_dir, "memory": memory, "slots": slots, "batch": batch}
-        self.consumer: Optional[torch.cuda.Event] = None
+        # Per slot: recorded when the loader lets go of the slot (release).
+        self.consumers: List[Any] = []
         if memory == "cuda":
             torch.cuda.init()  # type: ignore[no-untyped-call]
             req["pci_bus_id"] = pci_bus_id(device.index)
             with torch.cuda.device(device):
-                self.consumer = torch.cuda.Event(enable_timing=False, interprocess=True)  # type: ignore[no-untyped-call]
-                self.consumer.record(torch.cuda.current_stream(device))  # an event must be recorded to be shared
-                req["consumer_event"] = bytes(self.consumer.ipc_handle()).hex()  # type: ignore[no-untyped-call]
+                stream = torch.cuda.current_stream(device)
+                for _ in range(slots):
+                    ev = torch.cuda.Event(enable_timing=False, interprocess=True)  # type: ignore[no-untyped-call]
+                    ev.record(stream)  # an event must be recorded to be shared
+                    self.consumers.append(ev)
+                req["consumer_events"] = [bytes(ev.ipc_handle()).hex() for ev in self.consumers]
         try:
             self.send(req)
             rep, fds = self._recv(with_fds=True)
@@ -215,6 +220,19 @@ class Ring:
 
     def close(self) -> None:
         self._finalizer()
+
+    def release(self, k: int) -> None:
+        """Lets go of slot k, as of now on the current stream: the daemon's
+        next writes into slot k wait for the kernels queued there so far
+        (slot k's consumer event; nothing to wait for in host memory)."""
+        if self.consumers:
+            import torch
+            self.consumers[k].record(torch.cuda.current_stream(self.device))
+
+    def release_all(self) -> None:
+        """Lets go of every slot (an epoch's end: its batches are done with)."""
+        for k in range(len(self.consumers)):
+            self.release(k)
 
     def slot(self, k: int, n: int) -> "Any":
         """Samples 0..n-1 of slot k as a tensor of shape (n, *shape), backed by the ring."""

@@ -4,10 +4,10 @@ slot after slot with batches, the consumer takes tensors backed by them.
 A producer thread asks for batch j in slot j % S once the batch that held
 the slot before, j - S, is released; the consumer releases batch j - 1 when
 it takes batch j (with ``copy=True``, as soon as it is copied). On a GPU a
-release records the loader's consumer event on the current stream first,
-and the daemon's writes into the slot wait for it; a batch handed out makes
-the current stream wait for its slot's event, recorded by the daemon once
-the slot is written.
+release records the slot's consumer event on the current stream first, and
+the daemon's writes into that slot wait for it (for no other slot's); a
+batch handed out makes the current stream wait for its slot's event,
+recorded by the daemon once the slot is written.
 """
 
 from __future__ import annotations
@@ -71,11 +71,9 @@ class RingEpoch:
         return len(self.batches)
 
     def _release(self) -> None:
-        """Gives the oldest batch still held back to the daemon."""
-        ring = self.ring
-        if ring.consumer is not None:
-            import torch
-            ring.consumer.record(torch.cuda.current_stream(ring.device))
+        """Gives the oldest batch still held back, and its slot, to the daemon."""
+        # Batch j is in slot j % S; released is written by this thread only.
+        self.ring.release(self.flow.released % self.ring.slots)
         with self.flow.cond:
             self.flow.released += 1
             self.flow.cond.notify_all()

@@ -125,7 +125,7 @@ class RingSource:
     A slot is given back to the daemon when the next batch is taken, so
     DALI must copy each batch (``no_copy=False``, external_source's default)
     on ``cuda_stream``: DALI schedules that copy on the stream when it is
-    fed the batch, the next take records the ring's consumer event on the
+    fed the batch, the next take records the slot's consumer event on the
     same stream, and the daemon's writes into the slot wait for the event.
     ``no_copy=True`` cannot be met: DALI keeps a buffer fed without a copy
     for ``prefetch_queue_depth`` iterations and says on no stream when its

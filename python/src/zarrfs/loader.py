@@ -204,8 +204,7 @@ class Loader:
             self._stop_active()
             # The batches of the epoch before are done with, as of now on
             # the current stream.
-            if self._dring.consumer is not None:
-                self._dring.consumer.record(torch_current_stream(self._dring.device))
+            self._dring.release_all()
             r = RingEpoch(self, self.order())
             self._active = weakref.proxy(r)
             return r

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zarrfs/zarrfs/zarr/zarrtest"
+)
+
+// A mount that ends while a reader holds a ring with fills in flight (the
+// test mode: a memfd ring, the CPU decoding) returns only once every fill
+// returned and the ring was freed: the fills decode with the mount's
+// decoders into its cache, which close after. Run with -race.
+func TestUnmountWithFillsInFlight(t *testing.T) {
+	requireFUSE(t)
+	store := filepath.Join(t.TempDir(), "s.zarr")
+	if err := (zarrtest.Example{Times: 24, Levels: 3, Lat: 181, Lon: 360, TimeChunk: 1}).Write(store); err != nil {
+		t.Fatal(err)
+	}
+	mnt := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out, errs := &syncBuilder{}, &syncBuilder{}
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"mount", store, mnt, "--delivery", "host", "--cache", filepath.Join(t.TempDir(), "c"), "--log-level", "info"}, out, errs)
+	}()
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(out.String(), "\n"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("mount not live after 30s: %s", errs.String())
+		}
+	}
+	sock := deliverySocket(absMountpoint(mnt))
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	uc := c.(*net.UnixConn)
+	const slots, batch = 4, 6
+	send := func(v any) {
+		b, _ := json.Marshal(v)
+		if _, err := uc.Write(append(b, '\n')); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(map[string]any{"op": "open", "dir": "t", "memory": "host", "slots": slots, "batch": batch})
+	buf, oob := make([]byte, 1<<16), make([]byte, unix.CmsgSpace(4))
+	uc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	n, oobn, _, _, err := uc.ReadMsgUnix(buf, oob)
+	if err != nil || !strings.Contains(string(buf[:n]), `"ok":true`) {
+		t.Fatalf("open: %q, %v", buf[:n], err)
+	}
+	if msgs, _ := unix.ParseSocketControlMessage(oob[:oobn]); len(msgs) == 1 {
+		if fds, err := unix.ParseUnixRights(&msgs[0]); err == nil {
+			for _, fd := range fds {
+				unix.Close(fd)
+			}
+		}
+	}
+	ents, err := os.ReadDir(filepath.Join(mnt, "t"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	slices.Sort(names)
+	for k := range slots {
+		send(map[string]any{"op": "fill", "slot": k, "files": names[k*batch : (k+1)*batch]})
+	}
+	cancel() // SIGTERM: unmount while the fills run
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("mount exited %d: %s", code, errs.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("mount still running 60s after it was told to stop")
+	}
+	// By the time the mount returned, the server is gone: its socket
+	// removed, the connection closed, the ring freed.
+	if _, err := os.Lstat(sock); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the delivery socket is still there once the mount returned (%v)", err)
+	}
+	uc.SetReadDeadline(time.Now().Add(time.Second))
+	if _, err := io.Copy(io.Discard, bufio.NewReader(uc)); err != nil {
+		t.Errorf("the delivery connection is still open once the mount returned: %v", err)
+	}
+	if log := errs.String(); !strings.Contains(log, "delivery ring closed") {
+		t.Errorf("no ring freed before the mount returned:\n%s", log)
+	}
+}
+
+// A mount's sockets are owner-only, and one left by a killed daemon is
+// replaced.
+func TestListenPrivate(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "m.sock")
+	if err := os.WriteFile(sock, nil, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := listenPrivate(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	st, err := os.Lstat(sock)
+	if err != nil || st.Mode()&os.ModeSocket == 0 || st.Mode().Perm() != 0o600 {
+		t.Fatalf("%s: %v, %v; want a socket of mode 0600", sock, st.Mode(), err)
+	}
+}
