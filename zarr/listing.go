@@ -62,6 +62,10 @@ type Listing struct {
 	mu      sync.Mutex
 	memo    map[string]stated
 	retired bool // replaced as the array's listing: keeps no more
+	// askFirst says a lazy listing asks the version of a key before it
+	// is read (StoreHolder): the source cache held bytes of the store
+	// when the listing was made.
+	askFirst bool
 }
 
 type stated struct {
@@ -113,6 +117,12 @@ func (l *Listing) Known(key string) (version string, ok, known bool) {
 // answers (a local store's): a version it was asked may be asked again
 // and differ, so nothing may be learnt from it after the fact.
 func (l *Listing) Bounded() bool { return l.kept != nil }
+
+// AsksFirst reports whether a Read asks l the version of a key it has not
+// learnt before reading the key: a Bounded listing (whose answers a read
+// may not teach it), or a remote lazy listing made while the source cache
+// held bytes of its store (StoreHolder).
+func (l *Listing) AsksFirst() bool { return l.Bounded() || l.askFirst }
 
 // learn records in a lazy listing what the store said of key (ok: it
 // exists, in version v), from a stat or from the response of a read, and
@@ -217,6 +227,10 @@ func (h *Hierarchy) List(ctx context.Context, a *Array, since time.Time) (*Listi
 		if objectstore.IsLocal(h.Store) {
 			// Asking again costs a stat: keep a bounded memo.
 			l.kept, l.keep = &h.lazyKept, int64(h.opts.LazyVersions)
+		} else if sh, ok := h.opts.SourceCache.(StoreHolder); ok {
+			if l.askFirst = sh.HoldsStore(); l.askFirst {
+				h.opts.Logger.Debug("the source cache holds chunks of this store: versions are asked before chunks are read", "array", a.Path)
+			}
 		}
 	} else {
 		l.versions = map[string]string{}
