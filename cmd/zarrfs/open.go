@@ -355,7 +355,7 @@ func loadViews(paths []string) ([]*layout.ViewSpec, error) {
 		case errors.As(err, &pe):
 			return nil, usagef("--view %s: %v", abs, pe.Err)
 		case err != nil:
-			return nil, usageError{err}
+			return nil, usageError{err: err}
 		}
 		specs = append(specs, s...)
 	}
