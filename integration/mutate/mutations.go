@@ -577,6 +577,15 @@ var mutations = []mutation{
 		Run:    "WarmCompressedHTTP|RemoteListingAsksFirst",
 	},
 	{
+		Name:   "http-version-without-size",
+		Breaks: "a range of an HTTP object whose response does not tell its size is versioned by Last-Modified alone, another version than a whole read's of the same object",
+		File:   "objectstore/http.go",
+		From:   "if size < 0 && needsSize(hdr) {",
+		To:     "if false && size < 0 && needsSize(hdr) {",
+		Pkgs:   []string{"./objectstore"},
+		Run:    "HTTPVersionWithoutTotalLength",
+	},
+	{
 		Name:   "tier-store-unrecorded",
 		Breaks: "the chunk tier keeps chunks without recording their store, so a mount never learns that the tier holds its source's chunks",
 		File:   "cache/chunk.go",
