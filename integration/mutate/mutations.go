@@ -586,6 +586,15 @@ var mutations = []mutation{
 		Run:    "HTTPVersionWithoutTotalLength",
 	},
 	{
+		Name:   "lazy-absence-rechecked",
+		Breaks: "every Read that finds a chunk missing that a lazy listing learnt is missing reads the metadata again, a request per sample",
+		File:   "zarr/gone.go",
+		From:   "if t := lst.absentSince(l.key); !t.IsZero() {",
+		To:     "if t := lst.absentSince(l.key); false && !t.IsZero() {",
+		Pkgs:   []string{"./zarr"},
+		Run:    "LazyAbsenceChecksTheMetadataOnce",
+	},
+	{
 		Name:   "tier-store-unrecorded",
 		Breaks: "the chunk tier keeps chunks without recording their store, so a mount never learns that the tier holds its source's chunks",
 		File:   "cache/chunk.go",
