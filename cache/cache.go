@@ -127,13 +127,16 @@ type Cache struct {
 	// is the chunk tier (TierUsage).
 	chunkBytes int64
 	chunks     int
-	inflight   int64 // bytes reserved by fills of this instance
-	quit       map[string]bool
-	intern     map[string]string
-	jf         *os.File // journal, O_APPEND
-	joff       int64    // bytes of the journal applied to idx
-	jbuf       []byte
-	jnext      int64 // journal size at which to try compaction next
+	// chunksOf counts the chunks indexed by the tag of the store they came
+	// from (entry.ident of a chunk): ChunkTier.HoldsStore.
+	chunksOf map[string]int
+	inflight int64 // bytes reserved by fills of this instance
+	quit     map[string]bool
+	intern   map[string]string
+	jf       *os.File // journal, O_APPEND
+	joff     int64    // bytes of the journal applied to idx
+	jbuf     []byte
+	jnext    int64 // journal size at which to try compaction next
 	// compacted is the journal's size after its last compaction (or a
 	// clean Open); a journal still that size needs no compaction at Close.
 	compacted int64
@@ -149,10 +152,13 @@ type Cache struct {
 // entry is one complete file: a blob or a chunk, keyed by its path
 // relative to Dir ("blobs/<layout>/<path>" or "chunks/ab/<hash>").
 type entry struct {
-	key     string
-	size    int64
-	sum     checksum
-	ident   string // BlobKey.Identity of a blob; "" for chunks
+	key  string
+	size int64
+	sum  checksum
+	// ident is a blob's identity (BlobKey.Identity), or the tag of the
+	// store a chunk came from (storeTag); "" for none (chunks kept
+	// before stores were recorded).
+	ident   string
 	writer  string // instance that added it
 	trusted bool   // verified, or written by an instance known to have finished it
 	pins    int    // open Handles in this instance
@@ -211,6 +217,7 @@ func Open(opts Options) (*Cache, error) {
 		lockFile:     lf,
 		idx:          map[string]*entry{},
 		byIdent:      map[string]*entry{},
+		chunksOf:     map[string]int{},
 		quit:         map[string]bool{},
 		intern:       map[string]string{},
 		blobFlights:  map[string]*flight[filled]{},
@@ -426,6 +433,7 @@ func (c *Cache) recover() (recoveryStats, error) {
 	sortBySeq(live)
 	c.idx = make(map[string]*entry, len(live))
 	c.byIdent = map[string]*entry{}
+	c.chunksOf = map[string]int{}
 	for _, s := range live {
 		c.insertLocked(s.rec, true)
 	}
@@ -523,6 +531,7 @@ func (c *Cache) join() (recoveryStats, error) {
 	sortBySeq(live)
 	c.idx = make(map[string]*entry, len(live))
 	c.byIdent = map[string]*entry{}
+	c.chunksOf = map[string]int{}
 	for _, s := range live {
 		c.insertLocked(s.rec, !s.afterMark)
 	}
@@ -607,7 +616,9 @@ func (c *Cache) insertLocked(r record, trusted bool) *entry {
 			c.chunkBytes += r.size - e.size
 		}
 		c.unidentLocked(e)
+		c.countStoreLocked(e, -1)
 		e.size, e.sum, e.writer, e.ident, e.mtime = r.size, r.sum, r.writer, r.ident, 0
+		c.countStoreLocked(e, 1)
 		e.trusted = e.trusted && trusted
 		c.lru.MoveToFront(e.elem)
 		c.identLocked(e)
@@ -621,9 +632,23 @@ func (c *Cache) insertLocked(r record, trusted bool) *entry {
 	if isChunk(r.key) {
 		c.chunkBytes += r.size
 		c.chunks++
+		c.countStoreLocked(e, 1)
 	}
 	c.identLocked(e)
 	return e
+}
+
+// countStoreLocked adds d to the count of chunks of e's store, when e is
+// a chunk recorded under one.
+func (c *Cache) countStoreLocked(e *entry, d int) {
+	if e.ident == "" || !isChunk(e.key) {
+		return
+	}
+	if n := c.chunksOf[e.ident] + d; n > 0 {
+		c.chunksOf[e.ident] = n
+	} else {
+		delete(c.chunksOf, e.ident)
+	}
 }
 
 // identKey is e's key in byIdent, "" for none.
@@ -664,6 +689,7 @@ func (c *Cache) removeLocked(e *entry) {
 	if isChunk(e.key) {
 		c.chunkBytes -= e.size
 		c.chunks--
+		c.countStoreLocked(e, -1)
 	}
 }
 

@@ -64,7 +64,7 @@ func (c *Cache) getChunk(ctx context.Context, rel, key string, fetch func(ctx co
 			if data == nil {
 				data = []byte{}
 			}
-			c.storeChunk(rel, key, data)
+			c.storeChunk(rel, key, "", data)
 			return data, nil
 		},
 		func(v []byte, shared bool) ([]byte, error) {
@@ -150,7 +150,9 @@ func preadWhole(p string, size int64, buf []byte) ([]byte, error) {
 	return data, nil
 }
 
-func (c *Cache) storeChunk(rel, key string, data []byte) {
+// storeChunk keeps data under rel, recorded as a chunk of the store
+// tagged tag ("" for none).
+func (c *Cache) storeChunk(rel, key, tag string, data []byte) {
 	size := int64(len(data))
 	if b := c.Budget(); b > 0 && c.charge(size) > b {
 		return
@@ -162,7 +164,7 @@ func (c *Cache) storeChunk(rel, key string, data []byte) {
 			unreserve()
 		}
 	}()
-	if err := c.whileFull(c.base, rel, size, func() error { return c.writeChunk(rel, data) }); err != nil {
+	if err := c.whileFull(c.base, rel, size, func() error { return c.writeChunk(rel, tag, data) }); err != nil {
 		c.log.Warn("cache chunk not stored", "key", key, "err", err)
 		return
 	}
@@ -171,8 +173,9 @@ func (c *Cache) storeChunk(rel, key string, data []byte) {
 	c.counts.chunkStoredBytes.Add(size)
 }
 
-// writeChunk writes data to a temp file and publishes it as rel.
-func (c *Cache) writeChunk(rel string, data []byte) error {
+// writeChunk writes data to a temp file and publishes it as rel, recorded
+// under the store tag tag.
+func (c *Cache) writeChunk(rel, tag string, data []byte) error {
 	tmp, err := os.CreateTemp(c.inst.dir, "chunk-*")
 	if err != nil {
 		return err
@@ -187,7 +190,7 @@ func (c *Cache) writeChunk(rel string, data []byte) error {
 		err = cerr
 	}
 	if err == nil {
-		err = c.publish(rel, tmp.Name(), int64(len(data)), sumOf(data, c.treeSums.Load()), "")
+		err = c.publish(rel, tmp.Name(), int64(len(data)), sumOf(data, c.treeSums.Load()), tag)
 	}
 	return err
 }
@@ -199,6 +202,7 @@ func (c *Cache) writeChunk(rel string, data []byte) error {
 type ChunkTier struct {
 	c        *Cache
 	readOnly bool
+	store    string // storeTag of the store Of names; "" for none
 }
 
 // ChunkTier returns the chunk tier of c.
@@ -208,7 +212,41 @@ func (c *Cache) ChunkTier() ChunkTier { return ChunkTier{c: c} }
 // nothing. A mount of a local store reads through it, so that chunks
 // `zarrfs warm --compressed` kept are read from the cache, without
 // copying every chunk it reads from the store onto the cache's disk.
-func (t ChunkTier) ReadOnly() ChunkTier { return ChunkTier{c: t.c, readOnly: true} }
+func (t ChunkTier) ReadOnly() ChunkTier { t.readOnly = true; return t }
+
+// Of is t keeping the chunks of one store, whose identity
+// (objectstore.Identity) is store: each chunk it stores is recorded, in
+// its journal line, as that store's, so that HoldsStore can tell whether
+// the tier holds any chunk of it, across restarts and instances, for as
+// long as one is there. The keys stay the caller's: they must name the
+// store too, since Of only records.
+func (t ChunkTier) Of(store string) ChunkTier { t.store = storeTag(store); return t }
+
+// storeTag is the journal's name of a store: a hash of its identity
+// (a valid identity field, of fixed length).
+func storeTag(store string) string {
+	h := sha256.Sum256([]byte(store))
+	return "s" + hex.EncodeToString(h[:8])
+}
+
+// HoldsStore reports whether the cache holds any chunk of the store t is
+// Of (false without one): what another instance stored included, and
+// whatever the LRU evicted meanwhile excluded, since the count is the
+// index's own. A reader whose chunks' versions are not known before it
+// reads them (zarr's lazy listings of HTTP and large GCS arrays) asks
+// them first while this holds, so that the chunks are read from here.
+func (t ChunkTier) HoldsStore() bool {
+	if t.store == "" {
+		return false
+	}
+	t.c.mu.Lock()
+	defer t.c.mu.Unlock()
+	if t.c.closed {
+		return false
+	}
+	t.c.tailLocked()
+	return t.c.chunksOf[t.store] > 0
+}
 
 // Get returns a copy of the bytes stored under key, if the tier holds them
 // intact.
@@ -230,8 +268,10 @@ func (t ChunkTier) GetInto(key string, buf []byte) ([]byte, bool) {
 	return nil, false
 }
 
-// Put stores b under key, unless the tier already holds it. It does not
-// keep b. Failing to store (disk full) is logged, not returned.
+// Put stores b under key, unless the tier already holds it: then the
+// chunk, just read again from the source, becomes the most recently used,
+// and one kept before stores were recorded is recorded as t's store's. It
+// does not keep b. Failing to store (disk full) is logged, not returned.
 func (t ChunkTier) Put(key string, b []byte) {
 	if t.readOnly {
 		return
@@ -242,11 +282,33 @@ func (t ChunkTier) Put(key string, b []byte) {
 		t.c.mu.Unlock()
 		return
 	}
-	present := t.c.lookupLocked(rel) != nil
-	t.c.mu.Unlock()
-	if !present {
-		t.c.storeChunk(rel, key, b)
+	e := t.c.lookupLocked(rel)
+	if e != nil {
+		t.c.lru.MoveToFront(e.elem)
+		if e.ident != t.store && t.store != "" {
+			t.c.retagLocked(e, t.store)
+		}
 	}
+	t.c.mu.Unlock()
+	if e == nil {
+		t.c.storeChunk(rel, key, t.store, b)
+	}
+}
+
+// retagLocked records the chunk e as one of the store tagged tag: an add
+// record of the same file, size and checksum. A file gone meanwhile (a
+// deletion not read yet) is left to the read that finds it gone.
+func (c *Cache) retagLocked(e *entry, tag string) {
+	if _, err := os.Lstat(filepath.Join(c.dir, e.key)); err != nil {
+		return
+	}
+	r := record{op: opAdd, size: e.size, sum: e.sum, ident: tag, key: e.key}
+	if err := c.appendLocked(r); err != nil {
+		c.log.Warn("cache chunk's store not recorded", "key", e.key, "err", err)
+		return
+	}
+	r.writer = c.inst.id
+	c.insertLocked(r, e.trusted)
 }
 
 // Holds reports whether the index holds a chunk under key, without reading

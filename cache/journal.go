@@ -28,6 +28,9 @@ import (
 // (BlobKey.Identity), "-" for none: what the bytes were built from,
 // recorded in the same checksummed line as their checksum, so a blob
 // verified after a crash is also known to be the version its record names.
+// A chunk's <ident> is the tag of the store it came from (storeTag), or
+// "-" (chunks kept before stores were recorded); an add record of a chunk
+// already indexed records its store (ChunkTier.Put).
 // Version 1 journals have no <ident> field; they are read as records
 // without one. Journals of versions 1 and 2 are rewritten as version 3 at
 // the next compaction, their records keeping their xxh64; a release before

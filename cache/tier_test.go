@@ -167,3 +167,70 @@ func TestChunkFileMode(t *testing.T) {
 		c.Close()
 	}
 }
+
+// HoldsStore tells whether the tier holds any chunk of a store, whatever
+// else fills the budget: true while one chunk of it is there (kept by any
+// instance, across restarts), false once the last is evicted. A Put of a
+// chunk the tier holds (read again from the source) makes it the most
+// recently used, and records a chunk kept before stores were recorded as
+// its store's.
+func TestChunkTierHoldsStore(t *testing.T) {
+	dir := t.TempDir()
+	const chunk = 8192
+	opts := Options{Dir: dir, Size: 3 * chunk}
+	c := mustOpen(t, opts)
+	a, b := c.ChunkTier().Of("http://h/a.zarr"), c.ChunkTier().Of("http://h/b.zarr")
+	if a.HoldsStore() || c.ChunkTier().HoldsStore() {
+		t.Fatal("an empty tier holds a store")
+	}
+	a.Put("a0", content("a0", chunk))
+	a.Put("a1", content("a1", chunk))
+	if !a.HoldsStore() || b.HoldsStore() {
+		t.Fatalf("after two chunks of a: a %v, b %v", a.HoldsStore(), b.HoldsStore())
+	}
+	o := mustOpen(t, opts) // another instance reads what c recorded
+	if !o.ChunkTier().Of("http://h/a.zarr").HoldsStore() {
+		t.Error("another instance does not see the chunks of a")
+	}
+	o.Close()
+	a.Put("a0", content("a0", chunk)) // read again: now the most recent
+	b.Put("b0", content("b0", chunk))
+	b.Put("b1", content("b1", chunk)) // evicts a1, the least recently used
+	if a.Holds("a1") {
+		t.Error("a1 not evicted")
+	}
+	if !a.Holds("a0") {
+		t.Fatal("a0, put again before b's chunks, was evicted first")
+	}
+	if !a.HoldsStore() || !b.HoldsStore() {
+		t.Fatalf("with a0, b0 and b1 held: a %v, b %v", a.HoldsStore(), b.HoldsStore())
+	}
+	b.Put("b2", content("b2", chunk)) // evicts a0, the last of a
+	if a.HoldsStore() || !b.HoldsStore() {
+		t.Fatalf("after a's last chunk was evicted: a %v, b %v", a.HoldsStore(), b.HoldsStore())
+	}
+	// A chunk kept without its store (before stores were recorded) is
+	// recorded as one when put again.
+	c.ChunkTier().Put("c0", content("c0", 10))
+	cs := c.ChunkTier().Of("http://h/c.zarr")
+	if cs.HoldsStore() {
+		t.Fatal("a chunk kept without a store counts as c's")
+	}
+	cs.Put("c0", content("c0", 10))
+	if !cs.HoldsStore() {
+		t.Fatal("a chunk put again is not recorded as its store's")
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c = mustOpen(t, opts)
+	defer c.Close()
+	for store, want := range map[string]bool{"http://h/a.zarr": false, "http://h/b.zarr": true, "http://h/c.zarr": true} {
+		if got := c.ChunkTier().Of(store).HoldsStore(); got != want {
+			t.Errorf("reopened: holds %s %v, want %v", store, got, want)
+		}
+	}
+	if s := c.Stats(); s.ChunkStores != 0 {
+		t.Errorf("reopening stored %d chunks", s.ChunkStores)
+	}
+}

@@ -72,6 +72,13 @@ type router struct {
 	inCPU, inGPU atomic.Int64 // decoded bytes of the batches in flight on each
 	sampling     atomic.Bool  // a sample is being timed
 	asked        atomic.Bool  // the router asked for the GPUs to start
+	// settled says the router said why the GPUs do not start (the line
+	// is logged once): from then
+	// on beforeStart classifies one batch in settledPeriod (weighing it
+	// as many), not every batch of the mount's life; unsettled counts
+	// the batches since.
+	settled   atomic.Bool
+	unsettled atomic.Int64
 
 	mu     sync.Mutex
 	codecs map[codec.Name]*route
@@ -81,7 +88,6 @@ type router struct {
 	guard      rateGuard
 	offUntil   time.Time
 	offBackoff time.Duration
-	toldShare  bool // the line saying why the GPUs do not start was logged
 }
 
 // route is what the router knows of one codec.
@@ -138,6 +144,10 @@ const (
 	firstSamples = 8
 	samplePeriod = 64
 	ewma         = 0.2
+	// settledPeriod: once the router said the GPUs do not start, one
+	// batch in this many is still classified, so that a change of the
+	// work (other arrays, other codecs) may start them yet.
+	settledPeriod = 64
 )
 
 func (r *router) codec(c codec.Name) *route {
@@ -189,8 +199,9 @@ func (r *router) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 
 // classify sets, for each job whose codec is in want, whether a GPU would
 // take it (gpu.Refusal), and returns the decoded bytes of those it would,
-// by codec; it records both kinds' bytes for the share (shareLocked).
-func (r *router) classify(jobs []codec.Job, want func(codec.Name) bool) ([]bool, map[codec.Name]int64) {
+// by codec; it records both kinds' bytes for the share (shareLocked),
+// times weight (the batches the classified one stands for).
+func (r *router) classify(jobs []codec.Job, want func(codec.Name) bool, weight int64) ([]bool, map[codec.Name]int64) {
 	ok := make([]bool, len(jobs))
 	okBytes := map[codec.Name]int64{}
 	why := map[codec.Name]error{}
@@ -216,11 +227,11 @@ func (r *router) classify(jobs []codec.Job, want func(codec.Name) bool) ([]bool,
 	}
 	r.mu.Lock()
 	for c, n := range okBytes {
-		r.codec(c).okBytes += n
+		r.codec(c).okBytes += n * weight
 	}
 	for c, n := range refused {
 		rt := r.codec(c)
-		rt.refusedBytes += n
+		rt.refusedBytes += n * weight
 		rt.why = why[c]
 	}
 	r.mu.Unlock()
@@ -233,9 +244,17 @@ var errPartial = errors.New("blocks of a chunk read in part decode on the CPU")
 // and starts them once the pool has spent, on chunks they could take, as
 // long as all its workers would in r.after (the time it would have been
 // full), provided such chunks are minShare of its decoding at least.
-// Otherwise it says once why they do not start.
+// Otherwise it says once why they do not start, and classifies only one
+// batch in settledPeriod after that.
 func (r *router) beforeStart(jobs []codec.Job) {
-	r.classify(jobs, func(codec.Name) bool { return true })
+	weight := int64(1)
+	if r.settled.Load() {
+		if r.unsettled.Add(1)%settledPeriod != 0 {
+			return
+		}
+		weight = settledPeriod
+	}
+	r.classify(jobs, func(codec.Name) bool { return true }, weight)
 	need := r.after * time.Duration(r.workers)
 	busy := r.busy()
 	if busy < need {
@@ -243,9 +262,8 @@ func (r *router) beforeStart(jobs []codec.Job) {
 	}
 	r.mu.Lock()
 	share, why := r.shareLocked()
-	tell := share < minShare && !r.toldShare
-	r.toldShare = r.toldShare || tell
 	r.mu.Unlock()
+	tell := share < minShare && r.settled.CompareAndSwap(false, true)
 	switch {
 	case share >= minShare && time.Duration(float64(busy)*share) >= need:
 		if r.asked.CompareAndSwap(false, true) {
@@ -322,7 +340,7 @@ func (r *router) choose(jobs []codec.Job) ([]bool, int) {
 		want[j.Codec] = rt.state == paying || rt.state == probing && rt.sent < probeBatches
 	}
 	r.mu.Unlock()
-	ok, okBytes := r.classify(jobs, func(c codec.Name) bool { return want[c] })
+	ok, okBytes := r.classify(jobs, func(c codec.Name) bool { return want[c] }, 1)
 	var total int64
 	for _, b := range okBytes {
 		total += b

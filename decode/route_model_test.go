@@ -140,6 +140,34 @@ func TestAutoNeverStartsForUnverifiedChunks(t *testing.T) {
 	}
 }
 
+// Once auto said why the GPUs do not start, it classifies one batch in
+// settledPeriod, not every batch for the mount's life: each classification
+// reads every job's framing (gpu.Refusal).
+func TestAutoSamplesOnceItSaidNo(t *testing.T) {
+	p, _, log := gatedPipeline(t, false)
+	decodeUntilBusy(t, p, mixedBatch)
+	if len(log.lines("too little of it")) != 1 || !p.router.settled.Load() {
+		t.Fatal("no verdict said")
+	}
+	var calls atomic.Int64
+	refusal := p.router.refusal
+	p.router.refusal = func(j *codec.Job) error { calls.Add(1); return refusal(j) }
+	const batches = 10 * settledPeriod
+	for range batches {
+		jobs := mixedBatch(t)
+		if err := p.DecodeBatch(context.Background(), jobs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	perBatch := int64(len(mixedBatch(t)))
+	if n := calls.Load(); n == 0 || n > perBatch*batches/settledPeriod {
+		t.Errorf("%d jobs classified in %d batches of %d, want 1 to %d", n, batches, perBatch, perBatch*batches/settledPeriod)
+	}
+	if p.router.asked.Load() || len(log.lines("too little of it")) != 1 {
+		t.Error("the verdict changed, or was said again, on the same work")
+	}
+}
+
 // On the blosc store, and on the mixed one with --gpu-trust-unchecked,
 // every chunk is one a GPU may take: the busy CPU starts the GPU.
 func TestAutoStartsWhenGPUMayTakeTheWork(t *testing.T) {

@@ -424,7 +424,7 @@ func corruptRounds(t *testing.T, d *Decoder, opts Options, logs *warnCounter, fi
 	// toNvcomp: the host's verdict lets the job reach nvCOMP under opts.
 	toNvcomp := func(j codec.Job) bool {
 		p := prepare(&j)
-		return p.err == nil && opts.refuse(&j, &p) == nil
+		return opts.refusal(&j, &p) == nil
 	}
 	// cpuOnly: the good chunks this configuration leaves to the CPU: those
 	// opts refuses (deflate when Deflate is off, zstd without a checksum
@@ -437,7 +437,7 @@ func corruptRounds(t *testing.T, d *Decoder, opts Options, logs *warnCounter, fi
 		if p.err != nil {
 			return false
 		}
-		return opts.refuse(&j, &p) != nil || (fenceHit && p.uses(algoDeflate))
+		return opts.refusal(&j, &p) != nil || (fenceHit && p.uses(algoDeflate))
 	}
 	var onGPU int // good chunks this configuration decodes on the GPU
 	for _, g := range good {
@@ -719,7 +719,7 @@ func TestGPUConcurrentMerge(t *testing.T) {
 						for i, j := range jobs[:n] {
 							k := (g + i) % len(jobs0)
 							p := prepare(&j)
-							refused := p.err == nil && opts.refuse(&j, &p) != nil // deflate or unverified streams, for the CPU
+							refused := p.err == nil && opts.refusal(&j, &p) != nil // deflate or unverified streams, for the CPU
 							switch {
 							case elem > 1 && len(j.Dst)%elem != 0, refused:
 								if !errors.Is(j.Err, codec.ErrUnsupported) {
@@ -763,7 +763,7 @@ func TestGPUCancelledMidFlight(t *testing.T) {
 	jobs0, want, names := genJobs(t, 128, 256)
 	var keep []int // what the GPU decodes with default Options
 	for i, j := range jobs0 {
-		if p := prepare(&j); p.err == nil && (Options{}).refuse(&j, &p) == nil {
+		if p := prepare(&j); (Options{}).refusal(&j, &p) == nil {
 			keep = append(keep, i)
 		}
 	}

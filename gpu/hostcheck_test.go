@@ -87,9 +87,7 @@ func memcpyedBlosc(data []byte, typesize int) []byte {
 // nvCOMP), "corrupt" or "cpu" (left to the CPU decoder).
 func verdict(j codec.Job) (wrong, host string) {
 	p := prepare(&j)
-	if p.err == nil {
-		p.err = Options{}.refuse(&j, &p)
-	}
+	p.err = Options{}.refusal(&j, &p)
 	out := make([]byte, len(j.Dst))
 	cerr := codec.Decode(j.Codec, out, j.Src)
 	switch {
@@ -452,7 +450,7 @@ func TestRefuse(t *testing.T) {
 			if p.err != nil {
 				t.Fatalf("%s: %v", name, p.err)
 			}
-			if err := tt.opts.refuse(&j, &p); err != nil {
+			if err := tt.opts.refusal(&j, &p); err != nil {
 				if !errors.Is(err, codec.ErrUnsupported) {
 					t.Fatalf("%s: %v", name, err)
 				}

@@ -253,9 +253,7 @@ func (d *Decoder) decodeBatch(ctx context.Context, jobs []codec.Job, elemSize in
 	var ok []int
 	for i := range jobs {
 		jobs[i].Err = nil
-		if preps[i].err == nil {
-			preps[i].err = d.opts.refuse(&jobs[i], &preps[i])
-		}
+		preps[i].err = d.opts.refusal(&jobs[i], &preps[i])
 		if preps[i].err == nil && elemSize > 1 && len(jobs[i].Dst)%elemSize != 0 {
 			preps[i].err = fmt.Errorf("gpu: %d-byte chunk is not a whole number of %d-byte elements: %w",
 				len(jobs[i].Dst), elemSize, codec.ErrUnsupported)
@@ -268,10 +266,6 @@ func (d *Decoder) decodeBatch(ctx context.Context, jobs []codec.Job, elemSize in
 				// which a device address keeps from it.
 				preps[i].err = fmt.Errorf("gpu: %s chunk: its checksum is verified on the host, not decoded into device memory: %w", jobs[i].Codec, codec.ErrUnsupported)
 			}
-		}
-		if preps[i].err == nil && preps[i].cost(int64(len(jobs[i].Dst))) > d.opts.share() {
-			preps[i].err = fmt.Errorf("gpu: %d-byte chunk exceeds one round's share (%d bytes) of the batch memory bound: %w",
-				len(jobs[i].Dst), d.opts.share(), codec.ErrUnsupported)
 		}
 		if preps[i].err != nil {
 			jobs[i].Err = preps[i].err
@@ -323,21 +317,6 @@ func (d *Decoder) decodeBatch(ctx context.Context, jobs []codec.Job, elemSize in
 		}
 	}
 	return err
-}
-
-// refuse returns why a prepared job goes to the CPU under these Options
-// although the GPU path could decode it, or nil.
-func (opts Options) refuse(j *codec.Job, p *prepared) error {
-	switch {
-	case !opts.Deflate && p.uses(algoDeflate):
-		return fmt.Errorf("gpu: %s chunk: deflate decodes on the CPU (Options.Deflate is off): %w", j.Codec, codec.ErrUnsupported)
-	case !opts.Unverified && p.unverified != "":
-		return fmt.Errorf("gpu: %s chunk: %s: decoded on the CPU (Options.Unverified is off): %w", j.Codec, p.unverified, codec.ErrUnsupported)
-	case !opts.Unverified && opts.SkipChecksums && (p.check != checkNone || len(p.sums) > 0):
-		return fmt.Errorf("gpu: %s chunk: only its checksum verifies it, and Options.SkipChecksums is on: decoded on the CPU (Options.Unverified is off): %w",
-			j.Codec, codec.ErrUnsupported)
-	}
-	return nil
 }
 
 func (q *request) result() error {

@@ -49,7 +49,7 @@ func TestRefusalAgreesWithDecoder(t *testing.T) {
 				if unverified && opts.Unverified {
 					t.Errorf("%s: ErrUnverified with Options.Unverified on", names[i])
 				}
-				if refused && !unverified && !opts.Unverified && j.Codec == codec.Zstd && names[i] == "zstd-nocrc" {
+				if !unverified && !opts.Unverified && j.Codec == codec.Zstd && names[i] == "zstd-nocrc" {
 					t.Errorf("%s: refused for %v, want ErrUnverified", names[i], verdicts[i])
 				}
 			}

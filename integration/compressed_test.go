@@ -297,6 +297,52 @@ func TestWarmCompressedHTTP(t *testing.T) {
 	}
 }
 
+// pagesStorePy writes, with zarr-python, a consolidated store of one array
+// x of 8 samples of 512 float64 in uncompressed chunks of one sample: one
+// 4096-byte chunk file each, what the cache's budget counts exactly.
+const pagesStorePy = `
+import sys, numpy as np, zarr
+x = zarr.create_array(sys.argv[1], name='x', shape=(8, 512), chunks=(1, 512), dtype='float64',
+    compressors=None, dimension_names=['time', 'a'])
+x[...] = np.arange(8 * 512, dtype='float64').reshape(8, 512) + float(sys.argv[2])
+zarr.consolidate_metadata(sys.argv[1])
+`
+
+// A mount of an HTTP store whose chunks the tier holds asks their versions
+// first and reads them from the tier, however many other entries filled
+// the cache since: here the chunks kept first of the store and two of
+// the last ones were evicted by another store's warm, and the mount
+// fetches exactly the six chunks the tier lost, reading the other two
+// from it.
+func TestWarmCompressedHTTPUnderPressure(t *testing.T) {
+	requirePython(t)
+	dir := t.TempDir()
+	python(t, pagesStorePy, filepath.Join(dir, "s.zarr"), "0")
+	python(t, pagesStorePy, filepath.Join(dir, "f.zarr"), "1")
+	web := webtest.Start(t, dir)
+	cacheDir := t.TempDir()
+	warm(t, web.Join("s.zarr"), cacheDir, "--compressed", "--samples", "0:4")
+	warm(t, web.Join("s.zarr"), cacheDir, "--compressed", "--samples", "4:8")
+	// Room for ten chunks: the filler's eight evict the six oldest.
+	warm(t, web.Join("f.zarr"), cacheDir, "--compressed", "--cache-size", strconv.Itoa(10*4096))
+	d := mountAt(t, web.Join("s.zarr"), t.TempDir(), cacheDir)
+	gets, heads := web.Requests()-web.Heads(), web.Heads()
+	for i := range 8 {
+		if _, err := os.ReadFile(filepath.Join(d.mnt, "x", strconv.Itoa(i)+".npy")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := web.Requests() - web.Heads() - gets; n != 6 {
+		t.Errorf("%d GET requests for 8 chunks, 2 of them held by the tier: want 6", n)
+	}
+	if n := web.Heads() - heads; n < 8 {
+		t.Errorf("%d chunk versions asked, want 8", n)
+	}
+	if st := mountTierStatus(t, d.mnt); st.Cache.ChunkHits != 2 {
+		t.Errorf("%d chunk hits, want 2", st.Cache.ChunkHits)
+	}
+}
+
 // deviceStorePy writes, with zarr-python, a store of one array x with a
 // time dimension: 23 samples of (2, 3) float32 in blosc chunks of 4
 // samples.

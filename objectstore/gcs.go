@@ -41,14 +41,19 @@ var ErrNoGoogleCredentials = errors.New("no Google credentials found")
 // default; negative values are refused.
 type GCSOptions struct {
 	// Endpoint is the JSON API endpoint: "" for Google
-	// (https://storage.googleapis.com/storage/v1/), or the emulator that
-	// STORAGE_EMULATOR_HOST names when it is set; "http://host:port" for an
-	// emulator or a private endpoint ("/storage/v1/" is added when the URL
-	// has no path). Reads, listings and metadata all go to it.
+	// (https://storage.googleapis.com/storage/v1/), or EmulatorHost's
+	// emulator when it is set; "http://host:port" for an emulator or a
+	// private endpoint ("/storage/v1/" is added when the URL has no path).
+	// Reads, listings and metadata all go to it.
 	Endpoint string
+	// EmulatorHost is the emulator that the environment's
+	// STORAGE_EMULATOR_HOST names ("host:port" or a URL), as the Cloud
+	// Storage SDKs read it; the caller passes it. It applies when
+	// Endpoint is "".
+	EmulatorHost string
 	// Anonymous sends unauthenticated requests (public buckets). Without
 	// it Application Default Credentials are required, except against the
-	// emulator of STORAGE_EMULATOR_HOST, which takes none.
+	// emulator of EmulatorHost, which takes none.
 	Anonymous bool
 	// Credentials overrides Application Default Credentials
 	// (GOOGLE_APPLICATION_CREDENTIALS, gcloud's application-default file,
@@ -167,7 +172,7 @@ func OpenGCS(ctx context.Context, rawURL string, opts GCSOptions) (*GCS, error) 
 	}
 	emulator := ""
 	if ep == "" {
-		if h := strings.TrimSpace(os.Getenv("STORAGE_EMULATOR_HOST")); h != "" {
+		if h := strings.TrimSpace(opts.EmulatorHost); h != "" {
 			if !strings.Contains(h, "://") {
 				h = "http://" + h
 			}

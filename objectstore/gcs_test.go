@@ -87,13 +87,12 @@ func TestGCSConformance(t *testing.T) {
 			return must(objectstore.WithRetry(br, objectstore.RetryOptions{}))
 		})
 	})
-	t.Run("STORAGE_EMULATOR_HOST", func(t *testing.T) {
+	t.Run("EmulatorHost", func(t *testing.T) {
 		bucket := srv.NewBucket(t)
 		srv.UploadFiles(t, bucket, "z", map[string][]byte{"zarr.json": []byte(`{"zarr_format":3}`)})
 		clearGoogleEnv(t)
-		t.Setenv("STORAGE_EMULATOR_HOST", strings.TrimPrefix(srv.URL, "http://"))
 		// No credentials anywhere and none asked for: the emulator takes none.
-		g, err := objectstore.OpenGCS(context.Background(), "gs://"+bucket+"/z", objectstore.GCSOptions{})
+		g, err := objectstore.OpenGCS(context.Background(), "gs://"+bucket+"/z", objectstore.GCSOptions{EmulatorHost: strings.TrimPrefix(srv.URL, "http://")})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -224,12 +225,14 @@ func (h *HTTP) Probe(ctx context.Context) error {
 }
 
 // version names the object state a response describes, of an object of
-// size bytes (-1: the response does not tell). Last-Modified has a
-// resolution of one second, so a rewrite within the second it was read
-// would keep it: the size joins it, and a rewrite must then keep both the
-// second and the length to go unnoticed. A response that does not tell the
-// size (a chunked body of a range, a Content-Range of unknown length)
-// gives the Last-Modified alone.
+// size bytes. Last-Modified has a resolution of one second, so a rewrite
+// within the second it was read would keep it: the size joins it, and a
+// rewrite must then keep both the second and the length to go unnoticed.
+// The size is asked when a response does not tell it (responseVersion,
+// stat), so that every request about one object state names it alike; only
+// an object whose size the server tells in no response (no Content-Length
+// on HEAD, no total in Content-Range) is versioned by its Last-Modified
+// alone (size -1).
 func (h *HTTP) version(hdr http.Header, size int64) string {
 	if et := hdr.Get("ETag"); et != "" {
 		h.sawETag.Store(true)
@@ -337,27 +340,44 @@ func (h *HTTP) statusError(method string, resp *http.Response) error {
 }
 
 // stat asks an object's size and version with HEAD, or, from a server
-// that does not allow HEAD, with a GET of its first byte.
+// that does not allow HEAD or does not tell the size in its answer, with
+// a GET of its first byte.
 func (h *HTTP) stat(ctx context.Context, k string) (int64, string, error) {
+	size, hdr, err := h.statHeader(ctx, k)
+	if err != nil {
+		return 0, "", err
+	}
+	if hdr == nil {
+		return size, "unversioned", nil
+	}
+	return size, h.version(hdr, size), nil
+}
+
+// statHeader is stat's request: the object's size (-1 when no answer
+// tells it) and the header of the answer, nil for an empty object.
+func (h *HTTP) statHeader(ctx context.Context, k string) (int64, http.Header, error) {
 	a, resp, err := h.do(ctx, http.MethodHead, k, "")
 	if errors.Is(err, errNoHead) {
 		return h.statByGet(ctx, k)
 	}
 	if err != nil {
-		return 0, "", err
+		return 0, nil, err
 	}
-	defer a.end()
 	resp.Body.Close()
-	return resp.ContentLength, h.version(resp.Header, resp.ContentLength), nil
+	a.end() // before another request: one slot at a time
+	if resp.ContentLength < 0 && needsSize(resp.Header) {
+		return h.statByGet(ctx, k)
+	}
+	return resp.ContentLength, resp.Header, nil
 }
 
-func (h *HTTP) statByGet(ctx context.Context, k string) (int64, string, error) {
+func (h *HTTP) statByGet(ctx context.Context, k string) (int64, http.Header, error) {
 	a, resp, err := h.do(ctx, http.MethodGet, k, "bytes=0-0")
 	if errors.Is(err, ErrRange) {
-		return 0, "unversioned", nil // an empty object: nothing to range over
+		return 0, nil, nil // an empty object: nothing to range over
 	}
 	if err != nil {
-		return 0, "", err
+		return 0, nil, err
 	}
 	defer a.end()
 	defer resp.Body.Close()
@@ -365,11 +385,52 @@ func (h *HTTP) statByGet(ctx context.Context, k string) (int64, string, error) {
 	if resp.StatusCode == http.StatusPartialContent {
 		_, _, t, err := parseContentRange(resp.Header.Get("Content-Range"))
 		if err != nil {
-			return 0, "", Transient(fmt.Errorf("bad Content-Range %q: %w", resp.Header.Get("Content-Range"), err))
+			return 0, nil, Transient(fmt.Errorf("bad Content-Range %q: %w", resp.Header.Get("Content-Range"), err))
 		}
 		total = t
 	}
-	return total, h.version(resp.Header, total), nil
+	return total, resp.Header, nil
+}
+
+// httpContentRange is checkContentRange that also takes a Content-Range
+// of unknown complete length ("bytes 0-9/*"): the range is checked as if
+// the object ended where it does, and the total is -1 (responseVersion
+// asks it).
+func httpContentRange(cr string, off, length, want int64) (int64, int64, error) {
+	rng, ok := strings.CutSuffix(cr, "/*")
+	_, b, _ := strings.Cut(rng, "-")
+	last, err := strconv.ParseInt(b, 10, 64)
+	if !ok || err != nil || last < 0 || last == math.MaxInt64 {
+		return checkContentRange(cr, off, length, want)
+	}
+	off, _, err = checkContentRange(rng+"/"+strconv.FormatInt(last+1, 10), off, length, want)
+	return off, -1, err
+}
+
+// needsSize reports whether the version of a response with header hdr
+// names the object's size: a Last-Modified without an ETag.
+func needsSize(hdr http.Header) bool {
+	return hdr.Get("ETag") == "" && hdr.Get("Last-Modified") != ""
+}
+
+// responseVersion is the version of a GET's response of header hdr, of
+// an object of size bytes (-1: the response did not tell, as a range of a
+// Content-Range of unknown length or a chunked body does): the size is
+// then asked (stat), so that the version is the one a response that tells
+// it names. An answer of another Last-Modified means the object changed
+// between the two requests: a transient error, the read is tried again.
+func (h *HTTP) responseVersion(ctx context.Context, k string, hdr http.Header, size int64) (string, error) {
+	if size < 0 && needsSize(hdr) {
+		n, shdr, err := h.statHeader(ctx, k)
+		if err != nil {
+			return "", err
+		}
+		if lm := hdr.Get("Last-Modified"); shdr == nil || !needsSize(shdr) || shdr.Get("Last-Modified") != lm {
+			return "", Transient(fmt.Errorf("object changed while read: Last-Modified %q, then another answer", lm))
+		}
+		size = n
+	}
+	return h.version(hdr, size), nil
 }
 
 // fetch reads a whole object or a range, and the version of the response.
@@ -385,6 +446,21 @@ func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bo
 		}
 		return []byte{}, v, nil
 	}
+	buf, hdr, total, err := h.get(ctx, k, off, length, ranged, into, limit)
+	if err != nil {
+		return nil, "", err
+	}
+	// After the GET's slot is given back: the version may ask the size.
+	version, err := h.responseVersion(ctx, k, hdr, total)
+	if err != nil {
+		return nil, "", err
+	}
+	return buf, version, nil
+}
+
+// get is fetch's GET: the bytes, the response's header and the object's
+// size (-1: the response did not tell).
+func (h *HTTP) get(ctx context.Context, k string, off, length int64, ranged bool, into []byte, limit int64) ([]byte, http.Header, int64, error) {
 	rng := ""
 	if ranged {
 		if off < 0 {
@@ -397,7 +473,7 @@ func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bo
 	a, resp, err := h.do(ctx, http.MethodGet, k, rng)
 	if err != nil {
 		h.log.Debug("http get failed", "key", k, "off", off, "length", length, "err", err)
-		return nil, "", err
+		return nil, nil, 0, err
 	}
 	defer a.end()
 	defer resp.Body.Close()
@@ -410,12 +486,12 @@ func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bo
 	partial := resp.StatusCode == http.StatusPartialContent
 	switch {
 	case ranged && partial:
-		if off, total, err = checkContentRange(resp.Header.Get("Content-Range"), off, length, want); err != nil {
-			return nil, "", err
+		if off, total, err = httpContentRange(resp.Header.Get("Content-Range"), off, length, want); err != nil {
+			return nil, nil, 0, err
 		}
 		want = length
 	case partial:
-		return nil, "", Transient(errors.New("server answered a request for the whole object with 206 Partial Content"))
+		return nil, nil, 0, Transient(errors.New("server answered a request for the whole object with 206 Partial Content"))
 	case ranged: // 200: Range ignored, the whole object follows
 		total = want
 		if total >= 0 {
@@ -423,7 +499,7 @@ func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bo
 				off = total - length
 			}
 			if off < 0 || off+length > total {
-				return nil, "", fmt.Errorf("%w: %d+%d, size %d", ErrRange, off, length, total)
+				return nil, nil, 0, fmt.Errorf("%w: %d+%d, size %d", ErrRange, off, length, total)
 			}
 		}
 		if off >= 0 {
@@ -431,9 +507,9 @@ func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bo
 			// the object is never held whole.
 			if n, err := io.CopyN(io.Discard, body, off); err != nil {
 				if err == io.EOF && total < 0 {
-					return nil, "", fmt.Errorf("%w: offset %d, object of %d bytes", ErrRange, off, n)
+					return nil, nil, 0, fmt.Errorf("%w: offset %d, object of %d bytes", ErrRange, off, n)
 				}
-				return nil, "", bodyError(ctx, a, err, n, off)
+				return nil, nil, 0, bodyError(ctx, a, err, n, off)
 			}
 			skip, want = off, length
 			if total < 0 {
@@ -445,7 +521,7 @@ func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bo
 		// The object is read whole: refuse one larger than the caller
 		// expects before allocating for it.
 		if err := checkSize(limit, want); err != nil {
-			return nil, "", err
+			return nil, nil, 0, err
 		}
 	}
 	var buf []byte
@@ -461,26 +537,25 @@ func (h *HTTP) fetch(ctx context.Context, k string, off, length int64, ranged bo
 		n := int64(len(buf))
 		switch {
 		case err != nil:
-			return nil, "", bodyError(ctx, a, err, n, want)
+			return nil, nil, 0, bodyError(ctx, a, err, n, want)
 		case off < 0 && n > SizeLimit(limit):
-			return nil, "", checkSize(limit, n)
+			return nil, nil, 0, checkSize(limit, n)
 		case n < length:
-			return nil, "", fmt.Errorf("%w: %d+%d, object of %d bytes", ErrRange, skip, length, skip+n)
+			return nil, nil, 0, fmt.Errorf("%w: %d+%d, object of %d bytes", ErrRange, skip, length, skip+n)
 		}
 	} else if buf, err = readBody(ctx, a, body, want, into, limit); err != nil {
-		return nil, "", err
+		return nil, nil, 0, err
 	}
 	if ranged && !partial && off < 0 {
 		// A suffix of a 200: the tail of the whole object.
 		if int64(len(buf)) < length {
-			return nil, "", fmt.Errorf("%w: last %d bytes of %d", ErrRange, length, len(buf))
+			return nil, nil, 0, fmt.Errorf("%w: last %d bytes of %d", ErrRange, length, len(buf))
 		}
 		buf = buf[int64(len(buf))-length:]
 	}
 	if !ranged && total < 0 {
 		total = int64(len(buf)) // a whole body of no announced length
 	}
-	version := h.version(resp.Header, total)
 	h.log.Debug("http get", "key", k, "off", off, "length", length, "bytes", len(buf), "status", resp.StatusCode, "dur", time.Since(start))
-	return buf, version, nil
+	return buf, resp.Header, total, nil
 }

@@ -10,7 +10,9 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -172,6 +174,80 @@ func TestHTTPLastModifiedVersionNamesSize(t *testing.T) {
 	}
 	if !strings.HasPrefix(after[0], "modified:") {
 		t.Errorf("version %q: not from Last-Modified, the test proves nothing", after[0])
+	}
+}
+
+// A server that answers a range without telling the object's size (a
+// Content-Range of unknown length, "bytes 0-9/*", or the whole object in a
+// chunked body, the Range ignored) still gets one version for one object
+// state, whatever the request: without an ETag the version names the size
+// with the Last-Modified, so the size is asked (HEAD) when a response does
+// not tell it. An object whose Last-Modified changes between the read and
+// that request is a transient error: the read is tried again.
+func TestHTTPVersionWithoutTotalLength(t *testing.T) {
+	data := bytes.Repeat([]byte("0123456789"), 1000)
+	for _, mode := range []string{"unknown total", "chunked range", "changing"} {
+		t.Run(mode, func(t *testing.T) {
+			var heads atomic.Int64
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				lm := time.Date(2024, 1, 2, 3, 4, 5, 0, time.UTC)
+				if mode == "changing" && r.Method == http.MethodHead {
+					lm = lm.Add(time.Second)
+				}
+				w.Header().Set("Last-Modified", lm.Format(http.TimeFormat))
+				rng := r.Header.Get("Range")
+				switch {
+				case r.Method == http.MethodHead:
+					heads.Add(1)
+					w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+				case rng == "":
+					w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+					w.Write(data)
+				case mode == "chunked range":
+					w.Write(data[:1000]) // no Content-Length: chunked
+					w.(http.Flusher).Flush()
+					w.Write(data[1000:])
+				default:
+					var a, b int
+					if _, err := fmt.Sscanf(rng, "bytes=%d-%d", &a, &b); err != nil {
+						var n int
+						fmt.Sscanf(rng, "bytes=-%d", &n)
+						a, b = len(data)-n, len(data)-1
+					}
+					w.Header().Set("Content-Range", fmt.Sprintf("bytes %d-%d/*", a, b))
+					w.WriteHeader(http.StatusPartialContent)
+					w.Write(data[a : b+1])
+				}
+			}))
+			t.Cleanup(srv.Close)
+			ctx := context.Background()
+			h := openHTTP(t, srv.URL, objectstore.HTTPOptions{})
+			b, rng, err := h.GetRangeVersion(ctx, "obj", 100, 50)
+			if mode == "changing" {
+				if err == nil || !objectstore.IsTransient(err) {
+					t.Fatalf("a range whose object changed before its size was asked: %q, %v; want a transient error", rng, err)
+				}
+				return
+			}
+			if err != nil || !bytes.Equal(b, data[100:150]) {
+				t.Fatalf("range: %d bytes, %v", len(b), err)
+			}
+			if heads.Load() != 1 {
+				t.Errorf("%d HEAD requests for a range without the size, want 1", heads.Load())
+			}
+			_, suffix, err1 := h.GetRangeVersion(ctx, "obj", -1, 20)
+			_, whole, err2 := h.GetVersion(ctx, "obj", nil, 0)
+			head, err3 := h.StatVersion(ctx, "obj")
+			if err := errors.Join(err1, err2, err3); err != nil {
+				t.Fatal(err)
+			}
+			want := "modified:Tue, 02 Jan 2024 03:04:05 GMT+" + strconv.Itoa(len(data))
+			for name, v := range map[string]string{"range": rng, "suffix": suffix, "whole": whole, "head": head} {
+				if v != want {
+					t.Errorf("%s: version %q, want %q", name, v, want)
+				}
+			}
+		})
 	}
 }
 

@@ -65,13 +65,6 @@ type Options struct {
 	// under a key never change; an array with a listing (Hierarchy.List)
 	// finds the bytes of the listed version without a request.
 	SourceCache SourceCache
-	// VersionsFirst asks a lazy listing the version of a chunk it has not
-	// learnt before the chunk is read (one HEAD or metadata request), so
-	// that the SourceCache can answer without the chunk's bytes being
-	// fetched: for a remote store whose chunks the cache was filled with
-	// (`zarrfs warm --compressed`). Without it a chunk of an unlearnt
-	// version is fetched, its version learnt from the response.
-	VersionsFirst bool
 	// EmptyWhenGone opens a store whose root holds no Zarr metadata at all
 	// (deleted, emptied) as a hierarchy with no arrays and Vanished set,
 	// rather than failing: a mount that re-reads its store's metadata
@@ -101,6 +94,20 @@ type Options struct {
 type SourceCache interface {
 	Get(key string) ([]byte, bool)
 	Put(key string, b []byte)
+}
+
+// StoreHolder is a SourceCache that can tell whether it holds any bytes
+// of the Hierarchy's store (cache.ChunkTier.HoldsStore). A lazy listing of
+// a remote store (HTTP, GCS arrays of many chunks) made while it does asks
+// the version of each chunk it has not learnt before the chunk is read
+// (one HEAD or metadata request), so that the cache answers without the
+// chunk's bytes being fetched: the chunks were kept under versions an
+// earlier listing learnt (`zarrfs warm --compressed`, or a mount's reads
+// before a restart or a metadata refresh). Otherwise such a chunk is
+// fetched, its version learnt from the response, which costs no request
+// more for a chunk the cache cannot hold.
+type StoreHolder interface {
+	HoldsStore() bool
 }
 
 // SourceCacheInto is a SourceCache that can read a key's bytes into the

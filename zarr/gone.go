@@ -34,13 +34,60 @@ var ErrMetadataChanged = errors.New("missing, and the array's metadata changed s
 // observed before it began. An absence a listing made by listing (S3)
 // records was observed when the listing began, so one read of the
 // document per listing serves every Read of its missing chunks; one a
-// Read's own request found, when that request ended.
+// lazy listing learnt (HTTP, large GCS arrays, a local store), when it
+// learnt it, so one read after that serves every Read that finds the
+// chunk again; one a Read's own request found, when that request ended.
+// A read of the document is parsed once, and each array compared with it
+// once, however many Reads check against it.
 
-// metaCheck is the last read of one metadata document.
+// metaCheck is the last read of one metadata document, and what the
+// checks made of it: the document is parsed once per read (a consolidated
+// one holds every array's metadata, which may be megabytes), and each
+// array compared with it once.
 type metaCheck struct {
 	mu    sync.Mutex
 	began time.Time // when the read began; zero: never read
 	doc   []byte    // nil: the document does not exist
+	// members are the consolidated document's members
+	// (consolidatedMembers), parsed when a check first needs them.
+	members map[string]json.RawMessage
+	parsed  bool
+	// named is each array's comparison with this read of the document.
+	named map[*Array]namedAs
+	// opened is each array's own document as it was opened, in the
+	// canonical form compare uses: read once per array.
+	opened map[*Array]canonical
+}
+
+// canonical is a metadata document less its attributes and shape, with
+// sorted keys (nil when it is not a JSON object), and the shape it names.
+type canonical struct {
+	rest  []byte
+	shape []int64
+	ok    bool
+}
+
+func canonicalOf(doc []byte) canonical {
+	m := decodeLessAttributes(doc)
+	if m == nil {
+		return canonical{}
+	}
+	shape, ok := parseShape(m["shape"])
+	delete(m, "shape")
+	rest, err := json.Marshal(m) // sorted keys: canonical
+	if err != nil {
+		return canonical{}
+	}
+	return canonical{rest: rest, shape: shape, ok: ok}
+}
+
+// namedAs is how a read of the metadata compares with what an array was
+// opened from: changed (wrapping ErrMetadataChanged) when more than the
+// shape changed or the array is gone, else the shape it names now (nil:
+// the document is the one the array was opened from, byte for byte).
+type namedAs struct {
+	changed error
+	shape   []int64
 }
 
 // docKey is where a's metadata document lives now: its own document, or
@@ -56,9 +103,17 @@ func (a *Array) docKey() string {
 	return join(a.Path, name)
 }
 
-// currentDoc returns a's metadata document as it is now, read at or after
-// since (shared with other Reads), nil when the array is gone.
-func (h *Hierarchy) currentDoc(ctx context.Context, a *Array, since time.Time) ([]byte, error) {
+// memberKey is a's key among the members of its consolidated metadata.
+func (a *Array) memberKey() string {
+	if a.ZarrFormat == 2 {
+		return join(a.Path, ".zarray")
+	}
+	return a.Path
+}
+
+// namedNow compares a's metadata as it is now, read at or after since
+// (one read shared with other Reads), with the document a was opened from.
+func (h *Hierarchy) namedNow(ctx context.Context, a *Array, since time.Time) (namedAs, error) {
 	key := a.docKey()
 	v, _ := h.metaChecks.LoadOrStore(key, &metaCheck{})
 	c := v.(*metaCheck)
@@ -71,39 +126,56 @@ func (h *Hierarchy) currentDoc(ctx context.Context, a *Array, since time.Time) (
 		case objectstore.IsNotFound(err):
 			b = nil
 		case err != nil:
-			return nil, err
+			return namedAs{}, err
 		default:
 			b = nonNil(b)
 		}
 		c.began, c.doc = began, b
+		c.members, c.parsed, c.named = nil, false, nil
 	}
-	if c.doc == nil || a.consolidated == "" {
-		return c.doc, nil
+	if n, ok := c.named[a]; ok {
+		return n, nil
 	}
-	return consolidatedMember(c.doc, a), nil
+	n := c.compare(a)
+	if c.named == nil {
+		c.named = map[*Array]namedAs{}
+	}
+	c.named[a] = n
+	return n, nil
 }
 
-// consolidatedMember is a's document within consolidated metadata doc
-// (nil when it holds none).
-func consolidatedMember(doc []byte, a *Array) []byte {
-	if a.ZarrFormat == 2 {
-		var zm struct {
-			Metadata map[string]json.RawMessage `json:"metadata"`
+// compare is namedNow's comparison of c's read with a.
+func (c *metaCheck) compare(a *Array) namedAs {
+	doc := c.doc
+	if doc != nil && a.consolidated != "" {
+		if !c.parsed {
+			c.members, _ = consolidatedMembers(doc, a.ZarrFormat) // unparsable: no members
+			c.parsed = true
 		}
-		if json.Unmarshal(doc, &zm) != nil {
-			return nil
+		doc = c.members[a.memberKey()]
+	}
+	switch {
+	case doc == nil:
+		return namedAs{changed: fmt.Errorf("%w: %s is gone", ErrMetadataChanged, a.docKey())}
+	case bytes.Equal(doc, a.doc):
+		return namedAs{}
+	}
+	was, ok := c.opened[a]
+	if !ok {
+		was = canonicalOf(a.doc)
+		if c.opened == nil {
+			c.opened = map[*Array]canonical{}
 		}
-		return zm.Metadata[join(a.Path, ".zarray")]
+		c.opened[a] = was
 	}
-	var n struct {
-		Consolidated *struct {
-			Metadata map[string]json.RawMessage `json:"metadata"`
-		} `json:"consolidated_metadata"`
+	now := canonicalOf(doc)
+	switch {
+	case was.rest == nil || now.rest == nil:
+		return namedAs{changed: fmt.Errorf("%w: %s is no longer a JSON object", ErrMetadataChanged, a.docKey())}
+	case !now.ok || !bytes.Equal(was.rest, now.rest) || len(now.shape) != len(a.Shape):
+		return namedAs{changed: fmt.Errorf("%w: more than its shape changed", ErrMetadataChanged)}
 	}
-	if json.Unmarshal(doc, &n) != nil || n.Consolidated == nil {
-		return nil
-	}
-	return n.Consolidated.Metadata[a.Path]
+	return namedAs{shape: now.shape}
 }
 
 // stillNamed checks that a's metadata, as it is now (read at or after
@@ -111,35 +183,20 @@ func consolidatedMember(doc []byte, a *Array) []byte {
 // for its attributes and shape, and a shape that holds every region. It
 // returns what changed, wrapping ErrMetadataChanged, or nil.
 func (h *Hierarchy) stillNamed(ctx context.Context, a *Array, since time.Time, reqs []Request) error {
-	doc, err := h.currentDoc(ctx, a, since)
+	n, err := h.namedNow(ctx, a, since)
 	if err != nil {
 		return fmt.Errorf("missing, and the array's metadata could not be read to tell whether it still names the chunk: %w", err)
 	}
-	if doc == nil {
-		return fmt.Errorf("%w: %s is gone", ErrMetadataChanged, a.docKey())
-	}
-	if bytes.Equal(doc, a.doc) {
-		return nil
-	}
-	was, now := decodeLessAttributes(a.doc), decodeLessAttributes(doc)
-	if was == nil || now == nil {
-		return fmt.Errorf("%w: %s is no longer a JSON object", ErrMetadataChanged, a.docKey())
-	}
-	shape, ok := parseShape(now["shape"])
-	delete(was, "shape")
-	delete(now, "shape")
-	wb, err1 := json.Marshal(was) // sorted keys: canonical
-	nb, err2 := json.Marshal(now)
-	if !ok || err1 != nil || err2 != nil || !bytes.Equal(wb, nb) || len(shape) != len(a.Shape) {
-		return fmt.Errorf("%w: more than its shape changed", ErrMetadataChanged)
+	if n.changed != nil || n.shape == nil {
+		return n.changed
 	}
 	for _, r := range reqs {
 		if r.Array != a {
 			continue
 		}
-		for d := range shape {
-			if r.Start[d]+r.Count[d] > shape[d] {
-				return fmt.Errorf("%w: shape %v, no longer %v", ErrMetadataChanged, shape, a.Shape)
+		for d := range n.shape {
+			if r.Start[d]+r.Count[d] > n.shape[d] {
+				return fmt.Errorf("%w: shape %v, no longer %v", ErrMetadataChanged, n.shape, a.Shape)
 			}
 		}
 	}
@@ -181,8 +238,10 @@ func (st *readState) checkAbsent(ctx context.Context, fetched time.Time, listing
 		// An absence is observed when its listing began (listed) or
 		// when its request ended.
 		at := fetched
-		if lst := listings[l.arr]; l.listedAbsent && lst != nil && lst.stat == nil {
-			at = lst.At
+		if lst := listings[l.arr]; l.listedAbsent && lst != nil {
+			if t := lst.absentSince(l.key); !t.IsZero() {
+				at = t
+			}
 		}
 		if _, ok := since[l.arr]; !ok {
 			order = append(order, l.arr)

@@ -56,12 +56,18 @@ type Listing struct {
 	// A lazy listing: stat asks the store, memo keeps the answers (a
 	// Bounded one while the count of those the hierarchy's bounded
 	// listings keep, kept, is under keep).
-	stat    func(key string) (string, error)
-	kept    *atomic.Int64
-	keep    int64
-	mu      sync.Mutex
-	memo    map[string]stated
-	retired bool // replaced as the array's listing: keeps no more
+	stat func(key string) (string, error)
+	kept *atomic.Int64
+	keep int64
+	mu   sync.Mutex
+	memo map[string]stated
+	// absentAt is when each absence memo keeps was learnt (absentSince).
+	absentAt map[string]time.Time
+	retired  bool // replaced as the array's listing: keeps no more
+	// askFirst says a lazy listing asks the version of a key before it
+	// is read (StoreHolder): the source cache held bytes of the store
+	// when the listing was made.
+	askFirst bool
 }
 
 type stated struct {
@@ -114,6 +120,12 @@ func (l *Listing) Known(key string) (version string, ok, known bool) {
 // and differ, so nothing may be learnt from it after the fact.
 func (l *Listing) Bounded() bool { return l.kept != nil }
 
+// AsksFirst reports whether a Read asks l the version of a key it has not
+// learnt before reading the key: a Bounded listing (whose answers a read
+// may not teach it), or a remote lazy listing made while the source cache
+// held bytes of its store (StoreHolder).
+func (l *Listing) AsksFirst() bool { return l.Bounded() || l.askFirst }
+
 // learn records in a lazy listing what the store said of key (ok: it
 // exists, in version v), from a stat or from the response of a read, and
 // returns the answer that stands: the first one kept. A Bounded listing
@@ -129,12 +141,36 @@ func (l *Listing) learn(key, v string, ok bool) (string, bool) {
 	case l.kept == nil:
 		l.memo[key] = stated{v, ok}
 	case l.retired:
+		return v, ok
 	case l.kept.Add(1) <= l.keep:
 		l.memo[key] = stated{v, ok}
 	default:
 		l.kept.Add(-1)
+		return v, ok
+	}
+	if !ok {
+		if l.absentAt == nil {
+			l.absentAt = map[string]time.Time{}
+		}
+		l.absentAt[key] = time.Now()
 	}
 	return v, ok
+}
+
+// absentSince is when l learnt that key is absent, observed at or before
+// it: when the listing began, for one made by listing; when the store
+// said so, for a lazy one (zero: it keeps no such answer). A missing
+// chunk's fill value needs the metadata read after that moment
+// (checkAbsent), so a lazy listing's absence, learnt once, is vouched for
+// by one read of the metadata for every Read that finds it, as a listed
+// one is.
+func (l *Listing) absentSince(key string) time.Time {
+	if l.stat == nil {
+		return l.At
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.absentAt[key] // zero when not kept
 }
 
 // DefaultLazyVersions is how many versions the Bounded listings of a
@@ -217,6 +253,10 @@ func (h *Hierarchy) List(ctx context.Context, a *Array, since time.Time) (*Listi
 		if objectstore.IsLocal(h.Store) {
 			// Asking again costs a stat: keep a bounded memo.
 			l.kept, l.keep = &h.lazyKept, int64(h.opts.LazyVersions)
+		} else if sh, ok := h.opts.SourceCache.(StoreHolder); ok {
+			if l.askFirst = sh.HoldsStore(); l.askFirst {
+				h.opts.Logger.Debug("the source cache holds chunks of this store: versions are asked before chunks are read", "array", a.Path)
+			}
 		}
 	} else {
 		l.versions = map[string]string{}

@@ -502,15 +502,32 @@ func (w *walker) walkV2(dir string, depth int) error {
 	return nil
 }
 
-func (w *walker) consolidatedV2(doc []byte) error {
-	var zm struct {
-		Metadata map[string]json.RawMessage `json:"metadata"`
+// consolidatedMembers parses consolidated metadata as Open reads it: the
+// members of a v3 root zarr.json's consolidated_metadata (format 3), keyed
+// by node path, or of a v2 .zmetadata's metadata (format 2), keyed by
+// document ("t/.zarray"). Nil members: the document holds none.
+func consolidatedMembers(doc []byte, format int) (map[string]json.RawMessage, error) {
+	if format == 2 {
+		var zm struct {
+			Metadata map[string]json.RawMessage `json:"metadata"`
+		}
+		err := parseJSON(doc, &zm)
+		return zm.Metadata, err
 	}
-	if err := parseJSON(doc, &zm); err != nil {
+	var n v3Node
+	if err := parseJSON(doc, &n); err != nil || n.Consolidated == nil {
+		return nil, err
+	}
+	return n.Consolidated.Metadata, nil
+}
+
+func (w *walker) consolidatedV2(doc []byte) error {
+	members, err := consolidatedMembers(doc, 2)
+	if err != nil {
 		return fmt.Errorf("%s/.zmetadata: %v", strings.TrimSuffix(w.h.Store.ID(), "/"), err)
 	}
 	w.consolidated = ".zmetadata"
-	for key, raw := range zm.Metadata {
+	for key, raw := range members {
 		dir, base := "", key
 		if i := strings.LastIndex(key, "/"); i >= 0 {
 			dir, base = key[:i], key[i+1:]
@@ -526,9 +543,9 @@ func (w *walker) consolidatedV2(doc []byte) error {
 		}
 		switch base {
 		case ".zgroup":
-			w.h.Groups[dir] = w.groupAttrs(zm.Metadata[join(dir, ".zattrs")])
+			w.h.Groups[dir] = w.groupAttrs(members[join(dir, ".zattrs")])
 		case ".zarray":
-			w.addV2Array(dir, raw, zm.Metadata[join(dir, ".zattrs")])
+			w.addV2Array(dir, raw, members[join(dir, ".zattrs")])
 		}
 	}
 	return nil

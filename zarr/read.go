@@ -242,13 +242,14 @@ func (h *Hierarchy) read(ctx context.Context, dec codec.BatchDecoder, mem codec.
 			src.listing = lst
 			v, ok, known := lst.Known(key)
 			var err error
-			if !known && (lst.Bounded() || pin.pins(o.a, o.coords) || (h.opts.VersionsFirst && h.opts.SourceCache != nil)) {
+			if !known && (lst.AsksFirst() || pin.pins(o.a, o.coords)) {
 				// A Bounded listing is asked once: the cache keys and
 				// the check of the fetch agree with the answer, and it
 				// with the pin, however it answers when asked again.
 				// Any listing is asked a chunk the pin names (its
-				// identity asked it already: no request), and any
-				// chunk under VersionsFirst.
+				// identity asked it already: no request), and one
+				// made while the source cache held the store's bytes
+				// any chunk (StoreHolder).
 				v, ok, err = lst.Version(key)
 				known = true
 			}

@@ -220,3 +220,64 @@ func TestRemoteVersionsWithoutListings(t *testing.T) {
 		})
 	}
 }
+
+// holdingCache is a source cache in memory that says it holds the store's
+// bytes once it holds any (StoreHolder), as the disk cache's chunk tier
+// does.
+type holdingCache struct{ mapCache }
+
+func (c *holdingCache) Put(k string, b []byte) { c.mapCache.Put(k, bytes.Clone(b)) }
+
+func (c *holdingCache) HoldsStore() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.m) > 0
+}
+
+// A lazy listing of a remote store made while the source cache holds the
+// store's bytes asks each chunk's version before reading it, and reads
+// the chunks the cache holds from there: a restarted mount reads none of
+// them again. Made while the cache holds nothing, it asks nothing and
+// learns the versions from the reads.
+func TestRemoteListingAsksFirstWhenTheCacheHoldsTheStore(t *testing.T) {
+	ctx := context.Background()
+	srv := gcstest.Start(t)
+	c := srv.Counts()
+	src := archive(t, srv, 1500)
+	sc := &holdingCache{mapCache{m: map[string][]byte{}}}
+	open := func() *zarr.Hierarchy {
+		g, err := objectstore.OpenGCS(ctx, src, objectstore.GCSOptions{Endpoint: srv.URL, Anonymous: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { g.Close() })
+		h, err := zarr.Open(ctx, g, zarr.Options{ChunkCacheBytes: -1, SourceCache: sc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { h.Close() })
+		return h
+	}
+	read := func(h *zarr.Hierarchy, samples ...int64) (stats, reads int64) {
+		s0, r0 := c.Stats.Load(), c.Reads.Load()
+		for _, k := range samples {
+			if got, err := readSample(t, h, k); err != nil || got[0] != uint32(2*k) {
+				t.Fatalf("sample %d: %v %v", k, got, err)
+			}
+		}
+		return c.Stats.Load() - s0, c.Reads.Load() - r0
+	}
+	if s, r := read(open(), 7, 8, 9); s != 0 || r != 3 {
+		t.Errorf("into an empty cache: %d metadata requests and %d reads, want 0 and 3", s, r)
+	}
+	h := open()
+	if s, r := read(h, 7, 8, 9); s != 3 || r != 0 {
+		t.Errorf("restarted over the cache: %d metadata requests and %d reads, want 3 and 0", s, r)
+	}
+	if s, r := read(h, 10); s != 1 || r != 1 {
+		t.Errorf("a chunk the cache lacks: %d metadata requests and %d reads, want 1 and 1", s, r)
+	}
+	if lst := h.Array("t").Listing(); lst == nil || !lst.AsksFirst() {
+		t.Error("the listing does not say it asks first")
+	}
+}

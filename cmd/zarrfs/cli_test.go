@@ -74,14 +74,19 @@ func checkCLI(t *testing.T, cases []cliCase) {
 	}
 }
 
-// Usage mistakes name the command once ("zarrfs mount: ...", not
-// "zarrfs: zarrfs mount: ...") and say where to look, exit status 2.
+// Usage mistakes are error lines of the one form, "zarrfs: " and the
+// object, here the command, once ("zarrfs: mount: ...", neither
+// "zarrfs mount: ..." nor "zarrfs: zarrfs mount: ..."), say where to
+// look, exit status 2.
 func TestCLIUsageLines(t *testing.T) {
 	checkCLI(t, []cliCase{
-		{"unknown flag", []string{"mount", "--bogus"}, "zarrfs mount: unknown flag: --bogus (see zarrfs mount --help)", 2},
-		{"missing args", []string{"mount", "x"}, "zarrfs mount: expected SOURCE and MOUNTPOINT, got 1 argument(s)", 2},
-		{"cache gc flag", []string{"cache", "gc", "--nope"}, "zarrfs cache gc: unknown flag: --nope (see zarrfs cache gc --help)", 2},
-		{"status args", []string{"status", "a", "b"}, "zarrfs status: expected at most one MOUNTPOINT, got 2 argument(s)", 2},
+		{"unknown flag", []string{"mount", "--bogus"}, "zarrfs: mount: unknown flag: --bogus (see zarrfs mount --help)", 2},
+		{"missing args", []string{"mount", "x"}, "zarrfs: mount: expected SOURCE and MOUNTPOINT, got 1 argument(s)", 2},
+		{"cache gc flag", []string{"cache", "gc", "--nope"}, "zarrfs: cache gc: unknown flag: --nope (see zarrfs cache gc --help)", 2},
+		{"status args", []string{"status", "a", "b"}, "zarrfs: status: expected at most one MOUNTPOINT, got 2 argument(s)", 2},
+		{"root flag", []string{"--bogus"}, "zarrfs: unknown flag: --bogus (see zarrfs --help)", 2},
+		{"unknown command", []string{"mout"}, `zarrfs: unknown command "mout" for "zarrfs"; did you mean mount? (see zarrfs --help)`, 2},
+		{"unknown subcommand", []string{"cache", "bogus"}, `zarrfs: unknown command "bogus" for "zarrfs cache" (see zarrfs cache --help)`, 2},
 	})
 }
 

@@ -61,6 +61,7 @@ func openGCS(ctx context.Context, src string, f *sourceFlags) (objectstore.Store
 	}
 	g, err := objectstore.OpenGCS(ctx, src, objectstore.GCSOptions{
 		Endpoint:       f.gcsEndpoint,
+		EmulatorHost:   os.Getenv("STORAGE_EMULATOR_HOST"),
 		Anonymous:      f.gcsAnonymous,
 		Logger:         f.logger,
 		RequestTimeout: f.deadlines.stall,

@@ -25,21 +25,46 @@ import (
 
 var version = "dev"
 
-// usageError marks a mistake on the command line: exit status 2.
-type usageError struct{ err error }
+// usageError marks a mistake on the command line: exit status 2. cmd,
+// when set, names the command whose arguments or flags are wrong, below
+// zarrfs ("mount", "cache gc"): its line reads "zarrfs: mount: ...".
+type usageError struct {
+	cmd string
+	err error
+}
 
-func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Error() string {
+	if e.cmd == "" {
+		return e.err.Error()
+	}
+	return e.cmd + ": " + e.err.Error()
+}
+
 func (e usageError) Unwrap() error { return e.err }
 
 func usagef(format string, args ...any) error {
-	return usageError{fmt.Errorf(format, args...)}
+	return usageError{err: fmt.Errorf(format, args...)}
+}
+
+// cmdUsagef is usagef about the command line of cmd.
+func cmdUsagef(cmd *cobra.Command, format string, args ...any) error {
+	return usageError{cmd: commandName(cmd), err: fmt.Errorf(format, args...)}
+}
+
+// commandName is cmd's path below the root ("mount", "cache gc"), "" for
+// the root itself.
+func commandName(cmd *cobra.Command) string {
+	if !cmd.HasParent() {
+		return ""
+	}
+	return strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()+" ")
 }
 
 // exactArgs is cobra.ExactArgs with a usage error.
 func exactArgs(n int, names string) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
 		if len(args) != n {
-			return usagef("%s: expected %s, got %d argument(s)", cmd.CommandPath(), names, len(args))
+			return cmdUsagef(cmd, "expected %s, got %d argument(s)", names, len(args))
 		}
 		return nil
 	}
@@ -49,7 +74,7 @@ func exactArgs(n int, names string) cobra.PositionalArgs {
 func maxArgs(n int, names string) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
 		if len(args) > n {
-			return usagef("%s: expected at most %s, got %d argument(s)", cmd.CommandPath(), names, len(args))
+			return cmdUsagef(cmd, "expected at most %s, got %d argument(s)", names, len(args))
 		}
 		return nil
 	}
@@ -65,11 +90,14 @@ func newRootCmd(prof *profiles) *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
-		return usageError{fmt.Errorf("%s: %w (see %s --help)", cmd.CommandPath(), err, cmd.CommandPath())}
+		return cmdUsagef(cmd, "%w (see %s --help)", err, cmd.CommandPath())
 	})
 	root.PersistentFlags().String("log-level", "info", "log level: debug, info, warn, error")
 	root.PersistentFlags().String("log-format", "text", "log format: text (key=value) or json (one object a line)")
 	prof.register(root)
+	// An unknown command is refused by the same typed usage error as
+	// every other mistake, not cobra's own.
+	subcommandsOnly(root)
 	// Every command checks the flags every command has, whether it logs or not.
 	root.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
 		if _, err := newLogger(cmd); err != nil {
@@ -84,9 +112,8 @@ func newRootCmd(prof *profiles) *cobra.Command {
 
 // run runs the command line args, writing to stdout and stderr, and
 // returns the exit status: 0, 1 for a runtime error, 2 for a usage error.
-// An error is one line on stderr: "zarrfs: " and the message, or the
-// message alone when it starts with the command it is about ("zarrfs
-// mount: unknown flag ...").
+// An error is one line on stderr: "zarrfs: " and the message, which
+// names the object and the cause ("zarrfs: mount: unknown flag ...").
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var prof profiles
 	defer prof.stop()
@@ -100,19 +127,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintln(stderr, errorLine(err))
 	var ue usageError
-	if errors.As(err, &ue) || isCobraUsage(err) {
+	if errors.As(err, &ue) {
 		return 2
 	}
 	return 1
 }
 
-// errorLine is the one line an error is reported as.
+// errorLine is the one line an error is reported as: "zarrfs: " and the
+// message (once, should the message carry it already).
 func errorLine(err error) string {
 	msg := strings.ReplaceAll(strings.TrimRight(err.Error(), "\n"), "\n", "; ")
-	if strings.HasPrefix(msg, "zarrfs: ") || strings.HasPrefix(msg, "zarrfs ") {
-		return msg
-	}
-	return "zarrfs: " + msg
+	return "zarrfs: " + strings.TrimPrefix(msg, "zarrfs: ")
 }
 
 // newLogger builds the logger every command uses, on stderr.
@@ -243,11 +268,4 @@ func (p *profiles) stop() {
 		s()
 	}
 	p.stops = nil
-}
-
-// isCobraUsage recognises cobra's own usage errors (unknown command).
-func isCobraUsage(err error) bool {
-	s := err.Error()
-	return strings.HasPrefix(s, "unknown command") || strings.HasPrefix(s, "unknown flag") ||
-		strings.Contains(s, "requires at least") || strings.Contains(s, "accepts ")
 }

@@ -294,7 +294,13 @@ func (f *layoutFlags) zarrOptions(o *opened, oo openOptions, log *slog.Logger, m
 	// store's only warm --compressed keeps (copying every chunk a mount
 	// reads from one disk to another would cost a write per read, for a
 	// store that a local read serves as well).
-	tier := o.cache.ChunkTier()
+	// The tier records what it keeps as this source's, so that a lazy
+	// listing of a remote store (HTTP, large GCS arrays), whose versions
+	// the reads would teach it by fetching the chunks, asks them first
+	// while the tier holds any of the source's chunks
+	// (zarr.StoreHolder): one HEAD or metadata request each, then the
+	// chunk from the cache.
+	tier := o.cache.ChunkTier().Of(objectstore.Identity(o.store))
 	switch {
 	case oo.compressed:
 		zopts.Partial = zarr.PartialNever // whole chunks: what any later read can use
@@ -302,15 +308,6 @@ func (f *layoutFlags) zarrOptions(o *opened, oo openOptions, log *slog.Logger, m
 		tier = tier.ReadOnly()
 	}
 	zopts.SourceCache = tier
-	// A remote store whose arrays learn their chunks' versions from the
-	// reads (HTTP, large GCS arrays) would fetch every chunk once per
-	// listing: after warm --compressed, its versions are asked first (a
-	// HEAD or a metadata request each), and the chunks read from the cache.
-	if isRemote(o.store) && tier.Holds(compressedMark(o.store)) {
-		zopts.VersionsFirst = true
-		log.Info("the cache holds this source's compressed chunks (zarrfs warm --compressed): chunk versions are asked before chunks are read",
-			"source", o.store.ID())
-	}
 	if oo.wrapTier != nil {
 		zopts.SourceCache = oo.wrapTier(tier)
 	}
@@ -333,13 +330,6 @@ func warnSkipped(ctx context.Context, log *slog.Logger, lay *layout.Layout) {
 			log.WarnContext(ratelog.Unlimited(ctx), "array left out of the mount", "array", s.Path, "reason", s.Reason)
 		}
 	}
-}
-
-// compressedMark is the chunk tier's key that says warm --compressed kept
-// the chunks of store (an empty entry, evicted as any other: without it a
-// mount learns versions from reads again, which fetch the chunks).
-func compressedMark(store objectstore.Store) string {
-	return "zarrfs warm --compressed\x00" + objectstore.Identity(store)
 }
 
 // loadViews reads the --view files, each named by its absolute path in
@@ -365,7 +355,7 @@ func loadViews(paths []string) ([]*layout.ViewSpec, error) {
 		case errors.As(err, &pe):
 			return nil, usagef("--view %s: %v", abs, pe.Err)
 		case err != nil:
-			return nil, usageError{err}
+			return nil, usageError{err: err}
 		}
 		specs = append(specs, s...)
 	}

@@ -103,16 +103,22 @@ func listenMetrics(addr string) (net.Listener, error) {
 	return nil, usagef("--metrics %s: %v", addr, err)
 }
 
-// subcommandsOnly makes a command that only groups others (zarrfs cache)
-// refuse an unknown subcommand as a usage error, as cobra does for the
-// root command, instead of printing its help and exiting 0; given no
+// subcommandsOnly makes a command that only groups others (zarrfs, zarrfs
+// cache) refuse an unknown subcommand as a usage error (cobra would print
+// a group's help and exit 0), with cobra's suggestions; given no
 // arguments it prints its help, as kubectl and gh do for their groups.
 func subcommandsOnly(cmd *cobra.Command) {
+	if cmd.SuggestionsMinimumDistance <= 0 {
+		cmd.SuggestionsMinimumDistance = 2 // cobra's own for the root
+	}
 	cmd.Args = func(c *cobra.Command, args []string) error {
-		if len(args) > 0 {
-			return usagef("unknown command %q for %q (see %s --help)", args[0], c.CommandPath(), c.CommandPath())
+		if len(args) == 0 {
+			return nil
 		}
-		return nil
+		if s := c.SuggestionsFor(args[0]); len(s) > 0 {
+			return usagef("unknown command %q for %q; did you mean %s? (see %s --help)", args[0], c.CommandPath(), strings.Join(s, " or "), c.CommandPath())
+		}
+		return usagef("unknown command %q for %q (see %s --help)", args[0], c.CommandPath(), c.CommandPath())
 	}
 	cmd.RunE = func(c *cobra.Command, args []string) error { return c.Help() }
 }

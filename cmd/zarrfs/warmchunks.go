@@ -104,9 +104,6 @@ func warmCompressed(cmd *cobra.Command, f *warmFlags, o *opened, plan *fill.Sele
 		return fmt.Errorf("warm interrupted after %d of %s; run it again to resume (chunks kept are read from the cache)", done.Load(), files(len(plan.Blobs)))
 	}
 	found, stored, foundB, storedB, gone := kept.tally()
-	if found+stored > 0 && isRemote(o.store) {
-		kept.ChunkTier.Put(compressedMark(o.store), []byte{})
-	}
 	fmt.Fprintf(out, "zarrfs: kept the compressed chunks of %s (%s decoded) in %s: %d chunks (%s) stored, %d (%s) already in the cache; %s fetched; cache %s\n",
 		files(int(done.Load())), memory.Human(plan.Bytes), el.Round(time.Millisecond), stored, memory.Human(storedB), found, memory.Human(foundB),
 		memory.Human(o.stats.BytesFetched.Load()), o.cache.Dir())

@@ -58,6 +58,16 @@ def test_usage_error_raises_the_daemons_error(zarrfs_bin, fuse, index_store, tmp
     assert e.value.returncode == 2
 
 
+def test_flag_mistake_raises_the_daemons_error(zarrfs_bin, fuse, index_store, tmp_path):
+    # A flag the daemon does not know is a usage error whose line starts
+    # "zarrfs: " as every error line does: MountError carries it, not a
+    # message of its own around it.
+    with pytest.raises(zarrfs.MountError) as e:
+        zarrfs.Mount(index_store, str(tmp_path / "mnt"), cache=str(tmp_path / "c"), bogus_flag=True).start()
+    assert str(e.value) == "zarrfs: mount: unknown flag: --bogus-flag (see zarrfs mount --help)"
+    assert e.value.returncode == 2
+
+
 def test_mountpoint_is_a_file(zarrfs_bin, fuse, index_store, tmp_path):
     f = tmp_path / "file"
     f.write_text("")

@@ -20,8 +20,9 @@ log = logging.getLogger("zarrfs")
 class MountError(RuntimeError):
     """`zarrfs mount` failed to start or to stop cleanly.
 
-    ``str(err)`` is the daemon's own error line (``zarrfs: SOURCE: cause``)
-    when it printed one; ``returncode`` is its exit status (None while it
+    ``str(err)`` is the daemon's own error line (``zarrfs: SOURCE: cause``,
+    or ``zarrfs: mount: unknown flag: ...`` for a mistake in the flags)
+    when it printed one, else a line of the same form; ``returncode`` is its exit status (None while it
     still runs) and ``stderr`` the last lines it wrote.
     """
 
@@ -211,14 +212,14 @@ class Mount:
                 rc = proc.returncode
                 self._proc, self._threads = None, []
                 self._cleanup_dir()
-                raise MountError(self._error_line(f"zarrfs mount exited with status {rc} before mounting"),
+                raise MountError(self._error_line(f"zarrfs: mount: exited with status {rc} before mounting"),
                                  returncode=rc, stderr=self.stderr)
             left = deadline - time.monotonic()
             if left <= 0:
                 self._kill()
                 self._proc, self._threads = None, []
                 self._cleanup_dir()
-                raise MountError(self._error_line(f"zarrfs mount: not mounted within {self.timeout:g}s"),
+                raise MountError(self._error_line(f"zarrfs: mount: not mounted within {self.timeout:g}s"),
                                  stderr=self.stderr)
             got_line.wait(min(left, 0.1))
             got_line.clear()
@@ -229,10 +230,11 @@ class Mount:
         return "\n".join(self._stderr)
 
     def _error_line(self, default: str) -> str:
-        # A failing command's error is its last line starting "zarrfs:";
-        # log lines are key=value records.
+        # A failing command's error is its last line starting "zarrfs: "
+        # (every error line, usage errors included); log lines are
+        # key=value records.
         for line in reversed(self._stderr):
-            if line.startswith("zarrfs:"):
+            if line.startswith("zarrfs: "):
                 return line
         for line in reversed(self._stderr):
             if line.strip():
@@ -254,19 +256,19 @@ class Mount:
                 for t in self._threads:
                     t.join(timeout=5)
                 raise MountError(self._error_line(
-                    f"{self.path}: zarrfs mount exited with status {p.returncode} before it was stopped"),
+                    f"zarrfs: {self.path}: the daemon exited with status {p.returncode} before it was stopped"),
                     returncode=p.returncode, stderr=self.stderr)
             p.send_signal(signal.SIGTERM)
             try:
                 p.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self._kill()
-                raise MountError(f"{self.path}: zarrfs did not exit within {timeout:g}s of SIGTERM; killed it",
+                raise MountError(f"zarrfs: {self.path}: the daemon did not exit within {timeout:g}s of SIGTERM; killed it",
                                  stderr=self.stderr)
             for t in self._threads:
                 t.join(timeout=5)
             if p.returncode != 0:
-                raise MountError(self._error_line(f"zarrfs mount exited with status {p.returncode}"),
+                raise MountError(self._error_line(f"zarrfs: mount: exited with status {p.returncode}"),
                                  returncode=p.returncode, stderr=self.stderr)
         finally:
             self._proc, self._threads = None, []
