@@ -7,8 +7,10 @@
 # measures (integration/gpu/deliver_check.py): first-epoch samples/s of
 # both paths with the daemon on 4 cores and on all, bytes to the GPU
 # against the compressed bytes, the daemon's CPU a sample on each path,
-# and where the device path's fills spend their time; then, once, the
-# decoders' damage suite on the device path (deliver_check.py's damage part,
+# and where the device path's fills spend their time; the second epoch from
+# the compressed cache against a warm decoded-blob epoch, and the Loader over
+# a warm mount against plain preads of the same files (with where its time
+# goes); then, once, the decoders' damage suite on the device path (deliver_check.py's damage part,
 # its chunks damaged by chunkdamage).
 #
 # The GPU kernels are first compiled from gpu/kernels/kernels.cu (nvcc, or
@@ -25,7 +27,7 @@
 # Usage: integration/gpu/deliver.sh ZARRFS
 # Environment: STEPS (samples, default 96), SCRATCH (default
 # /dev/shm/zarrfs-deliver), CODECS (default "blosc mixed"), PARTS (the
-# checker's parts, default all: equal,reader,daemon,rate,dali,damage),
+# checker's parts, default all: equal,reader,daemon,rate,dali,second,warm,damage),
 # PYTHON (default python3), STORE_DIR (stores
 # already written by make_store.py: STORE_DIR/CODEC/era5.zarr and
 # train.yaml), PTX_DIR (default $OUT, else SCRATCH), GPU_TEST, KERNELS
@@ -67,7 +69,7 @@ if "$py" "$here/ptx.py" "$root/gpu/kernels/kernels.cu" "$ptxdir/kernels.ptx"; th
 	fi
 fi
 
-parts=${PARTS:-equal,reader,daemon,rate,dali,damage}
+parts=${PARTS:-equal,reader,daemon,rate,dali,second,warm,damage}
 # The parts that read the ERA5-like stores, run once per store.
 store_parts=$(tr , '\n' <<<"$parts" | grep -vx damage | paste -sd, -)
 for codecs in ${CODECS:-blosc mixed}; do

@@ -2,7 +2,7 @@
 """Device delivery on a GPU machine: zarrfs.torch.Loader(decode="device")
 against decode="host" over the same samples of the ERA5-like view.
 
-Usage: deliver_check.py ZARRFS STORE VIEW SCRATCH [--parts equal,reader,daemon,rate,dali,damage] [--trust-unchecked]
+Usage: deliver_check.py ZARRFS STORE VIEW SCRATCH [--parts equal,reader,daemon,rate,dali,second,warm,damage] [--trust-unchecked]
        [--gpu-kernels FILE] [--chunkdamage FILE] [--damage-seeds 2]
 
   equal   every batch of decode="device" equals decode="host" byte for byte
@@ -20,6 +20,22 @@ Usage: deliver_check.py ZARRFS STORE VIEW SCRATCH [--parts equal,reader,daemon,r
           equal numpy.load of the Loader's files, and the first epoch's
           rate of a cold mount against Loader(decode="device"); skipped
           (a SKIP line) where DALI is not installed
+  second  the second epoch from the compressed cache: `zarrfs warm
+          --compressed` of the view's chunks, a mount of that cache whose
+          --cache-size holds the chunks but not the decoded samples, and
+          Loader(decode="device") epochs over it (the device path writes no
+          decoded file: status shows every chunk read from the tier, no blob
+          kept), against Loader(decode="host") over a mount of decoded
+          blobs warmed the usual way (samples/s of each one's second
+          epoch); and decode="host" from the compressed tier alone, each
+          blob decoded from it as read, for reference; every core
+  warm    the warm host path against its limit: the view's decoded blobs
+          copied to plain files on the same filesystem; the reference
+          reader (threads pread whole samples into pinned buffers, one
+          asynchronous copy each to the GPU, batch 4) and
+          Loader(decode="host"), each over the plain files and over the
+          mount, rounds interleaved (medians); then a profiled Loader
+          epoch (Loader(profile=True)) over each: where its time goes
   damage  a store of its own (STORE and VIEW unused: "-" will do) with
           blosc-lz4, zstd with a checksum and zstd without, a chunk a
           sample, whose chunks chunkdamage damages with every kind of the
@@ -42,24 +58,26 @@ deliver.sh) instead of the binary's.
 ./integration/gpu/chunkdamage), by default beside ZARRFS.
 
 Prints one line per check ("PASS ...", "FAIL ..." or "SKIP ...") and RATE, CPU, BYTES,
-STAGES and MEASURE lines for the rates; exits 1 when a check failed.
+STAGES, PROFILE and MEASURE lines for the rates; exits 1 when a check failed.
 """
 
 import argparse
 import gc
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
 import zarrfs
 from zarrfs._deliver import DeliveryError
-from zarrfs.loader import Loader
+from zarrfs.loader import Loader, _torch_dtype
 
 failed = []
 # --device cpu runs every check against the mount's test mode (--delivery
@@ -154,7 +172,7 @@ def part_equal(a, m, n):
 
 _READER = """
 import sys, time
-from zarrfs.loader import Loader
+from zarrfs.loader import Loader, _torch_dtype
 l = Loader(sys.argv[1], 4, device=sys.argv[2], decode="device")
 it = iter(l)
 next(it)
@@ -461,6 +479,307 @@ def part_rate(a):
 
 
 
+def zarrfs_cmd(a, *args):
+    """Runs zarrfs ARGS; prints its summary line (the last line on stderr
+    that starts with "zarrfs:")."""
+    p = subprocess.run([a.zarrfs, *args], capture_output=True, text=True)
+    said = [line for line in p.stderr.splitlines() if line.startswith("zarrfs:")]
+    if p.returncode != 0:
+        raise RuntimeError(f"zarrfs {' '.join(args)}: exit {p.returncode}: {p.stderr.strip()[-2000:]}")
+    if said:
+        print("  " + said[-1], flush=True)
+    return p.stdout
+
+
+def warm_cache(a, name, compressed):
+    """The view's samples warmed into cache-NAME (decoded blobs, or with
+    compressed their compressed chunks only); warm is idempotent, so a
+    cache the other part warmed costs nothing. Returns the cache."""
+    cache = os.path.join(a.scratch, "cache-" + name)
+    args = ["warm", a.store, "--cache", cache, "--view", a.view, "--only", "train", "--decode", "cpu"]
+    zarrfs_cmd(a, *(args + (["--compressed"] if compressed else [])))
+    return cache
+
+
+def mount_cache(a, name, cache, **flags):
+    """A mount of the view on an existing cache (start() makes a fresh one)."""
+    m = zarrfs.Mount(a.store, os.path.join(a.scratch, "mnt-" + name), **mount_flags(a.view, cache), **flags)
+    m.start()
+    return m
+
+
+def loader_epochs(d, decode, epochs, profile=False, after_first=False):
+    """samples/s of each of epochs epochs of one Loader (batch 4) over
+    directory d, the trainer reading every batch; after_first times each
+    epoch from its first batch on (the loader's setup and its first batch
+    left out). Returns (rates, the loader's path, its stages)."""
+    l = Loader(d, 4, device=DEVICE, decode=decode, profile=profile)
+    rates = []
+    try:
+        for _ in range(epochs):
+            sync()
+            t0, got, first = time.perf_counter(), 0, after_first
+            for x, _ in l:
+                x.sum()  # the trainer reads the batch
+                if first:
+                    sync()
+                    t0, first = time.perf_counter(), False
+                else:
+                    got += len(x)
+            sync()
+            rates.append(got / (time.perf_counter() - t0))
+        return rates, l.path_kind, l.stages()
+    finally:
+        l.close()
+
+
+def first_batch(d, decode):
+    """The first batch of directory d in order, as CPU bytes."""
+    l = Loader(d, 4, device=DEVICE, decode=decode, copy=True)
+    try:
+        x, _ = next(iter(l))
+        return x.cpu()
+    finally:
+        l.close()
+
+
+def cache_tiers(a, cache):
+    """(blob files, chunk bytes) a cache holds (zarrfs status --cache)."""
+    d = json.loads(zarrfs_cmd(a, "status", "--cache", cache, "--json"))
+    d = d[0] if isinstance(d, list) else d
+    return d["blobs"], d["chunk_bytes"]
+
+
+def part_second(a):
+    """The second epoch from the compressed cache: zarrfs warm --compressed
+    of the view's chunks, a mount of it whose budget holds the compressed
+    chunks but not the decoded samples, Loader(decode='device') epochs (the
+    device path writes no decoded file), against a Loader(decode='host')
+    epoch over a mount of decoded blobs warmed the usual way; then the host
+    path from the compressed tier alone (its first epoch: every blob decoded
+    from the tier and written), for reference. Every core."""
+    ncpu = os.cpu_count() or 1
+    os.sched_setaffinity(0, set(range(ncpu)))
+    blobs_cache = warm_cache(a, "blobs", compressed=False)
+    m = mount_cache(a, "second-blobs", blobs_cache)
+    try:
+        d = os.path.join(m.path, "train")
+        n, sample = len(zarrfs.SampleDir(d)), zarrfs.SampleDir(d).sample_nbytes
+        want = first_batch(d, "host")
+        blob_rates, blob_kind, _ = loader_epochs(d, "host", 2)
+    finally:
+        m.stop()
+    comp_cache = warm_cache(a, "compressed", compressed=True)
+    nblobs, chunk_bytes = cache_tiers(a, comp_cache)
+    decoded = n * sample
+    budget = int(chunk_bytes * 1.25)
+    check(nblobs == 0 and chunk_bytes > 0 and budget < decoded,
+          f"second: the compressed cache holds {chunk_bytes / 1e9:.2f} GB of chunks and no decoded file; its mount's "
+          f"--cache-size {budget / 1e9:.2f} GB holds them but not the {decoded / 1e9:.2f} GB of decoded samples")
+    m = mount_cache(a, "second-compressed", comp_cache, cache_size=str(budget))
+    try:
+        d = os.path.join(m.path, "train")
+        got = first_batch(d, "device")
+        check(torch.equal(got, want), "second: the device path's first batch from the compressed cache equals the decoded blobs'")
+        dev_rates, dev_kind, _ = loader_epochs(d, "device", 2)
+        st = status(a.zarrfs, m)
+    finally:
+        m.stop()
+    c, dl, src = st["cache"], st.get("delivery") or {}, st.get("source_reads") or {}
+    print(f"  second: device path status: cache {json.dumps({k: c[k] for k in ('blob_files', 'chunk_files', 'chunk_hits', 'chunk_misses', 'evictions')})}, "
+          f"source bytes fetched {src.get('bytes_fetched', 0)}, device-path samples {dl.get('device_samples', 0)}, "
+          f"host-path samples {dl.get('host_samples', 0)}", flush=True)
+    check(c["blob_files"] == 0 and c["chunk_misses"] == 0 and c["chunk_hits"] > 0 and c["evictions"] == 0,
+          "second: the device path read every chunk from the compressed tier and kept no decoded file")
+    m = mount_cache(a, "second-host", comp_cache)
+    try:
+        host_rates, _, _ = loader_epochs(os.path.join(m.path, "train"), "host", 1, after_first=True)
+        hst = status(a.zarrfs, m)["cache"]
+    finally:
+        m.stop()
+    print(f"  second: host path from the tier: chunk hits {hst['chunk_hits']}, misses {hst['chunk_misses']}, "
+          f"blobs written {hst['blob_files']}", flush=True)
+    blob, dev, host = blob_rates[-1], dev_rates[-1], host_rates[0]
+    print(f"RATE second, {ncpu} cores, batch 4, {n} samples: decode='device' ({dev_kind}) from the compressed cache "
+          f"{' / '.join(f'{r:.1f}' for r in dev_rates)} samples/s (epochs 1 / 2); decode='host' over warm decoded blobs "
+          f"({blob_kind}) {' / '.join(f'{r:.1f}' for r in blob_rates)}; decode='host' from the compressed tier "
+          f"(blobs decoded and written as read, timed from its first batch) {host:.1f}", flush=True)
+    print(f"MEASURE second epoch from the compressed cache, {ncpu} cores: device path {dev:.1f} / warm decoded-blob "
+          f"Loader epoch {blob:.1f} samples/s = {dev / blob:.2f}x (target >= 0.8x); host path from the compressed tier "
+          f"{host:.1f} = {host / blob:.2f}x", flush=True)
+
+
+class RefReader:
+    """The plain reader a loader is held against: threads pread whole
+    samples into pinned buffers of their own (on the CPU, straight into the
+    batch), each followed by one asynchronous copy into its batch on the
+    GPU, batch after batch with enough in flight to keep every thread busy;
+    the consumer takes the batches in order as the Loader's does. Its
+    buffers are made once, outside the epochs timed."""
+
+    def __init__(self, nbytes, threads, batch=4):
+        self.nbytes, self.threads, self.batch = nbytes, threads, batch
+        self.depth = -(-threads // batch) + 1
+        self.free = queue.Queue()
+        self.bufs, self.streams = [], []
+        for i in range(threads):
+            if DEVICE == "cuda":
+                self.bufs.append(torch.empty(nbytes, dtype=torch.uint8, pin_memory=True))
+                self.streams.append(torch.cuda.Stream())
+            self.free.put(i)
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="ref")
+
+    def close(self):
+        self.pool.shutdown()
+
+    def _one(self, path, offset, dst):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if DEVICE != "cuda":
+                read_full(fd, memoryview(dst.numpy()), offset)
+                return None
+            i = self.free.get()
+            s = self.streams[i]
+            s.synchronize()  # its last copy is done
+            read_full(fd, memoryview(self.bufs[i].numpy()), offset)
+            with torch.cuda.stream(s):
+                dst.copy_(self.bufs[i], non_blocking=True)
+                dst.record_stream(s)
+                ev = torch.cuda.Event()
+                ev.record(s)
+            self.free.put(i)
+            return ev
+        finally:
+            os.close(fd)
+
+    def epoch(self, d):
+        """samples/s of one pass over sample directory d, in order."""
+        sd = zarrfs.SampleDir(d)
+        files, off = sd.files, sd.data_offset
+        batches = [files[i:i + self.batch] for i in range(0, len(files), self.batch)]
+        dev = "cuda" if DEVICE == "cuda" else "cpu"
+        inflight = []
+
+        def submit(b):
+            x = torch.empty((len(batches[b]), self.nbytes), dtype=torch.uint8, device=dev)
+            inflight.append((x, [self.pool.submit(self._one, f, off, x[j]) for j, f in enumerate(batches[b])]))
+
+        sync()
+        t0 = time.perf_counter()
+        for b in range(min(self.depth, len(batches))):
+            submit(b)
+        got = 0
+        for b in range(len(batches)):
+            x, futures = inflight.pop(0)
+            for f in futures:
+                ev = f.result()
+                if ev is not None:
+                    torch.cuda.current_stream().wait_event(ev)
+            x.view(_torch_dtype(sd.dtype)).view((len(x),) + sd.sample_shape).sum()  # the trainer reads the batch
+            got += len(x)
+            del x
+            if b + self.depth < len(batches):
+                submit(b + self.depth)
+        sync()
+        return got / (time.perf_counter() - t0)
+
+
+def read_full(fd, mv, offset):
+    done = 0
+    while done < len(mv):
+        n = os.preadv(fd, [mv[done:]], offset + done)
+        if n <= 0:
+            raise OSError(5, f"short read at {offset + done}")
+        done += n
+
+
+def profile_line(st, per):
+    """A profiled Loader epoch's stages (Loader.stages()), ms a sample."""
+    keys = ["epoch", "consumer_wait", "submit", "slot_wait", "pin", "read_wait", "close", "h2d_issue", "put_wait",
+            "open", "pread", "h2d_gpu"]
+    return ", ".join(f"{k} {1e3 * st.get(k, 0) / per:.2f}" for k in keys)
+
+
+def part_warm(a):
+    """The warm host path against its limit: the view's decoded blobs
+    copied to plain files on the same filesystem, read by the reference
+    reader (RefReader) and by Loader(decode='host'), each over the plain
+    files and over a mount of the warm cache, in interleaved rounds (the
+    median of 3 after one untimed); then where a profiled Loader epoch over
+    the mount spends its time (Loader(profile=True)). Every core."""
+    ncpu = os.cpu_count() or 1
+    os.sched_setaffinity(0, set(range(ncpu)))
+    cache = warm_cache(a, "blobs", compressed=False)
+    m = mount_cache(a, "warm", cache)
+    try:
+        mnt = os.path.join(m.path, "train")
+        st = status(a.zarrfs, m)
+        plain = os.path.join(a.scratch, "plain", "train")
+        subprocess.run(["rm", "-rf", os.path.dirname(plain)], check=True)
+        os.makedirs(os.path.dirname(plain))
+        t0 = time.perf_counter()
+        subprocess.run(["cp", "-r", os.path.join(st["cache"]["blob_dir"], "train"), plain], check=True)
+        subprocess.run(["cp", mnt + ".json", plain + ".json"], check=True)
+        print(f"  warm: the view's blobs copied to plain files in {time.perf_counter() - t0:.1f} s; the mount passes reads "
+              f"through (FUSE passthrough): {st['mount']['passthrough']}", flush=True)
+        sd = zarrfs.SampleDir(mnt)
+        threads = min(ncpu, 16)  # the Loader's default
+        ref = RefReader(sd.sample_nbytes, threads)
+        loaders = {}
+        readers = {
+            "ref-plain": lambda: ref.epoch(plain),
+            "ref-mount": lambda: ref.epoch(mnt),
+            "loader-plain": lambda: epoch_of(loaders, plain, False),
+            "loader-mount": lambda: epoch_of(loaders, mnt, False),
+        }
+        rates = {k: [] for k in readers}
+        for rnd in range(4):
+            for k, f in readers.items():
+                r = f()
+                if rnd:
+                    rates[k].append(r)
+        ref.close()
+        for l in loaders.values():
+            l.close()
+        prof = {}
+        for name, d in (("mount", mnt), ("plain", plain)):
+            _, _, prof[name] = loader_epochs(d, "host", 2, profile=True)
+    finally:
+        m.stop()
+    med = {k: float(np.median(v)) for k, v in rates.items()}
+    for k, v in rates.items():
+        print(f"  warm: {k}: {' / '.join(f'{r:.1f}' for r in v)} samples/s", flush=True)
+    for name, p in prof.items():
+        per = max(1.0, p.get("samples", 0))
+        busy = (p.get("open", 0) + p.get("pread", 0)) / max(1e-9, p.get("threads", 1) * p.get("epoch", 1))
+        print(f"  PROFILE loader over the {name} files (ms a sample, {int(per)} samples, the second epoch): "
+              f"{profile_line(p, per)}; reader threads busy {busy:.2f} of the epoch; "
+              f"{p.get('bytes', 0) / max(1e-9, p.get('pread', 1)) / 1e9:.2f} GB/s a thread in preads", flush=True)
+    ratio = med["loader-mount"] / med["ref-plain"]
+    print(f"RATE warm, {ncpu} cores, batch 4, {len(sd)} samples, medians: reference reader on plain files "
+          f"{med['ref-plain']:.1f} samples/s, over the mount {med['ref-mount']:.1f} ({med['ref-mount'] / med['ref-plain']:.2f}x); "
+          f"Loader over plain files {med['loader-plain']:.1f} ({med['loader-plain'] / med['ref-plain']:.2f}x), over the mount "
+          f"{med['loader-mount']:.1f}", flush=True)
+    print(f"MEASURE warm host path, {ncpu} cores: Loader(decode='host') over the warm mount {med['loader-mount']:.1f} / "
+          f"pread->pinned->GPU reference on plain files {med['ref-plain']:.1f} samples/s = {ratio:.2f}x (target >= 0.9x)",
+          flush=True)
+    subprocess.run(["rm", "-rf", os.path.dirname(plain)])
+
+
+def epoch_of(loaders, d, profile):
+    """One epoch of the Loader over d (made at its first use, kept)."""
+    if d not in loaders:
+        loaders[d] = Loader(d, 4, device=DEVICE, decode="host", profile=profile)
+    l = loaders[d]
+    sync()
+    t0, got = time.perf_counter(), 0
+    for x, _ in l:
+        x.sum()
+        got += len(x)
+    sync()
+    return got / (time.perf_counter() - t0)
+
+
 # The damage part's store: one array a codec the device path takes, a
 # chunk a sample (so a damaged chunk is one sample's): blosc-lz4 with byte
 # shuffle in blocks of 8 KiB (several blocks and streams to cut, swap and
@@ -691,7 +1010,7 @@ def main():
     ap.add_argument("store")
     ap.add_argument("view")
     ap.add_argument("scratch")
-    ap.add_argument("--parts", default="equal,reader,daemon,rate,dali,damage")
+    ap.add_argument("--parts", default="equal,reader,daemon,rate,dali,second,warm,damage")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--trust-unchecked", action="store_true", help="mount with --gpu-trust-unchecked")
     ap.add_argument("--gpu-kernels", help="mount with --gpu-kernels FILE: kernels compiled from kernels.cu")
@@ -728,6 +1047,10 @@ def main():
         part_daemon(a)
     if "rate" in parts:
         part_rate(a)
+    if "second" in parts:
+        part_second(a)
+    if "warm" in parts:
+        part_warm(a)
     if "damage" in parts:
         part_damage(a)
     print(f"{len(failed)} checks failed" if failed else "all checks passed", flush=True)

@@ -133,6 +133,77 @@ def test_unreadable_sample_names_its_file(mount, index_store, tmp_path):
     assert threading.active_count() <= base, "loader threads still running after the error"
 
 
+def open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_pieces_share_one_open_per_sample(mount, index_store, monkeypatch):
+    """A sample read in several pieces is opened once for them (an open of
+    a mount's file is a round trip to its daemon), and every file is
+    closed once its batch is read."""
+    import zarrfs.loader as zl
+
+    m = mount(index_store)
+    d = os.path.join(m.path, "x")
+    monkeypatch.setattr(zl, "_PIECE", 8)  # 24-byte samples: 3 pieces each
+    opened = []
+    real_open = os.open
+
+    def counting_open(path, *args, **kw):
+        if str(path).startswith(d + "/"):
+            opened.append(os.path.basename(path))
+        return real_open(path, *args, **kw)
+
+    monkeypatch.setattr(zl.os, "open", counting_open)
+    fds = open_fds()
+    l = Loader(d, 4, device="cpu", threads=3, open_ahead=0)
+    assert epoch_indices(l) == list(range(N))
+    assert sorted(opened) == sorted(zarrfs.SampleDir(d).names), "each sample opened once"
+    assert open_fds() <= fds, "sample files left open"
+
+
+def test_close_with_pieces_queued(mount, index_store, monkeypatch):
+    """Closing a loader while pieces of the next batches wait in its pool
+    (cancelled by the pool's shutdown) returns, and leaves no file open."""
+    import zarrfs.loader as zl
+
+    m = mount(index_store)
+    monkeypatch.setattr(zl, "_PIECE", 4)  # 6 pieces a sample
+    slow = zl._Producer._read
+
+    def read(self, *args):
+        time.sleep(0.01)
+        slow(self, *args)
+
+    monkeypatch.setattr(zl._Producer, "_read", read)
+    fds = open_fds()
+    l = Loader(os.path.join(m.path, "x"), 4, device="cpu", threads=1, prefetch=2, open_ahead=0)
+    it = iter(l)
+    next(it)
+    t = threading.Thread(target=l.close, daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "close() hangs"
+    del it
+    assert open_fds() <= fds, "sample files left open"
+
+
+def test_profile_stages(mount, index_store):
+    """profile=True says where an epoch went; without it, nothing."""
+    m = mount(index_store)
+    d = os.path.join(m.path, "x")
+    l = Loader(d, 4, device="cpu", threads=2, profile=True)
+    assert l.stages() == {}
+    assert len(epoch_indices(l)) == N
+    st = l.stages()
+    assert st["samples"] == N and st["batches"] == -(-N // 4) and st["threads"] == 2
+    assert st["bytes"] == N * zarrfs.SampleDir(d).sample_nbytes
+    assert st["pread"] > 0 and st["open"] > 0 and st["epoch"] > 0
+    assert st["consumer_wait"] <= st["epoch"]
+    plain = Loader(d, 4, device="cpu")
+    assert len(epoch_indices(plain)) == N and plain.stages() == {}
+
+
 def test_threads_stop_when_abandoned(mount, index_store):
     m = mount(index_store)
     base = threading.active_count()

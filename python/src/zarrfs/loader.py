@@ -14,9 +14,10 @@ import mmap
 import os
 import queue
 import threading
+import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from concurrent.futures import CancelledError, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -73,6 +74,11 @@ class Loader:
     raises an ``OSError`` naming its file. On a GPU one epoch reads at a
     time (the epochs share the pinned buffers): starting another iteration
     stops the one before, whose next ``next()`` raises ``RuntimeError``.
+
+    ``profile=True`` times where an epoch's time goes, for
+    ``stages()`` (the host path: decode="host", or files read): the reader
+    threads' opens, preads and closes, the producer's waits, the copies'
+    time on the GPU, and the consumer's wait for batches.
     """
 
     def __init__(self, sample_dir: Union[str, os.PathLike[str]], batch_size: int, *,
@@ -80,7 +86,8 @@ class Loader:
                  shard: str = "contiguous", shuffle: bool = False, seed: int = 0, drop_last: bool = False,
                  threads: Optional[int] = None, prefetch: int = 2, odirect: bool = False,
                  even_batches: bool = False, open_ahead: int = 16, pin_memory: bool = False,
-                 decode: str = "auto", copy: bool = False, timeout: float = 300.0) -> None:
+                 decode: str = "auto", copy: bool = False, timeout: float = 300.0,
+                 profile: bool = False) -> None:
         import torch
 
         self.dir = SampleDir(sample_dir)
@@ -119,6 +126,8 @@ class Loader:
         if timeout <= 0:
             raise ValueError(f"timeout {timeout}: want a positive number of seconds")
         self.decode, self.copy, self.timeout = decode, copy, timeout
+        self.profile = profile
+        self._stages: Optional[_Stages] = None  # the last epoch's, with profile
         self._lost: Optional[str] = None  # why the ring was let go (its daemon is gone)
         self._dring = self._open_ring()
         self.path_kind = self._path_kind()
@@ -171,6 +180,27 @@ class Loader:
         self._events = [None] * len(self._buffers)
         return self._buffers
 
+    def stages(self) -> Dict[str, float]:
+        """Where the last (or current) epoch's time went, with
+        ``profile=True``: seconds by stage, summed over the threads that
+        spent them, and counts. Empty without profile or on the ring path
+        (``zarrfs status`` has the daemon's stages there).
+
+        - ``epoch``: from the epoch's start to its last batch handed out;
+          ``consumer_wait``: the part of it the consumer waited for batches
+        - the producer thread's: ``slot_wait`` (for a ring buffer's copy to
+          the GPU to finish), ``pin`` (pinning a ring buffer at its first
+          use), ``submit`` (queueing a batch's reads and the opens ahead),
+          ``read_wait`` (for a batch's reads, once the next batch's are
+          queued), ``close`` (its files), ``h2d_issue`` (queueing the copies), ``put_wait`` (for
+          room among the batches read ahead: the consumer is the slower)
+        - the reader threads', summed: ``open``, ``pread``
+        - ``h2d_gpu``: the copies' time on the GPU
+        - ``threads``, ``batches``, ``samples``, ``bytes``
+        """
+        st = self._stages
+        return st.snapshot() if st is not None else {}
+
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
@@ -208,7 +238,8 @@ class Loader:
             r = RingEpoch(self, self.order())
             self._active = weakref.proxy(r)
             return r
-        e = _Epoch(self, self.order())
+        self._stages = _Stages(self.threads) if self.profile else None
+        e = _Epoch(self, self.order(), self._stages)
         self._active = weakref.proxy(e)
         return e
 
@@ -307,6 +338,62 @@ def _torch_dtype(dt: np.dtype) -> torch.dtype:
     return table[key]
 
 
+class _Stages:
+    """An epoch's time by stage (Loader(profile=True)): seconds summed over
+    the threads that spent them, and counts. The copies' time on the GPU
+    is read from timing events once they are done."""
+
+    def __init__(self, threads: int) -> None:
+        self.lock = threading.Lock()
+        self.s: Dict[str, float] = {"threads": float(threads)}
+        self.copies: List[Tuple[Any, Any]] = []  # (start, end) CUDA timing events of each batch's copies
+
+    def add(self, name: str, seconds: float) -> None:
+        with self.lock:
+            self.s[name] = self.s.get(name, 0.0) + seconds
+
+    def set(self, name: str, value: float) -> None:
+        with self.lock:
+            self.s[name] = value
+
+    def since(self, name: str, t0: float) -> float:
+        """Adds the time since t0 to name; returns now."""
+        t = time.perf_counter()
+        self.add(name, t - t0)
+        return t
+
+    def snapshot(self) -> Dict[str, float]:
+        with self.lock:
+            out = dict(self.s)
+            copies = list(self.copies)
+        h2d = 0.0
+        for start, end in copies:
+            end.synchronize()
+            h2d += start.elapsed_time(end) / 1e3
+        if copies:
+            out["h2d_gpu"] = h2d
+        return out
+
+
+class _NoStages(_Stages):
+    """What a loader without profile times: nothing."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+    def add(self, name: str, seconds: float) -> None:
+        pass
+
+    def set(self, name: str, value: float) -> None:
+        pass
+
+    def since(self, name: str, t0: float) -> float:
+        return 0.0
+
+
+_NO_STAGES = _NoStages()
+
+
 class _Epoch:
     """One pass over the loader's order, as the consumer sees it: a
     producer thread (_Producer) reads batches ahead into a ring of host
@@ -314,8 +401,10 @@ class _Epoch:
     order. The producer holds no reference to this object, so dropping it
     stops the producer."""
 
-    def __init__(self, loader: Loader, order: np.ndarray) -> None:
-        p = _Producer(loader, order)
+    def __init__(self, loader: Loader, order: np.ndarray, stages: Optional[_Stages] = None) -> None:
+        self.st = stages or _NO_STAGES
+        self.t0 = time.perf_counter()
+        p = _Producer(loader, order, self.st)
         self.out, self.batches = p.out, p.batches
         self.superseded = False
         self.thread = threading.Thread(target=p.run, name="zarrfs-loader", daemon=True)
@@ -330,6 +419,7 @@ class _Epoch:
 
     def __next__(self) -> Batch:
         import torch
+        t = time.perf_counter()
         while True:
             try:
                 item, coords, err = self.out.get(timeout=0.5)
@@ -341,6 +431,7 @@ class _Epoch:
                         raise RuntimeError("zarrfs Loader: this epoch was stopped when another iteration over "
                                            "the same Loader started (one epoch reads at a time)")
                     raise StopIteration
+        self.st.since("consumer_wait", t)
         if err is not None:
             self.close()
             if isinstance(err, StopIteration):
@@ -351,6 +442,7 @@ class _Epoch:
             torch.cuda.current_stream(dev.device).wait_event(ev)
             dev.record_stream(torch.cuda.current_stream(dev.device))
             item = dev
+        self.st.set("epoch", time.perf_counter() - self.t0)
         return item, coords
 
     def close(self) -> None:
@@ -358,12 +450,73 @@ class _Epoch:
         self._finalizer()
 
 
+class _SampleFile:
+    """A sample's file, opened once for the pieces of a batch that read it
+    (an open of a mount's file is a round trip to its daemon): buffered,
+    and with O_DIRECT where asked, each at its first use."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.lock = threading.Lock()
+        self.fds: Dict[bool, int] = {}
+
+    def fd(self, direct: bool) -> int:
+        with self.lock:
+            fd = self.fds.get(direct)
+            if fd is None:
+                flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | (os.O_DIRECT if direct else 0)
+                try:
+                    fd = self.fds[direct] = os.open(self.path, flags)
+                except OSError as e:
+                    raise OSError(e.errno, f"{self.path}: {e.strerror}") from None
+            return fd
+
+    def close(self) -> None:
+        with self.lock:
+            for fd in self.fds.values():
+                os.close(fd)
+            self.fds.clear()
+
+
+class _Reading:
+    """A batch whose reads are queued: what it is read into, its pieces'
+    futures and its files, closed once every piece is done."""
+
+    def __init__(self, k: int, batch: np.ndarray, files: List[_SampleFile], stages: _Stages) -> None:
+        self.k, self.batch, self.files, self.st = k, batch, files, stages
+        self.futures: List[Any] = []
+        self.slot = -1
+        self.host: Any = None  # the ring buffer, on a GPU
+        self.base = 0
+        self.item: Any = None  # the CPU tensor handed out
+
+    def wait(self) -> Optional[BaseException]:
+        """Waits for every piece (none may still read when the files
+        close), closes the files; the first error. A piece cancelled by the
+        pool's shutdown counts as done (concurrent.futures.wait would wait
+        for it forever: nothing notifies its waiters)."""
+        t = time.perf_counter()
+        err: Optional[BaseException] = None
+        for fu in self.futures:
+            try:
+                e = fu.exception()
+            except CancelledError as c:
+                e = c
+            err = err or e
+        t = self.st.since("read_wait", t)
+        for f in self.files:
+            f.close()
+        self.st.since("close", t)
+        return err
+
+
 class _Producer:
     """Reads an epoch's batches ahead, on its own thread."""
 
-    def __init__(self, loader: Loader, order: np.ndarray) -> None:
+    def __init__(self, loader: Loader, order: np.ndarray, stages: _Stages) -> None:
         import torch
         self.l = loader
+        self.st = stages
         d = loader.dir
         bs = loader.batch_size
         self.order = order
@@ -401,40 +554,92 @@ class _Producer:
         self.pool = ThreadPoolExecutor(loader.threads, thread_name_prefix="zarrfs-loader")
 
     def run(self) -> None:
-        import torch
+        """Queues each batch's reads before waiting for the batch before it,
+        so that the reader threads go on from one batch to the next rather
+        than idling while a batch's last pieces finish (the ring has a
+        buffer for each: prefetch + 1, at least 2), unless the batches read
+        ahead wait for the consumer already."""
+        pending: List[_Reading] = []  # batches whose reads are queued, in order
+        end: BaseException = StopIteration()
         try:
             for k, batch in enumerate(self.batches):
                 if self.stop.is_set():
-                    return
-                self._open_ahead(k)
-                if self.ring:
-                    slot = k % len(self.ring)
-                    ev = self.events[slot]
-                    if ev is not None:
-                        ev.synchronize()  # its previous copy is done: reuse
-                    host = self._slot(slot)
-                    base = (-host.data_ptr()) % _ALIGN
-                    flat = host.numpy()
-                    views = [flat[base + j * self.stride: base + j * self.stride + self.nbytes] for j in range(len(batch))]
-                    self._read_batch(batch, views, aligned=True)
-                    item: Any = self._deliver(host, base, len(batch), slot)
-                else:
-                    # CPU tensors: read straight into the batch handed out.
-                    out = torch.empty((len(batch), self.nbytes), dtype=torch.uint8, pin_memory=self.l.pinned)
-                    flat = out.numpy()
-                    self._read_batch(batch, [flat[j] for j in range(len(batch))], aligned=False)
-                    item = out.view(self.l._torch_dtype).view((len(batch),) + self.l.dir.sample_shape)
-                coords = self._coords_of(batch)
-                while not self.stop.is_set():
-                    try:
-                        self.out.put((item, coords, None), timeout=0.1)
-                        break
-                    except queue.Full:
-                        pass
+                    break
+                if pending and self.out.full():
+                    # No room for the batch read: hand it out first, so
+                    # that no more than prefetch batches wait read ahead.
+                    self._finish(pending.pop(0))
+                pending.append(self._start(k, batch))
+                if len(pending) > 1:
+                    self._finish(pending.pop(0))
+            while pending and not self.stop.is_set():
+                self._finish(pending.pop(0))
         except BaseException as e:  # handed to the consumer
-            self._put_final((None, None, e))
-            return
-        self._put_final((None, None, StopIteration()))
+            end = e
+        for r in pending:  # stopped, or failed: no piece reads on, the files close
+            r.wait()
+        self._put_final((None, None, end))
+
+    def _start(self, k: int, batch: np.ndarray) -> _Reading:
+        """Queues batch k's reads: into its ring buffer (once the copy that
+        last read that buffer is done) on a GPU, else into the CPU tensor
+        handed out."""
+        import torch
+        st = self.st
+        t = time.perf_counter()
+        self._open_ahead(k)
+        r = _Reading(k, batch, [_SampleFile(self.l.dir.file(int(p))) for p in batch], st)
+        if self.ring:
+            r.slot = k % len(self.ring)
+            ev = self.events[r.slot]
+            if ev is not None:
+                t = st.since("submit", t)
+                ev.synchronize()  # its previous copy is done: reuse
+                t = st.since("slot_wait", t)
+            r.host = self._slot(r.slot)
+            t = st.since("pin", t)
+            r.base = (-r.host.data_ptr()) % _ALIGN
+            flat = r.host.numpy()
+            views = [flat[r.base + j * self.stride: r.base + j * self.stride + self.nbytes] for j in range(len(batch))]
+            aligned = True
+        else:
+            # CPU tensors: read straight into the batch handed out.
+            out = torch.empty((len(batch), self.nbytes), dtype=torch.uint8, pin_memory=self.l.pinned)
+            flat = out.numpy()
+            views = [flat[j] for j in range(len(batch))]
+            aligned = False
+            r.item = out.view(self.l._torch_dtype).view((len(batch),) + self.l.dir.sample_shape)
+        try:
+            for j, f in enumerate(r.files):
+                for off in range(0, self.nbytes, _PIECE):
+                    r.futures.append(self.pool.submit(self._read, f, off, views[j][off:off + _PIECE], aligned))
+        except BaseException:
+            r.wait()
+            raise
+        st.since("submit", t)
+        return r
+
+    def _finish(self, r: _Reading) -> None:
+        """Waits for batch r's reads, then copies it to the GPU (on a GPU)
+        and hands it out."""
+        st = self.st
+        err = r.wait()
+        if err is not None:
+            raise err
+        t = time.perf_counter()
+        item: Any = self._deliver(r.host, r.base, len(r.batch), r.slot) if self.ring else r.item
+        coords = self._coords_of(r.batch)
+        t = st.since("h2d_issue", t)
+        while not self.stop.is_set():
+            try:
+                self.out.put((item, coords, None), timeout=0.1)
+                break
+            except queue.Full:
+                pass
+        st.since("put_wait", t)
+        st.add("batches", 1)
+        st.add("samples", len(r.batch))
+        st.add("bytes", len(r.batch) * self.nbytes)
 
     def _slot(self, slot: int) -> "torch.Tensor":
         """The ring slot's pinned buffer, pinned now if this is its first use
@@ -488,51 +693,31 @@ class _Producer:
             except queue.Full:
                 pass
 
-    def _read_batch(self, batch: np.ndarray, views: Sequence[np.ndarray], aligned: bool) -> None:
-        d = self.l.dir
-        jobs = []
-        for j, pos in enumerate(batch):
-            path = d.file(int(pos))
-            for off in range(0, self.nbytes, _PIECE):
-                jobs.append((path, off, views[j][off:off + _PIECE], aligned))
-        futures = [self.pool.submit(self._read, *job) for job in jobs]
-        err = None
-        for f in futures:
-            e = f.exception()
-            err = err or e
-        if err is not None:
-            raise err
-
-    def _read(self, path: str, off: int, mv: np.ndarray, aligned: bool) -> None:
+    def _read(self, f: _SampleFile, off: int, mv: np.ndarray, aligned: bool) -> None:
+        """Reads piece off of sample f's data into mv, on a reader thread."""
         if self.stop.is_set():
             return
-        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+        st = self.st
+        t = time.perf_counter()
         direct = self.l.odirect and aligned and off % _ALIGN == 0
-        try:
-            fd = os.open(path, flags | (os.O_DIRECT if direct else 0))
-        except OSError as e:
-            raise OSError(e.errno, f"{path}: {e.strerror}") from None
-        try:
-            want = len(mv)
-            done = 0
-            start = self.l.dir.data_offset + off
-            while done < want:
-                try:
-                    n = os.preadv(fd, [mv[done:]], start + done)  # type: ignore[list-item]  # an ndarray is a buffer
-                except OSError as e:
-                    if direct and e.errno == 22:  # EINVAL: unaligned tail, read it buffered
-                        os.close(fd)
-                        fd = -1
-                        fd = os.open(path, flags)
-                        direct = False
-                        continue
-                    raise OSError(e.errno, f"{path}: {e.strerror}") from None
-                if n <= 0:
-                    raise OSError(5, f"{path}: ends after {start + done} bytes, want {start + want}")
-                done += n
-        finally:
-            if fd >= 0:
-                os.close(fd)
+        fd = f.fd(direct)
+        t = st.since("open", t)
+        want = len(mv)
+        done = 0
+        start = self.l.dir.data_offset + off
+        while done < want:
+            try:
+                n = os.preadv(fd, [mv[done:]], start + done)  # type: ignore[list-item]  # an ndarray is a buffer
+            except OSError as e:
+                if direct and e.errno == 22:  # EINVAL: unaligned tail, read it buffered
+                    direct = False
+                    fd = f.fd(False)
+                    continue
+                raise OSError(e.errno, f"{f.path}: {e.strerror}") from None
+            if n <= 0:
+                raise OSError(5, f"{f.path}: ends after {start + done} bytes, want {start + want}")
+            done += n
+        st.since("pread", t)
 
     def _deliver(self, host: torch.Tensor, base: int, n: int, slot: int) -> Tuple[torch.Tensor, torch.cuda.Event]:
         import torch
@@ -540,13 +725,20 @@ class _Producer:
         shape = (n,) + l.dir.sample_shape
         with torch.cuda.stream(self.stream):
             dev = torch.empty((n, self.nbytes), dtype=torch.uint8, device=l.device)
+            timed = self.st is not _NO_STAGES
+            if timed:
+                t0 = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                t0.record(self.stream)
             # One copy per sample: each is contiguous in pinned memory, so it
             # goes by DMA, asynchronously (a strided source would not).
             for j in range(n):
                 off = base + j * self.stride
                 dev[j].copy_(host[off: off + self.nbytes], non_blocking=True)
-            ev = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            ev = torch.cuda.Event(enable_timing=timed)  # type: ignore[no-untyped-call]
             ev.record(self.stream)
+            if timed:
+                with self.st.lock:
+                    self.st.copies.append((t0, ev))
         self.events[slot] = ev
         dev = dev.view(l._torch_dtype).view(shape)
         return (dev, ev)
