@@ -89,7 +89,7 @@ func warmFill(b *testing.B, src string, args ...string) (wall, fill time.Duratio
 // objects in memory) and by Go's file server (http://, strong ETags),
 // rotating which goes first. Metrics: MB/s of compressed chunk bytes by
 // warm's own fill time for each, and gcs-ratio, http-ratio: that rate over
-// MinIO's (issue 27: target >= 0.9). All servers share the machine's cores
+// MinIO's (BENCHMARKS.md's bar: >= 0.9). All servers share the machine's cores
 // with zarrfs.
 func BenchmarkRemoteColdFill(b *testing.B) {
 	requireMountTools(b)

@@ -243,7 +243,7 @@ func (s *s3BenchStore) zarrfsWarm(b *testing.B, src string, args ...string) (wal
 // server's limit), rotating which goes first. Metrics, in MB/s of
 // compressed bytes fetched (-MB/s) and of decoded bytes (-dec-MB/s):
 // zarrfs (wall time of the process) and peer, and ratio =
-// zarrfs/peer in compressed bytes/s (issue 5: target >= 0.8); fill-ratio
+// zarrfs/peer in compressed bytes/s (BENCHMARKS.md's bar: >= 0.8); fill-ratio
 // uses warm's own fill time instead of the process's (no start-up and
 // metadata). local-MB/s is the same warm from a local copy of the store
 // (no fetch, no chunk tier): what the decode and the cache writes allow.

@@ -85,7 +85,8 @@ for codecs in ${CODECS:-blosc mixed}; do
 	fi
 	echo "== $codecs store"
 	# The mixed store's zstd frames carry no checksum: the GPU takes them
-	# with the opt-in only, as the measures ask.
+	# with the opt-in only (--gpu-trust-unchecked), as BENCHMARKS.md's
+	# device-delivery measures run it.
 	trust=()
 	[[ $codecs == mixed ]] && trust=(--trust-unchecked)
 	"$py" "$here/deliver_check.py" "$zarrfs" "$src/era5.zarr" "$src/train.yaml" "$scratch/run-$codecs" \

@@ -437,7 +437,7 @@ def stage_line(d):
 
 
 def part_rate(a):
-    """The issue's measures this path affects, per core count: first-epoch
+    """The device-delivery measures (BENCHMARKS.md), per core count: first-epoch
     samples/s of decode='device' against 'host', bytes to the GPU against
     the compressed bytes, daemon CPU per sample, and the device path's
     stages."""

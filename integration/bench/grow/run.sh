@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A store that grows: `zarrfs warm` of a warmed store after 1% more time
 # steps were appended, against the first warm of the same store, in one run
-# (issue 14's measure: at most 2%). Two arrays, as ERA5 copies have them:
+# (the bar in BENCHMARKS.md: at most 2% more). Two arrays, as ERA5 copies have them:
 # chunked 1 along time (the append writes new chunks only) and 24 (it also
 # rewrites the last, partial chunk, whose samples are filled again).
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Virtual-store benchmark (issue 28), on one machine in one run:
+# Virtual-store benchmark (BENCHMARKS.md, virtual stores), on one machine in one run:
 #  1. cold fill of a two-channel view over a kerchunk reference set of
 #     ERA5-like NetCDF4 files, against the same view over the equivalent
 #     plain Zarr store on the same disk (both with `zarrfs warm`, fresh cache

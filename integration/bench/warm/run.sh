@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Warm throughput: `zarrfs warm` filling the blob cache from a local zstd
 # store, against zarr-python reading the same samples and writing them with
-# numpy.save, in one run, on the same files (issue 4's benchmark).
+# numpy.save, in one run, on the same files (BENCHMARKS.md, warm).
 #
 # Environment:
 #   BENCH_DIR      where the decode benchmark keeps its stores (default .cache/bench)
