@@ -116,23 +116,28 @@ func roundUp(n, block int64) int64 {
 // meanwhile (concurrent fills evict too, and a fill that failed removed
 // its temp file), so that a write that found the filesystem full is tried
 // again whenever it may succeed, and given up only when nothing is left to
-// evict. An eviction whose journal record cannot be written (the
+// evict (or free: see writeback.flush). An eviction whose journal record cannot be written (the
 // journal's filesystem is the full one) still unlinks the file: an
 // indexed entry without its file is forgotten on first use, by every
 // instance, and at the next recovery.
 func (c *Cache) makeRoomLocked(need int64) bool {
-	skipped := 0
+	skipped, flushed := 0, false
 	for {
 		sp, err := statSpace(c.dir)
 		if err != nil || sp.avail >= need {
 			return true // no statfs: let the write tell
 		}
-		if skipped >= c.lru.Len() {
-			return false
-		}
 		victim := c.victimLocked()
-		if victim == nil {
-			return false
+		if skipped >= c.lru.Len() || victim == nil {
+			if flushed {
+				return false
+			}
+			// Evicted blobs whose writeback has not started yet still
+			// hold their blocks (writeback.flush): once those are
+			// released, look again.
+			c.wb.flush()
+			flushed = true
+			continue
 		}
 		if !c.evictEntryLocked(victim, true) {
 			c.lru.MoveToFront(victim.elem)

@@ -18,6 +18,7 @@ import (
 // entries become trusted only after syncfs (Cache.syncAll).
 type writeback struct {
 	ch     chan *os.File
+	queued sync.WaitGroup // one for each file queued and not yet closed
 	done   sync.WaitGroup
 	closed sync.Once
 }
@@ -36,6 +37,7 @@ func newWriteback(off bool) *writeback {
 		for f := range w.ch {
 			_ = unix.SyncFileRange(int(f.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
 			f.Close()
+			w.queued.Done()
 		}
 	}()
 	return w
@@ -51,11 +53,24 @@ func (w *writeback) start(f *os.File) {
 	if err != nil {
 		return // the kernel's own writeback writes it
 	}
+	w.queued.Add(1)
 	select {
 	case w.ch <- dup:
 	default:
+		w.queued.Done()
 		dup.Close()
 	}
+}
+
+// flush waits until every file queued so far is closed. A queued
+// descriptor keeps its blob's blocks allocated after an eviction
+// unlinked the blob: a full filesystem whose entries are all evicted may
+// be waiting for these (on a busy machine the goroutine runs late).
+func (w *writeback) flush() {
+	if w == nil {
+		return
+	}
+	w.queued.Wait()
 }
 
 // close stops the goroutine once the queued writebacks have started; it
