@@ -105,7 +105,11 @@ type SourceCache interface {
 // earlier listing learnt (`zarrfs warm --compressed`, or a mount's reads
 // before a restart or a metadata refresh). Otherwise such a chunk is
 // fetched, its version learnt from the response, which costs no request
-// more for a chunk the cache cannot hold.
+// more for a chunk the cache cannot hold. An array's first listing asks
+// first only if the cache held the store's bytes when the hierarchy made
+// its first listing: chunks of other arrays that the hierarchy's own
+// reads kept since were learnt by listings of their own, and a cold
+// mount's first epoch would pay a request more for every chunk.
 type StoreHolder interface {
 	HoldsStore() bool
 }
@@ -139,6 +143,12 @@ type Hierarchy struct {
 	stats  *Stats
 	// lazyKept counts the versions the lazy listings of its arrays keep.
 	lazyKept atomic.Int64
+	// heldFirst is whether the source cache held bytes of the store
+	// when the hierarchy made its first lazy listing (StoreHolder),
+	// asked once: what this hierarchy's own reads kept since does not
+	// count for an array's first listing.
+	heldFirst     bool
+	heldFirstOnce sync.Once
 	// metaChecks holds, by key, the last read of each metadata document
 	// that a Read finding a chunk missing made (*metaCheck).
 	metaChecks sync.Map

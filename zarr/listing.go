@@ -254,7 +254,13 @@ func (h *Hierarchy) List(ctx context.Context, a *Array, since time.Time) (*Listi
 			// Asking again costs a stat: keep a bounded memo.
 			l.kept, l.keep = &h.lazyKept, int64(h.opts.LazyVersions)
 		} else if sh, ok := h.opts.SourceCache.(StoreHolder); ok {
-			if l.askFirst = sh.HoldsStore(); l.askFirst {
+			h.heldFirstOnce.Do(func() { h.heldFirst = sh.HoldsStore() })
+			if a.listing.cur.Load() == nil {
+				l.askFirst = h.heldFirst // the array's first listing
+			} else {
+				l.askFirst = sh.HoldsStore()
+			}
+			if l.askFirst {
 				h.opts.Logger.Debug("the source cache holds chunks of this store: versions are asked before chunks are read", "array", a.Path)
 			}
 		}
