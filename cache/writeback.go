@@ -3,6 +3,7 @@ package cache
 import (
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -17,10 +18,20 @@ import (
 // when dirty memory reaches the kernel's limits. Durability is unchanged:
 // entries become trusted only after syncfs (Cache.syncAll).
 type writeback struct {
-	ch     chan *os.File
-	queued sync.WaitGroup // one for each file queued and not yet closed
-	done   sync.WaitGroup
-	closed sync.Once
+	ch   chan writebackItem
+	done sync.WaitGroup
+	// hurry counts the flushes waiting: meanwhile files are closed
+	// without their writeback started (the kernel's own writes them).
+	hurry   atomic.Int32
+	mu      sync.Mutex // orders flush's sends against close
+	stopped bool
+}
+
+// writebackItem is a file to write back, or a flush's marker: closed once
+// every file queued before it is closed.
+type writebackItem struct {
+	f      *os.File
+	marker chan struct{}
 }
 
 // writebackQueue bounds the blobs waiting for their writeback to start.
@@ -30,14 +41,19 @@ func newWriteback(off bool) *writeback {
 	if off {
 		return nil
 	}
-	w := &writeback{ch: make(chan *os.File, writebackQueue)}
+	w := &writeback{ch: make(chan writebackItem, writebackQueue)}
 	w.done.Add(1)
 	go func() {
 		defer w.done.Done()
-		for f := range w.ch {
-			_ = unix.SyncFileRange(int(f.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
-			f.Close()
-			w.queued.Done()
+		for it := range w.ch {
+			if it.marker != nil {
+				close(it.marker)
+				continue
+			}
+			if w.hurry.Load() == 0 {
+				_ = unix.SyncFileRange(int(it.f.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
+			}
+			it.f.Close()
 		}
 	}()
 	return w
@@ -53,24 +69,33 @@ func (w *writeback) start(f *os.File) {
 	if err != nil {
 		return // the kernel's own writeback writes it
 	}
-	w.queued.Add(1)
 	select {
-	case w.ch <- dup:
+	case w.ch <- writebackItem{f: dup}:
 	default:
-		w.queued.Done()
 		dup.Close()
 	}
 }
 
-// flush waits until every file queued so far is closed. A queued
-// descriptor keeps its blob's blocks allocated after an eviction
-// unlinked the blob: a full filesystem whose entries are all evicted may
-// be waiting for these (on a busy machine the goroutine runs late).
+// flush returns once every file queued before it is closed, starting no
+// more writebacks meanwhile. A queued descriptor keeps its blob's blocks
+// allocated after an eviction unlinked the blob: a full filesystem whose
+// entries are all evicted may be waiting for these (on a busy machine the
+// goroutine runs late). After close it does nothing.
 func (w *writeback) flush() {
 	if w == nil {
 		return
 	}
-	w.queued.Wait()
+	marker := make(chan struct{})
+	w.mu.Lock()
+	if w.stopped {
+		w.mu.Unlock()
+		return
+	}
+	w.hurry.Add(1)
+	defer w.hurry.Add(-1)
+	w.ch <- writebackItem{marker: marker}
+	w.mu.Unlock()
+	<-marker
 }
 
 // close stops the goroutine once the queued writebacks have started; it
@@ -79,6 +104,11 @@ func (w *writeback) close() {
 	if w == nil {
 		return
 	}
-	w.closed.Do(func() { close(w.ch) })
+	w.mu.Lock()
+	if !w.stopped {
+		w.stopped = true
+		close(w.ch)
+	}
+	w.mu.Unlock()
 	w.done.Wait()
 }
