@@ -100,7 +100,8 @@ func (d *Deadline) Blocked() int { return int(d.blocked.Load()) }
 // a buffer it holds (hold); done, when set, runs when f returns,
 // with whether the caller had left by then: before the caller gets its
 // result when it has not, to hand over what f made, and after it in any
-// case, to give back what f used.
+// case, to give back what f used. A call refused before f runs (too many
+// blocked, ctx done) runs done at once, with f's zero result, as left.
 func call[T any](d *Deadline, ctx context.Context, op, key string, f func() (T, error), done func(v T, left bool) T) (T, error) {
 	return callGated(d, ctx, op, key, f, done, nil)
 }
@@ -110,12 +111,18 @@ func call[T any](d *Deadline, ctx context.Context, op, key string, f func() (T, 
 // only once no write is under way.
 func callGated[T any](d *Deadline, ctx context.Context, op, key string, f func() (T, error), done func(v T, left bool) T, g *gate) (T, error) {
 	var zero T
+	refused := func(err error) (T, error) {
+		if done != nil {
+			done(zero, true) // f never runs: give back what it would have used
+		}
+		return zero, &Error{Op: op, Store: d.ID(), Key: key, Err: err}
+	}
 	if n := d.blocked.Load(); n >= int64(d.opts.MaxBlocked) {
-		return zero, &Error{Op: op, Store: d.ID(), Key: key, Err: fmt.Errorf("%w: %d earlier requests have not returned (waiting %v each: %w)",
-			ErrSourceDown, n, d.opts.Timeout, context.DeadlineExceeded)}
+		return refused(fmt.Errorf("%w: %d earlier requests have not returned (waiting %v each: %w)",
+			ErrSourceDown, n, d.opts.Timeout, context.DeadlineExceeded))
 	}
 	if err := ctx.Err(); err != nil {
-		return zero, &Error{Op: op, Store: d.ID(), Key: key, Err: err}
+		return refused(err)
 	}
 	c := &pending[T]{ch: make(chan result[T], 1)}
 	go func() {
@@ -355,12 +362,12 @@ type pieceReader interface {
 
 // readPiece is what a piece read takes at a time: small enough that the
 // piece is still in the core's cache when it is copied on (reading a whole
-// chunk into a pooled buffer and copying it after was a visible share of a
+// chunk into a buffer of its own and copying it after was a visible share of a
 // fill's CPU on few cores), large enough that its system calls cost little.
 const readPiece = 256 << 10
 
 // inPieces reads key into buf (grown when too small) a piece at a time:
-// each piece lands in a pooled buffer and is copied into buf through the
+// each piece lands in a buffer lent for the call and is copied into buf through the
 // call's gate, so that a read its caller left behind stops writing into
 // buf before the caller goes on.
 func (d *Deadline) inPieces(ctx context.Context, key string, buf []byte, limit int64, pr pieceReader) ([]byte, string, error) {

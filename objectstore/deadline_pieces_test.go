@@ -229,3 +229,59 @@ func TestDeadlineHoldsLentBuffer(t *testing.T) {
 	}
 	arena.HostFree(other)
 }
+
+// A call refused before it runs (too many earlier reads blocked, or its
+// context done) gives back what it took for the read: the hold on a lent
+// buffer, and the buffer lent for a copy. Otherwise a source that hangs
+// makes every refused read keep a buffer the lender never lends again.
+func TestDeadlineRefusedGivesBack(t *testing.T) {
+	arena := memory.NewArena(64 << 20)
+	defer arena.Close()
+	s := &stallVersion{release: make(chan struct{})}
+	d, err := WithDeadline(s, DeadlineOptions{Timeout: 20 * time.Millisecond, MaxBlocked: 1, Memory: arena})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := arena.HostAlloc(1 << 20)
+	if _, _, err := d.GetVersion(context.Background(), "k", first[:0], 0); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a stalled read: %v", err)
+	}
+	idle := func() int64 { _, i := arena.Held(); return i }
+	lent := func() int64 { m, i := arena.Held(); return m - i }
+	for name, ctx := range map[string]context.Context{"blocked": context.Background(), "cancelled": cancelled()} {
+		if name == "cancelled" {
+			// Let the stalled read return: the refusal is the context's.
+			close(s.release)
+			for deadline := time.Now().Add(5 * time.Second); d.Blocked() > 0; time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the left read did not return once released")
+				}
+			}
+		}
+		// Into a lent buffer (held by the call) ...
+		buf := arena.HostAlloc(2 << 20)
+		if _, _, err := d.GetVersion(ctx, "k", buf[:0], 0); err == nil {
+			t.Fatalf("%s: a read was not refused", name)
+		}
+		before := idle()
+		arena.HostFree(buf)
+		if idle() == before {
+			t.Errorf("%s: a refused read kept its hold on the lent buffer", name)
+		}
+		// ... and into a buffer of the caller's (copied from one lent).
+		before = lent()
+		if _, _, err := d.GetVersion(ctx, "k", make([]byte, 0, 3<<20), 0); err == nil {
+			t.Fatalf("%s: a read was not refused", name)
+		}
+		if lent() != before {
+			t.Errorf("%s: a refused read kept the buffer lent for its copy", name)
+		}
+	}
+	arena.HostFree(first)
+}
+
+func cancelled() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}
