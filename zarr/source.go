@@ -251,7 +251,7 @@ func (s storeSource) cached(sc SourceCache, key string) ([]byte, bool) {
 	if !ok || !s.entire {
 		return sc.Get(key)
 	}
-	if mem := s.h.mem; mem != nil && s.hint > 0 {
+	if mem := s.mem; mem != nil && s.hint > 0 {
 		buf := mem.HostAlloc(s.hint + s.hint/64 + 4096)
 		b, ok := gi.GetInto(key, buf[:0])
 		if !ok || len(b) == 0 || &b[0] != &buf[:1][0] {

@@ -1,6 +1,7 @@
 package zarr_test
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -106,5 +107,81 @@ func TestDecodingReadsIntoTheDecodersMemory(t *testing.T) {
 	if own.n != 4 || own.back != 4 || own.foreign != 0 || ring.n != 2 {
 		t.Fatalf("through a decoder that lends nothing, and Read: the Hierarchy's lent %d and took back %d (%d foreign); the other's lent %d",
 			own.n, own.back, own.foreign, ring.n)
+	}
+}
+
+// plainInto is a SourceCacheInto in memory: what a chunk tier on disk
+// does, a hit read into the caller's buffer when it has the room.
+type plainInto struct {
+	mu sync.Mutex
+	m  map[string][]byte
+}
+
+func (c *plainInto) Get(k string) ([]byte, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b, ok := c.m[k]
+	return bytes.Clone(b), ok
+}
+
+func (c *plainInto) Put(k string, b []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.m[k] = bytes.Clone(b)
+}
+
+func (c *plainInto) GetInto(k string, buf []byte) ([]byte, bool) {
+	b, ok := c.Get(k)
+	if !ok || cap(buf) < len(b) {
+		return b, ok
+	}
+	return append(buf[:0], b...), true
+}
+
+// Chunks a Read through Decoding(d) finds in the source cache are read
+// into d's memory too, and given back to it: a ring's fill from the
+// compressed tier reads into its GPU's pinned memory, and leaves nothing
+// lent in the mount's (the hit was lent by one and given back to the
+// other, which ignored it).
+func TestDecodingReadsCacheHitsIntoTheDecodersMemory(t *testing.T) {
+	dir := t.TempDir()
+	for k, b := range levelStore(t, "little") {
+		p := filepath.Join(dir, filepath.FromSlash(k))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := objectstore.OpenPosix(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, ring := &lendCounter{}, &lendCounter{}
+	sc := &plainInto{m: map[string][]byte{}}
+	h, err := zarr.Open(context.Background(), st, zarr.Options{ChunkCacheBytes: -1, Memory: own, SourceCache: sc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	a := h.Arrays[0]
+	read := func(r zarr.Reader) {
+		buf := make([]byte, 2*4*3*5*2)
+		if err := r.Read(context.Background(), nil, []zarr.Request{{Array: a, Start: []int64{0, 0, 0, 0}, Count: []int64{2, 4, 3, 5}, Dst: buf}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read(h) // fills the source cache
+	if len(sc.m) == 0 {
+		t.Fatal("the source cache holds no chunk after a read")
+	}
+	n0, back0 := own.n, own.back
+	read(h.Decoding(lendingDecoder{lendCounter: ring}))
+	if ring.n == 0 || ring.n != ring.back || ring.foreign != 0 {
+		t.Errorf("hits through a lending decoder: it lent %d and took back %d (%d not its own)", ring.n, ring.back, ring.foreign)
+	}
+	if own.n-n0 != own.back-back0 || own.foreign != 0 {
+		t.Errorf("hits through a lending decoder: the Hierarchy's lent %d and took back %d (%d foreign)", own.n-n0, own.back-back0, own.foreign)
 	}
 }
