@@ -248,7 +248,11 @@ func TestDeadlineRefusedGivesBack(t *testing.T) {
 	}
 	idle := func() int64 { _, i := arena.Held(); return i }
 	lent := func() int64 { m, i := arena.Held(); return m - i }
-	for name, ctx := range map[string]context.Context{"blocked": context.Background(), "cancelled": cancelled()} {
+	for _, c := range []struct {
+		name string
+		ctx  context.Context
+	}{{"blocked", context.Background()}, {"cancelled", cancelled()}} {
+		name, ctx := c.name, c.ctx
 		if name == "cancelled" {
 			// Let the stalled read return: the refusal is the context's.
 			close(s.release)
