@@ -70,20 +70,7 @@ type lendingDecoder struct {
 // lends its other fills. A decoder that lends nothing reads into the
 // Hierarchy's, as Read does.
 func TestDecodingReadsIntoTheDecodersMemory(t *testing.T) {
-	dir := t.TempDir()
-	for k, b := range levelStore(t, "little") {
-		p := filepath.Join(dir, filepath.FromSlash(k))
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	st, err := objectstore.OpenPosix(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := levelStoreOnDisk(t)
 	own, ring := &lendCounter{}, &lendCounter{}
 	h, err := zarr.Open(context.Background(), st, zarr.Options{ChunkCacheBytes: -1, Memory: own})
 	if err != nil {
@@ -144,20 +131,7 @@ func (c *plainInto) GetInto(k string, buf []byte) ([]byte, bool) {
 // lent in the mount's (the hit was lent by one and given back to the
 // other, which ignored it).
 func TestDecodingReadsCacheHitsIntoTheDecodersMemory(t *testing.T) {
-	dir := t.TempDir()
-	for k, b := range levelStore(t, "little") {
-		p := filepath.Join(dir, filepath.FromSlash(k))
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	st, err := objectstore.OpenPosix(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := levelStoreOnDisk(t)
 	own, ring := &lendCounter{}, &lendCounter{}
 	sc := &plainInto{m: map[string][]byte{}}
 	h, err := zarr.Open(context.Background(), st, zarr.Options{ChunkCacheBytes: -1, Memory: own, SourceCache: sc})
@@ -184,4 +158,25 @@ func TestDecodingReadsCacheHitsIntoTheDecodersMemory(t *testing.T) {
 	if own.n-n0 != own.back-back0 || own.foreign != 0 {
 		t.Errorf("hits through a lending decoder: the Hierarchy's lent %d and took back %d (%d foreign)", own.n-n0, own.back-back0, own.foreign)
 	}
+}
+
+// levelStoreOnDisk writes levelStore's little-endian store to a directory
+// and opens it.
+func levelStoreOnDisk(t *testing.T) objectstore.Store {
+	t.Helper()
+	dir := t.TempDir()
+	for k, b := range levelStore(t, "little") {
+		p := filepath.Join(dir, filepath.FromSlash(k))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := objectstore.OpenPosix(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
 }
