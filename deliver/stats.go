@@ -146,8 +146,11 @@ type RingInfo struct {
 
 // Totals are the counts of all rings since the server started.
 type Totals struct {
-	Opened    int64 `json:"rings_opened"`
-	Open      int   `json:"rings_open"`
+	Opened int64 `json:"rings_opened"`
+	Open   int   `json:"rings_open"`
+	// HeldBytes is the memory of the rings open and of those being
+	// opened (counted before they are made, so that rings opened at once
+	// stay within MaxHeldBytes together).
 	HeldBytes int64 `json:"ring_bytes"`
 	Counts
 }
