@@ -15,6 +15,8 @@ import (
 	"testing"
 
 	"github.com/zarrfs/zarrfs/codec"
+	"github.com/zarrfs/zarrfs/internal/testenv"
+	"github.com/zarrfs/zarrfs/internal/viewtest"
 	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -38,7 +40,7 @@ func fillFile(t *testing.T, f *Filler, l *layout.Layout, b layout.Blob) string {
 }
 
 func TestFillContent(t *testing.T) {
-	l, r := build(t, testHierarchy(), layout.Options{})
+	l, r := build(t, viewtest.Hierarchy(), layout.Options{})
 	e, _ := l.Lookup("t/07.npy")
 	p := fillFile(t, newFiller(t, Options{Reader: r}), l, e.Blob)
 	data, _ := os.ReadFile(p)
@@ -58,7 +60,7 @@ func TestFillContent(t *testing.T) {
 }
 
 func TestFillSlabs(t *testing.T) {
-	h := &zarr.Hierarchy{Store: fakeStore{"x"}, Arrays: []*zarr.Array{
+	h := &zarr.Hierarchy{Store: fakeStore{Name: "x"}, Arrays: []*zarr.Array{
 		{Path: "big", Shape: []int64{23, 4}, Chunks: []int64{5, 4}, DType: f32, Dims: []string{"y", "x"}},
 		{Path: "s", Shape: []int64{2, 1, 17, 3}, Chunks: []int64{1, 1, 4, 3}, DType: f32, Dims: []string{"time", "a", "y", "x"}},
 	}}
@@ -94,7 +96,7 @@ func TestFillSlabs(t *testing.T) {
 }
 
 func TestFillError(t *testing.T) {
-	l, r := build(t, testHierarchy(), layout.Options{})
+	l, r := build(t, viewtest.Hierarchy(), layout.Options{})
 	r.err = fmt.Errorf("t/c/0/0/0/0: %w", codec.ErrCorrupt)
 	b := mustLookup(t, l, "t/00.npy")
 	out, _ := os.Create(filepath.Join(t.TempDir(), "x"))
@@ -107,9 +109,9 @@ func TestFillError(t *testing.T) {
 
 // TestNumpyLoads checks that numpy itself parses what we write.
 func TestNumpyLoads(t *testing.T) {
-	requirePython(t, "numpy")
+	testenv.Python(t, "numpy")
 	for _, align := range []int64{128, 4096, layout.MaxAlign} {
-		l, r := build(t, testHierarchy(), layout.Options{Align: align})
+		l, r := build(t, viewtest.Hierarchy(), layout.Options{Align: align})
 		f := newFiller(t, Options{Reader: r})
 		var files []string
 		var want []string

@@ -1,6 +1,8 @@
 package fill
 
 import (
+	"github.com/zarrfs/zarrfs/internal/viewtest"
+
 	"bytes"
 	"context"
 	"encoding/binary"
@@ -72,13 +74,13 @@ func (e elsewhere) inOuts(b []byte) bool {
 // which later fills (FillInto's and Fill's) copy instead of reading it.
 func TestFillIntoReadsNothingBack(t *testing.T) {
 	dir := t.TempDir()
-	writeStore(t, dir, []storeArray{
-		{path: "t", dtype: "float32", shape: []int64{4, 2, 3}, chunks: []int64{1, 2, 3}, dims: []string{"time", "latitude", "longitude"},
-			value: func(idx []int64) float64 { return float64(idx[0]*10 + idx[1]) }},
-		{path: "lsm", dtype: "float32", shape: []int64{2, 3}, chunks: []int64{2, 3}, dims: []string{"latitude", "longitude"},
-			value: func(idx []int64) float64 { return float64(idx[1]) + 0.5 }},
+	viewtest.WriteStore(t, dir, []storeArray{
+		{Path: "t", DType: "float32", Shape: []int64{4, 2, 3}, Chunks: []int64{1, 2, 3}, Dims: []string{"time", "latitude", "longitude"},
+			Value: func(idx []int64) float64 { return float64(idx[0]*10 + idx[1]) }},
+		{Path: "lsm", DType: "float32", Shape: []int64{2, 3}, Chunks: []int64{2, 3}, Dims: []string{"latitude", "longitude"},
+			Value: func(idx []int64) float64 { return float64(idx[1]) + 0.5 }},
 	})
-	h := openStore(t, dir, zarr.Options{ChunkCacheBytes: -1})
+	h := viewtest.OpenStore(t, dir, zarr.Options{ChunkCacheBytes: -1})
 	defer h.Close()
 	cr := &arrayCounter{inner: h, mu: &sync.Mutex{}, n: map[string]int{}}
 	l, views := buildViews(t, h, "views:\n  - name: v\n    channels:\n      - var: t\n      - var: lsm\n", layout.Options{})

@@ -1,6 +1,8 @@
 package fill
 
 import (
+	"github.com/zarrfs/zarrfs/internal/viewtest"
+
 	"context"
 	"encoding/binary"
 	"math"
@@ -9,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/zarrfs/zarrfs/cache"
+	"github.com/zarrfs/zarrfs/internal/testenv"
 	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -46,7 +49,7 @@ else:
 // cached old ones under the new identity. zarr-python writes and rewrites
 // the store.
 func TestStaticMemoPastTheLazyVersions(t *testing.T) {
-	requirePython(t, "numpy", "zarr")
+	testenv.Python(t, "numpy", "zarr")
 	dir := filepath.Join(t.TempDir(), "s.zarr")
 	run := func(op string) {
 		if out, err := exec.Command("python3", "-c", memoStorePy, op, dir).CombinedOutput(); err != nil {
@@ -54,7 +57,7 @@ func TestStaticMemoPastTheLazyVersions(t *testing.T) {
 		}
 	}
 	run("create")
-	h := openStore(t, dir, zarr.Options{LazyVersions: -1})
+	h := viewtest.OpenStore(t, dir, zarr.Options{LazyVersions: -1})
 	defer h.Close()
 	l, views := buildViews(t, h, "views:\n  - name: v\n    channels:\n      - var: t\n      - var: lsm\n", layout.Options{})
 	if memo, keep := views[0].Static(nil); memo == nil && keep == nil {

@@ -1,6 +1,8 @@
 package fill
 
 import (
+	"github.com/zarrfs/zarrfs/internal/viewtest"
+
 	"bytes"
 	"context"
 	"errors"
@@ -79,7 +81,7 @@ func TestPiecesMatchOneRead(t *testing.T) {
 func absurdStore(t *testing.T, shape, chunks []int64) *zarr.Hierarchy {
 	t.Helper()
 	dir := t.TempDir()
-	writeStore(t, dir, nil)
+	viewtest.WriteStore(t, dir, nil)
 	doc := `{"zarr_format":3,"node_type":"array","shape":` + jsonInts(shape) + `,"data_type":"float32",
 "chunk_grid":{"name":"regular","configuration":{"chunk_shape":` + jsonInts(chunks) + `}},
 "chunk_key_encoding":{"name":"default","configuration":{"separator":"/"}},
@@ -193,7 +195,7 @@ func TestFillBeyondBudgetFails(t *testing.T) {
 // within the limits.
 func TestPlanShardedAlongInnerChunks(t *testing.T) {
 	dir := t.TempDir()
-	writeStore(t, dir, nil)
+	viewtest.WriteStore(t, dir, nil)
 	doc := `{"zarr_format":3,"node_type":"array","shape":[8192,8192],"data_type":"float32",
 "chunk_grid":{"name":"regular","configuration":{"chunk_shape":[8192,8192]}},
 "chunk_key_encoding":{"name":"default","configuration":{"separator":"/"}},

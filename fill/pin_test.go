@@ -10,6 +10,7 @@ import (
 
 	"github.com/zarrfs/zarrfs/cache"
 	"github.com/zarrfs/zarrfs/internal/memory"
+	"github.com/zarrfs/zarrfs/internal/viewtest"
 	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -24,9 +25,9 @@ import (
 func TestChangeBetweenIdentityAndFill(t *testing.T) {
 	for _, keep := range []int{0, -1} {
 		dir := t.TempDir()
-		writeStore(t, dir, []storeArray{{path: "t", dtype: "float32", shape: []int64{4, 2, 3}, chunks: []int64{1, 2, 3},
-			dims: []string{"time", "latitude", "longitude"}, value: func(idx []int64) float64 { return float64(idx[0]) }}})
-		h := openStore(t, dir, zarr.Options{ChunkCacheBytes: -1, LazyVersions: keep})
+		viewtest.WriteStore(t, dir, []storeArray{{Path: "t", DType: "float32", Shape: []int64{4, 2, 3}, Chunks: []int64{1, 2, 3},
+			Dims: []string{"time", "latitude", "longitude"}, Value: func(idx []int64) float64 { return float64(idx[0]) }}})
+		h := viewtest.OpenStore(t, dir, zarr.Options{ChunkCacheBytes: -1, LazyVersions: keep})
 		l, err := layout.Build(h, layout.Options{})
 		if err != nil {
 			t.Fatal(err)
@@ -42,7 +43,7 @@ func TestChangeBetweenIdentityAndFill(t *testing.T) {
 		var reads []error
 		r := readerFunc(func(ctx context.Context, pin *zarr.Pin, reqs []zarr.Request) error {
 			if len(reads) == 0 {
-				rewriteChunk(t, dir, "t/c/1/0/0", "t/c/3/0/0")
+				viewtest.RewriteChunk(t, dir, "t/c/1/0/0", "t/c/3/0/0")
 			}
 			err := h.Read(ctx, pin, reqs)
 			reads = append(reads, err)
@@ -84,17 +85,17 @@ func TestChangeBetweenIdentityAndFill(t *testing.T) {
 // channel, a selected level and a static channel included.
 func TestViewFillsByChannelPastTheBudget(t *testing.T) {
 	dir := t.TempDir()
-	writeStore(t, dir, []storeArray{
-		{path: "t", dtype: "float32", shape: []int64{2, 3, 24, 24}, chunks: []int64{1, 1, 1, 1},
-			dims: []string{"time", "level", "y", "x"}, value: func(i []int64) float64 { return float64(i[0]*10000 + i[1]*1000 + i[2]*24 + i[3]) }},
-		{path: "q", dtype: "int16", shape: []int64{2, 24, 24}, chunks: []int64{1, 1, 1},
-			dims: []string{"time", "y", "x"}, value: func(i []int64) float64 { return float64(-i[0]*100 - i[1]*24 - i[2]) }},
-		{path: "lsm", dtype: "uint8", shape: []int64{24, 24}, chunks: []int64{1, 1},
-			dims: []string{"y", "x"}, value: func(i []int64) float64 { return float64((i[0] + i[1]) % 2) }},
+	viewtest.WriteStore(t, dir, []storeArray{
+		{Path: "t", DType: "float32", Shape: []int64{2, 3, 24, 24}, Chunks: []int64{1, 1, 1, 1},
+			Dims: []string{"time", "level", "y", "x"}, Value: func(i []int64) float64 { return float64(i[0]*10000 + i[1]*1000 + i[2]*24 + i[3]) }},
+		{Path: "q", DType: "int16", Shape: []int64{2, 24, 24}, Chunks: []int64{1, 1, 1},
+			Dims: []string{"time", "y", "x"}, Value: func(i []int64) float64 { return float64(-i[0]*100 - i[1]*24 - i[2]) }},
+		{Path: "lsm", DType: "uint8", Shape: []int64{24, 24}, Chunks: []int64{1, 1},
+			Dims: []string{"y", "x"}, Value: func(i []int64) float64 { return float64((i[0] + i[1]) % 2) }},
 	})
 	const view = "views:\n  - name: v\n    dtype: float32\n    channels:\n      - var: t\n        select: {level: 2}\n      - var: q\n      - var: lsm\n"
 	fill := func(budget *memory.Budget) ([]byte, error) {
-		h := openStore(t, dir, zarr.Options{ChunkCacheBytes: -1})
+		h := viewtest.OpenStore(t, dir, zarr.Options{ChunkCacheBytes: -1})
 		defer h.Close()
 		l, views := buildViews(t, h, view, layout.Options{})
 		b := mustLookup(t, l, "v/1.npy")

@@ -10,6 +10,7 @@ import (
 
 	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/internal/memory"
+	"github.com/zarrfs/zarrfs/internal/viewtest"
 	"github.com/zarrfs/zarrfs/layout"
 )
 
@@ -24,7 +25,7 @@ func TestFailedFillReleasesMemory(t *testing.T) {
 	}
 	defer out.Close()
 
-	l, r := build(t, testHierarchy(), layout.Options{})
+	l, r := build(t, viewtest.Hierarchy(), layout.Options{})
 	r.err = fmt.Errorf("t/c/0/0/0/0: %w", codec.ErrCorrupt)
 	f := newFiller(t, Options{Reader: r, MemoryBudget: budget})
 	for range 3 {
@@ -39,7 +40,7 @@ func TestFailedFillReleasesMemory(t *testing.T) {
 		t.Fatal("the fill took nothing from the budget: the test proves nothing")
 	}
 
-	h := viewHierarchy()
+	h := viewtest.ViewHierarchy()
 	views, err := bindYAML(t, h, trainYAML)
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/zarrfs/zarrfs/internal/viewtest"
 	"github.com/zarrfs/zarrfs/layout"
 )
 
@@ -59,7 +60,7 @@ func planSamples(t *testing.T, p *Selection) (map[string][]int64, []string) {
 // (12 and 10 samples) and a view (6 samples), in both shardings; whole
 // files go to every rank; the layout's own Shard does not change a plan.
 func TestPlanSamplesAndShard(t *testing.T) {
-	h := viewHierarchy()
+	h := viewtest.ViewHierarchy()
 	views, err := bindYAML(t, h, "views:\n  - name: train\n    dtype: float32\n    samples: {start: 1, stop: 12, step: 2}\n    channels:\n      - var: u10\n      - var: t\n        select: {level: all}\n")
 	if err != nil {
 		t.Fatal(err)
@@ -139,7 +140,7 @@ func TestPlanSamplesAndShard(t *testing.T) {
 // --only keeps the blobs under the paths named, a file's name with or
 // without ".npy"; a path the mount lacks is an error.
 func TestPlanOnly(t *testing.T) {
-	l, err := layout.Build(viewHierarchy(), layout.Options{})
+	l, err := layout.Build(viewtest.ViewHierarchy(), layout.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

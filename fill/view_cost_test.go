@@ -1,6 +1,8 @@
 package fill
 
 import (
+	"github.com/zarrfs/zarrfs/internal/viewtest"
+
 	"context"
 	"hash/fnv"
 	"path/filepath"
@@ -44,12 +46,12 @@ func TestViewFillCostBoundsTheRead(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "s.zarr")
-			writeStore(t, dir, []storeArray{
-				{"q", "float32", []int64{4, 4, ny, nx}, tc.qchunks, []string{"time", "level", "y", "x"}, noise},
-				{"s", "float32", []int64{4, ny, nx}, []int64{1, ny, nx}, []string{"time", "y", "x"}, noise},
+			viewtest.WriteStore(t, dir, []storeArray{
+				{Path: "q", DType: "float32", Shape: []int64{4, 4, ny, nx}, Chunks: tc.qchunks, Dims: []string{"time", "level", "y", "x"}, Value: noise},
+				{Path: "s", DType: "float32", Shape: []int64{4, ny, nx}, Chunks: []int64{1, ny, nx}, Dims: []string{"time", "y", "x"}, Value: noise},
 			})
 			stats := &zarr.Stats{}
-			h := openStore(t, dir, zarr.Options{ChunkCacheBytes: -1, Stats: stats})
+			h := viewtest.OpenStore(t, dir, zarr.Options{ChunkCacheBytes: -1, Stats: stats})
 			defer h.Close()
 			specs, err := layout.ParseViews("v.yaml", []byte("views:\n  - name: v\n    channels:\n"+tc.channels))
 			if err != nil {

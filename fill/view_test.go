@@ -14,12 +14,13 @@ import (
 	"testing"
 
 	"github.com/zarrfs/zarrfs/codec"
+	"github.com/zarrfs/zarrfs/internal/viewtest"
 	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
 )
 
 func TestViewDefaultsAndCasts(t *testing.T) {
-	h := viewHierarchy()
+	h := viewtest.ViewHierarchy()
 	views, err := bindYAML(t, h, `views:
   - name: same
     channels: [{var: t, select: {level: [1]}}, {var: sub/sp}]
@@ -86,7 +87,7 @@ func fillRuns(f *Filler, l *layout.Layout, blobs []layout.Blob, ws []io.WriterAt
 // FillInto reads runs of consecutive view samples in one Read each, within
 // its bound, and other blobs one by one: the bytes are Fill's.
 func TestFillIntoRuns(t *testing.T) {
-	h := viewHierarchy()
+	h := viewtest.ViewHierarchy()
 	views, err := bindYAML(t, h, trainYAML)
 	if err != nil {
 		t.Fatal(err)
@@ -156,13 +157,13 @@ func TestViewDecodesEachChunkOnce(t *testing.T) {
 		}
 	}
 	arrays := []storeArray{
-		{"t", "float32", []int64{14, 3, 6, 7}, []int64{4, 3, 6, 7}, []string{"time", "level", "latitude", "longitude"}, lin([]int64{14, 3, 6, 7}, 0)},
-		{"u10", "int16", []int64{14, 6, 7}, []int64{4, 3, 7}, []string{"time", "latitude", "longitude"}, lin([]int64{14, 6, 7}, -100)},
-		{"lsm", "uint8", []int64{6, 7}, []int64{6, 7}, []string{"latitude", "longitude"}, func(i []int64) float64 { return float64(i[0] % 2) }},
-		{"level", "float32", []int64{3}, []int64{3}, []string{"level"}, func(i []int64) float64 { return []float64{1000, 850, 500}[i[0]] }},
-		{"time", "int64", []int64{14}, []int64{14}, []string{"time"}, func(i []int64) float64 { return float64(i[0]) * 3600 }},
+		{Path: "t", DType: "float32", Shape: []int64{14, 3, 6, 7}, Chunks: []int64{4, 3, 6, 7}, Dims: []string{"time", "level", "latitude", "longitude"}, Value: lin([]int64{14, 3, 6, 7}, 0)},
+		{Path: "u10", DType: "int16", Shape: []int64{14, 6, 7}, Chunks: []int64{4, 3, 7}, Dims: []string{"time", "latitude", "longitude"}, Value: lin([]int64{14, 6, 7}, -100)},
+		{Path: "lsm", DType: "uint8", Shape: []int64{6, 7}, Chunks: []int64{6, 7}, Dims: []string{"latitude", "longitude"}, Value: func(i []int64) float64 { return float64(i[0] % 2) }},
+		{Path: "level", DType: "float32", Shape: []int64{3}, Chunks: []int64{3}, Dims: []string{"level"}, Value: func(i []int64) float64 { return []float64{1000, 850, 500}[i[0]] }},
+		{Path: "time", DType: "int64", Shape: []int64{14}, Chunks: []int64{14}, Dims: []string{"time"}, Value: func(i []int64) float64 { return float64(i[0]) * 3600 }},
 	}
-	writeStore(t, dir, arrays)
+	viewtest.WriteStore(t, dir, arrays)
 	text := `views:
   - name: v
     dtype: float32
@@ -182,7 +183,7 @@ func TestViewDecodesEachChunkOnce(t *testing.T) {
 	const sourceChunks = 4 + 8 + 1
 	for _, mode := range []string{"sequential", "batch"} {
 		t.Run(mode, func(t *testing.T) {
-			h := openStore(t, dir, zarr.Options{})
+			h := viewtest.OpenStore(t, dir, zarr.Options{})
 			views, err := layout.BindViews(context.Background(), h, specs, layout.BindOptions{})
 			if err != nil {
 				t.Fatal(err)
@@ -235,8 +236,8 @@ func TestViewDecodesEachChunkOnce(t *testing.T) {
 				i := 0
 				for c, ch := range v.Channels {
 					start, count := ch.Region(int64(k))
-					forEachIndex(start, count, func(idx []int64) {
-						want := float32(arrays[map[string]int{"t": 0, "u10": 1, "lsm": 2}[ch.Var]].value(idx))
+					viewtest.ForEachIndex(start, count, func(idx []int64) {
+						want := float32(arrays[map[string]int{"t": 0, "u10": 1, "lsm": 2}[ch.Var]].Value(idx))
 						if g := math.Float32frombits(binary.LittleEndian.Uint32(data[4096+4*i:])); g != want {
 							t.Fatalf("sample %d channel %d element %v = %v, want %v", k, c, idx, g, want)
 						}
@@ -249,7 +250,7 @@ func TestViewDecodesEachChunkOnce(t *testing.T) {
 }
 
 func BenchmarkViewFill(b *testing.B) {
-	h := viewHierarchy()
+	h := viewtest.ViewHierarchy()
 	specs, _ := layout.ParseViews("b.yaml", []byte(trainYAML))
 	views, err := layout.BindViews(context.Background(), h, specs, layout.BindOptions{Reader: &valueReader{}})
 	if err != nil {
@@ -324,7 +325,7 @@ func (r lendingReader) Memory() codec.HostMemory { return r.mem }
 // (one by one and in FillInto runs) into lent memory: the bytes are those of a fill
 // in ordinary memory, and every buffer comes back.
 func TestFillLentMemory(t *testing.T) {
-	h := viewHierarchy()
+	h := viewtest.ViewHierarchy()
 	views, err := bindYAML(t, h, trainYAML)
 	if err != nil {
 		t.Fatal(err)
@@ -371,7 +372,7 @@ func (discardWriterAt) WriteAt(p []byte, _ int64) (int, error) { return len(p), 
 // Every sample of a view: one Read, the right bytes, the static channel
 // read once over all of them.
 func TestViewFill(t *testing.T) {
-	h := viewHierarchy()
+	h := viewtest.ViewHierarchy()
 	views, err := bindYAML(t, h, trainYAML)
 	if err != nil {
 		t.Fatal(err)
@@ -421,7 +422,7 @@ func TestViewFill(t *testing.T) {
 
 // A negative bound on a batch is refused, not taken for the default.
 func TestBatchBoundRefused(t *testing.T) {
-	h := viewHierarchy()
+	h := viewtest.ViewHierarchy()
 	views, err := bindYAML(t, h, trainYAML)
 	if err != nil {
 		t.Fatal(err)

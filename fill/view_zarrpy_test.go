@@ -1,6 +1,8 @@
 package fill
 
 import (
+	"github.com/zarrfs/zarrfs/internal/viewtest"
+
 	"bytes"
 	"context"
 	"encoding/json"
@@ -13,6 +15,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/zarrfs/zarrfs/internal/testenv"
 	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -23,7 +26,7 @@ import (
 // from zarr-python's own reads, and compares every view file zarrfs fills:
 // header, data bytes and sidecar.
 func TestViewsAgainstZarrPython(t *testing.T) {
-	requirePython(t, "numpy", "zarr")
+	testenv.Python(t, "numpy", "zarr")
 	dir := t.TempDir()
 	out, err := exec.Command("python3", "testdata/make_view_stores.py", dir).CombinedOutput()
 	if err != nil {
@@ -51,7 +54,7 @@ func TestViewsAgainstZarrPython(t *testing.T) {
 	compared := 0
 	for _, store := range stores {
 		t.Run(store, func(t *testing.T) {
-			h := openStore(t, filepath.Join(dir, store+".zarr"), zarr.Options{})
+			h := viewtest.OpenStore(t, filepath.Join(dir, store+".zarr"), zarr.Options{})
 			specs, err := layout.LoadViews(filepath.Join(dir, store+".yaml"))
 			if err != nil {
 				t.Fatal(err)

@@ -1,7 +1,6 @@
 package layout
 
 import (
-	"os/exec"
 	"strings"
 	"testing"
 
@@ -26,25 +25,12 @@ func TestParseOutputDType(t *testing.T) {
 	}
 }
 
-// requirePython skips (or fails under CI) when python3 or a module is missing.
-func requirePython(t testing.TB, modules ...string) {
-	t.Helper()
-	if _, err := exec.LookPath("python3"); err != nil {
-		testenv.Missing(t, "python3 not found")
-	}
-	for _, m := range modules {
-		if err := exec.Command("python3", "-c", "import "+m).Run(); err != nil {
-			testenv.Missing(t, "python module %s not installed (make pydeps)", m)
-		}
-	}
-}
-
 // Without python3 the tests that need it skip, or fail under CI.
 func TestRequirePythonUnderCI(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
 	for ci, want := range map[string]string{"": "skip: ", "true": "fail: "} {
 		t.Setenv("CI", ci)
-		if got := testenv.Outcome(func(t testing.TB) { requirePython(t, "numpy") }); !strings.HasPrefix(got, want) {
+		if got := testenv.Outcome(func(t testing.TB) { testenv.Python(t, "numpy") }); !strings.HasPrefix(got, want) {
 			t.Errorf("CI=%q: requirePython without python3: %s, want %s...", ci, got, want)
 		}
 	}

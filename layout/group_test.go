@@ -1,6 +1,8 @@
 package layout
 
 import (
+	"github.com/zarrfs/zarrfs/internal/viewtest"
+
 	"bytes"
 	"encoding/json"
 	"reflect"
@@ -11,7 +13,7 @@ import (
 // Every group directory answers GroupAttrsName with the group's attributes,
 // and lists nothing new.
 func TestGroupAttributes(t *testing.T) {
-	h := testHierarchy()
+	h := viewtest.Hierarchy()
 	h.Groups[""] = map[string]any{"title": "ERA5 <subset>", "version": json.Number("2")}
 	h.Groups["sub"] = map[string]any{"level": "surface"}
 	l := build(t, h, Options{})

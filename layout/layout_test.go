@@ -10,43 +10,19 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/zarrfs/zarrfs/internal/viewtest"
 	"github.com/zarrfs/zarrfs/zarr"
 )
 
 var (
-	f32 = zarr.DType{Kind: 'f', Size: 4}
-	f64 = zarr.DType{Kind: 'f', Size: 8, BigEndian: true}
-	i64 = zarr.DType{Kind: 'i', Size: 8}
-	u8  = zarr.DType{Kind: 'u', Size: 1}
-	i16 = zarr.DType{Kind: 'i', Size: 2}
+	f32 = viewtest.F32
+	f64 = viewtest.F64
+	i64 = viewtest.I64
+	u8  = viewtest.U8
+	i16 = viewtest.I16
 )
 
-type fakeStore struct{ id string }
-
-func (s fakeStore) Get(context.Context, string) ([]byte, error) { return nil, errors.New("no") }
-func (s fakeStore) GetRange(context.Context, string, int64, int64) ([]byte, error) {
-	return nil, errors.New("no")
-}
-func (s fakeStore) List(context.Context, string) ([]string, error) { return nil, nil }
-func (s fakeStore) ID() string                                     { return s.id }
-func (fakeStore) Close() error                                     { return nil }
-
-func testHierarchy() *zarr.Hierarchy {
-	return &zarr.Hierarchy{
-		Store:  fakeStore{"file:///data/era5.zarr"},
-		Groups: map[string]map[string]any{"": {}, "sub": {}, "empty": {}},
-		Arrays: []*zarr.Array{
-			{Path: "bad", Shape: []int64{4}, Chunks: []int64{4}, DType: f32, Dims: []string{"x"}, MetaHash: "b", Unsupported: "codec 'bitround' is not supported"},
-			{Path: "lsm", Shape: []int64{16, 24}, Chunks: []int64{16, 24}, DType: u8, Dims: []string{"latitude", "longitude"}, MetaHash: "l", FillValue: int64(0)},
-			{Path: "scalar", Shape: []int64{}, Chunks: []int64{}, DType: f64, MetaHash: "s", FillValue: "NaN"},
-			{Path: "sub/sp", Shape: []int64{30, 16, 24}, Chunks: []int64{10, 16, 24}, DType: i16, Dims: []string{"time", "latitude", "longitude"}, MetaHash: "sp", FillValue: int64(-32768)},
-			{Path: "t", Shape: []int64{12, 3, 16, 24}, Chunks: []int64{5, 3, 8, 8}, DType: f32, Dims: []string{"time", "level", "latitude", "longitude"}, MetaHash: "t", FillValue: "NaN",
-				Attributes: map[string]any{"units": "K"}, Codecs: []string{"bytes", "zstd"}, ZarrFormat: 3},
-			{Path: "time", Shape: []int64{12}, Chunks: []int64{12}, DType: i64, Dims: []string{"time"}, MetaHash: "ti"},
-			{Path: "one", Shape: []int64{5, 1}, Chunks: []int64{5, 1}, DType: f32, Dims: []string{"", "time"}, MetaHash: "o"},
-		},
-	}
-}
+type fakeStore = viewtest.FakeStore
 
 func build(t *testing.T, h *zarr.Hierarchy, o Options) *Layout {
 	t.Helper()
@@ -66,7 +42,7 @@ func names(d *Dir) []string {
 }
 
 func TestTree(t *testing.T) {
-	l := build(t, testHierarchy(), Options{})
+	l := build(t, viewtest.Hierarchy(), Options{})
 	if got, want := names(l.Root()), []string{"empty", "lsm.json", "lsm.npy", "one", "one.json", "scalar.json", "scalar.npy", "sub", "t", "t.json", "time.json", "time.npy"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("root = %q, want %q", got, want)
 	}
@@ -154,7 +130,7 @@ func TestSampleNames(t *testing.T) {
 		{101, "000.npy", "100.npy"},
 		{100000, "00000.npy", "99999.npy"},
 	} {
-		h := &zarr.Hierarchy{Store: fakeStore{"x"}, Arrays: []*zarr.Array{{Path: "a", Shape: []int64{tt.n, 2}, Chunks: []int64{1, 2}, DType: f32, Dims: []string{"time", "x"}}}}
+		h := &zarr.Hierarchy{Store: fakeStore{Name: "x"}, Arrays: []*zarr.Array{{Path: "a", Shape: []int64{tt.n, 2}, Chunks: []int64{1, 2}, DType: f32, Dims: []string{"time", "x"}}}}
 		l := build(t, h, Options{})
 		e, _ := l.Lookup("a")
 		d := e.Dir
@@ -168,7 +144,7 @@ func TestSampleNames(t *testing.T) {
 }
 
 func TestOptions(t *testing.T) {
-	h := testHierarchy()
+	h := viewtest.Hierarchy()
 	for _, tt := range []struct {
 		align int64
 		ok    bool
@@ -195,18 +171,18 @@ func TestOptions(t *testing.T) {
 // --sample-dim only; a blob's identity on its array's metadata, less the
 // sample dimension's length.
 func TestLayoutID(t *testing.T) {
-	base := build(t, testHierarchy(), Options{})
-	same := build(t, testHierarchy(), Options{Align: 4096, SampleDim: "time"})
+	base := build(t, viewtest.Hierarchy(), Options{})
+	same := build(t, viewtest.Hierarchy(), Options{Align: 4096, SampleDim: "time"})
 	if base.ID != same.ID || len(base.ID) != 32 {
 		t.Fatalf("ids %q %q", base.ID, same.ID)
 	}
-	changed := testHierarchy()
+	changed := viewtest.Hierarchy()
 	changed.Arrays[4].MetaHash = "t2"
-	other := testHierarchy()
-	other.Store = fakeStore{"file:///data/other.zarr"}
+	other := viewtest.Hierarchy()
+	other.Store = fakeStore{Name: "file:///data/other.zarr"}
 	for name, l := range map[string]*Layout{
-		"align":      build(t, testHierarchy(), Options{Align: 128}),
-		"sample dim": build(t, testHierarchy(), Options{SampleDim: "level"}),
+		"align":      build(t, viewtest.Hierarchy(), Options{Align: 128}),
+		"sample dim": build(t, viewtest.Hierarchy(), Options{SampleDim: "level"}),
 		"source":     build(t, other, Options{}),
 	} {
 		if l.ID == base.ID {
@@ -235,12 +211,12 @@ func TestLayoutID(t *testing.T) {
 	if ident(meta, "sub/sp/03.npy") != ident(base, "sub/sp/03.npy") || ident(meta, "time.npy") != ident(base, "time.npy") {
 		t.Error("t's metadata changed and other arrays' blobs changed identity")
 	}
-	if ident(base, "t/03.npy") == ident(base, "t/04.npy") || ident(build(t, testHierarchy(), Options{Align: 128}), "t/03.npy") == ident(base, "t/03.npy") {
+	if ident(base, "t/03.npy") == ident(base, "t/04.npy") || ident(build(t, viewtest.Hierarchy(), Options{Align: 128}), "t/03.npy") == ident(base, "t/03.npy") {
 		t.Error("identity ignores the sample or the alignment")
 	}
 	// Growing along time keeps the samples' identities, not the whole
 	// time coordinate's.
-	grown := testHierarchy()
+	grown := viewtest.Hierarchy()
 	grown.Arrays[4].Shape[0], grown.Arrays[5].Shape[0] = 20, 20
 	g := build(t, grown, Options{})
 	if ident(g, "t/03.npy") != ident(base, "t/03.npy") {
@@ -302,7 +278,7 @@ func TestHeaders(t *testing.T) {
 		t.Errorf("20-d header in 64 bytes: %v", err)
 	}
 	// An array whose header does not fit refuses the layout, naming the array.
-	h := testHierarchy()
+	h := viewtest.Hierarchy()
 	h.Arrays = append(h.Arrays, &zarr.Array{Path: "wide", Shape: many, Chunks: many, DType: f32, MetaHash: "w"})
 	_, err := Build(h, Options{Align: 128})
 	if !errors.Is(err, ErrHeaderTooLarge) || !strings.Contains(err.Error(), `"wide"`) {
@@ -320,7 +296,7 @@ func mustLookup(t *testing.T, l *Layout, p string) Blob {
 }
 
 func TestSidecar(t *testing.T) {
-	l := build(t, testHierarchy(), Options{Align: 128})
+	l := build(t, viewtest.Hierarchy(), Options{Align: 128})
 	for _, tt := range []struct {
 		path string
 		want map[string]any

@@ -1,6 +1,8 @@
 package layout
 
 import (
+	"github.com/zarrfs/zarrfs/internal/viewtest"
+
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -9,27 +11,9 @@ import (
 	"path/filepath"
 	"sort"
 	"testing"
-	"time"
 
 	"github.com/zarrfs/zarrfs/zarr"
 )
-
-// rewriteChunk gives the chunk file at rel (below dir) the bytes of the
-// one at from: a new file, dated an hour ahead, so a new version.
-func rewriteChunk(t *testing.T, dir, rel, from string) {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(dir, from))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := filepath.Join(dir, rel)
-	os.Remove(p)
-	if err := os.WriteFile(p, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	later := time.Now().Add(time.Hour)
-	os.Chtimes(p, later, later)
-}
 
 // An identity names a region's chunks in sorted key order, as it always
 // has, though it walks them one at a time: chunk coordinates of one, two
@@ -38,10 +22,10 @@ func rewriteChunk(t *testing.T, dir, rel, from string) {
 // keep their identity.
 func TestIdentityNamesChunksSorted(t *testing.T) {
 	dir := t.TempDir()
-	writeStore(t, dir, []storeArray{{path: "s", dtype: "uint8", shape: []int64{2, 3, 120}, chunks: []int64{1, 1, 1},
-		dims: []string{"time", "y", "x"}, value: func(idx []int64) float64 { return float64(idx[2]) }}})
+	viewtest.WriteStore(t, dir, []storeArray{{Path: "s", DType: "uint8", Shape: []int64{2, 3, 120}, Chunks: []int64{1, 1, 1},
+		Dims: []string{"time", "y", "x"}, Value: func(idx []int64) float64 { return float64(idx[2]) }}})
 	os.Remove(filepath.Join(dir, "s", "c", "1", "2", "7")) // one missing: "absent"
-	h := openStore(t, dir, zarr.Options{})
+	h := viewtest.OpenStore(t, dir, zarr.Options{})
 	defer h.Close()
 	l, err := Build(h, Options{})
 	if err != nil {

@@ -1,6 +1,8 @@
 package layout
 
 import (
+	"github.com/zarrfs/zarrfs/internal/viewtest"
+
 	"context"
 	"log/slog"
 	"strings"
@@ -19,10 +21,10 @@ func sampleDimStore(t *testing.T, dims ...[]string) string {
 		for j := range shape {
 			shape[j] = 3
 		}
-		arrays = append(arrays, storeArray{path: "v" + string(rune('0'+i)), dtype: "float32", shape: shape, chunks: shape, dims: d,
-			value: func([]int64) float64 { return 1 }})
+		arrays = append(arrays, storeArray{Path: "v" + string(rune('0'+i)), DType: "float32", Shape: shape, Chunks: shape, Dims: d,
+			Value: func([]int64) float64 { return 1 }})
 	}
-	writeStore(t, dir, arrays)
+	viewtest.WriteStore(t, dir, arrays)
 	return dir
 }
 
@@ -44,7 +46,7 @@ func TestChooseSampleDim(t *testing.T) {
 		{[][]string{{"step", "lat"}}, "step", "step", true},
 	}
 	for _, tc := range tests {
-		h := openStore(t, sampleDimStore(t, tc.dims...), zarr.Options{})
+		h := viewtest.OpenStore(t, sampleDimStore(t, tc.dims...), zarr.Options{})
 		got, ok := ChooseSampleDim(h, tc.list)
 		if got != tc.want || ok != tc.ok {
 			t.Errorf("%v, %q: got %q %v, want %q %v", tc.dims, tc.list, got, ok, tc.want, tc.ok)
@@ -123,8 +125,8 @@ func TestSourceSampleDim(t *testing.T) {
 // refresh would refuse.
 func TestSourceKeepsTheSampleDimOfAStoreWithoutSamples(t *testing.T) {
 	dir := t.TempDir()
-	coord := storeArray{path: "x", dtype: "float32", shape: []int64{3}, chunks: []int64{3}, dims: []string{"x"}, value: func([]int64) float64 { return 1 }}
-	writeStore(t, dir, []storeArray{coord})
+	coord := storeArray{Path: "x", DType: "float32", Shape: []int64{3}, Chunks: []int64{3}, Dims: []string{"x"}, Value: func([]int64) float64 { return 1 }}
+	viewtest.WriteStore(t, dir, []storeArray{coord})
 	st, err := objectstore.OpenPosix(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -136,8 +138,8 @@ func TestSourceKeepsTheSampleDimOfAStoreWithoutSamples(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	writeStore(t, dir, []storeArray{coord, {path: "v", dtype: "float32", shape: []int64{3, 3}, chunks: []int64{3, 3},
-		dims: []string{"valid_time", "x"}, value: func([]int64) float64 { return 1 }}})
+	viewtest.WriteStore(t, dir, []storeArray{coord, {Path: "v", DType: "float32", Shape: []int64{3, 3}, Chunks: []int64{3, 3},
+		Dims: []string{"valid_time", "x"}, Value: func([]int64) float64 { return 1 }}})
 	l2, err := src.Reopen(context.Background(), l)
 	if err != nil {
 		t.Fatal(err)
@@ -156,9 +158,9 @@ func TestSourceKeepsTheSampleDimOfAStoreWithoutSamples(t *testing.T) {
 // and in a view, with no sample dimension named.
 func TestZeroOptionsTryTheDefaultList(t *testing.T) {
 	dir := t.TempDir()
-	writeStore(t, dir, []storeArray{{path: "t2m", dtype: "float32", shape: []int64{4, 3}, chunks: []int64{1, 3},
-		dims: []string{"valid_time", "x"}, value: func([]int64) float64 { return 1 }}})
-	h := openStore(t, dir, zarr.Options{})
+	viewtest.WriteStore(t, dir, []storeArray{{Path: "t2m", DType: "float32", Shape: []int64{4, 3}, Chunks: []int64{1, 3},
+		Dims: []string{"valid_time", "x"}, Value: func([]int64) float64 { return 1 }}})
+	h := viewtest.OpenStore(t, dir, zarr.Options{})
 	defer h.Close()
 	specs, err := ParseViews("v.yaml", []byte("views:\n  - name: v\n    channels:\n      - var: t2m\n"))
 	if err != nil {

@@ -1,6 +1,8 @@
 package layout
 
 import (
+	"github.com/zarrfs/zarrfs/internal/viewtest"
+
 	"encoding/json"
 	"reflect"
 	"slices"
@@ -67,7 +69,7 @@ func TestParseShard(t *testing.T) {
 // sizes and the layout ID are those of the unsharded layout; the sidecar
 // says which samples are listed.
 func TestShardedLayout(t *testing.T) {
-	h := viewHierarchy()
+	h := viewtest.ViewHierarchy()
 	views, err := bindYAML(t, h, "views:\n  - name: train\n    dtype: float32\n    samples: {start: 1, stop: 12, step: 2}\n    channels:\n      - var: u10\n      - var: t\n        select: {level: all}\n")
 	if err != nil {
 		t.Fatal(err)

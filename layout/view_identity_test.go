@@ -1,6 +1,8 @@
 package layout
 
 import (
+	"github.com/zarrfs/zarrfs/internal/viewtest"
+
 	"context"
 	"os"
 	"path/filepath"
@@ -36,12 +38,12 @@ func buildViews(t *testing.T, h *zarr.Hierarchy, text string, o Options) (*Layou
 // so that the rewrite is never served stale.
 func TestStridedViewIdentityNamesItsChunks(t *testing.T) {
 	dir := t.TempDir()
-	writeStore(t, dir, []storeArray{{path: "t", dtype: "float32", shape: []int64{8, 2, 3}, chunks: []int64{1, 2, 3},
-		dims: []string{"time", "latitude", "longitude"}, value: func(idx []int64) float64 { return float64(idx[0]) }}})
+	viewtest.WriteStore(t, dir, []storeArray{{Path: "t", DType: "float32", Shape: []int64{8, 2, 3}, Chunks: []int64{1, 2, 3},
+		Dims: []string{"time", "latitude", "longitude"}, Value: func(idx []int64) float64 { return float64(idx[0]) }}})
 	const view = "views:\n  - name: v\n    samples: {start: 1, stop: 8, step: 2}\n    channels:\n      - var: t\n"
 	idents := func() []string {
 		t.Helper()
-		h := openStore(t, dir, zarr.Options{})
+		h := viewtest.OpenStore(t, dir, zarr.Options{})
 		defer h.Close()
 		l, views := buildViews(t, h, view, Options{})
 		var out []string

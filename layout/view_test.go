@@ -2,21 +2,16 @@ package layout
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
-	"os"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"sync"
 	"testing"
 
-	"github.com/klauspost/compress/zstd"
 	"github.com/zarrfs/zarrfs/codec"
-	"github.com/zarrfs/zarrfs/objectstore"
+	"github.com/zarrfs/zarrfs/internal/viewtest"
 	"github.com/zarrfs/zarrfs/zarr"
 )
 
@@ -28,41 +23,6 @@ type valueReader struct {
 	reqs  []zarr.Request
 }
 
-// testValue is the value of an element: distinct per array and index,
-// exact in float32 for the small test arrays.
-func testValue(a *zarr.Array, idx []int64) float64 {
-	switch a.Path {
-	case "level":
-		return []float64{1000, 850, 500}[idx[0]]
-	case "time":
-		return float64(6 * idx[0])
-	case "lsm":
-		return float64((idx[0] + idx[1]) % 2)
-	}
-	lin := int64(0)
-	for d := range idx {
-		lin = lin*a.Shape[d] + idx[d]
-	}
-	base := map[string]float64{"z": 10000, "u10": -200, "ens": 30000}[a.Path]
-	return base + float64(lin)
-}
-
-func encodeValue(b []byte, d zarr.DType, v float64) {
-	switch {
-	case d.Kind == 'f' && d.Size == 2:
-		binary.LittleEndian.PutUint16(b, zarr.Float16Bits(v))
-	case d.Kind == 'f' && d.Size == 4:
-		binary.LittleEndian.PutUint32(b, math.Float32bits(float32(v)))
-	case d.Kind == 'f':
-		binary.LittleEndian.PutUint64(b, math.Float64bits(v))
-	default:
-		u := uint64(int64(v))
-		for k := range d.Size {
-			b[k] = byte(u >> (8 * k))
-		}
-	}
-}
-
 func (r *valueReader) Read(ctx context.Context, _ *zarr.Pin, reqs []zarr.Request) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -71,68 +31,12 @@ func (r *valueReader) Read(ctx context.Context, _ *zarr.Pin, reqs []zarr.Request
 		r.reqs = append(r.reqs, zarr.Request{Array: q.Array, Start: append([]int64(nil), q.Start...), Count: append([]int64(nil), q.Count...)})
 		size := int64(q.Array.DType.Size)
 		i := int64(0)
-		forEachIndex(q.Start, q.Count, func(idx []int64) {
-			encodeValue(q.Dst[i*size:], q.Array.DType, testValue(q.Array, idx))
+		viewtest.ForEachIndex(q.Start, q.Count, func(idx []int64) {
+			viewtest.Encode(q.Dst[i*size:], q.Array.DType, viewtest.Value(q.Array, idx))
 			i++
 		})
 	}
 	return nil
-}
-
-// forEachIndex visits every index of the region in C order.
-func forEachIndex(start, count []int64, f func([]int64)) {
-	for _, c := range count {
-		if c == 0 {
-			return
-		}
-	}
-	idx := append([]int64(nil), start...)
-	for {
-		f(idx)
-		d := len(idx) - 1
-		for ; d >= 0; d-- {
-			idx[d]++
-			if idx[d] < start[d]+count[d] {
-				break
-			}
-			idx[d] = start[d]
-		}
-		if d < 0 {
-			return
-		}
-	}
-}
-
-func viewHierarchy() *zarr.Hierarchy {
-	f16 := zarr.DType{Kind: 'f', Size: 2}
-	f64 := zarr.DType{Kind: 'f', Size: 8}
-	arr := func(p string, dt zarr.DType, dims []string, shape ...int64) *zarr.Array {
-		return &zarr.Array{Path: p, Shape: shape, Chunks: shape, DType: dt, Dims: dims, MetaHash: "m-" + p, Attributes: map[string]any{}}
-	}
-	spatial := []string{"latitude", "longitude"}
-	h := &zarr.Hierarchy{
-		Store:  fakeStore{"file:///data/era5.zarr"},
-		Groups: map[string]map[string]any{"": {}, "sub": {}},
-		Arrays: []*zarr.Array{
-			{Path: "bad", Shape: []int64{12, 4, 5}, Chunks: []int64{1, 4, 5}, DType: f32, Dims: []string{"time", "latitude", "longitude"}, Unsupported: "codec 'bitround' is not supported"},
-			arr("ens", f32, []string{"time", "member", "level", "latitude", "longitude"}, 12, 2, 3, 4, 5),
-			arr("half", f16, append([]string{"time"}, spatial...), 12, 4, 5),
-			arr("latitude", f32, []string{"latitude"}, 4),
-			arr("level", f32, []string{"level"}, 3),
-			arr("lsm", u8, spatial, 4, 5),
-			arr("q", f32, append([]string{"time"}, spatial...), 10, 4, 5),
-			arr("renamed", f32, []string{"time", "y", "x"}, 12, 4, 5),
-			arr("sub/sp", f32, append([]string{"time"}, spatial...), 12, 4, 5),
-			arr("t", f32, []string{"time", "level", "latitude", "longitude"}, 12, 3, 4, 5),
-			arr("time", i64, []string{"time"}, 12),
-			arr("u10", i16, append([]string{"time"}, spatial...), 12, 4, 5),
-			arr("w", f32, []string{"time", "level", "latitude", "longitude"}, 12, 2, 4, 5),
-			arr("wide", f32, append([]string{"time"}, spatial...), 12, 5, 4),
-			arr("z", f64, []string{"time", "level", "latitude", "longitude"}, 12, 3, 4, 5),
-		},
-	}
-	h.Arrays[len(h.Arrays)-1].DType.BigEndian = true // Read converts; the view must not care
-	return h
 }
 
 func bindYAML(t *testing.T, h *zarr.Hierarchy, text string) ([]*View, error) {
@@ -177,7 +81,7 @@ func TestBindErrors(t *testing.T) {
 		{"collides with npy name", "views:\n  - name: lsm.npy\n    channels:\n      - var: u10\n", `views.yaml:2: view "lsm.npy": name: name collides with array "lsm" in the mount`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := bindYAML(t, viewHierarchy(), tt.yaml)
+			_, err := bindYAML(t, viewtest.ViewHierarchy(), tt.yaml)
 			if err == nil {
 				t.Fatalf("no error, want %s", tt.want)
 			}
@@ -190,7 +94,7 @@ func TestBindErrors(t *testing.T) {
 		})
 	}
 	// A group without arrays still owns its name.
-	h := viewHierarchy()
+	h := viewtest.ViewHierarchy()
 	h.Groups["empty"] = map[string]any{}
 	_, err := bindYAML(t, h, "views:\n  - name: empty\n    channels:\n      - var: u10\n")
 	if want := `views.yaml:2: view "empty": name: name collides with group "empty" in the mount`; err == nil || err.Error() != want {
@@ -199,13 +103,13 @@ func TestBindErrors(t *testing.T) {
 	// Names are unique across files.
 	a, _ := ParseViews("a.yaml", []byte("views:\n  - name: v\n    channels: [{var: u10}]\n"))
 	b, _ := ParseViews("b.yaml", []byte("\nviews:\n  - name: v\n    channels: [{var: u10}]\n"))
-	_, err = BindViews(context.Background(), viewHierarchy(), append(a, b...), BindOptions{Reader: &valueReader{}})
+	_, err = BindViews(context.Background(), viewtest.ViewHierarchy(), append(a, b...), BindOptions{Reader: &valueReader{}})
 	if want := `b.yaml:3: view "v": name: a view named "v" is already defined at a.yaml:2`; err == nil || err.Error() != want {
 		t.Errorf("duplicate across files: %v", err)
 	}
 	// A failing coordinate read is reported with the array, not as a spec error.
 	specs, _ := ParseViews("v.yaml", []byte("views:\n  - name: v\n    channels: [{var: t, select_values: {level: [850]}}]\n"))
-	_, err = specs[0].Bind(context.Background(), viewHierarchy(), BindOptions{Reader: failReader{}})
+	_, err = specs[0].Bind(context.Background(), viewtest.ViewHierarchy(), BindOptions{Reader: failReader{}})
 	if !errors.Is(err, codec.ErrCorrupt) || !strings.Contains(err.Error(), `coordinate array "level"`) {
 		t.Errorf("coordinate read failure: %v", err)
 	}
@@ -233,7 +137,7 @@ const trainYAML = `views:
 `
 
 func TestViewBuild(t *testing.T) {
-	h := viewHierarchy()
+	h := viewtest.ViewHierarchy()
 	views, err := bindYAML(t, h, trainYAML)
 	if err != nil {
 		t.Fatal(err)
@@ -325,7 +229,7 @@ func mustDir(t *testing.T, l *Layout, p string) *Dir {
 func TestViewIdentity(t *testing.T) {
 	id := func(text string, grow int64) string {
 		t.Helper()
-		h := viewHierarchy()
+		h := viewtest.ViewHierarchy()
 		for _, a := range h.Arrays {
 			if len(a.Dims) > 0 && a.Dims[0] == "time" {
 				a.Shape[0] += grow
@@ -378,16 +282,16 @@ func TestViewIdentity(t *testing.T) {
 }
 
 func TestViewBuildErrors(t *testing.T) {
-	h := viewHierarchy()
+	h := viewtest.ViewHierarchy()
 	views, err := bindYAML(t, h, "views:\n  - name: v\n    channels: [{var: u10}]\n")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Build(viewHierarchy(), Options{Views: views}); !errors.Is(err, ErrInvalidView) || !strings.Contains(err.Error(), "another store") {
+	if _, err := Build(viewtest.ViewHierarchy(), Options{Views: views}); !errors.Is(err, ErrInvalidView) || !strings.Contains(err.Error(), "another store") {
 		t.Errorf("view bound elsewhere: %v", err)
 	}
 	// A store whose root is an array: its files are named after the store.
-	root := &zarr.Hierarchy{Store: fakeStore{"file:///x/v.zarr"}, Groups: map[string]map[string]any{},
+	root := &zarr.Hierarchy{Store: fakeStore{Name: "file:///x/v.zarr"}, Groups: map[string]map[string]any{},
 		Arrays: []*zarr.Array{{Path: "", Shape: []int64{3, 2}, Chunks: []int64{3, 2}, DType: f32, Dims: []string{"time", "x"}}}}
 	if _, err := ParseViews("r.yaml", []byte("views:\n  - name: v\n    channels: [{var: ''}]\n")); err == nil {
 		t.Error("empty var accepted")
@@ -414,7 +318,7 @@ func TestViewBuildErrors(t *testing.T) {
 		for i := range k {
 			dims = append(dims, fmt.Sprintf("d%d", i))
 		}
-		deep := &zarr.Hierarchy{Store: fakeStore{"x"}, Groups: map[string]map[string]any{},
+		deep := &zarr.Hierarchy{Store: fakeStore{Name: "x"}, Groups: map[string]map[string]any{},
 			Arrays: []*zarr.Array{{Path: "a", Shape: append([]int64{2}, shape...), Chunks: append([]int64{2}, shape...), DType: f32, Dims: dims}}}
 		views, err := bindYAML(t, deep, "views:\n  - name: v\n    channels: [{var: a}]\n")
 		if err != nil {
@@ -430,97 +334,12 @@ func TestViewBuildErrors(t *testing.T) {
 	}
 }
 
-// storeArray is one array of a store written by writeStore.
-type storeArray struct {
-	path   string
-	dtype  string
-	shape  []int64
-	chunks []int64
-	dims   []string
-	value  func(idx []int64) float64
-}
-
-// writeStore writes a Zarr v3 group with zstd-compressed chunks.
-func writeStore(t *testing.T, dir string, arrays []storeArray) {
-	t.Helper()
-	enc, err := zstd.NewWriter(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer enc.Close()
-	writeJSON := func(p string, v any) {
-		b, _ := json.Marshal(v)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	writeJSON(filepath.Join(dir, "zarr.json"), map[string]any{"zarr_format": 3, "node_type": "group", "attributes": map[string]any{}})
-	for _, a := range arrays {
-		dt, err := zarr.ParseV3DType(a.dtype)
-		if err != nil {
-			t.Fatal(err)
-		}
-		writeJSON(filepath.Join(dir, a.path, "zarr.json"), map[string]any{
-			"zarr_format": 3, "node_type": "array", "shape": a.shape, "data_type": a.dtype,
-			"chunk_grid":         map[string]any{"name": "regular", "configuration": map[string]any{"chunk_shape": a.chunks}},
-			"chunk_key_encoding": map[string]any{"name": "default", "configuration": map[string]any{"separator": "/"}},
-			"codecs": []any{map[string]any{"name": "bytes", "configuration": map[string]any{"endian": "little"}},
-				map[string]any{"name": "zstd", "configuration": map[string]any{"level": 1, "checksum": false}}},
-			"fill_value": 0, "dimension_names": a.dims, "attributes": map[string]any{},
-		})
-		grid := make([]int64, len(a.shape))
-		for d := range grid {
-			grid[d] = (a.shape[d] + a.chunks[d] - 1) / a.chunks[d]
-		}
-		forEachIndex(make([]int64, len(grid)), grid, func(c []int64) {
-			buf := make([]byte, prod(a.chunks)*int64(dt.Size))
-			start := make([]int64, len(c))
-			for d := range c {
-				start[d] = c[d] * a.chunks[d]
-			}
-			i := int64(0)
-			forEachIndex(start, a.chunks, func(idx []int64) {
-				inside := true
-				for d := range idx {
-					inside = inside && idx[d] < a.shape[d]
-				}
-				if inside {
-					encodeValue(buf[i*int64(dt.Size):], dt, a.value(idx))
-				}
-				i++
-			})
-			key := filepath.Join(dir, a.path, "c")
-			for _, x := range c {
-				key = filepath.Join(key, fmt.Sprint(x))
-			}
-			writeJSON(key, nil) // makes the directories
-			if err := os.WriteFile(key, enc.EncodeAll(buf, nil), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		})
-	}
-}
-
-func openStore(t *testing.T, dir string, o zarr.Options) *zarr.Hierarchy {
-	t.Helper()
-	st, err := objectstore.OpenPosix(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := zarr.Open(context.Background(), st, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return h
-}
+type storeArray = viewtest.StoreArray
 
 // select: {dim: all} is every index along dim, in order: the same view as
 // listing them, with the same definition (so the same cache layout).
 func TestSelectAll(t *testing.T) {
-	h := viewHierarchy()
+	h := viewtest.ViewHierarchy()
 	all, err := bindYAML(t, h, "views:\n  - name: train\n    channels:\n      - var: t\n        select: {level: all}\n      - var: w\n        select: {level: all}\n")
 	if err != nil {
 		t.Fatal(err)

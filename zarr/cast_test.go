@@ -184,7 +184,7 @@ func TestCast(t *testing.T) {
 // patterns (NaN results only need to be NaN: numpy may quiet them in
 // hardware).
 func TestCastNumpy(t *testing.T) {
-	requirePythonModules(t, "numpy")
+	testenv.Python(t, "numpy")
 	types := []DType{
 		{Kind: 'b', Size: 1}, {Kind: 'i', Size: 1}, {Kind: 'i', Size: 2}, {Kind: 'i', Size: 4}, {Kind: 'i', Size: 8},
 		{Kind: 'u', Size: 1}, {Kind: 'u', Size: 2}, {Kind: 'u', Size: 4}, {Kind: 'u', Size: 8},
@@ -264,19 +264,5 @@ func BenchmarkCast(b *testing.B) {
 				Cast(dst, tt.to, src, tt.from)
 			}
 		})
-	}
-}
-
-// requirePythonModules skips (or fails under CI) when python3 or a module
-// is missing.
-func requirePythonModules(t testing.TB, modules ...string) {
-	t.Helper()
-	if _, err := exec.LookPath("python3"); err != nil {
-		testenv.Missing(t, "python3 not found")
-	}
-	for _, m := range modules {
-		if err := exec.Command("python3", "-c", "import "+m).Run(); err != nil {
-			testenv.Missing(t, "python module %s not installed (make pydeps)", m)
-		}
 	}
 }

@@ -10,6 +10,7 @@ package testenv
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"runtime"
 	"strconv"
 	"testing"
@@ -65,4 +66,18 @@ func Outcome(f func(t testing.TB)) string {
 	}()
 	<-done
 	return r.outcome
+}
+
+// Python skips t (or fails it under CI) when python3 or one of the modules
+// is missing.
+func Python(t testing.TB, modules ...string) {
+	t.Helper()
+	if _, err := exec.LookPath("python3"); err != nil {
+		Missing(t, "python3 not found")
+	}
+	for _, m := range modules {
+		if err := exec.Command("python3", "-c", "import "+m).Run(); err != nil {
+			Missing(t, "python module %s not installed (make pydeps)", m)
+		}
+	}
 }
