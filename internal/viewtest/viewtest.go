@@ -1,6 +1,7 @@
 // Package viewtest holds the fixtures the tests of layout and fill share:
 // the hierarchies their layouts and views are built from, the value every
-// element of them holds, and a rewrite of a chunk file.
+// element of them holds, a Zarr v3 store written from such values, and a
+// rewrite of a chunk file.
 package viewtest
 
 import (
