@@ -2,12 +2,9 @@ package deliver
 
 import (
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
@@ -30,21 +27,8 @@ func BenchmarkGPUFillHostDecodes(b *testing.B) { benchGPUFill(b, false) }
 func benchGPUFill(b *testing.B, checksum bool) {
 	dir := b.TempDir()
 	zs, _ := zstd.NewWriter(nil, zstd.WithEncoderCRC(checksum))
-	put := func(p string, data []byte) {
-		p = filepath.Join(dir, filepath.FromSlash(p))
-		os.MkdirAll(filepath.Dir(p), 0o755)
-		if err := os.WriteFile(p, data, 0o644); err != nil {
-			b.Fatal(err)
-		}
-	}
-	meta := func(shape, chunks []int, dims []string) []byte {
-		js, _ := json.Marshal(map[string]any{"zarr_format": 3, "node_type": "array", "shape": shape, "data_type": "float32",
-			"chunk_grid":         map[string]any{"name": "regular", "configuration": map[string]any{"chunk_shape": chunks}},
-			"chunk_key_encoding": map[string]any{"name": "default"}, "fill_value": 0, "dimension_names": dims,
-			"codecs": []any{map[string]any{"name": "bytes", "configuration": map[string]any{"endian": "little"}},
-				map[string]any{"name": "zstd", "configuration": map[string]any{"level": 3}}}})
-		return js
-	}
+	put := func(p string, data []byte) { writeFile(b, dir, p, data) }
+	meta := func(shape, chunks []int, dims []string) []byte { return arrayMeta(shape, chunks, dims, "zstd") }
 	// Smooth, with noise in the low bits: zstd keeps about half, as of
 	// reanalysis fields.
 	field := func(n int, seed float32) []byte {

@@ -55,23 +55,8 @@ func devStore(t *testing.T) string {
 	dir := t.TempDir()
 	zs, _ := zstd.NewWriter(nil, zstd.WithEncoderCRC(true))
 	nosum, _ := zstd.NewWriter(nil, zstd.WithEncoderCRC(false))
-	put := func(p string, b []byte) {
-		p = filepath.Join(dir, filepath.FromSlash(p))
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	meta := func(shape, chunks []int, dims []string, codec string) []byte {
-		js, _ := json.Marshal(map[string]any{"zarr_format": 3, "node_type": "array", "shape": shape, "data_type": "float32",
-			"chunk_grid":         map[string]any{"name": "regular", "configuration": map[string]any{"chunk_shape": chunks}},
-			"chunk_key_encoding": map[string]any{"name": "default"}, "fill_value": 0, "dimension_names": dims,
-			"codecs": []any{map[string]any{"name": "bytes", "configuration": map[string]any{"endian": "little"}},
-				map[string]any{"name": codec, "configuration": map[string]any{"level": 3}}}})
-		return js
-	}
+	put := func(p string, b []byte) { writeFile(t, dir, p, b) }
+	meta := arrayMeta
 	field := func(n int, seed float32) []byte {
 		b := make([]byte, 4*n)
 		for i := range n {
@@ -490,4 +475,28 @@ func TestGPUFillBigEndian(t *testing.T) {
 			}
 		})
 	}
+}
+
+// writeFile writes data at the slash path p below dir, making its
+// directories.
+func writeFile(tb testing.TB, dir, p string, data []byte) {
+	tb.Helper()
+	p = filepath.Join(dir, filepath.FromSlash(p))
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// arrayMeta is the zarr.json of a float32 Zarr v3 array of shape, chunked
+// by chunks, compressed by codec at level 3.
+func arrayMeta(shape, chunks []int, dims []string, codec string) []byte {
+	js, _ := json.Marshal(map[string]any{"zarr_format": 3, "node_type": "array", "shape": shape, "data_type": "float32",
+		"chunk_grid":         map[string]any{"name": "regular", "configuration": map[string]any{"chunk_shape": chunks}},
+		"chunk_key_encoding": map[string]any{"name": "default"}, "fill_value": 0, "dimension_names": dims,
+		"codecs": []any{map[string]any{"name": "bytes", "configuration": map[string]any{"endian": "little"}},
+			map[string]any{"name": codec, "configuration": map[string]any{"level": 3}}}})
+	return js
 }

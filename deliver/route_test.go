@@ -3,11 +3,8 @@ package deliver
 import (
 	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -83,23 +80,8 @@ func bigStore(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
 	zs, _ := zstd.NewWriter(nil, zstd.WithEncoderCRC(true))
-	put := func(p string, b []byte) {
-		p = filepath.Join(dir, filepath.FromSlash(p))
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	meta := func(shape, chunks []int, dims []string) []byte {
-		js, _ := json.Marshal(map[string]any{"zarr_format": 3, "node_type": "array", "shape": shape, "data_type": "float32",
-			"chunk_grid":         map[string]any{"name": "regular", "configuration": map[string]any{"chunk_shape": chunks}},
-			"chunk_key_encoding": map[string]any{"name": "default"}, "fill_value": 0, "dimension_names": dims,
-			"codecs": []any{map[string]any{"name": "bytes", "configuration": map[string]any{"endian": "little"}},
-				map[string]any{"name": "zstd", "configuration": map[string]any{"level": 3}}}})
-		return js
-	}
+	put := func(p string, b []byte) { writeFile(t, dir, p, b) }
+	meta := func(shape, chunks []int, dims []string) []byte { return arrayMeta(shape, chunks, dims, "zstd") }
 	field := func(n int, seed float32) []byte {
 		b := make([]byte, 4*n)
 		for i := range n {
