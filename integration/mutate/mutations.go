@@ -479,6 +479,15 @@ var mutations = []mutation{
 		Pkgs:   []string{"./deliver"},
 	},
 	{
+		Name:   "delivery-accept-gives-up",
+		Breaks: "one failed accept (the daemon out of descriptors) stops the delivery socket, which stays open with no one answering",
+		File:   "deliver/server.go",
+		From:   "if errors.Is(err, net.ErrClosed) {",
+		To:     "if errors.Is(err, net.ErrClosed) || true {",
+		Pkgs:   []string{"./deliver"},
+		Run:    "AcceptErrorsPass",
+	},
+	{
 		Name:   "fillinto-readback",
 		Breaks: "a view's static channel is read into the first sample's buffer, which a GPU filling a ring slot never writes, and the samples and the memo get the fill's own buffer, never written",
 		File:   "fill/view.go",
