@@ -109,7 +109,7 @@ func (c *cudaRing) decode(ctx context.Context, k int, jobs []codec.Job, offs []i
 
 func (c *cudaRing) memory() codec.HostMemory { return c.d }
 
-func (c *cudaRing) releaseShadow(k int, n int64) { dropPages(c.shadowOf(k)[:n]) }
+func (c *cudaRing) releaseShadow(k int, off, n int64) { dropPages(c.shadowOf(k), off, n) }
 
 func (c *cudaRing) copyInSlot(k int, dst, src, n int64) error {
 	return c.r.Copy(k, dst, c.r.Addr(k, src), n)

@@ -172,16 +172,11 @@ func (r run) readRegion(ctx context.Context, w io.WriterAt, base int64, a *zarr.
 // readRegionAs is readRegion writing elements of type to (zarr.Cast): each
 // piece is cast into a second buffer, which the budget is charged for too.
 func (r run) readRegionAs(ctx context.Context, w io.WriterAt, base int64, a *zarr.Array, start, count []int64, to zarr.DType) error {
-	total := satMul(prod(count), int64(a.DType.Size))
-	if total == 0 {
+	if satMul(prod(count), int64(a.DType.Size)) == 0 {
 		return nil
 	}
-	p := planPieces(a, start, count, r.pieceBytes(), r.pieceCost())
+	p, castBytes := r.regionPlan(a, start, count, to)
 	cast := !zarr.SameValues(a.DType, to)
-	castBytes := int64(0)
-	if cast {
-		castBytes = p.bytes / int64(a.DType.Size) * int64(to.Size)
-	}
 	release, err := r.acquire(ctx, satAdd(p.cost, castBytes), "region of array "+a.Path)
 	if err != nil {
 		return err
@@ -211,6 +206,26 @@ func (r run) readRegionAs(ctx context.Context, w io.WriterAt, base int64, a *zar
 		}
 		return nil
 	})
+}
+
+// regionPlan is how readRegionAs cuts the region, and the bytes of its
+// cast buffer (zero when it casts nothing): it holds the plan's cost and
+// those at once.
+func (r run) regionPlan(a *zarr.Array, start, count []int64, to zarr.DType) (piecePlan, int64) {
+	p := planPieces(a, start, count, r.pieceBytes(), r.pieceCost())
+	if zarr.SameValues(a.DType, to) {
+		return p, 0
+	}
+	return p, p.bytes / int64(a.DType.Size) * int64(to.Size)
+}
+
+// regionCost is what readRegionAs acquires for the region.
+func (r run) regionCost(a *zarr.Array, start, count []int64, to zarr.DType) int64 {
+	if satMul(prod(count), int64(a.DType.Size)) == 0 {
+		return 0
+	}
+	p, castBytes := r.regionPlan(a, start, count, to)
+	return satAdd(p.cost, castBytes)
 }
 
 func satMul(a, b int64) int64 {
