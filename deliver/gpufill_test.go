@@ -357,8 +357,8 @@ func TestGPUFillIntoSlot(t *testing.T) {
 
 // What the host writes in a slot's shadow is counted in the mount's
 // memory budget as long as its pages are in memory: the samples of an
-// array's sample directory (read in pieces, as a file's fill reads them)
-// as those of a view; and it is all given back with the pages.
+// array's sample directory as those of a view; and it is all given back
+// with the pages.
 func TestGPUFillShadowCharged(t *testing.T) {
 	for _, dir := range []string{"b", "v"} {
 		t.Run(dir, func(t *testing.T) {
@@ -388,6 +388,44 @@ func TestGPUFillShadowCharged(t *testing.T) {
 			if u := dev.uncharged.Load(); u != 0 || dev.releasedMost.Load() < plane {
 				t.Fatalf("%d bytes of the shadow in memory not counted in the budget (-1: not known), of %d at most (want b's %d at least)",
 					u, dev.releasedMost.Load(), plane)
+			}
+		})
+	}
+}
+
+// An array's samples go as a view's do: a chunk that lands whole in the
+// sample, of a codec the device takes (c: zstd with a checksum), decodes
+// on the device straight into the slot, never touching the shadow; one the
+// device refuses (b: without one) is decoded by the host into the shadow,
+// and copied into the slot from there. Every sample equals the file.
+func TestGPUFillArraySamples(t *testing.T) {
+	const plane = 128 * 128 * 4 // a sample
+	for _, tc := range []struct {
+		dir              string
+		device, uploaded int64 // chunks decoded on the device, bytes uploaded, per batch
+		shadow           int64 // the most bytes of the shadow in memory
+	}{{"c", 3, 0, 0}, {"b", 0, 3 * plane, plane}} {
+		t.Run(tc.dir, func(t *testing.T) {
+			s, c, mem, filler, lay := gpuServer(t, devStore(t), "")
+			rep := c.open(t, OpenRequest{Dir: tc.dir, Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 2, Batch: 3})
+			if !rep.OK {
+				t.Fatalf("open: %+v", rep)
+			}
+			dev := <-mem.dev
+			for b, batch := range [][]string{{"0.npy", "1.npy", "2.npy"}, {"5.npy", "4.npy", "3.npy"}} {
+				if r := c.fill(t, b, batch...); r.Op != "ready" || r.Device != 3 {
+					t.Fatalf("batch %d: %+v", b, r)
+				}
+				for j, n := range batch {
+					if got := dev.Host(b)[int64(j)*rep.SampleBytes : int64(j+1)*rep.SampleBytes]; !bytes.Equal(got, sampleBytes(t, filler, lay, tc.dir+"/"+n)) {
+						t.Fatalf("%s/%s in slot %d differs from the file", tc.dir, n, b)
+					}
+				}
+			}
+			_, tot := s.Stats()
+			if dev.decoded.Load() != 2*tc.device || tot.Uploaded != 2*tc.uploaded || dev.releasedMost.Load() != tc.shadow {
+				t.Fatalf("%d chunks decoded on the device (want %d), %d bytes uploaded (want %d), the shadow held %d bytes at most (want %d)",
+					dev.decoded.Load(), 2*tc.device, tot.Uploaded, 2*tc.uploaded, dev.releasedMost.Load(), tc.shadow)
 			}
 		})
 	}
@@ -513,20 +551,19 @@ func beStores(t *testing.T) (v3, v2 string) {
 }
 
 // A big-endian source, of Zarr v3 (byte order from the bytes codec) or v2
-// (">f8"), comes out of the device path as the mount's file holds it: the
-// host swaps such chunks after decoding them, so none may decode on the
-// device straight into the slot. (The device path decodes into the slot
-// the samples of views; those of an array's sample directory are read
-// through the fill's buffers.)
+// (">f8"), comes out of the device path as the mount's file holds it,
+// through a view or the array's own sample directory: the host swaps such
+// chunks after decoding them, so none may decode on the device straight
+// into the slot.
 func TestGPUFillBigEndian(t *testing.T) {
 	v3, v2 := beStores(t)
 	for _, tc := range []struct {
-		name, dir string
-		size      int
-	}{{"v3 big-endian float32", v3, 4}, {"v2 >f8", v2, 8}} {
+		name, dir, samples string
+		size               int
+	}{{"v3 big-endian float32", v3, "v", 4}, {"v2 >f8", v2, "v", 8}, {"v3 array", v3, "x", 4}, {"v2 array", v2, "x", 8}} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, c, mem, filler, lay := gpuServer(t, tc.dir, "views:\n  - name: v\n    channels:\n      - var: x\n")
-			rep := c.open(t, OpenRequest{Dir: "v", Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 1, Batch: 4})
+			rep := c.open(t, OpenRequest{Dir: tc.samples, Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 1, Batch: 4})
 			if !rep.OK {
 				t.Fatalf("open: %+v", rep)
 			}
@@ -536,12 +573,13 @@ func TestGPUFillBigEndian(t *testing.T) {
 				t.Fatalf("fill: %+v", r)
 			}
 			for j, n := range batch {
-				want := sampleBytes(t, filler, lay, "v/"+n)
+				p := tc.samples + "/" + n
+				want := sampleBytes(t, filler, lay, p)
 				if got := dev.Host(0)[int64(j)*rep.SampleBytes : int64(j+1)*rep.SampleBytes]; !bytes.Equal(got, want) {
-					t.Fatalf("v/%s in the slot differs from the file (first bytes % x, want % x)", n, got[:8], want[:8])
+					t.Fatalf("%s in the slot differs from the file (first bytes % x, want % x)", p, got[:8], want[:8])
 				}
 				if v := math.Float64frombits(binary.LittleEndian.Uint64(want[8:])); tc.size == 8 && v != float64(1000*j)+0.25 {
-					t.Fatalf("v/%s: element 1 is %v in the file", n, v)
+					t.Fatalf("%s: element 1 is %v in the file", p, v)
 				}
 			}
 			if d := dev.decoded.Load(); d != 0 {

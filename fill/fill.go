@@ -201,24 +201,26 @@ func (r run) acquire(ctx context.Context, n int64, what string) (func(), error) 
 	return r.Filler.acquire(ctx, n, what)
 }
 
-// blobCost is the most that fill(b) acquires at once: what the caller of
-// a held run acquires for it.
-func (r run) blobCost(b layout.Blob) int64 {
+// blobCost is the most that fill(b) into w acquires at once, besides the
+// buffer of w it reads into (regionPlan): what the caller of a held run
+// acquires for it with that buffer.
+func (r run) blobCost(b layout.Blob, w io.WriterAt) int64 {
 	switch b := b.(type) {
 	case *layout.RegionBlob:
 		q := b.Region()
-		return r.regionCost(q.Array, q.Start, q.Count, q.Array.DType)
+		return r.regionCost(w, int64(len(b.Header())), q.Array, q.Start, q.Count, q.Array.DType)
 	case *layout.ViewBlob:
-		v := b.View()
-		if cost := fillCost(v, b.Size()-int64(len(b.Header())), []int64{b.Index()}); r.o.MemoryBudget.Fits(cost) {
+		v, align := b.View(), int64(len(b.Header()))
+		if cost := fillCost(v, b.Size()-align, []int64{b.Index()}); r.o.MemoryBudget.Fits(cost) {
 			return cost // fillView
 		}
 		var most int64 // fillByChannel
+		per := prod(v.SampleShape[1:]) * int64(v.DType.Size)
 		t := v.Start + b.Index()*v.Step
 		for c := range v.Channels {
 			ch := &v.Channels[c]
 			start, count := ch.Region(t)
-			most = max(most, r.regionCost(ch.Array, start, count, v.DType))
+			most = max(most, r.regionCost(w, align+int64(c)*per, ch.Array, start, count, v.DType))
 		}
 		return most
 	}

@@ -122,7 +122,7 @@ func (r run) fillOne(ctx context.Context, b layout.Blob, out []byte, drain Drain
 	if drain == nil {
 		return r.fill(ctx, b, w)
 	}
-	release, err := r.acquire(ctx, satAdd(int64(len(out)), r.blobCost(b)), "its bytes and its fill's buffers")
+	release, err := r.acquire(ctx, satAdd(int64(len(out)), r.blobCost(b, w)), "its bytes and its fill's buffers")
 	if err != nil {
 		return fmt.Errorf("%s: %w", b.Path(), err)
 	}
@@ -143,7 +143,20 @@ type dataWriter struct {
 	skip int64
 }
 
-var _ io.WriterAt = dataWriter{}
+var (
+	_ io.WriterAt  = dataWriter{}
+	_ bufferWriter = dataWriter{}
+)
+
+// buffer is the part of the caller's buffer that the file's bytes
+// off..off+n are, or nil where they are not all data.
+func (w dataWriter) buffer(off, n int64) []byte {
+	if off < w.skip || n < 0 || off-w.skip+n > int64(len(w.buf)) {
+		return nil
+	}
+	at := off - w.skip
+	return w.buf[at : at+n : at+n]
+}
 
 func (w dataWriter) WriteAt(p []byte, off int64) (int, error) {
 	if off < w.skip {

@@ -142,6 +142,60 @@ func (w *bufAt) WriteAt(p []byte, off int64) (int, error) {
 	return len(p), nil
 }
 
+// levelStore is a store of 3 time steps of r, 4 levels of 64x64 float32
+// (a chunk a level), and s, one level of them, and its layout with the
+// view v of s and every level of r.
+func levelStore(t *testing.T) (*zarr.Hierarchy, *layout.Layout) {
+	t.Helper()
+	dir := t.TempDir()
+	viewtest.WriteStore(t, dir, []storeArray{
+		{Path: "r", DType: "float32", Shape: []int64{3, 4, 64, 64}, Chunks: []int64{1, 1, 64, 64}, Dims: []string{"time", "level", "y", "x"}, Value: noise},
+		{Path: "s", DType: "float32", Shape: []int64{3, 64, 64}, Chunks: []int64{1, 64, 64}, Dims: []string{"time", "y", "x"}, Value: noise},
+	})
+	h := viewtest.OpenStore(t, dir, zarr.Options{ChunkCacheBytes: -1})
+	t.Cleanup(func() { h.Close() })
+	l, _ := buildViews(t, h, "views:\n  - name: v\n    channels:\n      - var: s\n      - var: r\n        select: {level: all}\n", layout.Options{})
+	return h, l
+}
+
+// chunk is a chunk's bytes in levelStore.
+const chunk = 64 * 64 * 4
+
+// A view's sample too large for one Read is filled by FillInto channel by
+// channel, within the budget, as Fill fills it; a channel of one piece in
+// its own type is read straight into the caller's buffer, where the
+// decoder may put its chunks elsewhere (nothing is read back).
+func TestFillIntoByChannelInPlace(t *testing.T) {
+	h, l := levelStore(t)
+	budget := memory.New(4 * chunk)
+	f := newFiller(t, Options{Reader: h, MemoryBudget: budget, SlabBytes: chunk})
+	b := mustDir(t, l, "v").SampleEntry(1).Blob
+	data := b.Size() - int64(len(b.Header()))
+	if budget.Fits(fillCost(b.(*layout.ViewBlob).View(), data, []int64{1})) {
+		t.Fatal("the one Read fits the budget: the test proves nothing")
+	}
+	want := &bufAt{}
+	if err := f.Fill(context.Background(), l, b, nil, want); err != nil {
+		t.Fatal(err)
+	}
+	outs := [][]byte{make([]byte, data)}
+	if err := f.FillInto(context.Background(), l, []layout.Blob{b}, outs, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(outs[0], want.b[len(b.Header()):]) {
+		t.Fatal("filled by channel into the buffer, the sample differs from Fill's")
+	}
+	if err := f.FillInto(context.Background(), l, []layout.Blob{b}, outs, 0, elsewhere{outs}); err != nil {
+		t.Fatal(err)
+	}
+	if n := bytes.Count(outs[0], []byte{0xee}); n != len(outs[0]) {
+		t.Fatalf("%d of the sample's %d bytes were decoded elsewhere, want every channel's", n, len(outs[0]))
+	}
+	if budget.Peak() > budget.Total() || budget.Used() != 0 {
+		t.Fatalf("budget peak %d of %d, %d used after", budget.Peak(), budget.Total(), budget.Used())
+	}
+}
+
 // drainer is a FillInto decoder as a ring slot's is (Drainer): it decodes
 // on the CPU, and at each Drain records the run and what the budget
 // counts then.
@@ -187,15 +241,7 @@ func (d *drainer) Drain(_ context.Context, i, j int) error {
 // pass the whole budget fails at once, naming it, though a Fill of it
 // alone fits.
 func TestFillIntoDrainsCounted(t *testing.T) {
-	dir := t.TempDir()
-	viewtest.WriteStore(t, dir, []storeArray{
-		{Path: "r", DType: "float32", Shape: []int64{3, 4, 64, 64}, Chunks: []int64{1, 1, 64, 64}, Dims: []string{"time", "level", "y", "x"}, Value: noise},
-		{Path: "s", DType: "float32", Shape: []int64{3, 64, 64}, Chunks: []int64{1, 64, 64}, Dims: []string{"time", "y", "x"}, Value: noise},
-	})
-	h := viewtest.OpenStore(t, dir, zarr.Options{ChunkCacheBytes: -1})
-	defer h.Close()
-	l, _ := buildViews(t, h, "views:\n  - name: v\n    channels:\n      - var: s\n      - var: r\n        select: {level: all}\n", layout.Options{})
-	const chunk = 64 * 64 * 4
+	h, l := levelStore(t)
 	budget := memory.New(1 << 30)
 	// Pieces of one chunk: an array's sample is read in 4.
 	f := newFiller(t, Options{Reader: h, MemoryBudget: budget, SlabBytes: chunk})
