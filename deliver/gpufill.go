@@ -98,7 +98,7 @@ func (s *slotDecoder) Drain(ctx context.Context, i, j int) error {
 	t0 := time.Now()
 	defer func() { s.drained.Add(int64(time.Since(t0))) }()
 	lo, hi := s.job.offs[i], s.job.offs[j-1]+s.job.size
-	uploaded, err := uploadGaps(s.ring, s.slot, s.shadow, gapsIn(s.covered(), lo, hi))
+	uploaded, err := uploadGaps(ctx, s.ring, s.slot, s.shadow, gapsIn(s.covered(), lo, hi))
 	s.job.stages.add(stUpload, time.Since(t0))
 	s.job.uploaded.Add(uploaded)
 	s.ring.releaseShadow(s.slot, lo, hi-lo)
@@ -118,7 +118,7 @@ type deviceRing interface {
 	// memory lends the pinned memory compressed chunks are read into.
 	memory() codec.HostMemory
 	// copyInSlot copies n bytes of slot k from src to dst, on the device.
-	copyInSlot(k int, dst, src, n int64) error
+	copyInSlot(ctx context.Context, k int, dst, src, n int64) error
 	// route decides which chunks bound for the device the host decodes
 	// instead (route.go).
 	route() *router
@@ -149,7 +149,7 @@ func dropPages(shadow []byte, off, n int64) {
 // instead, and does not cross again: only bytes written in this fill are
 // reused, never what the slot held before (the trainer may have written
 // over it).
-func uploadGaps(r deviceRing, k int, shadow []byte, gaps [][2]int64) (int64, error) {
+func uploadGaps(ctx context.Context, r deviceRing, k int, shadow []byte, gaps [][2]int64) (int64, error) {
 	var most int64
 	for _, g := range gaps {
 		most = max(most, g[1]-g[0])
@@ -163,7 +163,7 @@ func uploadGaps(r deviceRing, k int, shadow []byte, gaps [][2]int64) (int64, err
 	var sent [][2]int64 // ranges copied whole by this call, large enough to look for again
 	for _, g := range gaps {
 		if src, ok := sameBytes(shadow, sent, g); ok {
-			if err := r.copyInSlot(k, g[0], src, g[1]-g[0]); err != nil {
+			if err := r.copyInSlot(ctx, k, g[0], src, g[1]-g[0]); err != nil {
 				return n, err
 			}
 			continue
@@ -171,7 +171,7 @@ func uploadGaps(r deviceRing, k int, shadow []byte, gaps [][2]int64) (int64, err
 		for off := g[0]; off < g[1]; off += int64(len(buf)) {
 			m := min(int64(len(buf)), g[1]-off)
 			copy(buf, shadow[off:off+m])
-			if err := r.Write(k, off, buf[:m]); err != nil {
+			if err := r.Write(ctx, k, off, buf[:m]); err != nil {
 				return n, err
 			}
 			n += m
@@ -362,7 +362,7 @@ func (s *slotDecoder) hostShare(ctx context.Context, jobs []codec.Job, idx []int
 		}
 		if j.Err == nil {
 			s.upMu.Lock()
-			j.Err = s.ring.Write(s.slot, offs[k], j.Dst)
+			j.Err = s.ring.Write(ctx, s.slot, offs[k], j.Dst)
 			s.upMu.Unlock()
 		}
 		if jobs[i].Err = j.Err; j.Err != nil {

@@ -89,6 +89,8 @@ func devStore(t *testing.T) string {
 // decodes them); the shadow
 // is a mapping of its own; memory lends what compressed chunks are read
 // into, and decode checks that every chunk it is given lies there.
+var _ deviceRing = (*testDevice)(nil)
+
 type testDevice struct {
 	*hostRing
 	shadow   []byte
@@ -174,7 +176,7 @@ func (d *testDevice) mustResident(t testing.TB) int64 {
 
 func (d *testDevice) route() *router { return &d.rt }
 
-func (d *testDevice) copyInSlot(k int, dst, src, n int64) error {
+func (d *testDevice) copyInSlot(_ context.Context, k int, dst, src, n int64) error {
 	slot := d.Host(k)
 	copy(slot[dst:dst+n], slot[src:src+n])
 	d.copied.Add(n)
