@@ -345,7 +345,9 @@ func TestRingLostToAContextRebuild(t *testing.T) {
 		t.Fatalf("a copy into the lost ring: %v", err)
 	}
 	// A decode into it (no consumer events: nothing waits before the
-	// round) fails in the round, never reaching its old addresses.
+	// round) fails in the round, never reaching its old addresses (its
+	// bytes unlike the round's before, which the rounds' buffers hold).
+	data = bytes.Repeat([]byte("lost ring"), 4096)
 	enc := compress(codec.LZ4, data)
 	src := d.HostAllocWait(len(enc), 5*time.Second)
 	defer d.HostFree(src)
