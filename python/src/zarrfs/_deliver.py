@@ -24,8 +24,9 @@ import json
 import mmap
 import os
 import socket
+import threading
 import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
@@ -134,6 +135,12 @@ class Ring:
         req: Dict[str, Any] = {"op": "open", "dir": rel_dir, "memory": memory, "slots": slots, "batch": batch}
         # Per slot: recorded when the loader lets go of the slot (release).
         self.consumers: List[Any] = []
+        # Slots with a fill asked for whose reply is not read yet: an epoch
+        # dropped with fills under way leaves them to the next, which reads
+        # their replies before it asks for those slots again.
+        self.owed: Set[int] = set()
+        # Held by the one producer reading the replies.
+        self.turn = threading.Lock()
         if memory == "cuda":
             req["pci_bus_id"] = pci_bus_id_of(device)
             self.consumers, req["consumer_events"] = _consumer_events(device, slots)
@@ -275,6 +282,11 @@ class Ring:
                     return str(rep["error"])
         except (OSError, DeliveryError, ValueError):  # socket.timeout is an OSError
             return None
+
+    def fill(self, k: int, files: List[str]) -> None:
+        """Asks for files in slot k; its reply is owed until read."""
+        self.send({"op": "fill", "slot": k, "files": files})
+        self.owed.add(k)
 
     def recv(self, timeout: Optional[float] = None) -> Optional[Dict[str, Any]]:
         """The next reply, or None when none came within timeout (None: the ring's)."""
