@@ -331,9 +331,8 @@ def request_line(msg: Dict[str, Any]) -> bytes:
 def longest_fill(names: List[str], slots: int, batch: int) -> int:
     """The bytes of the longest fill request a ring of slots batches over
     these file names may send: the batch longest names, in the last slot."""
-    longest = sorted((len(json.dumps(n)) for n in names), reverse=True)[:batch]
-    empty = len(request_line({"op": "fill", "slot": slots - 1, "files": []}))
-    return empty + sum(longest) + max(0, len(longest) - 1)
+    longest = sorted(names, key=lambda n: len(json.dumps(n)), reverse=True)[:batch]
+    return len(request_line({"op": "fill", "slot": slots - 1, "files": longest}))
 
 
 def pci_bus_id_of(device: Any) -> str:
