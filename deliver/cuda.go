@@ -96,6 +96,8 @@ type cudaRing struct {
 	rt        router
 }
 
+var _ deviceRing = (*cudaRing)(nil)
+
 func (c *cudaRing) route() *router { return &c.rt }
 
 // shadowOf is slot k's shadow.
@@ -109,10 +111,10 @@ func (c *cudaRing) decode(ctx context.Context, k int, jobs []codec.Job, offs []i
 
 func (c *cudaRing) memory() codec.HostMemory { return c.d }
 
-func (c *cudaRing) releaseShadow(k int, n int64) { dropPages(c.shadowOf(k)[:n]) }
+func (c *cudaRing) releaseShadow(k int, off, n int64) { dropPages(c.shadowOf(k), off, n) }
 
-func (c *cudaRing) copyInSlot(k int, dst, src, n int64) error {
-	return c.r.Copy(k, dst, c.r.Addr(k, src), n)
+func (c *cudaRing) copyInSlot(ctx context.Context, k int, dst, src, n int64) error {
+	return c.r.Copy(ctx, k, dst, c.r.Addr(k, src), n)
 }
 
 func (c *cudaRing) Bytes() int64 { return c.r.Bytes() }
@@ -129,7 +131,9 @@ func (c *cudaRing) Stage(n int) []byte { return c.d.HostAlloc(n) }
 func (c *cudaRing) Unstage(b []byte)   { c.d.HostFree(b) }
 func (c *cudaRing) Done(k int) error   { return c.r.Done(k) }
 
-func (c *cudaRing) Write(k int, off int64, b []byte) error { return c.r.Write(k, off, b) }
+func (c *cudaRing) Write(ctx context.Context, k int, off int64, b []byte) error {
+	return c.r.Write(ctx, k, off, b)
+}
 
 func (c *cudaRing) Close() error {
 	err := c.r.Close()

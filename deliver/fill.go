@@ -119,7 +119,7 @@ func (s *Server) hostSample(ctx context.Context, r Ring, k int, job *slotJob, i 
 		if err := readFull(h, buf[:n], align+off, b.Path()); err != nil {
 			return err
 		}
-		if err := r.Write(k, job.offs[i]+off, buf[:n]); err != nil {
+		if err := r.Write(ctx, k, job.offs[i]+off, buf[:n]); err != nil {
 			return err
 		}
 		job.uploaded.Add(n)

@@ -26,13 +26,15 @@ import (
 // codec the GPU may take alone, decodes on the GPU straight into the slot
 // (gpu.Ring.Decode) and never reaches the host. What the host wrote
 // instead (chunks of other codecs, casts, fill values, static channels)
-// is then copied from the shadow into the slot, and only that. Fallback
+// is then copied from the shadow into the slot, and only that, a run of
+// samples at a time (slotDecoder.Drain). Fallback
 // decodes what the GPU does not (the mount's pipeline), while the GPU
 // decodes the rest.
 //
 // The shadow is address space, not memory: the ring's own mapping, whose
-// pages only the host's writes fault in (cudaRing.shadow), and which go
-// back to the kernel once the fill copied them into the slot. What the
+// pages only the host's writes fault in (cudaRing.shadow), counted in the
+// fills' memory budget until they go back to the kernel, once the fill
+// copied them into the slot (fill.Drainer). What the
 // device decodes never touches it, so a batch costs the host no buffer of
 // its size, and the pinned memory the GPU lends stays for the compressed
 // chunks, read straight into it (the slot's decoder lends it: see
@@ -60,11 +62,6 @@ func (f GPUFill) FillSlot(ctx context.Context, r Ring, k int, job *slotJob) []er
 	}
 	n := int64(len(job.blobs)) * job.size
 	shadow := cr.shadowOf(k)[:n]
-	// What the host writes in the shadow is held while the fill runs (for
-	// a view's samples, counted in the memory budget: FillInto acquires
-	// their bytes), and goes back once copied into the slot, or the fill
-	// failed: nothing else counts it.
-	defer cr.releaseShadow(k, n)
 	outs := make([][]byte, len(job.blobs))
 	for i := range job.blobs {
 		outs[i] = shadow[job.offs[i] : job.offs[i]+job.size]
@@ -77,23 +74,38 @@ func (f GPUFill) FillSlot(ctx context.Context, r Ring, k int, job *slotJob) []er
 	}
 	// sd lends the GPU's pinned memory: the compressed chunks are read
 	// into it, from which they cross to the device without a copy into
-	// staging, whatever memory the mount lends its other fills.
+	// staging, whatever memory the mount lends its other fills. It is a
+	// fill.Drainer: what the host writes in the shadow is counted in the
+	// memory budget from before it is written until sd.Drain has copied
+	// it into the slot and given its pages back, run by run.
 	t0 := time.Now()
 	err := f.Filler.FillInto(ctx, job.lay, job.blobs, outs, 0, sd)
-	job.stages.add(stRead, time.Since(t0)-time.Duration(sd.in.Load()))
+	job.stages.add(stRead, time.Since(t0)-time.Duration(sd.in.Load())-time.Duration(sd.drained.Load()))
 	if err != nil {
-		return fail(err)
-	}
-	// What the device did not write, the host did: copy it from the shadow.
-	t1 := time.Now()
-	uploaded, err := uploadGaps(cr, k, shadow, gaps(sd.covered(), n))
-	job.stages.add(stUpload, time.Since(t1))
-	job.uploaded.Add(uploaded)
-	if err != nil {
+		// The run that failed is not drained: its pages go back here.
+		cr.releaseShadow(k, 0, n)
 		return fail(err)
 	}
 	return errs
 }
+
+// Drain copies into the slot what the host wrote of samples i..j-1 (the
+// shadow's ranges that the device did not write), then gives their
+// shadow's pages back (fill.Drainer). Samples are drained in order, so a
+// page shared with the samples before (copied) or after (not yet written)
+// may go back with them.
+func (s *slotDecoder) Drain(ctx context.Context, i, j int) error {
+	t0 := time.Now()
+	defer func() { s.drained.Add(int64(time.Since(t0))) }()
+	lo, hi := s.job.offs[i], s.job.offs[j-1]+s.job.size
+	uploaded, err := uploadGaps(ctx, s.ring, s.slot, s.shadow, gapsIn(s.covered(), lo, hi))
+	s.job.stages.add(stUpload, time.Since(t0))
+	s.job.uploaded.Add(uploaded)
+	s.ring.releaseShadow(s.slot, lo, hi-lo)
+	return err
+}
+
+var _ fill.Drainer = (*slotDecoder)(nil)
 
 // deviceRing is a ring in a GPU's memory as the device path uses it: a
 // cudaRing, or a test's stand-in.
@@ -106,25 +118,26 @@ type deviceRing interface {
 	// memory lends the pinned memory compressed chunks are read into.
 	memory() codec.HostMemory
 	// copyInSlot copies n bytes of slot k from src to dst, on the device.
-	copyInSlot(k int, dst, src, n int64) error
+	copyInSlot(ctx context.Context, k int, dst, src, n int64) error
 	// route decides which chunks bound for the device the host decodes
 	// instead (route.go).
 	route() *router
-	// releaseShadow gives back the pages of the first n bytes of slot k's
-	// shadow (dropPages) once nothing reads them.
-	releaseShadow(k int, n int64)
+	// releaseShadow gives back the pages of slot k's shadow that hold its
+	// bytes off..off+n (dropPages) once nothing reads them.
+	releaseShadow(k int, off, n int64)
 }
 
-// dropPages gives the pages of b (page-aligned at its start, its length
-// rounded up to whole pages within its capacity) back to the kernel: they
-// read as zeros after, and hold no memory until written again.
-func dropPages(b []byte) {
+// dropPages gives the pages of shadow (page-aligned at its start and its
+// end) that hold its bytes off..off+n back to the kernel, whole: they read
+// as zeros after, the bytes around the range on its first and last pages
+// too, and hold no memory until written again.
+func dropPages(shadow []byte, off, n int64) {
 	page := int64(os.Getpagesize())
-	n := min((int64(len(b))+page-1)/page*page, int64(cap(b)))
-	if n > 0 {
+	lo, hi := off/page*page, min((off+n+page-1)/page*page, int64(len(shadow)))
+	if hi > lo {
 		// An error (a range not mapped so) leaves the pages held, and
 		// their bytes, which no one reads, as they were.
-		_ = unix.Madvise(b[:n], unix.MADV_DONTNEED)
+		_ = unix.Madvise(shadow[lo:hi], unix.MADV_DONTNEED)
 	}
 }
 
@@ -136,7 +149,7 @@ func dropPages(b []byte) {
 // instead, and does not cross again: only bytes written in this fill are
 // reused, never what the slot held before (the trainer may have written
 // over it).
-func uploadGaps(r deviceRing, k int, shadow []byte, gaps [][2]int64) (int64, error) {
+func uploadGaps(ctx context.Context, r deviceRing, k int, shadow []byte, gaps [][2]int64) (int64, error) {
 	var most int64
 	for _, g := range gaps {
 		most = max(most, g[1]-g[0])
@@ -150,7 +163,7 @@ func uploadGaps(r deviceRing, k int, shadow []byte, gaps [][2]int64) (int64, err
 	var sent [][2]int64 // ranges copied whole by this call, large enough to look for again
 	for _, g := range gaps {
 		if src, ok := sameBytes(shadow, sent, g); ok {
-			if err := r.copyInSlot(k, g[0], src, g[1]-g[0]); err != nil {
+			if err := r.copyInSlot(ctx, k, g[0], src, g[1]-g[0]); err != nil {
 				return n, err
 			}
 			continue
@@ -158,7 +171,7 @@ func uploadGaps(r deviceRing, k int, shadow []byte, gaps [][2]int64) (int64, err
 		for off := g[0]; off < g[1]; off += int64(len(buf)) {
 			m := min(int64(len(buf)), g[1]-off)
 			copy(buf, shadow[off:off+m])
-			if err := r.Write(k, off, buf[:m]); err != nil {
+			if err := r.Write(ctx, k, off, buf[:m]); err != nil {
 				return n, err
 			}
 			n += m
@@ -210,6 +223,7 @@ type slotDecoder struct {
 	job      *slotJob
 	hostOnly bool
 	in       atomic.Int64 // nanoseconds in DecodeBatch
+	drained  atomic.Int64 // nanoseconds in Drain
 
 	mu   sync.Mutex
 	done [][2]int64 // shadow ranges the device wrote into the slot, or the host's share did
@@ -348,7 +362,7 @@ func (s *slotDecoder) hostShare(ctx context.Context, jobs []codec.Job, idx []int
 		}
 		if j.Err == nil {
 			s.upMu.Lock()
-			j.Err = s.ring.Write(s.slot, offs[k], j.Dst)
+			j.Err = s.ring.Write(ctx, s.slot, offs[k], j.Dst)
 			s.upMu.Unlock()
 		}
 		if jobs[i].Err = j.Err; j.Err != nil {
@@ -415,19 +429,23 @@ func (s *slotDecoder) covered() [][2]int64 {
 	return out
 }
 
-// gaps returns the ranges of [0, n) that no range of covered (sorted,
-// disjoint) holds.
-func gaps(covered [][2]int64, n int64) [][2]int64 {
+// gapsIn returns the ranges of [lo, hi) that no range of covered (sorted,
+// disjoint, each within or outside [lo, hi): the device's writes do not
+// cross a sample's bounds) holds.
+func gapsIn(covered [][2]int64, lo, hi int64) [][2]int64 {
 	var out [][2]int64
-	at := int64(0)
+	at := lo
 	for _, c := range covered {
+		if c[1] <= lo || c[0] >= hi {
+			continue
+		}
 		if c[0] > at {
 			out = append(out, [2]int64{at, c[0]})
 		}
 		at = max(at, c[1])
 	}
-	if at < n {
-		out = append(out, [2]int64{at, n})
+	if at < hi {
+		out = append(out, [2]int64{at, hi})
 	}
 	return out
 }

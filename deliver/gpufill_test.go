@@ -22,25 +22,29 @@ import (
 	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/gpu"
+	"github.com/zarrfs/zarrfs/internal/memory"
 	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/objectstore"
 	"github.com/zarrfs/zarrfs/zarr"
 )
 
-// The host copies into the slot exactly what the device did not write.
+// The host copies into the slot exactly what the device did not write, of
+// the samples it is asked for.
 func TestGaps(t *testing.T) {
 	for _, tc := range []struct {
 		covered [][2]int64
-		n       int64
+		lo, hi  int64
 		want    string
 	}{
-		{nil, 10, "[[0 10]]"},
-		{[][2]int64{{0, 10}}, 10, "[]"},
-		{[][2]int64{{2, 4}, {4, 6}, {8, 9}}, 10, "[[0 2] [6 8] [9 10]]"},
-		{[][2]int64{{0, 3}, {5, 10}}, 12, "[[3 5] [10 12]]"},
+		{nil, 0, 10, "[[0 10]]"},
+		{[][2]int64{{0, 10}}, 0, 10, "[]"},
+		{[][2]int64{{2, 4}, {4, 6}, {8, 9}}, 0, 10, "[[0 2] [6 8] [9 10]]"},
+		{[][2]int64{{0, 3}, {5, 10}}, 0, 12, "[[3 5] [10 12]]"},
+		{[][2]int64{{0, 3}, {5, 10}, {12, 14}, {16, 20}}, 10, 16, "[[10 12] [14 16]]"},
+		{[][2]int64{{0, 3}}, 5, 8, "[[5 8]]"},
 	} {
-		if got := fmt.Sprint(gaps(tc.covered, tc.n)); got != tc.want && !(tc.want == "[]" && got == "[]") {
-			t.Errorf("gaps(%v, %d) = %s, want %s", tc.covered, tc.n, got, tc.want)
+		if got := fmt.Sprint(gapsIn(tc.covered, tc.lo, tc.hi)); got != tc.want {
+			t.Errorf("gapsIn(%v, %d, %d) = %s, want %s", tc.covered, tc.lo, tc.hi, got, tc.want)
 		}
 	}
 }
@@ -85,6 +89,8 @@ func devStore(t *testing.T) string {
 // decodes them); the shadow
 // is a mapping of its own; memory lends what compressed chunks are read
 // into, and decode checks that every chunk it is given lies there.
+var _ deviceRing = (*testDevice)(nil)
+
 type testDevice struct {
 	*hostRing
 	shadow   []byte
@@ -104,46 +110,73 @@ type testDevice struct {
 	idle bool
 	mu   sync.Mutex
 	free map[int][][]byte // memory lent and given back, by size
-	// last is, per slot, a copy of its shadow as the last fill left it,
-	// taken before its pages went back (releaseShadow).
+	// last is, per slot, a copy of its shadow as the fills left it, each
+	// range taken before its pages went back (releaseShadow).
 	last map[int][]byte
+	// budget is the fills' memory budget; uncharged the most bytes of the
+	// shadow's pages in memory that it did not count when pages went back
+	// (-1: mincore failed), and releasedMost the most bytes in memory then.
+	budget                  *memory.Budget
+	uncharged, releasedMost atomic.Int64
 }
 
-func (d *testDevice) releaseShadow(k int, n int64) {
+func (d *testDevice) releaseShadow(k int, off, n int64) {
+	if res, err := d.resident(); err == nil {
+		// The shadow's pages in memory must be counted in the budget
+		// while they are.
+		if over := res - d.budget.Used(); over > d.uncharged.Load() {
+			d.uncharged.Store(over)
+		}
+		d.releasedMost.Store(max(d.releasedMost.Load(), res))
+	} else {
+		d.uncharged.Store(-1)
+	}
 	d.mu.Lock()
 	if d.last == nil {
 		d.last = map[int][]byte{}
 	}
-	d.last[k] = append([]byte(nil), d.shadowOf(k)[:n]...)
+	if d.last[k] == nil {
+		d.last[k] = make([]byte, d.slot)
+	}
+	copy(d.last[k][off:off+n], d.shadowOf(k)[off:off+n])
 	d.mu.Unlock()
-	dropPages(d.shadowOf(k)[:n])
+	dropPages(d.shadowOf(k), off, n)
 }
 
-// lastShadow is slot k's shadow as its last fill left it.
-func (d *testDevice) lastShadow(k int) []byte {
+// lastShadow is slot k's shadow as its fills left it, n bytes of it.
+func (d *testDevice) lastShadow(k int, n int64) []byte {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.last[k]
+	return bytes.Clone(d.last[k][:n])
 }
 
 // resident is the bytes of the shadow's pages in memory (mincore).
-func (d *testDevice) resident(t testing.TB) int64 {
-	t.Helper()
+func (d *testDevice) resident() (int64, error) {
 	page := os.Getpagesize()
 	vec := make([]byte, (len(d.shadow)+page-1)/page)
 	if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&d.shadow[0])), uintptr(len(d.shadow)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
-		t.Fatal(e)
+		return 0, e
 	}
 	var n int64
 	for _, v := range vec {
 		n += int64(v & 1)
 	}
-	return n * int64(page)
+	return n * int64(page), nil
+}
+
+// mustResident is resident, failing the test on error.
+func (d *testDevice) mustResident(t testing.TB) int64 {
+	t.Helper()
+	n, err := d.resident()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 func (d *testDevice) route() *router { return &d.rt }
 
-func (d *testDevice) copyInSlot(k int, dst, src, n int64) error {
+func (d *testDevice) copyInSlot(_ context.Context, k int, dst, src, n int64) error {
 	slot := d.Host(k)
 	copy(slot[dst:dst+n], slot[src:src+n])
 	d.copied.Add(n)
@@ -225,7 +258,10 @@ func (d *testDevice) decode(ctx context.Context, k int, jobs []codec.Job, offs [
 	return nil
 }
 
-type testDeviceMemory struct{ dev chan *testDevice }
+type testDeviceMemory struct {
+	dev    chan *testDevice
+	budget *memory.Budget
+}
 
 func (testDeviceMemory) Kind() string { return MemoryCUDA }
 
@@ -238,7 +274,7 @@ func (m testDeviceMemory) NewRing(req *OpenRequest, slots int, slotBytes int64) 
 	if err != nil {
 		return nil, err
 	}
-	d := &testDevice{hostRing: hr.(*hostRing), shadow: shadow, slot: slotBytes}
+	d := &testDevice{hostRing: hr.(*hostRing), shadow: shadow, slot: slotBytes, budget: m.budget}
 	m.dev <- d
 	return d, nil
 }
@@ -272,11 +308,11 @@ func TestGPUFillIntoSlot(t *testing.T) {
 		if r := c.fill(t, slot, batch...); r.Op != "ready" || r.Device != 3 || r.Host != 0 {
 			t.Fatalf("batch %d: %+v", b, r)
 		}
-		if r := dev.resident(t); r != 0 {
+		if r := dev.mustResident(t); r != 0 {
 			t.Fatalf("batch %d: the shadow holds %d bytes of memory once the slot is filled", b, r)
 		}
 		slots = append(slots, bytes.Clone(dev.Host(slot)))
-		shadows = append(shadows, dev.lastShadow(slot))
+		shadows = append(shadows, dev.lastShadow(slot, 3*rep.SampleBytes))
 	}
 	// The host decoded the 9 chunks of b the device refused and the
 	// static channel once: the batches after the first copy it from the
@@ -321,6 +357,82 @@ func TestGPUFillIntoSlot(t *testing.T) {
 	}
 }
 
+// What the host writes in a slot's shadow is counted in the mount's
+// memory budget as long as its pages are in memory: the samples of an
+// array's sample directory as those of a view; and it is all given back
+// with the pages.
+func TestGPUFillShadowCharged(t *testing.T) {
+	for _, dir := range []string{"b", "v"} {
+		t.Run(dir, func(t *testing.T) {
+			// b is zstd without a checksum: the host decodes every chunk
+			// of its samples, none going to the device.
+			_, c, mem, filler, lay := gpuServer(t, devStore(t), "views:\n  - name: v\n    channels:\n      - var: b\n      - var: c\n")
+			rep := c.open(t, OpenRequest{Dir: dir, Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 2, Batch: 3})
+			if !rep.OK {
+				t.Fatalf("open: %+v", rep)
+			}
+			dev := <-mem.dev
+			budget := filler.MemoryBudget()
+			for b, batch := range [][]string{{"0.npy", "1.npy", "2.npy"}, {"3.npy", "4.npy", "5.npy"}} {
+				if r := c.fill(t, b, batch...); r.Op != "ready" || r.Device != 3 {
+					t.Fatalf("batch %d: %+v", b, r)
+				}
+				for j, n := range batch {
+					if got := dev.Host(b)[int64(j)*rep.SampleBytes : int64(j+1)*rep.SampleBytes]; !bytes.Equal(got, sampleBytes(t, filler, lay, dir+"/"+n)) {
+						t.Fatalf("%s/%s in slot %d differs from the file", dir, n, b)
+					}
+				}
+				if res, used := dev.mustResident(t), budget.Used(); res != 0 || used != 0 {
+					t.Fatalf("batch %d: the shadow holds %d bytes after the fill, the budget counts %d", b, res, used)
+				}
+			}
+			const plane = 128 * 128 * 4 // b's part of a sample
+			if u := dev.uncharged.Load(); u != 0 || dev.releasedMost.Load() < plane {
+				t.Fatalf("%d bytes of the shadow in memory not counted in the budget (-1: not known), of %d at most (want b's %d at least)",
+					u, dev.releasedMost.Load(), plane)
+			}
+		})
+	}
+}
+
+// An array's samples go as a view's do: a chunk that lands whole in the
+// sample, of a codec the device takes (c: zstd with a checksum), decodes
+// on the device straight into the slot, never touching the shadow; one the
+// device refuses (b: without one) is decoded by the host into the shadow,
+// and copied into the slot from there. Every sample equals the file.
+func TestGPUFillArraySamples(t *testing.T) {
+	const plane = 128 * 128 * 4 // a sample
+	for _, tc := range []struct {
+		dir              string
+		device, uploaded int64 // chunks decoded on the device, bytes uploaded, per batch
+		shadow           int64 // the most bytes of the shadow in memory
+	}{{"c", 3, 0, 0}, {"b", 0, 3 * plane, plane}} {
+		t.Run(tc.dir, func(t *testing.T) {
+			s, c, mem, filler, lay := gpuServer(t, devStore(t), "")
+			rep := c.open(t, OpenRequest{Dir: tc.dir, Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 2, Batch: 3})
+			if !rep.OK {
+				t.Fatalf("open: %+v", rep)
+			}
+			dev := <-mem.dev
+			for b, batch := range [][]string{{"0.npy", "1.npy", "2.npy"}, {"5.npy", "4.npy", "3.npy"}} {
+				if r := c.fill(t, b, batch...); r.Op != "ready" || r.Device != 3 {
+					t.Fatalf("batch %d: %+v", b, r)
+				}
+				for j, n := range batch {
+					if got := dev.Host(b)[int64(j)*rep.SampleBytes : int64(j+1)*rep.SampleBytes]; !bytes.Equal(got, sampleBytes(t, filler, lay, tc.dir+"/"+n)) {
+						t.Fatalf("%s/%s in slot %d differs from the file", tc.dir, n, b)
+					}
+				}
+			}
+			_, tot := s.Stats()
+			if dev.decoded.Load() != 2*tc.device || tot.Uploaded != 2*tc.uploaded || dev.releasedMost.Load() != tc.shadow {
+				t.Fatalf("%d chunks decoded on the device (want %d), %d bytes uploaded (want %d), the shadow held %d bytes at most (want %d)",
+					dev.decoded.Load(), 2*tc.device, tot.Uploaded, 2*tc.uploaded, dev.releasedMost.Load(), tc.shadow)
+			}
+		})
+	}
+}
+
 // gpuServer serves the store in dir with views (YAML, "" for none) on a socket, the
 // device path on a testDevice, and returns a client.
 func gpuServer(t testing.TB, dir, viewsYAML string) (*Server, *client, testDeviceMemory, *fill.Filler, *layout.Layout) {
@@ -348,11 +460,13 @@ func gpuServer(t testing.TB, dir, viewsYAML string) (*Server, *client, testDevic
 	if err != nil {
 		t.Fatal(err)
 	}
-	filler, err := fill.New(fill.Options{Reader: h})
+	// A budget that bounds nothing here, but counts what the fills hold.
+	budget := memory.New(1 << 40)
+	filler, err := fill.New(fill.Options{Reader: h, MemoryBudget: budget})
 	if err != nil {
 		t.Fatal(err)
 	}
-	mem := testDeviceMemory{dev: make(chan *testDevice, 1)}
+	mem := testDeviceMemory{dev: make(chan *testDevice, 1), budget: budget}
 	cpu := must(codec.NewCPU(codec.Options{Workers: 2}))
 	t.Cleanup(func() { cpu.Close() })
 	s := &Server{Layout: func() *layout.Layout { return lay }, Blobs: &fileBlobs{fill: filler, dir: t.TempDir(), opens: map[string]int{}},
@@ -439,20 +553,19 @@ func beStores(t *testing.T) (v3, v2 string) {
 }
 
 // A big-endian source, of Zarr v3 (byte order from the bytes codec) or v2
-// (">f8"), comes out of the device path as the mount's file holds it: the
-// host swaps such chunks after decoding them, so none may decode on the
-// device straight into the slot. (The device path decodes into the slot
-// the samples of views; those of an array's sample directory are read
-// through the fill's buffers.)
+// (">f8"), comes out of the device path as the mount's file holds it,
+// through a view or the array's own sample directory: the host swaps such
+// chunks after decoding them, so none may decode on the device straight
+// into the slot.
 func TestGPUFillBigEndian(t *testing.T) {
 	v3, v2 := beStores(t)
 	for _, tc := range []struct {
-		name, dir string
-		size      int
-	}{{"v3 big-endian float32", v3, 4}, {"v2 >f8", v2, 8}} {
+		name, dir, samples string
+		size               int
+	}{{"v3 big-endian float32", v3, "v", 4}, {"v2 >f8", v2, "v", 8}, {"v3 array", v3, "x", 4}, {"v2 array", v2, "x", 8}} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, c, mem, filler, lay := gpuServer(t, tc.dir, "views:\n  - name: v\n    channels:\n      - var: x\n")
-			rep := c.open(t, OpenRequest{Dir: "v", Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 1, Batch: 4})
+			rep := c.open(t, OpenRequest{Dir: tc.samples, Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 1, Batch: 4})
 			if !rep.OK {
 				t.Fatalf("open: %+v", rep)
 			}
@@ -462,12 +575,13 @@ func TestGPUFillBigEndian(t *testing.T) {
 				t.Fatalf("fill: %+v", r)
 			}
 			for j, n := range batch {
-				want := sampleBytes(t, filler, lay, "v/"+n)
+				p := tc.samples + "/" + n
+				want := sampleBytes(t, filler, lay, p)
 				if got := dev.Host(0)[int64(j)*rep.SampleBytes : int64(j+1)*rep.SampleBytes]; !bytes.Equal(got, want) {
-					t.Fatalf("v/%s in the slot differs from the file (first bytes % x, want % x)", n, got[:8], want[:8])
+					t.Fatalf("%s in the slot differs from the file (first bytes % x, want % x)", p, got[:8], want[:8])
 				}
 				if v := math.Float64frombits(binary.LittleEndian.Uint64(want[8:])); tc.size == 8 && v != float64(1000*j)+0.25 {
-					t.Fatalf("v/%s: element 1 is %v in the file", n, v)
+					t.Fatalf("%s: element 1 is %v in the file", p, v)
 				}
 			}
 			if d := dev.decoded.Load(); d != 0 {

@@ -41,7 +41,7 @@ type Ring interface {
 	Stage(n int) []byte
 	Unstage(b []byte)
 	// Write copies b into slot k at off; b may be reused when it returns.
-	Write(k int, off int64, b []byte) error
+	Write(ctx context.Context, k int, off int64, b []byte) error
 	// Done makes slot k's writes visible to the reader (records its event).
 	Done(k int) error
 	// Close frees the ring once nothing writes it.
@@ -113,7 +113,7 @@ func (r *hostRing) Host(k int) []byte {
 func (r *hostRing) Stage(n int) []byte { return make([]byte, n) }
 func (r *hostRing) Unstage([]byte)     {}
 
-func (r *hostRing) Write(k int, off int64, b []byte) error {
+func (r *hostRing) Write(_ context.Context, k int, off int64, b []byte) error {
 	s := r.Host(k)
 	if off < 0 || off+int64(len(b)) > int64(len(s)) {
 		return fmt.Errorf("deliver: a write of %d bytes at %d passes slot %d's %d bytes", len(b), off, k, len(s))

@@ -125,7 +125,7 @@ func TestGPUFillHostShare(t *testing.T) {
 			if got := dev.Host(slot)[int64(j)*rep.SampleBytes : int64(j+1)*rep.SampleBytes]; !bytes.Equal(got, want) {
 				t.Fatalf("w/%s in slot %d differs from the file", n, slot)
 			}
-			if sh := dev.lastShadow(slot)[int64(j)*rep.SampleBytes:][:chunk]; bytes.Count(sh, []byte{0}) != chunk {
+			if sh := dev.lastShadow(slot, 2*rep.SampleBytes)[int64(j)*rep.SampleBytes:][:chunk]; bytes.Count(sh, []byte{0}) != chunk {
 				t.Fatalf("w/%s: the host's share went through the shadow", n)
 			}
 		}

@@ -56,7 +56,10 @@ type totals struct {
 	counters
 }
 
-// Serve answers connections on ln until ctx ends; it closes ln then.
+// Serve answers connections on ln until ctx ends; it closes ln then, and
+// returns once every connection's fills have returned. An accept that
+// fails is retried after a pause: Serve returns an error before ctx ends
+// only when ln was closed under it.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	if s.Layout == nil || s.Blobs == nil || s.Memory == nil {
 		return errors.New("deliver: a Server needs Layout, Blobs and Memory")
@@ -73,18 +76,35 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}()
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	var delay time.Duration // the back-off after failed accepts; zero while they succeed
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				return err
 			}
-			return err
+			// Anything else may pass (EMFILE while the daemon's
+			// descriptors run out): returning would leave the socket
+			// open with no one accepting, and every reader connecting
+			// would wait its whole timeout for a reply. Back off as
+			// net/http's Server does, and log once per run of failures.
+			if delay == 0 {
+				s.log.Warn("delivery: cannot accept a connection; retrying", "err", err)
+			}
+			delay = min(max(2*delay, acceptBackoff), maxAcceptBackoff)
+			t := time.NewTimer(delay)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil
+			case <-t.C:
+			}
+			continue
 		}
+		delay = 0
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -92,6 +112,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		}()
 	}
 }
+
+// acceptBackoff is the first wait after a failed accept, doubling up to
+// maxAcceptBackoff while accepts fail.
+const (
+	acceptBackoff    = 5 * time.Millisecond
+	maxAcceptBackoff = time.Second
+)
 
 // conn is one reader's connection and its ring.
 type conn struct {

@@ -7,11 +7,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -20,6 +22,7 @@ import (
 	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/gpu"
+	"github.com/zarrfs/zarrfs/internal/syncbuf"
 	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -91,6 +94,14 @@ type testServer struct {
 
 func newTestServer(t *testing.T, bad map[int64]bool, fail func(string) bool, mem ...Memory) *testServer {
 	t.Helper()
+	ts := unstartedTestServer(t, bad, fail, mem...)
+	ts.serve(t, nil)
+	return ts
+}
+
+// unstartedTestServer is newTestServer before it serves (serve).
+func unstartedTestServer(t *testing.T, bad map[int64]bool, fail func(string) bool, mem ...Memory) *testServer {
+	t.Helper()
 	f32 := zarr.DType{Kind: 'f', Size: 4}
 	arr := &zarr.Array{Path: "t", Shape: []int64{12, 4, 8}, Chunks: []int64{1, 4, 8}, DType: f32, Dims: []string{"time", "y", "x"}, MetaHash: "t"}
 	h := &zarr.Hierarchy{Arrays: []*zarr.Array{arr}, Groups: map[string]map[string]any{"": {}}}
@@ -109,9 +120,19 @@ func newTestServer(t *testing.T, bad map[int64]bool, fail func(string) bool, mem
 		ts.s.Memory = mem[0]
 	}
 	ts.sock = filepath.Join(t.TempDir(), "d.sock")
+	return ts
+}
+
+// serve serves ts on its socket until the test ends, through the
+// listener wrap makes of it when wrap is set.
+func (ts *testServer) serve(t *testing.T, wrap func(net.Listener) net.Listener) {
+	t.Helper()
 	ln, err := net.Listen("unix", ts.sock)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if wrap != nil {
+		ln = wrap(ln)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -123,7 +144,6 @@ func newTestServer(t *testing.T, bad map[int64]bool, fail func(string) bool, mem
 		}
 	}
 	t.Cleanup(ts.stop)
-	return ts
 }
 
 // want is sample p's data as the mount's file holds it.
@@ -432,5 +452,56 @@ func TestRingsTogetherWithinBound(t *testing.T) {
 	c := dial(t, ts.sock)
 	if rep := c.open(t, OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 3, Batch: 1}); !rep.OK {
 		t.Fatalf("a ring within the bound once the first is freed: %+v", rep)
+	}
+}
+
+// emfileListener fails its first fails accepts as a process out of
+// descriptors does, then accepts; at holds when each was asked for.
+type emfileListener struct {
+	net.Listener
+	fails int
+	mu    sync.Mutex
+	at    []time.Time
+}
+
+func (l *emfileListener) Accept() (net.Conn, error) {
+	l.mu.Lock()
+	l.at = append(l.at, time.Now())
+	n := len(l.at)
+	l.mu.Unlock()
+	if n <= l.fails {
+		return nil, &net.OpError{Op: "accept", Net: "unix", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
+	}
+	return l.Listener.Accept()
+}
+
+// Accepts that fail for a while (the daemon out of descriptors) do not
+// stop the delivery socket: the server backs off and accepts again, so a
+// reader that connected meanwhile is answered, and it logs the failure
+// once, not per retry.
+func TestAcceptErrorsPass(t *testing.T) {
+	ts := unstartedTestServer(t, nil, nil)
+	logs := &syncbuf.Buffer{}
+	ts.s.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	ln := &emfileListener{fails: 4}
+	ts.serve(t, func(inner net.Listener) net.Listener { ln.Listener = inner; return ln })
+	c := dial(t, ts.sock) // waits in the backlog while the accepts fail
+	if rep := c.open(t, OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 1, Batch: 1}); !rep.OK {
+		t.Fatalf("open after failed accepts: %+v", rep)
+	}
+	if r := c.fill(t, 0, "00.npy"); r.Op != "ready" || !bytes.Equal(c.sample(0, 0), ts.want(t, "t/00.npy")) {
+		t.Fatalf("fill after failed accepts: %+v", r)
+	}
+	// Each retry waits twice as long as the one before, from 5 ms.
+	ln.mu.Lock()
+	at := ln.at[:5]
+	ln.mu.Unlock()
+	for i := 1; i < len(at); i++ {
+		if d, want := at[i].Sub(at[i-1]), acceptBackoff<<(i-1); d < want {
+			t.Fatalf("accept %d came %v after the one that failed, want %v at least", i+1, d, want)
+		}
+	}
+	if n := strings.Count(logs.String(), "too many open files"); n != 1 {
+		t.Fatalf("the failed accepts logged %d times, want once:\n%s", n, logs)
 	}
 }

@@ -99,6 +99,10 @@ type run struct {
 	r   zarr.Reader
 	mem codec.HostMemory // lends the fill's buffers; nil: pooled memory
 	pin *zarr.Pin
+	// held says that the caller acquired what the fill holds (blobCost)
+	// with what it holds itself: the fill acquires nothing, never
+	// acquiring while its caller holds.
+	held bool
 }
 
 func (f *Filler) run(lay *layout.Layout, pin *zarr.Pin) run {
@@ -186,6 +190,41 @@ func (f *Filler) acquire(ctx context.Context, n int64, what string) (func(), err
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return release, nil
+}
+
+// acquire is the Filler's, or nothing when the caller holds what the
+// fill needs (held).
+func (r run) acquire(ctx context.Context, n int64, what string) (func(), error) {
+	if r.held {
+		return func() {}, nil
+	}
+	return r.Filler.acquire(ctx, n, what)
+}
+
+// blobCost is the most that fill(b) into w acquires at once, besides the
+// buffer of w it reads into (regionPlan): what the caller of a held run
+// acquires for it with that buffer.
+func (r run) blobCost(b layout.Blob, w io.WriterAt) int64 {
+	switch b := b.(type) {
+	case *layout.RegionBlob:
+		q := b.Region()
+		return r.regionCost(w, int64(len(b.Header())), q.Array, q.Start, q.Count, q.Array.DType)
+	case *layout.ViewBlob:
+		v, align := b.View(), int64(len(b.Header()))
+		if cost := fillCost(v, b.Size()-align, []int64{b.Index()}); r.o.MemoryBudget.Fits(cost) {
+			return cost // fillView
+		}
+		var most int64 // fillByChannel
+		per := prod(v.SampleShape[1:]) * int64(v.DType.Size)
+		t := v.Start + b.Index()*v.Step
+		for c := range v.Channels {
+			ch := &v.Channels[c]
+			start, count := ch.Region(t)
+			most = max(most, r.regionCost(w, align+int64(c)*per, ch.Array, start, count, v.DType))
+		}
+		return most
+	}
+	return 0
 }
 
 func prod(s []int64) int64 {

@@ -12,22 +12,22 @@ import (
 
 // FillInto fills the data of blobs[i] of lay (its bytes after the header,
 // Size - Align of them) into outs[i], under no pin, into memory the caller
-// holds: a ring slot that a
-// reader's process shares, say, where going through a file would cost a
-// write and a read. Runs of consecutive samples of one view, of at most
-// maxBytes of sample data (zero means DefaultBatchBytes), are read
-// together in one Read, straight into outs (chunks that land whole decode
-// in place there), so every source chunk a run shares is decoded once even
-// when the decoded-chunk cache cannot hold it between samples; other blobs
-// are filled one by one as Fill fills them. A run acquires its memory from
-// the budget as a fill does, so delivery and the mount's fills share one
-// bound.
+// holds: a ring slot that a reader's process shares, say, where going
+// through a file would cost a write and a read. Runs of consecutive
+// samples of one view, of at most maxBytes of sample data (zero means
+// DefaultBatchBytes), are read together in one Read, straight into outs
+// (chunks that land whole decode in place there), so every source chunk a
+// run shares is decoded once even when the decoded-chunk cache cannot hold
+// it between samples; other blobs are filled one by one as Fill fills
+// them. A run acquires its memory from the budget as a fill does, so
+// delivery and the mount's fills share one bound.
 // Nothing is read back from outs (a static channel is read for each sample
 // or copied from what another fill kept), so the Read's decoder may put a
 // chunk that lands whole in outs somewhere else instead (a GPU decoding
 // into a ring slot: deliver.GPUFill); dec, when set, is that decoder (the
-// reader decodes with it where it can, zarr.Redecoder). It stops at the
-// first error; outs then hold garbage.
+// reader decodes with it where it can, zarr.Redecoder), and a Drainer is
+// told of each run once it is written. It stops at the first error; outs
+// then hold garbage.
 func (f *Filler) FillInto(ctx context.Context, lay *layout.Layout, blobs []layout.Blob, outs [][]byte, maxBytes int64, dec codec.BatchDecoder) error {
 	if len(blobs) != len(outs) {
 		return fmt.Errorf("fill: FillInto with %d blobs and %d buffers", len(blobs), len(outs))
@@ -47,6 +47,7 @@ func (f *Filler) FillInto(ctx context.Context, lay *layout.Layout, blobs []layou
 	if rd, ok := r.r.(zarr.Redecoder); ok && dec != nil {
 		r.r = rd.Decoding(dec)
 	}
+	drain, _ := dec.(Drainer)
 	for i := 0; i < len(blobs); {
 		vb, ok := blobs[i].(*layout.ViewBlob)
 		data := int64(0)
@@ -56,7 +57,7 @@ func (f *Filler) FillInto(ctx context.Context, lay *layout.Layout, blobs []layou
 		if !ok || !f.o.MemoryBudget.Fits(fillCost(vb.View(), data, []int64{vb.Index()})) {
 			// Not a view, or a sample too large to read in one go (it is
 			// then filled channel by channel, as Fill does).
-			if err := r.fill(ctx, blobs[i], dataWriter{outs[i], int64(len(blobs[i].Header()))}); err != nil {
+			if err := r.fillOne(ctx, blobs[i], outs[i], drain, i); err != nil {
 				return err
 			}
 			i++
@@ -79,7 +80,12 @@ func (f *Filler) FillInto(ctx context.Context, lay *layout.Layout, blobs []layou
 		if err != nil {
 			return fmt.Errorf("%s: %w", vb.Path(), err)
 		}
+		// The charge covers outs[i:j] (fillCost counts the samples): a
+		// Drainer gives their memory back before it goes.
 		err = r.fillSamplesAs(ctx, vb.View(), ks, outs[i:j], true)
+		if err == nil && drain != nil {
+			err = drain.Drain(ctx, i, j)
+		}
 		release()
 		if err != nil {
 			if j-i == 1 {
@@ -92,6 +98,43 @@ func (f *Filler) FillInto(ctx context.Context, lay *layout.Layout, blobs []layou
 	return nil
 }
 
+// Drainer is a FillInto decoder whose outs are memory that only the
+// fill's writes make resident, held until the Drainer has moved what was
+// written elsewhere: a ring slot's shadow, whose pages the host's writes
+// fault in until they are copied into the slot (deliver.GPUFill). FillInto
+// then charges the memory budget for every sample's bytes, as for a
+// view's (whose charge counts them anyway), and calls Drain(i, j) once
+// blobs[i:j] are written, while it still holds their charge; Drain must
+// give their memory back before it returns, so that no byte the fill made
+// resident outlives its charge. Runs are drained in order, each once,
+// and only those written without error. An error of Drain ends the fill.
+type Drainer interface {
+	codec.BatchDecoder
+	Drain(ctx context.Context, i, j int) error
+}
+
+// fillOne fills blob b (the i-th of FillInto's) into out as Fill does. For
+// a Drainer, it acquires out's bytes with what the fill holds in one call
+// (blobCost; the fill then acquires nothing), and drains the blob before
+// giving them back.
+func (r run) fillOne(ctx context.Context, b layout.Blob, out []byte, drain Drainer, i int) error {
+	w := dataWriter{out, int64(len(b.Header()))}
+	if drain == nil {
+		return r.fill(ctx, b, w)
+	}
+	release, err := r.acquire(ctx, satAdd(int64(len(out)), r.blobCost(b, w)), "its bytes and its fill's buffers")
+	if err != nil {
+		return fmt.Errorf("%s: %w", b.Path(), err)
+	}
+	defer release()
+	held := r
+	held.held = true
+	if err := held.fill(ctx, b, w); err != nil {
+		return err
+	}
+	return drain.Drain(ctx, i, i+1)
+}
+
 // dataWriter takes a blob's Fill into the caller's buffer of its data: the
 // header (written at offsets below skip) is dropped, the data written at
 // its offset less skip.
@@ -100,7 +143,20 @@ type dataWriter struct {
 	skip int64
 }
 
-var _ io.WriterAt = dataWriter{}
+var (
+	_ io.WriterAt  = dataWriter{}
+	_ bufferWriter = dataWriter{}
+)
+
+// buffer is the part of the caller's buffer that the file's bytes
+// off..off+n are, or nil where they are not all data.
+func (w dataWriter) buffer(off, n int64) []byte {
+	if off < w.skip || n < 0 || off-w.skip+n > int64(len(w.buf)) {
+		return nil
+	}
+	at := off - w.skip
+	return w.buf[at : at+n : at+n]
+}
 
 func (w dataWriter) WriteAt(p []byte, off int64) (int, error) {
 	if off < w.skip {

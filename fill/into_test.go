@@ -6,12 +6,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"testing"
 	"unsafe"
 
 	"github.com/zarrfs/zarrfs/codec"
+	"github.com/zarrfs/zarrfs/internal/memory"
 	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -136,4 +140,156 @@ func (w *bufAt) WriteAt(p []byte, off int64) (int, error) {
 	}
 	copy(w.b[off:], p)
 	return len(p), nil
+}
+
+// levelStore is a store of 3 time steps of r, 4 levels of 64x64 float32
+// (a chunk a level), and s, one level of them, and its layout with the
+// view v of s and every level of r.
+func levelStore(t *testing.T) (*zarr.Hierarchy, *layout.Layout) {
+	t.Helper()
+	dir := t.TempDir()
+	viewtest.WriteStore(t, dir, []storeArray{
+		{Path: "r", DType: "float32", Shape: []int64{3, 4, 64, 64}, Chunks: []int64{1, 1, 64, 64}, Dims: []string{"time", "level", "y", "x"}, Value: noise},
+		{Path: "s", DType: "float32", Shape: []int64{3, 64, 64}, Chunks: []int64{1, 64, 64}, Dims: []string{"time", "y", "x"}, Value: noise},
+	})
+	h := viewtest.OpenStore(t, dir, zarr.Options{ChunkCacheBytes: -1})
+	t.Cleanup(func() { h.Close() })
+	l, _ := buildViews(t, h, "views:\n  - name: v\n    channels:\n      - var: s\n      - var: r\n        select: {level: all}\n", layout.Options{})
+	return h, l
+}
+
+// chunk is a chunk's bytes in levelStore.
+const chunk = 64 * 64 * 4
+
+// A view's sample too large for one Read is filled by FillInto channel by
+// channel, within the budget, as Fill fills it; a channel of one piece in
+// its own type is read straight into the caller's buffer, where the
+// decoder may put its chunks elsewhere (nothing is read back).
+func TestFillIntoByChannelInPlace(t *testing.T) {
+	h, l := levelStore(t)
+	budget := memory.New(4 * chunk)
+	f := newFiller(t, Options{Reader: h, MemoryBudget: budget, SlabBytes: chunk})
+	b := mustDir(t, l, "v").SampleEntry(1).Blob
+	data := b.Size() - int64(len(b.Header()))
+	if budget.Fits(fillCost(b.(*layout.ViewBlob).View(), data, []int64{1})) {
+		t.Fatal("the one Read fits the budget: the test proves nothing")
+	}
+	want := &bufAt{}
+	if err := f.Fill(context.Background(), l, b, nil, want); err != nil {
+		t.Fatal(err)
+	}
+	outs := [][]byte{make([]byte, data)}
+	if err := f.FillInto(context.Background(), l, []layout.Blob{b}, outs, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(outs[0], want.b[len(b.Header()):]) {
+		t.Fatal("filled by channel into the buffer, the sample differs from Fill's")
+	}
+	if err := f.FillInto(context.Background(), l, []layout.Blob{b}, outs, 0, elsewhere{outs}); err != nil {
+		t.Fatal(err)
+	}
+	if n := bytes.Count(outs[0], []byte{0xee}); n != len(outs[0]) {
+		t.Fatalf("%d of the sample's %d bytes were decoded elsewhere, want every channel's", n, len(outs[0]))
+	}
+	if budget.Peak() > budget.Total() || budget.Used() != 0 {
+		t.Fatalf("budget peak %d of %d, %d used after", budget.Peak(), budget.Total(), budget.Used())
+	}
+}
+
+// drainer is a FillInto decoder as a ring slot's is (Drainer): it decodes
+// on the CPU, and at each Drain records the run and what the budget
+// counts then.
+type drainer struct {
+	budget *memory.Budget
+	outs   [][]byte
+	runs   []string
+	// need is, per blob, the least the budget must count while a run of
+	// that blob alone is drained (nil: its bytes).
+	need  []int64
+	short int64 // the most bytes of what a run needs that the budget did not count at its Drain
+	most  int64 // the most the budget counted at a Drain
+	// over is the most the budget counted before a Drain past the most it
+	// counted at the Drains up to it: what a run acquired while it held
+	// its charge.
+	over int64
+}
+
+func (d *drainer) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
+	return codec.Inline{}.DecodeBatch(ctx, jobs)
+}
+
+func (d *drainer) Drain(_ context.Context, i, j int) error {
+	var n int64
+	for _, o := range d.outs[i:j] {
+		n += int64(len(o))
+	}
+	if j == i+1 && d.need != nil {
+		n = d.need[i]
+	}
+	used := d.budget.Used()
+	d.short, d.most = max(d.short, n-used), max(d.most, used)
+	d.over = max(d.over, d.budget.Peak()-d.most)
+	d.runs = append(d.runs, fmt.Sprintf("%d-%d", i, j))
+	return nil
+}
+
+// FillInto with a Drainer counts every sample's bytes in the memory
+// budget until its run is drained, an array's samples read in pieces
+// (whose fill alone holds less than the sample) as a view's, acquiring
+// each run's memory in one call and nothing while it holds it; samples
+// come out as Fill writes them. A sample whose bytes and fill together
+// pass the whole budget fails at once, naming it, though a Fill of it
+// alone fits.
+func TestFillIntoDrainsCounted(t *testing.T) {
+	h, l := levelStore(t)
+	budget := memory.New(1 << 30)
+	// Pieces of one chunk: an array's sample is read in 4.
+	f := newFiller(t, Options{Reader: h, MemoryBudget: budget, SlabBytes: chunk})
+	sample := func(d string, k int64) layout.Blob { return mustDir(t, l, d).SampleEntry(k).Blob }
+	blobs := []layout.Blob{sample("r", 0), sample("r", 1), sample("v", 0), sample("v", 1), sample("v", 2), sample("r", 2)}
+	d := &drainer{budget: budget}
+	for _, b := range blobs {
+		data := b.Size() - int64(len(b.Header()))
+		d.outs = append(d.outs, make([]byte, data))
+		// An array's sample is written from its pieces' buffer: what a
+		// Fill of it holds, and its bytes.
+		fb := memory.New(1 << 30)
+		if err := newFiller(t, Options{Reader: h, MemoryBudget: fb, SlabBytes: chunk}).Fill(context.Background(), l, b, nil, &bufAt{}); err != nil {
+			t.Fatal(err)
+		}
+		d.need = append(d.need, data+fb.Peak())
+	}
+	if err := f.FillInto(context.Background(), l, blobs, d.outs, 0, d); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(d.runs) != "[0-1 1-2 2-5 5-6]" {
+		t.Fatalf("runs drained %v, want each array sample alone and the view's three together, in order", d.runs)
+	}
+	if d.short != 0 {
+		t.Fatalf("a run was drained with %d bytes of what it holds (its samples; an array's, and what its fill holds) not counted in the budget", d.short)
+	}
+	if d.over != 0 || budget.Used() != 0 {
+		t.Fatalf("a run acquired %d bytes more while it held its charge; the budget counts %d after the fill", d.over, budget.Used())
+	}
+	for i, b := range blobs {
+		w := &bufAt{}
+		if err := f.Fill(context.Background(), l, b, nil, w); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(d.outs[i], w.b[len(b.Header()):]) {
+			t.Fatalf("%s: FillInto's bytes differ from Fill's", b.Path())
+		}
+	}
+
+	// A budget of one sample: a Fill of it fits, its bytes and fill do not.
+	f = newFiller(t, Options{Reader: h, MemoryBudget: memory.New(4 * chunk), SlabBytes: chunk})
+	b := sample("r", 0)
+	if err := f.Fill(context.Background(), l, b, nil, &bufAt{}); err != nil {
+		t.Fatalf("a Fill within the budget: %v", err)
+	}
+	d = &drainer{outs: [][]byte{make([]byte, 4*chunk)}}
+	err := f.FillInto(context.Background(), l, []layout.Blob{b}, d.outs, 0, d)
+	if !errors.Is(err, memory.ErrExceeded) || !strings.HasPrefix(err.Error(), "r/0.npy: ") || len(d.runs) != 0 {
+		t.Fatalf("a sample past the budget with its fill: %v (runs drained %v)", err, d.runs)
+	}
 }

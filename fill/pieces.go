@@ -172,19 +172,20 @@ func (r run) readRegion(ctx context.Context, w io.WriterAt, base int64, a *zarr.
 // readRegionAs is readRegion writing elements of type to (zarr.Cast): each
 // piece is cast into a second buffer, which the budget is charged for too.
 func (r run) readRegionAs(ctx context.Context, w io.WriterAt, base int64, a *zarr.Array, start, count []int64, to zarr.DType) error {
-	total := satMul(prod(count), int64(a.DType.Size))
-	if total == 0 {
+	if satMul(prod(count), int64(a.DType.Size)) == 0 {
 		return nil
 	}
-	p := planPieces(a, start, count, r.pieceBytes(), r.pieceCost())
+	p, direct, castBytes := r.regionPlan(w, base, a, start, count, to)
 	cast := !zarr.SameValues(a.DType, to)
-	castBytes := int64(0)
-	if cast {
-		castBytes = p.bytes / int64(a.DType.Size) * int64(to.Size)
-	}
 	release, err := r.acquire(ctx, satAdd(p.cost, castBytes), "region of array "+a.Path)
 	if err != nil {
 		return err
+	}
+	if direct != nil {
+		// Chunks that land whole decode in place there: on a GPU
+		// filling a ring slot, straight into the slot.
+		defer release()
+		return r.r.Read(ctx, r.pin, []zarr.Request{{Array: a, Start: start, Count: count, Dst: direct}})
 	}
 	defer release()
 	buf := r.slab(p.bytes)
@@ -211,6 +212,49 @@ func (r run) readRegionAs(ctx context.Context, w io.WriterAt, base int64, a *zar
 		}
 		return nil
 	})
+}
+
+// bufferWriter is a writer over a buffer that a region may be read
+// straight into (FillInto's dataWriter): buffer returns the part that
+// the writer's bytes off..off+n are, or nil.
+type bufferWriter interface {
+	buffer(off, n int64) []byte
+}
+
+// regionPlan is how readRegionAs reads the region into w at base: its
+// pieces; direct, the part of w's buffer that a region of one piece, of
+// its own type, is read straight into instead of a piece buffer (nil when
+// w lends none); and the bytes of its cast buffer. It holds the plan's
+// cost (direct counted as the piece buffer it replaces) and the cast's.
+func (r run) regionPlan(w io.WriterAt, base int64, a *zarr.Array, start, count []int64, to zarr.DType) (p piecePlan, direct []byte, castBytes int64) {
+	p = planPieces(a, start, count, r.pieceBytes(), r.pieceCost())
+	if !zarr.SameValues(a.DType, to) {
+		return p, nil, p.bytes / int64(a.DType.Size) * int64(to.Size)
+	}
+	if bw, ok := w.(bufferWriter); ok && p.whole(start, count) {
+		direct = bw.buffer(base, prod(count)*int64(a.DType.Size))
+	}
+	return p, direct, 0
+}
+
+// regionCost is what readRegionAs holds reading the region into w at
+// base, besides w's buffer.
+func (r run) regionCost(w io.WriterAt, base int64, a *zarr.Array, start, count []int64, to zarr.DType) int64 {
+	if satMul(prod(count), int64(a.DType.Size)) == 0 {
+		return 0
+	}
+	p, direct, castBytes := r.regionPlan(w, base, a, start, count, to)
+	return satAdd(p.cost, castBytes) - int64(len(direct))
+}
+
+// whole reports whether the region start, count is one piece of the plan.
+func (p piecePlan) whole(start, count []int64) bool {
+	for d := 0; d <= p.axis; d++ {
+		if start[d]/p.steps[d] != (start[d]+count[d]-1)/p.steps[d] {
+			return false
+		}
+	}
+	return true
 }
 
 func satMul(a, b int64) int64 {

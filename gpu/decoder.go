@@ -186,7 +186,11 @@ type Decoder struct {
 
 	// ctxMu guards ctx: HostAlloc registers memory under its read lock (so
 	// callers register at once), a context rebuild or Close holds it.
-	ctxMu                       sync.RWMutex
+	ctxMu sync.RWMutex
+	// rings are the rings open in the context (ipc.go), under ringsMu
+	// (taken inside ctxMu): a context rebuild loses them.
+	ringsMu                     sync.Mutex
+	rings                       map[*Ring]struct{}
 	dev                         int32
 	ctx                         uintptr
 	mod                         uintptr
@@ -531,6 +535,10 @@ func (d *Decoder) recoverContext() error {
 	d.ctxMu.Lock()
 	defer d.ctxMu.Unlock()
 	d.teardown()
+	// The reset frees every allocation of the context, the rings' too:
+	// their readers learn it from their next fill, and none of them may
+	// write or free the addresses the new context hands out again.
+	d.loseRings(cause)
 	d.cu.cuCtxSetCurrent(0)
 	if r := d.cu.cuDevicePrimaryCtxReset(d.dev); r != cuSuccess {
 		return d.cu.check("cuDevicePrimaryCtxReset", r)
@@ -594,6 +602,11 @@ func (c cudaRounds) prepare(r *round) error {
 			d.log.Error("gpu: decoding on the GPU is off until restart", "err", dead)
 			return dead
 		}
+	}
+	// Rounds are readied one at a time, and a rebuild happens only while
+	// readying one: a ring not lost now is not lost before this round ends.
+	if err := r.ringLost(); err != nil {
+		return err
 	}
 	if err := d.cu.check("cuCtxSetCurrent", d.cu.cuCtxSetCurrent(d.ctx)); err != nil {
 		return err

@@ -101,8 +101,11 @@ func ringBytes(t *testing.T, r *Ring, off, n int64) []byte {
 		if err := cu.check("cuMemcpyDtoHAsync", cu.cuMemcpyDtoHAsync(unsafe.Pointer(&buf[0]), r.Addr(0, off), uint64(n), r.streams[0])); err != nil {
 			return err
 		}
-		return r.sync(0)
+		return cu.check("cuEventRecord", cu.cuEventRecord(r.copied[0], r.streams[0]))
 	})
+	if err == nil {
+		err = r.await(0, nil)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

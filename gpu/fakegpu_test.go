@@ -351,11 +351,21 @@ func (f *fakeGPU) libs() *libs {
 		cuDeviceTotalMem:          func(b *uint64, dev int32) cuResult { *b = 1 << 34; return ok() },
 		cuDevicePrimaryCtxRetain:  func(ctx *uintptr, dev int32) cuResult { *ctx = f.handle(); return ok() },
 		cuDevicePrimaryCtxRelease: func(int32) cuResult { return ok() },
-		cuDevicePrimaryCtxReset:   func(int32) cuResult { return ok() },
-		cuCtxSetCurrent:           func(uintptr) cuResult { return ok() },
-		cuStreamCreate:            func(s *uintptr, flags uint32) cuResult { *s = f.handle(); return ok() },
-		cuStreamDestroy:           func(uintptr) cuResult { return ok() },
-		cuStreamSynchronize:       func(uintptr) cuResult { return ok() },
+		// A reset frees the context's device memory, as the driver's does
+		// (its rings' among it).
+		cuDevicePrimaryCtxReset: func(int32) cuResult {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			for p, b := range f.dev {
+				unix.Munmap(b)
+				delete(f.dev, p)
+			}
+			return ok()
+		},
+		cuCtxSetCurrent:     func(uintptr) cuResult { return ok() },
+		cuStreamCreate:      func(s *uintptr, flags uint32) cuResult { *s = f.handle(); return ok() },
+		cuStreamDestroy:     func(uintptr) cuResult { return ok() },
+		cuStreamSynchronize: func(uintptr) cuResult { return ok() },
 		cuMemAlloc: func(p *uintptr, size uint64) cuResult {
 			b, err := mapMem(size)
 			if err != nil {

@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"encoding/hex"
@@ -109,6 +110,11 @@ func (d *Decoder) PCIBusID() (string, error) {
 // ErrRingClosed is returned by a Ring's methods after Close.
 var ErrRingClosed = errors.New("gpu: ring closed")
 
+// ErrRingLost is wrapped by a Ring's methods once the Decoder's context
+// was rebuilt after a device error: the rebuild freed the ring's memory,
+// and its reader must open another.
+var ErrRingLost = errors.New("gpu: ring lost")
+
 // Ring is device memory shared with another process: Slots slots of
 // SlotBytes each, one allocation counted in the Decoder's device memory
 // (Options.DeviceBytes: the rounds' buffers have that much less). Its
@@ -136,6 +142,11 @@ type Ring struct {
 
 	mu     sync.Mutex
 	closed bool
+	// lost wraps ErrRingLost once a context rebuild freed the ring
+	// (Decoder.loseRings); stuck is set when a slot's copies did not end
+	// in the ring's timeout: the device may still run them, so nothing is
+	// queued on the ring again, and its memory is never freed.
+	lost, stuck error
 }
 
 // NewRing allocates slots slots of slotBytes on the Decoder's GPU, within
@@ -170,7 +181,16 @@ func (d *Decoder) NewRing(slots int, slotBytes int64, consumers []string) (*Ring
 	}
 	r.reserved = true
 	var runErr error
-	ran := d.inContext(func() { runErr = r.init(slots, chs) })
+	ran := d.inContext(func() {
+		if runErr = r.init(slots, chs); runErr == nil {
+			d.ringsMu.Lock()
+			if d.rings == nil {
+				d.rings = map[*Ring]struct{}{}
+			}
+			d.rings[r] = struct{}{}
+			d.ringsMu.Unlock()
+		}
+	})
 	if !ran {
 		runErr = fmt.Errorf("gpu: device %d has no context", d.opts.Device)
 	}
@@ -253,8 +273,32 @@ func (r *Ring) free() {
 	if r.base != 0 {
 		cu.cuMemFree(r.base)
 	}
+	r.d.ringsMu.Lock()
+	delete(r.d.rings, r)
+	r.d.ringsMu.Unlock()
 	r.unreserve()
 	r.base, r.consumers, r.streams, r.events, r.copied = 0, nil, nil, nil, nil
+}
+
+// loseRings marks every open ring lost, its bytes no longer counted: the
+// context reset about to run frees them. The caller holds ctxMu.
+func (d *Decoder) loseRings(cause error) {
+	d.ringsMu.Lock()
+	defer d.ringsMu.Unlock()
+	for r := range d.rings {
+		r.mu.Lock()
+		r.lost = fmt.Errorf("%w: GPU %d's context was reset after a device error (%v): open a new ring", ErrRingLost, d.opts.Device, cause)
+		r.mu.Unlock()
+		r.unreserve()
+		delete(d.rings, r)
+	}
+}
+
+// lostErr is the ring's ErrRingLost error, nil while it is not lost.
+func (r *Ring) lostErr() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lost
 }
 
 // unreserve gives back the ring's bytes counted in the Decoder's memory.
@@ -365,16 +409,36 @@ func (r *Ring) Addr(k int, off int64) uintptr {
 	return r.base + uintptr(int64(k)*r.slotBytes+off)
 }
 
-// call runs f in the Decoder's context unless the ring is closed.
+// call runs f in the Decoder's context unless the ring is closed, lost or
+// stuck. f runs under the context's read lock: it must not wait for the
+// device (a rebuild of the context waits for it).
 func (r *Ring) call(f func() error) error {
-	r.mu.Lock()
-	closed := r.closed
-	r.mu.Unlock()
-	if closed {
-		return ErrRingClosed
-	}
+	return r.inContext(func() error {
+		r.mu.Lock()
+		closed, stuck := r.closed, r.stuck
+		r.mu.Unlock()
+		if closed {
+			return ErrRingClosed
+		}
+		if stuck != nil {
+			return stuck
+		}
+		return f()
+	})
+}
+
+// inContext runs f in the Decoder's context unless the ring is lost (the
+// check and f under the context's read lock, so no rebuild comes between).
+func (r *Ring) inContext(f func() error) error {
 	var err error
-	if !r.d.inContext(func() { err = f() }) {
+	if !r.d.inContext(func() {
+		if err = r.lostErr(); err == nil {
+			err = f()
+		}
+	}) {
+		if err := r.lostErr(); err != nil {
+			return err
+		}
 		return fmt.Errorf("gpu: device %d has no context", r.d.opts.Device)
 	}
 	return err
@@ -394,57 +458,113 @@ func (r *Ring) Begin(k int) error {
 
 // Write copies host bytes b (pinned for a copy at full speed) into slot k
 // at off, on the slot's stream, and returns once they are copied (b may
-// then be reused), within the ring's timeout.
-func (r *Ring) Write(k int, off int64, b []byte) error {
+// then be reused). Nothing is queued before the reader's consumer event
+// of the slot is done (waited for on the host, until ctx ends or the
+// ring's timeout): a copy queued behind a trainer that never lets go
+// would outlive the call and read b after the caller reused it. A copy
+// that still does not end in the ring's timeout (a device that stopped)
+// keeps a hold on b (when HostAlloc lent it) until it ends, and the ring
+// takes no more work.
+func (r *Ring) Write(ctx context.Context, k int, off int64, b []byte) error {
 	if len(b) == 0 {
 		return nil
 	}
 	if off < 0 || off+int64(len(b)) > r.slotBytes {
 		return fmt.Errorf("gpu: a write of %d bytes at %d passes slot %d's %d bytes", len(b), off, k, r.slotBytes)
 	}
-	return r.call(func() error {
+	if err := r.awaitConsumer(ctx, k); err != nil {
+		return err
+	}
+	err := r.call(func() error {
 		cu := r.d.cu
 		if err := cu.check("cuMemcpyHtoDAsync", cu.cuMemcpyHtoDAsync(r.Addr(k, off), unsafe.Pointer(&b[0]), uint64(len(b)), r.streams[k])); err != nil {
 			return err
 		}
-		return r.sync(k)
+		return cu.check("cuEventRecord", cu.cuEventRecord(r.copied[k], r.streams[k]))
 	})
+	if err != nil {
+		return err
+	}
+	return r.await(k, b)
 }
 
 // Copy copies n device bytes at src into slot k at off, on the slot's
-// stream (after Begin's wait), and returns once they are copied.
-func (r *Ring) Copy(k int, off int64, src uintptr, n int64) error {
+// stream, once the reader's consumer event of the slot is done (as
+// Write), and returns once they are copied.
+func (r *Ring) Copy(ctx context.Context, k int, off int64, src uintptr, n int64) error {
 	if off < 0 || off+n > r.slotBytes {
 		return fmt.Errorf("gpu: a copy of %d bytes at %d passes slot %d's %d bytes", n, off, k, r.slotBytes)
 	}
-	return r.call(func() error {
+	if err := r.awaitConsumer(ctx, k); err != nil {
+		return err
+	}
+	err := r.call(func() error {
 		if err := r.d.cu.check("cuMemcpyDtoDAsync", r.l.cuMemcpyDtoDAsync(r.Addr(k, off), src, uint64(n), r.streams[k])); err != nil {
 			return err
 		}
-		return r.sync(k)
+		return r.d.cu.check("cuEventRecord", r.d.cu.cuEventRecord(r.copied[k], r.streams[k]))
 	})
-}
-
-// sync waits for slot k's stream, within the ring's timeout: a reader
-// whose consumer event never completes fails the fill, not hangs it.
-func (r *Ring) sync(k int) error {
-	cu := r.d.cu
-	if err := cu.check("cuEventRecord", cu.cuEventRecord(r.copied[k], r.streams[k])); err != nil {
+	if err != nil {
 		return err
 	}
+	return r.await(k, nil)
+}
+
+// await waits, within the ring's timeout, for slot k's copies queued
+// before copied[k] was recorded, polling outside the context's lock. Past
+// the timeout the ring is stuck, and host memory b the copies read (nil:
+// none) stays held until they end.
+func (r *Ring) await(k int, b []byte) error {
 	deadline := time.Now().Add(r.timeout)
 	for {
-		switch res := cu.cuEventQuery(r.copied[k]); res {
-		case cuSuccess:
-			return nil
-		case cuErrNotReady:
-		default:
-			return cu.check("cuEventQuery", res)
+		done, err := r.copiedDone(k)
+		if err != nil || done {
+			return err
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("gpu: slot %d's copies not done in %v (does the reader's stream wait for something that never comes?)", k, r.timeout)
+			err := fmt.Errorf("gpu: slot %d's copies not done in %v: the ring takes no more work", k, r.timeout)
+			r.mu.Lock()
+			r.stuck = err
+			r.mu.Unlock()
+			if b != nil && r.d.Retain(b) {
+				go r.holdUntilCopied(k, b)
+			}
+			return err
 		}
 		time.Sleep(50 * time.Microsecond)
+	}
+}
+
+// copiedDone reports whether slot k's copied event is done.
+func (r *Ring) copiedDone(k int) (bool, error) {
+	var done bool
+	err := r.inContext(func() error {
+		switch res := r.d.cu.cuEventQuery(r.copied[k]); res {
+		case cuSuccess:
+			done = true
+		case cuErrNotReady:
+		default:
+			return r.d.cu.check("cuEventQuery", res)
+		}
+		return nil
+	})
+	return done, err
+}
+
+// holdUntilCopied gives back the hold await took on b once slot k's
+// copies end, or the ring is lost (a context reset ended them); never
+// while the device may still read b.
+func (r *Ring) holdUntilCopied(k int, b []byte) {
+	for {
+		time.Sleep(100 * time.Millisecond)
+		done, err := r.copiedDone(k)
+		switch {
+		case done, errors.Is(err, ErrRingLost):
+			r.d.HostFree(b)
+			return
+		case err != nil || r.d.Retired() != nil:
+			return
+		}
 	}
 }
 
@@ -457,8 +577,9 @@ func (r *Ring) Done(k int) error {
 }
 
 // Close frees the ring once its streams are idle (within the ring's
-// timeout; past it the memory is left allocated, as a device that does not
-// finish may still write it). The reader must have closed its handle.
+// timeout; past it, or when the ring is stuck, the memory is left
+// allocated, as a device that does not finish may still write it). A lost
+// ring has nothing left to free. The reader must have closed its handle.
 func (r *Ring) Close() error {
 	r.mu.Lock()
 	if r.closed {
@@ -466,19 +587,30 @@ func (r *Ring) Close() error {
 		return nil
 	}
 	r.closed = true
+	stuck := r.stuck
 	r.mu.Unlock()
-	var err error
-	ran := r.d.inContext(func() {
+	for k := 0; stuck != nil && k < len(r.streams); k++ {
+		// Freed only once the copies that were late are done.
+		if done, err := r.copiedDone(k); err != nil || !done {
+			return cmp.Or(err, stuck)
+		}
+	}
+	err := r.inContext(func() error {
 		for k := range r.streams {
-			if e := r.sync(k); e != nil {
-				err = e
-				return
+			if err := r.d.cu.check("cuEventRecord", r.d.cu.cuEventRecord(r.copied[k], r.streams[k])); err != nil {
+				return err
 			}
 		}
-		r.free()
+		return nil
 	})
-	if !ran && err == nil {
-		err = fmt.Errorf("gpu: device %d has no context: the ring went with it", r.d.opts.Device)
+	for k := 0; err == nil && k < len(r.streams); k++ {
+		err = r.await(k, nil)
+	}
+	if err == nil {
+		err = r.inContext(func() error { r.free(); return nil })
+	}
+	if errors.Is(err, ErrRingLost) {
+		return nil
 	}
 	return err
 }
@@ -537,7 +669,7 @@ func (r *Ring) Decode(ctx context.Context, k int, jobs []codec.Job, offs []int64
 	if err != nil {
 		return failAll(err)
 	}
-	return r.d.decodeBatch(ctx, jobs, 0, &ringCall{dev: dev, times: times})
+	return r.d.decodeBatch(ctx, jobs, 0, &ringCall{ring: r, dev: dev, times: times})
 }
 
 // LargestPiece is the decoded size of the largest part of chunk j that

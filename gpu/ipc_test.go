@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -97,10 +98,11 @@ func TestRingOnTheDevice(t *testing.T) {
 	if err := r.Begin(1); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Write(1, 8192, src); err != nil {
+	ctx := context.Background()
+	if err := r.Write(ctx, 1, 8192, src); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Copy(2, 0, r.Addr(1, 8192), 4096); err != nil {
+	if err := r.Copy(ctx, 2, 0, r.Addr(1, 8192), 4096); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.Done(1); err != nil {
@@ -114,7 +116,7 @@ func TestRingOnTheDevice(t *testing.T) {
 	if len(x.waits) != 1 || x.waits[0] != 0xc0ffee+1 {
 		t.Fatalf("the slot's writes waited for %v, want slot 1's consumer event once", x.waits)
 	}
-	if err := r.Write(0, 1<<20-10, src[:11]); err == nil {
+	if err := r.Write(ctx, 0, 1<<20-10, src[:11]); err == nil {
 		t.Fatal("a write past its slot was accepted")
 	}
 	if err := r.Close(); err != nil {
@@ -123,7 +125,7 @@ func TestRingOnTheDevice(t *testing.T) {
 	if held, _, _ := d.MemoryHeld(); held != before {
 		t.Fatalf("device memory held %d after Close, want %d", held, before)
 	}
-	if err := r.Write(1, 0, src); !errors.Is(err, ErrRingClosed) {
+	if err := r.Write(ctx, 1, 0, src); !errors.Is(err, ErrRingClosed) {
 		t.Fatalf("write after Close: %v", err)
 	}
 	// A decode that never reaches the device leaves every job to the
@@ -201,6 +203,170 @@ func TestRingSlotWaitsForItsOwnConsumer(t *testing.T) {
 	time.AfterFunc(50*time.Millisecond, ccancel)
 	if err := r.Decode(cctx, 0, job(), []int64{0}, nil); !errors.Is(err, context.Canceled) {
 		t.Fatalf("a decode whose context ended while the consumer was busy: %v", err)
+	}
+}
+
+// A write into a slot whose reader still uses it (its consumer event not
+// done) waits on the host, queueing nothing: a copy queued behind the
+// trainer would outlive the call, and read its buffer after the caller
+// lent it to another fill. The wait ends with the ring's timeout, or the
+// caller's context.
+func TestRingWriteQueuesNothingBeforeTheConsumer(t *testing.T) {
+	d, f, _ := ringDecoder(t, Options{})
+	r, err := d.NewRing(2, 1<<20, consumerEvents(0x7e57, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	var queued atomic.Int64
+	copyNow := d.cu.cuMemcpyHtoDAsync
+	d.cu.cuMemcpyHtoDAsync = func(dst uintptr, src unsafe.Pointer, n uint64, s uintptr) cuResult {
+		queued.Add(1)
+		return copyNow(dst, src, n, s)
+	}
+	b := d.HostAllocWait(4096, 5*time.Second)
+	defer d.HostFree(b)
+	for i := range b {
+		b[i] = 0x11
+	}
+	f.setBusy(0x7e57, true) // the trainer's kernels still read slot 0
+	if err := r.Begin(0); err != nil {
+		t.Fatal(err)
+	}
+	r.timeout = 100 * time.Millisecond
+	if err := r.Write(context.Background(), 0, 0, b); err == nil || queued.Load() != 0 {
+		t.Fatalf("a write while the slot's consumer is busy: %v, %d copies queued", err, queued.Load())
+	}
+	r.timeout = time.Minute
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(50*time.Millisecond, cancel)
+	if err := r.Write(ctx, 0, 0, b); !errors.Is(err, context.Canceled) || queued.Load() != 0 {
+		t.Fatalf("a write whose context ended while the consumer was busy: %v, %d copies queued", err, queued.Load())
+	}
+	f.setBusy(0x7e57, false)
+	if err := r.Write(context.Background(), 0, 0, b); err != nil || queued.Load() != 1 {
+		t.Fatalf("a write once the consumer is done: %v, %d copies queued", err, queued.Load())
+	}
+	if got := f.devBytes("check", uint64(r.Addr(0, 0)), 4096); !bytes.Equal(got, b) {
+		t.Fatal("slot 0 does not hold the write's bytes")
+	}
+}
+
+// A copy that does not end in the ring's timeout (a device that stopped)
+// keeps the buffer it reads from: the caller's HostFree does not lend it
+// again until the copy ends. The ring takes no more work meanwhile, and
+// is freed once the late copy is done.
+func TestRingLateCopyHoldsItsBuffer(t *testing.T) {
+	d, f, _ := ringDecoder(t, Options{})
+	r, err := d.NewRing(2, 1<<20, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.timeout = 100 * time.Millisecond
+	b := d.HostAllocWait(4096, 5*time.Second)
+	lent := d.HostLent()
+	f.setBusy(r.copied[0], true) // the copy does not end
+	if err := r.Write(context.Background(), 0, 0, b); err == nil {
+		t.Fatal("a write whose copy never ended returned no error")
+	}
+	d.HostFree(b) // as every caller does, error or not
+	if d.HostLent() != lent {
+		t.Fatalf("pinned memory lent %d after the caller gave the buffer back, want %d: the late copy's buffer went back", d.HostLent(), lent)
+	}
+	if err := r.Write(context.Background(), 1, 0, make([]byte, 16)); err == nil || !strings.Contains(err.Error(), "no more work") {
+		t.Fatalf("a write into a stuck ring: %v", err)
+	}
+	if err := r.Close(); err == nil {
+		t.Fatal("a stuck ring closed while its copy is not done")
+	}
+	f.setBusy(r.copied[0], false)
+	deadline := time.Now().Add(5 * time.Second)
+	for d.HostLent() == lent && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if d.HostLent() >= lent {
+		t.Fatalf("pinned memory lent %d once the late copy ended, want less than %d", d.HostLent(), lent)
+	}
+	r.mu.Lock()
+	r.closed = false // Close again, now that the copy is done: it frees the ring
+	r.mu.Unlock()
+	if err := r.Close(); err != nil {
+		t.Fatalf("closing the ring once the late copy ended: %v", err)
+	}
+}
+
+// A context rebuild (after a sticky device error) frees every ring's
+// memory, and the addresses come back in other allocations: a ring opened
+// before it is lost. Its writes, copies and decodes fail with ErrRingLost
+// (nothing lands at its old addresses), its bytes are no longer counted,
+// and its Close frees nothing. A write waiting for its copy does not hold
+// the rebuild back.
+func TestRingLostToAContextRebuild(t *testing.T) {
+	d, f, _ := ringDecoder(t, Options{DeviceBytes: 64 << 20, RoundTimeout: 300 * time.Millisecond})
+	r, err := d.NewRing(2, 1<<20, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := d.HostAllocWait(4096, 5*time.Second)
+	defer d.HostFree(b)
+	f.setBusy(r.copied[0], true) // slot 0's copy waits
+	waiting := make(chan error, 1)
+	go func() { waiting <- r.Write(context.Background(), 0, 0, b) }()
+	time.Sleep(50 * time.Millisecond)
+	d.stateMu.Lock()
+	d.broken = &CUDAError{Op: "cuLaunchKernel", Code: 700, Name: "CUDA_ERROR_ILLEGAL_ADDRESS"}
+	d.stateMu.Unlock()
+	data := bytes.Repeat([]byte("zarrfs"), 4096)
+	jobs := []codec.Job{{Codec: codec.LZ4, Src: compress(codec.LZ4, data), Dst: make([]byte, len(data))}}
+	if err := d.DecodeBatch(context.Background(), jobs); err != nil || jobs[0].Err != nil {
+		t.Fatalf("the round after the error: %v, %v", err, jobs[0].Err)
+	}
+	if err := d.Retired(); err != nil {
+		t.Fatalf("a write waiting for its copy held the rebuild back past the watchdog: %v", err)
+	}
+	if err := <-waiting; !errors.Is(err, ErrRingLost) {
+		t.Fatalf("the write waiting through the rebuild: %v", err)
+	}
+	if held := d.ringHeld.Load(); held != 0 {
+		t.Fatalf("rings hold %d bytes of device memory after the rebuild lost the only one", held)
+	}
+	r2, err := d.NewRing(2, 1<<20, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	for i := range b {
+		b[i] = 0xee
+	}
+	if err := r.Write(context.Background(), 1, 0, b); !errors.Is(err, ErrRingLost) || !strings.Contains(err.Error(), "open a new ring") {
+		t.Fatalf("a write into the lost ring: %v", err)
+	}
+	if err := r.Copy(context.Background(), 1, 0, r2.Addr(0, 0), 16); !errors.Is(err, ErrRingLost) {
+		t.Fatalf("a copy into the lost ring: %v", err)
+	}
+	// A decode into it (no consumer events: nothing waits before the
+	// round) fails in the round, never reaching its old addresses.
+	enc := compress(codec.LZ4, data)
+	src := d.HostAllocWait(len(enc), 5*time.Second)
+	defer d.HostFree(src)
+	copy(src, enc)
+	jobs = []codec.Job{{Codec: codec.LZ4, Src: src, Dst: make([]byte, len(data))}}
+	r.Decode(context.Background(), 1, jobs, []int64{0}, nil)
+	if !errors.Is(jobs[0].Err, ErrRingLost) || !errors.Is(jobs[0].Err, codec.ErrUnsupported) {
+		t.Fatalf("a decode into the lost ring: %v", jobs[0].Err)
+	}
+	f.mu.Lock()
+	for p, m := range f.dev {
+		if at := r.Addr(1, 0); at >= p && at < p+uintptr(len(m)) && bytes.Contains(m, data[:64]) {
+			t.Errorf("the lost ring's decode landed in an allocation at %#x", p)
+		}
+	}
+	f.mu.Unlock()
+	if err := r.Close(); err != nil {
+		t.Fatalf("closing the lost ring: %v", err)
+	}
+	if _, ok := func() ([]byte, bool) { f.mu.Lock(); defer f.mu.Unlock(); m, ok := f.dev[r2.Addr(0, 0)]; return m, ok }(); !ok {
+		t.Fatal("closing the lost ring freed the ring opened after the rebuild")
 	}
 }
 

@@ -92,6 +92,8 @@ type request struct {
 	// times, when set, gets the device time of every round its jobs were
 	// in (RingTimes).
 	times *RingTimes
+	// ring is the Ring dev points into (Ring.Decode), nil for none.
+	ring *Ring
 
 	// mu is held shared while the decoder reads the jobs' Src (packing) or
 	// writes their Dst or Err, and exclusively by a caller giving up, who
@@ -204,6 +206,7 @@ func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSiz
 // (0: its Dst); LZ4 blocks walked on the device rather than on the host,
 // whose CPU is what the device path saves; where the time went.
 type ringCall struct {
+	ring  *Ring
 	dev   []uintptr
 	times *RingTimes
 }
@@ -213,8 +216,9 @@ type ringCall struct {
 func (d *Decoder) decodeBatch(ctx context.Context, jobs []codec.Job, elemSize int, rc *ringCall) error {
 	var dev []uintptr
 	var times *RingTimes
+	var ring *Ring
 	if rc != nil {
-		dev, times = rc.dev, rc.times
+		dev, times, ring = rc.dev, rc.times, rc.ring
 	}
 	tChecks := time.Now()
 	if err := ctx.Err(); err != nil {
@@ -281,7 +285,7 @@ func (d *Decoder) decodeBatch(ctx context.Context, jobs []codec.Job, elemSize in
 	if len(ok) == 0 {
 		return nil
 	}
-	q := &request{ctx: ctx, jobs: jobs, preps: preps, ok: ok, elemSize: elemSize, dev: dev, times: times,
+	q := &request{ctx: ctx, jobs: jobs, preps: preps, ok: ok, elemSize: elemSize, dev: dev, times: times, ring: ring,
 		fin: make([]bool, len(jobs)), done: make(chan struct{})}
 	q.left.Store(int64(len(ok)))
 	if err := d.enqueue(q); err != nil {
@@ -676,6 +680,17 @@ func (d *Decoder) runRound(r *round) {
 		d.submitted <- r
 		release(r.set)
 	}
+}
+
+// ringLost is an error when a job of r goes to a ring that a context
+// rebuild lost (its addresses may be another allocation's now).
+func (r *round) ringLost() error {
+	for _, it := range r.items {
+		if g := it.req.ring; g != nil && g.lostErr() != nil {
+			return g.lostErr()
+		}
+	}
+	return nil
 }
 
 // liveJobs drops the items of callers that gave up and makes the round's
