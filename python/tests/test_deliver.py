@@ -288,9 +288,43 @@ class _FakeEvent:
         return cls(interprocess=True)
 
 
-def _fake_daemon(path, reply, got):
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """A GPU for the ring's opening only: libcuda, torch.cuda's device
+    checks and its interprocess events are stand-ins (_FakeLibcuda,
+    _FakeEvent). Returns the libcuda stand-in."""
+    import zarrfs._deliver as zd
+
+    lib = _FakeLibcuda()
+    monkeypatch.setattr(zd, "_cuda", lambda: lib)
+    monkeypatch.setattr(torch.cuda, "init", lambda: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: None)
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(_FakeEvent, "from_handles", [])
+    monkeypatch.setattr(_FakeEvent, "made", 0)
+    monkeypatch.setattr(_FakeEvent, "records", [])
+    return lib
+
+
+RING_HANDLE = bytes((7 * i + 3) % 256 for i in range(64))
+
+
+def cuda_reply(slots):
+    """The daemon's answer to an open of a CUDA ring of slots batches of 4
+    samples: the handle RING_HANDLE, slot k's event handle k + 1 repeated."""
+    return {"ok": True, "memory": "cuda", "handle": RING_HANDLE.hex(), "ring_bytes": slots << 21, "slot_bytes": 2 << 20,
+            "sample_bytes": 24, "shape": [2, 3], "dtype": "<f4", "slots": slots, "batch": 4,
+            "events": [(bytes([k + 1]) * 64).hex() for k in range(slots)], "device": 0, "decode": "device"}
+
+
+def _fake_daemon(path, reply, got, conns=None):
     """Answers one open request on a Unix socket with reply, keeps the
-    request in got, and waits for the reader to close."""
+    request in got (and the connection in conns), and waits for the reader
+    to close."""
     import socket as sk
     srv = sk.socket(sk.AF_UNIX, sk.SOCK_STREAM)
     srv.bind(path)
@@ -298,6 +332,8 @@ def _fake_daemon(path, reply, got):
 
     def serve():
         c, _ = srv.accept()
+        if conns is not None:
+            conns.append(c)
         buf = b""
         while b"\n" not in buf:
             buf += c.recv(1 << 16)
@@ -313,7 +349,7 @@ def _fake_daemon(path, reply, got):
     return t
 
 
-def test_cuda_ring_hands_the_daemons_handles_to_the_driver(monkeypatch, tmp_path):
+def test_cuda_ring_hands_the_daemons_handles_to_the_driver(fake_cuda, tmp_path):
     """The bytes of the IPC handles the daemon sends are what reach
     cuIpcOpenMemHandle and the events' opens, and the reader's own consumer
     events, one per slot, and GPU reach the daemon: a handle lost on the way
@@ -321,24 +357,13 @@ def test_cuda_ring_hands_the_daemons_handles_to_the_driver(monkeypatch, tmp_path
     fail. Letting go of a slot records that slot's event only."""
     import zarrfs._deliver as zd
 
-    lib = _FakeLibcuda()
-    monkeypatch.setattr(zd, "_cuda", lambda: lib)
-    monkeypatch.setattr(torch.cuda, "init", lambda: None)
-    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: None)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: None)
-    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
-    _FakeEvent.from_handles, _FakeEvent.made, _FakeEvent.records = [], 0, []
-    handle = bytes((7 * i + 3) % 256 for i in range(64))
-    events = [bytes([k + 1]) * 64 for k in range(2)]
-    reply = {"ok": True, "memory": "cuda", "handle": handle.hex(), "ring_bytes": 2 << 21, "slot_bytes": 2 << 20,
-             "sample_bytes": 24, "shape": [2, 3], "dtype": "<f4", "slots": 2, "batch": 4,
-             "events": [e.hex() for e in events], "device": 0, "decode": "device"}
+    lib = fake_cuda
+    reply = cuda_reply(2)
     sock = str(tmp_path / "ring.sock")
     got = []
     t = _fake_daemon(sock, reply, got)
     ring = zd.Ring(sock, "train", "cuda", 2, 4, device=torch.device("cuda", 0), timeout=10)
-    assert lib.opened == [(handle, 1)]  # first: a handle copied astray may break the interpreter soon after
+    assert lib.opened == [(RING_HANDLE, 1)]  # first: a handle copied astray may break the interpreter soon after
     assert got[0]["pci_bus_id"] == "0000:3b:00.0"
     # One consumer event per slot, each recorded once to be shared.
     assert [bytes.fromhex(h) for h in got[0]["consumer_events"]] == [bytes([0]) * 64, bytes([1]) * 64]
@@ -347,7 +372,7 @@ def test_cuda_ring_hands_the_daemons_handles_to_the_driver(monkeypatch, tmp_path
     ring.release_all()
     assert _FakeEvent.records == [0, 1, 1, 0, 1]
     assert ring.ptr == _FakeLibcuda.RING_PTR
-    assert _FakeEvent.from_handles == events
+    assert _FakeEvent.from_handles == [bytes.fromhex(e) for e in reply["events"]]
     ring.close()
     assert lib.closed == [_FakeLibcuda.RING_PTR]
     t.join(10)
@@ -384,11 +409,13 @@ def test_a_batchs_error_comes_in_its_turn(mount, index_store, tmp_path, monkeypa
         fills = [json.loads(f.readline()) for _ in range(slots)]
         assert [q["slot"] for q in fills] == [0, 1, 2]
         err = {"op": "error", "slot": 1, "code": "fill", "file": "x/05.npy", "error": "x/05.npy: chunk x/c/1/0/0: damaged"}
-        for r in (err, {"op": "ready", "slot": 0}, {"op": "ready", "slot": 2}):
-            c.sendall((json.dumps(r) + "\n").encode())
-            time.sleep(0.2)
-        while f.readline():
-            pass
+        # The reader may close once it raised batch 1's error.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            for r in (err, {"op": "ready", "slot": 0}, {"op": "ready", "slot": 2}):
+                c.sendall((json.dumps(r) + "\n").encode())
+                time.sleep(0.2)
+            while f.readline():
+                pass
         c.close()
         srv.close()
 
@@ -488,3 +515,276 @@ def test_a_slot_is_refilled_after_its_own_consumer_event(mount, index_store, mon
     records = [k for w, k in log if w == "record"]
     first_epoch = records[:-(-N // 2) - 1]
     assert first_epoch == [j % S for j in range(len(first_epoch))], records
+
+
+class _RingDaemon:
+    """A delivery socket in the test mode's image, for timings a real
+    daemon does not make on demand: a memfd ring of slots batches of 4
+    samples of (2, 3) float32. The n-th fill request (from 0) is written
+    and answered delay(n) seconds after it came (None: never); its sample j
+    holds the number of its file j in every element. As the daemon does,
+    it refuses a fill of a slot still being filled, and closes. It starts
+    reading requests read_after seconds after the open."""
+
+    SLOT_BYTES = 1 << 12
+
+    def __init__(self, path, slots, delay, read_after=0.0):
+        import mmap
+        import socket as sk
+        self.slots, self.delay, self.read_after = slots, delay, read_after
+        self.fd = os.memfd_create("ring")
+        os.ftruncate(self.fd, slots * self.SLOT_BYTES)
+        self.mem = mmap.mmap(self.fd, slots * self.SLOT_BYTES)
+        self.requests = []
+        self.busy, self.lock = set(), threading.Lock()
+        self.srv = sk.socket(sk.AF_UNIX, sk.SOCK_STREAM)
+        self.srv.bind(path)
+        self.srv.listen(1)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        import socket as sk
+        c, _ = self.srv.accept()
+        f = c.makefile("rb")
+        json.loads(f.readline())
+        rep = {"ok": True, "memory": "host", "ring_bytes": self.slots * self.SLOT_BYTES, "slot_bytes": self.SLOT_BYTES,
+               "sample_bytes": 24, "shape": [2, 3], "dtype": "<f4", "slots": self.slots, "batch": 4, "device": 0,
+               "decode": "host"}
+        sk.send_fds(c, [(json.dumps(rep) + "\n").encode()], [self.fd])
+        time.sleep(self.read_after)
+        with contextlib.suppress(OSError):
+            for line in f:
+                q = json.loads(line)
+                self.requests.append(q)
+                k = q["slot"]
+                with self.lock:
+                    if k in self.busy:
+                        self._send(c, {"op": "error", "slot": k, "code": "bad_request", "error": f"slot {k}: one being filled"})
+                        break
+                    self.busy.add(k)
+                d = self.delay(len(self.requests) - 1)
+                if d is not None:
+                    threading.Thread(target=self._fill, args=(c, k, q["files"], d), daemon=True).start()
+        c.close()
+        self.srv.close()
+
+    def _fill(self, c, k, files, delay):
+        time.sleep(delay)
+        v = np.frombuffer(self.mem, dtype="<f4", count=self.SLOT_BYTES // 4, offset=k * self.SLOT_BYTES)
+        for j, name in enumerate(files):
+            v[j * 6:(j + 1) * 6] = int(name.split(".")[0])
+        with self.lock:
+            self.busy.discard(k)
+        with contextlib.suppress(OSError):
+            self._send(c, {"op": "ready", "slot": k})
+
+    def _send(self, c, rep):
+        c.sendall((json.dumps(rep) + "\n").encode())
+
+
+def ring_daemon(mount, index_store, tmp_path, monkeypatch, slots, delay, read_after=0.0):
+    """A _RingDaemon serving the sample directory x of a mount of index_store."""
+    import zarrfs._deliver as zd
+    m = mount(index_store)
+    sock = str(tmp_path / "ring.sock")
+    monkeypatch.setattr(zd, "socket_path", lambda root: sock)
+    return _RingDaemon(sock, slots, delay, read_after), os.path.join(m.path, "x")
+
+
+def rows(batch):
+    """The sample numbers a batch of the ring daemon holds."""
+    return [int(x) for x in batch[:, 0, 0].tolist()]
+
+
+def test_a_dropped_epochs_late_replies_are_not_the_next_ones(mount, index_store, tmp_path, monkeypatch):
+    """An epoch dropped with fills under way stops at once, and the next
+    epoch reads and drops their replies before asking for their slots
+    again, however late they come (here past the loader's timeout): each
+    batch is handed out on its own fill's reply, never on an older one
+    over other samples. The dropped epoch's last two fills take 1.5 s; the
+    next epoch's first 0.1 s, the others 0.8 s, so that a batch handed out
+    on a stale reply holds the dropped epoch's samples."""
+    daemon, d = ring_daemon(mount, index_store, tmp_path, monkeypatch, 3,
+                            lambda n: 0 if n == 0 else 1.5 if n < 3 else 0.1 if n == 3 else 0.8)
+    l = Loader(d, 4, device="cpu", decode="device", prefetch=2, timeout=1, shuffle=True, seed=3)
+    it = iter(l)
+    b, c = next(it)
+    assert rows(b) == c["index"].tolist()
+    t0 = time.monotonic()
+    it.close()
+    assert time.monotonic() - t0 < 0.5
+    time.sleep(2)  # the dropped fills are answered
+    l.set_epoch(1)
+    n = 0
+    for b, c in l:
+        assert rows(b) == c["index"].tolist(), f"batch {n}"
+        n += 1
+    assert n == -(-N // 4)
+    l.close()
+
+
+def test_replies_owed_past_the_timeout_lose_the_ring(mount, index_store, tmp_path, monkeypatch):
+    """Fills of a dropped epoch that are never answered: the next epoch
+    waits for them for the loader's timeout, hands out nothing, and
+    raises; the loader lets go of the ring."""
+    daemon, d = ring_daemon(mount, index_store, tmp_path, monkeypatch, 3, lambda n: 0 if n == 0 else None)
+    l = Loader(d, 4, device="cpu", decode="device", prefetch=2, timeout=1)
+    it = iter(l)
+    next(it)
+    it.close()
+    t0 = time.monotonic()
+    with pytest.raises(DeliveryError, match=r"did not answer the fills of slots \[1, 2\] of an epoch stopped before in 1 s"):
+        next(iter(l))
+    assert 1 <= time.monotonic() - t0 < 3
+    assert len(daemon.requests) == 3  # the next epoch asked for nothing
+    with pytest.raises(DeliveryError, match="make a new Loader"):
+        iter(l)
+
+
+def test_a_request_waits_for_the_daemon_to_read_it(mount, index_store, tmp_path, monkeypatch):
+    """A request longer than the socket's buffer waits for the daemon to
+    read it (for up to timeout), whatever short wait for a reply came
+    before it."""
+    import zarrfs._deliver as zd
+    daemon, d = ring_daemon(mount, index_store, tmp_path, monkeypatch, 2, lambda n: None, read_after=0.5)
+    ring = zd.ring_for(zarrfs.SampleDir(d), "host", 2, 4, None, 10)
+    assert ring.recv(timeout=0.05) is None
+    ring.send({"op": "fill", "slot": 0, "files": ["0" * (4 << 20)]})
+    deadline = time.time() + 10
+    while not daemon.requests and time.time() < deadline:
+        time.sleep(0.05)
+    assert daemon.requests[0]["slot"] == 0 and len(daemon.requests[0]["files"][0]) == 4 << 20
+    ring.close()
+
+
+def test_a_refused_request_raises_the_daemons_reason(mount, index_store):
+    """The daemon closes a connection whose request it refuses, after
+    saying why: a request cut off by that close raises the daemon's reason,
+    not the broken pipe (the daemon lives)."""
+    m = mount(index_store, delivery="host")
+    l = Loader(os.path.join(m.path, "x"), 2, device="cpu", decode="device")
+    with pytest.raises(DeliveryError, match=r"refused a request: request longer than 64 KiB"):
+        l._dring.send({"op": "fill", "slot": 0, "files": ["0" * (4 << 20)]})
+    assert m.running
+    l.close()
+
+
+def test_fill_requests_fit_the_daemons_line(mount, big_store):
+    """A fill request is one line, which the daemon reads up to 64 KiB:
+    it names a batch's files in compact JSON (each file costs its quoted
+    name and a comma), the largest batch that fits is filled, and a larger
+    one is refused at the ring's open, as unavailable (decode="auto" reads
+    the files then)."""
+    from zarrfs._deliver import MAX_LINE, DeliveryUnavailable, longest_fill, ring_for
+    m = mount(big_store, delivery="host")
+    d = os.path.join(m.path, "x")
+    sd = zarrfs.SampleDir(d)
+    names = sd.names
+    lo, hi = 1, len(names)  # the largest batch that fits, by bisection
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if longest_fill(names, 2, mid) <= MAX_LINE else (lo, mid - 1)
+    fits = lo
+    assert fits >= (MAX_LINE - 64) // (len(json.dumps(names[0])) + 1)
+    l = Loader(d, fits, device="cpu", decode="device", prefetch=1, timeout=60)
+    b, c = next(iter(l))
+    assert c["index"].tolist() == list(range(fits))
+    assert b[-1].numpy().tobytes() == np.load(c["file"][-1]).tobytes()
+    l.close()
+    with pytest.raises(RuntimeError, match=rf"decode='device': a batch of {fits + 1} samples makes fill requests of up to "
+                                           r"\d+ bytes, over the delivery socket's 64 KiB a request"):
+        Loader(d, fits + 1, device="cpu", decode="device", prefetch=1)
+    with pytest.raises(DeliveryUnavailable):
+        ring_for(sd, "host", 2, fits + 1, None, 10)
+
+
+def test_a_closed_loader_says_so(mount, index_store):
+    """After close, the epoch under way and the loader raise saying it was
+    closed; the ring, which no batch holds, is freed at once."""
+    m = mount(index_store, delivery="host")
+    l = Loader(os.path.join(m.path, "x"), 4, device="cpu", decode="device", copy=True)
+    it = iter(l)
+    next(it)
+    l.close()
+    with pytest.raises(RuntimeError, match="the Loader was closed"):
+        next(it)
+    with pytest.raises(RuntimeError, match="the Loader was closed"):
+        iter(l)
+    deadline = time.time() + 10
+    while status(m)["delivery"]["rings_open"] and time.time() < deadline:
+        time.sleep(0.05)
+    assert status(m)["delivery"]["rings_open"] == 0
+
+
+def test_close_leaves_the_ring_mapped_under_a_batch_in_hand(fake_cuda, mount, index_store, tmp_path, monkeypatch):
+    """Loader.close() lets go of its ring and the last batch over it unmaps
+    it: a batch in hand would otherwise read unmapped device memory (an
+    illegal address, which poisons the CUDA context). The batch here is the
+    slot's device array, which torch.as_tensor keeps as the tensor's owner."""
+    import zarrfs._deliver as zd
+    m = mount(index_store)
+    sock = str(tmp_path / "ring.sock")
+    monkeypatch.setattr(zd, "socket_path", lambda root: sock)
+    t = _fake_daemon(sock, cuda_reply(3), [])
+    monkeypatch.setattr(torch, "as_tensor", lambda a, device=None: a)
+    l = Loader(os.path.join(m.path, "x"), 4, device="cuda", decode="device", prefetch=2, timeout=10)
+    assert l.path_kind == "ring-cuda"
+    batch = l._dring.slot(1, 4)
+    assert batch.__cuda_array_interface__["data"][0] == _FakeLibcuda.RING_PTR + (2 << 20)
+    l.close()
+    assert fake_cuda.closed == []
+    del batch
+    assert fake_cuda.closed == [_FakeLibcuda.RING_PTR]
+    t.join(10)
+    assert not t.is_alive()
+
+
+def test_cuda_setup_failure_reads_files(fake_cuda, mount, index_store, monkeypatch):
+    """Where torch cannot make interprocess events (a RuntimeError, as on
+    WSL2) the ring is unavailable: decode="auto" reads the files, "device"
+    says why, and no connection is left open."""
+    class NoIPC:
+        def __init__(self, **kw):
+            raise RuntimeError("CUDA error: operation not supported")
+
+    monkeypatch.setattr(torch.cuda, "Event", NoIPC)
+    m = mount(index_store, delivery="host")
+    d = os.path.join(m.path, "x")
+    fds = sorted(os.listdir("/proc/self/fd"))
+    assert Loader(d, 2, device="cuda").path_kind == "pread-pinned-h2d"
+    with pytest.raises(RuntimeError, match=r"decode='device': CUDA interprocess events do not work here: .*not supported"):
+        Loader(d, 2, device="cuda", decode="device")
+    assert sorted(os.listdir("/proc/self/fd")) == fds
+
+
+def test_a_ring_whose_events_fail_is_unmapped_before_its_socket_closes(fake_cuda, tmp_path, monkeypatch):
+    """The ring's memory opened and its events not: the open raises
+    DeliveryUnavailable, with the mapping closed, and closed before the
+    socket (the daemon frees the ring once the socket closes)."""
+    import socket as sk
+
+    import zarrfs._deliver as zd
+
+    def no_event(device, handle):
+        raise RuntimeError("CUDA error: invalid resource handle")
+
+    monkeypatch.setattr(_FakeEvent, "from_ipc_handle", staticmethod(no_event))
+    sock, conns = str(tmp_path / "ring.sock"), []
+    t = _fake_daemon(sock, cuda_reply(2), [], conns)
+    socket_open = []
+
+    def unmap(ptr):
+        try:
+            socket_open.append(conns[0].recv(1, sk.MSG_PEEK | sk.MSG_DONTWAIT) != b"")
+        except BlockingIOError:  # nothing to read, and no end either
+            socket_open.append(True)
+        fake_cuda.closed.append(ptr)
+        return 0
+
+    monkeypatch.setattr(fake_cuda, "cuIpcCloseMemHandle", unmap)
+    with pytest.raises(zd.DeliveryUnavailable, match="invalid resource handle"):
+        zd.Ring(sock, "x", "cuda", 2, 4, device=torch.device("cuda", 0), timeout=10)
+    assert fake_cuda.closed == [_FakeLibcuda.RING_PTR] and socket_open == [True]
+    t.join(10)
+    assert not t.is_alive()

@@ -1,6 +1,7 @@
 import errno
 import os
 import signal
+import subprocess
 
 import numpy as np
 import pytest
@@ -184,6 +185,24 @@ def test_daemon_gone_before_stop(zarrfs_bin, fuse, index_store, tmp_path):
     with pytest.raises(zarrfs.MountError, match="exited with status 0 before it was stopped"):
         m.stop()
     assert mount_source(str(tmp_path / "mnt")) is None
+
+
+def test_unmounted_from_outside_raises_no_log_line(zarrfs_bin, fuse, index_store, tmp_path):
+    """A daemon unmounted from elsewhere exits 0, its last line an INFO
+    record that says nothing of why: the error is the mount's own line,
+    with a log line appended only if it is an error."""
+    mnt = str(tmp_path / "mnt")
+    m = zarrfs.Mount(index_store, mnt, cache=str(tmp_path / "c")).start()
+    subprocess.run(["umount", mnt] if os.geteuid() == 0 else ["fusermount3", "-u", mnt], check=True)
+    m._proc.wait(timeout=30)
+    with pytest.raises(zarrfs.MountError) as e:
+        m.stop()
+    assert "level=INFO" in e.value.stderr.splitlines()[-1]
+    assert str(e.value) == f"zarrfs: {mnt}: the daemon exited with status 0 before it was stopped"
+    m._stderr.append('time=2026-01-02T03:04:05Z level=ERROR msg="delivery socket" err="accept: too many open files"')
+    m._stderr.append('time=2026-01-02T03:04:06Z level=INFO msg="unmounted externally"')
+    assert m._error_line("zarrfs: stopped") == ('zarrfs: stopped: time=2026-01-02T03:04:05Z level=ERROR '
+                                                'msg="delivery socket" err="accept: too many open files"')
 
 
 def test_stale_mountpoint_is_cleared(zarrfs_bin, fuse, index_store, tmp_path):

@@ -24,13 +24,18 @@ import json
 import mmap
 import os
 import socket
+import threading
 import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
 # Error codes of the daemon's replies.
 UNAVAILABLE = "unavailable"
+
+# The longest request line the daemon reads, its newline included: it
+# answers a longer one with an error and closes the connection.
+MAX_LINE = 64 << 10
 
 
 class DeliveryUnavailable(RuntimeError):
@@ -120,7 +125,6 @@ class Ring:
 
     def __init__(self, sock_path: str, rel_dir: str, memory: str, slots: int, batch: int,
                  device: Any = None, timeout: float = 300.0) -> None:
-        import torch
         self.memory, self.slots, self.batch, self.timeout = memory, slots, batch, timeout
         self.device = device
         self._buf = b""
@@ -128,6 +132,18 @@ class Ring:
         if not os.path.exists(sock_path):
             raise DeliveryUnavailable(f"no delivery socket {sock_path}: the mount predates delivery, "
                                       "delivers nothing (--delivery off) or belongs to another user")
+        req: Dict[str, Any] = {"op": "open", "dir": rel_dir, "memory": memory, "slots": slots, "batch": batch}
+        # Per slot: recorded when the loader lets go of the slot (release).
+        self.consumers: List[Any] = []
+        # Slots with a fill asked for whose reply is not read yet: an epoch
+        # dropped with fills under way leaves them to the next, which reads
+        # their replies before it asks for those slots again.
+        self.owed: Set[int] = set()
+        # Held by the one producer reading the replies.
+        self.turn = threading.Lock()
+        if memory == "cuda":
+            req["pci_bus_id"] = pci_bus_id_of(device)
+            self.consumers, req["consumer_events"] = _consumer_events(device, slots)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(min(timeout, 30.0))
         try:
@@ -135,19 +151,6 @@ class Ring:
         except OSError as e:
             self.sock.close()
             raise DeliveryUnavailable(f"{sock_path}: {e.strerror or e}") from None
-        req: Dict[str, Any] = {"op": "open", "dir": rel_dir, "memory": memory, "slots": slots, "batch": batch}
-        # Per slot: recorded when the loader lets go of the slot (release).
-        self.consumers: List[Any] = []
-        if memory == "cuda":
-            torch.cuda.init()  # type: ignore[no-untyped-call]
-            req["pci_bus_id"] = pci_bus_id(device.index)
-            with torch.cuda.device(device):
-                stream = torch.cuda.current_stream(device)
-                for _ in range(slots):
-                    ev = torch.cuda.Event(enable_timing=False, interprocess=True)  # type: ignore[no-untyped-call]
-                    ev.record(stream)  # an event must be recorded to be shared
-                    self.consumers.append(ev)
-                req["consumer_events"] = [bytes(ev.ipc_handle()).hex() for ev in self.consumers]
         try:
             self.send(req)
             rep, fds = self._recv(with_fds=True)
@@ -176,31 +179,40 @@ class Ring:
                 if len(fds) != 1:
                     raise DeliveryError(f"open reply with {len(fds)} files, want the ring's memfd")
                 self._map = mmap.mmap(fds[0], self.ring_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-                os.close(fds[0])
                 self.host = np.frombuffer(self._map, dtype=np.uint8)
             else:
                 self._open_cuda(rep)
         except BaseException:
-            self.sock.close()
+            # The mapping (if opened) goes before the socket, as in close.
+            Ring._free(self.sock, self.memory, self.ptr, self.device)
             raise
+        finally:
+            for fd in fds:
+                os.close(fd)
         # Closing waits for nothing: the mapping goes before the socket, so
         # the daemon frees the ring only once this process stopped using it.
         self._finalizer = weakref.finalize(self, Ring._free, self.sock, self.memory, self.ptr, self.device)
 
     def _open_cuda(self, rep: Dict[str, Any]) -> None:
+        """Maps the ring and opens its events; a driver or torch that cannot
+        (no CUDA IPC on the platform) raises DeliveryUnavailable, with the
+        ring's pointer kept for the caller to close."""
         import torch
-        lib = _cuda()
         h = _IpcHandle()
         # Into the struct itself: reading a c_char array field returns a copy.
         ctypes.memmove(ctypes.addressof(h), bytes.fromhex(rep["handle"]), 64)
         ptr = ctypes.c_uint64()
-        with torch.cuda.device(self.device):
-            torch.cuda.synchronize(self.device)  # the primary context current on this thread
-            lazy = 1  # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
-            _check(lib, "cuIpcOpenMemHandle", lib.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), h, lazy))
-            self.ptr = ptr.value
-            self.events = [torch.cuda.Event.from_ipc_handle(self.device, bytes.fromhex(e))  # type: ignore[no-untyped-call]
-                           for e in rep["events"]]
+        try:
+            lib = _cuda()
+            with torch.cuda.device(self.device):
+                torch.cuda.synchronize(self.device)  # the primary context current on this thread
+                lazy = 1  # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+                _check(lib, "cuIpcOpenMemHandle", lib.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), h, lazy))
+                self.ptr = ptr.value
+                self.events = [torch.cuda.Event.from_ipc_handle(self.device, bytes.fromhex(e))  # type: ignore[no-untyped-call]
+                               for e in rep["events"]]
+        except (RuntimeError, OSError) as e:
+            raise DeliveryUnavailable(f"the ring's CUDA IPC handles do not open here: {e}") from None
 
     @staticmethod
     def _free(sock: socket.socket, memory: str, ptr: int, device: Any) -> None:
@@ -246,13 +258,35 @@ class Ring:
         return torch.as_tensor(arr, device=self.device)
 
     def send(self, msg: Dict[str, Any]) -> None:
-        data = (json.dumps(msg) + "\n").encode()
+        data = request_line(msg)
+        # A poll for replies may have left a short timeout on the socket.
+        self.sock.settimeout(self.timeout)
         try:
             self.sock.sendall(data)
         except socket.timeout:
             raise DeliveryError("the mount's daemon does not read its delivery socket") from None
         except OSError as e:
+            # The daemon closes a connection it refuses a request on, after
+            # saying why: that reply, not the broken pipe, is the error.
+            why = self._refusal()
+            if why:
+                raise DeliveryError(f"the mount's daemon refused a request: {why}") from None
             raise DeliveryError(f"the mount's daemon is gone (delivery socket: {e.strerror or e})") from None
+
+    def _refusal(self) -> Optional[str]:
+        """The error of a reply already sent on a connection that broke, if any."""
+        try:
+            while True:
+                rep, _ = self._recv(timeout=min(self.timeout, 1.0))
+                if rep.get("error"):
+                    return str(rep["error"])
+        except (OSError, DeliveryError, ValueError):  # socket.timeout is an OSError
+            return None
+
+    def fill(self, k: int, files: List[str]) -> None:
+        """Asks for files in slot k; its reply is owed until read."""
+        self.send({"op": "fill", "slot": k, "files": files})
+        self.owed.add(k)
 
     def recv(self, timeout: Optional[float] = None) -> Optional[Dict[str, Any]]:
         """The next reply, or None when none came within timeout (None: the ring's)."""
@@ -289,13 +323,60 @@ class Ring:
         return json.loads(line), fds
 
 
+def request_line(msg: Dict[str, Any]) -> bytes:
+    """A request as the socket carries it: compact JSON and a newline."""
+    return (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+
+
+def longest_fill(names: List[str], slots: int, batch: int) -> int:
+    """The bytes of the longest fill request a ring of slots batches over
+    these file names may send: the batch longest names, in the last slot."""
+    longest = sorted(names, key=lambda n: len(json.dumps(n)), reverse=True)[:batch]
+    return len(request_line({"op": "fill", "slot": slots - 1, "files": longest}))
+
+
+def pci_bus_id_of(device: Any) -> str:
+    """pci_bus_id of a torch device; a process without the CUDA driver
+    raises DeliveryUnavailable."""
+    try:
+        import torch
+        torch.cuda.init()  # type: ignore[no-untyped-call]
+        return pci_bus_id(device.index)
+    except (RuntimeError, OSError) as e:
+        raise DeliveryUnavailable(f"no CUDA driver to share memory with the mount: {e}") from None
+
+
+def _consumer_events(device: Any, slots: int) -> Tuple[List[Any], List[str]]:
+    """A ring's consumer events, one per slot, each recorded once to be
+    shared, and their handles (hex); a platform without CUDA interprocess
+    events raises DeliveryUnavailable."""
+    import torch
+    events = []
+    try:
+        with torch.cuda.device(device):
+            stream = torch.cuda.current_stream(device)
+            for _ in range(slots):
+                ev = torch.cuda.Event(enable_timing=False, interprocess=True)  # type: ignore[no-untyped-call]
+                ev.record(stream)  # an event must be recorded to be shared
+                events.append(ev)
+            handles = [bytes(ev.ipc_handle()).hex() for ev in events]  # type: ignore[no-untyped-call]
+    except (RuntimeError, OSError) as e:
+        raise DeliveryUnavailable(f"CUDA interprocess events do not work here: {e}") from None
+    return events, handles
+
+
 def _torch_dtype(dt: np.dtype) -> Any:
     from .loader import _torch_dtype as f
     return f(dt)
 
 
 def ring_for(sample_dir: Any, memory: str, slots: int, batch: int, device: Any, timeout: float) -> Ring:
-    """Opens a ring for a SampleDir of a mount."""
+    """Opens a ring for a SampleDir of a mount. A batch whose fill requests
+    could pass the daemon's longest line raises DeliveryUnavailable."""
+    n = longest_fill(sample_dir.names, slots, batch)
+    if n > MAX_LINE:
+        raise DeliveryUnavailable(f"a batch of {batch} samples makes fill requests of up to {n} bytes, over the "
+                                  f"delivery socket's {MAX_LINE >> 10} KiB a request: use a smaller batch_size")
     root = sample_dir.root()
     rel = os.path.relpath(sample_dir.path, root)
     return Ring(socket_path(root), rel, memory, slots, batch, device=device, timeout=timeout)

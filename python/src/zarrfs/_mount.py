@@ -232,12 +232,13 @@ class Mount:
     def _error_line(self, default: str) -> str:
         # A failing command's error is its last line starting "zarrfs: "
         # (every error line, usage errors included); log lines are
-        # key=value records.
+        # key=value records, of which only an error says why (the last
+        # line of a daemon unmounted from outside is some INFO record).
         for line in reversed(self._stderr):
             if line.startswith("zarrfs: "):
                 return line
         for line in reversed(self._stderr):
-            if line.strip():
+            if " level=ERROR " in f" {line} ":
                 return f"{default}: {line.strip()}"
         return default
 

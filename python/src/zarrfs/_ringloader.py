@@ -8,6 +8,10 @@ release records the slot's consumer event on the current stream first, and
 the daemon's writes into that slot wait for it (for no other slot's); a
 batch handed out makes the current stream wait for its slot's event,
 recorded by the daemon once the slot is written.
+
+An epoch stopped with fills under way leaves their replies owed on the
+ring (Ring.owed); the next epoch's producer reads and drops them before it
+asks for anything, so each batch is handed out on its own fill's reply.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import queue
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, NoReturn, Optional, Tuple
 
 import numpy as np
 
@@ -51,11 +55,12 @@ class RingEpoch:
         if loader.drop_last and batches and len(batches[-1]) < bs:
             batches.pop()
         self.batches = batches
-        self.l, self.ring = loader, ring
+        self.l = loader
+        self.ring: Optional[Ring] = ring  # None once the epoch is over: the batches hold it on
         self.flow = _Flow()
         self.out: queue.Queue[Tuple[Any, Optional[BaseException]]] = queue.Queue()
         self.taken = 0
-        self.superseded = False
+        self.stopped: Optional[str] = None  # why the loader stopped this epoch
         d = loader.dir
         names = [[os.path.basename(d.file(int(p))) for p in b] for b in batches]
         self._coords = [_coords_of(loader, b) for b in batches]
@@ -72,6 +77,7 @@ class RingEpoch:
 
     def _release(self) -> None:
         """Gives the oldest batch still held back, and its slot, to the daemon."""
+        assert self.ring is not None  # the epoch is under way
         # Batch j is in slot j % S; released is written by this thread only.
         self.ring.release(self.flow.released % self.ring.slots)
         with self.flow.cond:
@@ -80,11 +86,14 @@ class RingEpoch:
 
     def __next__(self) -> Tuple[Any, Dict[str, Any]]:
         import torch
-        if self.superseded:
-            # Its slots are the next epoch's now, whatever it had read ahead.
+        if self.stopped is not None:
+            # Its slots are the next epoch's now (or nobody's), whatever it
+            # had read ahead.
             self.close()
-            raise RuntimeError("zarrfs Loader: this epoch was stopped when another iteration over "
-                               "the same Loader started (one epoch reads at a time)")
+            raise RuntimeError(self.stopped)
+        ring = self.ring
+        if ring is None:  # ended, or failed
+            raise StopIteration
         held = self.taken - self.flow.released
         if held > 0:
             self._release()  # the batch before: the consumer is done with it
@@ -97,14 +106,9 @@ class RingEpoch:
                     self.close()
                     raise StopIteration
         if err is not None:
-            self.close()
-            if isinstance(err, StopIteration):
-                raise StopIteration
-            if isinstance(err, DeliveryError):
-                self.l._lose_ring(err)
-            raise err
+            del ring  # the error's traceback holds this frame, not the ring
+            self._end(err)
         j, slot = item
-        ring = self.ring
         t = ring.slot(slot, len(self.batches[j]))
         if ring.memory == "cuda":
             torch.cuda.current_stream(ring.device).wait_event(ring.events[slot])
@@ -114,61 +118,101 @@ class RingEpoch:
             self._release()
         return t, self._coords[j]
 
+    def _end(self, err: BaseException) -> NoReturn:
+        """Ends the epoch with the producer's last word."""
+        self.close()
+        if isinstance(err, StopIteration):
+            raise StopIteration
+        if isinstance(err, DeliveryError):
+            self.l._lose_ring(err)
+        if isinstance(err, (OSError, DeliveryError)):
+            # Its text says it all; the producer's frames would hold the
+            # ring open for as long as the error is kept.
+            raise err.with_traceback(None)
+        raise err
+
     def close(self) -> None:
-        """Stop the producer (also done when the epoch ends or is dropped);
-        it waits for the fills it asked for."""
+        """Stop the producer (also done when the epoch ends or is dropped).
+        The fills it asked for are the next epoch's to wait for."""
         self._finalizer()
+        self.ring = None
 
 
 def _produce(ring: Ring, names: List[List[str]], dirpath: str, flow: _Flow,
              out: "queue.Queue[Tuple[Any, Optional[BaseException]]]") -> None:
+    final: BaseException = StopIteration()
+    # One producer reads the socket at a time: one stopped is gone within
+    # its poll, and leaves the replies it was owed on the ring.
+    with ring.turn:
+        try:
+            _settle(ring, flow)
+            _fill(ring, names, dirpath, flow, out)
+        except BaseException as e:
+            final = e
+    out.put((None, final))
+
+
+def _settle(ring: Ring, flow: _Flow) -> None:
+    """Reads, and drops, the replies owed to the fills of an epoch stopped
+    before they came (the daemon writes those slots whatever happens, and
+    refuses a fill of a slot being filled): this epoch's fills, and only
+    theirs, then have replies under way."""
+    last = time.monotonic()
+    while ring.owed and not flow.stop.is_set():
+        rep = ring.recv(timeout=0.1)
+        if rep is None:
+            if time.monotonic() - last > ring.timeout:
+                raise DeliveryError(f"the mount's daemon did not answer the fills of slots {sorted(ring.owed)} "
+                                    f"of an epoch stopped before in {ring.timeout:g} s")
+            continue
+        last = time.monotonic()
+        _answered(ring, rep)
+
+
+def _answered(ring: Ring, rep: Dict[str, Any]) -> int:
+    """The slot a fill reply answers, no longer owed; a reply to no fill
+    under way (the daemon's refusal of the connection) raises."""
+    S = ring.slots
+    slot = int(rep.get("slot", -1))
+    if rep.get("op") != "ready" and not 0 <= slot < S:
+        raise DeliveryError(str(rep.get("error") or "fill failed"))  # about no batch: the connection
+    if slot not in ring.owed:
+        raise DeliveryError(f"the mount's daemon answered a fill of slot {slot}, which has none under way")
+    ring.owed.discard(slot)
+    return slot
+
+
+def _fill(ring: Ring, names: List[List[str]], dirpath: str, flow: _Flow,
+          out: "queue.Queue[Tuple[Any, Optional[BaseException]]]") -> None:
     S = ring.slots
     nb = len(names)
-    sent = got = handed = 0
+    sent = handed = 0
     ready: Dict[int, Dict[str, Any]] = {}
     last = time.monotonic()
-    final: BaseException = StopIteration()
-    try:
-        while handed < nb and not flow.stop.is_set():
-            with flow.cond:
-                while sent < nb and sent - flow.released < S:
-                    ring.send({"op": "fill", "slot": sent % S, "files": names[sent]})
-                    sent += 1
-                if sent == got:  # nothing in flight: wait for the consumer
-                    flow.cond.wait(0.1)
-                    last = time.monotonic()
-                    continue
-            rep = ring.recv(timeout=0.1)
-            if rep is None:
-                if time.monotonic() - last > ring.timeout:
-                    raise DeliveryError(f"the mount's daemon filled no slot in {ring.timeout:g} s")
+    while handed < nb and not flow.stop.is_set():
+        with flow.cond:
+            while sent < nb and sent - flow.released < S:
+                ring.fill(sent % S, names[sent])
+                sent += 1
+            if not ring.owed:  # nothing in flight: wait for the consumer
+                flow.cond.wait(0.1)
+                last = time.monotonic()
                 continue
-            last = time.monotonic()
-            got += 1
-            slot = int(rep.get("slot", -1))
-            if rep.get("op") != "ready" and not 0 <= slot < S:
-                raise _fill_error(rep, dirpath)  # about no batch: the connection
-            # Replies come in any order: a batch's error is raised in its
-            # turn, after the batches before it, however fast it failed.
-            ready[slot] = rep
-            while handed < nb and handed % S in ready:
-                rep = ready.pop(handed % S)
-                if rep.get("op") != "ready":
-                    raise _fill_error(rep, dirpath)
-                out.put(((handed, handed % S), None))
-                handed += 1
-    except BaseException as e:
-        final = e
-    # Fills asked for are written into the ring whatever happens: wait for
-    # their replies, so the next epoch's first fills find their slots free.
-    deadline = time.monotonic() + ring.timeout
-    while got < sent and time.monotonic() < deadline and isinstance(final, (StopIteration, OSError)):
-        try:
-            if ring.recv(timeout=0.5) is not None:
-                got += 1
-        except DeliveryError:
-            break
-    out.put((None, final))
+        rep = ring.recv(timeout=0.1)
+        if rep is None:
+            if time.monotonic() - last > ring.timeout:
+                raise DeliveryError(f"the mount's daemon filled no slot in {ring.timeout:g} s")
+            continue
+        last = time.monotonic()
+        # Replies come in any order: a batch's error is raised in its
+        # turn, after the batches before it, however fast it failed.
+        ready[_answered(ring, rep)] = rep
+        while handed < nb and handed % S in ready:
+            rep = ready.pop(handed % S)
+            if rep.get("op") != "ready":
+                raise _fill_error(rep, dirpath)
+            out.put(((handed, handed % S), None))
+            handed += 1
 
 
 def _fill_error(rep: Dict[str, Any], dirpath: str) -> BaseException:
@@ -180,6 +224,8 @@ def _fill_error(rep: Dict[str, Any], dirpath: str) -> BaseException:
 
 
 def _shutdown(flow: _Flow, thread: threading.Thread) -> None:
+    # The producer sees stop within its poll (0.1 s), or once a send the
+    # daemon does not read times out.
     flow.stop.set()
     with flow.cond:
         flow.cond.notify_all()

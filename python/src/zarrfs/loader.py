@@ -74,6 +74,9 @@ class Loader:
     raises an ``OSError`` naming its file. On a GPU one epoch reads at a
     time (the epochs share the pinned buffers): starting another iteration
     stops the one before, whose next ``next()`` raises ``RuntimeError``.
+    ``close()`` stops the epoch under way and lets go of the mount's ring
+    (the batches in hand stay valid); iterating after it raises
+    ``RuntimeError``.
 
     ``profile=True`` times where an epoch's time goes, for
     ``stages()`` (the host path: decode="host", or files read): the reader
@@ -129,6 +132,7 @@ class Loader:
         self.profile = profile
         self._stages: Optional[_Stages] = None  # the last epoch's, with profile
         self._lost: Optional[str] = None  # why the ring was let go (its daemon is gone)
+        self._closed = False
         self._dring = self._open_ring()
         self.path_kind = self._path_kind()
 
@@ -164,13 +168,7 @@ class Loader:
         at its first use (_Producer._slot), so that the first batch waits
         for one buffer, not the whole ring. One epoch reads at a time:
         starting another stops the one before."""
-        import torch
-        if self._active is not None:
-            try:
-                self._active.superseded = True
-                self._active.close()
-            except ReferenceError:  # that epoch is gone, and its threads with it
-                pass
+        self._stop_active(_SUPERSEDED)
         # The epoch before may have left copies from the ring in flight.
         for ev in self._events:
             if ev is not None:
@@ -226,12 +224,14 @@ class Loader:
                 f"sample={self.dir.sample_shape} {self.dir.dtype.str})")
 
     def __iter__(self) -> Iterator[Batch]:
+        if self._closed:
+            raise RuntimeError(f"{self.dir.path}: {_CLOSED}")
         if self._lost is not None:
             from ._deliver import DeliveryError
             raise DeliveryError(f"{self.dir.path}: {self._lost}; this loader's ring is gone with it: make a new Loader")
         if self._dring is not None:
             from ._ringloader import RingEpoch
-            self._stop_active()
+            self._stop_active(_SUPERSEDED)
             # The batches of the epoch before are done with, as of now on
             # the current stream.
             self._dring.release_all()
@@ -243,10 +243,11 @@ class Loader:
         self._active = weakref.proxy(e)
         return e
 
-    def _stop_active(self) -> None:
+    def _stop_active(self, why: str) -> None:
+        """Stops the epoch under way, whose next next() raises RuntimeError(why)."""
         if self._active is not None:
             try:
-                self._active.superseded = True
+                self._active.stopped = f"zarrfs Loader: {why}"
                 self._active.close()
             except ReferenceError:  # that epoch is gone, and its threads with it
                 pass
@@ -261,11 +262,18 @@ class Loader:
         self._dring = None
 
     def close(self) -> None:
-        """Stops the epoch under way and gives the mount's ring back (also
-        done when the loader and every batch of its ring are gone)."""
-        self._stop_active()
-        if self._dring is not None:
-            self._dring.close()
+        """Stops the epoch under way and lets go of the mount's ring: its
+        mapping and connection close with the last batch over it (at once
+        if none is kept), as a batch in hand still reads the ring's memory.
+        Iterating after close raises RuntimeError."""
+        self._closed = True
+        self._stop_active(_CLOSED)
+        self._dring = None
+
+
+# Why a stopped epoch's next() raises.
+_SUPERSEDED = "this epoch was stopped when another iteration over the same Loader started (one epoch reads at a time)"
+_CLOSED = "the Loader was closed"
 
 
 def _pinned(nbytes: int) -> "torch.Tensor":
@@ -406,7 +414,7 @@ class _Epoch:
         self.t0 = time.perf_counter()
         p = _Producer(loader, order, self.st)
         self.out, self.batches = p.out, p.batches
-        self.superseded = False
+        self.stopped: Optional[str] = None  # why the loader stopped this epoch
         self.thread = threading.Thread(target=p.run, name="zarrfs-loader", daemon=True)
         self._finalizer = weakref.finalize(self, _shutdown, p.stop, p.pool, p.ahead, p.out, self.thread)
         self.thread.start()
@@ -419,6 +427,9 @@ class _Epoch:
 
     def __next__(self) -> Batch:
         import torch
+        if self.stopped is not None:
+            self.close()
+            raise RuntimeError(self.stopped)
         t = time.perf_counter()
         while True:
             try:
@@ -427,9 +438,6 @@ class _Epoch:
             except queue.Empty:
                 if not self.thread.is_alive() and self.out.empty():
                     self.close()
-                    if self.superseded:
-                        raise RuntimeError("zarrfs Loader: this epoch was stopped when another iteration over "
-                                           "the same Loader started (one epoch reads at a time)")
                     raise StopIteration
         self.st.since("consumer_wait", t)
         if err is not None:
