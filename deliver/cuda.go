@@ -31,7 +31,7 @@ type CUDAMemory struct {
 
 func (CUDAMemory) Kind() string { return MemoryCUDA }
 
-func (m CUDAMemory) NewRing(req *OpenRequest, slots int, slotBytes int64) (Ring, error) {
+func (m CUDAMemory) NewRing(ctx context.Context, req *OpenRequest, slots int, slotBytes int64) (Ring, error) {
 	if req.Memory != MemoryCUDA {
 		return nil, fmt.Errorf("%w: this mount delivers into GPU memory, not %s", ErrUnavailable, req.Memory)
 	}
@@ -45,7 +45,9 @@ func (m CUDAMemory) NewRing(req *OpenRequest, slots int, slotBytes int64) (Ring,
 	if wait == 0 {
 		wait = 2 * time.Minute
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	// The connection's context: a mount that closes stops the wait for
+	// the GPUs to start.
+	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	d, release, err := m.GPUs.GPUFor(ctx, req.PCIBusID)
 	if err != nil {

@@ -265,8 +265,8 @@ type testDeviceMemory struct {
 
 func (testDeviceMemory) Kind() string { return MemoryCUDA }
 
-func (m testDeviceMemory) NewRing(req *OpenRequest, slots int, slotBytes int64) (Ring, error) {
-	hr, err := HostMemory{}.NewRing(&OpenRequest{Memory: MemoryHost}, slots, slotBytes)
+func (m testDeviceMemory) NewRing(ctx context.Context, req *OpenRequest, slots int, slotBytes int64) (Ring, error) {
+	hr, err := HostMemory{}.NewRing(ctx, &OpenRequest{Memory: MemoryHost}, slots, slotBytes)
 	if err != nil {
 		return nil, err
 	}

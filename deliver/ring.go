@@ -17,7 +17,7 @@ type Memory interface {
 	// NewRing allocates slots slots of slotBytes each for the reader that
 	// req describes. An error wrapping ErrUnavailable says the reader must
 	// read files instead (another GPU, memory of another kind).
-	NewRing(req *OpenRequest, slots int, slotBytes int64) (Ring, error)
+	NewRing(ctx context.Context, req *OpenRequest, slots int, slotBytes int64) (Ring, error)
 }
 
 // Ring is one connection's shared memory. Its methods are called for
@@ -71,7 +71,7 @@ type HostMemory struct{}
 
 func (HostMemory) Kind() string { return MemoryHost }
 
-func (m HostMemory) NewRing(req *OpenRequest, slots int, slotBytes int64) (Ring, error) {
+func (m HostMemory) NewRing(_ context.Context, req *OpenRequest, slots int, slotBytes int64) (Ring, error) {
 	if req.Memory != MemoryHost {
 		return nil, fmt.Errorf("%w: this mount delivers into host memory (a test mode: --delivery host), not %s", ErrUnavailable, req.Memory)
 	}

@@ -168,7 +168,7 @@ func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn) {
 		}
 		switch {
 		case req.Op == "open" && c.ring == nil:
-			rep, files := s.open(&req.OpenRequest, c)
+			rep, files := s.open(ctx, &req.OpenRequest, c)
 			if err := c.reply(rep, files); err != nil || !rep.OK {
 				return
 			}
@@ -221,7 +221,7 @@ func (c *conn) reply(v any, files []*os.File) error {
 }
 
 // open makes the connection's ring for the sample directory req names.
-func (s *Server) open(req *OpenRequest, c *conn) (openReply, []*os.File) {
+func (s *Server) open(ctx context.Context, req *OpenRequest, c *conn) (openReply, []*os.File) {
 	fail := func(code, format string, args ...any) (openReply, []*os.File) {
 		return openReply{errorReply: errorReply{Error: fmt.Sprintf(format, args...), Code: code}}, nil
 	}
@@ -248,7 +248,7 @@ func (s *Server) open(req *OpenRequest, c *conn) (openReply, []*os.File) {
 		return fail(CodeUnavailable, "%d slots of %d samples of %d bytes take %d bytes; the mount's rings hold %d, and may hold %d together",
 			req.Slots, req.Batch, size, total, held-total, s.MaxHeldBytes)
 	}
-	r, err := s.Memory.NewRing(req, req.Slots, slot)
+	r, err := s.Memory.NewRing(ctx, req, req.Slots, slot)
 	if err != nil {
 		s.stats.held.Add(-total)
 		code := CodeFill

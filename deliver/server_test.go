@@ -421,6 +421,27 @@ func TestCUDAMemoryUnavailable(t *testing.T) {
 	}
 }
 
+// startingGPUs is a mount whose GPUs never finish starting.
+type startingGPUs struct{}
+
+func (startingGPUs) GPUFor(ctx context.Context, _ string) (*gpu.Decoder, func(), error) {
+	<-ctx.Done()
+	return nil, nil, ctx.Err()
+}
+
+// A ring's open waits for the GPUs to start only while its connection's
+// context lasts: a mount that closes meanwhile is not held for the start's
+// whole bound (2 minutes).
+func TestCUDARingOpenEndsWithItsContext(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(50*time.Millisecond, cancel)
+	t0 := time.Now()
+	_, err := CUDAMemory{GPUs: startingGPUs{}}.NewRing(ctx, &OpenRequest{Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 2, Batch: 2}, 2, 4096)
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, ErrUnavailable) || time.Since(t0) > 10*time.Second {
+		t.Fatalf("a ring opened while the mount closed: %v after %v", err, time.Since(t0))
+	}
+}
+
 // must is v, for options a test knows to be valid.
 func must[T any](v T, err error) T {
 	if err != nil {
