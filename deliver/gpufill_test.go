@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -118,6 +119,23 @@ type testDevice struct {
 	// (-1: mincore failed), and releasedMost the most bytes in memory then.
 	budget                  *memory.Budget
 	uncharged, releasedMost atomic.Int64
+	// lost, when set, is the error of every write (gpu.ErrRingLost: a
+	// context rebuild freed the ring).
+	lost atomic.Pointer[error]
+}
+
+func (d *testDevice) Begin(k int) error {
+	if p := d.lost.Load(); p != nil {
+		return *p
+	}
+	return d.hostRing.Begin(k)
+}
+
+func (d *testDevice) Write(ctx context.Context, k int, off int64, b []byte) error {
+	if p := d.lost.Load(); p != nil {
+		return *p
+	}
+	return d.hostRing.Write(ctx, k, off, b)
 }
 
 func (d *testDevice) releaseShadow(k int, off, n int64) {
@@ -289,6 +307,27 @@ func (m testDeviceMemory) NewRing(ctx context.Context, req *OpenRequest, slots i
 // compressed chunks are read into the ring's memory; every sample equals
 // the mount's file. The shadow's pages go back once the slot is filled; the
 // static channel is decoded once, for the first batch, and kept.
+// A ring lost to a context rebuild fails its fills with code ring_lost,
+// not as a damaged sample: the reader lets go of the ring and opens
+// another, rather than blame a file.
+func TestRingLostReply(t *testing.T) {
+	dir := devStore(t)
+	_, c, mem, _, _ := gpuServer(t, dir, "")
+	rep := c.open(t, OpenRequest{Dir: "a", Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 2, Batch: 2})
+	if !rep.OK {
+		t.Fatalf("open: %+v", rep)
+	}
+	dev := <-mem.dev
+	if r := c.fill(t, 0, "0.npy", "1.npy"); r.Op != "ready" {
+		t.Fatalf("a fill before the ring is lost: %+v", r)
+	}
+	lost := fmt.Errorf("%w: GPU 0's context was reset after a device error: open a new ring", gpu.ErrRingLost)
+	dev.lost.Store(&lost)
+	if r := c.fill(t, 1, "0.npy", "1.npy"); r.Op != "error" || r.Code != CodeRingLost || r.File != "" || !strings.Contains(r.Error, "open a new ring") {
+		t.Fatalf("a fill of the lost ring: %+v", r)
+	}
+}
+
 func TestGPUFillIntoSlot(t *testing.T) {
 	dir := devStore(t)
 	s, c, mem, filler, lay := gpuServer(t, dir, "views:\n  - name: v\n    channels:\n      - var: a\n        select: {level: all}\n      - var: s\n      - var: c\n      - var: b\n")

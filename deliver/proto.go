@@ -24,6 +24,10 @@ const (
 	// CodeFill: a sample could not be filled (a damaged chunk, the source
 	// down); File names it.
 	CodeFill = "fill"
+	// CodeRingLost: the ring is gone, whatever the samples (a GPU context
+	// rebuilt after a device error freed it: gpu.ErrRingLost); the reader
+	// lets go of it and opens another for what it reads next.
+	CodeRingLost = "ring_lost"
 )
 
 // OpenRequest is a connection's first request: the ring to make.

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/zarrfs/zarrfs/fill"
+	"github.com/zarrfs/zarrfs/gpu"
 	"github.com/zarrfs/zarrfs/layout"
 	"github.com/zarrfs/zarrfs/zarr"
 )
@@ -332,6 +333,11 @@ func (c *conn) fill(ctx context.Context, k int, files []string) fillReply {
 	job.stages.add(stFill, time.Since(t0))
 	c.stats.add(job, dev, host, err)
 	s.stats.add(job, dev, host, err)
+	if errors.Is(err, gpu.ErrRingLost) {
+		rep.Error, rep.Code = err.Error(), CodeRingLost
+		s.log.Warn("delivery: ring lost", "dir", c.dir, "cause", err)
+		return rep
+	}
 	if err != nil {
 		rep.Error, rep.Code = err.Error(), CodeFill
 		if failed != nil {

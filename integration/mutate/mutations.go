@@ -788,6 +788,23 @@ var mutations = []mutation{
 		Pytest: []string{"python/tests/test_deliver.py::test_fill_requests_fit_the_daemons_line"},
 	},
 	{
+		Name:   "ring-lost-code",
+		Breaks: "a fill into a ring lost to a context rebuild is answered as a damaged sample (code fill), so the reader blames a file and keeps the dead ring",
+		File:   "deliver/server.go",
+		From:   "if errors.Is(err, gpu.ErrRingLost) {",
+		To:     "if errors.Is(err, gpu.ErrRingLost) && false {",
+		Pkgs:   []string{"./deliver"},
+		Run:    "RingLostReply",
+	},
+	{
+		Name:   "ring-lost-reopen",
+		Breaks: "a Loader whose ring the daemon lost raises in every later epoch instead of opening a new ring",
+		File:   "python/src/zarrfs/loader.py",
+		From:   "        if isinstance(err, RingLost):\n",
+		To:     "        if False:\n",
+		Pytest: []string{"python/tests/test_deliver.py::test_a_lost_ring_is_reopened_by_the_next_epoch"},
+	},
+	{
 		Name:   "dali-ring-epochs",
 		Breaks: "zarrfs.dali's ring reader reads every epoch in the first epoch's order",
 		File:   "python/src/zarrfs/dali.py",

@@ -522,16 +522,19 @@ class _RingDaemon:
     daemon does not make on demand: a memfd ring of slots batches of 4
     samples of (2, 3) float32. The n-th fill request (from 0) is written
     and answered delay(n) seconds after it came (None: never); its sample j
-    holds the number of its file j in every element. As the daemon does,
-    it refuses a fill of a slot still being filled, and closes. It starts
-    reading requests read_after seconds after the open."""
+    holds the number of its file j in every element; one that lost(n) is
+    answered as a fill into a ring a GPU context rebuild lost. As the
+    daemon does, it refuses a fill of a slot still being filled, and
+    closes. It starts reading requests read_after seconds after the open,
+    and serves conns connections, one after the other."""
 
     SLOT_BYTES = 1 << 12
 
-    def __init__(self, path, slots, delay, read_after=0.0):
+    def __init__(self, path, slots, delay, read_after=0.0, lost=lambda n: False, conns=1):
         import mmap
         import socket as sk
-        self.slots, self.delay, self.read_after = slots, delay, read_after
+        self.slots, self.delay, self.read_after, self.lost, self.conns = slots, delay, read_after, lost, conns
+        self.opened = 0
         self.fd = os.memfd_create("ring")
         os.ftruncate(self.fd, slots * self.SLOT_BYTES)
         self.mem = mmap.mmap(self.fd, slots * self.SLOT_BYTES)
@@ -544,8 +547,14 @@ class _RingDaemon:
         self.thread.start()
 
     def _serve(self):
+        for _ in range(self.conns):
+            c, _ = self.srv.accept()
+            self.opened += 1
+            self._conn(c)
+        self.srv.close()
+
+    def _conn(self, c):
         import socket as sk
-        c, _ = self.srv.accept()
         f = c.makefile("rb")
         json.loads(f.readline())
         rep = {"ok": True, "memory": "host", "ring_bytes": self.slots * self.SLOT_BYTES, "slot_bytes": self.SLOT_BYTES,
@@ -563,11 +572,17 @@ class _RingDaemon:
                         self._send(c, {"op": "error", "slot": k, "code": "bad_request", "error": f"slot {k}: one being filled"})
                         break
                     self.busy.add(k)
-                d = self.delay(len(self.requests) - 1)
+                n = len(self.requests) - 1
+                if self.lost(n):
+                    with self.lock:
+                        self.busy.discard(k)
+                    self._send(c, {"op": "error", "slot": k, "code": "ring_lost",
+                                   "error": f"slot {k}: gpu: ring lost: GPU 0's context was reset after a device error: open a new ring"})
+                    continue
+                d = self.delay(n)
                 if d is not None:
                     threading.Thread(target=self._fill, args=(c, k, q["files"], d), daemon=True).start()
         c.close()
-        self.srv.close()
 
     def _fill(self, c, k, files, delay):
         time.sleep(delay)
@@ -583,13 +598,13 @@ class _RingDaemon:
         c.sendall((json.dumps(rep) + "\n").encode())
 
 
-def ring_daemon(mount, index_store, tmp_path, monkeypatch, slots, delay, read_after=0.0):
+def ring_daemon(mount, index_store, tmp_path, monkeypatch, slots, delay, read_after=0.0, **kw):
     """A _RingDaemon serving the sample directory x of a mount of index_store."""
     import zarrfs._deliver as zd
     m = mount(index_store)
     sock = str(tmp_path / "ring.sock")
     monkeypatch.setattr(zd, "socket_path", lambda root: sock)
-    return _RingDaemon(sock, slots, delay, read_after), os.path.join(m.path, "x")
+    return _RingDaemon(sock, slots, delay, read_after, **kw), os.path.join(m.path, "x")
 
 
 def rows(batch):
@@ -621,6 +636,27 @@ def test_a_dropped_epochs_late_replies_are_not_the_next_ones(mount, index_store,
         assert rows(b) == c["index"].tolist(), f"batch {n}"
         n += 1
     assert n == -(-N // 4)
+    l.close()
+
+
+def test_a_lost_ring_is_reopened_by_the_next_epoch(mount, index_store, tmp_path, monkeypatch):
+    """A fill into a ring the daemon lost (a GPU context it rebuilt after a
+    device error freed the ring) raises RingLost in its batch's turn, not
+    an error of the batch's files; the daemon lives, so the next epoch
+    opens a new ring and reads every batch."""
+    from zarrfs._deliver import RingLost
+    daemon, d = ring_daemon(mount, index_store, tmp_path, monkeypatch, 3, lambda n: 0, lost=lambda n: n == 1, conns=2)
+    l = Loader(d, 4, device="cpu", decode="device", prefetch=2, timeout=5)
+    it = iter(l)
+    b, c = next(it)
+    assert rows(b) == c["index"].tolist()
+    with pytest.raises(RingLost, match="ring lost.*open a new ring"):
+        next(it)
+    n = 0
+    for b, c in l:
+        assert rows(b) == c["index"].tolist(), f"batch {n}"
+        n += 1
+    assert n == -(-N // 4) and daemon.opened == 2
     l.close()
 
 

@@ -47,6 +47,15 @@ class DeliveryError(RuntimeError):
     """The delivery socket failed: the daemon went away, or stopped answering."""
 
 
+class RingLost(DeliveryError):
+    """The daemon lost the ring (a GPU context it rebuilt after a device
+    error freed it); the daemon lives, and a new ring may be opened."""
+
+
+# The reply code of a fill into a lost ring.
+RING_LOST = "ring_lost"
+
+
 def registry_dir() -> str:
     """The registry folder of this user's mounts: where a mount's sockets are
     (cmd/zarrfs registryDirs' first, which depends on the user only)."""

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, NoReturn, Optional, Tuple
 
 import numpy as np
 
-from ._deliver import DeliveryError, Ring
+from ._deliver import RING_LOST, DeliveryError, Ring, RingLost
 
 if TYPE_CHECKING:
     from .loader import Loader
@@ -218,6 +218,8 @@ def _fill(ring: Ring, names: List[List[str]], dirpath: str, flow: _Flow,
 def _fill_error(rep: Dict[str, Any], dirpath: str) -> BaseException:
     msg = rep.get("error", "fill failed")
     f = rep.get("file")
+    if rep.get("code") == RING_LOST:
+        return RingLost(msg)
     if rep.get("code") == "fill" and f:
         return OSError(errno.EIO, f"{os.path.join(dirpath, os.path.basename(f))}: {msg}")
     return DeliveryError(msg)

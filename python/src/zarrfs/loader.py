@@ -132,6 +132,7 @@ class Loader:
         self.profile = profile
         self._stages: Optional[_Stages] = None  # the last epoch's, with profile
         self._lost: Optional[str] = None  # why the ring was let go (its daemon is gone)
+        self._reopen = False  # the ring was lost, its daemon lives: the next epoch opens another
         self._closed = False
         self._dring = self._open_ring()
         self.path_kind = self._path_kind()
@@ -229,6 +230,10 @@ class Loader:
         if self._lost is not None:
             from ._deliver import DeliveryError
             raise DeliveryError(f"{self.dir.path}: {self._lost}; this loader's ring is gone with it: make a new Loader")
+        if self._reopen:
+            self._reopen = False
+            self._dring = self._open_ring()
+            self.path_kind = self._path_kind()
         if self._dring is not None:
             from ._ringloader import RingEpoch
             self._stop_active(_SUPERSEDED)
@@ -253,13 +258,20 @@ class Loader:
                 pass
 
     def _lose_ring(self, err: BaseException) -> None:
-        """The ring's daemon is gone (or stopped answering): the ring takes
-        no more batches. The loader lets go of it, so that its mapping
-        closes as soon as the batches over it are gone, even while the
-        loader is kept, and every later epoch raises err. Its text alone
-        is kept: its traceback holds the epoch, which holds the ring."""
-        self._lost = str(err)
+        """The ring's daemon is gone (or stopped answering), or lost the
+        ring (RingLost): the ring takes no more batches. The loader lets go
+        of it, so that its mapping closes as soon as the batches over it
+        are gone, even while the loader is kept; every later epoch raises
+        err, or, for a lost ring, opens a new one (or reads the files, as
+        decode allows). Its text alone is kept: its traceback holds the
+        epoch, which holds the ring."""
+        from ._deliver import RingLost
         self._dring = None
+        if isinstance(err, RingLost):
+            # The daemon lives: the next epoch opens a new ring.
+            self._reopen = True
+            return
+        self._lost = str(err)
 
     def close(self) -> None:
         """Stops the epoch under way and lets go of the mount's ring: its
