@@ -297,16 +297,6 @@ func (m testDeviceMemory) NewRing(ctx context.Context, req *OpenRequest, slots i
 	return d, nil
 }
 
-// The device path fills a batch as a GPU would: the chunks the device
-// takes (zstd with a checksum) are decoded into the slot and never touch
-// the shadow; what it refuses (without one) the host decodes into the
-// shadow, and only that is
-// copied into the slot, as is the static channel, decoded once for the
-// batch and copied into each sample by the fill code: it crosses once a
-// batch, and is copied on the device into the other samples; the
-// compressed chunks are read into the ring's memory; every sample equals
-// the mount's file. The shadow's pages go back once the slot is filled; the
-// static channel is decoded once, for the first batch, and kept.
 // A ring lost to a context rebuild fails its fills with code ring_lost,
 // not as a damaged sample: the reader lets go of the ring and opens
 // another, rather than blame a file.
@@ -328,6 +318,16 @@ func TestRingLostReply(t *testing.T) {
 	}
 }
 
+// The device path fills a batch as a GPU would: the chunks the device
+// takes (zstd with a checksum) are decoded into the slot and never touch
+// the shadow; what it refuses (without one) the host decodes into the
+// shadow, and only that is
+// copied into the slot, as is the static channel, decoded once for the
+// batch and copied into each sample by the fill code: it crosses once a
+// batch, and is copied on the device into the other samples; the
+// compressed chunks are read into the ring's memory; every sample equals
+// the mount's file. The shadow's pages go back once the slot is filled; the
+// static channel is decoded once, for the first batch, and kept.
 func TestGPUFillIntoSlot(t *testing.T) {
 	dir := devStore(t)
 	s, c, mem, filler, lay := gpuServer(t, dir, "views:\n  - name: v\n    channels:\n      - var: a\n        select: {level: all}\n      - var: s\n      - var: c\n      - var: b\n")
