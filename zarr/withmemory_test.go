@@ -77,13 +77,7 @@ func TestDecodingReadsIntoTheDecodersMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	a := h.Arrays[0]
-	read := func(r zarr.Reader) {
-		buf := make([]byte, 2*4*3*5*2)
-		if err := r.Read(context.Background(), nil, []zarr.Request{{Array: a, Start: []int64{0, 0, 0, 0}, Count: []int64{2, 4, 3, 5}, Dst: buf}}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	read := func(r zarr.Reader) { readLevels(t, r, h.Arrays[0]) }
 	read(h.Decoding(lendingDecoder{lendCounter: ring}))
 	if ring.n != 2 || ring.back != 2 || ring.foreign != 0 || own.n != 0 || own.foreign != 0 {
 		t.Fatalf("through a lending decoder: it lent %d and took back %d (%d not its own); the Hierarchy's lent %d (%d foreign)",
@@ -139,13 +133,7 @@ func TestDecodingReadsCacheHitsIntoTheDecodersMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	a := h.Arrays[0]
-	read := func(r zarr.Reader) {
-		buf := make([]byte, 2*4*3*5*2)
-		if err := r.Read(context.Background(), nil, []zarr.Request{{Array: a, Start: []int64{0, 0, 0, 0}, Count: []int64{2, 4, 3, 5}, Dst: buf}}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	read := func(r zarr.Reader) { readLevels(t, r, h.Arrays[0]) }
 	read(h) // fills the source cache
 	if len(sc.m) == 0 {
 		t.Fatal("the source cache holds no chunk after a read")
@@ -162,6 +150,15 @@ func TestDecodingReadsCacheHitsIntoTheDecodersMemory(t *testing.T) {
 
 // levelStoreOnDisk writes levelStore's little-endian store to a directory
 // and opens it.
+// readLevels reads the whole of levelStoreOnDisk's array a through r.
+func readLevels(t *testing.T, r zarr.Reader, a *zarr.Array) {
+	t.Helper()
+	buf := make([]byte, 2*4*3*5*2)
+	if err := r.Read(context.Background(), nil, []zarr.Request{{Array: a, Start: []int64{0, 0, 0, 0}, Count: []int64{2, 4, 3, 5}, Dst: buf}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func levelStoreOnDisk(t *testing.T) objectstore.Store {
 	t.Helper()
 	dir := t.TempDir()
