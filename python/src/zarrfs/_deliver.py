@@ -20,6 +20,7 @@ from __future__ import annotations
 import array
 import ctypes
 import hashlib
+import heapq
 import json
 import mmap
 import os
@@ -340,7 +341,7 @@ def request_line(msg: Dict[str, Any]) -> bytes:
 def longest_fill(names: List[str], slots: int, batch: int) -> int:
     """The bytes of the longest fill request a ring of slots batches over
     these file names may send: the batch longest names, in the last slot."""
-    longest = sorted(names, key=lambda n: len(json.dumps(n)), reverse=True)[:batch]
+    longest = heapq.nlargest(batch, names, key=lambda n: len(json.dumps(n)))
     return len(request_line({"op": "fill", "slot": slots - 1, "files": longest}))
 
 
