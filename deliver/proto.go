@@ -3,6 +3,11 @@ package deliver
 // The messages of the delivery socket, one JSON object a line. Field names
 // are the protocol: python/src/zarrfs/_deliver.py speaks it too.
 
+// MaxRequest bounds a request's line, its newline included: a longer one
+// is refused and its connection closed. A fill names a batch's files in
+// it (about 87,000 names of 9 characters).
+const MaxRequest = 1 << 20
+
 // Memory kinds a ring may live in.
 const (
 	// MemoryCUDA: device memory shared through a CUDA IPC handle.

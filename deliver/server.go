@@ -154,12 +154,21 @@ func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn) {
 		uc.SetReadDeadline(time.Now()) // the reader loop ends with the server
 	}()
 	rd := bufio.NewReaderSize(uc, 64<<10)
+	var long []byte // a request longer than rd's buffer, as read so far
 	for {
 		line, err := rd.ReadSlice('\n')
-		if err != nil {
-			if errors.Is(err, bufio.ErrBufferFull) {
-				c.reply(fillReply{Op: "error", Slot: -1, errorReply: errorReply{Error: "request longer than 64 KiB", Code: CodeBadRequest}}, nil)
+		if long != nil || errors.Is(err, bufio.ErrBufferFull) {
+			long = append(long, line...)
+			if len(long) > MaxRequest {
+				c.reply(fillReply{Op: "error", Slot: -1, errorReply: errorReply{Error: "request longer than 1 MiB", Code: CodeBadRequest}}, nil)
+				return
 			}
+			if errors.Is(err, bufio.ErrBufferFull) {
+				continue
+			}
+			line, long = long, nil
+		}
+		if err != nil {
 			return
 		}
 		var req request
@@ -233,8 +242,11 @@ func (s *Server) open(ctx context.Context, req *OpenRequest, c *conn) (openReply
 		return fail(CodeBadRequest, "%s: not a sample directory of the mount", req.Dir)
 	}
 	maxSlots := cmp.Or(s.MaxSlots, 64)
-	if req.Slots < 1 || req.Slots > maxSlots || req.Batch < 1 || req.Batch > 1<<16 {
-		return fail(CodeBadRequest, "%d slots of %d samples: want 1 to %d slots of 1 or more samples", req.Slots, req.Batch, maxSlots)
+	// No fill names more files than a request holds: each costs at least
+	// its quotes, a character and a comma.
+	const maxBatch = MaxRequest / 4
+	if req.Slots < 1 || req.Slots > maxSlots || req.Batch < 1 || req.Batch > maxBatch {
+		return fail(CodeBadRequest, "%d slots of %d samples: want 1 to %d slots of 1 to %d samples", req.Slots, req.Batch, maxSlots, maxBatch)
 	}
 	if n := len(req.ConsumerEvents); n != 0 && n != req.Slots {
 		return fail(CodeBadRequest, "%d consumer events for %d slots: want one per slot", n, req.Slots)

@@ -383,6 +383,35 @@ func TestBadRequestsAndRingFreed(t *testing.T) {
 	waitFor(t, func() bool { _, tot := ts.s.Stats(); return tot.Open == 0 && tot.HeldBytes == 0 && tot.Opened == 2 })
 }
 
+// A request is read up to MaxRequest bytes, however many reads it takes;
+// one byte more is refused with the reason, and the connection closed.
+func TestRequestLineBound(t *testing.T) {
+	ts := newTestServer(t, nil, nil)
+	c := dial(t, ts.sock)
+	c.open(t, OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 2, Batch: 2})
+	line := func(n int) []byte {
+		b, _ := json.Marshal(fillRequest{Op: "fill", Slot: 0, Files: []string{"06.npy"}})
+		// JSON's spaces, before the closing brace, make it n bytes.
+		pad := bytes.Repeat([]byte(" "), n-len(b)-1)
+		return append(append(b[:len(b)-1:len(b)-1], pad...), '}', '\n')
+	}
+	if _, err := c.c.Write(line(MaxRequest)); err != nil {
+		t.Fatal(err)
+	}
+	if r := c.next(t); r.Op != "ready" || !bytes.Equal(c.sample(0, 0), ts.want(t, "t/06.npy")) {
+		t.Fatalf("a request of %d bytes: %+v", MaxRequest, r)
+	}
+	// The connection reads the next request from where the long one ended.
+	if r := c.fill(t, 1, "07.npy"); r.Op != "ready" || !bytes.Equal(c.sample(1, 0), ts.want(t, "t/07.npy")) {
+		t.Fatalf("after the long request: %+v", r)
+	}
+	go c.c.Write(line(MaxRequest + 1))
+	if r := c.next(t); r.Op != "error" || r.Code != CodeBadRequest || r.Error != "request longer than 1 MiB" {
+		t.Fatalf("a request of %d bytes: %+v", MaxRequest+1, r)
+	}
+	waitFor(t, func() bool { _, tot := ts.s.Stats(); return tot.Open == 0 && tot.HeldBytes == 0 })
+}
+
 func waitFor(t *testing.T, ok func() bool) {
 	t.Helper()
 	for range 500 {

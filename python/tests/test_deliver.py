@@ -700,14 +700,14 @@ def test_a_refused_request_raises_the_daemons_reason(mount, index_store):
     not the broken pipe (the daemon lives)."""
     m = mount(index_store, delivery="host")
     l = Loader(os.path.join(m.path, "x"), 2, device="cpu", decode="device")
-    with pytest.raises(DeliveryError, match=r"refused a request: request longer than 64 KiB"):
+    with pytest.raises(DeliveryError, match=r"refused a request: request longer than 1 MiB"):
         l._dring.send({"op": "fill", "slot": 0, "files": ["0" * (4 << 20)]})
     assert m.running
     l.close()
 
 
 def test_fill_requests_fit_the_daemons_line(mount, big_store):
-    """A fill request is one line, which the daemon reads up to 64 KiB:
+    """A fill request is one line, which the daemon reads up to 1 MiB:
     it names a batch's files in compact JSON (each file costs its quoted
     name and a comma), the largest batch that fits is filled, and a larger
     one is refused at the ring's open, as unavailable (decode="auto" reads
@@ -729,7 +729,7 @@ def test_fill_requests_fit_the_daemons_line(mount, big_store):
     assert b[-1].numpy().tobytes() == np.load(c["file"][-1]).tobytes()
     l.close()
     with pytest.raises(RuntimeError, match=rf"decode='device': a batch of {fits + 1} samples makes fill requests of up to "
-                                           r"\d+ bytes, over the delivery socket's 64 KiB a request"):
+                                           r"\d+ bytes, over the delivery socket's 1 MiB a request"):
         Loader(d, fits + 1, device="cpu", decode="device", prefetch=1)
     with pytest.raises(DeliveryUnavailable):
         ring_for(sd, "host", 2, fits + 1, None, 10)

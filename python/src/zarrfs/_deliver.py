@@ -35,8 +35,9 @@ import numpy as np
 UNAVAILABLE = "unavailable"
 
 # The longest request line the daemon reads, its newline included: it
-# answers a longer one with an error and closes the connection.
-MAX_LINE = 64 << 10
+# answers a longer one with an error and closes the connection
+# (deliver.MaxRequest).
+MAX_LINE = 1 << 20
 
 
 class DeliveryUnavailable(RuntimeError):
@@ -386,7 +387,7 @@ def ring_for(sample_dir: Any, memory: str, slots: int, batch: int, device: Any, 
     n = longest_fill(sample_dir.names, slots, batch)
     if n > MAX_LINE:
         raise DeliveryUnavailable(f"a batch of {batch} samples makes fill requests of up to {n} bytes, over the "
-                                  f"delivery socket's {MAX_LINE >> 10} KiB a request: use a smaller batch_size")
+                                  f"delivery socket's {MAX_LINE >> 20} MiB a request: use a smaller batch_size")
     root = sample_dir.root()
     rel = os.path.relpath(sample_dir.path, root)
     return Ring(socket_path(root), rel, memory, slots, batch, device=device, timeout=timeout)
