@@ -7,6 +7,7 @@ same Loader against device memory)."""
 import contextlib
 import gc
 import json
+import logging
 import os
 import shutil
 import signal
@@ -526,20 +527,16 @@ class _RingDaemon:
     answered as a fill into a ring a GPU context rebuild lost. As the
     daemon does, it refuses a fill of a slot still being filled, and
     closes. It starts reading requests read_after seconds after the open,
-    and serves conns connections, one after the other."""
+    and serves conns connections side by side, each its own memfd ring."""
 
     SLOT_BYTES = 1 << 12
 
     def __init__(self, path, slots, delay, read_after=0.0, lost=lambda n: False, conns=1):
-        import mmap
         import socket as sk
         self.slots, self.delay, self.read_after, self.lost, self.conns = slots, delay, read_after, lost, conns
         self.opened = 0
-        self.fd = os.memfd_create("ring")
-        os.ftruncate(self.fd, slots * self.SLOT_BYTES)
-        self.mem = mmap.mmap(self.fd, slots * self.SLOT_BYTES)
         self.requests = []
-        self.busy, self.lock = set(), threading.Lock()
+        self.lock = threading.Lock()
         self.srv = sk.socket(sk.AF_UNIX, sk.SOCK_STREAM)
         self.srv.bind(path)
         self.srv.listen(1)
@@ -550,47 +547,53 @@ class _RingDaemon:
         for _ in range(self.conns):
             c, _ = self.srv.accept()
             self.opened += 1
-            self._conn(c)
+            threading.Thread(target=self._conn, args=(c,), daemon=True).start()
         self.srv.close()
 
     def _conn(self, c):
+        import mmap
         import socket as sk
+        busy = set()  # the connection's slots being filled
+        fd = os.memfd_create("ring")
+        os.ftruncate(fd, self.slots * self.SLOT_BYTES)
+        mem = mmap.mmap(fd, self.slots * self.SLOT_BYTES)
         f = c.makefile("rb")
         json.loads(f.readline())
         rep = {"ok": True, "memory": "host", "ring_bytes": self.slots * self.SLOT_BYTES, "slot_bytes": self.SLOT_BYTES,
                "sample_bytes": 24, "shape": [2, 3], "dtype": "<f4", "slots": self.slots, "batch": 4, "device": 0,
                "decode": "host"}
-        sk.send_fds(c, [(json.dumps(rep) + "\n").encode()], [self.fd])
+        sk.send_fds(c, [(json.dumps(rep) + "\n").encode()], [fd])
+        os.close(fd)
         time.sleep(self.read_after)
         with contextlib.suppress(OSError):
             for line in f:
                 q = json.loads(line)
-                self.requests.append(q)
                 k = q["slot"]
                 with self.lock:
-                    if k in self.busy:
+                    self.requests.append(q)
+                    n = len(self.requests) - 1
+                    if k in busy:
                         self._send(c, {"op": "error", "slot": k, "code": "bad_request", "error": f"slot {k}: one being filled"})
                         break
-                    self.busy.add(k)
-                n = len(self.requests) - 1
+                    busy.add(k)
                 if self.lost(n):
                     with self.lock:
-                        self.busy.discard(k)
+                        busy.discard(k)
                     self._send(c, {"op": "error", "slot": k, "code": "ring_lost",
                                    "error": f"slot {k}: gpu: ring lost: GPU 0's context was reset after a device error: open a new ring"})
                     continue
                 d = self.delay(n)
                 if d is not None:
-                    threading.Thread(target=self._fill, args=(c, k, q["files"], d), daemon=True).start()
+                    threading.Thread(target=self._fill, args=(c, mem, busy, k, q["files"], d), daemon=True).start()
         c.close()
 
-    def _fill(self, c, k, files, delay):
+    def _fill(self, c, mem, busy, k, files, delay):
         time.sleep(delay)
-        v = np.frombuffer(self.mem, dtype="<f4", count=self.SLOT_BYTES // 4, offset=k * self.SLOT_BYTES)
+        v = np.frombuffer(mem, dtype="<f4", count=self.SLOT_BYTES // 4, offset=k * self.SLOT_BYTES)
         for j, name in enumerate(files):
             v[j * 6:(j + 1) * 6] = int(name.split(".")[0])
         with self.lock:
-            self.busy.discard(k)
+            busy.discard(k)
         with contextlib.suppress(OSError):
             self._send(c, {"op": "ready", "slot": k})
 
@@ -639,24 +642,48 @@ def test_a_dropped_epochs_late_replies_are_not_the_next_ones(mount, index_store,
     l.close()
 
 
-def test_a_lost_ring_is_reopened_by_the_next_epoch(mount, index_store, tmp_path, monkeypatch):
+def test_a_lost_ring_is_replaced_within_the_epoch(mount, index_store, tmp_path, monkeypatch, caplog):
     """A fill into a ring the daemon lost (a GPU context it rebuilt after a
-    device error freed the ring) raises RingLost in its batch's turn, not
-    an error of the batch's files; the daemon lives, so the next epoch
-    opens a new ring and reads every batch."""
-    from zarrfs._deliver import RingLost
+    device error freed the ring) is not an error of the batch's files, nor
+    the end of the epoch: the daemon lives, so the loader opens a new ring
+    and goes on from the batch in turn, every batch in order, while the
+    batch in hand still reads the old ring."""
     daemon, d = ring_daemon(mount, index_store, tmp_path, monkeypatch, 3, lambda n: 0, lost=lambda n: n == 1, conns=2)
+    l = Loader(d, 4, device="cpu", decode="device", prefetch=2, timeout=5)
+    got = []
+    with caplog.at_level(logging.WARNING, logger="zarrfs"):
+        for b, c in l:
+            assert rows(b) == c["index"].tolist(), f"batch {len(got)}"
+            got.append((b, c["index"].tolist()))
+            if len(got) > 1:
+                prev, idx = got[-2]
+                assert rows(prev) == idx, "the batch before, while the next was read"
+    assert len(got) == -(-N // 4) and daemon.opened == 2
+    assert "ring lost" in caplog.text and "going on from batch 1 over a new ring" in caplog.text
+    assert rows(got[0][0]) == got[0][1]  # the lost ring's batch, kept
+    del got
+    l.close()
+
+
+def test_a_ring_lost_again_at_once_ends_the_epoch(mount, index_store, tmp_path, monkeypatch):
+    """A new ring lost before it filled a batch (the device fails again)
+    raises RingLost in the batch's turn; the next epoch opens a new ring
+    and reads every batch."""
+    from zarrfs._deliver import RingLost
+    # Fills 0-2 go to the first ring; 3 is the second ring's first.
+    daemon, d = ring_daemon(mount, index_store, tmp_path, monkeypatch, 3, lambda n: 0, lost=lambda n: n in (1, 3), conns=3)
     l = Loader(d, 4, device="cpu", decode="device", prefetch=2, timeout=5)
     it = iter(l)
     b, c = next(it)
     assert rows(b) == c["index"].tolist()
     with pytest.raises(RingLost, match="ring lost.*open a new ring"):
         next(it)
+    assert daemon.opened == 2
     n = 0
     for b, c in l:
         assert rows(b) == c["index"].tolist(), f"batch {n}"
         n += 1
-    assert n == -(-N // 4) and daemon.opened == 2
+    assert n == -(-N // 4) and daemon.opened == 3
     l.close()
 
 

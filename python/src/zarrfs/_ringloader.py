@@ -12,11 +12,16 @@ recorded by the daemon once the slot is written.
 An epoch stopped with fills under way leaves their replies owed on the
 ring (Ring.owed); the next epoch's producer reads and drops them before it
 asks for anything, so each batch is handed out on its own fill's reply.
+
+A ring the daemon lost (a GPU context it rebuilt after a device error:
+RingLost) is replaced within the epoch: a new ring is opened and a new
+producer fills the batches from the one in turn (RingEpoch._reopen).
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import queue
 import threading
@@ -30,6 +35,8 @@ from ._deliver import RING_LOST, DeliveryError, Ring, RingLost
 
 if TYPE_CHECKING:
     from .loader import Loader
+
+log = logging.getLogger("zarrfs")
 
 
 class _Flow:
@@ -56,15 +63,21 @@ class RingEpoch:
             batches.pop()
         self.batches = batches
         self.l = loader
-        self.ring: Optional[Ring] = ring  # None once the epoch is over: the batches hold it on
-        self.flow = _Flow()
-        self.out: queue.Queue[Tuple[Any, Optional[BaseException]]] = queue.Queue()
         self.taken = 0
         self.stopped: Optional[str] = None  # why the loader stopped this epoch
         d = loader.dir
-        names = [[os.path.basename(d.file(int(p))) for p in b] for b in batches]
+        self._names = [[os.path.basename(d.file(int(p))) for p in b] for b in batches]
         self._coords = [_coords_of(loader, b) for b in batches]
-        self.thread = threading.Thread(target=_produce, args=(ring, names, d.path, self.flow, self.out),
+        self._renewed: Optional[int] = None  # the batch in turn when the ring was last replaced
+        self._start(ring, 0)
+
+    def _start(self, ring: Ring, base: int) -> None:
+        """Starts a producer filling the batches from base on into ring."""
+        self.ring: Optional[Ring] = ring  # None once the epoch is over: the batches hold it on
+        self.base = base  # the ring's batch j is the epoch's batch base + j
+        self.flow = _Flow()
+        self.out: queue.Queue[Tuple[Any, Optional[BaseException]]] = queue.Queue()
+        self.thread = threading.Thread(target=_produce, args=(ring, self._names[base:], self.l.dir.path, self.flow, self.out),
                                        name="zarrfs-ring", daemon=True)
         self._finalizer = weakref.finalize(self, _shutdown, self.flow, self.thread)
         self.thread.start()
@@ -94,7 +107,7 @@ class RingEpoch:
         ring = self.ring
         if ring is None:  # ended, or failed
             raise StopIteration
-        held = self.taken - self.flow.released
+        held = self.taken - self.base - self.flow.released
         if held > 0:
             self._release()  # the batch before: the consumer is done with it
         while True:
@@ -107,8 +120,11 @@ class RingEpoch:
                     raise StopIteration
         if err is not None:
             del ring  # the error's traceback holds this frame, not the ring
-            self._end(err)
+            if not (isinstance(err, RingLost) and self._reopen(err)):
+                self._end(err)
+            return self.__next__()
         j, slot = item
+        j += self.base
         t = ring.slot(slot, len(self.batches[j]))
         if ring.memory == "cuda":
             torch.cuda.current_stream(ring.device).wait_event(ring.events[slot])
@@ -117,6 +133,29 @@ class RingEpoch:
             t = t.clone()
             self._release()
         return t, self._coords[j]
+
+    def _reopen(self, err: RingLost) -> bool:
+        """Goes on from the batch in turn over a new ring, for a ring the
+        daemon lost (it lives): the batch in hand stays readable (its
+        tensor holds the old ring's mapping), the old ring's fills are left
+        to it. Not twice for one batch (a new ring lost before it filled
+        one: the loss is the device's), nor where no ring opens: then the
+        epoch ends with err, as close as it can say why."""
+        if self._renewed == self.taken or self.l._closed:
+            return False
+        self._renewed = self.taken
+        self._finalizer()  # the producer put its last word: it is done
+        try:
+            ring = self.l._open_ring()
+        except RuntimeError as e:  # decode="device": no ring opens
+            err.args = (f"{err}; no new ring: {e}",)
+            return False
+        if ring is None:  # decode="auto": the next epoch reads the files
+            return False
+        log.warning("zarrfs Loader: %s; going on from batch %d over a new ring", err, self.taken)
+        self.l._dring = ring
+        self._start(ring, self.taken)
+        return True
 
     def _end(self, err: BaseException) -> NoReturn:
         """Ends the epoch with the producer's last word."""
