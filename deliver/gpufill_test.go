@@ -472,9 +472,54 @@ func TestGPUFillArraySamples(t *testing.T) {
 	}
 }
 
-// gpuServer serves the store in dir with views (YAML, "" for none) on a socket, the
-// device path on a testDevice, and returns a client.
-func gpuServer(t testing.TB, dir, viewsYAML string) (*Server, *client, testDeviceMemory, *fill.Filler, *layout.Layout) {
+// An array's sample larger than a fill's piece (l: 4 levels of 128x128, a
+// chunk a level, zstd with a checksum; pieces of 2 levels) goes as one
+// of a piece does: piece by piece straight into the shadow, so every
+// chunk, landing whole there, decodes on the device straight into the
+// slot, nothing is uploaded and the shadow holds nothing. Every sample
+// equals the file.
+func TestGPUFillArraySamplesInPieces(t *testing.T) {
+	const plane = 128 * 128 * 4 // a level
+	dir := t.TempDir()
+	zs, _ := zstd.NewWriter(nil, zstd.WithEncoderCRC(true))
+	writeFile(t, dir, "zarr.json", []byte(`{"zarr_format":3,"node_type":"group"}`))
+	writeFile(t, dir, "l/zarr.json", arrayMeta([]int{6, 4, 128, 128}, []int{1, 1, 128, 128}, []string{"time", "level", "y", "x"}, "zstd"))
+	for k := range 6 {
+		for z := range 4 {
+			b := make([]byte, plane)
+			for i := range plane / 4 {
+				binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(float32(1000*k+100*z)+float32(i%89)*0.5))
+			}
+			writeFile(t, dir, fmt.Sprintf("l/c/%d/%d/0/0", k, z), zs.EncodeAll(b, nil))
+		}
+	}
+	s, c, mem, filler, lay := gpuServer(t, dir, "", func(o *fill.Options) { o.SlabBytes = 2 * plane })
+	rep := c.open(t, OpenRequest{Dir: "l", Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 2, Batch: 3})
+	if !rep.OK {
+		t.Fatalf("open: %+v", rep)
+	}
+	dev := <-mem.dev
+	for b, batch := range [][]string{{"0.npy", "1.npy", "2.npy"}, {"5.npy", "4.npy", "3.npy"}} {
+		if r := c.fill(t, b, batch...); r.Op != "ready" || r.Device != 3 {
+			t.Fatalf("batch %d: %+v", b, r)
+		}
+		for j, n := range batch {
+			if got := dev.Host(b)[int64(j)*rep.SampleBytes : int64(j+1)*rep.SampleBytes]; !bytes.Equal(got, sampleBytes(t, filler, lay, "l/"+n)) {
+				t.Fatalf("l/%s in slot %d differs from the file", n, b)
+			}
+		}
+	}
+	_, tot := s.Stats()
+	if dev.decoded.Load() != 24 || tot.Uploaded != 0 || dev.releasedMost.Load() != 0 || filler.MemoryBudget().Used() != 0 {
+		t.Fatalf("%d chunks decoded on the device (want 24), %d bytes uploaded (want 0), the shadow held %d bytes at most (want 0), the budget counts %d after",
+			dev.decoded.Load(), tot.Uploaded, dev.releasedMost.Load(), filler.MemoryBudget().Used())
+	}
+}
+
+// gpuServer serves the store in dir with views (YAML, "" for none) on a
+// socket, the device path on a testDevice, and returns a client. opts
+// change the Filler's options after gpuServer's (a smaller SlabBytes).
+func gpuServer(t testing.TB, dir, viewsYAML string, opts ...func(*fill.Options)) (*Server, *client, testDeviceMemory, *fill.Filler, *layout.Layout) {
 	t.Helper()
 	st, err := objectstore.OpenPosix(dir)
 	if err != nil {
@@ -501,7 +546,11 @@ func gpuServer(t testing.TB, dir, viewsYAML string) (*Server, *client, testDevic
 	}
 	// A budget that bounds nothing here, but counts what the fills hold.
 	budget := memory.New(1 << 40)
-	filler, err := fill.New(fill.Options{Reader: h, MemoryBudget: budget})
+	fo := fill.Options{Reader: h, MemoryBudget: budget}
+	for _, o := range opts {
+		o(&fo)
+	}
+	filler, err := fill.New(fo)
 	if err != nil {
 		t.Fatal(err)
 	}

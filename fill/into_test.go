@@ -196,6 +196,69 @@ func TestFillIntoByChannelInPlace(t *testing.T) {
 	}
 }
 
+// An array's sample larger than a piece (r: 4 levels, a chunk a level,
+// in pieces of one chunk) is read by FillInto piece by piece straight into
+// the caller's buffer: the bytes are Fill's, no piece buffer is lent, and
+// every chunk, landing whole there, may be decoded elsewhere (a GPU into a
+// ring slot). One whose pieces do not land there as one run each (q:
+// chunks of 2 levels x 16 rows, in pieces of 2 levels x 32 rows) is read
+// through a piece buffer, and comes out as Fill writes it whatever the
+// decoder.
+func TestFillIntoPiecesInPlace(t *testing.T) {
+	dir := t.TempDir()
+	dims := []string{"time", "level", "y", "x"}
+	viewtest.WriteStore(t, dir, []storeArray{
+		{Path: "r", DType: "float32", Shape: []int64{3, 4, 64, 64}, Chunks: []int64{1, 1, 64, 64}, Dims: dims, Value: noise},
+		{Path: "q", DType: "float32", Shape: []int64{3, 4, 64, 64}, Chunks: []int64{1, 2, 16, 64}, Dims: dims, Value: noise},
+	})
+	h := viewtest.OpenStore(t, dir, zarr.Options{ChunkCacheBytes: -1})
+	defer h.Close()
+	l, err := layout.Build(h, layout.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		dir    string
+		pieces int
+		slab   bool
+	}{{"r", 4, false}, {"q", 4, true}} {
+		t.Run(tc.dir, func(t *testing.T) {
+			mem := &lendingMemory{out: map[*byte]bool{}}
+			cr := &arrayCounter{inner: h, mu: &sync.Mutex{}, n: map[string]int{}}
+			f := newFiller(t, Options{Reader: cr, SlabBytes: chunk, Memory: mem})
+			b := mustDir(t, l, tc.dir).SampleEntry(1).Blob
+			want := &bufAt{}
+			if err := f.Fill(context.Background(), l, b, nil, want); err != nil {
+				t.Fatal(err)
+			}
+			if cr.n[tc.dir] != tc.pieces {
+				t.Fatalf("Fill read the sample in %d pieces, want %d", cr.n[tc.dir], tc.pieces)
+			}
+			mem.lends = 0
+			out := make([]byte, b.Size()-int64(len(b.Header())))
+			if err := f.FillInto(context.Background(), l, []layout.Blob{b}, [][]byte{out}, 0, nil); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(out, want.b[len(b.Header()):]) || (mem.lends > 0) != tc.slab {
+				t.Fatalf("FillInto's bytes equal Fill's: %v; %d piece buffers lent (want some: %v)", bytes.Equal(out, want.b[len(b.Header()):]), mem.lends, tc.slab)
+			}
+			clear(out)
+			if err := f.FillInto(context.Background(), l, []layout.Blob{b}, [][]byte{out}, 0, elsewhere{[][]byte{out}}); err != nil {
+				t.Fatal(err)
+			}
+			if n := bytes.Count(out, []byte{0xee}); !tc.slab && n != len(out) {
+				t.Fatalf("%d of the sample's %d bytes were decoded elsewhere, want all", n, len(out))
+			}
+			if tc.slab && !bytes.Equal(out, want.b[len(b.Header()):]) {
+				t.Fatal("read through a piece buffer with a decoder that puts chunks landing in the buffer elsewhere, the sample differs from Fill's")
+			}
+			if len(mem.out) != 0 {
+				t.Fatalf("%d lent buffers not given back", len(mem.out))
+			}
+		})
+	}
+}
+
 // drainer is a FillInto decoder as a ring slot's is (Drainer): it decodes
 // on the CPU, and at each Drain records the run and what the budget
 // counts then.
@@ -251,10 +314,12 @@ func TestFillIntoDrainsCounted(t *testing.T) {
 	for _, b := range blobs {
 		data := b.Size() - int64(len(b.Header()))
 		d.outs = append(d.outs, make([]byte, data))
-		// An array's sample is written from its pieces' buffer: what a
-		// Fill of it holds, and its bytes.
+		// An array's sample is read straight into its bytes, piece by
+		// piece: what a FillInto of it alone holds (its pieces' reads),
+		// and its bytes.
 		fb := memory.New(1 << 30)
-		if err := newFiller(t, Options{Reader: h, MemoryBudget: fb, SlabBytes: chunk}).Fill(context.Background(), l, b, nil, &bufAt{}); err != nil {
+		alone := [][]byte{make([]byte, data)}
+		if err := newFiller(t, Options{Reader: h, MemoryBudget: fb, SlabBytes: chunk}).FillInto(context.Background(), l, []layout.Blob{b}, alone, 0, nil); err != nil {
 			t.Fatal(err)
 		}
 		d.need = append(d.need, data+fb.Peak())

@@ -16,7 +16,11 @@ import (
 // as runs that are contiguous there. The split axis is the outermost one
 // that keeps a piece within the limits; a store whose sample holds a chunk
 // row of 80 GB (shape [30, 3, 1e5, 1e5], chunks [4, 2, 8, 16]) is then read
-// in pieces of at most SlabBytes instead of being allocated whole.
+// in pieces of at most SlabBytes instead of being allocated whole. A piece
+// is read into a buffer of the fill's and written from there, unless the
+// output is memory the region may be read straight into (FillInto's) and
+// every piece lands there as one run (a sample's levels, chunked a level
+// a chunk): each piece is then read into its part of the output.
 
 // piecePlan says how a region is cut.
 type piecePlan struct {
@@ -119,17 +123,11 @@ func (p piecePlan) pieces(start, count []int64, fn func(ps, pc []int64) error) e
 // belong in the region's output at base: runs that are contiguous in both,
 // merged where the output continues.
 func writePiece(w io.WriterAt, base int64, start, count, ps, pc []int64, axis int, itemsize int64, buf []byte) error {
-	rank := len(count)
 	if axis < 0 {
 		_, err := w.WriteAt(buf, base)
 		return err
 	}
-	stride := make([]int64, rank) // output strides in bytes
-	s := itemsize
-	for d := rank - 1; d >= 0; d-- {
-		stride[d] = s
-		s *= count[d]
-	}
+	stride := strides(count, itemsize)
 	run := pc[axis] * stride[axis]
 	var pendOff, pendBuf, pendLen int64 = 0, 0, 0
 	flush := func() error {
@@ -163,6 +161,28 @@ func writePiece(w io.WriterAt, base int64, start, count, ps, pc []int64, axis in
 	return flush()
 }
 
+// strides is the byte strides of a C-order region of count elements of
+// itemsize bytes.
+func strides(count []int64, itemsize int64) []int64 {
+	stride := make([]int64, len(count))
+	s := itemsize
+	for d := len(count) - 1; d >= 0; d-- {
+		stride[d] = s
+		s *= count[d]
+	}
+	return stride
+}
+
+// offsetIn is where a piece starting at ps begins in the C-order output of
+// the region starting at start, whose byte strides are stride.
+func offsetIn(stride, start, ps []int64) int64 {
+	var off int64
+	for d := range stride {
+		off += (ps[d] - start[d]) * stride[d]
+	}
+	return off
+}
+
 // readRegion reads the region of a into w at base (Align), piece by piece,
 // holding at most the plan's memory, acquired from the budget first.
 func (r run) readRegion(ctx context.Context, w io.WriterAt, base int64, a *zarr.Array, start, count []int64) error {
@@ -177,15 +197,21 @@ func (r run) readRegionAs(ctx context.Context, w io.WriterAt, base int64, a *zar
 	}
 	p, direct, castBytes := r.regionPlan(w, base, a, start, count, to)
 	cast := !zarr.SameValues(a.DType, to)
-	release, err := r.acquire(ctx, satAdd(p.cost, castBytes), "region of array "+a.Path)
+	release, err := r.acquire(ctx, regionHolds(p, direct, castBytes), "region of array "+a.Path)
 	if err != nil {
 		return err
 	}
 	if direct != nil {
-		// Chunks that land whole decode in place there: on a GPU
-		// filling a ring slot, straight into the slot.
+		// Each piece is read into its part of the output, one Read at a
+		// time as into a piece buffer: chunks that land whole decode in
+		// place there (on a GPU filling a ring slot, straight into the
+		// slot).
 		defer release()
-		return r.r.Read(ctx, r.pin, []zarr.Request{{Array: a, Start: start, Count: count, Dst: direct}})
+		stride := strides(count, int64(a.DType.Size))
+		return p.pieces(start, count, func(ps, pc []int64) error {
+			off, n := offsetIn(stride, start, ps), prod(pc)*int64(a.DType.Size)
+			return r.r.Read(ctx, r.pin, []zarr.Request{{Array: a, Start: ps, Count: pc, Dst: direct[off : off+n : off+n]}})
+		})
 	}
 	defer release()
 	buf := r.slab(p.bytes)
@@ -222,19 +248,31 @@ type bufferWriter interface {
 }
 
 // regionPlan is how readRegionAs reads the region into w at base: its
-// pieces; direct, the part of w's buffer that a region of one piece, of
-// its own type, is read straight into instead of a piece buffer (nil when
-// w lends none); and the bytes of its cast buffer. It holds the plan's
-// cost (direct counted as the piece buffer it replaces) and the cast's.
+// pieces; direct, the part of w's buffer that the region, of its own
+// type, is read straight into, piece by piece, where every piece lands
+// there as one run (contiguous; nil when w lends no buffer); and the
+// bytes of its cast buffer. What the read holds is regionHolds.
 func (r run) regionPlan(w io.WriterAt, base int64, a *zarr.Array, start, count []int64, to zarr.DType) (p piecePlan, direct []byte, castBytes int64) {
 	p = planPieces(a, start, count, r.pieceBytes(), r.pieceCost())
 	if !zarr.SameValues(a.DType, to) {
 		return p, nil, p.bytes / int64(a.DType.Size) * int64(to.Size)
 	}
-	if bw, ok := w.(bufferWriter); ok && p.whole(start, count) {
+	if bw, ok := w.(bufferWriter); ok && p.contiguous(start, count) {
 		direct = bw.buffer(base, prod(count)*int64(a.DType.Size))
 	}
 	return p, direct, 0
+}
+
+// regionHolds is what readRegionAs holds under its regionPlan, besides
+// w's buffer: the plan's cost and the cast's, less the piece buffer that
+// a region read straight into w's buffer does without (that buffer is the
+// caller's: a Drainer's is charged by fillOne).
+func regionHolds(p piecePlan, direct []byte, castBytes int64) int64 {
+	n := satAdd(p.cost, castBytes)
+	if direct != nil {
+		n -= p.bytes
+	}
+	return n
 }
 
 // regionCost is what readRegionAs holds reading the region into w at
@@ -243,18 +281,36 @@ func (r run) regionCost(w io.WriterAt, base int64, a *zarr.Array, start, count [
 	if satMul(prod(count), int64(a.DType.Size)) == 0 {
 		return 0
 	}
-	p, direct, castBytes := r.regionPlan(w, base, a, start, count, to)
-	return satAdd(p.cost, castBytes) - int64(len(direct))
+	return regionHolds(r.regionPlan(w, base, a, start, count, to))
 }
 
-// whole reports whether the region start, count is one piece of the plan.
-func (p piecePlan) whole(start, count []int64) bool {
-	for d := 0; d <= p.axis; d++ {
+// contiguous reports whether every piece of the region start, count lands
+// in the region's C-order output as one run. A piece is one run there when,
+// for some axis k, it is one element thick along the axes before k and
+// spans the region along those after it. The plan's pieces span the region
+// along the axes after the split axis; along an axis up to it, all of
+// them do where the region lies within one step, and all of them are one
+// element thick where thin says so. Pieces are the product of their cuts
+// along each axis, so every piece is one run exactly when one k serves
+// them all: the first axis along which they are not all thin.
+func (p piecePlan) contiguous(start, count []int64) bool {
+	k := 0
+	for k < p.axis && p.thin(k, start, count) {
+		k++
+	}
+	for d := k + 1; d <= p.axis; d++ {
 		if start[d]/p.steps[d] != (start[d]+count[d]-1)/p.steps[d] {
 			return false
 		}
 	}
 	return true
+}
+
+// thin reports whether every piece of the region is one element thick
+// along axis d (< p.axis, cut at multiples of steps[d]).
+func (p piecePlan) thin(d int, start, count []int64) bool {
+	s := p.steps[d]
+	return count[d] == 1 || s == 1 || count[d] == 2 && start[d]%s == s-1
 }
 
 func satMul(a, b int64) int64 {

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -225,5 +226,84 @@ func TestPlanShardedAlongInnerChunks(t *testing.T) {
 	p := planPieces(a, []int64{0, 0}, []int64{8192, 8192}, maxBytes, maxCost)
 	if p.bytes > maxBytes || p.cost > maxCost || p.steps[p.axis]%512 != 0 {
 		t.Errorf("plan: axis %d steps %v, %d bytes, cost %d; want at most %d and %d, cut on the 512 grid", p.axis, p.steps, p.bytes, p.cost, maxBytes, maxCost)
+	}
+}
+
+// runsAt records where each write of writePiece lands.
+type runsAt struct{ offs, lens []int64 }
+
+func (w *runsAt) WriteAt(p []byte, off int64) (int, error) {
+	w.offs, w.lens = append(w.offs, off), append(w.lens, int64(len(p)))
+	return len(p), nil
+}
+
+// contiguous says exactly when every piece of a plan lands in the region's
+// C-order output as one run at offsetIn, the one place a piece read
+// straight into the output goes: over regions of arrays of every rank up
+// to 4, cut at every bound, each piece writePiece writes is one write at
+// that offset where contiguous holds, and some piece is several where it
+// does not. Read into FillInto's buffer, each such region's pieces go
+// straight there, one Read a piece; the others through a piece buffer.
+func TestPiecesContiguous(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var many, no int // plans of several contiguous pieces, plans not contiguous
+	for range 20000 {
+		rank := 1 + rng.IntN(4)
+		shape, chunks, start, count := make([]int64, rank), make([]int64, rank), make([]int64, rank), make([]int64, rank)
+		for d := range rank {
+			shape[d] = 1 + rng.Int64N(9)
+			chunks[d] = 1 + rng.Int64N(shape[d])
+			start[d] = rng.Int64N(shape[d])
+			count[d] = 1 + rng.Int64N(shape[d]-start[d])
+			if rng.IntN(3) == 0 {
+				count[d] = 1 // a sample's axis
+			}
+		}
+		a := &zarr.Array{Path: "a", Shape: shape, Chunks: chunks, DType: f32}
+		limit := 4 << rng.IntN(5)
+		p := planPieces(a, start, count, int64(limit), int64(4*limit))
+		stride := strides(count, 4)
+		one, n := true, 0
+		err := p.pieces(start, count, func(ps, pc []int64) error {
+			n++
+			w := &runsAt{}
+			if err := writePiece(w, 0, start, count, ps, pc, p.axis, 4, make([]byte, 4*prod(pc))); err != nil {
+				return err
+			}
+			one = one && len(w.offs) == 1 && w.offs[0] == offsetIn(stride, start, ps)
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if one != p.contiguous(start, count) {
+			t.Fatalf("shape %v chunks %v region %v+%v, plan axis %d steps %v: pieces one run each %v, contiguous says %v",
+				shape, chunks, start, count, p.axis, p.steps, one, !one)
+		}
+		// Read into FillInto's buffer (after an 8-byte header), the region
+		// is right, and a piece buffer is lent only where a piece is not
+		// one run.
+		mem := &lendingMemory{out: map[*byte]bool{}}
+		r := &indexReader{}
+		f := newFiller(t, Options{Reader: r, SlabBytes: int64(limit), Memory: mem})
+		got := make([]byte, 4*prod(count))
+		if err := (run{Filler: f, r: r}).readRegion(context.Background(), dataWriter{got, 8}, 8, a, start, count); err != nil {
+			t.Fatal(err)
+		}
+		want := make([]byte, len(got))
+		fillIndex(zarr.Request{Array: a, Start: start, Count: count, Dst: want})
+		if !bytes.Equal(got, want) || (mem.lends == 0) != one || len(r.reqs) != n {
+			t.Fatalf("shape %v chunks %v region %v+%v: bytes right %v, %d buffers lent, %d reads of %d pieces",
+				shape, chunks, start, count, bytes.Equal(got, want), mem.lends, len(r.reqs), n)
+		}
+		switch {
+		case !one:
+			no++
+		case n > 1:
+			many++
+		}
+	}
+	if many < 500 || no < 500 {
+		t.Fatalf("%d plans of several contiguous pieces and %d not contiguous: the cases prove little", many, no)
 	}
 }
