@@ -8,7 +8,8 @@ Usage: deliver_check.py ZARRFS STORE VIEW SCRATCH [--parts equal,reader,daemon,r
   equal   every batch of decode="device" equals decode="host" byte for byte
           (same shuffled order, compared on the GPU), and a few samples equal
           numpy.load of the mount's files; the ring is device memory
-          (path 'ring-cuda'); status counts the samples and bytes
+          (path 'ring-cuda'); status counts the samples and bytes; the
+          same for 32 samples of the arrays t and t2m
   reader  a reader killed with SIGKILL frees its ring: status shows none
           open, and the daemon's GPU memory (nvidia-smi) drops by the ring
   daemon  a daemon killed mid-epoch makes the Loader raise DeliveryError,
@@ -167,6 +168,28 @@ def part_equal(a, m, n):
     print(f"  status: {json.dumps({k: v for k, v in st.items() if k != 'rings'})}", flush=True)
     per = (st["compressed_bytes"] + st["host_path_bytes"]) / max(1, st["device_samples"] + st["host_samples"])
     print(f"  to the GPU per sample: {per / 1e6:.1f} MB ({st['device_samples']} device path, {st['host_samples']} host path samples)", flush=True)
+    # Arrays' samples (a sample of t: its 4 levels, one chunk; of t2m: one
+    # chunk) go through the same ring path, read straight into the slot.
+    for arr in ("t", "t2m"):
+        d = os.path.join(m.path, arr)
+        dev = Loader(d, 4, device=DEVICE, decode="device", shuffle=True, seed=5)
+        host = Loader(d, 4, device=DEVICE, decode="host", shuffle=True, seed=5)
+        same, got, want = True, 0, min(32, len(zarrfs.SampleDir(d)))
+        for (x, cx), (y, cy) in zip(dev, host):
+            got += len(x)
+            if cx["index"].tolist() != cy["index"].tolist() or not torch.equal(x, y):
+                same = False
+                print(f"  {arr}: samples {cx['index'].tolist()} differ", flush=True)
+            if got >= want:
+                break
+        dev.close()
+        host.close()
+        after = status(a.zarrfs, m)["delivery"]
+        print(f"  {arr}: {after['device_samples'] - st['device_samples']} samples on the device path, "
+              f"{(after['compressed_bytes'] - st['compressed_bytes']) / 1e6:.1f} MB compressed and "
+              f"{(after['host_path_bytes'] - st['host_path_bytes']) / 1e6:.1f} MB decoded on the host to the GPU", flush=True)
+        check(same and got >= want, f"equal: {got} samples of array {arr} through decode='device' equal decode='host' byte for byte")
+        st = after
     check(st["errors"] == 0, "equal: no fill failed")
 
 
