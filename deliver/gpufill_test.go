@@ -453,16 +453,7 @@ func TestGPUFillArraySamples(t *testing.T) {
 				t.Fatalf("open: %+v", rep)
 			}
 			dev := <-mem.dev
-			for b, batch := range [][]string{{"0.npy", "1.npy", "2.npy"}, {"5.npy", "4.npy", "3.npy"}} {
-				if r := c.fill(t, b, batch...); r.Op != "ready" || r.Device != 3 {
-					t.Fatalf("batch %d: %+v", b, r)
-				}
-				for j, n := range batch {
-					if got := dev.Host(b)[int64(j)*rep.SampleBytes : int64(j+1)*rep.SampleBytes]; !bytes.Equal(got, sampleBytes(t, filler, lay, tc.dir+"/"+n)) {
-						t.Fatalf("%s/%s in slot %d differs from the file", tc.dir, n, b)
-					}
-				}
-			}
+			fillSixSamples(t, c, dev, rep, filler, lay, tc.dir)
 			_, tot := s.Stats()
 			if dev.decoded.Load() != 2*tc.device || tot.Uploaded != 2*tc.uploaded || dev.releasedMost.Load() != tc.shadow {
 				t.Fatalf("%d chunks decoded on the device (want %d), %d bytes uploaded (want %d), the shadow held %d bytes at most (want %d)",
@@ -499,20 +490,28 @@ func TestGPUFillArraySamplesInPieces(t *testing.T) {
 		t.Fatalf("open: %+v", rep)
 	}
 	dev := <-mem.dev
+	fillSixSamples(t, c, dev, rep, filler, lay, "l")
+	_, tot := s.Stats()
+	if dev.decoded.Load() != 24 || tot.Uploaded != 0 || dev.releasedMost.Load() != 0 || filler.MemoryBudget().Used() != 0 {
+		t.Fatalf("%d chunks decoded on the device (want 24), %d bytes uploaded (want 0), the shadow held %d bytes at most (want 0), the budget counts %d after",
+			dev.decoded.Load(), tot.Uploaded, dev.releasedMost.Load(), filler.MemoryBudget().Used())
+	}
+}
+
+// fillSixSamples fills samples 0-2 of array dir into slot 0 and 5-3 into
+// slot 1 of the ring c opened (3 samples a batch), each batch on the
+// device path, and checks every sample against the file.
+func fillSixSamples(t *testing.T, c *client, dev *testDevice, rep openReply, filler *fill.Filler, lay *layout.Layout, dir string) {
+	t.Helper()
 	for b, batch := range [][]string{{"0.npy", "1.npy", "2.npy"}, {"5.npy", "4.npy", "3.npy"}} {
 		if r := c.fill(t, b, batch...); r.Op != "ready" || r.Device != 3 {
 			t.Fatalf("batch %d: %+v", b, r)
 		}
 		for j, n := range batch {
-			if got := dev.Host(b)[int64(j)*rep.SampleBytes : int64(j+1)*rep.SampleBytes]; !bytes.Equal(got, sampleBytes(t, filler, lay, "l/"+n)) {
-				t.Fatalf("l/%s in slot %d differs from the file", n, b)
+			if got := dev.Host(b)[int64(j)*rep.SampleBytes : int64(j+1)*rep.SampleBytes]; !bytes.Equal(got, sampleBytes(t, filler, lay, dir+"/"+n)) {
+				t.Fatalf("%s/%s in slot %d differs from the file", dir, n, b)
 			}
 		}
-	}
-	_, tot := s.Stats()
-	if dev.decoded.Load() != 24 || tot.Uploaded != 0 || dev.releasedMost.Load() != 0 || filler.MemoryBudget().Used() != 0 {
-		t.Fatalf("%d chunks decoded on the device (want 24), %d bytes uploaded (want 0), the shadow held %d bytes at most (want 0), the budget counts %d after",
-			dev.decoded.Load(), tot.Uploaded, dev.releasedMost.Load(), filler.MemoryBudget().Used())
 	}
 }
 
