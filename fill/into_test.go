@@ -223,7 +223,7 @@ func TestFillIntoPiecesInPlace(t *testing.T) {
 		slab   bool
 	}{{"r", 4, false}, {"q", 4, true}} {
 		t.Run(tc.dir, func(t *testing.T) {
-			mem := &lendingMemory{out: map[*byte]bool{}}
+			mem := &lendingMemory{out: map[*byte]int{}}
 			cr := &arrayCounter{inner: h, mu: &sync.Mutex{}, n: map[string]int{}}
 			f := newFiller(t, Options{Reader: cr, SlabBytes: chunk, Memory: mem})
 			b := mustDir(t, l, tc.dir).SampleEntry(1).Blob
@@ -256,6 +256,48 @@ func TestFillIntoPiecesInPlace(t *testing.T) {
 				t.Fatalf("%d lent buffers not given back", len(mem.out))
 			}
 		})
+	}
+}
+
+// A region's edge pieces are charged what they hold: a sample of 5 levels
+// chunked 2 levels a chunk, in pieces of 2 levels, ends in a piece of one
+// level whose chunk (levels 4-5, past the array's edge) does not land whole
+// in it and is decoded into a buffer of its own. The budget counts at
+// least what the fill's lenders hand out at once, by Fill and by FillInto.
+func TestFillEdgePieceCharged(t *testing.T) {
+	dir := t.TempDir()
+	viewtest.WriteStore(t, dir, []storeArray{
+		{Path: "e", DType: "float32", Shape: []int64{3, 5, 64, 64}, Chunks: []int64{1, 2, 64, 64}, Dims: []string{"time", "level", "y", "x"}, Value: noise},
+	})
+	mem := &lendingMemory{out: map[*byte]int{}}
+	h := viewtest.OpenStore(t, dir, zarr.Options{ChunkCacheBytes: -1, Memory: mem, Host: mem})
+	defer h.Close()
+	l, err := layout.Build(h, layout.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := mustDir(t, l, "e").SampleEntry(1).Blob
+	out := make([]byte, b.Size()-int64(len(b.Header())))
+	for _, into := range []bool{false, true} {
+		budget := memory.New(1 << 30)
+		cr := &arrayCounter{inner: h, mu: &sync.Mutex{}, n: map[string]int{}}
+		f := newFiller(t, Options{Reader: lendingReader{cr, mem}, MemoryBudget: budget, SlabBytes: 2 * chunk, Memory: mem})
+		mem.peak = 0
+		if into {
+			err = f.FillInto(context.Background(), l, []layout.Blob{b}, [][]byte{out}, 0, nil)
+		} else {
+			err = f.Fill(context.Background(), l, b, nil, &bufAt{})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := map[bool]string{false: "Fill", true: "FillInto"}[into]
+		if cr.n["e"] != 3 {
+			t.Fatalf("%s read the sample in %d pieces, want 3 (levels 0-2, 2-4, 4)", name, cr.n["e"])
+		}
+		if int64(mem.peak) > budget.Peak() || len(mem.out) != 0 {
+			t.Fatalf("%s: lenders handed out %d bytes at once, the budget counted %d at most; %d buffers not given back", name, mem.peak, budget.Peak(), len(mem.out))
+		}
 	}
 }
 

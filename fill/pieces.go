@@ -46,18 +46,12 @@ func planPieces(a *zarr.Array, start, count []int64, maxBytes, maxCost int64) pi
 	steps := make([]int64, rank)
 	measure := func(axis int) (bytes, cost int64) {
 		bytes = satMul(prod(count[axis+1:]), itemsize)
-		// The cost of a full piece: aligned to the grid, so it touches the
-		// most chunks any piece does.
-		ps := append([]int64(nil), start...)
-		pc := append([]int64(nil), count...)
 		for i := 0; i <= axis; i++ {
-			pc[i] = min(steps[i], count[i])
-			ps[i] = 0
-			bytes = satMul(bytes, pc[i])
+			bytes = satMul(bytes, min(steps[i], count[i]))
 		}
 		// A piece is read as one request into its own buffer: chunks
 		// that land there whole decode in place (zarr.ReadCostInto).
-		return bytes, satAdd(bytes, a.ReadCostInto(ps, pc))
+		return bytes, satAdd(bytes, pieceCost(a, start, count, steps, axis))
 	}
 	for axis := range rank {
 		for i := 0; i < axis; i++ {
@@ -90,6 +84,55 @@ func planPieces(a *zarr.Array, start, count []int64, maxBytes, maxCost int64) pi
 	}
 	bytes, cost := measure(axis)
 	return piecePlan{axis: axis, steps: steps, bytes: bytes, cost: cost}
+}
+
+// pieceCost is the most memory the Read of any piece of the region holds
+// (zarr.ReadCostInto), the region cut along the axes up to axis at
+// multiples of steps. Pieces are the product of their cuts along each
+// axis, and a piece costs the more the more chunks it spans and the fewer
+// land whole in it. Before the split axis a step is one chunk cell, so
+// every piece spans one chunk there, and one that cuts a chunk (an edge
+// piece of a region off the grid or at the array's edge) has none land
+// whole: it costs its full ReadCost, at least what any piece spanning the
+// same chunks elsewhere costs. Along those axes the worst cut is then an
+// edge that cuts a chunk, if any, which serves every piece: three pieces
+// bound them all, taking along the split axis the first cut, the last
+// and a full one at 0 (each piece between them costs that on a regular
+// grid; a sharded array's may span one shard more than it, which holds
+// that shard's index and bookkeeping), so three ReadCostInto calls at most.
+func pieceCost(a *zarr.Array, start, count, steps []int64, axis int) int64 {
+	ps := append([]int64(nil), start...)
+	pc := append([]int64(nil), count...)
+	for i := range axis {
+		ps[i], pc[i] = firstCut(start[i], count[i], steps[i])
+		if pc[i] == steps[i] {
+			ps[i], pc[i] = lastCut(start[i], count[i], steps[i])
+		}
+	}
+	first, n := firstCut(start[axis], count[axis], steps[axis])
+	last, m := lastCut(start[axis], count[axis], steps[axis])
+	cuts := [][2]int64{{0, min(steps[axis], count[axis])}, {first, n}, {last, m}}
+	if first == last {
+		cuts = cuts[:2] // one cut along the split axis: the first is the last
+	}
+	var cost int64
+	for _, c := range cuts {
+		ps[axis], pc[axis] = c[0], c[1]
+		cost = max(cost, a.ReadCostInto(ps, pc))
+	}
+	return cost
+}
+
+// firstCut is the first piece's start and count along an axis of the
+// region start, count cut at multiples of step.
+func firstCut(start, count, step int64) (int64, int64) {
+	return start, min((start/step+1)*step, start+count) - start
+}
+
+// lastCut is the last piece's start and count along such an axis.
+func lastCut(start, count, step int64) (int64, int64) {
+	at := max((start+count-1)/step*step, start)
+	return at, start + count - at
 }
 
 // pieces calls fn with the start and count of every piece, in C order.

@@ -283,7 +283,7 @@ func TestPiecesContiguous(t *testing.T) {
 		// Read into FillInto's buffer (after an 8-byte header), the region
 		// is right, and a piece buffer is lent only where a piece is not
 		// one run.
-		mem := &lendingMemory{out: map[*byte]bool{}}
+		mem := &lendingMemory{out: map[*byte]int{}}
 		r := &indexReader{}
 		f := newFiller(t, Options{Reader: r, SlabBytes: int64(limit), Memory: mem})
 		got := make([]byte, 4*prod(count))
@@ -306,4 +306,70 @@ func TestPiecesContiguous(t *testing.T) {
 	if many < 500 || no < 500 {
 		t.Fatalf("%d plans of several contiguous pieces and %d not contiguous: the cases prove little", many, no)
 	}
+}
+
+// A plan's cost bounds what the Read of every one of its pieces holds, the
+// region's edge pieces included (off the grid, or cutting a chunk at the
+// array's edge): 200 arrays of random shapes and chunks, 50 regions each.
+func TestPlanCostBoundsEveryPiece(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	dir := t.TempDir()
+	var arrays []storeArray
+	for i := range 200 {
+		rank := 1 + rng.IntN(4)
+		shape, chunks := make([]int64, rank), make([]int64, rank)
+		dims := make([]string, rank)
+		for d := range rank {
+			shape[d] = 1 + rng.Int64N(9)
+			chunks[d] = 1 + rng.Int64N(shape[d])
+			dims[d] = "d" + itoa(int64(d))
+		}
+		arrays = append(arrays, storeArray{Path: "a" + itoa(int64(i)), DType: "float32", Shape: shape, Chunks: chunks, Dims: dims, Value: func([]int64) float64 { return 0 }})
+	}
+	viewtest.WriteStore(t, dir, arrays)
+	h := viewtest.OpenStore(t, dir, zarr.Options{})
+	defer h.Close()
+	edges := 0 // plans whose edge pieces cost more than a full piece at 0
+	for _, sa := range arrays {
+		a := h.Array(sa.Path)
+		for range 50 {
+			rank := len(sa.Shape)
+			start, count := make([]int64, rank), make([]int64, rank)
+			for d := range rank {
+				start[d] = rng.Int64N(sa.Shape[d])
+				count[d] = 1 + rng.Int64N(sa.Shape[d]-start[d])
+				if rng.IntN(3) == 0 {
+					count[d] = 1
+				}
+			}
+			limit := int64(4 << rng.IntN(5))
+			p := planPieces(a, start, count, limit, 1<<20)
+			var most int64
+			if err := p.pieces(start, count, func(ps, pc []int64) error {
+				most = max(most, 4*prod(pc)+a.ReadCostInto(ps, pc))
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if most > p.cost {
+				t.Fatalf("shape %v chunks %v region %v+%v, plan axis %d steps %v: cost %d, a piece holds %d",
+					sa.Shape, sa.Chunks, start, count, p.axis, p.steps, p.cost, most)
+			}
+			if p.axis >= 0 && most > p.bytes+aligned(a, start, count, p) {
+				edges++
+			}
+		}
+	}
+	if edges < 300 {
+		t.Fatalf("%d plans whose edge pieces cost more than a full piece at 0: the cases prove little", edges)
+	}
+}
+
+// aligned is what the Read of the plan's full piece at 0 holds.
+func aligned(a *zarr.Array, start, count []int64, p piecePlan) int64 {
+	ps, pc := append([]int64(nil), start...), append([]int64(nil), count...)
+	for i := 0; i <= p.axis; i++ {
+		ps[i], pc[i] = 0, min(p.steps[i], count[i])
+	}
+	return a.ReadCostInto(ps, pc)
 }

@@ -288,16 +288,20 @@ func mustLookupB(b *testing.B, l *layout.Layout, p string) layout.Blob {
 // for the GPU decoder's pinned memory.
 type lendingMemory struct {
 	mu    sync.Mutex
-	out   map[*byte]bool
+	out   map[*byte]int // the bytes of each buffer out
 	lends int
+	held  int // the bytes out
+	peak  int // the most bytes out at once
 }
 
 func (m *lendingMemory) HostAlloc(n int) []byte {
 	b := make([]byte, n)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.out[&b[0]] = true
+	m.out[&b[0]] = n
 	m.lends++
+	m.held += n
+	m.peak = max(m.peak, m.held)
 	return b
 }
 
@@ -305,6 +309,7 @@ func (m *lendingMemory) HostFree(b []byte) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if len(b) > 0 {
+		m.held -= m.out[&b[0]]
 		delete(m.out, &b[0])
 	}
 }
@@ -330,7 +335,7 @@ func TestFillLentMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mem := &lendingMemory{out: map[*byte]bool{}}
+	mem := &lendingMemory{out: map[*byte]int{}}
 	l, err := layout.Build(h, layout.Options{Views: views})
 	if err != nil {
 		t.Fatal(err)

@@ -639,6 +639,15 @@ var mutations = []mutation{
 		Run:    "FillIntoByChannelInPlace|GPUFillArraySamples",
 	},
 	{
+		Name:   "edge-piece-uncharged",
+		Breaks: "a region's plan prices only a full piece aligned at 0 along the split axis: its last piece (levels 4-5 of a sample chunked 2 levels a chunk) decodes a chunk that does not land whole in it into a buffer the budget is not charged for",
+		File:   "fill/pieces.go",
+		From:   "\tfirst, n := firstCut(start[axis], count[axis], steps[axis])\n\tlast, m := lastCut(start[axis], count[axis], steps[axis])\n",
+		To:     "\tfirst, n := int64(0), min(steps[axis], count[axis])\n\tlast, m := first, n\n",
+		Pkgs:   []string{"./fill"},
+		Run:    "FillEdgePieceCharged|PlanCostBoundsEveryPiece",
+	},
+	{
 		Name:   "ring-array-pieces-via-slab",
 		Breaks: "an array's sample larger than a fill's piece (levels chunked a level a chunk) is read into a piece buffer and copied into the slot's shadow, though each piece lands there as one run, so none of its chunks decodes on the device",
 		File:   "fill/pieces.go",
