@@ -831,6 +831,14 @@ var mutations = []mutation{
 		Pytest: []string{"python/tests/test_deliver.py::test_a_lost_ring_is_replaced_within_the_epoch"},
 	},
 	{
+		Name:   "ring-lost-auto-files",
+		Breaks: "a Loader with decode=\"auto\" whose lost ring cannot be replaced raises RingLost mid-epoch instead of reading the rest of the epoch from the files",
+		File:   "python/src/zarrfs/_ringloader.py",
+		From:   "            self._read_files(err)\n            return True\n",
+		To:     "            return False\n",
+		Pytest: []string{"python/tests/test_deliver.py::test_auto_reads_the_files_past_a_lost_ring_it_cannot_replace"},
+	},
+	{
 		Name:   "ring-lost-again",
 		Breaks: "a ring lost again before it filled a batch is replaced again and again, the epoch never ending while the device fails",
 		File:   "python/src/zarrfs/_ringloader.py",

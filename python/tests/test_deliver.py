@@ -665,6 +665,27 @@ def test_a_lost_ring_is_replaced_within_the_epoch(mount, index_store, tmp_path, 
     l.close()
 
 
+def test_auto_reads_the_files_past_a_lost_ring_it_cannot_replace(mount, index_store, tmp_path, monkeypatch, caplog):
+    """decode="auto" with no new ring to be had for a lost one (here: auto
+    on the CPU takes no ring) reads the rest of the epoch from the files:
+    every batch in order, the batch in hand still readable; the next epoch
+    tries for a ring again."""
+    daemon, d = ring_daemon(mount, index_store, tmp_path, monkeypatch, 3, lambda n: 0, lost=lambda n: n == 1, conns=2)
+    l = Loader(d, 4, device="cpu", decode="device", prefetch=2, timeout=5)
+    l.decode = "auto"  # as a CUDA loader's, whose ring could not be replaced
+    got = []
+    with caplog.at_level(logging.WARNING, logger="zarrfs"):
+        for b, c in l:
+            assert rows(b) == c["index"].tolist(), f"batch {len(got)}"
+            got.append((b, c["index"].tolist()))
+    assert [i for _, idx in got for i in idx] == list(range(N))
+    assert rows(got[0][0]) == got[0][1]  # the lost ring's batch, kept
+    assert "no new ring: reading the files from batch 1" in caplog.text
+    assert l.path_kind == "pread" and daemon.opened == 1
+    del got
+    l.close()
+
+
 def test_a_ring_lost_again_at_once_ends_the_epoch(mount, index_store, tmp_path, monkeypatch):
     """A new ring lost before it filled a batch (the device fails again)
     raises RingLost in the batch's turn; the next epoch opens a new ring

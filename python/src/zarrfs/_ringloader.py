@@ -15,7 +15,8 @@ asks for anything, so each batch is handed out on its own fill's reply.
 
 A ring the daemon lost (a GPU context it rebuilt after a device error:
 RingLost) is replaced within the epoch: a new ring is opened and a new
-producer fills the batches from the one in turn (RingEpoch._reopen).
+producer fills the batches from the one in turn (RingEpoch._reopen); with
+decode="auto" and no ring to be had, the files are read from there.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ class RingEpoch:
         self._names = [[os.path.basename(d.file(int(p))) for p in b] for b in batches]
         self._coords = [_coords_of(loader, b) for b in batches]
         self._renewed: Optional[int] = None  # the batch in turn when the ring was last replaced
+        self._files: Optional[Any] = None  # the files' epoch reading the rest (decode="auto", no ring)
         self._start(ring, 0)
 
     def _start(self, ring: Ring, base: int) -> None:
@@ -104,6 +106,8 @@ class RingEpoch:
             # had read ahead.
             self.close()
             raise RuntimeError(self.stopped)
+        if self._files is not None:
+            return next(self._files)  # type: ignore[no-any-return]
         ring = self.ring
         if ring is None:  # ended, or failed
             raise StopIteration
@@ -150,12 +154,31 @@ class RingEpoch:
         except RuntimeError as e:  # decode="device": no ring opens
             err.args = (f"{err}; no new ring: {e}",)
             return False
-        if ring is None:  # decode="auto": the next epoch reads the files
-            return False
+        if ring is None:  # decode="auto": no ring to be had, the files are
+            self._read_files(err)
+            return True
         log.warning("zarrfs Loader: %s; going on from batch %d over a new ring", err, self.taken)
         self.l._dring = ring
         self._start(ring, self.taken)
         return True
+
+    def _read_files(self, err: RingLost) -> None:
+        """Goes on from the batch in turn reading the files (decode="auto"
+        with no ring to be had): the same batches, in the same order. The
+        loader lets go of the ring, and its next epoch tries for one again."""
+        from .loader import _Epoch
+        log.warning("zarrfs Loader: %s; no new ring: reading the files from batch %d", err, self.taken)
+        self._finalizer()
+        self.ring = None
+        self.l._lose_ring(err)
+        rest = self.batches[self.taken:]
+        order = np.concatenate(rest) if rest else np.empty(0, dtype=np.int64)
+        # The files' epoch takes the loader's pinned buffers, which stops
+        # the loader's epoch under way: this one, which stays it.
+        self.l._active = None
+        self._files = _Epoch(self.l, order)
+        self.l._active = weakref.proxy(self)
+        self.l.path_kind = self.l._path_kind()
 
     def _end(self, err: BaseException) -> NoReturn:
         """Ends the epoch with the producer's last word."""
@@ -175,6 +198,8 @@ class RingEpoch:
         The fills it asked for are the next epoch's to wait for."""
         self._finalizer()
         self.ring = None
+        if self._files is not None:
+            self._files.close()
 
 
 def _produce(ring: Ring, names: List[List[str]], dirpath: str, flow: _Flow,
