@@ -686,6 +686,26 @@ def test_auto_reads_the_files_past_a_lost_ring_it_cannot_replace(mount, index_st
     l.close()
 
 
+def test_auto_reads_the_files_past_a_ring_lost_again_at_once(mount, index_store, tmp_path, monkeypatch, caplog):
+    """decode="auto" whose new ring is lost before it filled a batch (a
+    device that keeps failing) reads the rest of the epoch from the files."""
+    from zarrfs._deliver import ring_for
+    # Fills 0-2 go to the first ring; 3 is the second ring's first.
+    daemon, d = ring_daemon(mount, index_store, tmp_path, monkeypatch, 3, lambda n: 0, lost=lambda n: n in (1, 3), conns=2)
+    l = Loader(d, 4, device="cpu", decode="device", prefetch=2, timeout=5)
+    l.decode = "auto"  # as a CUDA loader's, which may open rings
+    monkeypatch.setattr(l, "_open_ring", lambda: ring_for(l.dir, "host", 3, 4, None, 5))
+    n = 0
+    with caplog.at_level(logging.WARNING, logger="zarrfs"):
+        for b, c in l:
+            assert rows(b) == c["index"].tolist(), f"batch {n}"
+            n += 1
+    assert n == -(-N // 4) and daemon.opened == 2
+    assert "going on from batch 1 over a new ring" in caplog.text
+    assert "no new ring: reading the files from batch 1" in caplog.text
+    l.close()
+
+
 def test_a_ring_lost_again_at_once_ends_the_epoch(mount, index_store, tmp_path, monkeypatch):
     """A new ring lost before it filled a batch (the device fails again)
     raises RingLost in the batch's turn; the next epoch opens a new ring

@@ -143,12 +143,19 @@ class RingEpoch:
         daemon lost (it lives): the batch in hand stays readable (its
         tensor holds the old ring's mapping), the old ring's fills are left
         to it. Not twice for one batch (a new ring lost before it filled
-        one: the loss is the device's), nor where no ring opens: then the
-        epoch ends with err, as close as it can say why."""
-        if self._renewed == self.taken or self.l._closed:
+        one: the loss is the device's), nor where no ring opens: then
+        decode="auto" reads the files from the batch in turn, and otherwise
+        the epoch ends with err, as close as it can say why."""
+        if self.l._closed:
             return False
-        self._renewed = self.taken
         self._finalizer()  # the producer put its last word: it is done
+        if self._renewed == self.taken:
+            # A device that keeps failing: "auto" reads the files instead.
+            if self.l.decode != "auto":
+                return False
+            self._read_files(err)
+            return True
+        self._renewed = self.taken
         try:
             ring = self.l._open_ring()
         except RuntimeError as e:  # decode="device": no ring opens
@@ -168,7 +175,6 @@ class RingEpoch:
         loader lets go of the ring, and its next epoch tries for one again."""
         from .loader import _Epoch
         log.warning("zarrfs Loader: %s; no new ring: reading the files from batch %d", err, self.taken)
-        self._finalizer()
         self.ring = None
         self.l._lose_ring(err)
         rest = self.batches[self.taken:]
