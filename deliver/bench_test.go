@@ -54,11 +54,7 @@ func benchGPUFill(b *testing.B, checksum bool) {
 		}
 	}
 	s, c, mem, _, _ := gpuServer(b, dir, views)
-	rep := c.open(b, OpenRequest{Dir: "v", Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 2, Batch: 4})
-	if !rep.OK {
-		b.Fatalf("open: %+v", rep)
-	}
-	dev := <-mem.dev
+	rep, dev := c.openDevice(b, mem, "v", 2, 4)
 	dev.idle = checksum
 	b.SetBytes(4 * rep.SampleBytes)
 	b.ResetTimer()

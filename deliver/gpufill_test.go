@@ -303,11 +303,7 @@ func (m testDeviceMemory) NewRing(ctx context.Context, req *OpenRequest, slots i
 func TestRingLostReply(t *testing.T) {
 	dir := devStore(t)
 	_, c, mem, _, _ := gpuServer(t, dir, "")
-	rep := c.open(t, OpenRequest{Dir: "a", Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 2, Batch: 2})
-	if !rep.OK {
-		t.Fatalf("open: %+v", rep)
-	}
-	dev := <-mem.dev
+	_, dev := c.openDevice(t, mem, "a", 2, 2)
 	if r := c.fill(t, 0, "0.npy", "1.npy"); r.Op != "ready" {
 		t.Fatalf("a fill before the ring is lost: %+v", r)
 	}
@@ -331,11 +327,7 @@ func TestRingLostReply(t *testing.T) {
 func TestGPUFillIntoSlot(t *testing.T) {
 	dir := devStore(t)
 	s, c, mem, filler, lay := gpuServer(t, dir, "views:\n  - name: v\n    channels:\n      - var: a\n        select: {level: all}\n      - var: s\n      - var: c\n      - var: b\n")
-	rep := c.open(t, OpenRequest{Dir: "v", Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 2, Batch: 3})
-	if !rep.OK {
-		t.Fatalf("open: %+v", rep)
-	}
-	dev := <-mem.dev
+	rep, dev := c.openDevice(t, mem, "v", 2, 3)
 	const plane = 128 * 128 * 4
 	batches := [][]string{{"0.npy", "1.npy", "2.npy"}, {"3.npy", "4.npy", "5.npy"}, {"1.npy", "3.npy", "5.npy"}}
 	// The slots and shadows as each fill left them, compared with the
@@ -406,11 +398,7 @@ func TestGPUFillShadowCharged(t *testing.T) {
 			// b is zstd without a checksum: the host decodes every chunk
 			// of its samples, none going to the device.
 			_, c, mem, filler, lay := gpuServer(t, devStore(t), "views:\n  - name: v\n    channels:\n      - var: b\n      - var: c\n")
-			rep := c.open(t, OpenRequest{Dir: dir, Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 2, Batch: 3})
-			if !rep.OK {
-				t.Fatalf("open: %+v", rep)
-			}
-			dev := <-mem.dev
+			rep, dev := c.openDevice(t, mem, dir, 2, 3)
 			budget := filler.MemoryBudget()
 			for b, batch := range [][]string{{"0.npy", "1.npy", "2.npy"}, {"3.npy", "4.npy", "5.npy"}} {
 				if r := c.fill(t, b, batch...); r.Op != "ready" || r.Device != 3 {
@@ -448,11 +436,7 @@ func TestGPUFillArraySamples(t *testing.T) {
 	}{{"c", 3, 0, 0}, {"b", 0, 3 * plane, plane}} {
 		t.Run(tc.dir, func(t *testing.T) {
 			s, c, mem, filler, lay := gpuServer(t, devStore(t), "")
-			rep := c.open(t, OpenRequest{Dir: tc.dir, Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 2, Batch: 3})
-			if !rep.OK {
-				t.Fatalf("open: %+v", rep)
-			}
-			dev := <-mem.dev
+			rep, dev := c.openDevice(t, mem, tc.dir, 2, 3)
 			fillSixSamples(t, c, dev, rep, filler, lay, tc.dir)
 			_, tot := s.Stats()
 			if dev.decoded.Load() != 2*tc.device || tot.Uploaded != 2*tc.uploaded || dev.releasedMost.Load() != tc.shadow {
@@ -485,17 +469,25 @@ func TestGPUFillArraySamplesInPieces(t *testing.T) {
 		}
 	}
 	s, c, mem, filler, lay := gpuServer(t, dir, "", func(o *fill.Options) { o.SlabBytes = 2 * plane })
-	rep := c.open(t, OpenRequest{Dir: "l", Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 2, Batch: 3})
-	if !rep.OK {
-		t.Fatalf("open: %+v", rep)
-	}
-	dev := <-mem.dev
+	rep, dev := c.openDevice(t, mem, "l", 2, 3)
 	fillSixSamples(t, c, dev, rep, filler, lay, "l")
 	_, tot := s.Stats()
 	if dev.decoded.Load() != 24 || tot.Uploaded != 0 || dev.releasedMost.Load() != 0 || filler.MemoryBudget().Used() != 0 {
 		t.Fatalf("%d chunks decoded on the device (want 24), %d bytes uploaded (want 0), the shadow held %d bytes at most (want 0), the budget counts %d after",
 			dev.decoded.Load(), tot.Uploaded, dev.releasedMost.Load(), filler.MemoryBudget().Used())
 	}
+}
+
+// openDevice opens a ring of slots batches of batch samples of directory
+// dir in the test device's memory (mem), and returns the reply and the
+// device.
+func (c *client) openDevice(tb testing.TB, mem testDeviceMemory, dir string, slots, batch int) (openReply, *testDevice) {
+	tb.Helper()
+	rep := c.open(tb, OpenRequest{Dir: dir, Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: slots, Batch: batch})
+	if !rep.OK {
+		tb.Fatalf("open: %+v", rep)
+	}
+	return rep, <-mem.dev
 }
 
 // fillSixSamples fills samples 0-2 of array dir into slot 0 and 5-3 into
@@ -652,11 +644,7 @@ func TestGPUFillBigEndian(t *testing.T) {
 	}{{"v3 big-endian float32", v3, "v", 4}, {"v2 >f8", v2, "v", 8}, {"v3 array", v3, "x", 4}, {"v2 array", v2, "x", 8}} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, c, mem, filler, lay := gpuServer(t, tc.dir, "views:\n  - name: v\n    channels:\n      - var: x\n")
-			rep := c.open(t, OpenRequest{Dir: tc.samples, Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 1, Batch: 4})
-			if !rep.OK {
-				t.Fatalf("open: %+v", rep)
-			}
-			dev := <-mem.dev
+			rep, dev := c.openDevice(t, mem, tc.samples, 1, 4)
 			batch := []string{"0.npy", "1.npy", "2.npy", "3.npy"}
 			if r := c.fill(t, 0, batch...); r.Op != "ready" || r.Device != 4 {
 				t.Fatalf("fill: %+v", r)

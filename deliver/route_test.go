@@ -108,11 +108,7 @@ func bigStore(t *testing.T) string {
 // every sample equals the mount's file.
 func TestGPUFillHostShare(t *testing.T) {
 	s, c, mem, filler, lay := gpuServer(t, bigStore(t), "views:\n  - name: w\n    channels:\n      - var: z\n        select: {level: all}\n      - var: c\n")
-	rep := c.open(t, OpenRequest{Dir: "w", Memory: MemoryCUDA, PCIBusID: "0000:3b:00.0", Slots: 2, Batch: 2})
-	if !rep.OK {
-		t.Fatalf("open: %+v", rep)
-	}
-	dev := <-mem.dev
+	rep, dev := c.openDevice(t, mem, "w", 2, 2)
 	dev.slow = 300 * time.Millisecond
 	const chunk = 2 << 20
 	for b, batch := range [][]string{{"0.npy", "1.npy"}, {"2.npy", "3.npy"}, {"4.npy", "5.npy"}, {"1.npy", "2.npy"}} {
