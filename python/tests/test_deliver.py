@@ -803,11 +803,14 @@ def test_fill_requests_fit_the_daemons_line(mount, big_store):
         ring_for(sd, "host", 2, fits + 1, None, 10)
 
 
-def test_a_closed_loader_says_so(mount, index_store):
+@pytest.mark.parametrize("decode", ["host", "device"])
+def test_a_closed_loader_says_so(mount, index_store, decode):
     """After close, the epoch under way and the loader raise saying it was
-    closed; the ring, which no batch holds, is freed at once."""
+    closed, on either read path (not handing out what was read ahead); a
+    ring, which no batch holds, is freed at once."""
     m = mount(index_store, delivery="host")
-    l = Loader(os.path.join(m.path, "x"), 4, device="cpu", decode="device", copy=True)
+    l = Loader(os.path.join(m.path, "x"), 4, device="cpu", decode=decode, copy=True, prefetch=2)
+    assert l.path_kind == ("ring-host" if decode == "device" else "pread")
     it = iter(l)
     next(it)
     l.close()

@@ -220,20 +220,6 @@ def test_threads_stop_when_abandoned(mount, index_store):
     assert threading.active_count() <= base, "loader threads still running after the iterator was dropped"
 
 
-def test_closed_loader_says_so(mount, index_store):
-    """close() stops the epoch under way: it raises, as the loader does,
-    saying the loader was closed (not handing out what it had read ahead)."""
-    m = mount(index_store)
-    l = Loader(os.path.join(m.path, "x"), 4, device="cpu", prefetch=2)
-    it = iter(l)
-    next(it)
-    l.close()
-    with pytest.raises(RuntimeError, match="the Loader was closed"):
-        next(it)
-    with pytest.raises(RuntimeError, match="the Loader was closed"):
-        iter(l)
-
-
 def test_bad_arguments(mount, index_store):
     m = mount(index_store)
     d = os.path.join(m.path, "x")
