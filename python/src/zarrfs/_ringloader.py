@@ -177,8 +177,7 @@ class RingEpoch:
         log.warning("zarrfs Loader: %s; no new ring: reading the files from batch %d", err, self.taken)
         self.ring = None
         self.l._lose_ring(err)
-        rest = self.batches[self.taken:]
-        order = np.concatenate(rest) if rest else np.empty(0, dtype=np.int64)
+        order = np.concatenate(self.batches[self.taken:])  # the batch in turn failed: one at least
         # The files' epoch takes the loader's pinned buffers, which stops
         # the loader's epoch under way: this one, which stays it.
         self.l._active = None
