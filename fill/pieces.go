@@ -97,9 +97,11 @@ func planPieces(a *zarr.Array, start, count []int64, maxBytes, maxCost int64) pi
 // same chunks elsewhere costs. Along those axes the worst cut is then an
 // edge that cuts a chunk, if any, which serves every piece: three pieces
 // bound them all, taking along the split axis the first cut, the last
-// and a full one at 0 (each piece between them costs that on a regular
-// grid; a sharded array's may span one shard more than it, which holds
-// that shard's index and bookkeeping), so three ReadCostInto calls at most.
+// and a full one, so three ReadCostInto calls at most. A full piece spans
+// the same inner cells wherever it starts, but a sharded array's pieces
+// start at multiples of the step, not of the shard, and one may span a
+// shard more than the piece at 0 (that shard's index and bookkeeping):
+// the full one is priced where it spans the most (fullAt).
 func pieceCost(a *zarr.Array, start, count, steps []int64, axis int) int64 {
 	ps := append([]int64(nil), start...)
 	pc := append([]int64(nil), count...)
@@ -111,7 +113,7 @@ func pieceCost(a *zarr.Array, start, count, steps []int64, axis int) int64 {
 	}
 	first, n := firstCut(start[axis], count[axis], steps[axis])
 	last, m := lastCut(start[axis], count[axis], steps[axis])
-	cuts := [][2]int64{{0, min(steps[axis], count[axis])}, {first, n}, {last, m}}
+	cuts := [][2]int64{{fullAt(steps[axis], a.Chunks[axis]), min(steps[axis], count[axis])}, {first, n}, {last, m}}
 	if first == last {
 		cuts = cuts[:2] // one cut along the split axis: the first is the last
 	}
@@ -121,6 +123,19 @@ func pieceCost(a *zarr.Array, start, count, steps []int64, axis int) int64 {
 		cost = max(cost, a.ReadCostInto(ps, pc))
 	}
 	return cost
+}
+
+// fullAt is where a piece of step elements, cut at a multiple of step,
+// spans the most chunks of extent chunk (a shard's, for a sharded array):
+// piece starts fall at the multiples of gcd(step, chunk) within a chunk,
+// and the latest of them, chunk-gcd, leaves the piece the most to cross.
+// On an unsharded array steps are whole chunks, so it is 0.
+func fullAt(step, chunk int64) int64 {
+	g, r := step, chunk
+	for r != 0 {
+		g, r = r, g%r
+	}
+	return chunk - g
 }
 
 // firstCut is the first piece's start and count along an axis of the

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -226,6 +227,76 @@ func TestPlanShardedAlongInnerChunks(t *testing.T) {
 	p := planPieces(a, []int64{0, 0}, []int64{8192, 8192}, maxBytes, maxCost)
 	if p.bytes > maxBytes || p.cost > maxCost || p.steps[p.axis]%512 != 0 {
 		t.Errorf("plan: axis %d steps %v, %d bytes, cost %d; want at most %d and %d, cut on the 512 grid", p.axis, p.steps, p.bytes, p.cost, maxBytes, maxCost)
+	}
+}
+
+// A sharded array's pieces are cut on its inner grid, so a piece may
+// straddle a shard boundary that the piece at 0 does not: the plan's cost
+// bounds every piece's read wherever its cuts fall against the shards.
+func TestPlanCostBoundsShardedPieces(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	dir := t.TempDir()
+	viewtest.WriteStore(t, dir, nil)
+	type sharded struct{ shape, shard, inner []int64 }
+	var arrays []sharded
+	for i := range 100 {
+		rank := 1 + rng.IntN(2)
+		s := sharded{make([]int64, rank), make([]int64, rank), make([]int64, rank)}
+		for d := range rank {
+			s.inner[d] = 1 + rng.Int64N(3)
+			s.shard[d] = s.inner[d] * (1 + rng.Int64N(4))
+			s.shape[d] = 1 + rng.Int64N(24)
+		}
+		arrays = append(arrays, s)
+		doc := fmt.Sprintf(`{"zarr_format":3,"node_type":"array","shape":%s,"data_type":"float32",
+"chunk_grid":{"name":"regular","configuration":{"chunk_shape":%s}},
+"chunk_key_encoding":{"name":"default","configuration":{"separator":"/"}},
+"codecs":[{"name":"sharding_indexed","configuration":{"chunk_shape":%s,
+  "codecs":[{"name":"bytes","configuration":{"endian":"little"}}],
+  "index_codecs":[{"name":"bytes","configuration":{"endian":"little"}},{"name":"crc32c"}],"index_location":"end"}}],
+"fill_value":0,"attributes":{}}`, jsonInts(s.shape), jsonInts(s.shard), jsonInts(s.inner))
+		sub := filepath.Join(dir, "s"+itoa(int64(i)))
+		if err := os.MkdirAll(sub, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(sub, "zarr.json"), []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := viewtest.OpenStore(t, dir, zarr.Options{})
+	defer h.Close()
+	straddles := 0 // plans with a piece that costs more than the piece at 0
+	for i, sa := range arrays {
+		a := h.Array("s" + itoa(int64(i)))
+		if a == nil {
+			t.Fatalf("no array s%d", i)
+		}
+		for range 50 {
+			rank := len(sa.shape)
+			start, count := make([]int64, rank), make([]int64, rank)
+			for d := range rank {
+				start[d] = rng.Int64N(sa.shape[d])
+				count[d] = 1 + rng.Int64N(sa.shape[d]-start[d])
+			}
+			p := planPieces(a, start, count, int64(4<<rng.IntN(5)), 1<<20)
+			var most int64
+			if err := p.pieces(start, count, func(ps, pc []int64) error {
+				most = max(most, 4*prod(pc)+a.ReadCostInto(ps, pc))
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if most > p.cost {
+				t.Fatalf("shape %v shards %v inner %v region %v+%v, plan axis %d steps %v: cost %d, a piece holds %d",
+					sa.shape, sa.shard, sa.inner, start, count, p.axis, p.steps, p.cost, most)
+			}
+			if p.axis >= 0 && most > p.bytes+aligned(a, start, count, p) {
+				straddles++
+			}
+		}
+	}
+	if straddles < 100 {
+		t.Fatalf("%d plans with a piece costlier than the piece at 0: the cases prove little", straddles)
 	}
 }
 

@@ -648,6 +648,15 @@ var mutations = []mutation{
 		Run:    "FillEdgePieceCharged|PlanCostBoundsEveryPiece",
 	},
 	{
+		Name:   "shard-straddle-uncharged",
+		Breaks: "a sharded array's plan prices its full piece at 0, but pieces cut at multiples of a step that is not a multiple of the shard straddle a shard the piece at 0 does not, whose index the budget is not charged for",
+		File:   "fill/pieces.go",
+		From:   "{{fullAt(steps[axis], a.Chunks[axis]), min(steps[axis], count[axis])}",
+		To:     "{{0, min(steps[axis], count[axis])}",
+		Pkgs:   []string{"./fill"},
+		Run:    "PlanCostBoundsShardedPieces",
+	},
+	{
 		Name:   "ring-array-pieces-via-slab",
 		Breaks: "an array's sample larger than a fill's piece (levels chunked a level a chunk) is read into a piece buffer and copied into the slot's shadow, though each piece lands there as one run, so none of its chunks decodes on the device",
 		File:   "fill/pieces.go",
