@@ -55,6 +55,15 @@ type Job struct {
 	// never writes past len(Dst) and never allocates more than that on
 	// behalf of the input, whatever the input's headers claim.
 	Dst []byte
+	// Place, where a reader sets it, is where the decoded bytes are
+	// wanted: each Segment a range of them and the memory it belongs in
+	// (the steps of a chunk of several time steps that a read takes a few
+	// of). A decoder that writes those ranges there itself instead of
+	// Dst (a GPU decoding into device memory that the Segments' Dst stand
+	// for) sets Placed, and the reader copies nothing; any other decoder
+	// ignores Place and fills Dst, from which the reader copies them.
+	Place  []Segment
+	Placed bool
 	// Parts, Segments and Size describe a partial job (BloscPart, RawPart,
 	// partial.go): the fetched byte ranges of the stored chunk, the decoded
 	// ranges to produce and where, and the chunk's whole decoded size.

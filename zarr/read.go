@@ -140,6 +140,7 @@ type leaf struct {
 	// back when the Read ends (release), whether it succeeded or not.
 	lent     [][]byte
 	direct   bool     // dec aliases a request's Dst, already in place
+	placed   bool     // the decoder wrote the needs where they go (codec.Job.Place): dec holds nothing
 	srcKey   string   // source-cache key of enc, to store once enc decoded
 	encOwned bool     // enc is this read's own buffer, reusable once done
 	part     *partial // set for a partial read: decoded straight into the requests
@@ -728,7 +729,11 @@ func (st *readState) decode(ctx context.Context) error {
 			size := stageSize(w.l, w.stage)
 			dst, pooled, direct := st.target(w.l, w.stage, size)
 			w.l.pooled, w.l.direct = pooled, direct
-			jobs = append(jobs, codec.Job{Codec: w.l.pipe.bb[w.stage].name, Src: w.cur, Dst: dst})
+			job := codec.Job{Codec: w.l.pipe.bb[w.stage].name, Src: w.cur, Dst: dst}
+			if w.stage == 0 && pooled {
+				job.Place = st.places(w.l)
+			}
+			jobs = append(jobs, job)
 			owners = append(owners, w)
 			next = append(next, w)
 		}
@@ -763,6 +768,7 @@ func (st *readState) decode(ctx context.Context) error {
 				w.l.err = j.Err
 				continue
 			}
+			w.l.placed = j.Placed && len(j.Place) > 0
 			w.cur = j.Dst
 			w.stage--
 			w.tmp = w.stage >= 0 && w.l.pooled
@@ -840,63 +846,82 @@ func (l *leaf) unlend(b []byte) []byte {
 
 // inPlace returns the memory a leaf of size bytes can decode straight into:
 // every need is a run contiguous both in the leaf and in its request's
-// destination, and the runs sit side by side in memory exactly as they do
-// in the leaf, covering it whole. One need that is the whole leaf is the
-// common case; several are the channels a view stacks from one chunk (the
-// levels of a (time, level, y, x) chunk, each a slot of the sample). The
-// destinations are then parts of one buffer, so the range between them is
-// memory the caller gave.
+// destination (places), and the runs sit side by side in memory exactly
+// as they do in the leaf, covering it whole. One need that is the whole
+// leaf is the common case; several are the channels a view stacks from
+// one chunk (the levels of a (time, level, y, x) chunk, each a slot of the
+// sample). The destinations are then parts of one buffer, so the range
+// between them is memory the caller gave.
 func (st *readState) inPlace(l *leaf, size int64) ([]byte, bool) {
-	if len(l.needs) == 0 {
+	runs := st.runs(l)
+	if len(runs) == 0 {
 		return nil, false
 	}
-	itemsize := int64(l.arr.DType.Size)
 	var base uintptr
 	var covered int64
-	type run struct {
-		off, n int64
-		at     unsafe.Pointer // where the run starts in its destination
-	}
-	runs := make([]run, 0, len(l.needs))
-	for i, nd := range l.needs {
-		r := st.reqs[nd.req]
-		loff, ok := runIn(nd.box, l.origin, l.shape, itemsize)
-		if !ok {
-			return nil, false
-		}
-		doff, ok := runIn(nd.box, r.Start, r.Count, itemsize)
-		if !ok {
-			return nil, false
-		}
-		n := nd.box.volume() * itemsize
-		if n == 0 || doff+n > int64(len(r.Dst)) {
-			return nil, false
-		}
-		at := unsafe.Pointer(&r.Dst[doff])
-		b := uintptr(at) - uintptr(loff)
+	for i, r := range runs {
+		b := uintptr(unsafe.Pointer(unsafe.SliceData(r.Dst))) - uintptr(r.Off)
 		if i == 0 {
 			base = b
 		} else if b != base {
 			return nil, false
 		}
-		runs = append(runs, run{loff, n, at})
-		covered += n
+		covered += int64(len(r.Dst))
 	}
 	if covered != size {
 		return nil, false
 	}
 	// The runs must tile the leaf: no two needs overlap.
-	sort.Slice(runs, func(i, j int) bool { return runs[i].off < runs[j].off })
+	sort.Slice(runs, func(i, j int) bool { return runs[i].Off < runs[j].Off })
 	at := int64(0)
 	for _, r := range runs {
-		if r.off != at {
+		if r.Off != at {
 			return nil, false
 		}
-		at += r.n
+		at += int64(len(r.Dst))
 	}
 	// The first run starts the leaf: its destination is where the leaf
 	// goes (a pointer into memory the caller gave, never one computed).
-	return unsafe.Slice((*byte)(runs[0].at), size), true
+	return unsafe.Slice(unsafe.SliceData(runs[0].Dst), size), true
+}
+
+// places is where a leaf's decoded bytes are wanted, for a decoder that
+// writes them there itself (codec.Job.Place): the needs' runs (runs), for
+// a leaf whose bytes need neither a transpose nor a byte swap; nil where
+// some need is not one run on both sides.
+func (st *readState) places(l *leaf) []codec.Segment {
+	if l.pipe.transpose != nil || l.pipe.bigEndian {
+		return nil
+	}
+	return st.runs(l)
+}
+
+// runs returns, when every need of the leaf is a run contiguous both in
+// the leaf and in its request's destination, each one's offset in the
+// leaf and its memory in the destination, in the needs' order; else nil.
+func (st *readState) runs(l *leaf) []codec.Segment {
+	if len(l.needs) == 0 {
+		return nil
+	}
+	itemsize := int64(l.arr.DType.Size)
+	runs := make([]codec.Segment, 0, len(l.needs))
+	for _, nd := range l.needs {
+		r := st.reqs[nd.req]
+		loff, ok := runIn(nd.box, l.origin, l.shape, itemsize)
+		if !ok {
+			return nil
+		}
+		doff, ok := runIn(nd.box, r.Start, r.Count, itemsize)
+		if !ok {
+			return nil
+		}
+		n := nd.box.volume() * itemsize
+		if n == 0 || doff+n > int64(len(r.Dst)) {
+			return nil
+		}
+		runs = append(runs, codec.Segment{Off: loff, Dst: r.Dst[doff : doff+n : doff+n]})
+	}
+	return runs
 }
 
 // runIn reports whether box b is one contiguous run of the C-order region
@@ -980,6 +1005,15 @@ func (st *readState) assemble() {
 				st.h.stats.BytesAssembled.Add(int64(len(sg.Dst)))
 			}
 			l.part = nil
+			continue
+		}
+		if l.placed {
+			// The decoder wrote each need where it goes (places): nothing
+			// to copy, and no decoded bytes here to keep for a later read.
+			for _, nd := range l.needs {
+				st.h.stats.BytesAssembled.Add(nd.box.volume() * int64(l.arr.DType.Size))
+			}
+			l.dec = nil
 			continue
 		}
 		if l.direct {
