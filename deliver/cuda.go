@@ -107,8 +107,8 @@ func (c *cudaRing) shadowOf(k int) []byte {
 	return c.shadow[int64(k)*c.slotBytes : int64(k+1)*c.slotBytes]
 }
 
-func (c *cudaRing) decode(ctx context.Context, k int, jobs []codec.Job, offs []int64, t *gpu.RingTimes) error {
-	return c.r.Decode(ctx, k, jobs, offs, t)
+func (c *cudaRing) decode(ctx context.Context, k int, jobs []codec.Job, runs [][]gpu.Run, t *gpu.RingTimes) error {
+	return c.r.DecodeRuns(ctx, k, jobs, runs, t)
 }
 
 func (c *cudaRing) memory() codec.HostMemory { return c.d }

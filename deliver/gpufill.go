@@ -113,8 +113,8 @@ type deviceRing interface {
 	Ring
 	// shadowOf is slot k's shadow (see GPUFill).
 	shadowOf(k int) []byte
-	// decode decodes jobs into slot k at offs (gpu.Ring.Decode).
-	decode(ctx context.Context, k int, jobs []codec.Job, offs []int64, t *gpu.RingTimes) error
+	// decode decodes jobs into slot k by runs (gpu.Ring.DecodeRuns).
+	decode(ctx context.Context, k int, jobs []codec.Job, runs [][]gpu.Run, t *gpu.RingTimes) error
 	// memory lends the pinned memory compressed chunks are read into.
 	memory() codec.HostMemory
 	// copyInSlot copies n bytes of slot k from src to dst, on the device.
@@ -239,21 +239,51 @@ type slotDecoder struct {
 // decoded bytes the host holds, which then decode on the host.
 var deviceCodecs = map[codec.Name]bool{codec.Blosc: true, codec.LZ4: true, codec.Zstd: true}
 
-// onDevice returns the jobs that land whole in the shadow, of a codec the
-// GPU may take, with their offsets in it; and the others.
-func (s *slotDecoder) onDevice(jobs []codec.Job) (dev []int, offs []int64, host []int) {
-	base := uintptr(unsafe.Pointer(unsafe.SliceData(s.shadow)))
+// onDevice returns the jobs of a codec the GPU may take that land in the
+// shadow, with where in it: those landing whole, at one offset; those of
+// which the fill takes runs that each land whole (codec.Job.Place: the
+// steps of a chunk of several time steps, or the levels a view selects
+// apart), at most maxRuns of them, one device copy each; and the others.
+func (s *slotDecoder) onDevice(jobs []codec.Job) (dev []int, runs [][]gpu.Run, host []int) {
 	for i, j := range jobs {
-		at := uintptr(unsafe.Pointer(unsafe.SliceData(j.Dst)))
-		if s.hostOnly || !deviceCodecs[j.Codec] || len(j.Parts) > 0 || len(j.Src) == 0 || len(j.Dst) == 0 ||
-			at < base || at+uintptr(len(j.Dst)) > base+uintptr(len(s.shadow)) {
+		var rs []gpu.Run
+		if !s.hostOnly && deviceCodecs[j.Codec] && len(j.Parts) == 0 && len(j.Src) > 0 && len(j.Dst) > 0 {
+			if at, ok := s.inShadow(j.Dst); ok {
+				rs = []gpu.Run{{At: at, N: int64(len(j.Dst))}}
+			} else if len(j.Place) <= maxRuns {
+				for _, p := range j.Place {
+					at, ok := s.inShadow(p.Dst)
+					if !ok {
+						rs = nil
+						break
+					}
+					rs = append(rs, gpu.Run{From: p.Off, At: at, N: int64(len(p.Dst))})
+				}
+			}
+		}
+		if len(rs) == 0 {
 			host = append(host, i)
 			continue
 		}
 		dev = append(dev, i)
-		offs = append(offs, int64(at-base))
+		runs = append(runs, rs)
 	}
-	return dev, offs, host
+	return dev, runs, host
+}
+
+// maxRuns is the most runs of a chunk the device copies into the slot: a
+// device copy each, a few microseconds of the host's; a chunk of which
+// the fill takes more, smaller pieces, decodes on the host.
+const maxRuns = 64
+
+// inShadow returns b's offset in the shadow, if it lies there whole.
+func (s *slotDecoder) inShadow(b []byte) (int64, bool) {
+	base := uintptr(unsafe.Pointer(unsafe.SliceData(s.shadow)))
+	at := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	if len(b) == 0 || at < base || at+uintptr(len(b)) > base+uintptr(len(s.shadow)) {
+		return 0, false
+	}
+	return int64(at - base), true
 }
 
 // DecodeBatch decodes on the GPU into the slot the jobs it may take, and
@@ -264,7 +294,7 @@ func (s *slotDecoder) onDevice(jobs []codec.Job) (dev []int, offs []int64, host 
 func (s *slotDecoder) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 	t0 := time.Now()
 	defer func() { s.in.Add(int64(time.Since(t0))) }()
-	dev, offs, host := s.onDevice(jobs)
+	dev, runs, host := s.onDevice(jobs)
 	var hostErr, shareErr error
 	var wg sync.WaitGroup
 	if len(host) > 0 {
@@ -273,16 +303,16 @@ func (s *slotDecoder) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 	rt := s.ring.route()
 	share, large := rt.split(jobs, dev)
 	if len(share) > 0 {
-		at := make(map[int]int64, len(dev))
+		at := make(map[int][]gpu.Run, len(dev))
 		for k, i := range dev {
-			at[i] = offs[k]
+			at[i] = runs[k]
 		}
-		shareOffs := make([]int64, len(share))
+		shareRuns := make([][]gpu.Run, len(share))
 		for k, i := range share {
-			shareOffs[k] = at[i]
+			shareRuns[k] = at[i]
 		}
-		dev, offs = without(dev, offs, share)
-		wg.Go(func() { shareErr = s.hostShare(ctx, jobs, share, shareOffs) })
+		dev, runs = without(dev, runs, share)
+		wg.Go(func() { shareErr = s.hostShare(ctx, jobs, share, shareRuns) })
 	}
 	var rest []int
 	if len(dev) > 0 {
@@ -291,7 +321,7 @@ func (s *slotDecoder) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 			sub[k] = jobs[i]
 		}
 		var times gpu.RingTimes
-		err := s.ring.decode(ctx, s.slot, sub, offs, &times)
+		err := s.ring.decode(ctx, s.slot, sub, runs, &times)
 		s.count(times)
 		if large && err == nil {
 			rt.deviceDone(times.Wait)
@@ -304,9 +334,7 @@ func (s *slotDecoder) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 			switch err := sub[k].Err; {
 			case err == nil:
 				s.job.compressed.Add(int64(len(jobs[i].Src)))
-				s.mu.Lock()
-				s.done = append(s.done, [2]int64{offs[k], offs[k] + int64(len(jobs[i].Dst))})
-				s.mu.Unlock()
+				s.placed(&jobs[i], runs[k])
 			case errors.Is(err, codec.ErrUnsupported):
 				rest = append(rest, i) // the host decodes it into the shadow
 			default:
@@ -323,14 +351,26 @@ func (s *slotDecoder) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 	return cmp.Or(hostErr, shareErr)
 }
 
-// without returns dev and offs less the jobs of drop.
-func without(dev []int, offs []int64, drop []int) ([]int, []int64) {
+// placed records that job j's runs are in the slot: their ranges of the
+// shadow need no upload, and the reader copies nothing of a job it
+// offered a Place (its Dst was not written).
+func (s *slotDecoder) placed(j *codec.Job, runs []gpu.Run) {
+	j.Placed = len(j.Place) > 0
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range runs {
+		s.done = append(s.done, [2]int64{r.At, r.At + r.N})
+	}
+}
+
+// without returns dev and runs less the jobs of drop.
+func without(dev []int, runs [][]gpu.Run, drop []int) ([]int, [][]gpu.Run) {
 	var d []int
-	var o []int64
+	var o [][]gpu.Run
 	for k, i := range dev {
 		if !slices.Contains(drop, i) {
 			d = append(d, i)
-			o = append(o, offs[k])
+			o = append(o, runs[k])
 		}
 	}
 	return d, o
@@ -338,10 +378,10 @@ func without(dev []int, offs []int64, drop []int) ([]int, []int64) {
 
 // hostShare decodes jobs idx, which the device could have taken, on the
 // host's CPU decoder (its workers: the idle cores) into pinned memory,
-// whence each is copied into the slot at offs: the chunk's bytes cross
-// once, as the device's would, and never touch the shadow. The CPU's
-// verdict is the chunk's, as on the host path.
-func (s *slotDecoder) hostShare(ctx context.Context, jobs []codec.Job, idx []int, offs []int64) error {
+// whence each one's runs are copied into the slot: the chunk's bytes
+// cross once, as the device's would, and never touch the shadow. The
+// CPU's verdict is the chunk's, as on the host path.
+func (s *slotDecoder) hostShare(ctx context.Context, jobs []codec.Job, idx []int, runs [][]gpu.Run) error {
 	t0 := time.Now()
 	mem := s.ring.memory()
 	sub := make([]codec.Job, len(idx))
@@ -360,18 +400,19 @@ func (s *slotDecoder) hostShare(ctx context.Context, jobs []codec.Job, idx []int
 		if err != nil && j.Err == nil {
 			j.Err = err // not decoded (the decoder closed, the fill cancelled): never copied
 		}
-		if j.Err == nil {
+		for _, r := range runs[k] {
+			if j.Err != nil {
+				break
+			}
 			s.upMu.Lock()
-			j.Err = s.ring.Write(ctx, s.slot, offs[k], j.Dst)
+			j.Err = s.ring.Write(ctx, s.slot, r.At, j.Dst[r.From:r.From+r.N])
 			s.upMu.Unlock()
+			n += r.N
 		}
 		if jobs[i].Err = j.Err; j.Err != nil {
 			continue
 		}
-		s.mu.Lock()
-		s.done = append(s.done, [2]int64{offs[k], offs[k] + int64(len(j.Dst))})
-		s.mu.Unlock()
-		n += int64(len(j.Dst))
+		s.placed(&jobs[i], runs[k])
 	}
 	d := time.Since(t0)
 	s.job.stages.add(stHostShare, d)

@@ -99,6 +99,7 @@ type testDevice struct {
 	lent     sync.Map // *byte -> true while lent
 	foreign  atomic.Int64
 	decoded  atomic.Int64
+	runs     atomic.Int64 // runs of decoded chunks copied into a slot
 	refusals atomic.Int64
 	copied   atomic.Int64 // bytes copied within a slot on the device
 	rt       router
@@ -239,7 +240,7 @@ func (l lender) HostFree(b []byte) {
 	l.d.free[len(b)] = append(l.d.free[len(b)], b)
 }
 
-func (d *testDevice) decode(ctx context.Context, k int, jobs []codec.Job, offs []int64, t *gpu.RingTimes) error {
+func (d *testDevice) decode(ctx context.Context, k int, jobs []codec.Job, runs [][]gpu.Run, t *gpu.RingTimes) error {
 	if d.idle {
 		for i := range jobs {
 			d.decoded.Add(1)
@@ -269,7 +270,15 @@ func (d *testDevice) decode(ctx context.Context, k int, jobs []codec.Job, offs [
 			j.Err = fmt.Errorf("test device: %w", codec.ErrUnsupported)
 			continue
 		}
-		j.Err = codec.Decode(j.Codec, slot[offs[i]:offs[i]+int64(len(j.Dst))], j.Src)
+		// Into a buffer of its own, as the GPU decodes into the round's,
+		// whence its runs are copied.
+		out := make([]byte, len(j.Dst))
+		if j.Err = codec.Decode(j.Codec, out, j.Src); j.Err == nil {
+			for _, r := range runs[i] {
+				copy(slot[r.At:r.At+r.N], out[r.From:r.From+r.N])
+			}
+			d.runs.Add(int64(len(runs[i])))
+		}
 		d.decoded.Add(1)
 	}
 	t.Checks += time.Microsecond
@@ -475,6 +484,48 @@ func TestGPUFillArraySamplesInPieces(t *testing.T) {
 	if dev.decoded.Load() != 24 || tot.Uploaded != 0 || dev.releasedMost.Load() != 0 || filler.MemoryBudget().Used() != 0 {
 		t.Fatalf("%d chunks decoded on the device (want 24), %d bytes uploaded (want 0), the shadow held %d bytes at most (want 0), the budget counts %d after",
 			dev.decoded.Load(), tot.Uploaded, dev.releasedMost.Load(), filler.MemoryBudget().Used())
+	}
+}
+
+// A chunk of several time steps (3 a chunk, zstd with a checksum) of which
+// a fill takes some decodes on the device, its steps copied there into
+// the samples that take them: nothing is decoded on the host or uploaded,
+// and the shadow holds nothing, for an array's samples (a chunk each, one
+// step of it) and a view's (a run of samples takes a chunk's steps, with
+// the other channel's between them). Every sample equals the file.
+func TestGPUFillStepChunks(t *testing.T) {
+	const plane = 64 * 64 * 4 // a step
+	dir := t.TempDir()
+	zs, _ := zstd.NewWriter(nil, zstd.WithEncoderCRC(true))
+	writeFile(t, dir, "zarr.json", []byte(`{"zarr_format":3,"node_type":"group"}`))
+	for v, name := range []string{"p", "q"} {
+		writeFile(t, dir, name+"/zarr.json", arrayMeta([]int{6, 64, 64}, []int{3, 64, 64}, []string{"time", "y", "x"}, "zstd"))
+		for k := range 2 {
+			b := make([]byte, 3*plane)
+			for i := range 3 * plane / 4 {
+				binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(float32(1000*(3*k+i/(plane/4))+10*v)+float32(i%97)*0.25))
+			}
+			writeFile(t, dir, fmt.Sprintf("%s/c/%d/0/0", name, k), zs.EncodeAll(b, nil))
+		}
+	}
+	for _, tc := range []struct {
+		dir           string
+		decoded, runs int64 // chunks the device decodes for the six samples, runs it copies
+	}{
+		{"p", 6, 6},  // one chunk a sample
+		{"v", 4, 12}, // p and q of a chunk a batch (one run of samples), 3 steps each
+	} {
+		t.Run(tc.dir, func(t *testing.T) {
+			s, c, mem, filler, lay := gpuServer(t, dir, "views:\n  - name: v\n    channels:\n      - var: p\n      - var: q\n")
+			rep, dev := c.openDevice(t, mem, tc.dir, 2, 3)
+			fillSixSamples(t, c, dev, rep, filler, lay, tc.dir)
+			_, tot := s.Stats()
+			fb := s.Device.(GPUFill).Fallback.(*countingCPU).jobs.Load()
+			if dev.decoded.Load() != tc.decoded || dev.runs.Load() != tc.runs || fb != 0 || tot.Uploaded != 0 || dev.releasedMost.Load() != 0 {
+				t.Fatalf("%d chunks decoded on the device (want %d), %d runs copied (want %d), %d on the host, %d bytes uploaded, the shadow held %d bytes at most (want 0 of each)",
+					dev.decoded.Load(), tc.decoded, dev.runs.Load(), tc.runs, fb, tot.Uploaded, dev.releasedMost.Load())
+			}
+		})
 	}
 }
 

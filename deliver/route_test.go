@@ -145,3 +145,28 @@ func TestGPUFillHostShare(t *testing.T) {
 		t.Errorf("%d compressed chunks did not come from the ring's memory", f)
 	}
 }
+
+// The host's share of a chunk of which a fill takes a part (one level of
+// z's two) copies into the slot that part alone, where it goes, as the
+// device does: every sample equals the mount's file.
+func TestGPUFillHostSharePart(t *testing.T) {
+	s, c, mem, filler, lay := gpuServer(t, bigStore(t), "views:\n  - name: w\n    channels:\n      - var: z\n        select: {level: [1]}\n      - var: c\n")
+	rep, dev := c.openDevice(t, mem, "w", 2, 2)
+	dev.slow = 300 * time.Millisecond
+	const level = 1 << 20
+	for b, batch := range [][]string{{"0.npy", "1.npy"}, {"2.npy", "3.npy"}, {"4.npy", "5.npy"}, {"1.npy", "2.npy"}} {
+		slot := b % 2
+		if r := c.fill(t, slot, batch...); r.Op != "ready" || r.Device != 2 {
+			t.Fatalf("batch %d: %+v", b, r)
+		}
+		for j, n := range batch {
+			if got := dev.Host(slot)[int64(j)*rep.SampleBytes : int64(j+1)*rep.SampleBytes]; !bytes.Equal(got, sampleBytes(t, filler, lay, "w/"+n)) {
+				t.Fatalf("w/%s in slot %d differs from the file", n, slot)
+			}
+		}
+	}
+	_, tot := s.Stats()
+	if tot.HostShare != 7*level || tot.Uploaded != tot.HostShare {
+		t.Fatalf("host share %d bytes (want a level of 7 chunks, %d), uploaded %d (want the share alone)", tot.HostShare, 7*level, tot.Uploaded)
+	}
+}

@@ -647,7 +647,8 @@ func (c cudaRounds) collect(r *round, cancel <-chan struct{}) ([][]byte, []error
 }
 
 // finishDirect copies the decoded bytes of the jobs which straight into
-// their pinned Dst and waits for them.
+// their pinned Dst, or on the device where they go (a ring's runs), and
+// waits for them.
 func (c cudaRounds) finishDirect(r *round, which []int, deadline time.Time, cancel <-chan struct{}) error {
 	d := c.d
 	cu, fl := d.cu, r.fl
@@ -658,8 +659,13 @@ func (c cudaRounds) finishDirect(r *round, which []int, deadline time.Time, canc
 	for _, k := range which {
 		dst := r.jobs[fl.idx[k]].Dst
 		var err error
-		if to := r.devAt(fl.idx[k]); to != 0 {
-			err = d.copyOnDevice(to, set.dOut.ptr+uintptr(fl.l.finalOff[k]), int64(len(dst)), set.stream)
+		if runs := r.devAt(fl.idx[k]); len(runs) > 0 {
+			from := set.dOut.ptr + uintptr(fl.l.finalOff[k])
+			for _, run := range runs {
+				if err = d.copyOnDevice(run.to, from+uintptr(run.from), run.n, set.stream); err != nil {
+					break
+				}
+			}
 		} else {
 			err = cu.check("cuMemcpyDtoHAsync", cu.cuMemcpyDtoHAsync(unsafe.Pointer(&dst[0]), set.dOut.ptr+uintptr(fl.l.finalOff[k]),
 				uint64(len(dst)), set.stream))

@@ -617,19 +617,45 @@ func (r *Ring) Close() error {
 
 // Decode decodes jobs on the ring's GPU straight into slot k: job i's
 // decoded bytes go to offs[i] of the slot (offs[i] < 0: to its Dst, as
-// DecodeBatch), never through host memory, once the reader's consumer
-// event is done. Only chunks whose every check is made before decoding
-// (LZ4 walked, blosc framing parsed) or on the device (a zstd frame's
-// content checksum, by xxh64_check when the PTX has it) go there: one the
-// host must verify over its decoded bytes (a deflate CRC; a zstd checksum
-// with PTX from before the kernel) fails with ErrUnsupported, as does
-// anything DecodeBatch leaves to the CPU; the caller decodes those
-// elsewhere. A job's Dst gives its decoded length, and is neither read
-// nor written when it goes to the slot. It returns when the bytes are in
-// the slot. LZ4 blocks are walked on the device (Options.WalkOnDevice's
-// kernel), not on the host: the host's CPU is what the device path is
-// there to save. times, when not nil, gets where the call's time went.
+// DecodeBatch). It is DecodeRuns with one run a job.
 func (r *Ring) Decode(ctx context.Context, k int, jobs []codec.Job, offs []int64, times *RingTimes) error {
+	runs := make([][]Run, len(offs))
+	for i, off := range offs {
+		if off >= 0 && i < len(jobs) && len(jobs[i].Dst) > 0 {
+			runs[i] = []Run{{At: off, N: int64(len(jobs[i].Dst))}}
+		}
+	}
+	return r.DecodeRuns(ctx, k, jobs, runs, times)
+}
+
+// A Run is N bytes of a decoded chunk, from its byte From, bound for byte
+// At of a ring's slot (Ring.DecodeRuns).
+type Run struct{ From, At, N int64 }
+
+// devRun is a Run on the device: to is the address of its slot's bytes.
+type devRun struct {
+	to      uintptr
+	from, n int64
+}
+
+// DecodeRuns decodes jobs on the ring's GPU straight into slot k: the
+// runs[i] of job i's decoded bytes go where each says in the slot (the
+// whole chunk at one offset, or the steps of a chunk of several time steps
+// that the slot's samples take), never through host memory, once the
+// reader's consumer event is done; a job with no runs goes to its Dst, as
+// DecodeBatch. The rest of a chunk's bytes go nowhere. Only chunks whose
+// every check is made before decoding (LZ4 walked, blosc framing parsed)
+// or on the device (a zstd frame's content checksum, by xxh64_check when
+// the PTX has it) go there: one the host must verify over its decoded
+// bytes (a deflate CRC; a zstd checksum with PTX from before the kernel)
+// fails with ErrUnsupported, as does anything DecodeBatch leaves to the
+// CPU; the caller decodes those elsewhere. A job's Dst gives its decoded
+// length, and is neither read nor written when it goes to the slot. It
+// returns when the bytes are in the slot. LZ4 blocks are walked on the
+// device (Options.WalkOnDevice's kernel), not on the host: the host's CPU
+// is what the device path is there to save. times, when not nil, gets
+// where the call's time went.
+func (r *Ring) DecodeRuns(ctx context.Context, k int, jobs []codec.Job, runs [][]Run, times *RingTimes) error {
 	// An error before the jobs reach the device leaves every one of them
 	// to the caller, as a failed round does: none is taken for decoded.
 	failAll := func(err error) error {
@@ -638,8 +664,8 @@ func (r *Ring) Decode(ctx context.Context, k int, jobs []codec.Job, offs []int64
 		}
 		return err
 	}
-	if len(offs) != len(jobs) {
-		return failAll(fmt.Errorf("gpu: Ring.Decode with %d jobs and %d offsets", len(jobs), len(offs)))
+	if len(runs) != len(jobs) {
+		return failAll(fmt.Errorf("gpu: Ring.DecodeRuns with %d jobs and %d run lists", len(jobs), len(runs)))
 	}
 	r.mu.Lock()
 	closed := r.closed
@@ -647,15 +673,16 @@ func (r *Ring) Decode(ctx context.Context, k int, jobs []codec.Job, offs []int64
 	if closed {
 		return failAll(ErrRingClosed)
 	}
-	dev := make([]uintptr, len(jobs))
-	for i, off := range offs {
-		if off < 0 {
-			continue
+	dev := make([][]devRun, len(jobs))
+	for i, rs := range runs {
+		n := int64(len(jobs[i].Dst))
+		for _, run := range rs {
+			if run.N <= 0 || run.From < 0 || run.From+run.N > n || run.At < 0 || run.At+run.N > r.slotBytes {
+				return failAll(fmt.Errorf("gpu: a run of %d bytes from %d of a %d-byte chunk to %d passes the chunk or slot %d's %d bytes",
+					run.N, run.From, n, run.At, k, r.slotBytes))
+			}
+			dev[i] = append(dev[i], devRun{to: r.Addr(k, run.At), from: run.From, n: run.N})
 		}
-		if off+int64(len(jobs[i].Dst)) > r.slotBytes {
-			return failAll(fmt.Errorf("gpu: a chunk of %d bytes at %d passes slot %d's %d bytes", len(jobs[i].Dst), off, k, r.slotBytes))
-		}
-		dev[i] = r.Addr(k, off)
 	}
 	// The reader's kernels on the slot's last batch finish first, waited
 	// for here, on the host, within the ring's timeout: a round held on

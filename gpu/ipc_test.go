@@ -372,6 +372,69 @@ func TestRingLostToAContextRebuild(t *testing.T) {
 	}
 }
 
+// A chunk's runs go where each says in the slot, and nothing else of it:
+// the steps of a chunk of several time steps that a slot's samples take,
+// out of order and apart, beside a whole chunk at one offset. A run that
+// passes its chunk or the slot leaves every job to the caller.
+func TestRingDecodeRuns(t *testing.T) {
+	d, f, _ := ringDecoder(t, Options{KernelsPTX: testPTX(t, false)})
+	r, err := d.NewRing(2, 4<<20, consumerEvents(0xbeef, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	steps, whole := field(64, 128, 3), field(64, 128, 4) // 64 rows of 512 bytes: 8 "steps" of 8 rows
+	const step = 8 * 512
+	srcs := [][]byte{bloscCompress(steps, 4, 0, codec.ByteShuffle, "lz4"), compress(codec.LZ4, whole)}
+	names := []codec.Name{codec.Blosc, codec.LZ4}
+	jobs := make([]codec.Job, len(srcs))
+	for i := range jobs {
+		dst := d.HostAllocWait(len(steps), 5*time.Second)
+		defer d.HostFree(dst)
+		src := d.HostAllocWait(len(srcs[i]), 5*time.Second)
+		defer d.HostFree(src)
+		copy(src, srcs[i])
+		jobs[i] = codec.Job{Codec: names[i], Src: src, Dst: dst}
+	}
+	base := int64(1 << 20)
+	runs := [][]Run{
+		{{From: 5 * step, At: base, N: step}, {From: 2 * step, At: base + 3*step, N: 2 * step}},
+		{{At: 0, N: int64(len(whole))}},
+	}
+	for i := range 2 << 20 / 4096 { // the slot's first 2 MiB, marked
+		f.devBytes("mark", uint64(r.Addr(0, int64(i)*4096)), 4096)[0] = 0xaa
+	}
+	mark := func(off int64) byte { return f.devBytes("check", uint64(r.Addr(0, off)), 1)[0] }
+	if err := r.DecodeRuns(context.Background(), 0, jobs, runs, nil); err != nil {
+		t.Fatal(err)
+	}
+	for i, j := range jobs {
+		if j.Err != nil {
+			t.Fatalf("job %d: %v", i, j.Err)
+		}
+	}
+	for _, run := range runs[0] {
+		if got := f.devBytes("check", uint64(r.Addr(0, run.At)), uint64(run.N)); !bytes.Equal(got, steps[run.From:run.From+run.N]) {
+			t.Fatalf("the run from %d to %d: slot bytes differ from the chunk's", run.From, run.At)
+		}
+	}
+	if got := f.devBytes("check", uint64(r.Addr(0, 0)), uint64(len(whole))); !bytes.Equal(got, whole) {
+		t.Fatal("the whole chunk at 0: slot bytes differ from the CPU's")
+	}
+	if m := mark(base + step); m != 0xaa {
+		t.Fatalf("the slot between two runs was written (%#x)", m)
+	}
+	bad := [][]Run{{{From: 7 * step, At: base, N: 2 * step}}, nil}
+	if err := r.DecodeRuns(context.Background(), 0, jobs, bad, nil); err == nil || !strings.Contains(err.Error(), "passes the chunk") {
+		t.Fatalf("a run past its chunk's end: %v", err)
+	}
+	for i, j := range jobs {
+		if !errors.Is(j.Err, codec.ErrUnsupported) {
+			t.Fatalf("job %d after a run past its chunk: %v, want it left to the caller", i, j.Err)
+		}
+	}
+}
+
 // Chunks decode straight into a ring slot, equal to the CPU decoder's
 // bytes, their Dst untouched; a zstd chunk that only its checksum verifies
 // is left to the caller (ErrUnsupported), as is a job with no slot offset

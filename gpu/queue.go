@@ -85,10 +85,10 @@ type request struct {
 	preps    []prepared  // per job
 	ok       []int       // the jobs sent to the device
 	elemSize int
-	// dev, when set, is per job the device address its decoded bytes go
-	// to instead of Dst (0: Dst) (Ring.Decode): they never come back to
-	// the host.
-	dev []uintptr
+	// dev, when set, is per job where on the device its decoded bytes go
+	// instead of Dst (none: Dst) (Ring.DecodeRuns): they never come back
+	// to the host.
+	dev [][]devRun
 	// times, when set, gets the device time of every round its jobs were
 	// in (RingTimes).
 	times *RingTimes
@@ -125,7 +125,7 @@ type round struct {
 	items    []item
 	jobs     []codec.Job // copies of the items' jobs (layout and packing read these)
 	preps    []prepared  // the items' preparations
-	dev      []uintptr   // per job, the device address it goes to (request.dev); nil: none
+	dev      [][]devRun  // per job, where on the device it goes (request.dev); nil: none
 	elemSize int
 	fenced   bool
 	set      int
@@ -155,10 +155,10 @@ type round struct {
 	times DeviceTimes
 }
 
-// devAt is the device address job k of the round goes to, 0 for its Dst.
-func (r *round) devAt(k int) uintptr {
+// devAt is where on the device job k of the round goes, none for its Dst.
+func (r *round) devAt(k int) []devRun {
 	if r.dev == nil {
-		return 0
+		return nil
 	}
 	return r.dev[k]
 }
@@ -201,20 +201,20 @@ func (d *Decoder) DecodeBatchSwap(ctx context.Context, jobs []codec.Job, elemSiz
 	return d.decodeBatch(ctx, jobs, elemSize, nil)
 }
 
-// ringCall is what Ring.Decode asks of decodeBatch beside the jobs: dev,
-// per job, the device address its decoded bytes go to instead of its Dst
-// (0: its Dst); LZ4 blocks walked on the device rather than on the host,
+// ringCall is what Ring.DecodeRuns asks of decodeBatch beside the jobs:
+// dev, per job, where on the device its decoded bytes go instead of its
+// Dst (none: its Dst); LZ4 blocks walked on the device rather than on the host,
 // whose CPU is what the device path saves; where the time went.
 type ringCall struct {
 	ring  *Ring
-	dev   []uintptr
+	dev   [][]devRun
 	times *RingTimes
 }
 
 // decodeBatch is DecodeBatchSwap, with what a Ring asks (rc, nil for
 // DecodeBatchSwap).
 func (d *Decoder) decodeBatch(ctx context.Context, jobs []codec.Job, elemSize int, rc *ringCall) error {
-	var dev []uintptr
+	var dev [][]devRun
 	var times *RingTimes
 	var ring *Ring
 	if rc != nil {
@@ -262,7 +262,7 @@ func (d *Decoder) decodeBatch(ctx context.Context, jobs []codec.Job, elemSize in
 			preps[i].err = fmt.Errorf("gpu: %d-byte chunk is not a whole number of %d-byte elements: %w",
 				len(jobs[i].Dst), elemSize, codec.ErrUnsupported)
 		}
-		if preps[i].err == nil && dev != nil && dev[i] != 0 && (preps[i].check != checkNone || len(preps[i].sums) > 0) {
+		if preps[i].err == nil && dev != nil && len(dev[i]) > 0 && (preps[i].check != checkNone || len(preps[i].sums) > 0) {
 			if d.hashKernel && preps[i].hashable() && !d.opts.SkipChecksums {
 				preps[i].devHash = true // the device verifies it (devhash.go)
 			} else {
@@ -647,7 +647,7 @@ func (d *Decoder) runRound(r *round) {
 		// give up (it takes mu to do so).
 		for k, it := range r.items {
 			q, j := it.req, &r.jobs[k]
-			if (len(r.reqs) == 0 || r.reqs[len(r.reqs)-1] != q) && (d.pinned(j.Src) || d.pinned(j.Dst) || r.devAt(k) != 0) {
+			if (len(r.reqs) == 0 || r.reqs[len(r.reqs)-1] != q) && (d.pinned(j.Src) || d.pinned(j.Dst) || len(r.devAt(k)) > 0) {
 				q.onDevice.Add(1)
 				r.reqs = append(r.reqs, q)
 			}
@@ -712,9 +712,9 @@ func (r *round) liveJobs() bool {
 		// Not the whole Job: a caller that gave up writes its Err.
 		j := &it.req.jobs[it.i]
 		r.jobs[k], r.preps[k] = codec.Job{Codec: j.Codec, Src: j.Src, Dst: j.Dst}, it.req.preps[it.i]
-		if it.req.dev != nil && it.req.dev[it.i] != 0 {
+		if it.req.dev != nil && len(it.req.dev[it.i]) > 0 {
 			if r.dev == nil {
-				r.dev = make([]uintptr, len(live))
+				r.dev = make([][]devRun, len(live))
 			}
 			r.dev[k] = it.req.dev[it.i]
 		}

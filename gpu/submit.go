@@ -26,7 +26,7 @@ type inflight struct {
 
 // prepareRound lays the jobs of one round out and grows set's buffers to
 // hold them; it reads the jobs' lengths and addresses only.
-func (d *Decoder) prepareRound(jobs []codec.Job, preps []prepared, dev []uintptr, set *bufSet) (*inflight, error) {
+func (d *Decoder) prepareRound(jobs []codec.Job, preps []prepared, dev [][]devRun, set *bufSet) (*inflight, error) {
 	t0 := time.Now()
 	idx := make([]int, len(jobs))
 	for i := range idx {
@@ -38,7 +38,7 @@ func (d *Decoder) prepareRound(jobs []codec.Job, preps []prepared, dev []uintptr
 	directOut := make([]bool, len(idx))
 	for k, ji := range idx {
 		// Jobs bound for device memory come back to no host memory.
-		directOut[k] = d.pinned(jobs[ji].Dst) || (dev != nil && dev[ji] != 0)
+		directOut[k] = d.pinned(jobs[ji].Dst) || (dev != nil && len(dev[ji]) > 0)
 	}
 	if err := d.reserve(set, l); err != nil {
 		return nil, err
