@@ -375,16 +375,40 @@ func TestRingLostToAContextRebuild(t *testing.T) {
 // A chunk's runs go where each says in the slot, and nothing else of it:
 // the steps of a chunk of several time steps that a slot's samples take,
 // out of order and apart, beside a whole chunk at one offset. A run that
-// passes its chunk or the slot leaves every job to the caller.
+// passes its chunk leaves every job to the caller. (On the GPU:
+// TestGPURingDecodeRuns.)
 func TestRingDecodeRuns(t *testing.T) {
-	d, f, _ := ringDecoder(t, Options{KernelsPTX: testPTX(t, false)})
-	r, err := d.NewRing(2, 4<<20, consumerEvents(0xbeef, 2))
+	d, _, _ := ringDecoder(t, Options{KernelsPTX: testPTX(t, false)})
+	ringRuns(t, d)
+}
+
+// The same on the GPU (make test-gpu).
+func TestGPURingDecodeRuns(t *testing.T) {
+	d, err := New(Options{})
+	if err != nil {
+		t.Skipf("no GPU decoding here: %v", err)
+	}
+	defer d.Close()
+	ringRuns(t, d)
+}
+
+func ringRuns(t *testing.T, d *Decoder) {
+	r, err := d.NewRing(1, 4<<20, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer r.Close()
+	ctx := context.Background()
 	steps, whole := field(64, 128, 3), field(64, 128, 4) // 64 rows of 512 bytes: 8 "steps" of 8 rows
 	const step = 8 * 512
+	marks := d.HostAllocWait(2<<20, 5*time.Second)
+	defer d.HostFree(marks)
+	for i := range marks {
+		marks[i] = 0xaa
+	}
+	if err := r.Write(ctx, 0, 0, marks); err != nil {
+		t.Fatal(err)
+	}
 	srcs := [][]byte{bloscCompress(steps, 4, 0, codec.ByteShuffle, "lz4"), compress(codec.LZ4, whole)}
 	names := []codec.Name{codec.Blosc, codec.LZ4}
 	jobs := make([]codec.Job, len(srcs))
@@ -401,11 +425,7 @@ func TestRingDecodeRuns(t *testing.T) {
 		{{From: 5 * step, At: base, N: step}, {From: 2 * step, At: base + 3*step, N: 2 * step}},
 		{{At: 0, N: int64(len(whole))}},
 	}
-	for i := range 2 << 20 / 4096 { // the slot's first 2 MiB, marked
-		f.devBytes("mark", uint64(r.Addr(0, int64(i)*4096)), 4096)[0] = 0xaa
-	}
-	mark := func(off int64) byte { return f.devBytes("check", uint64(r.Addr(0, off)), 1)[0] }
-	if err := r.DecodeRuns(context.Background(), 0, jobs, runs, nil); err != nil {
+	if err := r.DecodeRuns(ctx, 0, jobs, runs, nil); err != nil {
 		t.Fatal(err)
 	}
 	for i, j := range jobs {
@@ -414,18 +434,18 @@ func TestRingDecodeRuns(t *testing.T) {
 		}
 	}
 	for _, run := range runs[0] {
-		if got := f.devBytes("check", uint64(r.Addr(0, run.At)), uint64(run.N)); !bytes.Equal(got, steps[run.From:run.From+run.N]) {
+		if got := ringBytes(t, r, run.At, run.N); !bytes.Equal(got, steps[run.From:run.From+run.N]) {
 			t.Fatalf("the run from %d to %d: slot bytes differ from the chunk's", run.From, run.At)
 		}
 	}
-	if got := f.devBytes("check", uint64(r.Addr(0, 0)), uint64(len(whole))); !bytes.Equal(got, whole) {
+	if got := ringBytes(t, r, 0, int64(len(whole))); !bytes.Equal(got, whole) {
 		t.Fatal("the whole chunk at 0: slot bytes differ from the CPU's")
 	}
-	if m := mark(base + step); m != 0xaa {
-		t.Fatalf("the slot between two runs was written (%#x)", m)
+	if got := ringBytes(t, r, base+step, 2*step); bytes.Count(got, []byte{0xaa}) != len(got) {
+		t.Fatal("the slot between two runs was written")
 	}
 	bad := [][]Run{{{From: 7 * step, At: base, N: 2 * step}}, nil}
-	if err := r.DecodeRuns(context.Background(), 0, jobs, bad, nil); err == nil || !strings.Contains(err.Error(), "passes the chunk") {
+	if err := r.DecodeRuns(ctx, 0, jobs, bad, nil); err == nil || !strings.Contains(err.Error(), "passes the chunk") {
 		t.Fatalf("a run past its chunk's end: %v", err)
 	}
 	for i, j := range jobs {

@@ -61,7 +61,7 @@ fi
 cd "$root/gpu" # the tests read ../codec/testdata
 status=0
 echo "== GPU tests"
-"$bin" -test.v -test.timeout 300s -test.run 'Probe|NewBad|TestGPU(Vectors|ManyChunks|Pinned|ByteSwap|Concurrent|Cancelled|RingXXH64)' "${ptxflag[@]}" 2>&1 |
+"$bin" -test.v -test.timeout 300s -test.run 'Probe|NewBad|TestGPU(Vectors|ManyChunks|Pinned|ByteSwap|Concurrent|Cancelled|RingXXH64|RingDecodeRuns)' "${ptxflag[@]}" 2>&1 |
 	tee "$logdir/tests.log" | grep -E '^(--- |=== RUN|ok|FAIL|PASS|panic)|gpu_test.go|nogpu_test.go' || true
 grep -q '^PASS' "$logdir/tests.log" || status=1
 grep -q -- '--- SKIP: TestGPUVectors' "$logdir/tests.log" && { echo "GPU tests skipped: no GPU decoding on this machine"; status=1; }
