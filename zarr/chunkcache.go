@@ -31,6 +31,21 @@ type chunkCache struct {
 	used int64
 	ll   *list.List // front: most recent
 	m    map[string]*list.Element
+	// ghosts are the keys of chunks used in part that a decoder placed
+	// itself (codec.Job.Place: their bytes went to device memory), which
+	// the cache could not keep, with their sizes, within max bytes, most
+	// recent first: a chunk read again while its ghost stays would still
+	// be here had it been kept (a walk over samples in order), and the
+	// Read that meets it then decodes it where the cache can keep it
+	// (haunted).
+	ghosts    *list.List
+	ghostKeys map[string]*list.Element
+	ghostUsed int64
+}
+
+type ghost struct {
+	key string
+	n   int64
 }
 
 type cached struct {
@@ -47,7 +62,8 @@ func newChunkCache(maxBytes int64, mem memory.Lender) *chunkCache {
 	if maxBytes == 0 {
 		maxBytes = 256 << 20
 	}
-	return &chunkCache{mem: mem, max: maxBytes, ll: list.New(), m: map[string]*list.Element{}}
+	return &chunkCache{mem: mem, max: maxBytes, ll: list.New(), m: map[string]*list.Element{},
+		ghosts: list.New(), ghostKeys: map[string]*list.Element{}}
 }
 
 // get returns the chunk kept under key; held reports that the caller got
@@ -108,6 +124,43 @@ func (c *chunkCache) consume(key string, n int64) {
 	if v.remaining -= n; v.remaining <= 0 {
 		c.remove(e)
 	}
+}
+
+// placed records the ghost of a chunk of n bytes used in part whose
+// bytes its decoder placed itself, so never kept here.
+func (c *chunkCache) placed(key string, n int64) {
+	if c == nil || n > c.max {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.ghostKeys[key]; ok {
+		c.ghostUsed -= c.ghosts.Remove(e).(ghost).n
+	}
+	c.ghostKeys[key] = c.ghosts.PushFront(ghost{key, n})
+	c.ghostUsed += n
+	for c.ghostUsed > c.max {
+		g := c.ghosts.Remove(c.ghosts.Back()).(ghost)
+		delete(c.ghostKeys, g.key)
+		c.ghostUsed -= g.n
+	}
+}
+
+// haunted reports whether the chunk under key has a ghost (placed), and
+// lays it: the chunk is read again soon enough that the cache would have
+// served it, so this Read decodes it where the cache can keep it.
+func (c *chunkCache) haunted(key string) bool {
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.ghostKeys[key]
+	if ok {
+		c.ghostUsed -= c.ghosts.Remove(e).(ghost).n
+		delete(c.ghostKeys, key)
+	}
+	return ok
 }
 
 // reset drops every chunk.

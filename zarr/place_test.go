@@ -170,3 +170,54 @@ func TestDecodePlacedMatchesRead(t *testing.T) {
 		}
 	}
 }
+
+// A walk over the steps in order places a chunk of several steps once:
+// its next step finds the chunk's ghost, so that Read decodes it where the
+// decoded-chunk cache keeps it, and the steps after are read from the
+// cache; without a cache, every step's Read places the chunk again. A
+// chunk read again only after its ghost has gone (other chunks placed
+// since filled the cache's bytes) is placed again.
+func TestDecodePlacedGhost(t *testing.T) {
+	for _, tc := range []struct {
+		cache   int64
+		offered int // of 6 steps in order, chunks of 3
+		decoded int64
+	}{{1 << 20, 2, 4}, {-1, 6, 6}} {
+		stats := &zarr.Stats{}
+		h, err := zarr.Open(context.Background(), newMemStore(stepStore(t, "little", [3]int{3, 3, 5})), zarr.Options{ChunkCacheBytes: tc.cache, Stats: stats})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		p := &placing{}
+		buf := make([]byte, 30)
+		for s := range 6 {
+			if err := h.Decoding(p).Read(context.Background(), nil, []zarr.Request{{Array: h.Arrays[0], Start: []int64{int64(s), 0, 0}, Count: []int64{1, 3, 5}, Dst: buf}}); err != nil {
+				t.Fatal(err)
+			}
+			if got := binary.LittleEndian.Uint16(buf[2*7:]); got != uint16(s*100+12) {
+				t.Fatalf("cache %d, step %d: element 7 is %d", tc.cache, s, got)
+			}
+		}
+		if p.offered != tc.offered || stats.ChunksDecoded.Load() != tc.decoded {
+			t.Fatalf("cache %d: %d chunks offered a Place, %d decoded; want %d and %d", tc.cache, p.offered, stats.ChunksDecoded.Load(), tc.offered, tc.decoded)
+		}
+	}
+	// A cache of two steps' bytes: the ghosts of chunks 0 and 1 (90 bytes
+	// each) do not fit together, so chunk 0's is gone when it comes back.
+	h, err := zarr.Open(context.Background(), newMemStore(stepStore(t, "little", [3]int{3, 3, 5})), zarr.Options{ChunkCacheBytes: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	p := &placing{}
+	buf := make([]byte, 30)
+	for _, s := range []int{0, 3, 1} {
+		if err := h.Decoding(p).Read(context.Background(), nil, []zarr.Request{{Array: h.Arrays[0], Start: []int64{int64(s), 0, 0}, Count: []int64{1, 3, 5}, Dst: buf}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p.offered != 3 {
+		t.Fatalf("steps 0, 3, 1 with room for one ghost: %d chunks offered a Place, want 3", p.offered)
+	}
+}

@@ -730,7 +730,10 @@ func (st *readState) decode(ctx context.Context) error {
 			dst, pooled, direct := st.target(w.l, w.stage, size)
 			w.l.pooled, w.l.direct = pooled, direct
 			job := codec.Job{Codec: w.l.pipe.bb[w.stage].name, Src: w.cur, Dst: dst}
-			if w.stage == 0 && pooled {
+			// A chunk whose last placing left a ghost (chunkCache.haunted)
+			// is read again in time for the decoded-chunk cache to serve
+			// it: it decodes here, and is kept.
+			if w.stage == 0 && pooled && !st.h.chunks.haunted(w.l.cacheKey) {
 				job.Place = st.places(w.l)
 			}
 			jobs = append(jobs, job)
@@ -1009,9 +1012,15 @@ func (st *readState) assemble() {
 		}
 		if l.placed {
 			// The decoder wrote each need where it goes (places): nothing
-			// to copy, and no decoded bytes here to keep for a later read.
+			// to copy, and no decoded bytes here to keep for a later read;
+			// a chunk used in part leaves its ghost instead.
+			used := int64(0)
 			for _, nd := range l.needs {
-				st.h.stats.BytesAssembled.Add(nd.box.volume() * int64(l.arr.DType.Size))
+				used += nd.box.volume()
+			}
+			st.h.stats.BytesAssembled.Add(used * int64(l.arr.DType.Size))
+			if l.cacheKey != "" && used < l.inBounds() {
+				st.h.chunks.placed(l.cacheKey, int64(len(l.dec)))
 			}
 			l.dec = nil
 			continue
