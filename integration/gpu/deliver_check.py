@@ -9,7 +9,7 @@ Usage: deliver_check.py ZARRFS STORE VIEW SCRATCH [--parts equal,reader,daemon,r
           (same shuffled order, compared on the GPU), and a few samples equal
           numpy.load of the mount's files; the ring is device memory
           (path 'ring-cuda'); status counts the samples and bytes; the
-          same for 32 samples of the arrays t and t2m
+          same for 32 samples of the arrays t, t2m and sst (a step of a chunk of 4)
   reader  a reader killed with SIGKILL frees its ring: status shows none
           open, and the daemon's GPU memory (nvidia-smi) drops by the ring
   daemon  a daemon killed mid-epoch makes the Loader raise DeliveryError,
@@ -169,9 +169,12 @@ def part_equal(a, m, n):
     per = (st["compressed_bytes"] + st["host_path_bytes"]) / max(1, st["device_samples"] + st["host_samples"])
     print(f"  to the GPU per sample: {per / 1e6:.1f} MB ({st['device_samples']} device path, {st['host_samples']} host path samples)", flush=True)
     # Arrays' samples (a sample of t: its 4 levels, one chunk; of t2m: one
-    # chunk) go through the same ring path, read straight into the slot.
-    for arr in ("t", "t2m"):
+    # chunk; of sst, where the store has it: a step of a chunk of 4) go
+    # through the same ring path, read straight into the slot.
+    for arr in ("t", "t2m", "sst"):
         d = os.path.join(m.path, arr)
+        if not os.path.isdir(d):
+            continue
         dev = Loader(d, 4, device=DEVICE, decode="device", shuffle=True, seed=5)
         host = Loader(d, 4, device=DEVICE, decode="host", shuffle=True, seed=5)
         same, got, want = True, 0, min(32, len(zarrfs.SampleDir(d)))

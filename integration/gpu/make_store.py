@@ -6,6 +6,8 @@ Usage: make_store.py OUTDIR [--steps 96] [--unique 24] [--jobs N] [--codecs mixe
 OUTDIR/era5.zarr is a Zarr v3 group shaped like the public ERA5 copies:
   t, z, u, v   float32 (time, level=4, 721, 1440), chunks of one step (16.6 MB), bytes + zstd level 3
   t2m, u10, v10, msl  float32 (time, 721, 1440), chunks of one step (4.2 MB), blosc lz4 + byte shuffle
+  sst          float32 (time, 721, 1440), chunks of 4 steps (16.6 MB), blosc lz4 + byte shuffle: a chunk
+               of several steps, of which a sample takes one (not in the view)
   lsm          float32 (721, 1440), static, zstd
   time, level, latitude, longitude  coordinates
 With --codecs blosc every variable is blosc lz4 + byte shuffle instead (zarr 2's default, as ARCO-ERA5
@@ -32,6 +34,8 @@ NLAT, NLON, NLEV = 721, 1440, 4  # --lat/--lon make smaller fields for runs on C
 LEVELS = [1000, 850, 500, 250]
 UPPER = {"t": (250.0, 30.0), "z": (50000.0, 2000.0), "u": (0.0, 15.0), "v": (0.0, 12.0)}
 SURFACE = {"t2m": (288.0, 15.0), "u10": (0.0, 8.0), "v10": (0.0, 7.0), "msl": (101325.0, 1500.0)}
+STEPPED = {"sst": (290.0, 10.0)}  # chunks of STEPS time steps
+STEPS = 4
 ZSTD = {"name": "zstd", "configuration": {"level": 3, "checksum": False}}
 ZSTD_SUM = {"name": "zstd", "configuration": {"level": 3, "checksum": True}}
 BLOSC = {"name": "blosc", "configuration": {"cname": "lz4", "clevel": 5, "shuffle": "shuffle", "typesize": 4, "blocksize": 0}}
@@ -77,7 +81,12 @@ def blosc():
 
 def encode(args):
     store, name, t = args
-    if name in UPPER:
+    if name in STEPPED:
+        base, amp = STEPPED[name]  # t is the chunk's index
+        arr = np.stack([field(STEPS * t + k, hash(name) % 97, base, amp) for k in range(STEPS)])
+        blob = blosc().encode(np.ascontiguousarray(arr))
+        path = os.path.join(store, name, "c", str(t), "0", "0")
+    elif name in UPPER:
         base, amp = UPPER[name]
         arr = np.stack([field(t, hash(name) % 97 + k, base * (1 - 0.1 * k), amp) for k in range(NLEV)])
         enc = numcodecs.Zstd(level=3) if CODECS == "mixed" else blosc()
@@ -119,7 +128,7 @@ def main():
     done = os.path.join(store, ".complete")
     # The marker names the layout too: stores from before the blosc store's
     # lsm had a checksum are written again.
-    marker = f"{a.steps} {NLAT} {NLON} {CODECS} lsm-sum"
+    marker = f"{a.steps} {NLAT} {NLON} {CODECS} lsm-sum sst"
     if os.path.exists(done) and open(done).read() == marker:
         print(f"{store}: up to date ({a.steps} steps)")
         return
@@ -132,6 +141,9 @@ def main():
         write_json(os.path.join(store, n, "zarr.json"), meta([a.steps, NLAT, NLON], [1, NLAT, NLON],
                                                             ["time", "latitude", "longitude"], BLOSC, {"long_name": n}))
     lsm_sum = CODECS == "blosc"
+    for n in STEPPED:
+        write_json(os.path.join(store, n, "zarr.json"), meta([a.steps, NLAT, NLON], [STEPS, NLAT, NLON],
+                                                            ["time", "latitude", "longitude"], BLOSC, {"long_name": n}))
     write_json(os.path.join(store, "lsm", "zarr.json"), meta([NLAT, NLON], [NLAT, NLON], ["latitude", "longitude"],
                                                              ZSTD_SUM if lsm_sum else ZSTD, {"long_name": "land-sea mask"}))
     lsm = (field(0, 5, 0.0, 1.0) > 0.2).astype(np.float32)
@@ -152,6 +164,10 @@ def main():
     with mp.get_context("fork").Pool(a.jobs) as pool:
         enc = sum(pool.imap_unordered(encode, [(store, n, t) for n in names for t in range(unique)]))
         cp = sum(pool.imap_unordered(copy, [(store, n, t, unique) for n in names for t in range(unique, a.steps)]))
+        # A chunk of STEPS steps a file: the first unique // STEPS encoded.
+        chunks, uc = -(-a.steps // STEPS), max(1, unique // STEPS)
+        enc += sum(pool.imap_unordered(encode, [(store, n, c) for n in STEPPED for c in range(min(uc, chunks))]))
+        cp += sum(pool.imap_unordered(copy, [(store, n, c, uc) for n in STEPPED for c in range(uc, chunks)]))
     # train.yaml selects every level with "all"; train-levels.yaml lists
     # them, for zarrfs versions from before "all".
     for name, sel in (("train.yaml", "all"), ("train-levels.yaml", str(list(range(NLEV))))):
