@@ -89,20 +89,92 @@ func (f GPUFill) FillSlot(ctx context.Context, r Ring, k int, job *slotJob) []er
 	return errs
 }
 
-// Drain copies into the slot what the host wrote of samples i..j-1 (the
-// shadow's ranges that the device did not write), then gives their
-// shadow's pages back (fill.Drainer). Samples are drained in order, so a
-// page shared with the samples before (copied) or after (not yet written)
-// may go back with them.
+// Drain puts into the slot the static channels stamped in samples i..j-1
+// and copies there what the host wrote of them (the shadow's ranges that
+// the device did not write), then gives their shadow's pages back
+// (fill.Drainer). Samples are drained in order, so a page shared with the
+// samples before (copied) or after (not yet written) may go back with
+// them.
 func (s *slotDecoder) Drain(ctx context.Context, i, j int) error {
 	t0 := time.Now()
 	defer func() { s.drained.Add(int64(time.Since(t0))) }()
 	lo, hi := s.job.offs[i], s.job.offs[j-1]+s.job.size
+	stamped, err := s.putStamps(ctx, lo, hi)
+	s.job.uploaded.Add(stamped)
+	if err != nil {
+		s.ring.releaseShadow(s.slot, lo, hi-lo)
+		return err
+	}
 	uploaded, err := uploadGaps(ctx, s.ring, s.slot, s.shadow, gapsIn(s.covered(), lo, hi))
 	s.job.stages.add(stUpload, time.Since(t0))
 	s.job.uploaded.Add(uploaded)
 	s.ring.releaseShadow(s.slot, lo, hi-lo)
 	return err
+}
+
+var _ fill.Stamper = (*slotDecoder)(nil)
+
+// stamp is a static channel's bytes src, bound for the slot at at.
+type stamp struct {
+	at  int64
+	src []byte
+}
+
+// Stamp takes a static channel for the range dst of the shadow
+// (fill.Stamper): Drain puts src in the slot there, never through the
+// shadow.
+func (s *slotDecoder) Stamp(dst, src []byte) bool {
+	at, ok := s.inShadow(dst)
+	if !ok || len(src) != len(dst) {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stamps = append(s.stamps, stamp{at, src})
+	return true
+}
+
+// putStamps puts in the slot the static channels stamped within the
+// shadow's lo..hi: each one's bytes cross once a fill, through staging,
+// and are copied on the device from there into the other samples (only
+// from where this fill put them, never from what the slot held before:
+// the trainer may have written over it). It returns the bytes that
+// crossed.
+func (s *slotDecoder) putStamps(ctx context.Context, lo, hi int64) (int64, error) {
+	s.mu.Lock()
+	var mine []stamp
+	rest := s.stamps[:0]
+	for _, st := range s.stamps {
+		if st.at >= lo && st.at < hi {
+			mine = append(mine, st)
+		} else {
+			rest = append(rest, st)
+		}
+	}
+	s.stamps = rest
+	s.mu.Unlock()
+	var n int64
+	for _, st := range mine {
+		size := int64(len(st.src))
+		if from, ok := s.sent[&st.src[0]]; ok {
+			if err := s.ring.copyInSlot(ctx, s.slot, st.at, from, size); err != nil {
+				return n, err
+			}
+		} else {
+			if err := writeStaged(ctx, s.ring, s.slot, st.at, st.src); err != nil {
+				return n, err
+			}
+			if s.sent == nil {
+				s.sent = map[*byte]int64{}
+			}
+			s.sent[&st.src[0]] = st.at
+			n += size
+		}
+		s.mu.Lock()
+		s.done = append(s.done, [2]int64{st.at, st.at + size})
+		s.mu.Unlock()
+	}
+	return n, nil
 }
 
 var _ fill.Drainer = (*slotDecoder)(nil)
@@ -168,19 +240,35 @@ func uploadGaps(ctx context.Context, r deviceRing, k int, shadow []byte, gaps []
 			}
 			continue
 		}
-		for off := g[0]; off < g[1]; off += int64(len(buf)) {
-			m := min(int64(len(buf)), g[1]-off)
-			copy(buf, shadow[off:off+m])
-			if err := r.Write(ctx, k, off, buf[:m]); err != nil {
-				return n, err
-			}
-			n += m
+		if err := writeVia(ctx, r, k, g[0], shadow[g[0]:g[1]], buf); err != nil {
+			return n, err
 		}
+		n += g[1] - g[0]
 		if g[1]-g[0] >= minReused {
 			sent = append(sent, g)
 		}
 	}
 	return n, nil
+}
+
+// writeStaged writes b into slot k at off through staging (pinned on a
+// GPU), a piece at a time.
+func writeStaged(ctx context.Context, r deviceRing, k int, off int64, b []byte) error {
+	buf := r.Stage(int(min(int64(len(b)), stagePiece)))
+	defer r.Unstage(buf)
+	return writeVia(ctx, r, k, off, b, buf)
+}
+
+// writeVia writes b into slot k at off through buf, a piece at a time.
+func writeVia(ctx context.Context, r deviceRing, k int, off int64, b, buf []byte) error {
+	for at := int64(0); at < int64(len(b)); at += int64(len(buf)) {
+		m := min(int64(len(buf)), int64(len(b))-at)
+		copy(buf, b[at:at+m])
+		if err := r.Write(ctx, k, off+at, buf[:m]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // minReused is the least range uploadGaps looks for among those it sent:
@@ -227,6 +315,12 @@ type slotDecoder struct {
 
 	mu   sync.Mutex
 	done [][2]int64 // shadow ranges the device wrote into the slot, or the host's share did
+	// stamps are the static channels the fill left to the decoder
+	// (Stamp), put in the slot as their runs are drained; sent is, per
+	// static channel's bytes, where in the slot they were first put in
+	// this fill, whence the others are copied on the device.
+	stamps []stamp
+	sent   map[*byte]int64
 	// upMu serializes the host share's copies into the slot (a slot's
 	// calls come one at a time).
 	upMu sync.Mutex

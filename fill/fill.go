@@ -103,6 +103,9 @@ type run struct {
 	// with what it holds itself: the fill acquires nothing, never
 	// acquiring while its caller holds.
 	held bool
+	// stamp, when set, takes the static channels of FillInto's samples
+	// (Stamper).
+	stamp Stamper
 }
 
 func (f *Filler) run(lay *layout.Layout, pin *zarr.Pin) run {

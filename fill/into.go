@@ -52,6 +52,7 @@ func (f *Filler) FillInto(ctx context.Context, lay *layout.Layout, blobs []layou
 		r.r = rd.Decoding(dec)
 	}
 	drain, _ := dec.(Drainer)
+	r.stamp, _ = dec.(Stamper)
 	for i := 0; i < len(blobs); {
 		vb, ok := blobs[i].(*layout.ViewBlob)
 		data := int64(0)
@@ -115,6 +116,19 @@ func (f *Filler) FillInto(ctx context.Context, lay *layout.Layout, blobs []layou
 type Drainer interface {
 	codec.BatchDecoder
 	Drain(ctx context.Context, i, j int) error
+}
+
+// A Stamper is a Drainer that takes the static channels of FillInto's
+// samples itself: Stamp(dst, src) says that dst, a range of outs, is to
+// hold src (a static channel's bytes, the same for every sample of the
+// run, never written again), and reports whether the Stamper puts them
+// where dst stands for, by the time dst's run is drained (a slot's decoder
+// sends them to the device once a fill and copies them there into each
+// sample), so that the fill neither copies them nor makes dst's memory
+// resident; if not, the fill copies them.
+type Stamper interface {
+	Drainer
+	Stamp(dst, src []byte) bool
 }
 
 // fillOne fills blob b (the i-th of FillInto's) into out as Fill does. For

@@ -141,7 +141,8 @@ func (r run) fillSamples(ctx context.Context, v *layout.View, ks []int64, outs [
 // whole in outs elsewhere: FillInto's), so nothing is read back from
 // them: a static channel is copied from the memo, or read once into
 // memory of the fill's own (own), which no decoder puts elsewhere, copied
-// into every sample from there and kept as the memo as a Fill's would be.
+// into every sample from there (or stamped there: Stamper) and kept as
+// the memo as a Fill's would be.
 func (r run) fillSamplesAs(ctx context.Context, v *layout.View, ks []int64, outs [][]byte, writeOnly bool) error {
 	per := prod(v.SampleShape[1:]) * int64(v.DType.Size)
 	memo, keep := v.Static(r.pin)
@@ -211,6 +212,9 @@ func (r run) fillSamplesAs(ctx context.Context, v *layout.View, ks []int64, outs
 		zarr.Cast(j.dst, v.DType, j.src, j.from)
 	}
 	for _, j := range copies {
+		if writeOnly && r.stamp != nil && r.stamp.Stamp(j.dst, j.src) {
+			continue
+		}
 		copy(j.dst, j.src)
 	}
 	switch {

@@ -666,6 +666,15 @@ var mutations = []mutation{
 		Run:    "GPUFillStepChunks",
 	},
 	{
+		Name:   "static-through-shadow",
+		Breaks: "a static channel of a ring fill is copied by the host into every sample's shadow (faulting its pages in) and compared there, rather than sent to the slot once a fill from the memo and copied on the device",
+		File:   "deliver/gpufill.go",
+		From:   "\tat, ok := s.inShadow(dst)\n\tif !ok || len(src) != len(dst) {",
+		To:     "\tat, ok := s.inShadow(dst)\n\tif true || !ok || len(src) != len(dst) {",
+		Pkgs:   []string{"./deliver"},
+		Run:    "GPUFillIntoSlot",
+	},
+	{
 		Name:   "placed-no-ghost",
 		Breaks: "a chunk used in part that the decoder placed leaves no ghost, so a walk over samples in order decodes the whole chunk on the device again for every sample, where the decoded-chunk cache would serve all but the first",
 		File:   "zarr/read.go",
