@@ -279,13 +279,7 @@ func TestPlanCostBoundsShardedPieces(t *testing.T) {
 				count[d] = 1 + rng.Int64N(sa.shape[d]-start[d])
 			}
 			p := planPieces(a, start, count, int64(4<<rng.IntN(5)), 1<<20)
-			var most int64
-			if err := p.pieces(start, count, func(ps, pc []int64) error {
-				most = max(most, 4*prod(pc)+a.ReadCostInto(ps, pc))
-				return nil
-			}); err != nil {
-				t.Fatal(err)
-			}
+			most := mostHeld(t, a, p, start, count)
 			if most > p.cost {
 				t.Fatalf("shape %v shards %v inner %v region %v+%v, plan axis %d steps %v: cost %d, a piece holds %d",
 					sa.shape, sa.shard, sa.inner, start, count, p.axis, p.steps, p.cost, most)
@@ -415,13 +409,7 @@ func TestPlanCostBoundsEveryPiece(t *testing.T) {
 			}
 			limit := int64(4 << rng.IntN(5))
 			p := planPieces(a, start, count, limit, 1<<20)
-			var most int64
-			if err := p.pieces(start, count, func(ps, pc []int64) error {
-				most = max(most, 4*prod(pc)+a.ReadCostInto(ps, pc))
-				return nil
-			}); err != nil {
-				t.Fatal(err)
-			}
+			most := mostHeld(t, a, p, start, count)
 			if most > p.cost {
 				t.Fatalf("shape %v chunks %v region %v+%v, plan axis %d steps %v: cost %d, a piece holds %d",
 					sa.Shape, sa.Chunks, start, count, p.axis, p.steps, p.cost, most)
@@ -434,6 +422,20 @@ func TestPlanCostBoundsEveryPiece(t *testing.T) {
 	if edges < 300 {
 		t.Fatalf("%d plans whose edge pieces cost more than a full piece at 0: the cases prove little", edges)
 	}
+}
+
+// mostHeld is the most any piece of plan p of a float32 region holds: its
+// bytes and what its Read holds.
+func mostHeld(t *testing.T, a *zarr.Array, p piecePlan, start, count []int64) int64 {
+	t.Helper()
+	var most int64
+	if err := p.pieces(start, count, func(ps, pc []int64) error {
+		most = max(most, 4*prod(pc)+a.ReadCostInto(ps, pc))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return most
 }
 
 // aligned is what the Read of the plan's full piece at 0 holds.
