@@ -101,13 +101,12 @@ func (s *slotDecoder) Drain(ctx context.Context, i, j int) error {
 	lo, hi := s.job.offs[i], s.job.offs[j-1]+s.job.size
 	stamped, err := s.putStamps(ctx, lo, hi)
 	s.job.uploaded.Add(stamped)
-	if err != nil {
-		s.ring.releaseShadow(s.slot, lo, hi-lo)
-		return err
+	if err == nil {
+		var uploaded int64
+		uploaded, err = uploadGaps(ctx, s.ring, s.slot, s.shadow, gapsIn(s.covered(), lo, hi))
+		s.job.uploaded.Add(uploaded)
 	}
-	uploaded, err := uploadGaps(ctx, s.ring, s.slot, s.shadow, gapsIn(s.covered(), lo, hi))
 	s.job.stages.add(stUpload, time.Since(t0))
-	s.job.uploaded.Add(uploaded)
 	s.ring.releaseShadow(s.slot, lo, hi-lo)
 	return err
 }
