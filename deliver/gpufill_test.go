@@ -442,14 +442,15 @@ func TestGPUFillShadowCharged(t *testing.T) {
 // sample, of a codec the device takes (c: zstd with a checksum), decodes
 // on the device straight into the slot, never touching the shadow; one the
 // device refuses (b: without one) is decoded by the host into the shadow,
-// and copied into the slot from there. Every sample equals the file.
+// and copied into the slot from there, the batch's 3 samples read in one
+// run, as a view's are. Every sample equals the file.
 func TestGPUFillArraySamples(t *testing.T) {
 	const plane = 128 * 128 * 4 // a sample
 	for _, tc := range []struct {
 		dir              string
 		device, uploaded int64 // chunks decoded on the device, bytes uploaded, per batch
 		shadow           int64 // the most bytes of the shadow in memory
-	}{{"c", 3, 0, 0}, {"b", 0, 3 * plane, plane}} {
+	}{{"c", 3, 0, 0}, {"b", 0, 3 * plane, 3 * plane}} {
 		t.Run(tc.dir, func(t *testing.T) {
 			s, c, mem, filler, lay := gpuServer(t, devStore(t), "")
 			rep, dev := c.openDevice(t, mem, tc.dir, 2, 3)
@@ -497,9 +498,10 @@ func TestGPUFillArraySamplesInPieces(t *testing.T) {
 // A chunk of several time steps (3 a chunk, zstd with a checksum) of which
 // a fill takes some decodes on the device, its steps copied there into
 // the samples that take them: nothing is decoded on the host or uploaded,
-// and the shadow holds nothing, for an array's samples (a chunk each, one
-// step of it) and a view's (a run of samples takes a chunk's steps, with
-// the other channel's between them). Every sample equals the file.
+// and the shadow holds nothing, for an array's samples (a run of samples
+// takes a chunk's steps, in order one run of the slot, out of order one a
+// step) and a view's (the same, with the other channel's between them).
+// Every sample equals the file.
 func TestGPUFillStepChunks(t *testing.T) {
 	const plane = 64 * 64 * 4 // a step
 	dir := t.TempDir()
@@ -519,7 +521,7 @@ func TestGPUFillStepChunks(t *testing.T) {
 		dir           string
 		decoded, runs int64 // chunks the device decodes for the six samples, runs it copies
 	}{
-		{"p", 6, 6},  // one chunk a sample
+		{"p", 2, 4},  // a chunk a batch: 0-2 land whole in order, 5-3 are 3 runs
 		{"v", 4, 12}, // p and q of a chunk a batch (one run of samples), 3 steps each
 	} {
 		t.Run(tc.dir, func(t *testing.T) {

@@ -14,12 +14,13 @@ import (
 // Size - Align of them) into outs[i], under no pin, into memory the caller
 // holds: a ring slot that a reader's process shares, say, where going
 // through a file would cost a write and a read. Runs of consecutive
-// samples of one view, of at most maxBytes of sample data (zero means
-// DefaultBatchBytes), are read together in one Read, straight into outs
-// (chunks that land whole decode in place there), so every source chunk a
-// run shares is decoded once even when the decoded-chunk cache cannot hold
-// it between samples; other blobs are filled one by one as Fill fills
-// them, except that a region in its own type (an array's sample, a view's
+// samples of one view, or of one array (each of one piece: regionRun), of
+// at most maxBytes of sample data (zero means DefaultBatchBytes), are read
+// together in one Read, straight into outs (chunks that land whole decode
+// in place there), so every source chunk a run shares is decoded once
+// even when the decoded-chunk cache cannot hold it between samples, and a
+// run's chunks are fetched side by side; other blobs are filled one by one
+// as Fill fills them, except that a region in its own type (an array's sample, a view's
 // channel filled alone) whose pieces each land in outs as one run (see
 // regionPlan: a sample of levels chunked a level a chunk, however many
 // pieces) is read piece by piece straight into outs, not through a piece
@@ -54,6 +55,13 @@ func (f *Filler) FillInto(ctx context.Context, lay *layout.Layout, blobs []layou
 	drain, _ := dec.(Drainer)
 	r.stamp, _ = dec.(Stamper)
 	for i := 0; i < len(blobs); {
+		if j, holds := r.regionRun(blobs, outs, i, maxBytes, drain != nil); j > i+1 {
+			if err := r.fillRegions(ctx, blobs[i:j], outs[i:j], holds, drain, i); err != nil {
+				return err
+			}
+			i = j
+			continue
+		}
 		vb, ok := blobs[i].(*layout.ViewBlob)
 		data := int64(0)
 		if ok {
@@ -99,6 +107,71 @@ func (f *Filler) FillInto(ctx context.Context, lay *layout.Layout, blobs []layou
 			return fmt.Errorf("%s..%s: %w", vb.Path(), blobs[j-1].Path(), err)
 		}
 		i = j
+	}
+	return nil
+}
+
+// regionRun returns the end j of the run of samples of one array from
+// blobs[i] that FillInto reads in one Read straight into outs (each read
+// whole into its buffer as one piece would be: regionPlan), within
+// maxBytes of data, and what the run holds besides outs (with outs, for a
+// Drainer's: charged), within half the memory budget; j <= i+1 where
+// there is no run of two.
+func (r run) regionRun(blobs []layout.Blob, outs [][]byte, i int, maxBytes int64, drained bool) (j int, holds int64) {
+	var a *zarr.Array
+	var data int64
+	for j = i; j < len(blobs); j++ {
+		b, ok := blobs[j].(*layout.RegionBlob)
+		if !ok {
+			break
+		}
+		q := b.Region()
+		if a == nil {
+			a = q.Array
+		}
+		n := int64(len(outs[j]))
+		if q.Array != a || n == 0 || data+n > maxBytes {
+			break
+		}
+		p, direct, _ := r.regionPlan(dataWriter{outs[j], int64(len(b.Header()))}, int64(len(b.Header())), a, q.Start, q.Count, a.DType)
+		if direct == nil || p.count(q.Start, q.Count) != 1 {
+			break
+		}
+		h := regionHolds(p, direct, 0)
+		if drained {
+			h = satAdd(h, n)
+		}
+		if !r.o.MemoryBudget.Fits(2 * satAdd(holds, h)) {
+			break
+		}
+		holds, data = satAdd(holds, h), data+n
+	}
+	return j, holds
+}
+
+// fillRegions reads the samples of one array blobs (a regionRun, outs
+// their buffers, the i-th of FillInto's on) in one Read straight into
+// outs: a chunk that several of them share is fetched and decoded once,
+// and the samples' chunks are fetched side by side and decoded together.
+func (r run) fillRegions(ctx context.Context, blobs []layout.Blob, outs [][]byte, holds int64, drain Drainer, i int) error {
+	name := blobs[0].Path() + ".." + blobs[len(blobs)-1].Path()
+	release, err := r.acquire(ctx, holds, "samples of array "+blobs[0].(*layout.RegionBlob).Region().Array.Path)
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	defer release()
+	reqs := make([]zarr.Request, len(blobs))
+	for k, b := range blobs {
+		reqs[k] = b.(*layout.RegionBlob).Region()
+		reqs[k].Dst = outs[k]
+	}
+	if err := r.r.Read(ctx, r.pin, reqs); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	if drain != nil {
+		if err := drain.Drain(ctx, i, i+len(blobs)); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
 	}
 	return nil
 }

@@ -400,3 +400,86 @@ func TestFillIntoDrainsCounted(t *testing.T) {
 		t.Fatalf("a sample past the budget with its fill: %v (runs drained %v)", err, d.runs)
 	}
 }
+
+// readCounter counts the Reads of a Reader and their requests.
+type readCounter struct {
+	inner       zarr.Reader
+	reads, reqs int
+}
+
+func (c *readCounter) Decoding(d codec.BatchDecoder) zarr.Reader {
+	return &readCounter{inner: c.inner.(zarr.Redecoder).Decoding(d)}
+}
+
+func (c *readCounter) Read(ctx context.Context, pin *zarr.Pin, reqs []zarr.Request) error {
+	c.reads++
+	c.reqs += len(reqs)
+	return c.inner.Read(ctx, pin, reqs)
+}
+
+// An array's samples that each fit one piece are read by FillInto in runs,
+// one Read a run of one array, as a view's are: a chunk of several steps
+// that a run's samples share is decoded once. A run ends at another
+// array's sample, at maxBytes, and where twice what it holds would pass
+// the memory budget; the bytes are Fill's either way.
+func TestFillIntoArrayRuns(t *testing.T) {
+	dir := t.TempDir()
+	dims := []string{"time", "y", "x"}
+	viewtest.WriteStore(t, dir, []storeArray{
+		{Path: "a", DType: "float32", Shape: []int64{6, 8, 16}, Chunks: []int64{3, 8, 16}, Dims: dims, Value: noise},
+		{Path: "b", DType: "float32", Shape: []int64{6, 8, 16}, Chunks: []int64{1, 8, 16}, Dims: dims, Value: noise},
+	})
+	stats := &zarr.Stats{}
+	h := viewtest.OpenStore(t, dir, zarr.Options{ChunkCacheBytes: -1, Stats: stats})
+	defer h.Close()
+	l, err := layout.Build(h, layout.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sample := func(p string, k int64) layout.Blob { return mustDir(t, l, p).SampleEntry(k).Blob }
+	const data = 8 * 16 * 4
+	for _, tc := range []struct {
+		name         string
+		blobs        []layout.Blob
+		maxBytes     int64
+		budget       int64
+		reads, chunk int64 // Reads, and chunks decoded
+	}{
+		{"one run", []layout.Blob{sample("a", 0), sample("a", 1), sample("a", 2), sample("a", 3), sample("a", 4), sample("a", 5)}, 0, 0, 1, 2},
+		{"two arrays", []layout.Blob{sample("a", 0), sample("a", 1), sample("b", 0), sample("b", 1), sample("a", 2)}, 0, 0, 3, 4},
+		{"maxBytes", []layout.Blob{sample("a", 0), sample("a", 1), sample("a", 2), sample("a", 3)}, 2 * data, 0, 2, 3},
+		// A sample holds about 7 KiB (its chunk of 3 steps, decoded and
+		// compressed): twice a run of 2 fits 32 KiB, of 3 does not.
+		{"budget", []layout.Blob{sample("a", 0), sample("a", 1), sample("a", 2)}, 0, 32 << 10, 2, 2},
+		{"small budget", []layout.Blob{sample("a", 0), sample("a", 1), sample("a", 2)}, 0, 10 << 10, 3, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cr := &readCounter{inner: h}
+			o := Options{Reader: cr}
+			if tc.budget > 0 {
+				o.MemoryBudget = memory.New(tc.budget)
+			}
+			f := newFiller(t, o)
+			outs := make([][]byte, len(tc.blobs))
+			for i := range outs {
+				outs[i] = make([]byte, data)
+			}
+			before := stats.ChunksDecoded.Load()
+			if err := f.FillInto(context.Background(), l, tc.blobs, outs, tc.maxBytes, nil); err != nil {
+				t.Fatal(err)
+			}
+			if got := stats.ChunksDecoded.Load() - before; int64(cr.reads) != tc.reads || got != tc.chunk {
+				t.Fatalf("%d Reads of %d requests, %d chunks decoded; want %d and %d", cr.reads, cr.reqs, got, tc.reads, tc.chunk)
+			}
+			for i, b := range tc.blobs {
+				want := &bufAt{}
+				if err := newFiller(t, Options{}).Fill(context.Background(), l, b, nil, want); err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(outs[i], want.b[len(b.Header()):]) {
+					t.Fatalf("%s differs from Fill's bytes", b.Path())
+				}
+			}
+		})
+	}
+}

@@ -150,6 +150,18 @@ func lastCut(start, count, step int64) (int64, int64) {
 	return at, start + count - at
 }
 
+// count is the number of pieces of the region.
+func (p piecePlan) count(start, count []int64) int64 {
+	if p.axis < 0 {
+		return 1
+	}
+	n := int64(1)
+	for d := 0; d <= p.axis; d++ {
+		n = satMul(n, (start[d]+count[d]-1)/p.steps[d]-start[d]/p.steps[d]+1)
+	}
+	return n
+}
+
 // pieces calls fn with the start and count of every piece, in C order.
 func (p piecePlan) pieces(start, count []int64, fn func(ps, pc []int64) error) error {
 	ps := append([]int64(nil), start...)

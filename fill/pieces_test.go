@@ -425,15 +425,19 @@ func TestPlanCostBoundsEveryPiece(t *testing.T) {
 }
 
 // mostHeld is the most any piece of plan p of a float32 region holds: its
-// bytes and what its Read holds.
+// bytes and what its Read holds. It checks the plan's count of pieces too.
 func mostHeld(t *testing.T, a *zarr.Array, p piecePlan, start, count []int64) int64 {
 	t.Helper()
-	var most int64
+	var most, n int64
 	if err := p.pieces(start, count, func(ps, pc []int64) error {
 		most = max(most, 4*prod(pc)+a.ReadCostInto(ps, pc))
+		n++
 		return nil
 	}); err != nil {
 		t.Fatal(err)
+	}
+	if c := p.count(start, count); c != n {
+		t.Fatalf("region %v+%v, plan axis %d steps %v: %d pieces, count says %d", start, count, p.axis, p.steps, n, c)
 	}
 	return most
 }

@@ -675,6 +675,15 @@ var mutations = []mutation{
 		Run:    "GPUFillIntoSlot",
 	},
 	{
+		Name:   "array-samples-one-by-one",
+		Breaks: "FillInto reads an array's samples one Read each, as files are filled: a batch's chunks are fetched one after another and decoded in rounds of one, and a chunk of several steps is decoded once for each sample that takes part of it",
+		File:   "fill/into.go",
+		From:   "r.regionRun(blobs, outs, i, maxBytes, drain != nil); j > i+1 {",
+		To:     "r.regionRun(blobs, outs, i, maxBytes, drain != nil); j > len(blobs)+1 {",
+		Pkgs:   []string{"./fill", "./deliver"},
+		Run:    "FillIntoArrayRuns|GPUFillStepChunks",
+	},
+	{
 		Name:   "placed-no-ghost",
 		Breaks: "a chunk used in part that the decoder placed leaves no ghost, so a walk over samples in order decodes the whole chunk on the device again for every sample, where the decoded-chunk cache would serve all but the first",
 		File:   "zarr/read.go",
