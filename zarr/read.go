@@ -1,6 +1,7 @@
 package zarr
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -164,12 +165,18 @@ type readState struct {
 	// as a range of its shard), kept in the source cache with the
 	// leaves' once every chunk decoded.
 	puts []sourcePut
+	// ahead, when set, decodes the leaves to decode as they are added
+	// (decodeAhead).
+	ahead *aheadDecoder
 }
 
 func (st *readState) add(l *leaf) {
 	st.mu.Lock()
 	st.leaves = append(st.leaves, l)
 	st.mu.Unlock()
+	if st.ahead != nil && (l.enc != nil || l.part != nil) {
+		st.ahead.add(l)
+	}
 }
 
 // Reader reads regions of arrays, filling every Request's Dst with C-order
@@ -230,7 +237,9 @@ func (h *Hierarchy) read(ctx context.Context, dec codec.BatchDecoder, mem codec.
 			listings[o.a] = lst
 		}
 	}
-	// Resolve outer chunks into leaves, fetching bytes concurrently.
+	// Resolve outer chunks into leaves, fetching bytes concurrently, and
+	// decode those fetched while the rest are (decodeAhead).
+	ahead := st.decodeAhead(ctx, len(order))
 	errs := make([]error, len(order))
 	parallel.For(len(order), h.opts.Fetchers, func(i int) {
 		o := order[i]
@@ -267,11 +276,15 @@ func (h *Hierarchy) read(ctx context.Context, dec codec.BatchDecoder, mem codec.
 		}
 		errs[i] = st.resolve(ctx, o.a, o.a.pipe, o.a.Chunks, cb.lo, src, key, o.needs)
 	})
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
+	fetchErr := errors.Join(errs...)
 	fetched := time.Now()
-	if err := st.decode(ctx); err != nil {
+	var decErr error
+	if ahead != nil {
+		decErr = ahead.finish(fetchErr == nil)
+	} else if fetchErr == nil {
+		decErr = st.decode(ctx, st.leaves)
+	}
+	if err := cmp.Or(fetchErr, decErr); err != nil {
 		return err
 	}
 	for _, l := range st.leaves {
@@ -685,7 +698,7 @@ func verifyCRC(b []byte) ([]byte, error) {
 }
 
 // decode decompresses every fetched leaf, stage by stage, in batches.
-func (st *readState) decode(ctx context.Context) error {
+func (st *readState) decode(ctx context.Context, leaves []*leaf) error {
 	type pending struct {
 		l     *leaf
 		cur   []byte
@@ -695,7 +708,7 @@ func (st *readState) decode(ctx context.Context) error {
 	var work []*pending
 	var parts []codec.Job // partial leaves' jobs, decoded with the first round
 	var partOf []*leaf
-	for _, l := range st.leaves {
+	for _, l := range leaves {
 		switch {
 		case l.part != nil:
 			parts = append(parts, l.partialJob())
@@ -884,7 +897,13 @@ func (st *readState) inPlace(l *leaf, size int64) ([]byte, bool) {
 		at += int64(len(r.Dst))
 	}
 	// The first run starts the leaf: its destination is where the leaf
-	// goes (a pointer into memory the caller gave, never one computed).
+	// goes (a pointer into memory the caller gave, never one computed),
+	// when that memory holds the whole leaf (its capacity: the channels
+	// of one sample buffer; not requests' buffers of their own that lie
+	// side by side by chance).
+	if int64(cap(runs[0].Dst)) < size {
+		return nil, false
+	}
 	return unsafe.Slice(unsafe.SliceData(runs[0].Dst), size), true
 }
 
@@ -922,7 +941,8 @@ func (st *readState) runs(l *leaf) []codec.Segment {
 		if n == 0 || doff+n > int64(len(r.Dst)) {
 			return nil
 		}
-		runs = append(runs, codec.Segment{Off: loff, Dst: r.Dst[doff : doff+n : doff+n]})
+		// Its capacity is the request's, which inPlace reads.
+		runs = append(runs, codec.Segment{Off: loff, Dst: r.Dst[doff : doff+n]})
 	}
 	return runs
 }
