@@ -20,11 +20,11 @@ import (
 // in place there), so every source chunk a run shares is decoded once
 // even when the decoded-chunk cache cannot hold it between samples, and a
 // run's chunks are fetched side by side; other blobs are filled one by one
-// as Fill fills them, except that a region in its own type (an array's sample, a view's
-// channel filled alone) whose pieces each land in outs as one run (see
-// regionPlan: a sample of levels chunked a level a chunk, however many
-// pieces) is read piece by piece straight into outs, not through a piece
-// buffer of the fill's. A run acquires its memory from the budget as a
+// as Fill fills them, except that a region in its own type (an array's
+// sample, a view's channel filled alone) whose pieces each land in outs as
+// one run (see regionPlan: a sample of levels chunked a level a chunk,
+// however many pieces) is read piece by piece straight into outs, not
+// through a piece buffer of the fill's. A run acquires its memory from the budget as a
 // fill does, so delivery and the mount's fills share one bound.
 // Nothing is read back from outs (a static channel is read for each sample
 // or copied from what another fill kept), so the Read's decoder may put a
@@ -162,8 +162,9 @@ func (r run) fillRegions(ctx context.Context, blobs []layout.Blob, outs [][]byte
 	defer release()
 	reqs := make([]zarr.Request, len(blobs))
 	for k, b := range blobs {
-		reqs[k] = b.(*layout.RegionBlob).Region()
-		reqs[k].Dst = outs[k]
+		q := b.(*layout.RegionBlob).Region()
+		q.Dst = outs[k][:prod(q.Count)*int64(q.Array.DType.Size)] // the region's bytes (regionRun: they fit)
+		reqs[k] = q
 	}
 	if err := r.r.Read(ctx, r.pin, reqs); err != nil {
 		return fmt.Errorf("%s: %w", name, err)
