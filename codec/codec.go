@@ -84,17 +84,6 @@ type BatchDecoder interface {
 	DecodeBatch(ctx context.Context, jobs []Job) error
 }
 
-// An AheadDecoder asks a reader, when DecodesAhead says so, for a read's
-// chunks in batches as they are fetched rather than in one once every one
-// is: a decoder whose work runs beside the host's reads (a GPU's, which
-// the host feeds from the page cache), for which overlapping the two
-// shortens the read. A CPU decoder, whose workers the first small batches
-// would leave idle, does not.
-type AheadDecoder interface {
-	BatchDecoder
-	DecodesAhead() bool
-}
-
 // HostMemory is implemented by batch decoders that decode faster from and
 // into memory they lend: a GPU decoder's pinned host memory, which the
 // device copies directly, without staging. HostAlloc returns n bytes

@@ -113,8 +113,6 @@ func (c *cudaRing) decode(ctx context.Context, k int, jobs []codec.Job, runs [][
 
 func (c *cudaRing) memory() codec.HostMemory { return c.d }
 
-func (c *cudaRing) decodesAhead() bool { return true }
-
 func (c *cudaRing) releaseShadow(k int, off, n int64) { dropPages(c.shadowOf(k), off, n) }
 
 func (c *cudaRing) copyInSlot(ctx context.Context, k int, dst, src, n int64) error {

@@ -80,9 +80,7 @@ func (f GPUFill) FillSlot(ctx context.Context, r Ring, k int, job *slotJob) []er
 	// it into the slot and given its pages back, run by run.
 	t0 := time.Now()
 	err := f.Filler.FillInto(ctx, job.lay, job.blobs, outs, 0, sd)
-	// Reading is what the fill did while nothing decoded and nothing
-	// drained (it reads ahead of the batches decoding).
-	job.stages.add(stRead, max(0, time.Since(t0)-time.Duration(sd.in.Load())-time.Duration(sd.drained.Load())))
+	job.stages.add(stRead, time.Since(t0)-time.Duration(sd.in.Load())-time.Duration(sd.drained.Load()))
 	if err != nil {
 		// The run that failed is not drained: its pages go back here.
 		cr.releaseShadow(k, 0, n)
@@ -198,9 +196,6 @@ type deviceRing interface {
 	// releaseShadow gives back the pages of slot k's shadow that hold its
 	// bytes off..off+n (dropPages) once nothing reads them.
 	releaseShadow(k int, off, n int64)
-	// decodesAhead says whether a fill's chunks go to the device in
-	// batches as they are read (slotDecoder.DecodesAhead).
-	decodesAhead() bool
 }
 
 // dropPages gives the pages of shadow (page-aligned at its start and its
@@ -314,16 +309,11 @@ type slotDecoder struct {
 	cpu      codec.BatchDecoder // the host's share (GPUFill.CPU)
 	job      *slotJob
 	hostOnly bool
-	in       atomic.Int64 // nanoseconds during which a DecodeBatch ran (busy)
+	in       atomic.Int64 // nanoseconds in DecodeBatch
 	drained  atomic.Int64 // nanoseconds in Drain
 
 	mu   sync.Mutex
 	done [][2]int64 // shadow ranges the device wrote into the slot, or the host's share did
-	// batches is how many DecodeBatch calls run (the reader decodes a
-	// fill's chunks in batches as they are read, two at once at most),
-	// since decodingSince.
-	batches       int
-	decodingSince time.Time
 	// stamps are the static channels the fill left to the decoder
 	// (Stamp), put in the slot as their runs are drained; sent is, per
 	// static channel's bytes, where in the slot they were first put in
@@ -395,8 +385,8 @@ func (s *slotDecoder) inShadow(b []byte) (int64, bool) {
 // memory and from there into the slot; then on the host what the GPU
 // handed back (ErrUnsupported).
 func (s *slotDecoder) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
-	s.busy(+1)
-	defer s.busy(-1)
+	t0 := time.Now()
+	defer func() { s.in.Add(int64(time.Since(t0))) }()
 	dev, runs, host := s.onDevice(jobs)
 	var hostErr, shareErr error
 	var wg sync.WaitGroup
@@ -452,23 +442,6 @@ func (s *slotDecoder) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 		}
 	}
 	return cmp.Or(hostErr, shareErr)
-}
-
-// DecodesAhead asks the reader for a fill's chunks in batches as they are
-// read (codec.AheadDecoder), where the ring does: the GPU decodes the
-// first while the host reads the rest into pinned memory.
-func (s *slotDecoder) DecodesAhead() bool { return s.ring.decodesAhead() }
-
-// busy counts a DecodeBatch call in (+1) or out (-1), adding to in the
-// time during which one ran.
-func (s *slotDecoder) busy(d int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.batches += d; d > 0 && s.batches == 1 {
-		s.decodingSince = time.Now()
-	} else if d < 0 && s.batches == 0 {
-		s.in.Add(int64(time.Since(s.decodingSince)))
-	}
 }
 
 // placed records that job j's runs are in the slot: their ranges of the

@@ -110,17 +110,8 @@ type testDevice struct {
 	// idle, when set, makes decode do nothing, and releaseShadow keep no
 	// record (benchmarks of the host's part).
 	idle bool
-	// rate, when set with idle, makes a decode take as long as a GPU
-	// decoding at rate bytes a second would, one decode at a time, as
-	// rounds share one device (benchmarks of the fills' latency).
-	rate   float64
-	device sync.Mutex
-	// whole, when set, has a fill's chunks decoded in one batch once all
-	// are read, not in batches as they are (for tests whose counts follow
-	// one batch a fill: the host share's measures).
-	whole bool
-	mu    sync.Mutex
-	free  map[int][][]byte // memory lent and given back, by size
+	mu   sync.Mutex
+	free map[int][][]byte // memory lent and given back, by size
 	// last is, per slot, a copy of its shadow as the fills left it, each
 	// range taken before its pages went back (releaseShadow).
 	last map[int][]byte
@@ -222,8 +213,6 @@ func (d *testDevice) shadowOf(k int) []byte {
 
 func (d *testDevice) memory() codec.HostMemory { return lender{d} }
 
-func (d *testDevice) decodesAhead() bool { return !d.whole }
-
 type lender struct{ d *testDevice }
 
 // HostAlloc lends memory given back before where it can, as a GPU's
@@ -257,15 +246,6 @@ func (l lender) HostFree(b []byte) {
 }
 
 func (d *testDevice) decode(ctx context.Context, k int, jobs []codec.Job, runs [][]gpu.Run, t *gpu.RingTimes) error {
-	if d.idle && d.rate > 0 {
-		var n int
-		for _, j := range jobs {
-			n += len(j.Dst)
-		}
-		d.device.Lock()
-		time.Sleep(time.Duration(float64(n) / d.rate * float64(time.Second)))
-		d.device.Unlock()
-	}
 	if d.idle {
 		for i := range jobs {
 			d.decoded.Add(1)

@@ -62,7 +62,7 @@ func (c *counters) counts() Counts {
 // host decodes what the device does not while the device decodes.
 const (
 	stFill       = iota // the whole fill request
-	stRead              // reading the compressed chunks, laying the samples out, while nothing decodes
+	stRead              // reading the compressed chunks, laying the samples out (the fill code outside decoding)
 	stConsumer          // waiting for the reader's consumer event before decoding into the slot
 	stChecks            // reading the framing of the chunks the device decodes (host checks)
 	stWait              // from those chunks queued to their bytes in the slot

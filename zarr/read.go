@@ -1,7 +1,6 @@
 package zarr
 
 import (
-	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -165,18 +164,12 @@ type readState struct {
 	// as a range of its shard), kept in the source cache with the
 	// leaves' once every chunk decoded.
 	puts []sourcePut
-	// ahead, when set, decodes the leaves to decode as they are added
-	// (decodeAhead).
-	ahead *aheadDecoder
 }
 
 func (st *readState) add(l *leaf) {
 	st.mu.Lock()
 	st.leaves = append(st.leaves, l)
 	st.mu.Unlock()
-	if st.ahead != nil && (l.enc != nil || l.part != nil) {
-		st.ahead.add(l)
-	}
 }
 
 // Reader reads regions of arrays, filling every Request's Dst with C-order
@@ -237,9 +230,7 @@ func (h *Hierarchy) read(ctx context.Context, dec codec.BatchDecoder, mem codec.
 			listings[o.a] = lst
 		}
 	}
-	// Resolve outer chunks into leaves, fetching bytes concurrently, and
-	// decode those fetched while the rest are (decodeAhead).
-	ahead := st.decodeAhead(ctx, len(order))
+	// Resolve outer chunks into leaves, fetching bytes concurrently.
 	errs := make([]error, len(order))
 	parallel.For(len(order), h.opts.Fetchers, func(i int) {
 		o := order[i]
@@ -276,15 +267,11 @@ func (h *Hierarchy) read(ctx context.Context, dec codec.BatchDecoder, mem codec.
 		}
 		errs[i] = st.resolve(ctx, o.a, o.a.pipe, o.a.Chunks, cb.lo, src, key, o.needs)
 	})
-	fetchErr := errors.Join(errs...)
-	fetched := time.Now()
-	var decErr error
-	if ahead != nil {
-		decErr = ahead.finish(fetchErr == nil)
-	} else if fetchErr == nil {
-		decErr = st.decode(ctx, st.leaves)
+	if err := errors.Join(errs...); err != nil {
+		return err
 	}
-	if err := cmp.Or(fetchErr, decErr); err != nil {
+	fetched := time.Now()
+	if err := st.decode(ctx); err != nil {
 		return err
 	}
 	for _, l := range st.leaves {
@@ -698,7 +685,7 @@ func verifyCRC(b []byte) ([]byte, error) {
 }
 
 // decode decompresses every fetched leaf, stage by stage, in batches.
-func (st *readState) decode(ctx context.Context, leaves []*leaf) error {
+func (st *readState) decode(ctx context.Context) error {
 	type pending struct {
 		l     *leaf
 		cur   []byte
@@ -708,7 +695,7 @@ func (st *readState) decode(ctx context.Context, leaves []*leaf) error {
 	var work []*pending
 	var parts []codec.Job // partial leaves' jobs, decoded with the first round
 	var partOf []*leaf
-	for _, l := range leaves {
+	for _, l := range st.leaves {
 		switch {
 		case l.part != nil:
 			parts = append(parts, l.partialJob())
@@ -897,13 +884,7 @@ func (st *readState) inPlace(l *leaf, size int64) ([]byte, bool) {
 		at += int64(len(r.Dst))
 	}
 	// The first run starts the leaf: its destination is where the leaf
-	// goes (a pointer into memory the caller gave, never one computed),
-	// when that memory holds the whole leaf (its capacity: the channels
-	// of one sample buffer; not requests' buffers of their own that lie
-	// side by side by chance).
-	if int64(cap(runs[0].Dst)) < size {
-		return nil, false
-	}
+	// goes (a pointer into memory the caller gave, never one computed).
 	return unsafe.Slice(unsafe.SliceData(runs[0].Dst), size), true
 }
 
@@ -941,8 +922,7 @@ func (st *readState) runs(l *leaf) []codec.Segment {
 		if n == 0 || doff+n > int64(len(r.Dst)) {
 			return nil
 		}
-		// Its capacity is the request's, which inPlace reads.
-		runs = append(runs, codec.Segment{Off: loff, Dst: r.Dst[doff : doff+n]})
+		runs = append(runs, codec.Segment{Off: loff, Dst: r.Dst[doff : doff+n : doff+n]})
 	}
 	return runs
 }

@@ -684,15 +684,6 @@ var mutations = []mutation{
 		Run:    "FillIntoArrayRuns|GPUFillStepChunks",
 	},
 	{
-		Name:   "read-decodes-after-fetch",
-		Breaks: "a Read decodes its chunks only once every one is fetched, even for a decoder that asks for them as they come (a GPU filling a ring slot): the host's reads and the device's decoding never overlap",
-		File:   "zarr/ahead.go",
-		From:   "if ad, ok := st.dec.(codec.AheadDecoder); !ok || !ad.DecodesAhead() || outers < 2 {",
-		To:     "if _, ok := st.dec.(codec.AheadDecoder); ok || !ok {",
-		Pkgs:   []string{"./zarr"},
-		Run:    "ReadDecodesAhead",
-	},
-	{
 		Name:   "placed-no-ghost",
 		Breaks: "a chunk used in part that the decoder placed leaves no ghost, so a walk over samples in order decodes the whole chunk on the device again for every sample, where the decoded-chunk cache would serve all but the first",
 		File:   "zarr/read.go",
