@@ -884,7 +884,13 @@ func (st *readState) inPlace(l *leaf, size int64) ([]byte, bool) {
 		at += int64(len(r.Dst))
 	}
 	// The first run starts the leaf: its destination is where the leaf
-	// goes (a pointer into memory the caller gave, never one computed).
+	// goes (a pointer into memory the caller gave, never one computed),
+	// when that memory holds the whole leaf (its capacity: the channels
+	// of one sample buffer; not requests' buffers of their own that lie
+	// side by side by chance).
+	if int64(cap(runs[0].Dst)) < size {
+		return nil, false
+	}
 	return unsafe.Slice(unsafe.SliceData(runs[0].Dst), size), true
 }
 
@@ -922,7 +928,8 @@ func (st *readState) runs(l *leaf) []codec.Segment {
 		if n == 0 || doff+n > int64(len(r.Dst)) {
 			return nil
 		}
-		runs = append(runs, codec.Segment{Off: loff, Dst: r.Dst[doff : doff+n : doff+n]})
+		// Its capacity is the request's, which inPlace reads.
+		runs = append(runs, codec.Segment{Off: loff, Dst: r.Dst[doff : doff+n]})
 	}
 	return runs
 }
