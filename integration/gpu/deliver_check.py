@@ -438,17 +438,24 @@ def epoch_rate(a, name, decode, cores, prefetch=2):
         sync()
         cpu0 = cpu_seconds(m._proc.pid)
         t0 = time.perf_counter()
-        got = 0
+        got, first = 0, None
         for x, _ in l:
             x.sum()  # the trainer reads the batch
             got += len(x)
+            if first is None:
+                # From here on the ring is open (its memory pinned) and
+                # the first fill done: what every later batch costs.
+                sync()
+                first = (got, time.perf_counter(), cpu_seconds(m._proc.pid))
         sync()
-        dt = time.perf_counter() - t0
-        cpu = cpu_seconds(m._proc.pid) - cpu0
+        t1 = time.perf_counter()
+        cpu1 = cpu_seconds(m._proc.pid)
         st = status(a.zarrfs, m)
         l.close()
-        return dict(rate=got / dt, kind=l.path_kind, samples=got, cpu=cpu, delivery=st.get("delivery") or {},
-                    fetched=(st.get("source_reads") or {}).get("bytes_fetched", 0))
+        n1, tf, cf = first or (got, t1, cpu1)
+        return dict(rate=got / (t1 - t0), kind=l.path_kind, samples=got, cpu=cpu1 - cpu0, delivery=st.get("delivery") or {},
+                    fetched=(st.get("source_reads") or {}).get("bytes_fetched", 0),
+                    steady_rate=(got - n1) / max(t1 - tf, 1e-9), steady_cpu=(cpu1 - cf) / max(got - n1, 1))
     finally:
         m.stop()
 
@@ -491,6 +498,11 @@ def part_rate(a):
               f"{d.get('host_share_bytes', 0) / nall / 1e6:.2f} the device could have taken), "
               f"{comp / 1e6:.2f} MB compressed read a sample: {h2d / max(comp, 1):.3f}x", flush=True)
         print(f"  STAGES {label} (device path, ms a sample, summed over fills): {stage_line(d)}", flush=True)
+        print(f"  STEADY {label}: from the first batch on (the ring opened, its memory pinned, the first fill done): "
+              f"decode='device' {dev['steady_rate']:.1f} samples/s, daemon {1e3 * dev['steady_cpu']:.1f} ms a sample; "
+              f"decode='host' {host['steady_rate']:.1f}, {1e3 * host['steady_cpu']:.1f}: "
+              f"{dev['steady_rate'] / max(host['steady_rate'], 1e-9):.2f}x, CPU {dev['steady_cpu'] / max(host['steady_cpu'], 1e-9):.3f}x",
+              flush=True)
         # The Loader's default keeps 2 batches in flight; 4 shows whether
         # the device path waits on its own latency.
         deep = epoch_rate(a, "rate-dev4", "device", daemon_cores, prefetch=4)
