@@ -1,7 +1,6 @@
 package deliver
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -214,12 +213,8 @@ func dropPages(shadow []byte, off, n int64) {
 
 // uploadGaps copies the ranges gaps of slot k's shadow (what the host
 // wrote) into the slot, through staging (pinned on a GPU), and returns
-// the bytes that crossed. A range whose bytes equal those of a range
-// already copied by this call (a static channel, which a fill decodes once
-// and copies into every sample) is copied on the device from there
-// instead, and does not cross again: only bytes written in this fill are
-// reused, never what the slot held before (the trainer may have written
-// over it).
+// the bytes that crossed. (A static channel, the same in every sample,
+// never enters the shadow: putStamps sends it once a fill.)
 func uploadGaps(ctx context.Context, r deviceRing, k int, shadow []byte, gaps [][2]int64) (int64, error) {
 	var most int64
 	for _, g := range gaps {
@@ -231,21 +226,11 @@ func uploadGaps(ctx context.Context, r deviceRing, k int, shadow []byte, gaps []
 	buf := r.Stage(int(min(most, stagePiece)))
 	defer r.Unstage(buf)
 	var n int64
-	var sent [][2]int64 // ranges copied whole by this call, large enough to look for again
 	for _, g := range gaps {
-		if src, ok := sameBytes(shadow, sent, g); ok {
-			if err := r.copyInSlot(ctx, k, g[0], src, g[1]-g[0]); err != nil {
-				return n, err
-			}
-			continue
-		}
 		if err := writeVia(ctx, r, k, g[0], shadow[g[0]:g[1]], buf); err != nil {
 			return n, err
 		}
 		n += g[1] - g[0]
-		if g[1]-g[0] >= minReused {
-			sent = append(sent, g)
-		}
 	}
 	return n, nil
 }
@@ -268,22 +253,6 @@ func writeVia(ctx context.Context, r deviceRing, k int, off int64, b, buf []byte
 		}
 	}
 	return nil
-}
-
-// minReused is the least range uploadGaps looks for among those it sent:
-// below it, the copy costs less than the comparison.
-const minReused = 64 << 10
-
-// sameBytes returns the start of a range of sent that holds the bytes of
-// range g in shadow, if one does.
-func sameBytes(shadow []byte, sent [][2]int64, g [2]int64) (int64, bool) {
-	n := g[1] - g[0]
-	for _, s := range sent {
-		if s[1]-s[0] == n && bytes.Equal(shadow[s[0]:s[1]], shadow[g[0]:g[1]]) {
-			return s[0], true
-		}
-	}
-	return 0, false
 }
 
 // bigEndian reports whether a source array of the blobs is big-endian

@@ -568,15 +568,6 @@ var mutations = []mutation{
 		Run:    "GPUFillIntoSlot",
 	},
 	{
-		Name:   "ring-static-once",
-		Breaks: "a static channel crosses to the device for every sample of a batch, not once and copied there",
-		File:   "deliver/gpufill.go",
-		From:   "if src, ok := sameBytes(shadow, sent, g); ok {",
-		To:     "if src, ok := sameBytes(shadow, sent, g); ok && false {",
-		Pkgs:   []string{"./deliver"},
-		Run:    "GPUFillIntoSlot",
-	},
-	{
 		Name:   "ring-big-endian-v3",
 		Breaks: "a Zarr v3 array's byte order stays with its bytes codec, so the device path decodes big-endian chunks into the slot unswapped and inspect reports them little-endian",
 		File:   "zarr/metadata.go",
