@@ -849,7 +849,7 @@ func (l *leaf) unlend(b []byte) []byte {
 
 // inPlace returns the memory a leaf of size bytes can decode straight into:
 // every need is a run contiguous both in the leaf and in its request's
-// destination (places), and the runs sit side by side in memory exactly
+// destination (runs), and the runs sit side by side in memory exactly
 // as they do in the leaf, covering it whole. One need that is the whole
 // leaf is the common case; several are the channels a view stacks from
 // one chunk (the levels of a (time, level, y, x) chunk, each a slot of the
