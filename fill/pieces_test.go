@@ -272,12 +272,7 @@ func TestPlanCostBoundsShardedPieces(t *testing.T) {
 			t.Fatalf("no array s%d", i)
 		}
 		for range 50 {
-			rank := len(sa.shape)
-			start, count := make([]int64, rank), make([]int64, rank)
-			for d := range rank {
-				start[d] = rng.Int64N(sa.shape[d])
-				count[d] = 1 + rng.Int64N(sa.shape[d]-start[d])
-			}
+			start, count := randomRegion(rng, sa.shape, false)
 			p := planPieces(a, start, count, int64(4<<rng.IntN(5)), 1<<20)
 			most := mostHeld(t, a, p, start, count)
 			if most > p.cost {
@@ -398,15 +393,7 @@ func TestPlanCostBoundsEveryPiece(t *testing.T) {
 	for _, sa := range arrays {
 		a := h.Array(sa.Path)
 		for range 50 {
-			rank := len(sa.Shape)
-			start, count := make([]int64, rank), make([]int64, rank)
-			for d := range rank {
-				start[d] = rng.Int64N(sa.Shape[d])
-				count[d] = 1 + rng.Int64N(sa.Shape[d]-start[d])
-				if rng.IntN(3) == 0 {
-					count[d] = 1
-				}
-			}
+			start, count := randomRegion(rng, sa.Shape, true)
 			limit := int64(4 << rng.IntN(5))
 			p := planPieces(a, start, count, limit, 1<<20)
 			most := mostHeld(t, a, p, start, count)
@@ -422,6 +409,20 @@ func TestPlanCostBoundsEveryPiece(t *testing.T) {
 	if edges < 300 {
 		t.Fatalf("%d plans whose edge pieces cost more than a full piece at 0: the cases prove little", edges)
 	}
+}
+
+// randomRegion is a random region of an array shaped shape; thin makes a
+// third of its extents one element.
+func randomRegion(rng *rand.Rand, shape []int64, thin bool) (start, count []int64) {
+	start, count = make([]int64, len(shape)), make([]int64, len(shape))
+	for d := range shape {
+		start[d] = rng.Int64N(shape[d])
+		count[d] = 1 + rng.Int64N(shape[d]-start[d])
+		if thin && rng.IntN(3) == 0 {
+			count[d] = 1
+		}
+	}
+	return start, count
 }
 
 // mostHeld is the most any piece of plan p of a float32 region holds: its
