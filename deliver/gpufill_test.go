@@ -417,14 +417,7 @@ func TestGPUFillShadowCharged(t *testing.T) {
 			rep, dev := c.openDevice(t, mem, dir, 2, 3)
 			budget := filler.MemoryBudget()
 			for b, batch := range [][]string{{"0.npy", "1.npy", "2.npy"}, {"3.npy", "4.npy", "5.npy"}} {
-				if r := c.fill(t, b, batch...); r.Op != "ready" || r.Device != 3 {
-					t.Fatalf("batch %d: %+v", b, r)
-				}
-				for j, n := range batch {
-					if got := dev.Host(b)[int64(j)*rep.SampleBytes : int64(j+1)*rep.SampleBytes]; !bytes.Equal(got, sampleBytes(t, filler, lay, dir+"/"+n)) {
-						t.Fatalf("%s/%s in slot %d differs from the file", dir, n, b)
-					}
-				}
+				c.fillChecked(t, dev, rep, filler, lay, dir, b, batch)
 				if res, used := dev.mustResident(t), budget.Used(); res != 0 || used != 0 {
 					t.Fatalf("batch %d: the shadow holds %d bytes after the fill, the budget counts %d", b, res, used)
 				}
@@ -556,13 +549,21 @@ func (c *client) openDevice(tb testing.TB, mem testDeviceMemory, dir string, slo
 func fillSixSamples(t *testing.T, c *client, dev *testDevice, rep openReply, filler *fill.Filler, lay *layout.Layout, dir string) {
 	t.Helper()
 	for b, batch := range [][]string{{"0.npy", "1.npy", "2.npy"}, {"5.npy", "4.npy", "3.npy"}} {
-		if r := c.fill(t, b, batch...); r.Op != "ready" || r.Device != 3 {
-			t.Fatalf("batch %d: %+v", b, r)
-		}
-		for j, n := range batch {
-			if got := dev.Host(b)[int64(j)*rep.SampleBytes : int64(j+1)*rep.SampleBytes]; !bytes.Equal(got, sampleBytes(t, filler, lay, dir+"/"+n)) {
-				t.Fatalf("%s/%s in slot %d differs from the file", dir, n, b)
-			}
+		c.fillChecked(t, dev, rep, filler, lay, dir, b, batch)
+	}
+}
+
+// fillChecked fills batch (sample files of directory dir) into slot k of
+// the ring c opened on the test device, every sample on the device path,
+// and checks each against its file.
+func (c *client) fillChecked(t *testing.T, dev *testDevice, rep openReply, filler *fill.Filler, lay *layout.Layout, dir string, k int, batch []string) {
+	t.Helper()
+	if r := c.fill(t, k, batch...); r.Op != "ready" || r.Device != len(batch) {
+		t.Fatalf("slot %d, %v: %+v", k, batch, r)
+	}
+	for j, n := range batch {
+		if got := dev.Host(k)[int64(j)*rep.SampleBytes : int64(j+1)*rep.SampleBytes]; !bytes.Equal(got, sampleBytes(t, filler, lay, dir+"/"+n)) {
+			t.Fatalf("%s/%s in slot %d differs from the file", dir, n, k)
 		}
 	}
 }

@@ -113,14 +113,8 @@ func TestGPUFillHostShare(t *testing.T) {
 	const chunk = 2 << 20
 	for b, batch := range [][]string{{"0.npy", "1.npy"}, {"2.npy", "3.npy"}, {"4.npy", "5.npy"}, {"1.npy", "2.npy"}} {
 		slot := b % 2
-		if r := c.fill(t, slot, batch...); r.Op != "ready" || r.Device != 2 {
-			t.Fatalf("batch %d: %+v", b, r)
-		}
+		c.fillChecked(t, dev, rep, filler, lay, "w", slot, batch)
 		for j, n := range batch {
-			want := sampleBytes(t, filler, lay, "w/"+n)
-			if got := dev.Host(slot)[int64(j)*rep.SampleBytes : int64(j+1)*rep.SampleBytes]; !bytes.Equal(got, want) {
-				t.Fatalf("w/%s in slot %d differs from the file", n, slot)
-			}
 			if sh := dev.lastShadow(slot, 2*rep.SampleBytes)[int64(j)*rep.SampleBytes:][:chunk]; bytes.Count(sh, []byte{0}) != chunk {
 				t.Fatalf("w/%s: the host's share went through the shadow", n)
 			}
@@ -155,15 +149,7 @@ func TestGPUFillHostSharePart(t *testing.T) {
 	dev.slow = 300 * time.Millisecond
 	const level = 1 << 20
 	for b, batch := range [][]string{{"0.npy", "1.npy"}, {"2.npy", "3.npy"}, {"4.npy", "5.npy"}, {"1.npy", "2.npy"}} {
-		slot := b % 2
-		if r := c.fill(t, slot, batch...); r.Op != "ready" || r.Device != 2 {
-			t.Fatalf("batch %d: %+v", b, r)
-		}
-		for j, n := range batch {
-			if got := dev.Host(slot)[int64(j)*rep.SampleBytes : int64(j+1)*rep.SampleBytes]; !bytes.Equal(got, sampleBytes(t, filler, lay, "w/"+n)) {
-				t.Fatalf("w/%s in slot %d differs from the file", n, slot)
-			}
-		}
+		c.fillChecked(t, dev, rep, filler, lay, "w", b%2, batch)
 	}
 	_, tot := s.Stats()
 	if tot.HostShare != 7*level || tot.Uploaded != tot.HostShare {
