@@ -55,13 +55,14 @@ type Job struct {
 	// never writes past len(Dst) and never allocates more than that on
 	// behalf of the input, whatever the input's headers claim.
 	Dst []byte
-	// Place, where a reader sets it, is where the decoded bytes are
-	// wanted: each Segment a range of them and the memory it belongs in
-	// (the steps of a chunk of several time steps that a read takes a few
-	// of). A decoder that writes those ranges there itself instead of
-	// Dst (a GPU decoding into device memory that the Segments' Dst stand
-	// for) sets Placed, and the reader copies nothing; any other decoder
-	// ignores Place and fills Dst, from which the reader copies them.
+	// Place, where a reader sets it (for a Placer), is where the decoded
+	// bytes are wanted: each Segment a range of them and the memory it
+	// belongs in (the steps of a chunk of several time steps that a read
+	// takes a few of). A decoder that writes those ranges there itself
+	// instead of Dst (a GPU decoding into device memory that the
+	// Segments' Dst stand for) sets Placed, and the reader copies
+	// nothing; where it does not, it fills Dst, from which the reader
+	// copies them.
 	Place  []Segment
 	Placed bool
 	// Parts, Segments and Size describe a partial job (BloscPart, RawPart,
@@ -82,6 +83,14 @@ type Job struct {
 // ErrUnsupported, so a caller may retry those jobs elsewhere.
 type BatchDecoder interface {
 	DecodeBatch(ctx context.Context, jobs []Job) error
+}
+
+// A Placer is a BatchDecoder that may write a job's decoded bytes where
+// the reader wants them itself (Job.Place): a reader offers Place to it
+// alone, sparing other decoders the bookkeeping.
+type Placer interface {
+	BatchDecoder
+	Places() bool
 }
 
 // HostMemory is implemented by batch decoders that decode faster from and

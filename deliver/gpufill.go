@@ -413,6 +413,10 @@ func (s *slotDecoder) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 	return cmp.Or(hostErr, shareErr)
 }
 
+// Places says the slot's decoder writes the runs of a chunk the fill
+// takes in part where they go itself (codec.Placer).
+func (s *slotDecoder) Places() bool { return true }
+
 // placed records that job j's runs are in the slot: their ranges of the
 // shadow need no upload, and the reader copies nothing of a job it
 // offered a Place (its Dst was not written).

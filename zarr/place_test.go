@@ -52,6 +52,9 @@ func stepStore(t testing.TB, endian string, chunk [3]int) map[string][]byte {
 // read; jobs without a Place it decodes as Inline does.
 type placing struct{ offered, placed int }
 
+// Places asks for Place (codec.Placer).
+func (p *placing) Places() bool { return true }
+
 func (p *placing) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 	for i := range jobs {
 		j := &jobs[i]
@@ -219,5 +222,35 @@ func TestDecodePlacedGhost(t *testing.T) {
 	}
 	if p.offered != 3 {
 		t.Fatalf("steps 0, 3, 1 with room for one ghost: %d chunks offered a Place, want 3", p.offered)
+	}
+}
+
+// offered decodes inline and counts the jobs offered a Place.
+type offered struct{ n int }
+
+func (o *offered) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
+	for _, j := range jobs {
+		if len(j.Place) > 0 {
+			o.n++
+		}
+	}
+	return codec.Inline{}.DecodeBatch(ctx, jobs)
+}
+
+// A decoder that does not say it places (codec.Placer) is offered no
+// Place: the reader spares it the bookkeeping, and copies as ever.
+func TestDecodeOffersPlaceToPlacersOnly(t *testing.T) {
+	h, err := zarr.Open(context.Background(), newMemStore(stepStore(t, "little", [3]int{3, 3, 5})), zarr.Options{ChunkCacheBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	o := &offered{}
+	buf := make([]byte, 30)
+	if err := h.Decoding(o).Read(context.Background(), nil, []zarr.Request{{Array: h.Arrays[0], Start: []int64{1, 0, 0}, Count: []int64{1, 3, 5}, Dst: buf}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := binary.LittleEndian.Uint16(buf[2*7:]); got != 112 || o.n != 0 {
+		t.Fatalf("element 7 of step 1: %d (want 112); %d jobs offered a Place (want 0)", got, o.n)
 	}
 }

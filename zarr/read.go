@@ -694,6 +694,8 @@ func (st *readState) decode(ctx context.Context) error {
 	}
 	var work []*pending
 	var parts []codec.Job // partial leaves' jobs, decoded with the first round
+	pl, ok := st.dec.(codec.Placer)
+	places := ok && pl.Places()
 	var partOf []*leaf
 	for _, l := range st.leaves {
 		switch {
@@ -733,7 +735,7 @@ func (st *readState) decode(ctx context.Context) error {
 			// A chunk whose last placing left a ghost (chunkCache.haunted)
 			// is read again in time for the decoded-chunk cache to serve
 			// it: it decodes here, and is kept.
-			if w.stage == 0 && pooled && !st.h.chunks.haunted(w.l.cacheKey) {
+			if w.stage == 0 && pooled && places && !st.h.chunks.haunted(w.l.cacheKey) {
 				job.Place = st.places(w.l)
 			}
 			jobs = append(jobs, job)
