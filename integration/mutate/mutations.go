@@ -675,6 +675,15 @@ var mutations = []mutation{
 		Run:    "FillIntoArrayRuns|GPUFillStepChunks",
 	},
 	{
+		Name:   "place-offered-to-all",
+		Breaks: "the reader builds a Place for every chunk used in part and lays its ghost, whatever the decoder: CPU reads pay for bookkeeping only a placing decoder uses",
+		File:   "zarr/read.go",
+		From:   "if w.stage == 0 && pooled && places && !st.h.chunks.haunted(w.l.cacheKey) {",
+		To:     "if w.stage == 0 && pooled && (places || !places) && !st.h.chunks.haunted(w.l.cacheKey) {",
+		Pkgs:   []string{"./zarr"},
+		Run:    "DecodeOffersPlaceToPlacersOnly",
+	},
+	{
 		Name:   "placed-no-ghost",
 		Breaks: "a chunk used in part that the decoder placed leaves no ghost, so a walk over samples in order decodes the whole chunk on the device again for every sample, where the decoded-chunk cache would serve all but the first",
 		File:   "zarr/read.go",
