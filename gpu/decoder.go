@@ -553,6 +553,52 @@ func (d *Decoder) recoverContext() error {
 	return nil
 }
 
+// mendContext rebuilds the context broken by broken (recoverContext), or,
+// where a sticky error outlives the reset (the driver may insist on a new
+// process), stops using the GPU rather than fail every batch slowly. The
+// caller holds every buffer set.
+func (d *Decoder) mendContext(broken error) error {
+	err := d.recoverContext()
+	if err == nil {
+		return nil
+	}
+	d.stateMu.Lock()
+	d.dead = fmt.Errorf("gpu: device unusable after %v: %w", broken, err)
+	dead := d.dead
+	d.stateMu.Unlock()
+	d.log.Error("gpu: decoding on the GPU is off until restart", "err", dead)
+	return dead
+}
+
+// mendIdle rebuilds a broken context outside a round, once the rounds in
+// flight have given their buffer sets back (up to wait): a ring's
+// allocation cannot wait for the next round to do it, as a reader whose
+// ring the error lost opens the next one before it asks for a batch.
+func (d *Decoder) mendIdle(wait time.Duration) error {
+	d.stateMu.Lock()
+	broken, dead := d.broken, d.dead
+	d.stateMu.Unlock()
+	if dead != nil || broken == nil {
+		return dead
+	}
+	sets, ok := d.holdSets(wait)
+	defer func() {
+		for _, s := range sets {
+			d.free <- s
+		}
+	}()
+	d.stateMu.Lock()
+	broken, dead = d.broken, d.dead // a round may have mended it meanwhile
+	d.stateMu.Unlock()
+	switch {
+	case dead != nil || broken == nil:
+		return dead
+	case !ok:
+		return broken
+	}
+	return d.mendContext(broken)
+}
+
 // DecodeBatch decodes jobs on the GPU; see codec.BatchDecoder. Jobs the GPU
 // path cannot take (blosc with blosclz, a zlib preset dictionary, empty
 // chunks, a chunk larger than MaxBatchBytes) get an Err wrapping
@@ -591,16 +637,8 @@ func (c cudaRounds) prepare(r *round) error {
 			// set's round may still use the buffers a rebuild frees.
 			return broken
 		}
-		if err := d.recoverContext(); err != nil {
-			// A sticky error can outlive the context reset (the driver
-			// may insist on a new process): stop using the GPU rather
-			// than fail every batch slowly.
-			d.stateMu.Lock()
-			d.dead = fmt.Errorf("gpu: device unusable after %v: %w", broken, err)
-			dead = d.dead
-			d.stateMu.Unlock()
-			d.log.Error("gpu: decoding on the GPU is off until restart", "err", dead)
-			return dead
+		if err := d.mendContext(broken); err != nil {
+			return err
 		}
 	}
 	// Rounds are readied one at a time, and a rebuild happens only while

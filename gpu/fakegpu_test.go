@@ -67,6 +67,9 @@ type fakeGPU struct {
 	// busy are events not done (cuEventQuery: not ready) while set: a
 	// reader's consumer event behind its kernels.
 	busy map[uintptr]bool
+	// poisoned is a context a device fault broke: allocations fail with
+	// the fault's sticky error until a reset.
+	poisoned bool
 }
 
 // setBusy marks event ev not done (or done again).
@@ -360,6 +363,7 @@ func (f *fakeGPU) libs() *libs {
 				unix.Munmap(b)
 				delete(f.dev, p)
 			}
+			f.poisoned = false
 			return ok()
 		},
 		cuCtxSetCurrent:     func(uintptr) cuResult { return ok() },
@@ -367,6 +371,12 @@ func (f *fakeGPU) libs() *libs {
 		cuStreamDestroy:     func(uintptr) cuResult { return ok() },
 		cuStreamSynchronize: func(uintptr) cuResult { return ok() },
 		cuMemAlloc: func(p *uintptr, size uint64) cuResult {
+			f.mu.Lock()
+			poisoned := f.poisoned
+			f.mu.Unlock()
+			if poisoned {
+				return cuResult(700) // CUDA_ERROR_ILLEGAL_ADDRESS
+			}
 			b, err := mapMem(size)
 			if err != nil {
 				return cuResult(2) // CUDA_ERROR_OUT_OF_MEMORY

@@ -165,16 +165,33 @@ func (d *Decoder) NewRing(slots int, slotBytes int64, consumers []string) (*Ring
 	if err != nil {
 		return nil, err
 	}
-	if err := d.Retired(); err != nil {
-		return nil, err
-	}
-	n := int64(slots) * slotBytes
 	chs := make([]ipcHandle, len(consumers))
 	for k, c := range consumers {
 		if chs[k], err = parseIPCHandle(c); err != nil {
 			return nil, fmt.Errorf("consumer event of slot %d: %w", k, err)
 		}
 	}
+	for try := 0; ; try++ {
+		// A context broken by a device fault is rebuilt first: a ring lost
+		// to the fault is replaced before the next round comes to do it.
+		if err := d.mendIdle(ringRoomWait); err != nil {
+			return nil, err
+		}
+		r, err := d.openRing(l, slots, slotBytes, chs)
+		var ce *CUDAError
+		if err == nil || try > 0 || !errors.As(err, &ce) || !ce.Sticky() {
+			return r, err
+		}
+		// The fault came where no round saw it yet: recorded, the context
+		// is rebuilt and the ring made again, once.
+		d.deviceFailed(err)
+	}
+}
+
+// openRing makes a ring of slots slots of slotBytes in the Decoder's
+// context, its consumer events opened from chs.
+func (d *Decoder) openRing(l *ipcLib, slots int, slotBytes int64, chs []ipcHandle) (*Ring, error) {
+	n := int64(slots) * slotBytes
 	r := &Ring{d: d, l: l, bytes: n, slotBytes: slotBytes, timeout: d.opts.RoundTimeout + 60*time.Second}
 	if err := d.takeRingMemory(n, min(r.timeout, ringRoomWait)); err != nil {
 		return nil, err

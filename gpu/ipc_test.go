@@ -301,6 +301,47 @@ func TestRingLateCopyHoldsItsBuffer(t *testing.T) {
 // (nothing lands at its old addresses), its bytes are no longer counted,
 // and its Close frees nothing. A write waiting for its copy does not hold
 // the rebuild back.
+// A device fault poisons the context: a reader whose ring it lost opens
+// the next one before any round rebuilds the context, and gets it, the
+// context rebuilt by NewRing, whether a round recorded the fault first or
+// the ring's allocation is the first to meet it.
+func TestNewRingAfterADeviceFault(t *testing.T) {
+	for _, recorded := range []bool{true, false} {
+		t.Run(fmt.Sprintf("recorded=%v", recorded), func(t *testing.T) {
+			d, f, _ := ringDecoder(t, Options{DeviceBytes: 64 << 20, RoundTimeout: 300 * time.Millisecond})
+			lost, err := d.NewRing(2, 1<<20, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.mu.Lock()
+			f.poisoned = true
+			f.mu.Unlock()
+			if recorded {
+				d.deviceFailed(&CUDAError{Op: "cuEventSynchronize", Code: 700, Name: "CUDA_ERROR_ILLEGAL_ADDRESS"})
+			}
+			r, err := d.NewRing(2, 1<<20, nil)
+			if err != nil {
+				t.Fatalf("a ring after the fault: %v", err)
+			}
+			defer r.Close()
+			if err := d.Retired(); err != nil {
+				t.Fatalf("retired: %v", err)
+			}
+			if err := lost.Write(context.Background(), 0, 0, make([]byte, 64)); !errors.Is(err, ErrRingLost) {
+				t.Fatalf("the ring from before the rebuild: %v", err)
+			}
+			data := bytes.Repeat([]byte("after the fault"), 4096)
+			jobs := []codec.Job{{Codec: codec.LZ4, Src: compress(codec.LZ4, data), Dst: make([]byte, len(data))}}
+			if err := r.Decode(context.Background(), 1, jobs, []int64{0}, nil); err != nil || jobs[0].Err != nil {
+				t.Fatalf("a decode into the new ring: %v, %v", err, jobs[0].Err)
+			}
+			if got := f.devBytes("check", uint64(r.Addr(1, 0)), uint64(len(data))); !bytes.Equal(got, data) {
+				t.Fatal("the new ring's slot does not hold the decoded chunk")
+			}
+		})
+	}
+}
+
 func TestRingLostToAContextRebuild(t *testing.T) {
 	d, f, _ := ringDecoder(t, Options{DeviceBytes: 64 << 20, RoundTimeout: 300 * time.Millisecond})
 	r, err := d.NewRing(2, 1<<20, nil)

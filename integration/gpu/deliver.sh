@@ -33,7 +33,9 @@
 # train.yaml), PTX_DIR (default $OUT, else SCRATCH), GPU_TEST, KERNELS
 # (0: mount with the binary's own kernels), DEVICE (cpu: every check against
 # the mount's test mode, to try the script without a GPU), STORE_ARGS (more
-# make_store.py arguments: --lat 64 --lon 128 for small stores).
+# make_store.py arguments: --lat 64 --lon 128 for small stores),
+# DELIVER_LOG_DIR (the mounts' log lines of each store and of the damage
+# part, in a file each there).
 set -uo pipefail
 zarrfs=$(readlink -f "$1")
 here=$(cd "$(dirname "$0")" && pwd)
@@ -90,13 +92,15 @@ for codecs in ${CODECS:-blosc mixed}; do
 	trust=()
 	[[ $codecs == mixed ]] && trust=(--trust-unchecked)
 	"$py" "$here/deliver_check.py" "$zarrfs" "$src/era5.zarr" "$src/train.yaml" "$scratch/run-$codecs" \
-		--parts "$store_parts" --device "${DEVICE:-cuda}" "${trust[@]}" "${kernels[@]}" || status=1
+		--parts "$store_parts" --device "${DEVICE:-cuda}" "${trust[@]}" "${kernels[@]}" \
+		${DELIVER_LOG_DIR:+--daemon-log "$DELIVER_LOG_DIR/$codecs.log"} || status=1
 	rm -rf "$scratch/run-$codecs"
 done
 if [[ ,$parts, == *,damage,* ]]; then
 	echo "== damaged chunks on the device path"
 	"$py" "$here/deliver_check.py" "$zarrfs" - - "$scratch/run-damage" --parts damage --device "${DEVICE:-cuda}" \
-		--chunkdamage "${CHUNKDAMAGE:-$(dirname "$zarrfs")/chunkdamage}" "${kernels[@]}" || status=1
+		--chunkdamage "${CHUNKDAMAGE:-$(dirname "$zarrfs")/chunkdamage}" "${kernels[@]}" \
+		${DELIVER_LOG_DIR:+--daemon-log "$DELIVER_LOG_DIR/damage.log"} || status=1
 	rm -rf "$scratch/run-damage"
 fi
 echo "deliver.sh: $(($(date +%s) - t_start)) s"

@@ -65,6 +65,7 @@ STAGES, PROFILE and MEASURE lines for the rates; exits 1 when a check failed.
 import argparse
 import gc
 import json
+import logging
 import os
 import queue
 import signal
@@ -1054,7 +1055,13 @@ def main():
     ap.add_argument("--gpu-kernels", help="mount with --gpu-kernels FILE: kernels compiled from kernels.cu")
     ap.add_argument("--chunkdamage", help="the chunkdamage binary (default: beside ZARRFS)")
     ap.add_argument("--damage-seeds", type=int, default=2, help="damaged samples per kind of damage and array")
+    ap.add_argument("--daemon-log", help="append every mount's log lines (the zarrfs logger) to this file")
     a = ap.parse_args()
+    if a.daemon_log:
+        h = logging.FileHandler(a.daemon_log)
+        h.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        logging.getLogger("zarrfs").addHandler(h)
+        logging.getLogger("zarrfs").setLevel(logging.INFO)
     global DEVICE
     DEVICE = a.device
     if a.trust_unchecked:
