@@ -63,6 +63,11 @@ func prepareBlosc(j *codec.Job) prepared {
 				return prepared{err: fmt.Errorf("gpu: blosc chunk: stream %d holds %d zstd frames: %w", i, len(frames), codec.ErrUnsupported)}
 			case frames[0].size >= 0 && frames[0].size != pc.n:
 				return corrupt(j, "stream %d: zstd frame says %d decoded bytes, expected %d", i, frames[0].size, pc.n)
+			case frames[0].checksum:
+				// Blosc writes its frames without a checksum; one that has
+				// a checksum (another writer, or damage to the frame's
+				// header) is verified by the CPU, which can.
+				return prepared{err: fmt.Errorf("gpu: blosc chunk: stream %d: a zstd frame with a checksum, which the GPU cannot verify inside blosc: %w", i, codec.ErrUnsupported)}
 			}
 			pc.src = frames[0].src
 			// The stream decodes into device scratch that the host never

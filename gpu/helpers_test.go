@@ -110,9 +110,16 @@ func zstdCompress(b []byte, level int) []byte {
 // zstdNoCRC is a zstd frame without a content checksum, as numcodecs and
 // zarr-python write by default.
 func zstdNoCRC(b []byte) []byte {
-	e, _ := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedDefault), zstd.WithEncoderCRC(false))
-	return e.EncodeAll(b, nil)
+	zstdNoCRCOnce.Do(func() {
+		zstdNoCRCEnc, _ = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedDefault), zstd.WithEncoderCRC(false))
+	})
+	return zstdNoCRCEnc.EncodeAll(b, nil)
 }
+
+var (
+	zstdNoCRCOnce sync.Once
+	zstdNoCRCEnc  *zstd.Encoder
+)
 
 func lz4Block(b []byte) []byte {
 	dst := make([]byte, lz4.CompressBlockBound(len(b)))
@@ -183,7 +190,7 @@ func bloscCompress(data []byte, typesize, blocksize int, shuffle codec.BloscShuf
 			case "lz4":
 				c = lz4Block(s)
 			case "zstd":
-				c = zstdCompress(s, 3)
+				c = zstdNoCRC(s) // as c-blosc writes its streams
 			case "snappy":
 				c = s2.EncodeSnappy(nil, s)
 			case "zlib":

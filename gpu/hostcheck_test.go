@@ -1,12 +1,17 @@
 package gpu
 
 import (
+	"bytes"
+	"compress/flate"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"math/rand/v2"
 	"strings"
 	"testing"
+
+	"github.com/klauspost/compress/gzip"
 
 	"github.com/zarrfs/zarrfs/codec"
 )
@@ -460,5 +465,71 @@ func TestRefuse(t *testing.T) {
 		if strings.Join(got, " ") != tt.refused {
 			t.Errorf("%+v: refused %q, want %q", tt.opts, strings.Join(got, " "), tt.refused)
 		}
+	}
+}
+
+// TestGzipHeaderLikeCPU holds gzipBody to the CPU's gzip reader on headers
+// of every optional field, intact and with bits flipped: a header it
+// passes the CPU reads (a deflate chunk reaches nvCOMP under
+// Options.Deflate only after it), and one it refuses the CPU cannot
+// decode.
+func TestGzipHeaderLikeCPU(t *testing.T) {
+	data := []byte(strings.Repeat("zarrfs gzip header ", 200))
+	var fw bytes.Buffer
+	w, err := flate.NewWriter(&fw, 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Write(data)
+	w.Close()
+	body := fw.Bytes()
+	var passed, refused int
+	for seed := range 4000 {
+		r := rand.New(rand.NewPCG(uint64(seed), 7))
+		flg := byte(r.IntN(32)) &^ 1 // FTEXT is never checked
+		h := []byte{0x1f, 0x8b, 8, flg, 0, 0, 0, 0, 0, 3}
+		if flg&4 != 0 {
+			extra := make([]byte, r.IntN(40))
+			h = binary.LittleEndian.AppendUint16(h, uint16(len(extra)))
+			h = append(h, extra...)
+		}
+		for _, f := range []byte{8, 16} {
+			if flg&f != 0 {
+				n := r.IntN(40)
+				if r.IntN(8) == 0 {
+					n = 505 + r.IntN(16) // about the CPU's 512-byte limit
+				}
+				h = append(h, bytes.Repeat([]byte{'a'}, n)...)
+				h = append(h, 0)
+			}
+		}
+		if flg&2 != 0 {
+			h = binary.LittleEndian.AppendUint16(h, uint16(crc32.ChecksumIEEE(h)))
+		}
+		if seed%2 == 1 {
+			for range 1 + r.IntN(2) {
+				i := 3 + r.IntN(len(h)-3)
+				h[i] ^= 1 << r.IntN(8)
+			}
+		}
+		src := append(append([]byte{}, h...), body...)
+		src = binary.LittleEndian.AppendUint32(src, crc32.ChecksumIEEE(data))
+		src = binary.LittleEndian.AppendUint32(src, uint32(len(data)))
+		_, _, _, err := gzipBody(src)
+		cerr := codec.Decode(codec.Gzip, make([]byte, len(data)), src)
+		_, herr := gzip.NewReader(bytes.NewReader(src))
+		switch {
+		case err == nil && herr != nil:
+			t.Errorf("seed %d: gzipBody passes a header the CPU refuses (% x): %v", seed, h, herr)
+		case err != nil && cerr == nil:
+			t.Errorf("seed %d: gzipBody refuses what the CPU decodes (% x): %v", seed, h, err)
+		case err == nil:
+			passed++
+		default:
+			refused++
+		}
+	}
+	if passed < 1000 || refused < 500 {
+		t.Errorf("%d headers passed, %d refused: the cases do not cover both", passed, refused)
 	}
 }

@@ -3,6 +3,7 @@ package gpu
 import (
 	"encoding/binary"
 	"fmt"
+	"hash/crc32"
 	"unsafe"
 
 	"github.com/zarrfs/zarrfs/codec"
@@ -202,13 +203,17 @@ func corrupt(j *codec.Job, format string, args ...any) prepared {
 }
 
 // gzipBody returns the raw deflate stream of a single-member gzip file
-// (RFC 1952) with its trailer's CRC-32 and size.
+// (RFC 1952) with its trailer's CRC-32 and size. It refuses every header
+// the CPU's gzip reader refuses: reserved flag bits set, a name or
+// comment of 512 bytes or more (its buffer), a header CRC that does not
+// match.
 func gzipBody(src []byte) (body []byte, crc, size uint32, err error) {
 	const (
-		fhcrc    = 1 << 1
-		fextra   = 1 << 2
-		fname    = 1 << 3
-		fcomment = 1 << 4
+		fhcrc     = 1 << 1
+		fextra    = 1 << 2
+		fname     = 1 << 3
+		fcomment  = 1 << 4
+		maxString = 512 // the CPU reader's buffer, NUL included
 	)
 	if len(src) < 18 {
 		return nil, 0, 0, fmt.Errorf("%d bytes is too short for gzip", len(src))
@@ -217,6 +222,9 @@ func gzipBody(src []byte) (body []byte, crc, size uint32, err error) {
 		return nil, 0, 0, fmt.Errorf("not a gzip deflate stream (header % x)", src[:3])
 	}
 	flg := src[3]
+	if flg>>5 != 0 {
+		return nil, 0, 0, fmt.Errorf("gzip header flags %#x: reserved bits set", flg)
+	}
 	p := 10
 	end := len(src) - 8
 	if flg&fextra != 0 {
@@ -229,12 +237,22 @@ func gzipBody(src []byte) (body []byte, crc, size uint32, err error) {
 		if flg&f == 0 {
 			continue
 		}
+		start := p
 		for p < end && src[p] != 0 {
 			p++
 		}
 		p++ // the terminating NUL
+		if p-start > maxString {
+			return nil, 0, 0, fmt.Errorf("gzip header name or comment of %d bytes or more", maxString)
+		}
 	}
 	if flg&fhcrc != 0 {
+		if p+2 >= end {
+			return nil, 0, 0, fmt.Errorf("gzip header runs into the trailer")
+		}
+		if got, want := uint16(crc32.ChecksumIEEE(src[:p])), binary.LittleEndian.Uint16(src[p:]); got != want {
+			return nil, 0, 0, fmt.Errorf("gzip header CRC %#04x, its bytes hash to %#04x", want, got)
+		}
 		p += 2
 	}
 	if p >= end {

@@ -1,8 +1,12 @@
 package gpu
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/zarrfs/zarrfs/codec"
@@ -64,5 +68,33 @@ func TestRefusalAgreesWithDecoder(t *testing.T) {
 	jobs, _, _ := genJobs(t, 37, 91)
 	if err := Refusal(&jobs[0], opts); !errors.Is(err, codec.ErrUnsupported) {
 		t.Errorf("a %d-byte chunk with rounds of 4 KiB: %v", len(jobs[0].Dst), err)
+	}
+}
+
+// A blosc zstd stream whose frame has a checksum goes to the CPU, which
+// verifies it, even with Options.Unverified: the GPU decodes blosc's
+// streams where no checksum can be checked, and the option trusts frames
+// that have none (as c-blosc writes them), not ones whose checksum would
+// go unread (another writer's, or a header damaged into saying so).
+func TestBloscZstdChecksumToCPU(t *testing.T) {
+	data := bytes.Repeat([]byte("blosc zstd checksum "), 500)
+	plain := bloscCompress(data, 1, len(data), codec.NoShuffle, "zstd")
+	unverified := Options{Unverified: true}
+	if err := Refusal(&codec.Job{Codec: codec.Blosc, Src: plain, Dst: make([]byte, len(data))}, unverified); err != nil {
+		t.Fatalf("blosc zstd without checksums, Unverified: %v", err)
+	}
+	// The same frame with one zstd frame of a checksum: one block, one
+	// stream, so the stream is all that follows the block's start.
+	frame := zstdCompress(data, 3)
+	src := binary.LittleEndian.AppendUint32(slices.Clone(plain[:20]), uint32(len(frame)))
+	src = append(src, frame...)
+	binary.LittleEndian.PutUint32(src[12:], uint32(len(src)))
+	j := codec.Job{Codec: codec.Blosc, Src: src, Dst: make([]byte, len(data))}
+	if err := codec.Decode(codec.Blosc, j.Dst, src); err != nil || !bytes.Equal(j.Dst, data) {
+		t.Fatalf("the CPU decoder on the checksummed stream: %v", err)
+	}
+	err := Refusal(&j, unverified)
+	if !errors.Is(err, codec.ErrUnsupported) || !strings.Contains(err.Error(), "checksum") {
+		t.Fatalf("blosc zstd with a checksum, Unverified: %v, want it sent to the CPU", err)
 	}
 }

@@ -9,8 +9,9 @@ import (
 // zstdFrame is one zstd frame of a chunk: its bytes and its declared
 // decoded size (-1 when the header does not give it).
 type zstdFrame struct {
-	src  []byte
-	size int64
+	src      []byte
+	size     int64
+	checksum bool // the frame ends with a content checksum
 }
 
 var errZstdDict = errors.New("zstd frame needs a dictionary")
@@ -124,7 +125,7 @@ func zstdFrames(src []byte) ([]zstdFrame, error) {
 			}
 			p += 4
 		}
-		frames = append(frames, zstdFrame{src: src[start:p], size: size})
+		frames = append(frames, zstdFrame{src: src[start:p], size: size, checksum: fhd&0x04 != 0})
 	}
 	if len(frames) == 0 {
 		return nil, fmt.Errorf("no zstd frame")
