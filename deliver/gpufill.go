@@ -16,6 +16,7 @@ import (
 	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/fill"
 	"github.com/zarrfs/zarrfs/gpu"
+	"github.com/zarrfs/zarrfs/internal/memory"
 	"github.com/zarrfs/zarrfs/layout"
 )
 
@@ -498,6 +499,18 @@ func (s *slotDecoder) HostFree(b []byte)      { s.ring.memory().HostFree(b) }
 func (s *slotDecoder) Retain(b []byte) bool   { return s.ring.memory().Retain(b) }
 
 var _ codec.HostMemory = (*slotDecoder)(nil)
+
+// HostTrim gives the ring's memory back the tail of a compressed chunk's
+// buffer, where it takes such tails (memory.Trimmer): a fill reads every
+// chunk of a batch into room for its decoded size.
+func (s *slotDecoder) HostTrim(b []byte, n int) []byte {
+	if t, ok := s.ring.memory().(memory.Trimmer); ok {
+		return t.HostTrim(b, n)
+	}
+	return b[:n]
+}
+
+var _ memory.Trimmer = (*slotDecoder)(nil)
 
 // onHost decodes jobs idx with the fallback, into the shadow.
 func (s *slotDecoder) onHost(ctx context.Context, jobs []codec.Job, idx []int) error {

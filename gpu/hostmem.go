@@ -8,6 +8,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/zarrfs/zarrfs/internal/memory"
 )
 
 // This file is the pinned host memory a Decoder lends its callers
@@ -199,6 +201,14 @@ func (d *Decoder) HostReserve(n int64, wait time.Duration) {
 // lent again once every hold is back (memory.Lender).
 func (d *Decoder) HostFree(b []byte) { d.host.free(b) }
 
+// HostTrim keeps the first n bytes of b, a buffer HostAlloc lent whose
+// caller holds it alone, and lends the rest again (memory.Trimmer): a
+// compressed chunk read into room for its decoded size holds only its
+// own bytes of pinned memory once read.
+func (d *Decoder) HostTrim(b []byte, n int) []byte { return d.host.trim(b, n) }
+
+var _ memory.Trimmer = (*Decoder)(nil)
+
 // Retain adds a hold on a buffer HostAlloc lent and reports whether it was
 // one (memory.Lender).
 func (d *Decoder) Retain(b []byte) bool { return d.host.retain(b) }
@@ -336,12 +346,36 @@ func (p *hostPool) free(b []byte) {
 	}
 	delete(p.lent, start)
 	p.last = time.Now()
-	a := l.a
-	a.lentBytes -= l.n
-	off := int(start - a.start)
+	l.a.giveBack(int(start-l.a.start), l.n)
+}
+
+// trim keeps the first n bytes of b, lent and held by its caller alone,
+// and gives the rest of its units back (memory.Trimmer).
+func (p *hostPool) trim(b []byte, n int) []byte {
+	n = min(max(n, 0), cap(b))
+	if cap(b) == 0 {
+		return b[:n]
+	}
+	start := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	keep := max((n+hostUnit-1)/hostUnit*hostUnit, hostUnit) // a buffer keeps one unit: its key
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	l, ok := p.lent[start]
+	if !ok || l.holds > 1 || keep >= l.n {
+		return b[:n]
+	}
+	l.a.giveBack(int(start-l.a.start)+keep, l.n-keep)
+	l.n = keep
+	p.lent[start] = l
+	return b[:n:n]
+}
+
+// giveBack returns n bytes at off to the arena's free spans, coalesced
+// with their neighbours.
+func (a *arena) giveBack(off, n int) {
+	a.lentBytes -= n
 	i, _ := slices.BinarySearchFunc(a.free, off, func(s span, o int) int { return s.off - o })
-	a.free = slices.Insert(a.free, i, span{off, l.n})
-	// Coalesce with the neighbours.
+	a.free = slices.Insert(a.free, i, span{off, n})
 	if i+1 < len(a.free) && a.free[i].off+a.free[i].n == a.free[i+1].off {
 		a.free[i].n += a.free[i+1].n
 		a.free = slices.Delete(a.free, i+1, i+2)

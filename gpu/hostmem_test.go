@@ -246,3 +246,50 @@ func TestHostReserve(t *testing.T) {
 		t.Fatalf("reserving past the limit mapped %d bytes, want the limit %d", st.Mapped, 3*unit)
 	}
 }
+
+// HostTrim keeps a buffer's first bytes lent, in whole units, and lends
+// the rest again at once; a buffer held by another too, or not the
+// pool's, keeps its tail.
+func TestHostTrim(t *testing.T) {
+	d := &Decoder{}
+	const unit = 8 << 20
+	d.host.unit = unit
+	d.host.limit = unit
+	d.host.idle = time.Hour
+	d.host.start()
+	defer d.releaseHost()
+	waitArenas(t, &d.host, 1)
+	b := d.HostAlloc(4 << 20)
+	kept := d.HostTrim(b, hostUnit+1)
+	if len(kept) != hostUnit+1 || cap(kept) != hostUnit+1 || &kept[0] != &b[0] {
+		t.Fatalf("trimmed to len %d cap %d", len(kept), cap(kept))
+	}
+	if lent := d.HostLent(); lent != 2*hostUnit {
+		t.Fatalf("%d bytes lent after the trim, want the two units kept", lent)
+	}
+	// The tail is lent again: the next buffer starts where the kept units end.
+	c := d.HostAlloc(1 << 20)
+	if got := uintptr(unsafe.Pointer(&c[0])) - uintptr(unsafe.Pointer(&b[0])); got != 2*hostUnit {
+		t.Fatalf("the next buffer lies %d bytes after the trimmed one, want %d", got, 2*hostUnit)
+	}
+	// Held twice: the tail stays.
+	if !d.Retain(c) {
+		t.Fatal("Retain refused a lent buffer")
+	}
+	if got := d.HostTrim(c, 10); len(got) != 10 || d.HostLent() != 2*hostUnit+1<<20 {
+		t.Fatalf("a buffer held twice was trimmed: %d bytes lent", d.HostLent())
+	}
+	d.HostFree(c)
+	d.HostFree(c)
+	// Not the pool's: as it is.
+	if got := d.HostTrim(make([]byte, 100), 10); len(got) != 10 {
+		t.Fatalf("foreign memory trimmed to %d", len(got))
+	}
+	d.HostFree(kept)
+	if lent := d.HostLent(); lent != 0 {
+		t.Fatalf("%d bytes lent once every buffer is back", lent)
+	}
+	if a := d.host.arenas[0]; len(a.free) != 1 || a.free[0].n != unit {
+		t.Fatalf("free spans %v once every buffer is back, want the arena whole", a.free)
+	}
+}

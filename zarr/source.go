@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/zarrfs/zarrfs/codec"
+	"github.com/zarrfs/zarrfs/internal/memory"
 	"github.com/zarrfs/zarrfs/objectstore"
 )
 
@@ -196,6 +197,8 @@ func (s storeSource) whole(ctx context.Context) ([]byte, string, error) {
 				return []byte{}, ver, nil // not buf[:0]: release would free buf again
 			case &b[0] != &buf[0]:
 				mem.HostFree(buf) // b is the store's own
+			default:
+				b = trimmed(mem, buf, len(b))
 			}
 			return b, ver, nil
 		})
@@ -256,6 +259,8 @@ func (s storeSource) cached(sc SourceCache, key string) ([]byte, bool) {
 		b, ok := gi.GetInto(key, buf[:0])
 		if !ok || len(b) == 0 || &b[0] != &buf[:1][0] {
 			mem.HostFree(buf) // a miss, or bytes in memory of the cache's own
+		} else {
+			b = trimmed(mem, buf, len(b))
 		}
 		if ok && len(b) == 0 {
 			return []byte{}, true // not buf[:0]: release would free buf again
@@ -263,6 +268,18 @@ func (s storeSource) cached(sc SourceCache, key string) ([]byte, bool) {
 		return b, ok
 	}
 	return gi.GetInto(key, nil) // no lender: the cache allocates the bytes
+}
+
+// trimmed gives mem back what of buf, room for a whole compressed chunk
+// at its decoded size, lies past the n bytes read into it, where mem takes
+// such tails (memory.Trimmer): the chunk holds its own bytes of the
+// decoder's memory (a GPU's pinned memory, of which a fill reads many
+// chunks at once), not twice as many.
+func trimmed(mem codec.HostMemory, buf []byte, n int) []byte {
+	if t, ok := mem.(memory.Trimmer); ok {
+		return t.HostTrim(buf, n)
+	}
+	return buf[:n]
 }
 
 func (s storeSource) suffix(ctx context.Context, n int64) ([]byte, string, error) {

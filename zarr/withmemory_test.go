@@ -177,3 +177,65 @@ func levelStoreOnDisk(t *testing.T) objectstore.Store {
 	}
 	return st
 }
+
+// trimCounter is a lendCounter that takes tails back (memory.Trimmer),
+// recording each trim as the buffer's length and what it kept.
+type trimCounter struct {
+	*lendCounter
+	trims [][2]int
+}
+
+func (m *trimCounter) HostTrim(b []byte, n int) []byte {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.trims = append(m.trims, [2]int{len(b), n})
+	return b[:n:n]
+}
+
+// trimmingDecoder is a lendingDecoder whose memory takes tails back.
+type trimmingDecoder struct {
+	codec.Inline
+	*trimCounter
+}
+
+// A chunk read whole into the decoder's memory, from the store or the
+// source cache, is read into room for its decoded size; a lender that
+// takes tails back gets all of it past the compressed bytes at once, and
+// the bytes decode as without it.
+func TestDecodingTrimsChunksToTheirBytes(t *testing.T) {
+	st := levelStoreOnDisk(t)
+	sc := &plainInto{m: map[string][]byte{}}
+	h, err := zarr.Open(context.Background(), st, zarr.Options{ChunkCacheBytes: -1, SourceCache: sc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	a := h.Arrays[0]
+	read := func(r zarr.Reader) []byte {
+		buf := make([]byte, 2*4*3*5*2)
+		if err := r.Read(context.Background(), nil, []zarr.Request{{Array: a, Start: []int64{0, 0, 0, 0}, Count: []int64{2, 4, 3, 5}, Dst: buf}}); err != nil {
+			t.Fatal(err)
+		}
+		return buf
+	}
+	want := read(h) // fills the source cache too
+	for _, from := range []string{"the source cache", "the store"} {
+		if from == "the store" {
+			clear(sc.m)
+		}
+		m := &trimCounter{lendCounter: &lendCounter{}}
+		if got := read(h.Decoding(trimmingDecoder{trimCounter: m})); !bytes.Equal(got, want) {
+			t.Fatalf("from %s: the trimmed chunks decode to other bytes", from)
+		}
+		// (A miss in the source cache lends and takes back a buffer
+		// before the store's read lends another.)
+		if len(m.trims) != 2 || m.back != m.n {
+			t.Fatalf("from %s: %d trims of 2 chunks, %d buffers lent, %d back", from, len(m.trims), m.n, m.back)
+		}
+		for _, tr := range m.trims {
+			if tr[1] <= 0 || tr[1] >= tr[0] {
+				t.Fatalf("from %s: a buffer of %d bytes trimmed to %d: want its compressed bytes, fewer", from, tr[0], tr[1])
+			}
+		}
+	}
+}

@@ -36,6 +36,17 @@ type Lender interface {
 	Retain(b []byte) bool
 }
 
+// A Trimmer is a Lender that takes back the tail of a buffer it lent:
+// HostTrim(b, n), where b is a buffer HostAlloc returned and its caller
+// holds alone, keeps b's first n bytes lent and returns them (capacity
+// n: the rest may be lent again at once). Memory the lender did not lend,
+// or held by others too, comes back as b[:n], its tail still lent. For a
+// buffer sized for the most an object may take (a compressed chunk read
+// into room for its decoded size), so that what is lent is what it holds.
+type Trimmer interface {
+	HostTrim(b []byte, n int) []byte
+}
+
 var _ Lender = (*Arena)(nil)
 
 // Arena lends host memory outside the Go heap: anonymous mappings, kept
