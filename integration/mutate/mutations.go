@@ -693,6 +693,15 @@ var mutations = []mutation{
 		Run:    "GzipHeaderLikeCPU",
 	},
 	{
+		Name:   "blosc-zstd-checksum-unread",
+		Breaks: "with Options.Unverified a blosc zstd stream whose frame has a checksum decodes on the GPU, which never reads it: a chunk the CPU rejects on its checksum is accepted",
+		File:   "gpu/blosc.go",
+		From:   "\t\t\tcase frames[0].checksum:",
+		To:     "\t\t\tcase frames[0].checksum && false:",
+		Pkgs:   []string{"./gpu"},
+		Run:    "BloscZstdChecksumToCPU",
+	},
+	{
 		Name:   "chunk-room-kept",
 		Breaks: "a compressed chunk read whole into a GPU's pinned memory keeps the room for its decoded size, twice its bytes: a fill's chunks outgrow the pinned memory reserved for them and the rest is read into the Go heap and copied again",
 		File:   "zarr/source.go",
