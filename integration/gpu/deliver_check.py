@@ -921,18 +921,41 @@ def damage_mount(a, store, name, trust):
     return m
 
 
-def damage_array(a, m, name, good, damaged, ref, trusted):
+# What the daemon's ring open says once a device fault took its GPU down
+# for the rest of the process (gpu: "device unusable after ...").
+GPU_OFF = "device unusable after"
+
+
+def damage_array(a, mounts, name, good, damaged, ref, trusted):
     """Every sample of array name through decode='device', one Loader each,
     against the reference mount's file (ref: bytes or error per sample).
-    Returns the tallies, and the lines of the samples that broke the rule."""
-    d = os.path.join(m.path, name)
+    mounts holds the mount, and restarts it: a damaged chunk that makes
+    nvCOMP fault takes the daemon's GPU down for the rest of its process
+    (the driver refuses to rebuild the context), as integration/gpu/run.sh
+    reports of the decoder; the faulting sample must still get the CPU's
+    verdict, the next Loader must say why it has no ring, and the rest of
+    the samples are checked on a mount started again. Returns the tallies,
+    the lines of the samples that broke the rule, and the faults."""
     n = len(good)
-    files = zarrfs.SampleDir(d).names
     t = dict(good=0, good_device=0, rejected=0, same=0, unchecked_accepted=0, unchecked_differ=0)
-    bad = []
-    for i in range(n):
+    bad, faults = [], []
+    last = None  # the sample before, which may have faulted the device
+    i = 0
+    while i < n:
+        m = mounts.m
+        d = os.path.join(m.path, name)
+        files = zarrfs.SampleDir(d).names
         before = status(a.zarrfs, m)["delivery"]["device_samples"]
         got, err = one_sample(d, i, n, "device")
+        if err is not None and GPU_OFF in str(err) and DEVICE == "cuda":
+            if any(f[0] == i for f in faults):
+                bad.append(f"{name}/{files[i]}: the GPU went down again on a mount started again: {err}")
+                i += 1
+                continue
+            faults.append((i, f"{name}/{files[last]} ({damaged[last] or 'undamaged'})" if last is not None else "?", str(err)))
+            mounts.restart()
+            continue
+        last = i
         want, werr = ref[i]
         what = f"{name}/{files[i]} ({damaged[i] or 'undamaged'})"
         chunk = f"{name}/c/{i}/0/0"
@@ -958,17 +981,40 @@ def damage_array(a, m, name, good, damaged, ref, trusted):
             t["unchecked_differ"] += 1
         else:
             bad.append(f"{what}: the CPU decodes it, the device path {'raised ' + repr(err) if err else 'gave other bytes'}")
-    return t, bad
+        i += 1
+    return t, bad, faults
 
 
-def damage_epoch(a, m, name, ref):
+class DamageMount:
+    """The damage part's mount, started again after nvCOMP took its GPU down."""
+
+    def __init__(self, a, store, name, trust):
+        self.a, self.store, self.name, self.trust = a, store, name, trust
+        self.m = damage_mount(a, store, name, trust)
+
+    def restart(self):
+        self.m.stop()
+        self.m = damage_mount(self.a, self.store, self.name, self.trust)
+
+    def stop(self):
+        self.m.stop()
+
+
+def damage_epoch(a, mounts, name, ref):
     """A whole epoch of batches of 4: the batches before the first with a
     sample the CPU rejects equal the reference, that batch raises naming a
-    file of it, and the next epoch does the same (the ring survives)."""
-    d = os.path.join(m.path, name)
+    file of it, and the next epoch does the same (the ring survives). On a
+    mount started again where nvCOMP took the GPU down before."""
     first = min(i for i, (_, e) in enumerate(ref) if e is not None)
     want_batches = first // 4
-    l = Loader(d, 4, device=DEVICE, decode="device", timeout=120)
+    try:
+        l = Loader(os.path.join(mounts.m.path, name), 4, device=DEVICE, decode="device", timeout=120)
+    except RuntimeError as e:
+        if GPU_OFF not in str(e):
+            raise
+        mounts.restart()
+        l = Loader(os.path.join(mounts.m.path, name), 4, device=DEVICE, decode="device", timeout=120)
+    d = os.path.join(mounts.m.path, name)
     files = zarrfs.SampleDir(d).names
     ok = True
     for epoch in range(2):
@@ -1016,12 +1062,15 @@ def part_damage(a):
         rm.stop()
     for trust, names in ((False, list(DAMAGE_ARRAYS)), (True, ["zstdnc"])):
         label = "with --gpu-trust-unchecked" if trust else "default"
-        m = damage_mount(a, store, "damage-trust" if trust else "damage", trust)
+        mounts = DamageMount(a, store, "damage-trust" if trust else "damage", trust)
         try:
             for name in names:
-                t, bad = damage_array(a, m, name, good, damaged[name], ref[name], trusted=trust and name == "zstdnc")
+                t, bad, faults = damage_array(a, mounts, name, good, damaged[name], ref[name], trusted=trust and name == "zstdnc")
                 for line in bad[:10]:
                     print("  " + line, flush=True)
+                for at, after, msg in faults:
+                    print(f"  NVCOMP-FAULT {name} ({label}): after {after} the GPU was down until restart; the next "
+                          f"Loader raised: {msg[:300]}; the mount started again", flush=True)
                 print(f"  {name} ({label}): {t['good']} undamaged ({t['good_device']} filled by the device path), "
                       f"{t['rejected']} damaged rejected naming file and chunk, {t['same']} damaged decoded alike by the CPU "
                       f"(no check covers that damage), {t['unchecked_accepted']} rejected by the CPU but accepted unchecked, "
@@ -1031,7 +1080,8 @@ def part_damage(a):
                     check(t["good_device"] > 0, f"damage: {name} ({label}): the device path filled undamaged samples "
                                                 f"({t['good_device']} of {t['good']})")
             if not trust:
-                damage_epoch(a, m, "blosc", ref["blosc"])
+                damage_epoch(a, mounts, "blosc", ref["blosc"])
+            m = mounts.m
             deadline = time.time() + 15  # the daemon frees a ring once its fills returned
             while status(a.zarrfs, m)["delivery"]["rings_open"] and time.time() < deadline:
                 time.sleep(0.1)
@@ -1039,7 +1089,7 @@ def part_damage(a):
             check(m._proc.poll() is None and st["rings_open"] == 0, f"damage ({label}): the daemon lives, no ring left open "
                                                                    f"({st['errors']} fills failed)")
         finally:
-            m.stop()
+            mounts.stop()
     print(f"  damage: {time.time() - t0:.1f} s", flush=True)
 
 

@@ -240,7 +240,9 @@ def test_cuda_batches_equal_numpy(mount, index_store):
     d = os.path.join(m.path, "x")
     seen = []
     for rank in range(2):
-        l = Loader(d, 4, device="cuda", rank=rank, world=2, shuffle=True, seed=5)
+        # The host path: with a mount that decodes on the GPU, 'auto' would
+        # take the ring (test_deliver.py).
+        l = Loader(d, 4, device="cuda", rank=rank, world=2, shuffle=True, seed=5, decode="host")
         assert "pinned" in repr(l)
         for batch, coords in l:
             assert batch.is_cuda and batch.dtype == torch.float32
@@ -255,7 +257,9 @@ def test_cuda_batches_equal_numpy(mount, index_store):
 def test_cuda_second_iteration_stops_the_first(mount, index_store):
     need_gpu()
     m = mount(index_store)
-    l = Loader(os.path.join(m.path, "x"), 2, device="cuda", prefetch=2)
+    # copy=True: the batches are kept, which on a ring path (a mount that
+    # decodes on the GPU) needs copies of the slots.
+    l = Loader(os.path.join(m.path, "x"), 2, device="cuda", prefetch=2, copy=True)
     first = iter(l)
     next(first)
     second = list(l)
