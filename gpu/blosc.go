@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/zarrfs/zarrfs/codec"
@@ -54,8 +55,8 @@ func prepareBlosc(j *codec.Job) prepared {
 			// block headers are checked here (see validate.go).
 			frames, err := zstdFrames(s.Src)
 			switch {
-			case err == errZstdDict:
-				return prepared{err: fmt.Errorf("gpu: blosc chunk: stream %d: %v: %w", i, err, codec.ErrUnsupported)}
+			case err == errZstdDict || errors.Is(err, errZstdTables):
+				return prepared{err: fmt.Errorf("gpu: blosc chunk: stream %d: %w: %w", i, err, codec.ErrUnsupported)}
 			case err != nil:
 				return corrupt(j, "stream %d: %v", i, err)
 			case len(frames) != 1:

@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"unsafe"
@@ -116,8 +117,8 @@ func frame(j *codec.Job) prepared {
 	switch j.Codec {
 	case codec.Zstd:
 		frames, err := zstdFrames(j.Src)
-		if err == errZstdDict {
-			return prepared{err: fmt.Errorf("gpu: zstd chunk: %v: %w", err, codec.ErrUnsupported)}
+		if err == errZstdDict || errors.Is(err, errZstdTables) {
+			return prepared{err: fmt.Errorf("gpu: zstd chunk: %w: %w", err, codec.ErrUnsupported)}
 		}
 		if err != nil {
 			return corrupt(j, "%v", err)

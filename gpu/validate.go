@@ -4,6 +4,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
+
+	"github.com/klauspost/compress/huff0"
 
 	"github.com/zarrfs/zarrfs/codec"
 )
@@ -15,8 +18,10 @@ import (
 // process (a CUDA context does not survive a fault). A stream these checks
 // reject is reported as corrupt and never reaches the device. The LZ4 walk
 // is exact (what it passes, the CPU decoder accepts); the zstd checks read
-// headers only, a few bytes per block of 128 KiB of output; the snappy
-// walk proves a stream in bounds. None of them writes anything.
+// headers and entropy table descriptions only, a few dozen bytes per block
+// of 128 KiB of output (a block whose tables do not read as tables goes to
+// the CPU, which decides); the snappy walk proves a stream in bounds. None
+// of them writes anything.
 
 // zstdMaxBlock is Block_Maximum_Size's upper bound (RFC 8878, 3.1.1.2).
 const zstdMaxBlock = 128 << 10
@@ -30,6 +35,30 @@ type zstdBlockState struct {
 }
 
 var errZstdBlock = errors.New("malformed zstd block")
+
+// errZstdTables is a block whose entropy tables do not read as tables: a
+// Huffman tree description whose weights, decoded, give more than 11 bits
+// a code (or no power of two), an FSE table description of the sequences
+// past its bounds. nvCOMP builds its tables from these unchecked and
+// faults past them (a damaged chunk's tree ended GPU decoding for the
+// process on the H100), so the chunk goes to the CPU, whose verdict it
+// gets.
+var errZstdTables = errors.New("entropy tables the host cannot read")
+
+// huffScratch keeps the tree reader's tables between chunks.
+var huffScratch = sync.Pool{New: func() any { return new(huff0.Scratch) }}
+
+// huffTreeOK reads a Huffman tree description (RFC 8878, 4.2.1) as
+// klauspost/compress's decoder does: weights, FSE-coded or not, that
+// make a tree of at most 11 bits a code.
+func huffTreeOK(desc []byte) bool {
+	s := huffScratch.Get().(*huff0.Scratch)
+	s2, _, err := huff0.ReadTable(desc, s)
+	if s2 != nil {
+		huffScratch.Put(s2)
+	}
+	return err == nil
+}
 
 // check reads the headers of one compressed block (RFC 8878, 3.1.1.3):
 // the literals section header and, for Huffman-coded literals, the tree
@@ -118,6 +147,9 @@ func (st *zstdBlockState) checkLiterals(b []byte) (regen, size int, err error) {
 			if n > len(lit) {
 				return 0, 0, badBlock("Huffman tree description of %d bytes in %d", n, len(lit))
 			}
+			if !huffTreeOK(lit[:n]) {
+				return 0, 0, errZstdTables
+			}
 			lit = lit[n:]
 			st.huf = true
 		}
@@ -173,11 +205,21 @@ func (st *zstdBlockState) checkSequences(seq []byte) error {
 	if modes&3 != 0 {
 		return badBlock("reserved bits in the compression modes")
 	}
-	rest := len(seq) - sh - 1
-	for i := range 3 {
+	q := sh + 1
+	for i, t := range seqTables {
 		switch (modes >> (6 - 2*i)) & 3 {
-		case 1: // RLE: one byte
-			rest--
+		case 1: // RLE: one symbol
+			if q >= len(seq) || int(seq[q]) > t.maxSymbol {
+				return fmt.Errorf("%w: %s RLE symbol missing or past %d", errZstdTables, t.name, t.maxSymbol)
+			}
+			q++
+			st.seq[i] = true
+		case 2: // FSE table description
+			n, err := fseTableSize(seq[q:], t.maxSymbol, t.maxLog)
+			if err != nil {
+				return fmt.Errorf("%w: %s table: %v", errZstdTables, t.name, err)
+			}
+			q += n
 			st.seq[i] = true
 		case 3: // repeat
 			if !st.seq[i] {
@@ -188,11 +230,102 @@ func (st *zstdBlockState) checkSequences(seq []byte) error {
 		}
 	}
 	// The bitstream runs to the end of the block and ends in a byte holding
-	// its end mark (the FSE table descriptions before it are not parsed).
-	if rest <= 0 || seq[len(seq)-1] == 0 {
+	// its end mark.
+	if q >= len(seq) || seq[len(seq)-1] == 0 {
 		return badBlock("sequences bitstream without its end mark")
 	}
 	return nil
+}
+
+// seqTables are the sequences section's three codes, in their order:
+// their largest symbol and accuracy log (RFC 8878, 3.1.1.3.2.2).
+var seqTables = [3]struct {
+	name              string
+	maxSymbol, maxLog int
+}{{"literal lengths", 35, 9}, {"offsets", 31, 8}, {"match lengths", 52, 9}}
+
+// fseTableSize reads an FSE table description (RFC 8878, 4.1.1) at the
+// start of b, as the CPU decoder reads it, and returns its size in bytes:
+// an accuracy log above maxLog, a symbol above maxSymbol, probabilities
+// that do not add up to the table, or a description running past b fail
+// it, as they fail the decoder. nvCOMP builds its tables from these
+// without checking them, as it does the Huffman trees (one of which made
+// it fault on the H100). The bits past b read as zeros.
+func fseTableSize(b []byte, maxSymbol, maxLog int) (int, error) {
+	pos := 0 // bits read
+	// peek returns the 32 bits from pos.
+	peek := func() uint32 {
+		var v uint64
+		for k := range 8 {
+			if i := pos/8 + k; i < len(b) {
+				v |= uint64(b[i]) << (8 * k)
+			}
+		}
+		return uint32(v >> (pos % 8))
+	}
+	acc := int(peek()&0xf) + 5
+	pos += 4
+	if acc > maxLog {
+		return 0, fmt.Errorf("accuracy log %d past %d", acc, maxLog)
+	}
+	remaining := 1<<acc + 1
+	threshold := 1 << acc
+	nbBits := acc + 1
+	symbol := 0
+	previous0 := false
+	for remaining > 1 && symbol <= maxSymbol {
+		if previous0 {
+			// Runs of zero probabilities: 2-bit repeat flags, 3 each while 3.
+			for {
+				r := peek() & 3
+				pos += 2
+				symbol += int(r)
+				if r != 3 {
+					break
+				}
+				if symbol > maxSymbol {
+					break
+				}
+			}
+			if symbol > maxSymbol {
+				break
+			}
+		}
+		v := peek()
+		most := 2*threshold - 1 - remaining
+		var count int
+		if int(v&uint32(threshold-1)) < most {
+			count = int(v & uint32(threshold-1))
+			pos += nbBits - 1
+		} else {
+			count = int(v & uint32(2*threshold-1))
+			if count >= threshold {
+				count -= most
+			}
+			pos += nbBits
+		}
+		count-- // probability -1: "less than 1"
+		if count < 0 {
+			remaining--
+		} else {
+			remaining -= count
+		}
+		symbol++
+		previous0 = count == 0
+		for remaining < threshold && threshold > 1 {
+			nbBits--
+			threshold >>= 1
+		}
+	}
+	switch {
+	case remaining != 1:
+		return 0, fmt.Errorf("probabilities past the table of %d (or symbols past %d)", 1<<acc, maxSymbol)
+	case symbol > maxSymbol+1:
+		return 0, fmt.Errorf("symbols past %d", maxSymbol)
+	case (pos+7)/8 > len(b):
+		return 0, fmt.Errorf("description of %d bits in %d bytes", pos, len(b))
+	}
+	return (pos + 7) / 8, nil
 }
 
 // snappyCheck walks a raw snappy stream's tags without copying anything

@@ -197,3 +197,103 @@ func BenchmarkHostChecks(b *testing.B) {
 		})
 	}
 }
+
+// A zstd block whose Huffman tree description does not read as a tree
+// (damage in its weights: the H100 faulted in nvCOMP on one, a code of
+// more than 11 bits) goes to the CPU, never to nvCOMP, and the CPU's
+// verdict is the chunk's (it rejects nearly all of them; a few, without a
+// checksum, it decodes to other bytes, as it would any chunk). Every bit
+// of the first block's tree description flipped in turn, over frames of
+// several contents; the intact frames pass.
+func TestZstdBadTreesGoToCPU(t *testing.T) {
+	text := []byte(strings.Repeat("Zarr chunks, decoded on the GPU: 0123456789 ~!@#$%^&*() ", 400))
+	r := rand.New(rand.NewPCG(5, 6))
+	for i := range text {
+		if r.IntN(7) == 0 {
+			text[i] = byte(r.IntN(256)) // more symbols than 4-bit weights hold
+		}
+	}
+	var trees, flipped, cpuRejects int
+	for _, in := range [][]byte{text, append(bytes.Clone(text[:9000]), field(40, 50, 2)...)} {
+		for _, src := range [][]byte{compress(codec.Zstd, in), zstdNoCRC(in)} {
+			if p := prepare(&codec.Job{Codec: codec.Zstd, Src: src, Dst: make([]byte, len(in))}); p.err != nil {
+				t.Fatalf("an intact frame: %v", p.err)
+			}
+			at, n := firstTree(t, src)
+			for i := at; i < at+n; i++ {
+				for bit := range 8 {
+					bad := bytes.Clone(src)
+					bad[i] ^= 1 << bit
+					flipped++
+					j := codec.Job{Codec: codec.Zstd, Src: bad, Dst: make([]byte, len(in))}
+					p := prepare(&j)
+					if !errors.Is(p.err, errZstdTables) {
+						continue
+					}
+					trees++
+					if !errors.Is(p.err, codec.ErrUnsupported) {
+						t.Fatalf("a bad tree: %v, want it sent to the CPU", p.err)
+					}
+					if err := codec.Decode(codec.Zstd, make([]byte, len(in)), bad); err != nil {
+						cpuRejects++
+					}
+				}
+			}
+		}
+	}
+	if trees == 0 {
+		t.Fatalf("none of %d flips made a tree the host cannot read: the test shows nothing", flipped)
+	}
+	t.Logf("%d of %d flips in tree descriptions made trees the host cannot read, sent to the CPU, which rejected %d", trees, flipped, cpuRejects)
+}
+
+// firstTree returns where the first block's FSE-coded Huffman tree
+// description lies in a one-frame zstd stream.
+func firstTree(t *testing.T, src []byte) (at, n int) {
+	t.Helper()
+	fhd := src[4]
+	p := 5
+	if fhd&0x20 == 0 {
+		p++ // window descriptor
+	}
+	fcs := []int{0, 2, 4, 8}[fhd>>6]
+	if fhd&0x20 != 0 && fcs == 0 {
+		fcs = 1
+	}
+	p += fcs + []int{0, 1, 2, 4}[fhd&3] + 3 // dictionary ID, block header
+	b0 := int(src[p])
+	if b0&3 != 2 {
+		t.Fatalf("the first block's literals are not Huffman-coded with a new tree (type %d)", b0&3)
+	}
+	hdr := 3 + max((b0>>2)&3-1, 0)
+	if src[p+hdr] >= 128 {
+		t.Fatal("the first block's tree has 4-bit weights, not FSE-coded ones")
+	}
+	return p + hdr, 1 + int(src[p+hdr])
+}
+
+// fseTableSize reads the sequences' tables of real frames (the frames
+// above pass), and refuses an accuracy log past the code's bound, a
+// description cut short, and symbols past the code's last.
+func TestFSETableSize(t *testing.T) {
+	// Accuracy log 5 (low nibble 0), then symbol 0's probability 32, the
+	// whole table (value 63 in 6 bits): 10 bits.
+	whole := []byte{0xf0, 0x03}
+	if n, err := fseTableSize(whole, 35, 9); err != nil || n != 2 {
+		t.Fatalf("a table of one symbol: %d, %v", n, err)
+	}
+	// Symbol 0 at 31 (value 62), symbol 1 at "less than 1" (a 0 bit): 11 bits.
+	two := []byte{0xe0, 0x03}
+	if n, err := fseTableSize(two, 35, 9); err != nil || n != 2 {
+		t.Fatalf("a table of two symbols: %d, %v", n, err)
+	}
+	if _, err := fseTableSize(two, 0, 9); err == nil {
+		t.Fatal("a second symbol where the code has one passed")
+	}
+	if _, err := fseTableSize([]byte{0x05, 0, 0, 0}, 35, 9); err == nil || !strings.Contains(err.Error(), "accuracy log 10") {
+		t.Fatalf("accuracy log 10 for literal lengths (at most 9): %v", err)
+	}
+	if _, err := fseTableSize(whole[:1], 35, 9); err == nil {
+		t.Fatal("a description cut short passed")
+	}
+}
