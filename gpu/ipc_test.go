@@ -818,11 +818,31 @@ func TestRingRoundsMerge(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	}
-	// Two fills take the device; three more come while it decodes them.
+	// started waits until n chunks went through nvCOMP: a round taken up
+	// (the gate keeps the host from hearing it is done).
+	started := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			f.mu.Lock()
+			got := f.pieces[algoLZ4]
+			f.mu.Unlock()
+			if got >= n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d chunks on the device, want %d", got, n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	// Two fills take the device, each in a round of its own (the second
+	// comes once the first's round is on the device: queued alone, it could
+	// join the first's); three more come while it decodes them.
 	fill(0)
-	queued(1)
+	started(4)
 	fill(1)
-	queued(2)
+	started(8)
 	for k := 2; k < slots; k++ {
 		fill(k)
 	}
