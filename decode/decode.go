@@ -155,6 +155,7 @@ type Options struct {
 type gpuDecoder interface {
 	codec.BatchDecoder
 	codec.HostMemory
+	memory.Trimmer
 	TryHostAlloc(n int) []byte
 	Close() error
 	Info() gpu.Info
@@ -771,6 +772,24 @@ func (l lender) Retain(b []byte) bool {
 	}
 	return false
 }
+
+// HostTrim gives the GPU that lent b the room past its first n bytes
+// (memory.Trimmer): a chunk read into room for its decoded size. The
+// arena's buffers, of size classes, keep theirs.
+func (l lender) HostTrim(b []byte, n int) []byte {
+	l.p.mu.Lock()
+	defer l.p.mu.Unlock()
+	if !l.p.closed {
+		for _, g := range l.p.gpus {
+			if t := g.HostTrim(b, n); cap(t) != cap(b) { // the one that lent it
+				return t
+			}
+		}
+	}
+	return b[:n]
+}
+
+var _ memory.Trimmer = lender{}
 
 // hostLender is the pipeline's lender lending host memory only (Host).
 type hostLender struct{ lender }

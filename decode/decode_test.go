@@ -16,6 +16,7 @@ import (
 
 	"github.com/zarrfs/zarrfs/codec"
 	"github.com/zarrfs/zarrfs/gpu"
+	"github.com/zarrfs/zarrfs/internal/memory"
 )
 
 // fakeGPU stands in for one gpu.Decoder: it decodes zstd on the host,
@@ -38,6 +39,7 @@ type fakeGPU struct {
 
 	mu    sync.Mutex
 	lent  map[*byte]bool
+	trims int // HostTrim calls on buffers it lent
 	costs map[codec.Name]gpu.Cost
 }
 
@@ -113,6 +115,20 @@ func (g *fakeGPU) HostFree(b []byte) {
 	g.mu.Lock()
 	delete(g.lent, &b[:1][0])
 	g.mu.Unlock()
+}
+
+// HostTrim keeps a buffer it lent to its first n bytes, recording it.
+func (g *fakeGPU) HostTrim(b []byte, n int) []byte {
+	if cap(b) == 0 {
+		return b[:n]
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.lent[&b[:1][0]] {
+		return b[:n]
+	}
+	g.trims++
+	return b[:n:n]
 }
 
 // Retain reports a buffer it lent as held, without counting holds: the
@@ -354,6 +370,16 @@ func TestMemory(t *testing.T) {
 	if len(made[0].lent) != 1 || len(made[1].lent) != 0 {
 		t.Errorf("lent %d and %d buffers, want 1 from the first GPU", len(made[0].lent), len(made[1].lent))
 	}
+	// A trim goes to the GPU that lent the buffer; the arena's keep theirs.
+	tr := m.(memory.Trimmer)
+	if got := tr.HostTrim(b, 10); len(got) != 10 || cap(got) != 10 || made[0].trims != 1 || made[1].trims != 0 {
+		t.Errorf("a trim of the first GPU's buffer: len %d cap %d, trims %d and %d", len(got), cap(got), made[0].trims, made[1].trims)
+	}
+	ab := p.Host().HostAlloc(4096)
+	if got := tr.HostTrim(ab, 10); len(got) != 10 || cap(got) != cap(ab) || made[0].trims != 1 {
+		t.Errorf("a trim of the arena's buffer: len %d cap %d (of %d)", len(got), cap(got), cap(ab))
+	}
+	p.Host().HostFree(ab)
 	m.HostFree(b)
 	if len(made[0].lent) != 0 {
 		t.Error("buffer not given back")
