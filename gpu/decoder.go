@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -211,6 +212,10 @@ type Decoder struct {
 	stateMu sync.Mutex
 	broken  error // a sticky device error: the context must be rebuilt
 	dead    error // rebuilding failed: the GPU path is off for good
+	// mendMu lets one caller outside the rounds rebuild at a time
+	// (mendIdle): two that each held some buffer sets would wait for the
+	// other's.
+	mendMu sync.Mutex
 
 	// The queue of callers (queue.go).
 	rounds        device
@@ -581,6 +586,8 @@ func (d *Decoder) mendIdle(wait time.Duration) error {
 	if dead != nil || broken == nil {
 		return dead
 	}
+	d.mendMu.Lock()
+	defer d.mendMu.Unlock()
 	sets, ok := d.holdSets(wait)
 	defer func() {
 		for _, s := range sets {
@@ -596,7 +603,18 @@ func (d *Decoder) mendIdle(wait time.Duration) error {
 	case !ok:
 		return broken
 	}
-	return d.mendContext(broken)
+	// A rebuild is driver calls that may not return on a device that
+	// stopped answering: bounded as a round is, it retires the GPU past
+	// the limit, so that the callers waiting for it go to the CPU.
+	limit := cmp.Or(d.opts.RoundTimeout, defaultRoundTimeout)
+	watch := time.AfterFunc(limit, func() {
+		d.retire(fmt.Errorf("%w: rebuilding the context after %v took more than %v", ErrHung, broken, limit))
+	})
+	defer watch.Stop()
+	if err := d.mendContext(broken); err != nil {
+		return err
+	}
+	return d.Retired() // past the limit, retired meanwhile
 }
 
 // DecodeBatch decodes jobs on the GPU; see codec.BatchDecoder. Jobs the GPU

@@ -70,6 +70,9 @@ type fakeGPU struct {
 	// poisoned is a context a device fault broke: allocations fail with
 	// the fault's sticky error until a reset.
 	poisoned bool
+	// resetHold, when set, keeps a context reset waiting until it is
+	// closed: a driver that does not answer.
+	resetHold chan struct{}
 }
 
 // setBusy marks event ev not done (or done again).
@@ -357,6 +360,12 @@ func (f *fakeGPU) libs() *libs {
 		// A reset frees the context's device memory, as the driver's does
 		// (its rings' among it).
 		cuDevicePrimaryCtxReset: func(int32) cuResult {
+			f.mu.Lock()
+			hold := f.resetHold
+			f.mu.Unlock()
+			if hold != nil {
+				<-hold
+			}
 			f.mu.Lock()
 			defer f.mu.Unlock()
 			for p, b := range f.dev {

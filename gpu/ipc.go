@@ -179,12 +179,15 @@ func (d *Decoder) NewRing(slots int, slotBytes int64, consumers []string) (*Ring
 		}
 		r, err := d.openRing(l, slots, slotBytes, chs)
 		var ce *CUDAError
-		if err == nil || try > 0 || !errors.As(err, &ce) || !ce.Sticky() {
+		if err == nil || !errors.As(err, &ce) || !ce.Sticky() {
 			return r, err
 		}
 		// The fault came where no round saw it yet: recorded, the context
 		// is rebuilt and the ring made again, once.
 		d.deviceFailed(err)
+		if try > 0 {
+			return nil, err
+		}
 	}
 }
 

@@ -342,6 +342,42 @@ func TestNewRingAfterADeviceFault(t *testing.T) {
 	}
 }
 
+// A rebuild that the driver does not finish is bounded as a round is: the
+// GPU retires at the limit (its callers go to the CPU), and the ring open
+// that rebuilt says so once the driver answers.
+func TestNewRingRebuildStuck(t *testing.T) {
+	d, f, _ := ringDecoder(t, Options{DeviceBytes: 64 << 20, RoundTimeout: 200 * time.Millisecond})
+	hold := make(chan struct{})
+	release := sync.OnceFunc(func() { close(hold) })
+	defer release() // the driver answers before the test ends, whatever it found
+	f.mu.Lock()
+	f.resetHold = hold
+	f.mu.Unlock()
+	d.deviceFailed(&CUDAError{Op: "cuEventSynchronize", Code: 700, Name: "CUDA_ERROR_ILLEGAL_ADDRESS"})
+	opened := make(chan error, 1)
+	go func() {
+		r, err := d.NewRing(2, 1<<20, nil)
+		if r != nil {
+			r.Close()
+		}
+		opened <- err
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for d.Retired() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("a rebuild stuck in the driver did not retire the GPU")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := d.Retired(); !errors.Is(err, ErrHung) {
+		t.Fatalf("retired: %v, want ErrHung", err)
+	}
+	release()
+	if err := <-opened; !errors.Is(err, ErrHung) {
+		t.Fatalf("the ring open that rebuilt: %v, want the retirement", err)
+	}
+}
+
 func TestRingLostToAContextRebuild(t *testing.T) {
 	d, f, _ := ringDecoder(t, Options{DeviceBytes: 64 << 20, RoundTimeout: 300 * time.Millisecond})
 	r, err := d.NewRing(2, 1<<20, nil)

@@ -238,11 +238,13 @@ func (st *zstdBlockState) checkSequences(seq []byte) error {
 }
 
 // seqTables are the sequences section's three codes, in their order:
-// their largest symbol and accuracy log (RFC 8878, 3.1.1.3.2.2).
+// their largest symbol and accuracy log (RFC 8878, 3.1.1.3.2.2; offsets
+// to code 30, as the CPU's decoder for small chunks, klauspost/compress,
+// reads them: code 31, which libzstd takes, goes to the CPU).
 var seqTables = [3]struct {
 	name              string
 	maxSymbol, maxLog int
-}{{"literal lengths", 35, 9}, {"offsets", 31, 8}, {"match lengths", 52, 9}}
+}{{"literal lengths", 35, 9}, {"offsets", 30, 8}, {"match lengths", 52, 9}}
 
 // fseTableSize reads an FSE table description (RFC 8878, 4.1.1) at the
 // start of b, as the CPU decoder reads it, and returns its size in bytes:
@@ -324,6 +326,11 @@ func fseTableSize(b []byte, maxSymbol, maxLog int) (int, error) {
 		return 0, fmt.Errorf("symbols past %d", maxSymbol)
 	case (pos+7)/8 > len(b):
 		return 0, fmt.Errorf("description of %d bits in %d bytes", pos, len(b))
+	case symbol < 2 || len(b) < 4:
+		// Legal, but klauspost/compress, the CPU's decoder for small
+		// chunks, refuses a table of one symbol (encoders write RLE) and
+		// a description with fewer than 4 bytes after it in the block.
+		return 0, fmt.Errorf("a table of %d symbol(s) in %d bytes: the CPU decides", symbol, len(b))
 	}
 	return (pos + 7) / 8, nil
 }

@@ -276,16 +276,22 @@ func firstTree(t *testing.T, src []byte) (at, n int) {
 // above pass), and refuses an accuracy log past the code's bound, a
 // description cut short, and symbols past the code's last.
 func TestFSETableSize(t *testing.T) {
-	// Accuracy log 5 (low nibble 0), then symbol 0's probability 32, the
-	// whole table (value 63 in 6 bits): 10 bits.
-	whole := []byte{0xf0, 0x03}
-	if n, err := fseTableSize(whole, 35, 9); err != nil || n != 2 {
-		t.Fatalf("a table of one symbol: %d, %v", n, err)
-	}
-	// Symbol 0 at 31 (value 62), symbol 1 at "less than 1" (a 0 bit): 11 bits.
-	two := []byte{0xe0, 0x03}
+	// Symbol 0 at 31 (value 62), symbol 1 at "less than 1" (a 0 bit): 11
+	// bits, and the start of the bitstream after them.
+	two := []byte{0xe0, 0x03, 0x55, 0x80}
 	if n, err := fseTableSize(two, 35, 9); err != nil || n != 2 {
 		t.Fatalf("a table of two symbols: %d, %v", n, err)
+	}
+	// Accuracy log 5 (low nibble 0), then symbol 0's probability 32, the
+	// whole table (value 63 in 6 bits): legal, but a table of one symbol
+	// that the CPU's small-chunk decoder refuses goes to the CPU; as does
+	// a description with fewer than 4 bytes from its start.
+	whole := []byte{0xf0, 0x03, 0x55, 0x80}
+	if _, err := fseTableSize(whole, 35, 9); err == nil {
+		t.Fatal("a table of one symbol passed")
+	}
+	if _, err := fseTableSize(two[:3], 35, 9); err == nil {
+		t.Fatal("a description with 3 bytes from its start passed")
 	}
 	if _, err := fseTableSize(two, 0, 9); err == nil {
 		t.Fatal("a second symbol where the code has one passed")

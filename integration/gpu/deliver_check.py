@@ -939,7 +939,6 @@ def damage_array(a, mounts, name, good, damaged, ref, trusted):
     n = len(good)
     t = dict(good=0, good_device=0, rejected=0, same=0, unchecked_accepted=0, unchecked_differ=0)
     bad, faults = [], []
-    last = None  # the sample before, which may have faulted the device
     i = 0
     while i < n:
         m = mounts.m
@@ -952,10 +951,10 @@ def damage_array(a, mounts, name, good, damaged, ref, trusted):
                 bad.append(f"{name}/{files[i]}: the GPU went down again on a mount started again: {err}")
                 i += 1
                 continue
-            faults.append((i, f"{name}/{files[last]} ({damaged[last] or 'undamaged'})" if last is not None else "?", str(err)))
+            faults.append((i, mounts.last or "?", str(err)))
             mounts.restart()
             continue
-        last = i
+        mounts.last = f"{name}/{files[i]} ({damaged[i] or 'undamaged'})"  # may fault the device for the next
         want, werr = ref[i]
         what = f"{name}/{files[i]} ({damaged[i] or 'undamaged'})"
         chunk = f"{name}/c/{i}/0/0"
@@ -990,6 +989,7 @@ class DamageMount:
 
     def __init__(self, a, store, name, trust):
         self.a, self.store, self.name, self.trust = a, store, name, trust
+        self.last = None  # the sample read last: the one a fault found next comes from
         self.m = damage_mount(a, store, name, trust)
 
     def restart(self):
@@ -1012,6 +1012,8 @@ def damage_epoch(a, mounts, name, ref):
     except RuntimeError as e:
         if GPU_OFF not in str(e):
             raise
+        print(f"  NVCOMP-FAULT {name}: after {mounts.last or '?'} the GPU was down until restart; the next "
+              f"Loader raised: {str(e)[:300]}; the mount started again", flush=True)
         mounts.restart()
         l = Loader(os.path.join(mounts.m.path, name), 4, device=DEVICE, decode="device", timeout=120)
     d = os.path.join(mounts.m.path, name)
