@@ -729,6 +729,15 @@ var mutations = []mutation{
 		Run:    "TestMemory$",
 	},
 	{
+		Name:   "rebuild-unwatched",
+		Breaks: "a context rebuild a ring open runs is not bounded: a driver that does not answer holds every buffer set, and every caller, for good",
+		File:   "gpu/decoder.go",
+		From:   "\twatch := time.AfterFunc(limit, func() {",
+		To:     "\twatch := time.AfterFunc(limit*1000, func() {",
+		Pkgs:   []string{"./gpu"},
+		Run:    "NewRingRebuildStuck",
+	},
+	{
 		Name:   "chunk-room-kept",
 		Breaks: "a compressed chunk read whole into a GPU's pinned memory keeps the room for its decoded size, twice its bytes: a fill's chunks outgrow the pinned memory reserved for them and the rest is read into the Go heap and copied again",
 		File:   "zarr/source.go",
