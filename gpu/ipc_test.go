@@ -838,39 +838,26 @@ func TestRingRoundsMerge(t *testing.T) {
 			}
 		})
 	}
-	queued := func(n int) {
+	// waitUntil waits until got() reaches n, what it counts.
+	waitUntil := func(n int, what string, got func() int) {
 		t.Helper()
 		deadline := time.Now().Add(5 * time.Second)
-		for {
-			d.qmu.Lock()
-			q := len(d.live)
-			d.qmu.Unlock()
-			if q >= n {
-				return
-			}
+		for got() < n {
 			if time.Now().After(deadline) {
-				t.Fatalf("%d fills waiting for the device, want %d", q, n)
+				t.Fatalf("%d %s, want %d", got(), what, n)
 			}
 			time.Sleep(time.Millisecond)
 		}
+	}
+	queued := func(n int) {
+		t.Helper()
+		waitUntil(n, "fills waiting for the device", func() int { d.qmu.Lock(); defer d.qmu.Unlock(); return len(d.live) })
 	}
 	// started waits until n chunks went through nvCOMP: a round taken up
 	// (the gate keeps the host from hearing it is done).
 	started := func(n int) {
 		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			f.mu.Lock()
-			got := f.pieces[algoLZ4]
-			f.mu.Unlock()
-			if got >= n {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d chunks on the device, want %d", got, n)
-			}
-			time.Sleep(time.Millisecond)
-		}
+		waitUntil(n, "chunks on the device", func() int { f.mu.Lock(); defer f.mu.Unlock(); return f.pieces[algoLZ4] })
 	}
 	// Two fills take the device, each in a round of its own (the second
 	// comes once the first's round is on the device: queued alone, it could
