@@ -934,11 +934,12 @@ def damage_array(a, mounts, name, good, damaged, ref, trusted):
     (the driver refuses to rebuild the context), as integration/gpu/run.sh
     reports of the decoder; the faulting sample must still get the CPU's
     verdict, the next Loader must say why it has no ring, and the rest of
-    the samples are checked on a mount started again. Returns the tallies,
-    the lines of the samples that broke the rule, and the faults."""
+    the samples are checked on a mount started again (DamageMount.fault
+    reports it). Returns the tallies, and the lines of the samples that
+    broke the rule."""
     n = len(good)
     t = dict(good=0, good_device=0, rejected=0, same=0, unchecked_accepted=0, unchecked_differ=0)
-    bad, faults = [], []
+    bad, faulted = [], set()
     i = 0
     while i < n:
         m = mounts.m
@@ -947,12 +948,12 @@ def damage_array(a, mounts, name, good, damaged, ref, trusted):
         before = status(a.zarrfs, m)["delivery"]["device_samples"]
         got, err = one_sample(d, i, n, "device")
         if err is not None and GPU_OFF in str(err) and DEVICE == "cuda":
-            if any(f[0] == i for f in faults):
+            if i in faulted:
                 bad.append(f"{name}/{files[i]}: the GPU went down again on a mount started again: {err}")
                 i += 1
                 continue
-            faults.append((i, mounts.last or "?", str(err)))
-            mounts.restart()
+            faulted.add(i)
+            mounts.fault(name, err)
             continue
         mounts.last = f"{name}/{files[i]} ({damaged[i] or 'undamaged'})"  # may fault the device for the next
         want, werr = ref[i]
@@ -981,7 +982,7 @@ def damage_array(a, mounts, name, good, damaged, ref, trusted):
         else:
             bad.append(f"{what}: the CPU decodes it, the device path {'raised ' + repr(err) if err else 'gave other bytes'}")
         i += 1
-    return t, bad, faults
+    return t, bad
 
 
 class DamageMount:
@@ -992,7 +993,12 @@ class DamageMount:
         self.last = None  # the sample read last: the one a fault found next comes from
         self.m = damage_mount(a, store, name, trust)
 
-    def restart(self):
+    def fault(self, name, err):
+        """Reports that the ring open for array name found the GPU down
+        (err), and starts the mount again."""
+        print(f"  NVCOMP-FAULT {name} ({'with --gpu-trust-unchecked' if self.trust else 'default'}): after "
+              f"{self.last or '?'} the GPU was down until restart; the next Loader raised: {str(err)[:300]}; "
+              f"the mount started again", flush=True)
         self.m.stop()
         self.m = damage_mount(self.a, self.store, self.name, self.trust)
 
@@ -1012,9 +1018,7 @@ def damage_epoch(a, mounts, name, ref):
     except RuntimeError as e:
         if GPU_OFF not in str(e):
             raise
-        print(f"  NVCOMP-FAULT {name}: after {mounts.last or '?'} the GPU was down until restart; the next "
-              f"Loader raised: {str(e)[:300]}; the mount started again", flush=True)
-        mounts.restart()
+        mounts.fault(name, e)
         l = Loader(os.path.join(mounts.m.path, name), 4, device=DEVICE, decode="device", timeout=120)
     d = os.path.join(mounts.m.path, name)
     files = zarrfs.SampleDir(d).names
@@ -1067,12 +1071,9 @@ def part_damage(a):
         mounts = DamageMount(a, store, "damage-trust" if trust else "damage", trust)
         try:
             for name in names:
-                t, bad, faults = damage_array(a, mounts, name, good, damaged[name], ref[name], trusted=trust and name == "zstdnc")
+                t, bad = damage_array(a, mounts, name, good, damaged[name], ref[name], trusted=trust and name == "zstdnc")
                 for line in bad[:10]:
                     print("  " + line, flush=True)
-                for at, after, msg in faults:
-                    print(f"  NVCOMP-FAULT {name} ({label}): after {after} the GPU was down until restart; the next "
-                          f"Loader raised: {msg[:300]}; the mount started again", flush=True)
                 print(f"  {name} ({label}): {t['good']} undamaged ({t['good_device']} filled by the device path), "
                       f"{t['rejected']} damaged rejected naming file and chunk, {t['same']} damaged decoded alike by the CPU "
                       f"(no check covers that damage), {t['unchecked_accepted']} rejected by the CPU but accepted unchecked, "
