@@ -24,8 +24,9 @@ import (
 // sample, a view's channel filled alone) whose pieces each land in outs as
 // one run (see regionPlan: a sample of levels chunked a level a chunk,
 // however many pieces) is read piece by piece straight into outs, not
-// through a piece buffer of the fill's. A run acquires its memory from the budget as a
-// fill does, so delivery and the mount's fills share one bound.
+// through a piece buffer of the fill's. A run acquires its memory from
+// the budget as a fill does, so delivery and the mount's fills share one
+// bound.
 // Nothing is read back from outs (a static channel is read for each sample
 // or copied from what another fill kept), so the Read's decoder may put a
 // chunk that lands whole in outs somewhere else instead (a GPU decoding
