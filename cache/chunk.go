@@ -79,11 +79,11 @@ func (c *Cache) getChunk(ctx context.Context, rel, key string, fetch func(ctx co
 
 func (c *Cache) readChunk(rel string) ([]byte, error) { return c.readChunkInto(rel, nil) }
 
-// readChunkInto reads the chunk at rel into buf when it has the room (else
-// into memory of its own) and checks its size and checksum: nil, nil for a
-// chunk the index lacks, or one found damaged or gone, which it forgets
-// (and evicts, when damaged) so that the caller fetches it again.
-func (c *Cache) readChunkInto(rel string, buf []byte) ([]byte, error) {
+// readChunkInto reads the chunk at rel into memory from alloc (nil: its
+// own; preadWhole) and checks its size and checksum: nil, nil for a chunk the
+// index lacks, or one found damaged or gone, which it forgets (and evicts,
+// when damaged) so that the caller fetches it again.
+func (c *Cache) readChunkInto(rel string, alloc func(n int) []byte) ([]byte, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -98,7 +98,7 @@ func (c *Cache) readChunkInto(rel string, buf []byte) ([]byte, error) {
 	size, sum := e.size, e.sum
 	c.mu.Unlock()
 
-	data, err := preadWhole(filepath.Join(c.dir, rel), size, buf)
+	data, err := preadWhole(filepath.Join(c.dir, rel), size, alloc)
 	if err == nil && sumOf(data, sum.tree) == sum {
 		return data, nil
 	}
@@ -119,9 +119,10 @@ func (c *Cache) readChunkInto(rel string, buf []byte) ([]byte, error) {
 }
 
 // preadWhole reads the file at p, which must hold exactly size bytes, into
-// buf[:size] when buf has the capacity, else into a new slice: one pread,
-// straight into the caller's memory (pinned memory a GPU copies from).
-func preadWhole(p string, size int64, buf []byte) ([]byte, error) {
+// memory from alloc (nil, or too short: a new slice), called once the
+// file is found to hold size bytes: one pread, straight into the
+// caller's memory.
+func preadWhole(p string, size int64, alloc func(n int) []byte) ([]byte, error) {
 	f, err := os.Open(p)
 	if err != nil {
 		return nil, err
@@ -136,6 +137,10 @@ func preadWhole(p string, size int64, buf []byte) ([]byte, error) {
 	}
 	if size == 0 {
 		return []byte{}, nil
+	}
+	var buf []byte
+	if alloc != nil {
+		buf = alloc(int(size))
 	}
 	if int64(cap(buf)) < size {
 		buf = make([]byte, size)
@@ -252,14 +257,15 @@ func (t ChunkTier) HoldsStore() bool {
 // intact.
 func (t ChunkTier) Get(key string) ([]byte, bool) { return t.GetInto(key, nil) }
 
-// GetInto is Get that reads the bytes into buf[:n] when buf has the
-// capacity for them (else into memory of its own): one pread into the
-// caller's memory, pinned memory included, with no copy after it. The
-// bytes are checked against their recorded size and checksum first; a
-// damaged file is a miss (and is dropped), never bytes. On a miss buf is
-// untouched.
-func (t ChunkTier) GetInto(key string, buf []byte) ([]byte, bool) {
-	data, err := t.c.readChunkInto(chunkRel(key), buf)
+// GetInto is Get that reads the bytes into memory from alloc (nil: its
+// own), called only when the tier holds the chunk, with its size: one
+// pread into the caller's memory, pinned memory included, with no copy
+// after it, and a miss lends nothing. The bytes are checked against their
+// recorded size and checksum; a damaged file is a miss (and is dropped),
+// never bytes. What alloc returned is the caller's to give back where the
+// result does not lie in it (a miss; memory shorter than the chunk).
+func (t ChunkTier) GetInto(key string, alloc func(n int) []byte) ([]byte, bool) {
+	data, err := t.c.readChunkInto(chunkRel(key), alloc)
 	if err == nil && data != nil {
 		t.c.counts.chunkHits.Add(1)
 		return data, true

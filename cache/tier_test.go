@@ -8,9 +8,10 @@ import (
 	"testing"
 )
 
-// GetInto reads a chunk into the caller's buffer (the same memory, no copy
-// after the read), checked: damage is a miss that drops the file, counted,
-// and a buffer too small gets memory of the tier's own.
+// GetInto reads a chunk into the caller's memory, asked for at the chunk's
+// size and only when the tier holds it (the same memory, no copy after
+// the read), checked: damage is a miss that drops the file, counted, and
+// memory too small is not used.
 func TestChunkTierGetInto(t *testing.T) {
 	dir := t.TempDir()
 	c := mustOpen(t, Options{Dir: dir})
@@ -18,18 +19,30 @@ func TestChunkTierGetInto(t *testing.T) {
 	tier := c.ChunkTier()
 	const k = "file:///store\x00t/c/0/0\x00v1"
 	data := content(k, 70000)
+	var asked []int
+	var buf []byte
+	alloc := func(n int) []byte {
+		asked = append(asked, n)
+		buf = make([]byte, n)
+		return buf
+	}
+	if got, ok := tier.GetInto(k, alloc); ok || len(asked) != 0 {
+		t.Fatalf("a miss: %d bytes, %v, memory asked for %v", len(got), ok, asked)
+	}
 	tier.Put(k, data)
-	buf := make([]byte, 0, 80000)
-	got, ok := tier.GetInto(k, buf)
+	got, ok := tier.GetInto(k, alloc)
 	if !ok || !bytes.Equal(got, data) {
 		t.Fatalf("GetInto: %v", ok)
 	}
-	if &got[0] != &buf[:1][0] {
-		t.Error("GetInto did not read into the caller's buffer")
+	if len(asked) != 1 || asked[0] != len(data) {
+		t.Errorf("memory asked for %v, want once, %d bytes", asked, len(data))
 	}
-	small := make([]byte, 0, 100)
+	if &got[0] != &buf[0] {
+		t.Error("GetInto did not read into the caller's memory")
+	}
+	small := func(int) []byte { return make([]byte, 100) }
 	if got, ok := tier.GetInto(k, small); !ok || !bytes.Equal(got, data) {
-		t.Fatalf("GetInto with a small buffer: %v", ok)
+		t.Fatalf("GetInto with too little memory: %v", ok)
 	}
 
 	// Flip one byte of the file: the next read is a miss, never the
@@ -44,7 +57,7 @@ func TestChunkTierGetInto(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := c.Stats()
-	if got, ok := tier.GetInto(k, buf); ok {
+	if got, ok := tier.GetInto(k, alloc); ok {
 		t.Fatalf("a damaged chunk was served (%d bytes)", len(got))
 	}
 	s := c.Stats()
@@ -58,7 +71,7 @@ func TestChunkTierGetInto(t *testing.T) {
 		t.Errorf("after the damaged chunk was dropped: %+v", u)
 	}
 	tier.Put(k, data) // fetched again and stored
-	if got, ok := tier.GetInto(k, buf); !ok || !bytes.Equal(got, data) {
+	if got, ok := tier.GetInto(k, alloc); !ok || !bytes.Equal(got, data) {
 		t.Fatal("the chunk stored again is not served")
 	}
 }

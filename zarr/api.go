@@ -115,14 +115,17 @@ type StoreHolder interface {
 }
 
 // SourceCacheInto is a SourceCache that can read a key's bytes into the
-// caller's buffer: GetInto returns buf[:n] when buf has the capacity for
-// the n bytes (else memory of its own) and leaves buf untouched on a miss.
-// A Read then reads a whole compressed chunk from the cache straight into
-// the memory it would fetch it into (Options.Memory: the GPU's pinned
-// memory), with no copy after the read.
+// caller's memory: GetInto calls alloc (when not nil) at most once, only
+// when it holds the key, with the bytes' length n, and returns them in
+// what alloc returned when that has the capacity (else in memory of its
+// own). A Read then reads a whole compressed chunk from the cache straight
+// into the memory it would fetch it into (Options.Memory: the GPU's pinned
+// memory), exactly its size, with no copy after the read; a miss lends
+// nothing. Memory from alloc that the result does not lie in (a miss
+// after all: damage found in the read) is the caller's to give back.
 type SourceCacheInto interface {
 	SourceCache
-	GetInto(key string, buf []byte) ([]byte, bool)
+	GetInto(key string, alloc func(n int) []byte) ([]byte, bool)
 }
 
 // Hierarchy is an opened store: every array found, supported or not.

@@ -246,28 +246,30 @@ func (s storeSource) cachedWhole() ([]byte, bool) {
 }
 
 // cached looks key up in the source cache. A whole object is read into
-// the buffer a fetch would read it into (the decoder's lent memory), when
-// the cache can read into one: a chunk kept on disk goes
-// from the file into pinned memory in one read.
+// the memory a fetch would read it into (the decoder's lent memory), when
+// the cache can read into it: a chunk kept on disk goes from the file into
+// pinned memory in one read, lent at its size once the cache holds it.
 func (s storeSource) cached(sc SourceCache, key string) ([]byte, bool) {
 	gi, ok := sc.(SourceCacheInto)
 	if !ok || !s.entire {
 		return sc.Get(key)
 	}
-	if mem := s.mem; mem != nil && s.hint > 0 {
-		buf := mem.HostAlloc(s.hint + s.hint/64 + 4096)
-		b, ok := gi.GetInto(key, buf[:0])
-		if !ok || len(b) == 0 || &b[0] != &buf[:1][0] {
-			mem.HostFree(buf) // a miss, or bytes in memory of the cache's own
-		} else {
-			b = trimmed(mem, buf, len(b))
-		}
-		if ok && len(b) == 0 {
-			return []byte{}, true // not buf[:0]: release would free buf again
-		}
-		return b, ok
+	mem := s.mem
+	if mem == nil || s.hint <= 0 {
+		return gi.GetInto(key, nil) // no lender, or bytes it may not hold: the cache allocates them
 	}
-	return gi.GetInto(key, nil) // no lender: the cache allocates the bytes
+	var buf []byte
+	b, ok := gi.GetInto(key, func(n int) []byte {
+		buf = mem.HostAlloc(n)
+		return buf
+	})
+	if cap(buf) > 0 && (!ok || len(b) == 0 || &b[0] != &buf[:1][0]) {
+		mem.HostFree(buf) // damage found in the read, or bytes in memory of the cache's own
+	}
+	if ok && len(b) == 0 {
+		return []byte{}, true
+	}
+	return b, ok
 }
 
 // trimmed gives mem back what of buf, room for a whole compressed chunk

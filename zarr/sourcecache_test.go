@@ -25,7 +25,7 @@ type intoCache struct {
 	hits, intoLent int
 }
 
-func (c *intoCache) GetInto(k string, buf []byte) ([]byte, bool) {
+func (c *intoCache) GetInto(k string, alloc func(int) []byte) ([]byte, bool) {
 	b, ok := c.Get(k)
 	if !ok {
 		return nil, false
@@ -33,6 +33,10 @@ func (c *intoCache) GetInto(k string, buf []byte) ([]byte, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.hits++
+	var buf []byte
+	if alloc != nil && len(b) > 0 {
+		buf = alloc(len(b))
+	}
 	if cap(buf) < len(b) {
 		return bytes.Clone(b), true
 	}

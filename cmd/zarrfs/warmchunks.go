@@ -34,8 +34,8 @@ func (k *keptChunks) wrap(t cache.ChunkTier) zarr.SourceCacheInto {
 
 func (k *keptChunks) Get(key string) ([]byte, bool) { return k.GetInto(key, nil) }
 
-func (k *keptChunks) GetInto(key string, buf []byte) ([]byte, bool) {
-	b, ok := k.ChunkTier.GetInto(key, buf)
+func (k *keptChunks) GetInto(key string, alloc func(n int) []byte) ([]byte, bool) {
+	b, ok := k.ChunkTier.GetInto(key, alloc)
 	if ok {
 		k.mu.Lock()
 		if _, stored := k.put[key]; !stored {
