@@ -175,6 +175,9 @@ func (d *Decoder) NewRing(slots int, slotBytes int64, consumers []string) (*Ring
 		// A context broken by a device fault is rebuilt first: a ring lost
 		// to the fault is replaced before the next round comes to do it.
 		if err := d.mendIdle(ringRoomWait); err != nil {
+			if d.Retired() != nil {
+				return nil, fmt.Errorf("gpu: decoding on device %d is off until the daemon restarts: %w", d.opts.Device, err)
+			}
 			return nil, err
 		}
 		r, err := d.openRing(l, slots, slotBytes, chs)
@@ -532,8 +535,10 @@ func (r *Ring) Copy(ctx context.Context, k int, off int64, src uintptr, n int64)
 
 // await waits, within the ring's timeout, for slot k's copies queued
 // before copied[k] was recorded, polling outside the context's lock. Past
-// the timeout the ring is stuck, and host memory b the copies read (nil:
-// none) stays held until they end.
+// the timeout, or at once where the watchdog retired the device (a kernel
+// that does not end, which the copies may wait behind for good), the ring
+// is stuck, and host memory b the copies read (nil: none) stays held
+// until they end.
 func (r *Ring) await(k int, b []byte) error {
 	deadline := time.Now().Add(r.timeout)
 	for {
@@ -541,8 +546,15 @@ func (r *Ring) await(k int, b []byte) error {
 		if err != nil || done {
 			return err
 		}
-		if time.Now().After(deadline) {
-			err := fmt.Errorf("gpu: slot %d's copies not done in %v: the ring takes no more work", k, r.timeout)
+		switch {
+		case r.d.hung.Load():
+			// Retired: the device stopped answering, and the copies may
+			// wait behind its kernel for good.
+			err = fmt.Errorf("gpu: slot %d's copies not done on a device that stopped answering (%w): the ring takes no more work", k, r.d.Retired())
+		case time.Now().After(deadline):
+			err = fmt.Errorf("gpu: slot %d's copies not done in %v: the ring takes no more work", k, r.timeout)
+		}
+		if err != nil {
 			r.mu.Lock()
 			r.stuck = err
 			r.mu.Unlock()
@@ -762,6 +774,11 @@ func (r *Ring) awaitConsumer(ctx context.Context, k int) error {
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("gpu: the reader's consumer event of slot %d not done in %v", k, r.timeout)
+		}
+		if r.d.hung.Load() {
+			// The reader's stream may wait for this ring's work, behind
+			// the kernel that does not end.
+			return fmt.Errorf("gpu: the reader's consumer event of slot %d not done on a device that stopped answering: %w", k, r.d.Retired())
 		}
 		if err := ctx.Err(); err != nil {
 			return err

@@ -295,6 +295,40 @@ func TestRingLateCopyHoldsItsBuffer(t *testing.T) {
 	}
 }
 
+// A device the watchdog retired (a kernel that does not end) holds no
+// ring's Write or Close for the ring's timeout: copies queued behind the
+// kernel may never end, so the ring is stuck at once, its memory left to
+// the process's exit, and the next ring open says the GPU is off until the
+// daemon restarts. A daemon's shutdown waits for its rings' Close.
+func TestRingOnARetiredDevice(t *testing.T) {
+	d, f, _ := ringDecoder(t, Options{DeviceBytes: 64 << 20})
+	r, err := d.NewRing(2, 1<<20, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.timeout < time.Minute {
+		t.Fatalf("the ring's timeout is %v: the test needs one past its own waits", r.timeout)
+	}
+	b := d.HostAllocWait(4096, 5*time.Second)
+	defer d.HostFree(b)
+	f.setBusy(r.copied[0], true) // queued behind the kernel that does not end
+	d.retire(fmt.Errorf("%w: a round of 1 chunks was not done by its deadline", ErrHung))
+	t0 := time.Now()
+	if err := r.Write(context.Background(), 0, 0, b); !errors.Is(err, ErrHung) {
+		t.Fatalf("a write whose copy waits behind the hung kernel: %v, want ErrHung", err)
+	}
+	if err := r.Close(); !errors.Is(err, ErrHung) {
+		t.Fatalf("closing the ring: %v, want ErrHung", err)
+	}
+	if took := time.Since(t0); took > 10*time.Second {
+		t.Fatalf("the write and close took %v on a retired device", took)
+	}
+	_, err = d.NewRing(2, 1<<20, nil)
+	if !errors.Is(err, ErrHung) || !strings.Contains(err.Error(), "off until the daemon restarts") {
+		t.Fatalf("a ring open on a retired device: %v", err)
+	}
+}
+
 // A context rebuild (after a sticky device error) frees every ring's
 // memory, and the addresses come back in other allocations: a ring opened
 // before it is lost. Its writes, copies and decodes fail with ErrRingLost

@@ -1,12 +1,14 @@
 package gpu
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"hash/adler32"
 	"hash/crc32"
 	"log/slog"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -574,4 +576,42 @@ func must[T any](v T, err error) T {
 		panic(err)
 	}
 	return v
+}
+
+// The first rounds of each codec in a fresh process, timed: what the
+// first batch of a mount pays before the device's rate (module loading,
+// nvCOMP's first use), against the rounds after it. A measure for the GPU
+// machine (make test-gpu logs it); it checks only the bytes.
+func TestGPUFirstRounds(t *testing.T) {
+	t0 := time.Now()
+	d, err := New(Options{})
+	if err != nil {
+		t.Skipf("no GPU decoding here: %v", err)
+	}
+	defer d.Close()
+	t.Logf("New: %v", time.Since(t0).Round(time.Microsecond))
+	data := make([]byte, 4<<20)
+	for i := range data {
+		data[i] = byte(i / 7 % 251)
+	}
+	srcs := map[codec.Name][]byte{
+		codec.LZ4:   compress(codec.LZ4, data),
+		codec.Zstd:  zstdCompress(data, 3),
+		codec.Blosc: bloscCompress(data, 4, 256<<10, codec.ByteShuffle, "lz4"),
+	}
+	for _, name := range []codec.Name{codec.Blosc, codec.LZ4, codec.Zstd} {
+		var times []string
+		for range 3 {
+			jobs := []codec.Job{{Codec: name, Src: srcs[name], Dst: make([]byte, len(data))}}
+			t1 := time.Now()
+			if err := d.DecodeBatch(context.Background(), jobs); err != nil || jobs[0].Err != nil {
+				t.Fatalf("%s: %v, %v", name, err, jobs[0].Err)
+			}
+			times = append(times, time.Since(t1).Round(time.Microsecond).String())
+			if !bytes.Equal(jobs[0].Dst, data) {
+				t.Fatalf("%s: other bytes", name)
+			}
+		}
+		t.Logf("%s: rounds of one 4 MiB chunk: %s", name, strings.Join(times, ", "))
+	}
 }

@@ -2,15 +2,18 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -123,4 +126,57 @@ func TestListenPrivate(t *testing.T) {
 	if err != nil || st.Mode()&os.ModeSocket == 0 || st.Mode().Perm() != 0o600 {
 		t.Fatalf("%s: %v, %v; want a socket of mode 0600", sock, st.Mode(), err)
 	}
+}
+
+// A shutdown that does not end (a ring's Close held by a GPU whose kernel
+// does not end) is bounded: past the limit the daemon logs an error, then
+// where every goroutine waits, and exits with status 3; a shutdown that
+// ends first stops the bound.
+func TestBoundShutdown(t *testing.T) {
+	var logBuf, out bytes.Buffer
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(&lockedWriter{w: &logBuf, mu: &mu}, nil))
+	exited := make(chan int, 1)
+	stuck := make(chan struct{})
+	defer close(stuck)
+	go func() { waitForTheGPU(stuck) }()
+	boundShutdown(log, &lockedWriter{w: &out, mu: &mu}, 50*time.Millisecond, func(code int) { exited <- code })
+	select {
+	case code := <-exited:
+		if code != 3 {
+			t.Fatalf("exit status %d, want 3", code)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a shutdown past its bound did not exit")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.Contains(logBuf.String(), "shutdown did not end in time") || !strings.Contains(out.String(), "waitForTheGPU") {
+		t.Fatalf("log %q, goroutines %d bytes without the stuck one", logBuf.String(), out.Len())
+	}
+
+	done := make(chan int, 1)
+	b := boundShutdown(log, io.Discard, 50*time.Millisecond, func(code int) { done <- code })
+	if !b.Stop() {
+		t.Fatal("the bound fired before the shutdown ended")
+	}
+	select {
+	case <-done:
+		t.Fatal("a shutdown that ended in time exited")
+	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+//go:noinline
+func waitForTheGPU(c chan struct{}) { <-c }
+
+type lockedWriter struct {
+	w  io.Writer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

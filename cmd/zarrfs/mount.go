@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/user"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"time"
 
@@ -127,6 +130,14 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 		return err
 	}
 	f.src.logger = log
+	// The bound on the shutdown (boundShutdown) ends with the last of
+	// what the shutdown gives back, deferred below.
+	var bound *time.Timer
+	defer func() {
+		if bound != nil {
+			bound.Stop()
+		}
+	}()
 	shard, err := f.validate(cmd, src)
 	if err != nil {
 		return err
@@ -234,7 +245,28 @@ func runMount(cmd *cobra.Command, f *mountFlags, src, mountpoint string) error {
 		// Unmounted from outside (zarrfs unmount, umount).
 		log.Info("unmounted externally", "mountpoint", mountpoint)
 	}
+	bound = boundShutdown(log, cmd.ErrOrStderr(), shutdownLimit, os.Exit)
 	return nil
+}
+
+// shutdownLimit bounds what the daemon takes, once unmounted, to give back
+// what it holds (the readers' rings, the decoders, the cache's journal):
+// within what `zarrfs unmount`, the Python Mount (30 s) and systemd wait.
+const shutdownLimit = 20 * time.Second
+
+// boundShutdown arms the bound on the shutdown that follows: past limit,
+// something waits on what does not answer (a GPU whose kernel does not
+// end, say), so the daemon logs where every goroutine is and exits with
+// status 3 rather than hang its caller. The cache is safe against an exit
+// at any moment. The goroutines go to w (the log's stream).
+func boundShutdown(log *slog.Logger, w io.Writer, limit time.Duration, exit func(int)) *time.Timer {
+	return time.AfterFunc(limit, func() {
+		buf := make([]byte, 4<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		log.Error("shutdown did not end in time; exiting, the goroutines follow", "limit", limit)
+		w.Write(buf)
+		exit(3)
+	})
 }
 
 var errInterrupted = errors.New("interrupted")

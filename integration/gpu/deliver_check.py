@@ -921,9 +921,9 @@ def damage_mount(a, store, name, trust):
     return m
 
 
-# What the daemon's ring open says once a device fault took its GPU down
-# for the rest of the process (gpu: "device unusable after ...").
-GPU_OFF = "device unusable after"
+# What the daemon's ring open says once a device fault, or a kernel that
+# does not end, took its GPU down for the rest of the process (gpu.NewRing).
+GPU_OFF = "off until the daemon restarts"
 
 
 def damage_array(a, mounts, name, good, damaged, ref, trusted):
@@ -999,11 +999,20 @@ class DamageMount:
         print(f"  NVCOMP-FAULT {name} ({'with --gpu-trust-unchecked' if self.trust else 'default'}): after "
               f"{self.last or '?'} the GPU was down until restart; the next Loader raised: {str(err)[:300]}; "
               f"the mount started again", flush=True)
-        self.m.stop()
+        self.stop()
         self.m = damage_mount(self.a, self.store, self.name, self.trust)
 
     def stop(self):
-        self.m.stop()
+        """Stops the mount: its daemon exits within its shutdown bound, its
+        GPU down or not (a failed check, not the part's end, where not)."""
+        t0 = time.time()
+        try:
+            self.m.stop()
+            err = None
+        except zarrfs.MountError as e:
+            err = e
+        check(err is None, f"damage: the daemon exited cleanly on SIGTERM in {time.time() - t0:.1f} s"
+                           + (f" ({str(err)[:300]})" if err else ""))
 
 
 def damage_epoch(a, mounts, name, ref):
