@@ -609,9 +609,10 @@ func (r *Ring) Done(k int) error {
 }
 
 // Close frees the ring once its streams are idle (within the ring's
-// timeout; past it, or when the ring is stuck, the memory is left
-// allocated, as a device that does not finish may still write it). A lost
-// ring has nothing left to free. The reader must have closed its handle.
+// timeout; past it, when the ring is stuck, or on a device the watchdog
+// retired, the memory is left allocated, as a device that does not finish
+// may still write it). A lost ring has nothing left to free. The reader
+// must have closed its handle.
 func (r *Ring) Close() error {
 	r.mu.Lock()
 	if r.closed {
@@ -621,6 +622,12 @@ func (r *Ring) Close() error {
 	r.closed = true
 	stuck := r.stuck
 	r.mu.Unlock()
+	if r.d.hung.Load() {
+		// Freeing device memory waits for the whole device (cuMemFree
+		// synchronizes it), here for a kernel that does not end: the
+		// ring goes with the process, as the Decoder's memory does.
+		return fmt.Errorf("gpu: ring left allocated on a device that stopped answering: %w", r.d.Retired())
+	}
 	for k := 0; stuck != nil && k < len(r.streams); k++ {
 		// Freed only once the copies that were late are done.
 		if done, err := r.copiedDone(k); err != nil || !done {

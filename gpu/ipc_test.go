@@ -296,10 +296,11 @@ func TestRingLateCopyHoldsItsBuffer(t *testing.T) {
 }
 
 // A device the watchdog retired (a kernel that does not end) holds no
-// ring's Write or Close for the ring's timeout: copies queued behind the
-// kernel may never end, so the ring is stuck at once, its memory left to
-// the process's exit, and the next ring open says the GPU is off until the
-// daemon restarts. A daemon's shutdown waits for its rings' Close.
+// ring's Write or Close: copies queued behind the kernel may never end, so
+// the ring is stuck at once, and no ring is freed (cuMemFree would wait
+// for the kernel), its memory left to the process's exit; the next ring
+// open says the GPU is off until the daemon restarts. A daemon's shutdown
+// waits for its rings' Close.
 func TestRingOnARetiredDevice(t *testing.T) {
 	d, f, _ := ringDecoder(t, Options{DeviceBytes: 64 << 20})
 	r, err := d.NewRing(2, 1<<20, nil)
@@ -309,10 +310,28 @@ func TestRingOnARetiredDevice(t *testing.T) {
 	if r.timeout < time.Minute {
 		t.Fatalf("the ring's timeout is %v: the test needs one past its own waits", r.timeout)
 	}
+	idle, err := d.NewRing(2, 1<<20, nil) // nothing queued on it
+	if err != nil {
+		t.Fatal(err)
+	}
 	b := d.HostAllocWait(4096, 5*time.Second)
 	defer d.HostFree(b)
 	f.setBusy(r.copied[0], true) // queued behind the kernel that does not end
 	d.retire(fmt.Errorf("%w: a round of 1 chunks was not done by its deadline", ErrHung))
+	// Freeing waits for the whole device (cuMemFree synchronizes it): a
+	// ring with nothing queued is left allocated too.
+	f.mu.Lock()
+	allocated := len(f.dev)
+	f.mu.Unlock()
+	if err := idle.Close(); !errors.Is(err, ErrHung) {
+		t.Fatalf("closing an idle ring on a retired device: %v, want ErrHung", err)
+	}
+	f.mu.Lock()
+	freed := allocated - len(f.dev)
+	f.mu.Unlock()
+	if freed != 0 {
+		t.Fatalf("%d device allocations freed on a retired device", freed)
+	}
 	t0 := time.Now()
 	if err := r.Write(context.Background(), 0, 0, b); !errors.Is(err, ErrHung) {
 		t.Fatalf("a write whose copy waits behind the hung kernel: %v, want ErrHung", err)

@@ -1079,6 +1079,23 @@ var mutations = []mutation{
 		Run:    "TestRingOnARetiredDevice",
 	},
 	{
+		Name:   "epoch-error-held-by-its-frames",
+		Breaks: "an epoch's error is held by the loader's frames its traceback holds: the caller's batches, and their ring (the daemon's GPU memory), live until the collector's next full pass",
+		File:   "python/src/zarrfs/_ringloader.py",
+		From:   "        finally:\n            del err  # this frame",
+		To:     "        finally:\n            pass  # this frame",
+		Pytest: []string{"python/tests/test_deliver.py::test_damaged_chunk_names_its_file"},
+	},
+	{
+		Name:   "ring-freed-on-hung-device",
+		Breaks: "a ring closed on a device the watchdog retired is freed: cuMemFree waits for the kernel that does not end, and the daemon's shutdown with it",
+		File:   "gpu/ipc.go",
+		From:   "\tif r.d.hung.Load() {\n\t\t// Freeing device memory",
+		To:     "\tif false {\n\t\t// Freeing device memory",
+		Pkgs:   []string{"./gpu"},
+		Run:    "TestRingOnARetiredDevice",
+	},
+	{
 		Name:   "shutdown-unbounded",
 		Breaks: "a daemon whose shutdown waits on what does not answer never exits",
 		File:   "cmd/zarrfs/mount.go",

@@ -126,6 +126,32 @@ def test_damaged_chunk_names_its_file(mount, index_store, tmp_path):
             got += c["index"].tolist()
     assert got[:4] == [0, 1, 2, 3]
     assert status(m)["delivery"]["errors"] >= 2
+    # A caller that caught the error and dropped the loader and its batches
+    # gets the ring freed then, not at the collector's next full pass: the
+    # error's traceback holds the caller's frame, and no frame of the
+    # loader's may hold the error in turn.
+    del l, b, c
+    gc.collect()
+    deadline = time.time() + 10
+    while status(m)["delivery"]["rings_open"] and time.time() < deadline:
+        time.sleep(0.05)
+    assert status(m)["delivery"]["rings_open"] == 0
+    gc.disable()
+    try:
+        def epoch():
+            l = Loader(os.path.join(m.path, "x"), 2, device="cpu", decode="device")
+            try:
+                for b, c in l:
+                    pass
+            except OSError:
+                pass
+        epoch()
+        deadline = time.time() + 10
+        while status(m)["delivery"]["rings_open"] and time.time() < deadline:
+            time.sleep(0.05)
+        assert status(m)["delivery"]["rings_open"] == 0, "the ring outlived the loader and its batches"
+    finally:
+        gc.enable()
 
 
 _READER = """

@@ -125,7 +125,13 @@ class RingEpoch:
         if err is not None:
             del ring  # the error's traceback holds this frame, not the ring
             if not (isinstance(err, RingLost) and self._reopen(err)):
-                self._end(err)
+                try:
+                    self._end(err)
+                finally:
+                    # Nor the error: a frame its traceback holds that held
+                    # it in turn would keep both, and the caller's frame,
+                    # its batches with their ring, until a full collection.
+                    del err
             return self.__next__()
         j, slot = item
         j += self.base
@@ -192,11 +198,14 @@ class RingEpoch:
             raise StopIteration
         if isinstance(err, DeliveryError):
             self.l._lose_ring(err)
-        if isinstance(err, (OSError, DeliveryError)):
-            # Its text says it all; the producer's frames would hold the
-            # ring open for as long as the error is kept.
-            raise err.with_traceback(None)
-        raise err
+        try:
+            if isinstance(err, (OSError, DeliveryError)):
+                # Its text says it all; the producer's frames would hold the
+                # ring open for as long as the error is kept.
+                raise err.with_traceback(None)
+            raise err
+        finally:
+            del err  # this frame, in the traceback, holds no reference to it
 
     def close(self) -> None:
         """Stop the producer (also done when the epoch ends or is dropped).
