@@ -71,11 +71,15 @@ func (m CUDAMemory) NewRing(ctx context.Context, req *OpenRequest, slots int, sl
 		}
 		return nil, err
 	}
-	// Pinned memory for the compressed chunks of the fills in flight
-	// (blosc and zstd halve the bytes at least), registered before the
-	// first: a pipeline that registers it on demand would read the first
-	// batches into memory the device cannot copy from directly.
-	d.HostReserve(int64(slots)*slotBytes/2, reserveWait)
+	// Pinned memory for the compressed chunks of the fills in flight,
+	// registered before the first: a pipeline that registers it on demand
+	// would read the first batches into memory the device cannot copy from
+	// directly. As much as the slots: a fill reads each chunk into room
+	// for its decoded size before it gives back the rest, and a pool
+	// short of that registers more during the epoch, pinning on the cores
+	// the fills need (on 4 cores, a third of the daemon's CPU of a first
+	// epoch of 96 samples).
+	d.HostReserve(int64(slots)*slotBytes, reserveWait)
 	return &cudaRing{d: d, r: r, release: release, shadow: shadow, slotBytes: slotBytes}, nil
 }
 

@@ -455,6 +455,7 @@ def epoch_rate(a, name, decode, cores, prefetch=2):
         l.close()
         n1, tf, cf = first or (got, t1, cpu1)
         return dict(rate=got / (t1 - t0), kind=l.path_kind, samples=got, cpu=cpu1 - cpu0, delivery=st.get("delivery") or {},
+                    pinned=(st.get("decode") or {}).get("gpu_pinned_bytes", 0),
                     fetched=(st.get("source_reads") or {}).get("bytes_fetched", 0),
                     steady_rate=(got - n1) / max(t1 - tf, 1e-9), steady_cpu=(cpu1 - cf) / max(got - n1, 1))
     finally:
@@ -493,7 +494,8 @@ def part_rate(a):
               f"{ndev} samples on the device path, {h2d / 1e6:.1f} MB to the GPU a sample), "
               f"decode='host' {host['rate']:.1f} samples/s ({host['kind']}): {speed:.2f}x", flush=True)
         print(f"  CPU {label}: daemon {1e3 * cpu_dev:.1f} ms a sample on the device path, {1e3 * cpu_host:.1f} on the host path: "
-              f"{cpu_dev / max(cpu_host, 1e-9):.3f}x", flush=True)
+              f"{cpu_dev / max(cpu_host, 1e-9):.3f}x; pinned host memory at the epoch's end {dev['pinned'] / 2**20:.0f} / "
+              f"{host['pinned'] / 2**20:.0f} MiB", flush=True)
         print(f"  BYTES {label}: {h2d / 1e6:.2f} MB to the GPU a sample ({d.get('compressed_bytes', 0) / nall / 1e6:.2f} compressed "
               f"by the device path, {d.get('host_path_bytes', 0) / nall / 1e6:.2f} decoded by the host, of which "
               f"{d.get('host_share_bytes', 0) / nall / 1e6:.2f} the device could have taken), "
