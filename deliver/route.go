@@ -18,9 +18,8 @@ import (
 // the device path is slower than idle cores, which decode such a chunk
 // each, at once. So, per fill, the chunks with a large part go to the
 // host, largest first, as far as it decodes them within the time the
-// device took for them in the fills before (with a margin); all of them
-// where it decodes all within that time, since one left on the device
-// costs the fill as much as all of them. Chunks of small parts (blosc's blocks) stay
+// device took for them in the fills before; all of them where it is the
+// sooner, when cores are idle. Chunks of small parts (blosc's blocks) stay
 // on the device, whose rate for them no core approaches: the host's CPU is
 // what the device path saves.
 //
@@ -93,13 +92,6 @@ func (r *router) split(jobs []codec.Job, dev []int) (host []int, large bool) {
 		// Nor the device's: it decodes all but the host's share.
 	default:
 		budget = int64(rate * wait.Seconds() * hostMargin)
-		if float64(total) <= rate*wait.Seconds() {
-			// One such chunk left on the device costs the fill the
-			// device's whole time (its parts decode alone, side by side,
-			// one 16 MB zstd frame about 0.1 s on an H100): the host,
-			// which decodes all of them within it, takes all.
-			budget = total
-		}
 	}
 	if total <= budget {
 		budget = total

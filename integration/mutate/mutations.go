@@ -1079,15 +1079,6 @@ var mutations = []mutation{
 		Run:    "TestRingOnARetiredDevice",
 	},
 	{
-		Name:   "router-leaves-one-large-part",
-		Breaks: "a host that decodes all of a fill's large-part chunks within the device's time takes only its margin's share: the rest, one 16 MB zstd frame say, costs the fill the device's whole time",
-		File:   "deliver/route.go",
-		From:   "\t\tif float64(total) <= rate*wait.Seconds() {",
-		To:     "\t\tif false {",
-		Pkgs:   []string{"./deliver"},
-		Run:    "TestRouterSplit",
-	},
-	{
 		Name:   "epoch-error-held-by-its-frames",
 		Breaks: "an epoch's error is held by the loader's frames its traceback holds: the caller's batches, and their ring (the daemon's GPU memory), live until the collector's next full pass",
 		File:   "python/src/zarrfs/_ringloader.py",
