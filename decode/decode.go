@@ -160,6 +160,7 @@ type gpuDecoder interface {
 	Close() error
 	Info() gpu.Info
 	MemoryHeld() (device, staging, lent int64)
+	Pinned() gpu.Pinned
 	HostLent() int64
 	Stats() gpu.Stats
 	Costs() map[codec.Name]gpu.Cost
@@ -925,6 +926,23 @@ func (p *Pipeline) MemoryHeld() (device, pinned int64) {
 		pinned += s + l
 	}
 	return device, pinned
+}
+
+// Pinned reports the GPUs' pinned host memory by use, summed over them
+// (the peaks too: each GPU's own).
+func (p *Pipeline) Pinned() gpu.Pinned {
+	p.mu.Lock()
+	gpus := p.gpus
+	p.mu.Unlock()
+	var sum gpu.Pinned
+	for _, g := range gpus {
+		x := g.Pinned()
+		sum.Staging += x.Staging
+		sum.Pool += x.Pool
+		sum.Lent += x.Lent
+		sum.LentPeak += x.LentPeak
+	}
+	return sum
 }
 
 // Close waits for the batches in flight, then stops the CPU workers and

@@ -150,6 +150,7 @@ func (g *fakeGPU) Close() error {
 	return nil
 }
 func (g *fakeGPU) MemoryHeld() (int64, int64, int64) { return 1, 2, 3 }
+func (g *fakeGPU) Pinned() gpu.Pinned                { return gpu.Pinned{Staging: 2, Pool: 3, Lent: 1, LentPeak: 3} }
 func (g *fakeGPU) HostLent() int64 {
 	g.mu.Lock()
 	defer g.mu.Unlock()

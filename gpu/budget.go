@@ -130,6 +130,21 @@ func (d *Decoder) MemoryHeld() (device, staging, lent int64) {
 	return d.devHeld.Load(), d.stagingHeld.Load(), d.host.stats().Mapped
 }
 
+// Pinned is the pinned host memory a Decoder holds, by use, in bytes.
+type Pinned struct {
+	// Staging is the rounds' own; Pool the arenas HostAlloc lends from
+	// (mapped and registered), of which Lent is lent now and LentPeak the
+	// most lent at once since the Decoder started: a pool far larger than
+	// its peak grew for want of a span, not of memory.
+	Staging, Pool, Lent, LentPeak int64
+}
+
+// Pinned reports the pinned host memory the Decoder holds now.
+func (d *Decoder) Pinned() Pinned {
+	st := d.host.stats()
+	return Pinned{Staging: d.stagingHeld.Load(), Pool: st.Mapped, Lent: st.Lent, LentPeak: st.Peak}
+}
+
 // trimWhenIdle frees the rounds' device and staging buffers after
 // Options.HostIdle without a round, so that an idle mount gives the GPU's
 // memory back to training. It takes every buffer set (waiting for none:

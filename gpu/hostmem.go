@@ -61,6 +61,8 @@ type hostPool struct {
 	growing bool
 	// last is the time of the last HostAlloc or HostFree.
 	last time.Time
+	// inUse is the bytes lent now (whole units), peak the most at once.
+	inUse, peak int64
 	// register pins an arena and unregister unpins it; nil (tests without
 	// a GPU) maps without pinning, and such arenas count as pinned for the
 	// bookkeeping.
@@ -86,16 +88,16 @@ type lentBuf struct {
 	holds int // HostAlloc's, and one per Retain (memory.Lender)
 }
 
-// hostStats is what the pool holds now.
+// hostStats is what the pool holds now, and the most it lent at once.
 type hostStats struct {
-	Mapped, Lent int64
-	Arenas       int
+	Mapped, Lent, Peak int64
+	Arenas             int
 }
 
 func (p *hostPool) stats() hostStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s := hostStats{Mapped: p.used, Arenas: len(p.arenas)}
+	s := hostStats{Mapped: p.used, Peak: p.peak, Arenas: len(p.arenas)}
 	for _, a := range p.arenas {
 		s.Lent += int64(a.lentBytes)
 	}
@@ -240,6 +242,8 @@ func (p *hostPool) alloc(n int) []byte {
 				a.free[i] = span{s.off + size, s.n - size}
 			}
 			a.lentBytes += size
+			p.inUse += int64(size)
+			p.peak = max(p.peak, p.inUse)
 			b := a.mem[off : off+n : off+size]
 			p.lent[uintptr(unsafe.Pointer(&b[0]))] = lentBuf{a, size, 1}
 			p.growIfLowLocked(size)
@@ -346,6 +350,7 @@ func (p *hostPool) free(b []byte) {
 	}
 	delete(p.lent, start)
 	p.last = time.Now()
+	p.inUse -= int64(l.n)
 	l.a.giveBack(int(start-l.a.start), l.n)
 }
 
@@ -364,6 +369,7 @@ func (p *hostPool) trim(b []byte, n int) []byte {
 	if !ok || l.holds > 1 || keep >= l.n {
 		return b[:n]
 	}
+	p.inUse -= int64(l.n - keep)
 	l.a.giveBack(int(start-l.a.start)+keep, l.n-keep)
 	l.n = keep
 	p.lent[start] = l

@@ -292,4 +292,14 @@ func TestHostTrim(t *testing.T) {
 	if a := d.host.arenas[0]; len(a.free) != 1 || a.free[0].n != unit {
 		t.Fatalf("free spans %v once every buffer is back, want the arena whole", a.free)
 	}
+	// The most lent at once: the 4 MiB buffer before its trim (then the
+	// kept units and the 1 MiB one never came near it).
+	if p := d.Pinned(); p.Lent != 0 || p.LentPeak != 4<<20 || p.Pool != unit {
+		t.Fatalf("Pinned %+v, want nothing lent, a peak of %d, a pool of %d", p, 4<<20, unit)
+	}
+	e := d.HostAlloc(unit - hostUnit) // past the peak: it moves
+	if p := d.Pinned(); p.Lent != unit-hostUnit || p.LentPeak != unit-hostUnit {
+		t.Fatalf("Pinned %+v with %d lent", p, unit-hostUnit)
+	}
+	d.HostFree(e)
 }

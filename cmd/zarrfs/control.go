@@ -92,13 +92,24 @@ type statusMount struct {
 }
 
 type statusDecode struct {
-	Placement  string         `json:"placement"`
-	GPUDeviceB int64          `json:"gpu_device_bytes"`
-	GPUPinnedB int64          `json:"gpu_pinned_bytes"`
-	GPU        statusGPUStats `json:"gpu"`
+	Placement  string          `json:"placement"`
+	GPUDeviceB int64           `json:"gpu_device_bytes"`
+	GPUPinnedB int64           `json:"gpu_pinned_bytes"`
+	GPUPinned  statusGPUPinned `json:"gpu_pinned"`
+	GPU        statusGPUStats  `json:"gpu"`
 	// GPUs is GPU by device, where the GPUs started.
 	GPUs    []statusGPU     `json:"gpus,omitempty"`
 	Decoded []statusDecoded `json:"decoded"`
+}
+
+// statusGPUPinned is gpu_pinned_bytes by use (gpu.Pinned): the rounds'
+// staging, and the pool the fills and reads are lent from, what of it is
+// lent now and the most lent at once.
+type statusGPUPinned struct {
+	StagingB  int64 `json:"staging_bytes"`
+	PoolB     int64 `json:"pool_bytes"`
+	LentB     int64 `json:"lent_bytes"`
+	LentPeakB int64 `json:"lent_peak_bytes"`
 }
 
 // statusGPUStats is gpu.Stats under the status document's own keys: the
@@ -177,6 +188,8 @@ func (s *statusParts) doc() statusDoc {
 	}
 	d.Decode.Placement = dec.Placement()
 	d.Decode.GPUDeviceB, d.Decode.GPUPinnedB = dec.MemoryHeld()
+	pin := dec.Pinned()
+	d.Decode.GPUPinned = statusGPUPinned{StagingB: pin.Staging, PoolB: pin.Pool, LentB: pin.Lent, LentPeakB: pin.LentPeak}
 	d.Decode.GPU = gpuStatsDoc(dec.GPUStats())
 	for dev, st := range dec.GPUStatsByDevice() {
 		d.Decode.GPUs = append(d.Decode.GPUs, statusGPU{Device: dev, statusGPUStats: gpuStatsDoc(st)})

@@ -214,6 +214,9 @@ func printStatus(w io.Writer, d statusDoc) {
 	fmt.Fprintf(tw, "evictions\t%d (%s)\n", d.Cache.Evictions, memory.Human(d.Cache.EvictedB))
 	fmt.Fprintf(tw, "source\t%s fetched; %d chunks decoded, %d missing (fill value)\n", memory.Human(d.Reads.BytesFetched), d.Reads.ChunksDecoded, d.Reads.ChunksMissing)
 	fmt.Fprintf(tw, "decoding\t%s; GPUs hold %s device, %s pinned\n", d.Decode.Placement, memory.Human(d.Decode.GPUDeviceB), memory.Human(d.Decode.GPUPinnedB))
+	if p := d.Decode.GPUPinned; p.StagingB+p.PoolB > 0 {
+		fmt.Fprintf(tw, "\tpinned: %s staging, %s pool (%s lent, at most %s)\n", memory.Human(p.StagingB), memory.Human(p.PoolB), memory.Human(p.LentB), memory.Human(p.LentPeakB))
+	}
 	for _, r := range d.Decode.Decoded {
 		fmt.Fprintf(tw, "\t%s on %s: %d chunks, %s\n", r.Codec, r.Device, r.Chunks, memory.Human(r.Bytes))
 	}

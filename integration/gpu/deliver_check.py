@@ -456,10 +456,18 @@ def epoch_rate(a, name, decode, cores, prefetch=2):
         n1, tf, cf = first or (got, t1, cpu1)
         return dict(rate=got / (t1 - t0), kind=l.path_kind, samples=got, cpu=cpu1 - cpu0, delivery=st.get("delivery") or {},
                     pinned=(st.get("decode") or {}).get("gpu_pinned_bytes", 0),
+                    pinned_by_use=(st.get("decode") or {}).get("gpu_pinned") or {},
                     fetched=(st.get("source_reads") or {}).get("bytes_fetched", 0),
                     steady_rate=(got - n1) / max(t1 - tf, 1e-9), steady_cpu=(cpu1 - cf) / max(got - n1, 1))
     finally:
         m.stop()
+
+
+def pinned_line(p):
+    """The daemon's pinned memory by use (its status: gpu_pinned), MiB."""
+    mib = {k: p.get(k, 0) / 2**20 for k in ("staging_bytes", "pool_bytes", "lent_bytes", "lent_peak_bytes")}
+    return (f"staging {mib['staging_bytes']:.0f}, pool {mib['pool_bytes']:.0f} of which at most "
+            f"{mib['lent_peak_bytes']:.0f} lent at once")
 
 
 def stage_line(d):
@@ -495,7 +503,7 @@ def part_rate(a):
               f"decode='host' {host['rate']:.1f} samples/s ({host['kind']}): {speed:.2f}x", flush=True)
         print(f"  CPU {label}: daemon {1e3 * cpu_dev:.1f} ms a sample on the device path, {1e3 * cpu_host:.1f} on the host path: "
               f"{cpu_dev / max(cpu_host, 1e-9):.3f}x; pinned host memory at the epoch's end {dev['pinned'] / 2**20:.0f} / "
-              f"{host['pinned'] / 2**20:.0f} MiB", flush=True)
+              f"{host['pinned'] / 2**20:.0f} MiB (the device path's: {pinned_line(dev['pinned_by_use'])})", flush=True)
         print(f"  BYTES {label}: {h2d / 1e6:.2f} MB to the GPU a sample ({d.get('compressed_bytes', 0) / nall / 1e6:.2f} compressed "
               f"by the device path, {d.get('host_path_bytes', 0) / nall / 1e6:.2f} decoded by the host, of which "
               f"{d.get('host_share_bytes', 0) / nall / 1e6:.2f} the device could have taken), "
