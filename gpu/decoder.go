@@ -852,15 +852,15 @@ func (d *Decoder) finish(r *round, cancel <-chan struct{}) ([][]byte, []error, e
 			if jobErr[s.job] != nil {
 				continue
 			}
-			if a == algoLZ4 && walked && le.Uint32(hout[l.walkOff+4*int64(i):]) != 0 {
+			if a == algoLZ4 && walked && le.Uint32(l.staged(hout, l.walkOff+4*int64(i))) != 0 {
 				// The device's walk rejected the block, so nvCOMP did not
 				// read it: the CPU decides, and says what is wrong.
 				jobErr[s.job] = fmt.Errorf("gpu: LZ4 block rejected by the device's walk: %w", codec.ErrUnsupported)
 				d.counts.walkRejected.Add(1)
 				continue
 			}
-			st := nvStatus(int32(le.Uint32(hout[l.statusOff+4*g:])))
-			got := int64(le.Uint64(hout[l.actualOff+8*g:]))
+			st := nvStatus(int32(le.Uint32(l.staged(hout, l.statusOff+4*g))))
+			got := int64(le.Uint64(l.staged(hout, l.actualOff+8*g)))
 			// The stream passed the host checks, so nvCOMP's failure does not
 			// make the chunk corrupt: for LZ4 the CPU decoder accepts it, and
 			// for the other codecs only the CPU can tell.
@@ -906,10 +906,10 @@ func (d *Decoder) finish(r *round, cancel <-chan struct{}) ([][]byte, []error, e
 	for k, ji := range idx {
 		n := int64(len(r.jobs[ji].Dst))
 		if !fl.directOut[k] {
-			outs[k] = hout[l.finalOff[k] : l.finalOff[k]+n]
+			outs[k] = l.staged(hout, l.finalOff[k])[:n]
 		}
 		if at := l.preAt[k]; at >= 0 {
-			r.pre[k] = hout[at : at+n]
+			r.pre[k] = l.staged(hout, at)[:n]
 		}
 	}
 	r.times = DeviceTimes{elapsed(ev[0], ev[1]), elapsed(ev[1], ev[2]), elapsed(ev[2], ev[3]), elapsed(ev[3], ev[4])}

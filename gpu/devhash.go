@@ -36,7 +36,7 @@ func (l *layout) checkHashes(hout []byte, jobErr []error, preps []prepared) {
 		if jobErr[h.job] != nil {
 			continue
 		}
-		got := binary.LittleEndian.Uint32(hout[l.hashOff+4*int64(i):])
+		got := binary.LittleEndian.Uint32(l.staged(hout, l.hashOff+4*int64(i)))
 		if got != h.want {
 			jobErr[h.job] = mismatch(checkXXH64, "", got, h.want)
 			continue

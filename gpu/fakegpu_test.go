@@ -576,7 +576,9 @@ func pipelineOptions() Options {
 // whole: four-level blosc-lz4 chunks (4 x 721 x 1440 float32, 16.6 MB,
 // byte shuffle, typesize 4) whose Dst spans four adjacent channel slots,
 // and single-level ones, with the sample in pinned memory the Decoder lent
-// and in ordinary memory. Every chunk must decode on the GPU.
+// and in ordinary memory, and half in each. Every chunk must decode on the
+// GPU. Chunks decoded straight into pinned memory take no room in the
+// staging their round's results come back through.
 func TestFakeGPUDstInsideSample(t *testing.T) {
 	const ny, nx = 721, 1440
 	per := 4 * ny * nx
@@ -602,11 +604,11 @@ func TestFakeGPUDstInsideSample(t *testing.T) {
 	}
 	f := newFakeGPU()
 	d := f.decoder(t, pipelineOptions())
-	for _, pinned := range []bool{true, false} {
-		t.Run(fmt.Sprintf("pinned=%v", pinned), func(t *testing.T) {
+	for _, pinned := range []string{"all", "none", "half"} {
+		t.Run("pinned="+pinned, func(t *testing.T) {
 			n := slot * per
-			sample := make([]byte, n)
-			if pinned {
+			sample, other := make([]byte, n), make([]byte, n)
+			if pinned != "none" {
 				sample = d.HostAllocWait(n, 10*time.Second)
 				defer d.HostFree(sample)
 				if !d.pinned(sample) {
@@ -615,7 +617,11 @@ func TestFakeGPUDstInsideSample(t *testing.T) {
 			}
 			jobs := make([]codec.Job, len(chunks))
 			for i, c := range chunks {
-				jobs[i] = codec.Job{Codec: codec.Blosc, Src: srcs[i], Dst: sample[slots[i]*per : slots[i]*per+len(c)]}
+				buf := sample
+				if pinned == "half" && i%2 == 1 {
+					buf = other // chunks 1 and 3 come back through the staging
+				}
+				jobs[i] = codec.Job{Codec: codec.Blosc, Src: srcs[i], Dst: buf[slots[i]*per : slots[i]*per+len(c)]}
 			}
 			before := d.Stats()
 			if err := d.DecodeBatch(context.Background(), jobs); err != nil {
@@ -633,6 +639,13 @@ func TestFakeGPUDstInsideSample(t *testing.T) {
 			}
 			if f.pieces[algoLZ4] == 0 {
 				t.Error("no LZ4 stream reached the fake nvCOMP")
+			}
+			if pinned == "all" {
+				for i := range d.sets {
+					if got := d.sets[i].hOut.size; got > 1<<20 {
+						t.Errorf("buffer set %d stages %d bytes of results for chunks decoded into pinned memory", i, got)
+					}
+				}
 			}
 		})
 	}

@@ -376,8 +376,14 @@ type layout struct {
 	hashOff   int64 // and its sums, one uint32 each
 	probeOff  int64 // fence probes: probeLen bytes per entry of probes
 	d2h       int64 // bytes copied back: chunks, sizes, statuses, walk verdicts and probes
-	outSize   int64 // with scratch
-	nsegs     int
+	// hostLo is where the host's copy of the output buffer begins (the
+	// staging holds [hostLo, d2h)): the first chunk that comes back
+	// through the staging, or the end of the chunks when each goes
+	// straight to its Dst (pinned memory, or a ring slot on the device),
+	// so that such a round stages its few results, not its chunks' room.
+	hostLo  int64
+	outSize int64 // with scratch
+	nsegs   int
 
 	// The fence (see fenceDeflate): deflate segments decode into slots of
 	// [fenceOff, fenceEnd), which the device fills with fencePattern first;
@@ -687,6 +693,21 @@ func (l *layout) placeFences(fences []fenced, outAligns [numAlgos]int64, out int
 	return out
 }
 
+// staged is the host's copy (hout, the staging) of the output buffer from
+// its byte off on; off is at or past hostLo.
+func (l *layout) staged(hout []byte, off int64) []byte { return hout[off-l.hostLo:] }
+
+// stageFrom sets hostLo for a round whose jobs' Dst directOut says go
+// straight to them (not through the staging).
+func (l *layout) stageFrom(directOut []bool) {
+	l.hostLo = l.finalEnd
+	for k, direct := range directOut {
+		if !direct {
+			l.hostLo = min(l.hostLo, l.finalOff[k])
+		}
+	}
+}
+
 // fenceCheck reads a fenced round's probes from the host copy of its
 // output buffer. It returns, per job of the round (an index into l.jobs),
 // the error the fence finds: ErrCorrupt for the job whose deflate segment
@@ -701,7 +722,7 @@ func (l *layout) fenceCheck(hout []byte) (errs map[int]error, escaped bool) {
 	}
 	hit := -1
 	for i, pr := range l.probes {
-		got := hout[l.probeOff+probeLen*int64(i):][:probeLen]
+		got := l.staged(hout, l.probeOff+probeLen*int64(i))[:probeLen]
 		if string(got) == string(want[:]) {
 			continue
 		}

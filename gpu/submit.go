@@ -40,6 +40,7 @@ func (d *Decoder) prepareRound(jobs []codec.Job, preps []prepared, dev [][]devRu
 		// Jobs bound for device memory come back to no host memory.
 		directOut[k] = d.pinned(jobs[ji].Dst) || (dev != nil && len(dev[ji]) > 0)
 	}
+	l.stageFrom(directOut)
 	if err := d.reserve(set, l); err != nil {
 		return nil, err
 	}
@@ -85,7 +86,7 @@ func (d *Decoder) reserve(set *bufSet, l *layout) error {
 		d.growHost(&set.hIn, l.inSize),
 		d.growDev(&set.dIn, l.devIn),
 		d.growDev(&set.dOut, l.outSize),
-		d.growHost(&set.hOut, l.d2h),
+		d.growHost(&set.hOut, l.d2h-l.hostLo),
 		d.growDev(&set.dTemp, max(tempNeed, 1)),
 	} {
 		if g != nil {
@@ -287,11 +288,15 @@ func (d *Decoder) decodeOnDevice(set *bufSet, l *layout, elemSize int) (launchEr
 // then never writes a caller's memory.
 func (d *Decoder) download(set *bufSet, l *layout, directOut []bool) error {
 	cu := d.cu
-	d2h := func(dst unsafe.Pointer, off, n int64) error {
-		if n == 0 {
+	// d2h copies the output buffer's bytes [from, to) into the staging,
+	// which holds them from hostLo on.
+	d2h := func(from, to int64) error {
+		from = max(from, l.hostLo)
+		if to <= from {
 			return nil
 		}
-		if err := cu.check("cuMemcpyDtoHAsync", cu.cuMemcpyDtoHAsync(dst, set.dOut.ptr+uintptr(off), uint64(n), set.stream)); err != nil {
+		dst := unsafe.Add(set.hOut.p, from-l.hostLo)
+		if err := cu.check("cuMemcpyDtoHAsync", cu.cuMemcpyDtoHAsync(dst, set.dOut.ptr+uintptr(from), uint64(to-from), set.stream)); err != nil {
 			return d.deviceFailed(err)
 		}
 		return nil
@@ -301,12 +306,12 @@ func (d *Decoder) download(set *bufSet, l *layout, directOut []bool) error {
 		if !directOut[k] {
 			continue
 		}
-		if err := d2h(unsafe.Add(set.hOut.p, run), run, l.finalOff[k]-run); err != nil {
+		if err := d2h(run, l.finalOff[k]); err != nil {
 			return err
 		}
 		run = l.finalOff[k] + l.finalLen[k]
 	}
-	if err := d2h(unsafe.Add(set.hOut.p, run), run, l.d2h-run); err != nil {
+	if err := d2h(run, l.d2h); err != nil {
 		return err
 	}
 	if err := cu.check("cuEventRecord", cu.cuEventRecord(set.end, set.stream)); err != nil {

@@ -1087,6 +1087,15 @@ var mutations = []mutation{
 		Pytest: []string{"python/tests/test_deliver.py::test_damaged_chunk_names_its_file"},
 	},
 	{
+		Name:   "direct-chunks-staged",
+		Breaks: "a round whose chunks go straight to pinned memory or a ring slot stages room for all of them on the way back (the device path's staging grew to 1.6 GB during a 96-sample epoch)",
+		File:   "gpu/submit.go",
+		From:   "\tl.stageFrom(directOut)\n",
+		To:     "",
+		Pkgs:   []string{"./gpu"},
+		Run:    "TestFakeGPUDstInsideSample",
+	},
+	{
 		Name:   "ring-freed-on-hung-device",
 		Breaks: "a ring closed on a device the watchdog retired is freed: cuMemFree waits for the kernel that does not end, and the daemon's shutdown with it",
 		File:   "gpu/ipc.go",
