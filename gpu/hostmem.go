@@ -97,11 +97,7 @@ type hostStats struct {
 func (p *hostPool) stats() hostStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s := hostStats{Mapped: p.used, Peak: p.peak, Arenas: len(p.arenas)}
-	for _, a := range p.arenas {
-		s.Lent += int64(a.lentBytes)
-	}
-	return s
+	return hostStats{Mapped: p.used, Lent: p.inUse, Peak: p.peak, Arenas: len(p.arenas)}
 }
 
 // start registers the first arena in the background (unless onDemand)
