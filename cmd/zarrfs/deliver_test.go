@@ -130,7 +130,7 @@ func TestListenPrivate(t *testing.T) {
 
 // A shutdown that does not end (a ring's Close held by a GPU whose kernel
 // does not end) is bounded: past the limit the daemon logs an error, then
-// where every goroutine waits, and exits with status 3; a shutdown that
+// where every goroutine waits, and exits with status 1; a shutdown that
 // ends first stops the bound.
 func TestBoundShutdown(t *testing.T) {
 	var logBuf, out bytes.Buffer
@@ -143,8 +143,8 @@ func TestBoundShutdown(t *testing.T) {
 	boundShutdown(log, &lockedWriter{w: &out, mu: &mu}, 50*time.Millisecond, func(code int) { exited <- code })
 	select {
 	case code := <-exited:
-		if code != 3 {
-			t.Fatalf("exit status %d, want 3", code)
+		if code != 1 {
+			t.Fatalf("exit status %d, want 1", code)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("a shutdown past its bound did not exit")

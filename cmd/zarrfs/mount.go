@@ -257,15 +257,16 @@ const shutdownLimit = 20 * time.Second
 // boundShutdown arms the bound on the shutdown that follows: past limit,
 // something waits on what does not answer (a GPU whose kernel does not
 // end, say), so the daemon logs where every goroutine is and exits with
-// status 3 rather than hang its caller. The cache is safe against an exit
-// at any moment. The goroutines go to w (the log's stream).
+// status 1, a runtime error, rather than hang its caller. The cache is
+// safe against an exit at any moment. The goroutines go to w (the log's
+// stream).
 func boundShutdown(log *slog.Logger, w io.Writer, limit time.Duration, exit func(int)) *time.Timer {
 	return time.AfterFunc(limit, func() {
 		buf := make([]byte, 4<<20)
 		buf = buf[:runtime.Stack(buf, true)]
 		log.Error("shutdown did not end in time; exiting, the goroutines follow", "limit", limit)
 		w.Write(buf)
-		exit(3)
+		exit(1)
 	})
 }
 

@@ -1108,7 +1108,7 @@ var mutations = []mutation{
 		Name:   "shutdown-unbounded",
 		Breaks: "a daemon whose shutdown waits on what does not answer never exits",
 		File:   "cmd/zarrfs/mount.go",
-		From:   "\t\tw.Write(buf)\n\t\texit(3)",
+		From:   "\t\tw.Write(buf)\n\t\texit(1)",
 		To:     "\t\tw.Write(buf)",
 		Pkgs:   []string{"./cmd/zarrfs"},
 		Run:    "TestBoundShutdown",
