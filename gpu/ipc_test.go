@@ -314,6 +314,13 @@ func TestRingOnARetiredDevice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A ring whose reader's kernels on slot 0 wait behind the hung one:
+	// its consumer event never ends.
+	read, err := d.NewRing(2, 1<<20, consumerEvents(0x7e57, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.setBusy(0x7e57, true)
 	b := d.HostAllocWait(4096, 5*time.Second)
 	defer d.HostFree(b)
 	f.setBusy(r.copied[0], true) // queued behind the kernel that does not end
@@ -339,8 +346,17 @@ func TestRingOnARetiredDevice(t *testing.T) {
 	if err := r.Close(); !errors.Is(err, ErrHung) {
 		t.Fatalf("closing the ring: %v, want ErrHung", err)
 	}
+	data := bytes.Repeat([]byte("behind the hung kernel"), 512)
+	enc := compress(codec.LZ4, data)
+	src := d.HostAllocWait(len(enc), 5*time.Second)
+	defer d.HostFree(src)
+	copy(src, enc)
+	jobs := []codec.Job{{Codec: codec.LZ4, Src: src, Dst: make([]byte, len(data))}}
+	if err := read.Decode(context.Background(), 0, jobs, []int64{0}, nil); !errors.Is(err, ErrHung) {
+		t.Fatalf("a decode waiting for a consumer behind the hung kernel: %v, want ErrHung", err)
+	}
 	if took := time.Since(t0); took > 10*time.Second {
-		t.Fatalf("the write and close took %v on a retired device", took)
+		t.Fatalf("the write, close and decode took %v on a retired device", took)
 	}
 	_, err = d.NewRing(2, 1<<20, nil)
 	if !errors.Is(err, ErrHung) || !strings.Contains(err.Error(), "off until the daemon restarts") {
@@ -348,12 +364,6 @@ func TestRingOnARetiredDevice(t *testing.T) {
 	}
 }
 
-// A context rebuild (after a sticky device error) frees every ring's
-// memory, and the addresses come back in other allocations: a ring opened
-// before it is lost. Its writes, copies and decodes fail with ErrRingLost
-// (nothing lands at its old addresses), its bytes are no longer counted,
-// and its Close frees nothing. A write waiting for its copy does not hold
-// the rebuild back.
 // A device fault poisons the context: a reader whose ring it lost opens
 // the next one before any round rebuilds the context, and gets it, the
 // context rebuilt by NewRing, whether a round recorded the fault first or
@@ -431,6 +441,12 @@ func TestNewRingRebuildStuck(t *testing.T) {
 	}
 }
 
+// A context rebuild (after a sticky device error) frees every ring's
+// memory, and the addresses come back in other allocations: a ring opened
+// before it is lost. Its writes, copies and decodes fail with ErrRingLost
+// (nothing lands at its old addresses), its bytes are no longer counted,
+// and its Close frees nothing. A write waiting for its copy does not hold
+// the rebuild back.
 func TestRingLostToAContextRebuild(t *testing.T) {
 	d, f, _ := ringDecoder(t, Options{DeviceBytes: 64 << 20, RoundTimeout: 300 * time.Millisecond})
 	r, err := d.NewRing(2, 1<<20, nil)

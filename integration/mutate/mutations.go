@@ -1096,6 +1096,15 @@ var mutations = []mutation{
 		Run:    "TestFakeGPUDstInsideSample",
 	},
 	{
+		Name:   "consumer-waited-on-hung-device",
+		Breaks: "a fill waits out the ring's timeout for a reader's consumer event that waits behind a kernel that does not end",
+		File:   "gpu/ipc.go",
+		From:   "\t\tif r.d.hung.Load() {\n\t\t\t// The reader's stream",
+		To:     "\t\tif false {\n\t\t\t// The reader's stream",
+		Pkgs:   []string{"./gpu"},
+		Run:    "TestRingOnARetiredDevice",
+	},
+	{
 		Name:   "ring-freed-on-hung-device",
 		Breaks: "a ring closed on a device the watchdog retired is freed: cuMemFree waits for the kernel that does not end, and the daemon's shutdown with it",
 		File:   "gpu/ipc.go",
