@@ -1,7 +1,6 @@
 package gpu
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/zarrfs/zarrfs/codec"
@@ -55,7 +54,7 @@ func prepareBlosc(j *codec.Job) prepared {
 			// block headers are checked here (see validate.go).
 			frames, err := zstdFrames(s.Src)
 			switch {
-			case err == errZstdDict || errors.Is(err, errZstdTables):
+			case zstdForCPU(err):
 				return prepared{err: fmt.Errorf("gpu: blosc chunk: stream %d: %w: %w", i, err, codec.ErrUnsupported)}
 			case err != nil:
 				return corrupt(j, "stream %d: %v", i, err)

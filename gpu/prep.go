@@ -2,7 +2,6 @@ package gpu
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"hash/crc32"
 	"unsafe"
@@ -117,7 +116,7 @@ func frame(j *codec.Job) prepared {
 	switch j.Codec {
 	case codec.Zstd:
 		frames, err := zstdFrames(j.Src)
-		if err == errZstdDict || errors.Is(err, errZstdTables) {
+		if zstdForCPU(err) {
 			return prepared{err: fmt.Errorf("gpu: zstd chunk: %w: %w", err, codec.ErrUnsupported)}
 		}
 		if err != nil {

@@ -16,6 +16,11 @@ type zstdFrame struct {
 
 var errZstdDict = errors.New("zstd frame needs a dictionary")
 
+// zstdForCPU reports whether zstdFrames' err means a stream the GPU path
+// does not take but the CPU may decode (a dictionary, entropy tables the
+// host cannot read), rather than a damaged one.
+func zstdForCPU(err error) bool { return err == errZstdDict || errors.Is(err, errZstdTables) }
+
 // zstdFrames walks the frames of a zstd stream by their headers and block
 // headers, without decoding: nvCOMP decodes one frame per chunk, so a chunk
 // of several frames becomes several pieces, and skippable frames are
