@@ -465,7 +465,7 @@ def epoch_rate(a, name, decode, cores, prefetch=2):
 
 def pinned_line(p):
     """The daemon's pinned memory by use (its status: gpu_pinned), MiB."""
-    mib = {k: p.get(k, 0) / 2**20 for k in ("staging_bytes", "pool_bytes", "lent_bytes", "lent_peak_bytes")}
+    mib = {k: p.get(k, 0) / 2**20 for k in ("staging_bytes", "pool_bytes", "lent_peak_bytes")}
     return (f"staging {mib['staging_bytes']:.0f}, pool {mib['pool_bytes']:.0f} of which at most "
             f"{mib['lent_peak_bytes']:.0f} lent at once")
 
@@ -940,9 +940,10 @@ def damage_array(a, mounts, name, good, damaged, ref, trusted):
     """Every sample of array name through decode='device', one Loader each,
     against the reference mount's file (ref: bytes or error per sample).
     mounts holds the mount, and restarts it: a damaged chunk that makes
-    nvCOMP fault takes the daemon's GPU down for the rest of its process
-    (the driver refuses to rebuild the context), as integration/gpu/run.sh
-    reports of the decoder; the faulting sample must still get the CPU's
+    nvCOMP fault (the driver refuses to rebuild the context), or its kernel
+    run on past the watchdog's deadline, takes the daemon's GPU down for
+    the rest of its process, as integration/gpu/run.sh reports of the
+    decoder; the faulting sample must still get the CPU's
     verdict, the next Loader must say why it has no ring, and the rest of
     the samples are checked on a mount started again (DamageMount.fault
     reports it). Returns the tallies, and the lines of the samples that
