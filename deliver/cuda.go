@@ -77,8 +77,8 @@ func (m CUDAMemory) NewRing(ctx context.Context, req *OpenRequest, slots int, sl
 	// directly. As much as the slots: a fill reads each chunk into room
 	// for its decoded size before it gives back the rest, and a pool
 	// short of that registers more during the epoch, pinning on the cores
-	// the fills need (on 4 cores, a third of the daemon's CPU of a first
-	// epoch of 96 samples).
+	// the fills need (half the slots: 97-100 samples/s in a first epoch
+	// on 4 cores, against 111-115; BENCHMARKS.md).
 	d.HostReserve(int64(slots)*slotBytes, reserveWait)
 	return &cudaRing{d: d, r: r, release: release, shadow: shadow, slotBytes: slotBytes}, nil
 }
