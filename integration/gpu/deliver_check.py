@@ -458,7 +458,8 @@ def epoch_rate(a, name, decode, cores, prefetch=2):
                     pinned=(st.get("decode") or {}).get("gpu_pinned_bytes", 0),
                     pinned_by_use=(st.get("decode") or {}).get("gpu_pinned") or {},
                     fetched=(st.get("source_reads") or {}).get("bytes_fetched", 0),
-                    steady_rate=(got - n1) / max(t1 - tf, 1e-9), steady_cpu=(cpu1 - cf) / max(got - n1, 1))
+                    steady_rate=(got - n1) / max(t1 - tf, 1e-9), steady_cpu=(cpu1 - cf) / max(got - n1, 1),
+                    first_batch=tf - t0)
     finally:
         m.stop()
 
@@ -510,8 +511,9 @@ def part_rate(a):
               f"{comp / 1e6:.2f} MB compressed read a sample: {h2d / max(comp, 1):.3f}x", flush=True)
         print(f"  STAGES {label} (device path, ms a sample, summed over fills): {stage_line(d)}", flush=True)
         print(f"  STEADY {label}: from the first batch on (the ring opened, its memory pinned, the first fill done): "
-              f"decode='device' {dev['steady_rate']:.1f} samples/s, daemon {1e3 * dev['steady_cpu']:.1f} ms a sample; "
-              f"decode='host' {host['steady_rate']:.1f}, {1e3 * host['steady_cpu']:.1f}: "
+              f"decode='device' {dev['steady_rate']:.1f} samples/s, daemon {1e3 * dev['steady_cpu']:.1f} ms a sample, "
+              f"first batch {1e3 * dev['first_batch']:.0f} ms; "
+              f"decode='host' {host['steady_rate']:.1f}, {1e3 * host['steady_cpu']:.1f}, {1e3 * host['first_batch']:.0f} ms: "
               f"{dev['steady_rate'] / max(host['steady_rate'], 1e-9):.2f}x, CPU {dev['steady_cpu'] / max(host['steady_cpu'], 1e-9):.3f}x",
               flush=True)
         # The Loader's default keeps 2 batches in flight; 4 shows whether
