@@ -341,8 +341,14 @@ func (c *conn) fill(ctx context.Context, k int, files []string) fillReply {
 		job.offs = append(job.offs, int64(j)*c.size)
 	}
 	t0 := time.Now()
+	first := c.stats.started.Add(1) == 1
 	dev, host, failed, err := s.fillSlot(ctx, c.ring, k, job)
 	job.stages.add(stFill, time.Since(t0))
+	if first {
+		s.mu.Lock()
+		c.stats.firstFill = &FirstFill{Began: t0, Stages: job.stages.doc()}
+		s.mu.Unlock()
+	}
 	c.stats.add(job, dev, host, err)
 	s.stats.add(job, dev, host, err)
 	if errors.Is(err, gpu.ErrRingLost) {

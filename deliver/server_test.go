@@ -317,6 +317,13 @@ func TestRingHoldsTheFilesBytes(t *testing.T) {
 		st["fill"] < st["read"]+st["host_decode"] || fmt.Sprint(rings[0].Stages) != fmt.Sprint(st) {
 		t.Fatalf("stages %v, the ring's %v", st, rings[0].Stages)
 	}
+	// The first fill's own: begun after the ring opened, a part of the
+	// sums, and not all of them (four fills).
+	ff := rings[0].FirstFill
+	if ff == nil || ff.Began.Before(rings[0].Opened) || ff.Stages["fill"] <= 0 || ff.Stages["fill"] >= st["fill"] ||
+		ff.Stages["read"] > st["read"] {
+		t.Fatalf("first fill %+v, the ring opened %v, all fills' stages %v", ff, rings[0].Opened, st)
+	}
 }
 
 // A sample whose chunk is damaged fails its fill with an error naming the

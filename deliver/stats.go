@@ -21,6 +21,18 @@ type ringStats struct {
 	SampleBytes int64
 	Opened      time.Time
 	counters
+	// started counts the fill requests begun; the first one's start and
+	// stages are kept (under the Server's mu): where a first batch's time
+	// goes, which the sums over an epoch's fills hide.
+	started   atomic.Int64
+	firstFill *FirstFill
+}
+
+// FirstFill is a ring's first fill request: when it began, and its stages
+// in seconds (Counts.Stages).
+type FirstFill struct {
+	Began  time.Time          `json:"began"`
+	Stages map[string]float64 `json:"stages_s"`
 }
 
 // counters count what fills put in rings: one ring's, or every ring's
@@ -133,14 +145,15 @@ type Counts struct {
 
 // RingInfo is a ring as status reports it.
 type RingInfo struct {
-	ID          int       `json:"id"`
-	Dir         string    `json:"dir"`
-	Memory      string    `json:"memory"`
-	Device      int       `json:"device"`
-	Slots       int       `json:"slots"`
-	Bytes       int64     `json:"bytes"`
-	SampleBytes int64     `json:"sample_bytes"`
-	Opened      time.Time `json:"opened"`
+	ID          int        `json:"id"`
+	Dir         string     `json:"dir"`
+	Memory      string     `json:"memory"`
+	Device      int        `json:"device"`
+	Slots       int        `json:"slots"`
+	Bytes       int64      `json:"bytes"`
+	SampleBytes int64      `json:"sample_bytes"`
+	Opened      time.Time  `json:"opened"`
+	FirstFill   *FirstFill `json:"first_fill,omitempty"`
 	Counts
 }
 
@@ -161,7 +174,7 @@ func (s *Server) Stats() ([]RingInfo, Totals) {
 	var out []RingInfo
 	for _, r := range s.rings {
 		out = append(out, RingInfo{ID: r.ID, Dir: r.Dir, Memory: r.Memory, Device: r.Device, Slots: r.Slots,
-			Bytes: int64(r.Slots) * r.SlotBytes, SampleBytes: r.SampleBytes, Opened: r.Opened, Counts: r.counts()})
+			Bytes: int64(r.Slots) * r.SlotBytes, SampleBytes: r.SampleBytes, Opened: r.Opened, FirstFill: r.firstFill, Counts: r.counts()})
 	}
 	open := len(s.rings)
 	s.mu.Unlock()

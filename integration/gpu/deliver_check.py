@@ -63,6 +63,7 @@ STAGES, PROFILE and MEASURE lines for the rates; exits 1 when a check failed.
 """
 
 import argparse
+import datetime
 import gc
 import json
 import logging
@@ -438,7 +439,7 @@ def epoch_rate(a, name, decode, cores, prefetch=2):
         l = Loader(os.path.join(m.path, "train"), 4, device=DEVICE, decode=decode, prefetch=prefetch)
         sync()
         cpu0 = cpu_seconds(m._proc.pid)
-        t0 = time.perf_counter()
+        t0, wall0 = time.perf_counter(), time.time()
         got, first = 0, None
         for x, _ in l:
             x.sum()  # the trainer reads the batch
@@ -448,6 +449,7 @@ def epoch_rate(a, name, decode, cores, prefetch=2):
                 # the first fill done: what every later batch costs.
                 sync()
                 first = (got, time.perf_counter(), cpu_seconds(m._proc.pid))
+                first_wall = time.time()
         sync()
         t1 = time.perf_counter()
         cpu1 = cpu_seconds(m._proc.pid)
@@ -459,9 +461,33 @@ def epoch_rate(a, name, decode, cores, prefetch=2):
                     pinned_by_use=(st.get("decode") or {}).get("gpu_pinned") or {},
                     fetched=(st.get("source_reads") or {}).get("bytes_fetched", 0),
                     steady_rate=(got - n1) / max(t1 - tf, 1e-9), steady_cpu=(cpu1 - cf) / max(got - n1, 1),
-                    first_batch=tf - t0)
+                    first_batch=tf - t0, first_fill=first_fill(st, wall0, first_wall if first else None))
     finally:
         m.stop()
+
+
+def first_fill(st, wall0, wall1):
+    """Where the first batch's time went (its ring's first_fill in the
+    status): ms from the epoch's start to the daemon's first fill request,
+    the fill, and from its end to the batch in the trainer's hands (the
+    reply, the slot's tensor, the trainer's first kernel); and the fill's
+    stages, ms. None when the mount served no ring."""
+    rings = (st.get("delivery") or {}).get("rings") or []
+    ff = rings[-1].get("first_fill") if rings else None
+    if not ff or wall1 is None:
+        return None
+    began = datetime.datetime.fromisoformat(ff["began"].replace("Z", "+00:00")).timestamp()
+    fill = ff["stages_s"].get("fill", 0)
+    return dict(before=began - wall0, fill=fill, after=wall1 - began - fill,
+                stages={k: v for k, v in ff["stages_s"].items() if v >= 0.0005})
+
+
+def first_line(f):
+    if not f:
+        return "no ring"
+    st = ", ".join(f"{k} {1e3 * v:.0f}" for k, v in f["stages"].items() if k != "fill")
+    return (f"to its request {1e3 * f['before']:.0f} ms, the fill {1e3 * f['fill']:.0f} ms ({st}), "
+            f"reply to the trainer's hands {1e3 * f['after']:.0f} ms")
 
 
 def pinned_line(p):
@@ -516,6 +542,7 @@ def part_rate(a):
               f"decode='host' {host['steady_rate']:.1f}, {1e3 * host['steady_cpu']:.1f}, {1e3 * host['first_batch']:.0f} ms: "
               f"{dev['steady_rate'] / max(host['steady_rate'], 1e-9):.2f}x, CPU {dev['steady_cpu'] / max(host['steady_cpu'], 1e-9):.3f}x",
               flush=True)
+        print(f"  FIRST {label}: the device path's first batch: {first_line(dev['first_fill'])}", flush=True)
         # The Loader's default keeps 2 batches in flight; 4 shows whether
         # the device path waits on its own latency.
         deep = epoch_rate(a, "rate-dev4", "device", daemon_cores, prefetch=4)
