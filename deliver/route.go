@@ -54,6 +54,30 @@ type router struct {
 	// idle counts the fills in a row with chunks of large parts of which
 	// the host took none.
 	idle int
+	// What it decided, for status (RouteInfo).
+	fills, allHost, toHost, kept int64
+}
+
+// RouteInfo is a ring's router as status reports it: its measures, and
+// the fills with chunks of large parts, those whose large-part chunks the
+// host took all of, and such chunks by where they decoded.
+type RouteInfo struct {
+	DeviceWait float64 `json:"device_wait_s"`
+	HostRate   float64 `json:"host_bytes_per_s"`
+	Fills      int64   `json:"fills_with_large_parts"`
+	AllOnHost  int64   `json:"fills_all_on_host"`
+	OnHost     int64   `json:"large_chunks_on_host"`
+	OnDevice   int64   `json:"large_chunks_on_device"`
+}
+
+func (r *router) info() *RouteInfo {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fills == 0 {
+		return nil
+	}
+	return &RouteInfo{DeviceWait: r.devWait.Seconds(), HostRate: r.hostRate, Fills: r.fills, AllOnHost: r.allHost,
+		OnHost: r.toHost, OnDevice: r.kept}
 }
 
 // reprobe is the fills in a row the host takes no chunk of a large part
@@ -118,6 +142,12 @@ func (r *router) split(jobs []codec.Job, dev []int) (host []int, large bool) {
 		host = append(host, last)
 		large = len(cands) > 1
 	}
+	r.fills++
+	if !large {
+		r.allHost++
+	}
+	r.toHost += int64(len(host))
+	r.kept += int64(len(cands) - len(host))
 	return host, large
 }
 

@@ -120,15 +120,23 @@ func TestGPUFillHostShare(t *testing.T) {
 			}
 		}
 	}
-	_, tot := s.Stats()
+	rings, tot := s.Stats()
 	// The first fill: one z chunk on the host (its rate), one on the
-	// device (its time); then every z chunk on the host.
+	// device (its time); then every z chunk on the host, as the ring's
+	// route in status says.
 	if tot.HostShare != 7*chunk || dev.slowCalls.Load() != 1 || dev.decoded.Load() != 8*16+1 {
 		t.Fatalf("host share %d bytes (want 7 chunks, %d), %d slow device calls (want 1), %d chunks on the device (want 128 of c and 1 of z)",
 			tot.HostShare, 7*chunk, dev.slowCalls.Load(), dev.decoded.Load())
 	}
 	if tot.Stages["host_share"] <= 0 || tot.Uploaded < tot.HostShare {
 		t.Fatalf("stages %v, uploaded %d", tot.Stages, tot.Uploaded)
+	}
+	if len(rings) != 1 || rings[0].Route == nil {
+		t.Fatalf("rings %+v: want one, with its route", rings)
+	}
+	if r := rings[0].Route; r.Fills != 4 || r.AllOnHost != 3 || r.OnHost != 7 || r.OnDevice != 1 || r.DeviceWait < 0.3 || r.HostRate <= 0 {
+		t.Fatalf("route %+v: want 4 fills with large parts, 3 all on the host, 7 such chunks on the host and 1 on the device, "+
+			"the device's wait of at least its 0.3 s, a host rate", r)
 	}
 	// The share went through the mount's CPU decoder (its workers and
 	// counters), not around it.

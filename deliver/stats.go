@@ -154,6 +154,9 @@ type RingInfo struct {
 	SampleBytes int64      `json:"sample_bytes"`
 	Opened      time.Time  `json:"opened"`
 	FirstFill   *FirstFill `json:"first_fill,omitempty"`
+	// Route is the ring's router, once a fill had chunks of large parts
+	// (route.go).
+	Route *RouteInfo `json:"route,omitempty"`
 	Counts
 }
 
@@ -172,9 +175,13 @@ type Totals struct {
 func (s *Server) Stats() ([]RingInfo, Totals) {
 	s.mu.Lock()
 	var out []RingInfo
-	for _, r := range s.rings {
-		out = append(out, RingInfo{ID: r.ID, Dir: r.Dir, Memory: r.Memory, Device: r.Device, Slots: r.Slots,
-			Bytes: int64(r.Slots) * r.SlotBytes, SampleBytes: r.SampleBytes, Opened: r.Opened, FirstFill: r.firstFill, Counts: r.counts()})
+	for c, r := range s.rings {
+		ri := RingInfo{ID: r.ID, Dir: r.Dir, Memory: r.Memory, Device: r.Device, Slots: r.Slots,
+			Bytes: int64(r.Slots) * r.SlotBytes, SampleBytes: r.SampleBytes, Opened: r.Opened, FirstFill: r.firstFill, Counts: r.counts()}
+		if d, ok := c.ring.(deviceRing); ok {
+			ri.Route = d.route().info()
+		}
+		out = append(out, ri)
 	}
 	open := len(s.rings)
 	s.mu.Unlock()

@@ -461,7 +461,8 @@ def epoch_rate(a, name, decode, cores, prefetch=2):
                     pinned_by_use=(st.get("decode") or {}).get("gpu_pinned") or {},
                     fetched=(st.get("source_reads") or {}).get("bytes_fetched", 0),
                     steady_rate=(got - n1) / max(t1 - tf, 1e-9), steady_cpu=(cpu1 - cf) / max(got - n1, 1),
-                    first_batch=tf - t0, first_fill=first_fill(st, wall0, first_wall if first else None))
+                    first_batch=tf - t0, first_fill=first_fill(st, wall0, first_wall if first else None),
+                    route=(((st.get("delivery") or {}).get("rings") or [{}])[-1]).get("route"))
     finally:
         m.stop()
 
@@ -543,6 +544,12 @@ def part_rate(a):
               f"{dev['steady_rate'] / max(host['steady_rate'], 1e-9):.2f}x, CPU {dev['steady_cpu'] / max(host['steady_cpu'], 1e-9):.3f}x",
               flush=True)
         print(f"  FIRST {label}: the device path's first batch: {first_line(dev['first_fill'])}", flush=True)
+        if dev["route"]:
+            r = dev["route"]
+            print(f"  ROUTE {label}: {r['fills_with_large_parts']} fills with chunks of large parts, {r['fills_all_on_host']} of them "
+                  f"all on the host; such chunks {r['large_chunks_on_host']} on the host, {r['large_chunks_on_device']} on the device; "
+                  f"the device's wait for them {1e3 * r['device_wait_s']:.0f} ms, the host's rate {r['host_bytes_per_s'] / 1e9:.2f} GB/s",
+                  flush=True)
         # The Loader's default keeps 2 batches in flight; 4 shows whether
         # the device path waits on its own latency.
         deep = epoch_rate(a, "rate-dev4", "device", daemon_cores, prefetch=4)
