@@ -36,7 +36,9 @@ func fullStatus() statusDoc {
 		Delivery: &statusDelivery{Socket: "/r.ring.sock", Totals: deliver.Totals{Opened: 1, Open: 1, HeldBytes: 1,
 			Counts: deliver.Counts{Fills: 1, Errors: 1, DeviceSamples: 1, HostSamples: 1, Compressed: 1, Uploaded: 1, Stages: stages}},
 			Rings: []deliver.RingInfo{{ID: 1, Dir: "era5", Memory: "cuda", Slots: 3, Bytes: 1, SampleBytes: 1, Opened: time.Unix(0, 0),
-				Counts: deliver.Counts{Fills: 1, DeviceSamples: 1, HostSamples: 1, Compressed: 1, Uploaded: 1, Stages: stages}}}},
+				FirstFill: &deliver.FirstFill{Began: time.Unix(1, 0), Stages: stages},
+				Route:     &deliver.RouteInfo{DeviceWait: 1, HostRate: 1, Fills: 1, AllOnHost: 1, OnHost: 1, OnDevice: 1},
+				Counts:    deliver.Counts{Fills: 1, DeviceSamples: 1, HostSamples: 1, Compressed: 1, Uploaded: 1, Stages: stages}}}},
 	}
 }
 
