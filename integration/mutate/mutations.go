@@ -1140,4 +1140,22 @@ var mutations = []mutation{
 		Pkgs:   []string{"./integration"},
 		Run:    "TestArchiveScale",
 	},
+	{
+		Name:   "first-fill-is-the-last",
+		Breaks: "a ring's first_fill in status is whichever fill ended last, not the first asked for: a first batch's wait cannot be told from the sums",
+		File:   "deliver/server.go",
+		From:   "\tfirst := c.stats.started.Add(1) == 1\n",
+		To:     "\tfirst := c.stats.started.Add(1) > 0\n",
+		Pkgs:   []string{"./deliver"},
+		Run:    "TestRingHoldsTheFilesBytes",
+	},
+	{
+		Name:   "route-counts-kept-as-sent",
+		Breaks: "a ring's route in status counts the large-part chunks left to the GPU as the host's: why the GPU decoded large zstd frames cannot be seen",
+		File:   "deliver/route.go",
+		From:   "\tr.toHost += int64(len(host))\n\tr.kept += int64(len(cands) - len(host))\n",
+		To:     "\tr.toHost += int64(len(cands))\n",
+		Pkgs:   []string{"./deliver"},
+		Run:    "TestGPUFillHostShare",
+	},
 }
