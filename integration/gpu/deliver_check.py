@@ -59,7 +59,10 @@ deliver.sh) instead of the binary's.
 ./integration/gpu/chunkdamage), by default beside ZARRFS.
 
 Prints one line per check ("PASS ...", "FAIL ..." or "SKIP ...") and RATE, CPU, BYTES,
-STAGES, PROFILE and MEASURE lines for the rates; exits 1 when a check failed.
+STAGES, STEADY, FIRST (the device path's first batch: the wait for its request, the
+fill and its stages, the reply's way to the trainer), ROUTE (the ring's router, where
+a fill had chunks of large parts), DEPTH, PROFILE and MEASURE lines for the rates;
+exits 1 when a check failed.
 """
 
 import argparse
