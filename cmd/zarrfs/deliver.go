@@ -133,6 +133,10 @@ func printDelivery(w io.Writer, d *statusDelivery) {
 	for _, r := range d.Rings {
 		fmt.Fprintf(w, "\tring %d: %s, %s memory (device %d), %d slots, %s; %d fills, %d errors; %d device path, %d host path samples\n",
 			r.ID, r.Dir, r.Memory, r.Device, r.Slots, memory.Human(r.Bytes), r.Fills, r.Errors, r.DeviceSamples, r.HostSamples)
+		if rt := r.Route; rt != nil {
+			fmt.Fprintf(w, "\t  chunks of large parts (zstd frames of 1 MiB or more): %d on the host, %d on the GPU, in %d fills (%d all on the host); the GPU's wait %.0f ms, the host's rate %s/s\n",
+				rt.OnHost, rt.OnDevice, rt.Fills, rt.AllOnHost, 1e3*rt.DeviceWait, memory.Human(int64(rt.HostRate)))
+		}
 	}
 }
 

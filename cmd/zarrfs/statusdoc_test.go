@@ -177,3 +177,22 @@ func TestStatusTextPinned(t *testing.T) {
 		t.Fatalf("no pinned line with the staging, pool and peak:\n%s", out.String())
 	}
 }
+
+// The text status gives a ring's route where its router saw chunks of
+// large parts: how many went where, and what it decided on.
+func TestStatusTextRoute(t *testing.T) {
+	d := fullStatus()
+	d.Delivery.Rings[0].Route = &deliver.RouteInfo{DeviceWait: 0.118, HostRate: 3 << 30, Fills: 24, AllOnHost: 20, OnHost: 380, OnDevice: 4}
+	var out bytes.Buffer
+	printStatus(&out, d)
+	line := regexp.MustCompile(`chunks of large parts \(zstd frames of 1 MiB or more\): (\d+) on the host, (\d+) on the GPU, in (\d+) fills \((\d+) all on the host\); the GPU's wait (\d+) ms, the host's rate (\S+ \S+)/s`).FindStringSubmatch(out.String())
+	if line == nil || line[1] != "380" || line[2] != "4" || line[3] != "24" || line[4] != "20" || line[5] != "118" || line[6] != "3.0 GiB" {
+		t.Fatalf("no route line with the chunks by side, the fills and the measures:\n%s", out.String())
+	}
+	d.Delivery.Rings[0].Route = nil
+	out.Reset()
+	printStatus(&out, d)
+	if strings.Contains(out.String(), "chunks of large parts") {
+		t.Fatalf("a ring without a route has a route line:\n%s", out.String())
+	}
+}
