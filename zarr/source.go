@@ -266,9 +266,6 @@ func (s storeSource) cached(sc SourceCache, key string) ([]byte, bool) {
 	if cap(buf) > 0 && (!ok || len(b) == 0 || &b[0] != &buf[:1][0]) {
 		mem.HostFree(buf) // damage found in the read, or bytes in memory of the cache's own
 	}
-	if ok && len(b) == 0 {
-		return []byte{}, true
-	}
 	return b, ok
 }
 
