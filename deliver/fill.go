@@ -20,6 +20,12 @@ type slotJob struct {
 	blobs []layout.Blob
 	offs  []int64 // each sample's offset in the slot
 	size  int64   // data bytes of a sample
+	*tally
+}
+
+// tally is what a fill request's paths put into its slot, and where their
+// time went: one per request, shared by its parts (slotJob.part).
+type tally struct {
 	// compressed counts the compressed bytes the device path read (what
 	// crossed to the device, on a GPU); uploaded the decoded bytes the
 	// host path copied into the slot.
@@ -27,59 +33,97 @@ type slotJob struct {
 	// hostShare counts the bytes, among uploaded, of chunks the device
 	// could take that the host decoded (route.go).
 	hostShare atomic.Int64
-	stages    stageTimes
+	// cached counts the samples copied from blobs the cache held.
+	cached atomic.Int64
+	stages stageTimes
 }
 
-// fillSlot puts job's samples into slot k: the device path first, the host
-// path for every sample it did not fill. It returns the count of each, and
-// the first sample that failed on the host path with its error.
+func newSlotJob(lay *layout.Layout, size int64) *slotJob {
+	return &slotJob{lay: lay, size: size, tally: new(tally)}
+}
+
+// part is the job's samples at idx (increasing), which the device path
+// fills: the same request, its tally shared.
+func (j *slotJob) part(idx []int) *slotJob {
+	p := &slotJob{lay: j.lay, size: j.size, tally: j.tally}
+	for _, i := range idx {
+		p.blobs = append(p.blobs, j.blobs[i])
+		p.offs = append(p.offs, j.offs[i])
+	}
+	return p
+}
+
+// holder is the mount's blobs where they tell, without a request, whether
+// the cache holds a blob (fill.Filler).
+type holder interface {
+	Holds(lay *layout.Layout, b layout.Blob) bool
+}
+
+// fillSlot puts job's samples into slot k, and returns the count of each
+// path, and the first sample that failed on the host path with its error.
+// A sample whose blob the cache holds (a warm mount: `zarrfs warm`, or
+// files read before) is copied from it, as a read of the mount would be:
+// the decoding was paid for once, and a copy from the cache is faster
+// than decoding again wherever the cache reads faster than the device
+// decodes. The device path decodes the others meanwhile; the host path
+// fills every sample it did not.
 func (s *Server) fillSlot(ctx context.Context, r Ring, k int, job *slotJob) (dev, host int, failed layout.Blob, err error) {
 	if err := r.Begin(k); err != nil {
 		return 0, 0, nil, fmt.Errorf("slot %d: %w", k, err)
 	}
-	todo := make([]bool, len(job.blobs))
-	for i := range todo {
-		todo[i] = true
+	// The host path, a sample per goroutine: each waits for its own fill
+	// (single-flight with the mount's readers) and copies into the slot.
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var hostBegan time.Time
+	hostPath := func(i int) {
+		if host++; host == 1 {
+			hostBegan = time.Now()
+		}
+		wg.Go(func() {
+			if e := s.hostSample(ctx, r, k, job, i); e != nil {
+				mu.Lock()
+				if failed == nil {
+					failed, err = job.blobs[i], e
+				}
+				mu.Unlock()
+			}
+		})
 	}
-	if s.Device != nil {
-		errs := s.Device.FillSlot(ctx, r, k, job)
-		for i, e := range errs {
+	cold := make([]int, 0, len(job.blobs))
+	h, _ := s.Blobs.(holder)
+	for i, b := range job.blobs {
+		if s.Device != nil && (h == nil || !h.Holds(job.lay, b)) {
+			cold = append(cold, i)
+			continue
+		}
+		if s.Device != nil {
+			job.cached.Add(1)
+		}
+		hostPath(i)
+	}
+	if len(cold) > 0 {
+		part := job
+		if len(cold) < len(job.blobs) {
+			part = job.part(cold)
+		}
+		for j, e := range s.Device.FillSlot(ctx, r, k, part) {
 			if e == nil {
-				todo[i] = false
 				dev++
 				continue
 			}
 			if ctx.Err() != nil {
-				return dev, 0, nil, ctx.Err()
+				wg.Wait()
+				return dev, host, nil, ctx.Err()
 			}
-			s.log.Debug("delivery: sample to the host path", "file", job.blobs[i].Path(), "cause", e)
+			s.log.Debug("delivery: sample to the host path", "file", part.blobs[j].Path(), "cause", e)
+			hostPath(cold[j])
 		}
-	}
-	// The host path, a sample per goroutine: each waits for its own fill
-	// (single-flight with the mount's readers) and copies into the slot.
-	if host := len(todo) - dev; host > 0 {
-		defer func(t0 time.Time) { job.stages.add(stHostPath, time.Since(t0)) }(time.Now())
-	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	for i, b := range job.blobs {
-		if !todo[i] {
-			continue
-		}
-		host++
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if e := s.hostSample(ctx, r, k, job, i); e != nil {
-				mu.Lock()
-				if failed == nil {
-					failed, err = b, e
-				}
-				mu.Unlock()
-			}
-		}()
 	}
 	wg.Wait()
+	if host > 0 {
+		job.stages.add(stHostPath, time.Since(hostBegan))
+	}
 	if err != nil {
 		return dev, host, failed, err
 	}

@@ -323,7 +323,7 @@ func (c *conn) fill(ctx context.Context, k int, files []string) fillReply {
 		return rep
 	}
 	lay := s.Layout()
-	job := &slotJob{lay: lay, size: c.size}
+	job := newSlotJob(lay, c.size)
 	for j, name := range files {
 		p := c.dir + "/" + name
 		e, ok := lay.Lookup(p)

@@ -50,7 +50,11 @@ type fileBlobs struct {
 	dir   string
 	mu    sync.Mutex
 	opens map[string]int
+	// held are the blobs the cache holds (Holds), set before a test fills.
+	held map[string]bool
 }
+
+func (fb *fileBlobs) Holds(_ *layout.Layout, b layout.Blob) bool { return fb.held[b.Path()] }
 
 type fileBacking struct{ f *os.File }
 
@@ -335,6 +339,44 @@ func TestRingHoldsTheFilesBytes(t *testing.T) {
 
 // A sample whose chunk is damaged fails its fill with an error naming the
 // file and the chunk; the connection goes on serving.
+// A sample whose blob the cache holds (a warm mount) is copied from it,
+// not decoded again; the device path decodes the others of its batch,
+// each at its place in the slot.
+func TestRingCopiesCachedSamples(t *testing.T) {
+	ts := newTestServer(t, nil, nil)
+	ts.blobs.held = map[string]bool{"t/01.npy": true, "t/03.npy": true, "t/04.npy": true, "t/05.npy": true}
+	c := dial(t, ts.sock)
+	rep := c.open(t, OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 2, Batch: 3})
+	if !rep.OK {
+		t.Fatalf("open: %+v", rep)
+	}
+	for b, batch := range [][]string{{"00.npy", "01.npy", "02.npy"}, {"03.npy", "04.npy", "05.npy"}, {"06.npy", "07.npy", "08.npy"}} {
+		slot := b % 2
+		r := c.fill(t, slot, batch...)
+		held := 0
+		for j, n := range batch {
+			if got, want := c.sample(slot, j), ts.want(t, "t/"+n); !bytes.Equal(got, want) {
+				t.Fatalf("t/%s in slot %d differs from the file", n, slot)
+			}
+			h := ts.blobs.held["t/"+n]
+			if h {
+				held++
+			}
+			if opens, want := ts.blobs.opened("t/"+n), map[bool]int{true: 1}[h]; opens != want {
+				t.Fatalf("t/%s opened through the cache %d times, want %d", n, opens, want)
+			}
+		}
+		if r.Op != "ready" || r.Host != held || r.Device != 3-held {
+			t.Fatalf("batch %d: %+v; want %d samples on the device path, %d copied from the cache", b, r, 3-held, held)
+		}
+	}
+	rings, tot := ts.s.Stats()
+	if len(rings) != 1 || rings[0].CachedSamples != 4 || rings[0].HostSamples != 4 || rings[0].DeviceSamples != 5 ||
+		tot.CachedSamples != 4 || rings[0].Uploaded != 4*rep.SampleBytes || tot.Stages["host_path"] <= 0 {
+		t.Fatalf("stats %+v %+v", rings, tot)
+	}
+}
+
 func TestFillErrorNamesTheFile(t *testing.T) {
 	ts := newTestServer(t, map[int64]bool{5: true}, nil)
 	c := dial(t, ts.sock)

@@ -39,8 +39,9 @@ type FirstFill struct {
 // since the server started.
 type counters struct {
 	fills, errors atomic.Int64
-	// device and host count the samples by path.
-	device, host atomic.Int64
+	// device and host count the samples by path; cached those of host
+	// copied from blobs the cache held.
+	device, host, cached atomic.Int64
 	// compressed is the compressed bytes the device path read, uploaded
 	// the decoded bytes the host path copied into slots, share those of
 	// uploaded of chunks the device could take that the host decoded
@@ -57,6 +58,7 @@ func (c *counters) add(job *slotJob, dev, host int, err error) {
 	}
 	c.device.Add(int64(dev))
 	c.host.Add(int64(host))
+	c.cached.Add(job.cached.Load())
 	c.compressed.Add(job.compressed.Load())
 	c.uploaded.Add(job.uploaded.Load())
 	c.share.Add(job.hostShare.Load())
@@ -66,7 +68,7 @@ func (c *counters) add(job *slotJob, dev, host int, err error) {
 // counts are the counters as status reports them.
 func (c *counters) counts() Counts {
 	return Counts{Fills: c.fills.Load(), Errors: c.errors.Load(), DeviceSamples: c.device.Load(), HostSamples: c.host.Load(),
-		Compressed: c.compressed.Load(), Uploaded: c.uploaded.Load(), HostShare: c.share.Load(), Stages: c.stages.doc()}
+		CachedSamples: c.cached.Load(), Compressed: c.compressed.Load(), Uploaded: c.uploaded.Load(), HostShare: c.share.Load(), Stages: c.stages.doc()}
 }
 
 // Stages of a fill, where its time goes: what `zarrfs status` reports
@@ -123,6 +125,9 @@ type Counts struct {
 	Errors        int64 `json:"errors"`
 	DeviceSamples int64 `json:"device_samples"`
 	HostSamples   int64 `json:"host_samples"`
+	// CachedSamples is the samples, among HostSamples, copied from blobs
+	// the cache held (a warm mount), not decoded again.
+	CachedSamples int64 `json:"cached_samples"`
 	// Compressed is what the device path read of compressed chunks;
 	// Uploaded the decoded bytes the host path copied into slots. On a
 	// GPU, together they are the bytes that crossed to the device.

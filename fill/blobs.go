@@ -186,6 +186,13 @@ func held(c *cache.Cache, lay *layout.Layout, b layout.Blob) bool {
 	return false
 }
 
+// Holds reports whether the cache holds blob b of lay, in some identity,
+// without a request: Open then reads it rather than fill it, unless its
+// identity changed.
+func (f *Filler) Holds(lay *layout.Layout, b layout.Blob) bool {
+	return f.o.Cache != nil && held(f.o.Cache, lay, b)
+}
+
 // Keeps reports whether a blob of size bytes is kept once filled.
 func (f *Filler) Keeps(size int64) bool { return f.o.Cache.Keeps(size) }
 

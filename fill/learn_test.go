@@ -224,8 +224,12 @@ func TestFirstFillAsksNoVersion(t *testing.T) {
 	if has, err := Has(context.Background(), c, lay, b); err != nil || !has {
 		t.Fatalf("Has of the blob filled: %v %v", has, err)
 	}
+	// Holds (the device path's test for a warm sample) asks nothing.
+	if f := newFiller(t, Options{Cache: c}); !f.Holds(lay, b) || f.Holds(lay, other) {
+		t.Fatalf("Holds: %v of the blob filled, %v of one never filled", f.Holds(lay, b), f.Holds(lay, other))
+	}
 	if stats, reads := st.take(); stats != 0 || reads != 0 {
-		t.Fatalf("Has cost %d stats, %d reads", stats, reads)
+		t.Fatalf("Has and Holds cost %d stats, %d reads", stats, reads)
 	}
 
 	revalidatedThenRefilled(t, dir, st, src, c, id)

@@ -402,3 +402,51 @@ print('same' if got.tobytes() == want.tobytes() else 'differs')
 		t.Errorf("status: %+v\n%s", st, d.stderr)
 	}
 }
+
+// Over a warm mount the device path copies each sample from the decoded
+// file the cache holds rather than decode it again: after `zarrfs warm`,
+// the mount fills every batch of Loader(decode='device'), equal to
+// zarr-python's values, from the cache alone (it reads and decodes no
+// chunk), and status counts them as cached.
+func TestDevicePathCopiesWarmSamples(t *testing.T) {
+	requirePython(t)
+	if err := exec.Command("python3", "-c", "import zarr, torch, zarrfs.loader").Run(); err != nil {
+		testenv.Missing(t, "zarr-python, torch and the zarrfs package are needed (make pydeps)")
+	}
+	src := filepath.Join(t.TempDir(), "s.zarr")
+	python(t, deviceStorePy, src)
+	cacheDir := t.TempDir()
+	warm(t, src, cacheDir)
+	d := mountAt(t, src, t.TempDir(), cacheDir, "--delivery", "host")
+	got := python(t, `
+import sys, numpy as np, zarr
+from zarrfs.loader import Loader
+want = np.asarray(zarr.open_array(sys.argv[2] + '/x', mode='r')[...])
+l = Loader(sys.argv[1] + '/x', 4, device='cpu', decode='device')
+assert l.path_kind == 'ring-host', l.path_kind
+got = np.concatenate([b.numpy().copy() for b, _ in l])
+l.close()
+print('same' if got.tobytes() == want.tobytes() else 'differs')
+`, d.mnt, src)
+	if strings.TrimSpace(got) != "same" {
+		t.Fatalf("the device path's batches: %s from zarr-python's values", strings.TrimSpace(got))
+	}
+	stdout, _, _ := run(t, "status", d.mnt, "--json")
+	var st struct {
+		tierStatus
+		Delivery struct {
+			Device int64 `json:"device_samples"`
+			Host   int64 `json:"host_samples"`
+			Cached int64 `json:"cached_samples"`
+		} `json:"delivery"`
+		Decoded struct {
+			Chunks int64 `json:"chunks_decoded"`
+		} `json:"source_reads"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Delivery.Device != 0 || st.Delivery.Host != 23 || st.Delivery.Cached != 23 || st.Reads.BytesFetched != 0 || st.Decoded.Chunks != 0 {
+		t.Errorf("status: %+v\n%s", st, d.stderr)
+	}
+}

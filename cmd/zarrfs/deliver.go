@@ -120,8 +120,8 @@ func printDelivery(w io.Writer, d *statusDelivery) {
 	if samples > 0 {
 		perSample = memory.Human((d.Compressed+d.Uploaded)/samples) + " a sample"
 	}
-	fmt.Fprintf(w, "delivery\t%d rings open (%s), %d opened; %d samples (%d device path, %d host path), %s to the ring: %s compressed, %s decoded by the host path\n",
-		d.Open, memory.Human(d.HeldBytes), d.Opened, samples, d.DeviceSamples, d.HostSamples, perSample,
+	fmt.Fprintf(w, "delivery\t%d rings open (%s), %d opened; %d samples (%d device path, %d host path, %d of them from the cache), %s to the ring: %s compressed, %s decoded by the host path\n",
+		d.Open, memory.Human(d.HeldBytes), d.Opened, samples, d.DeviceSamples, d.HostSamples, d.CachedSamples, perSample,
 		memory.Human(d.Compressed), memory.Human(d.Uploaded))
 	if samples > 0 {
 		var parts []string
@@ -131,8 +131,8 @@ func printDelivery(w io.Writer, d *statusDelivery) {
 		fmt.Fprintf(w, "\tms a sample by stage (summed over fills): %s\n", strings.Join(parts, ", "))
 	}
 	for _, r := range d.Rings {
-		fmt.Fprintf(w, "\tring %d: %s, %s memory (device %d), %d slots, %s; %d fills, %d errors; %d device path, %d host path samples\n",
-			r.ID, r.Dir, r.Memory, r.Device, r.Slots, memory.Human(r.Bytes), r.Fills, r.Errors, r.DeviceSamples, r.HostSamples)
+		fmt.Fprintf(w, "\tring %d: %s, %s memory (device %d), %d slots, %s; %d fills, %d errors; %d device path, %d host path samples (%d from the cache)\n",
+			r.ID, r.Dir, r.Memory, r.Device, r.Slots, memory.Human(r.Bytes), r.Fills, r.Errors, r.DeviceSamples, r.HostSamples, r.CachedSamples)
 		if rt := r.Route; rt != nil {
 			fmt.Fprintf(w, "\t  chunks of large parts (zstd frames of 1 MiB or more): %d on the host, %d on the GPU, in %d fills (%d all on the host); the GPU's wait %.0f ms, the host's rate %s/s\n",
 				rt.OnHost, rt.OnDevice, rt.Fills, rt.AllOnHost, 1e3*rt.DeviceWait, memory.Human(int64(rt.HostRate)))
@@ -158,6 +158,7 @@ func registerDeliveryMetrics(reg *prometheus.Registry, s *deliver.Server) {
 		{"delivery_ring_bytes", "Memory the open rings hold.", true, func(t deliver.Totals) int64 { return t.HeldBytes }},
 		{"delivery_device_samples_total", "Samples decoded straight into a ring slot (the device path).", false, func(t deliver.Totals) int64 { return t.DeviceSamples }},
 		{"delivery_host_samples_total", "Samples read from the cache into a ring slot (the host path).", false, func(t deliver.Totals) int64 { return t.HostSamples }},
+		{"delivery_cached_samples_total", "Samples of the host path whose file the cache held already (not decoded again).", false, func(t deliver.Totals) int64 { return t.CachedSamples }},
 		{"delivery_compressed_bytes_total", "Compressed bytes the device path read.", false, func(t deliver.Totals) int64 { return t.Compressed }},
 		{"delivery_host_path_bytes_total", "Decoded bytes the host path copied into ring slots.", false, func(t deliver.Totals) int64 { return t.Uploaded }},
 		{"delivery_fill_errors_total", "Fill requests that failed (a sample could not be filled).", false, func(t deliver.Totals) int64 { return t.Errors }},

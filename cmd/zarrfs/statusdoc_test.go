@@ -34,11 +34,11 @@ func fullStatus() statusDoc {
 		Reads:  statusReads{BytesFetched: 1},
 		Errors: map[string]int{"t": 1},
 		Delivery: &statusDelivery{Socket: "/r.ring.sock", Totals: deliver.Totals{Opened: 1, Open: 1, HeldBytes: 1,
-			Counts: deliver.Counts{Fills: 1, Errors: 1, DeviceSamples: 1, HostSamples: 1, Compressed: 1, Uploaded: 1, Stages: stages}},
+			Counts: deliver.Counts{Fills: 1, Errors: 1, DeviceSamples: 1, HostSamples: 1, CachedSamples: 1, Compressed: 1, Uploaded: 1, Stages: stages}},
 			Rings: []deliver.RingInfo{{ID: 1, Dir: "era5", Memory: "cuda", Slots: 3, Bytes: 1, SampleBytes: 1, Opened: time.Unix(0, 0),
 				FirstFill: &deliver.FirstFill{Began: time.Unix(1, 0), Stages: stages},
 				Route:     &deliver.RouteInfo{DeviceWait: 1, HostRate: 1, Fills: 1, AllOnHost: 1, OnHost: 1, OnDevice: 1},
-				Counts:    deliver.Counts{Fills: 1, DeviceSamples: 1, HostSamples: 1, Compressed: 1, Uploaded: 1, Stages: stages}}}},
+				Counts:    deliver.Counts{Fills: 1, DeviceSamples: 1, HostSamples: 1, CachedSamples: 1, Compressed: 1, Uploaded: 1, Stages: stages}}}},
 	}
 }
 

@@ -793,8 +793,11 @@ def part_warm(a):
     copied to plain files on the same filesystem, read by the reference
     reader (RefReader) and by Loader(decode='host'), each over the plain
     files and over a mount of the warm cache, in interleaved rounds (the
-    median of 3 after one untimed); then where a profiled Loader epoch over
-    the mount spends its time (Loader(profile=True)). Every core."""
+    median of 3 after one untimed), and the Loader's default (decode='auto':
+    the ring, into which the daemon copies the samples the cache holds)
+    over the mount against decode='host', whose batches it must equal; then
+    where a profiled Loader epoch over the mount spends its time
+    (Loader(profile=True)). Every core."""
     ncpu = os.cpu_count() or 1
     os.sched_setaffinity(0, set(range(ncpu)))
     cache = warm_cache(a, "blobs", compressed=False)
@@ -819,6 +822,7 @@ def part_warm(a):
             "ref-mount": lambda: ref.epoch(mnt),
             "loader-plain": lambda: epoch_of(loaders, plain, False),
             "loader-mount": lambda: epoch_of(loaders, mnt, False),
+            "auto-mount": lambda: epoch_of(loaders, mnt, False, decode="auto"),
         }
         rates = {k: [] for k in readers}
         for rnd in range(4):
@@ -827,8 +831,11 @@ def part_warm(a):
                 if rnd:
                     rates[k].append(r)
         ref.close()
+        auto_kind = loaders[(mnt, "auto")].path_kind
         for l in loaders.values():
             l.close()
+        dl = status(a.zarrfs, m).get("delivery") or {}
+        check(same_epoch(mnt), "warm: every batch of Loader(decode='device') over the warm mount equals decode='host''s")
         prof = {}
         for name, d in (("mount", mnt), ("plain", plain)):
             _, _, prof[name] = loader_epochs(d, "host", 2, profile=True)
@@ -851,14 +858,18 @@ def part_warm(a):
     print(f"MEASURE warm host path, {ncpu} cores: Loader(decode='host') over the warm mount {med['loader-mount']:.1f} / "
           f"pread->pinned->GPU reference on plain files {med['ref-plain']:.1f} samples/s = {ratio:.2f}x (target >= 0.9x)",
           flush=True)
+    print(f"MEASURE warm mount, {ncpu} cores: the Loader's default (decode='auto', {auto_kind}: samples the cache holds "
+          f"copied by the daemon, {dl.get('cached_samples', 0)} of {dl.get('host_samples', 0)} host-path and "
+          f"{dl.get('device_samples', 0)} device-path samples) {med['auto-mount']:.1f} / decode='host' "
+          f"{med['loader-mount']:.1f} samples/s = {med['auto-mount'] / med['loader-mount']:.2f}x", flush=True)
     subprocess.run(["rm", "-rf", os.path.dirname(plain)])
 
 
-def epoch_of(loaders, d, profile):
+def epoch_of(loaders, d, profile, decode="host"):
     """One epoch of the Loader over d (made at its first use, kept)."""
-    if d not in loaders:
-        loaders[d] = Loader(d, 4, device=DEVICE, decode="host", profile=profile)
-    l = loaders[d]
+    if (d, decode) not in loaders:
+        loaders[(d, decode)] = Loader(d, 4, device=DEVICE, decode=decode, profile=profile)
+    l = loaders[(d, decode)]
     sync()
     t0, got = time.perf_counter(), 0
     for x, _ in l:
@@ -866,6 +877,18 @@ def epoch_of(loaders, d, profile):
         got += len(x)
     sync()
     return got / (time.perf_counter() - t0)
+
+
+def same_epoch(d):
+    """Whether every batch of Loader(decode='device') over d equals
+    decode='host''s, batch by batch."""
+    lh = Loader(d, 4, device=DEVICE, decode="host")
+    ld = Loader(d, 4, device=DEVICE, decode="device")
+    try:
+        return all(torch.equal(x, y) for (x, _), (y, _) in zip(lh, ld)) and len(lh) == len(ld)
+    finally:
+        lh.close()
+        ld.close()
 
 
 # The damage part's store: one array a codec the device path takes, a
