@@ -1158,4 +1158,22 @@ var mutations = []mutation{
 		Pkgs:   []string{"./deliver"},
 		Run:    "TestGPUFillHostShare",
 	},
+	{
+		Name:   "warm-samples-decoded-again",
+		Breaks: "the device path decodes a sample whose blob the cache holds: over a warm mount the default Loader decodes every batch again, slower than reading the files",
+		File:   "deliver/fill.go",
+		From:   "(h == nil || !h.Holds(job.lay, b))",
+		To:     "(h == nil || b != nil)",
+		Pkgs:   []string{"./deliver"},
+		Run:    "TestRingCopiesCachedSamples",
+	},
+	{
+		Name:   "device-part-packed",
+		Breaks: "the device path's part of a batch with cached samples is laid out packed: its samples land at the cached ones' places in the slot",
+		File:   "deliver/fill.go",
+		From:   "\t\tp.offs = append(p.offs, j.offs[i])\n",
+		To:     "\t\tp.offs = append(p.offs, int64(len(p.offs))*j.size)\n",
+		Pkgs:   []string{"./deliver"},
+		Run:    "TestRingCopiesCachedSamples",
+	},
 }
