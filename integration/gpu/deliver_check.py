@@ -149,10 +149,14 @@ def gpu_mem(pid):
     return None
 
 
-def part_equal(a, m, n):
-    d = os.path.join(m.path, "train")
+def part_equal(a, m, ref, n):
+    """Loader(decode='device') over mount m against decode='host' over ref,
+    a mount of the same store with a cache of its own: the device path
+    copies a sample whose file its cache holds (one read before) rather
+    than decode it, so the files read for reference must not be m's."""
+    d, rd = os.path.join(m.path, "train"), os.path.join(ref.path, "train")
     dev = Loader(d, 4, device=DEVICE, decode="device", shuffle=True, seed=3)
-    host = Loader(d, 4, device=DEVICE, decode="host", shuffle=True, seed=3)
+    host = Loader(rd, 4, device=DEVICE, decode="host", shuffle=True, seed=3)
     check(dev.path_kind == ("ring-cuda" if DEVICE == "cuda" else "ring-host"), f"equal: decode='device' reads a ring in GPU memory ({dev.path_kind})")
     same, batches, samples = True, 0, 0
     for (x, cx), (y, cy) in zip(dev, host):
@@ -165,7 +169,7 @@ def part_equal(a, m, n):
     files = dev.dir.files[:3]
     it = iter(Loader(d, 3, device=DEVICE, decode="device"))
     x, c = next(it)
-    ok = all(np.array_equal(x[i].cpu().numpy(), np.load(f)) for i, f in enumerate(c["file"]))
+    ok = all(np.array_equal(x[i].cpu().numpy(), np.load(rd + f[len(d):])) for i, f in enumerate(c["file"]))
     check(ok and c["file"] == files, "equal: ring batches equal numpy.load of the mount's files")
     del it, x
     dev.close()
@@ -181,7 +185,7 @@ def part_equal(a, m, n):
         if not os.path.isdir(d):
             continue
         dev = Loader(d, 4, device=DEVICE, decode="device", shuffle=True, seed=5)
-        host = Loader(d, 4, device=DEVICE, decode="host", shuffle=True, seed=5)
+        host = Loader(os.path.join(ref.path, arr), 4, device=DEVICE, decode="host", shuffle=True, seed=5)
         same, got, want = True, 0, min(32, len(zarrfs.SampleDir(d)))
         for (x, cx), (y, cy) in zip(dev, host):
             got += len(x)
@@ -198,7 +202,7 @@ def part_equal(a, m, n):
               f"{(after['host_path_bytes'] - st['host_path_bytes']) / 1e6:.1f} MB decoded on the host to the GPU", flush=True)
         check(same and got >= want, f"equal: {got} samples of array {arr} through decode='device' equal decode='host' byte for byte")
         st = after
-    check(st["errors"] == 0, "equal: no fill failed")
+    check(st["errors"] == 0 and st["cached_samples"] == 0, "equal: no fill failed, and every sample was decoded (none copied from the cache)")
 
 
 _READER = """
@@ -212,7 +216,7 @@ time.sleep(300)
 """
 
 
-def part_dali(a, m, n):
+def part_dali(a, m, ref_m, n):
     """zarrfs.dali.ring_reader in a DALI pipeline on the GPU: two shuffled
     epochs, every batch equal to numpy.load of the files the Loader reads
     for the same seed and epoch; then the first epoch's rate of a cold
@@ -235,7 +239,8 @@ def part_dali(a, m, n):
         return DALIGenericIterator([pipe()], ["x"])
 
     it = iterator(d)
-    ref = Loader(d, 4, device="cpu", decode="host", shuffle=True, seed=7)
+    rd = os.path.join(ref_m.path, "train")  # not m's files: they would be copied into the ring, not decoded
+    ref = Loader(rd, 4, device="cpu", decode="host", shuffle=True, seed=7)
     same, seen = True, 0
     for e in range(2):
         ref.set_epoch(e)
@@ -1213,15 +1218,17 @@ def main():
     n = 0
     if "equal" in parts or "reader" in parts or "dali" in parts:
         m = start(a.zarrfs, a.store, a.view, a.scratch, "check")
+        ref = start(a.zarrfs, a.store, a.view, a.scratch, "check-ref")
         try:
             n = len(zarrfs.SampleDir(os.path.join(m.path, "train")))
             if "equal" in parts:
-                part_equal(a, m, n)
+                part_equal(a, m, ref, n)
             if "reader" in parts:
                 part_reader(a, m)
             if "dali" in parts:
-                part_dali(a, m, n)
+                part_dali(a, m, ref, n)
         finally:
+            ref.stop()
             m.stop()
     if "daemon" in parts:
         part_daemon(a)
