@@ -354,26 +354,25 @@ x = zarr.create_array(sys.argv[1], name='x', shape=(23, 2, 3), chunks=(4, 2, 3),
 x[...] = np.arange(23 * 6, dtype='float32').reshape(23, 2, 3) / 7
 `
 
-// The device path (zarrfs.torch.Loader with decode='device', here in its
-// test mode, a ring of host memory the daemon decodes into) reads its
-// compressed chunks from the chunk tier: after warm --compressed, a
-// daemon that cannot read a chunk file of the source fills every batch,
-// equal to zarr-python's values, with no byte read from the source and no
-// decoded file written to the cache.
-func TestDevicePathReadsChunkTier(t *testing.T) {
-	requireUnreadable(t)
-	requirePython(t)
-	if err := exec.Command("python3", "-c", "import zarr, torch, zarrfs.loader").Run(); err != nil {
-		testenv.Missing(t, "zarr-python, torch and the zarrfs package are needed (make pydeps)")
-	}
-	src := filepath.Join(t.TempDir(), "s.zarr")
-	python(t, deviceStorePy, src)
-	if n := hideChunks(t, src); n != 6 {
-		t.Fatalf("%d chunk files, want 6", n)
-	}
-	cacheDir := t.TempDir()
-	warm(t, src, cacheDir, "--compressed")
-	d := mountUnder(t, withoutDACOverride, src, t.TempDir(), cacheDir, "--delivery", "host")
+// deviceStatus is a mount's status: its tiers, the delivery's counts and
+// the chunks it decoded.
+type deviceStatus struct {
+	tierStatus
+	Delivery struct {
+		Device int64 `json:"device_samples"`
+		Host   int64 `json:"host_samples"`
+		Cached int64 `json:"cached_samples"`
+	} `json:"delivery"`
+	Decoded struct {
+		Chunks int64 `json:"chunks_decoded"`
+	} `json:"source_reads"`
+}
+
+// deviceEpoch reads array x of mount d (of the store deviceStorePy wrote
+// at src) with Loader(decode='device') in its test mode, fails unless its
+// batches equal zarr-python's values, and returns the mount's status.
+func deviceEpoch(t *testing.T, d *daemon, src string) deviceStatus {
+	t.Helper()
 	got := python(t, `
 import sys, numpy as np, zarr
 from zarrfs.loader import Loader
@@ -388,16 +387,39 @@ print('same' if got.tobytes() == want.tobytes() else 'differs')
 		t.Fatalf("the device path's batches: %s from zarr-python's values", strings.TrimSpace(got))
 	}
 	stdout, _, _ := run(t, "status", d.mnt, "--json")
-	var st struct {
-		tierStatus
-		Delivery struct {
-			Device int64 `json:"device_samples"`
-			Host   int64 `json:"host_samples"`
-		} `json:"delivery"`
-	}
+	var st deviceStatus
 	if err := json.Unmarshal([]byte(stdout), &st); err != nil {
 		t.Fatal(err)
 	}
+	return st
+}
+
+func requireLoader(t *testing.T) {
+	t.Helper()
+	requirePython(t)
+	if err := exec.Command("python3", "-c", "import zarr, torch, zarrfs.loader").Run(); err != nil {
+		testenv.Missing(t, "zarr-python, torch and the zarrfs package are needed (make pydeps)")
+	}
+}
+
+// The device path (zarrfs.torch.Loader with decode='device', here in its
+// test mode, a ring of host memory the daemon decodes into) reads its
+// compressed chunks from the chunk tier: after warm --compressed, a
+// daemon that cannot read a chunk file of the source fills every batch,
+// equal to zarr-python's values, with no byte read from the source and no
+// decoded file written to the cache.
+func TestDevicePathReadsChunkTier(t *testing.T) {
+	requireUnreadable(t)
+	requireLoader(t)
+	src := filepath.Join(t.TempDir(), "s.zarr")
+	python(t, deviceStorePy, src)
+	if n := hideChunks(t, src); n != 6 {
+		t.Fatalf("%d chunk files, want 6", n)
+	}
+	cacheDir := t.TempDir()
+	warm(t, src, cacheDir, "--compressed")
+	d := mountUnder(t, withoutDACOverride, src, t.TempDir(), cacheDir, "--delivery", "host")
+	st := deviceEpoch(t, d, src)
 	if st.Delivery.Device != 23 || st.Delivery.Host != 0 || st.Cache.ChunkHits < 6 || st.Reads.BytesFetched != 0 || st.Cache.BlobFiles != 0 {
 		t.Errorf("status: %+v\n%s", st, d.stderr)
 	}
@@ -409,43 +431,13 @@ print('same' if got.tobytes() == want.tobytes() else 'differs')
 // zarr-python's values, from the cache alone (it reads and decodes no
 // chunk), and status counts them as cached.
 func TestDevicePathCopiesWarmSamples(t *testing.T) {
-	requirePython(t)
-	if err := exec.Command("python3", "-c", "import zarr, torch, zarrfs.loader").Run(); err != nil {
-		testenv.Missing(t, "zarr-python, torch and the zarrfs package are needed (make pydeps)")
-	}
+	requireLoader(t)
 	src := filepath.Join(t.TempDir(), "s.zarr")
 	python(t, deviceStorePy, src)
 	cacheDir := t.TempDir()
 	warm(t, src, cacheDir)
 	d := mountAt(t, src, t.TempDir(), cacheDir, "--delivery", "host")
-	got := python(t, `
-import sys, numpy as np, zarr
-from zarrfs.loader import Loader
-want = np.asarray(zarr.open_array(sys.argv[2] + '/x', mode='r')[...])
-l = Loader(sys.argv[1] + '/x', 4, device='cpu', decode='device')
-assert l.path_kind == 'ring-host', l.path_kind
-got = np.concatenate([b.numpy().copy() for b, _ in l])
-l.close()
-print('same' if got.tobytes() == want.tobytes() else 'differs')
-`, d.mnt, src)
-	if strings.TrimSpace(got) != "same" {
-		t.Fatalf("the device path's batches: %s from zarr-python's values", strings.TrimSpace(got))
-	}
-	stdout, _, _ := run(t, "status", d.mnt, "--json")
-	var st struct {
-		tierStatus
-		Delivery struct {
-			Device int64 `json:"device_samples"`
-			Host   int64 `json:"host_samples"`
-			Cached int64 `json:"cached_samples"`
-		} `json:"delivery"`
-		Decoded struct {
-			Chunks int64 `json:"chunks_decoded"`
-		} `json:"source_reads"`
-	}
-	if err := json.Unmarshal([]byte(stdout), &st); err != nil {
-		t.Fatal(err)
-	}
+	st := deviceEpoch(t, d, src)
 	if st.Delivery.Device != 0 || st.Delivery.Host != 23 || st.Delivery.Cached != 23 || st.Reads.BytesFetched != 0 || st.Decoded.Chunks != 0 {
 		t.Errorf("status: %+v\n%s", st, d.stderr)
 	}
