@@ -337,8 +337,6 @@ func TestRingHoldsTheFilesBytes(t *testing.T) {
 	}
 }
 
-// A sample whose chunk is damaged fails its fill with an error naming the
-// file and the chunk; the connection goes on serving.
 // A sample whose blob the cache holds (a warm mount) is copied from it,
 // not decoded again; the device path decodes the others of its batch,
 // each at its place in the slot.
@@ -377,6 +375,8 @@ func TestRingCopiesCachedSamples(t *testing.T) {
 	}
 }
 
+// A sample whose chunk is damaged fails its fill with an error naming the
+// file and the chunk; the connection goes on serving.
 func TestFillErrorNamesTheFile(t *testing.T) {
 	ts := newTestServer(t, map[int64]bool{5: true}, nil)
 	c := dial(t, ts.sock)
