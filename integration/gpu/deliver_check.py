@@ -1217,9 +1217,9 @@ def main():
         print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, {os.cpu_count()} cores", flush=True)
     n = 0
     if "equal" in parts or "reader" in parts or "dali" in parts:
-        m = start(a.zarrfs, a.store, a.view, a.scratch, "check")
-        ref = start(a.zarrfs, a.store, a.view, a.scratch, "check-ref")
+        m, ref = start(a.zarrfs, a.store, a.view, a.scratch, "check"), None
         try:
+            ref = start(a.zarrfs, a.store, a.view, a.scratch, "check-ref")
             n = len(zarrfs.SampleDir(os.path.join(m.path, "train")))
             if "equal" in parts:
                 part_equal(a, m, ref, n)
@@ -1228,7 +1228,8 @@ def main():
             if "dali" in parts:
                 part_dali(a, m, ref, n)
         finally:
-            ref.stop()
+            if ref is not None:
+                ref.stop()
             m.stop()
     if "daemon" in parts:
         part_daemon(a)
