@@ -196,3 +196,17 @@ func TestStatusTextRoute(t *testing.T) {
 		t.Fatalf("a ring without a route has a route line:\n%s", out.String())
 	}
 }
+
+// The text status says how many of the host path's samples came from the
+// cache, in the totals and per ring.
+func TestStatusTextCachedSamples(t *testing.T) {
+	d := fullStatus()
+	d.Delivery.HostSamples, d.Delivery.CachedSamples = 40, 37
+	d.Delivery.Rings[0].HostSamples, d.Delivery.Rings[0].CachedSamples = 12, 9
+	var out bytes.Buffer
+	printStatus(&out, d)
+	if !strings.Contains(out.String(), "40 host path, 37 of them from the cache)") ||
+		!strings.Contains(out.String(), "12 host path samples (9 from the cache)") {
+		t.Fatalf("no cached samples in the delivery lines:\n%s", out.String())
+	}
+}
