@@ -76,12 +76,16 @@ func (s *Server) fillSlot(ctx context.Context, r Ring, k int, job *slotJob) (dev
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var hostBegan time.Time
-	hostPath := func(i int) {
+	hostPath := func(i int, held bool) {
 		if host++; host == 1 {
 			hostBegan = time.Now()
 		}
 		wg.Go(func() {
-			if e := s.hostSample(ctx, r, k, job, i); e != nil {
+			e := s.hostSample(ctx, r, k, job, i)
+			if e == nil && held {
+				job.cached.Add(1)
+			}
+			if e != nil {
 				mu.Lock()
 				if failed == nil {
 					failed, err = job.blobs[i], e
@@ -97,10 +101,7 @@ func (s *Server) fillSlot(ctx context.Context, r Ring, k int, job *slotJob) (dev
 			cold = append(cold, i)
 			continue
 		}
-		if s.Device != nil {
-			job.cached.Add(1)
-		}
-		hostPath(i)
+		hostPath(i, s.Device != nil)
 	}
 	if len(cold) > 0 {
 		part := job
@@ -117,7 +118,7 @@ func (s *Server) fillSlot(ctx context.Context, r Ring, k int, job *slotJob) (dev
 				return dev, host, nil, ctx.Err()
 			}
 			s.log.Debug("delivery: sample to the host path", "file", part.blobs[j].Path(), "cause", e)
-			hostPath(cold[j])
+			hostPath(cold[j], false)
 		}
 	}
 	wg.Wait()
