@@ -112,7 +112,10 @@ type Handle struct {
 	// mtime is the file's modification time when it was opened
 	// (UnixNano), for Changed.
 	mtime int64
-	once  sync.Once
+	// filled: the caller waited on a fill of the blob (its own or one it
+	// shared) that wrote it, rather than finding it in the cache.
+	filled bool
+	once   sync.Once
 }
 
 // File is a read-only descriptor on the complete blob.
@@ -123,6 +126,12 @@ func (h *Handle) Path() string { return h.path }
 
 // Size is the blob's size in bytes.
 func (h *Handle) Size() int64 { return h.size }
+
+// Filled reports whether the Handle's caller waited on a fill of the blob
+// (its own, or one it shared) that wrote it, rather than finding it
+// complete in the cache under the identity it asked for, or at the path it
+// had before (a link, adoptBlob).
+func (h *Handle) Filled() bool { return h.filled }
 
 // Changed reports whether the blob's file was written since the Handle
 // was opened: its size or modification time is not what they were. Blobs
@@ -228,10 +237,12 @@ func (c *Cache) GetBlob(ctx context.Context, k BlobKey, size int64, fill func(ct
 // one of a known identity is rel, "\x00=" and the identity.
 func learnFlight(rel string) string { return rel + "\x00?" }
 
-// filled is what one shared blob fill made: the blob and its identity.
+// filled is what one shared blob fill made: the blob and its identity;
+// adopted when it linked a blob held at another path (adoptBlob).
 type filled struct {
-	f     *os.File
-	ident string
+	f       *os.File
+	ident   string
+	adopted bool
 }
 
 // fillShared runs the fill of rel as the flight named key, shared by
@@ -252,7 +263,7 @@ func (c *Cache) fillShared(ctx context.Context, rel, key string, k BlobKey, size
 		func(ctx context.Context) (filled, error) {
 			if learn == nil {
 				if f := c.adoptBlob(rel, k, size); f != nil {
-					return filled{f, k.Identity}, nil
+					return filled{f, k.Identity, true}, nil
 				}
 			}
 			ident := k.Identity
@@ -267,10 +278,13 @@ func (c *Cache) fillShared(ctx context.Context, rel, key string, k BlobKey, size
 				ident = id
 				return id, err
 			}, fill)
-			return filled{f, ident}, err
+			return filled{f, ident, false}, err
 		},
 		func(v filled, _ bool) (opened, error) {
 			h, err := c.dupHandle(rel, v.f, size)
+			if h != nil {
+				h.filled = !v.adopted
+			}
 			return opened{h, v.ident}, err
 		},
 		func(v filled) { v.f.Close() },

@@ -23,7 +23,7 @@ func TestGetBlobHitMissAndPaths(t *testing.T) {
 	data := content("x", 5000)
 	fills := 0
 	fill := func(ctx context.Context, f Writer) error { fills++; return writeFill(data)(ctx, f) }
-	for range 3 {
+	for i := range 3 {
 		h, _, err := c.GetBlob(context.Background(), k, int64(len(data)), fill, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -33,6 +33,10 @@ func TestGetBlobHitMissAndPaths(t *testing.T) {
 		}
 		if !bytes.Equal(readAll(t, h), data) {
 			t.Fatal("wrong contents")
+		}
+		// The first call waited on the fill, the others found the blob.
+		if h.Filled() != (i == 0) {
+			t.Fatalf("call %d: Filled() = %v", i, h.Filled())
 		}
 		if err := h.Close(); err != nil {
 			t.Fatal(err)

@@ -133,6 +133,9 @@ func TestIdentityAdoptedAcrossPaths(t *testing.T) {
 	if !bytes.Equal(readAll(t, h), data) {
 		t.Fatal("adopted blob differs")
 	}
+	if h.Filled() {
+		t.Error("an adopted blob reports a fill")
+	}
 	h.Close()
 	a, _ := os.Stat(c.BlobPath(BlobKey{Layout: "L", Path: "t/3.npy"}))
 	b, _ := os.Stat(c.BlobPath(BlobKey{Layout: "L", Path: "t/03.npy"}))
@@ -147,6 +150,9 @@ func TestIdentityAdoptedAcrossPaths(t *testing.T) {
 	}, nil)
 	if err != nil || fills != 1 {
 		t.Fatalf("other layout: %v, %d fills", err, fills)
+	}
+	if !h.Filled() {
+		t.Error("a blob filled for another layout reports no fill")
 	}
 	h.Close()
 

@@ -81,8 +81,8 @@ func (s *Server) fillSlot(ctx context.Context, r Ring, k int, job *slotJob) (dev
 			hostBegan = time.Now()
 		}
 		wg.Go(func() {
-			e := s.hostSample(ctx, r, k, job, i)
-			if e == nil && held {
+			filled, e := s.hostSample(ctx, r, k, job, i)
+			if e == nil && held && !filled {
 				job.cached.Add(1)
 			}
 			if e != nil {
@@ -137,14 +137,25 @@ func (s *Server) fillSlot(ctx context.Context, r Ring, k int, job *slotJob) (dev
 // hostSample is the host path for sample i of job: its blob opened
 // through the mount's blobs (the cache: filled once, whoever asks), and
 // its data read into the slot, in place for host memory, else through
-// staging.
-func (s *Server) hostSample(ctx context.Context, r Ring, k int, job *slotJob, i int) error {
+// staging. filled reports whether the open filled the blob (a blob the
+// cache held under an identity the source no longer has is filled again)
+// rather than finding it.
+func (s *Server) hostSample(ctx context.Context, r Ring, k int, job *slotJob, i int) (filled bool, err error) {
 	b := job.blobs[i]
 	h, _, err := s.Blobs.Open(ctx, job.lay, b)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer h.Close()
+	if f, ok := h.(fill.Refilled); ok {
+		filled = f.Filled()
+	}
+	return filled, s.copySample(ctx, r, k, job, i, h)
+}
+
+// copySample reads sample i's data from its blob h into slot k.
+func (s *Server) copySample(ctx context.Context, r Ring, k int, job *slotJob, i int, h fill.Backing) error {
+	b := job.blobs[i]
 	align := int64(len(b.Header()))
 	if mem := r.Host(k); mem != nil {
 		dst := mem[job.offs[i] : job.offs[i]+job.size]

@@ -50,16 +50,24 @@ type fileBlobs struct {
 	dir   string
 	mu    sync.Mutex
 	opens map[string]int
-	// held are the blobs the cache holds (Holds), set before a test fills.
-	held map[string]bool
+	// held are the blobs the cache holds (Holds), set before a test
+	// fills; stale those it holds under an identity the source no longer
+	// has, which Open fills again (fileBacking.Filled).
+	held, stale map[string]bool
 }
 
-func (fb *fileBlobs) Holds(_ *layout.Layout, b layout.Blob) bool { return fb.held[b.Path()] }
+func (fb *fileBlobs) Holds(_ *layout.Layout, b layout.Blob) bool {
+	return fb.held[b.Path()] || fb.stale[b.Path()]
+}
 
-type fileBacking struct{ f *os.File }
+type fileBacking struct {
+	f      *os.File
+	filled bool
+}
 
 func (b fileBacking) File() *os.File { return b.f }
 func (b fileBacking) Close() error   { return b.f.Close() }
+func (b fileBacking) Filled() bool   { return b.filled }
 
 func (fb *fileBlobs) Open(ctx context.Context, lay *layout.Layout, b layout.Blob) (fill.Backing, string, error) {
 	fb.mu.Lock()
@@ -74,7 +82,7 @@ func (fb *fileBlobs) Open(ctx context.Context, lay *layout.Layout, b layout.Blob
 		f.Close()
 		return nil, "", err
 	}
-	return fileBacking{f}, "", nil
+	return fileBacking{f, !fb.held[b.Path()]}, "", nil
 }
 
 func (fb *fileBlobs) Path(lay *layout.Layout, p string) string { return filepath.Join(fb.dir, p) }
@@ -343,6 +351,7 @@ func TestRingHoldsTheFilesBytes(t *testing.T) {
 func TestRingCopiesCachedSamples(t *testing.T) {
 	ts := newTestServer(t, nil, nil)
 	ts.blobs.held = map[string]bool{"t/01.npy": true, "t/03.npy": true, "t/04.npy": true, "t/05.npy": true}
+	ts.blobs.stale = map[string]bool{"t/07.npy": true} // filled again on the host path, not counted as cached
 	c := dial(t, ts.sock)
 	rep := c.open(t, OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 2, Batch: 3})
 	if !rep.OK {
@@ -356,7 +365,7 @@ func TestRingCopiesCachedSamples(t *testing.T) {
 			if got, want := c.sample(slot, j), ts.want(t, "t/"+n); !bytes.Equal(got, want) {
 				t.Fatalf("t/%s in slot %d differs from the file", n, slot)
 			}
-			h := ts.blobs.held["t/"+n]
+			h := ts.blobs.held["t/"+n] || ts.blobs.stale["t/"+n]
 			if h {
 				held++
 			}
@@ -369,8 +378,8 @@ func TestRingCopiesCachedSamples(t *testing.T) {
 		}
 	}
 	rings, tot := ts.s.Stats()
-	if len(rings) != 1 || rings[0].CachedSamples != 4 || rings[0].HostSamples != 4 || rings[0].DeviceSamples != 5 ||
-		tot.CachedSamples != 4 || rings[0].Uploaded != 4*rep.SampleBytes || tot.Stages["host_path"] <= 0 {
+	if len(rings) != 1 || rings[0].CachedSamples != 4 || rings[0].HostSamples != 5 || rings[0].DeviceSamples != 4 ||
+		tot.CachedSamples != 4 || rings[0].Uploaded != 5*rep.SampleBytes || tot.Stages["host_path"] <= 0 {
 		t.Fatalf("stats %+v %+v", rings, tot)
 	}
 }

@@ -41,6 +41,16 @@ type Changer interface {
 
 var _ Changer = (*cache.Handle)(nil)
 
+// Refilled is an optional upgrade of a Backing: Filled reports whether
+// opening it filled the blob (cache.Handle.Filled) rather than finding it
+// in the cache, as for a blob held under an identity the source no longer
+// has.
+type Refilled interface {
+	Filled() bool
+}
+
+var _ Refilled = (*cache.Handle)(nil)
+
 // Blobs gets the backing file of a layout's blob: complete, pinned until
 // the Backing is closed. On a miss the blob is filled once, however many
 // callers ask at the same time, and published only complete.
