@@ -33,6 +33,9 @@ const (
 	// rebuilt after a device error freed it: gpu.ErrRingLost); the reader
 	// lets go of it and opens another for what it reads next.
 	CodeRingLost = "ring_lost"
+	// CodeHeld: the cache holds, decoded, every sample the request's
+	// UnlessHeld names, and no ring was made; the reader reads the files.
+	CodeHeld = "held"
 )
 
 // OpenRequest is a connection's first request: the ring to make.
@@ -59,6 +62,21 @@ type OpenRequest struct {
 	// before per-slot events sent it: refused (unavailable), as its waits
 	// are not this daemon's.
 	ConsumerEvent string `json:"consumer_event,omitempty"`
+	// UnlessHeld, when set, names the samples the reader will read, as
+	// positions in the directory's listing: when the cache holds every
+	// one of them decoded (a warm mount), no ring is made and the reply's
+	// code is CodeHeld. Readers in "auto" mode send it: over a warm mount
+	// their own reads of the files are faster than a ring's copies of
+	// them (docs/python.md).
+	UnlessHeld *Share `json:"unless_held,omitempty"`
+}
+
+// Share is a reader's samples: positions First, First+Step, ... (Count of
+// them) in a sample directory's listing.
+type Share struct {
+	First int64 `json:"first"`
+	Step  int64 `json:"step"`
+	Count int64 `json:"count"`
 }
 
 // openReply describes the ring.

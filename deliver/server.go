@@ -251,6 +251,9 @@ func (s *Server) open(ctx context.Context, req *OpenRequest, c *conn) (openReply
 	if n := len(req.ConsumerEvents); n != 0 && n != req.Slots {
 		return fail(CodeBadRequest, "%d consumer events for %d slots: want one per slot", n, req.Slots)
 	}
+	if req.UnlessHeld != nil && s.holdsShare(lay, dir, *req.UnlessHeld) {
+		return fail(CodeHeld, "%s: the cache holds all %d samples asked for: read the files", req.Dir, req.UnlessHeld.Count)
+	}
 	size := first.Size() - int64(len(first.Header()))
 	slot := alignUp(int64(req.Batch)*size, slotAlign)
 	total := slot * int64(req.Slots)
@@ -289,6 +292,29 @@ func (s *Server) open(ctx context.Context, req *OpenRequest, c *conn) (openReply
 	files := r.Describe(&rep)
 	s.log.Info("delivery ring opened", "dir", dir, "memory", rep.Memory, "device", rep.Device, "slots", req.Slots, "batch", req.Batch, "bytes", r.Bytes())
 	return rep, files
+}
+
+// holdsShare reports whether the cache holds every sample of sh in sample
+// directory dir: false when the mount's blobs cannot tell without a
+// request, or sh is not within the listing (a listing that changed since
+// the reader read it).
+func (s *Server) holdsShare(lay *layout.Layout, dir string, sh Share) bool {
+	h, ok := s.Blobs.(holder)
+	e, found := lay.Lookup(dir)
+	if !ok || !found || e.Dir == nil {
+		return false
+	}
+	n := int64(e.Dir.Len())
+	if sh.Count < 1 || sh.Count > n || sh.Step < 1 || sh.Step > n || sh.First < 0 || sh.First+(sh.Count-1)*sh.Step >= n {
+		return false
+	}
+	for j := range sh.Count {
+		b := e.Dir.Entry(int(sh.First + j*sh.Step)).Blob
+		if b == nil || !h.Holds(lay, b) {
+			return false
+		}
+	}
+	return true
 }
 
 // slotAlign aligns slots: huge pages on the host, and more than any

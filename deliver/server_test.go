@@ -384,6 +384,51 @@ func TestRingCopiesCachedSamples(t *testing.T) {
 	}
 }
 
+// A reader that names its samples (UnlessHeld, "auto" readers) gets no
+// ring when the cache holds every one of them, and a ring otherwise: one
+// sample not held, samples outside the listing, or no UnlessHeld.
+func TestOpenUnlessHeld(t *testing.T) {
+	ts := newTestServer(t, nil, nil)
+	ts.blobs.held = map[string]bool{}
+	for i := range 12 {
+		if i != 5 {
+			ts.blobs.held[fmt.Sprintf("t/%02d.npy", i)] = true
+		}
+	}
+	opened := int64(0)
+	for _, tc := range []struct {
+		share *Share
+		held  bool
+	}{
+		{&Share{First: 0, Step: 1, Count: 5}, true},
+		{&Share{First: 6, Step: 1, Count: 6}, true},
+		{&Share{First: 0, Step: 2, Count: 6}, true},  // the even positions
+		{&Share{First: 1, Step: 2, Count: 6}, false}, // 5 is not held
+		{&Share{First: 0, Step: 1, Count: 12}, false},
+		{&Share{First: 6, Step: 1, Count: 7}, false}, // past the listing
+		{&Share{First: 0, Step: 0, Count: 2}, false},
+		{&Share{First: -1, Step: 1, Count: 2}, false},
+		{nil, false},
+	} {
+		c := dial(t, ts.sock)
+		rep := c.open(t, OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 2, Batch: 2, UnlessHeld: tc.share})
+		if tc.held {
+			if rep.OK || rep.Code != CodeHeld || !strings.Contains(rep.Error, "t: the cache holds all") {
+				t.Errorf("%+v: %+v, want no ring (held)", tc.share, rep)
+			}
+		} else {
+			opened++
+			if !rep.OK {
+				t.Errorf("%+v: %+v, want a ring", tc.share, rep)
+			}
+		}
+		c.c.Close()
+	}
+	if _, tot := ts.s.Stats(); tot.Opened != opened {
+		t.Fatalf("%d rings opened, want %d", tot.Opened, opened)
+	}
+}
+
 // A sample whose chunk is damaged fails its fill with an error naming the
 // file and the chunk; the connection goes on serving.
 func TestFillErrorNamesTheFile(t *testing.T) {

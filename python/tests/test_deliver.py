@@ -110,6 +110,48 @@ def test_auto_and_unavailable(mount, index_store):
         Loader(d, 2, device="cpu", decode="gpu")
 
 
+def test_auto_reads_the_files_the_cache_holds(mount, index_store, monkeypatch):
+    """decode="auto" names its share when it asks for a ring: where the
+    cache holds every sample of it (files read before, as after zarrfs
+    warm), the daemon makes no ring and the loader reads the files, and asks
+    again at each epoch; a share with a sample not held gets its ring. The
+    share is the positions rank R of W reads, as the daemon lists them."""
+    from zarrfs import _deliver as zd
+    from zarrfs._samples import shard_of
+    monkeypatch.setattr(Loader, "_AUTO_RINGS", ("cuda", "host"))  # as on a GPU, in the test mode
+    asked = []
+    ring_for = zd.ring_for
+    monkeypatch.setattr(zd, "ring_for", lambda *a, **kw: asked.append(kw["unless_held"]) or ring_for(*a, **kw))
+    m = mount(index_store, delivery="host")
+    d = os.path.join(m.path, "x")
+    sd = zarrfs.SampleDir(d)
+
+    def rows_of(l):
+        return [t.numpy().tobytes() for b, _ in l for t in b]
+
+    cold = Loader(d, 4, device="cpu", rank=1, world=2)
+    assert cold.path_kind == "ring-host" and asked == [shard_of(N, 1, 2)]
+    cold.close()
+    first, step, count = shard_of(N, 1, 2)
+    # Rank 1's share read, into the cache.
+    want = [np.load(sd.file(k)).tobytes() for k in range(first, first + step * count, step)]
+    asked.clear()
+    warm = Loader(d, 4, device="cpu", rank=1, world=2)
+    assert warm.path_kind == "pread" and asked == [(first, step, count)]
+    for e in range(2):
+        warm.set_epoch(e)
+        assert rows_of(warm) == want
+        assert warm.path_kind == "pread"
+    assert len(asked) == 2  # again at the second epoch, not at the first
+    others = Loader(d, 4, device="cpu", rank=0, world=2)  # not read: a ring
+    inter = Loader(d, 4, device="cpu", rank=1, world=2, shard="interleaved")  # some not read
+    assert others.path_kind == inter.path_kind == "ring-host"
+    assert asked[2:] == [shard_of(N, 0, 2), shard_of(N, 1, 2, "interleaved")]
+    assert status(m)["delivery"]["rings_opened"] == 3  # cold, others, inter
+    others.close()
+    inter.close()
+
+
 def test_damaged_chunk_names_its_file(mount, index_store, tmp_path):
     store = tmp_path / "broken.zarr"
     shutil.copytree(index_store, store)

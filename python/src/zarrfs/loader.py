@@ -84,6 +84,10 @@ class Loader:
     time on the GPU, and the consumer's wait for batches.
     """
 
+    # The ring memories decode="auto" takes: device memory only (the host
+    # ring is the test mode's).
+    _AUTO_RINGS: Tuple[str, ...] = ("cuda",)
+
     def __init__(self, sample_dir: Union[str, os.PathLike[str]], batch_size: int, *,
                  device: Union[str, torch.device] = "cuda", rank: int = 0, world: int = 1,
                  shard: str = "contiguous", shuffle: bool = False, seed: int = 0, drop_last: bool = False,
@@ -133,6 +137,8 @@ class Loader:
         self._stages: Optional[_Stages] = None  # the last epoch's, with profile
         self._lost: Optional[str] = None  # why the ring was let go (its daemon is gone)
         self._reopen = False  # the ring was lost, its daemon lives: the next epoch opens another
+        self._held = False  # "auto" reads files: the cache held every sample when its ring was asked for
+        self._fresh = False  # the ring was asked for since the last epoch started
         self._closed = False
         self._dring = self._open_ring()
         self.path_kind = self._path_kind()
@@ -140,16 +146,29 @@ class Loader:
     def _open_ring(self) -> Optional[Any]:
         """The mount's ring for this loader, when it decodes into this
         process's memory (docs/python.md): decode="device" insists, "auto"
-        takes it on a GPU the mount decodes on and reads files otherwise."""
-        if self.decode == "host" or (self.decode == "auto" and self.device.type != "cuda"):
+        takes it on a GPU the mount decodes on and reads files otherwise,
+        and where the cache holds every sample of the loader's share (a
+        warm mount: reading the files is faster than the ring's copies of
+        them), until an epoch starts with one of them not held."""
+        self._held, self._fresh = False, True
+        memory = "cuda" if self.device.type == "cuda" else "host"
+        if self.decode == "host" or (self.decode == "auto" and memory not in self._AUTO_RINGS):
             return None
         import torch
-        from ._deliver import DeliveryError, DeliveryUnavailable, ring_for
-        memory = "cuda" if self.device.type == "cuda" else "host"
+        from ._deliver import CacheHolds, DeliveryError, DeliveryUnavailable, ring_for
         if memory == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
+        share = None
+        if self.decode == "auto" and len(self._share):
+            p = self._share
+            share = (int(p[0]), int(p[1] - p[0]) if len(p) > 1 else 1, len(p))
         try:
-            return ring_for(self.dir, memory, self.prefetch + 1, self.batch_size, self.device, self.timeout)
+            return ring_for(self.dir, memory, self.prefetch + 1, self.batch_size, self.device, self.timeout,
+                            unless_held=share)
+        except CacheHolds as e:
+            log.debug("zarrfs Loader reads files: %s", e)
+            self._held = True
+            return None
         except (DeliveryUnavailable, DeliveryError, OSError) as e:
             if self.decode == "device":
                 raise RuntimeError(f"{self.dir.path}: decode='device': {e}") from None
@@ -230,10 +249,13 @@ class Loader:
         if self._lost is not None:
             from ._deliver import DeliveryError
             raise DeliveryError(f"{self.dir.path}: {self._lost}; this loader's ring is gone with it: make a new Loader")
-        if self._reopen:
+        if self._reopen or (self._held and not self._fresh):
+            # A lost ring, or the files of a share the cache held an epoch
+            # ago: another ring, unless the cache still holds them.
             self._reopen = False
             self._dring = self._open_ring()
             self.path_kind = self._path_kind()
+        self._fresh = False
         if self._dring is not None:
             from ._ringloader import RingEpoch
             self._stop_active(_SUPERSEDED)
