@@ -71,6 +71,25 @@ type OpenRequest struct {
 	UnlessHeld *Share `json:"unless_held,omitempty"`
 }
 
+// HoldsRequest asks, on a connection of its own and without a ring,
+// whether the cache holds every sample of Share in Dir decoded: a reader
+// in "auto" mode holding a ring asks at each epoch's start, and lets go of
+// the ring for the files once the cache holds its share (a warm that ran
+// meanwhile). The reply is holdsReply; the connection stays open for
+// another request.
+type HoldsRequest struct {
+	Op    string `json:"op"` // "holds"
+	Dir   string `json:"dir"`
+	Share *Share `json:"share"`
+}
+
+// holdsReply answers a HoldsRequest.
+type holdsReply struct {
+	OK bool `json:"ok"`
+	errorReply
+	Held bool `json:"held"`
+}
+
 // Share is a reader's samples: positions First, First+Step, ... (Count of
 // them) in a sample directory's listing.
 type Share struct {
@@ -132,6 +151,7 @@ type fillReply struct {
 // request is any request, read before its op is known.
 type request struct {
 	OpenRequest
+	Share *Share   `json:"share"`
 	Slot  int      `json:"slot"`
 	Files []string `json:"files"`
 }

@@ -182,6 +182,10 @@ func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn) {
 			if err := c.reply(rep, files); err != nil || !rep.OK {
 				return
 			}
+		case req.Op == "holds" && c.ring == nil:
+			if err := c.reply(s.holds(req.Dir, req.Share), nil); err != nil {
+				return
+			}
 		case req.Op == "fill" && c.ring != nil:
 			if req.Slot < 0 || req.Slot >= c.slots || !c.busy[req.Slot].CompareAndSwap(false, true) {
 				c.reply(fillReply{Op: "error", Slot: req.Slot, errorReply: errorReply{
@@ -199,7 +203,7 @@ func (s *Server) serveConn(ctx context.Context, uc *net.UnixConn) {
 			}()
 		default:
 			c.reply(fillReply{Op: "error", Slot: -1, errorReply: errorReply{
-				Error: fmt.Sprintf("op %q: want open first, then fill", req.Op), Code: CodeBadRequest}}, nil)
+				Error: fmt.Sprintf("op %q: want open first, then fill (or holds, without a ring)", req.Op), Code: CodeBadRequest}}, nil)
 			return
 		}
 	}
@@ -292,6 +296,20 @@ func (s *Server) open(ctx context.Context, req *OpenRequest, c *conn) (openReply
 	files := r.Describe(&rep)
 	s.log.Info("delivery ring opened", "dir", dir, "memory", rep.Memory, "device", rep.Device, "slots", req.Slots, "batch", req.Batch, "bytes", r.Bytes())
 	return rep, files
+}
+
+// holds answers a HoldsRequest: whether the cache holds every sample of sh
+// in the sample directory dir names.
+func (s *Server) holds(dir string, sh *Share) holdsReply {
+	clean := strings.Trim(path.Clean("/"+dir), "/")
+	lay := s.Layout()
+	if _, ok := firstSample(lay, clean); !ok {
+		return holdsReply{errorReply: errorReply{Error: dir + ": not a sample directory of the mount", Code: CodeBadRequest}}
+	}
+	if sh == nil {
+		return holdsReply{errorReply: errorReply{Error: dir + ": holds names no share", Code: CodeBadRequest}}
+	}
+	return holdsReply{OK: true, Held: s.holdsShare(lay, clean, *sh)}
 }
 
 // holdsShare reports whether the cache holds every sample of sh in sample

@@ -410,6 +410,16 @@ func TestOpenUnlessHeld(t *testing.T) {
 		{&Share{First: -1, Step: 1, Count: 2}, false},
 		{nil, false},
 	} {
+		// Asked without a ring, twice on one connection: the same answer.
+		if tc.share != nil {
+			q := dial(t, ts.sock)
+			for range 2 {
+				if h := q.holds(t, "t", tc.share); !h.OK || h.Held != tc.held {
+					t.Errorf("holds %+v: %+v, want held %v", tc.share, h, tc.held)
+				}
+			}
+			q.c.Close()
+		}
 		c := dial(t, ts.sock)
 		rep := c.open(t, OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 2, Batch: 2, UnlessHeld: tc.share})
 		if tc.held {
@@ -427,6 +437,36 @@ func TestOpenUnlessHeld(t *testing.T) {
 	if _, tot := ts.s.Stats(); tot.Opened != opened {
 		t.Fatalf("%d rings opened, want %d", tot.Opened, opened)
 	}
+	// A question it cannot answer is refused with the reason; none after
+	// a ring's open (its replies are the fills').
+	q := dial(t, ts.sock)
+	if h := q.holds(t, "nope", &Share{First: 0, Step: 1, Count: 1}); h.OK || h.Code != CodeBadRequest || !strings.Contains(h.Error, "nope: not a sample directory") {
+		t.Errorf("holds of no directory: %+v", h)
+	}
+	if h := q.holds(t, "t", nil); h.OK || h.Code != CodeBadRequest || !strings.Contains(h.Error, "t: holds names no share") {
+		t.Errorf("holds of no share: %+v", h)
+	}
+	c := dial(t, ts.sock)
+	c.open(t, OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 2, Batch: 2})
+	c.send(t, HoldsRequest{Op: "holds", Dir: "t", Share: &Share{First: 0, Step: 1, Count: 1}})
+	if r := c.next(t); r.Op != "error" || r.Code != CodeBadRequest || !strings.Contains(r.Error, `op "holds": want open first`) {
+		t.Errorf("holds on a ring's connection: %+v", r)
+	}
+}
+
+func (c *client) holds(t testing.TB, dir string, sh *Share) holdsReply {
+	t.Helper()
+	c.send(t, HoldsRequest{Op: "holds", Dir: dir, Share: sh})
+	c.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	line, err := c.rd.ReadBytes('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep holdsReply
+	if err := json.Unmarshal(line, &rep); err != nil {
+		t.Fatalf("%q: %v", line, err)
+	}
+	return rep
 }
 
 // A sample whose chunk is damaged fails its fill with an error naming the

@@ -1203,6 +1203,23 @@ var mutations = []mutation{
 		Pytest: []string{"python/tests/test_deliver.py::test_auto_reads_the_files_the_cache_holds"},
 	},
 	{
+		Name:   "ring-kept-once-held",
+		Breaks: "a decode='auto' Loader that took a ring keeps it after a warm made the cache hold its share: every later epoch copies the cached samples through the ring, slower than the files",
+		File:   "python/src/zarrfs/loader.py",
+		From:   `and self._cache_took_share():`,
+		To:     `and False:`,
+		Pytest: []string{"python/tests/test_deliver.py::test_auto_lets_go_of_its_ring_once_the_cache_holds_its_share"},
+	},
+	{
+		Name:   "holds-says-yes",
+		Breaks: "the daemon answers every holds question yes: a Loader lets go of its ring for files the cache does not hold, decoded on the host",
+		File:   "deliver/server.go",
+		From:   `Held: s.holdsShare(lay, clean, *sh)}`,
+		To:     `Held: true}`,
+		Pkgs:   []string{"./deliver"},
+		Run:    "TestOpenUnlessHeld",
+	},
+	{
 		Name:   "auto-sends-no-share",
 		Breaks: "decode='auto' asks for a ring without naming its share: over a warm mount it copies every sample through the ring, slower than the files",
 		File:   "python/src/zarrfs/loader.py",

@@ -152,6 +152,46 @@ def test_auto_reads_the_files_the_cache_holds(mount, index_store, monkeypatch):
     inter.close()
 
 
+def test_auto_lets_go_of_its_ring_once_the_cache_holds_its_share(mount, index_store, monkeypatch):
+    """A decode="auto" loader that took a ring asks, at each later epoch's
+    start, whether the cache came to hold its share (a warm that ran
+    meanwhile): then it reads the files and its ring is freed once the
+    batches over it go; until then, and with decode="device" always, it
+    keeps the ring."""
+    from zarrfs import _deliver as zd
+    monkeypatch.setattr(Loader, "_AUTO_RINGS", ("cuda", "host"))  # as on a GPU, in the test mode
+    asked = []
+    holds = zd.cache_holds
+    monkeypatch.setattr(zd, "cache_holds", lambda *a: asked.append(a[1]) or holds(*a))
+    m = mount(index_store, delivery="host")
+    d = os.path.join(m.path, "x")
+    sd = zarrfs.SampleDir(d)
+    share = sd.positions(0, 2)
+    auto = Loader(d, 4, device="cpu", rank=0, world=2, shuffle=False)
+    dev = Loader(d, 4, device="cpu", rank=0, world=2, shuffle=False, decode="device")
+    assert auto.path_kind == dev.path_kind == "ring-host"
+
+    def rows(l, e):
+        l.set_epoch(e)
+        return [t.numpy().tobytes() for b, _ in l for t in b]
+
+    first = rows(auto, 0)
+    assert rows(auto, 1) == first and auto.path_kind == "ring-host"  # not held: the ring stays
+    assert len(asked) == 1
+    want = [np.load(sd.file(int(k))).tobytes() for k in share]  # rank 0's share into the cache
+    assert first == want
+    got = rows(auto, 2)
+    assert auto.path_kind == "pread" and got == first and len(asked) == 2
+    assert rows(dev, 0) == first and dev.path_kind == "ring-host" and len(asked) == 2
+    dev.close()
+    deadline = time.time() + 10
+    while status(m)["delivery"]["rings_open"] and time.time() < deadline:
+        gc.collect()
+        time.sleep(0.05)
+    assert status(m)["delivery"]["rings_open"] == 0  # auto's ring went with its batches
+    assert status(m)["delivery"]["rings_opened"] == 2
+
+
 def test_damaged_chunk_names_its_file(mount, index_store, tmp_path):
     store = tmp_path / "broken.zarr"
     shutil.copytree(index_store, store)

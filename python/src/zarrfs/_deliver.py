@@ -394,6 +394,32 @@ def _torch_dtype(dt: np.dtype) -> Any:
     return f(dt)
 
 
+def cache_holds(sample_dir: Any, share: Tuple[int, int, int], timeout: float) -> bool:
+    """Whether the mount's cache holds, decoded, every sample of share
+    ((first, step, count) of the directory's positions), asked on a
+    connection of its own with no ring. A daemon that cannot say (gone,
+    or from before the question) holds nothing."""
+    root = sample_dir.root()
+    first, step, count = share
+    req = {"op": "holds", "dir": os.path.relpath(sample_dir.path, root),
+           "share": {"first": first, "step": step, "count": count}}
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(min(timeout, 30.0))
+            s.connect(socket_path(root))
+            s.sendall(request_line(req))
+            buf = b""
+            while b"\n" not in buf and len(buf) < MAX_LINE:
+                data = s.recv(1 << 16)
+                if not data:
+                    return False
+                buf += data
+        rep = json.loads(buf.partition(b"\n")[0])
+    except (OSError, ValueError):
+        return False
+    return bool(rep.get("ok")) and rep.get("held") is True
+
+
 def ring_for(sample_dir: Any, memory: str, slots: int, batch: int, device: Any, timeout: float,
              unless_held: Optional[Tuple[int, int, int]] = None) -> Ring:
     """Opens a ring for a SampleDir of a mount. A batch whose fill requests

@@ -158,10 +158,7 @@ class Loader:
         from ._deliver import CacheHolds, DeliveryError, DeliveryUnavailable, ring_for
         if memory == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        share = None
-        if self.decode == "auto" and len(self._share):
-            p = self._share
-            share = (int(p[0]), int(p[1] - p[0]) if len(p) > 1 else 1, len(p))
+        share = self._held_share()
         try:
             return ring_for(self.dir, memory, self.prefetch + 1, self.batch_size, self.device, self.timeout,
                             unless_held=share)
@@ -174,6 +171,14 @@ class Loader:
                 raise RuntimeError(f"{self.dir.path}: decode='device': {e}") from None
             log.debug("zarrfs Loader reads files: %s", e)
             return None
+
+    def _held_share(self) -> Optional[Tuple[int, int, int]]:
+        """The share "auto" names to the daemon, (first, step, count) of the
+        directory's positions; None for the other modes or no samples."""
+        p = self._share
+        if self.decode != "auto" or not len(p):
+            return None
+        return (int(p[0]), int(p[1] - p[0]) if len(p) > 1 else 1, len(p))
 
     def _path_kind(self) -> str:
         dring = getattr(self, "_dring", None)
@@ -255,6 +260,14 @@ class Loader:
             self._reopen = False
             self._dring = self._open_ring()
             self.path_kind = self._path_kind()
+        elif self._dring is not None and not self._fresh and self._cache_took_share():
+            # The cache came to hold the share since the ring was opened (a
+            # warm ran meanwhile): the files, as a new "auto" loader would.
+            # Batches still over the ring keep its mapping until they go.
+            self._stop_active(_SUPERSEDED)
+            self._dring = None
+            self._held = True
+            self.path_kind = self._path_kind()
         self._fresh = False
         if self._dring is not None:
             from ._ringloader import RingEpoch
@@ -269,6 +282,13 @@ class Loader:
         e = _Epoch(self, self.order(), self._stages)
         self._active = weakref.proxy(e)
         return e
+
+    def _cache_took_share(self) -> bool:
+        share = self._held_share()
+        if share is None:
+            return False
+        from ._deliver import cache_holds
+        return cache_holds(self.dir, share, self.timeout)
 
     def _stop_active(self, why: str) -> None:
         """Stops the epoch under way, whose next next() raises RuntimeError(why)."""
