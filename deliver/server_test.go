@@ -261,16 +261,22 @@ func (c *client) fill(t testing.TB, slot int, files ...string) fillReply {
 
 func (c *client) next(t testing.TB) fillReply {
 	t.Helper()
+	var rep fillReply
+	c.recv(t, &rep)
+	return rep
+}
+
+// recv reads the next reply line into v.
+func (c *client) recv(t testing.TB, v any) {
+	t.Helper()
 	c.c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	line, err := c.rd.ReadBytes('\n')
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rep fillReply
-	if err := json.Unmarshal(line, &rep); err != nil {
+	if err := json.Unmarshal(line, v); err != nil {
 		t.Fatalf("%q: %v", line, err)
 	}
-	return rep
 }
 
 func (c *client) sample(slot, j int) []byte {
@@ -457,15 +463,8 @@ func TestOpenUnlessHeld(t *testing.T) {
 func (c *client) holds(t testing.TB, dir string, sh *Share) holdsReply {
 	t.Helper()
 	c.send(t, HoldsRequest{Op: "holds", Dir: dir, Share: sh})
-	c.c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	line, err := c.rd.ReadBytes('\n')
-	if err != nil {
-		t.Fatal(err)
-	}
 	var rep holdsReply
-	if err := json.Unmarshal(line, &rep); err != nil {
-		t.Fatalf("%q: %v", line, err)
-	}
+	c.recv(t, &rep)
 	return rep
 }
 
