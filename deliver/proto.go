@@ -33,9 +33,6 @@ const (
 	// rebuilt after a device error freed it: gpu.ErrRingLost); the reader
 	// lets go of it and opens another for what it reads next.
 	CodeRingLost = "ring_lost"
-	// CodeHeld: the cache holds, decoded, every sample the request's
-	// UnlessHeld names, and no ring was made; the reader reads the files.
-	CodeHeld = "held"
 )
 
 // OpenRequest is a connection's first request: the ring to make.
@@ -62,21 +59,15 @@ type OpenRequest struct {
 	// before per-slot events sent it: refused (unavailable), as its waits
 	// are not this daemon's.
 	ConsumerEvent string `json:"consumer_event,omitempty"`
-	// UnlessHeld, when set, names the samples the reader will read, as
-	// positions in the directory's listing: when the cache holds every
-	// one of them decoded (a warm mount), no ring is made and the reply's
-	// code is CodeHeld. Readers in "auto" mode send it: over a warm mount
-	// their own reads of the files are faster than a ring's copies of
-	// them (docs/python.md).
-	UnlessHeld *Share `json:"unless_held,omitempty"`
 }
 
-// HoldsRequest asks, on a connection of its own and without a ring,
-// whether the cache holds every sample of Share in Dir decoded: a reader
-// in "auto" mode holding a ring asks at each epoch's start, and lets go of
-// the ring for the files once the cache holds its share (a warm that ran
-// meanwhile). The reply is holdsReply; the connection stays open for
-// another request.
+// HoldsRequest asks, on a connection without a ring, whether the cache
+// holds every sample of Share in Dir decoded (a warm mount). Readers in
+// "auto" mode ask before they open a ring, and at each epoch's start: over
+// a warm mount their own reads of the files are faster than a ring's
+// copies of them (docs/python.md), and a reader with a ring lets go of it
+// once a warm that ran meanwhile filled its share. The reply is
+// holdsReply; the connection stays open for another request.
 type HoldsRequest struct {
 	Op    string `json:"op"` // "holds"
 	Dir   string `json:"dir"`

@@ -255,9 +255,6 @@ func (s *Server) open(ctx context.Context, req *OpenRequest, c *conn) (openReply
 	if n := len(req.ConsumerEvents); n != 0 && n != req.Slots {
 		return fail(CodeBadRequest, "%d consumer events for %d slots: want one per slot", n, req.Slots)
 	}
-	if req.UnlessHeld != nil && s.holdsShare(lay, dir, *req.UnlessHeld) {
-		return fail(CodeHeld, "%s: the cache holds all %d samples asked for: read the files", req.Dir, req.UnlessHeld.Count)
-	}
 	size := first.Size() - int64(len(first.Header()))
 	slot := alignUp(int64(req.Batch)*size, slotAlign)
 	total := slot * int64(req.Slots)

@@ -390,10 +390,11 @@ func TestRingCopiesCachedSamples(t *testing.T) {
 	}
 }
 
-// A reader that names its samples (UnlessHeld, "auto" readers) gets no
-// ring when the cache holds every one of them, and a ring otherwise: one
-// sample not held, samples outside the listing, or no UnlessHeld.
-func TestOpenUnlessHeld(t *testing.T) {
+// A reader asks whether the cache holds every sample of its share (the
+// "auto" readers, before a ring and at each epoch): yes only when it does,
+// no for one sample not held or a share outside the listing; a question
+// it cannot answer is refused with the reason. No question makes a ring.
+func TestHolds(t *testing.T) {
 	ts := newTestServer(t, nil, nil)
 	ts.blobs.held = map[string]bool{}
 	for i := range 12 {
@@ -401,7 +402,7 @@ func TestOpenUnlessHeld(t *testing.T) {
 			ts.blobs.held[fmt.Sprintf("t/%02d.npy", i)] = true
 		}
 	}
-	opened := int64(0)
+	q := dial(t, ts.sock) // one connection for every question
 	for _, tc := range []struct {
 		share *Share
 		held  bool
@@ -414,49 +415,28 @@ func TestOpenUnlessHeld(t *testing.T) {
 		{&Share{First: 6, Step: 1, Count: 7}, false}, // past the listing
 		{&Share{First: 0, Step: 0, Count: 2}, false},
 		{&Share{First: -1, Step: 1, Count: 2}, false},
-		{nil, false},
 	} {
-		// Asked without a ring, twice on one connection: the same answer.
-		if tc.share != nil {
-			q := dial(t, ts.sock)
-			for range 2 {
-				if h := q.holds(t, "t", tc.share); !h.OK || h.Held != tc.held {
-					t.Errorf("holds %+v: %+v, want held %v", tc.share, h, tc.held)
-				}
-			}
-			q.c.Close()
+		if h := q.holds(t, "t", tc.share); !h.OK || h.Held != tc.held {
+			t.Errorf("holds %+v: %+v, want held %v", tc.share, h, tc.held)
 		}
-		c := dial(t, ts.sock)
-		rep := c.open(t, OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 2, Batch: 2, UnlessHeld: tc.share})
-		if tc.held {
-			if rep.OK || rep.Code != CodeHeld || !strings.Contains(rep.Error, "t: the cache holds all") {
-				t.Errorf("%+v: %+v, want no ring (held)", tc.share, rep)
-			}
-		} else {
-			opened++
-			if !rep.OK {
-				t.Errorf("%+v: %+v, want a ring", tc.share, rep)
-			}
-		}
-		c.c.Close()
 	}
-	if _, tot := ts.s.Stats(); tot.Opened != opened {
-		t.Fatalf("%d rings opened, want %d", tot.Opened, opened)
-	}
-	// A question it cannot answer is refused with the reason; none after
-	// a ring's open (its replies are the fills').
-	q := dial(t, ts.sock)
 	if h := q.holds(t, "nope", &Share{First: 0, Step: 1, Count: 1}); h.OK || h.Code != CodeBadRequest || !strings.Contains(h.Error, "nope: not a sample directory") {
 		t.Errorf("holds of no directory: %+v", h)
 	}
 	if h := q.holds(t, "t", nil); h.OK || h.Code != CodeBadRequest || !strings.Contains(h.Error, "t: holds names no share") {
 		t.Errorf("holds of no share: %+v", h)
 	}
+	// Not on a ring's connection: its replies are the fills'.
 	c := dial(t, ts.sock)
-	c.open(t, OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 2, Batch: 2})
+	if rep := c.open(t, OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 2, Batch: 2}); !rep.OK {
+		t.Fatalf("open over a held share: %+v", rep)
+	}
 	c.send(t, HoldsRequest{Op: "holds", Dir: "t", Share: &Share{First: 0, Step: 1, Count: 1}})
 	if r := c.next(t); r.Op != "error" || r.Code != CodeBadRequest || !strings.Contains(r.Error, `op "holds": want open first`) {
 		t.Errorf("holds on a ring's connection: %+v", r)
+	}
+	if _, tot := ts.s.Stats(); tot.Opened != 1 {
+		t.Fatalf("%d rings opened, want the one asked for", tot.Opened)
 	}
 }
 

@@ -111,17 +111,18 @@ def test_auto_and_unavailable(mount, index_store):
 
 
 def test_auto_reads_the_files_the_cache_holds(mount, index_store, monkeypatch):
-    """decode="auto" names its share when it asks for a ring: where the
-    cache holds every sample of it (files read before, as after zarrfs
-    warm), the daemon makes no ring and the loader reads the files, and asks
+    """decode="auto" asks whether the cache holds every sample of its share
+    before it asks for a ring: where it does (files read before, as after
+    zarrfs warm), the loader asks for no ring and reads the files, and asks
     again at each epoch; a share with a sample not held gets its ring. The
     share is the positions rank R of W reads, as the daemon lists them."""
     from zarrfs import _deliver as zd
     from zarrfs._samples import shard_of
     monkeypatch.setattr(Loader, "_AUTO_RINGS", ("cuda", "host"))  # as on a GPU, in the test mode
-    asked = []
-    ring_for = zd.ring_for
-    monkeypatch.setattr(zd, "ring_for", lambda *a, **kw: asked.append(kw["unless_held"]) or ring_for(*a, **kw))
+    asked, rings = [], []
+    holds, ring_for = zd.cache_holds, zd.ring_for
+    monkeypatch.setattr(zd, "cache_holds", lambda *a: asked.append(a[1]) or holds(*a))
+    monkeypatch.setattr(zd, "ring_for", lambda *a: rings.append(a) or ring_for(*a))
     m = mount(index_store, delivery="host")
     d = os.path.join(m.path, "x")
     sd = zarrfs.SampleDir(d)
@@ -130,7 +131,7 @@ def test_auto_reads_the_files_the_cache_holds(mount, index_store, monkeypatch):
         return [t.numpy().tobytes() for b, _ in l for t in b]
 
     cold = Loader(d, 4, device="cpu", rank=1, world=2)
-    assert cold.path_kind == "ring-host" and asked == [shard_of(N, 1, 2)]
+    assert cold.path_kind == "ring-host" and asked == [shard_of(N, 1, 2)] and len(rings) == 1
     cold.close()
     first, step, count = shard_of(N, 1, 2)
     # Rank 1's share read, into the cache.
@@ -142,7 +143,7 @@ def test_auto_reads_the_files_the_cache_holds(mount, index_store, monkeypatch):
         warm.set_epoch(e)
         assert rows_of(warm) == want
         assert warm.path_kind == "pread"
-    assert len(asked) == 2  # again at the second epoch, not at the first
+    assert len(asked) == 2 and len(rings) == 1  # again at the second epoch, not at the first; no ring
     others = Loader(d, 4, device="cpu", rank=0, world=2)  # not read: a ring
     inter = Loader(d, 4, device="cpu", rank=1, world=2, shard="interleaved")  # some not read
     assert others.path_kind == inter.path_kind == "ring-host"
@@ -177,12 +178,12 @@ def test_auto_lets_go_of_its_ring_once_the_cache_holds_its_share(mount, index_st
 
     first = rows(auto, 0)
     assert rows(auto, 1) == first and auto.path_kind == "ring-host"  # not held: the ring stays
-    assert len(asked) == 1
+    assert len(asked) == 2  # at the open and at the second epoch
     want = [np.load(sd.file(int(k))).tobytes() for k in share]  # rank 0's share into the cache
     assert first == want
     got = rows(auto, 2)
-    assert auto.path_kind == "pread" and got == first and len(asked) == 2
-    assert rows(dev, 0) == first and dev.path_kind == "ring-host" and len(asked) == 2
+    assert auto.path_kind == "pread" and got == first and len(asked) == 3
+    assert rows(dev, 0) == first and dev.path_kind == "ring-host" and len(asked) == 3
     dev.close()
     deadline = time.time() + 10
     while status(m)["delivery"]["rings_open"] and time.time() < deadline:

@@ -33,8 +33,6 @@ import numpy as np
 
 # Error codes of the daemon's replies.
 UNAVAILABLE = "unavailable"
-# The reply code of an open whose samples the cache holds (unless_held).
-HELD = "held"
 
 # The longest request line the daemon reads, its newline included: it
 # answers a longer one with an error and closes the connection
@@ -45,11 +43,6 @@ MAX_LINE = 1 << 20
 class DeliveryUnavailable(RuntimeError):
     """The mount cannot put samples into this process's memory (it decodes
     on no GPU, on another GPU, or delivers nothing); read its files instead."""
-
-
-class CacheHolds(DeliveryUnavailable):
-    """The cache holds, decoded, every sample the reader asked a ring for
-    (a warm mount): reading the files is the faster path."""
 
 
 class DeliveryError(RuntimeError):
@@ -142,8 +135,7 @@ class Ring:
     """
 
     def __init__(self, sock_path: str, rel_dir: str, memory: str, slots: int, batch: int,
-                 device: Any = None, timeout: float = 300.0,
-                 unless_held: Optional[Tuple[int, int, int]] = None) -> None:
+                 device: Any = None, timeout: float = 300.0) -> None:
         self.memory, self.slots, self.batch, self.timeout = memory, slots, batch, timeout
         self.device = device
         self._buf = b""
@@ -152,9 +144,6 @@ class Ring:
             raise DeliveryUnavailable(f"no delivery socket {sock_path}: the mount predates delivery, "
                                       "delivers nothing (--delivery off) or belongs to another user")
         req: Dict[str, Any] = {"op": "open", "dir": rel_dir, "memory": memory, "slots": slots, "batch": batch}
-        if unless_held is not None:
-            first, step, count = unless_held
-            req["unless_held"] = {"first": first, "step": step, "count": count}
         # Per slot: recorded when the loader lets go of the slot (release).
         self.consumers: List[Any] = []
         # Slots with a fill asked for whose reply is not read yet: an epoch
@@ -184,8 +173,6 @@ class Ring:
             for fd in fds:
                 os.close(fd)
             msg = rep.get("error", "refused")
-            if rep.get("code") == HELD:
-                raise CacheHolds(msg)
             if rep.get("code") == UNAVAILABLE:
                 raise DeliveryUnavailable(msg)
             raise DeliveryError(msg)
@@ -420,15 +407,12 @@ def cache_holds(sample_dir: Any, share: Tuple[int, int, int], timeout: float) ->
     return bool(rep.get("ok")) and rep.get("held") is True
 
 
-def ring_for(sample_dir: Any, memory: str, slots: int, batch: int, device: Any, timeout: float,
-             unless_held: Optional[Tuple[int, int, int]] = None) -> Ring:
+def ring_for(sample_dir: Any, memory: str, slots: int, batch: int, device: Any, timeout: float) -> Ring:
     """Opens a ring for a SampleDir of a mount. A batch whose fill requests
-    could pass the daemon's longest line raises DeliveryUnavailable; with
-    unless_held, the samples the reader reads as (first, step, count) of
-    the directory's positions, CacheHolds when the cache holds them all."""
+    could pass the daemon's longest line raises DeliveryUnavailable."""
     # A directory's names are all of one width (sample_width): the first
     # batch's are as long as any, and listing every name costs half a second a
-    # million samples (a loader over a warm mount asks at each epoch).
+    # million samples.
     first = [os.path.basename(sample_dir.file(i)) for i in range(min(batch, len(sample_dir)))]
     n = longest_fill(first, slots, batch)
     if n > MAX_LINE:
@@ -436,5 +420,5 @@ def ring_for(sample_dir: Any, memory: str, slots: int, batch: int, device: Any, 
                                   f"delivery socket's {MAX_LINE >> 20} MiB a request: use a smaller batch_size")
     root = sample_dir.root()
     rel = os.path.relpath(sample_dir.path, root)
-    return Ring(socket_path(root), rel, memory, slots, batch, device=device, timeout=timeout, unless_held=unless_held)
+    return Ring(socket_path(root), rel, memory, slots, batch, device=device, timeout=timeout)
 

@@ -137,7 +137,7 @@ class Loader:
         self._stages: Optional[_Stages] = None  # the last epoch's, with profile
         self._lost: Optional[str] = None  # why the ring was let go (its daemon is gone)
         self._reopen = False  # the ring was lost, its daemon lives: the next epoch opens another
-        self._held = False  # "auto" reads files: the cache held every sample when its ring was asked for
+        self._held = False  # "auto" reads files: the cache held every sample of its share when asked
         self._fresh = False  # the ring was asked for since the last epoch started
         self._closed = False
         self._dring = self._open_ring()
@@ -155,17 +155,15 @@ class Loader:
         if self.decode == "host" or (self.decode == "auto" and memory not in self._AUTO_RINGS):
             return None
         import torch
-        from ._deliver import CacheHolds, DeliveryError, DeliveryUnavailable, ring_for
+        from ._deliver import DeliveryError, DeliveryUnavailable, ring_for
         if memory == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        share = self._held_share()
-        try:
-            return ring_for(self.dir, memory, self.prefetch + 1, self.batch_size, self.device, self.timeout,
-                            unless_held=share)
-        except CacheHolds as e:
-            log.debug("zarrfs Loader reads files: %s", e)
+        if self._cache_holds_share():
+            log.debug("zarrfs Loader reads files: the cache holds its share")
             self._held = True
             return None
+        try:
+            return ring_for(self.dir, memory, self.prefetch + 1, self.batch_size, self.device, self.timeout)
         except (DeliveryUnavailable, DeliveryError, OSError) as e:
             if self.decode == "device":
                 raise RuntimeError(f"{self.dir.path}: decode='device': {e}") from None
@@ -260,7 +258,7 @@ class Loader:
             self._reopen = False
             self._dring = self._open_ring()
             self.path_kind = self._path_kind()
-        elif self._dring is not None and not self._fresh and self._cache_took_share():
+        elif self._dring is not None and not self._fresh and self._cache_holds_share():
             # The cache came to hold the share since the ring was opened (a
             # warm ran meanwhile): the files, as a new "auto" loader would.
             # Batches still over the ring keep its mapping until they go.
@@ -283,7 +281,8 @@ class Loader:
         self._active = weakref.proxy(e)
         return e
 
-    def _cache_took_share(self) -> bool:
+    def _cache_holds_share(self) -> bool:
+        """Whether "auto" reads the files: the cache holds every sample of its share."""
         share = self._held_share()
         if share is None:
             return False
