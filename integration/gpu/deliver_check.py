@@ -203,6 +203,36 @@ def part_equal(a, m, ref, n):
         check(same and got >= want, f"equal: {got} samples of array {arr} through decode='device' equal decode='host' byte for byte")
         st = after
     check(st["errors"] == 0 and st["cached_samples"] == 0, "equal: no fill failed, and every sample was decoded (none copied from the cache)")
+    # The Loader's default takes the ring on the cold mount; once the cache
+    # holds its share (its files read, as a warm run meanwhile would), its
+    # next epoch reads the files, equal to the ring's batches, and the ring
+    # goes with the batches over it.
+    d = os.path.join(m.path, "t2m")
+    if os.path.isdir(d):
+        auto_rings = Loader._AUTO_RINGS
+        Loader._AUTO_RINGS = ("cuda", "host")  # the test mode's ring as a GPU's
+        try:
+            auto = Loader(d, 4, device=DEVICE)
+        finally:
+            Loader._AUTO_RINGS = auto_rings
+        kinds = [auto.path_kind]
+        ring = [x.cpu() for x, _ in auto]
+        for f in auto.dir.files:
+            np.load(f)
+        got = [x.cpu() for x, _ in auto]
+        kinds.append(auto.path_kind)
+        auto.close()
+        del auto
+        deadline = time.time() + 10
+        while status(a.zarrfs, m)["delivery"]["rings_open"] and time.time() < deadline:
+            gc.collect()
+            time.sleep(0.1)
+        left = status(a.zarrfs, m)["delivery"]["rings_open"]
+        want = ["ring-cuda", "pread-pinned-h2d"] if DEVICE == "cuda" else ["ring-host", "pread"]
+        same = len(ring) == len(got) > 0 and all(torch.equal(x, y) for x, y in zip(ring, got))
+        check(kinds == want and same and left == 0,
+              f"equal: the Loader's default over t2m reads {' then '.join(kinds)} (the ring cold, the files once the cache "
+              f"holds them), {len(got)} batches equal, {left} rings left open")
 
 
 _READER = """
