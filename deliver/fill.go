@@ -167,7 +167,7 @@ func (s *Server) copySample(ctx context.Context, r Ring, k int, job *slotJob, i 
 	}
 	// Staging in pieces: a sample of hundreds of megabytes needs no buffer
 	// of its size.
-	piece := int64(stagePiece)
+	piece := stagePiece
 	buf := r.Stage(int(min(piece, job.size)))
 	defer r.Unstage(buf)
 	for off := int64(0); off < job.size; off += piece {
@@ -183,8 +183,9 @@ func (s *Server) copySample(ctx context.Context, r Ring, k int, job *slotJob, i 
 	return nil
 }
 
-// stagePiece is the most the host path stages at a time per sample.
-const stagePiece = 16 << 20
+// stagePiece is the most the host path stages at a time per sample (a
+// variable for tests).
+var stagePiece int64 = 16 << 20
 
 func readFull(h fill.Backing, dst []byte, off int64, name string) error {
 	n, err := h.File().ReadAt(dst, off)

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -387,6 +388,94 @@ func TestRingCopiesCachedSamples(t *testing.T) {
 	if len(rings) != 1 || rings[0].CachedSamples != 4 || rings[0].HostSamples != 5 || rings[0].DeviceSamples != 4 ||
 		tot.CachedSamples != 4 || rings[0].Uploaded != 5*rep.SampleBytes || tot.Stages["host_path"] <= 0 {
 		t.Fatalf("stats %+v %+v", rings, tot)
+	}
+}
+
+// stagedMemory makes host rings the host path may not write in place, as
+// a GPU's: samples go through Stage and Write, which it records; a Write
+// at failAt fails.
+type stagedMemory struct {
+	HostMemory
+	failAt int64
+	mu     sync.Mutex
+	staged []int            // the sizes Stage was asked for
+	writes map[int64][2]int // offset in the ring: slot, length
+}
+
+func (m *stagedMemory) NewRing(ctx context.Context, req *OpenRequest, slots int, slotBytes int64) (Ring, error) {
+	r, err := m.HostMemory.NewRing(ctx, req, slots, slotBytes)
+	if err != nil {
+		return nil, err
+	}
+	return &stagedRing{Ring: r, m: m, slot: slotBytes}, nil
+}
+
+type stagedRing struct {
+	Ring
+	m    *stagedMemory
+	slot int64
+}
+
+func (r *stagedRing) Host(int) []byte { return nil }
+
+func (r *stagedRing) Stage(n int) []byte {
+	r.m.mu.Lock()
+	r.m.staged = append(r.m.staged, n)
+	r.m.mu.Unlock()
+	return r.Ring.Stage(n)
+}
+
+func (r *stagedRing) Write(ctx context.Context, k int, off int64, b []byte) error {
+	at := int64(k)*r.slot + off
+	r.m.mu.Lock()
+	r.m.writes[at] = [2]int{k, len(b)}
+	r.m.mu.Unlock()
+	if at == r.m.failAt {
+		return errors.New("device write failed (test)")
+	}
+	return r.Ring.Write(ctx, k, off, b)
+}
+
+// A ring the host cannot write in place (device memory) gets each sample
+// staged in pieces of at most stagePiece, each written at its place; a
+// failed write fails its sample, naming the file.
+func TestStagedCopiesInPieces(t *testing.T) {
+	defer func(p int64) { stagePiece = p }(stagePiece)
+	stagePiece = 48 // a sample's 128 bytes in pieces of 48, 48 and 32
+	mem := &stagedMemory{failAt: -1, writes: map[int64][2]int{}}
+	ts := unstartedTestServer(t, nil, nil, mem)
+	ts.s.Device = nil // every sample on the host path
+	ts.serve(t, nil)
+	c := dial(t, ts.sock)
+	rep := c.open(t, OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 2, Batch: 3})
+	if !rep.OK || rep.SampleBytes != 128 {
+		t.Fatalf("open: %+v", rep)
+	}
+	if r := c.fill(t, 1, "00.npy", "01.npy", "02.npy"); r.Op != "ready" || r.Host != 3 {
+		t.Fatalf("fill: %+v", r)
+	}
+	for j, n := range []string{"00.npy", "01.npy", "02.npy"} {
+		if !bytes.Equal(c.sample(1, j), ts.want(t, "t/"+n)) {
+			t.Fatalf("t/%s in slot 1 differs from the file", n)
+		}
+	}
+	want := map[int64][2]int{}
+	for j := range int64(3) {
+		at := rep.SlotBytes + j*128
+		want[at], want[at+48], want[at+96] = [2]int{1, 48}, [2]int{1, 48}, [2]int{1, 32}
+	}
+	if !maps.Equal(mem.writes, want) {
+		t.Fatalf("writes %v, want %v", mem.writes, want)
+	}
+	for _, n := range mem.staged {
+		if n > 48 {
+			t.Fatalf("staged %v: want pieces of at most 48 bytes", mem.staged)
+		}
+	}
+	mem.failAt = 128 + 48 // the second piece of the second sample in slot 0
+	r := c.fill(t, 0, "03.npy", "04.npy")
+	if r.Op != "error" || r.Code != CodeFill || r.File != "t/04.npy" || !strings.Contains(r.Error, "device write failed") {
+		t.Fatalf("a failed write: %+v", r)
 	}
 }
 

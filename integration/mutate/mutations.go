@@ -1203,6 +1203,15 @@ var mutations = []mutation{
 		Pytest: []string{"python/tests/test_deliver.py::test_auto_reads_the_files_the_cache_holds"},
 	},
 	{
+		Name:   "staged-pieces-overlap",
+		Breaks: "the host path writes every staged piece of a sample at the sample's start: on a GPU its slot holds the last piece over the first and nothing after it",
+		File:   "deliver/fill.go",
+		From:   `r.Write(ctx, k, job.offs[i]+off, buf[:n])`,
+		To:     `r.Write(ctx, k, job.offs[i], buf[:n])`,
+		Pkgs:   []string{"./deliver"},
+		Run:    "TestStagedCopiesInPieces",
+	},
+	{
 		Name:   "ring-kept-once-held",
 		Breaks: "a decode='auto' Loader that took a ring keeps it after a warm made the cache hold its share: every later epoch copies the cached samples through the ring, slower than the files",
 		File:   "python/src/zarrfs/loader.py",
