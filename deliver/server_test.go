@@ -429,8 +429,9 @@ func (r *stagedRing) Write(ctx context.Context, k int, off int64, b []byte) erro
 	at := int64(k)*r.slot + off
 	r.m.mu.Lock()
 	r.m.writes[at] = [2]int{k, len(b)}
+	fail := at == r.m.failAt
 	r.m.mu.Unlock()
-	if at == r.m.failAt {
+	if fail {
 		return errors.New("device write failed (test)")
 	}
 	return r.Ring.Write(ctx, k, off, b)
@@ -440,8 +441,9 @@ func (r *stagedRing) Write(ctx context.Context, k int, off int64, b []byte) erro
 // staged in pieces of at most stagePiece, each written at its place; a
 // failed write fails its sample, naming the file.
 func TestStagedCopiesInPieces(t *testing.T) {
-	defer func(p int64) { stagePiece = p }(stagePiece)
-	stagePiece = 48 // a sample's 128 bytes in pieces of 48, 48 and 32
+	p := stagePiece
+	t.Cleanup(func() { stagePiece = p }) // after the server's: its fills read it
+	stagePiece = 48                      // a sample's 128 bytes in pieces of 48, 48 and 32
 	mem := &stagedMemory{failAt: -1, writes: map[int64][2]int{}}
 	ts := unstartedTestServer(t, nil, nil, mem)
 	ts.s.Device = nil // every sample on the host path
@@ -464,6 +466,7 @@ func TestStagedCopiesInPieces(t *testing.T) {
 		at := rep.SlotBytes + j*128
 		want[at], want[at+48], want[at+96] = [2]int{1, 48}, [2]int{1, 48}, [2]int{1, 32}
 	}
+	mem.mu.Lock() // the fills' goroutines wrote them before the reply
 	if !maps.Equal(mem.writes, want) {
 		t.Fatalf("writes %v, want %v", mem.writes, want)
 	}
@@ -473,6 +476,7 @@ func TestStagedCopiesInPieces(t *testing.T) {
 		}
 	}
 	mem.failAt = 128 + 48 // the second piece of the second sample in slot 0
+	mem.mu.Unlock()
 	r := c.fill(t, 0, "03.npy", "04.npy")
 	if r.Op != "error" || r.Code != CodeFill || r.File != "t/04.npy" || !strings.Contains(r.Error, "device write failed") {
 		t.Fatalf("a failed write: %+v", r)
