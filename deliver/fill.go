@@ -168,24 +168,49 @@ func (s *Server) copySample(ctx context.Context, r Ring, k int, job *slotJob, i 
 	// Staging in pieces: a sample of hundreds of megabytes needs no buffer
 	// of its size.
 	piece := stagePiece
-	buf := r.Stage(int(min(piece, job.size)))
-	defer r.Unstage(buf)
-	for off := int64(0); off < job.size; off += piece {
-		n := min(piece, job.size-off)
-		if err := readFull(h, buf[:n], align+off, b.Path()); err != nil {
-			return err
-		}
-		if err := r.Write(ctx, k, job.offs[i]+off, buf[:n]); err != nil {
-			return err
-		}
-		job.uploaded.Add(n)
+	pieces := (job.size + piece - 1) / piece
+	ways := min(int64(stageWays), pieces)
+	var next atomic.Int64
+	var first error
+	var once sync.Once
+	var wg sync.WaitGroup
+	for range ways {
+		wg.Go(func() {
+			buf := r.Stage(int(min(piece, job.size)))
+			defer r.Unstage(buf)
+			for {
+				p := next.Add(1) - 1
+				if p >= pieces {
+					return
+				}
+				off := p * piece
+				n := min(piece, job.size-off)
+				err := readFull(h, buf[:n], align+off, b.Path())
+				if err == nil {
+					err = r.Write(ctx, k, job.offs[i]+off, buf[:n])
+				}
+				if err != nil {
+					once.Do(func() { first = err })
+					next.Store(pieces)
+					return
+				}
+				job.uploaded.Add(n)
+			}
+		})
 	}
-	return nil
+	wg.Wait()
+	return first
 }
 
-// stagePiece is the most the host path stages at a time per sample (a
+// stageWays is the pieces of a sample the host path stages at once: one
+// goroutine copies from the page cache at about 2.4 GB/s, and a ring over
+// a warm mount copied 238-243 samples/s of 87 MB one piece at a time
+// against 335-357 four at once (H200, 16 cores; BENCHMARKS.md).
+const stageWays = 4
+
+// stagePiece is the most the host path stages at a time per piece (a
 // variable for tests).
-var stagePiece int64 = 16 << 20
+var stagePiece int64 = 8 << 20
 
 func readFull(h fill.Backing, dst []byte, off int64, name string) error {
 	n, err := h.File().ReadAt(dst, off)
