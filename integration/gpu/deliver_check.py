@@ -208,6 +208,8 @@ def part_equal(a, m, ref, n):
     # next epoch reads the files, equal to the ring's batches, and the ring
     # goes with the batches over it.
     d = os.path.join(m.path, "t2m")
+    x = y = None  # the last batches above hold their rings (on a GPU) until they go
+    gc.collect()
     if os.path.isdir(d):
         auto_rings = Loader._AUTO_RINGS
         Loader._AUTO_RINGS = ("cuda", "host")  # the test mode's ring as a GPU's
