@@ -58,6 +58,15 @@ func (c *counter) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 
 var _ codec.Sparer = (*counter)(nil)
 
+// Workers forwards the counted decoder's workers (0 when it does not
+// say): the delivery router scales a small share's rate by them.
+func (c *counter) Workers() int {
+	if w, ok := c.inner.(interface{ Workers() int }); ok {
+		return w.Workers()
+	}
+	return 0
+}
+
 // Spare forwards the counted decoder's spare workers (the router asks).
 func (c *counter) Spare() int {
 	if s, ok := c.inner.(codec.Sparer); ok {

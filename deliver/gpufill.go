@@ -486,7 +486,11 @@ func (s *slotDecoder) hostShare(ctx context.Context, jobs []codec.Job, idx []int
 	s.job.uploaded.Add(n)
 	s.job.hostShare.Add(n)
 	if err == nil && ctx.Err() == nil {
-		s.ring.route().hostDone(n, d)
+		workers := 0
+		if w, ok := s.cpu.(interface{ Workers() int }); ok {
+			workers = w.Workers()
+		}
+		s.ring.route().hostDone(n, d, len(idx), workers)
 	}
 	return cmp.Or(err, ctx.Err())
 }

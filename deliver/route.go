@@ -27,7 +27,12 @@ import (
 // device's wait for the fills whose large-part chunks it decoded, and the
 // rate at which the host decoded (and uploaded) the chunks it took, which
 // falls when its cores are busy with other fills, so that on few cores
-// the device keeps its share.
+// the device keeps its share. A share of fewer chunks than the host's
+// decoder has workers decodes each chunk on a worker of its own, in about
+// one chunk's time: its rate is that of a share filling the workers
+// scaled down, and is scaled up to them (a first share of one chunk on 16
+// cores measures one core; unscaled, the host's share would grow over
+// many fills toward what it decodes at once).
 
 // minHostPiece is the least part a chunk must hold to be decoded on the
 // host instead of the device: below it nvCOMP's part is short, and the
@@ -160,12 +165,16 @@ func (r *router) deviceDone(wait time.Duration) {
 }
 
 // hostDone records that the host decoded and uploaded n bytes of its
-// share in d.
-func (r *router) hostDone(n int64, d time.Duration) {
+// share, chunks chunks, in d, on a decoder of workers workers (0: not
+// known).
+func (r *router) hostDone(n int64, d time.Duration, chunks, workers int) {
 	if n <= 0 || d <= 0 {
 		return
 	}
 	rate := float64(n) / d.Seconds()
+	if chunks > 0 && workers > chunks {
+		rate *= float64(workers) / float64(chunks)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.hostRate == 0 {

@@ -72,6 +72,34 @@ func TestRouterSplit(t *testing.T) {
 	}
 }
 
+// A share of fewer chunks than the host's decoder has workers decodes
+// each chunk on a worker of its own: its rate counts for the workers it
+// left idle, so that the share grows to what they decode at once in the
+// fill after the first measure, not over many; a share that filled them,
+// or a decoder that does not say, counts as measured.
+func TestRouterScalesASmallShare(t *testing.T) {
+	jobs := zstdJobs(t, 8, 2<<20) // 16 MiB of large parts
+	all := []int{0, 1, 2, 3, 4, 5, 6, 7}
+	split := func(chunks, workers int, d time.Duration) int {
+		r := router{devWait: 200 * time.Millisecond}
+		r.hostDone(int64(chunks)*2<<20, d, chunks, workers)
+		host, _ := r.split(jobs, all)
+		return len(host)
+	}
+	// 2 MiB in 20 ms: 100 MiB/s for 150 ms (0.75 of the device's 200):
+	// 15 MiB, 7 chunks.
+	if n := split(1, 0, 20*time.Millisecond); n != 7 {
+		t.Fatalf("one chunk, workers not known: the host takes %d chunks, want 7", n)
+	}
+	if n := split(8, 4, 160*time.Millisecond); n != 7 {
+		t.Fatalf("8 chunks on 4 workers at 100 MiB/s: the host takes %d chunks, want 7", n)
+	}
+	// One chunk on 8 workers: 800 MiB/s, 120 MiB in 150 ms: all 8.
+	if n := split(1, 8, 20*time.Millisecond); n != 8 {
+		t.Fatalf("one chunk on 8 workers: the host takes %d chunks, want all 8", n)
+	}
+}
+
 // bigStore writes a Zarr v3 store of 6 time steps: z (float32, 2 levels
 // of 512x512, zstd with a content checksum, a chunk of 2 MiB per step)
 // and c (512x512 in chunks of 32 rows, 64 KiB, zstd with one); every

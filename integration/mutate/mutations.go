@@ -1203,6 +1203,15 @@ var mutations = []mutation{
 		Pytest: []string{"python/tests/test_deliver.py::test_auto_reads_the_files_the_cache_holds"},
 	},
 	{
+		Name:   "small-share-unscaled",
+		Breaks: "the router takes a one-chunk share's rate for the host's: on 16 cores its share of large zstd frames grows over many fills while nvCOMP decodes each frame alone, and the mixed store's first epoch falls to 0.76x of the host path",
+		File:   "deliver/route.go",
+		From:   `rate *= float64(workers) / float64(chunks)`,
+		To:     `rate *= 1`,
+		Pkgs:   []string{"./deliver"},
+		Run:    "TestRouterScalesASmallShare",
+	},
+	{
 		Name:   "staged-pieces-overlap",
 		Breaks: "the host path writes every staged piece of a sample at the sample's start: on a GPU its slot holds the last piece over the first and nothing after it",
 		File:   "deliver/fill.go",
