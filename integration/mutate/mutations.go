@@ -1229,6 +1229,14 @@ var mutations = []mutation{
 		Pytest: []string{"python/tests/test_deliver.py::test_auto_lets_go_of_its_ring_once_the_cache_holds_its_share"},
 	},
 	{
+		Name:   "holds-reply-misread",
+		Breaks: "the Loader takes any reply without an error for a yes: a decode='auto' Loader whose share the cache does not hold reads files decoded on the host instead of taking the ring",
+		File:   "python/src/zarrfs/_deliver.py",
+		From:   `return bool(rep.get("ok")) and rep.get("held") is True`,
+		To:     `return rep.get("error") is None`,
+		Pytest: []string{"python/tests/test_deliver.py::test_cache_holds_takes_only_a_yes"},
+	},
+	{
 		Name:   "holds-says-yes",
 		Breaks: "the daemon answers every holds question yes: a Loader lets go of its ring for files the cache does not hold, decoded on the host",
 		File:   "deliver/server.go",

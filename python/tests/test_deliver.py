@@ -459,6 +459,27 @@ def _fake_daemon(path, reply, got, conns=None):
     return t
 
 
+def test_cache_holds_takes_only_a_yes(mount, index_store, tmp_path, monkeypatch):
+    """cache_holds sends the share as the daemon reads it, on a connection
+    of its own, and takes only a yes for a yes: a daemon from before the
+    question (its error reply) or no daemon holds nothing."""
+    import zarrfs._deliver as zd
+    m = mount(index_store)
+    sd = zarrfs.SampleDir(os.path.join(m.path, "x"))
+    sock = str(tmp_path / "q.sock")
+    monkeypatch.setattr(zd, "socket_path", lambda root: sock)
+    old = {"op": "error", "slot": -1, "code": "bad_request", "error": 'op "holds": want open first, then fill'}
+    for reply, want in (({"ok": True, "held": True}, True), ({"ok": True, "held": False}, False), (old, False)):
+        got = []
+        t = _fake_daemon(sock, reply, got)
+        assert zd.cache_holds(sd, (1, 2, 3), 10) is want
+        t.join(10)
+        assert not t.is_alive()
+        assert got == [{"op": "holds", "dir": "x", "share": {"first": 1, "step": 2, "count": 3}}]
+        os.unlink(sock)
+    assert zd.cache_holds(sd, (1, 2, 3), 10) is False  # no socket
+
+
 def test_cuda_ring_hands_the_daemons_handles_to_the_driver(fake_cuda, tmp_path):
     """The bytes of the IPC handles the daemon sends are what reach
     cuIpcOpenMemHandle and the events' opens, and the reader's own consumer
