@@ -239,9 +239,8 @@ func (s *Server) open(ctx context.Context, req *OpenRequest, c *conn) (openReply
 	fail := func(code, format string, args ...any) (openReply, []*os.File) {
 		return openReply{errorReply: errorReply{Error: fmt.Sprintf(format, args...), Code: code}}, nil
 	}
-	dir := strings.Trim(path.Clean("/"+req.Dir), "/")
 	lay := s.Layout()
-	first, ok := firstSample(lay, dir)
+	dir, _, first, ok := sampleDir(lay, req.Dir)
 	if !ok {
 		return fail(CodeBadRequest, "%s: not a sample directory of the mount", req.Dir)
 	}
@@ -298,33 +297,32 @@ func (s *Server) open(ctx context.Context, req *OpenRequest, c *conn) (openReply
 // holds answers a HoldsRequest: whether the cache holds every sample of sh
 // in the sample directory dir names.
 func (s *Server) holds(dir string, sh *Share) holdsReply {
-	clean := strings.Trim(path.Clean("/"+dir), "/")
 	lay := s.Layout()
-	if _, ok := firstSample(lay, clean); !ok {
+	_, ls, _, ok := sampleDir(lay, dir)
+	if !ok {
 		return holdsReply{errorReply: errorReply{Error: dir + ": not a sample directory of the mount", Code: CodeBadRequest}}
 	}
 	if sh == nil {
 		return holdsReply{errorReply: errorReply{Error: dir + ": holds names no share", Code: CodeBadRequest}}
 	}
-	return holdsReply{OK: true, Held: s.holdsShare(lay, clean, *sh)}
+	return holdsReply{OK: true, Held: s.holdsShare(lay, ls, *sh)}
 }
 
-// holdsShare reports whether the cache holds every sample of sh in sample
-// directory dir: false when the mount's blobs cannot tell without a
-// request, or sh is not within the listing (a listing that changed since
-// the reader read it).
-func (s *Server) holdsShare(lay *layout.Layout, dir string, sh Share) bool {
+// holdsShare reports whether the cache holds every sample of sh in the
+// sample directory listed by ls: false when the mount's blobs cannot tell
+// without a request, or sh is not within the listing (a listing that
+// changed since the reader read it).
+func (s *Server) holdsShare(lay *layout.Layout, ls *layout.Dir, sh Share) bool {
 	h, ok := s.Blobs.(holder)
-	e, found := lay.Lookup(dir)
-	if !ok || !found || e.Dir == nil {
+	if !ok {
 		return false
 	}
-	n := int64(e.Dir.Len())
+	n := int64(ls.Len())
 	if sh.Count < 1 || sh.Count > n || sh.Step < 1 || sh.Step > n || sh.First < 0 || sh.First+(sh.Count-1)*sh.Step >= n {
 		return false
 	}
 	for j := range sh.Count {
-		b := e.Dir.Entry(int(sh.First + j*sh.Step)).Blob
+		b := ls.Entry(int(sh.First + j*sh.Step)).Blob
 		if b == nil || !h.Holds(lay, b) {
 			return false
 		}
@@ -414,15 +412,19 @@ func (c *conn) fill(ctx context.Context, k int, files []string) fillReply {
 	return rep
 }
 
-// firstSample returns the first listed sample of sample directory dir.
-func firstSample(lay *layout.Layout, dir string) (layout.Blob, bool) {
-	e, ok := lay.Lookup(dir)
-	if !ok || e.Dir == nil || e.Dir.Len() == 0 {
-		return nil, false
+// sampleDir resolves the sample directory a request names ("t",
+// "/views/era5/"): its path relative to the mount's root, its listing and
+// its first listed sample; ok is false for a name that is no sample
+// directory of the mount.
+func sampleDir(lay *layout.Layout, name string) (dir string, ls *layout.Dir, first layout.Blob, ok bool) {
+	dir = strings.Trim(path.Clean("/"+name), "/")
+	e, found := lay.Lookup(dir)
+	if !found || e.Dir == nil || e.Dir.Len() == 0 {
+		return dir, nil, nil, false
 	}
-	first := e.Dir.Entry(0)
-	if first.Blob == nil || e.Dir.Entry(e.Dir.Len()-1).Blob == nil {
-		return nil, false
+	f := e.Dir.Entry(0)
+	if f.Blob == nil || e.Dir.Entry(e.Dir.Len()-1).Blob == nil {
+		return dir, nil, nil, false
 	}
-	return first.Blob, true
+	return dir, e.Dir, f.Blob, true
 }
