@@ -64,8 +64,9 @@ type OpenRequest struct {
 // HoldsRequest asks, on a connection without a ring, whether the cache
 // holds every sample of Share in Dir decoded (a warm mount). Readers in
 // "auto" mode ask before they open a ring, and at each epoch's start: over
-// a warm mount their own reads of the files are faster than a ring's
-// copies of them (docs/python.md), and a reader with a ring lets go of it
+// a warm mount their own reads of the files are as fast as a ring's
+// copies of them and take no ring memory nor daemon CPU
+// (docs/python.md), and a reader with a ring lets go of it
 // once a warm that ran meanwhile filled its share. The reply is
 // holdsReply; the connection stays open for another request.
 type HoldsRequest struct {

@@ -148,8 +148,9 @@ class Loader:
         process's memory (docs/python.md): decode="device" insists, "auto"
         takes it on a GPU the mount decodes on and reads files otherwise,
         and where the cache holds every sample of the loader's share (a
-        warm mount: reading the files is faster than the ring's copies of
-        them), until an epoch starts with one of them not held."""
+        warm mount: reading the files is as fast as the ring's copies of
+        them, with no ring nor daemon CPU), until an epoch starts with one
+        of them not held."""
         self._held, self._fresh = False, True
         memory = "cuda" if self.device.type == "cuda" else "host"
         if self.decode == "host" or (self.decode == "auto" and memory not in self._AUTO_RINGS):
