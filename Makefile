@@ -20,7 +20,7 @@ PREFIX ?= /usr/local
 HELPERDIR ?= $(if $(filter /usr/local /usr,$(PREFIX)),/sbin,$(PREFIX)/sbin)
 SYSTEMDDIR ?= /etc/systemd/system
 
-.PHONY: build test test-go test-python test-long test-gpu fuzz mutate bench bench-fill bench-ddp demo venv pydeps gpuvenv fixtures minio clean distclean vet install install-systemd uninstall
+.PHONY: build test test-go test-race test-python test-long test-gpu fuzz mutate bench bench-fill bench-ddp demo venv pydeps gpuvenv fixtures minio clean distclean vet install install-systemd uninstall
 
 build:
 	$(GO) build -o bin/zarrfs ./cmd/zarrfs
@@ -112,12 +112,20 @@ PYTEST = ZARRFS_BIN=$(CURDIR)/bin/zarrfs $(PYTHON) -m pytest -p no:cacheprovider
 
 # go test -json through internal/testreport: a line per package with its
 # counts, the output of failed tests, every skip with its reason, totals.
-GOTEST = set -o pipefail; $(GO) test -json $(1) 2>&1 | $(GO) run ./internal/testreport -totals .cache/totals-go
+GOTEST = set -o pipefail; $(3) $(GO) test -json $(2) 2>&1 | $(GO) run ./internal/testreport -totals .cache/totals-$(1)
 # Every Go test but the soak, which make test runs on its own, last.
-GOSUITE = $(call GOTEST,-timeout 75m -skip '^TestSoak$$' ./...)
+GOSUITE = $(call GOTEST,go,-timeout 75m -skip '^TestSoak$$' ./...)
+# The packages whose goroutines share memory (the delivery server and its
+# rings' fake driver, the decode pipeline, fills, the cache, the memory
+# budget), once more under the race detector (whose runtime needs cgo: the
+# test binaries', never zarrfs's).
+RACE = $(call GOTEST,race,-race -count=1 -timeout 30m ./deliver ./decode ./gpu ./fill ./cache ./internal/memory,CGO_ENABLED=1)
 
 test-go: build pydeps fixtures minio vet
 	$(GOSUITE)
+
+test-race: build pydeps fixtures minio
+	$(RACE)
 
 test-python: build pydeps fixtures
 	set -o pipefail; $(PYTEST) python/tests 2>&1 | tee .cache/pytest.log
@@ -127,9 +135,10 @@ test-python: build pydeps fixtures
 test: build pydeps fixtures minio vet
 	@rc=0; \
 	$(GOSUITE) || rc=1; \
+	echo "== the race detector"; ($(RACE)) || rc=1; \
 	$(MAKE) --no-print-directory test-python || rc=1; \
 	($(SOAK)) || rc=1; \
-	echo "== totals"; cat .cache/totals-go; \
+	echo "== totals"; cat .cache/totals-go; echo "race: $$(cut -d' ' -f2- .cache/totals-race)"; \
 	echo "pytest: $$(grep -E '[0-9]+ (passed|failed|error)' .cache/pytest.log | tail -1 | sed -E 's/^=+ //; s/ =+$$//')"; \
 	exit $$rc
 
