@@ -941,6 +941,7 @@ func (p *Pipeline) Pinned() gpu.Pinned {
 		sum.Pool += x.Pool
 		sum.Lent += x.Lent
 		sum.LentPeak += x.LentPeak
+		sum.Missed += x.Missed
 	}
 	return sum
 }

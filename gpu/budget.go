@@ -135,14 +135,18 @@ type Pinned struct {
 	// Staging is the rounds' own; Pool the arenas HostAlloc lends from
 	// (mapped and registered), of which Lent is lent now and LentPeak the
 	// most lent at once since the Decoder started: a pool far larger than
-	// its peak grew for want of a span, not of memory.
-	Staging, Pool, Lent, LentPeak int64
+	// its peak grew for want of a span, not of memory. Missed is the bytes
+	// HostAlloc lent from ordinary memory since the Decoder started, for
+	// want of room in the pool (then the reads and decodes into them cost
+	// the host a copy on the way to the device, and the Go heap their
+	// pages).
+	Staging, Pool, Lent, LentPeak, Missed int64
 }
 
 // Pinned reports the pinned host memory the Decoder holds now.
 func (d *Decoder) Pinned() Pinned {
 	st := d.host.stats()
-	return Pinned{Staging: d.stagingHeld.Load(), Pool: st.Mapped, Lent: st.Lent, LentPeak: st.Peak}
+	return Pinned{Staging: d.stagingHeld.Load(), Pool: st.Mapped, Lent: st.Lent, LentPeak: st.Peak, Missed: st.Missed}
 }
 
 // trimWhenIdle frees the rounds' device and staging buffers after

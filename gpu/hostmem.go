@@ -4,6 +4,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -63,6 +64,9 @@ type hostPool struct {
 	last time.Time
 	// inUse is the bytes lent now (whole units), peak the most at once.
 	inUse, peak int64
+	// missed is the bytes HostAlloc lent from ordinary memory, for want
+	// of room in a registered arena.
+	missed atomic.Int64
 	// register pins an arena and unregister unpins it; nil (tests without
 	// a GPU) maps without pinning, and such arenas count as pinned for the
 	// bookkeeping.
@@ -90,14 +94,14 @@ type lentBuf struct {
 
 // hostStats is what the pool holds now, and the most it lent at once.
 type hostStats struct {
-	Mapped, Lent, Peak int64
-	Arenas             int
+	Mapped, Lent, Peak, Missed int64
+	Arenas                     int
 }
 
 func (p *hostPool) stats() hostStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return hostStats{Mapped: p.used, Lent: p.inUse, Peak: p.peak, Arenas: len(p.arenas)}
+	return hostStats{Mapped: p.used, Lent: p.inUse, Peak: p.peak, Missed: p.missed.Load(), Arenas: len(p.arenas)}
 }
 
 // start registers the first arena in the background (unless onDemand)
@@ -134,6 +138,7 @@ func (d *Decoder) HostAlloc(n int) []byte {
 	if b := d.host.alloc(n); b != nil {
 		return b
 	}
+	d.host.missed.Add(int64(n))
 	return make([]byte, n)
 }
 

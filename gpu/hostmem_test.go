@@ -71,6 +71,10 @@ func TestHostPool(t *testing.T) {
 	if d.pinned(c) || len(c) != unit {
 		t.Errorf("allocation past the room: pinned %v, len %d", d.pinned(c), len(c))
 	}
+	// Counted, with the one before the pool started; not those it lent.
+	if m := d.Pinned().Missed; m != 10+unit {
+		t.Errorf("lent unpinned: %d bytes counted, want %d", m, 10+unit)
+	}
 	time.Sleep(20 * time.Millisecond)
 	if st := d.host.stats(); st.Arenas != 1 || st.Mapped > d.host.limit {
 		t.Errorf("pool grew past its limit: %+v", st)

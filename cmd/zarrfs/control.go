@@ -104,12 +104,14 @@ type statusDecode struct {
 
 // statusGPUPinned is gpu_pinned_bytes by use (gpu.Pinned): the rounds'
 // staging, and the pool the fills and reads are lent from, what of it is
-// lent now and the most lent at once.
+// lent now and the most lent at once, and what the pool had no room for
+// (lent from ordinary memory, since the mount started).
 type statusGPUPinned struct {
 	StagingB  int64 `json:"staging_bytes"`
 	PoolB     int64 `json:"pool_bytes"`
 	LentB     int64 `json:"lent_bytes"`
 	LentPeakB int64 `json:"lent_peak_bytes"`
+	MissedB   int64 `json:"unpinned_bytes"`
 }
 
 // statusGPUStats is gpu.Stats under the status document's own keys: the
@@ -189,7 +191,7 @@ func (s *statusParts) doc() statusDoc {
 	d.Decode.Placement = dec.Placement()
 	d.Decode.GPUDeviceB, d.Decode.GPUPinnedB = dec.MemoryHeld()
 	pin := dec.Pinned()
-	d.Decode.GPUPinned = statusGPUPinned{StagingB: pin.Staging, PoolB: pin.Pool, LentB: pin.Lent, LentPeakB: pin.LentPeak}
+	d.Decode.GPUPinned = statusGPUPinned{StagingB: pin.Staging, PoolB: pin.Pool, LentB: pin.Lent, LentPeakB: pin.LentPeak, MissedB: pin.Missed}
 	d.Decode.GPU = gpuStatsDoc(dec.GPUStats())
 	for dev, st := range dec.GPUStatsByDevice() {
 		d.Decode.GPUs = append(d.Decode.GPUs, statusGPU{Device: dev, statusGPUStats: gpuStatsDoc(st)})
