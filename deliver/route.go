@@ -27,12 +27,15 @@ import (
 // device's wait for the fills whose large-part chunks it decoded, and the
 // rate at which the host decoded (and uploaded) the chunks it took, which
 // falls when its cores are busy with other fills, so that on few cores
-// the device keeps its share. A share of fewer chunks than the host's
-// decoder has workers decodes each chunk on a worker of its own, in about
-// one chunk's time: its rate is that of a share filling the workers
-// scaled down, and is scaled up to them (a first share of one chunk on 16
-// cores measures one core; unscaled, the host's share would grow over
-// many fills toward what it decodes at once).
+// the device keeps its share. Until both are known, the host takes a
+// chunk for each of its decoder's workers, which decode at once, and the
+// device the rest (the first fills of a 16-core node, given the device
+// all but one frame, waited 0.4 s for it). A share of fewer chunks than
+// the workers decodes each chunk on a worker of its own, in about one
+// chunk's time: its rate is that of a share filling the workers scaled
+// down, and is scaled up to them (a share of one chunk on 16 cores
+// measures one core; unscaled, the host's share would grow over many
+// fills toward what it decodes at once).
 
 // minHostPiece is the least part a chunk must hold to be decoded on the
 // host instead of the device: below it nvCOMP's part is short, and the
@@ -90,9 +93,10 @@ func (r *router) info() *RouteInfo {
 const reprobe = 16
 
 // split returns the jobs among dev (indices into jobs, bound for the
-// device) that the host decodes instead, and whether any job of a large
-// part stays on the device (its wait then measures the device: measured).
-func (r *router) split(jobs []codec.Job, dev []int) (host []int, large bool) {
+// device) that the host decodes instead, on a decoder of workers workers
+// (0: not known), and whether any job of a large part stays on the device
+// (its wait then measures the device: measured).
+func (r *router) split(jobs []codec.Job, dev []int, workers int) (host []int, large bool) {
 	type cand struct {
 		i     int
 		piece int64
@@ -113,13 +117,15 @@ func (r *router) split(jobs []codec.Job, dev []int) (host []int, large bool) {
 	wait, rate := r.devWait, r.hostRate
 	r.mu.Unlock()
 	var budget int64
-	switch {
-	case rate == 0:
-		// The host's rate is not known: it decodes one chunk to learn it.
-		budget = int64(len(jobs[cands[0].i].Dst))
-	case wait == 0:
-		// Nor the device's: it decodes all but the host's share.
-	default:
+	if rate == 0 || wait == 0 {
+		// Either side not known: the host takes a chunk for each of its
+		// workers, largest first, which decode at once (in about one
+		// chunk's time) and measure its rate; the device the rest, which
+		// measure its wait.
+		for _, c := range cands[:min(max(workers, 1), len(cands))] {
+			budget += int64(len(jobs[c.i].Dst))
+		}
+	} else {
 		budget = int64(rate * wait.Seconds() * hostMargin)
 	}
 	if total <= budget {

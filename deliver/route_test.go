@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,8 +28,9 @@ func zstdJobs(t *testing.T, n, size int) []codec.Job {
 
 // The host takes chunks of large parts, largest first, as far as it
 // decodes them within the device's time for them, all of them where it is
-// the sooner; chunks of small parts never; not knowing its own rate, one
-// chunk to learn it; shut out by its rate, one chunk again now and then.
+// the sooner; chunks of small parts never; either side's measure not
+// known, a chunk for each of its workers; shut out by its rate, one chunk
+// again now and then.
 func TestRouterSplit(t *testing.T) {
 	big := zstdJobs(t, 8, 2<<20)
 	big[3].Dst = make([]byte, 4<<20) // the largest part: first to the host
@@ -40,17 +42,27 @@ func TestRouterSplit(t *testing.T) {
 		all[i] = i
 	}
 	var r router
-	host, large := r.split(jobs, all)
+	host, large := r.split(jobs, all, 0)
 	if fmt.Sprint(host) != "[3]" || !large {
-		t.Fatalf("nothing measured: the host takes %v (want the largest chunk alone), device keeps large parts %v", host, large)
+		t.Fatalf("nothing measured, workers not known: the host takes %v (want the largest chunk alone), device keeps large parts %v", host, large)
+	}
+	if host, large = r.split(jobs, all, 3); fmt.Sprint(host) != "[3 0 1]" || !large {
+		t.Fatalf("nothing measured, 3 workers: the host takes %v (want the 3 largest chunks), device keeps large parts %v", host, large)
+	}
+	if host, large = r.split(jobs, all, 16); len(host) != 8 || large {
+		t.Fatalf("nothing measured, 16 workers: the host takes %v, want all 8 chunks of large parts", host)
+	}
+	r.hostRate = 1 << 30
+	if host, large = r.split(jobs, all, 3); fmt.Sprint(host) != "[3 0 1]" || !large {
+		t.Fatalf("the device's wait not measured, 3 workers: the host takes %v (want the 3 largest chunks), device keeps large parts %v", host, large)
 	}
 	r.devWait = 200 * time.Millisecond
 	r.hostRate = 50 << 20 // 7.5 MiB in 150 ms: the 4 MiB chunk and one of 2
-	if host, large = r.split(jobs, all); fmt.Sprint(host) != "[3 0]" || !large {
+	if host, large = r.split(jobs, all, 0); fmt.Sprint(host) != "[3 0]" || !large {
 		t.Fatalf("a slow host takes %v, want [3 0] and the rest on the device (%v)", host, large)
 	}
 	r.hostRate = 1 << 30
-	if host, large = r.split(jobs, all); len(host) != 8 || large {
+	if host, large = r.split(jobs, all, 0); len(host) != 8 || large {
 		t.Fatalf("a fast host takes %v, want all 8 chunks of large parts, none of the small ones", host)
 	}
 	for _, i := range host {
@@ -60,14 +72,14 @@ func TestRouterSplit(t *testing.T) {
 	}
 	r.hostRate = 1 << 10
 	for k := 1; k < reprobe; k++ {
-		if host, _ = r.split(jobs, all); len(host) != 0 {
+		if host, _ = r.split(jobs, all, 0); len(host) != 0 {
 			t.Fatalf("fill %d: a host too slow for any chunk takes %v", k, host)
 		}
 	}
-	if host, large = r.split(jobs, all); len(host) != 1 || host[0] == 3 || !large {
+	if host, large = r.split(jobs, all, 0); len(host) != 1 || host[0] == 3 || !large {
 		t.Fatalf("after %d fills without: the host takes %v, want one chunk, not the largest, to measure itself again", reprobe, host)
 	}
-	if host, _ := r.split(small, []int{0, 1, 2, 3}); len(host) != 0 {
+	if host, _ := r.split(small, []int{0, 1, 2, 3}, 0); len(host) != 0 {
 		t.Fatalf("only small parts: the host takes %v", host)
 	}
 }
@@ -83,7 +95,7 @@ func TestRouterScalesASmallShare(t *testing.T) {
 	split := func(chunks, workers int, d time.Duration) int {
 		r := router{devWait: 200 * time.Millisecond}
 		r.hostDone(int64(chunks)*2<<20, d, chunks, workers)
-		host, _ := r.split(jobs, all)
+		host, _ := r.split(jobs, all, 0)
 		return len(host)
 	}
 	// 2 MiB in 20 ms: 100 MiB/s for 150 ms (0.75 of the device's 200):
@@ -173,6 +185,39 @@ func TestGPUFillHostShare(t *testing.T) {
 	}
 	if f := dev.foreign.Load(); f != 0 {
 		t.Errorf("%d compressed chunks did not come from the ring's memory", f)
+	}
+}
+
+// Each chunk of the host's share is copied into the slot as soon as it is
+// decoded, while the others still decode, not once all are: the first
+// fill, on a decoder of 2 workers, gives the host both chunks of large
+// parts (one for each worker), and the second decodes only once the
+// first's bytes were written (else it waits 2 s, and the test fails).
+func TestGPUFillHostShareUploadsAsDecoded(t *testing.T) {
+	s, c, mem, filler, lay := gpuServer(t, bigStore(t), "views:\n  - name: w\n    channels:\n      - var: z\n        select: {level: all}\n      - var: c\n")
+	rep, dev := c.openDevice(t, mem, "w", 2, 2)
+	cpu := s.Device.(GPUFill).CPU.(*countingCPU)
+	cpu.workers.Store(2)
+	var started, late atomic.Int64
+	gate := func() {
+		if started.Add(1) == 1 {
+			return
+		}
+		for deadline := time.Now().Add(2 * time.Second); dev.written.Load() == 0; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				late.Add(1)
+				return
+			}
+		}
+	}
+	cpu.gate.Store(&gate)
+	c.fillChecked(t, dev, rep, filler, lay, "w", 0, []string{"0.npy", "1.npy"})
+	_, tot := s.Stats()
+	if n := cpu.jobs.Load(); n != 2 || tot.HostShare != 2*(2<<20) {
+		t.Fatalf("the host decoded %d chunks, %d bytes of the share: want both chunks of z", n, tot.HostShare)
+	}
+	if late.Load() != 0 {
+		t.Fatal("the second chunk of the host's share decoded with nothing in the slot: the first waited for it")
 	}
 }
 

@@ -474,6 +474,10 @@ def epoch_rate(a, name, decode, cores, prefetch=2):
         # --cpuprofile): where the CPU a sample goes.
         os.makedirs(prof, exist_ok=True)
         flags["cpuprofile"] = os.path.join(prof, f"{os.path.basename(a.scratch)}-{name}-{decode}-{cores or 'all'}.prof")
+        if os.environ.get("DELIVER_TRACE") and decode == "device" and cores is None and prefetch == 2:
+            # And its Go execution trace (go tool trace -pprof=sync): where
+            # the device path's fills wait.
+            flags["trace"] = flags["cpuprofile"][:-len(".prof")] + ".trace"
     m = start(a.zarrfs, a.store, a.view, a.scratch, name, cores, **flags)
     try:
         l = Loader(os.path.join(m.path, "train"), 4, device=DEVICE, decode=decode, prefetch=prefetch)
@@ -533,9 +537,9 @@ def first_line(f):
 
 def pinned_line(p):
     """The daemon's pinned memory by use (its status: gpu_pinned), MiB."""
-    mib = {k: p.get(k, 0) / 2**20 for k in ("staging_bytes", "pool_bytes", "lent_peak_bytes")}
+    mib = {k: p.get(k, 0) / 2**20 for k in ("staging_bytes", "pool_bytes", "lent_peak_bytes", "unpinned_bytes")}
     return (f"staging {mib['staging_bytes']:.0f}, pool {mib['pool_bytes']:.0f} of which at most "
-            f"{mib['lent_peak_bytes']:.0f} lent at once")
+            f"{mib['lent_peak_bytes']:.0f} lent at once; {mib['unpinned_bytes']:.0f} lent unpinned, the pool full")
 
 
 def stage_line(d):
