@@ -445,52 +445,48 @@ func without(dev []int, runs [][]gpu.Run, drop []int) ([]int, [][]gpu.Run) {
 
 // hostShare decodes jobs idx, which the device could have taken, on the
 // host's CPU decoder (its workers: the idle cores) into pinned memory,
-// whence each one's runs are copied into the slot as soon as it is
-// decoded, while the others still decode: the chunk's bytes cross once,
-// as the device's would, and never touch the shadow. The CPU's verdict is
-// the chunk's, as on the host path.
+// whence each one's runs are copied into the slot: the chunk's bytes
+// cross once, as the device's would, and never touch the shadow. The
+// CPU's verdict is the chunk's, as on the host path.
 func (s *slotDecoder) hostShare(ctx context.Context, jobs []codec.Job, idx []int, runs [][]gpu.Run) error {
 	t0 := time.Now()
 	mem := s.ring.memory()
-	var (
-		wg  sync.WaitGroup
-		mu  sync.Mutex
-		err error // the decoder's own (closed, the fill cancelled)
-		n   atomic.Int64
-	)
+	sub := make([]codec.Job, len(idx))
 	for k, i := range idx {
-		wg.Go(func() {
-			j := []codec.Job{{Codec: jobs[i].Codec, Src: jobs[i].Src, Dst: mem.HostAlloc(len(jobs[i].Dst))}}
-			defer mem.HostFree(j[0].Dst)
-			if e := s.cpu.DecodeBatch(ctx, j); e != nil {
-				mu.Lock()
-				err = cmp.Or(err, e)
-				mu.Unlock()
-				if j[0].Err == nil {
-					j[0].Err = e // not decoded: never copied
-				}
-			}
-			for _, r := range runs[k] {
-				if j[0].Err != nil {
-					break
-				}
-				s.upMu.Lock()
-				j[0].Err = s.ring.Write(ctx, s.slot, r.At, j[0].Dst[r.From:r.From+r.N])
-				s.upMu.Unlock()
-				n.Add(r.N)
-			}
-			if jobs[i].Err = j[0].Err; j[0].Err == nil {
-				s.placed(&jobs[i], runs[k])
-			}
-		})
+		sub[k] = codec.Job{Codec: jobs[i].Codec, Src: jobs[i].Src, Dst: mem.HostAlloc(len(jobs[i].Dst))}
 	}
-	wg.Wait()
+	defer func() {
+		for _, j := range sub {
+			mem.HostFree(j.Dst)
+		}
+	}()
+	err := s.cpu.DecodeBatch(ctx, sub)
+	var n int64
+	for k, i := range idx {
+		j := &sub[k]
+		if err != nil && j.Err == nil {
+			j.Err = err // not decoded (the decoder closed, the fill cancelled): never copied
+		}
+		for _, r := range runs[k] {
+			if j.Err != nil {
+				break
+			}
+			s.upMu.Lock()
+			j.Err = s.ring.Write(ctx, s.slot, r.At, j.Dst[r.From:r.From+r.N])
+			s.upMu.Unlock()
+			n += r.N
+		}
+		if jobs[i].Err = j.Err; j.Err != nil {
+			continue
+		}
+		s.placed(&jobs[i], runs[k])
+	}
 	d := time.Since(t0)
 	s.job.stages.add(stHostShare, d)
-	s.job.uploaded.Add(n.Load())
-	s.job.hostShare.Add(n.Load())
+	s.job.uploaded.Add(n)
+	s.job.hostShare.Add(n)
 	if err == nil && ctx.Err() == nil {
-		s.ring.route().hostDone(n.Load(), d, len(idx), s.workers())
+		s.ring.route().hostDone(n, d, len(idx), s.workers())
 	}
 	return cmp.Or(err, ctx.Err())
 }

@@ -102,7 +102,6 @@ type testDevice struct {
 	runs     atomic.Int64 // runs of decoded chunks copied into a slot
 	refusals atomic.Int64
 	copied   atomic.Int64 // bytes copied within a slot on the device
-	written  atomic.Int64 // bytes the host wrote into a slot (Write)
 	rt       router
 	// slow, when set, is how long a decode with a chunk of a large part
 	// takes (nvCOMP on a few large zstd frames); slowCalls counts them.
@@ -137,9 +136,7 @@ func (d *testDevice) Write(ctx context.Context, k int, off int64, b []byte) erro
 	if p := d.lost.Load(); p != nil {
 		return *p
 	}
-	err := d.hostRing.Write(ctx, k, off, b)
-	d.written.Add(int64(len(b)))
-	return err
+	return d.hostRing.Write(ctx, k, off, b)
 }
 
 func (d *testDevice) releaseShadow(k int, off, n int64) {
@@ -627,13 +624,11 @@ func gpuServer(t testing.TB, dir, viewsYAML string, opts ...func(*fill.Options))
 
 // countingCPU is the mount's CPU decoder as GPUFill.CPU, counting the
 // jobs and decoded bytes it was given. workers, when set, is what it says
-// its workers are (0: it does not say); gate, when set, runs before each
-// job, which then decodes alone.
+// its workers are (0: it does not say).
 type countingCPU struct {
 	inner       codec.BatchDecoder
 	jobs, bytes atomic.Int64
 	workers     atomic.Int64
-	gate        atomic.Pointer[func()]
 }
 
 func (c *countingCPU) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
@@ -641,17 +636,7 @@ func (c *countingCPU) DecodeBatch(ctx context.Context, jobs []codec.Job) error {
 	for _, j := range jobs {
 		c.bytes.Add(int64(len(j.Dst)))
 	}
-	g := c.gate.Load()
-	if g == nil {
-		return c.inner.DecodeBatch(ctx, jobs)
-	}
-	for i := range jobs {
-		(*g)()
-		if err := c.inner.DecodeBatch(ctx, jobs[i:i+1]); err != nil {
-			return err
-		}
-	}
-	return nil
+	return c.inner.DecodeBatch(ctx, jobs)
 }
 
 func (c *countingCPU) Workers() int { return int(c.workers.Load()) }

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -188,36 +187,20 @@ func TestGPUFillHostShare(t *testing.T) {
 	}
 }
 
-// Each chunk of the host's share is copied into the slot as soon as it is
-// decoded, while the others still decode, not once all are: the first
-// fill, on a decoder of 2 workers, gives the host both chunks of large
-// parts (one for each worker), and the second decodes only once the
-// first's bytes were written (else it waits 2 s, and the test fails).
-func TestGPUFillHostShareUploadsAsDecoded(t *testing.T) {
+// The first fill, before either side is measured, gives the host a chunk
+// of large parts for each of its decoder's workers through the mount's
+// CPU decoder (its Workers), and the device none of them to wait for.
+func TestGPUFillFirstShareFillsTheWorkers(t *testing.T) {
 	s, c, mem, filler, lay := gpuServer(t, bigStore(t), "views:\n  - name: w\n    channels:\n      - var: z\n        select: {level: all}\n      - var: c\n")
 	rep, dev := c.openDevice(t, mem, "w", 2, 2)
+	dev.slow = 300 * time.Millisecond
 	cpu := s.Device.(GPUFill).CPU.(*countingCPU)
 	cpu.workers.Store(2)
-	var started, late atomic.Int64
-	gate := func() {
-		if started.Add(1) == 1 {
-			return
-		}
-		for deadline := time.Now().Add(2 * time.Second); dev.written.Load() == 0; time.Sleep(time.Millisecond) {
-			if time.Now().After(deadline) {
-				late.Add(1)
-				return
-			}
-		}
-	}
-	cpu.gate.Store(&gate)
 	c.fillChecked(t, dev, rep, filler, lay, "w", 0, []string{"0.npy", "1.npy"})
 	_, tot := s.Stats()
-	if n := cpu.jobs.Load(); n != 2 || tot.HostShare != 2*(2<<20) {
-		t.Fatalf("the host decoded %d chunks, %d bytes of the share: want both chunks of z", n, tot.HostShare)
-	}
-	if late.Load() != 0 {
-		t.Fatal("the second chunk of the host's share decoded with nothing in the slot: the first waited for it")
+	if n := cpu.jobs.Load(); n != 2 || tot.HostShare != 2*(2<<20) || dev.slowCalls.Load() != 0 {
+		t.Fatalf("the host decoded %d chunks, %d bytes, the device %d slow rounds: want both chunks of z on the host, none on the device",
+			n, tot.HostShare, dev.slowCalls.Load())
 	}
 }
 
