@@ -58,6 +58,12 @@ deliver.sh) instead of the binary's.
 --chunkdamage FILE is the chunkdamage binary (CGO_ENABLED=0 go build
 ./integration/gpu/chunkdamage), by default beside ZARRFS.
 
+Environment: DELIVER_PROFILE_DIR=DIR writes the daemon's Go CPU profile of
+each rate epoch there, and DELIVER_TRACE=1 also its execution trace of the
+device path's epoch on all cores (go tool trace -pprof=sync); DELIVER_DEPTH
+is the DEPTH line's prefetch (default 4); DELIVER_GPU_MEMORY and
+DELIVER_PINNED_MEMORY the mounts' --gpu-memory and --pinned-memory.
+
 Prints one line per check ("PASS ...", "FAIL ..." or "SKIP ...") and RATE, CPU, BYTES,
 STAGES, STEADY, FIRST (the device path's first batch: the wait for its request, the
 fill and its stages, the reply's way to the trainer), ROUTE (the ring's router, where
@@ -594,10 +600,12 @@ def part_rate(a):
                   f"all on the host; such chunks {r['large_chunks_on_host']} on the host, {r['large_chunks_on_device']} on the device; "
                   f"the device's wait for them {1e3 * r['device_wait_s']:.0f} ms, the host's rate {r['host_bytes_per_s'] / 1e9:.2f} GB/s",
                   flush=True)
-        # The Loader's default keeps 2 batches in flight; 4 shows whether
-        # the device path waits on its own latency.
-        deep = epoch_rate(a, "rate-dev4", "device", daemon_cores, prefetch=4)
-        print(f"  DEPTH {label}: decode='device' with prefetch=4 {deep['rate']:.1f} samples/s "
+        # The Loader's default keeps 2 batches in flight; 4 (or
+        # DELIVER_DEPTH) shows whether the device path waits on its own
+        # latency.
+        depth = int(os.environ.get("DELIVER_DEPTH", "4"))
+        deep = epoch_rate(a, "rate-dev4", "device", daemon_cores, prefetch=depth)
+        print(f"  DEPTH {label}: decode='device' with prefetch={depth} {deep['rate']:.1f} samples/s "
               f"({deep['rate'] / host['rate']:.2f}x the host path); stages: {stage_line(deep['delivery'])}", flush=True)
         summary.append(f"{label}: device/host first epoch {speed:.2f}x (target >= {target:g}x), "
                        f"to the GPU/compressed {h2d / max(comp, 1):.3f}x (target <= 1.1x), "
