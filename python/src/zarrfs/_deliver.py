@@ -308,30 +308,44 @@ class Ring:
         return rep
 
     def _recv(self, timeout: Optional[float] = None, with_fds: bool = False) -> Tuple[Dict[str, Any], List[int]]:
-        fds: List[int] = []
         self.sock.settimeout(self.timeout if timeout is None else timeout)
-        while b"\n" not in self._buf:
-            try:
-                if with_fds:
-                    data, anc, _, _ = self.sock.recvmsg(1 << 16, socket.CMSG_SPACE(4 * array.array("i").itemsize))
-                    for level, typ, payload in anc:
-                        if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
-                            a = array.array("i")
-                            a.frombytes(payload[:len(payload) - len(payload) % a.itemsize])
-                            fds += list(a)
-                else:
-                    data = self.sock.recv(1 << 16)
-            except socket.timeout:
-                if timeout is None:
-                    raise DeliveryError(f"the mount's daemon did not answer in {self.timeout:g} s") from None
-                raise
-            except OSError as e:
-                raise DeliveryError(f"the mount's daemon is gone (delivery socket: {e.strerror or e})") from None
-            if not data:
-                raise DeliveryError("the mount's daemon closed the delivery socket (unmounted, or killed)")
-            self._buf += data
-        line, _, self._buf = self._buf.partition(b"\n")
+        try:
+            line, self._buf, fds = recv_line(self.sock, self._buf, with_fds)
+        except socket.timeout:
+            if timeout is None:
+                raise DeliveryError(f"the mount's daemon did not answer in {self.timeout:g} s") from None
+            raise
+        except EOFError:
+            raise DeliveryError("the mount's daemon closed the delivery socket (unmounted, or killed)") from None
+        except OSError as e:
+            raise DeliveryError(f"the mount's daemon is gone (delivery socket: {e.strerror or e})") from None
         return json.loads(line), fds
+
+
+def recv_line(sock: socket.socket, buf: bytes, with_fds: bool = False,
+              limit: Optional[int] = None) -> Tuple[bytes, bytes, List[int]]:
+    """Reads sock until buf holds a whole line: returns it, what follows
+    it, and the descriptors that came with the reads (with_fds). Raises
+    OSError (socket.timeout among them), EOFError where the daemon closed
+    the socket first, and ValueError past limit bytes without a newline."""
+    fds: List[int] = []
+    while b"\n" not in buf:
+        if limit is not None and len(buf) > limit:
+            raise ValueError(f"a reply of more than {limit} bytes without its newline")
+        if with_fds:
+            data, anc, _, _ = sock.recvmsg(1 << 16, socket.CMSG_SPACE(4 * array.array("i").itemsize))
+            for level, typ, payload in anc:
+                if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+                    a = array.array("i")
+                    a.frombytes(payload[:len(payload) - len(payload) % a.itemsize])
+                    fds += list(a)
+        else:
+            data = sock.recv(1 << 16)
+        if not data:
+            raise EOFError
+        buf += data
+    line, _, rest = buf.partition(b"\n")
+    return line, rest, fds
 
 
 def request_line(msg: Dict[str, Any]) -> bytes:
@@ -395,14 +409,9 @@ def cache_holds(sample_dir: Any, share: Tuple[int, int, int], timeout: float) ->
             s.settimeout(min(timeout, 30.0))
             s.connect(socket_path(root))
             s.sendall(request_line(req))
-            buf = b""
-            while b"\n" not in buf and len(buf) < MAX_LINE:
-                data = s.recv(1 << 16)
-                if not data:
-                    return False
-                buf += data
-        rep = json.loads(buf.partition(b"\n")[0])
-    except (OSError, ValueError):
+            line, _, _ = recv_line(s, b"", limit=MAX_LINE)
+        rep = json.loads(line)
+    except (OSError, EOFError, ValueError):
         return False
     return bool(rep.get("ok")) and rep.get("held") is True
 
