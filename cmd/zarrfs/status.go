@@ -215,7 +215,7 @@ func printStatus(w io.Writer, d statusDoc) {
 	fmt.Fprintf(tw, "source\t%s fetched; %d chunks decoded, %d missing (fill value)\n", memory.Human(d.Reads.BytesFetched), d.Reads.ChunksDecoded, d.Reads.ChunksMissing)
 	fmt.Fprintf(tw, "decoding\t%s; GPUs hold %s device, %s pinned\n", d.Decode.Placement, memory.Human(d.Decode.GPUDeviceB), memory.Human(d.Decode.GPUPinnedB))
 	if p := d.Decode.GPUPinned; p.StagingB+p.PoolB > 0 {
-		fmt.Fprintf(tw, "\tpinned: %s staging, %s pool (%s lent, at most %s); %s lent unpinned, the pool full\n", memory.Human(p.StagingB), memory.Human(p.PoolB),
+		fmt.Fprintf(tw, "\tpinned: %s staging, %s pool (%s lent, at most %s); %s lent unpinned (the pool had no room)\n", memory.Human(p.StagingB), memory.Human(p.PoolB),
 			memory.Human(p.LentB), memory.Human(p.LentPeakB), memory.Human(p.MissedB))
 	}
 	for _, r := range d.Decode.Decoded {

@@ -545,7 +545,7 @@ def pinned_line(p):
     """The daemon's pinned memory by use (its status: gpu_pinned), MiB."""
     mib = {k: p.get(k, 0) / 2**20 for k in ("staging_bytes", "pool_bytes", "lent_peak_bytes", "unpinned_bytes")}
     return (f"staging {mib['staging_bytes']:.0f}, pool {mib['pool_bytes']:.0f} of which at most "
-            f"{mib['lent_peak_bytes']:.0f} lent at once; {mib['unpinned_bytes']:.0f} lent unpinned, the pool full")
+            f"{mib['lent_peak_bytes']:.0f} lent at once; {mib['unpinned_bytes']:.0f} lent unpinned (the pool had no room)")
 
 
 def stage_line(d):
