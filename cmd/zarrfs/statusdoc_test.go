@@ -161,7 +161,7 @@ func TestStatusJSONKeys(t *testing.T) {
 
 // zarrfs status says what the GPUs' pinned memory is for, once they hold
 // any: the rounds' staging, the pool fills are lent from, what of it is
-// lent now and the most lent at once.
+// lent now and the most lent at once, and what the pool had no room for.
 func TestStatusTextPinned(t *testing.T) {
 	d := fullStatus()
 	var out bytes.Buffer
@@ -169,12 +169,12 @@ func TestStatusTextPinned(t *testing.T) {
 	if strings.Contains(out.String(), "pinned:") {
 		t.Fatalf("a status without pinned memory has a pinned line:\n%s", out.String())
 	}
-	d.Decode.GPUPinned = statusGPUPinned{StagingB: 512 << 20, PoolB: 2 << 30, LentB: 1 << 20, LentPeakB: 768 << 20}
+	d.Decode.GPUPinned = statusGPUPinned{StagingB: 512 << 20, PoolB: 2 << 30, LentB: 1 << 20, LentPeakB: 768 << 20, MissedB: 96 << 20}
 	out.Reset()
 	printStatus(&out, d)
-	line := regexp.MustCompile(`pinned: (\S+ \S+) staging, (\S+ \S+) pool \((\S+ \S+) lent, at most (\S+ \S+)\)`).FindStringSubmatch(out.String())
-	if line == nil || line[1] != "512 MiB" || line[2] != "2.0 GiB" || line[4] != "768 MiB" {
-		t.Fatalf("no pinned line with the staging, pool and peak:\n%s", out.String())
+	line := regexp.MustCompile(`pinned: (\S+ \S+) staging, (\S+ \S+) pool \((\S+ \S+) lent, at most (\S+ \S+)\); (\S+ \S+) lent unpinned`).FindStringSubmatch(out.String())
+	if line == nil || line[1] != "512 MiB" || line[2] != "2.0 GiB" || line[4] != "768 MiB" || line[5] != "96 MiB" {
+		t.Fatalf("no pinned line with the staging, pool, peak and misses:\n%s", out.String())
 	}
 }
 
