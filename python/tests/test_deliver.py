@@ -25,7 +25,7 @@ from conftest import need_module, write_view
 
 torch = need_module("torch")
 
-from zarrfs._deliver import DeliveryError, socket_path  # noqa: E402
+from zarrfs._deliver import DeliveryError, recv_line, socket_path  # noqa: E402
 from zarrfs.loader import Loader  # noqa: E402
 
 N = 23  # index_store: sample k of x is filled with k + (0..5)/10
@@ -457,6 +457,29 @@ def _fake_daemon(path, reply, got, conns=None):
     t = threading.Thread(target=serve, daemon=True)
     t.start()
     return t
+
+
+def test_a_reply_line_survives_a_timeout_mid_line():
+    """A reply of which half came before a short wait ran out is read
+    whole by the next read, and a line past the limit is refused."""
+    import socket
+    a, b = socket.socketpair()
+    with a, b:
+        a.settimeout(0.05)
+        buf = bytearray()
+        b.sendall(b'{"op":"ready","sl')
+        with pytest.raises(socket.timeout):
+            recv_line(a, buf)
+        b.sendall(b'ot":1}\n{"op"')
+        line, fds = recv_line(a, buf)
+        assert json.loads(line) == {"op": "ready", "slot": 1} and fds == []
+        assert bytes(buf) == b'{"op"'
+        b.sendall(b"x" * 64)
+        with pytest.raises(ValueError):
+            recv_line(a, buf, limit=32)
+        b.close()
+        with pytest.raises(EOFError):
+            recv_line(a, bytearray())
 
 
 def test_cache_holds_takes_only_a_yes(mount, index_store, tmp_path, monkeypatch):

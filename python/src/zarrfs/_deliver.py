@@ -138,7 +138,7 @@ class Ring:
                  device: Any = None, timeout: float = 300.0) -> None:
         self.memory, self.slots, self.batch, self.timeout = memory, slots, batch, timeout
         self.device = device
-        self._buf = b""
+        self._buf = bytearray()
         self._closed = False
         if not os.path.exists(sock_path):
             raise DeliveryUnavailable(f"no delivery socket {sock_path}: the mount predates delivery, "
@@ -310,7 +310,7 @@ class Ring:
     def _recv(self, timeout: Optional[float] = None, with_fds: bool = False) -> Tuple[Dict[str, Any], List[int]]:
         self.sock.settimeout(self.timeout if timeout is None else timeout)
         try:
-            line, self._buf, fds = recv_line(self.sock, self._buf, with_fds)
+            line, fds = recv_line(self.sock, self._buf, with_fds)
         except socket.timeout:
             if timeout is None:
                 raise DeliveryError(f"the mount's daemon did not answer in {self.timeout:g} s") from None
@@ -322,12 +322,14 @@ class Ring:
         return json.loads(line), fds
 
 
-def recv_line(sock: socket.socket, buf: bytes, with_fds: bool = False,
-              limit: Optional[int] = None) -> Tuple[bytes, bytes, List[int]]:
-    """Reads sock until buf holds a whole line: returns it, what follows
-    it, and the descriptors that came with the reads (with_fds). Raises
-    OSError (socket.timeout among them), EOFError where the daemon closed
-    the socket first, and ValueError past limit bytes without a newline."""
+def recv_line(sock: socket.socket, buf: bytearray, with_fds: bool = False,
+              limit: Optional[int] = None) -> Tuple[bytes, List[int]]:
+    """Reads sock into buf until it holds a whole line, and takes it out of
+    buf: returns it and the descriptors that came with the reads
+    (with_fds). What was read stays in buf when it raises: OSError
+    (socket.timeout among them: a later call goes on with the line),
+    EOFError where the daemon closed the socket first, ValueError past
+    limit bytes without a newline."""
     fds: List[int] = []
     while b"\n" not in buf:
         if limit is not None and len(buf) > limit:
@@ -344,8 +346,10 @@ def recv_line(sock: socket.socket, buf: bytes, with_fds: bool = False,
         if not data:
             raise EOFError
         buf += data
-    line, _, rest = buf.partition(b"\n")
-    return line, rest, fds
+    n = buf.index(b"\n")
+    line = bytes(buf[:n])
+    del buf[:n + 1]
+    return line, fds
 
 
 def request_line(msg: Dict[str, Any]) -> bytes:
@@ -409,7 +413,7 @@ def cache_holds(sample_dir: Any, share: Tuple[int, int, int], timeout: float) ->
             s.settimeout(min(timeout, 30.0))
             s.connect(socket_path(root))
             s.sendall(request_line(req))
-            line, _, _ = recv_line(s, b"", limit=MAX_LINE)
+            line, _ = recv_line(s, bytearray(), limit=MAX_LINE)
         rep = json.loads(line)
     except (OSError, EOFError, ValueError):
         return False
