@@ -1203,6 +1203,14 @@ var mutations = []mutation{
 		Pytest: []string{"python/tests/test_deliver.py::test_auto_reads_the_files_the_cache_holds"},
 	},
 	{
+		Name:   "reply-line-lost",
+		Breaks: "what a reply's read took in before a short wait ran out is dropped: a ring's next read starts mid-line and fails to parse",
+		File:   "python/src/zarrfs/_deliver.py",
+		From:   "        buf += data\n",
+		To:     "        buf = buf + data\n",
+		Pytest: []string{"python/tests/test_deliver.py::test_a_reply_line_survives_a_timeout_mid_line"},
+	},
+	{
 		Name:   "pinned-misses-uncounted",
 		Breaks: "what the pinned pool had no room for, lent from ordinary memory, is counted nowhere: status cannot say why a first epoch's reads and decodes cost the host a copy each",
 		File:   "gpu/hostmem.go",
