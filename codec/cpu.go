@@ -235,6 +235,23 @@ type Sparer interface {
 
 var _ Sparer = (*CPU)(nil)
 
+// Workerer is an optional upgrade of a BatchDecoder: Workers returns how
+// many jobs it decodes at once, what the delivery router scales a share's
+// rate by.
+type Workerer interface {
+	Workers() int
+}
+
+var _ Workerer = (*CPU)(nil)
+
+// WorkersOf returns d's workers, 0 when it does not say.
+func WorkersOf(d BatchDecoder) int {
+	if w, ok := d.(Workerer); ok {
+		return w.Workers()
+	}
+	return 0
+}
+
 // Spare returns the workers that no job waits for now (0 when every
 // worker has a job, or more jobs are queued than workers): what decode's router
 // asks before it gives this decoder a batch.

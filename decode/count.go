@@ -60,12 +60,9 @@ var _ codec.Sparer = (*counter)(nil)
 
 // Workers forwards the counted decoder's workers (0 when it does not
 // say): the delivery router scales a small share's rate by them.
-func (c *counter) Workers() int {
-	if w, ok := c.inner.(interface{ Workers() int }); ok {
-		return w.Workers()
-	}
-	return 0
-}
+func (c *counter) Workers() int { return codec.WorkersOf(c.inner) }
+
+var _ codec.Workerer = (*counter)(nil)
 
 // Spare forwards the counted decoder's spare workers (the router asks).
 func (c *counter) Spare() int {

@@ -229,6 +229,10 @@ func TestCPUMode(t *testing.T) {
 	if p.Memory() == nil || p.Placement() != "cpu (2 workers)" {
 		t.Errorf("cpu mode: memory %v, placement %q", p.Memory(), p.Placement())
 	}
+	// The CPU decoder the device path's router asks says its workers.
+	if w := codec.WorkersOf(p.CPU()); w != 2 {
+		t.Errorf("the pipeline's CPU decoder says %d workers, want 2", w)
+	}
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}

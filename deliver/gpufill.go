@@ -492,12 +492,7 @@ func (s *slotDecoder) hostShare(ctx context.Context, jobs []codec.Job, idx []int
 }
 
 // workers returns the host decoder's workers (0: it does not say).
-func (s *slotDecoder) workers() int {
-	if w, ok := s.cpu.(interface{ Workers() int }); ok {
-		return w.Workers()
-	}
-	return 0
-}
+func (s *slotDecoder) workers() int { return codec.WorkersOf(s.cpu) }
 
 // HostAlloc, HostFree and Retain lend the ring's GPU's pinned memory: the
 // fill code reads the compressed chunks it decodes into memory its decoder

@@ -1220,6 +1220,15 @@ var mutations = []mutation{
 		Run:    "TestHostPool$",
 	},
 	{
+		Name:   "workers-not-forwarded",
+		Breaks: "the mount's counted CPU decoder does not say its workers: the device path's router neither scales a small share's rate nor gives a first share a chunk a worker, and keeps large zstd frames on the GPU",
+		File:   "decode/count.go",
+		From:   "func (c *counter) Workers() int { return codec.WorkersOf(c.inner) }",
+		To:     "func (c *counter) Workers() int { return 0 }",
+		Pkgs:   []string{"./decode"},
+		Run:    "TestCPUMode",
+	},
+	{
 		Name:   "first-share-one-chunk",
 		Breaks: "before either side is measured the host takes one chunk of large parts, not one for each of its workers: on 16 cores the first fills wait for the GPU's large zstd frames, and a first batch of the mixed store takes 0.5 s rather than 0.2-0.3",
 		File:   "deliver/route.go",
