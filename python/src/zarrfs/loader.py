@@ -171,14 +171,6 @@ class Loader:
             log.debug("zarrfs Loader reads files: %s", e)
             return None
 
-    def _held_share(self) -> Optional[Tuple[int, int, int]]:
-        """The share "auto" names to the daemon, (first, step, count) of the
-        directory's positions; None for the other modes or no samples."""
-        p = self._share
-        if self.decode != "auto" or not len(p):
-            return None
-        return (int(p[0]), int(p[1] - p[0]) if len(p) > 1 else 1, len(p))
-
     def _path_kind(self) -> str:
         dring = getattr(self, "_dring", None)
         if dring is not None:
@@ -283,12 +275,14 @@ class Loader:
         return e
 
     def _cache_holds_share(self) -> bool:
-        """Whether "auto" reads the files: the cache holds every sample of its share."""
-        share = self._held_share()
-        if share is None:
+        """Whether "auto" reads the files: the cache holds every sample of its
+        share, named to the daemon as (first, step, count) of the directory's
+        positions. Never for the other modes, nor a share of no samples."""
+        p = self._share
+        if self.decode != "auto" or not len(p):
             return False
         from ._deliver import cache_holds
-        return cache_holds(self.dir, share, self.timeout)
+        return cache_holds(self.dir, (int(p[0]), int(p[1] - p[0]) if len(p) > 1 else 1, len(p)), self.timeout)
 
     def _stop_active(self, why: str) -> None:
         """Stops the epoch under way, whose next next() raises RuntimeError(why)."""
