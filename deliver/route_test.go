@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -80,6 +81,34 @@ func TestRouterSplit(t *testing.T) {
 	}
 	if host, _ := r.split(small, []int{0, 1, 2, 3}, 0); len(host) != 0 {
 		t.Fatalf("only small parts: the host takes %v", host)
+	}
+}
+
+// A decoder with a worker for each of a fill's large chunks takes them all,
+// so the device's wait is never measured; after probeDevice such fills the
+// device decodes the smallest, once: measured, the router goes by the
+// measures again.
+func TestRouterProbesTheDevice(t *testing.T) {
+	jobs := zstdJobs(t, 8, 2<<20)
+	jobs[3].Dst = make([]byte, 4<<20)
+	jobs[3].Src = zstdJobs(t, 1, 4<<20)[0].Src
+	all := []int{0, 1, 2, 3, 4, 5, 6, 7}
+	r := router{hostRate: 1 << 30}
+	for k := 1; k < probeDevice; k++ {
+		if host, large := r.split(jobs, all, 16); len(host) != 8 || large {
+			t.Fatalf("fill %d on 16 workers: the host takes %v (device keeps large parts %v), want all 8", k, host, large)
+		}
+	}
+	host, large := r.split(jobs, all, 16)
+	if len(host) != 7 || !large || slices.Contains(host, 7) {
+		t.Fatalf("after %d fills all on the host, the device's wait not known: the host takes %v (device keeps large parts %v), want all but the smallest, chunk 7",
+			probeDevice, host, large)
+	}
+	r.deviceDone(200 * time.Millisecond)
+	for k := 0; k < 2*probeDevice; k++ {
+		if host, large := r.split(jobs, all, 16); len(host) != 8 || large {
+			t.Fatalf("fill %d after the device's wait is measured: the host takes %v (device keeps large parts %v), want all 8", k, host, large)
+		}
 	}
 }
 

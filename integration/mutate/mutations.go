@@ -1238,6 +1238,15 @@ var mutations = []mutation{
 		Run:    "TestRouterSplit|TestGPUFillFirstShareFillsTheWorkers",
 	},
 	{
+		Name:   "device-never-probed",
+		Breaks: "a host decoder with a worker for each of a fill's large chunks takes them all from the first fill on and the device is never tried: on a node whose cores the trainer keeps busy the frames stay on the slow cores for good",
+		File:   "deliver/route.go",
+		From:   `} else if r.unmeasured++; r.unmeasured >= probeDevice {`,
+		To:     `} else if r.unmeasured++; false {`,
+		Pkgs:   []string{"./deliver"},
+		Run:    "TestRouterProbesTheDevice",
+	},
+	{
 		Name:   "small-share-unscaled",
 		Breaks: "the router takes a one-chunk share's rate for the host's: on 16 cores its share of large zstd frames grows over many fills while nvCOMP decodes each frame alone, and the mixed store's first epoch falls to 0.76x of the host path",
 		File:   "deliver/route.go",
