@@ -134,8 +134,15 @@ func printDelivery(w io.Writer, d *statusDelivery) {
 		fmt.Fprintf(w, "\tring %d: %s, %s memory (device %d), %d slots, %s; %d fills, %d errors; %d device path, %d host path samples (%d from the cache)\n",
 			r.ID, r.Dir, r.Memory, r.Device, r.Slots, memory.Human(r.Bytes), r.Fills, r.Errors, r.DeviceSamples, r.HostSamples, r.CachedSamples)
 		if rt := r.Route; rt != nil {
-			fmt.Fprintf(w, "\t  chunks of large parts (zstd frames of 1 MiB or more): %d on the host, %d on the GPU, in %d fills (%d all on the host); the GPU's wait %.0f ms, the host's rate %s/s\n",
-				rt.OnHost, rt.OnDevice, rt.Fills, rt.AllOnHost, 1e3*rt.DeviceWait, memory.Human(int64(rt.HostRate)))
+			wait, rate := "not measured", "not measured"
+			if rt.DeviceWait > 0 {
+				wait = fmt.Sprintf("%.0f ms", 1e3*rt.DeviceWait)
+			}
+			if rt.HostRate > 0 {
+				rate = memory.Human(int64(rt.HostRate)) + "/s"
+			}
+			fmt.Fprintf(w, "\t  chunks of large parts (zstd frames of 1 MiB or more): %d on the host, %d on the GPU, in %d fills (%d all on the host); the GPU's wait %s, the host's rate %s\n",
+				rt.OnHost, rt.OnDevice, rt.Fills, rt.AllOnHost, wait, rate)
 		}
 	}
 }

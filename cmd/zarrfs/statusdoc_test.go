@@ -189,6 +189,14 @@ func TestStatusTextRoute(t *testing.T) {
 	if line == nil || line[1] != "380" || line[2] != "4" || line[3] != "24" || line[4] != "20" || line[5] != "118" || line[6] != "3.0 GiB" {
 		t.Fatalf("no route line with the chunks by side, the fills and the measures:\n%s", out.String())
 	}
+	// Every such chunk on the host from the first fill: the GPU's wait is
+	// not known, not 0 ms.
+	d.Delivery.Rings[0].Route = &deliver.RouteInfo{HostRate: 3 << 30, Fills: 24, AllOnHost: 24, OnHost: 384}
+	out.Reset()
+	printStatus(&out, d)
+	if !strings.Contains(out.String(), "in 24 fills (24 all on the host); the GPU's wait not measured, the host's rate 3.0 GiB/s") {
+		t.Fatalf("a route whose GPU wait was never measured says it:\n%s", out.String())
+	}
 	d.Delivery.Rings[0].Route = nil
 	out.Reset()
 	printStatus(&out, d)

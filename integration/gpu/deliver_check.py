@@ -596,9 +596,10 @@ def part_rate(a):
         print(f"  FIRST {label}: the device path's first batch: {first_line(dev['first_fill'])}", flush=True)
         if dev["route"]:
             r = dev["route"]
+            wait = f"{1e3 * r['device_wait_s']:.0f} ms" if r['device_wait_s'] else "not measured"
             print(f"  ROUTE {label}: {r['fills_with_large_parts']} fills with chunks of large parts, {r['fills_all_on_host']} of them "
                   f"all on the host; such chunks {r['large_chunks_on_host']} on the host, {r['large_chunks_on_device']} on the device; "
-                  f"the device's wait for them {1e3 * r['device_wait_s']:.0f} ms, the host's rate {r['host_bytes_per_s'] / 1e9:.2f} GB/s",
+                  f"the device's wait for them {wait}, the host's rate {r['host_bytes_per_s'] / 1e9:.2f} GB/s",
                   flush=True)
         # The Loader's default keeps 2 batches in flight; 4 (or
         # DELIVER_DEPTH) shows whether the device path waits on its own
