@@ -26,15 +26,22 @@ func zstdJobs(t *testing.T, n, size int) []codec.Job {
 	return jobs
 }
 
+// largeJobs are 8 zstd chunks of large parts: 2 MiB each, but chunk 3 of
+// 4 MiB, the largest part (first to the host).
+func largeJobs(t *testing.T) []codec.Job {
+	t.Helper()
+	jobs := zstdJobs(t, 8, 2<<20)
+	jobs[3] = zstdJobs(t, 1, 4<<20)[0]
+	return jobs
+}
+
 // The host takes chunks of large parts, largest first, as far as it
 // decodes them within the device's time for them, all of them where it is
 // the sooner; chunks of small parts never; either side's measure not
 // known, a chunk for each of its workers; shut out by its rate, one chunk
 // again now and then.
 func TestRouterSplit(t *testing.T) {
-	big := zstdJobs(t, 8, 2<<20)
-	big[3].Dst = make([]byte, 4<<20) // the largest part: first to the host
-	big[3].Src = zstdJobs(t, 1, 4<<20)[0].Src
+	big := largeJobs(t)
 	small := zstdJobs(t, 4, 256<<10)
 	jobs := append(big, small...)
 	all := make([]int, len(jobs))
@@ -89,9 +96,7 @@ func TestRouterSplit(t *testing.T) {
 // device decodes the smallest, once: measured, the router goes by the
 // measures again.
 func TestRouterProbesTheDevice(t *testing.T) {
-	jobs := zstdJobs(t, 8, 2<<20)
-	jobs[3].Dst = make([]byte, 4<<20)
-	jobs[3].Src = zstdJobs(t, 1, 4<<20)[0].Src
+	jobs := largeJobs(t)
 	all := []int{0, 1, 2, 3, 4, 5, 6, 7}
 	r := router{hostRate: 1 << 30}
 	for k := 1; k < probeDevice; k++ {
