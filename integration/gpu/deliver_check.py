@@ -61,7 +61,8 @@ deliver.sh) instead of the binary's.
 Environment: DELIVER_PROFILE_DIR=DIR writes the daemon's Go CPU profile of
 each rate epoch there, and DELIVER_TRACE=1 also its execution trace of the
 device path's epoch on all cores (go tool trace -pprof=sync); DELIVER_DEPTH
-is the DEPTH line's prefetch (default 4); DELIVER_GPU_MEMORY and
+is the DEPTH line's prefetch (default 2, one fill fewer than the Loader's
+default on a ring); DELIVER_GPU_MEMORY and
 DELIVER_PINNED_MEMORY the mounts' --gpu-memory and --pinned-memory.
 
 Prints one line per check ("PASS ...", "FAIL ..." or "SKIP ...") and RATE, CPU, BYTES,
@@ -469,7 +470,7 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def epoch_rate(a, name, decode, cores, prefetch=2):
+def epoch_rate(a, name, decode, cores, prefetch=None):
     """First epoch of a cold mount (its own cache), batch 4, the daemon on
     cores: samples/s, and what the daemon spent on them (CPU seconds, its
     status: bytes, stages)."""
@@ -480,7 +481,7 @@ def epoch_rate(a, name, decode, cores, prefetch=2):
         # --cpuprofile): where the CPU a sample goes.
         os.makedirs(prof, exist_ok=True)
         flags["cpuprofile"] = os.path.join(prof, f"{os.path.basename(a.scratch)}-{name}-{decode}-{cores or 'all'}.prof")
-        if os.environ.get("DELIVER_TRACE") and decode == "device" and cores is None and prefetch == 2:
+        if os.environ.get("DELIVER_TRACE") and decode == "device" and cores is None and prefetch is None:
             # And its Go execution trace (go tool trace -pprof=sync): where
             # the device path's fills wait.
             flags["trace"] = flags["cpuprofile"][:-len(".prof")] + ".trace"
@@ -601,11 +602,11 @@ def part_rate(a):
                   f"all on the host; such chunks {r['large_chunks_on_host']} on the host, {r['large_chunks_on_device']} on the device; "
                   f"the device's wait for them {wait}, the host's rate {r['host_bytes_per_s'] / 1e9:.2f} GB/s",
                   flush=True)
-        # The Loader's default keeps 2 batches in flight; 4 (or
-        # DELIVER_DEPTH) shows whether the device path waits on its own
-        # latency.
-        depth = int(os.environ.get("DELIVER_DEPTH", "4"))
-        deep = epoch_rate(a, "rate-dev4", "device", daemon_cores, prefetch=depth)
+        # The Loader's default keeps 3 fills in flight on a ring; 2 (or
+        # DELIVER_DEPTH) shows what the default's depth gains, or whether
+        # the device path waits on its own latency.
+        depth = int(os.environ.get("DELIVER_DEPTH", "2"))
+        deep = epoch_rate(a, "rate-depth", "device", daemon_cores, prefetch=depth)
         print(f"  DEPTH {label}: decode='device' with prefetch={depth} {deep['rate']:.1f} samples/s "
               f"({deep['rate'] / host['rate']:.2f}x the host path); stages: {stage_line(deep['delivery'])}", flush=True)
         summary.append(f"{label}: device/host first epoch {speed:.2f}x (target >= {target:g}x), "

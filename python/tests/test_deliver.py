@@ -110,6 +110,36 @@ def test_auto_and_unavailable(mount, index_store):
         Loader(d, 2, device="cpu", decode="gpu")
 
 
+def test_default_depth_gives_a_slot_back_before_the_ring(mount, tmp_path):
+    # Samples of 1.33 MB: a slot of 4 is 6 MiB (slots are 2 MiB-aligned).
+    # --memory 128MiB bounds the rings to 20 MiB together: 3 slots, not 4.
+    zarr = need_module("zarr")
+    g = zarr.open_group(str(tmp_path / "s.zarr"), mode="w")
+    x = g.create_array("x", shape=(8, 1300, 256), chunks=(1, 1300, 256), dtype="f4", dimension_names=["time", "a", "b"])
+    x[:] = np.arange(8 * 1300 * 256, dtype="f4").reshape(8, 1300, 256)
+    tight = mount(str(tmp_path / "s.zarr"), delivery="host", memory="128MiB")
+    d = os.path.join(tight.path, "x")
+    # An explicit depth is the user's: the ring it needs or none.
+    with pytest.raises(RuntimeError, match=r"decode='device': .*4 slots of 4 samples .* may hold 20971520"):
+        Loader(d, 4, device="cpu", decode="device", prefetch=3)
+    # The default's depth (3 fills, 4 slots) gives a slot back instead.
+    l = Loader(d, 4, device="cpu", decode="device")
+    assert l.path_kind == "ring-host" and l._dring.slots == 3 and "prefetch=2," in repr(l)
+    got = [(b.clone(), c["file"]) for b, c in l]
+    assert len(got) == 2
+    for b, files in got:
+        assert b.numpy().tobytes() == np.stack([np.load(f) for f in files]).tobytes()
+    l.close()
+    # Where the mount holds it, the default ring has a slot for each of
+    # 3 fills and the one in hand.
+    roomy = mount(str(tmp_path / "s.zarr"), delivery="host")
+    l = Loader(os.path.join(roomy.path, "x"), 4, device="cpu", decode="device")
+    assert l._dring.slots == 4 and "prefetch=3," in repr(l)
+    l.close()
+    # The files keep 2 batches read ahead by default.
+    assert "prefetch=2," in repr(Loader(d, 4, device="cpu", decode="host"))
+
+
 def test_auto_reads_the_files_the_cache_holds(mount, index_store, monkeypatch):
     """decode="auto" asks whether the cache holds every sample of its share
     before it asks for a ring: where it does (files read before, as after

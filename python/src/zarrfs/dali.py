@@ -135,7 +135,7 @@ class RingSource:
     def __init__(self, sample_dir: Union[str, "os.PathLike[str]"], batch_size: int, *, device: str = "gpu",
                  device_id: Optional[int] = None, rank: int = 0, world: int = 1, shard: str = "contiguous",
                  shuffle: bool = False, seed: int = 0, drop_last: bool = False, even_batches: bool = False,
-                 prefetch: int = 2, timeout: float = 300.0) -> None:
+                 prefetch: Optional[int] = None, timeout: float = 300.0) -> None:
         import torch
 
         from .loader import Loader
@@ -217,7 +217,7 @@ def ring_source(sample_dir: Union[str, "os.PathLike[str]"], batch_size: int, **k
 
 def ring_reader(sample_dir: Union[str, "os.PathLike[str]"], *, device: str = "gpu", rank: int = 0, world: int = 1,
                 shard: str = "contiguous", shuffle: bool = False, seed: int = 0, drop_last: bool = False,
-                even_batches: bool = False, prefetch: int = 2, timeout: float = 300.0, **kwargs: Any) -> Any:
+                even_batches: bool = False, prefetch: Optional[int] = None, timeout: float = 300.0, **kwargs: Any) -> Any:
     """``fn.external_source`` fed by the mount's ring; call it inside a pipeline.
 
     The batches are the pipeline's batch size, decoded by the mount on the
