@@ -182,7 +182,7 @@ class Loader:
                 # The default's extra fill is worth a slot, not the ring: a
                 # ring the mount's bounds (--gpu-memory, its rings' bytes)
                 # hold with one slot fewer is still faster than the files.
-                return ring_for(self.dir, memory, self._FILES_AHEAD + 1, self.batch_size, self.device, self.timeout)
+                return ring_for(self.dir, memory, self._RING_AHEAD, self.batch_size, self.device, self.timeout)
         except (DeliveryUnavailable, DeliveryError, OSError) as e:
             if self.decode == "device":
                 raise RuntimeError(f"{self.dir.path}: decode='device': {e}") from None
