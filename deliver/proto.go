@@ -120,6 +120,11 @@ type errorReply struct {
 	Code  string `json:"code,omitempty"`
 	// File is the sample file (relative to the mount) an error concerns.
 	File string `json:"file,omitempty"`
+	// Full marks a ring refused (CodeUnavailable) for room alone: the
+	// memory the mount's rings may take (--gpu-memory on a GPU; in host
+	// memory, a quarter of --memory) cannot hold it beside what is held
+	// now. A ring of fewer or smaller slots may open.
+	Full bool `json:"full,omitempty"`
 }
 
 // fillRequest asks for samples Files (names in the ring's directory, at

@@ -261,8 +261,10 @@ func (s *Server) open(ctx context.Context, req *OpenRequest, c *conn) (openReply
 	// cannot pass the bound together.
 	if held := s.stats.held.Add(total); s.MaxHeldBytes > 0 && held > s.MaxHeldBytes {
 		s.stats.held.Add(-total)
-		return fail(CodeUnavailable, "%d slots of %d samples of %d bytes take %d bytes; the mount's rings hold %d, and may hold %d together",
+		rep, fds := fail(CodeUnavailable, "%d slots of %d samples of %d bytes take %d bytes; the mount's rings hold %d, and may hold %d together",
 			req.Slots, req.Batch, size, total, held-total, s.MaxHeldBytes)
+		rep.Full = true
+		return rep, fds
 	}
 	r, err := s.Memory.NewRing(ctx, req, req.Slots, slot)
 	if err != nil {
@@ -271,7 +273,9 @@ func (s *Server) open(ctx context.Context, req *OpenRequest, c *conn) (openReply
 		if errors.Is(err, ErrUnavailable) {
 			code = CodeUnavailable
 		}
-		return fail(code, "%s: ring of %d bytes: %v", req.Dir, total, err)
+		rep, fds := fail(code, "%s: ring of %d bytes: %v", req.Dir, total, err)
+		rep.Full = code == CodeUnavailable && errors.Is(err, gpu.ErrBudget)
+		return rep, fds
 	}
 	shape, dtype := sampleType(first)
 	c.ring, c.dir, c.size, c.slots, c.batch, c.slot, c.held = r, dir, size, req.Slots, req.Batch, slot, total

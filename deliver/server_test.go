@@ -713,7 +713,7 @@ func TestRingsTogetherWithinBound(t *testing.T) {
 	}
 	b := dial(t, ts.sock)
 	if rep := b.open(t, OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 2, Batch: 2}); rep.OK || rep.Code != CodeUnavailable ||
-		!strings.Contains(rep.Error, "may hold 6291456 together") {
+		!strings.Contains(rep.Error, "may hold 6291456 together") || !rep.Full {
 		t.Fatalf("a second ring past the bound together: %+v", rep)
 	}
 	if _, tot := ts.s.Stats(); tot.HeldBytes != 2*slotAlign || tot.Open != 1 {
@@ -724,6 +724,37 @@ func TestRingsTogetherWithinBound(t *testing.T) {
 	c := dial(t, ts.sock)
 	if rep := c.open(t, OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 3, Batch: 1}); !rep.OK {
 		t.Fatalf("a ring within the bound once the first is freed: %+v", rep)
+	}
+}
+
+// refusingMemory refuses every ring with err.
+type refusingMemory struct {
+	HostMemory
+	err error
+}
+
+func (m refusingMemory) NewRing(context.Context, *OpenRequest, int, int64) (Ring, error) {
+	return nil, m.err
+}
+
+// A ring refused for want of room in the mount's GPU memory says so
+// (Full): the reader may ask for fewer slots, and tell its user which
+// bound kept the ring from it; a ring refused for another reason (another
+// GPU) does not.
+func TestRingRefusedForRoomSaysFull(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		full bool
+	}{
+		{fmt.Errorf("%w: %w: a ring of 8 bytes beside 0 held, budget 4 (--gpu-memory)", ErrUnavailable, gpu.ErrBudget), true},
+		{fmt.Errorf("%w: no GPU of the mount has PCI bus id 0000:3b:00.0", ErrUnavailable), false},
+		{fmt.Errorf("map a shadow: %w", gpu.ErrBudget), false}, // not unavailable: a fill error, nothing to retry smaller
+	} {
+		ts := newTestServer(t, nil, nil, refusingMemory{err: c.err})
+		rep := dial(t, ts.sock).open(t, OpenRequest{Dir: "t", Memory: MemoryHost, Slots: 2, Batch: 2})
+		if rep.OK || rep.Full != c.full || !strings.Contains(rep.Error, c.err.Error()) {
+			t.Errorf("%v: %+v, want full %v", c.err, rep, c.full)
+		}
 	}
 }
 

@@ -1032,6 +1032,82 @@ def test_close_leaves_the_ring_mapped_under_a_batch_in_hand(fake_cuda, mount, in
     assert not t.is_alive()
 
 
+def _scripted_daemon(path, answer, got):
+    """Answers each connection's requests on a Unix socket with
+    answer(request) until the reader closes it, and keeps the requests in
+    got; stop() ends it."""
+    import socket as sk
+    srv = sk.socket(sk.AF_UNIX, sk.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(8)
+    srv.settimeout(0.1)
+    done = threading.Event()
+
+    def conn(c):
+        with c, c.makefile("rb") as f:
+            for line in f:
+                q = json.loads(line)
+                got.append(q)
+                c.sendall((json.dumps(answer(q)) + "\n").encode())
+
+    def serve():
+        while not done.is_set():
+            try:
+                c, _ = srv.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=conn, args=(c,), daemon=True).start()
+        srv.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return done.set
+
+
+def test_a_ring_without_room(fake_cuda, mount, index_store, tmp_path, monkeypatch, caplog):
+    """A mount that refuses a ring for room alone (its --gpu-memory): the
+    default depth asks again with one slot fewer, and decode="auto" that
+    gets no ring at all reads the files saying which bound kept the ring
+    from it; a refusal for another reason is not asked again, nor warned of."""
+    import zarrfs._deliver as zd
+    m = mount(index_store)
+    d = os.path.join(m.path, "x")
+    sock = str(tmp_path / "ring.sock")
+    monkeypatch.setattr(zd, "socket_path", lambda root: sock)
+    monkeypatch.setattr(torch, "as_tensor", lambda a, device=None: a)
+    full = {"ok": False, "code": "unavailable", "full": True,
+            "error": "x: ring of 8388608 bytes: delivery unavailable: gpu: over the memory budget: a ring of 8388608 bytes "
+                     "beside 0 held, budget 6291456 (--gpu-memory)"}
+    other = {"ok": False, "code": "unavailable", "error": "x: ring of 8388608 bytes: delivery unavailable: no GPU 0000:3b:00.0"}
+
+    def run(room, **kw):
+        got = []
+        stop = _scripted_daemon(sock, lambda q: {"ok": True, "held": False} if q["op"] == "holds" else
+                                (cuda_reply(q["slots"]) if q["slots"] <= room else full if room >= 0 else other), got)
+        caplog.clear()
+        try:
+            with caplog.at_level(logging.WARNING, logger="zarrfs"):
+                l = Loader(d, 4, device="cuda", timeout=10, **kw)
+            kind, slots = l.path_kind, l._dring.slots if l._dring is not None else None
+            l.close()
+        finally:
+            stop()
+            os.unlink(sock)
+        warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        return kind, slots, [q.get("slots") for q in got if q["op"] == "open"], warned
+
+    assert run(4) == ("ring-cuda", 4, [4], [])
+    assert run(3) == ("ring-cuda", 3, [4, 3], [])
+    kind, slots, opens, warned = run(2)
+    assert (kind, slots, opens) == ("pread-pinned-h2d", None, [4, 3])
+    assert len(warned) == 1 and "reads the files of" in warned[0] and "(--gpu-memory)" in warned[0] and "larger --gpu-memory" in warned[0]
+    # A prefetch the user passed gets its ring or none.
+    kind, slots, opens, warned = run(3, prefetch=3)
+    assert (kind, opens, len(warned)) == ("pread-pinned-h2d", [4], 1)
+    # Another GPU: no second ask, no warning (auto reads the files, as it
+    # must where the mount cannot deliver).
+    assert run(-1) == ("pread-pinned-h2d", None, [4], [])
+
+
 def test_cuda_setup_failure_reads_files(fake_cuda, mount, index_store, monkeypatch):
     """Where torch cannot make interprocess events (a RuntimeError, as on
     WSL2) the ring is unavailable: decode="auto" reads the files, "device"

@@ -42,7 +42,13 @@ MAX_LINE = 1 << 20
 
 class DeliveryUnavailable(RuntimeError):
     """The mount cannot put samples into this process's memory (it decodes
-    on no GPU, on another GPU, or delivers nothing); read its files instead."""
+    on no GPU, on another GPU, or delivers nothing); read its files instead.
+    ``full``: it refused the ring for room alone (its --gpu-memory, or its
+    rings' share of --memory, cannot hold the ring now); fewer slots may fit."""
+
+    def __init__(self, msg: str, full: bool = False) -> None:
+        super().__init__(msg)
+        self.full = full
 
 
 class DeliveryError(RuntimeError):
@@ -174,7 +180,7 @@ class Ring:
                 os.close(fd)
             msg = rep.get("error", "refused")
             if rep.get("code") == UNAVAILABLE:
-                raise DeliveryUnavailable(msg)
+                raise DeliveryUnavailable(msg, full=bool(rep.get("full")))
             raise DeliveryError(msg)
         self.info = rep
         self.slot_bytes = int(rep["slot_bytes"])

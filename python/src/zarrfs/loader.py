@@ -176,8 +176,8 @@ class Loader:
         try:
             try:
                 return ring_for(self.dir, memory, self._ahead(True) + 1, self.batch_size, self.device, self.timeout)
-            except DeliveryUnavailable:
-                if self.prefetch is not None:
+            except DeliveryUnavailable as e:
+                if self.prefetch is not None or not e.full:
                     raise
                 # The default's extra fill is worth a slot, not the ring: a
                 # ring the mount's bounds (--gpu-memory, its rings' bytes)
@@ -186,7 +186,15 @@ class Loader:
         except (DeliveryUnavailable, DeliveryError, OSError) as e:
             if self.decode == "device":
                 raise RuntimeError(f"{self.dir.path}: decode='device': {e}") from None
-            log.debug("zarrfs Loader reads files: %s", e)
+            if isinstance(e, DeliveryUnavailable) and e.full:
+                # The mount decodes on this GPU, and would deliver but for
+                # its bounds: a user who left decode="auto" expects the
+                # ring, and is told which flag keeps it from them.
+                log.warning("zarrfs Loader reads the files of %s: the mount has no room for its ring (%s); "
+                            "a larger --gpu-memory on the mount gives it one, decode='host' reads the files without this warning",
+                            self.dir.path, e)
+            else:
+                log.debug("zarrfs Loader reads files: %s", e)
             return None
 
     def _ahead(self, ring: bool) -> int:
