@@ -1080,9 +1080,17 @@ def test_a_ring_without_room(fake_cuda, mount, index_store, tmp_path, monkeypatc
     other = {"ok": False, "code": "unavailable", "error": "x: ring of 8388608 bytes: delivery unavailable: no GPU 0000:3b:00.0"}
 
     def run(room, **kw):
+        """The Loader against a daemon with room for rings of up to room
+        slots (room -1: a refusal for another GPU)."""
+        def answer(q):
+            if q["op"] == "holds":
+                return {"ok": True, "held": False}
+            if room < 0:
+                return other
+            return cuda_reply(q["slots"]) if q["slots"] <= room else full
+
         got = []
-        stop = _scripted_daemon(sock, lambda q: {"ok": True, "held": False} if q["op"] == "holds" else
-                                (cuda_reply(q["slots"]) if q["slots"] <= room else full if room >= 0 else other), got)
+        stop = _scripted_daemon(sock, answer, got)
         caplog.clear()
         try:
             with caplog.at_level(logging.WARNING, logger="zarrfs"):
